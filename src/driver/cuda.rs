@@ -1,0 +1,1 @@
+//! The real driver backend (stub; being written).
