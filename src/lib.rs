@@ -6,3 +6,5 @@ pub mod error;
 
 pub use driver::{Call, Code, Device, Driver, Limits};
 pub use error::{Error, Failed, Result};
+#[cfg(feature = "model")]
+pub mod model;

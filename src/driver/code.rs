@@ -101,6 +101,8 @@ impl Code {
     pub const NOT_FOUND: Code = Code::Known(CUresult::CUDA_ERROR_NOT_FOUND);
     /// `CUDA_ERROR_INVALID_HANDLE`.
     pub const INVALID_HANDLE: Code = Code::Known(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS`.
+    pub const ILLEGAL_ADDRESS: Code = Code::Known(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
     /// `CUDA_ERROR_NOT_MAPPED`.
     pub const NOT_MAPPED: Code = Code::Known(CUresult::CUDA_ERROR_NOT_MAPPED);
     /// `CUDA_ERROR_ALREADY_MAPPED`.

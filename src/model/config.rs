@@ -1,0 +1,124 @@
+//! Simulated devices and the node they sit in.
+
+/// One simulated GPU: its limits and the attributes it reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimDevice {
+    /// `bindAlignment` from `cuLogicalEndpointGetLimits`, bytes (R10).
+    pub bind_alignment: u64,
+    /// `maxSize` from `cuLogicalEndpointGetLimits`, bytes per device (R10).
+    pub max_size: u64,
+    /// Minimum VMM allocation granularity, bytes.
+    pub granularity: u64,
+    /// Recommended VMM allocation granularity, bytes.
+    pub recommended_granularity: u64,
+    /// Device memory, bytes (`cuMemGetInfo` total).
+    pub memory: u64,
+    /// The clique this device belongs to (R4.5; 13.4+).
+    pub clique: u32,
+    /// `HOST_NUMA_ID` (attribute 134), for host-NUMA bind targets (R5.5).
+    pub host_numa_id: i32,
+    /// Attribute 153.
+    pub unicast: bool,
+    /// Attribute 154.
+    pub multicast: bool,
+    /// Attribute 155 (R2.4).
+    pub counted_ops: bool,
+    /// Attribute 156.
+    pub unicast_owner_access: bool,
+    /// `MULTICAST_SUPPORTED` (attribute 132), for the classic API (C6).
+    pub classic_multicast: bool,
+    /// `HANDLE_TYPE_FABRIC_SUPPORTED` (attribute 128).
+    pub fabric: bool,
+}
+
+impl Default for SimDevice {
+    /// An H200-like device on a 13.4 driver: 2 MiB alignment and granularity,
+    /// 512 MiB max endpoint size, everything supported.
+    fn default() -> Self {
+        SimDevice {
+            bind_alignment: 2 << 20,
+            max_size: 512 << 20,
+            granularity: 2 << 20,
+            recommended_granularity: 2 << 20,
+            memory: 141 << 30,
+            clique: 0,
+            host_numa_id: 0,
+            unicast: true,
+            multicast: true,
+            counted_ops: true,
+            unicast_owner_access: true,
+            classic_multicast: true,
+            fabric: true,
+        }
+    }
+}
+
+/// The simulated node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// The devices, ordinal = index.
+    pub devices: Vec<SimDevice>,
+    /// `cuDriverGetVersion`; 13040 by default.
+    pub driver_version: i32,
+    /// How many `cuLogicalEndpointQuery` calls covering an endpoint report it
+    /// pending before it is constructed (R2.5, R3). 0: ready at the first
+    /// query once its team is complete.
+    pub queries_to_ready: u32,
+    /// Largest number of ids one process may hold (R11 `OUT_OF_MEMORY` past it).
+    pub max_ids: u32,
+    /// Whether `cuMemCreate` with the FABRIC handle type is permitted (no
+    /// fabric daemon on the H200 test machine: `NOT_PERMITTED`).
+    pub fabric_memory_permitted: bool,
+}
+
+impl ModelConfig {
+    /// A node of `n` identical H200-like devices, one clique.
+    pub fn node(n: usize) -> ModelConfig {
+        ModelConfig {
+            devices: vec![SimDevice::default(); n],
+            driver_version: 13040,
+            queries_to_ready: 2,
+            max_ids: 1 << 16,
+            fabric_memory_permitted: true,
+        }
+    }
+
+    /// A node like the GPU test machine: driver 580 (CUDA 13.0), no logical
+    /// endpoints (attributes 153-156 answer `INVALID_VALUE`), no classic
+    /// multicast, fabric memory refused.
+    pub fn cuda_13_0(n: usize) -> ModelConfig {
+        let mut c = ModelConfig::node(n);
+        c.driver_version = 13000;
+        c.fabric_memory_permitted = false;
+        for d in &mut c.devices {
+            d.classic_multicast = false;
+        }
+        c
+    }
+
+    /// Sets how many queries construction takes.
+    pub fn queries_to_ready(mut self, n: u32) -> Self {
+        self.queries_to_ready = n;
+        self
+    }
+
+    /// Changes every device with `f`.
+    pub fn with_devices(mut self, f: impl Fn(usize, &mut SimDevice)) -> Self {
+        for (i, d) in self.devices.iter_mut().enumerate() {
+            f(i, d);
+        }
+        self
+    }
+
+    /// Whether this driver version has logical endpoints.
+    pub fn has_logical_endpoints(&self) -> bool {
+        self.driver_version >= crate::driver::LOGICAL_ENDPOINT_MIN_VERSION
+    }
+}
+
+impl Default for ModelConfig {
+    /// The embedded default: a 4-GPU node.
+    fn default() -> Self {
+        ModelConfig::node(4)
+    }
+}

@@ -1,0 +1,335 @@
+//! The reference model of the driver contract: a pure-Rust [`Driver`] that
+//! enforces SPEC R1–R10 and C1–C6 with the codes SPEC.md gives, on simulated
+//! devices with host memory standing in for device memory.
+//!
+//! One [`Model`] value is one process on one simulated node; values made with
+//! [`Model::new`] share nothing, so parallel tests never see each other.
+//! [`Model::spawn_process`] adds another process on the same node (same
+//! fabric), for export/import between ranks. Everything lives behind one
+//! mutex: the model is thread-safe and simple, not fast.
+//!
+//! What the model owns:
+//! - [`config`]: simulated devices and their attributes;
+//! - [`state`]: the tables (ids, endpoint objects, allocations, mappings,
+//!   classic multicast objects) and the leak counters ([`Live`]);
+//! - [`faults`]: failing any call on demand;
+//! - `endpoints`, `memory`, `classic`: the rules, one file per API family.
+//!
+//! Every rule violation that reaches the model is also logged as a
+//! [`Violation`] (with its rule number), so tests can assert that the typed
+//! API never lets one through.
+
+mod classic;
+pub mod config;
+mod endpoints;
+pub mod faults;
+mod memory;
+pub mod state;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use config::{ModelConfig, SimDevice};
+pub use faults::{Fault, FaultPlan};
+pub use state::{Live, Violation};
+
+use crate::driver::{
+    AllocationRequest, Call, Code, Device, Driver, DriverResult, Granularity, Limits, sys,
+};
+use state::World;
+
+/// One simulated process on a simulated node. Cloning gives another handle to
+/// the same process.
+#[derive(Clone)]
+pub struct Model {
+    world: Arc<Mutex<World>>,
+    pid: usize,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Model(process {})", self.pid)
+    }
+}
+
+impl Model {
+    /// A new node with one process on it.
+    pub fn new(config: ModelConfig) -> Model {
+        Model {
+            world: Arc::new(Mutex::new(World::new(config))),
+            pid: 0,
+        }
+    }
+
+    /// Another process on the same node: it shares devices, exported
+    /// endpoints and the fabric, but has its own ids (for R8/R9 tests).
+    pub fn spawn_process(&self) -> Model {
+        let pid = self.lock().add_process();
+        Model {
+            world: self.world.clone(),
+            pid,
+        }
+    }
+
+    /// This process's number on the node (0 for the first).
+    pub fn pid(&self) -> usize {
+        self.pid
+    }
+
+    /// What this process still holds: ids, endpoints, bindings, allocations,
+    /// mappings, address ranges and classic multicast objects.
+    pub fn live(&self) -> Live {
+        self.lock().live(self.pid)
+    }
+
+    /// What the whole node still holds, over every process.
+    pub fn live_node(&self) -> Live {
+        self.lock().live_all()
+    }
+
+    /// Every rule violation that reached the model so far, in order.
+    pub fn violations(&self) -> Vec<Violation> {
+        self.lock().violations.clone()
+    }
+
+    /// How many times `call` reached the model (from every process).
+    pub fn calls(&self, call: Call) -> u64 {
+        self.lock().calls.get(&call).copied().unwrap_or(0)
+    }
+
+    /// Every call that reached the model, in order (from every process).
+    pub fn trace(&self) -> Vec<Call> {
+        self.lock().trace.clone()
+    }
+
+    /// Installs a fault plan: matching calls fail with the planned code before
+    /// any rule is checked (SPEC R11 codes, R5.10, R4.5).
+    pub fn set_faults(&self, plan: FaultPlan) {
+        self.lock().faults = plan;
+    }
+
+    /// How many planned faults fired so far.
+    pub fn faults_fired(&self) -> u64 {
+        self.lock().faults.fired()
+    }
+
+    /// Whether this process may import fabric handles (R9.1); default `true`.
+    pub fn set_fabric_access(&self, allowed: bool) {
+        self.lock().procs[self.pid].fabric_access = allowed;
+    }
+
+    /// Writes `bytes` at device address `ptr` of a mapped allocation, as a
+    /// kernel would.
+    pub fn write(&self, ptr: u64, bytes: &[u8]) -> DriverResult<()> {
+        self.lock().write(self.pid, ptr, bytes)
+    }
+
+    /// Reads `len` bytes at device address `ptr` of a mapped allocation.
+    pub fn read(&self, ptr: u64, len: usize) -> DriverResult<Vec<u8>> {
+        self.lock().read(self.pid, ptr, len)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, World> {
+        // A panic while holding the lock cannot leave the tables half-written
+        // in a way that matters to a test; keep going instead of poisoning.
+        self.world.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the world after counting the call and firing faults.
+    fn enter<T>(
+        &self,
+        call: Call,
+        f: impl FnOnce(&mut World, usize) -> DriverResult<T>,
+    ) -> DriverResult<T> {
+        let mut w = self.lock();
+        w.count(call);
+        if let Some(code) = w.faults.check(call) {
+            return Err(code);
+        }
+        w.current = call;
+        f(&mut w, self.pid)
+    }
+}
+
+impl Driver for Model {
+    fn name(&self) -> String {
+        "model".into()
+    }
+
+    fn driver_version(&self) -> DriverResult<i32> {
+        self.enter(Call::DriverGetVersion, |w, _| Ok(w.config.driver_version))
+    }
+    fn device_count(&self) -> DriverResult<i32> {
+        self.enter(Call::DeviceGetCount, |w, _| Ok(w.config.devices.len() as i32))
+    }
+    fn device_attribute(&self, dev: Device, attr: i32) -> DriverResult<i32> {
+        self.enter(Call::DeviceGetAttribute, |w, _| w.attribute(dev, attr))
+    }
+    fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
+        self.enter(Call::MemGetInfo, |w, _| w.mem_info(dev))
+    }
+
+    fn id_reserve(&self, count: u32) -> DriverResult<u32> {
+        self.enter(Call::IdReserve, |w, p| w.id_reserve(p, count))
+    }
+    fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
+        self.enter(Call::IdRelease, |w, p| w.id_release(p, base, count))
+    }
+    fn get_limits(&self, prop: &sys::CUlogicalEndpointProp) -> DriverResult<Limits> {
+        self.enter(Call::GetLimits, |w, _| w.get_limits(prop))
+    }
+    fn create(&self, id: u32, prop: &sys::CUlogicalEndpointProp) -> DriverResult<()> {
+        self.enter(Call::Create, |w, p| w.create(p, id, prop))
+    }
+    fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
+        self.enter(Call::AddDevice, |w, p| w.add_device(p, id, dev))
+    }
+    fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
+        self.enter(Call::Query, |w, p| w.query(p, base, count))
+    }
+    fn bind_mem(
+        &self,
+        id: u32,
+        dev: Device,
+        offset: u64,
+        mem: u64,
+        mem_offset: u64,
+        size: u64,
+        flags: u64,
+    ) -> DriverResult<()> {
+        self.enter(Call::BindMem, |w, p| {
+            w.bind(p, id, dev, offset, state::Target::Handle(mem, mem_offset), size, flags)
+        })
+    }
+    fn bind_addr(
+        &self,
+        id: u32,
+        dev: Device,
+        offset: u64,
+        ptr: u64,
+        size: u64,
+        flags: u64,
+    ) -> DriverResult<()> {
+        self.enter(Call::BindAddr, |w, p| {
+            w.bind(p, id, dev, offset, state::Target::Addr(ptr), size, flags)
+        })
+    }
+    fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
+        self.enter(Call::Unbind, |w, p| w.unbind(p, id, dev, offset, size))
+    }
+    fn destroy(&self, id: u32) -> DriverResult<()> {
+        self.enter(Call::Destroy, |w, p| w.destroy(p, id))
+    }
+    fn export(
+        &self,
+        id: u32,
+        handle: &mut sys::CUlogicalEndpointFabricHandle,
+        handle_type: sys::CUlogicalEndpointIpcHandleType,
+    ) -> DriverResult<()> {
+        self.enter(Call::Export, |w, p| w.export(p, id, handle, handle_type))
+    }
+    fn import(
+        &self,
+        id: u32,
+        handle: &sys::CUlogicalEndpointFabricHandle,
+        handle_type: sys::CUlogicalEndpointIpcHandleType,
+    ) -> DriverResult<()> {
+        self.enter(Call::Import, |w, p| w.import(p, id, handle, handle_type))
+    }
+
+    fn mem_granularity(&self, req: &AllocationRequest, kind: Granularity) -> DriverResult<u64> {
+        self.enter(Call::MemGetAllocationGranularity, |w, _| {
+            w.mem_granularity(req, kind)
+        })
+    }
+    fn mem_create(&self, size: u64, req: &AllocationRequest) -> DriverResult<u64> {
+        self.enter(Call::MemCreate, |w, p| w.mem_create(p, size, req))
+    }
+    fn mem_release(&self, handle: u64) -> DriverResult<()> {
+        self.enter(Call::MemRelease, |w, p| w.mem_release(p, handle))
+    }
+    fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
+        self.enter(Call::MemGetAllocationProperties, |w, p| {
+            w.mem_properties(p, handle)
+        })
+    }
+    fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {
+        self.enter(Call::MemAddressReserve, |w, p| {
+            w.address_reserve(p, size, alignment)
+        })
+    }
+    fn mem_address_free(&self, ptr: u64, size: u64) -> DriverResult<()> {
+        self.enter(Call::MemAddressFree, |w, p| w.address_free(p, ptr, size))
+    }
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> DriverResult<()> {
+        self.enter(Call::MemMap, |w, p| w.map(p, ptr, size, offset, handle))
+    }
+    fn mem_unmap(&self, ptr: u64, size: u64) -> DriverResult<()> {
+        self.enter(Call::MemUnmap, |w, p| w.unmap(p, ptr, size))
+    }
+    fn mem_set_access(&self, ptr: u64, size: u64, devices: &[Device]) -> DriverResult<()> {
+        self.enter(Call::MemSetAccess, |w, p| w.set_access(p, ptr, size, devices))
+    }
+
+    fn multicast_granularity(
+        &self,
+        num_devices: u32,
+        size: u64,
+        handle_types: u64,
+        kind: Granularity,
+    ) -> DriverResult<u64> {
+        self.enter(Call::MulticastGetGranularity, |w, _| {
+            w.mc_granularity(num_devices, size, handle_types, kind)
+        })
+    }
+    fn multicast_create(
+        &self,
+        num_devices: u32,
+        size: u64,
+        handle_types: u64,
+    ) -> DriverResult<u64> {
+        self.enter(Call::MulticastCreate, |w, p| {
+            w.mc_create(p, num_devices, size, handle_types)
+        })
+    }
+    fn multicast_add_device(&self, mc: u64, dev: Device) -> DriverResult<()> {
+        self.enter(Call::MulticastAddDevice, |w, p| w.mc_add_device(p, mc, dev))
+    }
+    fn multicast_bind_mem(
+        &self,
+        mc: u64,
+        mc_offset: u64,
+        mem: u64,
+        mem_offset: u64,
+        size: u64,
+    ) -> DriverResult<()> {
+        self.enter(Call::MulticastBindMem, |w, p| {
+            w.mc_bind(p, mc, mc_offset, state::Target::Handle(mem, mem_offset), size)
+        })
+    }
+    fn multicast_bind_addr(
+        &self,
+        mc: u64,
+        mc_offset: u64,
+        ptr: u64,
+        size: u64,
+    ) -> DriverResult<()> {
+        self.enter(Call::MulticastBindAddr, |w, p| {
+            w.mc_bind(p, mc, mc_offset, state::Target::Addr(ptr), size)
+        })
+    }
+    fn multicast_unbind(&self, mc: u64, dev: Device, mc_offset: u64, size: u64) -> DriverResult<()> {
+        self.enter(Call::MulticastUnbind, |w, p| {
+            w.mc_unbind(p, mc, dev, mc_offset, size)
+        })
+    }
+}
+
+/// Shorthand used by the rule files: log a violation of `rule` and fail with `code`.
+pub(crate) fn violate<T>(w: &mut World, rule: &'static str, code: Code) -> DriverResult<T> {
+    w.violations.push(Violation {
+        call: w.current,
+        rule,
+        code,
+    });
+    Err(code)
+}
