@@ -205,6 +205,12 @@ pub enum Error {
         reason: String,
     },
 
+    /// Memory from another [`crate::Context`] than the endpoint's.
+    #[error(
+        "the memory belongs to another context (driver backend) than the endpoint; allocate it from the endpoint's context"
+    )]
+    WrongContext,
+
     /// Fabric handles are refused: no fabric daemon (seen on the H200 test machine).
     #[error(
         "fabric handles are not permitted on {device} ({call}: CUDA_ERROR_NOT_PERMITTED): the fabric manager/IMEX daemon is not running or this process lacks access; use POSIX file descriptors (`PosixFd`) for one-node sharing"

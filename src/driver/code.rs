@@ -197,7 +197,10 @@ mod tests {
         assert_eq!(Code::from_raw(1), Some(Code::INVALID_VALUE));
         assert_eq!(Code::from_raw(12345), Some(Code::Unknown(12345)));
         assert_eq!(Code::Unknown(12345).raw(), 12345);
-        assert_eq!(format!("{}", Code::NOT_PERMITTED), "CUDA_ERROR_NOT_PERMITTED (800)");
+        assert_eq!(
+            format!("{}", Code::NOT_PERMITTED),
+            "CUDA_ERROR_NOT_PERMITTED (800)"
+        );
     }
 
     #[test]

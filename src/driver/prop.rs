@@ -114,7 +114,10 @@ mod tests {
         16
     );
     const_assert_eq!(std::mem::offset_of!(sys::CUlogicalEndpointProp, flags), 20);
-    const_assert_eq!(std::mem::size_of::<sys::CUlogicalEndpointFabricHandle>(), 64);
+    const_assert_eq!(
+        std::mem::size_of::<sys::CUlogicalEndpointFabricHandle>(),
+        64
+    );
 
     #[test]
     fn round_trip() {

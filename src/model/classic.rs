@@ -111,7 +111,11 @@ impl World {
         };
         let aligned = mc_offset % gran == 0 && mem_offset % gran == 0 && size % gran == 0;
         let fits = mc_offset.checked_add(size).is_some_and(|e| e <= mc_size);
-        let Some(a) = self.allocs.get(&alloc).filter(|a| a.pid == pid && !a.released) else {
+        let Some(a) = self
+            .allocs
+            .get(&alloc)
+            .filter(|a| a.pid == pid && !a.released)
+        else {
             return violate(self, "C2", Code::INVALID_VALUE);
         };
         let fits_mem = mem_offset.checked_add(size).is_some_and(|e| e <= a.size);

@@ -310,7 +310,11 @@ impl World {
         if size == 0 || offset % align != 0 || size % align != 0 || !addr_aligned {
             return violate(self, "R5.3", Code::INVALID_VALUE);
         }
-        let Some(a) = self.allocs.get(&alloc).filter(|a| a.pid == pid && !a.released) else {
+        let Some(a) = self
+            .allocs
+            .get(&alloc)
+            .filter(|a| a.pid == pid && !a.released)
+        else {
             return violate(self, "R5", Code::INVALID_VALUE);
         };
         let fits_mem = mem_offset.checked_add(size).is_some_and(|e| e <= a.size);

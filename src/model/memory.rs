@@ -183,7 +183,9 @@ impl World {
 
     pub fn unmap(&mut self, pid: usize, ptr: u64, size: u64) -> DriverResult<()> {
         let base = match self.vas.range(..=ptr).next_back() {
-            Some((&b, va)) if va.pid == pid && va.maps.get(&ptr).is_some_and(|m| m.size == size) => {
+            Some((&b, va))
+                if va.pid == pid && va.maps.get(&ptr).is_some_and(|m| m.size == size) =>
+            {
                 b
             }
             _ => return violate(self, "cuMemUnmap", Code::INVALID_VALUE),
@@ -210,7 +212,9 @@ impl World {
             return Err(Code::INVALID_DEVICE);
         }
         let base = match self.vas.range(..=ptr).next_back() {
-            Some((&b, va)) if va.pid == pid && va.maps.get(&ptr).is_some_and(|m| m.size == size) => {
+            Some((&b, va))
+                if va.pid == pid && va.maps.get(&ptr).is_some_and(|m| m.size == size) =>
+            {
                 b
             }
             _ => return violate(self, "cuMemSetAccess", Code::INVALID_VALUE),

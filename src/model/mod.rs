@@ -159,7 +159,9 @@ impl Driver for Model {
         self.enter(Call::DriverGetVersion, |w, _| Ok(w.config.driver_version))
     }
     fn device_count(&self) -> DriverResult<i32> {
-        self.enter(Call::DeviceGetCount, |w, _| Ok(w.config.devices.len() as i32))
+        self.enter(Call::DeviceGetCount, |w, _| {
+            Ok(w.config.devices.len() as i32)
+        })
     }
     fn device_attribute(&self, dev: Device, attr: i32) -> DriverResult<i32> {
         self.enter(Call::DeviceGetAttribute, |w, _| w.attribute(dev, attr))
@@ -197,7 +199,15 @@ impl Driver for Model {
         flags: u64,
     ) -> DriverResult<()> {
         self.enter(Call::BindMem, |w, p| {
-            w.bind(p, id, dev, offset, state::Target::Handle(mem, mem_offset), size, flags)
+            w.bind(
+                p,
+                id,
+                dev,
+                offset,
+                state::Target::Handle(mem, mem_offset),
+                size,
+                flags,
+            )
         })
     }
     fn bind_addr(
@@ -267,7 +277,9 @@ impl Driver for Model {
         self.enter(Call::MemUnmap, |w, p| w.unmap(p, ptr, size))
     }
     fn mem_set_access(&self, ptr: u64, size: u64, devices: &[Device]) -> DriverResult<()> {
-        self.enter(Call::MemSetAccess, |w, p| w.set_access(p, ptr, size, devices))
+        self.enter(Call::MemSetAccess, |w, p| {
+            w.set_access(p, ptr, size, devices)
+        })
     }
 
     fn multicast_granularity(
@@ -303,7 +315,13 @@ impl Driver for Model {
         size: u64,
     ) -> DriverResult<()> {
         self.enter(Call::MulticastBindMem, |w, p| {
-            w.mc_bind(p, mc, mc_offset, state::Target::Handle(mem, mem_offset), size)
+            w.mc_bind(
+                p,
+                mc,
+                mc_offset,
+                state::Target::Handle(mem, mem_offset),
+                size,
+            )
         })
     }
     fn multicast_bind_addr(
@@ -317,7 +335,13 @@ impl Driver for Model {
             w.mc_bind(p, mc, mc_offset, state::Target::Addr(ptr), size)
         })
     }
-    fn multicast_unbind(&self, mc: u64, dev: Device, mc_offset: u64, size: u64) -> DriverResult<()> {
+    fn multicast_unbind(
+        &self,
+        mc: u64,
+        dev: Device,
+        mc_offset: u64,
+        size: u64,
+    ) -> DriverResult<()> {
         self.enter(Call::MulticastUnbind, |w, p| {
             w.mc_unbind(p, mc, dev, mc_offset, size)
         })

@@ -1,0 +1,336 @@
+//! Binding memory to a ready endpoint (SPEC R5) and unbinding it (R6).
+//!
+//! A [`Binding`] is the token a bind returns. It borrows the endpoint and the
+//! memory, so neither can be destroyed or freed while it lives (R7.2), and it
+//! remembers the exact device, offset and size, so the only unbind there is
+//! is the one that matches the bind (R6.1, R6.2, C4). Dropping it unbinds.
+//!
+//! Soundness does not depend on `Drop` running: the endpoint also keeps the
+//! memory alive until it is unbound or the endpoint destroyed, so a
+//! `mem::forget` leaks memory but never leaves freed memory bound.
+
+use std::sync::Arc;
+
+use crate::driver::{Call, Device, Location, attr};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Failed, Result};
+use crate::kind::{Accepts, CanBind, Kind};
+use crate::memory::{BindSource, Target, round_up};
+use crate::range::{Bound, RangeInner};
+use crate::state::{IsReady, State};
+
+/// A live binding of memory to a ready endpoint on one device.
+///
+/// Unbind with [`Binding::unbind`] to see errors; dropping it unbinds too and
+/// records an error on the context ([`crate::Context::take_teardown_errors`]).
+#[must_use = "dropping a Binding unbinds the memory at once: keep it in a named variable (`let b = ...`) for as long as the memory should stay bound (`let _ = ...` unbinds immediately)"]
+pub struct Binding<'a> {
+    range: &'a RangeInner,
+    id: u32,
+    key: u64,
+    dev: Device,
+    offset: u64,
+    size: u64,
+}
+
+impl std::fmt::Debug for Binding<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Binding")
+            .field("id", &self.id)
+            .field("device", &self.dev)
+            .field("offset", &self.offset)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl Binding<'_> {
+    /// The device bound on.
+    pub fn device(&self) -> Device {
+        self.dev
+    }
+
+    /// Offset in the endpoint range, bytes.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes bound.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Unbinds (`cuLogicalEndpointUnbind` with this bind's exact device,
+    /// offset and size, R6). The memory is let go only once the driver agreed.
+    ///
+    /// # Errors
+    /// [`Error::Driver`]; the binding comes back, still bound, to retry or drop.
+    pub fn unbind(self) -> Result<(), Failed<Self>> {
+        match self.unbind_now() {
+            Ok(()) => {
+                std::mem::forget(self);
+                Ok(())
+            }
+            Err(error) => Err(Failed { error, value: self }),
+        }
+    }
+
+    fn unbind_now(&self) -> Result<()> {
+        let ctx = &self.range.ctx;
+        ctx.check(
+            Call::Unbind,
+            ctx.driver()
+                .unbind(self.id, self.dev, self.offset, self.size),
+        )?;
+        let mut slot = self.range.slot(self.id);
+        let keep = slot
+            .bindings
+            .iter()
+            .position(|b| b.key == self.key)
+            .map(|i| slot.bindings.swap_remove(i));
+        drop(slot);
+        drop(keep); // may release the memory: outside the lock
+        Ok(())
+    }
+}
+
+impl Drop for Binding<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.unbind_now() {
+            // Still bound: the endpoint keeps the memory until it is destroyed.
+            self.range.ctx.record_teardown(e);
+        }
+    }
+}
+
+impl<S: State, K: Kind> Endpoint<S, K> {
+    /// Binds all of `mem` on `dev` at `offset` bytes into the endpoint range
+    /// (`cuLogicalEndpointBindMem` for an [`crate::Allocation`],
+    /// `cuLogicalEndpointBindAddr` for a [`crate::Mapped`] one; R5).
+    ///
+    /// Same checks and errors as [`Endpoint::bind_part`].
+    pub fn bind<'a, M: BindSource>(
+        &'a self,
+        dev: impl Into<Device>,
+        offset: u64,
+        mem: &'a M,
+    ) -> Result<Binding<'a>>
+    where
+        S: IsReady,
+        K: CanBind + Accepts<M::Share>,
+    {
+        self.bind_part(dev, offset, mem, 0, mem.size())
+    }
+
+    /// Binds `size` bytes of `mem`, from `mem_offset`, on `dev` at `offset`
+    /// bytes into the endpoint range (R5). Only on a ready endpoint (R3.1);
+    /// only memory the kind accepts (R5.6, R5.7), checked by the compiler.
+    ///
+    /// Checked before the driver: `dev` is the owner or an enrolled team
+    /// device (R5.2); `offset`, `size` and `mem_offset` (and the address, for
+    /// mapped memory) are multiples of the bind alignment (R5.3);
+    /// `mem_offset + size <= mem.size()` and `offset + size <= self.size()`
+    /// (R5.4); the memory lives on `dev` or its host NUMA node (R5.5); no
+    /// overlap with a live binding on `dev` (R5.9).
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`], [`Error::ZeroSize`], [`Error::Misaligned`],
+    /// [`Error::OutOfRange`], [`Error::MemoryOnWrongDevice`],
+    /// [`Error::Overlap`], [`Error::WrongContext`]; from the driver,
+    /// `OUT_OF_MEMORY` (memory or multicast resources exhausted),
+    /// `SYSTEM_NOT_READY` (fabric software down; retryable) or `ILLEGAL_STATE`
+    /// (misconfigured) — the endpoint stays usable (R5.10).
+    pub fn bind_part<'a, M: BindSource>(
+        &'a self,
+        dev: impl Into<Device>,
+        offset: u64,
+        mem: &'a M,
+        mem_offset: u64,
+        size: u64,
+    ) -> Result<Binding<'a>>
+    where
+        S: IsReady,
+        K: CanBind + Accepts<M::Share>,
+    {
+        if !mem.context().same(self.context()) {
+            return Err(Error::WrongContext);
+        }
+        self.bind_checked(
+            dev.into(),
+            offset,
+            mem.target(),
+            mem.location(),
+            mem_offset,
+            size,
+            mem.size(),
+            Some(mem.keep_alive()),
+        )
+    }
+
+    /// Binds `size` bytes at the raw device address `ptr` on `dev` at `offset`
+    /// (`cuLogicalEndpointBindAddr`, R5), for memory this crate did not
+    /// allocate (e.g. `cudaMallocAsync` pools). Same checks as
+    /// [`Endpoint::bind_part`] except where the memory lives (R5.5), which the
+    /// caller vouches for.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + size)` must be mapped device memory of `dev` (or its host
+    /// NUMA node) that stays allocated until the returned binding is unbound
+    /// or dropped, or the endpoint destroyed, whichever comes first; and, on
+    /// an exportable endpoint, it must be externally shareable (R5.6).
+    pub unsafe fn bind_raw_addr(
+        &self,
+        dev: impl Into<Device>,
+        offset: u64,
+        ptr: u64,
+        size: u64,
+    ) -> Result<Binding<'_>>
+    where
+        S: IsReady,
+        K: CanBind,
+    {
+        let dev = dev.into();
+        self.bind_checked(
+            dev,
+            offset,
+            Target::Addr(ptr),
+            Location::Device(dev),
+            0,
+            size,
+            size,
+            None,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bind_checked(
+        &self,
+        dev: Device,
+        offset: u64,
+        target: Target,
+        location: Location,
+        mem_offset: u64,
+        size: u64,
+        mem_size: u64,
+        keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    ) -> Result<Binding<'_>> {
+        let ctx = self.context();
+        // The slot stays locked across the call so that concurrent binds on
+        // one endpoint see each other (R5.9).
+        let mut slot = self.slot();
+        let align = slot.align.max(1);
+        if !slot.devices.contains(&dev) {
+            let multicast = K::MULTICAST;
+            return Err(Error::WrongDevice {
+                device: dev,
+                role: if multicast {
+                    "a team device"
+                } else {
+                    "the owner device"
+                },
+                allowed: slot.devices.clone(),
+                rule: "R5.2",
+            });
+        }
+        if size == 0 {
+            return Err(Error::ZeroSize {
+                what: "bind size",
+                suggested: align,
+                rule: "R5.3",
+            });
+        }
+        let addr = match target {
+            Target::Addr(ptr) => Some(("device address", ptr.wrapping_add(mem_offset))),
+            Target::Handle(_) => None,
+        };
+        for (what, v) in [
+            ("offset", offset),
+            ("size", size),
+            ("memory offset", mem_offset),
+        ]
+        .into_iter()
+        .chain(addr)
+        {
+            if v % align != 0 {
+                return Err(Error::Misaligned {
+                    what,
+                    value: v,
+                    alignment: align,
+                    alignment_name: "bind alignment",
+                    suggested: round_up(v, align),
+                    rule: "R5.3",
+                });
+            }
+        }
+        let out = |what, o: u64, limit| Error::OutOfRange {
+            what,
+            offset: o,
+            size,
+            limit,
+            rule: "R5.4",
+        };
+        if mem_offset.checked_add(size).is_none_or(|e| e > mem_size) {
+            return Err(out("allocation", mem_offset, mem_size));
+        }
+        if offset.checked_add(size).is_none_or(|e| e > slot.size) {
+            return Err(out("endpoint range", offset, slot.size));
+        }
+        match location {
+            Location::Device(d) if d == dev => {}
+            Location::HostNuma(n) if ctx.attribute(dev, attr::HOST_NUMA_ID).ok() == Some(n) => {}
+            other => {
+                return Err(Error::MemoryOnWrongDevice {
+                    device: dev,
+                    location: match other {
+                        Location::Device(d) => d.to_string(),
+                        Location::HostNuma(n) => format!("host NUMA node {n}"),
+                    },
+                    host_numa: ctx.attribute(dev, attr::HOST_NUMA_ID).ok(),
+                });
+            }
+        }
+        let end = offset + size;
+        if let Some(b) = slot
+            .bindings
+            .iter()
+            .find(|b| b.dev == dev && b.offset < end && offset < b.offset + b.size)
+        {
+            return Err(Error::Overlap {
+                device: dev,
+                offset,
+                size,
+                other_offset: b.offset,
+                other_size: b.size,
+            });
+        }
+        let d = ctx.driver();
+        let (call, r) = match target {
+            Target::Handle(h) => (
+                Call::BindMem,
+                d.bind_mem(self.id(), dev, offset, h, mem_offset, size, 0),
+            ),
+            Target::Addr(ptr) => (
+                Call::BindAddr,
+                d.bind_addr(self.id(), dev, offset, ptr + mem_offset, size, 0),
+            ),
+        };
+        ctx.check(call, r)?;
+        let key = slot.next_key;
+        slot.next_key += 1;
+        slot.bindings.push(Bound {
+            key,
+            dev,
+            offset,
+            size,
+            _keep: keep.unwrap_or_else(|| Arc::new(())),
+        });
+        Ok(Binding {
+            range: self.range(),
+            id: self.id(),
+            key,
+            dev,
+            offset,
+            size,
+        })
+    }
+}

@@ -1,0 +1,456 @@
+//! [`Endpoint<S, K>`]: one logical-endpoint id in lifecycle state `S` holding
+//! an endpoint of kind `K`, with every transition as a consuming method.
+//!
+//! All methods live in one generic `impl` and state what they need as `where`
+//! bounds (see [`crate::state`] and [`crate::kind`]), so a call in the wrong
+//! state or on the wrong kind is a compile error that says what to call first.
+//!
+//! Transitions that create driver state call the driver first and change type
+//! after; those that destroy it change type after the driver agreed. A failed
+//! transition hands the endpoint back unchanged in [`Failed`].
+
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+
+use crate::context::Context;
+use crate::driver::prop::{Props, Shape};
+use crate::driver::{Call, Device, attr};
+use crate::error::{Error, Failed, Result};
+use crate::kind::{CanExport, Creatable, Enroll, Kind, NoKind, TeamHasRoom};
+use crate::memory::round_up;
+use crate::range::{RangeInner, Slot, release_shared};
+use crate::sharing::FabricHandle;
+use crate::spec::Spec;
+use crate::state::{
+    CanCreate, CanDestroy, CanEnroll, CanRelease, IsReady, Pending, Reserved, State,
+};
+
+/// One logical-endpoint id in state `S` (`Reserved`, `Pending`, `Ready`)
+/// holding an endpoint of kind `K` (`NoKind` while reserved).
+///
+/// 16 bytes in every state. Not `Clone`: an endpoint has one owner. `Send` and
+/// `Sync`: a ready endpoint can be bound from one thread per device.
+///
+/// Dropping a created endpoint destroys it (`cuLogicalEndpointDestroy`, which
+/// also unbinds what this process bound, R7); the id goes back to its range,
+/// which is released when its last endpoint is gone (R1). Teardown errors are
+/// kept on the [`Context`] ([`Context::take_teardown_errors`]).
+pub struct Endpoint<S: State = Reserved, K: Kind = NoKind> {
+    range: Arc<RangeInner>,
+    id: u32,
+    _state: PhantomData<fn() -> (S, K)>,
+}
+
+impl<S: State, K: Kind> std::fmt::Debug for Endpoint<S, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Endpoint<{}, {}>(id {})", S::NAME, K::NAME, self.id)
+    }
+}
+
+impl<S: State, K: Kind> Drop for Endpoint<S, K> {
+    fn drop(&mut self) {
+        if S::CREATED {
+            destroy_now(&self.range, self.id, true);
+        }
+    }
+}
+
+/// `cuLogicalEndpointDestroy`, then drop the memory the bindings kept alive.
+/// On failure the memory is kept (it may still be bound) and, from `Drop`,
+/// the error is recorded.
+fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
+    match range.ctx.driver().destroy(id) {
+        Ok(()) => {
+            let slot = std::mem::take(&mut *range.slot(id));
+            drop(slot); // releases memory only now that nothing is bound (R7.2)
+            None
+        }
+        Err(code) => {
+            let e = range.ctx.error(Call::Destroy, code);
+            if from_drop {
+                // Leak the endpoint's bookkeeping and the memory it keeps:
+                // freeing memory that may still be bound is the one thing worse.
+                let slot = std::mem::take(&mut *range.slot(id));
+                std::mem::forget(slot);
+                range.ctx.record_teardown(e);
+                None
+            } else {
+                Some(e)
+            }
+        }
+    }
+}
+
+/// Either state after a non-blocking [`Endpoint::poll`].
+pub enum Readiness<K: Kind> {
+    /// A query reported the endpoint constructed.
+    Ready(Endpoint<crate::Ready, K::Ready>),
+    /// Not yet: poll again later.
+    Pending(Endpoint<Pending, K>),
+}
+
+impl<K: Kind> std::fmt::Debug for Readiness<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Readiness::Ready(e) => write!(f, "Ready({e:?})"),
+            Readiness::Pending(e) => write!(f, "Pending({e:?})"),
+        }
+    }
+}
+
+impl<S: State, K: Kind> Endpoint<S, K> {
+    pub(crate) fn from_parts(range: Arc<RangeInner>, id: u32) -> Self {
+        Endpoint {
+            range,
+            id,
+            _state: PhantomData,
+        }
+    }
+
+    /// Takes the endpoint apart without running `Drop`.
+    pub(crate) fn into_parts(self) -> (Arc<RangeInner>, u32) {
+        let me = ManuallyDrop::new(self);
+        // SAFETY: `me` is never used or dropped again; the `Arc` moves out once.
+        let range = unsafe { std::ptr::read(&me.range) };
+        (range, me.id)
+    }
+
+    /// The same id in another state or kind, without running `Drop`.
+    pub(crate) fn cast<S2: State, K2: Kind>(self) -> Endpoint<S2, K2> {
+        let (range, id) = self.into_parts();
+        Endpoint::from_parts(range, id)
+    }
+
+    pub(crate) fn range(&self) -> &Arc<RangeInner> {
+        &self.range
+    }
+
+    pub(crate) fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.range.slot(self.id)
+    }
+
+    fn fail<T>(self, error: Error) -> Result<T, Failed<Self>> {
+        Err(Failed { error, value: self })
+    }
+
+    /// The logical-endpoint id (`CUlogicalEndpointId`).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The context this endpoint belongs to.
+    pub fn context(&self) -> &Context {
+        &self.range.ctx
+    }
+
+    /// Bytes that can be bound per device (`prop.size`, R2.3); 0 while reserved.
+    pub fn size(&self) -> u64 {
+        self.slot().size
+    }
+
+    /// The bind alignment in bytes (R5.3, R10); 0 while reserved.
+    pub fn bind_alignment(&self) -> u64 {
+        self.slot().align
+    }
+
+    /// The owner device (unicast) or the team devices this process enrolled
+    /// (multicast).
+    pub fn devices(&self) -> Vec<Device> {
+        self.slot().devices.clone()
+    }
+
+    // ---------------------------------------------------------------- Reserved
+
+    /// Creates an endpoint on this id (`cuLogicalEndpointCreate`, R2), and for
+    /// a [`Spec::multicast`] team enrolls every device (R4).
+    ///
+    /// Checked before the driver: devices exist and are distinct; the size is
+    /// non-zero, a multiple of `bindAlignment` and at most `maxSize` from
+    /// `cuLogicalEndpointGetLimits` (R2.3, R10), with the nearest valid size in
+    /// the error; `COUNTED_OPS` against attribute 155 (R2.4).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`], [`Error::AlreadyEnrolled`], [`Error::EmptyTeam`],
+    /// [`Error::ZeroSize`], [`Error::Misaligned`], [`Error::SizeTooLarge`],
+    /// [`Error::FeatureMissing`], [`Error::Unsupported`] (driver before 13.3),
+    /// [`Error::Driver`]. The id comes back, still reserved.
+    pub fn create<K2: Creatable>(
+        self,
+        spec: Spec<K2>,
+    ) -> Result<Endpoint<Pending, K2>, Failed<Self>>
+    where
+        S: CanCreate,
+    {
+        if let Err(e) = self.retry_orphan() {
+            return self.fail(e);
+        }
+        let limits = match self.check_spec(&spec) {
+            Ok(l) => l,
+            Err(e) => return self.fail(e),
+        };
+        let ctx = self.context().clone();
+        let d = ctx.driver();
+        if let Err(code) = d.create(self.id, &spec.props.to_c()) {
+            return self.fail(ctx.error(Call::Create, code));
+        }
+        for (i, &dev) in spec.devices.iter().enumerate() {
+            if let Err(code) = d.add_device(self.id, dev) {
+                let error = ctx.error(Call::AddDevice, code);
+                // Undo the create so that the id comes back empty. If even
+                // that fails, the range retries before it releases (R1.2).
+                if let Some(e2) = destroy_now(&self.range, self.id, false) {
+                    tracing::error!(error = %e2, enrolled = i, "undo of create failed");
+                    self.slot().orphaned = true;
+                }
+                return self.fail(error);
+            }
+        }
+        {
+            let mut slot = self.slot();
+            slot.size = spec.props.size;
+            slot.align = limits.bind_alignment;
+            slot.devices = match spec.props.shape {
+                Shape::Unicast { owner } => vec![owner],
+                Shape::Multicast { .. } => spec.devices.clone(),
+            };
+            slot.team_size = match spec.props.shape {
+                Shape::Unicast { .. } => 1,
+                Shape::Multicast { num_devices } => num_devices,
+            };
+        }
+        Ok(self.cast())
+    }
+
+    /// A reserved id whose endpoint could not be destroyed earlier: try again.
+    fn retry_orphan(&self) -> Result<()> {
+        if !self.slot().orphaned {
+            return Ok(());
+        }
+        match destroy_now(&self.range, self.id, false) {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    fn check_spec<K2>(&self, spec: &Spec<K2>) -> Result<crate::Limits> {
+        let ctx = self.context();
+        let props: Props = spec.props;
+        let mut devices = Vec::new();
+        match props.shape {
+            Shape::Unicast { owner } => devices.push(owner),
+            Shape::Multicast { num_devices } => {
+                if num_devices == 0 {
+                    return Err(Error::EmptyTeam);
+                }
+                devices.extend_from_slice(&spec.devices);
+            }
+        }
+        for (i, &dev) in devices.iter().enumerate() {
+            ctx.check_device(dev)?;
+            if devices[..i].contains(&dev) {
+                return Err(Error::AlreadyEnrolled { device: dev });
+            }
+        }
+        if props.flags & crate::driver::prop::FLAG_COUNTED_OPS != 0 {
+            let check = if devices.is_empty() {
+                ctx.devices()?
+            } else {
+                devices.clone()
+            };
+            for dev in check {
+                if ctx.attribute(dev, attr::LE_COUNTED_OPS)? == 0 {
+                    return Err(Error::FeatureMissing {
+                        device: dev,
+                        feature: "counted operations (COUNTED_OPS)",
+                        attribute: attr::LE_COUNTED_OPS,
+                        rule: "R2.4",
+                    });
+                }
+            }
+        }
+        let limits = ctx.check(Call::GetLimits, ctx.driver().get_limits(&props.to_c()))?;
+        let align = limits.bind_alignment.max(1);
+        let largest = limits.max_size / align * align;
+        if props.size == 0 {
+            return Err(Error::ZeroSize {
+                what: "endpoint size",
+                suggested: align,
+                rule: "R2.3",
+            });
+        }
+        if props.size > limits.max_size {
+            return Err(Error::SizeTooLarge {
+                requested: props.size,
+                max_size: limits.max_size,
+                suggested: largest,
+            });
+        }
+        if props.size % align != 0 {
+            let up = round_up(props.size, align);
+            return Err(Error::Misaligned {
+                what: "endpoint size",
+                value: props.size,
+                alignment: align,
+                alignment_name: "bind alignment",
+                suggested: if up <= limits.max_size { up } else { largest },
+                rule: "R2.3",
+            });
+        }
+        Ok(limits)
+    }
+
+    /// Attaches the endpoint behind a fabric handle exported by another
+    /// process to this id (`cuLogicalEndpointImport`, R9). It is pending until
+    /// a query reports it ready (R9.2). An imported multicast endpoint's
+    /// process enrolls its own devices with `add_device`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] with `NOT_PERMITTED` (no access to the handle),
+    /// `NOT_SUPPORTED` (this process cannot use that endpoint) or
+    /// `INVALID_VALUE` (not a handle of this driver, R9.4). The id comes back.
+    pub fn import<K2: CanExport>(
+        self,
+        handle: &FabricHandle<K2>,
+    ) -> Result<Endpoint<Pending, K2::Imported>, Failed<Self>>
+    where
+        S: CanCreate,
+    {
+        if let Err(e) = self.retry_orphan() {
+            return self.fail(e);
+        }
+        let ctx = self.context().clone();
+        let c = handle.to_c();
+        if let Err(code) =
+            ctx.driver()
+                .import(self.id, &c, crate::driver::prop::fabric_handle_type())
+        {
+            return self.fail(ctx.error(Call::Import, code));
+        }
+        {
+            let mut slot = self.slot();
+            slot.size = handle.size();
+            slot.align = handle.bind_alignment();
+            slot.team_size = handle.team_size();
+            slot.devices.clear();
+        }
+        Ok(self.cast())
+    }
+
+    /// Gives the id back. The range it came from is released
+    /// (`cuLogicalEndpointIdRelease`, R1) when this was its last id.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from the release.
+    pub fn release(self) -> Result<()>
+    where
+        S: CanRelease,
+    {
+        let (range, _) = self.into_parts();
+        release_shared(range)
+    }
+
+    // ---------------------------------------------------------------- Pending
+
+    /// Enrolls `dev` in the team (`cuLogicalEndpointAddDevice`, R4). For a
+    /// [`crate::Team`] the count is in the type: one device too many does not
+    /// compile (R4.2).
+    ///
+    /// Checked before the driver: `dev` exists and is not enrolled yet (R4.2).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`], [`Error::AlreadyEnrolled`], [`Error::TeamFull`],
+    /// [`Error::Driver`] (`INVALID_DEVICE` for a device outside the team's
+    /// clique, R4.5). The endpoint comes back unchanged.
+    pub fn add_device(
+        self,
+        dev: impl Into<Device>,
+    ) -> Result<Endpoint<Pending, K::Next>, Failed<Self>>
+    where
+        S: CanEnroll,
+        K: Enroll,
+        K::HasRoom: TeamHasRoom,
+    {
+        let dev = dev.into();
+        if let Err(e) = self.context().check_device(dev) {
+            return self.fail(e);
+        }
+        let check = {
+            let slot = self.slot();
+            if slot.devices.contains(&dev) {
+                Err(Error::AlreadyEnrolled { device: dev })
+            } else if slot.devices.len() as u32 >= slot.team_size {
+                Err(Error::TeamFull {
+                    team_size: slot.team_size,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        if let Err(e) = check {
+            return self.fail(e);
+        }
+        let ctx = self.context().clone();
+        if let Err(code) = ctx.driver().add_device(self.id, dev) {
+            return self.fail(ctx.error(Call::AddDevice, code));
+        }
+        self.slot().devices.push(dev);
+        Ok(self.cast())
+    }
+
+    // ------------------------------------------------------- Pending or Ready
+
+    /// Destroys the endpoint (`cuLogicalEndpointDestroy`, R7) and hands the id
+    /// back, still reserved (R7.1). Every [`crate::Binding`] must be gone
+    /// first: the borrow checker refuses a destroy while one is alive.
+    ///
+    /// # Errors
+    /// [`Error::Driver`]; the endpoint comes back unchanged.
+    pub fn destroy(self) -> Result<Endpoint<Reserved, NoKind>, Failed<Self>>
+    where
+        S: CanDestroy,
+    {
+        match destroy_now(&self.range, self.id, false) {
+            None => Ok(self.cast()),
+            Some(e) => self.fail(e),
+        }
+    }
+
+    // ------------------------------------------------------------------ Ready
+
+    /// A kernel-side reference to this endpoint: its id as a `Copy`,
+    /// `#[repr(transparent)]` value that borrows the endpoint, to pass to
+    /// kernels.
+    pub fn kernel_ref(&self) -> crate::EndpointRef<'_>
+    where
+        S: IsReady,
+    {
+        crate::EndpointRef::new(self.id)
+    }
+
+    /// Exports a fabric handle for other processes (`cuLogicalEndpointExport`,
+    /// R8). Only endpoints created from an `.exportable()` spec (R8.1).
+    ///
+    /// # Errors
+    /// [`Error::Driver`].
+    pub fn export(&self) -> Result<FabricHandle<K>>
+    where
+        S: IsReady,
+        K: CanExport,
+    {
+        let ctx = self.context();
+        let mut c = crate::driver::prop::empty_fabric_handle();
+        ctx.check(
+            Call::Export,
+            ctx.driver()
+                .export(self.id, &mut c, crate::driver::prop::fabric_handle_type()),
+        )?;
+        let slot = self.slot();
+        Ok(FabricHandle::new(
+            c.data,
+            slot.size,
+            slot.align,
+            slot.team_size,
+        ))
+    }
+}

@@ -1,0 +1,278 @@
+//! Endpoint kind markers: unicast or multicast, how a multicast team is
+//! enrolled, whether the endpoint is exportable or imported, and the traits
+//! that let the compiler check team size (typenum), enrollment and which
+//! memory may be bound (SPEC R2.2, R3.2, R4, R5.6, R5.7, R8.1).
+//!
+//! Team counting bounds the typenum *boolean* results (`Le<E, N>`, `Eq<E, N>`)
+//! with traits implemented for `B1` only, so a misuse reads "not implemented
+//! for `B0`" and never prints a binary `UInt<..>` type.
+
+use std::marker::PhantomData;
+use std::ops::Add;
+
+use typenum::{Add1, B1, Eq, Gr, IsEqual, IsGreater, IsLess, Le, U0, Unsigned};
+
+use crate::memory::{Fabric, MemShare, PosixFd};
+use crate::state::Sealed;
+
+/// Whether an endpoint is created with fabric IPC handles (R2.4, R8).
+pub trait Sharing: Sealed + Send + Sync + 'static {
+    /// `FABRIC` in `ipcHandleTypes`.
+    const FABRIC: bool;
+}
+
+/// Created without IPC handles: cannot be exported; binds any memory.
+#[derive(Debug)]
+pub struct Local;
+/// Created with `FABRIC` IPC handles: can be exported (R8); binds only
+/// externally shareable memory (R5.6).
+#[derive(Debug)]
+pub struct Exportable;
+impl Sealed for Local {}
+impl Sealed for Exportable {}
+impl Sharing for Local {
+    const FABRIC: bool = false;
+}
+impl Sharing for Exportable {
+    const FABRIC: bool = true;
+}
+
+/// What kind of endpoint sits on an id. Sealed.
+pub trait Kind: Sealed + Send + Sync + 'static {
+    /// For messages and `Debug`.
+    const NAME: &'static str;
+    /// `MULTICAST` (else `UNICAST`).
+    const MULTICAST: bool;
+    /// `B1` when readiness may be waited for now; `B0` for a compile-time team
+    /// that still has devices to enroll (R3.2).
+    type Complete;
+    /// The kind once ready: team counts are erased (a complete team is an
+    /// ordinary multicast endpoint).
+    type Ready: Kind;
+}
+
+/// No endpoint yet: the kind of a [`crate::Reserved`] id.
+#[derive(Debug)]
+pub struct NoKind;
+
+/// A unicast endpoint: one owner device (R2.2).
+pub struct Unicast<X = Local>(PhantomData<X>);
+
+/// A multicast endpoint whose team was enrolled in full by `create` (a team
+/// known at run time), or any multicast endpoint once ready.
+pub struct Multicast<X = Local>(PhantomData<X>);
+
+/// A multicast endpoint whose team size `N` is known at compile time, with `E`
+/// devices enrolled so far (typenum numbers). Waiting before `E == N` and
+/// enrolling past `N` do not compile (R3.2, R4.2).
+pub struct Team<N, E = U0, X = Local>(PhantomData<(N, E, X)>);
+
+/// A multicast team spread over processes: each process enrolls its own
+/// devices, so completeness is a run-time fact that only a query reveals (R3.2).
+pub struct SpreadTeam<X = Local>(PhantomData<X>);
+
+/// A unicast endpoint imported from another process: binds no memory (R5.7).
+#[derive(Debug)]
+pub struct ImportedUnicast;
+
+/// A multicast endpoint imported from another process: binds only externally
+/// shareable memory (R5.6).
+#[derive(Debug)]
+pub struct ImportedMulticast;
+
+impl Sealed for NoKind {}
+impl<X> Sealed for Unicast<X> {}
+impl<X> Sealed for Multicast<X> {}
+impl<N, E, X> Sealed for Team<N, E, X> {}
+impl<X> Sealed for SpreadTeam<X> {}
+impl Sealed for ImportedUnicast {}
+impl Sealed for ImportedMulticast {}
+
+impl Kind for NoKind {
+    const NAME: &'static str = "no kind";
+    const MULTICAST: bool = false;
+    type Complete = B1;
+    type Ready = NoKind;
+}
+impl<X: Sharing> Kind for Unicast<X> {
+    const NAME: &'static str = "unicast";
+    const MULTICAST: bool = false;
+    type Complete = B1;
+    type Ready = Unicast<X>;
+}
+impl<X: Sharing> Kind for Multicast<X> {
+    const NAME: &'static str = "multicast";
+    const MULTICAST: bool = true;
+    type Complete = B1;
+    type Ready = Multicast<X>;
+}
+impl<N, E, X> Kind for Team<N, E, X>
+where
+    N: Unsigned + Send + Sync + 'static,
+    E: Unsigned + IsEqual<N> + Send + Sync + 'static,
+    X: Sharing,
+{
+    const NAME: &'static str = "multicast team";
+    const MULTICAST: bool = true;
+    type Complete = Eq<E, N>;
+    type Ready = Multicast<X>;
+}
+impl<X: Sharing> Kind for SpreadTeam<X> {
+    const NAME: &'static str = "spread multicast team";
+    const MULTICAST: bool = true;
+    type Complete = B1;
+    type Ready = Multicast<X>;
+}
+impl Kind for ImportedUnicast {
+    const NAME: &'static str = "imported unicast";
+    const MULTICAST: bool = false;
+    type Complete = B1;
+    type Ready = ImportedUnicast;
+}
+impl Kind for ImportedMulticast {
+    const NAME: &'static str = "imported multicast";
+    const MULTICAST: bool = true;
+    type Complete = B1;
+    type Ready = ImportedMulticast;
+}
+
+/// Readiness may be waited for only once every team device is enrolled (R3.2).
+#[diagnostic::on_unimplemented(
+    message = "this multicast team is not complete: `wait`/`poll` needs every team device enrolled",
+    label = "devices are still missing from this team",
+    note = "call `.add_device(dev)` once for each remaining team device first: construction cannot finish before the whole team is in (R3.2, R4.4)"
+)]
+pub trait TeamIsComplete {}
+#[diagnostic::do_not_recommend]
+impl TeamIsComplete for B1 {}
+
+/// A team enrolls at most its size (R4.2).
+#[diagnostic::on_unimplemented(
+    message = "this multicast team is already complete: it has no room for another device",
+    label = "one `add_device` too many",
+    note = "a team holds exactly the size given to `Spec::team(..)` (R4.2): drop this call, or create the endpoint with a larger team"
+)]
+pub trait TeamHasRoom {}
+#[diagnostic::do_not_recommend]
+impl TeamHasRoom for B1 {}
+
+/// A team has at least one device (R2.2).
+#[diagnostic::on_unimplemented(
+    message = "a multicast team needs at least one device, but this team size is zero",
+    label = "team size 0",
+    note = "give the team size as a non-zero typenum value, e.g. `Spec::team(U4::new(), bytes)` (R2.2)"
+)]
+pub trait TeamIsNonEmpty {}
+#[diagnostic::do_not_recommend]
+impl TeamIsNonEmpty for B1 {}
+
+/// The non-zero check on a team size `N`, as a boolean.
+pub type NonEmpty<N> = Gr<N, U0>;
+/// Bound used by `Spec::team`.
+pub trait TeamSize: Unsigned + IsGreater<U0> + Send + Sync + 'static {}
+impl<N: Unsigned + IsGreater<U0> + Send + Sync + 'static> TeamSize for N {}
+
+/// Kinds that enroll devices one at a time with `add_device` (R4).
+#[diagnostic::on_unimplemented(
+    message = "`add_device` is only for multicast teams enrolled device by device; a `{Self}` endpoint has no team to join",
+    label = "no team to enroll in",
+    note = "a unicast endpoint has one owner device, fixed by `Spec::unicast` (R4.1); a `Spec::multicast(&devices, ..)` team is enrolled in full by `create`"
+)]
+pub trait Enroll: Kind {
+    /// The kind after one more device.
+    type Next: Kind;
+    /// `B1` while the team has room (R4.2).
+    type HasRoom;
+}
+impl<N, E, X> Enroll for Team<N, E, X>
+where
+    N: Unsigned + Send + Sync + 'static,
+    E: Unsigned + IsEqual<N> + IsLess<N> + Add<B1> + Send + Sync + 'static,
+    Add1<E>: Unsigned + IsEqual<N> + Send + Sync + 'static,
+    X: Sharing,
+{
+    type Next = Team<N, Add1<E>, X>;
+    type HasRoom = Le<E, N>;
+}
+impl<X: Sharing> Enroll for SpreadTeam<X> {
+    type Next = SpreadTeam<X>;
+    type HasRoom = B1;
+}
+
+/// Kinds that a spec creates; `exportable()` maps to the fabric variant.
+pub trait Creatable: Kind {
+    /// The same kind with `FABRIC` IPC handles.
+    type Exportable: Kind;
+    /// The kind of a team known at compile time (`Team<N, U0, X>`)? Its size.
+    const STATIC_TEAM: Option<u32>;
+}
+impl<X: Sharing> Creatable for Unicast<X> {
+    type Exportable = Unicast<Exportable>;
+    const STATIC_TEAM: Option<u32> = None;
+}
+impl<X: Sharing> Creatable for Multicast<X> {
+    type Exportable = Multicast<Exportable>;
+    const STATIC_TEAM: Option<u32> = None;
+}
+impl<N, X> Creatable for Team<N, U0, X>
+where
+    N: Unsigned + Send + Sync + 'static,
+    U0: IsEqual<N>,
+    X: Sharing,
+{
+    type Exportable = Team<N, U0, Exportable>;
+    const STATIC_TEAM: Option<u32> = Some(N::U32);
+}
+impl<X: Sharing> Creatable for SpreadTeam<X> {
+    type Exportable = SpreadTeam<Exportable>;
+    const STATIC_TEAM: Option<u32> = None;
+}
+
+/// Kinds whose ready endpoints can be exported with a fabric handle (R8.1).
+#[diagnostic::on_unimplemented(
+    message = "`export` needs an endpoint created with fabric handles, but this is a `{Self}` endpoint",
+    label = "not exportable",
+    note = "create it from a spec with `.exportable()` (FABRIC in `ipcHandleTypes`, R8.1); imported endpoints cannot be exported again"
+)]
+pub trait CanExport: Kind {
+    /// The kind an importer gets.
+    type Imported: Kind;
+    /// Tag on the wire.
+    const WIRE: u8;
+}
+impl CanExport for Unicast<Exportable> {
+    type Imported = ImportedUnicast;
+    const WIRE: u8 = 1;
+}
+impl CanExport for Multicast<Exportable> {
+    type Imported = ImportedMulticast;
+    const WIRE: u8 = 2;
+}
+
+/// Kinds that accept memory at all (R5.7).
+#[diagnostic::on_unimplemented(
+    message = "an imported unicast endpoint accepts no memory: binding on it is not allowed",
+    label = "`{Self}` endpoints cannot bind",
+    note = "only the owner's process binds a unicast endpoint (R5.7): bind on the endpoint you exported from, and use this one from kernels"
+)]
+pub trait CanBind: Kind {}
+impl<X: Sharing> CanBind for Unicast<X> {}
+impl<X: Sharing> CanBind for Multicast<X> {}
+impl CanBind for ImportedMulticast {}
+
+/// Which memory a kind accepts (R5.6).
+#[diagnostic::on_unimplemented(
+    message = "a `{Self}` endpoint cannot bind `{H}` memory: it needs externally shareable memory",
+    label = "`{H}` allocations are not shareable",
+    note = "exportable and imported multicast endpoints accept only allocations made with a shareable handle type (R5.6): allocate with `PosixFd` or `Fabric` instead of `Private`"
+)]
+pub trait Accepts<H: MemShare>: Kind {}
+impl<H: MemShare> Accepts<H> for Unicast<Local> {}
+impl<H: MemShare> Accepts<H> for Multicast<Local> {}
+impl<H: MemShare> Accepts<H> for ImportedUnicast {}
+impl Accepts<PosixFd> for Unicast<Exportable> {}
+impl Accepts<Fabric> for Unicast<Exportable> {}
+impl Accepts<PosixFd> for Multicast<Exportable> {}
+impl Accepts<Fabric> for Multicast<Exportable> {}
+impl Accepts<PosixFd> for ImportedMulticast {}
+impl Accepts<Fabric> for ImportedMulticast {}

@@ -1,0 +1,367 @@
+//! Bind targets: VMM allocations (`cuMemCreate`) and their mapped form
+//! (address reserve + map + access), typed by their shareable handle type so
+//! that R5.6 is checked by the compiler.
+//!
+//! An allocation's handle is released only when the last owner lets go: the
+//! user's [`Allocation`] / [`Mapped`], and every binding that uses it (an
+//! endpoint keeps a reference until the binding is unbound or the endpoint
+//! destroyed, so a forgotten `Binding` never leaves freed memory bound, R7.2).
+
+use std::any::Any;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::context::Context;
+use crate::driver::{AllocationRequest, Call, Device, Granularity, Location, handle_bits};
+use crate::error::{Error, Failed, Result};
+use crate::state::Sealed;
+
+/// The shareable handle type of an allocation. Sealed.
+pub trait MemShare: Sealed + Send + Sync + 'static {
+    /// `CUmemAllocationHandleType` bits requested at `cuMemCreate`.
+    const BITS: u32;
+    /// The name, for messages.
+    const NAME: &'static str;
+}
+
+/// No shareable handle: this process only (`CU_MEM_HANDLE_TYPE_NONE`).
+#[derive(Debug)]
+pub struct Private;
+/// Shareable as a POSIX file descriptor, within one node.
+#[derive(Debug)]
+pub struct PosixFd;
+/// Shareable as a fabric handle, across nodes (needs the fabric daemon).
+#[derive(Debug)]
+pub struct Fabric;
+impl Sealed for Private {}
+impl Sealed for PosixFd {}
+impl Sealed for Fabric {}
+impl MemShare for Private {
+    const BITS: u32 = handle_bits::NONE;
+    const NAME: &'static str = "Private";
+}
+impl MemShare for PosixFd {
+    const BITS: u32 = handle_bits::POSIX_FD;
+    const NAME: &'static str = "PosixFd";
+}
+impl MemShare for Fabric {
+    const BITS: u32 = handle_bits::FABRIC;
+    const NAME: &'static str = "Fabric";
+}
+
+/// The allocation itself, shared by its owner and the bindings that use it.
+pub(crate) struct AllocInner {
+    ctx: Context,
+    handle: u64,
+    size: u64,
+    location: Location,
+}
+
+impl Drop for AllocInner {
+    fn drop(&mut self) {
+        if let Err(code) = self.ctx.driver().mem_release(self.handle) {
+            let e = self.ctx.error(Call::MemRelease, code);
+            self.ctx.record_teardown(e);
+        }
+    }
+}
+
+/// A pinned VMM allocation made with `cuMemCreate`, bindable by handle
+/// (`cuLogicalEndpointBindMem`, R5).
+///
+/// `H` is its shareable handle type: [`Private`], [`PosixFd`] or [`Fabric`].
+/// Dropping it releases the handle (`cuMemRelease`) once no binding uses it.
+pub struct Allocation<H: MemShare = Private> {
+    inner: Arc<AllocInner>,
+    _share: PhantomData<fn() -> H>,
+}
+
+impl<H: MemShare> std::fmt::Debug for Allocation<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocation")
+            .field("share", &H::NAME)
+            .field("handle", &self.inner.handle)
+            .field("size", &self.inner.size)
+            .field("location", &self.inner.location)
+            .finish()
+    }
+}
+
+impl<H: MemShare> Allocation<H> {
+    /// Allocates at least `bytes` bytes of device memory on `dev`, rounded up
+    /// to the minimum allocation granularity (`cuMemGetAllocationGranularity`).
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for 0 bytes; [`Error::NoSuchDevice`];
+    /// [`Error::FabricNotPermitted`] when fabric handles are refused (no
+    /// fabric daemon); [`Error::Driver`] from `cuMemCreate` otherwise.
+    pub fn on_device(ctx: &Context, dev: Device, bytes: u64) -> Result<Self> {
+        ctx.check_device(dev)?;
+        Self::new(ctx, Location::Device(dev), bytes, Granularity::Minimum)
+    }
+
+    /// Allocates at least `bytes` bytes at `location`, rounded up to the
+    /// `granularity` asked for (any granularity, power of two or not).
+    ///
+    /// # Errors
+    /// As [`Allocation::on_device`].
+    pub fn new(
+        ctx: &Context,
+        location: Location,
+        bytes: u64,
+        granularity: Granularity,
+    ) -> Result<Self> {
+        let req = AllocationRequest {
+            location,
+            handle_types: H::BITS,
+        };
+        let gran = ctx.check(
+            Call::MemGetAllocationGranularity,
+            ctx.driver().mem_granularity(&req, granularity),
+        )?;
+        if bytes == 0 {
+            return Err(Error::ZeroSize {
+                what: "allocation size",
+                suggested: gran,
+                rule: "cuMemCreate",
+            });
+        }
+        let size = round_up(bytes, gran.max(1));
+        let handle =
+            ctx.driver()
+                .mem_create(size, &req)
+                .map_err(|code| match (code, location) {
+                    (crate::Code::NOT_PERMITTED, Location::Device(device))
+                        if H::BITS & handle_bits::FABRIC != 0 =>
+                    {
+                        Error::FabricNotPermitted {
+                            device,
+                            call: Call::MemCreate,
+                        }
+                    }
+                    _ => ctx.error(Call::MemCreate, code),
+                })?;
+        Ok(Allocation {
+            inner: Arc::new(AllocInner {
+                ctx: ctx.clone(),
+                handle,
+                size,
+                location,
+            }),
+            _share: PhantomData,
+        })
+    }
+
+    /// Size in bytes (a multiple of the granularity).
+    pub fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    /// Where the memory lives.
+    pub fn location(&self) -> Location {
+        self.inner.location
+    }
+
+    /// The raw `CUmemGenericAllocationHandle`, for users' own driver calls.
+    /// It stays valid while `self` lives.
+    pub fn handle(&self) -> u64 {
+        self.inner.handle
+    }
+
+    /// Maps the whole allocation into a fresh virtual address range and gives
+    /// `dev` (and `access`) read-write access, for `BindAddr` and kernels.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from `cuMemAddressReserve`, `cuMemMap` or
+    /// `cuMemSetAccess`; the allocation comes back unchanged and nothing leaks.
+    pub fn map(self, access: &[Device]) -> Result<Mapped<H>, Failed<Allocation<H>>> {
+        let ctx = self.inner.ctx.clone();
+        let d = ctx.driver();
+        let size = self.inner.size;
+        let fail = |call, code, value| Failed {
+            error: ctx.error(call, code),
+            value,
+        };
+        let ptr = match d.mem_address_reserve(size, 0) {
+            Ok(p) => p,
+            Err(c) => return Err(fail(Call::MemAddressReserve, c, self)),
+        };
+        if let Err(c) = d.mem_map(ptr, size, 0, self.inner.handle) {
+            let _ = d.mem_address_free(ptr, size);
+            return Err(fail(Call::MemMap, c, self));
+        }
+        let mut devices: Vec<Device> = access.to_vec();
+        if let Location::Device(own) = self.inner.location
+            && !devices.contains(&own)
+        {
+            devices.insert(0, own);
+        }
+        // Built now so that a failure below unmaps and frees through `Drop`.
+        let mapped = Mapped {
+            inner: Arc::new(MappedInner {
+                alloc: Some(self.inner.clone()),
+                ptr,
+                size,
+            }),
+            _share: PhantomData,
+        };
+        if let Err(c) = d.mem_set_access(ptr, size, &devices) {
+            drop(mapped);
+            return Err(fail(Call::MemSetAccess, c, self));
+        }
+        Ok(mapped)
+    }
+}
+
+/// The mapping, shared by its owner and the bindings that use it.
+pub(crate) struct MappedInner {
+    alloc: Option<Arc<AllocInner>>,
+    ptr: u64,
+    size: u64,
+}
+
+impl Drop for MappedInner {
+    // The one right order: unmap, release the handle, free the address range.
+    fn drop(&mut self) {
+        let Some(alloc) = self.alloc.take() else {
+            return;
+        };
+        let ctx = alloc.ctx.clone();
+        if let Err(code) = ctx.driver().mem_unmap(self.ptr, self.size) {
+            // Still mapped: keep the memory and the range rather than free
+            // what the device may still reach.
+            ctx.record_teardown(ctx.error(Call::MemUnmap, code));
+            std::mem::forget(alloc);
+            return;
+        }
+        drop(alloc);
+        if let Err(code) = ctx.driver().mem_address_free(self.ptr, self.size) {
+            ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
+        }
+    }
+}
+
+/// An [`Allocation`] mapped at a device address with access set, bindable by
+/// address (`cuLogicalEndpointBindAddr`, R5) and usable from kernels.
+///
+/// Dropping it unmaps, releases the handle and frees the address range, in
+/// that order, once no binding uses it.
+pub struct Mapped<H: MemShare = Private> {
+    inner: Arc<MappedInner>,
+    _share: PhantomData<fn() -> H>,
+}
+
+impl<H: MemShare> std::fmt::Debug for Mapped<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapped")
+            .field("share", &H::NAME)
+            .field("ptr", &format_args!("{:#x}", self.inner.ptr))
+            .field("size", &self.inner.size)
+            .finish()
+    }
+}
+
+impl<H: MemShare> Mapped<H> {
+    /// The device address (`CUdeviceptr`) of the first byte, for kernels.
+    pub fn device_ptr(&self) -> u64 {
+        self.inner.ptr
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    /// Where the memory lives.
+    pub fn location(&self) -> Location {
+        self.alloc().location
+    }
+
+    /// The raw allocation handle.
+    pub fn handle(&self) -> u64 {
+        self.alloc().handle
+    }
+
+    fn alloc(&self) -> &AllocInner {
+        // `alloc` is `None` only inside `Drop`.
+        self.inner
+            .alloc
+            .as_deref()
+            .unwrap_or_else(|| unreachable!("mapping used after drop"))
+    }
+}
+
+/// What a bind call points at.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Target {
+    /// `cuLogicalEndpointBindMem`: handle, whole-allocation size.
+    Handle(u64),
+    /// `cuLogicalEndpointBindAddr`: device pointer.
+    Addr(u64),
+}
+
+/// Memory that can be bound to an endpoint: an [`Allocation`] (by handle) or a
+/// [`Mapped`] allocation (by address). Sealed.
+pub trait BindSource: Sealed {
+    /// The shareable handle type (R5.6).
+    type Share: MemShare;
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Where the memory lives (R5.5).
+    fn location(&self) -> Location;
+    #[doc(hidden)]
+    fn context(&self) -> &Context;
+    #[doc(hidden)]
+    #[allow(private_interfaces)]
+    fn target(&self) -> Target;
+    #[doc(hidden)]
+    fn keep_alive(&self) -> Arc<dyn Any + Send + Sync>;
+}
+
+impl<H: MemShare> Sealed for Allocation<H> {}
+impl<H: MemShare> Sealed for Mapped<H> {}
+
+impl<H: MemShare> BindSource for Allocation<H> {
+    type Share = H;
+    fn size(&self) -> u64 {
+        self.inner.size
+    }
+    fn location(&self) -> Location {
+        self.inner.location
+    }
+    fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+    #[allow(private_interfaces)]
+    fn target(&self) -> Target {
+        Target::Handle(self.inner.handle)
+    }
+    fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
+        self.inner.clone()
+    }
+}
+
+impl<H: MemShare> BindSource for Mapped<H> {
+    type Share = H;
+    fn size(&self) -> u64 {
+        self.inner.size
+    }
+    fn location(&self) -> Location {
+        self.alloc().location
+    }
+    fn context(&self) -> &Context {
+        &self.alloc().ctx
+    }
+    #[allow(private_interfaces)]
+    fn target(&self) -> Target {
+        Target::Addr(self.inner.ptr)
+    }
+    fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
+        self.inner.clone()
+    }
+}
+
+/// Rounds `v` up to a multiple of `m` (any `m > 0`).
+pub(crate) fn round_up(v: u64, m: u64) -> u64 {
+    v.div_ceil(m).saturating_mul(m)
+}

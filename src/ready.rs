@@ -1,0 +1,185 @@
+//! Readiness (SPEC R3): non-blocking [`Endpoint::poll`], bounded
+//! [`Endpoint::wait`], and [`wait_all`], which makes many endpoints ready
+//! with one `cuLogicalEndpointQuery` per contiguous run of ids (R3.5).
+//!
+//! Waiting polls at least once, even with a zero timeout, then backs off:
+//! spin, then yield, then sleep a quarter of the time waited so far (at least
+//! 10 µs, at most 1 ms). It never blocks past its timeout and hands the
+//! pending endpoints back with the error.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::driver::Call;
+use crate::endpoint::{Endpoint, Readiness};
+use crate::error::{Error, Failed, Result};
+use crate::kind::{Kind, TeamIsComplete};
+use crate::range::RangeInner;
+use crate::state::{CanQuery, Pending, Ready, State};
+
+/// The back-off between polls.
+struct Backoff {
+    start: Instant,
+    polls: u64,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            start: Instant::now(),
+            polls: 0,
+        }
+    }
+
+    /// Waits a little before the next poll; `false` once `timeout` is spent.
+    fn pause(&mut self, timeout: Duration) -> bool {
+        let waited = self.start.elapsed();
+        if waited >= timeout {
+            return false;
+        }
+        match self.polls {
+            0..16 => {
+                for _ in 0..(1u32 << self.polls.min(6)) {
+                    std::hint::spin_loop();
+                }
+            }
+            16..32 => std::thread::yield_now(),
+            _ => {
+                let nap = (waited / 4).clamp(Duration::from_micros(10), Duration::from_millis(1));
+                std::thread::sleep(nap.min(timeout - waited));
+            }
+        }
+        true
+    }
+}
+
+/// One query over `[base, base+count)` of `range`.
+fn query(range: &RangeInner, base: u32, count: u32) -> Result<bool> {
+    let ctx = &range.ctx;
+    ctx.check(Call::Query, ctx.driver().query(base, count))
+}
+
+impl<S: State, K: Kind> Endpoint<S, K> {
+    /// Asks once, without blocking, whether construction finished
+    /// (`cuLogicalEndpointQuery`, R3) and returns the endpoint in the state it
+    /// is in. For a compile-time team, only once every device is enrolled
+    /// (R3.2).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from the query (R4.5: a clique error can surface
+    /// here); the endpoint comes back pending.
+    pub fn poll(self) -> Result<Readiness<K>, Failed<Self>>
+    where
+        S: CanQuery,
+        K::Complete: TeamIsComplete,
+    {
+        match query(self.range(), self.id(), 1) {
+            Ok(true) => Ok(Readiness::Ready(self.cast())),
+            Ok(false) => Ok(Readiness::Pending(self.cast())),
+            Err(error) => Err(Failed { error, value: self }),
+        }
+    }
+
+    /// Polls until construction finished or `timeout` passed (R3). Polls at
+    /// least once, even for a zero timeout; backs off instead of burning a
+    /// core; never blocks past `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] (with the number of queries made) or [`Error::Driver`];
+    /// the endpoint comes back pending either way.
+    pub fn wait(self, timeout: Duration) -> Result<Endpoint<Ready, K::Ready>, Failed<Self>>
+    where
+        S: CanQuery,
+        K::Complete: TeamIsComplete,
+    {
+        let mut backoff = Backoff::new();
+        loop {
+            backoff.polls += 1;
+            match query(self.range(), self.id(), 1) {
+                Ok(true) => return Ok(self.cast()),
+                Ok(false) => {}
+                Err(error) => return Err(Failed { error, value: self }),
+            }
+            if !backoff.pause(timeout) {
+                let error = Error::Timeout {
+                    id: self.id(),
+                    waited: backoff.start.elapsed(),
+                    polls: backoff.polls,
+                };
+                return Err(Failed { error, value: self });
+            }
+        }
+    }
+}
+
+/// Waits for many pending endpoints at once with one query per contiguous run
+/// of ids from the same range (R3.5): a range of `n` endpoints costs one
+/// `cuLogicalEndpointQuery` per poll, not `n`. Same back-off and timeout rules
+/// as [`Endpoint::wait`]. The endpoints come back in the order given.
+///
+/// # Errors
+/// [`Error::Timeout`] or [`Error::Driver`], with every endpoint handed back
+/// pending.
+pub fn wait_all<K: Kind>(
+    endpoints: Vec<Endpoint<Pending, K>>,
+    timeout: Duration,
+) -> Result<Vec<Endpoint<Ready, K::Ready>>, Failed<Vec<Endpoint<Pending, K>>>>
+where
+    K::Complete: TeamIsComplete,
+{
+    // Runs of consecutive ids within one range, as (range, base, count).
+    let mut order: Vec<usize> = (0..endpoints.len()).collect();
+    order.sort_by_key(|&i| {
+        (
+            Arc::as_ptr(endpoints[i].range()) as usize,
+            endpoints[i].id(),
+        )
+    });
+    let mut runs: Vec<(&RangeInner, u32, u32, bool)> = Vec::new();
+    for &i in &order {
+        let (r, id) = (endpoints[i].range(), endpoints[i].id());
+        match runs.last_mut() {
+            Some((rr, base, count, _)) if std::ptr::eq(*rr, &**r) && *base + *count == id => {
+                *count += 1
+            }
+            _ => runs.push((r, id, 1, false)),
+        }
+    }
+    let mut backoff = Backoff::new();
+    let outcome = loop {
+        backoff.polls += 1;
+        let mut all = true;
+        let mut failed = None;
+        for (range, base, count, done) in runs.iter_mut().filter(|r| !r.3) {
+            match query(range, *base, *count) {
+                Ok(true) => *done = true,
+                Ok(false) => all = false,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            break Err(e);
+        }
+        if all {
+            break Ok(());
+        }
+        if !backoff.pause(timeout) {
+            break Err(Error::Timeout {
+                id: runs.first().map_or(0, |r| r.1),
+                waited: backoff.start.elapsed(),
+                polls: backoff.polls,
+            });
+        }
+    };
+    drop(runs);
+    match outcome {
+        Ok(()) => Ok(endpoints.into_iter().map(Endpoint::cast).collect()),
+        Err(error) => Err(Failed {
+            error,
+            value: endpoints,
+        }),
+    }
+}

@@ -1,0 +1,130 @@
+//! Fabric handles (SPEC R8, R9): what `export` writes and `import` reads,
+//! with the kind, size and bind alignment carried beside the driver's 64
+//! opaque bytes so that the importer gets a typed endpoint.
+//!
+//! The carried metadata is a convenience, not trusted for safety: the driver
+//! validates the handle (R9.4) and every bind (R5.4) all the same.
+
+use std::marker::PhantomData;
+
+use crate::driver::sys;
+use crate::error::{Error, Result};
+use crate::kind::CanExport;
+
+const MAGIC: &[u8; 4] = b"CEFH";
+/// Bytes of [`FabricHandle::to_bytes`].
+pub const WIRE_LEN: usize = 4 + 1 + 1 + 8 + 8 + 4 + 64;
+
+/// A fabric handle of an exported endpoint of kind `K`, to send to other
+/// processes (as [`FabricHandle::to_bytes`]) and import there.
+pub struct FabricHandle<K> {
+    data: [u8; 64],
+    size: u64,
+    align: u64,
+    team_size: u32,
+    _kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for FabricHandle<K> {
+    fn clone(&self) -> Self {
+        FabricHandle { ..*self }
+    }
+}
+
+impl<K: CanExport> std::fmt::Debug for FabricHandle<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FabricHandle")
+            .field("kind", &K::NAME)
+            .field("size", &self.size)
+            .field("bind_alignment", &self.align)
+            .field("team_size", &self.team_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: CanExport> FabricHandle<K> {
+    pub(crate) fn new(data: [u8; 64], size: u64, align: u64, team_size: u32) -> Self {
+        FabricHandle {
+            data,
+            size,
+            align,
+            team_size,
+            _kind: PhantomData,
+        }
+    }
+
+    pub(crate) fn to_c(&self) -> sys::CUlogicalEndpointFabricHandle {
+        sys::CUlogicalEndpointFabricHandle { data: self.data }
+    }
+
+    /// Bytes per device of the exported endpoint.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Its bind alignment, bytes.
+    pub fn bind_alignment(&self) -> u64 {
+        self.align
+    }
+
+    /// Its team size (1 for unicast).
+    pub fn team_size(&self) -> u32 {
+        self.team_size
+    }
+
+    /// The wire form: magic, version, kind, size, alignment, team size (all
+    /// little-endian), then the driver's 64 bytes. [`WIRE_LEN`] bytes.
+    pub fn to_bytes(&self) -> [u8; WIRE_LEN] {
+        let mut out = [0u8; WIRE_LEN];
+        out[..4].copy_from_slice(MAGIC);
+        out[4] = 1;
+        out[5] = K::WIRE;
+        out[6..14].copy_from_slice(&self.size.to_le_bytes());
+        out[14..22].copy_from_slice(&self.align.to_le_bytes());
+        out[22..26].copy_from_slice(&self.team_size.to_le_bytes());
+        out[26..].copy_from_slice(&self.data);
+        out
+    }
+
+    /// Reads the wire form back, checking its shape and kind.
+    ///
+    /// # Errors
+    /// [`Error::BadHandle`] for bytes of the wrong length, magic, version or
+    /// kind. Whether the driver accepts the handle is for `import` to say (R9.4).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let bad = |reason: String| Error::BadHandle {
+            expected: K::NAME,
+            reason,
+        };
+        let b: &[u8; WIRE_LEN] = bytes
+            .try_into()
+            .map_err(|_| bad(format!("{} bytes, expected {WIRE_LEN}", bytes.len())))?;
+        if &b[..4] != MAGIC || b[4] != 1 {
+            return Err(bad(
+                "not a cuda-endpoints fabric handle (magic/version)".into()
+            ));
+        }
+        if b[5] != K::WIRE {
+            return Err(bad(format!(
+                "kind tag {} is another kind of endpoint",
+                b[5]
+            )));
+        }
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(a)
+        };
+        let mut t = [0u8; 4];
+        t.copy_from_slice(&b[22..26]);
+        let mut data = [0u8; 64];
+        data.copy_from_slice(&b[26..]);
+        let (size, align, team) = (u64_at(6), u64_at(14), u32::from_le_bytes(t));
+        if size == 0 || align == 0 || size % align != 0 || team == 0 {
+            return Err(bad(format!(
+                "size {size}, alignment {align}, team {team} are not a valid endpoint"
+            )));
+        }
+        Ok(FabricHandle::new(data, size, align, team))
+    }
+}

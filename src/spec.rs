@@ -1,0 +1,128 @@
+//! What to create: [`Spec`] carries the `CUlogicalEndpointProp` fields (SPEC
+//! R2) and, in its type, the kind of endpoint it makes.
+
+use std::marker::PhantomData;
+
+use typenum::U0;
+
+use crate::driver::Device;
+use crate::driver::prop::{FLAG_COUNTED_OPS, IPC_FABRIC, Props, Shape};
+use crate::kind::{
+    Creatable, Local, Multicast, NonEmpty, SpreadTeam, Team, TeamIsNonEmpty, TeamSize, Unicast,
+};
+
+/// The properties of an endpoint to create, typed by the kind it makes.
+///
+/// - [`Spec::unicast`]: one owner device → `Unicast`.
+/// - [`Spec::multicast`]: a team known at run time, enrolled in full by
+///   `create` → `Multicast`.
+/// - [`Spec::team`]: a team whose size is a compile-time number; devices are
+///   enrolled one by one with `add_device`, counted in the type → `Team<N>`.
+/// - [`Spec::spread`]: a team spread over processes, each enrolling its own
+///   devices → `SpreadTeam`.
+///
+/// Sizes are bytes *per device* and must be a non-zero multiple of the bind
+/// alignment, at most `maxSize` (R2.3, R10); `create` checks both before the
+/// driver and says the nearest valid size.
+#[derive(Clone, Debug)]
+pub struct Spec<K> {
+    pub(crate) props: Props,
+    /// Team devices for `Spec::multicast`; empty otherwise.
+    pub(crate) devices: Vec<Device>,
+    _kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Spec<K> {
+    fn with(shape: Shape, size: u64, devices: Vec<Device>) -> Spec<K> {
+        Spec {
+            props: Props {
+                shape,
+                size,
+                ipc_handle_types: 0,
+                flags: 0,
+            },
+            devices,
+            _kind: PhantomData,
+        }
+    }
+
+    /// Bytes per device.
+    pub fn size(&self) -> u64 {
+        self.props.size
+    }
+
+    /// The properties as the driver gets them.
+    pub fn props(&self) -> Props {
+        self.props
+    }
+}
+
+impl Spec<Unicast<Local>> {
+    /// A unicast endpoint owned by `owner`, `bytes` bytes (R2.2).
+    pub fn unicast(owner: impl Into<Device>, bytes: u64) -> Self {
+        Spec::with(
+            Shape::Unicast {
+                owner: owner.into(),
+            },
+            bytes,
+            Vec::new(),
+        )
+    }
+}
+
+impl Spec<Multicast<Local>> {
+    /// A multicast endpoint over `devices` (the team, known at run time),
+    /// `bytes` bytes per device. `create` enrolls them all (R4), so the
+    /// endpoint is complete by construction. Use the devices your ranks
+    /// really use, e.g. `ctx.devices()?`.
+    pub fn multicast(devices: &[Device], bytes: u64) -> Self {
+        let n = devices.len() as u32;
+        Spec::with(Shape::Multicast { num_devices: n }, bytes, devices.to_vec())
+    }
+}
+
+impl<N: TeamSize> Spec<Team<N, U0, Local>> {
+    /// A multicast team of `N` devices (a typenum number, e.g. `U4::new()`),
+    /// `bytes` bytes per device; enroll each with `add_device` (R4).
+    pub fn team(_size: N, bytes: u64) -> Self
+    where
+        NonEmpty<N>: TeamIsNonEmpty,
+    {
+        Spec::with(
+            Shape::Multicast {
+                num_devices: N::U32,
+            },
+            bytes,
+            Vec::new(),
+        )
+    }
+}
+
+impl Spec<SpreadTeam<Local>> {
+    /// A multicast team of `num_devices` devices spread over processes, `bytes`
+    /// bytes per device: each process enrolls its own with `add_device`, and
+    /// readiness comes only through a query (R3.2).
+    pub fn spread(num_devices: u32, bytes: u64) -> Self {
+        Spec::with(Shape::Multicast { num_devices }, bytes, Vec::new())
+    }
+}
+
+impl<K: Creatable> Spec<K> {
+    /// Adds `FABRIC` to `ipcHandleTypes`: the endpoint can be exported (R8)
+    /// and binds only shareable memory (R5.6).
+    pub fn exportable(self) -> Spec<K::Exportable> {
+        let mut props = self.props;
+        props.ipc_handle_types |= IPC_FABRIC;
+        Spec {
+            props,
+            devices: self.devices,
+            _kind: PhantomData,
+        }
+    }
+
+    /// Sets `COUNTED_OPS` (R2.4); `create` refuses it where attribute 155 says no.
+    pub fn counted_ops(mut self) -> Self {
+        self.props.flags |= FLAG_COUNTED_OPS;
+        self
+    }
+}

@@ -1,0 +1,107 @@
+//! Lifecycle state markers and the per-method requirement traits.
+//!
+//! An endpoint is [`Reserved`] (an id, no endpoint: SPEC R1), [`Pending`]
+//! (created or imported, construction not yet reported finished: R2.5, R3) or
+//! [`Ready`] (a query reported it constructed: R3.1). The markers are
+//! zero-sized and sealed.
+//!
+//! Every method of `Endpoint` lives in one generic `impl` and names what it
+//! needs as a `where` bound on one of the traits below. A call in the wrong
+//! state is then an unmet bound (E0277), which carries the message, label and
+//! note written here, instead of rustc's uncustomisable "no method found".
+
+mod sealed {
+    pub trait Sealed {}
+}
+pub(crate) use sealed::Sealed;
+
+/// A lifecycle state. Sealed: the three markers below are all there is.
+pub trait State: Sealed + Send + Sync + 'static {
+    /// Whether an endpoint exists on the id (so `Drop` must destroy it).
+    const CREATED: bool;
+    /// The marker's name, for messages.
+    const NAME: &'static str;
+}
+
+/// An id reserved with `cuLogicalEndpointIdReserve`, no endpoint on it yet (R1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserved;
+/// An endpoint created (or imported) whose construction a query has not yet
+/// reported finished (R2.5, R3, R9.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending;
+/// An endpoint a query reported constructed: memory may be bound (R3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready;
+
+impl Sealed for Reserved {}
+impl Sealed for Pending {}
+impl Sealed for Ready {}
+
+impl State for Reserved {
+    const CREATED: bool = false;
+    const NAME: &'static str = "Reserved";
+}
+impl State for Pending {
+    const CREATED: bool = true;
+    const NAME: &'static str = "Pending";
+}
+impl State for Ready {
+    const CREATED: bool = true;
+    const NAME: &'static str = "Ready";
+}
+
+/// `create` and `import` need a [`Reserved`] id (R2.1, R9).
+#[diagnostic::on_unimplemented(
+    message = "`create`/`import` needs a `Reserved` id, but this endpoint is `{Self}`",
+    label = "this endpoint already exists (state `{Self}`)",
+    note = "an id holds one endpoint at a time (R2.1): call `.destroy()` first; it hands back the `Endpoint<Reserved>` to create on again"
+)]
+pub trait CanCreate: Sealed {}
+impl CanCreate for Reserved {}
+
+/// `release` needs a [`Reserved`] id: no endpoint may remain on it (R1.2).
+#[diagnostic::on_unimplemented(
+    message = "cannot release the id of a `{Self}` endpoint: the endpoint on it still exists",
+    label = "this endpoint is `{Self}`, not `Reserved`",
+    note = "ids are released only once empty (R1.2, R7.1): call `.destroy()` first; it hands back the `Endpoint<Reserved>` to release"
+)]
+pub trait CanRelease: Sealed {}
+impl CanRelease for Reserved {}
+
+/// `add_device` needs a [`Pending`] endpoint (R4.3, R4.4).
+#[diagnostic::on_unimplemented(
+    message = "`add_device` needs a `Pending` multicast endpoint, but this endpoint is `{Self}`",
+    label = "team enrollment is not open in state `{Self}`",
+    note = "enroll team devices after `.create(spec)` and before `.wait(..)`: a `Reserved` id has no team yet, and a `Ready` team is closed (R4.3, R4.4)"
+)]
+pub trait CanEnroll: Sealed {}
+impl CanEnroll for Pending {}
+
+/// `poll` and `wait` need a [`Pending`] endpoint (R3).
+#[diagnostic::on_unimplemented(
+    message = "`poll`/`wait` needs a `Pending` endpoint, but this endpoint is `{Self}`",
+    label = "nothing to wait for in state `{Self}`",
+    note = "a `Reserved` id has no endpoint yet: call `.create(spec)` or `.import(&handle)` first; a `Ready` endpoint needs no more waiting (R3)"
+)]
+pub trait CanQuery: Sealed {}
+impl CanQuery for Pending {}
+
+/// Binding, kernel references and export need a [`Ready`] endpoint (R3.1, R5.1).
+#[diagnostic::on_unimplemented(
+    message = "this needs a `Ready` endpoint, but this endpoint is `{Self}`",
+    label = "not ready: state `{Self}`",
+    note = "call `.wait(timeout)` (or `.poll()`) until it returns `Endpoint<Ready, _>`: using an endpoint before a query reported it constructed is undefined behaviour in the driver (R3.1, R3.4, R5.1)"
+)]
+pub trait IsReady: Sealed {}
+impl IsReady for Ready {}
+
+/// `destroy` needs an endpoint on the id (R7).
+#[diagnostic::on_unimplemented(
+    message = "`destroy` needs a created endpoint, but this id is `{Self}`",
+    label = "no endpoint to destroy in state `{Self}`",
+    note = "a `Reserved` id holds no endpoint: give it back with `.release()` (R1)"
+)]
+pub trait CanDestroy: Sealed {}
+impl CanDestroy for Pending {}
+impl CanDestroy for Ready {}
