@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::driver::{Call, Device, Location, attr};
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Failed, Result};
+use crate::error::{Error, Result};
 use crate::kind::{Accepts, CanBind, Kind};
 use crate::memory::{BindSource, Target, round_up};
 use crate::range::{Bound, RangeInner};
@@ -64,15 +64,13 @@ impl Binding<'_> {
     /// offset and size, R6). The memory is let go only once the driver agreed.
     ///
     /// # Errors
-    /// [`Error::Driver`]; the binding comes back, still bound, to retry or drop.
-    pub fn unbind(self) -> Result<(), Failed<Self>> {
-        match self.unbind_now() {
-            Ok(()) => {
-                std::mem::forget(self);
-                Ok(())
-            }
-            Err(error) => Err(Failed { error, value: self }),
-        }
+    /// [`Error::Driver`]. The memory then stays bound, and the endpoint keeps
+    /// it alive until `destroy` unbinds everything (R7); the error is `'static`
+    /// so that `?` works into any error type.
+    pub fn unbind(self) -> Result<()> {
+        let r = self.unbind_now();
+        std::mem::forget(self);
+        r
     }
 
     fn unbind_now(&self) -> Result<()> {

@@ -1,4 +1,4 @@
-//! Typestate-safe Rust API for CUDA 13.3 logical endpoints.
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 pub mod binding;

@@ -350,8 +350,7 @@ enum Cx {
     Any,
 }
 
-/// A retained primary context. `CUcontext` is a raw pointer; the driver
-/// allows using a context from any thread, so sending it is sound.
+/// A retained primary context (`CUcontext` is a raw pointer, hence not `Send`).
 struct Retained(Ctx);
 // SAFETY: a CUDA context handle is a process-wide object usable from every
 // thread; the pointer is never dereferenced on the Rust side.
@@ -539,13 +538,12 @@ impl Cuda {
                     previous: None,
                 });
             }
-            Cx::On(dev) => {
-                self.last_device.store(dev.0, Ordering::Relaxed);
-                dev
-            }
+            Cx::On(dev) => dev,
             Cx::Any => Device(self.last_device.load(Ordering::Relaxed)),
         };
         let ctx = self.primary(dev)?;
+        // Only a device whose context exists serves later device-less calls.
+        self.last_device.store(dev.0, Ordering::Relaxed);
         let (Some(get), Some(set)) = (self.t.ctx_get_current, self.t.ctx_set_current) else {
             return Err(Code::NOT_SUPPORTED);
         };
@@ -1481,6 +1479,9 @@ mod tests {
             "bad device mem_get_info: {:?}",
             cuda.mem_get_info(Device(99))
         );
+        // A failed device does not become the one for device-less calls.
+        let va = cuda.mem_address_reserve(g, g).unwrap();
+        cuda.mem_address_free(va, g).unwrap();
         // The thread's binding was restored: nothing current now.
         let mut cur: Ctx = std::ptr::null_mut();
         // SAFETY: `cuCtxGetCurrent` with a valid out-pointer.
