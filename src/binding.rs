@@ -249,7 +249,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         .into_iter()
         .chain(addr)
         {
-            if v % align != 0 {
+            if !v.is_multiple_of(align) {
                 return Err(Error::Misaligned {
                     what,
                     value: v,

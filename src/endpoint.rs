@@ -286,7 +286,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 suggested: largest,
             });
         }
-        if props.size % align != 0 {
+        if !props.size.is_multiple_of(align) {
             let up = round_up(props.size, align);
             return Err(Error::Misaligned {
                 what: "endpoint size",

@@ -112,6 +112,12 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     }
 }
 
+/// Pending endpoints handed back by a failed [`wait_all`].
+pub type PendingList<K> = Vec<Endpoint<Pending, K>>;
+
+/// Endpoints made ready by [`wait_all`].
+pub type ReadyList<K> = Vec<Endpoint<Ready, <K as Kind>::Ready>>;
+
 /// Waits for many pending endpoints at once with one query per contiguous run
 /// of ids from the same range (R3.5): a range of `n` endpoints costs one
 /// `cuLogicalEndpointQuery` per poll, not `n`. Same back-off and timeout rules
@@ -123,7 +129,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
 pub fn wait_all<K: Kind>(
     endpoints: Vec<Endpoint<Pending, K>>,
     timeout: Duration,
-) -> Result<Vec<Endpoint<Ready, K::Ready>>, Failed<Vec<Endpoint<Pending, K>>>>
+) -> Result<ReadyList<K>, Failed<PendingList<K>>>
 where
     K::Complete: TeamIsComplete,
 {

@@ -120,7 +120,7 @@ impl<K: CanExport> FabricHandle<K> {
         let mut data = [0u8; 64];
         data.copy_from_slice(&b[26..]);
         let (size, align, team) = (u64_at(6), u64_at(14), u32::from_le_bytes(t));
-        if size == 0 || align == 0 || size % align != 0 || team == 0 {
+        if size == 0 || align == 0 || !size.is_multiple_of(align) || team == 0 {
             return Err(bad(format!(
                 "size {size}, alignment {align}, team {team} are not a valid endpoint"
             )));

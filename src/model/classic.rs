@@ -47,7 +47,7 @@ impl World {
             return violate(self, "C6", Code::NOT_SUPPORTED);
         }
         let gran = self.mc_granularity(num_devices, size, 0, Granularity::Minimum)?;
-        if size == 0 || size % gran != 0 {
+        if size == 0 || !size.is_multiple_of(gran) {
             return violate(self, "C1", Code::INVALID_VALUE);
         }
         let h = self.handle();
@@ -109,7 +109,7 @@ impl World {
                 None => return violate(self, "C2", Code::INVALID_VALUE),
             },
         };
-        let aligned = mc_offset % gran == 0 && mem_offset % gran == 0 && size % gran == 0;
+        let aligned = mc_offset.is_multiple_of(gran) && mem_offset.is_multiple_of(gran) && size.is_multiple_of(gran);
         let fits = mc_offset.checked_add(size).is_some_and(|e| e <= mc_size);
         let Some(a) = self
             .allocs

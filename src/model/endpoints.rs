@@ -151,7 +151,7 @@ impl World {
         }
         let props = self.decode(prop)?;
         let limits = self.limits_of(&props)?;
-        if props.size == 0 || props.size % limits.bind_alignment != 0 {
+        if props.size == 0 || !props.size.is_multiple_of(limits.bind_alignment) {
             return violate(self, "R2.3", Code::INVALID_VALUE);
         }
         if props.size > limits.max_size {
@@ -304,10 +304,10 @@ impl World {
             },
         };
         let addr_aligned = match target {
-            Target::Handle(..) => mem_offset % align == 0,
-            Target::Addr(ptr) => ptr % align == 0,
+            Target::Handle(..) => mem_offset.is_multiple_of(align),
+            Target::Addr(ptr) => ptr.is_multiple_of(align),
         };
-        if size == 0 || offset % align != 0 || size % align != 0 || !addr_aligned {
+        if size == 0 || !offset.is_multiple_of(align) || !size.is_multiple_of(align) || !addr_aligned {
             return violate(self, "R5.3", Code::INVALID_VALUE);
         }
         let Some(a) = self
@@ -369,7 +369,7 @@ impl World {
         self.le_present()?;
         let o = self.obj_of(pid, id, "R6")?;
         let align = self.objects[&o].bind_alignment;
-        if offset % align != 0 || size % align != 0 || size == 0 {
+        if !offset.is_multiple_of(align) || !size.is_multiple_of(align) || size == 0 {
             return violate(self, "R6.3", Code::INVALID_VALUE);
         }
         // R6.1/R6.2: starts at a bind, and encloses whole, back-to-back binds.

@@ -48,7 +48,7 @@ impl World {
         req: &AllocationRequest,
     ) -> DriverResult<u64> {
         let (min, _) = self.check_location(req)?;
-        if size == 0 || size % min != 0 {
+        if size == 0 || !size.is_multiple_of(min) {
             return violate(self, "cuMemCreate size", Code::INVALID_VALUE);
         }
         let known = handle_bits::POSIX_FD | handle_bits::FABRIC;
