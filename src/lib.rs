@@ -53,3 +53,43 @@ impl Context {
         Ok(self.reserve(1)?.first())
     }
 }
+
+/// Compile-time proofs of the zero-cost claims: markers are zero-sized, an
+/// endpoint is 16 bytes (an `Arc` and the id) in every state, a kernel
+/// reference is exactly a `CUlogicalEndpointId`, and owners are not copyable.
+mod layout {
+    use static_assertions::{
+        assert_eq_size, assert_impl_all, assert_not_impl_any, const_assert_eq,
+    };
+
+    use super::*;
+    use typenum::{U0, U4};
+
+    const_assert_eq!(std::mem::size_of::<Reserved>(), 0);
+    const_assert_eq!(std::mem::size_of::<Pending>(), 0);
+    const_assert_eq!(std::mem::size_of::<Ready>(), 0);
+    const_assert_eq!(std::mem::size_of::<Unicast>(), 0);
+    const_assert_eq!(std::mem::size_of::<Multicast<Exportable>>(), 0);
+    const_assert_eq!(std::mem::size_of::<Team<U4, U0>>(), 0);
+    const_assert_eq!(std::mem::size_of::<Endpoint<Reserved>>(), 16);
+    assert_eq_size!(Endpoint<Reserved>, Endpoint<Pending, Team<U4, U0>>);
+    assert_eq_size!(Endpoint<Reserved>, Endpoint<Ready, Multicast>);
+    assert_eq_size!(Endpoint<Ready, Multicast>, Option<Endpoint<Ready, Multicast>>);
+    assert_eq_size!(EndpointRef<'static>, u32);
+
+    assert_not_impl_any!(Endpoint<Reserved>: Clone, Copy);
+    assert_not_impl_any!(Endpoint<Pending, Unicast>: Clone, Copy);
+    assert_not_impl_any!(Endpoint<Ready, Multicast>: Clone, Copy);
+    assert_not_impl_any!(Binding<'static>: Clone, Copy);
+    assert_not_impl_any!(Allocation: Clone, Copy);
+    assert_impl_all!(EndpointRef<'static>: Copy, Send, Sync);
+    // Thread rules: endpoints move between threads and a ready endpoint is
+    // shared by one binding thread per device; a binding can be unbound on
+    // another thread.
+    assert_impl_all!(Endpoint<Pending, Team<U4, U0>>: Send, Sync);
+    assert_impl_all!(Endpoint<Ready, Multicast>: Send, Sync);
+    assert_impl_all!(Binding<'static>: Send, Sync);
+    assert_impl_all!(Allocation<PosixFd>: Send, Sync);
+    assert_impl_all!(Mapped: Send, Sync);
+    assert_impl_all!(Context: Send, Sync, Clone);
+}

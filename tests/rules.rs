@@ -1,0 +1,862 @@
+//! SPEC R1–R10 against the reference model, rule by rule. For each rule: the
+//! typed API refuses the violation before the driver (no call reached the
+//! model, no violation logged) or cannot express it (see `ui-tests/`), and a
+//! raw call shows that the model itself answers the SPEC code.
+
+use std::time::Duration;
+
+use cuda_endpoints::driver::prop::{FLAG_COUNTED_OPS, IPC_FABRIC, Props, Shape};
+use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::typenum::U2;
+use cuda_endpoints::{
+    Allocation, Call, Code, Context, Device, Driver, Endpoint, Error, Location, Mapped, Multicast,
+    PosixFd, Private, Ready, Spec, Unicast,
+};
+
+const MIB: u64 = 1 << 20;
+const ALIGN: u64 = 2 * MIB;
+const T: Duration = Duration::from_secs(1);
+
+fn node() -> (Context, Model) {
+    Context::model(ModelConfig::node(4))
+}
+
+/// Asserts that `f` fails with an error matching `check` and that the model
+/// saw no call of `call` and logged no violation.
+fn refused_before<T>(
+    model: &Model,
+    call: Call,
+    f: impl FnOnce() -> Result<T, Error>,
+    check: impl Fn(&Error) -> bool,
+) {
+    let before = model.calls(call);
+    match f() {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => assert!(check(&e), "unexpected error: {e}"),
+    }
+    assert_eq!(model.calls(call), before, "{call} reached the driver");
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+fn unicast(ctx: &Context, dev: i32, size: u64) -> Endpoint<Ready, Unicast> {
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::unicast(dev, size))
+        .unwrap()
+        .wait(T)
+        .unwrap()
+}
+
+fn team(ctx: &Context, devs: &[i32], size: u64) -> Endpoint<Ready, Multicast> {
+    let devs: Vec<Device> = devs.iter().map(|&d| Device(d)).collect();
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&devs, size))
+        .unwrap()
+        .wait(T)
+        .unwrap()
+}
+
+fn raw_prop(shape: Shape, size: u64) -> cuda_endpoints::driver::sys::CUlogicalEndpointProp {
+    Props {
+        shape,
+        size,
+        ipc_handle_types: 0,
+        flags: 0,
+    }
+    .to_c()
+}
+
+// ---------------------------------------------------------------- R1 ids
+
+#[test]
+fn r1_reserve_split_release() {
+    let (ctx, model) = node();
+    let range = ctx.reserve(4).unwrap();
+    assert_eq!(model.live().ids, 4);
+    let eps = range.into_endpoints();
+    assert_eq!(eps.len(), 4);
+    let ids: Vec<u32> = eps.iter().map(|e| e.id()).collect();
+    assert_eq!(ids, (ids[0]..ids[0] + 4).collect::<Vec<_>>());
+    let mut it = eps.into_iter();
+    it.next().unwrap().release().unwrap();
+    assert_eq!(
+        model.live().ids,
+        4,
+        "the range is released when its last id goes"
+    );
+    drop(it);
+    assert_eq!(model.live().ids, 0);
+    assert_eq!(
+        model.calls(Call::IdRelease),
+        1,
+        "one release for the whole range"
+    );
+}
+
+#[test]
+fn r1_3_zero_count_refused_before_driver() {
+    let (ctx, model) = node();
+    refused_before(
+        &model,
+        Call::IdReserve,
+        || ctx.reserve(0),
+        |e| matches!(e, Error::ZeroSize { rule: "R1.3", .. }),
+    );
+    assert_eq!(model.id_reserve(0), Err(Code::INVALID_VALUE));
+}
+
+#[test]
+fn r1_raw_release_rules() {
+    let model = Model::new(ModelConfig::node(1));
+    let base = model.id_reserve(2).unwrap();
+    assert_eq!(
+        model.id_release(base + 5, 1),
+        Err(Code::INVALID_VALUE),
+        "R1.1"
+    );
+    model
+        .create(base, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+        .unwrap();
+    assert_eq!(model.id_release(base, 2), Err(Code::INVALID_VALUE), "R1.2");
+    model.destroy(base).unwrap();
+    model.id_release(base, 2).unwrap();
+    assert!(model.live().is_empty());
+}
+
+// ---------------------------------------------------------------- R2 create
+
+#[test]
+fn r2_3_size_checked_before_create_with_nearest_valid_size() {
+    let (ctx, model) = node();
+    let ep = ctx.reserve_one().unwrap();
+    let f = ep.create(Spec::unicast(0, 3 * MIB)).unwrap_err();
+    assert!(
+        matches!(f.error, Error::Misaligned { suggested, alignment: ALIGN, .. } if suggested == 4 * MIB)
+    );
+    let f = f.value.create(Spec::unicast(0, 0)).unwrap_err();
+    assert!(matches!(
+        f.error,
+        Error::ZeroSize {
+            suggested: ALIGN,
+            ..
+        }
+    ));
+    let f = f.value.create(Spec::unicast(0, 1 << 40)).unwrap_err();
+    assert!(matches!(f.error, Error::SizeTooLarge { suggested, .. } if suggested == 512 * MIB));
+    assert!(f.error.to_string().contains("use at most"), "{}", f.error);
+    assert_eq!(model.calls(Call::Create), 0);
+    assert!(model.violations().is_empty());
+    // The id came back each time and still works.
+    let ok = f.value.create(Spec::unicast(0, 4 * MIB)).unwrap();
+    assert_eq!(ok.size(), 4 * MIB);
+}
+
+#[test]
+fn r2_2_devices_checked_before_create() {
+    let (ctx, model) = node();
+    refused_before(
+        &model,
+        Call::Create,
+        || {
+            ctx.reserve_one()
+                .unwrap()
+                .create(Spec::unicast(9, ALIGN))
+                .map_err(Error::from)
+        },
+        |e| matches!(e, Error::NoSuchDevice { .. }),
+    );
+    let twice = [Device(1), Device(1)];
+    refused_before(
+        &model,
+        Call::Create,
+        || {
+            ctx.reserve_one()
+                .unwrap()
+                .create(Spec::multicast(&twice, ALIGN))
+                .map_err(Error::from)
+        },
+        |e| matches!(e, Error::AlreadyEnrolled { .. }),
+    );
+    refused_before(
+        &model,
+        Call::Create,
+        || {
+            ctx.reserve_one()
+                .unwrap()
+                .create(Spec::multicast(&[], ALIGN))
+                .map_err(Error::from)
+        },
+        |e| matches!(e, Error::EmptyTeam),
+    );
+}
+
+#[test]
+fn r2_4_counted_ops_needs_attribute_155() {
+    let cfg = ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0);
+    let (ctx, model) = Context::model(cfg);
+    let ok = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN).counted_ops());
+    assert!(ok.is_ok());
+    refused_before(
+        &model,
+        Call::Create,
+        || {
+            ctx.reserve_one()
+                .unwrap()
+                .create(Spec::unicast(1, ALIGN).counted_ops())
+                .map_err(Error::from)
+        },
+        |e| matches!(e, Error::FeatureMissing { rule: "R2.4", .. }),
+    );
+    // Raw: flags other than COUNTED_OPS, and counted ops without support.
+    let raw = Model::new(ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0));
+    let id = raw.id_reserve(1).unwrap();
+    let mut p = Props {
+        shape: Shape::Unicast { owner: Device(1) },
+        size: ALIGN,
+        ipc_handle_types: 0,
+        flags: FLAG_COUNTED_OPS,
+    };
+    assert_eq!(raw.create(id, &p.to_c()), Err(Code::NOT_SUPPORTED));
+    p.flags = 4;
+    assert_eq!(raw.create(id, &p.to_c()), Err(Code::INVALID_VALUE));
+    p.flags = 0;
+    p.ipc_handle_types = 2;
+    assert_eq!(raw.create(id, &p.to_c()), Err(Code::INVALID_VALUE));
+    p.ipc_handle_types = IPC_FABRIC;
+    assert_eq!(raw.create(id, &p.to_c()), Ok(()));
+}
+
+#[test]
+fn r2_raw_create_codes() {
+    let model = Model::new(ModelConfig::node(2));
+    let id = model.id_reserve(1).unwrap();
+    assert_eq!(
+        model.create(
+            id + 1,
+            &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN)
+        ),
+        Err(Code::INVALID_VALUE),
+        "R2.1 not reserved"
+    );
+    assert_eq!(
+        model.create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, MIB)),
+        Err(Code::INVALID_VALUE),
+        "R2.3 misaligned"
+    );
+    assert_eq!(
+        model.create(id, &raw_prop(Shape::Multicast { num_devices: 0 }, ALIGN)),
+        Err(Code::INVALID_VALUE),
+        "R2.2"
+    );
+    model
+        .create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+        .unwrap();
+    assert_eq!(
+        model.create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN)),
+        Err(Code::INVALID_VALUE),
+        "R2.1 holds one"
+    );
+    assert!(!model.violations().is_empty());
+}
+
+// ---------------------------------------------------------------- R3 readiness
+
+#[test]
+fn r3_construction_is_asynchronous_and_wait_polls_at_least_once() {
+    let (ctx, model) = Context::model(ModelConfig::node(1).queries_to_ready(3));
+    let p = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN))
+        .unwrap();
+    let f = p.wait(Duration::ZERO).unwrap_err();
+    assert!(
+        matches!(f.error, Error::Timeout { polls: 1, .. }),
+        "{}",
+        f.error
+    );
+    assert_eq!(model.calls(Call::Query), 1);
+    let ready = f.value.wait(T).unwrap();
+    assert_eq!(model.calls(Call::Query), 4);
+    drop(ready);
+    assert!(model.live().is_empty());
+}
+
+#[test]
+fn r3_2_team_waits_for_every_device() {
+    let (ctx, model) = Context::model(ModelConfig::node(2).queries_to_ready(0));
+    let spread = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::spread(2, ALIGN))
+        .unwrap();
+    let spread = spread.add_device(0).unwrap();
+    // One device of two: the driver keeps it pending, however long we wait.
+    let f = spread.wait(Duration::from_millis(20)).unwrap_err();
+    assert!(matches!(f.error, Error::Timeout { .. }));
+    let ready = f.value.add_device(1).unwrap().wait(T).unwrap();
+    assert_eq!(ready.devices(), vec![Device(0), Device(1)]);
+    assert!(model.violations().is_empty());
+}
+
+#[test]
+fn r3_5_one_query_per_range() {
+    let (ctx, model) = Context::model(ModelConfig::node(1).queries_to_ready(0));
+    let eps = ctx.reserve(16).unwrap().into_endpoints();
+    let pending: Vec<_> = eps
+        .into_iter()
+        .map(|e| e.create(Spec::unicast(0, ALIGN)).unwrap())
+        .collect();
+    let ready = cuda_endpoints::wait_all(pending, T).unwrap();
+    assert_eq!(ready.len(), 16);
+    assert_eq!(
+        model.calls(Call::Query),
+        1,
+        "one query covers the whole range"
+    );
+}
+
+#[test]
+fn r3_1_raw_bind_before_ready_is_invalid_value() {
+    let model = Model::new(ModelConfig::node(1));
+    let ctx = Context::new(model.clone());
+    let mem = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
+    let id = model.id_reserve(1).unwrap();
+    model
+        .create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+        .unwrap();
+    assert_eq!(
+        model.bind_mem(id, Device(0), 0, mem.handle(), 0, ALIGN, 0),
+        Err(Code::INVALID_VALUE)
+    );
+    assert_eq!(model.violations()[0].rule, "R3.1");
+    model.destroy(id).unwrap();
+    model.id_release(id, 1).unwrap();
+}
+
+// ---------------------------------------------------------------- R4 teams
+
+#[test]
+fn r4_enrollment_checked_before_driver() {
+    let (ctx, model) = node();
+    let spread = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::spread(2, ALIGN))
+        .unwrap();
+    let spread = spread.add_device(0).unwrap();
+    let before = model.calls(Call::AddDevice);
+    let f = spread.add_device(0).unwrap_err();
+    assert!(matches!(f.error, Error::AlreadyEnrolled { .. }), "R4.2");
+    let spread = f.value.add_device(1).unwrap();
+    let f = spread.add_device(2).unwrap_err();
+    assert!(matches!(f.error, Error::TeamFull { team_size: 2 }), "R4.2");
+    let f = f.value.add_device(7).unwrap_err();
+    assert!(matches!(f.error, Error::NoSuchDevice { .. }));
+    assert_eq!(model.calls(Call::AddDevice), before + 1);
+    assert!(model.violations().is_empty());
+}
+
+#[test]
+fn r4_compile_time_team() {
+    let (ctx, model) = node();
+    let t = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::team(U2::new(), ALIGN))
+        .unwrap();
+    let t = t.add_device(2).unwrap().add_device(3).unwrap();
+    let t = t.wait(T).unwrap();
+    assert_eq!(t.devices(), vec![Device(2), Device(3)]);
+    drop(t);
+    assert!(model.live().is_empty());
+}
+
+#[test]
+fn r4_raw_codes_and_cliques() {
+    let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.clique = (i == 2) as u32));
+    let u = model.id_reserve(2).unwrap();
+    model
+        .create(u, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+        .unwrap();
+    assert_eq!(
+        model.add_device(u, Device(0)),
+        Err(Code::INVALID_VALUE),
+        "R4.1"
+    );
+    let m = u + 1;
+    model
+        .create(m, &raw_prop(Shape::Multicast { num_devices: 2 }, ALIGN))
+        .unwrap();
+    model.add_device(m, Device(0)).unwrap();
+    assert_eq!(
+        model.add_device(m, Device(0)),
+        Err(Code::INVALID_VALUE),
+        "R4.2"
+    );
+    assert_eq!(
+        model.add_device(m, Device(2)),
+        Err(Code::INVALID_DEVICE),
+        "R4.5 clique"
+    );
+    model.add_device(m, Device(1)).unwrap();
+    assert_eq!(
+        model.add_device(m, Device(2)),
+        Err(Code::INVALID_VALUE),
+        "R4.2 full"
+    );
+}
+
+#[test]
+fn r4_5_clique_error_is_typed() {
+    let (ctx, _model) =
+        Context::model(ModelConfig::node(2).with_devices(|i, d| d.clique = i as u32));
+    let t = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::spread(2, ALIGN))
+        .unwrap()
+        .add_device(0)
+        .unwrap();
+    let f = t.add_device(1).unwrap_err();
+    assert_eq!(f.error.code(), Some(Code::INVALID_DEVICE));
+    assert!(f.error.to_string().contains("cuLogicalEndpointAddDevice"));
+}
+
+// ---------------------------------------------------------------- R5 bind
+
+#[test]
+fn r5_checks_before_driver() {
+    let (ctx, model) = node();
+    let ep = team(&ctx, &[0, 1], 8 * MIB);
+    let mem0 = Allocation::<Private>::on_device(&ctx, Device(0), 4 * MIB).unwrap();
+    let mem2 = Allocation::<Private>::on_device(&ctx, Device(2), 4 * MIB).unwrap();
+    let bind = Call::BindMem;
+    refused_before(
+        &model,
+        bind,
+        || ep.bind(2, 0, &mem2),
+        |e| matches!(e, Error::WrongDevice { rule: "R5.2", .. }),
+    );
+    refused_before(
+        &model,
+        bind,
+        || ep.bind(1, 0, &mem0),
+        |e| matches!(e, Error::MemoryOnWrongDevice { .. }),
+    );
+    refused_before(
+        &model,
+        bind,
+        || ep.bind(0, MIB, &mem0),
+        |e| {
+            matches!(
+                e,
+                Error::Misaligned {
+                    what: "offset",
+                    rule: "R5.3",
+                    ..
+                }
+            )
+        },
+    );
+    refused_before(
+        &model,
+        bind,
+        || ep.bind_part(0, 0, &mem0, MIB, ALIGN),
+        |e| {
+            matches!(
+                e,
+                Error::Misaligned {
+                    what: "memory offset",
+                    ..
+                }
+            )
+        },
+    );
+    refused_before(
+        &model,
+        bind,
+        || ep.bind_part(0, 0, &mem0, 0, 3 * MIB),
+        |e| matches!(e, Error::Misaligned { what: "size", .. }),
+    );
+    refused_before(
+        &model,
+        bind,
+        || ep.bind_part(0, 0, &mem0, 2 * MIB, 4 * MIB),
+        |e| {
+            matches!(
+                e,
+                Error::OutOfRange {
+                    what: "allocation",
+                    rule: "R5.4",
+                    ..
+                }
+            )
+        },
+    );
+    refused_before(
+        &model,
+        bind,
+        || ep.bind(0, 6 * MIB, &mem0),
+        |e| {
+            matches!(
+                e,
+                Error::OutOfRange {
+                    what: "endpoint range",
+                    ..
+                }
+            )
+        },
+    );
+    refused_before(
+        &model,
+        bind,
+        || ep.bind_part(0, u64::MAX - MIB + 1, &mem0, 0, ALIGN),
+        |e| matches!(e, Error::Misaligned { .. } | Error::OutOfRange { .. }),
+    );
+    refused_before(
+        &model,
+        bind,
+        || ep.bind_part(0, 0, &mem0, 0, 0),
+        |e| matches!(e, Error::ZeroSize { .. }),
+    );
+    let b = ep.bind(0, 0, &mem0).unwrap();
+    refused_before(
+        &model,
+        bind,
+        || ep.bind_part(0, 2 * MIB, &mem0, 0, ALIGN),
+        |e| matches!(e, Error::Overlap { .. }),
+    );
+    let other = Allocation::<Private>::on_device(&ctx, Device(0), 4 * MIB).unwrap();
+    let b2 = ep.bind(0, 4 * MIB, &other).unwrap();
+    drop((b, b2));
+    assert_eq!(model.live().bindings, 0);
+}
+
+#[test]
+fn r5_bind_addr_and_host_numa() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 1, 8 * MIB);
+    let mapped: Mapped<Private> = Allocation::<Private>::on_device(&ctx, Device(1), 4 * MIB)
+        .unwrap()
+        .map(&[])
+        .unwrap();
+    let b = ep.bind_part(1, 2 * MIB, &mapped, 2 * MIB, 2 * MIB).unwrap();
+    assert_eq!(model.calls(Call::BindAddr), 1);
+    drop(b);
+    let host = Allocation::<Private>::new(
+        &ctx,
+        Location::HostNuma(0),
+        2 * MIB,
+        cuda_endpoints::driver::Granularity::Minimum,
+    )
+    .unwrap();
+    let b = ep.bind(1, 0, &host).unwrap();
+    drop(b);
+    let far = Allocation::<Private>::new(
+        &ctx,
+        Location::HostNuma(0),
+        2 * MIB,
+        cuda_endpoints::driver::Granularity::Minimum,
+    )
+    .unwrap();
+    let cfg_other = ModelConfig::node(2).with_devices(|i, d| d.host_numa_id = i as i32);
+    let (ctx2, model2) = Context::model(cfg_other);
+    let ep2 = unicast(&ctx2, 1, 4 * MIB);
+    let far2 = Allocation::<Private>::new(
+        &ctx2,
+        Location::HostNuma(0),
+        2 * MIB,
+        cuda_endpoints::driver::Granularity::Minimum,
+    )
+    .unwrap();
+    refused_before(
+        &model2,
+        Call::BindMem,
+        || ep2.bind(1, 0, &far2),
+        |e| {
+            matches!(
+                e,
+                Error::MemoryOnWrongDevice {
+                    host_numa: Some(1),
+                    ..
+                }
+            )
+        },
+    );
+    // Memory from another context is refused too.
+    refused_before(
+        &model,
+        Call::BindMem,
+        || ep.bind(1, 0, &far2),
+        |e| matches!(e, Error::WrongContext),
+    );
+    drop(far);
+    assert!(model.violations().is_empty());
+}
+
+#[test]
+fn r5_6_exportable_takes_shareable_memory() {
+    let (ctx, model) = node();
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0)], ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), ALIGN).unwrap();
+    let b = ep.bind(0, 0, &mem).unwrap();
+    drop(b);
+    assert!(model.violations().is_empty());
+}
+
+#[test]
+fn r5_raw_codes() {
+    let model = Model::new(ModelConfig::node(2));
+    let ctx = Context::new(model.clone());
+    let mem = Allocation::<Private>::on_device(&ctx, Device(0), 4 * MIB).unwrap();
+    let id = model.id_reserve(1).unwrap();
+    let mut p = raw_prop(Shape::Unicast { owner: Device(0) }, 8 * MIB);
+    p.ipcHandleTypes = IPC_FABRIC;
+    model.create(id, &p).unwrap();
+    while !model.query(id, 1).unwrap() {}
+    let h = mem.handle();
+    let cases: [(u64, u64, u64, u64, Device, &str); 6] = [
+        (0, 0, ALIGN, 1, Device(0), "R5.8"),
+        (0, 0, ALIGN, 0, Device(1), "R5.2"),
+        (MIB, 0, ALIGN, 0, Device(0), "R5.3"),
+        (0, 2 * MIB, 4 * MIB, 0, Device(0), "R5.4"),
+        (8 * MIB, 0, ALIGN, 0, Device(0), "R5.4"),
+        (0, 0, ALIGN, 0, Device(0), "R5.6"),
+    ];
+    for (off, moff, size, flags, dev, rule) in cases {
+        assert!(
+            model.bind_mem(id, dev, off, h, moff, size, flags).is_err(),
+            "{rule}"
+        );
+        assert_eq!(model.violations().last().unwrap().rule, rule);
+    }
+    model.destroy(id).unwrap();
+    model.id_release(id, 1).unwrap();
+}
+
+// ---------------------------------------------------------------- R6 unbind
+
+#[test]
+fn r6_unbind_through_token_only() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 0, 8 * MIB);
+    let mem = Allocation::<Private>::on_device(&ctx, Device(0), 8 * MIB).unwrap();
+    let a = ep.bind_part(0, 0, &mem, 0, 2 * MIB).unwrap();
+    let b = ep.bind_part(0, 2 * MIB, &mem, 2 * MIB, 4 * MIB).unwrap();
+    b.unbind().unwrap();
+    a.unbind().unwrap();
+    assert_eq!(model.calls(Call::Unbind), 2);
+    assert!(model.violations().is_empty());
+}
+
+#[test]
+fn r6_raw_unbind_must_match_binds() {
+    let model = Model::new(ModelConfig::node(1).queries_to_ready(0));
+    let ctx = Context::new(model.clone());
+    let mem = Allocation::<Private>::on_device(&ctx, Device(0), 8 * MIB).unwrap();
+    let id = model.id_reserve(1).unwrap();
+    model
+        .create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, 8 * MIB))
+        .unwrap();
+    assert!(model.query(id, 1).unwrap());
+    model
+        .bind_mem(id, Device(0), 0, mem.handle(), 0, ALIGN, 0)
+        .unwrap();
+    model
+        .bind_mem(id, Device(0), ALIGN, mem.handle(), ALIGN, 2 * ALIGN, 0)
+        .unwrap();
+    assert_eq!(
+        model.unbind(id, Device(0), ALIGN / 2, ALIGN),
+        Err(Code::INVALID_VALUE),
+        "R6.3"
+    );
+    assert_eq!(
+        model.unbind(id, Device(0), 3 * ALIGN, ALIGN),
+        Err(Code::INVALID_VALUE),
+        "R6.1"
+    );
+    assert_eq!(
+        model.unbind(id, Device(0), 0, 2 * ALIGN),
+        Err(Code::INVALID_VALUE),
+        "R6.2 partial"
+    );
+    model.unbind(id, Device(0), 0, 3 * ALIGN).unwrap(); // two back-to-back binds at once
+    assert_eq!(model.live().bindings, 0);
+    model.destroy(id).unwrap();
+    model.id_release(id, 1).unwrap();
+}
+
+// ---------------------------------------------------------------- R7 destroy
+
+#[test]
+fn r7_destroy_keeps_id_and_forgotten_binding_keeps_memory() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 0, 4 * MIB);
+    let mem = Allocation::<Private>::on_device(&ctx, Device(0), 4 * MIB).unwrap();
+    std::mem::forget(ep.bind(0, 0, &mem).unwrap());
+    drop(mem);
+    // Still bound: the endpoint keeps the memory alive (R7.2).
+    assert_eq!(model.live().allocations, 1);
+    let id = ep.destroy().unwrap();
+    assert_eq!(
+        model.live().allocations,
+        0,
+        "destroy unbinds, then the memory goes"
+    );
+    assert_eq!(model.live().ids, 1, "R7.1: the id stays reserved");
+    let again = id.create(Spec::unicast(0, ALIGN)).unwrap();
+    drop(again);
+    assert!(model.live().is_empty());
+    assert!(model.violations().is_empty());
+}
+
+// ---------------------------------------------------------------- R8/R9 sharing
+
+#[test]
+fn r8_r9_export_import_between_processes() {
+    let (ctx, model) = node();
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0)], ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let handle = ep.export().unwrap();
+    let wire = handle.to_bytes();
+    let peer = model.spawn_process();
+    let pctx = Context::new(peer.clone());
+    let back =
+        cuda_endpoints::FabricHandle::<Multicast<cuda_endpoints::Exportable>>::from_bytes(&wire)
+            .unwrap();
+    let imported = pctx.reserve_one().unwrap().import(&back).unwrap();
+    let imported = imported.wait(T).unwrap();
+    assert_eq!(imported.size(), ALIGN);
+    drop(imported);
+    drop(ep);
+    assert!(model.live_node().is_empty());
+}
+
+#[test]
+fn r9_refusals() {
+    let (ctx, model) = node();
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let handle = ep.export().unwrap();
+    let peer = model.spawn_process();
+    peer.set_fabric_access(false);
+    let pctx = Context::new(peer.clone());
+    let f = pctx.reserve_one().unwrap().import(&handle).unwrap_err();
+    assert_eq!(f.error.code(), Some(Code::NOT_PERMITTED), "R9.1");
+    // Random bytes are refused by the wire check, or by the driver (R9.4).
+    let mut wire = handle.to_bytes();
+    wire[40] ^= 0xff;
+    let forged =
+        cuda_endpoints::FabricHandle::<Unicast<cuda_endpoints::Exportable>>::from_bytes(&wire)
+            .unwrap();
+    peer.set_fabric_access(true);
+    let f = pctx.reserve_one().unwrap().import(&forged).unwrap_err();
+    assert_eq!(f.error.code(), Some(Code::INVALID_VALUE));
+    assert!(
+        cuda_endpoints::FabricHandle::<Multicast<cuda_endpoints::Exportable>>::from_bytes(
+            &handle.to_bytes()
+        )
+        .is_err(),
+        "kind checked"
+    );
+    assert!(
+        cuda_endpoints::FabricHandle::<Unicast<cuda_endpoints::Exportable>>::from_bytes(&[0; 7])
+            .is_err()
+    );
+}
+
+#[test]
+fn r8_1_raw_export_of_non_fabric_endpoint() {
+    let model = Model::new(ModelConfig::node(1));
+    let id = model.id_reserve(1).unwrap();
+    model
+        .create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+        .unwrap();
+    let mut h = cuda_endpoints::driver::prop::empty_fabric_handle();
+    assert_eq!(
+        model.export(
+            id,
+            &mut h,
+            cuda_endpoints::driver::prop::fabric_handle_type()
+        ),
+        Err(Code::INVALID_VALUE)
+    );
+    assert_eq!(model.violations()[0].rule, "R8.1");
+}
+
+// ---------------------------------------------------------------- R10 limits
+
+#[test]
+fn r10_limits_depend_on_properties() {
+    let cfg = ModelConfig::node(2).with_devices(|i, d| {
+        d.bind_alignment = if i == 0 { 2 * MIB } else { 4 * MIB };
+        d.max_size = if i == 0 { 64 * MIB } else { 32 * MIB };
+    });
+    let model = Model::new(cfg);
+    let l0 = model
+        .get_limits(&raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+        .unwrap();
+    let l1 = model
+        .get_limits(&raw_prop(Shape::Unicast { owner: Device(1) }, ALIGN))
+        .unwrap();
+    let lm = model
+        .get_limits(&raw_prop(Shape::Multicast { num_devices: 2 }, ALIGN))
+        .unwrap();
+    assert_eq!((l0.bind_alignment, l0.max_size), (2 * MIB, 64 * MIB));
+    assert_eq!((l1.bind_alignment, l1.max_size), (4 * MIB, 32 * MIB));
+    assert_eq!((lm.bind_alignment, lm.max_size), (4 * MIB, 32 * MIB));
+    let ctx = Context::new(model.clone());
+    let f = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(1, 6 * MIB))
+        .unwrap_err();
+    assert!(
+        matches!(f.error, Error::Misaligned { suggested, alignment, .. } if suggested == 8 * MIB && alignment == 4 * MIB)
+    );
+}
+
+// ---------------------------------------------------------------- R11 / old drivers
+
+#[test]
+fn old_driver_reports_unsupported_with_version() {
+    let (ctx, model) = Context::model(ModelConfig::cuda_13_0(1));
+    let e = ctx.reserve(1).unwrap_err();
+    match &e {
+        Error::Unsupported {
+            driver_version: Some(13000),
+            what,
+            ..
+        } => assert!(what.contains("cuLogicalEndpointIdReserve")),
+        other => panic!("{other}"),
+    }
+    assert!(e.to_string().contains("CUDA 13000"), "{e}");
+    // VMM still works there.
+    let mem = Allocation::<Private>::on_device(&ctx, Device(0), 1).unwrap();
+    assert_eq!(mem.size(), ALIGN);
+    drop(mem);
+    let f = Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), 1).unwrap_err();
+    assert!(matches!(f, Error::FabricNotPermitted { .. }), "{f}");
+    assert!(model.live().is_empty());
+}
