@@ -128,3 +128,17 @@ impl<K: CanExport> FabricHandle<K> {
         Ok(FabricHandle::new(data, size, align, team))
     }
 }
+
+/// On the wire a handle is its [`FabricHandle::to_bytes`] form, as bytes.
+impl<K: CanExport> serde::Serialize for FabricHandle<K> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.to_bytes())
+    }
+}
+
+impl<'de, K: CanExport> serde::Deserialize<'de> for FabricHandle<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let bytes: Vec<u8> = serde::Deserialize::deserialize(d)?;
+        FabricHandle::from_bytes(&bytes).map_err(serde::de::Error::custom)
+    }
+}

@@ -860,3 +860,28 @@ fn old_driver_reports_unsupported_with_version() {
     assert!(matches!(f, Error::FabricNotPermitted { .. }), "{f}");
     assert!(model.live().is_empty());
 }
+
+#[test]
+fn fabric_handles_travel_with_serde() {
+    use cuda_endpoints::{Exportable, FabricHandle};
+    let (ctx, model) = node();
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0)], ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let json = serde_json::to_string(&ep.export().unwrap()).unwrap();
+    let back: FabricHandle<Multicast<Exportable>> = serde_json::from_str(&json).unwrap();
+    let peer = Context::new(model.spawn_process());
+    let imported = peer
+        .reserve_one()
+        .unwrap()
+        .import(&back)
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    assert_eq!(imported.size(), ALIGN);
+    assert!(serde_json::from_str::<FabricHandle<Unicast<Exportable>>>(&json).is_err());
+}
