@@ -67,17 +67,8 @@ fn main() -> ExitCode {
 }
 
 fn run(ctx: &Context) -> Result<(), Error> {
-    let devices = ctx.devices()?;
-    println!("devices: {}", devices.len());
-    if devices.len() < 4 {
-        return Err(Error::Unsupported {
-            what: "a 4-device team".into(),
-            driver_version: ctx.driver_version(),
-            hint: format!("this machine has {} devices", devices.len()),
-        });
-    }
-
-    // 1. Two contiguous ids (R1).
+    // 1. Two contiguous ids (R1). On a driver before 13.3 this is where
+    //    `Error::Unsupported` comes from.
     let range = ctx.reserve(2)?;
     println!(
         "\n1. reserved ids [{}, {})",
@@ -87,6 +78,15 @@ fn run(ctx: &Context) -> Result<(), Error> {
     let Ok([mc_id, uc_id]) = range.into_array::<2>() else {
         unreachable!("reserved two ids")
     };
+    let devices = ctx.devices()?;
+    println!("   devices: {}", devices.len());
+    if devices.len() < 4 {
+        return Err(Error::Unsupported {
+            what: "a 4-device team".into(),
+            driver_version: ctx.driver_version(),
+            hint: format!("this machine has {} devices", devices.len()),
+        });
+    }
 
     // 2. A multicast team of 4, sized by the driver's limits (R2, R10).
     let size = 64 << 20; // 64 MiB per device
