@@ -275,16 +275,24 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         }
         match location {
             Location::Device(d) if d == dev => {}
-            Location::HostNuma(n) if ctx.attribute(dev, attr::HOST_NUMA_ID).ok() == Some(n) => {}
-            other => {
+            Location::Device(d) => {
                 return Err(Error::MemoryOnWrongDevice {
                     device: dev,
-                    location: match other {
-                        Location::Device(d) => d.to_string(),
-                        Location::HostNuma(n) => format!("host NUMA node {n}"),
-                    },
-                    host_numa: ctx.attribute(dev, attr::HOST_NUMA_ID).ok(),
+                    location: d.to_string(),
+                    host_numa: None,
                 });
+            }
+            Location::HostNuma(n) => {
+                // The device's NUMA node decides (R5.5); a failed query is
+                // the driver's error, not a wrong-device one.
+                let numa = ctx.attribute(dev, attr::HOST_NUMA_ID)?;
+                if numa != n {
+                    return Err(Error::MemoryOnWrongDevice {
+                        device: dev,
+                        location: format!("host NUMA node {n}"),
+                        host_numa: Some(numa),
+                    });
+                }
             }
         }
         let end = offset + size;

@@ -69,10 +69,12 @@ fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
         Err(code) => {
             let e = range.ctx.error(Call::Destroy, code);
             if from_drop {
-                // Leak the endpoint's bookkeeping and the memory it keeps:
-                // freeing memory that may still be bound is the one thing worse.
-                let slot = std::mem::take(&mut *range.slot(id));
-                std::mem::forget(slot);
+                // Keep the endpoint's bookkeeping and the memory it keeps
+                // alive: freeing memory that may still be bound is the one
+                // thing worse than a leak. The id still holds the endpoint, so
+                // the range retries the destroy before it releases (R1.2);
+                // if that fails too, it leaks the memory for good.
+                range.slot(id).orphaned = true;
                 range.ctx.record_teardown(e);
                 None
             } else {
@@ -200,7 +202,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 // Undo the create so that the id comes back empty. If even
                 // that fails, the range retries before it releases (R1.2).
                 if let Some(e2) = destroy_now(&self.range, self.id, false) {
-                    tracing::error!(error = %e2, enrolled = i, "undo of create failed");
+                    tracing::error!(enrolled = i, "undo of create failed");
+                    ctx.record_teardown(e2); // not swallowed
                     self.slot().orphaned = true;
                 }
                 return self.fail(error);
@@ -362,14 +365,14 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// [`Error::NoSuchDevice`], [`Error::AlreadyEnrolled`], [`Error::TeamFull`],
     /// [`Error::Driver`] (`INVALID_DEVICE` for a device outside the team's
     /// clique, R4.5). The endpoint comes back unchanged.
-    pub fn add_device(
+    pub fn add_device<K2: Kind>(
         self,
         dev: impl Into<Device>,
-    ) -> Result<Endpoint<Pending, K::Next>, Failed<Self>>
+    ) -> Result<Endpoint<Pending, K2>, Failed<Self>>
     where
         S: CanEnroll,
-        K: Enroll,
-        K::HasRoom: TeamHasRoom,
+        K: Enroll<S, Next = K2>,
+        <K as Enroll<S>>::HasRoom: TeamHasRoom,
     {
         let dev = dev.into();
         if let Err(e) = self.context().check_device(dev) {

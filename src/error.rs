@@ -124,7 +124,8 @@ pub enum Error {
 
     /// Memory that lives elsewhere than the device it is bound for (SPEC R5.5).
     #[error(
-        "memory for {device} lives on {location} (R5.5); allocate it on {device} (or its host NUMA node {host_numa:?})"
+        "memory for {device} lives on {location} (R5.5); allocate it on {device}{}",
+        numa_suffix(*.host_numa)
     )]
     MemoryOnWrongDevice {
         /// The device bound for.
@@ -221,6 +222,11 @@ pub enum Error {
         /// The call that refused.
         call: Call,
     },
+}
+
+fn numa_suffix(n: Option<i32>) -> String {
+    n.map(|n| format!(" or on its host NUMA node {n}"))
+        .unwrap_or_default()
 }
 
 fn version_suffix(v: Option<i32>) -> String {

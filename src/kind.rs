@@ -13,7 +13,7 @@ use std::ops::Add;
 use typenum::{Add1, B1, Eq, Gr, IsEqual, IsGreater, IsLess, Le, U0, Unsigned};
 
 use crate::memory::{Fabric, MemShare, PosixFd};
-use crate::state::Sealed;
+use crate::state::{Pending, Ready, Reserved, Sealed};
 
 /// Whether an endpoint is created with fabric IPC handles (R2.4, R8).
 pub trait Sharing: Sealed + Send + Sync + 'static {
@@ -138,9 +138,9 @@ impl Kind for ImportedMulticast {
 
 /// Readiness may be waited for only once every team device is enrolled (R3.2).
 #[diagnostic::on_unimplemented(
-    message = "this multicast team is not complete: `wait`/`poll` needs every team device enrolled",
+    message = "this multicast team is not complete: `wait`, `poll` and `wait_all` need every team device enrolled",
     label = "devices are still missing from this team",
-    note = "call `.add_device(dev)` once for each remaining team device first: construction cannot finish before the whole team is in (R3.2, R4.4)"
+    note = "call `.add_device(dev)` for every device still missing before waiting (a `Spec::team(U4::new(), ..)` team takes exactly 4): construction cannot finish before the whole team is in (R3.2, R4.4)"
 )]
 pub trait TeamIsComplete {}
 #[diagnostic::do_not_recommend]
@@ -172,17 +172,32 @@ pub type NonEmpty<N> = Gr<N, U0>;
 pub trait TeamSize: Unsigned + IsGreater<U0> + Send + Sync + 'static {}
 impl<N: Unsigned + IsGreater<U0> + Send + Sync + 'static> TeamSize for N {}
 
-/// Kinds that enroll devices one at a time with `add_device` (R4).
+/// Kinds that enroll devices one at a time with `add_device` (R4), for an
+/// endpoint in state `S`. Outside `Pending` every kind implements it
+/// trivially: the state bound (`CanEnroll`) refuses the call there.
 #[diagnostic::on_unimplemented(
-    message = "`add_device` is only for multicast teams enrolled device by device; a `{Self}` endpoint has no team to join",
-    label = "no team to enroll in",
-    note = "a unicast endpoint has one owner device, fixed by `Spec::unicast` (R4.1); a `Spec::multicast(&devices, ..)` team is enrolled in full by `create`"
+    message = "`add_device` is only for teams enrolled device by device (`Spec::team`, `Spec::spread`); a `{Self}` endpoint takes no devices after `create`",
+    label = "no device can be added to this endpoint",
+    note = "a unicast endpoint has one device, its owner, fixed by `Spec::unicast(owner, ..)` (R4.1); a `Spec::multicast(&devices, ..)` team is enrolled in full by `create`: list every device there, or create with `Spec::team(U4::new(), ..)` to add them one by one (R4)"
 )]
-pub trait Enroll: Kind {
+pub trait Enroll<S = Pending>: Kind {
     /// The kind after one more device.
     type Next: Kind;
     /// `B1` while the team has room (R4.2).
     type HasRoom;
+}
+// Outside `Pending` the state bound (`CanEnroll`) already refuses
+// `add_device`: these impls add nothing, so that the compiler reports that one
+// error instead of a second one about the kind.
+#[diagnostic::do_not_recommend]
+impl<K: Kind> Enroll<Reserved> for K {
+    type Next = K;
+    type HasRoom = B1;
+}
+#[diagnostic::do_not_recommend]
+impl<K: Kind> Enroll<Ready> for K {
+    type Next = K;
+    type HasRoom = B1;
 }
 impl<N, E, X> Enroll for Team<N, E, X>
 where
@@ -230,9 +245,9 @@ impl<X: Sharing> Creatable for SpreadTeam<X> {
 
 /// Kinds whose ready endpoints can be exported with a fabric handle (R8.1).
 #[diagnostic::on_unimplemented(
-    message = "`export` needs an endpoint created with fabric handles, but this is a `{Self}` endpoint",
+    message = "`export` needs an endpoint created with fabric handles, but this endpoint is `{Self}`",
     label = "not exportable",
-    note = "create it from a spec with `.exportable()` (FABRIC in `ipcHandleTypes`, R8.1); imported endpoints cannot be exported again"
+    note = "create it from a spec with `.exportable()`, e.g. `Spec::unicast(dev, bytes).exportable()` (FABRIC in `ipcHandleTypes`, R8.1); an imported endpoint cannot be exported again: pass on the handle it was imported from"
 )]
 pub trait CanExport: Kind {
     /// The kind an importer gets.
@@ -259,10 +274,17 @@ pub trait CanBind: Kind {}
 impl<X: Sharing> CanBind for Unicast<X> {}
 impl<X: Sharing> CanBind for Multicast<X> {}
 impl CanBind for ImportedMulticast {}
+// A `Reserved` id (`NoKind`) never becomes `Ready`, and `bind` refuses it by
+// its state (`IsReady`): these impls add nothing, so that the compiler reports
+// that one error instead of two more about the kind.
+#[diagnostic::do_not_recommend]
+impl CanBind for NoKind {}
+#[diagnostic::do_not_recommend]
+impl<H: MemShare> Accepts<H> for NoKind {}
 
 /// Which memory a kind accepts (R5.6).
 #[diagnostic::on_unimplemented(
-    message = "a `{Self}` endpoint cannot bind `{H}` memory: it needs externally shareable memory",
+    message = "`{H}` memory cannot be bound here: this `{Self}` endpoint takes only externally shareable memory",
     label = "`{H}` allocations are not shareable",
     note = "exportable and imported multicast endpoints accept only allocations made with a shareable handle type (R5.6): allocate with `PosixFd` or `Fabric` instead of `Private`"
 )]

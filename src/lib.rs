@@ -1,22 +1,26 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod binding;
 pub mod context;
 pub mod driver;
 pub mod endpoint;
 pub mod error;
+pub mod guide;
 pub mod kernel;
 pub mod kind;
 pub mod memory;
 #[cfg(feature = "model")]
 pub mod model;
+pub mod probe;
 pub mod range;
 pub mod ready;
 pub mod sharing;
 pub mod spec;
 pub mod state;
 
+pub use backend::{BackendChoice, Decision, Policy, decide};
 pub use binding::Binding;
 pub use context::Context;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
@@ -28,6 +32,7 @@ pub use kind::{
     Unicast,
 };
 pub use memory::{Allocation, Fabric, Mapped, PosixFd, Private};
+pub use probe::Capabilities;
 pub use range::IdRange;
 pub use ready::wait_all;
 pub use sharing::FabricHandle;

@@ -126,7 +126,18 @@ impl<H: MemShare> Allocation<H> {
                 rule: "cuMemCreate",
             });
         }
-        let size = round_up(bytes, gran.max(1));
+        let gran = gran.max(1);
+        // Rounding up must not wrap (or saturate to a size that is not a
+        // multiple of the granularity): refuse before the driver.
+        let Some(size) = bytes.checked_next_multiple_of(gran) else {
+            return Err(Error::OutOfRange {
+                what: "allocation size rounded up to the granularity",
+                offset: 0,
+                size: bytes,
+                limit: u64::MAX / gran * gran,
+                rule: "cuMemCreate",
+            });
+        };
         let handle =
             ctx.driver()
                 .mem_create(size, &req)
@@ -172,8 +183,10 @@ impl<H: MemShare> Allocation<H> {
     /// `dev` (and `access`) read-write access, for `BindAddr` and kernels.
     ///
     /// # Errors
-    /// [`Error::Driver`] from `cuMemAddressReserve`, `cuMemMap` or
-    /// `cuMemSetAccess`; the allocation comes back unchanged and nothing leaks.
+    /// [`Error::NoSuchDevice`] for a device in `access` that does not exist
+    /// (checked before the driver); [`Error::Driver`] from
+    /// `cuMemAddressReserve`, `cuMemMap` or `cuMemSetAccess`. The allocation
+    /// comes back unchanged and nothing leaks.
     pub fn map(self, access: &[Device]) -> Result<Mapped<H>, Failed<Allocation<H>>> {
         let ctx = self.inner.ctx.clone();
         let d = ctx.driver();
@@ -182,12 +195,21 @@ impl<H: MemShare> Allocation<H> {
             error: ctx.error(call, code),
             value,
         };
+        // Before the driver: every device to give access to exists.
+        for &dev in access {
+            if let Err(error) = ctx.check_device(dev) {
+                return Err(Failed { error, value: self });
+            }
+        }
         let ptr = match d.mem_address_reserve(size, 0) {
             Ok(p) => p,
             Err(c) => return Err(fail(Call::MemAddressReserve, c, self)),
         };
         if let Err(c) = d.mem_map(ptr, size, 0, self.inner.handle) {
-            let _ = d.mem_address_free(ptr, size);
+            if let Err(c2) = d.mem_address_free(ptr, size) {
+                // Not swallowed: the address range leaks, and says so.
+                ctx.record_teardown(ctx.error(Call::MemAddressFree, c2));
+            }
             return Err(fail(Call::MemMap, c, self));
         }
         let mut devices: Vec<Device> = access.to_vec();

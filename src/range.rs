@@ -62,9 +62,23 @@ impl RangeInner {
         self.released = true;
         for i in 0..self.count {
             let id = self.base + i;
-            if self.slot(id).orphaned {
-                let r = self.ctx.driver().destroy(id);
-                self.ctx.check(Call::Destroy, r)?;
+            if !self.slot(id).orphaned {
+                continue;
+            }
+            match self.ctx.driver().destroy(id) {
+                Ok(()) => {
+                    let slot = std::mem::take(&mut *self.slot(id));
+                    drop(slot); // unbound now: the memory may go, outside the lock
+                }
+                Err(code) => {
+                    // Still attached, so memory may still be bound: leak what
+                    // every orphan keeps rather than free it with the range,
+                    // and keep the ids (R1.2).
+                    for j in i..self.count {
+                        std::mem::forget(std::mem::take(&mut *self.slot(self.base + j)));
+                    }
+                    return Err(self.ctx.error(Call::Destroy, code));
+                }
             }
         }
         let r = self.ctx.driver().id_release(self.base, self.count);

@@ -53,9 +53,9 @@ impl State for Ready {
 
 /// `create` and `import` need a [`Reserved`] id (R2.1, R9).
 #[diagnostic::on_unimplemented(
-    message = "`create`/`import` needs a `Reserved` id, but this endpoint is `{Self}`",
-    label = "this endpoint already exists (state `{Self}`)",
-    note = "an id holds one endpoint at a time (R2.1): call `.destroy()` first; it hands back the `Endpoint<Reserved>` to create on again"
+    message = "this id already holds an endpoint: `create`/`import` need a `Reserved` id, but this endpoint is `{Self}`",
+    label = "already holds an endpoint (state `{Self}`)",
+    note = "an id holds one endpoint at a time (R2.1): call `.destroy()` first, which hands back the `Endpoint<Reserved>` to create on again, or reserve another id with `ctx.reserve_one()`"
 )]
 pub trait CanCreate: Sealed {}
 impl CanCreate for Reserved {}
@@ -71,9 +71,9 @@ impl CanRelease for Reserved {}
 
 /// `add_device` needs a [`Pending`] endpoint (R4.3, R4.4).
 #[diagnostic::on_unimplemented(
-    message = "`add_device` needs a `Pending` multicast endpoint, but this endpoint is `{Self}`",
+    message = "`add_device` needs a `Pending` team, but this endpoint is `{Self}`",
     label = "team enrollment is not open in state `{Self}`",
-    note = "enroll team devices after `.create(spec)` and before `.wait(..)`: a `Reserved` id has no team yet, and a `Ready` team is closed (R4.3, R4.4)"
+    note = "enroll devices between `.create(Spec::team(..))` and `.wait(..)`: a `Reserved` id has no team yet (call `.create(spec)` first), and a `Ready` team is closed for good (R4.3, R4.4): to change it, `.destroy()` it and create a new team"
 )]
 pub trait CanEnroll: Sealed {}
 impl CanEnroll for Pending {}
@@ -82,16 +82,16 @@ impl CanEnroll for Pending {}
 #[diagnostic::on_unimplemented(
     message = "`poll`/`wait` needs a `Pending` endpoint, but this endpoint is `{Self}`",
     label = "nothing to wait for in state `{Self}`",
-    note = "a `Reserved` id has no endpoint yet: call `.create(spec)` or `.import(&handle)` first; a `Ready` endpoint needs no more waiting (R3)"
+    note = "a `Reserved` id has no endpoint yet: call `.create(spec)` or `.import(&handle)` first and wait on what it returns; a `Ready` endpoint needs no more waiting: use it as it is (R3)"
 )]
 pub trait CanQuery: Sealed {}
 impl CanQuery for Pending {}
 
 /// Binding, kernel references and export need a [`Ready`] endpoint (R3.1, R5.1).
 #[diagnostic::on_unimplemented(
-    message = "this needs a `Ready` endpoint, but this endpoint is `{Self}`",
-    label = "not ready: state `{Self}`",
-    note = "call `.wait(timeout)` (or `.poll()`) until it returns `Endpoint<Ready, _>`: using an endpoint before a query reported it constructed is undefined behaviour in the driver (R3.1, R3.4, R5.1)"
+    message = "the endpoint is not ready: binding memory, `kernel_ref` and `export` need a `Ready` endpoint, but this endpoint is `{Self}`",
+    label = "state `{Self}`, not `Ready`",
+    note = "call `.wait(timeout)` (or `.poll()`) first and use the `Endpoint<Ready, _>` it returns; a `Reserved` id needs `.create(spec)` before that. Using an endpoint before a query reported it constructed is undefined behaviour in the driver (R3.1, R3.4, R5.1)"
 )]
 pub trait IsReady: Sealed {}
 impl IsReady for Ready {}
@@ -100,7 +100,7 @@ impl IsReady for Ready {}
 #[diagnostic::on_unimplemented(
     message = "`destroy` needs a created endpoint, but this id is `{Self}`",
     label = "no endpoint to destroy in state `{Self}`",
-    note = "a `Reserved` id holds no endpoint: give it back with `.release()` (R1)"
+    note = "a `Reserved` id holds no endpoint: give it back with `.release()`, or create on it with `.create(spec)` (R1, R7)"
 )]
 pub trait CanDestroy: Sealed {}
 impl CanDestroy for Pending {}

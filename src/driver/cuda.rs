@@ -197,6 +197,18 @@ type Prop = sys::CUmemAllocationProp;
 type McProp = sys::CUmulticastObjectProp;
 type LeProp = sys::CUlogicalEndpointProp;
 
+/// `CUcliqueInfo` (13.4+) with its `CUcliqueType` as a plain integer, so a
+/// type this library does not know is never read as a Rust enum.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CliqueInfo {
+    type_: c_uint,
+    id: c_uint,
+}
+
+/// `CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT`: the clique of R4.5.
+const CLIQUE_MULTICAST_LOGICAL_ENDPOINT: c_uint = 3;
+
 entry_points! {
     // Setup and contexts (no `Call`: the library's own bookkeeping).
     init = c"cuInit": fn(c_uint);
@@ -210,6 +222,9 @@ entry_points! {
     // The attribute is a raw `int` so that numbers outside cudarc's enum work.
     device_get_attribute = c"cuDeviceGetAttribute" [DeviceGetAttribute]: fn(*mut c_int, c_int, c_int);
     mem_get_info = c"cuMemGetInfo_v2" [MemGetInfo]: fn(*mut usize, *mut usize);
+    // Fabric cliques (13.4+; no `Call` yet: not subject to the deny set).
+    clique_count = c"cuDeviceGetCliqueCount": fn(*mut usize, c_int);
+    clique_info = c"cuDeviceGetCliqueInfo": fn(*mut CliqueInfo, *mut usize, c_int);
     // Logical endpoints (13.3+).
     le_id_reserve = c"cuLogicalEndpointIdReserve" [IdReserve]: fn(*mut u32, u32);
     le_id_release = c"cuLogicalEndpointIdRelease" [IdRelease]: fn(u32, u32);
@@ -288,6 +303,7 @@ const _: () = {
     assert!(offset_of!(Prop, location) == 8);
     assert!(size_of::<sys::CUmemAccessDesc>() == 12);
     assert!(size_of::<McProp>() == 32);
+    assert!(size_of::<CliqueInfo>() == 8);
     assert!(size_of::<sys::CUlogicalEndpointFabricHandle>() == 64);
 };
 
@@ -716,6 +732,44 @@ impl Driver for Cuda {
             },
         )?;
         Ok((free as u64, total as u64))
+    }
+
+    /// `cuDeviceGetCliqueCount` + `cuDeviceGetCliqueInfo` (13.4+): the id
+    /// of `dev`'s multicast logical-endpoint clique. `NOT_SUPPORTED` on a
+    /// driver without them, `NOT_FOUND` when `dev` is in no such clique. No
+    /// context needed; not subject to the deny set (no [`Call`] names it).
+    fn device_clique(&self, dev: Device) -> DriverResult<u32> {
+        let (Some(count_f), Some(info_f)) = (self.t.clique_count, self.t.clique_info) else {
+            return Err(Code::NOT_SUPPORTED);
+        };
+        let mut n: usize = 0;
+        // SAFETY: `count_f` is `cuDeviceGetCliqueCount`; `n` is a valid
+        // out-pointer; an invalid ordinal is an error code.
+        if let Some(code) = Code::from_raw(unsafe { count_f(&mut n, dev.0) }) {
+            tracing::debug!(device = dev.0, %code, "cuDeviceGetCliqueCount failed");
+            return Err(code);
+        }
+        // A bound on what a driver may claim, so the buffer stays small.
+        let n = n.min(64);
+        if n == 0 {
+            return Err(Code::NOT_FOUND);
+        }
+        let mut infos = vec![CliqueInfo::default(); n];
+        let mut written = n;
+        // SAFETY: `info_f` is `cuDeviceGetCliqueInfo`; `infos` holds
+        // `written` writable `CUcliqueInfo`-layout entries (two `unsigned
+        // int`s) and `written` says so on input.
+        let rc = unsafe { info_f(infos.as_mut_ptr(), &mut written, dev.0) };
+        if let Some(code) = Code::from_raw(rc) {
+            tracing::debug!(device = dev.0, %code, "cuDeviceGetCliqueInfo failed");
+            return Err(code);
+        }
+        infos
+            .iter()
+            .take(written.min(n))
+            .find(|c| c.type_ == CLIQUE_MULTICAST_LOGICAL_ENDPOINT)
+            .map(|c| c.id)
+            .ok_or(Code::NOT_FOUND)
     }
 
     fn id_reserve(&self, count: u32) -> DriverResult<u32> {

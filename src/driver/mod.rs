@@ -4,22 +4,30 @@
 //! `cuMulticast*` calls (SPEC C1–C6).
 //!
 //! Layers: `cudarc::driver::sys` (C ABI) → a [`Driver`] implementation
-//! ([`cuda::Cuda`], the reference [`crate::model::Model`], the classic fallback)
-//! → the typed API. The typed API only ever talks to `dyn Driver`.
+//! ([`cuda::Cuda`], the reference [`crate::model::Model`], the classic fallback
+//! [`classic::Classic`], the call recorder [`trace::Traced`]) → the typed API.
+//! The typed API only ever talks to `dyn Driver`. Wrappers stack: a
+//! `Classic` over a `Traced` over `Cuda` records exactly what reached the real
+//! driver. `Arc<D>` is a [`Driver`] whenever `D` is, so one backend can be
+//! shared by several wrappers.
 //!
 //! The logical-endpoint methods take the C structs themselves
 //! (`CUlogicalEndpointProp`, `CUlogicalEndpointFabricHandle`), built once by
 //! [`prop`], so the same marshalling runs for every backend and only the final
 //! call differs.
 
+pub mod classic;
 pub mod code;
 pub mod cuda;
 pub mod prop;
+pub mod trace;
 
 use std::fmt;
 
+pub use classic::Classic;
 pub use code::{Call, Code, DriverResult};
 pub use cudarc::driver::sys;
+pub use trace::{TraceEntry, Traced};
 
 /// A CUDA device ordinal (`CUdevice`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -131,6 +139,18 @@ pub trait Driver: Send + Sync + fmt::Debug {
     fn device_attribute(&self, dev: Device, attr: i32) -> DriverResult<i32>;
     /// `cuMemGetInfo` on `dev`'s primary context: `(free, total)` bytes.
     fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)>;
+    /// The id of `dev`'s multicast logical-endpoint clique
+    /// (`cuDeviceGetCliqueInfo`, type `CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT`,
+    /// CUDA 13.4+; SPEC R4.5): devices of one clique can share a multicast team.
+    ///
+    /// The default answers `CUDA_ERROR_NOT_SUPPORTED` (a backend that cannot
+    /// tell); the reference model returns its configured clique; the real
+    /// driver `NOT_SUPPORTED` before 13.4 and `NOT_FOUND` for a device in no
+    /// such clique.
+    fn device_clique(&self, dev: Device) -> DriverResult<u32> {
+        let _ = dev;
+        Err(Code::NOT_SUPPORTED)
+    }
 
     // ---- logical endpoints (SPEC R1-R10) ----
     /// `cuLogicalEndpointIdReserve(&base, count)` (R1).

@@ -109,7 +109,9 @@ impl World {
                 None => return violate(self, "C2", Code::INVALID_VALUE),
             },
         };
-        let aligned = mc_offset.is_multiple_of(gran) && mem_offset.is_multiple_of(gran) && size.is_multiple_of(gran);
+        let aligned = mc_offset.is_multiple_of(gran)
+            && mem_offset.is_multiple_of(gran)
+            && size.is_multiple_of(gran);
         let fits = mc_offset.checked_add(size).is_some_and(|e| e <= mc_size);
         let Some(a) = self
             .allocs

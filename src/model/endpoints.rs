@@ -227,7 +227,9 @@ impl World {
         let Some(end) = base.checked_add(count).filter(|_| count > 0) else {
             return violate(self, "R3", Code::INVALID_VALUE);
         };
-        let mut objs = Vec::with_capacity(count as usize);
+        // Not `with_capacity(count)`: a hostile count would allocate
+        // gigabytes before the first missing id ends the loop.
+        let mut objs = Vec::new();
         for id in base..end {
             // Model's choice: every id queried must hold an endpoint.
             objs.push(self.obj_of(pid, id, "R3")?);
@@ -307,7 +309,11 @@ impl World {
             Target::Handle(..) => mem_offset.is_multiple_of(align),
             Target::Addr(ptr) => ptr.is_multiple_of(align),
         };
-        if size == 0 || !offset.is_multiple_of(align) || !size.is_multiple_of(align) || !addr_aligned {
+        if size == 0
+            || !offset.is_multiple_of(align)
+            || !size.is_multiple_of(align)
+            || !addr_aligned
+        {
             return violate(self, "R5.3", Code::INVALID_VALUE);
         }
         let Some(a) = self
@@ -380,9 +386,12 @@ impl World {
             .filter(|(_, b)| b.pid == pid && b.dev == dev)
             .map(|(i, b)| (i, b.offset, b.size))
             .collect();
+        let Some(end) = offset.checked_add(size) else {
+            return violate(self, "R6.2", Code::INVALID_VALUE);
+        };
         let mut at = offset;
         let mut hit = Vec::new();
-        while at < offset + size {
+        while at < end {
             match mine.iter().find(|(_, o, _)| *o == at) {
                 Some(&(i, o, s)) => {
                     hit.push(i);
@@ -394,7 +403,7 @@ impl World {
         if hit.is_empty() {
             return violate(self, "R6.1", Code::INVALID_VALUE);
         }
-        if at != offset + size {
+        if at != end {
             return violate(self, "R6.2", Code::INVALID_VALUE);
         }
         hit.sort_unstable_by(|a, b| b.cmp(a));
@@ -491,6 +500,11 @@ impl World {
             // The exporter destroyed it before this import.
             return violate(self, "R9", Code::INVALID_VALUE);
         };
+        if !obj.props.exportable() {
+            // Well-formed bytes naming an endpoint that was never exportable:
+            // not a handle this driver issued (forged).
+            return violate(self, "R9.4", Code::INVALID_VALUE);
+        }
         obj.refs += 1;
         let slot = self.procs[pid].ids.entry(id).or_default();
         slot.obj = Some(o);

@@ -1,42 +1,118 @@
 //! Fault injection: make any driver call fail with a chosen code, at the n-th
-//! matching call or at random with a seed (SPEC R11, R5.10, R4.5).
+//! matching call, for a run of calls, always, or at random with a seed (SPEC
+//! R11, R5.10, R4.5).
+//!
+//! A plan is installed with [`crate::model::Model::set_faults`]; faults fire
+//! before any rule is checked, so a faulted call changes nothing in the
+//! model. Every fault that fires is counted per call and logged (the last
+//! [`HISTORY`] of them), so a test can check that each one surfaced as an
+//! error naming that call.
+//!
+//! ```
+//! use cuda_endpoints::model::{Fault, FaultPlan, faults};
+//! use cuda_endpoints::{Call, Code};
+//! // The 2nd bind fails once with OUT_OF_MEMORY; every unbind fails; and 5 %
+//! // of the other non-teardown calls fail with a code the SPEC allows them.
+//! let plan = FaultPlan::none()
+//!     .with(Fault::nth(Call::BindMem, 2, Code::OUT_OF_MEMORY))
+//!     .with(Fault::always(Call::Unbind, Code::NOT_PERMITTED))
+//!     .random_except(7, 50, faults::TEARDOWN);
+//! # let _ = plan;
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::driver::{Call, Code};
 
-/// One planned failure.
+/// How many fired faults [`FaultPlan::history`] keeps (the most recent).
+pub const HISTORY: usize = 256;
+
+/// The calls that run on teardown paths (`Drop`, `unbind`, `destroy`,
+/// `release`). A failure there cannot always be returned: the typed API
+/// records it ([`crate::Context::take_teardown_errors`]) and keeps the
+/// resource alive (leaks it) rather than free memory that may still be bound.
+pub const TEARDOWN: &[Call] = &[
+    Call::Unbind,
+    Call::Destroy,
+    Call::IdRelease,
+    Call::MemRelease,
+    Call::MemUnmap,
+    Call::MemAddressFree,
+    Call::MulticastUnbind,
+];
+
+/// Whether `call` is one of [`TEARDOWN`].
+pub fn is_teardown(call: Call) -> bool {
+    TEARDOWN.contains(&call)
+}
+
+/// One planned failure: matching calls number `nth .. nth + times` (1-based,
+/// counted from installation) fail with `code`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fault {
     /// The entry point it applies to; `None` for any call.
     pub call: Option<Call>,
-    /// Fail the n-th matching call (1-based), counted from installation.
+    /// The first matching call that fails (1-based), counted from installation.
     pub nth: u64,
     /// The code returned.
     pub code: Code,
+    /// How many matching calls fail, from the `nth` on (`u64::MAX`: all).
+    times: u64,
     /// How many matching calls have been seen.
     seen: u64,
-    fired: bool,
+    /// How many times this fault fired.
+    fired: u64,
 }
 
 impl Fault {
-    /// Fail the `nth` (1-based) call to `call` with `code`.
+    /// Fail the `nth` (1-based) call to `call` with `code`, once.
     pub fn nth(call: Call, nth: u64, code: Code) -> Fault {
         Fault {
             call: Some(call),
-            nth,
+            nth: nth.max(1),
             code,
+            times: 1,
             seen: 0,
-            fired: false,
+            fired: 0,
         }
     }
 
-    /// Fail the `nth` (1-based) driver call of any kind with `code`.
+    /// Fail the `nth` (1-based) driver call of any kind with `code`, once.
     pub fn nth_any(nth: u64, code: Code) -> Fault {
         Fault {
             call: None,
-            nth,
-            code,
-            seen: 0,
-            fired: false,
+            ..Fault::nth(Call::DriverGetVersion, nth, code)
+        }
+    }
+
+    /// Fail every call to `call` with `code`, until the plan is replaced.
+    pub fn always(call: Call, code: Code) -> Fault {
+        Fault::nth(call, 1, code).times(u64::MAX)
+    }
+
+    /// Fail `times` matching calls in a row, starting at the `nth`
+    /// (`u64::MAX`: every one from the `nth` on).
+    pub fn times(mut self, times: u64) -> Fault {
+        self.times = times;
+        self
+    }
+
+    /// How many times this fault fired.
+    pub fn fired(&self) -> u64 {
+        self.fired
+    }
+
+    /// Whether this fault hits this `call` now (and counts it).
+    fn hit(&mut self, call: Call) -> bool {
+        if self.call.is_some_and(|c| c != call) || self.fired >= self.times {
+            return false;
+        }
+        self.seen = self.seen.saturating_add(1);
+        if self.seen >= self.nth {
+            self.fired += 1;
+            true
+        } else {
+            false
         }
     }
 }
@@ -94,13 +170,40 @@ pub fn allowed_codes(call: Call) -> &'static [Code] {
     }
 }
 
+/// Which calls random faults apply to.
+#[derive(Clone, Debug)]
+enum Filter {
+    /// Only these (all, if empty).
+    Only(Vec<Call>),
+    /// All but these.
+    Except(Vec<Call>),
+}
+
+impl Filter {
+    fn matches(&self, call: Call) -> bool {
+        match self {
+            Filter::Only(c) => c.is_empty() || c.contains(&call),
+            Filter::Except(c) => !c.contains(&call),
+        }
+    }
+}
+
+/// Random faults: xorshift64 state, probability in 1/65536, which calls.
+#[derive(Clone, Debug)]
+struct Random {
+    state: u64,
+    p: u32,
+    filter: Filter,
+}
+
 /// The faults in force for one node.
 #[derive(Clone, Debug, Default)]
 pub struct FaultPlan {
     planned: Vec<Fault>,
-    /// Random faults: (state, probability in 1/65536, only these calls or all).
-    random: Option<(u64, u32, Vec<Call>)>,
+    random: Option<Random>,
     fired: u64,
+    per_call: BTreeMap<Call, u64>,
+    history: VecDeque<(Call, Code)>,
 }
 
 impl FaultPlan {
@@ -109,7 +212,8 @@ impl FaultPlan {
         FaultPlan::default()
     }
 
-    /// Adds a planned fault.
+    /// Adds a planned fault. Planned faults are tried in the order added,
+    /// before random ones; the first that hits decides the code.
     pub fn with(mut self, fault: Fault) -> FaultPlan {
         self.planned.push(fault);
         self
@@ -118,10 +222,35 @@ impl FaultPlan {
     /// Fails each call among `calls` (all, if empty) with probability
     /// `per_mille / 1000`, with a code drawn from [`allowed_codes`],
     /// reproducibly from `seed`.
-    pub fn random(mut self, seed: u64, per_mille: u32, calls: &[Call]) -> FaultPlan {
+    pub fn random(self, seed: u64, per_mille: u32, calls: &[Call]) -> FaultPlan {
+        self.random_with(seed, per_mille, Filter::Only(calls.to_vec()))
+    }
+
+    /// Like [`FaultPlan::random`], for every call except `excluded` (e.g.
+    /// [`TEARDOWN`], to keep teardown paths fault-free).
+    pub fn random_except(self, seed: u64, per_mille: u32, excluded: &[Call]) -> FaultPlan {
+        self.random_with(seed, per_mille, Filter::Except(excluded.to_vec()))
+    }
+
+    fn random_with(mut self, seed: u64, per_mille: u32, filter: Filter) -> FaultPlan {
         let p = (per_mille.min(1000) as u64 * 65536 / 1000) as u32;
-        self.random = Some((seed | 1, p, calls.to_vec()));
+        // Scramble the seed (splitmix64) so that nearby seeds give unrelated
+        // streams; xorshift needs a non-zero state.
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        self.random = Some(Random {
+            state: z | 1,
+            p,
+            filter,
+        });
         self
+    }
+
+    /// Whether the plan can fire at all.
+    pub fn is_empty(&self) -> bool {
+        self.planned.is_empty() && self.random.as_ref().is_none_or(|r| r.p == 0)
     }
 
     /// How many faults fired.
@@ -129,32 +258,153 @@ impl FaultPlan {
         self.fired
     }
 
+    /// How many faults fired on `call`.
+    pub fn fired_for(&self, call: Call) -> u64 {
+        self.per_call.get(&call).copied().unwrap_or(0)
+    }
+
+    /// The planned faults, with how often each fired.
+    pub fn planned(&self) -> &[Fault] {
+        &self.planned
+    }
+
+    /// The most recent faults that fired (at most [`HISTORY`]), oldest first.
+    pub fn history(&self) -> impl ExactSizeIterator<Item = (Call, Code)> + '_ {
+        self.history.iter().copied()
+    }
+
+    /// The last fault that fired.
+    pub fn last(&self) -> Option<(Call, Code)> {
+        self.history.back().copied()
+    }
+
     /// Whether `call` fails now, and with which code.
     pub(crate) fn check(&mut self, call: Call) -> Option<Code> {
+        let code = self.draw(call)?;
+        self.fired += 1;
+        *self.per_call.entry(call).or_default() += 1;
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back((call, code));
+        Some(code)
+    }
+
+    fn draw(&mut self, call: Call) -> Option<Code> {
+        // Every planned fault sees the call (so that `nth` counts stay
+        // exact), the first hit decides.
+        let mut code = None;
         for f in &mut self.planned {
-            if f.fired || f.call.is_some_and(|c| c != call) {
-                continue;
-            }
-            f.seen += 1;
-            if f.seen == f.nth {
-                f.fired = true;
-                self.fired += 1;
-                return Some(f.code);
+            if f.hit(call) && code.is_none() {
+                code = Some(f.code);
             }
         }
-        if let Some((state, p, calls)) = &mut self.random
-            && (calls.is_empty() || calls.contains(&call))
-        {
-            // xorshift64: reproducible, no dependency.
-            *state ^= *state << 13;
-            *state ^= *state >> 7;
-            *state ^= *state << 17;
-            if ((*state >> 16) & 0xffff) < *p as u64 {
-                let codes = allowed_codes(call);
-                self.fired += 1;
-                return Some(codes[(*state >> 40) as usize % codes.len()]);
+        if code.is_some() {
+            return code;
+        }
+        let r = self.random.as_mut()?;
+        if !r.filter.matches(call) {
+            return None;
+        }
+        // xorshift64: reproducible, no dependency.
+        r.state ^= r.state << 13;
+        r.state ^= r.state >> 7;
+        r.state ^= r.state << 17;
+        if ((r.state >> 16) & 0xffff) < r.p as u64 {
+            let codes = allowed_codes(call);
+            Some(codes[(r.state >> 40) as usize % codes.len()])
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nth_fires_once_at_the_nth_call() {
+        let mut p = FaultPlan::none().with(Fault::nth(Call::Create, 2, Code::OUT_OF_MEMORY));
+        assert_eq!(p.check(Call::Create), None);
+        assert_eq!(p.check(Call::Query), None);
+        assert_eq!(p.check(Call::Create), Some(Code::OUT_OF_MEMORY));
+        assert_eq!(p.check(Call::Create), None);
+        assert_eq!(p.fired(), 1);
+        assert_eq!(p.fired_for(Call::Create), 1);
+        assert_eq!(p.last(), Some((Call::Create, Code::OUT_OF_MEMORY)));
+    }
+
+    #[test]
+    fn always_and_times() {
+        let mut p = FaultPlan::none()
+            .with(Fault::always(Call::Unbind, Code::NOT_PERMITTED))
+            .with(Fault::nth(Call::Query, 2, Code::NOT_INITIALIZED).times(2));
+        for _ in 0..5 {
+            assert_eq!(p.check(Call::Unbind), Some(Code::NOT_PERMITTED));
+        }
+        let q: Vec<_> = (0..5).map(|_| p.check(Call::Query)).collect();
+        assert_eq!(
+            q,
+            [
+                None,
+                Some(Code::NOT_INITIALIZED),
+                Some(Code::NOT_INITIALIZED),
+                None,
+                None
+            ]
+        );
+        assert_eq!(p.fired_for(Call::Unbind), 5);
+        assert_eq!(p.planned()[1].fired(), 2);
+    }
+
+    #[test]
+    fn nth_counts_stay_exact_when_an_earlier_fault_hits() {
+        let mut p = FaultPlan::none()
+            .with(Fault::always(Call::Create, Code::OUT_OF_MEMORY))
+            .with(Fault::nth(Call::Create, 3, Code::NOT_PERMITTED));
+        assert_eq!(p.check(Call::Create), Some(Code::OUT_OF_MEMORY));
+        assert_eq!(p.check(Call::Create), Some(Code::OUT_OF_MEMORY));
+        // The 3rd create is also the 2nd fault's 3rd: it counts as fired.
+        assert_eq!(p.check(Call::Create), Some(Code::OUT_OF_MEMORY));
+        assert_eq!(p.planned()[1].fired(), 1);
+    }
+
+    #[test]
+    fn random_is_reproducible_filtered_and_draws_allowed_codes() {
+        let run = |seed| {
+            let mut p = FaultPlan::none().random_except(seed, 300, TEARDOWN);
+            let out: Vec<_> = Call::ALL
+                .iter()
+                .cycle()
+                .take(2000)
+                .map(|&c| (c, p.check(c)))
+                .collect();
+            (out, p.fired())
+        };
+        let (a, fired) = run(42);
+        assert_eq!(a, run(42).0);
+        assert_ne!(a, run(43).0);
+        assert!(fired > 300 && fired < 900, "{fired}");
+        for (c, code) in a {
+            if let Some(code) = code {
+                assert!(!is_teardown(c));
+                assert!(allowed_codes(c).contains(&code));
             }
         }
-        None
+        let mut only = FaultPlan::none().random(1, 1000, &[Call::Query]);
+        assert_eq!(only.check(Call::Create), None);
+        assert!(only.check(Call::Query).is_some());
+        assert!(FaultPlan::none().random(1, 0, &[]).is_empty());
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let mut p = FaultPlan::none().with(Fault::always(Call::Query, Code::NOT_INITIALIZED));
+        for _ in 0..(HISTORY + 10) {
+            p.check(Call::Query);
+        }
+        assert_eq!(p.history().len(), HISTORY);
+        assert_eq!(p.fired(), (HISTORY + 10) as u64);
     }
 }

@@ -85,6 +85,19 @@ impl World {
         if self.mcs.get(&handle).is_some_and(|m| m.pid == pid) {
             return self.mc_release(handle);
         }
+        // R7.2: memory bound to an endpoint (or a classic multicast object)
+        // must outlive the binding. Releasing the handle while mapped is fine
+        // (the mapping keeps it); while bound, it is a bug in the caller
+        // (model's choice: refused).
+        let bound = self
+            .objects
+            .values()
+            .flat_map(|o| &o.bindings)
+            .chain(self.mcs.values().flat_map(|m| &m.bindings))
+            .any(|b| b.alloc == handle);
+        if bound && self.allocs.get(&handle).is_some_and(|a| a.pid == pid) {
+            return violate(self, "R7.2", Code::INVALID_VALUE);
+        }
         match self.allocs.get_mut(&handle) {
             Some(a) if a.pid == pid && !a.released => {
                 a.released = true;
@@ -112,8 +125,11 @@ impl World {
             return violate(self, "cuMemAddressReserve", Code::INVALID_VALUE);
         }
         let align = alignment.max(2 << 20);
-        let ptr = self.next_va.div_ceil(align) * align;
-        let Some(next) = ptr.checked_add(size).and_then(|e| e.checked_add(align)) else {
+        let next = self
+            .next_va
+            .checked_next_multiple_of(align)
+            .and_then(|ptr| Some((ptr, ptr.checked_add(size)?.checked_add(align)?)));
+        let Some((ptr, next)) = next else {
             return Err(Code::OUT_OF_MEMORY);
         };
         self.next_va = next;

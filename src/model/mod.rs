@@ -112,6 +112,12 @@ impl Model {
         self.lock().faults.fired()
     }
 
+    /// A snapshot of the fault plan in force: what fired, per call, and the
+    /// most recent faults in order ([`FaultPlan::history`]).
+    pub fn faults(&self) -> FaultPlan {
+        self.lock().faults.clone()
+    }
+
     /// Whether this process may import fabric handles (R9.1); default `true`.
     pub fn set_fabric_access(&self, allowed: bool) {
         self.lock().procs[self.pid].fabric_access = allowed;
@@ -168,6 +174,16 @@ impl Driver for Model {
     }
     fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
         self.enter(Call::MemGetInfo, |w, _| w.mem_info(dev))
+    }
+    /// The configured [`SimDevice::clique`]; `NOT_SUPPORTED` on a driver
+    /// before 13.4 (no clique query), `INVALID_DEVICE` for an unknown ordinal.
+    /// Not counted in [`Model::calls`]: `cuDeviceGetCliqueInfo` has no [`Call`].
+    fn device_clique(&self, dev: Device) -> DriverResult<u32> {
+        let w = self.lock();
+        if w.config.driver_version < 13040 {
+            return Err(Code::NOT_SUPPORTED);
+        }
+        w.device(dev).map(|d| d.clique).ok_or(Code::INVALID_DEVICE)
     }
 
     fn id_reserve(&self, count: u32) -> DriverResult<u32> {

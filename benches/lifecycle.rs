@@ -1,0 +1,126 @@
+//! Wall-clock cost of the typestate layer: one unicast lifecycle (reserve,
+//! create, wait, bind, unbind, destroy, release) through the typed API next to
+//! the same raw `Driver` calls, in one run, on the same driver:
+//!
+//! - `lifecycle_model/*`: the reference model, default 4-GPU node (as
+//!   `Context::model(Default::default())` makes it);
+//! - `lifecycle_null/*`: a driver that does nothing, so only the layers'
+//!   own cost is left.
+//!
+//! Each group has `typed`, `raw` (the seven calls by hand) and
+//! `raw+get_limits` (the raw calls plus the `get_limits` check that the typed
+//! `create` also makes). After the run the ratios typed/raw are printed.
+//!
+//! ```sh
+//! cargo bench --bench lifecycle                       # 2 s per function
+//! cargo bench --bench lifecycle -- --measurement-time 5
+//! ```
+
+mod common;
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group};
+use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::{Allocation, Context};
+
+use common::{Null, fixture, raw, raw_with_limits, typed};
+
+fn group(c: &mut Criterion, name: &str, ctx: &Context, mem: &Allocation) {
+    let handle = mem.handle();
+    let mut g = c.benchmark_group(name);
+    g.bench_function("typed", |b| {
+        b.iter(|| typed(black_box(ctx), black_box(mem)))
+    });
+    g.bench_function("raw", |b| {
+        b.iter(|| raw(black_box(ctx.driver()), black_box(handle)))
+    });
+    g.bench_function("raw+get_limits", |b| {
+        b.iter(|| raw_with_limits(black_box(ctx.driver()), black_box(handle)))
+    });
+    g.finish();
+}
+
+fn model(c: &mut Criterion) {
+    let model = Model::new(ModelConfig::default());
+    let (ctx, mem) = fixture(model.clone());
+    group(c, "lifecycle_model", &ctx, &mem);
+    drop((mem, ctx));
+    // Both sides left nothing behind and broke no rule.
+    let live = model.live();
+    assert!(live.is_empty(), "leaked: {live:?}");
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+fn null(c: &mut Criterion) {
+    let (ctx, mem) = fixture(Null);
+    group(c, "lifecycle_null", &ctx, &mem);
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = model, null
+}
+
+/// Where criterion keeps its results (as criterion finds it, without asking
+/// `cargo metadata`).
+fn criterion_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return home.into();
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+    target.join("criterion")
+}
+
+/// The headline estimate of one function in nanoseconds (criterion's slope,
+/// else its mean), from this run's `new/estimates.json`.
+fn estimate(group: &str, function: &str) -> Option<f64> {
+    let path = criterion_dir()
+        .join(group)
+        .join(function)
+        .join("new/estimates.json");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let pick = |k: &str| json.get(k)?.get("point_estimate")?.as_f64();
+    pick("slope").or_else(|| pick("mean"))
+}
+
+fn ratios() {
+    println!("\ntyped / raw (same driver, same run):");
+    for group in ["lifecycle_model", "lifecycle_null"] {
+        let (Some(t), Some(r), Some(rl)) = (
+            estimate(group, "typed"),
+            estimate(group, "raw"),
+            estimate(group, "raw+get_limits"),
+        ) else {
+            continue;
+        };
+        println!(
+            "  {group:<16} typed {t:>9.1} ns   raw {r:>9.1} ns   raw+get_limits {rl:>9.1} ns   \
+             typed/raw {:.2}x   typed/(raw+get_limits) {:.2}x   typed-raw {:+.1} ns",
+            t / r,
+            t / rl,
+            t - r,
+        );
+    }
+}
+
+fn main() {
+    benches();
+    let c = Criterion::default().configure_from_args();
+    c.final_summary();
+    // Only after a real measurement (`cargo bench`), not in test mode.
+    if std::env::args().any(|a| a == "--bench") {
+        ratios();
+    }
+}

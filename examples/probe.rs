@@ -1,0 +1,63 @@
+//! What this machine supports: driver version, logical-endpoint and classic
+//! multicast attributes, VMM granularities, cliques and memory, per device,
+//! and which multicast backend a team of every device would get. Reads only:
+//! nothing is created (`cuMulticastCreate` is never called).
+//!
+//! ```text
+//! cargo run --example probe                 # the real driver
+//! cargo run --example probe -- --model      # the reference model (a 4-GPU 13.4 node)
+//! cargo run --example probe -- --model=13.0 # the model of the one-H200 test machine
+//! ```
+//!
+//! Without a driver it prints one line saying so and exits 0.
+
+use std::process::ExitCode;
+
+use cuda_endpoints::model::ModelConfig;
+use cuda_endpoints::probe::Capabilities;
+use cuda_endpoints::{Context, Error, Policy, decide};
+
+fn main() -> ExitCode {
+    let model = std::env::args().skip(1).find_map(|a| match a.as_str() {
+        "--model" => Some(ModelConfig::default()),
+        "--model=13.0" => Some(ModelConfig::cuda_13_0(1)),
+        _ => None,
+    });
+    let ctx = match model {
+        Some(cfg) => Context::model(cfg).0,
+        None => match Context::cuda() {
+            Ok(ctx) => ctx,
+            Err(Error::NoDriver { reason }) => {
+                println!("no CUDA driver on this machine ({reason}); try `--model`");
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let devices = match ctx.devices() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("backend {}: cannot count devices: {e}", ctx.driver().name());
+            return ExitCode::SUCCESS;
+        }
+    };
+    println!(
+        "backend {}: {} device(s)\n",
+        ctx.driver().name(),
+        devices.len()
+    );
+    for &dev in &devices {
+        println!("{}\n", Capabilities::probe(&ctx, dev));
+    }
+    let policy = Policy::from_env();
+    let decision = decide(ctx.driver(), &devices, &policy);
+    let team: Vec<String> = devices.iter().map(|d| d.0.to_string()).collect();
+    print!(
+        "multicast team of every device ({}), {decision}",
+        team.join(", ")
+    );
+    ExitCode::SUCCESS
+}

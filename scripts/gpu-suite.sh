@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The real-hardware suite: build here, run on the GPU machine.
+#
+#   scripts/gpu-suite.sh build        # here (needs cargo): release-builds
+#                                     # tests/gpu.rs and examples/probe.rs with
+#                                     # feature `gpu`, copies them to .gpu-bin/
+#   scripts/gpu-suite.sh run [ARGS]   # on the GPU machine (no Rust needed):
+#                                     # probe, then the suite, one test at a
+#                                     # time; ARGS go to the test binary
+#                                     # (e.g. a test-name filter)
+#
+# .gpu-bin/ is ignored through .git/info/exclude (never .gitignore), so it
+# has to be carried to the GPU machine explicitly.
+#
+# `run` always sets CUDA_ENDPOINTS_DENY=cuMulticastCreate and
+# CUDA_ENDPOINTS_CLASSIC_MULTICAST=0: cuMulticastCreate must never reach the
+# driver on the shared GPU machines (on a several-GPU host it can take the
+# GPUs out of service); the suite also denies it in-process before any test.
+# Logs go to $OUT (when set, as on the device machine) and to .gpu-bin/.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="$root/.gpu-bin"
+
+die() {
+    echo "gpu-suite: $*" >&2
+    exit 1
+}
+
+# Keeps .gpu-bin/ out of git without touching the tracked .gitignore.
+exclude_bin() {
+    local exclude
+    exclude="$(cd "$root" && git rev-parse --git-path info/exclude)"
+    case "$exclude" in /*) ;; *) exclude="$root/$exclude" ;; esac
+    mkdir -p "$(dirname "$exclude")"
+    grep -qxF '/.gpu-bin/' "$exclude" 2>/dev/null || echo '/.gpu-bin/' >>"$exclude"
+}
+
+# Prints the executable of the artifact of kind $1 named $2 from cargo's JSON
+# messages on stdin.
+artifact() {
+    grep -F '"reason":"compiler-artifact"' |
+        grep -F "\"kind\":[\"$1\"]" |
+        grep -F "\"name\":\"$2\"" |
+        grep -o '"executable":"[^"]*"' |
+        tail -n 1 |
+        sed -e 's/^"executable":"//' -e 's/"$//'
+}
+
+build() {
+    command -v cargo >/dev/null || die "cargo not found: build on a machine with the Rust toolchain"
+    cd "$root"
+    exclude_bin
+    local json tests_exe probe_exe
+    json="$(mktemp)"
+    trap 'rm -f "$json"' RETURN
+    cargo test --release --features gpu --test gpu --no-run --message-format=json >"$json"
+    tests_exe="$(artifact test gpu <"$json")"
+    cargo build --release --features gpu --example probe --message-format=json >"$json"
+    probe_exe="$(artifact example probe <"$json")"
+    [ -n "$tests_exe" ] && [ -x "$tests_exe" ] || die "no test executable for tests/gpu.rs in cargo's output"
+    [ -n "$probe_exe" ] && [ -x "$probe_exe" ] || die "no executable for examples/probe.rs in cargo's output"
+    mkdir -p "$bin"
+    cp -f "$tests_exe" "$bin/gpu"
+    cp -f "$probe_exe" "$bin/probe"
+    if command -v strip >/dev/null; then
+        strip "$bin/gpu" "$bin/probe"
+    fi
+    chmod +x "$bin/gpu" "$bin/probe"
+    echo "gpu-suite: built"
+    ls -l "$bin/gpu" "$bin/probe"
+    echo "gpu-suite: carry .gpu-bin to the GPU machine and run: scripts/gpu-suite.sh run"
+}
+
+run() {
+    [ -x "$bin/gpu" ] && [ -x "$bin/probe" ] ||
+        die "no binaries in $bin: run 'scripts/gpu-suite.sh build' where cargo is, and carry .gpu-bin"
+    export CUDA_ENDPOINTS_DENY=cuMulticastCreate
+    export CUDA_ENDPOINTS_CLASSIC_MULTICAST=0
+    export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+    local logs="${OUT:-$bin}"
+    mkdir -p "$logs"
+    {
+        echo "== host: $(uname -srm)"
+        if command -v nvidia-smi >/dev/null; then
+            nvidia-smi -L || true
+        fi
+        echo "== env: CUDA_ENDPOINTS_DENY=$CUDA_ENDPOINTS_DENY CUDA_ENDPOINTS_CLASSIC_MULTICAST=$CUDA_ENDPOINTS_CLASSIC_MULTICAST"
+        echo "== probe"
+    } 2>&1 | tee "$logs/gpu-suite.log"
+    "$bin/probe" 2>&1 | tee -a "$logs/gpu-suite.log"
+    echo "== suite" | tee -a "$logs/gpu-suite.log"
+    "$bin/gpu" --test-threads=1 --nocapture "$@" 2>&1 | tee -a "$logs/gpu-suite.log"
+}
+
+mode="${1:-}"
+[ $# -gt 0 ] && shift
+case "$mode" in
+build) build ;;
+run) run "$@" ;;
+*) die "usage: scripts/gpu-suite.sh build | run [test-binary args]" ;;
+esac

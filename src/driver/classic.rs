@@ -1,0 +1,745 @@
+//! [`Classic`]: the logical-endpoint calls emulated on the classic
+//! `cuMulticast*` API (SPEC C1–C6), for drivers before 13.3 whose devices
+//! report `MULTICAST_SUPPORTED` (attribute 132).
+//!
+//! It implements [`Driver`] over any inner driver, so the whole typed API
+//! (ids, specs, readiness, bindings, teardown) runs unchanged on it:
+//!
+//! | logical-endpoint call | classic emulation |
+//! | --- | --- |
+//! | `IdReserve` / `IdRelease` (R1) | this backend's own id table (C1: classic objects have no ids) |
+//! | `GetLimits` (R10) | `bindAlignment` = `cuMulticastGetGranularity` (C2); `maxSize` unbounded |
+//! | `Create` (R2) | records the properties; multicast only — there is no classic unicast |
+//! | `AddDevice` (R4) | checks attribute 132 for the device (C6), records it; the **last** one runs `cuMulticastCreate` then `cuMulticastAddDevice` for every device |
+//! | `Query` (R3) | ready once the object exists, i.e. the team is complete |
+//! | `BindMem` / `BindAddr` (R5) | `cuMulticastBindMem` / `cuMulticastBindAddr`, only on a complete team (C3) |
+//! | `Unbind` (R6) | `cuMulticastUnbind` of exactly the recorded binds (C4) |
+//! | `Destroy` (R7) | unbinds what is still bound, then `cuMemRelease` of the object (C5) |
+//! | `Export` / `Import` (R8, R9) | `CUDA_ERROR_NOT_SUPPORTED` (not emulated yet) |
+//!
+//! Two hazards of the classic API are made impossible here rather than
+//! documented: `cuMulticastCreate` is issued only when every team device has
+//! been enrolled and said yes to attribute 132, so a bind (which blocks until
+//! the team is complete, C3) can never be issued early; and an unbind only
+//! ever passes the device, offset and size of recorded binds, so the undefined
+//! behaviour of a mismatched `cuMulticastUnbind` (C4) is unreachable.
+//!
+//! Everything else (base and VMM calls) passes through to the inner driver.
+//! Attributes 153–156 are answered for the emulation: multicast is attribute
+//! 132, unicast, counted operations and owner access are 0.
+//!
+//! Codes where the classic API has no counterpart are this backend's choice:
+//! `NOT_SUPPORTED` for what it cannot emulate (unicast, fabric export,
+//! counted operations, a device without attribute 132), `INVALID_VALUE` for
+//! calls that break R1–R7, `INVALID_DEVICE` for a bind on a device outside
+//! the team.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::prop::{FLAG_COUNTED_OPS, Props, Shape};
+use super::{
+    AllocationRequest, Code, Device, Driver, DriverResult, Granularity, Limits, Location, attr, sys,
+};
+
+/// A logical endpoint emulated on a classic multicast object.
+#[derive(Debug)]
+struct Emulated {
+    /// `multicast.numDevices` (R2.2).
+    num_devices: u32,
+    /// `prop.size`, bytes per device (R2.3).
+    size: u64,
+    /// Devices enrolled so far, in order (R4).
+    devices: Vec<Device>,
+    /// The classic object, once the team is complete (C1).
+    mc: Option<u64>,
+    /// Live binds, exactly as issued (C4).
+    bindings: Vec<Bind>,
+}
+
+/// One `cuMulticastBind*` as issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Bind {
+    dev: Device,
+    offset: u64,
+    size: u64,
+}
+
+/// The emulated id space.
+#[derive(Debug)]
+struct Table {
+    /// The next id handed out; ids are never reused.
+    next_id: u32,
+    /// Reserved ids and the endpoint each holds, if any.
+    ids: BTreeMap<u32, Option<Emulated>>,
+}
+
+/// The classic multicast fallback: a [`Driver`] that emulates multicast
+/// logical endpoints on the `cuMulticast*` calls of `inner` (SPEC C1–C6).
+///
+/// ```
+/// # #[cfg(feature = "model")] {
+/// use std::sync::Arc;
+/// use cuda_endpoints::driver::Classic;
+/// use cuda_endpoints::model::{Model, ModelConfig};
+/// use cuda_endpoints::{Context, Device, Spec};
+///
+/// let model = Model::new(ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true));
+/// let ctx = Context::new(Classic::new(Arc::new(model.clone())));
+/// let team = ctx.reserve_one()?
+///     .create(Spec::multicast(&[Device(0), Device(1)], 2 << 20))?   // cuMulticastCreate here
+///     .wait(std::time::Duration::from_secs(1))?;
+/// team.destroy()?.release()?;                                        // cuMemRelease of the object
+/// assert!(model.live().is_empty() && model.violations().is_empty());
+/// # }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Classic {
+    inner: Arc<dyn Driver>,
+    granularity: Granularity,
+    table: Mutex<Table>,
+}
+
+impl fmt::Debug for Classic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = self.lock();
+        f.debug_struct("Classic")
+            .field("inner", &self.inner)
+            .field("granularity", &self.granularity)
+            .field("ids", &t.ids.len())
+            .finish()
+    }
+}
+
+impl Classic {
+    /// The fallback over `inner`, with the bind alignment taken from the
+    /// *minimum* multicast granularity (C2).
+    pub fn new(inner: Arc<dyn Driver>) -> Classic {
+        Classic {
+            inner,
+            granularity: Granularity::Minimum,
+            table: Mutex::new(Table {
+                next_id: 1,
+                ids: BTreeMap::new(),
+            }),
+        }
+    }
+
+    /// Which multicast granularity becomes `bindAlignment` (C2):
+    /// [`Granularity::Minimum`] (the default: the smallest valid sizes and
+    /// offsets) or [`Granularity::Recommended`] (what NCCL rounds to; can be
+    /// hundreds of MiB).
+    pub fn with_granularity(mut self, kind: Granularity) -> Classic {
+        self.granularity = kind;
+        self
+    }
+
+    /// The driver the `cuMulticast*` calls go to.
+    pub fn inner(&self) -> &Arc<dyn Driver> {
+        &self.inner
+    }
+
+    /// How many classic multicast objects this backend holds now (C1, C5):
+    /// one per endpoint whose team is complete and not yet destroyed.
+    pub fn live_multicast_objects(&self) -> usize {
+        self.lock()
+            .ids
+            .values()
+            .flatten()
+            .filter(|e| e.mc.is_some())
+            .count()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // The table is only changed after the driver agreed, in one step; a
+        // panic elsewhere cannot leave it half-written.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// C6: whether `dev` reports `MULTICAST_SUPPORTED` = 1. A device the
+    /// driver does not know keeps the driver's code (`INVALID_DEVICE`).
+    fn multicast_supported(&self, dev: Device) -> DriverResult<bool> {
+        Ok(self
+            .inner
+            .device_attribute(dev, attr::MULTICAST_SUPPORTED)?
+            != 0)
+    }
+
+    /// How many devices of the machine report attribute 132 = 1.
+    fn capable_devices(&self) -> DriverResult<u32> {
+        let count = self.inner.device_count()?;
+        Ok((0..count)
+            .filter(|&d| self.multicast_supported(Device(d)).unwrap_or(false))
+            .count() as u32)
+    }
+
+    /// The multicast team size of `prop`, or why it cannot be emulated.
+    fn team_size(props: &Props) -> DriverResult<u32> {
+        let n = match props.shape {
+            // There is no classic unicast endpoint (C6).
+            Shape::Unicast { .. } => return Err(Code::NOT_SUPPORTED),
+            Shape::Multicast { num_devices } => num_devices,
+        };
+        if props.ipc_handle_types != 0 || props.flags & FLAG_COUNTED_OPS != 0 {
+            // Fabric export and counted operations have no classic form here.
+            return Err(Code::NOT_SUPPORTED);
+        }
+        if props.flags != 0 || n == 0 {
+            return Err(Code::INVALID_VALUE);
+        }
+        Ok(n)
+    }
+
+    /// Unbinds `binds` of `mc` one by one, exactly as issued (C4). On a
+    /// failure, returns the code and the binds still bound.
+    fn unbind_all(&self, mc: u64, binds: Vec<Bind>) -> Result<(), (Code, Vec<Bind>)> {
+        let mut left = binds.into_iter();
+        while let Some(b) = left.next() {
+            if let Err(code) = self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) {
+                let mut still = vec![b];
+                still.extend(left);
+                return Err((code, still));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Classic {
+    /// Best effort for endpoints nobody destroyed (e.g. leaked with
+    /// `mem::forget`): unbind, then release the object (C5).
+    fn drop(&mut self) {
+        let table = std::mem::take(
+            &mut self
+                .table
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ids,
+        );
+        for (id, ep) in table {
+            let Some(Emulated {
+                mc: Some(mc),
+                bindings,
+                ..
+            }) = ep
+            else {
+                continue;
+            };
+            tracing::warn!(
+                id,
+                "classic backend dropped with a live endpoint; releasing it"
+            );
+            if let Err((code, left)) = self.unbind_all(mc, bindings) {
+                tracing::error!(id, %code, still_bound = left.len(), "cuMulticastUnbind failed at drop");
+            }
+            if let Err(code) = self.inner.mem_release(mc) {
+                tracing::error!(id, %code, "cuMemRelease of a multicast object failed at drop");
+            }
+        }
+    }
+}
+
+impl Driver for Classic {
+    fn name(&self) -> String {
+        format!("classic({})", self.inner.name())
+    }
+
+    fn driver_version(&self) -> DriverResult<i32> {
+        self.inner.driver_version()
+    }
+    fn device_count(&self) -> DriverResult<i32> {
+        self.inner.device_count()
+    }
+    fn device_attribute(&self, dev: Device, a: i32) -> DriverResult<i32> {
+        match a {
+            attr::LE_MULTICAST => self.inner.device_attribute(dev, attr::MULTICAST_SUPPORTED),
+            attr::LE_UNICAST | attr::LE_COUNTED_OPS | attr::LE_UNICAST_OWNER_ACCESS => {
+                // Validate the ordinal the same way, then answer "no".
+                self.inner
+                    .device_attribute(dev, attr::MULTICAST_SUPPORTED)
+                    .map(|_| 0)
+            }
+            _ => self.inner.device_attribute(dev, a),
+        }
+    }
+    fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
+        self.inner.mem_get_info(dev)
+    }
+    fn device_clique(&self, dev: Device) -> DriverResult<u32> {
+        self.inner.device_clique(dev)
+    }
+
+    fn id_reserve(&self, count: u32) -> DriverResult<u32> {
+        if count == 0 {
+            return Err(Code::INVALID_VALUE); // R1.3
+        }
+        let mut t = self.lock();
+        let base = t.next_id;
+        let end = base.checked_add(count).ok_or(Code::OUT_OF_MEMORY)?;
+        t.next_id = end;
+        for id in base..end {
+            t.ids.insert(id, None);
+        }
+        Ok(base)
+    }
+
+    fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
+        if count == 0 {
+            return Err(Code::INVALID_VALUE); // R1.3
+        }
+        let end = base.checked_add(count).ok_or(Code::INVALID_VALUE)?;
+        let mut t = self.lock();
+        for id in base..end {
+            match t.ids.get(&id) {
+                Some(None) => {}
+                // R1.1 not reserved here; R1.2 still holds an endpoint.
+                _ => return Err(Code::INVALID_VALUE),
+            }
+        }
+        for id in base..end {
+            t.ids.remove(&id);
+        }
+        Ok(())
+    }
+
+    fn get_limits(&self, prop: &sys::CUlogicalEndpointProp) -> DriverResult<Limits> {
+        let props = Props::from_c(prop).ok_or(Code::INVALID_VALUE)?;
+        let n = Self::team_size(&props)?;
+        // C6 before any cuMulticast* call: at least `n` devices must have it.
+        if self.capable_devices()? < n {
+            tracing::debug!(
+                team = n,
+                "classic multicast: fewer devices than the team report MULTICAST_SUPPORTED"
+            );
+            return Err(Code::NOT_SUPPORTED);
+        }
+        let align = self
+            .inner
+            .multicast_granularity(n, props.size, 0, self.granularity)?
+            .max(1);
+        Ok(Limits {
+            bind_alignment: align,
+            // The classic API has no maxSize: cuMulticastCreate answers
+            // OUT_OF_MEMORY for what it cannot back.
+            max_size: u64::MAX / align * align,
+        })
+    }
+
+    fn create(&self, id: u32, prop: &sys::CUlogicalEndpointProp) -> DriverResult<()> {
+        let mut t = self.lock();
+        match t.ids.get(&id) {
+            Some(None) => {}
+            _ => return Err(Code::INVALID_VALUE), // R2.1
+        }
+        let props = Props::from_c(prop).ok_or(Code::INVALID_VALUE)?;
+        let num_devices = Self::team_size(&props)?;
+        if props.size == 0 {
+            return Err(Code::INVALID_VALUE); // R2.3
+        }
+        t.ids.insert(
+            id,
+            Some(Emulated {
+                num_devices,
+                size: props.size,
+                devices: Vec::new(),
+                mc: None,
+                bindings: Vec::new(),
+            }),
+        );
+        Ok(())
+    }
+
+    fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
+        let mut t = self.lock();
+        let Some(Some(ep)) = t.ids.get_mut(&id) else {
+            return Err(Code::INVALID_VALUE);
+        };
+        if ep.devices.contains(&dev) || ep.devices.len() as u32 >= ep.num_devices {
+            return Err(Code::INVALID_VALUE); // R4.2
+        }
+        // C6: refuse before cuMulticastCreate.
+        if !self.multicast_supported(dev)? {
+            tracing::debug!(
+                device = dev.0,
+                "classic multicast refused: MULTICAST_SUPPORTED (attribute 132) is 0"
+            );
+            return Err(Code::NOT_SUPPORTED);
+        }
+        if (ep.devices.len() as u32) + 1 < ep.num_devices {
+            ep.devices.push(dev);
+            return Ok(());
+        }
+        // The last device: only now does the object exist, so no bind can
+        // ever be issued on an incomplete team (C3).
+        let mc = self.inner.multicast_create(ep.num_devices, ep.size, 0)?;
+        for &d in ep.devices.iter().chain([&dev]) {
+            if let Err(code) = self.inner.multicast_add_device(mc, d) {
+                if let Err(c2) = self.inner.mem_release(mc) {
+                    tracing::error!(code = %c2, "cuMemRelease of a half-built multicast object failed");
+                }
+                return Err(code);
+            }
+        }
+        ep.devices.push(dev);
+        ep.mc = Some(mc);
+        Ok(())
+    }
+
+    fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
+        if count == 0 {
+            return Err(Code::INVALID_VALUE);
+        }
+        let end = base.checked_add(count).ok_or(Code::INVALID_VALUE)?;
+        let t = self.lock();
+        let mut ready = true;
+        for id in base..end {
+            match t.ids.get(&id) {
+                Some(Some(ep)) => ready &= ep.mc.is_some(),
+                _ => return Err(Code::INVALID_VALUE),
+            }
+        }
+        Ok(ready)
+    }
+
+    fn bind_mem(
+        &self,
+        id: u32,
+        dev: Device,
+        offset: u64,
+        mem: u64,
+        mem_offset: u64,
+        size: u64,
+        flags: u64,
+    ) -> DriverResult<()> {
+        let mut t = self.lock();
+        let (mc, ep) = bindable(&mut t, id, dev, offset, size, flags)?;
+        // The classic bind takes no device: it binds on the memory's own
+        // device, which must be the one asked for (R5.5).
+        match self.inner.mem_properties(mem)?.location {
+            Location::Device(d) if d == dev => {}
+            _ => return Err(Code::INVALID_VALUE),
+        }
+        self.inner
+            .multicast_bind_mem(mc, offset, mem, mem_offset, size)?;
+        ep.bindings.push(Bind { dev, offset, size });
+        Ok(())
+    }
+
+    fn bind_addr(
+        &self,
+        id: u32,
+        dev: Device,
+        offset: u64,
+        ptr: u64,
+        size: u64,
+        flags: u64,
+    ) -> DriverResult<()> {
+        let mut t = self.lock();
+        let (mc, ep) = bindable(&mut t, id, dev, offset, size, flags)?;
+        // Where the mapped memory lives was checked by the typed API (R5.5);
+        // the driver binds it on its own device.
+        self.inner.multicast_bind_addr(mc, offset, ptr, size)?;
+        ep.bindings.push(Bind { dev, offset, size });
+        Ok(())
+    }
+
+    fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
+        let mut t = self.lock();
+        let Some(Some(ep)) = t.ids.get_mut(&id) else {
+            return Err(Code::INVALID_VALUE);
+        };
+        let Some(mc) = ep.mc else {
+            return Err(Code::INVALID_VALUE); // nothing can be bound yet
+        };
+        let end = offset.checked_add(size).ok_or(Code::INVALID_VALUE)?;
+        // R6.1/R6.2: the range must be tiled exactly by binds on `dev`.
+        let mut covered: Vec<(usize, Bind)> = ep
+            .bindings
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|(_, b)| b.dev == dev && b.offset < end && offset < b.offset + b.size)
+            .collect();
+        covered.sort_by_key(|(_, b)| b.offset);
+        let mut at = offset;
+        for (_, b) in &covered {
+            if b.offset != at {
+                return Err(Code::INVALID_VALUE);
+            }
+            at = b.offset + b.size;
+        }
+        if covered.is_empty() || at != end {
+            // C4: a mismatched classic unbind is undefined behaviour; it never
+            // reaches the driver.
+            return Err(Code::INVALID_VALUE);
+        }
+        for (_, b) in &covered {
+            self.inner.multicast_unbind(mc, b.dev, b.offset, b.size)?;
+            if let Some(i) = ep.bindings.iter().position(|x| x == b) {
+                ep.bindings.swap_remove(i);
+            }
+        }
+        Ok(())
+    }
+
+    fn destroy(&self, id: u32) -> DriverResult<()> {
+        let mut t = self.lock();
+        let Some(slot) = t.ids.get_mut(&id) else {
+            return Err(Code::INVALID_VALUE);
+        };
+        let Some(ep) = slot else {
+            return Err(Code::INVALID_VALUE);
+        };
+        if let Some(mc) = ep.mc {
+            // R7: destroy unbinds what is still bound, exactly as bound (C4).
+            let binds = std::mem::take(&mut ep.bindings);
+            if let Err((code, left)) = self.unbind_all(mc, binds) {
+                ep.bindings = left;
+                return Err(code);
+            }
+            // C5: the object goes before the memory that was bound to it
+            // (the typed API frees memory only after destroy returns).
+            self.inner.mem_release(mc)?;
+        }
+        *slot = None;
+        Ok(())
+    }
+
+    fn export(
+        &self,
+        _id: u32,
+        _handle: &mut sys::CUlogicalEndpointFabricHandle,
+        _handle_type: sys::CUlogicalEndpointIpcHandleType,
+    ) -> DriverResult<()> {
+        Err(Code::NOT_SUPPORTED)
+    }
+
+    fn import(
+        &self,
+        _id: u32,
+        _handle: &sys::CUlogicalEndpointFabricHandle,
+        _handle_type: sys::CUlogicalEndpointIpcHandleType,
+    ) -> DriverResult<()> {
+        Err(Code::NOT_SUPPORTED)
+    }
+
+    fn mem_granularity(&self, req: &AllocationRequest, kind: Granularity) -> DriverResult<u64> {
+        self.inner.mem_granularity(req, kind)
+    }
+    fn mem_create(&self, size: u64, req: &AllocationRequest) -> DriverResult<u64> {
+        self.inner.mem_create(size, req)
+    }
+    fn mem_release(&self, handle: u64) -> DriverResult<()> {
+        self.inner.mem_release(handle)
+    }
+    fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
+        self.inner.mem_properties(handle)
+    }
+    fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {
+        self.inner.mem_address_reserve(size, alignment)
+    }
+    fn mem_address_free(&self, ptr: u64, size: u64) -> DriverResult<()> {
+        self.inner.mem_address_free(ptr, size)
+    }
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> DriverResult<()> {
+        self.inner.mem_map(ptr, size, offset, handle)
+    }
+    fn mem_unmap(&self, ptr: u64, size: u64) -> DriverResult<()> {
+        self.inner.mem_unmap(ptr, size)
+    }
+    fn mem_set_access(&self, ptr: u64, size: u64, devices: &[Device]) -> DriverResult<()> {
+        self.inner.mem_set_access(ptr, size, devices)
+    }
+
+    fn multicast_granularity(
+        &self,
+        num_devices: u32,
+        size: u64,
+        handle_types: u64,
+        kind: Granularity,
+    ) -> DriverResult<u64> {
+        self.inner
+            .multicast_granularity(num_devices, size, handle_types, kind)
+    }
+    fn multicast_create(
+        &self,
+        num_devices: u32,
+        size: u64,
+        handle_types: u64,
+    ) -> DriverResult<u64> {
+        self.inner.multicast_create(num_devices, size, handle_types)
+    }
+    fn multicast_add_device(&self, mc: u64, dev: Device) -> DriverResult<()> {
+        self.inner.multicast_add_device(mc, dev)
+    }
+    fn multicast_bind_mem(
+        &self,
+        mc: u64,
+        mc_offset: u64,
+        mem: u64,
+        mem_offset: u64,
+        size: u64,
+    ) -> DriverResult<()> {
+        self.inner
+            .multicast_bind_mem(mc, mc_offset, mem, mem_offset, size)
+    }
+    fn multicast_bind_addr(
+        &self,
+        mc: u64,
+        mc_offset: u64,
+        ptr: u64,
+        size: u64,
+    ) -> DriverResult<()> {
+        self.inner.multicast_bind_addr(mc, mc_offset, ptr, size)
+    }
+    fn multicast_unbind(
+        &self,
+        mc: u64,
+        dev: Device,
+        mc_offset: u64,
+        size: u64,
+    ) -> DriverResult<()> {
+        self.inner.multicast_unbind(mc, dev, mc_offset, size)
+    }
+}
+
+/// The checks every emulated bind makes before the driver: flags 0 (R5.8), a
+/// complete team (R3.1, C3), an enrolled device (R5.2), a range inside the
+/// endpoint (R5.4) that overlaps no live bind on that device (R5.9). Returns
+/// the classic object and the endpoint.
+fn bindable(
+    t: &mut Table,
+    id: u32,
+    dev: Device,
+    offset: u64,
+    size: u64,
+    flags: u64,
+) -> DriverResult<(u64, &mut Emulated)> {
+    if flags != 0 {
+        return Err(Code::INVALID_VALUE);
+    }
+    let Some(Some(ep)) = t.ids.get_mut(&id) else {
+        return Err(Code::INVALID_VALUE);
+    };
+    let Some(mc) = ep.mc else {
+        // The classic bind would block until the team is complete (C3).
+        return Err(Code::INVALID_VALUE);
+    };
+    if !ep.devices.contains(&dev) {
+        return Err(Code::INVALID_DEVICE);
+    }
+    let end = offset.checked_add(size).ok_or(Code::INVALID_VALUE)?;
+    if size == 0 || end > ep.size {
+        return Err(Code::INVALID_VALUE);
+    }
+    if ep
+        .bindings
+        .iter()
+        .any(|b| b.dev == dev && b.offset < end && offset < b.offset + b.size)
+    {
+        return Err(Code::INVALID_VALUE);
+    }
+    Ok((mc, ep))
+}
+
+#[cfg(all(test, feature = "model"))]
+mod tests {
+    use super::*;
+    use crate::driver::prop::{Props, Shape};
+    use crate::model::{Model, ModelConfig};
+
+    fn prop(n: u32, size: u64) -> sys::CUlogicalEndpointProp {
+        Props {
+            shape: Shape::Multicast { num_devices: n },
+            size,
+            ipc_handle_types: 0,
+            flags: 0,
+        }
+        .to_c()
+    }
+
+    #[test]
+    fn create_happens_only_with_the_last_device() {
+        let model = Model::new(ModelConfig::node(3));
+        let c = Classic::new(Arc::new(model.clone()));
+        let id = c.id_reserve(1).unwrap();
+        c.create(id, &prop(3, 2 << 20)).unwrap();
+        c.add_device(id, Device(0)).unwrap();
+        c.add_device(id, Device(1)).unwrap();
+        assert!(!c.query(id, 1).unwrap());
+        assert_eq!(model.calls(crate::Call::MulticastCreate), 0);
+        c.add_device(id, Device(2)).unwrap();
+        assert_eq!(model.calls(crate::Call::MulticastCreate), 1);
+        assert_eq!(model.calls(crate::Call::MulticastAddDevice), 3);
+        assert!(c.query(id, 1).unwrap());
+        assert_eq!(c.live_multicast_objects(), 1);
+        c.destroy(id).unwrap();
+        c.id_release(id, 1).unwrap();
+        assert!(model.live().is_empty());
+        assert!(model.violations().is_empty());
+    }
+
+    #[test]
+    fn a_device_without_attribute_132_is_refused_before_create() {
+        let cfg = ModelConfig::node(2).with_devices(|i, d| d.classic_multicast = i == 0);
+        let model = Model::new(cfg);
+        let c = Classic::new(Arc::new(model.clone()));
+        let id = c.id_reserve(1).unwrap();
+        c.create(id, &prop(2, 2 << 20)).unwrap();
+        c.add_device(id, Device(0)).unwrap();
+        assert_eq!(c.add_device(id, Device(1)), Err(Code::NOT_SUPPORTED));
+        assert_eq!(model.calls(crate::Call::MulticastCreate), 0);
+        assert!(model.violations().is_empty());
+    }
+
+    #[test]
+    fn mismatched_unbind_never_reaches_the_driver() {
+        let model = Model::new(ModelConfig::node(1));
+        let c = Classic::new(Arc::new(model.clone()));
+        let id = c.id_reserve(1).unwrap();
+        c.create(id, &prop(1, 4 << 20)).unwrap();
+        c.add_device(id, Device(0)).unwrap();
+        let req = AllocationRequest {
+            location: Location::Device(Device(0)),
+            handle_types: 0,
+        };
+        let mem = c.mem_create(4 << 20, &req).unwrap();
+        c.bind_mem(id, Device(0), 0, mem, 0, 2 << 20, 0).unwrap();
+        c.bind_mem(id, Device(0), 2 << 20, mem, 2 << 20, 2 << 20, 0)
+            .unwrap();
+        assert_eq!(
+            c.unbind(id, Device(0), 0, 1 << 20),
+            Err(Code::INVALID_VALUE)
+        );
+        assert_eq!(
+            c.unbind(id, Device(0), 1 << 20, 2 << 20),
+            Err(Code::INVALID_VALUE)
+        );
+        assert_eq!(model.calls(crate::Call::MulticastUnbind), 0);
+        // Two consecutive binds unbound as one range (R6.2): two exact unbinds.
+        c.unbind(id, Device(0), 0, 4 << 20).unwrap();
+        assert_eq!(model.calls(crate::Call::MulticastUnbind), 2);
+        c.destroy(id).unwrap();
+        c.mem_release(mem).unwrap();
+        c.id_release(id, 1).unwrap();
+        assert!(model.live().is_empty());
+        assert!(model.violations().is_empty());
+    }
+
+    #[test]
+    fn unicast_has_no_classic_form() {
+        let model = Model::new(ModelConfig::node(1));
+        let c = Classic::new(Arc::new(model));
+        let id = c.id_reserve(1).unwrap();
+        let p = Props {
+            shape: Shape::Unicast { owner: Device(0) },
+            size: 2 << 20,
+            ipc_handle_types: 0,
+            flags: 0,
+        }
+        .to_c();
+        assert_eq!(c.get_limits(&p), Err(Code::NOT_SUPPORTED));
+        assert_eq!(c.create(id, &p), Err(Code::NOT_SUPPORTED));
+    }
+}

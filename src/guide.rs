@@ -1,0 +1,239 @@
+//! The user's guide: chapters that are documentation only (this module has no
+//! code).
+//!
+//! - [`reading_the_compiler`]: every misuse the types refuse, the message
+//!   rustc prints for it, the fix and the rule of the driver contract behind
+//!   it; how to read the plain borrow and move errors in this API's terms.
+//! - [`threads`]: which types may cross threads, and how to bind from several
+//!   threads at once.
+//!
+//! Rule numbers (`R5.6`) are those of the project's `SPEC.md`, which restates
+//! the CUDA 13.3 logical-endpoint contract rule by rule.
+
+pub mod reading_the_compiler {
+    //! # Reading the compiler
+    //!
+    //! The lifecycle of a logical endpoint is in its type,
+    //! [`Endpoint<S, K>`](crate::Endpoint): state `S` is `Reserved`, `Pending`
+    //! or `Ready`, kind `K` says what sits on the id. A call that the driver
+    //! contract forbids in the state or kind at hand does not compile. Every
+    //! such error below is pinned by a test case in `ui-tests/` (named in the
+    //! last column) with rustc 1.95's exact output beside it, and the correct
+    //! version of each group is in `ui-tests/pass/`.
+    //!
+    //! ## How the messages are laid out
+    //!
+    //! Where this crate can word the message (an unmet trait bound, `E0277`),
+    //! it reads:
+    //!
+    //! ```text
+    //! error[E0277]: cannot release the id of a `cuda_endpoints::Ready` endpoint: the endpoint on it still exists
+    //!   --> src/main.rs:12:8
+    //!    |
+    //! 12 |     ep.release()?;
+    //!    |        ^^^^^^^ this endpoint is `cuda_endpoints::Ready`, not `Reserved`
+    //!    |
+    //!    = help: the trait `CanRelease` is not implemented for `cuda_endpoints::Ready`
+    //!    = note: ids are released only once empty (R1.2, R7.1): call `.destroy()` first; it hands back the `Endpoint<Reserved>` to release
+    //! ```
+    //!
+    //! - the headline (`error[E0277]: ...`) says what is wrong;
+    //! - the label under the call names the state or kind the compiler saw;
+    //! - the `note:` names the call to make instead, and the rule.
+    //!
+    //! Skip the `help: the trait ... is not implemented for ...` line: it
+    //! names the internal trait behind the check. Where it says `B0`, that is
+    //! typenum's "false" (a team count that did not add up). `Pending` and
+    //! `Ready` print as `cuda_endpoints::Pending` and `cuda_endpoints::Ready`
+    //! because the standard library has types of the same names.
+    //!
+    //! Borrow, move, unsafe and "no method" errors (`E0505`, `E0597`, `E0382`,
+    //! `E0133`, `E0599`) cannot be worded by a library; [how to read
+    //! them](#borrow-and-move-errors-in-this-apis-terms) is below the tables.
+    //!
+    //! ## States: reserve, create, wait, bind, destroy, release
+    //!
+    //! | you wrote | the compiler says | the fix | rule | case |
+    //! | --- | --- | --- | --- | --- |
+    //! | `id.bind(dev, 0, &mem)` on a `Reserved` id | the endpoint is not ready: binding memory, `kernel_ref` and `export` need a `Ready` endpoint, but this endpoint is `Reserved` | `id.create(spec)?.wait(timeout)?`, then bind on what `wait` returns | R3.1, R5.1 | `state_bind_on_reserved` |
+    //! | `ep.bind(..)` right after `create` | ... but this endpoint is `cuda_endpoints::Pending` | `let ep = ep.wait(timeout)?;` (or loop on `.poll()`), then bind | R3.1, R5.1 | `state_bind_on_pending` |
+    //! | `ep.kernel_ref()` right after `create` | ... but this endpoint is `cuda_endpoints::Pending` | wait first: a kernel must never see an endpoint under construction | R3.4 | `state_kernel_ref_on_pending` |
+    //! | `ep.export()` right after `create` | ... but this endpoint is `cuda_endpoints::Pending` | wait first, then export | R3.4, R8 | `state_export_on_pending` |
+    //! | `ep.create(spec)` on an id that already holds an endpoint | this id already holds an endpoint: `create`/`import` need a `Reserved` id, but this endpoint is `cuda_endpoints::Pending` | `ep.destroy()?` hands back the `Endpoint<Reserved>` to create on; or reserve another id | R2.1 | `state_create_on_pending` |
+    //! | `ep.release()` on a `Pending` endpoint | cannot release the id of a `cuda_endpoints::Pending` endpoint: the endpoint on it still exists | `ep.destroy()?.release()?` | R1.2, R7.1 | `state_release_pending` |
+    //! | `ep.release()` on a `Ready` endpoint | cannot release the id of a `cuda_endpoints::Ready` endpoint: the endpoint on it still exists | `ep.destroy()?.release()?` | R1.2, R7.1 | `state_release_ready` |
+    //! | `id.destroy()` on a `Reserved` id | `destroy` needs a created endpoint, but this id is `Reserved` | nothing to destroy: `id.release()?`, or create on it | R1, R7 | `state_destroy_on_reserved` |
+    //! | `id.poll()` on a `Reserved` id | `poll`/`wait` needs a `Pending` endpoint, but this endpoint is `Reserved` | `id.create(spec)?` (or `.import(&handle)?`) and poll what it returns | R3 | `state_poll_on_reserved` |
+    //! | `id.wait(timeout)` on a `Reserved` id | `poll`/`wait` needs a `Pending` endpoint, but this endpoint is `Reserved` | as above | R3 | `state_wait_on_reserved` |
+    //! | `ep.wait(timeout)` a second time | `poll`/`wait` needs a `Pending` endpoint, but this endpoint is `cuda_endpoints::Ready` | nothing to wait for: use the ready endpoint as it is | R3 | `state_wait_on_ready` |
+    //! | `id.add_device(dev)` on a `Reserved` id | `add_device` needs a `Pending` team, but this endpoint is `Reserved` | `id.create(Spec::team(U4::new(), bytes))?.add_device(dev)?` | R4 | `state_add_device_on_reserved` |
+    //! | `team.add_device(dev)` after `wait` | `add_device` needs a `Pending` team, but this endpoint is `cuda_endpoints::Ready` | enroll every device before `wait`; enrollment is permanent, so a different team means `destroy` and a new `create` | R4.3, R4.4 | `state_add_device_after_ready` |
+    //! | `ep.unbind(dev, offset, size)` | `E0599` no method named `unbind` found for struct `Endpoint<S, K>` (rustc then suggests `bind`: ignore that) | unbind through the token: `binding.unbind()?`, or drop the [`Binding`](crate::Binding) | R6, C4 | `state_unbind_on_endpoint` |
+    //!
+    //! There is no unbind by offset and size on purpose: an unbind that does
+    //! not match its bind is an error for logical endpoints (R6.1, R6.2) and
+    //! undefined behaviour for classic multicast (C4). The token remembers the
+    //! exact device, offset and size.
+    //!
+    //! ## Teams: size and enrollment
+    //!
+    //! | you wrote | the compiler says | the fix | rule | case |
+    //! | --- | --- | --- | --- | --- |
+    //! | `Spec::team(U4::new(), ..)`, three `add_device`, then `.wait(..)` | this multicast team is not complete: `wait`, `poll` and `wait_all` need every team device enrolled | add the missing device(s) before waiting | R3.2, R4.4 | `team_wait_incomplete` |
+    //! | `.poll()` on a team with devices missing | the same | the same | R3.2, R4.4 | `team_poll_incomplete` |
+    //! | [`wait_all`](crate::wait_all) over teams with devices missing | the same, at the `wait_all` argument | the same, for every team in the list | R3.2, R3.5 | `team_wait_all_incomplete` |
+    //! | a third `add_device` on `Spec::team(U2::new(), ..)` | this multicast team is already complete: it has no room for another device | drop the call, or create a larger team | R4.2 | `team_one_device_too_many` |
+    //! | `Spec::team(U0::new(), ..)` | a multicast team needs at least one device, but this team size is zero | a non-zero size, e.g. `U4::new()` | R2.2 | `team_size_zero` |
+    //! | `add_device` on a unicast endpoint | `add_device` is only for teams enrolled device by device (`Spec::team`, `Spec::spread`); a `cuda_endpoints::Unicast` endpoint takes no devices after `create` | a unicast endpoint's one device is its owner, given to `Spec::unicast(owner, ..)`; for a team, create a multicast endpoint | R4.1 | `team_add_device_on_unicast` |
+    //! | `add_device` on a `Spec::multicast(&devices, ..)` endpoint | the same, for `cuda_endpoints::Multicast` | `create` already enrolled the devices listed: list every device there, or use [`Spec::team`](crate::Spec::team) to add them one by one | R4.2 | `team_add_device_on_runtime_multicast` |
+    //!
+    //! A compile-time team counts only the devices *this process* enrolls; a
+    //! team spread over processes is `Spec::spread(n, bytes)`, which the
+    //! compiler cannot count and a query reports complete.
+    //!
+    //! ## Memory and sharing
+    //!
+    //! | you wrote | the compiler says | the fix | rule | case |
+    //! | --- | --- | --- | --- | --- |
+    //! | `bind` on an imported unicast endpoint | an imported unicast endpoint accepts no memory: binding on it is not allowed | bind in the exporting process; here, pass `kernel_ref()` to kernels | R5.7 | `memory_bind_on_imported_unicast` |
+    //! | `Allocation::<Private>` bound on an endpoint made with `.exportable()` | `Private` memory cannot be bound here: this `cuda_endpoints::Multicast<Exportable>` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<Fabric>` | R5.6 | `memory_private_on_exportable` |
+    //! | `Allocation::<Private>` bound on an imported multicast endpoint | the same, for `ImportedMulticast` | the same | R5.6 | `memory_private_on_imported_multicast` |
+    //! | `export()` on an endpoint created without `.exportable()` | `export` needs an endpoint created with fabric handles, but this endpoint is `cuda_endpoints::Unicast` | create from `spec.exportable()` | R8.1 | `share_export_not_exportable` |
+    //! | `export()` on an imported endpoint | the same, for `ImportedUnicast` | pass on the handle it was imported from | R8.1 | `share_export_imported` |
+    //! | `ep.bind_raw_addr(..)` outside `unsafe` | `E0133` call to unsafe function ... `bind_raw_addr` is unsafe and requires unsafe block | prefer `Allocation::map` and `bind`, which keep the memory alive; else `unsafe { .. }` with a `// SAFETY:` line saying why the address stays mapped while bound | R5, R7.2 | `unsafe_bind_raw_addr` |
+    //! | `ep.bind(dev, 0, &mem)?;` as a statement | `unused Binding that must be used` (an error under `#![deny(unused_must_use)]`, else a warning) | `let b = ep.bind(..)?;`, kept for as long as the memory should stay bound. Not `let _ = ..`, which rustc suggests: it unbinds at once | R6 | `lint_binding_discarded` |
+    //!
+    //! ## Moves: a value a call consumed
+    //!
+    //! Every transition takes the endpoint by value and returns it in its new
+    //! state, so the old name is gone. The fix is always to use what the call
+    //! returned.
+    //!
+    //! | you wrote | the compiler says | the fix | rule | case |
+    //! | --- | --- | --- | --- | --- |
+    //! | `id.create(a)` then `id.create(b)` | `E0382` use of moved value: `id` | one id holds one endpoint: reserve two ids (`ctx.reserve(2)?.into_endpoints()`), or `destroy` the first and create on the id it returns | R2.1 | `move_create_twice` |
+    //! | `ep.destroy()?` then `ep.bind(..)` | `E0382` borrow of moved value: `ep` | bind before destroying; `destroy` returns only the `Reserved` id | R7 | `move_use_after_destroy` |
+    //! | `range.into_endpoints()` then `range.release()` | `E0382` use of moved value: `range` | the endpoints now own the ids: release each (or drop them); the range goes back with the last one | R1 | `move_range_release_after_split` |
+    //! | `b.unbind()?` twice | `E0382` use of moved value: `b` | unbind once: the token is consumed, so a second unbind cannot exist | R6.1, C4 | `move_unbind_twice` |
+    //!
+    //! ## Borrows: bindings and kernel references
+    //!
+    //! A [`Binding`](crate::Binding) borrows its endpoint and its memory; an
+    //! [`EndpointRef`](crate::EndpointRef) borrows its endpoint. While one of
+    //! them is alive, the endpoint cannot be destroyed or dropped and the
+    //! memory cannot be freed or unmapped.
+    //!
+    //! | you wrote | the compiler says | the fix | rule | case |
+    //! | --- | --- | --- | --- | --- |
+    //! | `ep.destroy()` with a binding alive | `E0505` cannot move out of `ep` because it is borrowed | `b.unbind()?` (or `drop(b)`) for every binding first, then destroy | R6, R7 | `borrow_destroy_while_bound` |
+    //! | a binding kept after its endpoint's scope ended | `E0597` `ep` does not live long enough | keep the endpoint in the outer scope, or unbind inside the inner one | R7 | `borrow_binding_outlives_endpoint` |
+    //! | `drop(mem)` while `mem` is bound | `E0505` cannot move out of `mem` because it is borrowed | unbind first, then free | R7.2 | `borrow_drop_allocation_while_bound` |
+    //! | `drop(mapped)` while it is bound by address | `E0505` cannot move out of `mapped` because it is borrowed | unbind first, then unmap | R7.2 | `borrow_drop_mapped_while_bound` |
+    //! | `ep.kernel_ref()`, `destroy`, then the launch | `E0505` cannot move out of `ep` because it is borrowed | launch (and synchronise) before destroying | R3.4, R7 | `thread_endpoint_ref_outlives_endpoint` |
+    //! | an `EndpointRef` moved into `std::thread::spawn` | `E0597` `ep` does not live long enough ... argument requires that `ep` is borrowed for `'static` | use `std::thread::scope`: see [`threads`](super::threads) | R7 | `thread_endpoint_ref_to_spawn` |
+    //! | a `Binding` moved into `std::thread::spawn` | `E0597` `ep` (and `mem`) does not live long enough ... borrowed for `'static` | bind inside a scoped thread, or keep the binding on the spawning thread | R7.2 | `thread_binding_to_spawn` |
+    //!
+    //! ## Borrow and move errors in this API's terms
+    //!
+    //! rustc words these in terms of variables; here is what they mean for
+    //! endpoints.
+    //!
+    //! - **`E0505` cannot move out of `ep` because it is borrowed**, pointing
+    //!   at `.destroy()` (or `drop(ep)`): something still borrows the
+    //!   endpoint, a `Binding` (`borrow of ep occurs here` points at the
+    //!   `bind`) or an `EndpointRef` (at `kernel_ref`). Unbind or drop the
+    //!   binding, finish with the reference, then destroy. If the last label
+    //!   reads "borrow might be used here, when `b` is dropped and runs the
+    //!   `Drop` code for type `Binding`", the binding is still in scope and
+    //!   would unbind after the destroy: `drop(b)` or `b.unbind()?` before it.
+    //! - **`E0505` cannot move out of `mem` because it is borrowed**, at
+    //!   `drop(mem)`: that memory is still bound. Unbind it first (R7.2).
+    //! - **`E0597` `ep` does not live long enough**: a binding or kernel
+    //!   reference lives longer than its endpoint, either because it is used
+    //!   after the endpoint's scope ends or because it went to a
+    //!   `thread::spawn` closure, which must be `'static` ("argument requires
+    //!   that `ep` is borrowed for `'static`"). Shorten the binding, lengthen
+    //!   the endpoint, or use scoped threads.
+    //! - **`E0382` use of moved value**: a consuming call (`create`, `wait`,
+    //!   `add_device`, `destroy`, `release`, `unbind`, `into_endpoints`)
+    //!   already took the value. Use what that call returned: each transition
+    //!   hands back the endpoint in its next state (on failure, inside
+    //!   [`Failed`](crate::Failed), unchanged).
+    //! - **`E0133` call to unsafe function**: only `bind_raw_addr`, which cannot
+    //!   check that a raw address stays mapped. Bind an
+    //!   [`Allocation`](crate::Allocation) or [`Mapped`](crate::Mapped)
+    //!   instead, or write the `unsafe` block and its safety argument.
+    //! - **`E0599` no method named `unbind` found for struct `Endpoint`**:
+    //!   unbinding goes through the `Binding` token only.
+    //!
+    //! ## Pitfalls with rustc's own wording
+    //!
+    //! - `Allocation::on_device(..)` without a handle type gives `E0283` type
+    //!   annotations needed for `Allocation<_>`: write
+    //!   `Allocation::<Private>::on_device(..)` (or `PosixFd`, `Fabric` for
+    //!   memory that exportable or imported multicast endpoints bind).
+    //! - `Spec::team(4, bytes)` with a plain number gives a cascade of errors
+    //!   naming `{integer}`, `Unsigned` and `Cmp<UTerm>`: the team size is a
+    //!   typenum value, `Spec::team(U4::new(), bytes)` with
+    //!   `use cuda_endpoints::typenum::U4;`. For a size known only at run
+    //!   time, use `Spec::multicast(&devices, bytes)`.
+}
+
+pub mod threads {
+    //! # Threads
+    //!
+    //! | type | `Send` | `Sync` | notes |
+    //! | --- | --- | --- | --- |
+    //! | [`Endpoint<S, K>`](crate::Endpoint), every state and kind | yes | yes | not `Clone`: one owner. A pending endpoint may be waited for on another thread; a ready one is bound from several threads through `&` |
+    //! | [`Binding<'a>`](crate::Binding) | yes | yes | borrows the endpoint and the memory: it may go to a scoped thread, never to `thread::spawn` |
+    //! | [`EndpointRef<'a>`](crate::EndpointRef) | yes | yes | `Copy`; borrows the endpoint, so likewise scoped threads only |
+    //! | [`IdRange`](crate::IdRange), [`Context`](crate::Context) | yes | yes | a `Context` is a cheap handle: clone it per thread |
+    //! | [`Allocation<H>`](crate::Allocation), [`Mapped<H>`](crate::Mapped) | yes | yes | |
+    //! | [`FabricHandle<K>`](crate::FabricHandle) | yes | yes | plain bytes; send it to other processes as `to_bytes()` |
+    //!
+    //! Binding from one thread per device, on one ready endpoint: share the
+    //! endpoint by reference into [`std::thread::scope`], bind inside each
+    //! thread, and unbind (or let the bindings drop) before the scope ends.
+    //! Concurrent binds on one endpoint see each other, so overlapping ranges
+    //! on one device are still refused (R5.9).
+    //!
+    //! ```
+    //! use std::time::Duration;
+    //! use cuda_endpoints::{Allocation, Context, Private, Spec};
+    //!
+    //! let (ctx, model) = Context::model(Default::default());
+    //! let devices = ctx.devices()?;
+    //! let team = ctx
+    //!     .reserve_one()?
+    //!     .create(Spec::multicast(&devices, 2 << 20))?
+    //!     .wait(Duration::from_secs(1))?;
+    //! let mems = devices
+    //!     .iter()
+    //!     .map(|&d| Allocation::<Private>::on_device(&ctx, d, 2 << 20))
+    //!     .collect::<Result<Vec<_>, _>>()?;
+    //! std::thread::scope(|s| {
+    //!     let workers: Vec<_> = devices
+    //!         .iter()
+    //!         .zip(&mems)
+    //!         .map(|(&dev, mem)| {
+    //!             let team = &team;
+    //!             s.spawn(move || team.bind(dev, 0, mem)?.unbind())
+    //!         })
+    //!         .collect();
+    //!     workers
+    //!         .into_iter()
+    //!         .try_for_each(|w| w.join().expect("worker panicked"))
+    //! })?;
+    //! team.destroy()?.release()?;
+    //! drop(mems);
+    //! assert!(model.live().is_empty());
+    //! # Ok::<(), Box<dyn std::error::Error>>(())
+    //! ```
+    //!
+    //! With `std::thread::spawn` instead, the closure must be `'static`, and a
+    //! `Binding` or `EndpointRef` is not: the compiler answers "`ep` does not
+    //! live long enough ... argument requires that `ep` is borrowed for
+    //! `'static`" (`ui-tests/thread_*`). To hand an endpoint itself to a
+    //! spawned thread, move it there: it is `Send`, and its id, range and
+    //! context go with it.
+}

@@ -1,0 +1,497 @@
+//! The real-hardware suite (feature `gpu`): the typed API on `libcuda`.
+//!
+//! Every test first denies `cuMulticastCreate` process-wide ([`guard`]): on a
+//! several-GPU host that call can take the GPUs out of service (SPEC, facts of
+//! the GPU machines), so the suite proves the library refuses *before* it,
+//! and never makes it. Each test skips cleanly ("skipped: no driver") where
+//! `libcuda` is absent, checks that device memory is back where it started
+//! (`cuMemGetInfo`), and runs on one GPU or several:
+//!
+//! - the capability probe of every device;
+//! - VMM allocations of each handle type, sized in granularities; data written
+//!   by the device and by copies, read back through a mapping;
+//! - 1000 allocate/map/drop cycles with no device memory lost;
+//! - logical endpoints reported `Unsupported` with the driver version (on a
+//!   driver before 13.3);
+//! - the classic fallback refusing a team before `cuMulticastCreate` (a
+//!   [`Traced`] log proves the call never reached the driver);
+//! - on several GPUs: allocations on each device that report their device
+//!   (what the pre-driver R5.5 check reads), a runtime team from
+//!   `ctx.devices()`, and backend selection with the classic path switched
+//!   off.
+//!
+//! Build here, run on the GPU machine: `scripts/gpu-suite.sh` (see the
+//! README, "Real hardware"). Run single-threaded (`--test-threads=1`) so the
+//! memory checks see one test at a time.
+
+#![cfg(feature = "gpu")]
+
+use std::sync::{Arc, Once};
+
+use cuda_endpoints::backend::{BackendChoice, Policy, decide};
+use cuda_endpoints::driver::cuda::{self, Cuda};
+use cuda_endpoints::driver::{
+    AllocationRequest, Classic, Granularity, Location, Traced, handle_bits,
+};
+use cuda_endpoints::probe::Capabilities;
+use cuda_endpoints::{
+    Allocation, Call, Code, Context, Device, Error, Fabric, PosixFd, Private, Spec,
+};
+
+/// Denies `cuMulticastCreate` for the whole process, once, before anything
+/// else; then checks that it is denied.
+fn guard() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        cuda::deny(&[Call::MulticastCreate]);
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    });
+    assert!(
+        cuda::is_denied(Call::MulticastCreate),
+        "cuMulticastCreate must be denied before any GPU test runs"
+    );
+}
+
+/// The real driver, or `None` (printed "skipped: no driver") without one.
+fn cuda_ctx() -> Option<Context> {
+    guard();
+    match Context::cuda() {
+        Ok(ctx) => Some(ctx),
+        Err(Error::NoDriver { reason }) => {
+            println!("skipped: no driver ({reason})");
+            None
+        }
+        Err(e) => panic!("Context::cuda() failed: {e}"),
+    }
+}
+
+/// A second, traced instance of the real driver that also denies
+/// `cuMulticastCreate` itself (belt and braces over the global deny).
+fn traced_cuda() -> Arc<Traced<Cuda>> {
+    let cuda = Cuda::open().unwrap_or_else(|e| panic!("Cuda::open: {e}"));
+    Arc::new(Traced::new(cuda).deny([Call::MulticastCreate]))
+}
+
+fn granularity(ctx: &Context, dev: Device, bits: u32) -> u64 {
+    let req = AllocationRequest {
+        location: Location::Device(dev),
+        handle_types: bits,
+    };
+    ctx.driver()
+        .mem_granularity(&req, Granularity::Minimum)
+        .unwrap_or_else(|c| panic!("cuMemGetAllocationGranularity on {dev}: {c}"))
+}
+
+/// A per-device size valid for a classic team of `team`: the VMM
+/// granularity rounded up to the classic backend's bind alignment (the
+/// multicast granularity, C2) where the limits can be read — they cannot
+/// where attribute 132 is 0, and nothing is asked of the driver then.
+fn classic_size(classic: &Context, team: &[Device], gran: u64) -> u64 {
+    let prop = Spec::multicast(team, gran).props().to_c();
+    match classic.driver().get_limits(&prop) {
+        Ok(l) => gran.div_ceil(l.bind_alignment.max(1)) * l.bind_alignment.max(1),
+        Err(_) => gran,
+    }
+}
+
+/// Free device memory at the start of a test; [`Leak::check`] compares at
+/// the end, allowing `slack` granularities for the driver's own lazily
+/// allocated bookkeeping (page tables).
+struct Leak {
+    before: Vec<(Device, u64, u64)>,
+}
+
+impl Leak {
+    fn start(ctx: &Context) -> Leak {
+        let before = ctx
+            .devices()
+            .expect("device count")
+            .into_iter()
+            .map(|d| {
+                let (free, _) = ctx
+                    .driver()
+                    .mem_get_info(d)
+                    .unwrap_or_else(|c| panic!("cuMemGetInfo on {d}: {c}"));
+                (d, free, granularity(ctx, d, handle_bits::NONE))
+            })
+            .collect();
+        Leak { before }
+    }
+
+    fn check(self, ctx: &Context, slack: u64) {
+        assert!(
+            ctx.take_teardown_errors().is_empty(),
+            "teardown errors recorded"
+        );
+        for (d, before, gran) in self.before {
+            let (after, _) = ctx.driver().mem_get_info(d).expect("cuMemGetInfo");
+            let lost = before.saturating_sub(after);
+            println!("{d}: free before {before}, after {after} bytes");
+            assert!(
+                lost <= slack * gran,
+                "{d}: {lost} bytes of device memory not given back (allowed {})",
+                slack * gran
+            );
+        }
+    }
+}
+
+#[test]
+fn probe_every_device() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let leak = Leak::start(&ctx);
+    let all = Capabilities::probe_all(&ctx);
+    assert_eq!(all.len() as i32, ctx.device_count().unwrap());
+    for caps in &all {
+        println!("{caps}\n");
+        assert!(caps.driver_version.known().is_some());
+        assert!(caps.classic_multicast.known().is_some());
+        assert!(caps.memory.known().is_some());
+        assert!(caps.vmm_granularity[0].minimum.known().is_some());
+    }
+    leak.check(&ctx, 1);
+}
+
+#[test]
+fn allocations_of_each_handle_type() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let leak = Leak::start(&ctx);
+    for dev in ctx.devices().unwrap() {
+        let gran = granularity(&ctx, dev, handle_bits::NONE);
+        assert!(gran > 0);
+        let size = 3 * gran;
+        // Private and PosixFd must work; sizes come back as asked (a
+        // multiple of the granularity).
+        let a = Allocation::<Private>::on_device(&ctx, dev, size).unwrap();
+        assert_eq!(a.size(), size);
+        let b = Allocation::<PosixFd>::on_device(&ctx, dev, size).unwrap();
+        assert_eq!(b.size() % granularity(&ctx, dev, handle_bits::POSIX_FD), 0);
+        println!("{dev}: Private and PosixFd allocations of {size} bytes: ok");
+        drop((a, b));
+        // Fabric: works with a fabric daemon; refused without one (the H200
+        // test machine), either at cuMemCreate or already at the granularity
+        // query.
+        match Allocation::<Fabric>::on_device(&ctx, dev, size) {
+            Ok(f) => println!("{dev}: Fabric allocation of {} bytes: ok", f.size()),
+            Err(Error::FabricNotPermitted { device, call }) => {
+                assert_eq!(device, dev);
+                println!("{dev}: Fabric allocation refused at {call}: FabricNotPermitted");
+            }
+            Err(
+                e @ Error::Driver {
+                    call: Call::MemGetAllocationGranularity,
+                    code: Code::NOT_PERMITTED | Code::NOT_SUPPORTED | Code::INVALID_VALUE,
+                },
+            ) => println!("{dev}: Fabric granularity refused: {e}"),
+            Err(e) => panic!("Fabric allocation on {dev}: {e}"),
+        }
+        // Where the driver says the memory lives, with the handle types asked.
+        let a = Allocation::<PosixFd>::on_device(&ctx, dev, 1).unwrap();
+        let props = ctx.driver().mem_properties(a.handle()).unwrap();
+        assert_eq!(props.location, Location::Device(dev));
+        assert_eq!(
+            props.handle_types & handle_bits::POSIX_FD,
+            handle_bits::POSIX_FD
+        );
+        assert_eq!(a.size() % granularity(&ctx, dev, handle_bits::POSIX_FD), 0);
+    }
+    leak.check(&ctx, 2);
+}
+
+#[test]
+fn device_writes_read_back_through_a_mapping() {
+    use cudarc::driver::{CudaContext, result};
+    let Some(ctx) = cuda_ctx() else { return };
+    let leak = Leak::start(&ctx);
+    for dev in ctx.devices().unwrap() {
+        let cx = CudaContext::new(dev.0 as usize).expect("cudarc context");
+        let (ctx2, dev2) = Context::from_cudarc(&cx).expect("Context::from_cudarc");
+        assert_eq!(dev2, dev);
+        drop(ctx2);
+        let gran = granularity(&ctx, dev, handle_bits::NONE);
+        let mapped = Allocation::<Private>::on_device(&ctx, dev, gran)
+            .unwrap()
+            .map(&[dev])
+            .unwrap();
+        let ptr = mapped.device_ptr();
+        let n = mapped.size() as usize;
+        cx.bind_to_thread().unwrap();
+        // The device writes (cuMemsetD8 runs on the GPU); the host reads.
+        let mut back = vec![0u8; n];
+        // SAFETY: `ptr` is `n` bytes of mapped device memory of `dev` with
+        // read-write access, alive until `mapped` drops below; `back` holds
+        // `n` bytes. The copies are synchronous (pageable host memory).
+        unsafe {
+            result::memset_d8_sync(ptr, 0x5a, n).unwrap();
+            result::memcpy_dtoh_sync(&mut back, ptr).unwrap();
+        }
+        assert!(back.iter().all(|&b| b == 0x5a), "{dev}: memset not seen");
+        // A pattern there and back.
+        let words: Vec<u32> = (0..(n / 4) as u32)
+            .map(|i| i.wrapping_mul(2654435761))
+            .collect();
+        let mut again = vec![0u32; words.len()];
+        // SAFETY: as above; `words` and `again` are `n` bytes each.
+        unsafe {
+            result::memcpy_htod_sync(ptr, &words).unwrap();
+            result::memcpy_dtoh_sync(&mut again, ptr).unwrap();
+        }
+        assert_eq!(again, words, "{dev}: pattern did not survive");
+        println!("{dev}: {n} bytes written by the device and by copies, read back intact");
+        drop(mapped);
+        drop(cx);
+    }
+    leak.check(&ctx, 2);
+}
+
+#[test]
+fn thousand_allocate_map_drop_cycles() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let dev = Device(0);
+    let gran = granularity(&ctx, dev, handle_bits::NONE);
+    let cycle = || {
+        let m = Allocation::<Private>::on_device(&ctx, dev, gran)
+            .unwrap()
+            .map(&[dev])
+            .unwrap();
+        assert_ne!(m.device_ptr(), 0);
+    };
+    // Warm-up: let the driver build its own structures first.
+    for _ in 0..3 {
+        cycle();
+    }
+    let (start, _) = ctx.driver().mem_get_info(dev).unwrap();
+    for _ in 0..1000 {
+        cycle();
+    }
+    let (end, _) = ctx.driver().mem_get_info(dev).unwrap();
+    println!("1000 cycles of {gran} bytes: free {start} -> {end} bytes");
+    assert!(
+        start.abs_diff(end) <= gran,
+        "free memory moved by {} bytes over 1000 cycles (granularity {gran})",
+        start.abs_diff(end)
+    );
+    assert!(ctx.take_teardown_errors().is_empty());
+}
+
+#[test]
+fn logical_endpoints_unsupported_with_the_driver_version() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let leak = Leak::start(&ctx);
+    let version = ctx.driver_version().expect("cuDriverGetVersion");
+    match ctx.reserve(1) {
+        Err(Error::Unsupported {
+            driver_version,
+            what,
+            hint,
+        }) => {
+            assert!(
+                version < 13030,
+                "driver {version} should have logical endpoints"
+            );
+            assert_eq!(driver_version, Some(version));
+            println!("reserve on driver {version}: Unsupported: {what}; {hint}");
+        }
+        Ok(range) => {
+            assert!(version >= 13030);
+            println!("driver {version} has logical endpoints: reserved {range:?}");
+            range.release().unwrap();
+        }
+        Err(e) => panic!("reserve on driver {version}: {e}"),
+    }
+    leak.check(&ctx, 1);
+}
+
+#[test]
+fn classic_fallback_never_reaches_multicast_create() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let leak = Leak::start(&ctx);
+    let team = ctx.devices().unwrap();
+    let traced = traced_cuda();
+    let classic = Context::new(Classic::new(traced.clone()));
+    let capable: Vec<bool> = team
+        .iter()
+        .map(|&d| ctx.attribute(d, 132).unwrap_or(0) == 1)
+        .collect();
+    assert!(cuda::is_denied(Call::MulticastCreate));
+    let gran = granularity(&ctx, team[0], handle_bits::NONE);
+    let size = classic_size(&classic, &team, gran);
+    let e = classic
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&team, size))
+        .unwrap_err();
+    println!(
+        "classic team of {team:?} (MULTICAST_SUPPORTED {capable:?}): {}",
+        e.error
+    );
+    if capable.iter().all(|&c| c) {
+        // The last enrollment would create: the policy refuses it.
+        assert!(
+            matches!(
+                e.error,
+                Error::Driver {
+                    call: Call::AddDevice,
+                    code: Code::NOT_PERMITTED
+                }
+            ),
+            "{}",
+            e.error
+        );
+        let creates = traced.entries(Call::MulticastCreate);
+        assert!(!creates.is_empty() && creates.iter().all(|c| c.denied));
+    } else {
+        // C6: refused on attribute 132, before any cuMulticast* call that
+        // could create something.
+        assert!(
+            matches!(
+                e.error,
+                Error::Unsupported { .. }
+                    | Error::Driver {
+                        code: Code::NOT_SUPPORTED,
+                        ..
+                    }
+            ),
+            "{}",
+            e.error
+        );
+        assert_eq!(traced.count(Call::MulticastCreate), 0);
+        assert_eq!(traced.count(Call::MulticastGetGranularity), 0);
+    }
+    assert!(!traced.reached(Call::MulticastCreate));
+    assert!(!traced.reached(Call::MulticastAddDevice));
+    e.value.release().unwrap();
+    for entry in traced.log() {
+        println!("  {entry}");
+    }
+    drop(classic);
+    leak.check(&ctx, 1);
+}
+
+// ---------------------------------------------------------------- several GPUs
+
+/// The devices when there are at least two, else `None` (printed).
+fn several(ctx: &Context) -> Option<Vec<Device>> {
+    let devices = ctx.devices().unwrap();
+    if devices.len() < 2 {
+        println!("skipped: {} device(s), needs 2", devices.len());
+        return None;
+    }
+    Some(devices)
+}
+
+#[test]
+fn multi_gpu_allocations_report_their_device() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let Some(devices) = several(&ctx) else { return };
+    let leak = Leak::start(&ctx);
+    let allocs: Vec<_> = devices
+        .iter()
+        .map(|&d| Allocation::<Private>::on_device(&ctx, d, 1).unwrap())
+        .collect();
+    for (a, &d) in allocs.iter().zip(&devices) {
+        // What the R5.5 check compares with the bind's device, and the
+        // driver's own answer for the handle.
+        assert_eq!(a.location(), Location::Device(d));
+        let props = ctx.driver().mem_properties(a.handle()).unwrap();
+        assert_eq!(props.location, Location::Device(d), "driver says otherwise");
+        println!("{d}: allocation {:#x} lives on {d}", a.handle());
+    }
+    // A device-1 mapping readable by device 0 (peer access over NVLink).
+    let m = Allocation::<Private>::on_device(&ctx, devices[1], 1)
+        .unwrap()
+        .map(&[devices[0], devices[1]]);
+    match m {
+        Ok(m) => println!(
+            "{} memory mapped for {} too at {:#x}",
+            devices[1],
+            devices[0],
+            m.device_ptr()
+        ),
+        Err(f) => println!("peer mapping refused: {}", f.error),
+    }
+    drop(allocs);
+    leak.check(&ctx, 2);
+}
+
+#[test]
+fn multi_gpu_backend_choice_with_classic_switched_off() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let Some(devices) = several(&ctx) else { return };
+    let leak = Leak::start(&ctx);
+    let traced = traced_cuda();
+    let off = Policy::new().classic(false);
+    let decision = decide(&*traced, &devices, &off);
+    println!("classic off:\n{decision}");
+    let on = decide(&*traced, &devices, &Policy::new());
+    println!("classic on (decision only, nothing built):\n{on}");
+    println!(
+        "from the environment:\n{}",
+        decide(&*traced, &devices, &Policy::from_env())
+    );
+    assert!(
+        traced
+            .calls()
+            .iter()
+            .all(|c| matches!(c, Call::DriverGetVersion | Call::DeviceGetAttribute)),
+        "decide must only read: {:?}",
+        traced.calls()
+    );
+    assert_ne!(decision.choice, BackendChoice::Classic);
+    if decision.logical_endpoints_available {
+        assert_eq!(decision.choice, BackendChoice::LogicalEndpoints);
+    } else {
+        assert!(matches!(decision.choice, BackendChoice::Unsupported(_)));
+        if decision.classic_available {
+            // The two-H200 machine: classic WOULD be chosen, but is off.
+            assert_eq!(on.choice, BackendChoice::Classic);
+            let BackendChoice::Unsupported(why) = &decision.choice else {
+                unreachable!()
+            };
+            assert!(why.contains("switched off"), "{why}");
+        }
+        let e = Context::auto_over(traced.clone(), &devices, &off).unwrap_err();
+        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    }
+    assert!(!traced.reached(Call::MulticastCreate));
+    leak.check(&ctx, 1);
+}
+
+#[test]
+fn multi_gpu_runtime_team_from_the_devices() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let Some(devices) = several(&ctx) else { return };
+    let leak = Leak::start(&ctx);
+    let gran = granularity(&ctx, devices[0], handle_bits::NONE);
+    // Logical endpoints on the plain driver: ids only. No multicast object
+    // is ever built on these shared machines, by either API.
+    match ctx.reserve_one() {
+        Err(e @ Error::Unsupported { .. }) => println!("logical endpoints: {e}"),
+        Ok(ep) => {
+            println!("logical endpoints available; not building a team here");
+            ep.release().unwrap();
+        }
+        Err(e) => panic!("reserve: {e}"),
+    }
+    // The classic path over a traced driver: refused before the driver.
+    let traced = traced_cuda();
+    let classic = Context::new(Classic::new(traced.clone()));
+    let team = classic.devices().unwrap();
+    let size = classic_size(&classic, &team, gran);
+    let r = classic
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&team, size));
+    let e = r.expect_err("a classic team needs cuMulticastCreate, which is denied");
+    println!("classic team of {devices:?}: {}", e.error);
+    e.value.release().unwrap();
+    assert!(!traced.reached(Call::MulticastCreate));
+    for entry in traced.entries(Call::MulticastCreate) {
+        println!("  {entry}");
+    }
+    drop(classic);
+    leak.check(&ctx, 1);
+}

@@ -1,0 +1,9 @@
+//! Polling readiness of an id that holds no endpoint (R3).
+use cuda_endpoints::Context;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (ctx, _model) = Context::model(Default::default());
+    let id = ctx.reserve_one()?;
+    let _state = id.poll()?;
+    Ok(())
+}

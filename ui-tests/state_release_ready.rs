@@ -1,0 +1,14 @@
+//! Releasing the id of a ready endpoint without destroying it (R1.2, R7.1).
+use std::time::Duration;
+
+use cuda_endpoints::{Context, Spec};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (ctx, _model) = Context::model(Default::default());
+    let ep = ctx
+        .reserve_one()?
+        .create(Spec::unicast(0, 2 << 20))?
+        .wait(Duration::from_secs(1))?;
+    ep.release()?;
+    Ok(())
+}

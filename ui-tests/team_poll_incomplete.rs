@@ -1,0 +1,10 @@
+//! Polling a team of 2 with no device enrolled (R3.2, R4.4).
+use cuda_endpoints::typenum::U2;
+use cuda_endpoints::{Context, Spec};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (ctx, _model) = Context::model(Default::default());
+    let team = ctx.reserve_one()?.create(Spec::team(U2::new(), 2 << 20))?;
+    let _state = team.poll()?;
+    Ok(())
+}
