@@ -101,7 +101,25 @@ impl Drop for Binding<'_> {
     }
 }
 
+/// Never implemented: it carries the message for `Endpoint::unbind`.
+#[diagnostic::on_unimplemented(
+    message = "an endpoint has no `unbind(dev, offset, size)`: unbind through the `Binding` that `bind` returned",
+    label = "unbinding by offset and size is not offered",
+    note = "call `.unbind()` on the `Binding` (or drop it): it remembers the exact device, offset and size of its bind, so a mismatched unbind cannot be written (R6.1, R6.2; for the classic API a mismatch is undefined behaviour, C4)"
+)]
+pub trait UnbindThroughBinding {}
+
 impl<S: State, K: Kind> Endpoint<S, K> {
+    /// Not callable: it exists so that `ep.unbind(dev, offset, size)` is a
+    /// compile error that points to [`Binding::unbind`] (R6, C4).
+    #[doc(hidden)]
+    pub fn unbind<A, B, C>(&self, _dev: A, _offset: B, _size: C) -> Result<()>
+    where
+        S: UnbindThroughBinding,
+    {
+        Ok(())
+    }
+
     /// Binds all of `mem` on `dev` at `offset` bytes into the endpoint range
     /// (`cuLogicalEndpointBindMem` for an [`crate::Allocation`],
     /// `cuLogicalEndpointBindAddr` for a [`crate::Mapped`] one; R5).

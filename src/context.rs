@@ -157,6 +157,15 @@ impl Context {
     }
 
     pub(crate) fn error(&self, call: Call, code: Code) -> Error {
+        if code == Code::NOT_SUPPORTED
+            && let Some(why) = self.driver().explain_unsupported(call)
+        {
+            return Error::Unsupported {
+                what: format!("{call} on the {} backend: {why}", self.driver().name()),
+                driver_version: self.driver_version(),
+                hint: "logical endpoints (a CUDA 13.3+ driver) have no such limits".into(),
+            };
+        }
         let le_call = call.name().starts_with("cuLogicalEndpoint");
         let old = self
             .driver_version()

@@ -48,7 +48,7 @@ pub mod reading_the_compiler {
     //! because the standard library has types of the same names.
     //!
     //! Borrow, move, unsafe and "no method" errors (`E0505`, `E0597`, `E0382`,
-    //! `E0133`, `E0599`) cannot be worded by a library; [how to read
+    //! `E0133`) cannot be worded by a library; [how to read
     //! them](#borrow-and-move-errors-in-this-apis-terms) is below the tables.
     //!
     //! ## States: reserve, create, wait, bind, destroy, release
@@ -68,7 +68,8 @@ pub mod reading_the_compiler {
     //! | `ep.wait(timeout)` a second time | `poll`/`wait` needs a `Pending` endpoint, but this endpoint is `cuda_endpoints::Ready` | nothing to wait for: use the ready endpoint as it is | R3 | `state_wait_on_ready` |
     //! | `id.add_device(dev)` on a `Reserved` id | `add_device` needs a `Pending` team, but this endpoint is `Reserved` | `id.create(Spec::team(U4::new(), bytes))?.add_device(dev)?` | R4 | `state_add_device_on_reserved` |
     //! | `team.add_device(dev)` after `wait` | `add_device` needs a `Pending` team, but this endpoint is `cuda_endpoints::Ready` | enroll every device before `wait`; enrollment is permanent, so a different team means `destroy` and a new `create` | R4.3, R4.4 | `state_add_device_after_ready` |
-    //! | `ep.unbind(dev, offset, size)` | `E0599` no method named `unbind` found for struct `Endpoint<S, K>` (rustc then suggests `bind`: ignore that) | unbind through the token: `binding.unbind()?`, or drop the [`Binding`](crate::Binding) | R6, C4 | `state_unbind_on_endpoint` |
+    //! | `ep.unbind(dev, offset, size)` | an endpoint has no `unbind(dev, offset, size)`: unbind through the `Binding` that `bind` returned | unbind through the token: `binding.unbind()?`, or drop the [`Binding`](crate::Binding) | R6, C4 | `state_unbind_on_endpoint` |
+    //! | `Spec::team(4, bytes)` | the team size must be a typenum number such as `U4::new()`, not `{integer}` (read this first error; the ones after it name typenum internals and go away with it) | `Spec::team(U4::new(), bytes)`, or `Spec::multicast(&devices, bytes)` for a size known only at run time | R2.2 | `team_size_plain_number` |
     //!
     //! There is no unbind by offset and size on purpose: an unbind that does
     //! not match its bind is an error for logical endpoints (R6.1, R6.2) and
@@ -163,8 +164,6 @@ pub mod reading_the_compiler {
     //!   check that a raw address stays mapped. Bind an
     //!   [`Allocation`](crate::Allocation) or [`Mapped`](crate::Mapped)
     //!   instead, or write the `unsafe` block and its safety argument.
-    //! - **`E0599` no method named `unbind` found for struct `Endpoint`**:
-    //!   unbinding goes through the `Binding` token only.
     //!
     //! ## Pitfalls with rustc's own wording
     //!
@@ -172,11 +171,9 @@ pub mod reading_the_compiler {
     //!   annotations needed for `Allocation<_>`: write
     //!   `Allocation::<Private>::on_device(..)` (or `PosixFd`, `Fabric` for
     //!   memory that exportable or imported multicast endpoints bind).
-    //! - `Spec::team(4, bytes)` with a plain number gives a cascade of errors
-    //!   naming `{integer}`, `Unsigned` and `Cmp<UTerm>`: the team size is a
-    //!   typenum value, `Spec::team(U4::new(), bytes)` with
-    //!   `use cuda_endpoints::typenum::U4;`. For a size known only at run
-    //!   time, use `Spec::multicast(&devices, bytes)`.
+    //! - `Spec::team(4, bytes)` with a plain number: the first error says
+    //!   what to write; rustc follows it with errors naming `Cmp<UTerm>` and
+    //!   `Creatable`, which disappear with the fix.
 }
 
 pub mod threads {

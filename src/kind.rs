@@ -166,11 +166,24 @@ pub trait TeamIsNonEmpty {}
 #[diagnostic::do_not_recommend]
 impl TeamIsNonEmpty for B1 {}
 
-/// The non-zero check on a team size `N`, as a boolean.
-pub type NonEmpty<N> = Gr<N, U0>;
-/// Bound used by `Spec::team`.
-pub trait TeamSize: Unsigned + IsGreater<U0> + Send + Sync + 'static {}
-impl<N: Unsigned + IsGreater<U0> + Send + Sync + 'static> TeamSize for N {}
+/// A compile-time team size: a typenum unsigned number. Bound used by
+/// `Spec::team`.
+#[diagnostic::on_unimplemented(
+    message = "the team size must be a typenum number such as `U4::new()`, not `{Self}`",
+    label = "not a typenum number",
+    note = "write `Spec::team(U4::new(), bytes)` (`use cuda_endpoints::typenum::U4;`) for a team counted by the compiler, or `Spec::multicast(&devices, bytes)` for a team known only at run time"
+)]
+pub trait TeamSize: Send + Sync + 'static {
+    /// The number.
+    const SIZE: u32;
+    /// `B1` when the size is not zero (R2.2).
+    type NonEmpty;
+}
+#[diagnostic::do_not_recommend]
+impl<N: Unsigned + IsGreater<U0> + Send + Sync + 'static> TeamSize for N {
+    const SIZE: u32 = N::U32;
+    type NonEmpty = Gr<N, U0>;
+}
 
 /// Kinds that enroll devices one at a time with `add_device` (R4), for an
 /// endpoint in state `S`. Outside `Pending` every kind implements it
@@ -211,6 +224,11 @@ where
 }
 impl<X: Sharing> Enroll for SpreadTeam<X> {
     type Next = SpreadTeam<X>;
+    type HasRoom = B1;
+}
+/// An importing process enrolls its own devices in the team (R4, R9).
+impl Enroll for ImportedMulticast {
+    type Next = ImportedMulticast;
     type HasRoom = B1;
 }
 

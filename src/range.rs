@@ -2,7 +2,7 @@
 //! it and released, in one `cuLogicalEndpointIdRelease`, when the last of them
 //! is gone, so "destroy before release" (R1.2) holds by construction.
 //!
-//! The range also keeps each id's bookkeeping ([`Slot`]): its size and bind
+//! The range also keeps each id's bookkeeping (`Slot`): its size and bind
 //! alignment, its devices, and the live bindings with the memory they keep
 //! alive (R7.2).
 

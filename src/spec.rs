@@ -8,7 +8,7 @@ use typenum::U0;
 use crate::driver::Device;
 use crate::driver::prop::{FLAG_COUNTED_OPS, IPC_FABRIC, Props, Shape};
 use crate::kind::{
-    Creatable, Local, Multicast, NonEmpty, SpreadTeam, Team, TeamIsNonEmpty, TeamSize, Unicast,
+    Creatable, Local, Multicast, SpreadTeam, Team, TeamIsNonEmpty, TeamSize, Unicast,
 };
 
 /// The properties of an endpoint to create, typed by the kind it makes.
@@ -81,16 +81,17 @@ impl Spec<Multicast<Local>> {
     }
 }
 
-impl<N: TeamSize> Spec<Team<N, U0, Local>> {
+impl<N> Spec<Team<N, U0, Local>> {
     /// A multicast team of `N` devices (a typenum number, e.g. `U4::new()`),
     /// `bytes` bytes per device; enroll each with `add_device` (R4).
     pub fn team(_size: N, bytes: u64) -> Self
     where
-        NonEmpty<N>: TeamIsNonEmpty,
+        N: TeamSize,
+        N::NonEmpty: TeamIsNonEmpty,
     {
         Spec::with(
             Shape::Multicast {
-                num_devices: N::U32,
+                num_devices: N::SIZE,
             },
             bytes,
             Vec::new(),

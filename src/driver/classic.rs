@@ -40,7 +40,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::prop::{FLAG_COUNTED_OPS, Props, Shape};
 use super::{
-    AllocationRequest, Code, Device, Driver, DriverResult, Granularity, Limits, Location, attr, sys,
+    AllocationRequest, Call, Code, Device, Driver, DriverResult, Granularity, Limits, Location,
+    attr, sys,
 };
 
 /// A logical endpoint emulated on a classic multicast object.
@@ -504,6 +505,21 @@ impl Driver for Classic {
         }
         *slot = None;
         Ok(())
+    }
+
+    fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
+        Some(match call {
+            Call::GetLimits | Call::Create => {
+                "the classic multicast fallback makes only multicast endpoints, without fabric export or counted operations, for teams of devices that report MULTICAST_SUPPORTED (C1, C6); there is no classic unicast endpoint"
+            }
+            Call::AddDevice => {
+                "the device reports MULTICAST_SUPPORTED (attribute 132) = 0, so the classic fallback cannot enroll it (C6)"
+            }
+            Call::Export | Call::Import => {
+                "the classic multicast fallback does not export or import endpoints"
+            }
+            _ => return None,
+        })
     }
 
     fn export(

@@ -139,6 +139,14 @@ pub trait Driver: Send + Sync + fmt::Debug {
     fn device_attribute(&self, dev: Device, attr: i32) -> DriverResult<i32>;
     /// `cuMemGetInfo` on `dev`'s primary context: `(free, total)` bytes.
     fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)>;
+    /// Why this backend answers `call` with `CUDA_ERROR_NOT_SUPPORTED`, in
+    /// words, when the reason is the backend's own (e.g. the classic fallback
+    /// has no unicast endpoint). `None`: the driver's answer speaks for itself.
+    fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
+        let _ = call;
+        None
+    }
+
     /// The id of `dev`'s multicast logical-endpoint clique
     /// (`cuDeviceGetCliqueInfo`, type `CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT`,
     /// CUDA 13.4+; SPEC R4.5): devices of one clique can share a multicast team.

@@ -267,6 +267,9 @@ impl<D: Driver> Driver for Traced<D> {
             |d| d.mem_get_info(dev),
         )
     }
+    fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
+        self.inner.explain_unsupported(call)
+    }
     fn device_clique(&self, dev: Device) -> DriverResult<u32> {
         let r = self.inner.device_clique(dev);
         self.record(
@@ -614,6 +617,9 @@ impl<D: Driver + ?Sized> Driver for Arc<D> {
     }
     fn device_clique(&self, dev: Device) -> DriverResult<u32> {
         (**self).device_clique(dev)
+    }
+    fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
+        (**self).explain_unsupported(call)
     }
     fn id_reserve(&self, count: u32) -> DriverResult<u32> {
         (**self).id_reserve(count)

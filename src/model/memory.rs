@@ -8,8 +8,9 @@ use crate::driver::{
     AllocationRequest, Code, Device, DriverResult, Granularity, Location, handle_bits,
 };
 
-/// Host memory behind a model allocation is only materialised up to this
-/// size; larger allocations read as zeros and ignore writes past it.
+/// Host memory behind a model allocation is only materialised (on the first
+/// write) up to this size; larger allocations read as zeros and ignore
+/// writes past it.
 const BACKED: u64 = 64 << 20;
 
 impl World {
@@ -75,7 +76,9 @@ impl World {
                 size,
                 released: false,
                 users: 0,
-                data: vec![0; size.min(BACKED) as usize],
+                // Materialised on the first write: zeroing megabytes per
+                // allocation dominated long runs that never write.
+                data: Vec::new(),
             },
         );
         Ok(h)
@@ -254,6 +257,9 @@ impl World {
     pub fn write(&mut self, pid: usize, ptr: u64, bytes: &[u8]) -> DriverResult<()> {
         let (alloc, off) = self.backing(pid, ptr, bytes.len())?;
         if let Some(a) = self.allocs.get_mut(&alloc) {
+            if a.data.is_empty() {
+                a.data.resize(a.size.min(BACKED) as usize, 0);
+            }
             let n = a.data.len().saturating_sub(off).min(bytes.len());
             if n > 0 {
                 a.data[off..off + n].copy_from_slice(&bytes[..n]);
