@@ -23,7 +23,7 @@ use crate::range::{RangeInner, Slot, release_shared};
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{
-    CanCreate, CanDestroy, CanEnroll, CanRelease, IsReady, Pending, Reserved, State,
+    CanCreate, CanDestroy, CanEnroll, CanRelease, CanShare, IsReady, Pending, Reserved, State,
 };
 
 /// One logical-endpoint id in state `S` (`Reserved`, `Pending`, `Ready`)
@@ -434,11 +434,16 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// Exports a fabric handle for other processes (`cuLogicalEndpointExport`,
     /// R8). Only endpoints created from an `.exportable()` spec (R8.1).
     ///
+    /// A pending endpoint can be exported: a team spread over processes is
+    /// exported before it is complete, the other ranks import it and enroll
+    /// their own devices, and every rank then waits (R3.2, R9.2). Importers
+    /// always wait for readiness themselves.
+    ///
     /// # Errors
     /// [`Error::Driver`].
     pub fn export(&self) -> Result<FabricHandle<K>>
     where
-        S: IsReady,
+        S: CanShare,
         K: CanExport,
     {
         let ctx = self.context();

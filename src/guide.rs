@@ -55,10 +55,10 @@ pub mod reading_the_compiler {
     //!
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
-    //! | `id.bind(dev, 0, &mem)` on a `Reserved` id | the endpoint is not ready: binding memory, `kernel_ref` and `export` need a `Ready` endpoint, but this endpoint is `Reserved` | `id.create(spec)?.wait(timeout)?`, then bind on what `wait` returns | R3.1, R5.1 | `state_bind_on_reserved` |
+    //! | `id.bind(dev, 0, &mem)` on a `Reserved` id | the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `Reserved` | `id.create(spec)?.wait(timeout)?`, then bind on what `wait` returns | R3.1, R5.1 | `state_bind_on_reserved` |
     //! | `ep.bind(..)` right after `create` | ... but this endpoint is `cuda_endpoints::Pending` | `let ep = ep.wait(timeout)?;` (or loop on `.poll()`), then bind | R3.1, R5.1 | `state_bind_on_pending` |
     //! | `ep.kernel_ref()` right after `create` | ... but this endpoint is `cuda_endpoints::Pending` | wait first: a kernel must never see an endpoint under construction | R3.4 | `state_kernel_ref_on_pending` |
-    //! | `ep.export()` right after `create` | ... but this endpoint is `cuda_endpoints::Pending` | wait first, then export | R3.4, R8 | `state_export_on_pending` |
+    //! | `id.export()` on a reserved id | `export` needs a created endpoint, but this id is `Reserved` | create from an `.exportable()` spec first; a pending endpoint may be exported (spread teams are exported before they are complete) | R8 | `state_export_on_reserved` |
     //! | `ep.create(spec)` on an id that already holds an endpoint | this id already holds an endpoint: `create`/`import` need a `Reserved` id, but this endpoint is `cuda_endpoints::Pending` | `ep.destroy()?` hands back the `Endpoint<Reserved>` to create on; or reserve another id | R2.1 | `state_create_on_pending` |
     //! | `ep.release()` on a `Pending` endpoint | cannot release the id of a `cuda_endpoints::Pending` endpoint: the endpoint on it still exists | `ep.destroy()?.release()?` | R1.2, R7.1 | `state_release_pending` |
     //! | `ep.release()` on a `Ready` endpoint | cannot release the id of a `cuda_endpoints::Ready` endpoint: the endpoint on it still exists | `ep.destroy()?.release()?` | R1.2, R7.1 | `state_release_ready` |

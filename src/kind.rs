@@ -281,6 +281,24 @@ impl CanExport for Multicast<Exportable> {
     type Imported = ImportedMulticast;
     const WIRE: u8 = 2;
 }
+impl CanExport for SpreadTeam<Exportable> {
+    type Imported = ImportedMulticast;
+    const WIRE: u8 = 2;
+}
+impl<N, E> CanExport for Team<N, E, Exportable>
+where
+    Team<N, E, Exportable>: Kind,
+{
+    type Imported = ImportedMulticast;
+    const WIRE: u8 = 2;
+}
+// A `Reserved` id is refused by its state (`CanShare`); this impl only keeps
+// the compiler from adding a second error about the kind.
+#[diagnostic::do_not_recommend]
+impl CanExport for NoKind {
+    type Imported = NoKind;
+    const WIRE: u8 = 0;
+}
 
 /// Kinds that accept memory at all (R5.7).
 #[diagnostic::on_unimplemented(

@@ -104,7 +104,7 @@ impl<K: CanExport> FabricHandle<K> {
                 "not a cuda-endpoints fabric handle (magic/version)".into()
             ));
         }
-        if b[5] != K::WIRE {
+        if K::WIRE == 0 || b[5] != K::WIRE {
             return Err(bad(format!(
                 "kind tag {} is another kind of endpoint",
                 b[5]

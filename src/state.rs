@@ -89,7 +89,7 @@ impl CanQuery for Pending {}
 
 /// Binding, kernel references and export need a [`Ready`] endpoint (R3.1, R5.1).
 #[diagnostic::on_unimplemented(
-    message = "the endpoint is not ready: binding memory, `kernel_ref` and `export` need a `Ready` endpoint, but this endpoint is `{Self}`",
+    message = "the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `{Self}`",
     label = "state `{Self}`, not `Ready`",
     note = "call `.wait(timeout)` (or `.poll()`) first and use the `Endpoint<Ready, _>` it returns; a `Reserved` id needs `.create(spec)` before that. Using an endpoint before a query reported it constructed is undefined behaviour in the driver (R3.1, R3.4, R5.1)"
 )]
@@ -105,3 +105,15 @@ impl IsReady for Ready {}
 pub trait CanDestroy: Sealed {}
 impl CanDestroy for Pending {}
 impl CanDestroy for Ready {}
+
+/// `export` needs an endpoint on the id (R8). Pending is enough: a team
+/// spread over processes is exported before it is complete, so that the
+/// other ranks can import it and enroll their devices (R3.2, R4, R9).
+#[diagnostic::on_unimplemented(
+    message = "`export` needs a created endpoint, but this id is `{Self}`",
+    label = "no endpoint to export in state `{Self}`",
+    note = "create it first from an exportable spec: `.create(Spec::unicast(dev, bytes).exportable())` (R8, R8.1)"
+)]
+pub trait CanShare: Sealed {}
+impl CanShare for Pending {}
+impl CanShare for Ready {}

@@ -24,9 +24,17 @@ const MIB: u64 = 1 << 20;
 const ALIGN: u64 = 2 * MIB;
 const MAX_SIZE: u64 = 512 * MIB;
 
+/// `PROPTEST_CASES` overrides the case counts (e.g. fewer under valgrind).
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn config(cases: u32, seed: u64) -> Config {
     Config {
-        cases,
+        cases: self::cases(cases),
         rng_seed: RngSeed::Fixed(seed),
         // ChaCha in an unoptimised build costs more than the cases.
         rng_algorithm: RngAlgorithm::XorShift,

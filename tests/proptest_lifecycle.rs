@@ -41,9 +41,17 @@ use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
 /// devices.
 const ALIGN: u64 = 2 << 20;
 
+/// `PROPTEST_CASES` overrides the case counts (e.g. fewer under valgrind).
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn config(cases: u32, seed: u64) -> Config {
     Config {
-        cases,
+        cases: self::cases(cases),
         rng_seed: RngSeed::Fixed(seed),
         rng_algorithm: RngAlgorithm::XorShift,
         failure_persistence: None,
@@ -1196,8 +1204,8 @@ impl World {
     fn session(&mut self, at: u8, prealloc: bool, steps: &[Step]) {
         // Mostly a ready endpoint that binds; now and then any.
         let bindable = self.pick(at, |e| e.ep.bindable());
-        let Some(i) =
-            (if at.is_multiple_of(8) { None } else { bindable }).or_else(|| self.pick(at, |_| true))
+        let Some(i) = (if at.is_multiple_of(8) { None } else { bindable })
+            .or_else(|| self.pick(at, |_| true))
         else {
             return;
         };
@@ -1461,7 +1469,7 @@ fn run_cases(
 /// Random lifecycles with random faults on every non-teardown call.
 #[test]
 fn random_lifecycles_leak_nothing_and_surface_every_fault() {
-    let cases = 10_000;
+    let cases = cases(10_000);
     let c = run_cases(
         cases,
         0x11fe,
@@ -1492,7 +1500,7 @@ fn random_lifecycles_leak_nothing_and_surface_every_fault() {
 /// the leak counters are only checked when no teardown fault fired.
 #[test]
 fn teardown_faults_surface_and_never_free_bound_memory() {
-    let cases = 5_000;
+    let cases = cases(5_000);
     let c = run_cases(
         cases,
         0x7ea2,

@@ -885,3 +885,41 @@ fn fabric_handles_travel_with_serde() {
     assert_eq!(imported.size(), ALIGN);
     assert!(serde_json::from_str::<FabricHandle<Unicast<Exportable>>>(&json).is_err());
 }
+
+#[test]
+fn r9_3_spread_team_over_two_processes() {
+    use cuda_endpoints::{Exportable, FabricHandle};
+    let (ctx, model) = Context::model(ModelConfig::node(2));
+    // Rank 0 creates a team of 2 spread over two processes, enrolls its
+    // device and exports the pending endpoint.
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::spread(2, ALIGN).exportable())
+        .unwrap()
+        .add_device(0)
+        .unwrap();
+    let wire = ep.export().unwrap().to_bytes();
+    // Rank 1 imports, enrolls its own device.
+    let peer = model.spawn_process();
+    let pctx = Context::new(peer.clone());
+    let handle = FabricHandle::<Multicast<Exportable>>::from_bytes(&wire).unwrap();
+    let imported = pctx.reserve_one().unwrap().import(&handle).unwrap();
+    let imported = imported.add_device(1).unwrap();
+    // Every rank waits (R3.2: only now is the team complete), then binds
+    // shareable memory on its own device (R5.6).
+    let imported = imported.wait(T).unwrap();
+    let ep = ep.wait(T).unwrap();
+    let mem1 = Allocation::<PosixFd>::on_device(&pctx, Device(1), ALIGN).unwrap();
+    let mem0 = Allocation::<PosixFd>::on_device(&ctx, Device(0), ALIGN).unwrap();
+    let b1 = imported.bind(1, 0, &mem1).unwrap();
+    let b0 = ep.bind(0, 0, &mem0).unwrap();
+    // A rank binds only the devices it enrolled.
+    let e = imported.bind(0, 0, &mem1).unwrap_err();
+    assert!(matches!(e, Error::WrongDevice { .. }), "{e}");
+    drop((b0, b1));
+    drop((imported, mem1));
+    drop((ep, mem0));
+    assert!(model.live_node().is_empty());
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
