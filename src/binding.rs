@@ -244,7 +244,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 } else {
                     "the owner device"
                 },
-                allowed: slot.devices.clone(),
+                allowed: slot.devices.to_vec(),
                 rule: "R5.2",
             });
         }

@@ -159,7 +159,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// The owner device (unicast) or the team devices this process enrolled
     /// (multicast).
     pub fn devices(&self) -> Vec<Device> {
-        self.slot().devices.clone()
+        self.slot().devices.to_vec()
     }
 
     // ---------------------------------------------------------------- Reserved
@@ -214,8 +214,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             slot.size = spec.props.size;
             slot.align = limits.bind_alignment;
             slot.devices = match spec.props.shape {
-                Shape::Unicast { owner } => vec![owner],
-                Shape::Multicast { .. } => spec.devices.clone(),
+                Shape::Unicast { owner } => smallvec::smallvec![owner],
+                Shape::Multicast { .. } => spec.devices.as_slice().into(),
             };
             slot.team_size = match spec.props.shape {
                 Shape::Unicast { .. } => 1,
@@ -239,16 +239,15 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     fn check_spec<K2>(&self, spec: &Spec<K2>) -> Result<crate::Limits> {
         let ctx = self.context();
         let props: Props = spec.props;
-        let mut devices = Vec::new();
-        match props.shape {
-            Shape::Unicast { owner } => devices.push(owner),
-            Shape::Multicast { num_devices } => {
-                if num_devices == 0 {
-                    return Err(Error::EmptyTeam);
-                }
-                devices.extend_from_slice(&spec.devices);
+        let owner;
+        let devices: &[Device] = match props.shape {
+            Shape::Unicast { owner: o } => {
+                owner = [o];
+                &owner
             }
-        }
+            Shape::Multicast { num_devices: 0 } => return Err(Error::EmptyTeam),
+            Shape::Multicast { .. } => &spec.devices,
+        };
         for (i, &dev) in devices.iter().enumerate() {
             ctx.check_device(dev)?;
             if devices[..i].contains(&dev) {
@@ -256,12 +255,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
         }
         if props.flags & crate::driver::prop::FLAG_COUNTED_OPS != 0 {
-            let check = if devices.is_empty() {
+            // A team enrolled later: every device it could hold must have it.
+            let all = if devices.is_empty() {
                 ctx.devices()?
             } else {
-                devices.clone()
+                devices.to_vec()
             };
-            for dev in check {
+            for dev in all {
                 if ctx.attribute(dev, attr::LE_COUNTED_OPS)? == 0 {
                     return Err(Error::FeatureMissing {
                         device: dev,

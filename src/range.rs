@@ -9,6 +9,8 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use smallvec::SmallVec;
+
 use crate::context::Context;
 use crate::driver::{Call, Device};
 use crate::endpoint::Endpoint;
@@ -34,10 +36,10 @@ pub(crate) struct Slot {
     /// `bindAlignment` (R5.3).
     pub align: u64,
     /// Owner (unicast) or enrolled team devices in this process (multicast).
-    pub devices: Vec<Device>,
+    pub devices: SmallVec<[Device; 4]>,
     /// Team size (multicast), 1 for unicast.
     pub team_size: u32,
-    pub bindings: Vec<Bound>,
+    pub bindings: SmallVec<[Bound; 2]>,
     pub next_key: u64,
     /// An endpoint whose destroy failed after a failed create: destroy it
     /// before the id is used or released.
@@ -48,7 +50,8 @@ pub(crate) struct RangeInner {
     pub ctx: Context,
     pub base: u32,
     pub count: u32,
-    slots: Box<[Mutex<Slot>]>,
+    /// Inline for one id: `reserve_one` makes a single allocation.
+    slots: SmallVec<[Mutex<Slot>; 1]>,
     released: bool,
 }
 

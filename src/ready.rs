@@ -17,23 +17,35 @@ use crate::kind::{Kind, TeamIsComplete};
 use crate::range::RangeInner;
 use crate::state::{CanQuery, Pending, Ready, State};
 
-/// The back-off between polls.
+/// The back-off between polls. The clock starts at the first pause, so an
+/// endpoint ready at the first poll costs no clock read.
 struct Backoff {
-    start: Instant,
+    start: Option<Instant>,
     polls: u64,
 }
 
 impl Backoff {
     fn new() -> Backoff {
         Backoff {
-            start: Instant::now(),
+            start: None,
             polls: 0,
         }
     }
 
+    /// Time since the first pause.
+    fn waited(&self) -> Duration {
+        self.start.map_or(Duration::ZERO, |s| s.elapsed())
+    }
+
     /// Waits a little before the next poll; `false` once `timeout` is spent.
     fn pause(&mut self, timeout: Duration) -> bool {
-        let waited = self.start.elapsed();
+        let waited = match self.start {
+            Some(s) => s.elapsed(),
+            None => {
+                self.start = Some(Instant::now());
+                Duration::ZERO
+            }
+        };
         if waited >= timeout {
             return false;
         }
@@ -103,7 +115,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             if !backoff.pause(timeout) {
                 let error = Error::Timeout {
                     id: self.id(),
-                    waited: backoff.start.elapsed(),
+                    waited: backoff.waited(),
                     polls: backoff.polls,
                 };
                 return Err(Failed { error, value: self });
@@ -175,7 +187,7 @@ where
         if !backoff.pause(timeout) {
             break Err(Error::Timeout {
                 id: runs.first().map_or(0, |r| r.1),
-                waited: backoff.start.elapsed(),
+                waited: backoff.waited(),
                 polls: backoff.polls,
             });
         }
