@@ -69,7 +69,6 @@ pub mod reading_the_compiler {
     //! | `id.add_device(dev)` on a `Reserved` id | `add_device` needs a `Pending` team, but this endpoint is `Reserved` | `id.create(Spec::team(U4::new(), bytes))?.add_device(dev)?` | R4 | `state_add_device_on_reserved` |
     //! | `team.add_device(dev)` after `wait` | `add_device` needs a `Pending` team, but this endpoint is `cuda_endpoints::Ready` | enroll every device before `wait`; enrollment is permanent, so a different team means `destroy` and a new `create` | R4.3, R4.4 | `state_add_device_after_ready` |
     //! | `ep.unbind(dev, offset, size)` | an endpoint has no `unbind(dev, offset, size)`: unbind through the `Binding` that `bind` returned | unbind through the token: `binding.unbind()?`, or drop the [`Binding`](crate::Binding) | R6, C4 | `state_unbind_on_endpoint` |
-    //! | `Spec::team(4, bytes)` | the team size must be a typenum number such as `U4::new()`, not `{integer}` (read this first error; the ones after it name typenum internals and go away with it) | `Spec::team(U4::new(), bytes)`, or `Spec::multicast(&devices, bytes)` for a size known only at run time | R2.2 | `team_size_plain_number` |
     //!
     //! There is no unbind by offset and size on purpose: an unbind that does
     //! not match its bind is an error for logical endpoints (R6.1, R6.2) and
@@ -172,8 +171,11 @@ pub mod reading_the_compiler {
     //!   `Allocation::<Private>::on_device(..)` (or `PosixFd`, `Fabric` for
     //!   memory that exportable or imported multicast endpoints bind).
     //! - `Spec::team(4, bytes)` with a plain number: the first error says
-    //!   what to write; rustc follows it with errors naming `Cmp<UTerm>` and
-    //!   `Creatable`, which disappear with the fix.
+    //!   what to write ("the team size must be a typenum number such as
+    //!   `U4::new()`, not `{integer}`"); rustc follows it with errors from
+    //!   inside typenum (`Cmp<UTerm>`, `Creatable`) that disappear with the
+    //!   fix. (Not pinned in `ui-tests/`: those follow-up errors print typenum
+    //!   internals.)
 }
 
 pub mod threads {
