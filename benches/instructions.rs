@@ -1,6 +1,6 @@
-//! Instruction counts (Valgrind's Callgrind, through gungraun) of one unicast
-//! lifecycle, typed vs raw, on the pass-through `Null` driver and on the
-//! reference model. Exact and repeatable where wall-clock times are not.
+//! Instruction counts (Valgrind's Callgrind, through gungraun), typed vs
+//! raw, on the pass-through `Null` driver (and, for the whole lifecycle, on
+//! the reference model). Exact and repeatable where wall-clock times are not.
 //!
 //! Needs Valgrind and the runner of the same version as the `gungraun` library:
 //!
@@ -9,19 +9,37 @@
 //! cargo bench --bench instructions
 //! ```
 //!
-//! The setup (context, one allocation, and one warm-up lifecycle of each
-//! kind, so that the allocator and the context's caches are warm) is not
-//! counted; only the benchmark function is.
+//! Two groups:
+//!
+//! - `lifecycle`: one whole unicast lifecycle (reserve, create, wait, bind,
+//!   unbind, destroy, release), typed vs the same seven driver calls by hand.
+//! - `transitions`: one transition at a time, on `Null`, each next to the
+//!   raw driver call it makes: `reserve_one` / `id_reserve`, `create` /
+//!   `create` (and `get_limits` + `create`), `wait` on an endpoint ready at the
+//!   first query / one `query`, `bind` / `bind_mem`, `Binding::unbind` /
+//!   `unbind`, `destroy` / `destroy`, `release` / `id_release`.
+//!
+//! Only the benchmark function is counted. Its input (a context, one
+//! allocation, the endpoint or id in the state the transition starts from)
+//! is made by its `setup`, after one warm-up lifecycle of each kind, so that
+//! the allocator and the context's caches are warm as in a long-lived
+//! program; what it returns is checked and dropped by its `teardown`, also
+//! not counted.
 
 mod common;
 
+use std::fmt::Debug;
 use std::hint::black_box;
+use std::sync::OnceLock;
+use std::time::Duration;
 
+use cuda_endpoints::driver::prop::{Props, Shape};
+use cuda_endpoints::driver::{Driver, DriverResult};
 use cuda_endpoints::model::{Model, ModelConfig};
-use cuda_endpoints::{Allocation, Context};
+use cuda_endpoints::{Allocation, Binding, Context, Endpoint, Pending, Ready, Spec, Unicast};
 use gungraun::prelude::*;
 
-use common::{Null, fixture, raw, raw_with_limits, typed};
+use common::{Null, OWNER, SIZE, fixture, raw, raw_with_limits, typed};
 
 type Fixture = (Context, Allocation);
 
@@ -70,4 +88,241 @@ library_benchmark_group!(
     benchmarks = [bench_typed, bench_raw, bench_raw_with_limits]
 );
 
-main!(library_benchmark_groups = lifecycle);
+// ------------------------------------------------------------ per transition
+//
+// Each transition next to the raw call it makes, on `Null`, so that every
+// instruction the typed side counts beyond the raw side is the typed layer's.
+// Both sides go through the same `&dyn Driver`. Setups and teardowns are not
+// counted; each benchmark runs in its own process, so a setup may leak.
+
+/// The process's one warmed `Null` fixture. It lives until the process
+/// exits, so that what a setup prepares can borrow it (a `Binding` borrows
+/// its endpoint and memory).
+fn world() -> &'static Fixture {
+    static WORLD: OnceLock<Fixture> = OnceLock::new();
+    WORLD.get_or_init(null)
+}
+
+/// The driver of [`world`].
+fn driver() -> &'static dyn Driver {
+    world().0.driver()
+}
+
+/// What the raw side describes to `create`: the typed side's
+/// `Spec::unicast(OWNER, SIZE)`.
+fn props() -> Props {
+    Props {
+        shape: Shape::Unicast { owner: OWNER },
+        size: SIZE,
+        ipc_handle_types: 0,
+        flags: 0,
+    }
+}
+
+// Setups, typed side.
+
+fn s_context() -> &'static Context {
+    &world().0
+}
+
+fn s_reserved() -> Endpoint {
+    world().0.reserve_one().expect("reserve")
+}
+
+fn s_pending() -> Endpoint<Pending, Unicast> {
+    s_reserved()
+        .create(Spec::unicast(OWNER, SIZE))
+        .expect("create")
+}
+
+fn s_ready() -> Endpoint<Ready, Unicast> {
+    s_pending().wait(Duration::ZERO).expect("wait")
+}
+
+fn s_bind() -> (&'static Endpoint<Ready, Unicast>, &'static Allocation) {
+    (Box::leak(Box::new(s_ready())), &world().1)
+}
+
+fn s_binding() -> Binding<'static> {
+    let (ep, mem) = s_bind();
+    ep.bind(OWNER, 0, mem).expect("bind")
+}
+
+// Setups, raw side: the same states, reached by hand.
+
+fn s_raw_driver() -> &'static dyn Driver {
+    driver()
+}
+
+fn s_raw_reserved() -> (&'static dyn Driver, u32) {
+    let d = driver();
+    (d, d.id_reserve(1).expect("reserve"))
+}
+
+fn s_raw_created() -> (&'static dyn Driver, u32) {
+    let (d, id) = s_raw_reserved();
+    d.create(id, &props().to_c()).expect("create");
+    assert!(d.query(id, 1).expect("query"));
+    (d, id)
+}
+
+fn s_raw_bind() -> (&'static dyn Driver, u32, u64) {
+    let (d, id) = s_raw_created();
+    (d, id, world().1.handle())
+}
+
+fn s_raw_bound() -> (&'static dyn Driver, u32) {
+    let (d, id, mem) = s_raw_bind();
+    d.bind_mem(id, OWNER, 0, mem, 0, SIZE, 0).expect("bind");
+    (d, id)
+}
+
+/// Teardown: the transition succeeded (then what it returned is dropped).
+fn ok<T, E: Debug>(r: Result<T, E>) {
+    r.expect("the measured transition failed");
+}
+
+/// Teardown of a raw query: the endpoint is constructed.
+fn constructed(r: DriverResult<bool>) {
+    assert!(r.expect("query"), "not constructed at the first query");
+}
+
+// reserve_one vs id_reserve
+
+#[library_benchmark]
+#[bench::null(setup = s_context, teardown = ok)]
+fn reserve_one_typed(ctx: &'static Context) -> cuda_endpoints::Result<Endpoint> {
+    ctx.reserve_one()
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_raw_driver, teardown = ok)]
+fn reserve_one_raw(d: &'static dyn Driver) -> DriverResult<u32> {
+    d.id_reserve(1)
+}
+
+// create vs create (and get_limits + create)
+
+#[library_benchmark]
+#[bench::null(setup = s_reserved, teardown = ok)]
+fn create_typed(
+    ep: Endpoint,
+) -> Result<Endpoint<Pending, Unicast>, cuda_endpoints::Failed<Endpoint>> {
+    ep.create(Spec::unicast(OWNER, SIZE))
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_raw_reserved, teardown = ok)]
+fn create_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
+    d.create(id, &props().to_c())
+}
+
+// `get_limits`, the size check it feeds (R2.3, R10) and `create`: what the
+// typed `create` asks of the driver.
+#[library_benchmark]
+#[bench::null(setup = s_raw_reserved, teardown = ok)]
+fn create_raw_with_limits((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
+    let props = props();
+    let limits = d.get_limits(&props.to_c())?;
+    assert!(SIZE <= limits.max_size && SIZE.is_multiple_of(limits.bind_alignment.max(1)));
+    d.create(id, &props.to_c())
+}
+
+// wait (ready at the first query) vs one query
+
+#[library_benchmark]
+#[bench::null(setup = s_pending, teardown = ok)]
+fn wait_typed(
+    ep: Endpoint<Pending, Unicast>,
+) -> Result<Endpoint<Ready, Unicast>, cuda_endpoints::Failed<Endpoint<Pending, Unicast>>> {
+    ep.wait(Duration::from_secs(1))
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_raw_created, teardown = constructed)]
+fn wait_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<bool> {
+    d.query(id, 1)
+}
+
+// bind vs bind_mem
+
+#[library_benchmark]
+#[bench::null(setup = s_bind, teardown = ok)]
+fn bind_typed(
+    (ep, mem): (&'static Endpoint<Ready, Unicast>, &'static Allocation),
+) -> cuda_endpoints::Result<Binding<'static>> {
+    ep.bind(OWNER, 0, mem)
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_raw_bind, teardown = ok)]
+fn bind_raw((d, id, mem): (&'static dyn Driver, u32, u64)) -> DriverResult<()> {
+    d.bind_mem(id, OWNER, 0, mem, 0, SIZE, 0)
+}
+
+// Binding::unbind vs unbind
+
+#[library_benchmark]
+#[bench::null(setup = s_binding, teardown = ok)]
+fn unbind_typed(b: Binding<'static>) -> cuda_endpoints::Result<()> {
+    b.unbind()
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_raw_bound, teardown = ok)]
+fn unbind_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
+    d.unbind(id, OWNER, 0, SIZE)
+}
+
+// destroy vs destroy
+
+#[library_benchmark]
+#[bench::null(setup = s_ready, teardown = ok)]
+fn destroy_typed(
+    ep: Endpoint<Ready, Unicast>,
+) -> Result<Endpoint, cuda_endpoints::Failed<Endpoint<Ready, Unicast>>> {
+    ep.destroy()
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_raw_created, teardown = ok)]
+fn destroy_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
+    d.destroy(id)
+}
+
+// release vs id_release
+
+#[library_benchmark]
+#[bench::null(setup = s_reserved, teardown = ok)]
+fn release_typed(ep: Endpoint) -> cuda_endpoints::Result<()> {
+    ep.release()
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_raw_reserved, teardown = ok)]
+fn release_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
+    d.id_release(id, 1)
+}
+
+library_benchmark_group!(
+    name = transitions,
+    benchmarks = [
+        reserve_one_typed,
+        reserve_one_raw,
+        create_typed,
+        create_raw,
+        create_raw_with_limits,
+        wait_typed,
+        wait_raw,
+        bind_typed,
+        bind_raw,
+        unbind_typed,
+        unbind_raw,
+        destroy_typed,
+        destroy_raw,
+        release_typed,
+        release_raw
+    ]
+);
+
+main!(library_benchmark_groups = lifecycle, transitions);

@@ -346,7 +346,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             dev,
             offset,
             size,
-            _keep: keep.unwrap_or_else(|| Arc::new(())),
+            _keep: keep,
         });
         Ok(Binding {
             range: self.range(),

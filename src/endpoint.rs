@@ -62,8 +62,8 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
     match range.ctx.driver().destroy(id) {
         Ok(()) => {
-            let slot = std::mem::take(&mut *range.slot(id));
-            drop(slot); // releases memory only now that nothing is bound (R7.2)
+            let bindings = range.slot(id).reset();
+            drop(bindings); // releases memory only now that nothing is bound (R7.2)
             None
         }
         Err(code) => {
@@ -191,13 +191,16 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             Ok(l) => l,
             Err(e) => return self.fail(e),
         };
-        let ctx = self.context().clone();
-        let d = ctx.driver();
+        // Errors are built before `self.fail(..)` moves `self`: no context
+        // clone on the success path.
+        let d = self.context().driver();
         if let Err(code) = d.create(self.id, &spec.props.to_c()) {
-            return self.fail(ctx.error(Call::Create, code));
+            let error = self.context().error(Call::Create, code);
+            return self.fail(error);
         }
         for (i, &dev) in spec.devices.iter().enumerate() {
-            if let Err(code) = d.add_device(self.id, dev) {
+            if let Err(code) = self.context().driver().add_device(self.id, dev) {
+                let ctx = self.context().clone();
                 let error = ctx.error(Call::AddDevice, code);
                 // Undo the create so that the id comes back empty. If even
                 // that fails, the range retries before it releases (R1.2).
@@ -322,13 +325,14 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Err(e) = self.retry_orphan() {
             return self.fail(e);
         }
-        let ctx = self.context().clone();
         let c = handle.to_c();
-        if let Err(code) =
-            ctx.driver()
-                .import(self.id, &c, crate::driver::prop::fabric_handle_type())
-        {
-            return self.fail(ctx.error(Call::Import, code));
+        let r = self
+            .context()
+            .driver()
+            .import(self.id, &c, crate::driver::prop::fabric_handle_type());
+        if let Err(code) = r {
+            let error = self.context().error(Call::Import, code);
+            return self.fail(error);
         }
         {
             let mut slot = self.slot();
@@ -393,9 +397,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Err(e) = check {
             return self.fail(e);
         }
-        let ctx = self.context().clone();
-        if let Err(code) = ctx.driver().add_device(self.id, dev) {
-            return self.fail(ctx.error(Call::AddDevice, code));
+        if let Err(code) = self.context().driver().add_device(self.id, dev) {
+            let error = self.context().error(Call::AddDevice, code);
+            return self.fail(error);
         }
         self.slot().devices.push(dev);
         Ok(self.cast())

@@ -25,7 +25,8 @@ pub(crate) struct Bound {
     pub offset: u64,
     pub size: u64,
     /// The memory bound, kept alive until unbound or destroyed (R7.2).
-    pub _keep: Arc<dyn Any + Send + Sync>,
+    /// `None` for raw binds, whose memory the caller keeps alive.
+    pub _keep: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 /// Per-id bookkeeping.
@@ -44,6 +45,19 @@ pub(crate) struct Slot {
     /// An endpoint whose destroy failed after a failed create: destroy it
     /// before the id is used or released.
     pub orphaned: bool,
+}
+
+impl Slot {
+    /// Back to an empty id, in place; returns the bindings so that the memory
+    /// they keep alive is dropped by the caller, outside the lock.
+    pub fn reset(&mut self) -> SmallVec<[Bound; 2]> {
+        self.size = 0;
+        self.align = 0;
+        self.devices.clear();
+        self.team_size = 0;
+        self.orphaned = false;
+        std::mem::take(&mut self.bindings)
+    }
 }
 
 pub(crate) struct RangeInner {

@@ -66,6 +66,7 @@ impl Backoff {
 }
 
 /// One query over `[base, base+count)` of `range`.
+#[inline]
 fn query(range: &RangeInner, base: u32, count: u32) -> Result<bool> {
     let ctx = &range.ctx;
     ctx.check(Call::Query, ctx.driver().query(base, count))
