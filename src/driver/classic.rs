@@ -44,6 +44,10 @@ use super::{
     attr, sys,
 };
 
+/// The most ids the fallback hands out at once (the reference model's
+/// default limit too).
+const MAX_IDS: u64 = 1 << 16;
+
 /// A logical endpoint emulated on a classic multicast object.
 #[derive(Debug)]
 struct Emulated {
@@ -276,6 +280,11 @@ impl Driver for Classic {
             return Err(Code::INVALID_VALUE); // R1.3
         }
         let mut t = self.lock();
+        // The ids are this table's: bound them as a driver would (R11), so
+        // that a hostile count is an error, not minutes of inserting.
+        if t.ids.len() as u64 + count as u64 > MAX_IDS {
+            return Err(Code::OUT_OF_MEMORY);
+        }
         let base = t.next_id;
         let end = base.checked_add(count).ok_or(Code::OUT_OF_MEMORY)?;
         t.next_id = end;
