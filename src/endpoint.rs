@@ -326,10 +326,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return self.fail(e);
         }
         let c = handle.to_c();
-        let r = self
-            .context()
-            .driver()
-            .import(self.id, &c, crate::driver::prop::fabric_handle_type());
+        let r =
+            self.context()
+                .driver()
+                .import(self.id, &c, crate::driver::prop::fabric_handle_type());
         if let Err(code) = r {
             let error = self.context().error(Call::Import, code);
             return self.fail(error);
