@@ -15,7 +15,7 @@ use crate::driver::{Call, Device, Location, attr};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::kind::{Accepts, CanBind, Kind};
-use crate::memory::{BindSource, Target, round_up};
+use crate::memory::{BindSource, Target};
 use crate::range::{Bound, RangeInner};
 use crate::state::{IsReady, State};
 
@@ -252,28 +252,41 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return Err(Error::ZeroSize {
                 what: "bind size",
                 suggested: align,
+                unit: "bytes",
                 rule: "R5.3",
             });
         }
         let addr = match target {
-            Target::Addr(ptr) => Some(("device address", ptr.wrapping_add(mem_offset))),
+            Target::Addr(ptr) => Some(("device address", ptr.wrapping_add(mem_offset), u64::MAX)),
             Target::Handle(_) => None,
         };
-        for (what, v) in [
-            ("offset", offset),
-            ("size", size),
-            ("memory offset", mem_offset),
+        // Each value with the largest it may be, so that the suggestion
+        // (rounded up, else down) is itself valid where it can be.
+        let fit = |limit: u64, other: u64| limit.saturating_sub(other);
+        for (what, v, most) in [
+            ("offset", offset, fit(slot.size, size)),
+            (
+                "size",
+                size,
+                fit(slot.size, offset).min(fit(mem_size, mem_offset)),
+            ),
+            ("memory offset", mem_offset, fit(mem_size, size)),
         ]
         .into_iter()
         .chain(addr)
         {
             if !v.is_multiple_of(align) {
+                let down = v / align * align;
+                let suggested = v
+                    .checked_next_multiple_of(align)
+                    .filter(|&up| up <= most)
+                    .unwrap_or(down);
                 return Err(Error::Misaligned {
                     what,
                     value: v,
                     alignment: align,
                     alignment_name: "bind alignment",
-                    suggested: round_up(v, align),
+                    suggested,
                     rule: "R5.3",
                 });
             }

@@ -19,6 +19,9 @@ struct Inner {
     device_count: OnceLock<i32>,
     version: OnceLock<Option<i32>>,
     teardown: Mutex<Vec<Error>>,
+    /// Fabric handles attached in this context (exported or imported), and
+    /// the id holding each.
+    attached: Mutex<std::collections::HashMap<[u8; 64], u32>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -41,6 +44,7 @@ impl Context {
                 device_count: OnceLock::new(),
                 version: OnceLock::new(),
                 teardown: Mutex::new(Vec::new()),
+                attached: Mutex::new(Default::default()),
             }),
         }
     }
@@ -88,6 +92,33 @@ impl Context {
     pub(crate) fn record_teardown(&self, e: Error) {
         tracing::error!(error = %e, "teardown failed; resource kept alive");
         self.lock_teardown().push(e);
+    }
+
+    fn lock_attached(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 64], u32>> {
+        self.inner
+            .attached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Claims `handle` for `id`, atomically; `Err(holder)` when another id of
+    /// this context already holds it.
+    pub(crate) fn try_attach(&self, handle: [u8; 64], id: u32) -> Result<(), u32> {
+        match self.lock_attached().entry(handle) {
+            std::collections::hash_map::Entry::Occupied(e) => Err(*e.get()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(id);
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn attach(&self, handle: [u8; 64], id: u32) {
+        self.lock_attached().insert(handle, id);
+    }
+
+    pub(crate) fn detach(&self, handle: &[u8; 64]) {
+        self.lock_attached().remove(handle);
     }
 
     fn lock_teardown(&self) -> std::sync::MutexGuard<'_, Vec<Error>> {

@@ -62,7 +62,13 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
     match range.ctx.driver().destroy(id) {
         Ok(()) => {
-            let bindings = range.slot(id).reset();
+            let (bindings, fabric) = {
+                let mut slot = range.slot(id);
+                (slot.reset(), slot.fabric.take())
+            };
+            if let Some(f) = fabric {
+                range.ctx.detach(&f);
+            }
             drop(bindings); // releases memory only now that nothing is bound (R7.2)
             None
         }
@@ -157,7 +163,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     }
 
     /// The owner device (unicast) or the team devices this process enrolled
-    /// (multicast).
+    /// (multicast). Empty for an imported unicast endpoint (its owner is in
+    /// the exporting process) and for an imported team before this process
+    /// enrolls its devices.
     pub fn devices(&self) -> Vec<Device> {
         self.slot().devices.to_vec()
     }
@@ -282,6 +290,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return Err(Error::ZeroSize {
                 what: "endpoint size",
                 suggested: align,
+                unit: "bytes",
                 rule: "R2.3",
             });
         }
@@ -326,11 +335,15 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return self.fail(e);
         }
         let c = handle.to_c();
+        if let Err(id) = self.context().try_attach(c.data, self.id) {
+            return self.fail(Error::AlreadyAttached { id });
+        }
         let r =
             self.context()
                 .driver()
                 .import(self.id, &c, crate::driver::prop::fabric_handle_type());
         if let Err(code) = r {
+            self.context().detach(&c.data);
             let error = self.context().error(Call::Import, code);
             return self.fail(error);
         }
@@ -340,6 +353,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             slot.align = handle.bind_alignment();
             slot.team_size = handle.team_size();
             slot.devices.clear();
+            slot.fabric = Some(Box::new(c.data));
         }
         Ok(self.cast())
     }
@@ -457,7 +471,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             ctx.driver()
                 .export(self.id, &mut c, crate::driver::prop::fabric_handle_type()),
         )?;
-        let slot = self.slot();
+        let mut slot = self.slot();
+        if slot.fabric.as_deref() != Some(&c.data) {
+            if let Some(old) = slot.fabric.replace(Box::new(c.data)) {
+                ctx.detach(&old);
+            }
+            ctx.attach(c.data, self.id);
+        }
         Ok(FabricHandle::new(
             c.data,
             slot.size,

@@ -60,12 +60,14 @@ pub enum Error {
     },
 
     /// A zero size where the rule needs a non-zero one.
-    #[error("{what} must not be zero ({rule}); the smallest valid value is {suggested} bytes")]
+    #[error("{what} must not be zero ({rule}); the smallest valid value is {suggested} {unit}")]
     ZeroSize {
         /// Which argument.
         what: &'static str,
-        /// The smallest valid value, in bytes.
+        /// The smallest valid value, in `unit`.
         suggested: u64,
+        /// `"bytes"` or `"ids"`.
+        unit: &'static str,
         /// The SPEC rule.
         rule: &'static str,
     },
@@ -186,7 +188,7 @@ pub enum Error {
 
     /// `wait` ran out of time; the endpoint comes back pending (SPEC R3).
     #[error(
-        "endpoint {id} not ready after {waited:?} and {polls} queries (R3); wait longer, or check that every team device was enrolled (R3.2)"
+        "endpoint {id} not ready after {waited:?} and {polls} queries (R3); wait longer (a multicast team finishes only once every device of every process is enrolled, R3.2)"
     )]
     Timeout {
         /// The (first) id waited on.
@@ -204,6 +206,28 @@ pub enum Error {
         expected: &'static str,
         /// What did not match.
         reason: String,
+    },
+
+    /// An allocation size that cannot be rounded up to the granularity.
+    #[error(
+        "an allocation of {requested} bytes cannot be rounded up to the allocation granularity ({granularity} bytes); ask for at most {largest} bytes"
+    )]
+    AllocationTooLarge {
+        /// Bytes asked for.
+        requested: u64,
+        /// The granularity, bytes.
+        granularity: u64,
+        /// The largest size that can be asked for, bytes.
+        largest: u64,
+    },
+
+    /// A fabric handle already attached in this context (R9).
+    #[error(
+        "this context already holds the endpoint behind this fabric handle (endpoint {id}); use that endpoint: a second attachment in one process shares its bindings with the first, and destroying either would unbind both"
+    )]
+    AlreadyAttached {
+        /// The id that holds it.
+        id: u32,
     },
 
     /// Memory from another [`crate::Context`] than the endpoint's.

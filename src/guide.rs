@@ -6,9 +6,8 @@
 //!   it; how to read the plain borrow and move errors in this API's terms.
 //! - [`threads`]: which types may cross threads, and how to bind from several
 //!   threads at once.
-//!
-//! Rule numbers (`R5.6`) are those of the project's `SPEC.md`, which restates
-//! the CUDA 13.3 logical-endpoint contract rule by rule.
+//! - [`contract`]: the driver contract, restated rule by rule (R1–R11,
+//!   C1–C6). Rule numbers in errors, messages and docs (`R5.6`) are its.
 
 pub mod reading_the_compiler {
     //! # Reading the compiler
@@ -236,3 +235,6 @@ pub mod threads {
     //! spawned thread, move it there: it is `Send`, and its id, range and
     //! context go with it.
 }
+
+#[doc = include_str!("contract.md")]
+pub mod contract {}

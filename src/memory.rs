@@ -123,6 +123,7 @@ impl<H: MemShare> Allocation<H> {
             return Err(Error::ZeroSize {
                 what: "allocation size",
                 suggested: gran,
+                unit: "bytes",
                 rule: "cuMemCreate",
             });
         }
@@ -130,12 +131,10 @@ impl<H: MemShare> Allocation<H> {
         // Rounding up must not wrap (or saturate to a size that is not a
         // multiple of the granularity): refuse before the driver.
         let Some(size) = bytes.checked_next_multiple_of(gran) else {
-            return Err(Error::OutOfRange {
-                what: "allocation size rounded up to the granularity",
-                offset: 0,
-                size: bytes,
-                limit: u64::MAX / gran * gran,
-                rule: "cuMemCreate",
+            return Err(Error::AllocationTooLarge {
+                requested: bytes,
+                granularity: gran,
+                largest: u64::MAX / gran * gran,
             });
         };
         let handle =
@@ -180,7 +179,8 @@ impl<H: MemShare> Allocation<H> {
     }
 
     /// Maps the whole allocation into a fresh virtual address range and gives
-    /// `dev` (and `access`) read-write access, for `BindAddr` and kernels.
+    /// its own device, and every device in `access`, read-write access, for
+    /// `BindAddr` and kernels.
     ///
     /// # Errors
     /// [`Error::NoSuchDevice`] for a device in `access` that does not exist

@@ -45,6 +45,9 @@ pub(crate) struct Slot {
     /// An endpoint whose destroy failed after a failed create: destroy it
     /// before the id is used or released.
     pub orphaned: bool,
+    /// The fabric handle of this attachment, once exported or imported: the
+    /// context refuses a second attachment of it (R9).
+    pub fabric: Option<Box<[u8; 64]>>,
 }
 
 impl Slot {
@@ -85,6 +88,9 @@ impl RangeInner {
             match self.ctx.driver().destroy(id) {
                 Ok(()) => {
                     let slot = std::mem::take(&mut *self.slot(id));
+                    if let Some(f) = &slot.fabric {
+                        self.ctx.detach(f);
+                    }
                     drop(slot); // unbound now: the memory may go, outside the lock
                 }
                 Err(code) => {
@@ -136,6 +142,7 @@ impl IdRange {
             return Err(crate::Error::ZeroSize {
                 what: "id count",
                 suggested: 1,
+                unit: "ids",
                 rule: "R1.3",
             });
         }

@@ -136,6 +136,9 @@ pub type ReadyList<K> = Vec<Endpoint<Ready, <K as Kind>::Ready>>;
 /// `cuLogicalEndpointQuery` per poll, not `n`. Same back-off and timeout rules
 /// as [`Endpoint::wait`]. The endpoints come back in the order given.
 ///
+/// All endpoints share one kind `K` (the result is a `Vec` of one type):
+/// wait for endpoints of different kinds with one call per kind.
+///
 /// # Errors
 /// [`Error::Timeout`] or [`Error::Driver`], with every endpoint handed back
 /// pending.

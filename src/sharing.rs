@@ -13,7 +13,9 @@ use crate::kind::CanExport;
 
 const MAGIC: &[u8; 4] = b"CEFH";
 /// Bytes of [`FabricHandle::to_bytes`].
-pub const WIRE_LEN: usize = 4 + 1 + 1 + 8 + 8 + 4 + 64;
+pub const WIRE_LEN: usize = 4 + 1 + 1 + 8 + 8 + 4 + 64 + 8;
+/// Where the checksum starts.
+const SUM_AT: usize = WIRE_LEN - 8;
 
 /// A fabric handle of an exported endpoint of kind `K`, to send to other
 /// processes (as [`FabricHandle::to_bytes`]) and import there.
@@ -73,7 +75,10 @@ impl<K: CanExport> FabricHandle<K> {
     }
 
     /// The wire form: magic, version, kind, size, alignment, team size (all
-    /// little-endian), then the driver's 64 bytes. [`WIRE_LEN`] bytes.
+    /// little-endian), the driver's 64 bytes, then a 64-bit FNV-1a checksum
+    /// of all that, so that bytes damaged on the way are refused before they
+    /// reach the driver or the typed checks. [`WIRE_LEN`] bytes. (A checksum,
+    /// not a signature: the driver still validates the handle itself, R9.4.)
     pub fn to_bytes(&self) -> [u8; WIRE_LEN] {
         let mut out = [0u8; WIRE_LEN];
         out[..4].copy_from_slice(MAGIC);
@@ -82,7 +87,9 @@ impl<K: CanExport> FabricHandle<K> {
         out[6..14].copy_from_slice(&self.size.to_le_bytes());
         out[14..22].copy_from_slice(&self.align.to_le_bytes());
         out[22..26].copy_from_slice(&self.team_size.to_le_bytes());
-        out[26..].copy_from_slice(&self.data);
+        out[26..SUM_AT].copy_from_slice(&self.data);
+        let sum = checksum(&out[..SUM_AT]);
+        out[SUM_AT..].copy_from_slice(&sum.to_le_bytes());
         out
     }
 
@@ -118,9 +125,14 @@ impl<K: CanExport> FabricHandle<K> {
         let mut t = [0u8; 4];
         t.copy_from_slice(&b[22..26]);
         let mut data = [0u8; 64];
-        data.copy_from_slice(&b[26..]);
+        data.copy_from_slice(&b[26..SUM_AT]);
+        if b[SUM_AT..] != checksum(&b[..SUM_AT]).to_le_bytes() {
+            return Err(bad(
+                "checksum mismatch: the bytes were damaged on the way".into()
+            ));
+        }
         let (size, align, team) = (u64_at(6), u64_at(14), u32::from_le_bytes(t));
-        if size == 0 || align == 0 || !size.is_multiple_of(align) || team == 0 {
+        if size == 0 || !align.is_power_of_two() || !size.is_multiple_of(align) || team == 0 {
             return Err(bad(format!(
                 "size {size}, alignment {align}, team {team} are not a valid endpoint"
             )));
@@ -141,4 +153,11 @@ impl<'de, K: CanExport> serde::Deserialize<'de> for FabricHandle<K> {
         let bytes: Vec<u8> = serde::Deserialize::deserialize(d)?;
         FabricHandle::from_bytes(&bytes).map_err(serde::de::Error::custom)
     }
+}
+
+/// FNV-1a, 64 bits.
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }

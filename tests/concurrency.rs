@@ -254,9 +254,14 @@ fn importers_on_many_threads() {
         .wait(T)
         .unwrap();
     let wire = x.export().unwrap().to_bytes();
-    let peer = Arc::new(Context::new(model.spawn_process()));
+    // One process per thread (one attachment per process at a time, R9),
+    // plus threads sharing one process, of which one attaches at a time.
+    let peers: Vec<Arc<Context>> = (0..6)
+        .map(|_| Arc::new(Context::new(model.spawn_process())))
+        .collect();
+    let shared = Arc::new(Context::new(model.spawn_process()));
     std::thread::scope(|s| {
-        for _ in 0..6 {
+        for peer in &peers {
             let peer = peer.clone();
             s.spawn(move || {
                 let h = FabricHandle::<Multicast<Exportable>>::from_bytes(&wire).unwrap();
@@ -266,9 +271,24 @@ fn importers_on_many_threads() {
                 }
             });
         }
+        for _ in 0..3 {
+            let shared = shared.clone();
+            s.spawn(move || {
+                let h = FabricHandle::<Multicast<Exportable>>::from_bytes(&wire).unwrap();
+                for _ in 0..20 {
+                    match shared.reserve_one().unwrap().import(&h) {
+                        Ok(imp) => drop(imp.wait(T).unwrap()),
+                        Err(f) => assert!(matches!(f.error, Error::AlreadyAttached { .. })),
+                    }
+                }
+            });
+        }
     });
     drop(x);
-    assert!(peer.take_teardown_errors().is_empty());
+    for peer in &peers {
+        assert!(peer.take_teardown_errors().is_empty());
+    }
+    assert!(shared.take_teardown_errors().is_empty());
     clean(&ctx, &model);
 }
 

@@ -764,15 +764,17 @@ fn r9_refusals() {
     let pctx = Context::new(peer.clone());
     let f = pctx.reserve_one().unwrap().import(&handle).unwrap_err();
     assert_eq!(f.error.code(), Some(Code::NOT_PERMITTED), "R9.1");
-    // Random bytes are refused by the wire check, or by the driver (R9.4).
+    // Damaged bytes are refused by the wire checksum (R9.4).
     let mut wire = handle.to_bytes();
     wire[40] ^= 0xff;
-    let forged =
-        cuda_endpoints::FabricHandle::<Unicast<cuda_endpoints::Exportable>>::from_bytes(&wire)
-            .unwrap();
+    let e = cuda_endpoints::FabricHandle::<Unicast<cuda_endpoints::Exportable>>::from_bytes(&wire)
+        .unwrap_err();
+    assert!(matches!(e, Error::BadHandle { .. }), "{e}");
+    // With access, the import goes through.
+    drop(f);
     peer.set_fabric_access(true);
-    let f = pctx.reserve_one().unwrap().import(&forged).unwrap_err();
-    assert_eq!(f.error.code(), Some(Code::INVALID_VALUE));
+    let imported = pctx.reserve_one().unwrap().import(&handle).unwrap();
+    drop(imported);
     assert!(
         cuda_endpoints::FabricHandle::<Multicast<cuda_endpoints::Exportable>>::from_bytes(
             &handle.to_bytes()
@@ -922,4 +924,27 @@ fn r9_3_spread_team_over_two_processes() {
     drop((ep, mem0));
     assert!(model.live_node().is_empty());
     assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+#[test]
+fn suggestions_are_valid_values() {
+    let (ctx, _model) = node();
+    let ep = unicast(&ctx, 0, 8 * MIB);
+    let mem = Allocation::<Private>::on_device(&ctx, Device(0), 2 * MIB).unwrap();
+    // Rounding the offset up would not fit: the suggestion rounds down.
+    let e = ep.bind(0, 7 * MIB, &mem).unwrap_err();
+    assert!(
+        matches!(e, Error::Misaligned { suggested, .. } if suggested == 6 * MIB),
+        "{e}"
+    );
+    // Rounding up would overflow: round down instead.
+    let e = ep.bind(0, u64::MAX, &mem).unwrap_err();
+    assert!(
+        matches!(e, Error::Misaligned { suggested, .. } if suggested.is_multiple_of(ALIGN)),
+        "{e}"
+    );
+    let e = Allocation::<Private>::on_device(&ctx, Device(0), u64::MAX).unwrap_err();
+    assert!(matches!(e, Error::AllocationTooLarge { .. }), "{e}");
+    let e = ctx.reserve(0).unwrap_err();
+    assert!(e.to_string().ends_with("1 ids"), "{e}");
 }
