@@ -21,8 +21,9 @@ use crate::state::{IsReady, State};
 
 /// A live binding of memory to a ready endpoint on one device.
 ///
-/// Unbind with [`Binding::unbind`] to see errors; dropping it unbinds too and
-/// records an error on the context ([`crate::Context::take_teardown_errors`]).
+/// Unbind with [`Binding::unbind`] to see errors; dropping it unbinds too,
+/// and if that unbind fails the error is kept on the context
+/// ([`crate::Context::take_teardown_errors`]).
 #[must_use = "dropping a Binding unbinds the memory at once: keep it in a named variable (`let b = ...`) for as long as the memory should stay bound (`let _ = ...` unbinds immediately)"]
 pub struct Binding<'a> {
     range: &'a RangeInner,
