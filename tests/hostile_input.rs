@@ -5,6 +5,8 @@
 //! builds check every integer overflow), never a hang, and — through the
 //! typed API — never a call that breaks a SPEC rule.
 
+mod common;
+
 use std::time::Duration;
 
 use cuda_endpoints::driver::prop::{Props, Shape, empty_fabric_handle, fabric_handle_type};
@@ -18,30 +20,14 @@ use cuda_endpoints::{
     Multicast, PosixFd, Private, Ready, Spec, Unicast,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
+use proptest::test_runner::Config;
 
 const MIB: u64 = 1 << 20;
 const ALIGN: u64 = 2 * MIB;
 const MAX_SIZE: u64 = 512 * MIB;
 
-/// `PROPTEST_CASES` overrides the case counts (e.g. fewer under valgrind).
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn config(cases: u32, seed: u64) -> Config {
-    Config {
-        cases: self::cases(cases),
-        rng_seed: RngSeed::Fixed(seed),
-        // ChaCha in an unoptimised build costs more than the cases.
-        rng_algorithm: RngAlgorithm::XorShift,
-        max_shrink_iters: 2000,
-        failure_persistence: None,
-        ..Config::default()
-    }
+    common::config(cases, seed, 2000)
 }
 
 /// Sizes and offsets that break naive arithmetic, valid ones, and anything.

@@ -20,6 +20,8 @@
 //! `Context::take_teardown_errors`, and no memory is released while it may
 //! still be bound (the model logs that as an R7.2 violation).
 
+mod common;
+
 use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
@@ -35,29 +37,14 @@ use cuda_endpoints::{
     Readiness, Ready, Reserved, Spec, SpreadTeam, Team, Unicast, wait_all,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
+use proptest::test_runner::Config;
 
 /// Bind alignment and allocation granularity of the simulated (H200-like)
 /// devices.
 const ALIGN: u64 = 2 << 20;
 
-/// `PROPTEST_CASES` overrides the case counts (e.g. fewer under valgrind).
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn config(cases: u32, seed: u64) -> Config {
-    Config {
-        cases: self::cases(cases),
-        rng_seed: RngSeed::Fixed(seed),
-        rng_algorithm: RngAlgorithm::XorShift,
-        failure_persistence: None,
-        max_shrink_iters: 4000,
-        ..Config::default()
-    }
+    common::config(cases, seed, 4000)
 }
 
 // ------------------------------------------------------------------ the ops
@@ -1674,7 +1661,7 @@ fn run_cases(
 /// Random lifecycles with random faults on every non-teardown call.
 #[test]
 fn random_lifecycles_leak_nothing_and_surface_every_fault() {
-    let cases = cases(10_000);
+    let cases = common::cases(10_000);
     let c = run_cases(
         cases,
         0x11fe,
@@ -1706,7 +1693,7 @@ fn random_lifecycles_leak_nothing_and_surface_every_fault() {
 /// the leak counters are only checked when no teardown fault fired.
 #[test]
 fn teardown_faults_surface_and_never_free_bound_memory() {
-    let cases = cases(5_000);
+    let cases = common::cases(5_000);
     let c = run_cases(
         cases,
         0x7ea2,

@@ -57,6 +57,16 @@ fn team(ctx: &Context, devs: &[i32], size: u64) -> Endpoint<Ready, Multicast> {
         .unwrap()
 }
 
+/// A ready, exportable multicast endpoint of one device (device 0), 2 MiB.
+fn exportable_team(ctx: &Context) -> Endpoint<Ready, Multicast<cuda_endpoints::Exportable>> {
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0)], ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap()
+}
+
 fn raw_prop(shape: Shape, size: u64) -> cuda_endpoints::driver::sys::CUlogicalEndpointProp {
     Props {
         shape,
@@ -602,13 +612,7 @@ fn r5_bind_addr_and_host_numa() {
 #[test]
 fn r5_6_exportable_takes_shareable_memory() {
     let (ctx, model) = node();
-    let ep = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::multicast(&[Device(0)], ALIGN).exportable())
-        .unwrap()
-        .wait(T)
-        .unwrap();
+    let ep = exportable_team(&ctx);
     let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), ALIGN).unwrap();
     let b = ep.bind(0, 0, &mem).unwrap();
     drop(b);
@@ -726,13 +730,7 @@ fn r7_destroy_keeps_id_and_forgotten_binding_keeps_memory() {
 #[test]
 fn r8_r9_export_import_between_processes() {
     let (ctx, model) = node();
-    let ep = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::multicast(&[Device(0)], ALIGN).exportable())
-        .unwrap()
-        .wait(T)
-        .unwrap();
+    let ep = exportable_team(&ctx);
     let handle = ep.export().unwrap();
     let wire = handle.to_bytes();
     let peer = model.spawn_process();
@@ -867,13 +865,7 @@ fn old_driver_reports_unsupported_with_version() {
 fn fabric_handles_travel_with_serde() {
     use cuda_endpoints::{Exportable, FabricHandle};
     let (ctx, model) = node();
-    let ep = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::multicast(&[Device(0)], ALIGN).exportable())
-        .unwrap()
-        .wait(T)
-        .unwrap();
+    let ep = exportable_team(&ctx);
     let json = serde_json::to_string(&ep.export().unwrap()).unwrap();
     let back: FabricHandle<Multicast<Exportable>> = serde_json::from_str(&json).unwrap();
     let peer = Context::new(model.spawn_process());
