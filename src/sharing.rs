@@ -7,6 +7,7 @@
 
 use std::marker::PhantomData;
 
+use crate::driver::prop::fabric_checksum;
 use crate::driver::sys;
 use crate::error::{Error, Result};
 use crate::kind::CanExport;
@@ -88,7 +89,7 @@ impl<K: CanExport> FabricHandle<K> {
         out[14..22].copy_from_slice(&self.align.to_le_bytes());
         out[22..26].copy_from_slice(&self.team_size.to_le_bytes());
         out[26..SUM_AT].copy_from_slice(&self.data);
-        let sum = checksum(&out[..SUM_AT]);
+        let sum = fabric_checksum(&out[..SUM_AT]);
         out[SUM_AT..].copy_from_slice(&sum.to_le_bytes());
         out
     }
@@ -126,7 +127,7 @@ impl<K: CanExport> FabricHandle<K> {
         t.copy_from_slice(&b[22..26]);
         let mut data = [0u8; 64];
         data.copy_from_slice(&b[26..SUM_AT]);
-        if b[SUM_AT..] != checksum(&b[..SUM_AT]).to_le_bytes() {
+        if b[SUM_AT..] != fabric_checksum(&b[..SUM_AT]).to_le_bytes() {
             return Err(bad(
                 "checksum mismatch: the bytes were damaged on the way".into()
             ));
@@ -153,11 +154,4 @@ impl<'de, K: CanExport> serde::Deserialize<'de> for FabricHandle<K> {
         let bytes: Vec<u8> = serde::Deserialize::deserialize(d)?;
         FabricHandle::from_bytes(&bytes).map_err(serde::de::Error::custom)
     }
-}
-
-/// FNV-1a, 64 bits.
-fn checksum(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
 }

@@ -124,7 +124,7 @@ proptest! {
         }
         w[26..90].copy_from_slice(&data);
         // A valid checksum, so that the bytes get past the wire check.
-        let sum = fnv1a(&w[..90]);
+        let sum = cuda_endpoints::driver::prop::fabric_checksum(&w[..90]);
         w[90..].copy_from_slice(&sum.to_le_bytes());
         let (ctx, model) = Context::model(ModelConfig::node(2));
         if let Ok(h) = FabricHandle::<Multicast<Exportable>>::from_bytes(&w) {
@@ -1037,11 +1037,4 @@ fn a_second_attachment_in_one_process_is_refused() {
     drop((again, x, mem));
     assert!(model.violations().is_empty(), "{:?}", model.violations());
     assert!(model.live_node().is_empty());
-}
-
-/// The wire checksum (64-bit FNV-1a), to forge well-formed handles.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
 }

@@ -96,6 +96,14 @@ pub fn empty_fabric_handle() -> sys::CUlogicalEndpointFabricHandle {
     sys::CUlogicalEndpointFabricHandle { data: [0; 64] }
 }
 
+/// 64-bit FNV-1a over fabric-handle bytes: the wire form's checksum and the
+/// model's handle check (R9.4). A checksum against damage, not a signature.
+pub fn fabric_checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// The `FABRIC` IPC handle type enum value.
 pub fn fabric_handle_type() -> sys::CUlogicalEndpointIpcHandleType {
     sys::CUlogicalEndpointIpcHandleType::CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_FABRIC

@@ -3,7 +3,7 @@
 
 use super::state::{Bound, EndpointObj, Slot, Target, World};
 use super::violate;
-use crate::driver::prop::{FLAG_COUNTED_OPS, IPC_FABRIC, Props, Shape};
+use crate::driver::prop::{FLAG_COUNTED_OPS, IPC_FABRIC, Props, Shape, fabric_checksum};
 use crate::driver::{Code, Device, DriverResult, Limits, Location, attr, sys};
 
 const HANDLE_MAGIC: &[u8; 8] = b"CEPMODEL";
@@ -463,7 +463,7 @@ impl World {
         data[..8].copy_from_slice(HANDLE_MAGIC);
         data[8..16].copy_from_slice(&self.node_tag.to_le_bytes());
         data[16..24].copy_from_slice(&o.to_le_bytes());
-        let sum = checksum(&data[..24]);
+        let sum = fabric_checksum(&data[..24]);
         data[24..32].copy_from_slice(&sum.to_le_bytes());
         handle.data = data;
         Ok(())
@@ -485,7 +485,7 @@ impl World {
         let valid = ty as u32 == IPC_FABRIC
             && &d[..8] == HANDLE_MAGIC
             && d[8..16] == self.node_tag.to_le_bytes()
-            && d[24..32] == checksum(&d[..24]).to_le_bytes()
+            && d[24..32] == fabric_checksum(&d[..24]).to_le_bytes()
             && d[32..].iter().all(|&b| b == 0);
         if !valid {
             return violate(self, "R9.4", Code::INVALID_VALUE);
@@ -524,11 +524,4 @@ impl World {
         let end = ptr.checked_add(size)?;
         (end <= start + m.size).then_some((m.alloc, m.offset + (ptr - start)))
     }
-}
-
-fn checksum(bytes: &[u8]) -> u64 {
-    // FNV-1a: enough to tell our handles from random bytes (R9.4).
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
 }
