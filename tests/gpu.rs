@@ -145,7 +145,7 @@ impl Leak {
             "teardown errors recorded"
         );
         for (d, before, gran) in self.before {
-            let (after, _) = mem_info(&ctx, d).expect("cuMemGetInfo");
+            let (after, _) = mem_info(ctx, d).expect("cuMemGetInfo");
             let lost = before.saturating_sub(after);
             println!("{d}: free before {before}, after {after} bytes");
             assert!(
