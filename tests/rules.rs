@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use cuda_endpoints::driver::prop::{FLAG_COUNTED_OPS, IPC_FABRIC, Props, Shape};
+use cuda_endpoints::error::{Arg, Extent, Feature, Rule};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
@@ -111,7 +112,15 @@ fn r1_3_zero_count_refused_before_driver() {
         &model,
         Call::IdReserve,
         || ctx.reserve(0),
-        |e| matches!(e, Error::ZeroSize { rule: "R1.3", .. }),
+        |e| {
+            matches!(
+                e,
+                Error::ZeroSize {
+                    rule: Some(Rule::R1_3),
+                    ..
+                }
+            )
+        },
     );
     assert_eq!(model.id_reserve(0), Err(Code::INVALID_VALUE));
 }
@@ -219,7 +228,15 @@ fn r2_4_counted_ops_needs_attribute_155() {
                 .create(Spec::unicast(1, ALIGN).counted_ops())
                 .map_err(Error::from)
         },
-        |e| matches!(e, Error::FeatureMissing { rule: "R2.4", .. }),
+        |e| {
+            matches!(
+                e,
+                Error::FeatureMissing {
+                    feature: Feature::CountedOps,
+                    ..
+                }
+            )
+        },
     );
     // Raw: flags other than COUNTED_OPS, and counted ops without support.
     let raw = Model::new(ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0));
@@ -450,7 +467,15 @@ fn r5_checks_before_driver() {
         &model,
         bind,
         || ep.bind(2, 0, &mem2),
-        |e| matches!(e, Error::WrongDevice { rule: "R5.2", .. }),
+        |e| {
+            matches!(
+                e,
+                Error::WrongDevice {
+                    rule: Rule::R5_2,
+                    ..
+                }
+            )
+        },
     );
     refused_before(
         &model,
@@ -466,8 +491,8 @@ fn r5_checks_before_driver() {
             matches!(
                 e,
                 Error::Misaligned {
-                    what: "offset",
-                    rule: "R5.3",
+                    what: Arg::BindOffset,
+                    rule: Rule::R5_3,
                     ..
                 }
             )
@@ -481,7 +506,7 @@ fn r5_checks_before_driver() {
             matches!(
                 e,
                 Error::Misaligned {
-                    what: "memory offset",
+                    what: Arg::MemoryOffset,
                     ..
                 }
             )
@@ -491,7 +516,15 @@ fn r5_checks_before_driver() {
         &model,
         bind,
         || ep.bind_part(0, 0, &mem0, 0, 3 * MIB),
-        |e| matches!(e, Error::Misaligned { what: "size", .. }),
+        |e| {
+            matches!(
+                e,
+                Error::Misaligned {
+                    what: Arg::BindSize,
+                    ..
+                }
+            )
+        },
     );
     refused_before(
         &model,
@@ -501,8 +534,8 @@ fn r5_checks_before_driver() {
             matches!(
                 e,
                 Error::OutOfRange {
-                    what: "allocation",
-                    rule: "R5.4",
+                    what: Extent::Allocation,
+                    rule: Rule::R5_4,
                     ..
                 }
             )
@@ -516,7 +549,7 @@ fn r5_checks_before_driver() {
             matches!(
                 e,
                 Error::OutOfRange {
-                    what: "endpoint range",
+                    what: Extent::EndpointRange,
                     ..
                 }
             )
@@ -845,13 +878,13 @@ fn old_driver_reports_unsupported_with_version() {
     let e = ctx.reserve(1).unwrap_err();
     match &e {
         Error::Unsupported {
+            feature: Feature::LogicalEndpoints,
             driver_version: Some(13000),
-            what,
-            ..
-        } => assert!(what.contains("cuLogicalEndpointIdReserve")),
+            detail,
+        } => assert!(detail.contains("cuLogicalEndpointIdReserve")),
         other => panic!("{other}"),
     }
-    assert!(e.to_string().contains("CUDA 13000"), "{e}");
+    assert!(e.to_string().contains("13000"), "{e}");
     // VMM still works there.
     let mem = Allocation::<Private>::on_device(&ctx, Device(0), 1).unwrap();
     assert_eq!(mem.size(), ALIGN);
