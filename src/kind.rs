@@ -279,7 +279,7 @@ impl<X: Sharing> Creatable for SpreadTeam<X> {
 /// holds typenum numbers).
 #[diagnostic::on_unimplemented(
     message = "`export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `{Self}`",
-    label = "a `{Self}` endpoint has no fabric handle to export",
+    label = "no fabric handle to export",
     note = "create it from a spec with `.exportable()`, e.g. `Spec::unicast(dev, bytes).exportable()` or `Spec::team(size, bytes).exportable()` (FABRIC in `ipcHandleTypes`, R8.1); an imported endpoint cannot be exported again: pass on the handle it was imported from"
 )]
 pub trait HasFabricHandles {}
