@@ -171,11 +171,10 @@ fn every_case_refused_with_its_code() {
     let cases = stderr_codes().len() + pass_cases().len();
     let passed = stdout
         .lines()
-        .filter(|l| l.starts_with("test ") && l.contains("guide::misuse_cases") && l.ends_with("ok"))
+        .filter(|l| {
+            l.starts_with("test ") && l.contains("guide::misuse_cases") && l.ends_with("ok")
+        })
         .count();
-    assert_eq!(
-        passed, cases,
-        "every case must run as a doctest:\n{stdout}"
-    );
+    assert_eq!(passed, cases, "every case must run as a doctest:\n{stdout}");
     println!("{passed} cases proved on {}", rustc_version());
 }
