@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cuda_endpoints::typenum::U4;
-use cuda_endpoints::{Allocation, Context, Endpoint, Error, Private, Readiness, Spec};
+use cuda_endpoints::{Allocation, Context, Device, Endpoint, Error, Private, Readiness, Spec};
 
 fn main() -> ExitCode {
     let real =
@@ -31,7 +31,8 @@ fn main() -> ExitCode {
     println!("backend: {}", ctx.backend_name());
     match run(&ctx) {
         Ok(()) => {}
-        Err(e @ Error::Unsupported { .. }) => {
+        // Not an error of this program: the machine cannot run the example.
+        Err(e) if e.is_unsupported() || matches!(e, Error::NoSuchDevice { .. }) => {
             println!("\n{e}");
             print_support(&ctx);
             return ExitCode::SUCCESS;
@@ -81,10 +82,10 @@ fn run(ctx: &Context) -> Result<(), Error> {
     let devices = ctx.devices()?;
     println!("   devices: {}", devices.len());
     if devices.len() < 4 {
-        return Err(Error::Unsupported {
-            what: "a 4-device team".into(),
-            driver_version: ctx.driver_version(),
-            hint: format!("this machine has {} devices", devices.len()),
+        // The team below is devices 0..4: name the first one missing.
+        return Err(Error::NoSuchDevice {
+            device: Device(devices.len() as i32),
+            count: devices.len() as i32,
         });
     }
 

@@ -24,7 +24,7 @@ use crate::context::Context;
 use crate::driver::{
     Classic, Code, Device, Driver, LOGICAL_ENDPOINT_MIN_VERSION, attr, cuda::Cuda,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Feature, Result};
 
 /// Environment variable read by [`Policy::from_env`]: `0` (or `false`, `off`,
 /// `no`) switches the classic multicast fallback off; `1` (or `true`, `on`,
@@ -317,11 +317,11 @@ impl Context {
             BackendChoice::LogicalEndpoints => Context::from_arc(driver),
             BackendChoice::Classic => Context::new(Classic::new(driver)),
             BackendChoice::Unsupported(why) => {
-                return Err(Error::Unsupported {
-                    what: format!("multicast endpoints on {devices:?}"),
-                    driver_version: decision.driver_version,
-                    hint: why.clone(),
-                });
+                return Err(Error::unsupported(
+                    Feature::MulticastTeam,
+                    decision.driver_version,
+                    format!("on {devices:?}: {why}"),
+                ));
             }
         };
         Ok((ctx, decision))

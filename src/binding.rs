@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::driver::{Call, Device, Location, attr};
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Result};
+use crate::error::{Alignment, Arg, Error, Extent, Result, Role, Rule};
 use crate::kind::{Accepts, CanBind, Kind};
 use crate::memory::{BindSource, Target};
 use crate::range::{Bound, RangeInner};
@@ -243,37 +243,36 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return Err(Error::WrongDevice {
                 device: dev,
                 role: if multicast {
-                    "a team device"
+                    Role::TeamDevice
                 } else {
-                    "the owner device"
+                    Role::Owner
                 },
                 allowed: slot.devices.to_vec(),
-                rule: "R5.2",
+                rule: Rule::R5_2,
             });
         }
         if size == 0 {
             return Err(Error::ZeroSize {
-                what: "bind size",
+                what: Arg::BindSize,
                 suggested: align,
-                unit: "bytes",
-                rule: "R5.3",
+                rule: Some(Rule::R5_3),
             });
         }
         let addr = match target {
-            Target::Addr(ptr) => Some(("device address", ptr.wrapping_add(mem_offset), u64::MAX)),
+            Target::Addr(ptr) => Some((Arg::DeviceAddress, ptr.wrapping_add(mem_offset), u64::MAX)),
             Target::Handle(_) => None,
         };
         // Each value with the largest it may be, so that the suggestion
         // (rounded up, else down) is itself valid where it can be.
         let fit = |limit: u64, other: u64| limit.saturating_sub(other);
         for (what, v, most) in [
-            ("offset", offset, fit(slot.size, size)),
+            (Arg::BindOffset, offset, fit(slot.size, size)),
             (
-                "size",
+                Arg::BindSize,
                 size,
                 fit(slot.size, offset).min(fit(mem_size, mem_offset)),
             ),
-            ("memory offset", mem_offset, fit(mem_size, size)),
+            (Arg::MemoryOffset, mem_offset, fit(mem_size, size)),
         ]
         .into_iter()
         .chain(addr)
@@ -288,9 +287,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                     what,
                     value: v,
                     alignment: align,
-                    alignment_name: "bind alignment",
+                    alignment_kind: Alignment::BindAlignment,
                     suggested,
-                    rule: "R5.3",
+                    rule: Rule::R5_3,
                 });
             }
         }
@@ -299,20 +298,20 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             offset: o,
             size,
             limit,
-            rule: "R5.4",
+            rule: Rule::R5_4,
         };
         if mem_offset.checked_add(size).is_none_or(|e| e > mem_size) {
-            return Err(out("allocation", mem_offset, mem_size));
+            return Err(out(Extent::Allocation, mem_offset, mem_size));
         }
         if offset.checked_add(size).is_none_or(|e| e > slot.size) {
-            return Err(out("endpoint range", offset, slot.size));
+            return Err(out(Extent::EndpointRange, offset, slot.size));
         }
         match location {
             Location::Device(d) if d == dev => {}
-            Location::Device(d) => {
+            Location::Device(_) => {
                 return Err(Error::MemoryOnWrongDevice {
                     device: dev,
-                    location: d.to_string(),
+                    location,
                     host_numa: None,
                 });
             }
@@ -323,7 +322,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 if numa != n {
                     return Err(Error::MemoryOnWrongDevice {
                         device: dev,
-                        location: format!("host NUMA node {n}"),
+                        location,
                         host_numa: Some(numa),
                     });
                 }

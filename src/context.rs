@@ -5,9 +5,10 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::driver::{
-    Call, Code, Device, Driver, DriverResult, Family, LOGICAL_ENDPOINT_MIN_VERSION,
+    Call, Code, Device, Driver, DriverResult, EndpointProps, Family, LOGICAL_ENDPOINT_MIN_VERSION,
+    Shape,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Feature, Result};
 
 /// A handle on one driver backend. Cheap to clone; every endpoint, range and
 /// allocation keeps its context alive.
@@ -208,26 +209,52 @@ impl Context {
     }
 
     pub(crate) fn error(&self, call: Call, code: Code) -> Error {
+        self.error_for(call, code, None)
+    }
+
+    /// As [`Context::error`], for a call made with `props` (create, limits):
+    /// a backend's refusal then names the property it cannot serve.
+    pub(crate) fn error_for(&self, call: Call, code: Code, props: Option<&EndpointProps>) -> Error {
         if code == Code::NOT_SUPPORTED
             && let Some(why) = self.driver().explain_unsupported(call)
+            && let Some(feature) = backend_feature(call, props)
         {
-            return Error::Unsupported {
-                what: format!("{call} on the {} backend: {why}", self.driver().name()),
-                driver_version: self.driver_version(),
-                hint: "logical endpoints (a CUDA 13.3+ driver) have no such limits".into(),
-            };
+            return Error::unsupported(
+                feature,
+                self.driver_version(),
+                format!("{call} on the {} backend: {why}", self.driver().name()),
+            );
         }
         let le_call = call.family() == Family::LogicalEndpoint;
         let old = self
             .driver_version()
             .is_some_and(|v| v < LOGICAL_ENDPOINT_MIN_VERSION);
         if le_call && code == Code::NOT_SUPPORTED && old {
-            return Error::Unsupported {
-                what: format!("{call} (logical endpoints need a CUDA 13.3 driver)"),
-                driver_version: self.driver_version(),
-                hint: "this driver still has VMM memory and, on multicast-capable devices, the classic cuMulticast* API".into(),
-            };
+            return Error::unsupported(
+                Feature::LogicalEndpoints,
+                self.driver_version(),
+                format!(
+                    "{call} refused; this driver still has VMM memory and, on multicast-capable devices, the classic cuMulticast* API"
+                ),
+            );
         }
         Error::driver(call, code)
+    }
+}
+
+/// What a backend that explains its `NOT_SUPPORTED` (the classic multicast
+/// fallback) cannot do, by the call it refused and the properties asked for.
+/// `None`: no feature to name; the driver's code then speaks for itself.
+fn backend_feature(call: Call, props: Option<&EndpointProps>) -> Option<Feature> {
+    match call {
+        Call::AddDevice => Some(Feature::ClassicMulticastDevice),
+        Call::Export | Call::Import => Some(Feature::FabricOnClassic),
+        Call::Create | Call::GetLimits => props.map(|p| match p.shape {
+            Shape::Unicast { .. } => Feature::UnicastOnClassic,
+            Shape::Multicast { .. } if p.ipc_fabric => Feature::FabricOnClassic,
+            Shape::Multicast { .. } if p.counted_ops => Feature::CountedOpsOnClassic,
+            Shape::Multicast { .. } => Feature::MulticastTeam,
+        }),
+        _ => None,
     }
 }

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use crate::context::Context;
 use crate::driver::{Call, Device, attr};
 use crate::driver::{EndpointProps, Shape};
-use crate::error::{Error, Failed, Result};
-use crate::kind::{CanExport, Creatable, Enroll, Kind, NoKind, TeamHasRoom};
+use crate::error::{Alignment, Arg, Error, Failed, Feature, Result, Rule};
+use crate::kind::{CanExport, Creatable, Enroll, HasFabricHandles, Kind, NoKind, TeamHasRoom};
 use crate::memory::round_up;
 use crate::range::{RangeInner, Slot, release_shared};
 use crate::sharing::FabricHandle;
@@ -208,7 +208,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // SAFETY: `self` is a `Reserved` endpoint: the id is this range's and
         // holds no endpoint (R2.1, R3.4).
         if let Err(code) = unsafe { d.create(self.id, spec.props) } {
-            let error = self.context().error(Call::Create, code);
+            let error = self
+                .context()
+                .error_for(Call::Create, code, Some(&spec.props));
             return self.fail(error);
         }
         for (i, &dev) in spec.devices.iter().enumerate() {
@@ -282,23 +284,22 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 if ctx.attribute(dev, attr::LE_COUNTED_OPS)? == 0 {
                     return Err(Error::FeatureMissing {
                         device: dev,
-                        feature: "counted operations (COUNTED_OPS)",
+                        feature: Feature::CountedOps,
                         attribute: attr::LE_COUNTED_OPS,
-                        rule: "R2.4",
                     });
                 }
             }
         }
         // SAFETY: a limits query touches nothing anyone owns.
-        let limits = ctx.check(Call::GetLimits, unsafe { ctx.driver().get_limits(props) })?;
+        let limits = unsafe { ctx.driver().get_limits(props) }
+            .map_err(|code| ctx.error_for(Call::GetLimits, code, Some(&props)))?;
         let align = limits.bind_alignment.max(1);
         let largest = limits.max_size / align * align;
         if props.size == 0 {
             return Err(Error::ZeroSize {
-                what: "endpoint size",
+                what: Arg::EndpointSize,
                 suggested: align,
-                unit: "bytes",
-                rule: "R2.3",
+                rule: Some(Rule::R2_3),
             });
         }
         if props.size > limits.max_size {
@@ -311,12 +312,12 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if !props.size.is_multiple_of(align) {
             let up = round_up(props.size, align);
             return Err(Error::Misaligned {
-                what: "endpoint size",
+                what: Arg::EndpointSize,
                 value: props.size,
                 alignment: align,
-                alignment_name: "bind alignment",
+                alignment_kind: Alignment::BindAlignment,
                 suggested: if up <= limits.max_size { up } else { largest },
-                rule: "R2.3",
+                rule: Rule::R2_3,
             });
         }
         Ok(limits)
@@ -470,7 +471,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     pub fn export(&self) -> Result<FabricHandle<K>>
     where
         S: CanShare,
-        K: CanExport,
+        K::Origin: HasFabricHandles,
     {
         let ctx = self.context();
         // SAFETY: the id holds this endpoint (created: `CanShare`); export

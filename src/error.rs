@@ -1,10 +1,312 @@
-//! The crate's error type. Every variant names what was wrong, the SPEC rule
-//! behind it and what to do; none formats through the driver.
+//! The crate's error type, [`Error`], and the enums its variants carry so
+//! that callers match on values, not strings: the [`Rule`] of the driver
+//! contract behind a refusal, the [`Role`] a device lacked, the [`Arg`] that
+//! was wrong, the [`Feature`] a driver or backend does not have.
+//!
+//! Every message names the value, the rule and the fix; none formats through
+//! the driver. The predicates [`Error::is_unsupported`],
+//! [`Error::is_retryable`] and [`Error::is_resource_exhausted`] answer what
+//! callers decide on.
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::driver::{Call, Code, Device};
+use crate::driver::{Call, Code, Device, Location};
+
+macro_rules! rules {
+    ($($v:ident = $name:literal: $statement:literal;)*) => {
+        /// A rule of the driver contract, as the crate's errors cite it
+        /// (the contract is restated in [`crate::guide::contract`]).
+        /// `Display` prints its number (`R5.3`); [`Rule::statement`] says it in
+        /// one line.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[non_exhaustive]
+        pub enum Rule {
+            $(#[doc = concat!("**", $name, "**: ", $statement, ".")] $v,)*
+        }
+
+        impl Rule {
+            /// Every rule, in the contract's order.
+            pub const ALL: &'static [Rule] = &[$(Rule::$v,)*];
+
+            /// The rule's number, e.g. `"R5.3"`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Rule::$v => $name,)*
+                }
+            }
+
+            /// The rule in one line.
+            pub fn statement(self) -> &'static str {
+                match self {
+                    $(Rule::$v => $statement,)*
+                }
+            }
+
+            /// The rule numbered `name` (`"R5.3"`), if there is one.
+            pub fn from_name(name: &str) -> Option<Rule> {
+                match name {
+                    $($name => Some(Rule::$v),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+rules! {
+    R1 = "R1": "ids are reserved as a contiguous range `[base, base+count)` and released as one";
+    R1_1 = "R1.1": "every id in a released range must be reserved by this process";
+    R1_2 = "R1.2": "no id in a released range may still hold an endpoint";
+    R1_3 = "R1.3": "an id count of zero is refused";
+    R2 = "R2": "an endpoint is created on a reserved id from its properties";
+    R2_1 = "R2.1": "create needs a reserved id that holds no endpoint";
+    R2_2 = "R2.2": "a unicast endpoint has one owner device; a multicast team has at least one device";
+    R2_3 = "R2.3": "the size per device is a non-zero multiple of the bind alignment and at most the driver's maxSize";
+    R2_4 = "R2.4": "IPC handle types are FABRIC only; flags are COUNTED_OPS only, which needs attribute 155";
+    R2_5 = "R2.5": "a successful create returns before the endpoint is usable";
+    R3 = "R3": "a query, which never blocks, reports whether construction finished";
+    R3_1 = "R3.1": "a query must report the endpoint constructed before any bind";
+    R3_2 = "R3.2": "a multicast endpoint finishes construction only once every team device is added";
+    R3_3 = "R3.3": "unicast endpoints need the query as well";
+    R3_4 = "R3.4": "using an id before it is constructed is undefined behaviour in the driver";
+    R3_5 = "R3.5": "one query can cover a whole range of ids";
+    R4 = "R4": "each team device is added to a multicast endpoint";
+    R4_1 = "R4.1": "devices are added only to multicast endpoints";
+    R4_2 = "R4.2": "each device joins at most once, and at most the team size in all";
+    R4_3 = "R4.3": "a device stays enrolled for the endpoint's life";
+    R4_4 = "R4.4": "every device is added before memory is bound on any of them";
+    R4_5 = "R4.5": "(13.4+) a device outside the clique of the devices already added is refused";
+    R5 = "R5": "memory is bound to a ready endpoint by allocation handle or by mapped address";
+    R5_1 = "R5.1": "bind only after a query reported the endpoint constructed";
+    R5_2 = "R5.2": "bind on the owner device (unicast) or an enrolled team device (multicast)";
+    R5_3 = "R5.3": "offsets, sizes and addresses of a bind are multiples of the bind alignment";
+    R5_4 = "R5.4": "a bind fits in its allocation and in the endpoint's size";
+    R5_5 = "R5.5": "device memory lives on the device bound, host memory on its host NUMA node";
+    R5_6 = "R5.6": "exportable and imported multicast endpoints accept only externally shareable memory";
+    R5_7 = "R5.7": "an imported unicast endpoint accepts no memory";
+    R5_8 = "R5.8": "bind flags must be zero";
+    R5_9 = "R5.9": "two binds on one device may not overlap in the endpoint range";
+    R5_10 = "R5.10": "a bind refused for memory, fabric readiness or misconfiguration did not happen; the endpoint stays usable";
+    R6 = "R6": "an unbind names a device, an offset and a size";
+    R6_1 = "R6.1": "the offset is the start of an earlier bind on that device";
+    R6_2 = "R6.2": "the size covers whole binds that follow each other";
+    R6_3 = "R6.3": "unbind offsets and sizes are multiples of the bind alignment";
+    R7 = "R7": "destroy detaches the endpoint, unbinds what this process bound and drops its reference";
+    R7_1 = "R7.1": "after destroy the id is still reserved: release it";
+    R7_2 = "R7.2": "memory bound through an endpoint must outlive the binding";
+    R8 = "R8": "an endpoint is exported as a 64-byte fabric handle";
+    R8_1 = "R8.1": "only endpoints created with FABRIC IPC handles can be exported";
+    R9 = "R9": "an exported endpoint is attached to a reserved, free id of this process";
+    R9_1 = "R9.1": "an import may be refused for lack of access rights or support";
+    R9_2 = "R9.2": "an imported endpoint is pending until a query reports it ready";
+    R9_3 = "R9.3": "imported endpoints bind only what R5.6 and R5.7 allow";
+    R9_4 = "R9.4": "bytes that are not a handle this driver issued are refused";
+    R10 = "R10": "the bind alignment and maxSize depend on the properties";
+    R11 = "R11": "every call can fail with initialisation, permission, support or memory errors";
+    R12 = "R12": "driver state belongs to processes";
+    R12_1 = "R12.1": "ids, endpoints, bindings and allocations belong to the process that made them";
+    R12_2 = "R12.2": "a process that exits or is killed drops everything it held";
+    R12_3 = "R12.3": "an endpoint lives until its last reference is gone; the creator keeps its reference until every rank imported";
+    R12_4 = "R12.4": "fabric handles reach across one fabric; POSIX file descriptors stay within a node";
+    R12_5 = "R12.5": "a device already enrolled elsewhere, or one past the team size over all processes, is the driver's refusal";
+    C1 = "C1": "a classic multicast object is created synchronously from team size and size";
+    C2 = "C2": "the multicast granularity plays the role of the bind alignment";
+    C3 = "C3": "a classic bind before every device is added blocks until they are";
+    C4 = "C4": "a classic unbind that does not match its bind is undefined behaviour";
+    C5 = "C5": "a classic object is released with cuMemRelease and shared as a POSIX fd or fabric handle";
+    C6 = "C6": "classic multicast needs MULTICAST_SUPPORTED on every team device";
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The part a device must play for a call (SPEC R5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Role {
+    /// The owner device of a unicast endpoint.
+    Owner,
+    /// A device enrolled in a multicast team.
+    TeamDevice,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Owner => "the owner device",
+            Role::TeamDevice => "a team device",
+        })
+    }
+}
+
+/// The argument a size, offset or count error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Arg {
+    /// The number of ids to reserve (R1.3).
+    IdCount,
+    /// An endpoint's size per device, `prop.size` (R2.3).
+    EndpointSize,
+    /// Where a bind starts in the endpoint range (R5.3).
+    BindOffset,
+    /// How many bytes a bind covers (R5.3).
+    BindSize,
+    /// Where a bind starts in its allocation (R5.3).
+    MemoryOffset,
+    /// The device address a bind by address starts at (R5.3).
+    DeviceAddress,
+    /// The bytes a VMM allocation asks for.
+    AllocationSize,
+}
+
+impl Arg {
+    /// The unit its values are in: `"ids"` or `"bytes"`.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Arg::IdCount => "ids",
+            _ => "bytes",
+        }
+    }
+}
+
+impl fmt::Display for Arg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Arg::IdCount => "id count",
+            Arg::EndpointSize => "endpoint size",
+            Arg::BindOffset => "bind offset",
+            Arg::BindSize => "bind size",
+            Arg::MemoryOffset => "memory offset",
+            Arg::DeviceAddress => "device address",
+            Arg::AllocationSize => "allocation size",
+        })
+    }
+}
+
+/// What an alignment error measures against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Alignment {
+    /// `bindAlignment` from `cuLogicalEndpointGetLimits` (R10), or the
+    /// multicast granularity on the classic backend (C2).
+    BindAlignment,
+    /// The VMM allocation granularity (`cuMemGetAllocationGranularity`).
+    AllocationGranularity,
+}
+
+impl fmt::Display for Alignment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Alignment::BindAlignment => "bind alignment",
+            Alignment::AllocationGranularity => "allocation granularity",
+        })
+    }
+}
+
+/// What a range error overflowed (R5.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Extent {
+    /// The endpoint's size per device (`offset + size <= prop.size`).
+    EndpointRange,
+    /// The allocation bound (`memOffset + size <=` its size).
+    Allocation,
+}
+
+impl fmt::Display for Extent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Extent::EndpointRange => "endpoint range",
+            Extent::Allocation => "allocation",
+        })
+    }
+}
+
+/// A capability that a driver, a backend or a device lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Feature {
+    /// Logical endpoints (`cuLogicalEndpoint*`), on a driver before 13.3.
+    LogicalEndpoints,
+    /// A unicast endpoint on the classic multicast backend, which has none (C1).
+    UnicastOnClassic,
+    /// Exporting or importing an endpoint on the classic multicast backend.
+    FabricOnClassic,
+    /// Counted operations (`COUNTED_OPS`) on the classic multicast backend.
+    CountedOpsOnClassic,
+    /// A team device without `MULTICAST_SUPPORTED` (attribute 132) on the
+    /// classic multicast backend (C6).
+    ClassicMulticastDevice,
+    /// A multicast team on these devices, by either backend.
+    MulticastTeam,
+    /// The base driver entry points this library needs (`cuCtx*`,
+    /// `cuDevice*`): a driver older than CUDA 12.
+    BaseDriver,
+    /// Counted operations (`COUNTED_OPS`, attribute 155) on a device (R2.4).
+    CountedOps,
+}
+
+impl Feature {
+    /// The contract rule behind it.
+    pub fn rule(self) -> Rule {
+        match self {
+            Feature::LogicalEndpoints | Feature::BaseDriver => Rule::R11,
+            Feature::UnicastOnClassic | Feature::CountedOpsOnClassic => Rule::C1,
+            Feature::FabricOnClassic => Rule::C5,
+            Feature::ClassicMulticastDevice | Feature::MulticastTeam => Rule::C6,
+            Feature::CountedOps => Rule::R2_4,
+        }
+    }
+
+    /// What to do instead, in one line.
+    pub fn fix(self) -> &'static str {
+        match self {
+            Feature::LogicalEndpoints => {
+                "install a CUDA 13.3+ driver; for multicast teams, the classic fallback (`Context::auto`) works on older drivers"
+            }
+            Feature::UnicastOnClassic => {
+                "create unicast endpoints on logical endpoints (a CUDA 13.3+ driver)"
+            }
+            Feature::FabricOnClassic => {
+                "share endpoints through logical endpoints (a CUDA 13.3+ driver), or drop `.exportable()`"
+            }
+            Feature::CountedOpsOnClassic => {
+                "drop `.counted_ops()`, or use logical endpoints (a CUDA 13.3+ driver)"
+            }
+            Feature::ClassicMulticastDevice => {
+                "build the team from devices that report MULTICAST_SUPPORTED = 1, or use logical endpoints (a CUDA 13.3+ driver)"
+            }
+            Feature::MulticastTeam => {
+                "use a CUDA 13.3+ driver, or devices that report MULTICAST_SUPPORTED = 1 with the classic fallback switched on"
+            }
+            Feature::BaseDriver => "install a CUDA 12+ driver",
+            Feature::CountedOps => "drop `.counted_ops()` from the spec",
+        }
+    }
+}
+
+impl fmt::Display for Feature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Feature::LogicalEndpoints => "logical endpoints (cuLogicalEndpoint*, driver 13.3+)",
+            Feature::UnicastOnClassic => "unicast endpoints on the classic multicast backend",
+            Feature::FabricOnClassic => "fabric export and import on the classic multicast backend",
+            Feature::CountedOpsOnClassic => {
+                "counted operations (COUNTED_OPS) on the classic multicast backend"
+            }
+            Feature::ClassicMulticastDevice => {
+                "classic multicast on a device without MULTICAST_SUPPORTED (attribute 132)"
+            }
+            Feature::MulticastTeam => "multicast teams on these devices",
+            Feature::BaseDriver => "the base driver entry points (cuCtx*, cuDevice*)",
+            Feature::CountedOps => "counted operations (COUNTED_OPS)",
+        })
+    }
+}
 
 /// Everything that can go wrong, with the value, the rule and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -19,15 +321,34 @@ pub enum Error {
         reason: String,
     },
 
-    /// The driver (or the backend chosen) cannot do this at all.
-    #[error("unsupported: {what}{}. {hint}", version_suffix(*.driver_version))]
+    /// The driver, or the backend chosen, lacks a feature altogether.
+    #[error(
+        "unsupported: {feature}{}{} ({}); {}",
+        version_suffix(*.driver_version),
+        detail_suffix(.detail),
+        .feature.rule(),
+        .feature.fix()
+    )]
     Unsupported {
-        /// What is missing, e.g. `cuLogicalEndpointCreate`.
-        what: String,
+        /// What is missing.
+        feature: Feature,
         /// The driver version (`cuDriverGetVersion`), when known.
         driver_version: Option<i32>,
-        /// What the machine does support, or what to do instead.
-        hint: String,
+        /// What the machine or backend has instead, in words (may be empty).
+        detail: String,
+    },
+
+    /// An environment variable this library reads has a value it cannot use.
+    #[error("{variable}={value:?} is not valid: {problem}; {fix}")]
+    BadEnvironment {
+        /// The variable, e.g. `CUDA_ENDPOINTS_DENY`.
+        variable: &'static str,
+        /// Its value (lossily decoded when not UTF-8).
+        value: String,
+        /// What is wrong with it.
+        problem: String,
+        /// What to set instead.
+        fix: String,
     },
 
     /// The driver answered a call with an error code.
@@ -42,34 +363,37 @@ pub enum Error {
     /// A size, offset or address that must be a multiple of the bind
     /// alignment (SPEC R2.3, R5.3, R6.3) or of the allocation granularity.
     #[error(
-        "{what} = {value} bytes is not a multiple of the {alignment_name} ({alignment} bytes) ({rule}); use {suggested} bytes"
+        "{what} = {value} bytes is not a multiple of the {alignment_kind} ({alignment} bytes) ({rule}); use {suggested} bytes"
     )]
     Misaligned {
         /// Which argument.
-        what: &'static str,
+        what: Arg,
         /// The value given, in bytes.
         value: u64,
         /// The alignment required, in bytes.
         alignment: u64,
-        /// `"bind alignment"` or `"allocation granularity"`.
-        alignment_name: &'static str,
-        /// The nearest valid value (rounded up), in bytes.
+        /// Which alignment that is.
+        alignment_kind: Alignment,
+        /// The nearest valid value (rounded up where that is valid), in bytes.
         suggested: u64,
         /// The SPEC rule.
-        rule: &'static str,
+        rule: Rule,
     },
 
-    /// A zero size where the rule needs a non-zero one.
-    #[error("{what} must not be zero ({rule}); the smallest valid value is {suggested} {unit}")]
+    /// A zero size or count where a non-zero one is needed.
+    #[error(
+        "{what} must not be zero{}; the smallest valid value is {suggested} {}",
+        rule_suffix(*.rule),
+        .what.unit()
+    )]
     ZeroSize {
         /// Which argument.
-        what: &'static str,
-        /// The smallest valid value, in `unit`.
+        what: Arg,
+        /// The smallest valid value, in [`Arg::unit`].
         suggested: u64,
-        /// `"bytes"` or `"ids"`.
-        unit: &'static str,
-        /// The SPEC rule.
-        rule: &'static str,
+        /// The SPEC rule; `None` for VMM allocations, which the contract
+        /// does not cover (`cuMemCreate` refuses size 0).
+        rule: Option<Rule>,
     },
 
     /// An endpoint size above the driver's `maxSize` (SPEC R2.3, R10).
@@ -85,13 +409,13 @@ pub enum Error {
         suggested: u64,
     },
 
-    /// A bind or unbind range that does not fit (SPEC R5.4).
+    /// A bind range that does not fit (SPEC R5.4).
     #[error(
         "{what}: offset {offset} + size {size} bytes exceeds {limit} bytes ({rule}); shrink the size or the offset"
     )]
     OutOfRange {
-        /// What overflowed: `"endpoint range"` or `"allocation"`.
-        what: &'static str,
+        /// What overflowed.
+        what: Extent,
         /// Offset, in bytes.
         offset: u64,
         /// Size, in bytes.
@@ -99,7 +423,7 @@ pub enum Error {
         /// The bytes available, in bytes.
         limit: u64,
         /// The SPEC rule.
-        rule: &'static str,
+        rule: Rule,
     },
 
     /// A device ordinal the driver does not have.
@@ -116,24 +440,25 @@ pub enum Error {
     WrongDevice {
         /// The device given.
         device: Device,
-        /// `"the owner device"` or `"a team device"`.
-        role: &'static str,
+        /// The role it would need.
+        role: Role,
         /// The devices that may be used.
         allowed: Vec<Device>,
         /// The SPEC rule.
-        rule: &'static str,
+        rule: Rule,
     },
 
     /// Memory that lives elsewhere than the device it is bound for (SPEC R5.5).
     #[error(
-        "memory for {device} lives on {location} (R5.5); allocate it on {device}{}",
+        "memory for {device} lives on {} (R5.5); allocate it on {device}{}",
+        location_words(*.location),
         numa_suffix(*.host_numa)
     )]
     MemoryOnWrongDevice {
         /// The device bound for.
         device: Device,
-        /// Where the memory lives, in words.
-        location: String,
+        /// Where the memory lives.
+        location: Location,
         /// The device's host NUMA node, when known.
         host_numa: Option<i32>,
     },
@@ -153,7 +478,9 @@ pub enum Error {
     },
 
     /// A team of zero devices (SPEC R2.2).
-    #[error("a multicast team needs at least one device (R2.2)")]
+    #[error(
+        "a multicast team needs at least one device (R2.2); give `Spec::multicast` a non-empty device list"
+    )]
     EmptyTeam,
 
     /// Two binds on one device that overlap in the endpoint range (SPEC R5.9).
@@ -173,17 +500,19 @@ pub enum Error {
         other_size: u64,
     },
 
-    /// A device attribute says the feature is missing (SPEC R2.4, C6).
-    #[error("{device} does not support {feature} (attribute {attribute} = 0; {rule})")]
+    /// A device attribute says the device lacks a feature (SPEC R2.4, C6).
+    #[error(
+        "{device} does not support {feature} (attribute {attribute} = 0; {}); {}",
+        .feature.rule(),
+        .feature.fix()
+    )]
     FeatureMissing {
         /// The device.
         device: Device,
-        /// In words, e.g. "counted operations".
-        feature: &'static str,
+        /// The feature.
+        feature: Feature,
         /// The attribute number.
         attribute: i32,
-        /// The SPEC rule.
-        rule: &'static str,
     },
 
     /// `wait` ran out of time; the endpoint comes back pending (SPEC R3).
@@ -200,7 +529,9 @@ pub enum Error {
     },
 
     /// A fabric handle that was not issued by this driver (SPEC R9.4).
-    #[error("the bytes are not a fabric handle of a {expected} endpoint ({reason}; R9.4)")]
+    #[error(
+        "the bytes are not a fabric handle of a {expected} endpoint ({reason}; R9.4); pass the bytes `FabricHandle::to_bytes` gave, unchanged"
+    )]
     BadHandle {
         /// The kind expected.
         expected: &'static str,
@@ -238,7 +569,7 @@ pub enum Error {
 
     /// Fabric handles are refused: no fabric daemon (seen on the H200 test machine).
     #[error(
-        "fabric handles are not permitted on {device} ({call}: CUDA_ERROR_NOT_PERMITTED): the fabric manager/IMEX daemon is not running or this process lacks access; use POSIX file descriptors (`PosixFd`) for one-node sharing"
+        "fabric handles are not permitted on {device} ({call}: CUDA_ERROR_NOT_PERMITTED): the fabric manager/IMEX daemon is not running or this process lacks access (R9.1, R12.4); use POSIX file descriptors (`PosixFd`) for one-node sharing"
     )]
     FabricNotPermitted {
         /// The device.
@@ -253,11 +584,63 @@ fn numa_suffix(n: Option<i32>) -> String {
         .unwrap_or_default()
 }
 
+fn location_words(l: Location) -> String {
+    match l {
+        Location::Device(d) => d.to_string(),
+        Location::HostNuma(n) => format!("host NUMA node {n}"),
+    }
+}
+
 fn version_suffix(v: Option<i32>) -> String {
     match v {
-        Some(v) => format!(" (driver {}.{}, CUDA {v})", v / 1000, (v % 1000) / 10),
+        Some(v) => format!(
+            " (driver reports CUDA {}.{}, {v})",
+            v / 1000,
+            (v % 1000) / 10
+        ),
         None => String::new(),
     }
+}
+
+fn detail_suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(": {detail}")
+    }
+}
+
+fn rule_suffix(rule: Option<Rule>) -> String {
+    rule.map(|r| format!(" ({r})")).unwrap_or_default()
+}
+
+/// Raw `CUresult` numbers the predicates and hints read. Kept as numbers so
+/// that they do not depend on how [`Code`] names them.
+// TODO(boundary): delegate to `Code::is_retryable` /
+// `Code::is_resource_exhausted` once `Code` has them.
+mod raw {
+    pub const OUT_OF_MEMORY: u32 = 2;
+    pub const DEINITIALIZED: u32 = 4;
+    pub const MULTICAST_RESOURCE_FULL: u32 = 47;
+    pub const ILLEGAL_STATE: u32 = 401;
+    pub const NOT_PERMITTED: u32 = 800;
+    pub const NOT_SUPPORTED: u32 = 801;
+    pub const SYSTEM_NOT_READY: u32 = 802;
+    pub const FABRIC_NOT_READY: u32 = 919;
+}
+
+/// Retrying the same call later can succeed without the caller changing
+/// anything: fabric software still coming up (SPEC R5.10, 13.5 notes).
+fn code_is_retryable(code: Code) -> bool {
+    matches!(code.raw(), raw::SYSTEM_NOT_READY | raw::FABRIC_NOT_READY)
+}
+
+/// Memory or fabric resources (multicast groups) ran out: free some, then retry.
+fn code_is_resource_exhausted(code: Code) -> bool {
+    matches!(
+        code.raw(),
+        raw::OUT_OF_MEMORY | raw::MULTICAST_RESOURCE_FULL
+    )
 }
 
 fn hint_suffix(call: Call, code: Code) -> &'static str {
@@ -265,18 +648,25 @@ fn hint_suffix(call: Call, code: Code) -> &'static str {
         call,
         Call::Create | Call::BindMem | Call::BindAddr | Call::MulticastCreate
     );
-    match code {
-        Code::OUT_OF_MEMORY if multicast => {
-            ": device memory or fabric resources (multicast groups) are exhausted; free endpoints or bindings and retry"
+    match code.raw() {
+        raw::OUT_OF_MEMORY if multicast => {
+            ": device memory or fabric resources (multicast groups) are exhausted (R5.10, R11); free endpoints or bindings and retry"
         }
-        Code::SYSTEM_NOT_READY => {
-            ": the fabric software (fabric manager / IMEX) is not running; start it and retry (retryable)"
+        raw::OUT_OF_MEMORY => ": out of memory (R11); free memory or endpoints and retry",
+        raw::MULTICAST_RESOURCE_FULL => {
+            ": the fabric has no multicast resources left; destroy multicast endpoints and retry"
         }
-        Code::ILLEGAL_STATE => {
-            ": the system is misconfigured (fabric or NVLink state); fix the setup, then retry"
+        raw::SYSTEM_NOT_READY => {
+            ": the fabric software (fabric manager / IMEX) is not running (R5.10); start it and retry (retryable)"
         }
-        Code::NOT_PERMITTED => ": this process may not do this (denied by policy or by the driver)",
-        Code::DEINITIALIZED => ": the driver is shutting down",
+        raw::FABRIC_NOT_READY => ": the fabric is not ready yet; retry after a delay (retryable)",
+        raw::ILLEGAL_STATE => {
+            ": the system is misconfigured (fabric or NVLink state, R5.10); fix the setup, then retry"
+        }
+        raw::NOT_PERMITTED => {
+            ": this process may not do this (denied by policy or by the driver, R11)"
+        }
+        raw::DEINITIALIZED => ": the driver is shutting down (R11)",
         _ => "",
     }
 }
@@ -287,6 +677,35 @@ impl Error {
         Error::Driver { call, code }
     }
 
+    /// A feature the driver or backend lacks; `detail` says what it has
+    /// instead (may be empty).
+    pub fn unsupported(
+        feature: Feature,
+        driver_version: Option<i32>,
+        detail: impl Into<String>,
+    ) -> Error {
+        Error::Unsupported {
+            feature,
+            driver_version,
+            detail: detail.into(),
+        }
+    }
+
+    /// An environment variable with a value this library cannot use.
+    pub fn bad_environment(
+        variable: &'static str,
+        value: impl Into<String>,
+        problem: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Error {
+        Error::BadEnvironment {
+            variable,
+            value: value.into(),
+            problem: problem.into(),
+            fix: fix.into(),
+        }
+    }
+
     /// The driver code, if this came from the driver.
     pub fn code(&self) -> Option<Code> {
         match self {
@@ -295,18 +714,73 @@ impl Error {
         }
     }
 
-    /// Whether retrying the same call later can succeed (SPEC R5.10): fabric
-    /// software not ready, or resources exhausted.
+    /// The contract rule this error cites, if it cites one.
+    pub fn rule(&self) -> Option<Rule> {
+        match self {
+            Error::Misaligned { rule, .. }
+            | Error::OutOfRange { rule, .. }
+            | Error::WrongDevice { rule, .. } => Some(*rule),
+            Error::ZeroSize { rule, .. } => *rule,
+            Error::Unsupported { feature, .. } | Error::FeatureMissing { feature, .. } => {
+                Some(feature.rule())
+            }
+            Error::SizeTooLarge { .. } => Some(Rule::R2_3),
+            Error::MemoryOnWrongDevice { .. } => Some(Rule::R5_5),
+            Error::AlreadyEnrolled { .. } | Error::TeamFull { .. } => Some(Rule::R4_2),
+            Error::EmptyTeam => Some(Rule::R2_2),
+            Error::Overlap { .. } => Some(Rule::R5_9),
+            Error::Timeout { .. } => Some(Rule::R3),
+            Error::BadHandle { .. } => Some(Rule::R9_4),
+            Error::FabricNotPermitted { .. } => Some(Rule::R9_1),
+            _ => None,
+        }
+    }
+
+    /// Whether this driver, backend or device cannot do this at all, so that
+    /// the caller should take another path (another backend, no
+    /// `.counted_ops()`, ...): [`Error::Unsupported`],
+    /// [`Error::FeatureMissing`], or the driver's own `NOT_SUPPORTED`.
+    /// Not [`Error::NoDriver`]: there is no driver to ask.
+    pub fn is_unsupported(&self) -> bool {
+        match self {
+            Error::Unsupported { .. } | Error::FeatureMissing { .. } => true,
+            Error::Driver { code, .. } => code.raw() == raw::NOT_SUPPORTED,
+            _ => false,
+        }
+    }
+
+    /// Whether retrying the same call later, unchanged, can succeed: the
+    /// fabric software is not ready yet (`SYSTEM_NOT_READY`, R5.10;
+    /// `FABRIC_NOT_READY`, "retry after a delay"), or a [`Error::Timeout`]
+    /// (wait longer). Exhausted resources are
+    /// [`Error::is_resource_exhausted`] instead: retrying helps only after
+    /// something is freed.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self.code(),
-            Some(Code::SYSTEM_NOT_READY) | Some(Code::OUT_OF_MEMORY)
-        ) || matches!(self, Error::Timeout { .. })
+        match self {
+            Error::Driver { code, .. } => code_is_retryable(*code),
+            Error::Timeout { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Whether memory or fabric resources ran out (`OUT_OF_MEMORY`, which
+    /// on a multicast create or bind can mean no multicast groups are left,
+    /// R5.10; `MULTICAST_RESOURCE_FULL`): free endpoints, bindings or memory,
+    /// then retry.
+    pub fn is_resource_exhausted(&self) -> bool {
+        match self {
+            Error::Driver { code, .. } => code_is_resource_exhausted(*code),
+            _ => false,
+        }
     }
 }
 
 /// A failed consuming transition: the error, and the value it was called on,
 /// unchanged, so nothing leaks and the caller can retry or drop it.
+///
+/// `Display` is one short sentence and [`std::error::Error::source`] is the
+/// [`Error`], so an error report that walks the chain shows the cause once.
+/// `?` into [`Error`] keeps only the error (and drops the value).
 pub struct Failed<T> {
     /// What went wrong.
     pub error: Error,
@@ -332,7 +806,7 @@ impl<T> fmt::Debug for Failed<T> {
 
 impl<T> fmt::Display for Failed<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.error, f)
+        f.write_str("the call failed and handed its value back unchanged")
     }
 }
 
@@ -350,3 +824,46 @@ impl<T> From<Failed<T>> for Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rule_displays_its_number_and_parses_back() {
+        for &r in Rule::ALL {
+            assert_eq!(Rule::from_name(&r.to_string()), Some(r));
+            assert!(!r.statement().is_empty());
+        }
+        assert_eq!(Rule::R5_3.to_string(), "R5.3");
+        assert_eq!(Rule::R12_5.to_string(), "R12.5");
+        assert_eq!(Rule::from_name("R5.11"), None);
+    }
+
+    #[test]
+    fn failed_shows_its_cause_once_in_a_chain() {
+        let f = Failed {
+            error: Error::EmptyTeam,
+            value: (),
+        };
+        let mut chain = vec![f.to_string()];
+        let mut s = std::error::Error::source(&f);
+        while let Some(e) = s {
+            chain.push(e.to_string());
+            s = e.source();
+        }
+        assert_eq!(chain.len(), 2);
+        let cause = Error::EmptyTeam.to_string();
+        assert_eq!(chain.iter().filter(|m| m.contains(&cause)).count(), 1);
+    }
+
+    #[test]
+    fn predicates_read_the_13_5_codes() {
+        let d = |raw| Error::driver(Call::BindMem, Code::from_raw(raw).unwrap());
+        assert!(d(802).is_retryable() && d(919).is_retryable());
+        assert!(!d(2).is_retryable() && d(2).is_resource_exhausted());
+        assert!(d(47).is_resource_exhausted() && !d(47).is_retryable());
+        assert!(d(801).is_unsupported() && !d(1).is_unsupported());
+        assert!(d(919).to_string().contains("retry after a delay"));
+    }
+}

@@ -18,7 +18,10 @@ pub mod reading_the_compiler {
     //! contract forbids in the state or kind at hand does not compile. Every
     //! such error below is pinned by a test case in `ui-tests/` (named in the
     //! last column) with rustc 1.95's exact output beside it, and the correct
-    //! version of each group is in `ui-tests/pass/`.
+    //! version of each group is in `ui-tests/pass/`. On any other compiler,
+    //! `cargo test --test ui` still proves every case refused with the same
+    //! error code (through the doctests of `guide::misuse_cases`), without
+    //! comparing the words.
     //!
     //! ## How the messages are laid out
     //!
@@ -42,7 +45,11 @@ pub mod reading_the_compiler {
     //!
     //! Skip the `help: the trait ... is not implemented for ...` line: it
     //! names the internal trait behind the check. Where it says `B0`, that is
-    //! typenum's "false" (a team count that did not add up). `Pending` and
+    //! typenum's "false" (a team count that did not add up). Messages about
+    //! export name how the endpoint came to be (`Local`: created without
+    //! `.exportable()`; `ImportedUnicast`, `ImportedMulticast`: imported), not
+    //! its whole kind, so that a compile-time team's typenum count never
+    //! shows. `Pending` and
     //! `Ready` print as `cuda_endpoints::Pending` and `cuda_endpoints::Ready`
     //! because the standard library has types of the same names.
     //!
@@ -82,6 +89,10 @@ pub mod reading_the_compiler {
     //! | `.poll()` on a team with devices missing | the same | the same | R3.2, R4.4 | `team_poll_incomplete` |
     //! | [`wait_all`](crate::wait_all) over teams with devices missing | the same, at the `wait_all` argument | the same, for every team in the list | R3.2, R3.5 | `team_wait_all_incomplete` |
     //! | a third `add_device` on `Spec::team(U2::new(), ..)` | this multicast team is already complete: it has no room for another device | drop the call, or create a larger team | R4.2 | `team_one_device_too_many` |
+    //! | `bind` on `Spec::team(U2::new(), ..)` with one device enrolled | the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `cuda_endpoints::Pending` (the note: a `Spec::team(..)` team needs every device of the team enrolled before it can be waited for) | `add_device` every device of the team, `wait`, then bind on what `wait` returns | R3.1, R3.2, R4.4 | `team_bind_incomplete` |
+    //! | `bind_part` on a team with devices missing | the same | the same | R3.1, R3.2, R4.4 | `team_bind_part_incomplete` |
+    //! | `kernel_ref()` on a team with devices missing | the same | the same: a kernel must never see a team under construction | R3.2, R3.4 | `team_kernel_ref_incomplete` |
+    //! | `export()` on a `Spec::team(..)` team created without `.exportable()` | `export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `Local` | create from `Spec::team(size, bytes).exportable()`; a pending team may be exported, so the other ranks can import it | R8.1 | `team_export_incomplete_not_exportable` |
     //! | `Spec::team(U0::new(), ..)` | a multicast team needs at least one device, but this team size is zero | a non-zero size, e.g. `U4::new()` | R2.2 | `team_size_zero` |
     //! | `add_device` on a unicast endpoint | `add_device` is only for teams enrolled device by device (`Spec::team`, `Spec::spread`); a `cuda_endpoints::Unicast` endpoint takes no devices after `create` | a unicast endpoint's one device is its owner, given to `Spec::unicast(owner, ..)`; for a team, create a multicast endpoint | R4.1 | `team_add_device_on_unicast` |
     //! | `add_device` on a `Spec::multicast(&devices, ..)` endpoint | the same, for `cuda_endpoints::Multicast` | `create` already enrolled the devices listed: list every device there, or use [`Spec::team`](crate::Spec::team) to add them one by one | R4.2 | `team_add_device_on_runtime_multicast` |
@@ -97,8 +108,9 @@ pub mod reading_the_compiler {
     //! | `bind` on an imported unicast endpoint | an imported unicast endpoint accepts no memory: binding on it is not allowed | bind in the exporting process; here, pass `kernel_ref()` to kernels | R5.7 | `memory_bind_on_imported_unicast` |
     //! | `Allocation::<Private>` bound on an endpoint made with `.exportable()` | `Private` memory cannot be bound here: this `cuda_endpoints::Multicast<Exportable>` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<Fabric>` | R5.6 | `memory_private_on_exportable` |
     //! | `Allocation::<Private>` bound on an imported multicast endpoint | the same, for `ImportedMulticast` | the same | R5.6 | `memory_private_on_imported_multicast` |
-    //! | `export()` on an endpoint created without `.exportable()` | `export` needs an endpoint created with fabric handles, but this endpoint is `cuda_endpoints::Unicast` | create from `spec.exportable()` | R8.1 | `share_export_not_exportable` |
+    //! | `export()` on an endpoint created without `.exportable()` | `export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `Local` | create from `spec.exportable()` | R8.1 | `share_export_not_exportable` |
     //! | `export()` on an imported endpoint | the same, for `ImportedUnicast` | pass on the handle it was imported from | R8.1 | `share_export_imported` |
+    //! | a driver method called on a backend (`model.destroy(id)`) outside `unsafe` | `E0133` call to unsafe function `cuda_endpoints::Driver::destroy` is unsafe and requires unsafe block | go through the typed API (`ep.destroy()`); a raw call is `unsafe` and its `# Safety` names the rules the caller takes on | R3.4, C3, C4, R7.2 | `unsafe_raw_driver_call` |
     //! | `ep.bind_raw_addr(..)` outside `unsafe` | `E0133` call to unsafe function ... `bind_raw_addr` is unsafe and requires unsafe block | prefer `Allocation::map` and `bind`, which keep the memory alive; else `unsafe { .. }` with a `// SAFETY:` line saying why the address stays mapped while bound | R5, R7.2 | `unsafe_bind_raw_addr` |
     //! | `ep.bind(dev, 0, &mem)?;` as a statement | `unused Binding that must be used` (an error under `#![deny(unused_must_use)]`, else a warning) | `let b = ep.bind(..)?;`, kept for as long as the memory should stay bound. Not `let _ = ..`, which rustc suggests: it unbinds at once | R6 | `lint_binding_discarded` |
     //!
@@ -238,3 +250,103 @@ pub mod threads {
 
 #[doc = include_str!("contract.md")]
 pub mod contract {}
+
+/// Every case of `ui-tests/` again, as doctests: so that any compiler, not
+/// only the pinned one whose exact words the `.stderr` files hold, proves
+/// that each misuse is still refused with its error code, and that each
+/// correct version still compiles and runs. `tests/ui.rs` checks that this
+/// list matches the directory and the first `error[E…]` of each `.stderr`,
+/// and, on a compiler other than the pinned one, runs these doctests
+/// (`cargo test --doc -- guide::misuse_cases`).
+#[cfg(doctest)]
+#[allow(non_camel_case_types)]
+pub mod misuse_cases {
+    /// One `compile_fail` doctest per case, with the error code rustc must
+    /// report (`lint`: a lint the case itself denies, which has no code).
+    macro_rules! refused {
+        ($($case:ident: $code:ident,)*) => {$(refused!(@code $case $code);)*};
+        (@code $case:ident lint) => {refused!(@doc $case "compile_fail");};
+        (@code $case:ident $code:ident) => {
+            refused!(@doc $case concat!("compile_fail,", stringify!($code)));
+        };
+        (@doc $case:ident $info:expr) => {
+            #[doc = concat!(
+                "```", $info, "\n",
+                include_str!(concat!("../ui-tests/", stringify!($case), ".rs")),
+                "\n```"
+            )]
+            pub struct $case;
+        };
+    }
+
+    /// One doctest per correct version: it must compile and run.
+    macro_rules! accepted {
+        ($($case:ident,)*) => {$(
+            #[doc = concat!(
+                "```\n",
+                include_str!(concat!("../ui-tests/pass/", stringify!($case), ".rs")),
+                "\n```"
+            )]
+            pub struct $case;
+        )*};
+    }
+
+    refused! {
+        borrow_binding_outlives_endpoint: E0597,
+        borrow_destroy_while_bound: E0505,
+        borrow_drop_allocation_while_bound: E0505,
+        borrow_drop_mapped_while_bound: E0505,
+        lint_binding_discarded: lint,
+        memory_bind_on_imported_unicast: E0277,
+        memory_private_on_exportable: E0277,
+        memory_private_on_imported_multicast: E0277,
+        move_create_twice: E0382,
+        move_range_release_after_split: E0382,
+        move_unbind_twice: E0382,
+        move_use_after_destroy: E0382,
+        share_export_imported: E0277,
+        share_export_not_exportable: E0277,
+        state_add_device_after_ready: E0277,
+        state_add_device_on_reserved: E0277,
+        state_bind_on_pending: E0277,
+        state_bind_on_reserved: E0277,
+        state_create_on_pending: E0277,
+        state_destroy_on_reserved: E0277,
+        state_export_on_reserved: E0277,
+        state_kernel_ref_on_pending: E0277,
+        state_poll_on_reserved: E0277,
+        state_release_pending: E0277,
+        state_release_ready: E0277,
+        state_unbind_on_endpoint: E0277,
+        state_wait_on_ready: E0277,
+        state_wait_on_reserved: E0277,
+        team_add_device_on_runtime_multicast: E0277,
+        team_add_device_on_unicast: E0277,
+        team_bind_incomplete: E0277,
+        team_bind_part_incomplete: E0277,
+        team_export_incomplete_not_exportable: E0277,
+        team_kernel_ref_incomplete: E0277,
+        team_one_device_too_many: E0277,
+        team_poll_incomplete: E0277,
+        team_size_zero: E0277,
+        team_wait_all_incomplete: E0277,
+        team_wait_incomplete: E0277,
+        thread_binding_to_spawn: E0597,
+        thread_endpoint_ref_outlives_endpoint: E0505,
+        thread_endpoint_ref_to_spawn: E0597,
+        unsafe_bind_raw_addr: E0133,
+        unsafe_raw_driver_call: E0133,
+    }
+
+    /// The correct versions (`ui-tests/pass/`).
+    pub mod pass {
+        accepted! {
+        borrow_teardown_order,
+        memory_and_sharing,
+        state_lifecycle,
+        team_enrollment,
+        thread_scoped_binds,
+        unsafe_bind_raw_addr,
+        }
+    }
+}

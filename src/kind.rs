@@ -49,6 +49,11 @@ pub trait Kind: Sealed + Send + Sync + 'static {
     /// The kind once ready: team counts are erased (a complete team is an
     /// ordinary multicast endpoint).
     type Ready: Kind;
+    /// How the endpoint came to this process, in a name that reads well in a
+    /// compile error: [`Local`] or [`Exportable`] (created from a spec with or
+    /// without `.exportable()`), [`ImportedUnicast`] or [`ImportedMulticast`].
+    /// Only `Exportable` has a fabric handle to export (R8.1).
+    type Origin;
 }
 
 /// No endpoint yet: the kind of a [`crate::Reserved`] id.
@@ -93,18 +98,21 @@ impl Kind for NoKind {
     const MULTICAST: bool = false;
     type Complete = B1;
     type Ready = NoKind;
+    type Origin = NoKind;
 }
 impl<X: Sharing> Kind for Unicast<X> {
     const NAME: &'static str = "unicast";
     const MULTICAST: bool = false;
     type Complete = B1;
     type Ready = Unicast<X>;
+    type Origin = X;
 }
 impl<X: Sharing> Kind for Multicast<X> {
     const NAME: &'static str = "multicast";
     const MULTICAST: bool = true;
     type Complete = B1;
     type Ready = Multicast<X>;
+    type Origin = X;
 }
 impl<N, E, X> Kind for Team<N, E, X>
 where
@@ -116,31 +124,35 @@ where
     const MULTICAST: bool = true;
     type Complete = Eq<E, N>;
     type Ready = Multicast<X>;
+    type Origin = X;
 }
 impl<X: Sharing> Kind for SpreadTeam<X> {
     const NAME: &'static str = "spread multicast team";
     const MULTICAST: bool = true;
     type Complete = B1;
     type Ready = Multicast<X>;
+    type Origin = X;
 }
 impl Kind for ImportedUnicast {
     const NAME: &'static str = "imported unicast";
     const MULTICAST: bool = false;
     type Complete = B1;
     type Ready = ImportedUnicast;
+    type Origin = ImportedUnicast;
 }
 impl Kind for ImportedMulticast {
     const NAME: &'static str = "imported multicast";
     const MULTICAST: bool = true;
     type Complete = B1;
     type Ready = ImportedMulticast;
+    type Origin = ImportedMulticast;
 }
 
 /// Readiness may be waited for only once every team device is enrolled (R3.2).
 #[diagnostic::on_unimplemented(
     message = "this multicast team is not complete: `wait`, `poll` and `wait_all` need every team device enrolled",
     label = "devices are still missing from this team",
-    note = "call `.add_device(dev)` for every device still missing before waiting (a `Spec::team(U4::new(), ..)` team takes exactly 4): construction cannot finish before the whole team is in (R3.2, R4.4)"
+    note = "call `.add_device(dev)` for every device of the team still missing, then wait: a `Spec::team(..)` team takes exactly as many devices as its size, all enrolled by this process, and its construction cannot finish before the whole team is in (R3.2, R4.4); for a team spread over processes use `Spec::spread(n, bytes)`"
 )]
 pub trait TeamIsComplete {}
 #[diagnostic::do_not_recommend]
@@ -191,7 +203,7 @@ impl<N: Unsigned + IsGreater<U0> + Send + Sync + 'static> TeamSize for N {
 #[diagnostic::on_unimplemented(
     message = "`add_device` is only for teams enrolled device by device (`Spec::team`, `Spec::spread`); a `{Self}` endpoint takes no devices after `create`",
     label = "no device can be added to this endpoint",
-    note = "a unicast endpoint has one device, its owner, fixed by `Spec::unicast(owner, ..)` (R4.1); a `Spec::multicast(&devices, ..)` team is enrolled in full by `create`: list every device there, or create with `Spec::team(U4::new(), ..)` to add them one by one (R4)"
+    note = "a unicast endpoint has one device, its owner, fixed by `Spec::unicast(owner, ..)` (R4.1); a `Spec::multicast(&devices, ..)` team is enrolled in full by `create`: list every device there, or create with `Spec::team(size, ..)` (a typenum size such as `U2::new()`) to add them one by one (R4)"
 )]
 pub trait Enroll<S = Pending>: Kind {
     /// The kind after one more device.
@@ -261,13 +273,25 @@ impl<X: Sharing> Creatable for SpreadTeam<X> {
     const STATIC_TEAM: Option<u32> = None;
 }
 
-/// Kinds whose ready endpoints can be exported with a fabric handle (R8.1).
+/// Whether an endpoint has a fabric handle to export (R8.1), asked of the
+/// kind's [`Kind::Origin`] so that the message names `Local` or
+/// `ImportedUnicast` rather than the whole kind (a compile-time team's kind
+/// holds typenum numbers).
 #[diagnostic::on_unimplemented(
-    message = "`export` needs an endpoint created with fabric handles, but this endpoint is `{Self}`",
-    label = "not exportable",
-    note = "create it from a spec with `.exportable()`, e.g. `Spec::unicast(dev, bytes).exportable()` (FABRIC in `ipcHandleTypes`, R8.1); an imported endpoint cannot be exported again: pass on the handle it was imported from"
+    message = "`export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `{Self}`",
+    label = "no fabric handle to export",
+    note = "create it from a spec with `.exportable()`, e.g. `Spec::unicast(dev, bytes).exportable()` or `Spec::team(size, bytes).exportable()` (FABRIC in `ipcHandleTypes`, R8.1); an imported endpoint cannot be exported again: pass on the handle it was imported from"
 )]
-pub trait CanExport: Kind {
+pub trait HasFabricHandles {}
+impl HasFabricHandles for Exportable {}
+// A `Reserved` id is refused by its state (`CanShare`); this impl only keeps
+// the compiler from adding a second error about the kind.
+#[diagnostic::do_not_recommend]
+impl HasFabricHandles for NoKind {}
+
+/// Kinds whose endpoints can be exported with a fabric handle (R8.1): exactly
+/// those created with fabric handles.
+pub trait CanExport: Kind<Origin = Exportable> {
     /// The kind an importer gets.
     type Imported: Kind;
     /// Tag on the wire.
@@ -287,17 +311,10 @@ impl CanExport for SpreadTeam<Exportable> {
 }
 impl<N, E> CanExport for Team<N, E, Exportable>
 where
-    Team<N, E, Exportable>: Kind,
+    Team<N, E, Exportable>: Kind<Origin = Exportable>,
 {
     type Imported = ImportedMulticast;
     const WIRE: u8 = 2;
-}
-// A `Reserved` id is refused by its state (`CanShare`); this impl only keeps
-// the compiler from adding a second error about the kind.
-#[diagnostic::do_not_recommend]
-impl CanExport for NoKind {
-    type Imported = NoKind;
-    const WIRE: u8 = 0;
 }
 
 /// Kinds that accept memory at all (R5.7).
@@ -310,6 +327,22 @@ pub trait CanBind: Kind {}
 impl<X: Sharing> CanBind for Unicast<X> {}
 impl<X: Sharing> CanBind for Multicast<X> {}
 impl CanBind for ImportedMulticast {}
+// A team is never `Ready` under its own kind (`wait` erases it to
+// `Multicast`), so `bind` on it is always refused by its state (`IsReady`):
+// these impls add nothing, so that the compiler reports that one true error
+// and no second one about the kind (whose name holds typenum numbers).
+#[diagnostic::do_not_recommend]
+impl<N, E, X> CanBind for Team<N, E, X> where Team<N, E, X>: Kind {}
+#[diagnostic::do_not_recommend]
+impl<N, E, X, H: MemShare> Accepts<H> for Team<N, E, X> where Team<N, E, X>: Kind {}
+// Likewise a spread team; but its name reads well, so it keeps the memory
+// rule of its sharing (R5.6) and a pending exportable spread team given
+// `Private` memory hears both true errors at once.
+#[diagnostic::do_not_recommend]
+impl<X: Sharing> CanBind for SpreadTeam<X> {}
+impl<H: MemShare> Accepts<H> for SpreadTeam<Local> {}
+impl Accepts<PosixFd> for SpreadTeam<Exportable> {}
+impl Accepts<Fabric> for SpreadTeam<Exportable> {}
 // A `Reserved` id (`NoKind`) never becomes `Ready`, and `bind` refuses it by
 // its state (`IsReady`): these impls add nothing, so that the compiler reports
 // that one error instead of two more about the kind.

@@ -125,10 +125,9 @@ impl<H: MemShare> Allocation<H> {
         )?;
         if bytes == 0 {
             return Err(Error::ZeroSize {
-                what: "allocation size",
+                what: crate::error::Arg::AllocationSize,
                 suggested: gran,
-                unit: "bytes",
-                rule: "cuMemCreate",
+                rule: None,
             });
         }
         let gran = gran.max(1);

@@ -144,10 +144,9 @@ impl IdRange {
     pub(crate) fn reserve(ctx: &Context, count: u32) -> Result<IdRange> {
         if count == 0 {
             return Err(crate::Error::ZeroSize {
-                what: "id count",
+                what: crate::error::Arg::IdCount,
                 suggested: 1,
-                unit: "ids",
-                rule: "R1.3",
+                rule: Some(crate::error::Rule::R1_3),
             });
         }
         // SAFETY: new ids, owned by the `IdRange` made below.

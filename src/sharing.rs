@@ -44,7 +44,10 @@ impl<K: CanExport> std::fmt::Debug for FabricHandle<K> {
     }
 }
 
-impl<K: CanExport> FabricHandle<K> {
+impl<K> FabricHandle<K> {
+    // Not bound by `CanExport`: `export` asks `HasFabricHandles` of the
+    // kind's origin instead, for a message that names it (every kind whose
+    // origin is `Exportable` is `CanExport`).
     pub(crate) fn new(data: [u8; 64], size: u64, align: u64, team_size: u32) -> Self {
         FabricHandle {
             data,
@@ -54,7 +57,9 @@ impl<K: CanExport> FabricHandle<K> {
             _kind: PhantomData,
         }
     }
+}
 
+impl<K: CanExport> FabricHandle<K> {
     pub(crate) fn bytes(&self) -> FabricHandleBytes {
         FabricHandleBytes(self.data)
     }

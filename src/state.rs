@@ -91,7 +91,7 @@ impl CanQuery for Pending {}
 #[diagnostic::on_unimplemented(
     message = "the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `{Self}`",
     label = "state `{Self}`, not `Ready`",
-    note = "call `.wait(timeout)` (or `.poll()`) first and use the `Endpoint<Ready, _>` it returns; a `Reserved` id needs `.create(spec)` before that. Using an endpoint before a query reported it constructed is undefined behaviour in the driver (R3.1, R3.4, R5.1)"
+    note = "call `.wait(timeout)` (or `.poll()`) first and use the `Endpoint<Ready, _>` it returns; a `Reserved` id needs `.create(spec)` before that, and a `Spec::team(..)` team needs every device of the team enrolled with `.add_device(dev)` before it can be waited for (R3.2). Using an endpoint before a query reported it constructed is undefined behaviour in the driver (R3.1, R3.4, R5.1)"
 )]
 pub trait IsReady: Sealed {}
 impl IsReady for Ready {}

@@ -3,10 +3,15 @@
 //! and breaks no rule — in particular no bind before the team is complete
 //! (C3, logged by the model) and no unbind that does not match a bind (C4).
 
+mod common;
+
+use common::clean;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use cuda_endpoints::driver::{Classic, Granularity};
+use cuda_endpoints::error::Feature;
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::{U2, U4};
 use cuda_endpoints::{
@@ -22,16 +27,6 @@ fn classic_node(n: usize) -> (Context, Model) {
     let cfg = ModelConfig::cuda_13_0(n).with_devices(|_, d| d.classic_multicast = true);
     let model = Model::new(cfg);
     (Context::new(Classic::new(Arc::new(model.clone()))), model)
-}
-
-fn clean(ctx: &Context, model: &Model) {
-    assert!(ctx.take_teardown_errors().is_empty());
-    assert!(model.live().is_empty(), "leak: {:?}", model.live());
-    assert!(
-        model.violations().is_empty(),
-        "rule broken: {:?}",
-        model.violations()
-    );
 }
 
 fn devs(n: i32) -> Vec<Device> {
@@ -190,14 +185,14 @@ fn unicast_has_no_classic_form() {
         .unwrap()
         .create(Spec::unicast(0, 2 * MIB))
         .unwrap_err();
+    assert!(e.error.is_unsupported(), "{}", e.error);
     assert!(
         matches!(
             e.error,
-            Error::Unsupported { .. }
-                | Error::Driver {
-                    code: Code::NOT_SUPPORTED,
-                    ..
-                }
+            Error::Unsupported {
+                feature: Feature::UnicastOnClassic,
+                ..
+            }
         ),
         "{}",
         e.error
@@ -221,6 +216,7 @@ fn no_multicast_supported_means_no_multicast_call() {
         matches!(
             e.error,
             Error::Unsupported {
+                feature: Feature::MulticastTeam,
                 driver_version: Some(13000),
                 ..
             }
@@ -301,14 +297,14 @@ fn export_is_not_emulated() {
         .create(Spec::multicast(&devs(2), 2 * MIB).exportable())
         .unwrap_err();
     // The code the typed API maps: on a 13.0 driver, `Unsupported`.
+    assert!(e.error.is_unsupported(), "{}", e.error);
     assert!(
         matches!(
             e.error,
-            Error::Unsupported { .. }
-                | Error::Driver {
-                    code: Code::NOT_SUPPORTED,
-                    ..
-                }
+            Error::Unsupported {
+                feature: Feature::FabricOnClassic,
+                ..
+            }
         ),
         "{}",
         e.error

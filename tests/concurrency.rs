@@ -8,6 +8,10 @@
 //!
 //! The thread-safety facts these tests rely on are asserted at compile time.
 
+mod common;
+
+use common::clean;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -47,12 +51,6 @@ assert_not_impl_any!(IdRange: Clone, Copy);
 
 const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(10);
-
-fn clean(ctx: &Context, model: &Model) {
-    assert!(ctx.take_teardown_errors().is_empty());
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
-    assert!(model.live_node().is_empty(), "{:?}", model.live_node());
-}
 
 fn team(ctx: &Context, n: i32, per_device: u64) -> Endpoint<Ready, Multicast> {
     let devs: Vec<Device> = (0..n).map(Device).collect();

@@ -11,6 +11,10 @@
 //!   n: each fault surfaces exactly once, naming its call, nothing breaks a
 //!   rule, and nothing leaks unless a teardown call failed.
 
+mod common;
+
+use common::clean;
+
 use std::time::Duration;
 
 use cuda_endpoints::model::{Fault, FaultPlan, Live, Model, ModelConfig, faults};
@@ -51,12 +55,6 @@ fn only(call: Call, code: Code) -> FaultPlan {
     FaultPlan::none().with(Fault::nth(call, 1, code))
 }
 
-fn clean(ctx: &Context, model: &Model) {
-    assert!(ctx.take_teardown_errors().is_empty());
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
-    assert!(model.live_node().is_empty(), "{:?}", model.live_node());
-}
-
 // ------------------------------------------------------------ error mapping
 
 #[test]
@@ -81,7 +79,7 @@ fn out_of_memory_on_multicast_create_reads_as_exhausted_fabric_resources() {
         msg.contains("multicast groups") && msg.contains("exhausted"),
         "{msg}"
     );
-    assert!(f.error.is_retryable());
+    assert!(f.error.is_resource_exhausted() && !f.error.is_retryable());
     // The id came back reserved; the same create succeeds now.
     let ep = f
         .value
@@ -111,7 +109,7 @@ fn out_of_memory_on_multicast_bind_reads_as_exhausted_and_the_endpoint_stays_usa
         let e = bind().unwrap_err();
         assert_eq!(e, Error::driver(call, Code::OUT_OF_MEMORY));
         assert!(e.to_string().contains("multicast groups"), "{e}");
-        assert!(e.is_retryable());
+        assert!(e.is_resource_exhausted() && !e.is_retryable());
         assert_eq!(
             model.live().bindings,
             0,

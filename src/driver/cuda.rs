@@ -100,12 +100,13 @@ fn apply_env_deny() -> Result<(), Error> {
     let list = match std::env::var(DENY_ENV) {
         Ok(list) => list,
         Err(std::env::VarError::NotPresent) => return Ok(()),
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(Error::Unsupported {
-                what: format!("{DENY_ENV} (not valid UTF-8)"),
-                driver_version: None,
-                hint: "set it to comma-separated cuda.h names, e.g. cuMulticastCreate".into(),
-            });
+        Err(std::env::VarError::NotUnicode(v)) => {
+            return Err(Error::bad_environment(
+                DENY_ENV,
+                v.to_string_lossy(),
+                "not valid UTF-8",
+                "set it to comma-separated cuda.h names, e.g. cuMulticastCreate",
+            ));
         }
     };
     let (calls, unknown) = parse_deny_list(&list);
@@ -115,11 +116,12 @@ fn apply_env_deny() -> Result<(), Error> {
         return Ok(());
     }
     let known: Vec<&str> = Call::ALL.iter().map(|c| c.name()).collect();
-    Err(Error::Unsupported {
-        what: format!("{DENY_ENV} entries {unknown:?} (no such driver entry point)"),
-        driver_version: None,
-        hint: format!("use cuda.h names from: {}", known.join(", ")),
-    })
+    Err(Error::bad_environment(
+        DENY_ENV,
+        list,
+        format!("{unknown:?} name no driver entry point"),
+        format!("use cuda.h names from: {}", known.join(", ")),
+    ))
 }
 
 // ---------------------------------------------------------------------------
@@ -462,11 +464,11 @@ impl Cuda {
             .map(|(n, _)| *n)
             .collect();
         if !lacking.is_empty() {
-            return Err(Error::Unsupported {
-                what: lacking.join(", "),
-                driver_version: Some(version),
-                hint: "the driver is too old for this library; install a CUDA 12+ driver".into(),
-            });
+            return Err(Error::unsupported(
+                crate::error::Feature::BaseDriver,
+                Some(version),
+                format!("the driver lacks {}", lacking.join(", ")),
+            ));
         }
         tracing::debug!(version, missing = ?t.missing_names(), "CUDA driver loaded");
         Ok(Cuda {
@@ -520,11 +522,11 @@ impl Cuda {
                 lacking.join(", ")
             ));
         }
-        Err(Error::Unsupported {
-            what: "cuLogicalEndpoint* (logical endpoints need driver 13.3+)".into(),
-            driver_version: Some(self.version),
+        Err(Error::unsupported(
+            crate::error::Feature::LogicalEndpoints,
+            Some(self.version),
             hint,
-        })
+        ))
     }
 
     /// The primary context of `dev`, retained on first use.

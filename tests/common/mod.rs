@@ -1,6 +1,25 @@
-//! Helpers shared by the property-test binaries.
+//! Fixtures shared by the test binaries: the end-of-test check that nothing
+//! leaked and no rule was broken, and the property-test configuration.
+//! Each binary uses some of them (`mod common;`), hence `dead_code`.
+#![allow(dead_code)]
 
+use cuda_endpoints::Context;
+use cuda_endpoints::model::Model;
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
+
+/// The end of every model test: no teardown error was kept on the context,
+/// nothing is left anywhere on the node (ids, endpoints, bindings,
+/// allocations, mappings, address ranges, multicast objects: every process's
+/// leak counters are zero), and the model saw no call break a rule.
+#[track_caller]
+pub fn clean(ctx: &Context, model: &Model) {
+    let teardown = ctx.take_teardown_errors();
+    assert!(teardown.is_empty(), "teardown errors: {teardown:?}");
+    let live = model.live_node();
+    assert!(live.is_empty(), "leak: {live:?}");
+    let violations = model.violations();
+    assert!(violations.is_empty(), "rule broken: {violations:?}");
+}
 
 /// `PROPTEST_CASES` overrides the case counts (e.g. fewer under valgrind).
 pub fn cases(default: u32) -> u32 {

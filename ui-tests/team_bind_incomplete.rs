@@ -1,0 +1,14 @@
+//! Binding memory on a team of 2 with one device enrolled (R3.1, R3.2, R4.4).
+use cuda_endpoints::typenum::U2;
+use cuda_endpoints::{Allocation, Context, Private, Spec};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (ctx, _model) = Context::model(Default::default());
+    let team = ctx
+        .reserve_one()?
+        .create(Spec::team(U2::new(), 2 << 20))?
+        .add_device(0)?;
+    let mem = Allocation::<Private>::on_device(&ctx, 0.into(), 2 << 20)?;
+    let _b = team.bind(0, 0, &mem)?;
+    Ok(())
+}
