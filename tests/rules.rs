@@ -861,6 +861,7 @@ fn old_driver_reports_unsupported_with_version() {
     assert!(model.live().is_empty());
 }
 
+#[cfg(feature = "serde")]
 #[test]
 fn fabric_handles_travel_with_serde() {
     use cuda_endpoints::{Exportable, FabricHandle};
