@@ -1,4 +1,4 @@
-//! Binding memory to a ready endpoint (SPEC R5) and unbinding it (R6).
+//! Binding memory to a ready endpoint (rule R5) and unbinding it (R6).
 //!
 //! A [`Binding`] is the token a bind returns. It borrows the endpoint and the
 //! memory, so neither can be destroyed or freed while it lives (R7.2), and it

@@ -1,4 +1,4 @@
-//! Reserved id ranges (SPEC R1). A range is shared by every endpoint made from
+//! Reserved id ranges (rule R1). A range is shared by every endpoint made from
 //! it and released, in one `cuLogicalEndpointIdRelease`, when the last of them
 //! is gone, so "destroy before release" (R1.2) holds by construction.
 //!

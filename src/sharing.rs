@@ -1,4 +1,4 @@
-//! Fabric handles (SPEC R8, R9): what `export` writes and `import` reads,
+//! Fabric handles (rules R8, R9): what `export` writes and `import` reads,
 //! with the kind, size and bind alignment carried beside the driver's 64
 //! opaque bytes so that the importer gets a typed endpoint.
 //!

@@ -1,4 +1,4 @@
-//! The classic multicast fallback ([`Classic`], SPEC C1–C6) under the typed
+//! The classic multicast fallback ([`Classic`], rules C1–C6) under the typed
 //! API, over the reference model: the whole lifecycle leaves nothing behind
 //! and breaks no rule — in particular no bind before the team is complete
 //! (C3, logged by the model) and no unbind that does not match a bind (C4).

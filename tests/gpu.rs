@@ -1,7 +1,7 @@
 //! The real-hardware suite (feature `gpu`): the typed API on `libcuda`.
 //!
 //! Every test first denies `cuMulticastCreate` process-wide ([`guard`]): on a
-//! several-GPU host that call can take the GPUs out of service (SPEC, facts of
+//! several-GPU host that call can take the GPUs out of service (see CONTRIBUTING.md, facts of
 //! the GPU machines), so the suite proves the library refuses *before* it,
 //! and never makes it. Each test skips cleanly ("skipped: no driver") where
 //! `libcuda` is absent, checks that device memory is back where it started
@@ -28,15 +28,15 @@
 
 use std::sync::{Arc, Once};
 
-use cuda_endpoints::backend::{BackendChoice, Policy, decide};
+use cuda_endpoints::Capabilities;
 use cuda_endpoints::driver::cuda::{self, Cuda};
 use cuda_endpoints::driver::{
     AllocationRequest, Classic, Granularity, Location, Traced, handle_bits,
 };
-use cuda_endpoints::probe::Capabilities;
 use cuda_endpoints::{
     Allocation, Call, Code, Context, Device, Error, Fabric, PosixFd, Private, Spec,
 };
+use cuda_endpoints::{BackendChoice, Policy, decide};
 
 /// Denies `cuMulticastCreate` for the whole process, once, before anything
 /// else; then checks that it is denied.

@@ -3,17 +3,17 @@
 //! entry point of the typed API and to the reference model's [`Driver`]
 //! methods directly. The answer is always an error, never a panic (debug
 //! builds check every integer overflow), never a hang, and — through the
-//! typed API — never a call that breaks a SPEC rule.
+//! typed API — never a call that breaks a rule of the driver contract.
 
 mod common;
 
 use std::time::Duration;
 
+use cuda_endpoints::FABRIC_HANDLE_WIRE_LEN as WIRE_LEN;
 use cuda_endpoints::driver::prop::{Props, Shape, empty_fabric_handle, fabric_handle_type};
 use cuda_endpoints::driver::sys;
 use cuda_endpoints::driver::{AllocationRequest, Granularity, handle_bits};
 use cuda_endpoints::model::{Model, ModelConfig};
-use cuda_endpoints::sharing::WIRE_LEN;
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
     Allocation, Context, Device, Driver, Endpoint, Error, Exportable, FabricHandle, Location,
