@@ -20,8 +20,8 @@
 //!   `ctx.devices()`, and backend selection with the classic path switched
 //!   off.
 //!
-//! Build here, run on the GPU machine: `scripts/gpu-suite.sh` (see the
-//! README, "Real hardware"). Run single-threaded (`--test-threads=1`) so the
+//! Build here, run on the GPU machine: `scripts/gpu-suite.sh` (see
+//! CONTRIBUTING.md, "The GPU suite"). Run single-threaded (`--test-threads=1`) so the
 //! memory checks see one test at a time.
 
 #![cfg(feature = "gpu")]
