@@ -235,8 +235,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // The slot stays locked across the call so that concurrent binds on
         // one endpoint see each other (R5.9).
         let mut slot = self.slot();
-        let align = slot.align.max(1);
-        if !slot.devices.contains(&dev) {
+        let facts = self.facts();
+        let align = facts.align.max(1);
+        if !facts.devices.contains(&dev) {
             let multicast = K::MULTICAST;
             return Err(Error::WrongDevice {
                 device: dev,
@@ -245,7 +246,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 } else {
                     "the owner device"
                 },
-                allowed: slot.devices.to_vec(),
+                allowed: facts.devices.to_vec(),
                 rule: "R5.2",
             });
         }
@@ -265,11 +266,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // (rounded up, else down) is itself valid where it can be.
         let fit = |limit: u64, other: u64| limit.saturating_sub(other);
         for (what, v, most) in [
-            ("offset", offset, fit(slot.size, size)),
+            ("offset", offset, fit(facts.size, size)),
             (
                 "size",
                 size,
-                fit(slot.size, offset).min(fit(mem_size, mem_offset)),
+                fit(facts.size, offset).min(fit(mem_size, mem_offset)),
             ),
             ("memory offset", mem_offset, fit(mem_size, size)),
         ]
@@ -302,8 +303,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if mem_offset.checked_add(size).is_none_or(|e| e > mem_size) {
             return Err(out("allocation", mem_offset, mem_size));
         }
-        if offset.checked_add(size).is_none_or(|e| e > slot.size) {
-            return Err(out("endpoint range", offset, slot.size));
+        if offset.checked_add(size).is_none_or(|e| e > facts.size) {
+            return Err(out("endpoint range", offset, facts.size));
         }
         match location {
             Location::Device(d) if d == dev => {}

@@ -13,13 +13,15 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::context::Context;
 use crate::driver::prop::{Props, Shape};
 use crate::driver::{Call, Device, attr};
 use crate::error::{Error, Failed, Result};
 use crate::kind::{CanExport, Creatable, Enroll, Kind, NoKind, TeamHasRoom};
 use crate::memory::round_up;
-use crate::range::{RangeInner, Slot, release_shared};
+use crate::range::{Facts, RangeInner, Slot, release_shared};
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{
@@ -51,7 +53,7 @@ impl<S: State, K: Kind> std::fmt::Debug for Endpoint<S, K> {
 impl<S: State, K: Kind> Drop for Endpoint<S, K> {
     fn drop(&mut self) {
         if S::CREATED {
-            destroy_now(&self.range, self.id, true);
+            destroy_now(self, true);
         }
     }
 }
@@ -59,9 +61,12 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 /// `cuLogicalEndpointDestroy`, then drop the memory the bindings kept alive.
 /// On failure the memory is kept (it may still be bound) and, from `Drop`,
 /// the error is recorded.
-fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
-    match range.ctx.driver().destroy(id) {
+fn destroy_now<S: State, K: Kind>(ep: &mut Endpoint<S, K>, from_drop: bool) -> Option<Error> {
+    let id = ep.id;
+    match ep.range.ctx.driver().destroy(id) {
         Ok(()) => {
+            *ep.facts_mut() = Facts::default();
+            let range = &*ep.range;
             let (bindings, fabric) = {
                 let mut slot = range.slot(id);
                 (slot.reset(), slot.fabric.take())
@@ -73,6 +78,7 @@ fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
             None
         }
         Err(code) => {
+            let range = &*ep.range;
             let e = range.ctx.error(Call::Destroy, code);
             if from_drop {
                 // Keep the endpoint's bookkeeping and the memory it keeps
@@ -138,6 +144,21 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         self.range.slot(self.id)
     }
 
+    /// What the endpoint is, without a lock.
+    pub(crate) fn facts(&self) -> &Facts {
+        // SAFETY: `self` is the one endpoint of its id (a range hands each id
+        // out once and `Endpoint` is not `Clone`), borrowed shared for the
+        // result's lifetime, so no `&mut self` (the only way to write) exists.
+        unsafe { self.range.facts(self.id) }
+    }
+
+    /// What the endpoint is, to change (transitions own the endpoint).
+    fn facts_mut(&mut self) -> &mut Facts {
+        // SAFETY: `self` is the one endpoint of its id, borrowed exclusively
+        // for the result's lifetime: no other reference to its facts exists.
+        unsafe { self.range.facts_mut(self.id) }
+    }
+
     fn fail<T>(self, error: Error) -> Result<T, Failed<Self>> {
         Err(Failed { error, value: self })
     }
@@ -154,20 +175,20 @@ impl<S: State, K: Kind> Endpoint<S, K> {
 
     /// Bytes that can be bound per device (`prop.size`, R2.3); 0 while reserved.
     pub fn size(&self) -> u64 {
-        self.slot().size
+        self.facts().size
     }
 
     /// The bind alignment in bytes (R5.3, R10); 0 while reserved.
     pub fn bind_alignment(&self) -> u64 {
-        self.slot().align
+        self.facts().align
     }
 
     /// The owner device (unicast) or the team devices this process enrolled
     /// (multicast). Empty for an imported unicast endpoint (its owner is in
     /// the exporting process) and for an imported team before this process
-    /// enrolls its devices.
-    pub fn devices(&self) -> Vec<Device> {
-        self.slot().devices.to_vec()
+    /// enrolls its devices. Neither locks nor allocates.
+    pub fn devices(&self) -> &[Device] {
+        &self.facts().devices
     }
 
     // ---------------------------------------------------------------- Reserved
@@ -186,7 +207,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// [`Error::FeatureMissing`], [`Error::Unsupported`] (driver before 13.3),
     /// [`Error::Driver`]. The id comes back, still reserved.
     pub fn create<K2: Creatable>(
-        self,
+        mut self,
         spec: Spec<K2>,
     ) -> Result<Endpoint<Pending, K2>, Failed<Self>>
     where
@@ -212,7 +233,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 let error = ctx.error(Call::AddDevice, code);
                 // Undo the create so that the id comes back empty. If even
                 // that fails, the range retries before it releases (R1.2).
-                if let Some(e2) = destroy_now(&self.range, self.id, false) {
+                if let Some(e2) = destroy_now(&mut self, false) {
                     tracing::error!(enrolled = i, "undo of create failed");
                     ctx.record_teardown(e2); // not swallowed
                     self.slot().orphaned = true;
@@ -220,28 +241,27 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 return self.fail(error);
             }
         }
-        {
-            let mut slot = self.slot();
-            slot.size = spec.props.size;
-            slot.align = limits.bind_alignment;
-            slot.devices = match spec.props.shape {
+        *self.facts_mut() = Facts {
+            size: spec.props.size,
+            align: limits.bind_alignment,
+            devices: match spec.props.shape {
                 Shape::Unicast { owner } => smallvec::smallvec![owner],
                 Shape::Multicast { .. } => spec.devices.as_slice().into(),
-            };
-            slot.team_size = match spec.props.shape {
+            },
+            team_size: match spec.props.shape {
                 Shape::Unicast { .. } => 1,
                 Shape::Multicast { num_devices } => num_devices,
-            };
-        }
+            },
+        };
         Ok(self.cast())
     }
 
     /// A reserved id whose endpoint could not be destroyed earlier: try again.
-    fn retry_orphan(&self) -> Result<()> {
+    fn retry_orphan(&mut self) -> Result<()> {
         if !self.slot().orphaned {
             return Ok(());
         }
-        match destroy_now(&self.range, self.id, false) {
+        match destroy_now(self, false) {
             None => Ok(()),
             Some(e) => Err(e),
         }
@@ -325,7 +345,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// `NOT_SUPPORTED` (this process cannot use that endpoint) or
     /// `INVALID_VALUE` (not a handle of this driver, R9.4). The id comes back.
     pub fn import<K2: CanExport>(
-        self,
+        mut self,
         handle: &FabricHandle<K2>,
     ) -> Result<Endpoint<Pending, K2::Imported>, Failed<Self>>
     where
@@ -347,14 +367,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             let error = self.context().error(Call::Import, code);
             return self.fail(error);
         }
-        {
-            let mut slot = self.slot();
-            slot.size = handle.size();
-            slot.align = handle.bind_alignment();
-            slot.team_size = handle.team_size();
-            slot.devices.clear();
-            slot.fabric = Some(Box::new(c.data));
-        }
+        *self.facts_mut() = Facts {
+            size: handle.size(),
+            align: handle.bind_alignment(),
+            devices: SmallVec::new(),
+            team_size: handle.team_size(),
+        };
+        self.slot().fabric = Some(Box::new(c.data));
         Ok(self.cast())
     }
 
@@ -384,7 +403,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// [`Error::Driver`] (`INVALID_DEVICE` for a device outside the team's
     /// clique, R4.5). The endpoint comes back unchanged.
     pub fn add_device<K2: Kind>(
-        self,
+        mut self,
         dev: impl Into<Device>,
     ) -> Result<Endpoint<Pending, K2>, Failed<Self>>
     where
@@ -397,12 +416,12 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return self.fail(e);
         }
         let check = {
-            let slot = self.slot();
-            if slot.devices.contains(&dev) {
+            let facts = self.facts();
+            if facts.devices.contains(&dev) {
                 Err(Error::AlreadyEnrolled { device: dev })
-            } else if slot.devices.len() as u32 >= slot.team_size {
+            } else if facts.devices.len() as u32 >= facts.team_size {
                 Err(Error::TeamFull {
-                    team_size: slot.team_size,
+                    team_size: facts.team_size,
                 })
             } else {
                 Ok(())
@@ -415,7 +434,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             let error = self.context().error(Call::AddDevice, code);
             return self.fail(error);
         }
-        self.slot().devices.push(dev);
+        self.facts_mut().devices.push(dev);
         Ok(self.cast())
     }
 
@@ -427,11 +446,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     ///
     /// # Errors
     /// [`Error::Driver`]; the endpoint comes back unchanged.
-    pub fn destroy(self) -> Result<Endpoint<Reserved, NoKind>, Failed<Self>>
+    pub fn destroy(mut self) -> Result<Endpoint<Reserved, NoKind>, Failed<Self>>
     where
         S: CanDestroy,
     {
-        match destroy_now(&self.range, self.id, false) {
+        match destroy_now(&mut self, false) {
             None => Ok(self.cast()),
             Some(e) => self.fail(e),
         }
@@ -478,11 +497,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
             ctx.attach(c.data, self.id);
         }
+        drop(slot);
+        let facts = self.facts();
         Ok(FabricHandle::new(
             c.data,
-            slot.size,
-            slot.align,
-            slot.team_size,
+            facts.size,
+            facts.align,
+            facts.team_size,
         ))
     }
 }
