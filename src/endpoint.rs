@@ -13,8 +13,6 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use crate::context::Context;
 use crate::driver::prop::{Props, Shape};
 use crate::driver::{Call, Device, attr};
@@ -53,7 +51,7 @@ impl<S: State, K: Kind> std::fmt::Debug for Endpoint<S, K> {
 impl<S: State, K: Kind> Drop for Endpoint<S, K> {
     fn drop(&mut self) {
         if S::CREATED {
-            destroy_now(self, true);
+            destroy_now(&self.range, self.id, true);
         }
     }
 }
@@ -61,12 +59,15 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 /// `cuLogicalEndpointDestroy`, then drop the memory the bindings kept alive.
 /// On failure the memory is kept (it may still be bound) and, from `Drop`,
 /// the error is recorded.
-fn destroy_now<S: State, K: Kind>(ep: &mut Endpoint<S, K>, from_drop: bool) -> Option<Error> {
-    let id = ep.id;
-    match ep.range.ctx.driver().destroy(id) {
+///
+/// Only the owner of the endpoint on `id` calls this: a transition that took
+/// it by value, or its `Drop`.
+fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
+    match range.ctx.driver().destroy(id) {
         Ok(()) => {
-            *ep.facts_mut() = Facts::default();
-            let range = &*ep.range;
+            // SAFETY: the caller owns the endpoint of `id` (see above), so no
+            // other reference to its facts exists.
+            *unsafe { range.facts_mut(id) } = Facts::default();
             let (bindings, fabric) = {
                 let mut slot = range.slot(id);
                 (slot.reset(), slot.fabric.take())
@@ -78,7 +79,6 @@ fn destroy_now<S: State, K: Kind>(ep: &mut Endpoint<S, K>, from_drop: bool) -> O
             None
         }
         Err(code) => {
-            let range = &*ep.range;
             let e = range.ctx.error(Call::Destroy, code);
             if from_drop {
                 // Keep the endpoint's bookkeeping and the memory it keeps
@@ -148,14 +148,19 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     pub(crate) fn facts(&self) -> &Facts {
         // SAFETY: `self` is the one endpoint of its id (a range hands each id
         // out once and `Endpoint` is not `Clone`), borrowed shared for the
-        // result's lifetime, so no `&mut self` (the only way to write) exists.
+        // result's lifetime; writes need the endpoint owned, which that
+        // borrow excludes.
         unsafe { self.range.facts(self.id) }
     }
 
-    /// What the endpoint is, to change (transitions own the endpoint).
-    fn facts_mut(&mut self) -> &mut Facts {
-        // SAFETY: `self` is the one endpoint of its id, borrowed exclusively
-        // for the result's lifetime: no other reference to its facts exists.
+    /// What the endpoint is, to change.
+    ///
+    /// # Safety
+    /// Only for a transition that took the endpoint by value (or `Drop`):
+    /// no borrow of `self` may exist while the result lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn facts_mut(&self) -> &mut Facts {
+        // SAFETY: by the caller's contract this is the only reference.
         unsafe { self.range.facts_mut(self.id) }
     }
 
@@ -207,7 +212,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// [`Error::FeatureMissing`], [`Error::Unsupported`] (driver before 13.3),
     /// [`Error::Driver`]. The id comes back, still reserved.
     pub fn create<K2: Creatable>(
-        mut self,
+        self,
         spec: Spec<K2>,
     ) -> Result<Endpoint<Pending, K2>, Failed<Self>>
     where
@@ -233,7 +238,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 let error = ctx.error(Call::AddDevice, code);
                 // Undo the create so that the id comes back empty. If even
                 // that fails, the range retries before it releases (R1.2).
-                if let Some(e2) = destroy_now(&mut self, false) {
+                if let Some(e2) = destroy_now(&self.range, self.id, false) {
                     tracing::error!(enrolled = i, "undo of create failed");
                     ctx.record_teardown(e2); // not swallowed
                     self.slot().orphaned = true;
@@ -241,27 +246,29 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 return self.fail(error);
             }
         }
-        *self.facts_mut() = Facts {
-            size: spec.props.size,
-            align: limits.bind_alignment,
-            devices: match spec.props.shape {
+        {
+            // SAFETY: `create` took the endpoint by value.
+            let facts = unsafe { self.facts_mut() };
+            facts.size = spec.props.size;
+            facts.align = limits.bind_alignment;
+            facts.devices = match spec.props.shape {
                 Shape::Unicast { owner } => smallvec::smallvec![owner],
                 Shape::Multicast { .. } => spec.devices.as_slice().into(),
-            },
-            team_size: match spec.props.shape {
+            };
+            facts.team_size = match spec.props.shape {
                 Shape::Unicast { .. } => 1,
                 Shape::Multicast { num_devices } => num_devices,
-            },
-        };
+            };
+        }
         Ok(self.cast())
     }
 
     /// A reserved id whose endpoint could not be destroyed earlier: try again.
-    fn retry_orphan(&mut self) -> Result<()> {
+    fn retry_orphan(&self) -> Result<()> {
         if !self.slot().orphaned {
             return Ok(());
         }
-        match destroy_now(self, false) {
+        match destroy_now(&self.range, self.id, false) {
             None => Ok(()),
             Some(e) => Err(e),
         }
@@ -345,7 +352,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// `NOT_SUPPORTED` (this process cannot use that endpoint) or
     /// `INVALID_VALUE` (not a handle of this driver, R9.4). The id comes back.
     pub fn import<K2: CanExport>(
-        mut self,
+        self,
         handle: &FabricHandle<K2>,
     ) -> Result<Endpoint<Pending, K2::Imported>, Failed<Self>>
     where
@@ -367,13 +374,15 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             let error = self.context().error(Call::Import, code);
             return self.fail(error);
         }
-        *self.facts_mut() = Facts {
-            size: handle.size(),
-            align: handle.bind_alignment(),
-            devices: SmallVec::new(),
-            team_size: handle.team_size(),
-        };
-        self.slot().fabric = Some(Box::new(c.data));
+        {
+            // SAFETY: `import` took the endpoint by value.
+            let facts = unsafe { self.facts_mut() };
+            facts.size = handle.size();
+            facts.align = handle.bind_alignment();
+            facts.team_size = handle.team_size();
+            facts.devices.clear();
+            self.slot().fabric = Some(Box::new(c.data));
+        }
         Ok(self.cast())
     }
 
@@ -403,7 +412,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// [`Error::Driver`] (`INVALID_DEVICE` for a device outside the team's
     /// clique, R4.5). The endpoint comes back unchanged.
     pub fn add_device<K2: Kind>(
-        mut self,
+        self,
         dev: impl Into<Device>,
     ) -> Result<Endpoint<Pending, K2>, Failed<Self>>
     where
@@ -434,7 +443,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             let error = self.context().error(Call::AddDevice, code);
             return self.fail(error);
         }
-        self.facts_mut().devices.push(dev);
+        // SAFETY: `add_device` took the endpoint by value.
+        unsafe { self.facts_mut() }.devices.push(dev);
         Ok(self.cast())
     }
 
@@ -446,11 +456,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     ///
     /// # Errors
     /// [`Error::Driver`]; the endpoint comes back unchanged.
-    pub fn destroy(mut self) -> Result<Endpoint<Reserved, NoKind>, Failed<Self>>
+    pub fn destroy(self) -> Result<Endpoint<Reserved, NoKind>, Failed<Self>>
     where
         S: CanDestroy,
     {
-        match destroy_now(&mut self, false) {
+        match destroy_now(&self.range, self.id, false) {
             None => Ok(self.cast()),
             Some(e) => self.fail(e),
         }
