@@ -58,6 +58,7 @@ pub mod bounds {
         Accepts, CanBind, CanExport, Creatable, Enroll, Kind, Sharing, TeamHasRoom, TeamIsComplete,
         TeamIsNonEmpty, TeamSize,
     };
+    pub use crate::binding::UnbindThroughBinding;
     pub use crate::memory::{BindSource, MemShare};
     pub use crate::state::{
         CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,
