@@ -6,15 +6,15 @@
 //! ```text
 //! cargo run --example probe                 # the real driver
 //! cargo run --example probe -- --model      # the reference model (a 4-GPU 13.4 node)
-//! cargo run --example probe -- --model=13.0 # the model of the one-H200 test machine
+//! cargo run --example probe -- --model=13.0 # the model of a CUDA 13.0 machine (no logical endpoints)
 //! ```
 //!
 //! Without a driver it prints one line saying so and exits 0.
 
 use std::process::ExitCode;
 
+use cuda_endpoints::Capabilities;
 use cuda_endpoints::model::ModelConfig;
-use cuda_endpoints::probe::Capabilities;
 use cuda_endpoints::{Context, Error, Policy};
 
 fn main() -> ExitCode {

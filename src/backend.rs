@@ -1,12 +1,12 @@
 //! Backend selection: which implementation of multicast endpoints a machine
 //! gets — the driver's logical endpoints (13.3+), the classic `cuMulticast*`
-//! fallback ([`Classic`], SPEC C1–C6), or none — decided by *reading* the
+//! fallback ([`Classic`], rules C1–C6), or none — decided by *reading* the
 //! driver, never by trying.
 //!
 //! [`decide`] only reads `cuDriverGetVersion` and device attributes 154
 //! (logical-endpoint multicast) and 132 (`MULTICAST_SUPPORTED`): it creates
 //! nothing, so it is safe on machines where a `cuMulticastCreate` could take
-//! the GPUs out of service. [`Context::auto`] applies the decision.
+//! the GPUs out of service. [`Context::auto`](crate::Context::auto) applies the decision.
 //!
 //! The order is the one cuda.core proposes: logical endpoints when the driver
 //! has them and every team device says so; else classic multicast when every
@@ -18,13 +18,8 @@
 //! with `Unsupported`/`NOT_SUPPORTED`. The decision is about multicast teams.
 
 use std::fmt;
-use std::sync::Arc;
 
-use crate::context::Context;
-use crate::driver::{
-    Classic, Code, Device, Driver, LOGICAL_ENDPOINT_MIN_VERSION, attr, cuda::Cuda,
-};
-use crate::error::{Error, Feature, Result};
+use crate::driver::{Code, Device, Driver, LOGICAL_ENDPOINT_MIN_VERSION, attr};
 
 /// Environment variable read by [`Policy::from_env`]: `0` (or `false`, `off`,
 /// `no`) switches the classic multicast fallback off; `1` (or `true`, `on`,
@@ -37,7 +32,7 @@ pub const CLASSIC_ENV: &str = "CUDA_ENDPOINTS_CLASSIC_MULTICAST";
 pub enum BackendChoice {
     /// The driver's logical endpoints (`cuLogicalEndpoint*`, 13.3+).
     LogicalEndpoints,
-    /// Logical endpoints emulated on classic multicast ([`Classic`]).
+    /// Logical endpoints emulated on classic multicast ([`Classic`](crate::driver::Classic)).
     Classic,
     /// Neither: what is missing, in words.
     Unsupported(String),
@@ -290,71 +285,14 @@ pub fn decide(driver: &dyn Driver, devices: &[Device], policy: &Policy) -> Decis
     }
 }
 
-impl Context {
-    /// The real driver with the backend [`decide`] picks for a multicast team
-    /// on `devices`: `Cuda` for logical endpoints, `Classic` over `Cuda` for
-    /// the classic fallback. Nothing is created to decide.
-    ///
-    /// # Errors
-    /// [`Error::NoDriver`] without `libcuda`; [`Error::Unsupported`] when
-    /// neither backend works for this team (the message lists why).
-    pub fn auto(devices: &[Device], policy: &Policy) -> Result<(Context, Decision)> {
-        Context::auto_over(Arc::new(Cuda::open()?), devices, policy)
-    }
-
-    /// As [`Context::auto`], over any driver (the model, a [`crate::driver::Traced`]
-    /// real driver).
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] when neither backend works for this team.
-    pub fn auto_over(
-        driver: Arc<dyn Driver>,
-        devices: &[Device],
-        policy: &Policy,
-    ) -> Result<(Context, Decision)> {
-        let decision = decide(&*driver, devices, policy);
-        let ctx = match &decision.choice {
-            BackendChoice::LogicalEndpoints => Context::from_arc(driver),
-            BackendChoice::Classic => Context::new(Classic::new(driver)),
-            BackendChoice::Unsupported(why) => {
-                return Err(Error::unsupported(
-                    Feature::MulticastTeam,
-                    decision.driver_version,
-                    format!("on {devices:?}: {why}"),
-                ));
-            }
-        };
-        Ok((ctx, decision))
-    }
-
-    /// [`decide`] on this context's backend: which backend a multicast team
-    /// on `devices` would get (queries only).
-    pub fn decide(&self, devices: &[Device], policy: &Policy) -> Decision {
-        decide(self.driver(), devices, policy)
-    }
-
-    /// A context on the real driver for a `cudarc` context, and the device
-    /// that context is on (`CudaContext::ordinal`). Both load the same
-    /// `libcuda`; the device's primary context is shared.
-    ///
-    /// # Errors
-    /// [`Error::NoDriver`]; [`Error::NoSuchDevice`] when the ordinal is not a
-    /// device of this driver.
-    pub fn from_cudarc(cx: &Arc<cudarc::driver::CudaContext>) -> Result<(Context, Device)> {
-        let ctx = Context::cuda()?;
-        let ordinal = i32::try_from(cx.ordinal()).unwrap_or(i32::MAX);
-        let dev = Device(ordinal);
-        ctx.check_device(dev)?;
-        Ok((ctx, dev))
-    }
-}
-
 #[cfg(all(test, feature = "model"))]
 mod tests {
     use super::*;
-    use crate::Call;
+    use std::sync::Arc;
+
     use crate::driver::Traced;
     use crate::model::{Model, ModelConfig};
+    use crate::{Call, Context, Error};
 
     #[test]
     fn thirteen_four_picks_logical_endpoints() {

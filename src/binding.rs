@@ -1,4 +1,4 @@
-//! Binding memory to a ready endpoint (SPEC R5) and unbinding it (R6).
+//! Binding memory to a ready endpoint (rule R5) and unbinding it (R6).
 //!
 //! A [`Binding`] is the token a bind returns. It borrows the endpoint and the
 //! memory, so neither can be destroyed or freed while it lives (R7.2), and it
@@ -237,8 +237,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // The slot stays locked across the call so that concurrent binds on
         // one endpoint see each other (R5.9).
         let mut slot = self.slot();
-        let align = slot.align.max(1);
-        if !slot.devices.contains(&dev) {
+        let facts = self.facts();
+        let align = facts.align.max(1);
+        if !facts.devices.contains(&dev) {
             let multicast = K::MULTICAST;
             return Err(Error::WrongDevice {
                 device: dev,
@@ -247,7 +248,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 } else {
                     Role::Owner
                 },
-                allowed: slot.devices.to_vec(),
+                allowed: facts.devices.to_vec(),
                 rule: Rule::R5_2,
             });
         }
@@ -266,11 +267,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // (rounded up, else down) is itself valid where it can be.
         let fit = |limit: u64, other: u64| limit.saturating_sub(other);
         for (what, v, most) in [
-            (Arg::BindOffset, offset, fit(slot.size, size)),
+            (Arg::BindOffset, offset, fit(facts.size, size)),
             (
                 Arg::BindSize,
                 size,
-                fit(slot.size, offset).min(fit(mem_size, mem_offset)),
+                fit(facts.size, offset).min(fit(mem_size, mem_offset)),
             ),
             (Arg::MemoryOffset, mem_offset, fit(mem_size, size)),
         ]
@@ -303,8 +304,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if mem_offset.checked_add(size).is_none_or(|e| e > mem_size) {
             return Err(out(Extent::Allocation, mem_offset, mem_size));
         }
-        if offset.checked_add(size).is_none_or(|e| e > slot.size) {
-            return Err(out(Extent::EndpointRange, offset, slot.size));
+        if offset.checked_add(size).is_none_or(|e| e > facts.size) {
+            return Err(out(Extent::EndpointRange, offset, facts.size));
         }
         match location {
             Location::Device(d) if d == dev => {}

@@ -1,14 +1,23 @@
 //! [`Context`]: the driver backend a program talks to, the errors that
-//! teardown could not return, and the entry points of the typed API
-//! (reserving ids, allocating memory).
+//! teardown could not return, and the entry points of the typed API.
+//!
+//! Every way to make a context is here: [`Context::model`], [`Context::cuda`],
+//! [`Context::auto`], [`Context::auto_over`], [`Context::from_cudarc`],
+//! [`Context::new`] and [`Context::from_arc`]; and so is
+//! [`Context::reserve`], where every endpoint starts.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::backend::{BackendChoice, Decision, Policy, decide};
+use crate::driver::cuda::Cuda;
 use crate::driver::{
-    Call, Code, Device, Driver, DriverResult, EndpointProps, Family, LOGICAL_ENDPOINT_MIN_VERSION,
-    Shape,
+    Call, Classic, Code, Device, Driver, DriverResult, EndpointProps, Family,
+    LOGICAL_ENDPOINT_MIN_VERSION, Shape,
 };
+use crate::endpoint::Endpoint;
 use crate::error::{Error, Feature, Result};
+use crate::range::IdRange;
+use crate::state::Reserved;
 
 /// A handle on one driver backend. Cheap to clone; every endpoint, range and
 /// allocation keeps its context alive.
@@ -54,7 +63,10 @@ impl Context {
 
     /// The embedded default: the reference model of a node, and a handle on
     /// the model to inspect it (leak counters, violations, faults).
+    ///
+    /// Available with the crate feature `model` (on by default).
     #[cfg(feature = "model")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
     pub fn model(config: crate::model::ModelConfig) -> (Context, crate::model::Model) {
         let model = crate::model::Model::new(config);
         (Context::new(model.clone()), model)
@@ -68,6 +80,80 @@ impl Context {
     /// [`Error::Unsupported`], naming the call and the driver version.
     pub fn cuda() -> Result<Context> {
         Ok(Context::new(crate::driver::cuda::Cuda::open()?))
+    }
+
+    /// The real driver with the backend [`decide`](crate::decide) picks for a multicast team
+    /// on `devices`: `Cuda` for logical endpoints, `Classic` over `Cuda` for
+    /// the classic fallback. Nothing is created to decide.
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`] without `libcuda`; [`Error::Unsupported`] when
+    /// neither backend works for this team (the message lists why).
+    pub fn auto(devices: &[Device], policy: &Policy) -> Result<(Context, Decision)> {
+        Context::auto_over(Arc::new(Cuda::open()?), devices, policy)
+    }
+
+    /// As [`Context::auto`], over any driver (the model, a [`crate::driver::Traced`]
+    /// real driver).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when neither backend works for this team.
+    pub fn auto_over(
+        driver: Arc<dyn Driver>,
+        devices: &[Device],
+        policy: &Policy,
+    ) -> Result<(Context, Decision)> {
+        let decision = decide(&*driver, devices, policy);
+        let ctx = match &decision.choice {
+            BackendChoice::LogicalEndpoints => Context::from_arc(driver),
+            BackendChoice::Classic => Context::new(Classic::new(driver)),
+            BackendChoice::Unsupported(why) => {
+                return Err(Error::unsupported(
+                    Feature::MulticastTeam,
+                    decision.driver_version,
+                    format!("on {devices:?}: {why}"),
+                ));
+            }
+        };
+        Ok((ctx, decision))
+    }
+
+    /// A context on the real driver for a `cudarc` context, and the device
+    /// that context is on (`CudaContext::ordinal`). Both load the same
+    /// `libcuda`; the device's primary context is shared.
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`]; [`Error::NoSuchDevice`] when the ordinal is not a
+    /// device of this driver.
+    pub fn from_cudarc(cx: &Arc<cudarc::driver::CudaContext>) -> Result<(Context, Device)> {
+        let ctx = Context::cuda()?;
+        let ordinal = i32::try_from(cx.ordinal()).unwrap_or(i32::MAX);
+        let dev = Device(ordinal);
+        ctx.check_device(dev)?;
+        Ok((ctx, dev))
+    }
+
+    /// Reserves `count` contiguous ids (`cuLogicalEndpointIdReserve`, R1).
+    ///
+    /// # Errors
+    /// [`Error::ZeroSize`] for 0 (R1.3); [`Error::Unsupported`] on a driver
+    /// before 13.3; [`Error::Driver`] (`OUT_OF_MEMORY`).
+    pub fn reserve(&self, count: u32) -> Result<IdRange> {
+        IdRange::reserve(self, count)
+    }
+
+    /// Reserves one id.
+    ///
+    /// # Errors
+    /// As [`Context::reserve`].
+    pub fn reserve_one(&self) -> Result<Endpoint<Reserved>> {
+        Ok(self.reserve(1)?.first())
+    }
+
+    /// [`decide`] on this context's backend: which backend a multicast team
+    /// on `devices` would get (queries only).
+    pub fn decide(&self, devices: &[Device], policy: &Policy) -> Decision {
+        decide(self.driver(), devices, policy)
     }
 
     /// The backend. Crate-private: safe code reaches the driver only through
@@ -182,7 +268,8 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::NoSuchDevice`].
-    pub fn check_device(&self, dev: Device) -> Result<()> {
+    pub fn check_device(&self, dev: impl Into<Device>) -> Result<()> {
+        let dev = dev.into();
         let count = self.device_count()?;
         if (0..count).contains(&dev.0) {
             Ok(())
@@ -196,7 +283,8 @@ impl Context {
     /// # Errors
     /// [`Error::Driver`] from `cuDeviceGetAttribute` (a driver older than 13.3
     /// answers `INVALID_VALUE` for 153-156).
-    pub fn attribute(&self, dev: Device, attr: i32) -> Result<i32> {
+    pub fn attribute(&self, dev: impl Into<Device>, attr: i32) -> Result<i32> {
+        let dev = dev.into();
         // SAFETY: an attribute query touches nothing anyone owns.
         let r = unsafe { self.driver().device_attribute(dev, attr) };
         self.check(Call::DeviceGetAttribute, r)

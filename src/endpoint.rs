@@ -19,7 +19,7 @@ use crate::driver::{EndpointProps, Shape};
 use crate::error::{Alignment, Arg, Error, Failed, Feature, Result, Rule};
 use crate::kind::{CanExport, Creatable, Enroll, HasFabricHandles, Kind, NoKind, TeamHasRoom};
 use crate::memory::round_up;
-use crate::range::{RangeInner, Slot, release_shared};
+use crate::range::{Facts, RangeInner, Slot, release_shared};
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{
@@ -59,12 +59,18 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 /// `cuLogicalEndpointDestroy`, then drop the memory the bindings kept alive.
 /// On failure the memory is kept (it may still be bound) and, from `Drop`,
 /// the error is recorded.
+///
+/// Only the owner of the endpoint on `id` calls this: a transition that took
+/// it by value, or its `Drop`.
 fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
     // SAFETY: `id` belongs to this range and its endpoint to the typed
     // `Endpoint` being destroyed or dropped; the borrow checker has ended every
     // `Binding` and `EndpointRef` of it (R3.4, R7.2).
     match unsafe { range.ctx.driver().destroy(id) } {
         Ok(()) => {
+            // SAFETY: the caller owns the endpoint of `id` (see above), so no
+            // other reference to its facts exists.
+            *unsafe { range.facts_mut(id) } = Facts::default();
             let (bindings, fabric) = {
                 let mut slot = range.slot(id);
                 (slot.reset(), slot.fabric.take())
@@ -141,6 +147,26 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         self.range.slot(self.id)
     }
 
+    /// What the endpoint is, without a lock.
+    pub(crate) fn facts(&self) -> &Facts {
+        // SAFETY: `self` is the one endpoint of its id (a range hands each id
+        // out once and `Endpoint` is not `Clone`), borrowed shared for the
+        // result's lifetime; writes need the endpoint owned, which that
+        // borrow excludes.
+        unsafe { self.range.facts(self.id) }
+    }
+
+    /// What the endpoint is, to change.
+    ///
+    /// # Safety
+    /// Only for a transition that took the endpoint by value (or `Drop`):
+    /// no borrow of `self` may exist while the result lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn facts_mut(&self) -> &mut Facts {
+        // SAFETY: by the caller's contract this is the only reference.
+        unsafe { self.range.facts_mut(self.id) }
+    }
+
     fn fail<T>(self, error: Error) -> Result<T, Failed<Self>> {
         Err(Failed { error, value: self })
     }
@@ -157,20 +183,20 @@ impl<S: State, K: Kind> Endpoint<S, K> {
 
     /// Bytes that can be bound per device (`prop.size`, R2.3); 0 while reserved.
     pub fn size(&self) -> u64 {
-        self.slot().size
+        self.facts().size
     }
 
     /// The bind alignment in bytes (R5.3, R10); 0 while reserved.
     pub fn bind_alignment(&self) -> u64 {
-        self.slot().align
+        self.facts().align
     }
 
     /// The owner device (unicast) or the team devices this process enrolled
     /// (multicast). Empty for an imported unicast endpoint (its owner is in
     /// the exporting process) and for an imported team before this process
-    /// enrolls its devices.
-    pub fn devices(&self) -> Vec<Device> {
-        self.slot().devices.to_vec()
+    /// enrolls its devices. Neither locks nor allocates.
+    pub fn devices(&self) -> &[Device] {
+        &self.facts().devices
     }
 
     // ---------------------------------------------------------------- Reserved
@@ -229,14 +255,15 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
         }
         {
-            let mut slot = self.slot();
-            slot.size = spec.props.size;
-            slot.align = limits.bind_alignment;
-            slot.devices = match spec.props.shape {
+            // SAFETY: `create` took the endpoint by value.
+            let facts = unsafe { self.facts_mut() };
+            facts.size = spec.props.size;
+            facts.align = limits.bind_alignment;
+            facts.devices = match spec.props.shape {
                 Shape::Unicast { owner } => smallvec::smallvec![owner],
                 Shape::Multicast { .. } => spec.devices.as_slice().into(),
             };
-            slot.team_size = match spec.props.shape {
+            facts.team_size = match spec.props.shape {
                 Shape::Unicast { .. } => 1,
                 Shape::Multicast { num_devices } => num_devices,
             };
@@ -355,12 +382,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return self.fail(error);
         }
         {
-            let mut slot = self.slot();
-            slot.size = handle.size();
-            slot.align = handle.bind_alignment();
-            slot.team_size = handle.team_size();
-            slot.devices.clear();
-            slot.fabric = Some(Box::new(c.0));
+            // SAFETY: `import` took the endpoint by value.
+            let facts = unsafe { self.facts_mut() };
+            facts.size = handle.size();
+            facts.align = handle.bind_alignment();
+            facts.team_size = handle.team_size();
+            facts.devices.clear();
+            self.slot().fabric = Some(Box::new(c.0));
         }
         Ok(self.cast())
     }
@@ -404,12 +432,12 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return self.fail(e);
         }
         let check = {
-            let slot = self.slot();
-            if slot.devices.contains(&dev) {
+            let facts = self.facts();
+            if facts.devices.contains(&dev) {
                 Err(Error::AlreadyEnrolled { device: dev })
-            } else if slot.devices.len() as u32 >= slot.team_size {
+            } else if facts.devices.len() as u32 >= facts.team_size {
                 Err(Error::TeamFull {
-                    team_size: slot.team_size,
+                    team_size: facts.team_size,
                 })
             } else {
                 Ok(())
@@ -424,7 +452,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             let error = self.context().error(Call::AddDevice, code);
             return self.fail(error);
         }
-        self.slot().devices.push(dev);
+        // SAFETY: `add_device` took the endpoint by value.
+        unsafe { self.facts_mut() }.devices.push(dev);
         Ok(self.cast())
     }
 
@@ -484,11 +513,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
             ctx.attach(c.0, self.id);
         }
+        drop(slot);
+        let facts = self.facts();
         Ok(FabricHandle::new(
             c.0,
-            slot.size,
-            slot.align,
-            slot.team_size,
+            facts.size,
+            facts.align,
+            facts.team_size,
         ))
     }
 }

@@ -6,7 +6,7 @@
 //!   it; how to read the plain borrow and move errors in this API's terms.
 //! - [`threads`]: which types may cross threads, and how to bind from several
 //!   threads at once.
-//! - [`contract`]: the driver contract, restated rule by rule (R1–R11,
+//! - [`contract`]: the driver contract, restated rule by rule (R1–R12,
 //!   C1–C6). Rule numbers in errors, messages and docs (`R5.6`) are its.
 
 pub mod reading_the_compiler {

@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![deny(
     unsafe_op_in_unsafe_fn,
@@ -6,62 +7,67 @@
     clippy::missing_safety_doc
 )]
 
-pub mod backend;
-pub mod binding;
-pub mod context;
+// Modules are private: the API is what this file re-exports, plus the public
+// modules `driver` (for writing backends and wrappers), `model` (the
+// reference model), `bounds` (the traits behind the typestate's `where`
+// clauses) and `guide` (documentation only).
+mod backend;
+mod binding;
+mod context;
 pub mod driver;
-pub mod endpoint;
-pub mod error;
+mod endpoint;
+mod error;
 pub mod guide;
-pub mod kernel;
-pub mod kind;
-pub mod memory;
+mod kernel;
+mod kind;
+mod memory;
 #[cfg(feature = "model")]
+#[cfg_attr(docsrs, doc(cfg(feature = "model")))]
 pub mod model;
-pub mod probe;
-pub mod range;
-pub mod ready;
-pub mod sharing;
-pub mod spec;
-pub mod state;
+mod probe;
+mod range;
+mod ready;
+mod sharing;
+mod spec;
+mod state;
 
-pub use backend::{BackendChoice, Decision, Policy, decide};
+pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Policy, decide};
 pub use binding::Binding;
 pub use context::Context;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
-pub use error::{Error, Failed, Result};
+// Every item of `error` is for users to match on.
+pub use error::*;
 pub use kernel::EndpointRef;
 pub use kind::{
     Exportable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind, SpreadTeam, Team,
     Unicast,
 };
 pub use memory::{Allocation, Fabric, Mapped, PosixFd, Private};
-pub use probe::Capabilities;
+pub use probe::{Bytes, Capabilities, MemInfo, Probed, VmmGranularity, YesNo};
 pub use range::IdRange;
-pub use ready::wait_all;
-pub use sharing::FabricHandle;
+pub use ready::{PendingList, ReadyList, wait_all};
+pub use sharing::{FabricHandle, WIRE_LEN as FABRIC_HANDLE_WIRE_LEN};
 pub use spec::Spec;
 pub use state::{Pending, Ready, Reserved};
 pub use typenum;
 
-impl Context {
-    /// Reserves `count` contiguous ids (`cuLogicalEndpointIdReserve`, R1).
-    ///
-    /// # Errors
-    /// [`Error::ZeroSize`] for 0 (R1.3); [`Error::Unsupported`] on a driver
-    /// before 13.3; [`Error::Driver`] (`OUT_OF_MEMORY`).
-    pub fn reserve(&self, count: u32) -> Result<IdRange> {
-        IdRange::reserve(self, count)
-    }
-
-    /// Reserves one id.
-    ///
-    /// # Errors
-    /// As [`Context::reserve`].
-    pub fn reserve_one(&self) -> Result<Endpoint<Reserved>> {
-        Ok(self.reserve(1)?.first())
-    }
+/// The traits behind the typestate's `where` clauses, for code that is
+/// generic over states, kinds or memory (`fn f<K: Kind>(ep: &Endpoint<Ready, K>)`).
+///
+/// All are sealed: they are implemented for this crate's markers only. A
+/// call whose bound is not met is a compile error worded by the trait (see
+/// [`guide::reading_the_compiler`]).
+pub mod bounds {
+    pub use crate::kind::{
+        Accepts, CanBind, CanExport, Creatable, Enroll, Kind, Sharing, TeamHasRoom, TeamIsComplete,
+        TeamIsNonEmpty, TeamSize,
+    };
+    pub use crate::binding::UnbindThroughBinding;
+    pub use crate::memory::{BindSource, MemShare};
+    pub use crate::state::{
+        CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,
+    };
 }
 
 /// Compile-time proofs of the zero-cost claims: markers are zero-sized, an

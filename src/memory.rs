@@ -98,7 +98,8 @@ impl<H: MemShare> Allocation<H> {
     /// [`Error::ZeroSize`] for 0 bytes; [`Error::NoSuchDevice`];
     /// [`Error::FabricNotPermitted`] when fabric handles are refused (no
     /// fabric daemon); [`Error::Driver`] from `cuMemCreate` otherwise.
-    pub fn on_device(ctx: &Context, dev: Device, bytes: u64) -> Result<Self> {
+    pub fn on_device(ctx: &Context, dev: impl Into<Device>, bytes: u64) -> Result<Self> {
+        let dev = dev.into();
         ctx.check_device(dev)?;
         Self::new(ctx, Location::Device(dev), bytes, Granularity::Minimum)
     }

@@ -12,7 +12,7 @@
 //! # #[cfg(feature = "model")] {
 //! use cuda_endpoints::{Context, Device};
 //! use cuda_endpoints::model::ModelConfig;
-//! use cuda_endpoints::probe::Capabilities;
+//! use cuda_endpoints::Capabilities;
 //!
 //! let (ctx, _model) = Context::model(ModelConfig::cuda_13_0(1));
 //! let caps = Capabilities::probe(&ctx, Device(0));
@@ -176,7 +176,8 @@ impl Capabilities {
     /// Never fails; creates no endpoint, allocation or multicast object (on
     /// the real driver the device's primary context is retained, as every
     /// device call needs).
-    pub fn probe(ctx: &Context, dev: Device) -> Capabilities {
+    pub fn probe(ctx: &Context, dev: impl Into<Device>) -> Capabilities {
+        let dev = dev.into();
         let d = ctx.driver();
         // SAFETY: every call below is a query (attributes, granularities,
         // counts, memory info): none touches an id, endpoint or allocation.

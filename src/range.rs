@@ -1,12 +1,13 @@
-//! Reserved id ranges (SPEC R1). A range is shared by every endpoint made from
+//! Reserved id ranges (rule R1). A range is shared by every endpoint made from
 //! it and released, in one `cuLogicalEndpointIdRelease`, when the last of them
 //! is gone, so "destroy before release" (R1.2) holds by construction.
 //!
-//! The range also keeps each id's bookkeeping (`Slot`): its size and bind
-//! alignment, its devices, and the live bindings with the memory they keep
-//! alive (R7.2).
+//! The range also keeps each id's bookkeeping: what the endpoint is
+//! (`Facts`: its size, bind alignment and devices, read without a lock) and
+//! the live bindings with the memory they keep alive (`Slot`, R7.2).
 
 use std::any::Any;
+use std::cell::UnsafeCell;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
@@ -29,9 +30,15 @@ pub(crate) struct Bound {
     pub _keep: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-/// Per-id bookkeeping.
+/// What the endpoint on one id is: fixed by the transitions that make it
+/// (create, import, add_device) and cleared by destroy.
+///
+/// Kept outside the slot's lock: only the one [`Endpoint`] holding the id
+/// writes it, through `&mut` (its consuming transitions and its `Drop`), and
+/// reads go through `&Endpoint`, so the borrow rules of the endpoint are
+/// those of its facts and the getters neither lock nor allocate.
 #[derive(Default)]
-pub(crate) struct Slot {
+pub(crate) struct Facts {
     /// Bytes per device (R2.3).
     pub size: u64,
     /// `bindAlignment` (R5.3).
@@ -40,6 +47,12 @@ pub(crate) struct Slot {
     pub devices: SmallVec<[Device; 4]>,
     /// Team size (multicast), 1 for unicast.
     pub team_size: u32,
+}
+
+/// Per-id bookkeeping that bindings and `export` change through a shared
+/// endpoint, behind the id's lock.
+#[derive(Default)]
+pub(crate) struct Slot {
     pub bindings: SmallVec<[Bound; 2]>,
     pub next_key: u64,
     /// An endpoint whose destroy failed after a failed create: destroy it
@@ -54,13 +67,24 @@ impl Slot {
     /// Back to an empty id, in place; returns the bindings so that the memory
     /// they keep alive is dropped by the caller, outside the lock.
     pub fn reset(&mut self) -> SmallVec<[Bound; 2]> {
-        self.size = 0;
-        self.align = 0;
-        self.devices.clear();
-        self.team_size = 0;
         self.orphaned = false;
         std::mem::take(&mut self.bindings)
     }
+}
+
+/// A cell that the one endpoint of an id governs (see [`Facts`]).
+pub(crate) struct OwnerCell<T>(UnsafeCell<T>);
+
+// SAFETY: through a shared `RangeInner` the cell is only read while a `&` of
+// the id's endpoint is held, and written while its `&mut` (or the endpoint
+// itself) is: the endpoint's borrows exclude a write during any read, on any
+// thread. Concurrent reads need `T: Sync`; moving the range moves `T`.
+unsafe impl<T: Send + Sync> Sync for OwnerCell<T> {}
+
+/// One id's record.
+struct Record {
+    facts: OwnerCell<Facts>,
+    slot: Mutex<Slot>,
 }
 
 pub(crate) struct RangeInner {
@@ -68,14 +92,43 @@ pub(crate) struct RangeInner {
     pub base: u32,
     pub count: u32,
     /// Inline for one id: `reserve_one` makes a single allocation.
-    slots: SmallVec<[Mutex<Slot>; 1]>,
+    records: SmallVec<[Record; 1]>,
     released: bool,
 }
 
 impl RangeInner {
+    fn record(&self, id: u32) -> &Record {
+        &self.records[(id - self.base) as usize]
+    }
+
     pub fn slot(&self, id: u32) -> MutexGuard<'_, Slot> {
-        let i = (id - self.base) as usize;
-        self.slots[i].lock().unwrap_or_else(|e| e.into_inner())
+        self.record(id)
+            .slot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The facts of `id`, read.
+    ///
+    /// # Safety
+    /// The caller holds the [`Endpoint`] of `id` or a shared borrow of it,
+    /// for as long as the returned reference lives, and no `&mut` of it.
+    pub unsafe fn facts(&self, id: u32) -> &Facts {
+        // SAFETY: by the caller's contract no write can happen while the
+        // returned borrow lives (writes need the endpoint's `&mut`).
+        unsafe { &*self.record(id).facts.0.get() }
+    }
+
+    /// The facts of `id`, to change.
+    ///
+    /// # Safety
+    /// The caller holds the [`Endpoint`] of `id` by value or through `&mut`,
+    /// for as long as the returned reference lives: no other reference to
+    /// these facts exists.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn facts_mut(&self, id: u32) -> &mut Facts {
+        // SAFETY: by the caller's contract this is the only reference.
+        unsafe { &mut *self.record(id).facts.0.get() }
     }
 
     fn release_now(&mut self) -> Result<()> {
@@ -151,13 +204,18 @@ impl IdRange {
         }
         // SAFETY: new ids, owned by the `IdRange` made below.
         let base = ctx.check(Call::IdReserve, unsafe { ctx.driver().id_reserve(count) })?;
-        let slots = (0..count).map(|_| Mutex::new(Slot::default())).collect();
+        let records = (0..count)
+            .map(|_| Record {
+                facts: OwnerCell(UnsafeCell::new(Facts::default())),
+                slot: Mutex::new(Slot::default()),
+            })
+            .collect();
         Ok(IdRange {
             inner: Arc::new(RangeInner {
                 ctx: ctx.clone(),
                 base,
                 count,
-                slots,
+                records,
                 released: false,
             }),
         })

@@ -1,4 +1,4 @@
-//! Readiness (SPEC R3): non-blocking [`Endpoint::poll`], bounded
+//! Readiness (rule R3): non-blocking [`Endpoint::poll`], bounded
 //! [`Endpoint::wait`], and [`wait_all`], which makes many endpoints ready
 //! with one `cuLogicalEndpointQuery` per contiguous run of ids (R3.5).
 //!

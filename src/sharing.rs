@@ -1,4 +1,4 @@
-//! Fabric handles (SPEC R8, R9): what `export` writes and `import` reads,
+//! Fabric handles (rules R8, R9): what `export` writes and `import` reads,
 //! with the kind, size and bind alignment carried beside the driver's 64
 //! opaque bytes so that the importer gets a typed endpoint.
 //!
@@ -147,14 +147,22 @@ impl<K: CanExport> FabricHandle<K> {
 }
 
 /// On the wire a handle is its [`FabricHandle::to_bytes`] form, as bytes.
+///
+/// Available with the crate feature `serde`.
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl<K: CanExport> serde::Serialize for FabricHandle<K> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.serialize_bytes(&self.to_bytes())
     }
 }
 
+/// Reads the [`FabricHandle::to_bytes`] form with the checks of
+/// [`FabricHandle::from_bytes`].
+///
+/// Available with the crate feature `serde`.
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl<'de, K: CanExport> serde::Deserialize<'de> for FabricHandle<K> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let bytes: Vec<u8> = serde::Deserialize::deserialize(d)?;

@@ -1,4 +1,4 @@
-//! What to create: [`Spec`] carries the `CUlogicalEndpointProp` fields (SPEC
+//! What to create: [`Spec`] carries the `CUlogicalEndpointProp` fields (rule
 //! R2) and, in its type, the kind of endpoint it makes.
 
 use std::marker::PhantomData;

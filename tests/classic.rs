@@ -1,4 +1,4 @@
-//! The classic multicast fallback ([`Classic`], SPEC C1–C6) under the typed
+//! The classic multicast fallback ([`Classic`], rules C1–C6) under the typed
 //! API, over the reference model: the whole lifecycle leaves nothing behind
 //! and breaks no rule — in particular no bind before the team is complete
 //! (C3, logged by the model) and no unbind that does not match a bind (C4).
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cuda_endpoints::driver::{Classic, Granularity};
-use cuda_endpoints::error::Feature;
+use cuda_endpoints::Feature;
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::{U2, U4};
 use cuda_endpoints::{

@@ -1,6 +1,6 @@
 //! Driver errors, injected one at a time with the model's fault plans:
 //!
-//! - how each reads (SPEC R5.10: out of memory on a multicast call means
+//! - how each reads (rule R5.10: out of memory on a multicast call means
 //!   exhausted fabric resources; SYSTEM_NOT_READY is fabric software down and
 //!   retryable; ILLEGAL_STATE is a misconfigured system), and that the
 //!   endpoint stays usable after a failed bind;
@@ -178,7 +178,7 @@ fn a_retry_loop_outlasts_a_transient_fabric_outage() {
     clean(&ctx, &model);
 }
 
-/// Every code the SPEC allows a bind (R11, R5.10) reads as a driver error
+/// Every code the contract allows a bind (R11, R5.10) reads as a driver error
 /// naming the call, binds nothing, and leaves the endpoint usable.
 #[test]
 fn every_bind_code_leaves_the_endpoint_usable() {
@@ -493,7 +493,7 @@ fn lifecycle(ctx: &Context, peer: &Context) -> Result<(), Error> {
 }
 
 /// Fails the n-th driver call of [`lifecycle`], for every n, with a code
-/// the SPEC allows that call.
+/// the contract allows that call.
 #[test]
 fn failing_each_call_of_a_lifecycle_in_turn() {
     let make = || {

@@ -1,7 +1,7 @@
 //! The real-hardware suite (feature `gpu`): the typed API on `libcuda`.
 //!
 //! Every test first denies `cuMulticastCreate` process-wide ([`guard`]): on a
-//! several-GPU host that call can take the GPUs out of service (SPEC, facts of
+//! several-GPU host that call can take the GPUs out of service (see CONTRIBUTING.md, facts of
 //! the GPU machines), so the suite proves the library refuses *before* it,
 //! and never makes it. Each test skips cleanly ("skipped: no driver") where
 //! `libcuda` is absent, checks that device memory is back where it started
@@ -20,23 +20,23 @@
 //!   `ctx.devices()`, and backend selection with the classic path switched
 //!   off.
 //!
-//! Build here, run on the GPU machine: `scripts/gpu-suite.sh` (see the
-//! README, "Real hardware"). Run single-threaded (`--test-threads=1`) so the
+//! Build here, run on the GPU machine: `scripts/gpu-suite.sh` (see
+//! CONTRIBUTING.md, "The GPU suite"). Run single-threaded (`--test-threads=1`) so the
 //! memory checks see one test at a time.
 
 #![cfg(feature = "gpu")]
 
 use std::sync::{Arc, Once};
 
-use cuda_endpoints::backend::{BackendChoice, Policy, decide};
+use cuda_endpoints::Capabilities;
 use cuda_endpoints::driver::cuda::{self, Cuda};
 use cuda_endpoints::driver::{
     AllocationRequest, Classic, Granularity, Location, Traced, handle_bits,
 };
-use cuda_endpoints::probe::Capabilities;
 use cuda_endpoints::{
     Allocation, Call, Code, Context, Device, Error, Fabric, PosixFd, Private, Spec,
 };
+use cuda_endpoints::{BackendChoice, Policy, decide};
 
 /// Denies `cuMulticastCreate` for the whole process, once, before anything
 /// else; then checks that it is denied.
@@ -311,7 +311,7 @@ fn logical_endpoints_unsupported_with_the_driver_version() {
                 "driver {version} should have logical endpoints"
             );
             assert_eq!(driver_version, Some(version));
-            assert_eq!(feature, cuda_endpoints::error::Feature::LogicalEndpoints);
+            assert_eq!(feature, cuda_endpoints::Feature::LogicalEndpoints);
             println!("reserve on driver {version}: Unsupported: {feature}: {detail}");
         }
         Ok(range) => {

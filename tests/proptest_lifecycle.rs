@@ -6,7 +6,7 @@
 //! - the model's leak counters ([`Live`]) of each process equal what the test
 //!   still owns (ids of live ranges, created endpoints, forgotten bindings,
 //!   allocations held or kept alive by a forgotten binding, mappings);
-//! - no call that breaks a SPEC rule reached the model (`violations()` empty);
+//! - no call that breaks a rule of the driver contract reached the model (`violations()` empty);
 //! - every injected fault surfaced as `Error::Driver { call, code }` naming
 //!   the faulted call, and the value it hit came back usable: the same call
 //!   retried with the faults cleared never fails in the driver;
@@ -25,10 +25,10 @@ mod common;
 use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
-use cuda_endpoints::kind::{
+use cuda_endpoints::bounds::BindSource;
+use cuda_endpoints::bounds::{
     Accepts, CanBind, Creatable, Enroll, Kind, TeamHasRoom, TeamIsComplete,
 };
-use cuda_endpoints::memory::BindSource;
 use cuda_endpoints::model::{FaultPlan, Live, Model, ModelConfig, faults};
 use cuda_endpoints::typenum::{U0, U1, U2};
 use cuda_endpoints::{
@@ -331,24 +331,24 @@ impl Ep {
 
     fn devices(&self) -> Vec<Device> {
         match self {
-            Ep::Res(e) => e.devices(),
-            Ep::UniP(e) => e.devices(),
-            Ep::UniR(e) => e.devices(),
-            Ep::McP(e) => e.devices(),
-            Ep::McR(e) => e.devices(),
-            Ep::T0(e) => e.devices(),
-            Ep::T1(e) => e.devices(),
-            Ep::T2(e) => e.devices(),
-            Ep::SpP(e) => e.devices(),
-            Ep::XmP(e) => e.devices(),
-            Ep::XsP(e) => e.devices(),
-            Ep::XmR(e) => e.devices(),
-            Ep::XuP(e) => e.devices(),
-            Ep::XuR(e) => e.devices(),
-            Ep::ImP(e) => e.devices(),
-            Ep::ImR(e) => e.devices(),
-            Ep::IuP(e) => e.devices(),
-            Ep::IuR(e) => e.devices(),
+            Ep::Res(e) => e.devices().to_vec(),
+            Ep::UniP(e) => e.devices().to_vec(),
+            Ep::UniR(e) => e.devices().to_vec(),
+            Ep::McP(e) => e.devices().to_vec(),
+            Ep::McR(e) => e.devices().to_vec(),
+            Ep::T0(e) => e.devices().to_vec(),
+            Ep::T1(e) => e.devices().to_vec(),
+            Ep::T2(e) => e.devices().to_vec(),
+            Ep::SpP(e) => e.devices().to_vec(),
+            Ep::XmP(e) => e.devices().to_vec(),
+            Ep::XsP(e) => e.devices().to_vec(),
+            Ep::XmR(e) => e.devices().to_vec(),
+            Ep::XuP(e) => e.devices().to_vec(),
+            Ep::XuR(e) => e.devices().to_vec(),
+            Ep::ImP(e) => e.devices().to_vec(),
+            Ep::ImR(e) => e.devices().to_vec(),
+            Ep::IuP(e) => e.devices().to_vec(),
+            Ep::IuR(e) => e.devices().to_vec(),
         }
     }
 }
@@ -1524,7 +1524,7 @@ impl World {
 
 fn import_team<K>(fx: &Fx, r: Endpoint<Reserved>, h: &FabricHandle<K>) -> Ep
 where
-    K: cuda_endpoints::kind::CanExport<Imported = ImportedMulticast>,
+    K: cuda_endpoints::bounds::CanExport<Imported = ImportedMulticast>,
 {
     let mark = fx.mark();
     let res = r.import(h);
@@ -1553,7 +1553,7 @@ fn wait_any(fx: &Fx, ep: Ep, t: Option<Duration>) -> Ep {
     }
 }
 
-fn map_one<H: cuda_endpoints::memory::MemShare>(
+fn map_one<H: cuda_endpoints::bounds::MemShare>(
     fx: &Fx,
     a: Allocation<H>,
     access: &[Device],

@@ -66,8 +66,8 @@ pub struct ModelConfig {
     pub queries_to_ready: u32,
     /// Largest number of ids one process may hold (R11 `OUT_OF_MEMORY` past it).
     pub max_ids: u32,
-    /// Whether `cuMemCreate` with the FABRIC handle type is permitted (no
-    /// fabric daemon on the H200 test machine: `NOT_PERMITTED`).
+    /// Whether `cuMemCreate` with the FABRIC handle type is permitted (a
+    /// machine without a fabric daemon answers `NOT_PERMITTED`).
     pub fabric_memory_permitted: bool,
 }
 
@@ -83,7 +83,7 @@ impl ModelConfig {
         }
     }
 
-    /// A node like the GPU test machine: driver 580 (CUDA 13.0), no logical
+    /// A node on a driver 580 (CUDA 13.0), as seen on an H200 machine: no logical
     /// endpoints (attributes 153-156 answer `INVALID_VALUE`), no classic
     /// multicast, fabric memory refused.
     pub fn cuda_13_0(n: usize) -> ModelConfig {

@@ -1,5 +1,5 @@
-//! The logical-endpoint rules R1–R10 and the base calls, on the model's tables.
-//! Where SPEC.md marks a code *(model's choice)*, the code here is that choice.
+//! The logical-endpoint rules (R1–R12 of the contract, [`crate::guide::contract`]) and the base calls, on the model's tables.
+//! Where the contract marks a code *(model's choice)*, the code here is that choice.
 
 use super::state::{Bound, EndpointObj, Slot, Target, World};
 use super::violate;
@@ -21,7 +21,7 @@ impl World {
             attr::FABRIC_SUPPORTED => b(d.fabric),
             attr::MULTICAST_SUPPORTED => b(d.classic_multicast),
             attr::HOST_NUMA_ID => Ok(d.host_numa_id),
-            // A driver older than 13.3 does not know these ids (SPEC "Types").
+            // A driver older than 13.3 does not know these ids (contract, "Types").
             attr::LE_UNICAST..=attr::LE_UNICAST_OWNER_ACCESS if !le => Err(Code::INVALID_VALUE),
             attr::LE_UNICAST => b(d.unicast),
             attr::LE_MULTICAST => b(d.multicast),

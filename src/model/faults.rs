@@ -1,5 +1,5 @@
 //! Fault injection: make any driver call fail with a chosen code, at the n-th
-//! matching call, for a run of calls, always, or at random with a seed (SPEC
+//! matching call, for a run of calls, always, or at random with a seed (contract
 //! R11, R5.10, R4.5).
 //!
 //! A plan is installed with [`crate::model::Model::set_faults`]; faults fire
@@ -12,7 +12,7 @@
 //! use cuda_endpoints::model::{Fault, FaultPlan, faults};
 //! use cuda_endpoints::{Call, Code};
 //! // The 2nd bind fails once with OUT_OF_MEMORY; every unbind fails; and 5 %
-//! // of the other non-teardown calls fail with a code the SPEC allows them.
+//! // of the other non-teardown calls fail with a code the contract allows them.
 //! let plan = FaultPlan::none()
 //!     .with(Fault::nth(Call::BindMem, 2, Code::OUT_OF_MEMORY))
 //!     .with(Fault::always(Call::Unbind, Code::NOT_PERMITTED))
@@ -117,7 +117,7 @@ impl Fault {
     }
 }
 
-/// The codes the SPEC allows for `call`, beyond its rule errors (R11, R5.10,
+/// The codes the contract allows for `call`, beyond its rule errors (R11, R5.10,
 /// R4.5): what random faults draw from.
 pub fn allowed_codes(call: Call) -> &'static [Code] {
     const ALWAYS: &[Code] = &[

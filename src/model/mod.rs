@@ -1,6 +1,9 @@
 //! The reference model of the driver contract: a pure-Rust [`Driver`] that
-//! enforces SPEC R1–R10 and C1–C6 with the codes SPEC.md gives, on simulated
-//! devices with host memory standing in for device memory.
+//! enforces the rules R1–R12 and C1–C6 of the driver contract
+//! ([`crate::guide::contract`]) with the codes it gives, on simulated devices
+//! with host memory standing in for device memory.
+//!
+//! Available with the crate feature `model` (on by default).
 //!
 //! One [`Model`] value is one process on one simulated node; values made with
 //! [`Model::new`] share nothing, so parallel tests never see each other.
@@ -103,7 +106,7 @@ impl Model {
     }
 
     /// Installs a fault plan: matching calls fail with the planned code before
-    /// any rule is checked (SPEC R11 codes, R5.10, R4.5).
+    /// any rule is checked (the R11 codes, R5.10, R4.5).
     pub fn set_faults(&self, plan: FaultPlan) {
         self.lock().faults = plan;
     }

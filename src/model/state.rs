@@ -40,7 +40,7 @@ impl Live {
 pub struct Violation {
     /// The entry point.
     pub call: Call,
-    /// The SPEC rule, e.g. `"R5.3"`.
+    /// The contract rule, e.g. `"R5.3"`.
     pub rule: &'static str,
     /// The code the model answered.
     pub code: Code,
