@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod binding;
+mod bootstrap;
 pub mod context;
 pub mod driver;
 pub mod endpoint;
@@ -22,6 +23,12 @@ pub mod state;
 
 pub use backend::{BackendChoice, Decision, Policy, decide};
 pub use binding::Binding;
+pub use bootstrap::{
+    AbortReason, Argument, Bootstrap, BootstrapError, CallbackResult, Callbacks, FdExchange, IdProblem, MAX_FRAME,
+    Malformed, Mismatch, NodeId, Op, Refusal, Step, Tcp, TcpRoot, ThreadRank, Threads, Traffic, UniqueId, ENV_VAR,
+};
+#[cfg(feature = "mpi")]
+pub use bootstrap::Mpi;
 pub use context::Context;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
