@@ -138,6 +138,11 @@ pub enum Mismatch {
         /// The rank the message names.
         theirs: u32,
     },
+    /// Two processes joined with the same rank.
+    DuplicateRank {
+        /// The rank claimed twice.
+        rank: u32,
+    },
     /// An allgather result with another number of entries than ranks.
     Count {
         /// The communicator size.
@@ -160,6 +165,7 @@ impl fmt::Display for Mismatch {
                 write!(f, "message type {theirs} where this rank runs {ours} (ranks called different collectives)")
             }
             Mismatch::Sender { expected, theirs } => write!(f, "claims rank {theirs}, expected rank {expected}"),
+            Mismatch::DuplicateRank { rank } => write!(f, "a second process joined as rank {rank}"),
             Mismatch::Count { expected, got } => write!(f, "{got} entries for {expected} ranks"),
         }
     }
@@ -226,6 +232,8 @@ pub enum AbortReason {
     BadMessage,
     /// An I/O error on the culprit's connection.
     Io,
+    /// The culprit did not answer within rank 0's timeout.
+    Timeout,
     /// A reason code this version does not know.
     Unknown(u8),
 }
@@ -237,6 +245,7 @@ impl AbortReason {
             AbortReason::Broken => 2,
             AbortReason::BadMessage => 3,
             AbortReason::Io => 4,
+            AbortReason::Timeout => 5,
             AbortReason::Unknown(c) => c,
         }
     }
@@ -246,6 +255,7 @@ impl AbortReason {
             2 => AbortReason::Broken,
             3 => AbortReason::BadMessage,
             4 => AbortReason::Io,
+            5 => AbortReason::Timeout,
             c => AbortReason::Unknown(c),
         }
     }
@@ -258,6 +268,7 @@ impl fmt::Display for AbortReason {
             AbortReason::Broken => f.write_str("its connection was broken by an earlier error"),
             AbortReason::BadMessage => f.write_str("it sent a malformed or mismatched message"),
             AbortReason::Io => f.write_str("an I/O error on its connection"),
+            AbortReason::Timeout => f.write_str("it did not answer within rank 0's timeout"),
             AbortReason::Unknown(c) => write!(f, "reason code {c}"),
         }
     }
@@ -528,7 +539,8 @@ impl BootstrapError {
         match self {
             BootstrapError::PeerClosed { .. } => AbortReason::PeerClosed,
             BootstrapError::Broken { .. } => AbortReason::Broken,
-            BootstrapError::Io { .. } | BootstrapError::Timeout { .. } => AbortReason::Io,
+            BootstrapError::Timeout { .. } => AbortReason::Timeout,
+            BootstrapError::Io { .. } => AbortReason::Io,
             _ => AbortReason::BadMessage,
         }
     }

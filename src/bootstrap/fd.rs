@@ -106,12 +106,29 @@ impl FdExchange {
         fd_if_root: Option<BorrowedFd<'_>>,
         timeout: Duration,
     ) -> Result<OwnedFd, BootstrapError> {
+        let node = NodeId::current().map_err(io_err(boot.rank(), None))?;
+        Self::broadcast_fd_on(boot, &node, root, fd_if_root, timeout)
+    }
+
+    /// [`FdExchange::broadcast_fd`] with this rank's node given, for a job
+    /// that simulates several nodes on one machine (the model fabric): ranks
+    /// whose `node` differs from the root's are refused as if on another host.
+    ///
+    /// # Errors
+    /// As [`FdExchange::broadcast_fd`].
+    pub fn broadcast_fd_on<B: Bootstrap + ?Sized>(
+        boot: &B,
+        node: &NodeId,
+        root: usize,
+        fd_if_root: Option<BorrowedFd<'_>>,
+        timeout: Duration,
+    ) -> Result<OwnedFd, BootstrapError> {
         let deadline = Deadline::after(timeout);
         let (rank, size) = (boot.rank(), boot.size());
         if root >= size {
             return Err(BootstrapError::InvalidArgument { rank, step: step(), what: Argument::RankOutOfRange { rank: root, size } });
         }
-        let node = NodeId::current().map_err(io_err(rank, None))?;
+        let node = node.clone();
         // The root listens before the allgather, so peers can connect as soon as it ends.
         let mut listener = None;
         let mut failure = None;

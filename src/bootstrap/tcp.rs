@@ -246,7 +246,11 @@ impl Tcp {
     /// Rank 0 after an error on `culprit`'s link: closes it and tells every
     /// other peer (best effort, briefly bounded).
     fn abort_all(&self, inner: &mut Inner, step: Step, culprit: usize, reason: AbortReason) {
-        if let Some(slot) = inner.links.get_mut(culprit) {
+        // A slow peer's stream is still in sync (its late frame will be
+        // skipped as stale); any other failure leaves it unusable.
+        if reason != AbortReason::Timeout
+            && let Some(slot) = inner.links.get_mut(culprit)
+        {
             *slot = None;
         }
         let mut payload = vec![reason.code()];
@@ -254,7 +258,7 @@ impl Tcp {
         let bytes = wire::frame(self.header(Kind::Abort, step.seq), &payload).unwrap_or_default();
         let brief = Deadline::after(Duration::from_millis(100));
         for peer in 1..self.size {
-            if inner.links.get(peer).is_some_and(Option::is_some) {
+            if peer != culprit && inner.links.get(peer).is_some_and(Option::is_some) {
                 let _ = self.send(inner, step, peer, &bytes, &brief);
             }
         }
@@ -296,7 +300,9 @@ impl Tcp {
                 }
                 if deadline.passed() {
                     missing.sort_unstable();
-                    return Err((usize::MAX, BootstrapError::Timeout { rank, step, waiting_for: missing.clone(), after: deadline.timeout }));
+                    // The others learn the culprit instead of timing out too.
+                    let culprit = missing.first().copied().unwrap_or(usize::MAX);
+                    return Err((culprit, BootstrapError::Timeout { rank, step, waiting_for: missing.clone(), after: deadline.timeout }));
                 }
                 let ready = {
                     let fds: Vec<_> = missing
@@ -604,7 +610,7 @@ impl TcpRoot {
                         rank,
                         step: JOIN,
                         peer,
-                        what: Mismatch::Sender { expected: h.from, theirs: h.from },
+                        what: Mismatch::DuplicateRank { rank: h.from },
                     });
                 }
                 let w = Header { kind: Kind::Welcome as u8, job: self.id.job, seq: 0, from: 0, size: size32, len: 0 };
