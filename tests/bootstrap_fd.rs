@@ -10,14 +10,18 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
 use bootstrap_support::*;
-use cuda_endpoints::{AbortReason, Bootstrap, BootstrapError, FdExchange, NodeId, Tcp, Threads, UniqueId, ENV_VAR};
+use cuda_endpoints::{
+    AbortReason, Bootstrap, BootstrapError, ENV_VAR, FdExchange, NodeId, Tcp, Threads, UniqueId,
+};
 
 const ENTRY: &str = "child_entry";
 const T: Duration = Duration::from_secs(20);
 
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else { return };
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
     let code = match child(&role) {
         Ok(()) => 0,
         Err(e) => {
@@ -36,7 +40,9 @@ fn child(role: &str) -> Result<(), String> {
         "read_root_pipe" => {
             let fd = FdExchange::broadcast_fd(&boot, 0, None, T).map_err(|e| e.to_string())?;
             let mut text = String::new();
-            std::fs::File::from(fd).read_to_string(&mut text).map_err(|e| e.to_string())?;
+            std::fs::File::from(fd)
+                .read_to_string(&mut text)
+                .map_err(|e| e.to_string())?;
             report(&format!("READ {text}"));
             Ok(())
         }
@@ -54,11 +60,15 @@ fn pipes_all_to_all(boot: &dyn Bootstrap) -> Result<String, String> {
     drop(writer);
     for (r, fd) in all.into_iter().enumerate() {
         if r != boot.rank() {
-            std::fs::File::from(fd).write_all(format!("<{}>", boot.rank()).as_bytes()).map_err(|e| e.to_string())?;
+            std::fs::File::from(fd)
+                .write_all(format!("<{}>", boot.rank()).as_bytes())
+                .map_err(|e| e.to_string())?;
         } // this rank's own duplicate closes here, unwritten
     }
     let mut text = String::new();
-    reader.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    reader
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
     Ok(text)
 }
 
@@ -68,7 +78,12 @@ fn job(size: usize, role: &str, kids: &mut Children) -> Tcp {
         kids.spawn(
             &format!("rank{r}"),
             ENTRY,
-            &[(ROLE, role.into()), (RANK, r.to_string()), (SIZE, size.to_string()), (ENV_VAR, id.to_string())],
+            &[
+                (ROLE, role.into()),
+                (RANK, r.to_string()),
+                (SIZE, size.to_string()),
+                (ENV_VAR, id.to_string()),
+            ],
         );
     }
     listener.accept(size, T).expect("ranks join")
@@ -82,14 +97,26 @@ fn a_pipe_passed_by_the_root_is_read_by_its_peer_process() {
         let mut kids = Children::default();
         let boot = job(2, "read_root_pipe", &mut kids);
         let (reader, mut writer) = std::io::pipe().expect("pipe");
-        writer.write_all(b"hello through SCM_RIGHTS").expect("write");
+        writer
+            .write_all(b"hello through SCM_RIGHTS")
+            .expect("write");
         drop(writer);
         let reader = OwnedFd::from(reader);
-        let mine = FdExchange::broadcast_fd(&boot, 0, Some(reader.as_fd()), T).expect("root passes the pipe");
+        let mine = FdExchange::broadcast_fd(&boot, 0, Some(reader.as_fd()), T)
+            .expect("root passes the pipe");
         drop((reader, mine));
         let done = kids.wait_all(T);
-        assert_eq!(done[0].code, Some(0), "{:?} {}", done[0].results(), done[0].stderr);
-        assert_eq!(done[0].results(), vec!["READ hello through SCM_RIGHTS".to_owned()]);
+        assert_eq!(
+            done[0].code,
+            Some(0),
+            "{:?} {}",
+            done[0].results(),
+            done[0].stderr
+        );
+        assert_eq!(
+            done[0].results(),
+            vec!["READ hello through SCM_RIGHTS".to_owned()]
+        );
     }
     assert_eq!(open_fds(), fds, "no descriptor left open");
     assert_eq!(library_sockets(), sockets, "no socket left bound");
@@ -129,7 +156,11 @@ fn every_rank_passes_a_pipe_to_every_other_rank() {
 #[test]
 fn descriptors_are_refused_across_nodes_on_every_rank() {
     let ranks = Threads::new(3);
-    let nodes = [NodeId::from_parts("a", "boot-a", 1), NodeId::from_parts("a", "boot-a", 1), NodeId::from_parts("b", "boot-b", 1)];
+    let nodes = [
+        NodeId::from_parts("a", "boot-a", 1),
+        NodeId::from_parts("a", "boot-a", 1),
+        NodeId::from_parts("b", "boot-b", 1),
+    ];
     let (_r, w) = std::io::pipe().expect("pipe");
     let w = OwnedFd::from(w);
     let errs: Vec<BootstrapError> = std::thread::scope(|s| {
@@ -138,14 +169,21 @@ fn descriptors_are_refused_across_nodes_on_every_rank() {
             .zip(&nodes)
             .map(|(b, n)| {
                 let fd = (b.rank() == 0).then(|| w.as_fd());
-                s.spawn(move || FdExchange::broadcast_fd_on(b, n, 0, fd, T).expect_err("rank 2 is on node b"))
+                s.spawn(move || {
+                    FdExchange::broadcast_fd_on(b, n, 0, fd, T).expect_err("rank 2 is on node b")
+                })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     });
     for (r, e) in errs.iter().enumerate() {
         let want_peer = if r == 2 { 0 } else { 2 };
-        assert!(matches!(e, BootstrapError::OtherNode { rank, peer, .. } if *rank == r && *peer == want_peer), "{e}");
+        assert!(
+            matches!(e, BootstrapError::OtherNode { rank, peer, .. } if *rank == r && *peer == want_peer),
+            "{e}"
+        );
     }
     assert!(errs[0].to_string().contains("pass only within a node"));
 }
@@ -154,11 +192,30 @@ fn descriptors_are_refused_across_nodes_on_every_rank() {
 fn a_root_without_a_descriptor_fails_every_rank_at_once() {
     let ranks = Threads::new(2);
     let errs: Vec<BootstrapError> = std::thread::scope(|s| {
-        let hs: Vec<_> = ranks.iter().map(|b| s.spawn(move || FdExchange::broadcast_fd(b, 0, None, T).expect_err("no fd"))).collect();
+        let hs: Vec<_> = ranks
+            .iter()
+            .map(|b| s.spawn(move || FdExchange::broadcast_fd(b, 0, None, T).expect_err("no fd")))
+            .collect();
         hs.into_iter().map(|h| h.join().expect("thread")).collect()
     });
-    assert!(matches!(errs[0], BootstrapError::InvalidArgument { rank: 0, .. }), "{:?}", errs[0]);
-    assert!(matches!(errs[1], BootstrapError::Aborted { rank: 1, culprit: 0, reason: AbortReason::Io, .. }), "{:?}", errs[1]);
+    assert!(
+        matches!(errs[0], BootstrapError::InvalidArgument { rank: 0, .. }),
+        "{:?}",
+        errs[0]
+    );
+    assert!(
+        matches!(
+            errs[1],
+            BootstrapError::Aborted {
+                rank: 1,
+                culprit: 0,
+                reason: AbortReason::Io,
+                ..
+            }
+        ),
+        "{:?}",
+        errs[1]
+    );
 }
 
 #[test]
@@ -184,6 +241,8 @@ fn fd_passing_within_one_process_over_threads() {
     let mut it = got.into_iter();
     let (first, second) = (it.next().expect("rank 0"), it.next().expect("rank 1"));
     drop(first);
-    std::fs::File::from(second).read_to_string(&mut text).expect("read through the passed fd");
+    std::fs::File::from(second)
+        .read_to_string(&mut text)
+        .expect("read through the passed fd");
     assert_eq!(text, "ok");
 }

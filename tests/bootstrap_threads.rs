@@ -10,12 +10,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bootstrap_support::suite;
-use cuda_endpoints::{Bootstrap, BootstrapError, Callbacks, Malformed, Mismatch, ThreadRank, Threads};
+use cuda_endpoints::{
+    Bootstrap, BootstrapError, Callbacks, Malformed, Mismatch, ThreadRank, Threads,
+};
 
-fn on_threads<R: Send>(ranks: &[impl Bootstrap + Sync], f: impl Fn(&dyn Bootstrap) -> R + Sync) -> Vec<R> {
+fn on_threads<R: Send>(
+    ranks: &[impl Bootstrap + Sync],
+    f: impl Fn(&dyn Bootstrap) -> R + Sync,
+) -> Vec<R> {
     std::thread::scope(|s| {
         let hs: Vec<_> = ranks.iter().map(|b| s.spawn(|| f(b))).collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     })
 }
 
@@ -33,10 +40,15 @@ fn a_rank_that_never_calls_gives_the_others_a_timeout_naming_it() {
     let ranks = Threads::new(3);
     let t = Duration::from_millis(200);
     let start = Instant::now();
-    let errs = on_threads(&ranks[..2], |b| b.allgather(b"x", t).expect_err("rank 2 never calls"));
+    let errs = on_threads(&ranks[..2], |b| {
+        b.allgather(b"x", t).expect_err("rank 2 never calls")
+    });
     assert!(start.elapsed() < Duration::from_secs(1));
     for e in errs {
-        assert!(matches!(&e, BootstrapError::Timeout { waiting_for, .. } if waiting_for == &[2]), "{e}");
+        assert!(
+            matches!(&e, BootstrapError::Timeout { waiting_for, .. } if waiting_for == &[2]),
+            "{e}"
+        );
     }
 }
 
@@ -44,29 +56,61 @@ fn a_rank_that_never_calls_gives_the_others_a_timeout_naming_it() {
 fn a_dropped_rank_is_a_closed_peer() {
     let mut ranks = Threads::new(2);
     drop(ranks.pop());
-    let e = ranks[0].barrier(Duration::from_secs(5)).expect_err("rank 1 dropped");
-    assert!(matches!(e, BootstrapError::PeerClosed { rank: 0, peer: 1, .. }), "{e}");
+    let e = ranks[0]
+        .barrier(Duration::from_secs(5))
+        .expect_err("rank 1 dropped");
+    assert!(
+        matches!(
+            e,
+            BootstrapError::PeerClosed {
+                rank: 0,
+                peer: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn different_collectives_at_one_step_are_a_mismatch() {
     let ranks = Threads::new(2);
-    let errs = on_threads(&ranks, |b| if b.rank() == 0 { b.barrier(Duration::from_millis(300)).err() } else { b.allgather(b"", Duration::from_millis(300)).err() });
-    assert!(errs.iter().flatten().any(|e| matches!(e, BootstrapError::Mismatch { what: Mismatch::Operation { .. }, .. })), "{errs:?}");
+    let errs = on_threads(&ranks, |b| {
+        if b.rank() == 0 {
+            b.barrier(Duration::from_millis(300)).err()
+        } else {
+            b.allgather(b"", Duration::from_millis(300)).err()
+        }
+    });
+    assert!(
+        errs.iter().flatten().any(|e| matches!(
+            e,
+            BootstrapError::Mismatch {
+                what: Mismatch::Operation { .. },
+                ..
+            }
+        )),
+        "{errs:?}"
+    );
 }
 
 /// A [`Callbacks`] over a [`ThreadRank`], as a user wraps a communicator of theirs.
 fn adapter(b: Arc<ThreadRank>, job: u64) -> Callbacks {
     let (rank, size) = (b.rank(), b.size());
     let g = Arc::clone(&b);
-    Callbacks::new(rank, size, job, move |mine, t| g.allgather(mine, t).map_err(Into::into))
-        .expect("valid rank")
-        .with_broadcast(move |root, bytes, t| b.broadcast(root, bytes, t).map_err(Into::into))
+    Callbacks::new(rank, size, job, move |mine, t| {
+        g.allgather(mine, t).map_err(Into::into)
+    })
+    .expect("valid rank")
+    .with_broadcast(move |root, bytes, t| b.broadcast(root, bytes, t).map_err(Into::into))
 }
 
 #[test]
 fn callbacks_over_a_users_communicator_are_correct() {
-    let ranks: Vec<Callbacks> = Threads::new(4).into_iter().map(|b| adapter(Arc::new(b), 7)).collect();
+    let ranks: Vec<Callbacks> = Threads::new(4)
+        .into_iter()
+        .map(|b| adapter(Arc::new(b), 7))
+        .collect();
     for r in on_threads(&ranks, suite) {
         r.expect("suite over callbacks");
     }
@@ -75,7 +119,10 @@ fn callbacks_over_a_users_communicator_are_correct() {
         .into_iter()
         .map(|b| {
             let (rank, size) = (b.rank(), b.size());
-            Callbacks::new(rank, size, 9, move |m, t| b.allgather(m, t).map_err(Into::into)).expect("valid")
+            Callbacks::new(rank, size, 9, move |m, t| {
+                b.allgather(m, t).map_err(Into::into)
+            })
+            .expect("valid")
         })
         .collect();
     for r in on_threads(&ranks, suite) {
@@ -88,12 +135,34 @@ fn bytes_exchanged_over_the_wrong_communicator_are_refused() {
     // The adapter of job 1 whose closure answers with what another
     // communicator (job 2) exchanged: TensorRT-LLM's critical review finding.
     let foreign = Capture::sealed(2, 2);
-    let e = answering(0, foreign).allgather(b"x", Duration::from_secs(1)).expect_err("job 2's bytes");
-    assert!(matches!(e, BootstrapError::Mismatch { what: Mismatch::Job { ours: 1, theirs: 2 }, .. }), "{e}");
+    let e = answering(0, foreign)
+        .allgather(b"x", Duration::from_secs(1))
+        .expect_err("job 2's bytes");
+    assert!(
+        matches!(
+            e,
+            BootstrapError::Mismatch {
+                what: Mismatch::Job { ours: 1, theirs: 2 },
+                ..
+            }
+        ),
+        "{e}"
+    );
     // Same job id, another size: a sub-communicator's bytes.
     let sub = Capture::sealed(3, 1);
-    let e = answering(0, sub[..2].to_vec()).allgather(b"x", Duration::from_secs(1)).expect_err("size 3's bytes");
-    assert!(matches!(e, BootstrapError::Mismatch { what: Mismatch::Size { ours: 2, theirs: 3 }, .. }), "{e}");
+    let e = answering(0, sub[..2].to_vec())
+        .allgather(b"x", Duration::from_secs(1))
+        .expect_err("size 3's bytes");
+    assert!(
+        matches!(
+            e,
+            BootstrapError::Mismatch {
+                what: Mismatch::Size { ours: 2, theirs: 3 },
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 /// Captures the envelopes [`Callbacks`] hand their closure.
@@ -112,8 +181,7 @@ impl Capture {
             .expect("valid");
             let _ = c.allgather(format!("from {i}").as_bytes(), Duration::from_secs(1));
         }
-        let v = seen.lock().expect("lock").clone();
-        v
+        seen.lock().expect("lock").clone()
     }
 }
 
@@ -124,26 +192,101 @@ fn answering(rank: usize, answer: Vec<Vec<u8>>) -> Callbacks {
 #[test]
 fn the_adapter_refuses_other_steps_rank_orders_counts_and_garbage() {
     let good = Capture::sealed(2, 1);
-    assert_eq!(answering(0, good.clone()).allgather(b"x", Duration::from_secs(1)).expect("as sealed"), vec![b"from 0".to_vec(), b"from 1".to_vec()]);
+    assert_eq!(
+        answering(0, good.clone())
+            .allgather(b"x", Duration::from_secs(1))
+            .expect("as sealed"),
+        vec![b"from 0".to_vec(), b"from 1".to_vec()]
+    );
     let swapped = vec![good[1].clone(), good[0].clone()];
-    let e = answering(0, swapped).allgather(b"x", Duration::from_secs(1)).expect_err("rank order");
-    assert!(matches!(e, BootstrapError::Mismatch { peer: 0, what: Mismatch::Sender { expected: 0, theirs: 1 }, .. }), "{e}");
+    let e = answering(0, swapped)
+        .allgather(b"x", Duration::from_secs(1))
+        .expect_err("rank order");
+    assert!(
+        matches!(
+            e,
+            BootstrapError::Mismatch {
+                peer: 0,
+                what: Mismatch::Sender {
+                    expected: 0,
+                    theirs: 1
+                },
+                ..
+            }
+        ),
+        "{e}"
+    );
     let stale = answering(0, good.clone());
-    stale.allgather(b"x", Duration::from_secs(1)).expect("step 0");
-    let e = stale.allgather(b"x", Duration::from_secs(1)).expect_err("step 0's bytes at step 1");
-    assert!(matches!(e, BootstrapError::Mismatch { what: Mismatch::Seq { ours: 1, theirs: 0 }, .. }), "{e}");
-    let e = answering(0, vec![good[0].clone()]).allgather(b"x", Duration::from_secs(1)).expect_err("count");
-    assert!(matches!(e, BootstrapError::Mismatch { what: Mismatch::Count { expected: 2, got: 1 }, .. }), "{e}");
-    let e = answering(0, vec![good[0].clone(), b"garbage".to_vec()]).allgather(b"x", Duration::from_secs(1)).expect_err("garbage");
-    assert!(matches!(e, BootstrapError::Malformed { peer: 1, what: Malformed::Magic | Malformed::Truncated, .. }), "{e}");
+    stale
+        .allgather(b"x", Duration::from_secs(1))
+        .expect("step 0");
+    let e = stale
+        .allgather(b"x", Duration::from_secs(1))
+        .expect_err("step 0's bytes at step 1");
+    assert!(
+        matches!(
+            e,
+            BootstrapError::Mismatch {
+                what: Mismatch::Seq { ours: 1, theirs: 0 },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = answering(0, vec![good[0].clone()])
+        .allgather(b"x", Duration::from_secs(1))
+        .expect_err("count");
+    assert!(
+        matches!(
+            e,
+            BootstrapError::Mismatch {
+                what: Mismatch::Count {
+                    expected: 2,
+                    got: 1
+                },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = answering(0, vec![good[0].clone(), b"garbage".to_vec()])
+        .allgather(b"x", Duration::from_secs(1))
+        .expect_err("garbage");
+    assert!(
+        matches!(
+            e,
+            BootstrapError::Malformed {
+                peer: 1,
+                what: Malformed::Magic | Malformed::Truncated,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let mut truncated = good[1].clone();
     truncated.pop();
-    let e = answering(0, vec![good[0].clone(), truncated]).allgather(b"x", Duration::from_secs(1)).expect_err("truncated");
-    assert!(matches!(e, BootstrapError::Malformed { peer: 1, what: Malformed::Truncated, .. }), "{e}");
+    let e = answering(0, vec![good[0].clone(), truncated])
+        .allgather(b"x", Duration::from_secs(1))
+        .expect_err("truncated");
+    assert!(
+        matches!(
+            e,
+            BootstrapError::Malformed {
+                peer: 1,
+                what: Malformed::Truncated,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = Callbacks::new(0, 2, 1, |_, _| Err("the user's communicator failed".into()))
         .expect("valid")
         .barrier(Duration::from_secs(1))
         .expect_err("callback error");
-    assert!(matches!(e, BootstrapError::Callback { .. }) && e.to_string().contains("the user's communicator failed"), "{e}");
+    assert!(
+        matches!(e, BootstrapError::Callback { .. })
+            && e.to_string().contains("the user's communicator failed"),
+        "{e}"
+    );
     assert!(Callbacks::new(2, 2, 1, |_, _| Ok(Vec::new())).is_err());
 }

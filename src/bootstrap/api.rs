@@ -38,7 +38,12 @@ pub trait Bootstrap {
     /// # Errors
     /// As [`Bootstrap::allgather`]; [`BootstrapError::InvalidArgument`] for a
     /// root out of range.
-    fn broadcast(&self, root: usize, bytes_if_root: &[u8], timeout: Duration) -> Result<Vec<u8>, BootstrapError>;
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes_if_root: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError>;
 
     /// Returns once every rank has entered the barrier.
     ///
@@ -93,7 +98,10 @@ pub(crate) struct Deadline {
 impl Deadline {
     pub(crate) fn after(timeout: Duration) -> Self {
         // A timeout too large for `Instant` means "no practical bound".
-        Deadline { at: Instant::now().checked_add(timeout), timeout }
+        Deadline {
+            at: Instant::now().checked_add(timeout),
+            timeout,
+        }
     }
 
     /// Time left; zero once passed.
@@ -119,7 +127,12 @@ impl<B: Bootstrap + ?Sized> Bootstrap for &B {
     fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
         (**self).allgather(mine, timeout)
     }
-    fn broadcast(&self, root: usize, bytes_if_root: &[u8], timeout: Duration) -> Result<Vec<u8>, BootstrapError> {
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes_if_root: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
         (**self).broadcast(root, bytes_if_root, timeout)
     }
     fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
@@ -140,7 +153,12 @@ impl<B: Bootstrap + ?Sized> Bootstrap for Box<B> {
     fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
         (**self).allgather(mine, timeout)
     }
-    fn broadcast(&self, root: usize, bytes_if_root: &[u8], timeout: Duration) -> Result<Vec<u8>, BootstrapError> {
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes_if_root: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
         (**self).broadcast(root, bytes_if_root, timeout)
     }
     fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {

@@ -40,7 +40,11 @@ pub struct Callbacks {
 
 impl std::fmt::Debug for Callbacks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Callbacks").field("rank", &self.rank).field("size", &self.size).field("job", &self.job).finish_non_exhaustive()
+        f.debug_struct("Callbacks")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("job", &self.job)
+            .finish_non_exhaustive()
     }
 }
 
@@ -58,12 +62,23 @@ impl Callbacks {
         job: u64,
         allgather: impl Fn(&[u8], Duration) -> CallbackResult<Vec<Vec<u8>>> + Send + Sync + 'static,
     ) -> Result<Callbacks, BootstrapError> {
-        let step = Step { op: Op::Join, seq: 0 };
+        let step = Step {
+            op: Op::Join,
+            seq: 0,
+        };
         if size == 0 || u32::try_from(size).is_err() {
-            return Err(BootstrapError::InvalidArgument { rank, step, what: Argument::ZeroSize });
+            return Err(BootstrapError::InvalidArgument {
+                rank,
+                step,
+                what: Argument::ZeroSize,
+            });
         }
         if rank >= size {
-            return Err(BootstrapError::InvalidArgument { rank, step, what: Argument::RankOutOfRange { rank, size } });
+            return Err(BootstrapError::InvalidArgument {
+                rank,
+                step,
+                what: Argument::RankOutOfRange { rank, size },
+            });
         }
         Ok(Callbacks {
             rank,
@@ -79,7 +94,10 @@ impl Callbacks {
     /// A native broadcast: `broadcast(root, bytes_if_root, timeout)` returns
     /// the root's bytes on every rank (non-roots pass `&[]`).
     #[must_use]
-    pub fn with_broadcast(mut self, f: impl Fn(usize, &[u8], Duration) -> CallbackResult<Vec<u8>> + Send + Sync + 'static) -> Self {
+    pub fn with_broadcast(
+        mut self,
+        f: impl Fn(usize, &[u8], Duration) -> CallbackResult<Vec<u8>> + Send + Sync + 'static,
+    ) -> Self {
         self.broadcast = Some(Box::new(f));
         self
     }
@@ -87,20 +105,29 @@ impl Callbacks {
     /// A native barrier. It carries no bytes, so no identity check is made
     /// on it; without it the barrier is a checked allgather of nothing.
     #[must_use]
-    pub fn with_barrier(mut self, f: impl Fn(Duration) -> CallbackResult<()> + Send + Sync + 'static) -> Self {
+    pub fn with_barrier(
+        mut self,
+        f: impl Fn(Duration) -> CallbackResult<()> + Send + Sync + 'static,
+    ) -> Self {
         self.barrier = Some(Box::new(f));
         self
     }
 
     fn next(&self, op: Op) -> Step {
-        let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let seq = st.0;
         st.0 = st.0.wrapping_add(1);
         Step { op, seq }
     }
 
     fn count(&self, sent: usize, received: usize) {
-        let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         st.1.sent(sent);
         st.1.received(received);
     }
@@ -121,30 +148,57 @@ impl Callbacks {
         wire::frame(h, payload).ok_or(BootstrapError::InvalidArgument {
             rank: self.rank,
             step,
-            what: Argument::TooLarge { len: payload.len(), max: MAX_FRAME },
+            what: Argument::TooLarge {
+                len: payload.len(),
+                max: MAX_FRAME,
+            },
         })
     }
 
     fn expect(&self, step: Step, kind: Kind, from: usize) -> Expect {
-        Expect { job: self.job, size: self.size32(), seq: step.seq, kind, op: step.op, from: u32::try_from(from).unwrap_or(u32::MAX) }
+        Expect {
+            job: self.job,
+            size: self.size32(),
+            seq: step.seq,
+            kind,
+            op: step.op,
+            from: u32::try_from(from).unwrap_or(u32::MAX),
+        }
     }
 
-    fn gather(&self, step: Step, kind: Kind, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
+    fn gather(
+        &self,
+        step: Step,
+        kind: Kind,
+        mine: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let sealed = self.seal(step, kind, mine)?;
-        let got = (self.allgather)(&sealed, timeout).map_err(|source| BootstrapError::Callback { rank: self.rank, step, source })?;
+        let got =
+            (self.allgather)(&sealed, timeout).map_err(|source| BootstrapError::Callback {
+                rank: self.rank,
+                step,
+                source,
+            })?;
         if got.len() != self.size {
             return Err(BootstrapError::Mismatch {
                 rank: self.rank,
                 step,
                 peer: self.rank,
-                what: super::error::Mismatch::Count { expected: self.size, got: got.len() },
+                what: super::error::Mismatch::Count {
+                    expected: self.size,
+                    got: got.len(),
+                },
             });
         }
         let received = got.iter().fold(0usize, |a, b| a.saturating_add(b.len()));
         self.count(sealed.len(), received);
         got.iter()
             .enumerate()
-            .map(|(peer, bytes)| wire::open(bytes, &self.expect(step, kind, peer)).map_err(|r| refused(self.rank, step, peer, r)))
+            .map(|(peer, bytes)| {
+                wire::open(bytes, &self.expect(step, kind, peer))
+                    .map_err(|r| refused(self.rank, step, peer, r))
+            })
             .collect()
     }
 }
@@ -163,31 +217,56 @@ impl Bootstrap for Callbacks {
         self.gather(step, Kind::Allgather, mine, timeout)
     }
 
-    fn broadcast(&self, root: usize, bytes_if_root: &[u8], timeout: Duration) -> Result<Vec<u8>, BootstrapError> {
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes_if_root: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
         let step = self.next(Op::Broadcast);
         if root >= self.size {
             return Err(BootstrapError::InvalidArgument {
                 rank: self.rank,
                 step,
-                what: Argument::RankOutOfRange { rank: root, size: self.size },
+                what: Argument::RankOutOfRange {
+                    rank: root,
+                    size: self.size,
+                },
             });
         }
-        let mine = if root == self.rank { bytes_if_root } else { &[] };
+        let mine = if root == self.rank {
+            bytes_if_root
+        } else {
+            &[]
+        };
         let Some(f) = &self.broadcast else {
             let mut all = self.gather(step, Kind::Broadcast, mine, timeout)?;
             return Ok(std::mem::take(&mut all[root]));
         };
-        let sealed = if root == self.rank { self.seal(step, Kind::Broadcast, mine)? } else { Vec::new() };
-        let got = f(root, &sealed, timeout).map_err(|source| BootstrapError::Callback { rank: self.rank, step, source })?;
+        let sealed = if root == self.rank {
+            self.seal(step, Kind::Broadcast, mine)?
+        } else {
+            Vec::new()
+        };
+        let got = f(root, &sealed, timeout).map_err(|source| BootstrapError::Callback {
+            rank: self.rank,
+            step,
+            source,
+        })?;
         self.count(sealed.len(), got.len());
-        wire::open(&got, &self.expect(step, Kind::Broadcast, root)).map_err(|r| refused(self.rank, step, root, r))
+        wire::open(&got, &self.expect(step, Kind::Broadcast, root))
+            .map_err(|r| refused(self.rank, step, root, r))
     }
 
     fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
         let step = self.next(Op::Barrier);
         match &self.barrier {
             Some(f) => {
-                f(timeout).map_err(|source| BootstrapError::Callback { rank: self.rank, step, source })?;
+                f(timeout).map_err(|source| BootstrapError::Callback {
+                    rank: self.rank,
+                    step,
+                    source,
+                })?;
                 self.count(0, 0);
                 Ok(())
             }
@@ -196,6 +275,9 @@ impl Bootstrap for Callbacks {
     }
 
     fn traffic(&self) -> Traffic {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).1
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
     }
 }

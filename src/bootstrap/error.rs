@@ -78,7 +78,9 @@ pub enum Malformed {
 impl fmt::Display for Malformed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Malformed::Magic => f.write_str("no cuda-endpoints magic bytes (not a bootstrap frame)"),
+            Malformed::Magic => {
+                f.write_str("no cuda-endpoints magic bytes (not a bootstrap frame)")
+            }
             Malformed::Truncated => f.write_str("truncated structure"),
             Malformed::Trailing => f.write_str("bytes past the end of the structure"),
             Malformed::UnknownType(t) => write!(f, "unknown message type {t}"),
@@ -155,16 +157,30 @@ pub enum Mismatch {
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Mismatch::Version { ours, theirs } => write!(f, "wire version {theirs}, this rank speaks {ours}"),
+            Mismatch::Version { ours, theirs } => {
+                write!(f, "wire version {theirs}, this rank speaks {ours}")
+            }
             Mismatch::Job { ours, theirs } => {
-                write!(f, "job {theirs:016x}, this communicator is job {ours:016x} (bytes from another communicator)")
+                write!(
+                    f,
+                    "job {theirs:016x}, this communicator is job {ours:016x} (bytes from another communicator)"
+                )
             }
-            Mismatch::Size { ours, theirs } => write!(f, "communicator size {theirs}, this rank's is {ours}"),
-            Mismatch::Seq { ours, theirs } => write!(f, "step #{theirs}, this rank is at step #{ours}"),
+            Mismatch::Size { ours, theirs } => {
+                write!(f, "communicator size {theirs}, this rank's is {ours}")
+            }
+            Mismatch::Seq { ours, theirs } => {
+                write!(f, "step #{theirs}, this rank is at step #{ours}")
+            }
             Mismatch::Operation { ours, theirs } => {
-                write!(f, "message type {theirs} where this rank runs {ours} (ranks called different collectives)")
+                write!(
+                    f,
+                    "message type {theirs} where this rank runs {ours} (ranks called different collectives)"
+                )
             }
-            Mismatch::Sender { expected, theirs } => write!(f, "claims rank {theirs}, expected rank {expected}"),
+            Mismatch::Sender { expected, theirs } => {
+                write!(f, "claims rank {theirs}, expected rank {expected}")
+            }
             Mismatch::DuplicateRank { rank } => write!(f, "a second process joined as rank {rank}"),
             Mismatch::Count { expected, got } => write!(f, "{got} entries for {expected} ranks"),
         }
@@ -211,7 +227,9 @@ impl Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refusal::WrongSecret => f.write_str("wrong job secret (the unique id belongs to another job)"),
+            Refusal::WrongSecret => {
+                f.write_str("wrong job secret (the unique id belongs to another job)")
+            }
             Refusal::RankOutOfRange => f.write_str("rank out of range for the job's size"),
             Refusal::DuplicateRank => f.write_str("another process already joined with this rank"),
             Refusal::SizeMismatch => f.write_str("this rank declared another job size than rank 0"),
@@ -349,9 +367,15 @@ pub enum IdProblem {
 impl fmt::Display for IdProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            IdProblem::Unset { var } => write!(f, "environment variable {var} is not set; rank 0 exports it (UniqueId::to_string)"),
+            IdProblem::Unset { var } => write!(
+                f,
+                "environment variable {var} is not set; rank 0 exports it (UniqueId::to_string)"
+            ),
             IdProblem::Syntax { part } => {
-                write!(f, "its {part} does not parse (expected cebs1/<ip:port>/<16 hex job>/<32 hex secret>)")
+                write!(
+                    f,
+                    "its {part} does not parse (expected cebs1/<ip:port>/<16 hex job>/<32 hex secret>)"
+                )
             }
             IdProblem::File { path, kind } => write!(f, "cannot read {}: {kind}", path.display()),
         }
@@ -495,19 +519,11 @@ pub enum BootstrapError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// An MPI call returned an error code.
-    #[error("rank {rank}: {step}: MPI error code {code}")]
-    Mpi {
-        /// This rank.
-        rank: usize,
-        /// The step.
-        step: Step,
-        /// The MPI error code.
-        code: i32,
-    },
     /// The communicator cannot be used after an earlier timeout of a
     /// collective that could not be cancelled (MPI): abort the job.
-    #[error("rank {rank}: {step}: the communicator is unusable after an earlier timed-out MPI collective ({first}); abort the job")]
+    #[error(
+        "rank {rank}: {step}: the communicator is unusable after an earlier timed-out MPI collective ({first}); abort the job"
+    )]
     Poisoned {
         /// This rank.
         rank: usize,
@@ -517,7 +533,9 @@ pub enum BootstrapError {
         first: Step,
     },
     /// File descriptors pass only within a node; this peer is on another one.
-    #[error("rank {rank}: {step}: rank {peer} is on node {theirs}, this rank on node {mine}; file descriptors pass only within a node (use fabric handles across nodes)")]
+    #[error(
+        "rank {rank}: {step}: rank {peer} is on node {theirs}, this rank on node {mine}; file descriptors pass only within a node (use fabric handles across nodes)"
+    )]
     OtherNode {
         /// This rank.
         rank: usize,

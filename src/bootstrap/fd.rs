@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
 };
 
 use super::api::{Bootstrap, Deadline};
@@ -42,11 +43,19 @@ const STATUS_OK: u8 = 0;
 const STATUS_FAILED: u8 = 1;
 
 fn step() -> Step {
-    Step { op: Op::FdPassing, seq: 0 }
+    Step {
+        op: Op::FdPassing,
+        seq: 0,
+    }
 }
 
 fn io_err(rank: usize, peer: Option<usize>) -> impl Fn(io::Error) -> BootstrapError {
-    move |source| BootstrapError::Io { rank, step: step(), peer, source }
+    move |source| BootstrapError::Io {
+        rank,
+        step: step(),
+        peer,
+        source,
+    }
 }
 
 fn random<const N: usize>() -> io::Result<[u8; N]> {
@@ -82,12 +91,20 @@ impl Offer {
         let (node, rest) = NodeId::decode(rest)?;
         let token: [u8; TOKEN] = rest.get(..TOKEN)?.try_into().ok()?;
         let name = rest.get(TOKEN..)?.to_vec();
-        (name.len() <= 108).then_some(Offer { status, node, name, token })
+        (name.len() <= 108).then_some(Offer {
+            status,
+            node,
+            name,
+            token,
+        })
     }
 }
 
 fn timespec(d: Duration) -> Timespec {
-    Timespec { tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), tv_nsec: i64::from(d.subsec_nanos()) }
+    Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
 }
 
 impl FdExchange {
@@ -126,13 +143,22 @@ impl FdExchange {
         let deadline = Deadline::after(timeout);
         let (rank, size) = (boot.rank(), boot.size());
         if root >= size {
-            return Err(BootstrapError::InvalidArgument { rank, step: step(), what: Argument::RankOutOfRange { rank: root, size } });
+            return Err(BootstrapError::InvalidArgument {
+                rank,
+                step: step(),
+                what: Argument::RankOutOfRange { rank: root, size },
+            });
         }
         let node = node.clone();
         // The root listens before the allgather, so peers can connect as soon as it ends.
         let mut listener = None;
         let mut failure = None;
-        let mut offer = Offer { status: STATUS_OK, node: node.clone(), name: Vec::new(), token: [0; TOKEN] };
+        let mut offer = Offer {
+            status: STATUS_OK,
+            node: node.clone(),
+            name: Vec::new(),
+            token: [0; TOKEN],
+        };
         if rank == root {
             match (fd_if_root, Self::listen()) {
                 (Some(_), Ok((l, name, token))) => {
@@ -140,7 +166,13 @@ impl FdExchange {
                     offer.name = name;
                     offer.token = token;
                 }
-                (None, _) => failure = Some(BootstrapError::InvalidArgument { rank, step: step(), what: Argument::NoDescriptor }),
+                (None, _) => {
+                    failure = Some(BootstrapError::InvalidArgument {
+                        rank,
+                        step: step(),
+                        what: Argument::NoDescriptor,
+                    })
+                }
                 (_, Err(e)) => failure = Some(io_err(rank, None)(e)),
             }
             if failure.is_some() {
@@ -153,28 +185,58 @@ impl FdExchange {
         }
         let mut offers = Vec::with_capacity(size);
         for (peer, bytes) in all.iter().enumerate() {
-            let o = Offer::decode(bytes).ok_or(BootstrapError::Malformed { rank, step: step(), peer, what: Malformed::Truncated })?;
+            let o = Offer::decode(bytes).ok_or(BootstrapError::Malformed {
+                rank,
+                step: step(),
+                peer,
+                what: Malformed::Truncated,
+            })?;
             offers.push(o);
         }
         let root_offer = offers.get(root).ok_or(BootstrapError::Mismatch {
             rank,
             step: step(),
             peer: root,
-            what: Mismatch::Count { expected: size, got: offers.len() },
+            what: Mismatch::Count {
+                expected: size,
+                got: offers.len(),
+            },
         })?;
         if root_offer.status != STATUS_OK {
-            return Err(BootstrapError::Aborted { rank, step: step(), culprit: root, reason: AbortReason::Io });
+            return Err(BootstrapError::Aborted {
+                rank,
+                step: step(),
+                culprit: root,
+                reason: AbortReason::Io,
+            });
         }
         if let Some(p) = offers.iter().position(|o| o.node != root_offer.node) {
-            let (peer, theirs) = if p == rank { (root, root_offer.node.clone()) } else { (p, offers[p].node.clone()) };
-            return Err(BootstrapError::OtherNode { rank, step: step(), peer, mine: Box::new(node), theirs: Box::new(theirs) });
+            let (peer, theirs) = if p == rank {
+                (root, root_offer.node.clone())
+            } else {
+                (p, offers[p].node.clone())
+            };
+            return Err(BootstrapError::OtherNode {
+                rank,
+                step: step(),
+                peer,
+                mine: Box::new(node),
+                theirs: Box::new(theirs),
+            });
         }
         match (listener, fd_if_root) {
             (Some(l), Some(fd)) => {
                 Self::serve(&l, fd, rank, size, &root_offer.token, &deadline)?;
                 fd.try_clone_to_owned().map_err(io_err(rank, None))
             }
-            _ => Self::fetch(&root_offer.name, &root_offer.token, rank, size, root, &deadline),
+            _ => Self::fetch(
+                &root_offer.name,
+                &root_offer.token,
+                rank,
+                size,
+                root,
+                &deadline,
+            ),
         }
     }
 
@@ -191,7 +253,14 @@ impl FdExchange {
     ) -> Result<Vec<OwnedFd>, BootstrapError> {
         let deadline = Deadline::after(timeout);
         (0..boot.size())
-            .map(|root| Self::broadcast_fd(boot, root, (root == boot.rank()).then_some(mine), deadline.remaining()))
+            .map(|root| {
+                Self::broadcast_fd(
+                    boot,
+                    root,
+                    (root == boot.rank()).then_some(mine),
+                    deadline.remaining(),
+                )
+            })
             .collect()
     }
 
@@ -217,7 +286,14 @@ impl FdExchange {
     }
 
     /// Root: serves every other rank once.
-    fn serve(l: &UnixListener, fd: BorrowedFd<'_>, rank: usize, size: usize, token: &[u8; TOKEN], deadline: &Deadline) -> Result<(), BootstrapError> {
+    fn serve(
+        l: &UnixListener,
+        fd: BorrowedFd<'_>,
+        rank: usize,
+        size: usize,
+        token: &[u8; TOKEN],
+        deadline: &Deadline,
+    ) -> Result<(), BootstrapError> {
         let mut served = vec![false; size];
         served[rank] = true;
         let mut pending: Vec<(UnixStream, Vec<u8>)> = Vec::new();
@@ -226,7 +302,12 @@ impl FdExchange {
         while served.iter().any(|s| !s) {
             if deadline.passed() {
                 let waiting_for = (0..size).filter(|&r| !served[r]).collect();
-                return Err(BootstrapError::Timeout { rank, step: step(), waiting_for, after: deadline.timeout });
+                return Err(BootstrapError::Timeout {
+                    rank,
+                    step: step(),
+                    waiting_for,
+                    after: deadline.timeout,
+                });
             }
             let ready: Vec<usize> = {
                 let mut pfds = vec![PollFd::new(l, PollFlags::IN)];
@@ -235,7 +316,11 @@ impl FdExchange {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
                     Err(e) => return Err(io_err(rank, None)(e.into())),
                 }
-                pfds.iter().enumerate().filter(|(_, p)| !p.revents().is_empty()).map(|(i, _)| i).collect()
+                pfds.iter()
+                    .enumerate()
+                    .filter(|(_, p)| !p.revents().is_empty())
+                    .map(|(i, _)| i)
+                    .collect()
             };
             let mut done: Vec<usize> = Vec::new();
             for i in ready {
@@ -248,7 +333,9 @@ impl FdExchange {
                     continue;
                 }
                 let idx = i - 1;
-                let Some((s, buf)) = pending.get_mut(idx) else { continue };
+                let Some((s, buf)) = pending.get_mut(idx) else {
+                    continue;
+                };
                 let mut chunk = [0u8; 64];
                 match s.read(&mut chunk) {
                     Ok(0) => {
@@ -256,7 +343,12 @@ impl FdExchange {
                         continue;
                     }
                     Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::Interrupted =>
+                    {
+                        continue;
+                    }
                     Err(_) => {
                         done.push(idx);
                         continue;
@@ -267,7 +359,9 @@ impl FdExchange {
                 }
                 done.push(idx);
                 // Anything but an exact request with the token is dropped.
-                let Ok(h) = Header::decode(buf, TOKEN) else { continue };
+                let Ok(h) = Header::decode(buf, TOKEN) else {
+                    continue;
+                };
                 if buf.len() != frame_len
                     || h.kind != want.kind
                     || h.job != want.job
@@ -276,21 +370,30 @@ impl FdExchange {
                 {
                     continue;
                 }
-                let Ok(peer) = usize::try_from(h.from) else { continue };
+                let Ok(peer) = usize::try_from(h.from) else {
+                    continue;
+                };
                 if peer >= size || served[peer] {
                     continue;
                 }
-                if s.set_nonblocking(false).is_err() || s.set_write_timeout(Some(deadline.remaining().max(Duration::from_millis(1)))).is_err() {
+                if s.set_nonblocking(false).is_err()
+                    || s.set_write_timeout(Some(deadline.remaining().max(Duration::from_millis(1))))
+                        .is_err()
+                {
                     continue;
                 }
                 let fds = [fd];
                 let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
                 let mut cmsg = SendAncillaryBuffer::new(&mut space);
                 if !cmsg.push(SendAncillaryMessage::ScmRights(&fds)) {
-                    return Err(io_err(rank, Some(peer))(io::Error::other("ancillary buffer too small")));
+                    return Err(io_err(rank, Some(peer))(io::Error::other(
+                        "ancillary buffer too small",
+                    )));
                 }
                 // A peer that went away gets nothing; it will not come back.
-                if let Ok(1) = rustix::net::sendmsg(&*s, &[IoSlice::new(&[1])], &mut cmsg, SendFlags::NOSIGNAL) {
+                if let Ok(1) =
+                    rustix::net::sendmsg(&*s, &[IoSlice::new(&[1])], &mut cmsg, SendFlags::NOSIGNAL)
+                {
                     served[peer] = true;
                 }
             }
@@ -304,12 +407,30 @@ impl FdExchange {
     }
 
     /// Other ranks: connects to the root's socket and receives the descriptor.
-    fn fetch(name: &[u8], token: &[u8; TOKEN], rank: usize, size: usize, root: usize, deadline: &Deadline) -> Result<OwnedFd, BootstrapError> {
-        let timed_out = || BootstrapError::Timeout { rank, step: step(), waiting_for: vec![root], after: deadline.timeout };
+    fn fetch(
+        name: &[u8],
+        token: &[u8; TOKEN],
+        rank: usize,
+        size: usize,
+        root: usize,
+        deadline: &Deadline,
+    ) -> Result<OwnedFd, BootstrapError> {
+        let timed_out = || BootstrapError::Timeout {
+            rank,
+            step: step(),
+            waiting_for: vec![root],
+            after: deadline.timeout,
+        };
         let io = io_err(rank, Some(root));
         let addr = SocketAddr::from_abstract_name(name).map_err(&io)?;
         let mut s = UnixStream::connect_addr(&addr).map_err(|e| match e.kind() {
-            io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound => BootstrapError::PeerClosed { rank, step: step(), peer: root },
+            io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound => {
+                BootstrapError::PeerClosed {
+                    rank,
+                    step: step(),
+                    peer: root,
+                }
+            }
             _ => io(e),
         })?;
         let left = deadline.remaining();
@@ -321,14 +442,25 @@ impl FdExchange {
         let req = wire::frame(Self::request_header(token, rank, size), token).unwrap_or_default();
         s.write_all(&req).map_err(|e| match e.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
-            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => BootstrapError::PeerClosed { rank, step: step(), peer: root },
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                BootstrapError::PeerClosed {
+                    rank,
+                    step: step(),
+                    peer: root,
+                }
+            }
             _ => io(e),
         })?;
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut cmsg = RecvAncillaryBuffer::new(&mut space);
         let mut byte = [0u8; 1];
         let got = loop {
-            match rustix::net::recvmsg(&s, &mut [IoSliceMut::new(&mut byte)], &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
+            match rustix::net::recvmsg(
+                &s,
+                &mut [IoSliceMut::new(&mut byte)],
+                &mut cmsg,
+                RecvFlags::CMSG_CLOEXEC,
+            ) {
                 Ok(r) => break r,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(rustix::io::Errno::AGAIN) => return Err(timed_out()),
@@ -336,7 +468,11 @@ impl FdExchange {
             }
         };
         if got.bytes == 0 {
-            return Err(BootstrapError::PeerClosed { rank, step: step(), peer: root });
+            return Err(BootstrapError::PeerClosed {
+                rank,
+                step: step(),
+                peer: root,
+            });
         }
         let mut fd = None;
         for msg in cmsg.drain() {
@@ -351,7 +487,12 @@ impl FdExchange {
         }
         match fd {
             Some(fd) if !got.flags.contains(ReturnFlags::CTRUNC) => Ok(fd),
-            _ => Err(BootstrapError::Malformed { rank, step: step(), peer: root, what: Malformed::NoDescriptor }),
+            _ => Err(BootstrapError::Malformed {
+                rank,
+                step: step(),
+                peer: root,
+                what: Malformed::NoDescriptor,
+            }),
         }
     }
 }

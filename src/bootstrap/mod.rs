@@ -64,7 +64,9 @@ mod wire;
 
 pub use api::{Bootstrap, Traffic};
 pub use callbacks::{CallbackResult, Callbacks};
-pub use error::{AbortReason, Argument, BootstrapError, IdProblem, Malformed, Mismatch, Op, Refusal, Step};
+pub use error::{
+    AbortReason, Argument, BootstrapError, IdProblem, Malformed, Mismatch, Op, Refusal, Step,
+};
 #[cfg(target_os = "linux")]
 pub use fd::FdExchange;
 #[cfg(feature = "mpi")]

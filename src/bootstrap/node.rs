@@ -25,10 +25,20 @@ impl NodeId {
     /// # Errors
     /// When `/proc` cannot be read (not Linux, or `/proc` not mounted).
     pub fn current() -> std::io::Result<NodeId> {
-        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")?.trim().to_owned();
-        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?.trim().to_owned();
-        let net_ns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
-        Ok(NodeId { hostname, boot_id, net_ns })
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")?
+            .trim()
+            .to_owned();
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
+            .trim()
+            .to_owned();
+        let net_ns = std::fs::metadata("/proc/self/ns/net")
+            .map(|m| m.ino())
+            .unwrap_or(0);
+        Ok(NodeId {
+            hostname,
+            boot_id,
+            net_ns,
+        })
     }
 
     /// The host name.
@@ -38,7 +48,11 @@ impl NodeId {
 
     /// A node identity from its parts (for tests that simulate several nodes).
     pub fn from_parts(hostname: &str, boot_id: &str, net_ns: u64) -> NodeId {
-        NodeId { hostname: hostname.to_owned(), boot_id: boot_id.to_owned(), net_ns }
+        NodeId {
+            hostname: hostname.to_owned(),
+            boot_id: boot_id.to_owned(),
+            net_ns,
+        }
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -68,7 +82,14 @@ impl NodeId {
         let ns = rest.get(..8)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(ns);
-        Some((NodeId { hostname, boot_id, net_ns: u64::from_le_bytes(a) }, &rest[8..]))
+        Some((
+            NodeId {
+                hostname,
+                boot_id,
+                net_ns: u64::from_le_bytes(a),
+            },
+            &rest[8..],
+        ))
     }
 }
 

@@ -63,18 +63,32 @@ pub struct TcpRoot {
 }
 
 fn poll_timeout(d: Duration) -> Timespec {
-    Timespec { tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), tv_nsec: i64::from(d.subsec_nanos()) }
+    Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
 }
 
 /// Waits until one of `fds` is readable (or hung up) or the deadline passes;
 /// returns the readable indices.
-fn wait_readable(fds: &[std::os::fd::BorrowedFd<'_>], deadline: &Deadline) -> io::Result<Vec<usize>> {
+fn wait_readable(
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    deadline: &Deadline,
+) -> io::Result<Vec<usize>> {
     loop {
-        let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::from_borrowed_fd(*fd, PollFlags::IN)).collect();
+        let mut pfds: Vec<PollFd<'_>> = fds
+            .iter()
+            .map(|fd| PollFd::from_borrowed_fd(*fd, PollFlags::IN))
+            .collect();
         let t = poll_timeout(deadline.remaining());
         match rustix::event::poll(&mut pfds, Some(&t)) {
             Ok(_) => {
-                let ready = pfds.iter().enumerate().filter(|(_, p)| !p.revents().is_empty()).map(|(i, _)| i).collect();
+                let ready = pfds
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| !p.revents().is_empty())
+                    .map(|(i, _)| i)
+                    .collect();
                 return Ok(ready);
             }
             Err(rustix::io::Errno::INTR) => continue,
@@ -93,7 +107,11 @@ impl Tcp {
     /// [`Tcp::root_advertising`]); the OS's bind errors.
     pub fn root(bind_addr: SocketAddr) -> Result<(UniqueId, TcpRoot), BootstrapError> {
         if bind_addr.ip().is_unspecified() {
-            return Err(BootstrapError::InvalidArgument { rank: 0, step: JOIN, what: Argument::UnspecifiedAddress });
+            return Err(BootstrapError::InvalidArgument {
+                rank: 0,
+                step: JOIN,
+                what: Argument::UnspecifiedAddress,
+            });
         }
         Self::root_advertising(bind_addr, bind_addr.ip())
     }
@@ -103,8 +121,16 @@ impl Tcp {
     ///
     /// # Errors
     /// The OS's bind errors.
-    pub fn root_advertising(bind_addr: SocketAddr, advertise: std::net::IpAddr) -> Result<(UniqueId, TcpRoot), BootstrapError> {
-        let io = |source| BootstrapError::Io { rank: 0, step: JOIN, peer: None, source };
+    pub fn root_advertising(
+        bind_addr: SocketAddr,
+        advertise: std::net::IpAddr,
+    ) -> Result<(UniqueId, TcpRoot), BootstrapError> {
+        let io = |source| BootstrapError::Io {
+            rank: 0,
+            step: JOIN,
+            peer: None,
+            source,
+        };
         let listener = TcpListener::bind(bind_addr).map_err(io)?;
         let port = listener.local_addr().map_err(io)?.port();
         let id = UniqueId::random(SocketAddr::new(advertise, port)).map_err(io)?;
@@ -120,8 +146,19 @@ impl Tcp {
     /// [`BootstrapError::Refused`] (wrong secret, rank taken or out of
     /// range, other size), [`BootstrapError::InvalidArgument`] for rank 0 or
     /// a rank out of range.
-    pub fn join(id: &UniqueId, rank: usize, size: usize, timeout: Duration) -> Result<Tcp, BootstrapError> {
-        let invalid = |what| Err(BootstrapError::InvalidArgument { rank, step: JOIN, what });
+    pub fn join(
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        timeout: Duration,
+    ) -> Result<Tcp, BootstrapError> {
+        let invalid = |what| {
+            Err(BootstrapError::InvalidArgument {
+                rank,
+                step: JOIN,
+                what,
+            })
+        };
         if rank == 0 {
             return invalid(Argument::JoinAsRoot);
         }
@@ -132,7 +169,12 @@ impl Tcp {
             return invalid(Argument::RankOutOfRange { rank, size });
         };
         let deadline = Deadline::after(timeout);
-        let timed_out = || BootstrapError::Timeout { rank, step: JOIN, waiting_for: vec![0], after: timeout };
+        let timed_out = || BootstrapError::Timeout {
+            rank,
+            step: JOIN,
+            waiting_for: vec![0],
+            after: timeout,
+        };
         // Connect, retrying with backoff: rank 0 may not listen yet.
         let mut backoff = Duration::from_millis(2);
         let stream = loop {
@@ -149,11 +191,26 @@ impl Tcp {
                 Err(_) => return Err(timed_out()),
             }
         };
-        let io = |source| BootstrapError::Io { rank, step: JOIN, peer: Some(0), source };
+        let io = |source| BootstrapError::Io {
+            rank,
+            step: JOIN,
+            peer: Some(0),
+            source,
+        };
         stream.set_nodelay(true).map_err(io)?;
-        let mut link = Link { stream, reader: FrameReader::default() };
+        let mut link = Link {
+            stream,
+            reader: FrameReader::default(),
+        };
         let mut traffic = Traffic::default();
-        let hello = Header { kind: Kind::Hello as u8, job: id.job, seq: 0, from: rank32, size: size32, len: 0 };
+        let hello = Header {
+            kind: Kind::Hello as u8,
+            job: id.job,
+            seq: 0,
+            from: rank32,
+            size: size32,
+            len: 0,
+        };
         let bytes = wire::frame(hello, &id.secret).unwrap_or_default();
         write_bounded(&mut link.stream, &bytes, &deadline).map_err(|e| match e.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
@@ -163,7 +220,15 @@ impl Tcp {
         let (h, payload) = read_frame(&mut link, &deadline, HELLO_MAX, rank, JOIN, 0, timeout)?;
         traffic.received(wire::HEADER_LEN.saturating_add(payload.len()));
         if h.job != id.job {
-            return Err(BootstrapError::Mismatch { rank, step: JOIN, peer: 0, what: Mismatch::Job { ours: id.job, theirs: h.job } });
+            return Err(BootstrapError::Mismatch {
+                rank,
+                step: JOIN,
+                peer: 0,
+                what: Mismatch::Job {
+                    ours: id.job,
+                    theirs: h.job,
+                },
+            });
         }
         match Kind::from_u8(h.kind) {
             Some(Kind::Welcome) => {}
@@ -176,15 +241,29 @@ impl Tcp {
                     rank,
                     step: JOIN,
                     peer: 0,
-                    what: Mismatch::Operation { ours: Op::Join, theirs: h.kind },
+                    what: Mismatch::Operation {
+                        ours: Op::Join,
+                        theirs: h.kind,
+                    },
                 });
             }
         }
-        Ok(Tcp { rank, size, job: id.job, inner: Mutex::new(Inner { seq: 0, links: vec![Some(link)], traffic }) })
+        Ok(Tcp {
+            rank,
+            size,
+            job: id.job,
+            inner: Mutex::new(Inner {
+                seq: 0,
+                links: vec![Some(link)],
+                traffic,
+            }),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn header(&self, kind: Kind, seq: u64) -> Header {
@@ -209,19 +288,38 @@ impl Tcp {
         }
     }
 
-    fn frame_or_too_large(&self, step: Step, h: Header, payload: &[u8]) -> Result<Vec<u8>, BootstrapError> {
+    fn frame_or_too_large(
+        &self,
+        step: Step,
+        h: Header,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, BootstrapError> {
         wire::frame(h, payload).ok_or(BootstrapError::InvalidArgument {
             rank: self.rank,
             step,
-            what: Argument::TooLarge { len: payload.len(), max: MAX_FRAME },
+            what: Argument::TooLarge {
+                len: payload.len(),
+                max: MAX_FRAME,
+            },
         })
     }
 
     /// Sends one frame to `peer`; a failed or partial write closes the link.
-    fn send(&self, inner: &mut Inner, step: Step, peer: usize, bytes: &[u8], deadline: &Deadline) -> Result<(), BootstrapError> {
+    fn send(
+        &self,
+        inner: &mut Inner,
+        step: Step,
+        peer: usize,
+        bytes: &[u8],
+        deadline: &Deadline,
+    ) -> Result<(), BootstrapError> {
         let slot = if self.rank == 0 { peer } else { 0 };
         let Some(link) = inner.links.get_mut(slot).and_then(Option::as_mut) else {
-            return Err(BootstrapError::Broken { rank: self.rank, step, peer });
+            return Err(BootstrapError::Broken {
+                rank: self.rank,
+                step,
+                peer,
+            });
         };
         match write_bounded(&mut link.stream, bytes, deadline) {
             Ok(()) => {
@@ -232,12 +330,26 @@ impl Tcp {
                 inner.links[slot] = None;
                 Err(match e.kind() {
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                        BootstrapError::Timeout { rank: self.rank, step, waiting_for: vec![peer], after: deadline.timeout }
+                        BootstrapError::Timeout {
+                            rank: self.rank,
+                            step,
+                            waiting_for: vec![peer],
+                            after: deadline.timeout,
+                        }
                     }
                     io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
-                        BootstrapError::PeerClosed { rank: self.rank, step, peer }
+                        BootstrapError::PeerClosed {
+                            rank: self.rank,
+                            step,
+                            peer,
+                        }
                     }
-                    _ => BootstrapError::Io { rank: self.rank, step, peer: Some(peer), source: e },
+                    _ => BootstrapError::Io {
+                        rank: self.rank,
+                        step,
+                        peer: Some(peer),
+                        source: e,
+                    },
                 })
             }
         }
@@ -278,7 +390,10 @@ impl Tcp {
         let mut missing: Vec<usize> = from.to_vec();
         let result = (|| {
             // A peer whose link is already closed fails the step at once.
-            if let Some(&peer) = missing.iter().find(|&&p| inner.links.get(p).is_none_or(Option::is_none)) {
+            if let Some(&peer) = missing
+                .iter()
+                .find(|&&p| inner.links.get(p).is_none_or(Option::is_none))
+            {
                 return Err((peer, BootstrapError::Broken { rank, step, peer }));
             }
             loop {
@@ -302,26 +417,69 @@ impl Tcp {
                     missing.sort_unstable();
                     // The others learn the culprit instead of timing out too.
                     let culprit = missing.first().copied().unwrap_or(usize::MAX);
-                    return Err((culprit, BootstrapError::Timeout { rank, step, waiting_for: missing.clone(), after: deadline.timeout }));
+                    return Err((
+                        culprit,
+                        BootstrapError::Timeout {
+                            rank,
+                            step,
+                            waiting_for: missing.clone(),
+                            after: deadline.timeout,
+                        },
+                    ));
                 }
                 let ready = {
                     let fds: Vec<_> = missing
                         .iter()
-                        .filter_map(|&p| inner.links.get(p).and_then(Option::as_ref).map(|l| l.stream.as_fd()))
+                        .filter_map(|&p| {
+                            inner
+                                .links
+                                .get(p)
+                                .and_then(Option::as_ref)
+                                .map(|l| l.stream.as_fd())
+                        })
                         .collect();
-                    wait_readable(&fds, deadline).map_err(|e| (usize::MAX, BootstrapError::Io { rank, step, peer: None, source: e }))?
+                    wait_readable(&fds, deadline).map_err(|e| {
+                        (
+                            usize::MAX,
+                            BootstrapError::Io {
+                                rank,
+                                step,
+                                peer: None,
+                                source: e,
+                            },
+                        )
+                    })?
                 };
-                let peers: Vec<usize> = ready.iter().filter_map(|&i| missing.get(i).copied()).collect();
+                let peers: Vec<usize> = ready
+                    .iter()
+                    .filter_map(|&i| missing.get(i).copied())
+                    .collect();
                 for peer in peers {
-                    let Some(link) = inner.links.get_mut(peer).and_then(Option::as_mut) else { continue };
+                    let Some(link) = inner.links.get_mut(peer).and_then(Option::as_mut) else {
+                        continue;
+                    };
                     match link.reader.fill(&mut link.stream) {
-                        Ok(0) => return Err((peer, BootstrapError::PeerClosed { rank, step, peer })),
+                        Ok(0) => {
+                            return Err((peer, BootstrapError::PeerClosed { rank, step, peer }));
+                        }
                         Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e)
+                            if e.kind() == io::ErrorKind::Interrupted
+                                || e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
                             return Err((peer, BootstrapError::PeerClosed { rank, step, peer }));
                         }
-                        Err(e) => return Err((peer, BootstrapError::Io { rank, step, peer: Some(peer), source: e })),
+                        Err(e) => {
+                            return Err((
+                                peer,
+                                BootstrapError::Io {
+                                    rank,
+                                    step,
+                                    peer: Some(peer),
+                                    source: e,
+                                },
+                            ));
+                        }
                     }
                 }
             }
@@ -342,7 +500,13 @@ impl Tcp {
 
     /// The next frame of this step from `peer`'s buffer, skipping stale ones.
     /// Errors carry the culprit for [`Tcp::abort_all`].
-    fn next_frame(&self, inner: &mut Inner, peer: usize, step: Step, exp: &Expect) -> Result<Option<Vec<u8>>, (usize, BootstrapError)> {
+    fn next_frame(
+        &self,
+        inner: &mut Inner,
+        peer: usize,
+        step: Step,
+        exp: &Expect,
+    ) -> Result<Option<Vec<u8>>, (usize, BootstrapError)> {
         let rank = self.rank;
         let slot = if rank == 0 { peer } else { 0 };
         loop {
@@ -354,7 +518,9 @@ impl Tcp {
                 Ok(None) => return Ok(None),
                 Err(e) => return Err((peer, header_error(rank, step, peer, e))),
             };
-            inner.traffic.received(wire::HEADER_LEN.saturating_add(payload.len()));
+            inner
+                .traffic
+                .received(wire::HEADER_LEN.saturating_add(payload.len()));
             if h.job == exp.job && h.seq < exp.seq {
                 inner.traffic.stale_skipped = inner.traffic.stale_skipped.saturating_add(1);
                 continue;
@@ -366,17 +532,39 @@ impl Tcp {
                     .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                     .and_then(|c| usize::try_from(c).ok())
                     .unwrap_or(usize::MAX);
-                return Err((peer, BootstrapError::Aborted { rank, step, culprit, reason }));
+                return Err((
+                    peer,
+                    BootstrapError::Aborted {
+                        rank,
+                        step,
+                        culprit,
+                        reason,
+                    },
+                ));
             }
             if let Err(what) = exp.check(&h) {
-                return Err((peer, BootstrapError::Mismatch { rank, step, peer, what }));
+                return Err((
+                    peer,
+                    BootstrapError::Mismatch {
+                        rank,
+                        step,
+                        peer,
+                        what,
+                    },
+                ));
             }
             return Ok(Some(payload));
         }
     }
 
     /// Ranks other than 0: receives the frame of `kind` at this step from rank 0.
-    fn recv_from_root(&self, inner: &mut Inner, step: Step, kind: Kind, deadline: &Deadline) -> Result<Vec<u8>, BootstrapError> {
+    fn recv_from_root(
+        &self,
+        inner: &mut Inner,
+        step: Step,
+        kind: Kind,
+        deadline: &Deadline,
+    ) -> Result<Vec<u8>, BootstrapError> {
         let rank = self.rank;
         let exp = self.expect(kind, step.op, step.seq, 0);
         let result = (|| loop {
@@ -384,29 +572,66 @@ impl Tcp {
                 return Ok(p);
             }
             if deadline.passed() {
-                return Err(BootstrapError::Timeout { rank, step, waiting_for: vec![0], after: deadline.timeout });
+                return Err(BootstrapError::Timeout {
+                    rank,
+                    step,
+                    waiting_for: vec![0],
+                    after: deadline.timeout,
+                });
             }
             let Some(link) = inner.links.get_mut(0).and_then(Option::as_mut) else {
-                return Err(BootstrapError::Broken { rank, step, peer: 0 });
+                return Err(BootstrapError::Broken {
+                    rank,
+                    step,
+                    peer: 0,
+                });
             };
-            let ready = wait_readable(&[link.stream.as_fd()], deadline)
-                .map_err(|e| BootstrapError::Io { rank, step, peer: Some(0), source: e })?;
+            let ready = wait_readable(&[link.stream.as_fd()], deadline).map_err(|e| {
+                BootstrapError::Io {
+                    rank,
+                    step,
+                    peer: Some(0),
+                    source: e,
+                }
+            })?;
             if ready.is_empty() {
                 continue;
             }
             match link.reader.fill(&mut link.stream) {
-                Ok(0) => return Err(BootstrapError::PeerClosed { rank, step, peer: 0 }),
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    return Err(BootstrapError::PeerClosed { rank, step, peer: 0 });
+                Ok(0) => {
+                    return Err(BootstrapError::PeerClosed {
+                        rank,
+                        step,
+                        peer: 0,
+                    });
                 }
-                Err(e) => return Err(BootstrapError::Io { rank, step, peer: Some(0), source: e }),
+                Ok(_) => {}
+                Err(e)
+                    if e.kind() == io::ErrorKind::Interrupted
+                        || e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Err(BootstrapError::PeerClosed {
+                        rank,
+                        step,
+                        peer: 0,
+                    });
+                }
+                Err(e) => {
+                    return Err(BootstrapError::Io {
+                        rank,
+                        step,
+                        peer: Some(0),
+                        source: e,
+                    });
+                }
             }
         })();
         // Anything but a timeout or an abort leaves the stream unusable.
         if let Err(e) = &result
-            && !matches!(e, BootstrapError::Timeout { .. } | BootstrapError::Aborted { .. })
+            && !matches!(
+                e,
+                BootstrapError::Timeout { .. } | BootstrapError::Aborted { .. }
+            )
         {
             inner.links[0] = None;
         }
@@ -419,7 +644,14 @@ impl Tcp {
         Step { op, seq }
     }
 
-    fn send_to_all(&self, inner: &mut Inner, step: Step, bytes: &[u8], except: usize, deadline: &Deadline) -> Result<(), BootstrapError> {
+    fn send_to_all(
+        &self,
+        inner: &mut Inner,
+        step: Step,
+        bytes: &[u8],
+        except: usize,
+        deadline: &Deadline,
+    ) -> Result<(), BootstrapError> {
         for peer in 1..self.size {
             if peer != except
                 && let Err(e) = self.send(inner, step, peer, bytes, deadline)
@@ -432,15 +664,35 @@ impl Tcp {
     }
 }
 
-const JOIN: Step = Step { op: Op::Join, seq: 0 };
+const JOIN: Step = Step {
+    op: Op::Join,
+    seq: 0,
+};
 
 fn header_error(rank: usize, step: Step, peer: usize, e: HeaderError) -> BootstrapError {
     match e {
-        HeaderError::Malformed(what) => BootstrapError::Malformed { rank, step, peer, what },
-        HeaderError::Version(v) => {
-            BootstrapError::Mismatch { rank, step, peer, what: Mismatch::Version { ours: wire::VERSION, theirs: v } }
-        }
-        HeaderError::Oversized(len) => BootstrapError::Oversized { rank, step, peer, len, max: MAX_FRAME as u64 },
+        HeaderError::Malformed(what) => BootstrapError::Malformed {
+            rank,
+            step,
+            peer,
+            what,
+        },
+        HeaderError::Version(v) => BootstrapError::Mismatch {
+            rank,
+            step,
+            peer,
+            what: Mismatch::Version {
+                ours: wire::VERSION,
+                theirs: v,
+            },
+        },
+        HeaderError::Oversized(len) => BootstrapError::Oversized {
+            rank,
+            step,
+            peer,
+            len,
+            max: MAX_FRAME as u64,
+        },
     }
 }
 
@@ -470,19 +722,40 @@ fn read_frame(
             Err(e) => return Err(header_error(rank, step, peer, e)),
         }
         if deadline.passed() {
-            return Err(BootstrapError::Timeout { rank, step, waiting_for: vec![peer], after: timeout });
+            return Err(BootstrapError::Timeout {
+                rank,
+                step,
+                waiting_for: vec![peer],
+                after: timeout,
+            });
         }
         let ready =
-            wait_readable(&[link.stream.as_fd()], deadline).map_err(|e| BootstrapError::Io { rank, step, peer: Some(peer), source: e })?;
+            wait_readable(&[link.stream.as_fd()], deadline).map_err(|e| BootstrapError::Io {
+                rank,
+                step,
+                peer: Some(peer),
+                source: e,
+            })?;
         if ready.is_empty() {
             continue;
         }
         match link.reader.fill(&mut link.stream) {
             Ok(0) => return Err(BootstrapError::PeerClosed { rank, step, peer }),
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Err(BootstrapError::PeerClosed { rank, step, peer }),
-            Err(e) => return Err(BootstrapError::Io { rank, step, peer: Some(peer), source: e }),
+            Err(e)
+                if e.kind() == io::ErrorKind::Interrupted
+                    || e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(BootstrapError::PeerClosed { rank, step, peer });
+            }
+            Err(e) => {
+                return Err(BootstrapError::Io {
+                    rank,
+                    step,
+                    peer: Some(peer),
+                    source: e,
+                });
+            }
         }
     }
 }
@@ -506,11 +779,20 @@ impl TcpRoot {
     pub fn accept(self, size: usize, timeout: Duration) -> Result<Tcp, BootstrapError> {
         let rank = 0;
         if size == 0 || u32::try_from(size).is_err() {
-            return Err(BootstrapError::InvalidArgument { rank, step: JOIN, what: Argument::ZeroSize });
+            return Err(BootstrapError::InvalidArgument {
+                rank,
+                step: JOIN,
+                what: Argument::ZeroSize,
+            });
         }
         let size32 = u32::try_from(size).unwrap_or(u32::MAX);
         let deadline = Deadline::after(timeout);
-        let io = |source| BootstrapError::Io { rank, step: JOIN, peer: None, source };
+        let io = |source| BootstrapError::Io {
+            rank,
+            step: JOIN,
+            peer: None,
+            source,
+        };
         let mut links: Vec<Option<Link>> = (0..size).map(|_| None).collect();
         let mut joined = 0usize;
         // Connections accepted but not yet admitted; `None` once handled.
@@ -519,7 +801,12 @@ impl TcpRoot {
         while joined + 1 < size {
             if deadline.passed() {
                 let waiting_for = (1..size).filter(|&r| links[r].is_none()).collect();
-                return Err(BootstrapError::Timeout { rank, step: JOIN, waiting_for, after: timeout });
+                return Err(BootstrapError::Timeout {
+                    rank,
+                    step: JOIN,
+                    waiting_for,
+                    after: timeout,
+                });
             }
             let ready = {
                 let mut fds = vec![self.listener.as_fd()];
@@ -533,11 +820,17 @@ impl TcpRoot {
                             Ok((stream, _)) => {
                                 // Accepted sockets do not inherit non-blocking mode on
                                 // Linux, but say so for other systems.
-                                if stream.set_nonblocking(false).is_err() || stream.set_nodelay(true).is_err() {
-                                    traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                                if stream.set_nonblocking(false).is_err()
+                                    || stream.set_nodelay(true).is_err()
+                                {
+                                    traffic.refused_connections =
+                                        traffic.refused_connections.saturating_add(1);
                                     continue;
                                 }
-                                pending.push(Some(Link { stream, reader: FrameReader::default() }));
+                                pending.push(Some(Link {
+                                    stream,
+                                    reader: FrameReader::default(),
+                                }));
                             }
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -548,7 +841,9 @@ impl TcpRoot {
                 }
                 // Every entry was live when the poll set was built (`retain`
                 // below), so `i - 1` indexes `pending` directly.
-                let Some(slot) = pending.get_mut(i - 1) else { continue };
+                let Some(slot) = pending.get_mut(i - 1) else {
+                    continue;
+                };
                 let Some(p) = slot.as_mut() else { continue };
                 match p.reader.fill(&mut p.stream) {
                     Ok(0) | Err(_) => {
@@ -574,9 +869,22 @@ impl TcpRoot {
                     continue;
                 }
                 let reject = |p: &mut Link, reason: Refusal, traffic: &mut Traffic| {
-                    let r = Header { kind: Kind::Reject as u8, job: h.job, seq: 0, from: 0, size: size32, len: 0 };
+                    let r = Header {
+                        kind: Kind::Reject as u8,
+                        job: h.job,
+                        seq: 0,
+                        from: 0,
+                        size: size32,
+                        len: 0,
+                    };
                     let bytes = wire::frame(r, &[reason.code()]).unwrap_or_default();
-                    if write_bounded(&mut p.stream, &bytes, &Deadline::after(Duration::from_millis(100))).is_ok() {
+                    if write_bounded(
+                        &mut p.stream,
+                        &bytes,
+                        &Deadline::after(Duration::from_millis(100)),
+                    )
+                    .is_ok()
+                    {
                         traffic.sent(bytes.len());
                     }
                 };
@@ -592,7 +900,10 @@ impl TcpRoot {
                         rank,
                         step: JOIN,
                         peer,
-                        what: Mismatch::Size { ours: size32, theirs: h.size },
+                        what: Mismatch::Size {
+                            ours: size32,
+                            theirs: h.size,
+                        },
                     });
                 }
                 if peer == 0 || peer >= size {
@@ -601,7 +912,10 @@ impl TcpRoot {
                         rank,
                         step: JOIN,
                         peer,
-                        what: Mismatch::Sender { expected: size32, theirs: h.from },
+                        what: Mismatch::Sender {
+                            expected: size32,
+                            theirs: h.from,
+                        },
                     });
                 }
                 if links[peer].is_some() {
@@ -613,7 +927,14 @@ impl TcpRoot {
                         what: Mismatch::DuplicateRank { rank: h.from },
                     });
                 }
-                let w = Header { kind: Kind::Welcome as u8, job: self.id.job, seq: 0, from: 0, size: size32, len: 0 };
+                let w = Header {
+                    kind: Kind::Welcome as u8,
+                    job: self.id.job,
+                    seq: 0,
+                    from: 0,
+                    size: size32,
+                    len: 0,
+                };
                 let bytes = wire::frame(w, &[]).unwrap_or_default();
                 if write_bounded(&mut p.stream, &bytes, &deadline).is_err() {
                     continue;
@@ -624,7 +945,16 @@ impl TcpRoot {
             }
             pending.retain(Option::is_some);
         }
-        Ok(Tcp { rank, size, job: self.id.job, inner: Mutex::new(Inner { seq: 0, links, traffic }) })
+        Ok(Tcp {
+            rank,
+            size,
+            job: self.id.job,
+            inner: Mutex::new(Inner {
+                seq: 0,
+                links,
+                traffic,
+            }),
+        })
     }
 }
 
@@ -655,13 +985,22 @@ impl Bootstrap for Tcp {
             let Some(list) = wire::encode_list(&all) else {
                 let len = all.iter().fold(0usize, |a, b| a.saturating_add(b.len()));
                 self.abort_all(inner, step, 0, AbortReason::BadMessage);
-                return Err(BootstrapError::InvalidArgument { rank: 0, step, what: Argument::TooLarge { len, max: MAX_FRAME } });
+                return Err(BootstrapError::InvalidArgument {
+                    rank: 0,
+                    step,
+                    what: Argument::TooLarge {
+                        len,
+                        max: MAX_FRAME,
+                    },
+                });
             };
-            let bytes = self.frame_or_too_large(step, self.header(Kind::AllgatherResult, step.seq), &list)?;
+            let bytes =
+                self.frame_or_too_large(step, self.header(Kind::AllgatherResult, step.seq), &list)?;
             self.send_to_all(inner, step, &bytes, usize::MAX, &deadline)?;
             Ok(all)
         } else {
-            let bytes = self.frame_or_too_large(step, self.header(Kind::Allgather, step.seq), mine)?;
+            let bytes =
+                self.frame_or_too_large(step, self.header(Kind::Allgather, step.seq), mine)?;
             self.send(inner, step, 0, &bytes, &deadline)?;
             let list = self.recv_from_root(inner, step, Kind::AllgatherResult, &deadline)?;
             wire::decode_list(&list, self.size).map_err(|r| {
@@ -671,7 +1010,12 @@ impl Bootstrap for Tcp {
         }
     }
 
-    fn broadcast(&self, root: usize, bytes_if_root: &[u8], timeout: Duration) -> Result<Vec<u8>, BootstrapError> {
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes_if_root: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
         let deadline = Deadline::after(timeout);
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -680,24 +1024,40 @@ impl Bootstrap for Tcp {
             return Err(BootstrapError::InvalidArgument {
                 rank: self.rank,
                 step,
-                what: Argument::RankOutOfRange { rank: root, size: self.size },
+                what: Argument::RankOutOfRange {
+                    rank: root,
+                    size: self.size,
+                },
             });
         }
         match (self.rank == 0, self.rank == root) {
             (true, true) => {
-                let bytes = self.frame_or_too_large(step, self.header(Kind::Broadcast, step.seq), bytes_if_root)?;
+                let bytes = self.frame_or_too_large(
+                    step,
+                    self.header(Kind::Broadcast, step.seq),
+                    bytes_if_root,
+                )?;
                 self.send_to_all(inner, step, &bytes, usize::MAX, &deadline)?;
                 Ok(bytes_if_root.to_vec())
             }
             (true, false) => {
-                let mut got = self.gather_at_root(inner, step, Kind::Broadcast, &[root], &deadline)?;
+                let mut got =
+                    self.gather_at_root(inner, step, Kind::Broadcast, &[root], &deadline)?;
                 let payload = got.pop().map(|(_, p)| p).unwrap_or_default();
-                let bytes = self.frame_or_too_large(step, self.header(Kind::Broadcast, step.seq), &payload)?;
+                let bytes = self.frame_or_too_large(
+                    step,
+                    self.header(Kind::Broadcast, step.seq),
+                    &payload,
+                )?;
                 self.send_to_all(inner, step, &bytes, root, &deadline)?;
                 Ok(payload)
             }
             (false, true) => {
-                let bytes = self.frame_or_too_large(step, self.header(Kind::Broadcast, step.seq), bytes_if_root)?;
+                let bytes = self.frame_or_too_large(
+                    step,
+                    self.header(Kind::Broadcast, step.seq),
+                    bytes_if_root,
+                )?;
                 self.send(inner, step, 0, &bytes, &deadline)?;
                 Ok(bytes_if_root.to_vec())
             }
@@ -713,12 +1073,14 @@ impl Bootstrap for Tcp {
         if self.rank == 0 {
             let from: Vec<usize> = (1..self.size).collect();
             self.gather_at_root(inner, step, Kind::Barrier, &from, &deadline)?;
-            let bytes = wire::frame(self.header(Kind::BarrierRelease, step.seq), &[]).unwrap_or_default();
+            let bytes =
+                wire::frame(self.header(Kind::BarrierRelease, step.seq), &[]).unwrap_or_default();
             self.send_to_all(inner, step, &bytes, usize::MAX, &deadline)
         } else {
             let bytes = wire::frame(self.header(Kind::Barrier, step.seq), &[]).unwrap_or_default();
             self.send(inner, step, 0, &bytes, &deadline)?;
-            self.recv_from_root(inner, step, Kind::BarrierRelease, &deadline).map(|_| ())
+            self.recv_from_root(inner, step, Kind::BarrierRelease, &deadline)
+                .map(|_| ())
         }
     }
 
@@ -729,8 +1091,24 @@ impl Bootstrap for Tcp {
 
 pub(crate) fn refused(rank: usize, step: Step, peer: usize, r: wire::Refused) -> BootstrapError {
     match r {
-        wire::Refused::Malformed(what) => BootstrapError::Malformed { rank, step, peer, what },
-        wire::Refused::Mismatch(what) => BootstrapError::Mismatch { rank, step, peer, what },
-        wire::Refused::Oversized(len) => BootstrapError::Oversized { rank, step, peer, len, max: MAX_FRAME as u64 },
+        wire::Refused::Malformed(what) => BootstrapError::Malformed {
+            rank,
+            step,
+            peer,
+            what,
+        },
+        wire::Refused::Mismatch(what) => BootstrapError::Mismatch {
+            rank,
+            step,
+            peer,
+            what,
+        },
+        wire::Refused::Oversized(len) => BootstrapError::Oversized {
+            rank,
+            step,
+            peer,
+            len,
+            max: MAX_FRAME as u64,
+        },
     }
 }

@@ -22,7 +22,10 @@ impl Threads {
     #[allow(clippy::new_ret_no_self)]
     pub fn new(n: usize) -> Vec<ThreadRank> {
         let board = Arc::new(Board {
-            state: Mutex::new(BoardState { rounds: BTreeMap::new(), departed: vec![false; n] }),
+            state: Mutex::new(BoardState {
+                rounds: BTreeMap::new(),
+                departed: vec![false; n],
+            }),
             cv: Condvar::new(),
         });
         (0..n)
@@ -110,7 +113,12 @@ impl ThreadRank {
             let peer = round.opened_by;
             let theirs = op_code(round.op);
             Self::pass(&mut st, seq, size);
-            return Err(BootstrapError::Mismatch { rank: self.rank, step, peer, what: Mismatch::Operation { ours: op, theirs } });
+            return Err(BootstrapError::Mismatch {
+                rank: self.rank,
+                step,
+                peer,
+                what: Mismatch::Operation { ours: op, theirs },
+            });
         }
         if let Some(bytes) = mine {
             round.slots[self.rank] = Some(Arc::new(bytes.to_vec()));
@@ -121,7 +129,10 @@ impl ThreadRank {
             let round = st.rounds.get(&seq);
             let missing: Vec<usize> = match round {
                 Some(r) if all_needed => (0..size).filter(|&i| r.slots[i].is_none()).collect(),
-                Some(r) => r.slots[root].is_none().then_some(vec![root]).unwrap_or_default(),
+                Some(r) => r.slots[root]
+                    .is_none()
+                    .then_some(vec![root])
+                    .unwrap_or_default(),
                 None => Vec::new(),
             };
             if missing.is_empty() {
@@ -139,11 +150,20 @@ impl ThreadRank {
             }
             if let Some(&peer) = missing.iter().find(|&&i| st.departed[i]) {
                 Self::pass(&mut st, seq, size);
-                return Err(BootstrapError::PeerClosed { rank: self.rank, step, peer });
+                return Err(BootstrapError::PeerClosed {
+                    rank: self.rank,
+                    step,
+                    peer,
+                });
             }
             if deadline.passed() {
                 Self::pass(&mut st, seq, size);
-                return Err(BootstrapError::Timeout { rank: self.rank, step, waiting_for: missing, after: timeout });
+                return Err(BootstrapError::Timeout {
+                    rank: self.rank,
+                    step,
+                    waiting_for: missing,
+                    after: timeout,
+                });
             }
             st = self
                 .board
@@ -186,13 +206,24 @@ impl Bootstrap for ThreadRank {
         let got = self.round(Op::Allgather, 0, Some(mine), true, timeout)?;
         Ok(got.iter().map(|b| b.as_ref().clone()).collect())
     }
-    fn broadcast(&self, root: usize, bytes_if_root: &[u8], timeout: Duration) -> Result<Vec<u8>, BootstrapError> {
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes_if_root: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
         if root >= self.size {
             let seq = self.seq.load(Ordering::Relaxed);
             return Err(BootstrapError::InvalidArgument {
                 rank: self.rank,
-                step: Step { op: Op::Broadcast, seq },
-                what: Argument::RankOutOfRange { rank: root, size: self.size },
+                step: Step {
+                    op: Op::Broadcast,
+                    seq,
+                },
+                what: Argument::RankOutOfRange {
+                    rank: root,
+                    size: self.size,
+                },
             });
         }
         let mine = (root == self.rank).then_some(bytes_if_root);
@@ -200,7 +231,8 @@ impl Bootstrap for ThreadRank {
         Ok(got.first().map(|b| b.as_ref().clone()).unwrap_or_default())
     }
     fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
-        self.round(Op::Barrier, 0, Some(&[]), true, timeout).map(|_| ())
+        self.round(Op::Barrier, 0, Some(&[]), true, timeout)
+            .map(|_| ())
     }
     fn traffic(&self) -> Traffic {
         *lock(&self.traffic)

@@ -33,7 +33,10 @@ pub struct UniqueId {
 impl fmt::Debug for UniqueId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The secret stays out of logs.
-        f.debug_struct("UniqueId").field("addr", &self.addr).field("job", &format_args!("{:016x}", self.job)).finish_non_exhaustive()
+        f.debug_struct("UniqueId")
+            .field("addr", &self.addr)
+            .field("job", &format_args!("{:016x}", self.job))
+            .finish_non_exhaustive()
     }
 }
 
@@ -48,7 +51,9 @@ impl fmt::Display for UniqueId {
 }
 
 fn syntax(part: &'static str) -> BootstrapError {
-    BootstrapError::InvalidId { what: IdProblem::Syntax { part } }
+    BootstrapError::InvalidId {
+        what: IdProblem::Syntax { part },
+    }
 }
 
 impl FromStr for UniqueId {
@@ -59,13 +64,19 @@ impl FromStr for UniqueId {
         if parts.next() != Some(PREFIX) {
             return Err(syntax("prefix"));
         }
-        let addr = parts.next().and_then(|a| a.parse::<SocketAddr>().ok()).ok_or_else(|| syntax("address"))?;
+        let addr = parts
+            .next()
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+            .ok_or_else(|| syntax("address"))?;
         let job = parts
             .next()
             .filter(|j| j.len() == 16)
             .and_then(|j| u64::from_str_radix(j, 16).ok())
             .ok_or_else(|| syntax("job"))?;
-        let hex = parts.next().filter(|h| h.len() == 32 && h.is_ascii()).ok_or_else(|| syntax("secret"))?;
+        let hex = parts
+            .next()
+            .filter(|h| h.len() == 32 && h.is_ascii())
+            .ok_or_else(|| syntax("secret"))?;
         let mut secret = [0u8; 16];
         for (i, b) in secret.iter_mut().enumerate() {
             let pair = hex.get(2 * i..2 * i + 2).ok_or_else(|| syntax("secret"))?;
@@ -86,7 +97,11 @@ impl UniqueId {
         job.copy_from_slice(&bytes[..8]);
         let mut secret = [0u8; 16];
         secret.copy_from_slice(&bytes[8..]);
-        Ok(UniqueId { addr, job: u64::from_le_bytes(job), secret })
+        Ok(UniqueId {
+            addr,
+            job: u64::from_le_bytes(job),
+            secret,
+        })
     }
 
     /// The address rank 0 listens on.
@@ -104,7 +119,9 @@ impl UniqueId {
     /// # Errors
     /// [`BootstrapError::InvalidId`] when unset or unparsable.
     pub fn from_env() -> Result<Self, BootstrapError> {
-        let v = std::env::var(ENV_VAR).map_err(|_| BootstrapError::InvalidId { what: IdProblem::Unset { var: ENV_VAR } })?;
+        let v = std::env::var(ENV_VAR).map_err(|_| BootstrapError::InvalidId {
+            what: IdProblem::Unset { var: ENV_VAR },
+        })?;
         v.parse()
     }
 
@@ -120,7 +137,11 @@ impl UniqueId {
         tmp.push(format!(".{}.tmp", std::process::id()));
         let tmp = std::path::PathBuf::from(tmp);
         let result = (|| {
-            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
             f.write_all(self.to_string().as_bytes())?;
             f.sync_all()?;
             std::fs::rename(&tmp, path)
@@ -145,7 +166,12 @@ impl UniqueId {
                     std::thread::sleep(deadline.remaining().min(Duration::from_millis(10)));
                 }
                 Err(e) => {
-                    return Err(BootstrapError::InvalidId { what: IdProblem::File { path: path.to_owned(), kind: e.kind() } });
+                    return Err(BootstrapError::InvalidId {
+                        what: IdProblem::File {
+                            path: path.to_owned(),
+                            kind: e.kind(),
+                        },
+                    });
                 }
             }
         }
@@ -158,12 +184,28 @@ mod tests {
 
     #[test]
     fn unique_id_round_trips_through_its_string() {
-        let id = UniqueId::random("127.0.0.1:4242".parse().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 1))));
-        let id = id.unwrap_or_else(|_| UniqueId { addr: SocketAddr::from(([127, 0, 0, 1], 1)), job: 7, secret: [3; 16] });
+        let id = UniqueId::random(
+            "127.0.0.1:4242"
+                .parse()
+                .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 1))),
+        );
+        let id = id.unwrap_or_else(|_| UniqueId {
+            addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+            job: 7,
+            secret: [3; 16],
+        });
         assert_eq!(id.to_string().parse::<UniqueId>().ok(), Some(id.clone()));
-        let v6 = UniqueId { addr: "[::1]:9".parse().unwrap_or(id.addr), ..id.clone() };
+        let v6 = UniqueId {
+            addr: "[::1]:9".parse().unwrap_or(id.addr),
+            ..id.clone()
+        };
         assert_eq!(v6.to_string().parse::<UniqueId>().ok(), Some(v6));
-        for bad in ["", "cebs1", "cebs2/127.0.0.1:1/0000000000000000/00000000000000000000000000000000", "cebs1/x/0/0"] {
+        for bad in [
+            "",
+            "cebs1",
+            "cebs2/127.0.0.1:1/0000000000000000/00000000000000000000000000000000",
+            "cebs1/x/0/0",
+        ] {
             assert!(bad.parse::<UniqueId>().is_err(), "{bad}");
         }
         assert!(!format!("{id:?}").contains(&id.to_string()[id.to_string().len() - 32..]));

@@ -89,7 +89,9 @@ impl Header {
 
     /// Parses a header; `bytes` must hold at least [`HEADER_LEN`] bytes.
     pub(crate) fn decode(bytes: &[u8], max: usize) -> Result<Header, HeaderError> {
-        let b = bytes.get(..HEADER_LEN).ok_or(HeaderError::Malformed(Malformed::Truncated))?;
+        let b = bytes
+            .get(..HEADER_LEN)
+            .ok_or(HeaderError::Malformed(Malformed::Truncated))?;
         if b[0..4] != MAGIC {
             return Err(HeaderError::Malformed(Malformed::Magic));
         }
@@ -103,7 +105,14 @@ impl Header {
             a.copy_from_slice(&b[i..i + 8]);
             u64::from_le_bytes(a)
         };
-        let h = Header { kind: b[6], job: u64_at(8), seq: u64_at(16), from: u32_at(24), size: u32_at(28), len: u32_at(32) };
+        let h = Header {
+            kind: b[6],
+            job: u64_at(8),
+            seq: u64_at(16),
+            from: u32_at(24),
+            size: u32_at(28),
+            len: u32_at(32),
+        };
         if usize::try_from(h.len).map_or(true, |l| l > max) {
             return Err(HeaderError::Oversized(u64::from(h.len)));
         }
@@ -145,19 +154,34 @@ impl Expect {
     /// last: callers that skip stale messages check `seq < expected` first).
     pub(crate) fn check(&self, h: &Header) -> Result<(), Mismatch> {
         if h.job != self.job {
-            return Err(Mismatch::Job { ours: self.job, theirs: h.job });
+            return Err(Mismatch::Job {
+                ours: self.job,
+                theirs: h.job,
+            });
         }
         if h.size != self.size {
-            return Err(Mismatch::Size { ours: self.size, theirs: h.size });
+            return Err(Mismatch::Size {
+                ours: self.size,
+                theirs: h.size,
+            });
         }
         if h.from != self.from {
-            return Err(Mismatch::Sender { expected: self.from, theirs: h.from });
+            return Err(Mismatch::Sender {
+                expected: self.from,
+                theirs: h.from,
+            });
         }
         if h.seq != self.seq {
-            return Err(Mismatch::Seq { ours: self.seq, theirs: h.seq });
+            return Err(Mismatch::Seq {
+                ours: self.seq,
+                theirs: h.seq,
+            });
         }
         if h.kind != self.kind as u8 {
-            return Err(Mismatch::Operation { ours: self.op, theirs: h.kind });
+            return Err(Mismatch::Operation {
+                ours: self.op,
+                theirs: h.kind,
+            });
         }
         Ok(())
     }
@@ -175,7 +199,10 @@ impl From<HeaderError> for Refused {
     fn from(e: HeaderError) -> Self {
         match e {
             HeaderError::Malformed(m) => Refused::Malformed(m),
-            HeaderError::Version(v) => Refused::Mismatch(Mismatch::Version { ours: VERSION, theirs: v }),
+            HeaderError::Version(v) => Refused::Mismatch(Mismatch::Version {
+                ours: VERSION,
+                theirs: v,
+            }),
             HeaderError::Oversized(l) => Refused::Oversized(l),
         }
     }
@@ -185,11 +212,13 @@ impl From<HeaderError> for Refused {
 /// header checks, then the exact payload length.
 pub(crate) fn open(bytes: &[u8], expect: &Expect) -> Result<Vec<u8>, Refused> {
     if bytes.len() < HEADER_LEN {
-        return Err(Refused::Malformed(if bytes.len() >= 4 && bytes[..4] != MAGIC {
-            Malformed::Magic
-        } else {
-            Malformed::Truncated
-        }));
+        return Err(Refused::Malformed(
+            if bytes.len() >= 4 && bytes[..4] != MAGIC {
+                Malformed::Magic
+            } else {
+                Malformed::Truncated
+            },
+        ));
     }
     let h = Header::decode(bytes, MAX_FRAME)?;
     expect.check(&h).map_err(Refused::Mismatch)?;
@@ -223,21 +252,35 @@ pub(crate) fn encode_list(items: &[Vec<u8>]) -> Option<Vec<u8>> {
 /// Decodes [`encode_list`]'s format, expecting `count` entries.
 pub(crate) fn decode_list(bytes: &[u8], count: usize) -> Result<Vec<Vec<u8>>, Refused> {
     let read_u32 = |at: usize| -> Result<u32, Refused> {
-        let end = at.checked_add(4).ok_or(Refused::Malformed(Malformed::Overflow))?;
-        let b = bytes.get(at..end).ok_or(Refused::Malformed(Malformed::Truncated))?;
+        let end = at
+            .checked_add(4)
+            .ok_or(Refused::Malformed(Malformed::Overflow))?;
+        let b = bytes
+            .get(at..end)
+            .ok_or(Refused::Malformed(Malformed::Truncated))?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     };
     let n = usize::try_from(read_u32(0)?).map_err(|_| Refused::Malformed(Malformed::Overflow))?;
     if n != count {
-        return Err(Refused::Mismatch(Mismatch::Count { expected: count, got: n }));
+        return Err(Refused::Mismatch(Mismatch::Count {
+            expected: count,
+            got: n,
+        }));
     }
     let mut at = 4usize;
     let mut out = Vec::with_capacity(n.min(bytes.len() / 4));
     for _ in 0..n {
-        let len = usize::try_from(read_u32(at)?).map_err(|_| Refused::Malformed(Malformed::Overflow))?;
-        at = at.checked_add(4).ok_or(Refused::Malformed(Malformed::Overflow))?;
-        let end = at.checked_add(len).ok_or(Refused::Malformed(Malformed::Overflow))?;
-        let item = bytes.get(at..end).ok_or(Refused::Malformed(Malformed::Truncated))?;
+        let len =
+            usize::try_from(read_u32(at)?).map_err(|_| Refused::Malformed(Malformed::Overflow))?;
+        at = at
+            .checked_add(4)
+            .ok_or(Refused::Malformed(Malformed::Overflow))?;
+        let end = at
+            .checked_add(len)
+            .ok_or(Refused::Malformed(Malformed::Overflow))?;
+        let item = bytes
+            .get(at..end)
+            .ok_or(Refused::Malformed(Malformed::Truncated))?;
         out.push(item.to_vec());
         at = end;
     }
@@ -275,7 +318,9 @@ impl FrameReader {
             return Ok(None);
         }
         let h = Header::decode(&self.buf, max)?;
-        let end = HEADER_LEN.checked_add(h.payload_len()).ok_or(HeaderError::Malformed(Malformed::Overflow))?;
+        let end = HEADER_LEN
+            .checked_add(h.payload_len())
+            .ok_or(HeaderError::Malformed(Malformed::Overflow))?;
         if self.buf.len() < end {
             return Ok(None);
         }
@@ -294,7 +339,10 @@ mod tests {
         let items = vec![b"a".to_vec(), Vec::new(), b"xyz".to_vec()];
         let enc = encode_list(&items).unwrap_or_default();
         assert_eq!(decode_list(&enc, 3), Ok(items));
-        assert!(matches!(decode_list(&enc, 2), Err(Refused::Mismatch(Mismatch::Count { .. }))));
+        assert!(matches!(
+            decode_list(&enc, 2),
+            Err(Refused::Mismatch(Mismatch::Count { .. }))
+        ));
         let mut huge = enc.clone();
         huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_list(&huge, 3).is_err());
@@ -304,10 +352,24 @@ mod tests {
 
     #[test]
     fn header_refuses_oversized_length_before_payload() {
-        let h = Header { kind: Kind::Allgather as u8, job: 1, seq: 0, from: 1, size: 2, len: u32::MAX };
-        let mut r = FrameReader { buf: h.encode().to_vec() };
+        let h = Header {
+            kind: Kind::Allgather as u8,
+            job: 1,
+            seq: 0,
+            from: 1,
+            size: 2,
+            len: u32::MAX,
+        };
+        let mut r = FrameReader {
+            buf: h.encode().to_vec(),
+        };
         assert!(matches!(r.next(MAX_FRAME), Err(HeaderError::Oversized(_))));
-        let mut g = FrameReader { buf: b"GET / HTTP/1.1\r\n".to_vec() };
-        assert_eq!(g.next(MAX_FRAME), Err(HeaderError::Malformed(Malformed::Magic)));
+        let mut g = FrameReader {
+            buf: b"GET / HTTP/1.1\r\n".to_vec(),
+        };
+        assert_eq!(
+            g.next(MAX_FRAME),
+            Err(HeaderError::Malformed(Malformed::Magic))
+        );
     }
 }

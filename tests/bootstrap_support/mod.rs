@@ -36,7 +36,11 @@ pub struct Done {
 impl Done {
     /// Lines the child printed with `report`.
     pub fn results(&self) -> Vec<String> {
-        self.stdout.lines().filter_map(|l| l.strip_prefix("CEB-RESULT ")).map(str::to_owned).collect()
+        self.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("CEB-RESULT "))
+            .map(str::to_owned)
+            .collect()
     }
 }
 
@@ -65,6 +69,20 @@ impl Children {
         pid
     }
 
+    /// Runs `program` with `args` under the guard.
+    pub fn spawn_command(&mut self, name: &str, program: &str, args: &[&str]) -> u32 {
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let pid = child.id();
+        self.kids.push((name.to_owned(), child));
+        pid
+    }
+
     /// Removes the child `name` from the guard (the caller kills it).
     pub fn take(&mut self, name: &str) -> Option<Child> {
         let i = self.kids.iter().position(|(n, _)| n == name)?;
@@ -79,7 +97,9 @@ impl Children {
             let code = loop {
                 match child.try_wait() {
                     Ok(Some(st)) => break st.code(),
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
                     _ => {
                         let _ = child.kill();
                         let _ = child.wait();
@@ -95,7 +115,12 @@ impl Children {
             if let Some(mut s) = child.stderr.take() {
                 let _ = s.read_to_string(&mut stderr);
             }
-            out.push(Done { name, code, stdout, stderr });
+            out.push(Done {
+                name,
+                code,
+                stdout,
+                stderr,
+            });
         }
         out
     }
@@ -116,7 +141,10 @@ pub fn report(line: &str) {
 }
 
 pub fn env_usize(k: &str) -> usize {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).expect("child env")
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect("child env")
 }
 
 /// What rank `r` contributes in the standard suite (lengths differ per rank).
@@ -137,7 +165,9 @@ pub fn suite(b: &dyn Bootstrap) -> Result<(), String> {
     }
     for root in [0, n - 1, n / 2] {
         let payload = format!("from root {root}").into_bytes();
-        let got = b.broadcast(root, if r == root { &payload } else { &[] }, t).map_err(e)?;
+        let got = b
+            .broadcast(root, if r == root { &payload } else { &[] }, t)
+            .map_err(e)?;
         if got != payload {
             return Err(format!("broadcast from {root} gave {got:?}"));
         }
@@ -169,15 +199,23 @@ pub fn raw_frame(kind: u8, job: u64, seq: u64, from: u32, size: u32, payload: &[
 /// The secret bytes of a unique-id string.
 pub fn secret_of(id: &str) -> Vec<u8> {
     let hex = id.rsplit('/').next().expect("secret part");
-    (0..16).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex")).collect()
+    (0..16)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
 }
 
 /// Open file descriptors of this process.
 pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Abstract sockets of this library still bound anywhere on the machine.
 pub fn library_sockets() -> usize {
-    std::fs::read_to_string("/proc/net/unix").unwrap_or_default().lines().filter(|l| l.contains("@cuda-endpoints/")).count()
+    std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("@cuda-endpoints/"))
+        .count()
 }
