@@ -8,11 +8,13 @@
 )]
 
 // Modules are private: the API is what this file re-exports, plus the public
-// modules `driver` (for writing backends and wrappers), `model` (the
+// modules `driver` (for writing backends and wrappers), `bootstrap` (byte
+// exchange among ranks), `model` (the
 // reference model), `bounds` (the traits behind the typestate's `where`
 // clauses) and `guide` (documentation only).
 mod backend;
 mod binding;
+pub mod bootstrap;
 mod context;
 pub mod driver;
 mod endpoint;
@@ -33,6 +35,13 @@ mod state;
 
 pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Policy, decide};
 pub use binding::Binding;
+#[cfg(feature = "mpi")]
+pub use bootstrap::Mpi;
+pub use bootstrap::{
+    AbortReason, Argument, Bootstrap, BootstrapError, CallbackResult, Callbacks, ENV_VAR,
+    FdExchange, IdProblem, MAX_FRAME, Malformed, Mismatch, NodeId, Op, Refusal, Step, Tcp, TcpRoot,
+    ThreadRank, Threads, Traffic, UniqueId,
+};
 pub use context::Context;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};

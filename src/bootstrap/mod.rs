@@ -1,0 +1,78 @@
+//! Bootstrap: exchanging bytes among the ranks of a job, before and beside
+//! the endpoints themselves.
+//!
+//! Endpoints exist to be shared: one rank creates and exports, every rank
+//! imports, and every step of that bring-up needs the ranks to exchange a
+//! few bytes (fabric handles, readiness votes), bounded in time, from the
+//! right communicator. This module owns that exchange:
+//!
+//! - [`Bootstrap`], the object-safe trait: `rank`, `size`, and `allgather`,
+//!   `broadcast`, `barrier`, each bounded by a timeout, each failing with a
+//!   [`BootstrapError`] that names the rank, the [`Step`] and the peer.
+//!   Every message carries the job id, the step's sequence number, the
+//!   communicator size and the sender, so bytes from another communicator
+//!   or another step are refused.
+//! - Backends: [`Threads`] (in-process, for tests), [`Tcp`] (a unique id as
+//!   NCCL's: rank 0 listens, the id travels by environment or file),
+//!   `Mpi` (feature `mpi`), and [`Callbacks`] for a communicator the user
+//!   already has.
+//! - [`FdExchange`]: POSIX file descriptors between ranks of one node
+//!   (`SCM_RIGHTS`), refused across nodes ([`NodeId`]).
+//!
+//! # The pattern
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use cuda_endpoints::{Bootstrap, Tcp, UniqueId};
+//!
+//! # fn main() -> Result<(), cuda_endpoints::BootstrapError> {
+//! let t = Duration::from_secs(10);
+//! let (rank, size): (usize, usize) = (0, 4); // from the launcher
+//! let boot = if rank == 0 {
+//!     let (id, root) = Tcp::root("127.0.0.1:0".parse().expect("an address"))?;
+//!     // Publish the id: export CUDA_ENDPOINTS_BOOTSTRAP_ID to the other
+//!     // ranks' environment, or `id.write_file(path)`.
+//!     println!("{id}");
+//!     root.accept(size, t)?
+//! } else {
+//!     Tcp::join(&UniqueId::from_env()?, rank, size, t)?
+//! };
+//! let handle = [0u8; 64]; // e.g. rank 0's exported fabric handle
+//! let got = boot.broadcast(0, &handle, t)?;
+//! let all = boot.allgather(&(rank as u32).to_le_bytes(), t)?;
+//! boot.barrier(t)?;
+//! # let _ = (got, all);
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod api;
+mod callbacks;
+mod error;
+#[cfg(target_os = "linux")]
+mod fd;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod node;
+mod tcp;
+mod threads;
+mod unique_id;
+mod wire;
+
+pub use api::{Bootstrap, Traffic};
+pub use callbacks::{CallbackResult, Callbacks};
+pub use error::{
+    AbortReason, Argument, BootstrapError, IdProblem, Malformed, Mismatch, Op, Refusal, Step,
+};
+#[cfg(target_os = "linux")]
+pub use fd::FdExchange;
+#[cfg(feature = "mpi")]
+pub use mpi::Mpi;
+pub use node::NodeId;
+pub use tcp::{Tcp, TcpRoot};
+pub use threads::{ThreadRank, Threads};
+pub use unique_id::{ENV_VAR, UniqueId};
+pub use wire::MAX_FRAME;

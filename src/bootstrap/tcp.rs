@@ -1,0 +1,1114 @@
+//! [`Tcp`]: the TCP backend with a unique id, as NCCL's bootstrap.
+//!
+//! Rank 0 binds a listener ([`Tcp::root`]) and publishes the [`UniqueId`]
+//! (address, job id, job secret) out of band; ranks `1..n` [`Tcp::join`] with
+//! it, retrying the connection until their timeout, and present the secret;
+//! rank 0 admits them ([`TcpRoot::accept`]). The topology is a star through
+//! rank 0: an allgather is `n-1` contributions in and `n-1` results out
+//! (`2(n-1)` messages, rank 0 moving `O(n²)` bytes), a broadcast `n-1`
+//! messages, a barrier `2(n-1)`. [`Bootstrap::traffic`] counts them.
+//!
+//! Frames are length-prefixed (see the wire format) with a hard maximum;
+//! rank 0 waits on all its peers at once with `poll(2)`, so a timeout names
+//! every rank that had not answered. When a peer fails mid-collective (closed,
+//! killed, hostile bytes), rank 0 closes that connection and sends the others
+//! an abort naming the culprit, so every rank gets a typed error at once
+//! instead of a timeout. Stale frames of an earlier, timed-out step are
+//! skipped. No thread is started; dropping a [`Tcp`] closes its sockets.
+
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+
+use super::api::{Bootstrap, Deadline, Traffic};
+use super::error::{AbortReason, Argument, BootstrapError, Mismatch, Op, Refusal, Step};
+use super::unique_id::UniqueId;
+use super::wire::{self, Expect, FrameReader, Header, HeaderError, Kind, MAX_FRAME};
+
+const HELLO_MAX: usize = 64;
+
+/// The TCP bootstrap of one rank.
+#[derive(Debug)]
+pub struct Tcp {
+    rank: usize,
+    size: usize,
+    job: u64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    seq: u64,
+    /// Rank 0: one link per rank (`None` for itself and for closed links);
+    /// other ranks: index 0 is the link to rank 0.
+    links: Vec<Option<Link>>,
+    traffic: Traffic,
+}
+
+#[derive(Debug)]
+struct Link {
+    stream: TcpStream,
+    reader: FrameReader,
+}
+
+/// Rank 0's listener between [`Tcp::root`] and [`TcpRoot::accept`].
+#[derive(Debug)]
+pub struct TcpRoot {
+    listener: TcpListener,
+    id: UniqueId,
+}
+
+fn poll_timeout(d: Duration) -> Timespec {
+    Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
+}
+
+/// Waits until one of `fds` is readable (or hung up) or the deadline passes;
+/// returns the readable indices.
+fn wait_readable(
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    deadline: &Deadline,
+) -> io::Result<Vec<usize>> {
+    loop {
+        let mut pfds: Vec<PollFd<'_>> = fds
+            .iter()
+            .map(|fd| PollFd::from_borrowed_fd(*fd, PollFlags::IN))
+            .collect();
+        let t = poll_timeout(deadline.remaining());
+        match rustix::event::poll(&mut pfds, Some(&t)) {
+            Ok(_) => {
+                let ready = pfds
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| !p.revents().is_empty())
+                    .map(|(i, _)| i)
+                    .collect();
+                return Ok(ready);
+            }
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+impl Tcp {
+    /// Rank 0: binds `bind_addr` (port 0 picks a free one) and makes the
+    /// job's unique id. Publish the id (environment, file), then call
+    /// [`TcpRoot::accept`].
+    ///
+    /// # Errors
+    /// [`Argument::UnspecifiedAddress`] for `0.0.0.0`/`::` (use
+    /// [`Tcp::root_advertising`]); the OS's bind errors.
+    pub fn root(bind_addr: SocketAddr) -> Result<(UniqueId, TcpRoot), BootstrapError> {
+        if bind_addr.ip().is_unspecified() {
+            return Err(BootstrapError::InvalidArgument {
+                rank: 0,
+                step: JOIN,
+                what: Argument::UnspecifiedAddress,
+            });
+        }
+        Self::root_advertising(bind_addr, bind_addr.ip())
+    }
+
+    /// Rank 0: binds `bind_addr` (e.g. `0.0.0.0:0`) and puts `advertise`
+    /// (the address peers reach rank 0 at) with the bound port in the id.
+    ///
+    /// # Errors
+    /// The OS's bind errors.
+    pub fn root_advertising(
+        bind_addr: SocketAddr,
+        advertise: std::net::IpAddr,
+    ) -> Result<(UniqueId, TcpRoot), BootstrapError> {
+        let io = |source| BootstrapError::Io {
+            rank: 0,
+            step: JOIN,
+            peer: None,
+            source,
+        };
+        let listener = TcpListener::bind(bind_addr).map_err(io)?;
+        let port = listener.local_addr().map_err(io)?.port();
+        let id = UniqueId::random(SocketAddr::new(advertise, port)).map_err(io)?;
+        listener.set_nonblocking(true).map_err(io)?;
+        Ok((id.clone(), TcpRoot { listener, id }))
+    }
+
+    /// Ranks `1..size`: connects to rank 0 (retrying until `timeout`) and
+    /// joins the job of `id`.
+    ///
+    /// # Errors
+    /// [`BootstrapError::Timeout`] (rank 0 not reachable in time),
+    /// [`BootstrapError::Refused`] (wrong secret, rank taken or out of
+    /// range, other size), [`BootstrapError::InvalidArgument`] for rank 0 or
+    /// a rank out of range.
+    pub fn join(
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        timeout: Duration,
+    ) -> Result<Tcp, BootstrapError> {
+        let invalid = |what| {
+            Err(BootstrapError::InvalidArgument {
+                rank,
+                step: JOIN,
+                what,
+            })
+        };
+        if rank == 0 {
+            return invalid(Argument::JoinAsRoot);
+        }
+        if rank >= size {
+            return invalid(Argument::RankOutOfRange { rank, size });
+        }
+        let (Ok(rank32), Ok(size32)) = (u32::try_from(rank), u32::try_from(size)) else {
+            return invalid(Argument::RankOutOfRange { rank, size });
+        };
+        let deadline = Deadline::after(timeout);
+        let timed_out = || BootstrapError::Timeout {
+            rank,
+            step: JOIN,
+            waiting_for: vec![0],
+            after: timeout,
+        };
+        // Connect, retrying with backoff: rank 0 may not listen yet.
+        let mut backoff = Duration::from_millis(2);
+        let stream = loop {
+            let attempt = deadline.remaining().min(Duration::from_secs(1));
+            if attempt.is_zero() {
+                return Err(timed_out());
+            }
+            match TcpStream::connect_timeout(&id.addr, attempt) {
+                Ok(s) => break s,
+                Err(_) if !deadline.passed() => {
+                    std::thread::sleep(backoff.min(deadline.remaining()));
+                    backoff = (backoff * 2).min(Duration::from_millis(100));
+                }
+                Err(_) => return Err(timed_out()),
+            }
+        };
+        let io = |source| BootstrapError::Io {
+            rank,
+            step: JOIN,
+            peer: Some(0),
+            source,
+        };
+        stream.set_nodelay(true).map_err(io)?;
+        let mut link = Link {
+            stream,
+            reader: FrameReader::default(),
+        };
+        let mut traffic = Traffic::default();
+        let hello = Header {
+            kind: Kind::Hello as u8,
+            job: id.job,
+            seq: 0,
+            from: rank32,
+            size: size32,
+            len: 0,
+        };
+        let bytes = wire::frame(hello, &id.secret).unwrap_or_default();
+        write_bounded(&mut link.stream, &bytes, &deadline).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
+            _ => io(e),
+        })?;
+        traffic.sent(bytes.len());
+        let (h, payload) = read_frame(&mut link, &deadline, HELLO_MAX, rank, JOIN, 0, timeout)?;
+        traffic.received(wire::HEADER_LEN.saturating_add(payload.len()));
+        if h.job != id.job {
+            return Err(BootstrapError::Mismatch {
+                rank,
+                step: JOIN,
+                peer: 0,
+                what: Mismatch::Job {
+                    ours: id.job,
+                    theirs: h.job,
+                },
+            });
+        }
+        match Kind::from_u8(h.kind) {
+            Some(Kind::Welcome) => {}
+            Some(Kind::Reject) => {
+                let reason = Refusal::from_code(payload.first().copied().unwrap_or(0));
+                return Err(BootstrapError::Refused { rank, reason });
+            }
+            _ => {
+                return Err(BootstrapError::Mismatch {
+                    rank,
+                    step: JOIN,
+                    peer: 0,
+                    what: Mismatch::Operation {
+                        ours: Op::Join,
+                        theirs: h.kind,
+                    },
+                });
+            }
+        }
+        Ok(Tcp {
+            rank,
+            size,
+            job: id.job,
+            inner: Mutex::new(Inner {
+                seq: 0,
+                links: vec![Some(link)],
+                traffic,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn header(&self, kind: Kind, seq: u64) -> Header {
+        Header {
+            kind: kind as u8,
+            job: self.job,
+            seq,
+            from: u32::try_from(self.rank).unwrap_or(u32::MAX),
+            size: u32::try_from(self.size).unwrap_or(u32::MAX),
+            len: 0,
+        }
+    }
+
+    fn expect(&self, kind: Kind, op: Op, seq: u64, from: usize) -> Expect {
+        Expect {
+            job: self.job,
+            size: u32::try_from(self.size).unwrap_or(u32::MAX),
+            seq,
+            kind,
+            op,
+            from: u32::try_from(from).unwrap_or(u32::MAX),
+        }
+    }
+
+    fn frame_or_too_large(
+        &self,
+        step: Step,
+        h: Header,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, BootstrapError> {
+        wire::frame(h, payload).ok_or(BootstrapError::InvalidArgument {
+            rank: self.rank,
+            step,
+            what: Argument::TooLarge {
+                len: payload.len(),
+                max: MAX_FRAME,
+            },
+        })
+    }
+
+    /// Sends one frame to `peer`; a failed or partial write closes the link.
+    fn send(
+        &self,
+        inner: &mut Inner,
+        step: Step,
+        peer: usize,
+        bytes: &[u8],
+        deadline: &Deadline,
+    ) -> Result<(), BootstrapError> {
+        let slot = if self.rank == 0 { peer } else { 0 };
+        let Some(link) = inner.links.get_mut(slot).and_then(Option::as_mut) else {
+            return Err(BootstrapError::Broken {
+                rank: self.rank,
+                step,
+                peer,
+            });
+        };
+        match write_bounded(&mut link.stream, bytes, deadline) {
+            Ok(()) => {
+                inner.traffic.sent(bytes.len());
+                Ok(())
+            }
+            Err(e) => {
+                inner.links[slot] = None;
+                Err(match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                        BootstrapError::Timeout {
+                            rank: self.rank,
+                            step,
+                            waiting_for: vec![peer],
+                            after: deadline.timeout,
+                        }
+                    }
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                        BootstrapError::PeerClosed {
+                            rank: self.rank,
+                            step,
+                            peer,
+                        }
+                    }
+                    _ => BootstrapError::Io {
+                        rank: self.rank,
+                        step,
+                        peer: Some(peer),
+                        source: e,
+                    },
+                })
+            }
+        }
+    }
+
+    /// Rank 0 after an error on `culprit`'s link: closes it and tells every
+    /// other peer (best effort, briefly bounded).
+    fn abort_all(&self, inner: &mut Inner, step: Step, culprit: usize, reason: AbortReason) {
+        // A slow peer's stream is still in sync (its late frame will be
+        // skipped as stale); any other failure leaves it unusable.
+        if reason != AbortReason::Timeout
+            && let Some(slot) = inner.links.get_mut(culprit)
+        {
+            *slot = None;
+        }
+        let mut payload = vec![reason.code()];
+        payload.extend_from_slice(&u32::try_from(culprit).unwrap_or(u32::MAX).to_le_bytes());
+        let bytes = wire::frame(self.header(Kind::Abort, step.seq), &payload).unwrap_or_default();
+        let brief = Deadline::after(Duration::from_millis(100));
+        for peer in 1..self.size {
+            if peer != culprit && inner.links.get(peer).is_some_and(Option::is_some) {
+                let _ = self.send(inner, step, peer, &bytes, &brief);
+            }
+        }
+    }
+
+    /// Rank 0: receives one frame of `kind` at this step from each of `from`.
+    fn gather_at_root(
+        &self,
+        inner: &mut Inner,
+        step: Step,
+        kind: Kind,
+        from: &[usize],
+        deadline: &Deadline,
+    ) -> Result<Vec<(usize, Vec<u8>)>, BootstrapError> {
+        let rank = self.rank;
+        let mut got: Vec<(usize, Vec<u8>)> = Vec::with_capacity(from.len());
+        let mut missing: Vec<usize> = from.to_vec();
+        let result = (|| {
+            // A peer whose link is already closed fails the step at once.
+            if let Some(&peer) = missing
+                .iter()
+                .find(|&&p| inner.links.get(p).is_none_or(Option::is_none))
+            {
+                return Err((peer, BootstrapError::Broken { rank, step, peer }));
+            }
+            loop {
+                // Frames already buffered first.
+                let mut i = 0;
+                while i < missing.len() {
+                    let peer = missing[i];
+                    let exp = self.expect(kind, step.op, step.seq, peer);
+                    match self.next_frame(inner, peer, step, &exp)? {
+                        Some(payload) => {
+                            got.push((peer, payload));
+                            missing.swap_remove(i);
+                        }
+                        None => i += 1,
+                    }
+                }
+                if missing.is_empty() {
+                    return Ok(());
+                }
+                if deadline.passed() {
+                    missing.sort_unstable();
+                    // The others learn the culprit instead of timing out too.
+                    let culprit = missing.first().copied().unwrap_or(usize::MAX);
+                    return Err((
+                        culprit,
+                        BootstrapError::Timeout {
+                            rank,
+                            step,
+                            waiting_for: missing.clone(),
+                            after: deadline.timeout,
+                        },
+                    ));
+                }
+                let ready = {
+                    let fds: Vec<_> = missing
+                        .iter()
+                        .filter_map(|&p| {
+                            inner
+                                .links
+                                .get(p)
+                                .and_then(Option::as_ref)
+                                .map(|l| l.stream.as_fd())
+                        })
+                        .collect();
+                    wait_readable(&fds, deadline).map_err(|e| {
+                        (
+                            usize::MAX,
+                            BootstrapError::Io {
+                                rank,
+                                step,
+                                peer: None,
+                                source: e,
+                            },
+                        )
+                    })?
+                };
+                let peers: Vec<usize> = ready
+                    .iter()
+                    .filter_map(|&i| missing.get(i).copied())
+                    .collect();
+                for peer in peers {
+                    let Some(link) = inner.links.get_mut(peer).and_then(Option::as_mut) else {
+                        continue;
+                    };
+                    match link.reader.fill(&mut link.stream) {
+                        Ok(0) => {
+                            return Err((peer, BootstrapError::PeerClosed { rank, step, peer }));
+                        }
+                        Ok(_) => {}
+                        Err(e)
+                            if e.kind() == io::ErrorKind::Interrupted
+                                || e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                            return Err((peer, BootstrapError::PeerClosed { rank, step, peer }));
+                        }
+                        Err(e) => {
+                            return Err((
+                                peer,
+                                BootstrapError::Io {
+                                    rank,
+                                    step,
+                                    peer: Some(peer),
+                                    source: e,
+                                },
+                            ));
+                        }
+                    }
+                }
+            }
+        })();
+        match result {
+            Ok(()) => {
+                got.sort_by_key(|(p, _)| *p);
+                Ok(got)
+            }
+            Err((culprit, e)) => {
+                if culprit != usize::MAX {
+                    self.abort_all(inner, step, culprit, e.abort_reason());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The next frame of this step from `peer`'s buffer, skipping stale ones.
+    /// Errors carry the culprit for [`Tcp::abort_all`].
+    fn next_frame(
+        &self,
+        inner: &mut Inner,
+        peer: usize,
+        step: Step,
+        exp: &Expect,
+    ) -> Result<Option<Vec<u8>>, (usize, BootstrapError)> {
+        let rank = self.rank;
+        let slot = if rank == 0 { peer } else { 0 };
+        loop {
+            let Some(link) = inner.links.get_mut(slot).and_then(Option::as_mut) else {
+                return Err((peer, BootstrapError::Broken { rank, step, peer }));
+            };
+            let (h, payload) = match link.reader.next(MAX_FRAME) {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err((peer, header_error(rank, step, peer, e))),
+            };
+            inner
+                .traffic
+                .received(wire::HEADER_LEN.saturating_add(payload.len()));
+            if h.job == exp.job && h.seq < exp.seq {
+                inner.traffic.stale_skipped = inner.traffic.stale_skipped.saturating_add(1);
+                continue;
+            }
+            if rank != 0 && h.kind == Kind::Abort as u8 && h.job == exp.job && h.seq == exp.seq {
+                let reason = AbortReason::from_code(payload.first().copied().unwrap_or(0));
+                let culprit = payload
+                    .get(1..5)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .and_then(|c| usize::try_from(c).ok())
+                    .unwrap_or(usize::MAX);
+                return Err((
+                    peer,
+                    BootstrapError::Aborted {
+                        rank,
+                        step,
+                        culprit,
+                        reason,
+                    },
+                ));
+            }
+            if let Err(what) = exp.check(&h) {
+                return Err((
+                    peer,
+                    BootstrapError::Mismatch {
+                        rank,
+                        step,
+                        peer,
+                        what,
+                    },
+                ));
+            }
+            return Ok(Some(payload));
+        }
+    }
+
+    /// Ranks other than 0: receives the frame of `kind` at this step from rank 0.
+    fn recv_from_root(
+        &self,
+        inner: &mut Inner,
+        step: Step,
+        kind: Kind,
+        deadline: &Deadline,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        let rank = self.rank;
+        let exp = self.expect(kind, step.op, step.seq, 0);
+        let result = (|| loop {
+            if let Some(p) = self.next_frame(inner, 0, step, &exp).map_err(|(_, e)| e)? {
+                return Ok(p);
+            }
+            if deadline.passed() {
+                return Err(BootstrapError::Timeout {
+                    rank,
+                    step,
+                    waiting_for: vec![0],
+                    after: deadline.timeout,
+                });
+            }
+            let Some(link) = inner.links.get_mut(0).and_then(Option::as_mut) else {
+                return Err(BootstrapError::Broken {
+                    rank,
+                    step,
+                    peer: 0,
+                });
+            };
+            let ready = wait_readable(&[link.stream.as_fd()], deadline).map_err(|e| {
+                BootstrapError::Io {
+                    rank,
+                    step,
+                    peer: Some(0),
+                    source: e,
+                }
+            })?;
+            if ready.is_empty() {
+                continue;
+            }
+            match link.reader.fill(&mut link.stream) {
+                Ok(0) => {
+                    return Err(BootstrapError::PeerClosed {
+                        rank,
+                        step,
+                        peer: 0,
+                    });
+                }
+                Ok(_) => {}
+                Err(e)
+                    if e.kind() == io::ErrorKind::Interrupted
+                        || e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Err(BootstrapError::PeerClosed {
+                        rank,
+                        step,
+                        peer: 0,
+                    });
+                }
+                Err(e) => {
+                    return Err(BootstrapError::Io {
+                        rank,
+                        step,
+                        peer: Some(0),
+                        source: e,
+                    });
+                }
+            }
+        })();
+        // Anything but a timeout or an abort leaves the stream unusable.
+        if let Err(e) = &result
+            && !matches!(
+                e,
+                BootstrapError::Timeout { .. } | BootstrapError::Aborted { .. }
+            )
+        {
+            inner.links[0] = None;
+        }
+        result
+    }
+
+    fn next_step(&self, inner: &mut Inner, op: Op) -> Step {
+        let seq = inner.seq;
+        inner.seq = inner.seq.wrapping_add(1);
+        Step { op, seq }
+    }
+
+    fn send_to_all(
+        &self,
+        inner: &mut Inner,
+        step: Step,
+        bytes: &[u8],
+        except: usize,
+        deadline: &Deadline,
+    ) -> Result<(), BootstrapError> {
+        for peer in 1..self.size {
+            if peer != except
+                && let Err(e) = self.send(inner, step, peer, bytes, deadline)
+            {
+                self.abort_all(inner, step, peer, e.abort_reason());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+const JOIN: Step = Step {
+    op: Op::Join,
+    seq: 0,
+};
+
+fn header_error(rank: usize, step: Step, peer: usize, e: HeaderError) -> BootstrapError {
+    match e {
+        HeaderError::Malformed(what) => BootstrapError::Malformed {
+            rank,
+            step,
+            peer,
+            what,
+        },
+        HeaderError::Version(v) => BootstrapError::Mismatch {
+            rank,
+            step,
+            peer,
+            what: Mismatch::Version {
+                ours: wire::VERSION,
+                theirs: v,
+            },
+        },
+        HeaderError::Oversized(len) => BootstrapError::Oversized {
+            rank,
+            step,
+            peer,
+            len,
+            max: MAX_FRAME as u64,
+        },
+    }
+}
+
+fn write_bounded(stream: &mut TcpStream, bytes: &[u8], deadline: &Deadline) -> io::Result<()> {
+    let left = deadline.remaining();
+    if left.is_zero() {
+        return Err(io::Error::from(io::ErrorKind::TimedOut));
+    }
+    stream.set_write_timeout(Some(left))?;
+    stream.write_all(bytes)
+}
+
+/// Reads one whole frame (handshake), bounded by the deadline.
+fn read_frame(
+    link: &mut Link,
+    deadline: &Deadline,
+    max: usize,
+    rank: usize,
+    step: Step,
+    peer: usize,
+    timeout: Duration,
+) -> Result<(Header, Vec<u8>), BootstrapError> {
+    loop {
+        match link.reader.next(max) {
+            Ok(Some(f)) => return Ok(f),
+            Ok(None) => {}
+            Err(e) => return Err(header_error(rank, step, peer, e)),
+        }
+        if deadline.passed() {
+            return Err(BootstrapError::Timeout {
+                rank,
+                step,
+                waiting_for: vec![peer],
+                after: timeout,
+            });
+        }
+        let ready =
+            wait_readable(&[link.stream.as_fd()], deadline).map_err(|e| BootstrapError::Io {
+                rank,
+                step,
+                peer: Some(peer),
+                source: e,
+            })?;
+        if ready.is_empty() {
+            continue;
+        }
+        match link.reader.fill(&mut link.stream) {
+            Ok(0) => return Err(BootstrapError::PeerClosed { rank, step, peer }),
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == io::ErrorKind::Interrupted
+                    || e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(BootstrapError::PeerClosed { rank, step, peer });
+            }
+            Err(e) => {
+                return Err(BootstrapError::Io {
+                    rank,
+                    step,
+                    peer: Some(peer),
+                    source: e,
+                });
+            }
+        }
+    }
+}
+
+impl TcpRoot {
+    /// The unique id to publish.
+    pub fn id(&self) -> &UniqueId {
+        &self.id
+    }
+
+    /// Admits ranks `1..size` and becomes rank 0 of the job. Connections that
+    /// present another job's secret or garbage are dropped and counted
+    /// ([`Traffic::refused_connections`]); a rank of this job that declares
+    /// another size, a duplicate rank or a rank out of range fails the
+    /// accept (and is told why).
+    ///
+    /// # Errors
+    /// [`BootstrapError::Timeout`] naming the ranks that did not join;
+    /// [`BootstrapError::Mismatch`] for a misconfigured rank of this job;
+    /// [`BootstrapError::InvalidArgument`] for `size == 0`.
+    pub fn accept(self, size: usize, timeout: Duration) -> Result<Tcp, BootstrapError> {
+        let rank = 0;
+        if size == 0 || u32::try_from(size).is_err() {
+            return Err(BootstrapError::InvalidArgument {
+                rank,
+                step: JOIN,
+                what: Argument::ZeroSize,
+            });
+        }
+        let size32 = u32::try_from(size).unwrap_or(u32::MAX);
+        let deadline = Deadline::after(timeout);
+        let io = |source| BootstrapError::Io {
+            rank,
+            step: JOIN,
+            peer: None,
+            source,
+        };
+        let mut links: Vec<Option<Link>> = (0..size).map(|_| None).collect();
+        let mut joined = 0usize;
+        // Connections accepted but not yet admitted; `None` once handled.
+        let mut pending: Vec<Option<Link>> = Vec::new();
+        let mut traffic = Traffic::default();
+        while joined + 1 < size {
+            if deadline.passed() {
+                let waiting_for = (1..size).filter(|&r| links[r].is_none()).collect();
+                return Err(BootstrapError::Timeout {
+                    rank,
+                    step: JOIN,
+                    waiting_for,
+                    after: timeout,
+                });
+            }
+            let ready = {
+                let mut fds = vec![self.listener.as_fd()];
+                fds.extend(pending.iter().flatten().map(|l| l.stream.as_fd()));
+                wait_readable(&fds, &deadline).map_err(io)?
+            };
+            for i in ready {
+                if i == 0 {
+                    loop {
+                        match self.listener.accept() {
+                            Ok((stream, _)) => {
+                                // Accepted sockets do not inherit non-blocking mode on
+                                // Linux, but say so for other systems.
+                                if stream.set_nonblocking(false).is_err()
+                                    || stream.set_nodelay(true).is_err()
+                                {
+                                    traffic.refused_connections =
+                                        traffic.refused_connections.saturating_add(1);
+                                    continue;
+                                }
+                                pending.push(Some(Link {
+                                    stream,
+                                    reader: FrameReader::default(),
+                                }));
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(_) => break,
+                        }
+                    }
+                    continue;
+                }
+                // Every entry was live when the poll set was built (`retain`
+                // below), so `i - 1` indexes `pending` directly.
+                let Some(slot) = pending.get_mut(i - 1) else {
+                    continue;
+                };
+                let Some(p) = slot.as_mut() else { continue };
+                match p.reader.fill(&mut p.stream) {
+                    Ok(0) | Err(_) => {
+                        traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                        *slot = None;
+                        continue;
+                    }
+                    Ok(_) => {}
+                }
+                let (h, secret) = match p.reader.next(HELLO_MAX) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => continue,
+                    Err(_) => {
+                        traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                        *slot = None;
+                        continue;
+                    }
+                };
+                traffic.received(wire::HEADER_LEN.saturating_add(secret.len()));
+                let Some(mut p) = slot.take() else { continue };
+                if h.kind != Kind::Hello as u8 {
+                    traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                    continue;
+                }
+                let reject = |p: &mut Link, reason: Refusal, traffic: &mut Traffic| {
+                    let r = Header {
+                        kind: Kind::Reject as u8,
+                        job: h.job,
+                        seq: 0,
+                        from: 0,
+                        size: size32,
+                        len: 0,
+                    };
+                    let bytes = wire::frame(r, &[reason.code()]).unwrap_or_default();
+                    if write_bounded(
+                        &mut p.stream,
+                        &bytes,
+                        &Deadline::after(Duration::from_millis(100)),
+                    )
+                    .is_ok()
+                    {
+                        traffic.sent(bytes.len());
+                    }
+                };
+                if h.job != self.id.job || !constant_time_eq(&secret, &self.id.secret) {
+                    reject(&mut p, Refusal::WrongSecret, &mut traffic);
+                    traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                    continue;
+                }
+                let peer = usize::try_from(h.from).unwrap_or(usize::MAX);
+                if h.size != size32 {
+                    reject(&mut p, Refusal::SizeMismatch, &mut traffic);
+                    return Err(BootstrapError::Mismatch {
+                        rank,
+                        step: JOIN,
+                        peer,
+                        what: Mismatch::Size {
+                            ours: size32,
+                            theirs: h.size,
+                        },
+                    });
+                }
+                if peer == 0 || peer >= size {
+                    reject(&mut p, Refusal::RankOutOfRange, &mut traffic);
+                    return Err(BootstrapError::Mismatch {
+                        rank,
+                        step: JOIN,
+                        peer,
+                        what: Mismatch::Sender {
+                            expected: size32,
+                            theirs: h.from,
+                        },
+                    });
+                }
+                if links[peer].is_some() {
+                    reject(&mut p, Refusal::DuplicateRank, &mut traffic);
+                    return Err(BootstrapError::Mismatch {
+                        rank,
+                        step: JOIN,
+                        peer,
+                        what: Mismatch::DuplicateRank { rank: h.from },
+                    });
+                }
+                let w = Header {
+                    kind: Kind::Welcome as u8,
+                    job: self.id.job,
+                    seq: 0,
+                    from: 0,
+                    size: size32,
+                    len: 0,
+                };
+                let bytes = wire::frame(w, &[]).unwrap_or_default();
+                if write_bounded(&mut p.stream, &bytes, &deadline).is_err() {
+                    continue;
+                }
+                traffic.sent(bytes.len());
+                links[peer] = Some(p);
+                joined += 1;
+            }
+            pending.retain(Option::is_some);
+        }
+        Ok(Tcp {
+            rank,
+            size,
+            job: self.id.job,
+            inner: Mutex::new(Inner {
+                seq: 0,
+                links,
+                traffic,
+            }),
+        })
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Bootstrap for Tcp {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        let deadline = Deadline::after(timeout);
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let step = self.next_step(inner, Op::Allgather);
+        if self.rank == 0 {
+            let from: Vec<usize> = (1..self.size).collect();
+            let got = self.gather_at_root(inner, step, Kind::Allgather, &from, &deadline)?;
+            let mut all: Vec<Vec<u8>> = Vec::with_capacity(self.size);
+            all.push(mine.to_vec());
+            all.extend(got.into_iter().map(|(_, p)| p));
+            let Some(list) = wire::encode_list(&all) else {
+                let len = all.iter().fold(0usize, |a, b| a.saturating_add(b.len()));
+                self.abort_all(inner, step, 0, AbortReason::BadMessage);
+                return Err(BootstrapError::InvalidArgument {
+                    rank: 0,
+                    step,
+                    what: Argument::TooLarge {
+                        len,
+                        max: MAX_FRAME,
+                    },
+                });
+            };
+            let bytes =
+                self.frame_or_too_large(step, self.header(Kind::AllgatherResult, step.seq), &list)?;
+            self.send_to_all(inner, step, &bytes, usize::MAX, &deadline)?;
+            Ok(all)
+        } else {
+            let bytes =
+                self.frame_or_too_large(step, self.header(Kind::Allgather, step.seq), mine)?;
+            self.send(inner, step, 0, &bytes, &deadline)?;
+            let list = self.recv_from_root(inner, step, Kind::AllgatherResult, &deadline)?;
+            wire::decode_list(&list, self.size).map_err(|r| {
+                inner.links[0] = None;
+                refused(self.rank, step, 0, r)
+            })
+        }
+    }
+
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes_if_root: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        let deadline = Deadline::after(timeout);
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let step = self.next_step(inner, Op::Broadcast);
+        if root >= self.size {
+            return Err(BootstrapError::InvalidArgument {
+                rank: self.rank,
+                step,
+                what: Argument::RankOutOfRange {
+                    rank: root,
+                    size: self.size,
+                },
+            });
+        }
+        match (self.rank == 0, self.rank == root) {
+            (true, true) => {
+                let bytes = self.frame_or_too_large(
+                    step,
+                    self.header(Kind::Broadcast, step.seq),
+                    bytes_if_root,
+                )?;
+                self.send_to_all(inner, step, &bytes, usize::MAX, &deadline)?;
+                Ok(bytes_if_root.to_vec())
+            }
+            (true, false) => {
+                let mut got =
+                    self.gather_at_root(inner, step, Kind::Broadcast, &[root], &deadline)?;
+                let payload = got.pop().map(|(_, p)| p).unwrap_or_default();
+                let bytes = self.frame_or_too_large(
+                    step,
+                    self.header(Kind::Broadcast, step.seq),
+                    &payload,
+                )?;
+                self.send_to_all(inner, step, &bytes, root, &deadline)?;
+                Ok(payload)
+            }
+            (false, true) => {
+                let bytes = self.frame_or_too_large(
+                    step,
+                    self.header(Kind::Broadcast, step.seq),
+                    bytes_if_root,
+                )?;
+                self.send(inner, step, 0, &bytes, &deadline)?;
+                Ok(bytes_if_root.to_vec())
+            }
+            (false, false) => self.recv_from_root(inner, step, Kind::Broadcast, &deadline),
+        }
+    }
+
+    fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
+        let deadline = Deadline::after(timeout);
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let step = self.next_step(inner, Op::Barrier);
+        if self.rank == 0 {
+            let from: Vec<usize> = (1..self.size).collect();
+            self.gather_at_root(inner, step, Kind::Barrier, &from, &deadline)?;
+            let bytes =
+                wire::frame(self.header(Kind::BarrierRelease, step.seq), &[]).unwrap_or_default();
+            self.send_to_all(inner, step, &bytes, usize::MAX, &deadline)
+        } else {
+            let bytes = wire::frame(self.header(Kind::Barrier, step.seq), &[]).unwrap_or_default();
+            self.send(inner, step, 0, &bytes, &deadline)?;
+            self.recv_from_root(inner, step, Kind::BarrierRelease, &deadline)
+                .map(|_| ())
+        }
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.lock().traffic
+    }
+}
+
+pub(crate) fn refused(rank: usize, step: Step, peer: usize, r: wire::Refused) -> BootstrapError {
+    match r {
+        wire::Refused::Malformed(what) => BootstrapError::Malformed {
+            rank,
+            step,
+            peer,
+            what,
+        },
+        wire::Refused::Mismatch(what) => BootstrapError::Mismatch {
+            rank,
+            step,
+            peer,
+            what,
+        },
+        wire::Refused::Oversized(len) => BootstrapError::Oversized {
+            rank,
+            step,
+            peer,
+            len,
+            max: MAX_FRAME as u64,
+        },
+    }
+}

@@ -1,0 +1,213 @@
+//! [`UniqueId`]: what rank 0 of a TCP job hands to the others out of band,
+//! as NCCL's unique id: the address rank 0 listens on, a random job id and a
+//! random 128-bit job secret, written as one string
+//! (`cebs1/<ip:port>/<job>/<secret>`) for an environment variable
+//! ([`ENV_VAR`]) or a file.
+//!
+//! The secret keeps a stray or stale process (another job's id, a port
+//! scanner) out of the job; it is not a cryptographic protection against an
+//! attacker who can read the id or the loopback traffic.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::api::Deadline;
+use super::error::{BootstrapError, IdProblem};
+
+/// The environment variable that carries a [`UniqueId`] to the ranks.
+pub const ENV_VAR: &str = "CUDA_ENDPOINTS_BOOTSTRAP_ID";
+
+const PREFIX: &str = "cebs1";
+
+/// The unique id of a TCP bootstrap job (see the module doc).
+#[derive(Clone, PartialEq, Eq)]
+pub struct UniqueId {
+    pub(crate) addr: SocketAddr,
+    pub(crate) job: u64,
+    pub(crate) secret: [u8; 16],
+}
+
+impl fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The secret stays out of logs.
+        f.debug_struct("UniqueId")
+            .field("addr", &self.addr)
+            .field("job", &format_args!("{:016x}", self.job))
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{PREFIX}/{}/{:016x}/", self.addr, self.job)?;
+        for b in self.secret {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+fn syntax(part: &'static str) -> BootstrapError {
+    BootstrapError::InvalidId {
+        what: IdProblem::Syntax { part },
+    }
+}
+
+impl FromStr for UniqueId {
+    type Err = BootstrapError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.trim().split('/');
+        if parts.next() != Some(PREFIX) {
+            return Err(syntax("prefix"));
+        }
+        let addr = parts
+            .next()
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+            .ok_or_else(|| syntax("address"))?;
+        let job = parts
+            .next()
+            .filter(|j| j.len() == 16)
+            .and_then(|j| u64::from_str_radix(j, 16).ok())
+            .ok_or_else(|| syntax("job"))?;
+        let hex = parts
+            .next()
+            .filter(|h| h.len() == 32 && h.is_ascii())
+            .ok_or_else(|| syntax("secret"))?;
+        let mut secret = [0u8; 16];
+        for (i, b) in secret.iter_mut().enumerate() {
+            let pair = hex.get(2 * i..2 * i + 2).ok_or_else(|| syntax("secret"))?;
+            *b = u8::from_str_radix(pair, 16).map_err(|_| syntax("secret"))?;
+        }
+        if parts.next().is_some() {
+            return Err(syntax("secret"));
+        }
+        Ok(UniqueId { addr, job, secret })
+    }
+}
+
+impl UniqueId {
+    pub(crate) fn random(addr: SocketAddr) -> std::io::Result<Self> {
+        let mut bytes = [0u8; 24];
+        getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut job = [0u8; 8];
+        job.copy_from_slice(&bytes[..8]);
+        let mut secret = [0u8; 16];
+        secret.copy_from_slice(&bytes[8..]);
+        Ok(UniqueId {
+            addr,
+            job: u64::from_le_bytes(job),
+            secret,
+        })
+    }
+
+    /// The address rank 0 listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The job id carried by every message of this job.
+    pub fn job(&self) -> u64 {
+        self.job
+    }
+
+    /// Reads the id from [`ENV_VAR`].
+    ///
+    /// # Errors
+    /// [`BootstrapError::InvalidId`] when unset or unparsable.
+    pub fn from_env() -> Result<Self, BootstrapError> {
+        let v = std::env::var(ENV_VAR).map_err(|_| BootstrapError::InvalidId {
+            what: IdProblem::Unset { var: ENV_VAR },
+        })?;
+        v.parse()
+    }
+
+    /// Writes the id to `path` atomically (a temporary file renamed into
+    /// place, mode 0600), so a reader never sees half an id.
+    ///
+    /// # Errors
+    /// The file system's.
+    pub fn write_file(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{}.tmp", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        let result = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(self.to_string().as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Reads the id from `path`, waiting up to `timeout` for rank 0 to write it.
+    ///
+    /// # Errors
+    /// [`BootstrapError::InvalidId`] when the file does not appear in time,
+    /// cannot be read or does not parse.
+    pub fn read_file(path: &Path, timeout: Duration) -> Result<Self, BootstrapError> {
+        let deadline = Deadline::after(timeout);
+        loop {
+            match std::fs::read_to_string(path) {
+                Ok(s) => return s.parse(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !deadline.passed() => {
+                    std::thread::sleep(deadline.remaining().min(Duration::from_millis(10)));
+                }
+                Err(e) => {
+                    return Err(BootstrapError::InvalidId {
+                        what: IdProblem::File {
+                            path: path.to_owned(),
+                            kind: e.kind(),
+                        },
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_id_round_trips_through_its_string() {
+        let id = UniqueId::random(
+            "127.0.0.1:4242"
+                .parse()
+                .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 1))),
+        );
+        let id = id.unwrap_or_else(|_| UniqueId {
+            addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+            job: 7,
+            secret: [3; 16],
+        });
+        assert_eq!(id.to_string().parse::<UniqueId>().ok(), Some(id.clone()));
+        let v6 = UniqueId {
+            addr: "[::1]:9".parse().unwrap_or(id.addr),
+            ..id.clone()
+        };
+        assert_eq!(v6.to_string().parse::<UniqueId>().ok(), Some(v6));
+        for bad in [
+            "",
+            "cebs1",
+            "cebs2/127.0.0.1:1/0000000000000000/00000000000000000000000000000000",
+            "cebs1/x/0/0",
+        ] {
+            assert!(bad.parse::<UniqueId>().is_err(), "{bad}");
+        }
+        assert!(!format!("{id:?}").contains(&id.to_string()[id.to_string().len() - 32..]));
+    }
+}

@@ -1,0 +1,616 @@
+//! The TCP bootstrap across real OS processes on loopback: collectives for
+//! 2, 4 and 8 ranks; a silent peer, a killed peer and a killed root end in
+//! typed errors within the timeout; hostile bytes (garbage, oversized
+//! lengths, a wrong secret, another job's frames) end in typed errors
+//! without a panic; nothing is left open after drop.
+
+mod bootstrap_support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use bootstrap_support::*;
+use cuda_endpoints::{
+    AbortReason, Bootstrap, BootstrapError, ENV_VAR, Malformed, Mismatch, Refusal, Tcp, UniqueId,
+};
+
+const ENTRY: &str = "child_entry";
+
+/// Dispatches a child rank's role; a no-op in a normal test run.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let code = match child(&role) {
+        Ok(()) => 0,
+        Err(e) => {
+            report(&format!("ERR {e}"));
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn child(role: &str) -> Result<(), String> {
+    let (rank, size) = (env_usize(RANK), env_usize(SIZE));
+    let t = Duration::from_secs(20);
+    if role == "root_by_file" {
+        let path = std::path::PathBuf::from(std::env::var(ARG).map_err(|e| e.to_string())?);
+        let (id, root) =
+            Tcp::root("127.0.0.1:0".parse().map_err(|_| "addr")?).map_err(|e| e.to_string())?;
+        id.write_file(&path).map_err(|e| e.to_string())?;
+        let boot = root.accept(size, t).map_err(|e| e.to_string())?;
+        boot.barrier(t).map_err(|e| e.to_string())?;
+        std::thread::sleep(Duration::from_secs(60));
+        return Ok(());
+    }
+    let id = UniqueId::from_env().map_err(|e| e.to_string())?;
+    let boot = Tcp::join(&id, rank, size, t).map_err(|e| e.to_string())?;
+    match role {
+        "suite" => suite(&boot),
+        "silent" | "victim" => {
+            std::thread::sleep(Duration::from_secs(60));
+            Ok(())
+        }
+        "allgather_1s" | "allgather_10s" => {
+            let t = Duration::from_secs(if role == "allgather_1s" { 1 } else { 10 });
+            let start = Instant::now();
+            let r = boot.allgather(b"x", t);
+            report(&format!("ELAPSED {}", start.elapsed().as_millis()));
+            match r {
+                Err(e) => report(&format!("{e:?}")),
+                Ok(_) => report("OK"),
+            }
+            Ok(())
+        }
+        _ => Err(format!("unknown role {role}")),
+    }
+}
+
+fn root(_size: usize) -> (UniqueId, cuda_endpoints::TcpRoot) {
+    Tcp::root("127.0.0.1:0".parse().expect("loopback")).expect("rank 0 binds loopback")
+}
+
+fn spawn_ranks(
+    kids: &mut Children,
+    id: &UniqueId,
+    size: usize,
+    role_of: impl Fn(usize) -> &'static str,
+) {
+    for r in 1..size {
+        kids.spawn(
+            &format!("rank{r}"),
+            ENTRY,
+            &[
+                (ROLE, role_of(r).into()),
+                (RANK, r.to_string()),
+                (SIZE, size.to_string()),
+                (ENV_VAR, id.to_string()),
+            ],
+        );
+    }
+}
+
+fn run_suite(size: usize) {
+    let _s = serial();
+    let fds_before = open_fds();
+    {
+        let mut kids = Children::default();
+        let (id, listener) = root(size);
+        spawn_ranks(&mut kids, &id, size, |_| "suite");
+        let boot = listener
+            .accept(size, Duration::from_secs(30))
+            .expect("all ranks join");
+        suite(&boot).expect("rank 0's collectives");
+        for d in kids.wait_all(Duration::from_secs(30)) {
+            assert_eq!(
+                d.code,
+                Some(0),
+                "{} failed: {:?} {}",
+                d.name,
+                d.results(),
+                d.stderr
+            );
+        }
+        // Rank 0 sends n-1 welcomes, n-1 results per allgather (two), n-1
+        // frames for its own broadcast and n-2 for each forwarded one (two),
+        // n-1 barrier releases.
+        let n = size as u64;
+        let t = boot.traffic();
+        assert_eq!(t.messages_sent, 5 * (n - 1) + 2 * (n - 2), "{t:?}");
+    }
+    assert_eq!(
+        open_fds(),
+        fds_before,
+        "rank 0 leaves no socket open after drop"
+    );
+}
+
+#[test]
+fn collectives_are_correct_for_2_ranks() {
+    run_suite(2);
+}
+
+#[test]
+fn collectives_are_correct_for_4_ranks() {
+    run_suite(4);
+}
+
+#[test]
+fn collectives_are_correct_for_8_ranks() {
+    run_suite(8);
+}
+
+#[test]
+fn one_rank_job_needs_no_peer() {
+    let (_, listener) = root(1);
+    let boot = listener.accept(1, Duration::from_secs(1)).expect("size 1");
+    assert_eq!(
+        boot.allgather(b"a", Duration::from_secs(1)).expect("alone"),
+        vec![b"a".to_vec()]
+    );
+    boot.barrier(Duration::from_secs(1)).expect("alone");
+}
+
+#[test]
+fn a_peer_that_never_answers_gives_every_rank_a_timeout_within_its_bound() {
+    let _s = serial();
+    let mut kids = Children::default();
+    let (id, listener) = root(3);
+    spawn_ranks(&mut kids, &id, 3, |r| {
+        if r == 2 { "silent" } else { "allgather_1s" }
+    });
+    let boot = listener.accept(3, Duration::from_secs(30)).expect("join");
+    let start = Instant::now();
+    let err = boot
+        .allgather(b"x", Duration::from_secs(1))
+        .expect_err("rank 2 never answers");
+    let elapsed = start.elapsed();
+    assert!(
+        matches!(&err, BootstrapError::Timeout { rank: 0, waiting_for, .. } if waiting_for == &[2]),
+        "{err:?}"
+    );
+    assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
+    let mut done = kids.wait_all(Duration::from_secs(5));
+    let rank1 = done.remove(0);
+    let res = rank1.results();
+    let ms: u64 = res[0]
+        .strip_prefix("ELAPSED ")
+        .and_then(|v| v.parse().ok())
+        .expect("elapsed line");
+    assert!(ms < 1500, "rank 1 took {ms} ms");
+    assert!(
+        res[1].contains("Aborted") && res[1].contains("culprit: 2") && res[1].contains("Timeout")
+            || res[1].starts_with("Timeout"),
+        "rank 1: {res:?}"
+    );
+}
+
+#[test]
+fn a_peer_killed_mid_collective_gives_typed_errors_at_once() {
+    let _s = serial();
+    let mut kids = Children::default();
+    let (id, listener) = root(3);
+    spawn_ranks(&mut kids, &id, 3, |r| {
+        if r == 2 { "victim" } else { "allgather_10s" }
+    });
+    let boot = listener.accept(3, Duration::from_secs(30)).expect("join");
+    let mut victim = kids.take("rank2").expect("victim");
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = victim.kill(); // SIGKILL
+        let _ = victim.wait();
+    });
+    let start = Instant::now();
+    let err = boot
+        .allgather(b"x", Duration::from_secs(10))
+        .expect_err("rank 2 is killed");
+    let elapsed = start.elapsed();
+    killer.join().expect("killer thread");
+    assert!(
+        matches!(
+            err,
+            BootstrapError::PeerClosed {
+                rank: 0,
+                peer: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    let done = kids.wait_all(Duration::from_secs(5));
+    let res = done[0].results();
+    assert!(
+        res[1].contains("Aborted")
+            && res[1].contains("culprit: 2")
+            && res[1].contains("PeerClosed"),
+        "{res:?}"
+    );
+    let ms: u64 = res[0]
+        .strip_prefix("ELAPSED ")
+        .and_then(|v| v.parse().ok())
+        .expect("elapsed line");
+    assert!(ms < 3000, "rank 1 took {ms} ms");
+    // The communicator stays typed and bounded after the loss.
+    let again = boot
+        .barrier(Duration::from_secs(1))
+        .expect_err("rank 2 is gone");
+    assert!(
+        matches!(
+            again,
+            BootstrapError::Broken { peer: 2, .. } | BootstrapError::PeerClosed { .. }
+        ),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn a_killed_root_gives_its_peers_peer_closed_and_the_id_travels_by_file() {
+    let _s = serial();
+    let path = std::env::temp_dir().join(format!("ceb-id-{}", std::process::id()));
+    let mut kids = Children::default();
+    kids.spawn(
+        "root",
+        ENTRY,
+        &[
+            (ROLE, "root_by_file".into()),
+            (RANK, "0".into()),
+            (SIZE, "2".into()),
+            (ARG, path.display().to_string()),
+        ],
+    );
+    let id = UniqueId::read_file(&path, Duration::from_secs(30)).expect("root writes the id file");
+    let _ = std::fs::remove_file(&path);
+    let boot = Tcp::join(&id, 1, 2, Duration::from_secs(30)).expect("join the child root");
+    boot.barrier(Duration::from_secs(30))
+        .expect("barrier with the root");
+    let mut root = kids.take("root").expect("root child");
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = root.kill();
+        let _ = root.wait();
+    });
+    let start = Instant::now();
+    let err = boot
+        .allgather(b"x", Duration::from_secs(10))
+        .expect_err("root killed");
+    killer.join().expect("killer");
+    assert!(
+        matches!(
+            err,
+            BootstrapError::PeerClosed {
+                rank: 1,
+                peer: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert!(!path.exists(), "no id file left behind");
+}
+
+#[test]
+fn join_gives_up_within_its_timeout_when_no_root_listens() {
+    let addr = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let id: UniqueId = format!("cebs1/{addr}/0123456789abcdef/{}", "00".repeat(16))
+        .parse()
+        .expect("id");
+    let start = Instant::now();
+    let err = Tcp::join(&id, 1, 2, Duration::from_millis(300)).expect_err("nobody listens");
+    assert!(matches!(err, BootstrapError::Timeout { waiting_for, .. } if waiting_for == [0]));
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+/// A raw peer that completes the handshake by hand, then misbehaves.
+fn hostile_join(id: &UniqueId, rank: u32, size: u32) -> TcpStream {
+    let mut s = TcpStream::connect(id.addr()).expect("connect");
+    s.write_all(&raw_frame(
+        1,
+        id.job(),
+        0,
+        rank,
+        size,
+        &secret_of(&id.to_string()),
+    ))
+    .expect("hello");
+    let mut welcome = [0u8; 36];
+    s.read_exact(&mut welcome).expect("welcome");
+    assert_eq!(welcome[6], 2, "welcomed");
+    s
+}
+
+fn with_hostile_rank1(
+    send: impl FnOnce(&UniqueId, &mut TcpStream) + Send + 'static,
+) -> (BootstrapError, Vec<String>) {
+    let _s = serial();
+    let mut kids = Children::default();
+    let (id, listener) = root(3);
+    kids.spawn(
+        "rank2",
+        ENTRY,
+        &[
+            (ROLE, "allgather_10s".into()),
+            (RANK, "2".into()),
+            (SIZE, "3".into()),
+            (ENV_VAR, id.to_string()),
+        ],
+    );
+    let id2 = id.clone();
+    let hostile = std::thread::spawn(move || {
+        let mut s = hostile_join(&id2, 1, 3);
+        send(&id2, &mut s);
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let boot = listener.accept(3, Duration::from_secs(30)).expect("join");
+    let err = boot
+        .allgather(b"x", Duration::from_secs(10))
+        .expect_err("hostile rank 1");
+    hostile.join().expect("hostile thread");
+    let done = kids.wait_all(Duration::from_secs(5));
+    (err, done[0].results())
+}
+
+#[test]
+fn a_garbage_frame_is_malformed_and_aborts_the_others() {
+    let (err, rank2) = with_hostile_rank1(|_, s| {
+        let _ = s.write_all(&[0xAB; 40]);
+    });
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Malformed {
+                peer: 1,
+                what: Malformed::Magic,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        rank2[1].contains("Aborted") && rank2[1].contains("BadMessage"),
+        "{rank2:?}"
+    );
+}
+
+#[test]
+fn an_oversized_length_is_refused_before_its_payload() {
+    let (err, _) = with_hostile_rank1(|id, s| {
+        let mut f = raw_frame(4, id.job(), 0, 1, 3, &[]);
+        f[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
+        let _ = s.write_all(&f);
+    });
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Oversized {
+                peer: 1,
+                len: 4_294_967_295,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_frame_of_another_job_is_a_mismatch() {
+    let (err, _) = with_hostile_rank1(|id, s| {
+        let _ = s.write_all(&raw_frame(4, id.job() ^ 1, 0, 1, 3, b"x"));
+    });
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Mismatch {
+                peer: 1,
+                what: Mismatch::Job { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_frame_claiming_another_rank_is_a_mismatch() {
+    let (err, _) = with_hostile_rank1(|id, s| {
+        let _ = s.write_all(&raw_frame(4, id.job(), 0, 2, 3, b"x"));
+    });
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Mismatch {
+                peer: 1,
+                what: Mismatch::Sender {
+                    expected: 1,
+                    theirs: 2
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn stale_frames_of_an_earlier_step_are_skipped() {
+    let _s = serial();
+    let (id, listener) = root(2);
+    let id2 = id.clone();
+    let peer = std::thread::spawn(move || {
+        let mut s = hostile_join(&id2, 1, 2);
+        // Step 0 correct, then a stale step-0 frame, then step 1.
+        s.write_all(&raw_frame(4, id2.job(), 0, 1, 2, b"a"))
+            .expect("step 0");
+        s.write_all(&raw_frame(4, id2.job(), 0, 1, 2, b"stale"))
+            .expect("stale");
+        s.write_all(&raw_frame(4, id2.job(), 1, 1, 2, b"b"))
+            .expect("step 1");
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    });
+    let boot = listener.accept(2, Duration::from_secs(10)).expect("join");
+    let t = Duration::from_secs(10);
+    assert_eq!(
+        boot.allgather(b"0", t).expect("step 0"),
+        vec![b"0".to_vec(), b"a".to_vec()]
+    );
+    assert_eq!(
+        boot.allgather(b"0", t).expect("step 1"),
+        vec![b"0".to_vec(), b"b".to_vec()]
+    );
+    assert_eq!(boot.traffic().stale_skipped, 1);
+    drop(boot);
+    peer.join().expect("peer");
+}
+
+#[test]
+fn garbage_connections_and_wrong_secrets_are_refused_and_the_job_still_forms() {
+    let _s = serial();
+    let mut kids = Children::default();
+    let (id, listener) = root(2);
+    let addr = id.addr();
+    let scanner = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink); // closed by rank 0
+    });
+    let text = id.to_string();
+    let wrong: UniqueId = format!(
+        "{}{}",
+        &text[..text.len() - 1],
+        if text.ends_with('0') { '1' } else { '0' }
+    )
+    .parse()
+    .expect("id");
+    let impostor =
+        std::thread::spawn(move || Tcp::join(&wrong, 1, 2, Duration::from_secs(10)).map(|_| ()));
+    // The legitimate rank 1 joins only after both intruders were turned away.
+    let id2 = id.clone();
+    let legit_spawn = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        id2
+    });
+    let accept = std::thread::spawn(move || listener.accept(2, Duration::from_secs(30)));
+    let err = impostor
+        .join()
+        .expect("impostor thread")
+        .expect_err("wrong secret");
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Refused {
+                rank: 1,
+                reason: Refusal::WrongSecret
+            }
+        ),
+        "{err:?}"
+    );
+    scanner.join().expect("scanner");
+    let id = legit_spawn.join().expect("id");
+    spawn_ranks(&mut kids, &id, 2, |_| "suite");
+    let boot = accept.join().expect("accept thread").expect("job forms");
+    suite(&boot).expect("collectives after intruders");
+    assert!(
+        boot.traffic().refused_connections >= 2,
+        "{:?}",
+        boot.traffic()
+    );
+    for d in kids.wait_all(Duration::from_secs(30)) {
+        assert_eq!(d.code, Some(0), "{:?} {}", d.results(), d.stderr);
+    }
+}
+
+/// A fake rank 0 that welcomes, then answers the allgather with `answer`.
+fn with_hostile_root(answer: impl FnOnce(u64) -> Vec<u8> + Send + 'static) -> BootstrapError {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let job = 0x1234_5678_9abc_def0u64;
+    let id: UniqueId = format!(
+        "cebs1/{}/{job:016x}/{}",
+        l.local_addr().expect("addr"),
+        "11".repeat(16)
+    )
+    .parse()
+    .expect("id");
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        let mut hello = [0u8; 52];
+        s.read_exact(&mut hello).expect("hello");
+        s.write_all(&raw_frame(2, job, 0, 0, 2, &[]))
+            .expect("welcome");
+        let mut contribution = [0u8; 37];
+        s.read_exact(&mut contribution).expect("contribution");
+        let _ = s.write_all(&answer(job));
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let boot = Tcp::join(&id, 1, 2, Duration::from_secs(10)).expect("fake root welcomes");
+    let err = boot
+        .allgather(b"x", Duration::from_secs(10))
+        .expect_err("hostile root");
+    fake.join().expect("fake root");
+    err
+}
+
+#[test]
+fn a_hostile_root_result_list_is_refused() {
+    let err = with_hostile_root(|job| {
+        let mut list = Vec::new();
+        list.extend_from_slice(&2u32.to_le_bytes());
+        list.extend_from_slice(&u32::MAX.to_le_bytes()); // an entry longer than the frame
+        raw_frame(5, job, 0, 0, 2, &list)
+    });
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Malformed {
+                peer: 0,
+                what: Malformed::Truncated,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = with_hostile_root(|job| {
+        let mut f = raw_frame(5, job, 0, 0, 2, &[]);
+        f[32..36].copy_from_slice(&(65u32 << 20).to_le_bytes());
+        f
+    });
+    assert!(
+        matches!(err, BootstrapError::Oversized { peer: 0, .. }),
+        "{err:?}"
+    );
+    let err = with_hostile_root(|job| raw_frame(8, job, 0, 0, 2, &[]));
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Mismatch {
+                peer: 0,
+                what: Mismatch::Operation { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_payload_over_the_frame_limit_is_refused_before_sending() {
+    let (_, listener) = root(1);
+    let boot = listener.accept(1, Duration::from_secs(1)).expect("size 1");
+    let big = vec![0u8; cuda_endpoints::MAX_FRAME + 1];
+    let err = boot
+        .broadcast(0, &big, Duration::from_secs(1))
+        .expect_err("too large");
+    assert!(
+        matches!(err, BootstrapError::InvalidArgument { .. }),
+        "{err:?}"
+    );
+    let _ = AbortReason::PeerClosed;
+}
