@@ -7,6 +7,8 @@ pub mod context;
 pub mod driver;
 pub mod endpoint;
 pub mod error;
+#[cfg(feature = "fabric")]
+pub mod fabric;
 pub mod guide;
 pub mod kernel;
 pub mod kind;

@@ -183,10 +183,12 @@ impl World {
                 bind_alignment: limits.bind_alignment,
             },
         );
+        let attach = self.handle();
         let slot = self.procs[pid].ids.entry(id).or_default();
         slot.obj = Some(handle);
         slot.imported = false;
         slot.reported_ready = false;
+        slot.attach = attach;
         Ok(())
     }
 
@@ -209,7 +211,8 @@ impl World {
         let Shape::Multicast { num_devices } = obj.props.shape else {
             return violate(self, "R4.1", Code::INVALID_VALUE);
         };
-        let mine = |e: &&Enrolled| e.pid == pid;
+        let attach = self.procs[pid].ids.get(&id).map_or(0, |s| s.attach);
+        let mine = |e: &&Enrolled| e.attach == attach;
         let here = obj
             .enrolled
             .iter()
@@ -218,9 +221,10 @@ impl World {
         let by_me = obj.enrolled.iter().filter(mine).count() as u32;
         let total = obj.enrolled.len() as u32;
         match here {
-            Some(e) if e.pid == pid => return violate(self, "R4.2", Code::INVALID_VALUE),
-            // R12.5 (model's choice): enrolled by another process, or the
-            // team filled up by other processes: only the driver can know.
+            Some(e) if e.attach == attach => return violate(self, "R4.2", Code::INVALID_VALUE),
+            // R12.5 (model's choice): enrolled by another process (or an
+            // earlier attachment), or the team filled up by others: only the
+            // driver can know.
             Some(_) => return Err(Code::INVALID_VALUE),
             None if by_me >= num_devices => return violate(self, "R4.2", Code::INVALID_VALUE),
             None if total >= num_devices => return Err(Code::INVALID_VALUE),
@@ -234,13 +238,13 @@ impl World {
             // The crate can read both cliques only when it enrolled the
             // first device itself; another process's device is the
             // driver's knowledge (R12.5).
-            if first.pid == pid {
+            if first.attach == attach {
                 return violate(self, "R4.5", Code::INVALID_DEVICE);
             }
             return Err(Code::INVALID_DEVICE);
         }
         if let Some(obj) = self.objects.get_mut(&o) {
-            obj.enrolled.push(Enrolled { node, dev, pid });
+            obj.enrolled.push(Enrolled { node, dev, attach });
         }
         Ok(())
     }
@@ -532,10 +536,12 @@ impl World {
             return violate(self, "R9.4", Code::INVALID_VALUE);
         }
         obj.refs += 1;
+        let attach = self.handle();
         let slot = self.procs[pid].ids.entry(id).or_default();
         slot.obj = Some(o);
         slot.imported = true;
         slot.reported_ready = false;
+        slot.attach = attach;
         Ok(())
     }
 

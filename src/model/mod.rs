@@ -85,14 +85,7 @@ impl Model {
     /// Another process on `node` of this fabric; `None` when the fabric has
     /// no such node. It gets an IMEX channel as [`FabricConfig::imex_channel`] says.
     pub fn spawn_process_on(&self, node: usize) -> Option<Model> {
-        let mut w = self.lock();
-        let imex = w.imex_default;
-        let pid = w.add_process_on(node, imex)?;
-        drop(w);
-        Some(Model {
-            world: self.world.clone(),
-            pid,
-        })
+        self.join_process(node, None)
     }
 
     /// This process's number on the node (0 for the first).

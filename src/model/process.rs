@@ -17,6 +17,7 @@
 //!   exporter that exited, is `INVALID_VALUE`, not a violation: only the
 //!   driver can know (R12.5).
 
+use super::config::FabricConfig;
 use super::state::{Alloc, Export, Live, Proc, Shared, World};
 use super::violate;
 use crate::driver::{Code, DriverResult, handle_bits};
@@ -373,5 +374,38 @@ impl super::Model {
         }
         w.node = w.procs[self.pid].node;
         f(&mut w, self.pid)
+    }
+}
+
+impl super::Model {
+    /// A fabric with no process yet, and a handle on it that is no process
+    /// (its driver calls answer `DEINITIALIZED`): what a fabric server
+    /// keeps to add processes and read the fabric's counters.
+    pub fn fabric_observer(config: FabricConfig) -> super::Model {
+        let mut world = World::new(config.nodes);
+        world.imex_default = config.imex_channel;
+        super::Model {
+            world: std::sync::Arc::new(std::sync::Mutex::new(world)),
+            pid: usize::MAX,
+        }
+    }
+
+    /// A new process on `node`, with an IMEX channel as `imex_channel` says
+    /// (`None`: [`FabricConfig::imex_channel`]); `None` when there is no
+    /// such node.
+    pub fn join_process(&self, node: usize, imex_channel: Option<bool>) -> Option<super::Model> {
+        let mut w = self.lock();
+        let imex = imex_channel.unwrap_or(w.imex_default);
+        let pid = w.add_process_on(node, imex)?;
+        drop(w);
+        Some(super::Model {
+            world: self.world.clone(),
+            pid,
+        })
+    }
+
+    /// How many devices `node` has; `None` when there is no such node.
+    pub fn node_devices(&self, node: usize) -> Option<usize> {
+        self.lock().nodes.get(node).map(|n| n.devices.len())
     }
 }

@@ -75,9 +75,10 @@ pub(crate) struct Bound {
 pub(crate) struct Enrolled {
     pub node: usize,
     pub dev: Device,
-    /// The process that enrolled it (R12.5: another process's enrollment is
-    /// something only the driver knows).
-    pub pid: usize,
+    /// The attachment (create or import, [`Slot::attach`]) that enrolled
+    /// it: what another attachment enrolled — another process's, or an
+    /// earlier import of this one's — only the driver knows (R12.5).
+    pub attach: u64,
 }
 
 /// A logical endpoint object; several processes may hold references (R7, R9).
@@ -102,6 +103,8 @@ pub(crate) struct Slot {
     pub imported: bool,
     /// A query reported the endpoint constructed (R3.1).
     pub reported_ready: bool,
+    /// Which attachment of the endpoint this is (fresh per create or import).
+    pub attach: u64,
 }
 
 #[derive(Debug)]
