@@ -54,8 +54,9 @@ impl Kid {
         let (tx, lines) = channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(msg) = line.strip_prefix("@@ ")
-                    && tx.send(msg.to_string()).is_err()
+                // libtest may have written "test child_role ... " first.
+                if let Some(at) = line.find("@@ ")
+                    && tx.send(line[at + 3..].to_string()).is_err()
                 {
                     break;
                 }
@@ -268,7 +269,7 @@ fn release(ctx: &Context, handle: u64) {
     // SAFETY: `handle` was imported by this process through the fabric's
     // shareable-handle request; no typed object of this crate owns it and
     // nothing is bound to or mapped from it.
-    let r = unsafe { ctx.driver().mem_release(handle) };
+    let r = unsafe { ctx.driver_arc().mem_release(handle) };
     assert_eq!(r, Ok(()));
 }
 
