@@ -258,6 +258,26 @@ fn child_role() {
             release(&ctx, h);
             say("checked", "");
         }
+        // Run by the launcher as rank 3 of 2 nodes x 2 GPUs: node 1, device 1.
+        "rank" => {
+            assert_eq!((me.node(), me.device()), (1, Some(Device(1))));
+            let ep = ctx
+                .reserve_one()
+                .unwrap()
+                .create(Spec::unicast(Device(1), ALIGN))
+                .unwrap()
+                .wait(T)
+                .unwrap();
+            let mem = Allocation::<PosixFd>::on_device(&ctx, Device(1), ALIGN).unwrap();
+            drop(ep.bind(1, 0, &mem).unwrap());
+            drop((ep, mem));
+        }
+        // Exits holding two ids.
+        "leaker" => {
+            std::mem::forget(ctx.reserve(2).unwrap());
+            say("leaked", "");
+            std::process::exit(0);
+        }
         other => panic!("unknown role {other}"),
     }
     assert_eq!(me.live().unwrap(), Live::default(), "{role} leaked");
@@ -477,4 +497,40 @@ fn every_fabric_has_its_own_socket_and_leaves_none_behind() {
     assert!(e.to_string().contains("DEINITIALIZED"), "{e}");
     drop(ep);
     drop(b);
+}
+
+#[test]
+fn the_launcher_runs_a_job_and_fails_it_when_a_process_leaks() {
+    let launcher = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
+    let exe = std::env::current_exe().unwrap();
+    for (role, code) in [("rank", 0), ("leaker", 3)] {
+        let child = Command::new(launcher)
+            .args(["--nodes", "2", "--gpus", "2", "--timeout", "60", "--"])
+            .arg(&exe)
+            .args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role)
+            .env("CUDA_ENDPOINTS_RANK", "3")
+            .env_remove(ENV_VAR)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut kid = Kid {
+            name: "launcher",
+            child,
+            stdin: None,
+            lines: channel().1,
+        };
+        let deadline = Instant::now() + T;
+        let status = loop {
+            if let Some(s) = kid.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the launcher did not finish");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(code), "{role}");
+        drop(kid);
+    }
 }
