@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::config::ModelConfig;
 use super::faults::FaultPlan;
-use crate::driver::prop::Props;
+use crate::driver::EndpointProps;
 use crate::driver::{Call, Code, Device, Location};
 
 /// What one process (or the whole node) still holds. All zero once every
@@ -84,7 +84,7 @@ pub(crate) struct Enrolled {
 /// A logical endpoint object; several processes may hold references (R7, R9).
 #[derive(Debug)]
 pub(crate) struct EndpointObj {
-    pub props: Props,
+    pub props: EndpointProps,
     /// The creator's node: a unicast owner device is a device of this node.
     pub node: usize,
     pub enrolled: Vec<Enrolled>,
