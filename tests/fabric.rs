@@ -230,11 +230,15 @@ fn child_role() {
         // Exports device memory as a POSIX descriptor and as a fabric handle.
         "mem-exporter" => {
             let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), ALIGN).unwrap();
-            let fd = me.export_shareable(mem.handle(), ShareableKind::PosixFd).unwrap();
-            say("fd", &fd.to_string());
-            let fab = Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), ALIGN)
+            let fd = me
+                .export_shareable(mem.handle(), ShareableKind::PosixFd)
                 .unwrap();
-            let token = me.export_shareable(fab.handle(), ShareableKind::Fabric).unwrap();
+            say("fd", &fd.to_string());
+            let fab =
+                Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), ALIGN).unwrap();
+            let token = me
+                .export_shareable(fab.handle(), ShareableKind::Fabric)
+                .unwrap();
             say("fabric", &token.to_string());
             wait_for("done");
             drop((mem, fab));
@@ -431,7 +435,13 @@ fn r12_5_driver_only_refusals_are_not_violations() {
         .unwrap();
     let h = ep.export().unwrap();
     let h = FabricHandle::<Multicast<Exportable>>::from_bytes(&h.to_bytes()).unwrap();
-    let i1 = c1.reserve_one().unwrap().import(&h).unwrap().add_device(1).unwrap();
+    let i1 = c1
+        .reserve_one()
+        .unwrap()
+        .import(&h)
+        .unwrap()
+        .add_device(1)
+        .unwrap();
     let i2 = c2.reserve_one().unwrap().import(&h).unwrap();
     let f = i2.add_device(2).unwrap_err();
     assert!(
@@ -457,10 +467,10 @@ fn hostile_peer_bytes_end_one_connection_not_the_fabric() {
     use std::os::unix::net::UnixStream;
     let server = FabricServer::start(FabricConfig::default()).unwrap();
     let frames: [&[u8]; 4] = [
-        &u32::MAX.to_le_bytes(),           // a frame far past the bound
-        &[3, 0, 0, 0, 0xff, 0xff, 0xff],   // undecodable
-        &[1, 0, 0, 0, 2],                  // a request other than Hello first
-        &[200, 0, 0, 0, 1, 2],             // cut short
+        &u32::MAX.to_le_bytes(),         // a frame far past the bound
+        &[3, 0, 0, 0, 0xff, 0xff, 0xff], // undecodable
+        &[1, 0, 0, 0, 2],                // a request other than Hello first
+        &[200, 0, 0, 0, 1, 2],           // cut short
     ];
     for bytes in frames {
         let mut s = UnixStream::connect(server.socket()).unwrap();
@@ -485,7 +495,10 @@ fn every_fabric_has_its_own_socket_and_leaves_none_behind() {
     let a = FabricServer::start(FabricConfig::default()).unwrap();
     let b = FabricServer::start(FabricConfig::default()).unwrap();
     assert_ne!(a.socket(), b.socket());
-    let (path, dir) = (a.socket().to_path_buf(), a.socket().parent().unwrap().to_path_buf());
+    let (path, dir) = (
+        a.socket().to_path_buf(),
+        a.socket().parent().unwrap().to_path_buf(),
+    );
     assert!(path.exists());
     // A process still connected when the fabric goes is cleaned up, and its
     // driver answers DEINITIALIZED from then on.

@@ -171,7 +171,7 @@ impl World {
                 bind_alignment: limits.bind_alignment,
             },
         );
-        let attach = self.handle();
+        let attach = self.attachment();
         let slot = self.procs[pid].ids.entry(id).or_default();
         slot.obj = Some(handle);
         slot.imported = false;
@@ -510,7 +510,7 @@ impl World {
             return violate(self, "R9.4", Code::INVALID_VALUE);
         }
         obj.refs += 1;
-        let attach = self.handle();
+        let attach = self.attachment();
         let slot = self.procs[pid].ids.entry(id).or_default();
         slot.obj = Some(o);
         slot.imported = true;

@@ -223,6 +223,8 @@ pub(crate) struct World {
     /// Live shareable handles, by token (C5, R12.4).
     pub exports: HashMap<u64, Export>,
     pub next_handle: u64,
+    /// The next [`Slot::attach`] (its own counter: handle numbers stay dense).
+    pub next_attach: u64,
     pub next_va: u64,
     /// Distinguishes handles of this fabric from any other fabric's.
     pub node_tag: u64,
@@ -254,6 +256,7 @@ impl World {
             mc_handles: HashMap::new(),
             exports: HashMap::new(),
             next_handle: 1,
+            next_attach: 1,
             next_va: 0x7f00_0000_0000,
             node_tag: NODES.fetch_add(1, Ordering::Relaxed),
             violations: Vec::new(),
@@ -277,6 +280,13 @@ impl World {
         if self.trace.len() < 1 << 16 {
             self.trace.push(call);
         }
+    }
+
+    /// A fresh attachment number ([`Slot::attach`]).
+    pub fn attachment(&mut self) -> u64 {
+        let a = self.next_attach;
+        self.next_attach = self.next_attach.wrapping_add(1);
+        a
     }
 
     pub fn handle(&mut self) -> u64 {
