@@ -72,6 +72,18 @@ impl Context {
         (Context::new(model.clone()), model)
     }
 
+    /// Joins a model fabric as a new process (see [`crate::fabric`]): the
+    /// context, and the process's handle for inspection.
+    ///
+    /// # Errors
+    /// As [`crate::fabric::connect`].
+    #[cfg(feature = "fabric")]
+    pub fn fabric(
+        join: &crate::fabric::Join,
+    ) -> std::result::Result<(Context, crate::fabric::Process), crate::fabric::FabricError> {
+        crate::fabric::connect(join)
+    }
+
     /// The real driver (`libcuda`).
     ///
     /// # Errors

@@ -19,6 +19,9 @@ mod context;
 pub mod driver;
 mod endpoint;
 mod error;
+#[cfg(feature = "fabric")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fabric")))]
+pub mod fabric;
 pub mod guide;
 mod kernel;
 mod kind;

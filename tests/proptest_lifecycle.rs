@@ -416,7 +416,7 @@ struct Fx {
     /// refuse a device that another process enrolled or a team that is
     /// full (R4.2), which no check in this process can see.
     remote: Cell<bool>,
-    /// How many such refusals there were (each one logged by the model).
+    /// How many such refusals there were (none logged as a violation, R12.5).
     remote_refusals: Cell<u64>,
 }
 
@@ -929,15 +929,9 @@ impl World {
 
     fn check(&self, extra: Extra, what: &dyn std::fmt::Debug) {
         let v = self.fx.model.violations();
-        // Only the refusals no process could have checked (see `Fx::remote`).
-        let remote = v
-            .iter()
-            .filter(|v| v.call == Call::AddDevice && v.rule == "R4.2")
-            .count() as u64;
-        assert!(
-            remote == v.len() as u64 && remote == self.fx.remote_refusals.get(),
-            "rule violations after {what:?}: {v:?}"
-        );
+        // The refusals no process could have checked (see `Fx::remote`) are
+        // the driver's answers, not violations (SPEC R12.5).
+        assert!(v.is_empty(), "rule violations after {what:?}: {v:?}");
         if self.fx.teardown {
             return;
         }
@@ -1584,12 +1578,7 @@ fn run(queries: u32, per_mille: u32, seed: u64, teardown: bool, ops: &[Op], keys
         c.teardown_faults += t;
     });
     let remote = w.fx.remote_refusals.get();
-    assert_eq!(
-        model.violations().len() as u64,
-        remote,
-        "{:?}",
-        model.violations()
-    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
     count(|c| c.remote_refusals += remote);
     if !teardown || w.fx.teardown_fired.get() == 0 {
         assert!(

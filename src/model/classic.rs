@@ -2,13 +2,14 @@
 //! enrollment, binds that would block (C3) reported as violations instead of
 //! hanging, and unbinds that must match a bind exactly (C4).
 
-use super::state::{Bound, McObj, Target, World};
+use super::state::{Bound, McObj, Shared, Target, World};
 use super::violate;
 use crate::driver::{Code, Device, DriverResult, Granularity, Location};
 
 impl World {
     fn classic_supported(&self) -> bool {
-        !self.config.devices.is_empty() && self.config.devices.iter().all(|d| d.classic_multicast)
+        !self.config().devices.is_empty()
+            && self.config().devices.iter().all(|d| d.classic_multicast)
     }
 
     pub fn mc_granularity(
@@ -24,7 +25,7 @@ impl World {
         if num_devices == 0 {
             return violate(self, "C2", Code::INVALID_VALUE);
         }
-        let devs = &self.config.devices;
+        let devs = &self.config().devices;
         Ok(match kind {
             Granularity::Minimum => devs.iter().map(|d| d.granularity).max().unwrap_or(1),
             Granularity::Recommended => devs
@@ -40,7 +41,7 @@ impl World {
         pid: usize,
         num_devices: u32,
         size: u64,
-        _handle_types: u64,
+        handle_types: u64,
     ) -> DriverResult<u64> {
         // C6: the driver refuses when the devices have no multicast.
         if !self.classic_supported() {
@@ -54,31 +55,40 @@ impl World {
         self.mcs.insert(
             h,
             McObj {
-                pid,
+                handle_types,
                 num_devices,
                 size,
                 granularity: gran,
                 devices: Vec::new(),
                 bindings: Vec::new(),
+                holders: 1,
             },
         );
+        self.mc_handles.insert(h, (pid, h));
         Ok(h)
+    }
+
+    /// The multicast object behind `pid`'s handle `mc`, if it holds one.
+    pub fn mc_key(&self, pid: usize, mc: u64) -> Option<u64> {
+        self.mc_handles
+            .get(&mc)
+            .filter(|(holder, key)| *holder == pid && self.mcs.contains_key(key))
+            .map(|&(_, key)| key)
     }
 
     pub fn mc_add_device(&mut self, pid: usize, mc: u64, dev: Device) -> DriverResult<()> {
         if self.device(dev).is_none() {
             return violate(self, "C3", Code::INVALID_DEVICE);
         }
-        match self.mcs.get_mut(&mc) {
-            Some(m) if m.pid == pid => {
-                if m.devices.contains(&dev) || m.devices.len() as u32 >= m.num_devices {
-                    return violate(self, "C3", Code::INVALID_VALUE);
-                }
-                m.devices.push(dev);
-                Ok(())
-            }
-            _ => violate(self, "C1", Code::INVALID_HANDLE),
+        let node = self.node;
+        let Some(m) = self.mc_key(pid, mc).and_then(|k| self.mcs.get_mut(&k)) else {
+            return violate(self, "C1", Code::INVALID_HANDLE);
+        };
+        if m.devices.contains(&(node, dev)) || m.devices.len() as u32 >= m.num_devices {
+            return violate(self, "C3", Code::INVALID_VALUE);
         }
+        m.devices.push((node, dev));
+        Ok(())
     }
 
     pub fn mc_bind(
@@ -89,14 +99,15 @@ impl World {
         target: Target,
         size: u64,
     ) -> DriverResult<()> {
-        let (complete, gran, mc_size) = match self.mcs.get(&mc) {
-            Some(m) if m.pid == pid => (
-                m.devices.len() as u32 == m.num_devices,
-                m.granularity,
-                m.size,
-            ),
-            _ => return violate(self, "C1", Code::INVALID_HANDLE),
+        let Some(key) = self.mc_key(pid, mc) else {
+            return violate(self, "C1", Code::INVALID_HANDLE);
         };
+        let m = &self.mcs[&key];
+        let (complete, gran, mc_size) = (
+            m.devices.len() as u32 == m.num_devices,
+            m.granularity,
+            m.size,
+        );
         if !complete {
             // The driver would block here until the team is in: a hang in a
             // one-thread program. The typed API must never get here.
@@ -127,13 +138,13 @@ impl World {
         let Location::Device(dev) = a.location else {
             return violate(self, "C2", Code::INVALID_VALUE);
         };
-        if !self.mcs[&mc].devices.contains(&dev) {
+        if a.node != self.node || !self.mcs[&key].devices.contains(&(self.node, dev)) {
             return violate(self, "C3", Code::INVALID_DEVICE);
         }
         if let Some(a) = self.allocs.get_mut(&alloc) {
             a.users += 1;
         }
-        if let Some(m) = self.mcs.get_mut(&mc) {
+        if let Some(m) = self.mcs.get_mut(&key) {
             m.bindings.push(Bound {
                 pid,
                 dev,
@@ -153,13 +164,13 @@ impl World {
         mc_offset: u64,
         size: u64,
     ) -> DriverResult<()> {
-        let Some(m) = self.mcs.get_mut(&mc).filter(|m| m.pid == pid) else {
+        let Some(m) = self.mc_key(pid, mc).and_then(|k| self.mcs.get_mut(&k)) else {
             return violate(self, "C1", Code::INVALID_HANDLE);
         };
         let Some(i) = m
             .bindings
             .iter()
-            .position(|b| b.dev == dev && b.offset == mc_offset && b.size == size)
+            .position(|b| b.pid == pid && b.dev == dev && b.offset == mc_offset && b.size == size)
         else {
             // Undefined behaviour in the driver: never reachable from the typed API.
             return violate(self, "C4", Code::INVALID_VALUE);
@@ -169,12 +180,32 @@ impl World {
         Ok(())
     }
 
-    /// C5: `cuMemRelease` on the multicast handle drops it, with its bindings.
+    /// C5: `cuMemRelease` on a multicast handle drops it with the bindings
+    /// its process made; the object is freed with its last handle.
     pub fn mc_release(&mut self, mc: u64) -> DriverResult<()> {
-        if let Some(m) = self.mcs.remove(&mc) {
-            for b in m.bindings {
-                self.alloc_unuse(b.alloc);
+        let Some((pid, key)) = self.mc_handles.remove(&mc) else {
+            return Ok(());
+        };
+        let mut freed = Vec::new();
+        let mut gone = false;
+        if let Some(m) = self.mcs.get_mut(&key) {
+            m.bindings.retain(|b| {
+                if b.pid == pid {
+                    freed.push(b.alloc);
+                }
+                b.pid != pid
+            });
+            m.holders = m.holders.saturating_sub(1);
+            gone = m.holders == 0;
+        }
+        if gone {
+            if let Some(m) = self.mcs.remove(&key) {
+                freed.extend(m.bindings.iter().map(|b| b.alloc));
             }
+            self.drop_exports(Shared::Multicast(key));
+        }
+        for a in freed {
+            self.alloc_unuse(a);
         }
         Ok(())
     }

@@ -122,3 +122,55 @@ impl Default for ModelConfig {
         ModelConfig::node(4)
     }
 }
+
+/// A simulated fabric (one IMEX domain): one or more nodes, each with its
+/// devices, and whether processes that join get an IMEX channel (R9.1,
+/// R12.4). Node numbers are indices into `nodes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FabricConfig {
+    /// The nodes; an empty list is one default node.
+    pub nodes: Vec<ModelConfig>,
+    /// Whether a process that joins without saying gets an IMEX channel;
+    /// `true` by default.
+    pub imex_channel: bool,
+}
+
+impl FabricConfig {
+    /// `nodes` identical nodes of `gpus` H200-like devices each, one clique
+    /// across the fabric (as an NVL72 rack), IMEX channels for everyone.
+    pub fn nodes(nodes: usize, gpus: usize) -> FabricConfig {
+        FabricConfig {
+            nodes: vec![ModelConfig::node(gpus); nodes.max(1)],
+            imex_channel: true,
+        }
+    }
+
+    /// One node of `config`.
+    pub fn single(config: ModelConfig) -> FabricConfig {
+        FabricConfig {
+            nodes: vec![config],
+            imex_channel: true,
+        }
+    }
+
+    /// Changes every node with `f`.
+    pub fn with_nodes(mut self, f: impl Fn(usize, &mut ModelConfig)) -> Self {
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            f(i, n);
+        }
+        self
+    }
+
+    /// Sets whether joining processes get an IMEX channel by default.
+    pub fn imex_channel(mut self, granted: bool) -> Self {
+        self.imex_channel = granted;
+        self
+    }
+}
+
+impl Default for FabricConfig {
+    /// One default node ([`ModelConfig::default`]).
+    fn default() -> Self {
+        FabricConfig::single(ModelConfig::default())
+    }
+}

@@ -1,7 +1,7 @@
 //! The logical-endpoint rules (R1–R12 of the contract, [`crate::guide::contract`]) and the base calls, on the model's tables.
 //! Where the contract marks a code *(model's choice)*, the code here is that choice.
 
-use super::state::{Bound, EndpointObj, Slot, Target, World};
+use super::state::{Bound, EndpointObj, Enrolled, Slot, Target, World};
 use super::violate;
 use crate::driver::{
     Code, Device, DriverResult, EndpointProps, FabricHandleBytes, Limits, Location, Shape, attr,
@@ -12,7 +12,7 @@ const HANDLE_MAGIC: &[u8; 8] = b"CEPMODEL";
 
 impl World {
     pub fn attribute(&mut self, dev: Device, a: i32) -> DriverResult<i32> {
-        let le = self.config.has_logical_endpoints();
+        let le = self.config().has_logical_endpoints();
         let Some(d) = self.device(dev) else {
             return Err(Code::INVALID_DEVICE);
         };
@@ -35,10 +35,11 @@ impl World {
         let Some(total) = self.device(dev).map(|d| d.memory) else {
             return Err(Code::INVALID_DEVICE);
         };
+        let node = self.node;
         let used: u64 = self
             .allocs
             .values()
-            .filter(|a| a.location == Location::Device(dev))
+            .filter(|a| !a.imported && a.node == node && a.location == Location::Device(dev))
             .map(|a| a.size)
             .sum();
         Ok((total.saturating_sub(used), total))
@@ -46,7 +47,7 @@ impl World {
 
     /// Logical endpoints exist only from 13.3 on: older drivers have no symbol.
     fn le_present(&self) -> DriverResult<()> {
-        if self.config.has_logical_endpoints() {
+        if self.config().has_logical_endpoints() {
             Ok(())
         } else {
             Err(Code::NOT_SUPPORTED)
@@ -58,7 +59,7 @@ impl World {
         if count == 0 {
             return violate(self, "R1.3", Code::INVALID_VALUE);
         }
-        let max = self.config.max_ids as u64;
+        let max = self.config().max_ids as u64;
         let p = &mut self.procs[pid];
         if p.ids.len() as u64 + count as u64 > max {
             return Err(Code::OUT_OF_MEMORY);
@@ -114,7 +115,7 @@ impl World {
                 if num_devices == 0 {
                     return violate(self, "R2.2", Code::INVALID_VALUE);
                 }
-                let devs = &self.config.devices;
+                let devs = &self.config().devices;
                 if devs.is_empty() || !devs.iter().any(|d| d.multicast) {
                     return Err(Code::NOT_SUPPORTED);
                 }
@@ -151,7 +152,7 @@ impl World {
         if props.counted_ops {
             let ok = match props.shape {
                 Shape::Unicast { owner } => self.device(owner).is_some_and(|d| d.counted_ops),
-                Shape::Multicast { .. } => self.config.devices.iter().all(|d| d.counted_ops),
+                Shape::Multicast { .. } => self.config().devices.iter().all(|d| d.counted_ops),
             };
             if !ok {
                 return violate(self, "R2.4", Code::NOT_SUPPORTED);
@@ -162,17 +163,20 @@ impl World {
             handle,
             EndpointObj {
                 props,
+                node: self.node,
                 enrolled: Vec::new(),
-                queries_left: self.config.queries_to_ready,
+                queries_left: self.config().queries_to_ready,
                 refs: 1,
                 bindings: Vec::new(),
                 bind_alignment: limits.bind_alignment,
             },
         );
+        let attach = self.attachment();
         let slot = self.procs[pid].ids.entry(id).or_default();
         slot.obj = Some(handle);
         slot.imported = false;
         slot.reported_ready = false;
+        slot.attach = attach;
         Ok(())
     }
 
@@ -190,22 +194,45 @@ impl World {
         let Some(clique) = self.device(dev).map(|d| d.clique) else {
             return violate(self, "R4", Code::INVALID_DEVICE);
         };
+        let node = self.node;
         let obj = &self.objects[&o];
         let Shape::Multicast { num_devices } = obj.props.shape else {
             return violate(self, "R4.1", Code::INVALID_VALUE);
         };
-        if obj.enrolled.contains(&dev) || obj.enrolled.len() as u32 >= num_devices {
-            return violate(self, "R4.2", Code::INVALID_VALUE);
+        let attach = self.procs[pid].ids.get(&id).map_or(0, |s| s.attach);
+        let mine = |e: &&Enrolled| e.attach == attach;
+        let here = obj
+            .enrolled
+            .iter()
+            .find(|e| e.node == node && e.dev == dev)
+            .copied();
+        let by_me = obj.enrolled.iter().filter(mine).count() as u32;
+        let total = obj.enrolled.len() as u32;
+        match here {
+            Some(e) if e.attach == attach => return violate(self, "R4.2", Code::INVALID_VALUE),
+            // R12.5 (model's choice): enrolled by another process (or an
+            // earlier attachment), or the team filled up by others: only the
+            // driver can know.
+            Some(_) => return Err(Code::INVALID_VALUE),
+            None if by_me >= num_devices => return violate(self, "R4.2", Code::INVALID_VALUE),
+            None if total >= num_devices => return Err(Code::INVALID_VALUE),
+            None => {}
         }
         let first = obj.enrolled.first().copied();
-        if self.config.driver_version >= 13040
+        if self.config().driver_version >= 13040
             && let Some(first) = first
-            && self.device(first).map(|d| d.clique) != Some(clique)
+            && self.device_on(first.node, first.dev).map(|d| d.clique) != Some(clique)
         {
-            return violate(self, "R4.5", Code::INVALID_DEVICE);
+            // The crate can read both cliques only when it enrolled the
+            // first device itself; another process's device is the
+            // driver's knowledge (R12.5).
+            if first.attach == attach {
+                return violate(self, "R4.5", Code::INVALID_DEVICE);
+            }
+            return Err(Code::INVALID_DEVICE);
         }
         if let Some(obj) = self.objects.get_mut(&o) {
-            obj.enrolled.push(dev);
+            obj.enrolled.push(Enrolled { node, dev, attach });
         }
         Ok(())
     }
@@ -279,9 +306,10 @@ impl World {
         if imported && matches!(props.shape, Shape::Unicast { .. }) {
             return violate(self, "R5.7", Code::NOT_SUPPORTED);
         }
+        let node = self.node;
         let member = match props.shape {
-            Shape::Unicast { owner } => owner == dev,
-            Shape::Multicast { .. } => obj.enrolled.contains(&dev),
+            Shape::Unicast { owner } => owner == dev && obj.node == node,
+            Shape::Multicast { .. } => obj.enrolled.iter().any(|e| e.node == node && e.dev == dev),
         };
         if !member {
             return violate(self, "R5.2", Code::INVALID_DEVICE);
@@ -317,10 +345,11 @@ impl World {
             return violate(self, "R5.4", Code::INVALID_VALUE);
         }
         let host_numa = self.device(dev).map(|d| d.host_numa_id);
-        let on_dev = match a.location {
-            Location::Device(d) => d == dev,
-            Location::HostNuma(n) => Some(n) == host_numa,
-        };
+        let on_dev = a.node == self.node
+            && match a.location {
+                Location::Device(d) => d == dev,
+                Location::HostNuma(n) => Some(n) == host_numa,
+            };
         if !on_dev {
             return violate(self, "R5.5", Code::INVALID_DEVICE);
         }
@@ -471,8 +500,9 @@ impl World {
         o.copy_from_slice(&d[16..24]);
         let o = u64::from_le_bytes(o);
         let Some(obj) = self.objects.get_mut(&o) else {
-            // The exporter destroyed it before this import.
-            return violate(self, "R9", Code::INVALID_VALUE);
+            // Every reference was dropped before this import (R12.3): only
+            // the driver knows, so no rule of the caller's is broken (R12.5).
+            return Err(Code::INVALID_VALUE);
         };
         if !obj.props.exportable() {
             // Well-formed bytes naming an endpoint that was never exportable:
@@ -480,10 +510,12 @@ impl World {
             return violate(self, "R9.4", Code::INVALID_VALUE);
         }
         obj.refs += 1;
+        let attach = self.attachment();
         let slot = self.procs[pid].ids.entry(id).or_default();
         slot.obj = Some(o);
         slot.imported = true;
         slot.reported_ready = false;
+        slot.attach = attach;
         Ok(())
     }
 

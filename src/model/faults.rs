@@ -49,6 +49,7 @@ pub fn is_teardown(call: Call) -> bool {
 /// One planned failure: matching calls number `nth .. nth + times` (1-based,
 /// counted from installation) fail with `code`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Fault {
     /// The entry point it applies to; `None` for any call.
     pub call: Option<Call>,
@@ -172,6 +173,7 @@ pub fn allowed_codes(call: Call) -> &'static [Code] {
 
 /// Which calls random faults apply to.
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 enum Filter {
     /// Only these (all, if empty).
     Only(Vec<Call>),
@@ -190,6 +192,7 @@ impl Filter {
 
 /// Random faults: xorshift64 state, probability in 1/65536, which calls.
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 struct Random {
     state: u64,
     p: u32,
@@ -198,6 +201,7 @@ struct Random {
 
 /// The faults in force for one node.
 #[derive(Clone, Debug, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct FaultPlan {
     planned: Vec<Fault>,
     random: Option<Random>,

@@ -18,7 +18,7 @@ impl World {
         let dev = match req.location {
             Location::Device(d) => self.device(d).cloned(),
             Location::HostNuma(n) => self
-                .config
+                .config()
                 .devices
                 .iter()
                 .find(|d| d.host_numa_id == n)
@@ -56,7 +56,7 @@ impl World {
         if req.handle_types & !known != 0 {
             return violate(self, "cuMemCreate handle types", Code::INVALID_VALUE);
         }
-        if req.handle_types & handle_bits::FABRIC != 0 && !self.config.fabric_memory_permitted {
+        if req.handle_types & handle_bits::FABRIC != 0 && !self.config().fabric_memory_permitted {
             // As on the H200 test machine without a fabric daemon.
             return Err(Code::NOT_PERMITTED);
         }
@@ -71,6 +71,8 @@ impl World {
             h,
             Alloc {
                 pid,
+                node: self.node,
+                imported: false,
                 location: req.location,
                 handle_types: req.handle_types,
                 size,
@@ -78,14 +80,14 @@ impl World {
                 users: 0,
                 // Materialised on the first write: zeroing megabytes per
                 // allocation dominated long runs that never write.
-                data: Vec::new(),
+                data: Default::default(),
             },
         );
         Ok(h)
     }
 
     pub fn mem_release(&mut self, pid: usize, handle: u64) -> DriverResult<()> {
-        if self.mcs.get(&handle).is_some_and(|m| m.pid == pid) {
+        if self.mc_handles.get(&handle).is_some_and(|h| h.0 == pid) {
             return self.mc_release(handle);
         }
         // R7.2: memory bound to an endpoint (or a classic multicast object)
@@ -106,6 +108,7 @@ impl World {
                 a.released = true;
                 if a.users == 0 {
                     self.allocs.remove(&handle);
+                    self.drop_exports(super::state::Shared::Alloc(handle));
                 }
                 Ok(())
             }
@@ -256,13 +259,14 @@ impl World {
 
     pub fn write(&mut self, pid: usize, ptr: u64, bytes: &[u8]) -> DriverResult<()> {
         let (alloc, off) = self.backing(pid, ptr, bytes.len())?;
-        if let Some(a) = self.allocs.get_mut(&alloc) {
-            if a.data.is_empty() {
-                a.data.resize(a.size.min(BACKED) as usize, 0);
+        if let Some(a) = self.allocs.get(&alloc) {
+            let mut data = a.data.lock().unwrap_or_else(|e| e.into_inner());
+            if data.is_empty() {
+                data.resize(a.size.min(BACKED) as usize, 0);
             }
-            let n = a.data.len().saturating_sub(off).min(bytes.len());
+            let n = data.len().saturating_sub(off).min(bytes.len());
             if n > 0 {
-                a.data[off..off + n].copy_from_slice(&bytes[..n]);
+                data[off..off + n].copy_from_slice(&bytes[..n]);
             }
         }
         Ok(())
@@ -272,9 +276,10 @@ impl World {
         let (alloc, off) = self.backing(pid, ptr, len)?;
         let mut out = vec![0; len];
         if let Some(a) = self.allocs.get(&alloc) {
-            let n = a.data.len().saturating_sub(off).min(len);
+            let data = a.data.lock().unwrap_or_else(|e| e.into_inner());
+            let n = data.len().saturating_sub(off).min(len);
             if n > 0 {
-                out[..n].copy_from_slice(&a.data[off..off + n]);
+                out[..n].copy_from_slice(&data[off..off + n]);
             }
         }
         Ok(out)

@@ -5,17 +5,22 @@
 //!
 //! Available with the crate feature `model` (on by default).
 //!
-//! One [`Model`] value is one process on one simulated node; values made with
-//! [`Model::new`] share nothing, so parallel tests never see each other.
-//! [`Model::spawn_process`] adds another process on the same node (same
-//! fabric), for export/import between ranks. Everything lives behind one
-//! mutex: the model is thread-safe and simple, not fast.
+//! One [`Model`] value is one process of a simulated fabric: one or more
+//! nodes ([`FabricConfig`]), each with its devices. Values made with
+//! [`Model::new`] (one node) or [`Model::fabric`] share nothing, so parallel
+//! tests never see each other. [`Model::spawn_process`] and
+//! [`Model::spawn_process_on`] add processes to the same fabric, for
+//! export/import between ranks; [`Model::exit`] ends one as the driver does
+//! at process exit (R12.2). Separate OS processes share one fabric through
+//! the fabric server (feature `fabric`). Everything lives behind one mutex:
+//! the model is thread-safe and simple, not fast.
 //!
 //! What the model owns:
 //! - [`config`]: simulated devices and their attributes;
 //! - [`state`]: the tables (ids, endpoint objects, allocations, mappings,
 //!   classic multicast objects) and the leak counters ([`Live`]);
 //! - [`faults`]: failing any call on demand;
+//! - `process`: processes joining and exiting, shareable handles (R12);
 //! - `endpoints`, `memory`, `classic`: the rules, one file per API family.
 //!
 //! Every rule violation that reaches the model is also logged as a
@@ -27,12 +32,14 @@ pub mod config;
 mod endpoints;
 pub mod faults;
 mod memory;
+mod process;
 pub mod state;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub use config::{ModelConfig, SimDevice};
+pub use config::{FabricConfig, ModelConfig, SimDevice};
 pub use faults::{Fault, FaultPlan};
+pub use process::{FabricLive, ShareableKind};
 pub use state::{Live, Violation};
 
 use crate::driver::{
@@ -58,20 +65,31 @@ impl std::fmt::Debug for Model {
 impl Model {
     /// A new node with one process on it.
     pub fn new(config: ModelConfig) -> Model {
+        Model::fabric(FabricConfig::single(config))
+    }
+
+    /// A new fabric, and its first process (on node 0).
+    pub fn fabric(config: FabricConfig) -> Model {
+        let mut world = World::new(config.nodes);
+        world.imex_default = config.imex_channel;
+        let pid = world.add_process_on(0, config.imex_channel).unwrap_or(0);
         Model {
-            world: Arc::new(Mutex::new(World::new(config))),
-            pid: 0,
+            world: Arc::new(Mutex::new(world)),
+            pid,
         }
     }
 
     /// Another process on the same node: it shares devices, exported
     /// endpoints and the fabric, but has its own ids (for R8/R9 tests).
     pub fn spawn_process(&self) -> Model {
-        let pid = self.lock().add_process();
-        Model {
-            world: self.world.clone(),
-            pid,
-        }
+        let node = self.node();
+        self.spawn_process_on(node).unwrap_or_else(|| self.clone())
+    }
+
+    /// Another process on `node` of this fabric; `None` when the fabric has
+    /// no such node. It gets an IMEX channel as [`FabricConfig::imex_channel`] says.
+    pub fn spawn_process_on(&self, node: usize) -> Option<Model> {
+        self.join_process(node, None)
     }
 
     /// This process's number on the node (0 for the first).
@@ -85,9 +103,12 @@ impl Model {
         self.lock().live(self.pid)
     }
 
-    /// What the whole node still holds, over every process.
+    /// What the whole node still holds, over every process of this
+    /// process's node.
     pub fn live_node(&self) -> Live {
-        self.lock().live_all()
+        let w = self.lock();
+        let node = w.procs.get(self.pid).map_or(0, |p| p.node);
+        w.live_on(node)
     }
 
     /// Every rule violation that reached the model so far, in order.
@@ -122,9 +143,12 @@ impl Model {
         self.lock().faults.clone()
     }
 
-    /// Whether this process may import fabric handles (R9.1); default `true`.
+    /// Whether this process has an IMEX channel, without which fabric
+    /// handles do not import (R9.1, R12.4); default [`FabricConfig::imex_channel`].
     pub fn set_fabric_access(&self, allowed: bool) {
-        self.lock().procs[self.pid].fabric_access = allowed;
+        if let Some(p) = self.lock().procs.get_mut(self.pid) {
+            p.fabric_access = allowed;
+        }
     }
 
     /// Writes `bytes` at device address `ptr` of a mapped allocation, as a
@@ -145,12 +169,17 @@ impl Model {
     }
 
     /// Runs `f` on the world after counting the call and firing faults.
+    /// A process that exited makes no calls (`DEINITIALIZED`).
     fn enter<T>(
         &self,
         call: Call,
         f: impl FnOnce(&mut World, usize) -> DriverResult<T>,
     ) -> DriverResult<T> {
         let mut w = self.lock();
+        w.node = w.procs.get(self.pid).map_or(0, |p| p.node);
+        if !w.running(self.pid) {
+            return Err(Code::DEINITIALIZED);
+        }
         w.count(call);
         if let Some(code) = w.faults.check(call) {
             return Err(code);
@@ -166,11 +195,11 @@ impl Driver for Model {
     }
 
     unsafe fn driver_version(&self) -> DriverResult<i32> {
-        self.enter(Call::DriverGetVersion, |w, _| Ok(w.config.driver_version))
+        self.enter(Call::DriverGetVersion, |w, _| Ok(w.config().driver_version))
     }
     unsafe fn device_count(&self) -> DriverResult<i32> {
         self.enter(Call::DeviceGetCount, |w, _| {
-            Ok(w.config.devices.len() as i32)
+            Ok(w.config().devices.len() as i32)
         })
     }
     unsafe fn device_attribute(&self, dev: Device, attr: i32) -> DriverResult<i32> {
@@ -184,8 +213,9 @@ impl Driver for Model {
     /// Not counted in [`Model::calls`] (a query the typed API makes only
     /// while probing).
     unsafe fn device_clique(&self, dev: Device) -> DriverResult<u32> {
-        let w = self.lock();
-        if w.config.driver_version < 13040 {
+        let mut w = self.lock();
+        w.node = w.procs.get(self.pid).map_or(0, |p| p.node);
+        if w.config().driver_version < 13040 {
             return Err(Code::NOT_SUPPORTED);
         }
         w.device(dev).map(|d| d.clique).ok_or(Code::INVALID_DEVICE)

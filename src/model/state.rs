@@ -1,7 +1,10 @@
-//! The model's tables and leak counters. The rules that change them live in
-//! `endpoints.rs`, `memory.rs` and `classic.rs`.
+//! The model's tables and leak counters: one simulated fabric of one or more
+//! nodes, each with its devices and processes. The rules that change the
+//! tables live in `endpoints.rs`, `memory.rs` and `classic.rs`; processes
+//! joining and exiting (R12) in `process.rs`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use super::config::ModelConfig;
 use super::faults::FaultPlan;
@@ -11,6 +14,7 @@ use crate::driver::{Call, Code, Device, Location};
 /// What one process (or the whole node) still holds. All zero once every
 /// owner has been dropped: that is the "nothing leaked" check.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Live {
     /// Reserved logical-endpoint ids (R1).
     pub ids: u64,
@@ -65,11 +69,25 @@ pub(crate) struct Bound {
     pub alloc: u64,
 }
 
+/// One device enrolled in a multicast team (R4): devices are named by
+/// ordinal *on their node*, so the node is part of the name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Enrolled {
+    pub node: usize,
+    pub dev: Device,
+    /// The attachment (create or import, [`Slot::attach`]) that enrolled
+    /// it: what another attachment enrolled — another process's, or an
+    /// earlier import of this one's — only the driver knows (R12.5).
+    pub attach: u64,
+}
+
 /// A logical endpoint object; several processes may hold references (R7, R9).
 #[derive(Debug)]
 pub(crate) struct EndpointObj {
     pub props: EndpointProps,
-    pub enrolled: Vec<Device>,
+    /// The creator's node: a unicast owner device is a device of this node.
+    pub node: usize,
+    pub enrolled: Vec<Enrolled>,
     /// Queries still answering "pending" once the team is complete.
     pub queries_left: u32,
     pub refs: u32,
@@ -85,21 +103,32 @@ pub(crate) struct Slot {
     pub imported: bool,
     /// A query reported the endpoint constructed (R3.1).
     pub reported_ready: bool,
+    /// Which attachment of the endpoint this is (fresh per create or import).
+    pub attach: u64,
 }
 
 #[derive(Debug)]
 pub(crate) struct Proc {
     pub ids: BTreeMap<u32, Slot>,
     pub next_id: u32,
+    /// The node this process runs on.
+    pub node: usize,
+    /// Whether the process has an IMEX channel: fabric handles import only
+    /// with one (R9.1, R12.4).
     pub fabric_access: bool,
+    /// The process exited (or was killed): the driver cleaned up after it
+    /// (R12.2) and it makes no more calls.
+    pub exited: bool,
 }
 
 impl Proc {
-    fn new() -> Proc {
+    pub fn new(node: usize, fabric_access: bool) -> Proc {
         Proc {
             ids: BTreeMap::new(),
             next_id: 1,
-            fabric_access: true,
+            node,
+            fabric_access,
+            exited: false,
         }
     }
 }
@@ -109,12 +138,18 @@ impl Proc {
 #[derive(Debug)]
 pub(crate) struct Alloc {
     pub pid: usize,
+    /// The node whose memory this is (of the exporter, for an imported one).
+    pub node: usize,
+    /// Imported through a shareable handle: the memory is counted once, at
+    /// its exporter.
+    pub imported: bool,
     pub location: Location,
     pub handle_types: u32,
     pub size: u64,
     pub released: bool,
     pub users: u32,
-    pub data: Vec<u8>,
+    /// The bytes, shared with every process that imported this memory.
+    pub data: Arc<Mutex<Vec<u8>>>,
 }
 
 #[derive(Debug)]
@@ -133,29 +168,65 @@ pub(crate) struct VaRange {
     pub maps: BTreeMap<u64, Mapping>,
 }
 
-/// A classic multicast object (C1).
+/// A classic multicast object (C1), keyed by its creator's handle; other
+/// processes hold it through imported handles (C5).
 #[derive(Debug)]
 pub(crate) struct McObj {
-    pub pid: usize,
+    /// Shareable handle types it was created with (bits of `handle_bits`).
+    pub handle_types: u64,
     pub num_devices: u32,
     pub size: u64,
     pub granularity: u64,
-    pub devices: Vec<Device>,
+    /// Team devices as (node, ordinal).
+    pub devices: Vec<(usize, Device)>,
     pub bindings: Vec<Bound>,
+    /// Handles that refer to it (the creator's and every importer's); the
+    /// object is freed with the last.
+    pub holders: u32,
 }
 
-/// The whole simulated node.
+/// What a shareable handle (`cuMemExportToShareableHandle`) refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shared {
+    /// A VMM allocation, by the exporter's handle.
+    Alloc(u64),
+    /// A classic multicast object, by its key in `World::mcs`.
+    Multicast(u64),
+}
+
+/// An exported shareable handle (C5): a POSIX file descriptor or a fabric
+/// handle, modelled as a token.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Export {
+    pub pid: usize,
+    pub node: usize,
+    pub fabric: bool,
+    pub what: Shared,
+}
+
+/// The whole simulated fabric.
 #[derive(Debug)]
 pub(crate) struct World {
-    pub config: ModelConfig,
+    /// Every node's configuration, node number = index; never empty.
+    pub nodes: Vec<ModelConfig>,
+    /// The node of the process whose call runs now (set on entry).
+    pub node: usize,
+    /// Whether a process that joins gets an IMEX channel unless told.
+    pub imex_default: bool,
     pub procs: Vec<Proc>,
     pub objects: HashMap<u64, EndpointObj>,
     pub allocs: HashMap<u64, Alloc>,
     pub vas: BTreeMap<u64, VaRange>,
     pub mcs: HashMap<u64, McObj>,
+    /// Every process's multicast handle: (holder, object key).
+    pub mc_handles: HashMap<u64, (usize, u64)>,
+    /// Live shareable handles, by token (C5, R12.4).
+    pub exports: HashMap<u64, Export>,
     pub next_handle: u64,
+    /// The next [`Slot::attach`] (its own counter: handle numbers stay dense).
+    pub next_attach: u64,
     pub next_va: u64,
-    /// Distinguishes handles of this node from any other node's.
+    /// Distinguishes handles of this fabric from any other fabric's.
     pub node_tag: u64,
     pub violations: Vec<Violation>,
     pub calls: HashMap<Call, u64>,
@@ -165,17 +236,27 @@ pub(crate) struct World {
 }
 
 impl World {
-    pub fn new(config: ModelConfig) -> World {
+    /// A fabric of `nodes` (at least one: an empty list becomes one default
+    /// node) with no process yet.
+    pub fn new(mut nodes: Vec<ModelConfig>) -> World {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NODES: AtomicU64 = AtomicU64::new(1);
+        if nodes.is_empty() {
+            nodes.push(ModelConfig::default());
+        }
         World {
-            config,
-            procs: vec![Proc::new()],
+            nodes,
+            node: 0,
+            imex_default: true,
+            procs: Vec::new(),
             objects: HashMap::new(),
             allocs: HashMap::new(),
             vas: BTreeMap::new(),
             mcs: HashMap::new(),
+            mc_handles: HashMap::new(),
+            exports: HashMap::new(),
             next_handle: 1,
+            next_attach: 1,
             next_va: 0x7f00_0000_0000,
             node_tag: NODES.fetch_add(1, Ordering::Relaxed),
             violations: Vec::new(),
@@ -186,9 +267,11 @@ impl World {
         }
     }
 
-    pub fn add_process(&mut self) -> usize {
-        self.procs.push(Proc::new());
-        self.procs.len() - 1
+    /// The configuration of the node whose process is calling.
+    pub fn config(&self) -> &ModelConfig {
+        // `node` is only ever set from a process's node, checked when the
+        // process joined; node 0 always exists.
+        self.nodes.get(self.node).unwrap_or(&self.nodes[0])
     }
 
     pub fn count(&mut self, call: Call) {
@@ -199,17 +282,30 @@ impl World {
         }
     }
 
+    /// A fresh attachment number ([`Slot::attach`]).
+    pub fn attachment(&mut self) -> u64 {
+        let a = self.next_attach;
+        self.next_attach = self.next_attach.wrapping_add(1);
+        a
+    }
+
     pub fn handle(&mut self) -> u64 {
         let h = self.next_handle;
         self.next_handle += 1;
         h
     }
 
-    /// The device if it exists.
+    /// The device of the calling process's node, if it exists.
     pub fn device(&self, dev: Device) -> Option<&super::SimDevice> {
+        self.device_on(self.node, dev)
+    }
+
+    /// The device `dev` of `node`, if it exists.
+    pub fn device_on(&self, node: usize, dev: Device) -> Option<&super::SimDevice> {
+        let config = self.nodes.get(node)?;
         usize::try_from(dev.0)
             .ok()
-            .and_then(|i| self.config.devices.get(i))
+            .and_then(|i| config.devices.get(i))
     }
 
     pub fn live(&self, pid: usize) -> Live {
@@ -229,7 +325,7 @@ impl World {
         let vas = self.vas.values().filter(|v| v.pid == pid);
         l.address_ranges = vas.clone().count() as u64;
         l.mappings = vas.map(|v| v.maps.len() as u64).sum();
-        l.multicast_objects = self.mcs.values().filter(|m| m.pid == pid).count() as u64;
+        l.multicast_objects = self.mc_handles.values().filter(|h| h.0 == pid).count() as u64;
         l
     }
 
@@ -255,6 +351,7 @@ impl World {
             a.users = a.users.saturating_sub(1);
             if a.released && a.users == 0 {
                 self.allocs.remove(&handle);
+                self.drop_exports(Shared::Alloc(handle));
             }
         }
     }

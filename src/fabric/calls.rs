@@ -1,0 +1,75 @@
+//! The driver calls on the wire, generated from the boundary's one table
+//! ([`for_each_driver_call!`](crate::for_each_driver_call)): the request
+//! enum [`WireCall`], the client's [`Driver`] implementation
+//! ([`super::Remote`]) and the server's dispatch. A row added to the table
+//! crosses the wire with no change here.
+
+use serde::{Deserialize, Serialize};
+
+#[allow(unused_imports)]
+use crate::driver::{
+    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
+    Granularity, Limits,
+};
+
+macro_rules! wire_calls {
+    ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+        safety $safety:literal
+        fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        /// One driver call with its arguments, as a client sends it.
+        #[derive(Clone, Debug, Serialize, Deserialize)]
+        pub enum WireCall {
+            $(
+                #[doc = concat!("`", $cname, "`.")]
+                $variant {
+                    $(
+                        #[allow(missing_docs)]
+                        $arg: $ty,
+                    )*
+                },
+            )*
+        }
+
+        impl WireCall {
+            /// The entry point.
+            pub fn call(&self) -> Call {
+                match self {
+                    $(WireCall::$variant { .. } => Call::$variant,)*
+                }
+            }
+        }
+
+        /// Makes `call` on `driver` (a process of the server's world) and
+        /// encodes the return value.
+        pub(super) fn dispatch(driver: &dyn Driver, call: WireCall) -> Result<Vec<u8>, Code> {
+            match call {
+                $(
+                    WireCall::$variant { $($arg),* } => {
+                        // SAFETY: the driver is the model's process for
+                        // this connection, which no typed object of this
+                        // (server) process uses: the ids, handles and
+                        // bindings named are the remote process's own, and
+                        // the model checks every rule of the contract.
+                        let value: $ret = unsafe { driver.$method($($arg),*) }?;
+                        postcard::to_stdvec(&value).map_err(|_| Code::UNKNOWN)
+                    }
+                )*
+            }
+        }
+
+        impl Driver for super::Remote {
+            fn name(&self) -> String {
+                "fabric".into()
+            }
+
+            $(
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
+                    self.call(WireCall::$variant { $($arg),* })
+                }
+            )*
+        }
+    };
+}
+
+crate::for_each_driver_call!(wire_calls);

@@ -1,0 +1,346 @@
+//! The client side: [`Remote`], a [`Driver`](crate::driver::Driver) whose
+//! every call goes to the fabric server, and [`Process`], this process's
+//! handle on the fabric for inspection (leak counters, violations, device
+//! memory, faults). Both share one connection; when the last of them is
+//! dropped the connection closes, which is this process's exit on the
+//! fabric (SPEC R12.2).
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde::de::DeserializeOwned;
+
+use super::FabricError;
+use super::calls::WireCall;
+use super::join::Join;
+use super::wire::{self, FrameError, PROTOCOL, Reply, Request, Welcome, WireViolation};
+use crate::context::Context;
+use crate::driver::{Code, Device, DriverResult};
+use crate::model::{FabricLive, FaultPlan, Live, ShareableKind};
+
+/// A driver backend that is one process of a fabric server's model: the
+/// driver calls of the boundary's table, sent over the connection. Made by
+/// [`connect`]; name `"fabric"`.
+///
+/// A lost connection (the server gone, or an answer later than
+/// [`Join::timeout`]) is reported once through `tracing` and every call
+/// after it answers `CUDA_ERROR_DEINITIALIZED`.
+pub struct Remote {
+    stream: Mutex<Option<UnixStream>>,
+    welcome: Welcome,
+    socket: PathBuf,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Remote(process {} on node {} of {})",
+            self.welcome.pid,
+            self.welcome.node,
+            self.socket.display()
+        )
+    }
+}
+
+impl Remote {
+    fn open(join: &Join) -> Result<Remote, FabricError> {
+        let stream = UnixStream::connect(&join.socket).map_err(|source| FabricError::Connect {
+            socket: join.socket.clone(),
+            source,
+        })?;
+        let timeout = Some(join.timeout).filter(|t| !t.is_zero());
+        let io = |source| FabricError::Connect {
+            socket: join.socket.clone(),
+            source,
+        };
+        stream.set_read_timeout(timeout).map_err(io)?;
+        stream.set_write_timeout(timeout).map_err(io)?;
+        let mut s = &stream;
+        let hello = Request::Hello {
+            protocol: PROTOCOL,
+            node: join.node,
+            rank: join.rank,
+            imex_channel: join.imex_channel,
+            os_pid: std::process::id(),
+        };
+        wire::send(&mut s, &hello).map_err(FabricError::Protocol)?;
+        match wire::recv::<Reply>(&mut s).map_err(FabricError::Protocol)? {
+            Reply::Welcome(welcome) => Ok(Remote {
+                stream: Mutex::new(Some(stream)),
+                welcome,
+                socket: join.socket.clone(),
+            }),
+            Reply::Refused(reason) => Err(FabricError::Refused { reason }),
+            other => Err(FabricError::Unexpected {
+                request: "hello",
+                reply: format!("{other:?}"),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<UnixStream>> {
+        // The stream is either whole or taken; a panic cannot tear it.
+        self.stream.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One request, one reply. A transport or protocol failure closes the
+    /// connection for good: a reply lost half-way would desynchronise it.
+    fn request(&self, req: &Request) -> Result<Reply, FrameError> {
+        let mut guard = self.lock();
+        let Some(stream) = guard.as_ref() else {
+            return Err(FrameError::Closed);
+        };
+        let mut s = stream;
+        let r = wire::send(&mut s, req).and_then(|()| wire::recv::<Reply>(&mut s));
+        if let Err(e) = &r {
+            tracing::error!(socket = %self.socket.display(), error = %e, "fabric connection lost");
+            *guard = None;
+        }
+        r
+    }
+
+    /// A driver call of the table.
+    pub(super) fn call<T: DeserializeOwned>(&self, call: WireCall) -> DriverResult<T> {
+        match self.request(&Request::Call(call)) {
+            Ok(Reply::Call(Ok(bytes))) => postcard::from_bytes(&bytes).map_err(|e| {
+                tracing::error!(error = %e, "undecodable answer from the fabric");
+                Code::UNKNOWN
+            }),
+            Ok(Reply::Call(Err(code))) => Err(code),
+            Ok(other) => {
+                tracing::error!(reply = ?other, "unexpected answer from the fabric");
+                Err(Code::UNKNOWN)
+            }
+            // The fabric (this process's driver) is gone.
+            Err(_) => Err(Code::DEINITIALIZED),
+        }
+    }
+
+    fn ask(&self, what: &'static str, req: &Request) -> Result<Reply, FabricError> {
+        match self.request(req) {
+            Ok(Reply::Refused(reason)) => Err(FabricError::Refused { reason }),
+            Ok(r) => Ok(r),
+            Err(e) => Err(FabricError::Lost {
+                request: what,
+                detail: e.to_string(),
+            }),
+        }
+    }
+}
+
+/// This process's handle on the fabric it joined: where it runs, and what
+/// the tests look at (leak counters, violations, device memory, faults).
+/// Cheap to clone; shares the connection with the [`Context`] that
+/// [`connect`] returned.
+#[derive(Clone, Debug)]
+pub struct Process {
+    remote: Arc<Remote>,
+}
+
+fn unexpected(request: &'static str, reply: Reply) -> FabricError {
+    FabricError::Unexpected {
+        request,
+        reply: format!("{reply:?}"),
+    }
+}
+
+impl Process {
+    /// This process's number on the fabric.
+    pub fn pid(&self) -> u64 {
+        self.remote.welcome.pid
+    }
+
+    /// The node it runs on.
+    pub fn node(&self) -> u32 {
+        self.remote.welcome.node
+    }
+
+    /// How many nodes the fabric has.
+    pub fn nodes(&self) -> u32 {
+        self.remote.welcome.nodes
+    }
+
+    /// How many devices its node has.
+    pub fn devices(&self) -> u32 {
+        self.remote.welcome.devices
+    }
+
+    /// The device a process placed by rank uses: its rank's index on the
+    /// node. `None` when it was not placed by rank.
+    pub fn device(&self) -> Option<Device> {
+        self.remote.welcome.device
+    }
+
+    /// Whether it had an IMEX channel when it joined.
+    pub fn imex_channel(&self) -> bool {
+        self.remote.welcome.imex_channel
+    }
+
+    /// The fabric's socket.
+    pub fn socket(&self) -> &Path {
+        &self.remote.socket
+    }
+
+    /// What this process still holds on the fabric.
+    ///
+    /// # Errors
+    /// [`FabricError::Lost`] when the fabric is gone.
+    pub fn live(&self) -> Result<Live, FabricError> {
+        match self.remote.ask("live", &Request::Live)? {
+            Reply::Live(l) => Ok(l),
+            r => Err(unexpected("live", r)),
+        }
+    }
+
+    /// What the whole fabric holds.
+    ///
+    /// # Errors
+    /// As [`Process::live`].
+    pub fn live_fabric(&self) -> Result<FabricLive, FabricError> {
+        match self.remote.ask("live_fabric", &Request::LiveFabric)? {
+            Reply::LiveFabric(l) => Ok(l),
+            r => Err(unexpected("live_fabric", r)),
+        }
+    }
+
+    /// Every rule violation on the fabric so far (all processes).
+    ///
+    /// # Errors
+    /// As [`Process::live`].
+    pub fn violations(&self) -> Result<Vec<WireViolation>, FabricError> {
+        match self.remote.ask("violations", &Request::Violations)? {
+            Reply::Violations(v) => Ok(v),
+            r => Err(unexpected("violations", r)),
+        }
+    }
+
+    /// Reads `len` bytes of device memory mapped in this process at `ptr`.
+    ///
+    /// # Errors
+    /// [`FabricError::Driver`] with the model's code (`ILLEGAL_ADDRESS` for
+    /// memory not mapped with access); [`FabricError::TooLarge`] past
+    /// [`wire::MAX_MEMORY_IO`].
+    pub fn read(&self, ptr: u64, len: usize) -> Result<Vec<u8>, FabricError> {
+        let len = u32::try_from(len)
+            .ok()
+            .filter(|&l| l as usize <= wire::MAX_MEMORY_IO)
+            .ok_or(FabricError::TooLarge {
+                len,
+                max: wire::MAX_MEMORY_IO,
+            })?;
+        match self.remote.ask("read", &Request::Read { ptr, len })? {
+            Reply::Bytes(r) => r.map_err(|code| FabricError::Driver {
+                request: "read",
+                code,
+            }),
+            r => Err(unexpected("read", r)),
+        }
+    }
+
+    /// Writes `bytes` to device memory mapped in this process at `ptr`.
+    ///
+    /// # Errors
+    /// As [`Process::read`].
+    pub fn write(&self, ptr: u64, bytes: &[u8]) -> Result<(), FabricError> {
+        if bytes.len() > wire::MAX_MEMORY_IO {
+            return Err(FabricError::TooLarge {
+                len: bytes.len(),
+                max: wire::MAX_MEMORY_IO,
+            });
+        }
+        let req = Request::Write {
+            ptr,
+            bytes: bytes.to_vec(),
+        };
+        self.done("write", &req)
+    }
+
+    /// Replaces the fabric's fault plan (it applies to every process).
+    ///
+    /// # Errors
+    /// As [`Process::live`].
+    pub fn set_faults(&self, plan: FaultPlan) -> Result<(), FabricError> {
+        self.done("set_faults", &Request::SetFaults(plan))
+    }
+
+    /// Grants or takes this process's IMEX channel (R9.1, R12.4).
+    ///
+    /// # Errors
+    /// As [`Process::live`].
+    pub fn set_imex_channel(&self, granted: bool) -> Result<(), FabricError> {
+        self.done("set_imex_channel", &Request::SetImexChannel(granted))
+    }
+
+    /// `cuMemExportToShareableHandle` of an allocation or classic multicast
+    /// object of this process (C5): a token standing for the POSIX file
+    /// descriptor or fabric handle, to pass to another process.
+    ///
+    /// # Errors
+    /// [`FabricError::Driver`] with the model's code.
+    pub fn export_shareable(&self, handle: u64, kind: ShareableKind) -> Result<u64, FabricError> {
+        self.handle(
+            "export_shareable",
+            &Request::ExportShareable { handle, kind },
+        )
+    }
+
+    /// `cuMemImportFromShareableHandle` (C5): this process's handle on the
+    /// memory or object behind `token`.
+    ///
+    /// # Errors
+    /// [`FabricError::Driver`]: `INVALID_VALUE` for a POSIX descriptor from
+    /// another node or a closed token, `NOT_PERMITTED` for a fabric handle
+    /// without an IMEX channel (R12.4).
+    pub fn import_shareable(&self, token: u64, kind: ShareableKind) -> Result<u64, FabricError> {
+        self.handle(
+            "import_shareable",
+            &Request::ImportShareable { token, kind },
+        )
+    }
+
+    fn handle(&self, what: &'static str, req: &Request) -> Result<u64, FabricError> {
+        match self.remote.ask(what, req)? {
+            Reply::Handle(r) => r.map_err(|code| FabricError::Driver {
+                request: what,
+                code,
+            }),
+            r => Err(unexpected(what, r)),
+        }
+    }
+
+    fn done(&self, what: &'static str, req: &Request) -> Result<(), FabricError> {
+        match self.remote.ask(what, req)? {
+            Reply::Done(r) => r.map_err(|code| FabricError::Driver {
+                request: what,
+                code,
+            }),
+            r => Err(unexpected(what, r)),
+        }
+    }
+}
+
+/// Joins the fabric as a new process: a [`Context`] whose driver is that
+/// process on the fabric's model, and the [`Process`] handle.
+///
+/// # Errors
+/// [`FabricError::Connect`] when nothing listens at the socket;
+/// [`FabricError::Refused`] when the fabric has no such node or speaks
+/// another protocol version.
+pub fn connect(join: &Join) -> Result<(Context, Process), FabricError> {
+    let remote = Arc::new(Remote::open(join)?);
+    Ok((Context::from_arc(remote.clone()), Process { remote }))
+}
+
+/// Joins the fabric named by [`super::ENV_VAR`] ([`Join::from_env`]);
+/// `Ok(None)` when the variable is not set.
+///
+/// # Errors
+/// As [`connect`] and [`Join::from_env`].
+pub fn connect_env() -> Result<Option<(Context, Process)>, FabricError> {
+    match Join::from_env()? {
+        Some(join) => connect(&join).map(Some),
+        None => Ok(None),
+    }
+}

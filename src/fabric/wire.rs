@@ -1,0 +1,222 @@
+//! The wire: length-prefixed `postcard` frames, the requests a client sends
+//! and the replies the server gives. One request, one reply, in order.
+//!
+//! A frame is a little-endian `u32` length followed by that many bytes of
+//! `postcard`. Frames are bounded ([`MAX_FRAME`]) on both sides before any
+//! byte is allocated; bytes that do not decode are a protocol error that
+//! ends the connection, never a panic.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use super::calls::WireCall;
+use crate::driver::{Code, Device};
+use crate::model::{FabricLive, FaultPlan, Live, ShareableKind};
+
+/// The protocol version a client and server must agree on in [`Request::Hello`].
+pub const PROTOCOL: u32 = 1;
+
+/// The largest frame either side reads or writes, bytes.
+pub const MAX_FRAME: usize = (1 << 20) + 4096;
+
+/// The most bytes one [`Request::Read`] or [`Request::Write`] moves.
+pub const MAX_MEMORY_IO: usize = 1 << 20;
+
+/// What a client asks.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// The first request of a connection: join the fabric as a new process.
+    Hello {
+        /// [`PROTOCOL`].
+        protocol: u32,
+        /// The node to run on; `None`: from `rank`, else node 0.
+        node: Option<u32>,
+        /// The job rank, to place the process on a node (ranks fill nodes in
+        /// order, one per device).
+        rank: Option<u32>,
+        /// Whether the process has an IMEX channel; `None`: the fabric's default.
+        imex_channel: Option<bool>,
+        /// The client's OS process id, for reports.
+        os_pid: u32,
+    },
+    /// A driver call, as the boundary's table declares it.
+    Call(WireCall),
+    /// This process's leak counters.
+    Live,
+    /// The whole fabric's leak counters.
+    LiveFabric,
+    /// Every rule violation on the fabric so far.
+    Violations,
+    /// Reads device memory mapped in this process.
+    Read {
+        /// Device address.
+        ptr: u64,
+        /// Bytes, at most [`MAX_MEMORY_IO`].
+        len: u32,
+    },
+    /// Writes device memory mapped in this process.
+    Write {
+        /// Device address.
+        ptr: u64,
+        /// At most [`MAX_MEMORY_IO`] bytes.
+        bytes: Vec<u8>,
+    },
+    /// Replaces the fabric's fault plan.
+    SetFaults(FaultPlan),
+    /// Grants or takes this process's IMEX channel.
+    SetImexChannel(bool),
+    /// `cuMemExportToShareableHandle` (C5).
+    ExportShareable {
+        /// The allocation or classic multicast handle.
+        handle: u64,
+        /// The handle kind.
+        kind: ShareableKind,
+    },
+    /// `cuMemImportFromShareableHandle` (C5).
+    ImportShareable {
+        /// The token [`Request::ExportShareable`] gave.
+        token: u64,
+        /// The handle kind.
+        kind: ShareableKind,
+    },
+}
+
+/// What the fabric answered [`Request::Hello`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// This process's number on the fabric.
+    pub pid: u64,
+    /// Its node.
+    pub node: u32,
+    /// How many nodes the fabric has.
+    pub nodes: u32,
+    /// How many devices its node has.
+    pub devices: u32,
+    /// The device a rank placed by rank should use (its index on the node).
+    pub device: Option<Device>,
+    /// Whether it has an IMEX channel.
+    pub imex_channel: bool,
+}
+
+/// A rule violation as it crosses the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireViolation {
+    /// The C name of the call.
+    pub call: String,
+    /// The SPEC rule.
+    pub rule: String,
+    /// The code answered.
+    pub code: Code,
+}
+
+/// What the server answers.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    /// Answer to [`Request::Hello`].
+    Welcome(Welcome),
+    /// A driver call's result: the `postcard` bytes of the call's return
+    /// value, or the code.
+    Call(Result<Vec<u8>, Code>),
+    /// Leak counters of this process.
+    Live(Live),
+    /// Leak counters of the fabric.
+    LiveFabric(FabricLive),
+    /// Violations.
+    Violations(Vec<WireViolation>),
+    /// Bytes read, or the code.
+    Bytes(Result<Vec<u8>, Code>),
+    /// A handle or token, or the code.
+    Handle(Result<u64, Code>),
+    /// Done, or the code.
+    Done(Result<(), Code>),
+    /// The request was not understood or not allowed; the connection ends.
+    Refused(String),
+}
+
+/// Why a frame could not be read.
+#[derive(Debug)]
+pub enum FrameError {
+    /// The peer closed the connection at a frame boundary.
+    Closed,
+    /// The transport failed (including a timeout).
+    Io(io::Error),
+    /// A length above [`MAX_FRAME`].
+    TooLarge(u64),
+    /// Bytes that do not decode as the expected message.
+    Decode(postcard::Error),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Closed => f.write_str("connection closed"),
+            FrameError::Io(e) => write!(f, "transport: {e}"),
+            FrameError::TooLarge(n) => write!(f, "frame of {n} bytes, more than {MAX_FRAME}"),
+            FrameError::Decode(e) => write!(f, "undecodable frame: {e}"),
+        }
+    }
+}
+
+/// Writes `msg` as one frame.
+pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
+    let bytes = postcard::to_stdvec(msg).map_err(FrameError::Decode)?;
+    if bytes.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge(bytes.len() as u64));
+    }
+    // Checked above: the length fits a u32.
+    let len = u32::try_from(bytes.len()).map_err(|_| FrameError::TooLarge(bytes.len() as u64))?;
+    let mut frame = Vec::with_capacity(bytes.len() + 4);
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(&bytes);
+    w.write_all(&frame).map_err(FrameError::Io)?;
+    w.flush().map_err(FrameError::Io)
+}
+
+/// Reads one frame and decodes it as `T`.
+pub fn recv<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T, FrameError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(FrameError::Io(e)),
+    }
+    let len = u32::from_le_bytes(len);
+    let n = usize::try_from(len).unwrap_or(usize::MAX);
+    if n > MAX_FRAME {
+        return Err(FrameError::TooLarge(u64::from(len)));
+    }
+    let mut buf = vec![0u8; n];
+    r.read_exact(&mut buf).map_err(FrameError::Io)?;
+    postcard::from_bytes(&buf).map_err(FrameError::Decode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_bounds_hold() {
+        let mut buf = Vec::new();
+        send(&mut buf, &Request::Live).unwrap();
+        let back: Request = recv(&mut buf.as_slice()).unwrap();
+        assert!(matches!(back, Request::Live));
+        // A length past the bound is refused before allocating.
+        let huge = (u32::MAX).to_le_bytes();
+        assert!(matches!(
+            recv::<Request>(&mut huge.as_slice()),
+            Err(FrameError::TooLarge(_))
+        ));
+        // Garbage that fits is a decode error, not a panic.
+        let mut junk = 3u32.to_le_bytes().to_vec();
+        junk.extend_from_slice(&[0xff, 0xff, 0xff]);
+        assert!(matches!(
+            recv::<Request>(&mut junk.as_slice()),
+            Err(FrameError::Decode(_))
+        ));
+        assert!(matches!(
+            recv::<Request>(&mut [].as_slice()),
+            Err(FrameError::Closed)
+        ));
+    }
+}

@@ -1,0 +1,549 @@
+//! The model fabric with real OS processes (SPEC R8, R9, R12): every test
+//! starts its own fabric server, runs children (this test binary again, a
+//! role chosen by `CUDA_ENDPOINTS_TEST_ROLE`), bounds every wait, kills and
+//! reaps every child on every path, and leaves no socket behind.
+//!
+//! Children talk to the parent in lines: `@@ key value` on stdout (the
+//! parent ignores anything else, e.g. libtest's own lines), commands on
+//! stdin.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+use cuda_endpoints::fabric::{self, ENV_VAR, FabricServer, Join};
+use cuda_endpoints::model::{FabricConfig, Live, ShareableKind};
+use cuda_endpoints::{
+    Allocation, Call, Code, Context, Device, Error, Exportable, FabricHandle, Multicast, PosixFd,
+    Spec,
+};
+
+const ROLE: &str = "CUDA_ENDPOINTS_TEST_ROLE";
+const HANDLE: &str = "CUDA_ENDPOINTS_TEST_HANDLE";
+const ALIGN: u64 = 2 << 20;
+/// The longest any one step may take, in the parent and in children.
+const T: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------- harness
+
+/// A child process of this test; killed and reaped on drop, whatever happened.
+struct Kid {
+    name: &'static str,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl Kid {
+    fn spawn(name: &'static str, role: &str, join: &Join, env: &[(&str, String)]) -> Kid {
+        let exe = std::env::current_exe().expect("test binary path");
+        let mut cmd = Command::new(exe);
+        cmd.args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role)
+            .env(ENV_VAR, join.to_spec())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn child");
+        let stdout = child.stdout.take().expect("child stdout");
+        let stdin = child.stdin.take();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                // libtest may have written "test child_role ... " first.
+                if let Some(at) = line.find("@@ ")
+                    && tx.send(line[at + 3..].to_string()).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Kid {
+            name,
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// The next message that starts with `key`: its value.
+    fn expect(&self, key: &str) -> String {
+        let deadline = Instant::now() + T;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(msg) => {
+                    let (k, v) = msg.split_once(' ').unwrap_or((&msg, ""));
+                    if k == key {
+                        return v.to_string();
+                    }
+                    assert!(k != "error", "{}: {v}", self.name);
+                }
+                Err(RecvTimeoutError::Timeout) => panic!("{}: no `{key}` within {T:?}", self.name),
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("{}: exited before saying `{key}`", self.name)
+                }
+            }
+        }
+    }
+
+    fn tell(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{line}").expect("write to child");
+        stdin.flush().expect("flush to child");
+    }
+
+    /// Waits for a clean exit, at most [`T`].
+    fn finish(mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + T;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait child") {
+                assert!(status.success(), "{} failed: {status}", self.name);
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit", self.name);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill();
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
+}
+
+/// What the fabric must look like once every process left cleanly.
+fn assert_clean(server: &FabricServer) {
+    assert!(server.wait_idle(T), "processes still connected");
+    assert!(server.live().is_empty(), "fabric holds {:?}", server.live());
+    assert!(server.leaks().is_empty(), "leaks: {:?}", server.leaks());
+    assert!(
+        server.violations().is_empty(),
+        "violations: {:?}",
+        server.violations()
+    );
+}
+
+// ------------------------------------------------------------ child roles
+
+/// The entry point of every child: does nothing in a normal test run.
+#[test]
+fn child_role() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let (ctx, me) = fabric::connect_env()
+        .expect("join the fabric")
+        .expect("CUDA_ENDPOINTS_FABRIC set");
+    let mut stdin = std::io::stdin().lines().map_while(Result::ok);
+    let mut wait_for = |word: &str| {
+        for line in stdin.by_ref() {
+            if line.trim() == word {
+                return;
+            }
+        }
+        panic!("stdin closed before `{word}`");
+    };
+    let say = |k: &str, v: &str| {
+        println!("@@ {k} {v}");
+        let _ = std::io::stdout().flush();
+    };
+    let handle = || {
+        let bytes = unhex(&std::env::var(HANDLE).expect("handle in env"));
+        FabricHandle::<Multicast<Exportable>>::from_bytes(&bytes).expect("valid handle bytes")
+    };
+    match role.as_str() {
+        // Creates a team of 2 spread over processes, enrolls device 0,
+        // exports; once told, waits ready and binds; then tears down.
+        "creator" => {
+            let ep = ctx
+                .reserve_one()
+                .unwrap()
+                .create(Spec::spread(2, ALIGN).exportable())
+                .unwrap()
+                .add_device(0)
+                .unwrap();
+            say("handle", &hex(&ep.export().unwrap().to_bytes()));
+            wait_for("imported");
+            let ep = ep.wait(T).unwrap();
+            let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), ALIGN).unwrap();
+            let b = ep.bind(0, 0, &mem).unwrap();
+            say("bound", "");
+            wait_for("done");
+            drop(b);
+            drop((ep, mem));
+        }
+        // Imports the handle, enrolls its own device 0 (on its node) or 1
+        // (same node), waits ready, binds; once told, tears down.
+        "importer" => {
+            let dev = if me.node() == 0 { 1 } else { 0 };
+            let ep = ctx.reserve_one().unwrap().import(&handle()).unwrap();
+            let ep = ep.add_device(dev).unwrap();
+            say("imported", "");
+            let ep = ep.wait(T).unwrap();
+            let mem = Allocation::<PosixFd>::on_device(&ctx, Device(dev), ALIGN).unwrap();
+            let b = ep.bind(dev, 0, &mem).unwrap();
+            say("bound", "");
+            wait_for("done");
+            // The endpoint is still usable: unbind and bind again (the
+            // creator may be gone by now).
+            drop(b);
+            let b = ep.bind(dev, 0, &mem).unwrap();
+            drop(b);
+            drop((ep, mem));
+        }
+        // Tries to import without an IMEX channel.
+        "no-imex" => {
+            assert!(!me.imex_channel());
+            let f = ctx.reserve_one().unwrap().import(&handle()).unwrap_err();
+            assert!(
+                matches!(f.error, Error::Driver { call: Call::Import, code } if code == Code::NOT_PERMITTED),
+                "{}",
+                f.error
+            );
+            say("refused", "NOT_PERMITTED");
+            drop(f);
+        }
+        // Exports device memory as a POSIX descriptor and as a fabric handle.
+        "mem-exporter" => {
+            let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), ALIGN).unwrap();
+            let fd = me
+                .export_shareable(mem.handle(), ShareableKind::PosixFd)
+                .unwrap();
+            say("fd", &fd.to_string());
+            let fab =
+                Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), ALIGN).unwrap();
+            let token = me
+                .export_shareable(fab.handle(), ShareableKind::Fabric)
+                .unwrap();
+            say("fabric", &token.to_string());
+            wait_for("done");
+            drop((mem, fab));
+        }
+        // Imports both kinds: a descriptor only works on the same node.
+        "mem-importer" => {
+            let fd: u64 = std::env::var("FD").unwrap().parse().unwrap();
+            let token: u64 = std::env::var("TOKEN").unwrap().parse().unwrap();
+            let r = me.import_shareable(fd, ShareableKind::PosixFd);
+            if me.node() == 0 {
+                release(&ctx, r.expect("a POSIX descriptor within a node"));
+            } else {
+                assert!(
+                    matches!(r, Err(fabric::FabricError::Driver { code, .. }) if code == Code::INVALID_VALUE),
+                    "{r:?}"
+                );
+            }
+            let h = me
+                .import_shareable(token, ShareableKind::Fabric)
+                .expect("a fabric handle on any node");
+            release(&ctx, h);
+            say("checked", "");
+        }
+        // Run by the launcher as rank 3 of 2 nodes x 2 GPUs: node 1, device 1.
+        "rank" => {
+            assert_eq!((me.node(), me.device()), (1, Some(Device(1))));
+            let ep = ctx
+                .reserve_one()
+                .unwrap()
+                .create(Spec::unicast(Device(1), ALIGN))
+                .unwrap()
+                .wait(T)
+                .unwrap();
+            let mem = Allocation::<PosixFd>::on_device(&ctx, Device(1), ALIGN).unwrap();
+            drop(ep.bind(1, 0, &mem).unwrap());
+            drop((ep, mem));
+        }
+        // Exits holding two ids.
+        "leaker" => {
+            std::mem::forget(ctx.reserve(2).unwrap());
+            say("leaked", "");
+            std::process::exit(0);
+        }
+        other => panic!("unknown role {other}"),
+    }
+    assert_eq!(me.live().unwrap(), Live::default(), "{role} leaked");
+    say("clean", "");
+}
+
+/// Releases a raw handle this process imported (no typed owner holds it).
+fn release(ctx: &Context, handle: u64) {
+    // SAFETY: `handle` was imported by this process through the fabric's
+    // shareable-handle request; no typed object of this crate owns it and
+    // nothing is bound to or mapped from it.
+    let r = unsafe { ctx.driver_arc().mem_release(handle) };
+    assert_eq!(r, Ok(()));
+}
+
+// ------------------------------------------------------------------ tests
+
+#[test]
+fn r9_an_endpoint_exported_by_one_os_process_is_imported_by_another() {
+    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
+    let join = server.join();
+    let mut a = Kid::spawn("creator", "creator", &join, &[]);
+    let handle = a.expect("handle");
+    let mut b = Kid::spawn("importer", "importer", &join, &[(HANDLE, handle)]);
+    b.expect("imported");
+    a.tell("imported");
+    a.expect("bound");
+    b.expect("bound");
+    a.tell("done");
+    b.tell("done");
+    a.expect("clean");
+    b.expect("clean");
+    a.finish();
+    b.finish();
+    assert_eq!(server.joined(), 2);
+    assert_clean(&server);
+}
+
+#[test]
+fn r12_2_a_killed_process_is_cleaned_up_and_the_others_carry_on() {
+    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
+    let join = server.join();
+    let mut a = Kid::spawn("creator", "creator", &join, &[]);
+    let handle = a.expect("handle");
+    let mut b = Kid::spawn("importer", "importer", &join, &[(HANDLE, handle)]);
+    b.expect("imported");
+    a.tell("imported");
+    a.expect("bound");
+    b.expect("bound");
+    // SIGKILL while holding an id, an endpoint reference, memory and a binding.
+    a.kill();
+    assert!(server.wait_exits(1, T));
+    let exit = &server.exits()[0];
+    let held = exit.held;
+    assert!(
+        held.ids == 1 && held.endpoints == 1 && held.bindings == 1 && held.allocations == 1,
+        "{exit:?}"
+    );
+    // R12.3: the importer's reference keeps the endpoint alive.
+    let live = server.live();
+    assert_eq!((live.endpoint_objects, live.processes), (1, 1), "{live:?}");
+    assert_eq!(live.held.bindings, 1);
+    b.tell("done");
+    b.expect("clean");
+    b.finish();
+    assert!(server.wait_idle(T));
+    assert!(server.live().is_empty(), "{:?}", server.live());
+    assert_eq!(server.leaks().len(), 1, "only the killed process leaked");
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
+}
+
+#[test]
+fn r12_4_fabric_handles_cross_nodes() {
+    // Two nodes of one GPU each: the team is one device per node.
+    let server = FabricServer::start(FabricConfig::nodes(2, 1)).unwrap();
+    let mut a = Kid::spawn("creator", "creator", &server.join().node(0), &[]);
+    let handle = a.expect("handle");
+    let mut b = Kid::spawn(
+        "importer",
+        "importer",
+        &server.join().node(1),
+        &[(HANDLE, handle)],
+    );
+    b.expect("imported");
+    a.tell("imported");
+    a.expect("bound");
+    b.expect("bound");
+    a.tell("done");
+    b.tell("done");
+    a.expect("clean");
+    b.expect("clean");
+    a.finish();
+    b.finish();
+    assert_clean(&server);
+}
+
+#[test]
+fn r12_4_posix_descriptors_stay_on_their_node_fabric_handles_do_not() {
+    let server = FabricServer::start(FabricConfig::nodes(2, 1)).unwrap();
+    let mut a = Kid::spawn("exporter", "mem-exporter", &server.join().node(0), &[]);
+    let fd = a.expect("fd");
+    let token = a.expect("fabric");
+    for node in [0, 1] {
+        let env = [("FD", fd.clone()), ("TOKEN", token.clone())];
+        let c = Kid::spawn("importer", "mem-importer", &server.join().node(node), &env);
+        c.expect("checked");
+        c.expect("clean");
+        c.finish();
+    }
+    a.tell("done");
+    a.expect("clean");
+    a.finish();
+    assert_clean(&server);
+}
+
+#[test]
+fn r9_1_import_without_an_imex_channel_is_not_permitted() {
+    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
+    let mut a = Kid::spawn("creator", "creator", &server.join(), &[]);
+    let handle = a.expect("handle");
+    let c = Kid::spawn(
+        "no-imex",
+        "no-imex",
+        &server.join().imex_channel(false),
+        &[(HANDLE, handle)],
+    );
+    c.expect("refused");
+    c.expect("clean");
+    c.finish();
+    // The creator's team never completes; it tears down pending.
+    a.kill();
+    assert!(server.wait_idle(T));
+    assert!(server.live().is_empty(), "{:?}", server.live());
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
+}
+
+#[test]
+fn r12_5_driver_only_refusals_are_not_violations() {
+    // In one OS process: two fabric processes fill a team of 2, a third
+    // cannot know and is refused by the driver, not logged as a violation.
+    let server = FabricServer::start(FabricConfig::nodes(1, 3)).unwrap();
+    let (c0, _p0) = fabric::connect(&server.join()).unwrap();
+    let (c1, _p1) = fabric::connect(&server.join()).unwrap();
+    let (c2, _p2) = fabric::connect(&server.join()).unwrap();
+    let ep = c0
+        .reserve_one()
+        .unwrap()
+        .create(Spec::spread(2, ALIGN).exportable())
+        .unwrap()
+        .add_device(0)
+        .unwrap();
+    let h = ep.export().unwrap();
+    let h = FabricHandle::<Multicast<Exportable>>::from_bytes(&h.to_bytes()).unwrap();
+    let i1 = c1
+        .reserve_one()
+        .unwrap()
+        .import(&h)
+        .unwrap()
+        .add_device(1)
+        .unwrap();
+    let i2 = c2.reserve_one().unwrap().import(&h).unwrap();
+    let f = i2.add_device(2).unwrap_err();
+    assert!(
+        matches!(f.error, Error::Driver { call: Call::AddDevice, code } if code == Code::INVALID_VALUE),
+        "{}",
+        f.error
+    );
+    drop((f, i1, ep));
+    // The creator's reference is gone (R12.3): a late import is refused.
+    let late = c2.reserve_one().unwrap().import(&h).unwrap_err();
+    assert!(
+        matches!(late.error, Error::Driver { call: Call::Import, code } if code == Code::INVALID_VALUE),
+        "{}",
+        late.error
+    );
+    drop(late);
+    drop((c0, c1, c2, _p0, _p1, _p2));
+    assert_clean(&server);
+}
+
+#[test]
+fn hostile_peer_bytes_end_one_connection_not_the_fabric() {
+    use std::os::unix::net::UnixStream;
+    let server = FabricServer::start(FabricConfig::default()).unwrap();
+    let frames: [&[u8]; 4] = [
+        &u32::MAX.to_le_bytes(),         // a frame far past the bound
+        &[3, 0, 0, 0, 0xff, 0xff, 0xff], // undecodable
+        &[1, 0, 0, 0, 2],                // a request other than Hello first
+        &[200, 0, 0, 0, 1, 2],           // cut short
+    ];
+    for bytes in frames {
+        let mut s = UnixStream::connect(server.socket()).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        s.write_all(bytes).unwrap();
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut s, &mut sink);
+    }
+    let (ctx, me) = fabric::connect(&server.join()).unwrap();
+    assert_eq!(ctx.device_count().unwrap(), 4);
+    assert!(me.live().unwrap().is_empty());
+    drop((ctx, me));
+    // Unknown nodes are refused with words.
+    let e = fabric::connect(&server.join().node(7)).unwrap_err();
+    assert!(matches!(e, fabric::FabricError::Refused { .. }), "{e}");
+    assert_clean(&server);
+}
+
+#[test]
+fn every_fabric_has_its_own_socket_and_leaves_none_behind() {
+    let a = FabricServer::start(FabricConfig::default()).unwrap();
+    let b = FabricServer::start(FabricConfig::default()).unwrap();
+    assert_ne!(a.socket(), b.socket());
+    let (path, dir) = (
+        a.socket().to_path_buf(),
+        a.socket().parent().unwrap().to_path_buf(),
+    );
+    assert!(path.exists());
+    // A process still connected when the fabric goes is cleaned up, and its
+    // driver answers DEINITIALIZED from then on.
+    let (ctx, _me) = fabric::connect(&a.join()).unwrap();
+    let ep = ctx.reserve_one().unwrap();
+    drop(a);
+    assert!(!path.exists() && !dir.exists());
+    let e = ctx.reserve_one().unwrap_err();
+    assert!(e.to_string().contains("DEINITIALIZED"), "{e}");
+    drop(ep);
+    drop(b);
+}
+
+#[test]
+fn the_launcher_runs_a_job_and_fails_it_when_a_process_leaks() {
+    let launcher = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
+    let exe = std::env::current_exe().unwrap();
+    for (role, code) in [("rank", 0), ("leaker", 3)] {
+        let child = Command::new(launcher)
+            .args(["--nodes", "2", "--gpus", "2", "--timeout", "60", "--"])
+            .arg(&exe)
+            .args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role)
+            .env("CUDA_ENDPOINTS_RANK", "3")
+            .env_remove(ENV_VAR)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut kid = Kid {
+            name: "launcher",
+            child,
+            stdin: None,
+            lines: channel().1,
+        };
+        let deadline = Instant::now() + T;
+        let status = loop {
+            if let Some(s) = kid.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the launcher did not finish");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(code), "{role}");
+        drop(kid);
+    }
+}
