@@ -181,6 +181,16 @@ impl Context {
         )
     }
 
+    /// `cuLogicalEndpointGetLimits` for `props` (R10).
+    pub(crate) fn limits(&self, props: &crate::driver::prop::Props) -> Result<crate::Limits> {
+        self.check(Call::GetLimits, self.driver().get_limits(&props.to_c()))
+    }
+
+    /// `dev`'s multicast clique (R4.5), `None` where the driver cannot tell.
+    pub(crate) fn clique(&self, dev: crate::Device) -> Option<u32> {
+        self.driver().device_clique(dev).ok()
+    }
+
     /// Turns a driver answer into the crate's error. A logical-endpoint call
     /// that a driver older than 13.3 cannot make becomes [`Error::Unsupported`].
     pub(crate) fn check<T>(&self, call: Call, r: DriverResult<T>) -> Result<T> {

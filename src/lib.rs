@@ -6,11 +6,13 @@ pub mod binding;
 pub mod context;
 pub mod driver;
 pub mod endpoint;
+mod erased;
 pub mod error;
 pub mod guide;
 pub mod kernel;
 pub mod kind;
 pub mod memory;
+mod owned;
 #[cfg(feature = "model")]
 pub mod model;
 pub mod probe;
@@ -19,13 +21,17 @@ pub mod ready;
 pub mod sharing;
 pub mod spec;
 pub mod state;
+pub mod bootstrap;
+pub mod team;
 
 pub use backend::{BackendChoice, Decision, Policy, decide};
 pub use binding::Binding;
 pub use context::Context;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
+pub use erased::DynEndpoint;
 pub use error::{Error, Failed, Result};
+pub use owned::BoundEndpoint;
 pub use kernel::EndpointRef;
 pub use kind::{
     Exportable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind, SpreadTeam, Team,

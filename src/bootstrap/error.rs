@@ -1,0 +1,535 @@
+//! What can go wrong while ranks exchange bytes: [`BootstrapError`], with the
+//! rank that saw it, the step ([`Step`]: operation and sequence number) and,
+//! where one is to blame, the peer.
+//!
+//! Every variant has one meaning. Peer bytes never panic: they end in
+//! [`BootstrapError::Malformed`], [`BootstrapError::Oversized`] or
+//! [`BootstrapError::Mismatch`].
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+use super::node::NodeId;
+
+/// A collective operation of a [`Bootstrap`](super::Bootstrap), as named in errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// Joining the job (TCP handshake, MPI job-id agreement).
+    Join,
+    /// [`Bootstrap::allgather`](super::Bootstrap::allgather).
+    Allgather,
+    /// [`Bootstrap::broadcast`](super::Bootstrap::broadcast).
+    Broadcast,
+    /// [`Bootstrap::barrier`](super::Bootstrap::barrier).
+    Barrier,
+    /// Passing file descriptors over a Unix socket ([`FdExchange`](super::FdExchange)).
+    FdPassing,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Join => "join",
+            Op::Allgather => "allgather",
+            Op::Broadcast => "broadcast",
+            Op::Barrier => "barrier",
+            Op::FdPassing => "fd passing",
+        })
+    }
+}
+
+/// One step of a communicator: the operation and its sequence number (the
+/// number of collectives this rank called on the communicator before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Step {
+    /// The operation.
+    pub op: Op,
+    /// Its sequence number on this communicator (0 for [`Op::Join`]).
+    pub seq: u64,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} #{}", self.op, self.seq)
+    }
+}
+
+/// What was wrong with a peer's bytes ([`BootstrapError::Malformed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Malformed {
+    /// The frame does not start with this library's magic bytes.
+    Magic,
+    /// Fewer bytes than the structure announces.
+    Truncated,
+    /// More bytes than the structure announces.
+    Trailing,
+    /// A message type this version does not know.
+    UnknownType(u8),
+    /// A file-descriptor message arrived without a descriptor (or with one
+    /// the kernel had to drop).
+    NoDescriptor,
+    /// A length or count that overflows this machine's arithmetic.
+    Overflow,
+}
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Malformed::Magic => f.write_str("no cuda-endpoints magic bytes (not a bootstrap frame)"),
+            Malformed::Truncated => f.write_str("truncated structure"),
+            Malformed::Trailing => f.write_str("bytes past the end of the structure"),
+            Malformed::UnknownType(t) => write!(f, "unknown message type {t}"),
+            Malformed::NoDescriptor => f.write_str("no file descriptor attached"),
+            Malformed::Overflow => f.write_str("a length that overflows"),
+        }
+    }
+}
+
+/// Which identity field of a message differs from this rank's
+/// ([`BootstrapError::Mismatch`]): the bytes belong to another job,
+/// communicator or step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mismatch {
+    /// Wire-format version.
+    Version {
+        /// This rank's.
+        ours: u16,
+        /// The message's.
+        theirs: u16,
+    },
+    /// Job (communicator) id: bytes from another communicator.
+    Job {
+        /// This rank's.
+        ours: u64,
+        /// The message's.
+        theirs: u64,
+    },
+    /// Communicator size.
+    Size {
+        /// This rank's.
+        ours: u32,
+        /// The message's.
+        theirs: u32,
+    },
+    /// Sequence number: the peer is at another step (a step ahead, or a
+    /// stale message where it cannot be skipped).
+    Seq {
+        /// This rank's.
+        ours: u64,
+        /// The message's.
+        theirs: u64,
+    },
+    /// The peer runs another operation at this step (e.g. a barrier against
+    /// an allgather, or a broadcast from another root).
+    Operation {
+        /// This rank's.
+        ours: Op,
+        /// The message's type byte.
+        theirs: u8,
+    },
+    /// The message says it comes from another rank than the one it came from.
+    Sender {
+        /// The rank expected.
+        expected: u32,
+        /// The rank the message names.
+        theirs: u32,
+    },
+    /// An allgather result with another number of entries than ranks.
+    Count {
+        /// The communicator size.
+        expected: usize,
+        /// Entries received.
+        got: usize,
+    },
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mismatch::Version { ours, theirs } => write!(f, "wire version {theirs}, this rank speaks {ours}"),
+            Mismatch::Job { ours, theirs } => {
+                write!(f, "job {theirs:016x}, this communicator is job {ours:016x} (bytes from another communicator)")
+            }
+            Mismatch::Size { ours, theirs } => write!(f, "communicator size {theirs}, this rank's is {ours}"),
+            Mismatch::Seq { ours, theirs } => write!(f, "step #{theirs}, this rank is at step #{ours}"),
+            Mismatch::Operation { ours, theirs } => {
+                write!(f, "message type {theirs} where this rank runs {ours} (ranks called different collectives)")
+            }
+            Mismatch::Sender { expected, theirs } => write!(f, "claims rank {theirs}, expected rank {expected}"),
+            Mismatch::Count { expected, got } => write!(f, "{got} entries for {expected} ranks"),
+        }
+    }
+}
+
+/// Why rank 0 refused a joining rank ([`BootstrapError::Refused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The job secret of the unique id did not match (another job's id).
+    WrongSecret,
+    /// The rank is not in `1..size`.
+    RankOutOfRange,
+    /// Another process already joined with this rank.
+    DuplicateRank,
+    /// The joining rank declared another communicator size.
+    SizeMismatch,
+    /// A refusal code this version does not know.
+    Unknown(u8),
+}
+
+impl Refusal {
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Refusal::WrongSecret => 1,
+            Refusal::RankOutOfRange => 2,
+            Refusal::DuplicateRank => 3,
+            Refusal::SizeMismatch => 4,
+            Refusal::Unknown(c) => c,
+        }
+    }
+    pub(crate) fn from_code(c: u8) -> Self {
+        match c {
+            1 => Refusal::WrongSecret,
+            2 => Refusal::RankOutOfRange,
+            3 => Refusal::DuplicateRank,
+            4 => Refusal::SizeMismatch,
+            c => Refusal::Unknown(c),
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::WrongSecret => f.write_str("wrong job secret (the unique id belongs to another job)"),
+            Refusal::RankOutOfRange => f.write_str("rank out of range for the job's size"),
+            Refusal::DuplicateRank => f.write_str("another process already joined with this rank"),
+            Refusal::SizeMismatch => f.write_str("this rank declared another job size than rank 0"),
+            Refusal::Unknown(c) => write!(f, "refusal code {c}"),
+        }
+    }
+}
+
+/// Why rank 0 aborted a collective ([`BootstrapError::Aborted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AbortReason {
+    /// The culprit closed its connection (exited or was killed).
+    PeerClosed,
+    /// The culprit's connection was already broken by an earlier error.
+    Broken,
+    /// The culprit sent malformed, oversized or mismatched bytes.
+    BadMessage,
+    /// An I/O error on the culprit's connection.
+    Io,
+    /// A reason code this version does not know.
+    Unknown(u8),
+}
+
+impl AbortReason {
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            AbortReason::PeerClosed => 1,
+            AbortReason::Broken => 2,
+            AbortReason::BadMessage => 3,
+            AbortReason::Io => 4,
+            AbortReason::Unknown(c) => c,
+        }
+    }
+    pub(crate) fn from_code(c: u8) -> Self {
+        match c {
+            1 => AbortReason::PeerClosed,
+            2 => AbortReason::Broken,
+            3 => AbortReason::BadMessage,
+            4 => AbortReason::Io,
+            c => AbortReason::Unknown(c),
+        }
+    }
+}
+
+impl fmt::Display for AbortReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AbortReason::PeerClosed => f.write_str("it closed its connection"),
+            AbortReason::Broken => f.write_str("its connection was broken by an earlier error"),
+            AbortReason::BadMessage => f.write_str("it sent a malformed or mismatched message"),
+            AbortReason::Io => f.write_str("an I/O error on its connection"),
+            AbortReason::Unknown(c) => write!(f, "reason code {c}"),
+        }
+    }
+}
+
+/// A caller's argument that cannot work ([`BootstrapError::InvalidArgument`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Argument {
+    /// The communicator size is 0.
+    ZeroSize,
+    /// A rank (own or root) is not below the size.
+    RankOutOfRange {
+        /// The rank given.
+        rank: usize,
+        /// The communicator size.
+        size: usize,
+    },
+    /// This call is for ranks other than 0 (rank 0 uses [`TcpRoot::accept`](super::TcpRoot::accept)).
+    JoinAsRoot,
+    /// A payload larger than the frame limit.
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Rank 0 bound an unspecified address (`0.0.0.0`/`::`): peers need an
+    /// address they can reach.
+    UnspecifiedAddress,
+    /// The root of an fd broadcast passed no descriptor.
+    NoDescriptor,
+    /// MPI is already initialized: use `Mpi::from_communicator`.
+    MpiAlreadyInitialized,
+}
+
+impl fmt::Display for Argument {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Argument::ZeroSize => f.write_str("a communicator needs at least one rank"),
+            Argument::RankOutOfRange { rank, size } => write!(f, "rank {rank} is out of range for {size} ranks (0..{size})"),
+            Argument::JoinAsRoot => f.write_str("rank 0 does not join: it calls TcpRoot::accept on the listener that made the unique id"),
+            Argument::TooLarge { len, max } => write!(f, "{len} bytes exceed the bootstrap's frame limit of {max} bytes"),
+            Argument::UnspecifiedAddress => f.write_str(
+                "the unique id would carry an unspecified address; bind rank 0 to the interface address peers reach, or use Tcp::root_advertising",
+            ),
+            Argument::NoDescriptor => f.write_str("the root of an fd broadcast must pass Some(fd)"),
+            Argument::MpiAlreadyInitialized => {
+                f.write_str("MPI is already initialized in this process: build the bootstrap with Mpi::from_communicator")
+            }
+        }
+    }
+}
+
+/// What is wrong with a unique-id string ([`BootstrapError::InvalidId`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IdProblem {
+    /// The environment variable is not set (or not UTF-8).
+    Unset {
+        /// Its name.
+        var: &'static str,
+    },
+    /// A part of the string does not parse.
+    Syntax {
+        /// Which part: `prefix`, `address`, `job` or `secret`.
+        part: &'static str,
+    },
+    /// The id file could not be read.
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error kind.
+        kind: io::ErrorKind,
+    },
+}
+
+impl fmt::Display for IdProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdProblem::Unset { var } => write!(f, "environment variable {var} is not set; rank 0 exports it (UniqueId::to_string)"),
+            IdProblem::Syntax { part } => {
+                write!(f, "its {part} does not parse (expected cebs1/<ip:port>/<16 hex job>/<32 hex secret>)")
+            }
+            IdProblem::File { path, kind } => write!(f, "cannot read {}: {kind}", path.display()),
+        }
+    }
+}
+
+/// A bootstrap operation failed. Each variant names this rank (`rank`) and the
+/// step where applicable, and the peer to blame where one is.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    /// A peer did not answer within the timeout.
+    #[error("rank {rank}: {step} timed out after {after:?} waiting for rank(s) {waiting_for:?}")]
+    Timeout {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The ranks that had not answered.
+        waiting_for: Vec<usize>,
+        /// The timeout.
+        after: Duration,
+    },
+    /// A peer closed its connection (it exited or was killed).
+    #[error("rank {rank}: {step}: rank {peer} closed its connection (exited or was killed)")]
+    PeerClosed {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The peer.
+        peer: usize,
+    },
+    /// The connection to a peer was closed by this rank after an earlier
+    /// error on it (a partial write or a bad message): the communicator is
+    /// unusable with that peer.
+    #[error("rank {rank}: {step}: the connection to rank {peer} was closed after an earlier error")]
+    Broken {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The peer.
+        peer: usize,
+    },
+    /// A peer sent bytes that are not a well-formed message.
+    #[error("rank {rank}: {step}: rank {peer} sent a malformed message: {what}")]
+    Malformed {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The peer.
+        peer: usize,
+        /// What was wrong.
+        what: Malformed,
+    },
+    /// A peer announced a message larger than the hard limit.
+    #[error("rank {rank}: {step}: rank {peer} announced {len} bytes, more than the limit of {max}")]
+    Oversized {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The peer.
+        peer: usize,
+        /// The announced length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A well-formed message from another job, communicator, step or operation.
+    #[error("rank {rank}: {step}: message from rank {peer} does not belong here: {what}")]
+    Mismatch {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The peer.
+        peer: usize,
+        /// Which identity field differs.
+        what: Mismatch,
+    },
+    /// Rank 0 refused this rank's join.
+    #[error("rank {rank}: rank 0 refused the join: {reason}")]
+    Refused {
+        /// This rank.
+        rank: usize,
+        /// Why.
+        reason: Refusal,
+    },
+    /// Rank 0 aborted the collective because another rank failed.
+    #[error("rank {rank}: {step} aborted by rank 0 because rank {culprit} failed: {reason}")]
+    Aborted {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The rank that failed.
+        culprit: usize,
+        /// How it failed.
+        reason: AbortReason,
+    },
+    /// An operating-system error.
+    #[error("rank {rank}: {step}: I/O error{}: {source}", peer.map(|p| format!(" with rank {p}")).unwrap_or_default())]
+    Io {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The peer, if the error is on its connection.
+        peer: Option<usize>,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The caller passed an argument that cannot work.
+    #[error("rank {rank}: {step}: {what}")]
+    InvalidArgument {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// What is wrong.
+        what: Argument,
+    },
+    /// A unique-id string or file that cannot be used.
+    #[error("invalid bootstrap unique id: {what}")]
+    InvalidId {
+        /// What is wrong.
+        what: IdProblem,
+    },
+    /// A user-supplied communicator callback failed ([`Callbacks`](super::Callbacks)).
+    #[error("rank {rank}: {step}: the communicator callback failed: {source}")]
+    Callback {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The callback's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// An MPI call returned an error code.
+    #[error("rank {rank}: {step}: MPI error code {code}")]
+    Mpi {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The MPI error code.
+        code: i32,
+    },
+    /// The communicator cannot be used after an earlier timeout of a
+    /// collective that could not be cancelled (MPI): abort the job.
+    #[error("rank {rank}: {step}: the communicator is unusable after an earlier timed-out MPI collective ({first}); abort the job")]
+    Poisoned {
+        /// This rank.
+        rank: usize,
+        /// The step refused.
+        step: Step,
+        /// The step that timed out.
+        first: Step,
+    },
+    /// File descriptors pass only within a node; this peer is on another one.
+    #[error("rank {rank}: {step}: rank {peer} is on node {theirs}, this rank on node {mine}; file descriptors pass only within a node (use fabric handles across nodes)")]
+    OtherNode {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Step,
+        /// The peer.
+        peer: usize,
+        /// This rank's node.
+        mine: NodeId,
+        /// The peer's node.
+        theirs: NodeId,
+    },
+}
+
+impl BootstrapError {
+    /// The reason code rank 0 sends to the other ranks when this error on a
+    /// peer's connection aborts a collective.
+    pub(crate) fn abort_reason(&self) -> AbortReason {
+        match self {
+            BootstrapError::PeerClosed { .. } => AbortReason::PeerClosed,
+            BootstrapError::Broken { .. } => AbortReason::Broken,
+            BootstrapError::Io { .. } | BootstrapError::Timeout { .. } => AbortReason::Io,
+            _ => AbortReason::BadMessage,
+        }
+    }
+}
