@@ -95,6 +95,51 @@ impl Binding<'_> {
     }
 }
 
+/// A binding without its borrow, for owners that keep the endpoint and the
+/// memory themselves ([`crate::BoundEndpoint`]): it unbinds only when attached
+/// to its endpoint's range again.
+pub(crate) struct BindingRecord {
+    id: u32,
+    key: u64,
+    dev: Device,
+    offset: u64,
+    size: u64,
+}
+
+impl BindingRecord {
+    /// The binding again, borrowing `range` (the range of its endpoint).
+    pub(crate) fn attach(self, range: &RangeInner) -> Binding<'_> {
+        Binding {
+            range,
+            id: self.id,
+            key: self.key,
+            dev: self.dev,
+            offset: self.offset,
+            size: self.size,
+        }
+    }
+
+    pub(crate) fn device(&self) -> Device {
+        self.dev
+    }
+}
+
+impl Binding<'_> {
+    /// Forgets the borrow; the binding stays live in the driver and in the
+    /// endpoint's records (which keep the memory alive, R7.2).
+    pub(crate) fn into_record(self) -> BindingRecord {
+        let r = BindingRecord {
+            id: self.id,
+            key: self.key,
+            dev: self.dev,
+            offset: self.offset,
+            size: self.size,
+        };
+        std::mem::forget(self);
+        r
+    }
+}
+
 impl Drop for Binding<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.unbind_now() {

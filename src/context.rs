@@ -302,6 +302,19 @@ impl Context {
         self.check(Call::DeviceGetAttribute, r)
     }
 
+    /// `cuLogicalEndpointGetLimits` for `props` (R10).
+    pub(crate) fn limits(&self, props: &EndpointProps) -> Result<crate::Limits> {
+        // SAFETY: a limits query touches nothing anyone owns.
+        let r = unsafe { self.driver().get_limits(*props) };
+        self.check(Call::GetLimits, r)
+    }
+
+    /// `dev`'s multicast clique (R4.5), `None` where the driver cannot tell.
+    pub(crate) fn clique(&self, dev: crate::Device) -> Option<u32> {
+        // SAFETY: a clique query touches nothing anyone owns.
+        unsafe { self.driver().device_clique(dev) }.ok()
+    }
+
     /// Turns a driver answer into the crate's error. A logical-endpoint call
     /// that a driver older than 13.3 cannot make becomes [`Error::Unsupported`].
     pub(crate) fn check<T>(&self, call: Call, r: DriverResult<T>) -> Result<T> {

@@ -18,6 +18,7 @@ pub mod bootstrap;
 mod context;
 pub mod driver;
 mod endpoint;
+mod erased;
 mod error;
 #[cfg(feature = "fabric")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fabric")))]
@@ -26,6 +27,7 @@ pub mod guide;
 mod kernel;
 mod kind;
 mod memory;
+mod owned;
 #[cfg(feature = "model")]
 #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
 pub mod model;
@@ -35,6 +37,7 @@ mod ready;
 mod sharing;
 mod spec;
 mod state;
+pub mod team;
 
 pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Policy, decide};
 pub use binding::Binding;
@@ -50,6 +53,8 @@ pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
 // Every item of `error` is for users to match on.
 pub use error::*;
+pub use erased::DynEndpoint;
+pub use owned::BoundEndpoint;
 pub use kernel::EndpointRef;
 pub use kind::{
     Exportable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind, SpreadTeam, Team,

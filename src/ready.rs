@@ -206,3 +206,22 @@ where
         }),
     }
 }
+
+/// Waits until one query over `[base, base+count)` of `range` reports every
+/// endpoint there constructed (R3.5), with the back-off of [`Endpoint::wait`].
+pub(crate) fn wait_ids(range: &RangeInner, base: u32, count: u32, timeout: Duration) -> Result<()> {
+    let mut backoff = Backoff::new();
+    loop {
+        backoff.polls += 1;
+        if query(range, base, count)? {
+            return Ok(());
+        }
+        if !backoff.pause(timeout) {
+            return Err(Error::Timeout {
+                id: base,
+                waited: backoff.waited(),
+                polls: backoff.polls,
+            });
+        }
+    }
+}

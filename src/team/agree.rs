@@ -1,0 +1,131 @@
+//! The agreement steps: every rank sends its outcome of a step, every rank
+//! gets every outcome, and all of them decide the same way — go on, or undo
+//! and report the first failing rank. This is what keeps one rank's failure
+//! from hanging the others (the PyTorch AddDevice hang) and what keeps any
+//! rank from binding before every rank enrolled (C3 on the classic API).
+
+use std::time::{Duration, Instant};
+
+use crate::bootstrap::{Bootstrap, BootstrapError};
+
+use super::error::{Cause, Step, TeamError};
+use super::wire::{Status, decode_status, encode_status};
+
+/// A bring-up's deadline: every bootstrap operation and wait gets what is left.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Deadline(Instant);
+
+impl Deadline {
+    pub(crate) fn after(timeout: Duration) -> Deadline {
+        // A timeout too large to add is as good as none.
+        Deadline(
+            Instant::now()
+                .checked_add(timeout)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365)),
+        )
+    }
+
+    pub(crate) fn left(&self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+}
+
+/// Sends this rank's outcome of `step` to every rank and collects theirs. Returns
+/// every rank's payload when all succeeded; otherwise this rank's own
+/// failure, or else the failure of the lowest failing rank.
+pub(crate) fn agree(
+    boot: &dyn Bootstrap,
+    step: Step,
+    mine: Result<Vec<u8>, (Step, Cause)>,
+    deadline: Deadline,
+) -> Result<Vec<Vec<u8>>, TeamError> {
+    let me = boot.rank();
+    let bytes = encode_status(step, &mine);
+    let all = boot
+        .allgather(&bytes, deadline.left())
+        .map_err(|e| TeamError::new(bootstrap_rank(&e, me), step, Cause::Bootstrap(e)))?;
+    if all.len() != boot.size() {
+        return Err(TeamError::new(
+            me,
+            step,
+            Cause::BadMessage {
+                reason: "the bootstrap returned another number of ranks than its size",
+            },
+        ));
+    }
+    let mut mine = Some(mine);
+    let mut payloads = Vec::with_capacity(all.len());
+    let mut first_peer: Option<TeamError> = None;
+    for (rank, theirs) in all.into_iter().enumerate() {
+        if rank == me {
+            // Our own outcome, as we sent it (not parsed back).
+            match mine.take() {
+                Some(Ok(p)) => payloads.push(p),
+                // This rank's own failure is what it reports, in full.
+                Some(Err((at, cause))) => return Err(TeamError::new(me, at, cause)),
+                None => payloads.push(Vec::new()),
+            }
+            continue;
+        }
+        match decode_status(step, &theirs) {
+            Ok(Status::Ok(p)) => payloads.push(p),
+            Ok(Status::Failed(at, p)) => {
+                first_peer.get_or_insert(TeamError::new(rank, at, Cause::Peer(p)));
+                payloads.push(Vec::new());
+            }
+            Err(cause) => {
+                first_peer.get_or_insert(TeamError::new(rank, step, cause));
+                payloads.push(Vec::new());
+            }
+        }
+    }
+    match first_peer {
+        None => Ok(payloads),
+        Some(f) => Err(f),
+    }
+}
+
+/// Like [`agree`], for a step only `root` does: the root's outcome goes to
+/// every rank.
+pub(crate) fn announce(
+    boot: &dyn Bootstrap,
+    root: usize,
+    step: Step,
+    mine: Option<Result<Vec<u8>, (Step, Cause)>>,
+    deadline: Deadline,
+) -> Result<Vec<u8>, TeamError> {
+    let me = boot.rank();
+    let sent = match (&mine, me == root) {
+        (Some(m), true) => encode_status(step, m),
+        _ => Vec::new(),
+    };
+    let got = boot
+        .broadcast(root, &sent, deadline.left())
+        .map_err(|e| TeamError::new(bootstrap_rank(&e, root), step, Cause::Bootstrap(e)))?;
+    if me == root {
+        return match mine {
+            Some(Ok(p)) => Ok(p),
+            Some(Err((at, cause))) => Err(TeamError::new(me, at, cause)),
+            None => Err(TeamError::new(me, step, Cause::BadMessage { reason: "root sent nothing" })),
+        };
+    }
+    match decode_status(step, &got) {
+        Ok(Status::Ok(p)) => Ok(p),
+        Ok(Status::Failed(at, p)) => Err(TeamError::new(root, at, Cause::Peer(p))),
+        Err(cause) => Err(TeamError::new(root, step, cause)),
+    }
+}
+
+/// The rank a bootstrap failure blames, or `me` when it blames none.
+fn bootstrap_rank(e: &BootstrapError, me: usize) -> usize {
+    match e {
+        BootstrapError::Timeout { waiting_for, .. } => waiting_for.first().copied().unwrap_or(me),
+        BootstrapError::PeerClosed { peer, .. }
+        | BootstrapError::Broken { peer, .. }
+        | BootstrapError::Malformed { peer, .. }
+        | BootstrapError::Oversized { peer, .. }
+        | BootstrapError::Mismatch { peer, .. } => *peer,
+        BootstrapError::Aborted { culprit, .. } => *culprit,
+        _ => me,
+    }
+}

@@ -1,0 +1,275 @@
+//! [`TeamError`]: why a bring-up failed, on which rank and at which step.
+//!
+//! Every rank of a failed bring-up returns a `TeamError` that names the rank
+//! where the failure happened first and the step it happened in, within the
+//! bring-up's timeout: a failure on one rank is reported to the others at the
+//! next agreement step, and a rank that died or went silent is reported by the
+//! bootstrap.
+
+use std::fmt;
+
+use crate::bootstrap::BootstrapError;
+use crate::driver::{Call, Code};
+use crate::error::Error;
+
+/// A step of a team bring-up, in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Step {
+    /// Every rank says what it brings (devices, size, options); all check
+    /// that they agree.
+    Join,
+    /// The root creates the endpoint (multicast), or each rank creates its
+    /// own (unicast peers).
+    Create,
+    /// The fabric handle is exported and sent to the other ranks.
+    Export,
+    /// A rank imports the endpoint(s) of the others.
+    Import,
+    /// What the handle says is checked against what the driver reports.
+    Check,
+    /// Each rank enrolls its own devices in the multicast team (R4).
+    Enroll,
+    /// Every rank waits until its endpoints are constructed (R3).
+    Wait,
+}
+
+impl Step {
+    pub(crate) const ALL: [Step; 7] = [
+        Step::Join,
+        Step::Create,
+        Step::Export,
+        Step::Import,
+        Step::Check,
+        Step::Enroll,
+        Step::Wait,
+    ];
+
+    pub(crate) fn tag(self) -> u8 {
+        self as u8
+    }
+
+    pub(crate) fn from_tag(tag: u8) -> Option<Step> {
+        Step::ALL.get(usize::from(tag)).copied()
+    }
+
+    /// The step in words.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Join => "join",
+            Step::Create => "create",
+            Step::Export => "export",
+            Step::Import => "import",
+            Step::Check => "check",
+            Step::Enroll => "enroll",
+            Step::Wait => "wait",
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What another rank reported when its own step failed. Built from peer
+/// bytes: the call and code are what the peer said, the message is for
+/// people (at most [`PeerFailure::MAX_MESSAGE`] bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerFailure {
+    /// The driver entry point that failed there, if a driver call failed.
+    pub call: Option<Call>,
+    /// Its result code, if a driver call failed.
+    pub code: Option<Code>,
+    /// The peer's error, as it displayed it.
+    pub message: String,
+}
+
+impl PeerFailure {
+    /// The longest message kept, in bytes.
+    pub const MAX_MESSAGE: usize = 512;
+}
+
+impl fmt::Display for PeerFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Two ranks, or a handle and the driver, disagree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mismatch {
+    /// A rank asked for another size per device than the root.
+    Bytes {
+        /// Bytes the root asked for.
+        root: u64,
+        /// Bytes this rank asked for.
+        this: u64,
+    },
+    /// A rank asked for counted operations and another did not.
+    CountedOps,
+    /// The team size declared by the caller is not what the ranks bring.
+    TeamSize {
+        /// The size the caller declared.
+        declared: u32,
+        /// Devices the ranks that joined bring, in all.
+        arriving: u64,
+    },
+    /// The handle's metadata disagrees with what the ranks agreed on or what
+    /// the driver reports after import.
+    Handle {
+        /// Which field.
+        field: &'static str,
+        /// What the handle says.
+        handle: u64,
+        /// What the agreement or the driver says.
+        expected: u64,
+    },
+    /// A rank's device is in another multicast clique than the root's first
+    /// device (R4.5): the driver would refuse it at enrollment or query.
+    Clique {
+        /// The device.
+        device: i32,
+        /// Its clique.
+        clique: u32,
+        /// The root's clique.
+        expected: u32,
+    },
+    /// A rank speaks another version of the bring-up protocol.
+    Version {
+        /// Its version.
+        theirs: u8,
+        /// Ours.
+        ours: u8,
+    },
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mismatch::Bytes { root, this } => write!(
+                f,
+                "this rank asks for {this} bytes per device but the root asks for {root}; every rank must pass the same size"
+            ),
+            Mismatch::CountedOps => f.write_str(
+                "ranks disagree on counted operations (COUNTED_OPS, R2.4); pass the same options on every rank",
+            ),
+            Mismatch::TeamSize { declared, arriving } => write!(
+                f,
+                "the team was declared for {declared} devices but the ranks that joined bring {arriving}; start one rank per missing device or declare the team size the job has"
+            ),
+            Mismatch::Handle {
+                field,
+                handle,
+                expected,
+            } => write!(
+                f,
+                "the handle says {field} = {handle} but the team agreed on (or the driver reports) {expected}: refused before any use (R9.4)"
+            ),
+            Mismatch::Clique {
+                device,
+                clique,
+                expected,
+            } => write!(
+                f,
+                "device {device} is in multicast clique {clique}, the team's in clique {expected} (R4.5, cuDeviceGetCliqueInfo): build the team from devices of one clique"
+            ),
+            Mismatch::Version { theirs, ours } => write!(
+                f,
+                "a rank speaks bring-up protocol version {theirs}, this one {ours}: build every rank with the same cuda-endpoints"
+            ),
+        }
+    }
+}
+
+/// Why a step failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Cause {
+    /// This rank's own call failed.
+    Local(Error),
+    /// Another rank's call failed; this is what it reported.
+    Peer(PeerFailure),
+    /// The bootstrap failed: a rank died, went silent past the timeout, or
+    /// sent bytes of another job.
+    Bootstrap(BootstrapError),
+    /// Ranks disagree, or a handle disagrees with the driver.
+    Mismatch(Mismatch),
+    /// A peer sent bytes that are not a bring-up message.
+    BadMessage {
+        /// What was wrong with them.
+        reason: &'static str,
+    },
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cause::Local(e) => write!(f, "{e}"),
+            Cause::Peer(p) => write!(f, "{p}"),
+            Cause::Bootstrap(e) => write!(f, "bootstrap: {e}"),
+            Cause::Mismatch(m) => write!(f, "{m}"),
+            Cause::BadMessage { reason } => write!(f, "a peer sent a bad bring-up message: {reason}"),
+        }
+    }
+}
+
+/// A failed bring-up: the rank where it failed first, the step, and why.
+/// Everything the bring-up made on this rank is undone before it is returned.
+#[derive(Debug)]
+pub struct TeamError {
+    /// The rank where the failure happened (this rank's own number for a
+    /// local failure).
+    pub rank: usize,
+    /// The step.
+    pub step: Step,
+    /// Why.
+    pub cause: Cause,
+}
+
+impl TeamError {
+    pub(crate) fn new(rank: usize, step: Step, cause: Cause) -> TeamError {
+        TeamError { rank, step, cause }
+    }
+
+    /// The driver code behind the failure, wherever it happened.
+    pub fn code(&self) -> Option<Code> {
+        match &self.cause {
+            Cause::Local(e) => e.code(),
+            Cause::Peer(p) => p.code,
+            _ => None,
+        }
+    }
+
+    /// Whether the bring-up timed out (a silent peer, or construction that
+    /// did not finish in time).
+    pub fn is_timeout(&self) -> bool {
+        match &self.cause {
+            Cause::Local(Error::Timeout { .. }) => true,
+            Cause::Bootstrap(e) => matches!(e, BootstrapError::Timeout { .. }),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for TeamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "team bring-up failed on rank {} at step `{}`: {}",
+            self.rank, self.step, self.cause
+        )
+    }
+}
+
+impl std::error::Error for TeamError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.cause {
+            Cause::Local(e) => Some(e),
+            Cause::Bootstrap(e) => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Team bring-up across ranks, in one call per rank: the two patterns that
+//! NCCL, TensorRT-LLM, DeepEP and NVSHMEM use in production.
+//!
+//! - [`multicast`]: the root creates an exportable team spread over the
+//!   ranks and broadcasts its handle; every other rank imports it; every rank
+//!   enrolls its own devices; all agree; all wait (bounded); all agree again.
+//!   Every rank then holds the same type, [`SharedTeam`] with an
+//!   `Endpoint<Ready, SharedMulticast>`, and binds its own memory.
+//! - [`unicast_peers`]: each rank reserves one id per rank, creates its own
+//!   endpoint at its own index and exports it; all allgather the handles;
+//!   each imports every peer at the peer's index and readies the whole range
+//!   with one query per poll round (R3.5). Every rank holds [`Peers`].
+//!
+//! Both talk through a [`Bootstrap`](crate::bootstrap::Bootstrap) (threads,
+//! TCP, MPI, or the caller's own communicator). After every step that can
+//! fail, the ranks *agree*: each sends its outcome, each gets every outcome,
+//! and all go on or all undo. So a failure on one rank reaches every rank as
+//! a [`TeamError`] naming that rank and the step, within the timeout, with
+//! everything undone on every rank; a rank that dies or goes silent is
+//! reported by the bootstrap, within the timeout too. The root keeps its
+//! reference until every rank has imported (R12.3).
+//!
+//! Handles travel in an envelope (protocol version, options, then the
+//! handle's checksummed wire form). What an importer relies on — kind, size,
+//! team size, counted operations — is checked against what the ranks agreed
+//! on at the join step, and the bind alignment against what this driver's
+//! `cuLogicalEndpointGetLimits` reports for those properties, before import;
+//! the driver validates the handle itself on import (R9.4).
+//!
+//! ```
+//! use std::time::Duration;
+//! use cuda_endpoints::{Allocation, Context, PosixFd, bootstrap::Threads, team};
+//!
+//! let (ctx0, model) = Context::model(Default::default());
+//! let contexts = [ctx0, Context::new(model.spawn_process())];
+//! let boots = Threads::new(2);
+//! std::thread::scope(|s| {
+//!     for (rank, (ctx, boot)) in contexts.iter().zip(boots).enumerate() {
+//!         s.spawn(move || -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//!             let spec = team::TeamSpec::new([rank as i32], 2 << 20).timeout(Duration::from_secs(5));
+//!             let team = team::multicast(ctx, &boot, &spec)?;
+//!             let mem = Allocation::<PosixFd>::on_device(ctx, rank as i32, 2 << 20)?;
+//!             let binding = team.endpoint().bind(rank as i32, 0, &mem)?;
+//!             binding.unbind()?;
+//!             Ok(())
+//!         });
+//!     }
+//! });
+//! assert!(model.live_node().is_empty());
+//! ```
+
+mod agree;
+mod error;
+mod multicast;
+mod peers;
+mod shared;
+mod wire;
+
+use std::time::Duration;
+
+pub use error::{Cause, Mismatch, PeerFailure, Step, TeamError};
+pub use multicast::{SharedTeam, TeamSpec, multicast};
+pub use peers::{PeerSpec, Peers, unicast_peers};
+pub use shared::SharedMulticast;
+
+use crate::context::Context;
+use crate::driver::Device;
+use crate::driver::EndpointProps as Props;
+use crate::endpoint::Endpoint;
+use crate::error::Error;
+use crate::kind::{ImportedUnicast, Kind};
+use crate::state::{Pending, Ready};
+
+/// This rank's devices exist and are distinct (checked before any rank
+/// creates anything).
+fn check_devices(ctx: &Context, devices: &[Device]) -> Result<(), error::Cause> {
+    for (i, &dev) in devices.iter().enumerate() {
+        ctx.check_device(dev).map_err(error::Cause::Local)?;
+        if devices[..i].contains(&dev) {
+            return Err(error::Cause::Local(Error::AlreadyEnrolled { device: dev }));
+        }
+    }
+    Ok(())
+}
+
+/// The handle's bind alignment is what this driver reports for the same
+/// properties, and its size fits (R10).
+fn check_limits(ctx: &Context, props: &Props, handle_align: u64) -> Result<(), error::Cause> {
+    let limits = ctx.limits(props).map_err(error::Cause::Local)?;
+    if limits.bind_alignment != handle_align {
+        return Err(error::Cause::Mismatch(Mismatch::Handle {
+            field: "bind alignment",
+            handle: handle_align,
+            expected: limits.bind_alignment,
+        }));
+    }
+    if props.size > limits.max_size {
+        return Err(error::Cause::Mismatch(Mismatch::Handle {
+            field: "size",
+            handle: props.size,
+            expected: limits.max_size,
+        }));
+    }
+    Ok(())
+}
+
+/// Waits for one endpoint; on failure it is dropped (destroyed) here.
+fn wait_one<K: Kind<Complete = typenum::B1>>(
+    ep: Endpoint<Pending, K>,
+    timeout: Duration,
+) -> Result<Endpoint<Ready, K::Ready>, Error> {
+    ep.wait(timeout).map_err(|f| f.error)
+}
+
+/// Readies every imported peer with one query over the whole range a round:
+/// `own` is already ready and shares the range with them (R3.5).
+fn wait_range<K: Kind>(
+    own: &Endpoint<Ready, K>,
+    imported: &[Option<Endpoint<Pending, ImportedUnicast>>],
+    timeout: Duration,
+) -> Result<(), Error> {
+    if imported.iter().all(Option::is_none) {
+        return Ok(());
+    }
+    let range = own.range();
+    crate::ready::wait_ids(range, range.base, range.count, timeout)
+}

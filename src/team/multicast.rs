@@ -1,0 +1,321 @@
+//! Multicast bring-up (the NCCL pattern): the root creates an exportable team
+//! spread over the ranks and broadcasts its handle; every other rank imports
+//! it; every rank enrolls its own devices; all agree that every step
+//! succeeded on every rank before anyone waits; the wait is bounded and its
+//! outcome agreed too. Nobody binds before that, so no bind can come before
+//! the whole team is in (R3.2, R4.4; C3 on the classic API).
+
+use std::time::Duration;
+
+use crate::bootstrap::Bootstrap;
+use crate::context::Context;
+use crate::driver::Device;
+use crate::endpoint::Endpoint;
+use crate::kind::{Exportable, SpreadTeam};
+use crate::sharing::FabricHandle;
+use crate::spec::Spec;
+use crate::state::{Pending, Ready};
+
+use super::agree::{Deadline, agree, announce};
+use super::error::{Cause, Mismatch, Step, TeamError};
+use super::shared::SharedMulticast;
+use super::wire::{Hello, MAX_DEVICES, decode_envelope, encode_envelope};
+use super::{check_devices, check_limits, wait_one};
+
+/// What a rank asks of a multicast bring-up. Every rank passes the same
+/// `bytes`, `root`, options and (if given) team size; `devices` are this
+/// rank's own, the ones it really uses (not ordinals `0..n`).
+#[derive(Clone, Debug)]
+pub struct TeamSpec {
+    devices: Vec<Device>,
+    bytes: u64,
+    timeout: Duration,
+    root: usize,
+    team_size: Option<u32>,
+    counted_ops: bool,
+}
+
+impl TeamSpec {
+    /// This rank brings `devices` to a team of `bytes` bytes per device.
+    /// Defaults: root rank 0, a 10 s timeout for the whole bring-up, team size
+    /// = all devices the ranks bring.
+    pub fn new<D: Into<Device>>(devices: impl IntoIterator<Item = D>, bytes: u64) -> TeamSpec {
+        TeamSpec {
+            devices: devices.into_iter().map(Into::into).collect(),
+            bytes,
+            timeout: Duration::from_secs(10),
+            root: 0,
+            team_size: None,
+            counted_ops: false,
+        }
+    }
+
+    /// The whole bring-up ends, on every rank, within `timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> TeamSpec {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The rank that creates the endpoint.
+    pub fn root(mut self, root: usize) -> TeamSpec {
+        self.root = root;
+        self
+    }
+
+    /// The team size the job expects: bring-up fails at once, on every rank,
+    /// when the ranks that joined bring another number of devices.
+    pub fn team_size(mut self, devices: u32) -> TeamSpec {
+        self.team_size = Some(devices);
+        self
+    }
+
+    /// Counted operations (`COUNTED_OPS`, R2.4).
+    pub fn counted_ops(mut self) -> TeamSpec {
+        self.counted_ops = true;
+        self
+    }
+}
+
+/// A multicast team brought up on every rank: this rank's ready endpoint
+/// (the same type on every rank) and what the ranks agreed on.
+#[derive(Debug)]
+pub struct SharedTeam {
+    endpoint: Endpoint<Ready, SharedMulticast>,
+    rank: usize,
+    ranks: usize,
+    team_size: u32,
+}
+
+impl SharedTeam {
+    /// This rank's endpoint: bind this rank's memory on its own devices.
+    pub fn endpoint(&self) -> &Endpoint<Ready, SharedMulticast> {
+        &self.endpoint
+    }
+
+    /// The endpoint, to own it outright.
+    pub fn into_endpoint(self) -> Endpoint<Ready, SharedMulticast> {
+        self.endpoint
+    }
+
+    /// This rank's number.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks share the team.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// Devices in the team, over all ranks.
+    pub fn team_size(&self) -> u32 {
+        self.team_size
+    }
+}
+
+/// Brings a multicast team up across the ranks of `boot`, in one call on
+/// every rank; see the [module docs](crate::team) for the steps.
+///
+/// # Errors
+/// A [`TeamError`] on every rank, naming the rank and step that failed first,
+/// within the spec's timeout; everything made on this rank is undone first.
+pub fn multicast(
+    ctx: &Context,
+    boot: &dyn Bootstrap,
+    spec: &TeamSpec,
+) -> Result<SharedTeam, TeamError> {
+    let deadline = Deadline::after(spec.timeout);
+    let (me, ranks) = (boot.rank(), boot.size());
+    if spec.root >= ranks {
+        return Err(TeamError::new(
+            me,
+            Step::Join,
+            Cause::Local(crate::Error::NoSuchDevice {
+                device: Device(spec.root as i32),
+                count: ranks as i32,
+            }),
+        ));
+    }
+
+    // Join: what every rank brings, checked alike on every rank.
+    let hello = Hello {
+        bytes: spec.bytes,
+        counted_ops: spec.counted_ops,
+        devices: spec.devices.clone(),
+        cliques: spec.devices.iter().map(|&d| ctx.clique(d)).collect(),
+    };
+    let local = if spec.devices.len() > MAX_DEVICES {
+        Err(Cause::BadMessage {
+            reason: "more devices than one rank may bring",
+        })
+    } else {
+        check_devices(ctx, &spec.devices).map(|()| hello.encode())
+    }
+    .map_err(|c| (Step::Join, c));
+    let hellos = agree(boot, Step::Join, local, deadline)?;
+    let team_size = agreed_team_size(&hellos, spec, me)?;
+
+    // Create and export on the root; the handle goes to every rank.
+    let mut root_ep = None;
+    let made = (me == spec.root).then(|| {
+        create_and_export(ctx, spec, team_size).map(|(ep, bytes)| {
+            root_ep = Some(ep);
+            bytes
+        })
+    });
+    let envelope = announce(boot, spec.root, Step::Export, made, deadline)?;
+
+    // Import on the other ranks; check the handle against the agreement and
+    // the driver; enroll this rank's devices. One outcome per rank.
+    let mut pending: Option<Endpoint<Pending, SharedMulticast>> = root_ep.map(Endpoint::cast);
+    let local = (|| {
+        if pending.is_none() {
+            pending = Some(import_checked(ctx, &envelope, spec, team_size)?);
+        }
+        let enroll = |c| (Step::Enroll, c);
+        let mut ep = pending
+            .take()
+            .ok_or(enroll(Cause::BadMessage { reason: "no endpoint" }))?;
+        for &dev in &spec.devices {
+            ep = ep.add_device(dev).map_err(|f| enroll(Cause::Local(f.error)))?;
+        }
+        pending = Some(ep);
+        Ok(Vec::new())
+    })();
+    // The root keeps its reference until here: every rank has imported (R12.3).
+    agree(boot, Step::Enroll, local, deadline)?;
+    let Some(ep) = pending else {
+        return Err(TeamError::new(me, Step::Enroll, Cause::BadMessage { reason: "no endpoint" }));
+    };
+
+    // Wait, bounded, and agree that every rank's endpoint is ready: the wait
+    // doubles as the team barrier.
+    let (ready, local) = match wait_one(ep, deadline.left()) {
+        Ok(r) => (Some(r), Ok(Vec::new())),
+        Err(e) => (None, Err((Step::Wait, Cause::Local(e)))),
+    };
+    agree(boot, Step::Wait, local, deadline)?;
+    let Some(endpoint) = ready else {
+        return Err(TeamError::new(me, Step::Wait, Cause::BadMessage { reason: "no endpoint" }));
+    };
+    Ok(SharedTeam {
+        endpoint,
+        rank: me,
+        ranks,
+        team_size,
+    })
+}
+
+/// The team size every rank computes from the same hellos, or the same
+/// mismatch on every rank.
+fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u32, TeamError> {
+    let mut total: u64 = 0;
+    let mut root_hello = None;
+    for (rank, bytes) in hellos.iter().enumerate() {
+        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
+        total = total.saturating_add(h.devices.len() as u64);
+        if rank == spec.root {
+            root_hello = Some(h);
+        }
+    }
+    let Some(root) = root_hello else {
+        return Err(TeamError::new(spec.root, Step::Join, Cause::BadMessage { reason: "no hello from the root" }));
+    };
+    for (rank, bytes) in hellos.iter().enumerate() {
+        // Decoded above: cannot fail now, but stay total.
+        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
+        if h.bytes != root.bytes {
+            return Err(TeamError::new(
+                rank,
+                Step::Join,
+                Cause::Mismatch(Mismatch::Bytes { root: root.bytes, this: h.bytes }),
+            ));
+        }
+        if h.counted_ops != root.counted_ops {
+            return Err(TeamError::new(rank, Step::Join, Cause::Mismatch(Mismatch::CountedOps)));
+        }
+        // One clique for the whole team, where the driver can tell (R4.5).
+        let team_clique = root.cliques.iter().flatten().next().copied();
+        for (dev, clique) in h.devices.iter().zip(&h.cliques) {
+            if let (Some(c), Some(expected)) = (*clique, team_clique)
+                && c != expected
+            {
+                return Err(TeamError::new(
+                    rank,
+                    Step::Join,
+                    Cause::Mismatch(Mismatch::Clique { device: dev.0, clique: c, expected }),
+                ));
+            }
+        }
+    }
+    let declared = spec.team_size;
+    match declared {
+        Some(d) if u64::from(d) != total => Err(TeamError::new(
+            me,
+            Step::Join,
+            Cause::Mismatch(Mismatch::TeamSize { declared: d, arriving: total }),
+        )),
+        _ if total == 0 || total > u64::from(u32::MAX) => Err(TeamError::new(
+            me,
+            Step::Join,
+            Cause::Local(crate::Error::EmptyTeam),
+        )),
+        _ => Ok(total as u32),
+    }
+}
+
+fn create_and_export(
+    ctx: &Context,
+    spec: &TeamSpec,
+    team_size: u32,
+) -> Result<(Endpoint<Pending, SpreadTeam<Exportable>>, Vec<u8>), (Step, Cause)> {
+    let local = |e: crate::Error| (Step::Create, Cause::Local(e));
+    let mut s = Spec::spread(team_size, spec.bytes).exportable();
+    if spec.counted_ops {
+        s = s.counted_ops();
+    }
+    let ep = ctx
+        .reserve_one()
+        .map_err(local)?
+        .create(s)
+        .map_err(|f| local(f.error))?;
+    let handle = ep.export().map_err(|e| (Step::Export, Cause::Local(e)))?;
+    let bytes = encode_envelope(spec.counted_ops, &handle.to_bytes());
+    Ok((ep, bytes))
+}
+
+fn import_checked(
+    ctx: &Context,
+    envelope: &[u8],
+    spec: &TeamSpec,
+    team_size: u32,
+) -> Result<Endpoint<Pending, SharedMulticast>, (Step, Cause)> {
+    let check = |c| (Step::Check, c);
+    let (counted, handle) = decode_envelope(envelope).map_err(check)?;
+    let handle = FabricHandle::<SpreadTeam<Exportable>>::from_bytes(handle)
+        .map_err(|e| check(Cause::Local(e)))?;
+    // What the importer relies on, against what the ranks agreed on …
+    let expect = |field, got: u64, want: u64| {
+        if got == want {
+            Ok(())
+        } else {
+            Err(check(Cause::Mismatch(Mismatch::Handle { field, handle: got, expected: want })))
+        }
+    };
+    expect("team size", u64::from(handle.team_size()), u64::from(team_size))?;
+    expect("size", handle.size(), spec.bytes)?;
+    expect("counted operations", u64::from(counted), u64::from(spec.counted_ops))?;
+    // … and against what this driver reports for those properties (R10).
+    let mut props = Spec::spread(team_size, spec.bytes).exportable();
+    if counted {
+        props = props.counted_ops();
+    }
+    check_limits(ctx, &props.props(), handle.bind_alignment()).map_err(check)?;
+    let import = |c| (Step::Import, c);
+    let ep = ctx
+        .reserve_one()
+        .map_err(|e| import(Cause::Local(e)))?
+        .import(&handle)
+        .map_err(|f| import(Cause::Local(f.error)))?;
+    Ok(ep.cast())
+}

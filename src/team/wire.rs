@@ -1,0 +1,366 @@
+//! The bring-up's messages on the wire: a status per rank and step (what it
+//! brings, or why its step failed) and the hello every rank sends first.
+//!
+//! Everything read here is peer bytes: lengths are bounded, arithmetic is
+//! checked, and anything malformed is a [`Cause::BadMessage`], never a panic.
+
+use crate::driver::{Call, Code, Device};
+use crate::error::Error;
+
+use super::error::{Cause, PeerFailure, Step};
+
+/// Bring-up protocol version; ranks with another refuse to proceed.
+pub(crate) const VERSION: u8 = 1;
+const STATUS_MAGIC: &[u8; 4] = b"CETS";
+const HELLO_MAGIC: &[u8; 4] = b"CETH";
+/// The most devices one rank may bring.
+pub(crate) const MAX_DEVICES: usize = 1024;
+/// The largest status payload (an envelope or a hello).
+const MAX_PAYLOAD: usize = 64 * 1024;
+
+/// A bounds-checked reader over peer bytes.
+pub(crate) struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { bytes }
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], Cause> {
+        if n > self.bytes.len() {
+            return Err(Cause::BadMessage {
+                reason: "message shorter than its fields",
+            });
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, Cause> {
+        Ok(self.take(1)?[0])
+    }
+
+    pub(crate) fn u16(&mut self) -> Result<u16, Cause> {
+        let mut a = [0u8; 2];
+        a.copy_from_slice(self.take(2)?);
+        Ok(u16::from_le_bytes(a))
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, Cause> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+
+    pub(crate) fn u64(&mut self) -> Result<u64, Cause> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    pub(crate) fn rest(self) -> &'a [u8] {
+        self.bytes
+    }
+
+    pub(crate) fn end(self) -> Result<(), Cause> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(Cause::BadMessage {
+                reason: "trailing bytes after the message",
+            })
+        }
+    }
+}
+
+/// One rank's outcome of one step: its payload, or why it failed.
+pub(crate) enum Status {
+    Ok(Vec<u8>),
+    /// The step it failed at (within the agreement step) and what it said.
+    Failed(Step, PeerFailure),
+}
+
+/// Encodes this rank's outcome of `step`.
+pub(crate) fn encode_status(step: Step, outcome: &Result<Vec<u8>, (Step, Cause)>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(STATUS_MAGIC);
+    out.push(VERSION);
+    out.push(step.tag());
+    match outcome {
+        Ok(payload) => {
+            out.push(0);
+            // Payloads are ours (hellos, envelopes): far below u32::MAX.
+            out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            out.extend_from_slice(payload);
+        }
+        Err((at, cause)) => {
+            out.push(1);
+            out.push(at.tag());
+            let (call, code) = match cause {
+                Cause::Local(Error::Driver { call, code }) => (Some(*call), Some(*code)),
+                Cause::Local(e) => (None, e.code()),
+                Cause::Peer(p) => (p.call, p.code),
+                _ => (None, None),
+            };
+            out.extend_from_slice(&code.map_or(0, Code::raw).to_le_bytes());
+            let name = call.map_or("", Call::name).as_bytes();
+            out.push(name.len() as u8); // cuda.h names are short
+            out.extend_from_slice(name);
+            let text = cause.to_string();
+            let msg = truncate(&text, PeerFailure::MAX_MESSAGE);
+            out.extend_from_slice(&(msg.len() as u16).to_le_bytes());
+            out.extend_from_slice(msg.as_bytes());
+        }
+    }
+    out
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Decodes a peer's outcome of `step`.
+pub(crate) fn decode_status(step: Step, bytes: &[u8]) -> Result<Status, Cause> {
+    let mut r = Reader::new(bytes);
+    if r.take(4)? != STATUS_MAGIC {
+        return Err(Cause::BadMessage {
+            reason: "not a bring-up message (magic)",
+        });
+    }
+    let version = r.u8()?;
+    if version != VERSION {
+        return Err(Cause::Mismatch(super::Mismatch::Version {
+            theirs: version,
+            ours: VERSION,
+        }));
+    }
+    let their_step = r.u8()?;
+    if Step::from_tag(their_step) != Some(step) {
+        return Err(Cause::BadMessage {
+            reason: "a message of another bring-up step",
+        });
+    }
+    match r.u8()? {
+        0 => {
+            let len = r.u32()? as usize;
+            if len > MAX_PAYLOAD {
+                return Err(Cause::BadMessage {
+                    reason: "payload larger than any bring-up message",
+                });
+            }
+            let payload = r.take(len)?.to_vec();
+            r.end()?;
+            Ok(Status::Ok(payload))
+        }
+        1 => {
+            let at = Step::from_tag(r.u8()?).ok_or(Cause::BadMessage {
+                reason: "unknown step in a failure",
+            })?;
+            let code = Code::from_raw(r.u32()?);
+            let n = usize::from(r.u8()?);
+            let call = std::str::from_utf8(r.take(n)?)
+                .ok()
+                .and_then(Call::from_name);
+            let n = usize::from(r.u16()?);
+            if n > PeerFailure::MAX_MESSAGE {
+                return Err(Cause::BadMessage {
+                    reason: "failure message longer than allowed",
+                });
+            }
+            let message = String::from_utf8_lossy(r.take(n)?).into_owned();
+            r.end()?;
+            Ok(Status::Failed(
+                at,
+                PeerFailure {
+                    call,
+                    code,
+                    message,
+                },
+            ))
+        }
+        _ => Err(Cause::BadMessage {
+            reason: "unknown status tag",
+        }),
+    }
+}
+
+/// What a rank brings to a bring-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Hello {
+    /// Bytes per device asked for.
+    pub bytes: u64,
+    /// Counted operations asked for.
+    pub counted_ops: bool,
+    /// This rank's devices.
+    pub devices: Vec<Device>,
+    /// Each device's multicast clique (R4.5), `None` where the driver cannot
+    /// tell (before 13.4).
+    pub cliques: Vec<Option<u32>>,
+}
+
+impl Hello {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(18 + 4 * self.devices.len());
+        out.extend_from_slice(HELLO_MAGIC);
+        out.extend_from_slice(&self.bytes.to_le_bytes());
+        out.push(u8::from(self.counted_ops));
+        // At most MAX_DEVICES: checked before encoding.
+        out.extend_from_slice(&(self.devices.len() as u32).to_le_bytes());
+        for (i, d) in self.devices.iter().enumerate() {
+            out.extend_from_slice(&d.0.to_le_bytes());
+            let c = self.cliques.get(i).copied().flatten();
+            out.push(u8::from(c.is_some()));
+            out.extend_from_slice(&c.unwrap_or(0).to_le_bytes());
+        }
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Hello, Cause> {
+        let mut r = Reader::new(bytes);
+        if r.take(4)? != HELLO_MAGIC {
+            return Err(Cause::BadMessage {
+                reason: "not a bring-up hello (magic)",
+            });
+        }
+        let bytes = r.u64()?;
+        let counted_ops = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => {
+                return Err(Cause::BadMessage {
+                    reason: "counted-operations flag is neither 0 nor 1",
+                });
+            }
+        };
+        let n = r.u32()? as usize;
+        if n > MAX_DEVICES {
+            return Err(Cause::BadMessage {
+                reason: "more devices than one rank may bring",
+            });
+        }
+        let mut devices = Vec::with_capacity(n);
+        let mut cliques = Vec::with_capacity(n);
+        for _ in 0..n {
+            devices.push(Device(r.u32()? as i32));
+            let known = r.u8()?;
+            let c = r.u32()?;
+            cliques.push(match known {
+                0 => None,
+                1 => Some(c),
+                _ => {
+                    return Err(Cause::BadMessage {
+                        reason: "clique flag is neither 0 nor 1",
+                    });
+                }
+            });
+        }
+        r.end()?;
+        Ok(Hello {
+            bytes,
+            counted_ops,
+            devices,
+            cliques,
+        })
+    }
+}
+
+/// The envelope a handle travels in: protocol version, the options the
+/// importer checks (counted operations), then the handle's own checksummed
+/// wire form (kind, size, alignment, team size, driver bytes).
+pub(crate) fn encode_envelope(counted_ops: bool, handle: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(6 + handle.len());
+    out.extend_from_slice(b"CETE");
+    out.push(VERSION);
+    out.push(u8::from(counted_ops));
+    out.extend_from_slice(handle);
+    out
+}
+
+/// Splits an envelope into its counted-operations flag and the handle bytes.
+pub(crate) fn decode_envelope(bytes: &[u8]) -> Result<(bool, &[u8]), Cause> {
+    let mut r = Reader::new(bytes);
+    if r.take(4)? != b"CETE" {
+        return Err(Cause::BadMessage {
+            reason: "not a handle envelope (magic)",
+        });
+    }
+    let version = r.u8()?;
+    if version != VERSION {
+        return Err(Cause::Mismatch(super::Mismatch::Version {
+            theirs: version,
+            ours: VERSION,
+        }));
+    }
+    let counted = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => {
+            return Err(Cause::BadMessage {
+                reason: "counted-operations flag is neither 0 nor 1",
+            });
+        }
+    };
+    Ok((counted, r.rest()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_round_trips_and_refuses_other_steps() {
+        let s = encode_status(Step::Join, &Ok(vec![1, 2, 3]));
+        assert!(matches!(decode_status(Step::Join, &s), Ok(Status::Ok(p)) if p == [1, 2, 3]));
+        assert!(decode_status(Step::Wait, &s).is_err());
+        let f = encode_status(
+            Step::Enroll,
+            &Err((
+                Step::Import,
+                Cause::Local(Error::driver(Call::AddDevice, Code::INVALID_DEVICE)),
+            )),
+        );
+        match decode_status(Step::Enroll, &f) {
+            Ok(Status::Failed(at, p)) => {
+                assert_eq!(at, Step::Import);
+                assert_eq!(p.call, Some(Call::AddDevice));
+                assert_eq!(p.code, Some(Code::INVALID_DEVICE));
+            }
+            _ => panic!("expected a failure"),
+        }
+    }
+
+    #[test]
+    fn truncated_or_garbage_status_is_a_bad_message_not_a_panic() {
+        let s = encode_status(Step::Join, &Ok(vec![7; 40]));
+        for n in 0..s.len() {
+            assert!(decode_status(Step::Join, &s[..n]).is_err());
+        }
+        let mut big = s.clone();
+        big[7..11].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_status(Step::Join, &big).is_err());
+    }
+
+    #[test]
+    fn hello_round_trips_and_bounds_device_count() {
+        let h = Hello {
+            bytes: 2 << 20,
+            counted_ops: false,
+            devices: vec![Device(0), Device(3)],
+            cliques: vec![Some(7), None],
+        };
+        assert_eq!(Hello::decode(&h.encode()).ok(), Some(h.clone()));
+        let mut e = h.encode();
+        e[13..17].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Hello::decode(&e).is_err());
+    }
+}
