@@ -173,6 +173,16 @@ impl Arg {
     }
 }
 
+impl Arg {
+    /// The unit for `n` of it: `"id"` for one id.
+    fn unit_for(self, n: u64) -> &'static str {
+        match (self, n) {
+            (Arg::IdCount, 1) => "id",
+            _ => self.unit(),
+        }
+    }
+}
+
 impl fmt::Display for Arg {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -384,7 +394,7 @@ pub enum Error {
     #[error(
         "{what} must not be zero{}; the smallest valid value is {suggested} {}",
         rule_suffix(*.rule),
-        .what.unit()
+        .what.unit_for(*.suggested)
     )]
     ZeroSize {
         /// Which argument.
