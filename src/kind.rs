@@ -338,6 +338,8 @@ impl<N, E, X, H: MemShare> Accepts<H> for Team<N, E, X> where Team<N, E, X>: Kin
 // Likewise a spread team; but its name reads well, so it keeps the memory
 // rule of its sharing (R5.6) and a pending exportable spread team given
 // `Private` memory hears both true errors at once.
+// (`do_not_recommend` also keeps these impls out of the list of kinds that
+// bind, which rustc prints under the R5.7 error: none binds while pending.)
 #[diagnostic::do_not_recommend]
 impl<X: Sharing> CanBind for SpreadTeam<X> {}
 impl<H: MemShare> Accepts<H> for SpreadTeam<Local> {}
