@@ -123,7 +123,7 @@ impl Context {
                 return Err(Error::unsupported(
                     Feature::MulticastTeam,
                     decision.driver_version,
-                    format!("on {devices:?}: {why}"),
+                    format!("for {devices:?}: {why}"),
                 ));
             }
         };

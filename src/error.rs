@@ -173,6 +173,16 @@ impl Arg {
     }
 }
 
+impl Arg {
+    /// The unit for `n` of it: `"id"` for one id.
+    fn unit_for(self, n: u64) -> &'static str {
+        match (self, n) {
+            (Arg::IdCount, 1) => "id",
+            _ => self.unit(),
+        }
+    }
+}
+
 impl fmt::Display for Arg {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -384,7 +394,7 @@ pub enum Error {
     #[error(
         "{what} must not be zero{}; the smallest valid value is {suggested} {}",
         rule_suffix(*.rule),
-        .what.unit()
+        .what.unit_for(*.suggested)
     )]
     ZeroSize {
         /// Which argument.
@@ -554,7 +564,7 @@ pub enum Error {
 
     /// A fabric handle already attached in this context (R9).
     #[error(
-        "this context already holds the endpoint behind this fabric handle (endpoint {id}); use that endpoint: a second attachment in one process shares its bindings with the first, and destroying either would unbind both"
+        "this context already holds the endpoint behind this fabric handle (endpoint {id}, R9); use that endpoint: a second attachment in one process shares its bindings with the first, and destroying either would unbind both"
     )]
     AlreadyAttached {
         /// The id that holds it.
@@ -855,6 +865,42 @@ mod tests {
         assert_eq!(chain.len(), 2);
         let cause = Error::EmptyTeam.to_string();
         assert_eq!(chain.iter().filter(|m| m.contains(&cause)).count(), 1);
+    }
+
+    #[test]
+    fn a_bad_environment_variable_names_itself_its_value_and_the_fix() {
+        let e = Error::bad_environment(
+            "CUDA_ENDPOINTS_DENY",
+            "cuMulticastCreat",
+            "no such entry point",
+            "use cuda.h names",
+        );
+        let msg = e.to_string();
+        for part in [
+            "CUDA_ENDPOINTS_DENY",
+            "\"cuMulticastCreat\"",
+            "no such entry point",
+            "use cuda.h names",
+        ] {
+            assert!(msg.contains(part), "{msg}");
+        }
+        assert!(!e.is_unsupported() && e.rule().is_none());
+    }
+
+    #[test]
+    fn unsupported_names_the_feature_its_rule_and_the_fix() {
+        let e = Error::unsupported(Feature::UnicastOnClassic, Some(13000), "");
+        let msg = e.to_string();
+        assert!(msg.contains("unicast endpoints on the classic"), "{msg}");
+        assert!(msg.contains("13000") && msg.contains("(C1)"), "{msg}");
+        assert!(msg.ends_with(Feature::UnicastOnClassic.fix()), "{msg}");
+        assert!(e.is_unsupported() && e.rule() == Some(Rule::C1));
+        let missing = Error::FeatureMissing {
+            device: Device(0),
+            feature: Feature::CountedOps,
+            attribute: 155,
+        };
+        assert!(missing.is_unsupported() && missing.rule() == Some(Rule::R2_4));
     }
 
     #[test]

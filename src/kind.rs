@@ -224,14 +224,31 @@ impl<K: Kind> Enroll<Ready> for K {
     type Next = K;
     type HasRoom = B1;
 }
-impl<N, E, X> Enroll for Team<N, E, X>
+impl<N: Count, E: Enrolled<N>, X: Sharing> Enroll for Team<N, E, X> {
+    type Next = Team<N, E::Next, X>;
+    type HasRoom = E::HasRoom;
+}
+
+/// A typenum number, as team sizes and enrollment counts are.
+pub trait Count: Unsigned + Send + Sync + 'static {}
+impl<N: Unsigned + Send + Sync + 'static> Count for N {}
+
+/// The typenum arithmetic of one more enrollment in a team of `N`, kept out
+/// of the `Enroll` impl so that rustc's list of kinds that enroll (printed
+/// under a misuse) shows a one-line impl, not typenum bounds.
+pub trait Enrolled<N>: Count + IsEqual<N> {
+    /// One more device.
+    type Next: Count + IsEqual<N>;
+    /// `B1` while the team has room (R4.2).
+    type HasRoom;
+}
+impl<N, E> Enrolled<N> for E
 where
-    N: Unsigned + Send + Sync + 'static,
-    E: Unsigned + IsEqual<N> + IsLess<N> + Add<B1> + Send + Sync + 'static,
-    Add1<E>: Unsigned + IsEqual<N> + Send + Sync + 'static,
-    X: Sharing,
+    N: Count,
+    E: Count + IsEqual<N> + IsLess<N> + Add<B1>,
+    Add1<E>: Count + IsEqual<N>,
 {
-    type Next = Team<N, Add1<E>, X>;
+    type Next = Add1<E>;
     type HasRoom = Le<E, N>;
 }
 impl<X: Sharing> Enroll for SpreadTeam<X> {
@@ -338,6 +355,8 @@ impl<N, E, X, H: MemShare> Accepts<H> for Team<N, E, X> where Team<N, E, X>: Kin
 // Likewise a spread team; but its name reads well, so it keeps the memory
 // rule of its sharing (R5.6) and a pending exportable spread team given
 // `Private` memory hears both true errors at once.
+// (`do_not_recommend` also keeps these impls out of the list of kinds that
+// bind, which rustc prints under the R5.7 error: none binds while pending.)
 #[diagnostic::do_not_recommend]
 impl<X: Sharing> CanBind for SpreadTeam<X> {}
 impl<H: MemShare> Accepts<H> for SpreadTeam<Local> {}
