@@ -76,11 +76,11 @@ pub use typenum;
 /// call whose bound is not met is a compile error worded by the trait (see
 /// [`guide::reading_the_compiler`]).
 pub mod bounds {
+    pub use crate::binding::UnbindThroughBinding;
     pub use crate::kind::{
         Accepts, CanBind, CanExport, Creatable, Enroll, Kind, Sharing, TeamHasRoom, TeamIsComplete,
         TeamIsNonEmpty, TeamSize,
     };
-    pub use crate::binding::UnbindThroughBinding;
     pub use crate::memory::{BindSource, MemShare};
     pub use crate::state::{
         CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,

@@ -28,6 +28,9 @@
 
 use std::sync::{Arc, Once};
 
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
 use cuda_endpoints::Capabilities;
 use cuda_endpoints::driver::cuda::{self, Cuda};
 use cuda_endpoints::driver::{
@@ -44,9 +47,14 @@ fn guard() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         cuda::deny(&[Call::MulticastCreate]);
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
+        // `RUST_LOG=cuda_endpoints=debug` shows every driver call.
+        let targets = std::env::var("RUST_LOG")
+            .ok()
+            .and_then(|v| v.parse::<tracing_subscriber::filter::Targets>().ok())
+            .unwrap_or_default();
+        let _ = tracing_subscriber::registry()
+            .with(tracing_subscriber::fmt::layer().with_test_writer())
+            .with(targets)
             .try_init();
     });
     assert!(

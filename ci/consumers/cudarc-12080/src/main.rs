@@ -7,7 +7,10 @@ use std::time::Duration;
 use cuda_endpoints::{Context, Spec};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("cudarc built for CUDA {}", cudarc::driver::sys::CUDA_VERSION);
+    println!(
+        "cudarc built for CUDA {}",
+        cudarc::driver::sys::CUDA_VERSION
+    );
     if std::env::var_os("CONSUMER_USE_GPU").is_some() {
         let cx = cudarc::driver::CudaContext::new(0)?;
         println!("cudarc context on device {}", cx.ordinal());

@@ -12,7 +12,8 @@ pub fn cudarc_cuda_version() -> u32 {
 }
 
 /// A cudarc context on device 0 (needs a driver at run time).
-pub fn cudarc_context() -> Result<std::sync::Arc<cudarc::driver::CudaContext>, cudarc::driver::DriverError> {
+pub fn cudarc_context()
+-> Result<std::sync::Arc<cudarc::driver::CudaContext>, cudarc::driver::DriverError> {
     cudarc::driver::CudaContext::new(0)
 }
 
