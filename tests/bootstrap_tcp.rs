@@ -173,6 +173,10 @@ fn a_peer_that_never_answers_gives_every_rank_a_timeout_within_its_bound() {
         "{err:?}"
     );
     assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
+    if let Some(mut silent) = kids.take("rank2") {
+        let _ = silent.kill();
+        let _ = silent.wait();
+    }
     let mut done = kids.wait_all(Duration::from_secs(5));
     let rank1 = done.remove(0);
     let res = rank1.results();
@@ -613,4 +617,50 @@ fn a_payload_over_the_frame_limit_is_refused_before_sending() {
         "{err:?}"
     );
     let _ = AbortReason::PeerClosed;
+}
+
+#[test]
+fn accept_names_every_rank_that_did_not_join_within_its_timeout() {
+    let (_, listener) = root(3);
+    let start = Instant::now();
+    let err = listener
+        .accept(3, Duration::from_millis(300))
+        .expect_err("nobody joins");
+    assert!(
+        matches!(&err, BootstrapError::Timeout { rank: 0, waiting_for, .. } if waiting_for == &[1, 2]),
+        "{err:?}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn a_joiner_declaring_another_size_is_refused_and_fails_the_accept() {
+    let (id, listener) = root(3);
+    let joiner =
+        std::thread::spawn(move || Tcp::join(&id, 1, 2, Duration::from_secs(10)).map(|_| ()));
+    let err = listener
+        .accept(3, Duration::from_secs(10))
+        .expect_err("size 2 against 3");
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Mismatch {
+                peer: 1,
+                what: Mismatch::Size { ours: 3, theirs: 2 },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = joiner.join().expect("joiner").expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Refused {
+                rank: 1,
+                reason: Refusal::SizeMismatch
+            }
+        ),
+        "{err:?}"
+    );
 }

@@ -696,13 +696,24 @@ fn header_error(rank: usize, step: Step, peer: usize, e: HeaderError) -> Bootstr
     }
 }
 
+/// Writes all of `bytes` by the deadline: each `write` gets the time left
+/// (`SO_SNDTIMEO`), so a peer that stops reading cannot stretch the call.
 fn write_bounded(stream: &mut TcpStream, bytes: &[u8], deadline: &Deadline) -> io::Result<()> {
-    let left = deadline.remaining();
-    if left.is_zero() {
-        return Err(io::Error::from(io::ErrorKind::TimedOut));
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let left = deadline.remaining();
+        if left.is_zero() {
+            return Err(io::Error::from(io::ErrorKind::TimedOut));
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(rest) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => rest = rest.get(n..).unwrap_or_default(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
-    stream.set_write_timeout(Some(left))?;
-    stream.write_all(bytes)
+    Ok(())
 }
 
 /// Reads one whole frame (handshake), bounded by the deadline.
