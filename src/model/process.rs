@@ -512,6 +512,41 @@ mod tests {
     }
 
     #[test]
+    fn imported_memory_is_the_same_memory() {
+        let a = Model::fabric(FabricConfig::nodes(1, 1));
+        let b = a.spawn_process();
+        // SAFETY: raw VMM calls on handles and ranges this test owns alone.
+        unsafe {
+            let map = |m: &Model, h: u64| {
+                let va = m.mem_address_reserve(ALIGN, 0).unwrap();
+                m.mem_map(va, ALIGN, 0, h).unwrap();
+                m.mem_set_access(va, ALIGN, vec![Device(0)]).unwrap();
+                va
+            };
+            let mem = a
+                .mem_create(ALIGN, request(0, handle_bits::POSIX_FD))
+                .unwrap();
+            let fd = a.export_shareable(mem, ShareableKind::PosixFd).unwrap();
+            let theirs = b.import_shareable(fd, ShareableKind::PosixFd).unwrap();
+            let (va, vb) = (map(&a, mem), map(&b, theirs));
+            b.write(vb + 64, b"written by b").unwrap();
+            assert_eq!(a.read(va + 64, 12).unwrap(), b"written by b");
+            // Counted once, at the exporter.
+            assert_eq!(
+                a.mem_get_info(Device(0)).unwrap().1 - a.mem_get_info(Device(0)).unwrap().0,
+                ALIGN
+            );
+            for (m, v, h) in [(&a, va, mem), (&b, vb, theirs)] {
+                m.mem_unmap(v, ALIGN).unwrap();
+                m.mem_address_free(v, ALIGN).unwrap();
+                m.mem_release(h).unwrap();
+            }
+        }
+        assert!(a.live_fabric().is_empty(), "{:?}", a.live_fabric());
+        assert!(a.violations().is_empty(), "{:?}", a.violations());
+    }
+
+    #[test]
     fn r12_4_fabric_handles_cross_nodes_with_an_imex_channel() {
         let n0 = Model::fabric(FabricConfig::nodes(2, 1));
         let n1 = n0.spawn_process_on(1).unwrap();
