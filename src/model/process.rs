@@ -17,6 +17,7 @@
 //!   exporter that exited, is `INVALID_VALUE`, not a violation: only the
 //!   driver can know (R12.5).
 
+use super::Model;
 use super::config::FabricConfig;
 use super::state::{Alloc, Export, Live, Proc, Shared, World};
 use super::violate;
@@ -307,7 +308,7 @@ impl World {
     }
 }
 
-impl super::Model {
+impl Model {
     /// This process's node.
     pub fn node(&self) -> usize {
         self.lock().procs.get(self.pid).map_or(0, |p| p.node)
@@ -377,14 +378,14 @@ impl super::Model {
     }
 }
 
-impl super::Model {
+impl Model {
     /// A fabric with no process yet, and a handle on it that is no process
     /// (its driver calls answer `DEINITIALIZED`): what a fabric server
     /// keeps to add processes and read the fabric's counters.
-    pub fn fabric_observer(config: FabricConfig) -> super::Model {
+    pub fn fabric_observer(config: FabricConfig) -> Model {
         let mut world = World::new(config.nodes);
         world.imex_default = config.imex_channel;
-        super::Model {
+        Model {
             world: std::sync::Arc::new(std::sync::Mutex::new(world)),
             pid: usize::MAX,
         }
@@ -393,12 +394,12 @@ impl super::Model {
     /// A new process on `node`, with an IMEX channel as `imex_channel` says
     /// (`None`: [`FabricConfig::imex_channel`]); `None` when there is no
     /// such node.
-    pub fn join_process(&self, node: usize, imex_channel: Option<bool>) -> Option<super::Model> {
+    pub fn join_process(&self, node: usize, imex_channel: Option<bool>) -> Option<Model> {
         let mut w = self.lock();
         let imex = imex_channel.unwrap_or(w.imex_default);
         let pid = w.add_process_on(node, imex)?;
         drop(w);
-        Some(super::Model {
+        Some(Model {
             world: self.world.clone(),
             pid,
         })
@@ -416,7 +417,6 @@ mod tests {
 
     use super::*;
     use crate::driver::{AllocationRequest, Device, Driver, Location};
-    use crate::model::Model;
     use crate::{Allocation, Context, Exportable, FabricHandle, Multicast, PosixFd, Spec};
 
     const ALIGN: u64 = 2 << 20;
