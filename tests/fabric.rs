@@ -8,6 +8,7 @@
 //! stdin.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, AsRawFd};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
@@ -234,6 +235,11 @@ fn child_role() {
                 .export_shareable(mem.handle(), ShareableKind::PosixFd)
                 .unwrap();
             say("fd", &fd.to_string());
+            // A real descriptor too; another process opens it through /proc
+            // (as it would receive it with SCM_RIGHTS).
+            let real = me.export_fd(mem.handle()).unwrap();
+            let path = format!("/proc/{}/fd/{}", std::process::id(), real.as_raw_fd());
+            say("fdpath", &path);
             let fab =
                 Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), ALIGN).unwrap();
             let token = me
@@ -241,21 +247,32 @@ fn child_role() {
                 .unwrap();
             say("fabric", &token.to_string());
             wait_for("done");
-            drop((mem, fab));
+            drop((real, mem, fab));
         }
         // Imports both kinds: a descriptor only works on the same node.
         "mem-importer" => {
             let fd: u64 = std::env::var("FD").unwrap().parse().unwrap();
             let token: u64 = std::env::var("TOKEN").unwrap().parse().unwrap();
+            let file = std::fs::File::open(std::env::var("FDPATH").unwrap()).unwrap();
             let r = me.import_shareable(fd, ShareableKind::PosixFd);
+            let real = me.import_fd(file.as_fd());
             if me.node() == 0 {
                 release(&ctx, r.expect("a POSIX descriptor within a node"));
+                release(&ctx, real.expect("a real descriptor within a node"));
             } else {
-                assert!(
-                    matches!(r, Err(fabric::FabricError::Driver { code, .. }) if code == Code::INVALID_VALUE),
-                    "{r:?}"
-                );
+                for r in [r, real] {
+                    assert!(
+                        matches!(r, Err(fabric::FabricError::Driver { code, .. }) if code == Code::INVALID_VALUE),
+                        "{r:?}"
+                    );
+                }
             }
+            // Any other file is not a descriptor of the fabric.
+            let other = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+            assert!(matches!(
+                me.import_fd(other.as_fd()),
+                Err(fabric::FabricError::Descriptor(_))
+            ));
             let h = me
                 .import_shareable(token, ShareableKind::Fabric)
                 .expect("a fabric handle on any node");
@@ -383,9 +400,14 @@ fn r12_4_posix_descriptors_stay_on_their_node_fabric_handles_do_not() {
     let server = FabricServer::start(FabricConfig::nodes(2, 1)).unwrap();
     let mut a = Kid::spawn("exporter", "mem-exporter", &server.join().node(0), &[]);
     let fd = a.expect("fd");
+    let fdpath = a.expect("fdpath");
     let token = a.expect("fabric");
     for node in [0, 1] {
-        let env = [("FD", fd.clone()), ("TOKEN", token.clone())];
+        let env = [
+            ("FD", fd.clone()),
+            ("FDPATH", fdpath.clone()),
+            ("TOKEN", token.clone()),
+        ];
         let c = Kid::spawn("importer", "mem-importer", &server.join().node(node), &env);
         c.expect("checked");
         c.expect("clean");

@@ -112,6 +112,9 @@ pub enum FabricError {
         /// The code.
         code: Code,
     },
+    /// A shareable-handle descriptor could not be made or read.
+    #[error("shareable-handle descriptor: {0}")]
+    Descriptor(std::io::Error),
     /// More bytes than one memory request moves.
     #[error("{len} bytes in one request, more than {max}")]
     TooLarge {
