@@ -279,18 +279,25 @@ fn child_role() {
             release(&ctx, h);
             say("checked", "");
         }
-        // Run by the launcher as rank 3 of 2 nodes x 2 GPUs: node 1, device 1.
+        // Run by the launcher: rank R of nodes of G GPUs runs on node R / G
+        // and uses device R % G.
         "rank" => {
-            assert_eq!((me.node(), me.device()), (1, Some(Device(1))));
+            let rank: u32 = std::env::var("CUDA_ENDPOINTS_RANK")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let gpus: u32 = std::env::var("GPUS").unwrap().parse().unwrap();
+            let dev = Device((rank % gpus) as i32);
+            assert_eq!((me.node(), me.device()), (rank / gpus, Some(dev)));
             let ep = ctx
                 .reserve_one()
                 .unwrap()
-                .create(Spec::unicast(Device(1), ALIGN))
+                .create(Spec::unicast(dev, ALIGN))
                 .unwrap()
                 .wait(T)
                 .unwrap();
-            let mem = Allocation::<PosixFd>::on_device(&ctx, Device(1), ALIGN).unwrap();
-            drop(ep.bind(1, 0, &mem).unwrap());
+            let mem = Allocation::<PosixFd>::on_device(&ctx, dev, ALIGN).unwrap();
+            drop(ep.bind(dev, 0, &mem).unwrap());
             drop((ep, mem));
         }
         // Exits holding two ids.
@@ -534,38 +541,74 @@ fn every_fabric_has_its_own_socket_and_leaves_none_behind() {
     drop(b);
 }
 
+/// Runs the launcher with `args`, bounded by [`T`]; its exit code.
+fn launch(args: &[&str], env: &[(&str, &str)]) -> Option<i32> {
+    let launcher = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
+    let mut cmd = Command::new(launcher);
+    cmd.args(args)
+        .env_remove(ENV_VAR)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut kid = Kid {
+        name: "launcher",
+        child: cmd.spawn().unwrap(),
+        stdin: None,
+        lines: channel().1,
+    };
+    let deadline = Instant::now() + T;
+    loop {
+        if let Some(s) = kid.child.try_wait().unwrap() {
+            return s.code();
+        }
+        assert!(Instant::now() < deadline, "the launcher did not finish");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+const CHILD_ARGS: [&str; 4] = ["child_role", "--exact", "--nocapture", "--test-threads=1"];
+
 #[test]
 fn the_launcher_runs_a_job_and_fails_it_when_a_process_leaks() {
-    let launcher = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
     let exe = std::env::current_exe().unwrap();
-    for (role, code) in [("rank", 0), ("leaker", 3)] {
-        let child = Command::new(launcher)
-            .args(["--nodes", "2", "--gpus", "2", "--timeout", "60", "--"])
-            .arg(&exe)
-            .args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
-            .env(ROLE, role)
-            .env("CUDA_ENDPOINTS_RANK", "3")
-            .env_remove(ENV_VAR)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut kid = Kid {
-            name: "launcher",
-            child,
-            stdin: None,
-            lines: channel().1,
-        };
-        let deadline = Instant::now() + T;
-        let status = loop {
-            if let Some(s) = kid.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(Instant::now() < deadline, "the launcher did not finish");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        assert_eq!(status.code(), Some(code), "{role}");
-        drop(kid);
-    }
+    let exe = exe.to_str().unwrap();
+    let args = |more: &[&'static str]| {
+        let mut a = vec!["--nodes", "2", "--gpus", "2", "--timeout", "60", "--", exe];
+        a.extend_from_slice(more);
+        a
+    };
+    let env = [(ROLE, "rank"), ("CUDA_ENDPOINTS_RANK", "3"), ("GPUS", "2")];
+    assert_eq!(launch(&args(&CHILD_ARGS), &env), Some(0));
+    let env = [(ROLE, "leaker")];
+    assert_eq!(
+        launch(&args(&CHILD_ARGS), &env),
+        Some(3),
+        "a leak fails the job"
+    );
+    let env = [(ROLE, "no-such-role")];
+    assert_eq!(
+        launch(&args(&CHILD_ARGS), &env),
+        Some(101),
+        "the command's failure"
+    );
+}
+
+#[test]
+fn the_launcher_places_eight_ranks_on_two_nodes_of_four() {
+    // As `mpirun -n 8` would: eight processes, each told its rank.
+    let script = r#"pids=""
+for r in 0 1 2 3 4 5 6 7; do
+  CUDA_ENDPOINTS_RANK=$r "$0" "$@" & pids="$pids $!"
+done
+fail=0
+for p in $pids; do wait $p || fail=1; done
+exit $fail"#;
+    let exe = std::env::current_exe().unwrap();
+    let mut args = vec!["--nodes", "2", "--gpus", "4", "--", "sh", "-c", script];
+    args.push(exe.to_str().unwrap());
+    args.extend_from_slice(&CHILD_ARGS);
+    assert_eq!(launch(&args, &[(ROLE, "rank"), ("GPUS", "4")]), Some(0));
 }
