@@ -612,3 +612,67 @@ exit $fail"#;
     args.extend_from_slice(&CHILD_ARGS);
     assert_eq!(launch(&args, &[(ROLE, "rank"), ("GPUS", "4")]), Some(0));
 }
+
+mod hostile {
+    use std::os::unix::net::UnixStream;
+
+    use cuda_endpoints::fabric::wire::{self, PROTOCOL, Reply, Request};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn joined(server: &FabricServer) -> UnixStream {
+        let s = UnixStream::connect(server.socket()).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut w = &s;
+        let hello = Request::Hello {
+            protocol: PROTOCOL,
+            node: None,
+            rank: None,
+            imex_channel: None,
+            os_pid: 0,
+        };
+        wire::send(&mut w, &hello).unwrap();
+        assert!(matches!(wire::recv::<Reply>(&mut w), Ok(Reply::Welcome(_))));
+        s
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Arbitrary payloads after a valid hello — arbitrary driver calls
+        /// with arbitrary arguments among them — get an answer or end the
+        /// connection; the fabric stays up, consistent, and cleans up.
+        #[test]
+        fn arbitrary_requests_never_hurt_the_fabric(
+            frames in proptest::collection::vec(
+                (proptest::option::of(0u8..40), proptest::collection::vec(any::<u8>(), 0..64)),
+                1..8,
+            ),
+        ) {
+            let server = FabricServer::start(FabricConfig::nodes(2, 2)).unwrap();
+            let s = joined(&server);
+            let mut w = &s;
+            for (call, bytes) in &frames {
+                // Mostly driver calls (`Request::Call`, then a call of the
+                // table) with arbitrary arguments; else any bytes.
+                let mut payload = call.map_or_else(Vec::new, |c| vec![1, c]);
+                payload.extend_from_slice(bytes);
+                let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
+                frame.extend_from_slice(&payload);
+                if w.write_all(&frame).is_err() {
+                    break;
+                }
+                if wire::recv::<Reply>(&mut w).is_err() {
+                    break;
+                }
+            }
+            drop(s);
+            let (ctx, me) = fabric::connect(&server.join()).unwrap();
+            prop_assert_eq!(ctx.device_count().unwrap(), 2);
+            drop((ctx, me));
+            prop_assert!(server.wait_idle(T));
+            prop_assert!(server.live().is_empty(), "{:?}", server.live());
+        }
+    }
+}
