@@ -29,7 +29,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let binding = ep.bind(dev, 0, &mem)?;
     drop(binding);
     let mapped = mem.map(&[dev])?;
-    let text = format!("fabric process {} on node {} uses {dev}", me.pid(), me.node());
+    let text = format!(
+        "fabric process {} on node {} uses {dev}",
+        me.pid(),
+        me.node()
+    );
     me.write(mapped.device_ptr(), text.as_bytes())?;
     let back = me.read(mapped.device_ptr(), text.len())?;
     println!("{}", String::from_utf8_lossy(&back));

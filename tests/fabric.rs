@@ -216,6 +216,17 @@ fn child_role() {
             drop(b);
             drop((ep, mem));
         }
+        // Imports after the creator died: nothing is left to import (R12.3).
+        "late-importer" => {
+            let f = ctx.reserve_one().unwrap().import(&handle()).unwrap_err();
+            assert!(
+                matches!(f.error, Error::Driver { call: Call::Import, code } if code == Code::INVALID_VALUE),
+                "{}",
+                f.error
+            );
+            say("refused", "INVALID_VALUE");
+            drop(f);
+        }
         // Tries to import without an IMEX channel.
         "no-imex" => {
             assert!(!me.imex_channel());
@@ -424,6 +435,23 @@ fn r12_4_posix_descriptors_stay_on_their_node_fabric_handles_do_not() {
     a.expect("clean");
     a.finish();
     assert_clean(&server);
+}
+
+#[test]
+fn r12_3_a_creator_killed_before_anyone_imported_leaves_nothing_to_import() {
+    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
+    let mut a = Kid::spawn("creator", "creator", &server.join(), &[]);
+    let handle = a.expect("handle");
+    a.kill();
+    assert!(server.wait_exits(1, T));
+    assert!(server.live().is_empty(), "{:?}", server.live());
+    let b = Kid::spawn("late", "late-importer", &server.join(), &[(HANDLE, handle)]);
+    b.expect("refused");
+    b.expect("clean");
+    b.finish();
+    assert!(server.wait_idle(T));
+    // Not a rule the importer broke: only the driver knew (R12.5).
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
 }
 
 #[test]
