@@ -104,6 +104,12 @@ pub fn c_source() -> String {
             let _ = writeln!(out, "CHECK({0} == {1}, \"value of {0}\");", c.name, c.value);
         });
     }
+    out.push_str("\n/* CUresult: every code `Code` names */\n");
+    for &(name, value, since) in crate::driver::code::KNOWN {
+        guarded(&mut out, since.max(12000), |out| {
+            let _ = writeln!(out, "CHECK({name} == {value}, \"value of {name}\");");
+        });
+    }
     out.push_str("\n/* prototypes: the header's function as a pointer of our type */\n");
     for f in FUNCTIONS {
         guarded(&mut out, f.since, |out| {
