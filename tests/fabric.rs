@@ -704,3 +704,23 @@ mod hostile {
         }
     }
 }
+
+#[test]
+fn the_classic_fallback_runs_over_the_fabric() {
+    use cuda_endpoints::driver::Classic;
+    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
+    let (_ctx, me) = fabric::connect(&server.join()).unwrap();
+    let ctx = Context::new(Classic::new(me.remote()));
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    assert_eq!(me.live().unwrap().multicast_objects, 1);
+    let mem = Allocation::<PosixFd>::on_device(&ctx, Device(1), ALIGN).unwrap();
+    drop(team.bind(1, 0, &mem).unwrap());
+    drop((team, mem, ctx, _ctx, me));
+    assert_clean(&server);
+}

@@ -183,6 +183,13 @@ impl Process {
         self.remote.welcome.imex_channel
     }
 
+    /// This process's driver on the fabric, to stack a wrapper on it (e.g.
+    /// the classic fallback: `Context::new(Classic::new(me.remote()))`).
+    /// Its calls are `unsafe`, as every driver's.
+    pub fn remote(&self) -> Arc<Remote> {
+        self.remote.clone()
+    }
+
     /// The fabric's socket.
     pub fn socket(&self) -> &Path {
         &self.remote.socket
