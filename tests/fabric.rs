@@ -8,6 +8,7 @@
 //! stdin.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, AsRawFd};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
@@ -215,6 +216,17 @@ fn child_role() {
             drop(b);
             drop((ep, mem));
         }
+        // Imports after the creator died: nothing is left to import (R12.3).
+        "late-importer" => {
+            let f = ctx.reserve_one().unwrap().import(&handle()).unwrap_err();
+            assert!(
+                matches!(f.error, Error::Driver { call: Call::Import, code } if code == Code::INVALID_VALUE),
+                "{}",
+                f.error
+            );
+            say("refused", "INVALID_VALUE");
+            drop(f);
+        }
         // Tries to import without an IMEX channel.
         "no-imex" => {
             assert!(!me.imex_channel());
@@ -234,6 +246,11 @@ fn child_role() {
                 .export_shareable(mem.handle(), ShareableKind::PosixFd)
                 .unwrap();
             say("fd", &fd.to_string());
+            // A real descriptor too; another process opens it through /proc
+            // (as it would receive it with SCM_RIGHTS).
+            let real = me.export_fd(mem.handle()).unwrap();
+            let path = format!("/proc/{}/fd/{}", std::process::id(), real.as_raw_fd());
+            say("fdpath", &path);
             let fab =
                 Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), ALIGN).unwrap();
             let token = me
@@ -241,39 +258,57 @@ fn child_role() {
                 .unwrap();
             say("fabric", &token.to_string());
             wait_for("done");
-            drop((mem, fab));
+            drop((real, mem, fab));
         }
         // Imports both kinds: a descriptor only works on the same node.
         "mem-importer" => {
             let fd: u64 = std::env::var("FD").unwrap().parse().unwrap();
             let token: u64 = std::env::var("TOKEN").unwrap().parse().unwrap();
+            let file = std::fs::File::open(std::env::var("FDPATH").unwrap()).unwrap();
             let r = me.import_shareable(fd, ShareableKind::PosixFd);
+            let real = me.import_fd(file.as_fd());
             if me.node() == 0 {
                 release(&ctx, r.expect("a POSIX descriptor within a node"));
+                release(&ctx, real.expect("a real descriptor within a node"));
             } else {
-                assert!(
-                    matches!(r, Err(fabric::FabricError::Driver { code, .. }) if code == Code::INVALID_VALUE),
-                    "{r:?}"
-                );
+                for r in [r, real] {
+                    assert!(
+                        matches!(r, Err(fabric::FabricError::Driver { code, .. }) if code == Code::INVALID_VALUE),
+                        "{r:?}"
+                    );
+                }
             }
+            // Any other file is not a descriptor of the fabric.
+            let other = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+            assert!(matches!(
+                me.import_fd(other.as_fd()),
+                Err(fabric::FabricError::Descriptor(_))
+            ));
             let h = me
                 .import_shareable(token, ShareableKind::Fabric)
                 .expect("a fabric handle on any node");
             release(&ctx, h);
             say("checked", "");
         }
-        // Run by the launcher as rank 3 of 2 nodes x 2 GPUs: node 1, device 1.
+        // Run by the launcher: rank R of nodes of G GPUs runs on node R / G
+        // and uses device R % G.
         "rank" => {
-            assert_eq!((me.node(), me.device()), (1, Some(Device(1))));
+            let rank: u32 = std::env::var("CUDA_ENDPOINTS_RANK")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let gpus: u32 = std::env::var("GPUS").unwrap().parse().unwrap();
+            let dev = Device((rank % gpus) as i32);
+            assert_eq!((me.node(), me.device()), (rank / gpus, Some(dev)));
             let ep = ctx
                 .reserve_one()
                 .unwrap()
-                .create(Spec::unicast(Device(1), ALIGN))
+                .create(Spec::unicast(dev, ALIGN))
                 .unwrap()
                 .wait(T)
                 .unwrap();
-            let mem = Allocation::<PosixFd>::on_device(&ctx, Device(1), ALIGN).unwrap();
-            drop(ep.bind(1, 0, &mem).unwrap());
+            let mem = Allocation::<PosixFd>::on_device(&ctx, dev, ALIGN).unwrap();
+            drop(ep.bind(dev, 0, &mem).unwrap());
             drop((ep, mem));
         }
         // Exits holding two ids.
@@ -383,9 +418,14 @@ fn r12_4_posix_descriptors_stay_on_their_node_fabric_handles_do_not() {
     let server = FabricServer::start(FabricConfig::nodes(2, 1)).unwrap();
     let mut a = Kid::spawn("exporter", "mem-exporter", &server.join().node(0), &[]);
     let fd = a.expect("fd");
+    let fdpath = a.expect("fdpath");
     let token = a.expect("fabric");
     for node in [0, 1] {
-        let env = [("FD", fd.clone()), ("TOKEN", token.clone())];
+        let env = [
+            ("FD", fd.clone()),
+            ("FDPATH", fdpath.clone()),
+            ("TOKEN", token.clone()),
+        ];
         let c = Kid::spawn("importer", "mem-importer", &server.join().node(node), &env);
         c.expect("checked");
         c.expect("clean");
@@ -395,6 +435,23 @@ fn r12_4_posix_descriptors_stay_on_their_node_fabric_handles_do_not() {
     a.expect("clean");
     a.finish();
     assert_clean(&server);
+}
+
+#[test]
+fn r12_3_a_creator_killed_before_anyone_imported_leaves_nothing_to_import() {
+    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
+    let mut a = Kid::spawn("creator", "creator", &server.join(), &[]);
+    let handle = a.expect("handle");
+    a.kill();
+    assert!(server.wait_exits(1, T));
+    assert!(server.live().is_empty(), "{:?}", server.live());
+    let b = Kid::spawn("late", "late-importer", &server.join(), &[(HANDLE, handle)]);
+    b.expect("refused");
+    b.expect("clean");
+    b.finish();
+    assert!(server.wait_idle(T));
+    // Not a rule the importer broke: only the driver knew (R12.5).
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
 }
 
 #[test]
@@ -512,38 +569,158 @@ fn every_fabric_has_its_own_socket_and_leaves_none_behind() {
     drop(b);
 }
 
+/// Runs the launcher with `args`, bounded by [`T`]; its exit code.
+fn launch(args: &[&str], env: &[(&str, &str)]) -> Option<i32> {
+    let launcher = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
+    let mut cmd = Command::new(launcher);
+    cmd.args(args)
+        .env_remove(ENV_VAR)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut kid = Kid {
+        name: "launcher",
+        child: cmd.spawn().unwrap(),
+        stdin: None,
+        lines: channel().1,
+    };
+    let deadline = Instant::now() + T;
+    loop {
+        if let Some(s) = kid.child.try_wait().unwrap() {
+            return s.code();
+        }
+        assert!(Instant::now() < deadline, "the launcher did not finish");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+const CHILD_ARGS: [&str; 4] = ["child_role", "--exact", "--nocapture", "--test-threads=1"];
+
 #[test]
 fn the_launcher_runs_a_job_and_fails_it_when_a_process_leaks() {
-    let launcher = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
     let exe = std::env::current_exe().unwrap();
-    for (role, code) in [("rank", 0), ("leaker", 3)] {
-        let child = Command::new(launcher)
-            .args(["--nodes", "2", "--gpus", "2", "--timeout", "60", "--"])
-            .arg(&exe)
-            .args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
-            .env(ROLE, role)
-            .env("CUDA_ENDPOINTS_RANK", "3")
-            .env_remove(ENV_VAR)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut kid = Kid {
-            name: "launcher",
-            child,
-            stdin: None,
-            lines: channel().1,
+    let exe = exe.to_str().unwrap();
+    let args = |more: &[&'static str]| {
+        let mut a = vec!["--nodes", "2", "--gpus", "2", "--timeout", "60", "--", exe];
+        a.extend_from_slice(more);
+        a
+    };
+    let env = [(ROLE, "rank"), ("CUDA_ENDPOINTS_RANK", "3"), ("GPUS", "2")];
+    assert_eq!(launch(&args(&CHILD_ARGS), &env), Some(0));
+    let env = [(ROLE, "leaker")];
+    assert_eq!(
+        launch(&args(&CHILD_ARGS), &env),
+        Some(3),
+        "a leak fails the job"
+    );
+    let env = [(ROLE, "no-such-role")];
+    assert_eq!(
+        launch(&args(&CHILD_ARGS), &env),
+        Some(101),
+        "the command's failure"
+    );
+}
+
+#[test]
+fn the_launcher_places_eight_ranks_on_two_nodes_of_four() {
+    // As `mpirun -n 8` would: eight processes, each told its rank.
+    let script = r#"pids=""
+for r in 0 1 2 3 4 5 6 7; do
+  CUDA_ENDPOINTS_RANK=$r "$0" "$@" & pids="$pids $!"
+done
+fail=0
+for p in $pids; do wait $p || fail=1; done
+exit $fail"#;
+    let exe = std::env::current_exe().unwrap();
+    let mut args = vec!["--nodes", "2", "--gpus", "4", "--", "sh", "-c", script];
+    args.push(exe.to_str().unwrap());
+    args.extend_from_slice(&CHILD_ARGS);
+    assert_eq!(launch(&args, &[(ROLE, "rank"), ("GPUS", "4")]), Some(0));
+}
+
+mod hostile {
+    use std::os::unix::net::UnixStream;
+
+    use cuda_endpoints::fabric::wire::{self, PROTOCOL, Reply, Request};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn joined(server: &FabricServer) -> UnixStream {
+        let s = UnixStream::connect(server.socket()).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut w = &s;
+        let hello = Request::Hello {
+            protocol: PROTOCOL,
+            node: None,
+            rank: None,
+            imex_channel: None,
+            os_pid: 0,
         };
-        let deadline = Instant::now() + T;
-        let status = loop {
-            if let Some(s) = kid.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(Instant::now() < deadline, "the launcher did not finish");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        assert_eq!(status.code(), Some(code), "{role}");
-        drop(kid);
+        wire::send(&mut w, &hello).unwrap();
+        assert!(matches!(wire::recv::<Reply>(&mut w), Ok(Reply::Welcome(_))));
+        s
     }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Arbitrary payloads after a valid hello — arbitrary driver calls
+        /// with arbitrary arguments among them — get an answer or end the
+        /// connection; the fabric stays up, consistent, and cleans up.
+        #[test]
+        fn arbitrary_requests_never_hurt_the_fabric(
+            frames in proptest::collection::vec(
+                (proptest::option::of(0u8..40), proptest::collection::vec(any::<u8>(), 0..64)),
+                1..8,
+            ),
+        ) {
+            let server = FabricServer::start(FabricConfig::nodes(2, 2)).unwrap();
+            let s = joined(&server);
+            let mut w = &s;
+            for (call, bytes) in &frames {
+                // Mostly driver calls (`Request::Call`, then a call of the
+                // table) with arbitrary arguments; else any bytes.
+                let mut payload = call.map_or_else(Vec::new, |c| vec![1, c]);
+                payload.extend_from_slice(bytes);
+                let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
+                frame.extend_from_slice(&payload);
+                if w.write_all(&frame).is_err() {
+                    break;
+                }
+                if wire::recv::<Reply>(&mut w).is_err() {
+                    break;
+                }
+            }
+            drop(s);
+            let (ctx, me) = fabric::connect(&server.join()).unwrap();
+            prop_assert_eq!(ctx.device_count().unwrap(), 2);
+            drop((ctx, me));
+            prop_assert!(server.wait_idle(T));
+            prop_assert!(server.live().is_empty(), "{:?}", server.live());
+        }
+    }
+}
+
+#[test]
+fn the_classic_fallback_runs_over_the_fabric() {
+    use cuda_endpoints::driver::Classic;
+    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
+    let (_ctx, me) = fabric::connect(&server.join()).unwrap();
+    let ctx = Context::new(Classic::new(me.remote()));
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    assert_eq!(me.live().unwrap().multicast_objects, 1);
+    let mem = Allocation::<PosixFd>::on_device(&ctx, Device(1), ALIGN).unwrap();
+    drop(team.bind(1, 0, &mem).unwrap());
+    drop((team, mem, ctx, _ctx, me));
+    assert_clean(&server);
 }

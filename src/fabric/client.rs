@@ -5,6 +5,8 @@
 //! dropped the connection closes, which is this process's exit on the
 //! fabric (SPEC R12.2).
 
+use std::io::Write;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -18,6 +20,9 @@ use super::wire::{self, FrameError, PROTOCOL, Reply, Request, Welcome, WireViola
 use crate::context::Context;
 use crate::driver::{Code, Device, DriverResult};
 use crate::model::{FabricLive, FaultPlan, Live, ShareableKind};
+
+/// What a descriptor of [`Process::export_fd`] starts with.
+const FD_MAGIC: &[u8; 8] = b"CEPFD\0\0\0";
 
 /// A driver backend that is one process of a fabric server's model: the
 /// driver calls of the boundary's table, sent over the connection. Made by
@@ -178,6 +183,13 @@ impl Process {
         self.remote.welcome.imex_channel
     }
 
+    /// This process's driver on the fabric, to stack a wrapper on it (e.g.
+    /// the classic fallback: `Context::new(Classic::new(me.remote()))`).
+    /// Its calls are `unsafe`, as every driver's.
+    pub fn remote(&self) -> Arc<Remote> {
+        self.remote.clone()
+    }
+
     /// The fabric's socket.
     pub fn socket(&self) -> &Path {
         &self.remote.socket
@@ -298,6 +310,48 @@ impl Process {
             "import_shareable",
             &Request::ImportShareable { token, kind },
         )
+    }
+
+    /// Exports an allocation or classic multicast object of this process
+    /// as a real POSIX file descriptor (C5), to pass to a process of the
+    /// same node with `SCM_RIGHTS` (or `pidfd_getfd`). The descriptor is an
+    /// unnamed temporary file holding the fabric's token.
+    ///
+    /// # Errors
+    /// As [`Process::export_shareable`]; [`FabricError::Descriptor`] when
+    /// the file cannot be made.
+    pub fn export_fd(&self, handle: u64) -> Result<OwnedFd, FabricError> {
+        let token = self.export_shareable(handle, ShareableKind::PosixFd)?;
+        let mut file = tempfile::tempfile().map_err(FabricError::Descriptor)?;
+        let mut bytes = FD_MAGIC.to_vec();
+        bytes.extend_from_slice(&token.to_le_bytes());
+        file.write_all(&bytes).map_err(FabricError::Descriptor)?;
+        Ok(OwnedFd::from(file))
+    }
+
+    /// Imports a descriptor made by [`Process::export_fd`] (here or, passed
+    /// over a Unix socket, in another process): this process's handle on
+    /// the memory or object.
+    ///
+    /// # Errors
+    /// [`FabricError::Descriptor`] for a descriptor that is not one;
+    /// otherwise as [`Process::import_shareable`] (`INVALID_VALUE` from
+    /// another node, R12.4).
+    pub fn import_fd(&self, fd: BorrowedFd<'_>) -> Result<u64, FabricError> {
+        let file = std::fs::File::from(fd.try_clone_to_owned().map_err(FabricError::Descriptor)?);
+        let mut bytes = [0u8; 16];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0)
+            .map_err(FabricError::Descriptor)?;
+        let (magic, token) = bytes.split_at(8);
+        let mut t = [0u8; 8];
+        t.copy_from_slice(token);
+        if magic != FD_MAGIC {
+            return Err(FabricError::Descriptor(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not a descriptor exported by a model fabric",
+            )));
+        }
+        self.import_shareable(u64::from_le_bytes(t), ShareableKind::PosixFd)
     }
 
     fn handle(&self, what: &'static str, req: &Request) -> Result<u64, FabricError> {

@@ -22,6 +22,23 @@
 //!   [`Join`]), which returns a [`Context`](crate::Context) and its
 //!   [`Process`] handle (leak counters, violations, device memory).
 //!
+//! What the fabric simulates, beyond one node's model (SPEC R12, the model's
+//! choices, see [`crate::model`]): nodes with their own devices (ordinals
+//! are per node), one IMEX domain, an IMEX channel per process (fabric
+//! handles import only with one: `NOT_PERMITTED`, R9.1), POSIX descriptors
+//! that reach only their node ([`Process::export_fd`], R12.4), and refusals
+//! that only the driver can know — a device another process enrolled, a team
+//! that others filled, a handle whose endpoint was freed — answered with the
+//! driver's code and not logged as violations (R12.5).
+//!
+//! The protocol ([`wire`]): one request, one reply, in `postcard` frames
+//! bounded at [`wire::MAX_FRAME`] bytes; the first request is
+//! [`wire::Request::Hello`] (protocol version, node or rank, IMEX channel);
+//! then driver calls ([`WireCall`], one variant per row of the table) and
+//! model requests (leak counters of the process and of the fabric,
+//! violations, device memory, faults, shareable handles). Bytes that do not
+//! decode end that connection (its process exits) and nothing else.
+//!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use cuda_endpoints::fabric;
@@ -112,6 +129,9 @@ pub enum FabricError {
         /// The code.
         code: Code,
     },
+    /// A shareable-handle descriptor could not be made or read.
+    #[error("shareable-handle descriptor: {0}")]
+    Descriptor(std::io::Error),
     /// More bytes than one memory request moves.
     #[error("{len} bytes in one request, more than {max}")]
     TooLarge {

@@ -282,6 +282,8 @@ fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener) {
             break;
         }
         let Ok(stream) = stream else {
+            // Out of descriptors or the like: do not spin on it.
+            std::thread::sleep(Duration::from_millis(10));
             continue;
         };
         let mut book = shared.book();
@@ -347,9 +349,17 @@ fn place(world: &Model, node: Option<u32>, rank: Option<u32>) -> (usize, Option<
     (0, None)
 }
 
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn serve(shared: &Shared, stream: UnixStream) {
     let mut s = &stream;
-    let (node, rank, imex, os_pid) = match wire::recv::<Request>(&mut s) {
+    // A peer that connects and says nothing does not hold a thread for long;
+    // once joined, a process may stay idle as long as it likes.
+    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+    let hello = wire::recv::<Request>(&mut s);
+    let _ = stream.set_read_timeout(None);
+    let (node, rank, imex, os_pid) = match hello {
         Ok(Request::Hello {
             protocol,
             node,

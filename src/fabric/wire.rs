@@ -145,6 +145,8 @@ pub enum FrameError {
     TooLarge(u64),
     /// Bytes that do not decode as the expected message.
     Decode(postcard::Error),
+    /// A message that does not encode (a bug, not the peer's).
+    Encode(postcard::Error),
 }
 
 impl std::fmt::Display for FrameError {
@@ -154,13 +156,14 @@ impl std::fmt::Display for FrameError {
             FrameError::Io(e) => write!(f, "transport: {e}"),
             FrameError::TooLarge(n) => write!(f, "frame of {n} bytes, more than {MAX_FRAME}"),
             FrameError::Decode(e) => write!(f, "undecodable frame: {e}"),
+            FrameError::Encode(e) => write!(f, "unencodable message: {e}"),
         }
     }
 }
 
 /// Writes `msg` as one frame.
 pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
-    let bytes = postcard::to_stdvec(msg).map_err(FrameError::Decode)?;
+    let bytes = postcard::to_stdvec(msg).map_err(FrameError::Encode)?;
     if bytes.len() > MAX_FRAME {
         return Err(FrameError::TooLarge(bytes.len() as u64));
     }

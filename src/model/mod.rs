@@ -48,8 +48,8 @@ use crate::driver::{
 };
 use state::World;
 
-/// One simulated process on a simulated node. Cloning gives another handle to
-/// the same process.
+/// One simulated process on a node of a simulated fabric. Cloning gives
+/// another handle to the same process.
 #[derive(Clone)]
 pub struct Model {
     world: Arc<Mutex<World>>,

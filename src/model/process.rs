@@ -17,6 +17,7 @@
 //!   exporter that exited, is `INVALID_VALUE`, not a violation: only the
 //!   driver can know (R12.5).
 
+use super::Model;
 use super::config::FabricConfig;
 use super::state::{Alloc, Export, Live, Proc, Shared, World};
 use super::violate;
@@ -307,7 +308,7 @@ impl World {
     }
 }
 
-impl super::Model {
+impl Model {
     /// This process's node.
     pub fn node(&self) -> usize {
         self.lock().procs.get(self.pid).map_or(0, |p| p.node)
@@ -377,14 +378,14 @@ impl super::Model {
     }
 }
 
-impl super::Model {
+impl Model {
     /// A fabric with no process yet, and a handle on it that is no process
     /// (its driver calls answer `DEINITIALIZED`): what a fabric server
     /// keeps to add processes and read the fabric's counters.
-    pub fn fabric_observer(config: FabricConfig) -> super::Model {
+    pub fn fabric_observer(config: FabricConfig) -> Model {
         let mut world = World::new(config.nodes);
         world.imex_default = config.imex_channel;
-        super::Model {
+        Model {
             world: std::sync::Arc::new(std::sync::Mutex::new(world)),
             pid: usize::MAX,
         }
@@ -393,12 +394,12 @@ impl super::Model {
     /// A new process on `node`, with an IMEX channel as `imex_channel` says
     /// (`None`: [`FabricConfig::imex_channel`]); `None` when there is no
     /// such node.
-    pub fn join_process(&self, node: usize, imex_channel: Option<bool>) -> Option<super::Model> {
+    pub fn join_process(&self, node: usize, imex_channel: Option<bool>) -> Option<Model> {
         let mut w = self.lock();
         let imex = imex_channel.unwrap_or(w.imex_default);
         let pid = w.add_process_on(node, imex)?;
         drop(w);
-        Some(super::Model {
+        Some(Model {
             world: self.world.clone(),
             pid,
         })
@@ -416,7 +417,6 @@ mod tests {
 
     use super::*;
     use crate::driver::{AllocationRequest, Device, Driver, Location};
-    use crate::model::Model;
     use crate::{Allocation, Context, Exportable, FabricHandle, Multicast, PosixFd, Spec};
 
     const ALIGN: u64 = 2 << 20;
@@ -509,6 +509,41 @@ mod tests {
         // Only the wrong-kind export was a rule the caller could check.
         assert_eq!(n0.violations().len(), 1, "{:?}", n0.violations());
         assert!(n0.live_fabric().is_empty());
+    }
+
+    #[test]
+    fn imported_memory_is_the_same_memory() {
+        let a = Model::fabric(FabricConfig::nodes(1, 1));
+        let b = a.spawn_process();
+        // SAFETY: raw VMM calls on handles and ranges this test owns alone.
+        unsafe {
+            let map = |m: &Model, h: u64| {
+                let va = m.mem_address_reserve(ALIGN, 0).unwrap();
+                m.mem_map(va, ALIGN, 0, h).unwrap();
+                m.mem_set_access(va, ALIGN, vec![Device(0)]).unwrap();
+                va
+            };
+            let mem = a
+                .mem_create(ALIGN, request(0, handle_bits::POSIX_FD))
+                .unwrap();
+            let fd = a.export_shareable(mem, ShareableKind::PosixFd).unwrap();
+            let theirs = b.import_shareable(fd, ShareableKind::PosixFd).unwrap();
+            let (va, vb) = (map(&a, mem), map(&b, theirs));
+            b.write(vb + 64, b"written by b").unwrap();
+            assert_eq!(a.read(va + 64, 12).unwrap(), b"written by b");
+            // Counted once, at the exporter.
+            assert_eq!(
+                a.mem_get_info(Device(0)).unwrap().1 - a.mem_get_info(Device(0)).unwrap().0,
+                ALIGN
+            );
+            for (m, v, h) in [(&a, va, mem), (&b, vb, theirs)] {
+                m.mem_unmap(v, ALIGN).unwrap();
+                m.mem_address_free(v, ALIGN).unwrap();
+                m.mem_release(h).unwrap();
+            }
+        }
+        assert!(a.live_fabric().is_empty(), "{:?}", a.live_fabric());
+        assert!(a.violations().is_empty(), "{:?}", a.violations());
     }
 
     #[test]
