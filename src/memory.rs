@@ -166,6 +166,35 @@ impl<H: MemShare> Allocation<H> {
         })
     }
 
+    /// Takes ownership of an allocation handle this library did not make
+    /// (imported from another process with `cuMemImportFromShareableHandle`,
+    /// or made by other code), as an `Allocation` that releases it on drop.
+    /// Where it lives is read from the driver
+    /// (`cuMemGetAllocationPropertiesFromHandle`, R5.5).
+    ///
+    /// # Safety
+    /// `handle` is a live allocation handle of this context's driver, owned
+    /// by the caller and handed over (nothing else releases it); it holds at
+    /// least `size` bytes; its shareable handle types include `H`'s (R5.6).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from the properties query; the handle is then not
+    /// taken (the caller still owns it).
+    pub unsafe fn from_raw_handle(ctx: &Context, handle: u64, size: u64) -> Result<Self> {
+        // SAFETY: a properties query changes nothing.
+        let props = unsafe { ctx.driver().mem_properties(handle) };
+        let props = ctx.check(Call::MemGetAllocationProperties, props)?;
+        Ok(Allocation {
+            inner: Arc::new(AllocInner {
+                ctx: ctx.clone(),
+                handle,
+                size,
+                location: props.location,
+            }),
+            _share: PhantomData,
+        })
+    }
+
     /// Size in bytes (a multiple of the granularity).
     pub fn size(&self) -> u64 {
         self.inner.size
