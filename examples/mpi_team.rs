@@ -25,12 +25,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let boot = Mpi::world(timeout)?;
     let s = common::rank(&ctx, &me, &boot, timeout)?;
     println!(
-        "rank {} of {} (node {}, {:?}): bring-up {:?}; read back {}",
+        "rank {} of {} (node {}, {:?}): bring-up {:?}, {} bootstrap calls; read back {}",
         boot.rank(),
         boot.size(),
         me.node(),
         me.device(),
         s.bring_up,
+        s.bring_up_messages + s.messages,
         s.read_back
     );
     Ok(())
