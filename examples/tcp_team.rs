@@ -61,7 +61,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut ranks = Ranks(Vec::new());
     for r in 1..size {
         let child = Command::new(std::env::current_exe()?)
-            .env(fabric::ENV_VAR, format!("{},rank={r}", server.socket().display()))
+            .env(
+                fabric::ENV_VAR,
+                format!("{},rank={r}", server.socket().display()),
+            )
             .env(ENV_VAR, id.to_string())
             .env(RANK, r.to_string())
             .env(SIZE, size.to_string())
@@ -104,7 +107,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{size} ranks on {nodes} node(s): bring-up {:?} on rank 0, {bring_up_messages} bootstrap messages; job {:?}; fabric left {}; {failed} rank(s) failed",
         s.bring_up,
         start.elapsed(),
-        if live.is_empty() { "nothing".to_owned() } else { format!("{live:?}") }
+        if live.is_empty() {
+            "nothing".to_owned()
+        } else {
+            format!("{live:?}")
+        }
     );
     if failed > 0 || !live.is_empty() || !server.violations().is_empty() {
         return Err("the job failed".into());

@@ -69,11 +69,16 @@ impl Binding<'_> {
     /// it alive until `destroy` unbinds everything (R7); the error is `'static`
     /// so that `?` works into any error type.
     pub fn unbind(self) -> Result<()> {
-        let r = self.unbind_now();
-        std::mem::forget(self);
-        r
+        // The token forgets itself before the call that ends it: a panic
+        // inside the unbind must not let `Drop` unbind a second time (R6.1).
+        let me = std::mem::ManuallyDrop::new(self);
+        me.unbind_now()
     }
 
+    /// Unbinds; the endpoint lets go of the memory once the driver agreed. A
+    /// panic inside the call leaves the record (and the memory) with the
+    /// endpoint until it is destroyed: kept a little longer, never freed
+    /// while it may be bound (R7.2).
     fn unbind_now(&self) -> Result<()> {
         let ctx = &self.range.ctx;
         // SAFETY: exactly the range this `Binding` token was made for, unbound
@@ -279,9 +284,6 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Binding<'_>> {
         let ctx = self.context();
-        // The slot stays locked across the call so that concurrent binds on
-        // one endpoint see each other (R5.9).
-        let mut slot = self.slot();
         let facts = self.facts();
         let align = facts.align.max(1);
         if !facts.devices.contains(&dev) {
@@ -304,8 +306,20 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 rule: Some(Rule::R5_3),
             });
         }
+        let out = |what, o: u64, limit| Error::OutOfRange {
+            what,
+            offset: o,
+            size,
+            limit,
+            rule: Rule::R5_4,
+        };
+        // The address the driver gets: checked, the base may be a hostile
+        // `cuMemAddressReserve` answer.
         let addr = match target {
-            Target::Addr(ptr) => Some((Arg::DeviceAddress, ptr.wrapping_add(mem_offset), u64::MAX)),
+            Target::Addr(ptr) => match ptr.checked_add(mem_offset) {
+                Some(a) => Some((Arg::DeviceAddress, a, u64::MAX)),
+                None => return Err(out(Extent::Allocation, mem_offset, mem_size)),
+            },
             Target::Handle(_) => None,
         };
         // Each value with the largest it may be, so that the suggestion
@@ -339,19 +353,12 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 });
             }
         }
-        let out = |what, o: u64, limit| Error::OutOfRange {
-            what,
-            offset: o,
-            size,
-            limit,
-            rule: Rule::R5_4,
-        };
         if mem_offset.checked_add(size).is_none_or(|e| e > mem_size) {
             return Err(out(Extent::Allocation, mem_offset, mem_size));
         }
-        if offset.checked_add(size).is_none_or(|e| e > facts.size) {
+        let Some(end) = offset.checked_add(size).filter(|&e| e <= facts.size) else {
             return Err(out(Extent::EndpointRange, offset, facts.size));
-        }
+        };
         match location {
             Location::Device(d) if d == dev => {}
             Location::Device(_) => {
@@ -374,47 +381,64 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 }
             }
         }
-        let end = offset + size;
-        if let Some(b) = slot
-            .bindings
-            .iter()
-            .find(|b| b.dev == dev && b.offset < end && offset < b.offset + b.size)
-        {
-            return Err(Error::Overlap {
-                device: dev,
+        // Intent first: the binding is recorded (with the memory it keeps
+        // alive) before the driver call, and the lock is let go for the call,
+        // so that a tracing layer or a backend may use the endpoint again.
+        // Concurrent binds on one endpoint still see each other (R5.9).
+        let key = {
+            let mut slot = self.slot();
+            if let Some(b) = slot.bindings.iter().find(|b| {
+                b.dev == dev && b.offset < end && offset < b.offset.saturating_add(b.size)
+            }) {
+                return Err(Error::Overlap {
+                    device: dev,
+                    offset,
+                    size,
+                    other_offset: b.offset,
+                    other_size: b.size,
+                });
+            }
+            let key = slot.next_key;
+            slot.next_key += 1;
+            slot.bindings.push(Bound {
+                key,
+                dev,
                 offset,
                 size,
-                other_offset: b.offset,
-                other_size: b.size,
+                _keep: keep,
             });
-        }
+            key
+        };
         let d = ctx.driver();
+        // A panic inside the call leaves the record: the memory stays alive
+        // until the endpoint is destroyed, as for a forgotten `Binding` (R7.2).
         // SAFETY: the endpoint is `Ready` (a query reported it, R3.4); the
         // memory is kept alive by the slot's `Bound` entry until the driver
         // unbinds it, even if the token is forgotten (R7.2); the range
-        // overlaps no live binding (checked above).
+        // overlaps no live binding (checked above, and recorded since).
         let (call, r) = unsafe {
-            match target {
-                Target::Handle(h) => (
+            match (target, addr) {
+                (Target::Handle(h), _) => (
                     Call::BindMem,
                     d.bind_mem(self.id(), dev, offset, h, mem_offset, size, 0),
                 ),
-                Target::Addr(ptr) => (
+                (Target::Addr(_), a) => (
                     Call::BindAddr,
-                    d.bind_addr(self.id(), dev, offset, ptr + mem_offset, size, 0),
+                    d.bind_addr(self.id(), dev, offset, a.map_or(0, |a| a.1), size, 0),
                 ),
             }
         };
-        ctx.check(call, r)?;
-        let key = slot.next_key;
-        slot.next_key += 1;
-        slot.bindings.push(Bound {
-            key,
-            dev,
-            offset,
-            size,
-            _keep: keep,
-        });
+        if let Err(code) = r {
+            let kept = {
+                let mut slot = self.slot();
+                slot.bindings
+                    .iter()
+                    .position(|b| b.key == key)
+                    .map(|i| slot.bindings.swap_remove(i))
+            };
+            drop(kept); // may release the memory: outside the lock
+            return Err(ctx.error(call, code));
+        }
         Ok(Binding {
             range: self.range(),
             id: self.id(),

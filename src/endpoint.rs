@@ -19,7 +19,7 @@ use crate::driver::{EndpointProps, Shape};
 use crate::error::{Alignment, Arg, Error, Failed, Feature, Result, Rule};
 use crate::kind::{CanExport, Creatable, Enroll, HasFabricHandles, Kind, NoKind, TeamHasRoom};
 use crate::memory::round_up;
-use crate::range::{Facts, RangeInner, Slot, release_shared};
+use crate::range::{Facts, OnUnwind, RangeInner, Slot, release_shared};
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{
@@ -63,22 +63,17 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 /// Only the owner of the endpoint on `id` calls this: a transition that took
 /// it by value, or its `Drop`.
 fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
+    // A panic inside the call is taken as coming after the destroy (see
+    // `OnUnwind`): forget the endpoint then, and never destroy twice.
+    let done = OnUnwind::new(|| forget_endpoint(range, id));
     // SAFETY: `id` belongs to this range and its endpoint to the typed
     // `Endpoint` being destroyed or dropped; the borrow checker has ended every
     // `Binding` and `EndpointRef` of it (R3.4, R7.2).
-    match unsafe { range.ctx.driver().destroy(id) } {
+    let r = unsafe { range.ctx.driver().destroy(id) };
+    done.disarm();
+    match r {
         Ok(()) => {
-            // SAFETY: the caller owns the endpoint of `id` (see above), so no
-            // other reference to its facts exists.
-            *unsafe { range.facts_mut(id) } = Facts::default();
-            let (bindings, fabric) = {
-                let mut slot = range.slot(id);
-                (slot.reset(), slot.fabric.take())
-            };
-            if let Some(f) = fabric {
-                range.ctx.detach(&f);
-            }
-            drop(bindings); // releases memory only now that nothing is bound (R7.2)
+            forget_endpoint(range, id);
             None
         }
         Err(code) => {
@@ -97,6 +92,22 @@ fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
             }
         }
     }
+}
+
+/// The id holds no endpoint any more: clear its facts, let go of its fabric
+/// handle, and drop the memory the bindings kept alive (R7.2), outside the lock.
+fn forget_endpoint(range: &RangeInner, id: u32) {
+    // SAFETY: only the owner of the endpoint on `id` destroys it (see
+    // `destroy_now`), so no other reference to its facts exists.
+    *unsafe { range.facts_mut(id) } = Facts::default();
+    let (bindings, fabric) = {
+        let mut slot = range.slot(id);
+        (slot.reset(), slot.fabric.take())
+    };
+    if let Some(f) = fabric {
+        range.ctx.detach(&f);
+    }
+    drop(bindings); // releases memory only now that nothing is bound (R7.2)
 }
 
 /// Either state after a non-blocking [`Endpoint::poll`].
@@ -231,23 +242,42 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // Errors are built before `self.fail(..)` moves `self`: no context
         // clone on the success path.
         let d = self.context().driver();
-        // SAFETY: `self` is a `Reserved` endpoint: the id is this range's and
-        // holds no endpoint (R2.1, R3.4).
-        if let Err(code) = unsafe { d.create(self.id, spec.props) } {
-            let error = self
-                .context()
-                .error_for(Call::Create, code, Some(&spec.props));
-            return self.fail(error);
-        }
-        for (i, &dev) in spec.devices.iter().enumerate() {
-            // SAFETY: the endpoint was created just above; nothing is bound (R4.4).
-            if let Err(code) = unsafe { self.context().driver().add_device(self.id, dev) } {
+        // `Err((created, code))`: which call failed, and with what.
+        let outcome = {
+            // A panic inside create or an enrollment leaves an endpoint on
+            // the id: the range destroys it before it releases (R1.2).
+            let orphan = OnUnwind::new(|| self.slot().orphaned = true);
+            // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
+            // and holds no endpoint (R2.1, R3.4).
+            let mut r = unsafe { d.create(self.id, spec.props) }.map_err(|code| (false, code));
+            if r.is_ok() {
+                for &dev in &spec.devices {
+                    // SAFETY: the endpoint was created just above; nothing is
+                    // bound (R4.4).
+                    if let Err(code) = unsafe { d.add_device(self.id, dev) } {
+                        r = Err((true, code));
+                        break;
+                    }
+                }
+            }
+            orphan.disarm();
+            r
+        };
+        match outcome {
+            Ok(()) => {}
+            Err((false, code)) => {
+                let error = self
+                    .context()
+                    .error_for(Call::Create, code, Some(&spec.props));
+                return self.fail(error);
+            }
+            Err((true, code)) => {
                 let ctx = self.context().clone();
                 let error = ctx.error(Call::AddDevice, code);
                 // Undo the create so that the id comes back empty. If even
                 // that fails, the range retries before it releases (R1.2).
                 if let Some(e2) = destroy_now(&self.range, self.id, false) {
-                    tracing::error!(enrolled = i, "undo of create failed");
+                    tracing::error!("undo of create failed");
                     ctx.record_teardown(e2); // not swallowed
                     self.slot().orphaned = true;
                 }
@@ -373,9 +403,20 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Err(id) = self.context().try_attach(c.0, self.id) {
             return self.fail(Error::AlreadyAttached { id });
         }
-        // SAFETY: `self` is a `Reserved` endpoint: the id is this range's and
-        // holds no endpoint (R2.1, R3.4).
-        let r = unsafe { self.context().driver().import(self.id, c) };
+        let r = {
+            // A panic inside the import leaves the endpoint attached: the
+            // range destroys it (and detaches the handle) before it releases.
+            let orphan = OnUnwind::new(|| {
+                let mut slot = self.slot();
+                slot.orphaned = true;
+                slot.fabric = Some(Box::new(c.0));
+            });
+            // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
+            // and holds no endpoint (R2.1, R3.4).
+            let r = unsafe { self.context().driver().import(self.id, c) };
+            orphan.disarm();
+            r
+        };
         if let Err(code) = r {
             self.context().detach(&c.0);
             let error = self.context().error(Call::Import, code);
@@ -469,9 +510,15 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     where
         S: CanDestroy,
     {
-        match destroy_now(&self.range, self.id, false) {
-            None => Ok(self.cast()),
-            Some(e) => self.fail(e),
+        // Out of the endpoint first: a panic inside the destroy must not
+        // let the endpoint's `Drop` destroy it a second time.
+        let (range, id) = self.into_parts();
+        match destroy_now(&range, id, false) {
+            None => Ok(Endpoint::from_parts(range, id)),
+            Some(error) => Err(Failed {
+                error,
+                value: Endpoint::from_parts(range, id),
+            }),
         }
     }
 

@@ -27,10 +27,10 @@ pub mod guide;
 mod kernel;
 mod kind;
 mod memory;
-mod owned;
 #[cfg(feature = "model")]
 #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
 pub mod model;
+mod owned;
 mod probe;
 mod range;
 mod ready;
@@ -52,15 +52,15 @@ pub use context::Context;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
 // Every item of `error` is for users to match on.
-pub use error::*;
 pub use erased::DynEndpoint;
-pub use owned::BoundEndpoint;
+pub use error::*;
 pub use kernel::EndpointRef;
 pub use kind::{
     Exportable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind, SpreadTeam, Team,
     Unicast,
 };
 pub use memory::{Allocation, Fabric, Mapped, PosixFd, Private};
+pub use owned::BoundEndpoint;
 pub use probe::{Bytes, Capabilities, MemInfo, Probed, VmmGranularity, YesNo};
 pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};

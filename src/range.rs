@@ -72,6 +72,37 @@ impl Slot {
     }
 }
 
+/// The rollback of a transition whose driver call panicked: runs `f` when
+/// dropped while armed, i.e. only when unwinding passes through.
+///
+/// A panic inside a driver call (a `tracing` layer on the success event, a
+/// user backend) is taken as coming *after* the driver acted: `Driver`
+/// implementations never panic themselves, and the layers they call run
+/// once the answer is known. The rollback therefore records what the driver
+/// then holds (an endpoint to destroy, a binding to keep alive) and never
+/// repeats the call.
+#[must_use = "an unarmed guard does nothing: keep it until the call returned"]
+pub(crate) struct OnUnwind<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> OnUnwind<F> {
+    pub fn new(f: F) -> Self {
+        OnUnwind(Some(f))
+    }
+
+    /// The call returned: nothing to roll back.
+    pub fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for OnUnwind<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
 /// A cell that the one endpoint of an id governs (see [`Facts`]).
 pub(crate) struct OwnerCell<T>(UnsafeCell<T>);
 

@@ -10,8 +10,8 @@ use common::clean;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cuda_endpoints::driver::{Classic, Granularity};
 use cuda_endpoints::Feature;
+use cuda_endpoints::driver::{Classic, Granularity};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::{U2, U4};
 use cuda_endpoints::{

@@ -1,0 +1,297 @@
+//! Panics *inside* driver calls (issue 11, item 1): a user backend that
+//! panics after forwarding a call, and a `tracing` layer that panics on
+//! `Traced`'s success event. Either way the driver acted and the typed layer
+//! never saw the answer. For each call of a lifecycle (reserve, create,
+//! add_device, query, bind, unbind, destroy, release), at each of its
+//! occurrences, the panic is caught and then: no memory was released while
+//! bound and nothing was destroyed or unbound twice (the model's violation
+//! log is empty), nothing leaks, and no teardown error was kept.
+
+mod common;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use cuda_endpoints::driver::{Device, Driver, DriverResult, Forward, Traced};
+use cuda_endpoints::model::{Live, Model, ModelConfig};
+use cuda_endpoints::typenum::U2;
+use cuda_endpoints::{Allocation, Call, Context, Private, Spec};
+
+const ALIGN: u64 = 2 << 20;
+const T: Duration = Duration::from_secs(5);
+
+/// The payload of a planned panic.
+struct Planned;
+
+fn quiet() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.payload().is::<Planned>() {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// Counts down to the planned panic: the `n`-th time `call` is seen.
+#[derive(Debug)]
+struct Countdown {
+    call: Call,
+    left: AtomicUsize,
+}
+
+impl Countdown {
+    fn new(call: Call, nth: usize) -> Countdown {
+        Countdown {
+            call,
+            left: AtomicUsize::new(nth),
+        }
+    }
+
+    fn seen(&self, call: Call) {
+        if call == self.call
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                == Ok(1)
+        {
+            std::panic::panic_any(Planned);
+        }
+    }
+
+    /// Whether the panic happened.
+    fn fired(&self) -> bool {
+        self.left.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// A user backend: forwards to the model, then panics at the planned call.
+#[derive(Debug)]
+struct PanicAfter {
+    inner: Model,
+    plan: Arc<Countdown>,
+}
+
+impl Forward for PanicAfter {
+    type Inner = Model;
+    fn inner(&self) -> &Model {
+        &self.inner
+    }
+    unsafe fn id_reserve(&self, count: u32) -> DriverResult<u32> {
+        // SAFETY: forwarded unchanged.
+        let r = unsafe { self.inner.id_reserve(count) };
+        self.plan.seen(Call::IdReserve);
+        r
+    }
+    unsafe fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
+        // SAFETY: forwarded unchanged.
+        let r = unsafe { self.inner.id_release(base, count) };
+        self.plan.seen(Call::IdRelease);
+        r
+    }
+    unsafe fn create(
+        &self,
+        id: u32,
+        props: cuda_endpoints::driver::EndpointProps,
+    ) -> DriverResult<()> {
+        // SAFETY: forwarded unchanged.
+        let r = unsafe { self.inner.create(id, props) };
+        self.plan.seen(Call::Create);
+        r
+    }
+    unsafe fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
+        // SAFETY: forwarded unchanged.
+        let r = unsafe { self.inner.add_device(id, dev) };
+        self.plan.seen(Call::AddDevice);
+        r
+    }
+    unsafe fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
+        // SAFETY: forwarded unchanged.
+        let r = unsafe { self.inner.query(base, count) };
+        self.plan.seen(Call::Query);
+        r
+    }
+    unsafe fn bind_mem(
+        &self,
+        id: u32,
+        dev: Device,
+        offset: u64,
+        mem: u64,
+        mem_offset: u64,
+        size: u64,
+        flags: u64,
+    ) -> DriverResult<()> {
+        // SAFETY: forwarded unchanged.
+        let r = unsafe {
+            self.inner
+                .bind_mem(id, dev, offset, mem, mem_offset, size, flags)
+        };
+        self.plan.seen(Call::BindMem);
+        r
+    }
+    unsafe fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
+        // SAFETY: forwarded unchanged.
+        let r = unsafe { self.inner.unbind(id, dev, offset, size) };
+        self.plan.seen(Call::Unbind);
+        r
+    }
+    unsafe fn destroy(&self, id: u32) -> DriverResult<()> {
+        // SAFETY: forwarded unchanged.
+        let r = unsafe { self.inner.destroy(id) };
+        self.plan.seen(Call::Destroy);
+        r
+    }
+}
+
+/// A `tracing` subscriber that panics on the planned success event of `Traced`.
+struct PanicOnEvent(Arc<Countdown>);
+
+#[derive(Default)]
+struct Fields {
+    call: Option<String>,
+    message: String,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "call" {
+            self.call = Some(value.to_owned());
+        }
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for PanicOnEvent {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut f = Fields::default();
+        event.record(&mut f);
+        if f.message == "CUDA_SUCCESS"
+            && let Some(call) = f.call.as_deref().and_then(Call::from_name)
+        {
+            self.0.seen(call);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// One lifecycle of every kind of call: a team and a unicast endpoint from
+/// one range, bound, unbound (by `unbind` and by drop), destroyed (by
+/// `destroy` and by drop), released.
+fn lifecycle(ctx: &Context) {
+    let range = ctx.reserve(2).unwrap();
+    let [a, b] = range.into_array::<2>().unwrap();
+    let team = a.create(Spec::team(U2::new(), 2 * ALIGN)).unwrap();
+    let team = team.add_device(0).unwrap().add_device(1).unwrap();
+    let team = team.wait(T).unwrap();
+    let uni = b.create(Spec::unicast(2, ALIGN)).unwrap().wait(T).unwrap();
+    let m0 = Allocation::<Private>::on_device(ctx, Device(0), ALIGN).unwrap();
+    let m1 = Allocation::<Private>::on_device(ctx, Device(1), ALIGN).unwrap();
+    let m2 = Allocation::<Private>::on_device(ctx, Device(2), ALIGN).unwrap();
+    let b0 = team.bind(0, 0, &m0).unwrap();
+    let b1 = team.bind(1, ALIGN, &m1).unwrap();
+    let b2 = uni.bind(2, 0, &m2).unwrap();
+    b0.unbind().unwrap();
+    drop(b1);
+    drop(b2);
+    let a = team.destroy().unwrap();
+    drop(uni);
+    drop((m0, m1, m2));
+    a.release().unwrap();
+}
+
+const CALLS: [Call; 8] = [
+    Call::IdReserve,
+    Call::Create,
+    Call::AddDevice,
+    Call::Query,
+    Call::BindMem,
+    Call::Unbind,
+    Call::Destroy,
+    Call::IdRelease,
+];
+
+/// Runs the lifecycle with a panic at each occurrence of each call, through
+/// the context `make` builds for the plan; returns how many panics were caught.
+fn each_panic(make: impl Fn(&Model, Arc<Countdown>) -> Context, scoped: bool) -> usize {
+    quiet();
+    let mut caught = 0;
+    for call in CALLS {
+        for nth in 1.. {
+            let model = Model::new(ModelConfig::node(4));
+            let plan = Arc::new(Countdown::new(call, nth));
+            let ctx = make(&model, plan.clone());
+            let run = || catch_unwind(AssertUnwindSafe(|| lifecycle(&ctx)));
+            let r = if scoped {
+                tracing::subscriber::with_default(PanicOnEvent(plan.clone()), run)
+            } else {
+                run()
+            };
+            if !plan.fired() {
+                assert!(r.is_ok(), "{call} #{nth}: a real failure");
+                break;
+            }
+            let p = r.expect_err("the planned panic propagates");
+            assert!(p.is::<Planned>(), "{call} #{nth}: a real panic");
+            caught += 1;
+            if call == Call::IdReserve {
+                // The base never reached the typed layer: those ids are
+                // the process's until it exits (R12.2); nothing else is left.
+                assert_eq!(
+                    model.live_node(),
+                    Live {
+                        ids: 2,
+                        ..Live::default()
+                    },
+                    "{call} #{nth}"
+                );
+                model.exit();
+                assert!(model.violations().is_empty(), "{:?}", model.violations());
+                continue;
+            }
+            let teardown = ctx.take_teardown_errors();
+            assert!(teardown.is_empty(), "{call} #{nth}: {teardown:?}");
+            let live = model.live_node();
+            assert!(live.is_empty(), "{call} #{nth} leaked {live:?}");
+            let v = model.violations();
+            assert!(v.is_empty(), "{call} #{nth}: {v:?}");
+        }
+    }
+    caught
+}
+
+#[test]
+fn a_panic_inside_each_driver_call_of_a_lifecycle_leaks_nothing_and_repeats_nothing() {
+    let backend = each_panic(
+        |model, plan| {
+            Context::new(PanicAfter {
+                inner: model.clone(),
+                plan,
+            })
+        },
+        false,
+    );
+    let layer = each_panic(
+        |model, _| Context::from_arc(Arc::new(Traced::new(model.clone()))),
+        true,
+    );
+    // Every call of the list at least once, most of them several times.
+    assert!(backend >= 12, "{backend} panics");
+    assert_eq!(backend, layer, "the same calls, through either way");
+}
