@@ -147,50 +147,6 @@ impl Forward for PanicAfter {
     }
 }
 
-/// A `tracing` subscriber that panics on the planned success event of `Traced`.
-struct PanicOnEvent(Arc<Countdown>);
-
-#[derive(Default)]
-struct Fields {
-    call: Option<String>,
-    message: String,
-}
-
-impl tracing::field::Visit for Fields {
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        if field.name() == "call" {
-            self.call = Some(value.to_owned());
-        }
-    }
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.message = format!("{value:?}");
-        }
-    }
-}
-
-impl tracing::Subscriber for PanicOnEvent {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut f = Fields::default();
-        event.record(&mut f);
-        if f.message == "CUDA_SUCCESS"
-            && let Some(call) = f.call.as_deref().and_then(Call::from_name)
-        {
-            self.0.seen(call);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// One lifecycle of every kind of call: a team and a unicast endpoint from
 /// one range, bound, unbound (by `unbind` and by drop), destroyed (by
 /// `destroy` and by drop), released.
@@ -239,7 +195,15 @@ fn each_panic(make: impl Fn(&Model, Arc<Countdown>) -> Context, scoped: bool) ->
             let ctx = make(&model, plan.clone());
             let run = || catch_unwind(AssertUnwindSafe(|| lifecycle(&ctx)));
             let r = if scoped {
-                tracing::subscriber::with_default(PanicOnEvent(plan.clone()), run)
+                {
+                    let plan = plan.clone();
+                    let layer = common::layer::OnEvent(move |e: &common::layer::EventFields| {
+                        if let Some(call) = e.succeeded() {
+                            plan.seen(call);
+                        }
+                    });
+                    tracing::subscriber::with_default(layer, run)
+                }
             } else {
                 run()
             };

@@ -59,8 +59,11 @@ struct Emulated {
     devices: Vec<Device>,
     /// The classic object, once the team is complete (C1).
     mc: Option<u64>,
-    /// Live binds, exactly as issued (C4).
+    /// Live binds, exactly as issued (C4), and those being issued now.
     bindings: Vec<Bind>,
+    /// The last enrollment or the destroy is talking to the inner driver:
+    /// a concurrent enrollment or destroy of the same endpoint is refused.
+    busy: bool,
 }
 
 /// One `cuMulticastBind*` as issued.
@@ -152,9 +155,22 @@ impl Classic {
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
-        // The table is only changed after the driver agreed, in one step; a
-        // panic elsewhere cannot leave it half-written.
+        // The lock is never held across an inner call (whose tracing layer
+        // or backend may call back into this one): each method records its
+        // intent, lets go, calls, and commits or rolls back in one step.
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The emulated endpoint on `id`, under the lock.
+    fn with_ep<T>(
+        &self,
+        id: u32,
+        f: impl FnOnce(&mut Emulated) -> DriverResult<T>,
+    ) -> DriverResult<T> {
+        match self.lock().ids.get_mut(&id) {
+            Some(Some(ep)) => f(ep),
+            _ => Err(Code::INVALID_VALUE),
+        }
     }
 
     /// C6: whether `dev` reports `MULTICAST_SUPPORTED` = 1. A device the
@@ -189,6 +205,36 @@ impl Classic {
             return Err(Code::INVALID_VALUE);
         }
         Ok(n)
+    }
+
+    /// Checks a bind and records it before it is issued (so that concurrent
+    /// binds see it, R5.9): the object and the bind.
+    fn intend_bind(
+        &self,
+        id: u32,
+        dev: Device,
+        offset: u64,
+        size: u64,
+        flags: u64,
+    ) -> DriverResult<(u64, Bind)> {
+        let mut t = self.lock();
+        let (mc, ep) = bindable(&mut t, id, dev, offset, size, flags)?;
+        let bind = Bind { dev, offset, size };
+        ep.bindings.push(bind);
+        Ok((mc, bind))
+    }
+
+    /// Forgets a recorded bind that the driver refused.
+    fn settle_bind(&self, id: u32, bind: Bind, r: DriverResult<()>) -> DriverResult<()> {
+        if r.is_err() {
+            let _ = self.with_ep(id, |ep| {
+                if let Some(i) = ep.bindings.iter().position(|b| *b == bind) {
+                    ep.bindings.swap_remove(i);
+                }
+                Ok(())
+            });
+        }
+        r
     }
 
     /// Unbinds `binds` of `mc` one by one, exactly as issued (C4). On a
@@ -350,19 +396,20 @@ impl Forward for Classic {
                 devices: Vec::new(),
                 mc: None,
                 bindings: Vec::new(),
+                busy: false,
             }),
         );
         Ok(())
     }
 
     unsafe fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
-        let mut t = self.lock();
-        let Some(Some(ep)) = t.ids.get_mut(&id) else {
-            return Err(Code::INVALID_VALUE);
+        let check = |ep: &mut Emulated| {
+            if ep.busy || ep.devices.contains(&dev) || ep.devices.len() as u32 >= ep.num_devices {
+                return Err(Code::INVALID_VALUE); // R4.2
+            }
+            Ok(())
         };
-        if ep.devices.contains(&dev) || ep.devices.len() as u32 >= ep.num_devices {
-            return Err(Code::INVALID_VALUE); // R4.2
-        }
+        self.with_ep(id, check)?;
         // C6: refuse before cuMulticastCreate.
         if !self.multicast_supported(dev)? {
             tracing::debug!(
@@ -371,24 +418,44 @@ impl Forward for Classic {
             );
             return Err(Code::NOT_SUPPORTED);
         }
-        if (ep.devices.len() as u32) + 1 < ep.num_devices {
-            ep.devices.push(dev);
+        let last = self.with_ep(id, |ep| {
+            check(ep)?;
+            if (ep.devices.len() as u32) + 1 < ep.num_devices {
+                ep.devices.push(dev);
+                return Ok(None);
+            }
+            ep.busy = true;
+            let mut team = ep.devices.clone();
+            team.push(dev);
+            Ok(Some((ep.num_devices, ep.size, team)))
+        })?;
+        let Some((num_devices, size, team)) = last else {
             return Ok(());
-        }
+        };
         // The last device: only now does the object exist, so no bind can
         // ever be issued on an incomplete team (C3).
-        // SAFETY: every team device said yes to attribute 132 (C6).
-        let mc = unsafe { self.inner.multicast_create(ep.num_devices, ep.size, 0) }?;
-        for &d in ep.devices.iter().chain([&dev]) {
-            // SAFETY: `mc` is this backend's new object; nothing is bound yet (C3).
-            if let Err(code) = unsafe { self.inner.multicast_add_device(mc, d) } {
-                // SAFETY: `mc` is this backend's own and nothing is bound to it.
-                if let Err(c2) = unsafe { self.inner.mem_release(mc) } {
-                    tracing::error!(code = %c2, "cuMemRelease of a half-built multicast object failed");
+        let built = (|| {
+            // SAFETY: every team device said yes to attribute 132 (C6).
+            let mc = unsafe { self.inner.multicast_create(num_devices, size, 0) }?;
+            for &d in &team {
+                // SAFETY: `mc` is this backend's new object; nothing is bound yet (C3).
+                if let Err(code) = unsafe { self.inner.multicast_add_device(mc, d) } {
+                    // SAFETY: `mc` is this backend's own and nothing is bound to it.
+                    if let Err(c2) = unsafe { self.inner.mem_release(mc) } {
+                        tracing::error!(code = %c2, "cuMemRelease of a half-built multicast object failed");
+                    }
+                    return Err(code);
                 }
-                return Err(code);
             }
-        }
+            Ok(mc)
+        })();
+        let mut t = self.lock();
+        let ep = match t.ids.get_mut(&id) {
+            Some(Some(ep)) => ep,
+            _ => return built.map(|_| ()), // not reachable: `busy` refused a destroy
+        };
+        ep.busy = false;
+        let mc = built?;
         ep.devices.push(dev);
         ep.mc = Some(mc);
         Ok(())
@@ -420,23 +487,25 @@ impl Forward for Classic {
         size: u64,
         flags: u64,
     ) -> DriverResult<()> {
-        let mut t = self.lock();
-        let (mc, ep) = bindable(&mut t, id, dev, offset, size, flags)?;
         // The classic bind takes no device: it binds on the memory's own
         // device, which must be the one asked for (R5.5).
         // SAFETY: a property query touches nothing anyone owns.
-        match unsafe { self.inner.mem_properties(mem) }?.location {
-            Location::Device(d) if d == dev => {}
-            _ => return Err(Code::INVALID_VALUE),
-        }
-        // SAFETY: the team of `mc` is complete (`bindable`, C3); the caller
-        // keeps `mem` alive while bound (R7.2, this method's contract).
-        unsafe {
-            self.inner
-                .multicast_bind_mem(mc, offset, mem, mem_offset, size)
-        }?;
-        ep.bindings.push(Bind { dev, offset, size });
-        Ok(())
+        let location = unsafe { self.inner.mem_properties(mem) }.map(|p| p.location);
+        let (mc, bind) = self.intend_bind(id, dev, offset, size, flags)?;
+        let r = match location {
+            Ok(Location::Device(d)) if d == dev => {
+                // SAFETY: the team of `mc` is complete (`bindable`, C3); the
+                // caller keeps `mem` alive while bound (R7.2, this method's
+                // contract).
+                unsafe {
+                    self.inner
+                        .multicast_bind_mem(mc, offset, mem, mem_offset, size)
+                }
+            }
+            Ok(_) => Err(Code::INVALID_VALUE),
+            Err(code) => Err(code),
+        };
+        self.settle_bind(id, bind, r)
     }
 
     unsafe fn bind_addr(
@@ -448,79 +517,94 @@ impl Forward for Classic {
         size: u64,
         flags: u64,
     ) -> DriverResult<()> {
-        let mut t = self.lock();
-        let (mc, ep) = bindable(&mut t, id, dev, offset, size, flags)?;
+        let (mc, bind) = self.intend_bind(id, dev, offset, size, flags)?;
         // Where the mapped memory lives was checked by the typed API (R5.5);
         // the driver binds it on its own device.
         // SAFETY: the team of `mc` is complete (`bindable`, C3); the caller
         // keeps the mapping alive while bound (R7.2, this method's contract).
-        unsafe { self.inner.multicast_bind_addr(mc, offset, ptr, size) }?;
-        ep.bindings.push(Bind { dev, offset, size });
-        Ok(())
+        let r = unsafe { self.inner.multicast_bind_addr(mc, offset, ptr, size) };
+        self.settle_bind(id, bind, r)
     }
 
     unsafe fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
-        let mut t = self.lock();
-        let Some(Some(ep)) = t.ids.get_mut(&id) else {
-            return Err(Code::INVALID_VALUE);
-        };
-        let Some(mc) = ep.mc else {
-            return Err(Code::INVALID_VALUE); // nothing can be bound yet
-        };
         let end = offset.checked_add(size).ok_or(Code::INVALID_VALUE)?;
-        // R6.1/R6.2: the range must be tiled exactly by binds on `dev`.
-        let mut covered: Vec<(usize, Bind)> = ep
-            .bindings
-            .iter()
-            .copied()
-            .enumerate()
-            .filter(|(_, b)| b.dev == dev && b.offset < end && offset < b.offset + b.size)
-            .collect();
-        covered.sort_by_key(|(_, b)| b.offset);
-        let mut at = offset;
-        for (_, b) in &covered {
-            if b.offset != at {
+        let (mc, covered) = self.with_ep(id, |ep| {
+            let Some(mc) = ep.mc else {
+                return Err(Code::INVALID_VALUE); // nothing can be bound yet
+            };
+            // R6.1/R6.2: the range must be tiled exactly by binds on `dev`.
+            let mut covered: Vec<Bind> = ep
+                .bindings
+                .iter()
+                .copied()
+                .filter(|b| b.dev == dev && b.offset < end && offset < b.offset + b.size)
+                .collect();
+            covered.sort_by_key(|b| b.offset);
+            let mut at = offset;
+            for b in &covered {
+                if b.offset != at {
+                    return Err(Code::INVALID_VALUE);
+                }
+                at = b.offset + b.size;
+            }
+            if covered.is_empty() || at != end {
+                // C4: a mismatched classic unbind is undefined behaviour; it
+                // never reaches the driver.
                 return Err(Code::INVALID_VALUE);
             }
-            at = b.offset + b.size;
-        }
-        if covered.is_empty() || at != end {
-            // C4: a mismatched classic unbind is undefined behaviour; it never
-            // reaches the driver.
-            return Err(Code::INVALID_VALUE);
-        }
-        for (_, b) in &covered {
-            // SAFETY: `b` is a recorded bind, passed exactly as issued (C4).
-            unsafe { self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) }?;
-            if let Some(i) = ep.bindings.iter().position(|x| x == b) {
-                ep.bindings.swap_remove(i);
+            // Intent: out of the table while they are being unbound.
+            ep.bindings.retain(|b| !covered.contains(b));
+            Ok((mc, covered))
+        })?;
+        let r = self.unbind_all(mc, covered);
+        match r {
+            Ok(()) => Ok(()),
+            Err((code, left)) => {
+                // Still bound: back into the table.
+                let _ = self.with_ep(id, |ep| {
+                    ep.bindings.extend(left);
+                    Ok(())
+                });
+                Err(code)
             }
         }
-        Ok(())
     }
 
     unsafe fn destroy(&self, id: u32) -> DriverResult<()> {
+        let (mc, binds) = self.with_ep(id, |ep| {
+            if ep.busy {
+                return Err(Code::INVALID_VALUE);
+            }
+            ep.busy = true;
+            Ok((ep.mc, std::mem::take(&mut ep.bindings)))
+        })?;
+        let r = match mc {
+            None => Ok(()),
+            // R7: destroy unbinds what is still bound, exactly as bound (C4).
+            Some(mc) => self.unbind_all(mc, binds).and_then(|()| {
+                // C5: the object goes before the memory that was bound to it
+                // (the typed API frees memory only after destroy returns).
+                // SAFETY: `mc` is this backend's own object, unbound above (C5).
+                unsafe { self.inner.mem_release(mc) }.map_err(|code| (code, Vec::new()))
+            }),
+        };
         let mut t = self.lock();
         let Some(slot) = t.ids.get_mut(&id) else {
-            return Err(Code::INVALID_VALUE);
+            return r.map_err(|(code, _)| code);
         };
-        let Some(ep) = slot else {
-            return Err(Code::INVALID_VALUE);
-        };
-        if let Some(mc) = ep.mc {
-            // R7: destroy unbinds what is still bound, exactly as bound (C4).
-            let binds = std::mem::take(&mut ep.bindings);
-            if let Err((code, left)) = self.unbind_all(mc, binds) {
-                ep.bindings = left;
-                return Err(code);
+        match r {
+            Ok(()) => {
+                *slot = None;
+                Ok(())
             }
-            // C5: the object goes before the memory that was bound to it
-            // (the typed API frees memory only after destroy returns).
-            // SAFETY: `mc` is this backend's own object, unbound above (C5).
-            unsafe { self.inner.mem_release(mc) }?;
+            Err((code, left)) => {
+                if let Some(ep) = slot {
+                    ep.busy = false;
+                    ep.bindings = left;
+                }
+                Err(code)
+            }
         }
-        *slot = None;
-        Ok(())
     }
 
     fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
@@ -565,8 +649,9 @@ fn bindable(
     let Some(Some(ep)) = t.ids.get_mut(&id) else {
         return Err(Code::INVALID_VALUE);
     };
-    let Some(mc) = ep.mc else {
-        // The classic bind would block until the team is complete (C3).
+    let Some(mc) = ep.mc.filter(|_| !ep.busy) else {
+        // The classic bind would block until the team is complete (C3); a
+        // destroy in progress is no team to bind to either.
         return Err(Code::INVALID_VALUE);
     };
     if !ep.devices.contains(&dev) {

@@ -3,6 +3,8 @@
 //! Each binary uses some of them (`mod common;`), hence `dead_code`.
 #![allow(dead_code)]
 
+pub mod layer;
+
 use cuda_endpoints::Context;
 use cuda_endpoints::model::Model;
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};

@@ -1,0 +1,106 @@
+//! Locks held across user code (issue 11, item 2): a `tracing` layer runs
+//! inside every driver call of `Traced`, and may call back into the crate.
+//! Neither the typed layer nor the classic fallback may hold a lock of
+//! theirs across the driver call: each test fails on a deadlock instead of
+//! hanging (`common::layer::within`).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::layer::{EventFields, OnEvent, within};
+use cuda_endpoints::driver::{Classic, Traced};
+use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::{Allocation, Call, Context, Device, Private, Spec};
+
+const ALIGN: u64 = 2 << 20;
+const T: Duration = Duration::from_secs(5);
+
+#[test]
+fn bind_holds_no_lock_across_the_driver_call_a_reentrant_layer_binds_the_same_endpoint() {
+    within(20, || {
+        let model = Model::new(ModelConfig::node(2));
+        let ctx = Context::from_arc(Arc::new(Traced::new(model.clone())));
+        let team = ctx
+            .reserve_one()
+            .unwrap()
+            .create(Spec::multicast(&[Device(0), Device(1)], 2 * ALIGN))
+            .unwrap()
+            .wait(T)
+            .unwrap();
+        let team = Arc::new(team);
+        let m0 = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
+        let m1 = Arc::new(Allocation::<Private>::on_device(&ctx, Device(1), ALIGN).unwrap());
+        let seen = Arc::new(AtomicUsize::new(0));
+        let layer = {
+            let (team, m1, seen) = (team.clone(), m1.clone(), seen.clone());
+            OnEvent(move |e: &EventFields| {
+                if e.succeeded() == Some(Call::BindMem) && seen.fetch_add(1, Ordering::SeqCst) == 0
+                {
+                    // Inside the first bind's driver call: read the endpoint,
+                    // and bind (then unbind) another device of it.
+                    assert_eq!(team.size(), 2 * ALIGN);
+                    let b = team.bind(1, ALIGN, &*m1).unwrap();
+                    assert_eq!(b.size(), ALIGN);
+                }
+            })
+        };
+        tracing::subscriber::with_default(layer, || {
+            team.bind(0, 0, &m0).unwrap().unbind().unwrap();
+        });
+        assert!(seen.load(Ordering::SeqCst) >= 1);
+        let team = Arc::into_inner(team).expect("the layer's clone is gone");
+        team.destroy().unwrap().release().unwrap();
+        drop((m0, m1));
+        common::clean(&ctx, &model);
+    });
+}
+
+#[test]
+fn classic_holds_no_table_lock_across_inner_calls_a_reentrant_layer_reads_it() {
+    within(20, || {
+        let cfg = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
+        let model = Model::new(cfg);
+        let classic = Arc::new(Classic::new(Arc::new(Traced::new(model.clone()))));
+        let ctx = Context::from_arc(classic.clone());
+        let seen = Arc::new(AtomicUsize::new(0));
+        let layer = {
+            let (classic, seen) = (classic.clone(), seen.clone());
+            OnEvent(move |e: &EventFields| {
+                if e.call
+                    .as_deref()
+                    .is_some_and(|c| c.starts_with("cuMulticast"))
+                {
+                    // Takes the table lock: a deadlock if it is held.
+                    let _ = classic.live_multicast_objects();
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        tracing::subscriber::with_default(layer, || {
+            let team = ctx
+                .reserve_one()
+                .unwrap()
+                .create(Spec::multicast(&[Device(0), Device(1)], 2 * ALIGN))
+                .unwrap()
+                .wait(T)
+                .unwrap();
+            let m0 = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
+            let m1 = Allocation::<Private>::on_device(&ctx, Device(1), ALIGN).unwrap();
+            let b0 = team.bind(0, 0, &m0).unwrap();
+            let _b1 = team.bind(1, ALIGN, &m1).unwrap();
+            b0.unbind().unwrap();
+            // `_b1` is unbound by the destroy below (R7), through the table.
+            std::mem::forget(_b1);
+            team.destroy().unwrap().release().unwrap();
+        });
+        // Create, two adds, two binds, unbinds: all seen from the layer.
+        assert!(seen.load(Ordering::SeqCst) >= 6, "{seen:?}");
+        drop(ctx);
+        assert_eq!(classic.live_multicast_objects(), 0);
+        assert!(model.live().is_empty(), "{:?}", model.live());
+        assert!(model.violations().is_empty(), "{:?}", model.violations());
+    });
+}
