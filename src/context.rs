@@ -31,9 +31,38 @@ struct Inner {
     device_count: OnceLock<i32>,
     version: OnceLock<Option<i32>>,
     teardown: Mutex<Vec<Error>>,
-    /// Fabric handles attached in this context (exported or imported), and
-    /// the id holding each.
-    attached: Mutex<std::collections::HashMap<[u8; 64], u32>>,
+    /// Fabric handles attached in this context's process (exported or
+    /// imported), and the id holding each: one table shared by every
+    /// context of the process ([`Driver::process_scope`], R9).
+    attached: Arc<Attached>,
+}
+
+/// The attached fabric handles of one process, and the id holding each.
+type Attached = Mutex<std::collections::HashMap<[u8; 64], u32>>;
+
+/// The attachment table of the process `driver` belongs to: the same table
+/// for every context whose driver answers the same scope, for as long as
+/// one of them lives.
+fn attached_table(driver: &Arc<dyn Driver>) -> Arc<Attached> {
+    use std::collections::HashMap;
+    use std::sync::Weak;
+    // `(true, scope)` for a driver that names its process, `(false,
+    // address)` for one that does not (its object is the scope).
+    type Scopes = HashMap<(bool, u64), Weak<Attached>>;
+    static SCOPES: Mutex<Option<Scopes>> = Mutex::new(None);
+    let key = match driver.process_scope() {
+        Some(scope) => (true, scope),
+        None => (false, Arc::as_ptr(driver) as *const () as usize as u64),
+    };
+    let mut scopes = SCOPES.lock().unwrap_or_else(|e| e.into_inner());
+    let scopes = scopes.get_or_insert_with(HashMap::new);
+    if let Some(table) = scopes.get(&key).and_then(Weak::upgrade) {
+        return table;
+    }
+    scopes.retain(|_, t| t.strong_count() > 0);
+    let table = Arc::new(Attached::default());
+    scopes.insert(key, Arc::downgrade(&table));
+    table
 }
 
 impl std::fmt::Debug for Context {
@@ -52,11 +81,11 @@ impl Context {
     pub fn from_arc(driver: Arc<dyn Driver>) -> Context {
         Context {
             inner: Arc::new(Inner {
+                attached: attached_table(&driver),
                 driver,
                 device_count: OnceLock::new(),
                 version: OnceLock::new(),
                 teardown: Mutex::new(Vec::new()),
-                attached: Mutex::new(Default::default()),
             }),
         }
     }
@@ -223,7 +252,7 @@ impl Context {
     }
 
     /// Claims `handle` for `id`, atomically; `Err(holder)` when another id of
-    /// this context already holds it.
+    /// this process (through any context) already holds it.
     pub(crate) fn try_attach(&self, handle: [u8; 64], id: u32) -> Result<(), u32> {
         match self.lock_attached().entry(handle) {
             std::collections::hash_map::Entry::Occupied(e) => Err(*e.get()),

@@ -564,7 +564,7 @@ pub enum Error {
 
     /// A fabric handle already attached in this context (R9).
     #[error(
-        "this context already holds the endpoint behind this fabric handle (endpoint {id}, R9); use that endpoint: a second attachment in one process shares its bindings with the first, and destroying either would unbind both"
+        "this process already holds the endpoint behind this fabric handle (endpoint {id}, through this or another context of the process, R9); use that endpoint: a second attachment in one process shares its bindings with the first, and destroying either would unbind both"
     )]
     AlreadyAttached {
         /// The id that holds it.

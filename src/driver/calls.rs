@@ -276,6 +276,16 @@ macro_rules! gen_call {
                 None
             }
 
+            /// Which process this driver's ids and attachments belong to
+            /// (R9, R12.1): every [`Context`](crate::Context) whose driver
+            /// answers the same scope shares one table of attached fabric
+            /// handles, so that a handle is attached once per process.
+            /// `None` (the default): the driver object itself is the scope
+            /// (contexts over one `Arc` share the table).
+            fn process_scope(&self) -> Option<u64> {
+                None
+            }
+
             $(
                 $(#[$meta])*
                 ///
@@ -331,6 +341,11 @@ macro_rules! gen_call {
                 self.inner().explain_unsupported(call)
             }
 
+            /// As [`Driver::process_scope`]; the inner driver's by default.
+            fn process_scope(&self) -> Option<u64> {
+                self.inner().process_scope()
+            }
+
             $(
                 #[doc = concat!("As [`Driver::", stringify!($method), "`]; forwarded by default.")]
                 ///
@@ -352,6 +367,9 @@ macro_rules! gen_call {
             }
             fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
                 Forward::explain_unsupported(self, call)
+            }
+            fn process_scope(&self) -> Option<u64> {
+                Forward::process_scope(self)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
@@ -379,6 +397,9 @@ macro_rules! gen_arc {
             }
             fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
                 (**self).explain_unsupported(call)
+            }
+            fn process_scope(&self) -> Option<u64> {
+                (**self).process_scope()
             }
             $(
                 #[allow(clippy::too_many_arguments)]

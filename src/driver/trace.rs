@@ -347,6 +347,9 @@ macro_rules! traced_impl {
             fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
                 self.inner.explain_unsupported(call)
             }
+            fn process_scope(&self) -> Option<u64> {
+                self.inner.process_scope()
+            }
             $(
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {

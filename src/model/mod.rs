@@ -194,6 +194,12 @@ impl Driver for Model {
         "model".into()
     }
 
+    /// One simulated process: every `Model` handle on this world and pid.
+    fn process_scope(&self) -> Option<u64> {
+        let world = Arc::as_ptr(&self.world) as usize as u64;
+        Some(world.rotate_left(16) ^ self.pid as u64)
+    }
+
     unsafe fn driver_version(&self) -> DriverResult<i32> {
         self.enter(Call::DriverGetVersion, |w, _| Ok(w.config().driver_version))
     }

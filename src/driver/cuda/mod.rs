@@ -248,6 +248,11 @@ macro_rules! cuda_driver {
             fn name(&self) -> String {
                 "cuda".into()
             }
+            /// The OS process: every `Cuda` of it talks to the one libcuda
+            /// of the process, whose attachments are per process (R9).
+            fn process_scope(&self) -> Option<u64> {
+                Some(0)
+            }
             $(
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
