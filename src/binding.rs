@@ -318,7 +318,15 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let addr = match target {
             Target::Addr(ptr) => match ptr.checked_add(mem_offset) {
                 Some(a) => Some((Arg::DeviceAddress, a, u64::MAX)),
-                None => return Err(out(Extent::Allocation, mem_offset, mem_size)),
+                // Only a mapping's address has an offset: the base came
+                // from `cuMemAddressReserve`.
+                None => {
+                    return Err(Error::BadAnswer {
+                        call: Call::MemAddressReserve,
+                        what: crate::error::Answer::MappedAddress,
+                        value: ptr,
+                    });
+                }
             },
             Target::Handle(_) => None,
         };

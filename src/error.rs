@@ -236,6 +236,30 @@ impl fmt::Display for Extent {
     }
 }
 
+/// A value a driver returned, as named in [`Error::BadAnswer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Answer {
+    /// The first id of a reservation (`cuLogicalEndpointIdReserve`): the
+    /// range `[base, base + count)` must fit in a `u32` id (R1).
+    IdBase,
+    /// The start of a reserved address range (`cuMemAddressReserve`): a
+    /// mapped allocation's bytes must not run past the end of the address
+    /// space.
+    MappedAddress,
+}
+
+impl fmt::Display for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Answer::IdBase => "the first id of the range, whose last id runs past u32::MAX",
+            Answer::MappedAddress => {
+                "the start of a mapping, whose bytes run past the end of the address space"
+            }
+        })
+    }
+}
+
 /// A capability that a driver, a backend or a device lacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -569,6 +593,20 @@ pub enum Error {
     AlreadyAttached {
         /// The id that holds it.
         id: u32,
+    },
+
+    /// The driver answered a value no driver may give: nothing was built
+    /// on it (and what it reserved was handed back).
+    #[error(
+        "{call} answered {value} ({what}): not a value the driver contract allows; the driver or a wrapper of it is broken, nothing was built on the answer"
+    )]
+    BadAnswer {
+        /// The call that answered.
+        call: Call,
+        /// Which value.
+        what: Answer,
+        /// The value.
+        value: u64,
     },
 
     /// Memory from another [`crate::Context`] than the endpoint's.

@@ -120,6 +120,7 @@ struct Record {
 
 pub(crate) struct RangeInner {
     pub ctx: Context,
+    /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`]).
     pub base: u32,
     pub count: u32,
     /// Inline for one id: `reserve_one` makes a single allocation.
@@ -235,6 +236,21 @@ impl IdRange {
         }
         // SAFETY: new ids, owned by the `IdRange` made below.
         let base = ctx.check(Call::IdReserve, unsafe { ctx.driver().id_reserve(count) })?;
+        // Every id of the range is `base + i` below `base + count`: checked
+        // once here, so that no later sum (splitting, `Debug`, release in
+        // `Drop`) can overflow.
+        if base.checked_add(count).is_none() {
+            // SAFETY: the ids the driver just reserved, never handed out.
+            let r = unsafe { ctx.driver().id_release(base, count) };
+            if let Err(code) = r {
+                ctx.record_teardown(ctx.error(Call::IdRelease, code));
+            }
+            return Err(crate::Error::BadAnswer {
+                call: Call::IdReserve,
+                what: crate::error::Answer::IdBase,
+                value: u64::from(base),
+            });
+        }
         let records = (0..count)
             .map(|_| Record {
                 facts: OwnerCell(UnsafeCell::new(Facts::default())),

@@ -57,3 +57,119 @@ fn one_attachment_per_process_not_per_context() {
     }
     clean(&a, &model);
 }
+
+/// A backend whose answers no driver may give: an id range that runs past
+/// `u32::MAX`, an address range at the very end of the address space. It
+/// keeps the model's books for the calls it answers itself.
+#[derive(Debug)]
+struct Hostile {
+    inner: Model,
+}
+
+const HOSTILE_BASE: u32 = u32::MAX - 1;
+const HOSTILE_VA: u64 = u64::MAX - ALIGN + 1;
+
+impl cuda_endpoints::driver::Forward for Hostile {
+    type Inner = Model;
+    fn inner(&self) -> &Model {
+        &self.inner
+    }
+    unsafe fn id_reserve(&self, count: u32) -> cuda_endpoints::driver::DriverResult<u32> {
+        if count > 2 {
+            return Ok(HOSTILE_BASE);
+        }
+        // SAFETY: forwarded unchanged.
+        unsafe { self.inner.id_reserve(count) }
+    }
+    unsafe fn id_release(&self, base: u32, count: u32) -> cuda_endpoints::driver::DriverResult<()> {
+        if base == HOSTILE_BASE {
+            return Ok(());
+        }
+        // SAFETY: forwarded unchanged.
+        unsafe { self.inner.id_release(base, count) }
+    }
+    unsafe fn mem_address_reserve(
+        &self,
+        _size: u64,
+        _alignment: u64,
+    ) -> cuda_endpoints::driver::DriverResult<u64> {
+        Ok(HOSTILE_VA)
+    }
+    unsafe fn mem_map(
+        &self,
+        _ptr: u64,
+        _size: u64,
+        _offset: u64,
+        _handle: u64,
+    ) -> cuda_endpoints::driver::DriverResult<()> {
+        Ok(())
+    }
+    unsafe fn mem_set_access(
+        &self,
+        _ptr: u64,
+        _size: u64,
+        _devices: Vec<Device>,
+    ) -> cuda_endpoints::driver::DriverResult<()> {
+        Ok(())
+    }
+    unsafe fn mem_unmap(&self, _ptr: u64, _size: u64) -> cuda_endpoints::driver::DriverResult<()> {
+        Ok(())
+    }
+    unsafe fn mem_address_free(
+        &self,
+        _ptr: u64,
+        _size: u64,
+    ) -> cuda_endpoints::driver::DriverResult<()> {
+        Ok(())
+    }
+}
+
+/// Item 5: checked arithmetic on every `base + count` and `ptr + offset`
+/// from the driver; no panic anywhere, in particular in no `Drop`.
+#[test]
+fn hostile_driver_answers_give_typed_errors_not_panics() {
+    use cuda_endpoints::{Allocation, Answer, Call, PosixFd};
+    let model = Model::new(ModelConfig::node(2));
+    let ctx = Context::new(Hostile {
+        inner: model.clone(),
+    });
+    // An id range whose last id would be past u32::MAX.
+    let e = ctx.reserve(4).unwrap_err();
+    assert_eq!(
+        e,
+        Error::BadAnswer {
+            call: Call::IdReserve,
+            what: Answer::IdBase,
+            value: u64::from(HOSTILE_BASE),
+        },
+        "{e}"
+    );
+    assert!(e.to_string().contains("cuLogicalEndpointIdReserve"), "{e}");
+    // A mapping at the end of the address space: `ptr + mem_offset` overflows.
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0)], 2 * ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let mapped = Allocation::<PosixFd>::on_device(&ctx, Device(0), 2 * ALIGN)
+        .unwrap()
+        .map(&[Device(0)])
+        .unwrap();
+    let e = team.bind_part(0, 0, &mapped, ALIGN, ALIGN).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::BadAnswer {
+                call: Call::MemAddressReserve,
+                what: Answer::MappedAddress,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    drop(mapped);
+    team.destroy().unwrap().release().unwrap();
+    clean(&ctx, &model);
+}
