@@ -399,6 +399,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Err(e) = self.retry_orphan() {
             return self.fail(e);
         }
+        if let Err(e) = self.check_claims(handle) {
+            return self.fail(e);
+        }
         let c = handle.bytes();
         if let Err(id) = self.context().try_attach(c.0, self.id) {
             return self.fail(Error::AlreadyAttached { id });
@@ -432,6 +435,51 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             self.slot().fabric = Some(Box::new(c.0));
         }
         Ok(self.cast())
+    }
+
+    /// What a handle's metadata claims, checked against the driver before
+    /// the import: the metadata travels beside the driver's bytes under a
+    /// checksum anyone can recompute, so it is trusted only as far as the
+    /// driver confirms it. For a team, `cuLogicalEndpointGetLimits` of the
+    /// claimed properties must give the claimed bind alignment and allow the
+    /// claimed size (R10), so that every bind the importer checks against
+    /// them is aligned as the driver needs (R5.3). (An imported unicast
+    /// endpoint binds nothing, R5.7.) What the importer cannot know at all —
+    /// the real kind, team size and size — the driver checks at AddDevice and
+    /// bind (R4.1, R4.2, R5.4).
+    fn check_claims<K2: CanExport>(&self, handle: &FabricHandle<K2>) -> Result<()> {
+        if !<K2 as Kind>::MULTICAST {
+            return Ok(());
+        }
+        let mut props = EndpointProps::new(
+            Shape::Multicast {
+                num_devices: handle.team_size(),
+            },
+            handle.size(),
+        );
+        props.ipc_fabric = true;
+        let limits = self.context().limits(&props)?;
+        let bad = |reason: String| Error::BadHandle {
+            expected: K2::NAME,
+            reason,
+        };
+        if limits.bind_alignment != handle.bind_alignment() {
+            return Err(bad(format!(
+                "it claims bind alignment {}, the driver gives {} for a team of {} with {} bytes (R10, R5.3)",
+                handle.bind_alignment(),
+                limits.bind_alignment,
+                handle.team_size(),
+                handle.size()
+            )));
+        }
+        if handle.size() > limits.max_size {
+            return Err(bad(format!(
+                "it claims {} bytes, the driver allows at most {} (R10, R2.3)",
+                handle.size(),
+                limits.max_size
+            )));
+        }
+        Ok(())
     }
 
     /// Gives the id back. The range it came from is released

@@ -173,3 +173,118 @@ fn hostile_driver_answers_give_typed_errors_not_panics() {
     team.destroy().unwrap().release().unwrap();
     clean(&ctx, &model);
 }
+
+/// A handle's wire bytes with the metadata rewritten and the checksum
+/// recomputed, as anyone holding the bytes can.
+fn forge(wire: &[u8], kind: u8, size: u64, align: u64, team: u32) -> Vec<u8> {
+    let mut b = wire.to_vec();
+    b[5] = kind;
+    b[6..14].copy_from_slice(&size.to_le_bytes());
+    b[14..22].copy_from_slice(&align.to_le_bytes());
+    b[22..26].copy_from_slice(&team.to_le_bytes());
+    let at = b.len() - 8;
+    let sum = cuda_endpoints::driver::fabric_checksum(&b[..at]);
+    b[at..].copy_from_slice(&sum.to_le_bytes());
+    b
+}
+
+/// Item 4: forged metadata (kind, size, alignment, team size, with a valid
+/// checksum) never makes the crate send a call that breaks R4.1, R4.2, R5.3
+/// or R5.4: what the driver can confirm is checked before the import
+/// (GetLimits: the bind alignment), what only the driver knows comes back as
+/// the driver's error; the model logs no violation either way.
+#[test]
+fn forged_handle_metadata_is_checked_against_the_driver() {
+    use cuda_endpoints::{Allocation, Call, Code, PosixFd, Unicast};
+    let model = Model::new(ModelConfig::node(4));
+    let a = Context::new(model.clone());
+    let b = Context::new(model.spawn_process());
+
+    // A unicast export claimed as a team: the kind is the driver's to know
+    // (R4.1): AddDevice is refused by the driver, not by a broken rule.
+    let uni = a
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let wire = uni.export().unwrap().to_bytes();
+    assert!(FabricHandle::<Unicast<Exportable>>::from_bytes(&wire).is_ok());
+    let forged = forge(&wire, 2, ALIGN, ALIGN, 2);
+    let h = FabricHandle::<Multicast<Exportable>>::from_bytes(&forged).unwrap();
+    let imp = b.reserve_one().unwrap().import(&h).unwrap();
+    let f = imp.add_device(1).unwrap_err();
+    assert!(
+        matches!(
+            f.error,
+            Error::Driver {
+                call: Call::AddDevice,
+                code: Code::INVALID_VALUE
+            }
+        ),
+        "{}",
+        f.error
+    );
+    drop(f);
+
+    // A team whose alignment is forged: refused before the import (R5.3).
+    let team = a
+        .reserve_one()
+        .unwrap()
+        .create(Spec::spread(2, 2 * ALIGN).exportable())
+        .unwrap();
+    let wire = team.export().unwrap().to_bytes();
+    let imports = model.calls(Call::Import);
+    let forged = forge(&wire, 2, 2 * ALIGN, 4096, 2);
+    let h = FabricHandle::<Multicast<Exportable>>::from_bytes(&forged).unwrap();
+    let f = b.reserve_one().unwrap().import(&h).unwrap_err();
+    assert!(
+        matches!(&f.error, Error::BadHandle { reason, .. } if reason.contains("alignment 4096")),
+        "{}",
+        f.error
+    );
+    assert_eq!(
+        model.calls(Call::Import),
+        imports,
+        "refused before the driver"
+    );
+    drop(f);
+
+    // A team whose size and team size are forged up: one device too many
+    // (R4.2) and a bind past the real end (R5.4) are the driver's refusals.
+    let forged = forge(&wire, 2, 4 * ALIGN, ALIGN, 3);
+    let h = FabricHandle::<Multicast<Exportable>>::from_bytes(&forged).unwrap();
+    let imp = b.reserve_one().unwrap().import(&h).unwrap();
+    let imp = imp.add_device(0).unwrap().add_device(1).unwrap();
+    let f = imp.add_device(2).unwrap_err();
+    assert!(
+        matches!(
+            f.error,
+            Error::Driver {
+                call: Call::AddDevice,
+                ..
+            }
+        ),
+        "{}",
+        f.error
+    );
+    let imp = f.value.wait(T).unwrap();
+    let mem = Allocation::<PosixFd>::on_device(&b, Device(0), ALIGN).unwrap();
+    let e = imp.bind(0, 2 * ALIGN, &mem).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Driver {
+                call: Call::BindMem,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    drop(imp);
+    drop(mem);
+    drop((team, uni));
+    assert!(b.take_teardown_errors().is_empty());
+    clean(&a, &model);
+}

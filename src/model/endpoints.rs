@@ -196,7 +196,15 @@ impl World {
         };
         let node = self.node;
         let obj = &self.objects[&o];
+        // An importer knows the kind, team size and size only from the
+        // handle's metadata, which it cannot verify: breaking R4.1, R4.2 or
+        // R5.4 on an imported endpoint is the driver's refusal (model's
+        // choice, as R12.5), not a rule the caller broke.
+        let imported = self.procs[pid].ids.get(&id).is_some_and(|s| s.imported);
         let Shape::Multicast { num_devices } = obj.props.shape else {
+            if imported {
+                return Err(Code::INVALID_VALUE);
+            }
             return violate(self, "R4.1", Code::INVALID_VALUE);
         };
         let attach = self.procs[pid].ids.get(&id).map_or(0, |s| s.attach);
@@ -214,6 +222,7 @@ impl World {
             // earlier attachment), or the team filled up by others: only the
             // driver can know.
             Some(_) => return Err(Code::INVALID_VALUE),
+            None if by_me >= num_devices && imported => return Err(Code::INVALID_VALUE),
             None if by_me >= num_devices => return violate(self, "R4.2", Code::INVALID_VALUE),
             None if total >= num_devices => return Err(Code::INVALID_VALUE),
             None => {}
@@ -341,6 +350,11 @@ impl World {
         };
         let fits_mem = mem_offset.checked_add(size).is_some_and(|e| e <= a.size);
         let fits_ep = offset.checked_add(size).is_some_and(|e| e <= props.size);
+        if fits_mem && !fits_ep && imported {
+            // The size of an imported endpoint came from its handle (see
+            // `add_device`).
+            return Err(Code::INVALID_VALUE);
+        }
         if !fits_mem || !fits_ep {
             return violate(self, "R5.4", Code::INVALID_VALUE);
         }
