@@ -29,12 +29,20 @@ pub struct Context {
 struct Inner {
     driver: Arc<dyn Driver>,
     device_count: OnceLock<i32>,
-    version: OnceLock<Option<i32>>,
-    teardown: Mutex<Vec<Error>>,
+    /// Cached once the driver answered; a failed query is asked again.
+    version: OnceLock<i32>,
+    teardown: Mutex<Teardown>,
     /// Fabric handles attached in this context's process (exported or
     /// imported), and the id holding each: one table shared by every
     /// context of the process ([`Driver::process_scope`], R9).
     attached: Arc<Attached>,
+}
+
+/// Teardown errors not yet taken, and how many were let go.
+#[derive(Default)]
+struct Teardown {
+    errors: std::collections::VecDeque<Error>,
+    dropped: u64,
 }
 
 /// The attached fabric handles of one process, and the id holding each.
@@ -85,7 +93,7 @@ impl Context {
                 driver,
                 device_count: OnceLock::new(),
                 version: OnceLock::new(),
-                teardown: Mutex::new(Vec::new()),
+                teardown: Mutex::new(Teardown::default()),
             }),
         }
     }
@@ -232,16 +240,34 @@ impl Context {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// How many teardown errors the context keeps until they are taken
+    /// ([`Context::take_teardown_errors`]); older ones are counted in
+    /// [`Context::teardown_errors_dropped`] (every one is also logged).
+    pub const TEARDOWN_CAPACITY: usize = 1024;
+
     /// Errors that `Drop` could not return (a failed unbind, destroy or
-    /// release), oldest first; taking them clears the list. They are also
-    /// logged through `tracing` at `error` level when they happen.
+    /// release), oldest first, at most the newest
+    /// [`TEARDOWN_CAPACITY`](Context::TEARDOWN_CAPACITY); taking them clears
+    /// the list. They are also logged through `tracing` at `error` level when
+    /// they happen.
     pub fn take_teardown_errors(&self) -> Vec<Error> {
-        std::mem::take(&mut *self.lock_teardown())
+        std::mem::take(&mut self.lock_teardown().errors).into()
+    }
+
+    /// How many teardown errors were let go, since the context was made, to
+    /// keep the newest [`TEARDOWN_CAPACITY`](Context::TEARDOWN_CAPACITY).
+    pub fn teardown_errors_dropped(&self) -> u64 {
+        self.lock_teardown().dropped
     }
 
     pub(crate) fn record_teardown(&self, e: Error) {
         tracing::error!(error = %e, "teardown failed; resource kept alive");
-        self.lock_teardown().push(e);
+        let mut t = self.lock_teardown();
+        if t.errors.len() >= Self::TEARDOWN_CAPACITY {
+            t.errors.pop_front();
+            t.dropped = t.dropped.saturating_add(1);
+        }
+        t.errors.push_back(e);
     }
 
     fn lock_attached(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 64], u32>> {
@@ -271,20 +297,23 @@ impl Context {
         self.lock_attached().remove(handle);
     }
 
-    fn lock_teardown(&self) -> std::sync::MutexGuard<'_, Vec<Error>> {
+    fn lock_teardown(&self) -> std::sync::MutexGuard<'_, Teardown> {
         self.inner
             .teardown
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `cuDriverGetVersion`, cached; `None` if the driver would not say.
+    /// `cuDriverGetVersion`, cached once the driver answered; `None` if it
+    /// would not say (asked again next time: a transient failure must not
+    /// hide the version for the context's life).
     pub fn driver_version(&self) -> Option<i32> {
-        *self
-            .inner
-            .version
-            // SAFETY: a version query touches nothing anyone owns.
-            .get_or_init(|| unsafe { self.inner.driver.driver_version() }.ok())
+        if let Some(&v) = self.inner.version.get() {
+            return Some(v);
+        }
+        // SAFETY: a version query touches nothing anyone owns.
+        let v = unsafe { self.inner.driver.driver_version() }.ok()?;
+        Some(*self.inner.version.get_or_init(|| v))
     }
 
     /// Number of devices, cached.
@@ -362,6 +391,11 @@ impl Context {
     /// As [`Context::error`], for a call made with `props` (create, limits):
     /// a backend's refusal then names the property it cannot serve.
     pub(crate) fn error_for(&self, call: Call, code: Code, props: Option<&EndpointProps>) -> Error {
+        // The entry point that really failed, when the backend emulates
+        // `call` on others (the classic fallback's `cuMulticast*`).
+        if let Some(inner) = self.driver().inner_failure(call) {
+            return Error::driver(inner, code);
+        }
         if code == Code::NOT_SUPPORTED
             && let Some(why) = self.driver().explain_unsupported(call)
             && let Some(feature) = backend_feature(call, props)

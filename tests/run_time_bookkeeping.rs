@@ -288,3 +288,132 @@ fn forged_handle_metadata_is_checked_against_the_driver() {
     assert!(b.take_teardown_errors().is_empty());
     clean(&a, &model);
 }
+
+/// Fails the first `cuDriverGetVersion`, then answers.
+#[derive(Debug)]
+struct FlakyVersion {
+    inner: Model,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl cuda_endpoints::driver::Forward for FlakyVersion {
+    type Inner = Model;
+    fn inner(&self) -> &Model {
+        &self.inner
+    }
+    unsafe fn driver_version(&self) -> cuda_endpoints::driver::DriverResult<i32> {
+        if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(cuda_endpoints::Code::NOT_INITIALIZED);
+        }
+        // SAFETY: forwarded unchanged.
+        unsafe { self.inner.driver_version() }
+    }
+}
+
+/// Item 6: a failed first `cuDriverGetVersion` is not cached as "unknown":
+/// the next error of an old driver is still `Unsupported`, naming the version.
+#[test]
+fn a_failed_first_driver_version_is_asked_again() {
+    let model = Model::new(ModelConfig::cuda_13_0(1));
+    let ctx = Context::new(FlakyVersion {
+        inner: model.clone(),
+        failed: Default::default(),
+    });
+    assert_eq!(ctx.driver_version(), None);
+    assert_eq!(ctx.driver_version(), Some(13000));
+    let e = ctx.reserve_one().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Unsupported {
+                driver_version: Some(13000),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    clean(&ctx, &model);
+}
+
+/// Item 6: the classic fallback's failures name the `cuMulticast*` call
+/// that failed, not the logical-endpoint call it emulates.
+#[test]
+fn classic_reports_multicast_failures_under_their_own_call() {
+    use cuda_endpoints::driver::{Classic, Traced};
+    use cuda_endpoints::{Allocation, Call, Code, Private};
+    let cfg = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
+    let team = [Device(0), Device(1)];
+    for (denied, call) in [
+        (Call::MulticastCreate, Call::MulticastCreate),
+        (Call::MulticastAddDevice, Call::MulticastAddDevice),
+        (Call::MulticastBindMem, Call::MulticastBindMem),
+    ] {
+        let model = Model::new(cfg.clone());
+        let traced = Traced::new(model.clone()).deny([denied]);
+        let ctx = Context::new(Classic::new(Arc::new(traced)));
+        let created = ctx
+            .reserve_one()
+            .unwrap()
+            .create(Spec::multicast(&team, ALIGN));
+        let e = match created {
+            Err(f) => f.error,
+            Ok(ep) => {
+                let ep = ep.wait(T).unwrap();
+                let mem = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
+                let e = ep.bind(0, 0, &mem).unwrap_err();
+                drop(ep);
+                e
+            }
+        };
+        assert_eq!(
+            e,
+            Error::Driver {
+                call,
+                code: Code::NOT_PERMITTED
+            },
+            "{e}"
+        );
+        clean(&ctx, &model);
+    }
+}
+
+/// Item 6: `Traced`'s log and the teardown list are bounded, with a count
+/// of what they let go.
+#[test]
+fn the_trace_log_and_the_teardown_list_are_bounded() {
+    use cuda_endpoints::driver::Traced;
+    use cuda_endpoints::{Allocation, Call, Private};
+    let model = Model::new(ModelConfig::node(1).queries_to_ready(50));
+    let traced = Arc::new(Traced::with_capacity(model.clone(), 8));
+    let ctx = Context::from_arc(traced.clone());
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN))
+        .unwrap();
+    // A wait that polls: one log entry per query.
+    let f = ep.wait(Duration::from_millis(20));
+    let ep = match f {
+        Ok(ep) => ep,
+        Err(f) => f.value.wait(T).unwrap(),
+    };
+    assert_eq!(traced.log().len(), 8);
+    let before = traced.dropped();
+    assert!(before > 0);
+    drop(ep);
+    assert_eq!(traced.log().len(), 8);
+    assert!(traced.dropped() > before);
+
+    // Teardown errors: more than the context keeps.
+    let denied = Context::new(Traced::new(model.clone()).deny([Call::MemRelease]));
+    let n = Context::TEARDOWN_CAPACITY + 3;
+    for _ in 0..n {
+        drop(Allocation::<Private>::on_device(&denied, Device(0), 1).unwrap());
+    }
+    assert_eq!(denied.teardown_errors_dropped(), 3);
+    assert_eq!(
+        denied.take_teardown_errors().len(),
+        Context::TEARDOWN_CAPACITY
+    );
+    assert!(ctx.take_teardown_errors().is_empty());
+}

@@ -286,6 +286,15 @@ macro_rules! gen_call {
                 None
             }
 
+            /// For a backend that emulates `call` on other entry points
+            /// (the classic fallback): the entry point whose failure the
+            /// last `call` on this thread returned, so that the error names
+            /// it. Asked once, right after the failure. `None`: `call` itself.
+            fn inner_failure(&self, call: Call) -> Option<Call> {
+                let _ = call;
+                None
+            }
+
             $(
                 $(#[$meta])*
                 ///
@@ -346,6 +355,11 @@ macro_rules! gen_call {
                 self.inner().process_scope()
             }
 
+            /// As [`Driver::inner_failure`]; the inner driver's by default.
+            fn inner_failure(&self, call: Call) -> Option<Call> {
+                self.inner().inner_failure(call)
+            }
+
             $(
                 #[doc = concat!("As [`Driver::", stringify!($method), "`]; forwarded by default.")]
                 ///
@@ -370,6 +384,9 @@ macro_rules! gen_call {
             }
             fn process_scope(&self) -> Option<u64> {
                 Forward::process_scope(self)
+            }
+            fn inner_failure(&self, call: Call) -> Option<Call> {
+                Forward::inner_failure(self, call)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
@@ -400,6 +417,9 @@ macro_rules! gen_arc {
             }
             fn process_scope(&self) -> Option<u64> {
                 (**self).process_scope()
+            }
+            fn inner_failure(&self, call: Call) -> Option<Call> {
+                (**self).inner_failure(call)
             }
             $(
                 #[allow(clippy::too_many_arguments)]

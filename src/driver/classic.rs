@@ -35,6 +35,7 @@
 //! calls that break R1–R7, `INVALID_DEVICE` for a bind on a device outside
 //! the team.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -43,6 +44,26 @@ use super::{
     Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Forward,
     Granularity, Limits, Location, Shape, attr,
 };
+
+thread_local! {
+    /// The emulated call running on this thread, and the inner entry point
+    /// whose failure it returned: errors name the `cuMulticast*` (or VMM)
+    /// call that failed, not the logical-endpoint call it emulates.
+    static FAILED: Cell<(Option<Call>, Option<Call>)> = const { Cell::new((None, None)) };
+}
+
+/// An emulated call starts: forget an older failure.
+fn begin(outer: Call) {
+    FAILED.set((Some(outer), None));
+}
+
+/// `r` is what the emulated call returns: if it failed, `inner` did.
+fn noted<T>(inner: Call, r: DriverResult<T>) -> DriverResult<T> {
+    if r.is_err() {
+        FAILED.set((FAILED.get().0, Some(inner)));
+    }
+    r
+}
 
 /// The most ids the fallback hands out at once (the reference model's
 /// default limit too).
@@ -59,6 +80,8 @@ struct Emulated {
     devices: Vec<Device>,
     /// The classic object, once the team is complete (C1).
     mc: Option<u64>,
+    /// A half-built object whose release failed: released at destroy.
+    stale: Option<u64>,
     /// Live binds, exactly as issued (C4), and those being issued now.
     bindings: Vec<Bind>,
     /// The last enrollment or the destroy is talking to the inner driver:
@@ -184,7 +207,7 @@ impl Classic {
     /// How many devices of the machine report attribute 132 = 1.
     fn capable_devices(&self) -> DriverResult<u32> {
         // SAFETY: a device count touches nothing anyone owns.
-        let count = unsafe { self.inner.device_count() }?;
+        let count = noted(Call::DeviceGetCount, unsafe { self.inner.device_count() })?;
         Ok((0..count)
             .filter(|&d| self.multicast_supported(Device(d)).unwrap_or(false))
             .count() as u32)
@@ -244,7 +267,8 @@ impl Classic {
         while let Some(b) = left.next() {
             // SAFETY: `b` is a bind this backend issued on its own object `mc`
             // exactly so (C4).
-            if let Err(code) = unsafe { self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) } {
+            let r = unsafe { self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) };
+            if let Err(code) = noted(Call::MulticastUnbind, r) {
                 let mut still = vec![b];
                 still.extend(left);
                 return Err((code, still));
@@ -355,6 +379,7 @@ impl Forward for Classic {
     }
 
     unsafe fn get_limits(&self, props: EndpointProps) -> DriverResult<Limits> {
+        begin(Call::GetLimits);
         let n = Self::team_size(&props)?;
         // C6 before any cuMulticast* call: at least `n` devices must have it.
         if self.capable_devices()? < n {
@@ -365,10 +390,10 @@ impl Forward for Classic {
             return Err(Code::NOT_SUPPORTED);
         }
         // SAFETY: a granularity query touches nothing anyone owns.
-        let align = unsafe {
+        let align = noted(Call::MulticastGetGranularity, unsafe {
             self.inner
                 .multicast_granularity(n, props.size, 0, self.granularity)
-        }?
+        })?
         .max(1);
         Ok(Limits {
             bind_alignment: align,
@@ -395,6 +420,7 @@ impl Forward for Classic {
                 size: props.size,
                 devices: Vec::new(),
                 mc: None,
+                stale: None,
                 bindings: Vec::new(),
                 busy: false,
             }),
@@ -403,6 +429,7 @@ impl Forward for Classic {
     }
 
     unsafe fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
+        begin(Call::AddDevice);
         let check = |ep: &mut Emulated| {
             if ep.busy || ep.devices.contains(&dev) || ep.devices.len() as u32 >= ep.num_devices {
                 return Err(Code::INVALID_VALUE); // R4.2
@@ -411,7 +438,7 @@ impl Forward for Classic {
         };
         self.with_ep(id, check)?;
         // C6: refuse before cuMulticastCreate.
-        if !self.multicast_supported(dev)? {
+        if !noted(Call::DeviceGetAttribute, self.multicast_supported(dev))? {
             tracing::debug!(
                 device = dev.0,
                 "classic multicast refused: MULTICAST_SUPPORTED (attribute 132) is 0"
@@ -436,15 +463,20 @@ impl Forward for Classic {
         // ever be issued on an incomplete team (C3).
         let built = (|| {
             // SAFETY: every team device said yes to attribute 132 (C6).
-            let mc = unsafe { self.inner.multicast_create(num_devices, size, 0) }?;
+            let r = unsafe { self.inner.multicast_create(num_devices, size, 0) };
+            let mc = noted(Call::MulticastCreate, r).map_err(|code| (code, None))?;
             for &d in &team {
                 // SAFETY: `mc` is this backend's new object; nothing is bound yet (C3).
-                if let Err(code) = unsafe { self.inner.multicast_add_device(mc, d) } {
+                let r = unsafe { self.inner.multicast_add_device(mc, d) };
+                if let Err(code) = noted(Call::MulticastAddDevice, r) {
                     // SAFETY: `mc` is this backend's own and nothing is bound to it.
                     if let Err(c2) = unsafe { self.inner.mem_release(mc) } {
-                        tracing::error!(code = %c2, "cuMemRelease of a half-built multicast object failed");
+                        // Kept, and released again at destroy, whose
+                        // failure reaches the caller (and its teardown list).
+                        tracing::error!(code = %c2, "cuMemRelease of a half-built multicast object failed; retried at destroy");
+                        return Err((code, Some(mc)));
                     }
-                    return Err(code);
+                    return Err((code, None));
                 }
             }
             Ok(mc)
@@ -452,10 +484,18 @@ impl Forward for Classic {
         let mut t = self.lock();
         let ep = match t.ids.get_mut(&id) {
             Some(Some(ep)) => ep,
-            _ => return built.map(|_| ()), // not reachable: `busy` refused a destroy
+            _ => return built.map(|_| ()).map_err(|(code, _)| code), // not reachable: `busy` refused a destroy
         };
         ep.busy = false;
-        let mc = built?;
+        let mc = match built {
+            Ok(mc) => mc,
+            Err((code, stale)) => {
+                if stale.is_some() {
+                    ep.stale = stale;
+                }
+                return Err(code);
+            }
+        };
         ep.devices.push(dev);
         ep.mc = Some(mc);
         Ok(())
@@ -487,6 +527,7 @@ impl Forward for Classic {
         size: u64,
         flags: u64,
     ) -> DriverResult<()> {
+        begin(Call::BindMem);
         // The classic bind takes no device: it binds on the memory's own
         // device, which must be the one asked for (R5.5).
         // SAFETY: a property query touches nothing anyone owns.
@@ -502,9 +543,17 @@ impl Forward for Classic {
                         .multicast_bind_mem(mc, offset, mem, mem_offset, size)
                 }
             }
-            Ok(_) => Err(Code::INVALID_VALUE),
+            Ok(_) => return self.settle_bind(id, bind, Err(Code::INVALID_VALUE)),
             Err(code) => Err(code),
         };
+        let r = noted(
+            if location.is_err() {
+                Call::MemGetAllocationProperties
+            } else {
+                Call::MulticastBindMem
+            },
+            r,
+        );
         self.settle_bind(id, bind, r)
     }
 
@@ -517,16 +566,20 @@ impl Forward for Classic {
         size: u64,
         flags: u64,
     ) -> DriverResult<()> {
+        begin(Call::BindAddr);
         let (mc, bind) = self.intend_bind(id, dev, offset, size, flags)?;
         // Where the mapped memory lives was checked by the typed API (R5.5);
         // the driver binds it on its own device.
         // SAFETY: the team of `mc` is complete (`bindable`, C3); the caller
         // keeps the mapping alive while bound (R7.2, this method's contract).
-        let r = unsafe { self.inner.multicast_bind_addr(mc, offset, ptr, size) };
+        let r = noted(Call::MulticastBindAddr, unsafe {
+            self.inner.multicast_bind_addr(mc, offset, ptr, size)
+        });
         self.settle_bind(id, bind, r)
     }
 
     unsafe fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
+        begin(Call::Unbind);
         let end = offset.checked_add(size).ok_or(Code::INVALID_VALUE)?;
         let (mc, covered) = self.with_ep(id, |ep| {
             let Some(mc) = ep.mc else {
@@ -571,23 +624,40 @@ impl Forward for Classic {
     }
 
     unsafe fn destroy(&self, id: u32) -> DriverResult<()> {
-        let (mc, binds) = self.with_ep(id, |ep| {
+        begin(Call::Destroy);
+        let (mc, stale, binds) = self.with_ep(id, |ep| {
             if ep.busy {
                 return Err(Code::INVALID_VALUE);
             }
             ep.busy = true;
-            Ok((ep.mc, std::mem::take(&mut ep.bindings)))
+            Ok((ep.mc, ep.stale, std::mem::take(&mut ep.bindings)))
         })?;
-        let r = match mc {
+        let release = |mc: u64| {
+            // SAFETY: `mc` is this backend's own object, unbound (C5).
+            noted(Call::MemRelease, unsafe { self.inner.mem_release(mc) })
+        };
+        // What is released so far, and the first failure.
+        let mut released_mc = false;
+        let mut r = match mc {
             None => Ok(()),
             // R7: destroy unbinds what is still bound, exactly as bound (C4).
+            // C5: the object goes before the memory that was bound to it
+            // (the typed API frees memory only after destroy returns).
             Some(mc) => self.unbind_all(mc, binds).and_then(|()| {
-                // C5: the object goes before the memory that was bound to it
-                // (the typed API frees memory only after destroy returns).
-                // SAFETY: `mc` is this backend's own object, unbound above (C5).
-                unsafe { self.inner.mem_release(mc) }.map_err(|code| (code, Vec::new()))
+                release(mc).map_err(|code| (code, Vec::new()))?;
+                released_mc = true;
+                Ok(())
             }),
         };
+        let mut released_stale = false;
+        if r.is_ok()
+            && let Some(st) = stale
+        {
+            match release(st) {
+                Ok(()) => released_stale = true,
+                Err(code) => r = Err((code, Vec::new())),
+            }
+        }
         let mut t = self.lock();
         let Some(slot) = t.ids.get_mut(&id) else {
             return r.map_err(|(code, _)| code);
@@ -601,9 +671,25 @@ impl Forward for Classic {
                 if let Some(ep) = slot {
                     ep.busy = false;
                     ep.bindings = left;
+                    if released_mc {
+                        ep.mc = None;
+                    }
+                    if released_stale {
+                        ep.stale = None;
+                    }
                 }
                 Err(code)
             }
+        }
+    }
+
+    fn inner_failure(&self, call: Call) -> Option<Call> {
+        match FAILED.get() {
+            (Some(outer), Some(inner)) if outer == call => {
+                FAILED.set((None, None));
+                Some(inner)
+            }
+            _ => None,
         }
     }
 

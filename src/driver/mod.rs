@@ -24,7 +24,7 @@ mod types;
 pub use calls::{Call, Driver, Family, Forward};
 pub use classic::Classic;
 pub use code::{Code, DriverResult};
-pub use trace::{TraceEntry, Traced};
+pub use trace::{TraceEntry, TraceLog, Traced};
 pub use types::{
     AllocationRequest, Device, EndpointProps, FabricHandleBytes, Granularity,
     LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, attr, fabric_checksum, handle_bits,

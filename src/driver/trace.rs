@@ -3,7 +3,12 @@
 //!
 //! Each call that reaches a `Traced` is appended to its log as a
 //! [`TraceEntry`] (entry point, arguments in words, outcome) and emitted as a
-//! `tracing::debug!` event (target `cuda_endpoints::driver::trace`). Calls on
+//! `tracing::debug!` event (target `cuda_endpoints::driver::trace`). The log
+//! is a ring buffer of the newest [`Traced::DEFAULT_CAPACITY`] entries (see
+//! [`Traced::with_capacity`]); [`Traced::dropped`] counts the older ones it
+//! let go, so that a long `wait` (one query per poll) cannot grow it without
+//! bound. The entry is logged before the event is emitted: a `tracing` layer
+//! that panics cannot lose it. Calls on
 //! its deny list are answered `CUDA_ERROR_NOT_PERMITTED` and never reach the
 //! inner driver; the log marks them `denied`.
 //!
@@ -16,6 +21,7 @@
 //! The wrapper is generated from the table of calls, arguments formatted as
 //! `name=value` (addresses and handles in hex).
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -79,7 +85,43 @@ impl fmt::Display for TraceEntry {
 pub struct Traced<D> {
     inner: D,
     deny: Vec<Call>,
-    log: Arc<Mutex<Vec<TraceEntry>>>,
+    log: Arc<Mutex<TraceLog>>,
+}
+
+/// The newest entries, at most `cap`, and how many older ones were let go.
+#[derive(Debug)]
+pub struct TraceLog {
+    entries: VecDeque<TraceEntry>,
+    cap: usize,
+    dropped: u64,
+}
+
+impl TraceLog {
+    fn new(cap: usize) -> TraceLog {
+        TraceLog {
+            entries: VecDeque::new(),
+            cap: cap.max(1),
+            dropped: 0,
+        }
+    }
+
+    fn push(&mut self, e: TraceEntry) {
+        if self.entries.len() >= self.cap {
+            self.entries.pop_front();
+            self.dropped = self.dropped.saturating_add(1);
+        }
+        self.entries.push_back(e);
+    }
+
+    /// The entries kept, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = &TraceEntry> {
+        self.entries.iter()
+    }
+
+    /// How many entries were let go to keep the newest ones.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
 }
 
 impl<D: fmt::Debug> fmt::Debug for Traced<D> {
@@ -87,25 +129,39 @@ impl<D: fmt::Debug> fmt::Debug for Traced<D> {
         f.debug_struct("Traced")
             .field("inner", &self.inner)
             .field("deny", &self.deny)
-            .field("entries", &self.lock().len())
+            .field("entries", &self.lock().entries.len())
             .finish()
     }
 }
 
 impl<D> Traced<D> {
-    fn lock(&self) -> MutexGuard<'_, Vec<TraceEntry>> {
+    fn lock(&self) -> MutexGuard<'_, TraceLog> {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl<D: Driver> Traced<D> {
-    /// Records every call to `inner`; denies nothing.
+    /// How many entries the log keeps by default.
+    pub const DEFAULT_CAPACITY: usize = 4096;
+
+    /// Records every call to `inner` (the newest
+    /// [`DEFAULT_CAPACITY`](Traced::DEFAULT_CAPACITY) of them); denies nothing.
     pub fn new(inner: D) -> Traced<D> {
+        Traced::with_capacity(inner, Self::DEFAULT_CAPACITY)
+    }
+
+    /// As [`Traced::new`], keeping the newest `cap` entries (at least 1).
+    pub fn with_capacity(inner: D, cap: usize) -> Traced<D> {
         Traced {
             inner,
             deny: Vec::new(),
-            log: Arc::new(Mutex::new(Vec::new())),
+            log: Arc::new(Mutex::new(TraceLog::new(cap))),
         }
+    }
+
+    /// How many entries the log let go to keep the newest ones.
+    pub fn dropped(&self) -> u64 {
+        self.lock().dropped
     }
 
     /// Adds `calls` to the deny list: they answer `CUDA_ERROR_NOT_PERMITTED`
@@ -129,34 +185,41 @@ impl<D: Driver> Traced<D> {
         &self.inner
     }
 
-    /// A copy of the log, oldest first.
+    /// A copy of the log (the entries kept), oldest first.
     pub fn log(&self) -> Vec<TraceEntry> {
-        self.lock().clone()
+        self.lock().entries.iter().cloned().collect()
     }
 
     /// The shared log itself, to read it after the wrapper was moved away.
-    pub fn log_handle(&self) -> Arc<Mutex<Vec<TraceEntry>>> {
+    pub fn log_handle(&self) -> Arc<Mutex<TraceLog>> {
         self.log.clone()
     }
 
     /// Empties the log.
     pub fn clear(&self) {
-        self.lock().clear();
+        let mut log = self.lock();
+        log.entries.clear();
+        log.dropped = 0;
     }
 
     /// The entry points called, in order (denied ones included).
     pub fn calls(&self) -> Vec<Call> {
-        self.lock().iter().filter_map(|e| e.call).collect()
+        self.lock().entries.iter().filter_map(|e| e.call).collect()
     }
 
     /// How many times `call` was made (denied ones included).
     pub fn count(&self, call: Call) -> usize {
-        self.lock().iter().filter(|e| e.call == Some(call)).count()
+        self.lock()
+            .entries
+            .iter()
+            .filter(|e| e.call == Some(call))
+            .count()
     }
 
     /// Whether `call` ever reached the inner driver.
     pub fn reached(&self, call: Call) -> bool {
         self.lock()
+            .entries
             .iter()
             .any(|e| e.call == Some(call) && e.reached())
     }
@@ -164,6 +227,7 @@ impl<D: Driver> Traced<D> {
     /// The entries for `call`, in order.
     pub fn entries(&self, call: Call) -> Vec<TraceEntry> {
         self.lock()
+            .entries
             .iter()
             .filter(|e| e.call == Some(call))
             .cloned()
@@ -198,20 +262,23 @@ impl<D: Driver> Traced<D> {
         denied: bool,
     ) {
         let result = r.as_ref().map(show).map_err(|c| *c);
-        match (&result, denied) {
+        // Logged first, with the lock let go before the event: a layer may
+        // read this log, or panic, without losing the entry.
+        let event = result.clone();
+        self.lock().push(TraceEntry {
+            call,
+            name,
+            args: args.clone(),
+            result,
+            denied,
+        });
+        match (&event, denied) {
             (_, true) => {
                 tracing::debug!(call = name, %args, "denied by the trace policy: CUDA_ERROR_NOT_PERMITTED")
             }
             (Ok(v), false) => tracing::debug!(call = name, %args, result = %v, "CUDA_SUCCESS"),
             (Err(code), false) => tracing::debug!(call = name, %args, %code, "driver call failed"),
         }
-        self.lock().push(TraceEntry {
-            call,
-            name,
-            args,
-            result,
-            denied,
-        });
     }
 }
 
@@ -349,6 +416,9 @@ macro_rules! traced_impl {
             }
             fn process_scope(&self) -> Option<u64> {
                 self.inner.process_scope()
+            }
+            fn inner_failure(&self, call: Call) -> Option<Call> {
+                self.inner.inner_failure(call)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
