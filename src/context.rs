@@ -365,6 +365,57 @@ impl Context {
         self.check(Call::DeviceGetAttribute, r)
     }
 
+    /// Before a device joins a multicast team (R4): on a driver with
+    /// logical endpoints (13.3+), attribute 154 must say the device has
+    /// multicast endpoints. A backend that explains its own enrollment
+    /// refusals (the classic fallback, which reads attribute 132 instead)
+    /// is left to answer.
+    ///
+    /// # Errors
+    /// [`Error::FeatureMissing`] naming the device and attribute 154;
+    /// [`Error::Driver`] when the attribute cannot be read.
+    pub(crate) fn check_multicast_device(&self, dev: Device) -> Result<()> {
+        let le = self
+            .driver_version()
+            .is_some_and(|v| v >= LOGICAL_ENDPOINT_MIN_VERSION);
+        if !le || self.driver().explain_unsupported(Call::AddDevice).is_some() {
+            return Ok(());
+        }
+        match self.attribute(dev, crate::driver::attr::LE_MULTICAST)? {
+            0 => Err(Error::FeatureMissing {
+                device: dev,
+                feature: Feature::MulticastEndpoints,
+                attribute: crate::driver::attr::LE_MULTICAST,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The error of a refused `cuLogicalEndpointAddDevice` of `dev`: a
+    /// backend's own refusal (the classic fallback, C6) names the device and
+    /// its attribute 132.
+    pub(crate) fn enroll_error(&self, dev: Device, code: Code) -> Error {
+        if code == Code::NOT_SUPPORTED
+            && self.driver().inner_failure(Call::AddDevice).is_none()
+            && let Some(why) = self.driver().explain_unsupported(Call::AddDevice)
+        {
+            let value = match self.attribute(dev, crate::driver::attr::MULTICAST_SUPPORTED) {
+                Ok(v) => v.to_string(),
+                Err(e) => format!("unreadable: {e}"),
+            };
+            return Error::unsupported(
+                Feature::ClassicMulticastDevice,
+                self.driver_version(),
+                format!(
+                    "{dev} reports MULTICAST_SUPPORTED (attribute 132) = {value}; {} on the {} backend: {why}",
+                    Call::AddDevice,
+                    self.driver().name()
+                ),
+            );
+        }
+        self.error(Call::AddDevice, code)
+    }
+
     /// `cuLogicalEndpointGetLimits` for `props` (R10).
     pub(crate) fn limits(&self, props: &EndpointProps) -> Result<crate::Limits> {
         // SAFETY: a limits query touches nothing anyone owns.

@@ -242,7 +242,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // Errors are built before `self.fail(..)` moves `self`: no context
         // clone on the success path.
         let d = self.context().driver();
-        // `Err((created, code))`: which call failed, and with what.
+        // `Err((created, code))`: which call failed, and with what (and for
+        // an enrollment, the device in `failed_dev`).
+        let mut failed_dev = None;
         let outcome = {
             // A panic inside create or an enrollment leaves an endpoint on
             // the id: the range destroys it before it releases (R1.2).
@@ -255,6 +257,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                     // SAFETY: the endpoint was created just above; nothing is
                     // bound (R4.4).
                     if let Err(code) = unsafe { d.add_device(self.id, dev) } {
+                        failed_dev = Some(dev);
                         r = Err((true, code));
                         break;
                     }
@@ -273,7 +276,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
             Err((true, code)) => {
                 let ctx = self.context().clone();
-                let error = ctx.error(Call::AddDevice, code);
+                let error = match failed_dev {
+                    Some(dev) => ctx.enroll_error(dev, code),
+                    None => ctx.error(Call::AddDevice, code),
+                };
                 // Undo the create so that the id comes back empty. If even
                 // that fails, the range retries before it releases (R1.2).
                 if let Some(e2) = destroy_now(&self.range, self.id, false) {
@@ -329,6 +335,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             if devices[..i].contains(&dev) {
                 return Err(Error::AlreadyEnrolled { device: dev });
             }
+        }
+        for &dev in &spec.devices {
+            ctx.check_multicast_device(dev)?;
         }
         if props.counted_ops {
             // A team enrolled later: every device it could hold must have it.
@@ -517,7 +526,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         <K as Enroll<S>>::HasRoom: TeamHasRoom,
     {
         let dev = dev.into();
-        if let Err(e) = self.context().check_device(dev) {
+        if let Err(e) = self
+            .context()
+            .check_device(dev)
+            .and_then(|()| self.context().check_multicast_device(dev))
+        {
             return self.fail(e);
         }
         let check = {
@@ -538,7 +551,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // SAFETY: the endpoint is `Pending` and incomplete, so nothing can be
         // bound on it yet (R4.4); the id is this endpoint's own.
         if let Err(code) = unsafe { self.context().driver().add_device(self.id, dev) } {
-            let error = self.context().error(Call::AddDevice, code);
+            let error = self.context().enroll_error(dev, code);
             return self.fail(error);
         }
         // SAFETY: `add_device` took the endpoint by value.
@@ -598,6 +611,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         K::Origin: HasFabricHandles,
     {
         let ctx = self.context();
+        if !S::READY && !K::MULTICAST {
+            return Err(Error::ExportBeforeReady { id: self.id });
+        }
         // SAFETY: the id holds this endpoint (created: `CanShare`); export
         // changes nothing about it (R3.4).
         let c = ctx.check(Call::Export, unsafe { ctx.driver().export(self.id) })?;

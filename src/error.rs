@@ -282,6 +282,8 @@ pub enum Feature {
     BaseDriver,
     /// Counted operations (`COUNTED_OPS`, attribute 155) on a device (R2.4).
     CountedOps,
+    /// Multicast logical endpoints on a device (attribute 154, R4).
+    MulticastEndpoints,
 }
 
 impl Feature {
@@ -293,6 +295,7 @@ impl Feature {
             Feature::FabricOnClassic => Rule::C5,
             Feature::ClassicMulticastDevice | Feature::MulticastTeam => Rule::C6,
             Feature::CountedOps => Rule::R2_4,
+            Feature::MulticastEndpoints => Rule::R4,
         }
     }
 
@@ -319,6 +322,9 @@ impl Feature {
             }
             Feature::BaseDriver => "install a CUDA 12+ driver",
             Feature::CountedOps => "drop `.counted_ops()` from the spec",
+            Feature::MulticastEndpoints => {
+                "build the team from devices that report attribute 154 = 1"
+            }
         }
     }
 }
@@ -338,6 +344,7 @@ impl fmt::Display for Feature {
             Feature::MulticastTeam => "multicast teams on these devices",
             Feature::BaseDriver => "the base driver entry points (cuCtx*, cuDevice*)",
             Feature::CountedOps => "counted operations (COUNTED_OPS)",
+            Feature::MulticastEndpoints => "multicast logical endpoints",
         })
     }
 }
@@ -607,6 +614,17 @@ pub enum Error {
         what: Answer,
         /// The value.
         value: u64,
+    },
+
+    /// `export` of a unicast endpoint that no query reported ready yet: the
+    /// driver may not be done constructing it (R3.4). Only a team spread over
+    /// processes is exported pending (its other ranks complete it, R3.2).
+    #[error(
+        "unicast endpoint {id} is still pending: export it once a query reported it ready (`wait` or `poll` first, R3.4); only a team spread over processes (`Spec::spread`) is exported before it is ready"
+    )]
+    ExportBeforeReady {
+        /// The endpoint's id.
+        id: u32,
     },
 
     /// Memory from another [`crate::Context`] than the endpoint's.

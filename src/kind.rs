@@ -193,7 +193,15 @@ pub trait TeamSize: Send + Sync + 'static {
 }
 #[diagnostic::do_not_recommend]
 impl<N: Unsigned + IsGreater<U0> + Send + Sync + 'static> TeamSize for N {
-    const SIZE: u32 = N::U32;
+    // `numDevices` is a `u32` (R2.2): a larger size is a compile error, not
+    // a silent truncation.
+    const SIZE: u32 = if N::U64 > u32::MAX as u64 {
+        panic!(
+            "a multicast team has at most u32::MAX (4294967295) devices: `numDevices` is a u32 (R2.2)"
+        )
+    } else {
+        N::U32
+    };
     type NonEmpty = Gr<N, U0>;
 }
 

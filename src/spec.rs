@@ -79,6 +79,15 @@ impl Spec<Multicast<Local>> {
 impl<N> Spec<Team<N, U0, Local>> {
     /// A multicast team of `N` devices (a typenum number, e.g. `U4::new()`),
     /// `bytes` bytes per device; enroll each with `add_device` (R4).
+    ///
+    /// `numDevices` is a `u32` (R2.2): a larger `N` is a build error (from
+    /// `cargo build`; `cargo check` does not evaluate the constant), never a
+    /// team size silently truncated:
+    ///
+    /// ```compile_fail,E0080
+    /// use cuda_endpoints::{Spec, typenum::U4294967296};
+    /// let _ = Spec::team(U4294967296::new(), 2 << 20);
+    /// ```
     pub fn team(_size: N, bytes: u64) -> Self
     where
         N: TeamSize,

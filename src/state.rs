@@ -21,6 +21,8 @@ pub trait State: Sealed + Send + Sync + 'static {
     const CREATED: bool;
     /// The marker's name, for messages.
     const NAME: &'static str;
+    /// Whether a query reported the endpoint constructed (R3).
+    const READY: bool;
 }
 
 /// An id reserved with `cuLogicalEndpointIdReserve`, no endpoint on it yet (R1).
@@ -41,14 +43,17 @@ impl Sealed for Ready {}
 impl State for Reserved {
     const CREATED: bool = false;
     const NAME: &'static str = "Reserved";
+    const READY: bool = false;
 }
 impl State for Pending {
     const CREATED: bool = true;
     const NAME: &'static str = "Pending";
+    const READY: bool = false;
 }
 impl State for Ready {
     const CREATED: bool = true;
     const NAME: &'static str = "Ready";
+    const READY: bool = true;
 }
 
 /// `create` and `import` need a [`Reserved`] id (R2.1, R9).

@@ -417,3 +417,119 @@ fn the_trace_log_and_the_teardown_list_are_bounded() {
     );
     assert!(ctx.take_teardown_errors().is_empty());
 }
+
+/// Item 7: a device whose attribute 154 is 0 is refused before the driver,
+/// at creation and at enrollment, with the device, attribute and value.
+#[test]
+fn attribute_154_zero_refuses_creation_and_enrollment_before_the_driver() {
+    use cuda_endpoints::typenum::U2;
+    use cuda_endpoints::{Call, Feature};
+    let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.multicast = i != 2));
+    let ctx = Context::new(model.clone());
+    let missing = |e: &Error| {
+        matches!(
+            e,
+            Error::FeatureMissing {
+                device: Device(2),
+                feature: Feature::MulticastEndpoints,
+                attribute: 154,
+            }
+        ) && e.to_string().contains("device 2")
+            && e.to_string().contains("attribute 154 = 0")
+    };
+    let f = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(2)], ALIGN))
+        .unwrap_err();
+    assert!(missing(&f.error), "{}", f.error);
+    assert_eq!(model.calls(Call::Create), 0, "refused before the driver");
+    let team = f.value.create(Spec::team(U2::new(), ALIGN)).unwrap();
+    let team = team.add_device(0).unwrap();
+    let f = team.add_device(2).unwrap_err();
+    assert!(missing(&f.error), "{}", f.error);
+    assert_eq!(model.calls(Call::AddDevice), 1, "refused before the driver");
+    drop(f);
+    clean(&ctx, &model);
+}
+
+/// Item 7: a pending unicast endpoint is not exported (the driver may
+/// still be constructing it, R3.4); a spread team is, by design.
+#[test]
+fn export_of_a_pending_unicast_endpoint_is_refused() {
+    let model = Model::new(ModelConfig::node(2));
+    let ctx = Context::new(model.clone());
+    let uni = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN).exportable())
+        .unwrap();
+    let e = uni.export().unwrap_err();
+    assert_eq!(e, Error::ExportBeforeReady { id: uni.id() }, "{e}");
+    let uni = uni.wait(T).unwrap();
+    assert!(uni.export().is_ok());
+    let spread = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::spread(2, ALIGN).exportable())
+        .unwrap();
+    assert!(spread.export().is_ok(), "a spread team is exported pending");
+    drop((uni, spread));
+    clean(&ctx, &model);
+}
+
+/// Item 7: the fallback decision and the classic backend read attribute 132
+/// of the team's devices only, and agree; a refusal names device and value.
+#[test]
+fn decide_and_classic_agree_on_attribute_132_of_the_team_devices_only() {
+    use cuda_endpoints::driver::Classic;
+    use cuda_endpoints::{Allocation, BackendChoice, Feature, Policy, Private};
+    let cfg = ModelConfig::cuda_13_0(3).with_devices(|i, d| d.classic_multicast = i != 2);
+    let model = Model::new(cfg);
+    let team = [Device(0), Device(1)];
+    let (ctx, decision) =
+        Context::auto_over(Arc::new(model.clone()), &team, &Policy::new()).unwrap();
+    assert_eq!(decision.choice, BackendChoice::Classic, "{decision}");
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&team, ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let mem = Allocation::<Private>::on_device(&ctx, Device(1), ALIGN).unwrap();
+    ep.bind(1, 0, &mem).unwrap().unbind().unwrap();
+    drop(ep);
+    drop(mem);
+
+    let bad = [Device(0), Device(2)];
+    let d = cuda_endpoints::decide(&model, &bad, &Policy::new());
+    let BackendChoice::Unsupported(why) = &d.choice else {
+        panic!("{d}")
+    };
+    assert!(
+        why.contains("device 2 (MULTICAST_SUPPORTED, attribute 132 = 0)"),
+        "{why}"
+    );
+    // The classic backend, forced on that team, refuses it the same way.
+    let forced = Context::new(Classic::new(Arc::new(model.clone())));
+    let f = forced
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&bad, ALIGN))
+        .unwrap_err();
+    let text = f.error.to_string();
+    assert!(
+        matches!(
+            f.error,
+            Error::Unsupported {
+                feature: Feature::ClassicMulticastDevice,
+                ..
+            }
+        ) && text.contains("device 2 reports MULTICAST_SUPPORTED (attribute 132) = 0"),
+        "{text}"
+    );
+    drop(f);
+    assert!(forced.take_teardown_errors().is_empty());
+    clean(&ctx, &model);
+}

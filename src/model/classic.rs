@@ -7,9 +7,12 @@ use super::violate;
 use crate::driver::{Code, Device, DriverResult, Granularity, Location};
 
 impl World {
-    fn classic_supported(&self) -> bool {
-        !self.config().devices.is_empty()
-            && self.config().devices.iter().all(|d| d.classic_multicast)
+    /// Whether this node has classic multicast at all: the granularity and
+    /// create calls name no device (and a team may span nodes), so the
+    /// driver can only ask that some device has attribute 132 (C6); which
+    /// ones join is checked at `cuMulticastAddDevice`.
+    fn classic_supported(&self, _n: u32) -> bool {
+        self.config().devices.iter().any(|d| d.classic_multicast)
     }
 
     pub fn mc_granularity(
@@ -19,7 +22,7 @@ impl World {
         _handle_types: u64,
         kind: Granularity,
     ) -> DriverResult<u64> {
-        if !self.classic_supported() {
+        if !self.classic_supported(num_devices) {
             return Err(Code::NOT_SUPPORTED);
         }
         if num_devices == 0 {
@@ -44,7 +47,7 @@ impl World {
         handle_types: u64,
     ) -> DriverResult<u64> {
         // C6: the driver refuses when the devices have no multicast.
-        if !self.classic_supported() {
+        if !self.classic_supported(num_devices) {
             return violate(self, "C6", Code::NOT_SUPPORTED);
         }
         let gran = self.mc_granularity(num_devices, size, 0, Granularity::Minimum)?;
@@ -77,8 +80,12 @@ impl World {
     }
 
     pub fn mc_add_device(&mut self, pid: usize, mc: u64, dev: Device) -> DriverResult<()> {
-        if self.device(dev).is_none() {
+        let Some(capable) = self.device(dev).map(|d| d.classic_multicast) else {
             return violate(self, "C3", Code::INVALID_DEVICE);
+        };
+        // C6: the crate reads attribute 132 of each team device first.
+        if !capable {
+            return violate(self, "C6", Code::NOT_SUPPORTED);
         }
         let node = self.node;
         let Some(m) = self.mc_key(pid, mc).and_then(|k| self.mcs.get_mut(&k)) else {
