@@ -391,6 +391,29 @@ impl Context {
         }
     }
 
+    /// Before `dev` joins a team that already holds `team` (enrolled by this
+    /// process): the same multicast clique, where the driver can tell (13.4+,
+    /// R4.5).
+    ///
+    /// # Errors
+    /// [`Error::OtherClique`].
+    pub(crate) fn check_clique(&self, dev: Device, team: &[Device]) -> Result<()> {
+        let Some(&first) = team.first() else {
+            return Ok(());
+        };
+        if let (Some(clique), Some(team_clique)) = (self.clique(dev), self.clique(first))
+            && clique != team_clique
+        {
+            return Err(Error::OtherClique {
+                device: dev,
+                clique,
+                team_device: first,
+                team_clique,
+            });
+        }
+        Ok(())
+    }
+
     /// The error of a refused `cuLogicalEndpointAddDevice` of `dev`: a
     /// backend's own refusal (the classic fallback, C6) names the device and
     /// its attribute 132.

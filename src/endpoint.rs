@@ -336,8 +336,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 return Err(Error::AlreadyEnrolled { device: dev });
             }
         }
-        for &dev in &spec.devices {
+        for (i, &dev) in spec.devices.iter().enumerate() {
             ctx.check_multicast_device(dev)?;
+            ctx.check_clique(dev, &spec.devices[..i])?;
         }
         if props.counted_ops {
             // A team enrolled later: every device it could hold must have it.
@@ -530,6 +531,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             .context()
             .check_device(dev)
             .and_then(|()| self.context().check_multicast_device(dev))
+            .and_then(|()| self.context().check_clique(dev, &self.facts().devices))
         {
             return self.fail(e);
         }

@@ -616,6 +616,23 @@ pub enum Error {
         value: u64,
     },
 
+    /// A team device in another multicast clique than a device this process
+    /// already enrolled (13.4+, `cuDeviceGetCliqueInfo`): the driver would
+    /// refuse it at AddDevice or fail construction at Query (R4.5).
+    #[error(
+        "{device} is in multicast clique {clique}, but {team_device} of the team is in clique {team_clique} (R4.5, cuDeviceGetCliqueInfo); build the team from devices of one clique"
+    )]
+    OtherClique {
+        /// The device refused.
+        device: Device,
+        /// Its clique.
+        clique: u32,
+        /// A device already in the team.
+        team_device: Device,
+        /// That device's clique.
+        team_clique: u32,
+    },
+
     /// `export` of a unicast endpoint that no query reported ready yet: the
     /// driver may not be done constructing it (R3.4). Only a team spread over
     /// processes is exported pending (its other ranks complete it, R3.2).

@@ -340,4 +340,5 @@ fn attributes_describe_the_emulation() {
         "{}",
         e.error
     );
+    common::no_violations(&_model);
 }

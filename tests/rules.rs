@@ -6,6 +6,8 @@
 //! model, no violation logged) or cannot express it (see `ui-tests/`), and a
 //! raw call shows that the model itself answers the contract's code.
 
+mod common;
+
 use std::time::Duration;
 
 use cuda_endpoints::driver::{EndpointProps, Shape};
@@ -100,6 +102,7 @@ fn r1_reserve_split_release() {
         1,
         "one release for the whole range"
     );
+    common::no_violations(&model);
 }
 
 #[test]
@@ -122,6 +125,7 @@ fn r1_3_zero_count_refused_before_driver() {
             },
         );
         assert_eq!(model.id_reserve(0), Err(Code::INVALID_VALUE));
+        common::broke(&model, &["R1.3"]);
     }
 }
 
@@ -143,6 +147,7 @@ fn r1_raw_release_rules() {
         model.destroy(base).unwrap();
         model.id_release(base, 2).unwrap();
         assert!(model.live().is_empty());
+        common::broke(&model, &["R1.1", "R1.2"]);
     }
 }
 
@@ -211,6 +216,7 @@ fn r2_2_devices_checked_before_create() {
         },
         |e| matches!(e, Error::EmptyTeam),
     );
+    common::no_violations(&model);
 }
 
 #[test]
@@ -255,6 +261,8 @@ fn r2_4_counted_ops_needs_attribute_155() {
         p.counted_ops = false;
         p.ipc_fabric = true;
         assert_eq!(raw.create(id, p), Ok(()));
+        common::no_violations(&model);
+        common::broke(&raw, &["R2.4"]);
     }
 }
 
@@ -312,6 +320,7 @@ fn r3_construction_is_asynchronous_and_wait_polls_at_least_once() {
     assert_eq!(model.calls(Call::Query), 4);
     drop(ready);
     assert!(model.live().is_empty());
+    common::no_violations(&model);
 }
 
 #[test]
@@ -346,6 +355,7 @@ fn r3_5_one_query_per_range() {
         1,
         "one query covers the whole range"
     );
+    common::no_violations(&model);
 }
 
 #[test]
@@ -405,6 +415,7 @@ fn r4_compile_time_team() {
     assert_eq!(t.devices(), vec![Device(2), Device(3)]);
     drop(t);
     assert!(model.live().is_empty());
+    common::no_violations(&model);
 }
 
 #[test]
@@ -443,6 +454,7 @@ fn r4_raw_codes_and_cliques() {
             Err(Code::INVALID_VALUE),
             "R4.2 full"
         );
+        common::broke(&model, &["R4.1", "R4.2", "R4.5", "R4.2"]);
     }
 }
 
@@ -458,8 +470,23 @@ fn r4_5_clique_error_is_typed() {
         .add_device(0)
         .unwrap();
     let f = t.add_device(1).unwrap_err();
-    assert_eq!(f.error.code(), Some(Code::INVALID_DEVICE));
-    assert!(f.error.to_string().contains("cuLogicalEndpointAddDevice"));
+    // Known before the driver (cuDeviceGetCliqueInfo), so refused before it.
+    assert!(
+        matches!(
+            f.error,
+            Error::OtherClique {
+                device: Device(1),
+                clique: 1,
+                team_device: Device(0),
+                team_clique: 0,
+            }
+        ),
+        "{}",
+        f.error
+    );
+    assert!(f.error.to_string().contains("R4.5"), "{}", f.error);
+    drop(f);
+    common::no_violations(&_model);
 }
 
 // ---------------------------------------------------------------- R5 bind
@@ -586,6 +613,7 @@ fn r5_checks_before_driver() {
     let b2 = ep.bind(0, 4 * MIB, &other).unwrap();
     drop((b, b2));
     assert_eq!(model.live().bindings, 0);
+    common::no_violations(&model);
 }
 
 #[test]
@@ -745,6 +773,7 @@ fn r6_raw_unbind_must_match_binds() {
         assert_eq!(model.live().bindings, 0);
         model.destroy(id).unwrap();
         model.id_release(id, 1).unwrap();
+        common::broke(&model, &["R6.3", "R6.1", "R6.2"]);
     }
 }
 
@@ -791,6 +820,7 @@ fn r8_r9_export_import_between_processes() {
     drop(imported);
     drop(ep);
     assert!(model.live_node().is_empty());
+    common::no_violations(&model);
 }
 
 #[test]
@@ -831,6 +861,7 @@ fn r9_refusals() {
         cuda_endpoints::FabricHandle::<Unicast<cuda_endpoints::Exportable>>::from_bytes(&[0; 7])
             .is_err()
     );
+    common::no_violations(&model);
 }
 
 #[test]
@@ -879,6 +910,7 @@ fn r10_limits_depend_on_properties() {
         assert!(
             matches!(f.error, Error::Misaligned { suggested, alignment, .. } if suggested == 8 * MIB && alignment == 4 * MIB)
         );
+        common::no_violations(&model);
     }
 }
 
@@ -904,6 +936,7 @@ fn old_driver_reports_unsupported_with_version() {
     let f = Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), 1).unwrap_err();
     assert!(matches!(f, Error::FabricNotPermitted { .. }), "{f}");
     assert!(model.live().is_empty());
+    common::no_violations(&model);
 }
 
 #[cfg(feature = "serde")]
@@ -924,6 +957,7 @@ fn fabric_handles_travel_with_serde() {
         .unwrap();
     assert_eq!(imported.size(), ALIGN);
     assert!(serde_json::from_str::<FabricHandle<Unicast<Exportable>>>(&json).is_err());
+    common::no_violations(&model);
 }
 
 #[test]
@@ -996,4 +1030,5 @@ fn suggestions_are_valid_values() {
         "{e}"
     );
     assert!(e.to_string().ends_with("1 id"), "{e}");
+    common::no_violations(&_model);
 }

@@ -2,6 +2,8 @@
 //! exact driver calls the typed API and the classic fallback make, and deny
 //! lists that refuse a call before it reaches the driver.
 
+mod common;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,6 +51,7 @@ fn one_query_per_contiguous_range() {
     assert_eq!(t.calls(), vec![Call::Query; 3]);
     drop(ready);
     assert!(model.live().is_empty());
+    common::no_violations(&model);
 }
 
 #[test]
@@ -70,6 +73,7 @@ fn one_query_per_range_when_there_are_two() {
     let mut want: Vec<String> = bases.iter().map(|b| format!("base={b} count=2")).collect();
     want.sort();
     assert_eq!(args, want);
+    common::no_violations(&_model);
 }
 
 #[test]
@@ -157,6 +161,7 @@ fn deny_list_on_memory() {
     drop(Allocation::<Private>::on_device(&ctx, Device(0), MIB).unwrap());
     assert!(t.reached(Call::MemCreate));
     assert!(model.live().is_empty());
+    common::no_violations(&model);
 }
 
 #[test]
@@ -250,7 +255,7 @@ fn captured() -> &'static Buf {
 fn calls_are_tracing_events() {
     let buf = captured();
     let model = Model::new(ModelConfig::node(1));
-    let t = Traced::new(model).deny([Call::MulticastCreate]);
+    let t = Traced::new(model.clone()).deny([Call::MulticastCreate]);
     let ctx = Context::new(t);
     drop(Allocation::<Private>::on_device(&ctx, Device(0), MIB).unwrap());
     // SAFETY: denied by the wrapper: the call never reaches the model.
@@ -260,4 +265,5 @@ fn calls_are_tracing_events() {
     assert!(out.contains("cuMemCreate"), "{out}");
     assert!(out.contains("cuMulticastCreate"), "{out}");
     assert!(out.contains("denied by the trace policy"), "{out}");
+    common::no_violations(&model);
 }

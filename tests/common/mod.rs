@@ -23,6 +23,28 @@ pub fn clean(ctx: &Context, model: &Model) {
     assert!(violations.is_empty(), "rule broken: {violations:?}");
 }
 
+/// The end of a model test that may leave things behind on purpose: the
+/// model saw no call break a rule (issue 11: the violation log is empty at
+/// the end of every test, so a violation always means a bug in the crate).
+#[track_caller]
+pub fn no_violations(model: &Model) {
+    let violations = model.violations();
+    assert!(violations.is_empty(), "rule broken: {violations:?}");
+}
+
+/// The end of a test that breaks rules on purpose with raw driver calls:
+/// exactly these rules were broken, in this order, and nothing else.
+#[track_caller]
+pub fn broke(model: &Model, rules: &[&str]) {
+    let got: Vec<&str> = model.violations().iter().map(|v| v.rule).collect();
+    assert_eq!(
+        got,
+        rules,
+        "rules broken on purpose: {:?}",
+        model.violations()
+    );
+}
+
 /// `PROPTEST_CASES` overrides the case counts (e.g. fewer under valgrind).
 pub fn cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES")
