@@ -148,10 +148,9 @@ proptest! {
             );
         }
         prop_assert!(model.live().is_empty());
-        // Only the import of bytes the driver never issued reached the model.
-        for v in model.violations() {
-            prop_assert_eq!(v.rule, "R9.4");
-        }
+        // Bytes the driver never issued are its refusal (R9.4), not a rule
+        // the crate broke: it cannot know.
+        prop_assert!(model.violations().is_empty(), "{:?}", model.violations());
     }
 
     /// `cuLogicalEndpointImport` on the model, directly: 64 random bytes,
@@ -171,6 +170,10 @@ proptest! {
         let r = unsafe { model.import(id, h) };
         prop_assert!(r.is_err());
         prop_assert_eq!(model.live().endpoints, 0);
+        if id_pick < 2 {
+            // On a free id of its own, only the bytes were wrong: R9.4.
+            prop_assert!(model.violations().is_empty(), "{:?}", model.violations());
+        }
     }
 }
 
@@ -198,6 +201,7 @@ fn forged_handles_are_refused() {
     }
     drop(ep);
     assert!(model.live_node().is_empty(), "{:?}", model.live_node());
+    common::no_violations(&model);
 }
 
 // ------------------------------------------------------- raw Driver methods
@@ -931,6 +935,7 @@ fn model_address_space_exhaustion() {
         m.mem_address_free(big, size).unwrap();
         m.mem_address_free(p, ALIGN).unwrap();
         assert!(m.live().is_empty());
+        common::no_violations(&m);
     }
 }
 
@@ -959,7 +964,8 @@ fn model_refuses_forged_handle_of_non_exportable_endpoint() {
             Err(cuda_endpoints::Code::INVALID_VALUE)
         );
     }
-    assert_eq!(m.violations().last().unwrap().rule, "R9.4");
+    // The driver's refusal (R9.4): the importer cannot know.
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
     assert_eq!(m.live().endpoints, 2);
 }
 
@@ -979,6 +985,8 @@ fn classic_refuses_hostile_id_counts() {
     }
     let r = ctx.reserve(8).unwrap();
     assert_eq!(r.len(), 8);
+    drop(r);
+    common::no_violations(&model);
 }
 
 /// A second attachment of one endpoint in one process would share its

@@ -319,6 +319,7 @@ fn four_processes_bring_unicast_peers_up() {
         );
     }
     assert!(server.live().is_empty(), "{:?}", server.live());
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
 }
 
 #[test]
@@ -345,6 +346,7 @@ fn a_team_declared_for_4_where_3_ranks_come_fails_every_rank_that_came() {
         );
     }
     assert!(server.live().is_empty(), "{:?}", server.live());
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
 }
 
 #[test]
@@ -379,4 +381,5 @@ fn a_peer_that_never_answers_times_every_other_rank_out() {
         assert_eq!(field(&o, "step"), Some("join"), "{o}");
     }
     assert!(server.live().is_empty(), "{:?}", server.live());
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
 }

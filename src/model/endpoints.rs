@@ -504,8 +504,11 @@ impl World {
             && d[8..16] == self.node_tag.to_le_bytes()
             && d[24..32] == fabric_checksum(&d[..24]).to_le_bytes()
             && d[32..].iter().all(|&b| b == 0);
+        // R9.4: bytes this driver never issued. A process that got them
+        // from a peer cannot know (the 64 bytes are opaque): the driver's
+        // refusal, not a rule the caller broke (model's choice, as R12.5).
         if !valid {
-            return violate(self, "R9.4", Code::INVALID_VALUE);
+            return Err(Code::INVALID_VALUE);
         }
         if !self.procs[pid].fabric_access {
             return Err(Code::NOT_PERMITTED);
@@ -520,8 +523,8 @@ impl World {
         };
         if !obj.props.exportable() {
             // Well-formed bytes naming an endpoint that was never exportable:
-            // not a handle this driver issued (forged).
-            return violate(self, "R9.4", Code::INVALID_VALUE);
+            // not a handle this driver issued (forged; R9.4 as above).
+            return Err(Code::INVALID_VALUE);
         }
         obj.refs += 1;
         let attach = self.attachment();
