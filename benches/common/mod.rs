@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cuda_endpoints::driver::{
-    AllocationRequest, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Granularity,
-    Limits, Location, Shape,
+    AllocationRequest, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Limits,
+    Location, Shape,
 };
 use cuda_endpoints::{Allocation, Context, Spec};
 
