@@ -47,6 +47,54 @@ use super::DriverResult;
 ///
 /// Domain types are named by absolute paths (`$crate::driver::Device`...),
 /// so the callback needs no imports.
+///
+/// For example, a request type with one variant per call, and a server
+/// side that runs a request on any driver (what a wire protocol needs):
+///
+/// ```
+/// use cuda_endpoints::driver::{Driver, DriverResult, EndpointProps, Shape};
+/// use cuda_endpoints::{Device, for_each_driver_call};
+///
+/// macro_rules! protocol {
+///     ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+///         safety $safety:literal
+///         fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+///         /// One driver call as a value.
+///         #[derive(Clone, Debug)]
+///         enum Request { $($variant { $($arg: $ty),* },)* }
+///
+///         /// Its answer.
+///         #[derive(Clone, Debug)]
+///         enum Response { $($variant(DriverResult<$ret>),)* }
+///
+///         impl Request {
+///             fn c_name(&self) -> &'static str {
+///                 match self { $(Request::$variant { .. } => $cname,)* }
+///             }
+///
+///             /// # Safety
+///             /// The contract of the `Driver` method the request names.
+///             unsafe fn run(self, d: &dyn Driver) -> Response {
+///                 match self {
+///                     // SAFETY: passed on to the caller.
+///                     $(Request::$variant { $($arg),* } => Response::$variant(unsafe { d.$method($($arg),*) }),)*
+///                 }
+///             }
+///         }
+///     };
+/// }
+/// for_each_driver_call!(protocol);
+///
+/// # #[cfg(feature = "model")] {
+/// let model = cuda_endpoints::model::Model::new(Default::default());
+/// let props = EndpointProps::new(Shape::Unicast { owner: Device(0) }, 2 << 20);
+/// let r = Request::GetLimits { props };
+/// assert_eq!(r.c_name(), "cuLogicalEndpointGetLimits");
+/// // SAFETY: a limits query touches nothing anyone owns.
+/// let Response::GetLimits(Ok(limits)) = (unsafe { r.run(&model) }) else { panic!() };
+/// assert!(limits.max_size >= 2 << 20);
+/// # }
+/// ```
 #[macro_export]
 macro_rules! for_each_driver_call {
     ($callback:ident) => {
