@@ -356,6 +356,10 @@ macro_rules! gen_call {
         /// }
         /// ```
         ///
+        /// With both traits in scope, a method call on a `Forward` type is
+        /// ambiguous (E0034): import only `Driver` where you call, or write
+        /// `Driver::create(&wrapper, ..)`.
+        ///
         /// # Safety
         ///
         /// As [`Driver`]: each method has the contract of the `Driver` method
