@@ -444,6 +444,44 @@ macro_rules! gen_arc {
 
 for_each_driver_call!(gen_arc);
 
+/// The calls whose contract is only the trait-wide one (queries, and calls
+/// that make something new: at worst a leak, which is safe), callable from
+/// safe code inside the crate. Generated from the rows whose `safety` is
+/// exactly "none beyond the trait's".
+#[derive(Clone, Copy)]
+pub(crate) struct Queries<'a>(pub(crate) &'a dyn Driver);
+
+macro_rules! query_method {
+    ("none beyond the trait's", $method:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        #[allow(dead_code)]
+        pub(crate) fn $method(self $(, $arg: $ty)*) -> DriverResult<$ret> {
+            // SAFETY: this call has no contract beyond the trait's, and it
+            // names nothing a typed object owns: it reads, or makes
+            // something new that nobody owns yet.
+            unsafe { self.0.$method($($arg),*) }
+        }
+    };
+    ($other:literal, $($rest:tt)*) => {};
+}
+
+// `$safety` is taken as a token tree (not a `literal` fragment, which would
+// be opaque to `query_method!`'s literal match).
+macro_rules! gen_queries {
+    ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+        safety $safety:tt
+        fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        impl Queries<'_> {
+            /// As [`Driver::name`].
+            pub(crate) fn name(self) -> String {
+                self.0.name()
+            }
+            $(query_method!($safety, $method($($arg: $ty),*) -> $ret);)*
+        }
+    };
+}
+
+for_each_driver_call!(gen_queries);
+
 impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
