@@ -301,10 +301,11 @@ macro_rules! gen_call {
         /// ids, endpoints, bindings, allocations and mappings it made, and its
         /// soundness rests on nobody else touching them. A direct caller
         /// promises, for every call:
-        /// - it never names an id, endpoint, handle, address range or binding
-        ///   that a typed object of this crate owns (destroying or re-creating
-        ///   an id under an `Endpoint<Ready>` is SPEC R3.4; releasing memory
-        ///   behind an `Allocation` breaks R7.2);
+        /// - it never changes an id, endpoint, handle, address range or
+        ///   binding that a typed object of this crate owns (destroying or
+        ///   re-creating an id under an `Endpoint<Ready>` is SPEC R3.4;
+        ///   releasing memory behind an `Allocation` breaks R7.2); reading
+        ///   (queries, limits, attributes) is always fine;
         /// - it does not use an endpoint before a query reported it
         ///   constructed (R3.4);
         /// - plus the rules in each method's own `# Safety` section (C3, C4,
