@@ -202,8 +202,7 @@ impl IdRange {
                 rule: Some(crate::error::Rule::R1_3),
             });
         }
-        // SAFETY: new ids, owned by the `IdRange` made below.
-        let base = ctx.check(Call::IdReserve, unsafe { ctx.driver().id_reserve(count) })?;
+        let base = ctx.check(Call::IdReserve, ctx.queries().id_reserve(count))?;
         let records = (0..count)
             .map(|_| Record {
                 facts: OwnerCell(UnsafeCell::new(Facts::default())),
