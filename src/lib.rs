@@ -23,14 +23,12 @@ pub mod state;
 
 pub use backend::{BackendChoice, Decision, Policy, decide};
 pub use binding::Binding;
-#[cfg(target_os = "linux")]
-pub use bootstrap::FdExchange;
 #[cfg(feature = "mpi")]
 pub use bootstrap::Mpi;
 pub use bootstrap::{
     AbortReason, Argument, Bootstrap, BootstrapError, CallbackResult, Callbacks, ENV_VAR,
-    IdProblem, MAX_FRAME, Malformed, Mismatch, NodeId, Op, Refusal, Step, Tcp, TcpRoot, ThreadRank,
-    Threads, Traffic, UniqueId,
+    FdExchange, IdProblem, MAX_FRAME, Malformed, Mismatch, NodeId, Op, Refusal, Step, Tcp, TcpRoot,
+    ThreadRank, Threads, Traffic, UniqueId,
 };
 pub use context::Context;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
