@@ -155,6 +155,7 @@ fn every_rank_passes_a_pipe_to_every_other_rank() {
 
 #[test]
 fn descriptors_are_refused_across_nodes_on_every_rank() {
+    let _s = serial();
     let ranks = Threads::new(3);
     let nodes = [
         NodeId::from_parts("a", "boot-a", 1),
@@ -190,6 +191,7 @@ fn descriptors_are_refused_across_nodes_on_every_rank() {
 
 #[test]
 fn a_root_without_a_descriptor_fails_every_rank_at_once() {
+    let _s = serial();
     let ranks = Threads::new(2);
     let errs: Vec<BootstrapError> = std::thread::scope(|s| {
         let hs: Vec<_> = ranks
