@@ -33,21 +33,18 @@ use std::hint::black_box;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use cuda_endpoints::driver::prop::{Props, Shape};
-use cuda_endpoints::driver::{Driver, DriverResult};
+use cuda_endpoints::driver::{Driver, DriverResult, EndpointProps, Shape};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::{Allocation, Binding, Context, Endpoint, Pending, Ready, Spec, Unicast};
 use gungraun::prelude::*;
 
-use common::{Null, OWNER, SIZE, fixture, raw, raw_with_limits, typed};
-
-type Fixture = (Context, Allocation);
+use common::{Fixture, Null, OWNER, SIZE, fixture, raw, raw_with_limits, typed};
 
 /// The fixture, warmed by one lifecycle of each kind.
 fn warm(fx: Fixture) -> Fixture {
     typed(&fx.0, &fx.1);
-    raw(fx.0.driver(), fx.1.handle());
-    raw_with_limits(fx.0.driver(), fx.1.handle());
+    raw(&*fx.2, fx.1.handle());
+    raw_with_limits(&*fx.2, fx.1.handle());
     fx
 }
 
@@ -71,7 +68,7 @@ fn bench_typed(fx: Fixture) -> Fixture {
 #[bench::null(setup = null)]
 #[bench::model(setup = model)]
 fn bench_raw(fx: Fixture) -> Fixture {
-    raw(black_box(fx.0.driver()), black_box(fx.1.handle()));
+    raw(black_box(&*fx.2), black_box(fx.1.handle()));
     fx
 }
 
@@ -79,7 +76,7 @@ fn bench_raw(fx: Fixture) -> Fixture {
 #[bench::null(setup = null)]
 #[bench::model(setup = model)]
 fn bench_raw_with_limits(fx: Fixture) -> Fixture {
-    raw_with_limits(black_box(fx.0.driver()), black_box(fx.1.handle()));
+    raw_with_limits(black_box(&*fx.2), black_box(fx.1.handle()));
     fx
 }
 
@@ -105,18 +102,13 @@ fn world() -> &'static Fixture {
 
 /// The driver of [`world`].
 fn driver() -> &'static dyn Driver {
-    world().0.driver()
+    &*world().2
 }
 
 /// What the raw side describes to `create`: the typed side's
 /// `Spec::unicast(OWNER, SIZE)`.
-fn props() -> Props {
-    Props {
-        shape: Shape::Unicast { owner: OWNER },
-        size: SIZE,
-        ipc_handle_types: 0,
-        flags: 0,
-    }
+fn props() -> EndpointProps {
+    EndpointProps::new(Shape::Unicast { owner: OWNER }, SIZE)
 }
 
 // Setups, typed side.
@@ -155,15 +147,21 @@ fn s_raw_driver() -> &'static dyn Driver {
 }
 
 fn s_raw_reserved() -> (&'static dyn Driver, u32) {
-    let d = driver();
-    (d, d.id_reserve(1).expect("reserve"))
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe {
+        let d = driver();
+        (d, d.id_reserve(1).expect("reserve"))
+    }
 }
 
 fn s_raw_created() -> (&'static dyn Driver, u32) {
-    let (d, id) = s_raw_reserved();
-    d.create(id, &props().to_c()).expect("create");
-    assert!(d.query(id, 1).expect("query"));
-    (d, id)
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe {
+        let (d, id) = s_raw_reserved();
+        d.create(id, props()).expect("create");
+        assert!(d.query(id, 1).expect("query"));
+        (d, id)
+    }
 }
 
 fn s_raw_bind() -> (&'static dyn Driver, u32, u64) {
@@ -172,9 +170,12 @@ fn s_raw_bind() -> (&'static dyn Driver, u32, u64) {
 }
 
 fn s_raw_bound() -> (&'static dyn Driver, u32) {
-    let (d, id, mem) = s_raw_bind();
-    d.bind_mem(id, OWNER, 0, mem, 0, SIZE, 0).expect("bind");
-    (d, id)
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe {
+        let (d, id, mem) = s_raw_bind();
+        d.bind_mem(id, OWNER, 0, mem, 0, SIZE, 0).expect("bind");
+        (d, id)
+    }
 }
 
 /// Teardown: the transition succeeded (then what it returned is dropped).
@@ -198,7 +199,8 @@ fn reserve_one_typed(ctx: &'static Context) -> cuda_endpoints::Result<Endpoint> 
 #[library_benchmark]
 #[bench::null(setup = s_raw_driver, teardown = ok)]
 fn reserve_one_raw(d: &'static dyn Driver) -> DriverResult<u32> {
-    d.id_reserve(1)
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe { d.id_reserve(1) }
 }
 
 // create vs create (and get_limits + create)
@@ -214,7 +216,8 @@ fn create_typed(
 #[library_benchmark]
 #[bench::null(setup = s_raw_reserved, teardown = ok)]
 fn create_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
-    d.create(id, &props().to_c())
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe { d.create(id, props()) }
 }
 
 // `get_limits`, the size check it feeds (R2.3, R10) and `create`: what the
@@ -222,10 +225,13 @@ fn create_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
 #[library_benchmark]
 #[bench::null(setup = s_raw_reserved, teardown = ok)]
 fn create_raw_with_limits((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
-    let props = props();
-    let limits = d.get_limits(&props.to_c())?;
-    assert!(SIZE <= limits.max_size && SIZE.is_multiple_of(limits.bind_alignment.max(1)));
-    d.create(id, &props.to_c())
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe {
+        let props = props();
+        let limits = d.get_limits(props)?;
+        assert!(SIZE <= limits.max_size && SIZE.is_multiple_of(limits.bind_alignment.max(1)));
+        d.create(id, props)
+    }
 }
 
 // wait (ready at the first query) vs one query
@@ -241,7 +247,8 @@ fn wait_typed(
 #[library_benchmark]
 #[bench::null(setup = s_raw_created, teardown = constructed)]
 fn wait_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<bool> {
-    d.query(id, 1)
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe { d.query(id, 1) }
 }
 
 // bind vs bind_mem
@@ -257,7 +264,8 @@ fn bind_typed(
 #[library_benchmark]
 #[bench::null(setup = s_raw_bind, teardown = ok)]
 fn bind_raw((d, id, mem): (&'static dyn Driver, u32, u64)) -> DriverResult<()> {
-    d.bind_mem(id, OWNER, 0, mem, 0, SIZE, 0)
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe { d.bind_mem(id, OWNER, 0, mem, 0, SIZE, 0) }
 }
 
 // Binding::unbind vs unbind
@@ -271,7 +279,8 @@ fn unbind_typed(b: Binding<'static>) -> cuda_endpoints::Result<()> {
 #[library_benchmark]
 #[bench::null(setup = s_raw_bound, teardown = ok)]
 fn unbind_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
-    d.unbind(id, OWNER, 0, SIZE)
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe { d.unbind(id, OWNER, 0, SIZE) }
 }
 
 // destroy vs destroy
@@ -287,7 +296,8 @@ fn destroy_typed(
 #[library_benchmark]
 #[bench::null(setup = s_raw_created, teardown = ok)]
 fn destroy_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
-    d.destroy(id)
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe { d.destroy(id) }
 }
 
 // release vs id_release
@@ -301,7 +311,8 @@ fn release_typed(ep: Endpoint) -> cuda_endpoints::Result<()> {
 #[library_benchmark]
 #[bench::null(setup = s_raw_reserved, teardown = ok)]
 fn release_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<()> {
-    d.id_release(id, 1)
+    // SAFETY: raw calls on ids this bench reserved itself; the fixture's allocation outlives every binding.
+    unsafe { d.id_release(id, 1) }
 }
 
 library_benchmark_group!(

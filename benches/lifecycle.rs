@@ -24,30 +24,28 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group};
 use cuda_endpoints::model::{Model, ModelConfig};
-use cuda_endpoints::{Allocation, Context};
+use cuda_endpoints::{Allocation, Context, Driver};
 
 use common::{Null, fixture, raw, raw_with_limits, typed};
 
-fn group(c: &mut Criterion, name: &str, ctx: &Context, mem: &Allocation) {
+fn group(c: &mut Criterion, name: &str, ctx: &Context, mem: &Allocation, d: &dyn Driver) {
     let handle = mem.handle();
     let mut g = c.benchmark_group(name);
     g.bench_function("typed", |b| {
         b.iter(|| typed(black_box(ctx), black_box(mem)))
     });
-    g.bench_function("raw", |b| {
-        b.iter(|| raw(black_box(ctx.driver()), black_box(handle)))
-    });
+    g.bench_function("raw", |b| b.iter(|| raw(black_box(d), black_box(handle))));
     g.bench_function("raw+get_limits", |b| {
-        b.iter(|| raw_with_limits(black_box(ctx.driver()), black_box(handle)))
+        b.iter(|| raw_with_limits(black_box(d), black_box(handle)))
     });
     g.finish();
 }
 
 fn model(c: &mut Criterion) {
     let model = Model::new(ModelConfig::default());
-    let (ctx, mem) = fixture(model.clone());
-    group(c, "lifecycle_model", &ctx, &mem);
-    drop((mem, ctx));
+    let (ctx, mem, d) = fixture(model.clone());
+    group(c, "lifecycle_model", &ctx, &mem, &*d);
+    drop((mem, ctx, d));
     // Both sides left nothing behind and broke no rule.
     let live = model.live();
     assert!(live.is_empty(), "leaked: {live:?}");
@@ -55,8 +53,8 @@ fn model(c: &mut Criterion) {
 }
 
 fn null(c: &mut Criterion) {
-    let (ctx, mem) = fixture(Null);
-    group(c, "lifecycle_null", &ctx, &mem);
+    let (ctx, mem, d) = fixture(Null);
+    group(c, "lifecycle_null", &ctx, &mem, &*d);
 }
 
 fn config() -> Criterion {

@@ -28,7 +28,7 @@ fn main() -> ExitCode {
         let (ctx, model) = Context::model(Default::default());
         (ctx, Some(model))
     };
-    println!("backend: {}", ctx.driver().name());
+    println!("backend: {}", ctx.backend_name());
     match run(&ctx) {
         Ok(()) => {}
         Err(e @ Error::Unsupported { .. }) => {

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::probe::Capabilities;
-use cuda_endpoints::{Context, Error, Policy, decide};
+use cuda_endpoints::{Context, Error, Policy};
 
 fn main() -> ExitCode {
     let model = std::env::args().skip(1).find_map(|a| match a.as_str() {
@@ -40,20 +40,20 @@ fn main() -> ExitCode {
     let devices = match ctx.devices() {
         Ok(d) => d,
         Err(e) => {
-            println!("backend {}: cannot count devices: {e}", ctx.driver().name());
+            println!("backend {}: cannot count devices: {e}", ctx.backend_name());
             return ExitCode::SUCCESS;
         }
     };
     println!(
         "backend {}: {} device(s)\n",
-        ctx.driver().name(),
+        ctx.backend_name(),
         devices.len()
     );
     for &dev in &devices {
         println!("{}\n", Capabilities::probe(&ctx, dev));
     }
     let policy = Policy::from_env();
-    let decision = decide(ctx.driver(), &devices, &policy);
+    let decision = ctx.decide(&devices, &policy);
     let team: Vec<String> = devices.iter().map(|d| d.0.to_string()).collect();
     print!(
         "multicast team of every device ({}), {decision}",

@@ -76,11 +76,13 @@ impl Binding<'_> {
 
     fn unbind_now(&self) -> Result<()> {
         let ctx = &self.range.ctx;
-        ctx.check(
-            Call::Unbind,
+        // SAFETY: exactly the range this `Binding` token was made for, unbound
+        // once (the token is consumed or dropped), so R6.1, R6.2 and C4 hold.
+        let r = unsafe {
             ctx.driver()
-                .unbind(self.id, self.dev, self.offset, self.size),
-        )?;
+                .unbind(self.id, self.dev, self.offset, self.size)
+        };
+        ctx.check(Call::Unbind, r)?;
         let mut slot = self.range.slot(self.id);
         let keep = slot
             .bindings
@@ -342,15 +344,21 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             });
         }
         let d = ctx.driver();
-        let (call, r) = match target {
-            Target::Handle(h) => (
-                Call::BindMem,
-                d.bind_mem(self.id(), dev, offset, h, mem_offset, size, 0),
-            ),
-            Target::Addr(ptr) => (
-                Call::BindAddr,
-                d.bind_addr(self.id(), dev, offset, ptr + mem_offset, size, 0),
-            ),
+        // SAFETY: the endpoint is `Ready` (a query reported it, R3.4); the
+        // memory is kept alive by the slot's `Bound` entry until the driver
+        // unbinds it, even if the token is forgotten (R7.2); the range
+        // overlaps no live binding (checked above).
+        let (call, r) = unsafe {
+            match target {
+                Target::Handle(h) => (
+                    Call::BindMem,
+                    d.bind_mem(self.id(), dev, offset, h, mem_offset, size, 0),
+                ),
+                Target::Addr(ptr) => (
+                    Call::BindAddr,
+                    d.bind_addr(self.id(), dev, offset, ptr + mem_offset, size, 0),
+                ),
+            }
         };
         ctx.check(call, r)?;
         let key = slot.next_key;

@@ -4,7 +4,9 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::driver::{Call, Code, Device, Driver, DriverResult, LOGICAL_ENDPOINT_MIN_VERSION};
+use crate::driver::{
+    Call, Code, Device, Driver, DriverResult, Family, LOGICAL_ENDPOINT_MIN_VERSION,
+};
 use crate::error::{Error, Result};
 
 /// A handle on one driver backend. Cheap to clone; every endpoint, range and
@@ -67,14 +69,29 @@ impl Context {
         Ok(Context::new(crate::driver::cuda::Cuda::open()?))
     }
 
-    /// The backend.
-    pub fn driver(&self) -> &dyn Driver {
+    /// The backend. Crate-private: safe code reaches the driver only through
+    /// the typed API (see [`Driver`]'s `# Safety`).
+    pub(crate) fn driver(&self) -> &dyn Driver {
         &*self.inner.driver
     }
 
-    /// The backend, shared.
-    pub fn driver_arc(&self) -> Arc<dyn Driver> {
+    /// The backend, shared, for raw calls beside the typed API.
+    ///
+    /// # Safety
+    ///
+    /// Calling its methods is `unsafe` already; this function is too because
+    /// the returned driver is the one the typed objects of this context use:
+    /// the caller takes on [`Driver`]'s contract for every call it makes
+    /// through it — never touch an id, endpoint, binding, allocation or
+    /// mapping that a typed object of this context owns (SPEC R3.4, R7.2, C3,
+    /// C4).
+    pub unsafe fn driver_arc(&self) -> Arc<dyn Driver> {
         self.inner.driver.clone()
+    }
+
+    /// The backend's name, e.g. `"model"` or `"classic(cuda)"`.
+    pub fn backend_name(&self) -> String {
+        self.inner.driver.name()
     }
 
     /// Whether two contexts are the same one.
@@ -133,7 +150,8 @@ impl Context {
         *self
             .inner
             .version
-            .get_or_init(|| self.inner.driver.driver_version().ok())
+            // SAFETY: a version query touches nothing anyone owns.
+            .get_or_init(|| unsafe { self.inner.driver.driver_version() }.ok())
     }
 
     /// Number of devices, cached.
@@ -144,7 +162,10 @@ impl Context {
         if let Some(&n) = self.inner.device_count.get() {
             return Ok(n);
         }
-        let n = self.check(Call::DeviceGetCount, self.driver().device_count())?;
+        // SAFETY: a device count touches nothing anyone owns.
+        let n = self.check(Call::DeviceGetCount, unsafe {
+            self.driver().device_count()
+        })?;
         Ok(*self.inner.device_count.get_or_init(|| n))
     }
 
@@ -175,10 +196,9 @@ impl Context {
     /// [`Error::Driver`] from `cuDeviceGetAttribute` (a driver older than 13.3
     /// answers `INVALID_VALUE` for 153-156).
     pub fn attribute(&self, dev: Device, attr: i32) -> Result<i32> {
-        self.check(
-            Call::DeviceGetAttribute,
-            self.driver().device_attribute(dev, attr),
-        )
+        // SAFETY: an attribute query touches nothing anyone owns.
+        let r = unsafe { self.driver().device_attribute(dev, attr) };
+        self.check(Call::DeviceGetAttribute, r)
     }
 
     /// Turns a driver answer into the crate's error. A logical-endpoint call
@@ -197,7 +217,7 @@ impl Context {
                 hint: "logical endpoints (a CUDA 13.3+ driver) have no such limits".into(),
             };
         }
-        let le_call = call.name().starts_with("cuLogicalEndpoint");
+        let le_call = call.family() == Family::LogicalEndpoint;
         let old = self
             .driver_version()
             .is_some_and(|v| v < LOGICAL_ENDPOINT_MIN_VERSION);

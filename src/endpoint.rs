@@ -14,8 +14,8 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::context::Context;
-use crate::driver::prop::{Props, Shape};
 use crate::driver::{Call, Device, attr};
+use crate::driver::{EndpointProps, Shape};
 use crate::error::{Error, Failed, Result};
 use crate::kind::{CanExport, Creatable, Enroll, Kind, NoKind, TeamHasRoom};
 use crate::memory::round_up;
@@ -60,7 +60,10 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 /// On failure the memory is kept (it may still be bound) and, from `Drop`,
 /// the error is recorded.
 fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
-    match range.ctx.driver().destroy(id) {
+    // SAFETY: `id` belongs to this range and its endpoint to the typed
+    // `Endpoint` being destroyed or dropped; the borrow checker has ended every
+    // `Binding` and `EndpointRef` of it (R3.4, R7.2).
+    match unsafe { range.ctx.driver().destroy(id) } {
         Ok(()) => {
             let (bindings, fabric) = {
                 let mut slot = range.slot(id);
@@ -202,12 +205,15 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // Errors are built before `self.fail(..)` moves `self`: no context
         // clone on the success path.
         let d = self.context().driver();
-        if let Err(code) = d.create(self.id, &spec.props.to_c()) {
+        // SAFETY: `self` is a `Reserved` endpoint: the id is this range's and
+        // holds no endpoint (R2.1, R3.4).
+        if let Err(code) = unsafe { d.create(self.id, spec.props) } {
             let error = self.context().error(Call::Create, code);
             return self.fail(error);
         }
         for (i, &dev) in spec.devices.iter().enumerate() {
-            if let Err(code) = self.context().driver().add_device(self.id, dev) {
+            // SAFETY: the endpoint was created just above; nothing is bound (R4.4).
+            if let Err(code) = unsafe { self.context().driver().add_device(self.id, dev) } {
                 let ctx = self.context().clone();
                 let error = ctx.error(Call::AddDevice, code);
                 // Undo the create so that the id comes back empty. If even
@@ -249,7 +255,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
 
     fn check_spec<K2>(&self, spec: &Spec<K2>) -> Result<crate::Limits> {
         let ctx = self.context();
-        let props: Props = spec.props;
+        let props: EndpointProps = spec.props;
         let owner;
         let devices: &[Device] = match props.shape {
             Shape::Unicast { owner: o } => {
@@ -265,7 +271,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 return Err(Error::AlreadyEnrolled { device: dev });
             }
         }
-        if props.flags & crate::driver::prop::FLAG_COUNTED_OPS != 0 {
+        if props.counted_ops {
             // A team enrolled later: every device it could hold must have it.
             let all = if devices.is_empty() {
                 ctx.devices()?
@@ -283,7 +289,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 }
             }
         }
-        let limits = ctx.check(Call::GetLimits, ctx.driver().get_limits(&props.to_c()))?;
+        // SAFETY: a limits query touches nothing anyone owns.
+        let limits = ctx.check(Call::GetLimits, unsafe { ctx.driver().get_limits(props) })?;
         let align = limits.bind_alignment.max(1);
         let largest = limits.max_size / align * align;
         if props.size == 0 {
@@ -334,16 +341,15 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Err(e) = self.retry_orphan() {
             return self.fail(e);
         }
-        let c = handle.to_c();
-        if let Err(id) = self.context().try_attach(c.data, self.id) {
+        let c = handle.bytes();
+        if let Err(id) = self.context().try_attach(c.0, self.id) {
             return self.fail(Error::AlreadyAttached { id });
         }
-        let r =
-            self.context()
-                .driver()
-                .import(self.id, &c, crate::driver::prop::fabric_handle_type());
+        // SAFETY: `self` is a `Reserved` endpoint: the id is this range's and
+        // holds no endpoint (R2.1, R3.4).
+        let r = unsafe { self.context().driver().import(self.id, c) };
         if let Err(code) = r {
-            self.context().detach(&c.data);
+            self.context().detach(&c.0);
             let error = self.context().error(Call::Import, code);
             return self.fail(error);
         }
@@ -353,7 +359,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             slot.align = handle.bind_alignment();
             slot.team_size = handle.team_size();
             slot.devices.clear();
-            slot.fabric = Some(Box::new(c.data));
+            slot.fabric = Some(Box::new(c.0));
         }
         Ok(self.cast())
     }
@@ -411,7 +417,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Err(e) = check {
             return self.fail(e);
         }
-        if let Err(code) = self.context().driver().add_device(self.id, dev) {
+        // SAFETY: the endpoint is `Pending` and incomplete, so nothing can be
+        // bound on it yet (R4.4); the id is this endpoint's own.
+        if let Err(code) = unsafe { self.context().driver().add_device(self.id, dev) } {
             let error = self.context().error(Call::AddDevice, code);
             return self.fail(error);
         }
@@ -465,21 +473,18 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         K: CanExport,
     {
         let ctx = self.context();
-        let mut c = crate::driver::prop::empty_fabric_handle();
-        ctx.check(
-            Call::Export,
-            ctx.driver()
-                .export(self.id, &mut c, crate::driver::prop::fabric_handle_type()),
-        )?;
+        // SAFETY: the id holds this endpoint (created: `CanShare`); export
+        // changes nothing about it (R3.4).
+        let c = ctx.check(Call::Export, unsafe { ctx.driver().export(self.id) })?;
         let mut slot = self.slot();
-        if slot.fabric.as_deref() != Some(&c.data) {
-            if let Some(old) = slot.fabric.replace(Box::new(c.data)) {
+        if slot.fabric.as_deref() != Some(&c.0) {
+            if let Some(old) = slot.fabric.replace(Box::new(c.0)) {
                 ctx.detach(&old);
             }
-            ctx.attach(c.data, self.id);
+            ctx.attach(c.0, self.id);
         }
         Ok(FabricHandle::new(
-            c.data,
+            c.0,
             slot.size,
             slot.align,
             slot.team_size,

@@ -1,5 +1,10 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
+#![deny(
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks,
+    clippy::missing_safety_doc
+)]
 
 pub mod backend;
 pub mod binding;

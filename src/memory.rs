@@ -59,7 +59,10 @@ pub(crate) struct AllocInner {
 
 impl Drop for AllocInner {
     fn drop(&mut self) {
-        if let Err(code) = self.ctx.driver().mem_release(self.handle) {
+        // SAFETY: the last owner of the allocation is gone: every `Binding`,
+        // `Mapped` and endpoint slot that kept it alive dropped its `Arc`, so
+        // nothing is bound to or mapped from it (R7.2).
+        if let Err(code) = unsafe { self.ctx.driver().mem_release(self.handle) } {
             let e = self.ctx.error(Call::MemRelease, code);
             self.ctx.record_teardown(e);
         }
@@ -117,7 +120,8 @@ impl<H: MemShare> Allocation<H> {
         };
         let gran = ctx.check(
             Call::MemGetAllocationGranularity,
-            ctx.driver().mem_granularity(&req, granularity),
+            // SAFETY: a granularity query touches nothing anyone owns.
+            unsafe { ctx.driver().mem_granularity(req, granularity) },
         )?;
         if bytes == 0 {
             return Err(Error::ZeroSize {
@@ -137,20 +141,20 @@ impl<H: MemShare> Allocation<H> {
                 largest: u64::MAX / gran * gran,
             });
         };
-        let handle =
-            ctx.driver()
-                .mem_create(size, &req)
-                .map_err(|code| match (code, location) {
-                    (crate::Code::NOT_PERMITTED, Location::Device(device))
-                        if H::BITS & handle_bits::FABRIC != 0 =>
-                    {
-                        Error::FabricNotPermitted {
-                            device,
-                            call: Call::MemCreate,
-                        }
+        // SAFETY: a new allocation, owned by the `Allocation` made below.
+        let handle = unsafe { ctx.driver().mem_create(size, req) }.map_err(|code| {
+            match (code, location) {
+                (crate::Code::NOT_PERMITTED, Location::Device(device))
+                    if H::BITS & handle_bits::FABRIC != 0 =>
+                {
+                    Error::FabricNotPermitted {
+                        device,
+                        call: Call::MemCreate,
                     }
-                    _ => ctx.error(Call::MemCreate, code),
-                })?;
+                }
+                _ => ctx.error(Call::MemCreate, code),
+            }
+        })?;
         Ok(Allocation {
             inner: Arc::new(AllocInner {
                 ctx: ctx.clone(),
@@ -201,12 +205,15 @@ impl<H: MemShare> Allocation<H> {
                 return Err(Failed { error, value: self });
             }
         }
-        let ptr = match d.mem_address_reserve(size, 0) {
+        // SAFETY: a new range, owned by the `Mapped` made below.
+        let ptr = match unsafe { d.mem_address_reserve(size, 0) } {
             Ok(p) => p,
             Err(c) => return Err(fail(Call::MemAddressReserve, c, self)),
         };
-        if let Err(c) = d.mem_map(ptr, size, 0, self.inner.handle) {
-            if let Err(c2) = d.mem_address_free(ptr, size) {
+        // SAFETY: `ptr` is the reservation just made, `self` owns the handle.
+        if let Err(c) = unsafe { d.mem_map(ptr, size, 0, self.inner.handle) } {
+            // SAFETY: the reservation just made; nothing is mapped in it.
+            if let Err(c2) = unsafe { d.mem_address_free(ptr, size) } {
                 // Not swallowed: the address range leaks, and says so.
                 ctx.record_teardown(ctx.error(Call::MemAddressFree, c2));
             }
@@ -227,7 +234,8 @@ impl<H: MemShare> Allocation<H> {
             }),
             _share: PhantomData,
         };
-        if let Err(c) = d.mem_set_access(ptr, size, &devices) {
+        // SAFETY: the mapping just made, owned by `mapped`.
+        if let Err(c) = unsafe { d.mem_set_access(ptr, size, devices) } {
             drop(mapped);
             return Err(fail(Call::MemSetAccess, c, self));
         }
@@ -249,7 +257,9 @@ impl Drop for MappedInner {
             return;
         };
         let ctx = alloc.ctx.clone();
-        if let Err(code) = ctx.driver().mem_unmap(self.ptr, self.size) {
+        // SAFETY: the last owner of the mapping is gone: no `Mapped` and no
+        // binding through it is left (bindings hold this `Arc`, R7.2).
+        if let Err(code) = unsafe { ctx.driver().mem_unmap(self.ptr, self.size) } {
             // Still mapped: keep the memory and the range rather than free
             // what the device may still reach.
             ctx.record_teardown(ctx.error(Call::MemUnmap, code));
@@ -257,7 +267,8 @@ impl Drop for MappedInner {
             return;
         }
         drop(alloc);
-        if let Err(code) = ctx.driver().mem_address_free(self.ptr, self.size) {
+        // SAFETY: this mapping's range, unmapped just above.
+        if let Err(code) = unsafe { ctx.driver().mem_address_free(self.ptr, self.size) } {
             ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
         }
     }

@@ -85,7 +85,9 @@ impl RangeInner {
             if !self.slot(id).orphaned {
                 continue;
             }
-            match self.ctx.driver().destroy(id) {
+            // SAFETY: an orphan: its `Endpoint` is gone (dropped while its
+            // destroy failed), so nothing typed holds the id any more.
+            match unsafe { self.ctx.driver().destroy(id) } {
                 Ok(()) => {
                     let slot = std::mem::take(&mut *self.slot(id));
                     if let Some(f) = &slot.fabric {
@@ -104,7 +106,9 @@ impl RangeInner {
                 }
             }
         }
-        let r = self.ctx.driver().id_release(self.base, self.count);
+        // SAFETY: the range's last owner is gone: every `Endpoint` of it was
+        // destroyed (orphans just above), so no id holds an endpoint (R1.2).
+        let r = unsafe { self.ctx.driver().id_release(self.base, self.count) };
         self.ctx.check(Call::IdRelease, r)
     }
 }
@@ -146,7 +150,8 @@ impl IdRange {
                 rule: "R1.3",
             });
         }
-        let base = ctx.check(Call::IdReserve, ctx.driver().id_reserve(count))?;
+        // SAFETY: new ids, owned by the `IdRange` made below.
+        let base = ctx.check(Call::IdReserve, unsafe { ctx.driver().id_reserve(count) })?;
         let slots = (0..count).map(|_| Mutex::new(Slot::default())).collect();
         Ok(IdRange {
             inner: Arc::new(RangeInner {

@@ -7,8 +7,7 @@
 
 use std::marker::PhantomData;
 
-use crate::driver::prop::fabric_checksum;
-use crate::driver::sys;
+use crate::driver::{FabricHandleBytes, fabric_checksum};
 use crate::error::{Error, Result};
 use crate::kind::CanExport;
 
@@ -56,8 +55,8 @@ impl<K: CanExport> FabricHandle<K> {
         }
     }
 
-    pub(crate) fn to_c(&self) -> sys::CUlogicalEndpointFabricHandle {
-        sys::CUlogicalEndpointFabricHandle { data: self.data }
+    pub(crate) fn bytes(&self) -> FabricHandleBytes {
+        FabricHandleBytes(self.data)
     }
 
     /// Bytes per device of the exported endpoint.
@@ -143,12 +142,14 @@ impl<K: CanExport> FabricHandle<K> {
 }
 
 /// On the wire a handle is its [`FabricHandle::to_bytes`] form, as bytes.
+#[cfg(feature = "serde")]
 impl<K: CanExport> serde::Serialize for FabricHandle<K> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.serialize_bytes(&self.to_bytes())
     }
 }
 
+#[cfg(feature = "serde")]
 impl<'de, K: CanExport> serde::Deserialize<'de> for FabricHandle<K> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let bytes: Vec<u8> = serde::Deserialize::deserialize(d)?;

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use typenum::U0;
 
 use crate::driver::Device;
-use crate::driver::prop::{FLAG_COUNTED_OPS, IPC_FABRIC, Props, Shape};
+use crate::driver::{EndpointProps, Shape};
 use crate::kind::{
     Creatable, Local, Multicast, SpreadTeam, Team, TeamIsNonEmpty, TeamSize, Unicast,
 };
@@ -26,7 +26,7 @@ use crate::kind::{
 /// driver and says the nearest valid size.
 #[derive(Clone, Debug)]
 pub struct Spec<K> {
-    pub(crate) props: Props,
+    pub(crate) props: EndpointProps,
     /// Team devices for `Spec::multicast`; empty otherwise.
     pub(crate) devices: Vec<Device>,
     _kind: PhantomData<fn() -> K>,
@@ -35,12 +35,7 @@ pub struct Spec<K> {
 impl<K> Spec<K> {
     fn with(shape: Shape, size: u64, devices: Vec<Device>) -> Spec<K> {
         Spec {
-            props: Props {
-                shape,
-                size,
-                ipc_handle_types: 0,
-                flags: 0,
-            },
+            props: EndpointProps::new(shape, size),
             devices,
             _kind: PhantomData,
         }
@@ -52,7 +47,7 @@ impl<K> Spec<K> {
     }
 
     /// The properties as the driver gets them.
-    pub fn props(&self) -> Props {
+    pub fn props(&self) -> EndpointProps {
         self.props
     }
 }
@@ -113,7 +108,7 @@ impl<K: Creatable> Spec<K> {
     /// and binds only shareable memory (R5.6).
     pub fn exportable(self) -> Spec<K::Exportable> {
         let mut props = self.props;
-        props.ipc_handle_types |= IPC_FABRIC;
+        props.ipc_fabric = true;
         Spec {
             props,
             devices: self.devices,
@@ -123,7 +118,7 @@ impl<K: Creatable> Spec<K> {
 
     /// Sets `COUNTED_OPS` (R2.4); `create` refuses it where attribute 155 says no.
     pub fn counted_ops(mut self) -> Self {
-        self.props.flags |= FLAG_COUNTED_OPS;
+        self.props.counted_ops = true;
         self
     }
 }

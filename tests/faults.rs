@@ -549,29 +549,27 @@ fn failing_each_call_of_a_lifecycle_in_turn() {
 #[test]
 fn the_model_refuses_to_release_bound_memory() {
     use cuda_endpoints::Driver;
-    use cuda_endpoints::driver::prop::{Props, Shape};
-    use cuda_endpoints::driver::{AllocationRequest, Location};
+    use cuda_endpoints::driver::{AllocationRequest, EndpointProps, Location, Shape};
     let m = Model::new(ModelConfig::node(1).queries_to_ready(0));
-    let id = m.id_reserve(1).unwrap();
-    let prop = Props {
-        shape: Shape::Unicast { owner: Device(0) },
-        size: ALIGN,
-        ipc_handle_types: 0,
-        flags: 0,
-    };
-    m.create(id, &prop.to_c()).unwrap();
-    assert!(m.query(id, 1).unwrap());
-    let req = AllocationRequest {
-        location: Location::Device(Device(0)),
-        handle_types: 0,
-    };
-    let h = m.mem_create(ALIGN, &req).unwrap();
-    m.bind_mem(id, Device(0), 0, h, 0, ALIGN, 0).unwrap();
-    assert_eq!(m.mem_release(h), Err(Code::INVALID_VALUE));
-    assert_eq!(m.violations()[0].rule, "R7.2");
-    m.unbind(id, Device(0), 0, ALIGN).unwrap();
-    m.mem_release(h).unwrap();
-    m.destroy(id).unwrap();
-    m.id_release(id, 1).unwrap();
+    // SAFETY: raw calls on a model no typed object uses; the test owns
+    // everything it names (and breaks R7.2 on purpose, which the model refuses).
+    unsafe {
+        let id = m.id_reserve(1).unwrap();
+        let prop = EndpointProps::new(Shape::Unicast { owner: Device(0) }, ALIGN);
+        m.create(id, prop).unwrap();
+        assert!(m.query(id, 1).unwrap());
+        let req = AllocationRequest {
+            location: Location::Device(Device(0)),
+            handle_types: 0,
+        };
+        let h = m.mem_create(ALIGN, req).unwrap();
+        m.bind_mem(id, Device(0), 0, h, 0, ALIGN, 0).unwrap();
+        assert_eq!(m.mem_release(h), Err(Code::INVALID_VALUE));
+        assert_eq!(m.violations()[0].rule, "R7.2");
+        m.unbind(id, Device(0), 0, ALIGN).unwrap();
+        m.mem_release(h).unwrap();
+        m.destroy(id).unwrap();
+        m.id_release(id, 1).unwrap();
+    }
     assert!(m.live().is_empty());
 }

@@ -75,13 +75,32 @@ fn traced_cuda() -> Arc<Traced<Cuda>> {
     Arc::new(Traced::new(cuda).deny([Call::MulticastCreate]))
 }
 
+/// Raw queries beside the typed API (they touch nothing a typed object owns).
+fn raw(ctx: &Context) -> Arc<dyn cuda_endpoints::Driver> {
+    // SAFETY: the callers below only make queries through it.
+    unsafe { ctx.driver_arc() }
+}
+
+fn mem_info(ctx: &Context, d: Device) -> cuda_endpoints::driver::DriverResult<(u64, u64)> {
+    // SAFETY: a memory-info query touches nothing anyone owns.
+    unsafe { raw(ctx).mem_get_info(d) }
+}
+
+fn mem_props(
+    ctx: &Context,
+    handle: u64,
+) -> cuda_endpoints::driver::DriverResult<AllocationRequest> {
+    // SAFETY: a property query touches nothing anyone owns.
+    unsafe { raw(ctx).mem_properties(handle) }
+}
+
 fn granularity(ctx: &Context, dev: Device, bits: u32) -> u64 {
     let req = AllocationRequest {
         location: Location::Device(dev),
         handle_types: bits,
     };
-    ctx.driver()
-        .mem_granularity(&req, Granularity::Minimum)
+    // SAFETY: a granularity query touches nothing anyone owns.
+    unsafe { raw(ctx).mem_granularity(req, Granularity::Minimum) }
         .unwrap_or_else(|c| panic!("cuMemGetAllocationGranularity on {dev}: {c}"))
 }
 
@@ -90,8 +109,9 @@ fn granularity(ctx: &Context, dev: Device, bits: u32) -> u64 {
 /// multicast granularity, C2) where the limits can be read — they cannot
 /// where attribute 132 is 0, and nothing is asked of the driver then.
 fn classic_size(classic: &Context, team: &[Device], gran: u64) -> u64 {
-    let prop = Spec::multicast(team, gran).props().to_c();
-    match classic.driver().get_limits(&prop) {
+    let prop = Spec::multicast(team, gran).props();
+    // SAFETY: a limits query touches nothing anyone owns.
+    match unsafe { raw(classic).get_limits(prop) } {
         Ok(l) => gran.div_ceil(l.bind_alignment.max(1)) * l.bind_alignment.max(1),
         Err(_) => gran,
     }
@@ -111,10 +131,8 @@ impl Leak {
             .expect("device count")
             .into_iter()
             .map(|d| {
-                let (free, _) = ctx
-                    .driver()
-                    .mem_get_info(d)
-                    .unwrap_or_else(|c| panic!("cuMemGetInfo on {d}: {c}"));
+                let (free, _) =
+                    mem_info(ctx, d).unwrap_or_else(|c| panic!("cuMemGetInfo on {d}: {c}"));
                 (d, free, granularity(ctx, d, handle_bits::NONE))
             })
             .collect();
@@ -127,7 +145,7 @@ impl Leak {
             "teardown errors recorded"
         );
         for (d, before, gran) in self.before {
-            let (after, _) = ctx.driver().mem_get_info(d).expect("cuMemGetInfo");
+            let (after, _) = mem_info(ctx, d).expect("cuMemGetInfo");
             let lost = before.saturating_sub(after);
             println!("{d}: free before {before}, after {after} bytes");
             assert!(
@@ -190,7 +208,7 @@ fn allocations_of_each_handle_type() {
         }
         // Where the driver says the memory lives, with the handle types asked.
         let a = Allocation::<PosixFd>::on_device(&ctx, dev, 1).unwrap();
-        let props = ctx.driver().mem_properties(a.handle()).unwrap();
+        let props = mem_props(&ctx, a.handle()).unwrap();
         assert_eq!(props.location, Location::Device(dev));
         assert_eq!(
             props.handle_types & handle_bits::POSIX_FD,
@@ -263,11 +281,11 @@ fn thousand_allocate_map_drop_cycles() {
     for _ in 0..3 {
         cycle();
     }
-    let (start, _) = ctx.driver().mem_get_info(dev).unwrap();
+    let (start, _) = mem_info(&ctx, dev).unwrap();
     for _ in 0..1000 {
         cycle();
     }
-    let (end, _) = ctx.driver().mem_get_info(dev).unwrap();
+    let (end, _) = mem_info(&ctx, dev).unwrap();
     println!("1000 cycles of {gran} bytes: free {start} -> {end} bytes");
     assert!(
         start.abs_diff(end) <= gran,
@@ -396,7 +414,7 @@ fn multi_gpu_allocations_report_their_device() {
         // What the R5.5 check compares with the bind's device, and the
         // driver's own answer for the handle.
         assert_eq!(a.location(), Location::Device(d));
-        let props = ctx.driver().mem_properties(a.handle()).unwrap();
+        let props = mem_props(&ctx, a.handle()).unwrap();
         assert_eq!(props.location, Location::Device(d), "driver says otherwise");
         println!("{d}: allocation {:#x} lives on {d}", a.handle());
     }

@@ -9,9 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use cuda_endpoints::driver::prop::{Props, Shape, empty_fabric_handle, fabric_handle_type};
-use cuda_endpoints::driver::sys;
-use cuda_endpoints::driver::{AllocationRequest, Granularity, handle_bits};
+use cuda_endpoints::driver::{
+    AllocationRequest, EndpointProps, FabricHandleBytes, Granularity, Shape, handle_bits,
+};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::sharing::WIRE_LEN;
 use cuda_endpoints::typenum::U2;
@@ -124,7 +124,7 @@ proptest! {
         }
         w[26..90].copy_from_slice(&data);
         // A valid checksum, so that the bytes get past the wire check.
-        let sum = cuda_endpoints::driver::prop::fabric_checksum(&w[..90]);
+        let sum = cuda_endpoints::driver::fabric_checksum(&w[..90]);
         w[90..].copy_from_slice(&sum.to_le_bytes());
         let (ctx, model) = Context::model(ModelConfig::node(2));
         if let Ok(h) = FabricHandle::<Multicast<Exportable>>::from_bytes(&w) {
@@ -151,26 +151,22 @@ proptest! {
         }
     }
 
-    /// `cuLogicalEndpointImport` on the model, directly: 64 random bytes, any
-    /// handle type, any id.
+    /// `cuLogicalEndpointImport` on the model, directly: 64 random bytes,
+    /// any id.
     #[test]
     fn model_import_of_64_random_bytes(
         data in prop::collection::vec(any::<u8>(), 64),
-        fabric in any::<bool>(),
         id_pick in 0u8..3,
         raw_id in any::<u32>(),
     ) {
         let model = Model::new(ModelConfig::node(2));
-        let base = model.id_reserve(2).unwrap();
+        // SAFETY: raw calls on a model no typed object uses.
+        let base = unsafe { model.id_reserve(2) }.unwrap();
         let id = match id_pick { 0 => base, 1 => base + 1, _ => raw_id };
-        let mut h = empty_fabric_handle();
-        h.data.copy_from_slice(&data);
-        let ty = if fabric {
-            fabric_handle_type()
-        } else {
-            sys::CUlogicalEndpointIpcHandleType::CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_NONE
-        };
-        prop_assert!(model.import(id, &h, ty).is_err());
+        let h = FabricHandleBytes(data.try_into().unwrap());
+        // SAFETY: as above; the ids are the test's own.
+        let r = unsafe { model.import(id, h) };
+        prop_assert!(r.is_err());
         prop_assert_eq!(model.live().endpoints, 0);
     }
 }
@@ -247,7 +243,9 @@ fn raw_prop() -> impl Strategy<Value = RawProp> {
 }
 
 impl RawProp {
-    fn to_c(self) -> sys::CUlogicalEndpointProp {
+    /// The domain properties (an INVALID type or unknown bits cannot be
+    /// expressed any more: `ty` 0 becomes multicast, bits become booleans).
+    fn props(self) -> EndpointProps {
         let shape = match self.ty {
             1 => Shape::Unicast {
                 owner: Device(self.word as i32),
@@ -256,17 +254,11 @@ impl RawProp {
                 num_devices: self.word,
             },
         };
-        let mut p = Props {
-            shape,
-            size: self.size,
-            ipc_handle_types: self.ipc,
-            flags: self.flags,
+        EndpointProps {
+            ipc_fabric: self.ipc != 0,
+            counted_ops: self.flags != 0,
+            ..EndpointProps::new(shape, self.size)
         }
-        .to_c();
-        if self.ty == 0 {
-            p.type_ = sys::CUlogicalEndpointType::CU_LOGICAL_ENDPOINT_TYPE_INVALID;
-        }
-        p
     }
 }
 
@@ -284,8 +276,8 @@ enum RawCall {
     BindAddr(Arg, i32, Arg, Arg, Arg, u64),
     Unbind(Arg, i32, Arg, Arg),
     Destroy(Arg),
-    Export(Arg, bool),
-    Import(Arg, Vec<u8>, bool),
+    Export(Arg),
+    Import(Arg, Vec<u8>),
     MemGranularity(i32, bool, u32, bool),
     MemCreate(Arg, i32, bool, u32),
     MemRelease(Arg),
@@ -322,9 +314,9 @@ fn raw_call() -> impl Strategy<Value = RawCall> {
             .prop_map(|(a, b, c, e, f, g)| RawCall::BindAddr(a, b, c, e, f, g)),
         3 => (arg(), d(), arg(), arg()).prop_map(|(a, b, c, e)| RawCall::Unbind(a, b, c, e)),
         1 => arg().prop_map(RawCall::Destroy),
-        1 => (arg(), any::<bool>()).prop_map(|(a, b)| RawCall::Export(a, b)),
-        1 => (arg(), prop::collection::vec(any::<u8>(), 64), any::<bool>())
-            .prop_map(|(a, b, c)| RawCall::Import(a, b, c)),
+        1 => arg().prop_map(RawCall::Export),
+        1 => (arg(), prop::collection::vec(any::<u8>(), 64))
+            .prop_map(|(a, b)| RawCall::Import(a, b)),
         1 => (d(), any::<bool>(), prop_oneof![Just(0u32), Just(1), Just(8), Just(9), any::<u32>()], any::<bool>())
             .prop_map(|(a, b, c, e)| RawCall::MemGranularity(a, b, c, e)),
         1 => (arg(), d(), any::<bool>(), prop_oneof![Just(0u32), Just(1), Just(8), any::<u32>()])
@@ -358,52 +350,51 @@ struct Raw {
 
 impl Raw {
     fn new() -> Raw {
-        let m = Model::new(ModelConfig::node(4).queries_to_ready(0));
-        let mut pool = vec![0, ALIGN, 2 * ALIGN, 4 * ALIGN];
-        let base = m.id_reserve(4).unwrap();
-        pool.extend((0..5).map(|i| (base + i) as u64));
-        let mc = Props {
-            shape: Shape::Multicast { num_devices: 2 },
-            size: 4 * ALIGN,
-            ipc_handle_types: 1,
-            flags: 0,
-        };
-        m.create(base, &mc.to_c()).unwrap();
-        m.add_device(base, Device(0)).unwrap();
-        m.add_device(base, Device(1)).unwrap();
-        assert!(m.query(base, 1).unwrap());
-        let uc = Props {
-            shape: Shape::Unicast { owner: Device(0) },
-            ipc_handle_types: 0,
-            ..mc
-        };
-        m.create(base + 1, &uc.to_c()).unwrap();
-        assert!(m.query(base + 1, 1).unwrap());
-        let mut h = empty_fabric_handle();
-        m.export(base, &mut h, fabric_handle_type()).unwrap();
-        pool.extend(
-            h.data
-                .chunks(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap())),
-        );
-        let req = |d, t| AllocationRequest {
-            location: Location::Device(Device(d)),
-            handle_types: t,
-        };
-        let a0 = m.mem_create(2 * ALIGN, &req(0, 0)).unwrap();
-        let a1 = m
-            .mem_create(2 * ALIGN, &req(1, handle_bits::POSIX_FD))
-            .unwrap();
-        let ptr = m.mem_address_reserve(4 * ALIGN, 0).unwrap();
-        m.mem_map(ptr, 2 * ALIGN, 0, a0).unwrap();
-        m.mem_set_access(ptr, 2 * ALIGN, &[Device(0)]).unwrap();
-        m.bind_mem(base, Device(1), 0, a1, 0, ALIGN, 0).unwrap();
-        m.bind_addr(base + 1, Device(0), ALIGN, ptr, ALIGN, 0)
-            .unwrap();
-        let mcobj = m.multicast_create(2, 2 * ALIGN, 0).unwrap();
-        m.multicast_add_device(mcobj, Device(0)).unwrap();
-        pool.extend([a0, a1, ptr, ptr + ALIGN, ptr + 2 * ALIGN, mcobj]);
-        Raw { model: m, pool }
+        // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+        unsafe {
+            let m = Model::new(ModelConfig::node(4).queries_to_ready(0));
+            let mut pool = vec![0, ALIGN, 2 * ALIGN, 4 * ALIGN];
+            let base = m.id_reserve(4).unwrap();
+            pool.extend((0..5).map(|i| (base + i) as u64));
+            let mc = EndpointProps {
+                ipc_fabric: true,
+                ..EndpointProps::new(Shape::Multicast { num_devices: 2 }, 4 * ALIGN)
+            };
+            m.create(base, mc).unwrap();
+            m.add_device(base, Device(0)).unwrap();
+            m.add_device(base, Device(1)).unwrap();
+            assert!(m.query(base, 1).unwrap());
+            let uc = EndpointProps {
+                shape: Shape::Unicast { owner: Device(0) },
+                ipc_fabric: false,
+                ..mc
+            };
+            m.create(base + 1, uc).unwrap();
+            assert!(m.query(base + 1, 1).unwrap());
+            let h = m.export(base).unwrap();
+            pool.extend(
+                h.0.chunks(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap())),
+            );
+            let req = |d, t| AllocationRequest {
+                location: Location::Device(Device(d)),
+                handle_types: t,
+            };
+            let a0 = m.mem_create(2 * ALIGN, req(0, 0)).unwrap();
+            let a1 = m
+                .mem_create(2 * ALIGN, req(1, handle_bits::POSIX_FD))
+                .unwrap();
+            let ptr = m.mem_address_reserve(4 * ALIGN, 0).unwrap();
+            m.mem_map(ptr, 2 * ALIGN, 0, a0).unwrap();
+            m.mem_set_access(ptr, 2 * ALIGN, vec![Device(0)]).unwrap();
+            m.bind_mem(base, Device(1), 0, a1, 0, ALIGN, 0).unwrap();
+            m.bind_addr(base + 1, Device(0), ALIGN, ptr, ALIGN, 0)
+                .unwrap();
+            let mcobj = m.multicast_create(2, 2 * ALIGN, 0).unwrap();
+            m.multicast_add_device(mcobj, Device(0)).unwrap();
+            pool.extend([a0, a1, ptr, ptr + ALIGN, ptr + 2 * ALIGN, mcobj]);
+            Raw { model: m, pool }
+        }
     }
 
     fn v(&self, a: Arg) -> u64 {
@@ -421,111 +412,106 @@ impl Raw {
     }
 
     fn call(&self, c: &RawCall) {
-        let m = &self.model;
-        let d = Device;
-        let h64 = |bytes: &[u8]| {
-            let mut h = empty_fabric_handle();
-            h.data.copy_from_slice(bytes);
-            h
-        };
-        let ty = |fabric: bool| {
-            if fabric {
-                fabric_handle_type()
-            } else {
-                sys::CUlogicalEndpointIpcHandleType::CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_NONE
+        // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+        unsafe {
+            let m = &self.model;
+            let d = Device;
+            let h64 = |bytes: &[u8]| {
+                let mut h = FabricHandleBytes::ZERO;
+                h.0.copy_from_slice(bytes);
+                h
+            };
+            let gran = |r: bool| {
+                if r {
+                    Granularity::Recommended
+                } else {
+                    Granularity::Minimum
+                }
+            };
+            let loc = |dv: i32, numa: bool| {
+                if numa {
+                    Location::HostNuma(dv)
+                } else {
+                    Location::Device(Device(dv))
+                }
+            };
+            // Each result is dropped: any answer is fine, only a panic is not.
+            match c.clone() {
+                RawCall::Attribute(a, b) => ignore(m.device_attribute(d(a), b)),
+                RawCall::MemInfo(a) => ignore(m.mem_get_info(d(a))),
+                RawCall::IdReserve(n) => ignore(m.id_reserve(n)),
+                RawCall::IdRelease(b, n) => ignore(m.id_release(self.id(b), n)),
+                RawCall::GetLimits(p) => ignore(m.get_limits(p.props())),
+                RawCall::Create(i, p) => ignore(m.create(self.id(i), p.props())),
+                RawCall::AddDevice(i, dv) => ignore(m.add_device(self.id(i), d(dv))),
+                RawCall::Query(i, n) => ignore(m.query(self.id(i), n)),
+                RawCall::BindMem(i, dv, o, h, mo, s, f) => ignore(m.bind_mem(
+                    self.id(i),
+                    d(dv),
+                    self.v(o),
+                    self.v(h),
+                    self.v(mo),
+                    self.v(s),
+                    f,
+                )),
+                RawCall::BindAddr(i, dv, o, p, s, f) => {
+                    ignore(m.bind_addr(self.id(i), d(dv), self.v(o), self.v(p), self.v(s), f))
+                }
+                RawCall::Unbind(i, dv, o, s) => {
+                    ignore(m.unbind(self.id(i), d(dv), self.v(o), self.v(s)))
+                }
+                RawCall::Destroy(i) => ignore(m.destroy(self.id(i))),
+                RawCall::Export(i) => ignore(m.export(self.id(i))),
+                RawCall::Import(i, bytes) => ignore(m.import(self.id(i), h64(&bytes))),
+                RawCall::MemGranularity(dv, numa, t, r) => ignore(m.mem_granularity(
+                    AllocationRequest {
+                        location: loc(dv, numa),
+                        handle_types: t,
+                    },
+                    gran(r),
+                )),
+                RawCall::MemCreate(s, dv, numa, t) => ignore(m.mem_create(
+                    self.v(s),
+                    AllocationRequest {
+                        location: loc(dv, numa),
+                        handle_types: t,
+                    },
+                )),
+                RawCall::MemRelease(h) => ignore(m.mem_release(self.v(h))),
+                RawCall::MemProperties(h) => ignore(m.mem_properties(self.v(h))),
+                RawCall::AddressReserve(s, a) => {
+                    ignore(m.mem_address_reserve(self.v(s), self.v(a)))
+                }
+                RawCall::AddressFree(p, s) => ignore(m.mem_address_free(self.v(p), self.v(s))),
+                RawCall::Map(p, s, o, h) => {
+                    ignore(m.mem_map(self.v(p), self.v(s), self.v(o), self.v(h)))
+                }
+                RawCall::Unmap(p, s) => ignore(m.mem_unmap(self.v(p), self.v(s))),
+                RawCall::SetAccess(p, s, devs) => {
+                    let devs: Vec<Device> = devs.into_iter().map(Device).collect();
+                    ignore(m.mem_set_access(self.v(p), self.v(s), devs))
+                }
+                RawCall::McGranularity(n, s, r) => {
+                    ignore(m.multicast_granularity(n, self.v(s), 0, gran(r)))
+                }
+                RawCall::McCreate(n, s) => ignore(m.multicast_create(n, self.v(s), 0)),
+                RawCall::McAddDevice(h, dv) => ignore(m.multicast_add_device(self.v(h), d(dv))),
+                RawCall::McBindMem(h, o, mh, mo, s) => ignore(m.multicast_bind_mem(
+                    self.v(h),
+                    self.v(o),
+                    self.v(mh),
+                    self.v(mo),
+                    self.v(s),
+                )),
+                RawCall::McBindAddr(h, o, p, s) => {
+                    ignore(m.multicast_bind_addr(self.v(h), self.v(o), self.v(p), self.v(s)))
+                }
+                RawCall::McUnbind(h, dv, o, s) => {
+                    ignore(m.multicast_unbind(self.v(h), d(dv), self.v(o), self.v(s)))
+                }
+                RawCall::Read(p, n) => ignore(m.read(self.v(p), n as usize)),
+                RawCall::Write(p, n) => ignore(m.write(self.v(p), &vec![0xa5; n as usize])),
             }
-        };
-        let gran = |r: bool| {
-            if r {
-                Granularity::Recommended
-            } else {
-                Granularity::Minimum
-            }
-        };
-        let loc = |dv: i32, numa: bool| {
-            if numa {
-                Location::HostNuma(dv)
-            } else {
-                Location::Device(Device(dv))
-            }
-        };
-        // Each result is dropped: any answer is fine, only a panic is not.
-        match c.clone() {
-            RawCall::Attribute(a, b) => ignore(m.device_attribute(d(a), b)),
-            RawCall::MemInfo(a) => ignore(m.mem_get_info(d(a))),
-            RawCall::IdReserve(n) => ignore(m.id_reserve(n)),
-            RawCall::IdRelease(b, n) => ignore(m.id_release(self.id(b), n)),
-            RawCall::GetLimits(p) => ignore(m.get_limits(&p.to_c())),
-            RawCall::Create(i, p) => ignore(m.create(self.id(i), &p.to_c())),
-            RawCall::AddDevice(i, dv) => ignore(m.add_device(self.id(i), d(dv))),
-            RawCall::Query(i, n) => ignore(m.query(self.id(i), n)),
-            RawCall::BindMem(i, dv, o, h, mo, s, f) => ignore(m.bind_mem(
-                self.id(i),
-                d(dv),
-                self.v(o),
-                self.v(h),
-                self.v(mo),
-                self.v(s),
-                f,
-            )),
-            RawCall::BindAddr(i, dv, o, p, s, f) => {
-                ignore(m.bind_addr(self.id(i), d(dv), self.v(o), self.v(p), self.v(s), f))
-            }
-            RawCall::Unbind(i, dv, o, s) => {
-                ignore(m.unbind(self.id(i), d(dv), self.v(o), self.v(s)))
-            }
-            RawCall::Destroy(i) => ignore(m.destroy(self.id(i))),
-            RawCall::Export(i, f) => {
-                let mut h = empty_fabric_handle();
-                ignore(m.export(self.id(i), &mut h, ty(f)))
-            }
-            RawCall::Import(i, bytes, f) => ignore(m.import(self.id(i), &h64(&bytes), ty(f))),
-            RawCall::MemGranularity(dv, numa, t, r) => ignore(m.mem_granularity(
-                &AllocationRequest {
-                    location: loc(dv, numa),
-                    handle_types: t,
-                },
-                gran(r),
-            )),
-            RawCall::MemCreate(s, dv, numa, t) => ignore(m.mem_create(
-                self.v(s),
-                &AllocationRequest {
-                    location: loc(dv, numa),
-                    handle_types: t,
-                },
-            )),
-            RawCall::MemRelease(h) => ignore(m.mem_release(self.v(h))),
-            RawCall::MemProperties(h) => ignore(m.mem_properties(self.v(h))),
-            RawCall::AddressReserve(s, a) => ignore(m.mem_address_reserve(self.v(s), self.v(a))),
-            RawCall::AddressFree(p, s) => ignore(m.mem_address_free(self.v(p), self.v(s))),
-            RawCall::Map(p, s, o, h) => {
-                ignore(m.mem_map(self.v(p), self.v(s), self.v(o), self.v(h)))
-            }
-            RawCall::Unmap(p, s) => ignore(m.mem_unmap(self.v(p), self.v(s))),
-            RawCall::SetAccess(p, s, devs) => {
-                let devs: Vec<Device> = devs.into_iter().map(Device).collect();
-                ignore(m.mem_set_access(self.v(p), self.v(s), &devs))
-            }
-            RawCall::McGranularity(n, s, r) => {
-                ignore(m.multicast_granularity(n, self.v(s), 0, gran(r)))
-            }
-            RawCall::McCreate(n, s) => ignore(m.multicast_create(n, self.v(s), 0)),
-            RawCall::McAddDevice(h, dv) => ignore(m.multicast_add_device(self.v(h), d(dv))),
-            RawCall::McBindMem(h, o, mh, mo, s) => ignore(m.multicast_bind_mem(
-                self.v(h),
-                self.v(o),
-                self.v(mh),
-                self.v(mo),
-                self.v(s),
-            )),
-            RawCall::McBindAddr(h, o, p, s) => {
-                ignore(m.multicast_bind_addr(self.v(h), self.v(o), self.v(p), self.v(s)))
-            }
-            RawCall::McUnbind(h, dv, o, s) => {
-                ignore(m.multicast_unbind(self.v(h), d(dv), self.v(o), self.v(s)))
-            }
-            RawCall::Read(p, n) => ignore(m.read(self.v(p), n as usize)),
-            RawCall::Write(p, n) => ignore(m.write(self.v(p), &vec![0xa5; n as usize])),
         }
     }
 }
@@ -924,57 +910,52 @@ fn typed_api_corner_cases() {
 /// overflow: a reservation that ends just below `u64::MAX`, then more.
 #[test]
 fn model_address_space_exhaustion() {
-    let m = Model::new(ModelConfig::node(1));
-    let p = m.mem_address_reserve(ALIGN, 0).unwrap();
-    // The model leaves one alignment of gap after each reservation.
-    let next = p + 2 * ALIGN;
-    let size = u64::MAX - next - ALIGN - 5;
-    let big = m.mem_address_reserve(size, 0).unwrap();
-    assert_eq!(big, next);
-    for (size, align) in [(ALIGN, 0), (1, 0), (ALIGN, 1 << 63), (u64::MAX, 0)] {
-        assert_eq!(
-            m.mem_address_reserve(size, align),
-            Err(cuda_endpoints::Code::OUT_OF_MEMORY)
-        );
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let m = Model::new(ModelConfig::node(1));
+        let p = m.mem_address_reserve(ALIGN, 0).unwrap();
+        // The model leaves one alignment of gap after each reservation.
+        let next = p + 2 * ALIGN;
+        let size = u64::MAX - next - ALIGN - 5;
+        let big = m.mem_address_reserve(size, 0).unwrap();
+        assert_eq!(big, next);
+        for (size, align) in [(ALIGN, 0), (1, 0), (ALIGN, 1 << 63), (u64::MAX, 0)] {
+            assert_eq!(
+                m.mem_address_reserve(size, align),
+                Err(cuda_endpoints::Code::OUT_OF_MEMORY)
+            );
+        }
+        m.mem_address_free(big, size).unwrap();
+        m.mem_address_free(p, ALIGN).unwrap();
+        assert!(m.live().is_empty());
     }
-    m.mem_address_free(big, size).unwrap();
-    m.mem_address_free(p, ALIGN).unwrap();
-    assert!(m.live().is_empty());
 }
 
 /// Well-formed bytes (right magic, node and checksum) that name an endpoint
 /// that was never exportable are refused like any forged handle (R9.4).
 #[test]
 fn model_refuses_forged_handle_of_non_exportable_endpoint() {
-    fn fnv(bytes: &[u8]) -> u64 {
-        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-        })
-    }
     let m = Model::new(ModelConfig::node(1));
-    let base = m.id_reserve(3).unwrap();
-    let prop = |ipc| {
-        Props {
-            shape: Shape::Unicast { owner: Device(0) },
-            size: ALIGN,
-            ipc_handle_types: ipc,
-            flags: 0,
-        }
-        .to_c()
-    };
-    m.create(base, &prop(0)).unwrap();
-    m.create(base + 1, &prop(1)).unwrap();
-    let mut h = empty_fabric_handle();
-    m.export(base + 1, &mut h, fabric_handle_type()).unwrap();
-    let exported = u64::from_le_bytes(h.data[16..24].try_into().unwrap());
-    // The object created just before: the private one.
-    h.data[16..24].copy_from_slice(&(exported - 1).to_le_bytes());
-    let sum = fnv(&h.data[..24]);
-    h.data[24..32].copy_from_slice(&sum.to_le_bytes());
-    assert_eq!(
-        m.import(base + 2, &h, fabric_handle_type()),
-        Err(cuda_endpoints::Code::INVALID_VALUE)
-    );
+    // SAFETY: raw calls on a model no typed object uses; the test owns every id.
+    unsafe {
+        let base = m.id_reserve(3).unwrap();
+        let prop = |ipc_fabric| EndpointProps {
+            ipc_fabric,
+            ..EndpointProps::new(Shape::Unicast { owner: Device(0) }, ALIGN)
+        };
+        m.create(base, prop(false)).unwrap();
+        m.create(base + 1, prop(true)).unwrap();
+        let mut h = m.export(base + 1).unwrap();
+        let exported = u64::from_le_bytes(h.0[16..24].try_into().unwrap());
+        // The object created just before: the private one.
+        h.0[16..24].copy_from_slice(&(exported - 1).to_le_bytes());
+        let sum = cuda_endpoints::driver::fabric_checksum(&h.0[..24]);
+        h.0[24..32].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(
+            m.import(base + 2, h),
+            Err(cuda_endpoints::Code::INVALID_VALUE)
+        );
+    }
     assert_eq!(m.violations().last().unwrap().rule, "R9.4");
     assert_eq!(m.live().endpoints, 2);
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use cuda_endpoints::driver::prop::{FLAG_COUNTED_OPS, IPC_FABRIC, Props, Shape};
+use cuda_endpoints::driver::{EndpointProps, Shape};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
@@ -67,14 +67,8 @@ fn exportable_team(ctx: &Context) -> Endpoint<Ready, Multicast<cuda_endpoints::E
         .unwrap()
 }
 
-fn raw_prop(shape: Shape, size: u64) -> cuda_endpoints::driver::sys::CUlogicalEndpointProp {
-    Props {
-        shape,
-        size,
-        ipc_handle_types: 0,
-        flags: 0,
-    }
-    .to_c()
+fn raw_prop(shape: Shape, size: u64) -> EndpointProps {
+    EndpointProps::new(shape, size)
 }
 
 // ---------------------------------------------------------------- R1 ids
@@ -106,32 +100,38 @@ fn r1_reserve_split_release() {
 
 #[test]
 fn r1_3_zero_count_refused_before_driver() {
-    let (ctx, model) = node();
-    refused_before(
-        &model,
-        Call::IdReserve,
-        || ctx.reserve(0),
-        |e| matches!(e, Error::ZeroSize { rule: "R1.3", .. }),
-    );
-    assert_eq!(model.id_reserve(0), Err(Code::INVALID_VALUE));
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let (ctx, model) = node();
+        refused_before(
+            &model,
+            Call::IdReserve,
+            || ctx.reserve(0),
+            |e| matches!(e, Error::ZeroSize { rule: "R1.3", .. }),
+        );
+        assert_eq!(model.id_reserve(0), Err(Code::INVALID_VALUE));
+    }
 }
 
 #[test]
 fn r1_raw_release_rules() {
-    let model = Model::new(ModelConfig::node(1));
-    let base = model.id_reserve(2).unwrap();
-    assert_eq!(
-        model.id_release(base + 5, 1),
-        Err(Code::INVALID_VALUE),
-        "R1.1"
-    );
-    model
-        .create(base, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
-        .unwrap();
-    assert_eq!(model.id_release(base, 2), Err(Code::INVALID_VALUE), "R1.2");
-    model.destroy(base).unwrap();
-    model.id_release(base, 2).unwrap();
-    assert!(model.live().is_empty());
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let model = Model::new(ModelConfig::node(1));
+        let base = model.id_reserve(2).unwrap();
+        assert_eq!(
+            model.id_release(base + 5, 1),
+            Err(Code::INVALID_VALUE),
+            "R1.1"
+        );
+        model
+            .create(base, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+            .unwrap();
+        assert_eq!(model.id_release(base, 2), Err(Code::INVALID_VALUE), "R1.2");
+        model.destroy(base).unwrap();
+        model.id_release(base, 2).unwrap();
+        assert!(model.live().is_empty());
+    }
 }
 
 // ---------------------------------------------------------------- R2 create
@@ -203,74 +203,72 @@ fn r2_2_devices_checked_before_create() {
 
 #[test]
 fn r2_4_counted_ops_needs_attribute_155() {
-    let cfg = ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0);
-    let (ctx, model) = Context::model(cfg);
-    let ok = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::unicast(0, ALIGN).counted_ops());
-    assert!(ok.is_ok());
-    refused_before(
-        &model,
-        Call::Create,
-        || {
-            ctx.reserve_one()
-                .unwrap()
-                .create(Spec::unicast(1, ALIGN).counted_ops())
-                .map_err(Error::from)
-        },
-        |e| matches!(e, Error::FeatureMissing { rule: "R2.4", .. }),
-    );
-    // Raw: flags other than COUNTED_OPS, and counted ops without support.
-    let raw = Model::new(ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0));
-    let id = raw.id_reserve(1).unwrap();
-    let mut p = Props {
-        shape: Shape::Unicast { owner: Device(1) },
-        size: ALIGN,
-        ipc_handle_types: 0,
-        flags: FLAG_COUNTED_OPS,
-    };
-    assert_eq!(raw.create(id, &p.to_c()), Err(Code::NOT_SUPPORTED));
-    p.flags = 4;
-    assert_eq!(raw.create(id, &p.to_c()), Err(Code::INVALID_VALUE));
-    p.flags = 0;
-    p.ipc_handle_types = 2;
-    assert_eq!(raw.create(id, &p.to_c()), Err(Code::INVALID_VALUE));
-    p.ipc_handle_types = IPC_FABRIC;
-    assert_eq!(raw.create(id, &p.to_c()), Ok(()));
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let cfg = ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0);
+        let (ctx, model) = Context::model(cfg);
+        let ok = ctx
+            .reserve_one()
+            .unwrap()
+            .create(Spec::unicast(0, ALIGN).counted_ops());
+        assert!(ok.is_ok());
+        refused_before(
+            &model,
+            Call::Create,
+            || {
+                ctx.reserve_one()
+                    .unwrap()
+                    .create(Spec::unicast(1, ALIGN).counted_ops())
+                    .map_err(Error::from)
+            },
+            |e| matches!(e, Error::FeatureMissing { rule: "R2.4", .. }),
+        );
+        // Raw: counted ops without support. (Unknown flag or IPC bits cannot be
+        // asked for: `EndpointProps` has one boolean for each.)
+        let raw = Model::new(ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0));
+        let id = raw.id_reserve(1).unwrap();
+        let mut p = EndpointProps {
+            counted_ops: true,
+            ..raw_prop(Shape::Unicast { owner: Device(1) }, ALIGN)
+        };
+        assert_eq!(raw.create(id, p), Err(Code::NOT_SUPPORTED));
+        p.counted_ops = false;
+        p.ipc_fabric = true;
+        assert_eq!(raw.create(id, p), Ok(()));
+    }
 }
 
 #[test]
 fn r2_raw_create_codes() {
-    let model = Model::new(ModelConfig::node(2));
-    let id = model.id_reserve(1).unwrap();
-    assert_eq!(
-        model.create(
-            id + 1,
-            &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN)
-        ),
-        Err(Code::INVALID_VALUE),
-        "R2.1 not reserved"
-    );
-    assert_eq!(
-        model.create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, MIB)),
-        Err(Code::INVALID_VALUE),
-        "R2.3 misaligned"
-    );
-    assert_eq!(
-        model.create(id, &raw_prop(Shape::Multicast { num_devices: 0 }, ALIGN)),
-        Err(Code::INVALID_VALUE),
-        "R2.2"
-    );
-    model
-        .create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
-        .unwrap();
-    assert_eq!(
-        model.create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN)),
-        Err(Code::INVALID_VALUE),
-        "R2.1 holds one"
-    );
-    assert!(!model.violations().is_empty());
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let model = Model::new(ModelConfig::node(2));
+        let id = model.id_reserve(1).unwrap();
+        assert_eq!(
+            model.create(id + 1, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN)),
+            Err(Code::INVALID_VALUE),
+            "R2.1 not reserved"
+        );
+        assert_eq!(
+            model.create(id, raw_prop(Shape::Unicast { owner: Device(0) }, MIB)),
+            Err(Code::INVALID_VALUE),
+            "R2.3 misaligned"
+        );
+        assert_eq!(
+            model.create(id, raw_prop(Shape::Multicast { num_devices: 0 }, ALIGN)),
+            Err(Code::INVALID_VALUE),
+            "R2.2"
+        );
+        model
+            .create(id, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+            .unwrap();
+        assert_eq!(
+            model.create(id, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN)),
+            Err(Code::INVALID_VALUE),
+            "R2.1 holds one"
+        );
+        assert!(!model.violations().is_empty());
+    }
 }
 
 // ---------------------------------------------------------------- R3 readiness
@@ -332,20 +330,23 @@ fn r3_5_one_query_per_range() {
 
 #[test]
 fn r3_1_raw_bind_before_ready_is_invalid_value() {
-    let model = Model::new(ModelConfig::node(1));
-    let ctx = Context::new(model.clone());
-    let mem = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
-    let id = model.id_reserve(1).unwrap();
-    model
-        .create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
-        .unwrap();
-    assert_eq!(
-        model.bind_mem(id, Device(0), 0, mem.handle(), 0, ALIGN, 0),
-        Err(Code::INVALID_VALUE)
-    );
-    assert_eq!(model.violations()[0].rule, "R3.1");
-    model.destroy(id).unwrap();
-    model.id_release(id, 1).unwrap();
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let model = Model::new(ModelConfig::node(1));
+        let ctx = Context::new(model.clone());
+        let mem = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
+        let id = model.id_reserve(1).unwrap();
+        model
+            .create(id, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+            .unwrap();
+        assert_eq!(
+            model.bind_mem(id, Device(0), 0, mem.handle(), 0, ALIGN, 0),
+            Err(Code::INVALID_VALUE)
+        );
+        assert_eq!(model.violations()[0].rule, "R3.1");
+        model.destroy(id).unwrap();
+        model.id_release(id, 1).unwrap();
+    }
 }
 
 // ---------------------------------------------------------------- R4 teams
@@ -388,37 +389,41 @@ fn r4_compile_time_team() {
 
 #[test]
 fn r4_raw_codes_and_cliques() {
-    let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.clique = (i == 2) as u32));
-    let u = model.id_reserve(2).unwrap();
-    model
-        .create(u, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
-        .unwrap();
-    assert_eq!(
-        model.add_device(u, Device(0)),
-        Err(Code::INVALID_VALUE),
-        "R4.1"
-    );
-    let m = u + 1;
-    model
-        .create(m, &raw_prop(Shape::Multicast { num_devices: 2 }, ALIGN))
-        .unwrap();
-    model.add_device(m, Device(0)).unwrap();
-    assert_eq!(
-        model.add_device(m, Device(0)),
-        Err(Code::INVALID_VALUE),
-        "R4.2"
-    );
-    assert_eq!(
-        model.add_device(m, Device(2)),
-        Err(Code::INVALID_DEVICE),
-        "R4.5 clique"
-    );
-    model.add_device(m, Device(1)).unwrap();
-    assert_eq!(
-        model.add_device(m, Device(2)),
-        Err(Code::INVALID_VALUE),
-        "R4.2 full"
-    );
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let model =
+            Model::new(ModelConfig::node(3).with_devices(|i, d| d.clique = (i == 2) as u32));
+        let u = model.id_reserve(2).unwrap();
+        model
+            .create(u, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+            .unwrap();
+        assert_eq!(
+            model.add_device(u, Device(0)),
+            Err(Code::INVALID_VALUE),
+            "R4.1"
+        );
+        let m = u + 1;
+        model
+            .create(m, raw_prop(Shape::Multicast { num_devices: 2 }, ALIGN))
+            .unwrap();
+        model.add_device(m, Device(0)).unwrap();
+        assert_eq!(
+            model.add_device(m, Device(0)),
+            Err(Code::INVALID_VALUE),
+            "R4.2"
+        );
+        assert_eq!(
+            model.add_device(m, Device(2)),
+            Err(Code::INVALID_DEVICE),
+            "R4.5 clique"
+        );
+        model.add_device(m, Device(1)).unwrap();
+        assert_eq!(
+            model.add_device(m, Device(2)),
+            Err(Code::INVALID_VALUE),
+            "R4.2 full"
+        );
+    }
 }
 
 #[test]
@@ -621,32 +626,35 @@ fn r5_6_exportable_takes_shareable_memory() {
 
 #[test]
 fn r5_raw_codes() {
-    let model = Model::new(ModelConfig::node(2));
-    let ctx = Context::new(model.clone());
-    let mem = Allocation::<Private>::on_device(&ctx, Device(0), 4 * MIB).unwrap();
-    let id = model.id_reserve(1).unwrap();
-    let mut p = raw_prop(Shape::Unicast { owner: Device(0) }, 8 * MIB);
-    p.ipcHandleTypes = IPC_FABRIC;
-    model.create(id, &p).unwrap();
-    while !model.query(id, 1).unwrap() {}
-    let h = mem.handle();
-    let cases: [(u64, u64, u64, u64, Device, &str); 6] = [
-        (0, 0, ALIGN, 1, Device(0), "R5.8"),
-        (0, 0, ALIGN, 0, Device(1), "R5.2"),
-        (MIB, 0, ALIGN, 0, Device(0), "R5.3"),
-        (0, 2 * MIB, 4 * MIB, 0, Device(0), "R5.4"),
-        (8 * MIB, 0, ALIGN, 0, Device(0), "R5.4"),
-        (0, 0, ALIGN, 0, Device(0), "R5.6"),
-    ];
-    for (off, moff, size, flags, dev, rule) in cases {
-        assert!(
-            model.bind_mem(id, dev, off, h, moff, size, flags).is_err(),
-            "{rule}"
-        );
-        assert_eq!(model.violations().last().unwrap().rule, rule);
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let model = Model::new(ModelConfig::node(2));
+        let ctx = Context::new(model.clone());
+        let mem = Allocation::<Private>::on_device(&ctx, Device(0), 4 * MIB).unwrap();
+        let id = model.id_reserve(1).unwrap();
+        let mut p = raw_prop(Shape::Unicast { owner: Device(0) }, 8 * MIB);
+        p.ipc_fabric = true;
+        model.create(id, p).unwrap();
+        while !model.query(id, 1).unwrap() {}
+        let h = mem.handle();
+        let cases: [(u64, u64, u64, u64, Device, &str); 6] = [
+            (0, 0, ALIGN, 1, Device(0), "R5.8"),
+            (0, 0, ALIGN, 0, Device(1), "R5.2"),
+            (MIB, 0, ALIGN, 0, Device(0), "R5.3"),
+            (0, 2 * MIB, 4 * MIB, 0, Device(0), "R5.4"),
+            (8 * MIB, 0, ALIGN, 0, Device(0), "R5.4"),
+            (0, 0, ALIGN, 0, Device(0), "R5.6"),
+        ];
+        for (off, moff, size, flags, dev, rule) in cases {
+            assert!(
+                model.bind_mem(id, dev, off, h, moff, size, flags).is_err(),
+                "{rule}"
+            );
+            assert_eq!(model.violations().last().unwrap().rule, rule);
+        }
+        model.destroy(id).unwrap();
+        model.id_release(id, 1).unwrap();
     }
-    model.destroy(id).unwrap();
-    model.id_release(id, 1).unwrap();
 }
 
 // ---------------------------------------------------------------- R6 unbind
@@ -666,39 +674,42 @@ fn r6_unbind_through_token_only() {
 
 #[test]
 fn r6_raw_unbind_must_match_binds() {
-    let model = Model::new(ModelConfig::node(1).queries_to_ready(0));
-    let ctx = Context::new(model.clone());
-    let mem = Allocation::<Private>::on_device(&ctx, Device(0), 8 * MIB).unwrap();
-    let id = model.id_reserve(1).unwrap();
-    model
-        .create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, 8 * MIB))
-        .unwrap();
-    assert!(model.query(id, 1).unwrap());
-    model
-        .bind_mem(id, Device(0), 0, mem.handle(), 0, ALIGN, 0)
-        .unwrap();
-    model
-        .bind_mem(id, Device(0), ALIGN, mem.handle(), ALIGN, 2 * ALIGN, 0)
-        .unwrap();
-    assert_eq!(
-        model.unbind(id, Device(0), ALIGN / 2, ALIGN),
-        Err(Code::INVALID_VALUE),
-        "R6.3"
-    );
-    assert_eq!(
-        model.unbind(id, Device(0), 3 * ALIGN, ALIGN),
-        Err(Code::INVALID_VALUE),
-        "R6.1"
-    );
-    assert_eq!(
-        model.unbind(id, Device(0), 0, 2 * ALIGN),
-        Err(Code::INVALID_VALUE),
-        "R6.2 partial"
-    );
-    model.unbind(id, Device(0), 0, 3 * ALIGN).unwrap(); // two back-to-back binds at once
-    assert_eq!(model.live().bindings, 0);
-    model.destroy(id).unwrap();
-    model.id_release(id, 1).unwrap();
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let model = Model::new(ModelConfig::node(1).queries_to_ready(0));
+        let ctx = Context::new(model.clone());
+        let mem = Allocation::<Private>::on_device(&ctx, Device(0), 8 * MIB).unwrap();
+        let id = model.id_reserve(1).unwrap();
+        model
+            .create(id, raw_prop(Shape::Unicast { owner: Device(0) }, 8 * MIB))
+            .unwrap();
+        assert!(model.query(id, 1).unwrap());
+        model
+            .bind_mem(id, Device(0), 0, mem.handle(), 0, ALIGN, 0)
+            .unwrap();
+        model
+            .bind_mem(id, Device(0), ALIGN, mem.handle(), ALIGN, 2 * ALIGN, 0)
+            .unwrap();
+        assert_eq!(
+            model.unbind(id, Device(0), ALIGN / 2, ALIGN),
+            Err(Code::INVALID_VALUE),
+            "R6.3"
+        );
+        assert_eq!(
+            model.unbind(id, Device(0), 3 * ALIGN, ALIGN),
+            Err(Code::INVALID_VALUE),
+            "R6.1"
+        );
+        assert_eq!(
+            model.unbind(id, Device(0), 0, 2 * ALIGN),
+            Err(Code::INVALID_VALUE),
+            "R6.2 partial"
+        );
+        model.unbind(id, Device(0), 0, 3 * ALIGN).unwrap(); // two back-to-back binds at once
+        assert_eq!(model.live().bindings, 0);
+        model.destroy(id).unwrap();
+        model.id_release(id, 1).unwrap();
+    }
 }
 
 // ---------------------------------------------------------------- R7 destroy
@@ -788,53 +799,51 @@ fn r9_refusals() {
 
 #[test]
 fn r8_1_raw_export_of_non_fabric_endpoint() {
-    let model = Model::new(ModelConfig::node(1));
-    let id = model.id_reserve(1).unwrap();
-    model
-        .create(id, &raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
-        .unwrap();
-    let mut h = cuda_endpoints::driver::prop::empty_fabric_handle();
-    assert_eq!(
-        model.export(
-            id,
-            &mut h,
-            cuda_endpoints::driver::prop::fabric_handle_type()
-        ),
-        Err(Code::INVALID_VALUE)
-    );
-    assert_eq!(model.violations()[0].rule, "R8.1");
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let model = Model::new(ModelConfig::node(1));
+        let id = model.id_reserve(1).unwrap();
+        model
+            .create(id, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+            .unwrap();
+        assert_eq!(model.export(id), Err(Code::INVALID_VALUE));
+        assert_eq!(model.violations()[0].rule, "R8.1");
+    }
 }
 
 // ---------------------------------------------------------------- R10 limits
 
 #[test]
 fn r10_limits_depend_on_properties() {
-    let cfg = ModelConfig::node(2).with_devices(|i, d| {
-        d.bind_alignment = if i == 0 { 2 * MIB } else { 4 * MIB };
-        d.max_size = if i == 0 { 64 * MIB } else { 32 * MIB };
-    });
-    let model = Model::new(cfg);
-    let l0 = model
-        .get_limits(&raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
-        .unwrap();
-    let l1 = model
-        .get_limits(&raw_prop(Shape::Unicast { owner: Device(1) }, ALIGN))
-        .unwrap();
-    let lm = model
-        .get_limits(&raw_prop(Shape::Multicast { num_devices: 2 }, ALIGN))
-        .unwrap();
-    assert_eq!((l0.bind_alignment, l0.max_size), (2 * MIB, 64 * MIB));
-    assert_eq!((l1.bind_alignment, l1.max_size), (4 * MIB, 32 * MIB));
-    assert_eq!((lm.bind_alignment, lm.max_size), (4 * MIB, 32 * MIB));
-    let ctx = Context::new(model.clone());
-    let f = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::unicast(1, 6 * MIB))
-        .unwrap_err();
-    assert!(
-        matches!(f.error, Error::Misaligned { suggested, alignment, .. } if suggested == 8 * MIB && alignment == 4 * MIB)
-    );
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
+    unsafe {
+        let cfg = ModelConfig::node(2).with_devices(|i, d| {
+            d.bind_alignment = if i == 0 { 2 * MIB } else { 4 * MIB };
+            d.max_size = if i == 0 { 64 * MIB } else { 32 * MIB };
+        });
+        let model = Model::new(cfg);
+        let l0 = model
+            .get_limits(raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
+            .unwrap();
+        let l1 = model
+            .get_limits(raw_prop(Shape::Unicast { owner: Device(1) }, ALIGN))
+            .unwrap();
+        let lm = model
+            .get_limits(raw_prop(Shape::Multicast { num_devices: 2 }, ALIGN))
+            .unwrap();
+        assert_eq!((l0.bind_alignment, l0.max_size), (2 * MIB, 64 * MIB));
+        assert_eq!((l1.bind_alignment, l1.max_size), (4 * MIB, 32 * MIB));
+        assert_eq!((lm.bind_alignment, lm.max_size), (4 * MIB, 32 * MIB));
+        let ctx = Context::new(model.clone());
+        let f = ctx
+            .reserve_one()
+            .unwrap()
+            .create(Spec::unicast(1, 6 * MIB))
+            .unwrap_err();
+        assert!(
+            matches!(f.error, Error::Misaligned { suggested, alignment, .. } if suggested == 8 * MIB && alignment == 4 * MIB)
+        );
+    }
 }
 
 // ---------------------------------------------------------------- R11 / old drivers

@@ -253,7 +253,8 @@ fn calls_are_tracing_events() {
     let t = Traced::new(model).deny([Call::MulticastCreate]);
     let ctx = Context::new(t);
     drop(Allocation::<Private>::on_device(&ctx, Device(0), MIB).unwrap());
-    let _ = cuda_endpoints::Driver::multicast_create(ctx.driver(), 1, 2 * MIB, 0);
+    // SAFETY: denied by the wrapper: the call never reaches the model.
+    let _ = unsafe { cuda_endpoints::Driver::multicast_create(&*ctx.driver_arc(), 1, 2 * MIB, 0) };
     let out =
         String::from_utf8_lossy(&buf.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
     assert!(out.contains("cuMemCreate"), "{out}");

@@ -21,11 +21,12 @@
 #![allow(dead_code)] // each bench uses a part
 
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::Duration;
 
-use cuda_endpoints::driver::prop::{Props, Shape};
 use cuda_endpoints::driver::{
-    AllocationRequest, Device, Driver, DriverResult, Granularity, Limits, Location, sys,
+    AllocationRequest, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Granularity,
+    Limits, Location, Shape,
 };
 use cuda_endpoints::{Allocation, Context, Spec};
 
@@ -53,58 +54,61 @@ pub fn typed(ctx: &Context, mem: &Allocation) {
 /// The same driver calls, by hand.
 #[inline(never)]
 pub fn raw(d: &dyn Driver, mem_handle: u64) {
-    let props = Props {
-        shape: Shape::Unicast { owner: OWNER },
-        size: SIZE,
-        ipc_handle_types: 0,
-        flags: 0,
-    };
-    let id = d.id_reserve(1).expect("reserve");
-    d.create(id, &props.to_c()).expect("create");
-    while !d.query(id, 1).expect("query") {
-        std::hint::spin_loop();
+    let props = EndpointProps::new(Shape::Unicast { owner: OWNER }, SIZE);
+    // SAFETY: the ids are reserved here and released below; the memory (the
+    // fixture's allocation) outlives the binding, unbound before `destroy`.
+    unsafe {
+        let id = d.id_reserve(1).expect("reserve");
+        d.create(id, props).expect("create");
+        while !d.query(id, 1).expect("query") {
+            std::hint::spin_loop();
+        }
+        d.bind_mem(id, OWNER, 0, mem_handle, 0, SIZE, 0)
+            .expect("bind");
+        d.unbind(id, OWNER, 0, SIZE).expect("unbind");
+        d.destroy(id).expect("destroy");
+        d.id_release(id, 1).expect("release");
     }
-    d.bind_mem(id, OWNER, 0, mem_handle, 0, SIZE, 0)
-        .expect("bind");
-    d.unbind(id, OWNER, 0, SIZE).expect("unbind");
-    d.destroy(id).expect("destroy");
-    d.id_release(id, 1).expect("release");
 }
 
 /// [`raw`] plus the `get_limits` call (and size check) that the typed
 /// `create` makes before `cuLogicalEndpointCreate`.
 #[inline(never)]
 pub fn raw_with_limits(d: &dyn Driver, mem_handle: u64) {
-    let props = Props {
-        shape: Shape::Unicast { owner: OWNER },
-        size: SIZE,
-        ipc_handle_types: 0,
-        flags: 0,
-    };
-    let id = d.id_reserve(1).expect("reserve");
-    let limits = d.get_limits(&props.to_c()).expect("limits");
-    assert!(SIZE <= limits.max_size && SIZE.is_multiple_of(limits.bind_alignment.max(1)));
-    d.create(id, &props.to_c()).expect("create");
-    while !d.query(id, 1).expect("query") {
-        std::hint::spin_loop();
+    let props = EndpointProps::new(Shape::Unicast { owner: OWNER }, SIZE);
+    // SAFETY: as in `raw`.
+    unsafe {
+        let id = d.id_reserve(1).expect("reserve");
+        let limits = d.get_limits(props).expect("limits");
+        assert!(SIZE <= limits.max_size && SIZE.is_multiple_of(limits.bind_alignment.max(1)));
+        d.create(id, props).expect("create");
+        while !d.query(id, 1).expect("query") {
+            std::hint::spin_loop();
+        }
+        d.bind_mem(id, OWNER, 0, mem_handle, 0, SIZE, 0)
+            .expect("bind");
+        d.unbind(id, OWNER, 0, SIZE).expect("unbind");
+        d.destroy(id).expect("destroy");
+        d.id_release(id, 1).expect("release");
     }
-    d.bind_mem(id, OWNER, 0, mem_handle, 0, SIZE, 0)
-        .expect("bind");
-    d.unbind(id, OWNER, 0, SIZE).expect("unbind");
-    d.destroy(id).expect("destroy");
-    d.id_release(id, 1).expect("release");
 }
+
+/// A context, one allocation on it and the context's driver for the raw side.
+pub type Fixture = (Context, Allocation, Arc<dyn Driver>);
 
 /// A context over `driver` and one allocation on [`OWNER`], made once outside
 /// the measured loop and used by both sides (`typed` binds the `Allocation`,
-/// `raw` its handle).
-pub fn fixture(driver: impl Driver + 'static) -> (Context, Allocation) {
+/// `raw` its handle through the same driver).
+pub fn fixture(driver: impl Driver + 'static) -> Fixture {
     let ctx = Context::new(driver);
+    // SAFETY: the raw side names only ids it reserves itself, and binds the
+    // allocation's handle only between its own bind and unbind.
+    let raw = unsafe { ctx.driver_arc() };
     let mem = Allocation::on_device(&ctx, OWNER, SIZE).expect("allocation");
     // Warm the context's caches (device count, driver version) as a long-lived
     // program has them.
     black_box(ctx.device_count().expect("device count"));
-    (ctx, mem)
+    (ctx, mem, raw)
 }
 
 /// A pass-through driver: every call succeeds at once and does nothing.
@@ -112,168 +116,82 @@ pub fn fixture(driver: impl Driver + 'static) -> (Context, Allocation) {
 #[derive(Debug, Default)]
 pub struct Null;
 
-impl Driver for Null {
-    fn name(&self) -> String {
-        "null".into()
-    }
-
-    fn driver_version(&self) -> DriverResult<i32> {
-        Ok(13040)
-    }
-    fn device_count(&self) -> DriverResult<i32> {
-        Ok(4)
-    }
-    fn device_attribute(&self, _dev: Device, _attr: i32) -> DriverResult<i32> {
-        Ok(1)
-    }
-    fn mem_get_info(&self, _dev: Device) -> DriverResult<(u64, u64)> {
-        Ok((1 << 30, 1 << 30))
-    }
-
-    fn id_reserve(&self, _count: u32) -> DriverResult<u32> {
-        Ok(1)
-    }
-    fn id_release(&self, _base: u32, _count: u32) -> DriverResult<()> {
-        Ok(())
-    }
-    fn get_limits(&self, _prop: &sys::CUlogicalEndpointProp) -> DriverResult<Limits> {
-        Ok(Limits {
+/// What [`Null`] answers, per method; `()` for the rest.
+macro_rules! null_answer {
+    (driver_version) => {
+        13040
+    };
+    (device_count) => {
+        4
+    };
+    (device_attribute) => {
+        1
+    };
+    (mem_get_info) => {
+        (1 << 30, 1 << 30)
+    };
+    (device_clique) => {
+        0
+    };
+    (id_reserve) => {
+        1
+    };
+    (get_limits) => {
+        Limits {
             bind_alignment: 2 << 20,
             max_size: 1 << 30,
-        })
-    }
-    fn create(&self, _id: u32, _prop: &sys::CUlogicalEndpointProp) -> DriverResult<()> {
-        Ok(())
-    }
-    fn add_device(&self, _id: u32, _dev: Device) -> DriverResult<()> {
-        Ok(())
-    }
-    fn query(&self, _base: u32, _count: u32) -> DriverResult<bool> {
-        Ok(true)
-    }
-    fn bind_mem(
-        &self,
-        _id: u32,
-        _dev: Device,
-        _offset: u64,
-        _mem: u64,
-        _mem_offset: u64,
-        _size: u64,
-        _flags: u64,
-    ) -> DriverResult<()> {
-        Ok(())
-    }
-    fn bind_addr(
-        &self,
-        _id: u32,
-        _dev: Device,
-        _offset: u64,
-        _ptr: u64,
-        _size: u64,
-        _flags: u64,
-    ) -> DriverResult<()> {
-        Ok(())
-    }
-    fn unbind(&self, _id: u32, _dev: Device, _offset: u64, _size: u64) -> DriverResult<()> {
-        Ok(())
-    }
-    fn destroy(&self, _id: u32) -> DriverResult<()> {
-        Ok(())
-    }
-    fn export(
-        &self,
-        _id: u32,
-        _handle: &mut sys::CUlogicalEndpointFabricHandle,
-        _handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        Ok(())
-    }
-    fn import(
-        &self,
-        _id: u32,
-        _handle: &sys::CUlogicalEndpointFabricHandle,
-        _handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        Ok(())
-    }
-
-    fn mem_granularity(&self, _req: &AllocationRequest, _kind: Granularity) -> DriverResult<u64> {
-        Ok(2 << 20)
-    }
-    fn mem_create(&self, _size: u64, _req: &AllocationRequest) -> DriverResult<u64> {
-        Ok(1)
-    }
-    fn mem_release(&self, _handle: u64) -> DriverResult<()> {
-        Ok(())
-    }
-    fn mem_properties(&self, _handle: u64) -> DriverResult<AllocationRequest> {
-        Ok(AllocationRequest {
+        }
+    };
+    (query) => {
+        true
+    };
+    (export) => {
+        FabricHandleBytes::ZERO
+    };
+    (mem_granularity) => {
+        2 << 20
+    };
+    (mem_create) => {
+        1
+    };
+    (mem_properties) => {
+        AllocationRequest {
             location: Location::Device(OWNER),
             handle_types: 0,
-        })
-    }
-    fn mem_address_reserve(&self, _size: u64, _alignment: u64) -> DriverResult<u64> {
-        Ok(1 << 40)
-    }
-    fn mem_address_free(&self, _ptr: u64, _size: u64) -> DriverResult<()> {
-        Ok(())
-    }
-    fn mem_map(&self, _ptr: u64, _size: u64, _offset: u64, _handle: u64) -> DriverResult<()> {
-        Ok(())
-    }
-    fn mem_unmap(&self, _ptr: u64, _size: u64) -> DriverResult<()> {
-        Ok(())
-    }
-    fn mem_set_access(&self, _ptr: u64, _size: u64, _devices: &[Device]) -> DriverResult<()> {
-        Ok(())
-    }
-
-    fn multicast_granularity(
-        &self,
-        _num_devices: u32,
-        _size: u64,
-        _handle_types: u64,
-        _kind: Granularity,
-    ) -> DriverResult<u64> {
-        Ok(2 << 20)
-    }
-    fn multicast_create(
-        &self,
-        _num_devices: u32,
-        _size: u64,
-        _handle_types: u64,
-    ) -> DriverResult<u64> {
-        Ok(2)
-    }
-    fn multicast_add_device(&self, _mc: u64, _dev: Device) -> DriverResult<()> {
-        Ok(())
-    }
-    fn multicast_bind_mem(
-        &self,
-        _mc: u64,
-        _mc_offset: u64,
-        _mem: u64,
-        _mem_offset: u64,
-        _size: u64,
-    ) -> DriverResult<()> {
-        Ok(())
-    }
-    fn multicast_bind_addr(
-        &self,
-        _mc: u64,
-        _mc_offset: u64,
-        _ptr: u64,
-        _size: u64,
-    ) -> DriverResult<()> {
-        Ok(())
-    }
-    fn multicast_unbind(
-        &self,
-        _mc: u64,
-        _dev: Device,
-        _mc_offset: u64,
-        _size: u64,
-    ) -> DriverResult<()> {
-        Ok(())
-    }
+        }
+    };
+    (mem_address_reserve) => {
+        1 << 40
+    };
+    (multicast_granularity) => {
+        2 << 20
+    };
+    (multicast_create) => {
+        2
+    };
+    ($other:ident) => {
+        ()
+    };
 }
+
+/// The whole `Driver` impl, generated from the crate's table of calls.
+macro_rules! null_driver {
+    ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+        safety $safety:literal
+        fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        #[allow(unused_variables, clippy::unused_unit)]
+        impl Driver for Null {
+            fn name(&self) -> String {
+                "null".into()
+            }
+            $(
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
+                    Ok(null_answer!($method))
+                }
+            )*
+        }
+    };
+}
+
+cuda_endpoints::for_each_driver_call!(null_driver);

@@ -24,7 +24,8 @@
 //! ever passes the device, offset and size of recorded binds, so the undefined
 //! behaviour of a mismatched `cuMulticastUnbind` (C4) is unreachable.
 //!
-//! Everything else (base and VMM calls) passes through to the inner driver.
+//! Everything else (base and VMM calls) passes through to the inner driver
+//! ([`Forward`]: only the calls above are written out here).
 //! Attributes 153–156 are answered for the emulation: multicast is attribute
 //! 132, unicast, counted operations and owner access are 0.
 //!
@@ -38,10 +39,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::prop::{FLAG_COUNTED_OPS, Props, Shape};
 use super::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, Granularity, Limits, Location,
-    attr, sys,
+    Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Forward,
+    Granularity, Limits, Location, Shape, attr,
 };
 
 /// The most ids the fallback hands out at once (the reference model's
@@ -140,11 +140,6 @@ impl Classic {
         self
     }
 
-    /// The driver the `cuMulticast*` calls go to.
-    pub fn inner(&self) -> &Arc<dyn Driver> {
-        &self.inner
-    }
-
     /// How many classic multicast objects this backend holds now (C1, C5):
     /// one per endpoint whose team is complete and not yet destroyed.
     pub fn live_multicast_objects(&self) -> usize {
@@ -165,32 +160,32 @@ impl Classic {
     /// C6: whether `dev` reports `MULTICAST_SUPPORTED` = 1. A device the
     /// driver does not know keeps the driver's code (`INVALID_DEVICE`).
     fn multicast_supported(&self, dev: Device) -> DriverResult<bool> {
-        Ok(self
-            .inner
-            .device_attribute(dev, attr::MULTICAST_SUPPORTED)?
-            != 0)
+        // SAFETY: an attribute query touches nothing anyone owns.
+        let v = unsafe { self.inner.device_attribute(dev, attr::MULTICAST_SUPPORTED) }?;
+        Ok(v != 0)
     }
 
     /// How many devices of the machine report attribute 132 = 1.
     fn capable_devices(&self) -> DriverResult<u32> {
-        let count = self.inner.device_count()?;
+        // SAFETY: a device count touches nothing anyone owns.
+        let count = unsafe { self.inner.device_count() }?;
         Ok((0..count)
             .filter(|&d| self.multicast_supported(Device(d)).unwrap_or(false))
             .count() as u32)
     }
 
     /// The multicast team size of `prop`, or why it cannot be emulated.
-    fn team_size(props: &Props) -> DriverResult<u32> {
+    fn team_size(props: &EndpointProps) -> DriverResult<u32> {
         let n = match props.shape {
             // There is no classic unicast endpoint (C6).
             Shape::Unicast { .. } => return Err(Code::NOT_SUPPORTED),
             Shape::Multicast { num_devices } => num_devices,
         };
-        if props.ipc_handle_types != 0 || props.flags & FLAG_COUNTED_OPS != 0 {
+        if props.ipc_fabric || props.counted_ops {
             // Fabric export and counted operations have no classic form here.
             return Err(Code::NOT_SUPPORTED);
         }
-        if props.flags != 0 || n == 0 {
+        if n == 0 {
             return Err(Code::INVALID_VALUE);
         }
         Ok(n)
@@ -201,7 +196,9 @@ impl Classic {
     fn unbind_all(&self, mc: u64, binds: Vec<Bind>) -> Result<(), (Code, Vec<Bind>)> {
         let mut left = binds.into_iter();
         while let Some(b) = left.next() {
-            if let Err(code) = self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) {
+            // SAFETY: `b` is a bind this backend issued on its own object `mc`
+            // exactly so (C4).
+            if let Err(code) = unsafe { self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) } {
                 let mut still = vec![b];
                 still.extend(left);
                 return Err((code, still));
@@ -238,44 +235,42 @@ impl Drop for Classic {
             if let Err((code, left)) = self.unbind_all(mc, bindings) {
                 tracing::error!(id, %code, still_bound = left.len(), "cuMulticastUnbind failed at drop");
             }
-            if let Err(code) = self.inner.mem_release(mc) {
+            // SAFETY: `mc` is this backend's own object, unbound above.
+            if let Err(code) = unsafe { self.inner.mem_release(mc) } {
                 tracing::error!(id, %code, "cuMemRelease of a multicast object failed at drop");
             }
         }
     }
 }
 
-impl Driver for Classic {
+impl Forward for Classic {
+    type Inner = dyn Driver;
+
+    fn inner(&self) -> &(dyn Driver + 'static) {
+        &*self.inner
+    }
+
     fn name(&self) -> String {
         format!("classic({})", self.inner.name())
     }
 
-    fn driver_version(&self) -> DriverResult<i32> {
-        self.inner.driver_version()
-    }
-    fn device_count(&self) -> DriverResult<i32> {
-        self.inner.device_count()
-    }
-    fn device_attribute(&self, dev: Device, a: i32) -> DriverResult<i32> {
-        match a {
-            attr::LE_MULTICAST => self.inner.device_attribute(dev, attr::MULTICAST_SUPPORTED),
-            attr::LE_UNICAST | attr::LE_COUNTED_OPS | attr::LE_UNICAST_OWNER_ACCESS => {
-                // Validate the ordinal the same way, then answer "no".
-                self.inner
-                    .device_attribute(dev, attr::MULTICAST_SUPPORTED)
-                    .map(|_| 0)
+    unsafe fn device_attribute(&self, dev: Device, a: i32) -> DriverResult<i32> {
+        // SAFETY: attribute queries touch nothing anyone owns.
+        unsafe {
+            match a {
+                attr::LE_MULTICAST => self.inner.device_attribute(dev, attr::MULTICAST_SUPPORTED),
+                attr::LE_UNICAST | attr::LE_COUNTED_OPS | attr::LE_UNICAST_OWNER_ACCESS => {
+                    // Validate the ordinal the same way, then answer "no".
+                    self.inner
+                        .device_attribute(dev, attr::MULTICAST_SUPPORTED)
+                        .map(|_| 0)
+                }
+                _ => self.inner.device_attribute(dev, a),
             }
-            _ => self.inner.device_attribute(dev, a),
         }
     }
-    fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
-        self.inner.mem_get_info(dev)
-    }
-    fn device_clique(&self, dev: Device) -> DriverResult<u32> {
-        self.inner.device_clique(dev)
-    }
 
-    fn id_reserve(&self, count: u32) -> DriverResult<u32> {
+    unsafe fn id_reserve(&self, count: u32) -> DriverResult<u32> {
         if count == 0 {
             return Err(Code::INVALID_VALUE); // R1.3
         }
@@ -294,7 +289,7 @@ impl Driver for Classic {
         Ok(base)
     }
 
-    fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
+    unsafe fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
         if count == 0 {
             return Err(Code::INVALID_VALUE); // R1.3
         }
@@ -313,8 +308,7 @@ impl Driver for Classic {
         Ok(())
     }
 
-    fn get_limits(&self, prop: &sys::CUlogicalEndpointProp) -> DriverResult<Limits> {
-        let props = Props::from_c(prop).ok_or(Code::INVALID_VALUE)?;
+    unsafe fn get_limits(&self, props: EndpointProps) -> DriverResult<Limits> {
         let n = Self::team_size(&props)?;
         // C6 before any cuMulticast* call: at least `n` devices must have it.
         if self.capable_devices()? < n {
@@ -324,10 +318,12 @@ impl Driver for Classic {
             );
             return Err(Code::NOT_SUPPORTED);
         }
-        let align = self
-            .inner
-            .multicast_granularity(n, props.size, 0, self.granularity)?
-            .max(1);
+        // SAFETY: a granularity query touches nothing anyone owns.
+        let align = unsafe {
+            self.inner
+                .multicast_granularity(n, props.size, 0, self.granularity)
+        }?
+        .max(1);
         Ok(Limits {
             bind_alignment: align,
             // The classic API has no maxSize: cuMulticastCreate answers
@@ -336,13 +332,12 @@ impl Driver for Classic {
         })
     }
 
-    fn create(&self, id: u32, prop: &sys::CUlogicalEndpointProp) -> DriverResult<()> {
+    unsafe fn create(&self, id: u32, props: EndpointProps) -> DriverResult<()> {
         let mut t = self.lock();
         match t.ids.get(&id) {
             Some(None) => {}
             _ => return Err(Code::INVALID_VALUE), // R2.1
         }
-        let props = Props::from_c(prop).ok_or(Code::INVALID_VALUE)?;
         let num_devices = Self::team_size(&props)?;
         if props.size == 0 {
             return Err(Code::INVALID_VALUE); // R2.3
@@ -360,7 +355,7 @@ impl Driver for Classic {
         Ok(())
     }
 
-    fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
+    unsafe fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
         let mut t = self.lock();
         let Some(Some(ep)) = t.ids.get_mut(&id) else {
             return Err(Code::INVALID_VALUE);
@@ -382,10 +377,13 @@ impl Driver for Classic {
         }
         // The last device: only now does the object exist, so no bind can
         // ever be issued on an incomplete team (C3).
-        let mc = self.inner.multicast_create(ep.num_devices, ep.size, 0)?;
+        // SAFETY: every team device said yes to attribute 132 (C6).
+        let mc = unsafe { self.inner.multicast_create(ep.num_devices, ep.size, 0) }?;
         for &d in ep.devices.iter().chain([&dev]) {
-            if let Err(code) = self.inner.multicast_add_device(mc, d) {
-                if let Err(c2) = self.inner.mem_release(mc) {
+            // SAFETY: `mc` is this backend's new object; nothing is bound yet (C3).
+            if let Err(code) = unsafe { self.inner.multicast_add_device(mc, d) } {
+                // SAFETY: `mc` is this backend's own and nothing is bound to it.
+                if let Err(c2) = unsafe { self.inner.mem_release(mc) } {
                     tracing::error!(code = %c2, "cuMemRelease of a half-built multicast object failed");
                 }
                 return Err(code);
@@ -396,7 +394,7 @@ impl Driver for Classic {
         Ok(())
     }
 
-    fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
+    unsafe fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
         if count == 0 {
             return Err(Code::INVALID_VALUE);
         }
@@ -412,7 +410,7 @@ impl Driver for Classic {
         Ok(ready)
     }
 
-    fn bind_mem(
+    unsafe fn bind_mem(
         &self,
         id: u32,
         dev: Device,
@@ -426,17 +424,22 @@ impl Driver for Classic {
         let (mc, ep) = bindable(&mut t, id, dev, offset, size, flags)?;
         // The classic bind takes no device: it binds on the memory's own
         // device, which must be the one asked for (R5.5).
-        match self.inner.mem_properties(mem)?.location {
+        // SAFETY: a property query touches nothing anyone owns.
+        match unsafe { self.inner.mem_properties(mem) }?.location {
             Location::Device(d) if d == dev => {}
             _ => return Err(Code::INVALID_VALUE),
         }
-        self.inner
-            .multicast_bind_mem(mc, offset, mem, mem_offset, size)?;
+        // SAFETY: the team of `mc` is complete (`bindable`, C3); the caller
+        // keeps `mem` alive while bound (R7.2, this method's contract).
+        unsafe {
+            self.inner
+                .multicast_bind_mem(mc, offset, mem, mem_offset, size)
+        }?;
         ep.bindings.push(Bind { dev, offset, size });
         Ok(())
     }
 
-    fn bind_addr(
+    unsafe fn bind_addr(
         &self,
         id: u32,
         dev: Device,
@@ -449,12 +452,14 @@ impl Driver for Classic {
         let (mc, ep) = bindable(&mut t, id, dev, offset, size, flags)?;
         // Where the mapped memory lives was checked by the typed API (R5.5);
         // the driver binds it on its own device.
-        self.inner.multicast_bind_addr(mc, offset, ptr, size)?;
+        // SAFETY: the team of `mc` is complete (`bindable`, C3); the caller
+        // keeps the mapping alive while bound (R7.2, this method's contract).
+        unsafe { self.inner.multicast_bind_addr(mc, offset, ptr, size) }?;
         ep.bindings.push(Bind { dev, offset, size });
         Ok(())
     }
 
-    fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
+    unsafe fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
         let mut t = self.lock();
         let Some(Some(ep)) = t.ids.get_mut(&id) else {
             return Err(Code::INVALID_VALUE);
@@ -485,7 +490,8 @@ impl Driver for Classic {
             return Err(Code::INVALID_VALUE);
         }
         for (_, b) in &covered {
-            self.inner.multicast_unbind(mc, b.dev, b.offset, b.size)?;
+            // SAFETY: `b` is a recorded bind, passed exactly as issued (C4).
+            unsafe { self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) }?;
             if let Some(i) = ep.bindings.iter().position(|x| x == b) {
                 ep.bindings.swap_remove(i);
             }
@@ -493,7 +499,7 @@ impl Driver for Classic {
         Ok(())
     }
 
-    fn destroy(&self, id: u32) -> DriverResult<()> {
+    unsafe fn destroy(&self, id: u32) -> DriverResult<()> {
         let mut t = self.lock();
         let Some(slot) = t.ids.get_mut(&id) else {
             return Err(Code::INVALID_VALUE);
@@ -510,7 +516,8 @@ impl Driver for Classic {
             }
             // C5: the object goes before the memory that was bound to it
             // (the typed API frees memory only after destroy returns).
-            self.inner.mem_release(mc)?;
+            // SAFETY: `mc` is this backend's own object, unbound above (C5).
+            unsafe { self.inner.mem_release(mc) }?;
         }
         *slot = None;
         Ok(())
@@ -531,101 +538,12 @@ impl Driver for Classic {
         })
     }
 
-    fn export(
-        &self,
-        _id: u32,
-        _handle: &mut sys::CUlogicalEndpointFabricHandle,
-        _handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
+    unsafe fn export(&self, _id: u32) -> DriverResult<FabricHandleBytes> {
         Err(Code::NOT_SUPPORTED)
     }
 
-    fn import(
-        &self,
-        _id: u32,
-        _handle: &sys::CUlogicalEndpointFabricHandle,
-        _handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
+    unsafe fn import(&self, _id: u32, _handle: FabricHandleBytes) -> DriverResult<()> {
         Err(Code::NOT_SUPPORTED)
-    }
-
-    fn mem_granularity(&self, req: &AllocationRequest, kind: Granularity) -> DriverResult<u64> {
-        self.inner.mem_granularity(req, kind)
-    }
-    fn mem_create(&self, size: u64, req: &AllocationRequest) -> DriverResult<u64> {
-        self.inner.mem_create(size, req)
-    }
-    fn mem_release(&self, handle: u64) -> DriverResult<()> {
-        self.inner.mem_release(handle)
-    }
-    fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
-        self.inner.mem_properties(handle)
-    }
-    fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {
-        self.inner.mem_address_reserve(size, alignment)
-    }
-    fn mem_address_free(&self, ptr: u64, size: u64) -> DriverResult<()> {
-        self.inner.mem_address_free(ptr, size)
-    }
-    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> DriverResult<()> {
-        self.inner.mem_map(ptr, size, offset, handle)
-    }
-    fn mem_unmap(&self, ptr: u64, size: u64) -> DriverResult<()> {
-        self.inner.mem_unmap(ptr, size)
-    }
-    fn mem_set_access(&self, ptr: u64, size: u64, devices: &[Device]) -> DriverResult<()> {
-        self.inner.mem_set_access(ptr, size, devices)
-    }
-
-    fn multicast_granularity(
-        &self,
-        num_devices: u32,
-        size: u64,
-        handle_types: u64,
-        kind: Granularity,
-    ) -> DriverResult<u64> {
-        self.inner
-            .multicast_granularity(num_devices, size, handle_types, kind)
-    }
-    fn multicast_create(
-        &self,
-        num_devices: u32,
-        size: u64,
-        handle_types: u64,
-    ) -> DriverResult<u64> {
-        self.inner.multicast_create(num_devices, size, handle_types)
-    }
-    fn multicast_add_device(&self, mc: u64, dev: Device) -> DriverResult<()> {
-        self.inner.multicast_add_device(mc, dev)
-    }
-    fn multicast_bind_mem(
-        &self,
-        mc: u64,
-        mc_offset: u64,
-        mem: u64,
-        mem_offset: u64,
-        size: u64,
-    ) -> DriverResult<()> {
-        self.inner
-            .multicast_bind_mem(mc, mc_offset, mem, mem_offset, size)
-    }
-    fn multicast_bind_addr(
-        &self,
-        mc: u64,
-        mc_offset: u64,
-        ptr: u64,
-        size: u64,
-    ) -> DriverResult<()> {
-        self.inner.multicast_bind_addr(mc, mc_offset, ptr, size)
-    }
-    fn multicast_unbind(
-        &self,
-        mc: u64,
-        dev: Device,
-        mc_offset: u64,
-        size: u64,
-    ) -> DriverResult<()> {
-        self.inner.multicast_unbind(mc, dev, mc_offset, size)
     }
 }
 
@@ -670,101 +588,104 @@ fn bindable(
 
 #[cfg(all(test, feature = "model"))]
 mod tests {
-    use super::*;
-    use crate::driver::prop::{Props, Shape};
+    // Not `super::*`: with `Forward` in scope too, calls on `Classic` would be
+    // ambiguous between the two traits.
+    use super::{Classic, Code, Device, Driver, EndpointProps, Location, Shape};
+    use crate::driver::AllocationRequest;
     use crate::model::{Model, ModelConfig};
+    use std::sync::Arc;
 
-    fn prop(n: u32, size: u64) -> sys::CUlogicalEndpointProp {
-        Props {
-            shape: Shape::Multicast { num_devices: n },
-            size,
-            ipc_handle_types: 0,
-            flags: 0,
-        }
-        .to_c()
+    fn prop(n: u32, size: u64) -> EndpointProps {
+        EndpointProps::new(Shape::Multicast { num_devices: n }, size)
     }
 
     #[test]
     fn create_happens_only_with_the_last_device() {
-        let model = Model::new(ModelConfig::node(3));
-        let c = Classic::new(Arc::new(model.clone()));
-        let id = c.id_reserve(1).unwrap();
-        c.create(id, &prop(3, 2 << 20)).unwrap();
-        c.add_device(id, Device(0)).unwrap();
-        c.add_device(id, Device(1)).unwrap();
-        assert!(!c.query(id, 1).unwrap());
-        assert_eq!(model.calls(crate::Call::MulticastCreate), 0);
-        c.add_device(id, Device(2)).unwrap();
-        assert_eq!(model.calls(crate::Call::MulticastCreate), 1);
-        assert_eq!(model.calls(crate::Call::MulticastAddDevice), 3);
-        assert!(c.query(id, 1).unwrap());
-        assert_eq!(c.live_multicast_objects(), 1);
-        c.destroy(id).unwrap();
-        c.id_release(id, 1).unwrap();
-        assert!(model.live().is_empty());
-        assert!(model.violations().is_empty());
+        // SAFETY: the test owns every id, handle and binding it names.
+        unsafe {
+            let model = Model::new(ModelConfig::node(3));
+            let c = Classic::new(Arc::new(model.clone()));
+            let id = c.id_reserve(1).unwrap();
+            c.create(id, prop(3, 2 << 20)).unwrap();
+            c.add_device(id, Device(0)).unwrap();
+            c.add_device(id, Device(1)).unwrap();
+            assert!(!c.query(id, 1).unwrap());
+            assert_eq!(model.calls(crate::Call::MulticastCreate), 0);
+            c.add_device(id, Device(2)).unwrap();
+            assert_eq!(model.calls(crate::Call::MulticastCreate), 1);
+            assert_eq!(model.calls(crate::Call::MulticastAddDevice), 3);
+            assert!(c.query(id, 1).unwrap());
+            assert_eq!(c.live_multicast_objects(), 1);
+            c.destroy(id).unwrap();
+            c.id_release(id, 1).unwrap();
+            assert!(model.live().is_empty());
+            assert!(model.violations().is_empty());
+        }
     }
 
     #[test]
     fn a_device_without_attribute_132_is_refused_before_create() {
-        let cfg = ModelConfig::node(2).with_devices(|i, d| d.classic_multicast = i == 0);
-        let model = Model::new(cfg);
-        let c = Classic::new(Arc::new(model.clone()));
-        let id = c.id_reserve(1).unwrap();
-        c.create(id, &prop(2, 2 << 20)).unwrap();
-        c.add_device(id, Device(0)).unwrap();
-        assert_eq!(c.add_device(id, Device(1)), Err(Code::NOT_SUPPORTED));
-        assert_eq!(model.calls(crate::Call::MulticastCreate), 0);
-        assert!(model.violations().is_empty());
+        // SAFETY: the test owns every id, handle and binding it names.
+        unsafe {
+            let cfg = ModelConfig::node(2).with_devices(|i, d| d.classic_multicast = i == 0);
+            let model = Model::new(cfg);
+            let c = Classic::new(Arc::new(model.clone()));
+            let id = c.id_reserve(1).unwrap();
+            c.create(id, prop(2, 2 << 20)).unwrap();
+            c.add_device(id, Device(0)).unwrap();
+            assert_eq!(c.add_device(id, Device(1)), Err(Code::NOT_SUPPORTED));
+            assert_eq!(model.calls(crate::Call::MulticastCreate), 0);
+            assert!(model.violations().is_empty());
+        }
     }
 
     #[test]
     fn mismatched_unbind_never_reaches_the_driver() {
-        let model = Model::new(ModelConfig::node(1));
-        let c = Classic::new(Arc::new(model.clone()));
-        let id = c.id_reserve(1).unwrap();
-        c.create(id, &prop(1, 4 << 20)).unwrap();
-        c.add_device(id, Device(0)).unwrap();
-        let req = AllocationRequest {
-            location: Location::Device(Device(0)),
-            handle_types: 0,
-        };
-        let mem = c.mem_create(4 << 20, &req).unwrap();
-        c.bind_mem(id, Device(0), 0, mem, 0, 2 << 20, 0).unwrap();
-        c.bind_mem(id, Device(0), 2 << 20, mem, 2 << 20, 2 << 20, 0)
-            .unwrap();
-        assert_eq!(
-            c.unbind(id, Device(0), 0, 1 << 20),
-            Err(Code::INVALID_VALUE)
-        );
-        assert_eq!(
-            c.unbind(id, Device(0), 1 << 20, 2 << 20),
-            Err(Code::INVALID_VALUE)
-        );
-        assert_eq!(model.calls(crate::Call::MulticastUnbind), 0);
-        // Two consecutive binds unbound as one range (R6.2): two exact unbinds.
-        c.unbind(id, Device(0), 0, 4 << 20).unwrap();
-        assert_eq!(model.calls(crate::Call::MulticastUnbind), 2);
-        c.destroy(id).unwrap();
-        c.mem_release(mem).unwrap();
-        c.id_release(id, 1).unwrap();
-        assert!(model.live().is_empty());
-        assert!(model.violations().is_empty());
+        // SAFETY: the test owns every id, handle and binding it names.
+        unsafe {
+            let model = Model::new(ModelConfig::node(1));
+            let c = Classic::new(Arc::new(model.clone()));
+            let id = c.id_reserve(1).unwrap();
+            c.create(id, prop(1, 4 << 20)).unwrap();
+            c.add_device(id, Device(0)).unwrap();
+            let req = AllocationRequest {
+                location: Location::Device(Device(0)),
+                handle_types: 0,
+            };
+            let mem = c.mem_create(4 << 20, req).unwrap();
+            c.bind_mem(id, Device(0), 0, mem, 0, 2 << 20, 0).unwrap();
+            c.bind_mem(id, Device(0), 2 << 20, mem, 2 << 20, 2 << 20, 0)
+                .unwrap();
+            assert_eq!(
+                c.unbind(id, Device(0), 0, 1 << 20),
+                Err(Code::INVALID_VALUE)
+            );
+            assert_eq!(
+                c.unbind(id, Device(0), 1 << 20, 2 << 20),
+                Err(Code::INVALID_VALUE)
+            );
+            assert_eq!(model.calls(crate::Call::MulticastUnbind), 0);
+            // Two consecutive binds unbound as one range (R6.2): two exact unbinds.
+            c.unbind(id, Device(0), 0, 4 << 20).unwrap();
+            assert_eq!(model.calls(crate::Call::MulticastUnbind), 2);
+            c.destroy(id).unwrap();
+            c.mem_release(mem).unwrap();
+            c.id_release(id, 1).unwrap();
+            assert!(model.live().is_empty());
+            assert!(model.violations().is_empty());
+        }
     }
 
     #[test]
     fn unicast_has_no_classic_form() {
-        let model = Model::new(ModelConfig::node(1));
-        let c = Classic::new(Arc::new(model));
-        let id = c.id_reserve(1).unwrap();
-        let p = Props {
-            shape: Shape::Unicast { owner: Device(0) },
-            size: 2 << 20,
-            ipc_handle_types: 0,
-            flags: 0,
+        // SAFETY: the test owns every id, handle and binding it names.
+        unsafe {
+            let model = Model::new(ModelConfig::node(1));
+            let c = Classic::new(Arc::new(model));
+            let id = c.id_reserve(1).unwrap();
+            let p = EndpointProps::new(Shape::Unicast { owner: Device(0) }, 2 << 20);
+            assert_eq!(c.get_limits(p), Err(Code::NOT_SUPPORTED));
+            assert_eq!(c.create(id, p), Err(Code::NOT_SUPPORTED));
         }
-        .to_c();
-        assert_eq!(c.get_limits(&p), Err(Code::NOT_SUPPORTED));
-        assert_eq!(c.create(id, &p), Err(Code::NOT_SUPPORTED));
     }
 }

@@ -21,10 +21,11 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use super::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, Granularity,
-    LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, sys,
+    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
+    Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape,
 };
 use crate::Error;
+use cudarc::driver::sys;
 
 /// Environment variable read by [`Cuda::open`]: comma-separated `cuda.h`
 /// names (e.g. `cuMulticastCreate`) added to the deny set.
@@ -224,7 +225,7 @@ entry_points! {
     mem_get_info = c"cuMemGetInfo_v2" [MemGetInfo]: fn(*mut usize, *mut usize);
     // Fabric cliques (13.4+; no `Call` yet: not subject to the deny set).
     clique_count = c"cuDeviceGetCliqueCount": fn(*mut usize, c_int);
-    clique_info = c"cuDeviceGetCliqueInfo": fn(*mut CliqueInfo, *mut usize, c_int);
+    clique_info = c"cuDeviceGetCliqueInfo" [DeviceGetCliqueInfo]: fn(*mut CliqueInfo, *mut usize, c_int);
     // Logical endpoints (13.3+).
     le_id_reserve = c"cuLogicalEndpointIdReserve" [IdReserve]: fn(*mut u32, u32);
     le_id_release = c"cuLogicalEndpointIdRelease" [IdRelease]: fn(u32, u32);
@@ -672,7 +673,7 @@ impl Driver for Cuda {
         "cuda".into()
     }
 
-    fn driver_version(&self) -> DriverResult<i32> {
+    unsafe fn driver_version(&self) -> DriverResult<i32> {
         let mut v: c_int = 0;
         self.run(
             Call::DriverGetVersion,
@@ -687,7 +688,7 @@ impl Driver for Cuda {
         Ok(v)
     }
 
-    fn device_count(&self) -> DriverResult<i32> {
+    unsafe fn device_count(&self) -> DriverResult<i32> {
         let mut n: c_int = 0;
         self.run(
             Call::DeviceGetCount,
@@ -702,7 +703,7 @@ impl Driver for Cuda {
         Ok(n)
     }
 
-    fn device_attribute(&self, dev: Device, attr: i32) -> DriverResult<i32> {
+    unsafe fn device_attribute(&self, dev: Device, attr: i32) -> DriverResult<i32> {
         let mut v: c_int = 0;
         self.run(
             Call::DeviceGetAttribute,
@@ -718,7 +719,7 @@ impl Driver for Cuda {
         Ok(v)
     }
 
-    fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
+    unsafe fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
         let (mut free, mut total) = (0usize, 0usize);
         self.run(
             Call::MemGetInfo,
@@ -738,7 +739,7 @@ impl Driver for Cuda {
     /// of `dev`'s multicast logical-endpoint clique. `NOT_SUPPORTED` on a
     /// driver without them, `NOT_FOUND` when `dev` is in no such clique. No
     /// context needed; not subject to the deny set (no [`Call`] names it).
-    fn device_clique(&self, dev: Device) -> DriverResult<u32> {
+    unsafe fn device_clique(&self, dev: Device) -> DriverResult<u32> {
         let (Some(count_f), Some(info_f)) = (self.t.clique_count, self.t.clique_info) else {
             return Err(Code::NOT_SUPPORTED);
         };
@@ -772,7 +773,7 @@ impl Driver for Cuda {
             .ok_or(Code::NOT_FOUND)
     }
 
-    fn id_reserve(&self, count: u32) -> DriverResult<u32> {
+    unsafe fn id_reserve(&self, count: u32) -> DriverResult<u32> {
         let mut base = 0u32;
         self.run(
             Call::IdReserve,
@@ -787,7 +788,7 @@ impl Driver for Cuda {
         Ok(base)
     }
 
-    fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
+    unsafe fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
         self.run(
             Call::IdRelease,
             self.t.le_id_release,
@@ -800,13 +801,14 @@ impl Driver for Cuda {
         )
     }
 
-    fn get_limits(&self, prop: &LeProp) -> DriverResult<Limits> {
+    unsafe fn get_limits(&self, props: EndpointProps) -> DriverResult<Limits> {
+        let prop = &le_prop_c(&props);
         let (mut align, mut max) = (0u64, 0u64);
         self.run(
             Call::GetLimits,
             self.t.le_get_limits,
             Cx::Any,
-            format_args!("prop={}", le_prop(prop)),
+            format_args!("prop={props:?}"),
             |f| {
                 // SAFETY: `f` is `cuLogicalEndpointGetLimits`; two valid
                 // out-pointers and a live `prop` the driver only reads.
@@ -819,12 +821,13 @@ impl Driver for Cuda {
         })
     }
 
-    fn create(&self, id: u32, prop: &LeProp) -> DriverResult<()> {
+    unsafe fn create(&self, id: u32, props: EndpointProps) -> DriverResult<()> {
+        let prop = &le_prop_c(&props);
         self.run(
             Call::Create,
             self.t.le_create,
             Cx::Any,
-            format_args!("id={id} prop={}", le_prop(prop)),
+            format_args!("id={id} prop={props:?}"),
             |f| {
                 // SAFETY: `f` is `cuLogicalEndpointCreate`; `prop` is live and only read.
                 unsafe { f(id, prop) }
@@ -832,7 +835,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
+    unsafe fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
         self.run(
             Call::AddDevice,
             self.t.le_add_device,
@@ -845,7 +848,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
+    unsafe fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
         let mut status: c_int = 0;
         self.run(
             Call::Query,
@@ -860,7 +863,7 @@ impl Driver for Cuda {
         Ok(status != 0)
     }
 
-    fn bind_mem(
+    unsafe fn bind_mem(
         &self,
         id: u32,
         dev: Device,
@@ -886,7 +889,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn bind_addr(
+    unsafe fn bind_addr(
         &self,
         id: u32,
         dev: Device,
@@ -911,7 +914,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
+    unsafe fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
         self.run(
             Call::Unbind,
             self.t.le_unbind,
@@ -924,7 +927,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn destroy(&self, id: u32) -> DriverResult<()> {
+    unsafe fn destroy(&self, id: u32) -> DriverResult<()> {
         self.run(
             Call::Destroy,
             self.t.le_destroy,
@@ -937,14 +940,10 @@ impl Driver for Cuda {
         )
     }
 
-    fn export(
-        &self,
-        id: u32,
-        handle: &mut sys::CUlogicalEndpointFabricHandle,
-        handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        let ty = handle_type as c_uint;
-        let out: *mut c_void = (handle as *mut sys::CUlogicalEndpointFabricHandle).cast();
+    unsafe fn export(&self, id: u32) -> DriverResult<FabricHandleBytes> {
+        let ty: c_uint = 1; // CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_FABRIC
+        let mut handle = FabricHandleBytes::ZERO;
+        let out: *mut c_void = handle.0.as_mut_ptr().cast();
         self.run(
             Call::Export,
             self.t.le_export,
@@ -955,17 +954,13 @@ impl Driver for Cuda {
                 // exclusively borrowed 64-byte handle, the size the driver writes.
                 unsafe { f(out, id, ty) }
             },
-        )
+        )?;
+        Ok(handle)
     }
 
-    fn import(
-        &self,
-        id: u32,
-        handle: &sys::CUlogicalEndpointFabricHandle,
-        handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        let ty = handle_type as c_uint;
-        let src: *const c_void = (handle as *const sys::CUlogicalEndpointFabricHandle).cast();
+    unsafe fn import(&self, id: u32, handle: FabricHandleBytes) -> DriverResult<()> {
+        let ty: c_uint = 1; // CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_FABRIC
+        let src: *const c_void = handle.0.as_ptr().cast();
         self.run(
             Call::Import,
             self.t.le_import,
@@ -979,8 +974,12 @@ impl Driver for Cuda {
         )
     }
 
-    fn mem_granularity(&self, req: &AllocationRequest, kind: Granularity) -> DriverResult<u64> {
-        let prop = alloc_prop(req);
+    unsafe fn mem_granularity(
+        &self,
+        req: AllocationRequest,
+        kind: Granularity,
+    ) -> DriverResult<u64> {
+        let prop = alloc_prop(&req);
         let flag = granularity_flag(kind);
         let mut g = 0usize;
         self.run(
@@ -997,8 +996,8 @@ impl Driver for Cuda {
         Ok(g as u64)
     }
 
-    fn mem_create(&self, size: u64, req: &AllocationRequest) -> DriverResult<u64> {
-        let prop = alloc_prop(req);
+    unsafe fn mem_create(&self, size: u64, req: AllocationRequest) -> DriverResult<u64> {
+        let prop = alloc_prop(&req);
         let mut handle: c_ulonglong = 0;
         self.run(
             Call::MemCreate,
@@ -1014,7 +1013,7 @@ impl Driver for Cuda {
         Ok(handle)
     }
 
-    fn mem_release(&self, handle: u64) -> DriverResult<()> {
+    unsafe fn mem_release(&self, handle: u64) -> DriverResult<()> {
         self.run(
             Call::MemRelease,
             self.t.mem_release,
@@ -1027,7 +1026,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
+    unsafe fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
         // Kept uninitialised-as-a-Rust-value: the driver may write enum values
         // that cudarc's enums lack, so fields are read back as raw integers.
         let mut prop = MaybeUninit::<Prop>::zeroed();
@@ -1075,7 +1074,7 @@ impl Driver for Cuda {
         })
     }
 
-    fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {
+    unsafe fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {
         let mut ptr: c_ulonglong = 0;
         self.run(
             Call::MemAddressReserve,
@@ -1091,7 +1090,7 @@ impl Driver for Cuda {
         Ok(ptr)
     }
 
-    fn mem_address_free(&self, ptr: u64, size: u64) -> DriverResult<()> {
+    unsafe fn mem_address_free(&self, ptr: u64, size: u64) -> DriverResult<()> {
         self.run(
             Call::MemAddressFree,
             self.t.mem_address_free,
@@ -1104,7 +1103,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> DriverResult<()> {
+    unsafe fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> DriverResult<()> {
         self.run(
             Call::MemMap,
             self.t.mem_map,
@@ -1118,7 +1117,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn mem_unmap(&self, ptr: u64, size: u64) -> DriverResult<()> {
+    unsafe fn mem_unmap(&self, ptr: u64, size: u64) -> DriverResult<()> {
         self.run(
             Call::MemUnmap,
             self.t.mem_unmap,
@@ -1131,7 +1130,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn mem_set_access(&self, ptr: u64, size: u64, devices: &[Device]) -> DriverResult<()> {
+    unsafe fn mem_set_access(&self, ptr: u64, size: u64, devices: Vec<Device>) -> DriverResult<()> {
         let descs: Vec<sys::CUmemAccessDesc> = devices
             .iter()
             .map(|&d| {
@@ -1156,7 +1155,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn multicast_granularity(
+    unsafe fn multicast_granularity(
         &self,
         num_devices: u32,
         size: u64,
@@ -1182,7 +1181,7 @@ impl Driver for Cuda {
         Ok(g as u64)
     }
 
-    fn multicast_create(
+    unsafe fn multicast_create(
         &self,
         num_devices: u32,
         size: u64,
@@ -1204,7 +1203,7 @@ impl Driver for Cuda {
         Ok(handle)
     }
 
-    fn multicast_add_device(&self, mc: u64, dev: Device) -> DriverResult<()> {
+    unsafe fn multicast_add_device(&self, mc: u64, dev: Device) -> DriverResult<()> {
         self.run(
             Call::MulticastAddDevice,
             self.t.mc_add_device,
@@ -1217,7 +1216,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn multicast_bind_mem(
+    unsafe fn multicast_bind_mem(
         &self,
         mc: u64,
         mc_offset: u64,
@@ -1240,7 +1239,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn multicast_bind_addr(
+    unsafe fn multicast_bind_addr(
         &self,
         mc: u64,
         mc_offset: u64,
@@ -1260,7 +1259,7 @@ impl Driver for Cuda {
         )
     }
 
-    fn multicast_unbind(
+    unsafe fn multicast_unbind(
         &self,
         mc: u64,
         dev: Device,
@@ -1289,94 +1288,122 @@ fn cx_for(loc: Location) -> Cx {
     }
 }
 
-/// Formats a `CUlogicalEndpointProp` for traces without trusting its enum.
-fn le_prop(p: &LeProp) -> String {
-    match super::prop::Props::from_c(p) {
-        Some(props) => format!("{props:?}"),
-        None => "<invalid type>".into(),
+/// Builds the C struct: zeroed first, then fields set, so padding is defined.
+fn le_prop_c(props: &EndpointProps) -> LeProp {
+    // SAFETY: a plain-old-data C struct; all-zero is a valid value.
+    let mut p: LeProp = unsafe { std::mem::zeroed() };
+    match props.shape {
+        Shape::Unicast { owner } => {
+            p.type_ = sys::CUlogicalEndpointType::CU_LOGICAL_ENDPOINT_TYPE_UNICAST;
+            p.__bindgen_anon_1.unicast.device = owner.0;
+        }
+        Shape::Multicast { num_devices } => {
+            p.type_ = sys::CUlogicalEndpointType::CU_LOGICAL_ENDPOINT_TYPE_MULTICAST;
+            p.__bindgen_anon_1.multicast.numDevices = num_devices;
+        }
     }
+    p.size = props.size;
+    p.ipcHandleTypes = u32::from(props.ipc_fabric);
+    p.flags = u32::from(props.counted_ops);
+    p
 }
 
 #[cfg(test)]
+#[allow(unused_unsafe)] // interim: this file is split up next
 mod tests {
     use super::*;
 
     #[test]
     fn open_without_libcuda_is_no_driver() {
-        // SAFETY: only probes the dynamic loader.
-        let present = unsafe { sys::is_culib_present() };
-        let opened = std::panic::catch_unwind(Cuda::open);
-        let Ok(result) = opened else {
-            panic!("Cuda::open panicked");
-        };
-        if !present {
-            assert!(
-                matches!(result, Err(Error::NoDriver { .. })),
-                "expected NoDriver, got {result:?}"
-            );
+        // SAFETY: the test owns everything it names; no typed object exists.
+        unsafe {
+            // SAFETY: only probes the dynamic loader.
+            let present = unsafe { sys::is_culib_present() };
+            let opened = std::panic::catch_unwind(Cuda::open);
+            let Ok(result) = opened else {
+                panic!("Cuda::open panicked");
+            };
+            if !present {
+                assert!(
+                    matches!(result, Err(Error::NoDriver { .. })),
+                    "expected NoDriver, got {result:?}"
+                );
+            }
         }
     }
 
     #[test]
     fn deny_set_bits() {
-        let set = DenySet::new();
-        assert!(Call::ALL.iter().all(|&c| !set.contains(c)));
-        set.add(Call::MulticastCreate);
-        set.add(Call::MulticastUnbind);
-        for &c in Call::ALL {
-            let expected = matches!(c, Call::MulticastCreate | Call::MulticastUnbind);
-            assert_eq!(set.contains(c), expected, "{c}");
+        // SAFETY: the test owns everything it names; no typed object exists.
+        unsafe {
+            let set = DenySet::new();
+            assert!(Call::ALL.iter().all(|&c| !set.contains(c)));
+            set.add(Call::MulticastCreate);
+            set.add(Call::MulticastUnbind);
+            for &c in Call::ALL {
+                let expected = matches!(c, Call::MulticastCreate | Call::MulticastUnbind);
+                assert_eq!(set.contains(c), expected, "{c}");
+            }
         }
     }
 
     #[test]
     fn denied_calls_never_reach_the_driver() {
-        // A private set, so that the process-wide policy of other tests is untouched.
-        let set: &'static DenySet = Box::leak(Box::new(DenySet::new()));
-        set.add(Call::MulticastCreate);
-        let cuda = Cuda::detached(set);
-        // Denied: NOT_PERMITTED, before the presence check.
-        assert_eq!(
-            cuda.multicast_create(2, 1 << 21, 0),
-            Err(Code::NOT_PERMITTED)
-        );
-        // Not denied, not exported: NOT_SUPPORTED, nothing called.
-        assert_eq!(
-            cuda.multicast_granularity(2, 1 << 21, 0, Granularity::Minimum),
-            Err(Code::NOT_SUPPORTED)
-        );
-        assert_eq!(cuda.id_reserve(1), Err(Code::NOT_SUPPORTED));
-        assert!(cuda.missing(Call::Create));
-        assert!(matches!(
-            cuda.require_logical_endpoints(),
-            Err(Error::Unsupported {
-                driver_version: Some(0),
-                ..
-            })
-        ));
+        // SAFETY: the test owns everything it names; no typed object exists.
+        unsafe {
+            // A private set, so that the process-wide policy of other tests is untouched.
+            let set: &'static DenySet = Box::leak(Box::new(DenySet::new()));
+            set.add(Call::MulticastCreate);
+            let cuda = Cuda::detached(set);
+            // Denied: NOT_PERMITTED, before the presence check.
+            assert_eq!(
+                cuda.multicast_create(2, 1 << 21, 0),
+                Err(Code::NOT_PERMITTED)
+            );
+            // Not denied, not exported: NOT_SUPPORTED, nothing called.
+            assert_eq!(
+                cuda.multicast_granularity(2, 1 << 21, 0, Granularity::Minimum),
+                Err(Code::NOT_SUPPORTED)
+            );
+            assert_eq!(cuda.id_reserve(1), Err(Code::NOT_SUPPORTED));
+            assert!(cuda.missing(Call::Create));
+            assert!(matches!(
+                cuda.require_logical_endpoints(),
+                Err(Error::Unsupported {
+                    driver_version: Some(0),
+                    ..
+                })
+            ));
+        }
     }
 
     #[test]
     fn deny_list_parsing() {
-        let (calls, unknown) =
-            parse_deny_list(" cuMulticastCreate,,cuMemCreate , cuMulticastCreat");
-        assert_eq!(calls, vec![Call::MulticastCreate, Call::MemCreate]);
-        assert_eq!(unknown, vec!["cuMulticastCreat".to_owned()]);
-        assert_eq!(parse_deny_list(""), (vec![], vec![]));
+        // SAFETY: the test owns everything it names; no typed object exists.
+        unsafe {
+            let (calls, unknown) =
+                parse_deny_list(" cuMulticastCreate,,cuMemCreate , cuMulticastCreat");
+            assert_eq!(calls, vec![Call::MulticastCreate, Call::MemCreate]);
+            assert_eq!(unknown, vec!["cuMulticastCreat".to_owned()]);
+            assert_eq!(parse_deny_list(""), (vec![], vec![]));
+        }
     }
 
     #[test]
     fn allocation_prop_marshalling() {
-        let req = AllocationRequest {
-            location: Location::HostNuma(1),
-            handle_types: crate::driver::handle_bits::POSIX_FD,
-        };
-        let p = alloc_prop(&req);
-        assert_eq!(p.type_ as u32, 1);
-        assert_eq!(p.requestedHandleTypes.0, 1);
-        assert_eq!(p.location.type_ as u32, 3);
-        // SAFETY: the `id` member was the one written.
-        assert_eq!(unsafe { p.location.__bindgen_anon_1.id }, 1);
+        // SAFETY: the test owns everything it names; no typed object exists.
+        unsafe {
+            let req = AllocationRequest {
+                location: Location::HostNuma(1),
+                handle_types: crate::driver::handle_bits::POSIX_FD,
+            };
+            let p = alloc_prop(&req);
+            assert_eq!(p.type_ as u32, 1);
+            assert_eq!(p.requestedHandleTypes.0, 1);
+            assert_eq!(p.location.type_ as u32, 3);
+            // SAFETY: the `id` member was the one written.
+            assert_eq!(unsafe { p.location.__bindgen_anon_1.id }, 1);
+        }
     }
 
     /// Real-driver smoke test: `cargo test --lib -- --ignored gpu_smoke`.
@@ -1384,164 +1411,173 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA driver"]
     fn gpu_smoke() {
-        use crate::driver::handle_bits;
-        deny(&[Call::MulticastCreate]);
-        let cuda = match Cuda::open() {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("skip: {e}");
-                return;
-            }
-        };
-        eprintln!("{cuda:?}");
-        eprintln!(
-            "require_logical_endpoints: {:?}",
-            cuda.require_logical_endpoints()
-        );
-        if let Err(e) = cuda.require_logical_endpoints() {
-            eprintln!("  display: {e}");
-        }
-        assert_eq!(cuda.driver_version(), Ok(cuda.version()));
-        eprintln!("device_count: {:?}", cuda.device_count());
-
-        // Which calls need a current context? Raw calls on a fresh thread,
-        // before this process has any context.
-        let t = cuda.t;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let prop = alloc_prop(&AllocationRequest {
-                    location: Location::Device(Device(0)),
-                    handle_types: 0,
-                });
-                let mut g = 0usize;
-                let (mut free, mut total) = (0usize, 0usize);
-                let mut ptr = 0u64;
-                let mut h = 0u64;
-                // SAFETY: resolved entry points with valid out-pointers.
-                unsafe {
-                    eprintln!(
-                        "no ctx: cuMemGetAllocationGranularity {:?}",
-                        Code::from_raw(t.mem_get_granularity.unwrap()(&mut g, &prop, 0))
-                    );
-                    eprintln!(
-                        "no ctx: cuMemGetInfo {:?}",
-                        Code::from_raw(t.mem_get_info.unwrap()(&mut free, &mut total))
-                    );
-                    eprintln!(
-                        "no ctx: cuMemAddressReserve {:?}",
-                        Code::from_raw(t.mem_address_reserve.unwrap()(&mut ptr, 2 << 20, 0, 0, 0))
-                    );
-                    eprintln!(
-                        "no ctx: cuMemCreate {:?}",
-                        Code::from_raw(t.mem_create.unwrap()(&mut h, 2 << 20, &prop, 0))
-                    );
-                    eprintln!(
-                        "no ctx: cuMemMap {:?}",
-                        Code::from_raw(t.mem_map.unwrap()(ptr, 2 << 20, 0, h, 0))
-                    );
-                    let d = [{
-                        let mut desc: sys::CUmemAccessDesc = std::mem::zeroed();
-                        desc.location = location(Location::Device(Device(0)));
-                        desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-                        desc
-                    }];
-                    eprintln!(
-                        "no ctx: cuMemSetAccess {:?}",
-                        Code::from_raw(t.mem_set_access.unwrap()(ptr, 2 << 20, d.as_ptr(), 1))
-                    );
-                    eprintln!(
-                        "no ctx: cuMemSetAccess(count 0) {:?}",
-                        Code::from_raw(t.mem_set_access.unwrap()(ptr, 2 << 20, d.as_ptr(), 0))
-                    );
-                    eprintln!(
-                        "no ctx: cuMemUnmap {:?}",
-                        Code::from_raw(t.mem_unmap.unwrap()(ptr, 2 << 20))
-                    );
-                    if h != 0 {
-                        eprintln!(
-                            "no ctx: cuMemRelease {:?}",
-                            Code::from_raw(t.mem_release.unwrap()(h))
-                        );
-                    }
-                    h = 0;
-                    if ptr != 0 {
-                        eprintln!(
-                            "no ctx: cuMemAddressFree {:?}",
-                            Code::from_raw(t.mem_address_free.unwrap()(ptr, 2 << 20))
-                        );
-                    }
-                    eprintln!(
-                        "no ctx: cuMemCreate {:?}",
-                        Code::from_raw(t.mem_create.unwrap()(&mut h, 2 << 20, &prop, 0))
-                    );
-                    if h != 0 {
-                        eprintln!(
-                            "no ctx: cuMemRelease {:?}",
-                            Code::from_raw(t.mem_release.unwrap()(h))
-                        );
-                    }
+        // SAFETY: the test owns everything it names; no typed object exists.
+        unsafe {
+            use crate::driver::handle_bits;
+            deny(&[Call::MulticastCreate]);
+            let cuda = match Cuda::open() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("skip: {e}");
+                    return;
                 }
-            });
-        });
-
-        for attr in [128, 132, 134, 153, 154, 155, 156] {
-            eprintln!("attr {attr}: {:?}", cuda.device_attribute(Device(0), attr));
-        }
-        assert_eq!(
-            cuda.multicast_create(1, 2 << 20, 0),
-            Err(Code::NOT_PERMITTED)
-        );
-        assert_eq!(cuda.id_reserve(1), Err(Code::NOT_SUPPORTED));
-
-        let req = AllocationRequest {
-            location: Location::Device(Device(0)),
-            handle_types: handle_bits::POSIX_FD,
-        };
-        let g = cuda.mem_granularity(&req, Granularity::Minimum).unwrap();
-        eprintln!(
-            "granularity min {g}, rec {:?}",
-            cuda.mem_granularity(&req, Granularity::Recommended)
-        );
-        let h = cuda.mem_create(g, &req).unwrap();
-        assert_eq!(cuda.mem_properties(h), Ok(req));
-        let ptr = cuda.mem_address_reserve(g, g).unwrap();
-        cuda.mem_map(ptr, g, 0, h).unwrap();
-        cuda.mem_set_access(ptr, g, &[Device(0)]).unwrap();
-        eprintln!("mem_get_info: {:?}", cuda.mem_get_info(Device(0)));
-        cuda.mem_unmap(ptr, g).unwrap();
-        cuda.mem_address_free(ptr, g).unwrap();
-        cuda.mem_release(h).unwrap();
-        let fabric = AllocationRequest {
-            handle_types: handle_bits::FABRIC,
-            ..req
-        };
-        eprintln!("fabric mem_create: {:?}", cuda.mem_create(g, &fabric));
-        if let Ok(numa) = cuda.device_attribute(Device(0), 134) {
-            let host = AllocationRequest {
-                location: Location::HostNuma(numa),
-                handle_types: 0,
             };
-            match cuda.mem_create(g, &host) {
-                Ok(h) => {
-                    eprintln!("host numa {numa}: props {:?}", cuda.mem_properties(h));
-                    eprintln!("release {:?}", cuda.mem_release(h));
-                }
-                Err(c) => eprintln!("host numa {numa}: mem_create {c}"),
+            eprintln!("{cuda:?}");
+            eprintln!(
+                "require_logical_endpoints: {:?}",
+                cuda.require_logical_endpoints()
+            );
+            if let Err(e) = cuda.require_logical_endpoints() {
+                eprintln!("  display: {e}");
             }
+            assert_eq!(cuda.driver_version(), Ok(cuda.version()));
+            eprintln!("device_count: {:?}", cuda.device_count());
+
+            // Which calls need a current context? Raw calls on a fresh thread,
+            // before this process has any context.
+            let t = cuda.t;
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let prop = alloc_prop(&AllocationRequest {
+                        location: Location::Device(Device(0)),
+                        handle_types: 0,
+                    });
+                    let mut g = 0usize;
+                    let (mut free, mut total) = (0usize, 0usize);
+                    let mut ptr = 0u64;
+                    let mut h = 0u64;
+                    // SAFETY: resolved entry points with valid out-pointers.
+                    unsafe {
+                        eprintln!(
+                            "no ctx: cuMemGetAllocationGranularity {:?}",
+                            Code::from_raw(t.mem_get_granularity.unwrap()(&mut g, &prop, 0))
+                        );
+                        eprintln!(
+                            "no ctx: cuMemGetInfo {:?}",
+                            Code::from_raw(t.mem_get_info.unwrap()(&mut free, &mut total))
+                        );
+                        eprintln!(
+                            "no ctx: cuMemAddressReserve {:?}",
+                            Code::from_raw(t.mem_address_reserve.unwrap()(
+                                &mut ptr,
+                                2 << 20,
+                                0,
+                                0,
+                                0
+                            ))
+                        );
+                        eprintln!(
+                            "no ctx: cuMemCreate {:?}",
+                            Code::from_raw(t.mem_create.unwrap()(&mut h, 2 << 20, &prop, 0))
+                        );
+                        eprintln!(
+                            "no ctx: cuMemMap {:?}",
+                            Code::from_raw(t.mem_map.unwrap()(ptr, 2 << 20, 0, h, 0))
+                        );
+                        let d = [{
+                            let mut desc: sys::CUmemAccessDesc = std::mem::zeroed();
+                            desc.location = location(Location::Device(Device(0)));
+                            desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+                            desc
+                        }];
+                        eprintln!(
+                            "no ctx: cuMemSetAccess {:?}",
+                            Code::from_raw(t.mem_set_access.unwrap()(ptr, 2 << 20, d.as_ptr(), 1))
+                        );
+                        eprintln!(
+                            "no ctx: cuMemSetAccess(count 0) {:?}",
+                            Code::from_raw(t.mem_set_access.unwrap()(ptr, 2 << 20, d.as_ptr(), 0))
+                        );
+                        eprintln!(
+                            "no ctx: cuMemUnmap {:?}",
+                            Code::from_raw(t.mem_unmap.unwrap()(ptr, 2 << 20))
+                        );
+                        if h != 0 {
+                            eprintln!(
+                                "no ctx: cuMemRelease {:?}",
+                                Code::from_raw(t.mem_release.unwrap()(h))
+                            );
+                        }
+                        h = 0;
+                        if ptr != 0 {
+                            eprintln!(
+                                "no ctx: cuMemAddressFree {:?}",
+                                Code::from_raw(t.mem_address_free.unwrap()(ptr, 2 << 20))
+                            );
+                        }
+                        eprintln!(
+                            "no ctx: cuMemCreate {:?}",
+                            Code::from_raw(t.mem_create.unwrap()(&mut h, 2 << 20, &prop, 0))
+                        );
+                        if h != 0 {
+                            eprintln!(
+                                "no ctx: cuMemRelease {:?}",
+                                Code::from_raw(t.mem_release.unwrap()(h))
+                            );
+                        }
+                    }
+                });
+            });
+
+            for attr in [128, 132, 134, 153, 154, 155, 156] {
+                eprintln!("attr {attr}: {:?}", cuda.device_attribute(Device(0), attr));
+            }
+            assert_eq!(
+                cuda.multicast_create(1, 2 << 20, 0),
+                Err(Code::NOT_PERMITTED)
+            );
+            assert_eq!(cuda.id_reserve(1), Err(Code::NOT_SUPPORTED));
+
+            let req = AllocationRequest {
+                location: Location::Device(Device(0)),
+                handle_types: handle_bits::POSIX_FD,
+            };
+            let g = cuda.mem_granularity(req, Granularity::Minimum).unwrap();
+            eprintln!(
+                "granularity min {g}, rec {:?}",
+                cuda.mem_granularity(req, Granularity::Recommended)
+            );
+            let h = cuda.mem_create(g, req).unwrap();
+            assert_eq!(cuda.mem_properties(h), Ok(req));
+            let ptr = cuda.mem_address_reserve(g, g).unwrap();
+            cuda.mem_map(ptr, g, 0, h).unwrap();
+            cuda.mem_set_access(ptr, g, vec![Device(0)]).unwrap();
+            eprintln!("mem_get_info: {:?}", cuda.mem_get_info(Device(0)));
+            cuda.mem_unmap(ptr, g).unwrap();
+            cuda.mem_address_free(ptr, g).unwrap();
+            cuda.mem_release(h).unwrap();
+            let fabric = AllocationRequest {
+                handle_types: handle_bits::FABRIC,
+                ..req
+            };
+            eprintln!("fabric mem_create: {:?}", cuda.mem_create(g, fabric));
+            if let Ok(numa) = cuda.device_attribute(Device(0), 134) {
+                let host = AllocationRequest {
+                    location: Location::HostNuma(numa),
+                    handle_types: 0,
+                };
+                match cuda.mem_create(g, host) {
+                    Ok(h) => {
+                        eprintln!("host numa {numa}: props {:?}", cuda.mem_properties(h));
+                        eprintln!("release {:?}", cuda.mem_release(h));
+                    }
+                    Err(c) => eprintln!("host numa {numa}: mem_create {c}"),
+                }
+            }
+            eprintln!(
+                "bad device mem_get_info: {:?}",
+                cuda.mem_get_info(Device(99))
+            );
+            // A failed device does not become the one for device-less calls.
+            let va = cuda.mem_address_reserve(g, g).unwrap();
+            cuda.mem_address_free(va, g).unwrap();
+            // The thread's binding was restored: nothing current now.
+            let mut cur: Ctx = std::ptr::null_mut();
+            // SAFETY: `cuCtxGetCurrent` with a valid out-pointer.
+            let rc = unsafe { t.ctx_get_current.unwrap()(&mut cur) };
+            assert_eq!((rc, cur.is_null()), (0, true));
+            eprintln!("{cuda:?}");
+            drop(cuda);
         }
-        eprintln!(
-            "bad device mem_get_info: {:?}",
-            cuda.mem_get_info(Device(99))
-        );
-        // A failed device does not become the one for device-less calls.
-        let va = cuda.mem_address_reserve(g, g).unwrap();
-        cuda.mem_address_free(va, g).unwrap();
-        // The thread's binding was restored: nothing current now.
-        let mut cur: Ctx = std::ptr::null_mut();
-        // SAFETY: `cuCtxGetCurrent` with a valid out-pointer.
-        let rc = unsafe { t.ctx_get_current.unwrap()(&mut cur) };
-        assert_eq!((rc, cur.is_null()), (0, true));
-        eprintln!("{cuda:?}");
-        drop(cuda);
     }
 }

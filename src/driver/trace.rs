@@ -13,22 +13,22 @@
 //! made. Keep an `Arc<Traced<_>>` to read the log after handing a clone to
 //! the wrapper above it.
 //!
-//! This module also makes `Arc<D>` a [`Driver`] for every driver `D`
-//! (`Arc<dyn Driver>` included), so a shared backend can be wrapped.
+//! The wrapper is generated from the table of calls, arguments formatted as
+//! `name=value` (addresses and handles in hex).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::prop::Props;
 use super::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, Granularity, Limits, sys,
+    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
+    Granularity, Limits,
 };
 
 /// One call as it reached a [`Traced`] driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceEntry {
-    /// The entry point; `None` only for calls that have no [`Call`] name yet
-    /// (`cuDeviceGetCliqueInfo`).
+    /// The entry point (always `Some` since every call has a [`Call`] name;
+    /// kept an `Option` for logs from other sources).
     pub call: Option<Call>,
     /// The `cuda.h` name, e.g. `"cuMulticastCreate"`.
     pub name: &'static str,
@@ -174,12 +174,11 @@ impl<D: Driver> Traced<D> {
     fn run<T>(
         &self,
         call: Call,
-        args: impl FnOnce() -> String,
+        args: String,
         show: impl FnOnce(&T) -> String,
         body: impl FnOnce(&D) -> DriverResult<T>,
     ) -> DriverResult<T> {
         let denied = self.deny.contains(&call);
-        let args = args();
         let r = if denied {
             Err(Code::NOT_PERMITTED)
         } else {
@@ -216,547 +215,154 @@ impl<D: Driver> Traced<D> {
     }
 }
 
-fn none<T>(_: &T) -> String {
-    String::new()
+/// How a value shows in a trace: plain numbers in decimal, devices by
+/// ordinal, the rest as `Debug`.
+trait Show {
+    fn show(&self) -> String;
 }
 
-fn hex(v: &u64) -> String {
-    format!("{v:#x}")
+macro_rules! show_display {
+    ($($t:ty),*) => {$(impl Show for $t {
+        fn show(&self) -> String {
+            self.to_string()
+        }
+    })*};
+}
+show_display!(u32, i32, u64, bool);
+
+macro_rules! show_debug {
+    ($($t:ty),*) => {$(impl Show for $t {
+        fn show(&self) -> String {
+            format!("{self:?}")
+        }
+    })*};
+}
+show_debug!(
+    EndpointProps,
+    AllocationRequest,
+    Granularity,
+    FabricHandleBytes
+);
+
+impl Show for Device {
+    fn show(&self) -> String {
+        self.0.to_string()
+    }
 }
 
-fn num<T: fmt::Display>(v: &T) -> String {
-    v.to_string()
-}
-
-fn prop(p: &sys::CUlogicalEndpointProp) -> String {
-    match Props::from_c(p) {
-        Some(p) => format!(
-            "{:?} size={} ipc={} flags={}",
-            p.shape, p.size, p.ipc_handle_types, p.flags
-        ),
-        None => "invalid type".into(),
+impl Show for Vec<Device> {
+    fn show(&self) -> String {
+        format!("{:?}", self.iter().map(|d| d.0).collect::<Vec<_>>())
     }
 }
 
-impl<D: Driver> Driver for Traced<D> {
-    fn name(&self) -> String {
-        format!("traced({})", self.inner.name())
+impl Show for () {
+    fn show(&self) -> String {
+        String::new()
     }
+}
 
-    fn driver_version(&self) -> DriverResult<i32> {
-        self.run(Call::DriverGetVersion, String::new, num, |d| {
-            d.driver_version()
-        })
+impl Show for (u64, u64) {
+    fn show(&self) -> String {
+        format!("free={} total={}", self.0, self.1)
     }
-    fn device_count(&self) -> DriverResult<i32> {
-        self.run(Call::DeviceGetCount, String::new, num, |d| d.device_count())
-    }
-    fn device_attribute(&self, dev: Device, a: i32) -> DriverResult<i32> {
-        self.run(
-            Call::DeviceGetAttribute,
-            || format!("attr={a} dev={}", dev.0),
-            num,
-            |d| d.device_attribute(dev, a),
-        )
-    }
-    fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
-        self.run(
-            Call::MemGetInfo,
-            || format!("dev={}", dev.0),
-            |(f, t)| format!("free={f} total={t}"),
-            |d| d.mem_get_info(dev),
-        )
-    }
-    fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
-        self.inner.explain_unsupported(call)
-    }
-    fn device_clique(&self, dev: Device) -> DriverResult<u32> {
-        let r = self.inner.device_clique(dev);
-        self.record(
-            None,
-            "cuDeviceGetCliqueInfo",
-            format!("dev={}", dev.0),
-            &r,
-            num,
-            false,
-        );
-        r
-    }
+}
 
-    fn id_reserve(&self, count: u32) -> DriverResult<u32> {
-        self.run(
-            Call::IdReserve,
-            || format!("count={count}"),
-            |b| format!("base={b}"),
-            |d| d.id_reserve(count),
-        )
-    }
-    fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
-        self.run(
-            Call::IdRelease,
-            || format!("base={base} count={count}"),
-            none,
-            |d| d.id_release(base, count),
-        )
-    }
-    fn get_limits(&self, p: &sys::CUlogicalEndpointProp) -> DriverResult<Limits> {
-        self.run(
-            Call::GetLimits,
-            || prop(p),
-            |l: &Limits| {
-                format!(
-                    "bind_alignment={} max_size={}",
-                    l.bind_alignment, l.max_size
-                )
-            },
-            |d| d.get_limits(p),
-        )
-    }
-    fn create(&self, id: u32, p: &sys::CUlogicalEndpointProp) -> DriverResult<()> {
-        self.run(
-            Call::Create,
-            || format!("id={id} {}", prop(p)),
-            none,
-            |d| d.create(id, p),
-        )
-    }
-    fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
-        self.run(
-            Call::AddDevice,
-            || format!("id={id} dev={}", dev.0),
-            none,
-            |d| d.add_device(id, dev),
-        )
-    }
-    fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
-        self.run(
-            Call::Query,
-            || format!("base={base} count={count}"),
-            |ready| format!("ready={ready}"),
-            |d| d.query(base, count),
-        )
-    }
-    fn bind_mem(
-        &self,
-        id: u32,
-        dev: Device,
-        offset: u64,
-        mem: u64,
-        mem_offset: u64,
-        size: u64,
-        flags: u64,
-    ) -> DriverResult<()> {
-        self.run(
-            Call::BindMem,
-            || {
-                format!(
-                    "id={id} dev={} offset={offset} mem={mem:#x} mem_offset={mem_offset} size={size} flags={flags}",
-                    dev.0
-                )
-            },
-            none,
-            |d| d.bind_mem(id, dev, offset, mem, mem_offset, size, flags),
-        )
-    }
-    fn bind_addr(
-        &self,
-        id: u32,
-        dev: Device,
-        offset: u64,
-        ptr: u64,
-        size: u64,
-        flags: u64,
-    ) -> DriverResult<()> {
-        self.run(
-            Call::BindAddr,
-            || {
-                format!(
-                    "id={id} dev={} offset={offset} ptr={ptr:#x} size={size} flags={flags}",
-                    dev.0
-                )
-            },
-            none,
-            |d| d.bind_addr(id, dev, offset, ptr, size, flags),
-        )
-    }
-    fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
-        self.run(
-            Call::Unbind,
-            || format!("id={id} dev={} offset={offset} size={size}", dev.0),
-            none,
-            |d| d.unbind(id, dev, offset, size),
-        )
-    }
-    fn destroy(&self, id: u32) -> DriverResult<()> {
-        self.run(
-            Call::Destroy,
-            || format!("id={id}"),
-            none,
-            |d| d.destroy(id),
-        )
-    }
-    fn export(
-        &self,
-        id: u32,
-        handle: &mut sys::CUlogicalEndpointFabricHandle,
-        handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        self.run(
-            Call::Export,
-            || format!("id={id} handle_type={}", handle_type as u32),
-            none,
-            |d| d.export(id, handle, handle_type),
-        )
-    }
-    fn import(
-        &self,
-        id: u32,
-        handle: &sys::CUlogicalEndpointFabricHandle,
-        handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        self.run(
-            Call::Import,
-            || format!("id={id} handle_type={}", handle_type as u32),
-            none,
-            |d| d.import(id, handle, handle_type),
-        )
-    }
-
-    fn mem_granularity(&self, req: &AllocationRequest, kind: Granularity) -> DriverResult<u64> {
-        self.run(
-            Call::MemGetAllocationGranularity,
-            || {
-                format!(
-                    "location={:?} handle_types={} kind={kind:?}",
-                    req.location, req.handle_types
-                )
-            },
-            num,
-            |d| d.mem_granularity(req, kind),
-        )
-    }
-    fn mem_create(&self, size: u64, req: &AllocationRequest) -> DriverResult<u64> {
-        self.run(
-            Call::MemCreate,
-            || {
-                format!(
-                    "size={size} location={:?} handle_types={}",
-                    req.location, req.handle_types
-                )
-            },
-            hex,
-            |d| d.mem_create(size, req),
-        )
-    }
-    fn mem_release(&self, handle: u64) -> DriverResult<()> {
-        self.run(
-            Call::MemRelease,
-            || format!("handle={handle:#x}"),
-            none,
-            |d| d.mem_release(handle),
-        )
-    }
-    fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
-        self.run(
-            Call::MemGetAllocationProperties,
-            || format!("handle={handle:#x}"),
-            |r: &AllocationRequest| {
-                format!("location={:?} handle_types={}", r.location, r.handle_types)
-            },
-            |d| d.mem_properties(handle),
-        )
-    }
-    fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {
-        self.run(
-            Call::MemAddressReserve,
-            || format!("size={size} alignment={alignment}"),
-            hex,
-            |d| d.mem_address_reserve(size, alignment),
-        )
-    }
-    fn mem_address_free(&self, ptr: u64, size: u64) -> DriverResult<()> {
-        self.run(
-            Call::MemAddressFree,
-            || format!("ptr={ptr:#x} size={size}"),
-            none,
-            |d| d.mem_address_free(ptr, size),
-        )
-    }
-    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> DriverResult<()> {
-        self.run(
-            Call::MemMap,
-            || format!("ptr={ptr:#x} size={size} offset={offset} handle={handle:#x}"),
-            none,
-            |d| d.mem_map(ptr, size, offset, handle),
-        )
-    }
-    fn mem_unmap(&self, ptr: u64, size: u64) -> DriverResult<()> {
-        self.run(
-            Call::MemUnmap,
-            || format!("ptr={ptr:#x} size={size}"),
-            none,
-            |d| d.mem_unmap(ptr, size),
-        )
-    }
-    fn mem_set_access(&self, ptr: u64, size: u64, devices: &[Device]) -> DriverResult<()> {
-        self.run(
-            Call::MemSetAccess,
-            || {
-                let devs: Vec<i32> = devices.iter().map(|d| d.0).collect();
-                format!("ptr={ptr:#x} size={size} devices={devs:?}")
-            },
-            none,
-            |d| d.mem_set_access(ptr, size, devices),
-        )
-    }
-
-    fn multicast_granularity(
-        &self,
-        num_devices: u32,
-        size: u64,
-        handle_types: u64,
-        kind: Granularity,
-    ) -> DriverResult<u64> {
-        self.run(
-            Call::MulticastGetGranularity,
-            || {
-                format!(
-                    "num_devices={num_devices} size={size} handle_types={handle_types} kind={kind:?}"
-                )
-            },
-            num,
-            |d| d.multicast_granularity(num_devices, size, handle_types, kind),
-        )
-    }
-    fn multicast_create(
-        &self,
-        num_devices: u32,
-        size: u64,
-        handle_types: u64,
-    ) -> DriverResult<u64> {
-        self.run(
-            Call::MulticastCreate,
-            || format!("num_devices={num_devices} size={size} handle_types={handle_types}"),
-            hex,
-            |d| d.multicast_create(num_devices, size, handle_types),
-        )
-    }
-    fn multicast_add_device(&self, mc: u64, dev: Device) -> DriverResult<()> {
-        self.run(
-            Call::MulticastAddDevice,
-            || format!("mc={mc:#x} dev={}", dev.0),
-            none,
-            |d| d.multicast_add_device(mc, dev),
-        )
-    }
-    fn multicast_bind_mem(
-        &self,
-        mc: u64,
-        mc_offset: u64,
-        mem: u64,
-        mem_offset: u64,
-        size: u64,
-    ) -> DriverResult<()> {
-        self.run(
-            Call::MulticastBindMem,
-            || {
-                format!(
-                    "mc={mc:#x} mc_offset={mc_offset} mem={mem:#x} mem_offset={mem_offset} size={size}"
-                )
-            },
-            none,
-            |d| d.multicast_bind_mem(mc, mc_offset, mem, mem_offset, size),
-        )
-    }
-    fn multicast_bind_addr(
-        &self,
-        mc: u64,
-        mc_offset: u64,
-        ptr: u64,
-        size: u64,
-    ) -> DriverResult<()> {
-        self.run(
-            Call::MulticastBindAddr,
-            || format!("mc={mc:#x} mc_offset={mc_offset} ptr={ptr:#x} size={size}"),
-            none,
-            |d| d.multicast_bind_addr(mc, mc_offset, ptr, size),
-        )
-    }
-    fn multicast_unbind(
-        &self,
-        mc: u64,
-        dev: Device,
-        mc_offset: u64,
-        size: u64,
-    ) -> DriverResult<()> {
-        self.run(
-            Call::MulticastUnbind,
-            || format!("mc={mc:#x} dev={} mc_offset={mc_offset} size={size}", dev.0),
-            none,
-            |d| d.multicast_unbind(mc, dev, mc_offset, size),
+impl Show for Limits {
+    fn show(&self) -> String {
+        format!(
+            "bind_alignment={} max_size={}",
+            self.bind_alignment, self.max_size
         )
     }
 }
 
-/// A shared driver is a driver: every call goes to the one behind the `Arc`.
-impl<D: Driver + ?Sized> Driver for Arc<D> {
-    fn name(&self) -> String {
-        (**self).name()
-    }
-    fn driver_version(&self) -> DriverResult<i32> {
-        (**self).driver_version()
-    }
-    fn device_count(&self) -> DriverResult<i32> {
-        (**self).device_count()
-    }
-    fn device_attribute(&self, dev: Device, a: i32) -> DriverResult<i32> {
-        (**self).device_attribute(dev, a)
-    }
-    fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
-        (**self).mem_get_info(dev)
-    }
-    fn device_clique(&self, dev: Device) -> DriverResult<u32> {
-        (**self).device_clique(dev)
-    }
-    fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
-        (**self).explain_unsupported(call)
-    }
-    fn id_reserve(&self, count: u32) -> DriverResult<u32> {
-        (**self).id_reserve(count)
-    }
-    fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
-        (**self).id_release(base, count)
-    }
-    fn get_limits(&self, p: &sys::CUlogicalEndpointProp) -> DriverResult<Limits> {
-        (**self).get_limits(p)
-    }
-    fn create(&self, id: u32, p: &sys::CUlogicalEndpointProp) -> DriverResult<()> {
-        (**self).create(id, p)
-    }
-    fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
-        (**self).add_device(id, dev)
-    }
-    fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
-        (**self).query(base, count)
-    }
-    fn bind_mem(
-        &self,
-        id: u32,
-        dev: Device,
-        offset: u64,
-        mem: u64,
-        mem_offset: u64,
-        size: u64,
-        flags: u64,
-    ) -> DriverResult<()> {
-        (**self).bind_mem(id, dev, offset, mem, mem_offset, size, flags)
-    }
-    fn bind_addr(
-        &self,
-        id: u32,
-        dev: Device,
-        offset: u64,
-        ptr: u64,
-        size: u64,
-        flags: u64,
-    ) -> DriverResult<()> {
-        (**self).bind_addr(id, dev, offset, ptr, size, flags)
-    }
-    fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
-        (**self).unbind(id, dev, offset, size)
-    }
-    fn destroy(&self, id: u32) -> DriverResult<()> {
-        (**self).destroy(id)
-    }
-    fn export(
-        &self,
-        id: u32,
-        handle: &mut sys::CUlogicalEndpointFabricHandle,
-        handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        (**self).export(id, handle, handle_type)
-    }
-    fn import(
-        &self,
-        id: u32,
-        handle: &sys::CUlogicalEndpointFabricHandle,
-        handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        (**self).import(id, handle, handle_type)
-    }
-    fn mem_granularity(&self, req: &AllocationRequest, kind: Granularity) -> DriverResult<u64> {
-        (**self).mem_granularity(req, kind)
-    }
-    fn mem_create(&self, size: u64, req: &AllocationRequest) -> DriverResult<u64> {
-        (**self).mem_create(size, req)
-    }
-    fn mem_release(&self, handle: u64) -> DriverResult<()> {
-        (**self).mem_release(handle)
-    }
-    fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
-        (**self).mem_properties(handle)
-    }
-    fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {
-        (**self).mem_address_reserve(size, alignment)
-    }
-    fn mem_address_free(&self, ptr: u64, size: u64) -> DriverResult<()> {
-        (**self).mem_address_free(ptr, size)
-    }
-    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> DriverResult<()> {
-        (**self).mem_map(ptr, size, offset, handle)
-    }
-    fn mem_unmap(&self, ptr: u64, size: u64) -> DriverResult<()> {
-        (**self).mem_unmap(ptr, size)
-    }
-    fn mem_set_access(&self, ptr: u64, size: u64, devices: &[Device]) -> DriverResult<()> {
-        (**self).mem_set_access(ptr, size, devices)
-    }
-    fn multicast_granularity(
-        &self,
-        num_devices: u32,
-        size: u64,
-        handle_types: u64,
-        kind: Granularity,
-    ) -> DriverResult<u64> {
-        (**self).multicast_granularity(num_devices, size, handle_types, kind)
-    }
-    fn multicast_create(
-        &self,
-        num_devices: u32,
-        size: u64,
-        handle_types: u64,
-    ) -> DriverResult<u64> {
-        (**self).multicast_create(num_devices, size, handle_types)
-    }
-    fn multicast_add_device(&self, mc: u64, dev: Device) -> DriverResult<()> {
-        (**self).multicast_add_device(mc, dev)
-    }
-    fn multicast_bind_mem(
-        &self,
-        mc: u64,
-        mc_offset: u64,
-        mem: u64,
-        mem_offset: u64,
-        size: u64,
-    ) -> DriverResult<()> {
-        (**self).multicast_bind_mem(mc, mc_offset, mem, mem_offset, size)
-    }
-    fn multicast_bind_addr(
-        &self,
-        mc: u64,
-        mc_offset: u64,
-        ptr: u64,
-        size: u64,
-    ) -> DriverResult<()> {
-        (**self).multicast_bind_addr(mc, mc_offset, ptr, size)
-    }
-    fn multicast_unbind(
-        &self,
-        mc: u64,
-        dev: Device,
-        mc_offset: u64,
-        size: u64,
-    ) -> DriverResult<()> {
-        (**self).multicast_unbind(mc, dev, mc_offset, size)
+/// One argument as `name=value`: addresses and handles in hex.
+macro_rules! arg {
+    (mem, $v:expr) => {
+        format!("mem={:#x}", $v)
+    };
+    (ptr, $v:expr) => {
+        format!("ptr={:#x}", $v)
+    };
+    (handle, $v:expr) => {
+        format!("handle={}", hexish(&$v))
+    };
+    (mc, $v:expr) => {
+        format!("mc={:#x}", $v)
+    };
+    ($name:ident, $v:expr) => {
+        format!(concat!(stringify!($name), "={}"), Show::show(&$v))
+    };
+}
+
+/// A returned value: ids, readiness and handles by what they are.
+macro_rules! ret {
+    (id_reserve, $v:expr) => {
+        format!("base={}", $v)
+    };
+    (query, $v:expr) => {
+        format!("ready={}", $v)
+    };
+    (mem_create, $v:expr) => {
+        format!("{:#x}", $v)
+    };
+    (mem_address_reserve, $v:expr) => {
+        format!("{:#x}", $v)
+    };
+    (multicast_create, $v:expr) => {
+        format!("{:#x}", $v)
+    };
+    ($method:ident, $v:expr) => {
+        Show::show($v)
+    };
+}
+
+/// Handles are `u64` (allocations) or 64 bytes (fabric handles).
+trait Hexish {
+    fn hexish(&self) -> String;
+}
+impl Hexish for u64 {
+    fn hexish(&self) -> String {
+        format!("{self:#x}")
     }
 }
+impl Hexish for FabricHandleBytes {
+    fn hexish(&self) -> String {
+        format!("{self:?}")
+    }
+}
+fn hexish(v: &impl Hexish) -> String {
+    v.hexish()
+}
+
+macro_rules! traced_impl {
+    ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+        safety $safety:literal
+        fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        impl<D: Driver> Driver for Traced<D> {
+            fn name(&self) -> String {
+                format!("traced({})", self.inner.name())
+            }
+            fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
+                self.inner.explain_unsupported(call)
+            }
+            $(
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
+                    let parts: [String; _] = [$(arg!($arg, $arg)),*];
+                    self.run(
+                        Call::$variant,
+                        parts.join(" "),
+                        |v| ret!($method, v),
+                        // SAFETY: the caller upholds this call's contract;
+                        // it is passed on unchanged.
+                        move |d| unsafe { d.$method($($arg),*) },
+                    )
+                }
+            )*
+        }
+    };
+}
+
+crate::for_each_driver_call!(traced_impl);

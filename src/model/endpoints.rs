@@ -3,8 +3,10 @@
 
 use super::state::{Bound, EndpointObj, Slot, Target, World};
 use super::violate;
-use crate::driver::prop::{FLAG_COUNTED_OPS, IPC_FABRIC, Props, Shape, fabric_checksum};
-use crate::driver::{Code, Device, DriverResult, Limits, Location, attr, sys};
+use crate::driver::{
+    Code, Device, DriverResult, EndpointProps, FabricHandleBytes, Limits, Location, Shape, attr,
+    fabric_checksum,
+};
 
 const HANDLE_MAGIC: &[u8; 8] = b"CEPMODEL";
 
@@ -94,7 +96,7 @@ impl World {
         Ok(())
     }
 
-    fn limits_of(&mut self, props: &Props) -> DriverResult<Limits> {
+    fn limits_of(&mut self, props: &EndpointProps) -> DriverResult<Limits> {
         match props.shape {
             Shape::Unicast { owner } => {
                 let Some(d) = self.device(owner) else {
@@ -125,31 +127,18 @@ impl World {
         }
     }
 
-    fn decode(&mut self, prop: &sys::CUlogicalEndpointProp) -> DriverResult<Props> {
-        match Props::from_c(prop) {
-            Some(p) => Ok(p),
-            None => violate(self, "R2.2", Code::INVALID_VALUE),
-        }
-    }
-
-    pub fn get_limits(&mut self, prop: &sys::CUlogicalEndpointProp) -> DriverResult<Limits> {
+    pub fn get_limits(&mut self, props: &EndpointProps) -> DriverResult<Limits> {
         self.le_present()?;
-        let props = self.decode(prop)?;
-        self.limits_of(&props)
+        self.limits_of(props)
     }
 
-    pub fn create(
-        &mut self,
-        pid: usize,
-        id: u32,
-        prop: &sys::CUlogicalEndpointProp,
-    ) -> DriverResult<()> {
+    pub fn create(&mut self, pid: usize, id: u32, props: &EndpointProps) -> DriverResult<()> {
         self.le_present()?;
         match self.procs[pid].ids.get(&id) {
             Some(s) if s.obj.is_none() => {}
             _ => return violate(self, "R2.1", Code::INVALID_VALUE),
         }
-        let props = self.decode(prop)?;
+        let props = *props;
         let limits = self.limits_of(&props)?;
         if props.size == 0 || !props.size.is_multiple_of(limits.bind_alignment) {
             return violate(self, "R2.3", Code::INVALID_VALUE);
@@ -157,10 +146,9 @@ impl World {
         if props.size > limits.max_size {
             return violate(self, "R2.3", Code::INVALID_VALUE);
         }
-        if props.ipc_handle_types & !IPC_FABRIC != 0 || props.flags & !FLAG_COUNTED_OPS != 0 {
-            return violate(self, "R2.4", Code::INVALID_VALUE);
-        }
-        if props.flags & FLAG_COUNTED_OPS != 0 {
+        // R2.4's "FABRIC only" and "COUNTED_OPS only" hold by construction:
+        // `EndpointProps` has one boolean for each.
+        if props.counted_ops {
             let ok = match props.shape {
                 Shape::Unicast { owner } => self.device(owner).is_some_and(|d| d.counted_ops),
                 Shape::Multicast { .. } => self.config.devices.iter().all(|d| d.counted_ops),
@@ -447,16 +435,10 @@ impl World {
         Ok(())
     }
 
-    pub fn export(
-        &mut self,
-        pid: usize,
-        id: u32,
-        handle: &mut sys::CUlogicalEndpointFabricHandle,
-        ty: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
+    pub fn export(&mut self, pid: usize, id: u32) -> DriverResult<FabricHandleBytes> {
         self.le_present()?;
         let o = self.obj_of(pid, id, "R8")?;
-        if ty as u32 != IPC_FABRIC || !self.objects[&o].props.exportable() {
+        if !self.objects[&o].props.exportable() {
             return violate(self, "R8.1", Code::INVALID_VALUE);
         }
         let mut data = [0u8; 64];
@@ -465,25 +447,17 @@ impl World {
         data[16..24].copy_from_slice(&o.to_le_bytes());
         let sum = fabric_checksum(&data[..24]);
         data[24..32].copy_from_slice(&sum.to_le_bytes());
-        handle.data = data;
-        Ok(())
+        Ok(FabricHandleBytes(data))
     }
 
-    pub fn import(
-        &mut self,
-        pid: usize,
-        id: u32,
-        handle: &sys::CUlogicalEndpointFabricHandle,
-        ty: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
+    pub fn import(&mut self, pid: usize, id: u32, handle: &FabricHandleBytes) -> DriverResult<()> {
         self.le_present()?;
         match self.procs[pid].ids.get(&id) {
             Some(s) if s.obj.is_none() => {}
             _ => return violate(self, "R9", Code::INVALID_VALUE),
         }
-        let d = &handle.data;
-        let valid = ty as u32 == IPC_FABRIC
-            && &d[..8] == HANDLE_MAGIC
+        let d = &handle.0;
+        let valid = &d[..8] == HANDLE_MAGIC
             && d[8..16] == self.node_tag.to_le_bytes()
             && d[24..32] == fabric_checksum(&d[..24]).to_le_bytes()
             && d[32..].iter().all(|&b| b == 0);

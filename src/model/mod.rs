@@ -33,7 +33,8 @@ pub use faults::{Fault, FaultPlan};
 pub use state::{Live, Violation};
 
 use crate::driver::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, Granularity, Limits, sys,
+    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
+    Granularity, Limits,
 };
 use state::World;
 
@@ -161,24 +162,25 @@ impl Driver for Model {
         "model".into()
     }
 
-    fn driver_version(&self) -> DriverResult<i32> {
+    unsafe fn driver_version(&self) -> DriverResult<i32> {
         self.enter(Call::DriverGetVersion, |w, _| Ok(w.config.driver_version))
     }
-    fn device_count(&self) -> DriverResult<i32> {
+    unsafe fn device_count(&self) -> DriverResult<i32> {
         self.enter(Call::DeviceGetCount, |w, _| {
             Ok(w.config.devices.len() as i32)
         })
     }
-    fn device_attribute(&self, dev: Device, attr: i32) -> DriverResult<i32> {
+    unsafe fn device_attribute(&self, dev: Device, attr: i32) -> DriverResult<i32> {
         self.enter(Call::DeviceGetAttribute, |w, _| w.attribute(dev, attr))
     }
-    fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
+    unsafe fn mem_get_info(&self, dev: Device) -> DriverResult<(u64, u64)> {
         self.enter(Call::MemGetInfo, |w, _| w.mem_info(dev))
     }
     /// The configured [`SimDevice::clique`]; `NOT_SUPPORTED` on a driver
     /// before 13.4 (no clique query), `INVALID_DEVICE` for an unknown ordinal.
-    /// Not counted in [`Model::calls`]: `cuDeviceGetCliqueInfo` has no [`Call`].
-    fn device_clique(&self, dev: Device) -> DriverResult<u32> {
+    /// Not counted in [`Model::calls`] (a query the typed API makes only
+    /// while probing).
+    unsafe fn device_clique(&self, dev: Device) -> DriverResult<u32> {
         let w = self.lock();
         if w.config.driver_version < 13040 {
             return Err(Code::NOT_SUPPORTED);
@@ -186,25 +188,25 @@ impl Driver for Model {
         w.device(dev).map(|d| d.clique).ok_or(Code::INVALID_DEVICE)
     }
 
-    fn id_reserve(&self, count: u32) -> DriverResult<u32> {
+    unsafe fn id_reserve(&self, count: u32) -> DriverResult<u32> {
         self.enter(Call::IdReserve, |w, p| w.id_reserve(p, count))
     }
-    fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
+    unsafe fn id_release(&self, base: u32, count: u32) -> DriverResult<()> {
         self.enter(Call::IdRelease, |w, p| w.id_release(p, base, count))
     }
-    fn get_limits(&self, prop: &sys::CUlogicalEndpointProp) -> DriverResult<Limits> {
-        self.enter(Call::GetLimits, |w, _| w.get_limits(prop))
+    unsafe fn get_limits(&self, props: EndpointProps) -> DriverResult<Limits> {
+        self.enter(Call::GetLimits, |w, _| w.get_limits(&props))
     }
-    fn create(&self, id: u32, prop: &sys::CUlogicalEndpointProp) -> DriverResult<()> {
-        self.enter(Call::Create, |w, p| w.create(p, id, prop))
+    unsafe fn create(&self, id: u32, props: EndpointProps) -> DriverResult<()> {
+        self.enter(Call::Create, |w, p| w.create(p, id, &props))
     }
-    fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
+    unsafe fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
         self.enter(Call::AddDevice, |w, p| w.add_device(p, id, dev))
     }
-    fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
+    unsafe fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
         self.enter(Call::Query, |w, p| w.query(p, base, count))
     }
-    fn bind_mem(
+    unsafe fn bind_mem(
         &self,
         id: u32,
         dev: Device,
@@ -226,7 +228,7 @@ impl Driver for Model {
             )
         })
     }
-    fn bind_addr(
+    unsafe fn bind_addr(
         &self,
         id: u32,
         dev: Device,
@@ -239,66 +241,60 @@ impl Driver for Model {
             w.bind(p, id, dev, offset, state::Target::Addr(ptr), size, flags)
         })
     }
-    fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
+    unsafe fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
         self.enter(Call::Unbind, |w, p| w.unbind(p, id, dev, offset, size))
     }
-    fn destroy(&self, id: u32) -> DriverResult<()> {
+    unsafe fn destroy(&self, id: u32) -> DriverResult<()> {
         self.enter(Call::Destroy, |w, p| w.destroy(p, id))
     }
-    fn export(
-        &self,
-        id: u32,
-        handle: &mut sys::CUlogicalEndpointFabricHandle,
-        handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        self.enter(Call::Export, |w, p| w.export(p, id, handle, handle_type))
+    unsafe fn export(&self, id: u32) -> DriverResult<FabricHandleBytes> {
+        self.enter(Call::Export, |w, p| w.export(p, id))
     }
-    fn import(
-        &self,
-        id: u32,
-        handle: &sys::CUlogicalEndpointFabricHandle,
-        handle_type: sys::CUlogicalEndpointIpcHandleType,
-    ) -> DriverResult<()> {
-        self.enter(Call::Import, |w, p| w.import(p, id, handle, handle_type))
+    unsafe fn import(&self, id: u32, handle: FabricHandleBytes) -> DriverResult<()> {
+        self.enter(Call::Import, |w, p| w.import(p, id, &handle))
     }
 
-    fn mem_granularity(&self, req: &AllocationRequest, kind: Granularity) -> DriverResult<u64> {
+    unsafe fn mem_granularity(
+        &self,
+        req: AllocationRequest,
+        kind: Granularity,
+    ) -> DriverResult<u64> {
         self.enter(Call::MemGetAllocationGranularity, |w, _| {
-            w.mem_granularity(req, kind)
+            w.mem_granularity(&req, kind)
         })
     }
-    fn mem_create(&self, size: u64, req: &AllocationRequest) -> DriverResult<u64> {
-        self.enter(Call::MemCreate, |w, p| w.mem_create(p, size, req))
+    unsafe fn mem_create(&self, size: u64, req: AllocationRequest) -> DriverResult<u64> {
+        self.enter(Call::MemCreate, |w, p| w.mem_create(p, size, &req))
     }
-    fn mem_release(&self, handle: u64) -> DriverResult<()> {
+    unsafe fn mem_release(&self, handle: u64) -> DriverResult<()> {
         self.enter(Call::MemRelease, |w, p| w.mem_release(p, handle))
     }
-    fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
+    unsafe fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
         self.enter(Call::MemGetAllocationProperties, |w, p| {
             w.mem_properties(p, handle)
         })
     }
-    fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {
+    unsafe fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {
         self.enter(Call::MemAddressReserve, |w, p| {
             w.address_reserve(p, size, alignment)
         })
     }
-    fn mem_address_free(&self, ptr: u64, size: u64) -> DriverResult<()> {
+    unsafe fn mem_address_free(&self, ptr: u64, size: u64) -> DriverResult<()> {
         self.enter(Call::MemAddressFree, |w, p| w.address_free(p, ptr, size))
     }
-    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> DriverResult<()> {
+    unsafe fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> DriverResult<()> {
         self.enter(Call::MemMap, |w, p| w.map(p, ptr, size, offset, handle))
     }
-    fn mem_unmap(&self, ptr: u64, size: u64) -> DriverResult<()> {
+    unsafe fn mem_unmap(&self, ptr: u64, size: u64) -> DriverResult<()> {
         self.enter(Call::MemUnmap, |w, p| w.unmap(p, ptr, size))
     }
-    fn mem_set_access(&self, ptr: u64, size: u64, devices: &[Device]) -> DriverResult<()> {
+    unsafe fn mem_set_access(&self, ptr: u64, size: u64, devices: Vec<Device>) -> DriverResult<()> {
         self.enter(Call::MemSetAccess, |w, p| {
-            w.set_access(p, ptr, size, devices)
+            w.set_access(p, ptr, size, &devices)
         })
     }
 
-    fn multicast_granularity(
+    unsafe fn multicast_granularity(
         &self,
         num_devices: u32,
         size: u64,
@@ -309,7 +305,7 @@ impl Driver for Model {
             w.mc_granularity(num_devices, size, handle_types, kind)
         })
     }
-    fn multicast_create(
+    unsafe fn multicast_create(
         &self,
         num_devices: u32,
         size: u64,
@@ -319,10 +315,10 @@ impl Driver for Model {
             w.mc_create(p, num_devices, size, handle_types)
         })
     }
-    fn multicast_add_device(&self, mc: u64, dev: Device) -> DriverResult<()> {
+    unsafe fn multicast_add_device(&self, mc: u64, dev: Device) -> DriverResult<()> {
         self.enter(Call::MulticastAddDevice, |w, p| w.mc_add_device(p, mc, dev))
     }
-    fn multicast_bind_mem(
+    unsafe fn multicast_bind_mem(
         &self,
         mc: u64,
         mc_offset: u64,
@@ -340,7 +336,7 @@ impl Driver for Model {
             )
         })
     }
-    fn multicast_bind_addr(
+    unsafe fn multicast_bind_addr(
         &self,
         mc: u64,
         mc_offset: u64,
@@ -351,7 +347,7 @@ impl Driver for Model {
             w.mc_bind(p, mc, mc_offset, state::Target::Addr(ptr), size)
         })
     }
-    fn multicast_unbind(
+    unsafe fn multicast_unbind(
         &self,
         mc: u64,
         dev: Device,

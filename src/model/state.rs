@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::config::ModelConfig;
 use super::faults::FaultPlan;
-use crate::driver::prop::Props;
+use crate::driver::EndpointProps;
 use crate::driver::{Call, Code, Device, Location};
 
 /// What one process (or the whole node) still holds. All zero once every
@@ -68,7 +68,7 @@ pub(crate) struct Bound {
 /// A logical endpoint object; several processes may hold references (R7, R9).
 #[derive(Debug)]
 pub(crate) struct EndpointObj {
-    pub props: Props,
+    pub props: EndpointProps,
     pub enrolled: Vec<Device>,
     /// Queries still answering "pending" once the team is complete.
     pub queries_left: u32,

@@ -1,0 +1,429 @@
+//! The one table of driver calls, and what is generated from it: [`Call`]
+//! (names, families), the [`Driver`] trait, the [`Forward`] trait that lets a
+//! wrapper forward what it does not change, and `Arc<D>` as a driver.
+//!
+//! Adding a driver call touches three places: a row of
+//! [`for_each_driver_call!`](crate::for_each_driver_call), the real backend's
+//! C declaration and marshalling (`cuda/`), and the model's rule.
+//! Everything else (the `Call` variant, the trait method, forwarding, the
+//! trace's argument formatting, the classic fallback's pass-through) follows
+//! from the row.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{
+    AllocationRequest, Device, DriverResult, EndpointProps, FabricHandleBytes, Granularity, Limits,
+};
+
+/// Calls `$callback! { rows }` with every driver call of the boundary, one row
+/// per C entry point, so that other modules generate code from the same list
+/// (the trait, the trace, a wire protocol...).
+///
+/// Each row reads:
+///
+/// ```text
+/// /// Doc lines (become the trait method's docs).
+/// [Family] Variant "cuName" safety "rules the caller takes on"
+///     fn method(arg: Type, ...) -> Ret;
+/// ```
+///
+/// - `Family` is a [`Family`] variant name (`Base`, `LogicalEndpoint`, `Vmm`,
+///   `Classic`), `Variant` the [`Call`] variant, `"cuName"` the `cuda.h` name;
+/// - the `safety` literal is the method's `# Safety` text: the SPEC rules a
+///   direct caller must uphold beyond the trait-wide ones;
+/// - arguments and the value inside `DriverResult<Ret>` are owned domain
+///   types (`Clone + Debug`, serde with the `serde` feature), never C structs;
+///   methods take `&self`.
+///
+/// A callback therefore matches:
+///
+/// ```text
+/// macro_rules! my_callback {
+///     ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+///         safety $safety:literal
+///         fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => { ... };
+/// }
+/// cuda_endpoints::for_each_driver_call!(my_callback);
+/// ```
+///
+/// The types are named by plain paths (`Device`, `EndpointProps`, ...): bring
+/// [`crate::driver`]'s domain types into scope where the callback expands.
+#[macro_export]
+macro_rules! for_each_driver_call {
+    ($callback:ident) => {
+        $callback! {
+            // ---- base calls ----
+            /// `cuDriverGetVersion`, e.g. `13030` for 13.3.
+            [Base] DriverGetVersion "cuDriverGetVersion" safety "none beyond the trait's"
+                fn driver_version() -> i32;
+            /// `cuDeviceGetCount`.
+            [Base] DeviceGetCount "cuDeviceGetCount" safety "none beyond the trait's"
+                fn device_count() -> i32;
+            /// `cuDeviceGetAttribute(attr, dev)`; `attr` is the raw attribute
+            /// number (see [`attr`](crate::driver::attr)).
+            [Base] DeviceGetAttribute "cuDeviceGetAttribute" safety "none beyond the trait's"
+                fn device_attribute(dev: Device, attr: i32) -> i32;
+            /// `cuMemGetInfo` on `dev`'s primary context: `(free, total)` bytes.
+            [Base] MemGetInfo "cuMemGetInfo" safety "none beyond the trait's"
+                fn mem_get_info(dev: Device) -> (u64, u64);
+            /// The id of `dev`'s multicast logical-endpoint clique
+            /// (`cuDeviceGetCliqueCount` + `cuDeviceGetCliqueInfo`, type
+            /// `CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT`, CUDA 13.4+; SPEC
+            /// R4.5): devices of one clique can share a multicast team.
+            /// `NOT_SUPPORTED` before 13.4, `NOT_FOUND` for a device in no such clique.
+            [Base] DeviceGetCliqueInfo "cuDeviceGetCliqueInfo" safety "none beyond the trait's"
+                fn device_clique(dev: Device) -> u32;
+
+            // ---- logical endpoints (SPEC R1-R10) ----
+            /// `cuLogicalEndpointIdReserve(&base, count)` (R1): the first id of
+            /// `count` contiguous new ids.
+            [LogicalEndpoint] IdReserve "cuLogicalEndpointIdReserve" safety "none beyond the trait's"
+                fn id_reserve(count: u32) -> u32;
+            /// `cuLogicalEndpointIdRelease(base, count)` (R1).
+            [LogicalEndpoint] IdRelease "cuLogicalEndpointIdRelease"
+                safety "R1.1, R1.2 and R3.4: the ids are the caller's own, not held by an `IdRange` or `Endpoint`"
+                fn id_release(base: u32, count: u32) -> ();
+            /// `cuLogicalEndpointGetLimits(&align, &max, &prop)` (R10).
+            [LogicalEndpoint] GetLimits "cuLogicalEndpointGetLimits" safety "none beyond the trait's"
+                fn get_limits(props: EndpointProps) -> Limits;
+            /// `cuLogicalEndpointCreate(id, &prop)` (R2); construction goes on
+            /// asynchronously (R2.5, R3).
+            [LogicalEndpoint] Create "cuLogicalEndpointCreate"
+                safety "R2.1 and R3.4: `id` is a reserved id of the caller's own, not held by an `Endpoint`"
+                fn create(id: u32, props: EndpointProps) -> ();
+            /// `cuLogicalEndpointAddDevice(id, dev)` (R4).
+            [LogicalEndpoint] AddDevice "cuLogicalEndpointAddDevice"
+                safety "R4.4: no memory is bound on the endpoint yet; `id` is not held by a typed `Endpoint`"
+                fn add_device(id: u32, dev: Device) -> ();
+            /// `cuLogicalEndpointQuery(base, count, &status)` (R3): `true` when
+            /// every endpoint in `[base, base+count)` is constructed.
+            [LogicalEndpoint] Query "cuLogicalEndpointQuery" safety "none beyond the trait's"
+                fn query(base: u32, count: u32) -> bool;
+            /// `cuLogicalEndpointBindMem(id, dev, offset, mem, mem_offset, size, flags)` (R5).
+            [LogicalEndpoint] BindMem "cuLogicalEndpointBindMem"
+                safety "R3.4 (the endpoint was reported constructed) and R7.2: the allocation `mem` outlives the binding, and no typed `Binding` covers the range"
+                fn bind_mem(id: u32, dev: Device, offset: u64, mem: u64, mem_offset: u64, size: u64, flags: u64) -> ();
+            /// `cuLogicalEndpointBindAddr(id, dev, offset, ptr, size, flags)` (R5).
+            [LogicalEndpoint] BindAddr "cuLogicalEndpointBindAddr"
+                safety "R3.4 (the endpoint was reported constructed) and R7.2: the mapping at `ptr` outlives the binding"
+                fn bind_addr(id: u32, dev: Device, offset: u64, ptr: u64, size: u64, flags: u64) -> ();
+            /// `cuLogicalEndpointUnbind(id, dev, offset, size)` (R6).
+            [LogicalEndpoint] Unbind "cuLogicalEndpointUnbind"
+                safety "R6.1, R6.2 and C4: the range is exactly binds the caller made itself, not a typed `Binding`'s"
+                fn unbind(id: u32, dev: Device, offset: u64, size: u64) -> ();
+            /// `cuLogicalEndpointDestroy(id)` (R7).
+            [LogicalEndpoint] Destroy "cuLogicalEndpointDestroy"
+                safety "R3.4 and R7.2: `id` holds an endpoint of the caller's own, not a typed `Endpoint`'s, and no kernel still uses it"
+                fn destroy(id: u32) -> ();
+            /// `cuLogicalEndpointExport(&handle, id, FABRIC)` (R8): the 64-byte
+            /// fabric handle.
+            [LogicalEndpoint] Export "cuLogicalEndpointExport" safety "R3.4: `id` holds an endpoint"
+                fn export(id: u32) -> FabricHandleBytes;
+            /// `cuLogicalEndpointImport(id, &handle, FABRIC)` (R9).
+            [LogicalEndpoint] Import "cuLogicalEndpointImport"
+                safety "R2.1 and R3.4: `id` is a free reserved id of the caller's own, not held by an `Endpoint`"
+                fn import(id: u32, handle: FabricHandleBytes) -> ();
+
+            // ---- VMM: the memory that gets bound ----
+            /// `cuMemGetAllocationGranularity` for `req`.
+            [Vmm] MemGetAllocationGranularity "cuMemGetAllocationGranularity" safety "none beyond the trait's"
+                fn mem_granularity(req: AllocationRequest, kind: Granularity) -> u64;
+            /// `cuMemCreate(&handle, size, &prop, 0)`: a new allocation's handle.
+            [Vmm] MemCreate "cuMemCreate" safety "none beyond the trait's"
+                fn mem_create(size: u64, req: AllocationRequest) -> u64;
+            /// `cuMemRelease(handle)`: allocations and classic multicast objects (C5).
+            [Vmm] MemRelease "cuMemRelease"
+                safety "R7.2 and C5: `handle` is the caller's own (not an `Allocation`'s) and nothing bound to or through it is still in use"
+                fn mem_release(handle: u64) -> ();
+            /// `cuMemGetAllocationPropertiesFromHandle`: where the memory lives (R5.5).
+            [Vmm] MemGetAllocationProperties "cuMemGetAllocationPropertiesFromHandle" safety "none beyond the trait's"
+                fn mem_properties(handle: u64) -> AllocationRequest;
+            /// `cuMemAddressReserve(&ptr, size, alignment, 0, 0)`.
+            [Vmm] MemAddressReserve "cuMemAddressReserve" safety "none beyond the trait's"
+                fn mem_address_reserve(size: u64, alignment: u64) -> u64;
+            /// `cuMemAddressFree(ptr, size)`.
+            [Vmm] MemAddressFree "cuMemAddressFree"
+                safety "the range is the caller's own (not a `Mapped`'s) and nothing is mapped in it"
+                fn mem_address_free(ptr: u64, size: u64) -> ();
+            /// `cuMemMap(ptr, size, offset, handle, 0)`.
+            [Vmm] MemMap "cuMemMap"
+                safety "the range at `ptr` is a reservation of the caller's own"
+                fn mem_map(ptr: u64, size: u64, offset: u64, handle: u64) -> ();
+            /// `cuMemUnmap(ptr, size)`.
+            [Vmm] MemUnmap "cuMemUnmap"
+                safety "R7.2: the mapping is the caller's own (not a `Mapped`'s) and is bound to no endpoint"
+                fn mem_unmap(ptr: u64, size: u64) -> ();
+            /// `cuMemSetAccess(ptr, size, [{device, READWRITE}, ...])` for each device.
+            [Vmm] MemSetAccess "cuMemSetAccess" safety "the range at `ptr` is a mapping of the caller's own"
+                fn mem_set_access(ptr: u64, size: u64, devices: Vec<Device>) -> ();
+
+            // ---- classic multicast (SPEC C1-C6) ----
+            /// `cuMulticastGetGranularity` for a team of `num_devices` (C2).
+            [Classic] MulticastGetGranularity "cuMulticastGetGranularity" safety "none beyond the trait's"
+                fn multicast_granularity(num_devices: u32, size: u64, handle_types: u64, kind: Granularity) -> u64;
+            /// `cuMulticastCreate(&handle, {num_devices, size, handle_types, flags: 0})` (C1).
+            [Classic] MulticastCreate "cuMulticastCreate"
+                safety "C6: every team device reports MULTICAST_SUPPORTED; never on the shared GPU test machines"
+                fn multicast_create(num_devices: u32, size: u64, handle_types: u64) -> u64;
+            /// `cuMulticastAddDevice(mc, dev)` (C3).
+            [Classic] MulticastAddDevice "cuMulticastAddDevice"
+                safety "C3: `mc` is the caller's own object; no bind or map on it is in flight"
+                fn multicast_add_device(mc: u64, dev: Device) -> ();
+            /// `cuMulticastBindMem(mc, mc_offset, mem, mem_offset, size, 0)`.
+            [Classic] MulticastBindMem "cuMulticastBindMem"
+                safety "C3 (every team device was added, or the call blocks forever) and R7.2 (the memory outlives the binding)"
+                fn multicast_bind_mem(mc: u64, mc_offset: u64, mem: u64, mem_offset: u64, size: u64) -> ();
+            /// `cuMulticastBindAddr(mc, mc_offset, ptr, size, 0)`.
+            [Classic] MulticastBindAddr "cuMulticastBindAddr"
+                safety "C3 (every team device was added, or the call blocks forever) and R7.2 (the mapping outlives the binding)"
+                fn multicast_bind_addr(mc: u64, mc_offset: u64, ptr: u64, size: u64) -> ();
+            /// `cuMulticastUnbind(mc, dev, mc_offset, size)` (C4).
+            [Classic] MulticastUnbind "cuMulticastUnbind"
+                safety "C4: `(dev, mc_offset, size)` is exactly one earlier bind of the caller's own; anything else is undefined behaviour in the driver"
+                fn multicast_unbind(mc: u64, dev: Device, mc_offset: u64, size: u64) -> ();
+        }
+    };
+}
+
+/// Which API family a driver call belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Family {
+    /// Driver and device queries (`cuDriverGetVersion`, `cuDeviceGet*`, `cuMemGetInfo`).
+    Base,
+    /// `cuLogicalEndpoint*` (CUDA 13.3+, SPEC R1–R10).
+    LogicalEndpoint,
+    /// Virtual memory management (`cuMem*`): the memory that gets bound.
+    Vmm,
+    /// The classic `cuMulticast*` API (SPEC C1–C6).
+    Classic,
+}
+
+macro_rules! gen_call {
+    ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+        safety $safety:literal
+        fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        /// A driver entry point, named as in `cuda.h`. Used in errors, traces,
+        /// call policies and fault injection.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        pub enum Call { $(#[doc = concat!("`", $cname, "`")] $variant,)* }
+
+        impl Call {
+            /// Every entry point, in table order.
+            pub const ALL: &'static [Call] = &[$(Call::$variant,)*];
+
+            /// The C name, e.g. `"cuLogicalEndpointCreate"`.
+            pub fn name(self) -> &'static str {
+                match self { $(Call::$variant => $cname,)* }
+            }
+
+            /// Looks a C name up, e.g. for a deny list read from the environment.
+            pub fn from_name(name: &str) -> Option<Call> {
+                match name { $($cname => Some(Call::$variant),)* _ => None }
+            }
+
+            /// The API family of this call.
+            pub fn family(self) -> Family {
+                match self { $(Call::$variant => Family::$family,)* }
+            }
+
+            /// The `Driver` method that makes this call, e.g. `"create"`.
+            pub fn method(self) -> &'static str {
+                match self { $(Call::$variant => stringify!($method),)* }
+            }
+        }
+
+        /// The driver boundary: one method per C entry point of the table
+        /// ([`for_each_driver_call!`](crate::for_each_driver_call)), in
+        /// domain types.
+        ///
+        /// Every call method returns `Err(code)` exactly when the C function
+        /// would return a code other than `CUDA_SUCCESS`; implementations never
+        /// panic. Pointers and handles are plain integers (`CUdeviceptr`,
+        /// `CUmemGenericAllocationHandle`).
+        ///
+        /// Implementing the trait is safe: a backend (the model, a test
+        /// double, a remote driver) only has to answer. Implement
+        /// [`Forward`] instead for a wrapper that changes a few calls.
+        ///
+        /// # Safety
+        ///
+        /// Calling a driver method directly is `unsafe`: the typed API
+        /// (`Endpoint`, `Binding`, `Allocation`, `Mapped`, `IdRange`) owns the
+        /// ids, endpoints, bindings, allocations and mappings it made, and its
+        /// soundness rests on nobody else touching them. A direct caller
+        /// promises, for every call:
+        /// - it never names an id, endpoint, handle, address range or binding
+        ///   that a typed object of this crate owns (destroying or re-creating
+        ///   an id under an `Endpoint<Ready>` is SPEC R3.4; releasing memory
+        ///   behind an `Allocation` breaks R7.2);
+        /// - it does not use an endpoint before a query reported it
+        ///   constructed (R3.4);
+        /// - plus the rules in each method's own `# Safety` section (C3, C4,
+        ///   R6, R7.2...).
+        pub trait Driver: Send + Sync + fmt::Debug {
+            /// A short name for reports: `"model"`, `"cuda"`, `"classic(cuda)"`.
+            fn name(&self) -> String;
+
+            /// Why this backend answers `call` with `CUDA_ERROR_NOT_SUPPORTED`,
+            /// in words, when the reason is the backend's own (e.g. the classic
+            /// fallback has no unicast endpoint). `None`: the driver's answer
+            /// speaks for itself.
+            fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
+                let _ = call;
+                None
+            }
+
+            $(
+                $(#[$meta])*
+                ///
+                /// # Safety
+                ///
+                /// The trait-wide contract of [`Driver`], and:
+                #[doc = $safety]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret>;
+            )*
+        }
+
+        /// A [`Driver`] wrapper that forwards every call to [`Forward::inner`]
+        /// unless it overrides the method: implement `Forward`, and the
+        /// blanket `impl<T: Forward> Driver for T` does the rest.
+        ///
+        /// ```
+        /// use cuda_endpoints::driver::{Driver, DriverResult, Forward};
+        ///
+        /// /// Answers "no devices" and passes everything else through.
+        /// #[derive(Debug)]
+        /// struct Empty<D>(D);
+        ///
+        /// impl<D: Driver> Forward for Empty<D> {
+        ///     type Inner = D;
+        ///     fn inner(&self) -> &D {
+        ///         &self.0
+        ///     }
+        ///     unsafe fn device_count(&self) -> DriverResult<i32> {
+        ///         Ok(0)
+        ///     }
+        /// }
+        /// ```
+        ///
+        /// # Safety
+        ///
+        /// As [`Driver`]: each method has the contract of the `Driver` method
+        /// of the same name.
+        pub trait Forward: Send + Sync + fmt::Debug {
+            /// The driver the calls go to.
+            type Inner: Driver + ?Sized;
+
+            /// The driver the calls go to.
+            fn inner(&self) -> &Self::Inner;
+
+            /// As [`Driver::name`]; the inner driver's name by default.
+            fn name(&self) -> String {
+                self.inner().name()
+            }
+
+            /// As [`Driver::explain_unsupported`]; the inner driver's by default.
+            fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
+                self.inner().explain_unsupported(call)
+            }
+
+            $(
+                #[doc = concat!("As [`Driver::", stringify!($method), "`]; forwarded by default.")]
+                ///
+                /// # Safety
+                ///
+                #[doc = concat!("As [`Driver::", stringify!($method), "`].")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
+                    // SAFETY: the caller upholds this method's contract, which
+                    // is the inner driver's.
+                    unsafe { self.inner().$method($($arg),*) }
+                }
+            )*
+        }
+
+        impl<T: Forward> Driver for T {
+            fn name(&self) -> String {
+                Forward::name(self)
+            }
+            fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
+                Forward::explain_unsupported(self, call)
+            }
+            $(
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
+                    // SAFETY: same contract, passed on unchanged.
+                    unsafe { Forward::$method(self $(, $arg)*) }
+                }
+            )*
+        }
+    };
+}
+
+for_each_driver_call!(gen_call);
+
+macro_rules! gen_arc {
+    ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+        safety $safety:literal
+        fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        /// A shared driver is a driver: every call goes to the one behind the
+        /// `Arc`. (Not through [`Forward`], so that method calls on an `Arc`
+        /// stay unambiguous with both traits in scope.)
+        impl<D: Driver + ?Sized> Driver for Arc<D> {
+            fn name(&self) -> String {
+                (**self).name()
+            }
+            fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
+                (**self).explain_unsupported(call)
+            }
+            $(
+                #[allow(clippy::too_many_arguments)]
+                #[inline]
+                unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
+                    // SAFETY: same contract, passed on unchanged.
+                    unsafe { (**self).$method($($arg),*) }
+                }
+            )*
+        }
+    };
+}
+
+for_each_driver_call!(gen_arc);
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_names_round_trip() {
+        for &c in Call::ALL {
+            assert_eq!(Call::from_name(c.name()), Some(c));
+        }
+    }
+
+    #[test]
+    fn families_follow_the_c_names() {
+        for &c in Call::ALL {
+            let by_name = if c.name().starts_with("cuLogicalEndpoint") {
+                Family::LogicalEndpoint
+            } else if c.name().starts_with("cuMulticast") {
+                Family::Classic
+            } else if c.name().starts_with("cuMem") && c != Call::MemGetInfo {
+                Family::Vmm
+            } else {
+                Family::Base
+            };
+            assert_eq!(c.family(), by_name, "{c}");
+        }
+    }
+}
