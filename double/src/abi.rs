@@ -296,14 +296,21 @@ pub fn abi_check_c() -> String {
     );
     #[cfg(not(feature = "cuda-13000"))]
     {
-        width!(CUlogicalEndpointId, CUlogicalEndpointIpcHandleType, CUlogicalEndpointProp);
+        width!(
+            CUlogicalEndpointId,
+            CUlogicalEndpointIpcHandleType,
+            CUlogicalEndpointProp
+        );
         let _ = writeln!(
             c,
             "_Static_assert(sizeof(CUlogicalEndpointFabricHandle) == 64, \"fabric handle\");"
         );
         for (f, off) in [
             ("unicast.device", offset_of!(CUlogicalEndpointProp, union_)),
-            ("multicast.numDevices", offset_of!(CUlogicalEndpointProp, union_)),
+            (
+                "multicast.numDevices",
+                offset_of!(CUlogicalEndpointProp, union_),
+            ),
             ("size", offset_of!(CUlogicalEndpointProp, size)),
             (
                 "ipcHandleTypes",

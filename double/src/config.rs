@@ -31,7 +31,11 @@ pub fn from_env() -> ModelConfig {
         return cfg;
     }
     let n: usize = env_num::<usize>("CUDA_DOUBLE_DEVICES").unwrap_or(4).min(64);
-    let default_version = if cfg!(feature = "cuda-13000") { 13000 } else { 13050 };
+    let default_version = if cfg!(feature = "cuda-13000") {
+        13000
+    } else {
+        13050
+    };
     let version: i32 = env_num("CUDA_DOUBLE_VERSION").unwrap_or(default_version);
     let mut cfg = if version < 13030 {
         ModelConfig::cuda_13_0(n)

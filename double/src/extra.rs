@@ -85,7 +85,12 @@ pub unsafe extern "C" fn cuDoubleReset(config: *const c_char) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDoubleLiveCounters(out: *mut u64, n: usize) -> usize {
     guard(0, || {
-        let (l, refs) = state::with(|d| (d.model.live(), d.ctx_refs.iter().map(|&r| u64::from(r)).sum::<u64>()));
+        let (l, refs) = state::with(|d| {
+            (
+                d.model.live(),
+                d.ctx_refs.iter().map(|&r| u64::from(r)).sum::<u64>(),
+            )
+        });
         let v = [
             l.ids,
             l.endpoints,
@@ -117,7 +122,12 @@ pub unsafe extern "C" fn cuDoubleViolations(buf: *mut c_char, len: usize) -> usi
         let text = state::with(|d| {
             let mut s = String::new();
             for v in d.model.violations() {
-                s.push_str(&format!("{}\t{}\t{}\n", v.call.name(), v.rule, v.code.raw()));
+                s.push_str(&format!(
+                    "{}\t{}\t{}\n",
+                    v.call.name(),
+                    v.rule,
+                    v.code.raw()
+                ));
             }
             for (c, r, code) in &d.violations {
                 s.push_str(&format!("{c}\t{r}\t{code}\n"));

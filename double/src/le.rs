@@ -48,7 +48,9 @@ fn check_handle_type(call: &str, t: CUlogicalEndpointIpcHandleType) -> Result<()
     if t == IPC_FABRIC {
         Ok(())
     } else {
-        Err(state::with(|d| d.violate(call, "R8/R9: handle type must be FABRIC", INVALID_VALUE)))
+        Err(state::with(|d| {
+            d.violate(call, "R8/R9: handle type must be FABRIC", INVALID_VALUE)
+        }))
     }
 }
 

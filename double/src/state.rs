@@ -83,14 +83,17 @@ impl Double {
             retained_mask: 0,
             current_mask: 0,
             violations: Vec::new(),
-            misbehave: Misbehave::parse(&std::env::var("CUDA_DOUBLE_MISBEHAVE").unwrap_or_default())
-                .unwrap_or_default(),
+            misbehave: Misbehave::parse(
+                &std::env::var("CUDA_DOUBLE_MISBEHAVE").unwrap_or_default(),
+            )
+            .unwrap_or_default(),
         }
     }
 
     /// Logs one of the double's own violations and returns its code.
     pub fn violate(&mut self, call: &str, rule: &str, code: CUresult) -> CUresult {
-        self.violations.push((call.to_owned(), rule.to_owned(), code));
+        self.violations
+            .push((call.to_owned(), rule.to_owned(), code));
         code
     }
 
@@ -100,7 +103,11 @@ impl Double {
     pub fn current_device(&mut self, call: &str) -> Result<i32, CUresult> {
         match context_device(CURRENT.with(Cell::get)) {
             Some(d) if self.ctx_refs.get(d as usize).copied().unwrap_or(0) > 0 => Ok(d),
-            Some(_) => Err(self.violate(call, "double: current context was released", INVALID_CONTEXT)),
+            Some(_) => Err(self.violate(
+                call,
+                "double: current context was released",
+                INVALID_CONTEXT,
+            )),
             None => Err(self.violate(call, "double: no current context", INVALID_CONTEXT)),
         }
     }
@@ -125,7 +132,9 @@ pub fn context_device(ctx: usize) -> Option<i32> {
     if ctx < CTX_BASE || (ctx - CTX_BASE) % 16 != 0 {
         return None;
     }
-    i32::try_from((ctx - CTX_BASE) / 16).ok().filter(|&d| d < 64)
+    i32::try_from((ctx - CTX_BASE) / 16)
+        .ok()
+        .filter(|&d| d < 64)
 }
 
 thread_local! {
@@ -215,3 +224,31 @@ pub fn enter(
     });
     catch_unwind(run).unwrap_or(UNKNOWN)
 }
+
+/// At exit (or unload), appends this process's call counts to the file named
+/// by `CUDA_DOUBLE_COUNTS`, `name count` per line, so that CI can sum them
+/// over every process it ran.
+extern "C" fn dump_counts() {
+    let _ = catch_unwind(|| {
+        let Ok(path) = std::env::var("CUDA_DOUBLE_COUNTS") else {
+            return;
+        };
+        let mut text = String::new();
+        for (n, c) in call_counts() {
+            text.push_str(&format!("{n} {c}\n"));
+        }
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(text.as_bytes());
+        }
+    });
+}
+
+/// Registers [`dump_counts`] as an ELF finaliser.
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static DUMP_AT_EXIT: extern "C" fn() = dump_counts;

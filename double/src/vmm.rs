@@ -27,14 +27,26 @@ fn location(call: &str, l: CUmemLocation) -> Result<Location, CUresult> {
     match l.type_ {
         LOC_DEVICE => Ok(Location::Device(Device(l.id))),
         LOC_HOST_NUMA => Ok(Location::HostNuma(l.id)),
-        _ => Err(state::with(|d| d.violate(call, "double: unsupported memory location type", INVALID_VALUE))),
+        _ => Err(state::with(|d| {
+            d.violate(
+                call,
+                "double: unsupported memory location type",
+                INVALID_VALUE,
+            )
+        })),
     }
 }
 
 fn request(call: &str, p: *const CUmemAllocationProp) -> Result<AllocationRequest, CUresult> {
     let p = read(p)?;
     if p.type_ != PINNED || p.requested_handle_types & !KNOWN_HANDLE_BITS != 0 {
-        return Err(state::with(|d| d.violate(call, "double: allocation type or handle bits", INVALID_VALUE)));
+        return Err(state::with(|d| {
+            d.violate(
+                call,
+                "double: allocation type or handle bits",
+                INVALID_VALUE,
+            )
+        }));
     }
     Ok(AllocationRequest {
         location: location(call, p.location)?,
@@ -51,7 +63,11 @@ fn granularity(option: c_uint) -> Result<Granularity, CUresult> {
 }
 
 fn flags_zero(flags: c_ulonglong) -> Result<(), CUresult> {
-    if flags == 0 { Ok(()) } else { Err(INVALID_VALUE) }
+    if flags == 0 {
+        Ok(())
+    } else {
+        Err(INVALID_VALUE)
+    }
 }
 
 fn usize_of(v: u64) -> usize {

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The real-driver backend in CI, on the libcuda test double (`double/`).
+#
+#   ci/double.sh            build the double, check its prototypes against
+#                           cuda.h 13.3 and 13.5, run the suites, the
+#                           examples and the GPU suite through the real
+#                           backend on it, and print the per-call counters
+#   ci/double.sh build      only build; prints the LD_LIBRARY_PATH to use
+#
+# Layout (under target/double/):
+#   13.5/libcuda.so.1   the double (CUDA_DOUBLE_VERSION picks 13.0/13.3/13.4/13.5)
+#   13.0/libcuda.so.1   the `cuda-13000` build: no cuLogicalEndpoint* symbols
+#   stub/libcuda.so     the double under the unversioned name: it plays the
+#                       toolkit's stub library (every call CUDA_ERROR_STUB_LIBRARY)
+#   cuda-13.3/ cuda-13.5/  the fetched headers (never committed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=$root/target/double
+mkdir -p "$out/13.5" "$out/13.0" "$out/stub"
+
+build() {
+    # The double is a workspace of its own, with a target dir of its own: a
+    # `libcuda.so` in target/debug/deps would be on the path of every
+    # `cargo test` (cargo puts that directory on LD_LIBRARY_PATH).
+    nice cargo build --manifest-path double/Cargo.toml --target-dir "$out/build" "$@"
+}
+build
+cp "$out/build/debug/libcuda.so" "$out/13.5/libcuda.so.1"
+cp "$out/build/debug/libcuda.so" "$out/stub/libcuda.so"
+build --features cuda-13000
+cp "$out/build/debug/libcuda.so" "$out/13.0/libcuda.so.1"
+
+if [ "${1:-}" = build ]; then
+    echo "LD_LIBRARY_PATH=$out/13.5"
+    exit 0
+fi
+
+# ---- the double's prototypes and layouts against the real cuda.h ----
+fetch_header() { # version-spec dir
+    local dir=$out/$2
+    if [ ! -f "$dir/nvidia/cu13/include/cuda.h" ]; then
+        mkdir -p "$dir"
+        python3 -m pip download --quiet --no-deps --only-binary=:all: \
+            --platform manylinux2014_x86_64 --python-version 3.12 \
+            "nvidia-cuda-runtime==$1" -d "$dir"
+        (cd "$dir" && python3 -m zipfile -e ./*.whl .)
+    fi
+    echo "$dir/nvidia/cu13/include"
+}
+abi_c() { # library -> C text
+    python3 - "$1" <<'EOF'
+import ctypes, sys
+f = ctypes.CDLL(sys.argv[1]).cuDoubleAbiC
+f.restype = ctypes.c_size_t
+n = f(None, 0)
+b = ctypes.create_string_buffer(n + 1)
+f(b, n + 1)
+sys.stdout.write(b.value.decode())
+EOF
+}
+abi_c "$out/13.5/libcuda.so.1" > "$out/abi-check.c"
+abi_c "$out/13.0/libcuda.so.1" > "$out/abi-check-13000.c"
+for spec in 13.3.29:cuda-13.3 '13.5.*:cuda-13.5'; do
+    inc=$(fetch_header "${spec%%:*}" "${spec##*:}")
+    for c in abi-check.c abi-check-13000.c; do
+        gcc -std=c11 -Wall -Wextra -Werror -c -o /dev/null -I "$inc" "$out/$c"
+    done
+    echo "double ABI: prototypes and layouts match ${spec##*:}/cuda.h"
+done
+
+# ---- the suites through the real backend ----
+export LD_LIBRARY_PATH=$out/13.5${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export CUDA_ENDPOINTS_TEST_BACKEND=cuda
+export CUDA_DOUBLE_DIR=$out
+export CUDA_DOUBLE_COUNTS=$out/counts
+rm -f "$CUDA_DOUBLE_COUNTS"
+# The examples need no fixture: the double's own defaults (4 devices, 13.5).
+# Proptest lifecycles with fewer cases: every case crosses the C ABI.
+export PROPTEST_CASES=${PROPTEST_CASES:-16}
+suites=(rules double)
+for s in "${suites[@]}"; do
+    nice cargo test --test "$s"
+done
+nice cargo test --features gpu --test gpu
+for ex in multicast_team probe; do
+    nice cargo run --quiet --example "$ex" -- --driver cuda
+done
+
+# ---- per-call counters, over every process above ----
+# Each process's double appends its table at exit (CUDA_DOUBLE_COUNTS).
+echo "calls that reached the double through the real backend:"
+python3 - "$out/counts" <<'EOF'
+import collections, sys
+total = collections.Counter()
+try:
+    for line in open(sys.argv[1]):
+        name, n = line.split()
+        total[name] += int(n)
+except FileNotFoundError:
+    pass
+for name in sorted(total):
+    print(f"  {name:45} {total[name]:>8}")
+EOF
