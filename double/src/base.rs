@@ -147,7 +147,7 @@ crate::abi::exports! {
         out(free, usize::try_from(f).unwrap_or(usize::MAX))?;
         out(total, usize::try_from(t).unwrap_or(usize::MAX))
     }
-    [13000] fn cuGetProcAddress_v2(
+    [13000, no_init] fn cuGetProcAddress_v2(
         symbol: *const c_char,
         pfn: *mut *mut c_void,
         cuda_version: c_int,

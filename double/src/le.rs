@@ -131,6 +131,11 @@ crate::abi::exports! {
         size: cuuint64_t,
         flags: c_ulonglong,
     ) {
+        let (offset, size) = if state::with(|d| d.misbehave.swap_bind_offset_size) {
+            (size, offset)
+        } else {
+            (offset, size)
+        };
         // SAFETY: as above.
         model(|m| unsafe { m.bind_addr(le_id, Device(dev), offset, ptr as u64, size, flags) })
     }

@@ -31,7 +31,7 @@ pub const UNKNOWN: CUresult = 999;
 /// suite notices (`cuDoubleMisbehave`, env `CUDA_DOUBLE_MISBEHAVE`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Misbehave {
-    /// `cuLogicalEndpointBindMem` reads `offset` and `size` swapped (argument order).
+    /// `cuLogicalEndpointBindMem`/`BindAddr` read `offset` and `size` swapped (argument order).
     pub swap_bind_offset_size: bool,
     /// `cuMemMap` reads `ptr` as 32 bits (argument width).
     pub narrow_map_ptr: bool,

@@ -172,6 +172,105 @@ impl DoubleLib {
         });
     }
 
+    /// Whether the library exports `name` (`dlsym`).
+    pub fn exports(&self, name: &str) -> bool {
+        // SAFETY: only looks the symbol up.
+        unsafe { self.lib.get::<*const ()>(name.as_bytes()) }.is_ok()
+    }
+
+    /// `cuGetProcAddress_v2(name, &pfn, version, 0, &status)`: `Ok` when
+    /// found, else the result code and the status it wrote.
+    pub fn proc_address(&self, name: &str, version: c_int) -> Result<(), (u32, u32)> {
+        type GetProc = unsafe extern "C" fn(
+            *const c_char,
+            *mut *mut std::ffi::c_void,
+            c_int,
+            u64,
+            *mut u32,
+        ) -> u32;
+        let f: GetProc = self.sym("cuGetProcAddress_v2");
+        let s = CString::new(name).expect("no NUL");
+        let mut pfn = std::ptr::null_mut();
+        let mut status = 0u32;
+        // SAFETY: valid string and out-pointers.
+        let rc = unsafe { f(s.as_ptr(), &mut pfn, version, 0, &mut status) };
+        if rc == 0 && !pfn.is_null() {
+            Ok(())
+        } else {
+            Err((rc, status))
+        }
+    }
+
+    /// Runs `f` with `dev`'s primary context current on this thread, as a
+    /// program beside the library would (retain, set, restore, release).
+    fn in_context<R>(&self, dev: i32, f: impl FnOnce() -> R) -> R {
+        type Retain = unsafe extern "C" fn(*mut usize, c_int) -> u32;
+        type Set = unsafe extern "C" fn(usize) -> u32;
+        type Release = unsafe extern "C" fn(c_int) -> u32;
+        let retain: Retain = self.sym("cuDevicePrimaryCtxRetain");
+        let set: Set = self.sym("cuCtxSetCurrent");
+        let release: Release = self.sym("cuDevicePrimaryCtxRelease_v2");
+        let mut ctx = 0usize;
+        // SAFETY: valid out-pointer; a context this function retained.
+        unsafe {
+            assert_eq!(retain(&mut ctx, dev), 0);
+            assert_eq!(set(ctx), 0);
+        }
+        let r = f();
+        // SAFETY: unbinds, then drops the reference taken above.
+        unsafe {
+            set(0);
+            release(dev);
+        }
+        r
+    }
+
+    /// What a broken backend would do: make `dev`'s primary context current
+    /// for a moment.
+    pub fn emulate_context_switch(&self, dev: i32) {
+        self.in_context(dev, || ());
+    }
+
+    /// `cuMemsetD8_v2` in `dev`'s context.
+    pub fn memset_d8(&self, dev: i32, ptr: u64, value: u8, n: usize) -> Result<(), Code> {
+        let f: unsafe extern "C" fn(u64, u8, usize) -> u32 = self.sym("cuMemsetD8_v2");
+        // SAFETY: plain values.
+        self.in_context(dev, || {
+            Code::from_raw(unsafe { f(ptr, value, n) }).map_or(Ok(()), Err)
+        })
+    }
+
+    /// `cuMemcpyHtoD_v2` in `dev`'s context.
+    pub fn memcpy_htod(&self, dev: i32, ptr: u64, bytes: &[u8]) -> Result<(), Code> {
+        let f: unsafe extern "C" fn(u64, *const u8, usize) -> u32 = self.sym("cuMemcpyHtoD_v2");
+        // SAFETY: `bytes` is readable for its length.
+        self.in_context(dev, || {
+            Code::from_raw(unsafe { f(ptr, bytes.as_ptr(), bytes.len()) }).map_or(Ok(()), Err)
+        })
+    }
+
+    /// `cuMemcpyDtoH_v2` in `dev`'s context.
+    pub fn memcpy_dtoh(&self, dev: i32, ptr: u64, len: usize) -> Result<Vec<u8>, Code> {
+        let f: unsafe extern "C" fn(*mut u8, u64, usize) -> u32 = self.sym("cuMemcpyDtoH_v2");
+        let mut out = vec![0u8; len];
+        // SAFETY: `out` is writable for `len`.
+        self.in_context(dev, || {
+            Code::from_raw(unsafe { f(out.as_mut_ptr(), ptr, len) }).map_or(Ok(()), Err)
+        })?;
+        Ok(out)
+    }
+
+    /// Loads `name` on its own and calls its `cuInit(0)`: the code, or
+    /// `None` when there is no such library.
+    pub fn stub_init(name: &str) -> Option<u32> {
+        // SAFETY: loading a libcuda runs its initialisers.
+        let lib = unsafe { libloading::Library::new(name) }.ok()?;
+        // SAFETY: `cuInit` has this prototype.
+        let init = unsafe { lib.get::<unsafe extern "C" fn(u32) -> u32>(b"cuInit") }.ok()?;
+        // SAFETY: flags 0.
+        Some(unsafe { init(0) })
+    }
+
     /// The path the double was loaded from.
     pub fn loaded_as(&self) -> String {
         self.text("cuDoubleLoadedAs")
