@@ -82,9 +82,13 @@ suites=(rules double)
 for s in "${suites[@]}"; do
     nice cargo test --test "$s"
 done
-nice cargo test --features gpu --test gpu
+# The GPU suite as on a 13.5 driver, and as on the GPU machines' driver 580.
+nice cargo test --features gpu --test gpu -- --test-threads=1
+LD_LIBRARY_PATH=$out/13.0 nice cargo test --features gpu --test gpu -- --test-threads=1
 for ex in multicast_team probe; do
-    nice cargo run --quiet --example "$ex" -- --driver cuda
+    nice cargo run --quiet --example "$ex" -- --driver cuda | tee "$out/example.log"
+    # It must have run on the double, not skipped for want of a driver.
+    ! grep -q "no driver to run on" "$out/example.log"
 done
 
 # ---- per-call counters, over every process above ----

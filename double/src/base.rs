@@ -74,7 +74,10 @@ crate::abi::exports! {
         let (version, fabric) = state::with(|d| (d.version, d.model.clone()));
         // 13.5's attribute 158, which the model does not know yet: the
         // handle types a device supports (FABRIC when attribute 128 says so).
-        let v = if attrib == attr::LE_SUPPORTED_HANDLE_TYPES && version >= 13050 {
+        let v = if let Some(v) = generic_attribute(attrib) {
+            state::with(|d| d.check_device(dev))?;
+            v
+        } else if attrib == attr::LE_SUPPORTED_HANDLE_TYPES && version >= 13050 {
             // SAFETY: as above.
             let f = unsafe { fabric.device_attribute(Device(dev), attr::FABRIC_SUPPORTED) }
                 .map_err(|c| c.raw())?;
@@ -165,6 +168,23 @@ crate::abi::exports! {
         let s = error_name(error).ok_or(INVALID_VALUE)?;
         out(p_str, s.as_ptr())
     }
+}
+
+/// Attributes outside the model's concern that programs beside the library
+/// (cudarc's `CudaContext::new`) read: the double's fixed answers.
+fn generic_attribute(attrib: CUdevice_attribute) -> Option<c_int> {
+    Some(match attrib {
+        // UNIFIED_ADDRESSING: VMM needs it.
+        41 => 1,
+        // COMPUTE_CAPABILITY_MAJOR / MINOR: an H200 (9.0).
+        75 => 9,
+        76 => 0,
+        // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED.
+        102 => 1,
+        // MEMORY_POOLS_SUPPORTED: no stream-ordered allocator in the double.
+        115 => 0,
+        _ => return None,
+    })
 }
 
 /// Names for the codes the double itself returns; anything else is unknown
