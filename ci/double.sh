@@ -80,7 +80,8 @@ rm -f "$CUDA_DOUBLE_COUNTS"
 export PROPTEST_CASES=${PROPTEST_CASES:-16}
 suites=(rules double)
 for s in "${suites[@]}"; do
-    nice cargo test --test "$s"
+    # DOUBLE_TEST_ARGS: extra libtest arguments, e.g. `--skip NAME` while debugging.
+    nice cargo test --test "$s" -- ${DOUBLE_TEST_ARGS:-}
 done
 # The GPU suite as on a 13.5 driver, and as on the GPU machines' driver 580.
 nice cargo test --features gpu --test gpu -- --test-threads=1
@@ -92,17 +93,25 @@ for ex in multicast_team probe; do
 done
 
 # ---- per-call counters, over every process above ----
-# Each process's double appends its table at exit (CUDA_DOUBLE_COUNTS).
-echo "calls that reached the double through the real backend:"
-python3 - "$out/counts" <<'EOF'
+# Each process's double appends its counts at exit (CUDA_DOUBLE_COUNTS). The
+# `Driver` entry points are the rows of `for_each_driver_call!`; every one
+# must have been called through the real backend at least once.
+grep -o '^ *\[[A-Za-z]*\] [A-Za-z]* "cu[A-Za-z0-9_]*"' src/driver/calls.rs \
+    | sed 's/.*"\(cu[A-Za-z0-9_]*\)"/\1/' > "$out/driver-calls"
+python3 - "$out/counts" "$out/driver-calls" <<'EOF'
 import collections, sys
 total = collections.Counter()
-try:
-    for line in open(sys.argv[1]):
-        name, n = line.split()
-        total[name] += int(n)
-except FileNotFoundError:
-    pass
-for name in sorted(total):
-    print(f"  {name:45} {total[name]:>8}")
+for line in open(sys.argv[1]):
+    name, n = line.split()
+    total[name] += int(n)
+entry = [l.strip() for l in open(sys.argv[2]) if l.strip()]
+print(f"Driver entry points called through the real backend on the double ({len(entry)}):")
+for name in entry:
+    print(f"  {name:42} {total[name]:>8}")
+print("other cu* symbols the backend and the programs beside it called:")
+for name in sorted(set(total) - set(entry)):
+    print(f"  {name:42} {total[name]:>8}")
+zero = [n for n in entry if total[n] == 0]
+if zero or not entry:
+    sys.exit(f"never called through the real backend: {zero or 'no entry points found'}")
 EOF
