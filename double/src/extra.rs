@@ -317,3 +317,20 @@ pub unsafe extern "C" fn cuDoubleLoadedAs(buf: *mut c_char, len: usize) -> usize
 pub unsafe extern "C" fn cuDoubleAbiC(buf: *mut c_char, len: usize) -> usize {
     guard(0, || text_out(&crate::abi::abi_check_c(), buf, len))
 }
+
+/// The calls that reached the model since the last reset, in order, one
+/// `cuda.h` name per line.
+///
+/// # Safety
+/// `buf` is null or has `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleTrace(buf: *mut c_char, len: usize) -> usize {
+    guard(0, || {
+        let mut s = String::new();
+        for c in state::with(|d| d.model.trace()) {
+            s.push_str(c.name());
+            s.push('\n');
+        }
+        text_out(&s, buf, len)
+    })
+}

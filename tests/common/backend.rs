@@ -142,6 +142,14 @@ impl DoubleLib {
             .collect()
     }
 
+    /// The calls that reached the double's model since the last reset.
+    pub fn trace(&self) -> Vec<Call> {
+        self.text("cuDoubleTrace")
+            .lines()
+            .filter_map(Call::from_name)
+            .collect()
+    }
+
     /// Installs faults (the double's text form, see `double/src/extra.rs`).
     pub fn set_faults(&self, spec: &str) {
         self.with_str("cuDoubleSetFaults", spec, |rc| {
@@ -485,12 +493,21 @@ impl Forward for Probe {
 /// A context on the backend the environment picks, on a node made as
 /// `config` says, and its probe.
 pub fn context(config: ModelConfig) -> (Context, Probe) {
+    context_over(config, Context::from_arc)
+}
+
+/// As [`context`], with `wrap` making the context over the raw backend
+/// (e.g. the classic fallback over it); the probe's raw calls go to the
+/// raw backend itself.
+pub fn context_over(
+    config: ModelConfig,
+    wrap: impl FnOnce(Arc<dyn Driver>) -> Context,
+) -> (Context, Probe) {
     if !is_cuda() {
-        let (ctx, model) = Context::model(config);
-        // SAFETY: the probe's raw calls are the test's own (see `Driver`).
-        let driver = unsafe { ctx.driver_arc() };
+        let model = Model::new(config);
+        let driver: Arc<dyn Driver> = Arc::new(model.clone());
         return (
-            ctx,
+            wrap(driver.clone()),
             Probe {
                 behind: Behind::Model(model),
                 driver,
@@ -505,11 +522,10 @@ pub fn context(config: ModelConfig) -> (Context, Probe) {
     let turn = Turn::take();
     lib.reset(&config);
     let before = lib.call_counts();
-    let ctx = Context::cuda().expect("Context::cuda() on the test double");
-    // SAFETY: as above.
-    let driver = unsafe { ctx.driver_arc() };
+    let cuda = cuda_endpoints::driver::cuda::Cuda::open().expect("Cuda::open() on the test double");
+    let driver: Arc<dyn Driver> = Arc::new(cuda);
     (
-        ctx,
+        wrap(driver.clone()),
         Probe {
             behind: Behind::Double(lib, turn, before),
             driver,
@@ -523,6 +539,11 @@ pub fn raw(config: ModelConfig) -> Probe {
 }
 
 impl Probe {
+    /// The raw backend's name: `"model"` or `"cuda"`.
+    pub fn name(&self) -> String {
+        self.driver.name()
+    }
+
     /// The model itself, when the suites run on it (`None` on the double).
     pub fn model(&self) -> Option<&Model> {
         match &self.behind {
@@ -581,6 +602,14 @@ impl Probe {
                     }
                 })
                 .collect(),
+        }
+    }
+
+    /// Every call that reached the model, in order.
+    pub fn trace(&self) -> Vec<Call> {
+        match &self.behind {
+            Behind::Model(m) => m.trace(),
+            Behind::Double(lib, _, _) => lib.trace(),
         }
     }
 
