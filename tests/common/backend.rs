@@ -570,6 +570,15 @@ impl Probe {
         }
     }
 
+    /// What the whole node still holds (on the double: one process, so
+    /// [`Probe::live`]).
+    pub fn live_node(&self) -> Live {
+        match &self.behind {
+            Behind::Model(m) => m.live_node(),
+            Behind::Double(lib, _, _) => lib.live().0,
+        }
+    }
+
     /// How many times `call` reached the driver (on the double: since the
     /// probe was made).
     pub fn calls(&self, call: Call) -> u64 {
