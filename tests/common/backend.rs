@@ -438,6 +438,8 @@ pub trait Inspect {
     fn violations(&self) -> Vec<Violation>;
     /// The leak counters.
     fn live(&self) -> Live;
+    /// The leak counters of the whole node.
+    fn live_node(&self) -> Live;
 }
 
 impl Inspect for Model {
@@ -450,6 +452,9 @@ impl Inspect for Model {
     fn live(&self) -> Live {
         Model::live(self)
     }
+    fn live_node(&self) -> Live {
+        Model::live_node(self)
+    }
 }
 
 impl Inspect for Probe {
@@ -461,6 +466,9 @@ impl Inspect for Probe {
     }
     fn live(&self) -> Live {
         Probe::live(self)
+    }
+    fn live_node(&self) -> Live {
+        Probe::live_node(self)
     }
 }
 
