@@ -337,9 +337,13 @@ impl Context {
     /// that context is on (`CudaContext::ordinal`). Both load the same
     /// `libcuda`; the device's primary context is shared.
     ///
+    /// Needs the `cudarc` feature (and a CUDA-version feature on your own
+    /// cudarc dependency).
+    ///
     /// # Errors
     /// [`Error::NoDriver`]; [`Error::NoSuchDevice`] when the ordinal is not a
     /// device of this driver.
+    #[cfg(feature = "cudarc")]
     pub fn from_cudarc(cx: &Arc<cudarc::driver::CudaContext>) -> Result<(Context, Device)> {
         let ctx = Context::cuda()?;
         let ordinal = i32::try_from(cx.ordinal()).unwrap_or(i32::MAX);

@@ -4,9 +4,9 @@
 
 use std::marker::PhantomData;
 
-/// A ready endpoint's id, to pass to kernels (it implements `cudarc`'s
-/// `DeviceRepr`, so it goes straight into a launch's arguments). The same
-/// 4 bytes as `CUlogicalEndpointId`.
+/// A ready endpoint's id, to pass to kernels (with the `cudarc` feature it
+/// implements `cudarc`'s `DeviceRepr`, so it goes straight into a launch's
+/// arguments). The same 4 bytes as `CUlogicalEndpointId`.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointRef<'a> {
@@ -30,4 +30,5 @@ impl EndpointRef<'_> {
 
 // SAFETY: `#[repr(transparent)]` over a `u32`, exactly the kernel-side
 // `CUlogicalEndpointId`.
+#[cfg(feature = "cudarc")]
 unsafe impl cudarc::driver::DeviceRepr for EndpointRef<'_> {}

@@ -17,7 +17,12 @@ pub type DriverResult<T> = Result<T, Code>;
 pub struct Code(u32);
 
 macro_rules! codes {
-    ($($konst:ident = $num:literal, $name:literal, $hint:literal;)*) => {
+    ($($konst:ident = $num:literal, $name:literal, $hint:literal $(, since $since:literal)?;)*) => {
+        /// Every named code: `cuda.h` name, number, first `CUDA_VERSION`
+        /// whose header has it (for the ABI check).
+        #[allow(dead_code)]
+        pub(crate) const KNOWN: &[(&str, u32, u32)] = &[$(($name, $num, 0 $(+ $since)?),)*];
+
         impl Code {
             $(
                 #[doc = concat!("`", $name, "` (", stringify!($num), "): ", $hint)]
@@ -57,7 +62,7 @@ codes! {
     STUB_LIBRARY = 34, "CUDA_ERROR_STUB_LIBRARY", "the loaded libcuda is the toolkit's stub, not a real driver";
     CALL_REQUIRES_NEWER_DRIVER = 36, "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER", "this call needs a newer driver than the one installed";
     DEVICE_UNAVAILABLE = 46, "CUDA_ERROR_DEVICE_UNAVAILABLE", "the device is busy or unavailable (e.g. exclusive compute mode)";
-    MULTICAST_RESOURCE_FULL = 47, "CUDA_ERROR_MULTICAST_RESOURCE_FULL", "no multicast resources are left on the fabric; free some and retry";
+    MULTICAST_RESOURCE_FULL = 47, "CUDA_ERROR_MULTICAST_RESOURCE_FULL", "no multicast resources are left on the fabric; free some and retry", since 13040;
     NO_DEVICE = 100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device was found";
     INVALID_DEVICE = 101, "CUDA_ERROR_INVALID_DEVICE", "the device ordinal is not a valid device, or not one the call accepts";
     DEVICE_NOT_LICENSED = 102, "CUDA_ERROR_DEVICE_NOT_LICENSED", "the device lacks a licence for this feature";
@@ -86,7 +91,7 @@ codes! {
     UNSUPPORTED_EXEC_AFFINITY = 224, "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY", "the execution affinity type is not supported";
     UNSUPPORTED_DEVSIDE_SYNC = 225, "CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC", "the code uses device-side synchronization this device lacks";
     CONTAINED = 226, "CUDA_ERROR_CONTAINED", "an error was contained on the device; the context must be torn down";
-    INSUFFICIENT_LOADER_VERSION = 227, "CUDA_ERROR_INSUFFICIENT_LOADER_VERSION", "the CUDA loader is older than this driver needs; update it";
+    INSUFFICIENT_LOADER_VERSION = 227, "CUDA_ERROR_INSUFFICIENT_LOADER_VERSION", "the CUDA loader is older than this driver needs; update it", since 13040;
     INVALID_SOURCE = 300, "CUDA_ERROR_INVALID_SOURCE", "the kernel source or image is invalid";
     FILE_NOT_FOUND = 301, "CUDA_ERROR_FILE_NOT_FOUND", "a file named in the call was not found";
     SHARED_OBJECT_SYMBOL_NOT_FOUND = 302, "CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND", "a symbol could not be resolved in a shared object";
@@ -149,7 +154,7 @@ codes! {
     KEY_ROTATION = 916, "CUDA_ERROR_KEY_ROTATION", "a key rotation happened; the context is unusable";
     STREAM_DETACHED = 917, "CUDA_ERROR_STREAM_DETACHED", "the stream was detached";
     GRAPH_RECAPTURE_FAILURE = 918, "CUDA_ERROR_GRAPH_RECAPTURE_FAILURE", "re-capturing the graph failed";
-    FABRIC_NOT_READY = 919, "CUDA_ERROR_FABRIC_NOT_READY", "the fabric is not ready yet; retry after a delay";
+    FABRIC_NOT_READY = 919, "CUDA_ERROR_FABRIC_NOT_READY", "the fabric is not ready yet; retry after a delay", since 13040;
     UNKNOWN = 999, "CUDA_ERROR_UNKNOWN", "an error the driver did not classify";
 }
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# ABI check: the C declarations of src/driver/cuda/ffi.rs (and every CUresult
+# that `Code` names) against the real cuda.h of CUDA 13.3, 13.4 and 13.5.
+#
+# The C file is generated from the Rust declarations (src/driver/cuda/abi.rs)
+# and compiled with gcc against each header: sizes, field offsets, enum
+# values and function prototypes must agree. The headers come from the
+# `nvidia-cuda-runtime` wheels on PyPI; they are never committed.
+#
+# Last, the real backend runs one typed lifecycle over ci/fake-libcuda.c,
+# compiled against the same header, loaded as libcuda.so.1.
+#
+# Usage: ci/abi-check.sh [WORKDIR]   (default: target/abi-check)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work="${1:-target/abi-check}"
+mkdir -p "$work"
+work="$(cd "$work" && pwd)"
+
+ABI_CHECK_OUT="$work/abi_check.c" cargo test --lib --quiet -- --ignored --exact \
+    driver::cuda::abi::tests::write_abi_check
+CC="${CC:-gcc}"
+
+for version in 13.3.29 '13.4.*' '13.5.*'; do
+    dir="$work/cu-${version//[.*]/}"
+    header="$dir/nvidia/cu13/include/cuda.h"
+    if [ ! -f "$header" ]; then
+        python3 -m pip download --quiet --no-deps --only-binary=:all: \
+            --platform manylinux2014_x86_64 --python-version 3.12 \
+            "nvidia-cuda-runtime==$version" -d "$dir"
+        (cd "$dir" && python3 -m zipfile -e ./*.whl .)
+    fi
+    echo "abi-check: $(grep -m1 '#define CUDA_VERSION' "$header")"
+    "$CC" -fsyntax-only -std=c11 -Wall -Werror=incompatible-pointer-types \
+        -I "$dir/nvidia/cu13/include" "$work/abi_check.c"
+done
+
+# Every CUresult of the newest header has a name in `Code`.
+missing=$(awk '/typedef enum cudaError_enum/,/} CUresult;/' "$header" \
+    | grep -o 'CUDA_ERROR_[A-Z0-9_]*' | sort -u \
+    | while read -r name; do grep -q "CHECK($name ==" "$work/abi_check.c" || echo "$name"; done)
+if [ -n "$missing" ]; then
+    echo "abi-check: CUresult codes without a name in src/driver/code.rs:" >&2
+    echo "$missing" >&2
+    exit 1
+fi
+# The real backend end to end over a stand-in libcuda built from the header.
+"$CC" -shared -fPIC -Werror -I "$dir/nvidia/cu13/include" -o "$work/libcuda.so.1" ci/fake-libcuda.c
+LD_LIBRARY_PATH="$work" cargo test --lib --quiet -- --ignored --exact \
+    driver::cuda::tests::fake_libcuda_lifecycle
+echo "abi-check: ok"

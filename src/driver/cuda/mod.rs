@@ -1,0 +1,435 @@
+//! The real driver backend: [`Cuda`] implements [`Driver`] over `libcuda`,
+//! loaded at run time. The only part of the crate that sees C.
+//!
+//! - `ffi`: the C declarations this backend calls (typedefs, structs, enum
+//!   values, prototypes), checked against the real `cuda.h` by `abi`
+//!   (`ci/abi-check.sh`);
+//! - `symbols`: loading `libcuda` once and resolving the entry points by
+//!   name, so that a missing library or symbol is an error, never a panic;
+//! - `policy`: the process-wide deny set ([`deny`], [`is_denied`],
+//!   [`DENY_ENV`]), checked before any entry point is touched;
+//! - `context`: the primary contexts that VMM and multicast calls need;
+//! - `marshal`: domain types to C structs and back, one function per call.
+//!
+//! The `Driver` impl is generated from the table of calls; each method is
+//! the `marshal` function of the same name.
+
+#[cfg(test)]
+mod abi;
+mod context;
+mod ffi;
+mod marshal;
+mod policy;
+mod symbols;
+
+use std::ffi::c_int;
+use std::fmt;
+
+pub use policy::{DENY_ENV, deny, is_denied};
+
+use self::context::{Contexts, Cx};
+use self::ffi::Symbols;
+use self::policy::{DENY, DenySet, apply_env_deny};
+use crate::Error;
+use crate::driver::{
+    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
+    Family, Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits,
+};
+
+/// The real CUDA driver, loaded at run time.
+///
+/// Every call first checks the process-wide deny set (`NOT_PERMITTED`, no
+/// driver call), then whether the entry point exists (`NOT_SUPPORTED`, no
+/// call), then makes a primary context current where the call needs one, and
+/// restores the thread's previous context afterwards. Primary contexts are
+/// retained lazily per device and released on drop.
+pub struct Cuda {
+    sym: Symbols,
+    version: i32,
+    deny: &'static DenySet,
+    contexts: Contexts,
+}
+
+/// The exported symbol behind a call (`cuda.h` maps some names to `_v2`).
+fn symbol_of(call: Call) -> &'static str {
+    match call {
+        Call::MemGetInfo => "cuMemGetInfo_v2",
+        other => other.name(),
+    }
+}
+
+impl Cuda {
+    /// Loads `libcuda` (`libcuda.so.1`, else `libcuda.so`), applies
+    /// [`DENY_ENV`], resolves the entry points, runs `cuInit(0)` and reads
+    /// `cuDriverGetVersion`.
+    ///
+    /// Missing logical-endpoint or multicast symbols are not an error here
+    /// (driver 580 / CUDA 13.0 has none): those calls answer
+    /// `CUDA_ERROR_NOT_SUPPORTED`; see [`Cuda::require_logical_endpoints`].
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`] when `libcuda` cannot be loaded, is not a driver, or
+    /// `cuInit` fails (e.g. no device, stub library); [`Error::Unsupported`]
+    /// when a base entry point is missing or [`DENY_ENV`] names an unknown call.
+    pub fn open() -> Result<Cuda, Error> {
+        apply_env_deny()?;
+        let sym = symbols::load().map_err(|reason| Error::NoDriver { reason })?;
+        let (Some(init), Some(get_version)) = (sym.cuInit, sym.cuDriverGetVersion) else {
+            return Err(Error::NoDriver {
+                reason: "the loaded libcuda exports no cuInit / cuDriverGetVersion".into(),
+            });
+        };
+        // SAFETY: `init` is `cuInit`; flags must be 0.
+        if let Some(code) = Code::from_raw(unsafe { init(0) }) {
+            tracing::debug!(%code, "cuInit failed");
+            return Err(Error::NoDriver {
+                reason: format!("cuInit failed with {code}"),
+            });
+        }
+        let mut version: c_int = 0;
+        // SAFETY: `get_version` is `cuDriverGetVersion`; `version` is a valid out-pointer.
+        if let Some(code) = Code::from_raw(unsafe { get_version(&mut version) }) {
+            return Err(Error::NoDriver {
+                reason: format!("cuDriverGetVersion failed with {code}"),
+            });
+        }
+        let essential = [
+            "cuCtxGetCurrent",
+            "cuCtxSetCurrent",
+            "cuDevicePrimaryCtxRetain",
+            "cuDevicePrimaryCtxRelease_v2",
+            "cuDeviceGetCount",
+            "cuDeviceGetAttribute",
+        ];
+        let lacking: Vec<&str> = essential.into_iter().filter(|n| !sym.has(n)).collect();
+        if !lacking.is_empty() {
+            return Err(Error::Unsupported {
+                what: lacking.join(", "),
+                driver_version: Some(version),
+                hint: "the driver is too old for this library; install a CUDA 12+ driver".into(),
+            });
+        }
+        tracing::debug!(version, missing = ?sym.missing(), "CUDA driver loaded");
+        Ok(Cuda {
+            sym,
+            version,
+            deny: &DENY,
+            contexts: Contexts::new(),
+        })
+    }
+
+    /// The driver version read at [`Cuda::open`] (`cuDriverGetVersion`, e.g. `13000`).
+    pub fn version(&self) -> i32 {
+        self.version
+    }
+
+    /// Whether this driver lacks the entry point behind `call`.
+    pub fn missing(&self, call: Call) -> bool {
+        !self.sym.has(symbol_of(call))
+    }
+
+    /// `Ok` when this driver has logical endpoints: version at least
+    /// [`LOGICAL_ENDPOINT_MIN_VERSION`] and every `cuLogicalEndpoint*` symbol.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming what the driver does have instead.
+    pub fn require_logical_endpoints(&self) -> Result<(), Error> {
+        let of = |family: Family| {
+            Call::ALL
+                .iter()
+                .copied()
+                .filter(move |c| c.family() == family)
+        };
+        let lacking: Vec<&str> = of(Family::LogicalEndpoint)
+            .filter(|&c| self.missing(c))
+            .map(Call::name)
+            .collect();
+        if self.version >= LOGICAL_ENDPOINT_MIN_VERSION && lacking.is_empty() {
+            return Ok(());
+        }
+        let has_all = |family| of(family).all(|c| !self.missing(c));
+        let mut hint = match (has_all(Family::Vmm), has_all(Family::Classic)) {
+            (true, true) => "this driver has VMM (cuMem*) and classic multicast (cuMulticast*; \
+                             each team device must also report MULTICAST_SUPPORTED, attribute 132)"
+                .to_owned(),
+            (true, false) => {
+                "this driver has VMM (cuMem*) but no classic multicast (cuMulticast*)".to_owned()
+            }
+            (false, _) => "this driver lacks the VMM calls (cuMem*) too".to_owned(),
+        };
+        hint.push_str("; logical endpoints need CUDA 13.3 drivers");
+        if self.version >= LOGICAL_ENDPOINT_MIN_VERSION {
+            hint.push_str(&format!(
+                " (this one reports {} but does not export {})",
+                self.version,
+                lacking.join(", ")
+            ));
+        }
+        Err(Error::Unsupported {
+            what: "cuLogicalEndpoint* (logical endpoints need driver 13.3+)".into(),
+            driver_version: Some(self.version),
+            hint,
+        })
+    }
+
+    /// Runs one entry point: policy, presence, context, call, trace. `body`
+    /// makes the C call through the resolved pointer and returns its raw result.
+    fn run<F: Copy>(
+        &self,
+        call: Call,
+        f: Option<F>,
+        cx: Cx,
+        body: impl FnOnce(F) -> u32,
+    ) -> DriverResult<()> {
+        if self.deny.contains(call) {
+            tracing::debug!(
+                call = call.name(),
+                "denied by policy: CUDA_ERROR_NOT_PERMITTED"
+            );
+            return Err(Code::NOT_PERMITTED);
+        }
+        let Some(f) = f else {
+            tracing::debug!(
+                call = call.name(),
+                "not exported by this driver: CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(Code::NOT_SUPPORTED);
+        };
+        let _guard = self.contexts.bind(&self.sym, cx).inspect_err(|code| {
+            tracing::debug!(call = call.name(), ?cx, %code, "no context for the call");
+        })?;
+        match Code::from_raw(body(f)) {
+            None => {
+                tracing::trace!(call = call.name(), "CUDA_SUCCESS");
+                Ok(())
+            }
+            Some(code) => {
+                tracing::debug!(call = call.name(), %code, "driver call failed");
+                Err(code)
+            }
+        }
+    }
+
+    /// A backend with no entry points, for tests of the policy and presence checks.
+    #[cfg(test)]
+    fn detached(deny: &'static DenySet) -> Cuda {
+        Cuda {
+            sym: Symbols::default(),
+            version: 0,
+            deny,
+            contexts: Contexts::new(),
+        }
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        self.contexts.release_all(&self.sym);
+    }
+}
+
+impl fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cuda")
+            .field("version", &self.version)
+            .field("missing", &self.sym.missing())
+            .field("primary_contexts", &self.contexts.devices())
+            .finish()
+    }
+}
+
+static_assertions::assert_impl_all!(Cuda: Send, Sync);
+
+macro_rules! cuda_driver {
+    ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+        safety $safety:literal
+        fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        impl Driver for Cuda {
+            fn name(&self) -> String {
+                "cuda".into()
+            }
+            $(
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
+                    // SAFETY: the marshalling function has this method's
+                    // contract, which the caller upholds.
+                    unsafe { marshal::$method(self $(, $arg)*) }
+                }
+            )*
+        }
+    };
+}
+
+crate::for_each_driver_call!(cuda_driver);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_without_libcuda_is_no_driver() {
+        let present = symbols::load().is_ok();
+        let opened = std::panic::catch_unwind(Cuda::open);
+        let Ok(result) = opened else {
+            panic!("Cuda::open panicked");
+        };
+        if !present {
+            assert!(
+                matches!(result, Err(Error::NoDriver { .. })),
+                "expected NoDriver, got {result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn denied_calls_never_reach_the_driver() {
+        // A private set, so that the process-wide policy of other tests is untouched.
+        let set: &'static DenySet = Box::leak(Box::new(DenySet::new()));
+        set.add(Call::MulticastCreate);
+        let cuda = Cuda::detached(set);
+        // SAFETY: a backend without entry points: nothing can reach a driver.
+        unsafe {
+            // Denied: NOT_PERMITTED, before the presence check.
+            assert_eq!(
+                cuda.multicast_create(2, 1 << 21, 0),
+                Err(Code::NOT_PERMITTED)
+            );
+            // Not denied, not exported: NOT_SUPPORTED, nothing called.
+            assert_eq!(
+                cuda.multicast_granularity(2, 1 << 21, 0, Granularity::Minimum),
+                Err(Code::NOT_SUPPORTED)
+            );
+            assert_eq!(cuda.id_reserve(1), Err(Code::NOT_SUPPORTED));
+            assert_eq!(cuda.device_clique(Device(0)), Err(Code::NOT_SUPPORTED));
+        }
+        assert!(cuda.missing(Call::Create));
+        assert!(cuda.missing(Call::MemGetInfo));
+        assert!(matches!(
+            cuda.require_logical_endpoints(),
+            Err(Error::Unsupported {
+                driver_version: Some(0),
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn every_call_has_a_declared_symbol() {
+        for &call in Call::ALL {
+            assert!(
+                ffi::FUNCTIONS.iter().any(|f| f.name == symbol_of(call)),
+                "{call}: no prototype in ffi"
+            );
+        }
+    }
+
+    /// The typed lifecycle on this backend over `ci/fake-libcuda.c` (run by
+    /// `ci/abi-check.sh` with `LD_LIBRARY_PATH` pointing at it): loading,
+    /// symbols and marshalling end to end.
+    #[test]
+    #[ignore = "needs ci/fake-libcuda.c as libcuda.so.1 (ci/abi-check.sh)"]
+    fn fake_libcuda_lifecycle() {
+        use crate::{Allocation, Context, PosixFd, Spec};
+        let ctx = Context::cuda().expect("the fake libcuda loads");
+        assert_eq!(ctx.backend_name(), "cuda");
+        assert_eq!(ctx.driver_version(), Some(13030));
+        assert_eq!(ctx.devices().unwrap(), vec![Device(0)]);
+        let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), 2 << 20).unwrap();
+        let ep = ctx
+            .reserve_one()
+            .unwrap()
+            .create(Spec::unicast(0, 2 << 20).exportable())
+            .unwrap()
+            .wait(std::time::Duration::from_secs(1))
+            .unwrap();
+        ep.export().unwrap();
+        ep.bind(Device(0), 0, &mem).unwrap().unbind().unwrap();
+        ep.destroy().unwrap().release().unwrap();
+        drop(mem);
+        assert!(ctx.take_teardown_errors().is_empty());
+    }
+
+    /// Real-driver smoke test: `cargo test --lib -- --ignored gpu_smoke`.
+    /// Denies `cuMulticastCreate` first and never calls it.
+    #[test]
+    #[ignore = "needs a CUDA driver"]
+    fn gpu_smoke() {
+        use crate::driver::{Location, handle_bits};
+        deny(&[Call::MulticastCreate]);
+        let cuda = match Cuda::open() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("skip: {e}");
+                return;
+            }
+        };
+        eprintln!("{cuda:?}");
+        eprintln!(
+            "require_logical_endpoints: {:?}",
+            cuda.require_logical_endpoints()
+        );
+        // SAFETY: the test owns everything it makes and frees it in order;
+        // cuMulticastCreate is denied above.
+        unsafe {
+            assert_eq!(cuda.driver_version(), Ok(cuda.version()));
+            eprintln!("device_count: {:?}", cuda.device_count());
+            for attr in [128, 132, 134, 153, 154, 155, 156, 158] {
+                eprintln!("attr {attr}: {:?}", cuda.device_attribute(Device(0), attr));
+            }
+            eprintln!("clique: {:?}", cuda.device_clique(Device(0)));
+            assert_eq!(
+                cuda.multicast_create(1, 2 << 20, 0),
+                Err(Code::NOT_PERMITTED)
+            );
+            let req = AllocationRequest {
+                location: Location::Device(Device(0)),
+                handle_types: handle_bits::POSIX_FD,
+            };
+            let g = cuda.mem_granularity(req, Granularity::Minimum).unwrap();
+            eprintln!(
+                "granularity min {g}, rec {:?}",
+                cuda.mem_granularity(req, Granularity::Recommended)
+            );
+            let h = cuda.mem_create(g, req).unwrap();
+            assert_eq!(cuda.mem_properties(h), Ok(req));
+            let ptr = cuda.mem_address_reserve(g, g).unwrap();
+            cuda.mem_map(ptr, g, 0, h).unwrap();
+            cuda.mem_set_access(ptr, g, vec![Device(0)]).unwrap();
+            eprintln!("mem_get_info: {:?}", cuda.mem_get_info(Device(0)));
+            cuda.mem_unmap(ptr, g).unwrap();
+            cuda.mem_address_free(ptr, g).unwrap();
+            cuda.mem_release(h).unwrap();
+            let fabric = AllocationRequest {
+                handle_types: handle_bits::FABRIC,
+                ..req
+            };
+            eprintln!("fabric mem_create: {:?}", cuda.mem_create(g, fabric));
+            if let Ok(numa) = cuda.device_attribute(Device(0), 134) {
+                let host = AllocationRequest {
+                    location: Location::HostNuma(numa),
+                    handle_types: 0,
+                };
+                match cuda.mem_create(g, host) {
+                    Ok(h) => {
+                        eprintln!("host numa {numa}: props {:?}", cuda.mem_properties(h));
+                        eprintln!("release {:?}", cuda.mem_release(h));
+                    }
+                    Err(c) => eprintln!("host numa {numa}: mem_create {c}"),
+                }
+            }
+            eprintln!(
+                "bad device mem_get_info: {:?}",
+                cuda.mem_get_info(Device(99))
+            );
+            // A failed device does not become the one for device-less calls.
+            let va = cuda.mem_address_reserve(g, g).unwrap();
+            cuda.mem_address_free(va, g).unwrap();
+            // The thread's binding was restored: nothing current now.
+            let mut cur: ffi::CUcontext = std::ptr::null_mut();
+            let rc = cuda.sym.cuCtxGetCurrent.unwrap()(&mut cur);
+            assert_eq!((rc, cur.is_null()), (0, true));
+        }
+        eprintln!("{cuda:?}");
+        drop(cuda);
+    }
+}
