@@ -84,6 +84,8 @@ for s in "${suites[@]}"; do
     nice cargo test --test "$s" -- ${DOUBLE_TEST_ARGS:-}
 done
 # The GPU suite as on a 13.5 driver, and as on the GPU machines' driver 580.
+# It uses cudarc beside the library, which needs a CUDA version to build for.
+export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
 nice cargo test --features gpu --test gpu -- --test-threads=1
 LD_LIBRARY_PATH=$out/13.0 nice cargo test --features gpu --test gpu -- --test-threads=1
 for ex in multicast_team probe; do
