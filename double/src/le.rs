@@ -170,10 +170,8 @@ crate::abi::exports! {
         let cap = read(count.cast_const())?;
         let c = clique(dev)?;
         let n = usize::from(c.is_some());
-        if let Some(id) = c {
-            if cap >= 1 {
-                out(clique_info, CUcliqueInfo { type_: CLIQUE_MULTICAST_LE, id })?;
-            }
+        if let (Some(id), 1..) = (c, cap) {
+            out(clique_info, CUcliqueInfo { type_: CLIQUE_MULTICAST_LE, id })?;
         }
         out(count, n.min(cap))
     }

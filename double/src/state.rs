@@ -129,7 +129,7 @@ pub fn context_handle(dev: i32) -> usize {
 }
 
 pub fn context_device(ctx: usize) -> Option<i32> {
-    if ctx < CTX_BASE || (ctx - CTX_BASE) % 16 != 0 {
+    if ctx < CTX_BASE || !(ctx - CTX_BASE).is_multiple_of(16) {
         return None;
     }
     i32::try_from((ctx - CTX_BASE) / 16)
