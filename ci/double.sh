@@ -12,7 +12,8 @@
 #   13.0/libcuda.so.1   the `cuda-13000` build: no cuLogicalEndpoint* symbols
 #   stub/libcuda.so     the double under the unversioned name: it plays the
 #                       toolkit's stub library (every call CUDA_ERROR_STUB_LIBRARY)
-#   cuda-13.3/ cuda-13.5/  the fetched headers (never committed)
+#   abi-check.c         the generated C file that checks the double against cuda.h
+# The headers (never committed) go to target/abi-check/, shared with ci/abi-check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -37,8 +38,11 @@ if [ "${1:-}" = build ]; then
 fi
 
 # ---- the double's prototypes and layouts against the real cuda.h ----
-fetch_header() { # version-spec dir
-    local dir=$out/$2
+# The headers: fetched into the same place as ci/abi-check.sh's (the
+# boundary's check), so that CI downloads each wheel once.
+headers=$root/target/abi-check
+fetch_header() { # version-spec
+    local dir=$headers/cu-${1//[.*]/}
     if [ ! -f "$dir/nvidia/cu13/include/cuda.h" ]; then
         mkdir -p "$dir"
         python3 -m pip download --quiet --no-deps --only-binary=:all: \
@@ -61,13 +65,21 @@ EOF
 }
 abi_c "$out/13.5/libcuda.so.1" > "$out/abi-check.c"
 abi_c "$out/13.0/libcuda.so.1" > "$out/abi-check-13000.c"
-for spec in 13.3.29:cuda-13.3 '13.5.*:cuda-13.5'; do
-    inc=$(fetch_header "${spec%%:*}" "${spec##*:}")
+for version in 13.3.29 '13.5.*'; do
+    inc=$(fetch_header "$version")
     for c in abi-check.c abi-check-13000.c; do
         gcc -std=c11 -Wall -Wextra -Werror -c -o /dev/null -I "$inc" "$out/$c"
     done
-    echo "double ABI: prototypes and layouts match ${spec##*:}/cuda.h"
+    echo "double ABI: prototypes and layouts match $(grep -m1 '#define CUDA_VERSION' "$inc/cuda.h")"
 done
+# The check can fail: one parameter narrowed must not compile.
+sed 's/double_cuLogicalEndpointBindMem(CUlogicalEndpointId le_id, CUdevice dev, cuuint64_t offset/double_cuLogicalEndpointBindMem(CUlogicalEndpointId le_id, CUdevice dev, cuuint32_t offset/' \
+    "$out/abi-check.c" > "$out/abi-check-broken.c"
+! cmp -s "$out/abi-check.c" "$out/abi-check-broken.c"
+if gcc -std=c11 -Wall -Werror -c -o /dev/null -I "$inc" "$out/abi-check-broken.c" 2>/dev/null; then
+    echo "double ABI: a narrowed parameter compiled: the check checks nothing" >&2
+    exit 1
+fi
 
 # ---- the suites through the real backend ----
 export LD_LIBRARY_PATH=$out/13.5${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
