@@ -179,6 +179,25 @@ fn a_context_switched_into_an_unused_device_is_caught() {
     );
 }
 
+#[test]
+fn primary_contexts_are_released_and_the_current_one_restored() {
+    let Some((_ctx, _probe, lib)) = on_double(ModelConfig::node(2)) else {
+        return;
+    };
+    let held = lib.live().1;
+    let ctx = Context::cuda().unwrap();
+    lifecycle(&ctx, 1).unwrap();
+    lifecycle(&ctx, 0).unwrap();
+    assert!(lib.live().1 > held, "the backend retained primary contexts");
+    assert_eq!(
+        lib.current_context(),
+        0,
+        "the thread's current context was restored"
+    );
+    drop(ctx);
+    assert_eq!(lib.live().1, held, "every retain released with the backend");
+}
+
 /// Found by the double: device-less calls (`cuLogicalEndpointIdReserve`,
 /// `Create`, `Query`...) run in "any" context, which is device 0's until
 /// another device was used, so a program on device 2 only still retains and

@@ -233,6 +233,15 @@ impl DoubleLib {
         r
     }
 
+    /// This thread's current context as the double sees it (0: none).
+    pub fn current_context(&self) -> usize {
+        let f: unsafe extern "C" fn(*mut usize) -> u32 = self.sym("cuCtxGetCurrent");
+        let mut ctx = 0usize;
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { f(&mut ctx) }, 0);
+        ctx
+    }
+
     /// What a broken backend would do: make `dev`'s primary context current
     /// for a moment.
     pub fn emulate_context_switch(&self, dev: i32) {
