@@ -654,6 +654,19 @@ impl Probe {
         }
     }
 
+    /// Fails about `per_mille` of all calls but teardown ones
+    /// (`faults::TEARDOWN`), with codes the SPEC allows each, from `seed`.
+    pub fn set_random_faults(&self, seed: u64, per_mille: u32) {
+        match &self.behind {
+            Behind::Model(m) => m.set_faults(FaultPlan::none().random_except(
+                seed,
+                per_mille,
+                cuda_endpoints::model::faults::TEARDOWN,
+            )),
+            Behind::Double(lib, _, _) => lib.set_faults(&format!("random {seed} {per_mille}")),
+        }
+    }
+
     /// Planned faults fired so far.
     pub fn faults_fired(&self) -> u64 {
         match &self.behind {
