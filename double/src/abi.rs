@@ -1,5 +1,5 @@
 //! The C ABI the double exports: `cuda.h` type names as Rust aliases, the C
-//! structs it reads and writes, the [`exports!`] macro that defines each
+//! structs it reads and writes, the `exports!` macro that defines each
 //! `extern "C"` entry point once (symbol, prototype, panic guard, call
 //! counter), and the C text that lets a compiler check those prototypes
 //! against the real `cuda.h` ([`abi_check_c`]).
