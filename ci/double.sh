@@ -100,10 +100,17 @@ done
 export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
 nice cargo test --features gpu --test gpu -- --test-threads=1
 LD_LIBRARY_PATH=$out/13.0 nice cargo test --features gpu --test gpu -- --test-threads=1
-for ex in multicast_team probe; do
-    nice cargo run --quiet --example "$ex" -- --driver cuda | tee "$out/example.log"
-    # It must have run on the double, not skipped for want of a driver.
-    ! grep -q "no driver to run on" "$out/example.log"
+# The examples as on 13.5 (the double's default), 13.3, and driver 580 (the
+# 13.0 build: logical endpoints reported unsupported, the example still exits 0).
+for pretend in 13.5: 13.5:13030 13.0:; do
+    dir=${pretend%%:*} version=${pretend##*:}
+    for ex in multicast_team probe; do
+        LD_LIBRARY_PATH=$out/$dir CUDA_DOUBLE_VERSION=$version \
+            nice cargo run --quiet --example "$ex" -- --driver cuda > "$out/example.log"
+        echo "example $ex on the double $dir/${version:-default}: $(head -n1 "$out/example.log")"
+        # It must have run on the double, not skipped for want of a driver.
+        ! grep -q "no driver to run on" "$out/example.log"
+    done
 done
 
 # ---- per-call counters, over every process above ----
