@@ -116,23 +116,28 @@ done
 # ---- per-call counters, over every process above ----
 # Each process's double appends its counts at exit (CUDA_DOUBLE_COUNTS). The
 # `Driver` entry points are the rows of `for_each_driver_call!`; every one
-# must have been called through the real backend at least once.
+# must have been called through the real backend, and succeeded, at least once.
 grep -o '^ *\[[A-Za-z]*\] [A-Za-z]* "cu[A-Za-z0-9_]*"' src/driver/calls.rs \
     | sed 's/.*"\(cu[A-Za-z0-9_]*\)"/\1/' > "$out/driver-calls"
 python3 - "$out/counts" "$out/driver-calls" <<'EOF'
 import collections, sys
-total = collections.Counter()
+calls, failed = collections.Counter(), collections.Counter()
 for line in open(sys.argv[1]):
-    name, n = line.split()
-    total[name] += int(n)
+    name, n, f = line.split()
+    calls[name] += int(n)
+    failed[name] += int(f)
 entry = [l.strip() for l in open(sys.argv[2]) if l.strip()]
+def row(name):
+    ok = calls[name] - failed[name]
+    print(f"  {name:42} {calls[name]:>8} {ok:>8} {failed[name]:>8}")
 print(f"Driver entry points called through the real backend on the double ({len(entry)}):")
+print(f"  {'entry point':42} {'calls':>8} {'success':>8} {'error':>8}")
 for name in entry:
-    print(f"  {name:42} {total[name]:>8}")
+    row(name)
 print("other cu* symbols the backend and the programs beside it called:")
-for name in sorted(set(total) - set(entry)):
-    print(f"  {name:42} {total[name]:>8}")
-zero = [n for n in entry if total[n] == 0]
+for name in sorted(set(calls) - set(entry)):
+    row(name)
+zero = [n for n in entry if calls[n] - failed[n] == 0]
 if zero or not entry:
-    sys.exit(f"never called through the real backend: {zero or 'no entry points found'}")
+    sys.exit(f"never called successfully through the real backend: {zero or 'no entry points found'}")
 EOF

@@ -195,6 +195,37 @@ fn attribute_158_only_on_13_5() {
     }
 }
 
+/// The 64 handle bytes survive the ABI both ways: exported into the
+/// caller's buffer, imported from it (raw calls: in one process the typed API
+/// refuses a second attachment, and a second process needs the model).
+#[test]
+fn export_then_import_round_trips_the_handle_bytes() {
+    use cuda_endpoints::Driver;
+    use cuda_endpoints::driver::{EndpointProps, Shape};
+    let Some((_ctx, probe, _)) = on_double(ModelConfig::node(1).queries_to_ready(0)) else {
+        return;
+    };
+    // SAFETY: raw calls on a backend no typed object uses; the test owns every id.
+    unsafe {
+        let base = probe.id_reserve(2).unwrap();
+        let props = EndpointProps {
+            ipc_fabric: true,
+            ..EndpointProps::new(Shape::Unicast { owner: Device(0) }, 2 * MIB)
+        };
+        probe.create(base, props).unwrap();
+        assert!(probe.query(base, 1).unwrap());
+        let h = probe.export(base).unwrap();
+        assert_ne!(h.0, [0; 64], "the export wrote the handle");
+        probe.import(base + 1, h).unwrap();
+        assert!(probe.query(base + 1, 1).unwrap());
+        probe.destroy(base + 1).unwrap();
+        probe.destroy(base).unwrap();
+        probe.id_release(base, 2).unwrap();
+    }
+    assert!(probe.violations().is_empty(), "{:?}", probe.violations());
+    assert!(probe.live().is_empty(), "{:?}", probe.live());
+}
+
 /// Bit `d` for each device in `devs`.
 fn mask(devs: &[i32]) -> u64 {
     devs.iter().fold(0, |m, &d| m | 1 << d)

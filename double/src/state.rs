@@ -145,6 +145,8 @@ thread_local! {
 static STATE: Mutex<Option<Double>> = Mutex::new(None);
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 static CALLS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+/// Of [`CALLS`], those that returned a code other than `CUDA_SUCCESS`.
+static FAILED: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
 
 /// Runs `f` on the double, built from the environment on first use.
 pub fn with<R>(f: impl FnOnce(&mut Double) -> R) -> R {
@@ -178,6 +180,11 @@ pub fn set_initialized() {
 /// `cuMemGetInfo`, the name the library's `Call` uses).
 pub fn call_counts() -> BTreeMap<&'static str, u64> {
     CALLS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Of [`call_counts`], how many failed, per name.
+pub fn failure_counts() -> BTreeMap<&'static str, u64> {
+    FAILED.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 fn base_name(symbol: &'static str) -> &'static str {
@@ -222,20 +229,27 @@ pub fn enter(
             Err(code) => code,
         }
     });
-    catch_unwind(run).unwrap_or(UNKNOWN)
+    let rc = catch_unwind(run).unwrap_or(UNKNOWN);
+    if rc != SUCCESS {
+        let mut f = FAILED.lock().unwrap_or_else(|e| e.into_inner());
+        *f.entry(base_name(symbol)).or_insert(0) += 1;
+    }
+    rc
 }
 
 /// At exit (or unload), appends this process's call counts to the file named
-/// by `CUDA_DOUBLE_COUNTS`, `name count` per line, so that CI can sum them
-/// over every process it ran.
+/// by `CUDA_DOUBLE_COUNTS`, `name calls failed` per line, so that CI can sum
+/// them over every process it ran.
 extern "C" fn dump_counts() {
     let _ = catch_unwind(|| {
         let Ok(path) = std::env::var("CUDA_DOUBLE_COUNTS") else {
             return;
         };
+        let failed = failure_counts();
         let mut text = String::new();
         for (n, c) in call_counts() {
-            text.push_str(&format!("{n} {c}\n"));
+            let f = failed.get(n).copied().unwrap_or(0);
+            text.push_str(&format!("{n} {c} {f}\n"));
         }
         use std::io::Write as _;
         if let Ok(mut f) = std::fs::OpenOptions::new()
