@@ -75,6 +75,11 @@ impl Context {
         &*self.inner.driver
     }
 
+    /// The backend's calls that are safe to make (queries).
+    pub(crate) fn queries(&self) -> crate::driver::Queries<'_> {
+        crate::driver::Queries(&*self.inner.driver)
+    }
+
     /// The backend, shared, for raw calls beside the typed API.
     ///
     /// # Safety
@@ -150,8 +155,7 @@ impl Context {
         *self
             .inner
             .version
-            // SAFETY: a version query touches nothing anyone owns.
-            .get_or_init(|| unsafe { self.inner.driver.driver_version() }.ok())
+            .get_or_init(|| self.queries().driver_version().ok())
     }
 
     /// Number of devices, cached.
@@ -162,10 +166,7 @@ impl Context {
         if let Some(&n) = self.inner.device_count.get() {
             return Ok(n);
         }
-        // SAFETY: a device count touches nothing anyone owns.
-        let n = self.check(Call::DeviceGetCount, unsafe {
-            self.driver().device_count()
-        })?;
+        let n = self.check(Call::DeviceGetCount, self.queries().device_count())?;
         Ok(*self.inner.device_count.get_or_init(|| n))
     }
 
@@ -196,9 +197,10 @@ impl Context {
     /// [`Error::Driver`] from `cuDeviceGetAttribute` (a driver older than 13.3
     /// answers `INVALID_VALUE` for 153-156).
     pub fn attribute(&self, dev: Device, attr: i32) -> Result<i32> {
-        // SAFETY: an attribute query touches nothing anyone owns.
-        let r = unsafe { self.driver().device_attribute(dev, attr) };
-        self.check(Call::DeviceGetAttribute, r)
+        self.check(
+            Call::DeviceGetAttribute,
+            self.queries().device_attribute(dev, attr),
+        )
     }
 
     /// Turns a driver answer into the crate's error. A logical-endpoint call

@@ -289,8 +289,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 }
             }
         }
-        // SAFETY: a limits query touches nothing anyone owns.
-        let limits = ctx.check(Call::GetLimits, unsafe { ctx.driver().get_limits(props) })?;
+        let limits = ctx.check(Call::GetLimits, ctx.queries().get_limits(props))?;
         let align = limits.bind_alignment.max(1);
         let largest = limits.max_size / align * align;
         if props.size == 0 {

@@ -120,8 +120,7 @@ impl<H: MemShare> Allocation<H> {
         };
         let gran = ctx.check(
             Call::MemGetAllocationGranularity,
-            // SAFETY: a granularity query touches nothing anyone owns.
-            unsafe { ctx.driver().mem_granularity(req, granularity) },
+            ctx.queries().mem_granularity(req, granularity),
         )?;
         if bytes == 0 {
             return Err(Error::ZeroSize {
@@ -141,20 +140,21 @@ impl<H: MemShare> Allocation<H> {
                 largest: u64::MAX / gran * gran,
             });
         };
-        // SAFETY: a new allocation, owned by the `Allocation` made below.
-        let handle = unsafe { ctx.driver().mem_create(size, req) }.map_err(|code| {
-            match (code, location) {
-                (crate::Code::NOT_PERMITTED, Location::Device(device))
-                    if H::BITS & handle_bits::FABRIC != 0 =>
-                {
-                    Error::FabricNotPermitted {
-                        device,
-                        call: Call::MemCreate,
+        // A new allocation, owned by the `Allocation` made below.
+        let handle =
+            ctx.queries()
+                .mem_create(size, req)
+                .map_err(|code| match (code, location) {
+                    (crate::Code::NOT_PERMITTED, Location::Device(device))
+                        if H::BITS & handle_bits::FABRIC != 0 =>
+                    {
+                        Error::FabricNotPermitted {
+                            device,
+                            call: Call::MemCreate,
+                        }
                     }
-                }
-                _ => ctx.error(Call::MemCreate, code),
-            }
-        })?;
+                    _ => ctx.error(Call::MemCreate, code),
+                })?;
         Ok(Allocation {
             inner: Arc::new(AllocInner {
                 ctx: ctx.clone(),
@@ -205,8 +205,8 @@ impl<H: MemShare> Allocation<H> {
                 return Err(Failed { error, value: self });
             }
         }
-        // SAFETY: a new range, owned by the `Mapped` made below.
-        let ptr = match unsafe { d.mem_address_reserve(size, 0) } {
+        // A new range, owned by the `Mapped` made below.
+        let ptr = match ctx.queries().mem_address_reserve(size, 0) {
             Ok(p) => p,
             Err(c) => return Err(fail(Call::MemAddressReserve, c, self)),
         };

@@ -150,8 +150,7 @@ impl IdRange {
                 rule: "R1.3",
             });
         }
-        // SAFETY: new ids, owned by the `IdRange` made below.
-        let base = ctx.check(Call::IdReserve, unsafe { ctx.driver().id_reserve(count) })?;
+        let base = ctx.check(Call::IdReserve, ctx.queries().id_reserve(count))?;
         let slots = (0..count).map(|_| Mutex::new(Slot::default())).collect();
         Ok(IdRange {
             inner: Arc::new(RangeInner {

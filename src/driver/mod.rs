@@ -21,6 +21,7 @@ pub mod cuda;
 pub mod trace;
 mod types;
 
+pub(crate) use calls::Queries;
 pub use calls::{Call, Driver, Family, Forward};
 pub use classic::Classic;
 pub use code::{Code, DriverResult};

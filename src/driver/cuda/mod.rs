@@ -31,10 +31,9 @@ use self::context::{Contexts, Cx};
 use self::ffi::Symbols;
 use self::policy::{DENY, DenySet, apply_env_deny};
 use crate::Error;
-use crate::driver::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
-    Family, Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits,
-};
+#[cfg(test)]
+use crate::driver::{AllocationRequest, Device, Granularity};
+use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_MIN_VERSION};
 
 /// The real CUDA driver, loaded at run time.
 ///
