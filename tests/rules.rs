@@ -5,9 +5,17 @@
 //! typed API refuses the violation before the driver (no call reached the
 //! model, no violation logged) or cannot express it (see `ui-tests/`), and a
 //! raw call shows that the model itself answers the contract's code.
+//!
+//! With `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) the same tests run
+//! through the real backend on the libcuda test double; the few that need two
+//! simulated processes or two nodes at once stay on the model.
+
+#[path = "common/backend.rs"]
+mod backend;
 
 use std::time::Duration;
 
+use backend::{Inspect, Probe};
 use cuda_endpoints::driver::{EndpointProps, Shape};
 use cuda_endpoints::{Arg, Extent, Feature, Rule};
 use cuda_endpoints::model::{Model, ModelConfig};
@@ -21,14 +29,19 @@ const MIB: u64 = 1 << 20;
 const ALIGN: u64 = 2 * MIB;
 const T: Duration = Duration::from_secs(1);
 
-fn node() -> (Context, Model) {
+fn node() -> (Context, Probe) {
+    backend::context(ModelConfig::node(4))
+}
+
+/// Two simulated processes (or two nodes) at once: the model only.
+fn model_node() -> (Context, Model) {
     Context::model(ModelConfig::node(4))
 }
 
 /// Asserts that `f` fails with an error matching `check` and that the model
 /// saw no call of `call` and logged no violation.
 fn refused_before<T>(
-    model: &Model,
+    model: &impl Inspect,
     call: Call,
     f: impl FnOnce() -> Result<T, Error>,
     check: impl Fn(&Error) -> bool,
@@ -129,7 +142,7 @@ fn r1_3_zero_count_refused_before_driver() {
 fn r1_raw_release_rules() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(1));
+        let model = backend::raw(ModelConfig::node(1));
         let base = model.id_reserve(2).unwrap();
         assert_eq!(
             model.id_release(base + 5, 1),
@@ -218,7 +231,7 @@ fn r2_4_counted_ops_needs_attribute_155() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
         let cfg = ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0);
-        let (ctx, model) = Context::model(cfg);
+        let (ctx, model) = backend::context(cfg);
         let ok = ctx
             .reserve_one()
             .unwrap()
@@ -245,7 +258,8 @@ fn r2_4_counted_ops_needs_attribute_155() {
         );
         // Raw: counted ops without support. (Unknown flag or IPC bits cannot be
         // asked for: `EndpointProps` has one boolean for each.)
-        let raw = Model::new(ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0));
+        // The same node, raw.
+        let raw = &model;
         let id = raw.id_reserve(1).unwrap();
         let mut p = EndpointProps {
             counted_ops: true,
@@ -262,7 +276,7 @@ fn r2_4_counted_ops_needs_attribute_155() {
 fn r2_raw_create_codes() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(2));
+        let model = backend::raw(ModelConfig::node(2));
         let id = model.id_reserve(1).unwrap();
         assert_eq!(
             model.create(id + 1, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN)),
@@ -295,7 +309,7 @@ fn r2_raw_create_codes() {
 
 #[test]
 fn r3_construction_is_asynchronous_and_wait_polls_at_least_once() {
-    let (ctx, model) = Context::model(ModelConfig::node(1).queries_to_ready(3));
+    let (ctx, model) = backend::context(ModelConfig::node(1).queries_to_ready(3));
     let p = ctx
         .reserve_one()
         .unwrap()
@@ -316,7 +330,7 @@ fn r3_construction_is_asynchronous_and_wait_polls_at_least_once() {
 
 #[test]
 fn r3_2_team_waits_for_every_device() {
-    let (ctx, model) = Context::model(ModelConfig::node(2).queries_to_ready(0));
+    let (ctx, model) = backend::context(ModelConfig::node(2).queries_to_ready(0));
     let spread = ctx
         .reserve_one()
         .unwrap()
@@ -333,7 +347,7 @@ fn r3_2_team_waits_for_every_device() {
 
 #[test]
 fn r3_5_one_query_per_range() {
-    let (ctx, model) = Context::model(ModelConfig::node(1).queries_to_ready(0));
+    let (ctx, model) = backend::context(ModelConfig::node(1).queries_to_ready(0));
     let eps = ctx.reserve(16).unwrap().into_endpoints();
     let pending: Vec<_> = eps
         .into_iter()
@@ -352,8 +366,7 @@ fn r3_5_one_query_per_range() {
 fn r3_1_raw_bind_before_ready_is_invalid_value() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(1));
-        let ctx = Context::new(model.clone());
+        let (ctx, model) = backend::context(ModelConfig::node(1));
         let mem = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
         let id = model.id_reserve(1).unwrap();
         model
@@ -412,7 +425,7 @@ fn r4_raw_codes_and_cliques() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
         let model =
-            Model::new(ModelConfig::node(3).with_devices(|i, d| d.clique = (i == 2) as u32));
+            backend::raw(ModelConfig::node(3).with_devices(|i, d| d.clique = (i == 2) as u32));
         let u = model.id_reserve(2).unwrap();
         model
             .create(u, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
@@ -449,7 +462,7 @@ fn r4_raw_codes_and_cliques() {
 #[test]
 fn r4_5_clique_error_is_typed() {
     let (ctx, _model) =
-        Context::model(ModelConfig::node(2).with_devices(|i, d| d.clique = i as u32));
+        backend::context(ModelConfig::node(2).with_devices(|i, d| d.clique = i as u32));
     let t = ctx
         .reserve_one()
         .unwrap()
@@ -664,8 +677,7 @@ fn r5_6_exportable_takes_shareable_memory() {
 fn r5_raw_codes() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(2));
-        let ctx = Context::new(model.clone());
+        let (ctx, model) = backend::context(ModelConfig::node(2));
         let mem = Allocation::<Private>::on_device(&ctx, Device(0), 4 * MIB).unwrap();
         let id = model.id_reserve(1).unwrap();
         let mut p = raw_prop(Shape::Unicast { owner: Device(0) }, 8 * MIB);
@@ -712,8 +724,7 @@ fn r6_unbind_through_token_only() {
 fn r6_raw_unbind_must_match_binds() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(1).queries_to_ready(0));
-        let ctx = Context::new(model.clone());
+        let (ctx, model) = backend::context(ModelConfig::node(1).queries_to_ready(0));
         let mem = Allocation::<Private>::on_device(&ctx, Device(0), 8 * MIB).unwrap();
         let id = model.id_reserve(1).unwrap();
         model
@@ -776,7 +787,7 @@ fn r7_destroy_keeps_id_and_forgotten_binding_keeps_memory() {
 
 #[test]
 fn r8_r9_export_import_between_processes() {
-    let (ctx, model) = node();
+    let (ctx, model) = model_node();
     let ep = exportable_team(&ctx);
     let handle = ep.export().unwrap();
     let wire = handle.to_bytes();
@@ -795,7 +806,7 @@ fn r8_r9_export_import_between_processes() {
 
 #[test]
 fn r9_refusals() {
-    let (ctx, model) = node();
+    let (ctx, model) = model_node();
     let ep = ctx
         .reserve_one()
         .unwrap()
@@ -837,7 +848,7 @@ fn r9_refusals() {
 fn r8_1_raw_export_of_non_fabric_endpoint() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(1));
+        let model = backend::raw(ModelConfig::node(1));
         let id = model.id_reserve(1).unwrap();
         model
             .create(id, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
@@ -857,7 +868,7 @@ fn r10_limits_depend_on_properties() {
             d.bind_alignment = if i == 0 { 2 * MIB } else { 4 * MIB };
             d.max_size = if i == 0 { 64 * MIB } else { 32 * MIB };
         });
-        let model = Model::new(cfg);
+        let (ctx, model) = backend::context(cfg);
         let l0 = model
             .get_limits(raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
             .unwrap();
@@ -870,7 +881,6 @@ fn r10_limits_depend_on_properties() {
         assert_eq!((l0.bind_alignment, l0.max_size), (2 * MIB, 64 * MIB));
         assert_eq!((l1.bind_alignment, l1.max_size), (4 * MIB, 32 * MIB));
         assert_eq!((lm.bind_alignment, lm.max_size), (4 * MIB, 32 * MIB));
-        let ctx = Context::new(model.clone());
         let f = ctx
             .reserve_one()
             .unwrap()
@@ -886,7 +896,7 @@ fn r10_limits_depend_on_properties() {
 
 #[test]
 fn old_driver_reports_unsupported_with_version() {
-    let (ctx, model) = Context::model(ModelConfig::cuda_13_0(1));
+    let (ctx, model) = backend::context(ModelConfig::cuda_13_0(1));
     let e = ctx.reserve(1).unwrap_err();
     match &e {
         Error::Unsupported {
@@ -910,7 +920,7 @@ fn old_driver_reports_unsupported_with_version() {
 #[test]
 fn fabric_handles_travel_with_serde() {
     use cuda_endpoints::{Exportable, FabricHandle};
-    let (ctx, model) = node();
+    let (ctx, model) = model_node();
     let ep = exportable_team(&ctx);
     let json = serde_json::to_string(&ep.export().unwrap()).unwrap();
     let back: FabricHandle<Multicast<Exportable>> = serde_json::from_str(&json).unwrap();
