@@ -14,9 +14,10 @@ mod common;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use cuda_endpoints::bootstrap::ENV_VAR;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
-use cuda_endpoints::{ENV_VAR, Tcp, UniqueId};
+use cuda_endpoints::{Tcp, UniqueId};
 
 const RANK: &str = "CUDA_ENDPOINTS_RANK";
 const SIZE: &str = "TCP_TEAM_SIZE";
@@ -61,7 +62,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut ranks = Ranks(Vec::new());
     for r in 1..size {
         let child = Command::new(std::env::current_exe()?)
-            .env(fabric::ENV_VAR, format!("{},rank={r}", server.socket().display()))
+            .env(
+                fabric::ENV_VAR,
+                format!("{},rank={r}", server.socket().display()),
+            )
             .env(ENV_VAR, id.to_string())
             .env(RANK, r.to_string())
             .env(SIZE, size.to_string())
@@ -104,7 +108,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{size} ranks on {nodes} node(s): bring-up {:?} on rank 0, {bring_up_messages} bootstrap messages; job {:?}; fabric left {}; {failed} rank(s) failed",
         s.bring_up,
         start.elapsed(),
-        if live.is_empty() { "nothing".to_owned() } else { format!("{live:?}") }
+        if live.is_empty() {
+            "nothing".to_owned()
+        } else {
+            format!("{live:?}")
+        }
     );
     if failed > 0 || !live.is_empty() || !server.violations().is_empty() {
         return Err("the job failed".into());

@@ -27,10 +27,10 @@ pub mod guide;
 mod kernel;
 mod kind;
 mod memory;
-mod owned;
 #[cfg(feature = "model")]
 #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
 pub mod model;
+mod owned;
 mod probe;
 mod range;
 mod ready;
@@ -43,24 +43,20 @@ pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Po
 pub use binding::Binding;
 #[cfg(feature = "mpi")]
 pub use bootstrap::Mpi;
-pub use bootstrap::{
-    AbortReason, Argument, Bootstrap, BootstrapError, CallbackResult, Callbacks, ENV_VAR,
-    FdExchange, IdProblem, MAX_FRAME, Malformed, Mismatch, NodeId, Op, Refusal, Step, Tcp, TcpRoot,
-    ThreadRank, Threads, Traffic, UniqueId,
-};
+pub use bootstrap::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
 pub use context::Context;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
 // Every item of `error` is for users to match on.
-pub use error::*;
 pub use erased::DynEndpoint;
-pub use owned::BoundEndpoint;
+pub use error::*;
 pub use kernel::EndpointRef;
 pub use kind::{
     Exportable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind, SpreadTeam, Team,
     Unicast,
 };
 pub use memory::{Allocation, Fabric, Mapped, PosixFd, Private};
+pub use owned::BoundEndpoint;
 pub use probe::{Bytes, Capabilities, MemInfo, Probed, VmmGranularity, YesNo};
 pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};
@@ -78,8 +74,8 @@ pub use typenum;
 pub mod bounds {
     pub use crate::binding::UnbindThroughBinding;
     pub use crate::kind::{
-        Accepts, CanBind, CanExport, Creatable, Enroll, Kind, Sharing, TeamHasRoom, TeamIsComplete,
-        TeamIsNonEmpty, TeamSize,
+        Accepts, CanBind, CanExport, Count, Creatable, Enroll, Enrolled, HasFabricHandles, Kind,
+        Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
     };
     pub use crate::memory::{BindSource, MemShare};
     pub use crate::state::{

@@ -101,7 +101,8 @@ impl<K: Kind, M: BindSource> BoundEndpoint<K, M> {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never used or dropped again; each field is moved
         // out exactly once.
-        let (endpoint, memory) = unsafe { (std::ptr::read(&me.endpoint), std::ptr::read(&me.memory)) };
+        let (endpoint, memory) =
+            unsafe { (std::ptr::read(&me.endpoint), std::ptr::read(&me.memory)) };
         // SAFETY: as above; `bindings` is empty after `unbind_now`.
         drop(unsafe { std::ptr::read(&me.bindings) });
         match first {

@@ -10,9 +10,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
 use bootstrap_support::*;
-use cuda_endpoints::{
-    AbortReason, Bootstrap, BootstrapError, ENV_VAR, FdExchange, NodeId, Tcp, Threads, UniqueId,
-};
+use cuda_endpoints::bootstrap::{AbortReason, ENV_VAR, NodeId};
+use cuda_endpoints::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
 
 const ENTRY: &str = "child_entry";
 const T: Duration = Duration::from_secs(20);

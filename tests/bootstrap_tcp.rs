@@ -11,9 +11,8 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use bootstrap_support::*;
-use cuda_endpoints::{
-    AbortReason, Bootstrap, BootstrapError, ENV_VAR, Malformed, Mismatch, Refusal, Tcp, UniqueId,
-};
+use cuda_endpoints::bootstrap::{AbortReason, ENV_VAR, Malformed, Mismatch, Refusal};
+use cuda_endpoints::{Bootstrap, BootstrapError, Tcp, UniqueId};
 
 const ENTRY: &str = "child_entry";
 
@@ -69,7 +68,7 @@ fn child(role: &str) -> Result<(), String> {
     }
 }
 
-fn root(_size: usize) -> (UniqueId, cuda_endpoints::TcpRoot) {
+fn root(_size: usize) -> (UniqueId, cuda_endpoints::bootstrap::TcpRoot) {
     Tcp::root("127.0.0.1:0".parse().expect("loopback")).expect("rank 0 binds loopback")
 }
 
@@ -617,7 +616,7 @@ fn a_payload_over_the_frame_limit_is_refused_before_sending() {
     let _s = serial();
     let (_, listener) = root(1);
     let boot = listener.accept(1, Duration::from_secs(1)).expect("size 1");
-    let big = vec![0u8; cuda_endpoints::MAX_FRAME + 1];
+    let big = vec![0u8; cuda_endpoints::bootstrap::MAX_FRAME + 1];
     let err = boot
         .broadcast(0, &big, Duration::from_secs(1))
         .expect_err("too large");

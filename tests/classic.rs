@@ -11,8 +11,8 @@ mod backend;
 use std::time::Duration;
 
 use backend::{Inspect, Probe};
-use cuda_endpoints::driver::{Classic, Granularity};
 use cuda_endpoints::Feature;
+use cuda_endpoints::driver::{Classic, Granularity};
 use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::typenum::{U2, U4};
 use cuda_endpoints::{

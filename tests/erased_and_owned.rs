@@ -13,11 +13,19 @@ use cuda_endpoints::{
 fn into_dyn_keeps_state_and_kind_and_types_back_only_when_they_match() {
     let (ctx, model) = Context::model(Default::default());
     let mut all: Vec<DynEndpoint> = Vec::new();
-    let mut ids = ctx.reserve(3).expect("reserve").into_endpoints().into_iter();
+    let mut ids = ctx
+        .reserve(3)
+        .expect("reserve")
+        .into_endpoints()
+        .into_iter();
     let a = ids.next().expect("id");
     let b = ids.next().expect("id");
     all.push(ids.next().expect("id").into_dyn());
-    all.push(a.create(Spec::unicast(0, 2 << 20)).expect("create").into_dyn());
+    all.push(
+        a.create(Spec::unicast(0, 2 << 20))
+            .expect("create")
+            .into_dyn(),
+    );
     let ready = b
         .create(Spec::multicast(&[0.into(), 1.into()], 2 << 20))
         .expect("create")
@@ -25,15 +33,25 @@ fn into_dyn_keeps_state_and_kind_and_types_back_only_when_they_match() {
         .expect("wait");
     all.push(ready.into_dyn());
     assert_eq!(
-        all.iter().map(|d| (d.state_name(), d.kind_name())).collect::<Vec<_>>(),
-        [("Reserved", "no kind"), ("Pending", "unicast"), ("Ready", "multicast")]
+        all.iter()
+            .map(|d| (d.state_name(), d.kind_name()))
+            .collect::<Vec<_>>(),
+        [
+            ("Reserved", "no kind"),
+            ("Pending", "unicast"),
+            ("Ready", "multicast")
+        ]
     );
     let reserved = all.remove(0);
     assert!(reserved.is::<Reserved, NoKind>());
-    let reserved = reserved.try_into_typed::<Pending, Unicast>().expect_err("wrong state");
+    let reserved = reserved
+        .try_into_typed::<Pending, Unicast>()
+        .expect_err("wrong state");
     let _r: cuda_endpoints::Endpoint<Reserved> = reserved.try_into_typed().expect("typed back");
     let team = all.pop().expect("team");
-    let team = team.try_into_typed::<Ready, Multicast>().expect("typed back");
+    let team = team
+        .try_into_typed::<Ready, Multicast>()
+        .expect("typed back");
     let mem = Allocation::<Private>::on_device(&ctx, 1, 2 << 20).expect("alloc");
     drop(team.bind(1, 0, &mem).expect("bind"));
     drop((team, mem, all, _r));
@@ -81,8 +99,12 @@ fn bound_endpoint_owns_endpoint_and_memory_and_tears_down_in_order() {
         .wait(Duration::from_secs(1))
         .expect("wait");
     let mut w = ep.into_bound();
-    w.bind(0, 0, Allocation::<Private>::on_device(&ctx, 0, 2 << 20).expect("alloc"))
-        .expect("bind");
+    w.bind(
+        0,
+        0,
+        Allocation::<Private>::on_device(&ctx, 0, 2 << 20).expect("alloc"),
+    )
+    .expect("bind");
     let (ep, mem) = w.unbind_all().expect("unbind");
     assert_eq!(mem.len(), 1);
     ep.destroy().expect("destroy").release().expect("release");

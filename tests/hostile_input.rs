@@ -16,11 +16,11 @@ mod common;
 use std::time::Duration;
 
 use backend::Probe;
+use cuda_endpoints::FABRIC_HANDLE_WIRE_LEN as WIRE_LEN;
 use cuda_endpoints::driver::{
     AllocationRequest, EndpointProps, FabricHandleBytes, Granularity, Shape, handle_bits,
 };
 use cuda_endpoints::model::ModelConfig;
-use cuda_endpoints::FABRIC_HANDLE_WIRE_LEN as WIRE_LEN;
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
     Allocation, Context, Device, Driver, Endpoint, Error, Exportable, FabricHandle, Location,

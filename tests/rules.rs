@@ -17,13 +17,13 @@ use std::time::Duration;
 
 use backend::{Inspect, Probe};
 use cuda_endpoints::driver::{EndpointProps, Shape};
-use cuda_endpoints::{Arg, Extent, Feature, Rule};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
     Allocation, Call, Code, Context, Device, Driver, Endpoint, Error, Location, Mapped, Multicast,
     PosixFd, Private, Ready, Spec, Unicast,
 };
+use cuda_endpoints::{Arg, Extent, Feature, Rule};
 
 const MIB: u64 = 1 << 20;
 const ALIGN: u64 = 2 * MIB;

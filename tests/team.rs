@@ -17,7 +17,11 @@ fn job(config: ModelConfig, n: usize) -> (Model, Vec<(Context, Model)>, Vec<Thre
     let root = Model::new(config);
     let procs = (0..n)
         .map(|i| {
-            let p = if i == 0 { root.clone() } else { root.spawn_process() };
+            let p = if i == 0 {
+                root.clone()
+            } else {
+                root.spawn_process()
+            };
             (Context::new(p.clone()), p)
         })
         .collect();
@@ -41,13 +45,24 @@ fn on_every_rank<T: Send>(
                 s.spawn(move || f(rank, ctx, m, &boot))
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
     })
 }
 
 fn assert_clean(model: &Model) {
-    assert!(model.live_node().is_empty(), "left behind: {:?}", model.live_node());
-    assert!(model.violations().is_empty(), "violations: {:?}", model.violations());
+    assert!(
+        model.live_node().is_empty(),
+        "left behind: {:?}",
+        model.live_node()
+    );
+    assert!(
+        model.violations().is_empty(),
+        "violations: {:?}",
+        model.violations()
+    );
 }
 
 #[test]
@@ -62,11 +77,13 @@ fn multicast_team_comes_up_on_every_rank_and_binds_on_own_devices() {
         assert_eq!(ep.devices(), vec![cuda_endpoints::Device(rank as i32)]);
         let mem = Allocation::<PosixFd>::on_device(ctx, rank as i32, MIB2).expect("alloc");
         let b = ep.bind(rank as i32, 0, &mem).expect("bind on own device");
-        boot.barrier(Duration::from_secs(10)).expect("barrier before first use");
+        boot.barrier(Duration::from_secs(10))
+            .expect("barrier before first use");
         b.unbind().expect("unbind");
         drop(team);
         drop(mem);
-        boot.barrier(Duration::from_secs(10)).expect("barrier after teardown");
+        boot.barrier(Duration::from_secs(10))
+            .expect("barrier after teardown");
     });
     assert_eq!(out.len(), 4);
     assert_clean(&model);
@@ -77,7 +94,8 @@ fn unicast_peers_import_every_peer_at_its_index_and_ready_the_range() {
     let (model, procs, boots) = job(ModelConfig::node(4), 4);
     on_every_rank(&procs, boots, |rank, ctx, m, boot| {
         let before = m.calls(cuda_endpoints::Call::Query);
-        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(rank as i32, MIB2)).expect("bring-up");
+        let peers =
+            team::unicast_peers(ctx, boot, &PeerSpec::new(rank as i32, MIB2)).expect("bring-up");
         assert_eq!((peers.rank(), peers.ranks()), (rank, 4));
         for r in 0..4 {
             assert!(peers.id_of(r).is_some());
@@ -85,7 +103,10 @@ fn unicast_peers_import_every_peer_at_its_index_and_ready_the_range() {
         }
         let own = peers.own();
         let ids: Vec<u32> = (0..4).filter_map(|r| peers.id_of(r)).collect();
-        assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "one contiguous range: {ids:?}");
+        assert!(
+            ids.windows(2).all(|w| w[1] == w[0] + 1),
+            "one contiguous range: {ids:?}"
+        );
         let mem = Allocation::<PosixFd>::on_device(ctx, rank as i32, MIB2).expect("alloc");
         let b = own.bind(rank as i32, 0, &mem).expect("bind own");
         drop(b);
@@ -112,8 +133,14 @@ fn a_refused_import_fails_every_rank_naming_the_rank_and_undoes_everything() {
         team::multicast(ctx, boot, &spec).map(drop)
     });
     all_name(&errors, 2, Step::Import);
-    assert_eq!(errors[2].as_ref().err().and_then(TeamError::code), Some(Code::NOT_PERMITTED));
-    assert!(matches!(errors[0].as_ref().err().map(|e| &e.cause), Some(Cause::Peer(_))));
+    assert_eq!(
+        errors[2].as_ref().err().and_then(TeamError::code),
+        Some(Code::NOT_PERMITTED)
+    );
+    assert!(matches!(
+        errors[0].as_ref().err().map(|e| &e.cause),
+        Some(Cause::Peer(_))
+    ));
     assert_clean(&model);
 }
 
@@ -130,7 +157,11 @@ fn a_device_outside_the_clique_fails_at_join_on_every_rank_before_the_driver() {
     all_name(&errors, 3, Step::Join);
     assert!(matches!(
         errors[0].as_ref().err().map(|e| &e.cause),
-        Some(Cause::Mismatch(Mismatch::Clique { device: 3, clique: 1, expected: 0 }))
+        Some(Cause::Mismatch(Mismatch::Clique {
+            device: 3,
+            clique: 1,
+            expected: 0
+        }))
     ));
     assert_eq!(model.calls(cuda_endpoints::Call::AddDevice), 0);
     assert_clean(&model);
@@ -148,7 +179,10 @@ fn a_team_declared_for_4_with_3_devices_fails_at_join_on_every_rank() {
         assert_eq!((e.rank, e.step), (rank, Step::Join));
         assert!(matches!(
             e.cause,
-            Cause::Mismatch(Mismatch::TeamSize { declared: 4, arriving: 3 })
+            Cause::Mismatch(Mismatch::TeamSize {
+                declared: 4,
+                arriving: 3
+            })
         ));
     }
     assert_clean(&model);

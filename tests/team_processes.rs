@@ -13,12 +13,11 @@ use std::cell::Cell;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use cuda_endpoints::bootstrap::Traffic;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
-use cuda_endpoints::{
-    Allocation, Bootstrap, BootstrapError, Context, PosixFd, Tcp, Traffic, UniqueId,
-};
+use cuda_endpoints::{Allocation, Bootstrap, BootstrapError, Context, PosixFd, Tcp, UniqueId};
 use support::{Children, Done, report};
 
 const ROLE: &str = "CET_ROLE";
@@ -75,7 +74,10 @@ fn child_rank() {
     let live = me.live().expect("live");
     report(&format!("leaks={}", u8::from(!live.is_empty())));
     let t = BOOT_TRAFFIC.with(Cell::get);
-    report(&format!("messages={}", t.messages_sent + t.messages_received));
+    report(&format!(
+        "messages={}",
+        t.messages_sent + t.messages_received
+    ));
 }
 
 thread_local! {
@@ -86,12 +88,13 @@ fn tcp(rank: usize, size: usize, dir: &Path) -> Result<Tcp, BootstrapError> {
     let id_file = dir.join("bootstrap-id");
     if rank == 0 {
         let (id, root) = Tcp::root("127.0.0.1:0".parse().expect("addr"))?;
-        id.write_file(&id_file).map_err(|e| BootstrapError::InvalidId {
-            what: cuda_endpoints::IdProblem::File {
-                path: id_file.clone(),
-                kind: e.kind(),
-            },
-        })?;
+        id.write_file(&id_file)
+            .map_err(|e| BootstrapError::InvalidId {
+                what: cuda_endpoints::bootstrap::IdProblem::File {
+                    path: id_file.clone(),
+                    kind: e.kind(),
+                },
+            })?;
         root.accept(size, Duration::from_secs(5))
     } else {
         let id = UniqueId::read_file(&id_file, Duration::from_secs(5))?;
@@ -119,7 +122,10 @@ fn run(
     }
     let team = team::multicast(ctx, boot, &spec)?;
     let mem = Allocation::<PosixFd>::on_device(ctx, dev, MIB2).expect("alloc");
-    let b = team.endpoint().bind(dev, 0, &mem).expect("bind on own device");
+    let b = team
+        .endpoint()
+        .bind(dev, 0, &mem)
+        .expect("bind on own device");
     boot.barrier(BRING_UP).expect("barrier before first use");
     b.unbind().expect("unbind");
     boot.barrier(BRING_UP).expect("barrier after teardown");
@@ -153,7 +159,9 @@ impl Drop for Faulty<'_> {
 
 fn die() -> ! {
     let me = std::process::id().to_string();
-    let _ = std::process::Command::new("kill").args(["-9", &me]).status();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &me])
+        .status();
     std::thread::sleep(Duration::from_secs(60));
     unreachable!("SIGKILL did not end the process")
 }
@@ -174,7 +182,12 @@ impl Bootstrap for Faulty<'_> {
         }
         self.inner.allgather(mine, timeout)
     }
-    fn broadcast(&self, root: usize, bytes: &[u8], timeout: Duration) -> Result<Vec<u8>, BootstrapError> {
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
         let mut bytes = bytes.to_vec();
         if self.scenario == "hostile" && self.rank == root && bytes.len() > 20 {
             let at = bytes.len() - 20; // inside the driver's 64 handle bytes
@@ -197,7 +210,12 @@ impl Bootstrap for Faulty<'_> {
 /// Runs `n` ranks (`started` of them started) of `scenario` on a fresh
 /// fabric of one node with `n` GPUs; returns each child's outcome and the
 /// server, after every child ended.
-fn job(scenario: &str, n: usize, started: usize, imex_off: Option<usize>) -> (Vec<Done>, FabricServer) {
+fn job(
+    scenario: &str,
+    n: usize,
+    started: usize,
+    imex_off: Option<usize>,
+) -> (Vec<Done>, FabricServer) {
     let _serial = support::serial();
     let server = FabricServer::start(FabricConfig::nodes(1, n)).expect("fabric");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -221,16 +239,23 @@ fn job(scenario: &str, n: usize, started: usize, imex_off: Option<usize>) -> (Ve
         );
     }
     let done = kids.wait_all(Duration::from_secs(40));
-    assert!(server.wait_idle(Duration::from_secs(10)), "fabric processes still connected");
+    assert!(
+        server.wait_idle(Duration::from_secs(10)),
+        "fabric processes still connected"
+    );
     (done, server)
 }
 
 fn outcome(d: &Done) -> String {
-    d.results().into_iter().find(|l| l.starts_with("ok") || l.starts_with("err") || l.starts_with("bootstrap-error")).unwrap_or_else(|| format!("no result (exit {:?}): {}", d.code, d.stderr))
+    d.results()
+        .into_iter()
+        .find(|l| l.starts_with("ok") || l.starts_with("err") || l.starts_with("bootstrap-error"))
+        .unwrap_or_else(|| format!("no result (exit {:?}): {}", d.code, d.stderr))
 }
 
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split(' ').find_map(|w| w.strip_prefix(key).and_then(|w| w.strip_prefix('=')))
+    line.split(' ')
+        .find_map(|w| w.strip_prefix(key).and_then(|w| w.strip_prefix('=')))
 }
 
 /// Every listed rank failed naming `rank` and `step`, within the bound, and
@@ -240,11 +265,24 @@ fn all_fail(done: &[Done], ranks: &[usize], rank: usize, step: &str, server: &Fa
         let d = &done[r];
         let o = outcome(d);
         assert!(o.starts_with("err"), "rank {r}: {o}\n{}", d.stderr);
-        assert_eq!(field(&o, "rank"), Some(rank.to_string().as_str()), "rank {r}: {o}");
+        assert_eq!(
+            field(&o, "rank"),
+            Some(rank.to_string().as_str()),
+            "rank {r}: {o}"
+        );
         assert_eq!(field(&o, "step"), Some(step), "rank {r}: {o}");
-        let took: u128 = field(&o, "took_ms").and_then(|t| t.parse().ok()).unwrap_or(u128::MAX);
-        assert!(took <= BRING_UP.as_millis() + 2_000, "rank {r} took {took} ms");
-        assert!(d.results().contains(&"leaks=0".to_owned()), "rank {r} leaked: {:?}", d.results());
+        let took: u128 = field(&o, "took_ms")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(u128::MAX);
+        assert!(
+            took <= BRING_UP.as_millis() + 2_000,
+            "rank {r} took {took} ms"
+        );
+        assert!(
+            d.results().contains(&"leaks=0".to_owned()),
+            "rank {r} leaked: {:?}",
+            d.results()
+        );
     }
     assert!(server.live().is_empty(), "fabric left: {:?}", server.live());
     assert!(server.violations().is_empty(), "{:?}", server.violations());
@@ -254,7 +292,13 @@ fn all_fail(done: &[Done], ranks: &[usize], rank: usize, step: &str, server: &Fa
 fn four_processes_bring_a_multicast_team_up_bind_and_tear_down() {
     let (done, server) = job("ok", 4, 4, None);
     for d in &done {
-        assert!(outcome(d).starts_with("ok"), "{}: {}\n{}", d.name, outcome(d), d.stderr);
+        assert!(
+            outcome(d).starts_with("ok"),
+            "{}: {}\n{}",
+            d.name,
+            outcome(d),
+            d.stderr
+        );
         assert!(d.results().contains(&"leaks=0".to_owned()));
     }
     assert!(server.live().is_empty(), "{:?}", server.live());
@@ -265,7 +309,13 @@ fn four_processes_bring_a_multicast_team_up_bind_and_tear_down() {
 fn four_processes_bring_unicast_peers_up() {
     let (done, server) = job("peers", 4, 4, None);
     for d in &done {
-        assert!(outcome(d).starts_with("ok"), "{}: {}\n{}", d.name, outcome(d), d.stderr);
+        assert!(
+            outcome(d).starts_with("ok"),
+            "{}: {}\n{}",
+            d.name,
+            outcome(d),
+            d.stderr
+        );
     }
     assert!(server.live().is_empty(), "{:?}", server.live());
 }
@@ -274,7 +324,11 @@ fn four_processes_bring_unicast_peers_up() {
 fn a_rank_without_an_imex_channel_fails_every_rank_at_import() {
     let (done, server) = job("ok", 4, 4, Some(1));
     all_fail(&done, &[0, 1, 2, 3], 1, "import", &server);
-    assert!(outcome(&done[1]).contains("code=Some(800)"), "{}", outcome(&done[1]));
+    assert!(
+        outcome(&done[1]).contains("code=Some(800)"),
+        "{}",
+        outcome(&done[1])
+    );
 }
 
 #[test]
@@ -283,7 +337,11 @@ fn a_team_declared_for_4_where_3_ranks_come_fails_every_rank_that_came() {
     for d in &done {
         let o = outcome(d);
         // The job of 4 never forms: rank 0's accept and the joins time out.
-        assert!(o.starts_with("bootstrap-error") || o.starts_with("err"), "{}: {o}", d.name);
+        assert!(
+            o.starts_with("bootstrap-error") || o.starts_with("err"),
+            "{}: {o}",
+            d.name
+        );
     }
     assert!(server.live().is_empty(), "{:?}", server.live());
 }

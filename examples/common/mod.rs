@@ -63,7 +63,10 @@ pub fn rank(
         _ => None,
     };
     let token = match &fabric_mem {
-        Some(m) => me.export_shareable(m.handle(), ShareableKind::Fabric)?.to_le_bytes().to_vec(),
+        Some(m) => me
+            .export_shareable(m.handle(), ShareableKind::Fabric)?
+            .to_le_bytes()
+            .to_vec(),
         None => Vec::new(),
     };
     let token = boot.broadcast(0, &token, timeout)?;

@@ -106,7 +106,13 @@ pub(crate) fn announce(
         return match mine {
             Some(Ok(p)) => Ok(p),
             Some(Err((at, cause))) => Err(TeamError::new(me, at, cause)),
-            None => Err(TeamError::new(me, step, Cause::BadMessage { reason: "root sent nothing" })),
+            None => Err(TeamError::new(
+                me,
+                step,
+                Cause::BadMessage {
+                    reason: "root sent nothing",
+                },
+            )),
         };
     }
     match decode_status(step, &got) {

@@ -211,7 +211,9 @@ impl fmt::Display for Cause {
             Cause::Peer(p) => write!(f, "{p}"),
             Cause::Bootstrap(e) => write!(f, "bootstrap: {e}"),
             Cause::Mismatch(m) => write!(f, "{m}"),
-            Cause::BadMessage { reason } => write!(f, "a peer sent a bad bring-up message: {reason}"),
+            Cause::BadMessage { reason } => {
+                write!(f, "a peer sent a bad bring-up message: {reason}")
+            }
         }
     }
 }

@@ -173,11 +173,13 @@ pub fn multicast(
             pending = Some(import_checked(ctx, &envelope, spec, team_size)?);
         }
         let enroll = |c| (Step::Enroll, c);
-        let mut ep = pending
-            .take()
-            .ok_or(enroll(Cause::BadMessage { reason: "no endpoint" }))?;
+        let mut ep = pending.take().ok_or(enroll(Cause::BadMessage {
+            reason: "no endpoint",
+        }))?;
         for &dev in &spec.devices {
-            ep = ep.add_device(dev).map_err(|f| enroll(Cause::Local(f.error)))?;
+            ep = ep
+                .add_device(dev)
+                .map_err(|f| enroll(Cause::Local(f.error)))?;
         }
         pending = Some(ep);
         Ok(Vec::new())
@@ -185,7 +187,13 @@ pub fn multicast(
     // The root keeps its reference until here: every rank has imported (R12.3).
     agree(boot, Step::Enroll, local, deadline)?;
     let Some(ep) = pending else {
-        return Err(TeamError::new(me, Step::Enroll, Cause::BadMessage { reason: "no endpoint" }));
+        return Err(TeamError::new(
+            me,
+            Step::Enroll,
+            Cause::BadMessage {
+                reason: "no endpoint",
+            },
+        ));
     };
 
     // Wait, bounded, and agree that every rank's endpoint is ready: the wait
@@ -196,7 +204,13 @@ pub fn multicast(
     };
     agree(boot, Step::Wait, local, deadline)?;
     let Some(endpoint) = ready else {
-        return Err(TeamError::new(me, Step::Wait, Cause::BadMessage { reason: "no endpoint" }));
+        return Err(TeamError::new(
+            me,
+            Step::Wait,
+            Cause::BadMessage {
+                reason: "no endpoint",
+            },
+        ));
     };
     Ok(SharedTeam {
         endpoint,
@@ -219,7 +233,13 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
         }
     }
     let Some(root) = root_hello else {
-        return Err(TeamError::new(spec.root, Step::Join, Cause::BadMessage { reason: "no hello from the root" }));
+        return Err(TeamError::new(
+            spec.root,
+            Step::Join,
+            Cause::BadMessage {
+                reason: "no hello from the root",
+            },
+        ));
     };
     for (rank, bytes) in hellos.iter().enumerate() {
         // Decoded above: cannot fail now, but stay total.
@@ -228,11 +248,18 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
             return Err(TeamError::new(
                 rank,
                 Step::Join,
-                Cause::Mismatch(Mismatch::Bytes { root: root.bytes, this: h.bytes }),
+                Cause::Mismatch(Mismatch::Bytes {
+                    root: root.bytes,
+                    this: h.bytes,
+                }),
             ));
         }
         if h.counted_ops != root.counted_ops {
-            return Err(TeamError::new(rank, Step::Join, Cause::Mismatch(Mismatch::CountedOps)));
+            return Err(TeamError::new(
+                rank,
+                Step::Join,
+                Cause::Mismatch(Mismatch::CountedOps),
+            ));
         }
         // One clique for the whole team, where the driver can tell (R4.5).
         let team_clique = root.cliques.iter().flatten().next().copied();
@@ -243,7 +270,11 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
                 return Err(TeamError::new(
                     rank,
                     Step::Join,
-                    Cause::Mismatch(Mismatch::Clique { device: dev.0, clique: c, expected }),
+                    Cause::Mismatch(Mismatch::Clique {
+                        device: dev.0,
+                        clique: c,
+                        expected,
+                    }),
                 ));
             }
         }
@@ -253,7 +284,10 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
         Some(d) if u64::from(d) != total => Err(TeamError::new(
             me,
             Step::Join,
-            Cause::Mismatch(Mismatch::TeamSize { declared: d, arriving: total }),
+            Cause::Mismatch(Mismatch::TeamSize {
+                declared: d,
+                arriving: total,
+            }),
         )),
         _ if total == 0 || total > u64::from(u32::MAX) => Err(TeamError::new(
             me,
@@ -299,12 +333,24 @@ fn import_checked(
         if got == want {
             Ok(())
         } else {
-            Err(check(Cause::Mismatch(Mismatch::Handle { field, handle: got, expected: want })))
+            Err(check(Cause::Mismatch(Mismatch::Handle {
+                field,
+                handle: got,
+                expected: want,
+            })))
         }
     };
-    expect("team size", u64::from(handle.team_size()), u64::from(team_size))?;
+    expect(
+        "team size",
+        u64::from(handle.team_size()),
+        u64::from(team_size),
+    )?;
     expect("size", handle.size(), spec.bytes)?;
-    expect("counted operations", u64::from(counted), u64::from(spec.counted_ops))?;
+    expect(
+        "counted operations",
+        u64::from(counted),
+        u64::from(spec.counted_ops),
+    )?;
     // … and against what this driver reports for those properties (R10).
     let mut props = Spec::spread(team_size, spec.bytes).exportable();
     if counted {

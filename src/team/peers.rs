@@ -127,11 +127,18 @@ pub fn unicast_peers(
             return Err(TeamError::new(
                 rank,
                 Step::Join,
-                Cause::Mismatch(Mismatch::Bytes { root: spec.bytes, this: h.bytes }),
+                Cause::Mismatch(Mismatch::Bytes {
+                    root: spec.bytes,
+                    this: h.bytes,
+                }),
             ));
         }
         if h.counted_ops != spec.counted_ops {
-            return Err(TeamError::new(rank, Step::Join, Cause::Mismatch(Mismatch::CountedOps)));
+            return Err(TeamError::new(
+                rank,
+                Step::Join,
+                Cause::Mismatch(Mismatch::CountedOps),
+            ));
         }
     }
 
@@ -140,8 +147,11 @@ pub fn unicast_peers(
     let mut own = None;
     let local = (|| {
         let create = |c| (Step::Create, c);
-        let count = u32::try_from(ranks)
-            .map_err(|_| create(Cause::BadMessage { reason: "more ranks than ids" }))?;
+        let count = u32::try_from(ranks).map_err(|_| {
+            create(Cause::BadMessage {
+                reason: "more ranks than ids",
+            })
+        })?;
         slots = ctx
             .reserve(count)
             .map_err(|e| create(Cause::Local(e)))?
@@ -152,7 +162,9 @@ pub fn unicast_peers(
         let mine = slots
             .get_mut(me)
             .and_then(Option::take)
-            .ok_or(create(Cause::BadMessage { reason: "rank past the range" }))?;
+            .ok_or(create(Cause::BadMessage {
+                reason: "rank past the range",
+            }))?;
         let mut s = Spec::unicast(spec.device, spec.bytes).exportable();
         if spec.counted_ops {
             s = s.counted_ops();
@@ -167,7 +179,13 @@ pub fn unicast_peers(
     })();
     let envelopes = agree(boot, Step::Export, local, deadline)?;
     let Some(own) = own else {
-        return Err(TeamError::new(me, Step::Export, Cause::BadMessage { reason: "no endpoint" }));
+        return Err(TeamError::new(
+            me,
+            Step::Export,
+            Cause::BadMessage {
+                reason: "no endpoint",
+            },
+        ));
     };
 
     // Import every peer at its index; ready them all with one query a round.
@@ -187,15 +205,27 @@ pub fn unicast_peers(
                 if got == want {
                     Ok(())
                 } else {
-                    Err(check(Cause::Mismatch(Mismatch::Handle { field, handle: got, expected: want })))
+                    Err(check(Cause::Mismatch(Mismatch::Handle {
+                        field,
+                        handle: got,
+                        expected: want,
+                    })))
                 }
             };
             expect("size", handle.size(), spec.bytes)?;
             expect("team size", u64::from(handle.team_size()), 1)?;
-            expect("counted operations", u64::from(counted), u64::from(spec.counted_ops))?;
+            expect(
+                "counted operations",
+                u64::from(counted),
+                u64::from(spec.counted_ops),
+            )?;
             // The owner is another rank's device: the bind alignment is
             // checked against this driver's answer for the same size.
-            let props = Spec::unicast(own.devices().first().copied().unwrap_or(spec.device), spec.bytes).exportable();
+            let props = Spec::unicast(
+                own.devices().first().copied().unwrap_or(spec.device),
+                spec.bytes,
+            )
+            .exportable();
             check_limits(ctx, &props.props(), handle.bind_alignment()).map_err(check)?;
             let ep = id
                 .import(&handle)
@@ -206,6 +236,13 @@ pub fn unicast_peers(
         Ok(Vec::new())
     })();
     agree(boot, Step::Wait, local, deadline)?;
-    let peers = imported.into_iter().map(|e| e.map(Endpoint::cast)).collect();
-    Ok(Peers { rank: me, own, peers })
+    let peers = imported
+        .into_iter()
+        .map(|e| e.map(Endpoint::cast))
+        .collect();
+    Ok(Peers {
+        rank: me,
+        own,
+        peers,
+    })
 }
