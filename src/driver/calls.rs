@@ -185,6 +185,18 @@ macro_rules! for_each_driver_call {
             /// `cuMemGetAllocationPropertiesFromHandle`: where the memory lives (R5.5).
             [Vmm] MemGetAllocationProperties "cuMemGetAllocationPropertiesFromHandle" safety "none beyond the trait's"
                 fn mem_properties(handle: u64) -> $crate::driver::AllocationRequest;
+            /// `cuMemExportToShareableHandle(&out, handle, kind, 0)` (C5) of an
+            /// allocation or classic multicast object created with `kind`
+            /// among its handle types: a POSIX descriptor that the caller now
+            /// owns (and closes), or 64 fabric bytes.
+            [Vmm] MemExportToShareableHandle "cuMemExportToShareableHandle" safety "none beyond the trait's"
+                fn mem_export(handle: u64, kind: $crate::driver::ShareableKind) -> $crate::driver::ShareableHandle;
+            /// `cuMemImportFromShareableHandle(&handle, os_handle, kind)` (C5,
+            /// R12.4): this process's own new handle on the memory or classic
+            /// multicast object behind `shared`, released with `cuMemRelease`.
+            [Vmm] MemImportFromShareableHandle "cuMemImportFromShareableHandle"
+                safety "a `PosixFd` names a descriptor that is open in this process for the whole call"
+                fn mem_import(shared: $crate::driver::ShareableHandle) -> u64;
             /// `cuMemAddressReserve(&ptr, size, alignment, 0, 0)`.
             [Vmm] MemAddressReserve "cuMemAddressReserve" safety "none beyond the trait's"
                 fn mem_address_reserve(size: u64, alignment: u64) -> u64;

@@ -28,5 +28,6 @@ pub use code::{Code, DriverResult};
 pub use trace::{TraceEntry, Traced};
 pub use types::{
     AllocationRequest, Device, EndpointProps, FabricHandleBytes, Granularity,
-    LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, attr, fabric_checksum, handle_bits,
+    LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, ShareableHandle, ShareableKind, attr,
+    fabric_checksum, handle_bits,
 };
