@@ -450,3 +450,24 @@ fn child_stub_first_on_the_path() {
     );
     lifecycle(&ctx, 0).unwrap();
 }
+
+#[test]
+fn memory_shared_by_descriptor_and_fabric_bytes_crosses_the_abi() {
+    use cuda_endpoints::{Fabric, PosixFd};
+    let Some((ctx, probe, _lib)) = on_double(ModelConfig::node(2)) else {
+        return;
+    };
+    // A POSIX descriptor out of cuMemExportToShareableHandle, back in through
+    // cuMemImportFromShareableHandle (the descriptor as the pointer's value).
+    let mem = Allocation::<PosixFd>::on_device(&ctx, 1, 2 * MIB).unwrap();
+    let fd = mem.export_fd().unwrap();
+    let again = Allocation::<PosixFd>::import_fd(&ctx, &fd, mem.size()).unwrap();
+    assert_eq!(again.location(), mem.location());
+    // Fabric handles: 64 bytes through the out-parameter and back.
+    let fab = Allocation::<Fabric>::on_device(&ctx, 0, 2 * MIB).unwrap();
+    let bytes = fab.export_fabric().unwrap();
+    let back = Allocation::<Fabric>::import_fabric(&ctx, &bytes, fab.size()).unwrap();
+    assert_eq!(back.size(), fab.size());
+    drop((again, fd, mem, back, fab));
+    assert_clean(&probe);
+}

@@ -38,6 +38,8 @@ pub type size_t = usize;
 pub type CUmemAllocationGranularity_flags = c_uint;
 /// `CUmulticastGranularity_flags` (enum).
 pub type CUmulticastGranularity_flags = c_uint;
+/// `CUmemAllocationHandleType` (an enum: `unsigned int`).
+pub type CUmemAllocationHandleType = c_uint;
 /// `CUdriverProcAddressQueryResult` (enum).
 pub type CUdriverProcAddressQueryResult = c_uint;
 

@@ -6,7 +6,10 @@
 use std::ffi::{c_uchar, c_uint, c_ulonglong, c_void};
 
 use cuda_endpoints::Driver;
-use cuda_endpoints::driver::{AllocationRequest, Device, Granularity, Location};
+use cuda_endpoints::driver::{
+    AllocationRequest, Device, FabricHandleBytes, Granularity, Location, ShareableHandle,
+    ShareableKind,
+};
 
 use crate::abi::*;
 use crate::state::{self, INVALID_VALUE};
@@ -124,6 +127,43 @@ crate::abi::exports! {
             win32_handle_meta_data: std::ptr::null_mut(),
             alloc_flags: [0; 8],
         })
+    }
+    [13000] fn cuMemExportToShareableHandle(
+        shareable: *mut c_void,
+        handle: CUmemGenericAllocationHandle,
+        handle_type: CUmemAllocationHandleType,
+        flags: c_ulonglong,
+    ) {
+        flags_zero(flags)?;
+        let kind = match handle_type {
+            1 => ShareableKind::PosixFd,
+            8 => ShareableKind::Fabric,
+            _ => return Err(INVALID_VALUE),
+        };
+        // SAFETY: as above.
+        match model(|m| unsafe { m.mem_export(handle, kind) })? {
+            ShareableHandle::PosixFd(fd) => out(shareable.cast::<std::ffi::c_int>(), fd),
+            ShareableHandle::Fabric(bytes) => out(shareable.cast::<[u8; 64]>(), bytes.0),
+        }
+    }
+    [13000] fn cuMemImportFromShareableHandle(
+        handle: *mut CUmemGenericAllocationHandle,
+        os_handle: *mut c_void,
+        handle_type: CUmemAllocationHandleType,
+    ) {
+        let shared = match handle_type {
+            // A POSIX descriptor travels as the pointer's value (cuda.h).
+            1 => ShareableHandle::PosixFd(
+                std::ffi::c_int::try_from(os_handle as usize).map_err(|_| INVALID_VALUE)?,
+            ),
+            8 => ShareableHandle::Fabric(FabricHandleBytes(read(
+                os_handle.cast_const().cast::<[u8; 64]>(),
+            )?)),
+            _ => return Err(INVALID_VALUE),
+        };
+        // SAFETY: as above; a descriptor is only read for the call.
+        let h = model(|m| unsafe { m.mem_import(shared) })?;
+        out(handle, h)
     }
     [13000] fn cuMemAddressReserve(
         ptr: *mut CUdeviceptr,
