@@ -7,6 +7,9 @@
 # values and function prototypes must agree. The headers come from the
 # `nvidia-cuda-runtime` wheels on PyPI; they are never committed.
 #
+# Last, the real backend runs one typed lifecycle over ci/fake-libcuda.c,
+# compiled against the same header, loaded as libcuda.so.1.
+#
 # Usage: ci/abi-check.sh [WORKDIR]   (default: target/abi-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,4 +44,8 @@ if [ -n "$missing" ]; then
     echo "$missing" >&2
     exit 1
 fi
+# The real backend end to end over a stand-in libcuda built from the header.
+"$CC" -shared -fPIC -Werror -I "$dir/nvidia/cu13/include" -o "$work/libcuda.so.1" ci/fake-libcuda.c
+LD_LIBRARY_PATH="$work" cargo test --lib --quiet -- --ignored --exact \
+    driver::cuda::tests::fake_libcuda_lifecycle
 echo "abi-check: ok"

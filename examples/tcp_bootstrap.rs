@@ -10,7 +10,8 @@
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use cuda_endpoints::{Bootstrap, ENV_VAR, Tcp, UniqueId};
+use cuda_endpoints::bootstrap::ENV_VAR;
+use cuda_endpoints::{Bootstrap, Tcp, UniqueId};
 
 const RANK: &str = "CEB_EXAMPLE_RANK";
 const SIZE: &str = "CEB_EXAMPLE_SIZE";

@@ -14,9 +14,10 @@ mod common;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use cuda_endpoints::bootstrap::ENV_VAR;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
-use cuda_endpoints::{ENV_VAR, Tcp, UniqueId};
+use cuda_endpoints::{Tcp, UniqueId};
 
 const RANK: &str = "CUDA_ENDPOINTS_RANK";
 const SIZE: &str = "TCP_TEAM_SIZE";

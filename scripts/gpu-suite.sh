@@ -54,6 +54,8 @@ build() {
     local json tests_exe probe_exe
     json="$(mktemp)"
     trap 'rm -f "$json"' RETURN
+    # cudarc (used by tests/gpu.rs) needs a CUDA version; the test machines run 13.0.
+    export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
     cargo test --release --features gpu --test gpu --no-run --message-format=json >"$json"
     tests_exe="$(artifact test gpu <"$json")"
     cargo build --release --features gpu --example probe --message-format=json >"$json"

@@ -172,20 +172,17 @@ fn show(r: &Result<i32, Code>) -> String {
 /// [`Policy::force`] narrows the choice; it never skips a check.
 pub fn decide(driver: &dyn Driver, devices: &[Device], policy: &Policy) -> Decision {
     let mut reasons = Vec::new();
-    // SAFETY: version and attribute queries touch nothing anyone owns.
-    let driver_version = unsafe { driver.driver_version() }.ok();
-    // SAFETY: as above: attribute queries only.
-    let support: Vec<DeviceSupport> = unsafe {
-        devices
-            .iter()
-            .map(|&d| DeviceSupport {
-                device: d,
-                classic_multicast: driver.device_attribute(d, attr::MULTICAST_SUPPORTED),
-                le_multicast: driver.device_attribute(d, attr::LE_MULTICAST),
-                le_unicast: driver.device_attribute(d, attr::LE_UNICAST),
-            })
-            .collect()
-    };
+    let driver = crate::driver::Queries(driver);
+    let driver_version = driver.driver_version().ok();
+    let support: Vec<DeviceSupport> = devices
+        .iter()
+        .map(|&d| DeviceSupport {
+            device: d,
+            classic_multicast: driver.device_attribute(d, attr::MULTICAST_SUPPORTED),
+            le_multicast: driver.device_attribute(d, attr::LE_MULTICAST),
+            le_unicast: driver.device_attribute(d, attr::LE_UNICAST),
+        })
+        .collect();
     if devices.is_empty() {
         return Decision {
             choice: BackendChoice::Unsupported("no team devices were given".into()),

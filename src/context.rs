@@ -216,6 +216,11 @@ impl Context {
         &*self.inner.driver
     }
 
+    /// The backend's calls that are safe to make (queries).
+    pub(crate) fn queries(&self) -> crate::driver::Queries<'_> {
+        crate::driver::Queries(&*self.inner.driver)
+    }
+
     /// The backend, shared, for raw calls beside the typed API.
     ///
     /// # Safety
@@ -311,8 +316,7 @@ impl Context {
         if let Some(&v) = self.inner.version.get() {
             return Some(v);
         }
-        // SAFETY: a version query touches nothing anyone owns.
-        let v = unsafe { self.inner.driver.driver_version() }.ok()?;
+        let v = self.queries().driver_version().ok()?;
         Some(*self.inner.version.get_or_init(|| v))
     }
 
@@ -324,10 +328,7 @@ impl Context {
         if let Some(&n) = self.inner.device_count.get() {
             return Ok(n);
         }
-        // SAFETY: a device count touches nothing anyone owns.
-        let n = self.check(Call::DeviceGetCount, unsafe {
-            self.driver().device_count()
-        })?;
+        let n = self.check(Call::DeviceGetCount, self.queries().device_count())?;
         Ok(*self.inner.device_count.get_or_init(|| n))
     }
 
@@ -359,10 +360,10 @@ impl Context {
     /// [`Error::Driver`] from `cuDeviceGetAttribute` (a driver older than 13.3
     /// answers `INVALID_VALUE` for 153-156).
     pub fn attribute(&self, dev: impl Into<Device>, attr: i32) -> Result<i32> {
-        let dev = dev.into();
-        // SAFETY: an attribute query touches nothing anyone owns.
-        let r = unsafe { self.driver().device_attribute(dev, attr) };
-        self.check(Call::DeviceGetAttribute, r)
+        self.check(
+            Call::DeviceGetAttribute,
+            self.queries().device_attribute(dev.into(), attr),
+        )
     }
 
     /// Before a device joins a multicast team (R4): on a driver with

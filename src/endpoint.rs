@@ -357,8 +357,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 }
             }
         }
-        // SAFETY: a limits query touches nothing anyone owns.
-        let limits = unsafe { ctx.driver().get_limits(props) }
+        let limits = ctx
+            .queries()
+            .get_limits(props)
             .map_err(|code| ctx.error_for(Call::GetLimits, code, Some(&props)))?;
         let align = limits.bind_alignment.max(1);
         let largest = limits.max_size / align * align;

@@ -650,6 +650,21 @@ pub enum Error {
     )]
     WrongContext,
 
+    /// Imported memory (C5) that is not what the importer declared, as the
+    /// driver reports it after import: the bytes or descriptor are never
+    /// trusted for size, location or handle type.
+    #[error(
+        "the imported allocation is not the declared {declared} bytes of `{share}` memory: {problem} (C5); declare the size and handle type of the exporter's `Allocation`"
+    )]
+    ImportMismatch {
+        /// The size the importer declared, bytes.
+        declared: u64,
+        /// The handle type the importer declared (`PosixFd`, `Fabric`).
+        share: &'static str,
+        /// What the driver reported instead.
+        problem: String,
+    },
+
     /// Fabric handles are refused: no fabric daemon (seen on the H200 test machine).
     #[error(
         "fabric handles are not permitted on {device} ({call}: CUDA_ERROR_NOT_PERMITTED): the fabric manager/IMEX daemon is not running or this process lacks access (R9.1, R12.4); use POSIX file descriptors (`PosixFd`) for one-node sharing"

@@ -106,6 +106,9 @@ pub mod reading_the_compiler {
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
     //! | `bind` on an imported unicast endpoint | an imported unicast endpoint accepts no memory: binding on it is not allowed | bind in the exporting process; here, pass `kernel_ref()` to kernels | R5.7 | `memory_bind_on_imported_unicast` |
+    //! | `bind` on an imported team by hand, before the wait (and so before every rank enrolled) | the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `Pending` | use `team::multicast`, whose agreement steps order enrollment, wait and bind across ranks; by hand, `.wait(timeout)` first | R3.1, R3.2, R4.4 | `team_bind_before_agreement` |
+    //! | `Allocation::<Private>` bound on the endpoint of a `team::multicast` bring-up | `Private` memory cannot be bound here: this `SharedMulticast` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<Fabric>` | R5.6 | `team_shared_private_memory` |
+    //! | the owning form used after `unbind_all` | `E0382` borrow of moved value: `window` ... `unbind_all` takes ownership of the receiver | keep what `unbind_all` handed back (the endpoint and the memory) and bind on the endpoint, or build a new owning form with `into_bound()` | R6, R7 | `team_owned_after_unbind_all` |
     //! | `Allocation::<Private>` bound on an endpoint made with `.exportable()` | `Private` memory cannot be bound here: this `cuda_endpoints::Multicast<Exportable>` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<Fabric>` | R5.6 | `memory_private_on_exportable` |
     //! | `Allocation::<Private>` bound on an imported multicast endpoint | the same, for `ImportedMulticast` | the same | R5.6 | `memory_private_on_imported_multicast` |
     //! | `export()` on an endpoint created without `.exportable()` | `export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `Local` | create from `spec.exportable()` | R8.1 | `share_export_not_exportable` |
@@ -322,12 +325,15 @@ pub mod misuse_cases {
         state_wait_on_reserved: E0277,
         team_add_device_on_runtime_multicast: E0277,
         team_add_device_on_unicast: E0277,
+        team_bind_before_agreement: E0277,
         team_bind_incomplete: E0277,
         team_bind_part_incomplete: E0277,
         team_export_incomplete_not_exportable: E0277,
         team_kernel_ref_incomplete: E0277,
+        team_owned_after_unbind_all: E0382,
         team_one_device_too_many: E0277,
         team_poll_incomplete: E0277,
+        team_shared_private_memory: E0277,
         team_size_zero: E0277,
         team_wait_all_incomplete: E0277,
         team_wait_incomplete: E0277,

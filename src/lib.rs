@@ -43,11 +43,7 @@ pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Po
 pub use binding::Binding;
 #[cfg(feature = "mpi")]
 pub use bootstrap::Mpi;
-pub use bootstrap::{
-    AbortReason, Argument, Bootstrap, BootstrapError, CallbackResult, Callbacks, ENV_VAR,
-    FdExchange, IdProblem, MAX_FRAME, Malformed, Mismatch, NodeId, Op, Refusal, Step, Tcp, TcpRoot,
-    ThreadRank, Threads, Traffic, UniqueId,
-};
+pub use bootstrap::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
 pub use context::Context;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
@@ -78,8 +74,8 @@ pub use typenum;
 pub mod bounds {
     pub use crate::binding::UnbindThroughBinding;
     pub use crate::kind::{
-        Accepts, CanBind, CanExport, Creatable, Enroll, Kind, Sharing, TeamHasRoom, TeamIsComplete,
-        TeamIsNonEmpty, TeamSize,
+        Accepts, CanBind, CanExport, Count, Creatable, Enroll, Enrolled, HasFabricHandles, Kind,
+        Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
     };
     pub use crate::memory::{BindSource, MemShare};
     pub use crate::state::{

@@ -9,10 +9,14 @@
 
 use std::any::Any;
 use std::marker::PhantomData;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::context::Context;
-use crate::driver::{AllocationRequest, Call, Device, Granularity, Location, handle_bits};
+use crate::driver::{
+    AllocationRequest, Call, Code, Device, FabricHandleBytes, Granularity, Location,
+    ShareableHandle, ShareableKind, handle_bits,
+};
 use crate::error::{Error, Failed, Result};
 use crate::state::Sealed;
 
@@ -121,8 +125,7 @@ impl<H: MemShare> Allocation<H> {
         };
         let gran = ctx.check(
             Call::MemGetAllocationGranularity,
-            // SAFETY: a granularity query touches nothing anyone owns.
-            unsafe { ctx.driver().mem_granularity(req, granularity) },
+            ctx.queries().mem_granularity(req, granularity),
         )?;
         if bytes == 0 {
             return Err(Error::ZeroSize {
@@ -141,20 +144,21 @@ impl<H: MemShare> Allocation<H> {
                 largest: u64::MAX / gran * gran,
             });
         };
-        // SAFETY: a new allocation, owned by the `Allocation` made below.
-        let handle = unsafe { ctx.driver().mem_create(size, req) }.map_err(|code| {
-            match (code, location) {
-                (crate::Code::NOT_PERMITTED, Location::Device(device))
-                    if H::BITS & handle_bits::FABRIC != 0 =>
-                {
-                    Error::FabricNotPermitted {
-                        device,
-                        call: Call::MemCreate,
+        // A new allocation, owned by the `Allocation` made below.
+        let handle =
+            ctx.queries()
+                .mem_create(size, req)
+                .map_err(|code| match (code, location) {
+                    (crate::Code::NOT_PERMITTED, Location::Device(device))
+                        if H::BITS & handle_bits::FABRIC != 0 =>
+                    {
+                        Error::FabricNotPermitted {
+                            device,
+                            call: Call::MemCreate,
+                        }
                     }
-                }
-                _ => ctx.error(Call::MemCreate, code),
-            }
-        })?;
+                    _ => ctx.error(Call::MemCreate, code),
+                })?;
         Ok(Allocation {
             inner: Arc::new(AllocInner {
                 ctx: ctx.clone(),
@@ -234,8 +238,8 @@ impl<H: MemShare> Allocation<H> {
                 return Err(Failed { error, value: self });
             }
         }
-        // SAFETY: a new range, owned by the `Mapped` made below.
-        let ptr = match unsafe { d.mem_address_reserve(size, 0) } {
+        // A new range, owned by the `Mapped` made below.
+        let ptr = match ctx.queries().mem_address_reserve(size, 0) {
             Ok(p) => p,
             Err(c) => return Err(fail(Call::MemAddressReserve, c, self)),
         };
@@ -269,6 +273,201 @@ impl<H: MemShare> Allocation<H> {
             return Err(fail(Call::MemSetAccess, c, self));
         }
         Ok(mapped)
+    }
+}
+
+/// Sharing an allocation with another process (C5, R12.4): export gives a
+/// descriptor or fabric bytes; import makes this process's own
+/// `Allocation`, checked against the driver.
+impl<H: MemShare> Allocation<H> {
+    /// Imports `shared` as this process's own allocation of `size` bytes,
+    /// then checks it against the driver, never against the bytes: where it
+    /// lives and its handle types (`cuMemGetAllocationPropertiesFromHandle`),
+    /// `size` against the granularity there, and that `size` bytes really
+    /// map (the driver refuses a map past the end of the memory). On any
+    /// error the imported handle is released again.
+    fn import_shared(ctx: &Context, shared: ShareableHandle, size: u64) -> Result<Self> {
+        let mismatch = |problem: String| Error::ImportMismatch {
+            declared: size,
+            share: H::NAME,
+            problem,
+        };
+        if size == 0 {
+            return Err(mismatch("a size of 0 bytes cannot be imported".into()));
+        }
+        // SAFETY: a descriptor in `shared` is borrowed by the caller for
+        // this call (the callers below hold an `AsFd` or own the bytes).
+        let handle = unsafe { ctx.driver().mem_import(shared) };
+        let handle = ctx.check(Call::MemImportFromShareableHandle, handle)?;
+        // Owned from here: an error below drops `inner`, which releases it.
+        let mut inner = AllocInner {
+            ctx: ctx.clone(),
+            handle,
+            size,
+            location: Location::HostNuma(-1),
+        };
+        let props = ctx.check(
+            Call::MemGetAllocationProperties,
+            ctx.queries().mem_properties(handle),
+        )?;
+        if let Location::Device(d) = props.location {
+            ctx.check_device(d)?;
+        }
+        // A real driver (580, seen on an H200) reports no requested handle
+        // types for an imported handle; the import itself proves the
+        // exporter's type. Other non-zero answers must include `H`'s.
+        if props.handle_types != 0 && props.handle_types & H::BITS != H::BITS {
+            return Err(mismatch(format!(
+                "the driver reports handle types {:#x}, without {}'s {:#x}",
+                props.handle_types,
+                H::NAME,
+                H::BITS
+            )));
+        }
+        inner.location = props.location;
+        let req = AllocationRequest {
+            location: props.location,
+            handle_types: H::BITS,
+        };
+        let gran = ctx.check(
+            Call::MemGetAllocationGranularity,
+            ctx.queries().mem_granularity(req, Granularity::Minimum),
+        )?;
+        if gran == 0 || !size.is_multiple_of(gran) {
+            return Err(mismatch(format!(
+                "{size} bytes is not a multiple of the {gran}-byte granularity at {:?}",
+                props.location
+            )));
+        }
+        probe_size(&inner).map_err(|e| match e {
+            Error::Driver {
+                call: Call::MemMap,
+                code: Code::INVALID_VALUE,
+            } => mismatch(format!("the memory is smaller than {size} bytes")),
+            e => e,
+        })?;
+        Ok(Allocation {
+            inner: Arc::new(inner),
+            _share: PhantomData,
+        })
+    }
+}
+
+/// `cuMemExportToShareableHandle` of `alloc` as `kind`; the answer must be
+/// of that kind.
+fn export_shared(alloc: &AllocInner, kind: ShareableKind) -> Result<ShareableHandle> {
+    let ctx = &alloc.ctx;
+    // The export makes something new (a descriptor or bytes) and changes
+    // nothing the allocation owns.
+    let shared = ctx.queries().mem_export(alloc.handle, kind);
+    let shared = ctx.check(Call::MemExportToShareableHandle, shared)?;
+    if shared.kind() != kind {
+        // Not what was asked for: a driver bug, reported as its answer.
+        return Err(ctx.error(Call::MemExportToShareableHandle, Code::UNKNOWN));
+    }
+    Ok(shared)
+}
+
+/// As [`export_shared`], as an owned descriptor.
+fn export_fd(alloc: &AllocInner) -> Result<OwnedFd> {
+    match export_shared(alloc, ShareableKind::PosixFd)? {
+        ShareableHandle::PosixFd(fd) if fd >= 0 => {
+            // SAFETY: the driver hands an exported descriptor to the caller,
+            // who owns it from now on (C5).
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        }
+        _ => Err(alloc
+            .ctx
+            .error(Call::MemExportToShareableHandle, Code::UNKNOWN)),
+    }
+}
+
+/// As [`export_shared`], as fabric bytes.
+fn export_fabric(alloc: &AllocInner) -> Result<[u8; 64]> {
+    match export_shared(alloc, ShareableKind::Fabric)? {
+        ShareableHandle::Fabric(b) => Ok(b.0),
+        ShareableHandle::PosixFd(_) => Err(alloc
+            .ctx
+            .error(Call::MemExportToShareableHandle, Code::UNKNOWN)),
+    }
+}
+
+/// Maps the whole declared size of `alloc` once and undoes it: the driver
+/// refuses a map past the end of the memory.
+fn probe_size(alloc: &AllocInner) -> Result<()> {
+    let ctx = &alloc.ctx;
+    let d = ctx.driver();
+    let ptr = ctx.check(
+        Call::MemAddressReserve,
+        ctx.queries().mem_address_reserve(alloc.size, 0),
+    )?;
+    // SAFETY: `ptr` is the reservation just made; `alloc` owns the handle.
+    let mapped = unsafe { d.mem_map(ptr, alloc.size, 0, alloc.handle) };
+    if mapped.is_ok() {
+        // SAFETY: the mapping just made, bound to nothing.
+        if let Err(c) = unsafe { d.mem_unmap(ptr, alloc.size) } {
+            // Still mapped: keep the range rather than free a mapped one.
+            return Err(ctx.error(Call::MemUnmap, c));
+        }
+    }
+    // SAFETY: the reservation just made; nothing is mapped in it.
+    if let Err(c) = unsafe { d.mem_address_free(ptr, alloc.size) } {
+        ctx.record_teardown(ctx.error(Call::MemAddressFree, c));
+    }
+    ctx.check(Call::MemMap, mapped)
+}
+
+impl Allocation<PosixFd> {
+    /// Exports the allocation as a POSIX file descriptor
+    /// (`cuMemExportToShareableHandle`, C5), to pass to a process of the
+    /// same node (with [`crate::FdExchange`], `SCM_RIGHTS`). The descriptor
+    /// is the caller's; it does not keep the memory alive.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from `cuMemExportToShareableHandle`.
+    pub fn export_fd(&self) -> Result<OwnedFd> {
+        export_fd(&self.inner)
+    }
+
+    /// Imports a descriptor exported by [`Allocation::export_fd`] (in this
+    /// process or another of the node) as this process's own allocation of
+    /// `size` bytes (the exporter's [`Allocation::size`]). Size, location
+    /// and handle type are checked against the driver after import.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from `cuMemImportFromShareableHandle`
+    /// (`INVALID_VALUE` for a descriptor of another node, R12.4, or one that
+    /// is no exported memory); [`Error::ImportMismatch`] when the memory is
+    /// not `size` bytes of `PosixFd` memory. Nothing is left imported on error.
+    pub fn import_fd(ctx: &Context, fd: impl AsFd, size: u64) -> Result<Self> {
+        let fd = fd.as_fd();
+        Self::import_shared(ctx, ShareableHandle::PosixFd(fd.as_raw_fd()), size)
+    }
+}
+
+impl Allocation<Fabric> {
+    /// Exports the allocation as the 64 bytes of a fabric handle
+    /// (`cuMemExportToShareableHandle`, C5), for processes of any node of
+    /// the fabric that have an IMEX channel (R12.4).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from `cuMemExportToShareableHandle`.
+    pub fn export_fabric(&self) -> Result<[u8; 64]> {
+        export_fabric(&self.inner)
+    }
+
+    /// Imports fabric bytes of [`Allocation::export_fabric`] as this
+    /// process's own allocation of `size` bytes, checked against the driver
+    /// after import as [`Allocation::import_fd`].
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from `cuMemImportFromShareableHandle`
+    /// (`NOT_PERMITTED` without an IMEX channel, R9.1/R12.4;
+    /// `INVALID_VALUE` for bytes that are no handle);
+    /// [`Error::ImportMismatch`] as for `import_fd`.
+    pub fn import_fabric(ctx: &Context, bytes: &[u8; 64], size: u64) -> Result<Self> {
+        let shared = ShareableHandle::Fabric(FabricHandleBytes(*bytes));
+        Self::import_shared(ctx, shared, size)
     }
 }
 
@@ -350,6 +549,26 @@ impl<H: MemShare> Mapped<H> {
             .alloc
             .as_deref()
             .unwrap_or_else(|| unreachable!("mapping used after drop"))
+    }
+}
+
+impl Mapped<PosixFd> {
+    /// As [`Allocation::export_fd`], for the mapped allocation.
+    ///
+    /// # Errors
+    /// As [`Allocation::export_fd`].
+    pub fn export_fd(&self) -> Result<OwnedFd> {
+        export_fd(self.alloc())
+    }
+}
+
+impl Mapped<Fabric> {
+    /// As [`Allocation::export_fabric`], for the mapped allocation.
+    ///
+    /// # Errors
+    /// As [`Allocation::export_fabric`].
+    pub fn export_fabric(&self) -> Result<[u8; 64]> {
+        export_fabric(self.alloc())
     }
 }
 

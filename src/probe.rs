@@ -178,70 +178,64 @@ impl Capabilities {
     /// device call needs).
     pub fn probe(ctx: &Context, dev: impl Into<Device>) -> Capabilities {
         let dev = dev.into();
-        let d = ctx.driver();
-        // SAFETY: every call below is a query (attributes, granularities,
-        // counts, memory info): none touches an id, endpoint or allocation.
-        unsafe {
-            let flag = |a| Probed::from_driver(d.device_attribute(dev, a)).map(|v| v != 0);
-            let classic_multicast = flag(attr::MULTICAST_SUPPORTED);
-            let vmm_granularity = [
-                ("Private", handle_bits::NONE),
-                ("PosixFd", handle_bits::POSIX_FD),
-                ("Fabric", handle_bits::FABRIC),
-            ]
-            .into_iter()
-            .map(|(handle, bits)| {
-                let req = AllocationRequest {
-                    location: Location::Device(dev),
-                    handle_types: bits,
-                };
-                VmmGranularity {
-                    handle,
-                    minimum: Probed::from_driver(d.mem_granularity(req, Granularity::Minimum)),
-                    recommended: Probed::from_driver(
-                        d.mem_granularity(req, Granularity::Recommended),
-                    ),
-                }
-            })
-            .collect::<Vec<_>>();
-            let multicast_granularity = match classic_multicast {
-                Probed::Known(true) => {
-                    let team = d.device_count().ok().and_then(|n| u32::try_from(n).ok());
-                    let team = team.unwrap_or(1).max(1);
-                    let size = vmm_granularity
-                        .first()
-                        .and_then(|g| g.minimum.known().copied())
-                        .unwrap_or(2 << 20);
-                    let g = |k| d.multicast_granularity(team, size, 0, k);
-                    match (g(Granularity::Minimum), g(Granularity::Recommended)) {
-                        (Ok(min), Ok(rec)) => Probed::Known((min, rec)),
-                        (Err(c), _) | (_, Err(c)) => Probed::Unknown(describe(c)),
-                    }
-                }
-                Probed::Known(false) => {
-                    Probed::Unknown("not asked: MULTICAST_SUPPORTED (attribute 132) is 0".into())
-                }
-                Probed::Unknown(ref why) => Probed::Unknown(format!(
-                    "not asked: MULTICAST_SUPPORTED (attribute 132) is unknown ({why})"
-                )),
+        let d = ctx.queries();
+        let flag = |a| Probed::from_driver(d.device_attribute(dev, a)).map(|v| v != 0);
+        let classic_multicast = flag(attr::MULTICAST_SUPPORTED);
+        let vmm_granularity = [
+            ("Private", handle_bits::NONE),
+            ("PosixFd", handle_bits::POSIX_FD),
+            ("Fabric", handle_bits::FABRIC),
+        ]
+        .into_iter()
+        .map(|(handle, bits)| {
+            let req = AllocationRequest {
+                location: Location::Device(dev),
+                handle_types: bits,
             };
-            Capabilities {
-                backend: d.name(),
-                device: dev,
-                driver_version: Probed::from_driver(d.driver_version()),
-                le_unicast: flag(attr::LE_UNICAST),
-                le_multicast: flag(attr::LE_MULTICAST),
-                le_counted_ops: flag(attr::LE_COUNTED_OPS),
-                le_unicast_owner_access: flag(attr::LE_UNICAST_OWNER_ACCESS),
-                classic_multicast,
-                fabric_handles: flag(attr::FABRIC_SUPPORTED),
-                host_numa_id: Probed::from_driver(d.device_attribute(dev, attr::HOST_NUMA_ID)),
-                vmm_granularity,
-                multicast_granularity,
-                clique: Probed::from_driver(d.device_clique(dev)),
-                memory: Probed::from_driver(d.mem_get_info(dev))
-                    .map(|(free, total)| MemInfo { free, total }),
+            VmmGranularity {
+                handle,
+                minimum: Probed::from_driver(d.mem_granularity(req, Granularity::Minimum)),
+                recommended: Probed::from_driver(d.mem_granularity(req, Granularity::Recommended)),
             }
+        })
+        .collect::<Vec<_>>();
+        let multicast_granularity = match classic_multicast {
+            Probed::Known(true) => {
+                let team = d.device_count().ok().and_then(|n| u32::try_from(n).ok());
+                let team = team.unwrap_or(1).max(1);
+                let size = vmm_granularity
+                    .first()
+                    .and_then(|g| g.minimum.known().copied())
+                    .unwrap_or(2 << 20);
+                let g = |k| d.multicast_granularity(team, size, 0, k);
+                match (g(Granularity::Minimum), g(Granularity::Recommended)) {
+                    (Ok(min), Ok(rec)) => Probed::Known((min, rec)),
+                    (Err(c), _) | (_, Err(c)) => Probed::Unknown(describe(c)),
+                }
+            }
+            Probed::Known(false) => {
+                Probed::Unknown("not asked: MULTICAST_SUPPORTED (attribute 132) is 0".into())
+            }
+            Probed::Unknown(ref why) => Probed::Unknown(format!(
+                "not asked: MULTICAST_SUPPORTED (attribute 132) is unknown ({why})"
+            )),
+        };
+        Capabilities {
+            backend: d.name(),
+            device: dev,
+            driver_version: Probed::from_driver(d.driver_version()),
+            le_unicast: flag(attr::LE_UNICAST),
+            le_multicast: flag(attr::LE_MULTICAST),
+            le_counted_ops: flag(attr::LE_COUNTED_OPS),
+            le_unicast_owner_access: flag(attr::LE_UNICAST_OWNER_ACCESS),
+            classic_multicast,
+            fabric_handles: flag(attr::FABRIC_SUPPORTED),
+            host_numa_id: Probed::from_driver(d.device_attribute(dev, attr::HOST_NUMA_ID)),
+            vmm_granularity,
+            multicast_granularity,
+            clique: Probed::from_driver(d.device_clique(dev)),
+            memory: Probed::from_driver(d.mem_get_info(dev))
+                .map(|(free, total)| MemInfo { free, total }),
         }
     }
 

@@ -234,8 +234,7 @@ impl IdRange {
                 rule: Some(crate::error::Rule::R1_3),
             });
         }
-        // SAFETY: new ids, owned by the `IdRange` made below.
-        let base = ctx.check(Call::IdReserve, unsafe { ctx.driver().id_reserve(count) })?;
+        let base = ctx.check(Call::IdReserve, ctx.queries().id_reserve(count))?;
         // Every id of the range is `base + i` below `base + count`: checked
         // once here, so that no later sum (splitting, `Debug`, release in
         // `Drop`) can overflow.

@@ -69,8 +69,7 @@ impl Backoff {
 #[inline]
 fn query(range: &RangeInner, base: u32, count: u32) -> Result<bool> {
     let ctx = &range.ctx;
-    // SAFETY: a query never blocks and changes nothing (R3).
-    ctx.check(Call::Query, unsafe { ctx.driver().query(base, count) })
+    ctx.check(Call::Query, ctx.queries().query(base, count))
 }
 
 impl<S: State, K: Kind> Endpoint<S, K> {

@@ -19,6 +19,9 @@ const SUM_AT: usize = WIRE_LEN - 8;
 
 /// A fabric handle of an exported endpoint of kind `K`, to send to other
 /// processes (as [`FabricHandle::to_bytes`]) and import there.
+///
+/// With the crate feature `serde`, it is also `Serialize` and `Deserialize`,
+/// in the same checked wire form.
 pub struct FabricHandle<K> {
     data: [u8; 64],
     size: u64,

@@ -10,9 +10,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
 use bootstrap_support::*;
-use cuda_endpoints::{
-    AbortReason, Bootstrap, BootstrapError, ENV_VAR, FdExchange, NodeId, Tcp, Threads, UniqueId,
-};
+use cuda_endpoints::bootstrap::{AbortReason, ENV_VAR, NodeId};
+use cuda_endpoints::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
 
 const ENTRY: &str = "child_entry";
 const T: Duration = Duration::from_secs(20);
@@ -155,6 +154,7 @@ fn every_rank_passes_a_pipe_to_every_other_rank() {
 
 #[test]
 fn descriptors_are_refused_across_nodes_on_every_rank() {
+    let _s = serial();
     let ranks = Threads::new(3);
     let nodes = [
         NodeId::from_parts("a", "boot-a", 1),
@@ -190,6 +190,7 @@ fn descriptors_are_refused_across_nodes_on_every_rank() {
 
 #[test]
 fn a_root_without_a_descriptor_fails_every_rank_at_once() {
+    let _s = serial();
     let ranks = Threads::new(2);
     let errs: Vec<BootstrapError> = std::thread::scope(|s| {
         let hs: Vec<_> = ranks

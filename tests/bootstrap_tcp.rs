@@ -11,9 +11,8 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use bootstrap_support::*;
-use cuda_endpoints::{
-    AbortReason, Bootstrap, BootstrapError, ENV_VAR, Malformed, Mismatch, Refusal, Tcp, UniqueId,
-};
+use cuda_endpoints::bootstrap::{AbortReason, ENV_VAR, Malformed, Mismatch, Refusal};
+use cuda_endpoints::{Bootstrap, BootstrapError, Tcp, UniqueId};
 
 const ENTRY: &str = "child_entry";
 
@@ -69,7 +68,7 @@ fn child(role: &str) -> Result<(), String> {
     }
 }
 
-fn root(_size: usize) -> (UniqueId, cuda_endpoints::TcpRoot) {
+fn root(_size: usize) -> (UniqueId, cuda_endpoints::bootstrap::TcpRoot) {
     Tcp::root("127.0.0.1:0".parse().expect("loopback")).expect("rank 0 binds loopback")
 }
 
@@ -94,7 +93,6 @@ fn spawn_ranks(
 }
 
 fn run_suite(size: usize) {
-    let _s = serial();
     let fds_before = open_fds();
     {
         let mut kids = Children::default();
@@ -130,21 +128,25 @@ fn run_suite(size: usize) {
 
 #[test]
 fn collectives_are_correct_for_2_ranks() {
+    let _s = serial();
     run_suite(2);
 }
 
 #[test]
 fn collectives_are_correct_for_4_ranks() {
+    let _s = serial();
     run_suite(4);
 }
 
 #[test]
 fn collectives_are_correct_for_8_ranks() {
+    let _s = serial();
     run_suite(8);
 }
 
 #[test]
 fn one_rank_job_needs_no_peer() {
+    let _s = serial();
     let (_, listener) = root(1);
     let boot = listener.accept(1, Duration::from_secs(1)).expect("size 1");
     assert_eq!(
@@ -299,6 +301,7 @@ fn a_killed_root_gives_its_peers_peer_closed_and_the_id_travels_by_file() {
 
 #[test]
 fn join_gives_up_within_its_timeout_when_no_root_listens() {
+    let _s = serial();
     let addr = {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr")
@@ -333,7 +336,6 @@ fn hostile_join(id: &UniqueId, rank: u32, size: u32) -> TcpStream {
 fn with_hostile_rank1(
     send: impl FnOnce(&UniqueId, &mut TcpStream) + Send + 'static,
 ) -> (BootstrapError, Vec<String>) {
-    let _s = serial();
     let mut kids = Children::default();
     let (id, listener) = root(3);
     kids.spawn(
@@ -363,6 +365,7 @@ fn with_hostile_rank1(
 
 #[test]
 fn a_garbage_frame_is_malformed_and_aborts_the_others() {
+    let _s = serial();
     let (err, rank2) = with_hostile_rank1(|_, s| {
         let _ = s.write_all(&[0xAB; 40]);
     });
@@ -385,6 +388,7 @@ fn a_garbage_frame_is_malformed_and_aborts_the_others() {
 
 #[test]
 fn an_oversized_length_is_refused_before_its_payload() {
+    let _s = serial();
     let (err, _) = with_hostile_rank1(|id, s| {
         let mut f = raw_frame(4, id.job(), 0, 1, 3, &[]);
         f[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -405,6 +409,7 @@ fn an_oversized_length_is_refused_before_its_payload() {
 
 #[test]
 fn a_frame_of_another_job_is_a_mismatch() {
+    let _s = serial();
     let (err, _) = with_hostile_rank1(|id, s| {
         let _ = s.write_all(&raw_frame(4, id.job() ^ 1, 0, 1, 3, b"x"));
     });
@@ -423,6 +428,7 @@ fn a_frame_of_another_job_is_a_mismatch() {
 
 #[test]
 fn a_frame_claiming_another_rank_is_a_mismatch() {
+    let _s = serial();
     let (err, _) = with_hostile_rank1(|id, s| {
         let _ = s.write_all(&raw_frame(4, id.job(), 0, 2, 3, b"x"));
     });
@@ -564,6 +570,7 @@ fn with_hostile_root(answer: impl FnOnce(u64) -> Vec<u8> + Send + 'static) -> Bo
 
 #[test]
 fn a_hostile_root_result_list_is_refused() {
+    let _s = serial();
     let err = with_hostile_root(|job| {
         let mut list = Vec::new();
         list.extend_from_slice(&2u32.to_le_bytes());
@@ -606,9 +613,10 @@ fn a_hostile_root_result_list_is_refused() {
 
 #[test]
 fn a_payload_over_the_frame_limit_is_refused_before_sending() {
+    let _s = serial();
     let (_, listener) = root(1);
     let boot = listener.accept(1, Duration::from_secs(1)).expect("size 1");
-    let big = vec![0u8; cuda_endpoints::MAX_FRAME + 1];
+    let big = vec![0u8; cuda_endpoints::bootstrap::MAX_FRAME + 1];
     let err = boot
         .broadcast(0, &big, Duration::from_secs(1))
         .expect_err("too large");
@@ -621,6 +629,7 @@ fn a_payload_over_the_frame_limit_is_refused_before_sending() {
 
 #[test]
 fn accept_names_every_rank_that_did_not_join_within_its_timeout() {
+    let _s = serial();
     let (_, listener) = root(3);
     let start = Instant::now();
     let err = listener
@@ -635,6 +644,7 @@ fn accept_names_every_rank_that_did_not_join_within_its_timeout() {
 
 #[test]
 fn a_joiner_declaring_another_size_is_refused_and_fails_the_accept() {
+    let _s = serial();
     let (id, listener) = root(3);
     let joiner =
         std::thread::spawn(move || Tcp::join(&id, 1, 2, Duration::from_secs(10)).map(|_| ()));

@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bootstrap_support::suite;
-use cuda_endpoints::{
-    Bootstrap, BootstrapError, Callbacks, Malformed, Mismatch, ThreadRank, Threads,
-};
+use cuda_endpoints::bootstrap::{Callbacks, Malformed, Mismatch, ThreadRank};
+use cuda_endpoints::{Bootstrap, BootstrapError, Threads};
 
 fn on_threads<R: Send>(
     ranks: &[impl Bootstrap + Sync],

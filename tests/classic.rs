@@ -2,17 +2,18 @@
 //! API, over the reference model: the whole lifecycle leaves nothing behind
 //! and breaks no rule — in particular no bind before the team is complete
 //! (C3, logged by the model) and no unbind that does not match a bind (C4).
+//! With `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) the classic
+//! fallback sits over the real backend on the libcuda test double.
 
-mod common;
+#[path = "common/backend.rs"]
+mod backend;
 
-use common::clean;
-
-use std::sync::Arc;
 use std::time::Duration;
 
+use backend::{Inspect, Probe};
 use cuda_endpoints::Feature;
 use cuda_endpoints::driver::{Classic, Granularity};
-use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::typenum::{U2, U4};
 use cuda_endpoints::{
     Allocation, Call, Code, Context, Device, Driver, Error, PosixFd, Private, Spec, wait_all,
@@ -23,10 +24,25 @@ const T: Duration = Duration::from_secs(1);
 
 /// A 4-GPU node on driver 13.0 whose devices have classic multicast, with
 /// the classic backend over it.
-fn classic_node(n: usize) -> (Context, Model) {
+fn classic_node(n: usize) -> (Context, Probe) {
     let cfg = ModelConfig::cuda_13_0(n).with_devices(|_, d| d.classic_multicast = true);
-    let model = Model::new(cfg);
-    (Context::new(Classic::new(Arc::new(model.clone()))), model)
+    classic_over(cfg)
+}
+
+/// The classic backend over the raw backend (the model, or the real one on
+/// the double) of a node made as `cfg` says.
+fn classic_over(cfg: ModelConfig) -> (Context, Probe) {
+    backend::context_over(cfg, |raw| Context::new(Classic::new(raw)))
+}
+
+fn clean(ctx: &Context, model: &impl Inspect) {
+    assert!(ctx.take_teardown_errors().is_empty());
+    assert!(model.live().is_empty(), "leak: {:?}", model.live());
+    assert!(
+        model.violations().is_empty(),
+        "rule broken: {:?}",
+        model.violations()
+    );
 }
 
 fn devs(n: i32) -> Vec<Device> {
@@ -36,7 +52,7 @@ fn devs(n: i32) -> Vec<Device> {
 #[test]
 fn runtime_team_lifecycle() {
     let (ctx, model) = classic_node(4);
-    assert_eq!(ctx.backend_name(), "classic(model)");
+    assert_eq!(ctx.backend_name(), format!("classic({})", model.name()));
     let team = ctx
         .reserve_one()
         .unwrap()
@@ -205,8 +221,7 @@ fn unicast_has_no_classic_form() {
 #[test]
 fn no_multicast_supported_means_no_multicast_call() {
     // The GPU test machine: driver 13.0, MULTICAST_SUPPORTED = 0 (C6).
-    let model = Model::new(ModelConfig::cuda_13_0(1));
-    let ctx = Context::new(Classic::new(Arc::new(model.clone())));
+    let (ctx, model) = classic_over(ModelConfig::cuda_13_0(1));
     let e = ctx
         .reserve_one()
         .unwrap()
@@ -240,8 +255,12 @@ fn a_team_device_without_multicast_is_refused_before_create() {
     // Device 1 says no; the machine still has two capable devices, so the
     // limits are granted and the refusal comes at enrollment (C6).
     let cfg = ModelConfig::cuda_13_0(3).with_devices(|i, d| d.classic_multicast = i != 1);
-    let model = Model::new(cfg);
-    let classic = Classic::new(Arc::new(model.clone()));
+    let mut classic = None;
+    let (_ctx, model) = backend::context_over(cfg, |raw| {
+        classic = Some(Classic::new(raw.clone()));
+        Context::from_arc(raw)
+    });
+    let classic = classic.unwrap();
     let prop = Spec::multicast(&[Device(0), Device(1)], 2 * MIB).props();
     // SAFETY: raw calls on a backend no typed object uses; the test owns the id.
     unsafe {
@@ -263,10 +282,9 @@ fn recommended_granularity_is_the_bind_alignment_when_asked() {
         d.classic_multicast = true;
         d.recommended_granularity = 8 * MIB;
     });
-    let model = Model::new(cfg);
-    let ctx = Context::new(
-        Classic::new(Arc::new(model.clone())).with_granularity(Granularity::Recommended),
-    );
+    let (ctx, model) = backend::context_over(cfg, |raw| {
+        Context::new(Classic::new(raw).with_granularity(Granularity::Recommended))
+    });
     let e = ctx
         .reserve_one()
         .unwrap()
@@ -340,5 +358,5 @@ fn attributes_describe_the_emulation() {
         "{}",
         e.error
     );
-    common::no_violations(&_model);
+    assert!(_model.violations().is_empty(), "{:?}", _model.violations());
 }

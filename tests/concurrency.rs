@@ -7,16 +7,23 @@
 //! model never sees a rule violation and nothing leaks.
 //!
 //! The thread-safety facts these tests rely on are asserted at compile time.
+//!
+//! With `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) the threads call
+//! the real backend, which switches each thread's current context in the
+//! libcuda test double; the many-importers test (several simulated
+//! processes) stays on the model.
+
+#[path = "common/backend.rs"]
+mod backend;
 
 mod common;
-
-use common::clean;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use cuda_endpoints::model::{Fault, FaultPlan, Model, ModelConfig};
+use backend::{F, Inspect};
+use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::{U0, U2};
 use cuda_endpoints::{
     Allocation, Binding, Call, Code, Context, Device, Endpoint, Error, Exportable, FabricHandle,
@@ -52,6 +59,12 @@ assert_not_impl_any!(IdRange: Clone, Copy);
 const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(10);
 
+fn clean(ctx: &Context, model: &impl Inspect) {
+    assert!(ctx.take_teardown_errors().is_empty());
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    assert!(model.live_node().is_empty(), "{:?}", model.live_node());
+}
+
 fn team(ctx: &Context, n: i32, per_device: u64) -> Endpoint<Ready, Multicast> {
     let devs: Vec<Device> = (0..n).map(Device).collect();
     ctx.reserve_one()
@@ -66,7 +79,7 @@ fn team(ctx: &Context, n: i32, per_device: u64) -> Endpoint<Ready, Multicast> {
 /// at every offset of the endpoint, many times, all at once.
 #[test]
 fn one_thread_per_device_binds_and_unbinds_on_one_endpoint() {
-    let (ctx, model) = Context::model(ModelConfig::node(4));
+    let (ctx, model) = backend::context(ModelConfig::node(4));
     let ep = team(&ctx, 4, 8 * ALIGN);
     let mems: Vec<_> = (0..4)
         .map(|d| Allocation::<Private>::on_device(&ctx, Device(d), 2 * ALIGN).unwrap())
@@ -104,7 +117,7 @@ fn one_thread_per_device_binds_and_unbinds_on_one_endpoint() {
 /// and typed `Overlap` losers, never a violation in the driver.
 #[test]
 fn threads_racing_for_overlapping_ranges_of_one_device() {
-    let (ctx, model) = Context::model(ModelConfig::node(2));
+    let (ctx, model) = backend::context(ModelConfig::node(2));
     let ep = team(&ctx, 2, 4 * ALIGN);
     let mems: Vec<_> = (0..8)
         .map(|_| Allocation::<Private>::on_device(&ctx, Device(0), 2 * ALIGN).unwrap())
@@ -151,7 +164,7 @@ fn threads_racing_for_overlapping_ranges_of_one_device() {
 /// released once, by whichever thread lets go of its last id.
 #[test]
 fn many_threads_create_endpoints_from_one_split_range() {
-    let (ctx, model) = Context::model(ModelConfig::node(4).queries_to_ready(3));
+    let (ctx, model) = backend::context(ModelConfig::node(4).queries_to_ready(3));
     let mut eps = ctx.reserve(64).unwrap().into_endpoints();
     let chunks: Vec<Vec<Endpoint<Reserved>>> = (0..8).map(|_| eps.drain(..8).collect()).collect();
     std::thread::scope(|s| {
@@ -201,7 +214,7 @@ fn many_threads_create_endpoints_from_one_split_range() {
 /// threads create and destroy on other ids of the same range.
 #[test]
 fn wait_all_while_other_threads_use_the_same_range() {
-    let (ctx, model) = Context::model(ModelConfig::node(4).queries_to_ready(2));
+    let (ctx, model) = backend::context(ModelConfig::node(4).queries_to_ready(2));
     let mut eps = ctx.reserve(32).unwrap().into_endpoints();
     let mine: Vec<_> = eps
         .drain(..16)
@@ -228,7 +241,7 @@ fn wait_all_while_other_threads_use_the_same_range() {
 /// A binding is `Send`: made on one thread, unbound on another.
 #[test]
 fn a_binding_made_on_one_thread_is_unbound_on_another() {
-    let (ctx, model) = Context::model(ModelConfig::node(2));
+    let (ctx, model) = backend::context(ModelConfig::node(2));
     let ep = team(&ctx, 2, 2 * ALIGN);
     let mem = Allocation::<Private>::on_device(&ctx, Device(1), ALIGN).unwrap();
     let b = ep.bind(1, ALIGN, &mem).unwrap();
@@ -293,12 +306,12 @@ fn importers_on_many_threads() {
 /// Teardown errors from many threads at once are all recorded.
 #[test]
 fn teardown_errors_from_many_threads_are_all_recorded() {
-    let (ctx, model) = Context::model(ModelConfig::node(4));
+    let (ctx, model) = backend::context(ModelConfig::node(4));
     let ep = team(&ctx, 4, 4 * ALIGN);
     let mems: Vec<_> = (0..4)
         .map(|d| Allocation::<Private>::on_device(&ctx, Device(d), ALIGN).unwrap())
         .collect();
-    model.set_faults(FaultPlan::none().with(Fault::always(Call::Unbind, Code::NOT_PERMITTED)));
+    model.set_faults(&[F::always(Call::Unbind, Code::NOT_PERMITTED)]);
     std::thread::scope(|s| {
         for (d, mem) in mems.iter().enumerate() {
             let ep = &ep;
@@ -318,7 +331,7 @@ fn teardown_errors_from_many_threads_are_all_recorded() {
     );
     // Still bound, so kept; destroy unbinds all of them and frees the memory.
     assert_eq!(model.live().bindings, 16);
-    model.set_faults(FaultPlan::none());
+    model.set_faults(&[]);
     drop(ep);
     drop(mems);
     clean(&ctx, &model);

@@ -511,3 +511,234 @@ fn multi_gpu_runtime_team_from_the_devices() {
     drop(classic);
     leak.check(&ctx, 1);
 }
+
+// ------------------------------------------------- two processes share memory
+
+/// The environment of a child rank of [`two_processes_share_posix_fd_memory`].
+const SHARE_RANK: &str = "CUDA_ENDPOINTS_GPU_SHARE_RANK";
+const SHARE_DIR: &str = "CUDA_ENDPOINTS_GPU_SHARE_DIR";
+const SHARE_ORDER: &str = "CUDA_ENDPOINTS_GPU_SHARE_ORDER";
+
+/// Kills and reaps child ranks on every path.
+struct Ranks(Vec<std::process::Child>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Two OS processes, one per GPU (both on GPU 0 where there is one), join
+/// the TCP bootstrap on loopback, exchange `PosixFd` allocations (the
+/// descriptor passed with `SCM_RIGHTS`), each maps the other's, writes on
+/// its own GPU and reads back what the peer wrote; then they tear down in
+/// one order and, in a second run, the other. Then the team bring-up call,
+/// with the classic backend switched off and `cuMulticastCreate` denied,
+/// fails on both ranks naming the root and the step, and the trace shows
+/// that `cuMulticastCreate` never reached the driver. Free memory is back
+/// to its start on every GPU.
+#[test]
+fn two_processes_share_posix_fd_memory() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let leak = Leak::start(&ctx);
+    let n = ctx.devices().unwrap().len();
+    println!("two processes on {n} GPU(s): rank r uses device r % {n}");
+    for order in ["importer-first", "owner-first"] {
+        let dir = std::env::temp_dir().join(format!(
+            "cuda-endpoints-gpu-share-{}-{order}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let mut ranks = Ranks(Vec::new());
+        for r in 0..2 {
+            let child = std::process::Command::new(&exe)
+                .args(["share_child", "--exact", "--nocapture", "--test-threads=1"])
+                .env(SHARE_RANK, r.to_string())
+                .env(SHARE_DIR, &dir)
+                .env(SHARE_ORDER, order)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            ranks.0.push(child);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let mut ok = 0;
+        for (r, child) in ranks.0.iter_mut().enumerate() {
+            while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+            let mut out = String::new();
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stdout
+                .take()
+                .unwrap()
+                .read_to_string(&mut out)
+                .unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            for line in out.lines().filter(|l| l.starts_with("share:")) {
+                println!("[{order}] rank {r} {line}");
+            }
+            if status.success() && out.contains("share: done") {
+                ok += 1;
+            } else {
+                println!("[{order}] rank {r} failed ({status}):\n{out}\n{err}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(ok, 2, "both ranks must finish ({order})");
+    }
+    leak.check(&ctx, 2);
+}
+
+/// One rank of [`two_processes_share_posix_fd_memory`]; a no-op unless run
+/// as a child.
+#[test]
+fn share_child() {
+    use cuda_endpoints::bootstrap::IdProblem;
+    use cuda_endpoints::{Bootstrap, BootstrapError, FdExchange, Tcp, UniqueId, team};
+    use cudarc::driver::{CudaContext, result};
+    use std::time::Duration;
+
+    let Ok(rank) = std::env::var(SHARE_RANK) else {
+        return;
+    };
+    let rank: usize = rank.parse().unwrap();
+    let dir = std::path::PathBuf::from(std::env::var(SHARE_DIR).unwrap());
+    let order = std::env::var(SHARE_ORDER).unwrap();
+    let t = Duration::from_secs(30);
+    let ctx = cuda_ctx().expect("a driver in the child");
+    let devs = ctx.devices().unwrap();
+    let dev = devs[rank % devs.len()];
+    let id_file = dir.join("id");
+    let boot = if rank == 0 {
+        let (id, root) = Tcp::root("127.0.0.1:0".parse().unwrap()).unwrap();
+        id.write_file(&id_file)
+            .map_err(|e| BootstrapError::InvalidId {
+                what: IdProblem::File {
+                    path: id_file.clone(),
+                    kind: e.kind(),
+                },
+            })
+            .unwrap();
+        root.accept(2, t).unwrap()
+    } else {
+        Tcp::join(&UniqueId::read_file(&id_file, t).unwrap(), 1, 2, t).unwrap()
+    };
+    let peer_rank = 1 - rank;
+    let peer_dev = devs[peer_rank % devs.len()];
+    let gran = granularity(&ctx, dev, handle_bits::POSIX_FD);
+
+    // Each rank's own PosixFd allocation, exported; the descriptors cross
+    // with SCM_RIGHTS; each imports the other's.
+    let own = Allocation::<PosixFd>::on_device(&ctx, dev, gran).unwrap();
+    let fd = own.export_fd().unwrap();
+    let mut fds = FdExchange::allgather_fds(&boot, std::os::fd::AsFd::as_fd(&fd), t).unwrap();
+    let theirs = fds.swap_remove(peer_rank);
+    let peer = Allocation::<PosixFd>::import_fd(&ctx, &theirs, own.size()).unwrap();
+    assert_eq!(peer.location(), Location::Device(peer_dev));
+    println!(
+        "share: {dev} exported {} bytes; imported rank {peer_rank}'s from {peer_dev}",
+        own.size()
+    );
+    let own = own.map(&[dev]).unwrap();
+    let peer = peer.map(&[dev]).unwrap();
+
+    // Write on this rank's GPU into its own memory; read the peer's.
+    let cx = CudaContext::new(dev.0 as usize).unwrap();
+    cx.bind_to_thread().unwrap();
+    let n = own.size() as usize;
+    let mine = 0x11u8 * (rank as u8 + 1);
+    let expect = 0x11u8 * (peer_rank as u8 + 1);
+    // SAFETY: `own` is `n` bytes of mapped device memory with read-write
+    // access for `dev`, alive until dropped below; synchronous memset.
+    unsafe { result::memset_d8_sync(own.device_ptr(), mine, n).unwrap() };
+    boot.barrier(t).unwrap();
+    let mut back = vec![0u8; n];
+    // SAFETY: `peer` is `n` bytes mapped with access for `dev`; `back` holds
+    // `n` bytes; synchronous copy.
+    unsafe { result::memcpy_dtoh_sync(&mut back, peer.device_ptr()).unwrap() };
+    let good = back.iter().filter(|&&b| b == expect).count();
+    println!(
+        "share: read {good} of {n} bytes = {expect:#04x} written by rank {peer_rank} on {peer_dev}"
+    );
+    assert_eq!(
+        good, n,
+        "rank {rank} did not read what rank {peer_rank} wrote"
+    );
+    boot.barrier(t).unwrap();
+
+    // Teardown in the order of this run.
+    if order == "importer-first" {
+        drop(peer);
+        drop(theirs);
+        boot.barrier(t).unwrap();
+        drop(own);
+    } else {
+        drop(own);
+        boot.barrier(t).unwrap();
+        drop(peer);
+        drop(theirs);
+    }
+    drop(fd);
+    boot.barrier(t).unwrap();
+
+    // The team bring-up with the classic backend switched off and
+    // cuMulticastCreate denied: it fails on both ranks, naming the root and
+    // the step, and never reaches cuMulticastCreate.
+    let (auto, decision) = (
+        Context::auto(&[dev], &Policy::from_env()),
+        decide(&*raw(&ctx), &[dev], &Policy::from_env()),
+    );
+    println!("share: backend for the team: {}", decision.choice);
+    assert!(auto.is_err(), "no backend may be chosen here");
+    let traced = traced_cuda();
+    for (name, backend) in [
+        ("logical endpoints", Context::new(traced.clone())),
+        (
+            "classic (forced)",
+            Context::new(Classic::new(traced.clone())),
+        ),
+    ] {
+        let spec = team::TeamSpec::new([dev], gran).timeout(t);
+        let e = team::multicast(&backend, &boot, &spec).expect_err("no team on this driver");
+        println!(
+            "share: {name}: rank {} step {}: {}",
+            e.rank, e.step, e.cause
+        );
+    }
+    let creates = traced.entries(Call::MulticastCreate);
+    assert!(
+        creates.iter().all(|c| c.denied),
+        "cuMulticastCreate reached the driver"
+    );
+    println!(
+        "share: trace: {} cuMulticastCreate attempt(s), all denied by policy; reached the driver: {}",
+        creates.len(),
+        traced.reached(Call::MulticastCreate)
+    );
+    assert!(!traced.reached(Call::MulticastCreate));
+    for entry in traced
+        .log()
+        .iter()
+        .filter(|e| e.call.is_some_and(|c| c.name().starts_with("cuMulticast")))
+    {
+        println!("share:   {entry}");
+    }
+    boot.barrier(t).unwrap();
+    drop(cx);
+    println!("share: done");
+}

@@ -4,16 +4,23 @@
 //! methods directly. The answer is always an error, never a panic (debug
 //! builds check every integer overflow), never a hang, and — through the
 //! typed API — never a call that breaks a rule of the driver contract.
+//!
+//! With `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) the same input
+//! goes through the real backend and the C ABI to the libcuda test double;
+//! the test that needs two simulated processes stays on the model.
 
+#[path = "common/backend.rs"]
+mod backend;
 mod common;
 
 use std::time::Duration;
 
+use backend::Probe;
 use cuda_endpoints::FABRIC_HANDLE_WIRE_LEN as WIRE_LEN;
 use cuda_endpoints::driver::{
     AllocationRequest, EndpointProps, FabricHandleBytes, Granularity, Shape, handle_bits,
 };
-use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
     Allocation, Context, Device, Driver, Endpoint, Error, Exportable, FabricHandle, Location,
@@ -129,7 +136,7 @@ proptest! {
         // A valid checksum, so that the bytes get past the wire check.
         let sum = cuda_endpoints::driver::fabric_checksum(&w[..90]);
         w[90..].copy_from_slice(&sum.to_le_bytes());
-        let (ctx, model) = Context::model(ModelConfig::node(2));
+        let (ctx, model) = backend::context(ModelConfig::node(2));
         if let Ok(h) = FabricHandle::<Multicast<Exportable>>::from_bytes(&w) {
             let f = ctx.reserve_one().unwrap().import(&h).unwrap_err();
             prop_assert!(
@@ -161,7 +168,7 @@ proptest! {
         id_pick in 0u8..3,
         raw_id in any::<u32>(),
     ) {
-        let model = Model::new(ModelConfig::node(2));
+        let model = backend::raw(ModelConfig::node(2));
         // SAFETY: raw calls on a model no typed object uses.
         let base = unsafe { model.id_reserve(2) }.unwrap();
         let id = match id_pick { 0 => base, 1 => base + 1, _ => raw_id };
@@ -181,7 +188,7 @@ proptest! {
 /// object number pointing at an endpoint that was never exported.
 #[test]
 fn forged_handles_are_refused() {
-    let (ctx, model) = Context::model(ModelConfig::node(2));
+    let (ctx, model) = backend::context(ModelConfig::node(2));
     let ep = ctx
         .reserve_one()
         .unwrap()
@@ -201,7 +208,7 @@ fn forged_handles_are_refused() {
     }
     drop(ep);
     assert!(model.live_node().is_empty(), "{:?}", model.live_node());
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 // ------------------------------------------------------- raw Driver methods
@@ -351,7 +358,7 @@ fn ignore<T>(_: T) {}
 
 /// A model with a bit of everything in it, and the numbers that name it.
 struct Raw {
-    model: Model,
+    model: Probe,
     pool: Vec<u64>,
 }
 
@@ -359,7 +366,7 @@ impl Raw {
     fn new() -> Raw {
         // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
         unsafe {
-            let m = Model::new(ModelConfig::node(4).queries_to_ready(0));
+            let m = backend::raw(ModelConfig::node(4).queries_to_ready(0));
             let mut pool = vec![0, ALIGN, 2 * ALIGN, 4 * ALIGN];
             let base = m.id_reserve(4).unwrap();
             pool.extend((0..5).map(|i| (base + i) as u64));
@@ -670,14 +677,13 @@ fn run_typed(ops: &[Op], classic: bool) -> Result<(), TestCaseError> {
     let mut cfg = ModelConfig::node(4).queries_to_ready(1);
     // Large id counts are refused with OUT_OF_MEMORY past this (R11).
     cfg.max_ids = 4096;
-    let model = Model::new(cfg);
-    let ctx = if classic {
-        Context::new(cuda_endpoints::driver::Classic::new(std::sync::Arc::new(
-            model.clone(),
-        )))
-    } else {
-        Context::new(model.clone())
-    };
+    let (ctx, model) = backend::context_over(cfg, |raw| {
+        if classic {
+            Context::new(cuda_endpoints::driver::Classic::new(raw))
+        } else {
+            Context::from_arc(raw)
+        }
+    });
     let short = Duration::from_millis(50);
     let mut eps: Vec<Ep> = Vec::new();
     let mut mems: Vec<Mem> = Vec::new();
@@ -852,7 +858,7 @@ proptest! {
 /// The corner cases, spelled out.
 #[test]
 fn typed_api_corner_cases() {
-    let (ctx, model) = Context::model(ModelConfig::node(2).queries_to_ready(0));
+    let (ctx, model) = backend::context(ModelConfig::node(2).queries_to_ready(0));
     // Allocation sizes that overflow when rounded up to the granularity.
     for bytes in [
         u64::MAX,
@@ -919,7 +925,7 @@ fn typed_api_corner_cases() {
 fn model_address_space_exhaustion() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let m = Model::new(ModelConfig::node(1));
+        let m = backend::raw(ModelConfig::node(1));
         let p = m.mem_address_reserve(ALIGN, 0).unwrap();
         // The model leaves one alignment of gap after each reservation.
         let next = p + 2 * ALIGN;
@@ -935,7 +941,7 @@ fn model_address_space_exhaustion() {
         m.mem_address_free(big, size).unwrap();
         m.mem_address_free(p, ALIGN).unwrap();
         assert!(m.live().is_empty());
-        common::no_violations(&m);
+        common::no_violations(&m.violations());
     }
 }
 
@@ -943,7 +949,7 @@ fn model_address_space_exhaustion() {
 /// that was never exportable are refused like any forged handle (R9.4).
 #[test]
 fn model_refuses_forged_handle_of_non_exportable_endpoint() {
-    let m = Model::new(ModelConfig::node(1));
+    let m = backend::raw(ModelConfig::node(1));
     // SAFETY: raw calls on a model no typed object uses; the test owns every id.
     unsafe {
         let base = m.id_reserve(3).unwrap();
@@ -973,10 +979,9 @@ fn model_refuses_forged_handle_of_non_exportable_endpoint() {
 /// at once, not minutes of bookkeeping (nor an abort).
 #[test]
 fn classic_refuses_hostile_id_counts() {
-    let model = Model::new(ModelConfig::node(2));
-    let ctx = Context::new(cuda_endpoints::driver::Classic::new(std::sync::Arc::new(
-        model.clone(),
-    )));
+    let (ctx, _model) = backend::context_over(ModelConfig::node(2), |raw| {
+        Context::new(cuda_endpoints::driver::Classic::new(raw))
+    });
     for n in [(1 << 16) + 1, 1 << 24, 1 << 31, u32::MAX] {
         let start = std::time::Instant::now();
         let e = ctx.reserve(n).unwrap_err();
@@ -986,7 +991,7 @@ fn classic_refuses_hostile_id_counts() {
     let r = ctx.reserve(8).unwrap();
     assert_eq!(r.len(), 8);
     drop(r);
-    common::no_violations(&model);
+    common::no_violations(&_model.violations());
 }
 
 /// A second attachment of one endpoint in one process would share its

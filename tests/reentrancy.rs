@@ -18,8 +18,17 @@ use cuda_endpoints::{Allocation, Call, Context, Device, Private, Spec};
 const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(5);
 
+/// One scoped subscriber at a time in this binary: two on concurrent test
+/// threads race on `tracing`'s per-callsite interest cache, and a layer
+/// could miss the events it waits for.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn bind_holds_no_lock_across_the_driver_call_a_reentrant_layer_binds_the_same_endpoint() {
+    let _serial = serial();
     within(20, || {
         let model = Model::new(ModelConfig::node(2));
         let ctx = Context::from_arc(Arc::new(Traced::new(model.clone())));
@@ -60,6 +69,7 @@ fn bind_holds_no_lock_across_the_driver_call_a_reentrant_layer_binds_the_same_en
 
 #[test]
 fn classic_holds_no_table_lock_across_inner_calls_a_reentrant_layer_reads_it() {
+    let _serial = serial();
     within(20, || {
         let cfg = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
         let model = Model::new(cfg);

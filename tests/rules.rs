@@ -5,11 +5,19 @@
 //! typed API refuses the violation before the driver (no call reached the
 //! model, no violation logged) or cannot express it (see `ui-tests/`), and a
 //! raw call shows that the model itself answers the contract's code.
+//!
+//! With `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) the same tests run
+//! through the real backend on the libcuda test double; the few that need two
+//! simulated processes or two nodes at once stay on the model.
+
+#[path = "common/backend.rs"]
+mod backend;
 
 mod common;
 
 use std::time::Duration;
 
+use backend::{Inspect, Probe};
 use cuda_endpoints::driver::{EndpointProps, Shape};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::U2;
@@ -23,14 +31,19 @@ const MIB: u64 = 1 << 20;
 const ALIGN: u64 = 2 * MIB;
 const T: Duration = Duration::from_secs(1);
 
-fn node() -> (Context, Model) {
+fn node() -> (Context, Probe) {
+    backend::context(ModelConfig::node(4))
+}
+
+/// Two simulated processes (or two nodes) at once: the model only.
+fn model_node() -> (Context, Model) {
     Context::model(ModelConfig::node(4))
 }
 
 /// Asserts that `f` fails with an error matching `check` and that the model
 /// saw no call of `call` and logged no violation.
 fn refused_before<T>(
-    model: &Model,
+    model: &impl Inspect,
     call: Call,
     f: impl FnOnce() -> Result<T, Error>,
     check: impl Fn(&Error) -> bool,
@@ -102,7 +115,7 @@ fn r1_reserve_split_release() {
         1,
         "one release for the whole range"
     );
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[test]
@@ -125,7 +138,7 @@ fn r1_3_zero_count_refused_before_driver() {
             },
         );
         assert_eq!(model.id_reserve(0), Err(Code::INVALID_VALUE));
-        common::broke(&model, &["R1.3"]);
+        common::broke(&model.violations(), &["R1.3"]);
     }
 }
 
@@ -133,7 +146,7 @@ fn r1_3_zero_count_refused_before_driver() {
 fn r1_raw_release_rules() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(1));
+        let model = backend::raw(ModelConfig::node(1));
         let base = model.id_reserve(2).unwrap();
         assert_eq!(
             model.id_release(base + 5, 1),
@@ -147,7 +160,7 @@ fn r1_raw_release_rules() {
         model.destroy(base).unwrap();
         model.id_release(base, 2).unwrap();
         assert!(model.live().is_empty());
-        common::broke(&model, &["R1.1", "R1.2"]);
+        common::broke(&model.violations(), &["R1.1", "R1.2"]);
     }
 }
 
@@ -216,7 +229,7 @@ fn r2_2_devices_checked_before_create() {
         },
         |e| matches!(e, Error::EmptyTeam),
     );
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[test]
@@ -224,7 +237,7 @@ fn r2_4_counted_ops_needs_attribute_155() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
         let cfg = ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0);
-        let (ctx, model) = Context::model(cfg);
+        let (ctx, model) = backend::context(cfg);
         let ok = ctx
             .reserve_one()
             .unwrap()
@@ -251,7 +264,8 @@ fn r2_4_counted_ops_needs_attribute_155() {
         );
         // Raw: counted ops without support. (Unknown flag or IPC bits cannot be
         // asked for: `EndpointProps` has one boolean for each.)
-        let raw = Model::new(ModelConfig::node(2).with_devices(|i, d| d.counted_ops = i == 0));
+        // The same node, raw.
+        let raw = &model;
         let id = raw.id_reserve(1).unwrap();
         let mut p = EndpointProps {
             counted_ops: true,
@@ -261,8 +275,7 @@ fn r2_4_counted_ops_needs_attribute_155() {
         p.counted_ops = false;
         p.ipc_fabric = true;
         assert_eq!(raw.create(id, p), Ok(()));
-        common::no_violations(&model);
-        common::broke(&raw, &["R2.4"]);
+        common::broke(&raw.violations(), &["R2.4"]);
     }
 }
 
@@ -270,7 +283,7 @@ fn r2_4_counted_ops_needs_attribute_155() {
 fn r2_raw_create_codes() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(2));
+        let model = backend::raw(ModelConfig::node(2));
         let id = model.id_reserve(1).unwrap();
         assert_eq!(
             model.create(id + 1, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN)),
@@ -303,7 +316,7 @@ fn r2_raw_create_codes() {
 
 #[test]
 fn r3_construction_is_asynchronous_and_wait_polls_at_least_once() {
-    let (ctx, model) = Context::model(ModelConfig::node(1).queries_to_ready(3));
+    let (ctx, model) = backend::context(ModelConfig::node(1).queries_to_ready(3));
     let p = ctx
         .reserve_one()
         .unwrap()
@@ -320,12 +333,12 @@ fn r3_construction_is_asynchronous_and_wait_polls_at_least_once() {
     assert_eq!(model.calls(Call::Query), 4);
     drop(ready);
     assert!(model.live().is_empty());
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[test]
 fn r3_2_team_waits_for_every_device() {
-    let (ctx, model) = Context::model(ModelConfig::node(2).queries_to_ready(0));
+    let (ctx, model) = backend::context(ModelConfig::node(2).queries_to_ready(0));
     let spread = ctx
         .reserve_one()
         .unwrap()
@@ -342,7 +355,7 @@ fn r3_2_team_waits_for_every_device() {
 
 #[test]
 fn r3_5_one_query_per_range() {
-    let (ctx, model) = Context::model(ModelConfig::node(1).queries_to_ready(0));
+    let (ctx, model) = backend::context(ModelConfig::node(1).queries_to_ready(0));
     let eps = ctx.reserve(16).unwrap().into_endpoints();
     let pending: Vec<_> = eps
         .into_iter()
@@ -355,15 +368,14 @@ fn r3_5_one_query_per_range() {
         1,
         "one query covers the whole range"
     );
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[test]
 fn r3_1_raw_bind_before_ready_is_invalid_value() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(1));
-        let ctx = Context::new(model.clone());
+        let (ctx, model) = backend::context(ModelConfig::node(1));
         let mem = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
         let id = model.id_reserve(1).unwrap();
         model
@@ -415,7 +427,7 @@ fn r4_compile_time_team() {
     assert_eq!(t.devices(), vec![Device(2), Device(3)]);
     drop(t);
     assert!(model.live().is_empty());
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[test]
@@ -423,7 +435,7 @@ fn r4_raw_codes_and_cliques() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
         let model =
-            Model::new(ModelConfig::node(3).with_devices(|i, d| d.clique = (i == 2) as u32));
+            backend::raw(ModelConfig::node(3).with_devices(|i, d| d.clique = (i == 2) as u32));
         let u = model.id_reserve(2).unwrap();
         model
             .create(u, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
@@ -454,14 +466,14 @@ fn r4_raw_codes_and_cliques() {
             Err(Code::INVALID_VALUE),
             "R4.2 full"
         );
-        common::broke(&model, &["R4.1", "R4.2", "R4.5", "R4.2"]);
+        common::broke(&model.violations(), &["R4.1", "R4.2", "R4.5", "R4.2"]);
     }
 }
 
 #[test]
 fn r4_5_clique_error_is_typed() {
     let (ctx, _model) =
-        Context::model(ModelConfig::node(2).with_devices(|i, d| d.clique = i as u32));
+        backend::context(ModelConfig::node(2).with_devices(|i, d| d.clique = i as u32));
     let t = ctx
         .reserve_one()
         .unwrap()
@@ -486,7 +498,7 @@ fn r4_5_clique_error_is_typed() {
     );
     assert!(f.error.to_string().contains("R4.5"), "{}", f.error);
     drop(f);
-    common::no_violations(&_model);
+    common::no_violations(&_model.violations());
 }
 
 // ---------------------------------------------------------------- R5 bind
@@ -613,7 +625,7 @@ fn r5_checks_before_driver() {
     let b2 = ep.bind(0, 4 * MIB, &other).unwrap();
     drop((b, b2));
     assert_eq!(model.live().bindings, 0);
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[test]
@@ -692,8 +704,7 @@ fn r5_6_exportable_takes_shareable_memory() {
 fn r5_raw_codes() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(2));
-        let ctx = Context::new(model.clone());
+        let (ctx, model) = backend::context(ModelConfig::node(2));
         let mem = Allocation::<Private>::on_device(&ctx, Device(0), 4 * MIB).unwrap();
         let id = model.id_reserve(1).unwrap();
         let mut p = raw_prop(Shape::Unicast { owner: Device(0) }, 8 * MIB);
@@ -740,8 +751,7 @@ fn r6_unbind_through_token_only() {
 fn r6_raw_unbind_must_match_binds() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(1).queries_to_ready(0));
-        let ctx = Context::new(model.clone());
+        let (ctx, model) = backend::context(ModelConfig::node(1).queries_to_ready(0));
         let mem = Allocation::<Private>::on_device(&ctx, Device(0), 8 * MIB).unwrap();
         let id = model.id_reserve(1).unwrap();
         model
@@ -773,7 +783,7 @@ fn r6_raw_unbind_must_match_binds() {
         assert_eq!(model.live().bindings, 0);
         model.destroy(id).unwrap();
         model.id_release(id, 1).unwrap();
-        common::broke(&model, &["R6.3", "R6.1", "R6.2"]);
+        common::broke(&model.violations(), &["R6.3", "R6.1", "R6.2"]);
     }
 }
 
@@ -805,7 +815,7 @@ fn r7_destroy_keeps_id_and_forgotten_binding_keeps_memory() {
 
 #[test]
 fn r8_r9_export_import_between_processes() {
-    let (ctx, model) = node();
+    let (ctx, model) = model_node();
     let ep = exportable_team(&ctx);
     let handle = ep.export().unwrap();
     let wire = handle.to_bytes();
@@ -820,12 +830,12 @@ fn r8_r9_export_import_between_processes() {
     drop(imported);
     drop(ep);
     assert!(model.live_node().is_empty());
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[test]
 fn r9_refusals() {
-    let (ctx, model) = node();
+    let (ctx, model) = model_node();
     let ep = ctx
         .reserve_one()
         .unwrap()
@@ -861,14 +871,14 @@ fn r9_refusals() {
         cuda_endpoints::FabricHandle::<Unicast<cuda_endpoints::Exportable>>::from_bytes(&[0; 7])
             .is_err()
     );
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[test]
 fn r8_1_raw_export_of_non_fabric_endpoint() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
     unsafe {
-        let model = Model::new(ModelConfig::node(1));
+        let model = backend::raw(ModelConfig::node(1));
         let id = model.id_reserve(1).unwrap();
         model
             .create(id, raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
@@ -888,7 +898,7 @@ fn r10_limits_depend_on_properties() {
             d.bind_alignment = if i == 0 { 2 * MIB } else { 4 * MIB };
             d.max_size = if i == 0 { 64 * MIB } else { 32 * MIB };
         });
-        let model = Model::new(cfg);
+        let (ctx, model) = backend::context(cfg);
         let l0 = model
             .get_limits(raw_prop(Shape::Unicast { owner: Device(0) }, ALIGN))
             .unwrap();
@@ -901,7 +911,6 @@ fn r10_limits_depend_on_properties() {
         assert_eq!((l0.bind_alignment, l0.max_size), (2 * MIB, 64 * MIB));
         assert_eq!((l1.bind_alignment, l1.max_size), (4 * MIB, 32 * MIB));
         assert_eq!((lm.bind_alignment, lm.max_size), (4 * MIB, 32 * MIB));
-        let ctx = Context::new(model.clone());
         let f = ctx
             .reserve_one()
             .unwrap()
@@ -910,7 +919,7 @@ fn r10_limits_depend_on_properties() {
         assert!(
             matches!(f.error, Error::Misaligned { suggested, alignment, .. } if suggested == 8 * MIB && alignment == 4 * MIB)
         );
-        common::no_violations(&model);
+        common::no_violations(&model.violations());
     }
 }
 
@@ -918,7 +927,7 @@ fn r10_limits_depend_on_properties() {
 
 #[test]
 fn old_driver_reports_unsupported_with_version() {
-    let (ctx, model) = Context::model(ModelConfig::cuda_13_0(1));
+    let (ctx, model) = backend::context(ModelConfig::cuda_13_0(1));
     let e = ctx.reserve(1).unwrap_err();
     match &e {
         Error::Unsupported {
@@ -936,14 +945,14 @@ fn old_driver_reports_unsupported_with_version() {
     let f = Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), 1).unwrap_err();
     assert!(matches!(f, Error::FabricNotPermitted { .. }), "{f}");
     assert!(model.live().is_empty());
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[cfg(feature = "serde")]
 #[test]
 fn fabric_handles_travel_with_serde() {
     use cuda_endpoints::{Exportable, FabricHandle};
-    let (ctx, model) = node();
+    let (ctx, model) = model_node();
     let ep = exportable_team(&ctx);
     let json = serde_json::to_string(&ep.export().unwrap()).unwrap();
     let back: FabricHandle<Multicast<Exportable>> = serde_json::from_str(&json).unwrap();
@@ -957,7 +966,7 @@ fn fabric_handles_travel_with_serde() {
         .unwrap();
     assert_eq!(imported.size(), ALIGN);
     assert!(serde_json::from_str::<FabricHandle<Unicast<Exportable>>>(&json).is_err());
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 #[test]
@@ -1030,5 +1039,5 @@ fn suggestions_are_valid_values() {
         "{e}"
     );
     assert!(e.to_string().ends_with("1 id"), "{e}");
-    common::no_violations(&_model);
+    common::no_violations(&_model.violations());
 }

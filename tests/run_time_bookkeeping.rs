@@ -416,7 +416,7 @@ fn the_trace_log_and_the_teardown_list_are_bounded() {
         Context::TEARDOWN_CAPACITY
     );
     assert!(ctx.take_teardown_errors().is_empty());
-    common::no_violations(&model);
+    common::no_violations(&model.violations());
 }
 
 /// Item 7: a device whose attribute 154 is 0 is refused before the driver,

@@ -13,12 +13,11 @@ use std::cell::Cell;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use cuda_endpoints::bootstrap::Traffic;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
-use cuda_endpoints::{
-    Allocation, Bootstrap, BootstrapError, Context, PosixFd, Tcp, Traffic, UniqueId,
-};
+use cuda_endpoints::{Allocation, Bootstrap, BootstrapError, Context, PosixFd, Tcp, UniqueId};
 use support::{Children, Done, report};
 
 const ROLE: &str = "CET_ROLE";
@@ -91,7 +90,7 @@ fn tcp(rank: usize, size: usize, dir: &Path) -> Result<Tcp, BootstrapError> {
         let (id, root) = Tcp::root("127.0.0.1:0".parse().expect("addr"))?;
         id.write_file(&id_file)
             .map_err(|e| BootstrapError::InvalidId {
-                what: cuda_endpoints::IdProblem::File {
+                what: cuda_endpoints::bootstrap::IdProblem::File {
                     path: id_file.clone(),
                     kind: e.kind(),
                 },

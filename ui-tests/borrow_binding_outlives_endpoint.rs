@@ -5,7 +5,7 @@ use cuda_endpoints::{Allocation, Context, Private, Spec};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ctx, _model) = Context::model(Default::default());
-    let mem = Allocation::<Private>::on_device(&ctx, 0.into(), 2 << 20)?;
+    let mem = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?;
     let binding;
     {
         let ep = ctx

@@ -16,7 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .reserve_one()?
         .import(&handle)?
         .wait(Duration::from_secs(1))?;
-    let mem = Allocation::<Private>::on_device(&peer, 0.into(), 2 << 20)?;
+    let mem = Allocation::<Private>::on_device(&peer, 0, 2 << 20)?;
     let _b = imported.bind(0, 0, &mem)?;
     Ok(())
 }

@@ -9,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .reserve_one()?
         .create(Spec::unicast(0, 2 << 20))?
         .wait(Duration::from_secs(1))?;
-    let mem = Allocation::<Private>::on_device(&ctx, 0.into(), 2 << 20)?;
+    let mem = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?;
     let id = ep.destroy()?;
     let _b = ep.bind(0, 0, &mem)?;
     id.release()?;

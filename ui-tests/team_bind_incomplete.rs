@@ -8,7 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .reserve_one()?
         .create(Spec::team(U2::new(), 2 << 20))?
         .add_device(0)?;
-    let mem = Allocation::<Private>::on_device(&ctx, 0.into(), 2 << 20)?;
+    let mem = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?;
     let _b = team.bind(0, 0, &mem)?;
     Ok(())
 }

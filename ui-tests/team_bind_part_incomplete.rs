@@ -9,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .reserve_one()?
         .create(Spec::team(U2::new(), 2 << 20))?
         .add_device(0)?;
-    let mem = Allocation::<Private>::on_device(&ctx, 0.into(), 4 << 20)?;
+    let mem = Allocation::<Private>::on_device(&ctx, 0, 4 << 20)?;
     let _b = team.bind_part(0, 0, &mem, 2 << 20, 2 << 20)?;
     Ok(())
 }

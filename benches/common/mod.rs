@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cuda_endpoints::driver::{
-    AllocationRequest, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Granularity,
-    Limits, Location, Shape,
+    AllocationRequest, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Limits,
+    Location, Shape,
 };
 use cuda_endpoints::{Allocation, Context, Spec};
 
@@ -116,7 +116,8 @@ pub fn fixture(driver: impl Driver + 'static) -> Fixture {
 #[derive(Debug, Default)]
 pub struct Null;
 
-/// What [`Null`] answers, per method; `()` for the rest.
+/// What [`Null`] answers, per method; `Default` for the rest (so that a
+/// new call of the table needs nothing here).
 macro_rules! null_answer {
     (driver_version) => {
         13040
@@ -169,6 +170,12 @@ macro_rules! null_answer {
     (multicast_create) => {
         2
     };
+    (mem_export) => {
+        cuda_endpoints::driver::ShareableHandle::Fabric(FabricHandleBytes::ZERO)
+    };
+    (mem_import) => {
+        3
+    };
     ($other:ident) => {
         ()
     };
@@ -179,7 +186,7 @@ macro_rules! null_driver {
     ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
         safety $safety:literal
         fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
-        #[allow(unused_variables, clippy::unused_unit)]
+        #[allow(unused_variables, clippy::unit_arg)]
         impl Driver for Null {
             fn name(&self) -> String {
                 "null".into()

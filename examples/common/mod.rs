@@ -7,7 +7,6 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use cuda_endpoints::fabric::Process;
-use cuda_endpoints::model::ShareableKind;
 use cuda_endpoints::team::{self, TeamSpec};
 use cuda_endpoints::{Allocation, Bootstrap, Context, Device, Fabric, FdExchange, PosixFd};
 
@@ -52,7 +51,7 @@ pub fn rank(
     if r == 0 {
         me.write(mem.device_ptr(), text.as_bytes())?;
     }
-    let fd = me.export_fd(mem.handle()).ok().filter(|_| r == 0);
+    let fd = if r == 0 { Some(mem.export_fd()?) } else { None };
     let fd = FdExchange::broadcast_fd(boot, 0, fd.as_ref().map(AsFd::as_fd), timeout)?;
     let fabric_mem = match r {
         0 => {
@@ -62,32 +61,25 @@ pub fn rank(
         }
         _ => None,
     };
-    let token = match &fabric_mem {
-        Some(m) => me
-            .export_shareable(m.handle(), ShareableKind::Fabric)?
-            .to_le_bytes()
-            .to_vec(),
+    let handle = match &fabric_mem {
+        Some(m) => m.export_fabric()?.to_vec(),
         None => Vec::new(),
     };
-    let token = boot.broadcast(0, &token, timeout)?;
-    let read_back = match me.import_fd(fd.as_fd()) {
-        Ok(handle) => {
-            // SAFETY: a handle the fabric just made for this process, owned
-            // here from now on; rank 0's allocation is `BYTES` bytes of
-            // `PosixFd` memory.
-            let peer = unsafe { Allocation::<PosixFd>::from_raw_handle(ctx, handle, BYTES) }?;
+    let handle = boot.broadcast(0, &handle, timeout)?;
+    // Imports are checked against the driver (size, location, handle type).
+    let read_back = match Allocation::<PosixFd>::import_fd(ctx, &fd, BYTES) {
+        Ok(peer) => {
             let peer = peer.map(&[dev])?;
             let bytes = me.read(peer.device_ptr(), text.len())?;
             format!("POSIX fd: {:?}", String::from_utf8_lossy(&bytes))
         }
         Err(e) => {
             // Another node: a descriptor means nothing there; use the fabric.
-            let mut t = [0u8; 8];
-            t.copy_from_slice(token.get(..8).ok_or("short token")?);
-            let handle = me.import_shareable(u64::from_le_bytes(t), ShareableKind::Fabric)?;
-            // SAFETY: as above, for rank 0's `Fabric` allocation.
-            let peer = unsafe { Allocation::<Fabric>::from_raw_handle(ctx, handle, BYTES) }?;
-            let peer = peer.map(&[dev])?;
+            let bytes: [u8; 64] = handle
+                .as_slice()
+                .try_into()
+                .map_err(|_| "short fabric handle")?;
+            let peer = Allocation::<Fabric>::import_fabric(ctx, &bytes, BYTES)?.map(&[dev])?;
             let bytes = me.read(peer.device_ptr(), text.len())?;
             format!(
                 "POSIX fd refused across nodes ({e}); fabric handle: {:?}",

@@ -372,4 +372,28 @@ mod tests {
             Err(HeaderError::Malformed(Malformed::Magic))
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn peer_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200), count in 0usize..5) {
+            let mut r = FrameReader { buf: bytes.clone() };
+            while let Ok(Some(_)) = r.next(MAX_FRAME) {}
+            let _ = decode_list(&bytes, count);
+            let exp = Expect { job: 1, size: 2, seq: 0, kind: Kind::Allgather, op: Op::Allgather, from: 0 };
+            let _ = open(&bytes, &exp);
+            let _ = Header::decode(&bytes, MAX_FRAME);
+            let _ = crate::bootstrap::node::NodeId::decode(&bytes);
+        }
+
+        #[test]
+        fn a_valid_header_with_hostile_fields_never_panics(kind: u8, job: u64, seq: u64, from: u32, size: u32, len: u32, tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            let mut bytes = Header { kind, job, seq, from, size, len }.encode().to_vec();
+            bytes.extend_from_slice(&tail);
+            let mut r = FrameReader { buf: bytes.clone() };
+            let _ = r.next(MAX_FRAME);
+            let exp = Expect { job, size, seq, kind: Kind::Broadcast, op: Op::Broadcast, from };
+            let _ = open(&bytes, &exp);
+            let _ = decode_list(&tail, 2);
+        }
+    }
 }

@@ -12,9 +12,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{
-    AllocationRequest, Device, DriverResult, EndpointProps, FabricHandleBytes, Granularity, Limits,
-};
+use super::DriverResult;
 
 /// Calls `$callback! { rows }` with every driver call of the boundary, one row
 /// per C entry point, so that other modules generate code from the same list
@@ -47,8 +45,56 @@ use super::{
 /// cuda_endpoints::for_each_driver_call!(my_callback);
 /// ```
 ///
-/// The types are named by plain paths (`Device`, `EndpointProps`, ...): bring
-/// [`crate::driver`]'s domain types into scope where the callback expands.
+/// Domain types are named by absolute paths (`$crate::driver::Device`...),
+/// so the callback needs no imports.
+///
+/// For example, a request type with one variant per call, and a server
+/// side that runs a request on any driver (what a wire protocol needs):
+///
+/// ```
+/// use cuda_endpoints::driver::{Driver, DriverResult, EndpointProps, Shape};
+/// use cuda_endpoints::{Device, for_each_driver_call};
+///
+/// macro_rules! protocol {
+///     ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+///         safety $safety:literal
+///         fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+///         /// One driver call as a value.
+///         #[derive(Clone, Debug)]
+///         enum Request { $($variant { $($arg: $ty),* },)* }
+///
+///         /// Its answer.
+///         #[derive(Clone, Debug)]
+///         enum Response { $($variant(DriverResult<$ret>),)* }
+///
+///         impl Request {
+///             fn c_name(&self) -> &'static str {
+///                 match self { $(Request::$variant { .. } => $cname,)* }
+///             }
+///
+///             /// # Safety
+///             /// The contract of the `Driver` method the request names.
+///             unsafe fn run(self, d: &dyn Driver) -> Response {
+///                 match self {
+///                     // SAFETY: passed on to the caller.
+///                     $(Request::$variant { $($arg),* } => Response::$variant(unsafe { d.$method($($arg),*) }),)*
+///                 }
+///             }
+///         }
+///     };
+/// }
+/// for_each_driver_call!(protocol);
+///
+/// # #[cfg(feature = "model")] {
+/// let model = cuda_endpoints::model::Model::new(Default::default());
+/// let props = EndpointProps::new(Shape::Unicast { owner: Device(0) }, 2 << 20);
+/// let r = Request::GetLimits { props };
+/// assert_eq!(r.c_name(), "cuLogicalEndpointGetLimits");
+/// // SAFETY: a limits query touches nothing anyone owns.
+/// let Response::GetLimits(Ok(limits)) = (unsafe { r.run(&model) }) else { panic!() };
+/// assert!(limits.max_size >= 2 << 20);
+/// # }
+/// ```
 #[macro_export]
 macro_rules! for_each_driver_call {
     ($callback:ident) => {
@@ -63,17 +109,17 @@ macro_rules! for_each_driver_call {
             /// `cuDeviceGetAttribute(attr, dev)`; `attr` is the raw attribute
             /// number (see [`attr`](crate::driver::attr)).
             [Base] DeviceGetAttribute "cuDeviceGetAttribute" safety "none beyond the trait's"
-                fn device_attribute(dev: Device, attr: i32) -> i32;
+                fn device_attribute(dev: $crate::driver::Device, attr: i32) -> i32;
             /// `cuMemGetInfo` on `dev`'s primary context: `(free, total)` bytes.
             [Base] MemGetInfo "cuMemGetInfo" safety "none beyond the trait's"
-                fn mem_get_info(dev: Device) -> (u64, u64);
+                fn mem_get_info(dev: $crate::driver::Device) -> (u64, u64);
             /// The id of `dev`'s multicast logical-endpoint clique
             /// (`cuDeviceGetCliqueCount` + `cuDeviceGetCliqueInfo`, type
             /// `CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT`, CUDA 13.4+; SPEC
             /// R4.5): devices of one clique can share a multicast team.
             /// `NOT_SUPPORTED` before 13.4, `NOT_FOUND` for a device in no such clique.
             [Base] DeviceGetCliqueInfo "cuDeviceGetCliqueInfo" safety "none beyond the trait's"
-                fn device_clique(dev: Device) -> u32;
+                fn device_clique(dev: $crate::driver::Device) -> u32;
 
             // ---- logical endpoints (SPEC R1-R10) ----
             /// `cuLogicalEndpointIdReserve(&base, count)` (R1): the first id of
@@ -86,16 +132,16 @@ macro_rules! for_each_driver_call {
                 fn id_release(base: u32, count: u32) -> ();
             /// `cuLogicalEndpointGetLimits(&align, &max, &prop)` (R10).
             [LogicalEndpoint] GetLimits "cuLogicalEndpointGetLimits" safety "none beyond the trait's"
-                fn get_limits(props: EndpointProps) -> Limits;
+                fn get_limits(props: $crate::driver::EndpointProps) -> $crate::driver::Limits;
             /// `cuLogicalEndpointCreate(id, &prop)` (R2); construction goes on
             /// asynchronously (R2.5, R3).
             [LogicalEndpoint] Create "cuLogicalEndpointCreate"
                 safety "R2.1 and R3.4: `id` is a reserved id of the caller's own, not held by an `Endpoint`"
-                fn create(id: u32, props: EndpointProps) -> ();
+                fn create(id: u32, props: $crate::driver::EndpointProps) -> ();
             /// `cuLogicalEndpointAddDevice(id, dev)` (R4).
             [LogicalEndpoint] AddDevice "cuLogicalEndpointAddDevice"
                 safety "R4.4: no memory is bound on the endpoint yet; `id` is not held by a typed `Endpoint`"
-                fn add_device(id: u32, dev: Device) -> ();
+                fn add_device(id: u32, dev: $crate::driver::Device) -> ();
             /// `cuLogicalEndpointQuery(base, count, &status)` (R3): `true` when
             /// every endpoint in `[base, base+count)` is constructed.
             [LogicalEndpoint] Query "cuLogicalEndpointQuery" safety "none beyond the trait's"
@@ -103,15 +149,15 @@ macro_rules! for_each_driver_call {
             /// `cuLogicalEndpointBindMem(id, dev, offset, mem, mem_offset, size, flags)` (R5).
             [LogicalEndpoint] BindMem "cuLogicalEndpointBindMem"
                 safety "R3.4 (the endpoint was reported constructed) and R7.2: the allocation `mem` outlives the binding, and no typed `Binding` covers the range"
-                fn bind_mem(id: u32, dev: Device, offset: u64, mem: u64, mem_offset: u64, size: u64, flags: u64) -> ();
+                fn bind_mem(id: u32, dev: $crate::driver::Device, offset: u64, mem: u64, mem_offset: u64, size: u64, flags: u64) -> ();
             /// `cuLogicalEndpointBindAddr(id, dev, offset, ptr, size, flags)` (R5).
             [LogicalEndpoint] BindAddr "cuLogicalEndpointBindAddr"
                 safety "R3.4 (the endpoint was reported constructed) and R7.2: the mapping at `ptr` outlives the binding"
-                fn bind_addr(id: u32, dev: Device, offset: u64, ptr: u64, size: u64, flags: u64) -> ();
+                fn bind_addr(id: u32, dev: $crate::driver::Device, offset: u64, ptr: u64, size: u64, flags: u64) -> ();
             /// `cuLogicalEndpointUnbind(id, dev, offset, size)` (R6).
             [LogicalEndpoint] Unbind "cuLogicalEndpointUnbind"
                 safety "R6.1, R6.2 and C4: the range is exactly binds the caller made itself, not a typed `Binding`'s"
-                fn unbind(id: u32, dev: Device, offset: u64, size: u64) -> ();
+                fn unbind(id: u32, dev: $crate::driver::Device, offset: u64, size: u64) -> ();
             /// `cuLogicalEndpointDestroy(id)` (R7).
             [LogicalEndpoint] Destroy "cuLogicalEndpointDestroy"
                 safety "R3.4 and R7.2: `id` holds an endpoint of the caller's own, not a typed `Endpoint`'s, and no kernel still uses it"
@@ -119,26 +165,38 @@ macro_rules! for_each_driver_call {
             /// `cuLogicalEndpointExport(&handle, id, FABRIC)` (R8): the 64-byte
             /// fabric handle.
             [LogicalEndpoint] Export "cuLogicalEndpointExport" safety "R3.4: `id` holds an endpoint"
-                fn export(id: u32) -> FabricHandleBytes;
+                fn export(id: u32) -> $crate::driver::FabricHandleBytes;
             /// `cuLogicalEndpointImport(id, &handle, FABRIC)` (R9).
             [LogicalEndpoint] Import "cuLogicalEndpointImport"
                 safety "R2.1 and R3.4: `id` is a free reserved id of the caller's own, not held by an `Endpoint`"
-                fn import(id: u32, handle: FabricHandleBytes) -> ();
+                fn import(id: u32, handle: $crate::driver::FabricHandleBytes) -> ();
 
             // ---- VMM: the memory that gets bound ----
             /// `cuMemGetAllocationGranularity` for `req`.
             [Vmm] MemGetAllocationGranularity "cuMemGetAllocationGranularity" safety "none beyond the trait's"
-                fn mem_granularity(req: AllocationRequest, kind: Granularity) -> u64;
+                fn mem_granularity(req: $crate::driver::AllocationRequest, kind: $crate::driver::Granularity) -> u64;
             /// `cuMemCreate(&handle, size, &prop, 0)`: a new allocation's handle.
             [Vmm] MemCreate "cuMemCreate" safety "none beyond the trait's"
-                fn mem_create(size: u64, req: AllocationRequest) -> u64;
+                fn mem_create(size: u64, req: $crate::driver::AllocationRequest) -> u64;
             /// `cuMemRelease(handle)`: allocations and classic multicast objects (C5).
             [Vmm] MemRelease "cuMemRelease"
                 safety "R7.2 and C5: `handle` is the caller's own (not an `Allocation`'s) and nothing bound to or through it is still in use"
                 fn mem_release(handle: u64) -> ();
             /// `cuMemGetAllocationPropertiesFromHandle`: where the memory lives (R5.5).
             [Vmm] MemGetAllocationProperties "cuMemGetAllocationPropertiesFromHandle" safety "none beyond the trait's"
-                fn mem_properties(handle: u64) -> AllocationRequest;
+                fn mem_properties(handle: u64) -> $crate::driver::AllocationRequest;
+            /// `cuMemExportToShareableHandle(&out, handle, kind, 0)` (C5) of an
+            /// allocation or classic multicast object created with `kind`
+            /// among its handle types: a POSIX descriptor that the caller now
+            /// owns (and closes), or 64 fabric bytes.
+            [Vmm] MemExportToShareableHandle "cuMemExportToShareableHandle" safety "none beyond the trait's"
+                fn mem_export(handle: u64, kind: $crate::driver::ShareableKind) -> $crate::driver::ShareableHandle;
+            /// `cuMemImportFromShareableHandle(&handle, os_handle, kind)` (C5,
+            /// R12.4): this process's own new handle on the memory or classic
+            /// multicast object behind `shared`, released with `cuMemRelease`.
+            [Vmm] MemImportFromShareableHandle "cuMemImportFromShareableHandle"
+                safety "a `PosixFd` names a descriptor that is open in this process for the whole call"
+                fn mem_import(shared: $crate::driver::ShareableHandle) -> u64;
             /// `cuMemAddressReserve(&ptr, size, alignment, 0, 0)`.
             [Vmm] MemAddressReserve "cuMemAddressReserve" safety "none beyond the trait's"
                 fn mem_address_reserve(size: u64, alignment: u64) -> u64;
@@ -156,12 +214,12 @@ macro_rules! for_each_driver_call {
                 fn mem_unmap(ptr: u64, size: u64) -> ();
             /// `cuMemSetAccess(ptr, size, [{device, READWRITE}, ...])` for each device.
             [Vmm] MemSetAccess "cuMemSetAccess" safety "the range at `ptr` is a mapping of the caller's own"
-                fn mem_set_access(ptr: u64, size: u64, devices: Vec<Device>) -> ();
+                fn mem_set_access(ptr: u64, size: u64, devices: Vec<$crate::driver::Device>) -> ();
 
             // ---- classic multicast (SPEC C1-C6) ----
             /// `cuMulticastGetGranularity` for a team of `num_devices` (C2).
             [Classic] MulticastGetGranularity "cuMulticastGetGranularity" safety "none beyond the trait's"
-                fn multicast_granularity(num_devices: u32, size: u64, handle_types: u64, kind: Granularity) -> u64;
+                fn multicast_granularity(num_devices: u32, size: u64, handle_types: u64, kind: $crate::driver::Granularity) -> u64;
             /// `cuMulticastCreate(&handle, {num_devices, size, handle_types, flags: 0})` (C1).
             [Classic] MulticastCreate "cuMulticastCreate"
                 safety "C6: every team device reports MULTICAST_SUPPORTED; never on the shared GPU test machines"
@@ -169,7 +227,7 @@ macro_rules! for_each_driver_call {
             /// `cuMulticastAddDevice(mc, dev)` (C3).
             [Classic] MulticastAddDevice "cuMulticastAddDevice"
                 safety "C3: `mc` is the caller's own object; no bind or map on it is in flight"
-                fn multicast_add_device(mc: u64, dev: Device) -> ();
+                fn multicast_add_device(mc: u64, dev: $crate::driver::Device) -> ();
             /// `cuMulticastBindMem(mc, mc_offset, mem, mem_offset, size, 0)`.
             [Classic] MulticastBindMem "cuMulticastBindMem"
                 safety "C3 (every team device was added, or the call blocks forever) and R7.2 (the memory outlives the binding)"
@@ -181,7 +239,7 @@ macro_rules! for_each_driver_call {
             /// `cuMulticastUnbind(mc, dev, mc_offset, size)` (C4).
             [Classic] MulticastUnbind "cuMulticastUnbind"
                 safety "C4: `(dev, mc_offset, size)` is exactly one earlier bind of the caller's own; anything else is undefined behaviour in the driver"
-                fn multicast_unbind(mc: u64, dev: Device, mc_offset: u64, size: u64) -> ();
+                fn multicast_unbind(mc: u64, dev: $crate::driver::Device, mc_offset: u64, size: u64) -> ();
         }
     };
 }
@@ -255,10 +313,11 @@ macro_rules! gen_call {
         /// ids, endpoints, bindings, allocations and mappings it made, and its
         /// soundness rests on nobody else touching them. A direct caller
         /// promises, for every call:
-        /// - it never names an id, endpoint, handle, address range or binding
-        ///   that a typed object of this crate owns (destroying or re-creating
-        ///   an id under an `Endpoint<Ready>` is SPEC R3.4; releasing memory
-        ///   behind an `Allocation` breaks R7.2);
+        /// - it never changes an id, endpoint, handle, address range or
+        ///   binding that a typed object of this crate owns (destroying or
+        ///   re-creating an id under an `Endpoint<Ready>` is SPEC R3.4;
+        ///   releasing memory behind an `Allocation` breaks R7.2); reading
+        ///   (queries, limits, attributes) is always fine;
         /// - it does not use an endpoint before a query reported it
         ///   constructed (R3.4);
         /// - plus the rules in each method's own `# Safety` section (C3, C4,
@@ -328,6 +387,10 @@ macro_rules! gen_call {
         ///     }
         /// }
         /// ```
+        ///
+        /// With both traits in scope, a method call on a `Forward` type is
+        /// ambiguous (E0034): import only `Driver` where you call, or write
+        /// `Driver::create(&wrapper, ..)`.
         ///
         /// # Safety
         ///
@@ -434,6 +497,44 @@ macro_rules! gen_arc {
 }
 
 for_each_driver_call!(gen_arc);
+
+/// The calls whose contract is only the trait-wide one (queries, and calls
+/// that make something new: at worst a leak, which is safe), callable from
+/// safe code inside the crate. Generated from the rows whose `safety` is
+/// exactly "none beyond the trait's".
+#[derive(Clone, Copy)]
+pub(crate) struct Queries<'a>(pub(crate) &'a dyn Driver);
+
+macro_rules! query_method {
+    ("none beyond the trait's", $method:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        #[allow(dead_code)]
+        pub(crate) fn $method(self $(, $arg: $ty)*) -> DriverResult<$ret> {
+            // SAFETY: this call has no contract beyond the trait's, and it
+            // names nothing a typed object owns: it reads, or makes
+            // something new that nobody owns yet.
+            unsafe { self.0.$method($($arg),*) }
+        }
+    };
+    ($other:literal, $($rest:tt)*) => {};
+}
+
+// `$safety` is taken as a token tree (not a `literal` fragment, which would
+// be opaque to `query_method!`'s literal match).
+macro_rules! gen_queries {
+    ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
+        safety $safety:tt
+        fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        impl Queries<'_> {
+            /// As [`Driver::name`].
+            pub(crate) fn name(self) -> String {
+                self.0.name()
+            }
+            $(query_method!($safety, $method($($arg: $ty),*) -> $ret);)*
+        }
+    };
+}
+
+for_each_driver_call!(gen_queries);
 
 impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -21,11 +21,13 @@ pub mod cuda;
 pub mod trace;
 mod types;
 
+pub(crate) use calls::Queries;
 pub use calls::{Call, Driver, Family, Forward};
 pub use classic::Classic;
 pub use code::{Code, DriverResult};
 pub use trace::{TraceEntry, TraceLog, Traced};
 pub use types::{
     AllocationRequest, Device, EndpointProps, FabricHandleBytes, Granularity,
-    LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, attr, fabric_checksum, handle_bits,
+    LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, ShareableHandle, ShareableKind, attr,
+    fabric_checksum, handle_bits,
 };

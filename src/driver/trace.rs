@@ -25,10 +25,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
-    Granularity, Limits,
-};
+use super::{Call, Code, Driver, DriverResult, FabricHandleBytes};
 
 /// One call as it reached a [`Traced`] driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,69 +279,9 @@ impl<D: Driver> Traced<D> {
     }
 }
 
-/// How a value shows in a trace: plain numbers in decimal, devices by
-/// ordinal, the rest as `Debug`.
-trait Show {
-    fn show(&self) -> String;
-}
-
-macro_rules! show_display {
-    ($($t:ty),*) => {$(impl Show for $t {
-        fn show(&self) -> String {
-            self.to_string()
-        }
-    })*};
-}
-show_display!(u32, i32, u64, bool);
-
-macro_rules! show_debug {
-    ($($t:ty),*) => {$(impl Show for $t {
-        fn show(&self) -> String {
-            format!("{self:?}")
-        }
-    })*};
-}
-show_debug!(
-    EndpointProps,
-    AllocationRequest,
-    Granularity,
-    FabricHandleBytes
-);
-
-impl Show for Device {
-    fn show(&self) -> String {
-        self.0.to_string()
-    }
-}
-
-impl Show for Vec<Device> {
-    fn show(&self) -> String {
-        format!("{:?}", self.iter().map(|d| d.0).collect::<Vec<_>>())
-    }
-}
-
-impl Show for () {
-    fn show(&self) -> String {
-        String::new()
-    }
-}
-
-impl Show for (u64, u64) {
-    fn show(&self) -> String {
-        format!("free={} total={}", self.0, self.1)
-    }
-}
-
-impl Show for Limits {
-    fn show(&self) -> String {
-        format!(
-            "bind_alignment={} max_size={}",
-            self.bind_alignment, self.max_size
-        )
-    }
-}
-
-/// One argument as `name=value`: addresses and handles in hex.
+/// One argument as `name=value`: addresses and allocation handles in hex,
+/// devices by ordinal, anything else as `Debug` (so a new call of the table
+/// needs nothing here).
 macro_rules! arg {
     (mem, $v:expr) => {
         format!("mem={:#x}", $v)
@@ -352,24 +289,40 @@ macro_rules! arg {
     (ptr, $v:expr) => {
         format!("ptr={:#x}", $v)
     };
-    (handle, $v:expr) => {
-        format!("handle={}", hexish(&$v))
-    };
     (mc, $v:expr) => {
         format!("mc={:#x}", $v)
     };
+    (dev, $v:expr) => {
+        format!("dev={}", $v.0)
+    };
+    (devices, $v:expr) => {
+        format!("devices={:?}", $v.iter().map(|d| d.0).collect::<Vec<_>>())
+    };
+    (handle, $v:expr) => {
+        format!("handle={}", Handle(&$v))
+    };
     ($name:ident, $v:expr) => {
-        format!(concat!(stringify!($name), "={}"), Show::show(&$v))
+        format!(concat!(stringify!($name), "={:?}"), $v)
     };
 }
 
-/// A returned value: ids, readiness and handles by what they are.
+/// A returned value: ids, readiness, handles and limits by what they are,
+/// anything else as `Debug` (`()` as nothing).
 macro_rules! ret {
     (id_reserve, $v:expr) => {
         format!("base={}", $v)
     };
     (query, $v:expr) => {
         format!("ready={}", $v)
+    };
+    (mem_get_info, $v:expr) => {
+        format!("free={} total={}", $v.0, $v.1)
+    };
+    (get_limits, $v:expr) => {
+        format!(
+            "bind_alignment={} max_size={}",
+            $v.bind_alignment, $v.max_size
+        )
     };
     (mem_create, $v:expr) => {
         format!("{:#x}", $v)
@@ -381,26 +334,31 @@ macro_rules! ret {
         format!("{:#x}", $v)
     };
     ($method:ident, $v:expr) => {
-        Show::show($v)
+        debug_or_nothing($v)
     };
 }
 
-/// Handles are `u64` (allocations) or 64 bytes (fabric handles).
-trait Hexish {
-    fn hexish(&self) -> String;
-}
-impl Hexish for u64 {
-    fn hexish(&self) -> String {
-        format!("{self:#x}")
+fn debug_or_nothing<T: fmt::Debug>(v: &T) -> String {
+    match format!("{v:?}") {
+        unit if unit == "()" => String::new(),
+        s => s,
     }
 }
-impl Hexish for FabricHandleBytes {
-    fn hexish(&self) -> String {
-        format!("{self:?}")
+
+/// A `handle` argument: allocation handles (`u64`) in hex, fabric handles
+/// as their `Debug` (a checksum, not 64 bytes).
+struct Handle<'a, T>(&'a T);
+
+impl fmt::Display for Handle<'_, u64> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
     }
 }
-fn hexish(v: &impl Hexish) -> String {
-    v.hexish()
+
+impl fmt::Display for Handle<'_, FabricHandleBytes> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
 }
 
 macro_rules! traced_impl {
@@ -427,7 +385,7 @@ macro_rules! traced_impl {
                     self.run(
                         Call::$variant,
                         parts.join(" "),
-                        |v| ret!($method, v),
+                        |v: &$ret| ret!($method, v),
                         // SAFETY: the caller upholds this call's contract;
                         // it is passed on unchanged.
                         move |d| unsafe { d.$method($($arg),*) },

@@ -55,6 +55,55 @@ pub mod handle_bits {
     pub const FABRIC: u32 = 8;
 }
 
+/// The kind of a shareable handle of a VMM allocation or classic multicast
+/// object (`CUmemAllocationHandleType`, C5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum ShareableKind {
+    /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: within a node only (R12.4).
+    PosixFd,
+    /// `CU_MEM_HANDLE_TYPE_FABRIC`: across the nodes of the fabric, for
+    /// processes with an IMEX channel (R12.4).
+    Fabric,
+}
+
+impl ShareableKind {
+    /// The bit of [`handle_bits`] for this kind.
+    pub fn bit(self) -> u32 {
+        match self {
+            ShareableKind::PosixFd => handle_bits::POSIX_FD,
+            ShareableKind::Fabric => handle_bits::FABRIC,
+        }
+    }
+}
+
+/// A shareable handle as `cuMemExportToShareableHandle` writes it and
+/// `cuMemImportFromShareableHandle` reads it (C5).
+///
+/// A `PosixFd` is a raw descriptor number of the process that holds it:
+/// the exporter owns the descriptor it gets (and must close it); an
+/// importer passes a descriptor it keeps open for the call. The typed API
+/// turns it into an `OwnedFd` at once. Fabric bytes mean something only to
+/// the driver that wrote them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum ShareableHandle {
+    /// A POSIX file descriptor (`int`).
+    PosixFd(i32),
+    /// The 64 bytes of a `CUmemFabricHandle`.
+    Fabric(FabricHandleBytes),
+}
+
+impl ShareableHandle {
+    /// Which kind of handle this is.
+    pub fn kind(&self) -> ShareableKind {
+        match self {
+            ShareableHandle::PosixFd(_) => ShareableKind::PosixFd,
+            ShareableHandle::Fabric(_) => ShareableKind::Fabric,
+        }
+    }
+}
+
 /// What `cuMemCreate` is asked for: a pinned allocation at `location` with the
 /// shareable handle types `handle_types` (bits of [`handle_bits`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,8 +211,8 @@ impl EndpointProps {
     }
 }
 
-/// The 64 opaque bytes of a `CUlogicalEndpointFabricHandle` (R8, R9), as the
-/// driver wrote them. What they mean is the driver's business; the typed
+/// The 64 opaque bytes of a `CUlogicalEndpointFabricHandle` (R8, R9) or of
+/// a `CUmemFabricHandle` (C5), as the driver wrote them. What they mean is the driver's business; the typed
 /// [`FabricHandle`](crate::FabricHandle) adds the metadata needed to import
 /// them safely.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

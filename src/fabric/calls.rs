@@ -9,8 +9,35 @@ use serde::{Deserialize, Serialize};
 #[allow(unused_imports)]
 use crate::driver::{
     AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
-    Granularity, Limits,
+    Granularity, Limits, ShareableHandle, ShareableKind,
 };
+
+/// The body of a `Remote` method: the wire, except for the shareable-handle
+/// calls, whose descriptors must be made and read in the client's own OS
+/// process (`Remote::mem_export_here` / `mem_import_here`).
+macro_rules! remote_body {
+    ($self:ident, mem_export, $variant:ident, ($($arg:ident),*)) => {
+        $self.mem_export_here($($arg),*)
+    };
+    ($self:ident, mem_import, $variant:ident, ($($arg:ident),*)) => {
+        // SAFETY: the caller upholds `mem_import`'s contract (the
+        // descriptor is open for the call).
+        unsafe { $self.mem_import_here($($arg),*) }
+    };
+    ($self:ident, $method:ident, $variant:ident, ($($arg:ident),*)) => {
+        $self.call(WireCall::$variant { $($arg),* })
+    };
+}
+
+/// Whether the server refuses `call` from a client: a shareable handle made
+/// in the server would be a descriptor of the server's OS process, which
+/// means nothing to the client (clients use `Request::ExportShareable`).
+fn client_side_only(call: &WireCall) -> bool {
+    matches!(
+        call,
+        WireCall::MemExportToShareableHandle { .. } | WireCall::MemImportFromShareableHandle { .. }
+    )
+}
 
 macro_rules! wire_calls {
     ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
@@ -42,6 +69,9 @@ macro_rules! wire_calls {
         /// Makes `call` on `driver` (a process of the server's world) and
         /// encodes the return value.
         pub(super) fn dispatch(driver: &dyn Driver, call: WireCall) -> Result<Vec<u8>, Code> {
+            if client_side_only(&call) {
+                return Err(Code::NOT_SUPPORTED);
+            }
             match call {
                 $(
                     WireCall::$variant { $($arg),* } => {
@@ -65,7 +95,7 @@ macro_rules! wire_calls {
             $(
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
-                    self.call(WireCall::$variant { $($arg),* })
+                    remote_body!(self, $method, $variant, ($($arg),*))
                 }
             )*
         }

@@ -5,8 +5,7 @@
 //! dropped the connection closes, which is this process's exit on the
 //! fabric (SPEC R12.2).
 
-use std::io::Write;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -18,11 +17,9 @@ use super::calls::WireCall;
 use super::join::Join;
 use super::wire::{self, FrameError, PROTOCOL, Reply, Request, Welcome, WireViolation};
 use crate::context::Context;
-use crate::driver::{Code, Device, DriverResult};
+use crate::driver::{Code, Device, DriverResult, ShareableHandle};
+use crate::model::shareable;
 use crate::model::{FabricLive, FaultPlan, Live, ShareableKind};
-
-/// What a descriptor of [`Process::export_fd`] starts with.
-const FD_MAGIC: &[u8; 8] = b"CEPFD\0\0\0";
 
 /// A driver backend that is one process of a fabric server's model: the
 /// driver calls of the boundary's table, sent over the connection. Made by
@@ -121,6 +118,59 @@ impl Remote {
             // The fabric (this process's driver) is gone.
             Err(_) => Err(Code::DEINITIALIZED),
         }
+    }
+
+    /// A token request (`ExportShareable` / `ImportShareable`) as a driver answer.
+    fn token(&self, req: &Request) -> DriverResult<u64> {
+        match self.request(req) {
+            Ok(Reply::Handle(r)) => r,
+            Ok(other) => {
+                tracing::error!(reply = ?other, "unexpected answer from the fabric");
+                Err(Code::UNKNOWN)
+            }
+            Err(_) => Err(Code::DEINITIALIZED),
+        }
+    }
+
+    /// `cuMemExportToShareableHandle` made here, not on the server: a
+    /// descriptor must be one of *this* OS process (an in-memory file
+    /// holding the fabric's token), and fabric bytes carry the token.
+    pub(super) fn mem_export_here(
+        &self,
+        handle: u64,
+        kind: ShareableKind,
+    ) -> DriverResult<ShareableHandle> {
+        let token = self.token(&Request::ExportShareable { handle, kind })?;
+        match kind {
+            ShareableKind::Fabric => Ok(ShareableHandle::Fabric(shareable::token_bytes(token))),
+            // The token stays exported until the allocation is freed (as a
+            // real export whose descriptor was lost): no leak once it is.
+            ShareableKind::PosixFd => shareable::token_fd(token)
+                .map(|fd| ShareableHandle::PosixFd(fd.into_raw_fd()))
+                .map_err(|_| Code::OUT_OF_MEMORY),
+        }
+    }
+
+    /// `cuMemImportFromShareableHandle`: the descriptor or bytes are read
+    /// here, the token imported on the server (R12.4 applies there).
+    ///
+    /// # Safety
+    /// A `PosixFd` is open in this process for the call.
+    pub(super) unsafe fn mem_import_here(&self, shared: ShareableHandle) -> DriverResult<u64> {
+        let token = match shared {
+            ShareableHandle::PosixFd(fd) if fd >= 0 => {
+                // SAFETY: the caller keeps `fd` open for this call; it is
+                // only read.
+                shareable::fd_token(unsafe { BorrowedFd::borrow_raw(fd) })
+            }
+            ShareableHandle::PosixFd(_) => None,
+            ShareableHandle::Fabric(bytes) => shareable::bytes_token(&bytes),
+        };
+        let token = token.ok_or(Code::INVALID_VALUE)?;
+        self.token(&Request::ImportShareable {
+            token,
+            kind: shared.kind(),
+        })
     }
 
     fn ask(&self, what: &'static str, req: &Request) -> Result<Reply, FabricError> {
@@ -322,11 +372,7 @@ impl Process {
     /// the file cannot be made.
     pub fn export_fd(&self, handle: u64) -> Result<OwnedFd, FabricError> {
         let token = self.export_shareable(handle, ShareableKind::PosixFd)?;
-        let mut file = tempfile::tempfile().map_err(FabricError::Descriptor)?;
-        let mut bytes = FD_MAGIC.to_vec();
-        bytes.extend_from_slice(&token.to_le_bytes());
-        file.write_all(&bytes).map_err(FabricError::Descriptor)?;
-        Ok(OwnedFd::from(file))
+        shareable::token_fd(token).map_err(FabricError::Descriptor)
     }
 
     /// Imports a descriptor made by [`Process::export_fd`] (here or, passed
@@ -338,20 +384,13 @@ impl Process {
     /// otherwise as [`Process::import_shareable`] (`INVALID_VALUE` from
     /// another node, R12.4).
     pub fn import_fd(&self, fd: BorrowedFd<'_>) -> Result<u64, FabricError> {
-        let file = std::fs::File::from(fd.try_clone_to_owned().map_err(FabricError::Descriptor)?);
-        let mut bytes = [0u8; 16];
-        std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0)
-            .map_err(FabricError::Descriptor)?;
-        let (magic, token) = bytes.split_at(8);
-        let mut t = [0u8; 8];
-        t.copy_from_slice(token);
-        if magic != FD_MAGIC {
-            return Err(FabricError::Descriptor(std::io::Error::new(
+        let token = shareable::fd_token(fd).ok_or_else(|| {
+            FabricError::Descriptor(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 "not a descriptor exported by a model fabric",
-            )));
-        }
-        self.import_shareable(u64::from_le_bytes(t), ShareableKind::PosixFd)
+            ))
+        })?;
+        self.import_shareable(token, ShareableKind::PosixFd)
     }
 
     fn handle(&self, what: &'static str, req: &Request) -> Result<u64, FabricError> {

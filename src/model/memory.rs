@@ -170,7 +170,14 @@ impl World {
     ) -> DriverResult<()> {
         let fits_alloc = match self.allocs.get(&handle) {
             Some(a) if a.pid == pid && !a.released => {
-                offset.checked_add(size).is_some_and(|e| e <= a.size)
+                let fits = offset.checked_add(size).is_some_and(|e| e <= a.size);
+                // An importer cannot know the size of imported memory (the
+                // driver has no query for it): mapping past its end is the
+                // driver's refusal, not a violation (the model's choice, as R12.5).
+                if !fits && a.imported {
+                    return Err(Code::INVALID_VALUE);
+                }
+                fits
             }
             _ => return violate(self, "cuMemMap handle", Code::INVALID_HANDLE),
         };

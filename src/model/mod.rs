@@ -21,6 +21,7 @@
 //!   classic multicast objects) and the leak counters ([`Live`]);
 //! - [`faults`]: failing any call on demand;
 //! - `process`: processes joining and exiting, shareable handles (R12);
+//! - `shareable`: a shareable handle as a real descriptor or fabric bytes (C5);
 //! - `endpoints`, `memory`, `classic`: the rules, one file per API family.
 //!
 //! Every rule violation that reaches the model is also logged as a
@@ -33,8 +34,10 @@ mod endpoints;
 pub mod faults;
 mod memory;
 mod process;
+pub(crate) mod shareable;
 pub mod state;
 
+use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use config::{FabricConfig, ModelConfig, SimDevice};
@@ -44,7 +47,7 @@ pub use state::{Live, Violation};
 
 use crate::driver::{
     AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
-    Granularity, Limits,
+    Granularity, Limits, ShareableHandle,
 };
 use state::World;
 
@@ -311,6 +314,43 @@ impl Driver for Model {
     unsafe fn mem_properties(&self, handle: u64) -> DriverResult<AllocationRequest> {
         self.enter(Call::MemGetAllocationProperties, |w, p| {
             w.mem_properties(p, handle)
+        })
+    }
+    /// A POSIX descriptor is real: an in-memory file standing for the
+    /// model's token, owned by the caller; fabric bytes carry the token and
+    /// a checksum. Either is refused on import where its reach ends (R12.4).
+    unsafe fn mem_export(&self, handle: u64, kind: ShareableKind) -> DriverResult<ShareableHandle> {
+        self.enter(Call::MemExportToShareableHandle, |w, p| {
+            let token = w.shareable_export(p, handle, kind)?;
+            match kind {
+                ShareableKind::Fabric => Ok(ShareableHandle::Fabric(shareable::token_bytes(token))),
+                ShareableKind::PosixFd => match shareable::token_fd(token) {
+                    Ok(fd) => Ok(ShareableHandle::PosixFd(fd.into_raw_fd())),
+                    Err(_) => {
+                        // No descriptor left in this process: nothing exported.
+                        w.exports.remove(&token);
+                        Err(Code::OUT_OF_MEMORY)
+                    }
+                },
+            }
+        })
+    }
+    /// A descriptor or bytes that the model did not make are `INVALID_VALUE`
+    /// (the model's choice, as R9.4).
+    unsafe fn mem_import(&self, shared: ShareableHandle) -> DriverResult<u64> {
+        self.enter(Call::MemImportFromShareableHandle, |w, p| {
+            let token = match shared {
+                ShareableHandle::PosixFd(fd) if fd >= 0 => {
+                    // SAFETY: the caller keeps `fd` open for this call (the
+                    // method's contract); it is only read.
+                    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+                    shareable::fd_token(fd)
+                }
+                ShareableHandle::PosixFd(_) => None,
+                ShareableHandle::Fabric(bytes) => shareable::bytes_token(&bytes),
+            };
+            let token = token.ok_or(Code::INVALID_VALUE)?;
+            w.shareable_import(p, token, shared.kind())
         })
     }
     unsafe fn mem_address_reserve(&self, size: u64, alignment: u64) -> DriverResult<u64> {

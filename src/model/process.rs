@@ -21,28 +21,9 @@ use super::Model;
 use super::config::FabricConfig;
 use super::state::{Alloc, Export, Live, Proc, Shared, World};
 use super::violate;
-use crate::driver::{Code, DriverResult, handle_bits};
+use crate::driver::{Code, DriverResult};
 
-/// The kind of a shareable handle of a VMM allocation or classic multicast
-/// object (`CUmemAllocationHandleType`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum ShareableKind {
-    /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: within a node only.
-    PosixFd,
-    /// `CU_MEM_HANDLE_TYPE_FABRIC`: across the nodes of the fabric, for
-    /// processes with an IMEX channel.
-    Fabric,
-}
-
-impl ShareableKind {
-    fn bit(self) -> u64 {
-        match self {
-            ShareableKind::PosixFd => handle_bits::POSIX_FD as u64,
-            ShareableKind::Fabric => handle_bits::FABRIC as u64,
-        }
-    }
-}
+pub use crate::driver::ShareableKind;
 
 /// What the whole fabric still holds. All zero once every process has
 /// released everything or exited: the fabric's "nothing leaked" check.
@@ -224,14 +205,14 @@ impl World {
         kind: ShareableKind,
     ) -> DriverResult<u64> {
         let what = if let Some(key) = self.mc_key(pid, handle) {
-            if self.mcs[&key].handle_types & kind.bit() == 0 {
+            if self.mcs[&key].handle_types & u64::from(kind.bit()) == 0 {
                 return violate(self, "C5", Code::INVALID_VALUE);
             }
             Shared::Multicast(key)
         } else {
             match self.allocs.get(&handle) {
                 Some(a) if a.pid == pid && !a.released => {
-                    if u64::from(a.handle_types) & kind.bit() == 0 {
+                    if a.handle_types & kind.bit() == 0 {
                         return violate(self, "C5", Code::INVALID_VALUE);
                     }
                     Shared::Alloc(handle)
@@ -416,7 +397,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::driver::{AllocationRequest, Device, Driver, Location};
+    use crate::driver::{AllocationRequest, Device, Driver, Location, handle_bits};
     use crate::{Allocation, Context, Exportable, FabricHandle, Multicast, PosixFd, Spec};
 
     const ALIGN: u64 = 2 << 20;

@@ -298,14 +298,14 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
     }
 }
 
-/// The creator's team endpoint and the envelope bytes it broadcasts.
-type Created = (Endpoint<Pending, SpreadTeam<Exportable>>, Vec<u8>);
+/// The root's endpoint before the others import it.
+type RootEndpoint = Endpoint<Pending, SpreadTeam<Exportable>>;
 
 fn create_and_export(
     ctx: &Context,
     spec: &TeamSpec,
     team_size: u32,
-) -> Result<Created, (Step, Cause)> {
+) -> Result<(RootEndpoint, Vec<u8>), (Step, Cause)> {
     let local = |e: crate::Error| (Step::Create, Cause::Local(e));
     let mut s = Spec::spread(team_size, spec.bytes).exportable();
     if spec.counted_ops {

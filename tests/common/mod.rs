@@ -6,7 +6,7 @@
 pub mod layer;
 
 use cuda_endpoints::Context;
-use cuda_endpoints::model::Model;
+use cuda_endpoints::model::{Model, Violation};
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
 
 /// The end of every model test: no teardown error was kept on the context,
@@ -26,23 +26,18 @@ pub fn clean(ctx: &Context, model: &Model) {
 /// The end of a model test that may leave things behind on purpose: the
 /// model saw no call break a rule (issue 11: the violation log is empty at
 /// the end of every test, so a violation always means a bug in the crate).
+/// Pass `model.violations()` (a `Model`, or a `Probe` of `common/backend.rs`).
 #[track_caller]
-pub fn no_violations(model: &Model) {
-    let violations = model.violations();
+pub fn no_violations(violations: &[Violation]) {
     assert!(violations.is_empty(), "rule broken: {violations:?}");
 }
 
 /// The end of a test that breaks rules on purpose with raw driver calls:
 /// exactly these rules were broken, in this order, and nothing else.
 #[track_caller]
-pub fn broke(model: &Model, rules: &[&str]) {
-    let got: Vec<&str> = model.violations().iter().map(|v| v.rule).collect();
-    assert_eq!(
-        got,
-        rules,
-        "rules broken on purpose: {:?}",
-        model.violations()
-    );
+pub fn broke(violations: &[Violation], rules: &[&str]) {
+    let got: Vec<&str> = violations.iter().map(|v| v.rule).collect();
+    assert_eq!(got, rules, "rules broken on purpose: {violations:?}");
 }
 
 /// `PROPTEST_CASES` overrides the case counts (e.g. fewer under valgrind).

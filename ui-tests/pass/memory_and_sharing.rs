@@ -28,8 +28,8 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         .create(Spec::multicast(&[0.into(), 1.into()], 2 << 20).exportable())?
         .wait(t)?;
     let handle = owner.export()?;
-    let mem0 = Allocation::<PosixFd>::on_device(&ctx, 0.into(), 2 << 20)?;
-    let mem1 = Allocation::<Fabric>::on_device(&ctx, 1.into(), 2 << 20)?;
+    let mem0 = Allocation::<PosixFd>::on_device(&ctx, 0, 2 << 20)?;
+    let mem1 = Allocation::<Fabric>::on_device(&ctx, 1, 2 << 20)?;
     let b0 = owner.bind(0, 0, &mem0)?;
     let b1 = owner.bind(1, 0, &mem1)?;
 

@@ -16,7 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let arg = ep.kernel_ref();
     assert_eq!(arg.id(), ep.id());
-    let mem = Allocation::<Private>::on_device(&ctx, 0.into(), 2 << 20)?;
+    let mem = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?;
     let b = ep.bind(0, 0, &mem)?;
     b.unbind()?;
     // Destroy hands the id back, still reserved: create on it again.

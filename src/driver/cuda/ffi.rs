@@ -374,6 +374,8 @@ c_functions! {
     cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong) since 12000;
     cuMemRelease(handle: CUmemGenericAllocationHandle) since 12000;
     cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) since 12000;
+    cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, ty: CUmemAllocationHandleType, flags: c_ulonglong) since 12000;
+    cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, ty: CUmemAllocationHandleType) since 12000;
     cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: c_ulonglong) since 12000;
     cuMemAddressFree(ptr: CUdeviceptr, size: usize) since 12000;
     cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) since 12000;

@@ -17,7 +17,7 @@ use super::context::Cx;
 use super::ffi::*;
 use crate::driver::{
     AllocationRequest, Call, Code, Device, DriverResult, EndpointProps, FabricHandleBytes,
-    Granularity, Limits, Location, Shape,
+    Granularity, Limits, Location, Shape, ShareableHandle, ShareableKind,
 };
 
 /// `u64` → `size_t`. Saturates (CUDA is 64-bit only): an oversized value is
@@ -324,6 +324,72 @@ pub(super) unsafe fn mem_create(c: &Cuda, size: u64, req: AllocationRequest) -> 
     c.run(Call::MemCreate, f, cx_for(req.location), |f| unsafe {
         f(&mut handle, sz(size), &prop, 0)
     })?;
+    Ok(handle)
+}
+
+/// `CUmemAllocationHandleType` of a shareable handle kind.
+fn shareable_type(kind: ShareableKind) -> CUmemAllocationHandleType {
+    match kind {
+        ShareableKind::PosixFd => CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        ShareableKind::Fabric => CU_MEM_HANDLE_TYPE_FABRIC,
+    }
+}
+
+pub(super) unsafe fn mem_export(
+    c: &Cuda,
+    handle: u64,
+    kind: ShareableKind,
+) -> DriverResult<ShareableHandle> {
+    let f = c.sym.cuMemExportToShareableHandle;
+    let ty = shareable_type(kind);
+    let call = Call::MemExportToShareableHandle;
+    match kind {
+        ShareableKind::PosixFd => {
+            // cuda.h: the driver writes an `int` descriptor at the pointer.
+            let mut fd: c_int = -1;
+            let out: *mut c_void = (&raw mut fd).cast();
+            // SAFETY: `f` is `cuMemExportToShareableHandle` as declared in
+            // `ffi`; `out` points at a live `int`, what the POSIX type writes.
+            c.run(call, f, Cx::Any, |f| unsafe { f(out, handle, ty, 0) })?;
+            Ok(ShareableHandle::PosixFd(fd))
+        }
+        ShareableKind::Fabric => {
+            // cuda.h: the driver writes a 64-byte `CUmemFabricHandle`.
+            let mut bytes = [0u8; 64];
+            let out: *mut c_void = bytes.as_mut_ptr().cast();
+            // SAFETY: as above; `out` points at 64 writable bytes, the size
+            // of `CUmemFabricHandle`.
+            c.run(call, f, Cx::Any, |f| unsafe { f(out, handle, ty, 0) })?;
+            Ok(ShareableHandle::Fabric(FabricHandleBytes(bytes)))
+        }
+    }
+}
+
+pub(super) unsafe fn mem_import(c: &Cuda, shared: ShareableHandle) -> DriverResult<u64> {
+    let f = c.sym.cuMemImportFromShareableHandle;
+    let ty = shareable_type(shared.kind());
+    let call = Call::MemImportFromShareableHandle;
+    let mut handle: CUmemGenericAllocationHandle = 0;
+    let out = &raw mut handle;
+    match shared {
+        ShareableHandle::PosixFd(fd) => {
+            // cuda.h: a descriptor passes by value, cast to `void *`; a
+            // negative one is no descriptor.
+            let fd = usize::try_from(fd).map_err(|_| Code::INVALID_VALUE)?;
+            let os = std::ptr::without_provenance_mut::<c_void>(fd);
+            // SAFETY: `f` is `cuMemImportFromShareableHandle` as declared in
+            // `ffi`; `out` is a live out-pointer; `os` is never dereferenced
+            // for this type (the driver reads it as the descriptor number),
+            // and the caller keeps the descriptor open for the call.
+            c.run(call, f, Cx::Any, |f| unsafe { f(out, os, ty) })?;
+        }
+        ShareableHandle::Fabric(mut bytes) => {
+            let os: *mut c_void = bytes.0.as_mut_ptr().cast();
+            // SAFETY: as above; `os` points at the 64 bytes of a
+            // `CUmemFabricHandle`, live for the call.
+            c.run(call, f, Cx::Any, |f| unsafe { f(out, os, ty) })?;
+        }
+    }
     Ok(handle)
 }
 

@@ -31,10 +31,9 @@ use self::context::{Contexts, Cx};
 use self::ffi::Symbols;
 use self::policy::{DENY, DenySet, apply_env_deny};
 use crate::Error;
-use crate::driver::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
-    Family, Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits,
-};
+#[cfg(test)]
+use crate::driver::{AllocationRequest, Device, Granularity};
+use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_MIN_VERSION};
 
 /// The real CUDA driver, loaded at run time.
 ///
@@ -326,6 +325,32 @@ mod tests {
                 "{call}: no prototype in ffi"
             );
         }
+    }
+
+    /// The typed lifecycle on this backend over `ci/fake-libcuda.c` (run by
+    /// `ci/abi-check.sh` with `LD_LIBRARY_PATH` pointing at it): loading,
+    /// symbols and marshalling end to end.
+    #[test]
+    #[ignore = "needs ci/fake-libcuda.c as libcuda.so.1 (ci/abi-check.sh)"]
+    fn fake_libcuda_lifecycle() {
+        use crate::{Allocation, Context, PosixFd, Spec};
+        let ctx = Context::cuda().expect("the fake libcuda loads");
+        assert_eq!(ctx.backend_name(), "cuda");
+        assert_eq!(ctx.driver_version(), Some(13030));
+        assert_eq!(ctx.devices().unwrap(), vec![Device(0)]);
+        let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), 2 << 20).unwrap();
+        let ep = ctx
+            .reserve_one()
+            .unwrap()
+            .create(Spec::unicast(0, 2 << 20).exportable())
+            .unwrap()
+            .wait(std::time::Duration::from_secs(1))
+            .unwrap();
+        ep.export().unwrap();
+        ep.bind(Device(0), 0, &mem).unwrap().unbind().unwrap();
+        ep.destroy().unwrap().release().unwrap();
+        drop(mem);
+        assert!(ctx.take_teardown_errors().is_empty());
     }
 
     /// Real-driver smoke test: `cargo test --lib -- --ignored gpu_smoke`.

@@ -1,0 +1,336 @@
+//! The double's own symbols (`cuDouble*`, not in `cuda.h`), for tests and CI:
+//! reconfigure the node, read live counters, the violation log, per-call
+//! counters and which contexts were used, install faults, switch on a
+//! misbehaviour, and print the ABI check. Text goes out through
+//! caller-provided buffers: each returns the length it needs (without the
+//! NUL) and writes a NUL-terminated prefix that fits.
+
+use std::ffi::{CStr, c_char, c_int};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use cuda_endpoints::Code;
+use cuda_endpoints::model::{Fault, FaultPlan};
+
+use crate::state::{self, Misbehave};
+
+fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+fn text_in<'a>(p: *const c_char) -> Option<&'a str> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null NUL-terminated string from the caller.
+    unsafe { CStr::from_ptr(p) }.to_str().ok()
+}
+
+fn text_out(s: &str, buf: *mut c_char, len: usize) -> usize {
+    if !buf.is_null() && len > 0 {
+        let n = s.len().min(len - 1);
+        // SAFETY: the caller gave `len` writable bytes at `buf`; `n + 1 <= len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    s.len()
+}
+
+/// The path this library was loaded from, read off `/proc/self/maps`.
+pub fn loaded_path() -> Option<String> {
+    let here = loaded_path as *const () as usize;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        let (lo, hi) = it.next()?.split_once('-')?;
+        let (lo, hi) = (
+            usize::from_str_radix(lo, 16).ok()?,
+            usize::from_str_radix(hi, 16).ok()?,
+        );
+        let path = it.nth(4)?;
+        (lo <= here && here < hi).then(|| path.to_owned())
+    })
+}
+
+/// Replaces the simulated node (text form of [`crate::config`]; null: from
+/// the environment again). 0 on success, -1 when the text is unreadable.
+///
+/// # Safety
+/// `config` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleReset(config: *const c_char) -> c_int {
+    guard(-1, || {
+        let cfg = if config.is_null() {
+            Some(crate::config::from_env())
+        } else {
+            text_in(config).and_then(crate::config::parse)
+        };
+        match cfg {
+            Some(c) => {
+                state::reset(c);
+                0
+            }
+            None => -1,
+        }
+    })
+}
+
+/// Writes up to `n` of: ids, endpoints, bindings, allocations, mappings,
+/// address ranges, multicast objects (the model's `Live`, this process),
+/// then retained primary-context references. Returns how many there are (8).
+///
+/// # Safety
+/// `out` is null or has room for `n` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleLiveCounters(out: *mut u64, n: usize) -> usize {
+    guard(0, || {
+        let (l, refs) = state::with(|d| {
+            (
+                d.model.live(),
+                d.ctx_refs.iter().map(|&r| u64::from(r)).sum::<u64>(),
+            )
+        });
+        let v = [
+            l.ids,
+            l.endpoints,
+            l.bindings,
+            l.allocations,
+            l.mappings,
+            l.address_ranges,
+            l.multicast_objects,
+            refs,
+        ];
+        if !out.is_null() {
+            for (i, x) in v.iter().take(n).enumerate() {
+                // SAFETY: `i < n`, and the caller gave room for `n`.
+                unsafe { *out.add(i) = *x };
+            }
+        }
+        v.len()
+    })
+}
+
+/// The violation log, one `call rule code` per line (the model's, then the
+/// double's own, whose rules start with `double:`).
+///
+/// # Safety
+/// `buf` is null or has `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleViolations(buf: *mut c_char, len: usize) -> usize {
+    guard(0, || {
+        let text = state::with(|d| {
+            let mut s = String::new();
+            for v in d.model.violations() {
+                s.push_str(&format!(
+                    "{}\t{}\t{}\n",
+                    v.call.name(),
+                    v.rule,
+                    v.code.raw()
+                ));
+            }
+            for (c, r, code) in &d.violations {
+                s.push_str(&format!("{c}\t{r}\t{code}\n"));
+            }
+            s
+        });
+        text_out(&text, buf, len)
+    })
+}
+
+/// Installs a fault plan, one fault per `;`: `NAME nth times code` (`NAME`
+/// a `cuda.h` name or `*` for any call, `times` 0 for always), or
+/// `random seed per_mille` (any call but teardown). Empty: no faults.
+/// 0 on success, -1 when the text is unreadable.
+///
+/// # Safety
+/// `spec` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleSetFaults(spec: *const c_char) -> c_int {
+    guard(-1, || {
+        let Some(spec) = text_in(spec) else { return -1 };
+        let Some(plan) = parse_faults(spec) else {
+            return -1;
+        };
+        state::with(|d| d.model.set_faults(plan));
+        0
+    })
+}
+
+fn parse_faults(spec: &str) -> Option<FaultPlan> {
+    let mut plan = FaultPlan::none();
+    for f in spec.split(';').map(str::trim).filter(|f| !f.is_empty()) {
+        let w: Vec<&str> = f.split_whitespace().collect();
+        match w.as_slice() {
+            ["random", seed, per_mille] => {
+                plan = plan.random_except(
+                    seed.parse().ok()?,
+                    per_mille.parse().ok()?,
+                    cuda_endpoints::model::faults::TEARDOWN,
+                );
+            }
+            [name, nth, times, code] => {
+                let code = Code::from_raw(code.parse().ok()?)?;
+                let nth: u64 = nth.parse().ok()?;
+                let times: u64 = times.parse().ok()?;
+                let fault = if *name == "*" {
+                    Fault::nth_any(nth, code)
+                } else {
+                    Fault::nth(cuda_endpoints::Call::from_name(name)?, nth, code)
+                };
+                plan = plan.with(fault.times(if times == 0 { u64::MAX } else { times }));
+            }
+            _ => return None,
+        }
+    }
+    Some(plan)
+}
+
+/// How many planned faults fired since they were installed.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDoubleFaultsFired() -> u64 {
+    guard(0, || state::with(|d| d.model.faults_fired()))
+}
+
+/// How many times the entry point `name` (a `cuda.h` name without `_v2`)
+/// was called since the library was loaded; never reset.
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleCallCount(name: *const c_char) -> u64 {
+    guard(0, || {
+        let Some(name) = text_in(name) else { return 0 };
+        state::call_counts().get(name).copied().unwrap_or(0)
+    })
+}
+
+/// Every entry point's call count, `name count` per line, in name order.
+///
+/// # Safety
+/// `buf` is null or has `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleCallTable(buf: *mut c_char, len: usize) -> usize {
+    guard(0, || {
+        let mut s = String::new();
+        for (n, c) in state::call_counts() {
+            s.push_str(&format!("{n}\t{c}\n"));
+        }
+        text_out(&s, buf, len)
+    })
+}
+
+/// Bitmasks of the devices whose primary context was retained and was made
+/// current since the last reset (bit `d` for device `d`). 0, or -1 on a
+/// null pointer.
+///
+/// # Safety
+/// Both pointers are null or point to a writable `u64`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleContexts(retained: *mut u64, made_current: *mut u64) -> c_int {
+    guard(-1, || {
+        if retained.is_null() || made_current.is_null() {
+            return -1;
+        }
+        let (r, c) = state::with(|d| (d.retained_mask, d.current_mask));
+        // SAFETY: both non-null, writable by the contract.
+        unsafe {
+            *retained = r;
+            *made_current = c;
+        }
+        0
+    })
+}
+
+/// Switches misbehaviours on (comma-separated: `swap-bind-offset-size`,
+/// `narrow-map-ptr`, `wrong-reserve-out`; `none` or empty: all off).
+/// 0, or -1 for an unknown word.
+///
+/// # Safety
+/// `spec` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleMisbehave(spec: *const c_char) -> c_int {
+    guard(-1, || match text_in(spec).and_then(Misbehave::parse) {
+        Some(m) => {
+            state::with(|d| d.misbehave = m);
+            0
+        }
+        None => -1,
+    })
+}
+
+/// Writes `len` bytes at device address `ptr`, as a kernel would (no
+/// context, not counted as a driver call). 0, or the model's code.
+///
+/// # Safety
+/// `src` has `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleWrite(ptr: u64, src: *const u8, len: usize) -> u32 {
+    guard(999, || {
+        if src.is_null() {
+            return 1;
+        }
+        // SAFETY: the caller gave `len` readable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(src, len) };
+        let m = state::with(|d| d.model.clone());
+        m.write(ptr, bytes).err().map_or(0, |c| c.raw())
+    })
+}
+
+/// Reads `len` bytes at device address `ptr` into `dst`. 0, or the model's code.
+///
+/// # Safety
+/// `dst` has `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleRead(ptr: u64, dst: *mut u8, len: usize) -> u32 {
+    guard(999, || {
+        if dst.is_null() {
+            return 1;
+        }
+        let m = state::with(|d| d.model.clone());
+        match m.read(ptr, len) {
+            Ok(b) => {
+                // SAFETY: the caller gave `len` writable bytes; `b` has `len`.
+                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, len.min(b.len())) };
+                0
+            }
+            Err(c) => c.raw(),
+        }
+    })
+}
+
+/// The path this copy of the library was loaded from.
+///
+/// # Safety
+/// `buf` is null or has `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleLoadedAs(buf: *mut c_char, len: usize) -> usize {
+    guard(0, || text_out(&loaded_path().unwrap_or_default(), buf, len))
+}
+
+/// The C file that checks this build's prototypes and layouts against
+/// `cuda.h` ([`crate::abi::abi_check_c`]).
+///
+/// # Safety
+/// `buf` is null or has `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleAbiC(buf: *mut c_char, len: usize) -> usize {
+    guard(0, || text_out(&crate::abi::abi_check_c(), buf, len))
+}
+
+/// The calls that reached the model since the last reset, in order, one
+/// `cuda.h` name per line.
+///
+/// # Safety
+/// `buf` is null or has `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleTrace(buf: *mut c_char, len: usize) -> usize {
+    guard(0, || {
+        let mut s = String::new();
+        for c in state::with(|d| d.model.trace()) {
+            s.push_str(c.name());
+            s.push('\n');
+        }
+        text_out(&s, buf, len)
+    })
+}

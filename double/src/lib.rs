@@ -1,0 +1,58 @@
+//! A libcuda test double: a `cdylib` named `libcuda` that exports the `cu*`
+//! entry points the crate's real backend (`driver::cuda::Cuda`) resolves,
+//! with the prototypes of `cuda.h` 13.3/13.5, and forwards each to the
+//! crate's reference model (`cuda_endpoints::model::Model`). The rules are
+//! the model's; what the double adds is the C side: pointers and
+//! out-parameters, result codes as plain numbers, `cuInit`, primary
+//! contexts and the per-thread current context, the symbol table of a
+//! given driver version, and host-backed memory behind `cuMemsetD8`,
+//! `cuMemcpyHtoD` and `cuMemcpyDtoH`.
+//!
+//! - [`abi`]: the C types, the `exports!` macro, the ABI check text;
+//! - [`state`]: the model, contexts, counters, violations, misbehaviour;
+//! - [`config`]: the simulated node from the environment;
+//! - [`base`], [`vmm`], `le` (absent in the `cuda-13000` build): entry points;
+//! - [`extra`]: the double's own `cuDouble*` symbols for tests.
+//!
+//! No exported function panics across `extern "C"`: every body runs under
+//! `catch_unwind` and answers `CUDA_ERROR_UNKNOWN` if it ever did.
+
+pub mod abi;
+pub mod base;
+pub mod config;
+pub mod extra;
+#[cfg(not(feature = "cuda-13000"))]
+pub mod le;
+pub mod state;
+pub mod vmm;
+
+use cuda_endpoints::driver::DriverResult;
+use cuda_endpoints::model::Model;
+
+use abi::CUresult;
+
+/// Runs one model call with the state's lock released (the model has its own).
+fn model<T>(f: impl FnOnce(&Model) -> DriverResult<T>) -> Result<T, CUresult> {
+    let m = state::with(|d| d.model.clone());
+    f(&m).map_err(|c| c.raw())
+}
+
+/// Writes an out-parameter; a null pointer is `INVALID_VALUE`.
+fn out<T>(p: *mut T, v: T) -> Result<(), CUresult> {
+    if p.is_null() {
+        return Err(state::INVALID_VALUE);
+    }
+    // SAFETY: non-null; the caller passed it as an out-parameter for a `T`
+    // (cuda.h contract). Unaligned writes are allowed for.
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+/// Reads an in-parameter; a null pointer is `INVALID_VALUE`.
+fn read<T: Copy>(p: *const T) -> Result<T, CUresult> {
+    if p.is_null() {
+        return Err(state::INVALID_VALUE);
+    }
+    // SAFETY: non-null; the caller passed it as a pointer to a `T`.
+    Ok(unsafe { p.read_unaligned() })
+}

@@ -1,0 +1,268 @@
+//! The double's process-wide state: the reference model behind the entry
+//! points, the driver version it pretends to be, primary contexts and the
+//! per-thread current context, per-call counters, its own violation log and
+//! the deliberate misbehaviours that the catch tests switch on.
+//!
+//! Everything sits behind one mutex; [`enter`] wraps every exported call.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use cuda_endpoints::model::{Model, ModelConfig};
+
+use crate::abi::CUresult;
+use crate::config;
+
+pub const SUCCESS: CUresult = 0;
+pub const INVALID_VALUE: CUresult = 1;
+pub const NOT_INITIALIZED: CUresult = 3;
+pub const STUB_LIBRARY: CUresult = 34;
+pub const INVALID_DEVICE: CUresult = 101;
+pub const INVALID_CONTEXT: CUresult = 201;
+pub const NOT_FOUND: CUresult = 500;
+pub const NOT_SUPPORTED: CUresult = 801;
+pub const UNKNOWN: CUresult = 999;
+
+/// Deliberate misbehaviour: the double reads or writes an argument the way a
+/// backend with a wrong declaration would, so that a test can show the
+/// suite notices (`cuDoubleMisbehave`, env `CUDA_DOUBLE_MISBEHAVE`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Misbehave {
+    /// `cuLogicalEndpointBindMem`/`BindAddr` read `offset` and `size` swapped (argument order).
+    pub swap_bind_offset_size: bool,
+    /// `cuMemMap` reads `ptr` as 32 bits (argument width).
+    pub narrow_map_ptr: bool,
+    /// `cuLogicalEndpointIdReserve` writes a base one past the real one (out-parameter).
+    pub wrong_reserve_out: bool,
+}
+
+impl Misbehave {
+    pub fn parse(spec: &str) -> Option<Misbehave> {
+        let mut m = Misbehave::default();
+        for w in spec.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match w {
+                "swap-bind-offset-size" => m.swap_bind_offset_size = true,
+                "narrow-map-ptr" => m.narrow_map_ptr = true,
+                "wrong-reserve-out" => m.wrong_reserve_out = true,
+                "none" => {}
+                _ => return None,
+            }
+        }
+        Some(m)
+    }
+}
+
+/// The node the double simulates.
+pub struct Double {
+    pub model: Model,
+    /// `cuDriverGetVersion`.
+    pub version: i32,
+    pub devices: usize,
+    /// Retain count of each device's primary context.
+    pub ctx_refs: Vec<u32>,
+    /// Devices whose primary context was ever retained (since the last reset).
+    pub retained_mask: u64,
+    /// Devices whose primary context was ever made current (since the last reset).
+    pub current_mask: u64,
+    /// The double's own violations: `(call, rule, code)`.
+    pub violations: Vec<(String, String, CUresult)>,
+    pub misbehave: Misbehave,
+}
+
+impl Double {
+    pub fn new(cfg: ModelConfig) -> Double {
+        let devices = cfg.devices.len();
+        Double {
+            version: cfg.driver_version,
+            model: Model::new(cfg),
+            devices,
+            ctx_refs: vec![0; devices.max(64)],
+            retained_mask: 0,
+            current_mask: 0,
+            violations: Vec::new(),
+            misbehave: Misbehave::parse(
+                &std::env::var("CUDA_DOUBLE_MISBEHAVE").unwrap_or_default(),
+            )
+            .unwrap_or_default(),
+        }
+    }
+
+    /// Logs one of the double's own violations and returns its code.
+    pub fn violate(&mut self, call: &str, rule: &str, code: CUresult) -> CUresult {
+        self.violations
+            .push((call.to_owned(), rule.to_owned(), code));
+        code
+    }
+
+    /// The device whose primary context is current on this thread, or the
+    /// code a driver gives without one (`INVALID_CONTEXT`, logged: the
+    /// backend must make a context current for this call).
+    pub fn current_device(&mut self, call: &str) -> Result<i32, CUresult> {
+        match context_device(CURRENT.with(Cell::get)) {
+            Some(d) if self.ctx_refs.get(d as usize).copied().unwrap_or(0) > 0 => Ok(d),
+            Some(_) => Err(self.violate(
+                call,
+                "double: current context was released",
+                INVALID_CONTEXT,
+            )),
+            None => Err(self.violate(call, "double: no current context", INVALID_CONTEXT)),
+        }
+    }
+
+    pub fn check_device(&self, dev: i32) -> Result<(), CUresult> {
+        if dev >= 0 && (dev as usize) < self.devices {
+            Ok(())
+        } else {
+            Err(INVALID_DEVICE)
+        }
+    }
+}
+
+/// Fake `CUcontext` values: `CTX_BASE + 16 * device`, never dereferenced.
+pub const CTX_BASE: usize = 0xC7C0_0000;
+
+pub fn context_handle(dev: i32) -> usize {
+    CTX_BASE + 16 * dev as usize
+}
+
+pub fn context_device(ctx: usize) -> Option<i32> {
+    if ctx < CTX_BASE || !(ctx - CTX_BASE).is_multiple_of(16) {
+        return None;
+    }
+    i32::try_from((ctx - CTX_BASE) / 16)
+        .ok()
+        .filter(|&d| d < 64)
+}
+
+thread_local! {
+    /// This thread's current context (a fake handle; 0 for none).
+    pub static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+static STATE: Mutex<Option<Double>> = Mutex::new(None);
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+static CALLS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+/// Of [`CALLS`], those that returned a code other than `CUDA_SUCCESS`.
+static FAILED: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+/// Runs `f` on the double, built from the environment on first use.
+pub fn with<R>(f: impl FnOnce(&mut Double) -> R) -> R {
+    let mut g: MutexGuard<'_, Option<Double>> = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let d = g.get_or_insert_with(|| Double::new(config::from_env()));
+    f(d)
+}
+
+/// Replaces the simulated node (a fresh model, masks and log cleared).
+/// Primary-context retain counts survive: they belong to the backends that
+/// are still alive, not to the node.
+pub fn reset(cfg: ModelConfig) {
+    let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let refs = g.as_ref().map(|d| d.ctx_refs.clone());
+    let misbehave = g.as_ref().map(|d| d.misbehave);
+    let mut d = Double::new(cfg);
+    if let Some(r) = refs {
+        d.ctx_refs = r;
+    }
+    if let Some(m) = misbehave {
+        d.misbehave = m;
+    }
+    *g = Some(d);
+}
+
+pub fn set_initialized() {
+    INITIALIZED.store(true, Ordering::SeqCst);
+}
+
+/// Counts per `cuda.h` name (`_v2` dropped, so `cuMemGetInfo_v2` counts as
+/// `cuMemGetInfo`, the name the library's `Call` uses).
+pub fn call_counts() -> BTreeMap<&'static str, u64> {
+    CALLS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Of [`call_counts`], how many failed, per name.
+pub fn failure_counts() -> BTreeMap<&'static str, u64> {
+    FAILED.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+fn base_name(symbol: &'static str) -> &'static str {
+    symbol.strip_suffix("_v2").unwrap_or(symbol)
+}
+
+/// Whether this copy of the library was loaded under the unversioned name
+/// `libcuda.so`: then it plays the CUDA toolkit's stub library, which every
+/// real installation has under that name and which answers
+/// `CUDA_ERROR_STUB_LIBRARY` to everything. A backend that loads
+/// `libcuda.so` before `libcuda.so.1` finds the stub.
+pub fn is_stub() -> bool {
+    static STUB: OnceLock<bool> = OnceLock::new();
+    *STUB.get_or_init(|| {
+        crate::extra::loaded_path()
+            .and_then(|p| p.rsplit('/').next().map(|n| n == "libcuda.so"))
+            .unwrap_or(false)
+    })
+}
+
+/// The wrapper of every exported `cu*` call: counts it, plays the stub if
+/// loaded as one, refuses calls before `cuInit` (when `needs_init`), and
+/// runs `body` with panics caught.
+pub fn enter(
+    symbol: &'static str,
+    needs_init: bool,
+    body: impl FnOnce() -> Result<(), CUresult>,
+) -> CUresult {
+    let run = AssertUnwindSafe(|| {
+        {
+            let mut c = CALLS.lock().unwrap_or_else(|e| e.into_inner());
+            *c.entry(base_name(symbol)).or_insert(0) += 1;
+        }
+        if is_stub() {
+            return STUB_LIBRARY;
+        }
+        if needs_init && !INITIALIZED.load(Ordering::SeqCst) {
+            return with(|d| d.violate(symbol, "double: called before cuInit", NOT_INITIALIZED));
+        }
+        match body() {
+            Ok(()) => SUCCESS,
+            Err(code) => code,
+        }
+    });
+    let rc = catch_unwind(run).unwrap_or(UNKNOWN);
+    if rc != SUCCESS {
+        let mut f = FAILED.lock().unwrap_or_else(|e| e.into_inner());
+        *f.entry(base_name(symbol)).or_insert(0) += 1;
+    }
+    rc
+}
+
+/// At exit (or unload), appends this process's call counts to the file named
+/// by `CUDA_DOUBLE_COUNTS`, `name calls failed` per line, so that CI can sum
+/// them over every process it ran.
+extern "C" fn dump_counts() {
+    let _ = catch_unwind(|| {
+        let Ok(path) = std::env::var("CUDA_DOUBLE_COUNTS") else {
+            return;
+        };
+        let failed = failure_counts();
+        let mut text = String::new();
+        for (n, c) in call_counts() {
+            let f = failed.get(n).copied().unwrap_or(0);
+            text.push_str(&format!("{n} {c} {f}\n"));
+        }
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(text.as_bytes());
+        }
+    });
+}
+
+/// Registers [`dump_counts`] as an ELF finaliser.
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static DUMP_AT_EXIT: extern "C" fn() = dump_counts;
