@@ -282,7 +282,7 @@ impl Feature {
                 "create unicast endpoints on logical endpoints (a CUDA 13.3+ driver)"
             }
             Feature::FabricOnClassic => {
-                "share endpoints through logical endpoints (a CUDA 13.3+ driver), or drop `.exportable()`"
+                "share a classic team with `team::multicast` (a POSIX descriptor within a node, fabric bytes across nodes), or use logical endpoints (a CUDA 13.3+ driver)"
             }
             Feature::CountedOpsOnClassic => {
                 "drop `.counted_ops()`, or use logical endpoints (a CUDA 13.3+ driver)"
@@ -644,6 +644,7 @@ fn rule_suffix(rule: Option<Rule>) -> String {
 // TODO(boundary): delegate to `Code::is_retryable` /
 // `Code::is_resource_exhausted` once `Code` has them.
 mod raw {
+    pub const INVALID_VALUE: u32 = 1;
     pub const OUT_OF_MEMORY: u32 = 2;
     pub const DEINITIALIZED: u32 = 4;
     pub const MULTICAST_RESOURCE_FULL: u32 = 47;
@@ -692,6 +693,9 @@ fn hint_suffix(call: Call, code: Code) -> &'static str {
             ": this process may not do this (denied by policy or by the driver, R11)"
         }
         raw::DEINITIALIZED => ": the driver is shutting down (R11)",
+        raw::INVALID_VALUE if call == Call::MemImportFromShareableHandle => {
+            ": not a live shareable handle here; a POSIX descriptor reaches only the processes of its node (R12.4): use fabric handles across nodes"
+        }
         _ => "",
     }
 }

@@ -170,6 +170,12 @@ macro_rules! null_answer {
     (multicast_create) => {
         2
     };
+    (mem_export) => {
+        cuda_endpoints::driver::ShareableHandle::Fabric(FabricHandleBytes::ZERO)
+    };
+    (mem_import) => {
+        1
+    };
     ($other:ident) => {
         ()
     };
