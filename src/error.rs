@@ -258,6 +258,9 @@ pub enum Feature {
     BaseDriver,
     /// Counted operations (`COUNTED_OPS`, attribute 155) on a device (R2.4).
     CountedOps,
+    /// A multicast virtual address (`multimem` access to a classic
+    /// multicast object) on a backend that has none.
+    MulticastAddress,
 }
 
 impl Feature {
@@ -266,7 +269,7 @@ impl Feature {
         match self {
             Feature::LogicalEndpoints | Feature::BaseDriver => Rule::R11,
             Feature::UnicastOnClassic | Feature::CountedOpsOnClassic => Rule::C1,
-            Feature::FabricOnClassic => Rule::C5,
+            Feature::FabricOnClassic | Feature::MulticastAddress => Rule::C5,
             Feature::ClassicMulticastDevice | Feature::MulticastTeam => Rule::C6,
             Feature::CountedOps => Rule::R2_4,
         }
@@ -295,6 +298,9 @@ impl Feature {
             }
             Feature::BaseDriver => "install a CUDA 12+ driver",
             Feature::CountedOps => "drop `.counted_ops()` from the spec",
+            Feature::MulticastAddress => {
+                "kernels reach a logical endpoint by its id (`kernel_ref`); a multicast address exists for classic multicast objects only (the classic fallback)"
+            }
         }
     }
 }
@@ -305,6 +311,7 @@ impl fmt::Display for Feature {
             Feature::LogicalEndpoints => "logical endpoints (cuLogicalEndpoint*, driver 13.3+)",
             Feature::UnicastOnClassic => "unicast endpoints on the classic multicast backend",
             Feature::FabricOnClassic => "fabric export and import on the classic multicast backend",
+            Feature::MulticastAddress => "a multicast virtual address (multimem mapping)",
             Feature::CountedOpsOnClassic => {
                 "counted operations (COUNTED_OPS) on the classic multicast backend"
             }

@@ -27,6 +27,7 @@ pub mod guide;
 mod kernel;
 mod kind;
 mod memory;
+mod multicast_mapping;
 mod owned;
 #[cfg(feature = "model")]
 #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
@@ -61,6 +62,7 @@ pub use kind::{
     Unicast,
 };
 pub use memory::{Allocation, Fabric, Mapped, PosixFd, Private};
+pub use multicast_mapping::MulticastMapping;
 pub use probe::{Bytes, Capabilities, MemInfo, Probed, VmmGranularity, YesNo};
 pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};

@@ -118,9 +118,18 @@ fn classic_team(
     let ctx = Context::new(Classic::new(remote));
     let spec = TeamSpec::new([dev], MIB2).timeout(T).classic_handles(kind);
     let team = team::multicast(&ctx, boot, &spec)?;
-    let mem = Allocation::<PosixFd>::on_device(&ctx, dev, MIB2)?;
+    let mem = Allocation::<PosixFd>::on_device(&ctx, dev, MIB2)?.map(&[dev])?;
     let binding = team.endpoint().bind(dev, 0, &mem)?;
+    // The multicast address: rank 0's store reaches every rank's memory.
+    let mapping = team.multicast_mapping()?;
     boot.barrier(T)?;
+    if boot.rank() == 0 {
+        me.write(mapping.device_ptr(), TEXT)?;
+    }
+    boot.barrier(T)?;
+    let got = me.read(mem.device_ptr(), TEXT.len())?;
+    report(&format!("multimem={}", String::from_utf8_lossy(&got)));
+    drop(mapping);
     binding.unbind()?;
     boot.barrier(T)?;
     drop(team);
@@ -215,7 +224,13 @@ fn c5_r12_4_posix_fds_reach_their_node_and_fabric_bytes_every_node() {
 
 #[test]
 fn c5_c3_a_classic_team_of_four_processes_shares_a_posix_fd_within_a_node() {
-    let (_results, server) = job("classic-fd", 1, 4);
+    let (results, server) = job("classic-fd", 1, 4);
+    for res in &results {
+        assert!(
+            res.contains(&"multimem=written by rank 0".to_owned()),
+            "{res:?}"
+        );
+    }
     // One classic object, made by the root at create; C3 never logged.
     assert_eq!(
         server.model().calls(cuda_endpoints::Call::MulticastCreate),
@@ -231,13 +246,21 @@ fn c5_c3_a_classic_team_of_four_processes_shares_a_posix_fd_within_a_node() {
 
 #[test]
 fn c5_c3_a_classic_team_across_two_nodes_shares_fabric_bytes() {
-    let (_results, server) = job("classic-fabric", 2, 2);
+    let (results, server) = job("classic-fabric", 2, 2);
+    for res in &results {
+        assert!(
+            res.contains(&"multimem=written by rank 0".to_owned()),
+            "{res:?}"
+        );
+    }
     assert_eq!(
         server.model().calls(cuda_endpoints::Call::MulticastCreate),
         1
     );
     assert_eq!(
-        server.model().calls(cuda_endpoints::Call::MulticastBindMem),
+        server
+            .model()
+            .calls(cuda_endpoints::Call::MulticastBindAddr),
         4
     );
 }

@@ -253,6 +253,21 @@ impl Classic {
             .remove(&ticket.0);
     }
 
+    /// The classic object of endpoint `id`, for `cuMemMap` (multimem
+    /// access): only once the team is complete, since a map before then
+    /// blocks as a bind does (C3). The object stays this backend's: the
+    /// caller maps it and unmaps it before the endpoint is destroyed.
+    pub(crate) fn mappable_object(&self, id: u32) -> DriverResult<u64> {
+        match self.lock().ids.get(&id) {
+            Some(Some(Emulated {
+                mc: Some(mc),
+                complete: true,
+                ..
+            })) => Ok(*mc),
+            _ => Err(Code::INVALID_VALUE),
+        }
+    }
+
     /// Marks the shared endpoint `id` complete: binds may go to the driver
     /// from now on, and a query reports it ready (C3).
     ///

@@ -25,6 +25,7 @@ use crate::driver::classic::ClassicExport;
 use crate::driver::{Call, Classic, Device, ShareableKind};
 use crate::endpoint::Endpoint;
 use crate::kind::{Exportable, SpreadTeam};
+use crate::multicast_mapping::MulticastMapping;
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{Pending, Ready};
@@ -138,6 +139,15 @@ impl SharedTeam {
     /// Devices in the team, over all ranks.
     pub fn team_size(&self) -> u32 {
         self.team_size
+    }
+
+    /// A multicast virtual address for this rank's team devices, on the
+    /// classic fallback (`multimem` access; see [`MulticastMapping`]).
+    ///
+    /// # Errors
+    /// As [`MulticastMapping::new`].
+    pub fn multicast_mapping(&self) -> crate::Result<MulticastMapping<'_>> {
+        MulticastMapping::new(&self.endpoint)
     }
 }
 
