@@ -21,7 +21,13 @@ use crate::kind::Kind;
 use crate::state::Ready;
 
 /// A classic multicast object mapped at a device address with `multimem`
-/// access for this process's team devices; see the [module docs](self).
+/// access for this process's team devices: a store through it reaches the
+/// memory bound on every device of the team.
+///
+/// It borrows the ready endpoint, so the endpoint (and the memory still
+/// bound to it) cannot go first: dropping the mapping unmaps and frees the
+/// range, then the endpoint unbinds and releases the object, then the
+/// memory is released (C5). It exists only once the team is complete (C3).
 ///
 /// ```
 /// # #[cfg(feature = "model")] {

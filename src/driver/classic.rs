@@ -730,7 +730,7 @@ impl Forward for Classic {
         Err(Code::NOT_SUPPORTED)
     }
 
-    /// Only what the bring-up staged ([`Classic::stage_import`]): the
+    /// Only what the team bring-up staged (by a ticket of its own): the
     /// classic object behind it becomes this process's own (C5); any other
     /// bytes are `NOT_SUPPORTED`.
     unsafe fn import(&self, id: u32, handle: FabricHandleBytes) -> DriverResult<()> {
