@@ -44,8 +44,9 @@ use crate::state::Ready;
 /// let mem = [0, 1].map(|d| Allocation::<PosixFd>::on_device(&ctx, d, 2 << 20).unwrap());
 /// let bound = [team.bind(0, 0, &mem[0])?, team.bind(1, 0, &mem[1])?];
 /// let mapping = MulticastMapping::new(&team)?;
-/// model.write(mapping.device_ptr(), b"to every device")?;   // multimem.st
-/// drop(mapping);                                             // unmap first
+/// // A kernel's multimem.st, as the model simulates it:
+/// model.write(mapping.device_ptr(), b"to every device").expect("store");
+/// drop(mapping); // unmaps first
 /// drop(bound);
 /// # }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
