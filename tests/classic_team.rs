@@ -173,3 +173,69 @@ fn c3_the_model_logs_a_bind_before_every_device_was_added() {
     assert_eq!(v.len(), 1, "{v:?}");
     assert_eq!(v[0].rule, "C3");
 }
+
+/// A bootstrap that damages the last byte of the root's first large
+/// broadcast (the handle envelope) as the other ranks receive it.
+struct Hostile<B>(B, std::cell::Cell<bool>);
+
+impl<B: Bootstrap> Bootstrap for Hostile<B> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn allgather(
+        &self,
+        mine: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, cuda_endpoints::BootstrapError> {
+        self.0.allgather(mine, timeout)
+    }
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, cuda_endpoints::BootstrapError> {
+        let mut got = self.0.broadcast(root, bytes, timeout)?;
+        if self.0.rank() != root && got.len() > 64 && !self.1.replace(true) {
+            let last = got.len() - 1;
+            got[last] ^= 0x5a;
+        }
+        Ok(got)
+    }
+    fn barrier(&self, timeout: Duration) -> Result<(), cuda_endpoints::BootstrapError> {
+        self.0.barrier(timeout)
+    }
+}
+
+#[test]
+fn r9_4_damaged_classic_fabric_bytes_fail_every_rank_and_leave_nothing() {
+    let model = Model::fabric(FabricConfig::nodes(2, 1));
+    let ranks = ranks(&model, 2, 1);
+    let boots = Threads::new(2);
+    let outcomes: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .iter()
+            .zip(boots)
+            .map(|((_, ctx, dev), boot)| {
+                s.spawn(move || {
+                    let boot = Hostile(boot, std::cell::Cell::new(false));
+                    let spec = TeamSpec::new([*dev], MIB2)
+                        .timeout(T)
+                        .classic_handles(ShareableKind::Fabric);
+                    team::multicast(ctx, &boot, &spec).map(drop)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for o in outcomes {
+        let e = o.expect_err("damaged bytes never import");
+        assert_eq!((e.rank, e.step), (1, Step::Import), "{e}");
+    }
+    // Refused by the driver as bytes it did not make: not a rule broken.
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+}
