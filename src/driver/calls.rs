@@ -335,6 +335,15 @@ macro_rules! gen_call {
                 None
             }
 
+            /// The classic fallback this driver is (or wraps), so that the
+            /// team bring-up can share its multicast objects across
+            /// processes (C5) and say when a team spread over processes is
+            /// complete (C3). `None` for every other backend.
+            #[doc(hidden)]
+            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
+                None
+            }
+
             $(
                 $(#[$meta])*
                 ///
@@ -394,6 +403,12 @@ macro_rules! gen_call {
                 self.inner().explain_unsupported(call)
             }
 
+            /// As [`Driver::as_classic`]; the inner driver's by default.
+            #[doc(hidden)]
+            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
+                self.inner().as_classic()
+            }
+
             $(
                 #[doc = concat!("As [`Driver::", stringify!($method), "`]; forwarded by default.")]
                 ///
@@ -415,6 +430,9 @@ macro_rules! gen_call {
             }
             fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
                 Forward::explain_unsupported(self, call)
+            }
+            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
+                Forward::as_classic(self)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
@@ -442,6 +460,9 @@ macro_rules! gen_arc {
             }
             fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
                 (**self).explain_unsupported(call)
+            }
+            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
+                (**self).as_classic()
             }
             $(
                 #[allow(clippy::too_many_arguments)]

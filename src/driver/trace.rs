@@ -305,6 +305,9 @@ macro_rules! traced_impl {
             fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
                 self.inner.explain_unsupported(call)
             }
+            fn as_classic(&self) -> Option<&super::Classic> {
+                self.inner.as_classic()
+            }
             $(
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {

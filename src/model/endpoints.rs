@@ -376,6 +376,7 @@ impl World {
                 offset,
                 size,
                 alloc,
+                mem_offset,
             });
         }
         Ok(())
