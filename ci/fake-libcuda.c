@@ -1,10 +1,14 @@
 /* A stand-in libcuda for ci/abi-check.sh: compiled against the real cuda.h,
  * it answers one unicast lifecycle (reserve, limits, create, query, export,
- * allocate, bind, unbind, destroy, release) and checks the arguments it
+ * allocate, bind, unbind, destroy, release), and exports and imports the
+ * allocation (a POSIX descriptor by value, fabric bytes by pointer, then
+ * the importer's probe map), and checks the arguments it
  * gets, so the real backend's loading, symbol resolution and marshalling
  * run end to end without a GPU. Not a model of the driver: that is
  * src/model. */
 #include <cuda.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <string.h>
 static CUcontext cur = 0; static int dummy;
 CUresult cuInit(unsigned int f){return f?CUDA_ERROR_INVALID_VALUE:CUDA_SUCCESS;}
@@ -28,4 +32,10 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle*h,size_t s,const CUmemAllocati
 CUresult cuMemRelease(CUmemGenericAllocationHandle h){return h==0x1234?0:CUDA_ERROR_INVALID_VALUE;}
 CUresult cuLogicalEndpointBindMem(CUlogicalEndpointId id, CUdevice dev, cuuint64_t off, CUmemGenericAllocationHandle m, cuuint64_t mo, cuuint64_t sz, unsigned long long fl){return (m==0x1234&&sz==(2<<20))?0:CUDA_ERROR_INVALID_VALUE;}
 CUresult cuLogicalEndpointUnbind(CUlogicalEndpointId id, CUdevice dev, cuuint64_t off, cuuint64_t sz){return 0;}
-CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp*p, CUmemGenericAllocationHandle h){p->type=1;p->requestedHandleTypes=1;p->location.type=1;p->location.id=0;return 0;}
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp*p, CUmemGenericAllocationHandle h){p->type=1;p->requestedHandleTypes=CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR|CU_MEM_HANDLE_TYPE_FABRIC;p->location.type=1;p->location.id=0;return 0;}
+CUresult cuMemExportToShareableHandle(void*sh, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t, unsigned long long f){if(h!=0x1234||f)return CUDA_ERROR_INVALID_VALUE;if(t==CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR){int fd=open("/dev/null",O_RDONLY|O_CLOEXEC);if(fd<0)return CUDA_ERROR_OPERATING_SYSTEM;*(int*)sh=fd;return 0;}if(t==CU_MEM_HANDLE_TYPE_FABRIC){memset(sh,0xcd,64);return 0;}return CUDA_ERROR_INVALID_VALUE;}
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle*h, void*os, CUmemAllocationHandleType t){if(t==CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR){if(fcntl((int)(uintptr_t)os,F_GETFD)<0)return CUDA_ERROR_INVALID_VALUE;*h=0x1234;return 0;}if(t==CU_MEM_HANDLE_TYPE_FABRIC){const unsigned char*b=os;if(b[0]!=0xcd||b[63]!=0xcd)return CUDA_ERROR_INVALID_VALUE;*h=0x1234;return 0;}return CUDA_ERROR_INVALID_VALUE;}
+CUresult cuMemAddressReserve(CUdeviceptr*p, size_t s, size_t a, CUdeviceptr addr, unsigned long long f){*p=(CUdeviceptr)1<<40;return 0;}
+CUresult cuMemAddressFree(CUdeviceptr p, size_t s){return p==((CUdeviceptr)1<<40)?0:CUDA_ERROR_INVALID_VALUE;}
+CUresult cuMemMap(CUdeviceptr p, size_t s, size_t o, CUmemGenericAllocationHandle h, unsigned long long f){return (h==0x1234&&s<=(2<<20)&&!o&&!f)?0:CUDA_ERROR_INVALID_VALUE;}
+CUresult cuMemUnmap(CUdeviceptr p, size_t s){return 0;}

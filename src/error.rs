@@ -284,6 +284,9 @@ pub enum Feature {
     CountedOps,
     /// Multicast logical endpoints on a device (attribute 154, R4).
     MulticastEndpoints,
+    /// A multicast virtual address (`multimem` access to a classic
+    /// multicast object) on a backend that has none.
+    MulticastAddress,
 }
 
 impl Feature {
@@ -292,7 +295,7 @@ impl Feature {
         match self {
             Feature::LogicalEndpoints | Feature::BaseDriver => Rule::R11,
             Feature::UnicastOnClassic | Feature::CountedOpsOnClassic => Rule::C1,
-            Feature::FabricOnClassic => Rule::C5,
+            Feature::FabricOnClassic | Feature::MulticastAddress => Rule::C5,
             Feature::ClassicMulticastDevice | Feature::MulticastTeam => Rule::C6,
             Feature::CountedOps => Rule::R2_4,
             Feature::MulticastEndpoints => Rule::R4,
@@ -309,7 +312,7 @@ impl Feature {
                 "create unicast endpoints on logical endpoints (a CUDA 13.3+ driver)"
             }
             Feature::FabricOnClassic => {
-                "share endpoints through logical endpoints (a CUDA 13.3+ driver), or drop `.exportable()`"
+                "share a classic team with `team::multicast` (a POSIX descriptor within a node, fabric bytes across nodes), or use logical endpoints (a CUDA 13.3+ driver)"
             }
             Feature::CountedOpsOnClassic => {
                 "drop `.counted_ops()`, or use logical endpoints (a CUDA 13.3+ driver)"
@@ -325,6 +328,9 @@ impl Feature {
             Feature::MulticastEndpoints => {
                 "build the team from devices that report attribute 154 = 1"
             }
+            Feature::MulticastAddress => {
+                "kernels reach a logical endpoint by its id (`kernel_ref`); a multicast address exists for classic multicast objects only (the classic fallback)"
+            }
         }
     }
 }
@@ -335,6 +341,7 @@ impl fmt::Display for Feature {
             Feature::LogicalEndpoints => "logical endpoints (cuLogicalEndpoint*, driver 13.3+)",
             Feature::UnicastOnClassic => "unicast endpoints on the classic multicast backend",
             Feature::FabricOnClassic => "fabric export and import on the classic multicast backend",
+            Feature::MulticastAddress => "a multicast virtual address (multimem mapping)",
             Feature::CountedOpsOnClassic => {
                 "counted operations (COUNTED_OPS) on the classic multicast backend"
             }
@@ -717,6 +724,7 @@ fn rule_suffix(rule: Option<Rule>) -> String {
 // TODO(boundary): delegate to `Code::is_retryable` /
 // `Code::is_resource_exhausted` once `Code` has them.
 mod raw {
+    pub const INVALID_VALUE: u32 = 1;
     pub const OUT_OF_MEMORY: u32 = 2;
     pub const DEINITIALIZED: u32 = 4;
     pub const MULTICAST_RESOURCE_FULL: u32 = 47;
@@ -765,6 +773,9 @@ fn hint_suffix(call: Call, code: Code) -> &'static str {
             ": this process may not do this (denied by policy or by the driver, R11)"
         }
         raw::DEINITIALIZED => ": the driver is shutting down (R11)",
+        raw::INVALID_VALUE if call == Call::MemImportFromShareableHandle => {
+            ": not a live shareable handle here; a POSIX descriptor reaches only the processes of its node (R12.4): use fabric handles across nodes"
+        }
         _ => "",
     }
 }

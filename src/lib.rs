@@ -30,6 +30,7 @@ mod memory;
 #[cfg(feature = "model")]
 #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
 pub mod model;
+mod multicast_mapping;
 mod owned;
 mod probe;
 mod range;
@@ -56,6 +57,7 @@ pub use kind::{
     Unicast,
 };
 pub use memory::{Allocation, Fabric, Mapped, PosixFd, Private};
+pub use multicast_mapping::MulticastMapping;
 pub use owned::BoundEndpoint;
 pub use probe::{Bytes, Capabilities, MemInfo, Probed, VmmGranularity, YesNo};
 pub use range::IdRange;

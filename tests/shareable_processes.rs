@@ -2,8 +2,11 @@
 //! R12.4): rank 0 exports a `PosixFd` allocation as a descriptor, passed to
 //! every rank with `FdExchange` (`SCM_RIGHTS`), and a `Fabric` allocation
 //! as 64 bytes; ranks of its node import the descriptor, ranks of the
-//! other node are refused it and import the fabric bytes. Every process
-//! ends with zero leak counters, and so does the fabric.
+//! other node are refused it and import the fabric bytes. And the same for
+//! a classic multicast team brought up with `team::multicast` on the
+//! classic fallback: a POSIX descriptor within a node, fabric bytes across
+//! nodes, no bind before every rank added its device (C3: no violation).
+//! Every process ends with zero leak counters, and so does the fabric.
 #![cfg(feature = "fabric")]
 
 #[path = "bootstrap_support/mod.rs"]
@@ -13,14 +16,20 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Duration;
 
-use cuda_endpoints::fabric::{self, FabricServer};
+use std::sync::Arc;
+
+use cuda_endpoints::driver::{Classic, ShareableKind};
+use cuda_endpoints::fabric::{self, FabricServer, Process};
 use cuda_endpoints::model::FabricConfig;
+use cuda_endpoints::team::{self, TeamSpec};
 use cuda_endpoints::{
-    Allocation, Bootstrap, BootstrapError, Device, Fabric, FdExchange, PosixFd, Tcp, UniqueId,
+    Allocation, Bootstrap, BootstrapError, Context, Device, Driver, Fabric, FdExchange, PosixFd,
+    Tcp, UniqueId,
 };
 use support::{Children, report};
 
 const ROLE: &str = "CESH_ROLE";
+const SCENARIO: &str = "CESH_SCENARIO";
 const SIZE: &str = "CESH_SIZE";
 const DIR: &str = "CESH_DIR";
 const RANK: &str = "CUDA_ENDPOINTS_RANK";
@@ -39,6 +48,21 @@ fn child_rank() {
     let (ctx, me) = fabric::connect_env().expect("fabric").expect("fabric env");
     let boot = tcp(rank, size, Path::new(&dir)).expect("bootstrap");
     let dev = me.device().unwrap_or(Device(0));
+    let scenario = std::env::var(SCENARIO).unwrap_or_default();
+    if let Some(kind) = match scenario.as_str() {
+        "classic-fd" => Some(ShareableKind::PosixFd),
+        "classic-fabric" => Some(ShareableKind::Fabric),
+        _ => None,
+    } {
+        match classic_team(&me, &boot, dev, kind) {
+            Ok(()) => report("ok"),
+            Err(e) => report(&format!("err {e}")),
+        }
+        drop(boot);
+        let live = me.live().expect("live");
+        report(&format!("leaks={}", u8::from(!live.is_empty())));
+        return;
+    }
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let (fd_mem, fabric_mem) = if rank == 0 {
             let a = Allocation::<PosixFd>::on_device(&ctx, dev, MIB2)?.map(&[dev])?;
@@ -82,6 +106,41 @@ fn child_rank() {
     report(&format!("leaks={}", u8::from(!live.is_empty())));
 }
 
+/// A classic multicast team over this process's fabric driver: bring-up,
+/// bind, a barrier, unbind, teardown.
+fn classic_team(
+    me: &Process,
+    boot: &dyn Bootstrap,
+    dev: Device,
+    kind: ShareableKind,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let remote: Arc<dyn Driver> = me.remote();
+    let ctx = Context::new(Classic::new(remote));
+    let spec = TeamSpec::new([dev], MIB2).timeout(T).classic_handles(kind);
+    let team = team::multicast(&ctx, boot, &spec)?;
+    let mem = Allocation::<PosixFd>::on_device(&ctx, dev, MIB2)?.map(&[dev])?;
+    let binding = team.endpoint().bind(dev, 0, &mem)?;
+    // The multicast address: rank 0's store reaches every rank's memory.
+    let mapping = team.multicast_mapping()?;
+    boot.barrier(T)?;
+    if boot.rank() == 0 {
+        me.write(mapping.device_ptr(), TEXT)?;
+    }
+    boot.barrier(T)?;
+    let got = me.read(mem.device_ptr(), TEXT.len())?;
+    report(&format!("multimem={}", String::from_utf8_lossy(&got)));
+    drop(mapping);
+    binding.unbind()?;
+    boot.barrier(T)?;
+    drop(team);
+    drop(mem);
+    let kept = ctx.take_teardown_errors();
+    if !kept.is_empty() {
+        return Err(format!("teardown errors: {kept:?}").into());
+    }
+    Ok(())
+}
+
 fn tcp(rank: usize, size: usize, dir: &Path) -> Result<Tcp, BootstrapError> {
     let id_file = dir.join("bootstrap-id");
     if rank == 0 {
@@ -94,10 +153,10 @@ fn tcp(rank: usize, size: usize, dir: &Path) -> Result<Tcp, BootstrapError> {
     }
 }
 
-#[test]
-fn c5_r12_4_posix_fds_reach_their_node_and_fabric_bytes_every_node() {
+/// Runs `nodes` x `gpus` ranks of `scenario` on a fresh fabric; returns
+/// each rank's result lines, after every child ended and left the fabric.
+fn job(scenario: &str, nodes: usize, gpus: usize) -> (Vec<Vec<String>>, FabricServer) {
     let _serial = support::serial();
-    let (nodes, gpus) = (2, 2);
     let n = nodes * gpus;
     let server = FabricServer::start(FabricConfig::nodes(nodes, gpus)).expect("fabric");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -108,6 +167,7 @@ fn c5_r12_4_posix_fds_reach_their_node_and_fabric_bytes_every_node() {
             "child_rank",
             &[
                 (ROLE, "rank".into()),
+                (SCENARIO, scenario.into()),
                 (RANK, r.to_string()),
                 (SIZE, n.to_string()),
                 (DIR, dir.path().display().to_string()),
@@ -123,14 +183,31 @@ fn c5_r12_4_posix_fds_reach_their_node_and_fabric_bytes_every_node() {
         server.wait_idle(Duration::from_secs(10)),
         "fabric processes still connected"
     );
-    for (r, d) in done.iter().enumerate() {
-        let res = d.results();
-        assert!(
-            res.contains(&"ok".to_owned()),
-            "rank {r}: {res:?}\n{}",
-            d.stderr
-        );
-        assert!(res.contains(&"leaks=0".to_owned()), "rank {r}: {res:?}");
+    assert_eq!(server.joined(), n as u64, "every rank joined the fabric");
+    let results = done
+        .iter()
+        .map(|d| {
+            let res = d.results();
+            assert!(
+                res.contains(&"ok".to_owned()),
+                "{}: {res:?}\n{}",
+                d.name,
+                d.stderr
+            );
+            assert!(res.contains(&"leaks=0".to_owned()), "{}: {res:?}", d.name);
+            res
+        })
+        .collect();
+    assert!(server.live().is_empty(), "fabric left: {:?}", server.live());
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
+    (results, server)
+}
+
+#[test]
+fn c5_r12_4_posix_fds_reach_their_node_and_fabric_bytes_every_node() {
+    let gpus = 2;
+    let (results, _server) = job("memory", 2, gpus);
+    for (r, res) in results.iter().enumerate() {
         assert!(
             res.contains(&"fabric=written by rank 0".to_owned()),
             "rank {r}: {res:?}"
@@ -143,7 +220,47 @@ fn c5_r12_4_posix_fds_reach_their_node_and_fabric_bytes_every_node() {
         };
         assert!(res.contains(&posix.to_owned()), "rank {r}: {res:?}");
     }
-    assert_eq!(server.joined(), n as u64, "every rank joined the fabric");
-    assert!(server.live().is_empty(), "fabric left: {:?}", server.live());
-    assert!(server.violations().is_empty(), "{:?}", server.violations());
+}
+
+#[test]
+fn c5_c3_a_classic_team_of_four_processes_shares_a_posix_fd_within_a_node() {
+    let (results, server) = job("classic-fd", 1, 4);
+    for res in &results {
+        assert!(
+            res.contains(&"multimem=written by rank 0".to_owned()),
+            "{res:?}"
+        );
+    }
+    // One classic object, made by the root at create; C3 never logged.
+    assert_eq!(
+        server.model().calls(cuda_endpoints::Call::MulticastCreate),
+        1
+    );
+    assert_eq!(
+        server
+            .model()
+            .calls(cuda_endpoints::Call::MulticastAddDevice),
+        4
+    );
+}
+
+#[test]
+fn c5_c3_a_classic_team_across_two_nodes_shares_fabric_bytes() {
+    let (results, server) = job("classic-fabric", 2, 2);
+    for res in &results {
+        assert!(
+            res.contains(&"multimem=written by rank 0".to_owned()),
+            "{res:?}"
+        );
+    }
+    assert_eq!(
+        server.model().calls(cuda_endpoints::Call::MulticastCreate),
+        1
+    );
+    assert_eq!(
+        server
+            .model()
+            .calls(cuda_endpoints::Call::MulticastBindAddr),
+        4
+    );
 }

@@ -354,6 +354,15 @@ macro_rules! gen_call {
                 None
             }
 
+            /// The classic fallback this driver is (or wraps), so that the
+            /// team bring-up can share its multicast objects across
+            /// processes (C5) and say when a team spread over processes is
+            /// complete (C3). `None` for every other backend.
+            #[doc(hidden)]
+            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
+                None
+            }
+
             $(
                 $(#[$meta])*
                 ///
@@ -423,6 +432,12 @@ macro_rules! gen_call {
                 self.inner().inner_failure(call)
             }
 
+            /// As [`Driver::as_classic`]; the inner driver's by default.
+            #[doc(hidden)]
+            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
+                self.inner().as_classic()
+            }
+
             $(
                 #[doc = concat!("As [`Driver::", stringify!($method), "`]; forwarded by default.")]
                 ///
@@ -450,6 +465,9 @@ macro_rules! gen_call {
             }
             fn inner_failure(&self, call: Call) -> Option<Call> {
                 Forward::inner_failure(self, call)
+            }
+            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
+                Forward::as_classic(self)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
@@ -483,6 +501,9 @@ macro_rules! gen_arc {
             }
             fn inner_failure(&self, call: Call) -> Option<Call> {
                 (**self).inner_failure(call)
+            }
+            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
+                (**self).as_classic()
             }
             $(
                 #[allow(clippy::too_many_arguments)]

@@ -9,18 +9,21 @@
 //! | --- | --- |
 //! | `IdReserve` / `IdRelease` (R1) | this backend's own id table (C1: classic objects have no ids) |
 //! | `GetLimits` (R10) | `bindAlignment` = `cuMulticastGetGranularity` (C2); `maxSize` unbounded |
-//! | `Create` (R2) | records the properties; multicast only — there is no classic unicast |
-//! | `AddDevice` (R4) | checks attribute 132 for the device (C6), records it; the **last** one runs `cuMulticastCreate` then `cuMulticastAddDevice` for every device |
-//! | `Query` (R3) | ready once the object exists, i.e. the team is complete |
+//! | `Create` (R2) | records the properties; multicast only — there is no classic unicast. An exportable team (shared across processes) creates its object here: it must exist before it can be exported (C5) |
+//! | `AddDevice` (R4) | checks attribute 132 for the device (C6), records it; the **last** one runs `cuMulticastCreate` then `cuMulticastAddDevice` for every device. On a shared object, `cuMulticastAddDevice` at once |
+//! | `Query` (R3) | ready once the team is complete: every device added here, or (shared across processes) the bring-up's agreement said so |
 //! | `BindMem` / `BindAddr` (R5) | `cuMulticastBindMem` / `cuMulticastBindAddr`, only on a complete team (C3) |
 //! | `Unbind` (R6) | `cuMulticastUnbind` of exactly the recorded binds (C4) |
 //! | `Destroy` (R7) | unbinds what is still bound, then `cuMemRelease` of the object (C5) |
-//! | `Export` / `Import` (R8, R9) | `CUDA_ERROR_NOT_SUPPORTED` (not emulated yet) |
+//! | `Export` / `Import` (R8, R9) | not as fabric-handle bytes: the team bring-up ([`crate::team::multicast`]) shares the object with `cuMemExportToShareableHandle` (a POSIX descriptor within a node, fabric bytes across nodes) and imports what it staged here (`cuMemImportFromShareableHandle`); other bytes are `NOT_SUPPORTED` |
 //!
 //! Two hazards of the classic API are made impossible here rather than
-//! documented: `cuMulticastCreate` is issued only when every team device has
-//! been enrolled and said yes to attribute 132, so a bind (which blocks until
-//! the team is complete, C3) can never be issued early; and an unbind only
+//! documented: in one process, `cuMulticastCreate` is issued only when every
+//! team device has been enrolled and said yes to attribute 132, so a bind
+//! (which blocks until the team is complete, C3) can never be issued early
+//! (across processes the object exists first, and no bind passes before the
+//! bring-up's agreement step said every rank added its devices); and an
+//! unbind only
 //! ever passes the device, offset and size of recorded binds, so the undefined
 //! behaviour of a mismatched `cuMulticastUnbind` (C4) is unreachable.
 //!
@@ -30,19 +33,20 @@
 //! 132, unicast, counted operations and owner access are 0.
 //!
 //! Codes where the classic API has no counterpart are this backend's choice:
-//! `NOT_SUPPORTED` for what it cannot emulate (unicast, fabric export,
-//! counted operations, a device without attribute 132), `INVALID_VALUE` for
+//! `NOT_SUPPORTED` for what it cannot emulate (unicast, fabric-handle
+//! export, counted operations, a device without attribute 132), `INVALID_VALUE` for
 //! calls that break R1–R7, `INVALID_DEVICE` for a bind on a device outside
 //! the team.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
     Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Forward,
-    Granularity, Limits, Location, Shape, attr,
+    Granularity, Limits, Location, Shape, ShareableHandle, ShareableKind, attr, handle_bits,
 };
 
 thread_local! {
@@ -78,15 +82,43 @@ struct Emulated {
     size: u64,
     /// Devices enrolled so far, in order (R4).
     devices: Vec<Device>,
-    /// The classic object, once the team is complete (C1).
+    /// The classic object: once the team is complete (C1), or from create
+    /// on (exportable) or import on (shared across processes).
     mc: Option<u64>,
+    /// Shared across processes (exportable or imported): the object exists
+    /// before the team is complete, and only the bring-up knows when it is.
+    shared: bool,
+    /// The shareable handle types the object was created with (C5); 0 for
+    /// an imported one (it is not exported again).
+    handle_types: u64,
+    /// Every team device was added (C3): binds may go to the driver.
+    complete: bool,
     /// A half-built object whose release failed: released at destroy.
     stale: Option<u64>,
     /// Live binds, exactly as issued (C4), and those being issued now.
     bindings: Vec<Bind>,
-    /// The last enrollment or the destroy is talking to the inner driver:
-    /// a concurrent enrollment or destroy of the same endpoint is refused.
+    /// The last enrollment, an enrollment on a shared object, or the
+    /// destroy is talking to the inner driver: a concurrent enrollment,
+    /// bind or destroy of the same endpoint is refused.
     busy: bool,
+}
+
+/// A classic multicast object exported for another process (C5).
+#[derive(Debug)]
+pub(crate) enum ClassicExport {
+    /// A POSIX descriptor, for processes of this node (R12.4).
+    Fd(OwnedFd),
+    /// Fabric bytes, for processes of any node with an IMEX channel.
+    Fabric([u8; 64]),
+}
+
+/// A shareable handle received from the exporter, staged for
+/// `cuLogicalEndpointImport` with the team's agreed properties.
+#[derive(Debug)]
+struct Staged {
+    what: ClassicExport,
+    num_devices: u32,
+    size: u64,
 }
 
 /// One `cuMulticastBind*` as issued.
@@ -130,6 +162,9 @@ pub struct Classic {
     inner: Arc<dyn Driver>,
     granularity: Granularity,
     table: Mutex<Table>,
+    /// Imports staged by the bring-up, by a random ticket that this process
+    /// made: handle bytes from a peer can never name one.
+    staged: Mutex<HashMap<[u8; 64], Staged>>,
 }
 
 impl fmt::Debug for Classic {
@@ -154,6 +189,7 @@ impl Classic {
                 next_id: 1,
                 ids: BTreeMap::new(),
             }),
+            staged: Mutex::new(HashMap::new()),
         }
     }
 
@@ -177,11 +213,104 @@ impl Classic {
             .count()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Table> {
-        // The lock is never held across an inner call (whose tracing layer
-        // or backend may call back into this one): each method records its
-        // intent, lets go, calls, and commits or rolls back in one step.
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Exports the classic object of the shared (exportable) endpoint `id`
+    /// as `kind` (`cuMemExportToShareableHandle`, C5), for the team
+    /// bring-up. `NOT_SUPPORTED` before the driver when the object was not
+    /// made with that handle type (fabric refused at create).
+    pub(crate) fn export_object(
+        &self,
+        id: u32,
+        kind: ShareableKind,
+    ) -> DriverResult<ClassicExport> {
+        let t = self.lock();
+        let Some(Some(ep)) = t.ids.get(&id) else {
+            return Err(Code::INVALID_VALUE);
+        };
+        let (Some(mc), true) = (ep.mc, ep.shared) else {
+            return Err(Code::INVALID_VALUE);
+        };
+        if ep.handle_types & u64::from(kind.bit()) == 0 {
+            return Err(Code::NOT_SUPPORTED);
+        }
+        // SAFETY: an export makes a new descriptor or bytes and changes
+        // nothing about `mc`, this backend's own object.
+        match unsafe { self.inner.mem_export(mc, kind) }? {
+            ShareableHandle::PosixFd(fd) if fd >= 0 && kind == ShareableKind::PosixFd => {
+                // SAFETY: the driver hands an exported descriptor to the
+                // caller (C5), which owns it from now on.
+                Ok(ClassicExport::Fd(unsafe { OwnedFd::from_raw_fd(fd) }))
+            }
+            ShareableHandle::Fabric(b) if kind == ShareableKind::Fabric => {
+                Ok(ClassicExport::Fabric(b.0))
+            }
+            _ => Err(Code::UNKNOWN),
+        }
+    }
+
+    /// Stages `what` (received from the exporter) for import as a team of
+    /// `num_devices` devices and `size` bytes per device, the values the
+    /// ranks agreed on: the returned ticket goes to
+    /// `cuLogicalEndpointImport` as the handle bytes. Nothing the exporter
+    /// sent decides what is imported but the object itself.
+    pub(crate) fn stage_import(
+        &self,
+        what: ClassicExport,
+        num_devices: u32,
+        size: u64,
+    ) -> DriverResult<FabricHandleBytes> {
+        let mut ticket = [0u8; 64];
+        getrandom::fill(&mut ticket).map_err(|_| Code::OPERATING_SYSTEM)?;
+        let staged = Staged {
+            what,
+            num_devices,
+            size,
+        };
+        self.staged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(ticket, staged);
+        Ok(FabricHandleBytes(ticket))
+    }
+
+    /// Drops a staged import that was not used (its descriptor closes).
+    pub(crate) fn unstage(&self, ticket: &FabricHandleBytes) {
+        self.staged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&ticket.0);
+    }
+
+    /// The classic object of endpoint `id`, for `cuMemMap` (multimem
+    /// access): only once the team is complete, since a map before then
+    /// blocks as a bind does (C3). The object stays this backend's: the
+    /// caller maps it and unmaps it before the endpoint is destroyed.
+    pub(crate) fn mappable_object(&self, id: u32) -> DriverResult<u64> {
+        match self.lock().ids.get(&id) {
+            Some(Some(Emulated {
+                mc: Some(mc),
+                complete: true,
+                ..
+            })) => Ok(*mc),
+            _ => Err(Code::INVALID_VALUE),
+        }
+    }
+
+    /// Marks the shared endpoint `id` complete: binds may go to the driver
+    /// from now on, and a query reports it ready (C3).
+    ///
+    /// # Safety
+    /// Every device of the team was added to the object, by this process
+    /// or another (the bring-up's agreement step says so); otherwise a bind
+    /// blocks in the driver until they are (C3).
+    pub(crate) unsafe fn team_complete(&self, id: u32) -> DriverResult<()> {
+        let mut t = self.lock();
+        match t.ids.get_mut(&id) {
+            Some(Some(ep)) if ep.mc.is_some() && ep.shared => {
+                ep.complete = true;
+                Ok(())
+            }
+            _ => Err(Code::INVALID_VALUE),
+        }
     }
 
     /// The emulated endpoint on `id`, under the lock.
@@ -194,6 +323,16 @@ impl Classic {
             Some(Some(ep)) => f(ep),
             _ => Err(Code::INVALID_VALUE),
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // The lock is never held across an inner call of the logical-endpoint
+        // emulation (a tracing layer or backend may call back into this
+        // one): each records its intent, lets go, calls, and commits or
+        // rolls back in one step. (Export and import for the team bring-up
+        // still hold it.) The table is only changed in one step; a
+        // panic elsewhere cannot leave it half-written.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// C6: whether `dev` reports `MULTICAST_SUPPORTED` = 1. A device the
@@ -213,21 +352,43 @@ impl Classic {
             .count() as u32)
     }
 
-    /// The multicast team size of `prop`, or why it cannot be emulated.
+    /// The multicast team size of `prop`, or why it cannot be emulated. An
+    /// exportable (`ipc_fabric`) team is shared with the classic shareable
+    /// handles, through the team bring-up.
     fn team_size(props: &EndpointProps) -> DriverResult<u32> {
         let n = match props.shape {
             // There is no classic unicast endpoint (C6).
             Shape::Unicast { .. } => return Err(Code::NOT_SUPPORTED),
             Shape::Multicast { num_devices } => num_devices,
         };
-        if props.ipc_fabric || props.counted_ops {
-            // Fabric export and counted operations have no classic form here.
+        if props.counted_ops {
+            // Counted operations have no classic form.
             return Err(Code::NOT_SUPPORTED);
         }
         if n == 0 {
             return Err(Code::INVALID_VALUE);
         }
         Ok(n)
+    }
+
+    /// `cuMulticastCreate` of an object shareable as a POSIX descriptor and,
+    /// where the driver allows it, as fabric bytes (refused without the
+    /// fabric daemon: then POSIX descriptors only).
+    fn create_shareable(&self, num_devices: u32, size: u64) -> DriverResult<(u64, u64)> {
+        let both = u64::from(handle_bits::POSIX_FD | handle_bits::FABRIC);
+        // SAFETY: attribute 132 was checked for enough devices of this node
+        // (`get_limits`, which the typed API calls before `create`), and is
+        // checked for every device as it is added (C6).
+        match unsafe { self.inner.multicast_create(num_devices, size, both) } {
+            Ok(mc) => Ok((mc, both)),
+            Err(Code::NOT_PERMITTED | Code::NOT_SUPPORTED) => {
+                let fd = u64::from(handle_bits::POSIX_FD);
+                // SAFETY: as above.
+                let mc = unsafe { self.inner.multicast_create(num_devices, size, fd) }?;
+                Ok((mc, fd))
+            }
+            Err(code) => Err(code),
+        }
     }
 
     /// Checks a bind and records it before it is issued (so that concurrent
@@ -320,6 +481,10 @@ impl Forward for Classic {
         &*self.inner
     }
 
+    fn as_classic(&self) -> Option<&Classic> {
+        Some(self)
+    }
+
     fn name(&self) -> String {
         format!("classic({})", self.inner.name())
     }
@@ -381,8 +546,11 @@ impl Forward for Classic {
     unsafe fn get_limits(&self, props: EndpointProps) -> DriverResult<Limits> {
         begin(Call::GetLimits);
         let n = Self::team_size(&props)?;
-        // C6 before any cuMulticast* call: at least `n` devices must have it.
-        if self.capable_devices()? < n {
+        // C6 before any cuMulticast* call: at least `n` devices must have it
+        // (a team shared across processes and nodes: at least one here; each
+        // device is checked again as it is added).
+        let local = if props.ipc_fabric { 1 } else { n };
+        if self.capable_devices()? < local {
             tracing::debug!(
                 team = n,
                 "classic multicast: fewer devices than the team report MULTICAST_SUPPORTED"
@@ -404,14 +572,38 @@ impl Forward for Classic {
     }
 
     unsafe fn create(&self, id: u32, props: EndpointProps) -> DriverResult<()> {
-        let mut t = self.lock();
-        match t.ids.get(&id) {
-            Some(None) => {}
-            _ => return Err(Code::INVALID_VALUE), // R2.1
+        begin(Call::Create);
+        let free = |t: &Table| matches!(t.ids.get(&id), Some(None));
+        if !free(&self.lock()) {
+            return Err(Code::INVALID_VALUE); // R2.1
         }
         let num_devices = Self::team_size(&props)?;
         if props.size == 0 {
             return Err(Code::INVALID_VALUE); // R2.3
+        }
+        // Shared across processes: the object must exist before it can be
+        // exported (C5), so it is made now, before its devices are known;
+        // each is checked for attribute 132 as it is added (C6), and no bind
+        // passes before the team is complete (C3). No lock is held across
+        // the inner calls.
+        let (mc, handle_types) = if props.ipc_fabric {
+            let (mc, types) = noted(
+                Call::MulticastCreate,
+                self.create_shareable(num_devices, props.size),
+            )?;
+            (Some(mc), types)
+        } else {
+            (None, 0)
+        };
+        let mut t = self.lock();
+        if !free(&t) {
+            // Taken meanwhile by a racing raw caller: give the object back.
+            drop(t);
+            if let Some(mc) = mc {
+                // SAFETY: `mc` was made just above and is no one else's.
+                let _ = unsafe { self.inner.mem_release(mc) };
+            }
+            return Err(Code::INVALID_VALUE);
         }
         t.ids.insert(
             id,
@@ -419,7 +611,10 @@ impl Forward for Classic {
                 num_devices,
                 size: props.size,
                 devices: Vec::new(),
-                mc: None,
+                mc,
+                shared: props.ipc_fabric,
+                handle_types,
+                complete: false,
                 stale: None,
                 bindings: Vec::new(),
                 busy: false,
@@ -445,46 +640,75 @@ impl Forward for Classic {
             );
             return Err(Code::NOT_SUPPORTED);
         }
-        let last = self.with_ep(id, |ep| {
+        /// What the enrollment does once the lock is let go.
+        enum Step {
+            Recorded,
+            Shared(u64),
+            Last(u32, u64, Vec<Device>),
+        }
+        let step = self.with_ep(id, |ep| {
             check(ep)?;
+            if let (true, Some(mc)) = (ep.shared, ep.mc) {
+                ep.busy = true;
+                return Ok(Step::Shared(mc));
+            }
             if (ep.devices.len() as u32) + 1 < ep.num_devices {
                 ep.devices.push(dev);
-                return Ok(None);
+                return Ok(Step::Recorded);
             }
             ep.busy = true;
             let mut team = ep.devices.clone();
             team.push(dev);
-            Ok(Some((ep.num_devices, ep.size, team)))
+            Ok(Step::Last(ep.num_devices, ep.size, team))
         })?;
-        let Some((num_devices, size, team)) = last else {
-            return Ok(());
-        };
-        // The last device: only now does the object exist, so no bind can
-        // ever be issued on an incomplete team (C3).
-        let built = (|| {
-            // SAFETY: every team device said yes to attribute 132 (C6).
-            let r = unsafe { self.inner.multicast_create(num_devices, size, 0) };
-            let mc = noted(Call::MulticastCreate, r).map_err(|code| (code, None))?;
-            for &d in &team {
-                // SAFETY: `mc` is this backend's new object; nothing is bound yet (C3).
-                let r = unsafe { self.inner.multicast_add_device(mc, d) };
-                if let Err(code) = noted(Call::MulticastAddDevice, r) {
-                    // SAFETY: `mc` is this backend's own and nothing is bound to it.
-                    if let Err(c2) = unsafe { self.inner.mem_release(mc) } {
-                        // Kept, and released again at destroy, whose
-                        // failure reaches the caller (and its teardown list).
-                        tracing::error!(code = %c2, "cuMemRelease of a half-built multicast object failed; retried at destroy");
-                        return Err((code, Some(mc)));
-                    }
-                    return Err((code, None));
-                }
+        let (built, shared) = match step {
+            Step::Recorded => return Ok(()),
+            Step::Shared(mc) => {
+                // The object exists (shared across processes): add at once.
+                // SAFETY: `mc` is this backend's object; no bind on it is in
+                // flight (none passes before the team is complete, C3).
+                let r = unsafe { self.inner.multicast_add_device(mc, dev) };
+                (
+                    noted(Call::MulticastAddDevice, r)
+                        .map(|()| mc)
+                        .map_err(|code| (code, None)),
+                    true,
+                )
             }
-            Ok(mc)
-        })();
+            // The last device: only now does the object exist, so no bind
+            // can ever be issued on an incomplete team (C3).
+            Step::Last(num_devices, size, team) => (
+                (|| {
+                    // SAFETY: every team device said yes to attribute 132 (C6).
+                    let r = unsafe { self.inner.multicast_create(num_devices, size, 0) };
+                    let mc = noted(Call::MulticastCreate, r).map_err(|code| (code, None))?;
+                    for &d in &team {
+                        // SAFETY: `mc` is this backend's new object; nothing is
+                        // bound yet (C3).
+                        let r = unsafe { self.inner.multicast_add_device(mc, d) };
+                        if let Err(code) = noted(Call::MulticastAddDevice, r) {
+                            // SAFETY: `mc` is this backend's own and nothing
+                            // is bound to it.
+                            if let Err(c2) = unsafe { self.inner.mem_release(mc) } {
+                                // Kept, and released again at destroy, whose
+                                // failure reaches the caller (and its
+                                // teardown list).
+                                tracing::error!(code = %c2, "cuMemRelease of a half-built multicast object failed; retried at destroy");
+                                return Err((code, Some(mc)));
+                            }
+                            return Err((code, None));
+                        }
+                    }
+                    Ok(mc)
+                })(),
+                false,
+            ),
+        };
         let mut t = self.lock();
         let ep = match t.ids.get_mut(&id) {
             Some(Some(ep)) => ep,
-            _ => return built.map(|_| ()).map_err(|(code, _)| code), // not reachable: `busy` refused a destroy
+            // Not reachable: `busy` refused a destroy.
+            _ => return built.map(|_| ()).map_err(|(code, _)| code),
         };
         ep.busy = false;
         let mc = match built {
@@ -497,7 +721,13 @@ impl Forward for Classic {
             }
         };
         ep.devices.push(dev);
-        ep.mc = Some(mc);
+        if shared {
+            // Every device added here: complete without the bring-up.
+            ep.complete = ep.devices.len() as u32 == ep.num_devices;
+        } else {
+            ep.mc = Some(mc);
+            ep.complete = true;
+        }
         Ok(())
     }
 
@@ -510,7 +740,7 @@ impl Forward for Classic {
         let mut ready = true;
         for id in base..end {
             match t.ids.get(&id) {
-                Some(Some(ep)) => ready &= ep.mc.is_some(),
+                Some(Some(ep)) => ready &= ep.complete,
                 _ => return Err(Code::INVALID_VALUE),
             }
         }
@@ -702,7 +932,7 @@ impl Forward for Classic {
                 "the device reports MULTICAST_SUPPORTED (attribute 132) = 0, so the classic fallback cannot enroll it (C6)"
             }
             Call::Export | Call::Import => {
-                "the classic multicast fallback does not export or import endpoints"
+                "the classic multicast fallback shares its objects only through the team bring-up (team::multicast: a POSIX descriptor within a node, fabric bytes across nodes), not as logical-endpoint fabric handles"
             }
             _ => return None,
         })
@@ -712,8 +942,51 @@ impl Forward for Classic {
         Err(Code::NOT_SUPPORTED)
     }
 
-    unsafe fn import(&self, _id: u32, _handle: FabricHandleBytes) -> DriverResult<()> {
-        Err(Code::NOT_SUPPORTED)
+    /// Only what the team bring-up staged (by a ticket of its own): the
+    /// classic object behind it becomes this process's own (C5); any other
+    /// bytes are `NOT_SUPPORTED`.
+    unsafe fn import(&self, id: u32, handle: FabricHandleBytes) -> DriverResult<()> {
+        let mut t = self.lock();
+        match t.ids.get(&id) {
+            Some(None) => {}
+            _ => return Err(Code::INVALID_VALUE), // R2.1
+        }
+        let staged = self
+            .staged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&handle.0);
+        let Some(Staged {
+            what,
+            num_devices,
+            size,
+        }) = staged
+        else {
+            return Err(Code::NOT_SUPPORTED);
+        };
+        let shared = match &what {
+            ClassicExport::Fd(fd) => ShareableHandle::PosixFd(fd.as_raw_fd()),
+            ClassicExport::Fabric(b) => ShareableHandle::Fabric(FabricHandleBytes(*b)),
+        };
+        // SAFETY: the descriptor is owned by `what`, open for the call.
+        let mc = unsafe { self.inner.mem_import(shared) }?;
+        drop(what); // the descriptor closes; the object lives on in `mc`
+        t.ids.insert(
+            id,
+            Some(Emulated {
+                num_devices,
+                size,
+                devices: Vec::new(),
+                mc: Some(mc),
+                shared: true,
+                handle_types: 0,
+                complete: false,
+                stale: None,
+                bindings: Vec::new(),
+                busy: false,
+            }),
+        );
+        Ok(())
     }
 }
 
@@ -735,7 +1008,7 @@ fn bindable(
     let Some(Some(ep)) = t.ids.get_mut(&id) else {
         return Err(Code::INVALID_VALUE);
     };
-    let Some(mc) = ep.mc.filter(|_| !ep.busy) else {
+    let (Some(mc), true, false) = (ep.mc, ep.complete, ep.busy) else {
         // The classic bind would block until the team is complete (C3); a
         // destroy in progress is no team to bind to either.
         return Err(Code::INVALID_VALUE);

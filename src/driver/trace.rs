@@ -378,6 +378,9 @@ macro_rules! traced_impl {
             fn inner_failure(&self, call: Call) -> Option<Call> {
                 self.inner.inner_failure(call)
             }
+            fn as_classic(&self) -> Option<&super::Classic> {
+                self.inner.as_classic()
+            }
             $(
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {

@@ -1,6 +1,9 @@
 //! The classic multicast contract C1–C6 on the model: synchronous create, team
 //! enrollment, binds that would block (C3) reported as violations instead of
-//! hanging, and unbinds that must match a bind exactly (C4).
+//! hanging, and unbinds that must match a bind exactly (C4); mapping a
+//! classic object for `multimem` access (a map before the team is complete
+//! would block as a bind does: C3), and stores through that mapping reaching
+//! every bound memory.
 
 use super::state::{Bound, McObj, Shared, Target, World};
 use super::violate;
@@ -158,6 +161,7 @@ impl World {
                 offset: mc_offset,
                 size,
                 alloc,
+                mem_offset,
             });
         }
         Ok(())
@@ -185,6 +189,90 @@ impl World {
         let alloc = m.bindings.remove(i).alloc;
         self.alloc_unuse(alloc);
         Ok(())
+    }
+
+    /// `cuMemMap` of the classic object behind `pid`'s handle (key `key`):
+    /// only on a complete team (C3), within the object, at its granularity.
+    /// The mapping holds a reference to the object until it is unmapped.
+    pub fn mc_map(
+        &mut self,
+        pid: usize,
+        ptr: u64,
+        size: u64,
+        offset: u64,
+        key: u64,
+    ) -> DriverResult<()> {
+        let m = &self.mcs[&key];
+        if (m.devices.len() as u32) < m.num_devices {
+            // The driver would block until the team is in (C3).
+            return violate(self, "C3", Code::ILLEGAL_STATE);
+        }
+        let fits = offset.checked_add(size).is_some_and(|e| e <= m.size);
+        let aligned = offset.is_multiple_of(m.granularity) && size.is_multiple_of(m.granularity);
+        let Some((&base, va)) = self.vas.range(..=ptr).next_back() else {
+            return violate(self, "cuMemMap address", Code::INVALID_VALUE);
+        };
+        let inside = va.pid == pid && ptr.checked_add(size).is_some_and(|e| e <= base + va.size);
+        if size == 0 || !fits || !aligned || !inside {
+            return violate(self, "cuMemMap range", Code::INVALID_VALUE);
+        }
+        let end = ptr + size;
+        if va.maps.iter().any(|(&s, x)| s < end && ptr < s + x.size) {
+            return violate(self, "cuMemMap overlap", Code::ALREADY_MAPPED);
+        }
+        if let Some(va) = self.vas.get_mut(&base) {
+            va.maps.insert(
+                ptr,
+                super::state::Mapping {
+                    size,
+                    offset,
+                    alloc: 0,
+                    access: Vec::new(),
+                    multicast: Some(key),
+                },
+            );
+        }
+        if let Some(m) = self.mcs.get_mut(&key) {
+            m.holders = m.holders.saturating_add(1);
+        }
+        Ok(())
+    }
+
+    /// A mapping of classic object `key` is gone: its reference with it.
+    pub fn mc_unmapped(&mut self, key: u64) {
+        let gone = self.mcs.get_mut(&key).is_some_and(|m| {
+            m.holders = m.holders.saturating_sub(1);
+            m.holders == 0
+        });
+        if gone {
+            let freed: Vec<u64> = self
+                .mcs
+                .remove(&key)
+                .map(|m| m.bindings.iter().map(|b| b.alloc).collect())
+                .unwrap_or_default();
+            self.drop_exports(Shared::Multicast(key));
+            for a in freed {
+                self.alloc_unuse(a);
+            }
+        }
+    }
+
+    /// `multimem.st` through a mapping of object `key` at object offset
+    /// `at`: the bytes reach every memory bound there, on every device.
+    pub fn mc_store(&mut self, key: u64, at: u64, bytes: &[u8]) {
+        let Some(m) = self.mcs.get(&key) else {
+            return;
+        };
+        let end = at.saturating_add(bytes.len() as u64);
+        let targets: Vec<(u64, u64)> = m
+            .bindings
+            .iter()
+            .filter(|b| b.offset <= at && end <= b.offset.saturating_add(b.size))
+            .map(|b| (b.alloc, b.mem_offset + (at - b.offset)))
+            .collect();
+        for (alloc, off) in targets {
+            self.store(alloc, off as usize, bytes);
+        }
     }
 
     /// C5: `cuMemRelease` on a multicast handle drops it with the bindings

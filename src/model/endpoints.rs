@@ -390,6 +390,7 @@ impl World {
                 offset,
                 size,
                 alloc,
+                mem_offset,
             });
         }
         Ok(())

@@ -168,6 +168,9 @@ impl World {
         offset: u64,
         handle: u64,
     ) -> DriverResult<()> {
+        if let Some(key) = self.mc_key(pid, handle) {
+            return self.mc_map(pid, ptr, size, offset, key);
+        }
         let fits_alloc = match self.allocs.get(&handle) {
             Some(a) if a.pid == pid && !a.released => {
                 let fits = offset.checked_add(size).is_some_and(|e| e <= a.size);
@@ -201,6 +204,7 @@ impl World {
                     offset,
                     alloc: handle,
                     access: Vec::new(),
+                    multicast: None,
                 },
             );
         }
@@ -219,13 +223,9 @@ impl World {
             }
             _ => return violate(self, "cuMemUnmap", Code::INVALID_VALUE),
         };
-        let alloc = self
-            .vas
-            .get_mut(&base)
-            .and_then(|va| va.maps.remove(&ptr))
-            .map(|m| m.alloc);
-        if let Some(a) = alloc {
-            self.alloc_unuse(a);
+        let gone = self.vas.get_mut(&base).and_then(|va| va.maps.remove(&ptr));
+        if let Some(m) = gone {
+            self.unmapped(m);
         }
         Ok(())
     }
@@ -248,24 +248,36 @@ impl World {
             }
             _ => return violate(self, "cuMemSetAccess", Code::INVALID_VALUE),
         };
+        let multicast = self
+            .vas
+            .get(&base)
+            .and_then(|v| v.maps.get(&ptr))
+            .and_then(|m| m.multicast);
+        if let Some(key) = multicast {
+            // `multimem` access: only the team's devices of this node.
+            let node = self.node;
+            let team = &self.mcs[&key].devices;
+            if devices.iter().any(|&d| !team.contains(&(node, d))) {
+                return violate(self, "C3 access", Code::INVALID_DEVICE);
+            }
+        }
         if let Some(m) = self.vas.get_mut(&base).and_then(|v| v.maps.get_mut(&ptr)) {
             m.access = devices.to_vec();
         }
         Ok(())
     }
 
-    fn backing(&mut self, pid: usize, ptr: u64, len: usize) -> DriverResult<(u64, usize)> {
-        let (&_base, va) = self.vas.range(..=ptr).next_back().ok_or(Code::NOT_MAPPED)?;
-        let (&start, m) = va.maps.range(..=ptr).next_back().ok_or(Code::NOT_MAPPED)?;
-        let end = ptr.checked_add(len as u64).ok_or(Code::INVALID_VALUE)?;
-        if va.pid != pid || end > start + m.size || m.access.is_empty() {
-            return Err(Code::ILLEGAL_ADDRESS);
+    /// What a mapping held goes with it: an allocation's use, or a
+    /// reference to a classic multicast object.
+    pub fn unmapped(&mut self, m: super::state::Mapping) {
+        match m.multicast {
+            Some(key) => self.mc_unmapped(key),
+            None => self.alloc_unuse(m.alloc),
         }
-        Ok((m.alloc, (m.offset + (ptr - start)) as usize))
     }
 
-    pub fn write(&mut self, pid: usize, ptr: u64, bytes: &[u8]) -> DriverResult<()> {
-        let (alloc, off) = self.backing(pid, ptr, bytes.len())?;
+    /// Writes `bytes` at `off` of allocation `alloc`'s data.
+    pub(crate) fn store(&mut self, alloc: u64, off: usize, bytes: &[u8]) {
         if let Some(a) = self.allocs.get(&alloc) {
             let mut data = a.data.lock().unwrap_or_else(|e| e.into_inner());
             if data.is_empty() {
@@ -276,11 +288,45 @@ impl World {
                 data[off..off + n].copy_from_slice(&bytes[..n]);
             }
         }
+    }
+
+    /// The allocation (or, `Err(key)`, the classic object) and offset
+    /// behind `len` bytes at `ptr`.
+    fn backing(
+        &mut self,
+        pid: usize,
+        ptr: u64,
+        len: usize,
+    ) -> DriverResult<Result<(u64, usize), (u64, u64)>> {
+        let (&_base, va) = self.vas.range(..=ptr).next_back().ok_or(Code::NOT_MAPPED)?;
+        let (&start, m) = va.maps.range(..=ptr).next_back().ok_or(Code::NOT_MAPPED)?;
+        let end = ptr.checked_add(len as u64).ok_or(Code::INVALID_VALUE)?;
+        if va.pid != pid || end > start + m.size || m.access.is_empty() {
+            return Err(Code::ILLEGAL_ADDRESS);
+        }
+        let at = m.offset + (ptr - start);
+        Ok(match m.multicast {
+            Some(key) => Err((key, at)),
+            None => Ok((m.alloc, at as usize)),
+        })
+    }
+
+    /// A store as a kernel makes it; through a classic multicast mapping
+    /// (`multimem.st`) it reaches every memory bound there.
+    pub fn write(&mut self, pid: usize, ptr: u64, bytes: &[u8]) -> DriverResult<()> {
+        match self.backing(pid, ptr, bytes.len())? {
+            Ok((alloc, off)) => self.store(alloc, off, bytes),
+            Err((key, at)) => self.mc_store(key, at, bytes),
+        }
         Ok(())
     }
 
+    /// A plain load; a classic multicast address has none (`multimem`
+    /// loads reduce, which the model does not): `ILLEGAL_ADDRESS`.
     pub fn read(&mut self, pid: usize, ptr: u64, len: usize) -> DriverResult<Vec<u8>> {
-        let (alloc, off) = self.backing(pid, ptr, len)?;
+        let Ok((alloc, off)) = self.backing(pid, ptr, len)? else {
+            return Err(Code::ILLEGAL_ADDRESS);
+        };
         let mut out = vec![0; len];
         if let Some(a) = self.allocs.get(&alloc) {
             let data = a.data.lock().unwrap_or_else(|e| e.into_inner());

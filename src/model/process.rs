@@ -139,8 +139,8 @@ impl World {
             .collect();
         for base in ranges {
             if let Some(va) = self.vas.remove(&base) {
-                for m in va.maps.values() {
-                    self.alloc_unuse(m.alloc);
+                for m in va.maps.into_values() {
+                    self.unmapped(m);
                 }
             }
         }

@@ -67,6 +67,8 @@ pub(crate) struct Bound {
     pub size: u64,
     /// The allocation bound: kept alive until unbound.
     pub alloc: u64,
+    /// Where in the allocation the bound range starts.
+    pub mem_offset: u64,
 }
 
 /// One device enrolled in a multicast team (R4): devices are named by
@@ -156,8 +158,12 @@ pub(crate) struct Alloc {
 pub(crate) struct Mapping {
     pub size: u64,
     pub offset: u64,
+    /// The allocation mapped (0 for a classic multicast object).
     pub alloc: u64,
     pub access: Vec<Device>,
+    /// The classic multicast object mapped (its key in `World::mcs`), if
+    /// this maps one (`multimem` access); the mapping holds a reference.
+    pub multicast: Option<u64>,
 }
 
 #[derive(Debug)]

@@ -137,6 +137,9 @@ pub enum Mismatch {
         /// The root's clique.
         expected: u32,
     },
+    /// The root shares a classic multicast object and this rank's backend
+    /// makes logical endpoints, or the other way round.
+    Backend,
     /// A rank speaks another version of the bring-up protocol.
     Version {
         /// Its version.
@@ -175,6 +178,9 @@ impl fmt::Display for Mismatch {
             } => write!(
                 f,
                 "device {device} is in multicast clique {clique}, the team's in clique {expected} (R4.5, cuDeviceGetCliqueInfo): build the team from devices of one clique"
+            ),
+            Mismatch::Backend => f.write_str(
+                "the root and this rank use different backends (the classic multicast fallback on one, logical endpoints on the other): pick the same backend on every rank",
             ),
             Mismatch::Version { theirs, ours } => write!(
                 f,

@@ -4,14 +4,28 @@
 //! succeeded on every rank before anyone waits; the wait is bounded and its
 //! outcome agreed too. Nobody binds before that, so no bind can come before
 //! the whole team is in (R3.2, R4.4; C3 on the classic API).
+//!
+//! On the classic fallback ([`Classic`](crate::driver::Classic)) the same
+//! call shares a classic multicast object instead (C5): the root creates it
+//! at `create` (it must exist to be exported) and exports it as a POSIX
+//! descriptor, passed to the ranks of its node with [`FdExchange`]
+//! (`SCM_RIGHTS`; a rank on another node gets a typed error), or as fabric
+//! bytes that travel in the envelope ([`TeamSpec::classic_handles`]). Each
+//! rank imports what it received with the properties the ranks agreed on
+//! (never the exporter's bytes) and adds its devices at once; only after
+//! the agreement step that every rank added its devices does the team count
+//! as complete, so no rank binds before then (C3).
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
-use crate::bootstrap::Bootstrap;
+use crate::bootstrap::{Bootstrap, FdExchange};
 use crate::context::Context;
-use crate::driver::Device;
+use crate::driver::classic::ClassicExport;
+use crate::driver::{Call, Classic, Device, ShareableKind};
 use crate::endpoint::Endpoint;
 use crate::kind::{Exportable, SpreadTeam};
+use crate::multicast_mapping::MulticastMapping;
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{Pending, Ready};
@@ -19,7 +33,10 @@ use crate::state::{Pending, Ready};
 use super::agree::{Deadline, agree, announce};
 use super::error::{Cause, Mismatch, Step, TeamError};
 use super::shared::SharedMulticast;
-use super::wire::{Hello, MAX_DEVICES, decode_envelope, encode_envelope};
+use super::wire::{
+    Carrier, Hello, MAX_DEVICES, decode_carrier, decode_envelope, encode_classic_envelope,
+    encode_envelope,
+};
 use super::{check_devices, check_limits, wait_one};
 
 /// What a rank asks of a multicast bring-up. Every rank passes the same
@@ -33,6 +50,7 @@ pub struct TeamSpec {
     root: usize,
     team_size: Option<u32>,
     counted_ops: bool,
+    classic_handles: ShareableKind,
 }
 
 impl TeamSpec {
@@ -47,6 +65,7 @@ impl TeamSpec {
             root: 0,
             team_size: None,
             counted_ops: false,
+            classic_handles: ShareableKind::PosixFd,
         }
     }
 
@@ -72,6 +91,16 @@ impl TeamSpec {
     /// Counted operations (`COUNTED_OPS`, R2.4).
     pub fn counted_ops(mut self) -> TeamSpec {
         self.counted_ops = true;
+        self
+    }
+
+    /// How the classic fallback shares its multicast object (C5, R12.4):
+    /// [`ShareableKind::PosixFd`] (the default) within one node, the
+    /// descriptor passed with [`FdExchange`]; [`ShareableKind::Fabric`]
+    /// across nodes, for processes with an IMEX channel. Only the root's
+    /// choice counts; logical endpoints always use their fabric handle.
+    pub fn classic_handles(mut self, kind: ShareableKind) -> TeamSpec {
+        self.classic_handles = kind;
         self
     }
 }
@@ -110,6 +139,15 @@ impl SharedTeam {
     /// Devices in the team, over all ranks.
     pub fn team_size(&self) -> u32 {
         self.team_size
+    }
+
+    /// A multicast virtual address for this rank's team devices, on the
+    /// classic fallback (`multimem` access; see [`MulticastMapping`]).
+    ///
+    /// # Errors
+    /// As [`MulticastMapping::new`].
+    pub fn multicast_mapping(&self) -> crate::Result<MulticastMapping<'_>> {
+        MulticastMapping::new(&self.endpoint)
     }
 }
 
@@ -156,21 +194,40 @@ pub fn multicast(
     let team_size = agreed_team_size(&hellos, spec, me)?;
 
     // Create and export on the root; the handle goes to every rank.
+    let classic = ctx.driver().as_classic();
     let mut root_ep = None;
+    let mut root_fd = None;
     let made = (me == spec.root).then(|| {
-        create_and_export(ctx, spec, team_size).map(|(ep, bytes)| {
-            root_ep = Some(ep);
-            bytes
+        create_and_export(ctx, classic, spec, team_size).map(|made| {
+            root_ep = Some(made.endpoint);
+            root_fd = made.fd;
+            made.envelope
         })
     });
     let envelope = announce(boot, spec.root, Step::Export, made, deadline)?;
+
+    // A classic object exported as a POSIX descriptor reaches the ranks of
+    // the root's node over the bootstrap (`SCM_RIGHTS`), every rank taking
+    // part so that the exchange stays in step; a rank that cannot get it
+    // fails at import.
+    let carrier = decode_envelope(&envelope).map(|(_, rest)| decode_carrier(rest));
+    let mut fd: Option<Result<OwnedFd, Cause>> = None;
+    if let Ok(Ok(Carrier::ClassicFd)) = carrier {
+        let mine = root_fd.as_ref().map(AsFd::as_fd);
+        let got = FdExchange::broadcast_fd(boot, spec.root, mine, deadline.left());
+        fd = Some(got.map_err(Cause::Bootstrap));
+    }
+    drop(root_fd);
 
     // Import on the other ranks; check the handle against the agreement and
     // the driver; enroll this rank's devices. One outcome per rank.
     let mut pending: Option<Endpoint<Pending, SharedMulticast>> = root_ep.map(Endpoint::cast);
     let local = (|| {
         if pending.is_none() {
-            pending = Some(import_checked(ctx, &envelope, spec, team_size)?);
+            pending = Some(match classic {
+                Some(c) => import_classic(ctx, c, &envelope, fd.take(), spec, team_size)?,
+                None => import_checked(ctx, &envelope, spec, team_size)?,
+            });
         }
         let enroll = |c| (Step::Enroll, c);
         let mut ep = pending.take().ok_or(enroll(Cause::BadMessage {
@@ -195,6 +252,15 @@ pub fn multicast(
             },
         ));
     };
+    if let Some(c) = classic {
+        // SAFETY: every rank agreed just above that it added all its
+        // devices, and the ranks bring `team_size` devices in all (the join
+        // step): every device of the team is added (C3).
+        if let Err(code) = unsafe { c.team_complete(ep.id()) } {
+            let e = ctx.error(Call::Query, code);
+            return Err(TeamError::new(me, Step::Wait, Cause::Local(e)));
+        }
+    }
 
     // Wait, bounded, and agree that every rank's endpoint is ready: the wait
     // doubles as the team barrier.
@@ -298,27 +364,103 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
     }
 }
 
-/// The root's endpoint before the others import it.
-type RootEndpoint = Endpoint<Pending, SpreadTeam<Exportable>>;
+/// What the root made: its endpoint, the envelope for the other ranks,
+/// and (classic, POSIX) the descriptor to pass them.
+struct Made {
+    endpoint: Endpoint<Pending, SpreadTeam<Exportable>>,
+    envelope: Vec<u8>,
+    fd: Option<OwnedFd>,
+}
 
 fn create_and_export(
     ctx: &Context,
+    classic: Option<&Classic>,
     spec: &TeamSpec,
     team_size: u32,
-) -> Result<(RootEndpoint, Vec<u8>), (Step, Cause)> {
+) -> Result<Made, (Step, Cause)> {
     let local = |e: crate::Error| (Step::Create, Cause::Local(e));
     let mut s = Spec::spread(team_size, spec.bytes).exportable();
     if spec.counted_ops {
         s = s.counted_ops();
     }
-    let ep = ctx
+    let endpoint = ctx
         .reserve_one()
         .map_err(local)?
         .create(s)
         .map_err(|f| local(f.error))?;
-    let handle = ep.export().map_err(|e| (Step::Export, Cause::Local(e)))?;
-    let bytes = encode_envelope(spec.counted_ops, &handle.to_bytes());
-    Ok((ep, bytes))
+    let export = |e| (Step::Export, Cause::Local(e));
+    let Some(classic) = classic else {
+        let handle = endpoint.export().map_err(export)?;
+        let envelope = encode_envelope(spec.counted_ops, &handle.to_bytes());
+        return Ok(Made {
+            endpoint,
+            envelope,
+            fd: None,
+        });
+    };
+    let object = classic
+        .export_object(endpoint.id(), spec.classic_handles)
+        .map_err(|code| export(ctx.error(Call::MemExportToShareableHandle, code)))?;
+    let (fabric, fd) = match object {
+        ClassicExport::Fd(fd) => (None, Some(fd)),
+        ClassicExport::Fabric(b) => (Some(b), None),
+    };
+    Ok(Made {
+        endpoint,
+        envelope: encode_classic_envelope(spec.counted_ops, fabric.as_ref()),
+        fd,
+    })
+}
+
+/// Imports the root's classic object (C5): the descriptor received over the
+/// bootstrap or the fabric bytes of the envelope, staged with the team size
+/// and size the ranks agreed on and the bind alignment this driver reports
+/// for them, never with what the root sent.
+fn import_classic(
+    ctx: &Context,
+    classic: &Classic,
+    envelope: &[u8],
+    fd: Option<Result<OwnedFd, Cause>>,
+    spec: &TeamSpec,
+    team_size: u32,
+) -> Result<Endpoint<Pending, SharedMulticast>, (Step, Cause)> {
+    let check = |c| (Step::Check, c);
+    let import = |c| (Step::Import, c);
+    let (counted, rest) = decode_envelope(envelope).map_err(check)?;
+    if counted != spec.counted_ops {
+        return Err(check(Cause::Mismatch(Mismatch::CountedOps)));
+    }
+    let what = match decode_carrier(rest).map_err(check)? {
+        Carrier::ClassicFd => match fd {
+            Some(Ok(fd)) => ClassicExport::Fd(fd),
+            Some(Err(cause)) => return Err(import(cause)),
+            None => {
+                return Err(import(Cause::BadMessage {
+                    reason: "no descriptor",
+                }));
+            }
+        },
+        Carrier::ClassicFabric(b) => ClassicExport::Fabric(b),
+        Carrier::Fabric(_) => return Err(check(Cause::Mismatch(Mismatch::Backend))),
+    };
+    let props = Spec::spread(team_size, spec.bytes).exportable().props();
+    let limits = ctx.limits(&props).map_err(|e| check(Cause::Local(e)))?;
+    let ticket = classic
+        .stage_import(what, team_size, spec.bytes)
+        .map_err(|code| import(Cause::Local(ctx.error(Call::Import, code))))?;
+    let handle = FabricHandle::<SpreadTeam<Exportable>>::new(
+        ticket.0,
+        spec.bytes,
+        limits.bind_alignment,
+        team_size,
+    );
+    let ep = ctx
+        .reserve_one()
+        .map_err(|e| import(Cause::Local(e)))
+        .and_then(|r| r.import(&handle).map_err(|f| import(Cause::Local(f.error))));
+    // Used by the import, or dropped now (the descriptor closes).
+    classic.unstage(&ticket);
+    Ok(ep?.cast())
 }
 
 fn import_checked(
@@ -329,6 +471,9 @@ fn import_checked(
 ) -> Result<Endpoint<Pending, SharedMulticast>, (Step, Cause)> {
     let check = |c| (Step::Check, c);
     let (counted, handle) = decode_envelope(envelope).map_err(check)?;
+    if !matches!(decode_carrier(handle), Ok(Carrier::Fabric(_))) {
+        return Err(check(Cause::Mismatch(Mismatch::Backend)));
+    }
     let handle = FabricHandle::<SpreadTeam<Exportable>>::from_bytes(handle)
         .map_err(|e| check(Cause::Local(e)))?;
     // What the importer relies on, against what the ranks agreed on …

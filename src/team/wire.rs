@@ -286,6 +286,59 @@ pub(crate) fn encode_envelope(counted_ops: bool, handle: &[u8]) -> Vec<u8> {
     out
 }
 
+/// What the classic fallback's carrier starts with, where a logical
+/// endpoint's envelope has its fabric handle's wire form.
+const CLASSIC_MAGIC: &[u8; 4] = b"CECL";
+
+/// The envelope of a classic multicast object (C5): the same header, then
+/// the carrier: a POSIX descriptor that travels beside it over the
+/// bootstrap (`fabric` = `None`), or the 64 fabric bytes.
+pub(crate) fn encode_classic_envelope(counted_ops: bool, fabric: Option<&[u8; 64]>) -> Vec<u8> {
+    let mut carrier = CLASSIC_MAGIC.to_vec();
+    match fabric {
+        None => carrier.push(0),
+        Some(b) => {
+            carrier.push(1);
+            carrier.extend_from_slice(b);
+        }
+    }
+    encode_envelope(counted_ops, &carrier)
+}
+
+/// How an envelope carries the shared object.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Carrier<'a> {
+    /// A logical endpoint's fabric handle, in its wire form.
+    Fabric(&'a [u8]),
+    /// A classic object's POSIX descriptor, passed over the bootstrap.
+    ClassicFd,
+    /// A classic object's 64 fabric bytes.
+    ClassicFabric([u8; 64]),
+}
+
+/// Reads the carrier after the envelope's header.
+pub(crate) fn decode_carrier(rest: &[u8]) -> Result<Carrier<'_>, Cause> {
+    let mut r = Reader::new(rest);
+    if rest.len() < 4 || r.take(4)? != CLASSIC_MAGIC {
+        return Ok(Carrier::Fabric(rest));
+    }
+    match r.u8()? {
+        0 => {
+            r.end()?;
+            Ok(Carrier::ClassicFd)
+        }
+        1 => {
+            let mut b = [0u8; 64];
+            b.copy_from_slice(r.take(64)?);
+            r.end()?;
+            Ok(Carrier::ClassicFabric(b))
+        }
+        _ => Err(Cause::BadMessage {
+            reason: "unknown classic handle carrier",
+        }),
+    }
+}
+
 /// Splits an envelope into its counted-operations flag and the handle bytes.
 pub(crate) fn decode_envelope(bytes: &[u8]) -> Result<(bool, &[u8]), Cause> {
     let mut r = Reader::new(bytes);

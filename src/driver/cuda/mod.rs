@@ -349,6 +349,17 @@ mod tests {
         ep.export().unwrap();
         ep.bind(Device(0), 0, &mem).unwrap().unbind().unwrap();
         ep.destroy().unwrap().release().unwrap();
+        // Memory sharing (C5): a descriptor passes by value, fabric bytes by
+        // pointer; the import's probe map goes through too.
+        let fd = mem.export_fd().unwrap();
+        let theirs = Allocation::<PosixFd>::import_fd(&ctx, &fd, 2 << 20).unwrap();
+        assert_eq!(theirs.location(), crate::Location::Device(Device(0)));
+        drop((fd, theirs));
+        let fab = Allocation::<crate::Fabric>::on_device(&ctx, Device(0), 2 << 20).unwrap();
+        let bytes = fab.export_fabric().unwrap();
+        assert_eq!(bytes, [0xcd; 64]);
+        drop(Allocation::<crate::Fabric>::import_fabric(&ctx, &bytes, 2 << 20).unwrap());
+        drop(fab);
         drop(mem);
         assert!(ctx.take_teardown_errors().is_empty());
     }

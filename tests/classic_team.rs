@@ -1,0 +1,241 @@
+//! Team bring-up on the classic fallback (C1–C6) behind the same call as
+//! logical endpoints, in one OS process with a simulated process per rank
+//! (`Model::spawn_process`): the root's classic multicast object is shared
+//! as a POSIX descriptor within a node (`FdExchange`) or as fabric bytes
+//! across nodes (C5, R12.4); no bind reaches the driver before every
+//! rank's devices are added (C3: the model's violation log stays empty).
+//! OS processes on the model fabric are in `tests/shareable_processes.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cuda_endpoints::bootstrap::Threads;
+use cuda_endpoints::driver::{Classic, ShareableKind};
+use cuda_endpoints::model::{FabricConfig, Model};
+use cuda_endpoints::team::{self, Step, TeamSpec};
+use cuda_endpoints::{Allocation, Bootstrap, Call, Code, Context, Device, PosixFd};
+
+const MIB2: u64 = 2 << 20;
+const T: Duration = Duration::from_secs(10);
+
+/// One simulated process per rank, `per_node` ranks per node, each on the
+/// classic fallback over its model process; rank r uses device r % per_node.
+fn ranks(model: &Model, n: usize, per_node: usize) -> Vec<(Model, Context, Device)> {
+    (0..n)
+        .map(|r| {
+            let m = if r == 0 {
+                model.clone()
+            } else {
+                model.spawn_process_on(r / per_node).unwrap()
+            };
+            let ctx = Context::new(Classic::new(Arc::new(m.clone())));
+            (m, ctx, Device((r % per_node) as i32))
+        })
+        .collect()
+}
+
+/// Every rank brings its team up, binds, writes through its own memory
+/// and tears down; returns each rank's outcome.
+fn bring_up(
+    ranks: &[(Model, Context, Device)],
+    kind: ShareableKind,
+) -> Vec<Result<(), team::TeamError>> {
+    let boots = Threads::new(ranks.len());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .zip(boots)
+            .map(|((m, ctx, dev), boot)| {
+                s.spawn(move || {
+                    let spec = TeamSpec::new([*dev], MIB2).timeout(T).classic_handles(kind);
+                    let team = team::multicast(ctx, &boot, &spec)?;
+                    let mem = Allocation::<PosixFd>::on_device(ctx, *dev, MIB2)
+                        .unwrap()
+                        .map(&[*dev])
+                        .unwrap();
+                    let binding = team
+                        .endpoint()
+                        .bind(*dev, 0, &mem)
+                        .expect("bind after bring-up");
+                    m.write(mem.device_ptr(), b"bound").unwrap();
+                    boot.barrier(T).unwrap();
+                    binding.unbind().unwrap();
+                    boot.barrier(T).unwrap();
+                    drop(team);
+                    drop(mem);
+                    assert!(ctx.take_teardown_errors().is_empty());
+                    assert!(m.live().is_empty(), "rank leaked {:?}", m.live());
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
+    })
+}
+
+#[test]
+fn c5_classic_team_of_four_processes_shares_a_posix_fd_and_binds_only_when_complete() {
+    let model = Model::fabric(FabricConfig::nodes(1, 4));
+    let ranks = ranks(&model, 4, 4);
+    for r in bring_up(&ranks, ShareableKind::PosixFd) {
+        r.unwrap();
+    }
+    // One object for the team, made by the root; C3 never logged.
+    assert_eq!(model.calls(Call::MulticastCreate), 1);
+    assert_eq!(model.calls(Call::MulticastAddDevice), 4);
+    assert_eq!(model.calls(Call::MulticastBindAddr), 4);
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+}
+
+#[test]
+fn c5_r12_4_classic_team_across_nodes_shares_fabric_bytes() {
+    let model = Model::fabric(FabricConfig::nodes(2, 2));
+    let ranks = ranks(&model, 4, 2);
+    for r in bring_up(&ranks, ShareableKind::Fabric) {
+        r.unwrap();
+    }
+    assert_eq!(model.calls(Call::MulticastCreate), 1);
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+}
+
+#[test]
+fn r12_4_a_classic_posix_fd_team_across_nodes_fails_every_rank_at_import() {
+    let model = Model::fabric(FabricConfig::nodes(2, 2));
+    let ranks = ranks(&model, 4, 2);
+    for r in bring_up(&ranks, ShareableKind::PosixFd) {
+        let e = r.expect_err("a descriptor means nothing on another node");
+        assert_eq!(e.step, Step::Import, "{e}");
+        assert!(e.rank >= 2, "a rank of the other node failed first: {e}");
+    }
+    for (m, ctx, _) in &ranks {
+        assert!(m.live().is_empty(), "{:?}", m.live());
+        assert!(ctx.take_teardown_errors().is_empty());
+    }
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+}
+
+#[test]
+fn c3_a_shared_classic_object_refuses_binds_until_the_team_is_complete() {
+    // The typed API without the bring-up: an exportable classic team whose
+    // other devices belong to other processes is never ready here, so it
+    // cannot bind: the wait times out with a typed error instead of a bind
+    // that would block in the driver.
+    let model = Model::fabric(FabricConfig::nodes(1, 2));
+    let ctx = Context::new(Classic::new(Arc::new(model.clone())));
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(cuda_endpoints::Spec::spread(2, MIB2).exportable())
+        .unwrap()
+        .add_device(0)
+        .unwrap();
+    let e = ep.wait(Duration::from_millis(20)).unwrap_err();
+    assert!(
+        matches!(e.error, cuda_endpoints::Error::Timeout { .. }),
+        "{}",
+        e.error
+    );
+    drop(e);
+    assert_eq!(model.calls(Call::MulticastBindMem), 0);
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+}
+
+#[test]
+fn c3_the_model_logs_a_bind_before_every_device_was_added() {
+    // What the bring-up never lets happen, done by hand: the model logs it.
+    let model = Model::fabric(FabricConfig::nodes(1, 2));
+    let d: &dyn cuda_endpoints::Driver = &model;
+    // SAFETY: the test owns every handle it names; the bind it makes on an
+    // incomplete object is the point (the model refuses instead of blocking).
+    unsafe {
+        let mc = d.multicast_create(2, MIB2, 1).unwrap();
+        d.multicast_add_device(mc, Device(0)).unwrap();
+        let req = cuda_endpoints::driver::AllocationRequest {
+            location: cuda_endpoints::Location::Device(Device(0)),
+            handle_types: 1,
+        };
+        let mem = d.mem_create(MIB2, req).unwrap();
+        assert_eq!(
+            d.multicast_bind_mem(mc, 0, mem, 0, MIB2),
+            Err(Code::ILLEGAL_STATE)
+        );
+        d.mem_release(mc).unwrap();
+        d.mem_release(mem).unwrap();
+    }
+    let v = model.violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].rule, "C3");
+}
+
+/// A bootstrap that damages the last byte of the root's first large
+/// broadcast (the handle envelope) as the other ranks receive it.
+struct Hostile<B>(B, std::cell::Cell<bool>);
+
+impl<B: Bootstrap> Bootstrap for Hostile<B> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn allgather(
+        &self,
+        mine: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, cuda_endpoints::BootstrapError> {
+        self.0.allgather(mine, timeout)
+    }
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, cuda_endpoints::BootstrapError> {
+        let mut got = self.0.broadcast(root, bytes, timeout)?;
+        if self.0.rank() != root && got.len() > 64 && !self.1.replace(true) {
+            let last = got.len() - 1;
+            got[last] ^= 0x5a;
+        }
+        Ok(got)
+    }
+    fn barrier(&self, timeout: Duration) -> Result<(), cuda_endpoints::BootstrapError> {
+        self.0.barrier(timeout)
+    }
+}
+
+#[test]
+fn r9_4_damaged_classic_fabric_bytes_fail_every_rank_and_leave_nothing() {
+    let model = Model::fabric(FabricConfig::nodes(2, 1));
+    let ranks = ranks(&model, 2, 1);
+    let boots = Threads::new(2);
+    let outcomes: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .iter()
+            .zip(boots)
+            .map(|((_, ctx, dev), boot)| {
+                s.spawn(move || {
+                    let boot = Hostile(boot, std::cell::Cell::new(false));
+                    let spec = TeamSpec::new([*dev], MIB2)
+                        .timeout(T)
+                        .classic_handles(ShareableKind::Fabric);
+                    team::multicast(ctx, &boot, &spec).map(drop)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for o in outcomes {
+        let e = o.expect_err("damaged bytes never import");
+        assert_eq!((e.rank, e.step), (1, Step::Import), "{e}");
+    }
+    // Refused by the driver as bytes it did not make: not a rule broken.
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+}
