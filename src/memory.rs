@@ -225,6 +225,27 @@ impl<H: MemShare> Allocation<H> {
     /// `cuMemAddressReserve`, `cuMemMap` or `cuMemSetAccess`. The allocation
     /// comes back unchanged and nothing leaks.
     pub fn map(self, access: &[Device]) -> Result<Mapped<H>, Failed<Allocation<H>>> {
+        self.map_aligned(access, 0)
+    }
+
+    /// As [`Allocation::map`], with the address range aligned to `alignment`
+    /// bytes, rounded up to a power of two (`cuMemAddressReserve`'s
+    /// alignment; 0: the driver's default).
+    /// Pass an endpoint's [`bind_alignment`](crate::Endpoint::bind_alignment)
+    /// when it exceeds the allocation granularity, so that the address is a
+    /// valid `BindAddr` address for it (R5.3).
+    ///
+    /// # Errors
+    /// As [`Allocation::map`].
+    pub fn map_aligned(
+        self,
+        access: &[Device],
+        alignment: u64,
+    ) -> Result<Mapped<H>, Failed<Allocation<H>>> {
+        let alignment = match alignment {
+            0 => 0,
+            a => a.checked_next_power_of_two().unwrap_or(1 << 63),
+        };
         let ctx = self.inner.ctx.clone();
         let d = ctx.driver();
         let size = self.inner.size;
@@ -239,7 +260,7 @@ impl<H: MemShare> Allocation<H> {
             }
         }
         // A new range, owned by the `Mapped` made below.
-        let ptr = match ctx.queries().mem_address_reserve(size, 0) {
+        let ptr = match ctx.queries().mem_address_reserve(size, alignment) {
             Ok(p) => p,
             Err(c) => return Err(fail(Call::MemAddressReserve, c, self)),
         };

@@ -534,3 +534,32 @@ fn decide_and_classic_agree_on_attribute_132_of_the_team_devices_only() {
     assert!(forced.take_teardown_errors().is_empty());
     clean(&ctx, &model);
 }
+
+/// Item 9 (the part in the typed layer): a mapping can be reserved to the
+/// bind alignment an endpoint needs, when that exceeds the driver's default
+/// address alignment, so that `BindAddr` gets an address it accepts (R5.3).
+#[test]
+fn a_mapping_can_be_aligned_to_the_bind_alignment() {
+    use cuda_endpoints::{Allocation, PosixFd};
+    const BIG: u64 = 8 << 20;
+    let model = Model::new(ModelConfig::node(1).with_devices(|_, d| d.bind_alignment = BIG));
+    let ctx = Context::new(model.clone());
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0)], BIG))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    assert_eq!(team.bind_alignment(), BIG);
+    for _ in 0..3 {
+        let mapped = Allocation::<PosixFd>::on_device(&ctx, Device(0), BIG)
+            .unwrap()
+            .map_aligned(&[Device(0)], team.bind_alignment())
+            .unwrap();
+        assert_eq!(mapped.device_ptr() % BIG, 0);
+        team.bind(0, 0, &mapped).unwrap().unbind().unwrap();
+    }
+    drop(team);
+    clean(&ctx, &model);
+}
