@@ -71,6 +71,28 @@ use crate::error::Error;
 use crate::kind::{ImportedUnicast, Kind};
 use crate::state::{Pending, Ready};
 
+/// Rank `rank`'s hello asks for the same size and options as the reference
+/// (the root's, or this rank's own): the same check on every rank, so every
+/// rank names the same odd one out.
+fn same_options(
+    rank: usize,
+    h: &wire::Hello,
+    bytes: u64,
+    counted_ops: bool,
+) -> Result<(), TeamError> {
+    let mismatch = |m| Err(TeamError::new(rank, Step::Join, error::Cause::Mismatch(m)));
+    if h.bytes != bytes {
+        return mismatch(Mismatch::Bytes {
+            root: bytes,
+            this: h.bytes,
+        });
+    }
+    if h.counted_ops != counted_ops {
+        return mismatch(Mismatch::CountedOps);
+    }
+    Ok(())
+}
+
 /// This rank's devices exist and are distinct (checked before any rank
 /// creates anything).
 fn check_devices(ctx: &Context, devices: &[Device]) -> Result<(), error::Cause> {

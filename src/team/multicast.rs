@@ -310,23 +310,7 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
     for (rank, bytes) in hellos.iter().enumerate() {
         // Decoded above: cannot fail now, but stay total.
         let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
-        if h.bytes != root.bytes {
-            return Err(TeamError::new(
-                rank,
-                Step::Join,
-                Cause::Mismatch(Mismatch::Bytes {
-                    root: root.bytes,
-                    this: h.bytes,
-                }),
-            ));
-        }
-        if h.counted_ops != root.counted_ops {
-            return Err(TeamError::new(
-                rank,
-                Step::Join,
-                Cause::Mismatch(Mismatch::CountedOps),
-            ));
-        }
+        super::same_options(rank, &h, root.bytes, root.counted_ops)?;
         // One clique for the whole team, where the driver can tell (R4.5).
         let team_clique = root.cliques.iter().flatten().next().copied();
         for (dev, clique) in h.devices.iter().zip(&h.cliques) {

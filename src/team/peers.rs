@@ -123,23 +123,7 @@ pub fn unicast_peers(
     let hellos = agree(boot, Step::Join, local, deadline)?;
     for (rank, bytes) in hellos.iter().enumerate() {
         let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
-        if h.bytes != spec.bytes {
-            return Err(TeamError::new(
-                rank,
-                Step::Join,
-                Cause::Mismatch(Mismatch::Bytes {
-                    root: spec.bytes,
-                    this: h.bytes,
-                }),
-            ));
-        }
-        if h.counted_ops != spec.counted_ops {
-            return Err(TeamError::new(
-                rank,
-                Step::Join,
-                Cause::Mismatch(Mismatch::CountedOps),
-            ));
-        }
+        super::same_options(rank, &h, spec.bytes, spec.counted_ops)?;
     }
 
     // One id per rank; this rank's own endpoint at its own index.
