@@ -51,7 +51,7 @@ build() {
     command -v cargo >/dev/null || die "cargo not found: build on a machine with the Rust toolchain"
     cd "$root"
     exclude_bin
-    local json tests_exe probe_exe
+    local json tests_exe probe_exe overhead_exe
     json="$(mktemp)"
     trap 'rm -f "$json"' RETURN
     # cudarc (used by tests/gpu.rs) needs a CUDA version; the test machines run 13.0.
@@ -60,11 +60,14 @@ build() {
     tests_exe="$(artifact test gpu <"$json")"
     cargo build --release --features gpu --example probe --message-format=json >"$json"
     probe_exe="$(artifact example probe <"$json")"
+    cargo build --release --example driver_overhead --message-format=json >"$json"
+    overhead_exe="$(artifact example driver_overhead <"$json")"
     [ -n "$tests_exe" ] && [ -x "$tests_exe" ] || die "no test executable for tests/gpu.rs in cargo's output"
     [ -n "$probe_exe" ] && [ -x "$probe_exe" ] || die "no executable for examples/probe.rs in cargo's output"
     mkdir -p "$bin"
     cp -f "$tests_exe" "$bin/gpu"
     cp -f "$probe_exe" "$bin/probe"
+    [ -n "$overhead_exe" ] && cp -f "$overhead_exe" "$bin/driver_overhead"
     if command -v strip >/dev/null; then
         strip "$bin/gpu" "$bin/probe"
     fi
@@ -93,6 +96,10 @@ run() {
     "$bin/probe" 2>&1 | tee -a "$logs/gpu-suite.log"
     echo "== suite" | tee -a "$logs/gpu-suite.log"
     "$bin/gpu" --test-threads=1 --nocapture "$@" 2>&1 | tee -a "$logs/gpu-suite.log"
+    if [ -x "$bin/driver_overhead" ] && [ $# -eq 0 ]; then
+        echo "== the real backend's per-call overhead" | tee -a "$logs/gpu-suite.log"
+        "$bin/driver_overhead" 2>&1 | tee -a "$logs/gpu-suite.log"
+    fi
 }
 
 mode="${1:-}"
