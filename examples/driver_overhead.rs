@@ -34,7 +34,11 @@ type Create = unsafe extern "C" fn(*mut u64, usize, *const MemProp, u64) -> u32;
 type Release = unsafe extern "C" fn(u64) -> u32;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let n: u32 = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(20_000);
+    let n: u32 = std::env::args()
+        .nth(1)
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(20_000);
     let ctx = match Context::cuda() {
         Ok(ctx) => ctx,
         Err(e) => {
