@@ -356,12 +356,13 @@ fn classic_fallback_never_reaches_multicast_create() {
         e.error
     );
     if capable.iter().all(|&c| c) {
-        // The last enrollment would create: the policy refuses it.
+        // The last enrollment would create: the policy refuses it, and the
+        // classic backend names the call that was refused.
         assert!(
             matches!(
                 e.error,
                 Error::Driver {
-                    call: Call::AddDevice,
+                    call: Call::MulticastCreate,
                     code: Code::NOT_PERMITTED
                 }
             ),
