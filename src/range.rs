@@ -250,12 +250,17 @@ impl IdRange {
                 value: u64::from(base),
             });
         }
-        let records = (0..count)
-            .map(|_| Record {
-                facts: OwnerCell(UnsafeCell::new(Facts::default())),
-                slot: Mutex::new(Slot::default()),
-            })
-            .collect();
+        let record = || Record {
+            facts: OwnerCell(UnsafeCell::new(Facts::default())),
+            slot: Mutex::new(Slot::default()),
+        };
+        // One id (`reserve_one`, the common case) without the generic
+        // `collect`, which costs more than the record it builds.
+        let records = if count == 1 {
+            smallvec::smallvec![record()]
+        } else {
+            (0..count).map(|_| record()).collect()
+        };
         Ok(IdRange {
             inner: Arc::new(RangeInner {
                 ctx: ctx.clone(),
@@ -306,7 +311,9 @@ impl IdRange {
 
     /// The first id as an endpoint; the rest (if any) stay with the range.
     pub(crate) fn first(self) -> Endpoint<Reserved, NoKind> {
-        Endpoint::from_parts(self.inner.clone(), self.inner.base)
+        // The range's own reference moves into the endpoint: no clone.
+        let base = self.inner.base;
+        Endpoint::from_parts(self.inner, base)
     }
 
     /// Releases the ids now (`cuLogicalEndpointIdRelease`, R1).
