@@ -140,6 +140,15 @@ impl RangeInner {
             .unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The slot of `id` without a lock: `&mut` proves no one else holds it.
+    fn slot_mut(&mut self, id: u32) -> &mut Slot {
+        let i = (id - self.base) as usize;
+        self.records[i]
+            .slot
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The facts of `id`, read.
     ///
     /// # Safety
@@ -167,25 +176,26 @@ impl RangeInner {
         self.released = true;
         for i in 0..self.count {
             let id = self.base + i;
-            if !self.slot(id).orphaned {
+            if !self.slot_mut(id).orphaned {
                 continue;
             }
             // SAFETY: an orphan: its `Endpoint` is gone (dropped while its
             // destroy failed), so nothing typed holds the id any more.
             match unsafe { self.ctx.driver().destroy(id) } {
                 Ok(()) => {
-                    let slot = std::mem::take(&mut *self.slot(id));
+                    let slot = std::mem::take(self.slot_mut(id));
                     if let Some(f) = &slot.fabric {
                         self.ctx.detach(f);
                     }
-                    drop(slot); // unbound now: the memory may go, outside the lock
+                    drop(slot); // unbound now: the memory may go
                 }
                 Err(code) => {
                     // Still attached, so memory may still be bound: leak what
                     // every orphan keeps rather than free it with the range,
                     // and keep the ids (R1.2).
                     for j in i..self.count {
-                        std::mem::forget(std::mem::take(&mut *self.slot(self.base + j)));
+                        let id = self.base + j;
+                        std::mem::forget(std::mem::take(self.slot_mut(id)));
                     }
                     return Err(self.ctx.error(Call::Destroy, code));
                 }
@@ -322,15 +332,19 @@ impl IdRange {
     /// [`crate::Error::Driver`] from the driver; the ids are then lost to this
     /// process, as the driver left them.
     pub fn release(self) -> Result<()> {
-        match Arc::into_inner(self.inner) {
-            Some(mut inner) => inner.release_now(),
-            None => Ok(()),
-        }
+        release_shared(self.inner)
     }
 }
 
 /// Releases `range` now if `this` was its last holder; else just lets go.
-pub(crate) fn release_shared(range: Arc<RangeInner>) -> Result<()> {
+pub(crate) fn release_shared(mut range: Arc<RangeInner>) -> Result<()> {
+    // The last holder releases in place: moving the records out of the
+    // allocation (`into_inner`) would copy them for nothing. The `Drop` that
+    // follows finds the range released and only frees it.
+    if let Some(inner) = Arc::get_mut(&mut range) {
+        return inner.release_now();
+    }
+    // Shared: `into_inner` decides atomically which of racing holders is last.
     match Arc::into_inner(range) {
         Some(mut inner) => inner.release_now(),
         None => Ok(()),
