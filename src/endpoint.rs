@@ -102,7 +102,10 @@ fn forget_endpoint(range: &RangeInner, id: u32) {
     *unsafe { range.facts_mut(id) } = Facts::default();
     let (bindings, fabric) = {
         let mut slot = range.slot(id);
-        (slot.reset(), slot.fabric.take())
+        // Nothing bound (the usual case): no list to move out.
+        let bindings = (!slot.bindings.is_empty()).then(|| slot.reset());
+        slot.orphaned = false;
+        (bindings, slot.fabric.take())
     };
     if let Some(f) = fabric {
         range.ctx.detach(&f);
