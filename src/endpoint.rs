@@ -84,7 +84,9 @@ fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
                 // thing worse than a leak. The id still holds the endpoint, so
                 // the range retries the destroy before it releases (R1.2);
                 // if that fails too, it leaks the memory for good.
-                range.slot(id).orphaned = true;
+                // SAFETY: only the owner of the endpoint on `id` destroys it
+                // (see above), so no other reference to its facts exists.
+                unsafe { range.facts_mut(id) }.orphaned = true;
                 range.ctx.record_teardown(e);
                 None
             } else {
@@ -104,7 +106,6 @@ fn forget_endpoint(range: &RangeInner, id: u32) {
         let mut slot = range.slot(id);
         // Nothing bound (the usual case): no list to move out.
         let bindings = (!slot.bindings.is_empty()).then(|| slot.reset());
-        slot.orphaned = false;
         (bindings, slot.fabric.take())
     };
     if let Some(f) = fabric {
@@ -251,7 +252,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let outcome = {
             // A panic inside create or an enrollment leaves an endpoint on
             // the id: the range destroys it before it releases (R1.2).
-            let orphan = OnUnwind::new(|| self.slot().orphaned = true);
+            let orphan = OnUnwind::new(|| {
+                // SAFETY: `create` holds the endpoint by value and no borrow
+                // of its facts is alive while the guard is.
+                unsafe { self.facts_mut() }.orphaned = true;
+            });
             // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
             // and holds no endpoint (R2.1, R3.4).
             let mut r = unsafe { d.create(self.id, spec.props) }.map_err(|code| (false, code));
@@ -288,7 +293,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 if let Some(e2) = destroy_now(&self.range, self.id, false) {
                     tracing::error!("undo of create failed");
                     ctx.record_teardown(e2); // not swallowed
-                    self.slot().orphaned = true;
+                    // SAFETY: `create` took the endpoint by value.
+                    unsafe { self.facts_mut() }.orphaned = true;
                 }
                 return self.fail(error);
             }
@@ -312,7 +318,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
 
     /// A reserved id whose endpoint could not be destroyed earlier: try again.
     fn retry_orphan(&self) -> Result<()> {
-        if !self.slot().orphaned {
+        if !self.facts().orphaned {
             return Ok(());
         }
         match destroy_now(&self.range, self.id, false) {
@@ -424,9 +430,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // A panic inside the import leaves the endpoint attached: the
             // range destroys it (and detaches the handle) before it releases.
             let orphan = OnUnwind::new(|| {
-                let mut slot = self.slot();
-                slot.orphaned = true;
-                slot.fabric = Some(Box::new(c.0));
+                // SAFETY: `import` holds the endpoint by value and no borrow
+                // of its facts is alive while the guard is.
+                unsafe { self.facts_mut() }.orphaned = true;
+                self.slot().fabric = Some(Box::new(c.0));
             });
             // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
             // and holds no endpoint (R2.1, R3.4).

@@ -47,6 +47,10 @@ pub(crate) struct Facts {
     pub devices: SmallVec<[Device; 4]>,
     /// Team size (multicast), 1 for unicast.
     pub team_size: u32,
+    /// An endpoint whose destroy failed (after a failed create, from `Drop`,
+    /// or a driver call that panicked): destroy it before the id is used or
+    /// released. Only the id's owner sets it, so no lock is needed.
+    pub orphaned: bool,
 }
 
 /// Per-id bookkeeping that bindings and `export` change through a shared
@@ -55,9 +59,6 @@ pub(crate) struct Facts {
 pub(crate) struct Slot {
     pub bindings: SmallVec<[Bound; 2]>,
     pub next_key: u64,
-    /// An endpoint whose destroy failed after a failed create: destroy it
-    /// before the id is used or released.
-    pub orphaned: bool,
     /// The fabric handle of this attachment, once exported or imported: the
     /// context refuses a second attachment of it (R9).
     pub fabric: Option<Box<[u8; 64]>>,
@@ -67,7 +68,6 @@ impl Slot {
     /// Back to an empty id, in place; returns the bindings so that the memory
     /// they keep alive is dropped by the caller, outside the lock.
     pub fn reset(&mut self) -> SmallVec<[Bound; 2]> {
-        self.orphaned = false;
         std::mem::take(&mut self.bindings)
     }
 }
@@ -149,6 +149,13 @@ impl RangeInner {
             .unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether `id` holds an orphan (see [`Facts::orphaned`]), without a
+    /// lock or an `unsafe`: `&mut` proves no endpoint of the range is left.
+    fn orphaned(&mut self, id: u32) -> bool {
+        let i = (id - self.base) as usize;
+        self.records[i].facts.0.get_mut().orphaned
+    }
+
     /// The facts of `id`, read.
     ///
     /// # Safety
@@ -176,7 +183,7 @@ impl RangeInner {
         self.released = true;
         for i in 0..self.count {
             let id = self.base + i;
-            if !self.slot_mut(id).orphaned {
+            if !self.orphaned(id) {
                 continue;
             }
             // SAFETY: an orphan: its `Endpoint` is gone (dropped while its
