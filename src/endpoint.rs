@@ -36,6 +36,10 @@ use crate::state::{
 /// also unbinds what this process bound, R7); the id goes back to its range,
 /// which is released when its last endpoint is gone (R1). Teardown errors are
 /// kept on the [`Context`] ([`Context::take_teardown_errors`]).
+// `repr(C)`: every `Endpoint<S, K>` has one layout (the same fields, the
+// marker zero-sized), so that a `Vec` of them changes state in place
+// (`cast_vec`).
+#[repr(C)]
 pub struct Endpoint<S: State = Reserved, K: Kind = NoKind> {
     range: Arc<RangeInner>,
     id: u32,
@@ -152,6 +156,20 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     pub(crate) fn cast<S2: State, K2: Kind>(self) -> Endpoint<S2, K2> {
         let (range, id) = self.into_parts();
         Endpoint::from_parts(range, id)
+    }
+
+    /// [`Endpoint::cast`] of every endpoint of `v`, in place: no allocation
+    /// and no pass over the elements.
+    pub(crate) fn cast_vec<S2: State, K2: Kind>(v: Vec<Self>) -> Vec<Endpoint<S2, K2>> {
+        let mut v = ManuallyDrop::new(v);
+        let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
+        // SAFETY: `Endpoint` is `repr(C)` with fields that do not depend on
+        // `S` or `K` (the marker is a zero-sized `PhantomData`), so both
+        // types have the same size and alignment and every value of one is a
+        // valid value of the other; the buffer was allocated by a `Vec` with
+        // this layout, `len` and `cap` are its own, and `v` is never used or
+        // dropped again. As with `cast`, the caller vouches for the state.
+        unsafe { Vec::from_raw_parts(ptr.cast::<Endpoint<S2, K2>>(), len, cap) }
     }
 
     pub(crate) fn range(&self) -> &Arc<RangeInner> {
