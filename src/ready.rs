@@ -218,6 +218,7 @@ where
 
 /// Waits until one query over `[base, base+count)` of `range` reports every
 /// endpoint there constructed (R3.5), with the back-off of [`Endpoint::wait`].
+#[inline]
 pub(crate) fn wait_ids(range: &RangeInner, base: u32, count: u32, timeout: Duration) -> Result<()> {
     let mut backoff = Backoff::new();
     loop {
