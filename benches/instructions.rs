@@ -16,7 +16,7 @@
 //! - `transitions`: one transition at a time, on `Null`, each next to the
 //!   raw driver call it makes: `reserve_one` / `id_reserve`, `create` /
 //!   `create` (and `get_limits` + `create`), `wait` on an endpoint ready at the
-//!   first query / one `query`, `bind` / `bind_mem`, `Binding::unbind` /
+//!   first query / one `query`, `wait_all` on that one endpoint, `bind` / `bind_mem`, `Binding::unbind` /
 //!   `unbind`, `destroy` / `destroy`, `release` / `id_release`.
 //!
 //! Only the benchmark function is counted. Its input (a context, one
@@ -35,7 +35,10 @@ use std::time::Duration;
 
 use cuda_endpoints::driver::{Driver, DriverResult, EndpointProps, Shape};
 use cuda_endpoints::model::{Model, ModelConfig};
-use cuda_endpoints::{Allocation, Binding, Context, Endpoint, Pending, Ready, Spec, Unicast};
+use cuda_endpoints::{
+    Allocation, Binding, Context, Endpoint, Pending, PendingList, Ready, ReadyList, Spec, Unicast,
+    wait_all,
+};
 use gungraun::prelude::*;
 
 use common::{Fixture, Null, OWNER, SIZE, fixture, raw, raw_with_limits, typed};
@@ -251,6 +254,21 @@ fn wait_raw((d, id): (&'static dyn Driver, u32)) -> DriverResult<bool> {
     unsafe { d.query(id, 1) }
 }
 
+// wait_all on one endpoint (ready at the first query) vs `wait`: the same
+// one query.
+
+fn s_pending_list() -> Vec<Endpoint<Pending, Unicast>> {
+    vec![s_pending()]
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_pending_list, teardown = ok)]
+fn wait_all_one_typed(
+    eps: Vec<Endpoint<Pending, Unicast>>,
+) -> Result<ReadyList<Unicast>, cuda_endpoints::Failed<PendingList<Unicast>>> {
+    wait_all(eps, Duration::from_secs(1))
+}
+
 // bind vs bind_mem
 
 #[library_benchmark]
@@ -325,6 +343,7 @@ library_benchmark_group!(
         create_raw_with_limits,
         wait_typed,
         wait_raw,
+        wait_all_one_typed,
         bind_typed,
         bind_raw,
         unbind_typed,

@@ -70,15 +70,22 @@ criterion_group! {
 }
 
 /// Where criterion keeps its results (as criterion finds it, without asking
-/// `cargo metadata`).
+/// `cargo metadata`): under `cargo bench` the workspace's target directory
+/// (this package is a member, its own folder has none), else this package's.
 fn criterion_dir() -> PathBuf {
     if let Some(home) = std::env::var_os("CRITERION_HOME") {
         return home.into();
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
-    target.join("criterion")
+    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(target).join("criterion");
+    }
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let workspace = here.join("../target/criterion");
+    if workspace.is_dir() {
+        workspace
+    } else {
+        here.join("target/criterion")
+    }
 }
 
 /// The headline estimate of one function in nanoseconds (criterion's slope,

@@ -330,22 +330,25 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             },
             Target::Handle(_) => None,
         };
-        // Each value with the largest it may be, so that the suggestion
-        // (rounded up, else down) is itself valid where it can be.
-        let fit = |limit: u64, other: u64| limit.saturating_sub(other);
-        for (what, v, most) in [
-            (Arg::BindOffset, offset, fit(facts.size, size)),
-            (
-                Arg::BindSize,
-                size,
-                fit(facts.size, offset).min(fit(mem_size, mem_offset)),
-            ),
-            (Arg::MemoryOffset, mem_offset, fit(mem_size, size)),
+        for (what, v) in [
+            (Arg::BindOffset, offset),
+            (Arg::BindSize, size),
+            (Arg::MemoryOffset, mem_offset),
         ]
         .into_iter()
-        .chain(addr)
+        .chain(addr.map(|(what, a, _)| (what, a)))
         {
             if !v.is_multiple_of(align) {
+                // The largest each value may be, so that the suggestion
+                // (rounded up, else down) is itself valid where it can be;
+                // computed on the error path only.
+                let fit = |limit: u64, other: u64| limit.saturating_sub(other);
+                let most = match what {
+                    Arg::BindOffset => fit(facts.size, size),
+                    Arg::BindSize => fit(facts.size, offset).min(fit(mem_size, mem_offset)),
+                    Arg::MemoryOffset => fit(mem_size, size),
+                    _ => u64::MAX,
+                };
                 let down = v / align * align;
                 let suggested = v
                     .checked_next_multiple_of(align)

@@ -36,6 +36,10 @@ use crate::state::{
 /// also unbinds what this process bound, R7); the id goes back to its range,
 /// which is released when its last endpoint is gone (R1). Teardown errors are
 /// kept on the [`Context`] ([`Context::take_teardown_errors`]).
+// `repr(C)`: every `Endpoint<S, K>` has one layout (the same fields, the
+// marker zero-sized), so that a `Vec` of them changes state in place
+// (`cast_vec`).
+#[repr(C)]
 pub struct Endpoint<S: State = Reserved, K: Kind = NoKind> {
     range: Arc<RangeInner>,
     id: u32,
@@ -84,7 +88,9 @@ fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
                 // thing worse than a leak. The id still holds the endpoint, so
                 // the range retries the destroy before it releases (R1.2);
                 // if that fails too, it leaks the memory for good.
-                range.slot(id).orphaned = true;
+                // SAFETY: only the owner of the endpoint on `id` destroys it
+                // (see above), so no other reference to its facts exists.
+                unsafe { range.facts_mut(id) }.orphaned = true;
                 range.ctx.record_teardown(e);
                 None
             } else {
@@ -102,7 +108,9 @@ fn forget_endpoint(range: &RangeInner, id: u32) {
     *unsafe { range.facts_mut(id) } = Facts::default();
     let (bindings, fabric) = {
         let mut slot = range.slot(id);
-        (slot.reset(), slot.fabric.take())
+        // Nothing bound (the usual case): no list to move out.
+        let bindings = (!slot.bindings.is_empty()).then(|| slot.reset());
+        (bindings, slot.fabric.take())
     };
     if let Some(f) = fabric {
         range.ctx.detach(&f);
@@ -148,6 +156,20 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     pub(crate) fn cast<S2: State, K2: Kind>(self) -> Endpoint<S2, K2> {
         let (range, id) = self.into_parts();
         Endpoint::from_parts(range, id)
+    }
+
+    /// [`Endpoint::cast`] of every endpoint of `v`, in place: no allocation
+    /// and no pass over the elements.
+    pub(crate) fn cast_vec<S2: State, K2: Kind>(v: Vec<Self>) -> Vec<Endpoint<S2, K2>> {
+        let mut v = ManuallyDrop::new(v);
+        let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
+        // SAFETY: `Endpoint` is `repr(C)` with fields that do not depend on
+        // `S` or `K` (the marker is a zero-sized `PhantomData`), so both
+        // types have the same size and alignment and every value of one is a
+        // valid value of the other; the buffer was allocated by a `Vec` with
+        // this layout, `len` and `cap` are its own, and `v` is never used or
+        // dropped again. As with `cast`, the caller vouches for the state.
+        unsafe { Vec::from_raw_parts(ptr.cast::<Endpoint<S2, K2>>(), len, cap) }
     }
 
     pub(crate) fn range(&self) -> &Arc<RangeInner> {
@@ -248,7 +270,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let outcome = {
             // A panic inside create or an enrollment leaves an endpoint on
             // the id: the range destroys it before it releases (R1.2).
-            let orphan = OnUnwind::new(|| self.slot().orphaned = true);
+            let orphan = OnUnwind::new(|| {
+                // SAFETY: `create` holds the endpoint by value and no borrow
+                // of its facts is alive while the guard is.
+                unsafe { self.facts_mut() }.orphaned = true;
+            });
             // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
             // and holds no endpoint (R2.1, R3.4).
             let mut r = unsafe { d.create(self.id, spec.props) }.map_err(|code| (false, code));
@@ -285,7 +311,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 if let Some(e2) = destroy_now(&self.range, self.id, false) {
                     tracing::error!("undo of create failed");
                     ctx.record_teardown(e2); // not swallowed
-                    self.slot().orphaned = true;
+                    // SAFETY: `create` took the endpoint by value.
+                    unsafe { self.facts_mut() }.orphaned = true;
                 }
                 return self.fail(error);
             }
@@ -309,7 +336,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
 
     /// A reserved id whose endpoint could not be destroyed earlier: try again.
     fn retry_orphan(&self) -> Result<()> {
-        if !self.slot().orphaned {
+        if !self.facts().orphaned {
             return Ok(());
         }
         match destroy_now(&self.range, self.id, false) {
@@ -421,9 +448,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // A panic inside the import leaves the endpoint attached: the
             // range destroys it (and detaches the handle) before it releases.
             let orphan = OnUnwind::new(|| {
-                let mut slot = self.slot();
-                slot.orphaned = true;
-                slot.fabric = Some(Box::new(c.0));
+                // SAFETY: `import` holds the endpoint by value and no borrow
+                // of its facts is alive while the guard is.
+                unsafe { self.facts_mut() }.orphaned = true;
+                self.slot().fabric = Some(Box::new(c.0));
             });
             // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
             // and holds no endpoint (R2.1, R3.4).

@@ -47,6 +47,10 @@ pub(crate) struct Facts {
     pub devices: SmallVec<[Device; 4]>,
     /// Team size (multicast), 1 for unicast.
     pub team_size: u32,
+    /// An endpoint whose destroy failed (after a failed create, from `Drop`,
+    /// or a driver call that panicked): destroy it before the id is used or
+    /// released. Only the id's owner sets it, so no lock is needed.
+    pub orphaned: bool,
 }
 
 /// Per-id bookkeeping that bindings and `export` change through a shared
@@ -55,9 +59,6 @@ pub(crate) struct Facts {
 pub(crate) struct Slot {
     pub bindings: SmallVec<[Bound; 2]>,
     pub next_key: u64,
-    /// An endpoint whose destroy failed after a failed create: destroy it
-    /// before the id is used or released.
-    pub orphaned: bool,
     /// The fabric handle of this attachment, once exported or imported: the
     /// context refuses a second attachment of it (R9).
     pub fabric: Option<Box<[u8; 64]>>,
@@ -67,7 +68,6 @@ impl Slot {
     /// Back to an empty id, in place; returns the bindings so that the memory
     /// they keep alive is dropped by the caller, outside the lock.
     pub fn reset(&mut self) -> SmallVec<[Bound; 2]> {
-        self.orphaned = false;
         std::mem::take(&mut self.bindings)
     }
 }
@@ -140,6 +140,22 @@ impl RangeInner {
             .unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The slot of `id` without a lock: `&mut` proves no one else holds it.
+    fn slot_mut(&mut self, id: u32) -> &mut Slot {
+        let i = (id - self.base) as usize;
+        self.records[i]
+            .slot
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `id` holds an orphan (see [`Facts::orphaned`]), without a
+    /// lock or an `unsafe`: `&mut` proves no endpoint of the range is left.
+    fn orphaned(&mut self, id: u32) -> bool {
+        let i = (id - self.base) as usize;
+        self.records[i].facts.0.get_mut().orphaned
+    }
+
     /// The facts of `id`, read.
     ///
     /// # Safety
@@ -167,25 +183,26 @@ impl RangeInner {
         self.released = true;
         for i in 0..self.count {
             let id = self.base + i;
-            if !self.slot(id).orphaned {
+            if !self.orphaned(id) {
                 continue;
             }
             // SAFETY: an orphan: its `Endpoint` is gone (dropped while its
             // destroy failed), so nothing typed holds the id any more.
             match unsafe { self.ctx.driver().destroy(id) } {
                 Ok(()) => {
-                    let slot = std::mem::take(&mut *self.slot(id));
+                    let slot = std::mem::take(self.slot_mut(id));
                     if let Some(f) = &slot.fabric {
                         self.ctx.detach(f);
                     }
-                    drop(slot); // unbound now: the memory may go, outside the lock
+                    drop(slot); // unbound now: the memory may go
                 }
                 Err(code) => {
                     // Still attached, so memory may still be bound: leak what
                     // every orphan keeps rather than free it with the range,
                     // and keep the ids (R1.2).
                     for j in i..self.count {
-                        std::mem::forget(std::mem::take(&mut *self.slot(self.base + j)));
+                        let id = self.base + j;
+                        std::mem::forget(std::mem::take(self.slot_mut(id)));
                     }
                     return Err(self.ctx.error(Call::Destroy, code));
                 }
@@ -250,12 +267,17 @@ impl IdRange {
                 value: u64::from(base),
             });
         }
-        let records = (0..count)
-            .map(|_| Record {
-                facts: OwnerCell(UnsafeCell::new(Facts::default())),
-                slot: Mutex::new(Slot::default()),
-            })
-            .collect();
+        let record = || Record {
+            facts: OwnerCell(UnsafeCell::new(Facts::default())),
+            slot: Mutex::new(Slot::default()),
+        };
+        // One id (`reserve_one`, the common case) without the generic
+        // `collect`, which costs more than the record it builds.
+        let records = if count == 1 {
+            smallvec::smallvec![record()]
+        } else {
+            (0..count).map(|_| record()).collect()
+        };
         Ok(IdRange {
             inner: Arc::new(RangeInner {
                 ctx: ctx.clone(),
@@ -306,7 +328,9 @@ impl IdRange {
 
     /// The first id as an endpoint; the rest (if any) stay with the range.
     pub(crate) fn first(self) -> Endpoint<Reserved, NoKind> {
-        Endpoint::from_parts(self.inner.clone(), self.inner.base)
+        // The range's own reference moves into the endpoint: no clone.
+        let base = self.inner.base;
+        Endpoint::from_parts(self.inner, base)
     }
 
     /// Releases the ids now (`cuLogicalEndpointIdRelease`, R1).
@@ -315,15 +339,19 @@ impl IdRange {
     /// [`crate::Error::Driver`] from the driver; the ids are then lost to this
     /// process, as the driver left them.
     pub fn release(self) -> Result<()> {
-        match Arc::into_inner(self.inner) {
-            Some(mut inner) => inner.release_now(),
-            None => Ok(()),
-        }
+        release_shared(self.inner)
     }
 }
 
 /// Releases `range` now if `this` was its last holder; else just lets go.
-pub(crate) fn release_shared(range: Arc<RangeInner>) -> Result<()> {
+pub(crate) fn release_shared(mut range: Arc<RangeInner>) -> Result<()> {
+    // The last holder releases in place: moving the records out of the
+    // allocation (`into_inner`) would copy them for nothing. The `Drop` that
+    // follows finds the range released and only frees it.
+    if let Some(inner) = Arc::get_mut(&mut range) {
+        return inner.release_now();
+    }
+    // Shared: `into_inner` decides atomically which of racing holders is last.
     match Arc::into_inner(range) {
         Some(mut inner) => inner.release_now(),
         None => Ok(()),

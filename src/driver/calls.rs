@@ -528,7 +528,10 @@ pub(crate) struct Queries<'a>(pub(crate) &'a dyn Driver);
 
 macro_rules! query_method {
     ("none beyond the trait's", $method:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        // Inline: a query is one virtual call, and the typed transitions
+        // that make it (`poll`, `wait`, `create`'s limits) should be too.
         #[allow(dead_code)]
+        #[inline]
         pub(crate) fn $method(self $(, $arg: $ty)*) -> DriverResult<$ret> {
             // SAFETY: this call has no contract beyond the trait's, and it
             // names nothing a typed object owns: it reads, or makes
