@@ -93,6 +93,23 @@ fn same_options(
     Ok(())
 }
 
+/// A handle's claim `field = got` is what the ranks agreed on (`want`), or a
+/// mismatch at the check step, before anything is imported.
+fn expect_claim(field: &'static str, got: u64, want: u64) -> Result<(), (Step, error::Cause)> {
+    if got == want {
+        Ok(())
+    } else {
+        Err((
+            Step::Check,
+            error::Cause::Mismatch(Mismatch::Handle {
+                field,
+                handle: got,
+                expected: want,
+            }),
+        ))
+    }
+}
+
 /// This rank's devices exist and are distinct (checked before any rank
 /// creates anything).
 fn check_devices(ctx: &Context, devices: &[Device]) -> Result<(), error::Cause> {

@@ -461,17 +461,7 @@ fn import_checked(
     let handle = FabricHandle::<SpreadTeam<Exportable>>::from_bytes(handle)
         .map_err(|e| check(Cause::Local(e)))?;
     // What the importer relies on, against what the ranks agreed on …
-    let expect = |field, got: u64, want: u64| {
-        if got == want {
-            Ok(())
-        } else {
-            Err(check(Cause::Mismatch(Mismatch::Handle {
-                field,
-                handle: got,
-                expected: want,
-            })))
-        }
-    };
+    let expect = super::expect_claim;
     expect(
         "team size",
         u64::from(handle.team_size()),

@@ -16,7 +16,7 @@ use crate::spec::Spec;
 use crate::state::{Pending, Ready, Reserved};
 
 use super::agree::{Deadline, agree};
-use super::error::{Cause, Mismatch, Step, TeamError};
+use super::error::{Cause, Step, TeamError};
 use super::wire::{Hello, decode_envelope, encode_envelope};
 use super::{check_devices, check_limits, wait_range};
 
@@ -185,17 +185,7 @@ pub fn unicast_peers(
             let (counted, handle) = decode_envelope(env).map_err(check)?;
             let handle = FabricHandle::<Unicast<Exportable>>::from_bytes(handle)
                 .map_err(|e| check(Cause::Local(e)))?;
-            let expect = |field, got: u64, want: u64| {
-                if got == want {
-                    Ok(())
-                } else {
-                    Err(check(Cause::Mismatch(Mismatch::Handle {
-                        field,
-                        handle: got,
-                        expected: want,
-                    })))
-                }
-            };
+            let expect = super::expect_claim;
             expect("size", handle.size(), spec.bytes)?;
             expect("team size", u64::from(handle.team_size()), 1)?;
             expect(
