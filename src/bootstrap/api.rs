@@ -117,54 +117,38 @@ impl Deadline {
     }
 }
 
-impl<B: Bootstrap + ?Sized> Bootstrap for &B {
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
-    fn size(&self) -> usize {
-        (**self).size()
-    }
-    fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
-        (**self).allgather(mine, timeout)
-    }
-    fn broadcast(
-        &self,
-        root: usize,
-        bytes_if_root: &[u8],
-        timeout: Duration,
-    ) -> Result<Vec<u8>, BootstrapError> {
-        (**self).broadcast(root, bytes_if_root, timeout)
-    }
-    fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
-        (**self).barrier(timeout)
-    }
-    fn traffic(&self) -> Traffic {
-        (**self).traffic()
-    }
+/// `&B` and `Box<B>` are bootstraps wherever `B` is.
+macro_rules! forward_bootstrap {
+    ($($ptr:ty),*) => {$(
+        impl<B: Bootstrap + ?Sized> Bootstrap for $ptr {
+            fn rank(&self) -> usize {
+                (**self).rank()
+            }
+            fn size(&self) -> usize {
+                (**self).size()
+            }
+            fn allgather(
+                &self,
+                mine: &[u8],
+                timeout: Duration,
+            ) -> Result<Vec<Vec<u8>>, BootstrapError> {
+                (**self).allgather(mine, timeout)
+            }
+            fn broadcast(
+                &self,
+                root: usize,
+                bytes_if_root: &[u8],
+                timeout: Duration,
+            ) -> Result<Vec<u8>, BootstrapError> {
+                (**self).broadcast(root, bytes_if_root, timeout)
+            }
+            fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
+                (**self).barrier(timeout)
+            }
+            fn traffic(&self) -> Traffic {
+                (**self).traffic()
+            }
+        }
+    )*};
 }
-
-impl<B: Bootstrap + ?Sized> Bootstrap for Box<B> {
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
-    fn size(&self) -> usize {
-        (**self).size()
-    }
-    fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
-        (**self).allgather(mine, timeout)
-    }
-    fn broadcast(
-        &self,
-        root: usize,
-        bytes_if_root: &[u8],
-        timeout: Duration,
-    ) -> Result<Vec<u8>, BootstrapError> {
-        (**self).broadcast(root, bytes_if_root, timeout)
-    }
-    fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
-        (**self).barrier(timeout)
-    }
-    fn traffic(&self) -> Traffic {
-        (**self).traffic()
-    }
-}
+forward_bootstrap!(&B, Box<B>);

@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::api::{Bootstrap, Traffic};
 use super::error::{Argument, BootstrapError, Op, Step};
 use super::tcp::refused;
-use super::wire::{self, Expect, Header, Kind, MAX_FRAME};
+use super::wire::{self, Expect, Kind};
 
 /// What a callback returns: its own error type, boxed.
 pub type CallbackResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -132,38 +132,12 @@ impl Callbacks {
         st.1.received(received);
     }
 
-    fn size32(&self) -> u32 {
-        u32::try_from(self.size).unwrap_or(u32::MAX)
-    }
-
     fn seal(&self, step: Step, kind: Kind, payload: &[u8]) -> Result<Vec<u8>, BootstrapError> {
-        let h = Header {
-            kind: kind as u8,
-            job: self.job,
-            seq: step.seq,
-            from: u32::try_from(self.rank).unwrap_or(u32::MAX),
-            size: self.size32(),
-            len: 0,
-        };
-        wire::frame(h, payload).ok_or(BootstrapError::InvalidArgument {
-            rank: self.rank,
-            step,
-            what: Argument::TooLarge {
-                len: payload.len(),
-                max: MAX_FRAME,
-            },
-        })
+        wire::seal(self.job, self.rank, self.size, step, kind, payload)
     }
 
     fn expect(&self, step: Step, kind: Kind, from: usize) -> Expect {
-        Expect {
-            job: self.job,
-            size: self.size32(),
-            seq: step.seq,
-            kind,
-            op: step.op,
-            from: u32::try_from(from).unwrap_or(u32::MAX),
-        }
+        wire::expect(self.job, self.size, step, kind, from)
     }
 
     fn gather(

@@ -31,7 +31,7 @@ use mpi::traits::{CommunicatorCollectives, Root};
 use super::api::{Bootstrap, Deadline, Traffic};
 use super::error::{Argument, BootstrapError, Op, Step};
 use super::tcp::refused;
-use super::wire::{self, Expect, Header, Kind, MAX_FRAME};
+use super::wire::{self, Expect, Kind, MAX_FRAME};
 
 /// A bootstrap over an MPI communicator.
 pub struct Mpi<C: Communicator = SimpleCommunicator> {
@@ -222,33 +222,11 @@ impl<C: Communicator> Mpi<C> {
     }
 
     fn seal(&self, step: Step, kind: Kind, payload: &[u8]) -> Result<Vec<u8>, BootstrapError> {
-        let h = Header {
-            kind: kind as u8,
-            job: self.job,
-            seq: step.seq,
-            from: u32::try_from(self.rank).unwrap_or(u32::MAX),
-            size: u32::try_from(self.size).unwrap_or(u32::MAX),
-            len: 0,
-        };
-        wire::frame(h, payload).ok_or(BootstrapError::InvalidArgument {
-            rank: self.rank,
-            step,
-            what: Argument::TooLarge {
-                len: payload.len(),
-                max: MAX_FRAME,
-            },
-        })
+        wire::seal(self.job, self.rank, self.size, step, kind, payload)
     }
 
     fn expect(&self, step: Step, kind: Kind, from: usize) -> Expect {
-        Expect {
-            job: self.job,
-            size: u32::try_from(self.size).unwrap_or(u32::MAX),
-            seq: step.seq,
-            kind,
-            op: step.op,
-            from: u32::try_from(from).unwrap_or(u32::MAX),
-        }
+        wire::expect(self.job, self.size, step, kind, from)
     }
 
     fn count(&self, sent: usize, received: usize) {

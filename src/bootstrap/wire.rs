@@ -330,6 +330,53 @@ impl FrameReader {
     }
 }
 
+/// The frame rank `rank` of communicator `(job, size)` sends at `step`, or
+/// `InvalidArgument` when `payload` is over the frame limit. One definition
+/// for the backends that frame bytes themselves (callbacks, MPI).
+pub(crate) fn seal(
+    job: u64,
+    rank: usize,
+    size: usize,
+    step: super::error::Step,
+    kind: Kind,
+    payload: &[u8],
+) -> Result<Vec<u8>, super::error::BootstrapError> {
+    let h = Header {
+        kind: kind as u8,
+        job,
+        seq: step.seq,
+        from: u32::try_from(rank).unwrap_or(u32::MAX),
+        size: u32::try_from(size).unwrap_or(u32::MAX),
+        len: 0,
+    };
+    frame(h, payload).ok_or(super::error::BootstrapError::InvalidArgument {
+        rank,
+        step,
+        what: super::error::Argument::TooLarge {
+            len: payload.len(),
+            max: MAX_FRAME,
+        },
+    })
+}
+
+/// What a frame from `from` at `step` of communicator `(job, size)` must say.
+pub(crate) fn expect(
+    job: u64,
+    size: usize,
+    step: super::error::Step,
+    kind: Kind,
+    from: usize,
+) -> Expect {
+    Expect {
+        job,
+        size: u32::try_from(size).unwrap_or(u32::MAX),
+        seq: step.seq,
+        kind,
+        op: step.op,
+        from: u32::try_from(from).unwrap_or(u32::MAX),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
