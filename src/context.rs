@@ -468,7 +468,19 @@ impl Context {
     pub(crate) fn error_for(&self, call: Call, code: Code, props: Option<&EndpointProps>) -> Error {
         // The entry point that really failed, when the backend emulates
         // `call` on others (the classic fallback's `cuMulticast*`).
-        if let Some(inner) = self.driver().inner_failure(call) {
+        let inner = self.driver().inner_failure(call);
+        let named = inner.unwrap_or(call);
+        // A context step before the call failed, not the call (the real
+        // backend's primary contexts): name the step and the device.
+        if let Some(cf) = self.driver().context_failure(named) {
+            return Error::Context {
+                call: named,
+                step: cf.step,
+                device: cf.device,
+                code,
+            };
+        }
+        if let Some(inner) = inner {
             return Error::driver(inner, code);
         }
         if code == Code::NOT_SUPPORTED

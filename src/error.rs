@@ -408,6 +408,24 @@ pub enum Error {
         code: Code,
     },
 
+    /// The context a call needed could not be made current (the real
+    /// driver's primary context of a device the program uses): the step
+    /// that failed is named, and `call` itself was never made.
+    #[error(
+        "{step}{} failed with {code}, so {call} was not made; check that the device is visible to this process and usable (CUDA_VISIBLE_DEVICES, compute mode, `nvidia-smi`)",
+        device_suffix(*.device)
+    )]
+    Context {
+        /// The call that needed the context.
+        call: Call,
+        /// The context step that failed (`cuDevicePrimaryCtxRetain`, ...).
+        step: crate::driver::ContextStep,
+        /// The device whose context it was.
+        device: Option<crate::Device>,
+        /// The step's result code.
+        code: Code,
+    },
+
     /// A size, offset or address that must be a multiple of the bind
     /// alignment (SPEC R2.3, R5.3, R6.3) or of the allocation granularity.
     #[error(
@@ -684,6 +702,10 @@ pub enum Error {
     },
 }
 
+fn device_suffix(d: Option<crate::Device>) -> String {
+    d.map(|d| format!(" for {d}")).unwrap_or_default()
+}
+
 fn numa_suffix(n: Option<i32>) -> String {
     n.map(|n| format!(" or on its host NUMA node {n}"))
         .unwrap_or_default()
@@ -818,7 +840,7 @@ impl Error {
     /// The driver code, if this came from the driver.
     pub fn code(&self) -> Option<Code> {
         match self {
-            Error::Driver { code, .. } => Some(*code),
+            Error::Driver { code, .. } | Error::Context { code, .. } => Some(*code),
             _ => None,
         }
     }

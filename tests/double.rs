@@ -278,20 +278,133 @@ fn primary_contexts_are_released_and_the_current_one_restored() {
 }
 
 /// Found by the double: device-less calls (`cuLogicalEndpointIdReserve`,
-/// `Create`, `Query`...) run in "any" context, which is device 0's until
-/// another device was used, so a program on device 2 only still retains and
-/// switches into device 0's primary context (on a real GPU: a context
-/// created, with its memory, on a device the program does not use).
+/// `Create`, `Query`...) ran in "any" context, device 0's until another
+/// device was used, so a program on device 2 only retained and switched
+/// into device 0's primary context (on a real GPU: a context created, with
+/// its memory, on a device the program does not use). Now they need no
+/// context (cuda.h states none for them) and the VMM calls that name no
+/// device use the device the program used last.
 #[test]
-#[ignore = "finding for driver::cuda: Cx::Any starts on device 0"]
 fn contexts_only_on_a_nonzero_device_the_program_uses() {
-    let Some((ctx, _probe, lib)) = on_double(ModelConfig::node(4)) else {
+    let Some((ctx, probe, lib)) = on_double(ModelConfig::node(4)) else {
         return;
     };
     lifecycle(&ctx, 2).unwrap();
     let (retained, current) = lib.contexts();
     assert_eq!(retained & !mask(&[2]), 0, "retained {retained:#b}");
     assert_eq!(current & !mask(&[2]), 0, "made current {current:#b}");
+    assert_clean(&probe);
+}
+
+/// The device-less logical-endpoint calls leave the thread's context alone:
+/// a program with device 1's context current (as the CUDA runtime leaves
+/// it) reserves, creates a multicast endpoint, queries, destroys and
+/// releases without a retain or a switch.
+#[test]
+fn device_less_logical_endpoint_calls_retain_and_switch_nothing() {
+    let Some((ctx, probe, lib)) = on_double(ModelConfig::node(4).queries_to_ready(0)) else {
+        return;
+    };
+    let held = lib.live().1;
+    let range = ctx.reserve(2).unwrap();
+    let (retained, current) = lib.contexts();
+    assert_eq!((retained, current), (0, 0), "reserve touched a context");
+    let Ok([a, b]) = range.into_array() else {
+        panic!("two ids");
+    };
+    let team = a
+        .create(Spec::team(cuda_endpoints::typenum::U2::new(), 2 * MIB))
+        .unwrap();
+    let b = b.create(Spec::unicast(3, 2 * MIB)).unwrap();
+    assert_eq!(lib.contexts(), (0, 0), "create touched a context");
+    assert_eq!(lib.live().1, held, "no primary context retained");
+    b.destroy().unwrap().release().unwrap();
+    drop(team);
+    assert_eq!(
+        lib.contexts(),
+        (0, 0),
+        "destroy or release touched a context"
+    );
+    assert_clean(&probe);
+}
+
+/// cuda.h lists no `CUDA_ERROR_INVALID_CONTEXT` for the device-less
+/// logical-endpoint calls; a driver that answers it anyway (no context
+/// current) gets the call once more in the context of the device the
+/// program used, and never in another.
+#[test]
+fn invalid_context_on_a_device_less_call_is_retried_on_a_device_the_program_uses() {
+    let Some((ctx, probe, lib)) = on_double(ModelConfig::node(4)) else {
+        return;
+    };
+    lifecycle(&ctx, 2).unwrap();
+    probe.set_faults(&[F::nth(Call::IdReserve, 1, Code::INVALID_CONTEXT)]);
+    let range = ctx.reserve_one().unwrap();
+    assert_eq!(probe.faults_fired(), 1);
+    drop(range);
+    let (retained, current) = lib.contexts();
+    assert_eq!(retained & !mask(&[2]), 0, "retained {retained:#b}");
+    assert_eq!(current & !mask(&[2]), 0, "made current {current:#b}");
+    assert_eq!(
+        lib.current_context(),
+        0,
+        "the thread's context was restored"
+    );
+    assert_clean(&probe);
+}
+
+/// A primary context that cannot be retained is its own error, naming
+/// `cuDevicePrimaryCtxRetain` and the device; the call that needed it was
+/// never made.
+#[test]
+fn a_failed_primary_context_retain_is_reported_as_its_own_error() {
+    use cuda_endpoints::driver::ContextStep;
+    let Some((ctx, probe, lib)) = on_double(ModelConfig::node(4)) else {
+        return;
+    };
+    struct Off(&'static DoubleLib);
+    impl Drop for Off {
+        fn drop(&mut self) {
+            self.0.fail_retain(1, 0);
+        }
+    }
+    let _off = Off(lib);
+    lib.fail_retain(1, Code::INVALID_DEVICE.raw());
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::team(cuda_endpoints::typenum::U1::new(), 2 * MIB))
+        .unwrap();
+    let before = lib.trace().len();
+    let f = ep.add_device(1).unwrap_err();
+    match &f.error {
+        Error::Context {
+            call,
+            step,
+            device,
+            code,
+        } => {
+            assert_eq!(*call, Call::AddDevice);
+            assert_eq!(*step, ContextStep::PrimaryCtxRetain);
+            assert_eq!(*device, Some(Device(1)));
+            assert_eq!(*code, Code::INVALID_DEVICE);
+        }
+        other => panic!("expected Error::Context, got {other:?}"),
+    }
+    let text = f.error.to_string();
+    assert!(
+        text.contains("cuDevicePrimaryCtxRetain") && text.contains("device 1"),
+        "{text}"
+    );
+    assert!(
+        !lib.trace()[before..].contains(&Call::AddDevice),
+        "cuLogicalEndpointAddDevice was never made"
+    );
+    // The device is fine again: the same endpoint enrolls it.
+    lib.fail_retain(1, 0);
+    let team = f.value.add_device(1).unwrap();
+    drop(team);
+    assert_clean(&probe);
 }
 
 #[test]

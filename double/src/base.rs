@@ -91,6 +91,9 @@ crate::abi::exports! {
     [13000] fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) {
         state::with(|d| {
             d.check_device(dev)?;
+            if let Some((_, code)) = d.retain_fault.filter(|&(f, _)| f == dev) {
+                return Err(code);
+            }
             d.ctx_refs[dev as usize] += 1;
             d.retained_mask |= 1 << dev;
             Ok::<(), CUresult>(())

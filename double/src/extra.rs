@@ -259,6 +259,20 @@ pub unsafe extern "C" fn cuDoubleMisbehave(spec: *const c_char) -> c_int {
     })
 }
 
+/// From now on `cuDevicePrimaryCtxRetain(_, dev)` fails with `code` (a
+/// device whose context cannot be had: exclusive compute mode, a GPU
+/// fallen off the bus); `code` 0 switches it off. 0, or -1 for a negative code.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDoubleFailRetain(dev: c_int, code: c_int) -> c_int {
+    guard(-1, || {
+        let Ok(code) = u32::try_from(code) else {
+            return -1;
+        };
+        state::with(|d| d.retain_fault = (code != 0).then_some((dev, code)));
+        0
+    })
+}
+
 /// Writes `len` bytes at device address `ptr`, as a kernel would (no
 /// context, not counted as a driver call). 0, or the model's code.
 ///

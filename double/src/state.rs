@@ -70,6 +70,9 @@ pub struct Double {
     /// The double's own violations: `(call, rule, code)`.
     pub violations: Vec<(String, String, CUresult)>,
     pub misbehave: Misbehave,
+    /// `cuDevicePrimaryCtxRetain` of this device fails with this code
+    /// (`cuDoubleFailRetain`).
+    pub retain_fault: Option<(i32, CUresult)>,
 }
 
 impl Double {
@@ -87,6 +90,7 @@ impl Double {
                 &std::env::var("CUDA_DOUBLE_MISBEHAVE").unwrap_or_default(),
             )
             .unwrap_or_default(),
+            retain_fault: None,
         }
     }
 

@@ -354,6 +354,17 @@ macro_rules! gen_call {
                 None
             }
 
+            /// For a backend that makes a context current before its calls
+            /// (the real driver): when the last failure of `call` on this
+            /// thread came from that step, not from `call` (which was then
+            /// never made), which step and for which device, so that the
+            /// error names them. Asked once, right after the failure.
+            /// `None`: the code is `call`'s own answer.
+            fn context_failure(&self, call: Call) -> Option<$crate::driver::ContextFailure> {
+                let _ = call;
+                None
+            }
+
             /// The classic fallback this driver is (or wraps), so that the
             /// team bring-up can share its multicast objects across
             /// processes (C5) and say when a team spread over processes is
@@ -432,6 +443,11 @@ macro_rules! gen_call {
                 self.inner().inner_failure(call)
             }
 
+            /// As [`Driver::context_failure`]; the inner driver's by default.
+            fn context_failure(&self, call: Call) -> Option<$crate::driver::ContextFailure> {
+                self.inner().context_failure(call)
+            }
+
             /// As [`Driver::as_classic`]; the inner driver's by default.
             #[doc(hidden)]
             fn as_classic(&self) -> Option<&$crate::driver::Classic> {
@@ -465,6 +481,9 @@ macro_rules! gen_call {
             }
             fn inner_failure(&self, call: Call) -> Option<Call> {
                 Forward::inner_failure(self, call)
+            }
+            fn context_failure(&self, call: Call) -> Option<$crate::driver::ContextFailure> {
+                Forward::context_failure(self, call)
             }
             fn as_classic(&self) -> Option<&$crate::driver::Classic> {
                 Forward::as_classic(self)
@@ -501,6 +520,9 @@ macro_rules! gen_arc {
             }
             fn inner_failure(&self, call: Call) -> Option<Call> {
                 (**self).inner_failure(call)
+            }
+            fn context_failure(&self, call: Call) -> Option<$crate::driver::ContextFailure> {
+                (**self).context_failure(call)
             }
             fn as_classic(&self) -> Option<&$crate::driver::Classic> {
                 (**self).as_classic()

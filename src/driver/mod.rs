@@ -27,7 +27,7 @@ pub use classic::Classic;
 pub use code::{Code, DriverResult};
 pub use trace::{TraceEntry, TraceLog, Traced};
 pub use types::{
-    AllocationRequest, Device, EndpointProps, FabricHandleBytes, Granularity,
-    LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, ShareableHandle, ShareableKind, attr,
-    fabric_checksum, handle_bits,
+    AllocationRequest, ContextFailure, ContextStep, Device, EndpointProps, FabricHandleBytes,
+    Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, ShareableHandle,
+    ShareableKind, attr, fabric_checksum, handle_bits,
 };

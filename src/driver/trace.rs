@@ -378,6 +378,9 @@ macro_rules! traced_impl {
             fn inner_failure(&self, call: Call) -> Option<Call> {
                 self.inner.inner_failure(call)
             }
+            fn context_failure(&self, call: Call) -> Option<super::ContextFailure> {
+                self.inner.context_failure(call)
+            }
             fn as_classic(&self) -> Option<&super::Classic> {
                 self.inner.as_classic()
             }

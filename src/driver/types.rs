@@ -34,6 +34,48 @@ impl From<i32> for Device {
     }
 }
 
+/// The step of making a context current that a backend takes before a
+/// call (the real driver's primary contexts), named by its `cuda.h` entry
+/// point, so that an error says which of them failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum ContextStep {
+    /// `cuDevicePrimaryCtxRetain`: the device's primary context could not be had.
+    PrimaryCtxRetain,
+    /// `cuCtxGetCurrent`: the thread's current context could not be read.
+    CtxGetCurrent,
+    /// `cuCtxSetCurrent`: the context could not be made current.
+    CtxSetCurrent,
+}
+
+impl ContextStep {
+    /// The `cuda.h` entry point.
+    pub fn name(self) -> &'static str {
+        match self {
+            ContextStep::PrimaryCtxRetain => "cuDevicePrimaryCtxRetain",
+            ContextStep::CtxGetCurrent => "cuCtxGetCurrent",
+            ContextStep::CtxSetCurrent => "cuCtxSetCurrent",
+        }
+    }
+}
+
+impl fmt::Display for ContextStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failure of the context step before a call, not of the call: the call
+/// itself was never made ([`Driver::context_failure`](super::Driver::context_failure)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ContextFailure {
+    /// The entry point that failed.
+    pub step: ContextStep,
+    /// The device whose context it was for (`None`: reading the thread's
+    /// current context, before any device was chosen).
+    pub device: Option<Device>,
+}
+
 /// Where a VMM allocation lives (`CUmemLocation`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

@@ -173,6 +173,14 @@ impl DoubleLib {
         (r, c)
     }
 
+    /// Every `cuDevicePrimaryCtxRetain` of `dev` fails with `code` from now
+    /// on (`0`: off again).
+    pub fn fail_retain(&self, dev: i32, code: u32) {
+        let f: extern "C" fn(c_int, c_int) -> c_int = self.sym("cuDoubleFailRetain");
+        let code = c_int::try_from(code).expect("a CUresult fits an int");
+        assert_eq!(f(dev, code), 0, "cuDoubleFailRetain refused {code}");
+    }
+
     /// Switches a misbehaviour on (`"none"`: all off).
     pub fn misbehave(&self, spec: &str) {
         self.with_str("cuDoubleMisbehave", spec, |rc| {

@@ -1,13 +1,36 @@
-//! Primary contexts: VMM, multicast and logical-endpoint calls need a current
-//! context. [`Contexts`] retains each device's primary context on first use,
-//! makes the right one current for one call ([`Contexts::bind`]) and
-//! restores the thread's previous context afterwards.
+//! Contexts: which context each call runs in, and never one of a device the
+//! program does not use.
+//!
+//! [`Contexts`] retains a device's primary context the first time a call
+//! names that device ([`Cx::On`]), makes the right one current for one call
+//! ([`Contexts::bind`]) and restores the thread's previous context
+//! afterwards.
+//!
+//! The `cuLogicalEndpoint*` calls that name no device (IdReserve/Release,
+//! GetLimits, Create, Query, Destroy, Export, Import) are [`Cx::NoneNeeded`]:
+//! cuda.h (13.3 and 13.5, section `CUDA_LOGICAL_ENDPOINT`) states no context
+//! for any of them — their doc comments speak of ids "reserved", of memory
+//! "bound by this process", of "the current process" and "the importer
+//! process", never of a context, and none of their return lists has
+//! `CUDA_ERROR_INVALID_CONTEXT`, which the header lists for the calls that do
+//! work in the current context. So they run in whatever context the thread
+//! has (none, or the caller's), with no retain and no switch. Should a
+//! driver still answer `CUDA_ERROR_INVALID_CONTEXT` while no context is
+//! current, the call is made once more in the primary context of a device
+//! the program uses (the unicast owner named in the properties, else the
+//! device used last); with no such device the driver's answer stands.
+//!
+//! The VMM and classic calls that name no device ([`Cx::Current`]: map,
+//! unmap, address reserve/free, release, set access, multicast bind...) work
+//! in the current context: the thread's current one when there is one, else
+//! the primary context of the device the program used last.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use super::ffi::{CUcontext, Symbols};
-use crate::driver::{Code, Device, DriverResult};
+use crate::driver::{Call, Code, ContextFailure, ContextStep, Device};
 
 /// Which context a call runs in.
 #[derive(Clone, Copy, Debug)]
@@ -16,8 +39,14 @@ pub(super) enum Cx {
     Free,
     /// The primary context of this device.
     On(Device),
-    /// Any context: the primary context of the device used last (device 0 at first).
-    Any,
+    /// None needed per cuda.h (the device-less logical-endpoint calls): made
+    /// as is. The device is where a retry after `INVALID_CONTEXT` goes
+    /// first (the unicast owner of the properties), else the device used last.
+    NoneNeeded(Option<Device>),
+    /// The current context: the thread's, else the device used last's
+    /// primary context (device 0 only while the program has used no device
+    /// at all).
+    Current,
 }
 
 /// A retained primary context (`CUcontext` is a raw pointer, hence not `Send`).
@@ -26,12 +55,45 @@ struct Retained(CUcontext);
 // thread; the pointer is never dereferenced on the Rust side.
 unsafe impl Send for Retained {}
 
+/// No device used yet.
+const NO_DEVICE: i32 = -1;
+
 /// The primary contexts one backend retained.
 pub(super) struct Contexts {
     /// Device → retained primary context.
     retained: Mutex<Vec<(i32, Retained)>>,
-    /// The device whose context serves device-less calls.
+    /// The device whose context was bound last ([`NO_DEVICE`] before any).
     last_device: AtomicI32,
+}
+
+thread_local! {
+    /// The context step that made the last failing call on this thread fail
+    /// (`None` when the call itself answered): read once by
+    /// [`take_failure`] for the error's text.
+    static FAILED: Cell<Option<(Call, ContextFailure)>> = const { Cell::new(None) };
+}
+
+/// Records how the last failing `call` on this thread failed.
+pub(super) fn record_failure(call: Call, failure: Option<ContextFailure>) {
+    FAILED.set(failure.map(|f| (call, f)));
+}
+
+/// The context step that failed `call`, once.
+pub(super) fn take_failure(call: Call) -> Option<ContextFailure> {
+    match FAILED.get() {
+        Some((c, f)) if c == call => {
+            FAILED.set(None);
+            Some(f)
+        }
+        _ => None,
+    }
+}
+
+/// A failed context step: which, for which device, and its code.
+pub(super) type StepError = (ContextFailure, Code);
+
+fn step_err(step: ContextStep, device: Option<Device>, code: Code) -> StepError {
+    (ContextFailure { step, device }, code)
 }
 
 /// Restores the thread's previous current context on drop, so that the
@@ -58,7 +120,7 @@ impl Contexts {
     pub(super) fn new() -> Contexts {
         Contexts {
             retained: Mutex::new(Vec::new()),
-            last_device: AtomicI32::new(0),
+            last_device: AtomicI32::new(NO_DEVICE),
         }
     }
 
@@ -70,59 +132,133 @@ impl Contexts {
             .unwrap_or_default()
     }
 
-    /// The primary context of `dev`, retained on first use.
-    fn primary(&self, sym: &Symbols, dev: Device) -> DriverResult<CUcontext> {
-        let mut table = self.retained.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, ctx)) = table.iter().find(|(d, _)| *d == dev.0) {
-            return Ok(ctx.0);
+    /// The device used last, if any.
+    fn last(&self) -> Option<Device> {
+        match self.last_device.load(Ordering::Relaxed) {
+            NO_DEVICE => None,
+            d => Some(Device(d)),
         }
-        let retain = sym.cuDevicePrimaryCtxRetain.ok_or(Code::NOT_SUPPORTED)?;
+    }
+
+    fn lookup(&self, dev: Device) -> Option<CUcontext> {
+        let table = self.retained.lock().unwrap_or_else(PoisonError::into_inner);
+        table.iter().find(|(d, _)| *d == dev.0).map(|(_, c)| c.0)
+    }
+
+    /// The primary context of `dev`, retained on first use. The driver is
+    /// called (and the retain traced) with no lock held.
+    fn primary(&self, sym: &Symbols, dev: Device) -> Result<CUcontext, StepError> {
+        if let Some(ctx) = self.lookup(dev) {
+            return Ok(ctx);
+        }
+        let retain_failed = |code| step_err(ContextStep::PrimaryCtxRetain, Some(dev), code);
+        let retain = sym
+            .cuDevicePrimaryCtxRetain
+            .ok_or_else(|| retain_failed(Code::NOT_SUPPORTED))?;
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: `retain` is `cuDevicePrimaryCtxRetain`; `ctx` is a valid
         // out-pointer. An invalid ordinal is an error code, not UB.
         let rc = Code::from_raw(unsafe { retain(&mut ctx, dev.0) });
         tracing::trace!(device = dev.0, result = ?rc, "cuDevicePrimaryCtxRetain");
         if let Some(code) = rc {
-            return Err(code);
+            return Err(retain_failed(code));
         }
-        table.push((dev.0, Retained(ctx)));
+        let raced = {
+            let mut table = self.retained.lock().unwrap_or_else(PoisonError::into_inner);
+            if table.iter().any(|(d, _)| *d == dev.0) {
+                true
+            } else {
+                table.push((dev.0, Retained(ctx)));
+                false
+            }
+        };
+        if raced {
+            // Another thread retained it first: give back this extra retain
+            // (the primary context is the same object).
+            if let Some(release) = sym.cuDevicePrimaryCtxRelease_v2 {
+                // SAFETY: `release` is `cuDevicePrimaryCtxRelease_v2`; this
+                // thread retained `dev`'s primary context just above.
+                let rc = Code::from_raw(unsafe { release(dev.0) });
+                tracing::trace!(device = dev.0, result = ?rc, "cuDevicePrimaryCtxRelease");
+            }
+        }
         Ok(ctx)
     }
 
-    /// Makes the context for `cx` current on this thread until the guard drops.
-    pub(super) fn bind<'a>(&self, sym: &'a Symbols, cx: Cx) -> DriverResult<CtxGuard<'a>> {
-        let unchanged = CtxGuard {
-            sym,
-            previous: None,
-        };
-        let dev = match cx {
-            Cx::Free => return Ok(unchanged),
-            Cx::On(dev) => dev,
-            Cx::Any => Device(self.last_device.load(Ordering::Relaxed)),
-        };
+    /// The thread's current context (null for none).
+    fn current(sym: &Symbols) -> Result<CUcontext, StepError> {
+        let get_failed = |code| step_err(ContextStep::CtxGetCurrent, None, code);
+        let get = sym
+            .cuCtxGetCurrent
+            .ok_or_else(|| get_failed(Code::NOT_SUPPORTED))?;
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: `get` is `cuCtxGetCurrent`; `current` is a valid out-pointer.
+        if let Some(code) = Code::from_raw(unsafe { get(&mut current) }) {
+            return Err(get_failed(code));
+        }
+        Ok(current)
+    }
+
+    /// Makes `dev`'s primary context current until the guard drops.
+    fn bind_device<'a>(&self, sym: &'a Symbols, dev: Device) -> Result<CtxGuard<'a>, StepError> {
         let ctx = self.primary(sym, dev)?;
         // Only a device whose context exists serves later device-less calls.
         self.last_device.store(dev.0, Ordering::Relaxed);
-        let (Some(get), Some(set)) = (sym.cuCtxGetCurrent, sym.cuCtxSetCurrent) else {
-            return Err(Code::NOT_SUPPORTED);
-        };
-        let mut previous: CUcontext = std::ptr::null_mut();
-        // SAFETY: `get` is `cuCtxGetCurrent`; `previous` is a valid out-pointer.
-        if let Some(code) = Code::from_raw(unsafe { get(&mut previous) }) {
-            return Err(code);
-        }
+        let previous = Self::current(sym)?;
         if previous == ctx {
-            return Ok(unchanged);
+            return Ok(CtxGuard {
+                sym,
+                previous: None,
+            });
         }
+        let set_failed = |code| step_err(ContextStep::CtxSetCurrent, Some(dev), code);
+        let set = sym
+            .cuCtxSetCurrent
+            .ok_or_else(|| set_failed(Code::NOT_SUPPORTED))?;
         // SAFETY: `set` is `cuCtxSetCurrent`; `ctx` is a primary context this
         // object retained and has not released.
         if let Some(code) = Code::from_raw(unsafe { set(ctx) }) {
-            return Err(code);
+            return Err(set_failed(code));
         }
         Ok(CtxGuard {
             sym,
             previous: Some(previous),
         })
+    }
+
+    /// Makes the context for `cx` current on this thread until the guard drops.
+    pub(super) fn bind<'a>(&self, sym: &'a Symbols, cx: Cx) -> Result<CtxGuard<'a>, StepError> {
+        let unchanged = CtxGuard {
+            sym,
+            previous: None,
+        };
+        match cx {
+            Cx::Free | Cx::NoneNeeded(_) => Ok(unchanged),
+            Cx::On(dev) => self.bind_device(sym, dev),
+            Cx::Current => {
+                if !Self::current(sym)?.is_null() {
+                    return Ok(unchanged);
+                }
+                self.bind_device(sym, self.last().unwrap_or(Device(0)))
+            }
+        }
+    }
+
+    /// For a [`Cx::NoneNeeded`] call the driver answered `INVALID_CONTEXT`:
+    /// the context to make it again in, when no context was current and the
+    /// program uses a device (`prefer`, else the device used last). `None`:
+    /// the answer stands.
+    pub(super) fn retry_context<'a>(
+        &self,
+        sym: &'a Symbols,
+        prefer: Option<Device>,
+    ) -> Option<Result<CtxGuard<'a>, StepError>> {
+        let dev = prefer.or_else(|| self.last())?;
+        match Self::current(sym) {
+            Ok(c) if c.is_null() => Some(self.bind_device(sym, dev)),
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// Releases every retained primary context (at the backend's drop).

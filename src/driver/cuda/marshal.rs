@@ -105,7 +105,17 @@ fn mc_granularity(kind: Granularity) -> CUmulticastGranularity_flags {
 fn cx_for(loc: Location) -> Cx {
     match loc {
         Location::Device(d) => Cx::On(d),
-        Location::HostNuma(_) => Cx::Any,
+        Location::HostNuma(_) => Cx::Current,
+    }
+}
+
+/// Create and GetLimits name no device for a multicast endpoint and need
+/// no context (see `context`); a unicast one names its owner, a device the
+/// program uses, which is then where a retry goes.
+fn owner_cx(props: &EndpointProps) -> Cx {
+    match props.shape {
+        Shape::Unicast { owner } => Cx::NoneNeeded(Some(owner)),
+        Shape::Multicast { .. } => Cx::NoneNeeded(None),
     }
 }
 
@@ -130,23 +140,23 @@ macro_rules! plain_calls {
 }
 
 plain_calls! {
-    id_release(base: u32, count: u32) => IdRelease, cuLogicalEndpointIdRelease, Cx::Any, (base, count);
+    id_release(base: u32, count: u32) => IdRelease, cuLogicalEndpointIdRelease, Cx::NoneNeeded(None), (base, count);
     add_device(id: u32, dev: Device) => AddDevice, cuLogicalEndpointAddDevice, Cx::On(dev), (id, dev.0);
     bind_mem(id: u32, dev: Device, offset: u64, mem: u64, mem_offset: u64, size: u64, flags: u64)
         => BindMem, cuLogicalEndpointBindMem, Cx::On(dev), (id, dev.0, offset, mem, mem_offset, size, flags);
     bind_addr(id: u32, dev: Device, offset: u64, ptr: u64, size: u64, flags: u64)
         => BindAddr, cuLogicalEndpointBindAddr, Cx::On(dev), (id, dev.0, offset, ptr as *mut c_void, size, flags);
     unbind(id: u32, dev: Device, offset: u64, size: u64) => Unbind, cuLogicalEndpointUnbind, Cx::On(dev), (id, dev.0, offset, size);
-    destroy(id: u32) => Destroy, cuLogicalEndpointDestroy, Cx::Any, (id);
-    mem_release(handle: u64) => MemRelease, cuMemRelease, Cx::Any, (handle);
-    mem_address_free(ptr: u64, size: u64) => MemAddressFree, cuMemAddressFree, Cx::Any, (ptr, sz(size));
-    mem_map(ptr: u64, size: u64, offset: u64, handle: u64) => MemMap, cuMemMap, Cx::Any, (ptr, sz(size), sz(offset), handle, 0);
-    mem_unmap(ptr: u64, size: u64) => MemUnmap, cuMemUnmap, Cx::Any, (ptr, sz(size));
+    destroy(id: u32) => Destroy, cuLogicalEndpointDestroy, Cx::NoneNeeded(None), (id);
+    mem_release(handle: u64) => MemRelease, cuMemRelease, Cx::Current, (handle);
+    mem_address_free(ptr: u64, size: u64) => MemAddressFree, cuMemAddressFree, Cx::Current, (ptr, sz(size));
+    mem_map(ptr: u64, size: u64, offset: u64, handle: u64) => MemMap, cuMemMap, Cx::Current, (ptr, sz(size), sz(offset), handle, 0);
+    mem_unmap(ptr: u64, size: u64) => MemUnmap, cuMemUnmap, Cx::Current, (ptr, sz(size));
     multicast_add_device(mc: u64, dev: Device) => MulticastAddDevice, cuMulticastAddDevice, Cx::On(dev), (mc, dev.0);
     multicast_bind_mem(mc: u64, mc_offset: u64, mem: u64, mem_offset: u64, size: u64)
-        => MulticastBindMem, cuMulticastBindMem, Cx::Any, (mc, sz(mc_offset), mem, sz(mem_offset), sz(size), 0);
+        => MulticastBindMem, cuMulticastBindMem, Cx::Current, (mc, sz(mc_offset), mem, sz(mem_offset), sz(size), 0);
     multicast_bind_addr(mc: u64, mc_offset: u64, ptr: u64, size: u64)
-        => MulticastBindAddr, cuMulticastBindAddr, Cx::Any, (mc, sz(mc_offset), ptr, sz(size), 0);
+        => MulticastBindAddr, cuMulticastBindAddr, Cx::Current, (mc, sz(mc_offset), ptr, sz(size), 0);
     multicast_unbind(mc: u64, dev: Device, mc_offset: u64, size: u64)
         => MulticastUnbind, cuMulticastUnbind, Cx::On(dev), (mc, dev.0, sz(mc_offset), sz(size));
 }
@@ -233,7 +243,7 @@ pub(super) unsafe fn id_reserve(c: &Cuda, count: u32) -> DriverResult<u32> {
     let f = c.sym.cuLogicalEndpointIdReserve;
     // SAFETY: `f` is `cuLogicalEndpointIdReserve` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::IdReserve, f, Cx::Any, |f| unsafe {
+    c.run(Call::IdReserve, f, Cx::NoneNeeded(None), |f| unsafe {
         f(&mut base, count)
     })?;
     Ok(base)
@@ -245,7 +255,7 @@ pub(super) unsafe fn get_limits(c: &Cuda, props: EndpointProps) -> DriverResult<
     let f = c.sym.cuLogicalEndpointGetLimits;
     // SAFETY: `f` is `cuLogicalEndpointGetLimits` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::GetLimits, f, Cx::Any, |f| unsafe {
+    c.run(Call::GetLimits, f, owner_cx(&props), |f| unsafe {
         f(&mut align, &mut max, &prop)
     })?;
     Ok(Limits {
@@ -259,7 +269,9 @@ pub(super) unsafe fn create(c: &Cuda, id: u32, props: EndpointProps) -> DriverRe
     let f = c.sym.cuLogicalEndpointCreate;
     // SAFETY: `f` is `cuLogicalEndpointCreate` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::Create, f, Cx::Any, |f| unsafe { f(id, &prop) })
+    c.run(Call::Create, f, owner_cx(&props), |f| unsafe {
+        f(id, &prop)
+    })
 }
 
 pub(super) unsafe fn query(c: &Cuda, base: u32, count: u32) -> DriverResult<bool> {
@@ -267,7 +279,7 @@ pub(super) unsafe fn query(c: &Cuda, base: u32, count: u32) -> DriverResult<bool
     let f = c.sym.cuLogicalEndpointQuery;
     // SAFETY: `f` is `cuLogicalEndpointQuery` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::Query, f, Cx::Any, |f| unsafe {
+    c.run(Call::Query, f, Cx::NoneNeeded(None), |f| unsafe {
         f(base, count, &mut status)
     })?;
     Ok(status != 0)
@@ -281,7 +293,9 @@ pub(super) unsafe fn export(c: &Cuda, id: u32) -> DriverResult<FabricHandleBytes
     let f = c.sym.cuLogicalEndpointExport;
     // SAFETY: `f` is `cuLogicalEndpointExport` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::Export, f, Cx::Any, |f| unsafe { f(out, id, ty) })?;
+    c.run(Call::Export, f, Cx::NoneNeeded(None), |f| unsafe {
+        f(out, id, ty)
+    })?;
     Ok(FabricHandleBytes(handle.data))
 }
 
@@ -292,7 +306,9 @@ pub(super) unsafe fn import(c: &Cuda, id: u32, handle: FabricHandleBytes) -> Dri
     let f = c.sym.cuLogicalEndpointImport;
     // SAFETY: `f` is `cuLogicalEndpointImport` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::Import, f, Cx::Any, |f| unsafe { f(id, src, ty) })
+    c.run(Call::Import, f, Cx::NoneNeeded(None), |f| unsafe {
+        f(id, src, ty)
+    })
 }
 
 // ---- VMM ----
@@ -350,7 +366,7 @@ pub(super) unsafe fn mem_export(
             let out: *mut c_void = (&raw mut fd).cast();
             // SAFETY: `f` is `cuMemExportToShareableHandle` as declared in
             // `ffi`; `out` points at a live `int`, what the POSIX type writes.
-            c.run(call, f, Cx::Any, |f| unsafe { f(out, handle, ty, 0) })?;
+            c.run(call, f, Cx::Current, |f| unsafe { f(out, handle, ty, 0) })?;
             Ok(ShareableHandle::PosixFd(fd))
         }
         ShareableKind::Fabric => {
@@ -359,7 +375,7 @@ pub(super) unsafe fn mem_export(
             let out: *mut c_void = bytes.as_mut_ptr().cast();
             // SAFETY: as above; `out` points at 64 writable bytes, the size
             // of `CUmemFabricHandle`.
-            c.run(call, f, Cx::Any, |f| unsafe { f(out, handle, ty, 0) })?;
+            c.run(call, f, Cx::Current, |f| unsafe { f(out, handle, ty, 0) })?;
             Ok(ShareableHandle::Fabric(FabricHandleBytes(bytes)))
         }
     }
@@ -381,13 +397,13 @@ pub(super) unsafe fn mem_import(c: &Cuda, shared: ShareableHandle) -> DriverResu
             // `ffi`; `out` is a live out-pointer; `os` is never dereferenced
             // for this type (the driver reads it as the descriptor number),
             // and the caller keeps the descriptor open for the call.
-            c.run(call, f, Cx::Any, |f| unsafe { f(out, os, ty) })?;
+            c.run(call, f, Cx::Current, |f| unsafe { f(out, os, ty) })?;
         }
         ShareableHandle::Fabric(mut bytes) => {
             let os: *mut c_void = bytes.0.as_mut_ptr().cast();
             // SAFETY: as above; `os` points at the 64 bytes of a
             // `CUmemFabricHandle`, live for the call.
-            c.run(call, f, Cx::Any, |f| unsafe { f(out, os, ty) })?;
+            c.run(call, f, Cx::Current, |f| unsafe { f(out, os, ty) })?;
         }
     }
     Ok(handle)
@@ -401,9 +417,12 @@ pub(super) unsafe fn mem_properties(c: &Cuda, handle: u64) -> DriverResult<Alloc
     let f = c.sym.cuMemGetAllocationPropertiesFromHandle;
     // SAFETY: `f` is `cuMemGetAllocationPropertiesFromHandle` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::MemGetAllocationProperties, f, Cx::Any, |f| unsafe {
-        f(out, handle)
-    })?;
+    c.run(
+        Call::MemGetAllocationProperties,
+        f,
+        Cx::Current,
+        |f| unsafe { f(out, handle) },
+    )?;
     // SAFETY: all-zero is a valid `CUmemAllocationProp` (integers and a null
     // pointer), and the driver only wrote values of those field types.
     let p = unsafe { prop.assume_init() };
@@ -431,7 +450,7 @@ pub(super) unsafe fn mem_address_reserve(c: &Cuda, size: u64, alignment: u64) ->
     // No fixed address, flags 0.
     // SAFETY: `f` is `cuMemAddressReserve` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::MemAddressReserve, f, Cx::Any, |f| unsafe {
+    c.run(Call::MemAddressReserve, f, Cx::Current, |f| unsafe {
         f(&mut ptr, sz(size), sz(alignment), 0, 0)
     })?;
     Ok(ptr)
@@ -456,7 +475,7 @@ pub(super) unsafe fn mem_set_access(
     c.run(
         Call::MemSetAccess,
         c.sym.cuMemSetAccess,
-        Cx::Any,
+        Cx::Current,
         |f| unsafe { f(ptr, sz(size), descs.as_ptr(), descs.len()) },
     )
 }
@@ -476,7 +495,7 @@ pub(super) unsafe fn multicast_granularity(
     let f = c.sym.cuMulticastGetGranularity;
     // SAFETY: `f` is `cuMulticastGetGranularity` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::MulticastGetGranularity, f, Cx::Any, |f| unsafe {
+    c.run(Call::MulticastGetGranularity, f, Cx::Current, |f| unsafe {
         f(&mut g, &prop, flag)
     })?;
     Ok(g as u64)
@@ -493,7 +512,7 @@ pub(super) unsafe fn multicast_create(
     let f = c.sym.cuMulticastCreate;
     // SAFETY: `f` is `cuMulticastCreate` as declared in `ffi`; the pointers are live
     // locals (out-pointers writable, inputs fully initialised).
-    c.run(Call::MulticastCreate, f, Cx::Any, |f| unsafe {
+    c.run(Call::MulticastCreate, f, Cx::Current, |f| unsafe {
         f(&mut handle, &prop)
     })?;
     Ok(handle)

@@ -8,7 +8,8 @@
 //!   name, so that a missing library or symbol is an error, never a panic;
 //! - `policy`: the process-wide deny set ([`deny`], [`is_denied`],
 //!   [`DENY_ENV`]), checked before any entry point is touched;
-//! - `context`: the primary contexts that VMM and multicast calls need;
+//! - `context`: which context each call runs in (primary contexts of the
+//!   devices the program uses; none for the device-less logical-endpoint calls);
 //! - `marshal`: domain types to C structs and back, one function per call.
 //!
 //! The `Driver` impl is generated from the table of calls; each method is
@@ -172,19 +173,21 @@ impl Cuda {
     }
 
     /// Runs one entry point: policy, presence, context, call, trace. `body`
-    /// makes the C call through the resolved pointer and returns its raw result.
+    /// makes the C call through the resolved pointer and returns its raw
+    /// result (twice at most: see [`Cx::NoneNeeded`]).
     fn run<F: Copy>(
         &self,
         call: Call,
         f: Option<F>,
         cx: Cx,
-        body: impl FnOnce(F) -> u32,
+        mut body: impl FnMut(F) -> u32,
     ) -> DriverResult<()> {
         if self.deny.contains(call) {
             tracing::debug!(
                 call = call.name(),
                 "denied by policy: CUDA_ERROR_NOT_PERMITTED"
             );
+            context::record_failure(call, None);
             return Err(Code::NOT_PERMITTED);
         }
         let Some(f) = f else {
@@ -192,18 +195,39 @@ impl Cuda {
                 call = call.name(),
                 "not exported by this driver: CUDA_ERROR_NOT_SUPPORTED"
             );
+            context::record_failure(call, None);
             return Err(Code::NOT_SUPPORTED);
         };
-        let _guard = self.contexts.bind(&self.sym, cx).inspect_err(|code| {
-            tracing::debug!(call = call.name(), ?cx, %code, "no context for the call");
-        })?;
-        match Code::from_raw(body(f)) {
+        let no_context = |(failure, code): context::StepError| {
+            tracing::debug!(call = call.name(), ?cx, step = %failure.step, device = ?failure.device, %code, "no context for the call");
+            // The call was not made: the error names the step (`context_failure`).
+            context::record_failure(call, Some(failure));
+            code
+        };
+        let guard = self.contexts.bind(&self.sym, cx).map_err(no_context)?;
+        let mut rc = Code::from_raw(body(f));
+        if let (Some(Code::INVALID_CONTEXT), Cx::NoneNeeded(prefer)) = (rc, cx)
+            && let Some(retry) = self.contexts.retry_context(&self.sym, prefer)
+        {
+            // cuda.h lists no INVALID_CONTEXT for this call; a driver that
+            // answers it anyway gets the call once more in the context of a
+            // device the program uses.
+            tracing::debug!(
+                call = call.name(),
+                "CUDA_ERROR_INVALID_CONTEXT with no context current: made again in a device's primary context"
+            );
+            let _retry = retry.map_err(no_context)?;
+            rc = Code::from_raw(body(f));
+        }
+        drop(guard);
+        match rc {
             None => {
                 tracing::trace!(call = call.name(), "CUDA_SUCCESS");
                 Ok(())
             }
             Some(code) => {
                 tracing::debug!(call = call.name(), %code, "driver call failed");
+                context::record_failure(call, None);
                 Err(code)
             }
         }
@@ -251,6 +275,9 @@ macro_rules! cuda_driver {
             /// of the process, whose attachments are per process (R9).
             fn process_scope(&self) -> Option<u64> {
                 Some(0)
+            }
+            fn context_failure(&self, call: Call) -> Option<crate::driver::ContextFailure> {
+                context::take_failure(call)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
