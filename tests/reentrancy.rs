@@ -1,6 +1,7 @@
 //! Locks held across user code (issue 11, item 2): a `tracing` layer runs
 //! inside every driver call of `Traced`, and may call back into the crate.
-//! Neither the typed layer nor the classic fallback may hold a lock of
+//! Neither the typed layer nor the classic fallback (its team export and
+//! import included) may hold a lock of
 //! theirs across the driver call: each test fails on a deadlock instead of
 //! hanging (`common::layer::within`).
 
@@ -112,5 +113,75 @@ fn classic_holds_no_table_lock_across_inner_calls_a_reentrant_layer_reads_it() {
         assert_eq!(classic.live_multicast_objects(), 0);
         assert!(model.live().is_empty(), "{:?}", model.live());
         assert!(model.violations().is_empty(), "{:?}", model.violations());
+    });
+}
+
+/// The classic export and import of the team bring-up (C5) record what they
+/// do under the table lock and call the inner driver without it: a layer
+/// that reads the table from inside `cuMemExportToShareableHandle` and
+/// `cuMemImportFromShareableHandle` does not deadlock.
+#[test]
+fn classic_export_and_import_of_the_bring_up_hold_no_table_lock_across_inner_calls() {
+    use cuda_endpoints::Bootstrap;
+    use cuda_endpoints::bootstrap::Threads;
+    use cuda_endpoints::driver::ShareableKind;
+    use cuda_endpoints::model::FabricConfig;
+    use cuda_endpoints::team::{self, TeamSpec};
+    let _serial = serial();
+    within(30, || {
+        let model = Model::fabric(FabricConfig::nodes(1, 2));
+        let ranks: Vec<(Model, Arc<Classic>)> = (0..2)
+            .map(|r| {
+                let m = if r == 0 {
+                    model.clone()
+                } else {
+                    model.spawn_process_on(0).unwrap()
+                };
+                let classic = Arc::new(Classic::new(Arc::new(Traced::new(m.clone()))));
+                (m, classic)
+            })
+            .collect();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let boots = Threads::new(2);
+        std::thread::scope(|s| {
+            for (r, ((m, classic), boot)) in ranks.iter().zip(boots).enumerate() {
+                let seen = seen.clone();
+                s.spawn(move || {
+                    let layer = {
+                        let classic = classic.clone();
+                        OnEvent(move |e: &EventFields| {
+                            if matches!(
+                                e.succeeded(),
+                                Some(
+                                    Call::MemExportToShareableHandle
+                                        | Call::MemImportFromShareableHandle
+                                )
+                            ) {
+                                // Takes the table lock: a deadlock if it is held.
+                                let _ = classic.live_multicast_objects();
+                                seen.fetch_add(1, Ordering::SeqCst);
+                            }
+                        })
+                    };
+                    let ctx = Context::from_arc(classic.clone());
+                    let dev = Device(r as i32);
+                    let spec = TeamSpec::new([dev], ALIGN)
+                        .timeout(T)
+                        .classic_handles(ShareableKind::PosixFd);
+                    let team = tracing::subscriber::with_default(layer, || {
+                        team::multicast(&ctx, &boot, &spec)
+                    })
+                    .unwrap();
+                    boot.barrier(T).unwrap();
+                    drop(team);
+                    assert!(ctx.take_teardown_errors().is_empty());
+                    assert!(m.live().is_empty(), "rank {r} leaked {:?}", m.live());
+                });
+            }
+        });
+        // The root's export and the other rank's import, both seen.
+        assert!(seen.load(Ordering::SeqCst) >= 2, "{seen:?}");
+        assert!(model.violations().is_empty(), "{:?}", model.violations());
+        assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
     });
 }

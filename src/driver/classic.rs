@@ -103,6 +103,21 @@ struct Emulated {
     busy: bool,
 }
 
+/// Clears an endpoint's `busy` mark on drop, so that a call that returned
+/// or unwound leaves it usable.
+struct Idle<'a> {
+    classic: &'a Classic,
+    id: u32,
+}
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        if let Some(Some(ep)) = self.classic.lock().ids.get_mut(&self.id) {
+            ep.busy = false;
+        }
+    }
+}
+
 /// A classic multicast object exported for another process (C5).
 #[derive(Debug)]
 pub(crate) enum ClassicExport {
@@ -222,16 +237,20 @@ impl Classic {
         id: u32,
         kind: ShareableKind,
     ) -> DriverResult<ClassicExport> {
-        let t = self.lock();
-        let Some(Some(ep)) = t.ids.get(&id) else {
-            return Err(Code::INVALID_VALUE);
-        };
-        let (Some(mc), true) = (ep.mc, ep.shared) else {
-            return Err(Code::INVALID_VALUE);
-        };
-        if ep.handle_types & u64::from(kind.bit()) == 0 {
-            return Err(Code::NOT_SUPPORTED);
-        }
+        // Intent under the lock: the endpoint is busy (no destroy releases
+        // `mc` meanwhile); the export itself runs with no lock held.
+        let mc = self.with_ep(id, |ep| {
+            let (Some(mc), true, false) = (ep.mc, ep.shared, ep.busy) else {
+                return Err(Code::INVALID_VALUE);
+            };
+            if ep.handle_types & u64::from(kind.bit()) == 0 {
+                return Err(Code::NOT_SUPPORTED);
+            }
+            ep.busy = true;
+            Ok(mc)
+        })?;
+        // Not busy again when the export returns or unwinds.
+        let _idle = Idle { classic: self, id };
         // SAFETY: an export makes a new descriptor or bytes and changes
         // nothing about `mc`, this backend's own object.
         match unsafe { self.inner.mem_export(mc, kind) }? {
@@ -326,12 +345,11 @@ impl Classic {
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
-        // The lock is never held across an inner call of the logical-endpoint
-        // emulation (a tracing layer or backend may call back into this
-        // one): each records its intent, lets go, calls, and commits or
-        // rolls back in one step. (Export and import for the team bring-up
-        // still hold it.) The table is only changed in one step; a
-        // panic elsewhere cannot leave it half-written.
+        // The lock is never held across an inner call (a tracing layer or
+        // backend may call back into this one), the team bring-up's export
+        // and import included: each records its intent, lets go, calls, and
+        // commits or rolls back in one step. The table is only changed in
+        // one step; a panic elsewhere cannot leave it half-written.
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -946,10 +964,9 @@ impl Forward for Classic {
     /// classic object behind it becomes this process's own (C5); any other
     /// bytes are `NOT_SUPPORTED`.
     unsafe fn import(&self, id: u32, handle: FabricHandleBytes) -> DriverResult<()> {
-        let mut t = self.lock();
-        match t.ids.get(&id) {
-            Some(None) => {}
-            _ => return Err(Code::INVALID_VALUE), // R2.1
+        let free = |t: &Table| matches!(t.ids.get(&id), Some(None));
+        if !free(&self.lock()) {
+            return Err(Code::INVALID_VALUE); // R2.1
         }
         let staged = self
             .staged
@@ -968,9 +985,19 @@ impl Forward for Classic {
             ClassicExport::Fd(fd) => ShareableHandle::PosixFd(fd.as_raw_fd()),
             ClassicExport::Fabric(b) => ShareableHandle::Fabric(FabricHandleBytes(*b)),
         };
+        // No lock held: the import is the inner driver's call (and its
+        // tracing), as in `create`.
         // SAFETY: the descriptor is owned by `what`, open for the call.
         let mc = unsafe { self.inner.mem_import(shared) }?;
         drop(what); // the descriptor closes; the object lives on in `mc`
+        let mut t = self.lock();
+        if !free(&t) {
+            // Taken meanwhile by a racing raw caller: give the object back.
+            drop(t);
+            // SAFETY: `mc` was imported just above and is no one else's.
+            let _ = unsafe { self.inner.mem_release(mc) };
+            return Err(Code::INVALID_VALUE);
+        }
         t.ids.insert(
             id,
             Some(Emulated {
