@@ -387,8 +387,55 @@ impl Context {
                 device: dev,
                 feature: Feature::MulticastEndpoints,
                 attribute: crate::driver::attr::LE_MULTICAST,
+                value: 0,
             }),
             _ => Ok(()),
+        }
+    }
+
+    /// Before `dev` takes part in an endpoint with `COUNTED_OPS` (owner,
+    /// team device): attribute 155 (R2.4).
+    ///
+    /// # Errors
+    /// [`Error::FeatureMissing`] naming the device, attribute 155 and its value.
+    pub(crate) fn check_counted_ops(&self, dev: Device) -> Result<()> {
+        match self.attribute(dev, crate::driver::attr::LE_COUNTED_OPS)? {
+            0 => Err(Error::FeatureMissing {
+                device: dev,
+                feature: Feature::CountedOps,
+                attribute: crate::driver::attr::LE_COUNTED_OPS,
+                value: 0,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Before `dev` takes part in an exportable endpoint (owner, team
+    /// device): attribute 158 (`LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES`,
+    /// 13.5) must include FABRIC. A driver before 13.5 does not know the
+    /// attribute (`INVALID_VALUE`): nothing to check then, the create or
+    /// export answers. The classic fallback shares its objects by its own
+    /// handles (C5) and is not asked.
+    ///
+    /// # Errors
+    /// [`Error::FeatureMissing`] naming the device, attribute 158 and its
+    /// value; another failure to read it.
+    pub(crate) fn check_fabric_handles(&self, dev: Device) -> Result<()> {
+        if self.driver().explain_unsupported(Call::Export).is_some() {
+            return Ok(());
+        }
+        let attribute = crate::driver::attr::LE_SUPPORTED_HANDLE_TYPES;
+        let fabric = crate::driver::attr::LE_IPC_FABRIC;
+        match self.attribute(dev, attribute) {
+            Ok(value) if value & fabric == 0 => Err(Error::FeatureMissing {
+                device: dev,
+                feature: Feature::FabricHandles,
+                attribute,
+                value,
+            }),
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(Code::INVALID_VALUE) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 

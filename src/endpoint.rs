@@ -14,9 +14,9 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::context::Context;
-use crate::driver::{Call, Device, attr};
+use crate::driver::{Call, Device};
 use crate::driver::{EndpointProps, Shape};
-use crate::error::{Alignment, Arg, Error, Failed, Feature, Result, Rule};
+use crate::error::{Alignment, Arg, Error, Failed, Result, Rule};
 use crate::kind::{CanExport, Creatable, Enroll, HasFabricHandles, Kind, NoKind, TeamHasRoom};
 use crate::memory::round_up;
 use crate::range::{Facts, OnUnwind, RangeInner, Slot, release_shared};
@@ -200,6 +200,15 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         unsafe { self.range.facts_mut(self.id) }
     }
 
+    /// For an imported endpoint of a team bring-up: the ranks agreed it was
+    /// created with `COUNTED_OPS`, so each device this process enrolls is
+    /// checked for attribute 155 before the driver (R2.4), as on the creator.
+    pub(crate) fn agreed_counted_ops(self, counted_ops: bool) -> Self {
+        // SAFETY: `self` is taken by value; no borrow of it exists.
+        unsafe { self.facts_mut() }.counted_ops = counted_ops;
+        self
+    }
+
     fn fail<T>(self, error: Error) -> Result<T, Failed<Self>> {
         Err(Failed { error, value: self })
     }
@@ -330,6 +339,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 Shape::Unicast { .. } => 1,
                 Shape::Multicast { num_devices } => num_devices,
             };
+            facts.counted_ops = spec.props.counted_ops;
+            facts.exportable = spec.props.ipc_fabric;
         }
         Ok(self.cast())
     }
@@ -368,20 +379,20 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             ctx.check_clique(dev, &spec.devices[..i])?;
         }
         if props.counted_ops {
-            // A team enrolled later: every device it could hold must have it.
-            let all = if devices.is_empty() {
-                ctx.devices()?
-            } else {
-                devices.to_vec()
-            };
-            for dev in all {
-                if ctx.attribute(dev, attr::LE_COUNTED_OPS)? == 0 {
-                    return Err(Error::FeatureMissing {
-                        device: dev,
-                        feature: Feature::CountedOps,
-                        attribute: attr::LE_COUNTED_OPS,
-                    });
-                }
+            // Attribute 155 is a device's (cuda.h: "Device supports counted
+            // operations via logical endpoints"): the devices that take part
+            // need it — the owner, the team devices named here; a team
+            // enrolled later is checked device by device at `add_device`.
+            // Not every device of the node: one without it that the
+            // endpoint never involves refuses nothing.
+            for &dev in devices {
+                ctx.check_counted_ops(dev)?;
+            }
+        }
+        if props.ipc_fabric {
+            // Attribute 158 likewise (13.5): each device taking part.
+            for &dev in devices {
+                ctx.check_fabric_handles(dev)?;
             }
         }
         let limits = ctx
@@ -471,6 +482,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             facts.align = handle.bind_alignment();
             facts.team_size = handle.team_size();
             facts.devices.clear();
+            // It came by a fabric handle; counted operations are what a
+            // bring-up agreed (`agreed_counted_ops`), unknown otherwise.
+            facts.exportable = true;
+            facts.counted_ops = false;
             self.slot().fabric = Some(Box::new(c.0));
         }
         Ok(self.cast())
@@ -561,6 +576,14 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             .check_device(dev)
             .and_then(|()| self.context().check_multicast_device(dev))
             .and_then(|()| self.context().check_clique(dev, &self.facts().devices))
+            .and_then(|()| match self.facts().counted_ops {
+                true => self.context().check_counted_ops(dev),
+                false => Ok(()),
+            })
+            .and_then(|()| match self.facts().exportable {
+                true => self.context().check_fabric_handles(dev),
+                false => Ok(()),
+            })
         {
             return self.fail(e);
         }

@@ -284,6 +284,10 @@ pub enum Feature {
     CountedOps,
     /// Multicast logical endpoints on a device (attribute 154, R4).
     MulticastEndpoints,
+    /// An exportable endpoint (`ipcHandleTypes` FABRIC) on a device whose
+    /// attribute 158 (`LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES`, 13.5+)
+    /// lacks FABRIC (R2.4, R8).
+    FabricHandles,
     /// A multicast virtual address (`multimem` access to a classic
     /// multicast object) on a backend that has none.
     MulticastAddress,
@@ -297,7 +301,7 @@ impl Feature {
             Feature::UnicastOnClassic | Feature::CountedOpsOnClassic => Rule::C1,
             Feature::FabricOnClassic | Feature::MulticastAddress => Rule::C5,
             Feature::ClassicMulticastDevice | Feature::MulticastTeam => Rule::C6,
-            Feature::CountedOps => Rule::R2_4,
+            Feature::CountedOps | Feature::FabricHandles => Rule::R2_4,
             Feature::MulticastEndpoints => Rule::R4,
         }
     }
@@ -325,6 +329,9 @@ impl Feature {
             }
             Feature::BaseDriver => "install a CUDA 12+ driver",
             Feature::CountedOps => "drop `.counted_ops()` from the spec",
+            Feature::FabricHandles => {
+                "drop `.exportable()` from the spec, or use devices whose attribute 158 includes FABRIC (1)"
+            }
             Feature::MulticastEndpoints => {
                 "build the team from devices that report attribute 154 = 1"
             }
@@ -352,6 +359,7 @@ impl fmt::Display for Feature {
             Feature::BaseDriver => "the base driver entry points (cuCtx*, cuDevice*)",
             Feature::CountedOps => "counted operations (COUNTED_OPS)",
             Feature::MulticastEndpoints => "multicast logical endpoints",
+            Feature::FabricHandles => "fabric export of logical endpoints (ipcHandleTypes FABRIC)",
         })
     }
 }
@@ -568,7 +576,7 @@ pub enum Error {
 
     /// A device attribute says the device lacks a feature (SPEC R2.4, C6).
     #[error(
-        "{device} does not support {feature} (attribute {attribute} = 0; {}); {}",
+        "{device} does not support {feature} (attribute {attribute} = {value}; {}); {}",
         .feature.rule(),
         .feature.fix()
     )]
@@ -579,6 +587,8 @@ pub enum Error {
         feature: Feature,
         /// The attribute number.
         attribute: i32,
+        /// Its value on the device (0, or a bitmask without the bit needed).
+        value: i32,
     },
 
     /// `wait` ran out of time; the endpoint comes back pending (SPEC R3).
@@ -1020,6 +1030,7 @@ mod tests {
             device: Device(0),
             feature: Feature::CountedOps,
             attribute: 155,
+            value: 0,
         };
         assert!(missing.is_unsupported() && missing.rule() == Some(Rule::R2_4));
     }

@@ -47,6 +47,12 @@ pub(crate) struct Facts {
     pub devices: SmallVec<[Device; 4]>,
     /// Team size (multicast), 1 for unicast.
     pub team_size: u32,
+    /// Created (or, in a team bring-up, agreed) with `COUNTED_OPS`: every
+    /// device enrolled later needs attribute 155 (R2.4).
+    pub counted_ops: bool,
+    /// Exportable (created with FABRIC, or imported by a fabric handle):
+    /// every device enrolled later needs FABRIC in attribute 158 (13.5).
+    pub exportable: bool,
     /// An endpoint whose destroy failed (after a failed create, from `Drop`,
     /// or a driver call that panicked): destroy it before the id is used or
     /// released. Only the id's owner sets it, so no lock is needed.

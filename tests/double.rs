@@ -195,6 +195,56 @@ fn attribute_158_only_on_13_5() {
     }
 }
 
+/// Attribute 158 crosses the ABI and is read before an exportable create:
+/// on 13.5 a device whose bitmask lacks FABRIC is refused before
+/// `cuLogicalEndpointCreate`, naming the device, the attribute and its
+/// value; on 13.3 (`INVALID_VALUE`) the create goes ahead.
+#[test]
+fn attribute_158_without_fabric_refuses_an_exportable_create_before_the_driver() {
+    use cuda_endpoints::Feature;
+    for version in [13050, 13030] {
+        let mut cfg = ModelConfig::node(2).with_devices(|i, d| d.le_fabric_handles = i != 1);
+        cfg.driver_version = version;
+        let Some((ctx, probe, lib)) = on_double(cfg) else {
+            return;
+        };
+        let before = lib.trace().len();
+        let r = ctx
+            .reserve_one()
+            .unwrap()
+            .create(Spec::unicast(1, 2 * MIB).exportable());
+        if version == 13050 {
+            let f = r.map(drop).unwrap_err();
+            assert!(
+                matches!(
+                    f.error,
+                    Error::FeatureMissing {
+                        device: Device(1),
+                        feature: Feature::FabricHandles,
+                        attribute: 158,
+                        value: 0,
+                    }
+                ),
+                "{}",
+                f.error
+            );
+            assert!(
+                f.error.to_string().contains("attribute 158 = 0"),
+                "{}",
+                f.error
+            );
+            assert!(
+                !lib.trace()[before..].contains(&Call::Create),
+                "refused before cuLogicalEndpointCreate"
+            );
+        } else {
+            let ep = r.unwrap().wait(T).unwrap();
+            ep.destroy().unwrap().release().unwrap();
+        }
+        assert_clean(&probe);
+    }
+}
+
 /// The 64 handle bytes survive the ABI both ways: exported into the
 /// caller's buffer, imported from it (raw calls: in one process the typed API
 /// refuses a second attachment, and a second process needs the model).

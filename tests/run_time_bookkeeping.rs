@@ -434,6 +434,7 @@ fn attribute_154_zero_refuses_creation_and_enrollment_before_the_driver() {
                 device: Device(2),
                 feature: Feature::MulticastEndpoints,
                 attribute: 154,
+                value: 0,
             }
         ) && e.to_string().contains("device 2")
             && e.to_string().contains("attribute 154 = 0")
@@ -561,5 +562,157 @@ fn a_mapping_can_be_aligned_to_the_bind_alignment() {
         team.bind(0, 0, &mapped).unwrap().unbind().unwrap();
     }
     drop(team);
+    clean(&ctx, &model);
+}
+
+/// Item 7: attribute 155 is a device's ("Device supports counted operations
+/// via logical endpoints", cuda.h), so `COUNTED_OPS` needs it on the devices
+/// that take part — the unicast owner, each team device — and the typed
+/// layer and the model agree on that: a node with one device without it
+/// still makes counted teams of the others; that device is refused before
+/// the driver, at creation or at enrollment, with the attribute and value.
+#[test]
+fn attribute_155_is_needed_on_the_devices_that_take_part_not_on_every_device_of_the_node() {
+    use cuda_endpoints::typenum::U2;
+    use cuda_endpoints::{Call, Feature};
+    let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.counted_ops = i != 2));
+    let ctx = Context::new(model.clone());
+    let missing = |e: &Error| {
+        matches!(
+            e,
+            Error::FeatureMissing {
+                device: Device(2),
+                feature: Feature::CountedOps,
+                attribute: 155,
+                value: 0,
+            }
+        ) && e.to_string().contains("device 2")
+            && e.to_string().contains("attribute 155 = 0")
+    };
+    // A team of devices 0 and 1: the model does not look at device 2.
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN).counted_ops())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    team.destroy().unwrap().release().unwrap();
+    // A team enrolled later: nothing refused at creation, device 2 at enrollment.
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::team(U2::new(), ALIGN).counted_ops())
+        .unwrap()
+        .add_device(0)
+        .unwrap();
+    let adds = model.calls(Call::AddDevice);
+    let f = team.add_device(2).unwrap_err();
+    assert!(missing(&f.error), "{}", f.error);
+    assert_eq!(
+        model.calls(Call::AddDevice),
+        adds,
+        "refused before the driver"
+    );
+    let team = f.value.add_device(1).unwrap().wait(T).unwrap();
+    team.destroy().unwrap().release().unwrap();
+    // Device 2 as owner or named team device: refused before the create.
+    let creates = model.calls(Call::Create);
+    let f = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(2, ALIGN).counted_ops())
+        .unwrap_err();
+    assert!(missing(&f.error), "{}", f.error);
+    let f = f
+        .value
+        .create(Spec::multicast(&[Device(0), Device(2)], ALIGN).counted_ops())
+        .unwrap_err();
+    assert!(missing(&f.error), "{}", f.error);
+    assert_eq!(
+        model.calls(Call::Create),
+        creates,
+        "refused before the driver"
+    );
+    drop(f);
+    clean(&ctx, &model);
+}
+
+/// Item 7: attribute 158 (`LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES`, 13.5) is
+/// read before an exportable endpoint is made: a device whose bitmask lacks
+/// FABRIC is refused before the driver, as owner, named team device or
+/// device enrolled later, with the device, the attribute and its value. A
+/// 13.3 driver does not know the attribute (`INVALID_VALUE`): the crate
+/// falls back to creating, and the driver decides.
+#[test]
+fn attribute_158_without_fabric_refuses_an_exportable_endpoint_before_the_driver() {
+    use cuda_endpoints::{Call, Feature};
+    let no_fabric_on_1 = |version| {
+        let mut cfg = ModelConfig::node(2).with_devices(|i, d| d.le_fabric_handles = i != 1);
+        cfg.driver_version = version;
+        Model::new(cfg)
+    };
+    let model = no_fabric_on_1(13050);
+    let ctx = Context::new(model.clone());
+    let missing = |e: &Error| {
+        matches!(
+            e,
+            Error::FeatureMissing {
+                device: Device(1),
+                feature: Feature::FabricHandles,
+                attribute: 158,
+                value: 0,
+            }
+        ) && e.to_string().contains("device 1")
+            && e.to_string().contains("attribute 158 = 0")
+    };
+    assert_eq!(ctx.attribute(Device(0), 158).unwrap(), 1, "FABRIC");
+    let r = ctx.reserve_one().unwrap();
+    let f = r.create(Spec::unicast(1, ALIGN).exportable()).unwrap_err();
+    assert!(missing(&f.error), "{}", f.error);
+    let f = f
+        .value
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN).exportable())
+        .unwrap_err();
+    assert!(missing(&f.error), "{}", f.error);
+    assert_eq!(model.calls(Call::Create), 0, "refused before the driver");
+    // A spread team: device 1 refused at enrollment, device 0 fine.
+    let spread = f
+        .value
+        .create(Spec::spread(2, ALIGN).exportable())
+        .unwrap()
+        .add_device(0)
+        .unwrap();
+    let f = spread.add_device(1).unwrap_err();
+    assert!(missing(&f.error), "{}", f.error);
+    assert_eq!(model.calls(Call::AddDevice), 1, "refused before the driver");
+    drop(f);
+    // The owner with FABRIC: made and exported.
+    let uni = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    uni.export().unwrap();
+    uni.destroy().unwrap().release().unwrap();
+    clean(&ctx, &model);
+    // 13.3: attribute 158 is INVALID_VALUE; the crate creates anyway.
+    let model = no_fabric_on_1(13030);
+    let ctx = Context::new(model.clone());
+    assert_eq!(
+        ctx.attribute(Device(1), 158).map_err(|e| e.code()),
+        Err(Some(cuda_endpoints::Code::INVALID_VALUE))
+    );
+    let uni = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(1, ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    uni.export().unwrap();
+    uni.destroy().unwrap().release().unwrap();
     clean(&ctx, &model);
 }

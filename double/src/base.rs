@@ -71,18 +71,12 @@ crate::abi::exports! {
         out(device, ordinal)
     }
     [13000] fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) {
-        let (version, fabric) = state::with(|d| (d.version, d.model.clone()));
-        // 13.5's attribute 158, which the model does not know yet: the
-        // handle types a device supports (FABRIC when attribute 128 says so).
         let v = if let Some(v) = generic_attribute(attrib) {
             state::with(|d| d.check_device(dev))?;
             v
-        } else if attrib == attr::LE_SUPPORTED_HANDLE_TYPES && version >= 13050 {
-            // SAFETY: as above.
-            let f = unsafe { fabric.device_attribute(Device(dev), attr::FABRIC_SUPPORTED) }
-                .map_err(|c| c.raw())?;
-            f.min(1)
         } else {
+            // The model answers the logical-endpoint attributes, 13.5's 158
+            // included (INVALID_VALUE before 13.5).
             // SAFETY: as above.
             model(|m| unsafe { m.device_attribute(Device(dev), attrib) })?
         };

@@ -13,7 +13,7 @@
 //! (0/1) and `devices`: devices separated by `,`, each
 //! `bind_alignment:max_size:granularity:recommended:memory:clique:numa:flags`
 //! with flag bits 1 unicast, 2 multicast, 4 counted ops, 8 unicast owner
-//! access, 16 classic multicast, 32 fabric.
+//! access, 16 classic multicast, 32 fabric, 64 FABRIC in attribute 158.
 
 use cuda_endpoints::model::{ModelConfig, SimDevice};
 
@@ -101,6 +101,7 @@ fn device(s: &str) -> Option<SimDevice> {
         unicast_owner_access: bit(8),
         classic_multicast: bit(16),
         fabric: bit(32),
+        le_fabric_handles: bit(64),
         // Fields added to the model later keep their defaults.
         ..SimDevice::default()
     })

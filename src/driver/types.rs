@@ -195,6 +195,9 @@ pub mod attr {
     pub const LE_UNICAST_OWNER_ACCESS: i32 = 156;
     /// `CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES` (CUDA 13.5+).
     pub const LE_SUPPORTED_HANDLE_TYPES: i32 = 158;
+    /// The FABRIC bit of attribute 158's bitmask
+    /// (`CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_FABRIC`).
+    pub const LE_IPC_FABRIC: i32 = 1;
 }
 
 /// The first driver version (`cuDriverGetVersion`) with logical endpoints.

@@ -29,6 +29,9 @@ pub struct SimDevice {
     pub classic_multicast: bool,
     /// `HANDLE_TYPE_FABRIC_SUPPORTED` (attribute 128).
     pub fabric: bool,
+    /// `LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES` (attribute 158, 13.5+)
+    /// includes `FABRIC`: the device can take part in an exportable endpoint.
+    pub le_fabric_handles: bool,
 }
 
 impl Default for SimDevice {
@@ -49,6 +52,7 @@ impl Default for SimDevice {
             unicast_owner_access: true,
             classic_multicast: true,
             fabric: true,
+            le_fabric_handles: true,
         }
     }
 }

@@ -27,6 +27,10 @@ impl World {
             attr::LE_MULTICAST => b(d.multicast),
             attr::LE_COUNTED_OPS => b(d.counted_ops),
             attr::LE_UNICAST_OWNER_ACCESS => b(d.unicast_owner_access),
+            // 13.5: the bitmask of `CUlogicalEndpointIpcHandleType`s (FABRIC = 1).
+            attr::LE_SUPPORTED_HANDLE_TYPES if self.config().driver_version >= 13050 => {
+                b(d.le_fabric_handles)
+            }
             _ => Err(Code::INVALID_VALUE),
         }
     }
@@ -133,6 +137,13 @@ impl World {
         self.limits_of(props)
     }
 
+    /// Whether `dev` may take part in an exportable endpoint: attribute 158
+    /// includes FABRIC, or the driver predates 158 (before 13.5).
+    fn fabric_handles(&self, dev: Device) -> bool {
+        self.config().driver_version < 13050
+            || self.device(dev).is_some_and(|d| d.le_fabric_handles)
+    }
+
     pub fn create(&mut self, pid: usize, id: u32, props: &EndpointProps) -> DriverResult<()> {
         self.le_present()?;
         match self.procs[pid].ids.get(&id) {
@@ -149,14 +160,21 @@ impl World {
         }
         // R2.4's "FABRIC only" and "COUNTED_OPS only" hold by construction:
         // `EndpointProps` has one boolean for each.
-        if props.counted_ops {
-            let ok = match props.shape {
-                Shape::Unicast { owner } => self.device(owner).is_some_and(|d| d.counted_ops),
-                Shape::Multicast { .. } => self.config().devices.iter().all(|d| d.counted_ops),
-            };
-            if !ok {
-                return violate(self, "R2.4", Code::NOT_SUPPORTED);
-            }
+        // COUNTED_OPS needs attribute 155 of the devices that take part (a
+        // device's attribute, cuda.h): the unicast owner here; a multicast
+        // endpoint names no device at create, so each is checked as it is
+        // added (R2.4, model's choice of where).
+        if let (true, Shape::Unicast { owner }) = (props.counted_ops, props.shape)
+            && !self.device(owner).is_some_and(|d| d.counted_ops)
+        {
+            return violate(self, "R2.4", Code::NOT_SUPPORTED);
+        }
+        // The same for FABRIC in `ipcHandleTypes` and attribute 158 (13.5+;
+        // before 13.5 nothing says, and the model accepts).
+        if let (true, Shape::Unicast { owner }) = (props.ipc_fabric, props.shape)
+            && !self.fabric_handles(owner)
+        {
+            return violate(self, "R2.4", Code::NOT_SUPPORTED);
         }
         let handle = self.handle();
         self.objects.insert(
@@ -226,6 +244,20 @@ impl World {
             None if by_me >= num_devices => return violate(self, "R4.2", Code::INVALID_VALUE),
             None if total >= num_devices => return Err(Code::INVALID_VALUE),
             None => {}
+        }
+        // R2.4 for a multicast endpoint, device by device (see `create`).
+        // An importer that was not told the endpoint counts operations
+        // cannot know: the driver's refusal (model's choice, as R12.5).
+        if obj.props.counted_ops && !self.device(dev).is_some_and(|d| d.counted_ops) {
+            if imported {
+                return Err(Code::NOT_SUPPORTED);
+            }
+            return violate(self, "R2.4", Code::NOT_SUPPORTED);
+        }
+        // Attribute 158 of each device of an exportable team (13.5+); an
+        // importer's endpoint came by a fabric handle, so it knows too.
+        if obj.props.ipc_fabric && !self.fabric_handles(dev) {
+            return violate(self, "R2.4", Code::NOT_SUPPORTED);
         }
         let first = obj.enrolled.first().copied();
         if self.config().driver_version >= 13040

@@ -485,5 +485,5 @@ fn import_checked(
         .map_err(|e| import(Cause::Local(e)))?
         .import(&handle)
         .map_err(|f| import(Cause::Local(f.error)))?;
-    Ok(ep.cast())
+    Ok(ep.agreed_counted_ops(counted).cast())
 }

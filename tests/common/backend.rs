@@ -328,7 +328,8 @@ pub fn encode(c: &ModelConfig) -> String {
                 | u32::from(d.counted_ops) << 2
                 | u32::from(d.unicast_owner_access) << 3
                 | u32::from(d.classic_multicast) << 4
-                | u32::from(d.fabric) << 5;
+                | u32::from(d.fabric) << 5
+                | u32::from(d.le_fabric_handles) << 6;
             format!(
                 "{}:{}:{}:{}:{}:{}:{}:{}",
                 d.bind_alignment,

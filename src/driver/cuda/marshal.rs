@@ -415,14 +415,10 @@ pub(super) unsafe fn mem_properties(c: &Cuda, handle: u64) -> DriverResult<Alloc
     let mut prop = MaybeUninit::<CUmemAllocationProp>::zeroed();
     let out = prop.as_mut_ptr();
     let f = c.sym.cuMemGetAllocationPropertiesFromHandle;
-    // SAFETY: `f` is `cuMemGetAllocationPropertiesFromHandle` as declared in `ffi`; the pointers are live
-    // locals (out-pointers writable, inputs fully initialised).
-    c.run(
-        Call::MemGetAllocationProperties,
-        f,
-        Cx::Current,
-        |f| unsafe { f(out, handle) },
-    )?;
+    let call = Call::MemGetAllocationProperties;
+    // SAFETY: `f` is `cuMemGetAllocationPropertiesFromHandle` as declared in
+    // `ffi`; `out` points at a live, zeroed struct.
+    c.run(call, f, Cx::Current, |f| unsafe { f(out, handle) })?;
     // SAFETY: all-zero is a valid `CUmemAllocationProp` (integers and a null
     // pointer), and the driver only wrote values of those field types.
     let p = unsafe { prop.assume_init() };
