@@ -4,7 +4,7 @@
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use cuda_endpoints::Driver;
-use cuda_endpoints::driver::{Device, attr};
+use cuda_endpoints::driver::Device;
 
 use crate::abi::*;
 use crate::state::{self, CURRENT, INVALID_VALUE, NOT_FOUND};
