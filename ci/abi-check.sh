@@ -33,6 +33,17 @@ for version in 13.3.29 '13.4.*' '13.5.*'; do
     echo "abi-check: $(grep -m1 '#define CUDA_VERSION' "$header")"
     "$CC" -fsyntax-only -std=c11 -Wall -Werror=incompatible-pointer-types \
         -I "$dir/nvidia/cu13/include" "$work/abi_check.c"
+    # The header's cuLogicalEndpoint* entry points are exactly the table's
+    # rows. 13.3-13.5 have no call that reports an imported endpoint's type
+    # or team size (README "Guarantees": forged handle metadata); a header
+    # that adds one fails here, so that the import learns to check it.
+    if ! diff <(grep -o 'CUresult CUDAAPI cuLogicalEndpoint[A-Za-z0-9_]*' "$header" \
+                    | sed 's/.* //' | sort -u) \
+              <(grep -o '^ *\[[A-Za-z]*\] [A-Za-z]* "cuLogicalEndpoint[A-Za-z0-9_]*"' \
+                    src/driver/calls.rs | sed 's/.*"\(cu[A-Za-z0-9_]*\)"/\1/' | sort -u); then
+        echo "abi-check: cuLogicalEndpoint* entry points of the header and of src/driver/calls.rs differ" >&2
+        exit 1
+    fi
 done
 
 # Every CUresult of the newest header has a name in `Code`.
