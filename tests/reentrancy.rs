@@ -1,9 +1,8 @@
 //! Locks held across user code (issue 11, item 2): a `tracing` layer runs
 //! inside every driver call of `Traced`, and may call back into the crate.
 //! Neither the typed layer nor the classic fallback (its team export and
-//! import included) may hold a lock of
-//! theirs across the driver call: each test fails on a deadlock instead of
-//! hanging (`common::layer::within`).
+//! import included) may hold a lock of theirs across the driver call: each
+//! test fails on a deadlock instead of hanging (`common::layer::within`).
 
 mod common;
 
