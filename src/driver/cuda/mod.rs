@@ -42,7 +42,12 @@ use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_M
 /// driver call), then whether the entry point exists (`NOT_SUPPORTED`, no
 /// call), then makes a primary context current where the call needs one, and
 /// restores the thread's previous context afterwards. Primary contexts are
-/// retained lazily per device and released on drop.
+/// retained lazily, only of devices the program uses (a call names the
+/// device), and released on drop. The logical-endpoint calls that name no
+/// device need no context (cuda.h states none for them) and touch none;
+/// the VMM calls that name none use the thread's current context, else
+/// the device used last's. A failed context step is reported as such
+/// ([`Driver::context_failure`], [`Error::Context`]), not as the call's.
 pub struct Cuda {
     sym: Symbols,
     version: i32,
