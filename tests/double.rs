@@ -346,6 +346,37 @@ fn contexts_only_on_a_nonzero_device_the_program_uses() {
     assert_clean(&probe);
 }
 
+/// A VMM call that names no device (the map of a host-NUMA allocation, the
+/// program's first) before the backend used any device goes to the device
+/// whose primary context the program already holds (device 3 here, as the
+/// CUDA runtime would leave it), not to device 0.
+#[test]
+fn a_call_naming_no_device_before_any_device_is_used_goes_to_the_one_the_program_holds() {
+    use cuda_endpoints::Location;
+    use cuda_endpoints::driver::Granularity;
+    let Some((ctx, probe, lib)) = on_double(ModelConfig::node(4)) else {
+        return;
+    };
+    lib.retain_primary(3);
+    struct Give(&'static DoubleLib);
+    impl Drop for Give {
+        fn drop(&mut self) {
+            self.0.release_primary(3);
+        }
+    }
+    let _give = Give(lib);
+    let host =
+        Allocation::<Private>::new(&ctx, Location::HostNuma(0), 2 * MIB, Granularity::Minimum)
+            .unwrap();
+    drop(host);
+    let (retained, current) = lib.contexts();
+    assert_eq!(retained & !mask(&[3]), 0, "retained {retained:#b}");
+    assert_eq!(current & !mask(&[3]), 0, "made current {current:#b}");
+    assert_ne!(current, 0, "the calls ran in device 3's context");
+    drop(ctx);
+    assert_clean(&probe);
+}
+
 /// The device-less logical-endpoint calls leave the thread's context alone:
 /// a program with device 1's context current (as the CUDA runtime leaves
 /// it) reserves, creates a multicast endpoint, queries, destroys and

@@ -241,6 +241,24 @@ impl DoubleLib {
         r
     }
 
+    /// Retains `dev`'s primary context without making it current, as a
+    /// program's own CUDA runtime would; [`DoubleLib::release_primary`] gives it back.
+    pub fn retain_primary(&self, dev: i32) {
+        type Retain = unsafe extern "C" fn(*mut usize, c_int) -> u32;
+        let retain: Retain = self.sym("cuDevicePrimaryCtxRetain");
+        let mut ctx = 0usize;
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { retain(&mut ctx, dev) }, 0);
+    }
+
+    /// Drops one reference taken by [`DoubleLib::retain_primary`].
+    pub fn release_primary(&self, dev: i32) {
+        type Release = unsafe extern "C" fn(c_int) -> u32;
+        let release: Release = self.sym("cuDevicePrimaryCtxRelease_v2");
+        // SAFETY: gives back a reference this test took.
+        assert_eq!(unsafe { release(dev) }, 0);
+    }
+
     /// This thread's current context as the double sees it (0: none).
     pub fn current_context(&self) -> usize {
         let f: unsafe extern "C" fn(*mut usize) -> u32 = self.sym("cuCtxGetCurrent");

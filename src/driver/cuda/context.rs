@@ -23,7 +23,10 @@
 //! The VMM and classic calls that name no device ([`Cx::Current`]: map,
 //! unmap, address reserve/free, release, set access, multicast bind...) work
 //! in the current context: the thread's current one when there is one, else
-//! the primary context of the device the program used last.
+//! the primary context of the device the program used last; before this
+//! backend used any device, of the first device whose primary context the
+//! program holds (`cuDevicePrimaryCtxGetState`), else of device 0 (the CUDA
+//! runtime's default device).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -44,8 +47,8 @@ pub(super) enum Cx {
     /// first (the unicast owner of the properties), else the device used last.
     NoneNeeded(Option<Device>),
     /// The current context: the thread's, else the device used last's
-    /// primary context (device 0 only while the program has used no device
-    /// at all).
+    /// primary context, else an active one's (device 0 only while the
+    /// program holds no device's primary context at all).
     Current,
 }
 
@@ -199,6 +202,27 @@ impl Contexts {
         Ok(current)
     }
 
+    /// Before this backend used any device: the first device whose primary
+    /// context is active (retained by the program: the CUDA runtime, cudarc,
+    /// another backend), so that a call naming no device goes to a device
+    /// the program uses. `None` when none is (then device 0, the CUDA
+    /// runtime's default device) or the driver cannot say.
+    fn active_device(sym: &Symbols) -> Option<Device> {
+        let (count, state) = (sym.cuDeviceGetCount?, sym.cuDevicePrimaryCtxGetState?);
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: `count` is `cuDeviceGetCount`; `n` is a valid out-pointer.
+        if Code::from_raw(unsafe { count(&mut n) }).is_some() {
+            return None;
+        }
+        (0..n.clamp(0, 64)).map(Device).find(|d| {
+            let (mut flags, mut active): (std::ffi::c_uint, std::ffi::c_int) = (0, 0);
+            // SAFETY: `state` is `cuDevicePrimaryCtxGetState`; `d` is an
+            // ordinal below the count; both out-pointers are valid.
+            let rc = unsafe { state(d.0, &mut flags, &mut active) };
+            rc == 0 && active != 0
+        })
+    }
+
     /// Makes `dev`'s primary context current until the guard drops.
     fn bind_device<'a>(&self, sym: &'a Symbols, dev: Device) -> Result<CtxGuard<'a>, StepError> {
         let ctx = self.primary(sym, dev)?;
@@ -239,7 +263,11 @@ impl Contexts {
                 if !Self::current(sym)?.is_null() {
                     return Ok(unchanged);
                 }
-                self.bind_device(sym, self.last().unwrap_or(Device(0)))
+                let dev = self
+                    .last()
+                    .or_else(|| Self::active_device(sym))
+                    .unwrap_or(Device(0));
+                self.bind_device(sym, dev)
             }
         }
     }

@@ -349,6 +349,7 @@ c_functions! {
     cuCtxSetCurrent(ctx: CUcontext) since 12000;
     cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) since 12000;
     cuDevicePrimaryCtxRelease_v2(dev: CUdevice) since 12000;
+    cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) since 12000;
     // Base calls.
     cuDriverGetVersion(version: *mut c_int) since 12000;
     cuDeviceGetCount(count: *mut c_int) since 12000;

@@ -46,7 +46,8 @@ use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_M
 /// device), and released on drop. The logical-endpoint calls that name no
 /// device need no context (cuda.h states none for them) and touch none;
 /// the VMM calls that name none use the thread's current context, else
-/// the device used last's. A failed context step is reported as such
+/// the device used last's, else that of a device whose primary context the
+/// program holds (device 0 when it holds none). A failed context step is reported as such
 /// ([`Driver::context_failure`], [`Error::Context`]), not as the call's.
 pub struct Cuda {
     sym: Symbols,
