@@ -3,10 +3,10 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use cuda_endpoints::Driver;
 use cuda_endpoints::driver::{Device, attr};
 
 use crate::abi::*;
+use crate::node::Node;
 use crate::state::{self, CURRENT, INVALID_VALUE, NOT_FOUND};
 use crate::{model, out};
 
@@ -53,6 +53,11 @@ crate::abi::exports! {
         if flags != 0 {
             return Err(INVALID_VALUE);
         }
+        // A fabric named in the environment that cannot be joined: the
+        // driver cannot start (the reason is in the violation log).
+        if let Node::Unreachable(_) = state::node() {
+            return Err(state::NOT_INITIALIZED);
+        }
         state::set_initialized();
         Ok(())
     }
@@ -71,7 +76,7 @@ crate::abi::exports! {
         out(device, ordinal)
     }
     [13000] fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) {
-        let (version, fabric) = state::with(|d| (d.version, d.model.clone()));
+        let version = state::with(|d| d.version);
         // 13.5's attribute 158, which the model does not know yet: the
         // handle types a device supports (FABRIC when attribute 128 says so).
         let v = if let Some(v) = generic_attribute(attrib) {
@@ -79,8 +84,7 @@ crate::abi::exports! {
             v
         } else if attrib == attr::LE_SUPPORTED_HANDLE_TYPES && version >= 13050 {
             // SAFETY: as above.
-            let f = unsafe { fabric.device_attribute(Device(dev), attr::FABRIC_SUPPORTED) }
-                .map_err(|c| c.raw())?;
+            let f = model(|m| unsafe { m.device_attribute(Device(dev), attr::FABRIC_SUPPORTED) })?;
             f.min(1)
         } else {
             // SAFETY: as above.
