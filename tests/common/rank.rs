@@ -49,7 +49,10 @@ pub fn join() -> (Context, Me) {
     let place = lib
         .fabric_place()
         .expect("the double joined the fabric of CUDA_ENDPOINTS_FABRIC");
-    let device = (place.device >= 0).then(|| Device(place.device as i32));
+    let device = i32::try_from(place.device)
+        .ok()
+        .filter(|&d| d >= 0)
+        .map(Device);
     let me = Me::Double {
         lib,
         device,
