@@ -6,6 +6,17 @@
 //! Children talk to the parent in lines: `@@ key value` on stdout (the
 //! parent ignores anything else, e.g. libtest's own lines), commands on
 //! stdin.
+//!
+//! Under `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) the children
+//! run the real backend on the libcuda test double, which joins the test's
+//! fabric (`common/rank.rs`), except the `mem-*` roles: they test the
+//! fabric client's own shareable-handle tokens.
+#![cfg(feature = "fabric")]
+
+#[path = "common/backend.rs"]
+mod backend;
+#[path = "common/rank.rs"]
+mod rank;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd};
@@ -156,9 +167,11 @@ fn child_role() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
-    let (ctx, me) = fabric::connect_env()
-        .expect("join the fabric")
-        .expect("CUDA_ENDPOINTS_FABRIC set");
+    let (ctx, me) = if role.starts_with("mem-") {
+        rank::join_remote()
+    } else {
+        rank::join()
+    };
     let mut stdin = std::io::stdin().lines().map_while(Result::ok);
     let mut wait_for = |word: &str| {
         for line in stdin.by_ref() {
@@ -241,6 +254,7 @@ fn child_role() {
         }
         // Exports device memory as a POSIX descriptor and as a fabric handle.
         "mem-exporter" => {
+            let me = me.process().expect("the fabric's client");
             let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), ALIGN).unwrap();
             let fd = me
                 .export_shareable(mem.handle(), ShareableKind::PosixFd)
@@ -262,6 +276,7 @@ fn child_role() {
         }
         // Imports both kinds: a descriptor only works on the same node.
         "mem-importer" => {
+            let me = me.process().expect("the fabric's client");
             let fd: u64 = std::env::var("FD").unwrap().parse().unwrap();
             let token: u64 = std::env::var("TOKEN").unwrap().parse().unwrap();
             let file = std::fs::File::open(std::env::var("FDPATH").unwrap()).unwrap();
@@ -319,7 +334,9 @@ fn child_role() {
         }
         other => panic!("unknown role {other}"),
     }
-    assert_eq!(me.live().unwrap(), Live::default(), "{role} leaked");
+    assert_eq!(me.live(), Live::default(), "{role} leaked");
+    let own = me.own_violations();
+    assert!(own.is_empty(), "{role}: the double saw {own:?}");
     say("clean", "");
 }
 

@@ -32,17 +32,24 @@ pub enum Me {
         lib: &'static DoubleLib,
         device: Option<Device>,
         node: u32,
+        imex_channel: bool,
     },
+}
+
+/// Joins the fabric through the `Remote` driver whatever the backend (for
+/// what only the fabric's own client does: its shareable-handle tokens).
+pub fn join_remote() -> (Context, Me) {
+    let (ctx, me) = fabric::connect_env()
+        .expect("fabric")
+        .expect("CUDA_ENDPOINTS_FABRIC is set");
+    (ctx, Me::Fabric(me))
 }
 
 /// Joins the fabric the environment names, through the suite's backend.
 /// Panics (this is a test child) when it cannot.
 pub fn join() -> (Context, Me) {
     if !is_cuda() {
-        let (ctx, me) = fabric::connect_env()
-            .expect("fabric")
-            .expect("CUDA_ENDPOINTS_FABRIC is set");
-        return (ctx, Me::Fabric(me));
+        return join_remote();
     }
     let ctx = Context::cuda().expect("the real backend on the libcuda test double");
     let lib = DoubleLib::load().expect("the test double");
@@ -57,6 +64,7 @@ pub fn join() -> (Context, Me) {
         lib,
         device,
         node: u32::try_from(place.node).expect("node"),
+        imex_channel: place.imex_channel,
     };
     (ctx, me)
 }
@@ -75,6 +83,22 @@ impl Me {
         match self {
             Me::Fabric(p) => p.node(),
             Me::Double { node, .. } => *node,
+        }
+    }
+
+    /// Whether it had an IMEX channel when it joined.
+    pub fn imex_channel(&self) -> bool {
+        match self {
+            Me::Fabric(p) => p.imex_channel(),
+            Me::Double { imex_channel, .. } => *imex_channel,
+        }
+    }
+
+    /// The fabric's own client, when this rank is one.
+    pub fn process(&self) -> Option<&Process> {
+        match self {
+            Me::Fabric(p) => Some(p),
+            Me::Double { .. } => None,
         }
     }
 
