@@ -29,10 +29,7 @@ use cuda_endpoints::driver::{Classic, ShareableKind};
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, TeamSpec};
-use cuda_endpoints::{
-    Allocation, Bootstrap, BootstrapError, Context, Device, Fabric, FdExchange, PosixFd, Tcp,
-    UniqueId,
-};
+use cuda_endpoints::{Allocation, Bootstrap, Context, Device, Fabric, FdExchange, PosixFd};
 use rank::Me;
 use support::{Children, report};
 
@@ -54,7 +51,7 @@ fn child_rank() {
     let size = support::env_usize(SIZE);
     let dir = std::env::var(DIR).expect("dir");
     let (ctx, me) = rank::join();
-    let boot = tcp(rank, size, Path::new(&dir)).expect("bootstrap");
+    let boot = support::file_tcp(rank, size, Path::new(&dir), T).expect("bootstrap");
     let dev = me.device().unwrap_or(Device(0));
     let scenario = std::env::var(SCENARIO).unwrap_or_default();
     if let Some(kind) = match scenario.as_str() {
@@ -149,18 +146,6 @@ fn classic_team(
         return Err(format!("teardown errors: {kept:?}").into());
     }
     Ok(())
-}
-
-fn tcp(rank: usize, size: usize, dir: &Path) -> Result<Tcp, BootstrapError> {
-    let id_file = dir.join("bootstrap-id");
-    if rank == 0 {
-        let (id, root) = Tcp::root("127.0.0.1:0".parse().expect("addr"))?;
-        id.write_file(&id_file).expect("id file");
-        root.accept(size, T)
-    } else {
-        let id = UniqueId::read_file(&id_file, T)?;
-        Tcp::join(&id, rank, size, T)
-    }
 }
 
 /// Runs `nodes` x `gpus` ranks of `scenario` on a fresh fabric; returns

@@ -25,7 +25,7 @@ use cuda_endpoints::bootstrap::Traffic;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
-use cuda_endpoints::{Allocation, Bootstrap, BootstrapError, Context, PosixFd, Tcp, UniqueId};
+use cuda_endpoints::{Allocation, Bootstrap, BootstrapError, Context, PosixFd, Tcp};
 use support::{Children, Done, report};
 
 const ROLE: &str = "CET_ROLE";
@@ -51,7 +51,7 @@ fn child_rank() {
     let size = support::env_usize(SIZE);
     let dir = std::env::var(DIR).expect("dir");
     let (ctx, me) = rank::join();
-    let boot = match tcp(rank, size, Path::new(&dir)) {
+    let boot = match support::file_tcp(rank, size, Path::new(&dir), Duration::from_secs(5)) {
         Ok(b) => b,
         Err(e) => {
             report(&format!("bootstrap-error {e}"));
@@ -91,24 +91,6 @@ fn child_rank() {
 
 thread_local! {
     static BOOT_TRAFFIC: Cell<Traffic> = Cell::new(Traffic::default());
-}
-
-fn tcp(rank: usize, size: usize, dir: &Path) -> Result<Tcp, BootstrapError> {
-    let id_file = dir.join("bootstrap-id");
-    if rank == 0 {
-        let (id, root) = Tcp::root("127.0.0.1:0".parse().expect("addr"))?;
-        id.write_file(&id_file)
-            .map_err(|e| BootstrapError::InvalidId {
-                what: cuda_endpoints::bootstrap::IdProblem::File {
-                    path: id_file.clone(),
-                    kind: e.kind(),
-                },
-            })?;
-        root.accept(size, Duration::from_secs(5))
-    } else {
-        let id = UniqueId::read_file(&id_file, Duration::from_secs(5))?;
-        Tcp::join(&id, rank, size, Duration::from_secs(5))
-    }
 }
 
 fn run(
