@@ -101,10 +101,8 @@ done
 # The GPU suite as on a 13.5 driver, and as on the GPU machines' driver 580.
 # It uses cudarc beside the library, which needs a CUDA version to build for.
 export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
-# `two_processes_share` is left to the GPU machines: its team half expects
-# a driver without logical endpoints (driver 580), and two processes share
-# a model only on a fabric, whose node is a 13.x one (the multi-process
-# suites below share memory across processes through the double).
+# `two_processes_share` runs below, with the multi-process suites: two
+# processes share a model only on a fabric.
 nice cargo test --features gpu --test gpu -- --test-threads=1 --skip two_processes_share
 LD_LIBRARY_PATH=$out/13.0 nice cargo test --features gpu --test gpu -- --test-threads=1 --skip two_processes_share
 # The examples as on 13.5 (the double's default), 13.3, and driver 580 (the
@@ -138,7 +136,7 @@ rm -rf "$scratch" && mkdir -p "$scratch"
 # Where the fabric processes' counts start in the counts file.
 touch "$CUDA_DOUBLE_COUNTS"
 wc -l < "$CUDA_DOUBLE_COUNTS" > "$out/counts.fabric-from"
-mp_programs="$root/target/debug/(deps/(fabric|team_processes|shareable_processes)-|examples/(tcp_team|mpi_team)|cuda-endpoints-fabric)"
+mp_programs="$root/target/debug/(deps/(fabric|team_processes|shareable_processes|gpu)-|examples/(tcp_team|mpi_team)|cuda-endpoints-fabric)"
 # The README's feature set where MPI is installed (the build CI made
 # already), else the fabric alone.
 if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=fabric; fi
@@ -147,7 +145,13 @@ if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=
     for s in fabric team_processes shareable_processes; do
         timeout 600 nice cargo test --features "$mp_features" --test "$s" -- ${DOUBLE_TEST_ARGS:-}
     done
-    nice cargo build --quiet --features "$mp_features" --example tcp_team
+    nice cargo build --quiet --features "$mp_features" --example tcp_team --bin cuda-endpoints-fabric
+    # The GPU suite's two processes sharing memory (cudarc's memset and
+    # copies included), as on the GPU machines' driver 580: the 13.0 build,
+    # the test and its two ranks on one fabric of 13.0 nodes.
+    LD_LIBRARY_PATH=$out/13.0 timeout 300 nice "$root/target/debug/cuda-endpoints-fabric" \
+        --gpus 4 --driver-version 13000 --timeout 240 -- \
+        cargo test --features gpu --test gpu -- --test-threads=1 two_processes_share
     for job in "4 1" "8 2"; do
         # shellcheck disable=SC2086 # ranks and nodes
         timeout 120 nice "$root/target/debug/examples/tcp_team" $job --driver cuda > "$out/example.log"
