@@ -74,15 +74,6 @@ fn code_of(e: &FabricError) -> CUresult {
 }
 
 impl Node {
-    /// The driver the entry points forward to; `Err` when there is none.
-    pub fn driver(&self) -> Result<Arc<dyn Driver>, CUresult> {
-        match self {
-            Node::Local(m) => Ok(Arc::new(m.clone())),
-            Node::Fabric(p) => Ok(p.remote()),
-            Node::Unreachable(_) => Err(NOT_INITIALIZED),
-        }
-    }
-
     /// Runs one driver call on the node.
     pub fn call<T>(&self, f: impl FnOnce(&dyn Driver) -> Result<T, Code>) -> Result<T, CUresult> {
         match self {

@@ -9,7 +9,8 @@
 //! [`context`] gives the context and a [`Probe`]: the leak counters, call
 //! counts, violation log, faults and memory of whichever model is behind,
 //! and the same backend for raw calls (`Probe` is a [`Driver`]). The double
-//! has one model per process, so on it tests take turns: a probe holds a
+//! has one model per process (unless it is a process of a model fabric:
+//! `common/rank.rs`), so on it tests take turns: a probe holds a
 //! process-wide token until it drops, and each [`context`] resets the
 //! double's node to the configuration asked for.
 #![allow(dead_code)]
