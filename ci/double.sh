@@ -4,7 +4,10 @@
 #   ci/double.sh            build the double, check its prototypes against
 #                           cuda.h 13.3 and 13.5, run the suites, the
 #                           examples and the GPU suite through the real
-#                           backend on it, and print the per-call counters
+#                           backend on it, then the multi-process suites and
+#                           team examples with every process's double on a
+#                           shared model fabric, and print the per-call
+#                           counters of every process
 #   ci/double.sh build      only build; prints the LD_LIBRARY_PATH to use
 #
 # Layout (under target/double/):
@@ -98,8 +101,8 @@ done
 # The GPU suite as on a 13.5 driver, and as on the GPU machines' driver 580.
 # It uses cudarc beside the library, which needs a CUDA version to build for.
 export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
-# Two processes cannot share memory through the double: each process has
-# a model of its own (the model fabric shares one across processes).
+# `two_processes_share` runs below, with the multi-process suites: two
+# processes share a model only on a fabric.
 nice cargo test --features gpu --test gpu -- --test-threads=1 --skip two_processes_share
 LD_LIBRARY_PATH=$out/13.0 nice cargo test --features gpu --test gpu -- --test-threads=1 --skip two_processes_share
 # The examples as on 13.5 (the double's default), 13.3, and driver 580 (the
@@ -115,30 +118,107 @@ for pretend in 13.5: 13.5:13030 13.0:; do
     done
 done
 
+# ---- the multi-process suites through the real backend ----
+# Each child process loads the double, and the double joins the test's own
+# model fabric, named by CUDA_ENDPOINTS_FABRIC (double/src/node.rs): real OS
+# processes share endpoints, ids, nodes and memory as on a real cluster, and
+# every call of theirs crosses the C ABI. Each test starts its own fabric;
+# the fabric's model keeps the rule log, which each test (and the
+# launcher) asserts empty; the double's own log (contexts: what only the C
+# side sees) dies with its process, so each fabric process appends it at
+# exit to CUDA_DOUBLE_VIOLATIONS, which must stay empty. Everything runs
+# with a private TMPDIR (sockets, bootstrap ids, MPI's session files) that
+# must be empty afterwards, and no process of these programs may be left.
+export CUDA_DOUBLE_VIOLATIONS=$out/violations
+rm -f "$CUDA_DOUBLE_VIOLATIONS"
+scratch=$out/tmp
+rm -rf "$scratch" && mkdir -p "$scratch"
+# Where the fabric processes' counts start in the counts file.
+touch "$CUDA_DOUBLE_COUNTS"
+wc -l < "$CUDA_DOUBLE_COUNTS" > "$out/counts.fabric-from"
+mp_programs="$root/target/debug/(deps/(fabric|team_processes|shareable_processes|gpu)-|examples/(tcp_team|mpi_team)|cuda-endpoints-fabric)"
+# The README's feature set where MPI is installed (the build CI made
+# already), else the fabric alone.
+if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=fabric; fi
+(
+    export TMPDIR=$scratch
+    for s in fabric team_processes shareable_processes; do
+        timeout 600 nice cargo test --features "$mp_features" --test "$s" -- ${DOUBLE_TEST_ARGS:-}
+    done
+    nice cargo build --quiet --features "$mp_features" --example tcp_team --bin cuda-endpoints-fabric
+    # The GPU suite's two processes sharing memory (cudarc's memset and
+    # copies included), as on the GPU machines' driver 580: the 13.0 build,
+    # the test and its two ranks on one fabric of 13.0 nodes.
+    LD_LIBRARY_PATH=$out/13.0 timeout 300 nice "$root/target/debug/cuda-endpoints-fabric" \
+        --gpus 4 --driver-version 13000 --timeout 240 -- \
+        cargo test --features gpu --test gpu -- --test-threads=1 two_processes_share
+    for job in "4 1" "8 2"; do
+        # shellcheck disable=SC2086 # ranks and nodes
+        timeout 120 nice "$root/target/debug/examples/tcp_team" $job --driver cuda > "$out/example.log"
+        echo "example tcp_team $job --driver cuda on the double: $(tail -n1 "$out/example.log")"
+    done
+    if command -v mpirun > /dev/null; then
+        nice cargo build --quiet --features "$mp_features" --example mpi_team --bin cuda-endpoints-fabric
+        for job in "1 4" "2 8"; do
+            nodes=${job% *} ranks=${job#* }
+            # As root, Open MPI wants to be told; the launcher bounds the job.
+            timeout 180 nice "$root/target/debug/cuda-endpoints-fabric" --nodes "$nodes" --gpus 4 --timeout 120 -- \
+                mpirun --allow-run-as-root --oversubscribe -n "$ranks" \
+                "$root/target/debug/examples/mpi_team" --driver cuda > "$out/example.log" 2>&1
+            echo "example mpi_team --driver cuda, $ranks ranks on $nodes node(s) under mpirun on the double: $(grep -c '^rank ' "$out/example.log") ranks; $(tail -n1 "$out/example.log")"
+        done
+    else
+        echo "example mpi_team: skipped (no mpirun)"
+    fi
+)
+if [ -s "$CUDA_DOUBLE_VIOLATIONS" ]; then
+    echo "the double saw violations in fabric processes:" >&2
+    cat "$CUDA_DOUBLE_VIOLATIONS" >&2
+    exit 1
+fi
+if pgrep -f "$mp_programs" > "$out/left.pids"; then
+    echo "processes left behind:" >&2
+    ps -o pid,args -p "$(paste -sd, "$out/left.pids")" >&2
+    exit 1
+fi
+if [ -n "$(ls -A "$scratch")" ]; then
+    echo "files left behind in TMPDIR:" >&2
+    ls -la "$scratch" >&2
+    exit 1
+fi
+rmdir "$scratch"
+echo "multi-process suites on the double: no violation, no process or file left"
+
 # ---- per-call counters, over every process above ----
 # Each process's double appends its counts at exit (CUDA_DOUBLE_COUNTS). The
 # `Driver` entry points are the rows of `for_each_driver_call!`; every one
 # must have been called through the real backend, and succeeded, at least once.
 grep -o '^ *\[[A-Za-z]*\] [A-Za-z]* "cu[A-Za-z0-9_]*"' src/driver/calls.rs \
     | sed 's/.*"\(cu[A-Za-z0-9_]*\)"/\1/' > "$out/driver-calls"
-python3 - "$out/counts" "$out/driver-calls" <<'EOF'
+python3 - "$out/counts" "$out/driver-calls" "$out/counts.fabric-from" <<'EOF'
 import collections, sys
-calls, failed = collections.Counter(), collections.Counter()
-for line in open(sys.argv[1]):
+calls, failed, fabric = collections.Counter(), collections.Counter(), collections.Counter()
+fabric_from = int(open(sys.argv[3]).read().strip() or 0)
+for i, line in enumerate(open(sys.argv[1])):
     name, n, f = line.split()
     calls[name] += int(n)
     failed[name] += int(f)
+    if i >= fabric_from:
+        fabric[name] += int(n)
 entry = [l.strip() for l in open(sys.argv[2]) if l.strip()]
 def row(name):
     ok = calls[name] - failed[name]
-    print(f"  {name:42} {calls[name]:>8} {ok:>8} {failed[name]:>8}")
+    print(f"  {name:42} {calls[name]:>8} {ok:>8} {failed[name]:>8} {fabric[name]:>8}")
 print(f"Driver entry points called through the real backend on the double ({len(entry)}):")
-print(f"  {'entry point':42} {'calls':>8} {'success':>8} {'error':>8}")
+print("  (fabric: of the calls, those of processes on a shared model fabric)")
+print(f"  {'entry point':42} {'calls':>8} {'success':>8} {'error':>8} {'fabric':>8}")
 for name in entry:
     row(name)
 print("other cu* symbols the backend and the programs beside it called:")
 for name in sorted(set(calls) - set(entry)):
     row(name)
+if not any(fabric[n] for n in entry):
+    sys.exit("no driver entry point was called by a process on a model fabric")
 zero = [n for n in entry if calls[n] - failed[n] == 0]
 if zero or not entry:
     sys.exit(f"never called successfully through the real backend: {zero or 'no entry points found'}")

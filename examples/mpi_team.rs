@@ -8,7 +8,10 @@
 //! target/debug/cuda-endpoints-fabric --nodes 1 --gpus 4 -- \
 //!     mpirun -n 4 --oversubscribe target/debug/examples/mpi_team
 //! ```
-//! (as root, add `--allow-run-as-root` to `mpirun`).
+//! (as root, add `--allow-run-as-root` to `mpirun`). With `--driver cuda`
+//! after `mpi_team`, every rank runs the real driver; on the libcuda test
+//! double (`ci/double.sh`) each rank's double joins the launcher's fabric
+//! (`CUDA_ENDPOINTS_FABRIC`), so the job is the same, through the C ABI.
 
 mod common;
 
@@ -18,14 +21,15 @@ use cuda_endpoints::{Bootstrap, Mpi, fabric};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let timeout = Duration::from_secs(20);
-    let Some((ctx, me)) = fabric::connect_env()? else {
+    if std::env::var_os(fabric::ENV_VAR).is_none() {
         eprintln!("run me under cuda-endpoints-fabric (CUDA_ENDPOINTS_FABRIC is not set)");
         std::process::exit(2);
-    };
+    }
     let boot = Mpi::world(timeout)?;
+    let (ctx, me) = common::join(boot.rank())?;
     let s = common::rank(&ctx, &me, &boot, timeout)?;
     println!(
-        "rank {} of {} (node {}, {:?}): bring-up {:?}, {} bootstrap calls; read back {}",
+        "rank {} of {} (node {:?}, {:?}): bring-up {:?}, {} bootstrap calls; read back {}",
         boot.rank(),
         boot.size(),
         me.node(),

@@ -7,10 +7,17 @@
 //! ```text
 //! cargo run --features fabric --example tcp_team             # 4 ranks, 1 node
 //! cargo run --features fabric --example tcp_team -- 8 2      # 8 ranks, 2 nodes of 4
+//! cargo run --features fabric --example tcp_team -- 4 1 --driver cuda
 //! ```
+//!
+//! With `--driver cuda` every rank runs the real driver instead of the
+//! fabric's `Remote`; on the libcuda test double (`ci/double.sh`) the
+//! double of each process joins this program's fabric, named to it by
+//! `CUDA_ENDPOINTS_FABRIC`, so the job is the same, through the C ABI.
 
 mod common;
 
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -39,11 +46,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(rank) = std::env::var(RANK) {
         // A child rank: the fabric and the bootstrap id come by environment.
         let (rank, size): (usize, usize) = (rank.parse()?, std::env::var(SIZE)?.parse()?);
-        let (ctx, me) = fabric::connect_env()?.ok_or("no fabric")?;
+        let (ctx, me) = common::join(rank)?;
         let boot = Tcp::join(&UniqueId::from_env()?, rank, size, TIMEOUT)?;
         let s = common::rank(&ctx, &me, &boot, TIMEOUT)?;
         println!(
-            "rank {rank} (node {}, {:?}): bring-up {:?}, {} messages; read back {}",
+            "rank {rank} (node {:?}, {:?}): bring-up {:?}, {} messages; read back {}",
             me.node(),
             me.device(),
             s.bring_up,
@@ -52,16 +59,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         return Ok(());
     }
-    let mut args = std::env::args().skip(1);
+    let cuda = common::wants_cuda();
+    let mut args = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--driver") && a != "cuda");
     let size: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(4);
     let nodes: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1);
     let gpus = size.div_ceil(nodes);
-    let server = FabricServer::start(FabricConfig::nodes(nodes, gpus))?;
+    // The socket's path is chosen first: with the real driver, this process
+    // (rank 0) reaches the fabric through libcuda, which reads the path
+    // from the environment.
+    let dir = tempfile::Builder::new().prefix("tcp-team-").tempdir()?;
+    let socket: PathBuf = dir.path().join("fabric.sock");
+    if cuda {
+        // SAFETY: no thread has been started yet: nothing else reads or
+        // writes the environment now.
+        unsafe { std::env::set_var(fabric::ENV_VAR, format!("{},rank=0", socket.display())) };
+    }
+    let server = FabricServer::start_at(FabricConfig::nodes(nodes, gpus), &socket)?;
     let (id, root) = Tcp::root("127.0.0.1:0".parse()?)?;
     let start = Instant::now();
     let mut ranks = Ranks(Vec::new());
     for r in 1..size {
-        let child = Command::new(std::env::current_exe()?)
+        let mut cmd = Command::new(std::env::current_exe()?);
+        if cuda {
+            cmd.args(["--driver", "cuda"]);
+        }
+        let child = cmd
             .env(
                 fabric::ENV_VAR,
                 format!("{},rank={r}", server.socket().display()),
@@ -72,8 +96,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .spawn()?;
         ranks.0.push(child);
     }
-    let join = fabric::Join::new(server.socket()).rank(0);
-    let (ctx, me) = fabric::connect(&join)?;
+    let (ctx, me) = if cuda {
+        common::join(0)?
+    } else {
+        let (ctx, me) = fabric::connect(&fabric::Join::new(server.socket()).rank(0))?;
+        (ctx, common::Me::Fabric(me))
+    };
     let boot = root.accept(size, TIMEOUT)?;
     let s = common::rank(&ctx, &me, &boot, TIMEOUT)?;
     println!(
@@ -102,8 +130,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     drop((boot, ctx, me));
-    server.wait_idle(TIMEOUT);
+    if cuda {
+        // The driver of this process (libcuda) stays on the fabric until
+        // the process exits, as a real driver's state does: every other
+        // rank has left, and this one holds nothing (checked below).
+        server.wait_exits(size - 1, TIMEOUT);
+    } else {
+        server.wait_idle(TIMEOUT);
+    }
     let live = server.live();
+    let leaks = server.leaks();
     println!(
         "{size} ranks on {nodes} node(s): bring-up {:?} on rank 0, {bring_up_messages} bootstrap messages; job {:?}; fabric left {}; {failed} rank(s) failed",
         s.bring_up,
@@ -114,8 +150,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             format!("{live:?}")
         }
     );
-    if failed > 0 || !live.is_empty() || !server.violations().is_empty() {
+    if !leaks.is_empty() {
+        println!("processes that left holding something: {leaks:?}");
+    }
+    let violations = server.violations();
+    if !violations.is_empty() {
+        println!("rules broken: {violations:?}");
+    }
+    if failed > 0 || !live.is_empty() || !leaks.is_empty() || !violations.is_empty() {
         return Err("the job failed".into());
     }
+    drop(server);
+    dir.close()?;
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! one kind of boundary bug happen on purpose (the double reads an argument
 //! swapped or narrowed, writes a wrong out-parameter, answers an unknown
 //! code, pretends to be driver 580, or hides behind the stub library's
-//! name) and shows that the suite notices.
+//! name) and shows that the suite notices; and how the double joins a
+//! model fabric (double/src/node.rs) when it cannot.
 //!
 //! These run only with `CUDA_ENDPOINTS_TEST_BACKEND=cuda` on the double
 //! (`ci/double.sh`); on the model they return at once. The tests that need
@@ -643,6 +644,67 @@ fn child_stub_first_on_the_path() {
         lib.loaded_as()
     );
     lifecycle(&ctx, 0).unwrap();
+}
+
+/// A model fabric named in the environment (`CUDA_ENDPOINTS_FABRIC`) that
+/// cannot be joined: the double's `cuInit` answers `NOT_INITIALIZED` and
+/// says why in its log, so the backend reports no driver; it never runs on
+/// a model of its own in the fabric's place.
+#[test]
+fn a_fabric_that_cannot_be_joined_is_no_driver() {
+    child(
+        "child_unreachable_fabric",
+        &["13.5"],
+        &[("CUDA_ENDPOINTS_FABRIC", "/nonexistent/fabric.sock,rank=0")],
+    );
+}
+
+#[test]
+#[ignore = "run by a_fabric_that_cannot_be_joined_is_no_driver"]
+fn child_unreachable_fabric() {
+    if !is_child("child_unreachable_fabric") {
+        return;
+    }
+    match Context::cuda() {
+        Err(Error::NoDriver { reason }) => assert!(reason.contains("NOT_INITIALIZED"), "{reason}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("the double ran without the fabric it was told to join"),
+    }
+    let lib = DoubleLib::load().unwrap();
+    assert!(lib.fabric_place().is_none());
+    let v = lib.violations();
+    assert!(
+        v.iter()
+            .any(|(_, rule, code)| rule.contains("/nonexistent/fabric.sock") && *code == 3),
+        "{v:?}"
+    );
+}
+
+/// `CUDA_DOUBLE_FABRIC=0`: the double keeps a model of its own even where
+/// a fabric is named.
+#[test]
+fn the_fabric_can_be_switched_off() {
+    child(
+        "child_fabric_switched_off",
+        &["13.5"],
+        &[
+            ("CUDA_ENDPOINTS_FABRIC", "/nonexistent/fabric.sock"),
+            ("CUDA_DOUBLE_FABRIC", "0"),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "run by the_fabric_can_be_switched_off"]
+fn child_fabric_switched_off() {
+    if !is_child("child_fabric_switched_off") {
+        return;
+    }
+    let ctx = Context::cuda().unwrap();
+    let lib = DoubleLib::load().unwrap();
+    assert!(lib.fabric_place().is_none());
+    lifecycle(&ctx, 0).unwrap();
+    assert!(lib.violations().is_empty(), "{:?}", lib.violations());
 }
 
 #[test]

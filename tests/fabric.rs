@@ -6,12 +6,26 @@
 //! Children talk to the parent in lines: `@@ key value` on stdout (the
 //! parent ignores anything else, e.g. libtest's own lines), commands on
 //! stdin.
+//!
+//! Under `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) the children
+//! run the real backend on the libcuda test double, which joins the test's
+//! fabric (`common/rank.rs`), except the `mem-*` roles: they test the
+//! fabric client's own shareable-handle tokens.
+#![cfg(feature = "fabric")]
 
-use std::io::{BufRead, BufReader, Write};
+#[path = "common/backend.rs"]
+mod backend;
+#[path = "common/children.rs"]
+mod children;
+#[path = "common/rank.rs"]
+mod rank;
+
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use children::{Guard, Lines};
 
 use cuda_endpoints::fabric::{self, ENV_VAR, FabricServer, Join};
 use cuda_endpoints::model::{FabricConfig, Live, ShareableKind};
@@ -28,68 +42,37 @@ const T: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------- harness
 
-/// A child process of this test; killed and reaped on drop, whatever happened.
+/// A child process of this test, talking in lines: killed and reaped on
+/// drop, whatever happened (the harness of `common/children.rs`).
 struct Kid {
-    name: &'static str,
-    child: Child,
+    child: Guard,
     stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
+    lines: Lines,
 }
 
 impl Kid {
     fn spawn(name: &'static str, role: &str, join: &Join, env: &[(&str, String)]) -> Kid {
-        let exe = std::env::current_exe().expect("test binary path");
-        let mut cmd = Command::new(exe);
-        cmd.args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
-            .env(ROLE, role)
+        let mut cmd = children::test_binary("child_role");
+        cmd.env(ROLE, role)
             .env(ENV_VAR, join.to_spec())
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("spawn child");
+        let mut child = Guard::spawn(name, &mut cmd);
         let stdout = child.stdout.take().expect("child stdout");
         let stdin = child.stdin.take();
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                // libtest may have written "test child_role ... " first.
-                if let Some(at) = line.find("@@ ")
-                    && tx.send(line[at + 3..].to_string()).is_err()
-                {
-                    break;
-                }
-            }
-        });
         Kid {
-            name,
+            lines: Lines::read(name, stdout),
             child,
             stdin,
-            lines,
         }
     }
 
     /// The next message that starts with `key`: its value.
     fn expect(&self, key: &str) -> String {
-        let deadline = Instant::now() + T;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(msg) => {
-                    let (k, v) = msg.split_once(' ').unwrap_or((&msg, ""));
-                    if k == key {
-                        return v.to_string();
-                    }
-                    assert!(k != "error", "{}: {v}", self.name);
-                }
-                Err(RecvTimeoutError::Timeout) => panic!("{}: no `{key}` within {T:?}", self.name),
-                Err(RecvTimeoutError::Disconnected) => {
-                    panic!("{}: exited before saying `{key}`", self.name)
-                }
-            }
-        }
+        self.lines.expect(key, T)
     }
 
     fn tell(&mut self, line: &str) {
@@ -101,28 +84,16 @@ impl Kid {
     /// Waits for a clean exit, at most [`T`].
     fn finish(mut self) {
         drop(self.stdin.take());
-        let deadline = Instant::now() + T;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait child") {
-                assert!(status.success(), "{} failed: {status}", self.name);
-                return;
-            }
-            assert!(Instant::now() < deadline, "{} did not exit", self.name);
-            std::thread::sleep(Duration::from_millis(10));
+        let name = self.child.name.clone();
+        match self.child.wait_until(Instant::now() + T) {
+            Some(status) => assert!(status.success(), "{name} failed: {status}"),
+            None => panic!("{name} did not exit"),
         }
     }
 
     fn kill(&mut self) {
         let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();
-    }
-}
-
-impl Drop for Kid {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            self.kill();
-        }
     }
 }
 
@@ -156,9 +127,11 @@ fn child_role() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
-    let (ctx, me) = fabric::connect_env()
-        .expect("join the fabric")
-        .expect("CUDA_ENDPOINTS_FABRIC set");
+    let (ctx, me) = if role.starts_with("mem-") {
+        rank::join_remote()
+    } else {
+        rank::join()
+    };
     let mut stdin = std::io::stdin().lines().map_while(Result::ok);
     let mut wait_for = |word: &str| {
         for line in stdin.by_ref() {
@@ -241,6 +214,7 @@ fn child_role() {
         }
         // Exports device memory as a POSIX descriptor and as a fabric handle.
         "mem-exporter" => {
+            let me = me.process().expect("the fabric's client");
             let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), ALIGN).unwrap();
             let fd = me
                 .export_shareable(mem.handle(), ShareableKind::PosixFd)
@@ -262,6 +236,7 @@ fn child_role() {
         }
         // Imports both kinds: a descriptor only works on the same node.
         "mem-importer" => {
+            let me = me.process().expect("the fabric's client");
             let fd: u64 = std::env::var("FD").unwrap().parse().unwrap();
             let token: u64 = std::env::var("TOKEN").unwrap().parse().unwrap();
             let file = std::fs::File::open(std::env::var("FDPATH").unwrap()).unwrap();
@@ -319,7 +294,9 @@ fn child_role() {
         }
         other => panic!("unknown role {other}"),
     }
-    assert_eq!(me.live().unwrap(), Live::default(), "{role} leaked");
+    assert_eq!(me.live(), Live::default(), "{role} leaked");
+    let own = me.own_violations();
+    assert!(own.is_empty(), "{role}: the double saw {own:?}");
     say("clean", "");
 }
 
@@ -581,20 +558,9 @@ fn launch(args: &[&str], env: &[(&str, &str)]) -> Option<i32> {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut kid = Kid {
-        name: "launcher",
-        child: cmd.spawn().unwrap(),
-        stdin: None,
-        lines: channel().1,
-    };
-    let deadline = Instant::now() + T;
-    loop {
-        if let Some(s) = kid.child.try_wait().unwrap() {
-            return s.code();
-        }
-        assert!(Instant::now() < deadline, "the launcher did not finish");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut launcher = Guard::spawn("launcher", &mut cmd);
+    let status = launcher.wait_until(Instant::now() + T);
+    status.expect("the launcher did not finish").code()
 }
 
 const CHILD_ARGS: [&str; 4] = ["child_role", "--exact", "--nocapture", "--test-threads=1"];

@@ -26,6 +26,9 @@
 
 #![cfg(feature = "gpu")]
 
+#[path = "common/children.rs"]
+mod children;
+
 use std::sync::{Arc, Once};
 
 use tracing_subscriber::layer::SubscriberExt;
@@ -520,18 +523,6 @@ const SHARE_RANK: &str = "CUDA_ENDPOINTS_GPU_SHARE_RANK";
 const SHARE_DIR: &str = "CUDA_ENDPOINTS_GPU_SHARE_DIR";
 const SHARE_ORDER: &str = "CUDA_ENDPOINTS_GPU_SHARE_ORDER";
 
-/// Kills and reaps child ranks on every path.
-struct Ranks(Vec<std::process::Child>);
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// Two OS processes, one per GPU (both on GPU 0 where there is one), join
 /// the TCP bootstrap on loopback, exchange `PosixFd` allocations (the
 /// descriptor passed with `SCM_RIGHTS`), each maps the other's, writes on
@@ -553,50 +544,27 @@ fn two_processes_share_posix_fd_memory() {
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        let exe = std::env::current_exe().unwrap();
-        let mut ranks = Ranks(Vec::new());
+        let mut ranks = children::Children::default();
         for r in 0..2 {
-            let child = std::process::Command::new(&exe)
-                .args(["share_child", "--exact", "--nocapture", "--test-threads=1"])
-                .env(SHARE_RANK, r.to_string())
-                .env(SHARE_DIR, &dir)
-                .env(SHARE_ORDER, order)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            ranks.0.push(child);
+            let envs = [
+                (SHARE_RANK, r.to_string()),
+                (SHARE_DIR, dir.display().to_string()),
+                (SHARE_ORDER, order.to_owned()),
+            ];
+            ranks.spawn(&format!("rank {r}"), "share_child", &envs);
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         let mut ok = 0;
-        for (r, child) in ranks.0.iter_mut().enumerate() {
-            while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(10));
+        for d in ranks.wait_all(std::time::Duration::from_secs(120)) {
+            for line in d.stdout.lines().filter(|l| l.starts_with("share:")) {
+                println!("[{order}] {} {line}", d.name);
             }
-            let _ = child.kill();
-            let status = child.wait().unwrap();
-            let mut out = String::new();
-            let mut err = String::new();
-            use std::io::Read;
-            child
-                .stdout
-                .take()
-                .unwrap()
-                .read_to_string(&mut out)
-                .unwrap();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            for line in out.lines().filter(|l| l.starts_with("share:")) {
-                println!("[{order}] rank {r} {line}");
-            }
-            if status.success() && out.contains("share: done") {
+            if d.code == Some(0) && d.stdout.contains("share: done") {
                 ok += 1;
             } else {
-                println!("[{order}] rank {r} failed ({status}):\n{out}\n{err}");
+                println!(
+                    "[{order}] {} failed (exit {:?}):\n{}\n{}",
+                    d.name, d.code, d.stdout, d.stderr
+                );
             }
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -7,8 +7,17 @@
 //! classic fallback: a POSIX descriptor within a node, fabric bytes across
 //! nodes, no bind before every rank added its device (C3: no violation).
 //! Every process ends with zero leak counters, and so does the fabric.
+//!
+//! Under `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) every child
+//! runs the real backend on the libcuda test double, which joins the test's
+//! fabric (`common/rank.rs`): descriptors, fabric bytes and `cuMemcpy*`
+//! cross the C ABI.
 #![cfg(feature = "fabric")]
 
+#[path = "common/backend.rs"]
+mod backend;
+#[path = "common/rank.rs"]
+mod rank;
 #[path = "bootstrap_support/mod.rs"]
 mod support;
 
@@ -16,16 +25,12 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Duration;
 
-use std::sync::Arc;
-
 use cuda_endpoints::driver::{Classic, ShareableKind};
-use cuda_endpoints::fabric::{self, FabricServer, Process};
+use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, TeamSpec};
-use cuda_endpoints::{
-    Allocation, Bootstrap, BootstrapError, Context, Device, Driver, Fabric, FdExchange, PosixFd,
-    Tcp, UniqueId,
-};
+use cuda_endpoints::{Allocation, Bootstrap, Context, Device, Fabric, FdExchange, PosixFd};
+use rank::Me;
 use support::{Children, report};
 
 const ROLE: &str = "CESH_ROLE";
@@ -45,8 +50,8 @@ fn child_rank() {
     let rank = support::env_usize(RANK);
     let size = support::env_usize(SIZE);
     let dir = std::env::var(DIR).expect("dir");
-    let (ctx, me) = fabric::connect_env().expect("fabric").expect("fabric env");
-    let boot = tcp(rank, size, Path::new(&dir)).expect("bootstrap");
+    let (ctx, me) = rank::join();
+    let boot = support::file_tcp(rank, size, Path::new(&dir), T).expect("bootstrap");
     let dev = me.device().unwrap_or(Device(0));
     let scenario = std::env::var(SCENARIO).unwrap_or_default();
     if let Some(kind) = match scenario.as_str() {
@@ -59,8 +64,9 @@ fn child_rank() {
             Err(e) => report(&format!("err {e}")),
         }
         drop(boot);
-        let live = me.live().expect("live");
+        let live = me.live();
         report(&format!("leaks={}", u8::from(!live.is_empty())));
+        report(&format!("double-violations={:?}", me.own_violations()));
         return;
     }
     let run = || -> Result<(), Box<dyn std::error::Error>> {
@@ -102,20 +108,21 @@ fn child_rank() {
         Err(e) => report(&format!("err {e}")),
     }
     drop(boot);
-    let live = me.live().expect("live");
+    drop(ctx);
+    let live = me.live();
     report(&format!("leaks={}", u8::from(!live.is_empty())));
+    report(&format!("double-violations={:?}", me.own_violations()));
 }
 
 /// A classic multicast team over this process's fabric driver: bring-up,
 /// bind, a barrier, unbind, teardown.
 fn classic_team(
-    me: &Process,
+    me: &Me,
     boot: &dyn Bootstrap,
     dev: Device,
     kind: ShareableKind,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let remote: Arc<dyn Driver> = me.remote();
-    let ctx = Context::new(Classic::new(remote));
+    let ctx = Context::new(Classic::new(me.driver()));
     let spec = TeamSpec::new([dev], MIB2).timeout(T).classic_handles(kind);
     let team = team::multicast(&ctx, boot, &spec)?;
     let mem = Allocation::<PosixFd>::on_device(&ctx, dev, MIB2)?.map(&[dev])?;
@@ -139,18 +146,6 @@ fn classic_team(
         return Err(format!("teardown errors: {kept:?}").into());
     }
     Ok(())
-}
-
-fn tcp(rank: usize, size: usize, dir: &Path) -> Result<Tcp, BootstrapError> {
-    let id_file = dir.join("bootstrap-id");
-    if rank == 0 {
-        let (id, root) = Tcp::root("127.0.0.1:0".parse().expect("addr"))?;
-        id.write_file(&id_file).expect("id file");
-        root.accept(size, T)
-    } else {
-        let id = UniqueId::read_file(&id_file, T)?;
-        Tcp::join(&id, rank, size, T)
-    }
 }
 
 /// Runs `nodes` x `gpus` ranks of `scenario` on a fresh fabric; returns
@@ -195,6 +190,11 @@ fn job(scenario: &str, nodes: usize, gpus: usize) -> (Vec<Vec<String>>, FabricSe
                 d.stderr
             );
             assert!(res.contains(&"leaks=0".to_owned()), "{}: {res:?}", d.name);
+            assert!(
+                res.contains(&"double-violations=[]".to_owned()),
+                "{}: {res:?}",
+                d.name
+            );
             res
         })
         .collect();

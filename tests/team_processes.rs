@@ -4,8 +4,16 @@
 //! test: every surviving rank returns within its timeout with a typed error
 //! naming the rank and the step, every surviving process ends with zero
 //! leak counters, and so does the fabric once all have exited.
+//!
+//! Under `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) every child
+//! runs the real backend on the libcuda test double, which joins the test's
+//! fabric (`common/rank.rs`).
 #![cfg(feature = "fabric")]
 
+#[path = "common/backend.rs"]
+mod backend;
+#[path = "common/rank.rs"]
+mod rank;
 #[path = "bootstrap_support/mod.rs"]
 mod support;
 
@@ -17,7 +25,7 @@ use cuda_endpoints::bootstrap::Traffic;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
-use cuda_endpoints::{Allocation, Bootstrap, BootstrapError, Context, PosixFd, Tcp, UniqueId};
+use cuda_endpoints::{Allocation, Bootstrap, BootstrapError, Context, PosixFd, Tcp};
 use support::{Children, Done, report};
 
 const ROLE: &str = "CET_ROLE";
@@ -42,8 +50,8 @@ fn child_rank() {
     let rank = support::env_usize(RANK);
     let size = support::env_usize(SIZE);
     let dir = std::env::var(DIR).expect("dir");
-    let (ctx, me) = fabric::connect_env().expect("fabric").expect("fabric env");
-    let boot = match tcp(rank, size, Path::new(&dir)) {
+    let (ctx, me) = rank::join();
+    let boot = match support::file_tcp(rank, size, Path::new(&dir), Duration::from_secs(5)) {
         Ok(b) => b,
         Err(e) => {
             report(&format!("bootstrap-error {e}"));
@@ -71,8 +79,9 @@ fn child_rank() {
     }
     drop(faulty);
     drop(boot);
-    let live = me.live().expect("live");
+    let live = me.live();
     report(&format!("leaks={}", u8::from(!live.is_empty())));
+    report(&format!("double-violations={:?}", me.own_violations()));
     let t = BOOT_TRAFFIC.with(Cell::get);
     report(&format!(
         "messages={}",
@@ -82,24 +91,6 @@ fn child_rank() {
 
 thread_local! {
     static BOOT_TRAFFIC: Cell<Traffic> = Cell::new(Traffic::default());
-}
-
-fn tcp(rank: usize, size: usize, dir: &Path) -> Result<Tcp, BootstrapError> {
-    let id_file = dir.join("bootstrap-id");
-    if rank == 0 {
-        let (id, root) = Tcp::root("127.0.0.1:0".parse().expect("addr"))?;
-        id.write_file(&id_file)
-            .map_err(|e| BootstrapError::InvalidId {
-                what: cuda_endpoints::bootstrap::IdProblem::File {
-                    path: id_file.clone(),
-                    kind: e.kind(),
-                },
-            })?;
-        root.accept(size, Duration::from_secs(5))
-    } else {
-        let id = UniqueId::read_file(&id_file, Duration::from_secs(5))?;
-        Tcp::join(&id, rank, size, Duration::from_secs(5))
-    }
 }
 
 fn run(
@@ -246,6 +237,16 @@ fn job(
     (done, server)
 }
 
+/// The double's own violation log of a rank that reported one is empty
+/// (off the double it is always empty).
+fn no_double_violations(d: &Done) {
+    for line in d.results() {
+        if let Some(v) = line.strip_prefix("double-violations=") {
+            assert_eq!(v, "[]", "{}: the double saw a violation", d.name);
+        }
+    }
+}
+
 fn outcome(d: &Done) -> String {
     d.results()
         .into_iter()
@@ -283,6 +284,7 @@ fn all_fail(done: &[Done], ranks: &[usize], rank: usize, step: &str, server: &Fa
             "rank {r} leaked: {:?}",
             d.results()
         );
+        no_double_violations(d);
     }
     assert!(server.live().is_empty(), "fabric left: {:?}", server.live());
     assert!(server.violations().is_empty(), "{:?}", server.violations());
@@ -300,6 +302,7 @@ fn four_processes_bring_a_multicast_team_up_bind_and_tear_down() {
             d.stderr
         );
         assert!(d.results().contains(&"leaks=0".to_owned()));
+        no_double_violations(d);
     }
     assert!(server.live().is_empty(), "{:?}", server.live());
     assert!(server.violations().is_empty());
@@ -316,6 +319,7 @@ fn four_processes_bring_unicast_peers_up() {
             outcome(d),
             d.stderr
         );
+        no_double_violations(d);
     }
     assert!(server.live().is_empty(), "{:?}", server.live());
     assert!(server.violations().is_empty(), "{:?}", server.violations());

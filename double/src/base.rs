@@ -7,6 +7,7 @@ use cuda_endpoints::Driver;
 use cuda_endpoints::driver::Device;
 
 use crate::abi::*;
+use crate::node::Node;
 use crate::state::{self, CURRENT, INVALID_VALUE, NOT_FOUND};
 use crate::{model, out};
 
@@ -52,6 +53,11 @@ crate::abi::exports! {
     [13000, no_init] fn cuInit(flags: c_uint) {
         if flags != 0 {
             return Err(INVALID_VALUE);
+        }
+        // A fabric named in the environment that cannot be joined: the
+        // driver cannot start (the reason is in the violation log).
+        if let Node::Unreachable(_) = state::node() {
+            return Err(state::NOT_INITIALIZED);
         }
         state::set_initialized();
         Ok(())

@@ -1,4 +1,6 @@
-//! The simulated node, from the environment or from `cuDoubleReset`.
+//! The simulated node, from the environment or from `cuDoubleReset`. Not
+//! read when the double is a process of a model fabric ([`crate::node`]):
+//! the fabric decides the node.
 //!
 //! Environment (read once, at the first call):
 //! - `CUDA_DOUBLE_CONFIG`: a full configuration in the text form below;

@@ -1,7 +1,8 @@
 //! The double's own symbols (`cuDouble*`, not in `cuda.h`), for tests and CI:
 //! reconfigure the node, read live counters, the violation log, per-call
 //! counters and which contexts were used, install faults, switch on a
-//! misbehaviour, and print the ABI check. Text goes out through
+//! misbehaviour, say where on a model fabric the process runs, and print
+//! the ABI check. Text goes out through
 //! caller-provided buffers: each returns the length it needs (without the
 //! NUL) and writes a NUL-terminated prefix that fits.
 
@@ -54,7 +55,8 @@ pub fn loaded_path() -> Option<String> {
 }
 
 /// Replaces the simulated node (text form of [`crate::config`]; null: from
-/// the environment again). 0 on success, -1 when the text is unreadable.
+/// the environment again). 0 on success, -1 when the text is unreadable or
+/// the double is a fabric's process (the node is shared, [`crate::node`]).
 ///
 /// # Safety
 /// `config` is null or a NUL-terminated string.
@@ -66,31 +68,30 @@ pub unsafe extern "C" fn cuDoubleReset(config: *const c_char) -> c_int {
         } else {
             text_in(config).and_then(crate::config::parse)
         };
-        match cfg {
-            Some(c) => {
-                state::reset(c);
-                0
-            }
-            None => -1,
+        match cfg.map(state::reset) {
+            Some(true) => 0,
+            _ => -1,
         }
     })
 }
 
 /// Writes up to `n` of: ids, endpoints, bindings, allocations, mappings,
 /// address ranges, multicast objects (the model's `Live`, this process),
-/// then retained primary-context references. Returns how many there are (8).
+/// then retained primary-context references. Returns how many there are (8),
+/// or 0 when the node did not answer (a fabric gone).
 ///
 /// # Safety
 /// `out` is null or has room for `n` values.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDoubleLiveCounters(out: *mut u64, n: usize) -> usize {
     guard(0, || {
-        let (l, refs) = state::with(|d| {
+        let (node, refs) = state::with(|d| {
             (
-                d.model.live(),
+                d.node.clone(),
                 d.ctx_refs.iter().map(|&r| u64::from(r)).sum::<u64>(),
             )
         });
+        let Ok(l) = node.live() else { return 0 };
         let v = [
             l.ids,
             l.endpoints,
@@ -112,27 +113,22 @@ pub unsafe extern "C" fn cuDoubleLiveCounters(out: *mut u64, n: usize) -> usize 
 }
 
 /// The violation log, one `call rule code` per line (the model's, then the
-/// double's own, whose rules start with `double:`).
+/// double's own, whose rules start with `double:`). On a fabric the model's
+/// log is the whole fabric's (every process), the double's own this process's.
 ///
 /// # Safety
 /// `buf` is null or has `len` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDoubleViolations(buf: *mut c_char, len: usize) -> usize {
     guard(0, || {
-        let text = state::with(|d| {
-            let mut s = String::new();
-            for v in d.model.violations() {
-                s.push_str(&format!(
-                    "{}\t{}\t{}\n",
-                    v.call.name(),
-                    v.rule,
-                    v.code.raw()
-                ));
-            }
+        let mut text = String::new();
+        for (c, r, code) in state::node().violations() {
+            text.push_str(&format!("{c}\t{r}\t{code}\n"));
+        }
+        state::with(|d| {
             for (c, r, code) in &d.violations {
-                s.push_str(&format!("{c}\t{r}\t{code}\n"));
+                text.push_str(&format!("{c}\t{r}\t{code}\n"));
             }
-            s
         });
         text_out(&text, buf, len)
     })
@@ -141,7 +137,8 @@ pub unsafe extern "C" fn cuDoubleViolations(buf: *mut c_char, len: usize) -> usi
 /// Installs a fault plan, one fault per `;`: `NAME nth times code` (`NAME`
 /// a `cuda.h` name or `*` for any call, `times` 0 for always), or
 /// `random seed per_mille` (any call but teardown). Empty: no faults.
-/// 0 on success, -1 when the text is unreadable.
+/// On a fabric the plan is the fabric's (every process's).
+/// 0 on success, -1 when the text is unreadable or the fabric refused.
 ///
 /// # Safety
 /// `spec` is null or a NUL-terminated string.
@@ -152,8 +149,11 @@ pub unsafe extern "C" fn cuDoubleSetFaults(spec: *const c_char) -> c_int {
         let Some(plan) = parse_faults(spec) else {
             return -1;
         };
-        state::with(|d| d.model.set_faults(plan));
-        0
+        if state::node().set_faults(plan) {
+            0
+        } else {
+            -1
+        }
     })
 }
 
@@ -186,10 +186,11 @@ fn parse_faults(spec: &str) -> Option<FaultPlan> {
     Some(plan)
 }
 
-/// How many planned faults fired since they were installed.
+/// How many planned faults fired since they were installed (0 on a
+/// fabric, which does not say).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDoubleFaultsFired() -> u64 {
-    guard(0, || state::with(|d| d.model.faults_fired()))
+    guard(0, || state::node().faults_fired())
 }
 
 /// How many times the entry point `name` (a `cuda.h` name without `_v2`)
@@ -286,8 +287,7 @@ pub unsafe extern "C" fn cuDoubleWrite(ptr: u64, src: *const u8, len: usize) -> 
         }
         // SAFETY: the caller gave `len` readable bytes.
         let bytes = unsafe { std::slice::from_raw_parts(src, len) };
-        let m = state::with(|d| d.model.clone());
-        m.write(ptr, bytes).err().map_or(0, |c| c.raw())
+        state::node().write(ptr, bytes).err().unwrap_or(0)
     })
 }
 
@@ -301,14 +301,13 @@ pub unsafe extern "C" fn cuDoubleRead(ptr: u64, dst: *mut u8, len: usize) -> u32
         if dst.is_null() {
             return 1;
         }
-        let m = state::with(|d| d.model.clone());
-        match m.read(ptr, len) {
+        match state::node().read(ptr, len) {
             Ok(b) => {
                 // SAFETY: the caller gave `len` writable bytes; `b` has `len`.
                 unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, len.min(b.len())) };
                 0
             }
-            Err(c) => c.raw(),
+            Err(c) => c,
         }
     })
 }
@@ -333,7 +332,7 @@ pub unsafe extern "C" fn cuDoubleAbiC(buf: *mut c_char, len: usize) -> usize {
 }
 
 /// The calls that reached the model since the last reset, in order, one
-/// `cuda.h` name per line.
+/// `cuda.h` name per line (none on a fabric, which does not say).
 ///
 /// # Safety
 /// `buf` is null or has `len` writable bytes.
@@ -341,10 +340,34 @@ pub unsafe extern "C" fn cuDoubleAbiC(buf: *mut c_char, len: usize) -> usize {
 pub unsafe extern "C" fn cuDoubleTrace(buf: *mut c_char, len: usize) -> usize {
     guard(0, || {
         let mut s = String::new();
-        for c in state::with(|d| d.model.trace()) {
+        for c in state::node().trace() {
             s.push_str(c.name());
             s.push('\n');
         }
         text_out(&s, buf, len)
+    })
+}
+
+/// This process's place on the model fabric it is a process of
+/// ([`crate::node`]): writes up to `n` of its fabric pid, node, the number
+/// of nodes, its node's devices, its device when placed by rank (-1: none)
+/// and whether it has an IMEX channel (0/1). Returns how many there are (6),
+/// or 0 when the double is not on a fabric.
+///
+/// # Safety
+/// `out` is null or has room for `n` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleFabricPlace(out: *mut i64, n: usize) -> usize {
+    guard(0, || {
+        let Some(v) = state::node().place() else {
+            return 0;
+        };
+        if !out.is_null() {
+            for (i, x) in v.iter().take(n).enumerate() {
+                // SAFETY: `i < n`, and the caller gave room for `n`.
+                unsafe { *out.add(i) = *x };
+            }
+        }
+        v.len()
     })
 }

@@ -6,7 +6,6 @@
 
 use std::ffi::{c_int, c_ulonglong, c_void};
 
-use cuda_endpoints::Driver;
 use cuda_endpoints::driver::{Device, EndpointProps, FabricHandleBytes, Shape};
 
 use crate::abi::*;

@@ -9,7 +9,9 @@
 //! `cuMemcpyHtoD` and `cuMemcpyDtoH`.
 //!
 //! - [`abi`]: the C types, the `exports!` macro, the ABI check text;
-//! - [`state`]: the model, contexts, counters, violations, misbehaviour;
+//! - [`state`]: the node, contexts, counters, violations, misbehaviour;
+//! - [`node`]: the model behind the calls, the process's own or a model
+//!   fabric's shared with other OS processes (`CUDA_ENDPOINTS_FABRIC`);
 //! - [`config`]: the simulated node from the environment;
 //! - [`base`], [`vmm`], `le` (absent in the `cuda-13000` build): entry points;
 //! - [`extra`]: the double's own `cuDouble*` symbols for tests.
@@ -23,18 +25,19 @@ pub mod config;
 pub mod extra;
 #[cfg(not(feature = "cuda-13000"))]
 pub mod le;
+pub mod node;
 pub mod state;
 pub mod vmm;
 
+use cuda_endpoints::Driver;
 use cuda_endpoints::driver::DriverResult;
-use cuda_endpoints::model::Model;
 
 use abi::CUresult;
 
-/// Runs one model call with the state's lock released (the model has its own).
-fn model<T>(f: impl FnOnce(&Model) -> DriverResult<T>) -> Result<T, CUresult> {
-    let m = state::with(|d| d.model.clone());
-    f(&m).map_err(|c| c.raw())
+/// Runs one driver call on the node with the state's lock released (the
+/// model has its own; a fabric's call may wait on its socket).
+fn model<T>(f: impl FnOnce(&dyn Driver) -> DriverResult<T>) -> Result<T, CUresult> {
+    state::node().call(f)
 }
 
 /// Writes an out-parameter; a null pointer is `INVALID_VALUE`.

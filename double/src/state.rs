@@ -1,5 +1,5 @@
-//! The double's process-wide state: the reference model behind the entry
-//! points, the driver version it pretends to be, primary contexts and the
+//! The double's process-wide state: the node behind the entry points (its
+//! own reference model or a model fabric's process, [`crate::node`]), the driver version it pretends to be, primary contexts and the
 //! per-thread current context, per-call counters, its own violation log and
 //! the deliberate misbehaviours that the catch tests switch on.
 //!
@@ -15,6 +15,7 @@ use cuda_endpoints::model::{Model, ModelConfig};
 
 use crate::abi::CUresult;
 use crate::config;
+use crate::node::{self, Node};
 
 pub const SUCCESS: CUresult = 0;
 pub const INVALID_VALUE: CUresult = 1;
@@ -57,7 +58,7 @@ impl Misbehave {
 
 /// The node the double simulates.
 pub struct Double {
-    pub model: Model,
+    pub node: Node,
     /// `cuDriverGetVersion`.
     pub version: i32,
     pub devices: usize,
@@ -77,10 +78,31 @@ pub struct Double {
 
 impl Double {
     pub fn new(cfg: ModelConfig) -> Double {
-        let devices = cfg.devices.len();
+        let (version, devices) = (cfg.driver_version, cfg.devices.len());
+        Double::on(Node::Local(Model::new(cfg)), version, devices)
+    }
+
+    /// The node the environment asks for: a fabric's process when one is
+    /// named ([`node::fabric_requested`]), else a model of its own.
+    pub fn from_env() -> Double {
+        if !node::fabric_requested() {
+            return Double::new(config::from_env());
+        }
+        let n = node::join_fabric();
+        // The fabric's node decides the version and the devices.
+        // SAFETY: a version query touches nothing anyone owns.
+        let version = n.call(|d| unsafe { d.driver_version() }).unwrap_or(0);
+        let devices = match &n {
+            Node::Fabric(p) => usize::try_from(p.devices()).unwrap_or(0).min(64),
+            _ => 0,
+        };
+        Double::on(n, version, devices)
+    }
+
+    fn on(node: Node, version: i32, devices: usize) -> Double {
         Double {
-            version: cfg.driver_version,
-            model: Model::new(cfg),
+            version,
+            node,
             devices,
             ctx_refs: vec![0; devices.max(64)],
             retained_mask: 0,
@@ -155,14 +177,28 @@ static FAILED: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
 /// Runs `f` on the double, built from the environment on first use.
 pub fn with<R>(f: impl FnOnce(&mut Double) -> R) -> R {
     let mut g: MutexGuard<'_, Option<Double>> = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    let d = g.get_or_insert_with(|| Double::new(config::from_env()));
+    let d = g.get_or_insert_with(Double::from_env);
     f(d)
+}
+
+/// The node, to call outside the lock.
+pub fn node() -> Node {
+    with(|d| d.node.clone())
+}
+
+/// Whether this process is on a model fabric.
+pub fn on_fabric() -> bool {
+    with(|d| !matches!(d.node, Node::Local(_)))
 }
 
 /// Replaces the simulated node (a fresh model, masks and log cleared).
 /// Primary-context retain counts survive: they belong to the backends that
-/// are still alive, not to the node.
-pub fn reset(cfg: ModelConfig) {
+/// are still alive, not to the node. Refused (`false`) on a fabric: the
+/// node is the fabric's, shared with other processes.
+pub fn reset(cfg: ModelConfig) -> bool {
+    if on_fabric() {
+        return false;
+    }
     let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let refs = g.as_ref().map(|d| d.ctx_refs.clone());
     let misbehave = g.as_ref().map(|d| d.misbehave);
@@ -174,6 +210,7 @@ pub fn reset(cfg: ModelConfig) {
         d.misbehave = m;
     }
     *g = Some(d);
+    true
 }
 
 pub fn set_initialized() {
@@ -266,7 +303,48 @@ extern "C" fn dump_counts() {
     });
 }
 
-/// Registers [`dump_counts`] as an ELF finaliser.
+/// At exit, a process on a model fabric appends the double's own
+/// violations (contexts, calls before `cuInit`: what only the C side sees)
+/// to the file named by `CUDA_DOUBLE_VIOLATIONS`, `os-pid call rule code`
+/// per line: the fabric's model keeps the log of the rules, one for every
+/// process, but the double's own log dies with its process. Nothing is
+/// written for a process that never used the double, or off a fabric
+/// (there the tests read the log through `cuDoubleViolations`).
+extern "C" fn dump_violations() {
+    let _ = catch_unwind(|| {
+        let Ok(path) = std::env::var("CUDA_DOUBLE_VIOLATIONS") else {
+            return;
+        };
+        // Never start the double (or join a fabric) at exit: only look.
+        let g = STATE.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = g.as_ref().filter(|d| !matches!(d.node, Node::Local(_))) else {
+            return;
+        };
+        let pid = std::process::id();
+        let text: String = d
+            .violations
+            .iter()
+            .map(|(c, r, code)| format!("{pid}\t{c}\t{r}\t{code}\n"))
+            .collect();
+        drop(g);
+        if text.is_empty() {
+            return;
+        }
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(text.as_bytes());
+        }
+    });
+}
+
+/// Registers [`dump_counts`] and [`dump_violations`] as ELF finalisers.
 #[used]
 #[unsafe(link_section = ".fini_array")]
 static DUMP_AT_EXIT: extern "C" fn() = dump_counts;
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static DUMP_VIOLATIONS_AT_EXIT: extern "C" fn() = dump_violations;

@@ -5,7 +5,6 @@
 
 use std::ffi::{c_uchar, c_uint, c_ulonglong, c_void};
 
-use cuda_endpoints::Driver;
 use cuda_endpoints::driver::{
     AllocationRequest, Device, FabricHandleBytes, Granularity, Location, ShareableHandle,
     ShareableKind,
@@ -220,12 +219,12 @@ crate::abi::exports! {
     }
     [13000] fn cuMemsetD8_v2(dst_device: CUdeviceptr, uc: c_uchar, n: size_t) {
         ctx("cuMemsetD8")?;
-        let m = state::with(|d| d.model.clone());
+        let m = state::node();
         let chunk = vec![uc; n.min(1 << 20)];
         let mut done = 0usize;
         while done < n {
             let k = (n - done).min(chunk.len());
-            m.write(dst_device.wrapping_add(done as u64), &chunk[..k]).map_err(|c| c.raw())?;
+            m.write(dst_device.wrapping_add(done as u64), &chunk[..k])?;
             done += k;
         }
         Ok(())
@@ -235,22 +234,21 @@ crate::abi::exports! {
         if src_host.is_null() && byte_count > 0 {
             return Err(INVALID_VALUE);
         }
-        let m = state::with(|d| d.model.clone());
+        let m = state::node();
         let src = if byte_count == 0 {
             &[][..]
         } else {
             // SAFETY: non-null, `byte_count` readable bytes (cuda.h contract).
             unsafe { std::slice::from_raw_parts(src_host.cast::<u8>(), byte_count) }
         };
-        m.write(dst_device, src).map_err(|c| c.raw())
+        m.write(dst_device, src)
     }
     [13000] fn cuMemcpyDtoH_v2(dst_host: *mut c_void, src_device: CUdeviceptr, byte_count: size_t) {
         ctx("cuMemcpyDtoH")?;
         if dst_host.is_null() && byte_count > 0 {
             return Err(INVALID_VALUE);
         }
-        let m = state::with(|d| d.model.clone());
-        let bytes = m.read(src_device, byte_count).map_err(|c| c.raw())?;
+        let bytes = state::node().read(src_device, byte_count)?;
         if byte_count > 0 {
             // SAFETY: non-null, `byte_count` writable bytes (cuda.h contract);
             // `bytes` holds exactly `byte_count`.

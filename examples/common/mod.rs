@@ -1,14 +1,111 @@
 //! One rank of the team examples (`mpi_team`, `tcp_team`), whatever the
-//! bootstrap: bring a multicast team up, bind this rank's memory, share a
-//! message written through rank 0's memory with every rank, tear down, and
-//! check that this process holds nothing.
+//! bootstrap and the driver: bring a multicast team up, bind this rank's
+//! memory, share a message written through rank 0's memory with every
+//! rank, tear down, and check that this process holds nothing.
+//!
+//! Two drivers ([`Me`]): the model fabric's `Remote` (the default), or the
+//! real driver (`--driver cuda`). On a machine without a 13.3 GPU the real
+//! driver is the libcuda test double (`ci/double.sh`), which is itself a
+//! process of the fabric named by `CUDA_ENDPOINTS_FABRIC`: the same job,
+//! every call through the C ABI.
+
+mod copies;
 
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use cuda_endpoints::fabric::Process;
+use cuda_endpoints::fabric::{self, Process};
 use cuda_endpoints::team::{self, TeamSpec};
 use cuda_endpoints::{Allocation, Bootstrap, Context, Device, Fabric, FdExchange, PosixFd};
+
+/// Whether the command line asks for the real driver (`--driver cuda`).
+pub fn wants_cuda() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().any(|a| a == "--driver=cuda")
+        || args
+            .windows(2)
+            .any(|w| w[0] == "--driver" && w[1] == "cuda")
+}
+
+/// This rank's process.
+pub enum Me {
+    /// A process of the fabric through its `Remote` driver.
+    Fabric(Process),
+    /// The real driver; `device` is the rank's (its index on the node).
+    Cuda {
+        device: Device,
+        copies: copies::Copies,
+    },
+}
+
+/// This rank's context and process: the fabric named by
+/// `CUDA_ENDPOINTS_FABRIC`, or the real driver with `--driver cuda` (rank
+/// `rank` uses device `rank % devices`, as the fabric places ranks).
+pub fn join(rank: usize) -> Result<(Context, Me), Box<dyn std::error::Error>> {
+    if !wants_cuda() {
+        let (ctx, me) =
+            fabric::connect_env()?.ok_or("no fabric: CUDA_ENDPOINTS_FABRIC is not set")?;
+        return Ok((ctx, Me::Fabric(me)));
+    }
+    let ctx = Context::cuda()?;
+    let devices = ctx.devices()?.len().max(1);
+    let device = Device(i32::try_from(rank % devices)?);
+    Ok((
+        ctx,
+        Me::Cuda {
+            device,
+            copies: copies::Copies::load()?,
+        },
+    ))
+}
+
+impl Me {
+    /// The device this rank uses.
+    pub fn device(&self) -> Device {
+        match self {
+            Me::Fabric(p) => p.device().unwrap_or(Device(0)),
+            Me::Cuda { device, .. } => *device,
+        }
+    }
+
+    /// The node it runs on, when it knows.
+    pub fn node(&self) -> Option<u32> {
+        match self {
+            Me::Fabric(p) => Some(p.node()),
+            Me::Cuda { .. } => None,
+        }
+    }
+
+    fn write(&self, ptr: u64, bytes: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
+        match self {
+            Me::Fabric(p) => Ok(p.write(ptr, bytes)?),
+            Me::Cuda { device, copies } => copies.write(device.0, ptr, bytes),
+        }
+    }
+
+    fn read(&self, ptr: u64, len: usize) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+        match self {
+            Me::Fabric(p) => Ok(p.read(ptr, len)?),
+            Me::Cuda { device, copies } => copies.read(device.0, ptr, len),
+        }
+    }
+
+    /// Whether this process holds nothing. A real driver does not say (the
+    /// fabric's launcher checks every process as it leaves): `Ok` then.
+    fn holds_nothing(&self, rank: usize) -> Result<(), Box<dyn std::error::Error>> {
+        match self {
+            Me::Fabric(p) => {
+                let live = p.live()?;
+                if live.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("rank {rank} still holds {live:?}").into())
+                }
+            }
+            Me::Cuda { .. } => Ok(()),
+        }
+    }
+}
 
 /// Bytes per device.
 pub const BYTES: u64 = 2 << 20;
@@ -24,12 +121,12 @@ pub struct Summary {
 
 pub fn rank(
     ctx: &Context,
-    me: &Process,
+    me: &Me,
     boot: &dyn Bootstrap,
     timeout: Duration,
 ) -> Result<Summary, Box<dyn std::error::Error>> {
     let r = boot.rank();
-    let dev = me.device().unwrap_or(Device(0));
+    let dev = me.device();
 
     // 1. Bring-up: one call on every rank, the same type on every rank.
     let start = Instant::now();
@@ -95,10 +192,7 @@ pub fn rank(
     boot.barrier(timeout)?;
     drop(team);
     drop(mem);
-    let live = me.live()?;
-    if !live.is_empty() {
-        return Err(format!("rank {r} still holds {live:?}").into());
-    }
+    me.holds_nothing(r)?;
     let t = boot.traffic();
     Ok(Summary {
         bring_up,

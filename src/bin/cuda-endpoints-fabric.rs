@@ -2,7 +2,7 @@
 //! one program) on a model fabric that its processes share.
 //!
 //! ```text
-//! cuda-endpoints-fabric [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--timeout SECS] -- COMMAND [ARGS...]
+//! cuda-endpoints-fabric [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--driver-version V] [--timeout SECS] -- COMMAND [ARGS...]
 //! ```
 //!
 //! Starts a fabric server of `N` nodes with `G` GPUs each (default 1 × 4) on
@@ -11,20 +11,25 @@
 //! on nodes by rank), waits for it, waits for every process to leave, and
 //! reports what each one left behind. Exits with the command's status if
 //! it failed, 3 if any process leaked or any rule was violated, else 0.
+//!
+//! `--driver-version V` makes every node a driver of that version (e.g.
+//! `13000`: driver 580, no logical endpoints, as `ModelConfig::cuda_13_0`).
 
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
+use cuda_endpoints::driver::LOGICAL_ENDPOINT_MIN_VERSION;
 use cuda_endpoints::fabric::{ENV_VAR, FabricServer};
-use cuda_endpoints::model::FabricConfig;
+use cuda_endpoints::model::{FabricConfig, ModelConfig};
 
-const USAGE: &str = "usage: cuda-endpoints-fabric [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--timeout SECS] -- COMMAND [ARGS...]";
+const USAGE: &str = "usage: cuda-endpoints-fabric [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--driver-version V] [--timeout SECS] -- COMMAND [ARGS...]";
 
 struct Args {
     nodes: usize,
     gpus: usize,
     imex: bool,
     queries: Option<u32>,
+    driver_version: Option<i32>,
     timeout: Option<Duration>,
     command: Vec<String>,
 }
@@ -35,6 +40,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         gpus: 4,
         imex: true,
         queries: None,
+        driver_version: None,
         timeout: None,
         command: Vec::new(),
     };
@@ -52,6 +58,10 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--gpus" => a.gpus = usize::try_from(value("--gpus")?).map_err(|e| e.to_string())?,
             "--queries" => {
                 a.queries = Some(u32::try_from(value("--queries")?).map_err(|e| e.to_string())?)
+            }
+            "--driver-version" => {
+                a.driver_version =
+                    Some(i32::try_from(value("--driver-version")?).map_err(|e| e.to_string())?)
             }
             "--timeout" => a.timeout = Some(Duration::from_secs(value("--timeout")?)),
             "--no-imex" => a.imex = false,
@@ -81,6 +91,14 @@ fn main() -> ExitCode {
         }
     };
     let mut config = FabricConfig::nodes(args.nodes, args.gpus).imex_channel(args.imex);
+    if let Some(v) = args.driver_version {
+        config = config.with_nodes(|_, n| {
+            if v < LOGICAL_ENDPOINT_MIN_VERSION {
+                *n = ModelConfig::cuda_13_0(n.devices.len());
+            }
+            n.driver_version = v;
+        });
+    }
     if let Some(q) = args.queries {
         config = config.with_nodes(|_, n| n.queries_to_ready = q);
     }

@@ -1,151 +1,27 @@
-//! Fixtures for the bootstrap tests: re-executing the test binary as child
-//! ranks (a role chosen by environment variable), a guard that kills and
-//! reaps every child on every path, bounded waits, and raw wire frames for
-//! hostile peers.
+//! Fixtures for the bootstrap tests and the multi-process suites: the child
+//! harness of `tests/common/children.rs` (re-exported), the standard
+//! bootstrap exchange, a TCP job whose unique id travels in a file, and raw
+//! wire frames for hostile peers.
 #![allow(dead_code)]
 
-use std::io::Read;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+#[path = "../common/children.rs"]
+mod children;
 
-use cuda_endpoints::{Bootstrap, BootstrapError};
+use std::path::Path;
+use std::time::Duration;
+
+use cuda_endpoints::bootstrap::IdProblem;
+use cuda_endpoints::{Bootstrap, BootstrapError, Tcp, UniqueId};
+
+// Not every binary uses all of it.
+#[allow(unused_imports)]
+pub use children::*;
 
 /// The environment variable selecting a child's role.
 pub const ROLE: &str = "CEB_TEST_ROLE";
 pub const RANK: &str = "CEB_TEST_RANK";
 pub const SIZE: &str = "CEB_TEST_SIZE";
 pub const ARG: &str = "CEB_TEST_ARG";
-
-/// Tests of one binary run one at a time: they count fds, sockets and
-/// processes of this process.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static M: Mutex<()> = Mutex::new(());
-    M.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// One finished child.
-#[derive(Debug)]
-pub struct Done {
-    pub name: String,
-    pub code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Done {
-    /// Lines the child printed with `report`.
-    pub fn results(&self) -> Vec<String> {
-        self.stdout
-            .lines()
-            .filter_map(|l| l.strip_prefix("CEB-RESULT "))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-/// Children that are killed and reaped when the guard drops.
-#[derive(Default)]
-pub struct Children {
-    kids: Vec<(String, Child)>,
-}
-
-impl Children {
-    /// Re-executes this test binary running only `entry` (the test that
-    /// dispatches on [`ROLE`]), with `envs`.
-    pub fn spawn(&mut self, name: &str, entry: &str, envs: &[(&str, String)]) -> u32 {
-        let exe = std::env::current_exe().expect("test binary path");
-        let mut cmd = Command::new(exe);
-        cmd.args([entry, "--exact", "--nocapture", "--test-threads=1", "-q"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn child rank");
-        let pid = child.id();
-        self.kids.push((name.to_owned(), child));
-        pid
-    }
-
-    /// Runs `program` with `args` under the guard.
-    pub fn spawn_command(&mut self, name: &str, program: &str, args: &[&str]) -> u32 {
-        let child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let pid = child.id();
-        self.kids.push((name.to_owned(), child));
-        pid
-    }
-
-    /// Removes the child `name` from the guard (the caller kills it).
-    pub fn take(&mut self, name: &str) -> Option<Child> {
-        let i = self.kids.iter().position(|(n, _)| n == name)?;
-        Some(self.kids.remove(i).1)
-    }
-
-    /// Waits for every child, at most `bound` in all; kills the rest.
-    pub fn wait_all(&mut self, bound: Duration) -> Vec<Done> {
-        let deadline = Instant::now() + bound;
-        let mut out = Vec::new();
-        for (name, mut child) in self.kids.drain(..) {
-            let code = loop {
-                match child.try_wait() {
-                    Ok(Some(st)) => break st.code(),
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(5))
-                    }
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break None;
-                    }
-                }
-            };
-            let mut stdout = String::new();
-            let mut stderr = String::new();
-            if let Some(mut s) = child.stdout.take() {
-                let _ = s.read_to_string(&mut stdout);
-            }
-            if let Some(mut s) = child.stderr.take() {
-                let _ = s.read_to_string(&mut stderr);
-            }
-            out.push(Done {
-                name,
-                code,
-                stdout,
-                stderr,
-            });
-        }
-        out
-    }
-}
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for (_, child) in &mut self.kids {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Prints a result line for the parent.
-pub fn report(line: &str) {
-    println!("CEB-RESULT {line}");
-}
-
-pub fn env_usize(k: &str) -> usize {
-    std::env::var(k)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .expect("child env")
-}
 
 /// What rank `r` contributes in the standard suite (lengths differ per rank).
 pub fn contribution(r: usize) -> Vec<u8> {
@@ -178,6 +54,33 @@ pub fn suite(b: &dyn Bootstrap) -> Result<(), String> {
         return Err(format!("empty allgather gave {empty:?}"));
     }
     Ok(())
+}
+
+/// Rank `rank` of a TCP job of `size`: rank 0 roots it on loopback and
+/// writes the unique id to `dir/bootstrap-id`; the others read it from
+/// there (waiting at most `timeout`) and join. Every step is bounded by
+/// `timeout`.
+pub fn file_tcp(
+    rank: usize,
+    size: usize,
+    dir: &Path,
+    timeout: Duration,
+) -> Result<Tcp, BootstrapError> {
+    let id_file = dir.join("bootstrap-id");
+    if rank == 0 {
+        let (id, root) = Tcp::root("127.0.0.1:0".parse().expect("addr"))?;
+        id.write_file(&id_file)
+            .map_err(|e| BootstrapError::InvalidId {
+                what: IdProblem::File {
+                    path: id_file.clone(),
+                    kind: e.kind(),
+                },
+            })?;
+        root.accept(size, timeout)
+    } else {
+        let id = UniqueId::read_file(&id_file, timeout)?;
+        Tcp::join(&id, rank, size, timeout)
+    }
 }
 
 /// A raw frame in the documented wire format (for hostile peers).

@@ -9,7 +9,8 @@
 //! [`context`] gives the context and a [`Probe`]: the leak counters, call
 //! counts, violation log, faults and memory of whichever model is behind,
 //! and the same backend for raw calls (`Probe` is a [`Driver`]). The double
-//! has one model per process, so on it tests take turns: a probe holds a
+//! has one model per process (unless it is a process of a model fabric:
+//! `common/rank.rs`), so on it tests take turns: a probe holds a
 //! process-wide token until it drops, and each [`context`] resets the
 //! double's node to the configuration asked for.
 #![allow(dead_code)]
@@ -100,6 +101,23 @@ impl DoubleLib {
             multicast_objects: v[6],
         };
         (live, v[7])
+    }
+
+    /// Where on a model fabric this process runs, when the double is a
+    /// fabric's process (`CUDA_ENDPOINTS_FABRIC`, double/src/node.rs).
+    pub fn fabric_place(&self) -> Option<FabricPlace> {
+        let f: unsafe extern "C" fn(*mut i64, usize) -> usize = self.sym("cuDoubleFabricPlace");
+        let mut v = [0i64; 6];
+        // SAFETY: room for 6.
+        let n = unsafe { f(v.as_mut_ptr(), v.len()) };
+        (n == v.len()).then_some(FabricPlace {
+            pid: v[0],
+            node: v[1],
+            nodes: v[2],
+            devices: v[3],
+            device: v[4],
+            imex_channel: v[5] != 0,
+        })
     }
 
     /// The violation log: the model's, and the double's own (rules
@@ -333,6 +351,20 @@ impl DoubleLib {
         // SAFETY: `out` is writable for `len`.
         Code::from_raw(unsafe { f(ptr, out.as_mut_ptr(), len) }).map_or(Ok(out), Err)
     }
+}
+
+/// A process's place on a model fabric, as the double reports it.
+#[derive(Clone, Copy, Debug)]
+pub struct FabricPlace {
+    /// Its number on the fabric.
+    pub pid: i64,
+    pub node: i64,
+    pub nodes: i64,
+    /// Devices of its node.
+    pub devices: i64,
+    /// Its device when placed by rank; -1: none.
+    pub device: i64,
+    pub imex_channel: bool,
 }
 
 /// The double's text form of a node (`double/src/config.rs`).

@@ -1,0 +1,248 @@
+//! The one child-process harness of the multi-process tests: re-executing
+//! the test binary as a child (one test as its entry point, a role chosen
+//! by environment variable), a guard that kills and reaps a child on every
+//! path ([`Guard`]), bounded waits ([`Guard::wait_until`],
+//! [`Children::wait_all`]), result lines ([`report`], [`Done::results`])
+//! and `@@ key value` message lines read as they come ([`Lines`]).
+//!
+//! Included as `#[path = "common/children.rs"] mod children;` (or through
+//! `tests/bootstrap_support`, which re-exports it).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::ops::{Deref, DerefMut};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Tests of one binary run one at a time: they count fds, sockets and
+/// processes of this process.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// This test binary, to run only the test `entry` (the one that dispatches
+/// on the child's role), output not captured, stdin closed, stdout and
+/// stderr piped.
+pub fn test_binary(entry: &str) -> Command {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = Command::new(exe);
+    cmd.args([entry, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// A child process that is killed (SIGKILL) and reaped when dropped,
+/// whatever happened; derefs to the [`Child`].
+#[derive(Debug)]
+pub struct Guard {
+    pub name: String,
+    child: Child,
+}
+
+impl Guard {
+    /// Spawns `cmd` under a guard.
+    pub fn spawn(name: &str, cmd: &mut Command) -> Guard {
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        Guard {
+            name: name.to_owned(),
+            child,
+        }
+    }
+
+    /// Waits for the exit until `deadline`; past it, kills the child and
+    /// answers `None`.
+    pub fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => return Some(st),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Waits as [`Guard::wait_until`], then reads what the child printed.
+    pub fn finish(mut self, deadline: Instant) -> Done {
+        let status = self.wait_until(deadline);
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let Some(mut s) = self.child.stdout.take() {
+            let _ = s.read_to_string(&mut stdout);
+        }
+        if let Some(mut s) = self.child.stderr.take() {
+            let _ = s.read_to_string(&mut stderr);
+        }
+        Done {
+            name: std::mem::take(&mut self.name),
+            code: status.and_then(|s| s.code()),
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Deref for Guard {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl DerefMut for Guard {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// One finished child.
+#[derive(Debug)]
+pub struct Done {
+    pub name: String,
+    /// The exit code; `None` when killed (by a signal, or past the bound).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Done {
+    /// Lines the child printed with [`report`].
+    pub fn results(&self) -> Vec<String> {
+        self.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("CEB-RESULT "))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// Prints a result line for the parent ([`Done::results`]).
+pub fn report(line: &str) {
+    println!("CEB-RESULT {line}");
+}
+
+/// A child's environment variable as a number.
+pub fn env_usize(k: &str) -> usize {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect("child env")
+}
+
+/// Children that are killed and reaped when the guard drops.
+#[derive(Default)]
+pub struct Children {
+    kids: Vec<Guard>,
+}
+
+impl Children {
+    /// Re-executes this test binary running only `entry` (the test that
+    /// dispatches on the role), with `envs`.
+    pub fn spawn(&mut self, name: &str, entry: &str, envs: &[(&str, String)]) -> u32 {
+        let mut cmd = test_binary(entry);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        self.push(Guard::spawn(name, &mut cmd))
+    }
+
+    /// Runs `program` with `args` under the guard.
+    pub fn spawn_command(&mut self, name: &str, program: &str, args: &[&str]) -> u32 {
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        self.push(Guard::spawn(name, &mut cmd))
+    }
+
+    fn push(&mut self, g: Guard) -> u32 {
+        let pid = g.id();
+        self.kids.push(g);
+        pid
+    }
+
+    /// Removes the child `name` from the set; it stays guarded (killed
+    /// when the returned guard drops).
+    pub fn take(&mut self, name: &str) -> Option<Guard> {
+        let i = self.kids.iter().position(|g| g.name == name)?;
+        Some(self.kids.remove(i))
+    }
+
+    /// Waits for every child, at most `bound` in all; kills the rest.
+    pub fn wait_all(&mut self, bound: Duration) -> Vec<Done> {
+        let deadline = Instant::now() + bound;
+        self.kids.drain(..).map(|g| g.finish(deadline)).collect()
+    }
+}
+
+/// The `@@ key value` lines of a child's stdout, read by a thread as they
+/// come (anything else, e.g. libtest's own lines, is skipped).
+pub struct Lines {
+    name: String,
+    rx: Receiver<String>,
+}
+
+impl Lines {
+    /// Reads `stdout` of the child `name`.
+    pub fn read(name: &str, stdout: ChildStdout) -> Lines {
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                // libtest may have written "test child_role ... " first.
+                if let Some(at) = line.find("@@ ")
+                    && tx.send(line[at + 3..].to_string()).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Lines {
+            name: name.to_owned(),
+            rx,
+        }
+    }
+
+    /// The value of the next message `key`, within `bound`; an `error`
+    /// message on the way fails the test.
+    pub fn expect(&self, key: &str, bound: Duration) -> String {
+        let deadline = Instant::now() + bound;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(msg) => {
+                    let (k, v) = msg.split_once(' ').unwrap_or((&msg, ""));
+                    if k == key {
+                        return v.to_string();
+                    }
+                    assert!(k != "error", "{}: {v}", self.name);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("{}: no `{key}` within {bound:?}", self.name)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("{}: exited before saying `{key}`", self.name)
+                }
+            }
+        }
+    }
+}
