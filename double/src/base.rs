@@ -3,7 +3,6 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use cuda_endpoints::Driver;
 use cuda_endpoints::driver::Device;
 
 use crate::abi::*;
