@@ -159,24 +159,18 @@ where
             }),
         };
     }
-    // Runs of consecutive ids within one range, as (range, base, count).
-    let mut order: Vec<usize> = (0..endpoints.len()).collect();
-    order.sort_by_key(|&i| {
-        (
-            Arc::as_ptr(endpoints[i].range()) as usize,
-            endpoints[i].id(),
-        )
-    });
-    let mut runs: Vec<(&RangeInner, u32, u32, bool)> = Vec::new();
-    for &i in &order {
-        let (r, id) = (endpoints[i].range(), endpoints[i].id());
-        match runs.last_mut() {
-            Some((rr, base, count, _)) if std::ptr::eq(*rr, &**r) && *base + *count == id => {
-                *count += 1
-            }
-            _ => runs.push((r, id, 1, false)),
-        }
-    }
+    // Runs of consecutive ids within one range, as (range, base, count,
+    // done). In the order given when it is sorted already (a range split by
+    // `into_endpoints`, in id order): no index of the endpoints, so waiting
+    // for a range costs no heap per endpoint. Else through a sorted index.
+    let key = |ep: &Endpoint<Pending, K>| (Arc::as_ptr(ep.range()) as usize, ep.id());
+    let mut runs = if endpoints.is_sorted_by_key(key) {
+        runs_of(endpoints.iter())
+    } else {
+        let mut order: Vec<usize> = (0..endpoints.len()).collect();
+        order.sort_by_key(|&i| key(&endpoints[i]));
+        runs_of(order.iter().map(|&i| &endpoints[i]))
+    };
     let mut backoff = Backoff::new();
     let outcome = loop {
         backoff.polls += 1;
@@ -214,6 +208,24 @@ where
             value: endpoints,
         }),
     }
+}
+
+/// The runs of consecutive ids within one range of `endpoints` (sorted by
+/// range, then id), as (range, base, count, done).
+fn runs_of<'a, S: State + 'a, K: Kind + 'a>(
+    endpoints: impl Iterator<Item = &'a Endpoint<S, K>>,
+) -> Vec<(&'a RangeInner, u32, u32, bool)> {
+    let mut runs: Vec<(&RangeInner, u32, u32, bool)> = Vec::new();
+    for ep in endpoints {
+        let (r, id) = (&**ep.range(), ep.id());
+        match runs.last_mut() {
+            Some((rr, base, count, _)) if std::ptr::eq(*rr, r) && *base + *count == id => {
+                *count += 1
+            }
+            _ => runs.push((r, id, 1, false)),
+        }
+    }
+    runs
 }
 
 /// Waits until one query over `[base, base+count)` of `range` reports every
