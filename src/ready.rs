@@ -159,17 +159,18 @@ where
             }),
         };
     }
-    // Runs of consecutive ids within one range, as (range, base, count,
-    // done). In the order given when it is sorted already (a range split by
-    // `into_endpoints`, in id order): no index of the endpoints, so waiting
-    // for a range costs no heap per endpoint. Else through a sorted index.
-    let key = |ep: &Endpoint<Pending, K>| (Arc::as_ptr(ep.range()) as usize, ep.id());
-    let mut runs = if endpoints.is_sorted_by_key(key) {
-        runs_of(endpoints.iter())
-    } else {
-        let mut order: Vec<usize> = (0..endpoints.len()).collect();
-        order.sort_by_key(|&i| key(&endpoints[i]));
-        runs_of(order.iter().map(|&i| &endpoints[i]))
+    // Runs of consecutive ids within one range. In the order given when it
+    // is sorted already (a range split by `into_endpoints`, in id order): one
+    // pass, no index of the endpoints, so waiting for a range costs a few
+    // instructions and no heap per endpoint. Else through a sorted index.
+    let mut runs = match runs_in_order(&endpoints) {
+        Some(runs) => runs,
+        None => {
+            let key = |ep: &Endpoint<Pending, K>| (Arc::as_ptr(ep.range()) as usize, ep.id());
+            let mut order: Vec<usize> = (0..endpoints.len()).collect();
+            order.sort_by_key(|&i| key(&endpoints[i]));
+            runs_of(order.iter().map(|&i| &endpoints[i]))
+        }
     };
     let mut backoff = Backoff::new();
     let outcome = loop {
@@ -210,12 +211,42 @@ where
     }
 }
 
+/// A run of consecutive ids of one range: (range, base, count, done).
+type Run<'a> = (&'a RangeInner, u32, u32, bool);
+
+/// The runs of `endpoints` in the order given, or `None` when they are not
+/// sorted by range and id (a run would then be split).
+fn runs_in_order<S: State, K: Kind>(endpoints: &[Endpoint<S, K>]) -> Option<Vec<Run<'_>>> {
+    let mut runs = Vec::new();
+    let Some((first, rest)) = endpoints.split_first() else {
+        return Some(runs);
+    };
+    // `id + 1` cannot overflow: every id is below its range's `base +
+    // count`, which fits in a `u32` (checked when the range was reserved).
+    let (mut range, mut base, mut next) = (&**first.range(), first.id(), first.id() + 1);
+    for ep in rest {
+        let (r, id) = (&**ep.range(), ep.id());
+        if std::ptr::eq(r, range) && id == next {
+            next += 1;
+            continue;
+        }
+        // A new run: only after the last one in (range, id) order.
+        if (std::ptr::from_ref(r).addr(), id) < (std::ptr::from_ref(range).addr(), next) {
+            return None;
+        }
+        runs.push((range, base, next - base, false));
+        (range, base, next) = (r, id, id + 1);
+    }
+    runs.push((range, base, next - base, false));
+    Some(runs)
+}
+
 /// The runs of consecutive ids within one range of `endpoints` (sorted by
-/// range, then id), as (range, base, count, done).
+/// range, then id).
 fn runs_of<'a, S: State + 'a, K: Kind + 'a>(
     endpoints: impl Iterator<Item = &'a Endpoint<S, K>>,
-) -> Vec<(&'a RangeInner, u32, u32, bool)> {
-    let mut runs: Vec<(&RangeInner, u32, u32, bool)> = Vec::new();
+) -> Vec<Run<'a>> {
+    let mut runs: Vec<Run<'a>> = Vec::new();
     for ep in endpoints {
         let (r, id) = (&**ep.range(), ep.id());
         match runs.last_mut() {

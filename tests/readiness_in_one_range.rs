@@ -178,3 +178,20 @@ fn a_run_found_ready_is_not_queried_again() {
     drop(ready);
     common::clean(&w.ctx, &w.model);
 }
+
+#[test]
+fn a_gap_in_one_range_in_id_order_makes_two_runs() {
+    let w = world();
+    let mut eps = w.pending(10);
+    let base = eps[0].id();
+    let gap = eps.remove(4);
+    w.queries();
+    let ready = wait_all(eps, TIMEOUT).expect("wait_all");
+    let mut want = Vec::new();
+    for _ in 0..ROUNDS {
+        want.extend([(base, 4), (base + 5, 5)]);
+    }
+    assert_eq!(w.queries(), want, "two runs, each once per poll round");
+    drop((ready, gap));
+    common::clean(&w.ctx, &w.model);
+}
