@@ -88,11 +88,7 @@ impl Binding<'_> {
         };
         ctx.check(Call::Unbind, r)?;
         let mut slot = self.range.slot(self.id);
-        let keep = slot
-            .bindings
-            .iter()
-            .position(|b| b.dev == self.dev && b.offset == self.offset)
-            .map(|i| slot.bindings.swap_remove(i));
+        let keep = slot.take_binding(self.dev, self.offset);
         drop(slot);
         drop(keep); // may release the memory: outside the lock
         Ok(())
@@ -434,10 +430,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Err(code) = r {
             let kept = {
                 let mut slot = self.slot();
-                slot.bindings
-                    .iter()
-                    .position(|b| b.dev == dev && b.offset == offset)
-                    .map(|i| slot.bindings.swap_remove(i))
+                slot.take_binding(dev, offset)
             };
             drop(kept); // may release the memory: outside the lock
             return Err(ctx.error(call, code));

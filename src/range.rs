@@ -76,6 +76,22 @@ impl Slot {
     pub fn reset(&mut self) -> SmallVec<[Bound; 1]> {
         std::mem::take(&mut self.bindings)
     }
+
+    /// Takes the binding of `dev` at `offset` out of the list, to be dropped
+    /// (with the memory it keeps alive) outside the lock.
+    pub fn take_binding(&mut self, dev: Device, offset: u64) -> Option<Bound> {
+        let i = self
+            .bindings
+            .iter()
+            .position(|b| b.dev == dev && b.offset == offset)?;
+        // The last one (the usual case: one binding) without `swap_remove`'s
+        // swap of the element with itself.
+        if i + 1 == self.bindings.len() {
+            self.bindings.pop()
+        } else {
+            Some(self.bindings.swap_remove(i))
+        }
+    }
 }
 
 /// What the range's lock guards besides the slots: the fabric handle of each
