@@ -9,7 +9,7 @@
 //!
 //! An id's record is 96 bytes, allocated once per range at its exact count,
 //! so that 100 000 endpoints in one range cost 112 bytes of heap each with
-//! their `Endpoint`s (`benches/scale.rs` counts them).
+//! their `Endpoint`s (`benches/readiness_heap.rs` counts them).
 
 use std::any::Any;
 use std::cell::UnsafeCell;
