@@ -103,7 +103,10 @@ struct Shared {
     fabric: Vec<(u32, [u8; 64])>,
 }
 
-/// The slot of one id, with the range's lock held.
+/// The slot of one id, with the range's lock held. The lock is the whole
+/// range's: hold one guard at a time, never across a driver call or a drop
+/// of kept-alive memory (as every caller does), or a second one on the same
+/// thread would wait for ever.
 pub(crate) struct SlotGuard<'a> {
     shared: MutexGuard<'a, Shared>,
     id: u32,
