@@ -9,7 +9,11 @@
 //!
 //! Each group has `typed`, `raw` (the seven calls by hand) and
 //! `raw+get_limits` (the raw calls plus the `get_limits` check that the typed
-//! `create` also makes). After the run the ratios typed/raw are printed.
+//! `create` also makes). After the run the ratios typed/raw are printed:
+//! criterion's estimates, and an interleaved measurement that alternates
+//! batches of typed and raw lifecycles and takes the median of the per-round
+//! ratios, so that load on a shared machine, which drifts over criterion's
+//! seconds per function, falls on both sides alike.
 //!
 //! ```sh
 //! cargo bench --bench lifecycle                       # 2 s per function
@@ -20,7 +24,7 @@ mod common;
 
 use std::hint::black_box;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use cuda_endpoints::model::{Model, ModelConfig};
@@ -120,6 +124,65 @@ fn ratios() {
     }
 }
 
+/// Lifecycles per batch and batches per side of [`interleaved`].
+const BATCH: u32 = 200;
+const ROUNDS: usize = 1_000;
+
+/// Typed, raw and raw + `get_limits` batches in turn (the order rotated
+/// every round): the median time per lifecycle of each side, and the medians
+/// of typed/raw and typed/(raw + `get_limits`) over the rounds.
+fn interleaved(ctx: &Context, mem: &Allocation, d: &dyn Driver) -> [f64; 5] {
+    let handle = mem.handle();
+    let time = |side: usize| {
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            match side {
+                0 => typed(black_box(ctx), black_box(mem)),
+                1 => raw(black_box(d), black_box(handle)),
+                _ => raw_with_limits(black_box(d), black_box(handle)),
+            }
+        }
+        t.elapsed().as_secs_f64() * 1e9 / f64::from(BATCH)
+    };
+    let mut sides: [Vec<f64>; 3] = Default::default();
+    let (mut q, mut ql) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let mut ns = [0.0; 3];
+        for k in 0..3 {
+            let side = (round + k) % 3;
+            ns[side] = time(side);
+        }
+        for (v, x) in sides.iter_mut().zip(ns) {
+            v.push(x);
+        }
+        q.push(ns[0] / ns[1]);
+        ql.push(ns[0] / ns[2]);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let [t, r, rl] = sides.map(median);
+    [t, r, rl, median(q), median(ql)]
+}
+
+fn interleaved_ratios() {
+    println!("\ntyped / raw interleaved ({ROUNDS} rounds of {BATCH} lifecycles a side, medians):");
+    let print = |group: &str, [t, r, rl, q, ql]: [f64; 5]| {
+        println!(
+            "  {group:<16} typed {t:>9.1} ns   raw {r:>9.1} ns   raw+get_limits {rl:>9.1} ns   \
+             typed/raw {q:.2}x   typed/(raw+get_limits) {ql:.2}x"
+        );
+    };
+    let model = Model::new(ModelConfig::default());
+    let (ctx, mem, d) = fixture(model.clone());
+    print("lifecycle_model", interleaved(&ctx, &mem, &*d));
+    drop((mem, ctx, d));
+    assert!(model.live().is_empty() && model.violations().is_empty());
+    let (ctx, mem, d) = fixture(Null);
+    print("lifecycle_null", interleaved(&ctx, &mem, &*d));
+}
+
 fn main() {
     benches();
     let c = Criterion::default().configure_from_args();
@@ -127,5 +190,6 @@ fn main() {
     // Only after a real measurement (`cargo bench`), not in test mode.
     if std::env::args().any(|a| a == "--bench") {
         ratios();
+        interleaved_ratios();
     }
 }

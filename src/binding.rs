@@ -28,7 +28,6 @@ use crate::state::{IsReady, State};
 pub struct Binding<'a> {
     range: &'a RangeInner,
     id: u32,
-    key: u64,
     dev: Device,
     offset: u64,
     size: u64,
@@ -89,11 +88,7 @@ impl Binding<'_> {
         };
         ctx.check(Call::Unbind, r)?;
         let mut slot = self.range.slot(self.id);
-        let keep = slot
-            .bindings
-            .iter()
-            .position(|b| b.key == self.key)
-            .map(|i| slot.bindings.swap_remove(i));
+        let keep = slot.take_binding(self.dev, self.offset);
         drop(slot);
         drop(keep); // may release the memory: outside the lock
         Ok(())
@@ -105,7 +100,6 @@ impl Binding<'_> {
 /// to its endpoint's range again.
 pub(crate) struct BindingRecord {
     id: u32,
-    key: u64,
     dev: Device,
     offset: u64,
     size: u64,
@@ -117,7 +111,6 @@ impl BindingRecord {
         Binding {
             range,
             id: self.id,
-            key: self.key,
             dev: self.dev,
             offset: self.offset,
             size: self.size,
@@ -135,7 +128,6 @@ impl Binding<'_> {
     pub(crate) fn into_record(self) -> BindingRecord {
         let r = BindingRecord {
             id: self.id,
-            key: self.key,
             dev: self.dev,
             offset: self.offset,
             size: self.size,
@@ -396,7 +388,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // alive) before the driver call, and the lock is let go for the call,
         // so that a tracing layer or a backend may use the endpoint again.
         // Concurrent binds on one endpoint still see each other (R5.9).
-        let key = {
+        {
             let mut slot = self.slot();
             if let Some(b) = slot.bindings.iter().find(|b| {
                 b.dev == dev && b.offset < end && offset < b.offset.saturating_add(b.size)
@@ -409,17 +401,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                     other_size: b.size,
                 });
             }
-            let key = slot.next_key;
-            slot.next_key += 1;
             slot.bindings.push(Bound {
-                key,
                 dev,
                 offset,
                 size,
                 _keep: keep,
             });
-            key
-        };
+        }
         let d = ctx.driver();
         // A panic inside the call leaves the record: the memory stays alive
         // until the endpoint is destroyed, as for a forgotten `Binding` (R7.2).
@@ -442,10 +430,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Err(code) = r {
             let kept = {
                 let mut slot = self.slot();
-                slot.bindings
-                    .iter()
-                    .position(|b| b.key == key)
-                    .map(|i| slot.bindings.swap_remove(i))
+                slot.take_binding(dev, offset)
             };
             drop(kept); // may release the memory: outside the lock
             return Err(ctx.error(call, code));
@@ -453,7 +438,6 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         Ok(Binding {
             range: self.range(),
             id: self.id(),
-            key,
             dev,
             offset,
             size,

@@ -19,7 +19,7 @@ use crate::driver::{EndpointProps, Shape};
 use crate::error::{Alignment, Arg, Error, Failed, Result, Rule};
 use crate::kind::{CanExport, Creatable, Enroll, HasFabricHandles, Kind, NoKind, TeamHasRoom};
 use crate::memory::round_up;
-use crate::range::{Facts, OnUnwind, RangeInner, Slot, release_shared};
+use crate::range::{Facts, OnUnwind, RangeInner, SlotGuard, release_shared};
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{
@@ -110,7 +110,7 @@ fn forget_endpoint(range: &RangeInner, id: u32) {
         let mut slot = range.slot(id);
         // Nothing bound (the usual case): no list to move out.
         let bindings = (!slot.bindings.is_empty()).then(|| slot.reset());
-        (bindings, slot.fabric.take())
+        (bindings, slot.take_fabric())
     };
     if let Some(f) = fabric {
         range.ctx.detach(&f);
@@ -176,7 +176,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         &self.range
     }
 
-    pub(crate) fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+    pub(crate) fn slot(&self) -> SlotGuard<'_> {
         self.range.slot(self.id)
     }
 
@@ -462,7 +462,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 // SAFETY: `import` holds the endpoint by value and no borrow
                 // of its facts is alive while the guard is.
                 unsafe { self.facts_mut() }.orphaned = true;
-                self.slot().fabric = Some(Box::new(c.0));
+                self.slot().set_fabric(c.0);
             });
             // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
             // and holds no endpoint (R2.1, R3.4).
@@ -486,7 +486,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // bring-up agreed (`agreed_counted_ops`), unknown otherwise.
             facts.exportable = true;
             facts.counted_ops = false;
-            self.slot().fabric = Some(Box::new(c.0));
+            self.slot().set_fabric(c.0);
         }
         Ok(self.cast())
     }
@@ -672,8 +672,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // changes nothing about it (R3.4).
         let c = ctx.check(Call::Export, unsafe { ctx.driver().export(self.id) })?;
         let mut slot = self.slot();
-        if slot.fabric.as_deref() != Some(&c.0) {
-            if let Some(old) = slot.fabric.replace(Box::new(c.0)) {
+        if slot.fabric() != Some(&c.0) {
+            if let Some(old) = slot.set_fabric(c.0) {
                 ctx.detach(&old);
             }
             ctx.attach(c.0, self.id);

@@ -4,10 +4,17 @@
 //!
 //! The range also keeps each id's bookkeeping: what the endpoint is
 //! (`Facts`: its size, bind alignment and devices, read without a lock) and
-//! the live bindings with the memory they keep alive (`Slot`, R7.2).
+//! the live bindings with the memory they keep alive (`Slot`, R7.2), behind
+//! one lock per range, with the fabric handles of its attached ids.
+//!
+//! An id's record is 96 bytes, allocated once per range at its exact count,
+//! so that 100 000 endpoints in one range cost 112 bytes of heap each with
+//! their `Endpoint`s (`benches/readiness_heap.rs` counts them).
 
 use std::any::Any;
 use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
@@ -19,9 +26,10 @@ use crate::error::Result;
 use crate::kind::NoKind;
 use crate::state::Reserved;
 
-/// A live binding as the endpoint remembers it.
+/// A live binding as the endpoint remembers it. Its device and offset name
+/// it: live bindings on one device never overlap (R5.9, checked and recorded
+/// under the lock before the driver call).
 pub(crate) struct Bound {
-    pub key: u64,
     pub dev: Device,
     pub offset: u64,
     pub size: u64,
@@ -59,22 +67,109 @@ pub(crate) struct Facts {
     pub orphaned: bool,
 }
 
-/// Per-id bookkeeping that bindings and `export` change through a shared
-/// endpoint, behind the id's lock.
+/// Per-id bookkeeping that bindings change through a shared endpoint,
+/// behind the range's lock. One binding inline (the usual case; a second
+/// one moves the list to the heap), so that a record stays small in ranges
+/// of many ids.
 #[derive(Default)]
 pub(crate) struct Slot {
-    pub bindings: SmallVec<[Bound; 2]>,
-    pub next_key: u64,
-    /// The fabric handle of this attachment, once exported or imported: the
-    /// context refuses a second attachment of it (R9).
-    pub fabric: Option<Box<[u8; 64]>>,
+    pub bindings: SmallVec<[Bound; 1]>,
 }
 
 impl Slot {
     /// Back to an empty id, in place; returns the bindings so that the memory
     /// they keep alive is dropped by the caller, outside the lock.
-    pub fn reset(&mut self) -> SmallVec<[Bound; 2]> {
+    pub fn reset(&mut self) -> SmallVec<[Bound; 1]> {
         std::mem::take(&mut self.bindings)
+    }
+
+    /// Takes the binding of `dev` at `offset` out of the list, to be dropped
+    /// (with the memory it keeps alive) outside the lock.
+    pub fn take_binding(&mut self, dev: Device, offset: u64) -> Option<Bound> {
+        let i = self
+            .bindings
+            .iter()
+            .position(|b| b.dev == dev && b.offset == offset)?;
+        // The last one (the usual case: one binding) without `swap_remove`'s
+        // swap of the element with itself.
+        if i + 1 == self.bindings.len() {
+            self.bindings.pop()
+        } else {
+            Some(self.bindings.swap_remove(i))
+        }
+    }
+}
+
+/// What the range's lock guards besides the slots: the fabric handle of each
+/// attachment (exported or imported id), which the context refuses to attach
+/// a second time (R9). Few ids of a range have one, so they are a list, not
+/// a field of every record.
+#[derive(Default)]
+struct Shared {
+    fabric: Vec<(u32, [u8; 64])>,
+}
+
+/// The slot of one id, with the range's lock held. The lock is the whole
+/// range's: hold one guard at a time, never across a driver call or a drop
+/// of kept-alive memory (as every caller does), or a second one on the same
+/// thread would wait for ever.
+pub(crate) struct SlotGuard<'a> {
+    shared: MutexGuard<'a, Shared>,
+    id: u32,
+    /// Into the id's record; valid, and only reached through this guard,
+    /// while `shared` holds the lock.
+    slot: NonNull<Slot>,
+}
+
+impl SlotGuard<'_> {
+    /// The fabric handle of this id's attachment, if any.
+    pub fn fabric(&self) -> Option<&[u8; 64]> {
+        let id = self.id;
+        self.shared
+            .fabric
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, f)| f)
+    }
+
+    /// Records the fabric handle of this id's attachment; returns the one it
+    /// replaces.
+    pub fn set_fabric(&mut self, handle: [u8; 64]) -> Option<[u8; 64]> {
+        let id = self.id;
+        match self.shared.fabric.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, f)) => Some(std::mem::replace(f, handle)),
+            None => {
+                self.shared.fabric.push((id, handle));
+                None
+            }
+        }
+    }
+
+    /// Lets go of this id's fabric handle (the id holds no endpoint any more).
+    pub fn take_fabric(&mut self) -> Option<[u8; 64]> {
+        take_fabric(&mut self.shared, self.id)
+    }
+}
+
+fn take_fabric(shared: &mut Shared, id: u32) -> Option<[u8; 64]> {
+    let i = shared.fabric.iter().position(|(i, _)| *i == id)?;
+    Some(shared.fabric.swap_remove(i).1)
+}
+
+impl Deref for SlotGuard<'_> {
+    type Target = Slot;
+    fn deref(&self) -> &Slot {
+        // SAFETY: the range's lock is held (`shared`) for the guard's life, and
+        // every access to a slot of the range goes through such a guard (or
+        // through `&mut RangeInner`), so no `&mut` of this slot exists.
+        unsafe { self.slot.as_ref() }
+    }
+}
+
+impl DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Slot {
+        // SAFETY: as in `deref`; `&mut self` makes this the only borrow.
+        unsafe { self.slot.as_mut() }
     }
 }
 
@@ -118,18 +213,34 @@ pub(crate) struct OwnerCell<T>(UnsafeCell<T>);
 // thread. Concurrent reads need `T: Sync`; moving the range moves `T`.
 unsafe impl<T: Send + Sync> Sync for OwnerCell<T> {}
 
-/// One id's record.
+/// A cell behind the range's lock (see [`SlotGuard`]).
+struct LockedCell<T>(UnsafeCell<T>);
+
+// SAFETY: the cell is only reached through a `SlotGuard`, which holds the
+// range's lock, or through `&mut RangeInner`: one thread at a time, so
+// `T: Send` suffices.
+unsafe impl<T: Send> Sync for LockedCell<T> {}
+
+/// One id's record: 96 bytes (48 of facts, 48 of slot).
 struct Record {
     facts: OwnerCell<Facts>,
-    slot: Mutex<Slot>,
+    slot: LockedCell<Slot>,
 }
+
+// The record's size is what a range of many ids costs per id (see the
+// module doc); pinned so that a field added to it is a decision.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Record>() == 96);
 
 pub(crate) struct RangeInner {
     pub ctx: Context,
     /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`]).
     pub base: u32,
     pub count: u32,
-    /// Inline for one id: `reserve_one` makes a single allocation.
+    /// The lock of every slot of the range, and the fabric handles.
+    lock: Mutex<Shared>,
+    /// Inline for one id: `reserve_one` makes a single allocation. Else
+    /// allocated at the exact count.
     records: SmallVec<[Record; 1]>,
     released: bool,
 }
@@ -139,20 +250,21 @@ impl RangeInner {
         &self.records[(id - self.base) as usize]
     }
 
-    pub fn slot(&self, id: u32) -> MutexGuard<'_, Slot> {
-        self.record(id)
-            .slot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    pub fn slot(&self, id: u32) -> SlotGuard<'_> {
+        let shared = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = NonNull::from(&self.record(id).slot.0).cast::<Slot>();
+        SlotGuard { shared, id, slot }
     }
 
     /// The slot of `id` without a lock: `&mut` proves no one else holds it.
     fn slot_mut(&mut self, id: u32) -> &mut Slot {
         let i = (id - self.base) as usize;
-        self.records[i]
-            .slot
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
+        self.records[i].slot.0.get_mut()
+    }
+
+    /// The fabric handle of `id`, taken without a lock (`&mut`, as above).
+    fn take_fabric_mut(&mut self, id: u32) -> Option<[u8; 64]> {
+        take_fabric(self.lock.get_mut().unwrap_or_else(|e| e.into_inner()), id)
     }
 
     /// Whether `id` holds an orphan (see [`Facts::orphaned`]), without a
@@ -197,8 +309,8 @@ impl RangeInner {
             match unsafe { self.ctx.driver().destroy(id) } {
                 Ok(()) => {
                     let slot = std::mem::take(self.slot_mut(id));
-                    if let Some(f) = &slot.fabric {
-                        self.ctx.detach(f);
+                    if let Some(f) = self.take_fabric_mut(id) {
+                        self.ctx.detach(&f);
                     }
                     drop(slot); // unbound now: the memory may go
                 }
@@ -275,20 +387,25 @@ impl IdRange {
         }
         let record = || Record {
             facts: OwnerCell(UnsafeCell::new(Facts::default())),
-            slot: Mutex::new(Slot::default()),
+            slot: LockedCell(UnsafeCell::new(Slot::default())),
         };
         // One id (`reserve_one`, the common case) without the generic
-        // `collect`, which costs more than the record it builds.
+        // `collect`, which costs more than the record it builds. Many at
+        // their exact count: `collect` would round the allocation up to a
+        // power of two (131 072 records for 100 000 ids).
         let records = if count == 1 {
             smallvec::smallvec![record()]
         } else {
-            (0..count).map(|_| record()).collect()
+            let mut records = SmallVec::with_capacity(count as usize);
+            records.extend((0..count).map(|_| record()));
+            records
         };
         Ok(IdRange {
             inner: Arc::new(RangeInner {
                 ctx: ctx.clone(),
                 base,
                 count,
+                lock: Mutex::default(),
                 records,
                 released: false,
             }),

@@ -3,9 +3,11 @@
 //! with one `cuLogicalEndpointQuery` per contiguous run of ids (R3.5).
 //!
 //! Waiting polls at least once, even with a zero timeout, then backs off:
-//! spin, then yield, then sleep a quarter of the time waited so far (at least
-//! 10 µs, at most 1 ms). It never blocks past its timeout and hands the
-//! pending endpoints back with the error.
+//! spin (one hint per poll), then yield, then sleep a quarter of the time
+//! waited so far (at least 10 µs, at most 1 ms). The clock starts at the
+//! fourth pause, so an endpoint ready within four polls costs no clock read;
+//! past that it never blocks beyond its timeout (the three untimed polls
+//! aside) and hands the pending endpoints back with the error.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,8 +19,11 @@ use crate::kind::{Kind, TeamIsComplete};
 use crate::range::RangeInner;
 use crate::state::{CanQuery, Pending, Ready, State};
 
-/// The back-off between polls. The clock starts at the first pause, so an
-/// endpoint ready at the first poll costs no clock read.
+/// Polls before the back-off's clock starts (see [`Backoff::pause`]).
+const UNTIMED: u64 = 4;
+
+/// The back-off between polls. The clock starts at the fourth pause, so an
+/// endpoint ready within four polls costs no clock read.
 struct Backoff {
     start: Option<Instant>,
     polls: u64,
@@ -32,7 +37,7 @@ impl Backoff {
         }
     }
 
-    /// Time since the first pause.
+    /// Time since the clock started.
     fn waited(&self) -> Duration {
         self.start.map_or(Duration::ZERO, |s| s.elapsed())
     }
@@ -41,6 +46,13 @@ impl Backoff {
     fn pause(&mut self, timeout: Duration) -> bool {
         let waited = match self.start {
             Some(s) => s.elapsed(),
+            // A zero timeout: one poll, and no clock.
+            None if timeout.is_zero() => return false,
+            // The first pauses read no clock: a read costs about what a
+            // query of the model does, and an endpoint a few queries from
+            // ready is the common case. They may overrun a timeout by three
+            // polls' time (each a query and one spin hint).
+            None if self.polls < UNTIMED => Duration::ZERO,
             None => {
                 self.start = Some(Instant::now());
                 Duration::ZERO
@@ -50,11 +62,10 @@ impl Backoff {
             return false;
         }
         match self.polls {
-            0..16 => {
-                for _ in 0..(1u32 << self.polls.min(6)) {
-                    std::hint::spin_loop();
-                }
-            }
+            // One spin hint per poll, as a hand-written poll loop makes: more
+            // (this was 2, 4, 8 … 64) only delays an endpoint that is about
+            // to be ready, by about 40 ns per hint, and the phase is short.
+            0..16 => std::hint::spin_loop(),
             16..32 => std::thread::yield_now(),
             _ => {
                 let nap = (waited / 4).clamp(Duration::from_micros(10), Duration::from_millis(1));
@@ -159,24 +170,19 @@ where
             }),
         };
     }
-    // Runs of consecutive ids within one range, as (range, base, count).
-    let mut order: Vec<usize> = (0..endpoints.len()).collect();
-    order.sort_by_key(|&i| {
-        (
-            Arc::as_ptr(endpoints[i].range()) as usize,
-            endpoints[i].id(),
-        )
-    });
-    let mut runs: Vec<(&RangeInner, u32, u32, bool)> = Vec::new();
-    for &i in &order {
-        let (r, id) = (endpoints[i].range(), endpoints[i].id());
-        match runs.last_mut() {
-            Some((rr, base, count, _)) if std::ptr::eq(*rr, &**r) && *base + *count == id => {
-                *count += 1
-            }
-            _ => runs.push((r, id, 1, false)),
+    // Runs of consecutive ids within one range. In the order given when it
+    // is sorted already (a range split by `into_endpoints`, in id order): one
+    // pass, no index of the endpoints, so waiting for a range costs a few
+    // instructions and no heap per endpoint. Else through a sorted index.
+    let mut runs = match runs_in_order(&endpoints) {
+        Some(runs) => runs,
+        None => {
+            let key = |ep: &Endpoint<Pending, K>| (Arc::as_ptr(ep.range()) as usize, ep.id());
+            let mut order: Vec<usize> = (0..endpoints.len()).collect();
+            order.sort_by_key(|&i| key(&endpoints[i]));
+            runs_of(order.iter().map(|&i| &endpoints[i]))
         }
-    }
+    };
     let mut backoff = Backoff::new();
     let outcome = loop {
         backoff.polls += 1;
@@ -214,6 +220,54 @@ where
             value: endpoints,
         }),
     }
+}
+
+/// A run of consecutive ids of one range: (range, base, count, done).
+type Run<'a> = (&'a RangeInner, u32, u32, bool);
+
+/// The runs of `endpoints` in the order given, or `None` when they are not
+/// sorted by range and id (a run would then be split).
+fn runs_in_order<S: State, K: Kind>(endpoints: &[Endpoint<S, K>]) -> Option<Vec<Run<'_>>> {
+    let mut runs = Vec::new();
+    let Some((first, rest)) = endpoints.split_first() else {
+        return Some(runs);
+    };
+    // `id + 1` cannot overflow: every id is below its range's `base +
+    // count`, which fits in a `u32` (checked when the range was reserved).
+    let (mut range, mut base, mut next) = (&**first.range(), first.id(), first.id() + 1);
+    for ep in rest {
+        let (r, id) = (&**ep.range(), ep.id());
+        if std::ptr::eq(r, range) && id == next {
+            next += 1;
+            continue;
+        }
+        // A new run: only after the last one in (range, id) order.
+        if (std::ptr::from_ref(r).addr(), id) < (std::ptr::from_ref(range).addr(), next) {
+            return None;
+        }
+        runs.push((range, base, next - base, false));
+        (range, base, next) = (r, id, id + 1);
+    }
+    runs.push((range, base, next - base, false));
+    Some(runs)
+}
+
+/// The runs of consecutive ids within one range of `endpoints` (sorted by
+/// range, then id).
+fn runs_of<'a, S: State + 'a, K: Kind + 'a>(
+    endpoints: impl Iterator<Item = &'a Endpoint<S, K>>,
+) -> Vec<Run<'a>> {
+    let mut runs: Vec<Run<'a>> = Vec::new();
+    for ep in endpoints {
+        let (r, id) = (&**ep.range(), ep.id());
+        match runs.last_mut() {
+            Some((rr, base, count, _)) if std::ptr::eq(*rr, r) && *base + *count == id => {
+                *count += 1
+            }
+            _ => runs.push((r, id, 1, false)),
+        }
+    }
+    runs
 }
 
 /// Waits until one query over `[base, base+count)` of `range` reports every

@@ -1,0 +1,197 @@
+//! Issue 13: "readiness of 1 … 100 000 endpoints in one range with one query
+//! per contiguous run per poll round" (R3.5). A backend over the model logs
+//! every `cuLogicalEndpointQuery` (base, count); the model answers "not yet"
+//! to the first two queries of an endpoint, so a wait takes three poll rounds.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cuda_endpoints::driver::{Driver, DriverResult, Forward};
+use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::{Context, Endpoint, Pending, Readiness, Spec, Unicast, wait_all};
+
+const SIZE: u64 = 2 << 20;
+const ROUNDS: usize = 3;
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The model, with every query logged.
+#[derive(Debug)]
+struct CountQueries {
+    model: Model,
+    log: Arc<Mutex<Vec<(u32, u32)>>>,
+}
+
+impl Forward for CountQueries {
+    type Inner = Model;
+    fn inner(&self) -> &Model {
+        &self.model
+    }
+    unsafe fn query(&self, base: u32, count: u32) -> DriverResult<bool> {
+        self.log.lock().unwrap().push((base, count));
+        // SAFETY: the caller's contract is the inner driver's.
+        unsafe { Driver::query(&self.model, base, count) }
+    }
+}
+
+struct World {
+    ctx: Context,
+    model: Model,
+    log: Arc<Mutex<Vec<(u32, u32)>>>,
+}
+
+fn world() -> World {
+    let mut config = ModelConfig::default().queries_to_ready(ROUNDS as u32 - 1);
+    config.max_ids = 1 << 17;
+    let model = Model::new(config);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let ctx = Context::new(CountQueries {
+        model: model.clone(),
+        log: log.clone(),
+    });
+    World { ctx, model, log }
+}
+
+impl World {
+    /// `n` pending unicast endpoints of one range, in id order.
+    fn pending(&self, n: u32) -> Vec<Endpoint<Pending, Unicast>> {
+        let range = self.ctx.reserve(n).expect("reserve");
+        range
+            .into_endpoints()
+            .into_iter()
+            .map(|ep| ep.create(Spec::unicast(0, SIZE)).expect("create"))
+            .collect()
+    }
+
+    /// The queries made since the last call.
+    fn queries(&self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+/// The ids of `eps`, in order.
+macro_rules! ids {
+    ($eps:expr) => {
+        $eps.iter().map(|ep| ep.id()).collect::<Vec<u32>>()
+    };
+}
+
+#[test]
+fn readiness_of_1_to_100_000_endpoints_in_one_range_takes_one_query_per_contiguous_run_per_poll_round()
+ {
+    let w = world();
+    for n in [1, 2, 10, 1_000, 100_000] {
+        let eps = w.pending(n);
+        let base = eps[0].id();
+        let want = ids!(eps);
+        w.queries();
+        let ready = wait_all(eps, TIMEOUT).expect("wait_all");
+        assert_eq!(ids!(ready), want, "n = {n}: in the order given");
+        assert_eq!(
+            w.queries(),
+            vec![(base, n); ROUNDS],
+            "n = {n}: one query of the whole range per poll round"
+        );
+        for ep in ready {
+            ep.destroy().expect("destroy");
+        }
+    }
+    common::clean(&w.ctx, &w.model);
+}
+
+#[test]
+fn a_range_given_in_any_order_is_still_one_run() {
+    let w = world();
+    let mut eps = w.pending(1_000);
+    let base = eps[0].id();
+    eps.reverse();
+    eps.swap(10, 500);
+    let want = ids!(eps);
+    w.queries();
+    let ready = wait_all(eps, TIMEOUT).expect("wait_all");
+    assert_eq!(ids!(ready), want, "in the order given");
+    assert_eq!(w.queries(), vec![(base, 1_000); ROUNDS]);
+    drop(ready);
+    common::clean(&w.ctx, &w.model);
+}
+
+#[test]
+fn each_contiguous_run_is_one_query_per_poll_round_gaps_and_ranges_apart() {
+    let w = world();
+    // One range with a gap at index 4, and a second range, interleaved.
+    let mut a = w.pending(10);
+    let b = w.pending(5);
+    let (a0, b0) = (a[0].id(), b[0].id());
+    let gap = a.remove(4);
+    let mut eps = Vec::new();
+    let mut b = b.into_iter();
+    for ep in a {
+        eps.push(ep);
+        eps.extend(b.next());
+    }
+    w.queries();
+    let ready = wait_all(eps, TIMEOUT).expect("wait_all");
+    let got = w.queries();
+    assert_eq!(got.len(), 3 * ROUNDS, "three runs, each once per round");
+    for round in got.chunks(3) {
+        let mut round = round.to_vec();
+        round.sort();
+        let mut want = vec![(a0, 4), (a0 + 5, 5), (b0, 5)];
+        want.sort();
+        assert_eq!(round, want, "every run once in each poll round");
+    }
+    drop(ready);
+    drop(gap);
+    common::clean(&w.ctx, &w.model);
+}
+
+#[test]
+fn a_run_found_ready_is_not_queried_again() {
+    let w = world();
+    // Range `a` polled twice beforehand: ready at the next query.
+    let a = w
+        .pending(8)
+        .into_iter()
+        .map(|ep| {
+            let mut ep = ep;
+            for _ in 0..ROUNDS - 1 {
+                ep = match ep.poll().expect("poll") {
+                    Readiness::Pending(ep) => ep,
+                    Readiness::Ready(_) => panic!("ready too early"),
+                };
+            }
+            ep
+        })
+        .collect::<Vec<_>>();
+    let b = w.pending(8);
+    let (a0, b0) = (a[0].id(), b[0].id());
+    w.queries();
+    let ready = wait_all(a.into_iter().chain(b).collect(), TIMEOUT).expect("wait_all");
+    let mut want = vec![(a0, 8), (b0, 8)];
+    want.extend([(b0, 8); ROUNDS - 1]);
+    assert_eq!(
+        w.queries(),
+        want,
+        "round 1: both runs; then only the pending one"
+    );
+    drop(ready);
+    common::clean(&w.ctx, &w.model);
+}
+
+#[test]
+fn a_gap_in_one_range_in_id_order_makes_two_runs() {
+    let w = world();
+    let mut eps = w.pending(10);
+    let base = eps[0].id();
+    let gap = eps.remove(4);
+    w.queries();
+    let ready = wait_all(eps, TIMEOUT).expect("wait_all");
+    let mut want = Vec::new();
+    for _ in 0..ROUNDS {
+        want.extend([(base, 4), (base + 5, 5)]);
+    }
+    assert_eq!(w.queries(), want, "two runs, each once per poll round");
+    drop((ready, gap));
+    common::clean(&w.ctx, &w.model);
+}
