@@ -36,6 +36,8 @@ struct Inner {
     /// imported), and the id holding each: one table shared by every
     /// context of the process ([`Driver::process_scope`], R9).
     attached: Arc<Attached>,
+    /// The last released one-id range, for the next `reserve(1)`.
+    spare: crate::range::Spare,
 }
 
 /// Teardown errors not yet taken, and how many were let go.
@@ -94,6 +96,7 @@ impl Context {
                 device_count: OnceLock::new(),
                 version: OnceLock::new(),
                 teardown: Mutex::new(Teardown::default()),
+                spare: Default::default(),
             }),
         }
     }
@@ -214,6 +217,11 @@ impl Context {
     /// the typed API (see [`Driver`]'s `# Safety`).
     pub(crate) fn driver(&self) -> &dyn Driver {
         &*self.inner.driver
+    }
+
+    /// The spare one-id range (see [`crate::range::Spare`]).
+    pub(crate) fn spare(&self) -> &crate::range::Spare {
+        &self.inner.spare
     }
 
     /// The backend's calls that are safe to make (queries).

@@ -389,7 +389,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             .get_limits(props)
             .map_err(|code| ctx.error_for(Call::GetLimits, code, Some(&props)))?;
         let align = limits.bind_alignment.max(1);
-        let largest = limits.max_size / align * align;
+        // The largest valid size, for the suggestions: error paths only.
+        let largest = || limits.max_size / align * align;
         if props.size == 0 {
             return Err(Error::ZeroSize {
                 what: Arg::EndpointSize,
@@ -401,7 +402,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return Err(Error::SizeTooLarge {
                 requested: props.size,
                 max_size: limits.max_size,
-                suggested: largest,
+                suggested: largest(),
             });
         }
         if !props.size.is_multiple_of(align) {
@@ -411,7 +412,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 value: props.size,
                 alignment: align,
                 alignment_kind: Alignment::BindAlignment,
-                suggested: if up <= limits.max_size { up } else { largest },
+                suggested: if up <= limits.max_size { up } else { largest() },
                 rule: Rule::R2_3,
             });
         }

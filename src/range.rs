@@ -8,6 +8,8 @@
 
 use std::any::Any;
 use std::cell::UnsafeCell;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
@@ -119,13 +121,54 @@ struct Record {
 }
 
 pub(crate) struct RangeInner {
-    pub ctx: Context,
+    /// Live unless the range is the context's spare (see [`Spare`]): a
+    /// spare holds no reference to its context, or the two would keep each
+    /// other alive.
+    pub ctx: ManuallyDrop<Context>,
     /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`]).
     pub base: u32,
     pub count: u32,
     /// Inline for one id: `reserve_one` makes a single allocation.
     records: SmallVec<[Record; 1]>,
     released: bool,
+    /// The context's spare: released, `ctx` already let go.
+    spare: bool,
+}
+
+/// A context's spare one-id range: the allocation of the last one-id range
+/// released through [`release_shared`], kept for the next `reserve(1)`, so
+/// that a program that reserves and releases one id at a time (the usual
+/// lifecycle) allocates once, not once per lifecycle, and builds no record
+/// on the stack to copy in. At most one per context; freed with the context.
+#[derive(Default)]
+pub(crate) struct Spare(AtomicPtr<RangeInner>);
+
+impl Spare {
+    /// The spare, if there is one (it is taken: no one else can have it).
+    fn take(&self) -> Option<Arc<RangeInner>> {
+        let p = self.0.swap(std::ptr::null_mut(), Ordering::Acquire);
+        // SAFETY: a non-null pointer here came from `Arc::into_raw` in
+        // `put` and was swapped out atomically, so this is its one owner.
+        (!p.is_null()).then(|| unsafe { Arc::from_raw(p.cast_const()) })
+    }
+
+    /// Keeps `range` (released, unique, one id, reset) as the spare; an older
+    /// spare is freed.
+    fn put(&self, range: Arc<RangeInner>) {
+        let old = self
+            .0
+            .swap(Arc::into_raw(range).cast_mut(), Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: as in `take`: the pointer swapped out is owned here.
+            drop(unsafe { Arc::from_raw(old.cast_const()) });
+        }
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
 }
 
 impl RangeInner {
@@ -179,6 +222,29 @@ impl RangeInner {
         unsafe { &mut *self.record(id).facts.0.get() }
     }
 
+    /// Resets the one record of a released range for reuse as the spare;
+    /// `false` (keep it out) when something is left in it.
+    fn make_spare(&mut self) -> bool {
+        let Some(rec) = self.records.first_mut() else {
+            return false;
+        };
+        let slot = rec.slot.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !slot.bindings.is_empty() || slot.fabric.is_some() || slot.bindings.spilled() {
+            return false;
+        }
+        let facts = rec.facts.0.get_mut();
+        if facts.devices.spilled() {
+            return false;
+        }
+        facts.size = 0;
+        facts.align = 0;
+        facts.devices.clear();
+        facts.team_size = 0;
+        facts.orphaned = false;
+        self.spare = true;
+        true
+    }
+
     fn release_now(&mut self) -> Result<()> {
         self.released = true;
         for i in 0..self.count {
@@ -217,11 +283,16 @@ impl RangeInner {
 
 impl Drop for RangeInner {
     fn drop(&mut self) {
+        if self.spare {
+            return; // released, and its context let go when it became the spare
+        }
         if !self.released
             && let Err(e) = self.release_now()
         {
             self.ctx.record_teardown(e);
         }
+        // SAFETY: not the spare, so `ctx` is live; it is not used again.
+        unsafe { ManuallyDrop::drop(&mut self.ctx) };
     }
 }
 
@@ -267,6 +338,18 @@ impl IdRange {
                 value: u64::from(base),
             });
         }
+        if count == 1
+            && let Some(mut spare) = ctx.spare().take()
+            && let Some(inner) = Arc::get_mut(&mut spare)
+        {
+            // Reused in place: its one record was reset when it became the
+            // spare, and it holds no context until now.
+            inner.ctx = ManuallyDrop::new(ctx.clone());
+            inner.base = base;
+            inner.released = false;
+            inner.spare = false;
+            return Ok(IdRange { inner: spare });
+        }
         let record = || Record {
             facts: OwnerCell(UnsafeCell::new(Facts::default())),
             slot: Mutex::new(Slot::default()),
@@ -280,11 +363,12 @@ impl IdRange {
         };
         Ok(IdRange {
             inner: Arc::new(RangeInner {
-                ctx: ctx.clone(),
+                ctx: ManuallyDrop::new(ctx.clone()),
                 base,
                 count,
                 records,
                 released: false,
+                spare: false,
             }),
         })
     }
@@ -349,7 +433,17 @@ pub(crate) fn release_shared(mut range: Arc<RangeInner>) -> Result<()> {
     // allocation (`into_inner`) would copy them for nothing. The `Drop` that
     // follows finds the range released and only frees it.
     if let Some(inner) = Arc::get_mut(&mut range) {
-        return inner.release_now();
+        inner.release_now()?;
+        if inner.count == 1 && inner.make_spare() {
+            // SAFETY: the range is released and unique, and `make_spare`
+            // marked it the spare: its `ctx` is never read or dropped again
+            // before `reserve` writes a new one. The context moves out of
+            // it (no reference count touched) and lives until the range is
+            // its spare.
+            let ctx = unsafe { ManuallyDrop::take(&mut inner.ctx) };
+            ctx.spare().put(range);
+        }
+        return Ok(());
     }
     // Shared: `into_inner` decides atomically which of racing holders is last.
     match Arc::into_inner(range) {
