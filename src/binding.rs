@@ -16,7 +16,7 @@ use crate::endpoint::Endpoint;
 use crate::error::{Alignment, Arg, Error, Extent, Result, Role, Rule};
 use crate::kind::{Accepts, CanBind, Kind};
 use crate::memory::{BindSource, Target};
-use crate::range::{Bound, RangeInner};
+use crate::range::{Bound, RangeInner, Slot};
 use crate::state::{IsReady, State};
 
 /// A live binding of memory to a ready endpoint on one device.
@@ -88,16 +88,25 @@ impl Binding<'_> {
                 .unbind(self.id, self.dev, self.offset, self.size)
         };
         ctx.check(Call::Unbind, r)?;
-        let mut slot = self.range.slot(self.id);
-        let keep = slot
-            .bindings
-            .iter()
-            .position(|b| b.key == self.key)
-            .map(|i| slot.bindings.swap_remove(i));
-        drop(slot);
+        let keep = take_record(&mut self.range.slot(self.id), self.key);
         drop(keep); // may release the memory: outside the lock
         Ok(())
     }
+}
+
+/// Removes the record of binding `key` from `slot` and returns the memory it
+/// kept alive, to be dropped outside the lock. Only that field moves: the
+/// last record takes the removed one's place.
+fn take_record(slot: &mut Slot, key: u64) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+    let b = &mut slot.bindings;
+    let i = b.iter().position(|r| r.key == key)?;
+    let keep = b[i]._keep.take();
+    let last = b.len() - 1;
+    if i != last {
+        b.swap(i, last);
+    }
+    b.truncate(last);
+    keep
 }
 
 /// A binding without its borrow, for owners that keep the endpoint and the
@@ -440,13 +449,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
         };
         if let Err(code) = r {
-            let kept = {
-                let mut slot = self.slot();
-                slot.bindings
-                    .iter()
-                    .position(|b| b.key == key)
-                    .map(|i| slot.bindings.swap_remove(i))
-            };
+            let kept = take_record(&mut self.slot(), key);
             drop(kept); // may release the memory: outside the lock
             return Err(ctx.error(call, code));
         }

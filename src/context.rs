@@ -28,6 +28,10 @@ pub struct Context {
 
 struct Inner {
     driver: Arc<dyn Driver>,
+    /// `&*driver`, computed once: every call of the typed API reaches the
+    /// backend through it without recomputing where the `Arc` keeps its
+    /// value (a load of the vtable's alignment and three instructions).
+    driver_ref: DriverRef,
     device_count: OnceLock<i32>,
     /// Cached once the driver answered; a failed query is asked again.
     version: OnceLock<i32>,
@@ -39,6 +43,15 @@ struct Inner {
     /// The last released one-id range, for the next `reserve(1)`.
     spare: crate::range::Spare,
 }
+
+/// A pointer to the value of [`Inner::driver`].
+struct DriverRef(*const dyn Driver);
+
+// SAFETY: it points to a `dyn Driver`, which is `Send + Sync`, kept alive by
+// the `Arc` beside it in the same `Inner` and never written through.
+unsafe impl Send for DriverRef {}
+// SAFETY: as above.
+unsafe impl Sync for DriverRef {}
 
 /// Teardown errors not yet taken, and how many were let go.
 #[derive(Default)]
@@ -92,6 +105,7 @@ impl Context {
         Context {
             inner: Arc::new(Inner {
                 attached: attached_table(&driver),
+                driver_ref: DriverRef(Arc::as_ptr(&driver)),
                 driver,
                 device_count: OnceLock::new(),
                 version: OnceLock::new(),
@@ -215,8 +229,12 @@ impl Context {
 
     /// The backend. Crate-private: safe code reaches the driver only through
     /// the typed API (see [`Driver`]'s `# Safety`).
+    #[inline]
     pub(crate) fn driver(&self) -> &dyn Driver {
-        &*self.inner.driver
+        // SAFETY: `driver_ref` points to the value of `inner.driver`, which
+        // lives (and never moves: it is in an `Arc`) as long as `inner`, so
+        // at least as long as `&self`.
+        unsafe { &*self.inner.driver_ref.0 }
     }
 
     /// The spare one-id range (see [`crate::range::Spare`]).
@@ -225,8 +243,9 @@ impl Context {
     }
 
     /// The backend's calls that are safe to make (queries).
+    #[inline]
     pub(crate) fn queries(&self) -> crate::driver::Queries<'_> {
-        crate::driver::Queries(&*self.inner.driver)
+        crate::driver::Queries(self.driver())
     }
 
     /// The backend, shared, for raw calls beside the typed API.

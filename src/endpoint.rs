@@ -103,15 +103,37 @@ fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
 /// The id holds no endpoint any more: clear its facts, let go of its fabric
 /// handle, and drop the memory the bindings kept alive (R7.2), outside the lock.
 fn forget_endpoint(range: &RangeInner, id: u32) {
-    // SAFETY: only the owner of the endpoint on `id` destroys it (see
-    // `destroy_now`), so no other reference to its facts exists.
-    *unsafe { range.facts_mut(id) } = Facts::default();
-    let (bindings, fabric) = {
-        let mut slot = range.slot(id);
-        // Nothing bound (the usual case): no list to move out.
-        let bindings = (!slot.bindings.is_empty()).then(|| slot.reset());
-        (bindings, slot.fabric.take())
-    };
+    {
+        // SAFETY: only the owner of the endpoint on `id` destroys it (see
+        // `destroy_now`), so no other reference to its facts exists.
+        let facts = unsafe { range.facts_mut(id) };
+        facts.size = 0;
+        facts.align = 0;
+        facts.devices.clear();
+        facts.team_size = 0;
+        facts.orphaned = false;
+    }
+    let mut slot = range.slot(id);
+    // Nothing bound and nothing exported (the usual case): nothing to move
+    // out of the slot.
+    if slot.bindings.is_empty() && slot.fabric.is_none() {
+        return;
+    }
+    let bindings = slot.reset();
+    let fabric = slot.fabric.take();
+    drop(slot);
+    forget_rest(range, bindings, fabric);
+}
+
+/// The cold part of [`forget_endpoint`]: the fabric handle detached and the
+/// memory released, outside the slot's lock.
+#[cold]
+#[inline(never)]
+fn forget_rest(
+    range: &RangeInner,
+    bindings: smallvec::SmallVec<[crate::range::Bound; 2]>,
+    fabric: Option<Box<[u8; 64]>>,
+) {
     if let Some(f) = fabric {
         range.ctx.detach(&f);
     }

@@ -81,6 +81,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// # Errors
     /// [`Error::Driver`] from the query (R4.5: a clique error can surface
     /// here); the endpoint comes back pending.
+    #[inline]
     pub fn poll(self) -> Result<Readiness<K>, Failed<Self>>
     where
         S: CanQuery,
@@ -100,15 +101,39 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// # Errors
     /// [`Error::Timeout`] (with the number of queries made) or [`Error::Driver`];
     /// the endpoint comes back pending either way.
+    #[inline]
     pub fn wait(self, timeout: Duration) -> Result<Endpoint<Ready, K::Ready>, Failed<Self>>
     where
         S: CanQuery,
         K::Complete: TeamIsComplete,
     {
+        // The first query inline: an endpoint ready at once costs the call
+        // and the state change; waiting (and any error) is out of line.
+        let ctx = self.context();
+        match ctx.queries().query(self.id(), 1) {
+            Ok(true) => Ok(self.cast()),
+            first => self.wait_more(timeout, first),
+        }
+    }
+
+    /// [`Endpoint::wait`] after a first query that did not report the
+    /// endpoint ready.
+    #[cold]
+    #[inline(never)]
+    fn wait_more(
+        self,
+        timeout: Duration,
+        first: crate::driver::DriverResult<bool>,
+    ) -> Result<Endpoint<Ready, K::Ready>, Failed<Self>>
+    where
+        S: CanQuery,
+        K::Complete: TeamIsComplete,
+    {
         let mut backoff = Backoff::new();
+        backoff.polls = 1;
+        let mut answer = self.context().check(Call::Query, first);
         loop {
-            backoff.polls += 1;
-            match query(self.range(), self.id(), 1) {
+            match answer {
                 Ok(true) => return Ok(self.cast()),
                 Ok(false) => {}
                 Err(error) => return Err(Failed { error, value: self }),
@@ -121,6 +146,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 };
                 return Err(Failed { error, value: self });
             }
+            backoff.polls += 1;
+            answer = query(self.range(), self.id(), 1);
         }
     }
 }
