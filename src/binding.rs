@@ -94,6 +94,50 @@ impl Binding<'_> {
     }
 }
 
+/// The error of a bind whose offset, size, memory offset or address is not
+/// a multiple of the bind alignment (R5.3): the first such value, with a
+/// suggestion (rounded up, else down) that is itself valid where it can be.
+#[cold]
+#[inline(never)]
+fn misaligned(
+    align: u64,
+    ep_size: u64,
+    offset: u64,
+    size: u64,
+    mem_offset: u64,
+    mem_size: u64,
+    addr: Option<u64>,
+) -> Error {
+    let fit = |limit: u64, other: u64| limit.saturating_sub(other);
+    let values = [
+        (Arg::BindOffset, offset, fit(ep_size, size)),
+        (
+            Arg::BindSize,
+            size,
+            fit(ep_size, offset).min(fit(mem_size, mem_offset)),
+        ),
+        (Arg::MemoryOffset, mem_offset, fit(mem_size, size)),
+    ];
+    let (what, v, most) = values
+        .into_iter()
+        .chain(addr.map(|a| (Arg::DeviceAddress, a, u64::MAX)))
+        .find(|&(_, v, _)| !v.is_multiple_of(align))
+        .unwrap_or((Arg::BindOffset, offset, fit(ep_size, size)));
+    let down = v / align * align;
+    let suggested = v
+        .checked_next_multiple_of(align)
+        .filter(|&up| up <= most)
+        .unwrap_or(down);
+    Error::Misaligned {
+        what,
+        value: v,
+        alignment: align,
+        alignment_kind: Alignment::BindAlignment,
+        suggested,
+        rule: Rule::R5_3,
+    }
+}
+
 /// Removes the record of binding `key` from `slot` and returns the memory it
 /// kept alive, to be dropped outside the lock. Only that field moves: the
 /// last record takes the removed one's place.
@@ -339,39 +383,27 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             },
             Target::Handle(_) => None,
         };
-        for (what, v) in [
-            (Arg::BindOffset, offset),
-            (Arg::BindSize, size),
-            (Arg::MemoryOffset, mem_offset),
-        ]
-        .into_iter()
-        .chain(addr.map(|(what, a, _)| (what, a)))
-        {
-            if !v.is_multiple_of(align) {
-                // The largest each value may be, so that the suggestion
-                // (rounded up, else down) is itself valid where it can be;
-                // computed on the error path only.
-                let fit = |limit: u64, other: u64| limit.saturating_sub(other);
-                let most = match what {
-                    Arg::BindOffset => fit(facts.size, size),
-                    Arg::BindSize => fit(facts.size, offset).min(fit(mem_size, mem_offset)),
-                    Arg::MemoryOffset => fit(mem_size, size),
-                    _ => u64::MAX,
-                };
-                let down = v / align * align;
-                let suggested = v
-                    .checked_next_multiple_of(align)
-                    .filter(|&up| up <= most)
-                    .unwrap_or(down);
-                return Err(Error::Misaligned {
-                    what,
-                    value: v,
-                    alignment: align,
-                    alignment_kind: Alignment::BindAlignment,
-                    suggested,
-                    rule: Rule::R5_3,
-                });
-            }
+        // One test for all values on the success path (for a power-of-two
+        // alignment, the usual case, one `or` and one `and`); which value is
+        // off, and the suggestion, on the error path only.
+        let addr_v = addr.map_or(0, |(_, a, _)| a);
+        let aligned = if align.is_power_of_two() {
+            (offset | size | mem_offset | addr_v) & (align - 1) == 0
+        } else {
+            [offset, size, mem_offset, addr_v]
+                .iter()
+                .all(|v| v.is_multiple_of(align))
+        };
+        if !aligned {
+            return Err(misaligned(
+                align,
+                facts.size,
+                offset,
+                size,
+                mem_offset,
+                mem_size,
+                addr.map(|(_, a, _)| a),
+            ));
         }
         if mem_offset.checked_add(size).is_none_or(|e| e > mem_size) {
             return Err(out(Extent::Allocation, mem_offset, mem_size));

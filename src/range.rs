@@ -172,10 +172,12 @@ impl Drop for Spare {
 }
 
 impl RangeInner {
+    #[inline]
     fn record(&self, id: u32) -> &Record {
         &self.records[(id - self.base) as usize]
     }
 
+    #[inline]
     pub fn slot(&self, id: u32) -> MutexGuard<'_, Slot> {
         self.record(id)
             .slot
@@ -204,6 +206,7 @@ impl RangeInner {
     /// # Safety
     /// The caller holds the [`Endpoint`] of `id` or a shared borrow of it,
     /// for as long as the returned reference lives, and no `&mut` of it.
+    #[inline]
     pub unsafe fn facts(&self, id: u32) -> &Facts {
         // SAFETY: by the caller's contract no write can happen while the
         // returned borrow lives (writes need the endpoint's `&mut`).
@@ -216,6 +219,7 @@ impl RangeInner {
     /// The caller holds the [`Endpoint`] of `id` by value or through `&mut`,
     /// for as long as the returned reference lives: no other reference to
     /// these facts exists.
+    #[inline]
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn facts_mut(&self, id: u32) -> &mut Facts {
         // SAFETY: by the caller's contract this is the only reference.
@@ -433,7 +437,19 @@ pub(crate) fn release_shared(mut range: Arc<RangeInner>) -> Result<()> {
     // allocation (`into_inner`) would copy them for nothing. The `Drop` that
     // follows finds the range released and only frees it.
     if let Some(inner) = Arc::get_mut(&mut range) {
-        inner.release_now()?;
+        if inner.count == 1 && !inner.orphaned(inner.base) {
+            // One id, no orphan to destroy first (the usual case): the
+            // release alone, without `release_now`'s pass over the ids.
+            inner.released = true;
+            // SAFETY: the range's last owner is gone and its one id holds
+            // no endpoint (not an orphan, and every `Endpoint` is gone), R1.2.
+            let r = unsafe { inner.ctx.driver().id_release(inner.base, 1) };
+            if let Err(code) = r {
+                return Err(inner.ctx.error(Call::IdRelease, code));
+            }
+        } else {
+            inner.release_now()?;
+        }
         if inner.count == 1 && inner.make_spare() {
             // SAFETY: the range is released and unique, and `make_spare`
             // marked it the spare: its `ctx` is never read or dropped again
