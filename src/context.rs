@@ -351,10 +351,18 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::Driver`] from `cuDeviceGetCount`.
+    #[inline]
     pub fn device_count(&self) -> Result<i32> {
-        if let Some(&n) = self.inner.device_count.get() {
-            return Ok(n);
+        match self.inner.device_count.get() {
+            Some(&n) => Ok(n),
+            None => self.device_count_first(),
         }
+    }
+
+    /// [`Context::device_count`] before the driver answered once.
+    #[cold]
+    #[inline(never)]
+    fn device_count_first(&self) -> Result<i32> {
         let n = self.check(Call::DeviceGetCount, self.queries().device_count())?;
         Ok(*self.inner.device_count.get_or_init(|| n))
     }
@@ -371,6 +379,7 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::NoSuchDevice`].
+    #[inline]
     pub fn check_device(&self, dev: impl Into<Device>) -> Result<()> {
         let dev = dev.into();
         let count = self.device_count()?;
