@@ -218,7 +218,7 @@ impl Context {
     /// # Errors
     /// As [`Context::reserve`].
     pub fn reserve_one(&self) -> Result<Endpoint<Reserved>> {
-        Ok(self.reserve(1)?.first())
+        IdRange::reserve_one(self)
     }
 
     /// [`decide`] on this context's backend: which backend a multicast team

@@ -326,55 +326,27 @@ impl IdRange {
                 rule: Some(crate::error::Rule::R1_3),
             });
         }
-        let base = ctx.check(Call::IdReserve, ctx.queries().id_reserve(count))?;
-        // Every id of the range is `base + i` below `base + count`: checked
-        // once here, so that no later sum (splitting, `Debug`, release in
-        // `Drop`) can overflow.
-        if base.checked_add(count).is_none() {
-            // SAFETY: the ids the driver just reserved, never handed out.
-            let r = unsafe { ctx.driver().id_release(base, count) };
-            if let Err(code) = r {
-                ctx.record_teardown(ctx.error(Call::IdRelease, code));
-            }
-            return Err(crate::Error::BadAnswer {
-                call: Call::IdReserve,
-                what: crate::error::Answer::IdBase,
-                value: u64::from(base),
-            });
-        }
+        let base = reserve_ids(ctx, count)?;
         if count == 1
-            && let Some(mut spare) = ctx.spare().take()
-            && let Some(inner) = Arc::get_mut(&mut spare)
+            && let Some(spare) = reuse(ctx, base)
         {
-            // Reused in place: its one record was reset when it became the
-            // spare, and it holds no context until now.
-            inner.ctx = ManuallyDrop::new(ctx.clone());
-            inner.base = base;
-            inner.released = false;
-            inner.spare = false;
             return Ok(IdRange { inner: spare });
         }
-        let record = || Record {
-            facts: OwnerCell(UnsafeCell::new(Facts::default())),
-            slot: Mutex::new(Slot::default()),
-        };
-        // One id (`reserve_one`, the common case) without the generic
-        // `collect`, which costs more than the record it builds.
-        let records = if count == 1 {
-            smallvec::smallvec![record()]
-        } else {
-            (0..count).map(|_| record()).collect()
-        };
         Ok(IdRange {
-            inner: Arc::new(RangeInner {
-                ctx: ManuallyDrop::new(ctx.clone()),
-                base,
-                count,
-                records,
-                released: false,
-                spare: false,
-            }),
+            inner: fresh(ctx, base, count),
         })
+    }
+
+    /// One id as an endpoint (`Context::reserve_one`): the context's spare
+    /// range when it has one, else a new one.
+    #[inline]
+    pub(crate) fn reserve_one(ctx: &Context) -> Result<Endpoint<Reserved, NoKind>> {
+        let base = reserve_ids(ctx, 1)?;
+        let inner = match reuse(ctx, base) {
+            Some(spare) => spare,
+            None => fresh(ctx, base, 1),
+        };
+        Ok(Endpoint::from_parts(inner, base))
     }
 
     /// The first id.
@@ -414,13 +386,6 @@ impl IdRange {
         }))
     }
 
-    /// The first id as an endpoint; the rest (if any) stay with the range.
-    pub(crate) fn first(self) -> Endpoint<Reserved, NoKind> {
-        // The range's own reference moves into the endpoint: no clone.
-        let base = self.inner.base;
-        Endpoint::from_parts(self.inner, base)
-    }
-
     /// Releases the ids now (`cuLogicalEndpointIdRelease`, R1).
     ///
     /// # Errors
@@ -429,6 +394,78 @@ impl IdRange {
     pub fn release(self) -> Result<()> {
         release_shared(self.inner)
     }
+}
+
+/// `cuLogicalEndpointIdReserve` of `count` ids; the base, checked so that
+/// every id of the range is `base + i` below `base + count`: checked once
+/// here, so that no later sum (splitting, `Debug`, release in `Drop`) can
+/// overflow.
+#[inline]
+fn reserve_ids(ctx: &Context, count: u32) -> Result<u32> {
+    match ctx.queries().id_reserve(count) {
+        Ok(base) if base.checked_add(count).is_some() => Ok(base),
+        r => Err(reserve_failed(ctx, count, r)),
+    }
+}
+
+/// The error of a failed [`reserve_ids`]; ids the driver reserved past
+/// `u32::MAX` are given back.
+#[cold]
+#[inline(never)]
+fn reserve_failed(ctx: &Context, count: u32, r: crate::driver::DriverResult<u32>) -> crate::Error {
+    match r {
+        Err(code) => ctx.error(Call::IdReserve, code),
+        Ok(base) => {
+            // SAFETY: the ids the driver just reserved, never handed out.
+            let r = unsafe { ctx.driver().id_release(base, count) };
+            if let Err(code) = r {
+                ctx.record_teardown(ctx.error(Call::IdRelease, code));
+            }
+            crate::Error::BadAnswer {
+                call: Call::IdReserve,
+                what: crate::error::Answer::IdBase,
+                value: u64::from(base),
+            }
+        }
+    }
+}
+
+/// The context's spare range, for the one id `base`, if it has one.
+#[inline]
+fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
+    let mut spare = ctx.spare().take()?;
+    let inner = Arc::get_mut(&mut spare)?;
+    // Reused in place: its one record was reset when it became the spare,
+    // and it holds no context until now.
+    inner.ctx = ManuallyDrop::new(ctx.clone());
+    inner.base = base;
+    inner.released = false;
+    inner.spare = false;
+    Some(spare)
+}
+
+/// A new range of `count` ids from `base`, with one empty record per id.
+#[inline(never)]
+fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
+    let record = || Record {
+        facts: OwnerCell(UnsafeCell::new(Facts::default())),
+        slot: Mutex::new(Slot::default()),
+    };
+    // One id (`reserve_one`, the common case) without the generic
+    // `collect`, which costs more than the record it builds.
+    let records = if count == 1 {
+        smallvec::smallvec![record()]
+    } else {
+        (0..count).map(|_| record()).collect()
+    };
+    Arc::new(RangeInner {
+        ctx: ManuallyDrop::new(ctx.clone()),
+        base,
+        count,
+        records,
+        released: false,
+        spare: false,
+    })
 }
 
 /// Releases `range` now if `this` was its last holder; else just lets go.
