@@ -141,6 +141,7 @@ fn misaligned(
 /// Removes the record of binding `key` from `slot` and returns the memory it
 /// kept alive, to be dropped outside the lock. Only that field moves: the
 /// last record takes the removed one's place.
+#[inline]
 fn take_record(slot: &mut Slot, key: u64) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
     let b = &mut slot.bindings;
     let i = b.iter().position(|r| r.key == key)?;
