@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::driver::Call;
+use crate::driver::{Call, DriverResult};
 use crate::endpoint::{Endpoint, Readiness};
 use crate::error::{Error, Failed, Result};
 use crate::kind::{Kind, TeamIsComplete};
@@ -169,6 +169,7 @@ pub type ReadyList<K> = Vec<Endpoint<Ready, <K as Kind>::Ready>>;
 /// # Errors
 /// [`Error::Timeout`] or [`Error::Driver`], with every endpoint handed back
 /// pending.
+#[inline]
 pub fn wait_all<K: Kind>(
     endpoints: Vec<Endpoint<Pending, K>>,
     timeout: Duration,
@@ -177,15 +178,44 @@ where
     K::Complete: TeamIsComplete,
 {
     if let [ep] = endpoints.as_slice() {
-        // One endpoint: its one query, without sorting or a list of runs.
-        return match wait_ids(ep.range(), ep.id(), 1, timeout) {
-            Ok(()) => Ok(Endpoint::cast_vec(endpoints)),
-            Err(error) => Err(Failed {
-                error,
-                value: endpoints,
-            }),
-        };
+        // One endpoint: its one query, without sorting or a list of runs;
+        // ready at once, inline, as `Endpoint::wait`.
+        let first = ep.context().queries().query(ep.id(), 1);
+        if let Ok(true) = first {
+            return Ok(Endpoint::cast_vec(endpoints));
+        }
+        return wait_all_one_more(endpoints, timeout, first);
     }
+    wait_all_runs(endpoints, timeout)
+}
+
+/// [`wait_all`] of one endpoint after a first query that did not report it
+/// ready.
+#[cold]
+#[inline(never)]
+fn wait_all_one_more<K: Kind>(
+    endpoints: Vec<Endpoint<Pending, K>>,
+    timeout: Duration,
+    first: DriverResult<bool>,
+) -> Result<ReadyList<K>, Failed<PendingList<K>>> {
+    let r = match endpoints.first() {
+        Some(ep) => wait_ids_after(ep.range(), ep.id(), 1, timeout, first),
+        None => Ok(()),
+    };
+    match r {
+        Ok(()) => Ok(Endpoint::cast_vec(endpoints)),
+        Err(error) => Err(Failed {
+            error,
+            value: endpoints,
+        }),
+    }
+}
+
+/// [`wait_all`] of several endpoints: one query per run of ids.
+fn wait_all_runs<K: Kind>(
+    endpoints: Vec<Endpoint<Pending, K>>,
+    timeout: Duration,
+) -> Result<ReadyList<K>, Failed<PendingList<K>>> {
     // Runs of consecutive ids within one range, as (range, base, count).
     let mut order: Vec<usize> = (0..endpoints.len()).collect();
     order.sort_by_key(|&i| {
@@ -247,10 +277,24 @@ where
 /// endpoint there constructed (R3.5), with the back-off of [`Endpoint::wait`].
 #[inline]
 pub(crate) fn wait_ids(range: &RangeInner, base: u32, count: u32, timeout: Duration) -> Result<()> {
+    let first = range.ctx.queries().query(base, count);
+    wait_ids_after(range, base, count, timeout, first)
+}
+
+/// [`wait_ids`] from the answer of its first query.
+#[inline]
+fn wait_ids_after(
+    range: &RangeInner,
+    base: u32,
+    count: u32,
+    timeout: Duration,
+    first: DriverResult<bool>,
+) -> Result<()> {
     let mut backoff = Backoff::new();
+    let mut answer = range.ctx.check(Call::Query, first);
     loop {
         backoff.polls += 1;
-        if query(range, base, count)? {
+        if answer? {
             return Ok(());
         }
         if !backoff.pause(timeout) {
@@ -260,5 +304,6 @@ pub(crate) fn wait_ids(range: &RangeInner, base: u32, count: u32, timeout: Durat
                 polls: backoff.polls,
             });
         }
+        answer = query(range, base, count);
     }
 }
