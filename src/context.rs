@@ -215,6 +215,10 @@ impl Context {
 
     /// Reserves one id.
     ///
+    /// The context keeps the allocation of the last one-id range given back
+    /// with [`Endpoint::release`] and reuses it here, so a program that
+    /// reserves and releases one id at a time allocates once.
+    ///
     /// # Errors
     /// As [`Context::reserve`].
     pub fn reserve_one(&self) -> Result<Endpoint<Reserved>> {
