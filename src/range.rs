@@ -8,7 +8,6 @@
 
 use std::any::Any;
 use std::cell::UnsafeCell;
-use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -121,10 +120,9 @@ struct Record {
 }
 
 pub(crate) struct RangeInner {
-    /// Live unless the range is the context's spare (see [`Spare`]): a
-    /// spare holds no reference to its context, or the two would keep each
-    /// other alive.
-    pub ctx: ManuallyDrop<Context>,
+    /// Its context; none while the range is the context's spare (see
+    /// [`Spare`]), or the two would keep each other alive.
+    pub ctx: RangeContext,
     /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`]).
     pub base: u32,
     pub count: u32,
@@ -133,6 +131,25 @@ pub(crate) struct RangeInner {
     released: bool,
     /// The context's spare: released, `ctx` already let go.
     spare: bool,
+}
+
+/// The context of a range, read as a `&Context` without a test: it is
+/// missing only while the range is its context's spare, and a spare is
+/// reached only through [`Spare`], which gives it a context again before
+/// anyone else sees it. (An `Option`, not a `ManuallyDrop`: a panic while a
+/// range is dropped still drops its context.)
+pub(crate) struct RangeContext(Option<Context>);
+
+impl std::ops::Deref for RangeContext {
+    type Target = Context;
+
+    #[inline]
+    fn deref(&self) -> &Context {
+        // SAFETY: `None` only in a spare range (above), whose context no
+        // code reads: `reuse` sets it before the range leaves the `Spare`,
+        // and `RangeInner::drop` returns early for a spare.
+        unsafe { self.0.as_ref().unwrap_unchecked() }
+    }
 }
 
 /// A context's spare one-id range: the allocation of the last one-id range
@@ -295,8 +312,6 @@ impl Drop for RangeInner {
         {
             self.ctx.record_teardown(e);
         }
-        // SAFETY: not the spare, so `ctx` is live; it is not used again.
-        unsafe { ManuallyDrop::drop(&mut self.ctx) };
     }
 }
 
@@ -437,7 +452,9 @@ fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
     let inner = Arc::get_mut(&mut spare)?;
     // Reused in place: its one record was reset when it became the spare,
     // and it holds no context until now.
-    inner.ctx = ManuallyDrop::new(ctx.clone());
+    // The spare has no context: nothing to drop (forgetting `None` skips
+    // the test for one).
+    std::mem::forget(std::mem::replace(&mut inner.ctx.0, Some(ctx.clone())));
     inner.base = base;
     inner.released = false;
     inner.spare = false;
@@ -459,7 +476,7 @@ fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
         (0..count).map(|_| record()).collect()
     };
     Arc::new(RangeInner {
-        ctx: ManuallyDrop::new(ctx.clone()),
+        ctx: RangeContext(Some(ctx.clone())),
         base,
         count,
         records,
@@ -487,13 +504,13 @@ pub(crate) fn release_shared(mut range: Arc<RangeInner>) -> Result<()> {
         } else {
             inner.release_now()?;
         }
-        if inner.count == 1 && inner.make_spare() {
-            // SAFETY: the range is released and unique, and `make_spare`
-            // marked it the spare: its `ctx` is never read or dropped again
-            // before `reserve` writes a new one. The context moves out of
-            // it (no reference count touched) and lives until the range is
-            // its spare.
-            let ctx = unsafe { ManuallyDrop::take(&mut inner.ctx) };
+        if inner.count == 1
+            && inner.make_spare()
+            && let Some(ctx) = inner.ctx.0.take()
+        {
+            // The range is released, unique and reset: from now on only the
+            // context's `Spare` reaches it. The context moves out of it (no
+            // reference count touched) and lives until the range is stored.
             ctx.spare().put(range);
         }
         return Ok(());
