@@ -454,7 +454,7 @@ fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
     // and it holds no context until now.
     // The spare has no context: nothing to drop (forgetting `None` skips
     // the test for one).
-    std::mem::forget(std::mem::replace(&mut inner.ctx.0, Some(ctx.clone())));
+    std::mem::forget(inner.ctx.0.replace(ctx.clone()));
     inner.base = base;
     inner.released = false;
     inner.spare = false;
