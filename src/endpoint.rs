@@ -373,22 +373,27 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let owner;
         let devices: &[Device] = match props.shape {
             Shape::Unicast { owner: o } => {
+                // One device: it exists, and there is nothing to compare it with.
+                ctx.check_device(o)?;
                 owner = [o];
                 &owner
             }
             Shape::Multicast { num_devices: 0 } => return Err(Error::EmptyTeam),
-            Shape::Multicast { .. } => &spec.devices,
-        };
-        for (i, &dev) in devices.iter().enumerate() {
-            ctx.check_device(dev)?;
-            if devices[..i].contains(&dev) {
-                return Err(Error::AlreadyEnrolled { device: dev });
+            Shape::Multicast { .. } => {
+                let team = &spec.devices[..];
+                for (i, &dev) in team.iter().enumerate() {
+                    ctx.check_device(dev)?;
+                    if team[..i].contains(&dev) {
+                        return Err(Error::AlreadyEnrolled { device: dev });
+                    }
+                }
+                for (i, &dev) in team.iter().enumerate() {
+                    ctx.check_multicast_device(dev)?;
+                    ctx.check_clique(dev, &team[..i])?;
+                }
+                team
             }
-        }
-        for (i, &dev) in spec.devices.iter().enumerate() {
-            ctx.check_multicast_device(dev)?;
-            ctx.check_clique(dev, &spec.devices[..i])?;
-        }
+        };
         if props.counted_ops {
             // A team enrolled later: every device it could hold must have it.
             let all = if devices.is_empty() {
