@@ -17,7 +17,9 @@
 //!   raw driver call it makes: `reserve_one` / `id_reserve`, `create` /
 //!   `create` (and `get_limits` + `create`), `wait` on an endpoint ready at the
 //!   first query / one `query`, `wait_all` on that one endpoint, `bind` / `bind_mem`, `Binding::unbind` /
-//!   `unbind`, `destroy` / `destroy`, `release` / `id_release`.
+//!   `unbind`, `destroy` / `destroy`, `release` / `id_release`; and reserve
+//!   and release without the context's spare range (`reserve_one_no_spare`,
+//!   `release_spare_full`).
 //!
 //! Only the benchmark function is counted. Its input (a context, one
 //! allocation, the endpoint or id in the state the transition starts from)
@@ -199,6 +201,41 @@ fn reserve_one_typed(ctx: &'static Context) -> cuda_endpoints::Result<Endpoint> 
     ctx.reserve_one()
 }
 
+// Without a spare range: a context reuses the one-id range it released
+// last (see `Context::reserve_one`); these two measure the case where it has
+// none to hand (several endpoints alive at once) and where `release` finds
+// the spare taken and frees the older one.
+
+/// The context with its spare taken by an endpoint kept alive.
+fn s_context_no_spare() -> &'static Context {
+    let ctx = &world().0;
+    std::mem::forget(ctx.reserve_one().expect("reserve"));
+    ctx
+}
+
+/// A reserved endpoint, with the context's spare slot filled by another.
+fn s_reserved_spare_full() -> Endpoint {
+    let ctx = &world().0;
+    let (a, b) = (
+        ctx.reserve_one().expect("reserve"),
+        ctx.reserve_one().expect("reserve"),
+    );
+    b.release().expect("release");
+    a
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_context_no_spare, teardown = ok)]
+fn reserve_one_no_spare_typed(ctx: &'static Context) -> cuda_endpoints::Result<Endpoint> {
+    ctx.reserve_one()
+}
+
+#[library_benchmark]
+#[bench::null(setup = s_reserved_spare_full, teardown = ok)]
+fn release_spare_full_typed(ep: Endpoint) -> cuda_endpoints::Result<()> {
+    ep.release()
+}
+
 #[library_benchmark]
 #[bench::null(setup = s_raw_driver, teardown = ok)]
 fn reserve_one_raw(d: &'static dyn Driver) -> DriverResult<u32> {
@@ -338,6 +375,7 @@ library_benchmark_group!(
     benchmarks = [
         reserve_one_typed,
         reserve_one_raw,
+        reserve_one_no_spare_typed,
         create_typed,
         create_raw,
         create_raw_with_limits,
@@ -351,7 +389,8 @@ library_benchmark_group!(
         destroy_typed,
         destroy_raw,
         release_typed,
-        release_raw
+        release_raw,
+        release_spare_full_typed
     ]
 );
 

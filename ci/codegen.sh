@@ -36,8 +36,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Budgets (rustc 1.95.0, x86-64; see 3. above).
-TYPED_BEFORE_CALL_MAX=20
-TYPED_TOTAL_MAX=72
+TYPED_BEFORE_CALL_MAX=15
+TYPED_TOTAL_MAX=67
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

@@ -16,7 +16,7 @@ use crate::endpoint::Endpoint;
 use crate::error::{Alignment, Arg, Error, Extent, Result, Role, Rule};
 use crate::kind::{Accepts, CanBind, Kind};
 use crate::memory::{BindSource, Target};
-use crate::range::{Bound, RangeInner};
+use crate::range::{Bound, RangeInner, Slot};
 use crate::state::{IsReady, State};
 
 /// A live binding of memory to a ready endpoint on one device.
@@ -87,12 +87,77 @@ impl Binding<'_> {
                 .unbind(self.id, self.dev, self.offset, self.size)
         };
         ctx.check(Call::Unbind, r)?;
-        let mut slot = self.range.slot(self.id);
-        let keep = slot.take_binding(self.dev, self.offset);
-        drop(slot);
+        let keep = take_record(&mut self.range.slot(self.id), self.dev, self.offset);
         drop(keep); // may release the memory: outside the lock
         Ok(())
     }
+}
+
+/// The error of a bind whose offset, size, memory offset or address is not
+/// a multiple of the bind alignment (R5.3): the first such value, with a
+/// suggestion (rounded up, else down) that is itself valid where it can be.
+#[cold]
+#[inline(never)]
+fn misaligned(
+    align: u64,
+    ep_size: u64,
+    offset: u64,
+    size: u64,
+    mem_offset: u64,
+    mem_size: u64,
+    addr: Option<u64>,
+) -> Error {
+    let fit = |limit: u64, other: u64| limit.saturating_sub(other);
+    let values = [
+        (Arg::BindOffset, offset, fit(ep_size, size)),
+        (
+            Arg::BindSize,
+            size,
+            fit(ep_size, offset).min(fit(mem_size, mem_offset)),
+        ),
+        (Arg::MemoryOffset, mem_offset, fit(mem_size, size)),
+    ];
+    let (what, v, most) = values
+        .into_iter()
+        .chain(addr.map(|a| (Arg::DeviceAddress, a, u64::MAX)))
+        .find(|&(_, v, _)| !v.is_multiple_of(align))
+        .unwrap_or((Arg::BindOffset, offset, fit(ep_size, size)));
+    let down = v / align * align;
+    let suggested = v
+        .checked_next_multiple_of(align)
+        .filter(|&up| up <= most)
+        .unwrap_or(down);
+    Error::Misaligned {
+        what,
+        value: v,
+        alignment: align,
+        alignment_kind: Alignment::BindAlignment,
+        suggested,
+        rule: Rule::R5_3,
+    }
+}
+
+/// Removes the record of the binding of `dev` at `offset` from `slot` and
+/// returns the memory it kept alive, to be dropped outside the lock. Only that field moves: the
+/// last record takes the removed one's place.
+#[inline]
+fn take_record(
+    slot: &mut Slot,
+    dev: Device,
+    offset: u64,
+) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+    let b = &mut slot.bindings;
+    let i = b.iter().position(|r| r.dev == dev && r.offset == offset)?;
+    let keep = b[i]._keep.take();
+    let last = b.len() - 1;
+    if i != last {
+        b.swap(i, last);
+    }
+    // SAFETY: the record at `last` is the one found, whose only field with
+    // a destructor (`_keep`) was taken just above: shortening the list by it
+    // leaks nothing and drops nothing twice.
+    unsafe { b.set_len(last) };
+    keep
 }
 
 /// A binding without its borrow, for owners that keep the endpoint and the
@@ -322,39 +387,27 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             },
             Target::Handle(_) => None,
         };
-        for (what, v) in [
-            (Arg::BindOffset, offset),
-            (Arg::BindSize, size),
-            (Arg::MemoryOffset, mem_offset),
-        ]
-        .into_iter()
-        .chain(addr.map(|(what, a, _)| (what, a)))
-        {
-            if !v.is_multiple_of(align) {
-                // The largest each value may be, so that the suggestion
-                // (rounded up, else down) is itself valid where it can be;
-                // computed on the error path only.
-                let fit = |limit: u64, other: u64| limit.saturating_sub(other);
-                let most = match what {
-                    Arg::BindOffset => fit(facts.size, size),
-                    Arg::BindSize => fit(facts.size, offset).min(fit(mem_size, mem_offset)),
-                    Arg::MemoryOffset => fit(mem_size, size),
-                    _ => u64::MAX,
-                };
-                let down = v / align * align;
-                let suggested = v
-                    .checked_next_multiple_of(align)
-                    .filter(|&up| up <= most)
-                    .unwrap_or(down);
-                return Err(Error::Misaligned {
-                    what,
-                    value: v,
-                    alignment: align,
-                    alignment_kind: Alignment::BindAlignment,
-                    suggested,
-                    rule: Rule::R5_3,
-                });
-            }
+        // One test for all values on the success path (for a power-of-two
+        // alignment, the usual case, one `or` and one `and`); which value is
+        // off, and the suggestion, on the error path only.
+        let addr_v = addr.map_or(0, |(_, a, _)| a);
+        let aligned = if align.is_power_of_two() {
+            (offset | size | mem_offset | addr_v) & (align - 1) == 0
+        } else {
+            [offset, size, mem_offset, addr_v]
+                .iter()
+                .all(|v| v.is_multiple_of(align))
+        };
+        if !aligned {
+            return Err(misaligned(
+                align,
+                facts.size,
+                offset,
+                size,
+                mem_offset,
+                mem_size,
+                addr.map(|(_, a, _)| a),
+            ));
         }
         if mem_offset.checked_add(size).is_none_or(|e| e > mem_size) {
             return Err(out(Extent::Allocation, mem_offset, mem_size));
@@ -428,10 +481,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
         };
         if let Err(code) = r {
-            let kept = {
-                let mut slot = self.slot();
-                slot.take_binding(dev, offset)
-            };
+            let kept = take_record(&mut self.slot(), dev, offset);
             drop(kept); // may release the memory: outside the lock
             return Err(ctx.error(call, code));
         }

@@ -28,6 +28,10 @@ pub struct Context {
 
 struct Inner {
     driver: Arc<dyn Driver>,
+    /// `&*driver`, computed once: every call of the typed API reaches the
+    /// backend through it without recomputing where the `Arc` keeps its
+    /// value (a load of the vtable's alignment and three instructions).
+    driver_ref: DriverRef,
     device_count: OnceLock<i32>,
     /// Cached once the driver answered; a failed query is asked again.
     version: OnceLock<i32>,
@@ -36,7 +40,18 @@ struct Inner {
     /// imported), and the id holding each: one table shared by every
     /// context of the process ([`Driver::process_scope`], R9).
     attached: Arc<Attached>,
+    /// The last released one-id range, for the next `reserve(1)`.
+    spare: crate::range::Spare,
 }
+
+/// A pointer to the value of [`Inner::driver`].
+struct DriverRef(*const dyn Driver);
+
+// SAFETY: it points to a `dyn Driver`, which is `Send + Sync`, kept alive by
+// the `Arc` beside it in the same `Inner` and never written through.
+unsafe impl Send for DriverRef {}
+// SAFETY: as above.
+unsafe impl Sync for DriverRef {}
 
 /// Teardown errors not yet taken, and how many were let go.
 #[derive(Default)]
@@ -90,10 +105,12 @@ impl Context {
         Context {
             inner: Arc::new(Inner {
                 attached: attached_table(&driver),
+                driver_ref: DriverRef(Arc::as_ptr(&driver)),
                 driver,
                 device_count: OnceLock::new(),
                 version: OnceLock::new(),
                 teardown: Mutex::new(Teardown::default()),
+                spare: Default::default(),
             }),
         }
     }
@@ -198,10 +215,14 @@ impl Context {
 
     /// Reserves one id.
     ///
+    /// The context keeps the allocation of the last one-id range given back
+    /// with [`Endpoint::release`] and reuses it here, so a program that
+    /// reserves and releases one id at a time allocates once.
+    ///
     /// # Errors
     /// As [`Context::reserve`].
     pub fn reserve_one(&self) -> Result<Endpoint<Reserved>> {
-        Ok(self.reserve(1)?.first())
+        IdRange::reserve_one(self)
     }
 
     /// [`decide`] on this context's backend: which backend a multicast team
@@ -212,13 +233,23 @@ impl Context {
 
     /// The backend. Crate-private: safe code reaches the driver only through
     /// the typed API (see [`Driver`]'s `# Safety`).
+    #[inline]
     pub(crate) fn driver(&self) -> &dyn Driver {
-        &*self.inner.driver
+        // SAFETY: `driver_ref` points to the value of `inner.driver`, which
+        // lives (and never moves: it is in an `Arc`) as long as `inner`, so
+        // at least as long as `&self`.
+        unsafe { &*self.inner.driver_ref.0 }
+    }
+
+    /// The spare one-id range (see [`crate::range::Spare`]).
+    pub(crate) fn spare(&self) -> &crate::range::Spare {
+        &self.inner.spare
     }
 
     /// The backend's calls that are safe to make (queries).
+    #[inline]
     pub(crate) fn queries(&self) -> crate::driver::Queries<'_> {
-        crate::driver::Queries(&*self.inner.driver)
+        crate::driver::Queries(self.driver())
     }
 
     /// The backend, shared, for raw calls beside the typed API.
@@ -324,10 +355,18 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::Driver`] from `cuDeviceGetCount`.
+    #[inline]
     pub fn device_count(&self) -> Result<i32> {
-        if let Some(&n) = self.inner.device_count.get() {
-            return Ok(n);
+        match self.inner.device_count.get() {
+            Some(&n) => Ok(n),
+            None => self.device_count_first(),
         }
+    }
+
+    /// [`Context::device_count`] before the driver answered once.
+    #[cold]
+    #[inline(never)]
+    fn device_count_first(&self) -> Result<i32> {
         let n = self.check(Call::DeviceGetCount, self.queries().device_count())?;
         Ok(*self.inner.device_count.get_or_init(|| n))
     }
@@ -344,6 +383,7 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::NoSuchDevice`].
+    #[inline]
     pub fn check_device(&self, dev: impl Into<Device>) -> Result<()> {
         let dev = dev.into();
         let count = self.device_count()?;

@@ -106,12 +106,27 @@ fn forget_endpoint(range: &RangeInner, id: u32) {
     // SAFETY: only the owner of the endpoint on `id` destroys it (see
     // `destroy_now`), so no other reference to its facts exists.
     *unsafe { range.facts_mut(id) } = Facts::default();
-    let (bindings, fabric) = {
-        let mut slot = range.slot(id);
-        // Nothing bound (the usual case): no list to move out.
-        let bindings = (!slot.bindings.is_empty()).then(|| slot.reset());
-        (bindings, slot.take_fabric())
-    };
+    let mut slot = range.slot(id);
+    // Nothing bound and nothing exported (the usual case): nothing to move
+    // out of the slot.
+    if slot.bindings.is_empty() && slot.fabric().is_none() {
+        return;
+    }
+    let bindings = slot.reset();
+    let fabric = slot.take_fabric();
+    drop(slot);
+    forget_rest(range, bindings, fabric);
+}
+
+/// The cold part of [`forget_endpoint`]: the fabric handle detached and the
+/// memory released, outside the slot's lock.
+#[cold]
+#[inline(never)]
+fn forget_rest(
+    range: &RangeInner,
+    bindings: smallvec::SmallVec<[crate::range::Bound; 1]>,
+    fabric: Option<[u8; 64]>,
+) {
     if let Some(f) = fabric {
         range.ctx.detach(&f);
     }
@@ -362,22 +377,27 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let owner;
         let devices: &[Device] = match props.shape {
             Shape::Unicast { owner: o } => {
+                // One device: it exists, and there is nothing to compare it with.
+                ctx.check_device(o)?;
                 owner = [o];
                 &owner
             }
             Shape::Multicast { num_devices: 0 } => return Err(Error::EmptyTeam),
-            Shape::Multicast { .. } => &spec.devices,
-        };
-        for (i, &dev) in devices.iter().enumerate() {
-            ctx.check_device(dev)?;
-            if devices[..i].contains(&dev) {
-                return Err(Error::AlreadyEnrolled { device: dev });
+            Shape::Multicast { .. } => {
+                let team = &spec.devices[..];
+                for (i, &dev) in team.iter().enumerate() {
+                    ctx.check_device(dev)?;
+                    if team[..i].contains(&dev) {
+                        return Err(Error::AlreadyEnrolled { device: dev });
+                    }
+                }
+                for (i, &dev) in team.iter().enumerate() {
+                    ctx.check_multicast_device(dev)?;
+                    ctx.check_clique(dev, &team[..i])?;
+                }
+                team
             }
-        }
-        for (i, &dev) in spec.devices.iter().enumerate() {
-            ctx.check_multicast_device(dev)?;
-            ctx.check_clique(dev, &spec.devices[..i])?;
-        }
+        };
         if props.counted_ops {
             // Attribute 155 is a device's (cuda.h: "Device supports counted
             // operations via logical endpoints"): the devices that take part
@@ -400,7 +420,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             .get_limits(props)
             .map_err(|code| ctx.error_for(Call::GetLimits, code, Some(&props)))?;
         let align = limits.bind_alignment.max(1);
-        let largest = limits.max_size / align * align;
+        // The largest valid size, for the suggestions: error paths only.
+        let largest = || limits.max_size / align * align;
         if props.size == 0 {
             return Err(Error::ZeroSize {
                 what: Arg::EndpointSize,
@@ -412,7 +433,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             return Err(Error::SizeTooLarge {
                 requested: props.size,
                 max_size: limits.max_size,
-                suggested: largest,
+                suggested: largest(),
             });
         }
         if !props.size.is_multiple_of(align) {
@@ -422,7 +443,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 value: props.size,
                 alignment: align,
                 alignment_kind: Alignment::BindAlignment,
-                suggested: if up <= limits.max_size { up } else { largest },
+                suggested: if up <= limits.max_size { up } else { largest() },
                 rule: Rule::R2_3,
             });
         }

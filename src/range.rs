@@ -15,6 +15,7 @@ use std::any::Any;
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
@@ -81,22 +82,6 @@ impl Slot {
     /// they keep alive is dropped by the caller, outside the lock.
     pub fn reset(&mut self) -> SmallVec<[Bound; 1]> {
         std::mem::take(&mut self.bindings)
-    }
-
-    /// Takes the binding of `dev` at `offset` out of the list, to be dropped
-    /// (with the memory it keeps alive) outside the lock.
-    pub fn take_binding(&mut self, dev: Device, offset: u64) -> Option<Bound> {
-        let i = self
-            .bindings
-            .iter()
-            .position(|b| b.dev == dev && b.offset == offset)?;
-        // The last one (the usual case: one binding) without `swap_remove`'s
-        // swap of the element with itself.
-        if i + 1 == self.bindings.len() {
-            self.bindings.pop()
-        } else {
-            Some(self.bindings.swap_remove(i))
-        }
     }
 }
 
@@ -233,7 +218,9 @@ struct Record {
 const _: () = assert!(std::mem::size_of::<Record>() == 96);
 
 pub(crate) struct RangeInner {
-    pub ctx: Context,
+    /// Its context; none while the range is the context's spare (see
+    /// [`Spare`]), or the two would keep each other alive.
+    pub ctx: RangeContext,
     /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`]).
     pub base: u32,
     pub count: u32,
@@ -243,13 +230,72 @@ pub(crate) struct RangeInner {
     /// allocated at the exact count.
     records: SmallVec<[Record; 1]>,
     released: bool,
+    /// The context's spare: released, `ctx` already let go.
+    spare: bool,
+}
+
+/// The context of a range, read as a `&Context` without a test: it is
+/// missing only while the range is its context's spare, and a spare is
+/// reached only through [`Spare`], which gives it a context again before
+/// anyone else sees it. (An `Option`, not a `ManuallyDrop`: a panic while a
+/// range is dropped still drops its context.)
+pub(crate) struct RangeContext(Option<Context>);
+
+impl std::ops::Deref for RangeContext {
+    type Target = Context;
+
+    #[inline]
+    fn deref(&self) -> &Context {
+        // SAFETY: `None` only in a spare range (above), whose context no
+        // code reads: `reuse` sets it before the range leaves the `Spare`,
+        // and `RangeInner::drop` returns early for a spare.
+        unsafe { self.0.as_ref().unwrap_unchecked() }
+    }
+}
+
+/// A context's spare one-id range: the allocation of the last one-id range
+/// released through [`release_shared`], kept for the next `reserve(1)`, so
+/// that a program that reserves and releases one id at a time (the usual
+/// lifecycle) allocates once, not once per lifecycle, and builds no record
+/// on the stack to copy in. At most one per context; freed with the context.
+#[derive(Default)]
+pub(crate) struct Spare(AtomicPtr<RangeInner>);
+
+impl Spare {
+    /// The spare, if there is one (it is taken: no one else can have it).
+    fn take(&self) -> Option<Arc<RangeInner>> {
+        let p = self.0.swap(std::ptr::null_mut(), Ordering::Acquire);
+        // SAFETY: a non-null pointer here came from `Arc::into_raw` in
+        // `put` and was swapped out atomically, so this is its one owner.
+        (!p.is_null()).then(|| unsafe { Arc::from_raw(p.cast_const()) })
+    }
+
+    /// Keeps `range` (released, unique, one id, reset) as the spare; an older
+    /// spare is freed.
+    fn put(&self, range: Arc<RangeInner>) {
+        let old = self
+            .0
+            .swap(Arc::into_raw(range).cast_mut(), Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: as in `take`: the pointer swapped out is owned here.
+            drop(unsafe { Arc::from_raw(old.cast_const()) });
+        }
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
 }
 
 impl RangeInner {
+    #[inline]
     fn record(&self, id: u32) -> &Record {
         &self.records[(id - self.base) as usize]
     }
 
+    #[inline]
     pub fn slot(&self, id: u32) -> SlotGuard<'_> {
         let shared = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let slot = NonNull::from(&self.record(id).slot.0).cast::<Slot>();
@@ -279,6 +325,7 @@ impl RangeInner {
     /// # Safety
     /// The caller holds the [`Endpoint`] of `id` or a shared borrow of it,
     /// for as long as the returned reference lives, and no `&mut` of it.
+    #[inline]
     pub unsafe fn facts(&self, id: u32) -> &Facts {
         // SAFETY: by the caller's contract no write can happen while the
         // returned borrow lives (writes need the endpoint's `&mut`).
@@ -291,10 +338,34 @@ impl RangeInner {
     /// The caller holds the [`Endpoint`] of `id` by value or through `&mut`,
     /// for as long as the returned reference lives: no other reference to
     /// these facts exists.
+    #[inline]
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn facts_mut(&self, id: u32) -> &mut Facts {
         // SAFETY: by the caller's contract this is the only reference.
         unsafe { &mut *self.record(id).facts.0.get() }
+    }
+
+    /// Resets the one record of a released range for reuse as the spare;
+    /// `false` (keep it out) when something is left in it.
+    fn make_spare(&mut self) -> bool {
+        let shared = self.lock.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !shared.fabric.is_empty() || shared.fabric.capacity() != 0 {
+            return false;
+        }
+        let Some(rec) = self.records.first_mut() else {
+            return false;
+        };
+        let slot = rec.slot.0.get_mut();
+        if !slot.bindings.is_empty() || slot.bindings.spilled() {
+            return false;
+        }
+        let facts = rec.facts.0.get_mut();
+        if facts.devices.spilled() {
+            return false;
+        }
+        *facts = Facts::default();
+        self.spare = true;
+        true
     }
 
     fn release_now(&mut self) -> Result<()> {
@@ -335,6 +406,9 @@ impl RangeInner {
 
 impl Drop for RangeInner {
     fn drop(&mut self) {
+        if self.spare {
+            return; // released, and its context let go when it became the spare
+        }
         if !self.released
             && let Err(e) = self.release_now()
         {
@@ -369,47 +443,27 @@ impl IdRange {
                 rule: Some(crate::error::Rule::R1_3),
             });
         }
-        let base = ctx.check(Call::IdReserve, ctx.queries().id_reserve(count))?;
-        // Every id of the range is `base + i` below `base + count`: checked
-        // once here, so that no later sum (splitting, `Debug`, release in
-        // `Drop`) can overflow.
-        if base.checked_add(count).is_none() {
-            // SAFETY: the ids the driver just reserved, never handed out.
-            let r = unsafe { ctx.driver().id_release(base, count) };
-            if let Err(code) = r {
-                ctx.record_teardown(ctx.error(Call::IdRelease, code));
-            }
-            return Err(crate::Error::BadAnswer {
-                call: Call::IdReserve,
-                what: crate::error::Answer::IdBase,
-                value: u64::from(base),
-            });
+        let base = reserve_ids(ctx, count)?;
+        if count == 1
+            && let Some(spare) = reuse(ctx, base)
+        {
+            return Ok(IdRange { inner: spare });
         }
-        let record = || Record {
-            facts: OwnerCell(UnsafeCell::new(Facts::default())),
-            slot: LockedCell(UnsafeCell::new(Slot::default())),
-        };
-        // One id (`reserve_one`, the common case) without the generic
-        // `collect`, which costs more than the record it builds. Many at
-        // their exact count: `collect` would round the allocation up to a
-        // power of two (131 072 records for 100 000 ids).
-        let records = if count == 1 {
-            smallvec::smallvec![record()]
-        } else {
-            let mut records = SmallVec::with_capacity(count as usize);
-            records.extend((0..count).map(|_| record()));
-            records
-        };
         Ok(IdRange {
-            inner: Arc::new(RangeInner {
-                ctx: ctx.clone(),
-                base,
-                count,
-                lock: Mutex::default(),
-                records,
-                released: false,
-            }),
+            inner: fresh(ctx, base, count),
         })
+    }
+
+    /// One id as an endpoint (`Context::reserve_one`): the context's spare
+    /// range when it has one, else a new one.
+    #[inline]
+    pub(crate) fn reserve_one(ctx: &Context) -> Result<Endpoint<Reserved, NoKind>> {
+        let base = reserve_ids(ctx, 1)?;
+        let inner = match reuse(ctx, base) {
+            Some(spare) => spare,
+            None => fresh(ctx, base, 1),
+        };
+        Ok(Endpoint::from_parts(inner, base))
     }
 
     /// The first id.
@@ -449,13 +503,6 @@ impl IdRange {
         }))
     }
 
-    /// The first id as an endpoint; the rest (if any) stay with the range.
-    pub(crate) fn first(self) -> Endpoint<Reserved, NoKind> {
-        // The range's own reference moves into the endpoint: no clone.
-        let base = self.inner.base;
-        Endpoint::from_parts(self.inner, base)
-    }
-
     /// Releases the ids now (`cuLogicalEndpointIdRelease`, R1).
     ///
     /// # Errors
@@ -466,13 +513,114 @@ impl IdRange {
     }
 }
 
+/// `cuLogicalEndpointIdReserve` of `count` ids; the base, checked so that
+/// every id of the range is `base + i` below `base + count`: checked once
+/// here, so that no later sum (splitting, `Debug`, release in `Drop`) can
+/// overflow.
+#[inline]
+fn reserve_ids(ctx: &Context, count: u32) -> Result<u32> {
+    match ctx.queries().id_reserve(count) {
+        Ok(base) if base.checked_add(count).is_some() => Ok(base),
+        r => Err(reserve_failed(ctx, count, r)),
+    }
+}
+
+/// The error of a failed [`reserve_ids`]; ids the driver reserved past
+/// `u32::MAX` are given back.
+#[cold]
+#[inline(never)]
+fn reserve_failed(ctx: &Context, count: u32, r: crate::driver::DriverResult<u32>) -> crate::Error {
+    match r {
+        Err(code) => ctx.error(Call::IdReserve, code),
+        Ok(base) => {
+            // SAFETY: the ids the driver just reserved, never handed out.
+            let r = unsafe { ctx.driver().id_release(base, count) };
+            if let Err(code) = r {
+                ctx.record_teardown(ctx.error(Call::IdRelease, code));
+            }
+            crate::Error::BadAnswer {
+                call: Call::IdReserve,
+                what: crate::error::Answer::IdBase,
+                value: u64::from(base),
+            }
+        }
+    }
+}
+
+/// The context's spare range, for the one id `base`, if it has one.
+#[inline]
+fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
+    let mut spare = ctx.spare().take()?;
+    let inner = Arc::get_mut(&mut spare)?;
+    // Reused in place: its one record was reset when it became the spare,
+    // and it holds no context until now.
+    // The spare has no context: nothing to drop (forgetting `None` skips
+    // the test for one).
+    std::mem::forget(inner.ctx.0.replace(ctx.clone()));
+    inner.base = base;
+    inner.released = false;
+    inner.spare = false;
+    Some(spare)
+}
+
+/// A new range of `count` ids from `base`, with one empty record per id.
+#[inline(never)]
+fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
+    let record = || Record {
+        facts: OwnerCell(UnsafeCell::new(Facts::default())),
+        slot: LockedCell(UnsafeCell::new(Slot::default())),
+    };
+    // One id (`reserve_one`, the common case) without the generic
+    // `collect`, which costs more than the record it builds. Many at
+    // their exact count: `collect` would round the allocation up to a
+    // power of two (131 072 records for 100 000 ids).
+    let records = if count == 1 {
+        smallvec::smallvec![record()]
+    } else {
+        let mut records = SmallVec::with_capacity(count as usize);
+        records.extend((0..count).map(|_| record()));
+        records
+    };
+    Arc::new(RangeInner {
+        ctx: RangeContext(Some(ctx.clone())),
+        base,
+        count,
+        lock: Mutex::default(),
+        records,
+        released: false,
+        spare: false,
+    })
+}
+
 /// Releases `range` now if `this` was its last holder; else just lets go.
 pub(crate) fn release_shared(mut range: Arc<RangeInner>) -> Result<()> {
     // The last holder releases in place: moving the records out of the
     // allocation (`into_inner`) would copy them for nothing. The `Drop` that
     // follows finds the range released and only frees it.
     if let Some(inner) = Arc::get_mut(&mut range) {
-        return inner.release_now();
+        if inner.count == 1 && !inner.orphaned(inner.base) {
+            // One id, no orphan to destroy first (the usual case): the
+            // release alone, without `release_now`'s pass over the ids.
+            inner.released = true;
+            // SAFETY: the range's last owner is gone and its one id holds
+            // no endpoint (not an orphan, and every `Endpoint` is gone), R1.2.
+            let r = unsafe { inner.ctx.driver().id_release(inner.base, 1) };
+            if let Err(code) = r {
+                return Err(inner.ctx.error(Call::IdRelease, code));
+            }
+        } else {
+            inner.release_now()?;
+        }
+        if inner.count == 1
+            && inner.make_spare()
+            && let Some(ctx) = inner.ctx.0.take()
+        {
+            // The range is released, unique and reset: from now on only the
+            // context's `Spare` reaches it. The context moves out of it (no
+            // reference count touched) and lives until the range is stored.
+            ctx.spare().put(range);
+        }
+        return Ok(());
     }
     // Shared: `into_inner` decides atomically which of racing holders is last.
     match Arc::into_inner(range) {

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::driver::Call;
+use crate::driver::{Call, DriverResult};
 use crate::endpoint::{Endpoint, Readiness};
 use crate::error::{Error, Failed, Result};
 use crate::kind::{Kind, TeamIsComplete};
@@ -92,6 +92,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// # Errors
     /// [`Error::Driver`] from the query (R4.5: a clique error can surface
     /// here); the endpoint comes back pending.
+    #[inline]
     pub fn poll(self) -> Result<Readiness<K>, Failed<Self>>
     where
         S: CanQuery,
@@ -111,15 +112,39 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// # Errors
     /// [`Error::Timeout`] (with the number of queries made) or [`Error::Driver`];
     /// the endpoint comes back pending either way.
+    #[inline]
     pub fn wait(self, timeout: Duration) -> Result<Endpoint<Ready, K::Ready>, Failed<Self>>
     where
         S: CanQuery,
         K::Complete: TeamIsComplete,
     {
+        // The first query inline: an endpoint ready at once costs the call
+        // and the state change; waiting (and any error) is out of line.
+        let ctx = self.context();
+        match ctx.queries().query(self.id(), 1) {
+            Ok(true) => Ok(self.cast()),
+            first => self.wait_more(timeout, first),
+        }
+    }
+
+    /// [`Endpoint::wait`] after a first query that did not report the
+    /// endpoint ready.
+    #[cold]
+    #[inline(never)]
+    fn wait_more(
+        self,
+        timeout: Duration,
+        first: crate::driver::DriverResult<bool>,
+    ) -> Result<Endpoint<Ready, K::Ready>, Failed<Self>>
+    where
+        S: CanQuery,
+        K::Complete: TeamIsComplete,
+    {
         let mut backoff = Backoff::new();
+        backoff.polls = 1;
+        let mut answer = self.context().check(Call::Query, first);
         loop {
-            backoff.polls += 1;
-            match query(self.range(), self.id(), 1) {
+            match answer {
                 Ok(true) => return Ok(self.cast()),
                 Ok(false) => {}
                 Err(error) => return Err(Failed { error, value: self }),
@@ -132,6 +157,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 };
                 return Err(Failed { error, value: self });
             }
+            backoff.polls += 1;
+            answer = query(self.range(), self.id(), 1);
         }
     }
 }
@@ -153,6 +180,7 @@ pub type ReadyList<K> = Vec<Endpoint<Ready, <K as Kind>::Ready>>;
 /// # Errors
 /// [`Error::Timeout`] or [`Error::Driver`], with every endpoint handed back
 /// pending.
+#[inline]
 pub fn wait_all<K: Kind>(
     endpoints: Vec<Endpoint<Pending, K>>,
     timeout: Duration,
@@ -161,15 +189,44 @@ where
     K::Complete: TeamIsComplete,
 {
     if let [ep] = endpoints.as_slice() {
-        // One endpoint: its one query, without sorting or a list of runs.
-        return match wait_ids(ep.range(), ep.id(), 1, timeout) {
-            Ok(()) => Ok(Endpoint::cast_vec(endpoints)),
-            Err(error) => Err(Failed {
-                error,
-                value: endpoints,
-            }),
-        };
+        // One endpoint: its one query, without sorting or a list of runs;
+        // ready at once, inline, as `Endpoint::wait`.
+        let first = ep.context().queries().query(ep.id(), 1);
+        if let Ok(true) = first {
+            return Ok(Endpoint::cast_vec(endpoints));
+        }
+        return wait_all_one_more(endpoints, timeout, first);
     }
+    wait_all_runs(endpoints, timeout)
+}
+
+/// [`wait_all`] of one endpoint after a first query that did not report it
+/// ready.
+#[cold]
+#[inline(never)]
+fn wait_all_one_more<K: Kind>(
+    endpoints: Vec<Endpoint<Pending, K>>,
+    timeout: Duration,
+    first: DriverResult<bool>,
+) -> Result<ReadyList<K>, Failed<PendingList<K>>> {
+    let r = match endpoints.first() {
+        Some(ep) => wait_ids_after(ep.range(), ep.id(), 1, timeout, first),
+        None => Ok(()),
+    };
+    match r {
+        Ok(()) => Ok(Endpoint::cast_vec(endpoints)),
+        Err(error) => Err(Failed {
+            error,
+            value: endpoints,
+        }),
+    }
+}
+
+/// [`wait_all`] of several endpoints: one query per run of ids.
+fn wait_all_runs<K: Kind>(
+    endpoints: Vec<Endpoint<Pending, K>>,
+    timeout: Duration,
+) -> Result<ReadyList<K>, Failed<PendingList<K>>> {
     // Runs of consecutive ids within one range. In the order given when it
     // is sorted already (a range split by `into_endpoints`, in id order): one
     // pass, no index of the endpoints, so waiting for a range costs a few
@@ -274,10 +331,24 @@ fn runs_of<'a, S: State + 'a, K: Kind + 'a>(
 /// endpoint there constructed (R3.5), with the back-off of [`Endpoint::wait`].
 #[inline]
 pub(crate) fn wait_ids(range: &RangeInner, base: u32, count: u32, timeout: Duration) -> Result<()> {
+    let first = range.ctx.queries().query(base, count);
+    wait_ids_after(range, base, count, timeout, first)
+}
+
+/// [`wait_ids`] from the answer of its first query.
+#[inline]
+fn wait_ids_after(
+    range: &RangeInner,
+    base: u32,
+    count: u32,
+    timeout: Duration,
+    first: DriverResult<bool>,
+) -> Result<()> {
     let mut backoff = Backoff::new();
+    let mut answer = range.ctx.check(Call::Query, first);
     loop {
         backoff.polls += 1;
-        if query(range, base, count)? {
+        if answer? {
             return Ok(());
         }
         if !backoff.pause(timeout) {
@@ -287,5 +358,6 @@ pub(crate) fn wait_ids(range: &RangeInner, base: u32, count: u32, timeout: Durat
                 polls: backoff.polls,
             });
         }
+        answer = query(range, base, count);
     }
 }

@@ -259,3 +259,39 @@ fn a_panic_inside_each_driver_call_of_a_lifecycle_leaks_nothing_and_repeats_noth
     assert!(backend >= 12, "{backend} panics");
     assert_eq!(backend, layer, "the same calls, through either way");
 }
+
+/// Issue 13: a range's context is an `Option` (none only while the range is
+/// the context's spare), not a `ManuallyDrop`, so that a panic inside the
+/// release — from `release` or from the range's `Drop` — still lets go of
+/// the context: nothing keeps the driver alive once the context is dropped.
+#[test]
+fn a_panic_inside_a_release_still_lets_go_of_the_context() {
+    quiet();
+    let model = Model::new(ModelConfig::node(1));
+    let plan = Arc::new(Countdown::new(Call::IdRelease, 2));
+    let driver: Arc<dyn Driver> = Arc::new(PanicAfter {
+        inner: model.clone(),
+        plan: plan.clone(),
+    });
+    let ctx = Context::from_arc(driver.clone());
+    // The first release makes the context's spare; the second, explicit,
+    // panics; the third, from `Drop`, panics too.
+    ctx.reserve_one().unwrap().release().unwrap();
+    let ep = ctx.reserve_one().unwrap();
+    let r = catch_unwind(AssertUnwindSafe(|| ep.release()));
+    assert!(r.expect_err("planned").is::<Planned>());
+    let plan2 = Arc::new(Countdown::new(Call::IdRelease, 1));
+    let driver2: Arc<dyn Driver> = Arc::new(PanicAfter {
+        inner: model.clone(),
+        plan: plan2,
+    });
+    let ctx2 = Context::from_arc(driver2.clone());
+    let ep = ctx2.reserve_one().unwrap();
+    let r = catch_unwind(AssertUnwindSafe(|| drop(ep)));
+    assert!(r.expect_err("planned").is::<Planned>());
+    assert!(model.live_node().is_empty(), "{:?}", model.live_node());
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    drop((ctx, ctx2));
+    assert_eq!(Arc::strong_count(&driver), 1, "the context was kept");
+    assert_eq!(Arc::strong_count(&driver2), 1, "the context was kept");
+}

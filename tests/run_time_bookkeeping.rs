@@ -716,3 +716,51 @@ fn attribute_158_without_fabric_refuses_an_exportable_endpoint_before_the_driver
     uni.destroy().unwrap().release().unwrap();
     clean(&ctx, &model);
 }
+
+/// Issue 13: the range a one-id lifecycle releases is kept for the next
+/// `reserve_one` of its context, reset (no facts, no binding, no fabric
+/// handle, no orphan flag carried over), and freed with the context: the
+/// spare holds no reference to its context, so nothing keeps the driver alive.
+#[test]
+fn a_released_one_id_range_is_reused_reset_and_freed_with_its_context() {
+    let model = Model::new(ModelConfig::default());
+    let driver: Arc<dyn Driver> = Arc::new(model.clone());
+    let ctx = Context::from_arc(driver.clone());
+    let mem =
+        cuda_endpoints::Allocation::<cuda_endpoints::Private>::on_device(&ctx, Device(0), ALIGN)
+            .unwrap();
+    for round in 0..3 {
+        let ep = ctx.reserve_one().unwrap();
+        assert_eq!(
+            (ep.size(), ep.bind_alignment(), ep.devices()),
+            (0, 0, &[][..]),
+            "round {round}: a reused record starts empty"
+        );
+        let ep = ep
+            .create(Spec::unicast(Device(0), ALIGN))
+            .unwrap()
+            .wait(T)
+            .unwrap();
+        let b = ep.bind(Device(0), 0, &mem).unwrap();
+        if round == 1 {
+            // Forgotten: the endpoint keeps the memory until destroy.
+            std::mem::forget(b);
+        } else {
+            b.unbind().unwrap();
+        }
+        ep.destroy().unwrap().release().unwrap();
+    }
+    // A multi-id range is not kept; a one-id range dropped without
+    // `release` is released by its `Drop`.
+    let range = ctx.reserve(3).unwrap();
+    drop(range.into_endpoints());
+    drop(ctx.reserve_one().unwrap());
+    drop(mem);
+    clean(&ctx, &model);
+    drop(ctx);
+    assert_eq!(
+        Arc::strong_count(&driver),
+        1,
+        "the context's spare range must not keep the context (and its driver) alive"
+    );
+}
