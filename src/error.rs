@@ -919,9 +919,12 @@ impl Error {
 /// A failed consuming transition: the error, and the value it was called on,
 /// unchanged, so nothing leaks and the caller can retry or drop it.
 ///
-/// `Display` is one short sentence and [`std::error::Error::source`] is the
-/// [`Error`], so an error report that walks the chain shows the cause once.
-/// `?` into [`Error`] keeps only the error (and drops the value).
+/// Transparent: `Display` is the [`Error`]'s message and
+/// [`std::error::Error::source`] is the error's own source, so `{e}`, a
+/// report that walks the chain, and `?` into `Box<dyn Error>` all show the
+/// cause's wording once. `Debug` is the error's `Debug` and the type of the
+/// value that came back. `?` into [`Error`] keeps only the error (and drops
+/// the value).
 pub struct Failed<T> {
     /// What went wrong.
     pub error: Error,
@@ -936,24 +939,57 @@ impl<T> Failed<T> {
     }
 }
 
-// Hand-written: no `T: Debug` bound, so `?` works for any endpoint type.
+/// `T`'s name without module paths: `Endpoint<Reserved, NoKind>`, not
+/// `cuda_endpoints::endpoint::Endpoint<cuda_endpoints::state::Reserved, ..>`.
+fn short_type_name<T>() -> String {
+    let full = std::any::type_name::<T>();
+    let mut out = String::with_capacity(full.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        out.push_str(word.rsplit("::").next().unwrap_or(word));
+        word.clear();
+    };
+    for c in full.chars() {
+        if c.is_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// Shows a type name without quotes in a `Debug` struct.
+struct TypeName(String);
+
+impl fmt::Debug for TypeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+// Hand-written: no `T: Debug` bound, so `?` works for any endpoint type; the
+// value is named by its type.
 impl<T> fmt::Debug for Failed<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Failed")
             .field("error", &self.error)
-            .finish_non_exhaustive()
+            .field("value", &TypeName(short_type_name::<T>()))
+            .finish()
     }
 }
 
 impl<T> fmt::Display for Failed<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the call failed and handed its value back unchanged")
+        fmt::Display::fmt(&self.error, f)
     }
 }
 
 impl<T> std::error::Error for Failed<T> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
+        std::error::Error::source(&self.error)
     }
 }
 
@@ -987,15 +1023,28 @@ mod tests {
             error: Error::EmptyTeam,
             value: (),
         };
+        let cause = Error::EmptyTeam.to_string();
+        assert_eq!(f.to_string(), cause);
         let mut chain = vec![f.to_string()];
         let mut s = std::error::Error::source(&f);
         while let Some(e) = s {
             chain.push(e.to_string());
             s = e.source();
         }
-        assert_eq!(chain.len(), 2);
-        let cause = Error::EmptyTeam.to_string();
         assert_eq!(chain.iter().filter(|m| m.contains(&cause)).count(), 1);
+    }
+
+    #[test]
+    fn failed_debug_shows_the_error_and_which_value_came_back() {
+        let f = Failed {
+            error: Error::EmptyTeam,
+            value: Device(3),
+        };
+        let debug = format!("{f:?}");
+        assert_eq!(debug, "Failed { error: EmptyTeam, value: Device }");
+        let boxed: Box<dyn std::error::Error> = Box::new(f);
+        assert_eq!(boxed.to_string(), Error::EmptyTeam.to_string());
+        assert!(short_type_name::<Option<Vec<Device>>>() == "Option<Vec<Device>>");
     }
 
     #[test]

@@ -674,3 +674,74 @@ fn a_joiner_declaring_another_size_is_refused_and_fails_the_accept() {
         "{err:?}"
     );
 }
+
+#[test]
+fn a_joiner_declaring_another_size_aborts_the_admitted_ranks_at_once_naming_it() {
+    let _s = serial();
+    let (id, listener) = root(3);
+    let (admitted_tx, admitted_rx) = std::sync::mpsc::channel();
+    let rank1 = {
+        let id = id.clone();
+        std::thread::spawn(move || {
+            let boot = Tcp::join(&id, 1, 3, Duration::from_secs(10))?;
+            let _ = admitted_tx.send(());
+            let start = Instant::now();
+            let err = boot.allgather(b"x", Duration::from_secs(10)).map(|_| ());
+            Ok::<_, BootstrapError>((err, start.elapsed()))
+        })
+    };
+    let rank2 = std::thread::spawn(move || {
+        // Only once rank 1 is admitted, so the accept has someone to tell.
+        let _ = admitted_rx.recv_timeout(Duration::from_secs(10));
+        Tcp::join(&id, 2, 4, Duration::from_secs(10)).map(|_| ())
+    });
+    let err = listener
+        .accept(3, Duration::from_secs(10))
+        .expect_err("size 4 against 3");
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Mismatch {
+                peer: 2,
+                what: Mismatch::Size { ours: 3, theirs: 4 },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let refused = rank2.join().expect("rank 2").expect_err("refused");
+    assert!(
+        matches!(
+            refused,
+            BootstrapError::Refused {
+                rank: 2,
+                reason: Refusal::SizeMismatch
+            }
+        ),
+        "{refused:?}"
+    );
+    let (r, elapsed) = rank1.join().expect("rank 1").expect("rank 1 is admitted");
+    let err = r.expect_err("the job cannot form");
+    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}: {err}");
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Aborted {
+                rank: 1,
+                culprit: 2,
+                reason: AbortReason::JoinRefused {
+                    refusal: Refusal::SizeMismatch,
+                    declared: 4,
+                    size: 3
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("rank 2") && msg.contains("declared a job of 4 ranks, rank 0 one of 3"),
+        "{msg}"
+    );
+}

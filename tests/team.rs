@@ -178,12 +178,43 @@ fn a_team_declared_for_4_with_3_devices_fails_at_join_on_every_rank() {
         let e = e.as_ref().expect_err("must fail");
         assert_eq!((e.rank, e.step), (rank, Step::Join));
         assert!(matches!(
-            e.cause,
+            &e.cause,
             Cause::Mismatch(Mismatch::TeamSize {
                 declared: 4,
-                arriving: 3
-            })
+                arriving: 3,
+                brought,
+            }) if brought == &[1, 1, 1]
         ));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("1 missing; start one rank per missing device"),
+            "{msg}"
+        );
+    }
+    assert_clean(&model);
+}
+
+#[test]
+fn a_team_declared_for_4_with_16_devices_names_the_ranks_that_brought_them_and_the_fix() {
+    let (model, procs, boots) = job(ModelConfig::node(16), 4);
+    let errors = on_every_rank(&procs, boots, |rank, ctx, _, boot| {
+        let first = 4 * rank as i32;
+        let spec = TeamSpec::new(first..first + 4, MIB2).team_size(4);
+        team::multicast(ctx, boot, &spec).map(drop)
+    });
+    for (rank, e) in errors.iter().enumerate() {
+        let e = e.as_ref().expect_err("must fail");
+        assert_eq!((e.rank, e.step), (rank, Step::Join));
+        let msg = e.to_string();
+        for part in [
+            "declared for 4 devices but the ranks that joined bring 16",
+            "rank 0: 4, rank 1: 4, rank 2: 4, rank 3: 4",
+            "12 too many; bring 4 in all",
+            ".team_size(16)",
+        ] {
+            assert!(msg.contains(part), "{msg}");
+        }
+        assert!(!msg.contains("missing"), "{msg}");
     }
     assert_clean(&model);
 }

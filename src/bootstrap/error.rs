@@ -252,6 +252,16 @@ pub enum AbortReason {
     Io,
     /// The culprit did not answer within rank 0's timeout.
     Timeout,
+    /// Rank 0 refused the culprit's join ([`Refusal`]), so the job cannot
+    /// form: the ranks already admitted learn why at once.
+    JoinRefused {
+        /// Why rank 0 refused it.
+        refusal: Refusal,
+        /// The job size the culprit declared.
+        declared: u32,
+        /// The job size rank 0 was started with.
+        size: u32,
+    },
     /// A reason code this version does not know.
     Unknown(u8),
 }
@@ -264,8 +274,50 @@ impl AbortReason {
             AbortReason::BadMessage => 3,
             AbortReason::Io => 4,
             AbortReason::Timeout => 5,
+            AbortReason::JoinRefused { .. } => 6,
             AbortReason::Unknown(c) => c,
         }
+    }
+
+    /// An abort frame's payload: the code, the culprit (u32 LE), and for a
+    /// refused join the refusal code and both sizes (u32 LE each).
+    pub(crate) fn encode(self, culprit: usize) -> Vec<u8> {
+        let mut payload = vec![self.code()];
+        payload.extend_from_slice(&u32::try_from(culprit).unwrap_or(u32::MAX).to_le_bytes());
+        if let AbortReason::JoinRefused {
+            refusal,
+            declared,
+            size,
+        } = self
+        {
+            payload.push(refusal.code());
+            payload.extend_from_slice(&declared.to_le_bytes());
+            payload.extend_from_slice(&size.to_le_bytes());
+        }
+        payload
+    }
+
+    /// Reads [`AbortReason::encode`]'s payload; short or unknown bytes give
+    /// `Unknown`/zeros, and a culprit of `usize::MAX`, never a panic.
+    pub(crate) fn decode(payload: &[u8]) -> (AbortReason, usize) {
+        let u32_at = |at: usize| {
+            payload
+                .get(at..at.saturating_add(4))
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map(u32::from_le_bytes)
+        };
+        let culprit = u32_at(1)
+            .and_then(|c| usize::try_from(c).ok())
+            .unwrap_or(usize::MAX);
+        let reason = match AbortReason::from_code(payload.first().copied().unwrap_or(0)) {
+            AbortReason::JoinRefused { .. } => AbortReason::JoinRefused {
+                refusal: Refusal::from_code(payload.get(5).copied().unwrap_or(0)),
+                declared: u32_at(6).unwrap_or(0),
+                size: u32_at(10).unwrap_or(0),
+            },
+            r => r,
+        };
+        (reason, culprit)
     }
     pub(crate) fn from_code(c: u8) -> Self {
         match c {
@@ -274,6 +326,11 @@ impl AbortReason {
             3 => AbortReason::BadMessage,
             4 => AbortReason::Io,
             5 => AbortReason::Timeout,
+            6 => AbortReason::JoinRefused {
+                refusal: Refusal::Unknown(0),
+                declared: 0,
+                size: 0,
+            },
             c => AbortReason::Unknown(c),
         }
     }
@@ -287,6 +344,24 @@ impl fmt::Display for AbortReason {
             AbortReason::BadMessage => f.write_str("it sent a malformed or mismatched message"),
             AbortReason::Io => f.write_str("an I/O error on its connection"),
             AbortReason::Timeout => f.write_str("it did not answer within rank 0's timeout"),
+            AbortReason::JoinRefused {
+                refusal,
+                declared,
+                size,
+            } => match refusal {
+                Refusal::SizeMismatch => write!(
+                    f,
+                    "rank 0 refused its join: it declared a job of {declared} ranks, rank 0 one of {size}; start every rank with the same size"
+                ),
+                Refusal::RankOutOfRange => write!(
+                    f,
+                    "rank 0 refused its join: its rank is out of range for a job of {size} ranks; give each rank a number in 1..{size}"
+                ),
+                Refusal::DuplicateRank => f.write_str(
+                    "rank 0 refused its join: another process had already joined with this rank number; give each process its own rank",
+                ),
+                other => write!(f, "rank 0 refused its join: {other}"),
+            },
             AbortReason::Unknown(c) => write!(f, "reason code {c}"),
         }
     }

@@ -365,8 +365,7 @@ impl Tcp {
         {
             *slot = None;
         }
-        let mut payload = vec![reason.code()];
-        payload.extend_from_slice(&u32::try_from(culprit).unwrap_or(u32::MAX).to_le_bytes());
+        let payload = reason.encode(culprit);
         let bytes = wire::frame(self.header(Kind::Abort, step.seq), &payload).unwrap_or_default();
         let brief = Deadline::after(Duration::from_millis(100));
         for peer in 1..self.size {
@@ -526,12 +525,7 @@ impl Tcp {
                 continue;
             }
             if rank != 0 && h.kind == Kind::Abort as u8 && h.job == exp.job && h.seq == exp.seq {
-                let reason = AbortReason::from_code(payload.first().copied().unwrap_or(0));
-                let culprit = payload
-                    .get(1..5)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .and_then(|c| usize::try_from(c).ok())
-                    .unwrap_or(usize::MAX);
+                let (reason, culprit) = AbortReason::decode(&payload);
                 return Err((
                     peer,
                     BootstrapError::Aborted {
@@ -905,8 +899,35 @@ impl TcpRoot {
                     continue;
                 }
                 let peer = usize::try_from(h.from).unwrap_or(usize::MAX);
+                // A refused rank of this job fails the accept: the ranks
+                // already admitted are told why at once (their first
+                // collective reads the abort) instead of timing out.
+                let abort_admitted =
+                    |links: &mut [Option<Link>], refusal, traffic: &mut Traffic| {
+                        let reason = AbortReason::JoinRefused {
+                            refusal,
+                            declared: h.size,
+                            size: size32,
+                        };
+                        let a = Header {
+                            kind: Kind::Abort as u8,
+                            job: self.id.job,
+                            seq: JOIN.seq,
+                            from: 0,
+                            size: size32,
+                            len: 0,
+                        };
+                        let bytes = wire::frame(a, &reason.encode(peer)).unwrap_or_default();
+                        let brief = Deadline::after(Duration::from_millis(100));
+                        for link in links.iter_mut().flatten() {
+                            if write_bounded(&mut link.stream, &bytes, &brief).is_ok() {
+                                traffic.sent(bytes.len());
+                            }
+                        }
+                    };
                 if h.size != size32 {
                     reject(&mut p, Refusal::SizeMismatch, &mut traffic);
+                    abort_admitted(&mut links, Refusal::SizeMismatch, &mut traffic);
                     return Err(BootstrapError::Mismatch {
                         rank,
                         step: JOIN,
@@ -919,6 +940,7 @@ impl TcpRoot {
                 }
                 if peer == 0 || peer >= size {
                     reject(&mut p, Refusal::RankOutOfRange, &mut traffic);
+                    abort_admitted(&mut links, Refusal::RankOutOfRange, &mut traffic);
                     return Err(BootstrapError::Mismatch {
                         rank,
                         step: JOIN,
@@ -931,6 +953,7 @@ impl TcpRoot {
                 }
                 if links[peer].is_some() {
                     reject(&mut p, Refusal::DuplicateRank, &mut traffic);
+                    abort_admitted(&mut links, Refusal::DuplicateRank, &mut traffic);
                     return Err(BootstrapError::Mismatch {
                         rank,
                         step: JOIN,

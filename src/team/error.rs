@@ -116,6 +116,8 @@ pub enum Mismatch {
         declared: u32,
         /// Devices the ranks that joined bring, in all.
         arriving: u64,
+        /// Devices each rank brings, by rank.
+        brought: Vec<u32>,
     },
     /// The handle's metadata disagrees with what the ranks agreed on or what
     /// the driver reports after import.
@@ -159,10 +161,41 @@ impl fmt::Display for Mismatch {
             Mismatch::CountedOps => f.write_str(
                 "ranks disagree on counted operations (COUNTED_OPS, R2.4); pass the same options on every rank",
             ),
-            Mismatch::TeamSize { declared, arriving } => write!(
-                f,
-                "the team was declared for {declared} devices but the ranks that joined bring {arriving}; start one rank per missing device or declare the team size the job has"
-            ),
+            Mismatch::TeamSize {
+                declared,
+                arriving,
+                brought,
+            } => {
+                write!(
+                    f,
+                    "the team was declared for {declared} devices but the ranks that joined bring {arriving} ("
+                )?;
+                // Name the ranks that bring devices; a long job lists the first few.
+                const SHOWN: usize = 8;
+                let mut bringing = brought.iter().enumerate().filter(|(_, n)| **n > 0);
+                for (i, (rank, n)) in bringing.by_ref().take(SHOWN).enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    write!(f, "{sep}rank {rank}: {n}")?;
+                }
+                let more = bringing.count();
+                if more > 0 {
+                    write!(f, ", and {more} more ranks")?;
+                }
+                let declared = u64::from(*declared);
+                if *arriving > declared {
+                    write!(
+                        f,
+                        "), {} too many; bring {declared} in all (fewer devices per rank, or fewer ranks) or declare .team_size({arriving})",
+                        arriving - declared
+                    )
+                } else {
+                    write!(
+                        f,
+                        "), {} missing; start one rank per missing device or declare .team_size({arriving})",
+                        declared - arriving
+                    )
+                }
+            }
             Mismatch::Handle {
                 field,
                 handle,

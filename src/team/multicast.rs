@@ -290,10 +290,12 @@ pub fn multicast(
 /// mismatch on every rank.
 fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u32, TeamError> {
     let mut total: u64 = 0;
+    let mut brought = Vec::with_capacity(hellos.len());
     let mut root_hello = None;
     for (rank, bytes) in hellos.iter().enumerate() {
         let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
         total = total.saturating_add(h.devices.len() as u64);
+        brought.push(u32::try_from(h.devices.len()).unwrap_or(u32::MAX));
         if rank == spec.root {
             root_hello = Some(h);
         }
@@ -337,6 +339,7 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
             Cause::Mismatch(Mismatch::TeamSize {
                 declared: d,
                 arriving: total,
+                brought,
             }),
         )),
         _ if total == 0 || total > u64::from(u32::MAX) => Err(TeamError::new(
