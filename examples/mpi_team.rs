@@ -29,13 +29,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ctx, me) = common::join(boot.rank())?;
     let s = common::rank(&ctx, &me, &boot, timeout)?;
     println!(
-        "rank {} of {} (node {:?}, {:?}): bring-up {:?}, {} bootstrap calls; read back {}",
+        "rank {} of {} ({}, {:?}): bring-up {:?}, {} bootstrap calls ({} before it, {} in all); read back {}",
         boot.rank(),
         boot.size(),
-        me.node(),
+        me.node_label(),
         me.device(),
         s.bring_up,
-        s.bring_up_messages + s.messages,
+        s.bring_up_messages,
+        s.join_messages,
+        s.messages,
         s.read_back
     );
     Ok(())

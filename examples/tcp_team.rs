@@ -50,8 +50,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let boot = Tcp::join(&UniqueId::from_env()?, rank, size, TIMEOUT)?;
         let s = common::rank(&ctx, &me, &boot, TIMEOUT)?;
         println!(
-            "rank {rank} (node {:?}, {:?}): bring-up {:?}, {} messages; read back {}",
-            me.node(),
+            "rank {rank} ({}, {:?}): bring-up {:?}, {} bootstrap messages in all; read back {}",
+            me.node_label(),
             me.device(),
             s.bring_up,
             s.messages,
@@ -105,14 +105,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let boot = root.accept(size, TIMEOUT)?;
     let s = common::rank(&ctx, &me, &boot, TIMEOUT)?;
     println!(
-        "rank 0 (node 0, {:?}): bring-up {:?}, {} messages; read back {}",
+        "rank 0 ({}, {:?}): bring-up {:?}, {} bootstrap messages in all; read back {}",
+        me.node_label(),
         me.device(),
         s.bring_up,
         s.messages,
         s.read_back
     );
     // Rank 0 is the star's centre: its traffic is every message of the job.
-    let bring_up_messages = s.bring_up_messages;
+    // The bring-up alone is 7 (n - 1) (three allgathers and a broadcast);
+    // the join before it, a hello and a welcome per other rank, 2 (n - 1).
+    let (join_messages, bring_up_messages) = (s.join_messages, s.bring_up_messages);
     let deadline = Instant::now() + TIMEOUT;
     let mut failed = 0;
     for c in &mut ranks.0 {
@@ -141,7 +144,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let live = server.live();
     let leaks = server.leaks();
     println!(
-        "{size} ranks on {nodes} node(s): bring-up {:?} on rank 0, {bring_up_messages} bootstrap messages; job {:?}; fabric left {}; {failed} rank(s) failed",
+        "{size} ranks on {nodes} node(s): bring-up {:?} on rank 0, {bring_up_messages} bootstrap messages (after {join_messages} to join); job {:?}; fabric left {}; {failed} rank(s) failed",
         s.bring_up,
         start.elapsed(),
         if live.is_empty() {

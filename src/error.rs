@@ -593,7 +593,10 @@ pub enum Error {
 
     /// `wait` ran out of time; the endpoint comes back pending (SPEC R3).
     #[error(
-        "endpoint {id} not ready after {waited:?} and {polls} queries (R3); wait longer (a multicast team finishes only once every device of every process is enrolled, R3.2)"
+        "{} endpoint {id} not ready after {waited:?} and {polls} {} (R3); {}",
+        if *.multicast { "multicast" } else { "unicast" },
+        if *.polls == 1 { "query" } else { "queries" },
+        timeout_fix(*.multicast)
     )]
     Timeout {
         /// The (first) id waited on.
@@ -602,6 +605,8 @@ pub enum Error {
         waited: Duration,
         /// How many `cuLogicalEndpointQuery` calls were made.
         polls: u64,
+        /// Whether it is a multicast endpoint, which waits for its team too.
+        multicast: bool,
     },
 
     /// A fabric handle that was not issued by this driver (SPEC R9.4).
@@ -913,6 +918,15 @@ impl Error {
             Error::Driver { code, .. } => code_is_resource_exhausted(*code),
             _ => false,
         }
+    }
+}
+
+/// The fix for [`Error::Timeout`], by kind.
+fn timeout_fix(multicast: bool) -> &'static str {
+    if multicast {
+        "wait longer: a multicast team finishes only once every device of every process is enrolled (R3.2)"
+    } else {
+        "wait longer: construction is asynchronous and the driver has not finished it yet"
     }
 }
 

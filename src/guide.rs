@@ -113,6 +113,7 @@ pub mod reading_the_compiler {
     //! | `Allocation::<Private>` bound on an imported multicast endpoint | the same, for `ImportedMulticast` | the same | R5.6 | `memory_private_on_imported_multicast` |
     //! | `export()` on an endpoint created without `.exportable()` | `export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `Local` | create from `spec.exportable()` | R8.1 | `share_export_not_exportable` |
     //! | `export()` on an imported endpoint | the same, for `ImportedUnicast` | pass on the handle it was imported from | R8.1 | `share_export_imported` |
+    //! | `FabricHandle::<SpreadTeam>::from_bytes(..)` (or `import` of it) | `FabricHandle` needs a kind created with fabric handles (`Exportable`), but `SpreadTeam` is not one | name the exporter's kind: `FabricHandle::<SpreadTeam<Exportable>>` | R8.1 | `share_from_bytes_without_exportable` |
     //! | a driver method called on a backend (`model.destroy(id)`) outside `unsafe` | `E0133` call to unsafe function `cuda_endpoints::Driver::destroy` is unsafe and requires unsafe block | go through the typed API (`ep.destroy()`); a raw call is `unsafe` and its `# Safety` names the rules the caller takes on | R3.4, C3, C4, R7.2 | `unsafe_raw_driver_call` |
     //! | `ep.bind_raw_addr(..)` outside `unsafe` | `E0133` call to unsafe function ... `bind_raw_addr` is unsafe and requires unsafe block | prefer `Allocation::map` and `bind`, which keep the memory alive; else `unsafe { .. }` with a `// SAFETY:` line saying why the address stays mapped while bound | R5, R7.2 | `unsafe_bind_raw_addr` |
     //! | `ep.bind(dev, 0, &mem)?;` as a statement | `unused Binding that must be used` (an error under `#![deny(unused_must_use)]`, else a warning) | `let b = ep.bind(..)?;`, kept for as long as the memory should stay bound. Not `let _ = ..`, which rustc suggests: it unbinds at once | R6 | `lint_binding_discarded` |
@@ -309,6 +310,7 @@ pub mod misuse_cases {
         move_use_after_destroy: E0382,
         share_export_imported: E0277,
         share_export_not_exportable: E0277,
+        share_from_bytes_without_exportable: E0277,
         state_add_device_after_ready: E0277,
         state_add_device_on_reserved: E0277,
         state_bind_on_pending: E0277,

@@ -316,6 +316,11 @@ impl HasFabricHandles for NoKind {}
 
 /// Kinds whose endpoints can be exported with a fabric handle (R8.1): exactly
 /// those created with fabric handles.
+#[diagnostic::on_unimplemented(
+    message = "`FabricHandle` needs a kind created with fabric handles (`Exportable`), but `{Self}` is not one",
+    label = "not a kind with fabric handles",
+    note = "name the kind the exporter had, `Exportable` included: `FabricHandle::<SpreadTeam<Exportable>>` for what `team::multicast` shares or `Spec::spread(..).exportable()` makes, `FabricHandle::<Unicast<Exportable>>` for `Spec::unicast(..).exportable()`, `FabricHandle::<Multicast<Exportable>>` for `Spec::multicast(..).exportable()` (R8.1)"
+)]
 pub trait CanExport: Kind<Origin = Exportable> {
     /// The kind an importer gets.
     type Imported: Kind;

@@ -224,7 +224,23 @@ impl<H: MemShare> Allocation<H> {
     /// (checked before the driver); [`Error::Driver`] from
     /// `cuMemAddressReserve`, `cuMemMap` or `cuMemSetAccess`. The allocation
     /// comes back unchanged and nothing leaks.
-    pub fn map(self, access: &[Device]) -> Result<Mapped<H>, Failed<Allocation<H>>> {
+    ///
+    /// `access` takes what `on_device` and `bind` take: `&[0, 1]`,
+    /// `&[Device(0)]`, `&devices`; with no other device, name the type:
+    /// `map::<Device>(&[])`.
+    ///
+    /// ```
+    /// use cuda_endpoints::{Allocation, Context, Device, Private};
+    /// let (ctx, _model) = Context::model(Default::default());
+    /// let mem = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0, 1])?;
+    /// let own = Allocation::<Private>::on_device(&ctx, 1, 2 << 20)?.map::<Device>(&[])?;
+    /// # drop((mem, own));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn map<D: Into<Device> + Copy>(
+        self,
+        access: &[D],
+    ) -> Result<Mapped<H>, Failed<Allocation<H>>> {
         self.map_aligned(access, 0)
     }
 
@@ -237,11 +253,12 @@ impl<H: MemShare> Allocation<H> {
     ///
     /// # Errors
     /// As [`Allocation::map`].
-    pub fn map_aligned(
+    pub fn map_aligned<D: Into<Device> + Copy>(
         self,
-        access: &[Device],
+        access: &[D],
         alignment: u64,
     ) -> Result<Mapped<H>, Failed<Allocation<H>>> {
+        let access: Vec<Device> = access.iter().map(|&d| d.into()).collect();
         let alignment = match alignment {
             0 => 0,
             a => a.checked_next_power_of_two().unwrap_or(1 << 63),
@@ -254,7 +271,7 @@ impl<H: MemShare> Allocation<H> {
             value,
         };
         // Before the driver: every device to give access to exists.
-        for &dev in access {
+        for &dev in &access {
             if let Err(error) = ctx.check_device(dev) {
                 return Err(Failed { error, value: self });
             }

@@ -154,6 +154,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                     id: self.id(),
                     waited: backoff.waited(),
                     polls: backoff.polls,
+                    multicast: K::MULTICAST,
                 };
                 return Err(Failed { error, value: self });
             }
@@ -266,6 +267,7 @@ fn wait_all_runs<K: Kind>(
                 id: runs.first().map_or(0, |r| r.1),
                 waited: backoff.waited(),
                 polls: backoff.polls,
+                multicast: K::MULTICAST,
             });
         }
     };
@@ -352,10 +354,12 @@ fn wait_ids_after(
             return Ok(());
         }
         if !backoff.pause(timeout) {
+            // Only unicast peers' ranges are waited on by id.
             return Err(Error::Timeout {
                 id: base,
                 waited: backoff.waited(),
                 polls: backoff.polls,
+                multicast: false,
             });
         }
         answer = query(range, base, count);

@@ -100,13 +100,47 @@ impl<K: CanExport> FabricHandle<K> {
         out[SUM_AT..].copy_from_slice(&sum.to_le_bytes());
         out
     }
+}
 
+// `from_bytes` is bound at the method, not the block: naming a kind without
+// fabric handles is then `CanExport`'s own message (E0277), not E0599's
+// "method exists but its trait bounds were not satisfied".
+impl<K> FabricHandle<K> {
     /// Reads the wire form back, checking its shape and kind.
+    ///
+    /// Name the kind the exporter had, `Exportable` included: what
+    /// [`team::multicast`](crate::team::multicast) shares is a
+    /// `SpreadTeam<Exportable>`, what `Spec::unicast(..).exportable()` makes
+    /// a `Unicast<Exportable>`. Importing one by hand:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cuda_endpoints::{Context, Exportable, FabricHandle, Spec, SpreadTeam};
+    ///
+    /// let (ctx, model) = Context::model(Default::default());
+    /// // The creating rank: an exportable team of 2, its handle as bytes.
+    /// let team = ctx.reserve_one()?.create(Spec::spread(2, 2 << 20).exportable())?;
+    /// let bytes = team.export()?.to_bytes();                 // send them to the other rank
+    /// let team = team.add_device(0)?;
+    ///
+    /// // The other rank (another process): the bytes back as a typed handle.
+    /// let other = Context::new(model.spawn_process());
+    /// let handle = FabricHandle::<SpreadTeam<Exportable>>::from_bytes(&bytes)?;
+    /// assert_eq!(handle.team_size(), 2);
+    /// let imported = other.reserve_one()?.import(&handle)?.add_device(1)?;
+    /// let (team, imported) = (team.wait(Duration::from_secs(1))?, imported.wait(Duration::from_secs(1))?);
+    /// # drop((imported, team));
+    /// # assert!(model.live_node().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::BadHandle`] for bytes of the wrong length, magic, version or
     /// kind. Whether the driver accepts the handle is for `import` to say (R9.4).
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self>
+    where
+        K: CanExport,
+    {
         let bad = |reason: String| Error::BadHandle {
             expected: K::NAME,
             reason,

@@ -114,7 +114,7 @@ fn out_of_memory_on_multicast_bind_reads_as_exhausted_and_the_endpoint_stays_usa
     let mem = Allocation::<Private>::on_device(&ctx, Device(1), ALIGN).unwrap();
     let mapped = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN)
         .unwrap()
-        .map(&[])
+        .map::<Device>(&[])
         .unwrap();
     for (call, bind) in [
         (Call::BindMem, &mut || {
@@ -403,7 +403,7 @@ fn unmap_release_and_id_release_failures_are_recorded() {
     let (ctx, model) = node();
     let mapped = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN)
         .unwrap()
-        .map(&[])
+        .map::<Device>(&[])
         .unwrap();
     model.set_faults(&only(Call::MemUnmap, Code::NOT_PERMITTED));
     drop(mapped);
@@ -441,7 +441,7 @@ fn unmap_release_and_id_release_failures_are_recorded() {
         F::nth(Call::MemMap, 1, Code::OUT_OF_MEMORY),
     ]);
     // A failed map undoes its address reservation; that failing is recorded.
-    let f = mem.map(&[]).unwrap_err();
+    let f = mem.map::<Device>(&[]).unwrap_err();
     assert_eq!(f.error, Error::driver(Call::MemMap, Code::OUT_OF_MEMORY));
     assert_eq!(
         ctx.take_teardown_errors(),

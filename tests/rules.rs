@@ -329,6 +329,16 @@ fn r3_construction_is_asynchronous_and_wait_polls_at_least_once() {
         f.error
     );
     assert_eq!(model.calls(Call::Query), 1);
+    // Worded for a unicast endpoint, in the singular.
+    let msg = f.error.to_string();
+    assert!(
+        msg.contains("unicast endpoint") && msg.contains("1 query (R3)"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("multicast") && !msg.contains("queries"),
+        "{msg}"
+    );
     let ready = f.value.wait(T).unwrap();
     assert_eq!(model.calls(Call::Query), 4);
     drop(ready);
@@ -348,6 +358,15 @@ fn r3_2_team_waits_for_every_device() {
     // One device of two: the driver keeps it pending, however long we wait.
     let f = spread.wait(Duration::from_millis(20)).unwrap_err();
     assert!(matches!(f.error, Error::Timeout { .. }));
+    let msg = f.error.to_string();
+    assert!(
+        msg.starts_with("multicast endpoint") && msg.contains("queries"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("every device of every process is enrolled (R3.2)"),
+        "{msg}"
+    );
     let ready = f.value.add_device(1).unwrap().wait(T).unwrap();
     assert_eq!(ready.devices(), vec![Device(0), Device(1)]);
     assert!(model.violations().is_empty());
@@ -629,12 +648,33 @@ fn r5_checks_before_driver() {
 }
 
 #[test]
+fn map_takes_the_device_numbers_that_on_device_and_bind_take() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 1, 4 * MIB);
+    let numbers: Mapped<Private> = Allocation::<Private>::on_device(&ctx, 1, 2 * MIB)
+        .unwrap()
+        .map(&[0, 1])
+        .unwrap();
+    let devices = vec![Device(0)];
+    let typed = Allocation::<Private>::on_device(&ctx, 1, 2 * MIB)
+        .unwrap()
+        .map_aligned(&devices, 2 * MIB)
+        .unwrap();
+    let b = ep.bind(1, 0, &numbers).unwrap();
+    let b2 = ep.bind(1, 2 * MIB, &typed).unwrap();
+    drop((b, b2));
+    drop((numbers, typed));
+    assert_eq!(model.live().bindings, 0);
+    common::no_violations(&model.violations());
+}
+
+#[test]
 fn r5_bind_addr_and_host_numa() {
     let (ctx, model) = node();
     let ep = unicast(&ctx, 1, 8 * MIB);
     let mapped: Mapped<Private> = Allocation::<Private>::on_device(&ctx, Device(1), 4 * MIB)
         .unwrap()
-        .map(&[])
+        .map::<Device>(&[])
         .unwrap();
     let b = ep.bind_part(1, 2 * MIB, &mapped, 2 * MIB, 2 * MIB).unwrap();
     assert_eq!(model.calls(Call::BindAddr), 1);

@@ -58,13 +58,13 @@ fn c5_fabric_bytes_import_as_the_same_memory_on_another_node() {
     let (ca, cb) = (ctx_of(&a), ctx_of(&b));
     let mem = Allocation::<Fabric>::on_device(&ca, 0, MIB2)
         .unwrap()
-        .map(&[])
+        .map::<Device>(&[])
         .unwrap();
     a.write(mem.device_ptr(), b"across nodes").unwrap();
     let bytes = mem.export_fabric().unwrap();
     let theirs = Allocation::<Fabric>::import_fabric(&cb, &bytes, MIB2)
         .unwrap()
-        .map(&[])
+        .map::<Device>(&[])
         .unwrap();
     assert_eq!(b.read(theirs.device_ptr(), 12).unwrap(), b"across nodes");
     drop(theirs);

@@ -9,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .reserve_one()?
         .create(Spec::unicast(0, 2 << 20))?
         .wait(Duration::from_secs(1))?;
-    let mapped = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0.into()])?;
+    let mapped = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
     let b = ep.bind(0, 0, &mapped)?;
     drop(mapped);
     b.unbind()?;

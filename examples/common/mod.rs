@@ -76,6 +76,15 @@ impl Me {
         }
     }
 
+    /// `node 0`, or `node ?` where the real driver does not say: printed
+    /// the same way by every rank.
+    pub fn node_label(&self) -> String {
+        match self.node() {
+            Some(n) => format!("node {n}"),
+            None => "node ?".to_owned(),
+        }
+    }
+
     fn write(&self, ptr: u64, bytes: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
         match self {
             Me::Fabric(p) => Ok(p.write(ptr, bytes)?),
@@ -113,7 +122,12 @@ pub const BYTES: u64 = 2 << 20;
 /// What one rank saw, for the launcher to print.
 pub struct Summary {
     pub bring_up: Duration,
-    /// Bootstrap messages this rank sent and received during the bring-up.
+    /// Bootstrap messages this rank sent and received before the bring-up:
+    /// the join handshake (over TCP, a hello in and a welcome out per other
+    /// rank on rank 0, one of each on the others).
+    pub join_messages: u64,
+    /// Bootstrap messages this rank sent and received during the bring-up
+    /// (`team::multicast`) alone.
     pub bring_up_messages: u64,
     pub read_back: String,
     pub messages: u64,
@@ -129,12 +143,14 @@ pub fn rank(
     let dev = me.device();
 
     // 1. Bring-up: one call on every rank, the same type on every rank.
+    let before = boot.traffic();
+    let join_messages = before.messages_sent + before.messages_received;
     let start = Instant::now();
     let spec = TeamSpec::new([dev], BYTES).timeout(timeout);
     let team = team::multicast(ctx, boot, &spec)?;
     let bring_up = start.elapsed();
     let t = boot.traffic();
-    let bring_up_messages = t.messages_sent + t.messages_received;
+    let bring_up_messages = (t.messages_sent + t.messages_received).saturating_sub(join_messages);
 
     // 2. Bind this rank's memory on its own device; a barrier before first use.
     let mem = Allocation::<PosixFd>::on_device(ctx, dev, BYTES)?.map(&[dev])?;
@@ -196,6 +212,7 @@ pub fn rank(
     let t = boot.traffic();
     Ok(Summary {
         bring_up,
+        join_messages,
         bring_up_messages,
         read_back,
         messages: t.messages_sent + t.messages_received,

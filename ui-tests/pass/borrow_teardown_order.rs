@@ -8,7 +8,7 @@ use cuda_endpoints::{Allocation, Context, Private, Spec};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ctx, model) = Context::model(Default::default());
     let mem = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?;
-    let mapped = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0.into()])?;
+    let mapped = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
     let ep = ctx
         .reserve_one()?
         .create(Spec::unicast(0, 4 << 20))?

@@ -11,7 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .create(Spec::unicast(0, 2 << 20))?
         .wait(Duration::from_secs(1))?;
     // Memory this crate did not hand to the endpoint: only its address.
-    let mapped = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0.into()])?;
+    let mapped = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
     // SAFETY: `mapped` is device memory of device 0 and outlives the binding.
     let b = unsafe { ep.bind_raw_addr(0, 0, mapped.device_ptr(), 2 << 20)? };
     b.unbind()?;
