@@ -648,6 +648,31 @@ fn r5_checks_before_driver() {
 }
 
 #[test]
+fn a_failed_transition_displays_its_cause_and_debug_names_the_value_that_came_back() {
+    let (ctx, _model) = node();
+    let f = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, 3 * MIB + 1))
+        .unwrap_err();
+    let cause = f.error.to_string();
+    assert!(cause.contains("use 4194304 bytes"), "{cause}");
+    assert_eq!(f.to_string(), cause);
+    let debug = format!("{f:?}");
+    assert!(debug.starts_with("Failed { error: Misaligned {"), "{debug}");
+    // `Endpoint` alone is `Endpoint<Reserved, NoKind>`: rustc leaves out
+    // type parameters that are their defaults.
+    assert!(
+        debug.ends_with("suggested: 4194304, rule: R2_3 }, value: Endpoint }"),
+        "{debug}"
+    );
+    // What `main` prints after `?` into `Box<dyn Error>`: the wording, once.
+    let boxed: Box<dyn std::error::Error> = f.into();
+    assert_eq!(boxed.to_string(), cause);
+    assert!(boxed.source().is_none());
+}
+
+#[test]
 fn map_takes_the_device_numbers_that_on_device_and_bind_take() {
     let (ctx, model) = node();
     let ep = unicast(&ctx, 1, 4 * MIB);
