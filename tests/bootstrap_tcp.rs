@@ -745,3 +745,39 @@ fn a_joiner_declaring_another_size_aborts_the_admitted_ranks_at_once_naming_it()
         "{msg}"
     );
 }
+
+#[test]
+fn a_joiner_declaring_another_size_aborts_connections_not_yet_admitted_too() {
+    let _s = serial();
+    let (id, listener) = root(3);
+    // Connected before the accept, its hello not sent: not admitted yet.
+    let mut waiting = TcpStream::connect(id.addr()).expect("connect");
+    let wrong = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        Tcp::join(&id, 2, 4, Duration::from_secs(10)).map(|_| ())
+    });
+    let err = listener
+        .accept(3, Duration::from_secs(10))
+        .expect_err("size 4 against 3");
+    assert!(
+        matches!(err, BootstrapError::Mismatch { peer: 2, .. }),
+        "{err:?}"
+    );
+    assert!(wrong.join().expect("rank 2").is_err());
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    let mut header = [0u8; 36];
+    waiting
+        .read_exact(&mut header)
+        .expect("an abort, not a bare close");
+    assert_eq!(header[6], 9, "an abort frame: {header:?}");
+    let mut payload = [0u8; 14];
+    waiting.read_exact(&mut payload).expect("its payload");
+    // The reason (a refused join), the culprit (rank 2), the refusal (size).
+    assert_eq!(
+        (payload[0], payload[1], payload[5]),
+        (6, 2, 4),
+        "{payload:?}"
+    );
+}

@@ -13,7 +13,8 @@
 //! every rank that had not answered. When a peer fails mid-collective (closed,
 //! killed, hostile bytes), rank 0 closes that connection and sends the others
 //! an abort naming the culprit, so every rank gets a typed error at once
-//! instead of a timeout. Stale frames of an earlier, timed-out step are
+//! instead of a timeout; a join it refuses aborts every other connection
+//! the same way. Stale frames of an earlier, timed-out step are
 //! skipped. No thread is started; dropping a [`Tcp`] closes its sockets.
 
 use std::io::{self, Write};
@@ -144,8 +145,9 @@ impl Tcp {
     /// # Errors
     /// [`BootstrapError::Timeout`] (rank 0 not reachable in time),
     /// [`BootstrapError::Refused`] (wrong secret, rank taken or out of
-    /// range, other size), [`BootstrapError::InvalidArgument`] for rank 0 or
-    /// a rank out of range.
+    /// range, other size), [`BootstrapError::Aborted`] (rank 0 refused
+    /// another rank first, [`AbortReason::JoinRefused`]),
+    /// [`BootstrapError::InvalidArgument`] for rank 0 or a rank out of range.
     pub fn join(
         id: &UniqueId,
         rank: usize,
@@ -235,6 +237,16 @@ impl Tcp {
             Some(Kind::Reject) => {
                 let reason = Refusal::from_code(payload.first().copied().unwrap_or(0));
                 return Err(BootstrapError::Refused { rank, reason });
+            }
+            // Rank 0 refused another rank before admitting this one.
+            Some(Kind::Abort) => {
+                let (reason, culprit) = AbortReason::decode(&payload);
+                return Err(BootstrapError::Aborted {
+                    rank,
+                    step: JOIN,
+                    culprit,
+                    reason,
+                });
             }
             _ => {
                 return Err(BootstrapError::Mismatch {
@@ -775,7 +787,10 @@ impl TcpRoot {
     /// present another job's secret or garbage are dropped and counted
     /// ([`Traffic::refused_connections`]); a rank of this job that declares
     /// another size, a duplicate rank or a rank out of range fails the
-    /// accept (and is told why).
+    /// accept (and is told why), and every other connection gets an abort
+    /// naming it and the refusal, so the ranks already admitted (in their
+    /// first collective) and those still joining fail at once with
+    /// [`BootstrapError::Aborted`] instead of a close or a timeout.
     ///
     /// # Errors
     /// [`BootstrapError::Timeout`] naming the ranks that did not join;
@@ -899,35 +914,24 @@ impl TcpRoot {
                     continue;
                 }
                 let peer = usize::try_from(h.from).unwrap_or(usize::MAX);
-                // A refused rank of this job fails the accept: the ranks
-                // already admitted are told why at once (their first
-                // collective reads the abort) instead of timing out.
-                let abort_admitted =
-                    |links: &mut [Option<Link>], refusal, traffic: &mut Traffic| {
-                        let reason = AbortReason::JoinRefused {
-                            refusal,
-                            declared: h.size,
-                            size: size32,
-                        };
-                        let a = Header {
-                            kind: Kind::Abort as u8,
-                            job: self.id.job,
-                            seq: JOIN.seq,
-                            from: 0,
-                            size: size32,
-                            len: 0,
-                        };
-                        let bytes = wire::frame(a, &reason.encode(peer)).unwrap_or_default();
-                        let brief = Deadline::after(Duration::from_millis(100));
-                        for link in links.iter_mut().flatten() {
-                            if write_bounded(&mut link.stream, &bytes, &brief).is_ok() {
-                                traffic.sent(bytes.len());
-                            }
-                        }
-                    };
+                // A refused rank of this job fails the accept: every other
+                // connection is told why at once (an admitted rank's first
+                // collective reads the abort, a rank still joining its
+                // `join`) instead of timing out or seeing only a close.
+                let refused_join = |refusal| AbortReason::JoinRefused {
+                    refusal,
+                    declared: h.size,
+                    size: size32,
+                };
                 if h.size != size32 {
                     reject(&mut p, Refusal::SizeMismatch, &mut traffic);
-                    abort_admitted(&mut links, Refusal::SizeMismatch, &mut traffic);
+                    self.abort_connections(
+                        &mut links,
+                        &mut pending,
+                        peer,
+                        refused_join(Refusal::SizeMismatch),
+                        &mut traffic,
+                    );
                     return Err(BootstrapError::Mismatch {
                         rank,
                         step: JOIN,
@@ -940,7 +944,13 @@ impl TcpRoot {
                 }
                 if peer == 0 || peer >= size {
                     reject(&mut p, Refusal::RankOutOfRange, &mut traffic);
-                    abort_admitted(&mut links, Refusal::RankOutOfRange, &mut traffic);
+                    self.abort_connections(
+                        &mut links,
+                        &mut pending,
+                        peer,
+                        refused_join(Refusal::RankOutOfRange),
+                        &mut traffic,
+                    );
                     return Err(BootstrapError::Mismatch {
                         rank,
                         step: JOIN,
@@ -953,7 +963,13 @@ impl TcpRoot {
                 }
                 if links[peer].is_some() {
                     reject(&mut p, Refusal::DuplicateRank, &mut traffic);
-                    abort_admitted(&mut links, Refusal::DuplicateRank, &mut traffic);
+                    self.abort_connections(
+                        &mut links,
+                        &mut pending,
+                        peer,
+                        refused_join(Refusal::DuplicateRank),
+                        &mut traffic,
+                    );
                     return Err(BootstrapError::Mismatch {
                         rank,
                         step: JOIN,
@@ -989,6 +1005,47 @@ impl TcpRoot {
                 traffic,
             }),
         })
+    }
+}
+
+impl TcpRoot {
+    /// After a refused join fails the accept: tells every connection, the
+    /// admitted ranks, those not admitted yet and those still in the
+    /// listener's backlog, that `culprit` ended the job and why (best
+    /// effort, briefly bounded), before they are closed.
+    fn abort_connections(
+        &self,
+        links: &mut [Option<Link>],
+        pending: &mut [Option<Link>],
+        culprit: usize,
+        reason: AbortReason,
+        traffic: &mut Traffic,
+    ) {
+        let size = u32::try_from(links.len()).unwrap_or(u32::MAX);
+        let a = Header {
+            kind: Kind::Abort as u8,
+            job: self.id.job,
+            seq: JOIN.seq,
+            from: 0,
+            size,
+            len: 0,
+        };
+        let bytes = wire::frame(a, &reason.encode(culprit)).unwrap_or_default();
+        let brief = Deadline::after(Duration::from_millis(100));
+        let mut tell = |stream: &mut TcpStream| {
+            if write_bounded(stream, &bytes, &brief).is_ok() {
+                traffic.sent(bytes.len());
+            }
+        };
+        for link in links.iter_mut().chain(pending.iter_mut()).flatten() {
+            tell(&mut link.stream);
+        }
+        // The listener is non-blocking: this ends with the backlog.
+        while let Ok((mut stream, _)) = self.listener.accept() {
+            if stream.set_nonblocking(false).is_ok() {
+                tell(&mut stream);
+            }
+        }
     }
 }
 
