@@ -18,8 +18,8 @@ use crate::driver::{Call, Device};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Feature, Result};
 use crate::kind::Kind;
-use crate::state::Ready;
 use crate::range::OnUnwind;
+use crate::state::Ready;
 
 /// A classic multicast object mapped at a device address with `multimem`
 /// access for this process's team devices: a store through it reaches the
