@@ -340,6 +340,15 @@ impl Classic {
         }
     }
 
+    /// How many devices this process added to endpoint `id`, as this
+    /// backend recorded them (the team bring-up's enrollment report).
+    pub(crate) fn enrolled_here(&self, id: u32) -> Option<usize> {
+        match self.lock().ids.get(&id) {
+            Some(Some(ep)) => Some(ep.devices.len()),
+            _ => None,
+        }
+    }
+
     /// Marks the shared endpoint `id` complete: binds may go to the driver
     /// from now on, and a query reports it ready (C3).
     ///
