@@ -27,6 +27,14 @@
 //! ever passes the device, offset and size of recorded binds, so the undefined
 //! behaviour of a mismatched `cuMulticastUnbind` (C4) is unreachable.
 //!
+//! A panic inside an inner call (a `tracing` layer on the success event,
+//! a user backend) is taken as coming after the driver acted, as the typed
+//! API takes it: every transition records its intent under the lock first
+//! and a guard commits or rolls it back, the `busy` mark included; an
+//! object whose release call was made is forgotten before the call; what an
+//! unwound destroy or build leaves (an object, the binds still on it) is
+//! released when the backend drops, with no driver call while unwinding.
+//!
 //! Everything else (base and VMM calls) passes through to the inner driver
 //! ([`Forward`]: only the calls above are written out here).
 //! Attributes 153–156 are answered for the emulation: multicast is attribute

@@ -3,7 +3,10 @@
 //!
 //! - [`multicast`]: the root creates an exportable team spread over the
 //!   ranks and broadcasts its handle; every other rank imports it; every rank
-//!   enrolls its own devices; all agree; all wait (bounded); all agree again.
+//!   enrolls its own devices; all agree, each checking every rank's report
+//!   (team size, a digest of the Join, devices enrolled) against its own
+//!   view; all wait (bounded); all agree again. Two ranks that bring one
+//!   physical device (same boot id and PCI location) fail at the join.
 //!   Every rank then holds the same type, [`SharedTeam`] with an
 //!   `Endpoint<Ready, SharedMulticast>`, and binds its own memory.
 //! - [`unicast_peers`]: each rank reserves one id per rank, creates its own

@@ -13,8 +13,9 @@
 //! bytes that travel in the envelope ([`TeamSpec::classic_handles`]). Each
 //! rank imports what it received with the properties the ranks agreed on
 //! (never the exporter's bytes) and adds its devices at once; only after
-//! the agreement step that every rank added its devices does the team count
-//! as complete, so no rank binds before then (C3).
+//! the agreement step that every rank added its devices, with every rank's
+//! report matching this rank's view of the Join ([`check_reports`]), does
+//! the team count as complete, so no rank binds before then (C3).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
