@@ -415,7 +415,10 @@ fn classic_lifecycle(ctx: &Context) {
     let b0 = team.bind(0, 0, &m0).unwrap();
     let b1 = team.bind(1, ALIGN, &m1).unwrap();
     b0.unbind().unwrap();
-    std::mem::forget(b1); // still bound at destroy: its unbind is destroy's
+    let b2 = team.bind(0, ALIGN, &m0).unwrap();
+    // Still bound at destroy, two of them: their unbinds are destroy's, and
+    // a panic in the first leaves the second to unbind before the memory goes.
+    std::mem::forget((b1, b2));
     let ep = team.destroy().unwrap();
     drop((m0, m1));
     ep.release().unwrap();

@@ -31,9 +31,10 @@
 //! a user backend) is taken as coming after the driver acted, as the typed
 //! API takes it: every transition records its intent under the lock first
 //! and a guard commits or rolls it back, the `busy` mark included; an
-//! object whose release call was made is forgotten before the call; what an
-//! unwound destroy or build leaves (an object, the binds still on it) is
-//! released when the backend drops, with no driver call while unwinding.
+//! object whose release call was made is forgotten before the call; an
+//! unwound destroy still unbinds what is left (the typed API then frees
+//! that memory), and what an unwound destroy or build leaves (an object) is
+//! released when the backend drops.
 //!
 //! Everything else (base and VMM calls) passes through to the inner driver
 //! ([`Forward`]: only the calls above are written out here).
@@ -209,9 +210,8 @@ pub struct Classic {
     /// Imports staged by the bring-up, by a random ticket that this process
     /// made: handle bytes from a peer can never name one.
     staged: Mutex<HashMap<[u8; 64], Staged>>,
-    /// Objects (with the binds still on them) whose destroy or build
-    /// unwound: no driver call is made while unwinding (a second panic
-    /// there would abort), so they are released when the backend drops.
+    /// Objects (with any bind whose unbind failed) whose destroy or build
+    /// unwound: released when the backend drops, not while unwinding.
     orphans: Mutex<Vec<(u64, Vec<Bind>)>>,
 }
 
@@ -1031,11 +1031,26 @@ impl Forward for Classic {
         let _idle = Idle { classic: self, id };
         // A panic inside an unbind or a release is taken as coming after the
         // driver acted (see `OnUnwind`), as the typed API takes it: the
-        // endpoint is destroyed. What is left of it (the object, unless its
-        // release was called; the binds not yet unbound, back in the table)
-        // is released when the backend drops, without a driver call while
-        // unwinding.
+        // endpoint is destroyed, and the typed API frees the memory bound
+        // through it. So the binds not yet unbound (back in the table) are
+        // unbound now, a panic of theirs caught; what is left (the object,
+        // unless its release was called; a bind whose unbind failed) is
+        // released when the backend drops.
         let unwound = OnUnwind::new(|| {
+            let left = self.with_ep(id, |ep| Ok((ep.mc, std::mem::take(&mut ep.bindings))));
+            if let Ok((Some(mc), binds)) = left
+                && !binds.is_empty()
+            {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.unbind_all(id, mc, binds)
+                }));
+                if let Ok(Err((_, still))) = r {
+                    let _ = self.with_ep(id, |ep| {
+                        ep.bindings.extend(still);
+                        Ok(())
+                    });
+                }
+            }
             let ep = match self.lock().ids.get_mut(&id) {
                 Some(slot) => slot.take(),
                 None => None,
