@@ -379,7 +379,7 @@ fn c3_a_peer_whose_join_claims_a_device_it_never_enrolls_fails_every_rank_before
 }
 
 #[test]
-fn r3_2_on_logical_endpoints_the_same_lie_ends_in_time_with_nothing_left() {
+fn on_logical_endpoints_the_same_lie_fails_every_rank_in_time_with_nothing_left() {
     let lie = join_of(&[1, 2]);
     let model = Model::fabric(FabricConfig::nodes(1, 4));
     for r in bring_up_with_a_lie(&model, false, lie) {
