@@ -64,13 +64,15 @@ pub(crate) struct AllocInner {
 
 impl Drop for AllocInner {
     fn drop(&mut self) {
-        // SAFETY: the last owner of the allocation is gone: every `Binding`,
-        // `Mapped` and endpoint slot that kept it alive dropped its `Arc`, so
-        // nothing is bound to or mapped from it (R7.2).
-        if let Err(code) = unsafe { self.ctx.driver().mem_release(self.handle) } {
-            let e = self.ctx.error(Call::MemRelease, code);
-            self.ctx.record_teardown(e);
-        }
+        crate::range::in_drop(|| {
+            // SAFETY: the last owner of the allocation is gone: every `Binding`,
+            // `Mapped` and endpoint slot that kept it alive dropped its `Arc`, so
+            // nothing is bound to or mapped from it (R7.2).
+            if let Err(code) = unsafe { self.ctx.driver().mem_release(self.handle) } {
+                let e = self.ctx.error(Call::MemRelease, code);
+                self.ctx.record_teardown(e);
+            }
+        });
     }
 }
 
@@ -535,37 +537,39 @@ pub(crate) struct MappedInner {
 impl Drop for MappedInner {
     // The one right order: unmap, release the handle, free the address range.
     fn drop(&mut self) {
-        let Some(alloc) = self.alloc.take() else {
-            return;
-        };
-        let ctx = alloc.ctx.clone();
-        let (ptr, size) = (self.ptr, self.size);
-        // A panic inside the unmap or the release is taken as coming after
-        // the driver acted (see `OnUnwind`): the range is still freed, once
-        // (and, when the unmap panicked, the handle released: `alloc` drops
-        // with the unwind, after the guard).
-        let free = OnUnwind::new(|| {
-            // SAFETY: this mapping's range; the unmap was made.
+        crate::range::in_drop(|| {
+            let Some(alloc) = self.alloc.take() else {
+                return;
+            };
+            let ctx = alloc.ctx.clone();
+            let (ptr, size) = (self.ptr, self.size);
+            // A panic inside the unmap or the release is taken as coming after
+            // the driver acted (see `OnUnwind`): the range is still freed, once
+            // (and, when the unmap panicked, the handle released: `alloc` drops
+            // with the unwind, after the guard).
+            let free = OnUnwind::new(|| {
+                // SAFETY: this mapping's range; the unmap was made.
+                if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
+                    ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
+                }
+            });
+            // SAFETY: the last owner of the mapping is gone: no `Mapped` and no
+            // binding through it is left (bindings hold this `Arc`, R7.2).
+            if let Err(code) = unsafe { ctx.driver().mem_unmap(ptr, size) } {
+                free.disarm();
+                // Still mapped: keep the memory and the range rather than free
+                // what the device may still reach.
+                ctx.record_teardown(ctx.error(Call::MemUnmap, code));
+                std::mem::forget(alloc);
+                return;
+            }
+            drop(alloc);
+            free.disarm();
+            // SAFETY: this mapping's range, unmapped just above.
             if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
                 ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
             }
         });
-        // SAFETY: the last owner of the mapping is gone: no `Mapped` and no
-        // binding through it is left (bindings hold this `Arc`, R7.2).
-        if let Err(code) = unsafe { ctx.driver().mem_unmap(ptr, size) } {
-            free.disarm();
-            // Still mapped: keep the memory and the range rather than free
-            // what the device may still reach.
-            ctx.record_teardown(ctx.error(Call::MemUnmap, code));
-            std::mem::forget(alloc);
-            return;
-        }
-        drop(alloc);
-        free.disarm();
-        // SAFETY: this mapping's range, unmapped just above.
-        if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
-            ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
-        }
     }
 }
 

@@ -165,27 +165,29 @@ impl Drop for MulticastMapping<'_> {
     /// Unmaps, then frees the range. A failed unmap keeps the range (it is
     /// still mapped) and is recorded on the context, not swallowed.
     fn drop(&mut self) {
-        let d = self.ctx.driver();
-        let (ptr, size) = (self.ptr, self.size);
-        // A panic inside the unmap is taken as coming after the driver
-        // unmapped (see `OnUnwind`): the range is still freed, once.
-        let free = OnUnwind::new(|| {
-            // SAFETY: this mapping's range; the unmap was made.
-            let _ = unsafe { d.mem_address_free(ptr, size) };
+        crate::range::in_drop(|| {
+            let d = self.ctx.driver();
+            let (ptr, size) = (self.ptr, self.size);
+            // A panic inside the unmap is taken as coming after the driver
+            // unmapped (see `OnUnwind`): the range is still freed, once.
+            let free = OnUnwind::new(|| {
+                // SAFETY: this mapping's range; the unmap was made.
+                let _ = unsafe { d.mem_address_free(ptr, size) };
+            });
+            // SAFETY: this mapping's own range; nothing binds through it.
+            let r = unsafe { d.mem_unmap(ptr, size) };
+            free.disarm();
+            if let Err(code) = r {
+                self.ctx
+                    .record_teardown(self.ctx.error(Call::MemUnmap, code));
+                return;
+            }
+            // SAFETY: this mapping's range, unmapped just above.
+            if let Err(code) = unsafe { d.mem_address_free(self.ptr, self.size) } {
+                self.ctx
+                    .record_teardown(self.ctx.error(Call::MemAddressFree, code));
+            }
         });
-        // SAFETY: this mapping's own range; nothing binds through it.
-        let r = unsafe { d.mem_unmap(ptr, size) };
-        free.disarm();
-        if let Err(code) = r {
-            self.ctx
-                .record_teardown(self.ctx.error(Call::MemUnmap, code));
-            return;
-        }
-        // SAFETY: this mapping's range, unmapped just above.
-        if let Err(code) = unsafe { d.mem_address_free(self.ptr, self.size) } {
-            self.ctx
-                .record_teardown(self.ctx.error(Call::MemAddressFree, code));
-        }
     }
 }
 

@@ -555,3 +555,45 @@ fn a_panic_inside_each_inner_call_of_a_classic_team_bring_up_ends_every_rank_and
         assert!(calls.contains(call.name()), "{call} not covered: {calls:?}");
     }
 }
+
+/// A layer that panics on every success event from the `n`-th on: the
+/// rollbacks (which call the driver) meet it again while unwinding. Their
+/// panics are caught, so the process never aborts and the first panic
+/// reaches the caller; what the rollbacks could not give back is the
+/// process's until it exits (R12.2), and still no rule is broken.
+#[test]
+fn a_layer_that_panics_on_every_call_from_the_nth_on_never_aborts_the_process() {
+    quiet();
+    type Lifecycle = fn(&Context);
+    let cases: [(fn() -> Model, bool, Lifecycle); 2] = [
+        (|| Model::new(ModelConfig::node(2)), false, vmm_lifecycle),
+        (classic_node, true, classic_lifecycle),
+    ];
+    for (model, classic, lifecycle) in cases {
+        for nth in 1.. {
+            let model = model();
+            let ctx = if classic {
+                Context::new(Classic::new(Arc::new(Traced::new(model.clone()))))
+            } else {
+                Context::from_arc(Arc::new(Traced::new(model.clone())))
+            };
+            let seen = Arc::new(AtomicUsize::new(0));
+            let layer = {
+                let seen = seen.clone();
+                common::layer::OnEvent(move |e: &common::layer::EventFields| {
+                    if e.succeeded().is_some() && seen.fetch_add(1, Ordering::SeqCst) + 1 >= nth {
+                        std::panic::panic_any(Planned);
+                    }
+                })
+            };
+            let r = tracing::subscriber::with_default(layer, || {
+                catch_unwind(AssertUnwindSafe(|| lifecycle(&ctx)))
+            });
+            let Err(p) = r else { break };
+            assert!(p.is::<Planned>(), "#{nth}: a real panic");
+            drop(ctx);
+            model.exit();
+            common::no_violations(&model.violations());
+        }
+    }
+}

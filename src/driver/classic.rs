@@ -549,45 +549,47 @@ impl Drop for Classic {
     /// Best effort for endpoints nobody destroyed (e.g. leaked with
     /// `mem::forget`): unbind, then release the object (C5).
     fn drop(&mut self) {
-        let table = std::mem::take(
-            &mut self
-                .table
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .ids,
-        );
-        let orphans = std::mem::take(
-            self.orphans
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        // Ids 0: the table is gone, so no `unbind_all` gives binds back.
-        let left = orphans.into_iter().map(|(mc, b)| (0, Some(mc), b, None));
-        let live = table.into_iter().filter_map(|(id, ep)| {
-            let ep = ep?;
-            Some((id, ep.mc, ep.bindings, ep.stale))
-        });
-        for (id, mc, bindings, stale) in live.chain(left) {
-            for (mc, bindings) in [(mc, bindings), (stale, Vec::new())] {
-                let Some(mc) = mc else {
-                    continue;
-                };
-                tracing::warn!(
-                    id,
-                    "classic backend dropped with a live multicast object; releasing it"
-                );
-                // The table is gone: `unbind_all` finds no endpoint to
-                // give binds back to, on any path.
-                if let Err((code, left)) = self.unbind_all(id, mc, bindings) {
-                    tracing::error!(id, %code, still_bound = left.len(), "cuMulticastUnbind failed at drop");
-                    continue; // still bound: kept rather than released
-                }
-                // SAFETY: `mc` is this backend's own object, unbound above.
-                if let Err(code) = unsafe { self.inner.mem_release(mc) } {
-                    tracing::error!(id, %code, "cuMemRelease of a multicast object failed at drop");
+        crate::range::in_drop(|| {
+            let table = std::mem::take(
+                &mut self
+                    .table
+                    .get_mut()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .ids,
+            );
+            let orphans = std::mem::take(
+                self.orphans
+                    .get_mut()
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+            // Ids 0: the table is gone, so no `unbind_all` gives binds back.
+            let left = orphans.into_iter().map(|(mc, b)| (0, Some(mc), b, None));
+            let live = table.into_iter().filter_map(|(id, ep)| {
+                let ep = ep?;
+                Some((id, ep.mc, ep.bindings, ep.stale))
+            });
+            for (id, mc, bindings, stale) in live.chain(left) {
+                for (mc, bindings) in [(mc, bindings), (stale, Vec::new())] {
+                    let Some(mc) = mc else {
+                        continue;
+                    };
+                    tracing::warn!(
+                        id,
+                        "classic backend dropped with a live multicast object; releasing it"
+                    );
+                    // The table is gone: `unbind_all` finds no endpoint to
+                    // give binds back to, on any path.
+                    if let Err((code, left)) = self.unbind_all(id, mc, bindings) {
+                        tracing::error!(id, %code, still_bound = left.len(), "cuMulticastUnbind failed at drop");
+                        continue; // still bound: kept rather than released
+                    }
+                    // SAFETY: `mc` is this backend's own object, unbound above.
+                    if let Err(code) = unsafe { self.inner.mem_release(mc) } {
+                        tracing::error!(id, %code, "cuMemRelease of a multicast object failed at drop");
+                    }
                 }
             }
-        }
+        });
     }
 }
 
@@ -1041,6 +1043,8 @@ impl Forward for Classic {
             if let Ok((Some(mc), binds)) = left
                 && !binds.is_empty()
             {
+                // Caught here, not only by `OnUnwind`: the object is still
+                // taken out of the table below.
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     self.unbind_all(id, mc, binds)
                 }));
