@@ -564,8 +564,9 @@ fn a_panic_inside_each_inner_call_of_a_classic_team_bring_up_ends_every_rank_and
 #[test]
 fn a_layer_that_panics_on_every_call_from_the_nth_on_never_aborts_the_process() {
     quiet();
-    type Lifecycle = fn(&Context);
-    let cases: [(fn() -> Model, bool, Lifecycle); 2] = [
+    /// A model, whether on the classic fallback, a lifecycle.
+    type Case = (fn() -> Model, bool, fn(&Context));
+    let cases: [Case; 2] = [
         (|| Model::new(ModelConfig::node(2)), false, vmm_lifecycle),
         (classic_node, true, classic_lifecycle),
     ];
