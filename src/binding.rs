@@ -204,10 +204,12 @@ impl Binding<'_> {
 
 impl Drop for Binding<'_> {
     fn drop(&mut self) {
-        if let Err(e) = self.unbind_now() {
-            // Still bound: the endpoint keeps the memory until it is destroyed.
-            self.range.ctx.record_teardown(e);
-        }
+        crate::range::in_drop(|| {
+            if let Err(e) = self.unbind_now() {
+                // Still bound: the endpoint keeps the memory until it is destroyed.
+                self.range.ctx.record_teardown(e);
+            }
+        });
     }
 }
 

@@ -54,9 +54,11 @@ impl<S: State, K: Kind> std::fmt::Debug for Endpoint<S, K> {
 
 impl<S: State, K: Kind> Drop for Endpoint<S, K> {
     fn drop(&mut self) {
-        if S::CREATED {
-            destroy_now(&self.range, self.id, true);
-        }
+        crate::range::in_drop(|| {
+            if S::CREATED {
+                destroy_now(&self.range, self.id, true);
+            }
+        });
     }
 }
 

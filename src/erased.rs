@@ -112,11 +112,13 @@ impl DynEndpoint {
 
 impl Drop for DynEndpoint {
     fn drop(&mut self) {
-        // The typed endpoint's own `Drop` does the teardown: any created
-        // state destroys alike, whatever the kind.
-        let range = self.range.clone();
-        if self.created {
-            drop(Endpoint::<Pending, NoKind>::from_parts(range, self.id));
-        }
+        crate::range::in_drop(|| {
+            // The typed endpoint's own `Drop` does the teardown: any created
+            // state destroys alike, whatever the kind.
+            let range = self.range.clone();
+            if self.created {
+                drop(Endpoint::<Pending, NoKind>::from_parts(range, self.id));
+            }
+        });
     }
 }

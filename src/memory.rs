@@ -18,6 +18,7 @@ use crate::driver::{
     ShareableHandle, ShareableKind, handle_bits,
 };
 use crate::error::{Error, Failed, Result};
+use crate::range::OnUnwind;
 use crate::state::Sealed;
 
 /// The shareable handle type of an allocation. Sealed.
@@ -63,13 +64,15 @@ pub(crate) struct AllocInner {
 
 impl Drop for AllocInner {
     fn drop(&mut self) {
-        // SAFETY: the last owner of the allocation is gone: every `Binding`,
-        // `Mapped` and endpoint slot that kept it alive dropped its `Arc`, so
-        // nothing is bound to or mapped from it (R7.2).
-        if let Err(code) = unsafe { self.ctx.driver().mem_release(self.handle) } {
-            let e = self.ctx.error(Call::MemRelease, code);
-            self.ctx.record_teardown(e);
-        }
+        crate::range::in_drop(|| {
+            // SAFETY: the last owner of the allocation is gone: every `Binding`,
+            // `Mapped` and endpoint slot that kept it alive dropped its `Arc`, so
+            // nothing is bound to or mapped from it (R7.2).
+            if let Err(code) = unsafe { self.ctx.driver().mem_release(self.handle) } {
+                let e = self.ctx.error(Call::MemRelease, code);
+                self.ctx.record_teardown(e);
+            }
+        });
     }
 }
 
@@ -281,8 +284,23 @@ impl<H: MemShare> Allocation<H> {
             Ok(p) => p,
             Err(c) => return Err(fail(Call::MemAddressReserve, c, self)),
         };
+        // A panic inside the map is taken as coming after the driver mapped
+        // (see `OnUnwind`): the mapping is undone as a `Mapped`'s drop does
+        // (unmap, free the range; `self` releases the handle after it).
+        let unwind = {
+            let alloc = self.inner.clone();
+            OnUnwind::new(move || {
+                drop(MappedInner {
+                    alloc: Some(alloc),
+                    ptr,
+                    size,
+                })
+            })
+        };
         // SAFETY: `ptr` is the reservation just made, `self` owns the handle.
-        if let Err(c) = unsafe { d.mem_map(ptr, size, 0, self.inner.handle) } {
+        let r = unsafe { d.mem_map(ptr, size, 0, self.inner.handle) };
+        unwind.disarm();
+        if let Err(c) = r {
             // SAFETY: the reservation just made; nothing is mapped in it.
             if let Err(c2) = unsafe { d.mem_address_free(ptr, size) } {
                 // Not swallowed: the address range leaks, and says so.
@@ -439,11 +457,28 @@ fn probe_size(alloc: &AllocInner) -> Result<()> {
         Call::MemAddressReserve,
         ctx.queries().mem_address_reserve(alloc.size, 0),
     )?;
+    // A panic inside the map or the unmap is taken as coming after the
+    // driver acted (see `OnUnwind`): what is mapped is unmapped, and the
+    // range freed, once.
+    let free = || {
+        // SAFETY: the probe's reservation; nothing is mapped in it.
+        let _ = unsafe { d.mem_address_free(ptr, alloc.size) };
+    };
+    let undo_map = OnUnwind::new(|| {
+        // SAFETY: the mapping made in the probe, bound to nothing.
+        if unsafe { d.mem_unmap(ptr, alloc.size) }.is_ok() {
+            free();
+        }
+    });
     // SAFETY: `ptr` is the reservation just made; `alloc` owns the handle.
     let mapped = unsafe { d.mem_map(ptr, alloc.size, 0, alloc.handle) };
+    undo_map.disarm();
     if mapped.is_ok() {
+        let undo_unmap = OnUnwind::new(free);
         // SAFETY: the mapping just made, bound to nothing.
-        if let Err(c) = unsafe { d.mem_unmap(ptr, alloc.size) } {
+        let r = unsafe { d.mem_unmap(ptr, alloc.size) };
+        undo_unmap.disarm();
+        if let Err(c) = r {
             // Still mapped: keep the range rather than free a mapped one.
             return Err(ctx.error(Call::MemUnmap, c));
         }
@@ -519,24 +554,39 @@ pub(crate) struct MappedInner {
 impl Drop for MappedInner {
     // The one right order: unmap, release the handle, free the address range.
     fn drop(&mut self) {
-        let Some(alloc) = self.alloc.take() else {
-            return;
-        };
-        let ctx = alloc.ctx.clone();
-        // SAFETY: the last owner of the mapping is gone: no `Mapped` and no
-        // binding through it is left (bindings hold this `Arc`, R7.2).
-        if let Err(code) = unsafe { ctx.driver().mem_unmap(self.ptr, self.size) } {
-            // Still mapped: keep the memory and the range rather than free
-            // what the device may still reach.
-            ctx.record_teardown(ctx.error(Call::MemUnmap, code));
-            std::mem::forget(alloc);
-            return;
-        }
-        drop(alloc);
-        // SAFETY: this mapping's range, unmapped just above.
-        if let Err(code) = unsafe { ctx.driver().mem_address_free(self.ptr, self.size) } {
-            ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
-        }
+        crate::range::in_drop(|| {
+            let Some(alloc) = self.alloc.take() else {
+                return;
+            };
+            let ctx = alloc.ctx.clone();
+            let (ptr, size) = (self.ptr, self.size);
+            // A panic inside the unmap or the release is taken as coming after
+            // the driver acted (see `OnUnwind`): the range is still freed, once
+            // (and, when the unmap panicked, the handle released: `alloc` drops
+            // with the unwind, after the guard).
+            let free = OnUnwind::new(|| {
+                // SAFETY: this mapping's range; the unmap was made.
+                if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
+                    ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
+                }
+            });
+            // SAFETY: the last owner of the mapping is gone: no `Mapped` and no
+            // binding through it is left (bindings hold this `Arc`, R7.2).
+            if let Err(code) = unsafe { ctx.driver().mem_unmap(ptr, size) } {
+                free.disarm();
+                // Still mapped: keep the memory and the range rather than free
+                // what the device may still reach.
+                ctx.record_teardown(ctx.error(Call::MemUnmap, code));
+                std::mem::forget(alloc);
+                return;
+            }
+            drop(alloc);
+            free.disarm();
+            // SAFETY: this mapping's range, unmapped just above.
+            if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
+                ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
+            }
+        });
     }
 }
 

@@ -18,6 +18,7 @@ use crate::driver::{Call, Device};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Feature, Result};
 use crate::kind::Kind;
+use crate::range::OnUnwind;
 use crate::state::Ready;
 
 /// A classic multicast object mapped at a device address with `multimem`
@@ -109,9 +110,20 @@ impl<'e> MulticastMapping<'e> {
             ctx.queries().mem_address_reserve(size, align.unwrap_or(0)),
         )?;
         let d = ctx.driver();
+        // A panic inside the map is taken as coming after the driver mapped
+        // (see `OnUnwind`): unmapped and freed as the mapping's drop does.
+        let unwind = OnUnwind::new(|| {
+            // SAFETY: the mapping made below, bound to nothing.
+            if unsafe { d.mem_unmap(ptr, size) }.is_ok() {
+                // SAFETY: the reservation made above, unmapped just now.
+                let _ = unsafe { d.mem_address_free(ptr, size) };
+            }
+        });
         // SAFETY: `ptr` is the reservation just made; `mc` is the object of
         // the borrowed endpoint, complete, which outlives the mapping.
-        if let Err(code) = unsafe { d.mem_map(ptr, size, 0, mc) } {
+        let r = unsafe { d.mem_map(ptr, size, 0, mc) };
+        unwind.disarm();
+        if let Err(code) = r {
             // SAFETY: the reservation just made; nothing is mapped in it.
             if let Err(c2) = unsafe { d.mem_address_free(ptr, size) } {
                 ctx.record_teardown(ctx.error(Call::MemAddressFree, c2));
@@ -153,18 +165,29 @@ impl Drop for MulticastMapping<'_> {
     /// Unmaps, then frees the range. A failed unmap keeps the range (it is
     /// still mapped) and is recorded on the context, not swallowed.
     fn drop(&mut self) {
-        let d = self.ctx.driver();
-        // SAFETY: this mapping's own range; nothing binds through it.
-        if let Err(code) = unsafe { d.mem_unmap(self.ptr, self.size) } {
-            self.ctx
-                .record_teardown(self.ctx.error(Call::MemUnmap, code));
-            return;
-        }
-        // SAFETY: this mapping's range, unmapped just above.
-        if let Err(code) = unsafe { d.mem_address_free(self.ptr, self.size) } {
-            self.ctx
-                .record_teardown(self.ctx.error(Call::MemAddressFree, code));
-        }
+        crate::range::in_drop(|| {
+            let d = self.ctx.driver();
+            let (ptr, size) = (self.ptr, self.size);
+            // A panic inside the unmap is taken as coming after the driver
+            // unmapped (see `OnUnwind`): the range is still freed, once.
+            let free = OnUnwind::new(|| {
+                // SAFETY: this mapping's range; the unmap was made.
+                let _ = unsafe { d.mem_address_free(ptr, size) };
+            });
+            // SAFETY: this mapping's own range; nothing binds through it.
+            let r = unsafe { d.mem_unmap(ptr, size) };
+            free.disarm();
+            if let Err(code) = r {
+                self.ctx
+                    .record_teardown(self.ctx.error(Call::MemUnmap, code));
+                return;
+            }
+            // SAFETY: this mapping's range, unmapped just above.
+            if let Err(code) = unsafe { d.mem_address_free(self.ptr, self.size) } {
+                self.ctx
+                    .record_teardown(self.ctx.error(Call::MemAddressFree, code));
+            }
+        });
     }
 }
 

@@ -128,10 +128,12 @@ impl<K: Kind, M: BindSource> BoundEndpoint<K, M> {
 
 impl<K: Kind, M: BindSource> Drop for BoundEndpoint<K, M> {
     fn drop(&mut self) {
-        if let Some(e) = self.unbind_now() {
-            // Still bound: the endpoint keeps that memory alive until its
-            // destroy unbinds it (R7).
-            self.endpoint.context().record_teardown(e);
-        }
+        crate::range::in_drop(|| {
+            if let Some(e) = self.unbind_now() {
+                // Still bound: the endpoint keeps that memory alive until its
+                // destroy unbinds it (R7).
+                self.endpoint.context().record_teardown(e);
+            }
+        });
     }
 }

@@ -181,10 +181,26 @@ impl<F: FnOnce()> OnUnwind<F> {
     }
 }
 
+/// Runs the body of a `Drop` that calls the driver. While unwinding, a
+/// panic inside it (a `tracing` layer or user backend that panics again) is
+/// caught: one escaping a destructor during unwinding aborts the process.
+/// Outside unwinding it runs as is (one thread-local read).
+#[inline]
+pub(crate) fn in_drop(body: impl FnOnce()) {
+    if std::thread::panicking() {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    } else {
+        body();
+    }
+}
+
 impl<F: FnOnce()> Drop for OnUnwind<F> {
     fn drop(&mut self) {
         if let Some(f) = self.0.take() {
-            f();
+            // A rollback that calls the driver (an unmap, an unbind) may meet
+            // the same panicking layer again: caught here, so that the first
+            // panic goes on unwinding instead of the process aborting.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         }
     }
 }
@@ -409,11 +425,13 @@ impl Drop for RangeInner {
         if self.spare {
             return; // released, and its context let go when it became the spare
         }
-        if !self.released
-            && let Err(e) = self.release_now()
-        {
-            self.ctx.record_teardown(e);
-        }
+        crate::range::in_drop(|| {
+            if !self.released
+                && let Err(e) = self.release_now()
+            {
+                self.ctx.record_teardown(e);
+            }
+        });
     }
 }
 

@@ -4,10 +4,14 @@
 //!
 //! Waiting polls at least once, even with a zero timeout, then backs off:
 //! spin (one hint per poll), then yield, then sleep a quarter of the time
-//! waited so far (at least 10 µs, at most 1 ms). The clock starts at the
-//! fourth pause, so an endpoint ready within four polls costs no clock read;
-//! past that it never blocks beyond its timeout (the three untimed polls
-//! aside) and hands the pending endpoints back with the error.
+//! waited so far (at least 10 µs, at most 1 ms). The clock starts when a
+//! query first answers "not ready", so an endpoint ready at its first query
+//! costs no clock read. The bound, exactly: the wait returns at the end of
+//! the first poll that ends after `timeout` has passed on that clock (a
+//! pause never sleeps past it), so it overruns `timeout` by at most one
+//! poll, plus the queries of the first poll that answered "ready" before
+//! the clock started; it hands the pending endpoints back with the error,
+//! whose `waited` is the time on that clock.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,11 +23,9 @@ use crate::kind::{Kind, TeamIsComplete};
 use crate::range::RangeInner;
 use crate::state::{CanQuery, Pending, Ready, State};
 
-/// Polls before the back-off's clock starts (see [`Backoff::pause`]).
-const UNTIMED: u64 = 4;
-
-/// The back-off between polls. The clock starts at the fourth pause, so an
-/// endpoint ready within four polls costs no clock read.
+/// The back-off between polls. Its clock starts at the first query that
+/// answers "not ready" ([`Backoff::not_ready`]), so an endpoint ready at
+/// its first query costs no clock read.
 struct Backoff {
     start: Option<Instant>,
     polls: u64,
@@ -37,27 +39,23 @@ impl Backoff {
         }
     }
 
+    /// A query answered "not ready": the clock starts, if it has not.
+    #[inline]
+    fn not_ready(&mut self) {
+        if self.start.is_none() {
+            self.start = Some(Instant::now());
+        }
+    }
+
     /// Time since the clock started.
     fn waited(&self) -> Duration {
         self.start.map_or(Duration::ZERO, |s| s.elapsed())
     }
 
-    /// Waits a little before the next poll; `false` once `timeout` is spent.
+    /// Waits a little before the next poll; `false` once `timeout` is spent
+    /// (a zero timeout: after the one poll).
     fn pause(&mut self, timeout: Duration) -> bool {
-        let waited = match self.start {
-            Some(s) => s.elapsed(),
-            // A zero timeout: one poll, and no clock.
-            None if timeout.is_zero() => return false,
-            // The first pauses read no clock: a read costs about what a
-            // query of the model does, and an endpoint a few queries from
-            // ready is the common case. They may overrun a timeout by three
-            // polls' time (each a query and one spin hint).
-            None if self.polls < UNTIMED => Duration::ZERO,
-            None => {
-                self.start = Some(Instant::now());
-                Duration::ZERO
-            }
-        };
+        let waited = self.waited();
         if waited >= timeout {
             return false;
         }
@@ -69,6 +67,7 @@ impl Backoff {
             16..32 => std::thread::yield_now(),
             _ => {
                 let nap = (waited / 4).clamp(Duration::from_micros(10), Duration::from_millis(1));
+                // `waited < timeout` above: no underflow.
                 std::thread::sleep(nap.min(timeout - waited));
             }
         }
@@ -107,7 +106,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
 
     /// Polls until construction finished or `timeout` passed (R3). Polls at
     /// least once, even for a zero timeout; backs off instead of burning a
-    /// core; never blocks past `timeout`.
+    /// core; returns at most one poll after `timeout`, counted from the
+    /// first query that answered "not ready" (see the module doc).
     ///
     /// # Errors
     /// [`Error::Timeout`] (with the number of queries made) or [`Error::Driver`];
@@ -146,7 +146,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         loop {
             match answer {
                 Ok(true) => return Ok(self.cast()),
-                Ok(false) => {}
+                Ok(false) => backoff.not_ready(),
                 Err(error) => return Err(Failed { error, value: self }),
             }
             if !backoff.pause(timeout) {
@@ -249,7 +249,10 @@ fn wait_all_runs<K: Kind>(
         for (range, base, count, done) in runs.iter_mut().filter(|r| !r.3) {
             match query(range, *base, *count) {
                 Ok(true) => *done = true,
-                Ok(false) => all = false,
+                Ok(false) => {
+                    all = false;
+                    backoff.not_ready();
+                }
                 Err(e) => {
                     failed = Some(e);
                     break;
@@ -353,6 +356,7 @@ fn wait_ids_after(
         if answer? {
             return Ok(());
         }
+        backoff.not_ready();
         if !backoff.pause(timeout) {
             // Only unicast peers' ranges are waited on by id.
             return Err(Error::Timeout {

@@ -239,3 +239,238 @@ fn r9_4_damaged_classic_fabric_bytes_fail_every_rank_and_leave_nothing() {
     assert!(model.violations().is_empty(), "{:?}", model.violations());
     assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
 }
+
+/// A bootstrap whose first allgather (the Join) sends `replace` instead of
+/// what this rank says, and records what it said.
+struct Lying<B> {
+    inner: B,
+    first: std::sync::Mutex<bool>,
+    replace: Option<Vec<u8>>,
+    record: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+}
+
+impl<B: Bootstrap> Bootstrap for Lying<B> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn allgather(
+        &self,
+        mine: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, cuda_endpoints::BootstrapError> {
+        let mut bytes = mine.to_vec();
+        if std::mem::take(&mut *self.first.lock().unwrap()) {
+            *self.record.lock().unwrap() = Some(mine.to_vec());
+            if let Some(r) = &self.replace {
+                bytes = r.clone();
+            }
+        }
+        self.inner.allgather(&bytes, timeout)
+    }
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, cuda_endpoints::BootstrapError> {
+        self.inner.broadcast(root, bytes, timeout)
+    }
+    fn barrier(&self, timeout: Duration) -> Result<(), cuda_endpoints::BootstrapError> {
+        self.inner.barrier(timeout)
+    }
+}
+
+/// The Join an honest one-rank bring-up bringing `devices` sends.
+fn join_of(devices: &[i32]) -> Vec<u8> {
+    let model = Model::fabric(FabricConfig::nodes(1, 4));
+    let ctx = Context::new(Classic::new(Arc::new(model.clone())));
+    let record = Arc::new(std::sync::Mutex::new(None));
+    let boot = Lying {
+        inner: Threads::new(1).pop().unwrap(),
+        first: std::sync::Mutex::new(true),
+        replace: None,
+        record: record.clone(),
+    };
+    let spec = TeamSpec::new(devices.iter().map(|&d| Device(d)), MIB2).timeout(T);
+    let _ = team::multicast(&ctx, &boot, &spec);
+    record.lock().unwrap().take().expect("a Join")
+}
+
+/// Two ranks (two processes of one node), each bringing its own device;
+/// rank 1's Join says `lie` instead. Returns each rank's outcome, in time.
+fn bring_up_with_a_lie(
+    model: &Model,
+    classic: bool,
+    lie: Vec<u8>,
+) -> Vec<Result<team::SharedTeam, team::TeamError>> {
+    let ms = [model.clone(), model.spawn_process_on(0).unwrap()];
+    let timeout = Duration::from_secs(2);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ms
+            .iter()
+            .zip(Threads::new(2))
+            .enumerate()
+            .map(|(rank, (m, b))| {
+                let lie = lie.clone();
+                s.spawn(move || {
+                    let ctx = if classic {
+                        Context::new(Classic::new(Arc::new(m.clone())))
+                    } else {
+                        Context::new(m.clone())
+                    };
+                    let boot = Lying {
+                        inner: b,
+                        first: std::sync::Mutex::new(true),
+                        replace: (rank == 1).then_some(lie),
+                        record: Arc::new(std::sync::Mutex::new(None)),
+                    };
+                    let spec = TeamSpec::new([Device(rank as i32)], MIB2).timeout(timeout);
+                    let t0 = std::time::Instant::now();
+                    let r = team::multicast(&ctx, &boot, &spec);
+                    assert!(
+                        t0.elapsed() < timeout + Duration::from_secs(1),
+                        "rank {rank}"
+                    );
+                    if r.is_err() {
+                        drop(ctx);
+                        assert!(m.live().is_empty(), "rank {rank}: {:?}", m.live());
+                    }
+                    r.map(|t| {
+                        // Not bound: a bind here is the C3 hang under test.
+                        drop(t);
+                        unreachable!("rank {rank}: the team came up on a lie");
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn c3_a_peer_whose_join_claims_a_device_it_never_enrolls_fails_every_rank_before_any_bind() {
+    // Rank 1 says it brings devices 1 and 2; it enrolls device 1 only. The
+    // ranks then disagree on the team size (3 and 2): no rank may call the
+    // team complete on that word.
+    let lie = join_of(&[1, 2]);
+    let model = Model::fabric(FabricConfig::nodes(1, 4));
+    for r in bring_up_with_a_lie(&model, true, lie) {
+        let e = r.expect_err("a TeamError on every rank");
+        assert_eq!(e.step, Step::Enroll, "{e}");
+        assert!(
+            matches!(
+                e.cause,
+                team::Cause::Mismatch(team::Mismatch::Report { .. })
+            ),
+            "{e}"
+        );
+        assert_eq!(e.rank, 1, "{e}");
+    }
+    assert_eq!(model.calls(Call::MulticastBindMem), 0);
+    assert!(
+        model.live_fabric().held.is_empty(),
+        "{:?}",
+        model.live_fabric()
+    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+#[test]
+fn on_logical_endpoints_the_same_lie_fails_every_rank_in_time_with_nothing_left() {
+    let lie = join_of(&[1, 2]);
+    let model = Model::fabric(FabricConfig::nodes(1, 4));
+    for r in bring_up_with_a_lie(&model, false, lie) {
+        r.expect_err("a TeamError on every rank");
+    }
+    assert!(
+        model.live_fabric().held.is_empty(),
+        "{:?}",
+        model.live_fabric()
+    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+#[test]
+fn r4_2_two_ranks_of_a_node_bringing_one_device_fail_at_join_before_the_driver() {
+    for classic in [true, false] {
+        let model = Model::fabric(FabricConfig::nodes(1, 4));
+        let ms = [model.clone(), model.spawn_process_on(0).unwrap()];
+        let out: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = ms
+                .iter()
+                .zip(Threads::new(2))
+                .map(|(m, boot)| {
+                    s.spawn(move || {
+                        let ctx = if classic {
+                            Context::new(Classic::new(Arc::new(m.clone())))
+                        } else {
+                            Context::new(m.clone())
+                        };
+                        let spec = TeamSpec::new([Device(0)], MIB2).timeout(T);
+                        team::multicast(&ctx, &boot, &spec).map(drop)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in out {
+            let e = r.expect_err("a TeamError on every rank");
+            assert_eq!(e.step, Step::Join, "{e}");
+            assert_eq!(e.rank, 1, "{e}");
+            assert!(
+                matches!(
+                    e.cause,
+                    team::Cause::Mismatch(team::Mismatch::SameDevice {
+                        device: 0,
+                        other_rank: 0
+                    })
+                ),
+                "{e}"
+            );
+        }
+        // Before the driver: nothing was created.
+        assert_eq!(model.calls(Call::MulticastCreate), 0);
+        assert_eq!(model.calls(Call::Create), 0);
+        assert!(model.live_fabric().held.is_empty());
+        assert!(model.violations().is_empty(), "{:?}", model.violations());
+    }
+}
+
+#[test]
+fn r12_5_a_device_another_process_added_to_a_shared_classic_object_is_the_drivers_refusal() {
+    // As on logical endpoints: this process cannot know another's
+    // enrollment, so the model answers as the driver does, no violation; a
+    // device this process added twice is a rule broken (C3/R4.2).
+    let model = Model::fabric(FabricConfig::nodes(1, 2));
+    let p2 = model.spawn_process_on(0).unwrap();
+    let (d1, d2): (&dyn cuda_endpoints::Driver, &dyn cuda_endpoints::Driver) = (&model, &p2);
+    // SAFETY: the test owns every handle it names; the last add breaks a
+    // rule on purpose.
+    unsafe {
+        let mc = d1.multicast_create(2, MIB2, 1).unwrap();
+        let shared = d1.mem_export(mc, ShareableKind::PosixFd).unwrap();
+        let mc2 = d2.mem_import(shared).unwrap();
+        d1.multicast_add_device(mc, Device(0)).unwrap();
+        assert_eq!(
+            d2.multicast_add_device(mc2, Device(0)),
+            Err(Code::INVALID_VALUE)
+        );
+        assert!(model.violations().is_empty(), "{:?}", model.violations());
+        assert_eq!(
+            d1.multicast_add_device(mc, Device(0)),
+            Err(Code::INVALID_VALUE)
+        );
+        d2.mem_release(mc2).unwrap();
+        d1.mem_release(mc).unwrap();
+        if let cuda_endpoints::driver::ShareableHandle::PosixFd(fd) = shared {
+            drop(<std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd));
+        }
+    }
+    let v = model.violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].rule, "C3");
+    assert!(model.live_node().is_empty(), "{:?}", model.live_node());
+}

@@ -690,3 +690,14 @@ fn the_classic_fallback_runs_over_the_fabric() {
     drop((team, mem, ctx, _ctx, me));
     assert_clean(&server);
 }
+
+/// A timeout too large for `Instant` (`Duration::MAX`) is no deadline, not a
+/// panic: the waits of the server return as soon as their condition holds.
+#[test]
+fn the_server_waits_take_any_timeout_duration_max_included() {
+    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
+    assert!(server.wait_idle(Duration::MAX));
+    assert!(server.wait_exits(0, Duration::MAX));
+    assert!(!server.wait_exits(1, Duration::ZERO));
+    assert_clean(&server);
+}

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use cuda_endpoints::driver::{Device, Driver, DriverResult, Forward, Traced};
+use cuda_endpoints::driver::{Classic, Device, Driver, DriverResult, Forward, Traced};
 use cuda_endpoints::model::{Live, Model, ModelConfig};
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{Allocation, Call, Context, Private, Spec};
@@ -294,4 +294,343 @@ fn a_panic_inside_a_release_still_lets_go_of_the_context() {
     drop((ctx, ctx2));
     assert_eq!(Arc::strong_count(&driver), 1, "the context was kept");
     assert_eq!(Arc::strong_count(&driver2), 1, "the context was kept");
+}
+
+/// Panics on the `n`-th success event of any call, and says which call.
+#[derive(Debug)]
+struct NthEvent {
+    left: AtomicUsize,
+    fired: std::sync::Mutex<Option<Call>>,
+}
+
+impl NthEvent {
+    fn seen(&self, call: Call) {
+        if self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            == Ok(1)
+        {
+            *self.fired.lock().unwrap() = Some(call);
+            std::panic::panic_any(Planned);
+        }
+    }
+}
+
+/// Runs `lifecycle` on the context `make` builds over a fresh `model()`,
+/// with a `tracing` layer panicking on the success event of its first
+/// driver call, then of its second, and so on to the last: every call the
+/// lifecycle makes, inner calls of a backend included, at each occurrence.
+/// `check` gets each caught panic (the call, the context, the model).
+/// Returns the calls that panicked.
+fn each_layer_panic(
+    model: impl Fn() -> Model,
+    make: impl Fn(&Model) -> Context,
+    lifecycle: impl Fn(&Context),
+    check: impl Fn(Call, Context, &Model),
+) -> std::collections::BTreeSet<&'static str> {
+    quiet();
+    let mut calls = std::collections::BTreeSet::new();
+    for nth in 1.. {
+        let model = model();
+        let plan = Arc::new(NthEvent {
+            left: AtomicUsize::new(nth),
+            fired: std::sync::Mutex::new(None),
+        });
+        let ctx = make(&model);
+        let layer = {
+            let plan = plan.clone();
+            common::layer::OnEvent(move |e: &common::layer::EventFields| {
+                if let Some(call) = e.succeeded() {
+                    plan.seen(call);
+                }
+            })
+        };
+        let r = tracing::subscriber::with_default(layer, || {
+            catch_unwind(AssertUnwindSafe(|| lifecycle(&ctx)))
+        });
+        let Some(call) = *plan.fired.lock().unwrap() else {
+            assert!(r.is_ok(), "#{nth}: a real failure");
+            break;
+        };
+        let p = r.expect_err("the planned panic propagates");
+        assert!(p.is::<Planned>(), "{call} (#{nth}): a real panic");
+        calls.insert(call.name());
+        check(call, ctx, &model);
+    }
+    calls
+}
+
+/// What a panic inside `call` leaves for good: nothing, except where the
+/// call's answer is a new resource that never reached the crate (README
+/// "Guarantees"): the process's until it exits (R12.2).
+fn lost(call: Call) -> Live {
+    let mut lost = Live::default();
+    match call {
+        Call::IdReserve => lost.ids = 1,
+        Call::MemCreate => lost.allocations = 1,
+        Call::MemAddressReserve => lost.address_ranges = 1,
+        Call::MulticastCreate | Call::MemImportFromShareableHandle => lost.multicast_objects = 1,
+        _ => {}
+    }
+    lost
+}
+
+/// The end of a caught panic inside `call`: no teardown error; once the
+/// context is gone, nothing left but what [`lost`] says, and no rule broken.
+#[track_caller]
+fn clean_after(call: Call, ctx: Context, model: &Model) {
+    let teardown = ctx.take_teardown_errors();
+    assert!(teardown.is_empty(), "{call}: {teardown:?}");
+    drop(ctx);
+    assert_eq!(model.live_node(), lost(call), "{call}");
+    model.exit();
+    common::no_violations(&model.violations());
+}
+
+/// A VMM lifecycle: two allocations, one mapped, both bound, unbound,
+/// unmapped, released.
+fn vmm_lifecycle(ctx: &Context) {
+    let uni = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, 2 * ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let m0 = Allocation::<Private>::on_device(ctx, Device(0), ALIGN)
+        .unwrap()
+        .map(&[Device(0)])
+        .unwrap();
+    let m1 = Allocation::<Private>::on_device(ctx, Device(0), ALIGN).unwrap();
+    let b0 = uni.bind(0, 0, &m0).unwrap();
+    let b1 = uni.bind(0, ALIGN, &m1).unwrap();
+    b0.unbind().unwrap();
+    drop(b1);
+    let ep = uni.destroy().unwrap();
+    drop((m0, m1));
+    ep.release().unwrap();
+}
+
+#[test]
+fn a_panic_inside_each_vmm_call_leaks_nothing_but_what_the_driver_never_returned() {
+    let calls = each_layer_panic(
+        || Model::new(ModelConfig::node(2)),
+        |model| Context::from_arc(Arc::new(Traced::new(model.clone()))),
+        vmm_lifecycle,
+        clean_after,
+    );
+    for call in [
+        Call::MemCreate,
+        Call::MemAddressReserve,
+        Call::MemMap,
+        Call::MemSetAccess,
+        Call::MemUnmap,
+        Call::MemAddressFree,
+        Call::MemRelease,
+    ] {
+        assert!(calls.contains(call.name()), "{call} not covered: {calls:?}");
+    }
+}
+
+/// A classic lifecycle (`Classic` over `Traced`): a team of two built at
+/// its last device (cuMulticastCreate, cuMulticastAddDevice), mapped
+/// (multimem), bound, unbound (by `unbind` and by `destroy`), destroyed
+/// (cuMemRelease of the object), released.
+fn classic_lifecycle(ctx: &Context) {
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], 2 * ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let mapping = cuda_endpoints::MulticastMapping::new(&team).unwrap();
+    drop(mapping);
+    let m0 = Allocation::<Private>::on_device(ctx, Device(0), ALIGN).unwrap();
+    let m1 = Allocation::<Private>::on_device(ctx, Device(1), ALIGN).unwrap();
+    let b0 = team.bind(0, 0, &m0).unwrap();
+    let b1 = team.bind(1, ALIGN, &m1).unwrap();
+    b0.unbind().unwrap();
+    let b2 = team.bind(0, ALIGN, &m0).unwrap();
+    // Still bound at destroy, two of them: their unbinds are destroy's, and
+    // a panic in the first leaves the second to unbind before the memory goes.
+    std::mem::forget((b1, b2));
+    let ep = team.destroy().unwrap();
+    drop((m0, m1));
+    ep.release().unwrap();
+}
+
+fn classic_node() -> Model {
+    Model::new(ModelConfig::cuda_13_0(4).with_devices(|_, d| d.classic_multicast = true))
+}
+
+#[test]
+fn a_panic_inside_each_inner_call_of_the_classic_fallback_leaks_nothing_and_releases_nothing_twice()
+{
+    let calls = each_layer_panic(
+        classic_node,
+        |model| Context::new(Classic::new(Arc::new(Traced::new(model.clone())))),
+        classic_lifecycle,
+        clean_after,
+    );
+    for call in [
+        Call::DeviceGetAttribute,
+        Call::MulticastGetGranularity,
+        Call::MulticastCreate,
+        Call::MulticastAddDevice,
+        Call::MemAddressReserve,
+        Call::MemMap,
+        Call::MemUnmap,
+        Call::MulticastBindMem,
+        Call::MulticastUnbind,
+        Call::MemRelease,
+    ] {
+        assert!(calls.contains(call.name()), "{call} not covered: {calls:?}");
+    }
+}
+
+/// A classic team bring-up (`team::multicast` over `Classic` over
+/// `Traced`) of two ranks, two processes of one node, one device each,
+/// then a bind; the `n`-th driver call of rank `who` (0: the exporter, 1:
+/// the importer) panics. The other rank ends within the timeout; neither
+/// process keeps anything but what [`lost`] says, the fabric holds nothing,
+/// no rule is broken. Returns the call that panicked, if one did.
+fn classic_bring_up_with_a_panic(who: usize, nth: usize) -> Option<Call> {
+    use cuda_endpoints::bootstrap::Threads;
+    use cuda_endpoints::model::FabricConfig;
+    use cuda_endpoints::team::{self, TeamSpec};
+    const TEAM_T: Duration = Duration::from_secs(2);
+    quiet();
+    let model = Model::fabric(FabricConfig::nodes(1, 4));
+    let ms = [model.clone(), model.spawn_process_on(0).unwrap()];
+    let plan = Arc::new(NthEvent {
+        left: AtomicUsize::new(nth),
+        fired: std::sync::Mutex::new(None),
+    });
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ms
+            .iter()
+            .zip(Threads::new(2))
+            .enumerate()
+            .map(|(rank, (m, boot))| {
+                let plan = plan.clone();
+                s.spawn(move || {
+                    let ctx = Context::new(Classic::new(Arc::new(Traced::new(m.clone()))));
+                    let spec = TeamSpec::new([Device(rank as i32)], ALIGN).timeout(TEAM_T);
+                    let layer = common::layer::OnEvent(move |e: &common::layer::EventFields| {
+                        if let (true, Some(call)) = (rank == who, e.succeeded()) {
+                            plan.seen(call);
+                        }
+                    });
+                    let t0 = std::time::Instant::now();
+                    let r = tracing::subscriber::with_default(layer, || {
+                        catch_unwind(AssertUnwindSafe(|| {
+                            let dev = Device(rank as i32);
+                            let t =
+                                team::multicast(&ctx, &boot, &spec).map_err(|e| e.to_string())?;
+                            // Exportable: shareable memory only (R5.6).
+                            let mem =
+                                Allocation::<cuda_endpoints::PosixFd>::on_device(&ctx, dev, ALIGN)
+                                    .map_err(|e| e.to_string())?;
+                            let b = t.endpoint().bind(dev, 0, &mem).map_err(|e| e.to_string())?;
+                            drop(b);
+                            drop(t);
+                            Ok::<(), String>(())
+                        }))
+                    });
+                    drop(boot); // a rank that unwound leaves the bootstrap
+                    assert!(
+                        t0.elapsed() < TEAM_T + Duration::from_secs(1),
+                        "rank {rank}: hang"
+                    );
+                    match r {
+                        Ok(_) => {}
+                        Err(p) => assert!(p.is::<Planned>(), "rank {rank}: a real panic"),
+                    }
+                    let teardown = ctx.take_teardown_errors();
+                    assert!(teardown.is_empty(), "rank {rank}: {teardown:?}");
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+    let fired = *plan.fired.lock().unwrap();
+    let lost = fired.map_or_else(Live::default, lost);
+    // The lost value is on the node's count.
+    assert_eq!(model.live_node(), lost, "{fired:?}");
+    ms[who].exit();
+    assert!(
+        model.live_fabric().held.is_empty(),
+        "{:?}",
+        model.live_fabric()
+    );
+    common::no_violations(&model.violations());
+    fired
+}
+
+#[test]
+fn a_panic_inside_each_inner_call_of_a_classic_team_bring_up_ends_every_rank_and_leaks_nothing() {
+    let mut calls = std::collections::BTreeSet::new();
+    for who in [0, 1] {
+        for nth in 1.. {
+            match classic_bring_up_with_a_panic(who, nth) {
+                Some(call) => calls.insert(call.name()),
+                None => break,
+            };
+        }
+    }
+    for call in [
+        Call::MulticastCreate,
+        Call::MemExportToShareableHandle,
+        Call::MemImportFromShareableHandle,
+        Call::MulticastAddDevice,
+        Call::MemRelease,
+    ] {
+        assert!(calls.contains(call.name()), "{call} not covered: {calls:?}");
+    }
+}
+
+/// A layer that panics on every success event from the `n`-th on: the
+/// rollbacks (which call the driver) meet it again while unwinding. Their
+/// panics are caught, so the process never aborts and the first panic
+/// reaches the caller; what the rollbacks could not give back is the
+/// process's until it exits (R12.2), and still no rule is broken.
+#[test]
+fn a_layer_that_panics_on_every_call_from_the_nth_on_never_aborts_the_process() {
+    quiet();
+    /// A model, whether on the classic fallback, a lifecycle.
+    type Case = (fn() -> Model, bool, fn(&Context));
+    let cases: [Case; 2] = [
+        (|| Model::new(ModelConfig::node(2)), false, vmm_lifecycle),
+        (classic_node, true, classic_lifecycle),
+    ];
+    for (model, classic, lifecycle) in cases {
+        for nth in 1.. {
+            let model = model();
+            let ctx = if classic {
+                Context::new(Classic::new(Arc::new(Traced::new(model.clone()))))
+            } else {
+                Context::from_arc(Arc::new(Traced::new(model.clone())))
+            };
+            let seen = Arc::new(AtomicUsize::new(0));
+            let layer = {
+                let seen = seen.clone();
+                common::layer::OnEvent(move |e: &common::layer::EventFields| {
+                    if e.succeeded().is_some() && seen.fetch_add(1, Ordering::SeqCst) + 1 >= nth {
+                        std::panic::panic_any(Planned);
+                    }
+                })
+            };
+            let r = tracing::subscriber::with_default(layer, || {
+                catch_unwind(AssertUnwindSafe(|| lifecycle(&ctx)))
+            });
+            let Err(p) = r else { break };
+            assert!(p.is::<Planned>(), "#{nth}: a real panic");
+            drop(ctx);
+            model.exit();
+            common::no_violations(&model.violations());
+        }
+    }
 }

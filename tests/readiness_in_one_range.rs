@@ -195,3 +195,58 @@ fn a_gap_in_one_range_in_id_order_makes_two_runs() {
     drop((ready, gap));
     common::clean(&w.ctx, &w.model);
 }
+
+/// The wait's bound (module doc of `ready`): its clock starts at the first
+/// query that answers "not ready", so a wait for 50 000 gapped, never-ready
+/// endpoints (25 000 queries a poll) overruns a 1 ms timeout by at most one
+/// poll, and `Error::Timeout` reports the time actually waited.
+#[test]
+fn a_wait_overruns_its_timeout_by_at_most_one_poll_and_reports_the_time_waited() {
+    use cuda_endpoints::{Error, SpreadTeam};
+    use std::time::Instant;
+    let mut config = ModelConfig::node(2);
+    config.max_ids = 1 << 17;
+    let model = Model::new(config);
+    let ctx = Context::new(model.clone());
+    // Spread teams of two with one device here: never ready.
+    let mut eps: Vec<Endpoint<Pending, SpreadTeam>> = ctx
+        .reserve(100_000)
+        .unwrap()
+        .into_endpoints()
+        .into_iter()
+        .map(|ep| {
+            ep.create(Spec::spread(2, SIZE))
+                .unwrap()
+                .add_device(0)
+                .unwrap()
+        })
+        .step_by(2)
+        .collect();
+    // One poll's time: a zero timeout polls once.
+    let t0 = Instant::now();
+    eps = wait_all(eps, Duration::ZERO).unwrap_err().value;
+    let poll = t0.elapsed();
+    for timeout in [Duration::from_millis(1), Duration::from_millis(20)] {
+        let t0 = Instant::now();
+        let f = wait_all(eps, timeout).unwrap_err();
+        let elapsed = t0.elapsed();
+        let Error::Timeout { waited, polls, .. } = f.error else {
+            panic!("{}", f.error);
+        };
+        eps = f.value;
+        // Slack for a shared machine: a poll may take twice the one timed.
+        let slack = 2 * poll + Duration::from_millis(10);
+        assert!(waited >= timeout, "{waited:?} < {timeout:?}");
+        assert!(waited <= elapsed, "{waited:?} > {elapsed:?}");
+        assert!(
+            elapsed - waited < slack,
+            "{elapsed:?} waited, {waited:?} reported"
+        );
+        assert!(
+            elapsed < timeout + slack,
+            "{elapsed:?} for {timeout:?} ({polls} polls of {poll:?})"
+        );
+    }
+    drop(eps);
+    common::clean(&ctx, &model);
+}

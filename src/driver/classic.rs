@@ -27,6 +27,15 @@
 //! ever passes the device, offset and size of recorded binds, so the undefined
 //! behaviour of a mismatched `cuMulticastUnbind` (C4) is unreachable.
 //!
+//! A panic inside an inner call (a `tracing` layer on the success event,
+//! a user backend) is taken as coming after the driver acted, as the typed
+//! API takes it: every transition records its intent under the lock first
+//! and a guard commits or rolls it back, the `busy` mark included; an
+//! object whose release call was made is forgotten before the call; an
+//! unwound destroy still unbinds what is left (the typed API then frees
+//! that memory), and what an unwound destroy or build leaves (an object) is
+//! released when the backend drops.
+//!
 //! Everything else (base and VMM calls) passes through to the inner driver
 //! ([`Forward`]: only the calls above are written out here).
 //! Attributes 153–156 are answered for the emulation: multicast is attribute
@@ -43,6 +52,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::range::OnUnwind;
 
 use super::{
     Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Forward,
@@ -101,6 +112,25 @@ struct Emulated {
     /// destroy is talking to the inner driver: a concurrent enrollment,
     /// bind or destroy of the same endpoint is refused.
     busy: bool,
+}
+
+impl Emulated {
+    /// A shared endpoint whose object was lost to a panic inside its create
+    /// or import: it binds nothing and is only ever destroyed.
+    fn without_object(num_devices: u32, size: u64) -> Emulated {
+        Emulated {
+            num_devices,
+            size,
+            devices: Vec::new(),
+            mc: None,
+            shared: true,
+            handle_types: 0,
+            complete: false,
+            stale: None,
+            bindings: Vec::new(),
+            busy: false,
+        }
+    }
 }
 
 /// Clears an endpoint's `busy` mark on drop, so that a call that returned
@@ -180,6 +210,9 @@ pub struct Classic {
     /// Imports staged by the bring-up, by a random ticket that this process
     /// made: handle bytes from a peer can never name one.
     staged: Mutex<HashMap<[u8; 64], Staged>>,
+    /// Objects (with any bind whose unbind failed) whose destroy or build
+    /// unwound: released when the backend drops, not while unwinding.
+    orphans: Mutex<Vec<(u64, Vec<Bind>)>>,
 }
 
 impl fmt::Debug for Classic {
@@ -205,6 +238,7 @@ impl Classic {
                 ids: BTreeMap::new(),
             }),
             staged: Mutex::new(HashMap::new()),
+            orphans: Mutex::new(Vec::new()),
         }
     }
 
@@ -314,6 +348,15 @@ impl Classic {
         }
     }
 
+    /// How many devices this process added to endpoint `id`, as this
+    /// backend recorded them (the team bring-up's enrollment report).
+    pub(crate) fn enrolled_here(&self, id: u32) -> Option<usize> {
+        match self.lock().ids.get(&id) {
+            Some(Some(ep)) => Some(ep.devices.len()),
+            _ => None,
+        }
+    }
+
     /// Marks the shared endpoint `id` complete: binds may go to the driver
     /// from now on, and a query reports it ready (C3).
     ///
@@ -351,6 +394,14 @@ impl Classic {
         // commits or rolls back in one step. The table is only changed in
         // one step; a panic elsewhere cannot leave it half-written.
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps `mc` (and the binds on it) for release when the backend drops.
+    fn orphan(&self, mc: u64, binds: Vec<Bind>) {
+        self.orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((mc, binds));
     }
 
     /// C6: whether `dev` reports `MULTICAST_SUPPORTED` = 1. A device the
@@ -440,20 +491,57 @@ impl Classic {
     }
 
     /// Unbinds `binds` of `mc` one by one, exactly as issued (C4). On a
-    /// failure, returns the code and the binds still bound.
-    fn unbind_all(&self, mc: u64, binds: Vec<Bind>) -> Result<(), (Code, Vec<Bind>)> {
-        let mut left = binds.into_iter();
-        while let Some(b) = left.next() {
+    /// failure, returns the code and the binds still bound. A panic inside
+    /// an unbind is taken as coming after the driver unbound (see
+    /// `OnUnwind`): the binds not yet unbound go back into the table of
+    /// endpoint `id`, the one whose call panicked does not.
+    fn unbind_all(&self, id: u32, mc: u64, binds: Vec<Bind>) -> Result<(), (Code, Vec<Bind>)> {
+        let made = Cell::new(0usize);
+        let back = OnUnwind::new(|| {
+            let rest = binds.get(made.get()..).unwrap_or_default();
+            let _ = self.with_ep(id, |ep| {
+                ep.bindings.extend_from_slice(rest);
+                Ok(())
+            });
+        });
+        for (i, b) in binds.iter().enumerate() {
+            made.set(i + 1);
             // SAFETY: `b` is a bind this backend issued on its own object `mc`
             // exactly so (C4).
             let r = unsafe { self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) };
             if let Err(code) = noted(Call::MulticastUnbind, r) {
-                let mut still = vec![b];
-                still.extend(left);
-                return Err((code, still));
+                back.disarm();
+                return Err((code, binds.get(i..).unwrap_or_default().to_vec()));
             }
         }
+        back.disarm();
         Ok(())
+    }
+
+    /// Releases the classic object `mc` (C5), forgotten first by `forget`
+    /// (under the lock): a panic inside the release is taken as coming
+    /// after the driver released (see `OnUnwind`), so nothing releases it
+    /// again. A failed release gives it back with `restore`.
+    fn release_object(
+        &self,
+        id: u32,
+        mc: u64,
+        forget: impl FnOnce(&mut Emulated),
+        restore: impl FnOnce(&mut Emulated),
+    ) -> DriverResult<()> {
+        let _ = self.with_ep(id, |ep| {
+            forget(ep);
+            Ok(())
+        });
+        // SAFETY: `mc` is this backend's own object, unbound (C5).
+        let r = noted(Call::MemRelease, unsafe { self.inner.mem_release(mc) });
+        if r.is_err() {
+            let _ = self.with_ep(id, |ep| {
+                restore(ep);
+                Ok(())
+            });
+        }
+        r
     }
 }
 
@@ -461,34 +549,47 @@ impl Drop for Classic {
     /// Best effort for endpoints nobody destroyed (e.g. leaked with
     /// `mem::forget`): unbind, then release the object (C5).
     fn drop(&mut self) {
-        let table = std::mem::take(
-            &mut self
-                .table
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .ids,
-        );
-        for (id, ep) in table {
-            let Some(Emulated {
-                mc: Some(mc),
-                bindings,
-                ..
-            }) = ep
-            else {
-                continue;
-            };
-            tracing::warn!(
-                id,
-                "classic backend dropped with a live endpoint; releasing it"
+        crate::range::in_drop(|| {
+            let table = std::mem::take(
+                &mut self
+                    .table
+                    .get_mut()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .ids,
             );
-            if let Err((code, left)) = self.unbind_all(mc, bindings) {
-                tracing::error!(id, %code, still_bound = left.len(), "cuMulticastUnbind failed at drop");
+            let orphans = std::mem::take(
+                self.orphans
+                    .get_mut()
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+            // Ids 0: the table is gone, so no `unbind_all` gives binds back.
+            let left = orphans.into_iter().map(|(mc, b)| (0, Some(mc), b, None));
+            let live = table.into_iter().filter_map(|(id, ep)| {
+                let ep = ep?;
+                Some((id, ep.mc, ep.bindings, ep.stale))
+            });
+            for (id, mc, bindings, stale) in live.chain(left) {
+                for (mc, bindings) in [(mc, bindings), (stale, Vec::new())] {
+                    let Some(mc) = mc else {
+                        continue;
+                    };
+                    tracing::warn!(
+                        id,
+                        "classic backend dropped with a live multicast object; releasing it"
+                    );
+                    // The table is gone: `unbind_all` finds no endpoint to
+                    // give binds back to, on any path.
+                    if let Err((code, left)) = self.unbind_all(id, mc, bindings) {
+                        tracing::error!(id, %code, still_bound = left.len(), "cuMulticastUnbind failed at drop");
+                        continue; // still bound: kept rather than released
+                    }
+                    // SAFETY: `mc` is this backend's own object, unbound above.
+                    if let Err(code) = unsafe { self.inner.mem_release(mc) } {
+                        tracing::error!(id, %code, "cuMemRelease of a multicast object failed at drop");
+                    }
+                }
             }
-            // SAFETY: `mc` is this backend's own object, unbound above.
-            if let Err(code) = unsafe { self.inner.mem_release(mc) } {
-                tracing::error!(id, %code, "cuMemRelease of a multicast object failed at drop");
-            }
-        }
+        });
     }
 }
 
@@ -605,10 +706,18 @@ impl Forward for Classic {
         // passes before the team is complete (C3). No lock is held across
         // the inner calls.
         let (mc, handle_types) = if props.ipc_fabric {
-            let (mc, types) = noted(
-                Call::MulticastCreate,
-                self.create_shareable(num_devices, props.size),
-            )?;
+            // A panic inside the create loses the object before this backend
+            // sees it (README "Guarantees"); the id still gets an endpoint,
+            // with no object, so that the typed API's destroy of it (it takes
+            // the create as made) finds one.
+            let unwound = OnUnwind::new(|| {
+                if let Some(slot @ None) = self.lock().ids.get_mut(&id) {
+                    *slot = Some(Emulated::without_object(num_devices, props.size));
+                }
+            });
+            let made = self.create_shareable(num_devices, props.size);
+            unwound.disarm();
+            let (mc, types) = noted(Call::MulticastCreate, made)?;
             (Some(mc), types)
         } else {
             (None, 0)
@@ -647,6 +756,10 @@ impl Forward for Classic {
             if ep.busy || ep.devices.contains(&dev) || ep.devices.len() as u32 >= ep.num_devices {
                 return Err(Code::INVALID_VALUE); // R4.2
             }
+            if ep.shared && ep.mc.is_none() {
+                // Its object was lost to a panic (`without_object`).
+                return Err(Code::INVALID_VALUE);
+            }
             Ok(())
         };
         self.with_ep(id, check)?;
@@ -679,13 +792,31 @@ impl Forward for Classic {
             team.push(dev);
             Ok(Step::Last(ep.num_devices, ep.size, team))
         })?;
+        if let Step::Recorded = step {
+            return Ok(());
+        }
+        // Busy from here: not busy again when the enrollment returns or
+        // unwinds.
+        let _idle = Idle { classic: self, id };
         let (built, shared) = match step {
             Step::Recorded => return Ok(()),
             Step::Shared(mc) => {
+                // A panic inside the add is taken as coming after the driver
+                // added (see `OnUnwind`): the device is enrolled on the
+                // object, and the table says so.
+                let enrolled = OnUnwind::new(|| {
+                    let _ = self.with_ep(id, |ep| {
+                        if !ep.devices.contains(&dev) {
+                            ep.devices.push(dev);
+                        }
+                        Ok(())
+                    });
+                });
                 // The object exists (shared across processes): add at once.
                 // SAFETY: `mc` is this backend's object; no bind on it is in
                 // flight (none passes before the team is complete, C3).
                 let r = unsafe { self.inner.multicast_add_device(mc, dev) };
+                enrolled.disarm();
                 (
                     noted(Call::MulticastAddDevice, r)
                         .map(|()| mc)
@@ -695,16 +826,31 @@ impl Forward for Classic {
             }
             // The last device: only now does the object exist, so no bind
             // can ever be issued on an incomplete team (C3).
-            Step::Last(num_devices, size, team) => (
-                (|| {
+            Step::Last(num_devices, size, team) => {
+                // The object being built, while no one else knows it: a
+                // panic inside an add (taken as coming after the driver
+                // acted, see `OnUnwind`) leaves it to be released when the
+                // backend drops; one inside its release does not release it
+                // again (forgotten before the call). A panic inside the
+                // create loses it before this backend sees it (README
+                // "Guarantees").
+                let building: Cell<Option<u64>> = Cell::new(None);
+                let release = OnUnwind::new(|| {
+                    if let Some(mc) = building.take() {
+                        self.orphan(mc, Vec::new());
+                    }
+                });
+                let built = (|| {
                     // SAFETY: every team device said yes to attribute 132 (C6).
                     let r = unsafe { self.inner.multicast_create(num_devices, size, 0) };
                     let mc = noted(Call::MulticastCreate, r).map_err(|code| (code, None))?;
+                    building.set(Some(mc));
                     for &d in &team {
                         // SAFETY: `mc` is this backend's new object; nothing is
                         // bound yet (C3).
                         let r = unsafe { self.inner.multicast_add_device(mc, d) };
                         if let Err(code) = noted(Call::MulticastAddDevice, r) {
+                            building.set(None);
                             // SAFETY: `mc` is this backend's own and nothing
                             // is bound to it.
                             if let Err(c2) = unsafe { self.inner.mem_release(mc) } {
@@ -718,9 +864,10 @@ impl Forward for Classic {
                         }
                     }
                     Ok(mc)
-                })(),
-                false,
-            ),
+                })();
+                release.disarm();
+                (built, false)
+            }
         };
         let mut t = self.lock();
         let ep = match t.ids.get_mut(&id) {
@@ -728,7 +875,6 @@ impl Forward for Classic {
             // Not reachable: `busy` refused a destroy.
             _ => return built.map(|_| ()).map_err(|(code, _)| code),
         };
-        ep.busy = false;
         let mc = match built {
             Ok(mc) => mc,
             Err((code, stale)) => {
@@ -857,7 +1003,7 @@ impl Forward for Classic {
             ep.bindings.retain(|b| !covered.contains(b));
             Ok((mc, covered))
         })?;
-        let r = self.unbind_all(mc, covered);
+        let r = self.unbind_all(id, mc, covered);
         match r {
             Ok(()) => Ok(()),
             Err((code, left)) => {
@@ -877,35 +1023,70 @@ impl Forward for Classic {
             if ep.busy {
                 return Err(Code::INVALID_VALUE);
             }
+            // Intent: busy (no bind, enrollment or export meanwhile), the
+            // binds out of the table while they are being unbound.
             ep.busy = true;
             Ok((ep.mc, ep.stale, std::mem::take(&mut ep.bindings)))
         })?;
-        let release = |mc: u64| {
-            // SAFETY: `mc` is this backend's own object, unbound (C5).
-            noted(Call::MemRelease, unsafe { self.inner.mem_release(mc) })
-        };
-        // What is released so far, and the first failure.
-        let mut released_mc = false;
+        // Not busy again when the destroy fails (on success the endpoint is
+        // gone).
+        let _idle = Idle { classic: self, id };
+        // A panic inside an unbind or a release is taken as coming after the
+        // driver acted (see `OnUnwind`), as the typed API takes it: the
+        // endpoint is destroyed, and the typed API frees the memory bound
+        // through it. So the binds not yet unbound (back in the table) are
+        // unbound now, a panic of theirs caught; what is left (the object,
+        // unless its release was called; a bind whose unbind failed) is
+        // released when the backend drops.
+        let unwound = OnUnwind::new(|| {
+            let left = self.with_ep(id, |ep| Ok((ep.mc, std::mem::take(&mut ep.bindings))));
+            if let Ok((Some(mc), binds)) = left
+                && !binds.is_empty()
+            {
+                // Caught here, not only by `OnUnwind`: the object is still
+                // taken out of the table below.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.unbind_all(id, mc, binds)
+                }));
+                if let Ok(Err((_, still))) = r {
+                    let _ = self.with_ep(id, |ep| {
+                        ep.bindings.extend(still);
+                        Ok(())
+                    });
+                }
+            }
+            let ep = match self.lock().ids.get_mut(&id) {
+                Some(slot) => slot.take(),
+                None => None,
+            };
+            if let Some(ep) = ep {
+                if let Some(mc) = ep.mc {
+                    self.orphan(mc, ep.bindings);
+                }
+                if let Some(st) = ep.stale {
+                    self.orphan(st, Vec::new());
+                }
+            }
+        });
+        // R7: destroy unbinds what is still bound, exactly as bound (C4).
+        // C5: the object goes before the memory that was bound to it (the
+        // typed API frees memory only after destroy returns). Each object is
+        // forgotten before its release call.
         let mut r = match mc {
             None => Ok(()),
-            // R7: destroy unbinds what is still bound, exactly as bound (C4).
-            // C5: the object goes before the memory that was bound to it
-            // (the typed API frees memory only after destroy returns).
-            Some(mc) => self.unbind_all(mc, binds).and_then(|()| {
-                release(mc).map_err(|code| (code, Vec::new()))?;
-                released_mc = true;
-                Ok(())
+            Some(mc) => self.unbind_all(id, mc, binds).and_then(|()| {
+                self.release_object(id, mc, |ep| ep.mc = None, |ep| ep.mc = Some(mc))
+                    .map_err(|code| (code, Vec::new()))
             }),
         };
-        let mut released_stale = false;
         if r.is_ok()
             && let Some(st) = stale
         {
-            match release(st) {
-                Ok(()) => released_stale = true,
-                Err(code) => r = Err((code, Vec::new())),
-            }
+            r = self
+                .release_object(id, st, |ep| ep.stale = None, |ep| ep.stale = Some(st))
+                .map_err(|code| (code, Vec::new()));
         }
+        unwound.disarm();
         let mut t = self.lock();
         let Some(slot) = t.ids.get_mut(&id) else {
             return r.map_err(|(code, _)| code);
@@ -917,14 +1098,7 @@ impl Forward for Classic {
             }
             Err((code, left)) => {
                 if let Some(ep) = slot {
-                    ep.busy = false;
-                    ep.bindings = left;
-                    if released_mc {
-                        ep.mc = None;
-                    }
-                    if released_stale {
-                        ep.stale = None;
-                    }
+                    ep.bindings.extend(left);
                 }
                 Err(code)
             }
@@ -985,10 +1159,21 @@ impl Forward for Classic {
             ClassicExport::Fd(fd) => ShareableHandle::PosixFd(fd.as_raw_fd()),
             ClassicExport::Fabric(b) => ShareableHandle::Fabric(FabricHandleBytes(*b)),
         };
+        // A panic inside the import loses the object before this backend
+        // sees it (README "Guarantees"); the id still gets an endpoint, with
+        // no object, so that the typed API's destroy of it (it takes the
+        // import as made) finds one.
+        let unwound = OnUnwind::new(|| {
+            if let Some(slot @ None) = self.lock().ids.get_mut(&id) {
+                *slot = Some(Emulated::without_object(num_devices, size));
+            }
+        });
         // No lock held: the import is the inner driver's call (and its
         // tracing), as in `create`.
         // SAFETY: the descriptor is owned by `what`, open for the call.
-        let mc = unsafe { self.inner.mem_import(shared) }?;
+        let mc = unsafe { self.inner.mem_import(shared) };
+        unwound.disarm();
+        let mc = mc?;
         drop(what); // the descriptor closes; the object lives on in `mc`
         let mut t = self.lock();
         if !free(&t) {

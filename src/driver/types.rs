@@ -179,6 +179,12 @@ pub struct Limits {
 
 /// Device attributes the library reads (`CUdevice_attribute` numbers).
 pub mod attr {
+    /// `CU_DEVICE_ATTRIBUTE_PCI_BUS_ID`.
+    pub const PCI_BUS_ID: i32 = 33;
+    /// `CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID`.
+    pub const PCI_DEVICE_ID: i32 = 34;
+    /// `CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID`.
+    pub const PCI_DOMAIN_ID: i32 = 50;
     /// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`.
     pub const FABRIC_SUPPORTED: i32 = 128;
     /// `CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED` (SPEC C6).

@@ -231,22 +231,32 @@ impl FabricServer {
     }
 
     fn wait_for(&self, timeout: Duration, done: impl Fn(&Book) -> bool) -> bool {
-        let deadline = Instant::now() + timeout;
+        // A timeout too large for `Instant` (`Duration::MAX`) has no
+        // deadline: wait without bound.
+        let deadline = Instant::now().checked_add(timeout);
         let mut book = self.shared.book();
         loop {
             if done(&book) {
                 return true;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            book = self
-                .shared
-                .changed
-                .wait_timeout(book, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            book = match deadline {
+                None => self
+                    .shared
+                    .changed
+                    .wait(book)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    self.shared
+                        .changed
+                        .wait_timeout(book, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
         }
     }
 }

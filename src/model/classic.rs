@@ -66,6 +66,7 @@ impl World {
                 size,
                 granularity: gran,
                 devices: Vec::new(),
+                added_by: Vec::new(),
                 bindings: Vec::new(),
                 holders: 1,
             },
@@ -94,10 +95,22 @@ impl World {
         let Some(m) = self.mc_key(pid, mc).and_then(|k| self.mcs.get_mut(&k)) else {
             return violate(self, "C1", Code::INVALID_HANDLE);
         };
-        if m.devices.contains(&(node, dev)) || m.devices.len() as u32 >= m.num_devices {
-            return violate(self, "C3", Code::INVALID_VALUE);
+        // As the logical-endpoint twin (R4.2, R12.5): a device this process
+        // added already, or a team this process filled, is a rule broken; a
+        // device another process added, or a team others filled, only the
+        // driver can know, so it refuses (model's choice, as R12.5).
+        let by_me = m.added_by.iter().filter(|&&p| p == pid).count() as u32;
+        match m.devices.iter().position(|&d| d == (node, dev)) {
+            Some(i) if m.added_by.get(i) == Some(&pid) => {
+                return violate(self, "C3", Code::INVALID_VALUE);
+            }
+            Some(_) => return Err(Code::INVALID_VALUE),
+            None if by_me >= m.num_devices => return violate(self, "C3", Code::INVALID_VALUE),
+            None if m.devices.len() as u32 >= m.num_devices => return Err(Code::INVALID_VALUE),
+            None => {}
         }
         m.devices.push((node, dev));
+        m.added_by.push(pid);
         Ok(())
     }
 

@@ -21,6 +21,12 @@ impl World {
             attr::FABRIC_SUPPORTED => b(d.fabric),
             attr::MULTICAST_SUPPORTED => b(d.classic_multicast),
             attr::HOST_NUMA_ID => Ok(d.host_numa_id),
+            // The PCI location (model's choice): domain = the simulated
+            // node, bus = ordinal + 1, so that it names one device of the
+            // whole simulated fabric, whose nodes share one real host.
+            attr::PCI_DOMAIN_ID => i32::try_from(self.node).map_err(|_| Code::INVALID_VALUE),
+            attr::PCI_BUS_ID => dev.0.checked_add(1).ok_or(Code::INVALID_DEVICE),
+            attr::PCI_DEVICE_ID => Ok(0),
             // A driver older than 13.3 does not know these ids (contract, "Types").
             attr::LE_UNICAST..=attr::LE_UNICAST_OWNER_ACCESS if !le => Err(Code::INVALID_VALUE),
             attr::LE_UNICAST => b(d.unicast),

@@ -185,6 +185,8 @@ pub(crate) struct McObj {
     pub granularity: u64,
     /// Team devices as (node, ordinal).
     pub devices: Vec<(usize, Device)>,
+    /// The process that added each of `devices`, in the same order.
+    pub added_by: Vec<usize>,
     pub bindings: Vec<Bound>,
     /// Handles that refer to it (the creator's and every importer's); the
     /// object is freed with the last.

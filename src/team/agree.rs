@@ -13,20 +13,20 @@ use super::wire::{Status, decode_status, encode_status};
 
 /// A bring-up's deadline: every bootstrap operation and wait gets what is left.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Deadline(Instant);
+pub(crate) struct Deadline(Option<Instant>);
 
 impl Deadline {
     pub(crate) fn after(timeout: Duration) -> Deadline {
-        // A timeout too large to add is as good as none.
-        Deadline(
-            Instant::now()
-                .checked_add(timeout)
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365)),
-        )
+        // A timeout too large for `Instant` is as good as none.
+        Deadline(Instant::now().checked_add(timeout))
     }
 
+    /// Time left; zero once passed; `Duration::MAX` without a deadline
+    /// (every wait below takes it as a timeout and adds it checked).
     pub(crate) fn left(&self) -> Duration {
-        self.0.saturating_duration_since(Instant::now())
+        self.0.map_or(Duration::MAX, |at| {
+            at.saturating_duration_since(Instant::now())
+        })
     }
 }
 

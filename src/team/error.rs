@@ -142,6 +142,28 @@ pub enum Mismatch {
     /// The root shares a classic multicast object and this rank's backend
     /// makes logical endpoints, or the other way round.
     Backend,
+    /// Two ranks of one node bring the same physical device (same node,
+    /// same PCI location, whatever its ordinal in each process): a device
+    /// joins a multicast team once (R4.2, R12.5).
+    SameDevice {
+        /// The device, as this rank numbers it (the later rank's ordinal).
+        device: i32,
+        /// The other rank that brings it.
+        other_rank: usize,
+    },
+    /// A rank's report at enrollment (the first that differs) disagrees
+    /// with what this rank saw:
+    /// the ranks did not all see the same Join (a peer's hello claims
+    /// devices it does not enroll, or the bootstrap delivered different
+    /// bytes to different ranks), so the team is not known to be complete.
+    Report {
+        /// Which field: "team size", "join digest" or "devices enrolled".
+        field: &'static str,
+        /// What that rank reported.
+        reported: u64,
+        /// What this rank's view says.
+        expected: u64,
+    },
     /// A rank speaks another version of the bring-up protocol.
     Version {
         /// Its version.
@@ -214,6 +236,18 @@ impl fmt::Display for Mismatch {
             ),
             Mismatch::Backend => f.write_str(
                 "the root and this rank use different backends (the classic multicast fallback on one, logical endpoints on the other): pick the same backend on every rank",
+            ),
+            Mismatch::SameDevice { device, other_rank } => write!(
+                f,
+                "device {device} is the physical device rank {other_rank} brings too (same node and PCI location): a device joins a team once (R4.2); give each rank of a node its own devices"
+            ),
+            Mismatch::Report {
+                field,
+                reported,
+                expected,
+            } => write!(
+                f,
+                "a rank reported {field} = {reported} at enrollment where the Join as this rank saw it says {expected}: the ranks did not see the same Join (a hello that claims devices its rank does not enroll, or a bootstrap that delivered different bytes), so the team is not known to be complete and nobody binds"
             ),
             Mismatch::Version { theirs, ours } => write!(
                 f,

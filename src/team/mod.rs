@@ -3,7 +3,10 @@
 //!
 //! - [`multicast`]: the root creates an exportable team spread over the
 //!   ranks and broadcasts its handle; every other rank imports it; every rank
-//!   enrolls its own devices; all agree; all wait (bounded); all agree again.
+//!   enrolls its own devices; all agree, each checking every rank's report
+//!   (team size, a digest of the Join, devices enrolled) against its own
+//!   view; all wait (bounded); all agree again. Two ranks that bring one
+//!   physical device (same boot id and PCI location) fail at the join.
 //!   Every rank then holds the same type, [`SharedTeam`] with an
 //!   `Endpoint<Ready, SharedMulticast>`, and binds its own memory.
 //! - [`unicast_peers`]: each rank reserves one id per rank, creates its own
@@ -120,6 +123,30 @@ fn check_devices(ctx: &Context, devices: &[Device]) -> Result<(), error::Cause> 
         }
     }
     Ok(())
+}
+
+/// Which physical device `dev` is, across the processes of the job: the
+/// kernel's boot id (two hosts never share one; containers of one host do)
+/// and the device's PCI location (attributes 50, 33, 34), whatever its
+/// ordinal in this process (`CUDA_VISIBLE_DEVICES`). `None` where either
+/// cannot be read: then no check is made on it.
+fn place(ctx: &Context, dev: Device) -> Option<u64> {
+    use crate::driver::attr;
+    let boot_id = std::fs::read("/proc/sys/kernel/random/boot_id").ok()?;
+    let read = |a| {
+        // SAFETY: an attribute query touches nothing anyone owns.
+        unsafe { ctx.driver().device_attribute(dev, a) }.ok()
+    };
+    let pci = [
+        read(attr::PCI_DOMAIN_ID)?,
+        read(attr::PCI_BUS_ID)?,
+        read(attr::PCI_DEVICE_ID)?,
+    ];
+    let mut bytes = boot_id;
+    for v in pci {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    Some(wire::join_digest(&[bytes]))
 }
 
 /// The handle's bind alignment is what this driver reports for the same

@@ -13,8 +13,9 @@
 //! bytes that travel in the envelope ([`TeamSpec::classic_handles`]). Each
 //! rank imports what it received with the properties the ranks agreed on
 //! (never the exporter's bytes) and adds its devices at once; only after
-//! the agreement step that every rank added its devices does the team count
-//! as complete, so no rank binds before then (C3).
+//! the agreement step that every rank added its devices, with every rank's
+//! report matching this rank's view of the Join ([`check_reports`]), does
+//! the team count as complete, so no rank binds before then (C3).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
@@ -34,8 +35,8 @@ use super::agree::{Deadline, agree, announce};
 use super::error::{Cause, Mismatch, Step, TeamError};
 use super::shared::SharedMulticast;
 use super::wire::{
-    Carrier, Hello, MAX_DEVICES, decode_carrier, decode_envelope, encode_classic_envelope,
-    encode_envelope,
+    Carrier, Enrolled, Hello, MAX_DEVICES, decode_carrier, decode_envelope,
+    encode_classic_envelope, encode_envelope, join_digest,
 };
 use super::{check_devices, check_limits, wait_one};
 
@@ -181,6 +182,7 @@ pub fn multicast(
         counted_ops: spec.counted_ops,
         devices: spec.devices.clone(),
         cliques: spec.devices.iter().map(|&d| ctx.clique(d)).collect(),
+        places: spec.devices.iter().map(|&d| super::place(ctx, d)).collect(),
     };
     let local = if spec.devices.len() > MAX_DEVICES {
         Err(Cause::BadMessage {
@@ -238,11 +240,31 @@ pub fn multicast(
                 .add_device(dev)
                 .map_err(|f| enroll(Cause::Local(f.error)))?;
         }
+        // What this rank enrolled, as the classic backend counts it (its
+        // own table, not this rank's word).
+        let devices = match classic {
+            Some(c) => c.enrolled_here(ep.id()),
+            None => Some(spec.devices.len()),
+        };
+        let devices =
+            devices
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or(enroll(Cause::BadMessage {
+                    reason: "no endpoint",
+                }))?;
         pending = Some(ep);
-        Ok(Vec::new())
+        Ok(Enrolled {
+            team_size,
+            join_digest: join_digest(&hellos),
+            devices,
+        }
+        .encode())
     })();
     // The root keeps its reference until here: every rank has imported (R12.3).
-    agree(boot, Step::Enroll, local, deadline)?;
+    let reports = agree(boot, Step::Enroll, local, deadline)?;
+    // The ranks' word is checked, not trusted: every rank saw the same Join
+    // and enrolled what it claimed there, so the team is complete (C3).
+    check_reports(&reports, &hellos, team_size, spec.root)?;
     let Some(ep) = pending else {
         return Err(TeamError::new(
             me,
@@ -284,6 +306,74 @@ pub fn multicast(
         ranks,
         team_size,
     })
+}
+
+/// Checks every rank's enrollment report against this rank's view of the
+/// Join: the same team size, the same digest of the hellos, and as many
+/// devices enrolled as its hello claimed. A rank that differs from the
+/// root's report is named (the lowest such rank, else the root), the same
+/// on every rank that received the same reports.
+///
+/// What a process cannot know: how many devices other processes really
+/// added to the object (the classic API has no query of it, and a logical
+/// endpoint's is only its readiness, R3.2). A peer whose every message
+/// lies alike is not caught here; on logical endpoints its lie ends in the
+/// bounded wait, on the classic fallback a bind would block (C3).
+fn check_reports(
+    reports: &[Vec<u8>],
+    hellos: &[Vec<u8>],
+    team_size: u32,
+    root: usize,
+) -> Result<(), TeamError> {
+    let mine = join_digest(hellos);
+    let mut decoded = Vec::with_capacity(reports.len());
+    for (rank, bytes) in reports.iter().enumerate() {
+        let e = Enrolled::decode(bytes).map_err(|c| TeamError::new(rank, Step::Enroll, c))?;
+        decoded.push(e);
+    }
+    let claimed = |rank: usize| {
+        hellos
+            .get(rank)
+            .and_then(|h| Hello::decode(h).ok())
+            .map_or(0, |h| h.devices.len() as u64)
+    };
+    let differs = |rank: usize, e: &Enrolled| -> Option<(&'static str, u64, u64)> {
+        if e.team_size != team_size {
+            Some(("team size", e.team_size.into(), team_size.into()))
+        } else if e.join_digest != mine {
+            Some(("join digest", e.join_digest, mine))
+        } else if u64::from(e.devices) != claimed(rank) {
+            Some(("devices enrolled", e.devices.into(), claimed(rank)))
+        } else {
+            None
+        }
+    };
+    let Some((field, reported, expected)) = decoded
+        .iter()
+        .enumerate()
+        .find_map(|(rank, e)| differs(rank, e))
+    else {
+        return Ok(());
+    };
+    // Named: the lowest rank whose view is not the root's, or that enrolled
+    // other than it claimed.
+    let root_view = decoded.get(root).map(|e| (e.team_size, e.join_digest));
+    let blamed = decoded
+        .iter()
+        .enumerate()
+        .find(|(r, e)| {
+            Some((e.team_size, e.join_digest)) != root_view || u64::from(e.devices) != claimed(*r)
+        })
+        .map_or(root, |(r, _)| r);
+    Err(TeamError::new(
+        blamed,
+        Step::Enroll,
+        Cause::Mismatch(Mismatch::Report {
+            field,
+            reported,
+            expected,
+        }),
+    ))
 }
 
 /// The team size every rank computes from the same hellos, or the same
@@ -329,6 +419,28 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
                     }),
                 ));
             }
+        }
+    }
+    // A physical device joins once (R4.2): two ranks of one node that bring
+    // the same device would meet the driver's refusal at enrollment (R12.5),
+    // after the root made the team. Every rank checks the same hellos, so
+    // every rank names the same later rank.
+    let mut seen: Vec<(u64, usize)> = Vec::new();
+    for (rank, bytes) in hellos.iter().enumerate() {
+        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
+        for (dev, place) in h.devices.iter().zip(&h.places) {
+            let Some(place) = *place else { continue };
+            if let Some(&(_, other_rank)) = seen.iter().find(|(p, _)| *p == place) {
+                return Err(TeamError::new(
+                    rank,
+                    Step::Join,
+                    Cause::Mismatch(Mismatch::SameDevice {
+                        device: dev.0,
+                        other_rank,
+                    }),
+                ));
+            }
+            seen.push((place, rank));
         }
     }
     let declared = spec.team_size;

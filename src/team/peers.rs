@@ -116,6 +116,7 @@ pub fn unicast_peers(
         counted_ops: spec.counted_ops,
         devices: vec![spec.device],
         cliques: vec![None],
+        places: vec![None],
     };
     let local = check_devices(ctx, &[spec.device])
         .map(|()| hello.encode())

@@ -12,7 +12,9 @@ use super::error::{Cause, PeerFailure, Step};
 /// Bring-up protocol version; ranks with another refuse to proceed.
 pub(crate) const VERSION: u8 = 1;
 const STATUS_MAGIC: &[u8; 4] = b"CETS";
-const HELLO_MAGIC: &[u8; 4] = b"CETH";
+/// "CETH" was the hello before it carried each device's place: an older
+/// peer's hello is refused as "not a bring-up hello".
+const HELLO_MAGIC: &[u8; 4] = b"CET2";
 /// The most devices one rank may bring.
 pub(crate) const MAX_DEVICES: usize = 1024;
 /// The largest status payload (an envelope or a hello).
@@ -206,11 +208,15 @@ pub(crate) struct Hello {
     /// Each device's multicast clique (R4.5), `None` where the driver cannot
     /// tell (before 13.4).
     pub cliques: Vec<Option<u32>>,
+    /// Each device's place: which physical device of which node it is
+    /// (`super::place`), whatever its ordinal in this process; `None` where
+    /// the driver cannot tell.
+    pub places: Vec<Option<u64>>,
 }
 
 impl Hello {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(18 + 4 * self.devices.len());
+        let mut out = Vec::with_capacity(17 + 18 * self.devices.len());
         out.extend_from_slice(HELLO_MAGIC);
         out.extend_from_slice(&self.bytes.to_le_bytes());
         out.push(u8::from(self.counted_ops));
@@ -221,6 +227,9 @@ impl Hello {
             let c = self.cliques.get(i).copied().flatten();
             out.push(u8::from(c.is_some()));
             out.extend_from_slice(&c.unwrap_or(0).to_le_bytes());
+            let p = self.places.get(i).copied().flatten();
+            out.push(u8::from(p.is_some()));
+            out.extend_from_slice(&p.unwrap_or(0).to_le_bytes());
         }
         out
     }
@@ -250,6 +259,7 @@ impl Hello {
         }
         let mut devices = Vec::with_capacity(n);
         let mut cliques = Vec::with_capacity(n);
+        let mut places = Vec::with_capacity(n);
         for _ in 0..n {
             devices.push(Device(r.u32()? as i32));
             let known = r.u8()?;
@@ -263,6 +273,17 @@ impl Hello {
                     });
                 }
             });
+            let known = r.u8()?;
+            let p = r.u64()?;
+            places.push(match known {
+                0 => None,
+                1 => Some(p),
+                _ => {
+                    return Err(Cause::BadMessage {
+                        reason: "place flag is neither 0 nor 1",
+                    });
+                }
+            });
         }
         r.end()?;
         Ok(Hello {
@@ -270,6 +291,7 @@ impl Hello {
             counted_ops,
             devices,
             cliques,
+            places,
         })
     }
 }
@@ -410,10 +432,64 @@ mod tests {
             counted_ops: false,
             devices: vec![Device(0), Device(3)],
             cliques: vec![Some(7), None],
+            places: vec![None, Some(u64::MAX)],
         };
         assert_eq!(Hello::decode(&h.encode()).ok(), Some(h.clone()));
         let mut e = h.encode();
         e[13..17].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(Hello::decode(&e).is_err());
     }
+}
+
+/// What each rank reports at the enrollment step, for every rank to check
+/// against its own view before the team counts as complete: the team size
+/// it computed, a digest of the Join hellos as it saw them, and how many
+/// devices it enrolled (on the classic fallback, as the backend counts
+/// them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Enrolled {
+    pub team_size: u32,
+    pub join_digest: u64,
+    pub devices: u32,
+}
+
+impl Enrolled {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16);
+        out.extend_from_slice(&self.team_size.to_le_bytes());
+        out.extend_from_slice(&self.join_digest.to_le_bytes());
+        out.extend_from_slice(&self.devices.to_le_bytes());
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Enrolled, Cause> {
+        let mut r = Reader::new(bytes);
+        let e = Enrolled {
+            team_size: r.u32()?,
+            join_digest: r.u64()?,
+            devices: r.u32()?,
+        };
+        r.end()?;
+        Ok(e)
+    }
+}
+
+/// A digest of the Join hellos as one rank saw them (FNV-1a, 64 bits, over
+/// each hello with its length): the same on every rank that saw the same
+/// bytes, whatever the build's hasher.
+pub(crate) fn join_digest(hellos: &[Vec<u8>]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: u8| {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    };
+    for hello in hellos {
+        for b in (hello.len() as u64).to_le_bytes() {
+            eat(b);
+        }
+        for &b in hello {
+            eat(b);
+        }
+    }
+    h
 }
