@@ -6,12 +6,18 @@
 //! spin (one hint per poll), then yield, then sleep a quarter of the time
 //! waited so far (at least 10 µs, at most 1 ms). The clock starts when a
 //! query first answers "not ready", so an endpoint ready at its first query
-//! costs no clock read. The bound, exactly: the wait returns at the end of
-//! the first poll that ends after `timeout` has passed on that clock (a
-//! pause never sleeps past it), so it overruns `timeout` by at most one
-//! poll, plus the queries of the first poll that answered "ready" before
-//! the clock started; it hands the pending endpoints back with the error,
-//! whose `waited` is the time on that clock.
+//! costs no clock read. When a poll is a single query (`wait`, `wait_all`
+//! of one run of ids), the clock starts only at the fourth poll that
+//! answers "not ready": a clock read costs more than the query, and an
+//! endpoint the driver is finishing is often ready by then. The bound,
+//! exactly: the wait returns at the end of the first poll that ends after
+//! `timeout` has passed on that clock (a pause never sleeps past it), so it
+//! overruns `timeout` by at most one poll, plus the queries of the first
+//! poll that answered "ready" before the clock started, plus, for a
+//! single-query wait, the three polls before it started (three queries,
+//! none of which blocks, R3). A zero timeout polls exactly once. The
+//! pending endpoints come back with the error, whose `waited` is the time
+//! on that clock.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,20 +35,28 @@ use crate::state::{CanQuery, Pending, Ready, State};
 struct Backoff {
     start: Option<Instant>,
     polls: u64,
+    /// Each poll is one query: the clock waits for the fourth poll.
+    single: bool,
 }
 
+/// Polls of a single-query wait made before its clock starts.
+const UNTIMED_POLLS: u64 = 3;
+
 impl Backoff {
-    fn new() -> Backoff {
+    /// The back-off of a wait whose polls make `queries` queries each.
+    fn new(queries: usize) -> Backoff {
         Backoff {
             start: None,
             polls: 0,
+            single: queries == 1,
         }
     }
 
-    /// A query answered "not ready": the clock starts, if it has not.
+    /// A query answered "not ready": the clock starts, if it has not (a
+    /// single-query wait: from its fourth poll on).
     #[inline]
     fn not_ready(&mut self) {
-        if self.start.is_none() {
+        if self.start.is_none() && !(self.single && self.polls <= UNTIMED_POLLS) {
             self.start = Some(Instant::now());
         }
     }
@@ -55,6 +69,15 @@ impl Backoff {
     /// Waits a little before the next poll; `false` once `timeout` is spent
     /// (a zero timeout: after the one poll).
     fn pause(&mut self, timeout: Duration) -> bool {
+        if self.start.is_none() {
+            // Not timed yet (a single-query wait's first polls): one spin
+            // hint, as a hand-written poll loop; a zero timeout stops here.
+            if timeout.is_zero() {
+                return false;
+            }
+            std::hint::spin_loop();
+            return true;
+        }
         let waited = self.waited();
         if waited >= timeout {
             return false;
@@ -140,7 +163,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         S: CanQuery,
         K::Complete: TeamIsComplete,
     {
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::new(1);
         backoff.polls = 1;
         let mut answer = self.context().check(Call::Query, first);
         loop {
@@ -241,7 +264,7 @@ fn wait_all_runs<K: Kind>(
             runs_of(order.iter().map(|&i| &endpoints[i]))
         }
     };
-    let mut backoff = Backoff::new();
+    let mut backoff = Backoff::new(runs.len());
     let outcome = loop {
         backoff.polls += 1;
         let mut all = true;
@@ -349,7 +372,7 @@ fn wait_ids_after(
     timeout: Duration,
     first: DriverResult<bool>,
 ) -> Result<()> {
-    let mut backoff = Backoff::new();
+    let mut backoff = Backoff::new(1);
     let mut answer = range.ctx.check(Call::Query, first);
     loop {
         backoff.polls += 1;

@@ -250,3 +250,37 @@ fn a_wait_overruns_its_timeout_by_at_most_one_poll_and_reports_the_time_waited()
     drop(eps);
     common::clean(&ctx, &model);
 }
+
+/// A wait whose polls are one query each (`wait`, `wait_all` of one run)
+/// starts its clock at its fourth poll, not its first (a clock read costs
+/// more than the query): a zero timeout still polls exactly once, and a
+/// timeout that has passed by the time the clock starts ends the wait at
+/// that poll — four queries, none blocking.
+#[test]
+fn a_single_query_wait_starts_its_clock_at_the_fourth_poll_and_a_zero_timeout_polls_once() {
+    use cuda_endpoints::{Error, SpreadTeam};
+    let model = Model::new(ModelConfig::node(2));
+    let ctx = Context::new(model.clone());
+    // A spread team of two with one device here: never ready.
+    let mut ep: Endpoint<Pending, SpreadTeam> = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::spread(2, SIZE))
+        .unwrap()
+        .add_device(0)
+        .unwrap();
+    for (timeout, least, most) in [(Duration::ZERO, 1, 1), (Duration::from_nanos(1), 4, 6)] {
+        let f = ep.wait(timeout).unwrap_err();
+        let Error::Timeout { polls, waited, .. } = f.error else {
+            panic!("{}", f.error);
+        };
+        assert!(
+            (least..=most).contains(&polls),
+            "{timeout:?}: {polls} polls"
+        );
+        assert!(waited < Duration::from_millis(100), "{waited:?}");
+        ep = f.value;
+    }
+    drop(ep);
+    common::clean(&ctx, &model);
+}
