@@ -197,12 +197,19 @@ pub(crate) fn in_drop(body: impl FnOnce()) {
 impl<F: FnOnce()> Drop for OnUnwind<F> {
     fn drop(&mut self) {
         if let Some(f) = self.0.take() {
-            // A rollback that calls the driver (an unmap, an unbind) may meet
-            // the same panicking layer again: caught here, so that the first
-            // panic goes on unwinding instead of the process aborting.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            roll_back(f);
         }
     }
+}
+
+/// A rollback that calls the driver (an unmap, an unbind) may meet the same
+/// panicking layer again: caught here, so that the first panic goes on
+/// unwinding instead of the process aborting. Out of line: only unwinding
+/// comes here.
+#[cold]
+#[inline(never)]
+fn roll_back<F: FnOnce()>(f: F) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
 }
 
 /// A cell that the one endpoint of an id governs (see [`Facts`]).
