@@ -50,11 +50,16 @@ struct Sample {
     bytes: u64,
 }
 
-fn diff(a: Traffic, b: Traffic) -> (u64, u64) {
-    (
-        (b.messages_sent + b.messages_received) - (a.messages_sent + a.messages_received),
-        (b.bytes_sent + b.bytes_received) - (a.bytes_sent + a.bytes_received),
-    )
+impl Sample {
+    /// One bring-up started at `t` with the traffic `a`, ended with `b`.
+    fn since(t: Instant, a: Traffic, b: Traffic) -> Sample {
+        Sample {
+            time: t.elapsed(),
+            messages: (b.messages_sent + b.messages_received)
+                - (a.messages_sent + a.messages_received),
+            bytes: (b.bytes_sent + b.bytes_received) - (a.bytes_sent + a.bytes_received),
+        }
+    }
 }
 
 /// Rank `rank`'s repetitions of one bring-up.
@@ -75,25 +80,13 @@ fn rank_loop(
             Pattern::Multicast => {
                 let spec = TeamSpec::new([dev], BYTES).timeout(TIMEOUT);
                 let team = team::multicast(ctx, boot, &spec).expect("team::multicast");
-                let time = t.elapsed();
-                let (messages, bytes) = diff(before, boot.traffic());
-                samples.push(Sample {
-                    time,
-                    messages,
-                    bytes,
-                });
+                samples.push(Sample::since(t, before, boot.traffic()));
                 drop(team);
             }
             Pattern::UnicastPeers => {
                 let spec = PeerSpec::new(dev, BYTES).timeout(TIMEOUT);
                 let peers = team::unicast_peers(ctx, boot, &spec).expect("team::unicast_peers");
-                let time = t.elapsed();
-                let (messages, bytes) = diff(before, boot.traffic());
-                samples.push(Sample {
-                    time,
-                    messages,
-                    bytes,
-                });
+                samples.push(Sample::since(t, before, boot.traffic()));
                 drop(peers);
             }
         }

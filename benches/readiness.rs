@@ -31,7 +31,7 @@ use cuda_endpoints::{
 };
 use gungraun::prelude::*;
 
-use common::{Null, OWNER, SIZE};
+use common::{Null, OWNER, SIZE, bring_up};
 
 /// The process's one context on `Null`, warmed by a bring-up of two
 /// endpoints so that the allocator and the context's caches are warm.
@@ -42,18 +42,6 @@ fn world() -> &'static Context {
         black_box(bring_up(&ctx, 2));
         ctx
     })
-}
-
-/// Ids to ready endpoints, typed.
-fn bring_up(ctx: &Context, n: u32) -> ReadyList<Unicast> {
-    let pending: Vec<Endpoint<Pending, Unicast>> = ctx
-        .reserve(n)
-        .expect("reserve")
-        .into_endpoints()
-        .into_iter()
-        .map(|ep| ep.create(Spec::unicast(OWNER, SIZE)).expect("create"))
-        .collect();
-    wait_all(pending, Duration::from_secs(1)).expect("wait_all")
 }
 
 fn s_world(n: u32) -> (&'static Context, u32) {

@@ -20,9 +20,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use cuda_endpoints::{Context, Endpoint, Pending, ReadyList, Spec, Unicast, wait_all};
+use cuda_endpoints::Context;
 
-use common::{Null, OWNER, SIZE};
+use common::{Null, bring_up};
 
 /// The system allocator, counting the bytes held now and the most held.
 struct Counting;
@@ -75,18 +75,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// Ids to ready endpoints.
-fn bring_up(ctx: &Context, n: u32) -> ReadyList<Unicast> {
-    let pending: Vec<Endpoint<Pending, Unicast>> = ctx
-        .reserve(n)
-        .expect("reserve")
-        .into_endpoints()
-        .into_iter()
-        .map(|ep| ep.create(Spec::unicast(OWNER, SIZE)).expect("create"))
-        .collect();
-    wait_all(pending, Duration::from_secs(1)).expect("wait_all")
-}
 
 /// The bound at 100 000 endpoints.
 const LIMIT: f64 = 120.0;

@@ -6,6 +6,8 @@
 //! rank's devices are added (C3: the model's violation log stays empty).
 //! OS processes on the model fabric are in `tests/shareable_processes.rs`.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -370,12 +372,7 @@ fn c3_a_peer_whose_join_claims_a_device_it_never_enrolls_fails_every_rank_before
         assert_eq!(e.rank, 1, "{e}");
     }
     assert_eq!(model.calls(Call::MulticastBindMem), 0);
-    assert!(
-        model.live_fabric().held.is_empty(),
-        "{:?}",
-        model.live_fabric()
-    );
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    common::fabric_clean(&model);
 }
 
 #[test]
@@ -385,12 +382,7 @@ fn on_logical_endpoints_the_same_lie_fails_every_rank_in_time_with_nothing_left(
     for r in bring_up_with_a_lie(&model, false, lie) {
         r.expect_err("a TeamError on every rank");
     }
-    assert!(
-        model.live_fabric().held.is_empty(),
-        "{:?}",
-        model.live_fabric()
-    );
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    common::fabric_clean(&model);
 }
 
 #[test]
@@ -434,8 +426,7 @@ fn r4_2_two_ranks_of_a_node_bringing_one_device_fail_at_join_before_the_driver()
         // Before the driver: nothing was created.
         assert_eq!(model.calls(Call::MulticastCreate), 0);
         assert_eq!(model.calls(Call::Create), 0);
-        assert!(model.live_fabric().held.is_empty());
-        assert!(model.violations().is_empty(), "{:?}", model.violations());
+        common::fabric_clean(&model);
     }
 }
 

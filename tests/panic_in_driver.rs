@@ -561,12 +561,7 @@ fn classic_bring_up_with_a_panic(who: usize, nth: usize) -> Option<Call> {
     // The lost value is on the node's count.
     assert_eq!(model.live_node(), lost, "{fired:?}");
     ms[who].exit();
-    assert!(
-        model.live_fabric().held.is_empty(),
-        "{:?}",
-        model.live_fabric()
-    );
-    common::no_violations(&model.violations());
+    common::fabric_clean(&model);
     fired
 }
 

@@ -427,18 +427,7 @@ fn attribute_154_zero_refuses_creation_and_enrollment_before_the_driver() {
     use cuda_endpoints::{Call, Feature};
     let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.multicast = i != 2));
     let ctx = Context::new(model.clone());
-    let missing = |e: &Error| {
-        matches!(
-            e,
-            Error::FeatureMissing {
-                device: Device(2),
-                feature: Feature::MulticastEndpoints,
-                attribute: 154,
-                value: 0,
-            }
-        ) && e.to_string().contains("device 2")
-            && e.to_string().contains("attribute 154 = 0")
-    };
+    let missing = |e: &Error| feature_missing(e, 2, Feature::MulticastEndpoints, 154);
     let f = ctx
         .reserve_one()
         .unwrap()
@@ -577,18 +566,7 @@ fn attribute_155_is_needed_on_the_devices_that_take_part_not_on_every_device_of_
     use cuda_endpoints::{Call, Feature};
     let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.counted_ops = i != 2));
     let ctx = Context::new(model.clone());
-    let missing = |e: &Error| {
-        matches!(
-            e,
-            Error::FeatureMissing {
-                device: Device(2),
-                feature: Feature::CountedOps,
-                attribute: 155,
-                value: 0,
-            }
-        ) && e.to_string().contains("device 2")
-            && e.to_string().contains("attribute 155 = 0")
-    };
+    let missing = |e: &Error| feature_missing(e, 2, Feature::CountedOps, 155);
     // A team of devices 0 and 1: the model does not look at device 2.
     let team = ctx
         .reserve_one()
@@ -654,18 +632,7 @@ fn attribute_158_without_fabric_refuses_an_exportable_endpoint_before_the_driver
     };
     let model = no_fabric_on_1(13050);
     let ctx = Context::new(model.clone());
-    let missing = |e: &Error| {
-        matches!(
-            e,
-            Error::FeatureMissing {
-                device: Device(1),
-                feature: Feature::FabricHandles,
-                attribute: 158,
-                value: 0,
-            }
-        ) && e.to_string().contains("device 1")
-            && e.to_string().contains("attribute 158 = 0")
-    };
+    let missing = |e: &Error| feature_missing(e, 1, Feature::FabricHandles, 158);
     assert_eq!(ctx.attribute(Device(0), 158).unwrap(), 1, "FABRIC");
     let r = ctx.reserve_one().unwrap();
     let f = r.create(Spec::unicast(1, ALIGN).exportable()).unwrap_err();
@@ -763,4 +730,21 @@ fn a_released_one_id_range_is_reused_reset_and_freed_with_its_context() {
         1,
         "the context's spare range must not keep the context (and its driver) alive"
     );
+}
+
+/// `e` is the pre-driver refusal of `device` for lacking `feature`
+/// (attribute `attribute` = 0), and its message names both.
+fn feature_missing(
+    e: &Error,
+    device: i32,
+    feature: cuda_endpoints::Feature,
+    attribute: i32,
+) -> bool {
+    let text = e.to_string();
+    matches!(
+        e,
+        Error::FeatureMissing { device: d, feature: f, attribute: a, value: 0 }
+            if *d == Device(device) && *f == feature && *a == attribute
+    ) && text.contains(&format!("device {device}"))
+        && text.contains(&format!("attribute {attribute} = 0"))
 }

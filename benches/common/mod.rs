@@ -28,7 +28,7 @@ use cuda_endpoints::driver::{
     AllocationRequest, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Limits,
     Location, Shape,
 };
-use cuda_endpoints::{Allocation, Context, Spec};
+use cuda_endpoints::{Allocation, Context, Endpoint, Pending, ReadyList, Spec, Unicast, wait_all};
 
 /// Bytes per endpoint and per allocation: one bind alignment of the model's
 /// H200-like devices and of [`Null`].
@@ -202,3 +202,16 @@ macro_rules! null_driver {
 }
 
 cuda_endpoints::for_each_driver_call!(null_driver);
+
+/// `n` ids to ready unicast endpoints, typed: `reserve(n)`, `into_endpoints`,
+/// `create` on each, `wait_all` (`benches/readiness*.rs`).
+pub fn bring_up(ctx: &Context, n: u32) -> ReadyList<Unicast> {
+    let pending: Vec<Endpoint<Pending, Unicast>> = ctx
+        .reserve(n)
+        .expect("reserve")
+        .into_endpoints()
+        .into_iter()
+        .map(|ep| ep.create(Spec::unicast(OWNER, SIZE)).expect("create"))
+        .collect();
+    wait_all(pending, Duration::from_secs(1)).expect("wait_all")
+}

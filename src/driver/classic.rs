@@ -1186,16 +1186,8 @@ impl Forward for Classic {
         t.ids.insert(
             id,
             Some(Emulated {
-                num_devices,
-                size,
-                devices: Vec::new(),
                 mc: Some(mc),
-                shared: true,
-                handle_types: 0,
-                complete: false,
-                stale: None,
-                bindings: Vec::new(),
-                busy: false,
+                ..Emulated::without_object(num_devices, size)
             }),
         );
         Ok(())

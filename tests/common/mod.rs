@@ -23,6 +23,15 @@ pub fn clean(ctx: &Context, model: &Model) {
     assert!(violations.is_empty(), "rule broken: {violations:?}");
 }
 
+/// The end of a test on a model fabric: no process holds anything on the
+/// fabric any more and the model saw no call break a rule.
+#[track_caller]
+pub fn fabric_clean(model: &Model) {
+    let live = model.live_fabric();
+    assert!(live.held.is_empty(), "leak: {live:?}");
+    no_violations(&model.violations());
+}
+
 /// The end of a model test that may leave things behind on purpose: the
 /// model saw no call break a rule (issue 11: the violation log is empty at
 /// the end of every test, so a violation always means a bug in the crate).
