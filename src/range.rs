@@ -392,18 +392,32 @@ impl RangeInner {
     }
 
     fn release_now(&mut self) -> Result<()> {
-        self.released = true;
         for i in 0..self.count {
             let id = self.base + i;
             if !self.orphaned(id) {
                 continue;
             }
+            // Out of the record before the call: a panic inside it is taken
+            // as coming after the driver destroyed the orphan (see
+            // [`OnUnwind`]), so its handle is detached and its memory let go
+            // while unwinding, and `released` still false makes the range's
+            // `Drop` finish the release.
+            self.set_orphaned(id, false);
+            let slot = std::mem::take(self.slot_mut(id));
+            let fabric = self.take_fabric_mut(id);
+            let ctx = &self.ctx;
+            let detach = OnUnwind::new(|| {
+                if let Some(f) = &fabric {
+                    ctx.detach(f);
+                }
+            });
             // SAFETY: an orphan: its `Endpoint` is gone (dropped while its
             // destroy failed), so nothing typed holds the id any more.
-            match unsafe { self.ctx.driver().destroy(id) } {
+            let r = unsafe { ctx.driver().destroy(id) };
+            detach.disarm();
+            match r {
                 Ok(()) => {
-                    let slot = std::mem::take(self.slot_mut(id));
-                    if let Some(f) = self.take_fabric_mut(id) {
+                    if let Some(f) = fabric {
                         self.ctx.detach(&f);
                     }
                     drop(slot); // unbound now: the memory may go
@@ -412,31 +426,55 @@ impl RangeInner {
                     // Still attached, so memory may still be bound: leak what
                     // every orphan keeps rather than free it with the range,
                     // and keep the ids (R1.2).
-                    for j in i..self.count {
+                    self.set_orphaned(id, true);
+                    std::mem::forget(slot);
+                    for j in i + 1..self.count {
                         let id = self.base + j;
                         std::mem::forget(std::mem::take(self.slot_mut(id)));
                     }
+                    self.released = true;
                     return Err(self.ctx.error(Call::Destroy, code));
                 }
             }
         }
+        // A panic inside the release is taken as after the driver released:
+        // never released twice.
+        self.released = true;
         // SAFETY: the range's last owner is gone: every `Endpoint` of it was
         // destroyed (orphans just above), so no id holds an endpoint (R1.2).
         let r = unsafe { self.ctx.driver().id_release(self.base, self.count) };
         self.ctx.check(Call::IdRelease, r)
     }
+
+    fn set_orphaned(&mut self, id: u32, orphaned: bool) {
+        let i = (id - self.base) as usize;
+        self.records[i].facts.0.get_mut().orphaned = orphaned;
+    }
 }
 
 impl Drop for RangeInner {
     fn drop(&mut self) {
-        if self.spare {
-            return; // released, and its context let go when it became the spare
+        if self.spare || self.released {
+            return; // released (as the spare, its context let go already)
         }
         crate::range::in_drop(|| {
-            if !self.released
-                && let Err(e) = self.release_now()
-            {
-                self.ctx.record_teardown(e);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.release_now())) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => self.ctx.record_teardown(e),
+                Err(panic) => {
+                    // A panic inside an orphan's destroy left the range
+                    // unreleased (see `release_now`): finish, then go on
+                    // unwinding.
+                    if !self.released
+                        && let Ok(Err(e)) =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                self.release_now()
+                            }))
+                    {
+                        self.ctx.record_teardown(e);
+                    }
+                    std::panic::resume_unwind(panic);
+                }
             }
         });
     }

@@ -629,3 +629,76 @@ fn a_layer_that_panics_on_every_call_from_the_nth_on_never_aborts_the_process() 
         }
     }
 }
+
+/// Runs `f` under a `tracing` layer that panics on the first successful
+/// `cuLogicalEndpointDestroy`; the panic must come out of `f`.
+fn panicking_on_the_first_destroy(f: impl FnOnce()) {
+    quiet();
+    let fired = AtomicUsize::new(0);
+    let layer = common::layer::OnEvent(move |e: &common::layer::EventFields| {
+        if e.succeeded() == Some(Call::Destroy) && fired.fetch_add(1, Ordering::SeqCst) == 0 {
+            std::panic::panic_any(Planned);
+        }
+    });
+    let r = tracing::subscriber::with_default(layer, || catch_unwind(AssertUnwindSafe(f)));
+    assert!(r.expect_err("planned").is::<Planned>());
+}
+
+/// A range destroys its orphans (endpoints whose destroy failed) before it
+/// releases its ids. A panic inside that destroy is taken as coming after the
+/// driver acted, as everywhere: the ids are still released (by `release` or
+/// the range's `Drop`), the orphan's fabric handle is detached (the handle
+/// can be imported again), and nothing is destroyed twice.
+#[test]
+fn a_panic_inside_the_destroy_of_an_orphan_still_releases_the_ids_and_detaches_the_handle() {
+    use cuda_endpoints::model::{Fault, FaultPlan};
+    use cuda_endpoints::{Code, Exportable, FabricHandle, Multicast};
+    let fail_first_destroy = || FaultPlan::none().with(Fault::nth(Call::Destroy, 1, Code::UNKNOWN));
+    // By `release` of the range's other id.
+    let model = Model::new(ModelConfig::node(2));
+    let ctx = Context::from_arc(Arc::new(Traced::new(model.clone())));
+    model.set_faults(fail_first_destroy());
+    let [a, b] = ctx.reserve(2).unwrap().into_array::<2>().unwrap();
+    drop(a.create(Spec::unicast(0, ALIGN)).unwrap()); // its destroy fails: an orphan
+    assert_eq!(ctx.take_teardown_errors().len(), 1);
+    panicking_on_the_first_destroy(|| drop(b.release()));
+    common::clean(&ctx, &model);
+    // By the `Drop` of a reserved endpoint whose id still holds one (a create
+    // whose enrollment and undo both failed).
+    let model = Model::new(ModelConfig::node(2));
+    let ctx = Context::from_arc(Arc::new(Traced::new(model.clone())));
+    model.set_faults(fail_first_destroy().with(Fault::nth(Call::AddDevice, 1, Code::UNKNOWN)));
+    let f = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
+        .unwrap_err();
+    let _ = ctx.take_teardown_errors();
+    panicking_on_the_first_destroy(|| drop(f.value));
+    common::clean(&ctx, &model);
+    // An imported orphan: its handle is detached, so it imports again.
+    let model = Model::new(ModelConfig::node(2));
+    let owner = Context::new(model.clone());
+    let team = owner
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let bytes = team.export().unwrap().to_bytes();
+    let h = FabricHandle::<Multicast<Exportable>>::from_bytes(&bytes).unwrap();
+    let pm = model.spawn_process();
+    let peer = Context::from_arc(Arc::new(Traced::new(pm.clone())));
+    let [p0, p1] = peer.reserve(2).unwrap().into_array::<2>().unwrap();
+    let imported = p0.import(&h).unwrap();
+    pm.set_faults(fail_first_destroy());
+    drop(imported); // its destroy fails: an orphan holding the handle
+    assert_eq!(peer.take_teardown_errors().len(), 1);
+    panicking_on_the_first_destroy(|| drop(p1.release()));
+    let again = peer.reserve_one().unwrap().import(&h).unwrap();
+    drop(again);
+    team.destroy().unwrap().release().unwrap();
+    common::clean(&peer, &pm);
+    common::clean(&owner, &model);
+}
