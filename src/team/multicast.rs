@@ -553,10 +553,14 @@ fn import_classic(
         limits.bind_alignment,
         team_size,
     );
+    // Even when a driver call of the import panics: the staged descriptor
+    // closes with the unwinding, not with the backend.
+    let staged = crate::range::OnUnwind::new(|| classic.unstage(&ticket));
     let ep = ctx
         .reserve_one()
         .map_err(|e| import(Cause::Local(e)))
         .and_then(|r| r.import(&handle).map_err(|f| import(Cause::Local(f.error))));
+    staged.disarm();
     // Used by the import, or dropped now (the descriptor closes).
     classic.unstage(&ticket);
     Ok(ep?.cast())
