@@ -89,8 +89,7 @@ fn c5_classic_team_of_four_processes_shares_a_posix_fd_and_binds_only_when_compl
     assert_eq!(model.calls(Call::MulticastCreate), 1);
     assert_eq!(model.calls(Call::MulticastAddDevice), 4);
     assert_eq!(model.calls(Call::MulticastBindAddr), 4);
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
-    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+    common::fabric_idle(&model);
 }
 
 #[test]
@@ -101,8 +100,7 @@ fn c5_r12_4_classic_team_across_nodes_shares_fabric_bytes() {
         r.unwrap();
     }
     assert_eq!(model.calls(Call::MulticastCreate), 1);
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
-    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+    common::fabric_idle(&model);
 }
 
 #[test]
@@ -118,8 +116,7 @@ fn r12_4_a_classic_posix_fd_team_across_nodes_fails_every_rank_at_import() {
         assert!(m.live().is_empty(), "{:?}", m.live());
         assert!(ctx.take_teardown_errors().is_empty());
     }
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
-    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+    common::fabric_idle(&model);
 }
 
 #[test]
@@ -145,8 +142,7 @@ fn c3_a_shared_classic_object_refuses_binds_until_the_team_is_complete() {
     );
     drop(e);
     assert_eq!(model.calls(Call::MulticastBindMem), 0);
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
-    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+    common::fabric_idle(&model);
 }
 
 #[test]
@@ -238,8 +234,7 @@ fn r9_4_damaged_classic_fabric_bytes_fail_every_rank_and_leave_nothing() {
         assert_eq!((e.rank, e.step), (1, Step::Import), "{e}");
     }
     // Refused by the driver as bytes it did not make: not a rule broken.
-    assert!(model.violations().is_empty(), "{:?}", model.violations());
-    assert!(model.live_fabric().is_empty(), "{:?}", model.live_fabric());
+    common::fabric_idle(&model);
 }
 
 /// A bootstrap whose first allgather (the Join) sends `replace` instead of

@@ -309,25 +309,37 @@ fn release(ctx: &Context, handle: u64) {
     assert_eq!(r, Ok(()));
 }
 
-// ------------------------------------------------------------------ tests
-
-#[test]
-fn r9_an_endpoint_exported_by_one_os_process_is_imported_by_another() {
-    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
-    let join = server.join();
-    let mut a = Kid::spawn("creator", "creator", &join, &[]);
+/// A creator (joining by `creator`) exports an endpoint that an importer
+/// (joining by `importer`) imports; both have bound memory to it.
+fn creator_and_importer_bound(creator: &Join, importer: &Join) -> (Kid, Kid) {
+    let mut a = Kid::spawn("creator", "creator", creator, &[]);
     let handle = a.expect("handle");
-    let mut b = Kid::spawn("importer", "importer", &join, &[(HANDLE, handle)]);
+    let b = Kid::spawn("importer", "importer", importer, &[(HANDLE, handle)]);
     b.expect("imported");
     a.tell("imported");
     a.expect("bound");
     b.expect("bound");
+    (a, b)
+}
+
+/// Both end: told, each reports itself clean and exits.
+fn both_done(mut a: Kid, mut b: Kid) {
     a.tell("done");
     b.tell("done");
     a.expect("clean");
     b.expect("clean");
     a.finish();
     b.finish();
+}
+
+// ------------------------------------------------------------------ tests
+
+#[test]
+fn r9_an_endpoint_exported_by_one_os_process_is_imported_by_another() {
+    let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
+    let join = server.join();
+    let (a, b) = creator_and_importer_bound(&join, &join);
+    both_done(a, b);
     assert_eq!(server.joined(), 2);
     assert_clean(&server);
 }
@@ -336,13 +348,7 @@ fn r9_an_endpoint_exported_by_one_os_process_is_imported_by_another() {
 fn r12_2_a_killed_process_is_cleaned_up_and_the_others_carry_on() {
     let server = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
     let join = server.join();
-    let mut a = Kid::spawn("creator", "creator", &join, &[]);
-    let handle = a.expect("handle");
-    let mut b = Kid::spawn("importer", "importer", &join, &[(HANDLE, handle)]);
-    b.expect("imported");
-    a.tell("imported");
-    a.expect("bound");
-    b.expect("bound");
+    let (mut a, mut b) = creator_and_importer_bound(&join, &join);
     // SIGKILL while holding an id, an endpoint reference, memory and a binding.
     a.kill();
     assert!(server.wait_exits(1, T));
@@ -369,24 +375,8 @@ fn r12_2_a_killed_process_is_cleaned_up_and_the_others_carry_on() {
 fn r12_4_fabric_handles_cross_nodes() {
     // Two nodes of one GPU each: the team is one device per node.
     let server = FabricServer::start(FabricConfig::nodes(2, 1)).unwrap();
-    let mut a = Kid::spawn("creator", "creator", &server.join().node(0), &[]);
-    let handle = a.expect("handle");
-    let mut b = Kid::spawn(
-        "importer",
-        "importer",
-        &server.join().node(1),
-        &[(HANDLE, handle)],
-    );
-    b.expect("imported");
-    a.tell("imported");
-    a.expect("bound");
-    b.expect("bound");
-    a.tell("done");
-    b.tell("done");
-    a.expect("clean");
-    b.expect("clean");
-    a.finish();
-    b.finish();
+    let (a, b) = creator_and_importer_bound(&server.join().node(0), &server.join().node(1));
+    both_done(a, b);
     assert_clean(&server);
 }
 

@@ -23,6 +23,16 @@ pub fn clean(ctx: &Context, model: &Model) {
     assert!(violations.is_empty(), "rule broken: {violations:?}");
 }
 
+/// The end of a test on a model fabric that all its processes left or
+/// cleaned up: nothing held, no endpoint or classic object still referenced,
+/// no shareable handle open, and no call broke a rule.
+#[track_caller]
+pub fn fabric_idle(model: &Model) {
+    no_violations(&model.violations());
+    let live = model.live_fabric();
+    assert!(live.is_empty(), "leak: {live:?}");
+}
+
 /// The end of a test on a model fabric: no process holds anything on the
 /// fabric any more and the model saw no call break a rule.
 #[track_caller]
