@@ -40,8 +40,8 @@ for version in 13.3.29 '13.4.*' '13.5.*'; do
     if ! diff <(grep -o 'CUresult CUDAAPI cuLogicalEndpoint[A-Za-z0-9_]*' "$header" \
                     | sed 's/.* //' | sort -u) \
               <(grep -o '^ *\[[A-Za-z]*\] [A-Za-z]* "cuLogicalEndpoint[A-Za-z0-9_]*"' \
-                    src/driver/calls.rs | sed 's/.*"\(cu[A-Za-z0-9_]*\)"/\1/' | sort -u); then
-        echo "abi-check: cuLogicalEndpoint* entry points of the header and of src/driver/calls.rs differ" >&2
+                    crates/driver/src/calls.rs | sed 's/.*"\(cu[A-Za-z0-9_]*\)"/\1/' | sort -u); then
+        echo "abi-check: cuLogicalEndpoint* entry points of the header and of crates/driver/src/calls.rs differ" >&2
         exit 1
     fi
 done
@@ -51,7 +51,7 @@ missing=$(awk '/typedef enum cudaError_enum/,/} CUresult;/' "$header" \
     | grep -o 'CUDA_ERROR_[A-Z0-9_]*' | sort -u \
     | while read -r name; do grep -q "CHECK($name ==" "$work/abi_check.c" || echo "$name"; done)
 if [ -n "$missing" ]; then
-    echo "abi-check: CUresult codes without a name in src/driver/code.rs:" >&2
+    echo "abi-check: CUresult codes without a name in crates/driver/src/code.rs:" >&2
     echo "$missing" >&2
     exit 1
 fi

@@ -96,7 +96,7 @@ export PROPTEST_CASES=${PROPTEST_CASES:-16}
 suites=(rules double classic hostile_input faults concurrency backend_lifecycle)
 for s in "${suites[@]}"; do
     # DOUBLE_TEST_ARGS: extra libtest arguments, e.g. `--skip NAME` while debugging.
-    nice cargo test --test "$s" -- ${DOUBLE_TEST_ARGS:-}
+    nice cargo test --features model --test "$s" -- ${DOUBLE_TEST_ARGS:-}
 done
 # The GPU suite as on a 13.5 driver, and as on the GPU machines' driver 580.
 # It uses cudarc beside the library, which needs a CUDA version to build for.
@@ -111,7 +111,7 @@ for pretend in 13.5: 13.5:13030 13.0:; do
     dir=${pretend%%:*} version=${pretend##*:}
     for ex in multicast_team probe; do
         LD_LIBRARY_PATH=$out/$dir CUDA_DOUBLE_VERSION=$version \
-            nice cargo run --quiet --example "$ex" -- --driver cuda > "$out/example.log"
+            nice cargo run --quiet --features model --example "$ex" -- --driver cuda > "$out/example.log"
         echo "example $ex on the double $dir/${version:-default}: $(head -n1 "$out/example.log")"
         # It must have run on the double, not skipped for want of a driver.
         ! grep -q "no driver to run on" "$out/example.log"
@@ -193,7 +193,7 @@ echo "multi-process suites on the double: no violation, no process or file left"
 # Each process's double appends its counts at exit (CUDA_DOUBLE_COUNTS). The
 # `Driver` entry points are the rows of `for_each_driver_call!`; every one
 # must have been called through the real backend, and succeeded, at least once.
-grep -o '^ *\[[A-Za-z]*\] [A-Za-z]* "cu[A-Za-z0-9_]*"' src/driver/calls.rs \
+grep -o '^ *\[[A-Za-z]*\] [A-Za-z]* "cu[A-Za-z0-9_]*"' crates/driver/src/calls.rs \
     | sed 's/.*"\(cu[A-Za-z0-9_]*\)"/\1/' > "$out/driver-calls"
 python3 - "$out/counts" "$out/driver-calls" "$out/counts.fabric-from" <<'EOF'
 import collections, sys

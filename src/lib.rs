@@ -14,7 +14,6 @@
 // clauses) and `guide` (documentation only).
 mod backend;
 mod binding;
-pub mod bootstrap;
 mod context;
 pub mod driver;
 mod endpoint;
@@ -29,7 +28,7 @@ mod kind;
 mod memory;
 #[cfg(feature = "model")]
 #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
-pub mod model;
+pub use cuda_endpoints_model as model;
 mod multicast_mapping;
 mod owned;
 mod probe;
@@ -46,6 +45,8 @@ pub use binding::Binding;
 pub use bootstrap::Mpi;
 pub use bootstrap::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
 pub use context::Context;
+pub use cuda_endpoints_bootstrap as bootstrap;
+pub use cuda_endpoints_driver::for_each_driver_call;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
 // Every item of `error` is for users to match on.

@@ -1,33 +1,19 @@
-//! The driver boundary: one table of driver calls
-//! ([`for_each_driver_call!`](crate::for_each_driver_call)), from which
-//! the [`Driver`] trait, the [`Call`] names and the [`Forward`] wrappers
-//! follow; the domain types the calls speak ([`EndpointProps`],
-//! [`AllocationRequest`], [`FabricHandleBytes`]...); and the backends.
+//! The driver boundary ([`cuda_endpoints_driver`], re-exported here: the
+//! table of calls, the [`Driver`] trait, the domain types) and the backends
+//! this crate brings: the real driver ([`cuda::Cuda`]) and the classic
+//! `cuMulticast*` fallback ([`Classic`]). The reference model is the crate
+//! `cuda-endpoints-model` (feature `model`).
 //!
 //! Layers: the C ABI (declared in `cuda/`, the only place that sees C
-//! structs) → a [`Driver`] implementation ([`cuda::Cuda`], the reference
-//! `model::Model`, the classic fallback [`Classic`], the call recorder
-//! [`Traced`]) → the typed API, which only ever talks to `dyn Driver`.
-//! Wrappers stack: a `Classic` over a `Traced` over `Cuda` records exactly
-//! what reached the real driver. `Arc<D>` is a [`Driver`] whenever `D` is.
+//! structs) → a [`Driver`] implementation → the typed API, which only ever
+//! talks to `dyn Driver`. Wrappers stack: a `Classic` over a [`Traced`]
+//! over `Cuda` records exactly what reached the real driver.
 //!
 //! Calling a driver method is `unsafe` (see [`Driver`]'s `# Safety`):
 //! safe code reaches the driver only through the typed API.
 
-mod calls;
 pub mod classic;
-pub mod code;
 pub mod cuda;
-pub mod trace;
-mod types;
 
-pub(crate) use calls::Queries;
-pub use calls::{Call, Driver, Family, Forward};
 pub use classic::Classic;
-pub use code::{Code, DriverResult};
-pub use trace::{TraceEntry, TraceLog, Traced};
-pub use types::{
-    AllocationRequest, ContextFailure, ContextStep, Device, EndpointProps, FabricHandleBytes,
-    Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, ShareableHandle,
-    ShareableKind, attr, fabric_checksum, handle_bits,
-};
+pub use cuda_endpoints_driver::*;

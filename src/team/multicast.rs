@@ -22,8 +22,7 @@ use std::time::Duration;
 
 use crate::bootstrap::{Bootstrap, FdExchange};
 use crate::context::Context;
-use crate::driver::classic::ClassicExport;
-use crate::driver::{Call, Classic, Device, ShareableKind};
+use crate::driver::{Call, Device, ObjectExport, ObjectSharing, ShareableKind};
 use crate::endpoint::Endpoint;
 use crate::kind::{Exportable, SpreadTeam};
 use crate::multicast_mapping::MulticastMapping;
@@ -196,7 +195,7 @@ pub fn multicast(
     let team_size = agreed_team_size(&hellos, spec, me)?;
 
     // Create and export on the root; the handle goes to every rank.
-    let classic = ctx.driver().as_classic();
+    let classic = ctx.driver().object_sharing();
     let mut root_ep = None;
     let mut root_fd = None;
     let made = (me == spec.root).then(|| {
@@ -473,7 +472,7 @@ struct Made {
 
 fn create_and_export(
     ctx: &Context,
-    classic: Option<&Classic>,
+    classic: Option<&dyn ObjectSharing>,
     spec: &TeamSpec,
     team_size: u32,
 ) -> Result<Made, (Step, Cause)> {
@@ -501,8 +500,8 @@ fn create_and_export(
         .export_object(endpoint.id(), spec.classic_handles)
         .map_err(|code| export(ctx.error(Call::MemExportToShareableHandle, code)))?;
     let (fabric, fd) = match object {
-        ClassicExport::Fd(fd) => (None, Some(fd)),
-        ClassicExport::Fabric(b) => (Some(b), None),
+        ObjectExport::Fd(fd) => (None, Some(fd)),
+        ObjectExport::Fabric(b) => (Some(b), None),
     };
     Ok(Made {
         endpoint,
@@ -517,7 +516,7 @@ fn create_and_export(
 /// for them, never with what the root sent.
 fn import_classic(
     ctx: &Context,
-    classic: &Classic,
+    classic: &dyn ObjectSharing,
     envelope: &[u8],
     fd: Option<Result<OwnedFd, Cause>>,
     spec: &TeamSpec,
@@ -531,7 +530,7 @@ fn import_classic(
     }
     let what = match decode_carrier(rest).map_err(check)? {
         Carrier::ClassicFd => match fd {
-            Some(Ok(fd)) => ClassicExport::Fd(fd),
+            Some(Ok(fd)) => ObjectExport::Fd(fd),
             Some(Err(cause)) => return Err(import(cause)),
             None => {
                 return Err(import(Cause::BadMessage {
@@ -539,7 +538,7 @@ fn import_classic(
                 }));
             }
         },
-        Carrier::ClassicFabric(b) => ClassicExport::Fabric(b),
+        Carrier::ClassicFabric(b) => ObjectExport::Fabric(b),
         Carrier::Fabric(_) => return Err(check(Cause::Mismatch(Mismatch::Backend))),
     };
     let props = Spec::spread(team_size, spec.bytes).exportable().props();

@@ -297,7 +297,7 @@ macro_rules! cuda_driver {
     };
 }
 
-crate::for_each_driver_call!(cuda_driver);
+cuda_endpoints_driver::for_each_driver_call!(cuda_driver);
 
 #[cfg(test)]
 mod tests {

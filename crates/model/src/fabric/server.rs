@@ -25,7 +25,7 @@ use super::wire::{
     self, FrameError, MAX_MEMORY_IO, PROTOCOL, Reply, Request, Welcome, WireViolation,
 };
 use crate::driver::{Code, Device};
-use crate::model::{FabricConfig, FabricLive, Live, Model, Violation};
+use crate::{FabricConfig, FabricLive, Live, Model, Violation};
 
 /// The most processes connected at once.
 pub const MAX_CONNECTIONS: usize = 4096;

@@ -381,8 +381,8 @@ macro_rules! traced_impl {
             fn context_failure(&self, call: Call) -> Option<super::ContextFailure> {
                 self.inner.context_failure(call)
             }
-            fn as_classic(&self) -> Option<&super::Classic> {
-                self.inner.as_classic()
+            fn object_sharing(&self) -> Option<&dyn super::ObjectSharing> {
+                self.inner.object_sharing()
             }
             $(
                 #[allow(clippy::too_many_arguments)]

@@ -16,14 +16,13 @@ use super::FabricError;
 use super::calls::WireCall;
 use super::join::Join;
 use super::wire::{self, FrameError, PROTOCOL, Reply, Request, Welcome, WireViolation};
-use crate::context::Context;
 use crate::driver::{Code, Device, DriverResult, ShareableHandle};
-use crate::model::shareable;
-use crate::model::{FabricLive, FaultPlan, Live, ShareableKind};
+use crate::shareable;
+use crate::{FabricLive, FaultPlan, Live, ShareableKind};
 
 /// A driver backend that is one process of a fabric server's model: the
 /// driver calls of the boundary's table, sent over the connection. Made by
-/// [`connect`]; name `"fabric"`.
+/// [`open`]; name `"fabric"`.
 ///
 /// A lost connection (the server gone, or an answer later than
 /// [`Join::timeout`]) is reported once through `tracing` and every call
@@ -187,8 +186,8 @@ impl Remote {
 
 /// This process's handle on the fabric it joined: where it runs, and what
 /// the tests look at (leak counters, violations, device memory, faults).
-/// Cheap to clone; shares the connection with the [`Context`] that
-/// [`connect`] returned.
+/// Cheap to clone; shares the connection with the `Context` that
+/// [`open`] returned.
 #[derive(Clone, Debug)]
 pub struct Process {
     remote: Arc<Remote>,
@@ -414,26 +413,27 @@ impl Process {
     }
 }
 
-/// Joins the fabric as a new process: a [`Context`] whose driver is that
-/// process on the fabric's model, and the [`Process`] handle.
+/// Joins the fabric as a new process: the [`Process`] handle, whose
+/// [`Process::remote`] is that process's driver on the fabric's model
+/// (`cuda_endpoints::fabric::connect` wraps it in a `Context`).
 ///
 /// # Errors
 /// [`FabricError::Connect`] when nothing listens at the socket;
 /// [`FabricError::Refused`] when the fabric has no such node or speaks
 /// another protocol version.
-pub fn connect(join: &Join) -> Result<(Context, Process), FabricError> {
+pub fn open(join: &Join) -> Result<Process, FabricError> {
     let remote = Arc::new(Remote::open(join)?);
-    Ok((Context::from_arc(remote.clone()), Process { remote }))
+    Ok(Process { remote })
 }
 
 /// Joins the fabric named by [`super::ENV_VAR`] ([`Join::from_env`]);
 /// `Ok(None)` when the variable is not set.
 ///
 /// # Errors
-/// As [`connect`] and [`Join::from_env`].
-pub fn connect_env() -> Result<Option<(Context, Process)>, FabricError> {
+/// As [`open`] and [`Join::from_env`].
+pub fn open_env() -> Result<Option<Process>, FabricError> {
     match Join::from_env()? {
-        Some(join) => connect(&join).map(Some),
+        Some(join) => open(&join).map(Some),
         None => Ok(None),
     }
 }

@@ -23,9 +23,9 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use cuda_endpoints::{Bootstrap, Tcp, UniqueId};
+//! use cuda_endpoints_bootstrap::{Bootstrap, Tcp, UniqueId};
 //!
-//! # fn main() -> Result<(), cuda_endpoints::BootstrapError> {
+//! # fn main() -> Result<(), cuda_endpoints_bootstrap::BootstrapError> {
 //! let t = Duration::from_secs(10);
 //! let (rank, size): (usize, usize) = (0, 4); // from the launcher
 //! let boot = if rank == 0 {

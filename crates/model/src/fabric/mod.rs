@@ -6,7 +6,7 @@
 //! socket in a fresh temporary directory. Every connection is one process of
 //! the fabric, on the node it asked for; its driver is a [`Remote`], whose
 //! calls are the driver boundary's table
-//! ([`for_each_driver_call!`](crate::for_each_driver_call)) serialised with
+//! ([`for_each_driver_call!`](cuda_endpoints_driver::for_each_driver_call)) serialised with
 //! `postcard`. Closing the connection — exiting, crashing, being killed —
 //! is the process's exit: the model destroys its endpoint references
 //! (unbinding what it bound), releases its ids and frees its memory (SPEC
@@ -18,12 +18,13 @@
 //!   the fabric's leak counters and exits non-zero if anything leaked;
 //! - **a test**: [`FabricServer::start`] hosts it on threads of the test,
 //!   and children get [`FabricServer::env_value`] in [`ENV_VAR`];
-//! - **a process** joins with [`connect_env`] (or [`connect`] with a
-//!   [`Join`]), which returns a [`Context`](crate::Context) and its
-//!   [`Process`] handle (leak counters, violations, device memory).
+//! - **a process** joins with [`open_env`] (or [`open`] with a
+//!   [`Join`]), which returns its [`Process`] handle (leak counters,
+//!   violations, device memory; `cuda_endpoints::fabric::connect` wraps its
+//!   driver in a `Context`).
 //!
 //! What the fabric simulates, beyond one node's model (SPEC R12, the model's
-//! choices, see [`crate::model`]): nodes with their own devices (ordinals
+//! choices, see [the crate docs](crate)): nodes with their own devices (ordinals
 //! are per node), one IMEX domain, an IMEX channel per process (fabric
 //! handles import only with one: `NOT_PERMITTED`, R9.1), POSIX descriptors
 //! that reach only their node ([`Process::export_fd`], R12.4), and refusals
@@ -52,19 +53,20 @@
 mod calls;
 mod client;
 mod join;
+pub mod launcher;
 mod server;
 pub mod wire;
 
 use std::path::PathBuf;
 
 pub use calls::WireCall;
-pub use client::{Process, Remote, connect, connect_env};
+pub use client::{Process, Remote, open, open_env};
 pub use join::{DEFAULT_TIMEOUT, ENV_VAR, Join, RANK_VARS};
 pub use server::{FabricServer, MAX_CONNECTIONS, ProcessExit};
 pub use wire::WireViolation;
 
 use crate::driver::Code;
-pub use crate::model::{FabricConfig, FabricLive, ShareableKind};
+pub use crate::{FabricConfig, FabricLive, ShareableKind};
 
 /// Why joining, starting or asking a fabric failed.
 #[derive(Debug, thiserror::Error)]

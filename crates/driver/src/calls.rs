@@ -45,7 +45,7 @@ use super::DriverResult;
 /// cuda_endpoints::for_each_driver_call!(my_callback);
 /// ```
 ///
-/// Domain types are named by absolute paths (`$crate::driver::Device`...),
+/// Domain types are named by absolute paths (`$crate::Device`...),
 /// so the callback needs no imports.
 ///
 /// For example, a request type with one variant per call, and a server
@@ -107,19 +107,19 @@ macro_rules! for_each_driver_call {
             [Base] DeviceGetCount "cuDeviceGetCount" safety "none beyond the trait's"
                 fn device_count() -> i32;
             /// `cuDeviceGetAttribute(attr, dev)`; `attr` is the raw attribute
-            /// number (see [`attr`](crate::driver::attr)).
+            /// number (see [`attr`](crate::attr)).
             [Base] DeviceGetAttribute "cuDeviceGetAttribute" safety "none beyond the trait's"
-                fn device_attribute(dev: $crate::driver::Device, attr: i32) -> i32;
+                fn device_attribute(dev: $crate::Device, attr: i32) -> i32;
             /// `cuMemGetInfo` on `dev`'s primary context: `(free, total)` bytes.
             [Base] MemGetInfo "cuMemGetInfo" safety "none beyond the trait's"
-                fn mem_get_info(dev: $crate::driver::Device) -> (u64, u64);
+                fn mem_get_info(dev: $crate::Device) -> (u64, u64);
             /// The id of `dev`'s multicast logical-endpoint clique
             /// (`cuDeviceGetCliqueCount` + `cuDeviceGetCliqueInfo`, type
             /// `CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT`, CUDA 13.4+; SPEC
             /// R4.5): devices of one clique can share a multicast team.
             /// `NOT_SUPPORTED` before 13.4, `NOT_FOUND` for a device in no such clique.
             [Base] DeviceGetCliqueInfo "cuDeviceGetCliqueInfo" safety "none beyond the trait's"
-                fn device_clique(dev: $crate::driver::Device) -> u32;
+                fn device_clique(dev: $crate::Device) -> u32;
 
             // ---- logical endpoints (SPEC R1-R10) ----
             /// `cuLogicalEndpointIdReserve(&base, count)` (R1): the first id of
@@ -132,16 +132,16 @@ macro_rules! for_each_driver_call {
                 fn id_release(base: u32, count: u32) -> ();
             /// `cuLogicalEndpointGetLimits(&align, &max, &prop)` (R10).
             [LogicalEndpoint] GetLimits "cuLogicalEndpointGetLimits" safety "none beyond the trait's"
-                fn get_limits(props: $crate::driver::EndpointProps) -> $crate::driver::Limits;
+                fn get_limits(props: $crate::EndpointProps) -> $crate::Limits;
             /// `cuLogicalEndpointCreate(id, &prop)` (R2); construction goes on
             /// asynchronously (R2.5, R3).
             [LogicalEndpoint] Create "cuLogicalEndpointCreate"
                 safety "R2.1 and R3.4: `id` is a reserved id of the caller's own, not held by an `Endpoint`"
-                fn create(id: u32, props: $crate::driver::EndpointProps) -> ();
+                fn create(id: u32, props: $crate::EndpointProps) -> ();
             /// `cuLogicalEndpointAddDevice(id, dev)` (R4).
             [LogicalEndpoint] AddDevice "cuLogicalEndpointAddDevice"
                 safety "R4.4: no memory is bound on the endpoint yet; `id` is not held by a typed `Endpoint`"
-                fn add_device(id: u32, dev: $crate::driver::Device) -> ();
+                fn add_device(id: u32, dev: $crate::Device) -> ();
             /// `cuLogicalEndpointQuery(base, count, &status)` (R3): `true` when
             /// every endpoint in `[base, base+count)` is constructed.
             [LogicalEndpoint] Query "cuLogicalEndpointQuery" safety "none beyond the trait's"
@@ -149,15 +149,15 @@ macro_rules! for_each_driver_call {
             /// `cuLogicalEndpointBindMem(id, dev, offset, mem, mem_offset, size, flags)` (R5).
             [LogicalEndpoint] BindMem "cuLogicalEndpointBindMem"
                 safety "R3.4 (the endpoint was reported constructed) and R7.2: the allocation `mem` outlives the binding, and no typed `Binding` covers the range"
-                fn bind_mem(id: u32, dev: $crate::driver::Device, offset: u64, mem: u64, mem_offset: u64, size: u64, flags: u64) -> ();
+                fn bind_mem(id: u32, dev: $crate::Device, offset: u64, mem: u64, mem_offset: u64, size: u64, flags: u64) -> ();
             /// `cuLogicalEndpointBindAddr(id, dev, offset, ptr, size, flags)` (R5).
             [LogicalEndpoint] BindAddr "cuLogicalEndpointBindAddr"
                 safety "R3.4 (the endpoint was reported constructed) and R7.2: the mapping at `ptr` outlives the binding"
-                fn bind_addr(id: u32, dev: $crate::driver::Device, offset: u64, ptr: u64, size: u64, flags: u64) -> ();
+                fn bind_addr(id: u32, dev: $crate::Device, offset: u64, ptr: u64, size: u64, flags: u64) -> ();
             /// `cuLogicalEndpointUnbind(id, dev, offset, size)` (R6).
             [LogicalEndpoint] Unbind "cuLogicalEndpointUnbind"
                 safety "R6.1, R6.2 and C4: the range is exactly binds the caller made itself, not a typed `Binding`'s"
-                fn unbind(id: u32, dev: $crate::driver::Device, offset: u64, size: u64) -> ();
+                fn unbind(id: u32, dev: $crate::Device, offset: u64, size: u64) -> ();
             /// `cuLogicalEndpointDestroy(id)` (R7).
             [LogicalEndpoint] Destroy "cuLogicalEndpointDestroy"
                 safety "R3.4 and R7.2: `id` holds an endpoint of the caller's own, not a typed `Endpoint`'s, and no kernel still uses it"
@@ -165,38 +165,38 @@ macro_rules! for_each_driver_call {
             /// `cuLogicalEndpointExport(&handle, id, FABRIC)` (R8): the 64-byte
             /// fabric handle.
             [LogicalEndpoint] Export "cuLogicalEndpointExport" safety "R3.4: `id` holds an endpoint"
-                fn export(id: u32) -> $crate::driver::FabricHandleBytes;
+                fn export(id: u32) -> $crate::FabricHandleBytes;
             /// `cuLogicalEndpointImport(id, &handle, FABRIC)` (R9).
             [LogicalEndpoint] Import "cuLogicalEndpointImport"
                 safety "R2.1 and R3.4: `id` is a free reserved id of the caller's own, not held by an `Endpoint`"
-                fn import(id: u32, handle: $crate::driver::FabricHandleBytes) -> ();
+                fn import(id: u32, handle: $crate::FabricHandleBytes) -> ();
 
             // ---- VMM: the memory that gets bound ----
             /// `cuMemGetAllocationGranularity` for `req`.
             [Vmm] MemGetAllocationGranularity "cuMemGetAllocationGranularity" safety "none beyond the trait's"
-                fn mem_granularity(req: $crate::driver::AllocationRequest, kind: $crate::driver::Granularity) -> u64;
+                fn mem_granularity(req: $crate::AllocationRequest, kind: $crate::Granularity) -> u64;
             /// `cuMemCreate(&handle, size, &prop, 0)`: a new allocation's handle.
             [Vmm] MemCreate "cuMemCreate" safety "none beyond the trait's"
-                fn mem_create(size: u64, req: $crate::driver::AllocationRequest) -> u64;
+                fn mem_create(size: u64, req: $crate::AllocationRequest) -> u64;
             /// `cuMemRelease(handle)`: allocations and classic multicast objects (C5).
             [Vmm] MemRelease "cuMemRelease"
                 safety "R7.2 and C5: `handle` is the caller's own (not an `Allocation`'s) and nothing bound to or through it is still in use"
                 fn mem_release(handle: u64) -> ();
             /// `cuMemGetAllocationPropertiesFromHandle`: where the memory lives (R5.5).
             [Vmm] MemGetAllocationProperties "cuMemGetAllocationPropertiesFromHandle" safety "none beyond the trait's"
-                fn mem_properties(handle: u64) -> $crate::driver::AllocationRequest;
+                fn mem_properties(handle: u64) -> $crate::AllocationRequest;
             /// `cuMemExportToShareableHandle(&out, handle, kind, 0)` (C5) of an
             /// allocation or classic multicast object created with `kind`
             /// among its handle types: a POSIX descriptor that the caller now
             /// owns (and closes), or 64 fabric bytes.
             [Vmm] MemExportToShareableHandle "cuMemExportToShareableHandle" safety "none beyond the trait's"
-                fn mem_export(handle: u64, kind: $crate::driver::ShareableKind) -> $crate::driver::ShareableHandle;
+                fn mem_export(handle: u64, kind: $crate::ShareableKind) -> $crate::ShareableHandle;
             /// `cuMemImportFromShareableHandle(&handle, os_handle, kind)` (C5,
             /// R12.4): this process's own new handle on the memory or classic
             /// multicast object behind `shared`, released with `cuMemRelease`.
             [Vmm] MemImportFromShareableHandle "cuMemImportFromShareableHandle"
                 safety "a `PosixFd` names a descriptor that is open in this process for the whole call"
-                fn mem_import(shared: $crate::driver::ShareableHandle) -> u64;
+                fn mem_import(shared: $crate::ShareableHandle) -> u64;
             /// `cuMemAddressReserve(&ptr, size, alignment, 0, 0)`.
             [Vmm] MemAddressReserve "cuMemAddressReserve" safety "none beyond the trait's"
                 fn mem_address_reserve(size: u64, alignment: u64) -> u64;
@@ -214,12 +214,12 @@ macro_rules! for_each_driver_call {
                 fn mem_unmap(ptr: u64, size: u64) -> ();
             /// `cuMemSetAccess(ptr, size, [{device, READWRITE}, ...])` for each device.
             [Vmm] MemSetAccess "cuMemSetAccess" safety "the range at `ptr` is a mapping of the caller's own"
-                fn mem_set_access(ptr: u64, size: u64, devices: Vec<$crate::driver::Device>) -> ();
+                fn mem_set_access(ptr: u64, size: u64, devices: Vec<$crate::Device>) -> ();
 
             // ---- classic multicast (SPEC C1-C6) ----
             /// `cuMulticastGetGranularity` for a team of `num_devices` (C2).
             [Classic] MulticastGetGranularity "cuMulticastGetGranularity" safety "none beyond the trait's"
-                fn multicast_granularity(num_devices: u32, size: u64, handle_types: u64, kind: $crate::driver::Granularity) -> u64;
+                fn multicast_granularity(num_devices: u32, size: u64, handle_types: u64, kind: $crate::Granularity) -> u64;
             /// `cuMulticastCreate(&handle, {num_devices, size, handle_types, flags: 0})` (C1).
             [Classic] MulticastCreate "cuMulticastCreate"
                 safety "C6: every team device reports MULTICAST_SUPPORTED; never on the shared GPU test machines"
@@ -227,7 +227,7 @@ macro_rules! for_each_driver_call {
             /// `cuMulticastAddDevice(mc, dev)` (C3).
             [Classic] MulticastAddDevice "cuMulticastAddDevice"
                 safety "C3: `mc` is the caller's own object; no bind or map on it is in flight"
-                fn multicast_add_device(mc: u64, dev: $crate::driver::Device) -> ();
+                fn multicast_add_device(mc: u64, dev: $crate::Device) -> ();
             /// `cuMulticastBindMem(mc, mc_offset, mem, mem_offset, size, 0)`.
             [Classic] MulticastBindMem "cuMulticastBindMem"
                 safety "C3 (every team device was added, or the call blocks forever) and R7.2 (the memory outlives the binding)"
@@ -239,7 +239,7 @@ macro_rules! for_each_driver_call {
             /// `cuMulticastUnbind(mc, dev, mc_offset, size)` (C4).
             [Classic] MulticastUnbind "cuMulticastUnbind"
                 safety "C4: `(dev, mc_offset, size)` is exactly one earlier bind of the caller's own; anything else is undefined behaviour in the driver"
-                fn multicast_unbind(mc: u64, dev: $crate::driver::Device, mc_offset: u64, size: u64) -> ();
+                fn multicast_unbind(mc: u64, dev: $crate::Device, mc_offset: u64, size: u64) -> ();
         }
     };
 }
@@ -336,7 +336,7 @@ macro_rules! gen_call {
             }
 
             /// Which process this driver's ids and attachments belong to
-            /// (R9, R12.1): every [`Context`](crate::Context) whose driver
+            /// (R9, R12.1): every `Context` whose driver
             /// answers the same scope shares one table of attached fabric
             /// handles, so that a handle is attached once per process.
             /// `None` (the default): the driver object itself is the scope
@@ -360,17 +360,18 @@ macro_rules! gen_call {
             /// never made), which step and for which device, so that the
             /// error names them. Asked once, right after the failure.
             /// `None`: the code is `call`'s own answer.
-            fn context_failure(&self, call: Call) -> Option<$crate::driver::ContextFailure> {
+            fn context_failure(&self, call: Call) -> Option<$crate::ContextFailure> {
                 let _ = call;
                 None
             }
 
-            /// The classic fallback this driver is (or wraps), so that the
-            /// team bring-up can share its multicast objects across
-            /// processes (C5) and say when a team spread over processes is
-            /// complete (C3). `None` for every other backend.
-            #[doc(hidden)]
-            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
+            /// The backend's [`ObjectSharing`](crate::ObjectSharing)
+            /// capability: sharing multicast objects of its own across
+            /// processes (the classic fallback, C5) and saying what this
+            /// process enrolled (C3). `None` (the default) for backends of
+            /// real logical endpoints, which share through
+            /// `cuLogicalEndpointExport`/`Import`.
+            fn object_sharing(&self) -> Option<&dyn $crate::ObjectSharing> {
                 None
             }
 
@@ -444,14 +445,14 @@ macro_rules! gen_call {
             }
 
             /// As [`Driver::context_failure`]; the inner driver's by default.
-            fn context_failure(&self, call: Call) -> Option<$crate::driver::ContextFailure> {
+            fn context_failure(&self, call: Call) -> Option<$crate::ContextFailure> {
                 self.inner().context_failure(call)
             }
 
-            /// As [`Driver::as_classic`]; the inner driver's by default.
+            /// As [`Driver::object_sharing`]; the inner driver's by default.
             #[doc(hidden)]
-            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
-                self.inner().as_classic()
+            fn object_sharing(&self) -> Option<&dyn $crate::ObjectSharing> {
+                self.inner().object_sharing()
             }
 
             $(
@@ -482,11 +483,11 @@ macro_rules! gen_call {
             fn inner_failure(&self, call: Call) -> Option<Call> {
                 Forward::inner_failure(self, call)
             }
-            fn context_failure(&self, call: Call) -> Option<$crate::driver::ContextFailure> {
+            fn context_failure(&self, call: Call) -> Option<$crate::ContextFailure> {
                 Forward::context_failure(self, call)
             }
-            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
-                Forward::as_classic(self)
+            fn object_sharing(&self) -> Option<&dyn $crate::ObjectSharing> {
+                Forward::object_sharing(self)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
@@ -521,11 +522,11 @@ macro_rules! gen_arc {
             fn inner_failure(&self, call: Call) -> Option<Call> {
                 (**self).inner_failure(call)
             }
-            fn context_failure(&self, call: Call) -> Option<$crate::driver::ContextFailure> {
+            fn context_failure(&self, call: Call) -> Option<$crate::ContextFailure> {
                 (**self).context_failure(call)
             }
-            fn as_classic(&self) -> Option<&$crate::driver::Classic> {
-                (**self).as_classic()
+            fn object_sharing(&self) -> Option<&dyn $crate::ObjectSharing> {
+                (**self).object_sharing()
             }
             $(
                 #[allow(clippy::too_many_arguments)]
@@ -546,7 +547,7 @@ for_each_driver_call!(gen_arc);
 /// safe code inside the crate. Generated from the rows whose `safety` is
 /// exactly "none beyond the trait's".
 #[derive(Clone, Copy)]
-pub(crate) struct Queries<'a>(pub(crate) &'a dyn Driver);
+pub struct Queries<'a>(pub &'a dyn Driver);
 
 macro_rules! query_method {
     ("none beyond the trait's", $method:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
@@ -554,7 +555,8 @@ macro_rules! query_method {
         // that make it (`poll`, `wait`, `create`'s limits) should be too.
         #[allow(dead_code)]
         #[inline]
-        pub(crate) fn $method(self $(, $arg: $ty)*) -> DriverResult<$ret> {
+        #[doc = concat!("As [`Driver::", stringify!($method), "`]: a call with no contract beyond the trait's.")]
+        pub fn $method(self $(, $arg: $ty)*) -> DriverResult<$ret> {
             // SAFETY: this call has no contract beyond the trait's, and it
             // names nothing a typed object owns: it reads, or makes
             // something new that nobody owns yet.
@@ -572,7 +574,7 @@ macro_rules! gen_queries {
         fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
         impl Queries<'_> {
             /// As [`Driver::name`].
-            pub(crate) fn name(self) -> String {
+            pub fn name(self) -> String {
                 self.0.name()
             }
             $(query_method!($safety, $method($($arg: $ty),*) -> $ret);)*

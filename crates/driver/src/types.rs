@@ -264,7 +264,7 @@ impl EndpointProps {
 
 /// The 64 opaque bytes of a `CUlogicalEndpointFabricHandle` (R8, R9) or of
 /// a `CUmemFabricHandle` (C5), as the driver wrote them. What they mean is the driver's business; the typed
-/// [`FabricHandle`](crate::FabricHandle) adds the metadata needed to import
+/// `cuda_endpoints::FabricHandle` adds the metadata needed to import
 /// them safely.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FabricHandleBytes(pub [u8; 64]);

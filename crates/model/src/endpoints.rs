@@ -1,4 +1,4 @@
-//! The logical-endpoint rules (R1–R12 of the contract, [`crate::guide::contract`]) and the base calls, on the model's tables.
+//! The logical-endpoint rules (R1–R12 of the contract, the contract, `cuda_endpoints::guide::contract`) and the base calls, on the model's tables.
 //! Where the contract marks a code *(model's choice)*, the code here is that choice.
 
 use super::state::{Bound, EndpointObj, Enrolled, Slot, Target, World};

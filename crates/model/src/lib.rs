@@ -1,9 +1,12 @@
 //! The reference model of the driver contract: a pure-Rust [`Driver`] that
 //! enforces the rules R1–R12 and C1–C6 of the driver contract
-//! ([`crate::guide::contract`]) with the codes it gives, on simulated devices
+//! (the contract, `cuda_endpoints::guide::contract`) with the codes it gives, on simulated devices
 //! with host memory standing in for device memory.
 //!
-//! Available with the crate feature `model` (on by default).
+//! The crate `cuda-endpoints` re-exports it as `cuda_endpoints::model`
+//! with its feature `model` (`Context::model` makes a context over a new
+//! [`Model`]); the model fabric, which OS processes share, is this crate's
+//! feature `fabric` (module [`fabric`], the launcher `cuda-endpoints-fabric`).
 //!
 //! One [`Model`] value is one process of a simulated fabric: one or more
 //! nodes ([`FabricConfig`]), each with its devices. Values made with
@@ -28,14 +31,22 @@
 //! [`Violation`] (with its rule number), so tests can assert that the typed
 //! API never lets one through.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod classic;
 pub mod config;
 mod endpoints;
+#[cfg(feature = "fabric")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fabric")))]
+pub mod fabric;
 pub mod faults;
 mod memory;
 mod process;
 pub(crate) mod shareable;
 pub mod state;
+
+// The boundary under the name the model's files use for it.
+use cuda_endpoints_driver as driver;
 
 use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -429,7 +429,7 @@ mod tests {
             let exp = Expect { job: 1, size: 2, seq: 0, kind: Kind::Allgather, op: Op::Allgather, from: 0 };
             let _ = open(&bytes, &exp);
             let _ = Header::decode(&bytes, MAX_FRAME);
-            let _ = crate::bootstrap::node::NodeId::decode(&bytes);
+            let _ = crate::node::NodeId::decode(&bytes);
         }
 
         #[test]

@@ -2,7 +2,7 @@
 //! matching call, for a run of calls, always, or at random with a seed (contract
 //! R11, R5.10, R4.5).
 //!
-//! A plan is installed with [`crate::model::Model::set_faults`]; faults fire
+//! A plan is installed with [`crate::Model::set_faults`]; faults fire
 //! before any rule is checked, so a faulted call changes nothing in the
 //! model. Every fault that fires is counted per call and logged (the last
 //! [`HISTORY`] of them), so a test can check that each one surfaced as an
@@ -29,7 +29,7 @@ pub const HISTORY: usize = 256;
 
 /// The calls that run on teardown paths (`Drop`, `unbind`, `destroy`,
 /// `release`). A failure there cannot always be returned: the typed API
-/// records it ([`crate::Context::take_teardown_errors`]) and keeps the
+/// records it (`cuda_endpoints::Context::take_teardown_errors`) and keeps the
 /// resource alive (leaks it) rather than free memory that may still be bound.
 pub const TEARDOWN: &[Call] = &[
     Call::Unbind,

@@ -21,7 +21,8 @@ macro_rules! codes {
         /// Every named code: `cuda.h` name, number, first `CUDA_VERSION`
         /// whose header has it (for the ABI check).
         #[allow(dead_code)]
-        pub(crate) const KNOWN: &[(&str, u32, u32)] = &[$(($name, $num, 0 $(+ $since)?),)*];
+        #[doc(hidden)]
+        pub const KNOWN: &[(&str, u32, u32)] = &[$(($name, $num, 0 $(+ $since)?),)*];
 
         impl Code {
             $(

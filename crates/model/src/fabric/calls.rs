@@ -1,5 +1,5 @@
 //! The driver calls on the wire, generated from the boundary's one table
-//! ([`for_each_driver_call!`](crate::for_each_driver_call)): the request
+//! ([`for_each_driver_call!`](cuda_endpoints_driver::for_each_driver_call)): the request
 //! enum [`WireCall`], the client's [`Driver`] implementation
 //! ([`super::Remote`]) and the server's dispatch. A row added to the table
 //! crosses the wire with no change here.
@@ -102,4 +102,4 @@ macro_rules! wire_calls {
     };
 }
 
-crate::for_each_driver_call!(wire_calls);
+cuda_endpoints_driver::for_each_driver_call!(wire_calls);
