@@ -1,13 +1,26 @@
 //! The user's guide: chapters that are documentation only (this module has no
 //! code).
 //!
+//! - [`lifecycle`]: the lifecycle of an endpoint, its kinds, and which rule
+//!   is checked at compile time and which at run time.
 //! - [`reading_the_compiler`]: every misuse the types refuse, the message
 //!   rustc prints for it, the fix and the rule of the driver contract behind
 //!   it; how to read the plain borrow and move errors in this API's terms.
 //! - [`threads`]: which types may cross threads, and how to bind from several
 //!   threads at once.
+//! - [`sharing`]: endpoints shared across processes and nodes: the team
+//!   bring-ups, what the ranks agree on, the failures every rank sees, the
+//!   model fabric, the classic fallback.
+//! - [`backends`]: the reference model and the real driver, how the backend
+//!   is chosen on a real machine, and the wrappers and switches for it.
+//! - [`guarantees`]: what the crate promises (no leak, no hang, no undefined
+//!   behaviour from safe code, every driver error surfaced) and the test
+//!   that proves each promise.
 //! - [`contract`]: the driver contract, restated rule by rule (R1–R12,
 //!   C1–C6). Rule numbers in errors, messages and docs (`R5.6`) are its.
+
+#[doc = include_str!("guide/lifecycle.md")]
+pub mod lifecycle {}
 
 pub mod reading_the_compiler {
     //! # Reading the compiler
@@ -251,6 +264,15 @@ pub mod threads {
     //! spawned thread, move it there: it is `Send`, and its id, range and
     //! context go with it.
 }
+
+#[doc = include_str!("guide/sharing.md")]
+pub mod sharing {}
+
+#[doc = include_str!("guide/backends.md")]
+pub mod backends {}
+
+#[doc = include_str!("guide/guarantees.md")]
+pub mod guarantees {}
 
 #[doc = include_str!("contract.md")]
 pub mod contract {}

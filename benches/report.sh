@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Regenerates the marked tables of benches/README.md from one run of every
+# bench, so that no figure there is copied by hand.
+#
+#   benches/report.sh           run `cargo bench -p cuda-endpoints-benches`
+#                               (needs Valgrind and gungraun-runner 0.20.0 on
+#                               PATH), keep its output under
+#                               target/bench-report/, then rewrite the tables
+#   benches/report.sh LOG       rewrite the tables from a saved output (one
+#                               this script wrote: it starts with the run's
+#                               `# report:` lines)
+#
+# Only the text between `<!-- report:NAME -->` and `<!-- /report:NAME -->`
+# is rewritten; the prose around it is written by hand and names the commit
+# it was read off. Nothing is written unless every table was found in the
+# output. Run from anywhere in the repository; the machine should be idle
+# (the load average before and after the run goes into the README).
+set -euo pipefail
+
+root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+readme=$root/benches/README.md
+
+if [[ $# -ge 1 ]]; then
+    log=$1
+else
+    mkdir -p "$root/target/bench-report"
+    commit=$(git -C "$root" rev-parse --short HEAD)
+    git -C "$root" diff --quiet HEAD -- . || commit="$commit (with uncommitted changes)"
+    log=$root/target/bench-report/bench-$(date -u +%Y%m%dT%H%M%SZ).log
+    {
+        echo "# report: date=$(date -u +%F)"
+        echo "# report: commit=$commit"
+        echo "# report: rustc=$(rustc --version | cut -d' ' -f2)"
+        echo "# report: arch=$(uname -m)"
+        echo "# report: cores=$(nproc)"
+        echo "# report: valgrind=$(valgrind --version 2>/dev/null | sed 's/^valgrind-//' || echo none)"
+        echo "# report: gungraun=$(gungraun-runner --version 2>/dev/null | awk '{print $NF}' || echo none)"
+        echo "# report: load_before=$(uptime | sed 's/.*load average: //')"
+    } > "$log"
+    echo "benches/report.sh: running every bench, output in $log" >&2
+    (cd "$root" && GUNGRAUN_COLOR=never CARGO_TERM_COLOR=never \
+        cargo bench -p cuda-endpoints-benches) 2>&1 | tee -a "$log"
+    echo "# report: load_after=$(uptime | sed 's/.*load average: //')" >> "$log"
+fi
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+# Strip colours, then read the figures each bench prints. gungraun prints a
+# header `file::group::function id:setup(args)` and, under it,
+# `Instructions:   N|OLD   (change)`; readiness_heap, bring_up and
+# lifecycle print their own rows.
+sed 's/\x1b\[[0-9;]*m//g' "$log" | awk -v out="$out" '
+function commas(x,   s, neg, r) {
+    s = sprintf("%d", x); neg = ""; r = ""
+    if (s ~ /^-/) { neg = "-"; s = substr(s, 2) }
+    while (length(s) > 3) { r = "," substr(s, length(s) - 2) r; s = substr(s, 1, length(s) - 3) }
+    return neg s r
+}
+function round(x) { return int(x + 0.5) }
+function ratio(a, b) { if (b == 0) return "—"; r = a / b; return (r >= 2 ? sprintf("%.1f", r) : sprintf("%.2f", r)) "×" }
+function signed(x) { return (x >= 0 ? "+" : "") commas(x) }
+function dur(s,   v, u) {
+    # A Rust `{:.2?}` Duration: "191.23µs", "1.86ms", "640.00ns", "1.20s".
+    v = s; sub(/[a-zµ]+$/, "", v); u = substr(s, length(v) + 1)
+    if (u == "ms" || u == "s") return sprintf("%.2f %s", v, u)
+    return round(v) " " u
+}
+function ir(key) { if (!(key in IR)) { missing = missing " " key; return 0 } return IR[key] }
+function emit(name, text) { f = out "/" name; printf "%s", text > f; close(f) }
+
+/^# report: / { sub(/^# report: /, ""); k = $0; sub(/=.*/, "", k); v = $0; sub(/^[^=]*=/, "", v); META[k] = v; next }
+
+# gungraun: a benchmark header, then its instruction count.
+/^[A-Za-z0-9_]+::[A-Za-z0-9_]+::[A-Za-z0-9_]+( |$)/ {
+    split($1, p, "::"); cur = p[2] "::" p[3]
+    id = $2; arg = ""
+    if (match(id, /\([0-9_]+\)/)) { arg = substr(id, RSTART + 1, RLENGTH - 2); gsub(/_/, "", arg) }
+    sub(/:.*/, "", id)
+    cur = cur (arg != "" ? "@" arg : " " id)
+    next
+}
+/^ *Instructions:/ && cur != "" {
+    v = $0; sub(/^ *Instructions: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
+    IR[cur] = v; cur = ""; next
+}
+
+# readiness_heap
+/^readiness of n endpoints/ { heap = 1; next }
+heap && /^ +n +live/ { next }
+heap && /^ *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9.]+ *$/ { N[$1] = 1; LIVE[$1] = $2; PEAK[$1] = $3; ALLOC[$1] = $4; NS[$1] = $5; next }
+heap { heap = 0 }
+
+# bring_up
+/^team bring-up per rank/ { bu = 1; next }
+bu && /^(multicast|unicast_peers) +(threads|tcp) / { BU[++nbu] = $0; next }
+bu && /^bring-up/ { next }
+bu { bu = 0 }
+
+# lifecycle
+/^typed \/ raw \(same driver/ { wc = "crit"; next }
+/^typed \/ raw interleaved/ { wc = "inter"; next }
+wc != "" && /^ +lifecycle_(model|null) +typed / {
+    g = $1; WC[wc, g] = 1; WT[wc, g] = $3; WR[wc, g] = $6; WL[wc, g] = $9
+    WQ[wc, g] = $12; WQL[wc, g] = $14; sub(/x$/, "×", WQ[wc, g]); sub(/x$/, "×", WQL[wc, g]); next
+}
+
+END {
+    # The run.
+    if (!("commit" in META)) missing = missing " run"
+    t = sprintf("Every figure of the marked tables is from one `cargo bench -p cuda-endpoints-benches` run: %s, commit `%s`, rustc %s, %s, Valgrind %s, gungraun %s, %s cores; load average before %s, after %s (`uptime`: 1, 5, 15 minutes).\n", \
+        META["date"], META["commit"], META["rustc"], META["arch"], META["valgrind"], META["gungraun"], META["cores"], META["load_before"], META["load_after"])
+    emit("run", t)
+
+    # Per transition (group transitions, Null).
+    t = "| transition (typed vs raw) | typed | raw | typed − raw |\n| --- | ---: | ---: | ---: |\n"
+    n["reserve"] = "`ctx.reserve_one()` vs `id_reserve(1)`"
+    rs = ir("transitions::reserve_one_typed null"); rr = ir("transitions::reserve_one_raw null")
+    t = t sprintf("| %s | %s | %s | %s |\n", n["reserve"], commas(rs), commas(rr), signed(rs - rr))
+    x = ir("transitions::reserve_one_no_spare_typed null")
+    t = t sprintf("| … with no spare range (several endpoints alive) | %s | %s | %s |\n", commas(x), commas(rr), signed(x - rr))
+    ct = ir("transitions::create_typed null"); cr = ir("transitions::create_raw null"); cl = ir("transitions::create_raw_with_limits null")
+    t = t sprintf("| `create(Spec::unicast(..))` vs `create` | %s | %s (%s with `get_limits`) | %s (%s) |\n", commas(ct), commas(cr), commas(cl), signed(ct - cr), signed(ct - cl))
+    wt = ir("transitions::wait_typed null"); wr = ir("transitions::wait_raw null")
+    t = t sprintf("| `wait(timeout)`, ready at the first query, vs `query` | %s | %s | %s (%s) |\n", commas(wt), commas(wr), signed(wt - wr), ratio(wt, wr))
+    wa = ir("transitions::wait_all_one_typed null")
+    t = t sprintf("| `wait_all(vec![ep], ..)` | %s | %s | %s (%s `wait`) |\n", commas(wa), commas(wr), signed(wa - wr), ratio(wa, wt))
+    split("bind:`ep.bind(dev, 0, &mem)` vs `bind_mem`;unbind:`binding.unbind()` vs `unbind`;destroy:`ep.destroy()` vs `destroy`;release:`ep.release()` vs `id_release`", rows, ";")
+    for (i = 1; i <= 4; i++) {
+        k = rows[i]; lbl = k; sub(/^[a-z]+:/, "", lbl); sub(/:.*/, "", k)
+        a = ir("transitions::" k "_typed null"); b = ir("transitions::" k "_raw null")
+        t = t sprintf("| %s | %s | %s | %s |\n", lbl, commas(a), commas(b), signed(a - b))
+    }
+    x = ir("transitions::release_spare_full_typed null"); b = ir("transitions::release_raw null")
+    t = t sprintf("| … with the spare slot already taken (frees the older one) | %s | %s | %s |\n", commas(x), commas(b), signed(x - b))
+    emit("transitions", t)
+
+    # Whole lifecycle (group lifecycle).
+    t = "| driver | typed | raw | raw + `get_limits` | typed / raw | typed / (raw + `get_limits`) |\n| --- | ---: | ---: | ---: | ---: | ---: |\n"
+    split("null:`Null`;model:reference model (4-GPU node)", drv, ";")
+    for (i = 1; i <= 2; i++) {
+        k = drv[i]; lbl = k; sub(/^[a-z]+:/, "", lbl); sub(/:.*/, "", k)
+        a = ir("lifecycle::bench_typed " k); b = ir("lifecycle::bench_raw " k); c = ir("lifecycle::bench_raw_with_limits " k)
+        t = t sprintf("| %s | %s | %s | %s | %s | %s |\n", lbl, commas(a), commas(b), commas(c), ratio(a, b), ratio(a, c))
+    }
+    emit("lifecycle", t)
+
+    # Wall clock (bench lifecycle).
+    t = "| measure | driver | typed | raw | raw + `get_limits` | typed / raw | typed / (raw + `get_limits`) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n"
+    split("crit:criterion'"'"'s estimates;inter:medians of 1,000 interleaved rounds", ms, ";")
+    for (i = 1; i <= 2; i++) {
+        m = ms[i]; lbl = m; sub(/^[a-z]+:/, "", lbl); sub(/:.*/, "", m)
+        split("lifecycle_model:reference model;lifecycle_null:`Null`", gs, ";")
+        for (j = 1; j <= 2; j++) {
+            g = gs[j]; gl = g; sub(/^[a-z_]+:/, "", gl); sub(/:.*/, "", g)
+            if (!((m, g) in WC)) { missing = missing " wall-clock:" m ":" g; continue }
+            t = t sprintf("| %s | %s | %s ns | %s ns | %s ns | %s | %s |\n", lbl, gl, round(WT[m, g]), round(WR[m, g]), round(WL[m, g]), WQ[m, g], WQL[m, g])
+        }
+    }
+    emit("wall_clock", t)
+
+    # Readiness at scale (readiness, readiness_heap).
+    t = "| endpoints | `wait_all` | per endpoint | bring-up typed | per endpoint | bring-up raw | per endpoint | heap live / peak per endpoint | allocations | ns per endpoint |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    split("1 10 100 1000 10000 100000", ns_, " ")
+    for (i = 1; i <= 6; i++) {
+        k = ns_[i]
+        a = ir("readiness::wait_all_n@" k); b = ir("readiness::bring_up_n@" k); c = ir("readiness::bring_up_raw_n@" k)
+        if (!(k in N)) missing = missing " readiness_heap@" k
+        t = t sprintf("| %s | %s | %s | %s | %s | %s | %s | %s / %s B | %s | %s |\n", commas(k), commas(a), commas(round(a / k)), commas(b), commas(round(b / k)), commas(c), commas(round(c / k)), round(LIVE[k]), round(PEAK[k]), ALLOC[k], round(NS[k]))
+    }
+    emit("readiness", t)
+
+    # Team bring-up (bring_up): TCP first, then threads, as the prose reads.
+    if (nbu == 0) missing = missing " bring_up"
+    t = "| bring-up | over | ranks (nodes) | rank 0 | slowest rank | messages, rank 0 | messages, other | bytes, rank 0 | bytes, other |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    split("multicast tcp;multicast threads;unicast_peers tcp;unicast_peers threads", order, ";")
+    for (o = 1; o <= 4; o++) {
+        split(order[o], want, " "); first = 1
+        for (i = 1; i <= nbu; i++) {
+            split(BU[i], fl, " +")
+            if (fl[1] != want[1] || fl[2] != want[2]) continue
+            pat = (o == 1 || o == 3) && first ? "`team::" fl[1] "`" : ""
+            over = first ? (fl[2] == "tcp" ? "TCP" : "threads") : ""
+            t = t sprintf("| %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s |\n", pat, over, fl[3], fl[4], dur(fl[5]), dur(fl[6]), commas(fl[7]), commas(fl[8]), commas(fl[9]), commas(fl[10]))
+            first = 0
+        }
+    }
+    emit("bring_up", t)
+
+    if (missing != "") { print "benches/report.sh: not in the output:" missing > "/dev/stderr"; exit 1 }
+}
+'
+
+# Rewrite the marked sections.
+awk -v out="$out" '
+/^<!-- report:[a-z_]+ -->$/ {
+    print; name = $0; sub(/^<!-- report:/, "", name); sub(/ -->$/, "", name)
+    f = out "/" name
+    while ((getline line < f) > 0) print line
+    close(f); skip = 1; next
+}
+/^<!-- \/report:[a-z_]+ -->$/ { skip = 0 }
+!skip { print }
+' "$readme" > "$out/README.md"
+mv "$out/README.md" "$readme"
+echo "benches/report.sh: rewrote the marked tables of $readme from $log" >&2
