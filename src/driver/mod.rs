@@ -17,6 +17,7 @@
 mod calls;
 pub mod classic;
 pub mod code;
+mod copy_types;
 pub mod cuda;
 pub mod trace;
 mod types;
@@ -25,6 +26,7 @@ pub(crate) use calls::Queries;
 pub use calls::{Call, Driver, Family, Forward};
 pub use classic::Classic;
 pub use code::{Code, DriverResult};
+pub use copy_types::{CopyOp, FABRIC_COPY_MIN_VERSION, MemHint, Operand, Pointer};
 pub use trace::{TraceEntry, TraceLog, Traced};
 pub use types::{
     AllocationRequest, ContextFailure, ContextStep, Device, EndpointProps, FabricHandleBytes,

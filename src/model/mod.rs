@@ -46,8 +46,8 @@ pub use process::{FabricLive, ShareableKind};
 pub use state::{Live, Violation};
 
 use crate::driver::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
-    Granularity, Limits, ShareableHandle,
+    AllocationRequest, Call, Code, CopyOp, Device, Driver, DriverResult, EndpointProps,
+    FabricHandleBytes, Granularity, Limits, Pointer, ShareableHandle,
 };
 use state::World;
 
@@ -436,6 +436,37 @@ impl Driver for Model {
         self.enter(Call::MulticastUnbind, |w, p| {
             w.mc_unbind(p, mc, dev, mc_offset, size)
         })
+    }
+
+    // The data path is not modelled yet: every call answers NOT_SUPPORTED.
+    unsafe fn stream_create(&self, _dev: Device) -> DriverResult<u64> {
+        self.enter(Call::StreamCreate, |_, _| Err(Code::NOT_SUPPORTED))
+    }
+    unsafe fn stream_destroy(&self, _stream: u64) -> DriverResult<()> {
+        self.enter(Call::StreamDestroy, |_, _| Err(Code::NOT_SUPPORTED))
+    }
+    unsafe fn stream_synchronize(&self, _stream: u64) -> DriverResult<()> {
+        self.enter(Call::StreamSynchronize, |_, _| Err(Code::NOT_SUPPORTED))
+    }
+    unsafe fn stream_query(&self, _stream: u64) -> DriverResult<bool> {
+        self.enter(Call::StreamQuery, |_, _| Err(Code::NOT_SUPPORTED))
+    }
+    unsafe fn fabric_copy_batch(
+        &self,
+        _stream: u64,
+        _ops: Vec<CopyOp>,
+        _flags: u64,
+    ) -> DriverResult<()> {
+        self.enter(Call::FabricCpyBatchAsync, |_, _| Err(Code::NOT_SUPPORTED))
+    }
+    unsafe fn memcpy_async(
+        &self,
+        _dst: Pointer,
+        _src: Pointer,
+        _size: u64,
+        _stream: u64,
+    ) -> DriverResult<()> {
+        self.enter(Call::MemcpyAsync, |_, _| Err(Code::NOT_SUPPORTED))
     }
 }
 
