@@ -51,6 +51,7 @@
 
 mod calls;
 mod client;
+mod data;
 mod join;
 mod server;
 pub mod wire;

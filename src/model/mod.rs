@@ -30,6 +30,7 @@
 
 mod classic;
 pub mod config;
+mod copy;
 mod endpoints;
 pub mod faults;
 mod memory;
@@ -438,35 +439,43 @@ impl Driver for Model {
         })
     }
 
-    // The data path is not modelled yet: every call answers NOT_SUPPORTED.
-    unsafe fn stream_create(&self, _dev: Device) -> DriverResult<u64> {
-        self.enter(Call::StreamCreate, |_, _| Err(Code::NOT_SUPPORTED))
+    unsafe fn stream_create(&self, dev: Device) -> DriverResult<u64> {
+        self.enter(Call::StreamCreate, |w, p| w.stream_create(p, dev))
     }
-    unsafe fn stream_destroy(&self, _stream: u64) -> DriverResult<()> {
-        self.enter(Call::StreamDestroy, |_, _| Err(Code::NOT_SUPPORTED))
+    unsafe fn stream_destroy(&self, stream: u64) -> DriverResult<()> {
+        self.enter(Call::StreamDestroy, |w, p| w.stream_destroy(p, stream))
     }
-    unsafe fn stream_synchronize(&self, _stream: u64) -> DriverResult<()> {
-        self.enter(Call::StreamSynchronize, |_, _| Err(Code::NOT_SUPPORTED))
+    unsafe fn stream_synchronize(&self, stream: u64) -> DriverResult<()> {
+        self.enter(Call::StreamSynchronize, |w, p| {
+            w.stream_synchronize(p, stream)
+        })
     }
-    unsafe fn stream_query(&self, _stream: u64) -> DriverResult<bool> {
-        self.enter(Call::StreamQuery, |_, _| Err(Code::NOT_SUPPORTED))
+    unsafe fn stream_query(&self, stream: u64) -> DriverResult<bool> {
+        self.enter(Call::StreamQuery, |w, p| w.stream_query(p, stream))
     }
+    /// SAFETY (of the body): the caller upholds the row's contract, which
+    /// makes every `MemHint::Host` pointer valid host memory of this
+    /// process until the stream passed the op; the model touches it only then.
     unsafe fn fabric_copy_batch(
         &self,
-        _stream: u64,
-        _ops: Vec<CopyOp>,
-        _flags: u64,
+        stream: u64,
+        ops: Vec<CopyOp>,
+        flags: u64,
     ) -> DriverResult<()> {
-        self.enter(Call::FabricCpyBatchAsync, |_, _| Err(Code::NOT_SUPPORTED))
+        self.enter(Call::FabricCpyBatchAsync, |w, p| {
+            w.fabric_copy_batch(p, stream, &ops, flags, None)
+        })
     }
     unsafe fn memcpy_async(
         &self,
-        _dst: Pointer,
-        _src: Pointer,
-        _size: u64,
-        _stream: u64,
+        dst: Pointer,
+        src: Pointer,
+        size: u64,
+        stream: u64,
     ) -> DriverResult<()> {
-        self.enter(Call::MemcpyAsync, |_, _| Err(Code::NOT_SUPPORTED))
+        self.enter(Call::MemcpyAsync, |w, p| {
+            w.memcpy_async(p, dst, src, size, stream, None)
+        })
     }
 }
 
