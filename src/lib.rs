@@ -16,6 +16,7 @@ mod backend;
 mod binding;
 pub mod bootstrap;
 mod context;
+mod copy;
 pub mod driver;
 mod endpoint;
 mod erased;
@@ -38,6 +39,7 @@ mod ready;
 mod sharing;
 mod spec;
 mod state;
+mod stream;
 pub mod team;
 
 pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Policy, decide};
@@ -46,6 +48,7 @@ pub use binding::Binding;
 pub use bootstrap::Mpi;
 pub use bootstrap::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
 pub use context::Context;
+pub use copy::{CanGet, Completed, CopyBatch, InFlight};
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
 // Every item of `error` is for users to match on.
@@ -65,6 +68,7 @@ pub use ready::{PendingList, ReadyList, wait_all};
 pub use sharing::{FabricHandle, WIRE_LEN as FABRIC_HANDLE_WIRE_LEN};
 pub use spec::Spec;
 pub use state::{Pending, Ready, Reserved};
+pub use stream::Stream;
 pub use typenum;
 
 /// The traits behind the typestate's `where` clauses, for code that is

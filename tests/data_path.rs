@@ -504,3 +504,216 @@ fn r13_3_a_copy_the_stream_reaches_before_the_owner_bound_is_caught() {
     done(&model, s);
     drop(b);
 }
+
+// ------------------------------------------------------- the typed API
+
+use cuda_endpoints::{CopyBatch, Error, Stream};
+
+#[test]
+fn typed_put_and_get_through_a_unicast_endpoint_leave_no_violation() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    model.write(u.src.device_ptr(), &[3; 128]).unwrap();
+    let t = stream
+        .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 256, 128))
+        .unwrap();
+    assert_eq!(
+        model.read(u.owner.device_ptr() + 256, 128).unwrap(),
+        vec![0; 128],
+        "a read before the stream reached the put sees the old bytes"
+    );
+    t.wait().unwrap();
+    assert_eq!(
+        model.read(u.owner.device_ptr() + 256, 128).unwrap(),
+        vec![3; 128]
+    );
+    let got = stream
+        .enqueue(CopyBatch::new().get_host(&u.ep, 256, 128))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(got.received, vec![vec![3; 128]]);
+    drop(stream);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn typed_multicast_put_from_host_reaches_every_member() {
+    let (ctx, model) = node();
+    let ep = team(&ctx, ALIGN);
+    let (m0, m1) = (mapped(&ctx, 0), mapped(&ctx, 1));
+    let b0 = ep.bind(Device(0), 0, &m0).unwrap();
+    let b1 = ep.bind(Device(1), 0, &m1).unwrap();
+    let stream = Stream::new(&ctx, 1).unwrap();
+    let done = stream
+        .enqueue(CopyBatch::new().put_host(vec![0x5a; 4096], &ep, 8192))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(done.sent, vec![vec![0x5a; 4096]]);
+    for m in [&m0, &m1] {
+        assert_eq!(
+            model.read(m.device_ptr() + 8192, 4096).unwrap(),
+            vec![0x5a; 4096]
+        );
+    }
+    drop(stream);
+    drop((b0, b1));
+    drop((m0, m1, ep));
+    common::clean(&ctx, &model);
+}
+
+/// Refused before the driver: no fabric copy reached the model, nothing logged.
+#[track_caller]
+fn refused(
+    model: &Model,
+    r: Result<cuda_endpoints::InFlight<'_>, Error>,
+    check: impl Fn(&Error) -> bool,
+) {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => assert!(check(&e), "unexpected error: {e}"),
+    }
+    assert_eq!(model.calls(cuda_endpoints::Call::FabricCpyBatchAsync), 0);
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn f2_typed_memory_on_another_device_than_the_stream_is_refused_before_the_driver() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let far = mapped(&ctx, 1);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let r = stream.enqueue(CopyBatch::new().put(&far, 0, &u.ep, 0, 16));
+    refused(&model, r, |e| {
+        matches!(
+            e,
+            Error::CopyNotLocal {
+                op: 0,
+                stream_device: Device(0),
+                ..
+            }
+        ) && e.to_string().contains("F2")
+    });
+    drop(stream);
+    drop(b);
+    drop((far, u));
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f3_typed_dependent_ops_are_refused_naming_both() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let r = stream.enqueue(CopyBatch::new().put_host(vec![1; 64], &u.ep, 0).put_host(
+        vec![2; 64],
+        &u.ep,
+        32,
+    ));
+    refused(&model, r, |e| {
+        matches!(e, Error::CopyDependent { op: 0, other: 1 }) && e.to_string().contains("F3")
+    });
+    drop(stream);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f9_typed_ranges_outside_the_endpoint_or_the_bound_memory_are_refused() {
+    let (ctx, model) = node();
+    let src = mapped(&ctx, 0);
+    let owner = mapped(&ctx, 0);
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // R13.3 as this process sees it: nothing bound yet.
+    let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 16));
+    refused(&model, r, |e| {
+        matches!(e, Error::CopyNotBound { op: 0, .. })
+    });
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, ALIGN - 8, 16));
+    refused(&model, r, |e| {
+        matches!(e, Error::CopyNotBound { .. }) && e.to_string().contains("F9")
+    });
+    let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 2 * ALIGN, 1));
+    refused(&model, r, |e| matches!(e, Error::CopyOutOfRange { .. }));
+    let r = stream.enqueue(CopyBatch::new().put(&src, ALIGN, &ep, 0, 1));
+    refused(&model, r, |e| matches!(e, Error::CopyOutOfRange { .. }));
+    drop(stream);
+    drop(b);
+    drop((src, owner, ep));
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f4_a_forgotten_token_frees_nothing_in_flight() {
+    let (ctx, model) = node();
+    let src = mapped(&ctx, 0);
+    let owner = mapped(&ctx, 0);
+    let ep = unicast(&ctx, 0, ALIGN);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    model.write(src.device_ptr(), &[8; 32]).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let t = stream
+        .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 32))
+        .unwrap();
+    std::mem::forget(t);
+    // The borrows ended; the source is dropped and the binding unbound
+    // while the put is still in flight: the stream's record keeps the
+    // memory, and the unbind synchronizes the stream first.
+    drop(src);
+    assert_eq!(
+        model.live().mappings,
+        2,
+        "the source stays mapped until the stream passed the put"
+    );
+    let owner_ptr = owner.device_ptr();
+    assert_eq!(model.read(owner_ptr, 32).unwrap(), vec![0; 32]);
+    b.unbind().unwrap();
+    assert_eq!(model.read(owner_ptr, 32).unwrap(), vec![8; 32]);
+    drop(stream);
+    drop((owner, ep));
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f5_f6_the_typed_api_sends_flags_zero_on_its_own_stream() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // Size 0 is a validated no-op.
+    stream
+        .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 0))
+        .unwrap()
+        .wait()
+        .unwrap();
+    drop(stream);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f7_typed_copy_on_a_13_4_driver_is_not_supported() {
+    let (ctx, model) = Context::model(ModelConfig::node(1));
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let e = stream
+        .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 16))
+        .unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    drop(stream);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
