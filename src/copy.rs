@@ -70,7 +70,7 @@ impl CanGet for ImportedUnicast {}
 #[derive(Clone, Copy)]
 enum Side {
     /// `(id, offset)`.
-    Endpoint(u32, u64),
+    Ep(u32, u64),
     /// A device address.
     Addr(u64),
     /// The `n`th host buffer put.
@@ -176,7 +176,7 @@ impl<'a> CopyBatch<'a> {
             bound,
         });
         self.keep.endpoints.push((ep.range().clone(), ep.id()));
-        Side::Endpoint(ep.id(), offset)
+        Side::Ep(ep.id(), offset)
     }
 
     fn mapped<H: MemShare>(&mut self, mem: &'a Mapped<H>, at: u64, size: u64) -> Side {
@@ -343,7 +343,7 @@ impl<'a> CopyBatch<'a> {
         }
         // F3: a destination overlapping another op's source or destination.
         let range = |side: Side, size: u64| match side {
-            Side::Endpoint(id, off) => Some((Some(id), off, off.saturating_add(size))),
+            Side::Ep(id, off) => Some((Some(id), off, off.saturating_add(size))),
             Side::Addr(a) => Some((None, a, a.saturating_add(size))),
             Side::Host(_) | Side::HostOut(_) => None,
         };
@@ -393,7 +393,7 @@ impl Stream {
             ..
         } = batch;
         let operand = |side: Side, host_out: &mut Vec<(usize, Vec<u8>)>| match side {
-            Side::Endpoint(id, offset) => Operand::Endpoint { id, offset },
+            Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
             Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
             Side::Host(n) => {
                 let p = host_in.get(n).map_or(0, |b| b.as_ptr().addr() as u64);

@@ -54,14 +54,14 @@ fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
 fn put(src: u64, id: u32, offset: u64, size: u64) -> CopyOp {
     CopyOp {
         src: Operand::Pointer(Pointer::device(src)),
-        dst: Operand::Endpoint { id, offset },
+        dst: Operand::LogicalEndpoint { id, offset },
         size,
     }
 }
 
 fn get(id: u32, offset: u64, dst: u64, size: u64) -> CopyOp {
     CopyOp {
-        src: Operand::Endpoint { id, offset },
+        src: Operand::LogicalEndpoint { id, offset },
         dst: Operand::Pointer(Pointer::device(dst)),
         size,
     }
@@ -223,7 +223,7 @@ fn host_memory_is_read_and_written_in_stream_order() {
                 s,
                 vec![CopyOp {
                     src: Operand::Pointer(Pointer::host(host_src.as_ptr() as u64)),
-                    dst: Operand::Endpoint { id, offset: 0 },
+                    dst: Operand::LogicalEndpoint { id, offset: 0 },
                     size: 32,
                 }],
                 0,
@@ -233,7 +233,7 @@ fn host_memory_is_read_and_written_in_stream_order() {
             .fabric_copy_batch(
                 s,
                 vec![CopyOp {
-                    src: Operand::Endpoint { id, offset: 0 },
+                    src: Operand::LogicalEndpoint { id, offset: 0 },
                     dst: Operand::Pointer(Pointer::host(host_dst.as_mut_ptr() as u64)),
                     size: 32,
                 }],
@@ -299,11 +299,11 @@ fn f1_get_from_a_multicast_endpoint_and_endpoint_to_endpoint_are_refused() {
         let r = model.fabric_copy_batch(s, vec![get(ep.id(), 0, m0.device_ptr(), 16)], 0);
         assert_eq!(r, Err(Code::INVALID_VALUE));
         let e2e = CopyOp {
-            src: Operand::Endpoint {
+            src: Operand::LogicalEndpoint {
                 id: u.ep.id(),
                 offset: 0,
             },
-            dst: Operand::Endpoint {
+            dst: Operand::LogicalEndpoint {
                 id: ep.id(),
                 offset: 0,
             },

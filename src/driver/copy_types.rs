@@ -70,7 +70,7 @@ pub enum Operand {
     Pointer(Pointer),
     /// `CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT`: `offset` bytes into
     /// the endpoint on `id`.
-    Endpoint {
+    LogicalEndpoint {
         /// The logical-endpoint id (of the calling process).
         id: u32,
         /// Byte offset into the endpoint range.
@@ -81,7 +81,7 @@ pub enum Operand {
 impl Operand {
     /// Whether this names an endpoint.
     pub fn is_endpoint(&self) -> bool {
-        matches!(self, Operand::Endpoint { .. })
+        matches!(self, Operand::LogicalEndpoint { .. })
     }
 }
 

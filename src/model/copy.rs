@@ -63,7 +63,7 @@ enum Src {
     /// Host bytes a remote client snapshotted at enqueue.
     HostBytes(Vec<u8>),
     /// An endpoint (unicast: the owner's bound memory).
-    Endpoint { id: u32, offset: u64, covered: bool },
+    Ep { id: u32, offset: u64, covered: bool },
 }
 
 /// Where an op writes.
@@ -73,7 +73,7 @@ enum Dst {
     HostRaw(u64),
     /// Host memory of a remote client: the bytes go to the outbox.
     HostRemote(u64),
-    Endpoint {
+    Ep {
         id: u32,
         offset: u64,
         covered: bool,
@@ -132,7 +132,7 @@ enum Place {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Space {
     Addr,
-    Endpoint(u32),
+    Ep(u32),
 }
 
 fn overlaps(a: (Space, u64, u64), b: (Space, u64, u64)) -> bool {
@@ -369,19 +369,19 @@ impl World {
             let size = op.size;
             let src_place = match op.src {
                 Operand::Pointer(p) => Some(self.place(pid, p, size, dev)),
-                Operand::Endpoint { .. } => None,
+                Operand::LogicalEndpoint { .. } => None,
             };
             let dst_place = match op.dst {
                 Operand::Pointer(p) => Some(self.place(pid, p, size, dev)),
-                Operand::Endpoint { .. } => None,
+                Operand::LogicalEndpoint { .. } => None,
             };
             let local = |p: &Place| matches!(p, Place::Host | Place::Mapped { local: true });
             // F1: which operand kinds may meet.
             match (&op.src, &op.dst) {
-                (Operand::Endpoint { .. }, Operand::Endpoint { .. }) => {
+                (Operand::LogicalEndpoint { .. }, Operand::LogicalEndpoint { .. }) => {
                     return violate(self, "F1", Code::INVALID_VALUE);
                 }
-                (Operand::Endpoint { id, .. }, Operand::Pointer(_)) => {
+                (Operand::LogicalEndpoint { id, .. }, Operand::Pointer(_)) => {
                     let multicast = self
                         .procs
                         .get(pid)
@@ -411,10 +411,10 @@ impl World {
                 (None, None) => {}
             }
             let src = match (op.src, src_place) {
-                (Operand::Endpoint { id, offset }, _) => {
+                (Operand::LogicalEndpoint { id, offset }, _) => {
                     let (_, covered) = self.check_endpoint(pid, id, offset, size)?;
-                    ranges.push((i, (Space::Endpoint(id), offset, offset + size), false));
-                    Src::Endpoint {
+                    ranges.push((i, (Space::Ep(id), offset, offset + size), false));
+                    Src::Ep {
                         id,
                         offset,
                         covered,
@@ -437,10 +437,10 @@ impl World {
                 }
             };
             let dst = match (op.dst, dst_place) {
-                (Operand::Endpoint { id, offset }, _) => {
+                (Operand::LogicalEndpoint { id, offset }, _) => {
                     let (_, covered) = self.check_endpoint(pid, id, offset, size)?;
-                    ranges.push((i, (Space::Endpoint(id), offset, offset + size), true));
-                    Dst::Endpoint {
+                    ranges.push((i, (Space::Ep(id), offset, offset + size), true));
+                    Dst::Ep {
                         id,
                         offset,
                         covered,
@@ -602,7 +602,7 @@ impl World {
         let len = usize::try_from(op.size).map_err(|_| Code::INVALID_VALUE)?;
         // Resolve the destination first, so a fault writes nothing.
         let dst_pieces = match op.dst {
-            Dst::Endpoint {
+            Dst::Ep {
                 id,
                 offset,
                 covered,
@@ -639,7 +639,7 @@ impl World {
                 b
             }
             Src::HostBytes(b) => b,
-            Src::Endpoint {
+            Src::Ep {
                 id,
                 offset,
                 covered,
@@ -677,7 +677,7 @@ impl World {
                     s.outbox.push((addr, bytes));
                 }
             }
-            Dst::Endpoint { .. } => {
+            Dst::Ep { .. } => {
                 for target in dst_pieces.unwrap_or_default() {
                     let mut at = 0usize;
                     for (alloc, off, n) in target {

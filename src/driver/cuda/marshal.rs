@@ -551,7 +551,7 @@ pub(super) fn operand(o: &Operand) -> CUfabricCpyOperand {
                 },
             },
         },
-        Operand::Endpoint { id, offset } => CUfabricCpyOperand {
+        Operand::LogicalEndpoint { id, offset } => CUfabricCpyOperand {
             type_: CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT,
             op: CUfabricCpyOperandOp {
                 le: CUfabricCpyOperandLe { id, offset },
