@@ -46,6 +46,16 @@ for version in 13.3.29 '13.4.*' '13.5.*'; do
     fi
 done
 
+# The 13.5 data path is covered: the operand union (its members by path),
+# the batch op and the prototype are checked by the compiler above, not
+# skipped by a version guard that the newest header fails to meet.
+grep -q '#define CUDA_VERSION 1305' "$header" || { echo "abi-check: the newest header is not 13.5" >&2; exit 1; }
+for item in 'offsetof(CUfabricCpyOperand, op.ptr.locHint)' 'offsetof(CUfabricCpyOperand, op.le.offset)' \
+            'sizeof(CUDA_FABRIC_COPY_BATCH_OP)' 'cuFabricCpyBatchAsync' 'cuStreamCreate' 'cuMemcpyAsync' \
+            'CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT'; do
+    grep -qF "$item" "$work/abi_check.c" || { echo "abi-check: $item is not checked" >&2; exit 1; }
+done
+
 # Every CUresult of the newest header has a name in `Code`.
 missing=$(awk '/typedef enum cudaError_enum/,/} CUresult;/' "$header" \
     | grep -o 'CUDA_ERROR_[A-Z0-9_]*' | sort -u \

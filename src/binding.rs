@@ -80,6 +80,8 @@ impl Binding<'_> {
     /// while it may be bound (R7.2).
     fn unbind_now(&self) -> Result<()> {
         let ctx = &self.range.ctx;
+        // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
+        crate::stream::settle(self.range, self.id)?;
         // SAFETY: exactly the range this `Binding` token was made for, unbound
         // once (the token is consumed or dropped), so R6.1, R6.2 and C4 hold.
         let r = unsafe {

@@ -70,6 +70,16 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 /// Only the owner of the endpoint on `id` calls this: a transition that took
 /// it by value, or its `Drop`.
 fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
+    // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
+    if let Err(e) = crate::stream::settle(range, id) {
+        if from_drop {
+            // SAFETY: only the owner of the endpoint on `id` destroys it.
+            unsafe { range.facts_mut(id) }.orphaned = true;
+            range.ctx.record_teardown(e);
+            return None;
+        }
+        return Some(e);
+    }
     // A panic inside the call is taken as coming after the destroy (see
     // `OnUnwind`): forget the endpoint then, and never destroy twice.
     let done = OnUnwind::new(|| forget_endpoint(range, id));

@@ -116,6 +116,16 @@ rules! {
     C4 = "C4": "a classic unbind that does not match its bind is undefined behaviour";
     C5 = "C5": "a classic object is released with cuMemRelease and shared as a POSIX fd or fabric handle";
     C6 = "C6": "classic multicast needs MULTICAST_SUPPORTED on every team device";
+    R13_1 = "R13.1": "a query must report the endpoint ready before any bind, unbind or fabric operation on it";
+    R13_3 = "R13.3": "after binding, every participant waits until the peers bound before any fabric operation";
+    F1 = "F1": "a fabric copy goes pointer to pointer, pointer to a unicast or multicast endpoint, or a unicast endpoint to a pointer";
+    F2 = "F2": "the pointer of a fabric copy that involves an endpoint is local: on the stream's device or host memory";
+    F3 = "F3": "the copies of one batch are independent: no destination overlaps another copy's source or destination";
+    F4 = "F4": "no operand is freed, unbound or its endpoint destroyed before the copy completed";
+    F5 = "F5": "the flags of a fabric copy are 0; a size of 0 is a validated no-op";
+    F6 = "F6": "a fabric copy never goes on the legacy NULL stream";
+    F7 = "F7": "cuFabricCpyBatchAsync exists from CUDA 13.5 on, where logical endpoints are supported";
+    F9 = "F9": "an endpoint range of a fabric copy is covered by memory bound on every target device";
 }
 
 impl fmt::Display for Rule {
@@ -223,8 +233,11 @@ impl fmt::Display for Alignment {
 pub enum Extent {
     /// The endpoint's size per device (`offset + size <= prop.size`).
     EndpointRange,
-    /// The allocation bound (`memOffset + size <=` its size).
+    /// The allocation bound (`memOffset + size <=` its size), or the
+    /// mapped memory a copy reads or writes.
     Allocation,
+    /// A host buffer of a copy.
+    HostBuffer,
 }
 
 impl fmt::Display for Extent {
@@ -232,6 +245,7 @@ impl fmt::Display for Extent {
         f.write_str(match self {
             Extent::EndpointRange => "endpoint range",
             Extent::Allocation => "allocation",
+            Extent::HostBuffer => "host buffer",
         })
     }
 }
@@ -574,6 +588,68 @@ pub enum Error {
         other_size: u64,
     },
 
+    /// An op of a copy batch reaches past the endpoint, or past the local
+    /// memory or host buffer it reads or writes (F9).
+    #[error(
+        "copy op {op}: {what}: offset {offset} + size {size} bytes exceeds {limit} bytes (F9); shrink the copy or move it inside"
+    )]
+    CopyOutOfRange {
+        /// The op's index in the batch.
+        op: usize,
+        /// What it overflowed.
+        what: Extent,
+        /// Offset, in bytes.
+        offset: u64,
+        /// Size, in bytes.
+        size: u64,
+        /// The bytes available.
+        limit: u64,
+    },
+
+    /// An op of a copy batch reaches endpoint bytes that this process knows
+    /// are not bound on a device of the endpoint (F9, R13.3).
+    #[error(
+        "copy op {op}: endpoint {id} bytes {offset}..{end} are not bound on {device} (F9, R13.3); bind memory there first (and, across processes, wait until every rank bound)",
+        end = offset.saturating_add(*size)
+    )]
+    CopyNotBound {
+        /// The op's index in the batch.
+        op: usize,
+        /// The endpoint id.
+        id: u32,
+        /// The device without memory bound there.
+        device: Device,
+        /// Offset, in bytes.
+        offset: u64,
+        /// Size, in bytes.
+        size: u64,
+    },
+
+    /// The local memory of a copy op is on another device than the stream's (F2).
+    #[error(
+        "copy op {op}: the local memory is at {location:?}, but the stream is on {stream_device} (F2); copy on a stream of that device, or from memory on {stream_device} or host memory"
+    )]
+    CopyNotLocal {
+        /// The op's index in the batch.
+        op: usize,
+        /// Where the memory lives.
+        location: Location,
+        /// The stream's device.
+        stream_device: Device,
+    },
+
+    /// Two ops of one copy batch depend on each other: one's destination
+    /// overlaps the other's source or destination (F3).
+    #[error(
+        "copy ops {op} and {other} of one batch overlap: op {op} writes bytes that op {other} reads or writes, and the copies of a batch run in no order (F3); put them in two batches, one after the other"
+    )]
+    CopyDependent {
+        /// The op that writes.
+        op: usize,
+        /// The op it overlaps.
+        other: usize,
+    },
+
     /// A device attribute says the device lacks a feature (SPEC R2.4, C6).
     #[error(
         "{device} does not support {feature} (attribute {attribute} = {value}; {}); {}",
@@ -875,6 +951,10 @@ impl Error {
             Error::AlreadyEnrolled { .. } | Error::TeamFull { .. } => Some(Rule::R4_2),
             Error::EmptyTeam => Some(Rule::R2_2),
             Error::Overlap { .. } => Some(Rule::R5_9),
+            Error::CopyOutOfRange { .. } => Some(Rule::F9),
+            Error::CopyNotBound { .. } => Some(Rule::F9),
+            Error::CopyNotLocal { .. } => Some(Rule::F2),
+            Error::CopyDependent { .. } => Some(Rule::F3),
             Error::Timeout { .. } => Some(Rule::R3),
             Error::BadHandle { .. } => Some(Rule::R9_4),
             Error::FabricNotPermitted { .. } => Some(Rule::R9_1),

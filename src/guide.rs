@@ -322,6 +322,10 @@ pub mod misuse_cases {
         borrow_destroy_while_bound: E0505,
         borrow_drop_allocation_while_bound: E0505,
         borrow_drop_mapped_while_bound: E0505,
+        copy_destroy_while_in_flight: E0505,
+        copy_drop_host_buffer_while_in_flight: E0382,
+        copy_drop_mapped_while_in_flight: E0505,
+        copy_get_from_multicast: E0277,
         lint_binding_discarded: lint,
         memory_bind_on_imported_unicast: E0277,
         memory_private_on_exportable: E0277,
@@ -372,6 +376,7 @@ pub mod misuse_cases {
     pub mod pass {
         accepted! {
         borrow_teardown_order,
+        copy_put_and_get,
         memory_and_sharing,
         state_lifecycle,
         team_enrollment,

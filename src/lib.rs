@@ -15,6 +15,7 @@
 mod backend;
 mod binding;
 mod context;
+mod copy;
 pub mod driver;
 mod endpoint;
 mod erased;
@@ -37,6 +38,7 @@ mod ready;
 mod sharing;
 mod spec;
 mod state;
+mod stream;
 pub mod team;
 
 pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Policy, decide};
@@ -45,6 +47,7 @@ pub use binding::Binding;
 pub use bootstrap::Mpi;
 pub use bootstrap::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
 pub use context::Context;
+pub use copy::{CanGet, Completed, CopyBatch, InFlight};
 pub use cuda_endpoints_bootstrap as bootstrap;
 pub use cuda_endpoints_driver::for_each_driver_call;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
@@ -66,6 +69,7 @@ pub use ready::{PendingList, ReadyList, wait_all};
 pub use sharing::{FabricHandle, WIRE_LEN as FABRIC_HANDLE_WIRE_LEN};
 pub use spec::Spec;
 pub use state::{Pending, Ready, Reserved};
+pub use stream::Stream;
 pub use typenum;
 
 /// The traits behind the typestate's `where` clauses, for code that is

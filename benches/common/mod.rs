@@ -176,6 +176,12 @@ macro_rules! null_answer {
     (mem_import) => {
         3
     };
+    (stream_create) => {
+        4
+    };
+    (stream_query) => {
+        true
+    };
     ($other:ident) => {
         ()
     };

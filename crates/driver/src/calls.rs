@@ -27,7 +27,7 @@ use super::DriverResult;
 /// ```
 ///
 /// - `Family` is a [`Family`] variant name (`Base`, `LogicalEndpoint`, `Vmm`,
-///   `Classic`), `Variant` the [`Call`] variant, `"cuName"` the `cuda.h` name;
+///   `Classic`, `Stream`), `Variant` the [`Call`] variant, `"cuName"` the `cuda.h` name;
 /// - the `safety` literal is the method's `# Safety` text: the SPEC rules a
 ///   direct caller must uphold beyond the trait-wide ones;
 /// - arguments and the value inside `DriverResult<Ret>` are owned domain
@@ -240,6 +240,38 @@ macro_rules! for_each_driver_call {
             [Classic] MulticastUnbind "cuMulticastUnbind"
                 safety "C4: `(dev, mc_offset, size)` is exactly one earlier bind of the caller's own; anything else is undefined behaviour in the driver"
                 fn multicast_unbind(mc: u64, dev: $crate::Device, mc_offset: u64, size: u64) -> ();
+
+            // ---- streams and the data path (SPEC F1-F9, R13.3) ----
+            /// `cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)` in `dev`'s
+            /// primary context: a new non-blocking stream, never the legacy
+            /// NULL stream (F6), owned by the caller until `cuStreamDestroy`.
+            [Stream] StreamCreate "cuStreamCreate" safety "none beyond the trait's"
+                fn stream_create(dev: $crate::Device) -> u64;
+            /// `cuStreamDestroy_v2(stream)`: work already enqueued still runs.
+            [Stream] StreamDestroy "cuStreamDestroy_v2"
+                safety "`stream` is the caller's own (not a typed `Stream`'s) and is not used again"
+                fn stream_destroy(stream: u64) -> ();
+            /// `cuStreamSynchronize(stream)`: every copy enqueued on it has
+            /// completed when it returns `Ok` (F4).
+            [Stream] StreamSynchronize "cuStreamSynchronize"
+                safety "`stream` is a live stream of the caller's own or of a typed `Stream` it borrows"
+                fn stream_synchronize(stream: u64) -> ();
+            /// `cuStreamQuery(stream)`: `true` when everything enqueued has
+            /// completed, `false` for `CUDA_ERROR_NOT_READY`.
+            [Stream] StreamQuery "cuStreamQuery"
+                safety "`stream` is a live stream of the caller's own or of a typed `Stream` it borrows"
+                fn stream_query(stream: u64) -> bool;
+            /// `cuFabricCpyBatchAsync(ops.len(), ops, flags, stream)` (CUDA
+            /// 13.5+, SPEC F1-F9): enqueues the copies on `stream`; every op's
+            /// own `flags` member is 0. `NOT_SUPPORTED` on a driver without it (F7).
+            [Stream] FabricCpyBatchAsync "cuFabricCpyBatchAsync"
+                safety "F1-F6 and F9 are checked by the model but undefined behaviour in the driver where cuda.h says so: the ops are independent (F3); every endpoint id was reported ready (R13.1) and its range is bound where it is read or written by the time the stream reaches the op (R13.3, F9); no operand is freed, unmapped, unbound or its endpoint destroyed before the stream passed the op (F4); every `Pointer` is valid for `size` bytes until then (readable for a source, writable for a destination), and one hinted `MemHint::Host` is host memory of the calling process"
+                fn fabric_copy_batch(stream: u64, ops: Vec<$crate::CopyOp>, flags: u64) -> ();
+            /// `cuMemcpyAsync(dst, src, size, stream)`: device, mapped host-NUMA
+            /// or (hinted `MemHint::Host`) host memory, in stream order.
+            [Stream] MemcpyAsync "cuMemcpyAsync"
+                safety "both ranges are valid for `size` bytes until the stream passed the copy (readable `src`, writable `dst`), are not freed or unmapped before then (F4), do not overlap, and a pointer hinted `MemHint::Host` is host memory of the calling process"
+                fn memcpy_async(dst: $crate::Pointer, src: $crate::Pointer, size: u64, stream: u64) -> ();
         }
     };
 }
@@ -256,6 +288,9 @@ pub enum Family {
     Vmm,
     /// The classic `cuMulticast*` API (SPEC C1–C6).
     Classic,
+    /// Streams and the data path (`cuStream*`, `cuFabricCpyBatchAsync`,
+    /// `cuMemcpyAsync`; SPEC F1–F9).
+    Stream,
 }
 
 macro_rules! gen_call {
@@ -608,6 +643,11 @@ mod tests {
                 Family::LogicalEndpoint
             } else if c.name().starts_with("cuMulticast") {
                 Family::Classic
+            } else if c.name().starts_with("cuStream")
+                || c.name().starts_with("cuFabricCpy")
+                || c.name().starts_with("cuMemcpy")
+            {
+                Family::Stream
             } else if c.name().starts_with("cuMem") && c != Call::MemGetInfo {
                 Family::Vmm
             } else {

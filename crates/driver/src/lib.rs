@@ -21,6 +21,7 @@
 
 mod calls;
 pub mod code;
+mod copy_types;
 mod sharing;
 pub mod trace;
 mod types;
@@ -29,6 +30,7 @@ mod types;
 pub use calls::Queries;
 pub use calls::{Call, Driver, Family, Forward};
 pub use code::{Code, DriverResult};
+pub use copy_types::{CopyOp, FABRIC_COPY_MIN_VERSION, MemHint, Operand, Pointer};
 pub use sharing::{ObjectExport, ObjectSharing};
 pub use trace::{TraceEntry, TraceLog, Traced};
 pub use types::{

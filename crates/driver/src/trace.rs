@@ -292,6 +292,9 @@ macro_rules! arg {
     (mc, $v:expr) => {
         format!("mc={:#x}", $v)
     };
+    (stream, $v:expr) => {
+        format!("stream={:#x}", $v)
+    };
     (dev, $v:expr) => {
         format!("dev={}", $v.0)
     };
@@ -332,6 +335,12 @@ macro_rules! ret {
     };
     (multicast_create, $v:expr) => {
         format!("{:#x}", $v)
+    };
+    (stream_create, $v:expr) => {
+        format!("stream={:#x}", $v)
+    };
+    (stream_query, $v:expr) => {
+        format!("done={}", $v)
     };
     ($method:ident, $v:expr) => {
         debug_or_nothing($v)

@@ -35,6 +35,7 @@
 
 mod classic;
 pub mod config;
+mod copy;
 mod endpoints;
 #[cfg(feature = "fabric")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fabric")))]
@@ -57,8 +58,8 @@ pub use process::{FabricLive, ShareableKind};
 pub use state::{Live, Violation};
 
 use crate::driver::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
-    Granularity, Limits, ShareableHandle,
+    AllocationRequest, Call, Code, CopyOp, Device, Driver, DriverResult, EndpointProps,
+    FabricHandleBytes, Granularity, Limits, Pointer, ShareableHandle,
 };
 use state::World;
 
@@ -446,6 +447,45 @@ impl Driver for Model {
     ) -> DriverResult<()> {
         self.enter(Call::MulticastUnbind, |w, p| {
             w.mc_unbind(p, mc, dev, mc_offset, size)
+        })
+    }
+
+    unsafe fn stream_create(&self, dev: Device) -> DriverResult<u64> {
+        self.enter(Call::StreamCreate, |w, p| w.stream_create(p, dev))
+    }
+    unsafe fn stream_destroy(&self, stream: u64) -> DriverResult<()> {
+        self.enter(Call::StreamDestroy, |w, p| w.stream_destroy(p, stream))
+    }
+    unsafe fn stream_synchronize(&self, stream: u64) -> DriverResult<()> {
+        self.enter(Call::StreamSynchronize, |w, p| {
+            w.stream_synchronize(p, stream)
+        })
+    }
+    unsafe fn stream_query(&self, stream: u64) -> DriverResult<bool> {
+        self.enter(Call::StreamQuery, |w, p| w.stream_query(p, stream))
+    }
+    /// SAFETY (of the body): the caller upholds the row's contract, which
+    /// makes every `MemHint::Host` pointer valid host memory of this
+    /// process until the stream passed the op; the model touches it only then.
+    unsafe fn fabric_copy_batch(
+        &self,
+        stream: u64,
+        ops: Vec<CopyOp>,
+        flags: u64,
+    ) -> DriverResult<()> {
+        self.enter(Call::FabricCpyBatchAsync, |w, p| {
+            w.fabric_copy_batch(p, stream, &ops, flags, None)
+        })
+    }
+    unsafe fn memcpy_async(
+        &self,
+        dst: Pointer,
+        src: Pointer,
+        size: u64,
+        stream: u64,
+    ) -> DriverResult<()> {
+        self.enter(Call::MemcpyAsync, |w, p| {
+            w.memcpy_async(p, dst, src, size, stream, None)
         })
     }
 }

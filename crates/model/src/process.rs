@@ -157,6 +157,7 @@ impl World {
             self.drop_exports(Shared::Alloc(h));
         }
         self.exports.retain(|_, e| e.pid != pid);
+        self.streams.drop_process(pid);
         if let Some(p) = self.procs.get_mut(pid) {
             p.exited = true;
         }

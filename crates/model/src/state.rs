@@ -241,6 +241,8 @@ pub(crate) struct World {
     pub trace: Vec<Call>,
     pub faults: FaultPlan,
     pub current: Call,
+    /// Streams and their enqueued copies (`copy.rs`).
+    pub streams: super::copy::Streams,
 }
 
 impl World {
@@ -272,6 +274,7 @@ impl World {
             trace: Vec::new(),
             faults: FaultPlan::none(),
             current: Call::DriverGetVersion,
+            streams: Default::default(),
         }
     }
 

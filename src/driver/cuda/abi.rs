@@ -12,7 +12,7 @@
 
 use std::fmt::Write as _;
 
-use super::ffi::{CONSTS, FUNCTIONS, STRUCTS, TYPEDEFS};
+use super::ffi::{CONSTS, FUNCTIONS, NESTED, STRUCTS, TYPEDEFS};
 
 /// A Rust type as the tokens `stringify!` gave it (`*const CUlogicalEndpointProp`,
 /// `c_int`, `usize`...) in C (`const CUlogicalEndpointProp *`, `int`, `size_t`).
@@ -77,7 +77,7 @@ pub fn c_source() -> String {
         }
     }
     out.push_str("\n/* structs: size and field offsets */\n");
-    for s in STRUCTS {
+    for s in STRUCTS.iter().chain(NESTED) {
         guarded(&mut out, s.since, |out| {
             let _ = writeln!(
                 out,

@@ -130,7 +130,13 @@ c_typedefs! {
     CUmulticastGranularity_flags = c_uint;
     /// `CUcontext`: an opaque pointer, never dereferenced here.
     CUcontext = *mut c_void;
+    /// `CUstream`: an opaque pointer, never dereferenced here; null is the
+    /// legacy NULL stream, which the crate never uses (F6).
+    CUstream = *mut c_void;
 }
+
+/// `CUfabricCpyOperandType` (enum, 13.5+); not in [`TYPEDEFS`] because 13.3 lacks it.
+pub type CUfabricCpyOperandType = c_uint;
 
 /// `CUcliqueType` (enum, 13.4+); not in [`TYPEDEFS`] because 13.3 lacks it.
 pub type CUcliqueType = c_uint;
@@ -181,6 +187,36 @@ pub struct CUmemAllocFlags {
     pub reserved: [c_uchar; 4],
 }
 
+/// `op.ptr` of `CUfabricCpyOperand` (an anonymous struct in `cuda.h`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUfabricCpyOperandPtr {
+    /// `ptr`: where the copy begins.
+    pub ptr: CUdeviceptr,
+    /// `locHint`.
+    pub locHint: CUmemLocation,
+}
+
+/// `op.le` of `CUfabricCpyOperand` (an anonymous struct in `cuda.h`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUfabricCpyOperandLe {
+    /// `id`: the logical endpoint.
+    pub id: CUlogicalEndpointId,
+    /// `offset`: bytes into the endpoint.
+    pub offset: cuuint64_t,
+}
+
+/// The union `op` of `CUfabricCpyOperand`: `ptr` or `le`, by `type`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUfabricCpyOperandOp {
+    /// `CU_FABRIC_COPY_OPERAND_TYPE_POINTER`.
+    pub ptr: CUfabricCpyOperandPtr,
+    /// `CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT`.
+    pub le: CUfabricCpyOperandLe,
+}
+
 c_structs! {
     /// `CUlogicalEndpointProp` (SPEC "Types": 24 bytes).
     pub struct CUlogicalEndpointProp since 13030 {
@@ -224,7 +260,51 @@ c_structs! {
         pub type_: CUcliqueType => ["type"],
         pub id: c_uint => ["id"],
     }
+    /// `CUfabricCpyOperand` (13.5+, SPEC F1); the members inside the union
+    /// are in [`NESTED`].
+    pub struct CUfabricCpyOperand since 13050 {
+        pub type_: CUfabricCpyOperandType => ["type"],
+        pub op: CUfabricCpyOperandOp => ["op", "op.ptr", "op.le"],
+    }
+    /// `CUDA_FABRIC_COPY_BATCH_OP` (13.5+): one copy of `cuFabricCpyBatchAsync`.
+    pub struct CUDA_FABRIC_COPY_BATCH_OP since 13050 {
+        pub src: CUfabricCpyOperand => ["src"],
+        pub dst: CUfabricCpyOperand => ["dst"],
+        pub size: usize => ["size"],
+        pub flags: c_uint => ["flags"],
+    }
 }
+
+/// The members of anonymous structs inside unions, which `c_structs!`
+/// cannot name: their C paths with offsets from the outer struct, checked
+/// by the ABI check like [`STRUCTS`].
+pub const NESTED: &[CStruct] = &[CStruct {
+    name: "CUfabricCpyOperand",
+    size: size_of::<CUfabricCpyOperand>(),
+    since: 13050,
+    fields: &[
+        CField {
+            path: "op.ptr.ptr",
+            offset: offset_of!(CUfabricCpyOperand, op) + offset_of!(CUfabricCpyOperandPtr, ptr),
+            size: size_of::<CUdeviceptr>(),
+        },
+        CField {
+            path: "op.ptr.locHint",
+            offset: offset_of!(CUfabricCpyOperand, op) + offset_of!(CUfabricCpyOperandPtr, locHint),
+            size: size_of::<CUmemLocation>(),
+        },
+        CField {
+            path: "op.le.id",
+            offset: offset_of!(CUfabricCpyOperand, op) + offset_of!(CUfabricCpyOperandLe, id),
+            size: size_of::<CUlogicalEndpointId>(),
+        },
+        CField {
+            path: "op.le.offset",
+            offset: offset_of!(CUfabricCpyOperand, op) + offset_of!(CUfabricCpyOperandLe, offset),
+            size: size_of::<cuuint64_t>(),
+        },
+    ],
+}];
 
 macro_rules! c_consts {
     ($($(#[$m:meta])* $name:ident: $t:ty = $v:literal since $since:literal;)*) => {
@@ -268,6 +348,10 @@ c_consts! {
     CU_MULTICAST_GRANULARITY_MINIMUM: CUmulticastGranularity_flags = 0 since 12000;
     CU_MULTICAST_GRANULARITY_RECOMMENDED: CUmulticastGranularity_flags = 1 since 12000;
     CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT: CUcliqueType = 3 since 13040;
+    CU_MEM_LOCATION_TYPE_HOST: CUmemLocationType = 2 since 12020;
+    CU_STREAM_NON_BLOCKING: c_uint = 1 since 12000;
+    CU_FABRIC_COPY_OPERAND_TYPE_POINTER: CUfabricCpyOperandType = 1 since 13050;
+    CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT: CUfabricCpyOperandType = 2 since 13050;
 }
 
 /// Declares, for every entry point the backend calls: its function-pointer
@@ -389,6 +473,13 @@ c_functions! {
     cuMulticastBindMem(mc: CUmemGenericAllocationHandle, mc_offset: usize, mem: CUmemGenericAllocationHandle, mem_offset: usize, size: usize, flags: c_ulonglong) since 12000;
     cuMulticastBindAddr(mc: CUmemGenericAllocationHandle, mc_offset: usize, ptr: CUdeviceptr, size: usize, flags: c_ulonglong) since 12000;
     cuMulticastUnbind(mc: CUmemGenericAllocationHandle, dev: CUdevice, mc_offset: usize, size: usize) since 12000;
+    // Streams and the data path.
+    cuStreamCreate(stream: *mut CUstream, flags: c_uint) since 12000;
+    cuStreamDestroy_v2(stream: CUstream) since 12000;
+    cuStreamSynchronize(stream: CUstream) since 12000;
+    cuStreamQuery(stream: CUstream) since 12000;
+    cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, stream: CUstream) since 12000;
+    cuFabricCpyBatchAsync(num_ops: usize, ops: *mut CUDA_FABRIC_COPY_BATCH_OP, flags: c_ulonglong, stream: CUstream) since 13050;
 }
 
 // The layouts the marshalling relies on (SPEC "Types", x86-64 / aarch64);
@@ -405,4 +496,9 @@ const _: () = {
     assert!(size_of::<CUmemAccessDesc>() == 12);
     assert!(size_of::<CUmulticastObjectProp>() == 32);
     assert!(size_of::<CUcliqueInfo>() == 8);
+    assert!(size_of::<CUfabricCpyOperand>() == 24);
+    assert!(offset_of!(CUfabricCpyOperand, op) == 8);
+    assert!(size_of::<CUDA_FABRIC_COPY_BATCH_OP>() == 64);
+    assert!(offset_of!(CUDA_FABRIC_COPY_BATCH_OP, size) == 48);
+    assert!(offset_of!(CUDA_FABRIC_COPY_BATCH_OP, flags) == 56);
 };

@@ -16,8 +16,9 @@ use super::Cuda;
 use super::context::Cx;
 use super::ffi::*;
 use crate::driver::{
-    AllocationRequest, Call, Code, Device, DriverResult, EndpointProps, FabricHandleBytes,
-    Granularity, Limits, Location, Shape, ShareableHandle, ShareableKind,
+    AllocationRequest, Call, Code, CopyOp, Device, DriverResult, EndpointProps, FabricHandleBytes,
+    Granularity, Limits, Location, MemHint, Operand, Pointer, Shape, ShareableHandle,
+    ShareableKind,
 };
 
 /// `u64` → `size_t`. Saturates (CUDA is 64-bit only): an oversized value is
@@ -512,6 +513,136 @@ pub(super) unsafe fn multicast_create(
         f(&mut handle, &prop)
     })?;
     Ok(handle)
+}
+
+// ---- streams and the data path (SPEC F1-F9) ----
+
+/// A `CUstream` as the boundary's `u64`, and back: the address the driver
+/// gave, with its provenance exposed (the pointer is never dereferenced here).
+fn stream_of(stream: u64) -> CUstream {
+    std::ptr::with_exposed_provenance_mut(sz(stream))
+}
+
+/// `locHint` of a pointer operand.
+fn hint(h: MemHint) -> CUmemLocation {
+    match h {
+        MemHint::None => CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_INVALID,
+            id: 0,
+        },
+        MemHint::Device(d) => location(Location::Device(d)),
+        MemHint::Host => CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        },
+        MemHint::HostNuma(n) => location(Location::HostNuma(n)),
+    }
+}
+
+/// `CUfabricCpyOperand`: every byte of the union member in use set.
+pub(super) fn operand(o: &Operand) -> CUfabricCpyOperand {
+    match *o {
+        Operand::Pointer(Pointer { ptr, hint: h }) => CUfabricCpyOperand {
+            type_: CU_FABRIC_COPY_OPERAND_TYPE_POINTER,
+            op: CUfabricCpyOperandOp {
+                ptr: CUfabricCpyOperandPtr {
+                    ptr,
+                    locHint: hint(h),
+                },
+            },
+        },
+        Operand::LogicalEndpoint { id, offset } => CUfabricCpyOperand {
+            type_: CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT,
+            op: CUfabricCpyOperandOp {
+                le: CUfabricCpyOperandLe { id, offset },
+            },
+        },
+    }
+}
+
+pub(super) unsafe fn stream_create(c: &Cuda, dev: Device) -> DriverResult<u64> {
+    let mut s: CUstream = std::ptr::null_mut();
+    let f = c.sym.cuStreamCreate;
+    // SAFETY: `f` is `cuStreamCreate` as declared in `ffi`; `s` is a live
+    // out-pointer; the flag asks for a non-blocking stream.
+    c.run(Call::StreamCreate, f, Cx::On(dev), |f| unsafe {
+        f(&mut s, CU_STREAM_NON_BLOCKING)
+    })?;
+    if s.is_null() {
+        // Never hand out the legacy NULL stream (F6), whatever a driver says.
+        return Err(Code::UNKNOWN);
+    }
+    Ok(s.expose_provenance() as u64)
+}
+
+pub(super) unsafe fn stream_destroy(c: &Cuda, stream: u64) -> DriverResult<()> {
+    let f = c.sym.cuStreamDestroy_v2;
+    // SAFETY: `f` is `cuStreamDestroy_v2`; the caller's contract says the
+    // stream is its own and live.
+    c.run(Call::StreamDestroy, f, Cx::Current, |f| unsafe {
+        f(stream_of(stream))
+    })
+}
+
+pub(super) unsafe fn stream_synchronize(c: &Cuda, stream: u64) -> DriverResult<()> {
+    let f = c.sym.cuStreamSynchronize;
+    // SAFETY: `f` is `cuStreamSynchronize`; the stream is live (contract).
+    c.run(Call::StreamSynchronize, f, Cx::Current, |f| unsafe {
+        f(stream_of(stream))
+    })
+}
+
+pub(super) unsafe fn stream_query(c: &Cuda, stream: u64) -> DriverResult<bool> {
+    let f = c.sym.cuStreamQuery;
+    // SAFETY: `f` is `cuStreamQuery`; the stream is live (contract).
+    match c.run(Call::StreamQuery, f, Cx::Current, |f| unsafe {
+        f(stream_of(stream))
+    }) {
+        Ok(()) => Ok(true),
+        Err(Code::NOT_READY) => Ok(false),
+        Err(code) => Err(code),
+    }
+}
+
+pub(super) unsafe fn fabric_copy_batch(
+    c: &Cuda,
+    stream: u64,
+    ops: Vec<CopyOp>,
+    flags: u64,
+) -> DriverResult<()> {
+    let mut list: Vec<CUDA_FABRIC_COPY_BATCH_OP> = ops
+        .iter()
+        .map(|op| CUDA_FABRIC_COPY_BATCH_OP {
+            src: operand(&op.src),
+            dst: operand(&op.dst),
+            size: sz(op.size),
+            flags: 0,
+        })
+        .collect();
+    let (n, buf) = (list.len(), list.as_mut_ptr());
+    let f = c.sym.cuFabricCpyBatchAsync;
+    // SAFETY: `f` is `cuFabricCpyBatchAsync` (absent before 13.5: `run`
+    // answers NOT_SUPPORTED without a call); `buf` holds `n` initialised
+    // ops and lives until the call returned (the driver copies the list
+    // before it returns: cuda.h); the operands are the caller's contract.
+    c.run(Call::FabricCpyBatchAsync, f, Cx::Current, |f| unsafe {
+        f(n, buf, flags, stream_of(stream))
+    })
+}
+
+pub(super) unsafe fn memcpy_async(
+    c: &Cuda,
+    dst: Pointer,
+    src: Pointer,
+    size: u64,
+    stream: u64,
+) -> DriverResult<()> {
+    let f = c.sym.cuMemcpyAsync;
+    // SAFETY: `f` is `cuMemcpyAsync`; the addresses are passed on, never
+    // dereferenced here; their validity is the caller's contract.
+    c.run(Call::MemcpyAsync, f, Cx::Current, |f| unsafe {
+        f(dst.ptr, src.ptr, sz(size), stream_of(stream))
+    })
 }
 
 #[cfg(test)]

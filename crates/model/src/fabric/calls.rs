@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 #[allow(unused_imports)]
 use crate::driver::{
-    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
-    Granularity, Limits, ShareableHandle, ShareableKind,
+    AllocationRequest, Call, Code, CopyOp, Device, Driver, DriverResult, EndpointProps,
+    FabricHandleBytes, Granularity, Limits, Pointer, ShareableHandle, ShareableKind,
 };
 
 /// The body of a `Remote` method: the wire, except for the shareable-handle
@@ -24,6 +24,28 @@ macro_rules! remote_body {
         // descriptor is open for the call).
         unsafe { $self.mem_import_here($($arg),*) }
     };
+    // The data path: host bytes travel in the messages (`data.rs`).
+    ($self:ident, fabric_copy_batch, $variant:ident, ($($arg:ident),*)) => {
+        // SAFETY: the caller upholds `fabric_copy_batch`'s contract.
+        unsafe { $self.fabric_copy_here($($arg),*) }
+    };
+    ($self:ident, memcpy_async, $variant:ident, ($($arg:ident),*)) => {
+        // SAFETY: the caller upholds `memcpy_async`'s contract.
+        unsafe { $self.memcpy_here($($arg),*) }
+    };
+    ($self:ident, stream_synchronize, $variant:ident, ($($arg:ident),*)) => {
+        // SAFETY: the contract of the copies on the stream (their host
+        // destinations are writable until the stream passed them).
+        unsafe { $self.stream_here(WireCall::$variant { $($arg),* }) }.map(|_| ())
+    };
+    ($self:ident, stream_destroy, $variant:ident, ($($arg:ident),*)) => {
+        // SAFETY: as `stream_synchronize`.
+        unsafe { $self.stream_here(WireCall::$variant { $($arg),* }) }.map(|_| ())
+    };
+    ($self:ident, stream_query, $variant:ident, ($($arg:ident),*)) => {
+        // SAFETY: as `stream_synchronize`.
+        unsafe { $self.stream_here(WireCall::$variant { $($arg),* }) }
+    };
     ($self:ident, $method:ident, $variant:ident, ($($arg:ident),*)) => {
         $self.call(WireCall::$variant { $($arg),* })
     };
@@ -31,11 +53,19 @@ macro_rules! remote_body {
 
 /// Whether the server refuses `call` from a client: a shareable handle made
 /// in the server would be a descriptor of the server's OS process, which
-/// means nothing to the client (clients use `Request::ExportShareable`).
+/// means nothing to the client (clients use `Request::ExportShareable`);
+/// a host pointer of the client means nothing here either, so the data path
+/// goes as `Request::HostCopy` / `Request::HostSync` (`data.rs`).
 fn client_side_only(call: &WireCall) -> bool {
     matches!(
         call,
-        WireCall::MemExportToShareableHandle { .. } | WireCall::MemImportFromShareableHandle { .. }
+        WireCall::MemExportToShareableHandle { .. }
+            | WireCall::MemImportFromShareableHandle { .. }
+            | WireCall::FabricCpyBatchAsync { .. }
+            | WireCall::MemcpyAsync { .. }
+            | WireCall::StreamSynchronize { .. }
+            | WireCall::StreamQuery { .. }
+            | WireCall::StreamDestroy { .. }
     )
 }
 

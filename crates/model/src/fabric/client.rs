@@ -88,7 +88,7 @@ impl Remote {
 
     /// One request, one reply. A transport or protocol failure closes the
     /// connection for good: a reply lost half-way would desynchronise it.
-    fn request(&self, req: &Request) -> Result<Reply, FrameError> {
+    pub(super) fn request(&self, req: &Request) -> Result<Reply, FrameError> {
         let mut guard = self.lock();
         let Some(stream) = guard.as_ref() else {
             return Err(FrameError::Closed);

@@ -52,6 +52,7 @@
 
 mod calls;
 mod client;
+mod data;
 mod join;
 pub mod launcher;
 mod server;

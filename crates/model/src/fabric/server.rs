@@ -474,6 +474,8 @@ fn answer(me: &Model, req: Request) -> Reply {
             Reply::Handle(me.export_shareable(handle, kind))
         }
         Request::ImportShareable { token, kind } => Reply::Handle(me.import_shareable(token, kind)),
+        Request::HostCopy { call, staged } => super::data::answer_copy(me, call, staged),
+        Request::HostSync { call } => super::data::answer_sync(me, call),
     }
 }
 

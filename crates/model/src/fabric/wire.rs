@@ -73,6 +73,20 @@ pub enum Request {
         /// The handle kind.
         kind: ShareableKind,
     },
+    /// `cuFabricCpyBatchAsync` or `cuMemcpyAsync` with the bytes of its
+    /// host sources, snapshotted at enqueue (`data.rs`).
+    HostCopy {
+        /// The call (`FabricCpyBatchAsync` or `MemcpyAsync`).
+        call: WireCall,
+        /// Per op, the bytes of a host source (`None` for any other source).
+        staged: Vec<Option<Vec<u8>>>,
+    },
+    /// `cuStreamSynchronize`, `cuStreamQuery` or `cuStreamDestroy`, whose
+    /// answer carries the bytes completed for host destinations (`data.rs`).
+    HostSync {
+        /// The call.
+        call: WireCall,
+    },
     /// `cuMemImportFromShareableHandle` (C5).
     ImportShareable {
         /// The token [`Request::ExportShareable`] gave.
@@ -130,6 +144,14 @@ pub enum Reply {
     Handle(Result<u64, Code>),
     /// Done, or the code.
     Done(Result<(), Code>),
+    /// Answer to [`Request::HostSync`]: the call's answer (`true` for
+    /// done), and the host-destination bytes to write, by address.
+    HostDone {
+        /// The call's answer.
+        result: Result<bool, Code>,
+        /// `(address, bytes)` for the client to write, whatever `result`.
+        writes: Vec<(u64, Vec<u8>)>,
+    },
     /// The request was not understood or not allowed; the connection ends.
     Refused(String),
 }

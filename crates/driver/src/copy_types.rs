@@ -1,0 +1,103 @@
+//! The domain types of the data path at the driver boundary: where a
+//! pointer operand lives ([`MemHint`]), a pointer with its hint
+//! ([`Pointer`]), the two operand kinds of `cuFabricCpyBatchAsync`
+//! ([`Operand`], SPEC F1) and one copy of a batch ([`CopyOp`]).
+//!
+//! Streams cross the boundary as plain `u64` handles (`CUstream`), as
+//! allocation handles do; `0` is the legacy NULL stream, which no fabric
+//! copy may use (F6) and which `cuStreamCreate` never returns.
+//!
+//! Owned, `Clone + Debug`, and with the `serde` feature serialisable, like
+//! every type of [`super::types`]: only the real backend
+//! (`driver::cuda`) turns them into `CUfabricCpyOperand` /
+//! `CUDA_FABRIC_COPY_BATCH_OP`.
+
+/// Where the memory behind a [`Pointer`] lives, as far as the caller says
+/// (`CUfabricCpyOperand::op::ptr::locHint`, a `CUmemLocation`).
+///
+/// The real driver reads the hint only for managed or pageable memory.
+/// The reference model reads it as the caller's word: a pointer that is
+/// not a mapping of the process is host memory only when hinted
+/// [`MemHint::Host`] (and then the model reads or writes it through the
+/// address, as the driver would); any other unmapped pointer is refused
+/// (F2), never dereferenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum MemHint {
+    /// No hint (`CU_MEM_LOCATION_TYPE_INVALID`).
+    None,
+    /// Device memory of this device (`CU_MEM_LOCATION_TYPE_DEVICE`).
+    Device(super::Device),
+    /// Host memory of the calling process (`CU_MEM_LOCATION_TYPE_HOST`).
+    Host,
+    /// Host memory on this NUMA node (`CU_MEM_LOCATION_TYPE_HOST_NUMA`).
+    HostNuma(i32),
+}
+
+/// A pointer operand: a device (or host) address and where it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Pointer {
+    /// The address (`CUdeviceptr`; for host memory the host address).
+    pub ptr: u64,
+    /// Where it lives (`locHint`).
+    pub hint: MemHint,
+}
+
+impl Pointer {
+    /// Device (or mapped host-NUMA) memory at `ptr`, no hint.
+    pub fn device(ptr: u64) -> Pointer {
+        Pointer {
+            ptr,
+            hint: MemHint::None,
+        }
+    }
+
+    /// Host memory of this process at `ptr`.
+    pub fn host(ptr: u64) -> Pointer {
+        Pointer {
+            ptr,
+            hint: MemHint::Host,
+        }
+    }
+}
+
+/// One operand of a fabric copy (`CUfabricCpyOperand`, SPEC F1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Operand {
+    /// `CU_FABRIC_COPY_OPERAND_TYPE_POINTER`.
+    Pointer(Pointer),
+    /// `CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT`: `offset` bytes into
+    /// the endpoint on `id`.
+    LogicalEndpoint {
+        /// The logical-endpoint id (of the calling process).
+        id: u32,
+        /// Byte offset into the endpoint range.
+        offset: u64,
+    },
+}
+
+impl Operand {
+    /// Whether this names an endpoint.
+    pub fn is_endpoint(&self) -> bool {
+        matches!(self, Operand::LogicalEndpoint { .. })
+    }
+}
+
+/// One copy of a fabric copy batch (`CUDA_FABRIC_COPY_BATCH_OP`): `size`
+/// bytes from `src` to `dst`. The per-op `flags` member is always 0 (F5):
+/// it is not a field here, so it cannot be set to anything else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct CopyOp {
+    /// Where the bytes come from.
+    pub src: Operand,
+    /// Where they go.
+    pub dst: Operand,
+    /// Bytes; 0 is a no-op whose operands are still validated (F5).
+    pub size: u64,
+}
+
+/// The first driver version (`cuDriverGetVersion`) with `cuFabricCpyBatchAsync` (F7).
+pub const FABRIC_COPY_MIN_VERSION: i32 = 13050;

@@ -1,0 +1,756 @@
+//! Streams and the data path on the model: `cuStream*`,
+//! `cuFabricCpyBatchAsync` (SPEC F1–F9, R13.1, R13.3) and `cuMemcpyAsync`.
+//!
+//! What this file owns:
+//! - the streams of every process (`World::streams`), each a queue of
+//!   enqueued work; work runs only when the stream *reaches* it: at
+//!   `cuStreamSynchronize`, at `cuStreamDestroy` (enqueued work still
+//!   completes), or one batch per `cuStreamQuery` (the point in between:
+//!   a query runs the oldest pending batch and reports done only once the
+//!   queue is empty). A read of a destination before that sees the old bytes.
+//! - the rules checked at enqueue, each logged as a violation with its
+//!   rule: F1 (operand kinds), F2 (pointers local to the stream's device or
+//!   host), F3 (no dependent ops in one batch), F5 (flags 0; size 0 still
+//!   validated), F6 (no NULL stream), F9 (an endpoint range that is partly
+//!   bound must be covered on every target device), R13.1 (the id was
+//!   reported ready), F7 (no symbol before 13.5: `NOT_SUPPORTED`, no
+//!   violation);
+//! - the rules only the moment the stream reaches an op can see, logged
+//!   then (the synchronize or query that ran it answers
+//!   `CUDA_ERROR_ILLEGAL_ADDRESS`, as an asynchronous fault): R13.3 (the
+//!   target had nothing bound yet: the peer had not bound, or the program
+//!   did not wait for it), F4 (an operand unmapped, unbound or its endpoint
+//!   destroyed while the op was in flight).
+//!
+//! Bytes: a unicast put writes the owner's memory bound at that endpoint
+//! offset, a multicast put every member's bound memory (every process, every
+//! node), a get reads the owner's. Host memory (a pointer hinted
+//! `MemHint::Host` that is no mapping of the process) is read and written
+//! through its address in this OS process — the row's contract makes the
+//! caller vouch for it — unless the caller is another OS process (the model
+//! fabric's `Remote` client): then the source bytes were snapshotted at
+//! enqueue ([`Staged`]) and the bytes for a host destination wait in the
+//! stream's outbox until the synchronize or query that completed them
+//! hands them back ([`World::take_host_writes`]).
+
+use std::collections::{HashMap, VecDeque};
+
+use super::state::World;
+use super::violate;
+use crate::driver::{
+    Code, CopyOp, Device, DriverResult, FABRIC_COPY_MIN_VERSION, Location, MemHint, Operand,
+    Pointer, Shape,
+};
+
+/// Host source bytes of a batch enqueued by another OS process: one entry
+/// per op, `Some(bytes)` for each op whose source is host memory.
+pub(crate) type Staged = Vec<Option<Vec<u8>>>;
+
+/// Bytes to write to host memory of a remote client: `(address, bytes)`.
+pub(crate) type HostWrites = Vec<(u64, Vec<u8>)>;
+
+/// The most bytes of host destinations a remote client's stream may have in
+/// flight (they travel back in one reply frame).
+pub(crate) const MAX_REMOTE_HOST_BYTES: u64 = 1 << 20;
+
+/// Where an op reads.
+#[derive(Clone, Debug)]
+enum Src {
+    /// A mapping of the process.
+    Mapped(u64),
+    /// Host memory of this OS process, read when the stream reaches the op.
+    HostRaw(u64),
+    /// Host bytes a remote client snapshotted at enqueue.
+    HostBytes(Vec<u8>),
+    /// An endpoint (unicast: the owner's bound memory).
+    Ep { id: u32, offset: u64, covered: bool },
+}
+
+/// Where an op writes.
+#[derive(Clone, Copy, Debug)]
+enum Dst {
+    Mapped(u64),
+    HostRaw(u64),
+    /// Host memory of a remote client: the bytes go to the outbox.
+    HostRemote(u64),
+    Ep {
+        id: u32,
+        offset: u64,
+        covered: bool,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Exec {
+    src: Src,
+    dst: Dst,
+    size: u64,
+}
+
+/// One stream of one process.
+#[derive(Debug)]
+pub(crate) struct StreamObj {
+    pid: usize,
+    dev: Device,
+    /// Enqueued work, oldest first: one entry per batch (or memcpy).
+    queue: VecDeque<Vec<Exec>>,
+    /// Host-destination bytes for a remote client, completed but not yet
+    /// handed back.
+    outbox: HostWrites,
+    /// Bytes enqueued for `outbox` and not yet handed back.
+    outbox_pending: u64,
+    /// An asynchronous fault of work the stream ran, reported by the next
+    /// synchronize or query.
+    fault: Option<Code>,
+}
+
+/// The streams of the world (a field of [`World`]).
+#[derive(Debug, Default)]
+pub(crate) struct Streams {
+    by_handle: HashMap<u64, StreamObj>,
+    next: u64,
+}
+
+impl Streams {
+    /// Forgets every stream of `pid` (it exited: R12.2), with its work.
+    pub(crate) fn drop_process(&mut self, pid: usize) {
+        self.by_handle.retain(|_, s| s.pid != pid);
+    }
+}
+
+/// A pointer range as the model sees it.
+enum Place {
+    /// A mapping of the process; `local`: on the stream's device or host-NUMA memory.
+    Mapped { local: bool },
+    /// Host memory (hinted `Host`, no mapping).
+    Host,
+    /// Neither: nothing the model may touch.
+    Unknown,
+}
+
+/// The range an op reads or writes, in a space where overlap means dependence (F3).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Space {
+    Addr,
+    Ep(u32),
+}
+
+fn overlaps(a: (Space, u64, u64), b: (Space, u64, u64)) -> bool {
+    a.0 == b.0 && a.1 < b.2 && b.1 < a.2
+}
+
+impl World {
+    fn stream_of(&mut self, pid: usize, stream: u64) -> DriverResult<()> {
+        if stream == 0 {
+            return violate(self, "F6", Code::INVALID_VALUE);
+        }
+        match self.streams.by_handle.get(&stream) {
+            Some(s) if s.pid == pid => Ok(()),
+            _ => violate(self, "cuStream handle", Code::INVALID_HANDLE),
+        }
+    }
+
+    pub fn stream_create(&mut self, pid: usize, dev: Device) -> DriverResult<u64> {
+        if self.device(dev).is_none() {
+            return Err(Code::INVALID_DEVICE);
+        }
+        self.streams.next = self.streams.next.wrapping_add(1);
+        // Stream handles live apart from allocation handles, never 0 (F6).
+        let h = 0x5_0000_0000 | self.streams.next;
+        self.streams.by_handle.insert(
+            h,
+            StreamObj {
+                pid,
+                dev,
+                queue: VecDeque::new(),
+                outbox: Vec::new(),
+                outbox_pending: 0,
+                fault: None,
+            },
+        );
+        Ok(h)
+    }
+
+    /// Enqueued work still completes (as `cuStreamDestroy` documents); a
+    /// remote client's host-destination bytes are then lost: the typed
+    /// `Stream` synchronizes before it destroys.
+    pub fn stream_destroy(&mut self, pid: usize, stream: u64) -> DriverResult<()> {
+        self.stream_of(pid, stream)?;
+        let _ = self.run_stream(stream, usize::MAX);
+        self.streams.by_handle.remove(&stream);
+        Ok(())
+    }
+
+    pub fn stream_synchronize(&mut self, pid: usize, stream: u64) -> DriverResult<()> {
+        self.stream_of(pid, stream)?;
+        self.run_stream(stream, usize::MAX)
+    }
+
+    pub fn stream_query(&mut self, pid: usize, stream: u64) -> DriverResult<bool> {
+        self.stream_of(pid, stream)?;
+        self.run_stream(stream, 1)?;
+        Ok(self
+            .streams
+            .by_handle
+            .get(&stream)
+            .is_none_or(|s| s.queue.is_empty()))
+    }
+
+    /// The host-destination bytes of a remote client's stream that its work
+    /// completed, to be written by the client.
+    pub fn take_host_writes(&mut self, stream: u64) -> HostWrites {
+        match self.streams.by_handle.get_mut(&stream) {
+            Some(s) => {
+                let out = std::mem::take(&mut s.outbox);
+                let n: u64 = out.iter().map(|(_, b)| b.len() as u64).sum();
+                s.outbox_pending = s.outbox_pending.saturating_sub(n);
+                out
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Runs at most `batches` pending batches of `stream`; reports (and
+    /// clears) the first asynchronous fault.
+    fn run_stream(&mut self, stream: u64, batches: usize) -> DriverResult<()> {
+        for _ in 0..batches {
+            let Some((pid, batch)) = self
+                .streams
+                .by_handle
+                .get_mut(&stream)
+                .and_then(|s| Some((s.pid, s.queue.pop_front()?)))
+            else {
+                break;
+            };
+            for op in batch {
+                if let Err(code) = self.execute(pid, stream, op)
+                    && let Some(s) = self.streams.by_handle.get_mut(&stream)
+                {
+                    s.fault.get_or_insert(code);
+                }
+            }
+        }
+        match self
+            .streams
+            .by_handle
+            .get_mut(&stream)
+            .and_then(|s| s.fault.take())
+        {
+            Some(code) => Err(code),
+            None => Ok(()),
+        }
+    }
+
+    /// Where `[ptr, ptr+size)` lives for a stream on `dev` of this node.
+    fn place(&self, pid: usize, p: Pointer, size: u64, dev: Device) -> Place {
+        if let Some((alloc, _)) = self.resolve_addr(pid, p.ptr, size.max(1)) {
+            let node = self.node;
+            let local = self.allocs.get(&alloc).is_some_and(|a| {
+                a.node == node
+                    && match a.location {
+                        Location::Device(d) => d == dev,
+                        Location::HostNuma(_) => true,
+                    }
+            });
+            return Place::Mapped { local };
+        }
+        if p.hint == MemHint::Host {
+            Place::Host
+        } else {
+            Place::Unknown
+        }
+    }
+
+    /// The bound pieces `(alloc, offset in it, len)` of `[offset,
+    /// offset+size)` of endpoint object `o` on each target device: the
+    /// owner (unicast) or every member (multicast). `None` for a target
+    /// with nothing bound at all; `Some(None)` for one bound only in part.
+    #[allow(clippy::type_complexity)]
+    fn targets(&self, o: u64, offset: u64, size: u64) -> Vec<Option<Option<Vec<(u64, u64, u64)>>>> {
+        let Some(obj) = self.objects.get(&o) else {
+            return Vec::new();
+        };
+        let members: Vec<(usize, Device)> = match obj.props.shape {
+            Shape::Unicast { owner } => vec![(obj.node, owner)],
+            Shape::Multicast { .. } => obj.enrolled.iter().map(|e| (e.node, e.dev)).collect(),
+        };
+        let end = offset.saturating_add(size);
+        members
+            .into_iter()
+            .map(|(node, dev)| {
+                let mut mine: Vec<_> = obj
+                    .bindings
+                    .iter()
+                    .filter(|b| {
+                        b.dev == dev && self.procs.get(b.pid).is_some_and(|p| p.node == node)
+                    })
+                    .collect();
+                if mine.is_empty() {
+                    return None;
+                }
+                mine.sort_by_key(|b| b.offset);
+                let mut pieces = Vec::new();
+                let mut at = offset;
+                while at < end {
+                    let Some(b) = mine
+                        .iter()
+                        .find(|b| b.offset <= at && at < b.offset.saturating_add(b.size))
+                    else {
+                        return Some(None);
+                    };
+                    let stop = end.min(b.offset.saturating_add(b.size));
+                    pieces.push((b.alloc, b.mem_offset + (at - b.offset), stop - at));
+                    at = stop;
+                }
+                Some(Some(pieces))
+            })
+            .collect()
+    }
+
+    /// The endpoint object on `id` of `pid`, reported ready (R13.1).
+    fn ready_endpoint(&mut self, pid: usize, id: u32) -> DriverResult<u64> {
+        match self.procs.get(pid).and_then(|p| p.ids.get(&id)) {
+            Some(s) if s.reported_ready => s
+                .obj
+                .map_or_else(|| violate(self, "R13.1", Code::INVALID_VALUE), Ok),
+            _ => violate(self, "R13.1", Code::INVALID_VALUE),
+        }
+    }
+
+    /// An endpoint operand at enqueue: ready (R13.1), inside the endpoint
+    /// and, on every target with anything bound, inside bound memory (F9).
+    /// Returns whether every target is fully covered now.
+    fn check_endpoint(
+        &mut self,
+        pid: usize,
+        id: u32,
+        offset: u64,
+        size: u64,
+    ) -> DriverResult<(u64, bool)> {
+        let o = self.ready_endpoint(pid, id)?;
+        let ep_size = self.objects.get(&o).map_or(0, |obj| obj.props.size);
+        if offset.checked_add(size).is_none_or(|e| e > ep_size) {
+            return violate(self, "F9", Code::INVALID_VALUE);
+        }
+        let targets = self.targets(o, offset, size);
+        if targets.iter().any(|t| matches!(t, Some(None))) {
+            return violate(self, "F9", Code::INVALID_VALUE);
+        }
+        Ok((o, targets.iter().all(Option::is_some)))
+    }
+
+    /// `cuFabricCpyBatchAsync` (F1-F9). `staged`: the host source bytes of a
+    /// remote client (`None` in process: host memory is read through its address).
+    pub fn fabric_copy_batch(
+        &mut self,
+        pid: usize,
+        stream: u64,
+        ops: &[CopyOp],
+        flags: u64,
+        staged: Option<&Staged>,
+    ) -> DriverResult<()> {
+        if self.config().driver_version < FABRIC_COPY_MIN_VERSION {
+            // F7: the symbol is absent before 13.5.
+            return Err(Code::NOT_SUPPORTED);
+        }
+        if flags != 0 {
+            return violate(self, "F5", Code::INVALID_VALUE);
+        }
+        self.stream_of(pid, stream)?;
+        let dev = self
+            .streams
+            .by_handle
+            .get(&stream)
+            .map_or(Device(0), |s| s.dev);
+        let mut execs = Vec::with_capacity(ops.len().min(1 << 16));
+        let mut ranges = Vec::with_capacity(ops.len().min(1 << 16));
+        let mut host_dst_bytes = 0u64;
+        for (i, op) in ops.iter().enumerate() {
+            let size = op.size;
+            let src_place = match op.src {
+                Operand::Pointer(p) => Some(self.place(pid, p, size, dev)),
+                Operand::LogicalEndpoint { .. } => None,
+            };
+            let dst_place = match op.dst {
+                Operand::Pointer(p) => Some(self.place(pid, p, size, dev)),
+                Operand::LogicalEndpoint { .. } => None,
+            };
+            let local = |p: &Place| matches!(p, Place::Host | Place::Mapped { local: true });
+            // F1: which operand kinds may meet.
+            match (&op.src, &op.dst) {
+                (Operand::LogicalEndpoint { .. }, Operand::LogicalEndpoint { .. }) => {
+                    return violate(self, "F1", Code::INVALID_VALUE);
+                }
+                (Operand::LogicalEndpoint { id, .. }, Operand::Pointer(_)) => {
+                    let multicast = self
+                        .procs
+                        .get(pid)
+                        .and_then(|p| p.ids.get(id))
+                        .and_then(|s| s.obj)
+                        .and_then(|o| self.objects.get(&o))
+                        .is_some_and(|o| matches!(o.props.shape, Shape::Multicast { .. }));
+                    if multicast {
+                        return violate(self, "F1", Code::INVALID_VALUE);
+                    }
+                }
+                _ => {}
+            }
+            // F2: locality of the pointers.
+            match (&src_place, &dst_place) {
+                (Some(s), Some(d)) => {
+                    let known = |p: &Place| !matches!(p, Place::Unknown);
+                    if !known(s) || !known(d) || !(local(s) || local(d)) {
+                        return violate(self, "F2", Code::INVALID_VALUE);
+                    }
+                }
+                (Some(p), None) | (None, Some(p)) => {
+                    if !local(p) {
+                        return violate(self, "F2", Code::INVALID_VALUE);
+                    }
+                }
+                (None, None) => {}
+            }
+            let src = match (op.src, src_place) {
+                (Operand::LogicalEndpoint { id, offset }, _) => {
+                    let (_, covered) = self.check_endpoint(pid, id, offset, size)?;
+                    ranges.push((i, (Space::Ep(id), offset, offset + size), false));
+                    Src::Ep {
+                        id,
+                        offset,
+                        covered,
+                    }
+                }
+                (Operand::Pointer(p), Some(Place::Host)) => {
+                    ranges.push((i, (Space::Addr, p.ptr, p.ptr.saturating_add(size)), false));
+                    match staged {
+                        None => Src::HostRaw(p.ptr),
+                        Some(staged) => match staged.get(i) {
+                            Some(Some(b)) if b.len() as u64 == size => Src::HostBytes(b.clone()),
+                            // A client that did not send the bytes: a protocol error.
+                            _ => return Err(Code::INVALID_VALUE),
+                        },
+                    }
+                }
+                (Operand::Pointer(p), _) => {
+                    ranges.push((i, (Space::Addr, p.ptr, p.ptr.saturating_add(size)), false));
+                    Src::Mapped(p.ptr)
+                }
+            };
+            let dst = match (op.dst, dst_place) {
+                (Operand::LogicalEndpoint { id, offset }, _) => {
+                    let (_, covered) = self.check_endpoint(pid, id, offset, size)?;
+                    ranges.push((i, (Space::Ep(id), offset, offset + size), true));
+                    Dst::Ep {
+                        id,
+                        offset,
+                        covered,
+                    }
+                }
+                (Operand::Pointer(p), Some(Place::Host)) => {
+                    ranges.push((i, (Space::Addr, p.ptr, p.ptr.saturating_add(size)), true));
+                    if staged.is_some() {
+                        host_dst_bytes = host_dst_bytes.saturating_add(size);
+                        Dst::HostRemote(p.ptr)
+                    } else {
+                        Dst::HostRaw(p.ptr)
+                    }
+                }
+                (Operand::Pointer(p), _) => {
+                    ranges.push((i, (Space::Addr, p.ptr, p.ptr.saturating_add(size)), true));
+                    Dst::Mapped(p.ptr)
+                }
+            };
+            execs.push(Exec { src, dst, size });
+        }
+        // F3: a destination overlapping another op's source or destination.
+        let live: Vec<_> = ranges
+            .iter()
+            .filter(|(i, _, _)| ops.get(*i).is_some_and(|o| o.size > 0))
+            .collect();
+        for (a, ra, wa) in &live {
+            for (b, rb, wb) in &live {
+                if a != b && (*wa || *wb) && overlaps(*ra, *rb) {
+                    return violate(self, "F3", Code::INVALID_VALUE);
+                }
+            }
+        }
+        let Some(s) = self.streams.by_handle.get_mut(&stream) else {
+            return Err(Code::INVALID_HANDLE);
+        };
+        if host_dst_bytes > 0 {
+            let total = s.outbox_pending.saturating_add(host_dst_bytes);
+            if total > MAX_REMOTE_HOST_BYTES {
+                // Model's choice: what one reply frame can carry back.
+                return Err(Code::OUT_OF_MEMORY);
+            }
+            s.outbox_pending = total;
+        }
+        s.queue.push_back(execs);
+        Ok(())
+    }
+
+    /// `cuMemcpyAsync` in stream order: each pointer a mapping of the
+    /// process or (hinted `Host`) host memory.
+    pub fn memcpy_async(
+        &mut self,
+        pid: usize,
+        dst: Pointer,
+        src: Pointer,
+        size: u64,
+        stream: u64,
+        staged: Option<&Staged>,
+    ) -> DriverResult<()> {
+        self.stream_of(pid, stream)?;
+        let dev = self
+            .streams
+            .by_handle
+            .get(&stream)
+            .map_or(Device(0), |s| s.dev);
+        let s_place = self.place(pid, src, size, dev);
+        let d_place = self.place(pid, dst, size, dev);
+        if matches!(s_place, Place::Unknown) || matches!(d_place, Place::Unknown) {
+            return violate(self, "cuMemcpyAsync address", Code::INVALID_VALUE);
+        }
+        let (s_end, d_end) = (src.ptr.saturating_add(size), dst.ptr.saturating_add(size));
+        if size > 0 && src.ptr < d_end && dst.ptr < s_end {
+            return violate(self, "cuMemcpyAsync overlap", Code::INVALID_VALUE);
+        }
+        let src_op = match (s_place, staged) {
+            (Place::Host, None) => Src::HostRaw(src.ptr),
+            (Place::Host, Some(staged)) => match staged.first() {
+                Some(Some(b)) if b.len() as u64 == size => Src::HostBytes(b.clone()),
+                _ => return Err(Code::INVALID_VALUE),
+            },
+            _ => Src::Mapped(src.ptr),
+        };
+        let dst_op = match (d_place, staged) {
+            (Place::Host, None) => Dst::HostRaw(dst.ptr),
+            (Place::Host, Some(_)) => Dst::HostRemote(dst.ptr),
+            _ => Dst::Mapped(dst.ptr),
+        };
+        let Some(s) = self.streams.by_handle.get_mut(&stream) else {
+            return Err(Code::INVALID_HANDLE);
+        };
+        if matches!(dst_op, Dst::HostRemote(_)) {
+            let total = s.outbox_pending.saturating_add(size);
+            if total > MAX_REMOTE_HOST_BYTES {
+                return Err(Code::OUT_OF_MEMORY);
+            }
+            s.outbox_pending = total;
+        }
+        s.queue.push_back(vec![Exec {
+            src: src_op,
+            dst: dst_op,
+            size,
+        }]);
+        Ok(())
+    }
+
+    /// The bytes of allocation `alloc` at `off` (zeros where never written).
+    fn load(&self, alloc: u64, off: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0; len];
+        if let Some(a) = self.allocs.get(&alloc) {
+            let data = a.data.lock().unwrap_or_else(|e| e.into_inner());
+            let off = usize::try_from(off).unwrap_or(usize::MAX);
+            let n = data.len().saturating_sub(off).min(len);
+            if n > 0 {
+                out[..n].copy_from_slice(&data[off..off + n]);
+            }
+        }
+        out
+    }
+
+    /// The endpoint object on `id` at the moment the stream reaches an op:
+    /// gone is F4 (destroyed while in flight).
+    fn endpoint_now(&mut self, pid: usize, id: u32) -> DriverResult<u64> {
+        match self
+            .procs
+            .get(pid)
+            .and_then(|p| p.ids.get(&id))
+            .and_then(|s| s.obj)
+        {
+            Some(o) if self.objects.contains_key(&o) => Ok(o),
+            _ => violate(self, "F4", Code::ILLEGAL_ADDRESS),
+        }
+    }
+
+    /// The bound pieces of every target when the stream reaches an op:
+    /// nothing bound on a target is R13.3 (the program did not wait for the
+    /// peer's bind), a range bound at enqueue and not now is F4, one never
+    /// covered is F9.
+    fn pieces_now(
+        &mut self,
+        o: u64,
+        offset: u64,
+        size: u64,
+        covered: bool,
+    ) -> DriverResult<Vec<Vec<(u64, u64, u64)>>> {
+        let mut out = Vec::new();
+        for t in self.targets(o, offset, size) {
+            match t {
+                Some(Some(p)) => out.push(p),
+                None if !covered => return violate(self, "R13.3", Code::ILLEGAL_ADDRESS),
+                Some(None) if !covered => return violate(self, "F9", Code::ILLEGAL_ADDRESS),
+                _ => return violate(self, "F4", Code::ILLEGAL_ADDRESS),
+            }
+        }
+        Ok(out)
+    }
+
+    /// One op, as the stream reaches it.
+    fn execute(&mut self, pid: usize, stream: u64, op: Exec) -> DriverResult<()> {
+        let len = usize::try_from(op.size).map_err(|_| Code::INVALID_VALUE)?;
+        // Resolve the destination first, so a fault writes nothing.
+        let dst_pieces = match op.dst {
+            Dst::Ep {
+                id,
+                offset,
+                covered,
+            } => {
+                let o = self.endpoint_now(pid, id)?;
+                Some(self.pieces_now(o, offset, op.size, covered)?)
+            }
+            Dst::Mapped(ptr) if self.resolve_addr(pid, ptr, op.size.max(1)).is_none() => {
+                return violate(self, "F4", Code::ILLEGAL_ADDRESS);
+            }
+            _ => None,
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let bytes = match op.src {
+            Src::Mapped(ptr) => match self.read(pid, ptr, len) {
+                Ok(b) => b,
+                Err(_) => return violate(self, "F4", Code::ILLEGAL_ADDRESS),
+            },
+            Src::HostRaw(addr) => {
+                let mut b = vec![0u8; len];
+                // SAFETY: the caller of `cuFabricCpyBatchAsync` /
+                // `cuMemcpyAsync` vouched (the row's contract) that this host
+                // range is readable for `len` bytes until the stream passed
+                // the op, which is now; `b` is a fresh buffer of `len` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        std::ptr::with_exposed_provenance::<u8>(addr as usize),
+                        b.as_mut_ptr(),
+                        len,
+                    );
+                }
+                b
+            }
+            Src::HostBytes(b) => b,
+            Src::Ep {
+                id,
+                offset,
+                covered,
+            } => {
+                let o = self.endpoint_now(pid, id)?;
+                let pieces = self.pieces_now(o, offset, op.size, covered)?;
+                let mut b = Vec::with_capacity(len);
+                for (alloc, off, n) in pieces.into_iter().next().unwrap_or_default() {
+                    b.extend(self.load(alloc, off, usize::try_from(n).unwrap_or(0)));
+                }
+                b.resize(len, 0);
+                b
+            }
+        };
+        match op.dst {
+            Dst::Mapped(ptr) => {
+                if self.write(pid, ptr, &bytes).is_err() {
+                    return violate(self, "F4", Code::ILLEGAL_ADDRESS);
+                }
+            }
+            Dst::HostRaw(addr) => {
+                // SAFETY: as for the source: the caller vouched that this
+                // host range is writable for `len` bytes until the stream
+                // passed the op; `bytes` is `len` bytes long.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        bytes.as_ptr(),
+                        std::ptr::with_exposed_provenance_mut::<u8>(addr as usize),
+                        len,
+                    );
+                }
+            }
+            Dst::HostRemote(addr) => {
+                if let Some(s) = self.streams.by_handle.get_mut(&stream) {
+                    s.outbox.push((addr, bytes));
+                }
+            }
+            Dst::Ep { .. } => {
+                for target in dst_pieces.unwrap_or_default() {
+                    let mut at = 0usize;
+                    for (alloc, off, n) in target {
+                        let n = usize::try_from(n).unwrap_or(0);
+                        let end = at.saturating_add(n).min(bytes.len());
+                        let off = usize::try_from(off).unwrap_or(usize::MAX);
+                        self.store(alloc, off, &bytes[at..end]);
+                        at = end;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The data path for a client in another OS process (the model fabric's
+/// server calls these for its `Remote` clients): host bytes travel in the
+/// messages, never as addresses the model would read or write here.
+impl super::Model {
+    /// `cuFabricCpyBatchAsync` with the host source bytes snapshotted by
+    /// the client at enqueue; host destinations go to the stream's outbox.
+    pub(crate) fn fabric_copy_batch_staged(
+        &self,
+        stream: u64,
+        ops: &[CopyOp],
+        flags: u64,
+        staged: &Staged,
+    ) -> DriverResult<()> {
+        self.enter(crate::driver::Call::FabricCpyBatchAsync, |w, p| {
+            w.fabric_copy_batch(p, stream, ops, flags, Some(staged))
+        })
+    }
+
+    /// `cuMemcpyAsync` as [`Self::fabric_copy_batch_staged`].
+    pub(crate) fn memcpy_async_staged(
+        &self,
+        dst: Pointer,
+        src: Pointer,
+        size: u64,
+        stream: u64,
+        staged: &Staged,
+    ) -> DriverResult<()> {
+        self.enter(crate::driver::Call::MemcpyAsync, |w, p| {
+            w.memcpy_async(p, dst, src, size, stream, Some(staged))
+        })
+    }
+
+    /// `cuStreamSynchronize`, `cuStreamQuery` or `cuStreamDestroy` for a
+    /// remote client (`call` says which): the answer (`done` for a query),
+    /// and the host-destination bytes completed so far, for the client to
+    /// write — handed back whatever the answer.
+    pub(crate) fn stream_call_staged(
+        &self,
+        call: crate::driver::Call,
+        stream: u64,
+    ) -> (DriverResult<bool>, HostWrites) {
+        use crate::driver::Call;
+        let mut writes = Vec::new();
+        let r = self.enter(call, |w, p| {
+            let r = match call {
+                Call::StreamSynchronize | Call::StreamDestroy => {
+                    w.stream_synchronize(p, stream).map(|()| true)
+                }
+                Call::StreamQuery => w.stream_query(p, stream),
+                _ => Err(Code::NOT_SUPPORTED),
+            };
+            writes = w.take_host_writes(stream);
+            match (call, r) {
+                (Call::StreamDestroy, Ok(_)) => w.stream_destroy(p, stream).map(|()| true),
+                (_, r) => r,
+            }
+        });
+        (r, writes)
+    }
+}

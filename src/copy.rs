@@ -1,0 +1,510 @@
+//! Data through endpoints: a typed batch of fabric copies
+//! (`cuFabricCpyBatchAsync`, SPEC F1–F9) on ready endpoints, enqueued on a
+//! [`Stream`], and the token that says it is in flight.
+//!
+//! What this file owns:
+//! - [`CopyBatch`]: puts (local mapped memory or owned host bytes → a
+//!   unicast or multicast endpoint at an offset; a multicast put lands in
+//!   every member's bound memory) and gets (a unicast endpoint at an offset
+//!   → local mapped memory or a new host buffer). A get from a multicast
+//!   kind does not compile ([`CanGet`], F1).
+//! - the checks before the driver, each an [`Error`] naming the op: inside
+//!   the endpoint and the memory ([`Error::CopyOutOfRange`]), inside memory
+//!   this process bound ([`Error::CopyNotBound`], F9/R13.3), local memory on
+//!   the stream's device ([`Error::CopyNotLocal`], F2), no dependent ops
+//!   ([`Error::CopyDependent`], F3). The flags are always 0 (F5) and the
+//!   stream is never the NULL stream (F6): neither can be written.
+//! - [`InFlight`], the `#[must_use]` token: it borrows the endpoints and the
+//!   local memory of the batch and the stream, so destroying an endpoint or
+//!   dropping memory while the copy is in flight does not compile (F4).
+//!
+//! **Soundness without `Drop`.** The token's borrows end if it is
+//! forgotten (`mem::forget`); nothing is freed under a copy even then:
+//! - device memory: the stream's in-flight record keeps each `Mapped` alive
+//!   (its keep-alive, as a binding keeps bound memory, R7.2) until the stream
+//!   is synchronized;
+//! - endpoints: the record names each endpoint's id, and destroying the
+//!   endpoint or unbinding on it synchronizes those streams first
+//!   (`stream::settle`);
+//! - host memory: host bytes are *owned* buffers moved into the batch
+//!   (`Vec<u8>`), never borrowed slices. A waited token hands them back; a
+//!   dropped one synchronizes before it frees them; a forgotten one leaks
+//!   them — so no copy ever reads or writes freed host memory. (A borrowed
+//!   slice would dangle after `forget`; a scope that synchronizes at its
+//!   end, as `std::thread::scope` joins, would work too, at the price of a
+//!   closure around every copy.)
+//!
+//! **The portable path (issue 19, item 4; not built yet).** On drivers
+//! without `cuFabricCpyBatchAsync` (before 13.5, the classic fallback) the
+//! same `CopyBatch` would run as `cuMemcpyAsync` through memory imported
+//! from the peer: every bring-up would export, next to the endpoint, the
+//! owner's bound memory (POSIX descriptor within a node, fabric handle
+//! across) and record, per endpoint id, the mapped address of each target's
+//! memory at each bound offset. A put to a unicast endpoint becomes one
+//! `cuMemcpyAsync` into the owner's imported mapping at that offset, a
+//! multicast put one per member, a get one from the owner's mapping. The
+//! choice is made once, by the backend decision, and named in the trace;
+//! the checks, tokens and compile errors above stay the same.
+
+use std::marker::PhantomData;
+
+use crate::driver::{Call, CopyOp, Device, Location, Operand, Pointer};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Extent, Result};
+use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, Unicast};
+use crate::memory::{BindSource, Mapped, MemShare};
+use crate::state::{IsReady, Sealed, State};
+use crate::stream::{Keep, Stream};
+
+/// Kinds whose endpoint a get may read (F1: unicast only).
+#[diagnostic::on_unimplemented(
+    message = "a get reads from a unicast endpoint only: `{Self}` is a multicast endpoint, which has no single memory to read from (F1)",
+    label = "`get` from a multicast endpoint",
+    note = "read your own member's bound memory directly (it holds what the team put), or get from the unicast endpoint of the rank that owns the bytes (`team::unicast_peers`)"
+)]
+pub trait CanGet: Kind + Sealed {}
+impl<X: Send + Sync + 'static> CanGet for Unicast<X> where Unicast<X>: Kind {}
+impl CanGet for ImportedUnicast {}
+
+/// One op as the batch remembers it, for the checks.
+#[derive(Clone, Copy)]
+enum Side {
+    /// `(id, offset)`.
+    Ep(u32, u64),
+    /// A device address.
+    Addr(u64),
+    /// The `n`th host buffer put.
+    Host(usize),
+    /// The `n`th host buffer got.
+    HostOut(usize),
+}
+
+/// A batch of fabric copies to enqueue on a [`Stream`] at once
+/// ([`Stream::enqueue`]); the copies of a batch run in no particular order
+/// (F3), so none may depend on another.
+///
+/// `'a` is how long the endpoints and memory it names are borrowed: until
+/// the [`InFlight`] token is waited or dropped.
+#[must_use = "a batch does nothing until `stream.enqueue(batch)`"]
+pub struct CopyBatch<'a> {
+    ops: Vec<(Side, Side, u64)>,
+    keep: Keep,
+    /// Per endpoint op: `(op, endpoint size, devices bound by this process
+    /// covering ranges, devices)` for F9.
+    checks: Vec<Check>,
+    locations: Vec<(usize, Location, u64, u64)>,
+    host_in: Vec<Vec<u8>>,
+    host_out: Vec<(usize, Vec<u8>)>,
+    error: Option<Error>,
+    _borrow: PhantomData<&'a ()>,
+}
+
+struct Check {
+    op: usize,
+    id: u32,
+    offset: u64,
+    size: u64,
+    ep_size: u64,
+    /// For each device of the endpoint in this process: its bound ranges.
+    bound: Vec<(Device, Vec<(u64, u64)>)>,
+}
+
+impl std::fmt::Debug for CopyBatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyBatch")
+            .field("ops", &self.ops.len())
+            .finish()
+    }
+}
+
+impl Default for CopyBatch<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<'a> CopyBatch<'a> {
+    /// An empty batch.
+    pub fn new() -> Self {
+        CopyBatch {
+            ops: Vec::new(),
+            keep: Keep {
+                memory: Vec::new(),
+                endpoints: Vec::new(),
+            },
+            checks: Vec::new(),
+            locations: Vec::new(),
+            host_in: Vec::new(),
+            host_out: Vec::new(),
+            error: None,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn endpoint<S: State, K: Kind>(
+        &mut self,
+        ep: &'a Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> Side {
+        let op = self.ops.len();
+        let imported = std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
+            || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>();
+        let bound = if imported {
+            Vec::new()
+        } else {
+            let slot = ep.slot();
+            ep.devices()
+                .iter()
+                .map(|&d| {
+                    let ranges = slot
+                        .bindings
+                        .iter()
+                        .filter(|b| b.dev == d)
+                        .map(|b| (b.offset, b.size))
+                        .collect();
+                    (d, ranges)
+                })
+                .collect()
+        };
+        self.checks.push(Check {
+            op,
+            id: ep.id(),
+            offset,
+            size,
+            ep_size: ep.size(),
+            bound,
+        });
+        self.keep.endpoints.push((ep.range().clone(), ep.id()));
+        Side::Ep(ep.id(), offset)
+    }
+
+    fn mapped<H: MemShare>(&mut self, mem: &'a Mapped<H>, at: u64, size: u64) -> Side {
+        let op = self.ops.len();
+        self.locations.push((op, mem.location(), at, mem.size()));
+        if at.checked_add(size).is_none_or(|e| e > mem.size()) {
+            self.error.get_or_insert(Error::CopyOutOfRange {
+                op,
+                what: Extent::Allocation,
+                offset: at,
+                size,
+                limit: mem.size(),
+            });
+        }
+        self.keep.memory.push(mem.keep_alive());
+        Side::Addr(mem.device_ptr().saturating_add(at))
+    }
+
+    /// Puts `size` bytes of `src` from `src_offset` into `ep` at `offset`
+    /// (unicast: the owner's bound memory; multicast: every member's).
+    pub fn put<H: MemShare, S, K: Kind>(
+        mut self,
+        src: &'a Mapped<H>,
+        src_offset: u64,
+        ep: &'a Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> Self
+    where
+        S: State + IsReady,
+    {
+        let s = self.mapped(src, src_offset, size);
+        let d = self.endpoint(ep, offset, size);
+        self.ops.push((s, d, size));
+        self
+    }
+
+    /// Puts the host bytes `bytes` (all of them) into `ep` at `offset`; the
+    /// buffer is handed back by [`InFlight::wait`].
+    pub fn put_host<S, K: Kind>(
+        mut self,
+        bytes: Vec<u8>,
+        ep: &'a Endpoint<S, K>,
+        offset: u64,
+    ) -> Self
+    where
+        S: State + IsReady,
+    {
+        let size = bytes.len() as u64;
+        let n = self.host_in.len();
+        self.host_in.push(bytes);
+        let d = self.endpoint(ep, offset, size);
+        self.ops.push((Side::Host(n), d, size));
+        self
+    }
+
+    /// Gets `size` bytes of the unicast endpoint `ep` at `offset` into
+    /// `dst` at `dst_offset`. Not for multicast endpoints (F1): see [`CanGet`].
+    pub fn get<H: MemShare, S, K>(
+        mut self,
+        ep: &'a Endpoint<S, K>,
+        offset: u64,
+        dst: &'a Mapped<H>,
+        dst_offset: u64,
+        size: u64,
+    ) -> Self
+    where
+        S: State + IsReady,
+        K: CanGet,
+    {
+        let s = self.endpoint(ep, offset, size);
+        let d = self.mapped(dst, dst_offset, size);
+        self.ops.push((s, d, size));
+        self
+    }
+
+    /// Gets `size` bytes of the unicast endpoint `ep` at `offset` into a
+    /// new host buffer, handed out by [`InFlight::wait`] (F1: see [`CanGet`]).
+    pub fn get_host<S, K>(mut self, ep: &'a Endpoint<S, K>, offset: u64, size: u64) -> Self
+    where
+        S: State + IsReady,
+        K: CanGet,
+    {
+        let s = self.endpoint(ep, offset, size);
+        let op = self.ops.len();
+        let n = self.host_out.len();
+        let buf = match usize::try_from(size) {
+            Ok(len) => vec![0u8; len],
+            Err(_) => {
+                self.error.get_or_insert(Error::CopyOutOfRange {
+                    op,
+                    what: Extent::HostBuffer,
+                    offset: 0,
+                    size,
+                    limit: usize::MAX as u64,
+                });
+                Vec::new()
+            }
+        };
+        self.host_out.push((op, buf));
+        self.ops.push((s, Side::HostOut(n), size));
+        self
+    }
+
+    /// How many ops the batch has.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether it has none.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Every check before the driver (F2, F3, F9).
+    fn check(&mut self, stream_dev: Device) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        for c in &self.checks {
+            let end = c.offset.checked_add(c.size);
+            if end.is_none_or(|e| e > c.ep_size) {
+                return Err(Error::CopyOutOfRange {
+                    op: c.op,
+                    what: Extent::EndpointRange,
+                    offset: c.offset,
+                    size: c.size,
+                    limit: c.ep_size,
+                });
+            }
+            let end = c.offset + c.size;
+            for (dev, ranges) in &c.bound {
+                // Walk the bound ranges from the op's offset to its end.
+                let mut at = c.offset;
+                while at < end {
+                    match ranges.iter().find(|(o, s)| *o <= at && at < o + s) {
+                        Some((o, s)) => at = o + s,
+                        None => break,
+                    }
+                }
+                if at < end || (c.size == 0 && ranges.is_empty()) {
+                    return Err(Error::CopyNotBound {
+                        op: c.op,
+                        id: c.id,
+                        device: *dev,
+                        offset: c.offset,
+                        size: c.size,
+                    });
+                }
+            }
+        }
+        for &(op, location, _, _) in &self.locations {
+            let local = match location {
+                Location::Device(d) => d == stream_dev,
+                Location::HostNuma(_) => true,
+            };
+            if !local {
+                return Err(Error::CopyNotLocal {
+                    op,
+                    location,
+                    stream_device: stream_dev,
+                });
+            }
+        }
+        // F3: a destination overlapping another op's source or destination.
+        let range = |side: Side, size: u64| match side {
+            Side::Ep(id, off) => Some((Some(id), off, off.saturating_add(size))),
+            Side::Addr(a) => Some((None, a, a.saturating_add(size))),
+            Side::Host(_) | Side::HostOut(_) => None,
+        };
+        for (i, &(_, dst, size)) in self.ops.iter().enumerate() {
+            let Some(w) = range(dst, size).filter(|_| size > 0) else {
+                continue;
+            };
+            for (j, &(src2, dst2, size2)) in self.ops.iter().enumerate() {
+                if i == j || size2 == 0 {
+                    continue;
+                }
+                for r in [range(src2, size2), range(dst2, size2)]
+                    .into_iter()
+                    .flatten()
+                {
+                    if r.0 == w.0 && r.1 < w.2 && w.1 < r.2 {
+                        return Err(Error::CopyDependent { op: i, other: j });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Stream {
+    /// Enqueues `batch` (one `cuFabricCpyBatchAsync`, flags 0) after every
+    /// check of [`CopyBatch`]; the copies run when the stream reaches them.
+    ///
+    /// # Errors
+    /// [`Error::CopyOutOfRange`], [`Error::CopyNotBound`],
+    /// [`Error::CopyNotLocal`], [`Error::CopyDependent`],
+    /// [`Error::WrongContext`], before the driver; [`Error::Driver`] from
+    /// the call (`NOT_SUPPORTED` on a driver before 13.5, F7). Nothing was
+    /// enqueued then, and the host buffers are dropped with the batch.
+    pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
+        let ctx = &self.inner.ctx;
+        if batch.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
+            return Err(Error::WrongContext);
+        }
+        batch.check(self.inner.dev)?;
+        let CopyBatch {
+            ops,
+            keep,
+            host_in,
+            mut host_out,
+            ..
+        } = batch;
+        let operand = |side: Side, host_out: &mut Vec<(usize, Vec<u8>)>| match side {
+            Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
+            Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
+            Side::Host(n) => {
+                let p = host_in.get(n).map_or(0, |b| b.as_ptr().addr() as u64);
+                Operand::Pointer(Pointer::host(p))
+            }
+            Side::HostOut(n) => {
+                let p = host_out
+                    .get_mut(n)
+                    .map_or(0, |(_, b)| b.as_mut_ptr().addr() as u64);
+                Operand::Pointer(Pointer::host(p))
+            }
+        };
+        let list: Vec<CopyOp> = ops
+            .iter()
+            .map(|&(s, d, size)| CopyOp {
+                src: operand(s, &mut host_out),
+                dst: operand(d, &mut host_out),
+                size,
+            })
+            .collect();
+        // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
+        // ranges were checked against the bindings this process knows (F9);
+        // the ops are independent (F3, checked) and local (F2, checked);
+        // the flags are 0 (F5) and the stream is this one (never NULL, F6).
+        // Nothing is freed before the stream passed the ops (F4): the
+        // memory and endpoints are kept by the record made just below (and
+        // borrowed by the token), and the host buffers are owned by the
+        // token, freed only after a synchronize or leaked when it is forgotten.
+        let r = unsafe { ctx.driver().fabric_copy_batch(self.inner.handle, list, 0) };
+        if let Err(code) = r {
+            return Err(ctx.error(Call::FabricCpyBatchAsync, code));
+        }
+        self.inner.record(keep);
+        Ok(InFlight {
+            stream: self,
+            host_in,
+            host_out,
+            _borrow: PhantomData,
+        })
+    }
+}
+
+/// The copies of one batch, in flight on a stream. Wait with
+/// [`InFlight::wait`]; dropping it synchronizes the stream too.
+///
+/// It borrows the endpoints and the memory of the batch: destroying,
+/// unbinding or freeing them while it lives does not compile (F4).
+#[must_use = "the copies are in flight: call `.wait()` (or keep the token while the stream runs, then wait) before reading the destination; dropping it synchronizes the stream"]
+pub struct InFlight<'a> {
+    stream: &'a Stream,
+    host_in: Vec<Vec<u8>>,
+    host_out: Vec<(usize, Vec<u8>)>,
+    _borrow: PhantomData<&'a ()>,
+}
+
+impl std::fmt::Debug for InFlight<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("stream", self.stream)
+            .finish()
+    }
+}
+
+/// What a waited batch hands back: its host buffers.
+#[derive(Debug, Default)]
+pub struct Completed {
+    /// The host buffers given to [`CopyBatch::put_host`], in order.
+    pub sent: Vec<Vec<u8>>,
+    /// The buffers [`CopyBatch::get_host`] filled, in order.
+    pub received: Vec<Vec<u8>>,
+}
+
+impl InFlight<'_> {
+    /// Waits until the stream passed the batch (`cuStreamSynchronize`) and
+    /// hands back the host buffers.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] (an asynchronous fault). The host buffers are then
+    /// leaked, not freed: a copy may still use them.
+    pub fn wait(self) -> Result<Completed> {
+        let mut me = std::mem::ManuallyDrop::new(self);
+        match me.stream.synchronize() {
+            Ok(()) => Ok(Completed {
+                sent: std::mem::take(&mut me.host_in),
+                received: std::mem::take(&mut me.host_out)
+                    .into_iter()
+                    .map(|(_, b)| b)
+                    .collect(),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the stream passed the batch, without blocking (`cuStreamQuery`).
+    ///
+    /// # Errors
+    /// As [`Stream::query`].
+    pub fn is_done(&self) -> Result<bool> {
+        self.stream.query()
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        crate::range::in_drop(|| {
+            if let Err(e) = self.stream.synchronize() {
+                // The copies may still use the host buffers: leak them.
+                std::mem::forget(std::mem::take(&mut self.host_in));
+                std::mem::forget(std::mem::take(&mut self.host_out));
+                self.stream.context().record_teardown(e);
+            }
+        });
+    }
+}

@@ -1,0 +1,719 @@
+//! The data path on the reference model (issue 19): streams,
+//! `cuFabricCpyBatchAsync` (SPEC F1–F9, R13.3) and `cuMemcpyAsync`, rule by
+//! rule through the raw boundary (the model logs the rule's violation),
+//! and the bytes: a unicast put lands in the owner's bound memory, a
+//! multicast put in every member's, a get reads the owner's, and nothing is
+//! visible before the stream reached the copy.
+
+mod common;
+
+use std::time::Duration;
+
+use cuda_endpoints::driver::{CopyOp, Operand, Pointer};
+use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::{
+    Allocation, Binding, Code, Context, Device, Driver, Endpoint, Mapped, Multicast, Private,
+    Ready, Spec, Unicast,
+};
+
+const ALIGN: u64 = 2 << 20;
+const T: Duration = Duration::from_secs(1);
+
+/// A node of two devices on a 13.5 driver (the fabric copy exists).
+fn node() -> (Context, Model) {
+    let mut c = ModelConfig::node(2);
+    c.driver_version = 13050;
+    Context::model(c)
+}
+
+fn unicast(ctx: &Context, dev: i32, size: u64) -> Endpoint<Ready, Unicast> {
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::unicast(dev, size))
+        .unwrap()
+        .wait(T)
+        .unwrap()
+}
+
+fn team(ctx: &Context, size: u64) -> Endpoint<Ready, Multicast> {
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], size))
+        .unwrap()
+        .wait(T)
+        .unwrap()
+}
+
+fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
+    Allocation::<Private>::on_device(ctx, dev, ALIGN)
+        .unwrap()
+        .map(&[dev])
+        .unwrap()
+}
+
+fn put(src: u64, id: u32, offset: u64, size: u64) -> CopyOp {
+    CopyOp {
+        src: Operand::Pointer(Pointer::device(src)),
+        dst: Operand::LogicalEndpoint { id, offset },
+        size,
+    }
+}
+
+fn get(id: u32, offset: u64, dst: u64, size: u64) -> CopyOp {
+    CopyOp {
+        src: Operand::LogicalEndpoint { id, offset },
+        dst: Operand::Pointer(Pointer::device(dst)),
+        size,
+    }
+}
+
+/// A stream on `dev`, made raw.
+fn stream(model: &Model, dev: i32) -> u64 {
+    // SAFETY: a new stream that no typed object owns.
+    unsafe { model.stream_create(Device(dev)) }.unwrap()
+}
+
+/// Synchronizes and destroys a raw stream.
+fn done(model: &Model, s: u64) {
+    // SAFETY: the test's own stream, not used again.
+    unsafe { model.stream_destroy(s) }.unwrap();
+}
+
+/// A unicast endpoint on device 0 with `owner` bound at 0, and a local
+/// source on device 0.
+struct Unicast1 {
+    src: Mapped<Private>,
+    owner: Mapped<Private>,
+    ep: Endpoint<Ready, Unicast>,
+}
+
+impl Unicast1 {
+    fn new(ctx: &Context) -> Unicast1 {
+        Unicast1 {
+            src: mapped(ctx, 0),
+            owner: mapped(ctx, 0),
+            ep: unicast(ctx, 0, ALIGN),
+        }
+    }
+
+    fn bind(&self) -> Binding<'_> {
+        self.ep.bind(Device(0), 0, &self.owner).unwrap()
+    }
+}
+
+#[test]
+fn stream_order_a_read_before_synchronize_sees_the_old_bytes() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    model.write(u.src.device_ptr(), &[7; 64]).unwrap();
+    let s = stream(&model, 0);
+    // SAFETY: every operand is the test's own, bound, and lives until the sync.
+    unsafe { model.fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 64)], 0) }
+        .unwrap();
+    assert_eq!(
+        model.read(u.owner.device_ptr(), 64).unwrap(),
+        vec![0; 64],
+        "enqueued, not yet reached by the stream"
+    );
+    // SAFETY: the test's own stream.
+    unsafe { model.stream_synchronize(s) }.unwrap();
+    assert_eq!(model.read(u.owner.device_ptr(), 64).unwrap(), vec![7; 64]);
+    done(&model, s);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn stream_query_reports_done_only_after_the_stream_reached_every_batch() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    model.write(u.src.device_ptr(), &[1; 16]).unwrap();
+    let s = stream(&model, 0);
+    let (src, id) = (u.src.device_ptr(), u.ep.id());
+    // SAFETY: as above; two batches on one stream, in order.
+    unsafe {
+        model
+            .fabric_copy_batch(s, vec![put(src, id, 0, 16)], 0)
+            .unwrap();
+        model
+            .fabric_copy_batch(s, vec![put(src, id, 16, 16)], 0)
+            .unwrap();
+        assert!(
+            !model.stream_query(s).unwrap(),
+            "one batch reached, one pending"
+        );
+        assert_eq!(model.read(u.owner.device_ptr(), 32).unwrap()[..16], [1; 16]);
+        assert_eq!(model.read(u.owner.device_ptr(), 32).unwrap()[16..], [0; 16]);
+        assert!(model.stream_query(s).unwrap());
+    }
+    assert_eq!(model.read(u.owner.device_ptr(), 32).unwrap(), vec![1; 32]);
+    done(&model, s);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn get_reads_the_unicast_owners_bound_memory() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let pattern: Vec<u8> = (0..=255).collect();
+    model.write(u.owner.device_ptr() + 4096, &pattern).unwrap();
+    let s = stream(&model, 0);
+    // SAFETY: as above.
+    unsafe {
+        model
+            .fabric_copy_batch(s, vec![get(u.ep.id(), 4096, u.src.device_ptr(), 256)], 0)
+            .unwrap();
+        model.stream_synchronize(s).unwrap();
+    }
+    assert_eq!(model.read(u.src.device_ptr(), 256).unwrap(), pattern);
+    done(&model, s);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn multicast_put_reaches_every_members_bound_memory() {
+    let (ctx, model) = node();
+    let ep = team(&ctx, ALIGN);
+    let (m0, m1) = (mapped(&ctx, 0), mapped(&ctx, 1));
+    let b0 = ep.bind(Device(0), 0, &m0).unwrap();
+    let b1 = ep.bind(Device(1), 0, &m1).unwrap();
+    let src = mapped(&ctx, 0);
+    model.write(src.device_ptr(), &[0xab; 100]).unwrap();
+    let s = stream(&model, 0);
+    // SAFETY: as above.
+    unsafe {
+        model
+            .fabric_copy_batch(s, vec![put(src.device_ptr(), ep.id(), 8, 100)], 0)
+            .unwrap();
+        model.stream_synchronize(s).unwrap();
+    }
+    for m in [&m0, &m1] {
+        let got = model.read(m.device_ptr(), 108).unwrap();
+        assert_eq!(got[..8], [0; 8]);
+        assert_eq!(got[8..], [0xab; 100]);
+    }
+    done(&model, s);
+    drop((b0, b1));
+    drop((src, m0, m1, ep));
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn host_memory_is_read_and_written_in_stream_order() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let host_src = vec![5u8; 32];
+    let mut host_dst = vec![0u8; 32];
+    let s = stream(&model, 0);
+    let id = u.ep.id();
+    // SAFETY: both host buffers outlive the synchronize below and are not
+    // touched until then.
+    unsafe {
+        model
+            .fabric_copy_batch(
+                s,
+                vec![CopyOp {
+                    src: Operand::Pointer(Pointer::host(host_src.as_ptr() as u64)),
+                    dst: Operand::LogicalEndpoint { id, offset: 0 },
+                    size: 32,
+                }],
+                0,
+            )
+            .unwrap();
+        model
+            .fabric_copy_batch(
+                s,
+                vec![CopyOp {
+                    src: Operand::LogicalEndpoint { id, offset: 0 },
+                    dst: Operand::Pointer(Pointer::host(host_dst.as_mut_ptr() as u64)),
+                    size: 32,
+                }],
+                0,
+            )
+            .unwrap();
+        model.stream_synchronize(s).unwrap();
+    }
+    assert_eq!(host_dst, host_src);
+    done(&model, s);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn memcpy_async_moves_device_and_host_bytes_in_stream_order() {
+    let (ctx, model) = node();
+    let (a, b) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let host = vec![9u8; 48];
+    let s = stream(&model, 0);
+    // SAFETY: the test's own mappings and host buffer, alive past the sync.
+    unsafe {
+        model
+            .memcpy_async(
+                Pointer::device(a.device_ptr()),
+                Pointer::host(host.as_ptr() as u64),
+                48,
+                s,
+            )
+            .unwrap();
+        model
+            .memcpy_async(
+                Pointer::device(b.device_ptr()),
+                Pointer::device(a.device_ptr()),
+                48,
+                s,
+            )
+            .unwrap();
+        assert_eq!(model.read(b.device_ptr(), 48).unwrap(), vec![0; 48]);
+        model.stream_synchronize(s).unwrap();
+    }
+    assert_eq!(model.read(b.device_ptr(), 48).unwrap(), host);
+    done(&model, s);
+    drop((a, b));
+    common::clean(&ctx, &model);
+}
+
+// ------------------------------------------------------- rules, raw
+
+#[test]
+fn f1_get_from_a_multicast_endpoint_and_endpoint_to_endpoint_are_refused() {
+    let (ctx, model) = node();
+    let ep = team(&ctx, ALIGN);
+    let (m0, m1) = (mapped(&ctx, 0), mapped(&ctx, 1));
+    let b0 = ep.bind(Device(0), 0, &m0).unwrap();
+    let b1 = ep.bind(Device(1), 0, &m1).unwrap();
+    let u = Unicast1::new(&ctx);
+    let bu = u.bind();
+    let s = stream(&model, 0);
+    // SAFETY: refused at enqueue: nothing runs.
+    unsafe {
+        let r = model.fabric_copy_batch(s, vec![get(ep.id(), 0, m0.device_ptr(), 16)], 0);
+        assert_eq!(r, Err(Code::INVALID_VALUE));
+        let e2e = CopyOp {
+            src: Operand::LogicalEndpoint {
+                id: u.ep.id(),
+                offset: 0,
+            },
+            dst: Operand::LogicalEndpoint {
+                id: ep.id(),
+                offset: 0,
+            },
+            size: 16,
+        };
+        assert_eq!(
+            model.fabric_copy_batch(s, vec![e2e], 0),
+            Err(Code::INVALID_VALUE)
+        );
+    }
+    common::broke(&model.violations(), &["F1", "F1"]);
+    done(&model, s);
+    drop((b0, b1, bu));
+}
+
+#[test]
+fn f2_a_pointer_on_another_device_than_the_streams_is_refused() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let far = mapped(&ctx, 1);
+    let s = stream(&model, 0);
+    // SAFETY: refused at enqueue.
+    unsafe {
+        let r = model.fabric_copy_batch(s, vec![put(far.device_ptr(), u.ep.id(), 0, 16)], 0);
+        assert_eq!(r, Err(Code::INVALID_VALUE));
+        // An address that is no mapping and not said to be host memory.
+        let r = model.fabric_copy_batch(s, vec![put(0x1000, u.ep.id(), 0, 16)], 0);
+        assert_eq!(r, Err(Code::INVALID_VALUE));
+    }
+    common::broke(&model.violations(), &["F2", "F2"]);
+    done(&model, s);
+    drop(b);
+}
+
+#[test]
+fn f3_dependent_copies_in_one_batch_are_refused() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let other = mapped(&ctx, 0);
+    let s = stream(&model, 0);
+    let id = u.ep.id();
+    // SAFETY: refused at enqueue.
+    unsafe {
+        // Two puts whose destinations overlap.
+        let ops = vec![
+            put(u.src.device_ptr(), id, 0, 64),
+            put(other.device_ptr(), id, 32, 64),
+        ];
+        assert_eq!(model.fabric_copy_batch(s, ops, 0), Err(Code::INVALID_VALUE));
+        // A get whose destination is another op's source.
+        let ops = vec![
+            put(u.src.device_ptr(), id, 0, 64),
+            get(id, 1024, u.src.device_ptr() + 16, 16),
+        ];
+        assert_eq!(model.fabric_copy_batch(s, ops, 0), Err(Code::INVALID_VALUE));
+        // Independent: fine.
+        let ops = vec![
+            put(u.src.device_ptr(), id, 0, 64),
+            put(other.device_ptr(), id, 64, 64),
+        ];
+        model.fabric_copy_batch(s, ops, 0).unwrap();
+        model.stream_synchronize(s).unwrap();
+    }
+    common::broke(&model.violations(), &["F3", "F3"]);
+    done(&model, s);
+    drop(b);
+}
+
+#[test]
+fn f4_unbinding_while_a_copy_is_in_flight_is_caught_when_the_stream_reaches_it() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let s = stream(&model, 0);
+    // SAFETY: breaks F4 on purpose: the binding goes before the sync.
+    unsafe {
+        model
+            .fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 64)], 0)
+            .unwrap();
+        b.unbind().unwrap();
+        assert_eq!(model.stream_synchronize(s), Err(Code::ILLEGAL_ADDRESS));
+    }
+    common::broke(&model.violations(), &["F4"]);
+    done(&model, s);
+}
+
+#[test]
+fn f5_flags_must_be_zero_and_a_zero_size_op_is_still_validated() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let s = stream(&model, 0);
+    let pending = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN))
+        .unwrap();
+    // SAFETY: refused at enqueue.
+    unsafe {
+        let op = put(u.src.device_ptr(), u.ep.id(), 0, 16);
+        assert_eq!(
+            model.fabric_copy_batch(s, vec![op], 1),
+            Err(Code::INVALID_VALUE)
+        );
+        // Size 0 is a no-op, but its endpoint must still be ready (R13.1).
+        let op = put(u.src.device_ptr(), pending.id(), 0, 0);
+        assert_eq!(
+            model.fabric_copy_batch(s, vec![op], 0),
+            Err(Code::INVALID_VALUE)
+        );
+        // A valid size-0 op: accepted, nothing moves.
+        let op = put(u.src.device_ptr(), u.ep.id(), 0, 0);
+        model.fabric_copy_batch(s, vec![op], 0).unwrap();
+        model.stream_synchronize(s).unwrap();
+    }
+    common::broke(&model.violations(), &["F5", "R13.1"]);
+    done(&model, s);
+    drop(b);
+    drop(pending);
+}
+
+#[test]
+fn f6_the_legacy_null_stream_is_refused() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    // SAFETY: refused at enqueue.
+    let r =
+        unsafe { model.fabric_copy_batch(0, vec![put(u.src.device_ptr(), u.ep.id(), 0, 16)], 0) };
+    assert_eq!(r, Err(Code::INVALID_VALUE));
+    common::broke(&model.violations(), &["F6"]);
+    drop(b);
+}
+
+#[test]
+fn f7_the_fabric_copy_is_not_supported_before_13_5() {
+    let (ctx, model) = Context::model(ModelConfig::node(1));
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let s = stream(&model, 0);
+    // SAFETY: refused: the symbol does not exist on a 13.4 driver.
+    let r =
+        unsafe { model.fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 16)], 0) };
+    assert_eq!(r, Err(Code::NOT_SUPPORTED));
+    common::no_violations(&model.violations());
+    done(&model, s);
+    drop(b);
+}
+
+#[test]
+fn f9_an_endpoint_range_only_partly_bound_is_refused() {
+    let (ctx, model) = node();
+    let src = mapped(&ctx, 0);
+    let owner = mapped(&ctx, 0);
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let s = stream(&model, 0);
+    // SAFETY: refused at enqueue.
+    unsafe {
+        // Straddles the end of the bound memory.
+        let r = model.fabric_copy_batch(s, vec![put(src.device_ptr(), ep.id(), ALIGN - 16, 32)], 0);
+        assert_eq!(r, Err(Code::INVALID_VALUE));
+        // Past the endpoint's size.
+        let r = model.fabric_copy_batch(s, vec![put(src.device_ptr(), ep.id(), 2 * ALIGN, 1)], 0);
+        assert_eq!(r, Err(Code::INVALID_VALUE));
+    }
+    common::broke(&model.violations(), &["F9", "F9"]);
+    done(&model, s);
+    drop(b);
+}
+
+#[test]
+fn r13_3_a_copy_the_stream_reaches_before_the_owner_bound_is_caught() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = stream(&model, 0);
+    // SAFETY: breaks R13.3 on purpose: nothing is bound on the endpoint
+    // when the stream reaches the put.
+    unsafe {
+        model
+            .fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 64)], 0)
+            .unwrap();
+        assert_eq!(model.stream_synchronize(s), Err(Code::ILLEGAL_ADDRESS));
+    }
+    common::broke(&model.violations(), &["R13.3"]);
+    // Bound before the stream reaches it: fine.
+    let b = u.bind();
+    // SAFETY: the binding lives past the sync.
+    unsafe {
+        model
+            .fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 64)], 0)
+            .unwrap();
+        model.stream_synchronize(s).unwrap();
+    }
+    common::broke(&model.violations(), &["R13.3"]);
+    done(&model, s);
+    drop(b);
+}
+
+// ------------------------------------------------------- the typed API
+
+use cuda_endpoints::{CopyBatch, Error, Stream};
+
+#[test]
+fn typed_put_and_get_through_a_unicast_endpoint_leave_no_violation() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    model.write(u.src.device_ptr(), &[3; 128]).unwrap();
+    let t = stream
+        .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 256, 128))
+        .unwrap();
+    assert_eq!(
+        model.read(u.owner.device_ptr() + 256, 128).unwrap(),
+        vec![0; 128],
+        "a read before the stream reached the put sees the old bytes"
+    );
+    t.wait().unwrap();
+    assert_eq!(
+        model.read(u.owner.device_ptr() + 256, 128).unwrap(),
+        vec![3; 128]
+    );
+    let got = stream
+        .enqueue(CopyBatch::new().get_host(&u.ep, 256, 128))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(got.received, vec![vec![3; 128]]);
+    drop(stream);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn typed_multicast_put_from_host_reaches_every_member() {
+    let (ctx, model) = node();
+    let ep = team(&ctx, ALIGN);
+    let (m0, m1) = (mapped(&ctx, 0), mapped(&ctx, 1));
+    let b0 = ep.bind(Device(0), 0, &m0).unwrap();
+    let b1 = ep.bind(Device(1), 0, &m1).unwrap();
+    let stream = Stream::new(&ctx, 1).unwrap();
+    let done = stream
+        .enqueue(CopyBatch::new().put_host(vec![0x5a; 4096], &ep, 8192))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(done.sent, vec![vec![0x5a; 4096]]);
+    for m in [&m0, &m1] {
+        assert_eq!(
+            model.read(m.device_ptr() + 8192, 4096).unwrap(),
+            vec![0x5a; 4096]
+        );
+    }
+    drop(stream);
+    drop((b0, b1));
+    drop((m0, m1, ep));
+    common::clean(&ctx, &model);
+}
+
+/// Refused before the driver: no fabric copy reached the model, nothing logged.
+#[track_caller]
+fn refused(
+    model: &Model,
+    r: Result<cuda_endpoints::InFlight<'_>, Error>,
+    check: impl Fn(&Error) -> bool,
+) {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => assert!(check(&e), "unexpected error: {e}"),
+    }
+    assert_eq!(model.calls(cuda_endpoints::Call::FabricCpyBatchAsync), 0);
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn f2_typed_memory_on_another_device_than_the_stream_is_refused_before_the_driver() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let far = mapped(&ctx, 1);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let r = stream.enqueue(CopyBatch::new().put(&far, 0, &u.ep, 0, 16));
+    refused(&model, r, |e| {
+        matches!(
+            e,
+            Error::CopyNotLocal {
+                op: 0,
+                stream_device: Device(0),
+                ..
+            }
+        ) && e.to_string().contains("F2")
+    });
+    drop(stream);
+    drop(b);
+    drop((far, u));
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f3_typed_dependent_ops_are_refused_naming_both() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let r = stream.enqueue(CopyBatch::new().put_host(vec![1; 64], &u.ep, 0).put_host(
+        vec![2; 64],
+        &u.ep,
+        32,
+    ));
+    refused(&model, r, |e| {
+        matches!(e, Error::CopyDependent { op: 0, other: 1 }) && e.to_string().contains("F3")
+    });
+    drop(stream);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f9_typed_ranges_outside_the_endpoint_or_the_bound_memory_are_refused() {
+    let (ctx, model) = node();
+    let src = mapped(&ctx, 0);
+    let owner = mapped(&ctx, 0);
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // R13.3 as this process sees it: nothing bound yet.
+    let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 16));
+    refused(&model, r, |e| {
+        matches!(e, Error::CopyNotBound { op: 0, .. })
+    });
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, ALIGN - 8, 16));
+    refused(&model, r, |e| {
+        matches!(e, Error::CopyNotBound { .. }) && e.to_string().contains("F9")
+    });
+    let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 2 * ALIGN, 1));
+    refused(&model, r, |e| matches!(e, Error::CopyOutOfRange { .. }));
+    let r = stream.enqueue(CopyBatch::new().put(&src, ALIGN, &ep, 0, 1));
+    refused(&model, r, |e| matches!(e, Error::CopyOutOfRange { .. }));
+    drop(stream);
+    drop(b);
+    drop((src, owner, ep));
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f4_a_forgotten_token_frees_nothing_in_flight() {
+    let (ctx, model) = node();
+    let src = mapped(&ctx, 0);
+    let owner = mapped(&ctx, 0);
+    let ep = unicast(&ctx, 0, ALIGN);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    model.write(src.device_ptr(), &[8; 32]).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let t = stream
+        .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 32))
+        .unwrap();
+    std::mem::forget(t);
+    // The borrows ended; the source is dropped and the binding unbound
+    // while the put is still in flight: the stream's record keeps the
+    // memory, and the unbind synchronizes the stream first.
+    drop(src);
+    assert_eq!(
+        model.live().mappings,
+        2,
+        "the source stays mapped until the stream passed the put"
+    );
+    let owner_ptr = owner.device_ptr();
+    assert_eq!(model.read(owner_ptr, 32).unwrap(), vec![0; 32]);
+    b.unbind().unwrap();
+    assert_eq!(model.read(owner_ptr, 32).unwrap(), vec![8; 32]);
+    drop(stream);
+    drop((owner, ep));
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f5_f6_the_typed_api_sends_flags_zero_on_its_own_stream() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // Size 0 is a validated no-op.
+    stream
+        .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 0))
+        .unwrap()
+        .wait()
+        .unwrap();
+    drop(stream);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn f7_typed_copy_on_a_13_4_driver_is_not_supported() {
+    let (ctx, model) = Context::model(ModelConfig::node(1));
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let e = stream
+        .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 16))
+        .unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    drop(stream);
+    drop(b);
+    drop(u);
+    common::clean(&ctx, &model);
+}
