@@ -12,6 +12,7 @@
 //! # Ok(()) }
 //! ```
 
+#[doc(no_inline)]
 pub use cuda_endpoints_model::fabric::*;
 
 use crate::Context;

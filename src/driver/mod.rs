@@ -16,4 +16,5 @@ pub mod classic;
 pub mod cuda;
 
 pub use classic::Classic;
+#[doc(no_inline)]
 pub use cuda_endpoints_driver::*;
