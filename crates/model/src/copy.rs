@@ -198,6 +198,7 @@ impl World {
 
     /// The host-destination bytes of a remote client's stream that its work
     /// completed, to be written by the client.
+    #[cfg(feature = "fabric")]
     pub fn take_host_writes(&mut self, stream: u64) -> HostWrites {
         match self.streams.by_handle.get_mut(&stream) {
             Some(s) => {
@@ -697,6 +698,7 @@ impl World {
 /// The data path for a client in another OS process (the model fabric's
 /// server calls these for its `Remote` clients): host bytes travel in the
 /// messages, never as addresses the model would read or write here.
+#[cfg(feature = "fabric")]
 impl super::Model {
     /// `cuFabricCpyBatchAsync` with the host source bytes snapshotted by
     /// the client at enqueue; host destinations go to the stream's outbox.
