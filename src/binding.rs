@@ -206,7 +206,7 @@ impl Binding<'_> {
 
 impl Drop for Binding<'_> {
     fn drop(&mut self) {
-        crate::range::in_drop(|| {
+        crate::unwind::in_drop(|| {
             if let Err(e) = self.unbind_now() {
                 // Still bound: the endpoint keeps the memory until it is destroyed.
                 self.range.ctx.record_teardown(e);

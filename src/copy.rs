@@ -498,7 +498,7 @@ impl InFlight<'_> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        crate::range::in_drop(|| {
+        crate::unwind::in_drop(|| {
             if let Err(e) = self.stream.synchronize() {
                 // The copies may still use the host buffers: leak them.
                 std::mem::forget(std::mem::take(&mut self.host_in));

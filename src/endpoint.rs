@@ -19,12 +19,13 @@ use crate::driver::{EndpointProps, Shape};
 use crate::error::{Alignment, Arg, Error, Failed, Result, Rule};
 use crate::kind::{CanExport, Creatable, Enroll, HasFabricHandles, Kind, NoKind, TeamHasRoom};
 use crate::memory::round_up;
-use crate::range::{Facts, OnUnwind, RangeInner, SlotGuard, release_shared};
+use crate::range::{Facts, RangeInner, SlotGuard, release_shared};
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{
     CanCreate, CanDestroy, CanEnroll, CanRelease, CanShare, IsReady, Pending, Reserved, State,
 };
+use crate::unwind::OnUnwind;
 
 /// One logical-endpoint id in state `S` (`Reserved`, `Pending`, `Ready`)
 /// holding an endpoint of kind `K` (`NoKind` while reserved).
@@ -56,7 +57,7 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
     fn drop(&mut self) {
         // A reserved id has nothing to destroy: no unwinding test either.
         if S::CREATED {
-            crate::range::in_drop(|| {
+            crate::unwind::in_drop(|| {
                 destroy_now(&self.range, self.id, true);
             });
         }

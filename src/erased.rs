@@ -112,7 +112,7 @@ impl DynEndpoint {
 
 impl Drop for DynEndpoint {
     fn drop(&mut self) {
-        crate::range::in_drop(|| {
+        crate::unwind::in_drop(|| {
             // The typed endpoint's own `Drop` does the teardown: any created
             // state destroys alike, whatever the kind.
             let range = self.range.clone();

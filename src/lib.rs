@@ -40,6 +40,7 @@ mod spec;
 mod state;
 mod stream;
 pub mod team;
+mod unwind;
 
 pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Policy, decide};
 pub use binding::Binding;

@@ -18,8 +18,8 @@ use crate::driver::{
     ShareableHandle, ShareableKind, handle_bits,
 };
 use crate::error::{Error, Failed, Result};
-use crate::range::OnUnwind;
 use crate::state::Sealed;
+use crate::unwind::OnUnwind;
 
 /// The shareable handle type of an allocation. Sealed.
 pub trait MemShare: Sealed + Send + Sync + 'static {
@@ -64,7 +64,7 @@ pub(crate) struct AllocInner {
 
 impl Drop for AllocInner {
     fn drop(&mut self) {
-        crate::range::in_drop(|| {
+        crate::unwind::in_drop(|| {
             // SAFETY: the last owner of the allocation is gone: every `Binding`,
             // `Mapped` and endpoint slot that kept it alive dropped its `Arc`, so
             // nothing is bound to or mapped from it (R7.2).
@@ -554,7 +554,7 @@ pub(crate) struct MappedInner {
 impl Drop for MappedInner {
     // The one right order: unmap, release the handle, free the address range.
     fn drop(&mut self) {
-        crate::range::in_drop(|| {
+        crate::unwind::in_drop(|| {
             let Some(alloc) = self.alloc.take() else {
                 return;
             };

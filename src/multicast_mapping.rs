@@ -18,8 +18,8 @@ use crate::driver::{Call, Device};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Feature, Result};
 use crate::kind::Kind;
-use crate::range::OnUnwind;
 use crate::state::Ready;
+use crate::unwind::OnUnwind;
 
 /// A classic multicast object mapped at a device address with `multimem`
 /// access for this process's team devices: a store through it reaches the
@@ -165,7 +165,7 @@ impl Drop for MulticastMapping<'_> {
     /// Unmaps, then frees the range. A failed unmap keeps the range (it is
     /// still mapped) and is recorded on the context, not swallowed.
     fn drop(&mut self) {
-        crate::range::in_drop(|| {
+        crate::unwind::in_drop(|| {
             let d = self.ctx.driver();
             let (ptr, size) = (self.ptr, self.size);
             // A panic inside the unmap is taken as coming after the driver

@@ -128,7 +128,7 @@ impl<K: Kind, M: BindSource> BoundEndpoint<K, M> {
 
 impl<K: Kind, M: BindSource> Drop for BoundEndpoint<K, M> {
     fn drop(&mut self) {
-        crate::range::in_drop(|| {
+        crate::unwind::in_drop(|| {
             if let Some(e) = self.unbind_now() {
                 // Still bound: the endpoint keeps that memory alive until its
                 // destroy unbinds it (R7).

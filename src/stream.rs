@@ -201,7 +201,7 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        crate::range::in_drop(|| {
+        crate::unwind::in_drop(|| {
             let inner = &self.inner;
             if let Err(e) = inner.synchronize() {
                 // Copies may still run: keep what they use alive for good.

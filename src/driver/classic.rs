@@ -53,7 +53,7 @@ use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::range::OnUnwind;
+use crate::unwind::OnUnwind;
 
 use super::{
     Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Forward,
@@ -539,7 +539,7 @@ impl Drop for Classic {
     /// Best effort for endpoints nobody destroyed (e.g. leaked with
     /// `mem::forget`): unbind, then release the object (C5).
     fn drop(&mut self) {
-        crate::range::in_drop(|| {
+        crate::unwind::in_drop(|| {
             let table = std::mem::take(
                 &mut self
                     .table

@@ -554,7 +554,7 @@ fn import_classic(
     );
     // Even when a driver call of the import panics: the staged descriptor
     // closes with the unwinding, not with the backend.
-    let staged = crate::range::OnUnwind::new(|| classic.unstage(&ticket));
+    let staged = crate::unwind::OnUnwind::new(|| classic.unstage(&ticket));
     let ep = ctx
         .reserve_one()
         .map_err(|e| import(Cause::Local(e)))
