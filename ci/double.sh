@@ -93,7 +93,7 @@ rm -f "$CUDA_DOUBLE_COUNTS"
 # The examples need no fixture: the double's own defaults (4 devices, 13.5).
 # Proptest lifecycles with fewer cases: every case crosses the C ABI.
 export PROPTEST_CASES=${PROPTEST_CASES:-16}
-suites=(rules double classic hostile_input faults concurrency backend_lifecycle)
+suites=(rules double classic hostile_input faults concurrency backend_lifecycle data_path)
 for s in "${suites[@]}"; do
     # DOUBLE_TEST_ARGS: extra libtest arguments, e.g. `--skip NAME` while debugging.
     nice cargo test --features model --test "$s" -- ${DOUBLE_TEST_ARGS:-}

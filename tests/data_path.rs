@@ -4,13 +4,23 @@
 //! and the bytes: a unicast put lands in the owner's bound memory, a
 //! multicast put in every member's, a get reads the owner's, and nothing is
 //! visible before the stream reached the copy.
+//!
+//! With `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) every test runs
+//! through the real backend on the libcuda test double (`common/backend.rs`):
+//! the raw calls and the typed API cross the C ABI (`CUstream` values, the
+//! `CUDA_FABRIC_COPY_BATCH_OP` list, host pointers told apart by the double
+//! as unified addressing does), with the double's model behind them.
+
+#[path = "common/backend.rs"]
+mod backend;
 
 mod common;
 
 use std::time::Duration;
 
+use backend::Probe;
 use cuda_endpoints::driver::{CopyOp, Operand, Pointer};
-use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::{
     Allocation, Binding, Code, Context, Device, Driver, Endpoint, Mapped, Multicast, Private,
     Ready, Spec, Unicast,
@@ -19,11 +29,23 @@ use cuda_endpoints::{
 const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(1);
 
-/// A node of two devices on a 13.5 driver (the fabric copy exists).
-fn node() -> (Context, Model) {
+/// A node of two devices on a 13.5 driver (the fabric copy exists), on the
+/// backend the environment picks.
+fn node() -> (Context, Probe) {
     let mut c = ModelConfig::node(2);
     c.driver_version = 13050;
-    Context::model(c)
+    backend::context(c)
+}
+
+/// The end of every test that breaks no rule: no teardown error, nothing
+/// left on the node, no violation.
+#[track_caller]
+fn clean(ctx: &Context, model: &Probe) {
+    let teardown = ctx.take_teardown_errors();
+    assert!(teardown.is_empty(), "teardown errors: {teardown:?}");
+    let live = model.live_node();
+    assert!(live.is_empty(), "leak: {live:?}");
+    common::no_violations(&model.violations());
 }
 
 fn unicast(ctx: &Context, dev: i32, size: u64) -> Endpoint<Ready, Unicast> {
@@ -68,13 +90,13 @@ fn get(id: u32, offset: u64, dst: u64, size: u64) -> CopyOp {
 }
 
 /// A stream on `dev`, made raw.
-fn stream(model: &Model, dev: i32) -> u64 {
+fn stream(model: &Probe, dev: i32) -> u64 {
     // SAFETY: a new stream that no typed object owns.
     unsafe { model.stream_create(Device(dev)) }.unwrap()
 }
 
 /// Synchronizes and destroys a raw stream.
-fn done(model: &Model, s: u64) {
+fn done(model: &Probe, s: u64) {
     // SAFETY: the test's own stream, not used again.
     unsafe { model.stream_destroy(s) }.unwrap();
 }
@@ -122,7 +144,7 @@ fn stream_order_a_read_before_synchronize_sees_the_old_bytes() {
     done(&model, s);
     drop(b);
     drop(u);
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -153,7 +175,7 @@ fn stream_query_reports_done_only_after_the_stream_reached_every_batch() {
     done(&model, s);
     drop(b);
     drop(u);
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -175,7 +197,7 @@ fn get_reads_the_unicast_owners_bound_memory() {
     done(&model, s);
     drop(b);
     drop(u);
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -203,7 +225,7 @@ fn multicast_put_reaches_every_members_bound_memory() {
     done(&model, s);
     drop((b0, b1));
     drop((src, m0, m1, ep));
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -246,7 +268,7 @@ fn host_memory_is_read_and_written_in_stream_order() {
     done(&model, s);
     drop(b);
     drop(u);
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -279,7 +301,7 @@ fn memcpy_async_moves_device_and_host_bytes_in_stream_order() {
     assert_eq!(model.read(b.device_ptr(), 48).unwrap(), host);
     done(&model, s);
     drop((a, b));
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 // ------------------------------------------------------- rules, raw
@@ -442,7 +464,7 @@ fn f6_the_legacy_null_stream_is_refused() {
 
 #[test]
 fn f7_the_fabric_copy_is_not_supported_before_13_5() {
-    let (ctx, model) = Context::model(ModelConfig::node(1));
+    let (ctx, model) = backend::context(ModelConfig::node(1));
     let u = Unicast1::new(&ctx);
     let b = u.bind();
     let s = stream(&model, 0);
@@ -538,7 +560,7 @@ fn typed_put_and_get_through_a_unicast_endpoint_leave_no_violation() {
     drop(stream);
     drop(b);
     drop(u);
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -564,13 +586,13 @@ fn typed_multicast_put_from_host_reaches_every_member() {
     drop(stream);
     drop((b0, b1));
     drop((m0, m1, ep));
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 /// Refused before the driver: no fabric copy reached the model, nothing logged.
 #[track_caller]
 fn refused(
-    model: &Model,
+    model: &Probe,
     r: Result<cuda_endpoints::InFlight<'_>, Error>,
     check: impl Fn(&Error) -> bool,
 ) {
@@ -603,7 +625,7 @@ fn f2_typed_memory_on_another_device_than_the_stream_is_refused_before_the_drive
     drop(stream);
     drop(b);
     drop((far, u));
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -623,7 +645,7 @@ fn f3_typed_dependent_ops_are_refused_naming_both() {
     drop(stream);
     drop(b);
     drop(u);
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -650,7 +672,7 @@ fn f9_typed_ranges_outside_the_endpoint_or_the_bound_memory_are_refused() {
     drop(stream);
     drop(b);
     drop((src, owner, ep));
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -681,7 +703,7 @@ fn f4_a_forgotten_token_frees_nothing_in_flight() {
     assert_eq!(model.read(owner_ptr, 32).unwrap(), vec![8; 32]);
     drop(stream);
     drop((owner, ep));
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
@@ -699,12 +721,12 @@ fn f5_f6_the_typed_api_sends_flags_zero_on_its_own_stream() {
     drop(stream);
     drop(b);
     drop(u);
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }
 
 #[test]
 fn f7_typed_copy_on_a_13_4_driver_is_not_supported() {
-    let (ctx, model) = Context::model(ModelConfig::node(1));
+    let (ctx, model) = backend::context(ModelConfig::node(1));
     let u = Unicast1::new(&ctx);
     let b = u.bind();
     let stream = Stream::new(&ctx, 0).unwrap();
@@ -715,5 +737,5 @@ fn f7_typed_copy_on_a_13_4_driver_is_not_supported() {
     drop(stream);
     drop(b);
     drop(u);
-    common::clean(&ctx, &model);
+    clean(&ctx, &model);
 }

@@ -507,6 +507,87 @@ fn data_written_through_a_mapping_is_there() {
     assert_eq!(probe.read(ptr + 4095, 2).unwrap(), vec![0xab, 0]);
 }
 
+// ---------------------------------------------------------------- the data path
+
+/// Where a copy's pointer lives, as the double decides it (unified
+/// addressing): an address in a range the process reserved is CUDA's even
+/// unmapped, and the model refuses it instead of the double reading it as
+/// host memory; a stream is made on the device whose context the backend
+/// made current (`Cx::On`), so a pointer on another device is F2.
+#[test]
+fn reserved_but_unmapped_addresses_are_never_host_memory() {
+    use cuda_endpoints::Driver;
+    use cuda_endpoints::driver::{CopyOp, Operand, Pointer};
+    let mut cfg = ModelConfig::node(2);
+    cfg.driver_version = 13050;
+    let Some((ctx, probe, _)) = on_double(cfg) else {
+        return;
+    };
+    let on1 = Allocation::<Private>::on_device(&ctx, Device(1), 2 * MIB)
+        .unwrap()
+        .map(&[Device(1)])
+        .unwrap();
+    let on0 = Allocation::<Private>::on_device(&ctx, Device(0), 2 * MIB)
+        .unwrap()
+        .map(&[Device(0)])
+        .unwrap();
+    let host = vec![7u8; 64];
+    // SAFETY: the test's own stream, range and host buffer; every copy
+    // below is refused at enqueue or completes before they go.
+    unsafe {
+        let s = probe.stream_create(Device(1)).unwrap();
+        let va = probe.mem_address_reserve(2 * MIB, 0).unwrap();
+        // Host-to-nothing: refused by the model, not written through `va`.
+        assert_eq!(
+            probe.memcpy_async(
+                Pointer::device(va),
+                Pointer::host(host.as_ptr() as u64),
+                64,
+                s
+            ),
+            Err(Code::INVALID_VALUE)
+        );
+        // A fabric-copy operand hinted host inside the reserved range: still CUDA's.
+        let op = CopyOp {
+            src: Operand::Pointer(Pointer::host(va)),
+            dst: Operand::Pointer(Pointer::device(on1.device_ptr())),
+            size: 64,
+        };
+        assert_eq!(
+            probe.fabric_copy_batch(s, vec![op], 0),
+            Err(Code::INVALID_VALUE)
+        );
+        // The stream is on device 1: a copy between device-0 addresses is
+        // local to neither end of it (F2).
+        let op = CopyOp {
+            src: Operand::Pointer(Pointer::device(on0.device_ptr())),
+            dst: Operand::Pointer(Pointer::device(on0.device_ptr() + MIB)),
+            size: 64,
+        };
+        assert_eq!(
+            probe.fabric_copy_batch(s, vec![op], 0),
+            Err(Code::INVALID_VALUE)
+        );
+        // Its own device's memory and host memory move.
+        probe
+            .memcpy_async(
+                Pointer::device(on1.device_ptr()),
+                Pointer::host(host.as_ptr() as u64),
+                64,
+                s,
+            )
+            .unwrap();
+        probe.stream_synchronize(s).unwrap();
+        probe.stream_destroy(s).unwrap();
+        probe.mem_address_free(va, 2 * MIB).unwrap();
+    }
+    assert_eq!(probe.read(on1.device_ptr(), 64).unwrap(), host);
+    let rules: Vec<&str> = probe.violations().iter().map(|v| v.rule).collect();
+    assert_eq!(rules, ["cuMemcpyAsync address", "F2", "F2"]);
+    drop((on0, on1));
+    assert!(probe.live().is_empty(), "{:?}", probe.live());
+}
+
 // ---------------------------------------------------------------- other libcudas
 
 /// Runs the test `name` of this binary in a child process whose
@@ -570,6 +651,19 @@ fn child_driver_580() {
         !lib.exports("cuLogicalEndpointCreate"),
         "the 13.0 build has no such symbol"
     );
+    assert!(
+        !lib.exports("cuFabricCpyBatchAsync"),
+        "the fabric copy is 13.5+"
+    );
+    for s in [
+        "cuStreamCreate",
+        "cuStreamDestroy_v2",
+        "cuStreamSynchronize",
+        "cuStreamQuery",
+        "cuMemcpyAsync",
+    ] {
+        assert!(lib.exports(s), "{s} is on every driver");
+    }
     assert_eq!(
         lib.proc_address("cuLogicalEndpointCreate", 13000),
         Err((500, 1)),
@@ -617,6 +711,11 @@ fn child_driver_13_3() {
         lib.proc_address("cuDeviceGetCliqueInfo", 13030),
         Err((500, 1))
     );
+    assert_eq!(
+        lib.proc_address("cuFabricCpyBatchAsync", 13030),
+        Err((500, 1))
+    );
+    assert_eq!(lib.proc_address("cuStreamDestroy", 13030), Ok(()));
     // Logical endpoints work; a team is not checked against cliques.
     lifecycle(&ctx, 0).unwrap();
     assert!(lib.violations().is_empty(), "{:?}", lib.violations());

@@ -42,6 +42,11 @@ pub type CUmulticastGranularity_flags = c_uint;
 pub type CUmemAllocationHandleType = c_uint;
 /// `CUdriverProcAddressQueryResult` (enum).
 pub type CUdriverProcAddressQueryResult = c_uint;
+/// `CUstream` (an opaque pointer; the double hands out the model's stream
+/// handles as its value, never dereferenced).
+pub type CUstream = *mut c_void;
+/// `CUfabricCpyOperandType` (enum, 13.5+).
+pub type CUfabricCpyOperandType = c_uint;
 
 /// `CUmemLocation`.
 #[repr(C)]
@@ -119,6 +124,63 @@ pub struct CUcliqueInfo {
     pub id: c_uint,
 }
 
+/// `op.ptr` of `CUfabricCpyOperand` (an anonymous struct in `cuda.h`, 13.5+).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUfabricCpyOperandPtr {
+    /// `ptr`.
+    pub ptr: CUdeviceptr,
+    /// `locHint`.
+    pub loc_hint: CUmemLocation,
+}
+
+/// `op.le` of `CUfabricCpyOperand` (an anonymous struct in `cuda.h`, 13.5+).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUfabricCpyOperandLe {
+    /// `id`.
+    pub id: CUlogicalEndpointId,
+    /// `offset`.
+    pub offset: cuuint64_t,
+}
+
+/// The union `op` of `CUfabricCpyOperand`: `ptr` or `le`, by `type`. Both
+/// members are plain integers (16 bytes, 8-aligned): any bit pattern reads
+/// as either.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUfabricCpyOperandOp {
+    /// `CU_FABRIC_COPY_OPERAND_TYPE_POINTER`.
+    pub ptr: CUfabricCpyOperandPtr,
+    /// `CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT`.
+    pub le: CUfabricCpyOperandLe,
+}
+
+/// `CUfabricCpyOperand` (13.5+).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUfabricCpyOperand {
+    /// `CUfabricCpyOperandType`.
+    pub type_: CUfabricCpyOperandType,
+    /// `op`.
+    pub op: CUfabricCpyOperandOp,
+}
+
+/// `CUDA_FABRIC_COPY_BATCH_OP` (13.5+): one copy of `cuFabricCpyBatchAsync`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct CUDA_FABRIC_COPY_BATCH_OP {
+    /// `src`.
+    pub src: CUfabricCpyOperand,
+    /// `dst`.
+    pub dst: CUfabricCpyOperand,
+    /// `size`.
+    pub size: size_t,
+    /// `flags` (must be 0).
+    pub flags: c_uint,
+}
+
 /// One exported entry point, for `cuGetProcAddress`, the call table and the
 /// ABI check.
 pub struct Export {
@@ -178,8 +240,11 @@ pub fn all_exports() -> impl Iterator<Item = &'static Export> {
     static GROUPS: &[&[Export]] = &[
         crate::base::EXPORTS,
         crate::vmm::EXPORTS,
+        crate::stream::EXPORTS,
         #[cfg(not(feature = "cuda-13000"))]
         crate::le::EXPORTS,
+        #[cfg(not(feature = "cuda-13000"))]
+        crate::copy::EXPORTS,
     ];
     GROUPS.iter().flat_map(|g| g.iter())
 }
@@ -248,6 +313,7 @@ pub fn abi_check_c() -> String {
         CUmemAllocationGranularity_flags,
         CUmulticastGranularity_flags,
         CUdriverProcAddressQueryResult,
+        CUstream,
         CUmemLocation,
         CUmemAllocationProp,
         CUmemAccessDesc,
@@ -333,6 +399,53 @@ pub fn abi_check_c() -> String {
             std::mem::size_of::<CUcliqueInfo>(),
             offset_of!(CUcliqueInfo, id)
         );
+        // The data path (13.5+): the operand union's members by path.
+        let op = offset_of!(CUfabricCpyOperand, op);
+        let mut asserts = vec![
+            format!(
+                "_Static_assert(sizeof(CUfabricCpyOperandType) == {}, \"width of CUfabricCpyOperandType\");",
+                std::mem::size_of::<CUfabricCpyOperandType>()
+            ),
+            format!(
+                "_Static_assert(sizeof(CUfabricCpyOperand) == {}, \"CUfabricCpyOperand\");",
+                std::mem::size_of::<CUfabricCpyOperand>()
+            ),
+            format!(
+                "_Static_assert(sizeof(CUDA_FABRIC_COPY_BATCH_OP) == {}, \"CUDA_FABRIC_COPY_BATCH_OP\");",
+                std::mem::size_of::<CUDA_FABRIC_COPY_BATCH_OP>()
+            ),
+        ];
+        for (f, off) in [
+            ("op", op),
+            ("op.ptr.ptr", op + offset_of!(CUfabricCpyOperandPtr, ptr)),
+            (
+                "op.ptr.locHint",
+                op + offset_of!(CUfabricCpyOperandPtr, loc_hint),
+            ),
+            ("op.le.id", op + offset_of!(CUfabricCpyOperandLe, id)),
+            (
+                "op.le.offset",
+                op + offset_of!(CUfabricCpyOperandLe, offset),
+            ),
+        ] {
+            asserts.push(format!(
+                "_Static_assert(offsetof(CUfabricCpyOperand, {f}) == {off}, \"CUfabricCpyOperand.{f}\");"
+            ));
+        }
+        for (f, off) in [
+            ("dst", offset_of!(CUDA_FABRIC_COPY_BATCH_OP, dst)),
+            ("size", offset_of!(CUDA_FABRIC_COPY_BATCH_OP, size)),
+            ("flags", offset_of!(CUDA_FABRIC_COPY_BATCH_OP, flags)),
+        ] {
+            asserts.push(format!(
+                "_Static_assert(offsetof(CUDA_FABRIC_COPY_BATCH_OP, {f}) == {off}, \"CUDA_FABRIC_COPY_BATCH_OP.{f}\");"
+            ));
+        }
+        let _ = writeln!(
+            c,
+            "#if CUDA_VERSION >= 13050\n{}\n#endif",
+            asserts.join("\n")
+        );
     }
     let _ = writeln!(c);
     for e in all_exports() {
@@ -346,7 +459,8 @@ pub fn abi_check_c() -> String {
         } else {
             params.join(", ")
         };
-        // Symbols newer than 13.3 (the clique queries) exist only in newer headers.
+        // Symbols newer than 13.3 (the clique queries, the fabric copy) exist
+        // only in newer headers.
         let guard = e.since > 13030;
         if guard {
             let _ = writeln!(c, "#if CUDA_VERSION >= {}", e.since);

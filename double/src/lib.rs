@@ -6,14 +6,17 @@
 //! out-parameters, result codes as plain numbers, `cuInit`, primary
 //! contexts and the per-thread current context, the symbol table of a
 //! given driver version, and host-backed memory behind `cuMemsetD8`,
-//! `cuMemcpyHtoD` and `cuMemcpyDtoH`.
+//! `cuMemcpyHtoD` and `cuMemcpyDtoH`, streams and the copies in stream order
+//! (`cuMemcpyAsync`, `cuFabricCpyBatchAsync`) with host pointers told apart
+//! as unified addressing does.
 //!
 //! - [`abi`]: the C types, the `exports!` macro, the ABI check text;
 //! - [`state`]: the node, contexts, counters, violations, misbehaviour;
 //! - [`node`]: the model behind the calls, the process's own or a model
 //!   fabric's shared with other OS processes (`CUDA_ENDPOINTS_FABRIC`);
 //! - [`config`]: the simulated node from the environment;
-//! - [`base`], [`vmm`], `le` (absent in the `cuda-13000` build): entry points;
+//! - [`base`], [`vmm`], [`stream`], `le` and `copy` (both absent in the
+//!   `cuda-13000` build): entry points;
 //! - [`extra`]: the double's own `cuDouble*` symbols for tests.
 //!
 //! No exported function panics across `extern "C"`: every body runs under
@@ -22,11 +25,14 @@
 pub mod abi;
 pub mod base;
 pub mod config;
+#[cfg(not(feature = "cuda-13000"))]
+pub mod copy;
 pub mod extra;
 #[cfg(not(feature = "cuda-13000"))]
 pub mod le;
 pub mod node;
 pub mod state;
+pub mod stream;
 pub mod vmm;
 
 use cuda_endpoints::Driver;

@@ -24,6 +24,7 @@ pub const STUB_LIBRARY: CUresult = 34;
 pub const INVALID_DEVICE: CUresult = 101;
 pub const INVALID_CONTEXT: CUresult = 201;
 pub const NOT_FOUND: CUresult = 500;
+pub const NOT_READY: CUresult = 600;
 pub const NOT_SUPPORTED: CUresult = 801;
 pub const UNKNOWN: CUresult = 999;
 
@@ -74,6 +75,11 @@ pub struct Double {
     /// `cuDevicePrimaryCtxRetain` of this device fails with this code
     /// (`cuDoubleFailRetain`).
     pub retain_fault: Option<(i32, CUresult)>,
+    /// The virtual address ranges this process reserved
+    /// (`cuMemAddressReserve`, start → size) and has not freed: CUDA's part
+    /// of the unified address space. An address outside every one is host
+    /// memory to `cuMemcpyAsync` ([`Double::in_device_va`]).
+    pub reserved: BTreeMap<u64, u64>,
 }
 
 impl Double {
@@ -113,7 +119,22 @@ impl Double {
             )
             .unwrap_or_default(),
             retain_fault: None,
+            reserved: BTreeMap::new(),
         }
+    }
+
+    /// Whether `[ptr, ptr+len)` (at least one byte) touches a virtual
+    /// address range this process reserved: device (or mapped host-NUMA)
+    /// memory as unified addressing sees it, mapped or not, which the
+    /// double never reads or writes itself (the model decides what it is).
+    pub fn in_device_va(&self, ptr: u64, len: u64) -> bool {
+        let end = ptr.saturating_add(len.max(1));
+        // The last range starting before `end` is the only one that can
+        // reach into `[ptr, end)` (ranges never overlap).
+        self.reserved
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&start, &size)| start.saturating_add(size) > ptr)
     }
 
     /// Logs one of the double's own violations and returns its code.
@@ -218,7 +239,8 @@ pub fn set_initialized() {
 }
 
 /// Counts per `cuda.h` name (`_v2` dropped, so `cuMemGetInfo_v2` counts as
-/// `cuMemGetInfo`, the name the library's `Call` uses).
+/// `cuMemGetInfo`, the name the library's `Call` uses; kept where the
+/// `Call` name has it: `cuStreamDestroy_v2`).
 pub fn call_counts() -> BTreeMap<&'static str, u64> {
     CALLS.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
@@ -228,7 +250,12 @@ pub fn failure_counts() -> BTreeMap<&'static str, u64> {
     FAILED.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
+/// The name a symbol is counted under: the call table's name where it has
+/// one (`cuStreamDestroy_v2` is a row as such), else without `_v2`.
 fn base_name(symbol: &'static str) -> &'static str {
+    if cuda_endpoints::Call::from_name(symbol).is_some() {
+        return symbol;
+    }
     symbol.strip_suffix("_v2").unwrap_or(symbol)
 }
 

@@ -179,12 +179,16 @@ crate::abi::exports! {
         }
         // SAFETY: as above.
         let p = model(|m| unsafe { m.mem_address_reserve(size as u64, alignment as u64) })?;
+        // Unified addressing: the range is CUDA's from now on (`cuMemcpyAsync`).
+        state::with(|d| d.reserved.insert(p, size as u64));
         out(ptr, p)
     }
     [13000] fn cuMemAddressFree(ptr: CUdeviceptr, size: size_t) {
         ctx("cuMemAddressFree")?;
         // SAFETY: as above.
-        model(|m| unsafe { m.mem_address_free(ptr, size as u64) })
+        model(|m| unsafe { m.mem_address_free(ptr, size as u64) })?;
+        state::with(|d| d.reserved.remove(&ptr));
+        Ok(())
     }
     [13000] fn cuMemMap(ptr: CUdeviceptr, size: size_t, offset: size_t, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) {
         ctx("cuMemMap")?;

@@ -1,0 +1,88 @@
+//! Streams and `cuMemcpyAsync` (every version the double pretends): the
+//! model's streams behind `CUstream` values, the copy in stream order.
+//! Each needs a current context, as on a real driver; `cuStreamCreate`
+//! makes its stream on the current context's device.
+//!
+//! `cuMemcpyAsync` carries no hint of where a pointer lives: the double
+//! decides as unified addressing does ([`pointer`]). An address in a virtual
+//! range this process reserved is CUDA's (device or mapped host-NUMA
+//! memory), whatever the model then says of it; any other is host memory
+//! of this process, which the caller vouched for (`cuda.h`: both ranges
+//! valid for `ByteCount` bytes until the stream passed the copy), and
+//! which the model reads or writes when the stream reaches the copy
+//! (`MemHint::Host`). The double itself never dereferences either.
+
+use std::ffi::c_uint;
+
+use cuda_endpoints::driver::{Device, Pointer};
+
+use crate::abi::*;
+use crate::state::{self, INVALID_VALUE, NOT_READY};
+use crate::{model, out};
+
+/// `CU_STREAM_DEFAULT`, `CU_STREAM_NON_BLOCKING`.
+const STREAM_FLAGS: c_uint = 1;
+
+fn ctx(call: &str) -> Result<i32, CUresult> {
+    state::with(|d| d.current_device(call))
+}
+
+/// A `CUstream` as the model's handle (its address value; never dereferenced).
+pub(crate) fn handle(stream: CUstream) -> u64 {
+    stream.addr() as u64
+}
+
+/// `ptr` for `len` bytes as unified addressing sees it: device memory (no
+/// hint: the model resolves it, or refuses it) inside a range this process
+/// reserved, else host memory of this process; a null host pointer with
+/// bytes to move is `INVALID_VALUE`.
+fn pointer(ptr: CUdeviceptr, len: u64) -> Result<Pointer, CUresult> {
+    if state::with(|d| d.in_device_va(ptr, len)) {
+        Ok(Pointer::device(ptr))
+    } else if ptr == 0 && len > 0 {
+        Err(INVALID_VALUE)
+    } else {
+        Ok(Pointer::host(ptr))
+    }
+}
+
+crate::abi::exports! {
+    [13000] fn cuStreamCreate(ph_stream: *mut CUstream, flags: c_uint) {
+        let dev = ctx("cuStreamCreate")?;
+        if flags & !STREAM_FLAGS != 0 || ph_stream.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: the model only simulates; the double is its sole user.
+        let s = model(|m| unsafe { m.stream_create(Device(dev)) })?;
+        let s = usize::try_from(s).map_err(|_| state::UNKNOWN)?;
+        out(ph_stream, std::ptr::without_provenance_mut(s))
+    }
+    [13000] fn cuStreamDestroy_v2(h_stream: CUstream) {
+        ctx("cuStreamDestroy")?;
+        // SAFETY: as above; work still pending runs now, host operands as the
+        // caller of the copy vouched.
+        model(|m| unsafe { m.stream_destroy(handle(h_stream)) })
+    }
+    [13000] fn cuStreamSynchronize(h_stream: CUstream) {
+        ctx("cuStreamSynchronize")?;
+        // SAFETY: as above.
+        model(|m| unsafe { m.stream_synchronize(handle(h_stream)) })
+    }
+    [13000] fn cuStreamQuery(h_stream: CUstream) {
+        ctx("cuStreamQuery")?;
+        // SAFETY: as above.
+        if model(|m| unsafe { m.stream_query(handle(h_stream)) })? {
+            Ok(())
+        } else {
+            Err(NOT_READY)
+        }
+    }
+    [13000] fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, byte_count: size_t, h_stream: CUstream) {
+        ctx("cuMemcpyAsync")?;
+        let size = byte_count as u64;
+        let (dst, src) = (pointer(dst, size)?, pointer(src, size)?);
+        // SAFETY: as above; a host pointer is the caller's word (`cuda.h`:
+        // both ranges valid until the stream passed the copy).
+        model(|m| unsafe { m.memcpy_async(dst, src, size, handle(h_stream)) })
+    }
+}
