@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::backend::{BackendChoice, Decision, Policy, decide};
 use crate::driver::cuda::Cuda;
 use crate::driver::{
-    Call, Classic, Code, Device, Driver, DriverResult, EndpointProps, Family,
+    Call, Classic, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps, Family,
     LOGICAL_ENDPOINT_MIN_VERSION, Shape,
 };
 use crate::endpoint::Endpoint;
@@ -507,7 +507,7 @@ impl Context {
     /// its attribute 132.
     pub(crate) fn enroll_error(&self, dev: Device, code: Code) -> Error {
         if code == Code::NOT_SUPPORTED
-            && self.driver().inner_failure(Call::AddDevice).is_none()
+            && code.origin() == CodeOrigin::Call
             && let Some(why) = self.driver().explain_unsupported(Call::AddDevice)
         {
             let value = match self.attribute(dev, crate::driver::attr::MULTICAST_SUPPORTED) {
@@ -555,20 +555,21 @@ impl Context {
     pub(crate) fn error_for(&self, call: Call, code: Code, props: Option<&EndpointProps>) -> Error {
         // The entry point that really failed, when the backend emulates
         // `call` on others (the classic fallback's `cuMulticast*`).
-        let inner = self.driver().inner_failure(call);
-        let named = inner.unwrap_or(call);
-        // A context step before the call failed, not the call (the real
-        // backend's primary contexts): name the step and the device.
-        if let Some(cf) = self.driver().context_failure(named) {
-            return Error::Context {
-                call: named,
-                step: cf.step,
-                device: cf.device,
-                code,
-            };
-        }
-        if let Some(inner) = inner {
-            return Error::driver(inner, code);
+        match code.origin() {
+            // The entry point that really failed, when the backend emulates
+            // `call` on others (the classic fallback's `cuMulticast*`).
+            CodeOrigin::Inner(inner) => return Error::driver(inner, code),
+            // A context step before the call failed, not the call (the real
+            // backend's primary contexts): name the step and the device.
+            CodeOrigin::Context(cf) => {
+                return Error::Context {
+                    call,
+                    step: cf.step,
+                    device: cf.device,
+                    code,
+                };
+            }
+            CodeOrigin::Call => {}
         }
         if code == Code::NOT_SUPPORTED
             && let Some(why) = self.driver().explain_unsupported(call)

@@ -152,8 +152,9 @@ impl<H: MemShare> Allocation<H> {
             ctx.queries()
                 .mem_create(size, req)
                 .map_err(|code| match (code, location) {
-                    (crate::Code::NOT_PERMITTED, Location::Device(device))
-                        if H::BITS & handle_bits::FABRIC != 0 =>
+                    (code, Location::Device(device))
+                        if code == crate::Code::NOT_PERMITTED
+                            && H::BITS & handle_bits::FABRIC != 0 =>
                     {
                         Error::FabricNotPermitted {
                             device,
@@ -398,8 +399,10 @@ impl<H: MemShare> Allocation<H> {
         probe_size(&inner).map_err(|e| match e {
             Error::Driver {
                 call: Call::MemMap,
-                code: Code::INVALID_VALUE,
-            } => mismatch(format!("the memory is smaller than {size} bytes")),
+                code,
+            } if code == Code::INVALID_VALUE => {
+                mismatch(format!("the memory is smaller than {size} bytes"))
+            }
             e => e,
         })?;
         Ok(Allocation {

@@ -62,10 +62,12 @@ impl<T> Probed<T> {
 }
 
 fn describe(c: Code) -> String {
-    match c {
-        Code::NOT_PERMITTED => format!("{} (denied by policy or the driver)", c.name()),
-        Code::NOT_SUPPORTED => format!("{} (this driver cannot answer)", c.name()),
-        _ => c.name().to_owned(),
+    if c == Code::NOT_PERMITTED {
+        format!("{} (denied by policy or the driver)", c.name())
+    } else if c == Code::NOT_SUPPORTED {
+        format!("{} (this driver cannot answer)", c.name())
+    } else {
+        c.name().to_owned()
     }
 }
 

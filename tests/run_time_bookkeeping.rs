@@ -220,8 +220,8 @@ fn forged_handle_metadata_is_checked_against_the_driver() {
             f.error,
             Error::Driver {
                 call: Call::AddDevice,
-                code: Code::INVALID_VALUE
-            }
+                code
+            } if code == Code::INVALID_VALUE
         ),
         "{}",
         f.error

@@ -122,10 +122,7 @@ fn deny_list_refuses_before_the_driver() {
     assert!(
         matches!(
             e.error,
-            Error::Driver {
-                code: Code::NOT_PERMITTED,
-                ..
-            }
+            Error::Driver { code, .. } if code == Code::NOT_PERMITTED
         ),
         "{}",
         e.error

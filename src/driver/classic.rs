@@ -61,24 +61,11 @@ use super::{
     ShareableKind, attr, handle_bits,
 };
 
-thread_local! {
-    /// The emulated call running on this thread, and the inner entry point
-    /// whose failure it returned: errors name the `cuMulticast*` (or VMM)
-    /// call that failed, not the logical-endpoint call it emulates.
-    static FAILED: Cell<(Option<Call>, Option<Call>)> = const { Cell::new((None, None)) };
-}
-
-/// An emulated call starts: forget an older failure.
-fn begin(outer: Call) {
-    FAILED.set((Some(outer), None));
-}
-
-/// `r` is what the emulated call returns: if it failed, `inner` did.
+/// `r` is what an emulated call returns: if it failed, `inner` did, and the
+/// code says so (`Code::raised_by`): errors name the `cuMulticast*` (or VMM)
+/// call that failed, not the logical-endpoint call it emulates.
 fn noted<T>(inner: Call, r: DriverResult<T>) -> DriverResult<T> {
-    if r.is_err() {
-        FAILED.set((FAILED.get().0, Some(inner)));
-    }
-    r
+    r.map_err(|code| code.raised_by(inner))
 }
 
 /// The most ids the fallback hands out at once (the reference model's
@@ -329,7 +316,7 @@ impl Classic {
         // checked for every device as it is added (C6).
         match unsafe { self.inner.multicast_create(num_devices, size, both) } {
             Ok(mc) => Ok((mc, both)),
-            Err(Code::NOT_PERMITTED | Code::NOT_SUPPORTED) => {
+            Err(code) if code == Code::NOT_PERMITTED || code == Code::NOT_SUPPORTED => {
                 let fd = u64::from(handle_bits::POSIX_FD);
                 // SAFETY: as above.
                 let mc = unsafe { self.inner.multicast_create(num_devices, size, fd) }?;
@@ -653,7 +640,6 @@ impl Forward for Classic {
     }
 
     unsafe fn get_limits(&self, props: EndpointProps) -> DriverResult<Limits> {
-        begin(Call::GetLimits);
         let n = Self::team_size(&props)?;
         // C6 before any cuMulticast* call: at least `n` devices must have it
         // (a team shared across processes and nodes: at least one here; each
@@ -681,7 +667,6 @@ impl Forward for Classic {
     }
 
     unsafe fn create(&self, id: u32, props: EndpointProps) -> DriverResult<()> {
-        begin(Call::Create);
         let free = |t: &Table| matches!(t.ids.get(&id), Some(None));
         if !free(&self.lock()) {
             return Err(Code::INVALID_VALUE); // R2.1
@@ -741,7 +726,6 @@ impl Forward for Classic {
     }
 
     unsafe fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
-        begin(Call::AddDevice);
         let check = |ep: &mut Emulated| {
             if ep.busy || ep.devices.contains(&dev) || ep.devices.len() as u32 >= ep.num_devices {
                 return Err(Code::INVALID_VALUE); // R4.2
@@ -911,7 +895,6 @@ impl Forward for Classic {
         size: u64,
         flags: u64,
     ) -> DriverResult<()> {
-        begin(Call::BindMem);
         // The classic bind takes no device: it binds on the memory's own
         // device, which must be the one asked for (R5.5).
         // SAFETY: a property query touches nothing anyone owns.
@@ -950,7 +933,6 @@ impl Forward for Classic {
         size: u64,
         flags: u64,
     ) -> DriverResult<()> {
-        begin(Call::BindAddr);
         let (mc, bind) = self.intend_bind(id, dev, offset, size, flags)?;
         // Where the mapped memory lives was checked by the typed API (R5.5);
         // the driver binds it on its own device.
@@ -963,7 +945,6 @@ impl Forward for Classic {
     }
 
     unsafe fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
-        begin(Call::Unbind);
         let end = offset.checked_add(size).ok_or(Code::INVALID_VALUE)?;
         let (mc, covered) = self.with_ep(id, |ep| {
             let Some(mc) = ep.mc else {
@@ -1008,7 +989,6 @@ impl Forward for Classic {
     }
 
     unsafe fn destroy(&self, id: u32) -> DriverResult<()> {
-        begin(Call::Destroy);
         let (mc, stale, binds) = self.with_ep(id, |ep| {
             if ep.busy {
                 return Err(Code::INVALID_VALUE);
@@ -1092,16 +1072,6 @@ impl Forward for Classic {
                 }
                 Err(code)
             }
-        }
-    }
-
-    fn inner_failure(&self, call: Call) -> Option<Call> {
-        match FAILED.get() {
-            (Some(outer), Some(inner)) if outer == call => {
-                FAILED.set((None, None));
-                Some(inner)
-            }
-            _ => None,
         }
     }
 

@@ -380,26 +380,6 @@ macro_rules! gen_call {
                 None
             }
 
-            /// For a backend that emulates `call` on other entry points
-            /// (the classic fallback): the entry point whose failure the
-            /// last `call` on this thread returned, so that the error names
-            /// it. Asked once, right after the failure. `None`: `call` itself.
-            fn inner_failure(&self, call: Call) -> Option<Call> {
-                let _ = call;
-                None
-            }
-
-            /// For a backend that makes a context current before its calls
-            /// (the real driver): when the last failure of `call` on this
-            /// thread came from that step, not from `call` (which was then
-            /// never made), which step and for which device, so that the
-            /// error names them. Asked once, right after the failure.
-            /// `None`: the code is `call`'s own answer.
-            fn context_failure(&self, call: Call) -> Option<$crate::ContextFailure> {
-                let _ = call;
-                None
-            }
-
             /// The backend's [`ObjectSharing`](crate::ObjectSharing)
             /// capability: sharing multicast objects of its own across
             /// processes (the classic fallback, C5) and saying what this
@@ -474,15 +454,7 @@ macro_rules! gen_call {
                 self.inner().process_scope()
             }
 
-            /// As [`Driver::inner_failure`]; the inner driver's by default.
-            fn inner_failure(&self, call: Call) -> Option<Call> {
-                self.inner().inner_failure(call)
-            }
 
-            /// As [`Driver::context_failure`]; the inner driver's by default.
-            fn context_failure(&self, call: Call) -> Option<$crate::ContextFailure> {
-                self.inner().context_failure(call)
-            }
 
             /// As [`Driver::object_sharing`]; the inner driver's by default.
             #[doc(hidden)]
@@ -514,12 +486,6 @@ macro_rules! gen_call {
             }
             fn process_scope(&self) -> Option<u64> {
                 Forward::process_scope(self)
-            }
-            fn inner_failure(&self, call: Call) -> Option<Call> {
-                Forward::inner_failure(self, call)
-            }
-            fn context_failure(&self, call: Call) -> Option<$crate::ContextFailure> {
-                Forward::context_failure(self, call)
             }
             fn object_sharing(&self) -> Option<&dyn $crate::ObjectSharing> {
                 Forward::object_sharing(self)
@@ -553,12 +519,6 @@ macro_rules! gen_arc {
             }
             fn process_scope(&self) -> Option<u64> {
                 (**self).process_scope()
-            }
-            fn inner_failure(&self, call: Call) -> Option<Call> {
-                (**self).inner_failure(call)
-            }
-            fn context_failure(&self, call: Call) -> Option<$crate::ContextFailure> {
-                (**self).context_failure(call)
             }
             fn object_sharing(&self) -> Option<&dyn $crate::ObjectSharing> {
                 (**self).object_sharing()

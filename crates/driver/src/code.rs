@@ -6,15 +6,89 @@
 
 use std::fmt;
 
+use crate::{Call, ContextFailure, ContextStep};
+
 /// The result of one driver call.
 pub type DriverResult<T> = Result<T, Code>;
 
 /// A non-success `CUresult` returned by a driver call: the raw number, with a
-/// name and a hint when the library knows it.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(transparent))]
+/// name and a hint when the library knows it, and where it arose when that
+/// was not the call itself ([`Code::origin`]).
+///
+/// A backend answers through this value alone: one that emulates a call on
+/// other entry points (the classic fallback) says which one failed
+/// ([`Code::raised_by`]); one that makes a context current first (the real
+/// driver) says when that step failed and the call was never made
+/// ([`Code::in_context`]). Codes compare, hash and order by the number only:
+/// `Err(Code::INVALID_VALUE)` equals that code wherever it arose; compare
+/// with `==` or a match guard (`Err(c) if c == Code::NOT_READY`), since a
+/// constant of it is no pattern. Only the number crosses a wire (serde).
+#[derive(Clone, Copy)]
 pub struct Code(u32);
+
+// The layout, one `u32` so that a `DriverResult` of a scalar is still
+// returned in registers (`ci/codegen.sh` holds that): the `CUresult` number
+// in bits 0–15 and where it arose in bits 16–30 — the inner entry point
+// (index in `Call::ALL` + 1) in 16–21, the context step (+ 1) in 22–23, the
+// step's device (+ 1; one of 127 or more is not named) in 24–30. A number
+// above 0xffff (none in `cuda.h`, whose largest is 999) sets bit 31 and
+// keeps its 31 bits, with no origin.
+const NUMBER: u32 = 0xffff;
+const LARGE: u32 = 1 << 31;
+// Every entry point of the table has a 6-bit index.
+const _: () = assert!(Call::ALL.len() < 1 << 6);
+
+/// Where a [`Code`] arose ([`Code::origin`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CodeOrigin {
+    /// The call itself answered the code.
+    Call,
+    /// A backend that emulates the call made another entry point, which
+    /// answered the code (the classic fallback's `cuMulticast*` or VMM call).
+    Inner(Call),
+    /// The context step before the call failed; the call was never made.
+    Context(ContextFailure),
+}
+
+impl PartialEq for Code {
+    fn eq(&self, other: &Code) -> bool {
+        self.raw() == other.raw()
+    }
+}
+
+impl Eq for Code {}
+
+impl std::hash::Hash for Code {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.raw().hash(state);
+    }
+}
+
+impl PartialOrd for Code {
+    fn partial_cmp(&self, other: &Code) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Code {
+    fn cmp(&self, other: &Code) -> std::cmp::Ordering {
+        self.raw().cmp(&other.raw())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.raw().serialize(s)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Code {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Code, D::Error> {
+        u32::deserialize(d).map(Code::number)
+    }
+}
 
 macro_rules! codes {
     ($($konst:ident = $num:literal, $name:literal, $hint:literal $(, since $since:literal)?;)*) => {
@@ -33,7 +107,7 @@ macro_rules! codes {
             /// The `cuda.h` name, e.g. `CUDA_ERROR_INVALID_VALUE`; `None` for a
             /// number this library does not know.
             pub fn known_name(self) -> Option<&'static str> {
-                match self.0 {
+                match self.raw() {
                     $($num => Some($name),)*
                     _ => None,
                 }
@@ -41,7 +115,7 @@ macro_rules! codes {
 
             /// What the code means, in one line; `None` for an unknown number.
             pub fn hint(self) -> Option<&'static str> {
-                match self.0 {
+                match self.raw() {
                     $($num => Some($hint),)*
                     _ => None,
                 }
@@ -162,12 +236,91 @@ codes! {
 impl Code {
     /// Converts a raw `CUresult` number; `None` for `CUDA_SUCCESS` (0).
     pub const fn from_raw(raw: u32) -> Option<Code> {
-        if raw == 0 { None } else { Some(Code(raw)) }
+        if raw == 0 {
+            None
+        } else {
+            Some(Code::number(raw))
+        }
+    }
+
+    /// The code of a non-zero number, with no origin.
+    const fn number(raw: u32) -> Code {
+        if raw > NUMBER {
+            Code(raw | LARGE)
+        } else {
+            Code(raw)
+        }
+    }
+
+    /// This code as answered by `inner`, an entry point a backend made to
+    /// emulate the call at hand ([`CodeOrigin::Inner`]).
+    pub fn raised_by(self, inner: Call) -> Code {
+        if self.0 & LARGE != 0 {
+            return self;
+        }
+        let index = Call::ALL
+            .iter()
+            .position(|&c| c == inner)
+            .and_then(|i| u32::try_from(i + 1).ok())
+            .filter(|&i| i < 1 << 6)
+            .unwrap_or(0);
+        Code(self.0 & NUMBER | index << 16)
+    }
+
+    /// This code as answered by the context step before a call, which was
+    /// then never made ([`CodeOrigin::Context`]).
+    pub fn in_context(self, failure: ContextFailure) -> Code {
+        if self.0 & LARGE != 0 {
+            return self;
+        }
+        let step: u32 = match failure.step {
+            ContextStep::PrimaryCtxRetain => 1,
+            ContextStep::CtxGetCurrent => 2,
+            ContextStep::CtxSetCurrent => 3,
+        };
+        let device = failure
+            .device
+            .and_then(|d| u32::try_from(d.0).ok())
+            .filter(|&d| d < 0x7f)
+            .map_or(0, |d| d + 1);
+        Code(self.0 & NUMBER | step << 22 | device << 24)
+    }
+
+    /// Where this code arose (see [`Code`]).
+    pub fn origin(self) -> CodeOrigin {
+        if self.0 & LARGE != 0 {
+            return CodeOrigin::Call;
+        }
+        let o = self.0 >> 16;
+        let step = match (o >> 6) & 0b11 {
+            1 => Some(ContextStep::PrimaryCtxRetain),
+            2 => Some(ContextStep::CtxGetCurrent),
+            3 => Some(ContextStep::CtxSetCurrent),
+            _ => None,
+        };
+        if let Some(step) = step {
+            let device = match o >> 8 {
+                0 => None,
+                d => i32::try_from(d - 1).ok().map(crate::Device),
+            };
+            return CodeOrigin::Context(ContextFailure { step, device });
+        }
+        match usize::try_from(o & 0x3f).unwrap_or(0) {
+            0 => CodeOrigin::Call,
+            i => Call::ALL
+                .get(i - 1)
+                .copied()
+                .map_or(CodeOrigin::Call, CodeOrigin::Inner),
+        }
     }
 
     /// The raw `CUresult` number.
     pub const fn raw(self) -> u32 {
-        self.0
+        if self.0 & LARGE != 0 {
+            self.0 & !LARGE
+        } else {
+            self.0 & NUMBER
+        }
     }
 
     /// The `cuda.h` name, or `"unknown CUresult"`.
@@ -179,33 +332,33 @@ impl Code {
     /// driver or the fabric is not ready yet (`SYSTEM_NOT_READY`,
     /// `FABRIC_NOT_READY`, `NOT_READY`, `MPS_SERVER_NOT_READY`).
     pub fn is_retryable(self) -> bool {
-        matches!(
-            self,
-            Code::SYSTEM_NOT_READY
-                | Code::FABRIC_NOT_READY
-                | Code::NOT_READY
-                | Code::MPS_SERVER_NOT_READY
-        )
+        [
+            Code::SYSTEM_NOT_READY,
+            Code::FABRIC_NOT_READY,
+            Code::NOT_READY,
+            Code::MPS_SERVER_NOT_READY,
+        ]
+        .contains(&self)
     }
 
     /// Whether a resource ran out: device memory, multicast groups or
     /// another finite driver resource (`OUT_OF_MEMORY`,
     /// `MULTICAST_RESOURCE_FULL`...). Freeing something may help.
     pub fn is_resource_exhausted(self) -> bool {
-        matches!(
-            self,
-            Code::OUT_OF_MEMORY
-                | Code::MULTICAST_RESOURCE_FULL
-                | Code::LAUNCH_OUT_OF_RESOURCES
-                | Code::TOO_MANY_PEERS
-        )
+        [
+            Code::OUT_OF_MEMORY,
+            Code::MULTICAST_RESOURCE_FULL,
+            Code::LAUNCH_OUT_OF_RESOURCES,
+            Code::TOO_MANY_PEERS,
+        ]
+        .contains(&self)
     }
 }
 
 // Hand-written so that nothing calls into the driver (`cuGetErrorString`).
 impl fmt::Debug for Code {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.name(), self.0)
+        write!(f, "{} ({})", self.name(), self.raw())
     }
 }
 
@@ -252,9 +405,43 @@ mod tests {
     }
 
     #[test]
+    fn a_code_says_where_it_arose_and_still_equals_the_plain_code() {
+        let inner = Code::INVALID_VALUE.raised_by(Call::MulticastBindMem);
+        assert_eq!(inner, Code::INVALID_VALUE);
+        assert_eq!(inner.origin(), CodeOrigin::Inner(Call::MulticastBindMem));
+        let step = ContextFailure {
+            step: ContextStep::CtxSetCurrent,
+            device: Some(crate::Device(3)),
+        };
+        let ctx = Code::OUT_OF_MEMORY.in_context(step);
+        assert_eq!(ctx, Code::OUT_OF_MEMORY);
+        assert_eq!(ctx.origin(), CodeOrigin::Context(step));
+        let none = ContextFailure {
+            step: ContextStep::CtxGetCurrent,
+            device: None,
+        };
+        assert_eq!(
+            Code::UNKNOWN.in_context(none).origin(),
+            CodeOrigin::Context(none)
+        );
+        assert_eq!(Code::UNKNOWN.origin(), CodeOrigin::Call);
+        for &call in Call::ALL {
+            assert_eq!(
+                Code::UNKNOWN.raised_by(call).origin(),
+                CodeOrigin::Inner(call)
+            );
+        }
+        // Small enough to come back in registers.
+        assert_eq!(std::mem::size_of::<Code>(), 4);
+        // A number past 16 bits stays a number, with no origin.
+        let big = Code::from_raw(0x1_0000).unwrap().raised_by(Call::MemMap);
+        assert_eq!((big.raw(), big.origin()), (0x1_0000, CodeOrigin::Call));
+    }
+
+    #[test]
     fn every_known_code_has_a_hint() {
         for n in 1..1100 {
-            let c = Code(n);
+            let c = Code::number(n);
             assert_eq!(c.known_name().is_some(), c.hint().is_some(), "{n}");
             if let Some(h) = c.hint() {
                 assert!(!h.is_empty() && !h.contains('\n'), "{n}");

@@ -29,7 +29,7 @@ mod types;
 #[doc(hidden)]
 pub use calls::Queries;
 pub use calls::{Call, Driver, Family, Forward};
-pub use code::{Code, DriverResult};
+pub use code::{Code, CodeOrigin, DriverResult};
 pub use copy_types::{CopyOp, FABRIC_COPY_MIN_VERSION, MemHint, Operand, Pointer};
 pub use sharing::{ObjectExport, ObjectSharing};
 pub use trace::{TraceEntry, TraceLog, Traced};

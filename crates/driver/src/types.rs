@@ -66,7 +66,7 @@ impl fmt::Display for ContextStep {
 }
 
 /// A failure of the context step before a call, not of the call: the call
-/// itself was never made ([`Driver::context_failure`](super::Driver::context_failure)).
+/// itself was never made ([`Code::in_context`](crate::Code::in_context)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ContextFailure {
     /// The entry point that failed.

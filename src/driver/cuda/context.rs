@@ -28,12 +28,11 @@
 //! program holds (`cuDevicePrimaryCtxGetState`), else of device 0 (the CUDA
 //! runtime's default device).
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use super::ffi::{CUcontext, Symbols};
-use crate::driver::{Call, Code, ContextFailure, ContextStep, Device};
+use crate::driver::{Code, ContextFailure, ContextStep, Device};
 
 /// Which context a call runs in.
 #[derive(Clone, Copy, Debug)]
@@ -67,29 +66,6 @@ pub(super) struct Contexts {
     retained: Mutex<Vec<(i32, Retained)>>,
     /// The device whose context was bound last ([`NO_DEVICE`] before any).
     last_device: AtomicI32,
-}
-
-thread_local! {
-    /// The context step that made the last failing call on this thread fail
-    /// (`None` when the call itself answered): read once by
-    /// [`take_failure`] for the error's text.
-    static FAILED: Cell<Option<(Call, ContextFailure)>> = const { Cell::new(None) };
-}
-
-/// Records how the last failing `call` on this thread failed.
-pub(super) fn record_failure(call: Call, failure: Option<ContextFailure>) {
-    FAILED.set(failure.map(|f| (call, f)));
-}
-
-/// The context step that failed `call`, once.
-pub(super) fn take_failure(call: Call) -> Option<ContextFailure> {
-    match FAILED.get() {
-        Some((c, f)) if c == call => {
-            FAILED.set(None);
-            Some(f)
-        }
-        _ => None,
-    }
 }
 
 /// A failed context step: which, for which device, and its code.

@@ -599,7 +599,7 @@ pub(super) unsafe fn stream_query(c: &Cuda, stream: u64) -> DriverResult<bool> {
         f(stream_of(stream))
     }) {
         Ok(()) => Ok(true),
-        Err(Code::NOT_READY) => Ok(false),
+        Err(code) if code == Code::NOT_READY => Ok(false),
         Err(code) => Err(code),
     }
 }

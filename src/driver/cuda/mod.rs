@@ -48,7 +48,7 @@ use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_M
 /// the VMM calls that name none use the thread's current context, else
 /// the device used last's, else that of a device whose primary context the
 /// program holds (device 0 when it holds none). A failed context step is reported as such
-/// ([`Driver::context_failure`], [`Error::Context`]), not as the call's.
+/// ([`Code::in_context`](crate::driver::Code::in_context), [`Error::Context`]), not as the call's.
 pub struct Cuda {
     sym: Symbols,
     version: i32,
@@ -193,7 +193,6 @@ impl Cuda {
                 call = call.name(),
                 "denied by policy: CUDA_ERROR_NOT_PERMITTED"
             );
-            context::record_failure(call, None);
             return Err(Code::NOT_PERMITTED);
         }
         let Some(f) = f else {
@@ -201,18 +200,17 @@ impl Cuda {
                 call = call.name(),
                 "not exported by this driver: CUDA_ERROR_NOT_SUPPORTED"
             );
-            context::record_failure(call, None);
             return Err(Code::NOT_SUPPORTED);
         };
         let no_context = |(failure, code): context::StepError| {
             tracing::debug!(call = call.name(), ?cx, step = %failure.step, device = ?failure.device, %code, "no context for the call");
-            // The call was not made: the error names the step (`context_failure`).
-            context::record_failure(call, Some(failure));
-            code
+            // The call was not made: the code names the step.
+            code.in_context(failure)
         };
         let guard = self.contexts.bind(&self.sym, cx).map_err(no_context)?;
         let mut rc = Code::from_raw(body(f));
-        if let (Some(Code::INVALID_CONTEXT), Cx::NoneNeeded(prefer)) = (rc, cx)
+        if let (Some(code), Cx::NoneNeeded(prefer)) = (rc, cx)
+            && code == Code::INVALID_CONTEXT
             && let Some(retry) = self.contexts.retry_context(&self.sym, prefer)
         {
             // cuda.h lists no INVALID_CONTEXT for this call; a driver that
@@ -233,7 +231,6 @@ impl Cuda {
             }
             Some(code) => {
                 tracing::debug!(call = call.name(), %code, "driver call failed");
-                context::record_failure(call, None);
                 Err(code)
             }
         }
@@ -281,9 +278,6 @@ macro_rules! cuda_driver {
             /// of the process, whose attachments are per process (R9).
             fn process_scope(&self) -> Option<u64> {
                 Some(0)
-            }
-            fn context_failure(&self, call: Call) -> Option<crate::driver::ContextFailure> {
-                context::take_failure(call)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
