@@ -142,13 +142,27 @@ pub struct Decision {
     pub classic_available: bool,
 }
 
+impl Decision {
+    /// How copy batches run on the chosen backend
+    /// ([`Context::copy_path`](crate::Context::copy_path)): the fabric copy
+    /// (`cuFabricCpyBatchAsync`) on logical endpoints of a 13.5+ driver,
+    /// else the portable path (`cuMemcpyAsync` through mapped memory) —
+    /// on the classic fallback, before 13.5, or when nothing was chosen.
+    pub fn copy_path(&self) -> crate::CopyPath {
+        match self.choice {
+            BackendChoice::LogicalEndpoints => crate::portable::choose(self.driver_version, None).0,
+            _ => crate::CopyPath::Portable,
+        }
+    }
+}
+
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "backend: {}", self.choice)?;
         for r in &self.reasons {
             writeln!(f, "  - {r}")?;
         }
-        Ok(())
+        writeln!(f, "copies: {}", self.copy_path())
     }
 }
 

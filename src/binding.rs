@@ -89,8 +89,12 @@ impl Binding<'_> {
                 .unbind(self.id, self.dev, self.offset, self.size)
         };
         ctx.check(Call::Unbind, r)?;
-        let keep = take_record(&mut self.range.slot(self.id), self.dev, self.offset);
-        drop(keep); // may release the memory: outside the lock
+        let (dev, offset) = (self.dev, self.offset);
+        let mut slot = self.range.slot(self.id);
+        let keep = take_record(&mut slot, dev, offset);
+        let window = slot.take_windows(|w| w.is_local(dev, offset));
+        drop(slot);
+        drop((keep, window)); // may release the memory: outside the lock
         Ok(())
     }
 }
@@ -464,6 +468,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 size,
                 _keep: keep,
             });
+            // The portable path reaches memory bound by address at its
+            // address (`crate::portable`); by handle it has none here.
+            if let Some((_, a, _)) = addr {
+                slot.push_window(crate::portable::Window::local(dev, offset, size, a));
+            }
         }
         let d = ctx.driver();
         // A panic inside the call leaves the record: the memory stays alive
@@ -485,8 +494,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
         };
         if let Err(code) = r {
-            let kept = take_record(&mut self.slot(), dev, offset);
-            drop(kept); // may release the memory: outside the lock
+            let mut slot = self.slot();
+            let kept = take_record(&mut slot, dev, offset);
+            let window = slot.take_windows(|w| w.is_local(dev, offset));
+            drop(slot);
+            drop((kept, window)); // may release the memory: outside the lock
             return Err(ctx.error(call, code));
         }
         Ok(Binding {

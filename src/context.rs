@@ -42,6 +42,8 @@ struct Inner {
     attached: Arc<Attached>,
     /// The last released one-id range, for the next `reserve(1)`.
     spare: crate::range::Spare,
+    /// The copy path, once chosen ([`Context::copy_path`]).
+    copy_path: crate::portable::PathCell,
 }
 
 /// A pointer to the value of [`Inner::driver`].
@@ -111,6 +113,7 @@ impl Context {
                 version: OnceLock::new(),
                 teardown: Mutex::new(Teardown::default()),
                 spare: Default::default(),
+                copy_path: Default::default(),
             }),
         }
     }
@@ -181,6 +184,7 @@ impl Context {
                 ));
             }
         };
+        ctx.set_copy_path(decision.copy_path());
         Ok((ctx, decision))
     }
 
@@ -239,6 +243,11 @@ impl Context {
         // lives (and never moves: it is in an `Arc`) as long as `inner`, so
         // at least as long as `&self`.
         unsafe { &*self.inner.driver_ref.0 }
+    }
+
+    /// The copy path cell (see [`crate::portable`]).
+    pub(crate) fn path_cell(&self) -> &crate::portable::PathCell {
+        &self.inner.copy_path
     }
 
     /// The spare one-id range (see [`crate::range::Spare`]).

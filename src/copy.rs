@@ -34,17 +34,19 @@
 //!   end, as `std::thread::scope` joins, would work too, at the price of a
 //!   closure around every copy.)
 //!
-//! **The portable path (issue 19, item 4; not built yet).** On drivers
+//! **The portable path (issue 19, item 4; `crate::portable`).** On drivers
 //! without `cuFabricCpyBatchAsync` (before 13.5, the classic fallback) the
-//! same `CopyBatch` would run as `cuMemcpyAsync` through memory imported
-//! from the peer: every bring-up would export, next to the endpoint, the
-//! owner's bound memory (POSIX descriptor within a node, fabric handle
-//! across) and record, per endpoint id, the mapped address of each target's
-//! memory at each bound offset. A put to a unicast endpoint becomes one
-//! `cuMemcpyAsync` into the owner's imported mapping at that offset, a
-//! multicast put one per member, a get one from the owner's mapping. The
-//! choice is made once, by the backend decision, and named in the trace;
-//! the checks, tokens and compile errors above stay the same.
+//! same `CopyBatch` runs as `cuMemcpyAsync` through the endpoint's
+//! *windows*: per endpoint id, the mapped address here of each target's
+//! memory at each bound offset — this process's own binds by address, and
+//! peers' memory imported (POSIX descriptor within a node, fabric handle
+//! across) and registered with [`Endpoint::add_peer_window`]. A put to a
+//! unicast endpoint becomes one `cuMemcpyAsync` into the owner's mapping at
+//! that offset, a multicast put one per member, a get one from the owner's
+//! mapping. The choice is made once ([`crate::Context::copy_path`], from the
+//! backend decision) and the trace shows `cuMemcpyAsync`; the checks,
+//! tokens and compile errors above stay the same, and the in-flight record
+//! keeps the windows' memory alive too.
 
 use std::marker::PhantomData;
 
@@ -68,7 +70,7 @@ impl CanGet for ImportedUnicast {}
 
 /// One op as the batch remembers it, for the checks.
 #[derive(Clone, Copy)]
-enum Side {
+pub(crate) enum Side {
     /// `(id, offset)`.
     Ep(u32, u64),
     /// A device address.
@@ -87,26 +89,28 @@ enum Side {
 /// the [`InFlight`] token is waited or dropped.
 #[must_use = "a batch does nothing until `stream.enqueue(batch)`"]
 pub struct CopyBatch<'a> {
-    ops: Vec<(Side, Side, u64)>,
-    keep: Keep,
+    pub(crate) ops: Vec<(Side, Side, u64)>,
+    pub(crate) keep: Keep,
     /// Per endpoint op: `(op, endpoint size, devices bound by this process
     /// covering ranges, devices)` for F9.
-    checks: Vec<Check>,
+    pub(crate) checks: Vec<Check>,
     locations: Vec<(usize, Location, u64, u64)>,
-    host_in: Vec<Vec<u8>>,
-    host_out: Vec<(usize, Vec<u8>)>,
+    pub(crate) host_in: Vec<Vec<u8>>,
+    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
     error: Option<Error>,
     _borrow: PhantomData<&'a ()>,
 }
 
-struct Check {
-    op: usize,
+pub(crate) struct Check {
+    pub(crate) op: usize,
     id: u32,
     offset: u64,
     size: u64,
     ep_size: u64,
     /// For each device of the endpoint in this process: its bound ranges.
     bound: Vec<(Device, Vec<(u64, u64)>)>,
+    /// What the portable path needs of the endpoint.
+    pub(crate) target: crate::portable::Target,
 }
 
 impl std::fmt::Debug for CopyBatch<'_> {
@@ -174,6 +178,12 @@ impl<'a> CopyBatch<'a> {
             size,
             ep_size: ep.size(),
             bound,
+            target: crate::portable::Target {
+                range: ep.range().clone(),
+                id: ep.id(),
+                devices: ep.devices().to_vec(),
+                team_size: ep.facts().team_size,
+            },
         });
         self.keep.endpoints.push((ep.range().clone(), ep.id()));
         Side::Ep(ep.id(), offset)
@@ -372,19 +382,28 @@ impl<'a> CopyBatch<'a> {
 impl Stream {
     /// Enqueues `batch` (one `cuFabricCpyBatchAsync`, flags 0) after every
     /// check of [`CopyBatch`]; the copies run when the stream reaches them.
+    /// On the portable path ([`Context::copy_path`](crate::Context::copy_path))
+    /// the same batch runs as one `cuMemcpyAsync` per target piece, through
+    /// the endpoints' windows ([`Endpoint::add_peer_window`]).
     ///
     /// # Errors
     /// [`Error::CopyOutOfRange`], [`Error::CopyNotBound`],
     /// [`Error::CopyNotLocal`], [`Error::CopyDependent`],
-    /// [`Error::WrongContext`], before the driver; [`Error::Driver`] from
+    /// [`Error::WrongContext`], and on the portable path
+    /// [`Error::CopyNoWindow`], before the driver; [`Error::Driver`] from
     /// the call (`NOT_SUPPORTED` on a driver before 13.5, F7). Nothing was
-    /// enqueued then, and the host buffers are dropped with the batch.
+    /// enqueued then (the portable path synchronizes what it had enqueued
+    /// before a failed `cuMemcpyAsync`), and the host buffers are dropped
+    /// with the batch.
     pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         if batch.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
             return Err(Error::WrongContext);
         }
         batch.check(self.inner.dev)?;
+        if ctx.copy_path() == crate::CopyPath::Portable {
+            return self.enqueue_portable(batch);
+        }
         let CopyBatch {
             ops,
             keep,
@@ -443,10 +462,10 @@ impl Stream {
 /// unbinding or freeing them while it lives does not compile (F4).
 #[must_use = "the copies are in flight: call `.wait()` (or keep the token while the stream runs, then wait) before reading the destination; dropping it synchronizes the stream"]
 pub struct InFlight<'a> {
-    stream: &'a Stream,
-    host_in: Vec<Vec<u8>>,
-    host_out: Vec<(usize, Vec<u8>)>,
-    _borrow: PhantomData<&'a ()>,
+    pub(crate) stream: &'a Stream,
+    pub(crate) host_in: Vec<Vec<u8>>,
+    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+    pub(crate) _borrow: PhantomData<&'a ()>,
 }
 
 impl std::fmt::Debug for InFlight<'_> {

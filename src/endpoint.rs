@@ -123,13 +123,15 @@ fn forget_endpoint(range: &RangeInner, id: u32) {
     let mut slot = range.slot(id);
     // Nothing bound and nothing exported (the usual case): nothing to move
     // out of the slot.
-    if slot.bindings.is_empty() && slot.fabric().is_none() {
+    if slot.bindings.is_empty() && slot.fabric().is_none() && slot.windows().next().is_none() {
         return;
     }
     let bindings = slot.reset();
     let fabric = slot.take_fabric();
+    let windows = slot.take_windows(|_| true);
     drop(slot);
     forget_rest(range, bindings, fabric);
+    drop(windows); // peer memory the portable path kept, outside the lock
 }
 
 /// The cold part of [`forget_endpoint`]: the fabric handle detached and the

@@ -650,6 +650,30 @@ pub enum Error {
         other: usize,
     },
 
+    /// On the portable path ([`crate::CopyPath::Portable`]): an op reaches
+    /// endpoint bytes that this process cannot reach on every target — no
+    /// memory it bound by address there, and no peer window
+    /// ([`crate::Endpoint::add_peer_window`]) (F9).
+    #[error(
+        "copy op {op} on the portable path (cuMemcpyAsync): endpoint {id} bytes {offset}..{end} are reachable here on {known} of its {targets} targets (F9); bind `Mapped` memory there in this process (a bind by `Allocation` handle has no address here), and for each target in another process import its memory (`import_fd` within a node, `import_fabric` across), map it and register it with `Endpoint::add_peer_window`",
+        end = offset.saturating_add(*size)
+    )]
+    CopyNoWindow {
+        /// The op's index in the batch.
+        op: usize,
+        /// The endpoint id.
+        id: u32,
+        /// Offset, in bytes.
+        offset: u64,
+        /// Size, in bytes.
+        size: u64,
+        /// Targets with a window over those bytes (or every target with a
+        /// window, when there are more than the endpoint has).
+        known: u32,
+        /// Targets of the endpoint: 1 for unicast, the team size for multicast.
+        targets: u32,
+    },
+
     /// A device attribute says the device lacks a feature (SPEC R2.4, C6).
     #[error(
         "{device} does not support {feature} (attribute {attribute} = {value}; {}); {}",
@@ -952,7 +976,7 @@ impl Error {
             Error::EmptyTeam => Some(Rule::R2_2),
             Error::Overlap { .. } => Some(Rule::R5_9),
             Error::CopyOutOfRange { .. } => Some(Rule::F9),
-            Error::CopyNotBound { .. } => Some(Rule::F9),
+            Error::CopyNotBound { .. } | Error::CopyNoWindow { .. } => Some(Rule::F9),
             Error::CopyNotLocal { .. } => Some(Rule::F2),
             Error::CopyDependent { .. } => Some(Rule::F3),
             Error::Timeout { .. } => Some(Rule::R3),

@@ -32,6 +32,7 @@ mod memory;
 pub use cuda_endpoints_model as model;
 mod multicast_mapping;
 mod owned;
+mod portable;
 mod probe;
 mod range;
 mod ready;
@@ -64,6 +65,7 @@ pub use kind::{
 pub use memory::{Allocation, Fabric, Mapped, PosixFd, Private};
 pub use multicast_mapping::MulticastMapping;
 pub use owned::BoundEndpoint;
+pub use portable::CopyPath;
 pub use probe::{Bytes, Capabilities, MemInfo, Probed, VmmGranularity, YesNo};
 pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};

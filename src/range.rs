@@ -93,6 +93,9 @@ impl Slot {
 #[derive(Default)]
 struct Shared {
     fabric: Vec<(u32, [u8; 64])>,
+    /// The portable path's windows of each id (`crate::portable`): few ids
+    /// have one, so a list beside the fabric handles, not a record field.
+    windows: Vec<(u32, crate::portable::Window)>,
 }
 
 /// The slot of one id, with the range's lock held. The lock is the whole
@@ -134,6 +137,39 @@ impl SlotGuard<'_> {
     /// Lets go of this id's fabric handle (the id holds no endpoint any more).
     pub fn take_fabric(&mut self) -> Option<[u8; 64]> {
         take_fabric(&mut self.shared, self.id)
+    }
+
+    /// This id's windows (the portable path), in the order they were added.
+    pub fn windows(&self) -> impl Iterator<Item = &crate::portable::Window> {
+        let id = self.id;
+        self.shared
+            .windows
+            .iter()
+            .filter(move |(i, _)| *i == id)
+            .map(|(_, w)| w)
+    }
+
+    /// Adds a window to this id.
+    pub fn push_window(&mut self, w: crate::portable::Window) {
+        let id = self.id;
+        self.shared.windows.push((id, w));
+    }
+
+    /// Removes the windows of this id that `remove` picks; returns them, to
+    /// be dropped outside the lock (they may keep memory alive).
+    pub fn take_windows(
+        &mut self,
+        mut remove: impl FnMut(&crate::portable::Window) -> bool,
+    ) -> Vec<crate::portable::Window> {
+        let id = self.id;
+        if self.shared.windows.is_empty() {
+            return Vec::new();
+        }
+        let (out, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.shared.windows)
+            .into_iter()
+            .partition(|(i, w)| *i == id && remove(w));
+        self.shared.windows = keep;
+        out.into_iter().map(|(_, w)| w).collect()
     }
 }
 
@@ -319,7 +355,8 @@ impl RangeInner {
     /// `false` (keep it out) when something is left in it.
     fn make_spare(&mut self) -> bool {
         let shared = self.lock.get_mut().unwrap_or_else(|e| e.into_inner());
-        if !shared.fabric.is_empty() || shared.fabric.capacity() != 0 {
+        if !shared.fabric.is_empty() || shared.fabric.capacity() != 0 || !shared.windows.is_empty()
+        {
             return false;
         }
         let Some(rec) = self.records.first_mut() else {

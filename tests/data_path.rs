@@ -727,6 +727,9 @@ fn f5_f6_the_typed_api_sends_flags_zero_on_its_own_stream() {
 #[test]
 fn f7_typed_copy_on_a_13_4_driver_is_not_supported() {
     let (ctx, model) = backend::context(ModelConfig::node(1));
+    // A 13.4 context takes the portable path by itself (tests/portable_copy.rs):
+    // forced onto the fabric copy, the driver's answer is F7's.
+    ctx.set_copy_path(cuda_endpoints::CopyPath::Fabric);
     let u = Unicast1::new(&ctx);
     let b = u.bind();
     let stream = Stream::new(&ctx, 0).unwrap();

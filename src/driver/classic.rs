@@ -1083,6 +1083,9 @@ impl Forward for Classic {
             Call::AddDevice => {
                 "the device reports MULTICAST_SUPPORTED (attribute 132) = 0, so the classic fallback cannot enroll it (C6)"
             }
+            Call::FabricCpyBatchAsync => {
+                "the classic multicast fallback has no fabric copy: its ids are its own, so copies take the portable path (cuMemcpyAsync through the memory bound to the team)"
+            }
             Call::Export | Call::Import => {
                 "the classic multicast fallback shares its objects only through the team bring-up (team::multicast: a POSIX descriptor within a node, fabric bytes across nodes), not as logical-endpoint fabric handles"
             }

@@ -1,0 +1,456 @@
+//! The portable data path (issue 19, item 4): on drivers without
+//! `cuFabricCpyBatchAsync` (before 13.5, and the classic fallback) the same
+//! [`crate::CopyBatch`] runs as `cuMemcpyAsync` through memory this process
+//! has mapped for every target of the endpoint.
+//!
+//! What this file owns:
+//! - [`CopyPath`], the choice between the fabric copy and the portable path,
+//!   made once per context ([`crate::Context::copy_path`]) from the backend
+//!   decision, logged through `tracing`, and overridable for tests
+//!   ([`crate::Context::set_copy_path`]);
+//! - the *windows* of an endpoint: where this process reaches the memory
+//!   bound at an endpoint offset on each target (the owner of a unicast
+//!   endpoint, every member of a multicast team). A window is
+//!   `(member, endpoint offset, size, local address)`, kept in the id's range
+//!   beside its bindings (`range::Shared`), and made
+//!   (a) by a bind of `Mapped` memory in this process (or a raw address),
+//!   removed with its unbind, and
+//!   (b) for a member in another process, by
+//!   [`Endpoint::add_peer_window`] with the peer's memory imported
+//!   (POSIX descriptor within a node, fabric handle across, R12.4) and
+//!   mapped here; such a window keeps that mapping alive until the endpoint
+//!   is destroyed;
+//! - [`resolve`]: one endpoint operand of a checked batch → the local
+//!   address pieces of every target, with what they keep alive; an error
+//!   before the driver ([`Error::CopyNoWindow`]) when a target's bytes have
+//!   no window.
+//!
+//! A window names memory, not a binding: if a peer rebinds other memory at
+//! those offsets, the window still reaches the old memory (kept alive, never
+//! freed under a copy) until it is registered again on a new endpoint.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::context::Context;
+use crate::copy::{CopyBatch, InFlight, Side};
+use crate::driver::{Call, Device, FABRIC_COPY_MIN_VERSION, Pointer};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Extent, Result, Rule};
+use crate::kind::Kind;
+use crate::memory::{BindSource, Mapped, MemShare};
+use crate::range::RangeInner;
+use crate::state::{IsReady, State};
+use crate::stream::Stream;
+
+/// How a context's [`crate::CopyBatch`]es reach the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CopyPath {
+    /// One `cuFabricCpyBatchAsync` per batch (CUDA 13.5+, logical endpoints).
+    Fabric,
+    /// One `cuMemcpyAsync` per target piece, through the endpoint's windows
+    /// ([`Endpoint::add_peer_window`]); a multicast put is one per member.
+    Portable,
+}
+
+impl std::fmt::Display for CopyPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CopyPath::Fabric => "fabric copy (cuFabricCpyBatchAsync)",
+            CopyPath::Portable => "portable (cuMemcpyAsync through mapped peer memory)",
+        })
+    }
+}
+
+/// The context's choice: 0 not yet made, else `encode(path)`.
+#[derive(Default)]
+pub(crate) struct PathCell(AtomicU8);
+
+const fn encode(p: CopyPath) -> u8 {
+    match p {
+        CopyPath::Fabric => 1,
+        CopyPath::Portable => 2,
+    }
+}
+
+impl PathCell {
+    pub(crate) fn get(&self) -> Option<CopyPath> {
+        match self.0.load(Ordering::Acquire) {
+            1 => Some(CopyPath::Fabric),
+            2 => Some(CopyPath::Portable),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn set(&self, p: CopyPath) {
+        self.0.store(encode(p), Ordering::Release);
+    }
+}
+
+/// The path a backend gets, from what it says: the fabric copy when the
+/// driver has the symbol (13.5+) and the backend does not refuse it (the
+/// classic fallback does), else the portable path. With the reason.
+pub(crate) fn choose(
+    driver_version: Option<i32>,
+    refused: Option<&'static str>,
+) -> (CopyPath, String) {
+    match (driver_version, refused) {
+        (_, Some(why)) => (CopyPath::Portable, format!("the backend: {why}")),
+        (Some(v), None) if v >= FABRIC_COPY_MIN_VERSION => (
+            CopyPath::Fabric,
+            format!("driver {v} has cuFabricCpyBatchAsync (13.5+, F7)"),
+        ),
+        (Some(v), None) => (
+            CopyPath::Portable,
+            format!("driver {v} has no cuFabricCpyBatchAsync (before 13.5, F7)"),
+        ),
+        (None, None) => (
+            CopyPath::Portable,
+            "the driver version is unknown, so cuFabricCpyBatchAsync may be missing".into(),
+        ),
+    }
+}
+
+impl Context {
+    /// How this context's copy batches reach the driver: decided once, at
+    /// the first copy or by [`Context::auto`] (the backend decision), from
+    /// the driver version and the backend — [`CopyPath::Fabric`] on 13.5+
+    /// with logical endpoints, else [`CopyPath::Portable`] — and logged
+    /// (`tracing`, target `cuda_endpoints::portable`).
+    pub fn copy_path(&self) -> CopyPath {
+        if let Some(p) = self.path_cell().get() {
+            return p;
+        }
+        let refused = self.driver().explain_unsupported(Call::FabricCpyBatchAsync);
+        let (path, why) = choose(self.driver_version(), refused);
+        tracing::info!(%path, %why, backend = %self.backend_name(), "copy path chosen");
+        self.path_cell().set(path);
+        path
+    }
+
+    /// Overrides [`Context::copy_path`] for every later batch (tests, or a
+    /// program that wants the portable path on a 13.5 driver). Batches
+    /// already in flight are not affected. Forcing [`CopyPath::Fabric`] on
+    /// a driver without it makes each enqueue fail with `NOT_SUPPORTED`.
+    pub fn set_copy_path(&self, path: CopyPath) {
+        tracing::info!(%path, "copy path set");
+        self.path_cell().set(path);
+    }
+}
+
+/// Which target of an endpoint a window reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Member {
+    /// A device of this process (its own binding).
+    Local(Device),
+    /// `device` of the process the caller calls `rank`.
+    Peer { rank: u32, device: Device },
+}
+
+/// One window: `size` bytes at endpoint `offset` of `member` are at `addr`
+/// in this process.
+pub(crate) struct Window {
+    member: Member,
+    offset: u64,
+    size: u64,
+    addr: u64,
+    /// The mapping of a peer window; `None` for a local binding, whose
+    /// memory the binding keeps.
+    keep: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl Window {
+    /// The window of a bind by address of this process.
+    pub(crate) fn local(dev: Device, offset: u64, size: u64, addr: u64) -> Window {
+        Window {
+            member: Member::Local(dev),
+            offset,
+            size,
+            addr,
+            keep: None,
+        }
+    }
+
+    /// Whether this is the window of the local bind on `dev` at `offset`.
+    pub(crate) fn is_local(&self, dev: Device, offset: u64) -> bool {
+        self.member == Member::Local(dev) && self.offset == offset
+    }
+
+    fn end(&self) -> u64 {
+        self.offset.saturating_add(self.size)
+    }
+}
+
+impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
+    /// Registers, for the portable path ([`CopyPath::Portable`]), where this
+    /// process reaches the memory that `device` of the process `rank` bound
+    /// at `offset` of this endpoint: `mem`, that memory imported here
+    /// (`Allocation::<PosixFd>::import_fd` within a node,
+    /// `Allocation::<Fabric>::import_fabric` across, R12.4) and mapped with
+    /// access for the devices this process copies on. It covers
+    /// `offset..offset + mem.size()`.
+    ///
+    /// `rank` tells the processes of the team apart (any number the ranks
+    /// agree on); the owner of a unicast endpoint is one member, a
+    /// multicast team has one per team device. Memory this process binds by
+    /// address needs no window: the bind makes one.
+    ///
+    /// The endpoint keeps `mem`'s mapping alive until it is destroyed, and
+    /// a copy in flight keeps it until the stream passed the copy.
+    ///
+    /// # Errors
+    /// [`Error::WrongContext`]; [`Error::OutOfRange`] when the window
+    /// reaches past the endpoint; [`Error::Overlap`] when it overlaps a
+    /// window of the same member.
+    pub fn add_peer_window<H: MemShare>(
+        &self,
+        rank: u32,
+        device: impl Into<Device>,
+        offset: u64,
+        mem: &Mapped<H>,
+    ) -> Result<()> {
+        if !mem.context().same(self.context()) {
+            return Err(Error::WrongContext);
+        }
+        let device = device.into();
+        let size = mem.size();
+        let ep_size = self.size();
+        let Some(end) = offset.checked_add(size).filter(|&e| e <= ep_size) else {
+            return Err(Error::OutOfRange {
+                what: Extent::EndpointRange,
+                offset,
+                size,
+                limit: ep_size,
+                rule: Rule::R5_4,
+            });
+        };
+        let member = Member::Peer { rank, device };
+        let mut slot = self.slot();
+        if let Some(w) = slot
+            .windows()
+            .find(|w| w.member == member && w.offset < end && offset < w.end())
+        {
+            return Err(Error::Overlap {
+                device,
+                offset,
+                size,
+                other_offset: w.offset,
+                other_size: w.size,
+            });
+        }
+        slot.push_window(Window {
+            member,
+            offset,
+            size,
+            addr: mem.device_ptr(),
+            keep: Some(mem.keep_alive()),
+        });
+        Ok(())
+    }
+}
+
+/// What the portable path knows of an endpoint operand, taken when the
+/// batch was built (the endpoint is borrowed for the batch's life).
+pub(crate) struct Target {
+    pub range: Arc<RangeInner>,
+    pub id: u32,
+    /// The devices of the endpoint in this process.
+    pub devices: Vec<Device>,
+    /// Targets of a copy: 1 for unicast, the team size for multicast.
+    pub team_size: u32,
+}
+
+/// The local pieces `(address, bytes)` of one target, in endpoint order.
+pub(crate) type Pieces = Vec<(u64, u64)>;
+
+/// Every target's pieces for `offset..offset + size` of `t`, with the
+/// memory they need kept alive pushed to `keep`.
+///
+/// # Errors
+/// [`Error::CopyNoWindow`] when a target has no window over those bytes,
+/// or more targets have windows than the endpoint has.
+pub(crate) fn resolve(
+    op: usize,
+    t: &Target,
+    offset: u64,
+    size: u64,
+    keep: &mut Vec<Arc<dyn Any + Send + Sync>>,
+) -> Result<Vec<Pieces>> {
+    let end = offset.saturating_add(size);
+    let slot = t.range.slot(t.id);
+    let mut members: Vec<Member> = t.devices.iter().map(|&d| Member::Local(d)).collect();
+    for w in slot.windows() {
+        if !members.contains(&w.member) {
+            members.push(w.member);
+        }
+    }
+    let no_window = |known: usize| Error::CopyNoWindow {
+        op,
+        id: t.id,
+        offset,
+        size,
+        known: u32::try_from(known).unwrap_or(u32::MAX),
+        targets: t.team_size,
+    };
+    let targets = usize::try_from(t.team_size).unwrap_or(usize::MAX);
+    if members.len() > targets {
+        return Err(no_window(members.len()));
+    }
+    let mut out = Vec::with_capacity(members.len());
+    for m in &members {
+        let mut pieces = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let Some(w) = slot
+                .windows()
+                .find(|w| w.member == *m && w.offset <= at && at < w.end())
+            else {
+                break;
+            };
+            let stop = end.min(w.end());
+            let addr = w.addr.checked_add(at - w.offset);
+            let Some(addr) = addr else {
+                return Err(no_window(out.len()));
+            };
+            pieces.push((addr, stop - at));
+            if let Some(k) = &w.keep {
+                keep.push(k.clone());
+            }
+            at = stop;
+        }
+        if at < end {
+            return Err(no_window(out.len()));
+        }
+        out.push(pieces);
+    }
+    if u32::try_from(out.len()) != Ok(t.team_size) {
+        return Err(no_window(out.len()));
+    }
+    // Local bindings keep their memory; a copy in flight keeps it too.
+    keep.extend(slot.bindings.iter().filter_map(|b| b._keep.clone()));
+    Ok(out)
+}
+
+/// One `cuMemcpyAsync`: `(dst, src, bytes)`.
+type Memcpy = (Pointer, Pointer, u64);
+
+/// `p` moved `at` bytes on.
+fn advance(p: Pointer, at: u64) -> Option<Pointer> {
+    Some(Pointer {
+        ptr: p.ptr.checked_add(at)?,
+        hint: p.hint,
+    })
+}
+
+impl Stream {
+    /// [`Stream::enqueue`] on the portable path, for a batch that passed
+    /// every check of the fabric path: each endpoint operand resolved to its
+    /// targets' windows (before the driver), then one `cuMemcpyAsync` per
+    /// target piece.
+    pub(crate) fn enqueue_portable<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
+        let ctx = &self.inner.ctx;
+        let CopyBatch {
+            ops,
+            mut keep,
+            checks,
+            host_in,
+            mut host_out,
+            ..
+        } = batch;
+        let mut copies: Vec<Memcpy> = Vec::with_capacity(ops.len());
+        for (i, &(s, d, size)) in ops.iter().enumerate() {
+            let Some(check) = checks.iter().find(|c| c.op == i) else {
+                continue; // every op of the typed API names one endpoint
+            };
+            let first = copies.len();
+            let local = |side: Side, host_out: &mut Vec<(usize, Vec<u8>)>| match side {
+                Side::Addr(a) => Some(Pointer::device(a)),
+                Side::Host(n) => host_in
+                    .get(n)
+                    .map(|b| Pointer::host(b.as_ptr().addr() as u64)),
+                Side::HostOut(n) => host_out
+                    .get_mut(n)
+                    .map(|(_, b)| Pointer::host(b.as_mut_ptr().addr() as u64)),
+                Side::Ep(..) => None,
+            };
+            let out_of_range = |at: u64| Error::CopyOutOfRange {
+                op: i,
+                what: Extent::Allocation,
+                offset: at,
+                size,
+                limit: size,
+            };
+            match (s, d) {
+                (s, Side::Ep(_, offset)) => {
+                    let targets = resolve(i, &check.target, offset, size, &mut keep.memory)?;
+                    let Some(src) = local(s, &mut host_out) else {
+                        continue;
+                    };
+                    for pieces in targets {
+                        let mut at = 0u64;
+                        for (addr, n) in pieces {
+                            let from = advance(src, at).ok_or_else(|| out_of_range(at))?;
+                            copies.push((Pointer::device(addr), from, n));
+                            at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
+                        }
+                    }
+                }
+                (Side::Ep(_, offset), d) => {
+                    let targets = resolve(i, &check.target, offset, size, &mut keep.memory)?;
+                    let Some(dst) = local(d, &mut host_out) else {
+                        continue;
+                    };
+                    let mut at = 0u64;
+                    for (addr, n) in targets.into_iter().next().unwrap_or_default() {
+                        let to = advance(dst, at).ok_or_else(|| out_of_range(at))?;
+                        copies.push((to, Pointer::device(addr), n));
+                        at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
+                    }
+                }
+                _ => {}
+            }
+            // `cuMemcpyAsync` ranges may not overlap: an op copying bytes
+            // onto themselves (its local memory is what the endpoint reaches).
+            for &(dst, src, n) in copies.iter().skip(first).filter(|c| c.2 > 0) {
+                let (d_end, s_end) = (dst.ptr.saturating_add(n), src.ptr.saturating_add(n));
+                if src.ptr < d_end && dst.ptr < s_end {
+                    return Err(Error::CopyDependent { op: i, other: i });
+                }
+            }
+        }
+        let handle = self.inner.handle;
+        let mut enqueued = 0usize;
+        for &(dst, src, n) in copies.iter().filter(|c| c.2 > 0) {
+            // SAFETY: `dst` and `src` are local memory of the batch (borrowed
+            // for 'a, or owned host buffers) or windows' memory, mapped in
+            // this process and checked to cover the bytes (F9, resolved
+            // above); they do not overlap (checked). Nothing is freed before
+            // the stream passed the copy (F4): the record made below keeps
+            // the memory (windows' mappings and the endpoints' bound memory
+            // included) and the endpoint ids, and the host buffers are owned
+            // by the token; on a failure, what was enqueued is synchronized
+            // (or, if that fails, leaked) before anything is dropped.
+            let r = unsafe { ctx.driver().memcpy_async(dst, src, n, handle) };
+            if let Err(code) = r {
+                let e = ctx.error(Call::MemcpyAsync, code);
+                if enqueued > 0 {
+                    self.inner.record(keep);
+                    if self.inner.synchronize().is_err() {
+                        std::mem::forget(host_in);
+                        std::mem::forget(host_out);
+                    }
+                }
+                return Err(e);
+            }
+            enqueued = enqueued.saturating_add(1);
+        }
+        self.inner.record(keep);
+        Ok(InFlight {
+            stream: self,
+            host_in,
+            host_out,
+            _borrow: std::marker::PhantomData,
+        })
+    }
+}
