@@ -136,7 +136,7 @@ rm -rf "$scratch" && mkdir -p "$scratch"
 # Where the fabric processes' counts start in the counts file.
 touch "$CUDA_DOUBLE_COUNTS"
 wc -l < "$CUDA_DOUBLE_COUNTS" > "$out/counts.fabric-from"
-mp_programs="$root/target/debug/(deps/(fabric|team_processes|shareable_processes|gpu)-|examples/(tcp_team|mpi_team)|cuda-endpoints-fabric)"
+mp_programs="$root/target/debug/(deps/(fabric|team_processes|shareable_processes|gpu)-|examples/(tcp_team|mpi_team|allgather|broadcast)|cuda-endpoints-fabric)"
 # The README's feature set where MPI is installed (the build CI made
 # already), else the fabric alone.
 if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=fabric; fi
@@ -145,7 +145,7 @@ if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=
     for s in fabric team_processes shareable_processes; do
         timeout 600 nice cargo test --features "$mp_features" --test "$s" -- ${DOUBLE_TEST_ARGS:-}
     done
-    nice cargo build --quiet --features "$mp_features" --example tcp_team --bin cuda-endpoints-fabric
+    nice cargo build --quiet --features "$mp_features" --example tcp_team --example allgather --example broadcast --bin cuda-endpoints-fabric
     # The GPU suite's two processes sharing memory (cudarc's memset and
     # copies included), as on the GPU machines' driver 580: the 13.0 build,
     # the test and its two ranks on one fabric of 13.0 nodes.
@@ -156,9 +156,16 @@ if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=
         # shellcheck disable=SC2086 # ranks and nodes
         timeout 120 nice "$root/target/debug/examples/tcp_team" $job --driver cuda > "$out/example.log"
         echo "example tcp_team $job --driver cuda on the double: $(tail -n1 "$out/example.log")"
+        # Data through endpoints, through the double's cuFabricCpyBatchAsync
+        # on the fabric's 13.5 nodes; every byte checked on every rank.
+        for ex in allgather broadcast; do
+            # shellcheck disable=SC2086 # ranks and nodes
+            timeout 120 nice "$root/target/debug/examples/$ex" $job --driver cuda > "$out/example.log"
+            echo "example $ex $job --driver cuda on the double: $(tail -n1 "$out/example.log")"
+        done
     done
     if command -v mpirun > /dev/null; then
-        nice cargo build --quiet --features "$mp_features" --example mpi_team --bin cuda-endpoints-fabric
+        nice cargo build --quiet --features "$mp_features" --example mpi_team --example broadcast --bin cuda-endpoints-fabric
         for job in "1 4" "2 8"; do
             nodes=${job% *} ranks=${job#* }
             # As root, Open MPI wants to be told; the launcher bounds the job.
@@ -167,6 +174,10 @@ if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=
                 "$root/target/debug/examples/mpi_team" --driver cuda > "$out/example.log" 2>&1
             echo "example mpi_team --driver cuda, $ranks ranks on $nodes node(s) under mpirun on the double: $(grep -c '^rank ' "$out/example.log") ranks; $(tail -n1 "$out/example.log")"
         done
+        timeout 180 nice "$root/target/debug/cuda-endpoints-fabric" --nodes 2 --gpus 4 --driver-version 13050 --timeout 120 -- \
+            mpirun --allow-run-as-root --oversubscribe -n 8 \
+            "$root/target/debug/examples/broadcast" --mpi --driver cuda > "$out/example.log" 2>&1
+        echo "example broadcast --mpi --driver cuda, 8 ranks on 2 nodes under mpirun on the double: $(grep -c 'all right$' "$out/example.log") ranks right; $(tail -n1 "$out/example.log")"
     else
         echo "example mpi_team: skipped (no mpirun)"
     fi

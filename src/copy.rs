@@ -55,7 +55,7 @@ use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result};
 use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, Unicast};
 use crate::memory::{BindSource, Mapped, MemShare};
-use crate::state::{IsReady, Sealed, State};
+use crate::state::{Agreed, IsReady, Sealed, State};
 use crate::stream::{Keep, Stream};
 
 /// Kinds whose endpoint a get may read (F1: unicast only).
@@ -216,7 +216,7 @@ impl<'a> CopyBatch<'a> {
         size: u64,
     ) -> Self
     where
-        S: State + IsReady,
+        S: State + IsReady + Agreed,
     {
         let s = self.mapped(src, src_offset, size);
         let d = self.endpoint(ep, offset, size);
@@ -233,7 +233,7 @@ impl<'a> CopyBatch<'a> {
         offset: u64,
     ) -> Self
     where
-        S: State + IsReady,
+        S: State + IsReady + Agreed,
     {
         let size = bytes.len() as u64;
         let n = self.host_in.len();
@@ -254,7 +254,7 @@ impl<'a> CopyBatch<'a> {
         size: u64,
     ) -> Self
     where
-        S: State + IsReady,
+        S: State + IsReady + Agreed,
         K: CanGet,
     {
         let s = self.endpoint(ep, offset, size);
@@ -267,7 +267,7 @@ impl<'a> CopyBatch<'a> {
     /// new host buffer, handed out by [`InFlight::wait`] (F1: see [`CanGet`]).
     pub fn get_host<S, K>(mut self, ep: &'a Endpoint<S, K>, offset: u64, size: u64) -> Self
     where
-        S: State + IsReady,
+        S: State + IsReady + Agreed,
         K: CanGet,
     {
         let s = self.endpoint(ep, offset, size);

@@ -203,6 +203,18 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         unsafe { Vec::from_raw_parts(ptr.cast::<Endpoint<S2, K2>>(), len, cap) }
     }
 
+    /// This endpoint seen in another state, borrowed: how a team's
+    /// `TeamReady` endpoint is lent out as `Ready` once the ranks agreed
+    /// that every rank bound (R13.3). The caller vouches for the state.
+    pub(crate) fn as_state<S2: State>(&self) -> &Endpoint<S2, K> {
+        // SAFETY: `Endpoint` is `repr(C)` with fields that do not depend on
+        // `S` (the marker is a zero-sized `PhantomData`), so both types have
+        // the same size, alignment and field offsets, and `self` is a valid
+        // `Endpoint<S2, K>`; the result borrows `self` and cannot move or
+        // drop it.
+        unsafe { &*std::ptr::from_ref(self).cast::<Endpoint<S2, K>>() }
+    }
+
     pub(crate) fn range(&self) -> &Arc<RangeInner> {
         &self.range
     }

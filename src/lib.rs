@@ -71,7 +71,7 @@ pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};
 pub use sharing::{FabricHandle, WIRE_LEN as FABRIC_HANDLE_WIRE_LEN};
 pub use spec::Spec;
-pub use state::{Pending, Ready, Reserved};
+pub use state::{Pending, Ready, Reserved, TeamReady};
 pub use stream::Stream;
 pub use typenum;
 
@@ -89,7 +89,7 @@ pub mod bounds {
     };
     pub use crate::memory::{BindSource, MemShare};
     pub use crate::state::{
-        CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,
+        Agreed, CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,
     };
 }
 
@@ -107,12 +107,14 @@ mod layout {
     const_assert_eq!(std::mem::size_of::<Reserved>(), 0);
     const_assert_eq!(std::mem::size_of::<Pending>(), 0);
     const_assert_eq!(std::mem::size_of::<Ready>(), 0);
+    const_assert_eq!(std::mem::size_of::<TeamReady>(), 0);
     const_assert_eq!(std::mem::size_of::<Unicast>(), 0);
     const_assert_eq!(std::mem::size_of::<Multicast<Exportable>>(), 0);
     const_assert_eq!(std::mem::size_of::<Team<U4, U0>>(), 0);
     const_assert_eq!(std::mem::size_of::<Endpoint<Reserved>>(), 16);
     assert_eq_size!(Endpoint<Reserved>, Endpoint<Pending, Team<U4, U0>>);
     assert_eq_size!(Endpoint<Reserved>, Endpoint<Ready, Multicast>);
+    assert_eq_size!(Endpoint<TeamReady, Multicast>, Endpoint<Ready, Multicast>);
     assert_eq_size!(Endpoint<Ready, Multicast>, Option<Endpoint<Ready, Multicast>>);
     assert_eq_size!(EndpointRef<'static>, u32);
 

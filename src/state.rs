@@ -2,8 +2,10 @@
 //!
 //! An endpoint is [`Reserved`] (an id, no endpoint: SPEC R1), [`Pending`]
 //! (created or imported, construction not yet reported finished: R2.5, R3) or
-//! [`Ready`] (a query reported it constructed: R3.1). The markers are
-//! zero-sized and sealed.
+//! [`Ready`] (a query reported it constructed: R3.1). A team bring-up hands
+//! its endpoints out as [`TeamReady`]: ready on this rank, but no agreement
+//! yet that every rank bound its memory (R13.3), so no copy goes through
+//! them until `agree_bound` says so. The markers are zero-sized and sealed.
 //!
 //! Every method of `Endpoint` lives in one generic `impl` and names what it
 //! needs as a `where` bound on one of the traits below. A call in the wrong
@@ -15,7 +17,7 @@ mod sealed {
 }
 pub(crate) use sealed::Sealed;
 
-/// A lifecycle state. Sealed: the three markers below are all there is.
+/// A lifecycle state. Sealed: the four markers below are all there is.
 pub trait State: Sealed + Send + Sync + 'static {
     /// Whether an endpoint exists on the id (so `Drop` must destroy it).
     const CREATED: bool;
@@ -35,10 +37,18 @@ pub struct Pending;
 /// An endpoint a query reported constructed: memory may be bound (R3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ready;
+/// An endpoint a team bring-up readied on this rank (R3.1), whose ranks have
+/// not yet agreed that every one of them bound its memory (R13.3): it binds,
+/// exports and destroys as a [`Ready`] one, but copies only through what
+/// `agree_bound` hands back (`team::SharedTeam::agree_bound`,
+/// `team::Peers::agree_bound`), as an `Endpoint<Ready, _>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TeamReady;
 
 impl Sealed for Reserved {}
 impl Sealed for Pending {}
 impl Sealed for Ready {}
+impl Sealed for TeamReady {}
 
 impl State for Reserved {
     const CREATED: bool = false;
@@ -53,6 +63,11 @@ impl State for Pending {
 impl State for Ready {
     const CREATED: bool = true;
     const NAME: &'static str = "Ready";
+    const READY: bool = true;
+}
+impl State for TeamReady {
+    const CREATED: bool = true;
+    const NAME: &'static str = "TeamReady";
     const READY: bool = true;
 }
 
@@ -100,6 +115,21 @@ impl CanQuery for Pending {}
 )]
 pub trait IsReady: Sealed {}
 impl IsReady for Ready {}
+impl IsReady for TeamReady {}
+
+/// A copy through an endpoint (`CopyBatch::put`, `get`, `put_host`,
+/// `get_host`) needs no every-rank agreement pending: every state but
+/// [`TeamReady`], whose ranks have not yet agreed that every rank bound its
+/// memory (R13.3). (Whether the state is ready is [`IsReady`]'s question.)
+#[diagnostic::on_unimplemented(
+    message = "no copy through a team's endpoint before its ranks agreed that every rank bound its memory (R13.3): this endpoint is `{Self}`",
+    label = "the bring-up's endpoint, before `agree_bound`",
+    note = "bind this rank's memory on the team's endpoint, then call `team.agree_bound(&boot, timeout)?` on every rank (`peers.agree_bound(..)` for `team::unicast_peers`) and copy through the endpoints of what it returns: `bound.endpoint()`, `bound.own()`, `bound.peer(rank)`. A copy before every rank bound is undefined behaviour in the driver (R13.3)"
+)]
+pub trait Agreed: Sealed {}
+impl Agreed for Reserved {}
+impl Agreed for Pending {}
+impl Agreed for Ready {}
 
 /// `destroy` needs an endpoint on the id (R7).
 #[diagnostic::on_unimplemented(
@@ -110,6 +140,7 @@ impl IsReady for Ready {}
 pub trait CanDestroy: Sealed {}
 impl CanDestroy for Pending {}
 impl CanDestroy for Ready {}
+impl CanDestroy for TeamReady {}
 
 /// `export` needs an endpoint on the id (R8). Pending is enough: a team
 /// spread over processes is exported before it is complete, so that the
@@ -122,3 +153,4 @@ impl CanDestroy for Ready {}
 pub trait CanShare: Sealed {}
 impl CanShare for Pending {}
 impl CanShare for Ready {}
+impl CanShare for TeamReady {}

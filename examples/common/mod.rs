@@ -10,6 +10,9 @@
 //! every call through the C ABI.
 
 mod copies;
+// Only the data examples (`allgather`, `broadcast`) run a job.
+#[allow(dead_code)]
+pub mod job;
 
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
@@ -85,14 +88,17 @@ impl Me {
         }
     }
 
-    fn write(&self, ptr: u64, bytes: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
+    /// Writes `bytes` at device address `ptr` of this rank's device, as a
+    /// kernel would (synchronously).
+    pub fn write(&self, ptr: u64, bytes: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
         match self {
             Me::Fabric(p) => Ok(p.write(ptr, bytes)?),
             Me::Cuda { device, copies } => copies.write(device.0, ptr, bytes),
         }
     }
 
-    fn read(&self, ptr: u64, len: usize) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+    /// Reads `len` bytes at device address `ptr` of this rank's device.
+    pub fn read(&self, ptr: u64, len: usize) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
         match self {
             Me::Fabric(p) => Ok(p.read(ptr, len)?),
             Me::Cuda { device, copies } => copies.read(device.0, ptr, len),
@@ -101,7 +107,7 @@ impl Me {
 
     /// Whether this process holds nothing. A real driver does not say (the
     /// fabric's launcher checks every process as it leaves): `Ok` then.
-    fn holds_nothing(&self, rank: usize) -> Result<(), Box<dyn std::error::Error>> {
+    pub fn holds_nothing(&self, rank: usize) -> Result<(), Box<dyn std::error::Error>> {
         match self {
             Me::Fabric(p) => {
                 let live = p.live()?;

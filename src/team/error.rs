@@ -32,10 +32,14 @@ pub enum Step {
     Enroll,
     /// Every rank waits until its endpoints are constructed (R3).
     Wait,
+    /// After the bring-up, every rank reports the memory it bound and all
+    /// check that every rank bound before anyone copies (R13.3;
+    /// `agree_bound`).
+    Bind,
 }
 
 impl Step {
-    pub(crate) const ALL: [Step; 7] = [
+    pub(crate) const ALL: [Step; 8] = [
         Step::Join,
         Step::Create,
         Step::Export,
@@ -43,6 +47,7 @@ impl Step {
         Step::Check,
         Step::Enroll,
         Step::Wait,
+        Step::Bind,
     ];
 
     pub(crate) fn tag(self) -> u8 {
@@ -63,6 +68,7 @@ impl Step {
             Step::Check => "check",
             Step::Enroll => "enroll",
             Step::Wait => "wait",
+            Step::Bind => "bind",
         }
     }
 }
@@ -164,6 +170,13 @@ pub enum Mismatch {
         /// What this rank's view says.
         expected: u64,
     },
+    /// A rank reported no memory bound on one of its team devices (or on
+    /// its own unicast endpoint) at the every-rank-bound agreement (R13.3).
+    NotBound {
+        /// The device, as that rank numbers it; `None` when the rank
+        /// reported no device at all.
+        device: Option<i32>,
+    },
     /// A rank speaks another version of the bring-up protocol.
     Version {
         /// Its version.
@@ -248,6 +261,13 @@ impl fmt::Display for Mismatch {
             } => write!(
                 f,
                 "a rank reported {field} = {reported} at enrollment where the Join as this rank saw it says {expected}: the ranks did not see the same Join (a hello that claims devices its rank does not enroll, or a bootstrap that delivered different bytes), so the team is not known to be complete and nobody binds"
+            ),
+            Mismatch::NotBound { device: Some(d) } => write!(
+                f,
+                "this rank bound no memory on its device {d} before the every-rank-bound agreement: nobody copies until every rank bound (R13.3); bind on every device the rank brings, then call `agree_bound` on every rank"
+            ),
+            Mismatch::NotBound { device: None } => f.write_str(
+                "this rank reported no device at the every-rank-bound agreement: nobody copies until every rank bound (R13.3)",
             ),
             Mismatch::Version { theirs, ours } => write!(
                 f,

@@ -53,6 +53,7 @@
 //! ```
 
 mod agree;
+mod bound;
 mod error;
 mod multicast;
 mod peers;
@@ -61,6 +62,7 @@ mod wire;
 
 use std::time::Duration;
 
+pub use bound::{BoundPeers, BoundTeam};
 pub use error::{Cause, Mismatch, PeerFailure, Step, TeamError};
 pub use multicast::{SharedTeam, TeamSpec, multicast};
 pub use peers::{PeerSpec, Peers, unicast_peers};

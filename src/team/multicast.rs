@@ -28,7 +28,7 @@ use crate::kind::{Exportable, SpreadTeam};
 use crate::multicast_mapping::MulticastMapping;
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
-use crate::state::{Pending, Ready};
+use crate::state::{Pending, Ready, TeamReady};
 
 use super::agree::{Deadline, agree, announce};
 use super::error::{Cause, Mismatch, Step, TeamError};
@@ -117,11 +117,21 @@ pub struct SharedTeam {
 
 impl SharedTeam {
     /// This rank's endpoint: bind this rank's memory on its own devices.
-    pub fn endpoint(&self) -> &Endpoint<Ready, SharedMulticast> {
+    /// It copies nothing until every rank bound: [`SharedTeam::agree_bound`]
+    /// lends it as `Endpoint<Ready, _>` then (R13.3).
+    pub fn endpoint(&self) -> &Endpoint<TeamReady, SharedMulticast> {
+        self.endpoint.as_state()
+    }
+
+    pub(crate) fn ready_endpoint(&self) -> &Endpoint<Ready, SharedMulticast> {
         &self.endpoint
     }
 
-    /// The endpoint, to own it outright.
+    /// The endpoint, to own it outright (the communicator pattern's
+    /// `into_bound()`). The owning form is a plain ready endpoint: before
+    /// its first copy the caller makes sure every rank bound (a barrier
+    /// after the binds, R13.3), which [`SharedTeam::agree_bound`] does for
+    /// the borrowed form.
     pub fn into_endpoint(self) -> Endpoint<Ready, SharedMulticast> {
         self.endpoint
     }

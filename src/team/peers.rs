@@ -13,7 +13,7 @@ use crate::endpoint::Endpoint;
 use crate::kind::{Exportable, ImportedUnicast, NoKind, Unicast};
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
-use crate::state::{Pending, Ready, Reserved};
+use crate::state::{Pending, Ready, Reserved, TeamReady};
 
 use super::agree::{Deadline, agree};
 use super::error::{Cause, Step, TeamError};
@@ -77,13 +77,23 @@ impl Peers {
     }
 
     /// This rank's own endpoint: the one to bind this rank's memory on.
-    pub fn own(&self) -> &Endpoint<Ready, Unicast<Exportable>> {
-        &self.own
+    /// No copy goes through the endpoints until every rank bound:
+    /// [`Peers::agree_bound`] lends them as `Endpoint<Ready, _>` then (R13.3).
+    pub fn own(&self) -> &Endpoint<TeamReady, Unicast<Exportable>> {
+        self.own.as_state()
     }
 
     /// Rank `rank`'s endpoint as imported here; `None` for this rank's own
     /// index (use [`Peers::own`]) or past the last rank.
-    pub fn peer(&self, rank: usize) -> Option<&Endpoint<Ready, ImportedUnicast>> {
+    pub fn peer(&self, rank: usize) -> Option<&Endpoint<TeamReady, ImportedUnicast>> {
+        self.ready_peer(rank).map(Endpoint::as_state)
+    }
+
+    pub(crate) fn ready_own(&self) -> &Endpoint<Ready, Unicast<Exportable>> {
+        &self.own
+    }
+
+    pub(crate) fn ready_peer(&self, rank: usize) -> Option<&Endpoint<Ready, ImportedUnicast>> {
         self.peers.get(rank).and_then(Option::as_ref)
     }
 
