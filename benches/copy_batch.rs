@@ -48,6 +48,9 @@ fn world() -> &'static World {
     static WORLD: OnceLock<&'static World> = OnceLock::new();
     WORLD.get_or_init(|| {
         let fx = fixture(Null);
+        // The fabric copy (13.5's `cuFabricCpyBatchAsync`), whatever version
+        // the pass-through driver reports.
+        fx.0.set_copy_path(cuda_endpoints::CopyPath::Fabric);
         let ep =
             fx.0.reserve_one()
                 .expect("reserve")

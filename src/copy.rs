@@ -49,6 +49,7 @@
 //! keeps the windows' memory alive too.
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use crate::driver::{Call, CopyOp, Device, Location, Operand, Pointer};
 use crate::endpoint::Endpoint;
@@ -94,18 +95,29 @@ pub struct CopyBatch<'a> {
     /// Per endpoint op: `(op, endpoint size, devices bound by this process
     /// covering ranges, devices)` for F9.
     pub(crate) checks: Vec<Check>,
+    /// The distinct endpoints of the batch (few: looked up linearly).
+    pub(crate) eps: Vec<EpFacts>,
     locations: Vec<(usize, Location, u64, u64)>,
     pub(crate) host_in: Vec<Vec<u8>>,
     pub(crate) host_out: Vec<(usize, Vec<u8>)>,
-    error: Option<Error>,
+    /// The first error a builder call met (boxed: the batch moves on
+    /// every builder call).
+    error: Option<Box<Error>>,
     _borrow: PhantomData<&'a ()>,
 }
 
 pub(crate) struct Check {
     pub(crate) op: usize,
-    id: u32,
+    /// Index in [`CopyBatch::eps`].
+    pub(crate) ep: usize,
     offset: u64,
     size: u64,
+}
+
+/// What the checks need of one endpoint of the batch, read once however
+/// many ops name it.
+pub(crate) struct EpFacts {
+    id: u32,
     ep_size: u64,
     /// For each device of the endpoint in this process: its bound ranges.
     bound: Vec<(Device, Vec<(u64, u64)>)>,
@@ -137,6 +149,7 @@ impl<'a> CopyBatch<'a> {
                 endpoints: Vec::new(),
             },
             checks: Vec::new(),
+            eps: Vec::new(),
             locations: Vec::new(),
             host_in: Vec::new(),
             host_out: Vec::new(),
@@ -152,6 +165,25 @@ impl<'a> CopyBatch<'a> {
         size: u64,
     ) -> Side {
         let op = self.ops.len();
+        let index = match self.eps.iter().rposition(|e| e.id == ep.id()) {
+            Some(i) => i,
+            None => {
+                self.eps.push(Self::facts(ep));
+                self.keep.endpoints.push((ep.range().clone(), ep.id()));
+                self.eps.len() - 1
+            }
+        };
+        self.checks.push(Check {
+            op,
+            ep: index,
+            offset,
+            size,
+        });
+        Side::Ep(ep.id(), offset)
+    }
+
+    /// What the checks need of `ep`: once per endpoint of the batch.
+    fn facts<S: State, K: Kind>(ep: &Endpoint<S, K>) -> EpFacts {
         let imported = std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
             || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>();
         let bound = if imported {
@@ -171,11 +203,8 @@ impl<'a> CopyBatch<'a> {
                 })
                 .collect()
         };
-        self.checks.push(Check {
-            op,
+        EpFacts {
             id: ep.id(),
-            offset,
-            size,
             ep_size: ep.size(),
             bound,
             target: crate::portable::Target {
@@ -184,24 +213,28 @@ impl<'a> CopyBatch<'a> {
                 devices: ep.devices().to_vec(),
                 team_size: ep.facts().team_size,
             },
-        });
-        self.keep.endpoints.push((ep.range().clone(), ep.id()));
-        Side::Ep(ep.id(), offset)
+        }
     }
 
     fn mapped<H: MemShare>(&mut self, mem: &'a Mapped<H>, at: u64, size: u64) -> Side {
         let op = self.ops.len();
         self.locations.push((op, mem.location(), at, mem.size()));
         if at.checked_add(size).is_none_or(|e| e > mem.size()) {
-            self.error.get_or_insert(Error::CopyOutOfRange {
-                op,
-                what: Extent::Allocation,
-                offset: at,
-                size,
-                limit: mem.size(),
+            self.error.get_or_insert_with(|| {
+                Box::new(Error::CopyOutOfRange {
+                    op,
+                    what: Extent::Allocation,
+                    offset: at,
+                    size,
+                    limit: mem.size(),
+                })
             });
         }
-        self.keep.memory.push(mem.keep_alive());
+        // One keep-alive per allocation, however many ops name it.
+        let keep = mem.keep_alive();
+        if !self.keep.memory.iter().any(|k| Arc::ptr_eq(k, &keep)) {
+            self.keep.memory.push(keep);
+        }
         Side::Addr(mem.device_ptr().saturating_add(at))
     }
 
@@ -276,12 +309,14 @@ impl<'a> CopyBatch<'a> {
         let buf = match usize::try_from(size) {
             Ok(len) => vec![0u8; len],
             Err(_) => {
-                self.error.get_or_insert(Error::CopyOutOfRange {
-                    op,
-                    what: Extent::HostBuffer,
-                    offset: 0,
-                    size,
-                    limit: usize::MAX as u64,
+                self.error.get_or_insert_with(|| {
+                    Box::new(Error::CopyOutOfRange {
+                        op,
+                        what: Extent::HostBuffer,
+                        offset: 0,
+                        size,
+                        limit: usize::MAX as u64,
+                    })
                 });
                 Vec::new()
             }
@@ -304,21 +339,24 @@ impl<'a> CopyBatch<'a> {
     /// Every check before the driver (F2, F3, F9).
     fn check(&mut self, stream_dev: Device) -> Result<()> {
         if let Some(e) = self.error.take() {
-            return Err(e);
+            return Err(*e);
         }
         for c in &self.checks {
+            let Some(ep) = self.eps.get(c.ep) else {
+                continue;
+            };
             let end = c.offset.checked_add(c.size);
-            if end.is_none_or(|e| e > c.ep_size) {
+            if end.is_none_or(|e| e > ep.ep_size) {
                 return Err(Error::CopyOutOfRange {
                     op: c.op,
                     what: Extent::EndpointRange,
                     offset: c.offset,
                     size: c.size,
-                    limit: c.ep_size,
+                    limit: ep.ep_size,
                 });
             }
             let end = c.offset + c.size;
-            for (dev, ranges) in &c.bound {
+            for (dev, ranges) in &ep.bound {
                 // Walk the bound ranges from the op's offset to its end.
                 let mut at = c.offset;
                 while at < end {
@@ -330,7 +368,7 @@ impl<'a> CopyBatch<'a> {
                 if at < end || (c.size == 0 && ranges.is_empty()) {
                     return Err(Error::CopyNotBound {
                         op: c.op,
-                        id: c.id,
+                        id: ep.id,
                         device: *dev,
                         offset: c.offset,
                         size: c.size,
@@ -352,31 +390,111 @@ impl<'a> CopyBatch<'a> {
             }
         }
         // F3: a destination overlapping another op's source or destination.
-        let range = |side: Side, size: u64| match side {
-            Side::Ep(id, off) => Some((Some(id), off, off.saturating_add(size))),
-            Side::Addr(a) => Some((None, a, a.saturating_add(size))),
+        match dependent(&self.ops) {
+            Some((op, other)) => Err(Error::CopyDependent { op, other }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The first pair of ops of `ops` that depend on each other (F3): one's
+/// destination overlaps the other's source or destination, in the same
+/// endpoint or address space. `(the op whose destination, the other)`; of two
+/// destinations, the lower op first. One sort and one sweep: O(n log n).
+fn dependent(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
+    // (space: endpoint id or none for addresses, start, end, op, destination)
+    type Span = (Option<u32>, u64, u64, usize, bool);
+    let span = |side: Side, size: u64, op: usize, dst: bool| -> Option<Span> {
+        match side {
+            Side::Ep(id, off) => Some((Some(id), off, off.saturating_add(size), op, dst)),
+            Side::Addr(a) => Some((None, a, a.saturating_add(size), op, dst)),
             Side::Host(_) | Side::HostOut(_) => None,
-        };
-        for (i, &(_, dst, size)) in self.ops.iter().enumerate() {
-            let Some(w) = range(dst, size).filter(|_| size > 0) else {
-                continue;
-            };
-            for (j, &(src2, dst2, size2)) in self.ops.iter().enumerate() {
-                if i == j || size2 == 0 {
-                    continue;
+        }
+    };
+    // Addresses and endpoint offsets apart: each is usually in order
+    // already (ops laid out one after the other), and then not sorted again.
+    let (mut addrs, mut eps) = (Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()));
+    for (i, &(src, dst, size)) in ops.iter().enumerate().filter(|(_, op)| op.2 > 0) {
+        for s in [span(src, size, i, false), span(dst, size, i, true)]
+            .into_iter()
+            .flatten()
+        {
+            if s.0.is_none() {
+                addrs.push(s)
+            } else {
+                eps.push(s)
+            }
+        }
+    }
+    for spans in [&mut addrs, &mut eps] {
+        if !spans.is_sorted_by_key(|&(space, start, ..)| (space, start)) {
+            spans.sort_unstable_by_key(|&(space, start, ..)| (space, start));
+        }
+    }
+    let spans = addrs.iter().chain(eps.iter());
+    let pair = |a: (usize, bool), b: (usize, bool)| match (a.1, b.1) {
+        (true, true) => (a.0.min(b.0), a.0.max(b.0)),
+        (true, false) => (a.0, b.0),
+        _ => (b.0, a.0),
+    };
+    // Per space, the two spans reaching furthest among those started so far
+    // that belong to different ops (all, and destinations only): an
+    // overlap with any earlier span shows against one of them.
+    #[derive(Clone, Copy, Default)]
+    struct Reach(Option<(u64, usize, bool)>, Option<(u64, usize, bool)>);
+    impl Reach {
+        /// `.0`: the furthest-reaching span; `.1`: the furthest-reaching
+        /// one of another op than `.0`'s.
+        fn add(&mut self, end: u64, op: usize, dst: bool) {
+            let new = Some((end, op, dst));
+            match self.0 {
+                None => self.0 = new,
+                Some((e, o, _)) if o == op => {
+                    if end > e {
+                        self.0 = new;
+                    }
                 }
-                for r in [range(src2, size2), range(dst2, size2)]
-                    .into_iter()
-                    .flatten()
-                {
-                    if r.0 == w.0 && r.1 < w.2 && w.1 < r.2 {
-                        return Err(Error::CopyDependent { op: i, other: j });
+                Some((e, ..)) if end > e => {
+                    self.1 = self.0;
+                    self.0 = new;
+                }
+                Some(_) => {
+                    if self.1.is_none_or(|(e, ..)| end > e) {
+                        self.1 = new;
                     }
                 }
             }
         }
-        Ok(())
+        /// An earlier span of another op than `op` that reaches past `start`.
+        fn past(&self, start: u64, op: usize) -> Option<(usize, bool)> {
+            [self.0, self.1]
+                .into_iter()
+                .flatten()
+                .find(|&(e, o, _)| o != op && e > start)
+                .map(|(_, o, d)| (o, d))
+        }
     }
+    let mut space = None;
+    let (mut all, mut dsts) = (Reach::default(), Reach::default());
+    for (i, &(sp, start, end, op, dst)) in spans.enumerate() {
+        if i == 0 || sp != space {
+            space = sp;
+            (all, dsts) = (Reach::default(), Reach::default());
+        }
+        let earlier = if dst {
+            all.past(start, op)
+        } else {
+            dsts.past(start, op)
+        };
+        if let Some(e) = earlier {
+            return Some(pair((op, dst), e));
+        }
+        all.add(end, op, dst);
+        if dst {
+            dsts.add(end, op, dst);
+        }
+    }
+    None
 }
 
 impl Stream {
@@ -525,5 +643,66 @@ impl Drop for InFlight<'_> {
                 self.stream.context().record_teardown(e);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Side, dependent};
+
+    /// The definition, pair by pair (F3).
+    fn dependent_pairwise(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
+        let range = |side: Side, size: u64| match side {
+            Side::Ep(id, off) => Some((Some(id), off, off.saturating_add(size))),
+            Side::Addr(a) => Some((None, a, a.saturating_add(size))),
+            Side::Host(_) | Side::HostOut(_) => None,
+        };
+        for (i, &(_, dst, size)) in ops.iter().enumerate() {
+            let Some(w) = range(dst, size).filter(|_| size > 0) else {
+                continue;
+            };
+            for (j, &(src2, dst2, size2)) in ops.iter().enumerate() {
+                if i == j || size2 == 0 {
+                    continue;
+                }
+                for r in [range(src2, size2), range(dst2, size2)]
+                    .into_iter()
+                    .flatten()
+                {
+                    if r.0 == w.0 && r.1 < w.2 && w.1 < r.2 {
+                        return Some((i, j));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn side(k: u8, at: u64) -> Side {
+        match k % 4 {
+            0 => Side::Ep(1, at),
+            1 => Side::Ep(2, at),
+            2 => Side::Addr(at),
+            _ => Side::Host(0),
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn f3_the_sweep_finds_a_dependency_exactly_when_some_pair_is_dependent(
+            raw in proptest::collection::vec((0u8..4, 0u64..64, 0u8..4, 0u64..64, 0u64..16), 0..24)
+        ) {
+            let ops: Vec<_> = raw
+                .iter()
+                .map(|&(sk, sa, dk, da, n)| (side(sk, sa), side(dk, da), n))
+                .collect();
+            let found = dependent(&ops);
+            proptest::prop_assert_eq!(found.is_some(), dependent_pairwise(&ops).is_some());
+            if let Some((a, b)) = found {
+                // The pair named is a dependent pair.
+                let two = [ops[a], ops[b]];
+                proptest::prop_assert!(a != b && dependent_pairwise(&two).is_some());
+            }
+        }
     }
 }

@@ -354,13 +354,21 @@ impl Stream {
             ops,
             mut keep,
             checks,
+            eps,
             host_in,
             mut host_out,
             ..
         } = batch;
         let mut copies: Vec<Memcpy> = Vec::with_capacity(ops.len());
         for (i, &(s, d, size)) in ops.iter().enumerate() {
-            let Some(check) = checks.iter().find(|c| c.op == i) else {
+            // Checks are made in op order: the op's own is found by halving.
+            let at = checks.partition_point(|c| c.op < i);
+            let Some(target) = checks
+                .get(at)
+                .filter(|c| c.op == i)
+                .and_then(|c| eps.get(c.ep))
+                .map(|e| &e.target)
+            else {
                 continue; // every op of the typed API names one endpoint
             };
             let first = copies.len();
@@ -383,7 +391,7 @@ impl Stream {
             };
             match (s, d) {
                 (s, Side::Ep(_, offset)) => {
-                    let targets = resolve(i, &check.target, offset, size, &mut keep.memory)?;
+                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
                     let Some(src) = local(s, &mut host_out) else {
                         continue;
                     };
@@ -397,7 +405,7 @@ impl Stream {
                     }
                 }
                 (Side::Ep(_, offset), d) => {
-                    let targets = resolve(i, &check.target, offset, size, &mut keep.memory)?;
+                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
                     let Some(dst) = local(d, &mut host_out) else {
                         continue;
                     };
