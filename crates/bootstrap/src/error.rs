@@ -1,5 +1,5 @@
 //! What can go wrong while ranks exchange bytes: [`BootstrapError`], with the
-//! rank that saw it, the step ([`Step`]: operation and sequence number) and,
+//! rank that saw it, the step ([`Exchange`]: operation and sequence number) and,
 //! where one is to blame, the peer.
 //!
 //! Every variant has one meaning. Peer bytes never panic: they end in
@@ -16,8 +16,9 @@ use super::node::NodeId;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Op {
-    /// Joining the job (TCP handshake, MPI job-id agreement).
-    Join,
+    /// The rendezvous that makes the communicator: a rank joins the job
+    /// (TCP handshake, MPI job-id agreement).
+    Rendezvous,
     /// [`Bootstrap::allgather`](super::Bootstrap::allgather).
     Allgather,
     /// [`Bootstrap::broadcast`](super::Bootstrap::broadcast).
@@ -31,7 +32,7 @@ pub enum Op {
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Op::Join => "join",
+            Op::Rendezvous => "rendezvous",
             Op::Allgather => "allgather",
             Op::Broadcast => "broadcast",
             Op::Barrier => "barrier",
@@ -43,14 +44,14 @@ impl fmt::Display for Op {
 /// One step of a communicator: the operation and its sequence number (the
 /// number of collectives this rank called on the communicator before it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Step {
+pub struct Exchange {
     /// The operation.
     pub op: Op,
-    /// Its sequence number on this communicator (0 for [`Op::Join`]).
+    /// Its sequence number on this communicator (0 for [`Op::Rendezvous`]).
     pub seq: u64,
 }
 
-impl fmt::Display for Step {
+impl fmt::Display for Exchange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} #{}", self.op, self.seq)
     }
@@ -95,7 +96,7 @@ impl fmt::Display for Malformed {
 /// communicator or step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Mismatch {
+pub enum FrameMismatch {
     /// Wire-format version.
     Version {
         /// This rank's.
@@ -154,35 +155,39 @@ pub enum Mismatch {
     },
 }
 
-impl fmt::Display for Mismatch {
+impl fmt::Display for FrameMismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Mismatch::Version { ours, theirs } => {
+            FrameMismatch::Version { ours, theirs } => {
                 write!(f, "wire version {theirs}, this rank speaks {ours}")
             }
-            Mismatch::Job { ours, theirs } => {
+            FrameMismatch::Job { ours, theirs } => {
                 write!(
                     f,
                     "job {theirs:016x}, this communicator is job {ours:016x} (bytes from another communicator)"
                 )
             }
-            Mismatch::Size { ours, theirs } => {
+            FrameMismatch::Size { ours, theirs } => {
                 write!(f, "communicator size {theirs}, this rank's is {ours}")
             }
-            Mismatch::Seq { ours, theirs } => {
+            FrameMismatch::Seq { ours, theirs } => {
                 write!(f, "step #{theirs}, this rank is at step #{ours}")
             }
-            Mismatch::Operation { ours, theirs } => {
+            FrameMismatch::Operation { ours, theirs } => {
                 write!(
                     f,
                     "message type {theirs} where this rank runs {ours} (ranks called different collectives)"
                 )
             }
-            Mismatch::Sender { expected, theirs } => {
+            FrameMismatch::Sender { expected, theirs } => {
                 write!(f, "claims rank {theirs}, expected rank {expected}")
             }
-            Mismatch::DuplicateRank { rank } => write!(f, "a second process joined as rank {rank}"),
-            Mismatch::Count { expected, got } => write!(f, "{got} entries for {expected} ranks"),
+            FrameMismatch::DuplicateRank { rank } => {
+                write!(f, "a second process joined as rank {rank}")
+            }
+            FrameMismatch::Count { expected, got } => {
+                write!(f, "{got} entries for {expected} ranks")
+            }
         }
     }
 }
@@ -468,7 +473,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The ranks that had not answered.
         waiting_for: Vec<usize>,
         /// The timeout.
@@ -480,7 +485,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
     },
@@ -492,7 +497,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
     },
@@ -502,7 +507,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
         /// What was wrong.
@@ -514,7 +519,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
         /// The announced length.
@@ -528,11 +533,11 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
         /// Which identity field differs.
-        what: Mismatch,
+        what: FrameMismatch,
     },
     /// Rank 0 refused this rank's join.
     #[error("rank {rank}: rank 0 refused the join: {reason}")]
@@ -548,7 +553,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The rank that failed.
         culprit: usize,
         /// How it failed.
@@ -560,7 +565,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer, if the error is on its connection.
         peer: Option<usize>,
         /// The error.
@@ -573,7 +578,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// What is wrong.
         what: Argument,
     },
@@ -589,7 +594,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The callback's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -603,9 +608,9 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step refused.
-        step: Step,
+        step: Exchange,
         /// The step that timed out.
-        first: Step,
+        first: Exchange,
     },
     /// File descriptors pass only within a node; this peer is on another one.
     #[error(
@@ -615,7 +620,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
         /// This rank's node.

@@ -30,7 +30,7 @@ use rustix::net::{
 };
 
 use super::api::{Bootstrap, Deadline};
-use super::error::{AbortReason, Argument, BootstrapError, Malformed, Mismatch, Op, Step};
+use super::error::{AbortReason, Argument, BootstrapError, Exchange, FrameMismatch, Malformed, Op};
 use super::node::NodeId;
 use super::wire::{self, Header, Kind};
 
@@ -42,8 +42,8 @@ const TOKEN: usize = 16;
 const STATUS_OK: u8 = 0;
 const STATUS_FAILED: u8 = 1;
 
-fn step() -> Step {
-    Step {
+fn step() -> Exchange {
+    Exchange {
         op: Op::FdPassing,
         seq: 0,
     }
@@ -197,7 +197,7 @@ impl FdExchange {
             rank,
             step: step(),
             peer: root,
-            what: Mismatch::Count {
+            what: FrameMismatch::Count {
                 expected: size,
                 got: offers.len(),
             },
@@ -306,7 +306,7 @@ impl FdExchange {
                     rank,
                     step: step(),
                     waiting_for,
-                    after: deadline.timeout,
+                    after: deadline.timeout(),
                 });
             }
             let ready: Vec<usize> = {
@@ -419,7 +419,7 @@ impl FdExchange {
             rank,
             step: step(),
             waiting_for: vec![root],
-            after: deadline.timeout,
+            after: deadline.timeout(),
         };
         let io = io_err(rank, Some(root));
         let addr = SocketAddr::from_abstract_name(name).map_err(&io)?;

@@ -9,11 +9,11 @@
 
 use std::io::Read;
 
-use super::error::{Malformed, Mismatch, Op};
+use super::error::{FrameMismatch, Malformed, Op};
 
 /// The hard maximum of one frame's payload (64 MiB): a peer announcing more
 /// gets [`BootstrapError::Oversized`](super::BootstrapError::Oversized).
-pub const MAX_FRAME: usize = 64 << 20;
+pub const MAX_PAYLOAD: usize = 64 << 20;
 
 pub(crate) const MAGIC: [u8; 4] = *b"CEbs";
 pub(crate) const VERSION: u16 = 1;
@@ -126,9 +126,9 @@ impl Header {
 }
 
 /// Encodes a header and payload as one buffer; `None` when the payload
-/// exceeds [`MAX_FRAME`].
+/// exceeds [`MAX_PAYLOAD`].
 pub(crate) fn frame(mut header: Header, payload: &[u8]) -> Option<Vec<u8>> {
-    if payload.len() > MAX_FRAME {
+    if payload.len() > MAX_PAYLOAD {
         return None;
     }
     header.len = u32::try_from(payload.len()).ok()?;
@@ -152,33 +152,33 @@ pub(crate) struct Expect {
 impl Expect {
     /// Checks a header against the expected identity (the sequence number
     /// last: callers that skip stale messages check `seq < expected` first).
-    pub(crate) fn check(&self, h: &Header) -> Result<(), Mismatch> {
+    pub(crate) fn check(&self, h: &Header) -> Result<(), FrameMismatch> {
         if h.job != self.job {
-            return Err(Mismatch::Job {
+            return Err(FrameMismatch::Job {
                 ours: self.job,
                 theirs: h.job,
             });
         }
         if h.size != self.size {
-            return Err(Mismatch::Size {
+            return Err(FrameMismatch::Size {
                 ours: self.size,
                 theirs: h.size,
             });
         }
         if h.from != self.from {
-            return Err(Mismatch::Sender {
+            return Err(FrameMismatch::Sender {
                 expected: self.from,
                 theirs: h.from,
             });
         }
         if h.seq != self.seq {
-            return Err(Mismatch::Seq {
+            return Err(FrameMismatch::Seq {
                 ours: self.seq,
                 theirs: h.seq,
             });
         }
         if h.kind != self.kind as u8 {
-            return Err(Mismatch::Operation {
+            return Err(FrameMismatch::Operation {
                 ours: self.op,
                 theirs: h.kind,
             });
@@ -191,7 +191,7 @@ impl Expect {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refused {
     Malformed(Malformed),
-    Mismatch(Mismatch),
+    Mismatch(FrameMismatch),
     Oversized(u64),
 }
 
@@ -199,7 +199,7 @@ impl From<HeaderError> for Refused {
     fn from(e: HeaderError) -> Self {
         match e {
             HeaderError::Malformed(m) => Refused::Malformed(m),
-            HeaderError::Version(v) => Refused::Mismatch(Mismatch::Version {
+            HeaderError::Version(v) => Refused::Mismatch(FrameMismatch::Version {
                 ours: VERSION,
                 theirs: v,
             }),
@@ -220,7 +220,7 @@ pub(crate) fn open(bytes: &[u8], expect: &Expect) -> Result<Vec<u8>, Refused> {
             },
         ));
     }
-    let h = Header::decode(bytes, MAX_FRAME)?;
+    let h = Header::decode(bytes, MAX_PAYLOAD)?;
     expect.check(&h).map_err(Refused::Mismatch)?;
     let body = &bytes[HEADER_LEN..];
     match body.len().cmp(&h.payload_len()) {
@@ -231,13 +231,13 @@ pub(crate) fn open(bytes: &[u8], expect: &Expect) -> Result<Vec<u8>, Refused> {
 }
 
 /// Encodes allgather contributions: `u32` count, then `u32` length and bytes
-/// of each. `None` past [`MAX_FRAME`].
+/// of each. `None` past [`MAX_PAYLOAD`].
 pub(crate) fn encode_list(items: &[Vec<u8>]) -> Option<Vec<u8>> {
     let mut total: usize = 4;
     for it in items {
         total = total.checked_add(4)?.checked_add(it.len())?;
     }
-    if total > MAX_FRAME {
+    if total > MAX_PAYLOAD {
         return None;
     }
     let mut out = Vec::with_capacity(total);
@@ -262,7 +262,7 @@ pub(crate) fn decode_list(bytes: &[u8], count: usize) -> Result<Vec<Vec<u8>>, Re
     };
     let n = usize::try_from(read_u32(0)?).map_err(|_| Refused::Malformed(Malformed::Overflow))?;
     if n != count {
-        return Err(Refused::Mismatch(Mismatch::Count {
+        return Err(Refused::Mismatch(FrameMismatch::Count {
             expected: count,
             got: n,
         }));
@@ -337,7 +337,7 @@ pub(crate) fn seal(
     job: u64,
     rank: usize,
     size: usize,
-    step: super::error::Step,
+    step: super::error::Exchange,
     kind: Kind,
     payload: &[u8],
 ) -> Result<Vec<u8>, super::error::BootstrapError> {
@@ -354,7 +354,7 @@ pub(crate) fn seal(
         step,
         what: super::error::Argument::TooLarge {
             len: payload.len(),
-            max: MAX_FRAME,
+            max: MAX_PAYLOAD,
         },
     })
 }
@@ -363,7 +363,7 @@ pub(crate) fn seal(
 pub(crate) fn expect(
     job: u64,
     size: usize,
-    step: super::error::Step,
+    step: super::error::Exchange,
     kind: Kind,
     from: usize,
 ) -> Expect {
@@ -388,7 +388,7 @@ mod tests {
         assert_eq!(decode_list(&enc, 3), Ok(items));
         assert!(matches!(
             decode_list(&enc, 2),
-            Err(Refused::Mismatch(Mismatch::Count { .. }))
+            Err(Refused::Mismatch(FrameMismatch::Count { .. }))
         ));
         let mut huge = enc.clone();
         huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -410,12 +410,15 @@ mod tests {
         let mut r = FrameReader {
             buf: h.encode().to_vec(),
         };
-        assert!(matches!(r.next(MAX_FRAME), Err(HeaderError::Oversized(_))));
+        assert!(matches!(
+            r.next(MAX_PAYLOAD),
+            Err(HeaderError::Oversized(_))
+        ));
         let mut g = FrameReader {
             buf: b"GET / HTTP/1.1\r\n".to_vec(),
         };
         assert_eq!(
-            g.next(MAX_FRAME),
+            g.next(MAX_PAYLOAD),
             Err(HeaderError::Malformed(Malformed::Magic))
         );
     }
@@ -424,11 +427,11 @@ mod tests {
         #[test]
         fn peer_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200), count in 0usize..5) {
             let mut r = FrameReader { buf: bytes.clone() };
-            while let Ok(Some(_)) = r.next(MAX_FRAME) {}
+            while let Ok(Some(_)) = r.next(MAX_PAYLOAD) {}
             let _ = decode_list(&bytes, count);
             let exp = Expect { job: 1, size: 2, seq: 0, kind: Kind::Allgather, op: Op::Allgather, from: 0 };
             let _ = open(&bytes, &exp);
-            let _ = Header::decode(&bytes, MAX_FRAME);
+            let _ = Header::decode(&bytes, MAX_PAYLOAD);
             let _ = crate::node::NodeId::decode(&bytes);
         }
 
@@ -437,7 +440,7 @@ mod tests {
             let mut bytes = Header { kind, job, seq, from, size, len }.encode().to_vec();
             bytes.extend_from_slice(&tail);
             let mut r = FrameReader { buf: bytes.clone() };
-            let _ = r.next(MAX_FRAME);
+            let _ = r.next(MAX_PAYLOAD);
             let exp = Expect { job, size, seq, kind: Kind::Broadcast, op: Op::Broadcast, from };
             let _ = open(&bytes, &exp);
             let _ = decode_list(&tail, 2);

@@ -18,7 +18,7 @@
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use super::{ENV_VAR, FabricServer};
+use super::{FABRIC_ENV, FabricServer};
 use crate::driver::LOGICAL_ENDPOINT_MIN_VERSION;
 use crate::{FabricConfig, ModelConfig};
 
@@ -119,7 +119,7 @@ pub fn main() -> ExitCode {
     );
     let mut child = match Command::new(&args.command[0])
         .args(&args.command[1..])
-        .env(ENV_VAR, server.env_value())
+        .env(FABRIC_ENV, server.env_value())
         .spawn()
     {
         Ok(c) => c,
