@@ -572,9 +572,9 @@ fn with_hostile_root(answer: impl FnOnce(u64) -> Vec<u8> + Send + 'static) -> Bo
 fn a_hostile_root_result_list_is_refused() {
     let _s = serial();
     let err = with_hostile_root(|job| {
-        let mut list = Vec::new();
-        list.extend_from_slice(&2u32.to_le_bytes());
-        list.extend_from_slice(&u32::MAX.to_le_bytes()); // an entry longer than the frame
+        // The result list is a postcard sequence of byte strings: 2 entries,
+        // the first claiming u32::MAX bytes (varint), longer than the frame.
+        let list = vec![2u8, 0xff, 0xff, 0xff, 0xff, 0x0f];
         raw_frame(5, job, 0, 0, 2, &list)
     });
     assert!(

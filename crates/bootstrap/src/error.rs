@@ -74,6 +74,9 @@ pub enum Malformed {
     NoDescriptor,
     /// A length or count that overflows this machine's arithmetic.
     Overflow,
+    /// Bytes that do not decode as the message they claim to be (an
+    /// invalid tag, string or field).
+    Encoding,
 }
 
 impl fmt::Display for Malformed {
@@ -87,6 +90,7 @@ impl fmt::Display for Malformed {
             Malformed::UnknownType(t) => write!(f, "unknown message type {t}"),
             Malformed::NoDescriptor => f.write_str("no file descriptor attached"),
             Malformed::Overflow => f.write_str("a length that overflows"),
+            Malformed::Encoding => f.write_str("bytes that do not decode as the message"),
         }
     }
 }
@@ -284,20 +288,26 @@ impl AbortReason {
         }
     }
 
-    /// An abort frame's payload: the code, the culprit (u32 LE), and for a
-    /// refused join the refusal code and both sizes (u32 LE each).
+    /// An abort frame's payload ([`AbortWire`], then [`RefusalWire`] for
+    /// a refused join).
     pub(crate) fn encode(self, culprit: usize) -> Vec<u8> {
-        let mut payload = vec![self.code()];
-        payload.extend_from_slice(&u32::try_from(culprit).unwrap_or(u32::MAX).to_le_bytes());
+        let head = AbortWire {
+            code: self.code(),
+            culprit: u32::try_from(culprit).unwrap_or(u32::MAX),
+        };
+        let mut payload = postcard::to_allocvec(&head).unwrap_or_default();
         if let AbortReason::JoinRefused {
             refusal,
             declared,
             size,
         } = self
         {
-            payload.push(refusal.code());
-            payload.extend_from_slice(&declared.to_le_bytes());
-            payload.extend_from_slice(&size.to_le_bytes());
+            let tail = RefusalWire {
+                refusal: refusal.code(),
+                declared,
+                size,
+            };
+            payload.extend(postcard::to_allocvec(&tail).unwrap_or_default());
         }
         payload
     }
@@ -305,21 +315,29 @@ impl AbortReason {
     /// Reads [`AbortReason::encode`]'s payload; short or unknown bytes give
     /// `Unknown`/zeros, and a culprit of `usize::MAX`, never a panic.
     pub(crate) fn decode(payload: &[u8]) -> (AbortReason, usize) {
-        let u32_at = |at: usize| {
-            payload
-                .get(at..at.saturating_add(4))
-                .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                .map(u32::from_le_bytes)
+        let (code, culprit, rest) = match postcard::take_from_bytes::<AbortWire>(payload) {
+            Ok((head, rest)) => (
+                head.code,
+                usize::try_from(head.culprit).unwrap_or(usize::MAX),
+                rest,
+            ),
+            Err(_) => (payload.first().copied().unwrap_or(0), usize::MAX, &[][..]),
         };
-        let culprit = u32_at(1)
-            .and_then(|c| usize::try_from(c).ok())
-            .unwrap_or(usize::MAX);
-        let reason = match AbortReason::from_code(payload.first().copied().unwrap_or(0)) {
-            AbortReason::JoinRefused { .. } => AbortReason::JoinRefused {
-                refusal: Refusal::from_code(payload.get(5).copied().unwrap_or(0)),
-                declared: u32_at(6).unwrap_or(0),
-                size: u32_at(10).unwrap_or(0),
-            },
+        let reason = match AbortReason::from_code(code) {
+            AbortReason::JoinRefused { .. } => {
+                let tail = postcard::take_from_bytes::<RefusalWire>(rest)
+                    .map(|(t, _)| t)
+                    .unwrap_or(RefusalWire {
+                        refusal: 0,
+                        declared: 0,
+                        size: 0,
+                    });
+                AbortReason::JoinRefused {
+                    refusal: Refusal::from_code(tail.refusal),
+                    declared: tail.declared,
+                    size: tail.size,
+                }
+            }
             r => r,
         };
         (reason, culprit)
@@ -339,6 +357,24 @@ impl AbortReason {
             c => AbortReason::Unknown(c),
         }
     }
+}
+
+/// An abort payload's head: the reason code and the culprit (5 bytes).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AbortWire {
+    code: u8,
+    #[serde(with = "postcard::fixint::le")]
+    culprit: u32,
+}
+
+/// What follows [`AbortWire`] for a refused join (9 bytes).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RefusalWire {
+    refusal: u8,
+    #[serde(with = "postcard::fixint::le")]
+    declared: u32,
+    #[serde(with = "postcard::fixint::le")]
+    size: u32,
 }
 
 impl fmt::Display for AbortReason {
