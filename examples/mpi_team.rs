@@ -21,7 +21,7 @@ use cuda_endpoints::{Bootstrap, Mpi, fabric};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let timeout = Duration::from_secs(20);
-    if std::env::var_os(fabric::ENV_VAR).is_none() {
+    if std::env::var_os(fabric::FABRIC_ENV).is_none() {
         eprintln!("run me under cuda-endpoints-fabric (CUDA_ENDPOINTS_FABRIC is not set)");
         std::process::exit(2);
     }

@@ -10,7 +10,7 @@
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use cuda_endpoints::bootstrap::ENV_VAR;
+use cuda_endpoints::bootstrap::UNIQUE_ID_ENV;
 use cuda_endpoints::{Bootstrap, Tcp, UniqueId};
 
 const RANK: &str = "CEB_EXAMPLE_RANK";
@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut ranks = Ranks(Vec::new());
     for r in 1..size {
         let child = Command::new(std::env::current_exe()?)
-            .env(ENV_VAR, id.to_string())
+            .env(UNIQUE_ID_ENV, id.to_string())
             .env(RANK, r.to_string())
             .env(SIZE, size.to_string())
             .spawn()?;

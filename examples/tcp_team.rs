@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use cuda_endpoints::bootstrap::ENV_VAR;
+use cuda_endpoints::bootstrap::UNIQUE_ID_ENV;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::{Tcp, UniqueId};
@@ -74,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if cuda {
         // SAFETY: no thread has been started yet: nothing else reads or
         // writes the environment now.
-        unsafe { std::env::set_var(fabric::ENV_VAR, format!("{},rank=0", socket.display())) };
+        unsafe { std::env::set_var(fabric::FABRIC_ENV, format!("{},rank=0", socket.display())) };
     }
     let server = FabricServer::start_at(FabricConfig::nodes(nodes, gpus), &socket)?;
     let (id, root) = Tcp::root("127.0.0.1:0".parse()?)?;
@@ -87,10 +87,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let child = cmd
             .env(
-                fabric::ENV_VAR,
+                fabric::FABRIC_ENV,
                 format!("{},rank={r}", server.socket().display()),
             )
-            .env(ENV_VAR, id.to_string())
+            .env(UNIQUE_ID_ENV, id.to_string())
             .env(RANK, r.to_string())
             .env(SIZE, size.to_string())
             .spawn()?;

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::backend::{BackendChoice, Decision, Policy, decide};
 use crate::driver::cuda::Cuda;
 use crate::driver::{
-    Call, Classic, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps, Family,
-    LOGICAL_ENDPOINT_MIN_VERSION, Shape,
+    BoundedLog, Call, Classic, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps,
+    Family, LOGICAL_ENDPOINT_MIN_VERSION, Shape,
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Feature, Result};
@@ -35,7 +35,7 @@ struct Inner {
     device_count: OnceLock<i32>,
     /// Cached once the driver answered; a failed query is asked again.
     version: OnceLock<i32>,
-    teardown: Mutex<Teardown>,
+    teardown: Mutex<BoundedLog<Error>>,
     /// Fabric handles attached in this context's process (exported or
     /// imported), and the id holding each: one table shared by every
     /// context of the process ([`Driver::process_scope`], R9).
@@ -54,13 +54,6 @@ struct DriverRef(*const dyn Driver);
 unsafe impl Send for DriverRef {}
 // SAFETY: as above.
 unsafe impl Sync for DriverRef {}
-
-/// Teardown errors not yet taken, and how many were let go.
-#[derive(Default)]
-struct Teardown {
-    errors: std::collections::VecDeque<Error>,
-    dropped: u64,
-}
 
 /// The attached fabric handles of one process, and the id holding each.
 type Attached = Mutex<std::collections::HashMap<[u8; 64], u32>>;
@@ -111,7 +104,7 @@ impl Context {
                 driver,
                 device_count: OnceLock::new(),
                 version: OnceLock::new(),
-                teardown: Mutex::new(Teardown::default()),
+                teardown: Mutex::new(BoundedLog::new(Context::TEARDOWN_CAPACITY)),
                 spare: Default::default(),
                 copy_path: Default::default(),
             }),
@@ -296,23 +289,18 @@ impl Context {
     /// the list. They are also logged through `tracing` at `error` level when
     /// they happen.
     pub fn take_teardown_errors(&self) -> Vec<Error> {
-        std::mem::take(&mut self.lock_teardown().errors).into()
+        self.lock_teardown().take()
     }
 
     /// How many teardown errors were let go, since the context was made, to
     /// keep the newest [`TEARDOWN_CAPACITY`](Context::TEARDOWN_CAPACITY).
     pub fn teardown_errors_dropped(&self) -> u64 {
-        self.lock_teardown().dropped
+        self.lock_teardown().dropped()
     }
 
     pub(crate) fn record_teardown(&self, e: Error) {
         tracing::error!(error = %e, "teardown failed; resource kept alive");
-        let mut t = self.lock_teardown();
-        if t.errors.len() >= Self::TEARDOWN_CAPACITY {
-            t.errors.pop_front();
-            t.dropped = t.dropped.saturating_add(1);
-        }
-        t.errors.push_back(e);
+        self.lock_teardown().push(e);
     }
 
     fn lock_attached(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 64], u32>> {
@@ -342,7 +330,7 @@ impl Context {
         self.lock_attached().remove(handle);
     }
 
-    fn lock_teardown(&self) -> std::sync::MutexGuard<'_, Teardown> {
+    fn lock_teardown(&self) -> std::sync::MutexGuard<'_, BoundedLog<Error>> {
         self.inner
             .teardown
             .lock()

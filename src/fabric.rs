@@ -27,7 +27,7 @@ pub fn connect(join: &Join) -> Result<(Context, Process), FabricError> {
     Ok((Context::from_arc(me.remote()), me))
 }
 
-/// Joins the fabric named by [`ENV_VAR`] ([`Join::from_env`]); `Ok(None)`
+/// Joins the fabric named by [`FABRIC_ENV`] ([`Join::from_env`]); `Ok(None)`
 /// when the variable is not set.
 ///
 /// # Errors

@@ -7,7 +7,7 @@
 
 use std::marker::PhantomData;
 
-use crate::driver::{FabricHandleBytes, fabric_checksum};
+use crate::driver::{FabricHandleBytes, fnv1a};
 use crate::error::{Error, Result};
 use crate::kind::CanExport;
 
@@ -96,7 +96,7 @@ impl<K: CanExport> FabricHandle<K> {
         out[14..22].copy_from_slice(&self.align.to_le_bytes());
         out[22..26].copy_from_slice(&self.team_size.to_le_bytes());
         out[26..SUM_AT].copy_from_slice(&self.data);
-        let sum = fabric_checksum(&out[..SUM_AT]);
+        let sum = fnv1a(&out[..SUM_AT]);
         out[SUM_AT..].copy_from_slice(&sum.to_le_bytes());
         out
     }
@@ -168,7 +168,7 @@ impl<K> FabricHandle<K> {
         t.copy_from_slice(&b[22..26]);
         let mut data = [0u8; 64];
         data.copy_from_slice(&b[26..SUM_AT]);
-        if b[SUM_AT..] != fabric_checksum(&b[..SUM_AT]).to_le_bytes() {
+        if b[SUM_AT..] != fnv1a(&b[..SUM_AT]).to_le_bytes() {
             return Err(bad(
                 "checksum mismatch: the bytes were damaged on the way".into()
             ));

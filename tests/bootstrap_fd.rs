@@ -10,7 +10,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
 use bootstrap_support::*;
-use cuda_endpoints::bootstrap::{AbortReason, ENV_VAR, NodeId};
+use cuda_endpoints::bootstrap::{AbortReason, NodeId, UNIQUE_ID_ENV};
 use cuda_endpoints::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
 
 const ENTRY: &str = "child_entry";
@@ -81,7 +81,7 @@ fn job(size: usize, role: &str, kids: &mut Children) -> Tcp {
                 (ROLE, role.into()),
                 (RANK, r.to_string()),
                 (SIZE, size.to_string()),
-                (ENV_VAR, id.to_string()),
+                (UNIQUE_ID_ENV, id.to_string()),
             ],
         );
     }

@@ -11,7 +11,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use bootstrap_support::*;
-use cuda_endpoints::bootstrap::{AbortReason, ENV_VAR, Malformed, Mismatch, Refusal};
+use cuda_endpoints::bootstrap::{AbortReason, FrameMismatch, Malformed, Refusal, UNIQUE_ID_ENV};
 use cuda_endpoints::{Bootstrap, BootstrapError, Tcp, UniqueId};
 
 const ENTRY: &str = "child_entry";
@@ -86,7 +86,7 @@ fn spawn_ranks(
                 (ROLE, role_of(r).into()),
                 (RANK, r.to_string()),
                 (SIZE, size.to_string()),
-                (ENV_VAR, id.to_string()),
+                (UNIQUE_ID_ENV, id.to_string()),
             ],
         );
     }
@@ -345,7 +345,7 @@ fn with_hostile_rank1(
             (ROLE, "allgather_10s".into()),
             (RANK, "2".into()),
             (SIZE, "3".into()),
-            (ENV_VAR, id.to_string()),
+            (UNIQUE_ID_ENV, id.to_string()),
         ],
     );
     let id2 = id.clone();
@@ -418,7 +418,7 @@ fn a_frame_of_another_job_is_a_mismatch() {
             err,
             BootstrapError::Mismatch {
                 peer: 1,
-                what: Mismatch::Job { .. },
+                what: FrameMismatch::Job { .. },
                 ..
             }
         ),
@@ -437,7 +437,7 @@ fn a_frame_claiming_another_rank_is_a_mismatch() {
             err,
             BootstrapError::Mismatch {
                 peer: 1,
-                what: Mismatch::Sender {
+                what: FrameMismatch::Sender {
                     expected: 1,
                     theirs: 2
                 },
@@ -572,9 +572,9 @@ fn with_hostile_root(answer: impl FnOnce(u64) -> Vec<u8> + Send + 'static) -> Bo
 fn a_hostile_root_result_list_is_refused() {
     let _s = serial();
     let err = with_hostile_root(|job| {
-        let mut list = Vec::new();
-        list.extend_from_slice(&2u32.to_le_bytes());
-        list.extend_from_slice(&u32::MAX.to_le_bytes()); // an entry longer than the frame
+        // The result list is a postcard sequence of byte strings: 2 entries,
+        // the first claiming u32::MAX bytes (varint), longer than the frame.
+        let list = vec![2u8, 0xff, 0xff, 0xff, 0xff, 0x0f];
         raw_frame(5, job, 0, 0, 2, &list)
     });
     assert!(
@@ -603,7 +603,7 @@ fn a_hostile_root_result_list_is_refused() {
             err,
             BootstrapError::Mismatch {
                 peer: 0,
-                what: Mismatch::Operation { .. },
+                what: FrameMismatch::Operation { .. },
                 ..
             }
         ),
@@ -616,7 +616,7 @@ fn a_payload_over_the_frame_limit_is_refused_before_sending() {
     let _s = serial();
     let (_, listener) = root(1);
     let boot = listener.accept(1, Duration::from_secs(1)).expect("size 1");
-    let big = vec![0u8; cuda_endpoints::bootstrap::MAX_FRAME + 1];
+    let big = vec![0u8; cuda_endpoints::bootstrap::MAX_PAYLOAD + 1];
     let err = boot
         .broadcast(0, &big, Duration::from_secs(1))
         .expect_err("too large");
@@ -656,7 +656,7 @@ fn a_joiner_declaring_another_size_is_refused_and_fails_the_accept() {
             err,
             BootstrapError::Mismatch {
                 peer: 1,
-                what: Mismatch::Size { ours: 3, theirs: 2 },
+                what: FrameMismatch::Size { ours: 3, theirs: 2 },
                 ..
             }
         ),
@@ -703,7 +703,7 @@ fn a_joiner_declaring_another_size_aborts_the_admitted_ranks_at_once_naming_it()
             err,
             BootstrapError::Mismatch {
                 peer: 2,
-                what: Mismatch::Size { ours: 3, theirs: 4 },
+                what: FrameMismatch::Size { ours: 3, theirs: 4 },
                 ..
             }
         ),

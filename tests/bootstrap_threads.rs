@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bootstrap_support::suite;
-use cuda_endpoints::bootstrap::{Callbacks, Malformed, Mismatch, ThreadRank};
+use cuda_endpoints::bootstrap::{Callbacks, FrameMismatch, Malformed, ThreadRank};
 use cuda_endpoints::{Bootstrap, BootstrapError, Threads};
 
 fn on_threads<R: Send>(
@@ -85,7 +85,7 @@ fn different_collectives_at_one_step_are_a_mismatch() {
         errs.iter().flatten().any(|e| matches!(
             e,
             BootstrapError::Mismatch {
-                what: Mismatch::Operation { .. },
+                what: FrameMismatch::Operation { .. },
                 ..
             }
         )),
@@ -141,7 +141,7 @@ fn bytes_exchanged_over_the_wrong_communicator_are_refused() {
         matches!(
             e,
             BootstrapError::Mismatch {
-                what: Mismatch::Job { ours: 1, theirs: 2 },
+                what: FrameMismatch::Job { ours: 1, theirs: 2 },
                 ..
             }
         ),
@@ -156,7 +156,7 @@ fn bytes_exchanged_over_the_wrong_communicator_are_refused() {
         matches!(
             e,
             BootstrapError::Mismatch {
-                what: Mismatch::Size { ours: 2, theirs: 3 },
+                what: FrameMismatch::Size { ours: 2, theirs: 3 },
                 ..
             }
         ),
@@ -206,7 +206,7 @@ fn the_adapter_refuses_other_steps_rank_orders_counts_and_garbage() {
             e,
             BootstrapError::Mismatch {
                 peer: 0,
-                what: Mismatch::Sender {
+                what: FrameMismatch::Sender {
                     expected: 0,
                     theirs: 1
                 },
@@ -226,7 +226,7 @@ fn the_adapter_refuses_other_steps_rank_orders_counts_and_garbage() {
         matches!(
             e,
             BootstrapError::Mismatch {
-                what: Mismatch::Seq { ours: 1, theirs: 0 },
+                what: FrameMismatch::Seq { ours: 1, theirs: 0 },
                 ..
             }
         ),
@@ -239,7 +239,7 @@ fn the_adapter_refuses_other_steps_rank_orders_counts_and_garbage() {
         matches!(
             e,
             BootstrapError::Mismatch {
-                what: Mismatch::Count {
+                what: FrameMismatch::Count {
                     expected: 2,
                     got: 1
                 },

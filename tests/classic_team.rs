@@ -405,7 +405,7 @@ fn r4_2_two_ranks_of_a_node_bringing_one_device_fail_at_join_before_the_driver()
         });
         for r in out {
             let e = r.expect_err("a TeamError on every rank");
-            assert_eq!(e.step, Step::Join, "{e}");
+            assert_eq!(e.step, Step::Hello, "{e}");
             assert_eq!(e.rank, 1, "{e}");
             assert!(
                 matches!(

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use children::{Guard, Lines};
 
-use cuda_endpoints::fabric::{self, ENV_VAR, FabricServer, Join};
+use cuda_endpoints::fabric::{self, FABRIC_ENV, FabricServer, Join};
 use cuda_endpoints::model::{FabricConfig, Live, ShareableKind};
 use cuda_endpoints::{
     Allocation, Call, Code, Context, Device, Error, Exportable, FabricHandle, Multicast, PosixFd,
@@ -54,7 +54,7 @@ impl Kid {
     fn spawn(name: &'static str, role: &str, join: &Join, env: &[(&str, String)]) -> Kid {
         let mut cmd = children::test_binary("child_role");
         cmd.env(ROLE, role)
-            .env(ENV_VAR, join.to_spec())
+            .env(FABRIC_ENV, join.to_spec())
             .stdin(Stdio::piped())
             .stderr(Stdio::inherit());
         for (k, v) in env {
@@ -541,7 +541,7 @@ fn launch(args: &[&str], env: &[(&str, &str)]) -> Option<i32> {
     let launcher = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
     let mut cmd = Command::new(launcher);
     cmd.args(args)
-        .env_remove(ENV_VAR)
+        .env_remove(FABRIC_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());

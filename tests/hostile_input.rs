@@ -134,7 +134,7 @@ proptest! {
         }
         w[26..90].copy_from_slice(&data);
         // A valid checksum, so that the bytes get past the wire check.
-        let sum = cuda_endpoints::driver::fabric_checksum(&w[..90]);
+        let sum = cuda_endpoints::driver::fnv1a(&w[..90]);
         w[90..].copy_from_slice(&sum.to_le_bytes());
         let (ctx, model) = backend::context(ModelConfig::node(2));
         if let Ok(h) = FabricHandle::<Multicast<Exportable>>::from_bytes(&w) {
@@ -963,7 +963,7 @@ fn model_refuses_forged_handle_of_non_exportable_endpoint() {
         let exported = u64::from_le_bytes(h.0[16..24].try_into().unwrap());
         // The object created just before: the private one.
         h.0[16..24].copy_from_slice(&(exported - 1).to_le_bytes());
-        let sum = cuda_endpoints::driver::fabric_checksum(&h.0[..24]);
+        let sum = cuda_endpoints::driver::fnv1a(&h.0[..24]);
         h.0[24..32].copy_from_slice(&sum.to_le_bytes());
         assert_eq!(
             m.import(base + 2, h),

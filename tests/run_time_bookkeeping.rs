@@ -183,7 +183,7 @@ fn forge(wire: &[u8], kind: u8, size: u64, align: u64, team: u32) -> Vec<u8> {
     b[14..22].copy_from_slice(&align.to_le_bytes());
     b[22..26].copy_from_slice(&team.to_le_bytes());
     let at = b.len() - 8;
-    let sum = cuda_endpoints::driver::fabric_checksum(&b[..at]);
+    let sum = cuda_endpoints::driver::fnv1a(&b[..at]);
     b[at..].copy_from_slice(&sum.to_le_bytes());
     b
 }

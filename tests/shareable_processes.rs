@@ -167,7 +167,7 @@ fn job(scenario: &str, nodes: usize, gpus: usize) -> (Vec<Vec<String>>, FabricSe
                 (SIZE, n.to_string()),
                 (DIR, dir.path().display().to_string()),
                 (
-                    fabric::ENV_VAR,
+                    fabric::FABRIC_ENV,
                     format!("{},rank={r}", server.socket().display()),
                 ),
             ],

@@ -154,7 +154,7 @@ fn a_device_outside_the_clique_fails_at_join_on_every_rank_before_the_driver() {
     });
     // Read from cuDeviceGetCliqueInfo in every rank's hello: refused before
     // anything is created, so no AddDevice reaches the driver to fail.
-    all_name(&errors, 3, Step::Join);
+    all_name(&errors, 3, Step::Hello);
     assert!(matches!(
         errors[0].as_ref().err().map(|e| &e.cause),
         Some(Cause::Mismatch(Mismatch::Clique {
@@ -176,7 +176,7 @@ fn a_team_declared_for_4_with_3_devices_fails_at_join_on_every_rank() {
     });
     for (rank, e) in errors.iter().enumerate() {
         let e = e.as_ref().expect_err("must fail");
-        assert_eq!((e.rank, e.step), (rank, Step::Join));
+        assert_eq!((e.rank, e.step), (rank, Step::Hello));
         assert!(matches!(
             &e.cause,
             Cause::Mismatch(Mismatch::TeamSize {
@@ -204,7 +204,7 @@ fn a_team_declared_for_4_with_16_devices_names_the_ranks_that_brought_them_and_t
     });
     for (rank, e) in errors.iter().enumerate() {
         let e = e.as_ref().expect_err("must fail");
-        assert_eq!((e.rank, e.step), (rank, Step::Join));
+        assert_eq!((e.rank, e.step), (rank, Step::Hello));
         let msg = e.to_string();
         for part in [
             "declared for 4 devices but the ranks that joined bring 16",
@@ -226,7 +226,7 @@ fn ranks_that_disagree_on_the_size_fail_at_join_naming_the_odd_rank() {
         let bytes = if rank == 1 { 2 * MIB2 } else { MIB2 };
         team::multicast(ctx, boot, &TeamSpec::new([rank as i32], bytes)).map(drop)
     });
-    all_name(&errors, 1, Step::Join);
+    all_name(&errors, 1, Step::Hello);
     assert_clean(&model);
 }
 
@@ -243,7 +243,7 @@ fn a_rank_that_never_comes_times_out_every_other_rank_within_the_bound() {
     for e in &errors {
         let e = e.as_ref().expect_err("must time out");
         assert!(e.is_timeout(), "{e}");
-        assert_eq!(e.step, Step::Join);
+        assert_eq!(e.step, Step::Hello);
     }
     assert_clean(&model);
 }

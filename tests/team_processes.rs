@@ -225,7 +225,7 @@ fn job(
                 (RANK, r.to_string()),
                 (SIZE, n.to_string()),
                 (DIR, dir.path().display().to_string()),
-                (fabric::ENV_VAR, fabric_env),
+                (fabric::FABRIC_ENV, fabric_env),
             ],
         );
     }
@@ -381,7 +381,7 @@ fn a_peer_that_never_answers_times_every_other_rank_out() {
     for d in &done[..2] {
         let o = outcome(d);
         assert!(o.starts_with("err"), "{}: {o}", d.name);
-        assert_eq!(field(&o, "step"), Some("join"), "{o}");
+        assert_eq!(field(&o, "step"), Some("hello"), "{o}");
     }
     assert!(server.live().is_empty(), "{:?}", server.live());
     assert!(server.violations().is_empty(), "{:?}", server.violations());

@@ -48,16 +48,16 @@ pub enum Node {
 /// Whether the environment asks for a fabric.
 pub fn fabric_requested() -> bool {
     std::env::var(FABRIC_SWITCH).map_or(true, |v| v.trim() != "0")
-        && std::env::var_os(fabric::ENV_VAR).is_some()
+        && std::env::var_os(fabric::FABRIC_ENV).is_some()
 }
 
 /// Joins the fabric the environment names.
 pub fn join_fabric() -> Node {
     match fabric::connect_env() {
         Ok(Some((_ctx, me))) => Node::Fabric(me),
-        Ok(None) => Node::Unreachable(Arc::from(format!("{} is not set", fabric::ENV_VAR))),
+        Ok(None) => Node::Unreachable(Arc::from(format!("{} is not set", fabric::FABRIC_ENV))),
         Err(e) => {
-            let why = format!("cannot join the fabric of {}: {e}", fabric::ENV_VAR);
+            let why = format!("cannot join the fabric of {}: {e}", fabric::FABRIC_ENV);
             eprintln!("libcuda test double: {why}");
             Node::Unreachable(Arc::from(why))
         }

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use cuda_endpoints::bootstrap::ENV_VAR;
+use cuda_endpoints::bootstrap::UNIQUE_ID_ENV;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::{Bootstrap, Context, Tcp, UniqueId};
@@ -141,7 +141,7 @@ fn run(name: &str, work: RankFn) -> u8 {
 
 #[cfg(feature = "mpi")]
 fn mpi_rank(name: &str, work: RankFn) -> u8 {
-    if std::env::var_os(fabric::ENV_VAR).is_none() {
+    if std::env::var_os(fabric::FABRIC_ENV).is_none() {
         eprintln!(
             "{name} --mpi: run me under cuda-endpoints-fabric (CUDA_ENDPOINTS_FABRIC is not set)"
         );
@@ -182,7 +182,7 @@ fn launch(name: &str, work: RankFn) -> Result<u8, Box<dyn std::error::Error>> {
     if cuda {
         // SAFETY: no thread has been started yet: nothing else reads or
         // writes the environment now.
-        unsafe { std::env::set_var(fabric::ENV_VAR, format!("{},rank=0", socket.display())) };
+        unsafe { std::env::set_var(fabric::FABRIC_ENV, format!("{},rank=0", socket.display())) };
     }
     let mut config = FabricConfig::nodes(nodes, gpus);
     for n in &mut config.nodes {
@@ -199,10 +199,10 @@ fn launch(name: &str, work: RankFn) -> Result<u8, Box<dyn std::error::Error>> {
         }
         let child = cmd
             .env(
-                fabric::ENV_VAR,
+                fabric::FABRIC_ENV,
                 format!("{},rank={r}", server.socket().display()),
             )
-            .env(ENV_VAR, id.to_string())
+            .env(UNIQUE_ID_ENV, id.to_string())
             .env(RANK, r.to_string())
             .env(SIZE, size.to_string())
             .spawn()?;

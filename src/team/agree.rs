@@ -4,31 +4,10 @@
 //! from hanging the others (the PyTorch AddDevice hang) and what keeps any
 //! rank from binding before every rank enrolled (C3 on the classic API).
 
-use std::time::{Duration, Instant};
-
-use crate::bootstrap::{Bootstrap, BootstrapError};
+use crate::bootstrap::{Bootstrap, BootstrapError, Deadline};
 
 use super::error::{Cause, Step, TeamError};
 use super::wire::{Status, decode_status, encode_status};
-
-/// A bring-up's deadline: every bootstrap operation and wait gets what is left.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Deadline(Option<Instant>);
-
-impl Deadline {
-    pub(crate) fn after(timeout: Duration) -> Deadline {
-        // A timeout too large for `Instant` is as good as none.
-        Deadline(Instant::now().checked_add(timeout))
-    }
-
-    /// Time left; zero once passed; `Duration::MAX` without a deadline
-    /// (every wait below takes it as a timeout and adds it checked).
-    pub(crate) fn left(&self) -> Duration {
-        self.0.map_or(Duration::MAX, |at| {
-            at.saturating_duration_since(Instant::now())
-        })
-    }
-}
 
 /// Sends this rank's outcome of `step` to every rank and collects theirs. Returns
 /// every rank's payload when all succeeded; otherwise this rank's own
@@ -42,7 +21,7 @@ pub(crate) fn agree(
     let me = boot.rank();
     let bytes = encode_status(step, &mine);
     let all = boot
-        .allgather(&bytes, deadline.left())
+        .allgather(&bytes, deadline.remaining())
         .map_err(|e| TeamError::new(bootstrap_rank(&e, me), step, Cause::Bootstrap(e)))?;
     if all.len() != boot.size() {
         return Err(TeamError::new(
@@ -100,7 +79,7 @@ pub(crate) fn announce(
         _ => Vec::new(),
     };
     let got = boot
-        .broadcast(root, &sent, deadline.left())
+        .broadcast(root, &sent, deadline.remaining())
         .map_err(|e| TeamError::new(bootstrap_rank(&e, root), step, Cause::Bootstrap(e)))?;
     if me == root {
         return match mine {

@@ -30,11 +30,12 @@ use crate::endpoint::Endpoint;
 use crate::kind::{Exportable, ImportedUnicast, Kind, Unicast};
 use crate::state::{Ready, State};
 
-use super::agree::{Deadline, agree};
+use super::agree::agree;
 use super::error::{Cause, Mismatch, Step, TeamError};
 use super::multicast::SharedTeam;
 use super::peers::Peers;
 use super::shared::SharedMulticast;
+use crate::bootstrap::Deadline;
 
 /// The most devices one rank's report may name (a peer's count is checked
 /// against it before anything is allocated for it).

@@ -18,7 +18,7 @@ use crate::error::Error;
 pub enum Step {
     /// Every rank says what it brings (devices, size, options); all check
     /// that they agree.
-    Join,
+    Hello,
     /// The root creates the endpoint (multicast), or each rank creates its
     /// own (unicast peers).
     Create,
@@ -40,7 +40,7 @@ pub enum Step {
 
 impl Step {
     pub(crate) const ALL: [Step; 8] = [
-        Step::Join,
+        Step::Hello,
         Step::Create,
         Step::Export,
         Step::Import,
@@ -61,7 +61,7 @@ impl Step {
     /// The step in words.
     pub fn name(self) -> &'static str {
         match self {
-            Step::Join => "join",
+            Step::Hello => "hello",
             Step::Create => "create",
             Step::Export => "export",
             Step::Import => "import",
@@ -159,7 +159,7 @@ pub enum Mismatch {
     },
     /// A rank's report at enrollment (the first that differs) disagrees
     /// with what this rank saw:
-    /// the ranks did not all see the same Join (a peer's hello claims
+    /// the ranks did not all see the same hellos (a peer's hello claims
     /// devices it does not enroll, or the bootstrap delivered different
     /// bytes to different ranks), so the team is not known to be complete.
     Report {
@@ -260,7 +260,7 @@ impl fmt::Display for Mismatch {
                 expected,
             } => write!(
                 f,
-                "a rank reported {field} = {reported} at enrollment where the Join as this rank saw it says {expected}: the ranks did not see the same Join (a hello that claims devices its rank does not enroll, or a bootstrap that delivered different bytes), so the team is not known to be complete and nobody binds"
+                "a rank reported {field} = {reported} at enrollment where the hellos as this rank saw them say {expected}: the ranks did not see the same hellos (a hello that claims devices its rank does not enroll, or a bootstrap that delivered different bytes), so the team is not known to be complete and nobody binds"
             ),
             Mismatch::NotBound { device: Some(d) } => write!(
                 f,

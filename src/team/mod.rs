@@ -4,7 +4,7 @@
 //! - [`multicast`]: the root creates an exportable team spread over the
 //!   ranks and broadcasts its handle; every other rank imports it; every rank
 //!   enrolls its own devices; all agree, each checking every rank's report
-//!   (team size, a digest of the Join, devices enrolled) against its own
+//!   (team size, a digest of the hellos, devices enrolled) against its own
 //!   view; all wait (bounded); all agree again. Two ranks that bring one
 //!   physical device (same boot id and PCI location) fail at the join.
 //!   Every rank then holds the same type, [`SharedTeam`] with an
@@ -85,7 +85,7 @@ fn same_options(
     bytes: u64,
     counted_ops: bool,
 ) -> Result<(), TeamError> {
-    let mismatch = |m| Err(TeamError::new(rank, Step::Join, error::Cause::Mismatch(m)));
+    let mismatch = |m| Err(TeamError::new(rank, Step::Hello, error::Cause::Mismatch(m)));
     if h.bytes != bytes {
         return mismatch(Mismatch::Bytes {
             root: bytes,

@@ -14,7 +14,7 @@
 //! rank imports what it received with the properties the ranks agreed on
 //! (never the exporter's bytes) and adds its devices at once; only after
 //! the agreement step that every rank added its devices, with every rank's
-//! report matching this rank's view of the Join ([`check_reports`]), does
+//! report matching this rank's view of the hello step ([`check_reports`]), does
 //! the team count as complete, so no rank binds before then (C3).
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -30,7 +30,7 @@ use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{Pending, Ready, TeamReady};
 
-use super::agree::{Deadline, agree, announce};
+use super::agree::{agree, announce};
 use super::error::{Cause, Mismatch, Step, TeamError};
 use super::shared::SharedMulticast;
 use super::wire::{
@@ -38,6 +38,7 @@ use super::wire::{
     encode_classic_envelope, encode_envelope, join_digest,
 };
 use super::{check_devices, check_limits, wait_one};
+use crate::bootstrap::Deadline;
 
 /// What a rank asks of a multicast bring-up. Every rank passes the same
 /// `bytes`, `root`, options and (if given) team size; `devices` are this
@@ -177,7 +178,7 @@ pub fn multicast(
     if spec.root >= ranks {
         return Err(TeamError::new(
             me,
-            Step::Join,
+            Step::Hello,
             Cause::Local(crate::Error::NoSuchDevice {
                 device: Device(spec.root as i32),
                 count: ranks as i32,
@@ -185,7 +186,7 @@ pub fn multicast(
         ));
     }
 
-    // Join: what every rank brings, checked alike on every rank.
+    // Hello: what every rank brings, checked alike on every rank.
     let hello = Hello {
         bytes: spec.bytes,
         counted_ops: spec.counted_ops,
@@ -200,8 +201,8 @@ pub fn multicast(
     } else {
         check_devices(ctx, &spec.devices).map(|()| hello.encode())
     }
-    .map_err(|c| (Step::Join, c));
-    let hellos = agree(boot, Step::Join, local, deadline)?;
+    .map_err(|c| (Step::Hello, c));
+    let hellos = agree(boot, Step::Hello, local, deadline)?;
     let team_size = agreed_team_size(&hellos, spec, me)?;
 
     // Create and export on the root; the handle goes to every rank.
@@ -225,7 +226,7 @@ pub fn multicast(
     let mut fd: Option<Result<OwnedFd, Cause>> = None;
     if let Ok(Ok(Carrier::ClassicFd)) = carrier {
         let mine = root_fd.as_ref().map(AsFd::as_fd);
-        let got = FdExchange::broadcast_fd(boot, spec.root, mine, deadline.left());
+        let got = FdExchange::broadcast_fd(boot, spec.root, mine, deadline.remaining());
         fd = Some(got.map_err(Cause::Bootstrap));
     }
     drop(root_fd);
@@ -271,7 +272,7 @@ pub fn multicast(
     })();
     // The root keeps its reference until here: every rank has imported (R12.3).
     let reports = agree(boot, Step::Enroll, local, deadline)?;
-    // The ranks' word is checked, not trusted: every rank saw the same Join
+    // The ranks' word is checked, not trusted: every rank saw the same hellos
     // and enrolled what it claimed there, so the team is complete (C3).
     check_reports(&reports, &hellos, team_size, spec.root)?;
     let Some(ep) = pending else {
@@ -295,7 +296,7 @@ pub fn multicast(
 
     // Wait, bounded, and agree that every rank's endpoint is ready: the wait
     // doubles as the team barrier.
-    let (ready, local) = match wait_one(ep, deadline.left()) {
+    let (ready, local) = match wait_one(ep, deadline.remaining()) {
         Ok(r) => (Some(r), Ok(Vec::new())),
         Err(e) => (None, Err((Step::Wait, Cause::Local(e)))),
     };
@@ -318,7 +319,7 @@ pub fn multicast(
 }
 
 /// Checks every rank's enrollment report against this rank's view of the
-/// Join: the same team size, the same digest of the hellos, and as many
+/// hello step: the same team size, the same digest of the hellos, and as many
 /// devices enrolled as its hello claimed. A rank that differs from the
 /// root's report is named (the lowest such rank, else the root), the same
 /// on every rank that received the same reports.
@@ -392,7 +393,7 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
     let mut brought = Vec::with_capacity(hellos.len());
     let mut root_hello = None;
     for (rank, bytes) in hellos.iter().enumerate() {
-        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
+        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Hello, c))?;
         total = total.saturating_add(h.devices.len() as u64);
         brought.push(u32::try_from(h.devices.len()).unwrap_or(u32::MAX));
         if rank == spec.root {
@@ -402,7 +403,7 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
     let Some(root) = root_hello else {
         return Err(TeamError::new(
             spec.root,
-            Step::Join,
+            Step::Hello,
             Cause::BadMessage {
                 reason: "no hello from the root",
             },
@@ -410,7 +411,7 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
     };
     for (rank, bytes) in hellos.iter().enumerate() {
         // Decoded above: cannot fail now, but stay total.
-        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
+        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Hello, c))?;
         super::same_options(rank, &h, root.bytes, root.counted_ops)?;
         // One clique for the whole team, where the driver can tell (R4.5).
         let team_clique = root.cliques.iter().flatten().next().copied();
@@ -420,7 +421,7 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
             {
                 return Err(TeamError::new(
                     rank,
-                    Step::Join,
+                    Step::Hello,
                     Cause::Mismatch(Mismatch::Clique {
                         device: dev.0,
                         clique: c,
@@ -436,13 +437,13 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
     // every rank names the same later rank.
     let mut seen: Vec<(u64, usize)> = Vec::new();
     for (rank, bytes) in hellos.iter().enumerate() {
-        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
+        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Hello, c))?;
         for (dev, place) in h.devices.iter().zip(&h.places) {
             let Some(place) = *place else { continue };
             if let Some(&(_, other_rank)) = seen.iter().find(|(p, _)| *p == place) {
                 return Err(TeamError::new(
                     rank,
-                    Step::Join,
+                    Step::Hello,
                     Cause::Mismatch(Mismatch::SameDevice {
                         device: dev.0,
                         other_rank,
@@ -456,7 +457,7 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
     match declared {
         Some(d) if u64::from(d) != total => Err(TeamError::new(
             me,
-            Step::Join,
+            Step::Hello,
             Cause::Mismatch(Mismatch::TeamSize {
                 declared: d,
                 arriving: total,
@@ -465,7 +466,7 @@ fn agreed_team_size(hellos: &[Vec<u8>], spec: &TeamSpec, me: usize) -> Result<u3
         )),
         _ if total == 0 || total > u64::from(u32::MAX) => Err(TeamError::new(
             me,
-            Step::Join,
+            Step::Hello,
             Cause::Local(crate::Error::EmptyTeam),
         )),
         _ => Ok(total as u32),

@@ -15,10 +15,11 @@ use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{Pending, Ready, Reserved, TeamReady};
 
-use super::agree::{Deadline, agree};
+use super::agree::agree;
 use super::error::{Cause, Step, TeamError};
 use super::wire::{Hello, decode_envelope, encode_envelope};
 use super::{check_devices, check_limits, wait_range};
+use crate::bootstrap::Deadline;
 
 /// What a rank asks of a unicast-peers bring-up: its own device and the
 /// bytes of its endpoint (the same on every rank).
@@ -130,10 +131,10 @@ pub fn unicast_peers(
     };
     let local = check_devices(ctx, &[spec.device])
         .map(|()| hello.encode())
-        .map_err(|c| (Step::Join, c));
-    let hellos = agree(boot, Step::Join, local, deadline)?;
+        .map_err(|c| (Step::Hello, c));
+    let hellos = agree(boot, Step::Hello, local, deadline)?;
     for (rank, bytes) in hellos.iter().enumerate() {
-        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Join, c))?;
+        let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Hello, c))?;
         super::same_options(rank, &h, spec.bytes, spec.counted_ops)?;
     }
 
@@ -166,7 +167,7 @@ pub fn unicast_peers(
         }
         let ep = mine.create(s).map_err(|f| create(Cause::Local(f.error)))?;
         let ep = ep
-            .wait(deadline.left())
+            .wait(deadline.remaining())
             .map_err(|f| (Step::Wait, Cause::Local(f.error)))?;
         let handle = ep.export().map_err(|e| (Step::Export, Cause::Local(e)))?;
         own = Some(ep);
@@ -217,7 +218,8 @@ pub fn unicast_peers(
                 .map_err(|f| (Step::Import, Cause::Local(f.error)))?;
             imported.push(Some(ep));
         }
-        wait_range(&own, &imported, deadline.left()).map_err(|e| (Step::Wait, Cause::Local(e)))?;
+        wait_range(&own, &imported, deadline.remaining())
+            .map_err(|e| (Step::Wait, Cause::Local(e)))?;
         Ok(Vec::new())
     })();
     agree(boot, Step::Wait, local, deadline)?;

@@ -394,8 +394,8 @@ mod tests {
 
     #[test]
     fn status_round_trips_and_refuses_other_steps() {
-        let s = encode_status(Step::Join, &Ok(vec![1, 2, 3]));
-        assert!(matches!(decode_status(Step::Join, &s), Ok(Status::Ok(p)) if p == [1, 2, 3]));
+        let s = encode_status(Step::Hello, &Ok(vec![1, 2, 3]));
+        assert!(matches!(decode_status(Step::Hello, &s), Ok(Status::Ok(p)) if p == [1, 2, 3]));
         assert!(decode_status(Step::Wait, &s).is_err());
         let f = encode_status(
             Step::Enroll,
@@ -416,13 +416,13 @@ mod tests {
 
     #[test]
     fn truncated_or_garbage_status_is_a_bad_message_not_a_panic() {
-        let s = encode_status(Step::Join, &Ok(vec![7; 40]));
+        let s = encode_status(Step::Hello, &Ok(vec![7; 40]));
         for n in 0..s.len() {
-            assert!(decode_status(Step::Join, &s[..n]).is_err());
+            assert!(decode_status(Step::Hello, &s[..n]).is_err());
         }
         let mut big = s.clone();
         big[7..11].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode_status(Step::Join, &big).is_err());
+        assert!(decode_status(Step::Hello, &big).is_err());
     }
 
     #[test]
@@ -443,7 +443,7 @@ mod tests {
 
 /// What each rank reports at the enrollment step, for every rank to check
 /// against its own view before the team counts as complete: the team size
-/// it computed, a digest of the Join hellos as it saw them, and how many
+/// it computed, a digest of the hellos as it saw them, and how many
 /// devices it enrolled (on the classic fallback, as the backend counts
 /// them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -474,22 +474,18 @@ impl Enrolled {
     }
 }
 
-/// A digest of the Join hellos as one rank saw them (FNV-1a, 64 bits, over
+/// A digest of the hellos as one rank saw them (FNV-1a, 64 bits, over
 /// each hello with its length): the same on every rank that saw the same
 /// bytes, whatever the build's hasher.
 pub(crate) fn join_digest(hellos: &[Vec<u8>]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |b: u8| {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    };
+    let mut all = Vec::with_capacity(
+        hellos
+            .iter()
+            .fold(0usize, |n, h| n.saturating_add(h.len()).saturating_add(8)),
+    );
     for hello in hellos {
-        for b in (hello.len() as u64).to_le_bytes() {
-            eat(b);
-        }
-        for &b in hello {
-            eat(b);
-        }
+        all.extend_from_slice(&(hello.len() as u64).to_le_bytes());
+        all.extend_from_slice(hello);
     }
-    h
+    crate::driver::fnv1a(&all)
 }

@@ -88,32 +88,41 @@ impl Traffic {
     }
 }
 
-/// The end of an operation's time budget.
+/// The end of an operation's time budget: every bootstrap operation and
+/// wait below it gets what is left. One definition for the transports here
+/// and the team bring-up above them.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Deadline {
+pub struct Deadline {
     at: Option<Instant>,
-    pub(crate) timeout: Duration,
+    timeout: Duration,
 }
 
 impl Deadline {
-    pub(crate) fn after(timeout: Duration) -> Self {
-        // A timeout too large for `Instant` means "no practical bound".
+    /// `timeout` from now. A timeout too large for `Instant` (such as
+    /// `Duration::MAX`) is no deadline at all.
+    pub fn after(timeout: Duration) -> Deadline {
         Deadline {
             at: Instant::now().checked_add(timeout),
             timeout,
         }
     }
 
-    /// Time left; zero once passed.
-    pub(crate) fn remaining(&self) -> Duration {
-        match self.at {
-            Some(at) => at.saturating_duration_since(Instant::now()),
-            None => Duration::from_secs(3600),
-        }
+    /// Time left: zero once passed, `Duration::MAX` without a deadline
+    /// (every wait takes it as a timeout and adds it checked).
+    pub fn remaining(&self) -> Duration {
+        self.at.map_or(Duration::MAX, |at| {
+            at.saturating_duration_since(Instant::now())
+        })
     }
 
-    pub(crate) fn passed(&self) -> bool {
+    /// Whether the deadline has passed (never, without one).
+    pub fn passed(&self) -> bool {
         self.at.is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// The whole budget it was made with, as errors report it.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 }
 

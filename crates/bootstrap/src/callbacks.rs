@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::api::{Bootstrap, Traffic};
-use super::error::{Argument, BootstrapError, Op, Step};
+use super::error::{Argument, BootstrapError, Exchange, Op};
 use super::tcp::refused;
 use super::wire::{self, Expect, Kind};
 
@@ -62,8 +62,8 @@ impl Callbacks {
         job: u64,
         allgather: impl Fn(&[u8], Duration) -> CallbackResult<Vec<Vec<u8>>> + Send + Sync + 'static,
     ) -> Result<Callbacks, BootstrapError> {
-        let step = Step {
-            op: Op::Join,
+        let step = Exchange {
+            op: Op::Rendezvous,
             seq: 0,
         };
         if size == 0 || u32::try_from(size).is_err() {
@@ -113,14 +113,14 @@ impl Callbacks {
         self
     }
 
-    fn next(&self, op: Op) -> Step {
+    fn next(&self, op: Op) -> Exchange {
         let mut st = self
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let seq = st.0;
         st.0 = st.0.wrapping_add(1);
-        Step { op, seq }
+        Exchange { op, seq }
     }
 
     fn count(&self, sent: usize, received: usize) {
@@ -132,17 +132,17 @@ impl Callbacks {
         st.1.received(received);
     }
 
-    fn seal(&self, step: Step, kind: Kind, payload: &[u8]) -> Result<Vec<u8>, BootstrapError> {
+    fn seal(&self, step: Exchange, kind: Kind, payload: &[u8]) -> Result<Vec<u8>, BootstrapError> {
         wire::seal(self.job, self.rank, self.size, step, kind, payload)
     }
 
-    fn expect(&self, step: Step, kind: Kind, from: usize) -> Expect {
+    fn expect(&self, step: Exchange, kind: Kind, from: usize) -> Expect {
         wire::expect(self.job, self.size, step, kind, from)
     }
 
     fn gather(
         &self,
-        step: Step,
+        step: Exchange,
         kind: Kind,
         mine: &[u8],
         timeout: Duration,
@@ -159,7 +159,7 @@ impl Callbacks {
                 rank: self.rank,
                 step,
                 peer: self.rank,
-                what: super::error::Mismatch::Count {
+                what: super::error::FrameMismatch::Count {
                     expected: self.size,
                     got: got.len(),
                 },

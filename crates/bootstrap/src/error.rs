@@ -1,5 +1,5 @@
 //! What can go wrong while ranks exchange bytes: [`BootstrapError`], with the
-//! rank that saw it, the step ([`Step`]: operation and sequence number) and,
+//! rank that saw it, the step ([`Exchange`]: operation and sequence number) and,
 //! where one is to blame, the peer.
 //!
 //! Every variant has one meaning. Peer bytes never panic: they end in
@@ -16,8 +16,9 @@ use super::node::NodeId;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Op {
-    /// Joining the job (TCP handshake, MPI job-id agreement).
-    Join,
+    /// The rendezvous that makes the communicator: a rank joins the job
+    /// (TCP handshake, MPI job-id agreement).
+    Rendezvous,
     /// [`Bootstrap::allgather`](super::Bootstrap::allgather).
     Allgather,
     /// [`Bootstrap::broadcast`](super::Bootstrap::broadcast).
@@ -31,7 +32,7 @@ pub enum Op {
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Op::Join => "join",
+            Op::Rendezvous => "rendezvous",
             Op::Allgather => "allgather",
             Op::Broadcast => "broadcast",
             Op::Barrier => "barrier",
@@ -43,14 +44,14 @@ impl fmt::Display for Op {
 /// One step of a communicator: the operation and its sequence number (the
 /// number of collectives this rank called on the communicator before it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Step {
+pub struct Exchange {
     /// The operation.
     pub op: Op,
-    /// Its sequence number on this communicator (0 for [`Op::Join`]).
+    /// Its sequence number on this communicator (0 for [`Op::Rendezvous`]).
     pub seq: u64,
 }
 
-impl fmt::Display for Step {
+impl fmt::Display for Exchange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} #{}", self.op, self.seq)
     }
@@ -73,6 +74,9 @@ pub enum Malformed {
     NoDescriptor,
     /// A length or count that overflows this machine's arithmetic.
     Overflow,
+    /// Bytes that do not decode as the message they claim to be (an
+    /// invalid tag, string or field).
+    Encoding,
 }
 
 impl fmt::Display for Malformed {
@@ -86,6 +90,7 @@ impl fmt::Display for Malformed {
             Malformed::UnknownType(t) => write!(f, "unknown message type {t}"),
             Malformed::NoDescriptor => f.write_str("no file descriptor attached"),
             Malformed::Overflow => f.write_str("a length that overflows"),
+            Malformed::Encoding => f.write_str("bytes that do not decode as the message"),
         }
     }
 }
@@ -95,7 +100,7 @@ impl fmt::Display for Malformed {
 /// communicator or step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Mismatch {
+pub enum FrameMismatch {
     /// Wire-format version.
     Version {
         /// This rank's.
@@ -154,35 +159,39 @@ pub enum Mismatch {
     },
 }
 
-impl fmt::Display for Mismatch {
+impl fmt::Display for FrameMismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Mismatch::Version { ours, theirs } => {
+            FrameMismatch::Version { ours, theirs } => {
                 write!(f, "wire version {theirs}, this rank speaks {ours}")
             }
-            Mismatch::Job { ours, theirs } => {
+            FrameMismatch::Job { ours, theirs } => {
                 write!(
                     f,
                     "job {theirs:016x}, this communicator is job {ours:016x} (bytes from another communicator)"
                 )
             }
-            Mismatch::Size { ours, theirs } => {
+            FrameMismatch::Size { ours, theirs } => {
                 write!(f, "communicator size {theirs}, this rank's is {ours}")
             }
-            Mismatch::Seq { ours, theirs } => {
+            FrameMismatch::Seq { ours, theirs } => {
                 write!(f, "step #{theirs}, this rank is at step #{ours}")
             }
-            Mismatch::Operation { ours, theirs } => {
+            FrameMismatch::Operation { ours, theirs } => {
                 write!(
                     f,
                     "message type {theirs} where this rank runs {ours} (ranks called different collectives)"
                 )
             }
-            Mismatch::Sender { expected, theirs } => {
+            FrameMismatch::Sender { expected, theirs } => {
                 write!(f, "claims rank {theirs}, expected rank {expected}")
             }
-            Mismatch::DuplicateRank { rank } => write!(f, "a second process joined as rank {rank}"),
-            Mismatch::Count { expected, got } => write!(f, "{got} entries for {expected} ranks"),
+            FrameMismatch::DuplicateRank { rank } => {
+                write!(f, "a second process joined as rank {rank}")
+            }
+            FrameMismatch::Count { expected, got } => {
+                write!(f, "{got} entries for {expected} ranks")
+            }
         }
     }
 }
@@ -279,20 +288,26 @@ impl AbortReason {
         }
     }
 
-    /// An abort frame's payload: the code, the culprit (u32 LE), and for a
-    /// refused join the refusal code and both sizes (u32 LE each).
+    /// An abort frame's payload ([`AbortWire`], then [`RefusalWire`] for
+    /// a refused join).
     pub(crate) fn encode(self, culprit: usize) -> Vec<u8> {
-        let mut payload = vec![self.code()];
-        payload.extend_from_slice(&u32::try_from(culprit).unwrap_or(u32::MAX).to_le_bytes());
+        let head = AbortWire {
+            code: self.code(),
+            culprit: u32::try_from(culprit).unwrap_or(u32::MAX),
+        };
+        let mut payload = postcard::to_allocvec(&head).unwrap_or_default();
         if let AbortReason::JoinRefused {
             refusal,
             declared,
             size,
         } = self
         {
-            payload.push(refusal.code());
-            payload.extend_from_slice(&declared.to_le_bytes());
-            payload.extend_from_slice(&size.to_le_bytes());
+            let tail = RefusalWire {
+                refusal: refusal.code(),
+                declared,
+                size,
+            };
+            payload.extend(postcard::to_allocvec(&tail).unwrap_or_default());
         }
         payload
     }
@@ -300,21 +315,29 @@ impl AbortReason {
     /// Reads [`AbortReason::encode`]'s payload; short or unknown bytes give
     /// `Unknown`/zeros, and a culprit of `usize::MAX`, never a panic.
     pub(crate) fn decode(payload: &[u8]) -> (AbortReason, usize) {
-        let u32_at = |at: usize| {
-            payload
-                .get(at..at.saturating_add(4))
-                .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                .map(u32::from_le_bytes)
+        let (code, culprit, rest) = match postcard::take_from_bytes::<AbortWire>(payload) {
+            Ok((head, rest)) => (
+                head.code,
+                usize::try_from(head.culprit).unwrap_or(usize::MAX),
+                rest,
+            ),
+            Err(_) => (payload.first().copied().unwrap_or(0), usize::MAX, &[][..]),
         };
-        let culprit = u32_at(1)
-            .and_then(|c| usize::try_from(c).ok())
-            .unwrap_or(usize::MAX);
-        let reason = match AbortReason::from_code(payload.first().copied().unwrap_or(0)) {
-            AbortReason::JoinRefused { .. } => AbortReason::JoinRefused {
-                refusal: Refusal::from_code(payload.get(5).copied().unwrap_or(0)),
-                declared: u32_at(6).unwrap_or(0),
-                size: u32_at(10).unwrap_or(0),
-            },
+        let reason = match AbortReason::from_code(code) {
+            AbortReason::JoinRefused { .. } => {
+                let tail = postcard::take_from_bytes::<RefusalWire>(rest)
+                    .map(|(t, _)| t)
+                    .unwrap_or(RefusalWire {
+                        refusal: 0,
+                        declared: 0,
+                        size: 0,
+                    });
+                AbortReason::JoinRefused {
+                    refusal: Refusal::from_code(tail.refusal),
+                    declared: tail.declared,
+                    size: tail.size,
+                }
+            }
             r => r,
         };
         (reason, culprit)
@@ -334,6 +357,24 @@ impl AbortReason {
             c => AbortReason::Unknown(c),
         }
     }
+}
+
+/// An abort payload's head: the reason code and the culprit (5 bytes).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AbortWire {
+    code: u8,
+    #[serde(with = "postcard::fixint::le")]
+    culprit: u32,
+}
+
+/// What follows [`AbortWire`] for a refused join (9 bytes).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RefusalWire {
+    refusal: u8,
+    #[serde(with = "postcard::fixint::le")]
+    declared: u32,
+    #[serde(with = "postcard::fixint::le")]
+    size: u32,
 }
 
 impl fmt::Display for AbortReason {
@@ -468,7 +509,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The ranks that had not answered.
         waiting_for: Vec<usize>,
         /// The timeout.
@@ -480,7 +521,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
     },
@@ -492,7 +533,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
     },
@@ -502,7 +543,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
         /// What was wrong.
@@ -514,7 +555,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
         /// The announced length.
@@ -528,11 +569,11 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
         /// Which identity field differs.
-        what: Mismatch,
+        what: FrameMismatch,
     },
     /// Rank 0 refused this rank's join.
     #[error("rank {rank}: rank 0 refused the join: {reason}")]
@@ -548,7 +589,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The rank that failed.
         culprit: usize,
         /// How it failed.
@@ -560,7 +601,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer, if the error is on its connection.
         peer: Option<usize>,
         /// The error.
@@ -573,7 +614,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// What is wrong.
         what: Argument,
     },
@@ -589,7 +630,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The callback's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -603,9 +644,9 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step refused.
-        step: Step,
+        step: Exchange,
         /// The step that timed out.
-        first: Step,
+        first: Exchange,
     },
     /// File descriptors pass only within a node; this peer is on another one.
     #[error(
@@ -615,7 +656,7 @@ pub enum BootstrapError {
         /// This rank.
         rank: usize,
         /// The step.
-        step: Step,
+        step: Exchange,
         /// The peer.
         peer: usize,
         /// This rank's node.

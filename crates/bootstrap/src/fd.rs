@@ -30,7 +30,7 @@ use rustix::net::{
 };
 
 use super::api::{Bootstrap, Deadline};
-use super::error::{AbortReason, Argument, BootstrapError, Malformed, Mismatch, Op, Step};
+use super::error::{AbortReason, Argument, BootstrapError, Exchange, FrameMismatch, Malformed, Op};
 use super::node::NodeId;
 use super::wire::{self, Header, Kind};
 
@@ -42,8 +42,8 @@ const TOKEN: usize = 16;
 const STATUS_OK: u8 = 0;
 const STATUS_FAILED: u8 = 1;
 
-fn step() -> Step {
-    Step {
+fn step() -> Exchange {
+    Exchange {
         op: Op::FdPassing,
         seq: 0,
     }
@@ -77,25 +77,37 @@ struct Offer {
     token: [u8; TOKEN],
 }
 
+/// An [`Offer`] as it travels (`postcard`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct OfferWire<'a> {
+    status: u8,
+    hostname: &'a str,
+    boot_id: &'a str,
+    net_ns: u64,
+    token: [u8; TOKEN],
+    name: &'a [u8],
+}
+
 impl Offer {
     fn encode(&self) -> Vec<u8> {
-        let mut out = vec![self.status];
-        out.extend_from_slice(&self.node.encode());
-        out.extend_from_slice(&self.token);
-        out.extend_from_slice(&self.name);
-        out
+        postcard::to_allocvec(&OfferWire {
+            status: self.status,
+            hostname: &self.node.hostname,
+            boot_id: &self.node.boot_id,
+            net_ns: self.node.net_ns,
+            token: self.token,
+            name: &self.name,
+        })
+        .unwrap_or_default()
     }
 
     fn decode(b: &[u8]) -> Option<Offer> {
-        let (&status, rest) = b.split_first()?;
-        let (node, rest) = NodeId::decode(rest)?;
-        let token: [u8; TOKEN] = rest.get(..TOKEN)?.try_into().ok()?;
-        let name = rest.get(TOKEN..)?.to_vec();
-        (name.len() <= 108).then_some(Offer {
-            status,
-            node,
-            name,
-            token,
+        let w: OfferWire<'_> = postcard::from_bytes(b).ok()?;
+        (w.name.len() <= 108).then(|| Offer {
+            status: w.status,
+            node: NodeId::from_parts(w.hostname, w.boot_id, w.net_ns),
+            name: w.name.to_vec(),
+            token: w.token,
         })
     }
 }
@@ -197,7 +209,7 @@ impl FdExchange {
             rank,
             step: step(),
             peer: root,
-            what: Mismatch::Count {
+            what: FrameMismatch::Count {
                 expected: size,
                 got: offers.len(),
             },
@@ -306,7 +318,7 @@ impl FdExchange {
                     rank,
                     step: step(),
                     waiting_for,
-                    after: deadline.timeout,
+                    after: deadline.timeout(),
                 });
             }
             let ready: Vec<usize> = {
@@ -419,7 +431,7 @@ impl FdExchange {
             rank,
             step: step(),
             waiting_for: vec![root],
-            after: deadline.timeout,
+            after: deadline.timeout(),
         };
         let io = io_err(rank, Some(root));
         let addr = SocketAddr::from_abstract_name(name).map_err(&io)?;
@@ -493,6 +505,37 @@ impl FdExchange {
                 peer: root,
                 what: Malformed::NoDescriptor,
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod offer_tests {
+    use super::*;
+
+    #[test]
+    fn an_offer_round_trips_and_refuses_truncation() {
+        let o = Offer {
+            status: 1,
+            node: NodeId::from_parts("host-a", "1234-5678", 42),
+            name: b"cuda-endpoints/x".to_vec(),
+            token: [7; TOKEN],
+        };
+        let enc = o.encode();
+        let back = Offer::decode(&enc).map(|b| (b.status, b.node, b.name, b.token));
+        assert_eq!(
+            back,
+            Some((o.status, o.node.clone(), o.name.clone(), o.token))
+        );
+        for cut in 0..enc.len() {
+            assert!(Offer::decode(&enc[..cut]).is_none());
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn peer_offers_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let _ = Offer::decode(&bytes);
         }
     }
 }

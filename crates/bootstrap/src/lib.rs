@@ -8,7 +8,7 @@
 //!
 //! - [`Bootstrap`], the object-safe trait: `rank`, `size`, and `allgather`,
 //!   `broadcast`, `barrier`, each bounded by a timeout, each failing with a
-//!   [`BootstrapError`] that names the rank, the [`Step`] and the peer.
+//!   [`BootstrapError`] that names the rank, the [`Exchange`] and the peer.
 //!   Every message carries the job id, the step's sequence number, the
 //!   communicator size and the sender, so bytes from another communicator
 //!   or another step are refused.
@@ -62,10 +62,11 @@ mod threads;
 mod unique_id;
 mod wire;
 
-pub use api::{Bootstrap, Traffic};
+pub use api::{Bootstrap, Deadline, Traffic};
 pub use callbacks::{CallbackResult, Callbacks};
 pub use error::{
-    AbortReason, Argument, BootstrapError, IdProblem, Malformed, Mismatch, Op, Refusal, Step,
+    AbortReason, Argument, BootstrapError, Exchange, FrameMismatch, IdProblem, Malformed, Op,
+    Refusal,
 };
 #[cfg(target_os = "linux")]
 pub use fd::FdExchange;
@@ -74,5 +75,5 @@ pub use mpi::Mpi;
 pub use node::NodeId;
 pub use tcp::{Tcp, TcpRoot};
 pub use threads::{ThreadRank, Threads};
-pub use unique_id::{ENV_VAR, UniqueId};
-pub use wire::MAX_FRAME;
+pub use unique_id::{UNIQUE_ID_ENV, UniqueId};
+pub use wire::MAX_PAYLOAD;

@@ -29,9 +29,9 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
 use super::api::{Bootstrap, Deadline, Traffic};
-use super::error::{Argument, BootstrapError, Op, Step};
+use super::error::{Argument, BootstrapError, Exchange, Op};
 use super::tcp::refused;
-use super::wire::{self, Expect, Kind, MAX_FRAME};
+use super::wire::{self, Expect, Kind, MAX_PAYLOAD};
 
 /// A bootstrap over an MPI communicator.
 pub struct Mpi<C: Communicator = SimpleCommunicator> {
@@ -47,7 +47,7 @@ pub struct Mpi<C: Communicator = SimpleCommunicator> {
 #[derive(Debug, Default)]
 struct State {
     seq: u64,
-    poisoned: Option<Step>,
+    poisoned: Option<Exchange>,
     traffic: Traffic,
 }
 
@@ -125,8 +125,8 @@ impl Mpi<SimpleCommunicator> {
         let Some(universe) = mpi::initialize() else {
             return Err(BootstrapError::InvalidArgument {
                 rank: 0,
-                step: Step {
-                    op: Op::Join,
+                step: Exchange {
+                    op: Op::Rendezvous,
                     seq: 0,
                 },
                 what: Argument::MpiAlreadyInitialized,
@@ -148,8 +148,8 @@ impl<C: Communicator> Mpi<C> {
     pub fn from_communicator(comm: C, timeout: Duration) -> Result<Self, BootstrapError> {
         let rank = usize::try_from(comm.rank()).unwrap_or(0);
         let size = usize::try_from(comm.size()).unwrap_or(0);
-        let step = Step {
-            op: Op::Join,
+        let step = Exchange {
+            op: Op::Rendezvous,
             seq: 0,
         };
         let deadline = Deadline::after(timeout);
@@ -192,9 +192,9 @@ impl<C: Communicator> Mpi<C> {
         &self.comm
     }
 
-    fn begin(&self, op: Op) -> Result<Step, BootstrapError> {
+    fn begin(&self, op: Op) -> Result<Exchange, BootstrapError> {
         let mut st = self.state.borrow_mut();
-        let step = Step { op, seq: st.seq };
+        let step = Exchange { op, seq: st.seq };
         st.seq = st.seq.wrapping_add(1);
         match st.poisoned {
             Some(first) => Err(BootstrapError::Poisoned {
@@ -208,7 +208,7 @@ impl<C: Communicator> Mpi<C> {
 
     fn timed_out(
         &self,
-        step: Step,
+        step: Exchange,
         deadline: &Deadline,
         waiting_for: Vec<usize>,
     ) -> BootstrapError {
@@ -217,15 +217,15 @@ impl<C: Communicator> Mpi<C> {
             rank: self.rank,
             step,
             waiting_for,
-            after: deadline.timeout,
+            after: deadline.timeout(),
         }
     }
 
-    fn seal(&self, step: Step, kind: Kind, payload: &[u8]) -> Result<Vec<u8>, BootstrapError> {
+    fn seal(&self, step: Exchange, kind: Kind, payload: &[u8]) -> Result<Vec<u8>, BootstrapError> {
         wire::seal(self.job, self.rank, self.size, step, kind, payload)
     }
 
-    fn expect(&self, step: Step, kind: Kind, from: usize) -> Expect {
+    fn expect(&self, step: Exchange, kind: Kind, from: usize) -> Expect {
         wire::expect(self.job, self.size, step, kind, from)
     }
 
@@ -238,7 +238,7 @@ impl<C: Communicator> Mpi<C> {
     /// Allgathers sealed envelopes: lengths first, then fixed slots.
     fn gather(
         &self,
-        step: Step,
+        step: Exchange,
         kind: Kind,
         mine: &[u8],
         deadline: &Deadline,
@@ -255,7 +255,7 @@ impl<C: Communicator> Mpi<C> {
         }
         // SAFETY: the allgather completed; `send` and `recv` are not used again.
         let (_, lens) = unsafe { (send_lent.take_back(), recv_lent.take_back()) };
-        let limit = (MAX_FRAME + wire::HEADER_LEN) as u64;
+        let limit = (MAX_PAYLOAD + wire::HEADER_LEN) as u64;
         if let Some((peer, &len)) = lens.iter().enumerate().find(|(_, l)| **l > limit) {
             return Err(BootstrapError::Oversized {
                 rank: self.rank,
@@ -268,13 +268,13 @@ impl<C: Communicator> Mpi<C> {
         let slot = usize::try_from(lens.iter().copied().max().unwrap_or(0)).unwrap_or(usize::MAX);
         let total = slot
             .checked_mul(self.size)
-            .filter(|t| *t <= MAX_FRAME.saturating_mul(2))
+            .filter(|t| *t <= MAX_PAYLOAD.saturating_mul(2))
             .ok_or(BootstrapError::InvalidArgument {
                 rank: self.rank,
                 step,
                 what: Argument::TooLarge {
                     len: slot.saturating_mul(self.size),
-                    max: MAX_FRAME,
+                    max: MAX_PAYLOAD,
                 },
             })?;
         let mut padded = sealed;
@@ -355,7 +355,7 @@ impl<C: Communicator> Bootstrap for Mpi<C> {
             .first()
             .copied()
             .unwrap_or(0);
-        let limit = (MAX_FRAME + wire::HEADER_LEN) as u64;
+        let limit = (MAX_PAYLOAD + wire::HEADER_LEN) as u64;
         if len > limit {
             return Err(BootstrapError::Oversized {
                 rank: self.rank,

@@ -26,9 +26,9 @@ use std::time::Duration;
 use rustix::event::{PollFd, PollFlags, Timespec};
 
 use super::api::{Bootstrap, Deadline, Traffic};
-use super::error::{AbortReason, Argument, BootstrapError, Mismatch, Op, Refusal, Step};
+use super::error::{AbortReason, Argument, BootstrapError, Exchange, FrameMismatch, Op, Refusal};
 use super::unique_id::UniqueId;
-use super::wire::{self, Expect, FrameReader, Header, HeaderError, Kind, MAX_FRAME};
+use super::wire::{self, Expect, FrameReader, Header, HeaderError, Kind, MAX_PAYLOAD};
 
 const HELLO_MAX: usize = 64;
 
@@ -226,7 +226,7 @@ impl Tcp {
                 rank,
                 step: JOIN,
                 peer: 0,
-                what: Mismatch::Job {
+                what: FrameMismatch::Job {
                     ours: id.job,
                     theirs: h.job,
                 },
@@ -253,8 +253,8 @@ impl Tcp {
                     rank,
                     step: JOIN,
                     peer: 0,
-                    what: Mismatch::Operation {
-                        ours: Op::Join,
+                    what: FrameMismatch::Operation {
+                        ours: Op::Rendezvous,
                         theirs: h.kind,
                     },
                 });
@@ -302,7 +302,7 @@ impl Tcp {
 
     fn frame_or_too_large(
         &self,
-        step: Step,
+        step: Exchange,
         h: Header,
         payload: &[u8],
     ) -> Result<Vec<u8>, BootstrapError> {
@@ -311,7 +311,7 @@ impl Tcp {
             step,
             what: Argument::TooLarge {
                 len: payload.len(),
-                max: MAX_FRAME,
+                max: MAX_PAYLOAD,
             },
         })
     }
@@ -320,7 +320,7 @@ impl Tcp {
     fn send(
         &self,
         inner: &mut Inner,
-        step: Step,
+        step: Exchange,
         peer: usize,
         bytes: &[u8],
         deadline: &Deadline,
@@ -346,7 +346,7 @@ impl Tcp {
                             rank: self.rank,
                             step,
                             waiting_for: vec![peer],
-                            after: deadline.timeout,
+                            after: deadline.timeout(),
                         }
                     }
                     io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
@@ -369,7 +369,7 @@ impl Tcp {
 
     /// Rank 0 after an error on `culprit`'s link: closes it and tells every
     /// other peer (best effort, briefly bounded).
-    fn abort_all(&self, inner: &mut Inner, step: Step, culprit: usize, reason: AbortReason) {
+    fn abort_all(&self, inner: &mut Inner, step: Exchange, culprit: usize, reason: AbortReason) {
         // A slow peer's stream is still in sync (its late frame will be
         // skipped as stale); any other failure leaves it unusable.
         if reason != AbortReason::Timeout
@@ -391,7 +391,7 @@ impl Tcp {
     fn gather_at_root(
         &self,
         inner: &mut Inner,
-        step: Step,
+        step: Exchange,
         kind: Kind,
         from: &[usize],
         deadline: &Deadline,
@@ -434,7 +434,7 @@ impl Tcp {
                             rank,
                             step,
                             waiting_for: missing.clone(),
-                            after: deadline.timeout,
+                            after: deadline.timeout(),
                         },
                     ));
                 }
@@ -515,7 +515,7 @@ impl Tcp {
         &self,
         inner: &mut Inner,
         peer: usize,
-        step: Step,
+        step: Exchange,
         exp: &Expect,
     ) -> Result<Option<Vec<u8>>, (usize, BootstrapError)> {
         let rank = self.rank;
@@ -524,7 +524,7 @@ impl Tcp {
             let Some(link) = inner.links.get_mut(slot).and_then(Option::as_mut) else {
                 return Err((peer, BootstrapError::Broken { rank, step, peer }));
             };
-            let (h, payload) = match link.reader.next(MAX_FRAME) {
+            let (h, payload) = match link.reader.next(MAX_PAYLOAD) {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(None),
                 Err(e) => return Err((peer, header_error(rank, step, peer, e))),
@@ -567,7 +567,7 @@ impl Tcp {
     fn recv_from_root(
         &self,
         inner: &mut Inner,
-        step: Step,
+        step: Exchange,
         kind: Kind,
         deadline: &Deadline,
     ) -> Result<Vec<u8>, BootstrapError> {
@@ -582,7 +582,7 @@ impl Tcp {
                     rank,
                     step,
                     waiting_for: vec![0],
-                    after: deadline.timeout,
+                    after: deadline.timeout(),
                 });
             }
             let Some(link) = inner.links.get_mut(0).and_then(Option::as_mut) else {
@@ -644,16 +644,16 @@ impl Tcp {
         result
     }
 
-    fn next_step(&self, inner: &mut Inner, op: Op) -> Step {
+    fn next_step(&self, inner: &mut Inner, op: Op) -> Exchange {
         let seq = inner.seq;
         inner.seq = inner.seq.wrapping_add(1);
-        Step { op, seq }
+        Exchange { op, seq }
     }
 
     fn send_to_all(
         &self,
         inner: &mut Inner,
-        step: Step,
+        step: Exchange,
         bytes: &[u8],
         except: usize,
         deadline: &Deadline,
@@ -670,12 +670,12 @@ impl Tcp {
     }
 }
 
-const JOIN: Step = Step {
-    op: Op::Join,
+const JOIN: Exchange = Exchange {
+    op: Op::Rendezvous,
     seq: 0,
 };
 
-fn header_error(rank: usize, step: Step, peer: usize, e: HeaderError) -> BootstrapError {
+fn header_error(rank: usize, step: Exchange, peer: usize, e: HeaderError) -> BootstrapError {
     match e {
         HeaderError::Malformed(what) => BootstrapError::Malformed {
             rank,
@@ -687,7 +687,7 @@ fn header_error(rank: usize, step: Step, peer: usize, e: HeaderError) -> Bootstr
             rank,
             step,
             peer,
-            what: Mismatch::Version {
+            what: FrameMismatch::Version {
                 ours: wire::VERSION,
                 theirs: v,
             },
@@ -697,7 +697,7 @@ fn header_error(rank: usize, step: Step, peer: usize, e: HeaderError) -> Bootstr
             step,
             peer,
             len,
-            max: MAX_FRAME as u64,
+            max: MAX_PAYLOAD as u64,
         },
     }
 }
@@ -728,7 +728,7 @@ fn read_frame(
     deadline: &Deadline,
     max: usize,
     rank: usize,
-    step: Step,
+    step: Exchange,
     peer: usize,
     timeout: Duration,
 ) -> Result<(Header, Vec<u8>), BootstrapError> {
@@ -936,7 +936,7 @@ impl TcpRoot {
                         rank,
                         step: JOIN,
                         peer,
-                        what: Mismatch::Size {
+                        what: FrameMismatch::Size {
                             ours: size32,
                             theirs: h.size,
                         },
@@ -955,7 +955,7 @@ impl TcpRoot {
                         rank,
                         step: JOIN,
                         peer,
-                        what: Mismatch::Sender {
+                        what: FrameMismatch::Sender {
                             expected: size32,
                             theirs: h.from,
                         },
@@ -974,7 +974,7 @@ impl TcpRoot {
                         rank,
                         step: JOIN,
                         peer,
-                        what: Mismatch::DuplicateRank { rank: h.from },
+                        what: FrameMismatch::DuplicateRank { rank: h.from },
                     });
                 }
                 let w = Header {
@@ -1049,8 +1049,11 @@ impl TcpRoot {
     }
 }
 
+/// Whether a presented secret is the job's, in time that does not depend on
+/// where they differ (`subtle`; a length mismatch is refused at once).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    bool::from(a.ct_eq(b))
 }
 
 impl Bootstrap for Tcp {
@@ -1081,7 +1084,7 @@ impl Bootstrap for Tcp {
                     step,
                     what: Argument::TooLarge {
                         len,
-                        max: MAX_FRAME,
+                        max: MAX_PAYLOAD,
                     },
                 });
             };
@@ -1180,7 +1183,12 @@ impl Bootstrap for Tcp {
     }
 }
 
-pub(crate) fn refused(rank: usize, step: Step, peer: usize, r: wire::Refused) -> BootstrapError {
+pub(crate) fn refused(
+    rank: usize,
+    step: Exchange,
+    peer: usize,
+    r: wire::Refused,
+) -> BootstrapError {
     match r {
         wire::Refused::Malformed(what) => BootstrapError::Malformed {
             rank,
@@ -1199,7 +1207,7 @@ pub(crate) fn refused(rank: usize, step: Step, peer: usize, r: wire::Refused) ->
             step,
             peer,
             len,
-            max: MAX_FRAME as u64,
+            max: MAX_PAYLOAD as u64,
         },
     }
 }

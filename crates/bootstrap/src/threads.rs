@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::api::{Bootstrap, Deadline, Traffic};
-use super::error::{Argument, BootstrapError, Mismatch, Op, Step};
+use super::error::{Argument, BootstrapError, Exchange, FrameMismatch, Op};
 
 /// Makes the ranks of an in-process job.
 #[derive(Debug)]
@@ -98,7 +98,7 @@ impl ThreadRank {
         timeout: Duration,
     ) -> Result<Vec<Arc<Vec<u8>>>, BootstrapError> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let step = Step { op, seq };
+        let step = Exchange { op, seq };
         let deadline = Deadline::after(timeout);
         let mut st = lock(&self.board.state);
         let size = self.size;
@@ -117,7 +117,7 @@ impl ThreadRank {
                 rank: self.rank,
                 step,
                 peer,
-                what: Mismatch::Operation { ours: op, theirs },
+                what: FrameMismatch::Operation { ours: op, theirs },
             });
         }
         if let Some(bytes) = mine {
@@ -216,7 +216,7 @@ impl Bootstrap for ThreadRank {
             let seq = self.seq.load(Ordering::Relaxed);
             return Err(BootstrapError::InvalidArgument {
                 rank: self.rank,
-                step: Step {
+                step: Exchange {
                     op: Op::Broadcast,
                     seq,
                 },

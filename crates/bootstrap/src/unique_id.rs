@@ -2,7 +2,7 @@
 //! as NCCL's unique id: the address rank 0 listens on, a random job id and a
 //! random 128-bit job secret, written as one string
 //! (`cebs1/<ip:port>/<job>/<secret>`) for an environment variable
-//! ([`ENV_VAR`]) or a file.
+//! ([`UNIQUE_ID_ENV`]) or a file.
 //!
 //! The secret keeps a stray or stale process (another job's id, a port
 //! scanner) out of the job; it is not a cryptographic protection against an
@@ -18,7 +18,7 @@ use super::api::Deadline;
 use super::error::{BootstrapError, IdProblem};
 
 /// The environment variable that carries a [`UniqueId`] to the ranks.
-pub const ENV_VAR: &str = "CUDA_ENDPOINTS_BOOTSTRAP_ID";
+pub const UNIQUE_ID_ENV: &str = "CUDA_ENDPOINTS_BOOTSTRAP_ID";
 
 const PREFIX: &str = "cebs1";
 
@@ -114,13 +114,13 @@ impl UniqueId {
         self.job
     }
 
-    /// Reads the id from [`ENV_VAR`].
+    /// Reads the id from [`UNIQUE_ID_ENV`].
     ///
     /// # Errors
     /// [`BootstrapError::InvalidId`] when unset or unparsable.
     pub fn from_env() -> Result<Self, BootstrapError> {
-        let v = std::env::var(ENV_VAR).map_err(|_| BootstrapError::InvalidId {
-            what: IdProblem::Unset { var: ENV_VAR },
+        let v = std::env::var(UNIQUE_ID_ENV).map_err(|_| BootstrapError::InvalidId {
+            what: IdProblem::Unset { var: UNIQUE_ID_ENV },
         })?;
         v.parse()
     }

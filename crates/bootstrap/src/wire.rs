@@ -1,19 +1,27 @@
-//! The wire format every backend shares: a fixed 36-byte header (magic,
-//! version, message type, job id, sequence number, sender, communicator size,
-//! payload length; little-endian) in front of each payload, a hard maximum
-//! frame size, the encoding of an allgather result, and the checks that
-//! refuse bytes from another job, communicator or step.
+//! The wire format every backend shares, as `serde` types encoded with
+//! `postcard`: a header ([`RawHeader`]: magic, version, message type, job
+//! id, sequence number, sender, communicator size, payload length) in front
+//! of each payload, a hard maximum payload size, the encoding of an
+//! allgather result (a `postcard` sequence of byte strings), and the checks
+//! that refuse bytes from another job, communicator or step.
 //!
-//! Every length from a peer is checked before use; nothing here allocates
-//! more than the bytes that actually arrived, and nothing panics on peer bytes.
+//! The header's integers are fixed-width (`postcard::fixint::le`), so every
+//! header is [`HEADER_LEN`] bytes: a reader knows the payload's length, and
+//! refuses an oversized one, before it waits for or allocates any payload
+//! byte. Every length from a peer is checked before use; nothing here
+//! allocates more than the bytes that actually arrived (`serde` caps what a
+//! sequence reserves up front), and nothing panics on peer bytes.
 
 use std::io::Read;
 
-use super::error::{Malformed, Mismatch, Op};
+use postcard::fixint::le;
+use serde::{Deserialize, Serialize};
+
+use super::error::{FrameMismatch, Malformed, Op};
 
 /// The hard maximum of one frame's payload (64 MiB): a peer announcing more
 /// gets [`BootstrapError::Oversized`](super::BootstrapError::Oversized).
-pub const MAX_FRAME: usize = 64 << 20;
+pub const MAX_PAYLOAD: usize = 64 << 20;
 
 pub(crate) const MAGIC: [u8; 4] = *b"CEbs";
 pub(crate) const VERSION: u16 = 1;
@@ -53,6 +61,26 @@ impl Kind {
     }
 }
 
+/// A header as it travels: 36 bytes, the integers little-endian.
+#[derive(Serialize, Deserialize)]
+struct RawHeader {
+    magic: [u8; 4],
+    #[serde(with = "le")]
+    version: u16,
+    kind: u8,
+    reserved: u8,
+    #[serde(with = "le")]
+    job: u64,
+    #[serde(with = "le")]
+    seq: u64,
+    #[serde(with = "le")]
+    from: u32,
+    #[serde(with = "le")]
+    size: u32,
+    #[serde(with = "le")]
+    len: u32,
+}
+
 /// The header of one frame or envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
@@ -73,18 +101,23 @@ pub(crate) enum HeaderError {
 }
 
 impl Header {
-    pub(crate) fn encode(&self) -> [u8; HEADER_LEN] {
+    /// The header's [`HEADER_LEN`] bytes; `None` only if `postcard` and
+    /// [`RawHeader`] disagree on its size.
+    pub(crate) fn encode(&self) -> Option<[u8; HEADER_LEN]> {
+        let raw = RawHeader {
+            magic: MAGIC,
+            version: VERSION,
+            kind: self.kind,
+            reserved: 0,
+            job: self.job,
+            seq: self.seq,
+            from: self.from,
+            size: self.size,
+            len: self.len,
+        };
         let mut b = [0u8; HEADER_LEN];
-        b[0..4].copy_from_slice(&MAGIC);
-        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
-        b[6] = self.kind;
-        b[7] = 0;
-        b[8..16].copy_from_slice(&self.job.to_le_bytes());
-        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
-        b[24..28].copy_from_slice(&self.from.to_le_bytes());
-        b[28..32].copy_from_slice(&self.size.to_le_bytes());
-        b[32..36].copy_from_slice(&self.len.to_le_bytes());
-        b
+        let used = postcard::to_slice(&raw, &mut b).ok()?.len();
+        (used == HEADER_LEN).then_some(b)
     }
 
     /// Parses a header; `bytes` must hold at least [`HEADER_LEN`] bytes.
@@ -92,26 +125,21 @@ impl Header {
         let b = bytes
             .get(..HEADER_LEN)
             .ok_or(HeaderError::Malformed(Malformed::Truncated))?;
-        if b[0..4] != MAGIC {
+        let raw: RawHeader =
+            postcard::from_bytes(b).map_err(|e| HeaderError::Malformed(malformed(&e)))?;
+        if raw.magic != MAGIC {
             return Err(HeaderError::Malformed(Malformed::Magic));
         }
-        let version = u16::from_le_bytes([b[4], b[5]]);
-        if version != VERSION {
-            return Err(HeaderError::Version(version));
+        if raw.version != VERSION {
+            return Err(HeaderError::Version(raw.version));
         }
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let u64_at = |i: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[i..i + 8]);
-            u64::from_le_bytes(a)
-        };
         let h = Header {
-            kind: b[6],
-            job: u64_at(8),
-            seq: u64_at(16),
-            from: u32_at(24),
-            size: u32_at(28),
-            len: u32_at(32),
+            kind: raw.kind,
+            job: raw.job,
+            seq: raw.seq,
+            from: raw.from,
+            size: raw.size,
+            len: raw.len,
         };
         if usize::try_from(h.len).map_or(true, |l| l > max) {
             return Err(HeaderError::Oversized(u64::from(h.len)));
@@ -126,14 +154,14 @@ impl Header {
 }
 
 /// Encodes a header and payload as one buffer; `None` when the payload
-/// exceeds [`MAX_FRAME`].
+/// exceeds [`MAX_PAYLOAD`].
 pub(crate) fn frame(mut header: Header, payload: &[u8]) -> Option<Vec<u8>> {
-    if payload.len() > MAX_FRAME {
+    if payload.len() > MAX_PAYLOAD {
         return None;
     }
     header.len = u32::try_from(payload.len()).ok()?;
     let mut out = Vec::with_capacity(HEADER_LEN.checked_add(payload.len())?);
-    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(&header.encode()?);
     out.extend_from_slice(payload);
     Some(out)
 }
@@ -152,33 +180,33 @@ pub(crate) struct Expect {
 impl Expect {
     /// Checks a header against the expected identity (the sequence number
     /// last: callers that skip stale messages check `seq < expected` first).
-    pub(crate) fn check(&self, h: &Header) -> Result<(), Mismatch> {
+    pub(crate) fn check(&self, h: &Header) -> Result<(), FrameMismatch> {
         if h.job != self.job {
-            return Err(Mismatch::Job {
+            return Err(FrameMismatch::Job {
                 ours: self.job,
                 theirs: h.job,
             });
         }
         if h.size != self.size {
-            return Err(Mismatch::Size {
+            return Err(FrameMismatch::Size {
                 ours: self.size,
                 theirs: h.size,
             });
         }
         if h.from != self.from {
-            return Err(Mismatch::Sender {
+            return Err(FrameMismatch::Sender {
                 expected: self.from,
                 theirs: h.from,
             });
         }
         if h.seq != self.seq {
-            return Err(Mismatch::Seq {
+            return Err(FrameMismatch::Seq {
                 ours: self.seq,
                 theirs: h.seq,
             });
         }
         if h.kind != self.kind as u8 {
-            return Err(Mismatch::Operation {
+            return Err(FrameMismatch::Operation {
                 ours: self.op,
                 theirs: h.kind,
             });
@@ -191,7 +219,7 @@ impl Expect {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refused {
     Malformed(Malformed),
-    Mismatch(Mismatch),
+    Mismatch(FrameMismatch),
     Oversized(u64),
 }
 
@@ -199,7 +227,7 @@ impl From<HeaderError> for Refused {
     fn from(e: HeaderError) -> Self {
         match e {
             HeaderError::Malformed(m) => Refused::Malformed(m),
-            HeaderError::Version(v) => Refused::Mismatch(Mismatch::Version {
+            HeaderError::Version(v) => Refused::Mismatch(FrameMismatch::Version {
                 ours: VERSION,
                 theirs: v,
             }),
@@ -220,7 +248,7 @@ pub(crate) fn open(bytes: &[u8], expect: &Expect) -> Result<Vec<u8>, Refused> {
             },
         ));
     }
-    let h = Header::decode(bytes, MAX_FRAME)?;
+    let h = Header::decode(bytes, MAX_PAYLOAD)?;
     expect.check(&h).map_err(Refused::Mismatch)?;
     let body = &bytes[HEADER_LEN..];
     match body.len().cmp(&h.payload_len()) {
@@ -230,64 +258,45 @@ pub(crate) fn open(bytes: &[u8], expect: &Expect) -> Result<Vec<u8>, Refused> {
     }
 }
 
-/// Encodes allgather contributions: `u32` count, then `u32` length and bytes
-/// of each. `None` past [`MAX_FRAME`].
-pub(crate) fn encode_list(items: &[Vec<u8>]) -> Option<Vec<u8>> {
-    let mut total: usize = 4;
-    for it in items {
-        total = total.checked_add(4)?.checked_add(it.len())?;
+/// What a `postcard` error says about a peer's bytes.
+fn malformed(e: &postcard::Error) -> Malformed {
+    match e {
+        postcard::Error::DeserializeUnexpectedEnd => Malformed::Truncated,
+        postcard::Error::DeserializeBadVarint => Malformed::Overflow,
+        _ => Malformed::Encoding,
     }
-    if total > MAX_FRAME {
+}
+
+/// Encodes allgather contributions as one `postcard` sequence of byte
+/// strings (each a varint length and its bytes). `None` past
+/// [`MAX_PAYLOAD`], checked before anything is allocated.
+pub(crate) fn encode_list(items: &[Vec<u8>]) -> Option<Vec<u8>> {
+    // A varint of a `usize` is at most 10 bytes.
+    let mut total: usize = 10;
+    for it in items {
+        total = total.checked_add(10)?.checked_add(it.len())?;
+    }
+    if total > MAX_PAYLOAD.saturating_add(10) {
         return None;
     }
-    let mut out = Vec::with_capacity(total);
-    out.extend_from_slice(&u32::try_from(items.len()).ok()?.to_le_bytes());
-    for it in items {
-        out.extend_from_slice(&u32::try_from(it.len()).ok()?.to_le_bytes());
-        out.extend_from_slice(it);
-    }
-    Some(out)
+    let out = postcard::to_allocvec(items).ok()?;
+    (out.len() <= MAX_PAYLOAD).then_some(out)
 }
 
 /// Decodes [`encode_list`]'s format, expecting `count` entries.
 pub(crate) fn decode_list(bytes: &[u8], count: usize) -> Result<Vec<Vec<u8>>, Refused> {
-    let read_u32 = |at: usize| -> Result<u32, Refused> {
-        let end = at
-            .checked_add(4)
-            .ok_or(Refused::Malformed(Malformed::Overflow))?;
-        let b = bytes
-            .get(at..end)
-            .ok_or(Refused::Malformed(Malformed::Truncated))?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let n = usize::try_from(read_u32(0)?).map_err(|_| Refused::Malformed(Malformed::Overflow))?;
-    if n != count {
-        return Err(Refused::Mismatch(Mismatch::Count {
+    let (items, rest): (Vec<&[u8]>, &[u8]) =
+        postcard::take_from_bytes(bytes).map_err(|e| Refused::Malformed(malformed(&e)))?;
+    if items.len() != count {
+        return Err(Refused::Mismatch(FrameMismatch::Count {
             expected: count,
-            got: n,
+            got: items.len(),
         }));
     }
-    let mut at = 4usize;
-    let mut out = Vec::with_capacity(n.min(bytes.len() / 4));
-    for _ in 0..n {
-        let len =
-            usize::try_from(read_u32(at)?).map_err(|_| Refused::Malformed(Malformed::Overflow))?;
-        at = at
-            .checked_add(4)
-            .ok_or(Refused::Malformed(Malformed::Overflow))?;
-        let end = at
-            .checked_add(len)
-            .ok_or(Refused::Malformed(Malformed::Overflow))?;
-        let item = bytes
-            .get(at..end)
-            .ok_or(Refused::Malformed(Malformed::Truncated))?;
-        out.push(item.to_vec());
-        at = end;
-    }
-    if at != bytes.len() {
+    if !rest.is_empty() {
         return Err(Refused::Malformed(Malformed::Trailing));
     }
-    Ok(out)
+    Ok(items.into_iter().map(<[u8]>::to_vec).collect())
 }
 
 /// Accumulates a byte stream and cuts it into frames. The buffer grows only
@@ -337,7 +346,7 @@ pub(crate) fn seal(
     job: u64,
     rank: usize,
     size: usize,
-    step: super::error::Step,
+    step: super::error::Exchange,
     kind: Kind,
     payload: &[u8],
 ) -> Result<Vec<u8>, super::error::BootstrapError> {
@@ -354,7 +363,7 @@ pub(crate) fn seal(
         step,
         what: super::error::Argument::TooLarge {
             len: payload.len(),
-            max: MAX_FRAME,
+            max: MAX_PAYLOAD,
         },
     })
 }
@@ -363,7 +372,7 @@ pub(crate) fn seal(
 pub(crate) fn expect(
     job: u64,
     size: usize,
-    step: super::error::Step,
+    step: super::error::Exchange,
     kind: Kind,
     from: usize,
 ) -> Expect {
@@ -388,11 +397,16 @@ mod tests {
         assert_eq!(decode_list(&enc, 3), Ok(items));
         assert!(matches!(
             decode_list(&enc, 2),
-            Err(Refused::Mismatch(Mismatch::Count { .. }))
+            Err(Refused::Mismatch(FrameMismatch::Count { .. }))
         ));
-        let mut huge = enc.clone();
-        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode_list(&huge, 3).is_err());
+        // A count of u32::MAX with nothing behind it, an entry longer than
+        // the bytes, a varint that never ends.
+        assert!(decode_list(&[0xff, 0xff, 0xff, 0xff, 0x0f], 3).is_err());
+        assert_eq!(
+            decode_list(&[1, 0xff, 0xff, 0xff, 0xff, 0x0f], 1),
+            Err(Refused::Malformed(Malformed::Truncated))
+        );
+        assert!(decode_list(&[0xff; 12], 1).is_err());
         assert!(decode_list(&enc[..enc.len() - 1], 3).is_err());
         assert!(decode_list(&[], 0).is_err());
     }
@@ -408,36 +422,59 @@ mod tests {
             len: u32::MAX,
         };
         let mut r = FrameReader {
-            buf: h.encode().to_vec(),
+            buf: h.encode().map_or_else(Vec::new, |b| b.to_vec()),
         };
-        assert!(matches!(r.next(MAX_FRAME), Err(HeaderError::Oversized(_))));
+        assert!(matches!(
+            r.next(MAX_PAYLOAD),
+            Err(HeaderError::Oversized(_))
+        ));
         let mut g = FrameReader {
             buf: b"GET / HTTP/1.1\r\n".to_vec(),
         };
         assert_eq!(
-            g.next(MAX_FRAME),
+            g.next(MAX_PAYLOAD),
             Err(HeaderError::Malformed(Malformed::Magic))
         );
+    }
+
+    #[test]
+    fn the_header_keeps_its_documented_36_byte_layout() {
+        let h = Header {
+            kind: Kind::Broadcast as u8,
+            job: 0x0102_0304_0506_0708,
+            seq: 9,
+            from: 3,
+            size: 4,
+            len: 0x0a0b_0c0d,
+        };
+        let b = h.encode().map_or_else(Vec::new, |b| b.to_vec());
+        assert_eq!(b.len(), HEADER_LEN);
+        assert_eq!(&b[0..4], b"CEbs");
+        assert_eq!(&b[4..8], &[1, 0, 6, 0]);
+        assert_eq!(&b[8..16], &0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(&b[16..24], &9u64.to_le_bytes());
+        assert_eq!(&b[24..32], &[3, 0, 0, 0, 4, 0, 0, 0]);
+        assert_eq!(&b[32..36], &0x0a0b_0c0du32.to_le_bytes());
+        assert_eq!(Header::decode(&b, usize::MAX), Ok(h));
     }
 
     proptest::proptest! {
         #[test]
         fn peer_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200), count in 0usize..5) {
             let mut r = FrameReader { buf: bytes.clone() };
-            while let Ok(Some(_)) = r.next(MAX_FRAME) {}
+            while let Ok(Some(_)) = r.next(MAX_PAYLOAD) {}
             let _ = decode_list(&bytes, count);
             let exp = Expect { job: 1, size: 2, seq: 0, kind: Kind::Allgather, op: Op::Allgather, from: 0 };
             let _ = open(&bytes, &exp);
-            let _ = Header::decode(&bytes, MAX_FRAME);
-            let _ = crate::node::NodeId::decode(&bytes);
+            let _ = Header::decode(&bytes, MAX_PAYLOAD);
         }
 
         #[test]
         fn a_valid_header_with_hostile_fields_never_panics(kind: u8, job: u64, seq: u64, from: u32, size: u32, len: u32, tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
-            let mut bytes = Header { kind, job, seq, from, size, len }.encode().to_vec();
+            let mut bytes = Header { kind, job, seq, from, size, len }.encode().map_or_else(Vec::new, |b| b.to_vec());
             bytes.extend_from_slice(&tail);
             let mut r = FrameReader { buf: bytes.clone() };
-            let _ = r.next(MAX_FRAME);
+            let _ = r.next(MAX_PAYLOAD);
             let exp = Expect { job, size, seq, kind: Kind::Broadcast, op: Op::Broadcast, from };
             let _ = open(&bytes, &exp);
             let _ = decode_list(&tail, 2);

@@ -22,6 +22,7 @@
 mod calls;
 pub mod code;
 mod copy_types;
+mod log;
 mod sharing;
 pub mod trace;
 mod types;
@@ -31,10 +32,11 @@ pub use calls::Queries;
 pub use calls::{Call, Driver, Family, Forward};
 pub use code::{Code, CodeOrigin, DriverResult};
 pub use copy_types::{CopyOp, FABRIC_COPY_MIN_VERSION, MemHint, Operand, Pointer};
+pub use log::BoundedLog;
 pub use sharing::{ObjectExport, ObjectSharing};
-pub use trace::{TraceEntry, TraceLog, Traced};
+pub use trace::{TraceEntry, Traced};
 pub use types::{
     AllocationRequest, ContextFailure, ContextStep, Device, EndpointProps, FabricHandleBytes,
     Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, ShareableHandle,
-    ShareableKind, attr, fabric_checksum, handle_bits,
+    ShareableKind, attr, fnv1a, handle_bits,
 };

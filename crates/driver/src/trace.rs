@@ -21,11 +21,10 @@
 //! The wrapper is generated from the table of calls, arguments formatted as
 //! `name=value` (addresses and handles in hex).
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{Call, Code, Driver, DriverResult, FabricHandleBytes};
+use super::{BoundedLog, Call, Code, Driver, DriverResult, FabricHandleBytes};
 
 /// One call as it reached a [`Traced`] driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,43 +81,7 @@ impl fmt::Display for TraceEntry {
 pub struct Traced<D> {
     inner: D,
     deny: Vec<Call>,
-    log: Arc<Mutex<TraceLog>>,
-}
-
-/// The newest entries, at most `cap`, and how many older ones were let go.
-#[derive(Debug)]
-pub struct TraceLog {
-    entries: VecDeque<TraceEntry>,
-    cap: usize,
-    dropped: u64,
-}
-
-impl TraceLog {
-    fn new(cap: usize) -> TraceLog {
-        TraceLog {
-            entries: VecDeque::new(),
-            cap: cap.max(1),
-            dropped: 0,
-        }
-    }
-
-    fn push(&mut self, e: TraceEntry) {
-        if self.entries.len() >= self.cap {
-            self.entries.pop_front();
-            self.dropped = self.dropped.saturating_add(1);
-        }
-        self.entries.push_back(e);
-    }
-
-    /// The entries kept, oldest first.
-    pub fn entries(&self) -> impl Iterator<Item = &TraceEntry> {
-        self.entries.iter()
-    }
-
-    /// How many entries were let go to keep the newest ones.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
-    }
+    log: Arc<Mutex<BoundedLog<TraceEntry>>>,
 }
 
 impl<D: fmt::Debug> fmt::Debug for Traced<D> {
@@ -126,13 +89,13 @@ impl<D: fmt::Debug> fmt::Debug for Traced<D> {
         f.debug_struct("Traced")
             .field("inner", &self.inner)
             .field("deny", &self.deny)
-            .field("entries", &self.lock().entries.len())
+            .field("entries", &self.lock().len())
             .finish()
     }
 }
 
 impl<D> Traced<D> {
-    fn lock(&self) -> MutexGuard<'_, TraceLog> {
+    fn lock(&self) -> MutexGuard<'_, BoundedLog<TraceEntry>> {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -152,13 +115,13 @@ impl<D: Driver> Traced<D> {
         Traced {
             inner,
             deny: Vec::new(),
-            log: Arc::new(Mutex::new(TraceLog::new(cap))),
+            log: Arc::new(Mutex::new(BoundedLog::new(cap))),
         }
     }
 
     /// How many entries the log let go to keep the newest ones.
     pub fn dropped(&self) -> u64 {
-        self.lock().dropped
+        self.lock().dropped()
     }
 
     /// Adds `calls` to the deny list: they answer `CUDA_ERROR_NOT_PERMITTED`
@@ -184,31 +147,28 @@ impl<D: Driver> Traced<D> {
 
     /// A copy of the log (the entries kept), oldest first.
     pub fn log(&self) -> Vec<TraceEntry> {
-        self.lock().entries.iter().cloned().collect()
+        self.lock().entries().cloned().collect()
     }
 
     /// The shared log itself, to read it after the wrapper was moved away.
-    pub fn log_handle(&self) -> Arc<Mutex<TraceLog>> {
+    pub fn log_handle(&self) -> Arc<Mutex<BoundedLog<TraceEntry>>> {
         self.log.clone()
     }
 
     /// Empties the log.
     pub fn clear(&self) {
-        let mut log = self.lock();
-        log.entries.clear();
-        log.dropped = 0;
+        self.lock().clear();
     }
 
     /// The entry points called, in order (denied ones included).
     pub fn calls(&self) -> Vec<Call> {
-        self.lock().entries.iter().filter_map(|e| e.call).collect()
+        self.lock().entries().filter_map(|e| e.call).collect()
     }
 
     /// How many times `call` was made (denied ones included).
     pub fn count(&self, call: Call) -> usize {
         self.lock()
-            .entries
-            .iter()
+            .entries()
             .filter(|e| e.call == Some(call))
             .count()
     }
@@ -216,16 +176,14 @@ impl<D: Driver> Traced<D> {
     /// Whether `call` ever reached the inner driver.
     pub fn reached(&self, call: Call) -> bool {
         self.lock()
-            .entries
-            .iter()
+            .entries()
             .any(|e| e.call == Some(call) && e.reached())
     }
 
     /// The entries for `call`, in order.
     pub fn entries(&self, call: Call) -> Vec<TraceEntry> {
         self.lock()
-            .entries
-            .iter()
+            .entries()
             .filter(|e| e.call == Some(call))
             .cloned()
             .collect()

@@ -288,11 +288,7 @@ impl Default for FabricHandleBytes {
 impl fmt::Debug for FabricHandleBytes {
     /// The checksum, not 64 bytes of noise.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "FabricHandleBytes(fnv1a={:#018x})",
-            fabric_checksum(&self.0)
-        )
+        write!(f, "FabricHandleBytes(fnv1a={:#018x})", fnv1a(&self.0))
     }
 }
 
@@ -343,9 +339,10 @@ impl<'de> serde::Deserialize<'de> for FabricHandleBytes {
     }
 }
 
-/// 64-bit FNV-1a over fabric-handle bytes: the wire form's checksum and the
-/// model's handle check (R9.4). A checksum against damage, not a signature.
-pub fn fabric_checksum(bytes: &[u8]) -> u64 {
+/// 64-bit FNV-1a, the crate's one non-cryptographic hash: the checksum of a
+/// fabric handle's wire form, the model's handle check (R9.4) and the digest
+/// a team's ranks compare. A checksum against damage, not a signature.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })

@@ -5,7 +5,7 @@ use super::state::{Bound, EndpointObj, Enrolled, Slot, Target, World};
 use super::violate;
 use crate::driver::{
     Code, Device, DriverResult, EndpointProps, FabricHandleBytes, Limits, Location, Shape, attr,
-    fabric_checksum,
+    fnv1a,
 };
 
 const HANDLE_MAGIC: &[u8; 8] = b"CEPMODEL";
@@ -527,7 +527,7 @@ impl World {
         data[..8].copy_from_slice(HANDLE_MAGIC);
         data[8..16].copy_from_slice(&self.node_tag.to_le_bytes());
         data[16..24].copy_from_slice(&o.to_le_bytes());
-        let sum = fabric_checksum(&data[..24]);
+        let sum = fnv1a(&data[..24]);
         data[24..32].copy_from_slice(&sum.to_le_bytes());
         Ok(FabricHandleBytes(data))
     }
@@ -541,7 +541,7 @@ impl World {
         let d = &handle.0;
         let valid = &d[..8] == HANDLE_MAGIC
             && d[8..16] == self.node_tag.to_le_bytes()
-            && d[24..32] == fabric_checksum(&d[..24]).to_le_bytes()
+            && d[24..32] == fnv1a(&d[..24]).to_le_bytes()
             && d[32..].iter().all(|&b| b == 0);
         // R9.4: bytes this driver never issued. A process that got them
         // from a peer cannot know (the 64 bytes are opaque): the driver's

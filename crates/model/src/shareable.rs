@@ -11,7 +11,7 @@
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use crate::driver::{FabricHandleBytes, fabric_checksum};
+use crate::driver::{FabricHandleBytes, fnv1a};
 
 /// What a descriptor's file starts with, before the token.
 const FD_MAGIC: &[u8; 8] = b"CEPFD\0\0\0";
@@ -59,7 +59,7 @@ pub(crate) fn token_bytes(token: u64) -> FabricHandleBytes {
     let mut b = [0u8; 64];
     b[..8].copy_from_slice(FABRIC_MAGIC);
     b[8..16].copy_from_slice(&token.to_le_bytes());
-    let sum = fabric_checksum(&b[..56]);
+    let sum = fnv1a(&b[..56]);
     b[56..].copy_from_slice(&sum.to_le_bytes());
     FabricHandleBytes(b)
 }
@@ -68,7 +68,7 @@ pub(crate) fn token_bytes(token: u64) -> FabricHandleBytes {
 pub(crate) fn bytes_token(bytes: &FabricHandleBytes) -> Option<u64> {
     let b = bytes.as_bytes();
     let sum = u64::from_le_bytes(b[56..].try_into().ok()?);
-    if &b[..8] != FABRIC_MAGIC || sum != fabric_checksum(&b[..56]) {
+    if &b[..8] != FABRIC_MAGIC || sum != fnv1a(&b[..56]) {
         return None;
     }
     Some(u64::from_le_bytes(b[8..16].try_into().ok()?))

@@ -426,7 +426,7 @@ pub fn open(join: &Join) -> Result<Process, FabricError> {
     Ok(Process { remote })
 }
 
-/// Joins the fabric named by [`super::ENV_VAR`] ([`Join::from_env`]);
+/// Joins the fabric named by [`super::FABRIC_ENV`] ([`Join::from_env`]);
 /// `Ok(None)` when the variable is not set.
 ///
 /// # Errors

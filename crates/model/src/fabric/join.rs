@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::FabricError;
 
 /// The environment variable a fabric's processes find it by.
-pub const ENV_VAR: &str = "CUDA_ENDPOINTS_FABRIC";
+pub const FABRIC_ENV: &str = "CUDA_ENDPOINTS_FABRIC";
 
 /// Where the rank of a job's process is read from, first found wins:
 /// `CUDA_ENDPOINTS_RANK`, then Open MPI, PMIx, PMI (MPICH) and Slurm.
@@ -85,7 +85,7 @@ impl Join {
         self
     }
 
-    /// Reads a [`ENV_VAR`] value (see the module docs).
+    /// Reads a [`FABRIC_ENV`] value (see the module docs).
     ///
     /// # Errors
     /// [`FabricError::BadJoin`] naming the part that could not be read.
@@ -127,14 +127,14 @@ impl Join {
         Ok(join)
     }
 
-    /// The [`ENV_VAR`] of this process, with the rank from [`RANK_VARS`]
+    /// The [`FABRIC_ENV`] of this process, with the rank from [`RANK_VARS`]
     /// when the variable gives neither node nor rank; `Ok(None)` when it is
     /// not set.
     ///
     /// # Errors
     /// [`FabricError::BadJoin`] for a value that does not read.
     pub fn from_env() -> Result<Option<Join>, FabricError> {
-        let Some(spec) = std::env::var_os(ENV_VAR) else {
+        let Some(spec) = std::env::var_os(FABRIC_ENV) else {
             return Ok(None);
         };
         let spec = spec.to_string_lossy();
@@ -147,7 +147,7 @@ impl Join {
         Ok(Some(join))
     }
 
-    /// This join as an [`ENV_VAR`] value.
+    /// This join as an [`FABRIC_ENV`] value.
     pub fn to_spec(&self) -> String {
         let mut s = self.socket.display().to_string();
         if let Some(n) = self.node {

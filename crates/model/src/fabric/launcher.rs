@@ -5,12 +5,17 @@
 //! cuda-endpoints-fabric [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--driver-version V] [--timeout SECS] -- COMMAND [ARGS...]
 //! ```
 //!
+//! (`cuda-endpoints-fabric --help` says what each flag does and the exit
+//! statuses; the arguments are parsed by `clap`.)
+//!
 //! Starts a fabric server of `N` nodes with `G` GPUs each (default 1 × 4) on
 //! a socket in a fresh temporary directory, exports `CUDA_ENDPOINTS_FABRIC`
 //! to the command (its processes join with `cuda_endpoints::fabric::connect_env()`, placed
 //! on nodes by rank), waits for it, waits for every process to leave, and
 //! reports what each one left behind. Exits with the command's status if
-//! it failed, 3 if any process leaked or any rule was violated, else 0.
+//! it failed, 1 if it could not be waited for or ran past `--timeout`, 2 on
+//! bad arguments or a fabric or command that could not start, 3 if any
+//! process leaked or any rule was violated, else 0.
 //!
 //! `--driver-version V` makes every node a driver of that version (e.g.
 //! `13000`: driver 580, no logical endpoints, as `ModelConfig::cuda_13_0`).
@@ -18,81 +23,74 @@
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use super::{ENV_VAR, FabricServer};
+use super::{FABRIC_ENV, FabricServer};
 use crate::driver::LOGICAL_ENDPOINT_MIN_VERSION;
 use crate::{FabricConfig, ModelConfig};
 
-const USAGE: &str = "usage: cuda-endpoints-fabric [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--driver-version V] [--timeout SECS] -- COMMAND [ARGS...]";
+/// Runs COMMAND (a job: `mpirun -n 8 ./app`, or one program) on a model
+/// fabric that its processes share, and reports what each process left
+/// behind.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "cuda-endpoints-fabric",
+    version,
+    after_help = "The command's processes find the fabric in CUDA_ENDPOINTS_FABRIC \
+(cuda_endpoints::fabric::connect_env()) and are placed on nodes by rank.
 
+Exit status:
+  0    the command succeeded and nothing leaked
+  1    the command could not be waited for or ran past --timeout (killed)
+  2    bad arguments, or the fabric or the command could not be started
+  3    the command succeeded, but a process leaked, a rule was violated or
+       a process was still connected
+  N    the command failed with status N (1 if it had none)"
+)]
 struct Args {
-    nodes: usize,
-    gpus: usize,
-    imex: bool,
+    /// Nodes of the fabric (1 to 1024).
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    nodes: u16,
+    /// GPUs on each node (1 to 1024).
+    #[arg(long, default_value_t = 4, value_name = "G",
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    gpus: u16,
+    /// The nodes have no IMEX channel: fabric handles cannot be shared.
+    #[arg(long)]
+    no_imex: bool,
+    /// Queries before an endpoint reports ready (the model's default if not given).
+    #[arg(long, value_name = "Q")]
     queries: Option<u32>,
+    /// Every node's driver version, e.g. 13000 (driver 580, no logical
+    /// endpoints, as `ModelConfig::cuda_13_0`).
+    #[arg(long, value_name = "V", value_parser = clap::value_parser!(i32).range(0..))]
     driver_version: Option<i32>,
-    timeout: Option<Duration>,
+    /// Kill the command after this many seconds and exit 1.
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<u64>,
+    /// The command to run, and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
-}
-
-fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut a = Args {
-        nodes: 1,
-        gpus: 4,
-        imex: true,
-        queries: None,
-        driver_version: None,
-        timeout: None,
-        command: Vec::new(),
-    };
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| {
-            args.next()
-                .ok_or_else(|| format!("{name} needs a value"))
-                .and_then(|v| {
-                    v.parse::<u64>()
-                        .map_err(|_| format!("{name} {v}: not a number"))
-                })
-        };
-        match arg.as_str() {
-            "--nodes" => a.nodes = usize::try_from(value("--nodes")?).map_err(|e| e.to_string())?,
-            "--gpus" => a.gpus = usize::try_from(value("--gpus")?).map_err(|e| e.to_string())?,
-            "--queries" => {
-                a.queries = Some(u32::try_from(value("--queries")?).map_err(|e| e.to_string())?)
-            }
-            "--driver-version" => {
-                a.driver_version =
-                    Some(i32::try_from(value("--driver-version")?).map_err(|e| e.to_string())?)
-            }
-            "--timeout" => a.timeout = Some(Duration::from_secs(value("--timeout")?)),
-            "--no-imex" => a.imex = false,
-            "-h" | "--help" => return Err(USAGE.into()),
-            "--" => {
-                a.command = args.collect();
-                break;
-            }
-            other => return Err(format!("unknown option {other}\n{USAGE}")),
-        }
-    }
-    if a.command.is_empty() {
-        return Err(format!("no command given\n{USAGE}"));
-    }
-    if a.nodes == 0 || a.gpus == 0 || a.nodes > 1024 || a.gpus > 1024 {
-        return Err("--nodes and --gpus are 1 to 1024".into());
-    }
-    Ok(a)
 }
 
 /// The launcher's `main`: reads the process's arguments, runs the job,
 /// and answers the exit status described in the module docs.
 pub fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
+    let args = match <Args as clap::Parser>::try_parse() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("cuda-endpoints-fabric: {e}");
-            return ExitCode::from(2);
+            // `--help` and `--version` print to stdout and exit 0; a bad
+            // argument prints why and the usage, and exits 2.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
-    let mut config = FabricConfig::nodes(args.nodes, args.gpus).imex_channel(args.imex);
+    let (nodes, gpus) = (usize::from(args.nodes), usize::from(args.gpus));
+    let timeout = args.timeout.map(Duration::from_secs);
+    let mut config = FabricConfig::nodes(nodes, gpus).imex_channel(!args.no_imex);
     if let Some(v) = args.driver_version {
         config = config.with_nodes(|_, n| {
             if v < LOGICAL_ENDPOINT_MIN_VERSION {
@@ -113,13 +111,13 @@ pub fn main() -> ExitCode {
     };
     eprintln!(
         "cuda-endpoints-fabric: {} node(s) x {} GPU(s) at {}",
-        args.nodes,
-        args.gpus,
+        nodes,
+        gpus,
         server.socket().display()
     );
     let mut child = match Command::new(&args.command[0])
         .args(&args.command[1..])
-        .env(ENV_VAR, server.env_value())
+        .env(FABRIC_ENV, server.env_value())
         .spawn()
     {
         Ok(c) => c,
@@ -138,7 +136,7 @@ pub fn main() -> ExitCode {
                 break None;
             }
         }
-        if args.timeout.is_some_and(|t| start.elapsed() > t) {
+        if timeout.is_some_and(|t| start.elapsed() > t) {
             eprintln!("cuda-endpoints-fabric: the command ran past --timeout; killed");
             let _ = child.kill();
             let _ = child.wait();

@@ -14,10 +14,10 @@
 //!
 //! Three ways to start one:
 //! - **a job**: `cuda-endpoints-fabric --nodes 2 --gpus 4 -- mpirun -n 8 ./app`
-//!   starts the server, exports [`ENV_VAR`], runs the command, waits, prints
+//!   starts the server, exports [`FABRIC_ENV`], runs the command, waits, prints
 //!   the fabric's leak counters and exits non-zero if anything leaked;
 //! - **a test**: [`FabricServer::start`] hosts it on threads of the test,
-//!   and children get [`FabricServer::env_value`] in [`ENV_VAR`];
+//!   and children get [`FabricServer::env_value`] in [`FABRIC_ENV`];
 //! - **a process** joins with [`open_env`] (or [`open`] with a
 //!   [`Join`]), which returns its [`Process`] handle (leak counters,
 //!   violations, device memory; `cuda_endpoints::fabric::connect` wraps its
@@ -62,7 +62,7 @@ use std::path::PathBuf;
 
 pub use calls::WireCall;
 pub use client::{Process, Remote, open, open_env};
-pub use join::{DEFAULT_TIMEOUT, ENV_VAR, Join, RANK_VARS};
+pub use join::{DEFAULT_TIMEOUT, FABRIC_ENV, Join, RANK_VARS};
 pub use server::{FabricServer, MAX_CONNECTIONS, ProcessExit};
 pub use wire::WireViolation;
 
@@ -73,8 +73,8 @@ pub use crate::{FabricConfig, FabricLive, ShareableKind};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FabricError {
-    /// A [`ENV_VAR`] value with a part that does not read.
-    #[error("{ENV_VAR}={spec:?}: `{part}`: {why}")]
+    /// A [`FABRIC_ENV`] value with a part that does not read.
+    #[error("{FABRIC_ENV}={spec:?}: `{part}`: {why}")]
     BadJoin {
         /// The whole value.
         spec: String,

@@ -171,7 +171,7 @@ impl FabricServer {
         Join::new(&self.socket)
     }
 
-    /// The value of [`super::ENV_VAR`] for processes of this fabric (they
+    /// The value of [`super::FABRIC_ENV`] for processes of this fabric (they
     /// are placed by rank, or add `,node=N`).
     pub fn env_value(&self) -> String {
         self.join().to_spec()
