@@ -101,10 +101,11 @@ done
 # The GPU suite as on a 13.5 driver, and as on the GPU machines' driver 580.
 # It uses cudarc beside the library, which needs a CUDA version to build for.
 export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
-# `two_processes_share` runs below, with the multi-process suites: two
-# processes share a model only on a fabric.
-nice cargo test --features gpu --test gpu -- --test-threads=1 --skip two_processes_share
-LD_LIBRARY_PATH=$out/13.0 nice cargo test --features gpu --test gpu -- --test-threads=1 --skip two_processes_share
+# `two_processes_share` and `portable_path_two_processes` run below, with the
+# multi-process suites: two processes share a model only on a fabric.
+gpu_mp=(--skip two_processes_share --skip portable_path_two_processes)
+nice cargo test --features gpu --test gpu -- --test-threads=1 "${gpu_mp[@]}"
+LD_LIBRARY_PATH=$out/13.0 nice cargo test --features gpu --test gpu -- --test-threads=1 "${gpu_mp[@]}"
 # The examples as on 13.5 (the double's default), 13.3, and driver 580 (the
 # 13.0 build: logical endpoints reported unsupported, the example still exits 0).
 for pretend in 13.5: 13.5:13030 13.0:; do
@@ -147,11 +148,13 @@ if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=
     done
     nice cargo build --quiet --features "$mp_features" --example tcp_team --example allgather --example broadcast --bin cuda-endpoints-fabric
     # The GPU suite's two processes sharing memory (cudarc's memset and
-    # copies included), as on the GPU machines' driver 580: the 13.0 build,
+    # copies included), and putting into and getting from each other's
+    # memory through the portable path (classic unicast endpoints, windows,
+    # cuMemcpyAsync), as on the GPU machines' driver 580: the 13.0 build,
     # the test and its two ranks on one fabric of 13.0 nodes.
     LD_LIBRARY_PATH=$out/13.0 timeout 300 nice "$root/target/debug/cuda-endpoints-fabric" \
         --gpus 4 --driver-version 13000 --timeout 240 -- \
-        cargo test --features gpu --test gpu -- --test-threads=1 two_processes_share
+        cargo test --features gpu --test gpu -- --test-threads=1 two_processes_share portable_path_two_processes
     for job in "4 1" "8 2"; do
         # shellcheck disable=SC2086 # ranks and nodes
         timeout 120 nice "$root/target/debug/examples/tcp_team" $job --driver cuda > "$out/example.log"

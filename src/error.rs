@@ -280,7 +280,9 @@ impl fmt::Display for Answer {
 pub enum Feature {
     /// Logical endpoints (`cuLogicalEndpoint*`), on a driver before 13.3.
     LogicalEndpoints,
-    /// A unicast endpoint on the classic multicast backend, which has none (C1).
+    /// What a unicast endpoint on the classic fallback cannot have: it is
+    /// process-local bookkeeping for the portable path, with no driver
+    /// object (C1), so no counted operations (`COUNTED_OPS`).
     UnicastOnClassic,
     /// Exporting or importing an endpoint on the classic multicast backend.
     FabricOnClassic,
@@ -327,7 +329,7 @@ impl Feature {
                 "install a CUDA 13.3+ driver; for multicast teams, the classic fallback (`Context::auto`) works on older drivers"
             }
             Feature::UnicastOnClassic => {
-                "create unicast endpoints on logical endpoints (a CUDA 13.3+ driver)"
+                "drop `.counted_ops()`: a classic unicast endpoint is bookkeeping for the portable path; or use logical endpoints (a CUDA 13.3+ driver)"
             }
             Feature::FabricOnClassic => {
                 "share a classic team with `team::multicast` (a POSIX descriptor within a node, fabric bytes across nodes), or use logical endpoints (a CUDA 13.3+ driver)"
@@ -360,7 +362,9 @@ impl fmt::Display for Feature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Feature::LogicalEndpoints => "logical endpoints (cuLogicalEndpoint*, driver 13.3+)",
-            Feature::UnicastOnClassic => "unicast endpoints on the classic multicast backend",
+            Feature::UnicastOnClassic => {
+                "counted operations on a classic unicast endpoint (bookkeeping, no driver object)"
+            }
             Feature::FabricOnClassic => "fabric export and import on the classic multicast backend",
             Feature::MulticastAddress => "a multicast virtual address (multimem mapping)",
             Feature::CountedOpsOnClassic => {
@@ -1189,7 +1193,7 @@ mod tests {
     fn unsupported_names_the_feature_its_rule_and_the_fix() {
         let e = Error::unsupported(Feature::UnicastOnClassic, Some(13000), "");
         let msg = e.to_string();
-        assert!(msg.contains("unicast endpoints on the classic"), "{msg}");
+        assert!(msg.contains("on a classic unicast endpoint"), "{msg}");
         assert!(msg.contains("13000") && msg.contains("(C1)"), "{msg}");
         assert!(msg.ends_with(Feature::UnicastOnClassic.fix()), "{msg}");
         assert!(e.is_unsupported() && e.rule() == Some(Rule::C1));

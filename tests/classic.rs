@@ -193,28 +193,43 @@ fn dropping_everything_in_any_order_leaves_nothing() {
     clean(&ctx, &model);
 }
 
+/// A classic unicast endpoint is bookkeeping for the portable path
+/// (`tests/classic_unicast.rs`): created, ready and bound with no
+/// `cuMulticast*` call; counted operations on it stay refused.
 #[test]
-fn unicast_has_no_classic_form() {
+fn unicast_is_bookkeeping_without_a_multicast_call() {
     let (ctx, model) = classic_node(1);
-    let e = ctx
+    let ep = ctx
         .reserve_one()
         .unwrap()
         .create(Spec::unicast(0, 2 * MIB))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let mem = Allocation::<Private>::on_device(&ctx, Device(0), 2 * MIB).unwrap();
+    let b = ep.bind(0, 0, &mem).unwrap();
+    b.unbind().unwrap();
+    ep.destroy().unwrap().release().unwrap();
+    for call in [
+        Call::MulticastGetGranularity,
+        Call::MulticastCreate,
+        Call::MulticastBindMem,
+        Call::MulticastUnbind,
+    ] {
+        assert_eq!(model.calls(call), 0, "{call} reached the driver");
+    }
+    let e = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, 2 * MIB).counted_ops())
         .unwrap_err();
-    assert!(e.error.is_unsupported(), "{}", e.error);
     assert!(
-        matches!(
-            e.error,
-            Error::Unsupported {
-                feature: Feature::UnicastOnClassic,
-                ..
-            }
-        ),
+        matches!(e.error, Error::FeatureMissing { attribute: 155, .. }),
         "{}",
         e.error
     );
     e.value.release().unwrap();
-    assert_eq!(model.calls(Call::MulticastCreate), 0);
+    drop(mem);
     clean(&ctx, &model);
 }
 
@@ -344,7 +359,7 @@ fn attributes_describe_the_emulation() {
     // SAFETY: attribute queries touch nothing anyone owns.
     unsafe {
         assert_eq!(d.device_attribute(Device(0), 154), Ok(1)); // multicast: attribute 132
-        assert_eq!(d.device_attribute(Device(0), 153), Ok(0)); // no unicast
+        assert_eq!(d.device_attribute(Device(0), 153), Ok(1)); // unicast: bookkeeping
         assert_eq!(d.device_attribute(Device(0), 155), Ok(0)); // no counted ops
         assert_eq!(
             d.device_attribute(Device(7), 154),

@@ -15,6 +15,10 @@
 //!   driver before 13.3);
 //! - the classic fallback refusing a team before `cuMulticastCreate` (a
 //!   [`Traced`] log proves the call never reached the driver);
+//! - the portable data path across two processes (issue 19, item 7): classic
+//!   unicast endpoints (bookkeeping, no driver object), each process puts
+//!   into and gets from the other's memory through `add_peer_window` and
+//!   `cuMemcpyAsync`, every byte checked, no `cuMulticast*` call in the trace;
 //! - on several GPUs: allocations on each device that report their device
 //!   (what the pre-driver R5.5 check reads), a runtime team from
 //!   `ctx.devices()`, and backend selection with the classic path switched
@@ -374,8 +378,8 @@ fn classic_fallback_never_reaches_multicast_create() {
                 e.error,
                 Error::Driver {
                     call: Call::MulticastCreate,
-                    code: Code::NOT_PERMITTED
-                }
+                    code,
+                } if code == Code::NOT_PERMITTED
             ),
             "{}",
             e.error
@@ -718,4 +722,222 @@ fn share_child() {
     boot.barrier(t).unwrap();
     drop(cx);
     println!("share: done");
+}
+
+// ------------------------------- the portable path across two processes
+
+/// The environment of a child rank of [`portable_path_two_processes_put_and_get`].
+const PORTABLE_RANK: &str = "CUDA_ENDPOINTS_GPU_PORTABLE_RANK";
+const PORTABLE_DIR: &str = "CUDA_ENDPOINTS_GPU_PORTABLE_DIR";
+
+/// Issue 19, item 7: the portable data path for real. Two OS processes
+/// (rank r on device r % n: both on GPU 0 where there is one), each with
+/// the classic fallback over a traced real driver that denies
+/// `cuMulticastCreate`, make a unicast endpoint (bookkeeping on a driver
+/// before 13.3) with their own mapped `PosixFd` allocation bound, exchange
+/// the endpoint's ticket and the memory's descriptor (TCP on loopback and
+/// `SCM_RIGHTS`), import the peer's endpoint and memory, map it, register
+/// it with `add_peer_window`; then each puts host bytes into the peer's
+/// endpoint through a `Stream` (`cuMemcpyAsync`), gets them back, and reads
+/// through its own endpoint what the peer put there — every byte checked.
+/// The trace proves that no `cuMulticast*` and no `cuLogicalEndpoint*`
+/// call reached the driver; free memory is back to its start.
+#[test]
+fn portable_path_two_processes_put_and_get() {
+    let Some(ctx) = cuda_ctx() else { return };
+    let leak = Leak::start(&ctx);
+    let n = ctx.devices().unwrap().len();
+    println!("portable path, two processes on {n} GPU(s): rank r uses device r % {n}");
+    let dir = std::env::temp_dir().join(format!(
+        "cuda-endpoints-gpu-portable-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut ranks = children::Children::default();
+    for r in 0..2 {
+        let envs = [
+            (PORTABLE_RANK, r.to_string()),
+            (PORTABLE_DIR, dir.display().to_string()),
+        ];
+        ranks.spawn(&format!("rank {r}"), "portable_child", &envs);
+    }
+    let mut ok = 0;
+    for d in ranks.wait_all(std::time::Duration::from_secs(120)) {
+        for line in d.stdout.lines().filter(|l| l.starts_with("portable:")) {
+            println!("{} {line}", d.name);
+        }
+        if d.code == Some(0) && d.stdout.contains("portable: done") {
+            ok += 1;
+        } else {
+            println!(
+                "{} failed (exit {:?}):\n{}\n{}",
+                d.name, d.code, d.stdout, d.stderr
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(ok, 2, "both ranks must finish");
+    leak.check(&ctx, 2);
+}
+
+/// One rank of [`portable_path_two_processes_put_and_get`]; a no-op unless
+/// run as a child.
+#[test]
+fn portable_child() {
+    use cuda_endpoints::bootstrap::IdProblem;
+    use cuda_endpoints::driver::Family;
+    use cuda_endpoints::{
+        Bootstrap, BootstrapError, CopyBatch, CopyPath, Exportable, FabricHandle, FdExchange,
+        Stream, Tcp, Unicast, UniqueId,
+    };
+    use std::time::Duration;
+
+    let Ok(rank) = std::env::var(PORTABLE_RANK) else {
+        return;
+    };
+    let rank: usize = rank.parse().unwrap();
+    let dir = std::path::PathBuf::from(std::env::var(PORTABLE_DIR).unwrap());
+    let t = Duration::from_secs(30);
+    let ctx = cuda_ctx().expect("a driver in the child");
+    let devs = ctx.devices().unwrap();
+    let dev = devs[rank % devs.len()];
+    let peer_rank = 1 - rank;
+    let peer_dev = devs[peer_rank % devs.len()];
+    let id_file = dir.join("id");
+    let boot = if rank == 0 {
+        let (id, root) = Tcp::root("127.0.0.1:0".parse().unwrap()).unwrap();
+        id.write_file(&id_file)
+            .map_err(|e| BootstrapError::InvalidId {
+                what: IdProblem::File {
+                    path: id_file.clone(),
+                    kind: e.kind(),
+                },
+            })
+            .unwrap();
+        root.accept(2, t).unwrap()
+    } else {
+        Tcp::join(&UniqueId::read_file(&id_file, t).unwrap(), 1, 2, t).unwrap()
+    };
+
+    // The classic fallback over a traced driver that denies
+    // cuMulticastCreate itself: unicast endpoints there are bookkeeping.
+    let traced = traced_cuda();
+    let classic = Context::new(Classic::new(traced.clone()));
+    assert_eq!(classic.copy_path(), CopyPath::Portable);
+    let gran = granularity(&ctx, dev, handle_bits::POSIX_FD);
+    let ep = classic
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(dev, gran).exportable())
+        .unwrap()
+        .wait(t)
+        .unwrap();
+    let own = Allocation::<PosixFd>::on_device(&classic, dev, ep.size())
+        .unwrap()
+        .map(&[dev])
+        .unwrap();
+    let bound = ep.bind(dev, 0, &own).unwrap();
+
+    // The endpoint's ticket and the memory's descriptor cross; each imports
+    // the peer's, maps its memory and registers the window.
+    let tickets = boot.allgather(&ep.export().unwrap().to_bytes(), t).unwrap();
+    let handle = FabricHandle::<Unicast<Exportable>>::from_bytes(&tickets[peer_rank]).unwrap();
+    let peer_ep = classic
+        .reserve_one()
+        .unwrap()
+        .import(&handle)
+        .unwrap()
+        .wait(t)
+        .unwrap();
+    let fd = own.export_fd().unwrap();
+    let mut fds = FdExchange::allgather_fds(&boot, std::os::fd::AsFd::as_fd(&fd), t).unwrap();
+    let theirs = fds.swap_remove(peer_rank);
+    let window = Allocation::<PosixFd>::import_fd(&classic, &theirs, peer_ep.size())
+        .unwrap()
+        .map(&[dev])
+        .unwrap();
+    peer_ep
+        .add_peer_window(peer_rank as u32, peer_dev, 0, &window)
+        .unwrap();
+    drop(window); // the endpoint keeps the mapping
+    drop((theirs, fds, fd));
+    println!(
+        "portable: {dev}: endpoint {} ({} bytes) bound; rank {peer_rank}'s imported as {} with a window on {peer_dev}",
+        ep.id(),
+        ep.size(),
+        peer_ep.id()
+    );
+    // Every rank bound before any copies (R13.3).
+    boot.barrier(t).unwrap();
+
+    // Each rank writes its own half of the peer's memory.
+    let half = ep.size() / 2;
+    let pattern = |r: usize| -> Vec<u8> {
+        (0..half)
+            .map(|i| ((i % 251) as u8) ^ (0x5a_u8.wrapping_mul(r as u8 + 1)))
+            .collect()
+    };
+    let mine = pattern(rank);
+    let stream = Stream::new(&classic, dev).unwrap();
+    stream
+        .enqueue(CopyBatch::new().put_host(mine.clone(), &peer_ep, rank as u64 * half))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let back = stream
+        .enqueue(CopyBatch::new().get_host(&peer_ep, rank as u64 * half, half))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let good = back
+        .received
+        .first()
+        .map_or(0, |b| b.iter().zip(&mine).filter(|(a, b)| a == b).count());
+    println!(
+        "portable: put {half} bytes into rank {peer_rank}'s memory and got {good} back intact"
+    );
+    assert_eq!(back.received, vec![mine], "rank {rank}: get after put");
+    boot.barrier(t).unwrap();
+    // What the peer put into this rank's memory, read through its own endpoint.
+    let theirs = pattern(peer_rank);
+    let got = stream
+        .enqueue(CopyBatch::new().get_host(&ep, peer_rank as u64 * half, half))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(got.received, vec![theirs], "rank {rank}: the peer's put");
+    println!("portable: read {half} bytes that rank {peer_rank} put into this rank's memory");
+    // Every rank stops copying before any rank unbinds (R13.7).
+    boot.barrier(t).unwrap();
+    drop(stream);
+    peer_ep.destroy().unwrap().release().unwrap();
+    bound.unbind().unwrap();
+    ep.destroy().unwrap().release().unwrap();
+    drop(own);
+    assert!(classic.take_teardown_errors().is_empty());
+    boot.barrier(t).unwrap();
+
+    let calls = traced.calls();
+    let memcpys = traced.count(Call::MemcpyAsync);
+    println!(
+        "portable: trace: {} calls, {memcpys} cuMemcpyAsync, cuMulticastCreate reached the driver: {}",
+        calls.len(),
+        traced.reached(Call::MulticastCreate)
+    );
+    assert!(memcpys >= 3);
+    assert!(!traced.reached(Call::MulticastCreate));
+    assert_eq!(traced.count(Call::MulticastCreate), 0);
+    for c in calls {
+        assert_ne!(
+            c.family(),
+            Family::LogicalEndpoint,
+            "{c} reached the driver"
+        );
+        assert!(
+            !c.name().starts_with("cuMulticast"),
+            "{c} reached the driver"
+        );
+    }
+    drop(classic);
+    println!("portable: done");
 }

@@ -8,14 +8,32 @@
 //! | logical-endpoint call | classic emulation |
 //! | --- | --- |
 //! | `IdReserve` / `IdRelease` (R1) | this backend's own id table (C1: classic objects have no ids) |
-//! | `GetLimits` (R10) | `bindAlignment` = `cuMulticastGetGranularity` (C2); `maxSize` unbounded |
-//! | `Create` (R2) | records the properties; multicast only — there is no classic unicast. An exportable team (shared across processes) creates its object here: it must exist before it can be exported (C5) |
+//! | `GetLimits` (R10) | `bindAlignment` = `cuMulticastGetGranularity` (C2), for unicast the owner's VMM granularity (`cuMemGetAllocationGranularity`); `maxSize` unbounded |
+//! | `Create` (R2) | records the properties. An exportable team (shared across processes) creates its object here: it must exist before it can be exported (C5). A unicast endpoint is bookkeeping only (below) |
 //! | `AddDevice` (R4) | checks attribute 132 for the device (C6), records it; the **last** one runs `cuMulticastCreate` then `cuMulticastAddDevice` for every device. On a shared object, `cuMulticastAddDevice` at once |
 //! | `Query` (R3) | ready once the team is complete: every device added here, or (shared across processes) the bring-up's agreement said so |
 //! | `BindMem` / `BindAddr` (R5) | `cuMulticastBindMem` / `cuMulticastBindAddr`, only on a complete team (C3) |
 //! | `Unbind` (R6) | `cuMulticastUnbind` of exactly the recorded binds (C4) |
 //! | `Destroy` (R7) | unbinds what is still bound, then `cuMemRelease` of the object (C5) |
-//! | `Export` / `Import` (R8, R9) | not as fabric-handle bytes: the team bring-up ([`crate::team::multicast`]) shares the object with `cuMemExportToShareableHandle` (a POSIX descriptor within a node, fabric bytes across nodes) and imports what it staged here (`cuMemImportFromShareableHandle`); other bytes are `NOT_SUPPORTED` |
+//! | `Export` / `Import` (R8, R9) | not as fabric-handle bytes: the team bring-up ([`crate::team::multicast`]) shares the object with `cuMemExportToShareableHandle` (a POSIX descriptor within a node, fabric bytes across nodes) and imports what it staged here (`cuMemImportFromShareableHandle`); a unicast ticket (below) imports as an endpoint that binds nothing; other bytes are `NOT_SUPPORTED` |
+//! | `FabricCpyBatchAsync` (F) | `NOT_SUPPORTED` before the inner driver: the ids are this backend's; copies take the portable path |
+//!
+//! **Unicast endpoints** (for the portable path, [`crate::CopyPath::Portable`],
+//! issue 19 item 4) have no classic form, so they are process-local
+//! bookkeeping with no driver object and no `cuMulticast*` call, on any
+//! device (attribute 132 is not asked): create checks the owner device and
+//! the size (R2.2, R2.3) against its VMM granularity; the endpoint is ready at
+//! once (R3.3); `AddDevice` is refused (R4.1); binds are checked (R5.2-R5.9;
+//! by handle, the allocation's device is read, R5.5) and recorded, unbinds
+//! must match them (R6), destroy forgets them (R7) — the typed API keeps
+//! the memory alive as for any binding. An exportable one exports a
+//! *ticket* (magic, size, owner, random bytes); another process's
+//! [`Driver::import`] of it gives an imported unicast endpoint, ready at
+//! once, that accepts no memory (R5.7). The bytes themselves move only by
+//! `cuMemcpyAsync` through windows: this process's binds of mapped memory,
+//! and the owner's memory imported by POSIX descriptor and registered with
+//! [`crate::Endpoint::add_peer_window`]. Counted operations stay
+//! `NOT_SUPPORTED`.
 //!
 //! Two hazards of the classic API are made impossible here rather than
 //! documented: in one process, `cuMulticastCreate` is issued only when every
@@ -39,11 +57,12 @@
 //! Everything else (base and VMM calls) passes through to the inner driver
 //! ([`Forward`]: only the calls above are written out here).
 //! Attributes 153–156 are answered for the emulation: multicast is attribute
-//! 132, unicast, counted operations and owner access are 0.
+//! 132, unicast is 1 (bookkeeping), counted operations and owner access are 0.
 //!
 //! Codes where the classic API has no counterpart are this backend's choice:
-//! `NOT_SUPPORTED` for what it cannot emulate (unicast, fabric-handle
-//! export, counted operations, a device without attribute 132), `INVALID_VALUE` for
+//! `NOT_SUPPORTED` for what it cannot emulate (fabric-handle export of a
+//! multicast team, counted operations, the fabric copy, a device without
+//! attribute 132), `INVALID_VALUE` for
 //! calls that break R1–R7, `INVALID_DEVICE` for a bind on a device outside
 //! the team.
 
@@ -56,8 +75,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::unwind::OnUnwind;
 
 use super::{
-    Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Forward,
-    Granularity, Limits, Location, ObjectExport, ObjectSharing, Shape, ShareableHandle,
+    AllocationRequest, Call, Code, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes,
+    Forward, Granularity, Limits, Location, ObjectExport, ObjectSharing, Shape, ShareableHandle,
     ShareableKind, attr, handle_bits,
 };
 
@@ -100,6 +119,60 @@ struct Emulated {
     /// destroy is talking to the inner driver: a concurrent enrollment,
     /// bind or destroy of the same endpoint is refused.
     busy: bool,
+    /// A unicast endpoint: bookkeeping only, no classic object (`mc` is
+    /// always `None`); `None` for a multicast one.
+    unicast: Option<Uni>,
+}
+
+/// A classic unicast endpoint, for the portable path
+/// ([`crate::CopyPath::Portable`]): process-local bookkeeping with no
+/// driver object. Its binds are recorded (R5.2-R5.9 checked) and reach no
+/// driver; copies reach the owner's memory through windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Uni {
+    /// Created here; `ticket` is what [`Driver::export`] gives for an
+    /// exportable one (R8.1), `None` otherwise.
+    Owned { ticket: Option<[u8; 64]> },
+    /// Imported from another process's ticket: ready at once, binds nothing
+    /// (R5.7).
+    Imported,
+}
+
+/// The first bytes of a classic unicast ticket. A ticket is
+/// `MAGIC | size (u64 LE) | owner (i32 LE) | 0u32 | 32 random bytes`: it
+/// names no driver object, so bytes from a peer can only make an imported
+/// endpoint of that size, which binds nothing (R5.7) and reaches only the
+/// windows its importer registers.
+const TICKET_MAGIC: [u8; 16] = *b"cuda-ep:classicU";
+
+impl Uni {
+    /// A fresh ticket for a unicast endpoint of `size` bytes owned by `owner`.
+    fn ticket(size: u64, owner: Device) -> DriverResult<[u8; 64]> {
+        let mut t = [0u8; 64];
+        getrandom::fill(&mut t[32..]).map_err(|_| Code::OPERATING_SYSTEM)?;
+        t[..16].copy_from_slice(&TICKET_MAGIC);
+        t[16..24].copy_from_slice(&size.to_le_bytes());
+        t[24..28].copy_from_slice(&owner.0.to_le_bytes());
+        Ok(t)
+    }
+
+    /// The size a ticket claims: `NOT_SUPPORTED` for bytes that are no
+    /// classic handle at all (as for any unknown bytes on this backend),
+    /// `INVALID_VALUE` for a malformed ticket (R9.4).
+    fn parse(t: &[u8; 64]) -> DriverResult<u64> {
+        let field = |r: std::ops::Range<usize>| t.get(r).ok_or(Code::INVALID_VALUE);
+        if field(0..16)? != TICKET_MAGIC {
+            return Err(Code::NOT_SUPPORTED);
+        }
+        if field(28..32)? != [0u8; 4] {
+            return Err(Code::INVALID_VALUE);
+        }
+        let size = u64::from_le_bytes(field(16..24)?.try_into().map_err(|_| Code::INVALID_VALUE)?);
+        if size == 0 {
+            return Err(Code::INVALID_VALUE);
+        }
+        Ok(size)
+    }
 }
 
 impl Emulated {
@@ -117,6 +190,24 @@ impl Emulated {
             stale: None,
             bindings: Vec::new(),
             busy: false,
+            unicast: None,
+        }
+    }
+
+    /// A unicast endpoint (bookkeeping only): ready at once (R3.3).
+    fn unicast(owner: Option<Device>, size: u64, uni: Uni) -> Emulated {
+        Emulated {
+            num_devices: 1,
+            size,
+            devices: owner.into_iter().collect(),
+            mc: None,
+            shared: false,
+            handle_types: 0,
+            complete: true,
+            stale: None,
+            bindings: Vec::new(),
+            busy: false,
+            unicast: Some(uni),
         }
     }
 }
@@ -292,8 +383,9 @@ impl Classic {
     /// handles, through the team bring-up.
     fn team_size(props: &EndpointProps) -> DriverResult<u32> {
         let n = match props.shape {
-            // There is no classic unicast endpoint (C6).
-            Shape::Unicast { .. } => return Err(Code::NOT_SUPPORTED),
+            // Unicast endpoints are bookkeeping (`unicast_limits`), never a
+            // classic object.
+            Shape::Unicast { .. } => return Err(Code::INVALID_VALUE),
             Shape::Multicast { num_devices } => num_devices,
         };
         if props.counted_ops {
@@ -304,6 +396,84 @@ impl Classic {
             return Err(Code::INVALID_VALUE);
         }
         Ok(n)
+    }
+
+    /// The limits of a unicast endpoint owned by `owner` (R10): the bind
+    /// alignment is the owner's VMM granularity (`cuMemGetAllocationGranularity`,
+    /// of the kind this backend uses for multicast, C2), so that every
+    /// allocation sized in granularities binds; no `maxSize`. No
+    /// `cuMulticast*` call: a unicast endpoint is bookkeeping only.
+    fn unicast_limits(&self, owner: Device, props: &EndpointProps) -> DriverResult<Limits> {
+        if props.counted_ops {
+            // Counted operations need a driver object.
+            return Err(Code::NOT_SUPPORTED);
+        }
+        // R2.2: the owner is a device of this machine.
+        // SAFETY: a device count touches nothing anyone owns.
+        let count = noted(Call::DeviceGetCount, unsafe { self.inner.device_count() })?;
+        if !(0..count).contains(&owner.0) {
+            return Err(Code::INVALID_DEVICE);
+        }
+        let req = AllocationRequest {
+            location: Location::Device(owner),
+            handle_types: 0,
+        };
+        // SAFETY: a granularity query touches nothing anyone owns.
+        let align = noted(Call::MemGetAllocationGranularity, unsafe {
+            self.inner.mem_granularity(req, self.granularity)
+        })?
+        .max(1);
+        Ok(Limits {
+            bind_alignment: align,
+            max_size: u64::MAX / align * align,
+        })
+    }
+
+    /// Creates the unicast endpoint `id` owned by `owner` (R2): the table
+    /// records it, ready at once (R3.3); no driver object is made.
+    fn create_unicast(&self, id: u32, owner: Device, props: &EndpointProps) -> DriverResult<()> {
+        if !matches!(self.lock().ids.get(&id), Some(None)) {
+            return Err(Code::INVALID_VALUE); // R2.1
+        }
+        let limits = self.unicast_limits(owner, props)?;
+        // R2.3: a non-zero multiple of the bind alignment.
+        if props.size == 0 || !props.size.is_multiple_of(limits.bind_alignment) {
+            return Err(Code::INVALID_VALUE);
+        }
+        // R2.4 / R8.1: only an exportable one has a ticket to export.
+        let ticket = match props.ipc_fabric {
+            true => Some(Uni::ticket(props.size, owner)?),
+            false => None,
+        };
+        let mut t = self.lock();
+        match t.ids.get_mut(&id) {
+            Some(slot @ None) => {
+                *slot = Some(Emulated::unicast(
+                    Some(owner),
+                    props.size,
+                    Uni::Owned { ticket },
+                ));
+                Ok(())
+            }
+            // Taken meanwhile by a racing raw caller (R2.1).
+            _ => Err(Code::INVALID_VALUE),
+        }
+    }
+
+    /// Imports the unicast endpoint of another process's ticket on `id`:
+    /// ready at once, accepting no memory (R5.7). The peer's memory is
+    /// reached through the window its importer registers
+    /// ([`crate::Endpoint::add_peer_window`]).
+    fn import_unicast(&self, id: u32, handle: &FabricHandleBytes) -> DriverResult<()> {
+        let size = Uni::parse(&handle.0)?;
+        let mut t = self.lock();
+        match t.ids.get_mut(&id) {
+            Some(slot @ None) => {
+                *slot = Some(Emulated::unicast(None, size, Uni::Imported));
+                Ok(())
+            }
+            _ => Err(Code::INVALID_VALUE), // R2.1
+        }
     }
 
     /// `cuMulticastCreate` of an object shareable as a POSIX descriptor and,
@@ -335,7 +505,7 @@ impl Classic {
         offset: u64,
         size: u64,
         flags: u64,
-    ) -> DriverResult<(u64, Bind)> {
+    ) -> DriverResult<(Option<u64>, Bind)> {
         let mut t = self.lock();
         let (mc, ep) = bindable(&mut t, id, dev, offset, size, flags)?;
         let bind = Bind { dev, offset, size };
@@ -590,7 +760,13 @@ impl Forward for Classic {
         unsafe {
             match a {
                 attr::LE_MULTICAST => self.inner.device_attribute(dev, attr::MULTICAST_SUPPORTED),
-                attr::LE_UNICAST | attr::LE_COUNTED_OPS | attr::LE_UNICAST_OWNER_ACCESS => {
+                // Unicast endpoints are bookkeeping for the portable path:
+                // every device has them.
+                attr::LE_UNICAST => self
+                    .inner
+                    .device_attribute(dev, attr::MULTICAST_SUPPORTED)
+                    .map(|_| 1),
+                attr::LE_COUNTED_OPS | attr::LE_UNICAST_OWNER_ACCESS => {
                     // Validate the ordinal the same way, then answer "no".
                     self.inner
                         .device_attribute(dev, attr::MULTICAST_SUPPORTED)
@@ -640,6 +816,9 @@ impl Forward for Classic {
     }
 
     unsafe fn get_limits(&self, props: EndpointProps) -> DriverResult<Limits> {
+        if let Shape::Unicast { owner } = props.shape {
+            return self.unicast_limits(owner, &props);
+        }
         let n = Self::team_size(&props)?;
         // C6 before any cuMulticast* call: at least `n` devices must have it
         // (a team shared across processes and nodes: at least one here; each
@@ -670,6 +849,9 @@ impl Forward for Classic {
         let free = |t: &Table| matches!(t.ids.get(&id), Some(None));
         if !free(&self.lock()) {
             return Err(Code::INVALID_VALUE); // R2.1
+        }
+        if let Shape::Unicast { owner } = props.shape {
+            return self.create_unicast(id, owner, &props);
         }
         let num_devices = Self::team_size(&props)?;
         if props.size == 0 {
@@ -720,6 +902,7 @@ impl Forward for Classic {
                 stale: None,
                 bindings: Vec::new(),
                 busy: false,
+                unicast: None,
             }),
         );
         Ok(())
@@ -727,6 +910,9 @@ impl Forward for Classic {
 
     unsafe fn add_device(&self, id: u32, dev: Device) -> DriverResult<()> {
         let check = |ep: &mut Emulated| {
+            if ep.unicast.is_some() {
+                return Err(Code::INVALID_VALUE); // R4.1: multicast only
+            }
             if ep.busy || ep.devices.contains(&dev) || ep.devices.len() as u32 >= ep.num_devices {
                 return Err(Code::INVALID_VALUE); // R4.2
             }
@@ -901,15 +1087,19 @@ impl Forward for Classic {
         let location = unsafe { self.inner.mem_properties(mem) }.map(|p| p.location);
         let (mc, bind) = self.intend_bind(id, dev, offset, size, flags)?;
         let r = match location {
-            Ok(Location::Device(d)) if d == dev => {
+            // A unicast endpoint: the record is the binding; no driver
+            // object to bind to.
+            Ok(Location::Device(d)) if d == dev && mc.is_none() => Ok(()),
+            Ok(Location::Device(d)) if d == dev => match mc {
                 // SAFETY: the team of `mc` is complete (`bindable`, C3); the
                 // caller keeps `mem` alive while bound (R7.2, this method's
                 // contract).
-                unsafe {
+                Some(mc) => unsafe {
                     self.inner
                         .multicast_bind_mem(mc, offset, mem, mem_offset, size)
-                }
-            }
+                },
+                None => Ok(()),
+            },
             Ok(_) => return self.settle_bind(id, bind, Err(Code::INVALID_VALUE)),
             Err(code) => Err(code),
         };
@@ -934,6 +1124,11 @@ impl Forward for Classic {
         flags: u64,
     ) -> DriverResult<()> {
         let (mc, bind) = self.intend_bind(id, dev, offset, size, flags)?;
+        let Some(mc) = mc else {
+            // A unicast endpoint: the record is the binding (where the memory
+            // lives was checked by the typed API, R5.5).
+            return Ok(());
+        };
         // Where the mapped memory lives was checked by the typed API (R5.5);
         // the driver binds it on its own device.
         // SAFETY: the team of `mc` is complete (`bindable`, C3); the caller
@@ -947,8 +1142,11 @@ impl Forward for Classic {
     unsafe fn unbind(&self, id: u32, dev: Device, offset: u64, size: u64) -> DriverResult<()> {
         let end = offset.checked_add(size).ok_or(Code::INVALID_VALUE)?;
         let (mc, covered) = self.with_ep(id, |ep| {
-            let Some(mc) = ep.mc else {
-                return Err(Code::INVALID_VALUE); // nothing can be bound yet
+            let mc = match (ep.mc, ep.unicast) {
+                (Some(mc), _) => Some(mc),
+                // A unicast endpoint: its records are its binds.
+                (None, Some(_)) if !ep.busy => None,
+                _ => return Err(Code::INVALID_VALUE), // nothing can be bound yet
             };
             // R6.1/R6.2: the range must be tiled exactly by binds on `dev`.
             let mut covered: Vec<Bind> = ep
@@ -974,6 +1172,9 @@ impl Forward for Classic {
             ep.bindings.retain(|b| !covered.contains(b));
             Ok((mc, covered))
         })?;
+        let Some(mc) = mc else {
+            return Ok(()); // recorded only: nothing to unbind in the driver
+        };
         let r = self.unbind_all(id, mc, covered);
         match r {
             Ok(()) => Ok(()),
@@ -1075,26 +1276,48 @@ impl Forward for Classic {
         }
     }
 
+    /// A fabric copy names this backend's own ids, which no driver knows
+    /// (and a unicast endpoint here has no driver object at all): refused
+    /// before the inner driver. Copies take the portable path.
+    unsafe fn fabric_copy_batch(
+        &self,
+        _stream: u64,
+        _ops: Vec<super::CopyOp>,
+        _flags: u64,
+    ) -> DriverResult<()> {
+        Err(Code::NOT_SUPPORTED)
+    }
+
     fn explain_unsupported(&self, call: Call) -> Option<&'static str> {
         Some(match call {
             Call::GetLimits | Call::Create => {
-                "the classic multicast fallback makes only multicast endpoints, without fabric export or counted operations, for teams of devices that report MULTICAST_SUPPORTED (C1, C6); there is no classic unicast endpoint"
+                "the classic fallback makes multicast endpoints for teams of devices that report MULTICAST_SUPPORTED, without fabric export (C1, C6), and unicast endpoints as process-local bookkeeping for the portable path (no driver object); neither has counted operations"
             }
             Call::AddDevice => {
                 "the device reports MULTICAST_SUPPORTED (attribute 132) = 0, so the classic fallback cannot enroll it (C6)"
             }
             Call::FabricCpyBatchAsync => {
-                "the classic multicast fallback has no fabric copy: its ids are its own, so copies take the portable path (cuMemcpyAsync through the memory bound to the team)"
+                "the classic fallback has no fabric copy: its ids are its own and its unicast endpoints have no driver object, so copies take the portable path (cuMemcpyAsync through the memory bound to the team, or through add_peer_window for a peer's memory)"
             }
             Call::Export | Call::Import => {
-                "the classic multicast fallback shares its objects only through the team bring-up (team::multicast: a POSIX descriptor within a node, fabric bytes across nodes), not as logical-endpoint fabric handles"
+                "the classic fallback shares its multicast objects only through the team bring-up (team::multicast: a POSIX descriptor within a node, fabric bytes across nodes), not as logical-endpoint fabric handles; only its exportable unicast endpoints export (a ticket of bookkeeping, whose memory the importer reaches with add_peer_window)"
             }
             _ => return None,
         })
     }
 
-    unsafe fn export(&self, _id: u32) -> DriverResult<FabricHandleBytes> {
-        Err(Code::NOT_SUPPORTED)
+    /// A unicast endpoint created exportable gives its ticket (the same
+    /// bytes every time); a multicast one is shared only through the team
+    /// bring-up (`NOT_SUPPORTED`).
+    unsafe fn export(&self, id: u32) -> DriverResult<FabricHandleBytes> {
+        self.with_ep(id, |ep| match ep.unicast {
+            Some(Uni::Owned {
+                ticket: Some(ticket),
+            }) => Ok(FabricHandleBytes(ticket)),
+            // R8.1: not created exportable, or imported.
+            Some(_) => Err(Code::INVALID_VALUE),
+            None => Err(Code::NOT_SUPPORTED),
+        })
     }
 
     /// Only what the team bring-up staged (by a ticket of its own): the
@@ -1116,7 +1339,9 @@ impl Forward for Classic {
             size,
         }) = staged
         else {
-            return Err(Code::NOT_SUPPORTED);
+            // Not staged here: a classic unicast ticket, or not a handle at
+            // all (R9.4).
+            return self.import_unicast(id, &handle);
         };
         let shared = match &what {
             ObjectExport::Fd(fd) => ShareableHandle::PosixFd(fd.as_raw_fd()),
@@ -1160,7 +1385,8 @@ impl Forward for Classic {
 /// The checks every emulated bind makes before the driver: flags 0 (R5.8), a
 /// complete team (R3.1, C3), an enrolled device (R5.2), a range inside the
 /// endpoint (R5.4) that overlaps no live bind on that device (R5.9). Returns
-/// the classic object and the endpoint.
+/// the classic object (`None` for a unicast endpoint, which has none) and
+/// the endpoint.
 fn bindable(
     t: &mut Table,
     id: u32,
@@ -1168,17 +1394,22 @@ fn bindable(
     offset: u64,
     size: u64,
     flags: u64,
-) -> DriverResult<(u64, &mut Emulated)> {
+) -> DriverResult<(Option<u64>, &mut Emulated)> {
     if flags != 0 {
         return Err(Code::INVALID_VALUE);
     }
     let Some(Some(ep)) = t.ids.get_mut(&id) else {
         return Err(Code::INVALID_VALUE);
     };
-    let (Some(mc), true, false) = (ep.mc, ep.complete, ep.busy) else {
-        // The classic bind would block until the team is complete (C3); a
-        // destroy in progress is no team to bind to either.
-        return Err(Code::INVALID_VALUE);
+    let mc = match (ep.unicast, ep.mc, ep.complete, ep.busy) {
+        // A destroy in progress: nothing to bind to.
+        (.., true) => return Err(Code::INVALID_VALUE),
+        // R5.7: an imported unicast endpoint accepts no memory.
+        (Some(Uni::Imported), ..) => return Err(Code::INVALID_VALUE),
+        (Some(Uni::Owned { .. }), ..) => None,
+        (None, Some(mc), true, false) => Some(mc),
+        // The classic bind would block until the team is complete (C3).
+        (None, ..) => return Err(Code::INVALID_VALUE),
     };
     if !ep.devices.contains(&dev) {
         return Err(Code::INVALID_DEVICE);
@@ -1288,15 +1519,77 @@ mod tests {
     }
 
     #[test]
-    fn unicast_has_no_classic_form() {
+    fn unicast_is_bookkeeping_with_no_driver_call() {
         // SAFETY: the test owns every id, handle and binding it names.
         unsafe {
-            let model = Model::new(ModelConfig::node(1));
-            let c = Classic::new(Arc::new(model));
-            let id = c.id_reserve(1).unwrap();
-            let p = EndpointProps::new(Shape::Unicast { owner: Device(0) }, 2 << 20);
-            assert_eq!(c.get_limits(p), Err(Code::NOT_SUPPORTED));
+            let mut cfg = ModelConfig::node(1);
+            cfg.driver_version = 13000;
+            let model = Model::new(cfg);
+            let c = Classic::new(Arc::new(model.clone()));
+            let id = c.id_reserve(2).unwrap();
+            let mut p = EndpointProps::new(Shape::Unicast { owner: Device(0) }, 4 << 20);
+            assert_eq!(c.get_limits(p).unwrap().bind_alignment, 2 << 20);
+            p.counted_ops = true;
             assert_eq!(c.create(id, p), Err(Code::NOT_SUPPORTED));
+            p.counted_ops = false;
+            let bad = EndpointProps::new(Shape::Unicast { owner: Device(3) }, 4 << 20);
+            assert_eq!(c.create(id, bad), Err(Code::INVALID_DEVICE)); // R2.2
+            let odd = EndpointProps::new(Shape::Unicast { owner: Device(0) }, 3 << 20);
+            assert_eq!(c.create(id, odd), Err(Code::INVALID_VALUE)); // R2.3
+            p.ipc_fabric = true;
+            c.create(id, p).unwrap();
+            assert!(c.query(id, 1).unwrap()); // ready at once
+            assert_eq!(c.add_device(id, Device(0)), Err(Code::INVALID_VALUE)); // R4.1
+            let req = AllocationRequest {
+                location: Location::Device(Device(0)),
+                handle_types: 0,
+            };
+            let mem = c.mem_create(4 << 20, req).unwrap();
+            c.bind_mem(id, Device(0), 0, mem, 0, 2 << 20, 0).unwrap();
+            assert_eq!(
+                c.bind_mem(id, Device(0), 0, mem, 2 << 20, 2 << 20, 0),
+                Err(Code::INVALID_VALUE) // R5.9
+            );
+            c.bind_mem(id, Device(0), 2 << 20, mem, 2 << 20, 2 << 20, 0)
+                .unwrap();
+            assert_eq!(
+                c.unbind(id, Device(0), 0, 1 << 20),
+                Err(Code::INVALID_VALUE)
+            );
+            c.unbind(id, Device(0), 0, 2 << 20).unwrap();
+            // Its ticket, every time the same, imports as an endpoint that
+            // binds nothing (R5.7).
+            let ticket = c.export(id).unwrap();
+            assert_eq!(c.export(id).unwrap(), ticket);
+            c.import(id + 1, ticket).unwrap();
+            assert!(c.query(id + 1, 1).unwrap());
+            assert_eq!(
+                c.bind_mem(id + 1, Device(0), 0, mem, 0, 2 << 20, 0),
+                Err(Code::INVALID_VALUE)
+            );
+            assert_eq!(c.export(id + 1), Err(Code::INVALID_VALUE));
+            // Not a ticket: refused (R9.4).
+            let mut forged = ticket;
+            forged.0[30] = 1;
+            c.destroy(id + 1).unwrap();
+            assert_eq!(c.import(id + 1, forged), Err(Code::INVALID_VALUE));
+            assert_eq!(
+                c.import(id + 1, super::FabricHandleBytes([7; 64])),
+                Err(Code::NOT_SUPPORTED)
+            );
+            c.destroy(id).unwrap(); // forgets the bind left
+            c.mem_release(mem).unwrap();
+            c.id_release(id, 2).unwrap();
+            for call in [
+                crate::Call::MulticastGetGranularity,
+                crate::Call::MulticastCreate,
+                crate::Call::MulticastBindMem,
+                crate::Call::MulticastUnbind,
+            ] {
+                assert_eq!(model.calls(call), 0, "{call}");
+            }
+            assert!(model.live().is_empty());
+            assert!(model.violations().is_empty());
         }
     }
 }

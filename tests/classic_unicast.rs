@@ -1,0 +1,362 @@
+//! Unicast endpoints on the classic fallback (`driver::Classic`) for the
+//! portable data path (issue 19, item 7's setting: a 13.0 driver whose
+//! devices do *not* report `MULTICAST_SUPPORTED`, as the lent H200): they
+//! are process-local bookkeeping, so the whole unicast lifecycle, export and
+//! import included, makes no `cuLogicalEndpoint*` call and no `cuMulticast*`
+//! call at all, and the bytes move only by `cuMemcpyAsync` through windows.
+//! Every byte is checked, the model's violation log stays empty and nothing
+//! leaks, in one process and across two model processes sharing memory by
+//! POSIX descriptor.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cuda_endpoints::bootstrap::Threads;
+use cuda_endpoints::driver::{Classic, Family, Traced};
+use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
+use cuda_endpoints::team::{self, PeerSpec};
+use cuda_endpoints::{
+    Allocation, Call, Context, CopyBatch, CopyPath, Endpoint, Error, Exportable, FabricHandle,
+    Feature, Mapped, PosixFd, Ready, Spec, Stream, Unicast,
+};
+
+const ALIGN: u64 = 2 << 20;
+const T: Duration = Duration::from_secs(5);
+
+/// The lent H200's driver on the model: 13.0, no logical endpoints, no
+/// classic multicast (attribute 132 = 0).
+fn h200_like(devices: usize) -> ModelConfig {
+    let mut c = ModelConfig::cuda_13_0(devices);
+    c.driver_version = 13000;
+    c
+}
+
+/// The classic fallback over a traced `model`: the context and the trace of
+/// what reached the model.
+fn classic_over(model: &Model) -> (Context, Arc<Traced<Model>>) {
+    let traced = Arc::new(Traced::new(model.clone()));
+    (Context::new(Classic::new(traced.clone())), traced)
+}
+
+/// `n` bytes that differ from their neighbours and from other seeds'.
+fn pattern(seed: u8, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i % 251) as u8 ^ seed.wrapping_mul(37))
+        .collect()
+}
+
+/// Nothing but VMM, base and stream calls reached the driver: no
+/// `cuLogicalEndpoint*`, no `cuMulticast*` (in particular no
+/// `cuMulticastCreate`), no fabric copy.
+#[track_caller]
+fn only_portable_calls(t: &Traced<Model>) {
+    let calls = t.calls();
+    assert!(!calls.is_empty());
+    for c in &calls {
+        assert_ne!(
+            c.family(),
+            Family::LogicalEndpoint,
+            "{c} reached the driver"
+        );
+        assert!(
+            !c.name().starts_with("cuMulticast"),
+            "{c} reached the driver"
+        );
+        assert_ne!(*c, Call::FabricCpyBatchAsync);
+    }
+    assert!(!t.reached(Call::MulticastCreate));
+}
+
+fn mapped_fd(ctx: &Context, dev: i32) -> Mapped<PosixFd> {
+    Allocation::<PosixFd>::on_device(ctx, dev, ALIGN)
+        .unwrap()
+        .map(&[dev])
+        .unwrap()
+}
+
+#[test]
+fn classic_unicast_put_and_get_in_one_process_move_every_byte_through_cu_memcpy_async() {
+    let model = Model::new(h200_like(1));
+    let (ctx, trace) = classic_over(&model);
+    assert_eq!(ctx.copy_path(), CopyPath::Portable);
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, 2 * ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    assert_eq!(ep.bind_alignment(), ALIGN); // the VMM granularity
+    let owner = mapped_fd(&ctx, 0);
+    let bound = ep.bind(0, ALIGN, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let bytes = pattern(1, 65536);
+    let offset = ALIGN + 4096;
+    stream
+        .enqueue(CopyBatch::new().put_host(bytes.clone(), &ep, offset))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(model.read(owner.device_ptr() + 4096, 65536).unwrap(), bytes);
+    let got = stream
+        .enqueue(CopyBatch::new().get_host(&ep, offset + 3, 1000))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(got.received, vec![bytes[3..1003].to_vec()]);
+    assert_eq!(trace.count(Call::MemcpyAsync), 2);
+    // Nothing bound below ALIGN: no window, refused before the driver.
+    let e = stream
+        .enqueue(CopyBatch::new().put_host(vec![1; 64], &ep, 0))
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::CopyNotBound { .. } | Error::CopyNoWindow { .. }),
+        "{e}"
+    );
+    // The fabric copy stays refused on this backend, before the driver.
+    ctx.set_copy_path(CopyPath::Fabric);
+    let e = stream
+        .enqueue(CopyBatch::new().put_host(vec![1; 64], &ep, offset))
+        .unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    ctx.set_copy_path(CopyPath::Portable);
+    drop(stream);
+    bound.unbind().unwrap();
+    ep.destroy().unwrap().release().unwrap();
+    drop(owner);
+    only_portable_calls(&trace);
+    common::clean(&ctx, &model);
+}
+
+#[test]
+fn classic_unicast_refuses_counted_ops_and_memory_on_another_device() {
+    let model = Model::new(h200_like(2));
+    let (ctx, trace) = classic_over(&model);
+    let e = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN).counted_ops())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::FeatureMissing { attribute: 155, .. }
+                | Error::Unsupported {
+                    feature: Feature::UnicastOnClassic,
+                    ..
+                }
+        ),
+        "{}",
+        e.error
+    );
+    let ep = e
+        .value
+        .create(Spec::unicast(1, ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    // R5.5: memory of device 0 on an endpoint owned by device 1.
+    let elsewhere = Allocation::<PosixFd>::on_device(&ctx, 0, ALIGN).unwrap();
+    let e = ep.bind(1, 0, &elsewhere).unwrap_err();
+    assert!(matches!(e, Error::MemoryOnWrongDevice { .. }), "{e}");
+    // R5.2: only the owner binds.
+    let e = ep.bind(0, 0, &elsewhere).unwrap_err();
+    assert!(matches!(e, Error::WrongDevice { .. }), "{e}");
+    // By handle, the record is the binding; dropped with the endpoint.
+    let mine = Allocation::<PosixFd>::on_device(&ctx, 1, ALIGN).unwrap();
+    std::mem::forget(ep.bind(1, 0, &mine).unwrap());
+    drop(mine); // kept alive by the endpoint (R7.2)
+    assert_eq!(model.live().allocations, 2);
+    ep.destroy().unwrap().release().unwrap();
+    drop(elsewhere);
+    only_portable_calls(&trace);
+    common::clean(&ctx, &model);
+}
+
+/// One process of the two: its own exportable unicast endpoint with memory
+/// bound, and what the other needs to reach it.
+struct Side {
+    ctx: Context,
+    trace: Arc<Traced<Model>>,
+    dev: i32,
+    ep: Endpoint<Ready, Unicast<Exportable>>,
+    mem: Mapped<PosixFd>,
+}
+
+#[test]
+fn two_classic_processes_put_into_and_get_from_each_other_through_posix_fd_windows() {
+    let a = Model::fabric(FabricConfig::single(h200_like(1)));
+    let b = a.spawn_process();
+    let sides: Vec<Side> = [&a, &b]
+        .into_iter()
+        .map(|m| {
+            // Both processes on GPU 0, as on the lent H200.
+            let (ctx, trace) = classic_over(m);
+            let ep = ctx
+                .reserve_one()
+                .unwrap()
+                .create(Spec::unicast(0, ALIGN).exportable())
+                .unwrap()
+                .wait(T)
+                .unwrap();
+            let mem = mapped_fd(&ctx, 0);
+            Side {
+                ctx,
+                trace,
+                dev: 0,
+                ep,
+                mem,
+            }
+        })
+        .collect();
+    let bindings: Vec<_> = sides
+        .iter()
+        .map(|s| s.ep.bind(s.dev, 0, &s.mem).unwrap())
+        .collect();
+    // Each imports the other's endpoint (a ticket: bookkeeping) and its
+    // memory (by POSIX descriptor), maps it, and registers the window.
+    let peers: Vec<_> = (0..2)
+        .map(|me| {
+            let (mine, theirs) = (&sides[me], &sides[1 - me]);
+            let h = FabricHandle::<Unicast<Exportable>>::from_bytes(
+                &theirs.ep.export().unwrap().to_bytes(),
+            )
+            .unwrap();
+            let ep = mine
+                .ctx
+                .reserve_one()
+                .unwrap()
+                .import(&h)
+                .unwrap()
+                .wait(T)
+                .unwrap();
+            let fd = theirs.mem.export_fd().unwrap();
+            let window = Allocation::<PosixFd>::import_fd(&mine.ctx, &fd, ALIGN)
+                .unwrap()
+                .map(&[mine.dev])
+                .unwrap();
+            drop(fd);
+            ep.add_peer_window(1 - me as u32, theirs.dev, 0, &window)
+                .unwrap();
+            drop(window); // the endpoint keeps the mapping
+            ep
+        })
+        .collect();
+    for me in 0..2 {
+        let (mine, theirs) = (&sides[me], &sides[1 - me]);
+        let other = if me == 0 { &b } else { &a };
+        assert_eq!(mine.ctx.copy_path(), CopyPath::Portable);
+        let stream = Stream::new(&mine.ctx, mine.dev).unwrap();
+        let bytes = pattern(10 + me as u8, 65536);
+        let offset = 4096 * (1 + me as u64);
+        stream
+            .enqueue(CopyBatch::new().put_host(bytes.clone(), &peers[me], offset))
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(
+            other
+                .read(theirs.mem.device_ptr() + offset, bytes.len())
+                .unwrap(),
+            bytes,
+            "the owner sees every byte in the memory it bound"
+        );
+        let got = stream
+            .enqueue(CopyBatch::new().get_host(&peers[me], offset, 65536))
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(got.received, vec![bytes]);
+    }
+    drop(peers);
+    drop(bindings);
+    for s in sides {
+        assert!(s.ctx.take_teardown_errors().is_empty());
+        assert!(s.trace.count(Call::MemcpyAsync) >= 2);
+        only_portable_calls(&s.trace);
+        drop(s);
+    }
+    assert!(a.live().is_empty() && b.live().is_empty());
+    common::fabric_idle(&a);
+}
+
+#[test]
+fn unicast_peers_come_up_on_the_classic_fallback_and_copy_through_windows() {
+    let root = Model::new(h200_like(2));
+    let procs = [root.clone(), root.spawn_process()];
+    // The bring-up on every rank (a thread each, one simulated process each).
+    let ranks: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = procs
+            .iter()
+            .zip(Threads::new(2))
+            .enumerate()
+            .map(|(rank, (m, boot))| {
+                s.spawn(move || {
+                    let (ctx, trace) = classic_over(m);
+                    let spec = PeerSpec::new(rank as i32, ALIGN).timeout(T);
+                    let peers = team::unicast_peers(&ctx, &boot, &spec)
+                        .expect("bring-up on the classic fallback");
+                    (ctx, trace, peers)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    });
+    let mems: Vec<_> = ranks
+        .iter()
+        .enumerate()
+        .map(|(r, (ctx, _, _))| mapped_fd(ctx, r as i32))
+        .collect();
+    let bindings: Vec<_> = ranks
+        .iter()
+        .zip(&mems)
+        .enumerate()
+        .map(|(r, ((_, _, p), m))| p.own().bind(r as i32, 0, m).unwrap())
+        .collect();
+    for (me, (ctx, _, peers)) in ranks.iter().enumerate() {
+        let other = 1 - me;
+        let fd = mems[other].export_fd().unwrap();
+        let window = Allocation::<PosixFd>::import_fd(ctx, &fd, ALIGN)
+            .unwrap()
+            .map(&[me as i32])
+            .unwrap();
+        let ep = peers.peer(other).expect("the peer's endpoint");
+        ep.add_peer_window(other as u32, other as i32, 0, &window)
+            .unwrap();
+        drop((window, fd));
+        let stream = Stream::new(ctx, me as i32).unwrap();
+        let bytes = pattern(20 + me as u8, 8192);
+        let got = stream
+            .enqueue(CopyBatch::new().put_host(bytes.clone(), ep, 512))
+            .unwrap()
+            .wait()
+            .unwrap();
+        drop(got);
+        assert_eq!(
+            procs[other]
+                .read(mems[other].device_ptr() + 512, 8192)
+                .unwrap(),
+            bytes
+        );
+        let got = stream
+            .enqueue(CopyBatch::new().get_host(ep, 512, 8192))
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(got.received, vec![bytes]);
+    }
+    drop(bindings);
+    drop(mems);
+    for (ctx, trace, peers) in ranks {
+        drop(peers);
+        only_portable_calls(&trace);
+        assert!(ctx.take_teardown_errors().is_empty());
+    }
+    assert!(root.live_node().is_empty(), "{:?}", root.live_node());
+    assert!(root.violations().is_empty(), "{:?}", root.violations());
+}
