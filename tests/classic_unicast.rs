@@ -298,7 +298,7 @@ fn unicast_peers_come_up_on_the_classic_fallback_and_copy_through_windows() {
                     let spec = PeerSpec::new(rank as i32, ALIGN).timeout(T);
                     let peers = team::unicast_peers(&ctx, &boot, &spec)
                         .expect("bring-up on the classic fallback");
-                    (ctx, trace, peers)
+                    (ctx, trace, peers, boot)
                 })
             })
             .collect();
@@ -310,15 +310,28 @@ fn unicast_peers_come_up_on_the_classic_fallback_and_copy_through_windows() {
     let mems: Vec<_> = ranks
         .iter()
         .enumerate()
-        .map(|(r, (ctx, _, _))| mapped_fd(ctx, r as i32))
+        .map(|(r, (ctx, _, _, _))| mapped_fd(ctx, r as i32))
         .collect();
     let bindings: Vec<_> = ranks
         .iter()
         .zip(&mems)
         .enumerate()
-        .map(|(r, ((_, _, p), m))| p.own().bind(r as i32, 0, m).unwrap())
+        .map(|(r, ((_, _, p, _), m))| p.own().bind(r as i32, 0, m).unwrap())
         .collect();
-    for (me, (ctx, _, peers)) in ranks.iter().enumerate() {
+    // Every rank bound: the ranks agree on it (R13.3) before any copy.
+    let agreed: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|(_, _, peers, boot)| {
+                s.spawn(move || peers.agree_bound(boot, T).expect("every rank bound"))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    });
+    for (me, ((ctx, _, _, _), peers)) in ranks.iter().zip(&agreed).enumerate() {
         let other = 1 - me;
         let fd = mems[other].export_fd().unwrap();
         let window = Allocation::<PosixFd>::import_fd(ctx, &fd, ALIGN)
@@ -350,9 +363,10 @@ fn unicast_peers_come_up_on_the_classic_fallback_and_copy_through_windows() {
             .unwrap();
         assert_eq!(got.received, vec![bytes]);
     }
+    drop(agreed);
     drop(bindings);
     drop(mems);
-    for (ctx, trace, peers) in ranks {
+    for (ctx, trace, peers, _) in ranks {
         drop(peers);
         only_portable_calls(&trace);
         assert!(ctx.take_teardown_errors().is_empty());
