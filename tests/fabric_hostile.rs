@@ -150,11 +150,12 @@ fn child_role() {
                 use std::os::unix::fs::PermissionsExt;
                 std::fs::metadata(p).unwrap().permissions().mode() & 0o777
             };
-            let dir = server.socket().parent().unwrap();
-            say(
-                "modes",
-                &format!("{:o} {:o}", mode(dir), mode(server.socket())),
-            );
+            let dir = server.socket().parent().unwrap().to_path_buf();
+            let modes = format!("{:o} {:o}", mode(&dir), mode(server.socket()));
+            // Gone before the parent hears: nothing is left behind.
+            drop(server);
+            assert!(!dir.exists());
+            say("modes", &modes);
         }
         other => panic!("unknown role {other}"),
     }
@@ -378,8 +379,14 @@ fn the_fabric_directory_and_socket_are_private_under_umask_000() {
             "-q",
         ])
         .stdout(Stdio::piped());
-    let kid = Kid::spawn("modes", "modes", Some(cmd), &[]);
-    assert_eq!(kid.expect("modes"), "700 600");
+    let Kid {
+        _child: mut child,
+        lines,
+        ..
+    } = Kid::spawn("modes", "modes", Some(cmd), &[]);
+    assert_eq!(lines.expect("modes", T), "700 600");
+    let status = child.wait_until(Instant::now() + T);
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
 }
 
 /// Item 12: a fabric that served a hundred short-lived processes keeps no
