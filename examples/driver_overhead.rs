@@ -7,7 +7,8 @@
 //! cargo build --release --example driver_overhead
 //! target/release/examples/driver_overhead [iterations]
 //! ```
-//! Needs `libcuda`; prints "skipped: no driver" without one. Makes no
+//! Needs `libcuda`; prints "skipped: no driver" and exits 2 (not run)
+//! without one. Makes no
 //! endpoint and no multicast object.
 
 use std::ffi::c_void;
@@ -43,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(ctx) => ctx,
         Err(e) => {
             println!("skipped: no driver ({e})");
-            return Ok(());
+            std::process::exit(2);
         }
     };
     // SAFETY: loading the system's libcuda, as the backend does.

@@ -9,7 +9,8 @@
 //! cargo run --example probe -- --model=13.0 # the model of a CUDA 13.0 machine (no logical endpoints)
 //! ```
 //!
-//! Without a driver it prints one line saying so and exits 0.
+//! Without a driver it prints one line saying so and exits 2 (not run:
+//! distinct from a pass and from a failure).
 
 use std::process::ExitCode;
 
@@ -29,7 +30,7 @@ fn main() -> ExitCode {
             Ok(ctx) => ctx,
             Err(Error::NoDriver { reason }) => {
                 println!("no CUDA driver on this machine ({reason}); try `--model`");
-                return ExitCode::SUCCESS;
+                return ExitCode::from(2);
             }
             Err(e) => {
                 eprintln!("error: {e}");

@@ -383,8 +383,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let addr = match target {
             Target::Addr(ptr) => match ptr.checked_add(mem_offset) {
                 Some(a) => Some((Arg::DeviceAddress, a, u64::MAX)),
-                // Only a mapping's address has an offset: the base came
-                // from `cuMemAddressReserve`.
+                // The caller's offset past the memory: out of range, the
+                // caller's error (R5.4), whatever the base.
+                None if mem_offset.checked_add(size).is_none_or(|e| e > mem_size) => {
+                    return Err(out(Extent::Allocation, mem_offset, mem_size));
+                }
+                // An offset within the memory that overflows the address:
+                // the base came from `cuMemAddressReserve`.
                 None => {
                     return Err(Error::BadAnswer {
                         call: Call::MemAddressReserve,

@@ -13,6 +13,9 @@
 //!   model fabric, the classic fallback.
 //! - [`backends`]: the reference model and the real driver, how the backend
 //!   is chosen on a real machine, and the wrappers and switches for it.
+//! - [`security`]: what the TCP bootstrap and `FdExchange` trust, what the
+//!   model fabric is (a test tool on one machine) and what it promises
+//!   anyway.
 //! - [`guarantees`]: what the crate promises (no leak, no hang, no undefined
 //!   behaviour from safe code, every driver error surfaced) and the test
 //!   that proves each promise.
@@ -274,6 +277,9 @@ pub mod backends {}
 
 #[doc = include_str!("guide/guarantees.md")]
 pub mod guarantees {}
+
+#[doc = include_str!("guide/security.md")]
+pub mod security {}
 
 #[doc = include_str!("contract.md")]
 pub mod contract {}

@@ -89,14 +89,20 @@ impl<K: Kind, M: BindSource> BoundEndpoint<K, M> {
         self.bindings.iter().map(BindingRecord::device).collect()
     }
 
-    /// Unbinds everything and hands back the endpoint and the memory,
-    /// returning the first unbind error.
+    /// Unbinds everything and hands back the endpoint and the memory —
+    /// also when an unbind fails.
     ///
     /// # Errors
-    /// The first failed unbind ([`Error::Driver`]). The endpoint keeps alive
-    /// what stayed bound until it is destroyed (R7.2), so the memory
-    /// returned may not be freed at once.
-    pub fn unbind_all(mut self) -> Result<(Endpoint<Ready, K>, Vec<M>), Error> {
+    /// The first failed unbind ([`Error::Driver`]), with the endpoint and
+    /// the memory in [`Failed::value`]: the endpoint keeps alive what stayed
+    /// bound until it is destroyed (R7.2), so that memory may not be freed
+    /// at once.
+    // The error hands back by value what the caller owns, as every `Failed`
+    // does; it is the failure path.
+    #[allow(clippy::type_complexity, clippy::result_large_err)]
+    pub fn unbind_all(
+        mut self,
+    ) -> Result<(Endpoint<Ready, K>, Vec<M>), Failed<(Endpoint<Ready, K>, Vec<M>)>> {
         let first = self.unbind_now();
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never used or dropped again; each field is moved
@@ -106,10 +112,10 @@ impl<K: Kind, M: BindSource> BoundEndpoint<K, M> {
         // SAFETY: as above; `bindings` is empty after `unbind_now`.
         drop(unsafe { std::ptr::read(&me.bindings) });
         match first {
-            Some(e) => {
-                drop((endpoint, memory));
-                Err(e)
-            }
+            Some(error) => Err(Failed {
+                error,
+                value: (endpoint, memory),
+            }),
             None => Ok((endpoint, memory)),
         }
     }

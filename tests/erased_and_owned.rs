@@ -111,3 +111,41 @@ fn bound_endpoint_owns_endpoint_and_memory_and_tears_down_in_order() {
     drop(mem);
     assert!(model.live().is_empty(), "{:?}", model.live());
 }
+
+/// Issue 21, item 10: when an unbind fails, `unbind_all` still hands the
+/// endpoint and the memory back (with the error), as its docs promise.
+#[test]
+fn unbind_all_with_a_failing_unbind_hands_back_the_endpoint_and_the_memory() {
+    use cuda_endpoints::model::{Fault, FaultPlan};
+    use cuda_endpoints::{Call, Code};
+    let (ctx, model) = Context::model(Default::default());
+    let ep = ctx
+        .reserve_one()
+        .expect("reserve")
+        .create(Spec::unicast(0, 2 << 20))
+        .expect("create")
+        .wait(Duration::from_secs(1))
+        .expect("wait");
+    let mut w = ep.into_bound();
+    w.bind(
+        0,
+        0,
+        Allocation::<Private>::on_device(&ctx, 0, 2 << 20).expect("alloc"),
+    )
+    .expect("bind");
+    model.set_faults(FaultPlan::none().with(Fault::nth(Call::Unbind, 1, Code::NOT_PERMITTED)));
+    let failed = w.unbind_all().expect_err("the planned unbind failure");
+    assert_eq!(
+        failed.error.code(),
+        Some(Code::NOT_PERMITTED),
+        "{}",
+        failed.error
+    );
+    let (ep, mem) = failed.value;
+    assert_eq!(mem.len(), 1);
+    // The endpoint is still there to destroy, which unbinds what stayed.
+    assert_eq!(model.live().endpoints, 1);
+    ep.destroy().expect("destroy").release().expect("release");
+    drop(mem);
+    assert!(model.live().is_empty(), "{:?}", model.live());
+}

@@ -196,12 +196,14 @@ fn a_gap_in_one_range_in_id_order_makes_two_runs() {
     common::clean(&w.ctx, &w.model);
 }
 
-/// The wait's bound (module doc of `ready`): its clock starts at the first
-/// query that answers "not ready", so a wait for 50 000 gapped, never-ready
-/// endpoints (25 000 queries a poll) overruns a 1 ms timeout by at most one
-/// poll, and `Error::Timeout` reports the time actually waited.
+/// The wait's bound (module doc of `ready`), in what no load can change: a
+/// wait for 50 000 gapped, never-ready endpoints (25 000 queries a poll)
+/// never ends before its timeout on its own clock, reports no more time
+/// than passed and exactly the polls it made (each poll as many queries),
+/// and a zero timeout polls once. How far it overruns in time
+/// depends on the machine's load: no assertion here (issue 21, item 13).
 #[test]
-fn a_wait_overruns_its_timeout_by_at_most_one_poll_and_reports_the_time_waited() {
+fn a_wait_never_ends_before_its_timeout_and_reports_its_polls_and_the_time_waited() {
     use cuda_endpoints::{Error, SpreadTeam};
     use std::time::Instant;
     let mut config = ModelConfig::node(2);
@@ -222,11 +224,20 @@ fn a_wait_overruns_its_timeout_by_at_most_one_poll_and_reports_the_time_waited()
         })
         .step_by(2)
         .collect();
-    // One poll's time: a zero timeout polls once.
-    let t0 = Instant::now();
-    eps = wait_all(eps, Duration::ZERO).unwrap_err().value;
-    let poll = t0.elapsed();
+    use cuda_endpoints::Call;
+    // A zero timeout polls once.
+    let before = model.calls(Call::Query);
+    let f = wait_all(eps, Duration::ZERO).unwrap_err();
+    let Error::Timeout { polls, .. } = f.error else {
+        panic!("{}", f.error);
+    };
+    eps = f.value;
+    assert_eq!(polls, 1);
+    // What one poll queries (one query per run of ids).
+    let per_poll = model.calls(Call::Query) - before;
+    assert!(per_poll > 0);
     for timeout in [Duration::from_millis(1), Duration::from_millis(20)] {
+        let before = model.calls(Call::Query);
         let t0 = Instant::now();
         let f = wait_all(eps, timeout).unwrap_err();
         let elapsed = t0.elapsed();
@@ -234,18 +245,12 @@ fn a_wait_overruns_its_timeout_by_at_most_one_poll_and_reports_the_time_waited()
             panic!("{}", f.error);
         };
         eps = f.value;
-        // Slack for a shared machine: a poll may take twice the one timed.
-        let slack = 2 * poll + Duration::from_millis(10);
+        // Order facts, true at any load: never early, never more than passed.
         assert!(waited >= timeout, "{waited:?} < {timeout:?}");
         assert!(waited <= elapsed, "{waited:?} > {elapsed:?}");
-        assert!(
-            elapsed - waited < slack,
-            "{elapsed:?} waited, {waited:?} reported"
-        );
-        assert!(
-            elapsed < timeout + slack,
-            "{elapsed:?} for {timeout:?} ({polls} polls of {poll:?})"
-        );
+        // Every poll it reports it made, each as many queries as the first.
+        assert!(polls >= 1, "{polls}");
+        assert_eq!(model.calls(Call::Query) - before, polls * per_poll);
     }
     drop(eps);
     common::clean(&ctx, &model);

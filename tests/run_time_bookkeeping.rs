@@ -748,3 +748,34 @@ fn feature_missing(
     ) && text.contains(&format!("device {device}"))
         && text.contains(&format!("attribute {attribute} = 0"))
 }
+
+/// Issue 21, item 11: a caller's hostile `mem_offset` to `bind_part` on
+/// mapped memory is the caller's error (`OutOfRange`, R5.4), not an answer
+/// of `cuMemAddressReserve` the crate blames on the driver.
+#[test]
+fn a_hostile_mem_offset_on_mapped_memory_is_out_of_range_not_a_bad_driver_answer() {
+    use cuda_endpoints::{Allocation, PosixFd};
+    let model = Model::new(ModelConfig::node(1));
+    let ctx = Context::new(model.clone());
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0)], 2 * ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let mapped = Allocation::<PosixFd>::on_device(&ctx, Device(0), 2 * ALIGN)
+        .unwrap()
+        .map(&[Device(0)])
+        .unwrap();
+    // Aligned, and past the end of the address space from any mapping.
+    let hostile = u64::MAX - ALIGN + 1;
+    let e = team.bind_part(0, 0, &mapped, hostile, ALIGN).unwrap_err();
+    assert!(
+        matches!(e, Error::OutOfRange { offset, .. } if offset == hostile),
+        "{e}"
+    );
+    drop(mapped);
+    team.destroy().unwrap().release().unwrap();
+    clean(&ctx, &model);
+}

@@ -73,6 +73,10 @@ pub struct ModelConfig {
     /// Whether `cuMemCreate` with the FABRIC handle type is permitted (a
     /// machine without a fabric daemon answers `NOT_PERMITTED`).
     pub fabric_memory_permitted: bool,
+    /// Host memory, bytes: what `cuMemCreate` of host-NUMA memory may take
+    /// on this node, all processes together (`OUT_OF_MEMORY` past it); 64
+    /// GiB by default.
+    pub host_memory: u64,
 }
 
 impl ModelConfig {
@@ -84,6 +88,7 @@ impl ModelConfig {
             queries_to_ready: 2,
             max_ids: 1 << 16,
             fabric_memory_permitted: true,
+            host_memory: 64 << 30,
         }
     }
 
@@ -137,6 +142,12 @@ pub struct FabricConfig {
     /// Whether a process that joins without saying gets an IMEX channel;
     /// `true` by default.
     pub imex_channel: bool,
+    /// How long a fabric server gives a new connection for its whole hello
+    /// (10 s by default); a slower one is closed.
+    pub hello_timeout: std::time::Duration,
+    /// How many connections may be in hello at once (64 by default); a
+    /// newer one closes the oldest.
+    pub max_in_hello: usize,
 }
 
 impl FabricConfig {
@@ -145,7 +156,7 @@ impl FabricConfig {
     pub fn nodes(nodes: usize, gpus: usize) -> FabricConfig {
         FabricConfig {
             nodes: vec![ModelConfig::node(gpus); nodes.max(1)],
-            imex_channel: true,
+            ..FabricConfig::single(ModelConfig::default())
         }
     }
 
@@ -154,6 +165,8 @@ impl FabricConfig {
         FabricConfig {
             nodes: vec![config],
             imex_channel: true,
+            hello_timeout: std::time::Duration::from_secs(10),
+            max_in_hello: 64,
         }
     }
 
@@ -162,6 +175,18 @@ impl FabricConfig {
         for (i, n) in self.nodes.iter_mut().enumerate() {
             f(i, n);
         }
+        self
+    }
+
+    /// Sets how long a new connection has for its whole hello.
+    pub fn hello_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.hello_timeout = timeout;
+        self
+    }
+
+    /// Sets how many connections may be in hello at once (at least 1).
+    pub fn max_in_hello(mut self, n: usize) -> Self {
+        self.max_in_hello = n.max(1);
         self
     }
 

@@ -552,11 +552,7 @@ impl World {
         let mut out = vec![0; len];
         if let Some(a) = self.allocs.get(&alloc) {
             let data = a.data.lock().unwrap_or_else(|e| e.into_inner());
-            let off = usize::try_from(off).unwrap_or(usize::MAX);
-            let n = data.len().saturating_sub(off).min(len);
-            if n > 0 {
-                out[..n].copy_from_slice(&data[off..off + n]);
-            }
+            data.load(off, &mut out);
         }
         out
     }

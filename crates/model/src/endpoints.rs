@@ -525,10 +525,14 @@ impl World {
         }
         let mut data = [0u8; 64];
         data[..8].copy_from_slice(HANDLE_MAGIC);
-        data[8..16].copy_from_slice(&self.node_tag.to_le_bytes());
+        data[8..16].copy_from_slice(&self.secret.tag.to_le_bytes());
         data[16..24].copy_from_slice(&o.to_le_bytes());
-        let sum = fnv1a(&data[..24]);
-        data[24..32].copy_from_slice(&sum.to_le_bytes());
+        // Sealed under the fabric's key: object numbers are sequential, so
+        // without the seal any process could name any endpoint.
+        let seal = self.secret.seal(super::shareable::SEAL_ENDPOINT, o);
+        data[24..32].copy_from_slice(&seal.to_le_bytes());
+        let sum = fnv1a(&data[..32]);
+        data[32..40].copy_from_slice(&sum.to_le_bytes());
         Ok(FabricHandleBytes(data))
     }
 
@@ -539,10 +543,16 @@ impl World {
             _ => return violate(self, "R9", Code::INVALID_VALUE),
         }
         let d = &handle.0;
+        let mut o = [0u8; 8];
+        o.copy_from_slice(&d[16..24]);
+        let seal = self
+            .secret
+            .seal(super::shareable::SEAL_ENDPOINT, u64::from_le_bytes(o));
         let valid = &d[..8] == HANDLE_MAGIC
-            && d[8..16] == self.node_tag.to_le_bytes()
-            && d[24..32] == fnv1a(&d[..24]).to_le_bytes()
-            && d[32..].iter().all(|&b| b == 0);
+            && d[8..16] == self.secret.tag.to_le_bytes()
+            && d[24..32] == seal.to_le_bytes()
+            && d[32..40] == fnv1a(&d[..32]).to_le_bytes()
+            && d[40..].iter().all(|&b| b == 0);
         // R9.4: bytes this driver never issued. A process that got them
         // from a peer cannot know (the 64 bytes are opaque): the driver's
         // refusal, not a rule the caller broke (model's choice, as R12.5).

@@ -108,9 +108,11 @@ impl Fault {
         if self.call.is_some_and(|c| c != call) || self.fired >= self.times {
             return false;
         }
+        // Checked: a plan may come over the wire with any counts (a fabric
+        // client's `SetFaults`); a count at its end stays there.
         self.seen = self.seen.saturating_add(1);
         if self.seen >= self.nth {
-            self.fired += 1;
+            self.fired = self.fired.saturating_add(1);
             true
         } else {
             false
@@ -282,12 +284,30 @@ impl FaultPlan {
         self.history.back().copied()
     }
 
+    /// The plan as a fabric installs it from a peer's bytes: its history
+    /// cut to [`HISTORY`] and its random probability to its range, so that
+    /// nothing a peer sends can grow or overflow it later.
+    pub(crate) fn bounded(mut self) -> FaultPlan {
+        while self.history.len() > HISTORY {
+            self.history.pop_front();
+        }
+        self.history.shrink_to(HISTORY);
+        if let Some(r) = &mut self.random {
+            r.p = r.p.min(65536);
+            r.state |= 1;
+        }
+        self
+    }
+
     /// Whether `call` fails now, and with which code.
     pub(crate) fn check(&mut self, call: Call) -> Option<Code> {
         let code = self.draw(call)?;
-        self.fired += 1;
-        *self.per_call.entry(call).or_default() += 1;
-        if self.history.len() == HISTORY {
+        self.fired = self.fired.saturating_add(1);
+        let n = self.per_call.entry(call).or_default();
+        *n = n.saturating_add(1);
+        // `>=`, not `==`: a plan that arrived with a longer history (over
+        // the wire) shrinks to the bound here.
+        while self.history.len() >= HISTORY {
             self.history.pop_front();
         }
         self.history.push_back((call, code));
@@ -316,7 +336,9 @@ impl FaultPlan {
         r.state ^= r.state << 17;
         if ((r.state >> 16) & 0xffff) < r.p as u64 {
             let codes = allowed_codes(call);
-            Some(codes[(r.state >> 40) as usize % codes.len()])
+            codes
+                .get((r.state >> 40) as usize % codes.len().max(1))
+                .copied()
         } else {
             None
         }
@@ -400,6 +422,31 @@ mod tests {
         assert_eq!(only.check(Call::Create), None);
         assert!(only.check(Call::Query).is_some());
         assert!(FaultPlan::none().random(1, 0, &[]).is_empty());
+    }
+
+    #[test]
+    fn counts_at_their_end_saturate_instead_of_overflowing() {
+        let mut f = Fault::always(Call::Query, Code::NOT_INITIALIZED);
+        f.seen = u64::MAX;
+        f.fired = u64::MAX - 1;
+        let mut p = FaultPlan::none().with(f);
+        p.fired = u64::MAX;
+        p.per_call.insert(Call::Query, u64::MAX);
+        for _ in 0..3 {
+            assert!(p.check(Call::Query).is_some() || p.check(Call::Query).is_none());
+        }
+        assert_eq!(p.fired(), u64::MAX);
+        assert_eq!(p.fired_for(Call::Query), u64::MAX);
+    }
+
+    #[test]
+    fn a_longer_history_from_a_peer_shrinks_to_the_bound() {
+        let mut p = FaultPlan::none().with(Fault::always(Call::Query, Code::NOT_INITIALIZED));
+        p.history =
+            std::iter::repeat_n((Call::Query, Code::NOT_INITIALIZED), HISTORY * 4).collect();
+        p.check(Call::Query);
+        assert_eq!(p.history().len(), HISTORY);
+        assert_eq!(p.bounded().history().len(), HISTORY);
     }
 
     #[test]

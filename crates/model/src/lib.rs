@@ -126,9 +126,17 @@ impl Model {
         w.live_on(node)
     }
 
-    /// Every rule violation that reached the model so far, in order.
+    /// The rule violations that reached the model so far, in order: the
+    /// most recent [`MAX_VIOLATIONS`]; [`Model::violations_dropped`] counts
+    /// the older ones dropped.
     pub fn violations(&self) -> Vec<Violation> {
-        self.lock().violations.clone()
+        self.lock().violations.iter().cloned().collect()
+    }
+
+    /// How many violations were dropped from [`Model::violations`] (it
+    /// keeps the most recent [`MAX_VIOLATIONS`]).
+    pub fn violations_dropped(&self) -> u64 {
+        self.lock().violations_dropped
     }
 
     /// How many times `call` reached the model (from every process).
@@ -144,7 +152,7 @@ impl Model {
     /// Installs a fault plan: matching calls fail with the planned code before
     /// any rule is checked (the R11 codes, R5.10, R4.5).
     pub fn set_faults(&self, plan: FaultPlan) {
-        self.lock().faults = plan;
+        self.lock().faults = plan.bounded();
     }
 
     /// How many planned faults fired so far.
@@ -334,9 +342,12 @@ impl Driver for Model {
     unsafe fn mem_export(&self, handle: u64, kind: ShareableKind) -> DriverResult<ShareableHandle> {
         self.enter(Call::MemExportToShareableHandle, |w, p| {
             let token = w.shareable_export(p, handle, kind)?;
+            let tag = w.secret.tag;
             match kind {
-                ShareableKind::Fabric => Ok(ShareableHandle::Fabric(shareable::token_bytes(token))),
-                ShareableKind::PosixFd => match shareable::token_fd(token) {
+                ShareableKind::Fabric => {
+                    Ok(ShareableHandle::Fabric(shareable::token_bytes(tag, token)))
+                }
+                ShareableKind::PosixFd => match shareable::token_fd(tag, token) {
                     Ok(fd) => Ok(ShareableHandle::PosixFd(fd.into_raw_fd())),
                     Err(_) => {
                         // No descriptor left in this process: nothing exported.
@@ -361,7 +372,11 @@ impl Driver for Model {
                 ShareableHandle::PosixFd(_) => None,
                 ShareableHandle::Fabric(bytes) => shareable::bytes_token(&bytes),
             };
-            let token = token.ok_or(Code::INVALID_VALUE)?;
+            // Another fabric's (or a forged) string: not this driver's.
+            let token = token
+                .filter(|&(tag, _)| tag == w.secret.tag)
+                .ok_or(Code::INVALID_VALUE)?
+                .1;
             w.shareable_import(p, token, shared.kind())
         })
     }
@@ -490,9 +505,18 @@ impl Driver for Model {
     }
 }
 
+/// The most violations [`Model::violations`] keeps (the most recent).
+pub const MAX_VIOLATIONS: usize = 4096;
+
 /// Shorthand used by the rule files: log a violation of `rule` and fail with `code`.
 pub(crate) fn violate<T>(w: &mut World, rule: &'static str, code: Code) -> DriverResult<T> {
-    w.violations.push(Violation {
+    // Bounded: any process of a fabric can make violations, and the log
+    // must stay small enough for one reply (a victim's `violations()`).
+    while w.violations.len() >= MAX_VIOLATIONS {
+        w.violations.pop_front();
+        w.violations_dropped = w.violations_dropped.saturating_add(1);
+    }
+    w.violations.push_back(Violation {
         call: w.current,
         rule,
         code,

@@ -8,10 +8,67 @@ use crate::driver::{
     AllocationRequest, Code, Device, DriverResult, Granularity, Location, handle_bits,
 };
 
-/// Host memory behind a model allocation is only materialised (on the first
-/// write) up to this size; larger allocations read as zeros and ignore
-/// writes past it.
+/// Host memory behind a model allocation is only materialised up to this
+/// offset; past it an allocation reads as zeros and ignores writes.
 const BACKED: u64 = 64 << 20;
+
+/// The unit of [`Backing`]: what one write can make the model allocate.
+const CHUNK: u64 = 4096;
+
+/// The bytes of an allocation, sparse: a chunk of [`CHUNK`] bytes is made
+/// on the first write that touches it, so a one-byte write costs one chunk
+/// (not the allocation), and what was never written reads as zeros.
+#[derive(Debug, Default)]
+pub(crate) struct Backing {
+    chunks: std::collections::BTreeMap<u64, Box<[u8]>>,
+}
+
+impl Backing {
+    /// Writes `bytes` at `off`; what lies past `limit` (the allocation's
+    /// size, at most [`BACKED`]) is dropped.
+    pub(crate) fn store(&mut self, limit: u64, off: u64, bytes: &[u8]) {
+        let limit = limit.min(BACKED);
+        let end = off.saturating_add(bytes.len() as u64).min(limit);
+        let mut at = off;
+        while at < end {
+            let chunk = at / CHUNK;
+            let inside = at % CHUNK;
+            let n = (CHUNK - inside).min(end - at);
+            let data = self
+                .chunks
+                .entry(chunk)
+                .or_insert_with(|| vec![0; CHUNK as usize].into_boxed_slice());
+            let from = (at - off) as usize;
+            data[inside as usize..(inside + n) as usize]
+                .copy_from_slice(&bytes[from..from + n as usize]);
+            at += n;
+        }
+    }
+
+    /// Fills `out` with the bytes at `off` (zeros where never written).
+    pub(crate) fn load(&self, off: u64, out: &mut [u8]) {
+        out.fill(0);
+        let end = off.saturating_add(out.len() as u64);
+        let first = off / CHUNK;
+        for (&chunk, data) in self.chunks.range(first..) {
+            let start = chunk * CHUNK;
+            if start >= end {
+                break;
+            }
+            let from = start.max(off);
+            let to = (start + CHUNK).min(end);
+            if from < to {
+                out[(from - off) as usize..(to - off) as usize]
+                    .copy_from_slice(&data[(from - start) as usize..(to - start) as usize]);
+            }
+        }
+    }
+
+    /// How many bytes are materialised.
+    pub(crate) fn backed(&self) -> u64 {
+        self.chunks.len() as u64 * CHUNK
+    }
+}
 
 impl World {
     fn check_location(&mut self, req: &AllocationRequest) -> DriverResult<(u64, u64)> {
@@ -60,10 +117,27 @@ impl World {
             // As on the H200 test machine without a fabric daemon.
             return Err(Code::NOT_PERMITTED);
         }
-        if let Location::Device(d) = req.location {
-            let (free, _) = self.mem_info(d)?;
-            if size > free {
-                return Err(Code::OUT_OF_MEMORY);
+        match req.location {
+            Location::Device(d) => {
+                let (free, _) = self.mem_info(d)?;
+                if size > free {
+                    return Err(Code::OUT_OF_MEMORY);
+                }
+            }
+            // Host memory is limited too: the node's, all processes and
+            // NUMA nodes together.
+            Location::HostNuma(_) => {
+                let node = self.node;
+                let used: u64 = self
+                    .allocs
+                    .values()
+                    .filter(|a| {
+                        !a.imported && a.node == node && matches!(a.location, Location::HostNuma(_))
+                    })
+                    .fold(0u64, |sum, a| sum.saturating_add(a.size));
+                if used.saturating_add(size) > self.config().host_memory {
+                    return Err(Code::OUT_OF_MEMORY);
+                }
             }
         }
         let h = self.handle();
@@ -78,8 +152,8 @@ impl World {
                 size,
                 released: false,
                 users: 0,
-                // Materialised on the first write: zeroing megabytes per
-                // allocation dominated long runs that never write.
+                // Materialised chunk by chunk on the first write that
+                // touches it (`Backing`).
                 data: Default::default(),
             },
         );
@@ -280,13 +354,7 @@ impl World {
     pub(crate) fn store(&mut self, alloc: u64, off: usize, bytes: &[u8]) {
         if let Some(a) = self.allocs.get(&alloc) {
             let mut data = a.data.lock().unwrap_or_else(|e| e.into_inner());
-            if data.is_empty() {
-                data.resize(a.size.min(BACKED) as usize, 0);
-            }
-            let n = data.len().saturating_sub(off).min(bytes.len());
-            if n > 0 {
-                data[off..off + n].copy_from_slice(&bytes[..n]);
-            }
+            data.store(a.size, off as u64, bytes);
         }
     }
 
@@ -330,11 +398,28 @@ impl World {
         let mut out = vec![0; len];
         if let Some(a) = self.allocs.get(&alloc) {
             let data = a.data.lock().unwrap_or_else(|e| e.into_inner());
-            let n = data.len().saturating_sub(off).min(len);
-            if n > 0 {
-                out[..n].copy_from_slice(&data[off..off + n]);
-            }
+            data.load(off as u64, &mut out);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_one_byte_write_backs_one_chunk_and_reads_round_trip() {
+        let mut b = Backing::default();
+        b.store(64 << 20, (32 << 20) + 5, &[7]);
+        assert_eq!(b.backed(), CHUNK);
+        let mut out = [1u8; 3];
+        b.load((32 << 20) + 4, &mut out);
+        assert_eq!(out, [0, 7, 0]);
+        // Across a chunk boundary, and past the limit.
+        b.store(CHUNK + 2, CHUNK - 2, &[1, 2, 3, 4, 5, 6]);
+        let mut out = [9u8; 6];
+        b.load(CHUNK - 2, &mut out);
+        assert_eq!(out, [1, 2, 3, 4, 0, 0]);
     }
 }

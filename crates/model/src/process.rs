@@ -73,8 +73,7 @@ impl World {
         if node >= self.nodes.len() {
             return None;
         }
-        self.procs.push(Proc::new(node, fabric_access));
-        Some(self.procs.len() - 1)
+        Some(self.procs.push(Proc::new(node, fabric_access)))
     }
 
     /// Whether `pid` is a joined process that has not exited.
@@ -84,7 +83,9 @@ impl World {
 
     /// What the processes of `node` hold.
     pub fn live_on(&self, node: usize) -> Live {
-        (0..self.procs.len())
+        self.procs
+            .pids()
+            .into_iter()
             .filter(|&p| self.procs[p].node == node)
             .map(|p| self.live(p))
             .fold(Live::default(), Live::plus)
@@ -221,7 +222,13 @@ impl World {
                 _ => return violate(self, "C5", Code::INVALID_HANDLE),
             }
         };
-        let token = self.handle();
+        // A sealed number, not a sequential one: a token is a capability,
+        // and a process that was not given it cannot guess it.
+        let mut token = 0;
+        while token == 0 || self.exports.contains_key(&token) {
+            let n = self.handle();
+            token = self.secret.seal(super::shareable::SEAL_EXPORT, n);
+        }
         self.exports.insert(
             token,
             Export {
@@ -318,6 +325,35 @@ impl Model {
     /// process answer `DEINITIALIZED`; a second exit does nothing.
     pub fn exit(&self) -> Live {
         self.lock().exit_process(self.pid)
+    }
+
+    /// Drops this process's record once it exited (a fabric server's
+    /// process whose connection closed): pids are never reused, so nothing
+    /// can name it again.
+    pub(crate) fn forget(&self) {
+        self.lock().procs.forget(self.pid);
+    }
+
+    /// Host bytes the model holds behind memory, over the whole fabric:
+    /// backing is sparse (a chunk per first write that touches it).
+    pub fn backed_bytes(&self) -> u64 {
+        let w = self.lock();
+        w.allocs
+            .values()
+            .filter(|a| !a.imported)
+            .map(|a| a.data.lock().unwrap_or_else(|e| e.into_inner()).backed())
+            .fold(0, u64::saturating_add)
+    }
+
+    /// How many process records the fabric keeps: running processes, and
+    /// exited ones a fabric server has not reclaimed yet.
+    pub fn process_records(&self) -> usize {
+        self.lock().procs.len()
+    }
+
+    /// The fabric's public tag (in every handle string it makes).
+    pub(crate) fn fabric_tag(&self) -> u64 {
+        self.lock().secret.tag
     }
 
     /// Whether [`Model::exit`] ran for this process.

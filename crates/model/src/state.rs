@@ -135,6 +135,71 @@ impl Proc {
     }
 }
 
+/// The processes of a fabric by pid. A pid is never reused; the record of
+/// a process that exited is reclaimed by [`Procs::forget`] (a fabric
+/// server's process whose connection closed), so that a long-lived fabric
+/// holds records only for the processes it still has.
+#[derive(Debug, Default)]
+pub(crate) struct Procs {
+    map: BTreeMap<usize, Proc>,
+    next: usize,
+}
+
+impl Procs {
+    /// Adds a process: its pid.
+    pub fn push(&mut self, p: Proc) -> usize {
+        let pid = self.next;
+        self.next = self.next.saturating_add(1);
+        self.map.insert(pid, p);
+        pid
+    }
+
+    pub fn get(&self, pid: usize) -> Option<&Proc> {
+        self.map.get(&pid)
+    }
+
+    pub fn get_mut(&mut self, pid: usize) -> Option<&mut Proc> {
+        self.map.get_mut(&pid)
+    }
+
+    /// Every pid with a record, in order.
+    pub fn pids(&self) -> Vec<usize> {
+        self.map.keys().copied().collect()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Proc> {
+        self.map.values()
+    }
+
+    /// Drops the record of `pid` if it exited.
+    pub fn forget(&mut self, pid: usize) {
+        if self.map.get(&pid).is_some_and(|p| p.exited) {
+            self.map.remove(&pid);
+        }
+    }
+
+    /// How many records are kept.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+impl std::ops::Index<usize> for Procs {
+    type Output = Proc;
+    /// Only for the calling process, whose record exists while it runs.
+    fn index(&self, pid: usize) -> &Proc {
+        &self.map[&pid]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Procs {
+    fn index_mut(&mut self, pid: usize) -> &mut Proc {
+        self.map
+            .get_mut(&pid)
+            .expect("the calling process has a record")
+    }
+}
+
 /// A VMM allocation. Freed when the handle is released and nothing maps or
 /// binds it any more (as the driver does).
 #[derive(Debug)]
@@ -151,7 +216,7 @@ pub(crate) struct Alloc {
     pub released: bool,
     pub users: u32,
     /// The bytes, shared with every process that imported this memory.
-    pub data: Arc<Mutex<Vec<u8>>>,
+    pub data: Arc<Mutex<super::memory::Backing>>,
 }
 
 #[derive(Debug)]
@@ -221,7 +286,7 @@ pub(crate) struct World {
     pub node: usize,
     /// Whether a process that joins gets an IMEX channel unless told.
     pub imex_default: bool,
-    pub procs: Vec<Proc>,
+    pub procs: Procs,
     pub objects: HashMap<u64, EndpointObj>,
     pub allocs: HashMap<u64, Alloc>,
     pub vas: BTreeMap<u64, VaRange>,
@@ -234,9 +299,13 @@ pub(crate) struct World {
     /// The next [`Slot::attach`] (its own counter: handle numbers stay dense).
     pub next_attach: u64,
     pub next_va: u64,
-    /// Distinguishes handles of this fabric from any other fabric's.
-    pub node_tag: u64,
-    pub violations: Vec<Violation>,
+    /// This fabric's secret: its tag is in every handle string it makes
+    /// (distinguishing them from any other fabric's), its key seals them.
+    pub secret: super::shareable::Secret,
+    /// The most recent violations, at most [`crate::MAX_VIOLATIONS`].
+    pub violations: std::collections::VecDeque<Violation>,
+    /// How many older violations were dropped from `violations`.
+    pub violations_dropped: u64,
     pub calls: HashMap<Call, u64>,
     pub trace: Vec<Call>,
     pub faults: FaultPlan,
@@ -249,8 +318,6 @@ impl World {
     /// A fabric of `nodes` (at least one: an empty list becomes one default
     /// node) with no process yet.
     pub fn new(mut nodes: Vec<ModelConfig>) -> World {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NODES: AtomicU64 = AtomicU64::new(1);
         if nodes.is_empty() {
             nodes.push(ModelConfig::default());
         }
@@ -258,7 +325,7 @@ impl World {
             nodes,
             node: 0,
             imex_default: true,
-            procs: Vec::new(),
+            procs: Procs::default(),
             objects: HashMap::new(),
             allocs: HashMap::new(),
             vas: BTreeMap::new(),
@@ -268,8 +335,9 @@ impl World {
             next_handle: 1,
             next_attach: 1,
             next_va: 0x7f00_0000_0000,
-            node_tag: NODES.fetch_add(1, Ordering::Relaxed),
-            violations: Vec::new(),
+            secret: super::shareable::Secret::new(),
+            violations: Default::default(),
+            violations_dropped: 0,
             calls: HashMap::new(),
             trace: Vec::new(),
             faults: FaultPlan::none(),
@@ -342,7 +410,7 @@ impl World {
 
     pub fn live_all(&self) -> Live {
         let mut all = Live::default();
-        for pid in 0..self.procs.len() {
+        for pid in self.procs.pids() {
             let l = self.live(pid);
             all.ids += l.ids;
             all.endpoints += l.endpoints;

@@ -140,11 +140,14 @@ impl Remote {
         kind: ShareableKind,
     ) -> DriverResult<ShareableHandle> {
         let token = self.token(&Request::ExportShareable { handle, kind })?;
+        let tag = self.welcome.fabric;
         match kind {
-            ShareableKind::Fabric => Ok(ShareableHandle::Fabric(shareable::token_bytes(token))),
+            ShareableKind::Fabric => {
+                Ok(ShareableHandle::Fabric(shareable::token_bytes(tag, token)))
+            }
             // The token stays exported until the allocation is freed (as a
             // real export whose descriptor was lost): no leak once it is.
-            ShareableKind::PosixFd => shareable::token_fd(token)
+            ShareableKind::PosixFd => shareable::token_fd(tag, token)
                 .map(|fd| ShareableHandle::PosixFd(fd.into_raw_fd()))
                 .map_err(|_| Code::OUT_OF_MEMORY),
         }
@@ -165,7 +168,11 @@ impl Remote {
             ShareableHandle::PosixFd(_) => None,
             ShareableHandle::Fabric(bytes) => shareable::bytes_token(&bytes),
         };
-        let token = token.ok_or(Code::INVALID_VALUE)?;
+        // Another fabric's (or a forged) string: not this driver's.
+        let token = token
+            .filter(|&(tag, _)| tag == self.welcome.fabric)
+            .ok_or(Code::INVALID_VALUE)?
+            .1;
         self.token(&Request::ImportShareable {
             token,
             kind: shared.kind(),
@@ -174,7 +181,9 @@ impl Remote {
 
     fn ask(&self, what: &'static str, req: &Request) -> Result<Reply, FabricError> {
         match self.request(req) {
-            Ok(Reply::Refused(reason)) => Err(FabricError::Refused { reason }),
+            Ok(Reply::Refused(reason) | Reply::Failed(reason)) => {
+                Err(FabricError::Refused { reason })
+            }
             Ok(r) => Ok(r),
             Err(e) => Err(FabricError::Lost {
                 request: what,
@@ -266,13 +275,23 @@ impl Process {
         }
     }
 
-    /// Every rule violation on the fabric so far (all processes).
+    /// The rule violations on the fabric so far (all processes): the most
+    /// recent [`crate::MAX_VIOLATIONS`].
     ///
     /// # Errors
     /// As [`Process::live`].
     pub fn violations(&self) -> Result<Vec<WireViolation>, FabricError> {
+        self.violation_log().map(|(kept, _)| kept)
+    }
+
+    /// The violations kept (as [`Process::violations`]) and how many older
+    /// ones the fabric dropped.
+    ///
+    /// # Errors
+    /// As [`Process::live`].
+    pub fn violation_log(&self) -> Result<(Vec<WireViolation>, u64), FabricError> {
         match self.remote.ask("violations", &Request::Violations)? {
-            Reply::Violations(v) => Ok(v),
+            Reply::Violations { kept, dropped } => Ok((kept, dropped)),
             r => Err(unexpected("violations", r)),
         }
     }
@@ -371,7 +390,7 @@ impl Process {
     /// the file cannot be made.
     pub fn export_fd(&self, handle: u64) -> Result<OwnedFd, FabricError> {
         let token = self.export_shareable(handle, ShareableKind::PosixFd)?;
-        shareable::token_fd(token).map_err(FabricError::Descriptor)
+        shareable::token_fd(self.remote.welcome.fabric, token).map_err(FabricError::Descriptor)
     }
 
     /// Imports a descriptor made by [`Process::export_fd`] (here or, passed
@@ -383,12 +402,15 @@ impl Process {
     /// otherwise as [`Process::import_shareable`] (`INVALID_VALUE` from
     /// another node, R12.4).
     pub fn import_fd(&self, fd: BorrowedFd<'_>) -> Result<u64, FabricError> {
-        let token = shareable::fd_token(fd).ok_or_else(|| {
-            FabricError::Descriptor(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "not a descriptor exported by a model fabric",
-            ))
-        })?;
+        let token = shareable::fd_token(fd)
+            .filter(|&(tag, _)| tag == self.remote.welcome.fabric)
+            .ok_or_else(|| {
+                FabricError::Descriptor(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "not a descriptor exported by this model fabric",
+                ))
+            })?
+            .1;
         self.import_shareable(token, ShareableKind::PosixFd)
     }
 

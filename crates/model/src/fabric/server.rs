@@ -10,8 +10,10 @@
 //! Dropping it closes every connection (cleaning up each process), joins
 //! every thread and removes the socket with its temporary directory.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::{self, Read};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -44,14 +46,45 @@ pub struct ProcessExit {
     pub held: Live,
 }
 
+/// The most exits [`FabricServer::exits`] keeps (the most recent), and
+/// the most leaking ones [`FabricServer::leaks`] keeps: a fabric that
+/// serves a million short connections holds a bounded record of them.
+pub const MAX_EXITS: usize = 4096;
+
 #[derive(Default)]
 struct Book {
     streams: HashMap<u64, UnixStream>,
+    /// The connections that have not said hello yet, oldest first.
+    hello: BTreeMap<u64, UnixStream>,
     threads: Vec<JoinHandle<()>>,
     next: u64,
     running: usize,
     joined: u64,
-    exits: Vec<ProcessExit>,
+    exits: VecDeque<ProcessExit>,
+    leaks: VecDeque<ProcessExit>,
+    /// How many exits (and leaking exits) were dropped from the records.
+    exits_dropped: u64,
+    leaks_dropped: u64,
+    /// How many connections were closed for a hello that took too long or
+    /// made room for a newer one.
+    hellos_cut: u64,
+}
+
+impl Book {
+    fn record(&mut self, exit: ProcessExit) {
+        if !exit.held.is_empty() {
+            if self.leaks.len() >= MAX_EXITS {
+                self.leaks.pop_front();
+                self.leaks_dropped = self.leaks_dropped.saturating_add(1);
+            }
+            self.leaks.push_back(exit.clone());
+        }
+        if self.exits.len() >= MAX_EXITS {
+            self.exits.pop_front();
+            self.exits_dropped = self.exits_dropped.saturating_add(1);
+        }
+        self.exits.push_back(exit);
+    }
 }
 
 struct Shared {
@@ -59,6 +92,10 @@ struct Shared {
     stop: AtomicBool,
     book: Mutex<Book>,
     changed: Condvar,
+    /// The whole hello must arrive within this.
+    hello_timeout: Duration,
+    /// The most connections in hello at once; a newer one closes the oldest.
+    max_in_hello: usize,
 }
 
 impl Shared {
@@ -105,13 +142,19 @@ impl FabricServer {
     /// # Errors
     /// [`FabricError::Start`] when the directory or socket cannot be made.
     pub fn start(config: FabricConfig) -> Result<FabricServer, FabricError> {
+        use std::os::unix::fs::PermissionsExt;
+        let start = |source| FabricError::Start {
+            socket: std::env::temp_dir(),
+            source,
+        };
+        // 0700 whatever the umask: only this user reaches the socket.
         let dir = tempfile::Builder::new()
             .prefix("cuda-endpoints-fabric-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir()
-            .map_err(|source| FabricError::Start {
-                socket: std::env::temp_dir(),
-                source,
-            })?;
+            .map_err(start)?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .map_err(start)?;
         let socket = dir.path().join("fabric.sock");
         let mut server = FabricServer::start_at(config, socket)?;
         server.dir = Some(dir);
@@ -119,7 +162,9 @@ impl FabricServer {
     }
 
     /// Starts a fabric of `config` listening at `socket`, which must not
-    /// exist; the socket file is removed on drop.
+    /// exist; the socket file is removed on drop. The socket's mode is
+    /// 0600 whatever the umask (only this user may connect); its directory
+    /// is the caller's to protect.
     ///
     /// # Errors
     /// [`FabricError::Start`] when the socket cannot be bound.
@@ -132,7 +177,17 @@ impl FabricServer {
             socket: socket.clone(),
             source,
         })?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(0o600);
+            if let Err(source) = std::fs::set_permissions(&socket, mode) {
+                let _ = std::fs::remove_file(&socket);
+                return Err(FabricError::Start { socket, source });
+            }
+        }
         let shared = Arc::new(Shared {
+            hello_timeout: config.hello_timeout,
+            max_in_hello: config.max_in_hello.max(1),
             world: Model::fabric_observer(config),
             stop: AtomicBool::new(false),
             book: Mutex::new(Book::default()),
@@ -203,19 +258,32 @@ impl FabricServer {
         self.shared.book().running
     }
 
-    /// Every process that left, in order, with what it still held.
+    /// The processes that left, in order, with what each still held: the
+    /// most recent [`MAX_EXITS`] ([`FabricServer::exits_dropped`] counts
+    /// the older ones).
     pub fn exits(&self) -> Vec<ProcessExit> {
-        self.shared.book().exits.clone()
+        self.shared.book().exits.iter().cloned().collect()
     }
 
-    /// The processes that left holding something (leaked, or were killed).
-    pub fn leaks(&self) -> Vec<ProcessExit> {
+    /// How many exits were dropped from [`FabricServer::exits`] and from
+    /// [`FabricServer::leaks`].
+    pub fn exits_dropped(&self) -> (u64, u64) {
         let book = self.shared.book();
-        book.exits
-            .iter()
-            .filter(|e| !e.held.is_empty())
-            .cloned()
-            .collect()
+        (book.exits_dropped, book.leaks_dropped)
+    }
+
+    /// The processes that left holding something (leaked, or were killed):
+    /// the most recent [`MAX_EXITS`] of them.
+    pub fn leaks(&self) -> Vec<ProcessExit> {
+        self.shared.book().leaks.iter().cloned().collect()
+    }
+
+    /// How many connections were closed before their hello was done: too
+    /// slow (the whole hello must arrive within
+    /// [`FabricConfig::hello_timeout`]) or the oldest of more than
+    /// [`FabricConfig::max_in_hello`].
+    pub fn hellos_cut(&self) -> u64 {
+        self.shared.book().hellos_cut
     }
 
     /// Waits until no process is connected (every exit cleaned up), at
@@ -227,7 +295,10 @@ impl FabricServer {
     /// Waits until at least `n` processes have left, at most `timeout`;
     /// whether that happened.
     pub fn wait_exits(&self, n: usize, timeout: Duration) -> bool {
-        self.wait_for(timeout, |b| b.exits.len() >= n)
+        self.wait_for(timeout, |b| {
+            let total = (b.exits.len() as u64).saturating_add(b.exits_dropped);
+            total >= n as u64
+        })
     }
 
     fn wait_for(&self, timeout: Duration, done: impl Fn(&Book) -> bool) -> bool {
@@ -296,41 +367,63 @@ fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener) {
             std::thread::sleep(Duration::from_millis(10));
             continue;
         };
-        let mut book = shared.book();
-        // Finished connections' threads: reap them as we go.
-        book.threads.retain(|t| !t.is_finished());
-        if book.streams.len() >= MAX_CONNECTIONS {
-            drop(book);
-            let mut s = &stream;
-            let _ = wire::send(
-                &mut s,
-                &Reply::Refused(format!(
-                    "the fabric serves at most {MAX_CONNECTIONS} processes"
-                )),
-            );
-            continue;
-        }
-        let id = book.next;
-        book.next = book.next.wrapping_add(1);
-        let Ok(clone) = stream.try_clone() else {
-            continue;
+        // One guard per server task: a panic while taking one connection
+        // costs that connection, never the accepting thread.
+        let _ = catch_unwind(AssertUnwindSafe(|| take(shared, stream)));
+    }
+}
+
+/// Books one new connection and starts its thread.
+fn take(shared: &Arc<Shared>, stream: UnixStream) {
+    let mut book = shared.book();
+    // Finished connections' threads: reap them as we go.
+    book.threads.retain(|t| !t.is_finished());
+    if book.streams.len() >= MAX_CONNECTIONS {
+        drop(book);
+        let mut s = &stream;
+        let _ = wire::send(
+            &mut s,
+            &Reply::Refused(format!(
+                "the fabric serves at most {MAX_CONNECTIONS} processes"
+            )),
+        );
+        return;
+    }
+    // Connections in hello are bounded: the oldest makes room (an honest
+    // hello takes microseconds, so only a stalled one is ever cut).
+    while book.hello.len() >= shared.max_in_hello {
+        let Some((_, oldest)) = book.hello.pop_first() else {
+            break;
         };
-        book.streams.insert(id, clone);
-        let s = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("fabric-conn-{id}"))
-            .spawn(move || {
-                serve(&s, stream);
-                let mut book = s.book();
-                book.streams.remove(&id);
-                drop(book);
-                s.changed.notify_all();
-            });
-        match spawned {
-            Ok(t) => book.threads.push(t),
-            Err(_) => {
-                book.streams.remove(&id);
-            }
+        let _ = oldest.shutdown(std::net::Shutdown::Both);
+        book.hellos_cut = book.hellos_cut.saturating_add(1);
+    }
+    let id = book.next;
+    book.next = book.next.wrapping_add(1);
+    let (Ok(clone), Ok(in_hello)) = (stream.try_clone(), stream.try_clone()) else {
+        return;
+    };
+    book.streams.insert(id, clone);
+    book.hello.insert(id, in_hello);
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("fabric-conn-{id}"))
+        .spawn(move || {
+            // One guard per connection: a panic in serving this process
+            // ends its connection (its exit runs in `Member`'s drop), and
+            // nothing else.
+            let _ = catch_unwind(AssertUnwindSafe(|| serve(&s, id, stream)));
+            let mut book = s.book();
+            book.streams.remove(&id);
+            book.hello.remove(&id);
+            drop(book);
+            s.changed.notify_all();
+        });
+    match spawned {
+        Ok(t) => book.threads.push(t),
+        Err(_) => {
+            book.streams.remove(&id);
+            book.hello.remove(&id);
         }
     }
 }
@@ -359,16 +452,65 @@ fn place(world: &Model, node: Option<u32>, rank: Option<u32>) -> (usize, Option<
     (0, None)
 }
 
-/// How long a new connection may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A reader that gives up at a deadline for everything it reads (each
+/// read's timeout is the time left), so that a peer trickling a byte at a
+/// time cannot stretch a bounded exchange.
+struct Deadline<'a> {
+    stream: &'a UnixStream,
+    deadline: Instant,
+}
 
-fn serve(shared: &Shared, stream: UnixStream) {
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        (&mut &*self.stream).read(buf)
+    }
+}
+
+/// A joined process: its exit (the driver's cleanup, R12.2) and its record
+/// run when this is dropped — on return, and on unwind.
+struct Member<'a> {
+    shared: &'a Shared,
+    me: Model,
+    pid: u64,
+    node: u32,
+    os_pid: u32,
+}
+
+impl Drop for Member<'_> {
+    fn drop(&mut self) {
+        let held = self.me.exit();
+        // Nothing refers to an exited process's record: reclaim it.
+        self.me.forget();
+        let mut book = self.shared.book();
+        book.running = book.running.saturating_sub(1);
+        book.record(ProcessExit {
+            pid: self.pid,
+            node: self.node,
+            os_pid: self.os_pid,
+            held,
+        });
+    }
+}
+
+fn serve(shared: &Shared, id: u64, stream: UnixStream) {
     let mut s = &stream;
-    // A peer that connects and says nothing does not hold a thread for long;
-    // once joined, a process may stay idle as long as it likes.
-    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-    let hello = wire::recv::<Request>(&mut s);
+    // A peer that connects and says nothing, or says it slowly, does not
+    // hold a thread for long: the whole hello has a deadline. Once joined,
+    // a process may stay idle as long as it likes.
+    let deadline = Instant::now()
+        .checked_add(shared.hello_timeout)
+        .unwrap_or_else(Instant::now);
+    let hello = wire::recv::<Request>(&mut Deadline {
+        stream: &stream,
+        deadline,
+    });
     let _ = stream.set_read_timeout(None);
+    let still_booked = shared.book().hello.remove(&id).is_some();
     let (node, rank, imex, os_pid) = match hello {
         Ok(Request::Hello {
             protocol,
@@ -376,7 +518,7 @@ fn serve(shared: &Shared, stream: UnixStream) {
             rank,
             imex_channel,
             os_pid,
-        }) => {
+        }) if still_booked => {
             if protocol != PROTOCOL {
                 let why = format!("protocol {protocol}, but this fabric speaks {PROTOCOL}");
                 let _ = wire::send(&mut s, &Reply::Refused(why));
@@ -384,6 +526,7 @@ fn serve(shared: &Shared, stream: UnixStream) {
             }
             (node, rank, imex_channel, os_pid)
         }
+        Ok(Request::Hello { .. }) => return,
         Ok(_) => {
             let _ = wire::send(
                 &mut s,
@@ -391,7 +534,15 @@ fn serve(shared: &Shared, stream: UnixStream) {
             );
             return;
         }
-        Err(_) => return,
+        Err(_) => {
+            if still_booked {
+                // Cut by the deadline (a hello pushed out by a newer one
+                // was counted when it was cut).
+                let mut book = shared.book();
+                book.hellos_cut = book.hellos_cut.saturating_add(1);
+            }
+            return;
+        }
     };
     let world = &shared.world;
     let (node, device) = place(world, node, rank);
@@ -407,35 +558,47 @@ fn serve(shared: &Shared, stream: UnixStream) {
         devices: u32::try_from(world.node_devices(node).unwrap_or(0)).unwrap_or(u32::MAX),
         device,
         imex_channel: me.fabric_access(),
+        fabric: world.fabric_tag(),
     };
     {
         let mut book = shared.book();
         book.running += 1;
         book.joined += 1;
     }
-    if wire::send(&mut s, &Reply::Welcome(welcome)).is_ok() {
-        loop {
-            let reply = match wire::recv::<Request>(&mut s) {
-                Ok(req) => answer(&me, req),
-                Err(FrameError::Closed | FrameError::Io(_)) => break,
-                Err(e) => Reply::Refused(e.to_string()),
-            };
-            let end = matches!(reply, Reply::Refused(_));
-            if wire::send(&mut s, &reply).is_err() || end {
-                break;
-            }
-        }
-    }
-    // The process is gone: the driver's cleanup (R12.2).
-    let held = me.exit();
-    let mut book = shared.book();
-    book.running = book.running.saturating_sub(1);
-    book.exits.push(ProcessExit {
+    let member = Member {
+        shared,
+        me,
         pid: welcome.pid,
         node: welcome.node,
         os_pid,
-        held,
-    });
+    };
+    if wire::send(&mut s, &Reply::Welcome(welcome)).is_err() {
+        return;
+    }
+    loop {
+        let reply = match wire::recv::<Request>(&mut s) {
+            Ok(req) => answer(&member.me, req),
+            Err(FrameError::Closed | FrameError::Io(_)) => break,
+            Err(e) => Reply::Refused(e.to_string()),
+        };
+        let end = matches!(reply, Reply::Refused(_));
+        match wire::send(&mut s, &reply) {
+            Ok(()) => {}
+            // An answer too large for a frame is this request's failure,
+            // not the process's end.
+            Err(FrameError::TooLarge(n)) => {
+                let why = format!("the answer ({n} bytes) does not fit a frame");
+                if wire::send(&mut s, &Reply::Failed(why)).is_err() {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+        if end {
+            break;
+        }
+    }
+    // `member` drops here: the process is gone, the driver cleans up.
 }
 
 fn answer(me: &Model, req: Request) -> Reply {
@@ -444,8 +607,9 @@ fn answer(me: &Model, req: Request) -> Reply {
         Request::Call(call) => Reply::Call(calls::dispatch(me, call)),
         Request::Live => Reply::Live(me.live()),
         Request::LiveFabric => Reply::LiveFabric(me.live_fabric()),
-        Request::Violations => Reply::Violations(
-            me.violations()
+        Request::Violations => Reply::Violations {
+            kept: me
+                .violations()
                 .into_iter()
                 .map(|v| WireViolation {
                     call: v.call.name().to_string(),
@@ -453,9 +617,10 @@ fn answer(me: &Model, req: Request) -> Reply {
                     code: v.code,
                 })
                 .collect(),
-        ),
+            dropped: me.violations_dropped(),
+        },
         Request::Read { ptr, len } => {
-            let len = len as usize;
+            let len = usize::try_from(len).unwrap_or(usize::MAX);
             if len > MAX_MEMORY_IO {
                 return Reply::Bytes(Err(Code::INVALID_VALUE));
             }

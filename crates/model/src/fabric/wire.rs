@@ -15,7 +15,7 @@ use crate::driver::{Code, Device};
 use crate::{FabricLive, FaultPlan, Live, ShareableKind};
 
 /// The protocol version a client and server must agree on in [`Request::Hello`].
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// The largest frame either side reads or writes, bytes.
 pub const MAX_FRAME: usize = (1 << 20) + 4096;
@@ -111,6 +111,9 @@ pub struct Welcome {
     pub device: Option<Device>,
     /// Whether it has an IMEX channel.
     pub imex_channel: bool,
+    /// The fabric's tag, which every descriptor and fabric handle string
+    /// of this fabric carries (strings of another fabric are refused).
+    pub fabric: u64,
 }
 
 /// A rule violation as it crosses the wire.
@@ -136,8 +139,15 @@ pub enum Reply {
     Live(Live),
     /// Leak counters of the fabric.
     LiveFabric(FabricLive),
-    /// Violations.
-    Violations(Vec<WireViolation>),
+    /// Violations: the most recent ones the model keeps, and how many
+    /// older ones it dropped (the log is bounded, so that this reply always
+    /// fits a frame).
+    Violations {
+        /// The violations kept, in order.
+        kept: Vec<WireViolation>,
+        /// How many older ones were dropped.
+        dropped: u64,
+    },
     /// Bytes read, or the code.
     Bytes(Result<Vec<u8>, Code>),
     /// A handle or token, or the code.
@@ -154,6 +164,9 @@ pub enum Reply {
     },
     /// The request was not understood or not allowed; the connection ends.
     Refused(String),
+    /// The request could not be answered (its answer would not fit a
+    /// frame); the connection stays.
+    Failed(String),
 }
 
 /// Why a frame could not be read.
