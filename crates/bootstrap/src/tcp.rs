@@ -180,6 +180,51 @@ impl Tcp {
         Ok((id.clone(), TcpRoot { listener, id }))
     }
 
+    /// The bootstrap of this rank of a job started by a launcher
+    /// (`cuda-endpoints-fabric -n N -- ./app`): reads the rank
+    /// ([`RANK_ENV`](crate::RANK_ENV)), the size ([`SIZE_ENV`](crate::SIZE_ENV))
+    /// and the unique id ([`UNIQUE_ID_ENV`](crate::UNIQUE_ID_ENV)); rank 0
+    /// listens on the id's address (the launcher picked a free loopback
+    /// port) and admits the others, which join. Every step within `timeout`.
+    ///
+    /// # Errors
+    /// [`BootstrapError::InvalidId`] for a variable unset or unparsable;
+    /// those of [`Tcp::root`], [`TcpRoot::accept`] and [`Tcp::join`].
+    pub fn from_env(timeout: Duration) -> Result<Tcp, BootstrapError> {
+        use super::error::IdProblem;
+        let number = |var: &'static str| {
+            let v = std::env::var(var).map_err(|_| BootstrapError::InvalidId {
+                what: IdProblem::Unset { var },
+            })?;
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| BootstrapError::InvalidId {
+                    what: IdProblem::Syntax { part: var },
+                })
+        };
+        let (rank, size) = (number(super::RANK_ENV)?, number(super::SIZE_ENV)?);
+        let id = UniqueId::from_env()?;
+        if rank >= size {
+            return Err(BootstrapError::InvalidArgument {
+                rank,
+                step: JOIN,
+                what: Argument::RankOutOfRange { rank, size },
+            });
+        }
+        if rank != 0 {
+            return Tcp::join(&id, rank, size, timeout);
+        }
+        let io = |source| BootstrapError::Io {
+            rank: 0,
+            step: JOIN,
+            peer: None,
+            source,
+        };
+        let listener = TcpListener::bind(id.addr).map_err(io)?;
+        listener.set_nonblocking(true).map_err(io)?;
+        TcpRoot { listener, id }.accept(size, timeout)
+    }
+
     /// Ranks `1..size`: connects to rank 0 (retrying until `timeout`) and
     /// joins the job of `id`.
     ///

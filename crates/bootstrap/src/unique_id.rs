@@ -21,6 +21,13 @@ use super::error::{BootstrapError, IdProblem};
 /// The environment variable that carries a [`UniqueId`] to the ranks.
 pub const UNIQUE_ID_ENV: &str = "CUDA_ENDPOINTS_BOOTSTRAP_ID";
 
+/// This rank's rank in the job, set by a launcher ([`Tcp::from_env`](crate::Tcp::from_env)).
+pub const RANK_ENV: &str = "CUDA_ENDPOINTS_RANK";
+/// The number of ranks in the job, set by a launcher.
+pub const SIZE_ENV: &str = "CUDA_ENDPOINTS_SIZE";
+/// The (model) node this rank runs on, set by a launcher.
+pub const NODE_ENV: &str = "CUDA_ENDPOINTS_NODE";
+
 const PREFIX: &str = "cebs1";
 
 /// The unique id of a TCP bootstrap job (see the module doc).
@@ -103,6 +110,16 @@ impl UniqueId {
             job: u64::from_le_bytes(job),
             secret,
         })
+    }
+
+    /// A fresh id for a job whose rank 0 will listen on `addr` (a random
+    /// job id and secret), for a launcher that starts the ranks itself and
+    /// hands them the id ([`Tcp::from_env`](crate::Tcp::from_env)).
+    ///
+    /// # Errors
+    /// The system's random source.
+    pub fn generate(addr: SocketAddr) -> std::io::Result<Self> {
+        Self::random(addr)
     }
 
     /// The address rank 0 listens on.
