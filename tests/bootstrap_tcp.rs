@@ -45,6 +45,16 @@ fn child(role: &str) -> Result<(), String> {
         std::thread::sleep(Duration::from_secs(60));
         return Ok(());
     }
+    if role == "root_suite_by_file" {
+        let path = std::path::PathBuf::from(std::env::var(ARG).map_err(|e| e.to_string())?);
+        let (id, root) =
+            Tcp::root("127.0.0.1:0".parse().map_err(|_| "addr")?).map_err(|e| e.to_string())?;
+        id.write_file(&path).map_err(|e| e.to_string())?;
+        let boot = root
+            .accept(size, Duration::from_secs(60))
+            .map_err(|e| e.to_string())?;
+        return suite(&boot);
+    }
     let id = UniqueId::from_env().map_err(|e| e.to_string())?;
     let boot = Tcp::join(&id, rank, size, t).map_err(|e| e.to_string())?;
     match role {
@@ -112,12 +122,12 @@ fn run_suite(size: usize) {
                 d.stderr
             );
         }
-        // Rank 0 sends n-1 welcomes, n-1 results per allgather (two), n-1
+        // Rank 0 sends n-1 challenges and n-1 welcomes, n-1 results per allgather (two), n-1
         // frames for its own broadcast and n-2 for each forwarded one (two),
         // n-1 barrier releases.
         let n = size as u64;
         let t = boot.traffic();
-        assert_eq!(t.messages_sent, 5 * (n - 1) + 2 * (n - 2), "{t:?}");
+        assert_eq!(t.messages_sent, 6 * (n - 1) + 2 * (n - 2), "{t:?}");
     }
     assert_eq!(
         open_fds(),
@@ -256,7 +266,9 @@ fn a_peer_killed_mid_collective_gives_typed_errors_at_once() {
 #[test]
 fn a_killed_root_gives_its_peers_peer_closed_and_the_id_travels_by_file() {
     let _s = serial();
-    let path = std::env::temp_dir().join(format!("ceb-id-{}", std::process::id()));
+    // A 0700 directory: an id file elsewhere is refused.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ceb-id");
     let mut kids = Children::default();
     kids.spawn(
         "root",
@@ -318,16 +330,25 @@ fn join_gives_up_within_its_timeout_when_no_root_listens() {
 /// A raw peer that completes the handshake by hand, then misbehaves.
 fn hostile_join(id: &UniqueId, rank: u32, size: u32) -> TcpStream {
     let mut s = TcpStream::connect(id.addr()).expect("connect");
-    s.write_all(&raw_frame(
-        1,
+    let nonce = [9u8; 16];
+    s.write_all(&raw_frame(1, id.job(), 0, rank, size, &nonce))
+        .expect("hello");
+    let mut challenge = [0u8; 36 + 16];
+    s.read_exact(&mut challenge).expect("challenge");
+    assert_eq!(challenge[6], 11, "challenged");
+    let secret = secret_of(&id.to_string());
+    let p = join_proof(
+        &secret,
+        b"rank",
         id.job(),
-        0,
         rank,
         size,
-        &secret_of(&id.to_string()),
-    ))
-    .expect("hello");
-    let mut welcome = [0u8; 36];
+        &nonce,
+        &challenge[36..],
+    );
+    s.write_all(&raw_frame(12, id.job(), 0, rank, size, &p))
+        .expect("proof");
+    let mut welcome = [0u8; 36 + 32];
     s.read_exact(&mut welcome).expect("welcome");
     assert_eq!(welcome[6], 2, "welcomed");
     s
@@ -538,6 +559,22 @@ fn garbage_connections_and_wrong_secrets_are_refused_and_the_job_still_forms() {
     }
 }
 
+/// Rank 0's side of the join, by hand, for a fake rank 0 that knows `secret`.
+fn fake_root_handshake(s: &mut TcpStream, job: u64, secret: &[u8]) {
+    let mut hello = [0u8; 36 + 16];
+    s.read_exact(&mut hello).expect("hello");
+    let rank = u32::from_le_bytes(hello[24..28].try_into().expect("4"));
+    let size = u32::from_le_bytes(hello[28..32].try_into().expect("4"));
+    let nonce = [5u8; 16];
+    s.write_all(&raw_frame(11, job, 0, 0, size, &nonce))
+        .expect("challenge");
+    let mut proof = [0u8; 36 + 32];
+    s.read_exact(&mut proof).expect("proof");
+    let mine = join_proof(secret, b"root", job, rank, size, &hello[36..], &nonce);
+    s.write_all(&raw_frame(2, job, 0, 0, size, &mine))
+        .expect("welcome");
+}
+
 /// A fake rank 0 that welcomes, then answers the allgather with `answer`.
 fn with_hostile_root(answer: impl FnOnce(u64) -> Vec<u8> + Send + 'static) -> BootstrapError {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -551,10 +588,7 @@ fn with_hostile_root(answer: impl FnOnce(u64) -> Vec<u8> + Send + 'static) -> Bo
     .expect("id");
     let fake = std::thread::spawn(move || {
         let (mut s, _) = l.accept().expect("accept");
-        let mut hello = [0u8; 52];
-        s.read_exact(&mut hello).expect("hello");
-        s.write_all(&raw_frame(2, job, 0, 0, 2, &[]))
-            .expect("welcome");
+        fake_root_handshake(&mut s, job, &[0x11; 16]);
         let mut contribution = [0u8; 37];
         s.read_exact(&mut contribution).expect("contribution");
         let _ = s.write_all(&answer(job));
@@ -780,4 +814,148 @@ fn a_joiner_declaring_another_size_aborts_connections_not_yet_admitted_too() {
         (6, 2, 4),
         "{payload:?}"
     );
+}
+
+/// Issue 21 item 4: a process at rank 0's address that does not know the
+/// secret (it squats the port, it knows the job id) cannot pass as rank 0:
+/// whether it welcomes at once or challenges and forges the welcome, the
+/// joining rank fails at once with `Impostor` and takes nothing from it.
+#[test]
+fn a_rank_joining_an_impostor_rank_0_fails_with_impostor_and_takes_nothing() {
+    let _s = serial();
+    for forge in [false, true] {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let job = 0x0bad_0bad_0bad_0badu64;
+        let id: UniqueId = format!(
+            "cebs1/{}/{job:016x}/{}",
+            l.local_addr().expect("addr"),
+            "42".repeat(16)
+        )
+        .parse()
+        .expect("id");
+        let impostor = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().expect("accept");
+            let mut hello = [0u8; 36 + 16];
+            let _ = s.read_exact(&mut hello);
+            if forge {
+                let _ = s.write_all(&raw_frame(11, job, 0, 0, 2, &[1; 16]));
+                let mut proof = [0u8; 36 + 32];
+                let _ = s.read_exact(&mut proof);
+                let _ = s.write_all(&raw_frame(2, job, 0, 0, 2, &[0x5a; 32]));
+            } else {
+                let _ = s.write_all(&raw_frame(2, job, 0, 0, 2, &[]));
+            }
+            // What a rank that believed it would take as rank 0's.
+            let _ = s.write_all(&raw_frame(6, job, 0, 0, 2, b"from the impostor"));
+            let mut sink = Vec::new();
+            let _ = s.read_to_end(&mut sink);
+        });
+        let got = Tcp::join(&id, 1, 2, Duration::from_secs(30))
+            .and_then(|b| b.broadcast(0, &[], Duration::from_secs(30)));
+        match got {
+            Err(BootstrapError::Impostor { rank: 1, addr, .. }) => assert_eq!(addr, id.addr()),
+            other => panic!("forge={forge}: joined an impostor: {other:?}"),
+        }
+        impostor.join().expect("impostor thread");
+    }
+}
+
+/// Issue 21 item 4: the id file is refused unless this user owns it and
+/// its directory, and no one else can write either; it is written 0600
+/// whatever the umask.
+#[test]
+fn an_id_file_another_user_could_plant_or_change_is_refused() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let _s = serial();
+    let t = Duration::from_secs(5);
+    let (id, _root) = root(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("id");
+    id.write_file(&path).expect("write in a 0700 directory");
+    let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(UniqueId::read_file(&path, t).expect("trusted"), id);
+    let untrusted = |r: Result<UniqueId, BootstrapError>| {
+        matches!(
+            r,
+            Err(BootstrapError::InvalidId {
+                what: cuda_endpoints::bootstrap::IdProblem::Untrusted { .. }
+            })
+        )
+    };
+    // Writable by others.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    assert!(untrusted(UniqueId::read_file(&path, t)));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    // Reached through a symbolic link.
+    let link = dir.path().join("link");
+    symlink(&path, &link).expect("symlink");
+    assert!(untrusted(UniqueId::read_file(&link, t)));
+    // In a directory others can write (a shared sticky one like /tmp too).
+    for dmode in [0o777, 0o1777, 0o770] {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(dmode))
+            .expect("chmod dir");
+        assert!(untrusted(UniqueId::read_file(&path, t)), "{dmode:o}");
+        assert!(id.write_file(&dir.path().join("id2")).is_err(), "{dmode:o}");
+    }
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    // Owned by another user (only root can make one).
+    if rustix_uid_is_root() {
+        let nobody = Some(65534);
+        std::os::unix::fs::chown(&path, nobody, nobody).expect("chown");
+        assert!(untrusted(UniqueId::read_file(&path, t)));
+    }
+}
+
+fn rustix_uid_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
+}
+
+/// Issue 21 item 5: a peer that knows only rank 0's port opens 200 idle
+/// connections to a rank 0 that may hold 64 descriptors; rank 0 neither
+/// spins nor fails: it drops the oldest idle connections and admits the
+/// honest ranks, and the job's collectives pass.
+#[test]
+fn idle_connections_cannot_keep_honest_ranks_out_of_rank_0() {
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("id");
+    let exe = std::env::current_exe().expect("exe");
+    let mut cmd = std::process::Command::new("prlimit");
+    cmd.arg("--nofile=64:64")
+        .arg(&exe)
+        .args([ENTRY, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE, "root_suite_by_file")
+        .env(RANK, "0")
+        .env(SIZE, "4")
+        .env(ARG, &path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let rank0 = Guard::spawn("rank0", &mut cmd);
+    let id = UniqueId::read_file(&path, Duration::from_secs(60)).expect("rank 0 writes the id");
+    let idle: Vec<TcpStream> = (0..200)
+        .filter_map(|_| TcpStream::connect_timeout(&id.addr(), Duration::from_secs(2)).ok())
+        .collect();
+    assert!(idle.len() > 64, "the flood opened {}", idle.len());
+    let mut kids = Children::default();
+    spawn_ranks(&mut kids, &id, 4, |_| "suite");
+    let done = kids.wait_all(Duration::from_secs(90));
+    let root = rank0.finish(Instant::now() + Duration::from_secs(30));
+    drop(idle);
+    for d in done.iter().chain(std::iter::once(&root)) {
+        assert_eq!(
+            d.code,
+            Some(0),
+            "{}: {:?} {}",
+            d.name,
+            d.results(),
+            d.stderr
+        );
+    }
 }

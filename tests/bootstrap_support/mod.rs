@@ -87,7 +87,7 @@ pub fn file_tcp(
 pub fn raw_frame(kind: u8, job: u64, seq: u64, from: u32, size: u32, payload: &[u8]) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(b"CEbs");
-    b.extend_from_slice(&1u16.to_le_bytes());
+    b.extend_from_slice(&2u16.to_le_bytes());
     b.push(kind);
     b.push(0);
     b.extend_from_slice(&job.to_le_bytes());
@@ -97,6 +97,29 @@ pub fn raw_frame(kind: u8, job: u64, seq: u64, from: u32, size: u32, payload: &[
     b.extend_from_slice(&u32::try_from(payload.len()).expect("small").to_le_bytes());
     b.extend_from_slice(payload);
     b
+}
+
+/// The join's HMAC-SHA-256 proof (`tcp.rs`): `label` is `b"rank"` for the
+/// joining rank's, `b"root"` for rank 0's.
+pub fn join_proof(
+    secret: &[u8],
+    label: &[u8],
+    job: u64,
+    rank: u32,
+    size: u32,
+    joiner: &[u8],
+    root: &[u8],
+) -> Vec<u8> {
+    use hmac::Mac;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("any key");
+    m.update(b"cuda-endpoints bootstrap join v2 ");
+    m.update(label);
+    m.update(&job.to_le_bytes());
+    m.update(&rank.to_le_bytes());
+    m.update(&size.to_le_bytes());
+    m.update(joiner);
+    m.update(root);
+    m.finalize().into_bytes().to_vec()
 }
 
 /// The secret bytes of a unique-id string.

@@ -69,11 +69,14 @@ pub enum Malformed {
     Trailing,
     /// A message type this version does not know.
     UnknownType(u8),
-    /// A file-descriptor message arrived without a descriptor (or with one
-    /// the kernel had to drop).
+    /// A file-descriptor message arrived without a descriptor.
     NoDescriptor,
     /// A length or count that overflows this machine's arithmetic.
     Overflow,
+    /// The kernel truncated the control message (`MSG_CTRUNC`): the peer
+    /// attached more descriptors or control data than the one descriptor
+    /// expected, and the excess was dropped.
+    ControlTruncated,
     /// Bytes that do not decode as the message they claim to be (an
     /// invalid tag, string or field).
     Encoding,
@@ -90,6 +93,9 @@ impl fmt::Display for Malformed {
             Malformed::UnknownType(t) => write!(f, "unknown message type {t}"),
             Malformed::NoDescriptor => f.write_str("no file descriptor attached"),
             Malformed::Overflow => f.write_str("a length that overflows"),
+            Malformed::ControlTruncated => f.write_str(
+                "a truncated control message (MSG_CTRUNC): more descriptors attached than the one expected",
+            ),
             Malformed::Encoding => f.write_str("bytes that do not decode as the message"),
         }
     }
@@ -478,6 +484,13 @@ pub enum IdProblem {
         /// The I/O error kind.
         kind: io::ErrorKind,
     },
+    /// The id file is refused: another user could have planted or changed it.
+    Untrusted {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        why: &'static str,
+    },
 }
 
 impl fmt::Display for IdProblem {
@@ -494,6 +507,11 @@ impl fmt::Display for IdProblem {
                 )
             }
             IdProblem::File { path, kind } => write!(f, "cannot read {}: {kind}", path.display()),
+            IdProblem::Untrusted { path, why } => write!(
+                f,
+                "{} is not trusted: {why}; the id file must be this user's, in a directory only this user can write",
+                path.display()
+            ),
         }
     }
 }
@@ -582,6 +600,20 @@ pub enum BootstrapError {
         rank: usize,
         /// Why.
         reason: Refusal,
+    },
+    /// The process at rank 0's address did not prove that it knows the
+    /// job secret (the challenge-response of the join failed): it is not
+    /// this job's rank 0, and nothing it sent was taken.
+    #[error(
+        "rank {rank}: the process at {addr} is not this job's rank 0: it did not prove it knows the job secret ({what})"
+    )]
+    Impostor {
+        /// This rank.
+        rank: usize,
+        /// The address of the unique id.
+        addr: std::net::SocketAddr,
+        /// What it answered instead of a valid proof.
+        what: &'static str,
     },
     /// Rank 0 aborted the collective because another rank failed.
     #[error("rank {rank}: {step} aborted by rank 0 because rank {culprit} failed: {reason}")]

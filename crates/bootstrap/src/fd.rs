@@ -13,7 +13,11 @@
 //! token. If any rank is on another node than the root, every rank returns
 //! [`BootstrapError::OtherNode`] at once. Otherwise each rank connects,
 //! presents the token, and receives the descriptor; the root serves each rank
-//! once and drops connections without the token. Received descriptors are
+//! once and drops connections without the token. The abstract name is
+//! visible to every local user (`/proc/net/unix`), so the root closes any
+//! connection whose peer (`SO_PEERCRED`) is another user, holds at most
+//! `size + 64` connections that have not presented the token, and answers
+//! running out of descriptors by dropping the oldest of them. Received descriptors are
 //! [`OwnedFd`]s with `FD_CLOEXEC` (closed on drop: no leak).
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
@@ -337,11 +341,7 @@ impl FdExchange {
             let mut done: Vec<usize> = Vec::new();
             for i in ready {
                 if i == 0 {
-                    while let Ok((s, _)) = l.accept() {
-                        if s.set_nonblocking(true).is_ok() {
-                            pending.push((s, Vec::new()));
-                        }
-                    }
+                    Self::accept_pending(l, &mut pending, &mut done, size, deadline);
                     continue;
                 }
                 let idx = i - 1;
@@ -418,6 +418,66 @@ impl FdExchange {
         Ok(())
     }
 
+    /// Root: accepts what the listener holds into `pending`. The abstract
+    /// name is listed to every local user, so a connection from another
+    /// user (`SO_PEERCRED`) is closed at once; at most `size + 64`
+    /// connections wait (the oldest dropped first, through `done`); out of
+    /// descriptors (`EMFILE`, `ENFILE`), the oldest is dropped, or with
+    /// none to drop this sleeps briefly instead of polling again at once.
+    fn accept_pending(
+        l: &UnixListener,
+        pending: &mut Vec<(UnixStream, Vec<u8>)>,
+        done: &mut Vec<usize>,
+        size: usize,
+        deadline: &Deadline,
+    ) {
+        let max = size.saturating_add(64);
+        let me = rustix::process::geteuid();
+        let drop_oldest = |pending: &[(UnixStream, Vec<u8>)], done: &mut Vec<usize>| match (0
+            ..pending.len())
+            .find(|i| !done.contains(i))
+        {
+            Some(i) => {
+                done.push(i);
+                true
+            }
+            None => false,
+        };
+        for _ in 0..max {
+            match l.accept() {
+                Ok((s, _)) => {
+                    let same_user =
+                        rustix::net::sockopt::socket_peercred(&s).is_ok_and(|c| c.uid == me);
+                    if !same_user || s.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    while pending.len().saturating_sub(done.len()) >= max {
+                        if !drop_oldest(pending, done) {
+                            break;
+                        }
+                    }
+                    pending.push((s, Vec::new()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+                Err(e)
+                    if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error())
+                        || e.raw_os_error() == Some(rustix::io::Errno::NFILE.raw_os_error()) =>
+                {
+                    if !drop_oldest(pending, done) {
+                        std::thread::sleep(deadline.remaining().min(Duration::from_millis(20)));
+                    }
+                    break;
+                }
+                Err(_) => {
+                    std::thread::sleep(deadline.remaining().min(Duration::from_millis(20)));
+                    break;
+                }
+            }
+        }
+    }
+
     /// Other ranks: connects to the root's socket and receives the descriptor.
     fn fetch(
         name: &[u8],
@@ -486,6 +546,7 @@ impl FdExchange {
                 peer: root,
             });
         }
+        let truncated = got.flags.contains(ReturnFlags::CTRUNC);
         let mut fd = None;
         for msg in cmsg.drain() {
             if let RecvAncillaryMessage::ScmRights(fds) = msg {
@@ -497,14 +558,16 @@ impl FdExchange {
                 }
             }
         }
+        let malformed = |what| BootstrapError::Malformed {
+            rank,
+            step: step(),
+            peer: root,
+            what,
+        };
         match fd {
-            Some(fd) if !got.flags.contains(ReturnFlags::CTRUNC) => Ok(fd),
-            _ => Err(BootstrapError::Malformed {
-                rank,
-                step: step(),
-                peer: root,
-                what: Malformed::NoDescriptor,
-            }),
+            _ if truncated => Err(malformed(Malformed::ControlTruncated)),
+            Some(fd) => Ok(fd),
+            None => Err(malformed(Malformed::NoDescriptor)),
         }
     }
 }
@@ -530,6 +593,53 @@ mod offer_tests {
         for cut in 0..enc.len() {
             assert!(Offer::decode(&enc[..cut]).is_none());
         }
+    }
+
+    /// A root that attaches 250 descriptors where one is expected: the
+    /// kernel truncates the control message, and the rank says so.
+    #[test]
+    fn a_root_sending_250_descriptors_is_reported_as_a_truncated_control_message() {
+        let (l, name, token) = FdExchange::listen().expect("listen");
+        l.set_nonblocking(false).expect("blocking");
+        let root = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().expect("accept");
+            let mut req = [0u8; wire::HEADER_LEN + TOKEN];
+            s.read_exact(&mut req).expect("request");
+            let (r, _w) = std::io::pipe().expect("pipe");
+            let fds: Vec<BorrowedFd<'_>> = (0..250)
+                .map(|_| {
+                    use std::os::fd::AsFd;
+                    r.as_fd()
+                })
+                .collect();
+            let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(250))];
+            let mut cmsg = SendAncillaryBuffer::new(&mut space);
+            assert!(cmsg.push(SendAncillaryMessage::ScmRights(&fds)));
+            rustix::net::sendmsg(&s, &[IoSlice::new(&[1])], &mut cmsg, SendFlags::NOSIGNAL)
+                .expect("sendmsg");
+            // Held open until the rank has read.
+            let mut end = [0u8; 1];
+            let _ = s.read(&mut end);
+        });
+        let got = FdExchange::fetch(
+            &name,
+            &token,
+            1,
+            2,
+            0,
+            &Deadline::after(Duration::from_secs(20)),
+        );
+        root.join().expect("root thread");
+        assert!(
+            matches!(
+                got,
+                Err(BootstrapError::Malformed {
+                    what: Malformed::ControlTruncated,
+                    ..
+                })
+            ),
+            "{got:?}"
+        );
     }
 
     proptest::proptest! {

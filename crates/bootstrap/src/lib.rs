@@ -19,6 +19,24 @@
 //! - [`FdExchange`]: POSIX file descriptors between ranks of one node
 //!   (`SCM_RIGHTS`), refused across nodes ([`NodeId`]).
 //!
+//! # What the TCP bootstrap and `FdExchange` trust
+//!
+//! - [`Tcp`]: whoever knows the [`UniqueId`]'s secret. A joining rank and
+//!   rank 0 each prove they know it (HMAC-SHA-256 over fresh nonces of
+//!   both sides), so neither a process that knows only the port nor one
+//!   that squats rank 0's address can join or pass as rank 0
+//!   ([`BootstrapError::Impostor`]). The traffic is not encrypted: anyone
+//!   who can read the loopback traffic or the id can read the job's bytes.
+//!   Rank 0 bounds the connections that have not finished their join, gives
+//!   each one deadline, and survives running out of descriptors.
+//! - [`UniqueId::read_file`]: only a file this user owns, writable by no
+//!   one else, in a directory only this user can write (not `/tmp` itself);
+//!   [`UniqueId::write_file`] writes 0600.
+//! - [`FdExchange`]: the ranks of one node, as this user: the root's
+//!   abstract socket is visible to every local user, so it closes
+//!   connections of other users (`SO_PEERCRED`) and serves only the random
+//!   token of the exchange.
+//!
 //! # The pattern
 //!
 //! ```no_run
@@ -75,5 +93,5 @@ pub use mpi::Mpi;
 pub use node::NodeId;
 pub use tcp::{Tcp, TcpRoot};
 pub use threads::{ThreadRank, Threads};
-pub use unique_id::{UNIQUE_ID_ENV, UniqueId};
+pub use unique_id::{NODE_ENV, RANK_ENV, SIZE_ENV, UNIQUE_ID_ENV, UniqueId};
 pub use wire::MAX_PAYLOAD;

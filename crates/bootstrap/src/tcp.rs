@@ -2,8 +2,20 @@
 //!
 //! Rank 0 binds a listener ([`Tcp::root`]) and publishes the [`UniqueId`]
 //! (address, job id, job secret) out of band; ranks `1..n` [`Tcp::join`] with
-//! it, retrying the connection until their timeout, and present the secret;
-//! rank 0 admits them ([`TcpRoot::accept`]). The topology is a star through
+//! it, retrying the connection until their timeout; rank 0 admits them
+//! ([`TcpRoot::accept`]). The join is a mutual challenge-response: the
+//! joining rank sends a fresh nonce (`Hello`), rank 0 answers with its own
+//! (`Challenge`), the rank proves it knows the job secret with an
+//! HMAC-SHA-256 over both nonces, the job, its rank and the size (`Proof`,
+//! compared in constant time), and rank 0's `Welcome` carries rank 0's
+//! own proof, which the rank checks before it believes anything else rank 0
+//! says: a process that squats rank 0's address without the secret gets
+//! no secret and fails the join at once with [`BootstrapError::Impostor`].
+//! Rank 0 holds at most `size + 64` connections that have not finished
+//! their join (the oldest dropped first), gives each one deadline for its
+//! whole hello, and answers running out of descriptors (`EMFILE`) by
+//! dropping the oldest of them rather than by polling again; a joining
+//! rank whose connection rank 0 dropped connects again within its timeout. The topology is a star through
 //! rank 0: an allgather is `n-1` contributions in and `n-1` results out
 //! (`2(n-1)` messages, rank 0 moving `O(n²)` bytes), a broadcast `n-1`
 //! messages, a barrier `2(n-1)`. [`Bootstrap::traffic`] counts them.
@@ -55,6 +67,35 @@ struct Link {
     stream: TcpStream,
     reader: FrameReader,
 }
+
+/// A connection rank 0 accepted but has not admitted.
+#[derive(Debug)]
+struct Pending {
+    link: Link,
+    phase: Phase,
+    /// One deadline for the whole hello, from the accept.
+    deadline: Deadline,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Waiting for the `Hello`.
+    Hello,
+    /// Challenged; waiting for the `Proof`.
+    Proof {
+        hello: Header,
+        joiner: [u8; NONCE],
+        root: [u8; NONCE],
+    },
+}
+
+/// Connections rank 0 holds beyond the ranks still to join.
+const PENDING_SLACK: usize = 64;
+/// The most connections rank 0 holds unadmitted, whatever the size.
+const PENDING_MAX: usize = 4096;
+/// The time a connection has for its whole hello (hello, proof), from its
+/// accept: generous for a loaded machine, short for an idle squatter.
+const HELLO_BUDGET: Duration = Duration::from_secs(10);
 
 /// Rank 0's listener between [`Tcp::root`] and [`TcpRoot::accept`].
 #[derive(Debug)]
@@ -139,6 +180,51 @@ impl Tcp {
         Ok((id.clone(), TcpRoot { listener, id }))
     }
 
+    /// The bootstrap of this rank of a job started by a launcher
+    /// (`cuda-endpoints-fabric -n N -- ./app`): reads the rank
+    /// ([`RANK_ENV`](crate::RANK_ENV)), the size ([`SIZE_ENV`](crate::SIZE_ENV))
+    /// and the unique id ([`UNIQUE_ID_ENV`](crate::UNIQUE_ID_ENV)); rank 0
+    /// listens on the id's address (the launcher picked a free loopback
+    /// port) and admits the others, which join. Every step within `timeout`.
+    ///
+    /// # Errors
+    /// [`BootstrapError::InvalidId`] for a variable unset or unparsable;
+    /// those of [`Tcp::root`], [`TcpRoot::accept`] and [`Tcp::join`].
+    pub fn from_env(timeout: Duration) -> Result<Tcp, BootstrapError> {
+        use super::error::IdProblem;
+        let number = |var: &'static str| {
+            let v = std::env::var(var).map_err(|_| BootstrapError::InvalidId {
+                what: IdProblem::Unset { var },
+            })?;
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| BootstrapError::InvalidId {
+                    what: IdProblem::Syntax { part: var },
+                })
+        };
+        let (rank, size) = (number(super::RANK_ENV)?, number(super::SIZE_ENV)?);
+        let id = UniqueId::from_env()?;
+        if rank >= size {
+            return Err(BootstrapError::InvalidArgument {
+                rank,
+                step: JOIN,
+                what: Argument::RankOutOfRange { rank, size },
+            });
+        }
+        if rank != 0 {
+            return Tcp::join(&id, rank, size, timeout);
+        }
+        let io = |source| BootstrapError::Io {
+            rank: 0,
+            step: JOIN,
+            peer: None,
+            source,
+        };
+        let listener = TcpListener::bind(id.addr).map_err(io)?;
+        listener.set_nonblocking(true).map_err(io)?;
+        TcpRoot { listener, id }.accept(size, timeout)
+    }
+
     /// Ranks `1..size`: connects to rank 0 (retrying until `timeout`) and
     /// joins the job of `id`.
     ///
@@ -177,89 +263,34 @@ impl Tcp {
             waiting_for: vec![0],
             after: timeout,
         };
-        // Connect, retrying with backoff: rank 0 may not listen yet.
+        // Connect and authenticate, retrying with backoff: rank 0 may not
+        // listen yet, or may have dropped this connection while idle peers
+        // pressed on it (its pending connections are bounded).
         let mut backoff = Duration::from_millis(2);
-        let stream = loop {
+        let (link, traffic) = loop {
             let attempt = deadline.remaining().min(Duration::from_secs(1));
             if attempt.is_zero() {
                 return Err(timed_out());
             }
-            match TcpStream::connect_timeout(&id.addr, attempt) {
-                Ok(s) => break s,
+            let stream = match TcpStream::connect_timeout(&id.addr, attempt) {
+                Ok(s) => s,
                 Err(_) if !deadline.passed() => {
                     std::thread::sleep(backoff.min(deadline.remaining()));
                     backoff = (backoff * 2).min(Duration::from_millis(100));
+                    continue;
                 }
                 Err(_) => return Err(timed_out()),
+            };
+            match handshake(stream, id, rank32, size32, &deadline, timeout) {
+                Ok(done) => break done,
+                Err(BootstrapError::PeerClosed { .. }) if !deadline.passed() => {
+                    std::thread::sleep(backoff.min(deadline.remaining()));
+                    backoff = (backoff * 2).min(Duration::from_millis(100));
+                }
+                Err(BootstrapError::PeerClosed { .. }) => return Err(timed_out()),
+                Err(e) => return Err(e),
             }
         };
-        let io = |source| BootstrapError::Io {
-            rank,
-            step: JOIN,
-            peer: Some(0),
-            source,
-        };
-        stream.set_nodelay(true).map_err(io)?;
-        let mut link = Link {
-            stream,
-            reader: FrameReader::default(),
-        };
-        let mut traffic = Traffic::default();
-        let hello = Header {
-            kind: Kind::Hello as u8,
-            job: id.job,
-            seq: 0,
-            from: rank32,
-            size: size32,
-            len: 0,
-        };
-        let bytes = wire::frame(hello, &id.secret).unwrap_or_default();
-        write_bounded(&mut link.stream, &bytes, &deadline).map_err(|e| match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
-            _ => io(e),
-        })?;
-        traffic.sent(bytes.len());
-        let (h, payload) = read_frame(&mut link, &deadline, HELLO_MAX, rank, JOIN, 0, timeout)?;
-        traffic.received(wire::HEADER_LEN.saturating_add(payload.len()));
-        if h.job != id.job {
-            return Err(BootstrapError::Mismatch {
-                rank,
-                step: JOIN,
-                peer: 0,
-                what: FrameMismatch::Job {
-                    ours: id.job,
-                    theirs: h.job,
-                },
-            });
-        }
-        match Kind::from_u8(h.kind) {
-            Some(Kind::Welcome) => {}
-            Some(Kind::Reject) => {
-                let reason = Refusal::from_code(payload.first().copied().unwrap_or(0));
-                return Err(BootstrapError::Refused { rank, reason });
-            }
-            // Rank 0 refused another rank before admitting this one.
-            Some(Kind::Abort) => {
-                let (reason, culprit) = AbortReason::decode(&payload);
-                return Err(BootstrapError::Aborted {
-                    rank,
-                    step: JOIN,
-                    culprit,
-                    reason,
-                });
-            }
-            _ => {
-                return Err(BootstrapError::Mismatch {
-                    rank,
-                    step: JOIN,
-                    peer: 0,
-                    what: FrameMismatch::Operation {
-                        ours: Op::Rendezvous,
-                        theirs: h.kind,
-                    },
-                });
-            }
-        }
         Ok(Tcp {
             rank,
             size,
@@ -670,6 +701,163 @@ impl Tcp {
     }
 }
 
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// Bytes of each side's nonce in the join.
+const NONCE: usize = 16;
+/// Bytes of an HMAC-SHA-256 proof.
+const PROOF: usize = 32;
+
+/// The proof that one side of a join knows the job secret: HMAC-SHA-256
+/// keyed by the secret over a label naming the side (so neither proof can
+/// be reflected as the other), the job, the joining rank, the size and
+/// both fresh nonces. `None` only if the MAC refuses the key, which
+/// HMAC never does.
+fn proof(
+    id: &UniqueId,
+    label: &[u8],
+    rank: u32,
+    size: u32,
+    joiner: &[u8],
+    root: &[u8],
+) -> Option<[u8; PROOF]> {
+    use hmac::Mac;
+    let mut m = <HmacSha256 as Mac>::new_from_slice(&id.secret).ok()?;
+    m.update(b"cuda-endpoints bootstrap join v2 ");
+    m.update(label);
+    m.update(&id.job.to_le_bytes());
+    m.update(&rank.to_le_bytes());
+    m.update(&size.to_le_bytes());
+    m.update(joiner);
+    m.update(root);
+    let mut out = [0u8; PROOF];
+    out.copy_from_slice(&m.finalize().into_bytes());
+    Some(out)
+}
+
+const JOINER: &[u8] = b"rank";
+const ROOT: &[u8] = b"root";
+
+/// The join's handshake on a connected stream: `Hello` (this rank's
+/// nonce), rank 0's `Challenge` (its nonce), this rank's `Proof`, rank 0's
+/// `Welcome` carrying its own proof, checked before anything else rank 0
+/// says is believed. [`BootstrapError::PeerClosed`] means rank 0 closed
+/// the connection before answering (the caller retries).
+fn handshake(
+    stream: TcpStream,
+    id: &UniqueId,
+    rank32: u32,
+    size32: u32,
+    deadline: &Deadline,
+    timeout: Duration,
+) -> Result<(Link, Traffic), BootstrapError> {
+    let rank = usize::try_from(rank32).unwrap_or(usize::MAX);
+    let io = |source| BootstrapError::Io {
+        rank,
+        step: JOIN,
+        peer: Some(0),
+        source,
+    };
+    let timed_out = || BootstrapError::Timeout {
+        rank,
+        step: JOIN,
+        waiting_for: vec![0],
+        after: timeout,
+    };
+    let impostor = |what| BootstrapError::Impostor {
+        rank,
+        addr: id.addr,
+        what,
+    };
+    stream.set_nodelay(true).map_err(io)?;
+    let mut link = Link {
+        stream,
+        reader: FrameReader::default(),
+    };
+    let mut traffic = Traffic::default();
+    let header = |kind: Kind| Header {
+        kind: kind as u8,
+        job: id.job,
+        seq: 0,
+        from: rank32,
+        size: size32,
+        len: 0,
+    };
+    let send = |link: &mut Link, traffic: &mut Traffic, bytes: &[u8]| {
+        write_bounded(&mut link.stream, bytes, deadline).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                BootstrapError::PeerClosed {
+                    rank,
+                    step: JOIN,
+                    peer: 0,
+                }
+            }
+            _ => io(e),
+        })?;
+        traffic.sent(bytes.len());
+        Ok::<(), BootstrapError>(())
+    };
+    let mine = random_nonce().map_err(io)?;
+    let hello = wire::frame(header(Kind::Hello), &mine).unwrap_or_default();
+    send(&mut link, &mut traffic, &hello)?;
+    // Rank 0's refusals and aborts are believed unauthenticated: they can
+    // only end this join, never make it take bytes as rank 0's.
+    let expect = |link: &mut Link,
+                  traffic: &mut Traffic,
+                  want: Kind,
+                  len: usize|
+     -> Result<Vec<u8>, BootstrapError> {
+        let (h, payload) = read_frame(link, deadline, HELLO_MAX, rank, JOIN, 0, timeout)?;
+        traffic.received(wire::HEADER_LEN.saturating_add(payload.len()));
+        match Kind::from_u8(h.kind) {
+            Some(Kind::Reject) => {
+                let reason = Refusal::from_code(payload.first().copied().unwrap_or(0));
+                Err(BootstrapError::Refused { rank, reason })
+            }
+            // Rank 0 refused another rank before admitting this one.
+            Some(Kind::Abort) => {
+                let (reason, culprit) = AbortReason::decode(&payload);
+                Err(BootstrapError::Aborted {
+                    rank,
+                    step: JOIN,
+                    culprit,
+                    reason,
+                })
+            }
+            Some(k) if k == want && h.job == id.job && payload.len() == len => Ok(payload),
+            Some(k) if k == want && h.job != id.job => Err(BootstrapError::Mismatch {
+                rank,
+                step: JOIN,
+                peer: 0,
+                what: FrameMismatch::Job {
+                    ours: id.job,
+                    theirs: h.job,
+                },
+            }),
+            Some(k) if k == want => Err(impostor("a handshake message of the wrong length")),
+            Some(Kind::Welcome) => Err(impostor("a welcome without a challenge")),
+            _ => Err(impostor("a message that is not the join's next step")),
+        }
+    };
+    let theirs = expect(&mut link, &mut traffic, Kind::Challenge, NONCE)?;
+    let p = proof(id, JOINER, rank32, size32, &mine, &theirs).ok_or_else(|| impostor("no MAC"))?;
+    let bytes = wire::frame(header(Kind::Proof), &p).unwrap_or_default();
+    send(&mut link, &mut traffic, &bytes)?;
+    let welcome = expect(&mut link, &mut traffic, Kind::Welcome, PROOF)?;
+    let want = proof(id, ROOT, rank32, size32, &mine, &theirs).ok_or_else(|| impostor("no MAC"))?;
+    if !constant_time_eq(&welcome, &want) {
+        return Err(impostor("a welcome whose proof of the secret is wrong"));
+    }
+    Ok((link, traffic))
+}
+
+fn random_nonce() -> io::Result<[u8; NONCE]> {
+    let mut b = [0u8; NONCE];
+    getrandom::fill(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(b)
+}
+
 const JOIN: Exchange = Exchange {
     op: Op::Rendezvous,
     seq: 0,
@@ -815,9 +1003,15 @@ impl TcpRoot {
         };
         let mut links: Vec<Option<Link>> = (0..size).map(|_| None).collect();
         let mut joined = 0usize;
-        // Connections accepted but not yet admitted; `None` once handled.
-        let mut pending: Vec<Option<Link>> = Vec::new();
+        // Connections accepted but not yet admitted, oldest first; `None`
+        // once handled. At most `max_pending`, each with one deadline for
+        // its whole hello.
+        let max_pending = size.saturating_add(PENDING_SLACK).min(PENDING_MAX);
+        let mut pending: Vec<Option<Pending>> = Vec::new();
         let mut traffic = Traffic::default();
+        let refuse = |traffic: &mut Traffic| {
+            traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+        };
         while joined + 1 < size {
             if deadline.passed() {
                 let waiting_for = (1..size).filter(|&r| links[r].is_none()).collect();
@@ -828,70 +1022,68 @@ impl TcpRoot {
                     after: timeout,
                 });
             }
+            // A hello past its deadline is dropped, whatever it has sent.
+            for slot in pending.iter_mut() {
+                if slot.as_ref().is_some_and(|p| p.deadline.passed()) {
+                    *slot = None;
+                    refuse(&mut traffic);
+                }
+            }
+            pending.retain(Option::is_some);
             let ready = {
+                let wake = pending
+                    .iter()
+                    .flatten()
+                    .map(|p| p.deadline.remaining())
+                    .fold(deadline.remaining(), Duration::min);
                 let mut fds = vec![self.listener.as_fd()];
-                fds.extend(pending.iter().flatten().map(|l| l.stream.as_fd()));
-                wait_readable(&fds, &deadline).map_err(io)?
+                fds.extend(pending.iter().flatten().map(|p| p.link.stream.as_fd()));
+                wait_readable(&fds, &Deadline::after(wake)).map_err(io)?
             };
             for i in ready {
                 if i == 0 {
-                    loop {
-                        match self.listener.accept() {
-                            Ok((stream, _)) => {
-                                // Accepted sockets do not inherit non-blocking mode on
-                                // Linux, but say so for other systems.
-                                if stream.set_nonblocking(false).is_err()
-                                    || stream.set_nodelay(true).is_err()
-                                {
-                                    traffic.refused_connections =
-                                        traffic.refused_connections.saturating_add(1);
-                                    continue;
-                                }
-                                pending.push(Some(Link {
-                                    stream,
-                                    reader: FrameReader::default(),
-                                }));
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                            Err(_) => break,
-                        }
-                    }
+                    self.accept_pending(&mut pending, max_pending, &deadline, &mut traffic);
                     continue;
                 }
                 // Every entry was live when the poll set was built (`retain`
-                // below), so `i - 1` indexes `pending` directly.
+                // above), so `i - 1` indexes `pending` directly.
                 let Some(slot) = pending.get_mut(i - 1) else {
                     continue;
                 };
                 let Some(p) = slot.as_mut() else { continue };
-                match p.reader.fill(&mut p.stream) {
-                    Ok(0) | Err(_) => {
-                        traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                match p.link.reader.fill(&mut p.link.stream) {
+                    Ok(0) => {
+                        refuse(&mut traffic);
+                        *slot = None;
+                        continue;
+                    }
+                    Err(e)
+                        if e.kind() == io::ErrorKind::Interrupted
+                            || e.kind() == io::ErrorKind::WouldBlock =>
+                    {
+                        continue;
+                    }
+                    Err(_) => {
+                        refuse(&mut traffic);
                         *slot = None;
                         continue;
                     }
                     Ok(_) => {}
                 }
-                let (h, secret) = match p.reader.next(HELLO_MAX) {
+                let (h, payload) = match p.link.reader.next(HELLO_MAX) {
                     Ok(Some(f)) => f,
                     Ok(None) => continue,
                     Err(_) => {
-                        traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                        refuse(&mut traffic);
                         *slot = None;
                         continue;
                     }
                 };
-                traffic.received(wire::HEADER_LEN.saturating_add(secret.len()));
-                let Some(mut p) = slot.take() else { continue };
-                if h.kind != Kind::Hello as u8 {
-                    traffic.refused_connections = traffic.refused_connections.saturating_add(1);
-                    continue;
-                }
-                let reject = |p: &mut Link, reason: Refusal, traffic: &mut Traffic| {
+                traffic.received(wire::HEADER_LEN.saturating_add(payload.len()));
+                let reject = |p: &mut Link, job: u64, reason: Refusal, traffic: &mut Traffic| {
                     let r = Header {
                         kind: Kind::Reject as u8,
-                        job: h.job,
+                        job,
                         seq: 0,
                         from: 0,
                         size: size32,
@@ -908,11 +1100,72 @@ impl TcpRoot {
                         traffic.sent(bytes.len());
                     }
                 };
-                if h.job != self.id.job || !constant_time_eq(&secret, &self.id.secret) {
-                    reject(&mut p, Refusal::WrongSecret, &mut traffic);
-                    traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                let (hello, joiner, root_nonce) = match p.phase {
+                    Phase::Hello => {
+                        if h.kind != Kind::Hello as u8 || payload.len() != NONCE {
+                            refuse(&mut traffic);
+                            *slot = None;
+                            continue;
+                        }
+                        if h.job != self.id.job {
+                            reject(&mut p.link, h.job, Refusal::WrongSecret, &mut traffic);
+                            refuse(&mut traffic);
+                            *slot = None;
+                            continue;
+                        }
+                        let mut joiner = [0u8; NONCE];
+                        joiner.copy_from_slice(&payload);
+                        let Ok(nonce) = random_nonce() else {
+                            refuse(&mut traffic);
+                            *slot = None;
+                            continue;
+                        };
+                        let c = Header {
+                            kind: Kind::Challenge as u8,
+                            job: self.id.job,
+                            seq: 0,
+                            from: 0,
+                            size: size32,
+                            len: 0,
+                        };
+                        let bytes = wire::frame(c, &nonce).unwrap_or_default();
+                        if write_bounded(&mut p.link.stream, &bytes, &p.deadline).is_err() {
+                            refuse(&mut traffic);
+                            *slot = None;
+                            continue;
+                        }
+                        traffic.sent(bytes.len());
+                        p.phase = Phase::Proof {
+                            hello: h,
+                            joiner,
+                            root: nonce,
+                        };
+                        continue;
+                    }
+                    Phase::Proof {
+                        hello,
+                        joiner,
+                        root,
+                    } => (hello, joiner, root),
+                };
+                let Some(mut p) = slot.take() else { continue };
+                let want = proof(
+                    &self.id,
+                    JOINER,
+                    hello.from,
+                    hello.size,
+                    &joiner,
+                    &root_nonce,
+                );
+                if h.kind != Kind::Proof as u8
+                    || !want.is_some_and(|w| constant_time_eq(&payload, &w))
+                {
+                    reject(&mut p.link, h.job, Refusal::WrongSecret, &mut traffic);
+                    refuse(&mut traffic);
                     continue;
                 }
+                let h = hello;
+                let mut p = p.link;
                 let peer = usize::try_from(h.from).unwrap_or(usize::MAX);
                 // A refused rank of this job fails the accept: every other
                 // connection is told why at once (an admitted rank's first
@@ -924,7 +1177,7 @@ impl TcpRoot {
                     size: size32,
                 };
                 if h.size != size32 {
-                    reject(&mut p, Refusal::SizeMismatch, &mut traffic);
+                    reject(&mut p, h.job, Refusal::SizeMismatch, &mut traffic);
                     self.abort_connections(
                         &mut links,
                         &mut pending,
@@ -943,7 +1196,7 @@ impl TcpRoot {
                     });
                 }
                 if peer == 0 || peer >= size {
-                    reject(&mut p, Refusal::RankOutOfRange, &mut traffic);
+                    reject(&mut p, h.job, Refusal::RankOutOfRange, &mut traffic);
                     self.abort_connections(
                         &mut links,
                         &mut pending,
@@ -962,7 +1215,7 @@ impl TcpRoot {
                     });
                 }
                 if links[peer].is_some() {
-                    reject(&mut p, Refusal::DuplicateRank, &mut traffic);
+                    reject(&mut p, h.job, Refusal::DuplicateRank, &mut traffic);
                     self.abort_connections(
                         &mut links,
                         &mut pending,
@@ -985,7 +1238,10 @@ impl TcpRoot {
                     size: size32,
                     len: 0,
                 };
-                let bytes = wire::frame(w, &[]).unwrap_or_default();
+                let Some(mine) = proof(&self.id, ROOT, h.from, h.size, &joiner, &root_nonce) else {
+                    continue;
+                };
+                let bytes = wire::frame(w, &mine).unwrap_or_default();
                 if write_bounded(&mut p.stream, &bytes, &deadline).is_err() {
                     continue;
                 }
@@ -993,7 +1249,6 @@ impl TcpRoot {
                 links[peer] = Some(p);
                 joined += 1;
             }
-            pending.retain(Option::is_some);
         }
         Ok(Tcp {
             rank,
@@ -1009,6 +1264,74 @@ impl TcpRoot {
 }
 
 impl TcpRoot {
+    /// Accepts what the listener holds into `pending`, at most
+    /// `max_pending` of them (the oldest dropped first). When the process
+    /// is out of descriptors (`EMFILE`, `ENFILE`) it drops the oldest
+    /// pending connection to make room, or, with none to drop, sleeps
+    /// briefly instead of polling a listener it cannot serve again at once.
+    fn accept_pending(
+        &self,
+        pending: &mut Vec<Option<Pending>>,
+        max_pending: usize,
+        deadline: &Deadline,
+        traffic: &mut Traffic,
+    ) {
+        let drop_oldest = |pending: &mut Vec<Option<Pending>>, traffic: &mut Traffic| {
+            // Emptied in place: the caller's poll indices stay valid.
+            match pending.iter_mut().find(|p| p.is_some()) {
+                Some(slot) => {
+                    *slot = None;
+                    traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                    true
+                }
+                None => false,
+            }
+        };
+        // Bounded: a flood cannot keep this loop from serving the pending.
+        for _ in 0..max_pending {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    // Accepted sockets do not inherit non-blocking mode on
+                    // Linux, but say so for other systems.
+                    if stream.set_nonblocking(false).is_err() || stream.set_nodelay(true).is_err() {
+                        traffic.refused_connections = traffic.refused_connections.saturating_add(1);
+                        continue;
+                    }
+                    while pending.iter().flatten().count() >= max_pending {
+                        if !drop_oldest(pending, traffic) {
+                            break;
+                        }
+                    }
+                    pending.push(Some(Pending {
+                        link: Link {
+                            stream,
+                            reader: FrameReader::default(),
+                        },
+                        phase: Phase::Hello,
+                        deadline: Deadline::after(deadline.remaining().min(HELLO_BUDGET)),
+                    }));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error())
+                        || e.raw_os_error() == Some(rustix::io::Errno::NFILE.raw_os_error()) =>
+                {
+                    if !drop_oldest(pending, traffic) {
+                        std::thread::sleep(deadline.remaining().min(Duration::from_millis(20)));
+                    }
+                    break;
+                }
+                // `ECONNABORTED` and the like: that connection is gone.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+                Err(_) => {
+                    std::thread::sleep(deadline.remaining().min(Duration::from_millis(20)));
+                    break;
+                }
+            }
+        }
+    }
+
     /// After a refused join fails the accept: tells every connection, the
     /// admitted ranks, those not admitted yet and those still in the
     /// listener's backlog, that `culprit` ended the job and why (best
@@ -1016,7 +1339,7 @@ impl TcpRoot {
     fn abort_connections(
         &self,
         links: &mut [Option<Link>],
-        pending: &mut [Option<Link>],
+        pending: &mut [Option<Pending>],
         culprit: usize,
         reason: AbortReason,
         traffic: &mut Traffic,
@@ -1037,7 +1360,11 @@ impl TcpRoot {
                 traffic.sent(bytes.len());
             }
         };
-        for link in links.iter_mut().chain(pending.iter_mut()).flatten() {
+        for link in links
+            .iter_mut()
+            .flatten()
+            .chain(pending.iter_mut().flatten().map(|p| &mut p.link))
+        {
             tell(&mut link.stream);
         }
         // The listener is non-blocking: this ends with the backlog.

@@ -5,8 +5,9 @@
 //! ([`UNIQUE_ID_ENV`]) or a file.
 //!
 //! The secret keeps a stray or stale process (another job's id, a port
-//! scanner) out of the job; it is not a cryptographic protection against an
-//! attacker who can read the id or the loopback traffic.
+//! scanner) out of the job, and rank 0 proves it knows it too (a
+//! challenge-response, see [`Tcp`](crate::Tcp)); it is not a protection
+//! against an attacker who can read the id or the loopback traffic.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -19,6 +20,13 @@ use super::error::{BootstrapError, IdProblem};
 
 /// The environment variable that carries a [`UniqueId`] to the ranks.
 pub const UNIQUE_ID_ENV: &str = "CUDA_ENDPOINTS_BOOTSTRAP_ID";
+
+/// This rank's rank in the job, set by a launcher ([`Tcp::from_env`](crate::Tcp::from_env)).
+pub const RANK_ENV: &str = "CUDA_ENDPOINTS_RANK";
+/// The number of ranks in the job, set by a launcher.
+pub const SIZE_ENV: &str = "CUDA_ENDPOINTS_SIZE";
+/// The (model) node this rank runs on, set by a launcher.
+pub const NODE_ENV: &str = "CUDA_ENDPOINTS_NODE";
 
 const PREFIX: &str = "cebs1";
 
@@ -104,6 +112,16 @@ impl UniqueId {
         })
     }
 
+    /// A fresh id for a job whose rank 0 will listen on `addr` (a random
+    /// job id and secret), for a launcher that starts the ranks itself and
+    /// hands them the id ([`Tcp::from_env`](crate::Tcp::from_env)).
+    ///
+    /// # Errors
+    /// The system's random source.
+    pub fn generate(addr: SocketAddr) -> std::io::Result<Self> {
+        Self::random(addr)
+    }
+
     /// The address rank 0 listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -126,13 +144,23 @@ impl UniqueId {
     }
 
     /// Writes the id to `path` atomically (a temporary file renamed into
-    /// place, mode 0600), so a reader never sees half an id.
+    /// place), so a reader never sees half an id. The file's mode is set to
+    /// 0600 explicitly (never left to the umask), and the directory must be
+    /// one [`UniqueId::read_file`] trusts: owned by this user and writable
+    /// by no one else.
     ///
     /// # Errors
-    /// The file system's.
+    /// The file system's; [`std::io::ErrorKind::PermissionDenied`] for a
+    /// directory others can write.
     pub fn write_file(&self, path: &Path) -> std::io::Result<()> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
+        if let Err(why) = check_dir(path) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("{}: {why}", path.display()),
+            ));
+        }
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".{}.tmp", std::process::id()));
         let tmp = std::path::PathBuf::from(tmp);
@@ -141,7 +169,10 @@ impl UniqueId {
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
+                .custom_flags(libc_nofollow())
                 .open(&tmp)?;
+            // The umask can only clear bits; set the mode outright anyway.
+            rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o600))?;
             f.write_all(self.to_string().as_bytes())?;
             f.sync_all()?;
             std::fs::rename(&tmp, path)
@@ -154,16 +185,59 @@ impl UniqueId {
 
     /// Reads the id from `path`, waiting up to `timeout` for rank 0 to write it.
     ///
+    /// The id is a secret and says whom to trust as rank 0, so a file that
+    /// another user could have planted or changed is refused
+    /// ([`IdProblem::Untrusted`]): the file must be a regular file (not a
+    /// symbolic link) owned by this user and writable by no one else, in a
+    /// directory owned by this user and writable by no one else (a shared
+    /// sticky directory such as `/tmp` is refused: make a 0700 directory).
+    ///
     /// # Errors
     /// [`BootstrapError::InvalidId`] when the file does not appear in time,
-    /// cannot be read or does not parse.
+    /// cannot be read, is not trusted or does not parse.
     pub fn read_file(path: &Path, timeout: Duration) -> Result<Self, BootstrapError> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let untrusted = |why: &'static str| BootstrapError::InvalidId {
+            what: IdProblem::Untrusted {
+                path: path.to_owned(),
+                why,
+            },
+        };
+        check_dir(path).map_err(untrusted)?;
         let deadline = Deadline::after(timeout);
         loop {
-            match std::fs::read_to_string(path) {
-                Ok(s) => return s.parse(),
+            let opened = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc_nofollow())
+                .open(path);
+            match opened {
+                Ok(mut f) => {
+                    let st = rustix::fs::fstat(&f).map_err(|e| BootstrapError::InvalidId {
+                        what: IdProblem::File {
+                            path: path.to_owned(),
+                            kind: std::io::Error::from(e).kind(),
+                        },
+                    })?;
+                    check_owner_mode(&st, false).map_err(untrusted)?;
+                    // An id is ~100 bytes; a larger file is not one.
+                    let mut s = String::new();
+                    let read = (&mut f).take(4096).read_to_string(&mut s);
+                    if let Err(e) = read {
+                        return Err(BootstrapError::InvalidId {
+                            what: IdProblem::File {
+                                path: path.to_owned(),
+                                kind: e.kind(),
+                            },
+                        });
+                    }
+                    return s.parse();
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && !deadline.passed() => {
                     std::thread::sleep(deadline.remaining().min(Duration::from_millis(10)));
+                }
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+                    return Err(untrusted("it is a symbolic link"));
                 }
                 Err(e) => {
                     return Err(BootstrapError::InvalidId {
@@ -176,6 +250,48 @@ impl UniqueId {
             }
         }
     }
+}
+
+/// `O_NOFOLLOW`: an id file is never reached through a symbolic link.
+fn libc_nofollow() -> i32 {
+    i32::try_from(rustix::fs::OFlags::NOFOLLOW.bits()).unwrap_or(0)
+}
+
+/// Owned by this (effective) user and writable by no one else; a
+/// directory must be a directory, a file a regular file.
+fn check_owner_mode(st: &rustix::fs::Stat, dir: bool) -> Result<(), &'static str> {
+    let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+    if dir && kind != rustix::fs::FileType::Directory {
+        return Err("its directory is not a directory");
+    }
+    if !dir && kind != rustix::fs::FileType::RegularFile {
+        return Err("it is not a regular file");
+    }
+    if st.st_uid != rustix::process::geteuid().as_raw() {
+        return Err(if dir {
+            "its directory is owned by another user"
+        } else {
+            "it is owned by another user"
+        });
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(if dir {
+            "its directory is writable by group or others (use a 0700 directory)"
+        } else {
+            "it is writable by group or others"
+        });
+    }
+    Ok(())
+}
+
+/// The directory of `path` is one only this user can write.
+fn check_dir(path: &Path) -> Result<(), &'static str> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let st = rustix::fs::stat(dir).map_err(|_| "its directory cannot be examined")?;
+    check_owner_mode(&st, true)
 }
 
 #[cfg(test)]

@@ -24,7 +24,8 @@ use super::error::{FrameMismatch, Malformed, Op};
 pub const MAX_PAYLOAD: usize = 64 << 20;
 
 pub(crate) const MAGIC: [u8; 4] = *b"CEbs";
-pub(crate) const VERSION: u16 = 1;
+/// 2: the join is a mutual challenge-response (`Challenge`, `Proof`).
+pub(crate) const VERSION: u16 = 2;
 pub(crate) const HEADER_LEN: usize = 36;
 
 /// Message types.
@@ -41,6 +42,8 @@ pub(crate) enum Kind {
     BarrierRelease = 8,
     Abort = 9,
     FdRequest = 10,
+    Challenge = 11,
+    Proof = 12,
 }
 
 impl Kind {
@@ -56,6 +59,8 @@ impl Kind {
             8 => Kind::BarrierRelease,
             9 => Kind::Abort,
             10 => Kind::FdRequest,
+            11 => Kind::Challenge,
+            12 => Kind::Proof,
             _ => return None,
         })
     }
@@ -450,7 +455,7 @@ mod tests {
         let b = h.encode().map_or_else(Vec::new, |b| b.to_vec());
         assert_eq!(b.len(), HEADER_LEN);
         assert_eq!(&b[0..4], b"CEbs");
-        assert_eq!(&b[4..8], &[1, 0, 6, 0]);
+        assert_eq!(&b[4..8], &[2, 0, 6, 0]);
         assert_eq!(&b[8..16], &0x0102_0304_0506_0708u64.to_le_bytes());
         assert_eq!(&b[16..24], &9u64.to_le_bytes());
         assert_eq!(&b[24..32], &[3, 0, 0, 0, 4, 0, 0, 0]);

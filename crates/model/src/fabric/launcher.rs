@@ -2,8 +2,18 @@
 //! one program) on a model fabric that its processes share.
 //!
 //! ```text
-//! cuda-endpoints-fabric [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--driver-version V] [--timeout SECS] -- COMMAND [ARGS...]
+//! cuda-endpoints-fabric [-n N] [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--driver-version V] [--timeout SECS] -- COMMAND [ARGS...]
 //! ```
+//!
+//! With `-n N` it starts N processes of COMMAND itself (no MPI), each with
+//! `CUDA_ENDPOINTS_RANK`, `CUDA_ENDPOINTS_SIZE`, `CUDA_ENDPOINTS_NODE` and a
+//! fresh TCP bootstrap unique id (`CUDA_ENDPOINTS_BOOTSTRAP_ID`, a loopback
+//! port the launcher picked for rank 0): `Tcp::from_env()` gives each its
+//! bootstrap. The job runs in a process group of its own; its processes
+//! get `SIGKILL` when the launcher dies (`PR_SET_PDEATHSIG`), and a
+//! watchdog (a shell waiting on a pipe from the launcher) ends the group
+//! and removes the fabric's temporary directory when the launcher dies by
+//! any signal, SIGKILL included.
 //!
 //! (`cuda-endpoints-fabric --help` says what each flag does and the exit
 //! statuses; the arguments are parsed by `clap`.)
@@ -20,7 +30,9 @@
 //! `--driver-version V` makes every node a driver of that version (e.g.
 //! `13000`: driver 580, no logical endpoints, as `ModelConfig::cuda_13_0`).
 
-use std::process::{Command, ExitCode};
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{FABRIC_ENV, FabricServer};
@@ -67,6 +79,15 @@ struct Args {
     /// Kill the command after this many seconds and exit 1.
     #[arg(long, value_name = "SECS")]
     timeout: Option<u64>,
+    /// Start the job's N ranks here, without MPI: N processes of COMMAND,
+    /// each with CUDA_ENDPOINTS_RANK (0..N), CUDA_ENDPOINTS_SIZE (N),
+    /// CUDA_ENDPOINTS_NODE (rank * nodes / N) and a fresh TCP bootstrap
+    /// unique id in CUDA_ENDPOINTS_BOOTSTRAP_ID (rank 0 listens on the
+    /// loopback port it names): each rank's
+    /// `cuda_endpoints::bootstrap::Tcp::from_env()` gives its bootstrap.
+    #[arg(short = 'n', long = "ranks", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    ranks: Option<u32>,
     /// The command to run, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -115,12 +136,8 @@ pub fn main() -> ExitCode {
         gpus,
         server.socket().display()
     );
-    let mut child = match Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env(FABRIC_ENV, server.env_value())
-        .spawn()
-    {
-        Ok(c) => c,
+    let mut job = match spawn_job(&args, &server, nodes) {
+        Ok(j) => j,
         Err(e) => {
             eprintln!("cuda-endpoints-fabric: cannot run {}: {e}", args.command[0]);
             return ExitCode::from(2);
@@ -128,18 +145,18 @@ pub fn main() -> ExitCode {
     };
     let start = Instant::now();
     let status = loop {
-        match child.try_wait() {
+        match job.try_wait() {
             Ok(Some(s)) => break Some(s),
             Ok(None) => {}
             Err(e) => {
                 eprintln!("cuda-endpoints-fabric: waiting for the command: {e}");
+                job.kill();
                 break None;
             }
         }
         if timeout.is_some_and(|t| start.elapsed() > t) {
             eprintln!("cuda-endpoints-fabric: the command ran past --timeout; killed");
-            let _ = child.kill();
-            let _ = child.wait();
+            job.kill();
             break None;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -176,6 +193,7 @@ pub fn main() -> ExitCode {
         );
     }
     drop(server);
+    job.disarm();
     match status {
         Some(s) if !s.success() => {
             eprintln!("cuda-endpoints-fabric: the command failed: {s}");
@@ -189,5 +207,136 @@ pub fn main() -> ExitCode {
             eprintln!("cuda-endpoints-fabric: nothing leaked");
             ExitCode::SUCCESS
         }
+    }
+}
+
+/// The job: its processes, all in one process group of their own, and the
+/// watchdog that ends that group and removes the fabric's directory if the
+/// launcher dies first (any signal, SIGKILL included).
+struct Job {
+    children: Vec<Child>,
+    pgid: i32,
+    watchdog: Option<Child>,
+}
+
+fn spawn_job(args: &Args, server: &FabricServer, nodes: usize) -> std::io::Result<Job> {
+    let ranks = args.ranks.map(|n| n as usize);
+    let id = match ranks {
+        Some(_) => {
+            // A free loopback port for rank 0, which binds it again
+            // (`SO_REUSEADDR`) in `Tcp::from_env`.
+            let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+            Some(cuda_endpoints_bootstrap::UniqueId::generate(addr)?)
+        }
+        None => None,
+    };
+    let mut job = Job {
+        children: Vec::new(),
+        pgid: 0,
+        watchdog: None,
+    };
+    for rank in 0..ranks.unwrap_or(1) {
+        let mut cmd = Command::new(&args.command[0]);
+        cmd.args(&args.command[1..])
+            .env(FABRIC_ENV, server.env_value())
+            .process_group(job.pgid);
+        if let (Some(n), Some(id)) = (ranks, &id) {
+            let node = rank.checked_mul(nodes).map_or(0, |x| x / n.max(1));
+            cmd.env(cuda_endpoints_bootstrap::RANK_ENV, rank.to_string())
+                .env(cuda_endpoints_bootstrap::SIZE_ENV, n.to_string())
+                .env(cuda_endpoints_bootstrap::NODE_ENV, node.to_string())
+                .env(cuda_endpoints_bootstrap::UNIQUE_ID_ENV, id.to_string());
+        }
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only calls `prctl(PR_SET_PDEATHSIG)`, which is async-signal-safe
+        // and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::KILL,
+                ))
+                .map_err(std::io::Error::from)
+            });
+        }
+        match cmd.spawn() {
+            Ok(c) => {
+                if job.pgid == 0 {
+                    job.pgid = i32::try_from(c.id()).unwrap_or(0);
+                }
+                job.children.push(c);
+            }
+            Err(e) => {
+                job.kill();
+                return Err(e);
+            }
+        }
+    }
+    job.watchdog = watchdog(job.pgid, server.socket());
+    Ok(job)
+}
+
+/// A shell in its own process group that waits for the launcher to close
+/// its stdin: "done" when the launcher ends normally; anything else (the
+/// launcher died) makes it end the job's process group and remove the
+/// fabric's directory.
+fn watchdog(pgid: i32, socket: &std::path::Path) -> Option<Child> {
+    let dir = socket.parent()?;
+    if pgid <= 0 {
+        return None;
+    }
+    Command::new("/bin/sh")
+        .args([
+            "-c",
+            r#"read x; [ "$x" = done ] && exit 0; kill -TERM -- "-$1" 2>/dev/null; sleep 1; kill -KILL -- "-$1" 2>/dev/null; rm -rf -- "$2""#,
+            "cuda-endpoints-fabric-watchdog",
+        ])
+        .arg(pgid.to_string())
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .ok()
+}
+
+impl Job {
+    /// Every process's status once all have exited: the first failure, or
+    /// success.
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        let mut all = Vec::with_capacity(self.children.len());
+        for c in &mut self.children {
+            match c.try_wait()? {
+                Some(s) => all.push(s),
+                None => return Ok(None),
+            }
+        }
+        Ok(all.iter().find(|s| !s.success()).or(all.first()).copied())
+    }
+
+    /// Ends the whole process group (the command's own children too).
+    fn kill(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pgid) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The launcher ends normally: the watchdog leaves without acting.
+    fn disarm(&mut self) {
+        if let Some(mut w) = self.watchdog.take() {
+            if let Some(mut stdin) = w.stdin.take() {
+                let _ = stdin.write_all(b"done\n");
+            }
+            let _ = w.wait();
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.disarm();
     }
 }
