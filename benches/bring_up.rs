@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use cuda_endpoints::bootstrap::Traffic;
 use cuda_endpoints::model::{FabricConfig, Model};
 use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
-use cuda_endpoints::{Bootstrap, Context, Device, Tcp, Threads};
+use cuda_endpoints::{Context, Device, bootstrap::Bootstrap, bootstrap::Tcp, bootstrap::Threads};
 
 const BYTES: u64 = 2 << 20;
 const GPUS_PER_NODE: usize = 4;

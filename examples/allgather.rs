@@ -25,7 +25,9 @@ use std::process::ExitCode;
 use common::Me;
 use common::job::{self, Checked, TIMEOUT};
 use cuda_endpoints::team::{self, PeerSpec};
-use cuda_endpoints::{Allocation, Bootstrap, Context, CopyBatch, PosixFd, Private, Stream};
+use cuda_endpoints::{
+    Allocation, Context, CopyBatch, PosixFd, Private, Stream, bootstrap::Bootstrap,
+};
 
 /// Bytes of each rank's slice.
 const SLICE: u64 = 64 << 10;

@@ -27,7 +27,9 @@ use std::process::ExitCode;
 use common::Me;
 use common::job::{self, Checked, TIMEOUT};
 use cuda_endpoints::team::{self, TeamSpec};
-use cuda_endpoints::{Allocation, Bootstrap, Context, CopyBatch, PosixFd, Private, Stream};
+use cuda_endpoints::{
+    Allocation, Context, CopyBatch, PosixFd, Private, Stream, bootstrap::Bootstrap,
+};
 
 /// Where the message lands in every member's memory, and its length.
 const AT: u64 = 4096;

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use cuda_endpoints::{Bootstrap, BootstrapError, Mpi};
+use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::Mpi};
 
 fn main() {
     let timeout_case = std::env::args().any(|a| a == "timeout");

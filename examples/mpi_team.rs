@@ -17,7 +17,7 @@ mod common;
 
 use std::time::Duration;
 
-use cuda_endpoints::{Bootstrap, Mpi, fabric};
+use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::Mpi, fabric};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let timeout = Duration::from_secs(20);

@@ -11,7 +11,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use cuda_endpoints::bootstrap::UNIQUE_ID_ENV;
-use cuda_endpoints::{Bootstrap, Tcp, UniqueId};
+use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::Tcp, bootstrap::UniqueId};
 
 const RANK: &str = "CEB_EXAMPLE_RANK";
 const SIZE: &str = "CEB_EXAMPLE_SIZE";

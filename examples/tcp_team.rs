@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use cuda_endpoints::bootstrap::UNIQUE_ID_ENV;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
-use cuda_endpoints::{Tcp, UniqueId};
+use cuda_endpoints::{bootstrap::Tcp, bootstrap::UniqueId};
 
 const RANK: &str = "CUDA_ENDPOINTS_RANK";
 const SIZE: &str = "TCP_TEAM_SIZE";

@@ -45,9 +45,6 @@ mod unwind;
 
 pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Policy, decide};
 pub use binding::Binding;
-#[cfg(feature = "mpi")]
-pub use bootstrap::Mpi;
-pub use bootstrap::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
 pub use context::Context;
 pub use copy::{CanGet, Completed, CopyBatch, InFlight};
 pub use cuda_endpoints_bootstrap as bootstrap;

@@ -496,7 +496,7 @@ fn probe_size(alloc: &AllocInner) -> Result<()> {
 impl Allocation<PosixFd> {
     /// Exports the allocation as a POSIX file descriptor
     /// (`cuMemExportToShareableHandle`, C5), to pass to a process of the
-    /// same node (with [`crate::FdExchange`], `SCM_RIGHTS`). The descriptor
+    /// same node (with [`FdExchange`](crate::bootstrap::FdExchange), `SCM_RIGHTS`). The descriptor
     /// is the caller's; it does not keep the memory alive.
     ///
     /// # Errors

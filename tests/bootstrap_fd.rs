@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use bootstrap_support::*;
 use cuda_endpoints::bootstrap::{AbortReason, NodeId, UNIQUE_ID_ENV};
-use cuda_endpoints::{Bootstrap, BootstrapError, FdExchange, Tcp, Threads, UniqueId};
+use cuda_endpoints::{
+    bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::FdExchange, bootstrap::Tcp,
+    bootstrap::Threads, bootstrap::UniqueId,
+};
 
 const ENTRY: &str = "child_entry";
 const T: Duration = Duration::from_secs(20);

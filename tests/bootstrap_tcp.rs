@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use bootstrap_support::*;
 use cuda_endpoints::bootstrap::{AbortReason, FrameMismatch, Malformed, Refusal, UNIQUE_ID_ENV};
-use cuda_endpoints::{Bootstrap, BootstrapError, Tcp, UniqueId};
+use cuda_endpoints::{
+    bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::Tcp, bootstrap::UniqueId,
+};
 
 const ENTRY: &str = "child_entry";
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bootstrap_support::suite;
 use cuda_endpoints::bootstrap::{Callbacks, FrameMismatch, Malformed, ThreadRank};
-use cuda_endpoints::{Bootstrap, BootstrapError, Threads};
+use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::Threads};
 
 fn on_threads<R: Send>(
     ranks: &[impl Bootstrap + Sync],

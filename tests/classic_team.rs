@@ -15,7 +15,7 @@ use cuda_endpoints::bootstrap::Threads;
 use cuda_endpoints::driver::{Classic, ShareableKind};
 use cuda_endpoints::model::{FabricConfig, Model};
 use cuda_endpoints::team::{self, Step, TeamSpec};
-use cuda_endpoints::{Allocation, Bootstrap, Call, Code, Context, Device, PosixFd};
+use cuda_endpoints::{Allocation, Call, Code, Context, Device, PosixFd, bootstrap::Bootstrap};
 
 const MIB2: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(10);
@@ -187,7 +187,7 @@ impl<B: Bootstrap> Bootstrap for Hostile<B> {
         &self,
         mine: &[u8],
         timeout: Duration,
-    ) -> Result<Vec<Vec<u8>>, cuda_endpoints::BootstrapError> {
+    ) -> Result<Vec<Vec<u8>>, cuda_endpoints::bootstrap::BootstrapError> {
         self.0.allgather(mine, timeout)
     }
     fn broadcast(
@@ -195,7 +195,7 @@ impl<B: Bootstrap> Bootstrap for Hostile<B> {
         root: usize,
         bytes: &[u8],
         timeout: Duration,
-    ) -> Result<Vec<u8>, cuda_endpoints::BootstrapError> {
+    ) -> Result<Vec<u8>, cuda_endpoints::bootstrap::BootstrapError> {
         let mut got = self.0.broadcast(root, bytes, timeout)?;
         if self.0.rank() != root && got.len() > 64 && !self.1.replace(true) {
             let last = got.len() - 1;
@@ -203,7 +203,7 @@ impl<B: Bootstrap> Bootstrap for Hostile<B> {
         }
         Ok(got)
     }
-    fn barrier(&self, timeout: Duration) -> Result<(), cuda_endpoints::BootstrapError> {
+    fn barrier(&self, timeout: Duration) -> Result<(), cuda_endpoints::bootstrap::BootstrapError> {
         self.0.barrier(timeout)
     }
 }
@@ -257,7 +257,7 @@ impl<B: Bootstrap> Bootstrap for Lying<B> {
         &self,
         mine: &[u8],
         timeout: Duration,
-    ) -> Result<Vec<Vec<u8>>, cuda_endpoints::BootstrapError> {
+    ) -> Result<Vec<Vec<u8>>, cuda_endpoints::bootstrap::BootstrapError> {
         let mut bytes = mine.to_vec();
         if std::mem::take(&mut *self.first.lock().unwrap()) {
             *self.record.lock().unwrap() = Some(mine.to_vec());
@@ -272,10 +272,10 @@ impl<B: Bootstrap> Bootstrap for Lying<B> {
         root: usize,
         bytes: &[u8],
         timeout: Duration,
-    ) -> Result<Vec<u8>, cuda_endpoints::BootstrapError> {
+    ) -> Result<Vec<u8>, cuda_endpoints::bootstrap::BootstrapError> {
         self.inner.broadcast(root, bytes, timeout)
     }
-    fn barrier(&self, timeout: Duration) -> Result<(), cuda_endpoints::BootstrapError> {
+    fn barrier(&self, timeout: Duration) -> Result<(), cuda_endpoints::bootstrap::BootstrapError> {
         self.inner.barrier(timeout)
     }
 }

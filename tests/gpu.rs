@@ -590,7 +590,10 @@ fn two_processes_share_posix_fd_memory() {
 #[test]
 fn share_child() {
     use cuda_endpoints::bootstrap::IdProblem;
-    use cuda_endpoints::{Bootstrap, BootstrapError, FdExchange, Tcp, UniqueId, team};
+    use cuda_endpoints::{
+        bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::FdExchange, bootstrap::Tcp,
+        bootstrap::UniqueId, team,
+    };
     use cudarc::driver::{CudaContext, result};
     use std::time::Duration;
 
@@ -787,8 +790,8 @@ fn portable_child() {
     use cuda_endpoints::bootstrap::IdProblem;
     use cuda_endpoints::driver::Family;
     use cuda_endpoints::{
-        Bootstrap, BootstrapError, CopyBatch, CopyPath, Exportable, FabricHandle, FdExchange,
-        Stream, Tcp, Unicast, UniqueId,
+        CopyBatch, CopyPath, Exportable, FabricHandle, Stream, Unicast, bootstrap::Bootstrap,
+        bootstrap::BootstrapError, bootstrap::FdExchange, bootstrap::Tcp, bootstrap::UniqueId,
     };
     use std::time::Duration;
 

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bootstrap_support::*;
-use cuda_endpoints::{Bootstrap, Tcp};
+use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::Tcp};
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
 const ENTRY: &str = "child_entry";

@@ -14,8 +14,8 @@ use cuda_endpoints::driver::Classic;
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
 use cuda_endpoints::team::{self, TeamSpec};
 use cuda_endpoints::{
-    Allocation, Bootstrap, Call, Context, Device, Driver, Error, Feature, MulticastMapping,
-    PosixFd, Spec,
+    Allocation, Call, Context, Device, Driver, Error, Feature, MulticastMapping, PosixFd, Spec,
+    bootstrap::Bootstrap,
 };
 
 const MIB2: u64 = 2 << 20;

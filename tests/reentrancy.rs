@@ -121,7 +121,7 @@ fn classic_holds_no_table_lock_across_inner_calls_a_reentrant_layer_reads_it() {
 /// `cuMemImportFromShareableHandle` does not deadlock.
 #[test]
 fn classic_export_and_import_of_the_bring_up_hold_no_table_lock_across_inner_calls() {
-    use cuda_endpoints::Bootstrap;
+    use cuda_endpoints::bootstrap::Bootstrap;
     use cuda_endpoints::bootstrap::Threads;
     use cuda_endpoints::driver::ShareableKind;
     use cuda_endpoints::model::FabricConfig;

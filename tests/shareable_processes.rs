@@ -29,7 +29,9 @@ use cuda_endpoints::driver::{Classic, ShareableKind};
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, TeamSpec};
-use cuda_endpoints::{Allocation, Bootstrap, Context, Device, Fabric, FdExchange, PosixFd};
+use cuda_endpoints::{
+    Allocation, Context, Device, Fabric, PosixFd, bootstrap::Bootstrap, bootstrap::FdExchange,
+};
 use rank::Me;
 use support::{Children, report};
 

@@ -25,7 +25,9 @@ use cuda_endpoints::bootstrap::Traffic;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
-use cuda_endpoints::{Allocation, Bootstrap, BootstrapError, Context, PosixFd, Tcp};
+use cuda_endpoints::{
+    Allocation, Context, PosixFd, bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::Tcp,
+};
 use support::{Children, Done, report};
 
 const ROLE: &str = "CET_ROLE";

@@ -1,7 +1,7 @@
 //! A copy through a bring-up's endpoint before the ranks agreed that every
 //! rank bound its memory (R13.3): a peer may not have bound yet.
 use cuda_endpoints::model::ModelConfig;
-use cuda_endpoints::{Allocation, Context, CopyBatch, PosixFd, Stream, Threads, team};
+use cuda_endpoints::{Allocation, Context, CopyBatch, PosixFd, Stream, bootstrap::Threads, team};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ctx, _model) = Context::model(ModelConfig { driver_version: 13050, ..ModelConfig::node(1) });

@@ -1,6 +1,6 @@
 //! Private memory on the endpoint a team bring-up gives every rank: it is
 //! shared with other processes, so it takes only shareable memory (R5.6).
-use cuda_endpoints::{Allocation, Context, Private, Threads, team};
+use cuda_endpoints::{Allocation, Context, Private, bootstrap::Threads, team};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ctx, _model) = Context::model(Default::default());

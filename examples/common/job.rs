@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use cuda_endpoints::bootstrap::UNIQUE_ID_ENV;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
-use cuda_endpoints::{Bootstrap, Context, Tcp, UniqueId};
+use cuda_endpoints::{Context, bootstrap::Bootstrap, bootstrap::Tcp, bootstrap::UniqueId};
 
 use super::Me;
 
@@ -148,7 +148,7 @@ fn mpi_rank(name: &str, work: RankFn) -> u8 {
         return COULD_NOT_RUN;
     }
     let joined = (|| -> Result<_, Box<dyn std::error::Error>> {
-        let boot = cuda_endpoints::Mpi::world(TIMEOUT)?;
+        let boot = cuda_endpoints::bootstrap::Mpi::world(TIMEOUT)?;
         let (ctx, me) = super::join(boot.rank())?;
         Ok((ctx, me, boot))
     })();

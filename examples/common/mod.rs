@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use cuda_endpoints::fabric::{self, Process};
 use cuda_endpoints::team::{self, TeamSpec};
-use cuda_endpoints::{Allocation, Bootstrap, Context, Device, Fabric, FdExchange, PosixFd};
+use cuda_endpoints::{
+    Allocation, Context, Device, Fabric, PosixFd, bootstrap::Bootstrap, bootstrap::FdExchange,
+};
 
 /// Whether the command line asks for the real driver (`--driver cuda`).
 pub fn wants_cuda() -> bool {

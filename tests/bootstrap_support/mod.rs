@@ -11,7 +11,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::IdProblem;
-use cuda_endpoints::{Bootstrap, BootstrapError, Tcp, UniqueId};
+use cuda_endpoints::{
+    bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::Tcp, bootstrap::UniqueId,
+};
 
 // Not every binary uses all of it.
 #[allow(unused_imports)]

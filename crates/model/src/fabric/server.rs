@@ -259,7 +259,7 @@ impl FabricServer {
     }
 
     /// The processes that left, in order, with what each still held: the
-    /// most recent [`MAX_EXITS`] ([`FabricServer::exits_dropped`] counts
+    /// most recent `MAX_EXITS` (4,096) ([`FabricServer::exits_dropped`] counts
     /// the older ones).
     pub fn exits(&self) -> Vec<ProcessExit> {
         self.shared.book().exits.iter().cloned().collect()
@@ -273,7 +273,7 @@ impl FabricServer {
     }
 
     /// The processes that left holding something (leaked, or were killed):
-    /// the most recent [`MAX_EXITS`] of them.
+    /// the most recent `MAX_EXITS` (4,096) of them.
     pub fn leaks(&self) -> Vec<ProcessExit> {
         self.shared.book().leaks.iter().cloned().collect()
     }
