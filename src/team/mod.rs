@@ -10,7 +10,8 @@
 //!   Every rank then holds the same type, [`SharedTeam`] with an
 //!   `Endpoint<Ready, SharedMulticast>`, and binds its own memory.
 //! - [`unicast_peers`]: each rank reserves one id per rank, creates its own
-//!   endpoint at its own index and exports it; all allgather the handles;
+//!   endpoint at its own index and exports it while it is built (R13.1);
+//!   all allgather the handles;
 //!   each imports every peer at the peer's index and readies the whole range
 //!   with one query per poll round (R3.5). Every rank holds [`Peers`].
 //!
@@ -56,6 +57,7 @@ mod agree;
 mod bound;
 mod error;
 mod multicast;
+mod owned;
 mod peers;
 mod shared;
 mod wire;
@@ -65,6 +67,7 @@ use std::time::Duration;
 pub use bound::{BoundPeers, BoundTeam};
 pub use error::{Cause, Mismatch, PeerFailure, Step, TeamError};
 pub use multicast::{SharedTeam, TeamSpec, multicast};
+pub use owned::{DynPeers, OwnedPeers};
 pub use peers::{PeerSpec, Peers, unicast_peers};
 pub use shared::SharedMulticast;
 
