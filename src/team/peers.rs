@@ -18,6 +18,7 @@ use crate::state::{Pending, Ready, Reserved, TeamReady};
 
 use super::agree::agree;
 use super::error::{Cause, Step, TeamError};
+use super::retry::{Retry, agree_retrying};
 use super::wire::{Hello, decode_envelope, encode_envelope};
 use super::{check_devices, check_limits, wait_range};
 use crate::bootstrap::Deadline;
@@ -30,6 +31,7 @@ pub struct PeerSpec {
     bytes: u64,
     timeout: Duration,
     counted_ops: bool,
+    retry: Retry,
 }
 
 impl PeerSpec {
@@ -41,12 +43,22 @@ impl PeerSpec {
             bytes,
             timeout: Duration::from_secs(10),
             counted_ops: false,
+            retry: Retry::default(),
         }
     }
 
     /// The whole bring-up ends, on every rank, within `timeout`.
     pub fn timeout(mut self, timeout: Duration) -> PeerSpec {
         self.timeout = timeout;
+        self
+    }
+
+    /// How a step that failed with a retryable code on some rank is
+    /// retried by every rank together (default [`Retry::default`]; cut to
+    /// fit in the timeout, [`Retry::within`]). Today the create-and-export
+    /// step is retried.
+    pub fn retry(mut self, retry: Retry) -> PeerSpec {
+        self.retry = retry;
         self
     }
 
@@ -151,7 +163,8 @@ pub fn unicast_peers(
     // One id per rank; this rank's own endpoint at its own index.
     let mut slots: Vec<Option<Endpoint<Reserved, NoKind>>> = Vec::new();
     let mut own = None;
-    let local = (|| {
+    let retry = spec.retry.within(spec.timeout);
+    let envelopes = agree_retrying(boot, Step::Export, retry, deadline, || {
         let create = |c| (Step::Create, c);
         let count = u32::try_from(ranks).map_err(|_| {
             create(Cause::BadMessage {
@@ -181,8 +194,7 @@ pub fn unicast_peers(
         let handle = ep.export().map_err(|e| (Step::Export, Cause::Local(e)))?;
         own = Some(ep);
         Ok(encode_envelope(spec.counted_ops, &handle.to_bytes()))
-    })();
-    let envelopes = agree(boot, Step::Export, local, deadline)?;
+    })?;
     let Some(own) = own else {
         return Err(TeamError::new(
             me,
