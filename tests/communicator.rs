@@ -365,3 +365,69 @@ fn r13_1_unicast_peers_export_before_any_rank_waits_for_readiness() {
     assert!(model.live_node().is_empty());
     common::no_violations(&model.violations());
 }
+
+#[test]
+fn eight_communicators_over_the_same_ranks_and_devices_come_up_at_once_and_none_crosses() {
+    // Each communicator has its own bootstrap group (its tag: no message of
+    // one reaches another); all eight bring-ups of a rank run at once on
+    // the same process and device.
+    const COMMS: usize = 8;
+    let (contexts, model) = processes(2);
+    let mut groups: Vec<Vec<ThreadRank>> = (0..COMMS).map(|_| Threads::new(2)).collect();
+    let per_rank: Vec<Vec<ThreadRank>> = (0..2)
+        .map(|_| groups.iter_mut().map(|g| g.remove(0)).collect())
+        .collect();
+    let ids: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = contexts
+            .iter()
+            .zip(per_rank)
+            .enumerate()
+            .map(|(r, ((ctx, _), boots))| {
+                s.spawn(move || {
+                    let dev = r as i32;
+                    let comms: Vec<Comm> = std::thread::scope(|s| {
+                        let all: Vec<_> = boots
+                            .iter()
+                            .map(|boot| {
+                                s.spawn(move || {
+                                    Comm::new(ctx, boot, dev).map_err(|e| e.to_string())
+                                })
+                            })
+                            .collect();
+                        all.into_iter()
+                            .map(|h| {
+                                h.join()
+                                    .expect("a bring-up panicked")
+                                    .expect("a bring-up failed")
+                            })
+                            .collect()
+                    });
+                    let ids: Vec<u32> = comms.iter().map(|c| c.peers.own().id()).collect();
+                    boots[0].barrier(T).unwrap();
+                    drop(comms);
+                    ids
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    });
+    for (r, ids) in ids.iter().enumerate() {
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            COMMS,
+            "rank {r}: one endpoint per communicator: {ids:?}"
+        );
+    }
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+    common::no_violations(&model.violations());
+}
