@@ -180,3 +180,35 @@ fn a_multicast_root_not_ready_for_its_first_create_is_retried_by_every_rank() {
     assert!(model.live_node().is_empty());
     common::no_violations(&model.violations());
 }
+
+#[test]
+fn a_rank_whose_imports_are_not_ready_twice_is_retried_keeping_what_it_imported() {
+    let (contexts, model) = processes(3);
+    // Rank 1's second import (of rank 2) fails twice: its import of rank 0
+    // is kept, only rank 2's is tried again.
+    model.set_faults(
+        FaultPlan::none().with(
+            Fault::nth(Call::Import, 2, Code::FABRIC_NOT_READY)
+                .times(2)
+                .on_process(contexts[1].1.pid()),
+        ),
+    );
+    let out = on_every_rank(&contexts, |r, ctx, boot| {
+        let spec = PeerSpec::new(r as i32, BYTES)
+            .timeout(T)
+            .retry(Retry::new(4, RETRY));
+        team::unicast_peers(ctx, boot, &spec).map(drop)
+    });
+    for (r, (result, events)) in out.into_iter().enumerate() {
+        assert!(result.is_ok(), "rank {r}: {result:?}");
+        assert_eq!(events, 2, "rank {r}");
+    }
+    assert_eq!(model.faults_fired(), 2);
+    assert_eq!(
+        model.calls(Call::Import),
+        3 * 2 + 2,
+        "only the failed import again"
+    );
+    assert!(model.live_node().is_empty());
+    common::no_violations(&model.violations());
+}

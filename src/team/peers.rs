@@ -55,8 +55,8 @@ impl PeerSpec {
 
     /// How a step that failed with a retryable code on some rank is
     /// retried by every rank together (default [`Retry::default`]; cut to
-    /// fit in the timeout, [`Retry::within`]). Today the create-and-export
-    /// step is retried.
+    /// fit in the timeout, [`Retry::within`]): the create-and-export step
+    /// and the import-and-wait step (imports that succeeded are kept).
     pub fn retry(mut self, retry: Retry) -> PeerSpec {
         self.retry = retry;
         self
@@ -206,47 +206,84 @@ pub fn unicast_peers(
     };
 
     // Import every peer at its index; ready them all with one query a round.
-    let mut imported: Vec<Option<Endpoint<Pending, ImportedUnicast>>> = Vec::new();
+    // Retried as one step: what was imported stays imported, a failed
+    // import gives its id back to its slot, and the own endpoint comes back
+    // pending when its wait failed.
+    let mut imported: Vec<Option<Endpoint<Pending, ImportedUnicast>>> =
+        (0..ranks).map(|_| None).collect();
     let mut own = Some(own);
     let mut ready_own = None;
-    let local = (|| {
+    let digests = agree_retrying(boot, Step::Wait, retry, deadline, || {
         for (rank, env) in envelopes.iter().enumerate() {
-            let slot = slots.get_mut(rank).and_then(Option::take);
-            let Some(id) = slot else {
-                imported.push(None);
+            if imported.get(rank).is_some_and(Option::is_some) {
+                continue;
+            }
+            let Some(id) = slots.get_mut(rank).and_then(Option::take) else {
                 continue;
             };
-            let check = |c| (Step::Check, c);
-            let (counted, handle) = decode_envelope(env).map_err(check)?;
-            let handle = FabricHandle::<Unicast<Exportable>>::from_bytes(handle)
-                .map_err(|e| check(Cause::Local(e)))?;
-            let expect = super::expect_claim;
-            expect("size", handle.size(), spec.bytes)?;
-            expect("team size", u64::from(handle.team_size()), 1)?;
-            expect(
-                "counted operations",
-                u64::from(counted),
-                u64::from(spec.counted_ops),
-            )?;
-            // The owner is another rank's device: the bind alignment is
-            // checked against this driver's answer for the same size.
-            let props = Spec::unicast(spec.device, spec.bytes).exportable();
-            check_limits(ctx, &props.props(), handle.bind_alignment()).map_err(check)?;
-            let ep = id
-                .import(&handle)
-                .map_err(|f| (Step::Import, Cause::Local(f.error)))?;
-            imported.push(Some(ep));
+            let checked = (|| {
+                let check = |c| (Step::Check, c);
+                let (counted, handle) = decode_envelope(env).map_err(check)?;
+                let handle = FabricHandle::<Unicast<Exportable>>::from_bytes(handle)
+                    .map_err(|e| check(Cause::Local(e)))?;
+                let expect = super::expect_claim;
+                expect("size", handle.size(), spec.bytes)?;
+                expect("team size", u64::from(handle.team_size()), 1)?;
+                expect(
+                    "counted operations",
+                    u64::from(counted),
+                    u64::from(spec.counted_ops),
+                )?;
+                // The owner is another rank's device: the bind alignment is
+                // checked against this driver's answer for the same size.
+                let props = Spec::unicast(spec.device, spec.bytes).exportable();
+                check_limits(ctx, &props.props(), handle.bind_alignment()).map_err(check)?;
+                Ok(handle)
+            })();
+            let handle = match checked {
+                Ok(h) => h,
+                Err(e) => {
+                    if let Some(slot) = slots.get_mut(rank) {
+                        *slot = Some(id);
+                    }
+                    return Err(e);
+                }
+            };
+            match id.import(&handle) {
+                Ok(ep) => {
+                    if let Some(slot) = imported.get_mut(rank) {
+                        *slot = Some(ep);
+                    }
+                }
+                Err(f) => {
+                    if let Some(slot) = slots.get_mut(rank) {
+                        *slot = Some(f.value);
+                    }
+                    return Err((Step::Import, Cause::Local(f.error)));
+                }
+            }
         }
-        let ep = own.take().ok_or((
+        if ready_own.is_none() {
+            let ep = own.take().ok_or((
+                Step::Wait,
+                Cause::BadMessage {
+                    reason: "no endpoint",
+                },
+            ))?;
+            match ep.wait(deadline.remaining()) {
+                Ok(ep) => ready_own = Some(ep),
+                Err(f) => {
+                    own = Some(f.value);
+                    return Err((Step::Wait, Cause::Local(f.error)));
+                }
+            }
+        }
+        let ep = ready_own.as_ref().ok_or((
             Step::Wait,
             Cause::BadMessage {
                 reason: "no endpoint",
             },
         ))?;
-        let ep = ep
-            .wait(deadline.remaining())
-            .map_err(|f| (Step::Wait, Cause::Local(f.error)))?;
-        let ep = ready_own.insert(ep);
         wait_range(ep, &imported, deadline.remaining())
             .map_err(|e| (Step::Wait, Cause::Local(e)))?;
         let base = ep.range().base;
@@ -257,8 +294,7 @@ pub fn unicast_peers(
         Ok(id_table_digest(base, ids, &envelopes)
             .to_le_bytes()
             .to_vec())
-    })();
-    let digests = agree(boot, Step::Wait, local, deadline)?;
+    })?;
     // Every rank's verdict on the tables goes round once more, so that a
     // rank whose own view differs (a bootstrap that delivered other bytes
     // to it) adopts the same verdict as every other rank.
