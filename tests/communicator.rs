@@ -431,3 +431,41 @@ fn eight_communicators_over_the_same_ranks_and_devices_come_up_at_once_and_none_
     );
     common::no_violations(&model.violations());
 }
+
+#[test]
+fn the_reachability_probe_gives_every_rank_the_same_answer_and_names_a_rank_without_fabric_access()
+{
+    let (contexts, model) = processes(3);
+    let reach = on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
+        team::probe(ctx, boot, r as i32, T).unwrap()
+    });
+    assert!(
+        reach.iter().all(|x| *x == reach[0]),
+        "the same on every rank"
+    );
+    assert!(reach[0].one_fabric_domain(), "{:?}", reach[0]);
+    assert_eq!(reach[0].bring_up(), team::BringUp::Multicast);
+    assert_eq!(reach[0].ranks[1].driver_version, Some(13050));
+    assert!(model.live_node().is_empty(), "the trial endpoints are gone");
+
+    // Rank 2 has no IMEX channel: its imports fail, which every rank learns.
+    contexts[2].1.set_fabric_access(false);
+    let reach = on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
+        team::probe(ctx, boot, r as i32, T).unwrap()
+    });
+    assert!(
+        reach.iter().all(|x| *x == reach[0]),
+        "the same on every rank"
+    );
+    let unreachable = reach[0].unreachable();
+    assert!(
+        !unreachable.is_empty() && unreachable.iter().all(|&(i, _, _)| i == 2),
+        "{unreachable:?}"
+    );
+    match reach[0].bring_up() {
+        team::BringUp::None { why } => assert!(why.contains("rank 2"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(model.live_node().is_empty(), "the trial endpoints are gone");
+    common::no_violations(&model.violations());
+}

@@ -59,6 +59,7 @@ mod error;
 mod multicast;
 mod owned;
 mod peers;
+mod probe;
 mod retry;
 mod shared;
 mod wire;
@@ -70,6 +71,7 @@ pub use error::{Cause, Mismatch, PeerFailure, Step, TeamError};
 pub use multicast::{SharedTeam, TeamSpec, multicast};
 pub use owned::{DynPeers, OwnedPeers};
 pub use peers::{PeerSpec, Peers, unicast_peers};
+pub use probe::{BringUp, RankFacts, Reach, probe};
 pub use retry::Retry;
 pub use shared::SharedMulticast;
 
