@@ -15,6 +15,16 @@
 //!   each imports every peer at the peer's index and readies the whole range
 //!   with one query per poll round (R3.5). Every rank holds [`Peers`].
 //!
+//! - [`Peers::into_owned`]: the owning form of unicast peers,
+//!   [`OwnedPeers`] (and its erased twin [`DynPeers`]), whose memory is a
+//!   symmetric heap that grows and shrinks by agreement (R13.5, R13.7).
+//! - [`probe`]: which ranks reach which, proved peer to peer, and which
+//!   bring-up will work ([`Reach`]).
+//!
+//! A step that fails with a retryable code on any rank is retried by every
+//! rank together ([`Retry`]); `unicast_peers` ends by agreeing on a digest
+//! of every rank's peer-to-id table (R13.4).
+//!
 //! Both talk through a [`Bootstrap`](crate::bootstrap::Bootstrap) (threads,
 //! TCP, MPI, or the caller's own communicator). After every step that can
 //! fail, the ranks *agree*: each sends its outcome, each gets every outcome,
