@@ -701,10 +701,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// Exports a fabric handle for other processes (`cuLogicalEndpointExport`,
     /// R8). Only endpoints created from an `.exportable()` spec (R8.1).
     ///
-    /// A pending endpoint can be exported: a team spread over processes is
+    /// A pending endpoint can be exported (R13.1: Export, Destroy and
+    /// IdRelease need no readiness): a team spread over processes is
     /// exported before it is complete, the other ranks import it and enroll
-    /// their own devices, and every rank then waits (R3.2, R9.2). Importers
-    /// always wait for readiness themselves.
+    /// their own devices, and every rank then waits (R3.2, R9.2); a unicast
+    /// endpoint is exported while the driver still constructs it, so the
+    /// handle exchange overlaps construction. Importers always wait for
+    /// readiness themselves, and nothing binds before a query (R3.1).
     ///
     /// # Errors
     /// [`Error::Driver`].
@@ -714,9 +717,6 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         K::Origin: HasFabricHandles,
     {
         let ctx = self.context();
-        if !S::READY && !K::MULTICAST {
-            return Err(Error::ExportBeforeReady { id: self.id });
-        }
         // SAFETY: the id holds this endpoint (created: `CanShare`); export
         // changes nothing about it (R3.4).
         let c = ctx.check(Call::Export, unsafe { ctx.driver().export(self.id) })?;

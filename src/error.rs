@@ -777,17 +777,6 @@ pub enum Error {
         team_clique: u32,
     },
 
-    /// `export` of a unicast endpoint that no query reported ready yet: the
-    /// driver may not be done constructing it (R3.4). Only a team spread over
-    /// processes is exported pending (its other ranks complete it, R3.2).
-    #[error(
-        "unicast endpoint {id} is still pending: export it once a query reported it ready (`wait` or `poll` first, R3.4); only a team spread over processes (`Spec::spread`) is exported before it is ready"
-    )]
-    ExportBeforeReady {
-        /// The endpoint's id.
-        id: u32,
-    },
-
     /// Memory from another [`crate::Context`] than the endpoint's.
     #[error(
         "the memory belongs to another context (driver backend) than the endpoint; allocate it from the endpoint's context"

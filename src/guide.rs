@@ -368,8 +368,10 @@ pub mod misuse_cases {
         team_kernel_ref_incomplete: E0277,
         team_owned_after_unbind_all: E0382,
         team_one_device_too_many: E0277,
+        team_peer_outlives_owned_peers: E0505,
         team_poll_incomplete: E0277,
         team_shared_private_memory: E0277,
+        team_shrink_while_copy_in_flight: E0502,
         team_size_zero: E0277,
         team_wait_all_incomplete: E0277,
         team_wait_incomplete: E0277,
@@ -388,6 +390,7 @@ pub mod misuse_cases {
         memory_and_sharing,
         state_lifecycle,
         team_enrollment,
+        team_owned_heap,
         thread_scoped_binds,
         unsafe_bind_raw_addr,
         }

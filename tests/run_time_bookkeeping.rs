@@ -444,10 +444,10 @@ fn attribute_154_zero_refuses_creation_and_enrollment_before_the_driver() {
     clean(&ctx, &model);
 }
 
-/// Item 7: a pending unicast endpoint is not exported (the driver may
-/// still be constructing it, R3.4); a spread team is, by design.
+/// R13.1: Export needs no readiness: a pending unicast endpoint is exported
+/// (the handle exchange overlaps construction), as a spread team is.
 #[test]
-fn export_of_a_pending_unicast_endpoint_is_refused() {
+fn r13_1_a_pending_unicast_endpoint_exports_without_readiness() {
     let model = Model::new(ModelConfig::node(2));
     let ctx = Context::new(model.clone());
     let uni = ctx
@@ -455,10 +455,9 @@ fn export_of_a_pending_unicast_endpoint_is_refused() {
         .unwrap()
         .create(Spec::unicast(0, ALIGN).exportable())
         .unwrap();
-    let e = uni.export().unwrap_err();
-    assert_eq!(e, Error::ExportBeforeReady { id: uni.id() }, "{e}");
+    let pending = uni.export().unwrap();
     let uni = uni.wait(T).unwrap();
-    assert!(uni.export().is_ok());
+    assert_eq!(uni.export().unwrap().to_bytes(), pending.to_bytes());
     let spread = ctx
         .reserve_one()
         .unwrap()

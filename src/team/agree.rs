@@ -19,6 +19,31 @@ pub(crate) fn agree(
     deadline: Deadline,
 ) -> Result<Vec<Vec<u8>>, TeamError> {
     let me = boot.rank();
+    let mut all = agree_all(boot, step, mine, deadline)?;
+    // This rank's own failure is what it reports, in full.
+    if let Some(Err(_)) = all.get(me) {
+        return Err(all.swap_remove(me).err().unwrap_or_else(|| {
+            TeamError::new(
+                me,
+                step,
+                Cause::BadMessage {
+                    reason: "no outcome",
+                },
+            )
+        }));
+    }
+    all.into_iter().collect()
+}
+
+/// Every rank's outcome of `step`, in rank order (this rank's own as it
+/// was, not parsed back); `Err` only when the exchange itself failed.
+pub(crate) fn agree_all(
+    boot: &dyn Bootstrap,
+    step: Step,
+    mine: Result<Vec<u8>, (Step, Cause)>,
+    deadline: Deadline,
+) -> Result<Vec<Result<Vec<u8>, TeamError>>, TeamError> {
+    let me = boot.rank();
     let bytes = encode_status(step, &mine);
     let all = boot
         .allgather(&bytes, deadline.remaining())
@@ -33,35 +58,23 @@ pub(crate) fn agree(
         ));
     }
     let mut mine = Some(mine);
-    let mut payloads = Vec::with_capacity(all.len());
-    let mut first_peer: Option<TeamError> = None;
+    let mut outcomes = Vec::with_capacity(all.len());
     for (rank, theirs) in all.into_iter().enumerate() {
         if rank == me {
-            // Our own outcome, as we sent it (not parsed back).
-            match mine.take() {
-                Some(Ok(p)) => payloads.push(p),
-                // This rank's own failure is what it reports, in full.
-                Some(Err((at, cause))) => return Err(TeamError::new(me, at, cause)),
-                None => payloads.push(Vec::new()),
-            }
+            outcomes.push(match mine.take() {
+                Some(Ok(p)) => Ok(p),
+                Some(Err((at, cause))) => Err(TeamError::new(me, at, cause)),
+                None => Ok(Vec::new()),
+            });
             continue;
         }
-        match decode_status(step, &theirs) {
-            Ok(Status::Ok(p)) => payloads.push(p),
-            Ok(Status::Failed(at, p)) => {
-                first_peer.get_or_insert(TeamError::new(rank, at, Cause::Peer(p)));
-                payloads.push(Vec::new());
-            }
-            Err(cause) => {
-                first_peer.get_or_insert(TeamError::new(rank, step, cause));
-                payloads.push(Vec::new());
-            }
-        }
+        outcomes.push(match decode_status(step, &theirs) {
+            Ok(Status::Ok(p)) => Ok(p),
+            Ok(Status::Failed(at, p)) => Err(TeamError::new(rank, at, Cause::Peer(p))),
+            Err(cause) => Err(TeamError::new(rank, step, cause)),
+        });
     }
-    match first_peer {
-        None => Ok(payloads),
-        Some(f) => Err(f),
-    }
+    Ok(outcomes)
 }
 
 /// Like [`agree`], for a step only `root` does: the root's outcome goes to

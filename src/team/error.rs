@@ -36,10 +36,16 @@ pub enum Step {
     /// check that every rank bound before anyone copies (R13.3;
     /// `agree_bound`).
     Bind,
+    /// A symmetric heap grows: every rank binds the next chunk at the same
+    /// offset and all check that they did (R13.5).
+    Grow,
+    /// A symmetric heap shrinks: every rank agrees it stopped using the top
+    /// chunk before any rank unbinds it (R13.7).
+    Shrink,
 }
 
 impl Step {
-    pub(crate) const ALL: [Step; 8] = [
+    pub(crate) const ALL: [Step; 10] = [
         Step::Hello,
         Step::Create,
         Step::Export,
@@ -48,6 +54,8 @@ impl Step {
         Step::Enroll,
         Step::Wait,
         Step::Bind,
+        Step::Grow,
+        Step::Shrink,
     ];
 
     pub(crate) fn tag(self) -> u8 {
@@ -69,6 +77,8 @@ impl Step {
             Step::Enroll => "enroll",
             Step::Wait => "wait",
             Step::Bind => "bind",
+            Step::Grow => "grow",
+            Step::Shrink => "shrink",
         }
     }
 }
@@ -177,6 +187,25 @@ pub enum Mismatch {
         /// reported no device at all.
         device: Option<i32>,
     },
+    /// A rank's symmetric heap is not where this rank's is: another offset
+    /// or chunk size at a grow, another top at a shrink (R13.5).
+    Heap {
+        /// Which field: "offset", "chunk size" or "top".
+        field: &'static str,
+        /// What that rank reported.
+        reported: u64,
+        /// What this rank has.
+        expected: u64,
+    },
+    /// A rank's table of which id names which peer (its digest) is not
+    /// this rank's (R13.4: CUDA does not detect it; a kernel addressing
+    /// peer `p` by id would reach another rank's memory).
+    IdTable {
+        /// The digest that rank reported.
+        reported: u64,
+        /// This rank's.
+        expected: u64,
+    },
     /// A rank speaks another version of the bring-up protocol.
     Version {
         /// Its version.
@@ -268,6 +297,18 @@ impl fmt::Display for Mismatch {
             ),
             Mismatch::NotBound { device: None } => f.write_str(
                 "this rank reported no device at the every-rank-bound agreement: nobody copies until every rank bound (R13.3)",
+            ),
+            Mismatch::Heap {
+                field,
+                reported,
+                expected,
+            } => write!(
+                f,
+                "a rank's symmetric heap has {field} = {reported} where this rank's has {expected}: every rank grows and shrinks by the same chunks in the same order (R13.5); nothing was bound or unbound"
+            ),
+            Mismatch::IdTable { reported, expected } => write!(
+                f,
+                "a rank's peer-to-id table (digest {reported:#018x}) is not this rank's ({expected:#018x}): kernels addressing a peer by id would reach another rank (R13.4); every rank must import peer p at index p of one range"
             ),
             Mismatch::Version { theirs, ours } => write!(
                 f,

@@ -10,9 +10,20 @@
 //!   Every rank then holds the same type, [`SharedTeam`] with an
 //!   `Endpoint<Ready, SharedMulticast>`, and binds its own memory.
 //! - [`unicast_peers`]: each rank reserves one id per rank, creates its own
-//!   endpoint at its own index and exports it; all allgather the handles;
+//!   endpoint at its own index and exports it while it is built (R13.1);
+//!   all allgather the handles;
 //!   each imports every peer at the peer's index and readies the whole range
 //!   with one query per poll round (R3.5). Every rank holds [`Peers`].
+//!
+//! - [`Peers::into_owned`]: the owning form of unicast peers,
+//!   [`OwnedPeers`] (and its erased twin [`DynPeers`]), whose memory is a
+//!   symmetric heap that grows and shrinks by agreement (R13.5, R13.7).
+//! - [`probe`]: which ranks reach which, proved peer to peer, and which
+//!   bring-up will work ([`Reach`]).
+//!
+//! A step that fails with a retryable code on any rank is retried by every
+//! rank together ([`Retry`]); `unicast_peers` ends by agreeing on a digest
+//! of every rank's peer-to-id table (R13.4).
 //!
 //! Both talk through a [`Bootstrap`](crate::bootstrap::Bootstrap) (threads,
 //! TCP, MPI, or the caller's own communicator). After every step that can
@@ -56,7 +67,10 @@ mod agree;
 mod bound;
 mod error;
 mod multicast;
+mod owned;
 mod peers;
+mod probe;
+mod retry;
 mod shared;
 mod wire;
 
@@ -65,7 +79,10 @@ use std::time::Duration;
 pub use bound::{BoundPeers, BoundTeam};
 pub use error::{Cause, Mismatch, PeerFailure, Step, TeamError};
 pub use multicast::{SharedTeam, TeamSpec, multicast};
+pub use owned::{DynPeers, OwnedPeers};
 pub use peers::{PeerSpec, Peers, unicast_peers};
+pub use probe::{BringUp, RankFacts, Reach, probe};
+pub use retry::Retry;
 pub use shared::SharedMulticast;
 
 use crate::context::Context;

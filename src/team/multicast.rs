@@ -30,8 +30,9 @@ use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{Pending, Ready, TeamReady};
 
-use super::agree::{agree, announce};
+use super::agree::agree;
 use super::error::{Cause, Mismatch, Step, TeamError};
+use super::retry::{Retry, announce_retrying};
 use super::shared::SharedMulticast;
 use super::wire::{
     Carrier, Enrolled, Hello, MAX_DEVICES, decode_carrier, decode_envelope,
@@ -52,6 +53,7 @@ pub struct TeamSpec {
     team_size: Option<u32>,
     counted_ops: bool,
     classic_handles: ShareableKind,
+    retry: Retry,
 }
 
 impl TeamSpec {
@@ -67,6 +69,7 @@ impl TeamSpec {
             team_size: None,
             counted_ops: false,
             classic_handles: ShareableKind::PosixFd,
+            retry: Retry::default(),
         }
     }
 
@@ -86,6 +89,14 @@ impl TeamSpec {
     /// when the ranks that joined bring another number of devices.
     pub fn team_size(mut self, devices: u32) -> TeamSpec {
         self.team_size = Some(devices);
+        self
+    }
+
+    /// How the root's create-and-export step, failed with a retryable code,
+    /// is retried by every rank together (default [`Retry::default`]; cut
+    /// to fit in the timeout, [`Retry::within`]).
+    pub fn retry(mut self, retry: Retry) -> TeamSpec {
+        self.retry = retry;
         self
     }
 
@@ -209,14 +220,16 @@ pub fn multicast(
     let classic = ctx.driver().object_sharing();
     let mut root_ep = None;
     let mut root_fd = None;
-    let made = (me == spec.root).then(|| {
-        create_and_export(ctx, classic, spec, team_size).map(|made| {
-            root_ep = Some(made.endpoint);
-            root_fd = made.fd;
-            made.envelope
+    let retry = spec.retry.within(spec.timeout);
+    let envelope = announce_retrying(boot, spec.root, Step::Export, retry, deadline, || {
+        (me == spec.root).then(|| {
+            create_and_export(ctx, classic, spec, team_size).map(|made| {
+                root_ep = Some(made.endpoint);
+                root_fd = made.fd;
+                made.envelope
+            })
         })
-    });
-    let envelope = announce(boot, spec.root, Step::Export, made, deadline)?;
+    })?;
 
     // A classic object exported as a POSIX descriptor reaches the ranks of
     // the root's node over the bootstrap (`SCM_RIGHTS`), every rank taking

@@ -1,5 +1,6 @@
 //! Unicast peers (the NCCL pattern): each rank reserves one id per rank,
-//! creates its own endpoint at its own index, waits for it and exports it;
+//! creates its own endpoint at its own index and exports it while the
+//! driver still builds it (R13.1: export needs no readiness);
 //! all ranks allgather the handles; each imports every peer at the peer's
 //! index and readies the whole range with one query per poll round (R3.5);
 //! the outcome is agreed.
@@ -17,6 +18,7 @@ use crate::state::{Pending, Ready, Reserved, TeamReady};
 
 use super::agree::agree;
 use super::error::{Cause, Step, TeamError};
+use super::retry::{Retry, agree_retrying};
 use super::wire::{Hello, decode_envelope, encode_envelope};
 use super::{check_devices, check_limits, wait_range};
 use crate::bootstrap::Deadline;
@@ -29,6 +31,7 @@ pub struct PeerSpec {
     bytes: u64,
     timeout: Duration,
     counted_ops: bool,
+    retry: Retry,
 }
 
 impl PeerSpec {
@@ -40,6 +43,7 @@ impl PeerSpec {
             bytes,
             timeout: Duration::from_secs(10),
             counted_ops: false,
+            retry: Retry::default(),
         }
     }
 
@@ -49,12 +53,26 @@ impl PeerSpec {
         self
     }
 
+    /// How a step that failed with a retryable code on some rank is
+    /// retried by every rank together (default [`Retry::default`]; cut to
+    /// fit in the timeout, [`Retry::within`]): the create-and-export step
+    /// and the import-and-wait step (imports that succeeded are kept).
+    pub fn retry(mut self, retry: Retry) -> PeerSpec {
+        self.retry = retry;
+        self
+    }
+
     /// Counted operations (`COUNTED_OPS`, R2.4).
     pub fn counted_ops(mut self) -> PeerSpec {
         self.counted_ops = true;
         self
     }
 }
+
+/// This rank's own endpoint of a unicast-peers bring-up.
+pub(crate) type OwnEndpoint = Endpoint<Ready, Unicast<Exportable>>;
+/// A peer's endpoint as imported here.
+pub(crate) type PeerEndpoint = Endpoint<Ready, ImportedUnicast>;
 
 /// Unicast peers brought up on every rank: this rank's own endpoint (bind
 /// its memory there) and every peer's, imported at the peer's index. The
@@ -88,6 +106,10 @@ impl Peers {
     /// index (use [`Peers::own`]) or past the last rank.
     pub fn peer(&self, rank: usize) -> Option<&Endpoint<TeamReady, ImportedUnicast>> {
         self.ready_peer(rank).map(Endpoint::as_state)
+    }
+
+    pub(crate) fn into_parts(self) -> (usize, OwnEndpoint, Vec<Option<PeerEndpoint>>) {
+        (self.rank, self.own, self.peers)
     }
 
     pub(crate) fn ready_own(&self) -> &Endpoint<Ready, Unicast<Exportable>> {
@@ -141,7 +163,8 @@ pub fn unicast_peers(
     // One id per rank; this rank's own endpoint at its own index.
     let mut slots: Vec<Option<Endpoint<Reserved, NoKind>>> = Vec::new();
     let mut own = None;
-    let local = (|| {
+    let retry = spec.retry.within(spec.timeout);
+    let envelopes = agree_retrying(boot, Step::Export, retry, deadline, || {
         let create = |c| (Step::Create, c);
         let count = u32::try_from(ranks).map_err(|_| {
             create(Cause::BadMessage {
@@ -166,14 +189,12 @@ pub fn unicast_peers(
             s = s.counted_ops();
         }
         let ep = mine.create(s).map_err(|f| create(Cause::Local(f.error)))?;
-        let ep = ep
-            .wait(deadline.remaining())
-            .map_err(|f| (Step::Wait, Cause::Local(f.error)))?;
+        // Exported pending (R13.1): the driver builds it while the handles
+        // travel; it is waited for with the peers, below.
         let handle = ep.export().map_err(|e| (Step::Export, Cause::Local(e)))?;
         own = Some(ep);
         Ok(encode_envelope(spec.counted_ops, &handle.to_bytes()))
-    })();
-    let envelopes = agree(boot, Step::Export, local, deadline)?;
+    })?;
     let Some(own) = own else {
         return Err(TeamError::new(
             me,
@@ -185,44 +206,114 @@ pub fn unicast_peers(
     };
 
     // Import every peer at its index; ready them all with one query a round.
-    let mut imported: Vec<Option<Endpoint<Pending, ImportedUnicast>>> = Vec::new();
-    let local = (|| {
+    // Retried as one step: what was imported stays imported, a failed
+    // import gives its id back to its slot, and the own endpoint comes back
+    // pending when its wait failed.
+    let mut imported: Vec<Option<Endpoint<Pending, ImportedUnicast>>> =
+        (0..ranks).map(|_| None).collect();
+    let mut own = Some(own);
+    let mut ready_own = None;
+    let digests = agree_retrying(boot, Step::Wait, retry, deadline, || {
         for (rank, env) in envelopes.iter().enumerate() {
-            let slot = slots.get_mut(rank).and_then(Option::take);
-            let Some(id) = slot else {
-                imported.push(None);
+            if imported.get(rank).is_some_and(Option::is_some) {
+                continue;
+            }
+            let Some(id) = slots.get_mut(rank).and_then(Option::take) else {
                 continue;
             };
-            let check = |c| (Step::Check, c);
-            let (counted, handle) = decode_envelope(env).map_err(check)?;
-            let handle = FabricHandle::<Unicast<Exportable>>::from_bytes(handle)
-                .map_err(|e| check(Cause::Local(e)))?;
-            let expect = super::expect_claim;
-            expect("size", handle.size(), spec.bytes)?;
-            expect("team size", u64::from(handle.team_size()), 1)?;
-            expect(
-                "counted operations",
-                u64::from(counted),
-                u64::from(spec.counted_ops),
-            )?;
-            // The owner is another rank's device: the bind alignment is
-            // checked against this driver's answer for the same size.
-            let props = Spec::unicast(
-                own.devices().first().copied().unwrap_or(spec.device),
-                spec.bytes,
-            )
-            .exportable();
-            check_limits(ctx, &props.props(), handle.bind_alignment()).map_err(check)?;
-            let ep = id
-                .import(&handle)
-                .map_err(|f| (Step::Import, Cause::Local(f.error)))?;
-            imported.push(Some(ep));
+            let checked = (|| {
+                let check = |c| (Step::Check, c);
+                let (counted, handle) = decode_envelope(env).map_err(check)?;
+                let handle = FabricHandle::<Unicast<Exportable>>::from_bytes(handle)
+                    .map_err(|e| check(Cause::Local(e)))?;
+                let expect = super::expect_claim;
+                expect("size", handle.size(), spec.bytes)?;
+                expect("team size", u64::from(handle.team_size()), 1)?;
+                expect(
+                    "counted operations",
+                    u64::from(counted),
+                    u64::from(spec.counted_ops),
+                )?;
+                // The owner is another rank's device: the bind alignment is
+                // checked against this driver's answer for the same size.
+                let props = Spec::unicast(spec.device, spec.bytes).exportable();
+                check_limits(ctx, &props.props(), handle.bind_alignment()).map_err(check)?;
+                Ok(handle)
+            })();
+            let handle = match checked {
+                Ok(h) => h,
+                Err(e) => {
+                    if let Some(slot) = slots.get_mut(rank) {
+                        *slot = Some(id);
+                    }
+                    return Err(e);
+                }
+            };
+            match id.import(&handle) {
+                Ok(ep) => {
+                    if let Some(slot) = imported.get_mut(rank) {
+                        *slot = Some(ep);
+                    }
+                }
+                Err(f) => {
+                    if let Some(slot) = slots.get_mut(rank) {
+                        *slot = Some(f.value);
+                    }
+                    return Err((Step::Import, Cause::Local(f.error)));
+                }
+            }
         }
-        wait_range(&own, &imported, deadline.remaining())
+        if ready_own.is_none() {
+            let ep = own.take().ok_or((
+                Step::Wait,
+                Cause::BadMessage {
+                    reason: "no endpoint",
+                },
+            ))?;
+            match ep.wait(deadline.remaining()) {
+                Ok(ep) => ready_own = Some(ep),
+                Err(f) => {
+                    own = Some(f.value);
+                    return Err((Step::Wait, Cause::Local(f.error)));
+                }
+            }
+        }
+        let ep = ready_own.as_ref().ok_or((
+            Step::Wait,
+            Cause::BadMessage {
+                reason: "no endpoint",
+            },
+        ))?;
+        wait_range(ep, &imported, deadline.remaining())
             .map_err(|e| (Step::Wait, Cause::Local(e)))?;
-        Ok(Vec::new())
-    })();
-    agree(boot, Step::Wait, local, deadline)?;
+        let base = ep.range().base;
+        let ids = (0..ranks).map(|p| match imported.get(p).and_then(Option::as_ref) {
+            Some(peer) => peer.id(),
+            None => ep.id(),
+        });
+        Ok(id_table_digest(base, ids, &envelopes)
+            .to_le_bytes()
+            .to_vec())
+    })?;
+    // Every rank's verdict on the tables goes round once more, so that a
+    // rank whose own view differs (a bootstrap that delivered other bytes
+    // to it) adopts the same verdict as every other rank.
+    let verdict = encode_verdict(check_id_tables(&digests).err().as_ref());
+    let verdicts = agree(boot, Step::Wait, Ok(verdict), deadline)?;
+    for (rank, v) in verdicts.iter().enumerate() {
+        if let Some(e) = decode_verdict(rank, v, verdicts.len())? {
+            return Err(e);
+        }
+    }
+    let Some(own) = ready_own else {
+        return Err(TeamError::new(
+            me,
+            Step::Wait,
+            Cause::BadMessage {
+                reason: "no endpoint",
+            },
+        ));
+    };
     let peers = imported
         .into_iter()
         .map(|e| e.map(Endpoint::cast))
@@ -232,4 +323,151 @@ pub fn unicast_peers(
         own,
         peers,
     })
+}
+
+/// A digest of this rank's peer-to-id table (R13.4): for each index `p`, the
+/// id (relative to the range's base) that names rank `p`'s endpoint here,
+/// and a digest of the handle imported under it (this rank's own, exported,
+/// at its own index).
+pub(crate) fn id_table_digest(
+    base: u32,
+    ids: impl Iterator<Item = u32>,
+    handles: &[Vec<u8>],
+) -> u64 {
+    let mut table = Vec::with_capacity(handles.len().saturating_mul(20));
+    for (p, (id, handle)) in ids.zip(handles).enumerate() {
+        table.extend_from_slice(&(p as u64).to_le_bytes());
+        table.extend_from_slice(&id.wrapping_sub(base).to_le_bytes());
+        table.extend_from_slice(&crate::driver::fnv1a(handle).to_le_bytes());
+    }
+    crate::driver::fnv1a(&table)
+}
+
+/// Every rank's table digest is rank 0's: the first rank (in rank order)
+/// whose digest differs from rank 0's is named, the same on every rank.
+pub(crate) fn check_id_tables(digests: &[Vec<u8>]) -> Result<(), TeamError> {
+    let read = |rank: usize, bytes: &Vec<u8>| -> Result<u64, TeamError> {
+        <[u8; 8]>::try_from(bytes.as_slice())
+            .map(u64::from_le_bytes)
+            .map_err(|_| {
+                TeamError::new(
+                    rank,
+                    Step::Wait,
+                    Cause::BadMessage {
+                        reason: "an id-table digest of the wrong length",
+                    },
+                )
+            })
+    };
+    let Some(first) = digests.first() else {
+        return Ok(());
+    };
+    let reference = read(0, first)?;
+    for (rank, bytes) in digests.iter().enumerate().skip(1) {
+        let theirs = read(rank, bytes)?;
+        if theirs != reference {
+            return Err(TeamError::new(
+                rank,
+                Step::Wait,
+                Cause::Mismatch(super::error::Mismatch::IdTable {
+                    reported: theirs,
+                    expected: reference,
+                }),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A rank's verdict on the id tables: `[0]` when they all agree, else
+/// `[1]`, the rank named, the digest it reported and the reference.
+fn encode_verdict(e: Option<&TeamError>) -> Vec<u8> {
+    match e {
+        Some(TeamError {
+            rank,
+            cause: Cause::Mismatch(super::error::Mismatch::IdTable { reported, expected }),
+            ..
+        }) => {
+            let mut v = vec![1];
+            v.extend_from_slice(&(*rank as u64).to_le_bytes());
+            v.extend_from_slice(&reported.to_le_bytes());
+            v.extend_from_slice(&expected.to_le_bytes());
+            v
+        }
+        // A digest that could not be read: name that rank, digests unknown.
+        Some(e) => {
+            let mut v = vec![1];
+            v.extend_from_slice(&(e.rank as u64).to_le_bytes());
+            v.extend_from_slice(&[0; 16]);
+            v
+        }
+        None => vec![0],
+    }
+}
+
+/// A peer's verdict, read checked (the rank it names is one of `ranks`).
+fn decode_verdict(from: usize, bytes: &[u8], ranks: usize) -> Result<Option<TeamError>, TeamError> {
+    let bad = || {
+        TeamError::new(
+            from,
+            Step::Wait,
+            Cause::BadMessage {
+                reason: "an id-table verdict of the wrong form",
+            },
+        )
+    };
+    match bytes {
+        [0] => Ok(None),
+        [1, rest @ ..] if rest.len() == 24 => {
+            let word = |i: usize| -> Result<u64, TeamError> {
+                rest.get(i * 8..i * 8 + 8)
+                    .and_then(|w| <[u8; 8]>::try_from(w).ok())
+                    .map(u64::from_le_bytes)
+                    .ok_or_else(bad)
+            };
+            let rank = usize::try_from(word(0)?)
+                .ok()
+                .filter(|&r| r < ranks)
+                .ok_or_else(bad)?;
+            Ok(Some(TeamError::new(
+                rank,
+                Step::Wait,
+                Cause::Mismatch(super::error::Mismatch::IdTable {
+                    reported: word(1)?,
+                    expected: word(2)?,
+                }),
+            )))
+        }
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn r13_4_a_forged_id_table_names_the_same_rank_whatever_the_reader() {
+        let handles = vec![vec![1u8; 8], vec![2; 8], vec![3; 8]];
+        let good = id_table_digest(10, [10, 11, 12].into_iter(), &handles)
+            .to_le_bytes()
+            .to_vec();
+        // Rank 1 imported rank 2's handle at index 1 (swapped ids).
+        let forged = id_table_digest(10, [10, 12, 11].into_iter(), &handles)
+            .to_le_bytes()
+            .to_vec();
+        assert_ne!(good, forged);
+        assert!(check_id_tables(&[good.clone(), good.clone(), good.clone()]).is_ok());
+        let e = check_id_tables(&[good.clone(), forged, good.clone()]).unwrap_err();
+        assert_eq!((e.rank, e.step), (1, Step::Wait), "{e}");
+        assert!(
+            matches!(
+                e.cause,
+                Cause::Mismatch(super::super::Mismatch::IdTable { .. })
+            ),
+            "{e}"
+        );
+        let e = check_id_tables(&[good.clone(), vec![0; 7], good]).unwrap_err();
+        assert!(matches!(e.cause, Cause::BadMessage { .. }), "{e}");
+    }
 }

@@ -59,6 +59,9 @@ pub struct Fault {
     pub code: Code,
     /// How many matching calls fail, from the `nth` on (`u64::MAX`: all).
     times: u64,
+    /// The one process (`Model::pid`) whose calls match; `None`: any.
+    #[cfg_attr(feature = "serde", serde(default))]
+    process: Option<usize>,
     /// How many matching calls have been seen.
     seen: u64,
     /// How many times this fault fired.
@@ -73,6 +76,7 @@ impl Fault {
             nth: nth.max(1),
             code,
             times: 1,
+            process: None,
             seen: 0,
             fired: 0,
         }
@@ -98,14 +102,27 @@ impl Fault {
         self
     }
 
+    /// Only calls from process `pid` of the model ([`crate::Model::pid`])
+    /// match (and count towards `nth`): a fault on one rank of a job whose
+    /// ranks are processes of one model (a transient `FABRIC_NOT_READY` on
+    /// one rank, say).
+    pub fn on_process(mut self, pid: usize) -> Fault {
+        self.process = Some(pid);
+        self
+    }
+
     /// How many times this fault fired.
     pub fn fired(&self) -> u64 {
         self.fired
     }
 
-    /// Whether this fault hits this `call` now (and counts it).
-    fn hit(&mut self, call: Call) -> bool {
-        if self.call.is_some_and(|c| c != call) || self.fired >= self.times {
+    /// Whether this fault hits this `call` from process `pid` now (and
+    /// counts it).
+    fn hit(&mut self, call: Call, pid: usize) -> bool {
+        if self.call.is_some_and(|c| c != call)
+            || self.process.is_some_and(|p| p != pid)
+            || self.fired >= self.times
+        {
             return false;
         }
         // Checked: a plan may come over the wire with any counts (a fabric
@@ -300,8 +317,8 @@ impl FaultPlan {
     }
 
     /// Whether `call` fails now, and with which code.
-    pub(crate) fn check(&mut self, call: Call) -> Option<Code> {
-        let code = self.draw(call)?;
+    pub(crate) fn check(&mut self, call: Call, pid: usize) -> Option<Code> {
+        let code = self.draw(call, pid)?;
         self.fired = self.fired.saturating_add(1);
         let n = self.per_call.entry(call).or_default();
         *n = n.saturating_add(1);
@@ -314,12 +331,12 @@ impl FaultPlan {
         Some(code)
     }
 
-    fn draw(&mut self, call: Call) -> Option<Code> {
+    fn draw(&mut self, call: Call, pid: usize) -> Option<Code> {
         // Every planned fault sees the call (so that `nth` counts stay
         // exact), the first hit decides.
         let mut code = None;
         for f in &mut self.planned {
-            if f.hit(call) && code.is_none() {
+            if f.hit(call, pid) && code.is_none() {
                 code = Some(f.code);
             }
         }
@@ -352,10 +369,10 @@ mod tests {
     #[test]
     fn nth_fires_once_at_the_nth_call() {
         let mut p = FaultPlan::none().with(Fault::nth(Call::Create, 2, Code::OUT_OF_MEMORY));
-        assert_eq!(p.check(Call::Create), None);
-        assert_eq!(p.check(Call::Query), None);
-        assert_eq!(p.check(Call::Create), Some(Code::OUT_OF_MEMORY));
-        assert_eq!(p.check(Call::Create), None);
+        assert_eq!(p.check(Call::Create, 0), None);
+        assert_eq!(p.check(Call::Query, 0), None);
+        assert_eq!(p.check(Call::Create, 0), Some(Code::OUT_OF_MEMORY));
+        assert_eq!(p.check(Call::Create, 0), None);
         assert_eq!(p.fired(), 1);
         assert_eq!(p.fired_for(Call::Create), 1);
         assert_eq!(p.last(), Some((Call::Create, Code::OUT_OF_MEMORY)));
@@ -367,9 +384,9 @@ mod tests {
             .with(Fault::always(Call::Unbind, Code::NOT_PERMITTED))
             .with(Fault::nth(Call::Query, 2, Code::NOT_INITIALIZED).times(2));
         for _ in 0..5 {
-            assert_eq!(p.check(Call::Unbind), Some(Code::NOT_PERMITTED));
+            assert_eq!(p.check(Call::Unbind, 0), Some(Code::NOT_PERMITTED));
         }
-        let q: Vec<_> = (0..5).map(|_| p.check(Call::Query)).collect();
+        let q: Vec<_> = (0..5).map(|_| p.check(Call::Query, 0)).collect();
         assert_eq!(
             q,
             [
@@ -389,10 +406,10 @@ mod tests {
         let mut p = FaultPlan::none()
             .with(Fault::always(Call::Create, Code::OUT_OF_MEMORY))
             .with(Fault::nth(Call::Create, 3, Code::NOT_PERMITTED));
-        assert_eq!(p.check(Call::Create), Some(Code::OUT_OF_MEMORY));
-        assert_eq!(p.check(Call::Create), Some(Code::OUT_OF_MEMORY));
+        assert_eq!(p.check(Call::Create, 0), Some(Code::OUT_OF_MEMORY));
+        assert_eq!(p.check(Call::Create, 0), Some(Code::OUT_OF_MEMORY));
         // The 3rd create is also the 2nd fault's 3rd: it counts as fired.
-        assert_eq!(p.check(Call::Create), Some(Code::OUT_OF_MEMORY));
+        assert_eq!(p.check(Call::Create, 0), Some(Code::OUT_OF_MEMORY));
         assert_eq!(p.planned()[1].fired(), 1);
     }
 
@@ -404,7 +421,7 @@ mod tests {
                 .iter()
                 .cycle()
                 .take(2000)
-                .map(|&c| (c, p.check(c)))
+                .map(|&c| (c, p.check(c, 0)))
                 .collect();
             (out, p.fired())
         };
@@ -419,8 +436,8 @@ mod tests {
             }
         }
         let mut only = FaultPlan::none().random(1, 1000, &[Call::Query]);
-        assert_eq!(only.check(Call::Create), None);
-        assert!(only.check(Call::Query).is_some());
+        assert_eq!(only.check(Call::Create, 0), None);
+        assert!(only.check(Call::Query, 0).is_some());
         assert!(FaultPlan::none().random(1, 0, &[]).is_empty());
     }
 
@@ -433,7 +450,7 @@ mod tests {
         p.fired = u64::MAX;
         p.per_call.insert(Call::Query, u64::MAX);
         for _ in 0..3 {
-            assert!(p.check(Call::Query).is_some() || p.check(Call::Query).is_none());
+            assert!(p.check(Call::Query, 0).is_some() || p.check(Call::Query, 0).is_none());
         }
         assert_eq!(p.fired(), u64::MAX);
         assert_eq!(p.fired_for(Call::Query), u64::MAX);
@@ -444,7 +461,7 @@ mod tests {
         let mut p = FaultPlan::none().with(Fault::always(Call::Query, Code::NOT_INITIALIZED));
         p.history =
             std::iter::repeat_n((Call::Query, Code::NOT_INITIALIZED), HISTORY * 4).collect();
-        p.check(Call::Query);
+        p.check(Call::Query, 0);
         assert_eq!(p.history().len(), HISTORY);
         assert_eq!(p.bounded().history().len(), HISTORY);
     }
@@ -453,9 +470,25 @@ mod tests {
     fn history_is_bounded() {
         let mut p = FaultPlan::none().with(Fault::always(Call::Query, Code::NOT_INITIALIZED));
         for _ in 0..(HISTORY + 10) {
-            p.check(Call::Query);
+            p.check(Call::Query, 0);
         }
         assert_eq!(p.history().len(), HISTORY);
         assert_eq!(p.fired(), (HISTORY + 10) as u64);
+    }
+
+    #[test]
+    fn a_fault_on_one_process_fires_on_that_process_only_and_counts_its_calls_alone() {
+        let mut p = FaultPlan::none().with(
+            Fault::nth(Call::Create, 2, Code::FABRIC_NOT_READY)
+                .times(2)
+                .on_process(1),
+        );
+        assert_eq!(p.check(Call::Create, 0), None);
+        assert_eq!(p.check(Call::Create, 1), None);
+        assert_eq!(p.check(Call::Create, 0), None);
+        assert_eq!(p.check(Call::Create, 1), Some(Code::FABRIC_NOT_READY));
+        assert_eq!(p.check(Call::Create, 0), None);
+        assert_eq!(p.check(Call::Create, 1), Some(Code::FABRIC_NOT_READY));
+        assert_eq!(p.check(Call::Create, 1), None);
     }
 }

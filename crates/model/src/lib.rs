@@ -204,7 +204,7 @@ impl Model {
             return Err(Code::DEINITIALIZED);
         }
         w.count(call);
-        if let Some(code) = w.faults.check(call) {
+        if let Some(code) = w.faults.check(call, self.pid) {
             return Err(code);
         }
         w.current = call;

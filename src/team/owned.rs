@@ -1,0 +1,414 @@
+//! The owning form of unicast peers, and the symmetric heap that grows in it
+//! (the NVSHMEM pattern, R13.5).
+//!
+//! What this file owns:
+//! - [`OwnedPeers`]: what [`Peers::into_owned`] makes of a bring-up's
+//!   result — this rank's own endpoint, the memory bound on it (chunk by
+//!   chunk), and every peer's endpoint as imported here — with no lifetime,
+//!   to keep in a communicator struct. Dropped, it unbinds its chunks top
+//!   first, destroys the endpoints (R7; importers' aliases need no
+//!   coordination, R13.7), then frees the memory.
+//! - The heap: the endpoints are sized for the heap's maximum up front (the
+//!   bring-up's bytes); [`OwnedPeers::grow`] binds the next chunk at the
+//!   next offset on every rank and agrees on it over the bootstrap, so peers
+//!   use it with no re-import; [`OwnedPeers::shrink`] agrees that every rank
+//!   stopped using the top chunk before any rank unbinds it (R13.7).
+//! - [`DynPeers`]: the erased twin (the memory type known at run time only),
+//!   as [`DynEndpoint`](crate::DynEndpoint) is the endpoint's.
+
+use std::any::Any;
+use std::time::Duration;
+
+use crate::binding::BindingRecord;
+use crate::bootstrap::{Bootstrap, Deadline};
+use crate::endpoint::Endpoint;
+use crate::error::Error;
+use crate::kind::{Accepts, Exportable, ImportedUnicast, Unicast};
+use crate::memory::BindSource;
+use crate::state::Ready;
+
+use super::agree::agree;
+use super::error::{Cause, Mismatch, Step, TeamError};
+use super::peers::Peers;
+
+/// Unicast peers that own everything: this rank's endpoint with the memory
+/// bound on it as a symmetric heap of chunks, and every peer's endpoint
+/// imported here. No lifetime; one value per communicator.
+///
+/// Copies go through [`OwnedPeers::own`] and [`OwnedPeers::peer`] at
+/// offsets below [`OwnedPeers::top`]: every rank bound that much and agreed
+/// on it (R13.3, R13.5).
+pub struct OwnedPeers<M: BindSource> {
+    rank: usize,
+    // Drop: `Drop::drop` unbinds `chunks` top first; then the fields in
+    // order: the own endpoint, the peers (destroyed), then the memory.
+    chunks: Vec<BindingRecord>,
+    own: Endpoint<Ready, Unicast<Exportable>>,
+    peers: Vec<Option<Endpoint<Ready, ImportedUnicast>>>,
+    memory: Vec<M>,
+    sizes: Vec<u64>,
+}
+
+impl<M: BindSource> std::fmt::Debug for OwnedPeers<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedPeers")
+            .field("rank", &self.rank)
+            .field("ranks", &self.peers.len())
+            .field("top", &self.top())
+            .field("max", &self.max())
+            .finish()
+    }
+}
+
+impl Peers {
+    /// The owning form, with an empty heap: grow it with
+    /// [`OwnedPeers::grow`] on every rank before the first copy (the first
+    /// grow is the every-rank-bound agreement, R13.3).
+    pub fn into_owned<M: BindSource>(self) -> OwnedPeers<M> {
+        let (rank, own, peers) = self.into_parts();
+        OwnedPeers {
+            rank,
+            chunks: Vec::new(),
+            own,
+            peers,
+            memory: Vec::new(),
+            sizes: Vec::new(),
+        }
+    }
+}
+
+impl<M: BindSource> OwnedPeers<M> {
+    /// This rank's number, and the index of its own endpoint.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks.
+    pub fn ranks(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// This rank's own endpoint, to put into or get from below
+    /// [`OwnedPeers::top`].
+    pub fn own(&self) -> &Endpoint<Ready, Unicast<Exportable>> {
+        &self.own
+    }
+
+    /// Rank `rank`'s endpoint as imported here; `None` for this rank's own
+    /// index (use [`OwnedPeers::own`]) or past the last rank.
+    pub fn peer(&self, rank: usize) -> Option<&Endpoint<Ready, ImportedUnicast>> {
+        self.peers.get(rank).and_then(Option::as_ref)
+    }
+
+    /// The id at `rank`'s index, as kernels address it.
+    pub fn id_of(&self, rank: usize) -> Option<u32> {
+        if rank == self.rank {
+            Some(self.own.id())
+        } else {
+            self.peer(rank).map(Endpoint::id)
+        }
+    }
+
+    /// Bytes bound on every rank and agreed on: the heap's top offset.
+    pub fn top(&self) -> u64 {
+        self.sizes.iter().sum()
+    }
+
+    /// The heap's maximum: the endpoints' size, fixed at the bring-up.
+    pub fn max(&self) -> u64 {
+        self.own.size()
+    }
+
+    /// The memory of each chunk, bottom first.
+    pub fn memory(&self) -> &[M] {
+        &self.memory
+    }
+
+    /// Grows the heap by `chunk`, on every rank in one call: each rank binds
+    /// its chunk at the current top on its own endpoint's device, then all
+    /// agree that every rank bound the same size at the same offset (R13.5).
+    /// Peers use the new bytes through the endpoints they already imported.
+    /// Returns the chunk's offset.
+    ///
+    /// # Errors
+    /// A [`TeamError`] at [`Step::Grow`] on every rank: a chunk that would
+    /// end past [`OwnedPeers::max`] ([`Error::OutOfRange`], refused before
+    /// the driver; each rank that refused names itself, the others the
+    /// lowest such rank), a failed bind (likewise), a rank at another offset
+    /// or chunk size than rank 0 ([`Mismatch::Heap`], the same error on
+    /// every rank), or the bootstrap's failure within `timeout`. On error
+    /// no rank keeps the chunk bound; the heap is as it was.
+    pub fn grow(
+        &mut self,
+        boot: &dyn Bootstrap,
+        chunk: M,
+        timeout: Duration,
+    ) -> Result<u64, TeamError>
+    where
+        Unicast<Exportable>: Accepts<M::Share>,
+    {
+        let deadline = Deadline::after(timeout);
+        let offset = self.top();
+        let size = chunk.size();
+        let dev = self.own.devices().first().copied();
+        let bound = match dev {
+            None => Err(Cause::BadMessage {
+                reason: "the own endpoint names no device",
+            }),
+            Some(dev) => self.bind_checked(dev, offset, &chunk).map_err(Cause::Local),
+        };
+        let (record, local) = match bound {
+            Ok(r) => (Some(r), Ok(heap_word(offset, size))),
+            Err(c) => (None, Err((Step::Grow, c))),
+        };
+        // Every rank is checked against rank 0's report, so all name the
+        // same first rank that differs.
+        let verdict = agree(boot, Step::Grow, local, deadline).and_then(|all| {
+            let mut reference = None;
+            for (rank, bytes) in all.iter().enumerate() {
+                let (o, s) = read_heap_word(rank, Step::Grow, bytes)?;
+                let &mut (ro, rs) = reference.get_or_insert((o, s));
+                same(rank, Step::Grow, "offset", o, ro)?;
+                same(rank, Step::Grow, "chunk size", s, rs)?;
+            }
+            Ok(())
+        });
+        match (verdict, record) {
+            (Ok(()), Some(record)) => {
+                self.chunks.push(record);
+                self.memory.push(chunk);
+                self.sizes.push(size);
+                Ok(offset)
+            }
+            (verdict, record) => {
+                if let Some(record) = record
+                    && let Err(e) = record.attach(self.own.range()).unbind()
+                {
+                    // Still bound: keep the memory alive with the endpoint.
+                    self.own.context().record_teardown(e);
+                }
+                Err(verdict.err().unwrap_or_else(|| {
+                    TeamError::new(
+                        self.rank,
+                        Step::Grow,
+                        Cause::BadMessage {
+                            reason: "no chunk bound",
+                        },
+                    )
+                }))
+            }
+        }
+    }
+
+    /// Shrinks the heap by its top chunk, on every rank in one call: all
+    /// agree that every rank stopped using it and has the same top (R13.7;
+    /// `&mut self` proves this rank holds no copy through the endpoints),
+    /// then each rank unbinds its top chunk and gets its memory back.
+    /// `Ok(None)` on every rank when the heap is empty.
+    ///
+    /// # Errors
+    /// The same [`TeamError`] on every rank when a rank's top differs from
+    /// rank 0's ([`Step::Shrink`], [`Mismatch::Heap`]) or the bootstrap fails within
+    /// `timeout`; nothing is unbound then. This rank's own unbind failure
+    /// after the agreement is reported on this rank only.
+    pub fn shrink(
+        &mut self,
+        boot: &dyn Bootstrap,
+        timeout: Duration,
+    ) -> Result<Option<M>, TeamError> {
+        let deadline = Deadline::after(timeout);
+        let top = self.top();
+        let all = agree(boot, Step::Shrink, Ok(heap_word(top, 0)), deadline)?;
+        let mut reference = None;
+        for (rank, bytes) in all.iter().enumerate() {
+            let (t, _) = read_heap_word(rank, Step::Shrink, bytes)?;
+            same(rank, Step::Shrink, "top", t, *reference.get_or_insert(t))?;
+        }
+        let (Some(record), Some(mem), Some(_)) =
+            (self.chunks.pop(), self.memory.pop(), self.sizes.pop())
+        else {
+            return Ok(None);
+        };
+        match record.attach(self.own.range()).unbind() {
+            Ok(()) => Ok(Some(mem)),
+            Err(e) => {
+                // Still bound: the endpoint keeps the memory alive (R7.2).
+                self.memory.push(mem);
+                Err(TeamError::new(self.rank, Step::Shrink, Cause::Local(e)))
+            }
+        }
+    }
+
+    /// The erased twin, for a collection that holds peers over memory of
+    /// several types.
+    pub fn into_dyn(self) -> DynPeers
+    where
+        M: Send + 'static,
+    {
+        DynPeers {
+            rank: self.rank,
+            ranks: self.ranks(),
+            top: self.top(),
+            inner: Box::new(self),
+        }
+    }
+
+    /// Binds `chunk` at `offset` on `dev`, refusing before the driver a
+    /// chunk that ends past the endpoint (the heap's maximum).
+    fn bind_checked(
+        &self,
+        dev: crate::Device,
+        offset: u64,
+        chunk: &M,
+    ) -> Result<BindingRecord, Error>
+    where
+        Unicast<Exportable>: Accepts<M::Share>,
+    {
+        let size = self.own.size();
+        let end = offset.checked_add(chunk.size());
+        if end.is_none_or(|end| end > size) {
+            return Err(Error::OutOfRange {
+                what: crate::error::Extent::EndpointRange,
+                offset,
+                size: chunk.size(),
+                limit: size,
+                rule: crate::error::Rule::R5_4,
+            });
+        }
+        self.own
+            .bind(dev, offset, chunk)
+            .map(crate::binding::Binding::into_record)
+    }
+}
+
+/// `(offset, size)` as one rank reports it.
+fn heap_word(a: u64, b: u64) -> Vec<u8> {
+    let mut v = a.to_le_bytes().to_vec();
+    v.extend_from_slice(&b.to_le_bytes());
+    v
+}
+
+/// A peer's `(offset, size)`, read checked.
+fn read_heap_word(rank: usize, step: Step, bytes: &[u8]) -> Result<(u64, u64), TeamError> {
+    let bad = || {
+        TeamError::new(
+            rank,
+            step,
+            Cause::BadMessage {
+                reason: "a heap report of the wrong length",
+            },
+        )
+    };
+    let a: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(bad)?;
+    let b: [u8; 8] = bytes
+        .get(8..16)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(bad)?;
+    if bytes.len() != 16 {
+        return Err(bad());
+    }
+    Ok((u64::from_le_bytes(a), u64::from_le_bytes(b)))
+}
+
+fn same(
+    rank: usize,
+    step: Step,
+    field: &'static str,
+    got: u64,
+    want: u64,
+) -> Result<(), TeamError> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(TeamError::new(
+            rank,
+            step,
+            Cause::Mismatch(Mismatch::Heap {
+                field,
+                reported: got,
+                expected: want,
+            }),
+        ))
+    }
+}
+
+impl<M: BindSource> Drop for OwnedPeers<M> {
+    fn drop(&mut self) {
+        crate::unwind::in_drop(|| {
+            let range = self.own.range().clone();
+            while let Some(record) = self.chunks.pop() {
+                if let Err(e) = record.attach(&range).unbind() {
+                    // Still bound: the endpoint keeps that memory alive
+                    // until its destroy unbinds it (R7).
+                    self.own.context().record_teardown(e);
+                }
+            }
+        });
+    }
+}
+
+/// [`OwnedPeers`] with its memory type erased: the same teardown on drop;
+/// [`DynPeers::try_into_typed`] gives the typed value back.
+pub struct DynPeers {
+    rank: usize,
+    ranks: usize,
+    top: u64,
+    inner: Box<dyn Any + Send>,
+}
+
+impl std::fmt::Debug for DynPeers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DynPeers")
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .field("top", &self.top)
+            .finish()
+    }
+}
+
+impl DynPeers {
+    /// This rank's number.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// The heap's top when it was erased.
+    pub fn top(&self) -> u64 {
+        self.top
+    }
+
+    /// Whether its memory is `M`.
+    pub fn is<M: BindSource + 'static>(&self) -> bool {
+        self.inner.is::<OwnedPeers<M>>()
+    }
+
+    /// The typed value back, when its memory is `M`; else `self`.
+    ///
+    /// # Errors
+    /// `self`, unchanged, when the memory type differs.
+    pub fn try_into_typed<M: BindSource + Send + 'static>(self) -> Result<OwnedPeers<M>, DynPeers> {
+        let DynPeers {
+            rank,
+            ranks,
+            top,
+            inner,
+        } = self;
+        inner
+            .downcast::<OwnedPeers<M>>()
+            .map(|b| *b)
+            .map_err(|inner| DynPeers {
+                rank,
+                ranks,
+                top,
+                inner,
+            })
+    }
+}

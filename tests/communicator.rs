@@ -1,0 +1,471 @@
+//! The communicator production users build (issue 20): owned unicast peers
+//! (`Peers::into_owned`, `OwnedPeers`, `DynPeers`) next to a multicast team
+//! in a struct kept in a `HashMap`, dropped in any order with zero leaks;
+//! the symmetric heap that grows and shrinks by agreement (R13.5, R13.7),
+//! proved with the data path; the peer-to-id table agreed (R13.4); export
+//! without readiness (R13.1). Ranks are threads, each its own process of one
+//! model on a 13.5 driver (the fabric copy exists).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use cuda_endpoints::bootstrap::{Bootstrap, BootstrapError, ThreadRank, Threads};
+use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::team::{
+    self, Cause, Mismatch, OwnedPeers, PeerSpec, Step, TeamError, TeamSpec,
+};
+use cuda_endpoints::{
+    Allocation, BoundEndpoint, Call, Context, CopyBatch, Error, Mapped, PosixFd, Stream,
+};
+
+const CHUNK: u64 = 2 << 20;
+const MAX: u64 = 4 * CHUNK;
+const T: Duration = Duration::from_secs(10);
+
+/// `n` processes of one node of `n` devices, rank `r` on device `r`.
+fn processes(n: usize) -> (Vec<(Context, Model)>, Model) {
+    let mut config = ModelConfig::node(n);
+    config.driver_version = 13050;
+    let (ctx0, model) = Context::model(config);
+    let mut ranks = vec![(ctx0, model.clone())];
+    ranks.extend((1..n).map(|_| {
+        let p = model.spawn_process();
+        (Context::new(p.clone()), p)
+    }));
+    (ranks, model)
+}
+
+/// Runs `f(rank, ctx, model, boot)` on every rank, each on its own thread,
+/// over `boots`.
+fn on_every_rank<R: Send, B: Bootstrap + Send>(
+    contexts: &[(Context, Model)],
+    boots: Vec<B>,
+    f: impl Fn(usize, &Context, &Model, &dyn Bootstrap) -> R + Sync,
+) -> Vec<R> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = contexts
+            .iter()
+            .zip(boots)
+            .enumerate()
+            .map(|(r, ((ctx, model), boot))| {
+                let f = &f;
+                s.spawn(move || f(r, ctx, model, &boot))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    })
+}
+
+fn chunk(ctx: &Context, dev: i32) -> Mapped<PosixFd> {
+    Allocation::<PosixFd>::on_device(ctx, dev, CHUNK)
+        .unwrap()
+        .map(&[dev])
+        .unwrap()
+}
+
+/// A communicator as a user keeps it: no lifetime anywhere.
+struct Comm {
+    team: BoundEndpoint<team::SharedMulticast, Mapped<PosixFd>>,
+    peers: OwnedPeers<Mapped<PosixFd>>,
+}
+
+impl Comm {
+    fn new(
+        ctx: &Context,
+        boot: &dyn Bootstrap,
+        dev: i32,
+    ) -> Result<Comm, Box<dyn std::error::Error>> {
+        let t = team::multicast(ctx, boot, &TeamSpec::new([dev], CHUNK).timeout(T))?;
+        let mut team = t.into_endpoint().into_bound();
+        team.bind(dev, 0, chunk(ctx, dev)).map_err(|f| f.error)?;
+        let mut peers =
+            team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))?.into_owned();
+        peers.grow(boot, chunk(ctx, dev), T)?; // the every-rank-bound agreement
+        Ok(Comm { team, peers })
+    }
+}
+
+#[test]
+fn communicators_in_a_hashmap_move_data_and_drop_in_any_order_with_zero_leaks() {
+    let (contexts, model) = processes(3);
+    on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let mut comms: HashMap<&str, Comm> = HashMap::new();
+        for name in ["a", "b", "c"] {
+            comms.insert(name, Comm::new(ctx, boot, dev).unwrap());
+        }
+        let stream = Stream::new(ctx, dev).unwrap();
+        for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+            let c = &comms[name];
+            let mark = (r * 16 + i + 1) as u8;
+            stream
+                .enqueue(CopyBatch::new().put_host(vec![mark; 512], c.peers.own(), 0))
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        boot.barrier(T).unwrap();
+        for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+            let c = &comms[name];
+            for p in (0..c.peers.ranks()).filter(|&p| p != r) {
+                let got = stream
+                    .enqueue(CopyBatch::new().get_host(c.peers.peer(p).unwrap(), 0, 512))
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert_eq!(
+                    got.received,
+                    [vec![(p * 16 + i + 1) as u8; 512]],
+                    "{name}: rank {r} from {p}"
+                );
+            }
+            assert_eq!(c.team.devices(), [dev.into()]);
+        }
+        boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
+        drop(stream);
+        // Each rank drops its communicators in its own order; one goes
+        // through the erased form, field by field.
+        let order: [&str; 3] = match r {
+            0 => ["a", "b", "c"],
+            1 => ["c", "a", "b"],
+            _ => ["b", "c", "a"],
+        };
+        for name in order {
+            let Comm { team, peers } = comms.remove(name).unwrap();
+            if r == 1 {
+                let erased = peers.into_dyn();
+                assert!(erased.is::<Mapped<PosixFd>>());
+                drop(team);
+                drop(erased);
+            } else {
+                drop(peers);
+                drop(team);
+            }
+        }
+        let teardown = ctx.take_teardown_errors();
+        assert!(teardown.is_empty(), "rank {r}: {teardown:?}");
+    });
+    let live = model.live_node();
+    assert!(live.is_empty(), "leak: {live:?}");
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn r13_5_a_grown_heap_moves_the_new_chunks_bytes_without_reimport_and_shrinks_by_agreement() {
+    let (contexts, model) = processes(3);
+    on_every_rank(&contexts, Threads::new(3), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        let ids: Vec<_> = (0..3).map(|p| peers.id_of(p)).collect();
+        assert_eq!(peers.grow(boot, chunk(ctx, dev), T).unwrap(), 0);
+        let imports = me.calls(Call::Import);
+        assert_eq!(peers.grow(boot, chunk(ctx, dev), T).unwrap(), CHUNK);
+        assert_eq!((peers.top(), peers.max()), (2 * CHUNK, MAX));
+        let stream = Stream::new(ctx, dev).unwrap();
+        // Each owner writes into its new chunk; every peer gets it at the new
+        // offset through the endpoint it imported at the bring-up.
+        stream
+            .enqueue(CopyBatch::new().put_host(
+                vec![0x40 + r as u8; 4096],
+                peers.own(),
+                CHUNK + 8192,
+            ))
+            .unwrap()
+            .wait()
+            .unwrap();
+        boot.barrier(T).unwrap();
+        for p in (0..3).filter(|&p| p != r) {
+            let got = stream
+                .enqueue(CopyBatch::new().get_host(peers.peer(p).unwrap(), CHUNK + 8192, 4096))
+                .unwrap()
+                .wait()
+                .unwrap();
+            assert_eq!(
+                got.received,
+                [vec![0x40 + p as u8; 4096]],
+                "rank {r} from {p}"
+            );
+        }
+        // The new chunk's bytes are in the new chunk's memory.
+        let second = &peers.memory()[1];
+        assert_eq!(
+            me.read(second.device_ptr() + 8192, 4096).unwrap(),
+            vec![0x40 + r as u8; 4096]
+        );
+        assert_eq!(me.calls(Call::Import), imports, "no re-import");
+        assert_eq!((0..3).map(|p| peers.id_of(p)).collect::<Vec<_>>(), ids);
+        drop(stream);
+        boot.barrier(T).unwrap();
+        // Shrink: agreed, then the top chunk comes back unbound.
+        let top = peers.shrink(boot, T).unwrap().expect("a chunk");
+        assert_eq!(peers.top(), CHUNK);
+        drop(top); // unbound: freeing it is fine
+        assert!(peers.shrink(boot, T).unwrap().is_some());
+        assert!(peers.shrink(boot, T).unwrap().is_none(), "empty heap");
+        drop(peers);
+        let teardown = ctx.take_teardown_errors();
+        assert!(teardown.is_empty(), "rank {r}: {teardown:?}");
+    });
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn growing_past_the_reserved_maximum_is_refused_on_every_rank_before_the_driver() {
+    let (contexts, model) = processes(2);
+    let errors: Vec<TeamError> = on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, CHUNK).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        let binds = me.calls(Call::BindMem);
+        let e = peers.grow(boot, chunk(ctx, dev), T).unwrap_err();
+        assert_eq!(me.calls(Call::BindMem), binds, "refused before the driver");
+        assert_eq!(peers.top(), CHUNK, "the heap is as it was");
+        drop(peers);
+        e
+    });
+    // Every rank refused its own chunk, and says so.
+    for (r, e) in errors.iter().enumerate() {
+        assert_eq!((e.rank, e.step), (r, Step::Grow), "{e}");
+        assert!(
+            matches!(e.cause, Cause::Local(Error::OutOfRange { .. })),
+            "{e}"
+        );
+    }
+    assert!(model.live_node().is_empty());
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn a_heap_grown_by_another_chunk_size_on_one_rank_fails_every_rank_and_unbinds_it() {
+    let (contexts, model) = processes(3);
+    let errors: Vec<TeamError> = on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        let bytes = if r == 2 { 2 * CHUNK } else { CHUNK };
+        let mem = Allocation::<PosixFd>::on_device(ctx, dev, bytes)
+            .unwrap()
+            .map(&[dev])
+            .unwrap();
+        let e = peers.grow(boot, mem, T).unwrap_err();
+        assert_eq!(peers.top(), 0);
+        e
+    });
+    for e in &errors {
+        assert_eq!(e.rank, 2, "{e}");
+        assert_eq!(e.step, Step::Grow, "{e}");
+        assert!(
+            matches!(
+                e.cause,
+                Cause::Mismatch(Mismatch::Heap {
+                    field: "chunk size",
+                    ..
+                })
+            ),
+            "{e}"
+        );
+    }
+    assert!(model.live_node().is_empty());
+    common::no_violations(&model.violations());
+}
+
+/// A bootstrap that forges rank 1's peer-to-id table digest in the final
+/// agreement of `unicast_peers` (its `Wait` step), as a rank that imported
+/// peers under other ids (or a bootstrap that delivered other handles to
+/// it) would report.
+struct ForgeIdTable(ThreadRank);
+
+/// The wire tag of `Step::Wait` and the offset of a status payload.
+const WAIT_TAG: u8 = 6;
+const PAYLOAD_AT: usize = 11;
+
+impl Bootstrap for ForgeIdTable {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        let mut mine = mine.to_vec();
+        let is_wait_ok = mine.get(5) == Some(&WAIT_TAG) && mine.get(6) == Some(&0);
+        if self.rank() == 1 && is_wait_ok && mine.len() == PAYLOAD_AT + 8 {
+            mine[PAYLOAD_AT] ^= 0x5a;
+        }
+        self.0.allgather(&mine, timeout)
+    }
+    fn broadcast(
+        &self,
+        root: usize,
+        mine: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        self.0.broadcast(root, mine, timeout)
+    }
+    fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
+        self.0.barrier(timeout)
+    }
+}
+
+#[test]
+fn r13_4_a_forged_peer_to_id_table_fails_every_rank_naming_that_rank() {
+    let (contexts, model) = processes(3);
+    let boots = Threads::new(3).into_iter().map(ForgeIdTable).collect();
+    let errors: Vec<TeamError> = on_every_rank(&contexts, boots, |r, ctx, _, boot| {
+        team::unicast_peers(ctx, boot, &PeerSpec::new(r as i32, CHUNK).timeout(T)).unwrap_err()
+    });
+    for e in &errors {
+        assert_eq!((e.rank, e.step), (1, Step::Wait), "{e}");
+        assert!(
+            matches!(e.cause, Cause::Mismatch(Mismatch::IdTable { .. })),
+            "{e}"
+        );
+    }
+    assert!(model.live_node().is_empty(), "undone on every rank");
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn r13_1_unicast_peers_export_before_any_rank_waits_for_readiness() {
+    // Every rank exports its endpoint pending; the waits (queries) come
+    // after the handle exchange, so construction overlaps it.
+    let (contexts, model) = processes(3);
+    on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
+        let peers =
+            team::unicast_peers(ctx, boot, &PeerSpec::new(r as i32, CHUNK).timeout(T)).unwrap();
+        boot.barrier(T).unwrap();
+        drop(peers);
+    });
+    let trace = model.trace();
+    let last_export = trace
+        .iter()
+        .rposition(|c| *c == Call::Export)
+        .expect("exports");
+    let first_query = trace
+        .iter()
+        .position(|c| *c == Call::Query)
+        .expect("queries");
+    assert_eq!(trace.iter().filter(|c| **c == Call::Export).count(), 3);
+    assert!(last_export < first_query, "{trace:?}");
+    assert!(model.live_node().is_empty());
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn eight_communicators_over_the_same_ranks_and_devices_come_up_at_once_and_none_crosses() {
+    // Each communicator has its own bootstrap group (its tag: no message of
+    // one reaches another); all eight bring-ups of a rank run at once on
+    // the same process and device.
+    const COMMS: usize = 8;
+    let (contexts, model) = processes(2);
+    let mut groups: Vec<Vec<ThreadRank>> = (0..COMMS).map(|_| Threads::new(2)).collect();
+    let per_rank: Vec<Vec<ThreadRank>> = (0..2)
+        .map(|_| groups.iter_mut().map(|g| g.remove(0)).collect())
+        .collect();
+    let ids: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = contexts
+            .iter()
+            .zip(per_rank)
+            .enumerate()
+            .map(|(r, ((ctx, _), boots))| {
+                s.spawn(move || {
+                    let dev = r as i32;
+                    let comms: Vec<Comm> = std::thread::scope(|s| {
+                        let all: Vec<_> = boots
+                            .iter()
+                            .map(|boot| {
+                                s.spawn(move || {
+                                    Comm::new(ctx, boot, dev).map_err(|e| e.to_string())
+                                })
+                            })
+                            .collect();
+                        all.into_iter()
+                            .map(|h| {
+                                h.join()
+                                    .expect("a bring-up panicked")
+                                    .expect("a bring-up failed")
+                            })
+                            .collect()
+                    });
+                    let ids: Vec<u32> = comms.iter().map(|c| c.peers.own().id()).collect();
+                    boots[0].barrier(T).unwrap();
+                    drop(comms);
+                    ids
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    });
+    for (r, ids) in ids.iter().enumerate() {
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            COMMS,
+            "rank {r}: one endpoint per communicator: {ids:?}"
+        );
+    }
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn the_reachability_probe_gives_every_rank_the_same_answer_and_names_a_rank_without_fabric_access()
+{
+    let (contexts, model) = processes(3);
+    let reach = on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
+        team::probe(ctx, boot, r as i32, T).unwrap()
+    });
+    assert!(
+        reach.iter().all(|x| *x == reach[0]),
+        "the same on every rank"
+    );
+    assert!(reach[0].one_fabric_domain(), "{:?}", reach[0]);
+    assert_eq!(reach[0].bring_up(), team::BringUp::Multicast);
+    assert_eq!(reach[0].ranks[1].driver_version, Some(13050));
+    assert!(model.live_node().is_empty(), "the trial endpoints are gone");
+
+    // Rank 2 has no IMEX channel: its imports fail, which every rank learns.
+    contexts[2].1.set_fabric_access(false);
+    let reach = on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
+        team::probe(ctx, boot, r as i32, T).unwrap()
+    });
+    assert!(
+        reach.iter().all(|x| *x == reach[0]),
+        "the same on every rank"
+    );
+    let unreachable = reach[0].unreachable();
+    assert!(
+        !unreachable.is_empty() && unreachable.iter().all(|&(i, _, _)| i == 2),
+        "{unreachable:?}"
+    );
+    match reach[0].bring_up() {
+        team::BringUp::None { why } => assert!(why.contains("rank 2"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(model.live_node().is_empty(), "the trial endpoints are gone");
+    common::no_violations(&model.violations());
+}
