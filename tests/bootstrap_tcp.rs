@@ -5,6 +5,7 @@
 //! without a panic; nothing is left open after drop.
 
 mod bootstrap_support;
+mod watchdog;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -17,6 +18,9 @@ use cuda_endpoints::{
 };
 
 const ENTRY: &str = "child_entry";
+/// A bound far longer than any under test: an error before it came from
+/// something else (issue 21, item 13: no wall-clock assertions).
+const LONG: Duration = Duration::from_secs(60);
 
 /// Dispatches a child rank's role; a no-op in a normal test run.
 #[test]
@@ -65,10 +69,12 @@ fn child(role: &str) -> Result<(), String> {
             std::thread::sleep(Duration::from_secs(60));
             Ok(())
         }
-        "allgather_1s" | "allgather_10s" => {
-            let t = Duration::from_secs(if role == "allgather_1s" { 1 } else { 10 });
+        "allgather_60s" => {
+            // Far longer than any bound under test: an error that comes
+            // proves it came from something else (issue 21, item 13).
             let start = Instant::now();
-            let r = boot.allgather(b"x", t);
+            let r = boot.allgather(b"x", LONG);
+            // For the reader of a failure only: nothing asserts on it.
             report(&format!("ELAPSED {}", start.elapsed().as_millis()));
             match r {
                 Err(e) => report(&format!("{e:?}")),
@@ -168,40 +174,34 @@ fn one_rank_job_needs_no_peer() {
     boot.barrier(Duration::from_secs(1)).expect("alone");
 }
 
+/// Rank 0 times out on its own bound (1 s) naming rank 2, and rank 1,
+/// waiting with a bound sixty times longer, hears rank 0's abort naming
+/// rank 2 instead of timing out itself: the bound is proven by which error
+/// comes first, not by a clock (issue 21, item 13).
 #[test]
-fn a_peer_that_never_answers_gives_every_rank_a_timeout_within_its_bound() {
+fn a_peer_that_never_answers_times_rank_0_out_which_aborts_the_others_before_their_bound() {
     let _s = serial();
     let mut kids = Children::default();
     let (id, listener) = root(3);
     spawn_ranks(&mut kids, &id, 3, |r| {
-        if r == 2 { "silent" } else { "allgather_1s" }
+        if r == 2 { "silent" } else { "allgather_60s" }
     });
     let boot = listener.accept(3, Duration::from_secs(30)).expect("join");
-    let start = Instant::now();
-    let err = boot
-        .allgather(b"x", Duration::from_secs(1))
-        .expect_err("rank 2 never answers");
-    let elapsed = start.elapsed();
+    let t = Duration::from_secs(1);
+    let err = boot.allgather(b"x", t).expect_err("rank 2 never answers");
     assert!(
-        matches!(&err, BootstrapError::Timeout { rank: 0, waiting_for, .. } if waiting_for == &[2]),
+        matches!(&err, BootstrapError::Timeout { rank: 0, waiting_for, after, .. } if waiting_for == &[2] && *after == t),
         "{err:?}"
     );
-    assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
     if let Some(mut silent) = kids.take("rank2") {
         let _ = silent.kill();
         let _ = silent.wait();
     }
-    let mut done = kids.wait_all(Duration::from_secs(5));
+    let mut done = kids.wait_all(LONG);
     let rank1 = done.remove(0);
     let res = rank1.results();
-    let ms: u64 = res[0]
-        .strip_prefix("ELAPSED ")
-        .and_then(|v| v.parse().ok())
-        .expect("elapsed line");
-    assert!(ms < 1500, "rank 1 took {ms} ms");
     assert!(
-        res[1].contains("Aborted") && res[1].contains("culprit: 2") && res[1].contains("Timeout")
-            || res[1].starts_with("Timeout"),
+        res[1].contains("Aborted") && res[1].contains("culprit: 2") && res[1].contains("Timeout"),
         "rank 1: {res:?}"
     );
 }
@@ -212,7 +212,7 @@ fn a_peer_killed_mid_collective_gives_typed_errors_at_once() {
     let mut kids = Children::default();
     let (id, listener) = root(3);
     spawn_ranks(&mut kids, &id, 3, |r| {
-        if r == 2 { "victim" } else { "allgather_10s" }
+        if r == 2 { "victim" } else { "allgather_60s" }
     });
     let boot = listener.accept(3, Duration::from_secs(30)).expect("join");
     let mut victim = kids.take("rank2").expect("victim");
@@ -221,11 +221,7 @@ fn a_peer_killed_mid_collective_gives_typed_errors_at_once() {
         let _ = victim.kill(); // SIGKILL
         let _ = victim.wait();
     });
-    let start = Instant::now();
-    let err = boot
-        .allgather(b"x", Duration::from_secs(10))
-        .expect_err("rank 2 is killed");
-    let elapsed = start.elapsed();
+    let err = boot.allgather(b"x", LONG).expect_err("rank 2 is killed");
     killer.join().expect("killer thread");
     assert!(
         matches!(
@@ -238,8 +234,8 @@ fn a_peer_killed_mid_collective_gives_typed_errors_at_once() {
         ),
         "{err:?}"
     );
-    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
-    let done = kids.wait_all(Duration::from_secs(5));
+    // At once: a closed peer, not a timeout of the (far longer) bound.
+    let done = kids.wait_all(LONG);
     let res = done[0].results();
     assert!(
         res[1].contains("Aborted")
@@ -247,11 +243,6 @@ fn a_peer_killed_mid_collective_gives_typed_errors_at_once() {
             && res[1].contains("PeerClosed"),
         "{res:?}"
     );
-    let ms: u64 = res[0]
-        .strip_prefix("ELAPSED ")
-        .and_then(|v| v.parse().ok())
-        .expect("elapsed line");
-    assert!(ms < 3000, "rank 1 took {ms} ms");
     // The communicator stays typed and bounded after the loss.
     let again = boot
         .barrier(Duration::from_secs(1))
@@ -293,10 +284,7 @@ fn a_killed_root_gives_its_peers_peer_closed_and_the_id_travels_by_file() {
         let _ = root.kill();
         let _ = root.wait();
     });
-    let start = Instant::now();
-    let err = boot
-        .allgather(b"x", Duration::from_secs(10))
-        .expect_err("root killed");
+    let err = boot.allgather(b"x", LONG).expect_err("root killed");
     killer.join().expect("killer");
     assert!(
         matches!(
@@ -309,12 +297,14 @@ fn a_killed_root_gives_its_peers_peer_closed_and_the_id_travels_by_file() {
         ),
         "{err:?}"
     );
-    assert!(start.elapsed() < Duration::from_secs(3));
+    // At once: a closed peer, not a timeout of the (far longer) bound.
     assert!(!path.exists(), "no id file left behind");
 }
 
+/// Join gives up with its own timeout naming rank 0 (not a hang: the
+/// watchdog fires only minutes later; no wall-clock assertion).
 #[test]
-fn join_gives_up_within_its_timeout_when_no_root_listens() {
+fn join_gives_up_with_a_timeout_naming_rank_0_when_no_root_listens() {
     let _s = serial();
     let addr = {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -323,10 +313,13 @@ fn join_gives_up_within_its_timeout_when_no_root_listens() {
     let id: UniqueId = format!("cebs1/{addr}/0123456789abcdef/{}", "00".repeat(16))
         .parse()
         .expect("id");
-    let start = Instant::now();
-    let err = Tcp::join(&id, 1, 2, Duration::from_millis(300)).expect_err("nobody listens");
-    assert!(matches!(err, BootstrapError::Timeout { waiting_for, .. } if waiting_for == [0]));
-    assert!(start.elapsed() < Duration::from_secs(1));
+    let t = Duration::from_millis(300);
+    let _hang = watchdog::guard("join with no root");
+    let err = Tcp::join(&id, 1, 2, t).expect_err("nobody listens");
+    assert!(
+        matches!(&err, BootstrapError::Timeout { waiting_for, after, .. } if waiting_for == &[0] && *after == t),
+        "{err:?}"
+    );
 }
 
 /// A raw peer that completes the handshake by hand, then misbehaves.
@@ -365,7 +358,7 @@ fn with_hostile_rank1(
         "rank2",
         ENTRY,
         &[
-            (ROLE, "allgather_10s".into()),
+            (ROLE, "allgather_60s".into()),
             (RANK, "2".into()),
             (SIZE, "3".into()),
             (UNIQUE_ID_ENV, id.to_string()),
@@ -378,11 +371,9 @@ fn with_hostile_rank1(
         std::thread::sleep(Duration::from_millis(500));
     });
     let boot = listener.accept(3, Duration::from_secs(30)).expect("join");
-    let err = boot
-        .allgather(b"x", Duration::from_secs(10))
-        .expect_err("hostile rank 1");
+    let err = boot.allgather(b"x", LONG).expect_err("hostile rank 1");
     hostile.join().expect("hostile thread");
-    let done = kids.wait_all(Duration::from_secs(5));
+    let done = kids.wait_all(LONG);
     (err, done[0].results())
 }
 
@@ -663,19 +654,19 @@ fn a_payload_over_the_frame_limit_is_refused_before_sending() {
     let _ = AbortReason::PeerClosed;
 }
 
+/// Accept gives up with its own timeout naming every absent rank (not a
+/// hang: the watchdog fires only minutes later; no wall-clock assertion).
 #[test]
-fn accept_names_every_rank_that_did_not_join_within_its_timeout() {
+fn accept_names_every_rank_that_did_not_join_in_its_timeout_error() {
     let _s = serial();
     let (_, listener) = root(3);
-    let start = Instant::now();
-    let err = listener
-        .accept(3, Duration::from_millis(300))
-        .expect_err("nobody joins");
+    let t = Duration::from_millis(300);
+    let _hang = watchdog::guard("accept with nobody joining");
+    let err = listener.accept(3, t).expect_err("nobody joins");
     assert!(
-        matches!(&err, BootstrapError::Timeout { rank: 0, waiting_for, .. } if waiting_for == &[1, 2]),
+        matches!(&err, BootstrapError::Timeout { rank: 0, waiting_for, after, .. } if waiting_for == &[1, 2] && *after == t),
         "{err:?}"
     );
-    assert!(start.elapsed() < Duration::from_secs(1));
 }
 
 #[test]
@@ -721,9 +712,9 @@ fn a_joiner_declaring_another_size_aborts_the_admitted_ranks_at_once_naming_it()
         std::thread::spawn(move || {
             let boot = Tcp::join(&id, 1, 3, Duration::from_secs(10))?;
             let _ = admitted_tx.send(());
-            let start = Instant::now();
-            let err = boot.allgather(b"x", Duration::from_secs(10)).map(|_| ());
-            Ok::<_, BootstrapError>((err, start.elapsed()))
+            // At once: proven by the abort arriving, not a timeout of this
+            // far longer bound (issue 21, item 13).
+            Ok::<_, BootstrapError>(boot.allgather(b"x", LONG).map(|_| ()))
         })
     };
     let rank2 = std::thread::spawn(move || {
@@ -756,9 +747,8 @@ fn a_joiner_declaring_another_size_aborts_the_admitted_ranks_at_once_naming_it()
         ),
         "{refused:?}"
     );
-    let (r, elapsed) = rank1.join().expect("rank 1").expect("rank 1 is admitted");
+    let r = rank1.join().expect("rank 1").expect("rank 1 is admitted");
     let err = r.expect_err("the job cannot form");
-    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}: {err}");
     assert!(
         matches!(
             err,

@@ -7,6 +7,7 @@
 //! OS processes on the model fabric are in `tests/shareable_processes.rs`.
 
 mod common;
+mod watchdog;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -297,14 +298,19 @@ fn join_of(devices: &[i32]) -> Vec<u8> {
 }
 
 /// Two ranks (two processes of one node), each bringing its own device;
-/// rank 1's Join says `lie` instead. Returns each rank's outcome, in time.
+/// rank 1's Join says `lie` instead. Returns each rank's outcome, which
+/// is not a timeout on any rank (the bound is far longer than the bring-up).
 fn bring_up_with_a_lie(
     model: &Model,
     classic: bool,
     lie: Vec<u8>,
 ) -> Vec<Result<team::SharedTeam, team::TeamError>> {
     let ms = [model.clone(), model.spawn_process_on(0).unwrap()];
-    let timeout = Duration::from_secs(2);
+    // Far longer than the bring-up: every rank must fail by an error that
+    // is not this timeout, which proves "in time" at any load (issue 21,
+    // item 13); the watchdog catches a real hang.
+    let timeout = Duration::from_secs(60);
+    let _hang = watchdog::guard("a bring-up on a lie");
     std::thread::scope(|s| {
         let hs: Vec<_> = ms
             .iter()
@@ -325,13 +331,9 @@ fn bring_up_with_a_lie(
                         record: Arc::new(std::sync::Mutex::new(None)),
                     };
                     let spec = TeamSpec::new([Device(rank as i32)], MIB2).timeout(timeout);
-                    let t0 = std::time::Instant::now();
                     let r = team::multicast(&ctx, &boot, &spec);
-                    assert!(
-                        t0.elapsed() < timeout + Duration::from_secs(1),
-                        "rank {rank}"
-                    );
-                    if r.is_err() {
+                    if let Err(e) = &r {
+                        assert!(!e.is_timeout(), "rank {rank} waited out its bound: {e}");
                         drop(ctx);
                         assert!(m.live().is_empty(), "rank {rank}: {:?}", m.live());
                     }
@@ -371,7 +373,7 @@ fn c3_a_peer_whose_join_claims_a_device_it_never_enrolls_fails_every_rank_before
 }
 
 #[test]
-fn on_logical_endpoints_the_same_lie_fails_every_rank_in_time_with_nothing_left() {
+fn on_logical_endpoints_the_same_lie_fails_every_rank_before_its_timeout_with_nothing_left() {
     let lie = join_of(&[1, 2]);
     let model = Model::fabric(FabricConfig::nodes(1, 4));
     for r in bring_up_with_a_lie(&model, false, lie) {

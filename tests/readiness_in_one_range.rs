@@ -275,7 +275,9 @@ fn a_single_query_wait_starts_its_clock_at_the_fourth_poll_and_a_zero_timeout_po
         .add_device(0)
         .unwrap();
     for (timeout, least, most) in [(Duration::ZERO, 1, 1), (Duration::from_nanos(1), 4, 6)] {
+        let t0 = std::time::Instant::now();
         let f = ep.wait(timeout).unwrap_err();
+        let elapsed = t0.elapsed();
         let Error::Timeout { polls, waited, .. } = f.error else {
             panic!("{}", f.error);
         };
@@ -283,7 +285,9 @@ fn a_single_query_wait_starts_its_clock_at_the_fourth_poll_and_a_zero_timeout_po
             (least..=most).contains(&polls),
             "{timeout:?}: {polls} polls"
         );
-        assert!(waited < Duration::from_millis(100), "{waited:?}");
+        // An order fact, true at any load (issue 21, item 13): the clock
+        // starts inside the call, so it reports no more than passed.
+        assert!(waited <= elapsed, "{waited:?} > {elapsed:?}");
         ep = f.value;
     }
     drop(ep);

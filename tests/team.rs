@@ -3,7 +3,9 @@
 //! same type on every rank, and failures reaching every rank as a typed
 //! error naming the rank and the step, with nothing left behind.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod watchdog;
 
 use cuda_endpoints::bootstrap::{Bootstrap, ThreadRank, Threads};
 use cuda_endpoints::model::{Model, ModelConfig};
@@ -230,16 +232,17 @@ fn ranks_that_disagree_on_the_size_fail_at_join_naming_the_odd_rank() {
     assert_clean(&model);
 }
 
+/// Every other rank ends with its own timeout at the hello (not a hang:
+/// the watchdog fires only minutes later; no wall-clock assertion).
 #[test]
-fn a_rank_that_never_comes_times_out_every_other_rank_within_the_bound() {
+fn a_rank_that_never_comes_times_out_every_other_rank_at_the_hello() {
     let (model, procs, mut boots) = job(ModelConfig::node(3), 3);
     let _absent = boots.pop(); // rank 2 never calls
-    let start = Instant::now();
+    let _hang = watchdog::guard("a rank that never comes");
     let errors = on_every_rank(&procs[..2], boots, |rank, ctx, _, boot| {
         let spec = TeamSpec::new([rank as i32], MIB2).timeout(Duration::from_millis(300));
         team::multicast(ctx, boot, &spec).map(drop)
     });
-    assert!(start.elapsed() < Duration::from_secs(5));
     for e in &errors {
         let e = e.as_ref().expect_err("must time out");
         assert!(e.is_timeout(), "{e}");

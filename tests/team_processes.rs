@@ -71,10 +71,11 @@ fn child_rank() {
     match outcome {
         Ok(()) => report(&format!("ok took_ms={}", took.as_millis())),
         Err(e) => report(&format!(
-            "err rank={} step={} code={:?} took_ms={} msg={}",
+            "err rank={} step={} code={:?} timeout={} took_ms={} msg={}",
             e.rank,
             e.step,
             e.code().map(|c| c.raw()),
+            e.is_timeout(),
             took.as_millis(),
             e
         )),
@@ -261,8 +262,8 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
         .find_map(|w| w.strip_prefix(key).and_then(|w| w.strip_prefix('=')))
 }
 
-/// Every listed rank failed naming `rank` and `step`, within the bound, and
-/// leaked nothing; the fabric is empty.
+/// Every listed rank failed naming `rank` and `step`, by an error and not
+/// its timeout, and leaked nothing; the fabric is empty.
 fn all_fail(done: &[Done], ranks: &[usize], rank: usize, step: &str, server: &FabricServer) {
     for &r in ranks {
         let d = &done[r];
@@ -274,13 +275,9 @@ fn all_fail(done: &[Done], ranks: &[usize], rank: usize, step: &str, server: &Fa
             "rank {r}: {o}"
         );
         assert_eq!(field(&o, "step"), Some(step), "rank {r}: {o}");
-        let took: u128 = field(&o, "took_ms")
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(u128::MAX);
-        assert!(
-            took <= BRING_UP.as_millis() + 2_000,
-            "rank {r} took {took} ms"
-        );
+        // In time: by the error, not by waiting out the bound (a time
+        // taken is for the reader only; issue 21, item 13).
+        assert_eq!(field(&o, "timeout"), Some("false"), "rank {r}: {o}");
         assert!(
             d.results().contains(&"leaks=0".to_owned()),
             "rank {r} leaked: {:?}",
