@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use cuda_endpoints::model::ModelConfig;
-use cuda_endpoints::{Allocation, Context, Mapped, PosixFd, Threads, team};
+use cuda_endpoints::{Allocation, Context, Mapped, PosixFd, bootstrap::Threads, team};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ctx, _model) = Context::model(ModelConfig { driver_version: 13050, ..ModelConfig::node(1) });

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use cuda_endpoints::model::ModelConfig;
-use cuda_endpoints::{Allocation, Context, CopyBatch, Mapped, PosixFd, Stream, Threads, team};
+use cuda_endpoints::{Allocation, Context, CopyBatch, Mapped, PosixFd, Stream, bootstrap::Threads, team};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ctx, _model) = Context::model(ModelConfig { driver_version: 13050, ..ModelConfig::node(1) });
