@@ -8,26 +8,14 @@ mod common;
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::{Bootstrap, Threads};
-use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::model::Model;
 use cuda_endpoints::team::{self, Cause, Mismatch, PeerSpec, Step, TeamError, TeamSpec};
 use cuda_endpoints::{Allocation, Context, CopyBatch, PosixFd, Stream};
 
 const BYTES: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(10);
 
-/// `n` processes of one node of `n` devices, rank `r` on device `r`: each
-/// rank's context and its process of the model (to read its memory).
-fn processes(n: usize) -> (Vec<(Context, Model)>, Model) {
-    let mut config = ModelConfig::node(n);
-    config.driver_version = 13050;
-    let (ctx0, model) = Context::model(config);
-    let mut ranks = vec![(ctx0, model.clone())];
-    ranks.extend((1..n).map(|_| {
-        let p = model.spawn_process();
-        (Context::new(p.clone()), p)
-    }));
-    (ranks, model)
-}
+use common::node_processes as processes;
 
 /// Runs `f(rank, ctx, boot)` on every rank, each on its own thread.
 fn on_every_rank<R: Send>(

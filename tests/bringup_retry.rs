@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::{Bootstrap, Threads};
-use cuda_endpoints::model::{Fault, FaultPlan, Model, ModelConfig};
+use cuda_endpoints::model::{Fault, FaultPlan, Model};
 use cuda_endpoints::team::{self, Cause, PeerSpec, Retry, Step, TeamError, TeamSpec};
 use cuda_endpoints::{Call, Code, Context};
 use tracing_subscriber::layer::SubscriberExt;
@@ -22,17 +22,7 @@ const T: Duration = Duration::from_secs(10);
 /// A short back-off: the tests count attempts, they do not time them.
 const RETRY: Duration = Duration::from_millis(1);
 
-fn processes(n: usize) -> (Vec<(Context, Model)>, Model) {
-    let mut config = ModelConfig::node(n);
-    config.driver_version = 13050;
-    let (ctx0, model) = Context::model(config);
-    let mut ranks = vec![(ctx0, model.clone())];
-    ranks.extend((1..n).map(|_| {
-        let p = model.spawn_process();
-        (Context::new(p.clone()), p)
-    }));
-    (ranks, model)
-}
+use common::node_processes as processes;
 
 /// Counts this thread's bring-up attempt events (target
 /// `cuda_endpoints::team`).

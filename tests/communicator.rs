@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::{Bootstrap, BootstrapError, ThreadRank, Threads};
-use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::model::Model;
 use cuda_endpoints::team::{
     self, Cause, Mismatch, OwnedPeers, PeerSpec, Step, TeamError, TeamSpec,
 };
@@ -24,18 +24,7 @@ const CHUNK: u64 = 2 << 20;
 const MAX: u64 = 4 * CHUNK;
 const T: Duration = Duration::from_secs(10);
 
-/// `n` processes of one node of `n` devices, rank `r` on device `r`.
-fn processes(n: usize) -> (Vec<(Context, Model)>, Model) {
-    let mut config = ModelConfig::node(n);
-    config.driver_version = 13050;
-    let (ctx0, model) = Context::model(config);
-    let mut ranks = vec![(ctx0, model.clone())];
-    ranks.extend((1..n).map(|_| {
-        let p = model.spawn_process();
-        (Context::new(p.clone()), p)
-    }));
-    (ranks, model)
-}
+use common::node_processes as processes;
 
 /// Runs `f(rank, ctx, model, boot)` on every rank, each on its own thread,
 /// over `boots`.

@@ -6,7 +6,7 @@
 pub mod layer;
 
 use cuda_endpoints::Context;
-use cuda_endpoints::model::{Model, Violation};
+use cuda_endpoints::model::{Model, ModelConfig, Violation};
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
 
 /// The end of every model test: no teardown error was kept on the context,
@@ -78,4 +78,19 @@ pub fn config(default_cases: u32, seed: u64, max_shrink_iters: u32) -> Config {
         failure_persistence: None,
         ..Config::default()
     }
+}
+
+/// `n` processes of one node of `n` devices on a 13.5 driver (the fabric
+/// copy exists), rank `r` on device `r`: each rank's context and its
+/// process of the model (to read its memory), and the first process.
+pub fn node_processes(n: usize) -> (Vec<(Context, Model)>, Model) {
+    let mut config = ModelConfig::node(n);
+    config.driver_version = 13050;
+    let (ctx0, model) = Context::model(config);
+    let mut ranks = vec![(ctx0, model.clone())];
+    ranks.extend((1..n).map(|_| {
+        let p = model.spawn_process();
+        (Context::new(p.clone()), p)
+    }));
+    (ranks, model)
 }
