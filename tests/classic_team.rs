@@ -281,7 +281,9 @@ impl<B: Bootstrap> Bootstrap for Lying<B> {
     }
 }
 
-/// The Join an honest one-rank bring-up bringing `devices` sends.
+/// The Join an honest one-rank bring-up bringing `devices` sends, as rank 1
+/// would send it: the status header names its sender (bytes 14..18), which
+/// every receiver checks against the slot it came in.
 fn join_of(devices: &[i32]) -> Vec<u8> {
     let model = Model::fabric(FabricConfig::nodes(1, 4));
     let ctx = Context::new(Classic::new(Arc::new(model.clone())));
@@ -294,7 +296,9 @@ fn join_of(devices: &[i32]) -> Vec<u8> {
     };
     let spec = TeamSpec::new(devices.iter().map(|&d| Device(d)), MIB2).timeout(T);
     let _ = team::multicast(&ctx, &boot, &spec);
-    record.lock().unwrap().take().expect("a Join")
+    let mut join = record.lock().unwrap().take().expect("a Join");
+    join[14..18].copy_from_slice(&1u32.to_le_bytes());
+    join
 }
 
 /// Two ranks (two processes of one node), each bringing its own device;

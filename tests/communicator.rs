@@ -279,9 +279,13 @@ fn a_heap_grown_by_another_chunk_size_on_one_rank_fails_every_rank_and_unbinds_i
 /// it) would report.
 struct ForgeIdTable(ThreadRank);
 
-/// The wire tag of `Step::Wait` and the offset of a status payload.
+/// The wire tag of `Step::Wait`, where a status header (18 bytes) has it,
+/// and where an `Ok` status's payload starts (after the variant and the
+/// payload's one-byte length).
 const WAIT_TAG: u8 = 6;
-const PAYLOAD_AT: usize = 11;
+const STEP_AT: usize = 13;
+const BODY_AT: usize = 18;
+const PAYLOAD_AT: usize = BODY_AT + 2;
 
 impl Bootstrap for ForgeIdTable {
     fn rank(&self) -> usize {
@@ -292,7 +296,7 @@ impl Bootstrap for ForgeIdTable {
     }
     fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let mut mine = mine.to_vec();
-        let is_wait_ok = mine.get(5) == Some(&WAIT_TAG) && mine.get(6) == Some(&0);
+        let is_wait_ok = mine.get(STEP_AT) == Some(&WAIT_TAG) && mine.get(BODY_AT) == Some(&0);
         if self.rank() == 1 && is_wait_ok && mine.len() == PAYLOAD_AT + 8 {
             mine[PAYLOAD_AT] ^= 0x5a;
         }

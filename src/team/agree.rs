@@ -3,6 +3,8 @@
 //! and report the first failing rank. This is what keeps one rank's failure
 //! from hanging the others (the PyTorch AddDevice hang) and what keeps any
 //! rank from binding before every rank enrolled (C3 on the classic API).
+//! Every message carries the bring-up's tag, the step and the sender
+//! (`wire::Frame`), checked on arrival.
 
 use crate::bootstrap::{Bootstrap, BootstrapError, Deadline};
 
@@ -14,12 +16,13 @@ use super::wire::{Status, decode_status, encode_status};
 /// failure, or else the failure of the lowest failing rank.
 pub(crate) fn agree(
     boot: &dyn Bootstrap,
+    tag: u64,
     step: Step,
     mine: Result<Vec<u8>, (Step, Cause)>,
     deadline: Deadline,
 ) -> Result<Vec<Vec<u8>>, TeamError> {
     let me = boot.rank();
-    let mut all = agree_all(boot, step, mine, deadline)?;
+    let mut all = agree_all(boot, tag, step, mine, deadline)?;
     // This rank's own failure is what it reports, in full.
     if let Some(Err(_)) = all.get(me) {
         return Err(all.swap_remove(me).err().unwrap_or_else(|| {
@@ -39,12 +42,13 @@ pub(crate) fn agree(
 /// was, not parsed back); `Err` only when the exchange itself failed.
 pub(crate) fn agree_all(
     boot: &dyn Bootstrap,
+    tag: u64,
     step: Step,
     mine: Result<Vec<u8>, (Step, Cause)>,
     deadline: Deadline,
 ) -> Result<Vec<Result<Vec<u8>, TeamError>>, TeamError> {
     let me = boot.rank();
-    let bytes = encode_status(step, &mine);
+    let bytes = encode_status(tag, step, me, &mine);
     let all = boot
         .allgather(&bytes, deadline.remaining())
         .map_err(|e| TeamError::new(bootstrap_rank(&e, me), step, Cause::Bootstrap(e)))?;
@@ -68,7 +72,7 @@ pub(crate) fn agree_all(
             });
             continue;
         }
-        outcomes.push(match decode_status(step, &theirs) {
+        outcomes.push(match decode_status(tag, step, rank, &theirs) {
             Ok(Status::Ok(p)) => Ok(p),
             Ok(Status::Failed(at, p)) => Err(TeamError::new(rank, at, Cause::Peer(p))),
             Err(cause) => Err(TeamError::new(rank, step, cause)),
@@ -81,6 +85,7 @@ pub(crate) fn agree_all(
 /// every rank.
 pub(crate) fn announce(
     boot: &dyn Bootstrap,
+    tag: u64,
     root: usize,
     step: Step,
     mine: Option<Result<Vec<u8>, (Step, Cause)>>,
@@ -88,7 +93,7 @@ pub(crate) fn announce(
 ) -> Result<Vec<u8>, TeamError> {
     let me = boot.rank();
     let sent = match (&mine, me == root) {
-        (Some(m), true) => encode_status(step, m),
+        (Some(m), true) => encode_status(tag, step, root, m),
         _ => Vec::new(),
     };
     let got = boot
@@ -107,7 +112,7 @@ pub(crate) fn announce(
             )),
         };
     }
-    match decode_status(step, &got) {
+    match decode_status(tag, step, root, &got) {
         Ok(Status::Ok(p)) => Ok(p),
         Ok(Status::Failed(at, p)) => Err(TeamError::new(root, at, Cause::Peer(p))),
         Err(cause) => Err(TeamError::new(root, step, cause)),

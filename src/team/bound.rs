@@ -88,11 +88,12 @@ fn decode(bytes: &[u8]) -> Result<Vec<(i32, u32)>, Cause> {
 /// that bound nothing.
 fn agree_bound_on<S: State, K: Kind>(
     boot: &dyn Bootstrap,
+    tag: u64,
     ep: &Endpoint<S, K>,
     timeout: Duration,
 ) -> Result<(), TeamError> {
     let deadline = Deadline::after(timeout);
-    let reports = agree(boot, Step::Bind, Ok(report(ep)), deadline)?;
+    let reports = agree(boot, tag, Step::Bind, Ok(report(ep)), deadline)?;
     for (rank, bytes) in reports.iter().enumerate() {
         let devices = decode(bytes).map_err(|c| TeamError::new(rank, Step::Bind, c))?;
         let not_bound = |device| {
@@ -127,7 +128,7 @@ impl SharedTeam {
         boot: &dyn Bootstrap,
         timeout: Duration,
     ) -> Result<BoundTeam<'_>, TeamError> {
-        agree_bound_on(boot, self.ready_endpoint(), timeout)?;
+        agree_bound_on(boot, self.tag(), self.ready_endpoint(), timeout)?;
         Ok(BoundTeam { team: self })
     }
 }
@@ -167,7 +168,7 @@ impl Peers {
         boot: &dyn Bootstrap,
         timeout: Duration,
     ) -> Result<BoundPeers<'_>, TeamError> {
-        agree_bound_on(boot, self.ready_own(), timeout)?;
+        agree_bound_on(boot, self.tag(), self.ready_own(), timeout)?;
         Ok(BoundPeers { peers: self })
     }
 }

@@ -42,10 +42,15 @@ pub enum Step {
     /// A symmetric heap shrinks: every rank agrees it stopped using the top
     /// chunk before any rank unbinds it (R13.7).
     Shrink,
+    /// The reachability probe a bring-up runs before it creates anything
+    /// ([`probe`](super::probe)): every rank imports every other rank's
+    /// trial endpoint.
+    Probe,
 }
 
 impl Step {
-    pub(crate) const ALL: [Step; 10] = [
+    /// In wire-tag order: a new step goes last.
+    pub(crate) const ALL: [Step; 11] = [
         Step::Hello,
         Step::Create,
         Step::Export,
@@ -56,6 +61,7 @@ impl Step {
         Step::Bind,
         Step::Grow,
         Step::Shrink,
+        Step::Probe,
     ];
 
     pub(crate) fn tag(self) -> u8 {
@@ -79,6 +85,7 @@ impl Step {
             Step::Bind => "bind",
             Step::Grow => "grow",
             Step::Shrink => "shrink",
+            Step::Probe => "probe",
         }
     }
 }
@@ -206,6 +213,16 @@ pub enum Mismatch {
         /// This rank's.
         expected: u64,
     },
+    /// A message of another bring-up arrived: bring-ups that share one
+    /// bootstrap each carry their own tag ([`TeamSpec::tag`](super::TeamSpec::tag),
+    /// [`PeerSpec::tag`](super::PeerSpec::tag)), and every rank must give one
+    /// bring-up the same tag.
+    Tag {
+        /// The tag of the message.
+        theirs: u64,
+        /// This bring-up's.
+        ours: u64,
+    },
     /// A rank speaks another version of the bring-up protocol.
     Version {
         /// Its version.
@@ -309,6 +326,10 @@ impl fmt::Display for Mismatch {
             Mismatch::IdTable { reported, expected } => write!(
                 f,
                 "a rank's peer-to-id table (digest {reported:#018x}) is not this rank's ({expected:#018x}): kernels addressing a peer by id would reach another rank (R13.4); every rank must import peer p at index p of one range"
+            ),
+            Mismatch::Tag { theirs, ours } => write!(
+                f,
+                "a message of the bring-up tagged {theirs} reached the bring-up tagged {ours}: give one bring-up the same tag on every rank, and bring-ups that share a bootstrap each their own (`team::Tagged`)"
             ),
             Mismatch::Version { theirs, ours } => write!(
                 f,

@@ -35,8 +35,8 @@ use super::error::{Cause, Mismatch, Step, TeamError};
 use super::retry::{Retry, announce_retrying};
 use super::shared::SharedMulticast;
 use super::wire::{
-    Carrier, Enrolled, Hello, MAX_DEVICES, decode_carrier, decode_envelope,
-    encode_classic_envelope, encode_envelope, join_digest,
+    Carrier, Enrolled, Hello, MAX_DEVICES, decode_envelope, encode_classic_envelope,
+    encode_envelope, join_digest,
 };
 use super::{check_devices, check_limits, wait_one};
 use crate::bootstrap::Deadline;
@@ -54,6 +54,7 @@ pub struct TeamSpec {
     counted_ops: bool,
     classic_handles: ShareableKind,
     retry: Retry,
+    tag: u64,
 }
 
 impl TeamSpec {
@@ -70,7 +71,17 @@ impl TeamSpec {
             counted_ops: false,
             classic_handles: ShareableKind::PosixFd,
             retry: Retry::default(),
+            tag: 0,
         }
+    }
+
+    /// The bring-up's tag (default 0), the same on every rank: every
+    /// message carries it and a message of another tag is refused
+    /// ([`Mismatch::Tag`]). Bring-ups that share one bootstrap at once each
+    /// take their own, over [`Tagged`](super::Tagged) channels of that tag.
+    pub fn tag(mut self, tag: u64) -> TeamSpec {
+        self.tag = tag;
+        self
     }
 
     /// The whole bring-up ends, on every rank, within `timeout`.
@@ -125,6 +136,7 @@ pub struct SharedTeam {
     rank: usize,
     ranks: usize,
     team_size: u32,
+    tag: u64,
 }
 
 impl SharedTeam {
@@ -161,6 +173,12 @@ impl SharedTeam {
     /// Devices in the team, over all ranks.
     pub fn team_size(&self) -> u32 {
         self.team_size
+    }
+
+    /// The bring-up's tag ([`TeamSpec::tag`]), which its later agreements
+    /// (`agree_bound`) carry too.
+    pub fn tag(&self) -> u64 {
+        self.tag
     }
 
     /// A multicast virtual address for this rank's team devices, on the
@@ -213,7 +231,8 @@ pub fn multicast(
         check_devices(ctx, &spec.devices).map(|()| hello.encode())
     }
     .map_err(|c| (Step::Hello, c));
-    let hellos = agree(boot, Step::Hello, local, deadline)?;
+    let tag = spec.tag;
+    let hellos = agree(boot, tag, Step::Hello, local, deadline)?;
     let team_size = agreed_team_size(&hellos, spec, me)?;
 
     // Create and export on the root; the handle goes to every rank.
@@ -221,7 +240,7 @@ pub fn multicast(
     let mut root_ep = None;
     let mut root_fd = None;
     let retry = spec.retry.within(spec.timeout);
-    let envelope = announce_retrying(boot, spec.root, Step::Export, retry, deadline, || {
+    let envelope = announce_retrying(boot, tag, spec.root, Step::Export, retry, deadline, || {
         (me == spec.root).then(|| {
             create_and_export(ctx, classic, spec, team_size).map(|made| {
                 root_ep = Some(made.endpoint);
@@ -235,9 +254,9 @@ pub fn multicast(
     // the root's node over the bootstrap (`SCM_RIGHTS`), every rank taking
     // part so that the exchange stays in step; a rank that cannot get it
     // fails at import.
-    let carrier = decode_envelope(&envelope).map(|(_, rest)| decode_carrier(rest));
+    let carrier = decode_envelope(&envelope).map(|(_, carrier)| carrier);
     let mut fd: Option<Result<OwnedFd, Cause>> = None;
-    if let Ok(Ok(Carrier::ClassicFd)) = carrier {
+    if let Ok(Carrier::ClassicFd) = carrier {
         let mine = root_fd.as_ref().map(AsFd::as_fd);
         let got = FdExchange::broadcast_fd(boot, spec.root, mine, deadline.remaining());
         fd = Some(got.map_err(Cause::Bootstrap));
@@ -284,7 +303,7 @@ pub fn multicast(
         .encode())
     })();
     // The root keeps its reference until here: every rank has imported (R12.3).
-    let reports = agree(boot, Step::Enroll, local, deadline)?;
+    let reports = agree(boot, tag, Step::Enroll, local, deadline)?;
     // The ranks' word is checked, not trusted: every rank saw the same hellos
     // and enrolled what it claimed there, so the team is complete (C3).
     check_reports(&reports, &hellos, team_size, spec.root)?;
@@ -313,7 +332,7 @@ pub fn multicast(
         Ok(r) => (Some(r), Ok(Vec::new())),
         Err(e) => (None, Err((Step::Wait, Cause::Local(e)))),
     };
-    agree(boot, Step::Wait, local, deadline)?;
+    agree(boot, tag, Step::Wait, local, deadline)?;
     let Some(endpoint) = ready else {
         return Err(TeamError::new(
             me,
@@ -328,6 +347,7 @@ pub fn multicast(
         rank: me,
         ranks,
         team_size,
+        tag,
     })
 }
 
@@ -548,11 +568,11 @@ fn import_classic(
 ) -> Result<Endpoint<Pending, SharedMulticast>, (Step, Cause)> {
     let check = |c| (Step::Check, c);
     let import = |c| (Step::Import, c);
-    let (counted, rest) = decode_envelope(envelope).map_err(check)?;
+    let (counted, carrier) = decode_envelope(envelope).map_err(check)?;
     if counted != spec.counted_ops {
         return Err(check(Cause::Mismatch(Mismatch::CountedOps)));
     }
-    let what = match decode_carrier(rest).map_err(check)? {
+    let what = match carrier {
         Carrier::ClassicFd => match fd {
             Some(Ok(fd)) => ObjectExport::Fd(fd),
             Some(Err(cause)) => return Err(import(cause)),
@@ -562,7 +582,13 @@ fn import_classic(
                 }));
             }
         },
-        Carrier::ClassicFabric(b) => ObjectExport::Fabric(b),
+        Carrier::ClassicFabric(b) => {
+            ObjectExport::Fabric(<[u8; 64]>::try_from(b).map_err(|_| {
+                check(Cause::BadMessage {
+                    reason: "classic fabric bytes of the wrong length",
+                })
+            })?)
+        }
         Carrier::Fabric(_) => return Err(check(Cause::Mismatch(Mismatch::Backend))),
     };
     let props = Spec::spread(team_size, spec.bytes).exportable().props();
@@ -596,10 +622,10 @@ fn import_checked(
     team_size: u32,
 ) -> Result<Endpoint<Pending, SharedMulticast>, (Step, Cause)> {
     let check = |c| (Step::Check, c);
-    let (counted, handle) = decode_envelope(envelope).map_err(check)?;
-    if !matches!(decode_carrier(handle), Ok(Carrier::Fabric(_))) {
+    let (counted, carrier) = decode_envelope(envelope).map_err(check)?;
+    let Carrier::Fabric(handle) = carrier else {
         return Err(check(Cause::Mismatch(Mismatch::Backend)));
-    }
+    };
     let handle = FabricHandle::<SpreadTeam<Exportable>>::from_bytes(handle)
         .map_err(|e| check(Cause::Local(e)))?;
     // What the importer relies on, against what the ranks agreed on …

@@ -30,6 +30,7 @@ use crate::state::Ready;
 use super::agree::agree;
 use super::error::{Cause, Mismatch, Step, TeamError};
 use super::peers::Peers;
+use super::wire::{from_bytes, to_bytes};
 
 /// Unicast peers that own everything: this rank's endpoint with the memory
 /// bound on it as a symmetric heap of chunks, and every peer's endpoint
@@ -40,6 +41,7 @@ use super::peers::Peers;
 /// on it (R13.3, R13.5).
 pub struct OwnedPeers<M: BindSource> {
     rank: usize,
+    tag: u64,
     // Drop: `Drop::drop` unbinds `chunks` top first; then the fields in
     // order: the own endpoint, the peers (destroyed), then the memory.
     chunks: Vec<BindingRecord>,
@@ -65,9 +67,10 @@ impl Peers {
     /// [`OwnedPeers::grow`] on every rank before the first copy (the first
     /// grow is the every-rank-bound agreement, R13.3).
     pub fn into_owned<M: BindSource>(self) -> OwnedPeers<M> {
-        let (rank, own, peers) = self.into_parts();
+        let (rank, tag, own, peers) = self.into_parts();
         OwnedPeers {
             rank,
+            tag,
             chunks: Vec::new(),
             own,
             peers,
@@ -163,7 +166,7 @@ impl<M: BindSource> OwnedPeers<M> {
         };
         // Every rank is checked against rank 0's report, so all name the
         // same first rank that differs.
-        let verdict = agree(boot, Step::Grow, local, deadline).and_then(|all| {
+        let verdict = agree(boot, self.tag, Step::Grow, local, deadline).and_then(|all| {
             let mut reference = None;
             for (rank, bytes) in all.iter().enumerate() {
                 let (o, s) = read_heap_word(rank, Step::Grow, bytes)?;
@@ -218,7 +221,13 @@ impl<M: BindSource> OwnedPeers<M> {
     ) -> Result<Option<M>, TeamError> {
         let deadline = Deadline::after(timeout);
         let top = self.top();
-        let all = agree(boot, Step::Shrink, Ok(heap_word(top, 0)), deadline)?;
+        let all = agree(
+            boot,
+            self.tag,
+            Step::Shrink,
+            Ok(heap_word(top, 0)),
+            deadline,
+        )?;
         let mut reference = None;
         for (rank, bytes) in all.iter().enumerate() {
             let (t, _) = read_heap_word(rank, Step::Shrink, bytes)?;
@@ -283,34 +292,20 @@ impl<M: BindSource> OwnedPeers<M> {
 
 /// `(offset, size)` as one rank reports it.
 fn heap_word(a: u64, b: u64) -> Vec<u8> {
-    let mut v = a.to_le_bytes().to_vec();
-    v.extend_from_slice(&b.to_le_bytes());
-    v
+    to_bytes(&(a, b))
 }
 
 /// A peer's `(offset, size)`, read checked.
 fn read_heap_word(rank: usize, step: Step, bytes: &[u8]) -> Result<(u64, u64), TeamError> {
-    let bad = || {
+    from_bytes(bytes).map_err(|_| {
         TeamError::new(
             rank,
             step,
             Cause::BadMessage {
-                reason: "a heap report of the wrong length",
+                reason: "a heap report of the wrong form",
             },
         )
-    };
-    let a: [u8; 8] = bytes
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(bad)?;
-    let b: [u8; 8] = bytes
-        .get(8..16)
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(bad)?;
-    if bytes.len() != 16 {
-        return Err(bad());
-    }
-    Ok((u64::from_le_bytes(a), u64::from_le_bytes(b)))
+    })
 }
 
 fn same(

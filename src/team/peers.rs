@@ -19,7 +19,7 @@ use crate::state::{Pending, Ready, Reserved, TeamReady};
 use super::agree::agree;
 use super::error::{Cause, Step, TeamError};
 use super::retry::{Retry, agree_retrying};
-use super::wire::{Hello, decode_envelope, encode_envelope};
+use super::wire::{Carrier, Hello, decode_envelope, encode_envelope, from_bytes, to_bytes};
 use super::{check_devices, check_limits, wait_range};
 use crate::bootstrap::Deadline;
 
@@ -32,6 +32,7 @@ pub struct PeerSpec {
     timeout: Duration,
     counted_ops: bool,
     retry: Retry,
+    tag: u64,
 }
 
 impl PeerSpec {
@@ -44,7 +45,18 @@ impl PeerSpec {
             timeout: Duration::from_secs(10),
             counted_ops: false,
             retry: Retry::default(),
+            tag: 0,
         }
+    }
+
+    /// The bring-up's tag (default 0), the same on every rank: every
+    /// message carries it and a message of another tag is refused
+    /// ([`Mismatch::Tag`](super::Mismatch::Tag)). Bring-ups that share one
+    /// bootstrap at once each take their own, over
+    /// [`Tagged`](super::Tagged) channels of that tag.
+    pub fn tag(mut self, tag: u64) -> PeerSpec {
+        self.tag = tag;
+        self
     }
 
     /// The whole bring-up ends, on every rank, within `timeout`.
@@ -80,6 +92,7 @@ pub(crate) type PeerEndpoint = Endpoint<Ready, ImportedUnicast>;
 #[derive(Debug)]
 pub struct Peers {
     rank: usize,
+    tag: u64,
     own: Endpoint<Ready, Unicast<Exportable>>,
     peers: Vec<Option<Endpoint<Ready, ImportedUnicast>>>,
 }
@@ -95,6 +108,12 @@ impl Peers {
         self.peers.len()
     }
 
+    /// The bring-up's tag ([`PeerSpec::tag`]), which its later agreements
+    /// (`agree_bound`, a heap's grow and shrink) carry too.
+    pub fn tag(&self) -> u64 {
+        self.tag
+    }
+
     /// This rank's own endpoint: the one to bind this rank's memory on.
     /// No copy goes through the endpoints until every rank bound:
     /// [`Peers::agree_bound`] lends them as `Endpoint<Ready, _>` then (R13.3).
@@ -108,8 +127,8 @@ impl Peers {
         self.ready_peer(rank).map(Endpoint::as_state)
     }
 
-    pub(crate) fn into_parts(self) -> (usize, OwnEndpoint, Vec<Option<PeerEndpoint>>) {
-        (self.rank, self.own, self.peers)
+    pub(crate) fn into_parts(self) -> (usize, u64, OwnEndpoint, Vec<Option<PeerEndpoint>>) {
+        (self.rank, self.tag, self.own, self.peers)
     }
 
     pub(crate) fn ready_own(&self) -> &Endpoint<Ready, Unicast<Exportable>> {
@@ -154,7 +173,8 @@ pub fn unicast_peers(
     let local = check_devices(ctx, &[spec.device])
         .map(|()| hello.encode())
         .map_err(|c| (Step::Hello, c));
-    let hellos = agree(boot, Step::Hello, local, deadline)?;
+    let tag = spec.tag;
+    let hellos = agree(boot, tag, Step::Hello, local, deadline)?;
     for (rank, bytes) in hellos.iter().enumerate() {
         let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Hello, c))?;
         super::same_options(rank, &h, spec.bytes, spec.counted_ops)?;
@@ -164,7 +184,7 @@ pub fn unicast_peers(
     let mut slots: Vec<Option<Endpoint<Reserved, NoKind>>> = Vec::new();
     let mut own = None;
     let retry = spec.retry.within(spec.timeout);
-    let envelopes = agree_retrying(boot, Step::Export, retry, deadline, || {
+    let envelopes = agree_retrying(boot, tag, Step::Export, retry, deadline, || {
         let create = |c| (Step::Create, c);
         let count = u32::try_from(ranks).map_err(|_| {
             create(Cause::BadMessage {
@@ -213,7 +233,7 @@ pub fn unicast_peers(
         (0..ranks).map(|_| None).collect();
     let mut own = Some(own);
     let mut ready_own = None;
-    let digests = agree_retrying(boot, Step::Wait, retry, deadline, || {
+    let digests = agree_retrying(boot, tag, Step::Wait, retry, deadline, || {
         for (rank, env) in envelopes.iter().enumerate() {
             if imported.get(rank).is_some_and(Option::is_some) {
                 continue;
@@ -223,7 +243,10 @@ pub fn unicast_peers(
             };
             let checked = (|| {
                 let check = |c| (Step::Check, c);
-                let (counted, handle) = decode_envelope(env).map_err(check)?;
+                let (counted, carrier) = decode_envelope(env).map_err(check)?;
+                let Carrier::Fabric(handle) = carrier else {
+                    return Err(check(Cause::Mismatch(super::Mismatch::Backend)));
+                };
                 let handle = FabricHandle::<Unicast<Exportable>>::from_bytes(handle)
                     .map_err(|e| check(Cause::Local(e)))?;
                 let expect = super::expect_claim;
@@ -291,15 +314,15 @@ pub fn unicast_peers(
             Some(peer) => peer.id(),
             None => ep.id(),
         });
-        Ok(id_table_digest(base, ids, &envelopes)
-            .to_le_bytes()
-            .to_vec())
+        Ok(to_bytes(
+            &id_table_digest(base, ids, &envelopes).to_le_bytes(),
+        ))
     })?;
     // Every rank's verdict on the tables goes round once more, so that a
     // rank whose own view differs (a bootstrap that delivered other bytes
     // to it) adopts the same verdict as every other rank.
     let verdict = encode_verdict(check_id_tables(&digests).err().as_ref());
-    let verdicts = agree(boot, Step::Wait, Ok(verdict), deadline)?;
+    let verdicts = agree(boot, tag, Step::Wait, Ok(verdict), deadline)?;
     for (rank, v) in verdicts.iter().enumerate() {
         if let Some(e) = decode_verdict(rank, v, verdicts.len())? {
             return Err(e);
@@ -320,6 +343,7 @@ pub fn unicast_peers(
         .collect();
     Ok(Peers {
         rank: me,
+        tag,
         own,
         peers,
     })
@@ -347,7 +371,7 @@ pub(crate) fn id_table_digest(
 /// whose digest differs from rank 0's is named, the same on every rank.
 pub(crate) fn check_id_tables(digests: &[Vec<u8>]) -> Result<(), TeamError> {
     let read = |rank: usize, bytes: &Vec<u8>| -> Result<u64, TeamError> {
-        <[u8; 8]>::try_from(bytes.as_slice())
+        from_bytes::<[u8; 8]>(bytes)
             .map(u64::from_le_bytes)
             .map_err(|_| {
                 TeamError::new(
@@ -379,30 +403,19 @@ pub(crate) fn check_id_tables(digests: &[Vec<u8>]) -> Result<(), TeamError> {
     Ok(())
 }
 
-/// A rank's verdict on the id tables: `[0]` when they all agree, else
-/// `[1]`, the rank named, the digest it reported and the reference.
+/// A rank's verdict on the id tables: `None` when they all agree, else
+/// the rank named, the digest it reported and the reference (zeros when
+/// the named rank's digest could not be read).
+type Verdict = Option<(u64, u64, u64)>;
+
 fn encode_verdict(e: Option<&TeamError>) -> Vec<u8> {
-    match e {
-        Some(TeamError {
-            rank,
-            cause: Cause::Mismatch(super::error::Mismatch::IdTable { reported, expected }),
-            ..
-        }) => {
-            let mut v = vec![1];
-            v.extend_from_slice(&(*rank as u64).to_le_bytes());
-            v.extend_from_slice(&reported.to_le_bytes());
-            v.extend_from_slice(&expected.to_le_bytes());
-            v
+    let v: Verdict = e.map(|e| match e.cause {
+        Cause::Mismatch(super::error::Mismatch::IdTable { reported, expected }) => {
+            (e.rank as u64, reported, expected)
         }
-        // A digest that could not be read: name that rank, digests unknown.
-        Some(e) => {
-            let mut v = vec![1];
-            v.extend_from_slice(&(e.rank as u64).to_le_bytes());
-            v.extend_from_slice(&[0; 16]);
-            v
-        }
-        None => vec![0],
-    }
+        _ => (e.rank as u64, 0, 0),
+    });
+    to_bytes(&v)
 }
 
 /// A peer's verdict, read checked (the rank it names is one of `ranks`).
@@ -416,30 +429,18 @@ fn decode_verdict(from: usize, bytes: &[u8], ranks: usize) -> Result<Option<Team
             },
         )
     };
-    match bytes {
-        [0] => Ok(None),
-        [1, rest @ ..] if rest.len() == 24 => {
-            let word = |i: usize| -> Result<u64, TeamError> {
-                rest.get(i * 8..i * 8 + 8)
-                    .and_then(|w| <[u8; 8]>::try_from(w).ok())
-                    .map(u64::from_le_bytes)
-                    .ok_or_else(bad)
-            };
-            let rank = usize::try_from(word(0)?)
-                .ok()
-                .filter(|&r| r < ranks)
-                .ok_or_else(bad)?;
-            Ok(Some(TeamError::new(
-                rank,
-                Step::Wait,
-                Cause::Mismatch(super::error::Mismatch::IdTable {
-                    reported: word(1)?,
-                    expected: word(2)?,
-                }),
-            )))
-        }
-        _ => Err(bad()),
-    }
+    let Some((rank, reported, expected)) = from_bytes::<Verdict>(bytes).map_err(|_| bad())? else {
+        return Ok(None);
+    };
+    let rank = usize::try_from(rank)
+        .ok()
+        .filter(|&r| r < ranks)
+        .ok_or_else(bad)?;
+    Ok(Some(TeamError::new(
+        rank,
+        Step::Wait,
+        Cause::Mismatch(super::error::Mismatch::IdTable { reported, expected }),
+    )))
 }
 
 #[cfg(test)]
@@ -449,13 +450,10 @@ mod tests {
     #[test]
     fn r13_4_a_forged_id_table_names_the_same_rank_whatever_the_reader() {
         let handles = vec![vec![1u8; 8], vec![2; 8], vec![3; 8]];
-        let good = id_table_digest(10, [10, 11, 12].into_iter(), &handles)
-            .to_le_bytes()
-            .to_vec();
+        let good = to_bytes(&id_table_digest(10, [10, 11, 12].into_iter(), &handles).to_le_bytes());
         // Rank 1 imported rank 2's handle at index 1 (swapped ids).
-        let forged = id_table_digest(10, [10, 12, 11].into_iter(), &handles)
-            .to_le_bytes()
-            .to_vec();
+        let forged =
+            to_bytes(&id_table_digest(10, [10, 12, 11].into_iter(), &handles).to_le_bytes());
         assert_ne!(good, forged);
         assert!(check_id_tables(&[good.clone(), good.clone(), good.clone()]).is_ok());
         let e = check_id_tables(&[good.clone(), forged, good.clone()]).unwrap_err();
@@ -469,5 +467,16 @@ mod tests {
         );
         let e = check_id_tables(&[good.clone(), vec![0; 7], good]).unwrap_err();
         assert!(matches!(e.cause, Cause::BadMessage { .. }), "{e}");
+        let named = encode_verdict(Some(&e));
+        assert_eq!(
+            decode_verdict(0, &named, 3).map(|v| v.map(|e| e.rank)).ok(),
+            Some(Some(1))
+        );
+        assert!(decode_verdict(0, &named, 1).is_err(), "a rank past the job");
+        assert!(decode_verdict(0, &[2], 3).is_err());
+        assert!(matches!(
+            decode_verdict(0, &encode_verdict(None), 3),
+            Ok(None)
+        ));
     }
 }

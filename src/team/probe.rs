@@ -23,8 +23,11 @@ use crate::kind::{Exportable, Unicast};
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 
+use serde::{Deserialize, Serialize};
+
 use super::agree::agree;
 use super::error::{Cause, Step, TeamError};
+use super::wire::{from_bytes, to_bytes};
 
 /// The longest trial handle a rank may send.
 const MAX_HANDLE: usize = 4096;
@@ -126,73 +129,37 @@ impl Reach {
     }
 }
 
-fn opt_i32(v: Option<i32>, out: &mut Vec<u8>) {
-    out.push(u8::from(v.is_some()));
-    out.extend_from_slice(&v.unwrap_or(0).to_le_bytes());
+/// One rank's report as it travels: its facts and its trial handle.
+#[derive(Serialize, Deserialize)]
+struct Report<'a> {
+    driver_version: Option<i32>,
+    clique: Option<u32>,
+    handle_types: Option<i32>,
+    counted_ops: Option<i32>,
+    export_failed: Option<u32>,
+    #[serde(borrow)]
+    handle: &'a [u8],
 }
 
 /// A peer's report, read checked.
 fn decode_facts(bytes: &[u8]) -> Result<(RankFacts, Vec<u8>), Cause> {
-    struct Reader<'a> {
-        bytes: &'a [u8],
-        at: usize,
-    }
-    impl<'a> Reader<'a> {
-        fn take(&mut self, n: usize) -> Result<&'a [u8], Cause> {
-            let bad = || Cause::BadMessage {
-                reason: "probe report cut short",
-            };
-            let end = self.at.checked_add(n).ok_or_else(bad)?;
-            let s = self.bytes.get(self.at..end).ok_or_else(bad)?;
-            self.at = end;
-            Ok(s)
-        }
-        fn opt(&mut self) -> Result<Option<i32>, Cause> {
-            let flag = self.take(1)?.first().copied();
-            let w: [u8; 4] = self.take(4)?.try_into().map_err(|_| Cause::BadMessage {
-                reason: "probe report cut short",
-            })?;
-            match flag {
-                Some(0) => Ok(None),
-                Some(1) => Ok(Some(i32::from_le_bytes(w))),
-                _ => Err(Cause::BadMessage {
-                    reason: "probe report flag",
-                }),
-            }
-        }
-    }
-    let mut r = Reader { bytes, at: 0 };
-    let driver_version = r.opt()?;
-    let clique = r.opt()?.map(|c| c as u32);
-    let handle_types = r.opt()?;
-    let counted_ops = r.opt()?;
-    let export_failed = r
-        .opt()?
-        .map(|c| Code::from_raw(c as u32).unwrap_or(Code::UNKNOWN));
-    let n: [u8; 2] = r.take(2)?.try_into().map_err(|_| Cause::BadMessage {
-        reason: "probe report cut short",
-    })?;
-    let n = usize::from(u16::from_le_bytes(n));
-    if n > MAX_HANDLE {
+    let r: Report<'_> = from_bytes(bytes)?;
+    if r.handle.len() > MAX_HANDLE {
         return Err(Cause::BadMessage {
             reason: "probe handle too long",
         });
     }
-    let handle = r.take(n)?.to_vec();
-    if r.at != bytes.len() {
-        return Err(Cause::BadMessage {
-            reason: "probe report too long",
-        });
-    }
     Ok((
         RankFacts {
-            driver_version,
-            clique,
-            handle_types,
-            counted_ops,
-            export_failed,
+            driver_version: r.driver_version,
+            clique: r.clique,
+            handle_types: r.handle_types,
+            counted_ops: r.counted_ops,
+            export_failed: r
+                .export_failed
+                .map(|c| Code::from_raw(c).unwrap_or(Code::UNKNOWN)),
         },
-        handle,
+        r.handle.to_vec(),
     ))
 }
 
@@ -213,18 +180,30 @@ pub fn probe(
     device: impl Into<Device>,
     timeout: Duration,
 ) -> Result<Reach, TeamError> {
-    let deadline = Deadline::after(timeout);
-    let dev = device.into();
+    probe_tagged(ctx, boot, 0, Some(device.into()), Deadline::after(timeout))
+}
+
+/// [`probe`] as a bring-up's step: its messages carry the bring-up's tag,
+/// and a rank that brings no device (`None`) exports nothing and reports
+/// nothing of a device, but still imports every other rank's trial
+/// endpoint.
+pub(crate) fn probe_tagged(
+    ctx: &Context,
+    boot: &dyn Bootstrap,
+    tag: u64,
+    dev: Option<Device>,
+    deadline: Deadline,
+) -> Result<Reach, TeamError> {
     let (me, ranks) = (boot.rank(), boot.size());
     let read = |a| {
         // SAFETY: an attribute query touches nothing anyone owns.
-        unsafe { ctx.driver().device_attribute(dev, a) }.ok()
+        dev.and_then(|dev| unsafe { ctx.driver().device_attribute(dev, a) }.ok())
     };
 
     // A trial endpoint at this rank's index of a range of one id per rank.
     let mut slots: Vec<Option<_>> = Vec::new();
     let mut own = None;
-    let exported = (|| -> Result<Vec<u8>, crate::Error> {
+    let exported = (|| -> Result<Option<Vec<u8>>, crate::Error> {
         let count = u32::try_from(ranks).unwrap_or(u32::MAX);
         let mut ids: Vec<_> = ctx
             .reserve(count)?
@@ -238,6 +217,10 @@ pub fn probe(
             call: crate::Call::IdReserve,
             code: Code::INVALID_VALUE,
         })?;
+        let Some(dev) = dev else {
+            // Nothing to export; the id goes back with the range.
+            return Ok(None);
+        };
         let props = Spec::unicast(dev, 1).exportable();
         let size = ctx.limits(&props.props())?.bind_alignment.max(1);
         let ep = mine
@@ -245,38 +228,40 @@ pub fn probe(
             .map_err(|f| f.error)?;
         let handle = ep.export()?.to_bytes().to_vec();
         own = Some(ep);
-        Ok(handle)
+        Ok(Some(handle))
     })();
-    let mut report = Vec::new();
-    opt_i32(ctx.driver_version(), &mut report);
-    opt_i32(ctx.clique(dev).map(|c| c as i32), &mut report);
-    opt_i32(read(attr::LE_SUPPORTED_HANDLE_TYPES), &mut report);
-    opt_i32(read(attr::LE_COUNTED_OPS), &mut report);
-    let (code, handle) = match &exported {
-        Ok(h) => (None, h.as_slice()),
-        Err(e) => (Some(e.code().map_or(-1, |c| c.raw() as i32)), &[][..]),
+    let (export_failed, handle) = match &exported {
+        Ok(h) => (None, h.as_deref().unwrap_or(&[])),
+        Err(e) => (Some(e.code().map_or(u32::MAX, Code::raw)), &[][..]),
     };
-    opt_i32(code, &mut report);
-    let handle = handle.get(..MAX_HANDLE.min(handle.len())).unwrap_or(&[]);
-    report.extend_from_slice(&(handle.len() as u16).to_le_bytes());
-    report.extend_from_slice(handle);
-    let reports = agree(boot, Step::Hello, Ok(report), deadline)?;
+    let report = to_bytes(&Report {
+        driver_version: ctx.driver_version(),
+        clique: dev.and_then(|d| ctx.clique(d)),
+        handle_types: read(attr::LE_SUPPORTED_HANDLE_TYPES),
+        counted_ops: read(attr::LE_COUNTED_OPS),
+        export_failed,
+        handle: handle.get(..MAX_HANDLE.min(handle.len())).unwrap_or(&[]),
+    });
+    let reports = agree(boot, tag, Step::Probe, Ok(report), deadline)?;
     let mut facts = Vec::with_capacity(ranks);
     let mut handles = Vec::with_capacity(ranks);
     for (rank, bytes) in reports.iter().enumerate() {
-        let (f, h) = decode_facts(bytes).map_err(|c| TeamError::new(rank, Step::Hello, c))?;
+        let (f, h) = decode_facts(bytes).map_err(|c| TeamError::new(rank, Step::Probe, c))?;
         facts.push(f);
         handles.push(h);
     }
 
     // Import every other rank's trial endpoint; a failure is a fact, not
     // an error. Everything is destroyed (dropped) at once after.
-    let mut row: Vec<u8> = Vec::with_capacity(ranks * 4);
+    let mut row: Vec<u32> = Vec::with_capacity(ranks);
     let mut imported = Vec::new();
     for (rank, h) in handles.iter().enumerate() {
         let slot = slots.get_mut(rank).and_then(Option::take);
         let code = match (slot, facts.get(rank).and_then(|f| f.export_failed)) {
+            // Its own, a rank that failed to export, or one that brings no
+            // device (no handle): nothing to import.
             (_, Some(_)) | (None, _) => 0u32,
+            (Some(_), None) if h.is_empty() => 0,
             (Some(id), None) => match FabricHandle::<Unicast<Exportable>>::from_bytes(h) {
                 Err(e) => e.code().map_or(u32::MAX, Code::raw),
                 Ok(handle) => match id.import(&handle) {
@@ -288,32 +273,26 @@ pub fn probe(
                 },
             },
         };
-        row.extend_from_slice(&code.to_le_bytes());
+        row.push(code);
     }
     drop(imported);
     drop(slots);
     // This rank's trial endpoint lives until every rank imported it (the
     // rows' exchange), as the root's does in a bring-up (R12.3).
-    let rows = agree(boot, Step::Import, Ok(row), deadline);
+    let rows = agree(boot, tag, Step::Probe, Ok(to_bytes(&row)), deadline);
     drop(own);
     let rows = rows?;
     let mut imports = Vec::with_capacity(ranks);
     for (rank, r) in rows.iter().enumerate() {
-        if r.len() != ranks.saturating_mul(4) {
-            return Err(TeamError::new(
-                rank,
-                Step::Import,
-                Cause::BadMessage {
-                    reason: "a probe row of the wrong length",
-                },
-            ));
+        let bad = |reason| TeamError::new(rank, Step::Probe, Cause::BadMessage { reason });
+        let codes: Vec<u32> = from_bytes(r).map_err(|_| bad("a probe row of the wrong form"))?;
+        if codes.len() != ranks {
+            return Err(bad("a probe row of the wrong length"));
         }
         imports.push(
-            r.chunks_exact(4)
-                .map(|w| {
-                    let raw = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                    (raw != 0).then(|| Code::from_raw(raw).unwrap_or(Code::UNKNOWN))
-                })
+            codes
+                .into_iter()
+                .map(|raw| (raw != 0).then(|| Code::from_raw(raw).unwrap_or(Code::UNKNOWN)))
                 .collect(),
         );
     }
@@ -329,12 +308,14 @@ mod tests {
 
     #[test]
     fn a_probe_report_from_a_peer_is_read_checked_never_trusted() {
-        let mut ok = Vec::new();
-        for v in [Some(13050), Some(1), None, Some(1), None] {
-            opt_i32(v, &mut ok);
-        }
-        ok.extend_from_slice(&3u16.to_le_bytes());
-        ok.extend_from_slice(&[1, 2, 3]);
+        let ok = to_bytes(&Report {
+            driver_version: Some(13050),
+            clique: Some(1),
+            handle_types: None,
+            counted_ops: Some(1),
+            export_failed: None,
+            handle: &[1, 2, 3],
+        });
         let (f, h) = decode_facts(&ok).unwrap();
         assert_eq!(
             (f.driver_version, f.clique, f.handle_types, h),
@@ -346,5 +327,14 @@ mod tests {
         let mut long = ok.clone();
         long.push(0);
         assert!(decode_facts(&long).is_err());
+        let big = to_bytes(&Report {
+            driver_version: None,
+            clique: None,
+            handle_types: None,
+            counted_ops: None,
+            export_failed: None,
+            handle: &[0; MAX_HANDLE + 1],
+        });
+        assert!(decode_facts(&big).is_err());
     }
 }

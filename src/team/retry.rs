@@ -109,6 +109,7 @@ fn all_retryable<'a>(failures: impl IntoIterator<Item = &'a TeamError>) -> bool 
 /// rank, on every rank.
 pub(crate) fn agree_retrying(
     boot: &dyn Bootstrap,
+    tag: u64,
     step: Step,
     retry: Retry,
     deadline: Deadline,
@@ -124,7 +125,7 @@ pub(crate) fn agree_retrying(
         if let Ok(p) = &mine {
             done = Some(p.clone());
         }
-        let outcomes = agree_all(boot, step, mine, deadline)?;
+        let outcomes = agree_all(boot, tag, step, mine, deadline)?;
         let failures: Vec<&TeamError> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
         if failures.is_empty() {
             return outcomes.into_iter().collect();
@@ -153,6 +154,7 @@ pub(crate) fn agree_retrying(
 /// by every rank together while the root's failure is retryable.
 pub(crate) fn announce_retrying(
     boot: &dyn Bootstrap,
+    tag: u64,
     root: usize,
     step: Step,
     retry: Retry,
@@ -161,7 +163,7 @@ pub(crate) fn announce_retrying(
 ) -> Result<Vec<u8>, TeamError> {
     let mut attempt = 1u32;
     loop {
-        let outcome = announce(boot, root, step, op(), deadline);
+        let outcome = announce(boot, tag, root, step, op(), deadline);
         let e = match outcome {
             Ok(p) => return Ok(p),
             // A bootstrap failure is not the root's to retry.

@@ -1,81 +1,132 @@
-//! The bring-up's messages on the wire: a status per rank and step (what it
-//! brings, or why its step failed) and the hello every rank sends first.
+//! The bring-up's messages on the wire, as `serde` types encoded by the
+//! bootstrap crate's codec ([`crate::bootstrap::codec`], `postcard`): a
+//! status per rank and step (what it brings, or why its step failed) behind
+//! a fixed header, the hello every rank sends first, the envelope a handle
+//! travels in, and the small reports of the later steps.
 //!
-//! Everything read here is peer bytes: lengths are bounded, arithmetic is
-//! checked, and anything malformed is a [`Cause::BadMessage`], never a panic.
+//! The status header ([`Frame`], [`HEADER_LEN`] bytes, pinned by a test)
+//! carries the magic, the protocol [`VERSION`], the bring-up's tag (so that
+//! bring-ups sharing one bootstrap never take each other's messages), the
+//! step and the sender's rank; a reader checks all of them before it looks
+//! at the body. Everything read here is peer bytes: lengths are bounded,
+//! and anything malformed is a [`Cause::BadMessage`] or a
+//! [`Mismatch`](super::Mismatch), never a panic.
 
+use serde::{Deserialize, Serialize};
+
+use crate::bootstrap::{Malformed, codec};
 use crate::driver::{Call, Code, Device};
 use crate::error::Error;
 
-use super::error::{Cause, PeerFailure, Step};
+use super::error::{Cause, Mismatch, PeerFailure, Step};
 
-/// Bring-up protocol version; ranks with another refuse to proceed.
-pub(crate) const VERSION: u8 = 1;
-const STATUS_MAGIC: &[u8; 4] = b"CETS";
-/// "CETH" was the hello before it carried each device's place: an older
-/// peer's hello is refused as "not a bring-up hello".
-const HELLO_MAGIC: &[u8; 4] = b"CET2";
+/// Bring-up protocol version; ranks with another refuse to proceed. 2: the
+/// messages are `serde` types and the header names the tag and the sender.
+pub(crate) const VERSION: u8 = 2;
+const STATUS_MAGIC: [u8; 4] = *b"CETS";
+/// "CETH" was the hello before it carried each device's place, "CET2" the
+/// hand-encoded one: an older peer's hello is refused as "not a bring-up
+/// hello".
+const HELLO_MAGIC: [u8; 4] = *b"CET3";
+const ENVELOPE_MAGIC: [u8; 4] = *b"CETE";
 /// The most devices one rank may bring.
 pub(crate) const MAX_DEVICES: usize = 1024;
 /// The largest status payload (an envelope or a hello).
 const MAX_PAYLOAD: usize = 64 * 1024;
+/// The status header's length: magic 4, version 1, tag 8, step 1, sender 4.
+pub(crate) const HEADER_LEN: usize = 18;
 
-/// A bounds-checked reader over peer bytes.
-pub(crate) struct Reader<'a> {
-    bytes: &'a [u8],
+/// The status header as it travels: the integers as little-endian byte
+/// arrays, so its layout is fixed whatever their values.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frame {
+    magic: [u8; 4],
+    version: u8,
+    tag: [u8; 8],
+    step: u8,
+    from: [u8; 4],
 }
 
-impl<'a> Reader<'a> {
-    pub(crate) fn new(bytes: &'a [u8]) -> Reader<'a> {
-        Reader { bytes }
+impl Frame {
+    /// The header rank `from` sends at `step` of the bring-up tagged `tag`.
+    pub(crate) fn new(tag: u64, step: Step, from: usize) -> Frame {
+        Frame {
+            magic: STATUS_MAGIC,
+            version: VERSION,
+            tag: tag.to_le_bytes(),
+            step: step.tag(),
+            from: u32::try_from(from).unwrap_or(u32::MAX).to_le_bytes(),
+        }
     }
 
-    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], Cause> {
-        if n > self.bytes.len() {
+    /// Checks a peer's header: our magic and version, the bring-up's tag,
+    /// the step, and that the sender is the rank whose slot it came in.
+    fn check(&self, want: &Frame) -> Result<(), Cause> {
+        if self.magic != STATUS_MAGIC {
             return Err(Cause::BadMessage {
-                reason: "message shorter than its fields",
+                reason: "not a bring-up message (magic)",
             });
         }
-        let (head, rest) = self.bytes.split_at(n);
-        self.bytes = rest;
-        Ok(head)
-    }
-
-    pub(crate) fn u8(&mut self) -> Result<u8, Cause> {
-        Ok(self.take(1)?[0])
-    }
-
-    pub(crate) fn u16(&mut self) -> Result<u16, Cause> {
-        let mut a = [0u8; 2];
-        a.copy_from_slice(self.take(2)?);
-        Ok(u16::from_le_bytes(a))
-    }
-
-    pub(crate) fn u32(&mut self) -> Result<u32, Cause> {
-        let mut a = [0u8; 4];
-        a.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(a))
-    }
-
-    pub(crate) fn u64(&mut self) -> Result<u64, Cause> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(a))
-    }
-
-    pub(crate) fn rest(self) -> &'a [u8] {
-        self.bytes
-    }
-
-    pub(crate) fn end(self) -> Result<(), Cause> {
-        if self.bytes.is_empty() {
-            Ok(())
-        } else {
-            Err(Cause::BadMessage {
-                reason: "trailing bytes after the message",
-            })
+        if self.version != VERSION {
+            return Err(Cause::Mismatch(Mismatch::Version {
+                theirs: self.version,
+                ours: VERSION,
+            }));
         }
+        if self.tag != want.tag {
+            return Err(Cause::Mismatch(Mismatch::Tag {
+                theirs: u64::from_le_bytes(self.tag),
+                ours: u64::from_le_bytes(want.tag),
+            }));
+        }
+        if self.step != want.step {
+            return Err(Cause::BadMessage {
+                reason: "a message of another bring-up step",
+            });
+        }
+        if self.from != want.from {
+            return Err(Cause::BadMessage {
+                reason: "a message whose sender is not the rank it came from",
+            });
+        }
+        Ok(())
     }
+}
+
+/// A status's body: the payload, or where and why the step failed.
+#[derive(Serialize, Deserialize)]
+enum Body<'a> {
+    Ok(#[serde(borrow)] &'a [u8]),
+    Failed {
+        at: u8,
+        code: u32,
+        call: &'a str,
+        message: &'a str,
+    },
+}
+
+/// What the codec's refusal means, in a bring-up error.
+fn bad(m: Malformed) -> Cause {
+    Cause::BadMessage {
+        reason: match m {
+            Malformed::Truncated => "message shorter than its fields",
+            Malformed::Trailing => "trailing bytes after the message",
+            Malformed::Overflow => "a number too large for its field",
+            _ => "bytes that do not decode as a bring-up message",
+        },
+    }
+}
+
+/// `value` encoded with the bootstrap's codec. Our own messages are far
+/// below any bound; an unencodable one would be empty, which every reader
+/// refuses.
+pub(crate) fn to_bytes<T: Serialize>(value: &T) -> Vec<u8> {
+    codec::encode(value, crate::bootstrap::MAX_PAYLOAD).unwrap_or_default()
+}
+
+/// Exactly one `T` from a peer's bytes.
+pub(crate) fn from_bytes<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, Cause> {
+    codec::decode(bytes).map_err(bad)
 }
 
 /// One rank's outcome of one step: its payload, or why it failed.
@@ -85,38 +136,34 @@ pub(crate) enum Status {
     Failed(Step, PeerFailure),
 }
 
-/// Encodes this rank's outcome of `step`.
-pub(crate) fn encode_status(step: Step, outcome: &Result<Vec<u8>, (Step, Cause)>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16);
-    out.extend_from_slice(STATUS_MAGIC);
-    out.push(VERSION);
-    out.push(step.tag());
-    match outcome {
-        Ok(payload) => {
-            out.push(0);
-            // Payloads are ours (hellos, envelopes): far below u32::MAX.
-            out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-            out.extend_from_slice(payload);
-        }
+/// Encodes rank `from`'s outcome of `step` of the bring-up tagged `tag`.
+pub(crate) fn encode_status(
+    tag: u64,
+    step: Step,
+    from: usize,
+    outcome: &Result<Vec<u8>, (Step, Cause)>,
+) -> Vec<u8> {
+    let text;
+    let body = match outcome {
+        Ok(payload) => Body::Ok(payload),
         Err((at, cause)) => {
-            out.push(1);
-            out.push(at.tag());
             let (call, code) = match cause {
                 Cause::Local(Error::Driver { call, code }) => (Some(*call), Some(*code)),
                 Cause::Local(e) => (None, e.code()),
                 Cause::Peer(p) => (p.call, p.code),
                 _ => (None, None),
             };
-            out.extend_from_slice(&code.map_or(0, Code::raw).to_le_bytes());
-            let name = call.map_or("", Call::name).as_bytes();
-            out.push(name.len() as u8); // cuda.h names are short
-            out.extend_from_slice(name);
-            let text = cause.to_string();
-            let msg = truncate(&text, PeerFailure::MAX_MESSAGE);
-            out.extend_from_slice(&(msg.len() as u16).to_le_bytes());
-            out.extend_from_slice(msg.as_bytes());
+            text = cause.to_string();
+            Body::Failed {
+                at: at.tag(),
+                code: code.map_or(0, Code::raw),
+                call: call.map_or("", Call::name),
+                message: truncate(&text, PeerFailure::MAX_MESSAGE),
+            }
         }
-    }
+    };
+    let mut out = to_bytes(&Frame::new(tag, step, from));
+    out.extend_from_slice(&to_bytes(&body));
     out
 }
 
@@ -131,69 +178,69 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// Decodes a peer's outcome of `step`.
-pub(crate) fn decode_status(step: Step, bytes: &[u8]) -> Result<Status, Cause> {
-    let mut r = Reader::new(bytes);
-    if r.take(4)? != STATUS_MAGIC {
-        return Err(Cause::BadMessage {
-            reason: "not a bring-up message (magic)",
-        });
-    }
-    let version = r.u8()?;
-    if version != VERSION {
-        return Err(Cause::Mismatch(super::Mismatch::Version {
-            theirs: version,
-            ours: VERSION,
-        }));
-    }
-    let their_step = r.u8()?;
-    if Step::from_tag(their_step) != Some(step) {
-        return Err(Cause::BadMessage {
-            reason: "a message of another bring-up step",
-        });
-    }
-    match r.u8()? {
-        0 => {
-            let len = r.u32()? as usize;
-            if len > MAX_PAYLOAD {
+/// Decodes rank `from`'s outcome of `step` of the bring-up tagged `tag`.
+pub(crate) fn decode_status(
+    tag: u64,
+    step: Step,
+    from: usize,
+    bytes: &[u8],
+) -> Result<Status, Cause> {
+    let header = bytes.get(..HEADER_LEN).ok_or(Cause::BadMessage {
+        reason: "message shorter than its header",
+    })?;
+    let frame: Frame = from_bytes(header)?;
+    frame.check(&Frame::new(tag, step, from))?;
+    let body = bytes.get(HEADER_LEN..).unwrap_or(&[]);
+    match from_bytes::<Body<'_>>(body)? {
+        Body::Ok(payload) => {
+            if payload.len() > MAX_PAYLOAD {
                 return Err(Cause::BadMessage {
                     reason: "payload larger than any bring-up message",
                 });
             }
-            let payload = r.take(len)?.to_vec();
-            r.end()?;
-            Ok(Status::Ok(payload))
+            Ok(Status::Ok(payload.to_vec()))
         }
-        1 => {
-            let at = Step::from_tag(r.u8()?).ok_or(Cause::BadMessage {
+        Body::Failed {
+            at,
+            code,
+            call,
+            message,
+        } => {
+            let at = Step::from_tag(at).ok_or(Cause::BadMessage {
                 reason: "unknown step in a failure",
             })?;
-            let code = Code::from_raw(r.u32()?);
-            let n = usize::from(r.u8()?);
-            let call = std::str::from_utf8(r.take(n)?)
-                .ok()
-                .and_then(Call::from_name);
-            let n = usize::from(r.u16()?);
-            if n > PeerFailure::MAX_MESSAGE {
+            if message.len() > PeerFailure::MAX_MESSAGE {
                 return Err(Cause::BadMessage {
                     reason: "failure message longer than allowed",
                 });
             }
-            let message = String::from_utf8_lossy(r.take(n)?).into_owned();
-            r.end()?;
             Ok(Status::Failed(
                 at,
                 PeerFailure {
-                    call,
-                    code,
-                    message,
+                    call: Call::from_name(call),
+                    code: Code::from_raw(code),
+                    message: message.to_owned(),
                 },
             ))
         }
-        _ => Err(Cause::BadMessage {
-            reason: "unknown status tag",
-        }),
     }
+}
+
+/// One device a rank brings, as its hello says.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+struct HelloDevice {
+    device: i32,
+    clique: Option<u32>,
+    place: Option<u64>,
+}
+
+/// A hello as it travels.
+#[derive(Serialize, Deserialize)]
+struct HelloWire {
+    magic: [u8; 4],
+    bytes: u64,
+    counted_ops: bool,
+    devices: Vec<HelloDevice>,
 }
 
 /// What a rank brings to a bring-up.
@@ -215,230 +262,120 @@ pub(crate) struct Hello {
 }
 
 impl Hello {
+    /// At most [`MAX_DEVICES`] devices: checked before encoding.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(17 + 18 * self.devices.len());
-        out.extend_from_slice(HELLO_MAGIC);
-        out.extend_from_slice(&self.bytes.to_le_bytes());
-        out.push(u8::from(self.counted_ops));
-        // At most MAX_DEVICES: checked before encoding.
-        out.extend_from_slice(&(self.devices.len() as u32).to_le_bytes());
-        for (i, d) in self.devices.iter().enumerate() {
-            out.extend_from_slice(&d.0.to_le_bytes());
-            let c = self.cliques.get(i).copied().flatten();
-            out.push(u8::from(c.is_some()));
-            out.extend_from_slice(&c.unwrap_or(0).to_le_bytes());
-            let p = self.places.get(i).copied().flatten();
-            out.push(u8::from(p.is_some()));
-            out.extend_from_slice(&p.unwrap_or(0).to_le_bytes());
-        }
-        out
+        to_bytes(&HelloWire {
+            magic: HELLO_MAGIC,
+            bytes: self.bytes,
+            counted_ops: self.counted_ops,
+            devices: self
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| HelloDevice {
+                    device: d.0,
+                    clique: self.cliques.get(i).copied().flatten(),
+                    place: self.places.get(i).copied().flatten(),
+                })
+                .collect(),
+        })
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Hello, Cause> {
-        let mut r = Reader::new(bytes);
-        if r.take(4)? != HELLO_MAGIC {
+        // The magic first: an older peer's hello is named as such, whatever
+        // follows it.
+        if bytes.get(..4) != Some(&HELLO_MAGIC[..]) {
             return Err(Cause::BadMessage {
                 reason: "not a bring-up hello (magic)",
             });
         }
-        let bytes = r.u64()?;
-        let counted_ops = match r.u8()? {
-            0 => false,
-            1 => true,
-            _ => {
-                return Err(Cause::BadMessage {
-                    reason: "counted-operations flag is neither 0 nor 1",
-                });
-            }
-        };
-        let n = r.u32()? as usize;
-        if n > MAX_DEVICES {
+        let w: HelloWire = from_bytes(bytes)?;
+        if w.devices.len() > MAX_DEVICES {
             return Err(Cause::BadMessage {
                 reason: "more devices than one rank may bring",
             });
         }
-        let mut devices = Vec::with_capacity(n);
-        let mut cliques = Vec::with_capacity(n);
-        let mut places = Vec::with_capacity(n);
-        for _ in 0..n {
-            devices.push(Device(r.u32()? as i32));
-            let known = r.u8()?;
-            let c = r.u32()?;
-            cliques.push(match known {
-                0 => None,
-                1 => Some(c),
-                _ => {
-                    return Err(Cause::BadMessage {
-                        reason: "clique flag is neither 0 nor 1",
-                    });
-                }
-            });
-            let known = r.u8()?;
-            let p = r.u64()?;
-            places.push(match known {
-                0 => None,
-                1 => Some(p),
-                _ => {
-                    return Err(Cause::BadMessage {
-                        reason: "place flag is neither 0 nor 1",
-                    });
-                }
-            });
-        }
-        r.end()?;
         Ok(Hello {
-            bytes,
-            counted_ops,
-            devices,
-            cliques,
-            places,
+            bytes: w.bytes,
+            counted_ops: w.counted_ops,
+            devices: w.devices.iter().map(|d| Device(d.device)).collect(),
+            cliques: w.devices.iter().map(|d| d.clique).collect(),
+            places: w.devices.iter().map(|d| d.place).collect(),
         })
     }
 }
 
-/// The envelope a handle travels in: protocol version, the options the
-/// importer checks (counted operations), then the handle's own checksummed
-/// wire form (kind, size, alignment, team size, driver bytes).
-pub(crate) fn encode_envelope(counted_ops: bool, handle: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(6 + handle.len());
-    out.extend_from_slice(b"CETE");
-    out.push(VERSION);
-    out.push(u8::from(counted_ops));
-    out.extend_from_slice(handle);
-    out
-}
-
-/// What the classic fallback's carrier starts with, where a logical
-/// endpoint's envelope has its fabric handle's wire form.
-const CLASSIC_MAGIC: &[u8; 4] = b"CECL";
-
-/// The envelope of a classic multicast object (C5): the same header, then
-/// the carrier: a POSIX descriptor that travels beside it over the
-/// bootstrap (`fabric` = `None`), or the 64 fabric bytes.
-pub(crate) fn encode_classic_envelope(counted_ops: bool, fabric: Option<&[u8; 64]>) -> Vec<u8> {
-    let mut carrier = CLASSIC_MAGIC.to_vec();
-    match fabric {
-        None => carrier.push(0),
-        Some(b) => {
-            carrier.push(1);
-            carrier.extend_from_slice(b);
-        }
-    }
-    encode_envelope(counted_ops, &carrier)
-}
-
 /// How an envelope carries the shared object.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
 pub(crate) enum Carrier<'a> {
     /// A logical endpoint's fabric handle, in its wire form.
-    Fabric(&'a [u8]),
+    Fabric(#[serde(borrow)] &'a [u8]),
     /// A classic object's POSIX descriptor, passed over the bootstrap.
     ClassicFd,
-    /// A classic object's 64 fabric bytes.
-    ClassicFabric([u8; 64]),
+    /// A classic object's 64 fabric bytes (checked to be 64 on decode).
+    ClassicFabric(#[serde(borrow)] &'a [u8]),
 }
 
-/// Reads the carrier after the envelope's header.
-pub(crate) fn decode_carrier(rest: &[u8]) -> Result<Carrier<'_>, Cause> {
-    let mut r = Reader::new(rest);
-    if rest.len() < 4 || r.take(4)? != CLASSIC_MAGIC {
-        return Ok(Carrier::Fabric(rest));
-    }
-    match r.u8()? {
-        0 => {
-            r.end()?;
-            Ok(Carrier::ClassicFd)
-        }
-        1 => {
-            let mut b = [0u8; 64];
-            b.copy_from_slice(r.take(64)?);
-            r.end()?;
-            Ok(Carrier::ClassicFabric(b))
-        }
-        _ => Err(Cause::BadMessage {
-            reason: "unknown classic handle carrier",
-        }),
-    }
+/// The envelope a handle travels in: magic, protocol version, the options
+/// the importer checks (counted operations), then the carrier: a logical
+/// endpoint's checksummed handle (kind, size, alignment, team size, driver
+/// bytes) or a classic object's.
+#[derive(Serialize, Deserialize)]
+struct Envelope<'a> {
+    magic: [u8; 4],
+    version: u8,
+    counted_ops: bool,
+    #[serde(borrow)]
+    carrier: Carrier<'a>,
 }
 
-/// Splits an envelope into its counted-operations flag and the handle bytes.
-pub(crate) fn decode_envelope(bytes: &[u8]) -> Result<(bool, &[u8]), Cause> {
-    let mut r = Reader::new(bytes);
-    if r.take(4)? != b"CETE" {
+/// The envelope of a logical endpoint's handle (its wire form).
+pub(crate) fn encode_envelope(counted_ops: bool, handle: &[u8]) -> Vec<u8> {
+    to_bytes(&Envelope {
+        magic: ENVELOPE_MAGIC,
+        version: VERSION,
+        counted_ops,
+        carrier: Carrier::Fabric(handle),
+    })
+}
+
+/// The envelope of a classic multicast object (C5): a POSIX descriptor that
+/// travels beside it over the bootstrap (`fabric` = `None`), or the 64
+/// fabric bytes.
+pub(crate) fn encode_classic_envelope(counted_ops: bool, fabric: Option<&[u8; 64]>) -> Vec<u8> {
+    to_bytes(&Envelope {
+        magic: ENVELOPE_MAGIC,
+        version: VERSION,
+        counted_ops,
+        carrier: match fabric {
+            None => Carrier::ClassicFd,
+            Some(b) => Carrier::ClassicFabric(b),
+        },
+    })
+}
+
+/// An envelope's counted-operations flag and carrier, checked.
+pub(crate) fn decode_envelope(bytes: &[u8]) -> Result<(bool, Carrier<'_>), Cause> {
+    if bytes.get(..4) != Some(&ENVELOPE_MAGIC[..]) {
         return Err(Cause::BadMessage {
             reason: "not a handle envelope (magic)",
         });
     }
-    let version = r.u8()?;
-    if version != VERSION {
-        return Err(Cause::Mismatch(super::Mismatch::Version {
-            theirs: version,
+    let e: Envelope<'_> = from_bytes(bytes)?;
+    if e.version != VERSION {
+        return Err(Cause::Mismatch(Mismatch::Version {
+            theirs: e.version,
             ours: VERSION,
         }));
     }
-    let counted = match r.u8()? {
-        0 => false,
-        1 => true,
-        _ => {
-            return Err(Cause::BadMessage {
-                reason: "counted-operations flag is neither 0 nor 1",
-            });
-        }
-    };
-    Ok((counted, r.rest()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_round_trips_and_refuses_other_steps() {
-        let s = encode_status(Step::Hello, &Ok(vec![1, 2, 3]));
-        assert!(matches!(decode_status(Step::Hello, &s), Ok(Status::Ok(p)) if p == [1, 2, 3]));
-        assert!(decode_status(Step::Wait, &s).is_err());
-        let f = encode_status(
-            Step::Enroll,
-            &Err((
-                Step::Import,
-                Cause::Local(Error::driver(Call::AddDevice, Code::INVALID_DEVICE)),
-            )),
-        );
-        match decode_status(Step::Enroll, &f) {
-            Ok(Status::Failed(at, p)) => {
-                assert_eq!(at, Step::Import);
-                assert_eq!(p.call, Some(Call::AddDevice));
-                assert_eq!(p.code, Some(Code::INVALID_DEVICE));
-            }
-            _ => panic!("expected a failure"),
-        }
+    if let Carrier::ClassicFabric(b) = e.carrier
+        && b.len() != 64
+    {
+        return Err(Cause::BadMessage {
+            reason: "classic fabric bytes of the wrong length",
+        });
     }
-
-    #[test]
-    fn truncated_or_garbage_status_is_a_bad_message_not_a_panic() {
-        let s = encode_status(Step::Hello, &Ok(vec![7; 40]));
-        for n in 0..s.len() {
-            assert!(decode_status(Step::Hello, &s[..n]).is_err());
-        }
-        let mut big = s.clone();
-        big[7..11].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode_status(Step::Hello, &big).is_err());
-    }
-
-    #[test]
-    fn hello_round_trips_and_bounds_device_count() {
-        let h = Hello {
-            bytes: 2 << 20,
-            counted_ops: false,
-            devices: vec![Device(0), Device(3)],
-            cliques: vec![Some(7), None],
-            places: vec![None, Some(u64::MAX)],
-        };
-        assert_eq!(Hello::decode(&h.encode()).ok(), Some(h.clone()));
-        let mut e = h.encode();
-        e[13..17].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(Hello::decode(&e).is_err());
-    }
+    Ok((e.counted_ops, e.carrier))
 }
 
 /// What each rank reports at the enrollment step, for every rank to check
@@ -446,7 +383,7 @@ mod tests {
 /// it computed, a digest of the hellos as it saw them, and how many
 /// devices it enrolled (on the classic fallback, as the backend counts
 /// them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Enrolled {
     pub team_size: u32,
     pub join_digest: u64,
@@ -455,22 +392,11 @@ pub(crate) struct Enrolled {
 
 impl Enrolled {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16);
-        out.extend_from_slice(&self.team_size.to_le_bytes());
-        out.extend_from_slice(&self.join_digest.to_le_bytes());
-        out.extend_from_slice(&self.devices.to_le_bytes());
-        out
+        to_bytes(self)
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Enrolled, Cause> {
-        let mut r = Reader::new(bytes);
-        let e = Enrolled {
-            team_size: r.u32()?,
-            join_digest: r.u64()?,
-            devices: r.u32()?,
-        };
-        r.end()?;
-        Ok(e)
+        from_bytes(bytes)
     }
 }
 
@@ -488,4 +414,151 @@ pub(crate) fn join_digest(hellos: &[Vec<u8>]) -> u64 {
         all.extend_from_slice(hello);
     }
     crate::driver::fnv1a(&all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_round_trips_and_refuses_other_steps_senders_and_tags() {
+        let s = encode_status(7, Step::Hello, 2, &Ok(vec![1, 2, 3]));
+        assert!(
+            matches!(decode_status(7, Step::Hello, 2, &s), Ok(Status::Ok(p)) if p == [1, 2, 3])
+        );
+        assert!(decode_status(7, Step::Wait, 2, &s).is_err());
+        assert!(matches!(
+            decode_status(7, Step::Hello, 1, &s),
+            Err(Cause::BadMessage { .. })
+        ));
+        assert!(matches!(
+            decode_status(8, Step::Hello, 2, &s),
+            Err(Cause::Mismatch(Mismatch::Tag { theirs: 7, ours: 8 }))
+        ));
+        let f = encode_status(
+            0,
+            Step::Enroll,
+            0,
+            &Err((
+                Step::Import,
+                Cause::Local(Error::driver(Call::AddDevice, Code::INVALID_DEVICE)),
+            )),
+        );
+        match decode_status(0, Step::Enroll, 0, &f) {
+            Ok(Status::Failed(at, p)) => {
+                assert_eq!(at, Step::Import);
+                assert_eq!(p.call, Some(Call::AddDevice));
+                assert_eq!(p.code, Some(Code::INVALID_DEVICE));
+            }
+            _ => panic!("expected a failure"),
+        }
+    }
+
+    #[test]
+    fn the_status_header_keeps_its_documented_18_byte_layout() {
+        let s = encode_status(0x0102_0304_0506_0708, Step::Export, 3, &Ok(vec![9]));
+        assert_eq!(&s[0..4], b"CETS");
+        assert_eq!(s[4], VERSION);
+        assert_eq!(&s[5..13], &0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(s[13], Step::Export.tag());
+        assert_eq!(&s[14..18], &3u32.to_le_bytes());
+        // The body: variant 0 (`Ok`), a varint length, the payload.
+        assert_eq!(&s[HEADER_LEN..], &[0, 1, 9]);
+        // Another version is a version mismatch, named before anything else.
+        let mut old = s.clone();
+        old[4] = 1;
+        assert!(matches!(
+            decode_status(0x0102_0304_0506_0708, Step::Export, 3, &old),
+            Err(Cause::Mismatch(Mismatch::Version { theirs: 1, .. }))
+        ));
+    }
+
+    #[test]
+    fn truncated_or_garbage_status_is_a_bad_message_not_a_panic() {
+        let s = encode_status(0, Step::Hello, 0, &Ok(vec![7; 40]));
+        for n in 0..s.len() {
+            assert!(
+                decode_status(0, Step::Hello, 0, &s[..n]).is_err(),
+                "cut at {n}"
+            );
+        }
+        // A payload length of u32::MAX with 40 bytes behind it.
+        let mut big = s[..HEADER_LEN + 1].to_vec();
+        big.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]);
+        big.extend_from_slice(&[7; 40]);
+        assert!(decode_status(0, Step::Hello, 0, &big).is_err());
+        let mut long = s.clone();
+        long.push(0);
+        assert!(decode_status(0, Step::Hello, 0, &long).is_err());
+    }
+
+    #[test]
+    fn hello_round_trips_and_bounds_device_count() {
+        let h = Hello {
+            bytes: 2 << 20,
+            counted_ops: false,
+            devices: vec![Device(0), Device(3)],
+            cliques: vec![Some(7), None],
+            places: vec![None, Some(u64::MAX)],
+        };
+        assert_eq!(Hello::decode(&h.encode()).ok(), Some(h.clone()));
+        let many = Hello {
+            devices: vec![Device(0); MAX_DEVICES + 1],
+            cliques: Vec::new(),
+            places: Vec::new(),
+            ..h.clone()
+        };
+        assert!(Hello::decode(&many.encode()).is_err());
+        let mut flag = Hello { bytes: 1, ..h }.encode();
+        // The counted-operations flag (after the magic and a one-byte
+        // varint) is neither 0 nor 1.
+        flag[5] = 2;
+        assert!(Hello::decode(&flag).is_err());
+    }
+
+    #[test]
+    fn envelopes_round_trip_and_refuse_other_magic_versions_and_lengths() {
+        let e = encode_envelope(true, &[1, 2, 3]);
+        assert_eq!(
+            decode_envelope(&e).ok(),
+            Some((true, Carrier::Fabric(&[1, 2, 3])))
+        );
+        let c = encode_classic_envelope(false, Some(&[5; 64]));
+        assert_eq!(
+            decode_envelope(&c).ok(),
+            Some((false, Carrier::ClassicFabric(&[5; 64])))
+        );
+        let fd = encode_classic_envelope(false, None);
+        assert_eq!(decode_envelope(&fd).ok(), Some((false, Carrier::ClassicFd)));
+        let mut old = e.clone();
+        old[4] = 1;
+        assert!(matches!(
+            decode_envelope(&old),
+            Err(Cause::Mismatch(Mismatch::Version { .. }))
+        ));
+        let short = to_bytes(&Envelope {
+            magic: ENVELOPE_MAGIC,
+            version: VERSION,
+            counted_ops: false,
+            carrier: Carrier::ClassicFabric(&[1; 63]),
+        });
+        assert!(decode_envelope(&short).is_err());
+        for cut in 0..e.len() {
+            assert!(decode_envelope(&e[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn peer_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..128), tag: u64) {
+            let _ = decode_status(tag, Step::Hello, 0, &bytes);
+            let _ = Hello::decode(&bytes);
+            let _ = decode_envelope(&bytes);
+            let _ = Enrolled::decode(&bytes);
+            let mut framed = encode_status(tag, Step::Wait, 1, &Ok(Vec::new()));
+            framed.truncate(HEADER_LEN);
+            framed.extend_from_slice(&bytes);
+            let _ = decode_status(tag, Step::Wait, 1, &framed);
+        }
+    }
 }

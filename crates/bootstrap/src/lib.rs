@@ -16,6 +16,8 @@
 //!   NCCL's: rank 0 listens, the id travels by environment or file),
 //!   `Mpi` (feature `mpi`), and [`Callbacks`] for a communicator the user
 //!   already has.
+//! - [`codec`]: the `serde`/`postcard` encoding of the bootstrap's own
+//!   frames, for the layers above that send their own messages over it.
 //! - [`FdExchange`]: POSIX file descriptors between ranks of one node
 //!   (`SCM_RIGHTS`), refused across nodes ([`NodeId`]).
 //!
@@ -69,6 +71,7 @@
 
 mod api;
 mod callbacks;
+pub mod codec;
 mod error;
 #[cfg(target_os = "linux")]
 mod fd;

@@ -263,14 +263,7 @@ pub(crate) fn open(bytes: &[u8], expect: &Expect) -> Result<Vec<u8>, Refused> {
     }
 }
 
-/// What a `postcard` error says about a peer's bytes.
-fn malformed(e: &postcard::Error) -> Malformed {
-    match e {
-        postcard::Error::DeserializeUnexpectedEnd => Malformed::Truncated,
-        postcard::Error::DeserializeBadVarint => Malformed::Overflow,
-        _ => Malformed::Encoding,
-    }
-}
+use super::codec::malformed;
 
 /// Encodes allgather contributions as one `postcard` sequence of byte
 /// strings (each a varint length and its bytes). `None` past
