@@ -1,6 +1,8 @@
 //! Agreed, bounded, retried bring-ups (issue 20, item 3): a retryable code
 //! (`FABRIC_NOT_READY` 919) injected on one rank only
-//! (`Fault::on_process`) makes every rank retry that step together; a fault
+//! (`Fault::on_process`) makes every rank retry that step together — any
+//! step: the hello, create and export, a unicast import and wait, a
+//! multicast import, enroll and wait; a fault
 //! that outlasts the retry budget fails every rank with the same failing
 //! rank and step. Attempts are counted (driver calls, `tracing` events per
 //! rank), never timed. Ranks are threads, each its own process of one model.
@@ -200,5 +202,130 @@ fn a_rank_whose_imports_are_not_ready_twice_is_retried_keeping_what_it_imported(
         "only the failed import again"
     );
     assert!(model.live_node().is_empty());
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn a_rank_whose_hello_is_not_ready_once_makes_every_rank_retry_the_hello() {
+    for multicast in [false, true] {
+        let (contexts, model) = processes(3);
+        model.set_faults(fault_on(contexts[1].1.pid(), Call::DeviceGetCount, 1));
+        let out = on_every_rank(&contexts, |r, ctx, boot| {
+            if multicast {
+                let spec = TeamSpec::new([r as i32], BYTES)
+                    .timeout(T)
+                    .retry(Retry::new(3, RETRY));
+                team::multicast(ctx, boot, &spec).map(drop)
+            } else {
+                let spec = PeerSpec::new(r as i32, BYTES)
+                    .timeout(T)
+                    .retry(Retry::new(3, RETRY));
+                team::unicast_peers(ctx, boot, &spec).map(drop)
+            }
+        });
+        for (r, (result, events)) in out.into_iter().enumerate() {
+            assert!(
+                result.is_ok(),
+                "multicast {multicast}, rank {r}: {result:?}"
+            );
+            assert_eq!(
+                events, 1,
+                "multicast {multicast}, rank {r}: one retried hello"
+            );
+        }
+        assert_eq!(model.faults_fired(), 1);
+        assert!(model.live_node().is_empty());
+        common::no_violations(&model.violations());
+    }
+}
+
+#[test]
+fn a_multicast_rank_whose_import_is_not_ready_twice_is_retried_by_every_rank() {
+    let (contexts, model) = processes(3);
+    model.set_faults(fault_on(contexts[2].1.pid(), Call::Import, 2));
+    let out = on_every_rank(&contexts, |r, ctx, boot| {
+        let spec = TeamSpec::new([r as i32], BYTES)
+            .timeout(T)
+            .retry(Retry::new(4, RETRY));
+        team::multicast(ctx, boot, &spec).map(drop)
+    });
+    for (r, (result, events)) in out.into_iter().enumerate() {
+        assert!(result.is_ok(), "rank {r}: {result:?}");
+        assert_eq!(events, 2, "rank {r}: every attempt in the trace");
+    }
+    assert_eq!(model.faults_fired(), 2);
+    assert_eq!(
+        model.calls(Call::Import),
+        2 + 2,
+        "only rank 2 imported again"
+    );
+    assert!(model.live_node().is_empty());
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn a_multicast_rank_whose_enroll_is_not_ready_once_keeps_its_import_and_enrolls_again() {
+    let (contexts, model) = processes(3);
+    model.set_faults(fault_on(contexts[1].1.pid(), Call::AddDevice, 1));
+    let out = on_every_rank(&contexts, |r, ctx, boot| {
+        let spec = TeamSpec::new([r as i32], BYTES)
+            .timeout(T)
+            .retry(Retry::new(3, RETRY));
+        team::multicast(ctx, boot, &spec).map(drop)
+    });
+    for (r, (result, events)) in out.into_iter().enumerate() {
+        assert!(result.is_ok(), "rank {r}: {result:?}");
+        assert_eq!(events, 1, "rank {r}");
+    }
+    assert_eq!(model.calls(Call::Import), 2, "the import was kept");
+    assert_eq!(model.calls(Call::AddDevice), 3 + 1);
+    assert!(model.live_node().is_empty());
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn a_multicast_rank_whose_wait_is_not_ready_once_waits_again_with_every_rank() {
+    let (contexts, model) = processes(3);
+    model.set_faults(fault_on(contexts[0].1.pid(), Call::Query, 1));
+    let out = on_every_rank(&contexts, |r, ctx, boot| {
+        let spec = TeamSpec::new([r as i32], BYTES)
+            .timeout(T)
+            .retry(Retry::new(3, RETRY));
+        team::multicast(ctx, boot, &spec).map(drop)
+    });
+    for (r, (result, events)) in out.into_iter().enumerate() {
+        assert!(result.is_ok(), "rank {r}: {result:?}");
+        assert_eq!(events, 1, "rank {r}");
+    }
+    assert_eq!(model.faults_fired(), 1);
+    assert!(model.live_node().is_empty());
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn an_enroll_fault_that_outlasts_the_budget_fails_every_rank_naming_that_rank_with_nothing_left() {
+    let (contexts, model) = processes(3);
+    model.set_faults(fault_on(contexts[2].1.pid(), Call::AddDevice, u64::MAX));
+    let out = on_every_rank(&contexts, |r, ctx, boot| {
+        let spec = TeamSpec::new([r as i32], BYTES)
+            .timeout(T)
+            .retry(Retry::new(3, RETRY));
+        team::multicast(ctx, boot, &spec).map(drop)
+    });
+    for (r, (result, events)) in out.into_iter().enumerate() {
+        let e = result.unwrap_err();
+        assert_eq!(
+            (e.rank, e.step, e.code()),
+            (2, Step::Enroll, Some(Code::FABRIC_NOT_READY)),
+            "rank {r}: {e}"
+        );
+        assert_eq!(events, 3, "rank {r}: every attempt in the trace");
+    }
+    assert_eq!(
+        model.calls(Call::AddDevice),
+        2 + 3,
+        "three attempts on rank 2"
+    );
+    assert!(model.live_node().is_empty(), "undone on every rank");
     common::no_violations(&model.violations());
 }

@@ -21,8 +21,9 @@
 //! - [`probe`]: which ranks reach which, proved peer to peer, and which
 //!   bring-up will work ([`Reach`]).
 //!
-//! A step that fails with a retryable code on any rank is retried by every
-//! rank together ([`Retry`]); `unicast_peers` ends by agreeing on a digest
+//! A step that fails with a retryable code on any rank — any step of either
+//! bring-up, the hello included — is retried by every rank together
+//! ([`Retry`]); `unicast_peers` ends by agreeing on a digest
 //! of every rank's peer-to-id table (R13.4).
 //!
 //! Both talk through a [`Bootstrap`](crate::bootstrap::Bootstrap) (threads,
@@ -187,14 +188,6 @@ fn check_limits(ctx: &Context, props: &Props, handle_align: u64) -> Result<(), e
         }));
     }
     Ok(())
-}
-
-/// Waits for one endpoint; on failure it is dropped (destroyed) here.
-fn wait_one<K: Kind<Complete = typenum::B1>>(
-    ep: Endpoint<Pending, K>,
-    timeout: Duration,
-) -> Result<Endpoint<Ready, K::Ready>, Error> {
-    ep.wait(timeout).map_err(|f| f.error)
 }
 
 /// Readies every imported peer with one query over the whole range a round:

@@ -30,15 +30,14 @@ use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{Pending, Ready, TeamReady};
 
-use super::agree::agree;
 use super::error::{Cause, Mismatch, Step, TeamError};
-use super::retry::{Retry, announce_retrying};
+use super::retry::{Retry, agree_retrying, announce_retrying};
 use super::shared::SharedMulticast;
 use super::wire::{
     Carrier, Enrolled, Hello, MAX_DEVICES, decode_envelope, encode_classic_envelope,
     encode_envelope, join_digest,
 };
-use super::{check_devices, check_limits, wait_one};
+use super::{check_devices, check_limits};
 use crate::bootstrap::Deadline;
 
 /// What a rank asks of a multicast bring-up. Every rank passes the same
@@ -103,9 +102,11 @@ impl TeamSpec {
         self
     }
 
-    /// How the root's create-and-export step, failed with a retryable code,
-    /// is retried by every rank together (default [`Retry::default`]; cut
-    /// to fit in the timeout, [`Retry::within`]).
+    /// How a step that failed with a retryable code on some rank is
+    /// retried by every rank together (default [`Retry::default`]; cut to
+    /// fit in the timeout, [`Retry::within`]): every step — the hello, the
+    /// root's create-and-export, import-and-enroll (imports and devices
+    /// already enrolled are kept) and the wait.
     pub fn retry(mut self, retry: Retry) -> TeamSpec {
         self.retry = retry;
         self
@@ -215,31 +216,35 @@ pub fn multicast(
         ));
     }
 
-    // Hello: what every rank brings, checked alike on every rank.
-    let hello = Hello {
-        bytes: spec.bytes,
-        counted_ops: spec.counted_ops,
-        devices: spec.devices.clone(),
-        cliques: spec.devices.iter().map(|&d| ctx.clique(d)).collect(),
-        places: spec.devices.iter().map(|&d| super::place(ctx, d)).collect(),
-    };
-    let local = if spec.devices.len() > MAX_DEVICES {
-        Err(Cause::BadMessage {
-            reason: "more devices than one rank may bring",
-        })
-    } else {
-        check_devices(ctx, &spec.devices).map(|()| hello.encode())
-    }
-    .map_err(|c| (Step::Hello, c));
+    // Hello: what every rank brings, checked alike on every rank; retried
+    // by every rank together when a rank's driver is not ready yet.
     let tag = spec.tag;
-    let hellos = agree(boot, tag, Step::Hello, local, deadline)?;
+    let retry = spec.retry.within(spec.timeout);
+    let hellos = agree_retrying(boot, tag, Step::Hello, retry, deadline, || {
+        if spec.devices.len() > MAX_DEVICES {
+            return Err((
+                Step::Hello,
+                Cause::BadMessage {
+                    reason: "more devices than one rank may bring",
+                },
+            ));
+        }
+        check_devices(ctx, &spec.devices).map_err(|c| (Step::Hello, c))?;
+        Ok(Hello {
+            bytes: spec.bytes,
+            counted_ops: spec.counted_ops,
+            devices: spec.devices.clone(),
+            cliques: spec.devices.iter().map(|&d| ctx.clique(d)).collect(),
+            places: spec.devices.iter().map(|&d| super::place(ctx, d)).collect(),
+        }
+        .encode())
+    })?;
     let team_size = agreed_team_size(&hellos, spec, me)?;
 
     // Create and export on the root; the handle goes to every rank.
     let classic = ctx.driver().object_sharing();
     let mut root_ep = None;
     let mut root_fd = None;
-    let retry = spec.retry.within(spec.timeout);
     let envelope = announce_retrying(boot, tag, spec.root, Step::Export, retry, deadline, || {
         (me == spec.root).then(|| {
             create_and_export(ctx, classic, spec, team_size).map(|made| {
@@ -264,9 +269,12 @@ pub fn multicast(
     drop(root_fd);
 
     // Import on the other ranks; check the handle against the agreement and
-    // the driver; enroll this rank's devices. One outcome per rank.
+    // the driver; enroll this rank's devices. One outcome per rank, retried
+    // as one step: what was imported stays imported, and the devices
+    // already enrolled stay enrolled (a failed add hands the endpoint back).
     let mut pending: Option<Endpoint<Pending, SharedMulticast>> = root_ep.map(Endpoint::cast);
-    let local = (|| {
+    let mut enrolled = 0usize;
+    let reports = agree_retrying(boot, tag, Step::Enroll, retry, deadline, || {
         if pending.is_none() {
             pending = Some(match classic {
                 Some(c) => import_classic(ctx, c, &envelope, fd.take(), spec, team_size)?,
@@ -277,10 +285,15 @@ pub fn multicast(
         let mut ep = pending.take().ok_or(enroll(Cause::BadMessage {
             reason: "no endpoint",
         }))?;
-        for &dev in &spec.devices {
-            ep = ep
-                .add_device(dev)
-                .map_err(|f| enroll(Cause::Local(f.error)))?;
+        for &dev in spec.devices.get(enrolled..).unwrap_or(&[]) {
+            ep = match ep.add_device(dev) {
+                Ok(ep) => ep,
+                Err(f) => {
+                    pending = Some(f.value);
+                    return Err(enroll(Cause::Local(f.error)));
+                }
+            };
+            enrolled += 1;
         }
         // What this rank enrolled, as the classic backend counts it (its
         // own table, not this rank's word).
@@ -288,35 +301,34 @@ pub fn multicast(
             Some(c) => c.enrolled_here(ep.id()),
             None => Some(spec.devices.len()),
         };
+        pending = Some(ep);
         let devices =
             devices
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or(enroll(Cause::BadMessage {
                     reason: "no endpoint",
                 }))?;
-        pending = Some(ep);
         Ok(Enrolled {
             team_size,
             join_digest: join_digest(&hellos),
             devices,
         }
         .encode())
-    })();
+    })?;
     // The root keeps its reference until here: every rank has imported (R12.3).
-    let reports = agree(boot, tag, Step::Enroll, local, deadline)?;
     // The ranks' word is checked, not trusted: every rank saw the same hellos
     // and enrolled what it claimed there, so the team is complete (C3).
     check_reports(&reports, &hellos, team_size, spec.root)?;
-    let Some(ep) = pending else {
-        return Err(TeamError::new(
-            me,
-            Step::Enroll,
-            Cause::BadMessage {
-                reason: "no endpoint",
-            },
-        ));
-    };
     if let Some(c) = classic {
+        let Some(ep) = &pending else {
+            return Err(TeamError::new(
+                me,
+                Step::Enroll,
+                Cause::BadMessage {
+                    reason: "no endpoint",
+                },
+            ));
+        };
         // SAFETY: every rank agreed just above that it added all its
         // devices, and the ranks bring `team_size` devices in all (the join
         // step): every device of the team is added (C3).
@@ -327,12 +339,27 @@ pub fn multicast(
     }
 
     // Wait, bounded, and agree that every rank's endpoint is ready: the wait
-    // doubles as the team barrier.
-    let (ready, local) = match wait_one(ep, deadline.remaining()) {
-        Ok(r) => (Some(r), Ok(Vec::new())),
-        Err(e) => (None, Err((Step::Wait, Cause::Local(e)))),
-    };
-    agree(boot, tag, Step::Wait, local, deadline)?;
+    // doubles as the team barrier. A wait that failed retryably hands the
+    // endpoint back, to wait again with every rank.
+    let mut ready = None;
+    agree_retrying(boot, tag, Step::Wait, retry, deadline, || {
+        if ready.is_none() {
+            let ep = pending.take().ok_or((
+                Step::Wait,
+                Cause::BadMessage {
+                    reason: "no endpoint",
+                },
+            ))?;
+            match ep.wait(deadline.remaining()) {
+                Ok(r) => ready = Some(r),
+                Err(f) => {
+                    pending = Some(f.value);
+                    return Err((Step::Wait, Cause::Local(f.error)));
+                }
+            }
+        }
+        Ok(Vec::new())
+    })?;
     let Some(endpoint) = ready else {
         return Err(TeamError::new(
             me,

@@ -67,8 +67,9 @@ impl PeerSpec {
 
     /// How a step that failed with a retryable code on some rank is
     /// retried by every rank together (default [`Retry::default`]; cut to
-    /// fit in the timeout, [`Retry::within`]): the create-and-export step
-    /// and the import-and-wait step (imports that succeeded are kept).
+    /// fit in the timeout, [`Retry::within`]): every step — the hello, the
+    /// create-and-export step and the import-and-wait step (imports that
+    /// succeeded are kept).
     pub fn retry(mut self, retry: Retry) -> PeerSpec {
         self.retry = retry;
         self
@@ -170,11 +171,13 @@ pub fn unicast_peers(
         cliques: vec![None],
         places: vec![None],
     };
-    let local = check_devices(ctx, &[spec.device])
-        .map(|()| hello.encode())
-        .map_err(|c| (Step::Hello, c));
     let tag = spec.tag;
-    let hellos = agree(boot, tag, Step::Hello, local, deadline)?;
+    let retry = spec.retry.within(spec.timeout);
+    let hellos = agree_retrying(boot, tag, Step::Hello, retry, deadline, || {
+        check_devices(ctx, &[spec.device])
+            .map(|()| hello.encode())
+            .map_err(|c| (Step::Hello, c))
+    })?;
     for (rank, bytes) in hellos.iter().enumerate() {
         let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Hello, c))?;
         super::same_options(rank, &h, spec.bytes, spec.counted_ops)?;
@@ -183,7 +186,6 @@ pub fn unicast_peers(
     // One id per rank; this rank's own endpoint at its own index.
     let mut slots: Vec<Option<Endpoint<Reserved, NoKind>>> = Vec::new();
     let mut own = None;
-    let retry = spec.retry.within(spec.timeout);
     let envelopes = agree_retrying(boot, tag, Step::Export, retry, deadline, || {
         let create = |c| (Step::Create, c);
         let count = u32::try_from(ranks).map_err(|_| {
