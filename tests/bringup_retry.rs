@@ -4,7 +4,10 @@
 //! step: the hello, create and export, a unicast import and wait, a
 //! multicast import, enroll and wait; a fault
 //! that outlasts the retry budget fails every rank with the same failing
-//! rank and step. Attempts are counted (driver calls, `tracing` events per
+//! rank and step. The reachability probe, retried as any step, is off in
+//! the tests that count one step's calls (it makes and imports trial
+//! endpoints first); the tests of the probe itself are the last ones.
+//! Attempts are counted (driver calls, `tracing` events per
 //! rank), never timed. Ranks are threads, each its own process of one model.
 
 mod common;
@@ -83,6 +86,7 @@ fn a_rank_not_ready_for_its_first_two_creates_makes_every_rank_retry_and_all_suc
         PeerSpec::new(r as i32, BYTES)
             .timeout(T)
             .retry(Retry::new(4, RETRY))
+            .probe(false)
     };
     let out = on_every_rank(&contexts, |r, ctx, boot| {
         team::unicast_peers(ctx, boot, &spec(r)).map(drop)
@@ -112,6 +116,7 @@ fn a_not_ready_fault_that_outlasts_the_budget_fails_every_rank_naming_that_rank(
         PeerSpec::new(r as i32, BYTES)
             .timeout(T)
             .retry(Retry::new(3, RETRY))
+            .probe(false)
     };
     let out = on_every_rank(&contexts, |r, ctx, boot| {
         team::unicast_peers(ctx, boot, &spec(r)).map(drop)
@@ -138,7 +143,8 @@ fn a_non_retryable_code_fails_at_once_without_a_second_attempt() {
     let out = on_every_rank(&contexts, |r, ctx, boot| {
         let spec = PeerSpec::new(r as i32, BYTES)
             .timeout(T)
-            .retry(Retry::new(4, RETRY));
+            .retry(Retry::new(4, RETRY))
+            .probe(false);
         team::unicast_peers(ctx, boot, &spec).map(drop)
     });
     for (r, (result, events)) in out.into_iter().enumerate() {
@@ -161,7 +167,8 @@ fn a_multicast_root_not_ready_for_its_first_create_is_retried_by_every_rank() {
     let out = on_every_rank(&contexts, |r, ctx, boot| {
         let spec = TeamSpec::new([r as i32], BYTES)
             .timeout(T)
-            .retry(Retry::new(3, RETRY));
+            .retry(Retry::new(3, RETRY))
+            .probe(false);
         team::multicast(ctx, boot, &spec).map(drop)
     });
     for (r, (result, events)) in out.into_iter().enumerate() {
@@ -188,7 +195,8 @@ fn a_rank_whose_imports_are_not_ready_twice_is_retried_keeping_what_it_imported(
     let out = on_every_rank(&contexts, |r, ctx, boot| {
         let spec = PeerSpec::new(r as i32, BYTES)
             .timeout(T)
-            .retry(Retry::new(4, RETRY));
+            .retry(Retry::new(4, RETRY))
+            .probe(false);
         team::unicast_peers(ctx, boot, &spec).map(drop)
     });
     for (r, (result, events)) in out.into_iter().enumerate() {
@@ -214,12 +222,14 @@ fn a_rank_whose_hello_is_not_ready_once_makes_every_rank_retry_the_hello() {
             if multicast {
                 let spec = TeamSpec::new([r as i32], BYTES)
                     .timeout(T)
-                    .retry(Retry::new(3, RETRY));
+                    .retry(Retry::new(3, RETRY))
+                    .probe(false);
                 team::multicast(ctx, boot, &spec).map(drop)
             } else {
                 let spec = PeerSpec::new(r as i32, BYTES)
                     .timeout(T)
-                    .retry(Retry::new(3, RETRY));
+                    .retry(Retry::new(3, RETRY))
+                    .probe(false);
                 team::unicast_peers(ctx, boot, &spec).map(drop)
             }
         });
@@ -246,7 +256,8 @@ fn a_multicast_rank_whose_import_is_not_ready_twice_is_retried_by_every_rank() {
     let out = on_every_rank(&contexts, |r, ctx, boot| {
         let spec = TeamSpec::new([r as i32], BYTES)
             .timeout(T)
-            .retry(Retry::new(4, RETRY));
+            .retry(Retry::new(4, RETRY))
+            .probe(false);
         team::multicast(ctx, boot, &spec).map(drop)
     });
     for (r, (result, events)) in out.into_iter().enumerate() {
@@ -270,7 +281,8 @@ fn a_multicast_rank_whose_enroll_is_not_ready_once_keeps_its_import_and_enrolls_
     let out = on_every_rank(&contexts, |r, ctx, boot| {
         let spec = TeamSpec::new([r as i32], BYTES)
             .timeout(T)
-            .retry(Retry::new(3, RETRY));
+            .retry(Retry::new(3, RETRY))
+            .probe(false);
         team::multicast(ctx, boot, &spec).map(drop)
     });
     for (r, (result, events)) in out.into_iter().enumerate() {
@@ -290,7 +302,8 @@ fn a_multicast_rank_whose_wait_is_not_ready_once_waits_again_with_every_rank() {
     let out = on_every_rank(&contexts, |r, ctx, boot| {
         let spec = TeamSpec::new([r as i32], BYTES)
             .timeout(T)
-            .retry(Retry::new(3, RETRY));
+            .retry(Retry::new(3, RETRY))
+            .probe(false);
         team::multicast(ctx, boot, &spec).map(drop)
     });
     for (r, (result, events)) in out.into_iter().enumerate() {
@@ -309,7 +322,8 @@ fn an_enroll_fault_that_outlasts_the_budget_fails_every_rank_naming_that_rank_wi
     let out = on_every_rank(&contexts, |r, ctx, boot| {
         let spec = TeamSpec::new([r as i32], BYTES)
             .timeout(T)
-            .retry(Retry::new(3, RETRY));
+            .retry(Retry::new(3, RETRY))
+            .probe(false);
         team::multicast(ctx, boot, &spec).map(drop)
     });
     for (r, (result, events)) in out.into_iter().enumerate() {
@@ -327,5 +341,30 @@ fn an_enroll_fault_that_outlasts_the_budget_fails_every_rank_naming_that_rank_wi
         "three attempts on rank 2"
     );
     assert!(model.live_node().is_empty(), "undone on every rank");
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn a_rank_whose_probe_import_is_not_ready_once_makes_every_rank_probe_again() {
+    let (contexts, model) = processes(3);
+    model.set_faults(fault_on(contexts[1].1.pid(), Call::Import, 1));
+    let out = on_every_rank(&contexts, |r, ctx, boot| {
+        let spec = PeerSpec::new(r as i32, BYTES)
+            .timeout(T)
+            .retry(Retry::new(3, RETRY));
+        team::unicast_peers(ctx, boot, &spec).map(drop)
+    });
+    for (r, (result, events)) in out.into_iter().enumerate() {
+        assert!(result.is_ok(), "rank {r}: {result:?}");
+        assert_eq!(
+            events, 1,
+            "rank {r}: one failed probe, the same on every rank"
+        );
+    }
+    assert_eq!(model.faults_fired(), 1);
+    // Two probes of 3 x 2 trial imports each (the first cut short by one),
+    // then the bring-up's 3 x 2.
+    assert_eq!(model.calls(Call::Import), 6 + 6 + 6);
+    assert!(model.live_node().is_empty(), "the trial endpoints are gone");
     common::no_violations(&model.violations());
 }

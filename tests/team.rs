@@ -10,7 +10,7 @@ mod watchdog;
 use cuda_endpoints::bootstrap::{Bootstrap, ThreadRank, Threads};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::team::{self, Cause, Mismatch, PeerSpec, Step, TeamError, TeamSpec};
-use cuda_endpoints::{Allocation, Code, Context, PosixFd};
+use cuda_endpoints::{Allocation, Call, Code, Context, PosixFd};
 
 const MIB2: u64 = 2 << 20;
 
@@ -131,7 +131,10 @@ fn a_refused_import_fails_every_rank_naming_the_rank_and_undoes_everything() {
     let (model, procs, boots) = job(ModelConfig::node(4), 4);
     procs[2].1.set_fabric_access(false); // no IMEX channel on rank 2 (R9.1)
     let errors = on_every_rank(&procs, boots, |rank, ctx, _, boot| {
-        let spec = TeamSpec::new([rank as i32], MIB2).timeout(Duration::from_secs(10));
+        // Without the probe, the bring-up's own import is refused.
+        let spec = TeamSpec::new([rank as i32], MIB2)
+            .timeout(Duration::from_secs(10))
+            .probe(false);
         team::multicast(ctx, boot, &spec).map(drop)
     });
     all_name(&errors, 2, Step::Import);
@@ -144,6 +147,44 @@ fn a_refused_import_fails_every_rank_naming_the_rank_and_undoes_everything() {
         Some(Cause::Peer(_))
     ));
     assert_clean(&model);
+}
+
+#[test]
+fn the_probe_runs_first_and_a_rank_without_fabric_access_fails_every_rank_naming_it_before_anything_is_made()
+ {
+    for multicast in [true, false] {
+        let (model, procs, boots) = job(ModelConfig::node(4), 4);
+        procs[2].1.set_fabric_access(false); // no IMEX channel on rank 2 (R9.1)
+        let errors = on_every_rank(&procs, boots, |rank, ctx, _, boot| {
+            let t = Duration::from_secs(10);
+            if multicast {
+                team::multicast(ctx, boot, &TeamSpec::new([rank as i32], MIB2).timeout(t)).map(drop)
+            } else {
+                team::unicast_peers(ctx, boot, &PeerSpec::new(rank as i32, MIB2).timeout(t))
+                    .map(drop)
+            }
+        });
+        all_name(&errors, 2, Step::Probe);
+        for e in &errors {
+            let e = e.as_ref().expect_err("every rank fails");
+            assert!(
+                matches!(
+                    e.cause,
+                    Cause::Unreachable {
+                        importer: 2,
+                        exporter: 0,
+                        code
+                    } if code == Code::NOT_PERMITTED
+                ),
+                "the same verdict on every rank, naming the unreachable peer: {e}"
+            );
+            assert!(e.to_string().contains("rank 2 cannot import rank 0"), "{e}");
+        }
+        // Only the trial endpoints were made: no team, no enrollment.
+        assert_eq!(model.calls(Call::Create), 4, "multicast {multicast}");
+        assert_eq!(model.calls(Call::AddDevice), 0);
+        assert_clean(&model);
+    }
 }
 
 #[test]

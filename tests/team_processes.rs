@@ -170,8 +170,10 @@ impl Bootstrap for Faulty<'_> {
     fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let n = self.allgathers.get() + 1;
         self.allgathers.set(n);
-        // The second allgather of a multicast bring-up follows enrollment.
-        if self.scenario == "kill-enrolled" && self.rank == 2 && n == 2 {
+        // The allgather of the enrollment step: a status whose header
+        // (magic, version, tag, step at byte 13) names `Step::Enroll` (5).
+        let enrolled = mine.starts_with(b"CETS") && mine.get(13) == Some(&5);
+        if self.scenario == "kill-enrolled" && self.rank == 2 && enrolled {
             die();
         }
         self.inner.allgather(mine, timeout)
@@ -325,9 +327,18 @@ fn four_processes_bring_unicast_peers_up() {
 }
 
 #[test]
-fn a_rank_without_an_imex_channel_fails_every_rank_at_import() {
+fn a_rank_without_an_imex_channel_fails_every_rank_at_the_probe_naming_it() {
+    // The bring-up's first step after the hello proves reachability peer to
+    // peer: rank 1 cannot import the others' trial endpoints.
     let (done, server) = job("ok", 4, 4, Some(1));
-    all_fail(&done, &[0, 1, 2, 3], 1, "import", &server);
+    all_fail(&done, &[0, 1, 2, 3], 1, "probe", &server);
+    for d in &done {
+        assert!(
+            outcome(d).contains("rank 1 cannot import rank 0"),
+            "{}",
+            outcome(d)
+        );
+    }
     assert!(
         outcome(&done[1]).contains("code=Some(800)"),
         "{}",

@@ -352,6 +352,19 @@ pub enum Cause {
     Bootstrap(BootstrapError),
     /// Ranks disagree, or a handle disagrees with the driver.
     Mismatch(Mismatch),
+    /// The reachability probe, a bring-up's first step after the hello,
+    /// found a rank that cannot reach another: `importer` could not import
+    /// `exporter`'s trial endpoint, or (the same rank twice) that rank
+    /// could not export one. Every rank gets the same one (the first in
+    /// rank order), and the error's rank is the importer.
+    Unreachable {
+        /// The rank whose import (or export) failed.
+        importer: usize,
+        /// The rank whose trial endpoint it could not import.
+        exporter: usize,
+        /// The driver's answer.
+        code: Code,
+    },
     /// A peer sent bytes that are not a bring-up message.
     BadMessage {
         /// What was wrong with them.
@@ -366,6 +379,22 @@ impl fmt::Display for Cause {
             Cause::Peer(p) => write!(f, "{p}"),
             Cause::Bootstrap(e) => write!(f, "bootstrap: {e}"),
             Cause::Mismatch(m) => write!(f, "{m}"),
+            Cause::Unreachable {
+                importer,
+                exporter,
+                code,
+            } if importer == exporter => write!(
+                f,
+                "the reachability probe: rank {importer} cannot export a trial logical endpoint ({code}); `team::probe` says which bring-up works"
+            ),
+            Cause::Unreachable {
+                importer,
+                exporter,
+                code,
+            } => write!(
+                f,
+                "the reachability probe: rank {importer} cannot import rank {exporter}'s trial endpoint ({code}): the ranks do not share a fabric domain (an IMEX channel, R9.1); `team::probe` says which bring-up works"
+            ),
             Cause::BadMessage { reason } => {
                 write!(f, "a peer sent a bad bring-up message: {reason}")
             }
@@ -396,6 +425,7 @@ impl TeamError {
         match &self.cause {
             Cause::Local(e) => e.code(),
             Cause::Peer(p) => p.code,
+            Cause::Unreachable { code, .. } => Some(*code),
             _ => None,
         }
     }

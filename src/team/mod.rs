@@ -19,7 +19,11 @@
 //!   [`OwnedPeers`] (and its erased twin [`DynPeers`]), whose memory is a
 //!   symmetric heap that grows and shrinks by agreement (R13.5, R13.7).
 //! - [`probe`]: which ranks reach which, proved peer to peer, and which
-//!   bring-up will work ([`Reach`]).
+//!   bring-up will work ([`Reach`]). Both bring-ups run it as their first
+//!   step after the hello, before anything is created (opt out with
+//!   [`TeamSpec::probe`] / [`PeerSpec::probe`]): a rank that cannot reach
+//!   another fails every rank at [`Step::Probe`], naming both
+//!   ([`Cause::Unreachable`]).
 //!
 //! A step that fails with a retryable code on any rank — any step of either
 //! bring-up, the hello included — is retried by every rank together

@@ -54,6 +54,7 @@ pub struct TeamSpec {
     classic_handles: ShareableKind,
     retry: Retry,
     tag: u64,
+    probe: bool,
 }
 
 impl TeamSpec {
@@ -71,7 +72,18 @@ impl TeamSpec {
             classic_handles: ShareableKind::PosixFd,
             retry: Retry::default(),
             tag: 0,
+            probe: true,
         }
+    }
+
+    /// Whether the bring-up first proves reachability peer to peer
+    /// ([`probe`](super::probe), on every rank's first device; default on):
+    /// a rank that cannot import another's trial endpoint fails every rank
+    /// at [`Step::Probe`], naming both ([`Cause::Unreachable`]), before
+    /// anything is created. Every rank passes the same choice.
+    pub fn probe(mut self, probe: bool) -> TeamSpec {
+        self.probe = probe;
+        self
     }
 
     /// The bring-up's tag (default 0), the same on every rank: every
@@ -240,6 +252,10 @@ pub fn multicast(
         .encode())
     })?;
     let team_size = agreed_team_size(&hellos, spec, me)?;
+    if spec.probe {
+        let dev = spec.devices.first().copied();
+        super::probe::probe_step(ctx, boot, tag, dev, retry, deadline)?;
+    }
 
     // Create and export on the root; the handle goes to every rank.
     let classic = ctx.driver().object_sharing();

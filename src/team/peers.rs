@@ -33,6 +33,7 @@ pub struct PeerSpec {
     counted_ops: bool,
     retry: Retry,
     tag: u64,
+    probe: bool,
 }
 
 impl PeerSpec {
@@ -46,7 +47,19 @@ impl PeerSpec {
             counted_ops: false,
             retry: Retry::default(),
             tag: 0,
+            probe: true,
         }
+    }
+
+    /// Whether the bring-up first proves reachability peer to peer
+    /// ([`probe`](super::probe); default on): a rank that cannot import
+    /// another's trial endpoint fails every rank at
+    /// [`Step::Probe`](super::Step::Probe), naming both
+    /// ([`Cause::Unreachable`](super::Cause::Unreachable)), before anything
+    /// is created. Every rank passes the same choice.
+    pub fn probe(mut self, probe: bool) -> PeerSpec {
+        self.probe = probe;
+        self
     }
 
     /// The bring-up's tag (default 0), the same on every rank: every
@@ -181,6 +194,9 @@ pub fn unicast_peers(
     for (rank, bytes) in hellos.iter().enumerate() {
         let h = Hello::decode(bytes).map_err(|c| TeamError::new(rank, Step::Hello, c))?;
         super::same_options(rank, &h, spec.bytes, spec.counted_ops)?;
+    }
+    if spec.probe {
+        super::probe::probe_step(ctx, boot, tag, Some(spec.device), retry, deadline)?;
     }
 
     // One id per rank; this rank's own endpoint at its own index.

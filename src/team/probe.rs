@@ -1,7 +1,9 @@
 //! The peer-verified reachability probe (issue 20, item 4), callable alone
 //! before a bring-up.
 //!
-//! What this file owns: [`probe`] and what it returns, [`Reach`]. Every rank
+//! What this file owns: [`probe`] and what it returns, [`Reach`], and the
+//! probe as the bring-ups' first step after the hello (`probe_step`,
+//! opted out with `TeamSpec::probe(false)` / `PeerSpec::probe(false)`). Every rank
 //! reports what its driver says about its device (driver version, multicast
 //! clique, logical-endpoint handle types, attribute 158, and counted
 //! operations, attribute 155) and exports a trial unicast endpoint (pending:
@@ -27,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use super::agree::agree;
 use super::error::{Cause, Step, TeamError};
+use super::retry::Retry;
 use super::wire::{from_bytes, to_bytes};
 
 /// The longest trial handle a rank may send.
@@ -81,6 +84,23 @@ impl Reach {
         let mut out = Vec::new();
         for (i, row) in self.imports.iter().enumerate() {
             for (j, c) in row.iter().enumerate() {
+                if let Some(c) = c {
+                    out.push((i, j, *c));
+                }
+            }
+        }
+        out
+    }
+
+    /// `(importer, exporter, code)` of every failure in rank order: a
+    /// rank's failed trial export as `(r, r, code)` before its imports.
+    fn failures(&self) -> Vec<(usize, usize, Code)> {
+        let mut out = Vec::new();
+        for (i, f) in self.ranks.iter().enumerate() {
+            if let Some(c) = f.export_failed {
+                out.push((i, i, c));
+            }
+            for (j, c) in self.imports.get(i).into_iter().flatten().enumerate() {
                 if let Some(c) = c {
                     out.push((i, j, *c));
                 }
@@ -181,6 +201,60 @@ pub fn probe(
     timeout: Duration,
 ) -> Result<Reach, TeamError> {
     probe_tagged(ctx, boot, 0, Some(device.into()), Deadline::after(timeout))
+}
+
+/// The probe as a bring-up's first step after the hello, before anything
+/// is created: every rank probes with its first device (`None`: it brings
+/// none), and a rank that cannot export its trial endpoint or import
+/// another's fails every rank alike ([`Cause::Unreachable`], the first in
+/// rank order: every rank holds the same [`Reach`]). Failures whose codes
+/// are all retryable are probed again by every rank together, as any
+/// step ([`Retry`]). Skipped on the classic fallback, which shares no
+/// logical endpoint.
+pub(crate) fn probe_step(
+    ctx: &Context,
+    boot: &dyn Bootstrap,
+    tag: u64,
+    dev: Option<Device>,
+    retry: Retry,
+    deadline: Deadline,
+) -> Result<(), TeamError> {
+    if ctx.driver().object_sharing().is_some() {
+        return Ok(());
+    }
+    let mut attempt = 1u32;
+    loop {
+        let reach = probe_tagged(ctx, boot, tag, dev, deadline)?;
+        let failures = reach.failures();
+        let Some(&(importer, exporter, code)) = failures.first() else {
+            return Ok(());
+        };
+        let again = attempt < retry.attempts() && failures.iter().all(|f| f.2.is_retryable());
+        tracing::warn!(
+            target: "cuda_endpoints::team",
+            step = %Step::Probe,
+            attempt,
+            of = retry.attempts(),
+            importer,
+            exporter,
+            code = ?code,
+            retry = again,
+            "reachability probe failed"
+        );
+        if !again {
+            return Err(TeamError::new(
+                importer,
+                Step::Probe,
+                Cause::Unreachable {
+                    importer,
+                    exporter,
+                    code,
+                },
+            ));
+        }
+        std::thread::sleep(retry.backoff(attempt).min(deadline.remaining()));
+        attempt += 1;
+    }
 }
 
 /// [`probe`] as a bring-up's step: its messages carry the bring-up's tag,

@@ -10,7 +10,8 @@
 //!   rank together after the back-off. The decision is taken from the
 //!   outcomes every rank got from the same exchange and from the attempt
 //!   count, never from a clock, so every rank decides alike: all retry, or
-//!   all stop with the same failing rank. A rank that succeeded keeps its
+//!   all stop (a failing rank reports its own failure, every other rank
+//!   the lowest failing rank's, as the agreement steps do). A rank that succeeded keeps its
 //!   result and sends it again; only the ranks that failed redo the step.
 //!   Every attempt is a `tracing` event (target `cuda_endpoints::team`).
 
@@ -105,8 +106,8 @@ fn all_retryable<'a>(failures: impl IntoIterator<Item = &'a TeamError>) -> bool 
 /// [`agree`](super::agree::agree) for a step that may be retried: `op`
 /// runs this rank's part (again only while it has not succeeded), every
 /// rank gets every outcome, and all retry together while every failure is
-/// retryable and attempts remain. The verdict names the lowest failing
-/// rank, on every rank.
+/// retryable and attempts remain. The verdict is this rank's own failure,
+/// else the lowest failing rank's, as [`agree`](super::agree::agree) gives.
 pub(crate) fn agree_retrying(
     boot: &dyn Bootstrap,
     tag: u64,
@@ -143,7 +144,7 @@ pub(crate) fn agree_retrying(
             "bring-up step failed on some rank"
         );
         if !again {
-            return Err(first_failure(outcomes, step));
+            return Err(first_failure(outcomes, step, boot.rank()));
         }
         std::thread::sleep(retry.backoff(attempt).min(deadline.remaining()));
         attempt += 1;
@@ -189,8 +190,14 @@ pub(crate) fn announce_retrying(
     }
 }
 
-/// The lowest failing rank's failure: the same on every rank.
-fn first_failure(outcomes: Vec<Result<Vec<u8>, TeamError>>, step: Step) -> TeamError {
+/// As [`agree`](super::agree::agree) decides: this rank's own failure, in
+/// full, else the lowest failing rank's (the same on every rank that did
+/// not fail).
+fn first_failure(outcomes: Vec<Result<Vec<u8>, TeamError>>, step: Step, me: usize) -> TeamError {
+    let mut outcomes = outcomes;
+    if matches!(outcomes.get(me), Some(Err(_))) {
+        outcomes.swap(0, me);
+    }
     outcomes
         .into_iter()
         .find_map(Result::err)
