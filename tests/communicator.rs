@@ -3,7 +3,8 @@
 //! in a struct kept in a `HashMap`, dropped in any order with zero leaks;
 //! the symmetric heap that grows and shrinks by agreement (R13.5, R13.7),
 //! proved with the data path; the peer-to-id table agreed (R13.4); export
-//! without readiness (R13.1). Ranks are threads, each its own process of one
+//! without readiness (R13.1); concurrent bring-ups over one shared
+//! bootstrap per rank (`team::Tagged`), each tagged. Ranks are threads, each its own process of one
 //! model on a 13.5 driver (the fabric copy exists).
 
 mod common;
@@ -11,10 +12,10 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use cuda_endpoints::bootstrap::{Bootstrap, BootstrapError, ThreadRank, Threads};
+use cuda_endpoints::bootstrap::{Bootstrap, BootstrapError, Tcp, ThreadRank, Threads};
 use cuda_endpoints::model::Model;
 use cuda_endpoints::team::{
-    self, Cause, Mismatch, OwnedPeers, PeerSpec, Step, TeamError, TeamSpec,
+    self, Cause, Mismatch, OwnedPeers, PeerSpec, Step, Tagged, TeamError, TeamSpec,
 };
 use cuda_endpoints::{
     Allocation, BoundEndpoint, Call, Context, CopyBatch, Error, Mapped, PosixFd, Stream,
@@ -69,11 +70,23 @@ impl Comm {
         boot: &dyn Bootstrap,
         dev: i32,
     ) -> Result<Comm, Box<dyn std::error::Error>> {
-        let t = team::multicast(ctx, boot, &TeamSpec::new([dev], CHUNK).timeout(T))?;
+        Comm::tagged(ctx, boot, dev, 0)
+    }
+
+    /// A communicator whose bring-ups carry `tag` (its channel's, when it
+    /// shares a bootstrap with others).
+    fn tagged(
+        ctx: &Context,
+        boot: &dyn Bootstrap,
+        dev: i32,
+        tag: u64,
+    ) -> Result<Comm, Box<dyn std::error::Error>> {
+        let spec = TeamSpec::new([dev], CHUNK).timeout(T).tag(tag);
+        let t = team::multicast(ctx, boot, &spec)?;
         let mut team = t.into_endpoint().into_bound();
         team.bind(dev, 0, chunk(ctx, dev)).map_err(|f| f.error)?;
-        let mut peers =
-            team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))?.into_owned();
+        let spec = PeerSpec::new(dev, MAX).timeout(T).tag(tag);
+        let mut peers = team::unicast_peers(ctx, boot, &spec)?.into_owned();
         peers.grow(boot, chunk(ctx, dev), T)?; // the every-rank-bound agreement
         Ok(Comm { team, peers })
     }
@@ -461,5 +474,115 @@ fn the_reachability_probe_gives_every_rank_the_same_answer_and_names_a_rank_with
         other => panic!("{other:?}"),
     }
     assert!(model.live_node().is_empty(), "the trial endpoints are gone");
+    common::no_violations(&model.violations());
+}
+
+/// `n` TCP bootstraps on loopback, rank 0's first (made on threads: the
+/// joins wait for rank 0's accept).
+fn tcp(n: usize) -> Vec<Tcp> {
+    let (id, root) = Tcp::root("127.0.0.1:0".parse().unwrap()).unwrap();
+    std::thread::scope(|s| {
+        let joins: Vec<_> = (1..n)
+            .map(|r| {
+                let id = id.clone();
+                s.spawn(move || Tcp::join(&id, r, n, T).unwrap())
+            })
+            .collect();
+        let mut all = vec![root.accept(n, T).unwrap()];
+        all.extend(joins.into_iter().map(|h| h.join().unwrap()));
+        all
+    })
+}
+
+/// On every rank, `comms` communicators come up at once, each on its own
+/// thread over its own channel of the rank's one shared bootstrap; returns
+/// each rank's endpoint ids, one per communicator, after every rank dropped
+/// them.
+fn concurrent_over_one_bootstrap<B: Bootstrap + Send>(
+    contexts: &[(Context, Model)],
+    boots: Vec<B>,
+    comms: u64,
+) -> Vec<Vec<u32>> {
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = contexts
+            .iter()
+            .zip(boots)
+            .enumerate()
+            .map(|(r, ((ctx, _), boot))| {
+                s.spawn(move || {
+                    let shared = Tagged::new(boot);
+                    let dev = r as i32;
+                    let start = std::sync::Barrier::new(comms as usize);
+                    let made: Vec<Comm> = std::thread::scope(|s| {
+                        let all: Vec<_> = (0..comms)
+                            .map(|tag| {
+                                let (shared, start) = (&shared, &start);
+                                s.spawn(move || {
+                                    start.wait();
+                                    Comm::tagged(ctx, &shared.channel(tag), dev, tag)
+                                        .map_err(|e| e.to_string())
+                                })
+                            })
+                            .collect();
+                        all.into_iter()
+                            .map(|h| {
+                                h.join()
+                                    .expect("a bring-up panicked")
+                                    .expect("a bring-up failed")
+                            })
+                            .collect()
+                    });
+                    let ids = made.iter().map(|c| c.peers.own().id()).collect();
+                    // Every rank is done before any rank tears down.
+                    shared.channel(u64::MAX).barrier(T).unwrap();
+                    drop(made);
+                    ids
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    })
+}
+
+#[test]
+fn concurrent_bring_ups_over_one_shared_bootstrap_take_only_their_own_tagged_messages() {
+    const COMMS: u64 = 6;
+    let (contexts, model) = processes(2);
+    let threads = concurrent_over_one_bootstrap(&contexts, Threads::new(2), COMMS);
+    let (contexts3, model3) = processes(3);
+    let tcp = concurrent_over_one_bootstrap(&contexts3, tcp(3), COMMS);
+    for (r, ids) in threads.iter().chain(&tcp).enumerate() {
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), COMMS as usize, "{r}: {ids:?}");
+    }
+    for m in [&model, &model3] {
+        assert!(m.live_node().is_empty(), "leak: {:?}", m.live_node());
+        common::no_violations(&m.violations());
+    }
+}
+
+#[test]
+fn a_rank_whose_bring_up_carries_another_tag_is_refused_by_every_rank() {
+    let (contexts, model) = processes(3);
+    let errors: Vec<TeamError> = on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
+        let tag = if r == 1 { 7 } else { 3 };
+        let spec = PeerSpec::new(r as i32, CHUNK).timeout(T).tag(tag);
+        team::unicast_peers(ctx, boot, &spec).unwrap_err()
+    });
+    for (r, e) in errors.iter().enumerate() {
+        assert_eq!(e.step, Step::Hello, "rank {r}: {e}");
+        match (r, &e.cause) {
+            // Rank 1 hears every other rank's tag 3; the others hear its 7.
+            (1, Cause::Mismatch(Mismatch::Tag { theirs: 3, ours: 7 })) => assert_eq!(e.rank, 0),
+            (_, Cause::Mismatch(Mismatch::Tag { theirs: 7, ours: 3 })) => assert_eq!(e.rank, 1),
+            _ => panic!("rank {r}: {e}"),
+        }
+    }
+    assert!(model.live_node().is_empty());
     common::no_violations(&model.violations());
 }

@@ -25,6 +25,10 @@
 //!   another fails every rank at [`Step::Probe`], naming both
 //!   ([`Cause::Unreachable`]).
 //!
+//! - [`Tagged`]: one bootstrap shared by bring-ups that run at once, each
+//!   over its own [`Channel`] and with its own tag ([`TeamSpec::tag`],
+//!   [`PeerSpec::tag`]), so that no message of one reaches another.
+//!
 //! A step that fails with a retryable code on any rank — any step of either
 //! bring-up, the hello included — is retried by every rank together
 //! ([`Retry`]); `unicast_peers` ends by agreeing on a digest
@@ -77,6 +81,7 @@ mod peers;
 mod probe;
 mod retry;
 mod shared;
+mod tagged;
 mod wire;
 
 use std::time::Duration;
@@ -89,6 +94,7 @@ pub use peers::{PeerSpec, Peers, unicast_peers};
 pub use probe::{BringUp, RankFacts, Reach, probe};
 pub use retry::Retry;
 pub use shared::SharedMulticast;
+pub use tagged::{Channel, Tagged};
 
 use crate::context::Context;
 use crate::driver::Device;

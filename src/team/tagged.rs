@@ -1,0 +1,369 @@
+//! Bring-ups that share one bootstrap at once (issue 20, item 7): eight
+//! communicators over the same ranks, each brought up on its own thread,
+//! with one TCP or MPI communicator under them all.
+//!
+//! What this file owns: [`Tagged`], which wraps one rank's bootstrap, and
+//! its [`Channel`]s, one per tag, each a [`Bootstrap`] of its own. A
+//! collective on a channel is a message `(tag, sequence, bytes)`; the
+//! channels of a rank take turns running *rounds* on the shared bootstrap
+//! (one allgather of every message waiting on this rank), and each message
+//! that arrives is kept for its tag and sequence until that channel's
+//! collective takes it. So a channel never takes another tag's message,
+//! whatever the order the threads of each rank reach their collectives,
+//! and every rank must give one bring-up the same tag (the bring-up's own
+//! [`TeamSpec::tag`](super::TeamSpec::tag) / [`PeerSpec::tag`](super::PeerSpec::tag),
+//! which its messages carry and check, [`Mismatch::Tag`](super::Mismatch::Tag)).
+//!
+//! A round needs every rank: a rank runs rounds while one of its channels
+//! waits, so a channel's collective completes once every rank's channel of
+//! that tag made the same call, within the caller's timeout. Peer bytes are
+//! read checked: a malformed batch or a message sent twice is the shared
+//! bootstrap's [`BootstrapError::Malformed`], never a panic; at most
+//! [`Tagged::MAX_KEPT`] messages wait for their channel.
+
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bootstrap::{Bootstrap, BootstrapError, Deadline, Exchange, Malformed, Op, Traffic};
+
+use super::wire::{from_bytes, to_bytes};
+
+/// One message of a round.
+#[derive(Serialize, Deserialize)]
+struct Item {
+    tag: u64,
+    seq: u64,
+    bytes: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    /// This rank's messages not sent yet.
+    outbox: Vec<Item>,
+    /// Messages arrived, by `(tag, sequence)`, per sending rank.
+    inbox: HashMap<(u64, u64), Vec<Option<Vec<u8>>>>,
+    /// Each tag's next sequence number on this rank.
+    next: HashMap<u64, u64>,
+    /// A round is running on the shared bootstrap.
+    round: bool,
+    /// Rounds in a row that carried no message from any rank.
+    idle: u32,
+}
+
+/// One rank's bootstrap, shared by bring-ups that run at once, each through
+/// its own [`Channel`] ([`Tagged::channel`]).
+pub struct Tagged<B> {
+    inner: Mutex<B>,
+    rank: usize,
+    size: usize,
+    state: Mutex<State>,
+    turn: Condvar,
+}
+
+impl<B> std::fmt::Debug for Tagged<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tagged")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Bootstrap> Tagged<B> {
+    /// The most messages kept for channels that did not take them yet.
+    pub const MAX_KEPT: usize = 4096;
+
+    /// Shares `inner` among channels.
+    pub fn new(inner: B) -> Tagged<B> {
+        Tagged {
+            rank: inner.rank(),
+            size: inner.size(),
+            inner: Mutex::new(inner),
+            state: Mutex::new(State::default()),
+            turn: Condvar::new(),
+        }
+    }
+
+    /// The channel of tag `tag`: a bootstrap whose collectives meet only
+    /// the same tag's channels of the other ranks. Give each bring-up that
+    /// runs at once its own tag, the same on every rank.
+    pub fn channel(&self, tag: u64) -> Channel<'_, B> {
+        Channel { mux: self, tag }
+    }
+
+    /// The shared bootstrap back.
+    pub fn into_inner(self) -> B {
+        self.inner
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every rank's `mine` for the next collective of `tag`.
+    fn gather(
+        &self,
+        tag: u64,
+        mine: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        let deadline = Deadline::after(timeout);
+        let mut st = self.state();
+        let next = st.next.entry(tag).or_insert(0);
+        let seq = *next;
+        *next = next.saturating_add(1);
+        st.outbox.push(Item {
+            tag,
+            seq,
+            bytes: mine.to_vec(),
+        });
+        let step = Exchange {
+            op: Op::Allgather,
+            seq,
+        };
+        loop {
+            if st
+                .inbox
+                .get(&(tag, seq))
+                .is_some_and(|all| all.iter().all(Option::is_some))
+            {
+                let all = st.inbox.remove(&(tag, seq)).unwrap_or_default();
+                return Ok(all.into_iter().map(Option::unwrap_or_default).collect());
+            }
+            if deadline.passed() {
+                let waiting_for = st
+                    .inbox
+                    .get(&(tag, seq))
+                    .map(|all| (0..all.len()).filter(|&r| all[r].is_none()).collect())
+                    .unwrap_or_else(|| (0..self.size).filter(|&r| r != self.rank).collect());
+                return Err(BootstrapError::Timeout {
+                    rank: self.rank,
+                    step,
+                    waiting_for,
+                    after: deadline.timeout(),
+                });
+            }
+            if st.round {
+                // Another channel of this rank runs a round: it carries this
+                // message too.
+                st = self
+                    .turn
+                    .wait_timeout(st, deadline.remaining())
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+                continue;
+            }
+            st.round = true;
+            let batch = std::mem::take(&mut st.outbox);
+            // Nobody had anything to say last time: a short pause, so that
+            // ranks waiting for a busy peer do not spin (at most 8 ms).
+            let pause = Duration::from_micros(250u64 << st.idle.min(5));
+            let idle = st.idle > 0;
+            drop(st);
+            if idle {
+                std::thread::sleep(pause.min(deadline.remaining()));
+            }
+            let got = self.round(&batch, deadline);
+            st = self.state();
+            st.round = false;
+            self.turn.notify_all();
+            match got.and_then(|all| self.keep(&mut st, all, step)) {
+                Ok(any) => st.idle = if any { 0 } else { st.idle.saturating_add(1) },
+                Err(e) => {
+                    // Not sent: the messages stay for a later round (which
+                    // will most likely fail alike; the shared bootstrap is
+                    // broken).
+                    let mut batch = batch;
+                    batch.append(&mut st.outbox);
+                    st.outbox = batch;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// One round on the shared bootstrap: every rank's waiting messages.
+    fn round(&self, batch: &[Item], deadline: Deadline) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.allgather(&to_bytes(&batch), deadline.remaining())
+    }
+
+    /// Files what a round brought; whether it brought any message.
+    fn keep(
+        &self,
+        st: &mut State,
+        all: Vec<Vec<u8>>,
+        step: Exchange,
+    ) -> Result<bool, BootstrapError> {
+        let bad = |peer: usize, what: Malformed| BootstrapError::Malformed {
+            rank: self.rank,
+            step,
+            peer,
+            what,
+        };
+        let mut any = false;
+        for (peer, bytes) in all.iter().enumerate() {
+            let items: Vec<Item> = from_bytes(bytes).map_err(|_| bad(peer, Malformed::Encoding))?;
+            for it in items {
+                any = true;
+                if !st.inbox.contains_key(&(it.tag, it.seq)) && st.inbox.len() >= Self::MAX_KEPT {
+                    return Err(bad(peer, Malformed::Overflow));
+                }
+                let slots = st
+                    .inbox
+                    .entry((it.tag, it.seq))
+                    .or_insert_with(|| vec![None; self.size]);
+                match slots.get_mut(peer) {
+                    Some(slot @ None) => *slot = Some(it.bytes),
+                    // The same message twice, or a rank past the job.
+                    _ => return Err(bad(peer, Malformed::Trailing)),
+                }
+            }
+        }
+        Ok(any)
+    }
+}
+
+/// One tag's view of a [`Tagged`] bootstrap: a [`Bootstrap`] of its own.
+pub struct Channel<'a, B> {
+    mux: &'a Tagged<B>,
+    tag: u64,
+}
+
+impl<B> std::fmt::Debug for Channel<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("rank", &self.mux.rank)
+            .field("tag", &self.tag)
+            .finish()
+    }
+}
+
+impl<B> Channel<'_, B> {
+    /// Its tag.
+    pub fn tag(&self) -> u64 {
+        self.tag
+    }
+}
+
+impl<B: Bootstrap> Bootstrap for Channel<'_, B> {
+    fn rank(&self) -> usize {
+        self.mux.rank
+    }
+
+    fn size(&self) -> usize {
+        self.mux.size
+    }
+
+    fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        self.mux.gather(self.tag, mine, timeout)
+    }
+
+    fn broadcast(
+        &self,
+        root: usize,
+        bytes_if_root: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        if root >= self.mux.size {
+            return Err(BootstrapError::InvalidArgument {
+                rank: self.mux.rank,
+                step: Exchange {
+                    op: Op::Broadcast,
+                    seq: 0,
+                },
+                what: crate::bootstrap::Argument::RankOutOfRange {
+                    rank: root,
+                    size: self.mux.size,
+                },
+            });
+        }
+        let mine = if self.mux.rank == root {
+            bytes_if_root
+        } else {
+            &[]
+        };
+        let mut all = self.mux.gather(self.tag, mine, timeout)?;
+        Ok(std::mem::take(&mut all[root]))
+    }
+
+    fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
+        self.mux.gather(self.tag, &[], timeout).map(drop)
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.mux
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .traffic()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::Threads;
+
+    #[test]
+    fn a_round_of_garbage_or_a_message_sent_twice_is_malformed_not_a_panic() {
+        let mux = Tagged::new(Threads::new(2).remove(0));
+        let step = Exchange {
+            op: Op::Allgather,
+            seq: 0,
+        };
+        let one = to_bytes(&vec![Item {
+            tag: 1,
+            seq: 0,
+            bytes: vec![9],
+        }]);
+        let mut st = State::default();
+        assert_eq!(
+            mux.keep(&mut st, vec![one.clone(), Vec::new()], step).ok(),
+            None
+        );
+        let mut st = State::default();
+        assert_eq!(
+            mux.keep(
+                &mut st,
+                vec![one.clone(), to_bytes(&Vec::<Item>::new())],
+                step
+            )
+            .ok(),
+            Some(true)
+        );
+        assert!(matches!(
+            mux.keep(&mut st, vec![one, to_bytes(&Vec::<Item>::new())], step),
+            Err(BootstrapError::Malformed { peer: 0, .. })
+        ));
+        let mut st = State::default();
+        assert!(
+            mux.keep(&mut st, vec![vec![0xff; 12], Vec::new()], step)
+                .is_err()
+        );
+        let many: Vec<Item> = (0..=Tagged::<crate::bootstrap::ThreadRank>::MAX_KEPT as u64)
+            .map(|seq| Item {
+                tag: 2,
+                seq,
+                bytes: Vec::new(),
+            })
+            .collect();
+        let mut st = State::default();
+        assert!(matches!(
+            mux.keep(
+                &mut st,
+                vec![to_bytes(&many), to_bytes(&Vec::<Item>::new())],
+                step
+            ),
+            Err(BootstrapError::Malformed {
+                what: Malformed::Overflow,
+                ..
+            })
+        ));
+    }
+}
