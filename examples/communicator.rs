@@ -1,0 +1,228 @@
+//! The communicator pattern across OS processes (issue 20): `n` processes
+//! over TCP on a model fabric (this program is the launcher and rank 0), or
+//! MPI ranks under `mpirun` (`--mpi`). Every rank keeps three communicators
+//! (a multicast team and unicast peers with a symmetric heap, both owned,
+//! no lifetime) in a `HashMap`, each brought up with its own tag; the first
+//! bring-up is retried on every rank because rank 1's driver is not ready
+//! for its first two creates (a fault it sets on the fabric for itself);
+//! every rank puts into its own heap and gets every peer's; one heap grows
+//! by a chunk that peers reach without re-importing, then shrinks by
+//! agreement (R13.5, R13.7); each rank drops its communicators in its own
+//! order, one through the erased form.
+//!
+//! ```text
+//! cargo run --features fabric --example communicator              # 4 ranks, 1 node
+//! cargo run --features fabric --example communicator -- 8 2        # 8 ranks, 2 nodes of 4
+//! cargo build --features fabric,mpi --example communicator --bin cuda-endpoints-fabric
+//! target/debug/cuda-endpoints-fabric --nodes 1 --gpus 4 --driver-version 13050 -- \
+//!     mpirun -n 4 --oversubscribe target/debug/examples/communicator --mpi
+//! ```
+//!
+//! Exit codes: 0 every byte and every count right; 1 a byte or a count was
+//! wrong; 2 could not run; 3 a rank hung or the fabric saw a leak or a
+//! broken rule (`common/job.rs`).
+
+#[allow(dead_code)]
+mod common;
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::Me;
+use common::job::{self, Checked, TIMEOUT};
+use cuda_endpoints::model::{Fault, FaultPlan};
+use cuda_endpoints::team::{self, OwnedPeers, PeerSpec, Retry, TeamSpec};
+use cuda_endpoints::{
+    Allocation, BoundEndpoint, Call, Code, Context, CopyBatch, Mapped, PosixFd, Stream,
+    bootstrap::Bootstrap,
+};
+use tracing_subscriber::layer::SubscriberExt;
+
+const CHUNK: u64 = common::BYTES;
+/// The heap's maximum: the unicast endpoints' size.
+const MAX: u64 = 2 * CHUNK;
+const LEN: u64 = 4096;
+
+/// A communicator as a user keeps it: no lifetime anywhere.
+struct Comm {
+    team: BoundEndpoint<team::SharedMulticast, Mapped<PosixFd>>,
+    peers: OwnedPeers<Mapped<PosixFd>>,
+}
+
+fn chunk(
+    ctx: &Context,
+    dev: cuda_endpoints::Device,
+) -> Result<Mapped<PosixFd>, cuda_endpoints::Error> {
+    Allocation::<PosixFd>::on_device(ctx, dev, CHUNK)?
+        .map(&[dev])
+        .map_err(|f| f.error)
+}
+
+impl Comm {
+    fn new(
+        ctx: &Context,
+        boot: &dyn Bootstrap,
+        dev: cuda_endpoints::Device,
+        tag: u64,
+    ) -> Result<Comm, Box<dyn std::error::Error>> {
+        // A short back-off: the attempts are counted, not timed.
+        let retry = Retry::new(4, std::time::Duration::from_millis(5));
+        let spec = TeamSpec::new([dev], CHUNK)
+            .timeout(TIMEOUT)
+            .tag(tag)
+            .retry(retry);
+        let mut team = team::multicast(ctx, boot, &spec)?
+            .into_endpoint()
+            .into_bound();
+        team.bind(dev, 0, chunk(ctx, dev)?).map_err(|f| f.error)?;
+        let spec = PeerSpec::new(dev, MAX)
+            .timeout(TIMEOUT)
+            .tag(tag)
+            .retry(retry);
+        let mut peers = team::unicast_peers(ctx, boot, &spec)?.into_owned();
+        // The first chunk: the every-rank-bound agreement (R13.3).
+        peers.grow(boot, chunk(ctx, dev)?, TIMEOUT)?;
+        Ok(Comm { team, peers })
+    }
+}
+
+/// Counts this process's failed bring-up attempts (`tracing` target
+/// `cuda_endpoints::team`).
+struct Attempts(Arc<AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Attempts {
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if e.metadata().target() == "cuda_endpoints::team" {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Byte `i` of what rank `r` puts at `offset` of communicator `c`.
+fn mark(r: usize, c: usize, offset: u64) -> Vec<u8> {
+    vec![(r * 16 + c + 1) as u8 ^ (offset / CHUNK) as u8; LEN as usize]
+}
+
+fn rank(
+    ctx: &Context,
+    me: &Me,
+    boot: &dyn Bootstrap,
+) -> Result<Checked, Box<dyn std::error::Error>> {
+    let (r, dev) = (boot.rank(), me.device());
+    let mut checked = Checked::default();
+    // Rank 1's first two creates (its probe's trial endpoint) are not ready:
+    // every rank probes again, twice. Only the fabric's model takes faults.
+    let faulted = match me {
+        Me::Fabric(p) if r == 1 && boot.size() > 1 => {
+            let pid = usize::try_from(p.pid())?;
+            p.set_faults(
+                FaultPlan::none().with(
+                    Fault::nth(Call::Create, 1, Code::FABRIC_NOT_READY)
+                        .times(2)
+                        .on_process(pid),
+                ),
+            )?;
+            true
+        }
+        _ => false,
+    };
+    let faulted = boot
+        .allgather(&[u8::from(faulted)], TIMEOUT)?
+        .iter()
+        .any(|f| f == &[1]);
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let sub = tracing_subscriber::registry().with(Attempts(attempts.clone()));
+    let mut comms: HashMap<&str, Comm> = HashMap::new();
+    tracing::subscriber::with_default(sub, || -> Result<(), Box<dyn std::error::Error>> {
+        for (tag, name) in ["a", "b", "c"].into_iter().enumerate() {
+            comms.insert(name, Comm::new(ctx, boot, dev, tag as u64)?);
+        }
+        Ok(())
+    })?;
+    let want = if faulted { 2 } else { 0 };
+    let got = attempts.load(Ordering::Relaxed);
+    if got != want {
+        checked.wrong.push(format!(
+            "rank {r}: {got} failed attempts in the trace, {want} expected"
+        ));
+    }
+
+    // Every rank puts into its own heap, then gets every peer's.
+    let stream = Stream::new(ctx, dev)?;
+    for (c, name) in ["a", "b", "c"].into_iter().enumerate() {
+        let own = comms[name].peers.own();
+        stream
+            .enqueue(CopyBatch::new().put_host(mark(r, c, 0), own, 0))?
+            .wait()?;
+    }
+    boot.barrier(TIMEOUT)?;
+    for (c, name) in ["a", "b", "c"].into_iter().enumerate() {
+        let peers = &comms[name].peers;
+        for p in (0..peers.ranks()).filter(|&p| p != r) {
+            let ep = peers.peer(p).ok_or("no peer")?;
+            let got = stream
+                .enqueue(CopyBatch::new().get_host(ep, 0, LEN))?
+                .wait()?;
+            let got = got.received.into_iter().next().unwrap_or_default();
+            checked.compare(&format!("{name}: rank {p}'s heap"), &got, &mark(p, c, 0));
+        }
+    }
+
+    // Heap "a" grows by a chunk at the next offset on every rank; peers
+    // reach it through the endpoints they imported (R13.5).
+    let a = comms.get_mut("a").ok_or("no communicator a")?;
+    let at = a.peers.grow(boot, chunk(ctx, dev)?, TIMEOUT)?;
+    stream
+        .enqueue(CopyBatch::new().put_host(mark(r, 0, at), a.peers.own(), at))?
+        .wait()?;
+    boot.barrier(TIMEOUT)?;
+    for p in (0..a.peers.ranks()).filter(|&p| p != r) {
+        let ep = a.peers.peer(p).ok_or("no peer")?;
+        let got = stream
+            .enqueue(CopyBatch::new().get_host(ep, at, LEN))?
+            .wait()?;
+        let got = got.received.into_iter().next().unwrap_or_default();
+        checked.compare(&format!("a: rank {p}'s grown chunk"), &got, &mark(p, 0, at));
+    }
+    // Every rank stopped using the top chunk (R13.7): it shrinks.
+    boot.barrier(TIMEOUT)?;
+    drop(stream);
+    let freed = a.peers.shrink(boot, TIMEOUT)?;
+    if freed.is_none() || a.peers.top() != CHUNK {
+        checked
+            .wrong
+            .push(format!("rank {r}: the heap did not shrink to one chunk"));
+    }
+    drop(freed);
+
+    // Each rank drops its communicators in its own order; rank 1 one of
+    // them through the erased form.
+    let order = match r % 3 {
+        0 => ["a", "b", "c"],
+        1 => ["c", "a", "b"],
+        _ => ["b", "c", "a"],
+    };
+    for name in order {
+        let Comm { team, peers } = comms.remove(name).ok_or("no communicator")?;
+        if r % 3 == 1 {
+            let erased = peers.into_dyn();
+            drop(team);
+            drop(erased);
+        } else {
+            drop(peers);
+            drop(team);
+        }
+    }
+    let teardown = ctx.take_teardown_errors();
+    if !teardown.is_empty() {
+        return Err(format!("rank {r}: teardown errors {teardown:?}").into());
+    }
+    me.holds_nothing(r)?;
+    Ok(checked)
+}
+
+fn main() -> ExitCode {
+    job::main("communicator", rank)
+}
