@@ -17,6 +17,16 @@
 //! on the busiest other rank. A message is one frame (TCP) or one
 //! contribution (threads). Without `--bench` (`cargo test --benches`) one
 //! small case runs, as a check.
+//!
+//! Last, what exporting pending saves (R13.1, issue 20 item 6):
+//! `unicast_peers` without the probe, each rank exporting its endpoint
+//! while the driver builds it, against each rank waiting for its endpoint
+//! before exporting (`PeerSpec::overlap(false)`); `-- overlap` runs only
+//! that comparison:
+//!
+//! ```sh
+//! cargo bench -p cuda-endpoints-benches --bench bring_up -- overlap
+//! ```
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -24,7 +34,9 @@ use std::time::{Duration, Instant};
 use cuda_endpoints::bootstrap::Traffic;
 use cuda_endpoints::model::{FabricConfig, Model};
 use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
-use cuda_endpoints::{Context, Device, bootstrap::Bootstrap, bootstrap::Tcp, bootstrap::Threads};
+use cuda_endpoints::{
+    Call, Context, Device, bootstrap::Bootstrap, bootstrap::Tcp, bootstrap::Threads,
+};
 
 const BYTES: u64 = 2 << 20;
 const GPUS_PER_NODE: usize = 4;
@@ -34,6 +46,9 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 enum Pattern {
     Multicast,
     UnicastPeers,
+    /// `unicast_peers` without the probe, exporting pending (R13.1) or,
+    /// `false`, waiting for its own endpoint first: the overlap's saving.
+    Overlap(bool),
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -89,6 +104,15 @@ fn rank_loop(
                 samples.push(Sample::since(t, before, boot.traffic()));
                 drop(peers);
             }
+            Pattern::Overlap(overlap) => {
+                let spec = PeerSpec::new(dev, BYTES)
+                    .timeout(TIMEOUT)
+                    .probe(false)
+                    .overlap(overlap);
+                let peers = team::unicast_peers(ctx, boot, &spec).expect("team::unicast_peers");
+                samples.push(Sample::since(t, before, boot.traffic()));
+                drop(peers);
+            }
         }
         // Everyone's teardown done before the next bring-up starts.
         boot.barrier(TIMEOUT).expect("barrier");
@@ -113,8 +137,9 @@ fn processes(n: usize) -> Vec<Model> {
     models
 }
 
-/// Every rank's samples, by rank.
-fn run(n: usize, transport: Transport, pattern: Pattern, reps: usize) -> Vec<Vec<Sample>> {
+/// Every rank's samples, by rank, and the `cuLogicalEndpointQuery` calls
+/// of the whole job.
+fn run(n: usize, transport: Transport, pattern: Pattern, reps: usize) -> (Vec<Vec<Sample>>, u64) {
     let models = processes(n);
     let contexts: Vec<Context> = models.iter().map(|m| Context::new(m.clone())).collect();
     let start = Barrier::new(n);
@@ -156,7 +181,7 @@ fn run(n: usize, transport: Transport, pattern: Pattern, reps: usize) -> Vec<Vec
         assert!(m.live().is_empty(), "leaked: {:?}", m.live());
         assert!(m.violations().is_empty(), "{:?}", m.violations());
     }
-    samples
+    (samples, models[0].calls(Call::Query))
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -171,6 +196,11 @@ fn main() {
     } else {
         &[(4, 1)]
     };
+    // `-- overlap`: only the export-overlap comparison.
+    if std::env::args().any(|a| a == "overlap") {
+        overlap(cases);
+        return;
+    }
     println!(
         "team bring-up per rank, model, {GPUS_PER_NODE} GPUs per node; median of the repetitions"
     );
@@ -191,7 +221,7 @@ fn main() {
     for pattern in [Pattern::Multicast, Pattern::UnicastPeers] {
         for transport in [Transport::Threads, Transport::Tcp] {
             for &(n, reps) in cases {
-                let samples = run(n, transport, pattern, reps);
+                let (samples, _) = run(n, transport, pattern, reps);
                 let rank0 = median(samples[0].iter().map(|s| s.time).collect());
                 let slowest = median(
                     (0..reps)
@@ -210,7 +240,7 @@ fn main() {
                     "{:<14} {:<8} {:>5} {:>6} {:>12.2?} {:>13.2?} {:>10} {:>10} {:>11} {:>11} {:>10}",
                     match pattern {
                         Pattern::Multicast => "multicast",
-                        Pattern::UnicastPeers => "unicast_peers",
+                        _ => "unicast_peers",
                     },
                     match transport {
                         Transport::Threads => "threads",
@@ -228,5 +258,55 @@ fn main() {
                 );
             }
         }
+    }
+    overlap(cases);
+}
+
+/// What exporting pending saves (R13.1): `unicast_peers` (no probe) with
+/// each rank's export overlapping its endpoint's construction, and with
+/// each rank waiting for its endpoint before exporting. On the model
+/// construction takes `queries_to_ready` queries, so the saving is the
+/// separate wait's polls and back-off pauses.
+fn overlap(cases: &[(usize, usize)]) {
+    println!();
+    println!(
+        "export while pending (R13.1): unicast_peers without the probe, threads; median of the repetitions"
+    );
+    println!(
+        "{:<22} {:>5} {:>12} {:>13} {:>16}",
+        "export", "ranks", "rank 0", "slowest rank", "queries per rank"
+    );
+    for &(n, reps) in cases {
+        let mut medians = Vec::new();
+        for overlap in [true, false] {
+            let (samples, queries) = run(n, Transport::Threads, Pattern::Overlap(overlap), reps);
+            let slowest = median(
+                (0..reps)
+                    .map(|i| samples.iter().map(|r| r[i].time).max().unwrap_or_default())
+                    .collect(),
+            );
+            println!(
+                "{:<22} {:>5} {:>12.2?} {:>13.2?} {:>16.1}",
+                if overlap {
+                    "pending (overlap)"
+                } else {
+                    "after its own wait"
+                },
+                n,
+                median(samples[0].iter().map(|s| s.time).collect()),
+                slowest,
+                queries as f64 / (n * reps) as f64,
+            );
+            medians.push(slowest);
+        }
+        let (with, without) = (medians[0], medians[1]);
+        println!(
+            "{:<22} {:>5} {:>12} {:>13.2?} ({:.0}% of the bring-up without it)",
+            "saved by the overlap",
+            n,
+            "",
+            without.saturating_sub(with),
+            100.0 * without.saturating_sub(with).as_secs_f64() / without.as_secs_f64().max(1e-9),
+        );
     }
 }

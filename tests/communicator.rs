@@ -374,6 +374,40 @@ fn r13_1_unicast_peers_export_before_any_rank_waits_for_readiness() {
 }
 
 #[test]
+fn r13_1_without_the_overlap_each_rank_readies_its_endpoint_before_exporting_with_the_same_outcome()
+{
+    // `PeerSpec::overlap(false)`, the bench's baseline: each rank's own
+    // endpoint is queried ready before its export; the peers come up alike.
+    let (contexts, model) = processes(3);
+    let ids = on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
+        let spec = PeerSpec::new(r as i32, CHUNK)
+            .timeout(T)
+            .probe(false)
+            .overlap(false);
+        let peers = team::unicast_peers(ctx, boot, &spec).unwrap();
+        let ids: Vec<Option<u32>> = (0..3).map(|p| peers.id_of(p)).collect();
+        boot.barrier(T).unwrap();
+        drop(peers);
+        ids
+    });
+    for ids in &ids {
+        assert!(ids.iter().all(Option::is_some), "{ids:?}");
+    }
+    let trace = model.trace();
+    let first_export = trace
+        .iter()
+        .position(|c| *c == Call::Export)
+        .expect("exports");
+    let first_query = trace
+        .iter()
+        .position(|c| *c == Call::Query)
+        .expect("queries");
+    assert!(first_query < first_export, "{trace:?}");
+    assert!(model.live_node().is_empty());
+    common::no_violations(&model.violations());
+}
+
+#[test]
 fn eight_communicators_over_the_same_ranks_and_devices_come_up_at_once_and_none_crosses() {
     // Each communicator has its own bootstrap group (its tag: no message of
     // one reaches another); all eight bring-ups of a rank run at once on

@@ -34,6 +34,7 @@ pub struct PeerSpec {
     retry: Retry,
     tag: u64,
     probe: bool,
+    overlap: bool,
 }
 
 impl PeerSpec {
@@ -48,7 +49,18 @@ impl PeerSpec {
             retry: Retry::default(),
             tag: 0,
             probe: true,
+            overlap: true,
         }
+    }
+
+    /// Whether this rank exports its endpoint while the driver still builds
+    /// it, so that construction overlaps the handle exchange (R13.1; the
+    /// default), or waits for it first (`false`: what a bring-up did before
+    /// R13.1, kept to measure what the overlap saves, `benches/bring_up.rs`).
+    /// Every rank may choose alike or not; the outcome is the same.
+    pub fn overlap(mut self, overlap: bool) -> PeerSpec {
+        self.overlap = overlap;
+        self
     }
 
     /// Whether the bring-up first proves reachability peer to peer
@@ -202,6 +214,7 @@ pub fn unicast_peers(
     // One id per rank; this rank's own endpoint at its own index.
     let mut slots: Vec<Option<Endpoint<Reserved, NoKind>>> = Vec::new();
     let mut own = None;
+    let mut ready_own = None;
     let envelopes = agree_retrying(boot, tag, Step::Export, retry, deadline, || {
         let create = |c| (Step::Create, c);
         let count = u32::try_from(ranks).map_err(|_| {
@@ -227,13 +240,23 @@ pub fn unicast_peers(
             s = s.counted_ops();
         }
         let ep = mine.create(s).map_err(|f| create(Cause::Local(f.error)))?;
+        let export = |e| (Step::Export, Cause::Local(e));
+        if !spec.overlap {
+            // Without the overlap: ready before the handle travels.
+            let ready = ep
+                .wait(deadline.remaining())
+                .map_err(|f| (Step::Wait, Cause::Local(f.error)))?;
+            let handle = ready.export().map_err(export)?;
+            ready_own = Some(ready);
+            return Ok(encode_envelope(spec.counted_ops, &handle.to_bytes()));
+        }
         // Exported pending (R13.1): the driver builds it while the handles
         // travel; it is waited for with the peers, below.
-        let handle = ep.export().map_err(|e| (Step::Export, Cause::Local(e)))?;
+        let handle = ep.export().map_err(export)?;
         own = Some(ep);
         Ok(encode_envelope(spec.counted_ops, &handle.to_bytes()))
     })?;
-    let Some(own) = own else {
+    if own.is_none() && ready_own.is_none() {
         return Err(TeamError::new(
             me,
             Step::Export,
@@ -241,7 +264,7 @@ pub fn unicast_peers(
                 reason: "no endpoint",
             },
         ));
-    };
+    }
 
     // Import every peer at its index; ready them all with one query a round.
     // Retried as one step: what was imported stays imported, a failed
@@ -249,8 +272,6 @@ pub fn unicast_peers(
     // pending when its wait failed.
     let mut imported: Vec<Option<Endpoint<Pending, ImportedUnicast>>> =
         (0..ranks).map(|_| None).collect();
-    let mut own = Some(own);
-    let mut ready_own = None;
     let digests = agree_retrying(boot, tag, Step::Wait, retry, deadline, || {
         for (rank, env) in envelopes.iter().enumerate() {
             if imported.get(rank).is_some_and(Option::is_some) {
