@@ -490,6 +490,14 @@ mod tests {
         let mut long = s.clone();
         long.push(0);
         assert!(decode_status(0, Step::Hello, 0, &long).is_err());
+        // A whole payload past the bound is refused by name, not read.
+        let over = encode_status(0, Step::Hello, 0, &Ok(vec![0; MAX_PAYLOAD + 1]));
+        assert!(matches!(
+            decode_status(0, Step::Hello, 0, &over),
+            Err(Cause::BadMessage {
+                reason: "payload larger than any bring-up message"
+            })
+        ));
     }
 
     #[test]
