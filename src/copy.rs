@@ -509,7 +509,8 @@ impl Stream {
     /// [`Error::CopyNotLocal`], [`Error::CopyDependent`],
     /// [`Error::WrongContext`], and on the portable path
     /// [`Error::CopyNoWindow`], before the driver; [`Error::Driver`] from
-    /// the call (`NOT_SUPPORTED` on a driver before 13.5, F7). Nothing was
+    /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::Feature::FabricCopy),
+    /// naming the driver version) where the driver has no fabric copy (before 13.5, F7). Nothing was
     /// enqueued then (the portable path synchronizes what it had enqueued
     /// before a failed `cuMemcpyAsync`), and the host buffers are dropped
     /// with the batch.
@@ -561,7 +562,7 @@ impl Stream {
         // token, freed only after a synchronize or leaked when it is forgotten.
         let r = unsafe { ctx.driver().fabric_copy_batch(self.inner.handle, list, 0) };
         if let Err(code) = r {
-            return Err(ctx.error(Call::FabricCpyBatchAsync, code));
+            return Err(fabric_copy_error(ctx, code));
         }
         self.inner.record(keep);
         Ok(InFlight {
@@ -571,6 +572,24 @@ impl Stream {
             _borrow: PhantomData,
         })
     }
+}
+
+/// The error of a failed `cuFabricCpyBatchAsync`: `NOT_SUPPORTED` (F7) is
+/// [`Error::Unsupported`] naming the driver version and the portable path.
+#[cold]
+#[inline(never)]
+fn fabric_copy_error(ctx: &crate::Context, code: crate::Code) -> Error {
+    if code != crate::Code::NOT_SUPPORTED {
+        return ctx.error(Call::FabricCpyBatchAsync, code);
+    }
+    let version = ctx.driver_version();
+    let detail = match version {
+        Some(v) if v < crate::driver::FABRIC_COPY_MIN_VERSION => {
+            "the driver has no cuFabricCpyBatchAsync: it exists from CUDA 13.5 on"
+        }
+        _ => "the driver answered NOT_SUPPORTED: no logical endpoints here",
+    };
+    Error::unsupported(crate::error::Feature::FabricCopy, version, detail)
 }
 
 /// The copies of one batch, in flight on a stream. Wait with

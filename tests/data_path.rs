@@ -725,7 +725,7 @@ fn f5_f6_the_typed_api_sends_flags_zero_on_its_own_stream() {
 }
 
 #[test]
-fn f7_typed_copy_on_a_13_4_driver_is_not_supported() {
+fn f7_typed_copy_on_a_13_4_driver_is_unsupported_naming_the_driver_version_and_the_portable_path() {
     let (ctx, model) = backend::context(ModelConfig::node(1));
     // A 13.4 context takes the portable path by itself (tests/portable_copy.rs):
     // forced onto the fabric copy, the driver's answer is F7's.
@@ -737,6 +737,29 @@ fn f7_typed_copy_on_a_13_4_driver_is_not_supported() {
         .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 16))
         .unwrap_err();
     assert!(e.is_unsupported(), "{e}");
+    // F7 by name, with the driver's version and the way out.
+    assert!(
+        matches!(
+            e,
+            cuda_endpoints::Error::Unsupported {
+                feature: cuda_endpoints::Feature::FabricCopy,
+                driver_version: Some(13040),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.rule(), Some(cuda_endpoints::Rule::F7));
+    let text = e.to_string();
+    for words in [
+        "unsupported",
+        "cuFabricCpyBatchAsync",
+        "CUDA 13.4",
+        "13.5",
+        "CopyPath::Portable",
+    ] {
+        assert!(text.contains(words), "{words:?} not in {text}");
+    }
     drop(stream);
     drop(b);
     drop(u);
