@@ -337,7 +337,7 @@ impl<'a> CopyBatch<'a> {
     }
 
     /// Every check before the driver (F2, F3, F9).
-    fn check(&mut self, stream_dev: Device) -> Result<()> {
+    pub(crate) fn check(&mut self, stream_dev: Device) -> Result<()> {
         if let Some(e) = self.error.take() {
             return Err(*e);
         }
@@ -530,28 +530,7 @@ impl Stream {
             mut host_out,
             ..
         } = batch;
-        let operand = |side: Side, host_out: &mut Vec<(usize, Vec<u8>)>| match side {
-            Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
-            Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
-            Side::Host(n) => {
-                let p = host_in.get(n).map_or(0, |b| b.as_ptr().addr() as u64);
-                Operand::Pointer(Pointer::host(p))
-            }
-            Side::HostOut(n) => {
-                let p = host_out
-                    .get_mut(n)
-                    .map_or(0, |(_, b)| b.as_mut_ptr().addr() as u64);
-                Operand::Pointer(Pointer::host(p))
-            }
-        };
-        let list: Vec<CopyOp> = ops
-            .iter()
-            .map(|&(s, d, size)| CopyOp {
-                src: operand(s, &mut host_out),
-                dst: operand(d, &mut host_out),
-                size,
-            })
-            .collect();
+        let list = op_list(&ops, &host_in, &mut host_out);
         // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
         // ranges were checked against the bindings this process knows (F9);
         // the ops are independent (F3, checked) and local (F2, checked);
@@ -564,21 +543,53 @@ impl Stream {
         if let Err(code) = r {
             return Err(fabric_copy_error(ctx, code));
         }
-        self.inner.record(keep);
+        let seq = self.inner.record(keep);
         Ok(InFlight {
             stream: self,
             host_in,
             host_out,
+            seq,
+            event: None,
             _borrow: PhantomData,
         })
     }
+}
+
+/// The driver's op list of a checked batch: its host buffers by address
+/// (they are owned by the token or graph, which keeps them where they are).
+pub(crate) fn op_list(
+    ops: &[(Side, Side, u64)],
+    host_in: &[Vec<u8>],
+    host_out: &mut [(usize, Vec<u8>)],
+) -> Vec<CopyOp> {
+    let mut operand = |side: Side| match side {
+        Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
+        Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
+        Side::Host(n) => {
+            let p = host_in.get(n).map_or(0, |b| b.as_ptr().addr() as u64);
+            Operand::Pointer(Pointer::host(p))
+        }
+        Side::HostOut(n) => {
+            let p = host_out
+                .get_mut(n)
+                .map_or(0, |(_, b)| b.as_mut_ptr().addr() as u64);
+            Operand::Pointer(Pointer::host(p))
+        }
+    };
+    ops.iter()
+        .map(|&(s, d, size)| CopyOp {
+            src: operand(s),
+            dst: operand(d),
+            size,
+        })
+        .collect()
 }
 
 /// The error of a failed `cuFabricCpyBatchAsync`: `NOT_SUPPORTED` (F7) is
 /// [`Error::Unsupported`] naming the driver version and the portable path.
 #[cold]
 #[inline(never)]
-fn fabric_copy_error(ctx: &crate::Context, code: crate::Code) -> Error {
+pub(crate) fn fabric_copy_error(ctx: &crate::Context, code: crate::Code) -> Error {
     if code != crate::Code::NOT_SUPPORTED {
         return ctx.error(Call::FabricCpyBatchAsync, code);
     }
@@ -602,6 +613,10 @@ pub struct InFlight<'a> {
     pub(crate) stream: &'a Stream,
     pub(crate) host_in: Vec<Vec<u8>>,
     pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+    /// The stream's sequence number of the batch.
+    pub(crate) seq: u64,
+    /// An event recorded after the batch ([`InFlight::with_event`]).
+    pub(crate) event: Option<crate::stream::Event>,
     pub(crate) _borrow: PhantomData<&'a ()>,
 }
 
@@ -623,15 +638,50 @@ pub struct Completed {
 }
 
 impl InFlight<'_> {
-    /// Waits until the stream passed the batch (`cuStreamSynchronize`) and
-    /// hands back the host buffers.
+    /// Records an event right after the batch (`cuEventCreate`,
+    /// `cuEventRecord`), so that the batch completes through the event
+    /// (F4: "an event after it observed"): [`InFlight::is_done`] queries
+    /// it and [`InFlight::wait`] waits for it alone, not for work enqueued
+    /// on the stream after the batch.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from either call; the token is dropped then
+    /// (which synchronizes the stream).
+    pub fn with_event(mut self) -> Result<Self> {
+        let mut event = crate::stream::Event::new(self.stream.context(), self.stream.device())?;
+        event.record(self.stream)?;
+        // Recorded after this batch and whatever was enqueued since: it
+        // completes no earlier than the batch.
+        self.event = Some(event);
+        Ok(self)
+    }
+
+    /// Waits until the batch completed: through its event when it has one,
+    /// else the stream (`cuStreamSynchronize`).
+    fn settle(&self) -> Result<()> {
+        match &self.event {
+            Some(e) => {
+                e.synchronize()?;
+                self.stream.inner.passed_through(self.seq);
+                Ok(())
+            }
+            None => self.stream.synchronize(),
+        }
+    }
+
+    /// Waits until the stream passed the batch (its event, if
+    /// [`InFlight::with_event`] recorded one, else `cuStreamSynchronize`)
+    /// and hands back the host buffers.
     ///
     /// # Errors
     /// [`Error::Driver`] (an asynchronous fault). The host buffers are then
     /// leaked, not freed: a copy may still use them.
     pub fn wait(self) -> Result<Completed> {
         let mut me = std::mem::ManuallyDrop::new(self);
-        match me.stream.synchronize() {
+        let settled = me.settle();
+        // The event goes now (the token's Drop does not run).
+        drop(me.event.take());
+        match settled {
             Ok(()) => Ok(Completed {
                 sent: std::mem::take(&mut me.host_in),
                 received: std::mem::take(&mut me.host_out)
@@ -643,19 +693,24 @@ impl InFlight<'_> {
         }
     }
 
-    /// Whether the stream passed the batch, without blocking (`cuStreamQuery`).
+    /// Whether the stream passed the batch, without blocking: its event
+    /// (`cuEventQuery`) if [`InFlight::with_event`] recorded one, else the
+    /// stream (`cuStreamQuery`).
     ///
     /// # Errors
     /// As [`Stream::query`].
     pub fn is_done(&self) -> Result<bool> {
-        self.stream.query()
+        match &self.event {
+            Some(e) => e.query(),
+            None => self.stream.query(),
+        }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         crate::unwind::in_drop(|| {
-            if let Err(e) = self.stream.synchronize() {
+            if let Err(e) = self.settle() {
                 // The copies may still use the host buffers: leak them.
                 std::mem::forget(std::mem::take(&mut self.host_in));
                 std::mem::forget(std::mem::take(&mut self.host_out));

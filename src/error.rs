@@ -785,6 +785,25 @@ pub enum Error {
         team_clique: u32,
     },
 
+    /// [`crate::Binding::copy_through`] given another endpoint than the one
+    /// the binding is on.
+    #[error(
+        "the binding is on endpoint id {binding_id}, not on endpoint id {id}: lend the endpoint through its own binding"
+    )]
+    NotThisBinding {
+        /// The endpoint given.
+        id: u32,
+        /// The endpoint the binding is on.
+        binding_id: u32,
+    },
+
+    /// A stream handed in from elsewhere (cudarc's default stream) that is
+    /// the legacy NULL stream, which carries no copy (F6).
+    #[error(
+        "the legacy NULL stream cannot carry copies (F6): make a stream with `CudaContext::new_stream` (cudarc) or `Stream::new`"
+    )]
+    NullStream,
+
     /// Memory from another [`crate::Context`] than the endpoint's.
     #[error(
         "the memory belongs to another context (driver backend) than the endpoint; allocate it from the endpoint's context"

@@ -453,11 +453,13 @@ impl Stream {
             }
             enqueued = enqueued.saturating_add(1);
         }
-        self.inner.record(keep);
+        let seq = self.inner.record(keep);
         Ok(InFlight {
             stream: self,
             host_in,
             host_out,
+            seq,
+            event: None,
             _borrow: std::marker::PhantomData,
         })
     }
