@@ -53,7 +53,8 @@ done
 grep -q '#define CUDA_VERSION 1305' "$header" || { echo "abi-check: the newest header is not 13.5" >&2; exit 1; }
 for item in 'offsetof(CUfabricCpyOperand, op.ptr.locHint)' 'offsetof(CUfabricCpyOperand, op.le.offset)' \
             'sizeof(CUDA_FABRIC_COPY_BATCH_OP)' 'cuFabricCpyBatchAsync' 'cuStreamCreate' 'cuMemcpyAsync' \
-            'CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT'; do
+            'CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT' 'cuStreamBeginCapture_v2' 'cuGraphLaunch' \
+            'cuGraphInstantiateWithFlags' 'cuEventRecord' 'cuEventDestroy_v2'; do
     grep -qF "$item" "$work/abi_check.c" || { echo "abi-check: $item is not checked" >&2; exit 1; }
 done
 
