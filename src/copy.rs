@@ -516,21 +516,16 @@ impl Stream {
     /// with the batch.
     pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
-        if batch.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
-            return Err(Error::WrongContext);
-        }
-        batch.check(self.inner.dev)?;
+        batch.check_for(self)?;
         if ctx.copy_path() == crate::CopyPath::Portable {
             return self.enqueue_portable(batch);
         }
-        let CopyBatch {
-            ops,
+        let FabricList {
+            list,
             keep,
             host_in,
-            mut host_out,
-            ..
-        } = batch;
-        let list = op_list(&ops, &host_in, &mut host_out);
+            host_out,
+        } = batch.into_list();
         // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
         // ranges were checked against the bindings this process knows (F9);
         // the ops are independent (F3, checked) and local (F2, checked);
@@ -544,20 +539,50 @@ impl Stream {
             return Err(fabric_copy_error(ctx, code));
         }
         let seq = self.inner.record(keep);
-        Ok(InFlight {
-            stream: self,
-            host_in,
-            host_out,
-            seq,
-            event: None,
-            _borrow: PhantomData,
-        })
+        Ok(InFlight::new(self, host_in, host_out, seq))
     }
 }
 
-/// The driver's op list of a checked batch: its host buffers by address
-/// (they are owned by the token or graph, which keeps them where they are).
-pub(crate) fn op_list(
+/// A checked batch as the driver takes it, with what it keeps and owns.
+pub(crate) struct FabricList {
+    pub(crate) list: Vec<CopyOp>,
+    pub(crate) keep: Keep,
+    pub(crate) host_in: Vec<Vec<u8>>,
+    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+}
+
+impl<'a> CopyBatch<'a> {
+    /// Every check before the driver for a copy on `stream`: the endpoints
+    /// are of its context, then [`CopyBatch::check`].
+    pub(crate) fn check_for(&mut self, stream: &Stream) -> Result<()> {
+        let ctx = &stream.inner.ctx;
+        if self.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
+            return Err(Error::WrongContext);
+        }
+        self.check(stream.inner.dev)
+    }
+
+    /// The driver's op list of a checked batch: its host buffers by address
+    /// (owned by what takes the list, which keeps them where they are).
+    pub(crate) fn into_list(self) -> FabricList {
+        let CopyBatch {
+            ops,
+            keep,
+            host_in,
+            mut host_out,
+            ..
+        } = self;
+        let list = op_list(&ops, &host_in, &mut host_out);
+        FabricList {
+            list,
+            keep,
+            host_in,
+            host_out,
+        }
+    }
+}
+
+fn op_list(
     ops: &[(Side, Side, u64)],
     host_in: &[Vec<u8>],
     host_out: &mut [(usize, Vec<u8>)],
@@ -637,7 +662,24 @@ pub struct Completed {
     pub received: Vec<Vec<u8>>,
 }
 
-impl InFlight<'_> {
+impl<'a> InFlight<'a> {
+    /// The token of the batch `seq`, just enqueued on `stream`.
+    pub(crate) fn new(
+        stream: &'a Stream,
+        host_in: Vec<Vec<u8>>,
+        host_out: Vec<(usize, Vec<u8>)>,
+        seq: u64,
+    ) -> Self {
+        InFlight {
+            stream,
+            host_in,
+            host_out,
+            seq,
+            event: None,
+            _borrow: PhantomData,
+        }
+    }
+
     /// Records an event right after the batch (`cuEventCreate`,
     /// `cuEventRecord`), so that the batch completes through the event
     /// (F4: "an event after it observed"): [`InFlight::is_done`] queries

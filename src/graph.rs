@@ -22,7 +22,7 @@
 
 use std::marker::PhantomData;
 
-use crate::copy::{CopyBatch, InFlight, fabric_copy_error, op_list};
+use crate::copy::{CopyBatch, FabricList, InFlight, fabric_copy_error};
 use crate::driver::Call;
 use crate::error::{Error, Feature, Result};
 use crate::stream::{Keep, Stream};
@@ -62,10 +62,7 @@ impl Stream {
     /// the capture ended and its graph destroyed.
     pub fn capture<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<CopyGraph<'a>> {
         let ctx = &self.inner.ctx;
-        if batch.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
-            return Err(Error::WrongContext);
-        }
-        batch.check(self.inner.dev)?;
+        batch.check_for(self)?;
         if ctx.copy_path() == crate::CopyPath::Portable {
             return Err(Error::unsupported(
                 Feature::FabricCopy,
@@ -73,14 +70,12 @@ impl Stream {
                 "a graph of copies captures the fabric copy; on the portable path enqueue each batch",
             ));
         }
-        let CopyBatch {
-            ops,
+        let FabricList {
+            list,
             keep,
             host_in,
-            mut host_out,
-            ..
-        } = batch;
-        let list = op_list(&ops, &host_in, &mut host_out);
+            host_out,
+        } = batch.into_list();
         let handle = self.inner.handle;
         let d = ctx.driver();
         // SAFETY: the stream is this object's own, live and not capturing;
@@ -147,14 +142,7 @@ impl CopyGraph<'_> {
         };
         ctx.check(Call::GraphLaunch, r)?;
         let seq = self.stream.inner.record(self.keep.clone());
-        Ok(InFlight {
-            stream: self.stream,
-            host_in: Vec::new(),
-            host_out: Vec::new(),
-            seq,
-            event: None,
-            _borrow: PhantomData,
-        })
+        Ok(InFlight::new(self.stream, Vec::new(), Vec::new(), seq))
     }
 
     /// The host buffers given to [`CopyBatch::put_host`], in order.

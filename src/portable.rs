@@ -454,13 +454,6 @@ impl Stream {
             enqueued = enqueued.saturating_add(1);
         }
         let seq = self.inner.record(keep);
-        Ok(InFlight {
-            stream: self,
-            host_in,
-            host_out,
-            seq,
-            event: None,
-            _borrow: std::marker::PhantomData,
-        })
+        Ok(InFlight::new(self, host_in, host_out, seq))
     }
 }

@@ -293,8 +293,8 @@ fn device_writes_read_back_through_a_mapping() {
 /// events in order, and cudarc, not the crate, destroys it.
 #[test]
 fn cudarc_stream_interop_refuses_the_null_stream_and_orders_events() {
-    use cudarc::driver::CudaContext;
     use cuda_endpoints::{Event, Stream};
+    use cudarc::driver::CudaContext;
     let Some(ctx) = cuda_ctx() else { return };
     let dev = ctx.devices().unwrap()[0];
     let cx = CudaContext::new(dev.0 as usize).expect("cudarc context");
@@ -313,7 +313,9 @@ fn cudarc_stream_interop_refuses_the_null_stream_and_orders_events() {
     drop(e);
     drop(stream);
     // Still cudarc's, still usable: it synchronizes and destroys it.
-    theirs.synchronize().expect("cudarc's stream outlives the crate's view");
+    theirs
+        .synchronize()
+        .expect("cudarc's stream outlives the crate's view");
     drop(theirs);
     assert!(ctx2.take_teardown_errors().is_empty());
 }

@@ -693,23 +693,25 @@ impl World {
     }
 
     pub fn graph_destroy(&mut self, pid: usize, graph: u64) -> DriverResult<()> {
-        match self.streams.graphs.get(&graph) {
-            Some(g) if g.pid == pid => {
-                self.streams.graphs.remove(&graph);
-                Ok(())
-            }
-            _ => violate(self, "cuGraph handle", Code::INVALID_HANDLE),
-        }
+        self.forget_graph(pid, graph, false)
     }
 
     pub fn graph_exec_destroy(&mut self, pid: usize, exec: u64) -> DriverResult<()> {
-        match self.streams.execs.get(&exec) {
-            Some(g) if g.pid == pid => {
-                self.streams.execs.remove(&exec);
-                Ok(())
-            }
-            _ => violate(self, "cuGraphExec handle", Code::INVALID_HANDLE),
+        self.forget_graph(pid, exec, true)
+    }
+
+    /// Destroys graph (or, `exec`, executable graph) `h` of `pid`.
+    fn forget_graph(&mut self, pid: usize, h: u64, exec: bool) -> DriverResult<()> {
+        let (map, what) = if exec {
+            (&mut self.streams.execs, "cuGraphExec handle")
+        } else {
+            (&mut self.streams.graphs, "cuGraph handle")
+        };
+        if map.get(&h).is_some_and(|g| g.pid == pid) {
+            map.remove(&h);
+            return Ok(());
         }
+        violate(self, what, Code::INVALID_HANDLE)
     }
 
     /// Whether endpoint `id` of `pid` is valid (reported ready, alive) and
