@@ -18,7 +18,7 @@
 //!   in flight on it, which [`settle`] reads (empty, and one atomic load,
 //!   unless a copy is in flight).
 //!
-//! - [`Event`]: `cuEventCreate`/`Record`/`Query`/`Synchronize`/`Destroy`;
+//! - [`Event`], made and used by `cuEventCreate`/`Record`/`Query`/`Synchronize`/`Destroy`;
 //!   an event recorded after a batch completes it (F4: "or an event after
 //!   it observed"), and lets go of the records up to it;
 //! - [`Stream::from_cudarc`] (feature `cudarc`): a cudarc stream as a
