@@ -17,7 +17,10 @@ use std::ffi::{c_uint, c_ulonglong};
 use cuda_endpoints::driver::{Device, Pointer};
 
 use crate::abi::*;
-use crate::ffi::{CU_EVENT_DISABLE_TIMING, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CUevent, CUgraph, CUgraphExec, CUstreamCaptureMode};
+use crate::ffi::{
+    CU_EVENT_DISABLE_TIMING, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CUevent, CUgraph, CUgraphExec,
+    CUstreamCaptureMode,
+};
 use crate::state::{self, INVALID_VALUE, NOT_READY};
 use crate::{model, out};
 
