@@ -2,7 +2,8 @@
 # ABI check: the C declarations of src/driver/cuda/ffi.rs (and every CUresult
 # that `Code` names) against the real cuda.h of CUDA 13.3, 13.4 and 13.5.
 #
-# The C file is generated from the Rust declarations (src/driver/cuda/abi.rs)
+# The C file is generated from the Rust declarations (src/driver/cuda/abi.rs,
+# the same generator the libcuda double's check uses: one C ABI)
 # and compiled with gcc against each header: sizes, field offsets, enum
 # values and function prototypes must agree. The headers come from the
 # `nvidia-cuda-runtime` wheels on PyPI; they are never committed.
@@ -18,7 +19,7 @@ mkdir -p "$work"
 work="$(cd "$work" && pwd)"
 
 ABI_CHECK_OUT="$work/abi_check.c" cargo test --lib --quiet -- --ignored --exact \
-    driver::cuda::abi::tests::write_abi_check
+    driver::cuda::tests::write_abi_check
 CC="${CC:-gcc}"
 
 for version in 13.3.29 '13.4.*' '13.5.*'; do
@@ -52,7 +53,8 @@ done
 grep -q '#define CUDA_VERSION 1305' "$header" || { echo "abi-check: the newest header is not 13.5" >&2; exit 1; }
 for item in 'offsetof(CUfabricCpyOperand, op.ptr.locHint)' 'offsetof(CUfabricCpyOperand, op.le.offset)' \
             'sizeof(CUDA_FABRIC_COPY_BATCH_OP)' 'cuFabricCpyBatchAsync' 'cuStreamCreate' 'cuMemcpyAsync' \
-            'CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT'; do
+            'CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT' 'cuStreamBeginCapture_v2' 'cuGraphLaunch' \
+            'cuGraphInstantiateWithFlags' 'cuEventRecord' 'cuEventDestroy_v2'; do
     grep -qF "$item" "$work/abi_check.c" || { echo "abi-check: $item is not checked" >&2; exit 1; }
 done
 

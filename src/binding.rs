@@ -60,6 +60,33 @@ impl Binding<'_> {
         self.size
     }
 
+    /// Lends `ep`, the endpoint this binding is on, to a
+    /// [`CopyBatch`](crate::CopyBatch) *through the binding*: the copy's
+    /// [`InFlight`](crate::InFlight) token then borrows the binding too, so
+    /// unbinding it while the copy is in flight does not compile (F4, as
+    /// destroying the endpoint does not). Wait the token, or synchronize
+    /// the stream and drop it, before [`Binding::unbind`].
+    ///
+    /// (A copy that names `&ep` alone borrows the endpoint but not the
+    /// binding; an unbind then synchronizes the streams with copies in
+    /// flight on the endpoint first, at run time.)
+    ///
+    /// # Errors
+    /// [`Error::NotThisBinding`] when `ep` is another endpoint.
+    pub fn copy_through<'b, S: State, K: Kind>(
+        &'b self,
+        ep: &'b Endpoint<S, K>,
+    ) -> Result<&'b Endpoint<S, K>> {
+        if std::ptr::eq(&**ep.range(), self.range) && ep.id() == self.id {
+            Ok(ep)
+        } else {
+            Err(Error::NotThisBinding {
+                id: ep.id(),
+                binding_id: self.id,
+            })
+        }
+    }
+
     /// Unbinds (`cuLogicalEndpointUnbind` with this bind's exact device,
     /// offset and size, R6). The memory is let go only once the driver agreed.
     ///

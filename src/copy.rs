@@ -337,7 +337,7 @@ impl<'a> CopyBatch<'a> {
     }
 
     /// Every check before the driver (F2, F3, F9).
-    fn check(&mut self, stream_dev: Device) -> Result<()> {
+    pub(crate) fn check(&mut self, stream_dev: Device) -> Result<()> {
         if let Some(e) = self.error.take() {
             return Err(*e);
         }
@@ -509,48 +509,23 @@ impl Stream {
     /// [`Error::CopyNotLocal`], [`Error::CopyDependent`],
     /// [`Error::WrongContext`], and on the portable path
     /// [`Error::CopyNoWindow`], before the driver; [`Error::Driver`] from
-    /// the call (`NOT_SUPPORTED` on a driver before 13.5, F7). Nothing was
+    /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::Feature::FabricCopy),
+    /// naming the driver version) where the driver has no fabric copy (before 13.5, F7). Nothing was
     /// enqueued then (the portable path synchronizes what it had enqueued
     /// before a failed `cuMemcpyAsync`), and the host buffers are dropped
     /// with the batch.
     pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
-        if batch.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
-            return Err(Error::WrongContext);
-        }
-        batch.check(self.inner.dev)?;
+        batch.check_for(self)?;
         if ctx.copy_path() == crate::CopyPath::Portable {
             return self.enqueue_portable(batch);
         }
-        let CopyBatch {
-            ops,
+        let FabricList {
+            list,
             keep,
             host_in,
-            mut host_out,
-            ..
-        } = batch;
-        let operand = |side: Side, host_out: &mut Vec<(usize, Vec<u8>)>| match side {
-            Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
-            Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
-            Side::Host(n) => {
-                let p = host_in.get(n).map_or(0, |b| b.as_ptr().addr() as u64);
-                Operand::Pointer(Pointer::host(p))
-            }
-            Side::HostOut(n) => {
-                let p = host_out
-                    .get_mut(n)
-                    .map_or(0, |(_, b)| b.as_mut_ptr().addr() as u64);
-                Operand::Pointer(Pointer::host(p))
-            }
-        };
-        let list: Vec<CopyOp> = ops
-            .iter()
-            .map(|&(s, d, size)| CopyOp {
-                src: operand(s, &mut host_out),
-                dst: operand(d, &mut host_out),
-                size,
-            })
-            .collect();
+            host_out,
+        } = batch.into_list();
         // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
         // ranges were checked against the bindings this process knows (F9);
         // the ops are independent (F3, checked) and local (F2, checked);
@@ -561,16 +536,96 @@ impl Stream {
         // token, freed only after a synchronize or leaked when it is forgotten.
         let r = unsafe { ctx.driver().fabric_copy_batch(self.inner.handle, list, 0) };
         if let Err(code) = r {
-            return Err(ctx.error(Call::FabricCpyBatchAsync, code));
+            return Err(fabric_copy_error(ctx, code));
         }
-        self.inner.record(keep);
-        Ok(InFlight {
-            stream: self,
+        let seq = self.inner.record(keep);
+        Ok(InFlight::new(self, host_in, host_out, seq))
+    }
+}
+
+/// A checked batch as the driver takes it, with what it keeps and owns.
+pub(crate) struct FabricList {
+    pub(crate) list: Vec<CopyOp>,
+    pub(crate) keep: Keep,
+    pub(crate) host_in: Vec<Vec<u8>>,
+    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+}
+
+impl<'a> CopyBatch<'a> {
+    /// Every check before the driver for a copy on `stream`: the endpoints
+    /// are of its context, then [`CopyBatch::check`].
+    pub(crate) fn check_for(&mut self, stream: &Stream) -> Result<()> {
+        let ctx = &stream.inner.ctx;
+        if self.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
+            return Err(Error::WrongContext);
+        }
+        self.check(stream.inner.dev)
+    }
+
+    /// The driver's op list of a checked batch: its host buffers by address
+    /// (owned by what takes the list, which keeps them where they are).
+    pub(crate) fn into_list(self) -> FabricList {
+        let CopyBatch {
+            ops,
+            keep,
+            host_in,
+            mut host_out,
+            ..
+        } = self;
+        let list = op_list(&ops, &host_in, &mut host_out);
+        FabricList {
+            list,
+            keep,
             host_in,
             host_out,
-            _borrow: PhantomData,
-        })
+        }
     }
+}
+
+fn op_list(
+    ops: &[(Side, Side, u64)],
+    host_in: &[Vec<u8>],
+    host_out: &mut [(usize, Vec<u8>)],
+) -> Vec<CopyOp> {
+    let mut operand = |side: Side| match side {
+        Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
+        Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
+        Side::Host(n) => {
+            let p = host_in.get(n).map_or(0, |b| b.as_ptr().addr() as u64);
+            Operand::Pointer(Pointer::host(p))
+        }
+        Side::HostOut(n) => {
+            let p = host_out
+                .get_mut(n)
+                .map_or(0, |(_, b)| b.as_mut_ptr().addr() as u64);
+            Operand::Pointer(Pointer::host(p))
+        }
+    };
+    ops.iter()
+        .map(|&(s, d, size)| CopyOp {
+            src: operand(s),
+            dst: operand(d),
+            size,
+        })
+        .collect()
+}
+
+/// The error of a failed `cuFabricCpyBatchAsync`: `NOT_SUPPORTED` (F7) is
+/// [`Error::Unsupported`] naming the driver version and the portable path.
+#[cold]
+#[inline(never)]
+pub(crate) fn fabric_copy_error(ctx: &crate::Context, code: crate::Code) -> Error {
+    if code != crate::Code::NOT_SUPPORTED {
+        return ctx.error(Call::FabricCpyBatchAsync, code);
+    }
+    let version = ctx.driver_version();
+    let detail = match version {
+        Some(v) if v < crate::driver::FABRIC_COPY_MIN_VERSION => {
+            "the driver has no cuFabricCpyBatchAsync: it exists from CUDA 13.5 on"
+        }
+        _ => "the driver answered NOT_SUPPORTED: no logical endpoints here",
+    };
+    Error::unsupported(crate::error::Feature::FabricCopy, version, detail)
 }
 
 /// The copies of one batch, in flight on a stream. Wait with
@@ -583,6 +638,10 @@ pub struct InFlight<'a> {
     pub(crate) stream: &'a Stream,
     pub(crate) host_in: Vec<Vec<u8>>,
     pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+    /// The stream's sequence number of the batch.
+    pub(crate) seq: u64,
+    /// An event recorded after the batch ([`InFlight::with_event`]).
+    pub(crate) event: Option<crate::stream::Event>,
     pub(crate) _borrow: PhantomData<&'a ()>,
 }
 
@@ -603,16 +662,68 @@ pub struct Completed {
     pub received: Vec<Vec<u8>>,
 }
 
-impl InFlight<'_> {
-    /// Waits until the stream passed the batch (`cuStreamSynchronize`) and
-    /// hands back the host buffers.
+impl<'a> InFlight<'a> {
+    /// The token of the batch `seq`, just enqueued on `stream`.
+    pub(crate) fn new(
+        stream: &'a Stream,
+        host_in: Vec<Vec<u8>>,
+        host_out: Vec<(usize, Vec<u8>)>,
+        seq: u64,
+    ) -> Self {
+        InFlight {
+            stream,
+            host_in,
+            host_out,
+            seq,
+            event: None,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Records an event right after the batch (`cuEventCreate`,
+    /// `cuEventRecord`), so that the batch completes through the event
+    /// (F4: "an event after it observed"): [`InFlight::is_done`] queries
+    /// it and [`InFlight::wait`] waits for it alone, not for work enqueued
+    /// on the stream after the batch.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from either call; the token is dropped then
+    /// (which synchronizes the stream).
+    pub fn with_event(mut self) -> Result<Self> {
+        let mut event = crate::stream::Event::new(self.stream.context(), self.stream.device())?;
+        event.record(self.stream)?;
+        // Recorded after this batch and whatever was enqueued since: it
+        // completes no earlier than the batch.
+        self.event = Some(event);
+        Ok(self)
+    }
+
+    /// Waits until the batch completed: through its event when it has one,
+    /// else the stream (`cuStreamSynchronize`).
+    fn settle(&self) -> Result<()> {
+        match &self.event {
+            Some(e) => {
+                e.synchronize()?;
+                self.stream.inner.passed_through(self.seq);
+                Ok(())
+            }
+            None => self.stream.synchronize(),
+        }
+    }
+
+    /// Waits until the stream passed the batch (its event, if
+    /// [`InFlight::with_event`] recorded one, else `cuStreamSynchronize`)
+    /// and hands back the host buffers.
     ///
     /// # Errors
     /// [`Error::Driver`] (an asynchronous fault). The host buffers are then
     /// leaked, not freed: a copy may still use them.
     pub fn wait(self) -> Result<Completed> {
         let mut me = std::mem::ManuallyDrop::new(self);
-        match me.stream.synchronize() {
+        let settled = me.settle();
+        // The event goes now (the token's Drop does not run).
+        drop(me.event.take());
+        match settled {
             Ok(()) => Ok(Completed {
                 sent: std::mem::take(&mut me.host_in),
                 received: std::mem::take(&mut me.host_out)
@@ -624,19 +735,24 @@ impl InFlight<'_> {
         }
     }
 
-    /// Whether the stream passed the batch, without blocking (`cuStreamQuery`).
+    /// Whether the stream passed the batch, without blocking: its event
+    /// (`cuEventQuery`) if [`InFlight::with_event`] recorded one, else the
+    /// stream (`cuStreamQuery`).
     ///
     /// # Errors
     /// As [`Stream::query`].
     pub fn is_done(&self) -> Result<bool> {
-        self.stream.query()
+        match &self.event {
+            Some(e) => e.query(),
+            None => self.stream.query(),
+        }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         crate::unwind::in_drop(|| {
-            if let Err(e) = self.stream.synchronize() {
+            if let Err(e) = self.settle() {
                 // The copies may still use the host buffers: leak them.
                 std::mem::forget(std::mem::take(&mut self.host_in));
                 std::mem::forget(std::mem::take(&mut self.host_out));

@@ -307,6 +307,9 @@ pub enum Feature {
     /// A multicast virtual address (`multimem` access to a classic
     /// multicast object) on a backend that has none.
     MulticastAddress,
+    /// The fabric copy (`cuFabricCpyBatchAsync`): absent before CUDA 13.5,
+    /// `NOT_SUPPORTED` where logical endpoints are unsupported (F7).
+    FabricCopy,
 }
 
 impl Feature {
@@ -319,6 +322,7 @@ impl Feature {
             Feature::ClassicMulticastDevice | Feature::MulticastTeam => Rule::C6,
             Feature::CountedOps | Feature::FabricHandles => Rule::R2_4,
             Feature::MulticastEndpoints => Rule::R4,
+            Feature::FabricCopy => Rule::F7,
         }
     }
 
@@ -351,6 +355,9 @@ impl Feature {
             Feature::MulticastEndpoints => {
                 "build the team from devices that report attribute 154 = 1"
             }
+            Feature::FabricCopy => {
+                "take the portable path, `ctx.set_copy_path(CopyPath::Portable)` (cuMemcpyAsync through the endpoints' mapped memory; what `Context::copy_path` picks by itself on a driver before 13.5), or install a CUDA 13.5+ driver"
+            }
             Feature::MulticastAddress => {
                 "kernels reach a logical endpoint by its id (`kernel_ref`); a multicast address exists for classic multicast objects only (the classic fallback)"
             }
@@ -378,6 +385,7 @@ impl fmt::Display for Feature {
             Feature::CountedOps => "counted operations (COUNTED_OPS)",
             Feature::MulticastEndpoints => "multicast logical endpoints",
             Feature::FabricHandles => "fabric export of logical endpoints (ipcHandleTypes FABRIC)",
+            Feature::FabricCopy => "the fabric copy (cuFabricCpyBatchAsync, CUDA 13.5+)",
         })
     }
 }
@@ -776,6 +784,25 @@ pub enum Error {
         /// That device's clique.
         team_clique: u32,
     },
+
+    /// [`crate::Binding::copy_through`] given another endpoint than the one
+    /// the binding is on.
+    #[error(
+        "the binding is on endpoint id {binding_id}, not on endpoint id {id}: lend the endpoint through its own binding"
+    )]
+    NotThisBinding {
+        /// The endpoint given.
+        id: u32,
+        /// The endpoint the binding is on.
+        binding_id: u32,
+    },
+
+    /// A stream handed in from elsewhere (cudarc's default stream) that is
+    /// the legacy NULL stream, which carries no copy (F6).
+    #[error(
+        "the legacy NULL stream cannot carry copies (F6): make a stream with `CudaContext::new_stream` (cudarc) or `Stream::new`"
+    )]
+    NullStream,
 
     /// Memory from another [`crate::Context`] than the endpoint's.
     #[error(

@@ -333,6 +333,8 @@ pub mod misuse_cases {
         copy_drop_host_buffer_while_in_flight: E0382,
         copy_drop_mapped_while_in_flight: E0505,
         copy_get_from_multicast: E0277,
+        copy_graph_unbind_while_graph_lives: E0505,
+        copy_unbind_while_in_flight: E0505,
         lint_binding_discarded: lint,
         memory_bind_on_imported_unicast: E0277,
         memory_private_on_exportable: E0277,

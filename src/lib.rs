@@ -23,6 +23,7 @@ mod error;
 #[cfg(feature = "fabric")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fabric")))]
 pub mod fabric;
+mod graph;
 pub mod guide;
 mod kernel;
 mod kind;
@@ -54,6 +55,7 @@ pub use endpoint::{Endpoint, Readiness};
 // Every item of `error` is for users to match on.
 pub use erased::DynEndpoint;
 pub use error::*;
+pub use graph::CopyGraph;
 pub use kernel::EndpointRef;
 pub use kind::{
     Exportable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind, SpreadTeam, Team,
@@ -69,7 +71,7 @@ pub use ready::{PendingList, ReadyList, wait_all};
 pub use sharing::{FabricHandle, WIRE_LEN as FABRIC_HANDLE_WIRE_LEN};
 pub use spec::Spec;
 pub use state::{Pending, Ready, Reserved, TeamReady};
-pub use stream::Stream;
+pub use stream::{Event, Stream};
 pub use typenum;
 
 /// The traits behind the typestate's `where` clauses, for code that is

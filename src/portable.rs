@@ -453,12 +453,7 @@ impl Stream {
             }
             enqueued = enqueued.saturating_add(1);
         }
-        self.inner.record(keep);
-        Ok(InFlight {
-            stream: self,
-            host_in,
-            host_out,
-            _borrow: std::marker::PhantomData,
-        })
+        let seq = self.inner.record(keep);
+        Ok(InFlight::new(self, host_in, host_out, seq))
     }
 }

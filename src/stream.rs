@@ -18,11 +18,17 @@
 //!   in flight on it, which [`settle`] reads (empty, and one atomic load,
 //!   unless a copy is in flight).
 //!
+//! - [`Event`], made and used by `cuEventCreate`/`Record`/`Query`/`Synchronize`/`Destroy`;
+//!   an event recorded after a batch completes it (F4: "or an event after
+//!   it observed"), and lets go of the records up to it;
+//! - [`Stream::from_cudarc`] (feature `cudarc`): a cudarc stream as a
+//!   `Stream`, kept alive, never destroyed here.
+//!
 //! When a synchronize fails, the records stay: the memory is leaked rather
 //! than freed under a copy that may still run.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::context::Context;
@@ -31,6 +37,7 @@ use crate::error::{Error, Result};
 use crate::range::RangeInner;
 
 /// What one enqueued batch keeps alive until the stream passed it.
+#[derive(Clone)]
 pub(crate) struct Keep {
     /// Local memory read or written (`Mapped` keep-alives).
     pub memory: Vec<Arc<dyn Any + Send + Sync>>,
@@ -42,8 +49,14 @@ pub(crate) struct StreamInner {
     pub(crate) ctx: Context,
     pub(crate) dev: Device,
     pub(crate) handle: u64,
-    /// Batches enqueued since the last successful synchronize.
-    inflight: Mutex<Vec<Keep>>,
+    /// Batches enqueued since the last successful synchronize, each with
+    /// its sequence number.
+    inflight: Mutex<Vec<(u64, Keep)>>,
+    /// The next batch's sequence number.
+    next_seq: AtomicU64,
+    /// A stream this crate did not make (cudarc's): kept alive by this,
+    /// synchronized but never destroyed here.
+    borrowed: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 /// `(range address, id, stream)` for every endpoint id with a copy in flight.
@@ -82,18 +95,36 @@ pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
 }
 
 impl StreamInner {
-    /// Records a batch just enqueued.
-    pub(crate) fn record(self: &Arc<Self>, keep: Keep) {
+    /// Records a batch just enqueued; returns its sequence number.
+    pub(crate) fn record(self: &Arc<Self>, keep: Keep) -> u64 {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let mut idx = index();
         for (range, id) in &keep.endpoints {
             idx.push((range_key(range), *id, Arc::downgrade(self)));
         }
         IN_INDEX.store(idx.len(), Ordering::Release);
         drop(idx);
-        self.lock().push(keep);
+        self.lock().push((seq, keep));
+        seq
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Keep>> {
+    /// The stream passed batch `seq` (an event after it was observed): the
+    /// memory of the batches up to it is let go. Their endpoint ids stay in
+    /// the index until the stream is synchronized (a later destroy or
+    /// unbind synchronizes once more: early, never late).
+    pub(crate) fn passed_through(&self, seq: u64) {
+        let done: Vec<(u64, Keep)> = {
+            let mut list = self.lock();
+            let (done, left) = std::mem::take(&mut *list)
+                .into_iter()
+                .partition(|(s, _)| *s <= seq);
+            *list = left;
+            done
+        };
+        drop(done); // may release memory: outside the lock
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<(u64, Keep)>> {
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -110,7 +141,7 @@ impl StreamInner {
     /// The stream passed everything enqueued: drop the records.
     fn passed_everything(&self) {
         let done = std::mem::take(&mut *self.lock());
-        if done.iter().any(|k| !k.endpoints.is_empty()) {
+        if done.iter().any(|(_, k)| !k.endpoints.is_empty()) {
             let me: *const StreamInner = self;
             let mut idx = index();
             idx.retain(|(_, _, s)| !std::ptr::eq(s.as_ptr(), me));
@@ -154,14 +185,48 @@ impl Stream {
             // Never the legacy NULL stream (F6), whatever a backend says.
             return Err(Error::driver(Call::StreamCreate, crate::Code::UNKNOWN));
         }
-        Ok(Stream {
+        Ok(Stream::over(ctx, dev, handle, None))
+    }
+
+    fn over(
+        ctx: &Context,
+        dev: Device,
+        handle: u64,
+        borrowed: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Stream {
+        Stream {
             inner: Arc::new(StreamInner {
                 ctx: ctx.clone(),
                 dev,
                 handle,
                 inflight: Mutex::new(Vec::new()),
+                next_seq: AtomicU64::new(0),
+                borrowed,
             }),
-        })
+        }
+    }
+
+    /// A cudarc stream as a `Stream` of `ctx` (made by
+    /// [`Context::from_cudarc`] for the stream's context), so that copies
+    /// run in order with the kernels cudarc launches on it. The stream is
+    /// kept alive by the `Stream` and synchronized when it is dropped, never
+    /// destroyed here (cudarc owns it).
+    ///
+    /// # Errors
+    /// [`Error::NullStream`] for cudarc's default stream when it is the
+    /// legacy NULL stream (F6: make one with `CudaContext::new_stream`);
+    /// [`Error::NoSuchDevice`] when its device is not one of `ctx`'s.
+    #[cfg(feature = "cudarc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+    pub fn from_cudarc(ctx: &Context, stream: &Arc<cudarc::driver::CudaStream>) -> Result<Stream> {
+        let raw = stream.cu_stream();
+        if raw.is_null() {
+            return Err(Error::NullStream);
+        }
+        let dev = Device(i32::try_from(stream.context().ordinal()).unwrap_or(i32::MAX));
+        ctx.check_device(dev)?;
+        let handle = raw.expose_provenance() as u64;
+        Ok(Stream::over(ctx, dev, handle, Some(stream.clone())))
     }
 
     /// The device the stream runs on.
@@ -208,6 +273,10 @@ impl Drop for Stream {
                 std::mem::forget(std::mem::take(&mut *inner.lock()));
                 inner.ctx.record_teardown(e);
             }
+            if inner.borrowed.is_some() {
+                // cudarc's stream: cudarc destroys it.
+                return;
+            }
             // SAFETY: the stream is this object's own; nothing uses it after.
             let r = unsafe { inner.ctx.driver().stream_destroy(inner.handle) };
             if let Err(e) = inner.ctx.check(Call::StreamDestroy, r) {
@@ -217,4 +286,110 @@ impl Drop for Stream {
     }
 }
 
+/// An event on one device (`cuEventCreate`, timing off): recorded on a
+/// [`Stream`], it completes when the stream passed everything enqueued
+/// before the record (F4: a copy has completed once "an event after it" is
+/// observed). [`crate::InFlight::with_event`] records one after its batch.
+/// Dropping it destroys it (`cuEventDestroy`).
+pub struct Event {
+    ctx: Context,
+    handle: u64,
+    /// The stream and the last batch recorded before it, if recorded.
+    at: Option<(Arc<StreamInner>, Option<u64>)>,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event")
+            .field("handle", &format_args!("{:#x}", self.handle))
+            .field("recorded", &self.at.is_some())
+            .finish()
+    }
+}
+
+impl Event {
+    /// A new event on `dev`.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`]; [`Error::Driver`] from `cuEventCreate`.
+    pub fn new(ctx: &Context, dev: impl Into<Device>) -> Result<Event> {
+        let dev = dev.into();
+        ctx.check_device(dev)?;
+        let handle = ctx.check(Call::EventCreate, ctx.queries().event_create(dev))?;
+        Ok(Event {
+            ctx: ctx.clone(),
+            handle,
+            at: None,
+        })
+    }
+
+    /// Records the event on `stream` (`cuEventRecord`): it completes once
+    /// the stream passed everything enqueued on it so far.
+    ///
+    /// # Errors
+    /// [`Error::WrongContext`]; [`Error::Driver`].
+    pub fn record(&mut self, stream: &Stream) -> Result<()> {
+        if !stream.inner.ctx.same(&self.ctx) {
+            return Err(Error::WrongContext);
+        }
+        // SAFETY: both are live objects of this crate, borrowed for the call.
+        let r = unsafe {
+            self.ctx
+                .driver()
+                .event_record(self.handle, stream.inner.handle)
+        };
+        self.ctx.check(Call::EventRecord, r)?;
+        let last = stream.inner.next_seq.load(Ordering::Relaxed).checked_sub(1);
+        self.at = Some((stream.inner.clone(), last));
+        Ok(())
+    }
+
+    /// Whether the work before the record completed (`cuEventQuery`);
+    /// never blocks.
+    ///
+    /// # Errors
+    /// [`Error::Driver`]: an asynchronous fault of that work.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: the event is this object's own and live.
+        let r = unsafe { self.ctx.driver().event_query(self.handle) };
+        let done = self.ctx.check(Call::EventQuery, r)?;
+        if done {
+            self.passed();
+        }
+        Ok(done)
+    }
+
+    /// Waits until the work before the record completed (`cuEventSynchronize`).
+    ///
+    /// # Errors
+    /// [`Error::Driver`]: an asynchronous fault of that work.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the event is this object's own and live.
+        let r = unsafe { self.ctx.driver().event_synchronize(self.handle) };
+        self.ctx.check(Call::EventSynchronize, r)?;
+        self.passed();
+        Ok(())
+    }
+
+    /// The stream passed the record: its records up to it go.
+    fn passed(&self) {
+        if let Some((stream, Some(seq))) = &self.at {
+            stream.passed_through(*seq);
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        crate::unwind::in_drop(|| {
+            // SAFETY: the event is this object's own; nothing uses it after.
+            let r = unsafe { self.ctx.driver().event_destroy(self.handle) };
+            if let Err(e) = self.ctx.check(Call::EventDestroy, r) {
+                self.ctx.record_teardown(e);
+            }
+        });
+    }
+}
+
 static_assertions::assert_impl_all!(Stream: Send, Sync);
+static_assertions::assert_impl_all!(Event: Send, Sync);

@@ -725,7 +725,7 @@ fn f5_f6_the_typed_api_sends_flags_zero_on_its_own_stream() {
 }
 
 #[test]
-fn f7_typed_copy_on_a_13_4_driver_is_not_supported() {
+fn f7_typed_copy_on_a_13_4_driver_is_unsupported_naming_the_driver_version_and_the_portable_path() {
     let (ctx, model) = backend::context(ModelConfig::node(1));
     // A 13.4 context takes the portable path by itself (tests/portable_copy.rs):
     // forced onto the fabric copy, the driver's answer is F7's.
@@ -737,6 +737,179 @@ fn f7_typed_copy_on_a_13_4_driver_is_not_supported() {
         .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 16))
         .unwrap_err();
     assert!(e.is_unsupported(), "{e}");
+    // F7 by name, with the driver's version and the way out.
+    assert!(
+        matches!(
+            e,
+            cuda_endpoints::Error::Unsupported {
+                feature: cuda_endpoints::Feature::FabricCopy,
+                driver_version: Some(13040),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.rule(), Some(cuda_endpoints::Rule::F7));
+    let text = e.to_string();
+    for words in [
+        "unsupported",
+        "cuFabricCpyBatchAsync",
+        "CUDA 13.4",
+        "13.5",
+        "CopyPath::Portable",
+    ] {
+        assert!(text.contains(words), "{words:?} not in {text}");
+    }
+    drop(stream);
+    drop(b);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+// ---- F8: graphs of copies ----
+
+#[test]
+fn f8_a_graph_launched_after_its_endpoint_was_unbound_is_logged() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    model.write(u.src.device_ptr(), &[5; 32]).unwrap();
+    let s = stream(&model, 0);
+    // SAFETY: the test's own stream and operands; the capture records the
+    // put, it does not run it.
+    let (graph, exec) = unsafe {
+        model.stream_begin_capture(s).unwrap();
+        model
+            .fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 32)], 0)
+            .unwrap();
+        let graph = model.stream_end_capture(s).unwrap();
+        (graph, model.graph_instantiate(graph).unwrap())
+    };
+    assert_eq!(
+        model.read(u.owner.device_ptr(), 32).unwrap(),
+        vec![0; 32],
+        "captured, not run"
+    );
+    common::no_violations(&model.violations());
+    // A launch while bound runs the put.
+    // SAFETY: bound, ready, every operand live until the sync.
+    unsafe {
+        model.graph_launch(exec, s).unwrap();
+        model.stream_synchronize(s).unwrap();
+    }
+    assert_eq!(model.read(u.owner.device_ptr(), 32).unwrap(), vec![5; 32]);
+    drop(b);
+    // SAFETY: refused: the copy node's id is no longer bound (F8).
+    let r = unsafe { model.graph_launch(exec, s) };
+    assert_eq!(r, Err(Code::INVALID_VALUE));
+    common::broke(&model.violations(), &["F8"]);
+    // SAFETY: the test's own graph, executable graph and stream.
+    unsafe {
+        model.graph_exec_destroy(exec).unwrap();
+        model.graph_destroy(graph).unwrap();
+    }
+    done(&model, s);
+}
+
+#[test]
+fn f8_typed_graph_launched_twice_copies_each_time_and_leaves_no_violation() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    model.write(u.src.device_ptr(), &[9; 64]).unwrap();
+    {
+        let mut graph = stream
+            .capture(
+                CopyBatch::new()
+                    .put(&u.src, 0, b.copy_through(&u.ep).unwrap(), 0, 64)
+                    .get_host(&u.ep, 1024, 16),
+            )
+            .unwrap();
+        assert_eq!(
+            model.read(u.owner.device_ptr(), 64).unwrap(),
+            vec![0; 64],
+            "a capture runs nothing"
+        );
+        graph.launch().unwrap().wait().unwrap();
+        assert_eq!(model.read(u.owner.device_ptr(), 64).unwrap(), vec![9; 64]);
+        model.write(u.owner.device_ptr(), &[0; 64]).unwrap();
+        model.write(u.owner.device_ptr() + 1024, &[4; 16]).unwrap();
+        let t = graph.launch().unwrap();
+        t.wait().unwrap();
+        assert_eq!(model.read(u.owner.device_ptr(), 64).unwrap(), vec![9; 64]);
+        assert_eq!(graph.received(), vec![&[4u8; 16][..]]);
+    }
+    drop(stream);
+    drop(b);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+// ---- events: F4's "or an event after it observed" ----
+
+#[test]
+fn f4_an_event_recorded_after_a_copy_completes_it_and_only_it() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    model.write(u.src.device_ptr(), &[2; 32]).unwrap();
+    let s = stream(&model, 0);
+    let (src, id) = (u.src.device_ptr(), u.ep.id());
+    // SAFETY: the test's own stream, event and bound operands.
+    unsafe {
+        let e = model.event_create(Device(0)).unwrap();
+        model
+            .fabric_copy_batch(s, vec![put(src, id, 0, 16)], 0)
+            .unwrap();
+        model.event_record(e, s).unwrap();
+        model
+            .fabric_copy_batch(s, vec![put(src, id, 16, 16)], 0)
+            .unwrap();
+        model.event_synchronize(e).unwrap();
+        let owner = model.read(u.owner.device_ptr(), 32).unwrap();
+        assert_eq!(owner[..16], [2; 16], "before the event: completed");
+        assert_eq!(owner[16..], [0; 16], "after the event: not reached yet");
+        assert!(model.event_query(e).unwrap());
+        model.stream_synchronize(s).unwrap();
+        model.event_destroy(e).unwrap();
+    }
+    assert_eq!(model.read(u.owner.device_ptr(), 32).unwrap(), vec![2; 32]);
+    done(&model, s);
+    drop(b);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+#[test]
+fn f4_typed_copy_completes_through_its_event() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let t = stream
+        .enqueue(CopyBatch::new().put_host(vec![6; 32], b.copy_through(&u.ep).unwrap(), 64))
+        .unwrap()
+        .with_event()
+        .unwrap();
+    // Each query lets the stream reach one more batch: bounded, no clock.
+    let mut queries = 0;
+    while !t.is_done().unwrap() {
+        queries += 1;
+        assert!(queries < 8, "the event never completed");
+    }
+    assert_eq!(
+        model.read(u.owner.device_ptr() + 64, 32).unwrap(),
+        vec![6; 32]
+    );
+    let done = t.wait().unwrap();
+    assert_eq!(done.sent, vec![vec![6; 32]]);
+    // A standalone event on the stream.
+    let mut e = cuda_endpoints::Event::new(&ctx, 0).unwrap();
+    e.record(&stream).unwrap();
+    e.synchronize().unwrap();
+    assert!(e.query().unwrap());
+    drop(e);
     drop(stream);
     drop(b);
     drop(u);

@@ -288,6 +288,38 @@ fn device_writes_read_back_through_a_mapping() {
     leak.check(&ctx, 2);
 }
 
+/// A cudarc stream as the crate's `Stream` (feature `cudarc`): cudarc's
+/// legacy NULL default stream is refused (F6), a stream of its own carries
+/// events in order, and cudarc, not the crate, destroys it.
+#[test]
+fn cudarc_stream_interop_refuses_the_null_stream_and_orders_events() {
+    use cuda_endpoints::{Event, Stream};
+    use cudarc::driver::CudaContext;
+    let Some(ctx) = cuda_ctx() else { return };
+    let dev = ctx.devices().unwrap()[0];
+    let cx = CudaContext::new(dev.0 as usize).expect("cudarc context");
+    let (ctx2, _) = Context::from_cudarc(&cx).expect("Context::from_cudarc");
+    assert!(matches!(
+        Stream::from_cudarc(&ctx2, &cx.default_stream()),
+        Err(cuda_endpoints::Error::NullStream)
+    ));
+    let theirs = cx.new_stream().expect("cudarc stream");
+    let stream = Stream::from_cudarc(&ctx2, &theirs).expect("Stream::from_cudarc");
+    assert_eq!(stream.device(), dev);
+    let mut e = Event::new(&ctx2, dev).unwrap();
+    e.record(&stream).unwrap();
+    e.synchronize().unwrap();
+    assert!(e.query().unwrap());
+    drop(e);
+    drop(stream);
+    // Still cudarc's, still usable: it synchronizes and destroys it.
+    theirs
+        .synchronize()
+        .expect("cudarc's stream outlives the crate's view");
+    drop(theirs);
+    assert!(ctx2.take_teardown_errors().is_empty());
+}
+
 #[test]
 fn thousand_allocate_map_drop_cycles() {
     let Some(ctx) = cuda_ctx() else { return };

@@ -182,6 +182,18 @@ macro_rules! null_answer {
     (stream_query) => {
         true
     };
+    (stream_end_capture) => {
+        5
+    };
+    (graph_instantiate) => {
+        6
+    };
+    (event_create) => {
+        7
+    };
+    (event_query) => {
+        true
+    };
     ($other:ident) => {
         ()
     };

@@ -82,6 +82,7 @@ crate::abi::exports! {
         } else {
             // The model answers the logical-endpoint attributes, 13.5's 158
             // included (INVALID_VALUE before 13.5).
+            let attrib = c_int::try_from(attrib).map_err(|_| INVALID_VALUE)?;
             // SAFETY: as above.
             model(|m| unsafe { m.device_attribute(Device(dev), attrib) })?
         };

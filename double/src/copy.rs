@@ -22,14 +22,12 @@ use crate::state::{self, INVALID_VALUE, NOT_SUPPORTED};
 use crate::stream::handle;
 use crate::{model, read};
 
-/// `CU_FABRIC_COPY_OPERAND_TYPE_POINTER`, `_LOGICAL_ENDPOINT`.
-const OPERAND_POINTER: CUfabricCpyOperandType = 1;
-const OPERAND_LOGICAL_ENDPOINT: CUfabricCpyOperandType = 2;
-/// `CUmemLocationType`: `INVALID`, `DEVICE`, `HOST`, `HOST_NUMA`.
-const LOC_INVALID: u32 = 0;
-const LOC_DEVICE: u32 = 1;
-const LOC_HOST: u32 = 2;
-const LOC_HOST_NUMA: u32 = 3;
+use crate::ffi::{
+    CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT as OPERAND_LOGICAL_ENDPOINT,
+    CU_FABRIC_COPY_OPERAND_TYPE_POINTER as OPERAND_POINTER,
+    CU_MEM_LOCATION_TYPE_DEVICE as LOC_DEVICE, CU_MEM_LOCATION_TYPE_HOST as LOC_HOST,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA as LOC_HOST_NUMA, CU_MEM_LOCATION_TYPE_INVALID as LOC_INVALID,
+};
 /// The most ops of one batch the double reads (a longer list is refused
 /// rather than allocated for).
 const MAX_OPS: usize = 1 << 20;
@@ -46,11 +44,11 @@ fn operand(o: &CUfabricCpyOperand, size: u64) -> Result<Operand, CUresult> {
             // SAFETY: `type` says the `ptr` member is the one written; both
             // members are plain integers, any bit pattern is valid.
             let p = unsafe { o.op.ptr };
-            let hint = match p.loc_hint.type_ {
+            let hint = match p.locHint.type_ {
                 LOC_INVALID => MemHint::None,
-                LOC_DEVICE => MemHint::Device(Device(p.loc_hint.id)),
+                LOC_DEVICE => MemHint::Device(Device(p.locHint.id)),
                 LOC_HOST => MemHint::Host,
-                LOC_HOST_NUMA => MemHint::HostNuma(p.loc_hint.id),
+                LOC_HOST_NUMA => MemHint::HostNuma(p.locHint.id),
                 _ => return Err(bad("double: unsupported locHint type")),
             };
             // Unified addressing first: CUDA's address range is never host

@@ -23,22 +23,23 @@ const CLIQUE_MULTICAST_LE: u32 = 3;
 fn props(call: &str, p: *const CUlogicalEndpointProp) -> Result<EndpointProps, CUresult> {
     let p = read(p)?;
     let bad = |rule: &str| Err(state::with(|d| d.violate(call, rule, INVALID_VALUE)));
+    // SAFETY: both members of the union are 4-byte integers at offset 4:
+    // any bit pattern reads as either.
+    let (owner, num_devices) = unsafe { (p.target.device, p.target.num_devices) };
     let shape = match p.type_ {
         1 => Shape::Unicast {
-            owner: Device(p.union_ as i32),
+            owner: Device(owner),
         },
-        2 => Shape::Multicast {
-            num_devices: p.union_,
-        },
+        2 => Shape::Multicast { num_devices },
         _ => return bad("R2.2"),
     };
-    if p.ipc_handle_types & !IPC_FABRIC != 0 || p.flags & !1 != 0 {
+    if p.ipcHandleTypes & !IPC_FABRIC != 0 || p.flags & !1 != 0 {
         return bad("R2.4");
     }
     Ok(EndpointProps {
         shape,
         size: p.size,
-        ipc_fabric: p.ipc_handle_types & IPC_FABRIC != 0,
+        ipc_fabric: p.ipcHandleTypes & IPC_FABRIC != 0,
         counted_ops: p.flags & 1 != 0,
     })
 }

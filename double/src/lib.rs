@@ -10,7 +10,9 @@
 //! (`cuMemcpyAsync`, `cuFabricCpyBatchAsync`) with host pointers told apart
 //! as unified addressing does.
 //!
-//! - [`abi`]: the C types, the `exports!` macro, the ABI check text;
+//! - [`ffi`], [`cabi`]: the library's C declarations and their check,
+//!   compiled here from `src/driver/cuda/` (one C ABI);
+//! - [`abi`]: the `exports!` macro, the ABI check text;
 //! - [`state`]: the node, contexts, counters, violations, misbehaviour;
 //! - [`node`]: the model behind the calls, the process's own or a model
 //!   fabric's shared with other OS processes (`CUDA_ENDPOINTS_FABRIC`);
@@ -24,10 +26,16 @@
 
 pub mod abi;
 pub mod base;
+/// The library's ABI check generator, `src/driver/cuda/abi.rs` (one C ABI).
+#[path = "../../src/driver/cuda/abi.rs"]
+pub mod cabi;
 pub mod config;
 #[cfg(not(feature = "cuda-13000"))]
 pub mod copy;
 pub mod extra;
+/// The library's C declarations, `src/driver/cuda/ffi.rs` (one C ABI).
+#[path = "../../src/driver/cuda/ffi.rs"]
+pub mod ffi;
 #[cfg(not(feature = "cuda-13000"))]
 pub mod le;
 pub mod node;

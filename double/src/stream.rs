@@ -12,11 +12,15 @@
 //! which the model reads or writes when the stream reaches the copy
 //! (`MemHint::Host`). The double itself never dereferences either.
 
-use std::ffi::c_uint;
+use std::ffi::{c_uint, c_ulonglong};
 
 use cuda_endpoints::driver::{Device, Pointer};
 
 use crate::abi::*;
+use crate::ffi::{
+    CU_EVENT_DISABLE_TIMING, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CUevent, CUgraph, CUgraphExec,
+    CUstreamCaptureMode,
+};
 use crate::state::{self, INVALID_VALUE, NOT_READY};
 use crate::{model, out};
 
@@ -30,6 +34,14 @@ fn ctx(call: &str) -> Result<i32, CUresult> {
 /// A `CUstream` as the model's handle (its address value; never dereferenced).
 pub(crate) fn handle(stream: CUstream) -> u64 {
     stream.addr() as u64
+}
+
+/// A model handle (graph, executable graph, event) as the opaque pointer
+/// the C API hands out (never dereferenced).
+fn opaque(h: u64) -> Result<*mut std::ffi::c_void, CUresult> {
+    Ok(std::ptr::without_provenance_mut(
+        usize::try_from(h).map_err(|_| state::UNKNOWN)?,
+    ))
 }
 
 /// `ptr` for `len` bytes as unified addressing sees it: device memory (no
@@ -84,5 +96,81 @@ crate::abi::exports! {
         // SAFETY: as above; a host pointer is the caller's word (`cuda.h`:
         // both ranges valid until the stream passed the copy).
         model(|m| unsafe { m.memcpy_async(dst, src, size, handle(h_stream)) })
+    }
+    [13000] fn cuStreamBeginCapture_v2(h_stream: CUstream, mode: CUstreamCaptureMode) {
+        ctx("cuStreamBeginCapture")?;
+        // The backend captures thread-locally; other modes are not simulated.
+        if mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL {
+            return Err(state::NOT_SUPPORTED);
+        }
+        // SAFETY: as above.
+        model(|m| unsafe { m.stream_begin_capture(handle(h_stream)) })
+    }
+    [13000] fn cuStreamEndCapture(h_stream: CUstream, ph_graph: *mut CUgraph) {
+        ctx("cuStreamEndCapture")?;
+        if ph_graph.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: as above.
+        let g = model(|m| unsafe { m.stream_end_capture(handle(h_stream)) })?;
+        out(ph_graph, opaque(g)?)
+    }
+    [13000] fn cuGraphInstantiateWithFlags(ph_graph_exec: *mut CUgraphExec, h_graph: CUgraph, flags: c_ulonglong) {
+        ctx("cuGraphInstantiateWithFlags")?;
+        if flags != 0 || ph_graph_exec.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: as above.
+        let e = model(|m| unsafe { m.graph_instantiate(handle(h_graph)) })?;
+        out(ph_graph_exec, opaque(e)?)
+    }
+    [13000] fn cuGraphLaunch(h_graph_exec: CUgraphExec, h_stream: CUstream) {
+        ctx("cuGraphLaunch")?;
+        // SAFETY: as above; the copy nodes' host operands as the caller of
+        // the launch vouched (F8).
+        model(|m| unsafe { m.graph_launch(handle(h_graph_exec), handle(h_stream)) })
+    }
+    [13000] fn cuGraphExecDestroy(h_graph_exec: CUgraphExec) {
+        ctx("cuGraphExecDestroy")?;
+        // SAFETY: as above.
+        model(|m| unsafe { m.graph_exec_destroy(handle(h_graph_exec)) })
+    }
+    [13000] fn cuGraphDestroy(h_graph: CUgraph) {
+        ctx("cuGraphDestroy")?;
+        // SAFETY: as above.
+        model(|m| unsafe { m.graph_destroy(handle(h_graph)) })
+    }
+    [13000] fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) {
+        let dev = ctx("cuEventCreate")?;
+        if flags & !CU_EVENT_DISABLE_TIMING != 0 || ph_event.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: as above.
+        let e = model(|m| unsafe { m.event_create(Device(dev)) })?;
+        out(ph_event, opaque(e)?)
+    }
+    [13000] fn cuEventRecord(h_event: CUevent, h_stream: CUstream) {
+        ctx("cuEventRecord")?;
+        // SAFETY: as above.
+        model(|m| unsafe { m.event_record(handle(h_event), handle(h_stream)) })
+    }
+    [13000] fn cuEventQuery(h_event: CUevent) {
+        ctx("cuEventQuery")?;
+        // SAFETY: as above; work the event waits for may run now.
+        if model(|m| unsafe { m.event_query(handle(h_event)) })? {
+            Ok(())
+        } else {
+            Err(NOT_READY)
+        }
+    }
+    [13000] fn cuEventSynchronize(h_event: CUevent) {
+        ctx("cuEventSynchronize")?;
+        // SAFETY: as above.
+        model(|m| unsafe { m.event_synchronize(handle(h_event)) })
+    }
+    [13000] fn cuEventDestroy_v2(h_event: CUevent) {
+        ctx("cuEventDestroy")?;
+        // SAFETY: as above.
+        model(|m| unsafe { m.event_destroy(handle(h_event)) })
     }
 }

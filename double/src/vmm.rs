@@ -41,7 +41,7 @@ fn location(call: &str, l: CUmemLocation) -> Result<Location, CUresult> {
 
 fn request(call: &str, p: *const CUmemAllocationProp) -> Result<AllocationRequest, CUresult> {
     let p = read(p)?;
-    if p.type_ != PINNED || p.requested_handle_types & !KNOWN_HANDLE_BITS != 0 {
+    if p.type_ != PINNED || p.requestedHandleTypes & !KNOWN_HANDLE_BITS != 0 {
         return Err(state::with(|d| {
             d.violate(
                 call,
@@ -52,7 +52,7 @@ fn request(call: &str, p: *const CUmemAllocationProp) -> Result<AllocationReques
     }
     Ok(AllocationRequest {
         location: location(call, p.location)?,
-        handle_types: p.requested_handle_types,
+        handle_types: p.requestedHandleTypes,
     })
 }
 
@@ -121,10 +121,10 @@ crate::abi::exports! {
         };
         out(prop, CUmemAllocationProp {
             type_: PINNED,
-            requested_handle_types: req.handle_types,
+            requestedHandleTypes: req.handle_types,
             location: CUmemLocation { type_, id },
-            win32_handle_meta_data: std::ptr::null_mut(),
-            alloc_flags: [0; 8],
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: CUmemAllocFlags::default(),
         })
     }
     [13000] fn cuMemExportToShareableHandle(
@@ -268,7 +268,7 @@ crate::abi::exports! {
         let p = read(prop)?;
         let kind = granularity(option)?;
         // SAFETY: as above.
-        let g = model(|m| unsafe { m.multicast_granularity(p.num_devices, p.size as u64, p.handle_types, kind) })?;
+        let g = model(|m| unsafe { m.multicast_granularity(p.numDevices, p.size as u64, p.handleTypes, kind) })?;
         out(granularity_out, usize_of(g))
     }
     [13000] fn cuMulticastCreate(mc_handle: *mut CUmemGenericAllocationHandle, prop: *const CUmulticastObjectProp) {
@@ -279,7 +279,7 @@ crate::abi::exports! {
             return Err(INVALID_VALUE);
         }
         // SAFETY: as above.
-        let h = model(|m| unsafe { m.multicast_create(p.num_devices, p.size as u64, p.handle_types) })?;
+        let h = model(|m| unsafe { m.multicast_create(p.numDevices, p.size as u64, p.handleTypes) })?;
         out(mc_handle, h)
     }
     [13000] fn cuMulticastAddDevice(mc_handle: CUmemGenericAllocationHandle, dev: CUdevice) {

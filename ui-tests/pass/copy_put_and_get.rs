@@ -1,5 +1,7 @@
 //! Data through endpoints, the right way: put, wait, get, wait; the host
 //! buffers come back from `wait`, and teardown runs in the borrow order.
+//! The put lends the endpoint through its binding (`copy_through`), so an
+//! unbind before the copy's `wait` would not compile.
 use std::time::Duration;
 
 use cuda_endpoints::model::ModelConfig;
@@ -17,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bound = ep.bind(0, 0, &owner)?;
     let stream = Stream::new(&ctx, 0)?;
     let sent = stream
-        .enqueue(CopyBatch::new().put_host(vec![7u8; 64], &ep, 128))?
+        .enqueue(CopyBatch::new().put_host(vec![7u8; 64], bound.copy_through(&ep)?, 128))?
         .wait()?;
     let got = stream
         .enqueue(CopyBatch::new().get_host(&ep, 128, 64))?

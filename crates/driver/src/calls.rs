@@ -272,6 +272,62 @@ macro_rules! for_each_driver_call {
             [Stream] MemcpyAsync "cuMemcpyAsync"
                 safety "both ranges are valid for `size` bytes until the stream passed the copy (readable `src`, writable `dst`), are not freed or unmapped before then (F4), do not overlap, and a pointer hinted `MemHint::Host` is host memory of the calling process"
                 fn memcpy_async(dst: $crate::Pointer, src: $crate::Pointer, size: u64, stream: u64) -> ();
+
+            // ---- graphs of copies (SPEC F8) ----
+            /// `cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)`:
+            /// work enqueued on `stream` from now on is recorded into a
+            /// graph, not run, until `cuStreamEndCapture`.
+            [Stream] StreamBeginCapture "cuStreamBeginCapture_v2"
+                safety "`stream` is a live stream of the caller's own or of a typed `Stream` it borrows, not capturing, and nobody synchronizes or queries it until the capture ended"
+                fn stream_begin_capture(stream: u64) -> ();
+            /// `cuStreamEndCapture(stream, &graph)`: the graph of what was
+            /// captured, owned by the caller until `cuGraphDestroy`.
+            [Stream] StreamEndCapture "cuStreamEndCapture"
+                safety "`stream` is a live stream of the caller's own or of a typed `Stream` it borrows, capturing"
+                fn stream_end_capture(stream: u64) -> u64;
+            /// `cuGraphInstantiateWithFlags(&exec, graph, 0)`: an executable
+            /// graph, owned by the caller until `cuGraphExecDestroy`.
+            [Stream] GraphInstantiate "cuGraphInstantiateWithFlags"
+                safety "`graph` is a live graph of the caller's own"
+                fn graph_instantiate(graph: u64) -> u64;
+            /// `cuGraphLaunch(exec, stream)`: the graph's copies, enqueued on
+            /// `stream` in capture order.
+            [Stream] GraphLaunch "cuGraphLaunch"
+                safety "F8: every endpoint id a copy node names is valid and bound for as long as the launch may run (undefined behaviour in the driver; the model logs F8), and every operand as for `cuFabricCpyBatchAsync` (F1-F4, F9) until the stream passed the launch"
+                fn graph_launch(exec: u64, stream: u64) -> ();
+            /// `cuGraphExecDestroy(exec)`.
+            [Stream] GraphExecDestroy "cuGraphExecDestroy"
+                safety "`exec` is the caller's own and is not used again"
+                fn graph_exec_destroy(exec: u64) -> ();
+            /// `cuGraphDestroy(graph)`.
+            [Stream] GraphDestroy "cuGraphDestroy"
+                safety "`graph` is the caller's own and is not used again"
+                fn graph_destroy(graph: u64) -> ();
+
+            // ---- events (F4: "or an event after it observed") ----
+            /// `cuEventCreate(&event, CU_EVENT_DISABLE_TIMING)` in `dev`'s
+            /// primary context, owned by the caller until `cuEventDestroy`.
+            [Stream] EventCreate "cuEventCreate" safety "none beyond the trait's"
+                fn event_create(dev: $crate::Device) -> u64;
+            /// `cuEventRecord(event, stream)`: the event completes when the
+            /// stream passed everything enqueued on it before.
+            [Stream] EventRecord "cuEventRecord"
+                safety "`event` and `stream` are live, the caller's own or of typed objects it borrows"
+                fn event_record(event: u64, stream: u64) -> ();
+            /// `cuEventQuery(event)`: `true` when the work before the record
+            /// completed, `false` for `CUDA_ERROR_NOT_READY`.
+            [Stream] EventQuery "cuEventQuery"
+                safety "`event` is live, the caller's own or of a typed object it borrows"
+                fn event_query(event: u64) -> bool;
+            /// `cuEventSynchronize(event)`: the work before the record has
+            /// completed when it returns `Ok` (F4).
+            [Stream] EventSynchronize "cuEventSynchronize"
+                safety "`event` is live, the caller's own or of a typed object it borrows"
+                fn event_synchronize(event: u64) -> ();
+            /// `cuEventDestroy_v2(event)`.
+            [Stream] EventDestroy "cuEventDestroy_v2"
+                safety "`event` is the caller's own and is not used again"
+                fn event_destroy(event: u64) -> ();
         }
     };
 }
@@ -288,8 +344,8 @@ pub enum Family {
     Vmm,
     /// The classic `cuMulticast*` API (SPEC C1–C6).
     Classic,
-    /// Streams and the data path (`cuStream*`, `cuFabricCpyBatchAsync`,
-    /// `cuMemcpyAsync`; SPEC F1–F9).
+    /// Streams and the data path (`cuStream*`, `cuEvent*`, `cuGraph*` of
+    /// captured copies, `cuFabricCpyBatchAsync`, `cuMemcpyAsync`; SPEC F1–F9).
     Stream,
 }
 
@@ -604,6 +660,8 @@ mod tests {
             } else if c.name().starts_with("cuMulticast") {
                 Family::Classic
             } else if c.name().starts_with("cuStream")
+                || c.name().starts_with("cuGraph")
+                || c.name().starts_with("cuEvent")
                 || c.name().starts_with("cuFabricCpy")
                 || c.name().starts_with("cuMemcpy")
             {

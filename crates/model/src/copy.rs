@@ -87,11 +87,49 @@ struct Exec {
     size: u64,
 }
 
+/// Work recorded by a capturing stream (F8): not run, replayed by
+/// `cuGraphLaunch` with the host bytes it was captured with.
+#[derive(Clone, Debug)]
+enum Captured {
+    Batch {
+        ops: Vec<CopyOp>,
+        flags: u64,
+        staged: Option<Staged>,
+    },
+    Memcpy {
+        dst: Pointer,
+        src: Pointer,
+        size: u64,
+        staged: Option<Staged>,
+    },
+}
+
+/// A graph or an executable graph of one process: what was captured.
+#[derive(Debug)]
+struct GraphObj {
+    pid: usize,
+    items: Vec<Captured>,
+}
+
+/// An event of one process: where it was last recorded, as `(stream,
+/// batches enqueued on it before the record)`.
+#[derive(Debug)]
+struct EventObj {
+    pid: usize,
+    at: Option<(u64, u64)>,
+}
+
 /// One stream of one process.
 #[derive(Debug)]
 pub(crate) struct StreamObj {
     pid: usize,
     dev: Device,
+    /// Work recorded since `cuStreamBeginCapture`, if capturing.
+    capturing: Option<Vec<Captured>>,
+    /// Batches ever enqueued, and ever reached (run): an event recorded
+    /// after `n` batches completes once `ran >= n`.
+    enqueued: u64,
+    ran: u64,
     /// Enqueued work, oldest first: one entry per batch (or memcpy).
     queue: VecDeque<Vec<Exec>>,
     /// Host-destination bytes for a remote client, completed but not yet
@@ -108,13 +146,27 @@ pub(crate) struct StreamObj {
 #[derive(Debug, Default)]
 pub(crate) struct Streams {
     by_handle: HashMap<u64, StreamObj>,
+    graphs: HashMap<u64, GraphObj>,
+    execs: HashMap<u64, GraphObj>,
+    events: HashMap<u64, EventObj>,
     next: u64,
 }
 
 impl Streams {
-    /// Forgets every stream of `pid` (it exited: R12.2), with its work.
+    /// Forgets every stream, graph and event of `pid` (it exited: R12.2),
+    /// with its work.
     pub(crate) fn drop_process(&mut self, pid: usize) {
         self.by_handle.retain(|_, s| s.pid != pid);
+        self.graphs.retain(|_, g| g.pid != pid);
+        self.execs.retain(|_, g| g.pid != pid);
+        self.events.retain(|_, e| e.pid != pid);
+    }
+
+    /// A new handle in the space `tag` (streams 5, graphs 6, executable
+    /// graphs 7, events 8), never 0.
+    fn handle(&mut self, tag: u64) -> u64 {
+        self.next = self.next.wrapping_add(1);
+        (tag << 32) | (self.next & 0xFFFF_FFFF)
     }
 }
 
@@ -154,14 +206,16 @@ impl World {
         if self.device(dev).is_none() {
             return Err(Code::INVALID_DEVICE);
         }
-        self.streams.next = self.streams.next.wrapping_add(1);
         // Stream handles live apart from allocation handles, never 0 (F6).
-        let h = 0x5_0000_0000 | self.streams.next;
+        let h = self.streams.handle(5);
         self.streams.by_handle.insert(
             h,
             StreamObj {
                 pid,
                 dev,
+                capturing: None,
+                enqueued: 0,
+                ran: 0,
                 queue: VecDeque::new(),
                 outbox: Vec::new(),
                 outbox_pending: 0,
@@ -183,11 +237,13 @@ impl World {
 
     pub fn stream_synchronize(&mut self, pid: usize, stream: u64) -> DriverResult<()> {
         self.stream_of(pid, stream)?;
+        self.not_capturing(stream)?;
         self.run_stream(stream, usize::MAX)
     }
 
     pub fn stream_query(&mut self, pid: usize, stream: u64) -> DriverResult<bool> {
         self.stream_of(pid, stream)?;
+        self.not_capturing(stream)?;
         self.run_stream(stream, 1)?;
         Ok(self
             .streams
@@ -215,12 +271,11 @@ impl World {
     /// clears) the first asynchronous fault.
     fn run_stream(&mut self, stream: u64, batches: usize) -> DriverResult<()> {
         for _ in 0..batches {
-            let Some((pid, batch)) = self
-                .streams
-                .by_handle
-                .get_mut(&stream)
-                .and_then(|s| Some((s.pid, s.queue.pop_front()?)))
-            else {
+            let Some((pid, batch)) = self.streams.by_handle.get_mut(&stream).and_then(|s| {
+                let b = s.queue.pop_front()?;
+                s.ran = s.ran.saturating_add(1);
+                Some((s.pid, b))
+            }) else {
                 break;
             };
             for op in batch {
@@ -358,6 +413,15 @@ impl World {
             return violate(self, "F5", Code::INVALID_VALUE);
         }
         self.stream_of(pid, stream)?;
+        if let Some(items) = self.capture_of(stream) {
+            // Recorded, not run (F8): checked when a launch enqueues it.
+            items.push(Captured::Batch {
+                ops: ops.to_vec(),
+                flags,
+                staged: staged.cloned(),
+            });
+            return Ok(());
+        }
         let dev = self
             .streams
             .by_handle
@@ -487,6 +551,7 @@ impl World {
             s.outbox_pending = total;
         }
         s.queue.push_back(execs);
+        s.enqueued = s.enqueued.saturating_add(1);
         Ok(())
     }
 
@@ -502,6 +567,15 @@ impl World {
         staged: Option<&Staged>,
     ) -> DriverResult<()> {
         self.stream_of(pid, stream)?;
+        if let Some(items) = self.capture_of(stream) {
+            items.push(Captured::Memcpy {
+                dst,
+                src,
+                size,
+                staged: staged.cloned(),
+            });
+            return Ok(());
+        }
         let dev = self
             .streams
             .by_handle
@@ -544,7 +618,241 @@ impl World {
             dst: dst_op,
             size,
         }]);
+        s.enqueued = s.enqueued.saturating_add(1);
         Ok(())
+    }
+
+    /// The capture of `stream`, if it is capturing.
+    fn capture_of(&mut self, stream: u64) -> Option<&mut Vec<Captured>> {
+        self.streams
+            .by_handle
+            .get_mut(&stream)
+            .and_then(|s| s.capturing.as_mut())
+    }
+
+    /// A capturing stream cannot be synchronized or queried (the driver's
+    /// `STREAM_CAPTURE_UNSUPPORTED`).
+    fn not_capturing(&mut self, stream: u64) -> DriverResult<()> {
+        if self.capture_of(stream).is_some() {
+            return violate(
+                self,
+                "cuStreamBeginCapture: synchronize while capturing",
+                Code::STREAM_CAPTURE_UNSUPPORTED,
+            );
+        }
+        Ok(())
+    }
+
+    pub fn stream_begin_capture(&mut self, pid: usize, stream: u64) -> DriverResult<()> {
+        self.stream_of(pid, stream)?;
+        match self.streams.by_handle.get_mut(&stream) {
+            Some(s) if s.capturing.is_none() => {
+                s.capturing = Some(Vec::new());
+                Ok(())
+            }
+            _ => violate(
+                self,
+                "cuStreamBeginCapture: already capturing",
+                Code::ILLEGAL_STATE,
+            ),
+        }
+    }
+
+    pub fn stream_end_capture(&mut self, pid: usize, stream: u64) -> DriverResult<u64> {
+        self.stream_of(pid, stream)?;
+        let Some(items) = self
+            .streams
+            .by_handle
+            .get_mut(&stream)
+            .and_then(|s| s.capturing.take())
+        else {
+            return violate(
+                self,
+                "cuStreamEndCapture: not capturing",
+                Code::ILLEGAL_STATE,
+            );
+        };
+        let h = self.streams.handle(6);
+        self.streams.graphs.insert(h, GraphObj { pid, items });
+        Ok(h)
+    }
+
+    pub fn graph_instantiate(&mut self, pid: usize, graph: u64) -> DriverResult<u64> {
+        let Some(items) = self
+            .streams
+            .graphs
+            .get(&graph)
+            .filter(|g| g.pid == pid)
+            .map(|g| g.items.clone())
+        else {
+            return violate(self, "cuGraph handle", Code::INVALID_HANDLE);
+        };
+        let h = self.streams.handle(7);
+        self.streams.execs.insert(h, GraphObj { pid, items });
+        Ok(h)
+    }
+
+    pub fn graph_destroy(&mut self, pid: usize, graph: u64) -> DriverResult<()> {
+        self.forget_graph(pid, graph, false)
+    }
+
+    pub fn graph_exec_destroy(&mut self, pid: usize, exec: u64) -> DriverResult<()> {
+        self.forget_graph(pid, exec, true)
+    }
+
+    /// Destroys graph (or, `exec`, executable graph) `h` of `pid`.
+    fn forget_graph(&mut self, pid: usize, h: u64, exec: bool) -> DriverResult<()> {
+        let (map, what) = if exec {
+            (&mut self.streams.execs, "cuGraphExec handle")
+        } else {
+            (&mut self.streams.graphs, "cuGraph handle")
+        };
+        if map.get(&h).is_some_and(|g| g.pid == pid) {
+            map.remove(&h);
+            return Ok(());
+        }
+        violate(self, what, Code::INVALID_HANDLE)
+    }
+
+    /// Whether endpoint `id` of `pid` is valid (reported ready, alive) and
+    /// bound over `[offset, offset+size)` on every target now (F8).
+    fn valid_and_bound(&self, pid: usize, id: u32, offset: u64, size: u64) -> bool {
+        let Some(o) = self
+            .procs
+            .get(pid)
+            .and_then(|p| p.ids.get(&id))
+            .filter(|s| s.reported_ready)
+            .and_then(|s| s.obj)
+        else {
+            return false;
+        };
+        if !self.objects.contains_key(&o) {
+            return false;
+        }
+        let targets = self.targets(o, offset, size);
+        !targets.is_empty() && targets.iter().all(|t| matches!(t, Some(Some(_))))
+    }
+
+    /// `cuGraphLaunch`: F8 first (every endpoint id of every copy node
+    /// valid and bound now), then the captured work enqueued on `stream`
+    /// in capture order, each checked as when it was first enqueued.
+    pub fn graph_launch(&mut self, pid: usize, exec: u64, stream: u64) -> DriverResult<()> {
+        self.stream_of(pid, stream)?;
+        let Some(items) = self
+            .streams
+            .execs
+            .get(&exec)
+            .filter(|g| g.pid == pid)
+            .map(|g| g.items.clone())
+        else {
+            return violate(self, "cuGraphExec handle", Code::INVALID_HANDLE);
+        };
+        for item in &items {
+            let Captured::Batch { ops, .. } = item else {
+                continue;
+            };
+            for op in ops {
+                for side in [op.src, op.dst] {
+                    if let Operand::LogicalEndpoint { id, offset } = side
+                        && !self.valid_and_bound(pid, id, offset, op.size)
+                    {
+                        return violate(self, "F8", Code::INVALID_VALUE);
+                    }
+                }
+            }
+        }
+        for item in items {
+            match item {
+                Captured::Batch { ops, flags, staged } => {
+                    self.fabric_copy_batch(pid, stream, &ops, flags, staged.as_ref())?;
+                }
+                Captured::Memcpy {
+                    dst,
+                    src,
+                    size,
+                    staged,
+                } => self.memcpy_async(pid, dst, src, size, stream, staged.as_ref())?,
+            }
+        }
+        Ok(())
+    }
+
+    pub fn event_create(&mut self, pid: usize, dev: Device) -> DriverResult<u64> {
+        if self.device(dev).is_none() {
+            return Err(Code::INVALID_DEVICE);
+        }
+        let h = self.streams.handle(8);
+        self.streams.events.insert(h, EventObj { pid, at: None });
+        Ok(h)
+    }
+
+    fn event_of(&mut self, pid: usize, event: u64) -> DriverResult<Option<(u64, u64)>> {
+        match self.streams.events.get(&event) {
+            Some(e) if e.pid == pid => Ok(e.at),
+            _ => violate(self, "cuEvent handle", Code::INVALID_HANDLE),
+        }
+    }
+
+    pub fn event_destroy(&mut self, pid: usize, event: u64) -> DriverResult<()> {
+        self.event_of(pid, event)?;
+        self.streams.events.remove(&event);
+        Ok(())
+    }
+
+    pub fn event_record(&mut self, pid: usize, event: u64, stream: u64) -> DriverResult<()> {
+        self.stream_of(pid, stream)?;
+        self.event_of(pid, event)?;
+        let n = self
+            .streams
+            .by_handle
+            .get(&stream)
+            .map_or(0, |s| s.enqueued);
+        if let Some(e) = self.streams.events.get_mut(&event) {
+            e.at = Some((stream, n));
+        }
+        Ok(())
+    }
+
+    /// How many more batches the stream must reach for `event` to complete.
+    fn event_left(&self, at: Option<(u64, u64)>) -> (u64, usize) {
+        match at.and_then(|(s, n)| Some((s, n, self.streams.by_handle.get(&s)?))) {
+            Some((s, n, obj)) => (
+                s,
+                usize::try_from(n.saturating_sub(obj.ran)).unwrap_or(usize::MAX),
+            ),
+            // Never recorded, or its stream is gone (its work completed).
+            None => (0, 0),
+        }
+    }
+
+    /// `cuEventQuery`: runs one more batch of the event's stream when the
+    /// event waits for it (the point in between, as `cuStreamQuery`).
+    pub fn event_query(&mut self, pid: usize, event: u64) -> DriverResult<bool> {
+        let at = self.event_of(pid, event)?;
+        let (stream, left) = self.event_left(at);
+        if left > 0 {
+            self.run_stream(stream, 1)?;
+        }
+        Ok(self.event_left(at).1 == 0)
+    }
+
+    pub fn event_synchronize(&mut self, pid: usize, event: u64) -> DriverResult<()> {
+        let at = self.event_of(pid, event)?;
+        let (stream, left) = self.event_left(at);
+        if left > 0 {
+            self.run_stream(stream, left)?;
+        }
+        Ok(())
+    }
+
+    /// The stream `event` was last recorded on (0: none).
+    #[cfg(feature = "fabric")]
+    fn event_stream(&self, event: u64) -> u64 {
+        self.streams
+            .events
+            .get(&event)
+            .and_then(|e| e.at)
+            .map_or(0, |(s, _)| s)
     }
 
     /// The bytes of allocation `alloc` at `off` (zeros where never written).
@@ -741,7 +1049,14 @@ impl super::Model {
                     w.stream_synchronize(p, stream).map(|()| true)
                 }
                 Call::StreamQuery => w.stream_query(p, stream),
+                // `stream` names an event here: its stream's host bytes.
+                Call::EventSynchronize => w.event_synchronize(p, stream).map(|()| true),
+                Call::EventQuery => w.event_query(p, stream),
                 _ => Err(Code::NOT_SUPPORTED),
+            };
+            let stream = match call {
+                Call::EventSynchronize | Call::EventQuery => w.event_stream(stream),
+                _ => stream,
             };
             writes = w.take_host_writes(stream);
             match (call, r) {

@@ -503,6 +503,45 @@ impl Driver for Model {
             w.memcpy_async(p, dst, src, size, stream, None)
         })
     }
+    unsafe fn stream_begin_capture(&self, stream: u64) -> DriverResult<()> {
+        self.enter(Call::StreamBeginCapture, |w, p| {
+            w.stream_begin_capture(p, stream)
+        })
+    }
+    unsafe fn stream_end_capture(&self, stream: u64) -> DriverResult<u64> {
+        self.enter(Call::StreamEndCapture, |w, p| {
+            w.stream_end_capture(p, stream)
+        })
+    }
+    unsafe fn graph_instantiate(&self, graph: u64) -> DriverResult<u64> {
+        self.enter(Call::GraphInstantiate, |w, p| w.graph_instantiate(p, graph))
+    }
+    /// SAFETY (of the body): as `fabric_copy_batch`: the caller upholds F8
+    /// and the copies' contract until the stream passed the launch.
+    unsafe fn graph_launch(&self, exec: u64, stream: u64) -> DriverResult<()> {
+        self.enter(Call::GraphLaunch, |w, p| w.graph_launch(p, exec, stream))
+    }
+    unsafe fn graph_exec_destroy(&self, exec: u64) -> DriverResult<()> {
+        self.enter(Call::GraphExecDestroy, |w, p| w.graph_exec_destroy(p, exec))
+    }
+    unsafe fn graph_destroy(&self, graph: u64) -> DriverResult<()> {
+        self.enter(Call::GraphDestroy, |w, p| w.graph_destroy(p, graph))
+    }
+    unsafe fn event_create(&self, dev: Device) -> DriverResult<u64> {
+        self.enter(Call::EventCreate, |w, p| w.event_create(p, dev))
+    }
+    unsafe fn event_record(&self, event: u64, stream: u64) -> DriverResult<()> {
+        self.enter(Call::EventRecord, |w, p| w.event_record(p, event, stream))
+    }
+    unsafe fn event_query(&self, event: u64) -> DriverResult<bool> {
+        self.enter(Call::EventQuery, |w, p| w.event_query(p, event))
+    }
+    unsafe fn event_synchronize(&self, event: u64) -> DriverResult<()> {
+        self.enter(Call::EventSynchronize, |w, p| w.event_synchronize(p, event))
+    }
+    unsafe fn event_destroy(&self, event: u64) -> DriverResult<()> {
+        self.enter(Call::EventDestroy, |w, p| w.event_destroy(p, event))
+    }
 }
 
 /// The most violations [`Model::violations`] keeps (the most recent).

@@ -133,6 +133,14 @@ c_typedefs! {
     /// `CUstream`: an opaque pointer, never dereferenced here; null is the
     /// legacy NULL stream, which the crate never uses (F6).
     CUstream = *mut c_void;
+    /// `CUgraph`: an opaque pointer, never dereferenced here.
+    CUgraph = *mut c_void;
+    /// `CUgraphExec`: an opaque pointer, never dereferenced here.
+    CUgraphExec = *mut c_void;
+    /// `CUevent`: an opaque pointer, never dereferenced here.
+    CUevent = *mut c_void;
+    /// `CUstreamCaptureMode` (enum).
+    CUstreamCaptureMode = c_uint;
 }
 
 /// `CUfabricCpyOperandType` (enum, 13.5+); not in [`TYPEDEFS`] because 13.3 lacks it.
@@ -350,6 +358,8 @@ c_consts! {
     CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT: CUcliqueType = 3 since 13040;
     CU_MEM_LOCATION_TYPE_HOST: CUmemLocationType = 2 since 12020;
     CU_STREAM_NON_BLOCKING: c_uint = 1 since 12000;
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode = 1 since 12000;
+    CU_EVENT_DISABLE_TIMING: c_uint = 2 since 12000;
     CU_FABRIC_COPY_OPERAND_TYPE_POINTER: CUfabricCpyOperandType = 1 since 13050;
     CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT: CUfabricCpyOperandType = 2 since 13050;
 }
@@ -480,6 +490,19 @@ c_functions! {
     cuStreamQuery(stream: CUstream) since 12000;
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, stream: CUstream) since 12000;
     cuFabricCpyBatchAsync(num_ops: usize, ops: *mut CUDA_FABRIC_COPY_BATCH_OP, flags: c_ulonglong, stream: CUstream) since 13050;
+    // Graphs of captured copies (F8).
+    cuStreamBeginCapture_v2(stream: CUstream, mode: CUstreamCaptureMode) since 12000;
+    cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) since 12000;
+    cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) since 12000;
+    cuGraphLaunch(exec: CUgraphExec, stream: CUstream) since 12000;
+    cuGraphExecDestroy(exec: CUgraphExec) since 12000;
+    cuGraphDestroy(graph: CUgraph) since 12000;
+    // Events (F4).
+    cuEventCreate(event: *mut CUevent, flags: c_uint) since 12000;
+    cuEventRecord(event: CUevent, stream: CUstream) since 12000;
+    cuEventQuery(event: CUevent) since 12000;
+    cuEventSynchronize(event: CUevent) since 12000;
+    cuEventDestroy_v2(event: CUevent) since 12000;
 }
 
 // The layouts the marshalling relies on (SPEC "Types", x86-64 / aarch64);

@@ -645,6 +645,122 @@ pub(super) unsafe fn memcpy_async(
     })
 }
 
+/// A handle (`CUgraph`, `CUgraphExec`, `CUevent`) as the pointer the C
+/// API takes back (its address value; never dereferenced here).
+fn opaque(h: u64) -> *mut c_void {
+    std::ptr::with_exposed_provenance_mut(sz(h))
+}
+
+/// A handle the driver wrote, as an integer; null is `UNKNOWN` (a driver
+/// that answered success must have made one).
+fn handle_of(p: *mut c_void) -> DriverResult<u64> {
+    if p.is_null() {
+        return Err(Code::UNKNOWN);
+    }
+    Ok(p.expose_provenance() as u64)
+}
+
+pub(super) unsafe fn stream_begin_capture(c: &Cuda, stream: u64) -> DriverResult<()> {
+    let f = c.sym.cuStreamBeginCapture_v2;
+    // SAFETY: `f` is `cuStreamBeginCapture_v2`; the stream is live (contract).
+    c.run(Call::StreamBeginCapture, f, Cx::Current, |f| unsafe {
+        f(stream_of(stream), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    })
+}
+
+pub(super) unsafe fn stream_end_capture(c: &Cuda, stream: u64) -> DriverResult<u64> {
+    let mut g: CUgraph = std::ptr::null_mut();
+    let f = c.sym.cuStreamEndCapture;
+    // SAFETY: `f` is `cuStreamEndCapture`; `g` is a live out-pointer; the
+    // stream is live and capturing (contract).
+    c.run(Call::StreamEndCapture, f, Cx::Current, |f| unsafe {
+        f(stream_of(stream), &mut g)
+    })?;
+    handle_of(g)
+}
+
+pub(super) unsafe fn graph_instantiate(c: &Cuda, graph: u64) -> DriverResult<u64> {
+    let mut e: CUgraphExec = std::ptr::null_mut();
+    let f = c.sym.cuGraphInstantiateWithFlags;
+    // SAFETY: `f` is `cuGraphInstantiateWithFlags`; `e` is a live
+    // out-pointer; the graph is live (contract); flags 0.
+    c.run(Call::GraphInstantiate, f, Cx::Current, |f| unsafe {
+        f(&mut e, opaque(graph), 0)
+    })?;
+    handle_of(e)
+}
+
+pub(super) unsafe fn graph_launch(c: &Cuda, exec: u64, stream: u64) -> DriverResult<()> {
+    let f = c.sym.cuGraphLaunch;
+    // SAFETY: `f` is `cuGraphLaunch`; both handles are live and the
+    // operands of its copies stay valid (contract, F8).
+    c.run(Call::GraphLaunch, f, Cx::Current, |f| unsafe {
+        f(opaque(exec), stream_of(stream))
+    })
+}
+
+pub(super) unsafe fn graph_exec_destroy(c: &Cuda, exec: u64) -> DriverResult<()> {
+    let f = c.sym.cuGraphExecDestroy;
+    // SAFETY: `f` is `cuGraphExecDestroy`; the handle is the caller's own.
+    c.run(Call::GraphExecDestroy, f, Cx::Current, |f| unsafe {
+        f(opaque(exec))
+    })
+}
+
+pub(super) unsafe fn graph_destroy(c: &Cuda, graph: u64) -> DriverResult<()> {
+    let f = c.sym.cuGraphDestroy;
+    // SAFETY: `f` is `cuGraphDestroy`; the handle is the caller's own.
+    c.run(Call::GraphDestroy, f, Cx::Current, |f| unsafe {
+        f(opaque(graph))
+    })
+}
+
+pub(super) unsafe fn event_create(c: &Cuda, dev: Device) -> DriverResult<u64> {
+    let mut e: CUevent = std::ptr::null_mut();
+    let f = c.sym.cuEventCreate;
+    // SAFETY: `f` is `cuEventCreate`; `e` is a live out-pointer.
+    c.run(Call::EventCreate, f, Cx::On(dev), |f| unsafe {
+        f(&mut e, CU_EVENT_DISABLE_TIMING)
+    })?;
+    handle_of(e)
+}
+
+pub(super) unsafe fn event_record(c: &Cuda, event: u64, stream: u64) -> DriverResult<()> {
+    let f = c.sym.cuEventRecord;
+    // SAFETY: `f` is `cuEventRecord`; both handles are live (contract).
+    c.run(Call::EventRecord, f, Cx::Current, |f| unsafe {
+        f(opaque(event), stream_of(stream))
+    })
+}
+
+pub(super) unsafe fn event_query(c: &Cuda, event: u64) -> DriverResult<bool> {
+    let f = c.sym.cuEventQuery;
+    // SAFETY: `f` is `cuEventQuery`; the event is live (contract).
+    match c.run(Call::EventQuery, f, Cx::Current, |f| unsafe {
+        f(opaque(event))
+    }) {
+        Ok(()) => Ok(true),
+        Err(code) if code == Code::NOT_READY => Ok(false),
+        Err(code) => Err(code),
+    }
+}
+
+pub(super) unsafe fn event_synchronize(c: &Cuda, event: u64) -> DriverResult<()> {
+    let f = c.sym.cuEventSynchronize;
+    // SAFETY: `f` is `cuEventSynchronize`; the event is live (contract).
+    c.run(Call::EventSynchronize, f, Cx::Current, |f| unsafe {
+        f(opaque(event))
+    })
+}
+
+pub(super) unsafe fn event_destroy(c: &Cuda, event: u64) -> DriverResult<()> {
+    let f = c.sym.cuEventDestroy_v2;
+    // SAFETY: `f` is `cuEventDestroy_v2`; the event is the caller's own.
+    c.run(Call::EventDestroy, f, Cx::Current, |f| unsafe {
+        f(opaque(event))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -344,6 +344,33 @@ mod tests {
         ));
     }
 
+    /// The ABI check's C file: `ffi.rs`'s declarations (`abi.rs`, shared
+    /// with the libcuda double) and every `CUresult` that `Code` names.
+    fn c_source() -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from(abi::HEAD);
+        out.push_str(&abi::declarations());
+        out.push_str("\n/* CUresult: every code `Code` names */\n");
+        for &(name, value, since) in crate::driver::code::KNOWN {
+            abi::guarded(&mut out, since.max(12000), |out| {
+                let _ = writeln!(out, "CHECK({name} == {value}, \"value of {name}\");");
+            });
+        }
+        out
+    }
+
+    /// Writes the C file for `ci/abi-check.sh`: to `$ABI_CHECK_OUT`, else
+    /// `target/abi_check.c`.
+    #[test]
+    #[ignore = "run by ci/abi-check.sh"]
+    fn write_abi_check() {
+        let path = std::env::var("ABI_CHECK_OUT").unwrap_or_else(|_| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/target/abi_check.c").to_owned()
+        });
+        std::fs::write(&path, c_source()).expect("write the ABI check");
+        eprintln!("wrote {path}");
+    }
+
     #[test]
     fn every_call_has_a_declared_symbol() {
         for &call in Call::ALL {

@@ -46,6 +46,16 @@ macro_rules! remote_body {
         // SAFETY: as `stream_synchronize`.
         unsafe { $self.stream_here(WireCall::$variant { $($arg),* }) }
     };
+    // An event completes copies as a synchronize does (F4): their host
+    // destinations are written here too.
+    ($self:ident, event_synchronize, $variant:ident, ($($arg:ident),*)) => {
+        // SAFETY: as `stream_synchronize`, for the event's stream.
+        unsafe { $self.stream_here(WireCall::$variant { $($arg),* }) }.map(|_| ())
+    };
+    ($self:ident, event_query, $variant:ident, ($($arg:ident),*)) => {
+        // SAFETY: as `stream_synchronize`, for the event's stream.
+        unsafe { $self.stream_here(WireCall::$variant { $($arg),* }) }
+    };
     ($self:ident, $method:ident, $variant:ident, ($($arg:ident),*)) => {
         $self.call(WireCall::$variant { $($arg),* })
     };
@@ -66,6 +76,8 @@ fn client_side_only(call: &WireCall) -> bool {
             | WireCall::StreamSynchronize { .. }
             | WireCall::StreamQuery { .. }
             | WireCall::StreamDestroy { .. }
+            | WireCall::EventSynchronize { .. }
+            | WireCall::EventQuery { .. }
     )
 }
 

@@ -184,6 +184,8 @@ pub(super) fn answer_sync(me: &Model, call: WireCall) -> Reply {
         WireCall::StreamSynchronize { stream } => (Call::StreamSynchronize, stream),
         WireCall::StreamQuery { stream } => (Call::StreamQuery, stream),
         WireCall::StreamDestroy { stream } => (Call::StreamDestroy, stream),
+        WireCall::EventSynchronize { event } => (Call::EventSynchronize, event),
+        WireCall::EventQuery { event } => (Call::EventQuery, event),
         _ => {
             return Reply::HostDone {
                 result: Err(Code::NOT_SUPPORTED),

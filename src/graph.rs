@@ -1,0 +1,185 @@
+//! Graphs of copies (SPEC F8): a [`CopyBatch`] captured once on a
+//! [`Stream`] (`cuStreamBeginCapture`, `cuFabricCpyBatchAsync` recorded,
+//! `cuStreamEndCapture`, `cuGraphInstantiateWithFlags`) and launched as
+//! often as wanted (`cuGraphLaunch`).
+//!
+//! What this file owns:
+//! - [`CopyGraph`]: the graph and its executable form, the host buffers
+//!   its copy nodes read and write (owned, so their addresses stay), and
+//!   what each launch keeps alive (as an enqueued batch does, F4);
+//! - F8 in the types: a copy node "needs every id valid and bound for as
+//!   long as the graph may run". The graph borrows the endpoints and the
+//!   memory of its batch for its whole life (`'a`), so destroying an
+//!   endpoint, unbinding through a binding it was lent by
+//!   ([`crate::Binding::copy_through`]) or freeing memory while the graph
+//!   lives does not compile; a launch's [`InFlight`] token borrows the
+//!   graph mutably, so a second launch or a look at the host buffers waits
+//!   for the first. Dropping the graph synchronizes its stream first.
+//!
+//! Graphs run on the fabric path only (a copy node is
+//! `CU_GRAPH_NODE_TYPE_FABRIC_CPY_BATCH`); on the portable path
+//! [`Stream::capture`] answers [`Error::Unsupported`].
+
+use std::marker::PhantomData;
+
+use crate::copy::{CopyBatch, FabricList, InFlight, fabric_copy_error};
+use crate::driver::Call;
+use crate::error::{Error, Feature, Result};
+use crate::stream::{Keep, Stream};
+
+/// A captured [`CopyBatch`], launched with [`CopyGraph::launch`] (F8).
+///
+/// `'a` is how long it borrows the endpoints and memory its copies name:
+/// its whole life, since any launch may run them.
+pub struct CopyGraph<'a> {
+    stream: &'a Stream,
+    graph: u64,
+    exec: u64,
+    keep: Keep,
+    host_in: Vec<Vec<u8>>,
+    host_out: Vec<(usize, Vec<u8>)>,
+    _borrow: PhantomData<&'a ()>,
+}
+
+impl std::fmt::Debug for CopyGraph<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyGraph")
+            .field("stream", self.stream)
+            .field("graph", &format_args!("{:#x}", self.graph))
+            .finish()
+    }
+}
+
+impl Stream {
+    /// Captures `batch` into a graph of copies on this stream (F8), after
+    /// every check of [`Stream::enqueue`]; nothing runs until
+    /// [`CopyGraph::launch`].
+    ///
+    /// # Errors
+    /// The checks of [`Stream::enqueue`]; [`Error::Unsupported`]
+    /// ([`Feature::FabricCopy`]) on the portable path or a driver without
+    /// the fabric copy (F7); [`Error::Driver`] from the capture calls, with
+    /// the capture ended and its graph destroyed.
+    pub fn capture<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<CopyGraph<'a>> {
+        let ctx = &self.inner.ctx;
+        batch.check_for(self)?;
+        if ctx.copy_path() == crate::CopyPath::Portable {
+            return Err(Error::unsupported(
+                Feature::FabricCopy,
+                ctx.driver_version(),
+                "a graph of copies captures the fabric copy; on the portable path enqueue each batch",
+            ));
+        }
+        let FabricList {
+            list,
+            keep,
+            host_in,
+            host_out,
+        } = batch.into_list();
+        let handle = self.inner.handle;
+        let d = ctx.driver();
+        // SAFETY: the stream is this object's own, live and not capturing;
+        // nothing synchronizes it while `&self` is lent here (the capture
+        // ends below on every path).
+        let r = unsafe { d.stream_begin_capture(handle) };
+        ctx.check(Call::StreamBeginCapture, r)?;
+        // SAFETY: as `Stream::enqueue`: the batch was checked (F2, F3, F9),
+        // and what it names is borrowed for 'a by the graph and owned host
+        // buffers stay with it; captured, it does not run now.
+        let copied = unsafe { d.fabric_copy_batch(handle, list, 0) };
+        // SAFETY: this stream is capturing (begun above).
+        let ended = unsafe { d.stream_end_capture(handle) };
+        let graph = ctx.check(Call::StreamEndCapture, ended)?;
+        let destroy_graph = || {
+            // SAFETY: the graph is ours and not used again.
+            let r = unsafe { d.graph_destroy(graph) };
+            if let Err(e) = ctx.check(Call::GraphDestroy, r) {
+                ctx.record_teardown(e);
+            }
+        };
+        if let Err(code) = copied {
+            destroy_graph();
+            return Err(fabric_copy_error(ctx, code));
+        }
+        // SAFETY: the graph is ours and live.
+        let exec = match ctx.check(Call::GraphInstantiate, unsafe {
+            d.graph_instantiate(graph)
+        }) {
+            Ok(e) => e,
+            Err(e) => {
+                destroy_graph();
+                return Err(e);
+            }
+        };
+        Ok(CopyGraph {
+            stream: self,
+            graph,
+            exec,
+            keep,
+            host_in,
+            host_out,
+            _borrow: PhantomData,
+        })
+    }
+}
+
+impl CopyGraph<'_> {
+    /// Launches the graph on its stream (`cuGraphLaunch`): its copies run
+    /// when the stream reaches them, as an enqueued batch's do. The token
+    /// borrows the graph until it is waited or dropped.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from the launch; nothing was enqueued then.
+    pub fn launch(&mut self) -> Result<InFlight<'_>> {
+        let ctx = &self.stream.inner.ctx;
+        // SAFETY: F8: every endpoint the copy nodes name is borrowed by the
+        // graph for its life, ready and bound (checked at capture, F9); the
+        // host buffers are the graph's, at the addresses captured; the
+        // record made below keeps the memory and ids in flight (F4).
+        let r = unsafe {
+            ctx.driver()
+                .graph_launch(self.exec, self.stream.inner.handle)
+        };
+        ctx.check(Call::GraphLaunch, r)?;
+        let seq = self.stream.inner.record(self.keep.clone());
+        Ok(InFlight::new(self.stream, Vec::new(), Vec::new(), seq))
+    }
+
+    /// The host buffers given to [`CopyBatch::put_host`], in order.
+    pub fn sent(&self) -> &[Vec<u8>] {
+        &self.host_in
+    }
+
+    /// The buffers [`CopyBatch::get_host`] fills, in order, as the last
+    /// waited launch left them.
+    pub fn received(&self) -> Vec<&[u8]> {
+        self.host_out.iter().map(|(_, b)| b.as_slice()).collect()
+    }
+}
+
+impl Drop for CopyGraph<'_> {
+    fn drop(&mut self) {
+        crate::unwind::in_drop(|| {
+            let ctx = &self.stream.inner.ctx;
+            if let Err(e) = self.stream.synchronize() {
+                // A launch may still run: its host buffers stay, for good.
+                std::mem::forget(std::mem::take(&mut self.host_in));
+                std::mem::forget(std::mem::take(&mut self.host_out));
+                ctx.record_teardown(e);
+            }
+            let d = ctx.driver();
+            // SAFETY: both are this graph's own; nothing launches them after.
+            let r = unsafe { d.graph_exec_destroy(self.exec) };
+            if let Err(e) = ctx.check(Call::GraphExecDestroy, r) {
+                ctx.record_teardown(e);
+            }
+            // SAFETY: as above.
+            let r = unsafe { d.graph_destroy(self.graph) };
+            if let Err(e) = ctx.check(Call::GraphDestroy, r) {
+                ctx.record_teardown(e);
+            }
+        });
+    }
+}
+
+static_assertions::assert_impl_all!(CopyGraph<'static>: Send, Sync);
