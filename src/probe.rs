@@ -1,6 +1,8 @@
-//! [`Capabilities`]: what one device of a backend supports, read without
-//! creating anything that matters (attribute reads, granularity queries,
-//! `cuMemGetInfo`), for reports and for deciding what to run.
+//! Probing: [`Capabilities`], what one device of a backend supports, read
+//! without creating anything that matters (attribute reads, granularity
+//! queries, `cuMemGetInfo`), for reports and for deciding what to run; and
+//! the types that display it ([`Probed`], [`Bytes`], [`YesNo`], [`MemInfo`],
+//! [`VmmGranularity`]).
 //!
 //! Probing never fails: every field is [`Probed::Known`] or
 //! [`Probed::Unknown`] with the reason (usually the driver's code, e.g.
@@ -12,7 +14,7 @@
 //! # #[cfg(feature = "model")] {
 //! use cuda_endpoints::{Context, Device};
 //! use cuda_endpoints::model::ModelConfig;
-//! use cuda_endpoints::Capabilities;
+//! use cuda_endpoints::probe::Capabilities;
 //!
 //! let (ctx, _model) = Context::model(ModelConfig::cuda_13_0(1));
 //! let caps = Capabilities::probe(&ctx, Device(0));

@@ -38,15 +38,15 @@ use std::sync::{Arc, Once};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use cuda_endpoints::Capabilities;
+use cuda_endpoints::backend::{BackendChoice, Policy, decide};
 use cuda_endpoints::driver::cuda::{self, Cuda};
 use cuda_endpoints::driver::{
     AllocationRequest, Classic, Granularity, Location, Traced, handle_bits,
 };
+use cuda_endpoints::probe::Capabilities;
 use cuda_endpoints::{
-    Allocation, Call, Code, Context, Device, Error, Fabric, PosixFd, Private, Spec,
+    Allocation, Call, Code, Context, Device, Error, FabricShareable, PosixFd, Private, Spec,
 };
-use cuda_endpoints::{BackendChoice, Policy, decide};
 
 /// Denies `cuMulticastCreate` for the whole process, once, before anything
 /// else; then checks that it is denied.
@@ -207,7 +207,7 @@ fn allocations_of_each_handle_type() {
         // Fabric: works with a fabric daemon; refused without one (the H200
         // test machine), either at cuMemCreate or already at the granularity
         // query.
-        match Allocation::<Fabric>::on_device(&ctx, dev, size) {
+        match Allocation::<FabricShareable>::on_device(&ctx, dev, size) {
             Ok(f) => println!("{dev}: Fabric allocation of {} bytes: ok", f.size()),
             Err(Error::FabricNotPermitted { device, call }) => {
                 assert_eq!(device, dev);
@@ -334,7 +334,7 @@ fn logical_endpoints_unsupported_with_the_driver_version() {
                 "driver {version} should have logical endpoints"
             );
             assert_eq!(driver_version, Some(version));
-            assert_eq!(feature, cuda_endpoints::Feature::LogicalEndpoints);
+            assert_eq!(feature, cuda_endpoints::error::Feature::LogicalEndpoints);
             println!("reserve on driver {version}: Unsupported: {feature}: {detail}");
         }
         Ok(range) => {
@@ -485,7 +485,7 @@ fn multi_gpu_backend_choice_with_classic_switched_off() {
             };
             assert!(why.contains("switched off"), "{why}");
         }
-        let e = Context::auto_over(traced.clone(), &devices, &off).unwrap_err();
+        let e = Context::auto(traced.clone(), &devices, &off).unwrap_err();
         assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     }
     assert!(!traced.reached(Call::MulticastCreate));
@@ -684,7 +684,7 @@ fn share_child() {
     // cuMulticastCreate denied: it fails on both ranks, naming the root and
     // the step, and never reaches cuMulticastCreate.
     let (auto, decision) = (
-        Context::auto(&[dev], &Policy::from_env()),
+        Context::auto(Cuda::open().expect("libcuda"), &[dev], &Policy::from_env()),
         decide(&*raw(&ctx), &[dev], &Policy::from_env()),
     );
     println!("share: backend for the team: {}", decision.choice);

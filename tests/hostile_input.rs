@@ -681,7 +681,7 @@ fn run_typed(ops: &[Op], classic: bool) -> Result<(), TestCaseError> {
         if classic {
             Context::new(cuda_endpoints::driver::Classic::new(raw))
         } else {
-            Context::from_arc(raw)
+            Context::new(raw)
         }
     });
     let short = Duration::from_millis(50);

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod layer;
+pub mod portable;
 
 use cuda_endpoints::Context;
 use cuda_endpoints::model::{Model, ModelConfig, Violation};
