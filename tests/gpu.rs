@@ -571,17 +571,18 @@ fn two_ranks(entry: &str, tag: &str, label: &str, envs: &[(&str, String)]) {
     assert_eq!(ok, 2, "both ranks must finish ({label})");
 }
 
-/// A child rank of [`two_ranks`], started: rank r on device r % n, joined
-/// to the other over the TCP bootstrap on loopback (rank 0 writes the id
-/// file in the run's directory, rank 1 reads it).
-struct Rank {
-    rank: usize,
-    ctx: Context,
-    dev: Device,
-    peer_rank: usize,
-    peer_dev: Device,
-    boot: cuda_endpoints::bootstrap::Tcp,
-}
+/// A child rank of [`two_ranks`], started: its rank, context and device,
+/// the other rank and its device, and the TCP bootstrap on loopback that
+/// joins them (rank 0 writes the id file in the run's directory, rank 1
+/// reads it). Rank r is on device r % n.
+struct Rank(
+    usize,
+    Context,
+    Device,
+    usize,
+    Device,
+    cuda_endpoints::bootstrap::Tcp,
+);
 
 impl Rank {
     /// Every wait of a child rank is bounded by this.
@@ -610,15 +611,9 @@ impl Rank {
         } else {
             Tcp::join(&UniqueId::read_file(&id_file, t).unwrap(), 1, 2, t).unwrap()
         };
-        let peer_rank = 1 - rank;
-        Some(Rank {
-            rank,
-            dev: devs[rank % devs.len()],
-            peer_rank,
-            peer_dev: devs[peer_rank % devs.len()],
-            ctx,
-            boot,
-        })
+        let (dev, peer_rank) = (devs[rank % devs.len()], 1 - rank);
+        let peer_dev = devs[peer_rank % devs.len()];
+        Some(Rank(rank, ctx, dev, peer_rank, peer_dev, boot))
     }
 }
 
@@ -660,15 +655,7 @@ fn share_child() {
     use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::FdExchange, team};
     use cudarc::driver::{CudaContext, result};
 
-    let Some(Rank {
-        rank,
-        ctx,
-        dev,
-        peer_rank,
-        peer_dev,
-        boot,
-    }) = Rank::start()
-    else {
+    let Some(Rank(rank, ctx, dev, peer_rank, peer_dev, boot)) = Rank::start() else {
         return;
     };
     let t = Rank::T;
@@ -810,15 +797,7 @@ fn portable_child() {
         bootstrap::FdExchange,
     };
 
-    let Some(Rank {
-        rank,
-        ctx,
-        dev,
-        peer_rank,
-        peer_dev,
-        boot,
-    }) = Rank::start()
-    else {
+    let Some(Rank(rank, ctx, dev, peer_rank, peer_dev, boot)) = Rank::start() else {
         return;
     };
     let t = Rank::T;

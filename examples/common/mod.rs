@@ -13,6 +13,11 @@ mod copies;
 // Only the data examples (`allgather`, `broadcast`) run a job.
 #[allow(dead_code)]
 pub mod job;
+// `mpi_team` launches nothing.
+#[allow(dead_code)]
+pub mod launch;
+#[allow(dead_code)]
+mod ranks;
 
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};

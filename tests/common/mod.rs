@@ -7,6 +7,7 @@ pub mod layer;
 pub mod portable;
 
 use cuda_endpoints::Context;
+use cuda_endpoints::bootstrap::Bootstrap;
 use cuda_endpoints::model::{Model, ModelConfig, Violation};
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
 
@@ -94,4 +95,29 @@ pub fn node_processes(n: usize) -> (Vec<(Context, Model)>, Model) {
         (Context::new(p.clone()), p)
     }));
     (ranks, model)
+}
+
+/// Runs `f(rank, context, process, bootstrap)` on every rank of `ranks`
+/// (as [`node_processes`] makes them), each on its own thread over its
+/// bootstrap of `boots`, and collects the results in rank order.
+pub fn on_every_rank<R: Send, B: Bootstrap + Send>(
+    ranks: &[(Context, Model)],
+    boots: Vec<B>,
+    f: impl Fn(usize, &Context, &Model, &B) -> R + Sync,
+) -> Vec<R> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .zip(boots)
+            .enumerate()
+            .map(|(r, ((ctx, model), boot))| {
+                let f = &f;
+                s.spawn(move || f(r, ctx, model, &boot))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    })
 }
