@@ -299,7 +299,6 @@ pub fn decide(driver: &dyn Driver, devices: &[Device], policy: &Policy) -> Decis
 #[cfg(all(test, feature = "model"))]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     use crate::driver::Traced;
     use crate::model::{Model, ModelConfig};
@@ -344,7 +343,7 @@ mod tests {
             why.contains("13.3") && why.contains("attribute 132 = 0"),
             "{why}"
         );
-        let e = Context::auto(Arc::new(m), &[Device(0)], &Policy::new()).unwrap_err();
+        let e = Context::auto(m, &[Device(0)], &Policy::new()).unwrap_err();
         assert!(matches!(
             e,
             Error::Unsupported {

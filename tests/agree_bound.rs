@@ -8,14 +8,27 @@ mod common;
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::{Bootstrap, Threads};
-use cuda_endpoints::team::{self, Cause, Mismatch, PeerSpec, Step, TeamError, TeamSpec};
-use cuda_endpoints::{Allocation, CopyBatch, PosixFd, Stream};
+use cuda_endpoints::team::{
+    self, Cause, Mismatch, PeerSpec, SharedTeam, Step, TeamError, TeamSpec,
+};
+use cuda_endpoints::{Allocation, Context, CopyBatch, Mapped, PosixFd, Stream};
 
 const BYTES: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(10);
 
 use common::node_processes as processes;
 use common::on_every_rank;
+
+/// The multicast team of one device per rank, brought up on rank `dev`,
+/// and `PosixFd` memory mapped on its device to bind.
+fn team_and_memory(ctx: &Context, boot: &dyn Bootstrap, dev: i32) -> (SharedTeam, Mapped<PosixFd>) {
+    let team = team::multicast(ctx, boot, &TeamSpec::new([dev], BYTES).timeout(T)).unwrap();
+    let mem = Allocation::<PosixFd>::on_device(ctx, dev, BYTES)
+        .unwrap()
+        .map(&[dev])
+        .unwrap();
+    (team, mem)
+}
 
 #[test]
 fn r13_3_a_multicast_put_after_agree_bound_lands_in_every_members_memory() {
@@ -25,11 +38,7 @@ fn r13_3_a_multicast_put_after_agree_bound_lands_in_every_members_memory() {
         Threads::new(contexts.len()),
         |r, ctx, me, boot| {
             let dev = r as i32;
-            let team = team::multicast(ctx, boot, &TeamSpec::new([dev], BYTES).timeout(T)).unwrap();
-            let mem = Allocation::<PosixFd>::on_device(ctx, dev, BYTES)
-                .unwrap()
-                .map(&[dev])
-                .unwrap();
+            let (team, mem) = team_and_memory(ctx, boot, dev);
             let binding = team.endpoint().bind(dev, 0, &mem).unwrap();
             let bound = team.agree_bound(boot, T).unwrap();
             let stream = Stream::new(ctx, dev).unwrap();
@@ -104,11 +113,7 @@ fn r13_3_a_rank_that_bound_nothing_fails_every_rank_identically_at_the_bind_step
         Threads::new(contexts.len()),
         |r, ctx, _, boot| {
             let dev = r as i32;
-            let team = team::multicast(ctx, boot, &TeamSpec::new([dev], BYTES).timeout(T)).unwrap();
-            let mem = Allocation::<PosixFd>::on_device(ctx, dev, BYTES)
-                .unwrap()
-                .map(&[dev])
-                .unwrap();
+            let (team, mem) = team_and_memory(ctx, boot, dev);
             // Rank 1 forgets to bind.
             let binding = (r != 1).then(|| team.endpoint().bind(dev, 0, &mem).unwrap());
             let e = team.agree_bound(boot, T).map(|_| ()).unwrap_err();

@@ -59,7 +59,7 @@ fn the_path_is_chosen_once_from_the_driver_and_the_backend_decision() {
     }
     // The backend decision names it: logical endpoints on 13.3 copy portably.
     let (_, model, _) = node(13030);
-    let (ctx, d) = Context::auto(Arc::new(model), &[Device(0), Device(1)], &Policy::new()).unwrap();
+    let (ctx, d) = Context::auto(model, &[Device(0), Device(1)], &Policy::new()).unwrap();
     assert_eq!(d.copy_path(), CopyPath::Portable);
     assert_eq!(ctx.copy_path(), CopyPath::Portable);
     assert!(d.to_string().contains("cuMemcpyAsync"), "{d}");

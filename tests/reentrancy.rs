@@ -31,7 +31,7 @@ fn bind_holds_no_lock_across_the_driver_call_a_reentrant_layer_binds_the_same_en
     let _serial = serial();
     within(20, || {
         let model = Model::new(ModelConfig::node(2));
-        let ctx = Context::new(Arc::new(Traced::new(model.clone())));
+        let ctx = Context::new(Traced::new(model.clone()));
         let team = ctx
             .reserve_one()
             .unwrap()
