@@ -65,10 +65,7 @@ fn only_portable_calls(t: &Traced<Model>) {
 }
 
 fn mapped_fd(ctx: &Context, dev: i32) -> Mapped<PosixFd> {
-    Allocation::<PosixFd>::on_device(ctx, dev, ALIGN)
-        .unwrap()
-        .map(&[dev])
-        .unwrap()
+    common::mapped(ctx, dev, ALIGN)
 }
 
 #[test]

@@ -22,8 +22,8 @@ use backend::Probe;
 use cuda_endpoints::driver::{CopyOp, Operand, Pointer};
 use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::{
-    Allocation, Binding, Code, Context, Device, Driver, Endpoint, Mapped, Multicast, Private,
-    Ready, Spec, Unicast,
+    Binding, Code, Context, Device, Driver, Endpoint, Mapped, Multicast, Private, Ready, Spec,
+    Unicast,
 };
 
 const ALIGN: u64 = 2 << 20;
@@ -67,10 +67,7 @@ fn team(ctx: &Context, size: u64) -> Endpoint<Ready, Multicast> {
 }
 
 fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
-    Allocation::<Private>::on_device(ctx, dev, ALIGN)
-        .unwrap()
-        .map(&[dev])
-        .unwrap()
+    common::mapped(ctx, dev, ALIGN)
 }
 
 fn put(src: u64, id: u32, offset: u64, size: u64) -> CopyOp {

@@ -31,10 +31,7 @@ fn node(version: i32) -> (Context, Model, Arc<Traced<Model>>) {
 }
 
 fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
-    Allocation::<Private>::on_device(ctx, dev, ALIGN)
-        .unwrap()
-        .map(&[dev])
-        .unwrap()
+    common::mapped(ctx, dev, ALIGN)
 }
 
 use common::portable::pattern;

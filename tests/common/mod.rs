@@ -6,9 +6,10 @@
 pub mod layer;
 pub mod portable;
 
-use cuda_endpoints::Context;
 use cuda_endpoints::bootstrap::Bootstrap;
+use cuda_endpoints::bounds::MemShare;
 use cuda_endpoints::model::{Model, ModelConfig, Violation};
+use cuda_endpoints::{Allocation, Context, Mapped};
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
 
 /// The end of every model test: no teardown error was kept on the context,
@@ -95,6 +96,14 @@ pub fn node_processes(n: usize) -> (Vec<(Context, Model)>, Model) {
         (Context::new(p.clone()), p)
     }));
     (ranks, model)
+}
+
+/// `size` bytes of `H` memory on `dev`, mapped with access for `dev`.
+pub fn mapped<H: MemShare>(ctx: &Context, dev: i32, size: u64) -> Mapped<H> {
+    Allocation::<H>::on_device(ctx, dev, size)
+        .unwrap()
+        .map(&[dev])
+        .unwrap()
 }
 
 /// Runs `f(rank, context, process, bootstrap)` on every rank of `ranks`

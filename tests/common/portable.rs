@@ -51,10 +51,7 @@ pub fn put_and_get_through_posix_fd_windows(models: [&Model; 2], sides: [(&Conte
                 .unwrap()
                 .wait(T)
                 .unwrap();
-            let mem = Allocation::<PosixFd>::on_device(ctx, dev, ALIGN)
-                .unwrap()
-                .map(&[dev])
-                .unwrap();
+            let mem = super::mapped(ctx, dev, ALIGN);
             Side { ctx, dev, ep, mem }
         })
         .collect();
