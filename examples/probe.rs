@@ -14,9 +14,9 @@
 
 use std::process::ExitCode;
 
-use cuda_endpoints::Capabilities;
 use cuda_endpoints::model::ModelConfig;
-use cuda_endpoints::{Context, Error, Policy};
+use cuda_endpoints::probe::Capabilities;
+use cuda_endpoints::{Context, Error, backend::Policy};
 
 fn main() -> ExitCode {
     let model = std::env::args().skip(1).find_map(|a| match a.as_str() {

@@ -7,27 +7,19 @@
 //! cargo run --release --example tcp_bootstrap -- 8
 //! ```
 
-use std::process::{Child, Command};
+#[path = "common/ranks.rs"]
+mod ranks;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cuda_endpoints::bootstrap::UNIQUE_ID_ENV;
 use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::Tcp, bootstrap::UniqueId};
+use ranks::Ranks;
 
 const RANK: &str = "CEB_EXAMPLE_RANK";
 const SIZE: &str = "CEB_EXAMPLE_SIZE";
 const ITERS: u32 = 200;
-
-/// Kills and reaps the child ranks on every path.
-struct Ranks(Vec<Child>);
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Duration::from_secs(60);

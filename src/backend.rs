@@ -1,6 +1,6 @@
 //! Backend selection: which implementation of multicast endpoints a machine
 //! gets — the driver's logical endpoints (13.3+), the classic `cuMulticast*`
-//! fallback ([`Classic`], rules C1–C6), or none — decided by *reading* the
+//! fallback ([`Classic`](crate::driver::Classic), rules C1–C6), or none — decided by *reading* the
 //! driver, never by trying.
 //!
 //! [`decide`] only reads `cuDriverGetVersion` and device attributes 154
@@ -299,7 +299,6 @@ pub fn decide(driver: &dyn Driver, devices: &[Device], policy: &Policy) -> Decis
 #[cfg(all(test, feature = "model"))]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     use crate::driver::Traced;
     use crate::model::{Model, ModelConfig};
@@ -344,7 +343,7 @@ mod tests {
             why.contains("13.3") && why.contains("attribute 132 = 0"),
             "{why}"
         );
-        let e = Context::auto_over(Arc::new(m), &[Device(0)], &Policy::new()).unwrap_err();
+        let e = Context::auto(m, &[Device(0)], &Policy::new()).unwrap_err();
         assert!(matches!(
             e,
             Error::Unsupported {

@@ -1,9 +1,12 @@
 //! [`Context`]: the driver backend a program talks to, the errors that
 //! teardown could not return, and the entry points of the typed API.
 //!
-//! Every way to make a context is here: [`Context::model`], [`Context::cuda`],
-//! [`Context::auto`], [`Context::auto_over`], [`Context::from_cudarc`],
-//! [`Context::new`] and [`Context::from_arc`]; and so is
+//! Every way to make a context is here, one per source of a backend:
+//! [`Context::new`] over any [`Driver`], [`Context::cuda`] on the real
+//! driver, [`Context::auto`] over a driver with the backend
+//! [`decide`] picks, [`Context::model`] (feature `model`) and
+//! [`Context::from_cudarc`] (feature `cudarc`); a process of the model fabric
+//! gets its context from [`fabric::connect`](crate::fabric). And so is
 //! [`Context::reserve`], where every endpoint starts.
 
 use std::sync::{Arc, Mutex, OnceLock};
@@ -55,6 +58,18 @@ unsafe impl Send for DriverRef {}
 // SAFETY: as above.
 unsafe impl Sync for DriverRef {}
 
+/// `driver` behind an `Arc`: an `Arc<dyn Driver>` as it is, any other
+/// driver moved into a new one.
+fn shared(driver: impl Driver + 'static) -> Arc<dyn Driver> {
+    let any: &dyn std::any::Any = &driver;
+    match any.downcast_ref::<Arc<dyn Driver>>() {
+        // The caller's `Arc`: a clone of it; `driver` (the same `Arc`) is
+        // dropped on return, so the count is unchanged.
+        Some(same) => same.clone(),
+        None => Arc::new(driver),
+    }
+}
+
 /// The attached fabric handles of one process, and the id holding each.
 type Attached = Mutex<std::collections::HashMap<[u8; 64], u32>>;
 
@@ -90,13 +105,12 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// A context over any backend.
+    /// A context over any backend. An `Arc<dyn Driver>` is used as it is,
+    /// so contexts made from clones of one `Arc` share the backend (and, for
+    /// a driver that names no process scope, its table of attached fabric
+    /// handles); any other driver is moved into a new `Arc`.
     pub fn new(driver: impl Driver + 'static) -> Context {
-        Context::from_arc(Arc::new(driver))
-    }
-
-    /// A context over a shared backend.
-    pub fn from_arc(driver: Arc<dyn Driver>) -> Context {
+        let driver = shared(driver);
         Context {
             inner: Arc::new(Inner {
                 attached: attached_table(&driver),
@@ -122,18 +136,6 @@ impl Context {
         (Context::new(model.clone()), model)
     }
 
-    /// Joins a model fabric as a new process (see [`crate::fabric`]): the
-    /// context, and the process's handle for inspection.
-    ///
-    /// # Errors
-    /// As [`crate::fabric::connect`].
-    #[cfg(feature = "fabric")]
-    pub fn fabric(
-        join: &crate::fabric::Join,
-    ) -> std::result::Result<(Context, crate::fabric::Process), crate::fabric::FabricError> {
-        crate::fabric::connect(join)
-    }
-
     /// The real driver (`libcuda`).
     ///
     /// # Errors
@@ -141,33 +143,28 @@ impl Context {
     /// Logical-endpoint calls on a driver older than 13.3 later fail with
     /// [`Error::Unsupported`], naming the call and the driver version.
     pub fn cuda() -> Result<Context> {
-        Ok(Context::new(crate::driver::cuda::Cuda::open()?))
+        Ok(Context::new(Cuda::open()?))
     }
 
-    /// The real driver with the backend [`decide`](crate::decide) picks for a multicast team
-    /// on `devices`: `Cuda` for logical endpoints, `Classic` over `Cuda` for
-    /// the classic fallback. Nothing is created to decide.
+    /// A context over `driver` with the backend [`decide`] picks for a
+    /// multicast team on `devices`: the driver itself for logical endpoints,
+    /// [`Classic`] over it for the classic fallback; and the decision.
+    /// Nothing is created to decide. On the real driver:
+    /// `Context::auto(Cuda::open()?, &team, &policy)`
+    /// ([`Cuda`](crate::driver::cuda::Cuda)).
     ///
     /// # Errors
-    /// [`Error::NoDriver`] without `libcuda`; [`Error::Unsupported`] when
-    /// neither backend works for this team (the message lists why).
-    pub fn auto(devices: &[Device], policy: &Policy) -> Result<(Context, Decision)> {
-        Context::auto_over(Arc::new(Cuda::open()?), devices, policy)
-    }
-
-    /// As [`Context::auto`], over any driver (the model, a [`crate::driver::Traced`]
-    /// real driver).
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] when neither backend works for this team.
-    pub fn auto_over(
-        driver: Arc<dyn Driver>,
+    /// [`Error::Unsupported`] when neither backend works for this team (the
+    /// message lists why).
+    pub fn auto(
+        driver: impl Driver + 'static,
         devices: &[Device],
         policy: &Policy,
     ) -> Result<(Context, Decision)> {
+        let driver = shared(driver);
         let decision = decide(&*driver, devices, policy);
         let ctx = match &decision.choice {
-            BackendChoice::LogicalEndpoints => Context::from_arc(driver),
+            BackendChoice::LogicalEndpoints => Context::new(driver),
             BackendChoice::Classic => Context::new(Classic::new(driver)),
             BackendChoice::Unsupported(why) => {
                 return Err(Error::unsupported(

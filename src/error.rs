@@ -1,7 +1,9 @@
-//! The crate's error type, [`Error`], and the enums its variants carry so
-//! that callers match on values, not strings: the [`Rule`] of the driver
-//! contract behind a refusal, the [`Role`] a device lacked, the [`Arg`] that
-//! was wrong, the [`Feature`] a driver or backend does not have.
+//! The crate's error type, [`Error`] (with [`Failed`] and [`Result`], all
+//! three also at the crate root), and the details its variants carry so that
+//! callers match on values, not strings: the [`Rule`] of the driver contract
+//! behind a refusal, the [`Role`] a device lacked, the [`Arg`] that was
+//! wrong, the [`Alignment`] or [`Extent`] it broke, the [`Answer`] a driver
+//! gave that made no sense, the [`Feature`] a driver or backend does not have.
 //!
 //! Every message names the value, the rule and the fix; none formats through
 //! the driver. The predicates [`Error::is_unsupported`],
@@ -819,7 +821,7 @@ pub enum Error {
     ImportMismatch {
         /// The size the importer declared, bytes.
         declared: u64,
-        /// The handle type the importer declared (`PosixFd`, `Fabric`).
+        /// The handle type the importer declared (`PosixFd`, `FabricShareable`).
         share: &'static str,
         /// What the driver reported instead.
         problem: String,

@@ -24,7 +24,7 @@ use crate::Context;
 /// As [`open`].
 pub fn connect(join: &Join) -> Result<(Context, Process), FabricError> {
     let me = open(join)?;
-    Ok((Context::from_arc(me.remote()), me))
+    Ok((Context::new(me.remote()), me))
 }
 
 /// Joins the fabric named by [`FABRIC_ENV`] ([`Join::from_env`]); `Ok(None)`

@@ -124,9 +124,9 @@ pub mod reading_the_compiler {
     //! | `bind` on an imported unicast endpoint | an imported unicast endpoint accepts no memory: binding on it is not allowed | bind in the exporting process; here, pass `kernel_ref()` to kernels | R5.7 | `memory_bind_on_imported_unicast` |
     //! | `bind` on an imported team by hand, before the wait (and so before every rank enrolled) | the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `Pending` | use `team::multicast`, whose agreement steps order enrollment, wait and bind across ranks; by hand, `.wait(timeout)` first | R3.1, R3.2, R4.4 | `team_bind_before_agreement` |
     //! | a copy (`put`, `get`, `put_host`, `get_host`) through `team.endpoint()` or `peers.peer(r)` before the ranks agreed that every rank bound | no copy through a team's endpoint before its ranks agreed that every rank bound its memory (R13.3): this endpoint is `TeamReady` | bind, then `team.agree_bound(&boot, timeout)?` on every rank, and copy through the endpoints of what it returns | R13.3 | `team_copy_before_agree_bound` |
-    //! | `Allocation::<Private>` bound on the endpoint of a `team::multicast` bring-up | `Private` memory cannot be bound here: this `SharedMulticast` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<Fabric>` | R5.6 | `team_shared_private_memory` |
+    //! | `Allocation::<Private>` bound on the endpoint of a `team::multicast` bring-up | `Private` memory cannot be bound here: this `SharedMulticast` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<FabricShareable>` | R5.6 | `team_shared_private_memory` |
     //! | the owning form used after `unbind_all` | `E0382` borrow of moved value: `window` ... `unbind_all` takes ownership of the receiver | keep what `unbind_all` handed back (the endpoint and the memory) and bind on the endpoint, or build a new owning form with `into_bound()` | R6, R7 | `team_owned_after_unbind_all` |
-    //! | `Allocation::<Private>` bound on an endpoint made with `.exportable()` | `Private` memory cannot be bound here: this `cuda_endpoints::Multicast<Exportable>` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<Fabric>` | R5.6 | `memory_private_on_exportable` |
+    //! | `Allocation::<Private>` bound on an endpoint made with `.exportable()` | `Private` memory cannot be bound here: this `cuda_endpoints::Multicast<Exportable>` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<FabricShareable>` | R5.6 | `memory_private_on_exportable` |
     //! | `Allocation::<Private>` bound on an imported multicast endpoint | the same, for `ImportedMulticast` | the same | R5.6 | `memory_private_on_imported_multicast` |
     //! | `export()` on an endpoint created without `.exportable()` | `export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `Local` | create from `spec.exportable()` | R8.1 | `share_export_not_exportable` |
     //! | `export()` on an imported endpoint | the same, for `ImportedUnicast` | pass on the handle it was imported from | R8.1 | `share_export_imported` |
@@ -200,7 +200,7 @@ pub mod reading_the_compiler {
     //!
     //! - `Allocation::on_device(..)` without a handle type gives `E0283` type
     //!   annotations needed for `Allocation<_>`: write
-    //!   `Allocation::<Private>::on_device(..)` (or `PosixFd`, `Fabric` for
+    //!   `Allocation::<Private>::on_device(..)` (or `PosixFd`, `FabricShareable` for
     //!   memory that exportable or imported multicast endpoints bind).
     //! - `Spec::team(4, bytes)` with a plain number: the first error says
     //!   what to write ("the team size must be a typenum number such as

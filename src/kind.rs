@@ -12,7 +12,7 @@ use std::ops::Add;
 
 use typenum::{Add1, B1, Eq, Gr, IsEqual, IsGreater, IsLess, Le, U0, Unsigned};
 
-use crate::memory::{Fabric, MemShare, PosixFd};
+use crate::memory::{FabricShareable, MemShare, PosixFd};
 use crate::state::{Pending, Ready, Reserved, Sealed};
 
 /// Whether an endpoint is created with fabric IPC handles (R2.4, R8).
@@ -374,7 +374,7 @@ impl<N, E, X, H: MemShare> Accepts<H> for Team<N, E, X> where Team<N, E, X>: Kin
 impl<X: Sharing> CanBind for SpreadTeam<X> {}
 impl<H: MemShare> Accepts<H> for SpreadTeam<Local> {}
 impl Accepts<PosixFd> for SpreadTeam<Exportable> {}
-impl Accepts<Fabric> for SpreadTeam<Exportable> {}
+impl Accepts<FabricShareable> for SpreadTeam<Exportable> {}
 // A `Reserved` id (`NoKind`) never becomes `Ready`, and `bind` refuses it by
 // its state (`IsReady`): these impls add nothing, so that the compiler reports
 // that one error instead of two more about the kind.
@@ -387,15 +387,15 @@ impl<H: MemShare> Accepts<H> for NoKind {}
 #[diagnostic::on_unimplemented(
     message = "`{H}` memory cannot be bound here: this `{Self}` endpoint takes only externally shareable memory",
     label = "`{H}` allocations are not shareable",
-    note = "exportable endpoints (unicast or multicast), imported multicast endpoints and the team endpoints a bring-up shares among ranks accept only allocations made with a shareable handle type (R5.6): allocate with `PosixFd` or `Fabric` instead of `Private`"
+    note = "exportable endpoints (unicast or multicast), imported multicast endpoints and the team endpoints a bring-up shares among ranks accept only allocations made with a shareable handle type (R5.6): allocate with `PosixFd` or `FabricShareable` instead of `Private`"
 )]
 pub trait Accepts<H: MemShare>: Kind {}
 impl<H: MemShare> Accepts<H> for Unicast<Local> {}
 impl<H: MemShare> Accepts<H> for Multicast<Local> {}
 impl<H: MemShare> Accepts<H> for ImportedUnicast {}
 impl Accepts<PosixFd> for Unicast<Exportable> {}
-impl Accepts<Fabric> for Unicast<Exportable> {}
+impl Accepts<FabricShareable> for Unicast<Exportable> {}
 impl Accepts<PosixFd> for Multicast<Exportable> {}
-impl Accepts<Fabric> for Multicast<Exportable> {}
+impl Accepts<FabricShareable> for Multicast<Exportable> {}
 impl Accepts<PosixFd> for ImportedMulticast {}
-impl Accepts<Fabric> for ImportedMulticast {}
+impl Accepts<FabricShareable> for ImportedMulticast {}

@@ -7,19 +7,21 @@
     clippy::missing_safety_doc
 )]
 
-// Modules are private: the API is what this file re-exports, plus the public
-// modules `driver` (for writing backends and wrappers), `bootstrap` (byte
-// exchange among ranks), `model` (the
-// reference model), `bounds` (the traits behind the typestate's `where`
-// clauses) and `guide` (documentation only).
-mod backend;
+// The root holds the lifecycle; every other item is in one public module:
+// `backend` (which backend a machine gets), `probe` (what a device supports),
+// `error` (the details errors carry), `driver` (for writing backends and
+// wrappers), `bootstrap` (byte exchange among ranks), `team` (bring-ups),
+// `model` (the reference model), `fabric` (the model fabric), `bounds` (the
+// traits behind the typestate's `where` clauses) and `guide` (documentation
+// only). The other modules are private and re-exported here.
+pub mod backend;
 mod binding;
 mod context;
 mod copy;
 pub mod driver;
 mod endpoint;
 mod erased;
-mod error;
+pub mod error;
 #[cfg(feature = "fabric")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fabric")))]
 pub mod fabric;
@@ -34,7 +36,7 @@ pub use cuda_endpoints_model as model;
 mod multicast_mapping;
 mod owned;
 mod portable;
-mod probe;
+pub mod probe;
 mod range;
 mod ready;
 mod sharing;
@@ -44,31 +46,27 @@ mod stream;
 pub mod team;
 mod unwind;
 
-pub use backend::{BackendChoice, CLASSIC_ENV, Decision, DeviceSupport, Force, Policy, decide};
 pub use binding::Binding;
 pub use context::Context;
 pub use copy::{CanGet, Completed, CopyBatch, InFlight};
 pub use cuda_endpoints_bootstrap as bootstrap;
-pub use cuda_endpoints_driver::for_each_driver_call;
 pub use driver::{Call, Code, Device, Driver, Limits, Location};
 pub use endpoint::{Endpoint, Readiness};
-// Every item of `error` is for users to match on.
 pub use erased::DynEndpoint;
-pub use error::*;
+pub use error::{Error, Failed, Result};
 pub use graph::CopyGraph;
 pub use kernel::EndpointRef;
 pub use kind::{
     Exportable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind, SpreadTeam, Team,
     Unicast,
 };
-pub use memory::{Allocation, Fabric, Mapped, PosixFd, Private};
+pub use memory::{Allocation, FabricShareable, Mapped, PosixFd, Private};
 pub use multicast_mapping::MulticastMapping;
 pub use owned::BoundEndpoint;
 pub use portable::CopyPath;
-pub use probe::{Bytes, Capabilities, MemInfo, Probed, VmmGranularity, YesNo};
 pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};
-pub use sharing::{FabricHandle, WIRE_LEN as FABRIC_HANDLE_WIRE_LEN};
+pub use sharing::FabricHandle;
 pub use spec::Spec;
 pub use state::{Pending, Ready, Reserved, TeamReady};
 pub use stream::{Event, Stream};

@@ -37,10 +37,10 @@ pub struct Private;
 pub struct PosixFd;
 /// Shareable as a fabric handle, across nodes (needs the fabric daemon).
 #[derive(Debug)]
-pub struct Fabric;
+pub struct FabricShareable;
 impl Sealed for Private {}
 impl Sealed for PosixFd {}
-impl Sealed for Fabric {}
+impl Sealed for FabricShareable {}
 impl MemShare for Private {
     const BITS: u32 = handle_bits::NONE;
     const NAME: &'static str = "Private";
@@ -49,9 +49,9 @@ impl MemShare for PosixFd {
     const BITS: u32 = handle_bits::POSIX_FD;
     const NAME: &'static str = "PosixFd";
 }
-impl MemShare for Fabric {
+impl MemShare for FabricShareable {
     const BITS: u32 = handle_bits::FABRIC;
-    const NAME: &'static str = "Fabric";
+    const NAME: &'static str = "FabricShareable";
 }
 
 /// The allocation itself, shared by its owner and the bindings that use it.
@@ -79,7 +79,7 @@ impl Drop for AllocInner {
 /// A pinned VMM allocation made with `cuMemCreate`, bindable by handle
 /// (`cuLogicalEndpointBindMem`, R5).
 ///
-/// `H` is its shareable handle type: [`Private`], [`PosixFd`] or [`Fabric`].
+/// `H` is its shareable handle type: [`Private`], [`PosixFd`] or [`FabricShareable`].
 /// Dropping it releases the handle (`cuMemRelease`) once no binding uses it.
 pub struct Allocation<H: MemShare = Private> {
     inner: Arc<AllocInner>,
@@ -521,7 +521,7 @@ impl Allocation<PosixFd> {
     }
 }
 
-impl Allocation<Fabric> {
+impl Allocation<FabricShareable> {
     /// Exports the allocation as the 64 bytes of a fabric handle
     /// (`cuMemExportToShareableHandle`, C5), for processes of any node of
     /// the fabric that have an IMEX channel (R12.4).
@@ -653,7 +653,7 @@ impl Mapped<PosixFd> {
     }
 }
 
-impl Mapped<Fabric> {
+impl Mapped<FabricShareable> {
     /// As [`Allocation::export_fabric`], for the mapped allocation.
     ///
     /// # Errors

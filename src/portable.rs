@@ -12,7 +12,7 @@
 //!   bound at an endpoint offset on each target (the owner of a unicast
 //!   endpoint, every member of a multicast team). A window is
 //!   `(member, endpoint offset, size, local address)`, kept in the id's range
-//!   beside its bindings (`range::Shared`), and made
+//!   beside its bindings (`range::Attachments`), and made
 //!   (a) by a bind of `Mapped` memory in this process (or a raw address),
 //!   removed with its unbind, and
 //!   (b) for a member in another process, by
@@ -187,7 +187,7 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
     /// process reaches the memory that `device` of the process `rank` bound
     /// at `offset` of this endpoint: `mem`, that memory imported here
     /// (`Allocation::<PosixFd>::import_fd` within a node,
-    /// `Allocation::<Fabric>::import_fabric` across, R12.4) and mapped with
+    /// `Allocation::<FabricShareable>::import_fabric` across, R12.4) and mapped with
     /// access for the devices this process copies on. It covers
     /// `offset..offset + mem.size()`.
     ///

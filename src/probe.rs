@@ -1,6 +1,8 @@
-//! [`Capabilities`]: what one device of a backend supports, read without
-//! creating anything that matters (attribute reads, granularity queries,
-//! `cuMemGetInfo`), for reports and for deciding what to run.
+//! Probing: [`Capabilities`], what one device of a backend supports, read
+//! without creating anything that matters (attribute reads, granularity
+//! queries, `cuMemGetInfo`), for reports and for deciding what to run; and
+//! the types of its fields ([`Probed`], [`MemInfo`], [`VmmGranularity`]),
+//! which print byte counts with their unit and flags as yes/no.
 //!
 //! Probing never fails: every field is [`Probed::Known`] or
 //! [`Probed::Unknown`] with the reason (usually the driver's code, e.g.
@@ -12,7 +14,7 @@
 //! # #[cfg(feature = "model")] {
 //! use cuda_endpoints::{Context, Device};
 //! use cuda_endpoints::model::ModelConfig;
-//! use cuda_endpoints::Capabilities;
+//! use cuda_endpoints::probe::Capabilities;
 //!
 //! let (ctx, _model) = Context::model(ModelConfig::cuda_13_0(1));
 //! let caps = Capabilities::probe(&ctx, Device(0));
@@ -82,7 +84,7 @@ impl<T: fmt::Display> fmt::Display for Probed<T> {
 
 /// A yes/no capability in words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct YesNo(pub bool);
+pub(crate) struct YesNo(pub(crate) bool);
 
 impl fmt::Display for YesNo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -92,7 +94,7 @@ impl fmt::Display for YesNo {
 
 /// A byte count printed with its unit (`2 MiB`, `139.8 GiB`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Bytes(pub u64);
+pub(crate) struct Bytes(pub(crate) u64);
 
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

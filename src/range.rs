@@ -91,7 +91,7 @@ impl Slot {
 /// a second time (R9). Few ids of a range have one, so they are a list, not
 /// a field of every record.
 #[derive(Default)]
-struct Shared {
+struct Attachments {
     fabric: Vec<(u32, [u8; 64])>,
     /// The portable path's windows of each id (`crate::portable`): few ids
     /// have one, so a list beside the fabric handles, not a record field.
@@ -103,7 +103,7 @@ struct Shared {
 /// of kept-alive memory (as every caller does), or a second one on the same
 /// thread would wait for ever.
 pub(crate) struct SlotGuard<'a> {
-    shared: MutexGuard<'a, Shared>,
+    shared: MutexGuard<'a, Attachments>,
     id: u32,
     /// Into the id's record; valid, and only reached through this guard,
     /// while `shared` holds the lock.
@@ -173,7 +173,7 @@ impl SlotGuard<'_> {
     }
 }
 
-fn take_fabric(shared: &mut Shared, id: u32) -> Option<[u8; 64]> {
+fn take_fabric(shared: &mut Attachments, id: u32) -> Option<[u8; 64]> {
     let i = shared.fabric.iter().position(|(i, _)| *i == id)?;
     Some(shared.fabric.swap_remove(i).1)
 }
@@ -231,7 +231,7 @@ pub(crate) struct RangeInner {
     pub base: u32,
     pub count: u32,
     /// The lock of every slot of the range, and the fabric handles.
-    lock: Mutex<Shared>,
+    lock: Mutex<Attachments>,
     /// Inline for one id: `reserve_one` makes a single allocation. Else
     /// allocated at the exact count.
     records: SmallVec<[Record; 1]>,

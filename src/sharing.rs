@@ -13,7 +13,7 @@ use crate::kind::CanExport;
 
 const MAGIC: &[u8; 4] = b"CEFH";
 /// Bytes of [`FabricHandle::to_bytes`].
-pub const WIRE_LEN: usize = 4 + 1 + 1 + 8 + 8 + 4 + 64 + 8;
+pub(crate) const WIRE_LEN: usize = 4 + 1 + 1 + 8 + 8 + 4 + 64 + 8;
 /// Where the checksum starts.
 const SUM_AT: usize = WIRE_LEN - 8;
 
@@ -48,6 +48,10 @@ impl<K: CanExport> std::fmt::Debug for FabricHandle<K> {
 }
 
 impl<K> FabricHandle<K> {
+    /// Bytes of the wire form ([`FabricHandle::to_bytes`]), the same for
+    /// every kind.
+    pub const WIRE_LEN: usize = WIRE_LEN;
+
     // Not bound by `CanExport`: `export` asks `HasFabricHandles` of the
     // kind's origin instead, for a message that names it (every kind whose
     // origin is `Exportable` is `CanExport`).
@@ -85,7 +89,7 @@ impl<K: CanExport> FabricHandle<K> {
     /// The wire form: magic, version, kind, size, alignment, team size (all
     /// little-endian), the driver's 64 bytes, then a 64-bit FNV-1a checksum
     /// of all that, so that bytes damaged on the way are refused before they
-    /// reach the driver or the typed checks. [`WIRE_LEN`] bytes. (A checksum,
+    /// reach the driver or the typed checks. [`WIRE_LEN`](Self::WIRE_LEN) bytes. (A checksum,
     /// not a signature: the driver still validates the handle itself, R9.4.)
     pub fn to_bytes(&self) -> [u8; WIRE_LEN] {
         let mut out = [0u8; WIRE_LEN];

@@ -47,26 +47,11 @@ fn on_every_rank<R: Send>(
     contexts: &[(Context, Model)],
     f: impl Fn(usize, &Context, &dyn Bootstrap) -> R + Sync,
 ) -> Vec<(R, usize)> {
-    let boots = Threads::new(contexts.len());
-    std::thread::scope(|s| {
-        let handles: Vec<_> = contexts
-            .iter()
-            .zip(boots)
-            .enumerate()
-            .map(|(r, ((ctx, _), boot))| {
-                let f = &f;
-                s.spawn(move || {
-                    let n = Arc::new(AtomicUsize::new(0));
-                    let sub = tracing_subscriber::registry().with(Attempts(n.clone()));
-                    let out = tracing::subscriber::with_default(sub, || f(r, ctx, &boot));
-                    (out, n.load(Ordering::Relaxed))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank panicked"))
-            .collect()
+    common::on_every_rank(contexts, Threads::new(contexts.len()), |r, ctx, _, boot| {
+        let n = Arc::new(AtomicUsize::new(0));
+        let sub = tracing_subscriber::registry().with(Attempts(n.clone()));
+        let out = tracing::subscriber::with_default(sub, || f(r, ctx, boot));
+        (out, n.load(Ordering::Relaxed))
     })
 }
 

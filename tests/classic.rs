@@ -11,8 +11,8 @@ mod backend;
 use std::time::Duration;
 
 use backend::{Inspect, Probe};
-use cuda_endpoints::Feature;
 use cuda_endpoints::driver::{Classic, Granularity};
+use cuda_endpoints::error::Feature;
 use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::typenum::{U2, U4};
 use cuda_endpoints::{
@@ -273,7 +273,7 @@ fn a_team_device_without_multicast_is_refused_before_create() {
     let mut classic = None;
     let (_ctx, model) = backend::context_over(cfg, |raw| {
         classic = Some(Classic::new(raw.clone()));
-        Context::from_arc(raw)
+        Context::new(raw)
     });
     let classic = classic.unwrap();
     let prop = Spec::multicast(&[Device(0), Device(1)], 2 * MIB).props();

@@ -18,9 +18,11 @@ use cuda_endpoints::driver::{Classic, Family, Traced};
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
 use cuda_endpoints::team::{self, PeerSpec};
 use cuda_endpoints::{
-    Allocation, Call, Context, CopyBatch, CopyPath, Endpoint, Error, Exportable, FabricHandle,
-    Feature, Mapped, PosixFd, Ready, Spec, Stream, Unicast,
+    Allocation, Call, Context, CopyBatch, CopyPath, Error, Mapped, PosixFd, Spec, Stream,
+    error::Feature,
 };
+
+use common::portable::pattern;
 
 const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(5);
@@ -38,13 +40,6 @@ fn h200_like(devices: usize) -> ModelConfig {
 fn classic_over(model: &Model) -> (Context, Arc<Traced<Model>>) {
     let traced = Arc::new(Traced::new(model.clone()));
     (Context::new(Classic::new(traced.clone())), traced)
-}
-
-/// `n` bytes that differ from their neighbours and from other seeds'.
-fn pattern(seed: u8, n: usize) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i % 251) as u8 ^ seed.wrapping_mul(37))
-        .collect()
 }
 
 /// Nothing but VMM, base and stream calls reached the driver: no
@@ -70,10 +65,7 @@ fn only_portable_calls(t: &Traced<Model>) {
 }
 
 fn mapped_fd(ctx: &Context, dev: i32) -> Mapped<PosixFd> {
-    Allocation::<PosixFd>::on_device(ctx, dev, ALIGN)
-        .unwrap()
-        .map(&[dev])
-        .unwrap()
+    common::mapped(ctx, dev, ALIGN)
 }
 
 #[test]
@@ -175,108 +167,18 @@ fn classic_unicast_refuses_counted_ops_and_memory_on_another_device() {
     common::clean(&ctx, &model);
 }
 
-/// One process of the two: its own exportable unicast endpoint with memory
-/// bound, and what the other needs to reach it.
-struct Side {
-    ctx: Context,
-    trace: Arc<Traced<Model>>,
-    dev: i32,
-    ep: Endpoint<Ready, Unicast<Exportable>>,
-    mem: Mapped<PosixFd>,
-}
-
 #[test]
 fn two_classic_processes_put_into_and_get_from_each_other_through_posix_fd_windows() {
     let a = Model::fabric(FabricConfig::single(h200_like(1)));
     let b = a.spawn_process();
-    let sides: Vec<Side> = [&a, &b]
-        .into_iter()
-        .map(|m| {
-            // Both processes on GPU 0, as on the lent H200.
-            let (ctx, trace) = classic_over(m);
-            let ep = ctx
-                .reserve_one()
-                .unwrap()
-                .create(Spec::unicast(0, ALIGN).exportable())
-                .unwrap()
-                .wait(T)
-                .unwrap();
-            let mem = mapped_fd(&ctx, 0);
-            Side {
-                ctx,
-                trace,
-                dev: 0,
-                ep,
-                mem,
-            }
-        })
-        .collect();
-    let bindings: Vec<_> = sides
-        .iter()
-        .map(|s| s.ep.bind(s.dev, 0, &s.mem).unwrap())
-        .collect();
-    // Each imports the other's endpoint (a ticket: bookkeeping) and its
-    // memory (by POSIX descriptor), maps it, and registers the window.
-    let peers: Vec<_> = (0..2)
-        .map(|me| {
-            let (mine, theirs) = (&sides[me], &sides[1 - me]);
-            let h = FabricHandle::<Unicast<Exportable>>::from_bytes(
-                &theirs.ep.export().unwrap().to_bytes(),
-            )
-            .unwrap();
-            let ep = mine
-                .ctx
-                .reserve_one()
-                .unwrap()
-                .import(&h)
-                .unwrap()
-                .wait(T)
-                .unwrap();
-            let fd = theirs.mem.export_fd().unwrap();
-            let window = Allocation::<PosixFd>::import_fd(&mine.ctx, &fd, ALIGN)
-                .unwrap()
-                .map(&[mine.dev])
-                .unwrap();
-            drop(fd);
-            ep.add_peer_window(1 - me as u32, theirs.dev, 0, &window)
-                .unwrap();
-            drop(window); // the endpoint keeps the mapping
-            ep
-        })
-        .collect();
-    for me in 0..2 {
-        let (mine, theirs) = (&sides[me], &sides[1 - me]);
-        let other = if me == 0 { &b } else { &a };
-        assert_eq!(mine.ctx.copy_path(), CopyPath::Portable);
-        let stream = Stream::new(&mine.ctx, mine.dev).unwrap();
-        let bytes = pattern(10 + me as u8, 65536);
-        let offset = 4096 * (1 + me as u64);
-        stream
-            .enqueue(CopyBatch::new().put_host(bytes.clone(), &peers[me], offset))
-            .unwrap()
-            .wait()
-            .unwrap();
-        assert_eq!(
-            other
-                .read(theirs.mem.device_ptr() + offset, bytes.len())
-                .unwrap(),
-            bytes,
-            "the owner sees every byte in the memory it bound"
-        );
-        let got = stream
-            .enqueue(CopyBatch::new().get_host(&peers[me], offset, 65536))
-            .unwrap()
-            .wait()
-            .unwrap();
-        assert_eq!(got.received, vec![bytes]);
-    }
-    drop(peers);
-    drop(bindings);
-    for s in sides {
-        assert!(s.ctx.take_teardown_errors().is_empty());
-        assert!(s.trace.count(Call::MemcpyAsync) >= 2);
-        only_portable_calls(&s.trace);
-        drop(s);
+    // Both processes on GPU 0, as on the lent H200.
+    let (ca, ta) = classic_over(&a);
+    let (cb, tb) = classic_over(&b);
+    common::portable::put_and_get_through_posix_fd_windows([&a, &b], [(&ca, 0), (&cb, 0)]);
+    for (ctx, trace) in [(ca, ta), (cb, tb)] {
+        assert!(ctx.take_teardown_errors().is_empty());
+        assert!(trace.count(Call::MemcpyAsync) >= 2);
+        only_portable_calls(&trace);
     }
     assert!(a.live().is_empty() && b.live().is_empty());
     common::fabric_idle(&a);

@@ -26,30 +26,7 @@ const MAX: u64 = 4 * CHUNK;
 const T: Duration = Duration::from_secs(10);
 
 use common::node_processes as processes;
-
-/// Runs `f(rank, ctx, model, boot)` on every rank, each on its own thread,
-/// over `boots`.
-fn on_every_rank<R: Send, B: Bootstrap + Send>(
-    contexts: &[(Context, Model)],
-    boots: Vec<B>,
-    f: impl Fn(usize, &Context, &Model, &dyn Bootstrap) -> R + Sync,
-) -> Vec<R> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = contexts
-            .iter()
-            .zip(boots)
-            .enumerate()
-            .map(|(r, ((ctx, model), boot))| {
-                let f = &f;
-                s.spawn(move || f(r, ctx, model, &boot))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank panicked"))
-            .collect()
-    })
-}
+use common::on_every_rank;
 
 fn chunk(ctx: &Context, dev: i32) -> Mapped<PosixFd> {
     Allocation::<PosixFd>::on_device(ctx, dev, CHUNK)

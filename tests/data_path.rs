@@ -22,8 +22,8 @@ use backend::Probe;
 use cuda_endpoints::driver::{CopyOp, Operand, Pointer};
 use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::{
-    Allocation, Binding, Code, Context, Device, Driver, Endpoint, Mapped, Multicast, Private,
-    Ready, Spec, Unicast,
+    Binding, Code, Context, Device, Driver, Endpoint, Mapped, Multicast, Private, Ready, Spec,
+    Unicast,
 };
 
 const ALIGN: u64 = 2 << 20;
@@ -67,10 +67,7 @@ fn team(ctx: &Context, size: u64) -> Endpoint<Ready, Multicast> {
 }
 
 fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
-    Allocation::<Private>::on_device(ctx, dev, ALIGN)
-        .unwrap()
-        .map(&[dev])
-        .unwrap()
+    common::mapped(ctx, dev, ALIGN)
 }
 
 fn put(src: u64, id: u32, offset: u64, size: u64) -> CopyOp {
@@ -742,14 +739,14 @@ fn f7_typed_copy_on_a_13_4_driver_is_unsupported_naming_the_driver_version_and_t
         matches!(
             e,
             cuda_endpoints::Error::Unsupported {
-                feature: cuda_endpoints::Feature::FabricCopy,
+                feature: cuda_endpoints::error::Feature::FabricCopy,
                 driver_version: Some(13040),
                 ..
             }
         ),
         "{e:?}"
     );
-    assert_eq!(e.rule(), Some(cuda_endpoints::Rule::F7));
+    assert_eq!(e.rule(), Some(cuda_endpoints::error::Rule::F7));
     let text = e.to_string();
     for words in [
         "unsupported",

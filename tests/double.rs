@@ -202,7 +202,7 @@ fn attribute_158_only_on_13_5() {
 /// value; on 13.3 (`INVALID_VALUE`) the create goes ahead.
 #[test]
 fn attribute_158_without_fabric_refuses_an_exportable_create_before_the_driver() {
-    use cuda_endpoints::Feature;
+    use cuda_endpoints::error::Feature;
     for version in [13050, 13030] {
         let mut cfg = ModelConfig::node(2).with_devices(|i, d| d.le_fabric_handles = i != 1);
         cfg.driver_version = version;
@@ -808,7 +808,7 @@ fn child_fabric_switched_off() {
 
 #[test]
 fn memory_shared_by_descriptor_and_fabric_bytes_crosses_the_abi() {
-    use cuda_endpoints::{Fabric, PosixFd};
+    use cuda_endpoints::{FabricShareable, PosixFd};
     let Some((ctx, probe, _lib)) = on_double(ModelConfig::node(2)) else {
         return;
     };
@@ -819,9 +819,9 @@ fn memory_shared_by_descriptor_and_fabric_bytes_crosses_the_abi() {
     let again = Allocation::<PosixFd>::import_fd(&ctx, &fd, mem.size()).unwrap();
     assert_eq!(again.location(), mem.location());
     // Fabric handles: 64 bytes through the out-parameter and back.
-    let fab = Allocation::<Fabric>::on_device(&ctx, 0, 2 * MIB).unwrap();
+    let fab = Allocation::<FabricShareable>::on_device(&ctx, 0, 2 * MIB).unwrap();
     let bytes = fab.export_fabric().unwrap();
-    let back = Allocation::<Fabric>::import_fabric(&ctx, &bytes, fab.size()).unwrap();
+    let back = Allocation::<FabricShareable>::import_fabric(&ctx, &bytes, fab.size()).unwrap();
     assert_eq!(back.size(), fab.size());
     drop((again, fd, mem, back, fab));
     assert_clean(&probe);

@@ -226,7 +226,8 @@ fn child_role() {
             let path = format!("/proc/{}/fd/{}", std::process::id(), real.as_raw_fd());
             say("fdpath", &path);
             let fab =
-                Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), ALIGN).unwrap();
+                Allocation::<cuda_endpoints::FabricShareable>::on_device(&ctx, Device(0), ALIGN)
+                    .unwrap();
             let token = me
                 .export_shareable(fab.handle(), ShareableKind::Fabric)
                 .unwrap();

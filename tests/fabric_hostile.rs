@@ -95,7 +95,8 @@ fn child_role() {
             me.export_shareable(mem.handle(), ShareableKind::PosixFd)
                 .unwrap();
             let fab =
-                Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), ALIGN).unwrap();
+                Allocation::<cuda_endpoints::FabricShareable>::on_device(&ctx, Device(0), ALIGN)
+                    .unwrap();
             me.export_shareable(fab.handle(), ShareableKind::Fabric)
                 .unwrap();
             say("ready", "");
@@ -259,7 +260,8 @@ fn shareable_tokens_cannot_be_guessed_and_strings_of_another_fabric_are_refused(
     victim.expect("ready");
     let (ctx, me) = fabric::connect(&server.join().timeout(T)).unwrap();
     let mem = Allocation::<PosixFd>::on_device(&ctx, Device(0), ALIGN).unwrap();
-    let fab = Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), ALIGN).unwrap();
+    let fab =
+        Allocation::<cuda_endpoints::FabricShareable>::on_device(&ctx, Device(0), ALIGN).unwrap();
     for (handle, kind) in [
         (mem.handle(), ShareableKind::PosixFd),
         (fab.handle(), ShareableKind::Fabric),
@@ -279,7 +281,8 @@ fn shareable_tokens_cannot_be_guessed_and_strings_of_another_fabric_are_refused(
     // Bytes of another fabric: refused, not taken for this one's.
     let other = FabricServer::start(FabricConfig::nodes(1, 2)).unwrap();
     let (octx, ome) = fabric::connect(&other.join().timeout(T)).unwrap();
-    let ofab = Allocation::<cuda_endpoints::Fabric>::on_device(&octx, Device(0), ALIGN).unwrap();
+    let ofab =
+        Allocation::<cuda_endpoints::FabricShareable>::on_device(&octx, Device(0), ALIGN).unwrap();
     // SAFETY: exporting a live allocation of this process.
     let foreign = unsafe {
         ome.remote()

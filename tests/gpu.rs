@@ -38,15 +38,15 @@ use std::sync::{Arc, Once};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use cuda_endpoints::Capabilities;
+use cuda_endpoints::backend::{BackendChoice, Policy, decide};
 use cuda_endpoints::driver::cuda::{self, Cuda};
 use cuda_endpoints::driver::{
     AllocationRequest, Classic, Granularity, Location, Traced, handle_bits,
 };
+use cuda_endpoints::probe::Capabilities;
 use cuda_endpoints::{
-    Allocation, Call, Code, Context, Device, Error, Fabric, PosixFd, Private, Spec,
+    Allocation, Call, Code, Context, Device, Error, FabricShareable, PosixFd, Private, Spec,
 };
-use cuda_endpoints::{BackendChoice, Policy, decide};
 
 /// Denies `cuMulticastCreate` for the whole process, once, before anything
 /// else; then checks that it is denied.
@@ -207,7 +207,7 @@ fn allocations_of_each_handle_type() {
         // Fabric: works with a fabric daemon; refused without one (the H200
         // test machine), either at cuMemCreate or already at the granularity
         // query.
-        match Allocation::<Fabric>::on_device(&ctx, dev, size) {
+        match Allocation::<FabricShareable>::on_device(&ctx, dev, size) {
             Ok(f) => println!("{dev}: Fabric allocation of {} bytes: ok", f.size()),
             Err(Error::FabricNotPermitted { device, call }) => {
                 assert_eq!(device, dev);
@@ -366,7 +366,7 @@ fn logical_endpoints_unsupported_with_the_driver_version() {
                 "driver {version} should have logical endpoints"
             );
             assert_eq!(driver_version, Some(version));
-            assert_eq!(feature, cuda_endpoints::Feature::LogicalEndpoints);
+            assert_eq!(feature, cuda_endpoints::error::Feature::LogicalEndpoints);
             println!("reserve on driver {version}: Unsupported: {feature}: {detail}");
         }
         Ok(range) => {
@@ -517,7 +517,7 @@ fn multi_gpu_backend_choice_with_classic_switched_off() {
             };
             assert!(why.contains("switched off"), "{why}");
         }
-        let e = Context::auto_over(traced.clone(), &devices, &off).unwrap_err();
+        let e = Context::auto(traced.clone(), &devices, &off).unwrap_err();
         assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     }
     assert!(!traced.reached(Call::MulticastCreate));
@@ -560,11 +560,98 @@ fn multi_gpu_runtime_team_from_the_devices() {
     leak.check(&ctx, 1);
 }
 
+// ------------------------------------------------- two child ranks
+
+/// The environment of a child rank: its rank, and the directory the two
+/// ranks of one run share (the bootstrap id file).
+const RANK_VAR: &str = "CUDA_ENDPOINTS_GPU_RANK";
+const DIR_VAR: &str = "CUDA_ENDPOINTS_GPU_DIR";
+
+/// Runs the test `entry` as two child ranks of this binary (with `envs`
+/// besides their rank and directory), prints each rank's lines that start
+/// with `tag:` (behind `label`), and asserts that both exited 0 after
+/// printing `{tag}: done`.
+fn two_ranks(entry: &str, tag: &str, label: &str, envs: &[(&str, String)]) {
+    let dir = std::env::temp_dir().join(format!(
+        "cuda-endpoints-gpu-{tag}-{}-{label}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut ranks = children::Children::default();
+    for r in 0..2 {
+        let mut envs = envs.to_vec();
+        envs.push((RANK_VAR, r.to_string()));
+        envs.push((DIR_VAR, dir.display().to_string()));
+        ranks.spawn(&format!("rank {r}"), entry, &envs);
+    }
+    let mut ok = 0;
+    let prefix = format!("{tag}:");
+    for d in ranks.wait_all(std::time::Duration::from_secs(120)) {
+        for line in d.stdout.lines().filter(|l| l.starts_with(&prefix)) {
+            println!("[{label}] {} {line}", d.name);
+        }
+        if d.code == Some(0) && d.stdout.contains(&format!("{tag}: done")) {
+            ok += 1;
+        } else {
+            println!(
+                "[{label}] {} failed (exit {:?}):\n{}\n{}",
+                d.name, d.code, d.stdout, d.stderr
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(ok, 2, "both ranks must finish ({label})");
+}
+
+/// A child rank of [`two_ranks`], started: its rank, context and device,
+/// the other rank and its device, and the TCP bootstrap on loopback that
+/// joins them (rank 0 writes the id file in the run's directory, rank 1
+/// reads it). Rank r is on device r % n.
+struct Rank(
+    usize,
+    Context,
+    Device,
+    usize,
+    Device,
+    cuda_endpoints::bootstrap::Tcp,
+);
+
+impl Rank {
+    /// Every wait of a child rank is bounded by this.
+    const T: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// `None` unless this process is a child rank.
+    fn start() -> Option<Rank> {
+        use cuda_endpoints::bootstrap::{BootstrapError, IdProblem, Tcp, UniqueId};
+        let rank: usize = std::env::var(RANK_VAR).ok()?.parse().unwrap();
+        let dir = std::path::PathBuf::from(std::env::var(DIR_VAR).unwrap());
+        let t = Rank::T;
+        let ctx = cuda_ctx().expect("a driver in the child");
+        let devs = ctx.devices().unwrap();
+        let id_file = dir.join("id");
+        let boot = if rank == 0 {
+            let (id, root) = Tcp::root("127.0.0.1:0".parse().unwrap()).unwrap();
+            id.write_file(&id_file)
+                .map_err(|e| BootstrapError::InvalidId {
+                    what: IdProblem::File {
+                        path: id_file.clone(),
+                        kind: e.kind(),
+                    },
+                })
+                .unwrap();
+            root.accept(2, t).unwrap()
+        } else {
+            Tcp::join(&UniqueId::read_file(&id_file, t).unwrap(), 1, 2, t).unwrap()
+        };
+        let (dev, peer_rank) = (devs[rank % devs.len()], 1 - rank);
+        let peer_dev = devs[peer_rank % devs.len()];
+        Some(Rank(rank, ctx, dev, peer_rank, peer_dev, boot))
+    }
+}
+
 // ------------------------------------------------- two processes share memory
 
-/// The environment of a child rank of [`two_processes_share_posix_fd_memory`].
-const SHARE_RANK: &str = "CUDA_ENDPOINTS_GPU_SHARE_RANK";
-const SHARE_DIR: &str = "CUDA_ENDPOINTS_GPU_SHARE_DIR";
+/// The teardown order of a child rank of [`two_processes_share_posix_fd_memory`].
 const SHARE_ORDER: &str = "CUDA_ENDPOINTS_GPU_SHARE_ORDER";
 
 /// Two OS processes, one per GPU (both on GPU 0 where there is one), join
@@ -583,36 +670,12 @@ fn two_processes_share_posix_fd_memory() {
     let n = ctx.devices().unwrap().len();
     println!("two processes on {n} GPU(s): rank r uses device r % {n}");
     for order in ["importer-first", "owner-first"] {
-        let dir = std::env::temp_dir().join(format!(
-            "cuda-endpoints-gpu-share-{}-{order}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut ranks = children::Children::default();
-        for r in 0..2 {
-            let envs = [
-                (SHARE_RANK, r.to_string()),
-                (SHARE_DIR, dir.display().to_string()),
-                (SHARE_ORDER, order.to_owned()),
-            ];
-            ranks.spawn(&format!("rank {r}"), "share_child", &envs);
-        }
-        let mut ok = 0;
-        for d in ranks.wait_all(std::time::Duration::from_secs(120)) {
-            for line in d.stdout.lines().filter(|l| l.starts_with("share:")) {
-                println!("[{order}] {} {line}", d.name);
-            }
-            if d.code == Some(0) && d.stdout.contains("share: done") {
-                ok += 1;
-            } else {
-                println!(
-                    "[{order}] {} failed (exit {:?}):\n{}\n{}",
-                    d.name, d.code, d.stdout, d.stderr
-                );
-            }
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(ok, 2, "both ranks must finish ({order})");
+        two_ranks(
+            "share_child",
+            "share",
+            order,
+            &[(SHARE_ORDER, order.to_owned())],
+        );
     }
     leak.check(&ctx, 2);
 }
@@ -621,41 +684,14 @@ fn two_processes_share_posix_fd_memory() {
 /// as a child.
 #[test]
 fn share_child() {
-    use cuda_endpoints::bootstrap::IdProblem;
-    use cuda_endpoints::{
-        bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::FdExchange, bootstrap::Tcp,
-        bootstrap::UniqueId, team,
-    };
+    use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::FdExchange, team};
     use cudarc::driver::{CudaContext, result};
-    use std::time::Duration;
 
-    let Ok(rank) = std::env::var(SHARE_RANK) else {
+    let Some(Rank(rank, ctx, dev, peer_rank, peer_dev, boot)) = Rank::start() else {
         return;
     };
-    let rank: usize = rank.parse().unwrap();
-    let dir = std::path::PathBuf::from(std::env::var(SHARE_DIR).unwrap());
+    let t = Rank::T;
     let order = std::env::var(SHARE_ORDER).unwrap();
-    let t = Duration::from_secs(30);
-    let ctx = cuda_ctx().expect("a driver in the child");
-    let devs = ctx.devices().unwrap();
-    let dev = devs[rank % devs.len()];
-    let id_file = dir.join("id");
-    let boot = if rank == 0 {
-        let (id, root) = Tcp::root("127.0.0.1:0".parse().unwrap()).unwrap();
-        id.write_file(&id_file)
-            .map_err(|e| BootstrapError::InvalidId {
-                what: IdProblem::File {
-                    path: id_file.clone(),
-                    kind: e.kind(),
-                },
-            })
-            .unwrap();
-        root.accept(2, t).unwrap()
-    } else {
-        Tcp::join(&UniqueId::read_file(&id_file, t).unwrap(), 1, 2, t).unwrap()
-    };
-    let peer_rank = 1 - rank;
-    let peer_dev = devs[peer_rank % devs.len()];
     let gran = granularity(&ctx, dev, handle_bits::POSIX_FD);
 
     // Each rank's own PosixFd allocation, exported; the descriptors cross
@@ -716,7 +752,7 @@ fn share_child() {
     // cuMulticastCreate denied: it fails on both ranks, naming the root and
     // the step, and never reaches cuMulticastCreate.
     let (auto, decision) = (
-        Context::auto(&[dev], &Policy::from_env()),
+        Context::auto(Cuda::open().expect("libcuda"), &[dev], &Policy::from_env()),
         decide(&*raw(&ctx), &[dev], &Policy::from_env()),
     );
     println!("share: backend for the team: {}", decision.choice);
@@ -761,10 +797,6 @@ fn share_child() {
 
 // ------------------------------- the portable path across two processes
 
-/// The environment of a child rank of [`portable_path_two_processes_put_and_get`].
-const PORTABLE_RANK: &str = "CUDA_ENDPOINTS_GPU_PORTABLE_RANK";
-const PORTABLE_DIR: &str = "CUDA_ENDPOINTS_GPU_PORTABLE_DIR";
-
 /// Issue 19, item 7: the portable data path for real. Two OS processes
 /// (rank r on device r % n: both on GPU 0 where there is one), each with
 /// the classic fallback over a traced real driver that denies
@@ -783,35 +815,7 @@ fn portable_path_two_processes_put_and_get() {
     let leak = Leak::start(&ctx);
     let n = ctx.devices().unwrap().len();
     println!("portable path, two processes on {n} GPU(s): rank r uses device r % {n}");
-    let dir = std::env::temp_dir().join(format!(
-        "cuda-endpoints-gpu-portable-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut ranks = children::Children::default();
-    for r in 0..2 {
-        let envs = [
-            (PORTABLE_RANK, r.to_string()),
-            (PORTABLE_DIR, dir.display().to_string()),
-        ];
-        ranks.spawn(&format!("rank {r}"), "portable_child", &envs);
-    }
-    let mut ok = 0;
-    for d in ranks.wait_all(std::time::Duration::from_secs(120)) {
-        for line in d.stdout.lines().filter(|l| l.starts_with("portable:")) {
-            println!("{} {line}", d.name);
-        }
-        if d.code == Some(0) && d.stdout.contains("portable: done") {
-            ok += 1;
-        } else {
-            println!(
-                "{} failed (exit {:?}):\n{}\n{}",
-                d.name, d.code, d.stdout, d.stderr
-            );
-        }
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(ok, 2, "both ranks must finish");
+    two_ranks("portable_child", "portable", "", &[]);
     leak.check(&ctx, 2);
 }
 
@@ -819,40 +823,16 @@ fn portable_path_two_processes_put_and_get() {
 /// run as a child.
 #[test]
 fn portable_child() {
-    use cuda_endpoints::bootstrap::IdProblem;
     use cuda_endpoints::driver::Family;
     use cuda_endpoints::{
         CopyBatch, CopyPath, Exportable, FabricHandle, Stream, Unicast, bootstrap::Bootstrap,
-        bootstrap::BootstrapError, bootstrap::FdExchange, bootstrap::Tcp, bootstrap::UniqueId,
+        bootstrap::FdExchange,
     };
-    use std::time::Duration;
 
-    let Ok(rank) = std::env::var(PORTABLE_RANK) else {
+    let Some(Rank(rank, ctx, dev, peer_rank, peer_dev, boot)) = Rank::start() else {
         return;
     };
-    let rank: usize = rank.parse().unwrap();
-    let dir = std::path::PathBuf::from(std::env::var(PORTABLE_DIR).unwrap());
-    let t = Duration::from_secs(30);
-    let ctx = cuda_ctx().expect("a driver in the child");
-    let devs = ctx.devices().unwrap();
-    let dev = devs[rank % devs.len()];
-    let peer_rank = 1 - rank;
-    let peer_dev = devs[peer_rank % devs.len()];
-    let id_file = dir.join("id");
-    let boot = if rank == 0 {
-        let (id, root) = Tcp::root("127.0.0.1:0".parse().unwrap()).unwrap();
-        id.write_file(&id_file)
-            .map_err(|e| BootstrapError::InvalidId {
-                what: IdProblem::File {
-                    path: id_file.clone(),
-                    kind: e.kind(),
-                },
-            })
-            .unwrap();
-        root.accept(2, t).unwrap()
-    } else {
-        Tcp::join(&UniqueId::read_file(&id_file, t).unwrap(), 1, 2, t).unwrap()
-    };
+    let t = Rank::T;
 
     // The classic fallback over a traced driver that denies
     // cuMulticastCreate itself: unicast endpoints there are bookkeeping.

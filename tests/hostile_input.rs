@@ -16,7 +16,6 @@ mod common;
 use std::time::Duration;
 
 use backend::Probe;
-use cuda_endpoints::FABRIC_HANDLE_WIRE_LEN as WIRE_LEN;
 use cuda_endpoints::driver::{
     AllocationRequest, EndpointProps, FabricHandleBytes, Granularity, Shape, handle_bits,
 };
@@ -28,6 +27,9 @@ use cuda_endpoints::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config;
+
+/// Bytes of a fabric handle's wire form (every kind's).
+const WIRE_LEN: usize = FabricHandle::<Unicast<Exportable>>::WIRE_LEN;
 
 const MIB: u64 = 1 << 20;
 const ALIGN: u64 = 2 * MIB;
@@ -681,7 +683,7 @@ fn run_typed(ops: &[Op], classic: bool) -> Result<(), TestCaseError> {
         if classic {
             Context::new(cuda_endpoints::driver::Classic::new(raw))
         } else {
-            Context::from_arc(raw)
+            Context::new(raw)
         }
     });
     let short = Duration::from_millis(50);

@@ -252,10 +252,7 @@ fn a_panic_inside_each_driver_call_of_a_lifecycle_leaks_nothing_and_repeats_noth
         },
         false,
     );
-    let layer = each_panic(
-        |model, _| Context::from_arc(Arc::new(Traced::new(model.clone()))),
-        true,
-    );
+    let layer = each_panic(|model, _| Context::new(Traced::new(model.clone())), true);
     // Every call of the list at least once, most of them several times.
     assert!(backend >= 12, "{backend} panics");
     assert_eq!(backend, layer, "the same calls, through either way");
@@ -274,7 +271,7 @@ fn a_panic_inside_a_release_still_lets_go_of_the_context() {
         inner: model.clone(),
         plan: plan.clone(),
     });
-    let ctx = Context::from_arc(driver.clone());
+    let ctx = Context::new(driver.clone());
     // The first release makes the context's spare; the second, explicit,
     // panics; the third, from `Drop`, panics too.
     ctx.reserve_one().unwrap().release().unwrap();
@@ -286,7 +283,7 @@ fn a_panic_inside_a_release_still_lets_go_of_the_context() {
         inner: model.clone(),
         plan: plan2,
     });
-    let ctx2 = Context::from_arc(driver2.clone());
+    let ctx2 = Context::new(driver2.clone());
     let ep = ctx2.reserve_one().unwrap();
     let r = catch_unwind(AssertUnwindSafe(|| drop(ep)));
     assert!(r.expect_err("planned").is::<Planned>());
@@ -416,7 +413,7 @@ fn vmm_lifecycle(ctx: &Context) {
 fn a_panic_inside_each_vmm_call_leaks_nothing_but_what_the_driver_never_returned() {
     let calls = each_layer_panic(
         || Model::new(ModelConfig::node(2)),
-        |model| Context::from_arc(Arc::new(Traced::new(model.clone()))),
+        |model| Context::new(Traced::new(model.clone())),
         vmm_lifecycle,
         clean_after,
     );
@@ -616,7 +613,7 @@ fn a_layer_that_panics_on_every_call_from_the_nth_on_never_aborts_the_process() 
             let ctx = if classic {
                 Context::new(Classic::new(Arc::new(Traced::new(model.clone()))))
             } else {
-                Context::from_arc(Arc::new(Traced::new(model.clone())))
+                Context::new(Traced::new(model.clone()))
             };
             let seen = Arc::new(AtomicUsize::new(0));
             let layer = {
@@ -665,7 +662,7 @@ fn a_panic_inside_the_destroy_of_an_orphan_still_releases_the_ids_and_detaches_t
     let fail_first_destroy = || FaultPlan::none().with(Fault::nth(Call::Destroy, 1, Code::UNKNOWN));
     // By `release` of the range's other id.
     let model = Model::new(ModelConfig::node(2));
-    let ctx = Context::from_arc(Arc::new(Traced::new(model.clone())));
+    let ctx = Context::new(Traced::new(model.clone()));
     model.set_faults(fail_first_destroy());
     let [a, b] = ctx.reserve(2).unwrap().into_array::<2>().unwrap();
     drop(a.create(Spec::unicast(0, ALIGN)).unwrap()); // its destroy fails: an orphan
@@ -675,7 +672,7 @@ fn a_panic_inside_the_destroy_of_an_orphan_still_releases_the_ids_and_detaches_t
     // By the `Drop` of a reserved endpoint whose id still holds one (a create
     // whose enrollment and undo both failed).
     let model = Model::new(ModelConfig::node(2));
-    let ctx = Context::from_arc(Arc::new(Traced::new(model.clone())));
+    let ctx = Context::new(Traced::new(model.clone()));
     model.set_faults(fail_first_destroy().with(Fault::nth(Call::AddDevice, 1, Code::UNKNOWN)));
     let f = ctx
         .reserve_one()
@@ -698,7 +695,7 @@ fn a_panic_inside_the_destroy_of_an_orphan_still_releases_the_ids_and_detaches_t
     let bytes = team.export().unwrap().to_bytes();
     let h = FabricHandle::<Multicast<Exportable>>::from_bytes(&bytes).unwrap();
     let pm = model.spawn_process();
-    let peer = Context::from_arc(Arc::new(Traced::new(pm.clone())));
+    let peer = Context::new(Traced::new(pm.clone()));
     let [p0, p1] = peer.reserve(2).unwrap().into_array::<2>().unwrap();
     let imported = p0.import(&h).unwrap();
     pm.set_faults(fail_first_destroy());

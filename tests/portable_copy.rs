@@ -14,8 +14,8 @@ use std::time::Duration;
 use cuda_endpoints::driver::Traced;
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
 use cuda_endpoints::{
-    Allocation, Call, Context, CopyBatch, CopyPath, Device, Error, Exportable, FabricHandle,
-    Mapped, Policy, PosixFd, Private, Spec, Stream, Unicast,
+    Allocation, Call, Context, CopyBatch, CopyPath, Device, Error, Mapped, Private, Spec, Stream,
+    backend::Policy,
 };
 
 const ALIGN: u64 = 2 << 20;
@@ -27,22 +27,14 @@ fn node(version: i32) -> (Context, Model, Arc<Traced<Model>>) {
     c.driver_version = version;
     let model = Model::new(c);
     let traced = Arc::new(Traced::new(model.clone()));
-    (Context::from_arc(traced.clone()), model, traced)
+    (Context::new(traced.clone()), model, traced)
 }
 
 fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
-    Allocation::<Private>::on_device(ctx, dev, ALIGN)
-        .unwrap()
-        .map(&[dev])
-        .unwrap()
+    common::mapped(ctx, dev, ALIGN)
 }
 
-/// `n` bytes that differ from their neighbours and from `seed`'s other patterns.
-fn pattern(seed: u8, n: usize) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i % 251) as u8 ^ seed.wrapping_mul(37))
-        .collect()
-}
+use common::portable::pattern;
 
 /// The trace went through `cuMemcpyAsync` and never `cuFabricCpyBatchAsync`.
 #[track_caller]
@@ -64,8 +56,7 @@ fn the_path_is_chosen_once_from_the_driver_and_the_backend_decision() {
     }
     // The backend decision names it: logical endpoints on 13.3 copy portably.
     let (_, model, _) = node(13030);
-    let (ctx, d) =
-        Context::auto_over(Arc::new(model), &[Device(0), Device(1)], &Policy::new()).unwrap();
+    let (ctx, d) = Context::auto(model, &[Device(0), Device(1)], &Policy::new()).unwrap();
     assert_eq!(d.copy_path(), CopyPath::Portable);
     assert_eq!(ctx.copy_path(), CopyPath::Portable);
     assert!(d.to_string().contains("cuMemcpyAsync"), "{d}");
@@ -157,8 +148,7 @@ fn the_classic_fallback_puts_to_a_multicast_team_through_the_portable_path() {
     let cfg = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
     let model = Model::new(cfg);
     let trace = Arc::new(Traced::new(model.clone()));
-    let (ctx, d) =
-        Context::auto_over(trace.clone(), &[Device(0), Device(1)], &Policy::new()).unwrap();
+    let (ctx, d) = Context::auto(trace.clone(), &[Device(0), Device(1)], &Policy::new()).unwrap();
     assert_eq!(d.copy_path(), CopyPath::Portable, "{d}");
     assert!(ctx.backend_name().starts_with("classic"));
     let ep = ctx
@@ -253,106 +243,16 @@ fn a_target_without_a_window_is_refused_before_the_driver_naming_the_fix() {
     common::clean(&ctx, &model);
 }
 
-/// One process of the two: its own exportable unicast endpoint with memory
-/// bound, and what the other needs to reach it.
-struct Side {
-    ctx: Context,
-    dev: i32,
-    ep: cuda_endpoints::Endpoint<cuda_endpoints::Ready, Unicast<Exportable>>,
-    mem: Mapped<PosixFd>,
-}
-
 #[test]
 fn two_processes_put_into_and_get_from_each_other_through_posix_fd_windows() {
     let mut cfg = ModelConfig::node(2);
     cfg.driver_version = 13030;
     let a = Model::fabric(FabricConfig::single(cfg));
     let b = a.spawn_process();
-    let sides: Vec<Side> = [(&a, 0), (&b, 1)]
-        .into_iter()
-        .map(|(m, dev)| {
-            let ctx = Context::new(m.clone());
-            let ep = ctx
-                .reserve_one()
-                .unwrap()
-                .create(Spec::unicast(dev, ALIGN).exportable())
-                .unwrap()
-                .wait(T)
-                .unwrap();
-            let mem = Allocation::<PosixFd>::on_device(&ctx, dev, ALIGN)
-                .unwrap()
-                .map(&[dev])
-                .unwrap();
-            Side { ctx, dev, ep, mem }
-        })
-        .collect();
-    let bindings: Vec<_> = sides
-        .iter()
-        .map(|s| s.ep.bind(s.dev, 0, &s.mem).unwrap())
-        .collect();
-    // Each process imports the other's endpoint and its memory (by POSIX
-    // descriptor: one node), maps it and registers it as the owner's window.
-    let peers: Vec<_> = (0..2)
-        .map(|me| {
-            let (mine, theirs) = (&sides[me], &sides[1 - me]);
-            let h = FabricHandle::<Unicast<Exportable>>::from_bytes(
-                &theirs.ep.export().unwrap().to_bytes(),
-            )
-            .unwrap();
-            let ep = mine
-                .ctx
-                .reserve_one()
-                .unwrap()
-                .import(&h)
-                .unwrap()
-                .wait(T)
-                .unwrap();
-            let fd = theirs.mem.export_fd().unwrap();
-            let window = Allocation::<PosixFd>::import_fd(&mine.ctx, &fd, ALIGN)
-                .unwrap()
-                .map(&[mine.dev])
-                .unwrap();
-            drop(fd);
-            ep.add_peer_window(1 - me as u32, theirs.dev, 0, &window)
-                .unwrap();
-            // The endpoint keeps the mapping alive from now on.
-            drop(window);
-            ep
-        })
-        .collect();
-    for me in 0..2 {
-        let mine = &sides[me];
-        let theirs = &sides[1 - me];
-        let other = if me == 0 { &b } else { &a };
-        assert_eq!(mine.ctx.copy_path(), CopyPath::Portable);
-        let stream = Stream::new(&mine.ctx, mine.dev).unwrap();
-        let bytes = pattern(10 + me as u8, 65536);
-        let offset = 4096 * (1 + me as u64);
-        stream
-            .enqueue(CopyBatch::new().put_host(bytes.clone(), &peers[me], offset))
-            .unwrap()
-            .wait()
-            .unwrap();
-        // The owner sees every byte in the memory it bound.
-        assert_eq!(
-            other
-                .read(theirs.mem.device_ptr() + offset, bytes.len())
-                .unwrap(),
-            bytes
-        );
-        let got = stream
-            .enqueue(CopyBatch::new().get_host(&peers[me], offset, 65536))
-            .unwrap()
-            .wait()
-            .unwrap();
-        assert_eq!(got.received, vec![bytes]);
-        drop(stream);
-    }
-    drop(peers);
-    drop(bindings);
-    for s in sides {
-        assert!(s.ctx.take_teardown_errors().is_empty());
-        drop(s);
+    let (ca, cb) = (Context::new(a.clone()), Context::new(b.clone()));
+    common::portable::put_and_get_through_posix_fd_windows([&a, &b], [(&ca, 0), (&cb, 1)]);
+    for ctx in [ca, cb] {
+        assert!(ctx.take_teardown_errors().is_empty());
     }
     assert!(a.live().is_empty() && b.live().is_empty());
     common::fabric_idle(&a);

@@ -31,7 +31,7 @@ fn bind_holds_no_lock_across_the_driver_call_a_reentrant_layer_binds_the_same_en
     let _serial = serial();
     within(20, || {
         let model = Model::new(ModelConfig::node(2));
-        let ctx = Context::from_arc(Arc::new(Traced::new(model.clone())));
+        let ctx = Context::new(Traced::new(model.clone()));
         let team = ctx
             .reserve_one()
             .unwrap()
@@ -74,7 +74,7 @@ fn classic_holds_no_table_lock_across_inner_calls_a_reentrant_layer_reads_it() {
         let cfg = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
         let model = Model::new(cfg);
         let classic = Arc::new(Classic::new(Arc::new(Traced::new(model.clone()))));
-        let ctx = Context::from_arc(classic.clone());
+        let ctx = Context::new(classic.clone());
         let seen = Arc::new(AtomicUsize::new(0));
         let layer = {
             let (classic, seen) = (classic.clone(), seen.clone());
@@ -162,7 +162,7 @@ fn classic_export_and_import_of_the_bring_up_hold_no_table_lock_across_inner_cal
                             }
                         })
                     };
-                    let ctx = Context::from_arc(classic.clone());
+                    let ctx = Context::new(classic.clone());
                     let dev = Device(r as i32);
                     let spec = TeamSpec::new([dev], ALIGN)
                         .timeout(T)

@@ -19,13 +19,13 @@ use std::time::Duration;
 
 use backend::{Inspect, Probe};
 use cuda_endpoints::driver::{EndpointProps, Shape};
+use cuda_endpoints::error::{Arg, Extent, Feature, Rule};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
     Allocation, Call, Code, Context, Device, Driver, Endpoint, Error, Location, Mapped, Multicast,
     PosixFd, Private, Ready, Spec, Unicast,
 };
-use cuda_endpoints::{Arg, Extent, Feature, Rule};
 
 const MIB: u64 = 1 << 20;
 const ALIGN: u64 = 2 * MIB;
@@ -1007,7 +1007,8 @@ fn old_driver_reports_unsupported_with_version() {
     let mem = Allocation::<Private>::on_device(&ctx, Device(0), 1).unwrap();
     assert_eq!(mem.size(), ALIGN);
     drop(mem);
-    let f = Allocation::<cuda_endpoints::Fabric>::on_device(&ctx, Device(0), 1).unwrap_err();
+    let f =
+        Allocation::<cuda_endpoints::FabricShareable>::on_device(&ctx, Device(0), 1).unwrap_err();
     assert!(matches!(f, Error::FabricNotPermitted { .. }), "{f}");
     assert!(model.live().is_empty());
     common::no_violations(&model.violations());

@@ -25,8 +25,8 @@ fn one_attachment_per_process_not_per_context() {
     let a = Context::new(model.clone());
     let b = Context::new(model.clone());
     let shared: Arc<dyn Driver> = Arc::new(model.clone());
-    let c = Context::from_arc(shared.clone());
-    let d = Context::from_arc(shared);
+    let c = Context::new(shared.clone());
+    let d = Context::new(shared);
     let x = a
         .reserve_one()
         .unwrap()
@@ -128,7 +128,7 @@ impl cuda_endpoints::driver::Forward for Hostile {
 /// from the driver; no panic anywhere, in particular in no `Drop`.
 #[test]
 fn hostile_driver_answers_give_typed_errors_not_panics() {
-    use cuda_endpoints::{Allocation, Answer, Call, PosixFd};
+    use cuda_endpoints::{Allocation, Call, PosixFd, error::Answer};
     let model = Model::new(ModelConfig::node(2));
     let ctx = Context::new(Hostile {
         inner: model.clone(),
@@ -385,7 +385,7 @@ fn the_trace_log_and_the_teardown_list_are_bounded() {
     use cuda_endpoints::{Allocation, Call, Private};
     let model = Model::new(ModelConfig::node(1).queries_to_ready(50));
     let traced = Arc::new(Traced::with_capacity(model.clone(), 8));
-    let ctx = Context::from_arc(traced.clone());
+    let ctx = Context::new(traced.clone());
     let ep = ctx
         .reserve_one()
         .unwrap()
@@ -424,7 +424,7 @@ fn the_trace_log_and_the_teardown_list_are_bounded() {
 #[test]
 fn attribute_154_zero_refuses_creation_and_enrollment_before_the_driver() {
     use cuda_endpoints::typenum::U2;
-    use cuda_endpoints::{Call, Feature};
+    use cuda_endpoints::{Call, error::Feature};
     let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.multicast = i != 2));
     let ctx = Context::new(model.clone());
     let missing = |e: &Error| feature_missing(e, 2, Feature::MulticastEndpoints, 154);
@@ -473,12 +473,15 @@ fn r13_1_a_pending_unicast_endpoint_exports_without_readiness() {
 #[test]
 fn decide_and_classic_agree_on_attribute_132_of_the_team_devices_only() {
     use cuda_endpoints::driver::Classic;
-    use cuda_endpoints::{Allocation, BackendChoice, Feature, Policy, Private};
+    use cuda_endpoints::{
+        Allocation, Private,
+        backend::{BackendChoice, Policy},
+        error::Feature,
+    };
     let cfg = ModelConfig::cuda_13_0(3).with_devices(|i, d| d.classic_multicast = i != 2);
     let model = Model::new(cfg);
     let team = [Device(0), Device(1)];
-    let (ctx, decision) =
-        Context::auto_over(Arc::new(model.clone()), &team, &Policy::new()).unwrap();
+    let (ctx, decision) = Context::auto(model.clone(), &team, &Policy::new()).unwrap();
     assert_eq!(decision.choice, BackendChoice::Classic, "{decision}");
     let ep = ctx
         .reserve_one()
@@ -493,7 +496,7 @@ fn decide_and_classic_agree_on_attribute_132_of_the_team_devices_only() {
     drop(mem);
 
     let bad = [Device(0), Device(2)];
-    let d = cuda_endpoints::decide(&model, &bad, &Policy::new());
+    let d = cuda_endpoints::backend::decide(&model, &bad, &Policy::new());
     let BackendChoice::Unsupported(why) = &d.choice else {
         panic!("{d}")
     };
@@ -562,7 +565,7 @@ fn a_mapping_can_be_aligned_to_the_bind_alignment() {
 #[test]
 fn attribute_155_is_needed_on_the_devices_that_take_part_not_on_every_device_of_the_node() {
     use cuda_endpoints::typenum::U2;
-    use cuda_endpoints::{Call, Feature};
+    use cuda_endpoints::{Call, error::Feature};
     let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.counted_ops = i != 2));
     let ctx = Context::new(model.clone());
     let missing = |e: &Error| feature_missing(e, 2, Feature::CountedOps, 155);
@@ -623,7 +626,7 @@ fn attribute_155_is_needed_on_the_devices_that_take_part_not_on_every_device_of_
 /// falls back to creating, and the driver decides.
 #[test]
 fn attribute_158_without_fabric_refuses_an_exportable_endpoint_before_the_driver() {
-    use cuda_endpoints::{Call, Feature};
+    use cuda_endpoints::{Call, error::Feature};
     let no_fabric_on_1 = |version| {
         let mut cfg = ModelConfig::node(2).with_devices(|i, d| d.le_fabric_handles = i != 1);
         cfg.driver_version = version;
@@ -691,7 +694,7 @@ fn attribute_158_without_fabric_refuses_an_exportable_endpoint_before_the_driver
 fn a_released_one_id_range_is_reused_reset_and_freed_with_its_context() {
     let model = Model::new(ModelConfig::default());
     let driver: Arc<dyn Driver> = Arc::new(model.clone());
-    let ctx = Context::from_arc(driver.clone());
+    let ctx = Context::new(driver.clone());
     let mem =
         cuda_endpoints::Allocation::<cuda_endpoints::Private>::on_device(&ctx, Device(0), ALIGN)
             .unwrap();
@@ -736,7 +739,7 @@ fn a_released_one_id_range_is_reused_reset_and_freed_with_its_context() {
 fn feature_missing(
     e: &Error,
     device: i32,
-    feature: cuda_endpoints::Feature,
+    feature: cuda_endpoints::error::Feature,
     attribute: i32,
 ) -> bool {
     let text = e.to_string();

@@ -1,6 +1,6 @@
 //! Sharing VMM memory between processes through the driver table (C5,
 //! R12.4): `Allocation<PosixFd>::export_fd` / `import_fd` (a real
-//! descriptor, even on the in-process model) and `Allocation<Fabric>`'s
+//! descriptor, even on the in-process model) and `Allocation<FabricShareable>`'s
 //! 64 bytes, each import checked against the driver, never the bytes.
 //! OS processes on the model fabric are in `tests/shareable_processes.rs`.
 
@@ -9,7 +9,7 @@ mod common;
 use std::os::fd::AsFd;
 
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
-use cuda_endpoints::{Allocation, Call, Code, Context, Device, Error, Fabric, PosixFd};
+use cuda_endpoints::{Allocation, Call, Code, Context, Device, Error, FabricShareable, PosixFd};
 
 const MIB2: u64 = 2 << 20;
 
@@ -56,13 +56,13 @@ fn c5_fabric_bytes_import_as_the_same_memory_on_another_node() {
     let a = Model::fabric(FabricConfig::nodes(2, 1));
     let b = a.spawn_process_on(1).unwrap();
     let (ca, cb) = (ctx_of(&a), ctx_of(&b));
-    let mem = Allocation::<Fabric>::on_device(&ca, 0, MIB2)
+    let mem = Allocation::<FabricShareable>::on_device(&ca, 0, MIB2)
         .unwrap()
         .map::<Device>(&[])
         .unwrap();
     a.write(mem.device_ptr(), b"across nodes").unwrap();
     let bytes = mem.export_fabric().unwrap();
-    let theirs = Allocation::<Fabric>::import_fabric(&cb, &bytes, MIB2)
+    let theirs = Allocation::<FabricShareable>::import_fabric(&cb, &bytes, MIB2)
         .unwrap()
         .map::<Device>(&[])
         .unwrap();
@@ -103,9 +103,9 @@ fn r12_4_fabric_bytes_need_an_imex_channel() {
     let b = a.spawn_process_on(1).unwrap();
     b.set_fabric_access(false);
     let (ca, cb) = (ctx_of(&a), ctx_of(&b));
-    let mem = Allocation::<Fabric>::on_device(&ca, 0, MIB2).unwrap();
+    let mem = Allocation::<FabricShareable>::on_device(&ca, 0, MIB2).unwrap();
     let bytes = mem.export_fabric().unwrap();
-    let e = Allocation::<Fabric>::import_fabric(&cb, &bytes, MIB2).unwrap_err();
+    let e = Allocation::<FabricShareable>::import_fabric(&cb, &bytes, MIB2).unwrap_err();
     assert_eq!(e.code(), Some(Code::NOT_PERMITTED), "{e}");
     drop(mem);
     assert!(a.live_fabric().is_empty(), "{:?}", a.live_fabric());
@@ -141,7 +141,7 @@ fn c5_import_checks_the_declared_size_against_the_driver_and_leaks_nothing() {
 fn r9_4_bytes_and_descriptors_the_driver_did_not_make_are_refused() {
     let m = Model::new(ModelConfig::node(1));
     let ctx = ctx_of(&m);
-    let e = Allocation::<Fabric>::import_fabric(&ctx, &[7; 64], MIB2).unwrap_err();
+    let e = Allocation::<FabricShareable>::import_fabric(&ctx, &[7; 64], MIB2).unwrap_err();
     assert_eq!(e.code(), Some(Code::INVALID_VALUE), "{e}");
     let (reader, _writer) = std::io::pipe().unwrap();
     let e = Allocation::<PosixFd>::import_fd(&ctx, &reader, MIB2).unwrap_err();
@@ -151,11 +151,11 @@ fn r9_4_bytes_and_descriptors_the_driver_did_not_make_are_refused() {
 
 #[test]
 fn c5_memory_made_without_the_handle_type_cannot_be_exported_as_it() {
-    // `export_fd` exists only on `PosixFd` memory; a `Fabric` allocation
+    // `export_fd` exists only on `PosixFd` memory; a `FabricShareable` allocation
     // asked for a descriptor through the driver is refused there.
     let m = Model::new(ModelConfig::node(1));
     let ctx = ctx_of(&m);
-    let mem = Allocation::<Fabric>::on_device(&ctx, 0, MIB2).unwrap();
+    let mem = Allocation::<FabricShareable>::on_device(&ctx, 0, MIB2).unwrap();
     // SAFETY: an export changes nothing the allocation owns.
     let r = unsafe {
         cuda_endpoints::Driver::mem_export(

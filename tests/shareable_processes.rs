@@ -1,6 +1,6 @@
 //! VMM memory shared between real OS processes on a model fabric (C5,
 //! R12.4): rank 0 exports a `PosixFd` allocation as a descriptor, passed to
-//! every rank with `FdExchange` (`SCM_RIGHTS`), and a `Fabric` allocation
+//! every rank with `FdExchange` (`SCM_RIGHTS`), and a `FabricShareable` allocation
 //! as 64 bytes; ranks of its node import the descriptor, ranks of the
 //! other node are refused it and import the fabric bytes. And the same for
 //! a classic multicast team brought up with `team::multicast` on the
@@ -30,7 +30,8 @@ use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, TeamSpec};
 use cuda_endpoints::{
-    Allocation, Context, Device, Fabric, PosixFd, bootstrap::Bootstrap, bootstrap::FdExchange,
+    Allocation, Context, Device, FabricShareable, PosixFd, bootstrap::Bootstrap,
+    bootstrap::FdExchange,
 };
 use rank::Me;
 use support::{Children, report};
@@ -74,7 +75,7 @@ fn child_rank() {
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let (fd_mem, fabric_mem) = if rank == 0 {
             let a = Allocation::<PosixFd>::on_device(&ctx, dev, MIB2)?.map(&[dev])?;
-            let b = Allocation::<Fabric>::on_device(&ctx, dev, MIB2)?.map(&[dev])?;
+            let b = Allocation::<FabricShareable>::on_device(&ctx, dev, MIB2)?.map(&[dev])?;
             me.write(a.device_ptr(), TEXT)?;
             me.write(b.device_ptr(), TEXT)?;
             (Some(a), Some(b))
@@ -97,7 +98,7 @@ fn child_rank() {
             )),
         }
         let bytes: [u8; 64] = bytes.as_slice().try_into()?;
-        let peer = Allocation::<Fabric>::import_fabric(&ctx, &bytes, MIB2)?.map(&[dev])?;
+        let peer = Allocation::<FabricShareable>::import_fabric(&ctx, &bytes, MIB2)?.map(&[dev])?;
         let got = me.read(peer.device_ptr(), TEXT.len())?;
         report(&format!("fabric={}", String::from_utf8_lossy(&got)));
         drop(peer);

@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
+mod common;
 mod watchdog;
+
+use common::on_every_rank;
 
 use cuda_endpoints::bootstrap::{Bootstrap, ThreadRank, Threads};
 use cuda_endpoints::model::{Model, ModelConfig};
@@ -28,30 +31,6 @@ fn job(config: ModelConfig, n: usize) -> (Model, Vec<(Context, Model)>, Vec<Thre
         })
         .collect();
     (root, procs, Threads::new(n))
-}
-
-/// Runs `f` on every rank, each on its own thread, and collects the results
-/// in rank order.
-fn on_every_rank<T: Send>(
-    procs: &[(Context, Model)],
-    boots: Vec<ThreadRank>,
-    f: impl Fn(usize, &Context, &Model, &ThreadRank) -> T + Sync,
-) -> Vec<T> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = procs
-            .iter()
-            .zip(boots)
-            .enumerate()
-            .map(|(rank, ((ctx, m), boot))| {
-                let f = &f;
-                s.spawn(move || f(rank, ctx, m, &boot))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
 }
 
 fn assert_clean(model: &Model) {

@@ -25,7 +25,7 @@ fn devs(n: i32) -> Vec<Device> {
 fn traced(cfg: ModelConfig) -> (Context, Arc<Traced<Model>>, Model) {
     let model = Model::new(cfg);
     let t = Arc::new(Traced::new(model.clone()));
-    (Context::from_arc(t.clone()), t, model)
+    (Context::new(t.clone()), t, model)
 }
 
 #[test]
@@ -142,7 +142,7 @@ fn deny_list_refuses_before_the_driver() {
 fn deny_list_on_memory() {
     let (ctx, t, model) = traced(ModelConfig::node(1));
     let t2 = Arc::new(Traced::new(t.clone()).deny([Call::MemCreate]));
-    let ctx2 = Context::from_arc(t2.clone());
+    let ctx2 = Context::new(t2.clone());
     let e = Allocation::<Private>::on_device(&ctx2, Device(0), MIB).unwrap_err();
     assert_eq!(
         e,

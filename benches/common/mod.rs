@@ -219,7 +219,7 @@ macro_rules! null_driver {
     };
 }
 
-cuda_endpoints::for_each_driver_call!(null_driver);
+cuda_endpoints::driver::for_each_driver_call!(null_driver);
 
 /// `n` ids to ready unicast endpoints, typed: `reserve(n)`, `into_endpoints`,
 /// `create` on each, `wait_all` (`benches/readiness*.rs`).

@@ -12,16 +12,13 @@
 //! rule). Every wait is bounded; the ranks are killed and reaped on every
 //! path, the socket's directory removed.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode};
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
 
-use cuda_endpoints::bootstrap::UNIQUE_ID_ENV;
-use cuda_endpoints::fabric::{self, FabricServer};
-use cuda_endpoints::model::FabricConfig;
-use cuda_endpoints::{Context, bootstrap::Bootstrap, bootstrap::Tcp, bootstrap::UniqueId};
+use cuda_endpoints::fabric;
+use cuda_endpoints::{Context, bootstrap::Bootstrap};
 
 use super::Me;
+use super::launch::{self, Launch};
 
 pub const OK: u8 = 0;
 pub const WRONG_BYTES: u8 = 1;
@@ -31,9 +28,7 @@ pub const LEFT_BEHIND: u8 = 3;
 /// The driver version of every node: the fabric copy exists from 13.5 (F7).
 pub const DRIVER_VERSION: i32 = 13050;
 
-const RANK: &str = "CUDA_ENDPOINTS_RANK";
-const SIZE: &str = "DATA_JOB_SIZE";
-pub const TIMEOUT: Duration = Duration::from_secs(20);
+pub use launch::TIMEOUT;
 
 /// What a rank checked.
 #[derive(Default)]
@@ -65,18 +60,6 @@ impl Checked {
 
 /// One rank's work: bring up, move bytes, check them, tear down.
 pub type RankFn = fn(&Context, &Me, &dyn Bootstrap) -> Result<Checked, Box<dyn std::error::Error>>;
-
-/// Kills and reaps the child ranks on every path.
-struct Ranks(Vec<Child>);
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// The exit code of one rank's outcome, printed with the rank's name.
 fn outcome(name: &str, rank: usize, r: Result<Checked, Box<dyn std::error::Error>>) -> u8 {
@@ -114,16 +97,9 @@ pub fn main(name: &str, work: RankFn) -> ExitCode {
 }
 
 fn run(name: &str, work: RankFn) -> u8 {
-    if let Ok(rank) = std::env::var(RANK) {
-        let joined = (|| -> Result<_, Box<dyn std::error::Error>> {
-            let rank: usize = rank.parse()?;
-            let size: usize = std::env::var(SIZE)?.parse()?;
-            let (ctx, me) = super::join(rank)?;
-            let boot = Tcp::join(&UniqueId::from_env()?, rank, size, TIMEOUT)?;
-            Ok((rank, ctx, me, boot))
-        })();
+    if let Some(joined) = launch::child() {
         return match joined {
-            Ok((rank, ctx, me, boot)) => outcome(name, rank, work(&ctx, &me, &boot)),
+            Ok(j) => outcome(name, j.rank, work(&j.ctx, &j.me, &j.boot)),
             Err(e) => outcome(name, usize::MAX, Err(e)),
         };
     }
@@ -167,74 +143,12 @@ fn mpi_rank(name: &str, _work: RankFn) -> u8 {
 /// The launcher and rank 0: a fabric of 13.5 nodes, `n - 1` children, the
 /// job checked.
 fn launch(name: &str, work: RankFn) -> Result<u8, Box<dyn std::error::Error>> {
-    let cuda = super::wants_cuda();
-    let mut args = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--driver") && a != "cuda");
-    let size: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(4);
-    let nodes: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1);
-    if size == 0 || nodes == 0 {
-        return Err("ranks and nodes must be at least 1".into());
-    }
-    let gpus = size.div_ceil(nodes);
-    let dir = tempfile::Builder::new().prefix("data-job-").tempdir()?;
-    let socket: PathBuf = dir.path().join("fabric.sock");
-    if cuda {
-        // SAFETY: no thread has been started yet: nothing else reads or
-        // writes the environment now.
-        unsafe { std::env::set_var(fabric::FABRIC_ENV, format!("{},rank=0", socket.display())) };
-    }
-    let mut config = FabricConfig::nodes(nodes, gpus);
-    for n in &mut config.nodes {
-        n.driver_version = DRIVER_VERSION;
-    }
-    let server = FabricServer::start_at(config, &socket)?;
-    let (id, root) = Tcp::root("127.0.0.1:0".parse()?)?;
-    let start = Instant::now();
-    let mut ranks = Ranks(Vec::new());
-    for r in 1..size {
-        let mut cmd = Command::new(std::env::current_exe()?);
-        if cuda {
-            cmd.args(["--driver", "cuda"]);
-        }
-        let child = cmd
-            .env(
-                fabric::FABRIC_ENV,
-                format!("{},rank={r}", server.socket().display()),
-            )
-            .env(UNIQUE_ID_ENV, id.to_string())
-            .env(RANK, r.to_string())
-            .env(SIZE, size.to_string())
-            .spawn()?;
-        ranks.0.push(child);
-    }
-    let mut code = {
-        let joined = (|| -> Result<_, Box<dyn std::error::Error>> {
-            let (ctx, me) = if cuda {
-                super::join(0)?
-            } else {
-                let (ctx, me) = fabric::connect(&fabric::Join::new(server.socket()).rank(0))?;
-                (ctx, Me::Fabric(me))
-            };
-            let boot = root.accept(size, TIMEOUT)?;
-            Ok((ctx, me, boot))
-        })();
-        match joined {
-            Ok((ctx, me, boot)) => outcome(name, 0, work(&ctx, &me, &boot)),
-            Err(e) => outcome(name, 0, Err(e)),
-        }
+    let mut job = Launch::start("data-job-", Some(DRIVER_VERSION))?;
+    let mut code = match job.join0() {
+        Ok((ctx, me, boot)) => outcome(name, 0, work(&ctx, &me, &boot)),
+        Err(e) => outcome(name, 0, Err(e)),
     };
-    let deadline = Instant::now() + TIMEOUT;
-    for (i, c) in ranks.0.iter_mut().enumerate() {
-        let status = loop {
-            if let Some(st) = c.try_wait()? {
-                break Some(st);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
+    for (i, status) in job.wait_ranks()?.into_iter().enumerate() {
         let rank_code = match status.and_then(|s| s.code()) {
             Some(c) => u8::try_from(c).unwrap_or(COULD_NOT_RUN),
             None => {
@@ -244,14 +158,7 @@ fn launch(name: &str, work: RankFn) -> Result<u8, Box<dyn std::error::Error>> {
         };
         code = worst(code, rank_code);
     }
-    drop(ranks);
-    if cuda {
-        // This process's driver (libcuda) stays on the fabric until it
-        // exits, as a real driver's state does.
-        server.wait_exits(size - 1, TIMEOUT);
-    } else {
-        server.wait_idle(TIMEOUT);
-    }
+    let server = job.settled();
     let (live, leaks, violations) = (server.live(), server.leaks(), server.violations());
     if !live.is_empty() || !leaks.is_empty() || !violations.is_empty() {
         eprintln!(
@@ -260,9 +167,11 @@ fn launch(name: &str, work: RankFn) -> Result<u8, Box<dyn std::error::Error>> {
         code = worst(code, LEFT_BEHIND);
     }
     println!(
-        "{name}: {size} ranks on {nodes} node(s){}, job {:?}: {}",
-        if cuda { " through libcuda" } else { "" },
-        start.elapsed(),
+        "{name}: {} ranks on {} node(s){}, job {:?}: {}",
+        job.size,
+        job.nodes,
+        if job.cuda { " through libcuda" } else { "" },
+        job.start.elapsed(),
         match code {
             OK => "every byte right on every rank, nothing left",
             WRONG_BYTES => "WRONG BYTES",
@@ -270,7 +179,6 @@ fn launch(name: &str, work: RankFn) -> Result<u8, Box<dyn std::error::Error>> {
             _ => "something left behind",
         }
     );
-    drop(server);
-    dir.close()?;
+    job.close()?;
     Ok(code)
 }

@@ -13,6 +13,11 @@ mod copies;
 // Only the data examples (`allgather`, `broadcast`) run a job.
 #[allow(dead_code)]
 pub mod job;
+// `mpi_team` launches nothing.
+#[allow(dead_code)]
+pub mod launch;
+#[allow(dead_code)]
+mod ranks;
 
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
@@ -20,7 +25,8 @@ use std::time::{Duration, Instant};
 use cuda_endpoints::fabric::{self, Process};
 use cuda_endpoints::team::{self, TeamSpec};
 use cuda_endpoints::{
-    Allocation, Context, Device, Fabric, PosixFd, bootstrap::Bootstrap, bootstrap::FdExchange,
+    Allocation, Context, Device, FabricShareable, PosixFd, bootstrap::Bootstrap,
+    bootstrap::FdExchange,
 };
 
 /// Whether the command line asks for the real driver (`--driver cuda`).
@@ -176,7 +182,7 @@ pub fn rank(
     let fd = FdExchange::broadcast_fd(boot, 0, fd.as_ref().map(AsFd::as_fd), timeout)?;
     let fabric_mem = match r {
         0 => {
-            let m = Allocation::<Fabric>::on_device(ctx, dev, BYTES)?.map(&[dev])?;
+            let m = Allocation::<FabricShareable>::on_device(ctx, dev, BYTES)?.map(&[dev])?;
             me.write(m.device_ptr(), text.as_bytes())?;
             Some(m)
         }
@@ -200,7 +206,8 @@ pub fn rank(
                 .as_slice()
                 .try_into()
                 .map_err(|_| "short fabric handle")?;
-            let peer = Allocation::<Fabric>::import_fabric(ctx, &bytes, BYTES)?.map(&[dev])?;
+            let peer =
+                Allocation::<FabricShareable>::import_fabric(ctx, &bytes, BYTES)?.map(&[dev])?;
             let bytes = me.read(peer.device_ptr(), text.len())?;
             format!(
                 "POSIX fd refused across nodes ({e}); fabric handle: {:?}",

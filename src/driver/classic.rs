@@ -934,14 +934,14 @@ impl Forward for Classic {
         /// What the enrollment does once the lock is let go.
         enum Step {
             Recorded,
-            Shared(u64),
+            CrossProcess(u64),
             Last(u32, u64, Vec<Device>),
         }
         let step = self.with_ep(id, |ep| {
             check(ep)?;
             if let (true, Some(mc)) = (ep.shared, ep.mc) {
                 ep.busy = true;
-                return Ok(Step::Shared(mc));
+                return Ok(Step::CrossProcess(mc));
             }
             if (ep.devices.len() as u32) + 1 < ep.num_devices {
                 ep.devices.push(dev);
@@ -960,7 +960,7 @@ impl Forward for Classic {
         let _idle = Idle { classic: self, id };
         let (built, shared) = match step {
             Step::Recorded => return Ok(()),
-            Step::Shared(mc) => {
+            Step::CrossProcess(mc) => {
                 // A panic inside the add is taken as coming after the driver
                 // added (see `OnUnwind`): the device is enrolled on the
                 // object, and the table says so.

@@ -5,12 +5,12 @@
 use typenum::B1;
 
 use crate::kind::{Accepts, CanBind, Enroll, Kind};
-use crate::memory::{Fabric, PosixFd};
+use crate::memory::{FabricShareable, PosixFd};
 use crate::state::Sealed;
 
 /// A multicast endpoint shared by the ranks of a job: created by the root,
 /// imported by the others, each rank's own devices enrolled (R4, R9). It binds
-/// only externally shareable memory (`PosixFd`, `Fabric`; R5.6), on the
+/// only externally shareable memory (`PosixFd`, `FabricShareable`; R5.6), on the
 /// devices this rank enrolled (R5.2).
 #[derive(Debug)]
 pub struct SharedMulticast;
@@ -29,4 +29,4 @@ impl Enroll for SharedMulticast {
 }
 impl CanBind for SharedMulticast {}
 impl Accepts<PosixFd> for SharedMulticast {}
-impl Accepts<Fabric> for SharedMulticast {}
+impl Accepts<FabricShareable> for SharedMulticast {}

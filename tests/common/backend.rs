@@ -569,7 +569,7 @@ impl Forward for Probe {
 /// A context on the backend the environment picks, on a node made as
 /// `config` says, and its probe.
 pub fn context(config: ModelConfig) -> (Context, Probe) {
-    context_over(config, Context::from_arc)
+    context_over(config, Context::new)
 }
 
 /// As [`context`], with `wrap` making the context over the raw backend

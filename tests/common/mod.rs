@@ -4,9 +4,12 @@
 #![allow(dead_code)]
 
 pub mod layer;
+pub mod portable;
 
-use cuda_endpoints::Context;
+use cuda_endpoints::bootstrap::Bootstrap;
+use cuda_endpoints::bounds::MemShare;
 use cuda_endpoints::model::{Model, ModelConfig, Violation};
+use cuda_endpoints::{Allocation, Context, Mapped};
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
 
 /// The end of every model test: no teardown error was kept on the context,
@@ -93,4 +96,37 @@ pub fn node_processes(n: usize) -> (Vec<(Context, Model)>, Model) {
         (Context::new(p.clone()), p)
     }));
     (ranks, model)
+}
+
+/// `size` bytes of `H` memory on `dev`, mapped with access for `dev`.
+pub fn mapped<H: MemShare>(ctx: &Context, dev: i32, size: u64) -> Mapped<H> {
+    Allocation::<H>::on_device(ctx, dev, size)
+        .unwrap()
+        .map(&[dev])
+        .unwrap()
+}
+
+/// Runs `f(rank, context, process, bootstrap)` on every rank of `ranks`
+/// (as [`node_processes`] makes them), each on its own thread over its
+/// bootstrap of `boots`, and collects the results in rank order.
+pub fn on_every_rank<R: Send, B: Bootstrap + Send>(
+    ranks: &[(Context, Model)],
+    boots: Vec<B>,
+    f: impl Fn(usize, &Context, &Model, &B) -> R + Sync,
+) -> Vec<R> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .zip(boots)
+            .enumerate()
+            .map(|(r, ((ctx, model), boot))| {
+                let f = &f;
+                s.spawn(move || f(r, ctx, model, &boot))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    })
 }

@@ -4,7 +4,7 @@
 //! (R5.6, R5.7, R8, R9).
 use std::time::Duration;
 
-use cuda_endpoints::{Allocation, Binding, Context, Endpoint, Fabric, ImportedMulticast};
+use cuda_endpoints::{Allocation, Binding, Context, Endpoint, FabricShareable, ImportedMulticast};
 use cuda_endpoints::{PosixFd, Ready, Result, Spec};
 
 /// What an importing process binds on an imported multicast endpoint:
@@ -14,7 +14,7 @@ use cuda_endpoints::{PosixFd, Ready, Result, Spec};
 #[allow(dead_code)]
 fn bind_on_imported<'a>(
     team: &'a Endpoint<Ready, ImportedMulticast>,
-    mem: &'a Allocation<Fabric>,
+    mem: &'a Allocation<FabricShareable>,
 ) -> Result<Binding<'a>> {
     team.bind(1, 0, mem)
 }
@@ -29,7 +29,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         .wait(t)?;
     let handle = owner.export()?;
     let mem0 = Allocation::<PosixFd>::on_device(&ctx, 0, 2 << 20)?;
-    let mem1 = Allocation::<Fabric>::on_device(&ctx, 1, 2 << 20)?;
+    let mem1 = Allocation::<FabricShareable>::on_device(&ctx, 1, 2 << 20)?;
     let b0 = owner.bind(0, 0, &mem0)?;
     let b1 = owner.bind(1, 0, &mem1)?;
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use cuda_endpoints::typenum::U4;
-use cuda_endpoints::{Allocation, Binding, Context, Endpoint, EndpointRef, Exportable, Fabric};
+use cuda_endpoints::{Allocation, Binding, Context, Endpoint, EndpointRef, Exportable, FabricShareable};
 use cuda_endpoints::{FabricHandle, IdRange, Mapped, Multicast, Pending, Private, Ready, Spec};
 use cuda_endpoints::{Team, Unicast};
 
@@ -20,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     send_sync::<IdRange>();
     send_sync::<Context>();
     send_sync::<Allocation<Private>>();
-    send_sync::<Mapped<Fabric>>();
+    send_sync::<Mapped<FabricShareable>>();
     send_sync::<FabricHandle<Unicast<Exportable>>>();
 
     let (ctx, model) = Context::model(Default::default());

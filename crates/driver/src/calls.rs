@@ -42,7 +42,7 @@ use super::DriverResult;
 ///         safety $safety:literal
 ///         fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => { ... };
 /// }
-/// cuda_endpoints::for_each_driver_call!(my_callback);
+/// cuda_endpoints::driver::for_each_driver_call!(my_callback);
 /// ```
 ///
 /// Domain types are named by absolute paths (`$crate::Device`...),
@@ -52,8 +52,8 @@ use super::DriverResult;
 /// side that runs a request on any driver (what a wire protocol needs):
 ///
 /// ```
-/// use cuda_endpoints::driver::{Driver, DriverResult, EndpointProps, Shape};
-/// use cuda_endpoints::{Device, for_each_driver_call};
+/// use cuda_endpoints::Device;
+/// use cuda_endpoints::driver::{Driver, DriverResult, EndpointProps, Shape, for_each_driver_call};
 ///
 /// macro_rules! protocol {
 ///     ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal

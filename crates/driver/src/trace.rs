@@ -72,7 +72,7 @@ impl fmt::Display for TraceEntry {
 /// use cuda_endpoints::{Allocation, Code, Context, Device, Error, Private};
 ///
 /// let traced = Arc::new(Traced::new(Model::new(ModelConfig::node(1))).deny([Call::MemCreate]));
-/// let ctx = Context::from_arc(traced.clone());
+/// let ctx = Context::new(traced.clone());
 /// let e = Allocation::<Private>::on_device(&ctx, Device(0), 1).unwrap_err();
 /// assert!(matches!(e, Error::Driver { call: Call::MemCreate, code } if code == Code::NOT_PERMITTED));
 /// assert!(!traced.reached(Call::MemCreate));

@@ -5,7 +5,7 @@
 //! would block as a bind does: C3), and stores through that mapping reaching
 //! every bound memory.
 
-use super::state::{Bound, McObj, Shared, Target, World};
+use super::state::{Bound, HandleTarget, McObj, Target, World};
 use super::violate;
 use crate::driver::{Code, Device, DriverResult, Granularity, Location};
 
@@ -263,7 +263,7 @@ impl World {
                 .remove(&key)
                 .map(|m| m.bindings.iter().map(|b| b.alloc).collect())
                 .unwrap_or_default();
-            self.drop_exports(Shared::Multicast(key));
+            self.drop_exports(HandleTarget::Multicast(key));
             for a in freed {
                 self.alloc_unuse(a);
             }
@@ -310,7 +310,7 @@ impl World {
             if let Some(m) = self.mcs.remove(&key) {
                 freed.extend(m.bindings.iter().map(|b| b.alloc));
             }
-            self.drop_exports(Shared::Multicast(key));
+            self.drop_exports(HandleTarget::Multicast(key));
         }
         for a in freed {
             self.alloc_unuse(a);

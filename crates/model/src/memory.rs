@@ -182,7 +182,7 @@ impl World {
                 a.released = true;
                 if a.users == 0 {
                     self.allocs.remove(&handle);
-                    self.drop_exports(super::state::Shared::Alloc(handle));
+                    self.drop_exports(super::state::HandleTarget::Alloc(handle));
                 }
                 Ok(())
             }

@@ -19,7 +19,7 @@
 
 use super::Model;
 use super::config::FabricConfig;
-use super::state::{Alloc, Export, Live, Proc, Shared, World};
+use super::state::{Alloc, Export, HandleTarget, Live, Proc, World};
 use super::violate;
 use crate::driver::{Code, DriverResult};
 
@@ -155,7 +155,7 @@ impl World {
             // Nothing of another process can use this process's handle:
             // binds and mappings are per process.
             self.allocs.remove(&h);
-            self.drop_exports(Shared::Alloc(h));
+            self.drop_exports(HandleTarget::Alloc(h));
         }
         self.exports.retain(|_, e| e.pid != pid);
         self.streams.drop_process(pid);
@@ -192,7 +192,7 @@ impl World {
     }
 
     /// Closes every shareable handle of `what` (it was freed).
-    pub fn drop_exports(&mut self, what: Shared) {
+    pub fn drop_exports(&mut self, what: HandleTarget) {
         if !self.exports.is_empty() {
             self.exports.retain(|_, e| e.what != what);
         }
@@ -210,14 +210,14 @@ impl World {
             if self.mcs[&key].handle_types & u64::from(kind.bit()) == 0 {
                 return violate(self, "C5", Code::INVALID_VALUE);
             }
-            Shared::Multicast(key)
+            HandleTarget::Multicast(key)
         } else {
             match self.allocs.get(&handle) {
                 Some(a) if a.pid == pid && !a.released => {
                     if a.handle_types & kind.bit() == 0 {
                         return violate(self, "C5", Code::INVALID_VALUE);
                     }
-                    Shared::Alloc(handle)
+                    HandleTarget::Alloc(handle)
                 }
                 _ => return violate(self, "C5", Code::INVALID_HANDLE),
             }
@@ -268,7 +268,7 @@ impl World {
         }
         let h = self.handle();
         match e.what {
-            Shared::Alloc(src) => {
+            HandleTarget::Alloc(src) => {
                 let Some(a) = self.allocs.get(&src) else {
                     return Err(Code::INVALID_VALUE);
                 };
@@ -285,7 +285,7 @@ impl World {
                 };
                 self.allocs.insert(h, copy);
             }
-            Shared::Multicast(key) => {
+            HandleTarget::Multicast(key) => {
                 let Some(m) = self.mcs.get_mut(&key) else {
                     return Err(Code::INVALID_VALUE);
                 };

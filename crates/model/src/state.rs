@@ -260,7 +260,7 @@ pub(crate) struct McObj {
 
 /// What a shareable handle (`cuMemExportToShareableHandle`) refers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Shared {
+pub(crate) enum HandleTarget {
     /// A VMM allocation, by the exporter's handle.
     Alloc(u64),
     /// A classic multicast object, by its key in `World::mcs`.
@@ -274,7 +274,7 @@ pub(crate) struct Export {
     pub pid: usize,
     pub node: usize,
     pub fabric: bool,
-    pub what: Shared,
+    pub what: HandleTarget,
 }
 
 /// The whole simulated fabric.
@@ -430,7 +430,7 @@ impl World {
             a.users = a.users.saturating_sub(1);
             if a.released && a.users == 0 {
                 self.allocs.remove(&handle);
-                self.drop_exports(Shared::Alloc(handle));
+                self.drop_exports(HandleTarget::Alloc(handle));
             }
         }
     }

@@ -3,7 +3,7 @@
 //!
 //! [`Contexts`] retains a device's primary context the first time a call
 //! names that device ([`Cx::On`]), makes the right one current for one call
-//! ([`Contexts::bind`]) and restores the thread's previous context
+//! ([`Contexts::make_current`]) and restores the thread's previous context
 //! afterwards.
 //!
 //! The `cuLogicalEndpoint*` calls that name no device (IdReserve/Release,
@@ -200,7 +200,11 @@ impl Contexts {
     }
 
     /// Makes `dev`'s primary context current until the guard drops.
-    fn bind_device<'a>(&self, sym: &'a Symbols, dev: Device) -> Result<CtxGuard<'a>, StepError> {
+    fn make_current_on<'a>(
+        &self,
+        sym: &'a Symbols,
+        dev: Device,
+    ) -> Result<CtxGuard<'a>, StepError> {
         let ctx = self.primary(sym, dev)?;
         // Only a device whose context exists serves later device-less calls.
         self.last_device.store(dev.0, Ordering::Relaxed);
@@ -227,14 +231,18 @@ impl Contexts {
     }
 
     /// Makes the context for `cx` current on this thread until the guard drops.
-    pub(super) fn bind<'a>(&self, sym: &'a Symbols, cx: Cx) -> Result<CtxGuard<'a>, StepError> {
+    pub(super) fn make_current<'a>(
+        &self,
+        sym: &'a Symbols,
+        cx: Cx,
+    ) -> Result<CtxGuard<'a>, StepError> {
         let unchanged = CtxGuard {
             sym,
             previous: None,
         };
         match cx {
             Cx::Free | Cx::NoneNeeded(_) => Ok(unchanged),
-            Cx::On(dev) => self.bind_device(sym, dev),
+            Cx::On(dev) => self.make_current_on(sym, dev),
             Cx::Current => {
                 if !Self::current(sym)?.is_null() {
                     return Ok(unchanged);
@@ -243,7 +251,7 @@ impl Contexts {
                     .last()
                     .or_else(|| Self::active_device(sym))
                     .unwrap_or(Device(0));
-                self.bind_device(sym, dev)
+                self.make_current_on(sym, dev)
             }
         }
     }
@@ -259,7 +267,7 @@ impl Contexts {
     ) -> Option<Result<CtxGuard<'a>, StepError>> {
         let dev = prefer.or_else(|| self.last())?;
         match Self::current(sym) {
-            Ok(c) if c.is_null() => Some(self.bind_device(sym, dev)),
+            Ok(c) if c.is_null() => Some(self.make_current_on(sym, dev)),
             Ok(_) => None,
             Err(e) => Some(Err(e)),
         }

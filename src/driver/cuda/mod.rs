@@ -207,7 +207,10 @@ impl Cuda {
             // The call was not made: the code names the step.
             code.in_context(failure)
         };
-        let guard = self.contexts.bind(&self.sym, cx).map_err(no_context)?;
+        let guard = self
+            .contexts
+            .make_current(&self.sym, cx)
+            .map_err(no_context)?;
         let mut rc = Code::from_raw(body(f));
         if let (Some(code), Cx::NoneNeeded(prefer)) = (rc, cx)
             && code == Code::INVALID_CONTEXT
@@ -409,10 +412,11 @@ mod tests {
         let theirs = Allocation::<PosixFd>::import_fd(&ctx, &fd, 2 << 20).unwrap();
         assert_eq!(theirs.location(), crate::Location::Device(Device(0)));
         drop((fd, theirs));
-        let fab = Allocation::<crate::Fabric>::on_device(&ctx, Device(0), 2 << 20).unwrap();
+        let fab =
+            Allocation::<crate::FabricShareable>::on_device(&ctx, Device(0), 2 << 20).unwrap();
         let bytes = fab.export_fabric().unwrap();
         assert_eq!(bytes, [0xcd; 64]);
-        drop(Allocation::<crate::Fabric>::import_fabric(&ctx, &bytes, 2 << 20).unwrap());
+        drop(Allocation::<crate::FabricShareable>::import_fabric(&ctx, &bytes, 2 << 20).unwrap());
         drop(fab);
         drop(mem);
         assert!(ctx.take_teardown_errors().is_empty());

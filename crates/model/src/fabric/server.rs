@@ -87,7 +87,7 @@ impl Book {
     }
 }
 
-struct Shared {
+struct ServerState {
     world: Model,
     stop: AtomicBool,
     book: Mutex<Book>,
@@ -98,7 +98,7 @@ struct Shared {
     max_in_hello: usize,
 }
 
-impl Shared {
+impl ServerState {
     fn book(&self) -> MutexGuard<'_, Book> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -122,7 +122,7 @@ impl Shared {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct FabricServer {
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     socket: PathBuf,
     accept: Option<JoinHandle<()>>,
     /// Removed (with the socket) on drop.
@@ -185,7 +185,7 @@ impl FabricServer {
                 return Err(FabricError::Start { socket, source });
             }
         }
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ServerState {
             hello_timeout: config.hello_timeout,
             max_in_hello: config.max_in_hello.max(1),
             world: Model::fabric_observer(config),
@@ -357,7 +357,7 @@ impl Drop for FabricServer {
     }
 }
 
-fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener) {
+fn accept_loop(shared: &Arc<ServerState>, listener: &UnixListener) {
     for stream in listener.incoming() {
         if shared.stop.load(Ordering::SeqCst) {
             break;
@@ -374,7 +374,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener) {
 }
 
 /// Books one new connection and starts its thread.
-fn take(shared: &Arc<Shared>, stream: UnixStream) {
+fn take(shared: &Arc<ServerState>, stream: UnixStream) {
     let mut book = shared.book();
     // Finished connections' threads: reap them as we go.
     book.threads.retain(|t| !t.is_finished());
@@ -474,7 +474,7 @@ impl Read for Deadline<'_> {
 /// A joined process: its exit (the driver's cleanup, R12.2) and its record
 /// run when this is dropped — on return, and on unwind.
 struct Member<'a> {
-    shared: &'a Shared,
+    shared: &'a ServerState,
     me: Model,
     pid: u64,
     node: u32,
@@ -497,7 +497,7 @@ impl Drop for Member<'_> {
     }
 }
 
-fn serve(shared: &Shared, id: u64, stream: UnixStream) {
+fn serve(shared: &ServerState, id: u64, stream: UnixStream) {
     let mut s = &stream;
     // A peer that connects and says nothing, or says it slowly, does not
     // hold a thread for long: the whole hello has a deadline. Once joined,
