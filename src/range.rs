@@ -278,7 +278,10 @@ impl std::ops::Deref for RangeContext {
     fn deref(&self) -> &Context {
         // SAFETY: `None` only in a spare range (above), whose context no
         // code reads: `reuse` sets it before the range leaves the `Spare`,
-        // and `RangeInner::drop` returns early for a spare.
+        // and `RangeInner::drop` returns early for a spare. Unsafe for
+        // speed: a test with a panic for `None` measured 899 instructions
+        // per `Null` lifecycle against 881 (bind 190 against 182;
+        // `benches/instructions.rs`, rustc 1.95).
         unsafe { self.0.as_ref().unwrap_unchecked() }
     }
 }
@@ -292,11 +295,17 @@ impl std::ops::Deref for RangeContext {
 pub(crate) struct Spare(AtomicPtr<RangeInner>);
 
 impl Spare {
+    // An `AtomicPtr` for speed: a `parking_lot::Mutex<Option<Arc<_>>>`
+    // measured 908 instructions per `Null` lifecycle against 881 (reserve
+    // 66 against 56, release 111 against 95; `benches/instructions.rs`,
+    // rustc 1.95), for one pointer swapped in and out.
+
     /// The spare, if there is one (it is taken: no one else can have it).
     fn take(&self) -> Option<Arc<RangeInner>> {
         let p = self.0.swap(std::ptr::null_mut(), Ordering::Acquire);
         // SAFETY: a non-null pointer here came from `Arc::into_raw` in
         // `put` and was swapped out atomically, so this is its one owner.
+        // (Unsafe for speed: see the figure above.)
         (!p.is_null()).then(|| unsafe { Arc::from_raw(p.cast_const()) })
     }
 
