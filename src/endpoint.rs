@@ -372,7 +372,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             facts.size = spec.props.size;
             facts.align = limits.bind_alignment;
             facts.devices = match spec.props.shape {
-                Shape::Unicast { owner } => smallvec::smallvec![owner],
+                // Inline, no `push`: one device in a buffer of four.
+                Shape::Unicast { owner } => smallvec::SmallVec::from_buf_and_len(
+                    [owner, Device(0), Device(0), Device(0)],
+                    1,
+                ),
                 Shape::Multicast { .. } => spec.devices.as_slice().into(),
             };
             facts.team_size = match spec.props.shape {
