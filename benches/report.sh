@@ -145,6 +145,15 @@ END {
     }
     emit("lifecycle", t)
 
+    # Copy batch (bench copy_batch, Null): instructions per op, typed vs raw.
+    t = "| ops per batch | typed | raw | typed per op | raw per op | typed / raw |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    split("1 64 1024", cn, " ")
+    for (i = 1; i <= 3; i++) {
+        k = cn[i]; a = ir("copy_batch::copy_batch_typed@" k); b = ir("copy_batch::copy_batch_raw@" k)
+        t = t sprintf("| %s | %s | %s | %.1f | %.1f | %s |\n", commas(k), commas(a), commas(b), a / k, b / k, ratio(a, b))
+    }
+    emit("copy_batch", t)
+
     # Wall clock (bench lifecycle).
     t = "| measure | driver | typed | raw | raw + `get_limits` | typed / raw | typed / (raw + `get_limits`) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n"
     split("crit:criterion'"'"'s estimates;inter:medians of 1,000 interleaved rounds", ms, ";")

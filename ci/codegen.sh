@@ -21,7 +21,8 @@
 #      the same count argument (1): the typed layer asks the driver nothing
 #      more (no limits, no device query, no second query).
 #   2. The typed function calls nothing else on any path but the error
-#      mapping (`Context::error`, only when the driver failed) and, on
+#      mapping (`Context::error` and `Failure::new`, which boxes it with
+#      the endpoint, only when the driver failed) and, on
 #      unwinding, the endpoint's `drop_in_place`: no allocation, no copy
 #      (`memcpy`), no lock, no reference count, no `Drop` of the endpoint on
 #      the success path. The state change (`Pending` → `Ready`, a type-level
@@ -35,9 +36,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Budgets (rustc 1.95.0, x86-64; see 3. above).
-TYPED_BEFORE_CALL_MAX=15
-TYPED_TOTAL_MAX=67
+# Budgets (rustc 1.95.0, x86-64; see 3. above). 14 and 56 since issue 22
+# (`Failed` one pointer: its error built out of line, in `Failure::new`).
+TYPED_BEFORE_CALL_MAX=14
+TYPED_TOTAL_MAX=56
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
@@ -91,6 +93,7 @@ while IFS= read -r c; do
     [ -z "$c" ] && continue
     case "$c" in
     *Context5error*) ;;                                     # the driver failed: its error
+    *Failure*3new*) ;;                                      # the driver failed: `Failed` boxed
     *drop_in_place*Endpoint*Pending*) ;;                    # unwinding only (a panicking driver)
     *_Unwind_Resume*) ;;                                    # unwinding only
     *panic_in_cleanup*) ;;                                  # unwinding only

@@ -231,7 +231,11 @@ impl Context {
     pub(crate) fn driver(&self) -> &dyn Driver {
         // SAFETY: `driver_ref` points to the value of `inner.driver`, which
         // lives (and never moves: it is in an `Arc`) as long as `inner`, so
-        // at least as long as `&self`.
+        // at least as long as `&self`. Unsafe for speed: the safe
+        // `&*self.inner.driver` finds the value behind the `Arc` from the
+        // vtable's alignment at every call, 5 instructions per driver call:
+        // 921 instructions per `Null` lifecycle against 881 with the
+        // pointer, `wait` 34 against 29 (`benches/instructions.rs`, rustc 1.95).
         unsafe { &*self.inner.driver_ref.0 }
     }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::context::Context;
 use crate::driver::{Call, Device};
 use crate::driver::{EndpointProps, Shape};
-use crate::error::{Alignment, Arg, Error, Failed, Result, Rule};
+use crate::error::{Alignment, Arg, Error, Failed, Failure, Result, Rule};
 use crate::kind::{CanExport, Creatable, Enroll, HasFabricHandles, Kind, NoKind, TeamHasRoom};
 use crate::memory::round_up;
 use crate::range::{Facts, RangeInner, SlotGuard, release_shared};
@@ -70,16 +70,13 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 ///
 /// Only the owner of the endpoint on `id` calls this: a transition that took
 /// it by value, or its `Drop`.
-fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
+///
+/// The error is boxed: `None` is one register, and the error paths are out
+/// of line.
+fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error>> {
     // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
     if let Err(e) = crate::stream::settle(range, id) {
-        if from_drop {
-            // SAFETY: only the owner of the endpoint on `id` destroys it.
-            unsafe { range.facts_mut(id) }.orphaned = true;
-            range.ctx.record_teardown(e);
-            return None;
-        }
-        return Some(e);
+        return destroy_failed(range, id, from_drop, e);
     }
     // A panic inside the call is taken as coming after the destroy (see
     // `OnUnwind`): forget the endpoint then, and never destroy twice.
@@ -94,23 +91,26 @@ fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Error> {
             forget_endpoint(range, id);
             None
         }
-        Err(code) => {
-            let e = range.ctx.error(Call::Destroy, code);
-            if from_drop {
-                // Keep the endpoint's bookkeeping and the memory it keeps
-                // alive: freeing memory that may still be bound is the one
-                // thing worse than a leak. The id still holds the endpoint, so
-                // the range retries the destroy before it releases (R1.2);
-                // if that fails too, it leaks the memory for good.
-                // SAFETY: only the owner of the endpoint on `id` destroys it
-                // (see above), so no other reference to its facts exists.
-                unsafe { range.facts_mut(id) }.orphaned = true;
-                range.ctx.record_teardown(e);
-                None
-            } else {
-                Some(e)
-            }
-        }
+        Err(code) => destroy_failed(range, id, from_drop, range.ctx.error(Call::Destroy, code)),
+    }
+}
+
+/// The endpoint on `id` is still there after `e`: from `Drop`, keep its
+/// bookkeeping and the memory it keeps alive (freeing memory that may still
+/// be bound is the one thing worse than a leak) and record the error; the id
+/// still holds the endpoint, so the range retries the destroy before it
+/// releases (R1.2), and if that fails too it leaks the memory for good.
+#[cold]
+#[inline(never)]
+fn destroy_failed(range: &RangeInner, id: u32, from_drop: bool, e: Error) -> Option<Box<Error>> {
+    if from_drop {
+        // SAFETY: only the owner of the endpoint on `id` destroys it (see
+        // `destroy_now`), so no other reference to its facts exists.
+        unsafe { range.facts_mut(id) }.orphaned = true;
+        range.ctx.record_teardown(e);
+        None
+    } else {
+        Some(Box::new(e))
     }
 }
 
@@ -120,33 +120,30 @@ fn forget_endpoint(range: &RangeInner, id: u32) {
     // SAFETY: only the owner of the endpoint on `id` destroys it (see
     // `destroy_now`), so no other reference to its facts exists.
     *unsafe { range.facts_mut(id) } = Facts::default();
-    let mut slot = range.slot(id);
+    let slot = range.slot(id);
     // Nothing bound and nothing exported (the usual case): nothing to move
-    // out of the slot.
-    if slot.bindings.is_empty() && slot.fabric().is_none() && slot.windows().next().is_none() {
+    // out of the slot, and the rest out of line (no frame for it here).
+    if slot.bindings.is_empty() && slot.is_unshared() {
         return;
     }
+    forget_rest(range, slot);
+}
+
+/// The cold part of [`forget_endpoint`]: the bindings, fabric handle and
+/// windows taken out under the lock, the handle detached and the memory
+/// released outside it.
+#[cold]
+#[inline(never)]
+fn forget_rest(range: &RangeInner, mut slot: SlotGuard<'_>) {
     let bindings = slot.reset();
     let fabric = slot.take_fabric();
     let windows = slot.take_windows(|_| true);
     drop(slot);
-    forget_rest(range, bindings, fabric);
-    drop(windows); // peer memory the portable path kept, outside the lock
-}
-
-/// The cold part of [`forget_endpoint`]: the fabric handle detached and the
-/// memory released, outside the slot's lock.
-#[cold]
-#[inline(never)]
-fn forget_rest(
-    range: &RangeInner,
-    bindings: smallvec::SmallVec<[crate::range::Bound; 1]>,
-    fabric: Option<[u8; 64]>,
-) {
     if let Some(f) = fabric {
         range.ctx.detach(&f);
     }
     drop(bindings); // releases memory only now that nothing is bound (R7.2)
+    drop(windows); // peer memory the portable path kept
 }
 
 /// Either state after a non-blocking [`Endpoint::poll`].
@@ -253,7 +250,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     }
 
     fn fail<T>(self, error: Error) -> Result<T, Failed<Self>> {
-        Err(Failed { error, value: self })
+        Err(Failure::new(error, self))
     }
 
     /// The logical-endpoint id (`CUlogicalEndpointId`).
@@ -362,7 +359,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 // that fails, the range retries before it releases (R1.2).
                 if let Some(e2) = destroy_now(&self.range, self.id, false) {
                     tracing::error!("undo of create failed");
-                    ctx.record_teardown(e2); // not swallowed
+                    ctx.record_teardown(*e2); // not swallowed
                     // SAFETY: `create` took the endpoint by value.
                     unsafe { self.facts_mut() }.orphaned = true;
                 }
@@ -375,7 +372,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             facts.size = spec.props.size;
             facts.align = limits.bind_alignment;
             facts.devices = match spec.props.shape {
-                Shape::Unicast { owner } => smallvec::smallvec![owner],
+                // Inline, no `push`: one device in a buffer of four.
+                Shape::Unicast { owner } => smallvec::SmallVec::from_buf_and_len(
+                    [owner, Device(0), Device(0), Device(0)],
+                    1,
+                ),
                 Shape::Multicast { .. } => spec.devices.as_slice().into(),
             };
             facts.team_size = match spec.props.shape {
@@ -395,7 +396,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         }
         match destroy_now(&self.range, self.id, false) {
             None => Ok(()),
-            Some(e) => Err(e),
+            Some(e) => Err(*e),
         }
     }
 
@@ -679,10 +680,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let (range, id) = self.into_parts();
         match destroy_now(&range, id, false) {
             None => Ok(Endpoint::from_parts(range, id)),
-            Some(error) => Err(Failed {
-                error,
-                value: Endpoint::from_parts(range, id),
-            }),
+            Some(error) => Err(Failure::new(*error, Endpoint::from_parts(range, id))),
         }
     }
 

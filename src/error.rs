@@ -1059,20 +1059,36 @@ fn timeout_fix(multicast: bool) -> &'static str {
 /// A failed consuming transition: the error, and the value it was called on,
 /// unchanged, so nothing leaks and the caller can retry or drop it.
 ///
+/// One pointer ([`Failure`] boxed), so that a transition's
+/// `Result<Endpoint<_>, Failed<_>>` is 16 bytes and comes back in two
+/// registers: the error is allocated on the error path only. Its fields read
+/// as before (`f.error`, `f.value`, moved out with `f.value` or
+/// [`Failure::into_parts`]).
+///
 /// Transparent: `Display` is the [`Error`]'s message and
 /// [`std::error::Error::source`] is the error's own source, so `{e}`, a
 /// report that walks the chain, and `?` into `Box<dyn Error>` all show the
 /// cause's wording once. `Debug` is the error's `Debug` and the type of the
 /// value that came back. `?` into [`Error`] keeps only the error (and drops
 /// the value).
-pub struct Failed<T> {
+pub type Failed<T> = Box<Failure<T>>;
+
+/// What a [`Failed`] points to: the error and the value handed back.
+pub struct Failure<T> {
     /// What went wrong.
     pub error: Error,
     /// The value handed back, in the state it had before the call.
     pub value: T,
 }
 
-impl<T> Failed<T> {
+impl<T> Failure<T> {
+    /// The error and the value, boxed: a [`Failed`].
+    #[cold]
+    #[inline(never)]
+    pub fn new(error: Error, value: T) -> Failed<T> {
+        Box::new(Failure { error, value })
+    }
+
     /// Splits into the error and the value.
     pub fn into_parts(self) -> (Error, T) {
         (self.error, self.value)
@@ -1112,7 +1128,7 @@ impl fmt::Debug for TypeName {
 
 // Hand-written: no `T: Debug` bound, so `?` works for any endpoint type; the
 // value is named by its type.
-impl<T> fmt::Debug for Failed<T> {
+impl<T> fmt::Debug for Failure<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Failed")
             .field("error", &self.error)
@@ -1121,13 +1137,13 @@ impl<T> fmt::Debug for Failed<T> {
     }
 }
 
-impl<T> fmt::Display for Failed<T> {
+impl<T> fmt::Display for Failure<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.error, f)
     }
 }
 
-impl<T> std::error::Error for Failed<T> {
+impl<T> std::error::Error for Failure<T> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         std::error::Error::source(&self.error)
     }
@@ -1159,10 +1175,7 @@ mod tests {
 
     #[test]
     fn failed_shows_its_cause_once_in_a_chain() {
-        let f = Failed {
-            error: Error::EmptyTeam,
-            value: (),
-        };
+        let f = Failure::new(Error::EmptyTeam, ());
         let cause = Error::EmptyTeam.to_string();
         assert_eq!(f.to_string(), cause);
         let mut chain = vec![f.to_string()];
@@ -1176,10 +1189,7 @@ mod tests {
 
     #[test]
     fn failed_debug_shows_the_error_and_which_value_came_back() {
-        let f = Failed {
-            error: Error::EmptyTeam,
-            value: Device(3),
-        };
+        let f = Failure::new(Error::EmptyTeam, Device(3));
         let debug = format!("{f:?}");
         assert_eq!(debug, "Failed { error: EmptyTeam, value: Device }");
         let boxed: Box<dyn std::error::Error> = Box::new(f);

@@ -130,4 +130,22 @@ mod layout {
     assert_impl_all!(Allocation<PosixFd>: Send, Sync);
     assert_impl_all!(Mapped: Send, Sync);
     assert_impl_all!(Context: Send, Sync, Clone);
+
+    // A failed transition is one pointer (issue 22): a transition's
+    // `Result<Endpoint<_>, Failed<_>>` is the endpoint's 16 bytes, with no
+    // tag (the `Arc`'s niche tells the two apart), whatever the error's size.
+    const_assert_eq!(std::mem::size_of::<Failed<Endpoint<Reserved>>>(), 8);
+    const_assert_eq!(
+        std::mem::size_of::<std::result::Result<Endpoint<Pending, Unicast>, Failed<Endpoint>>>(),
+        16
+    );
+    const_assert_eq!(
+        std::mem::size_of::<
+            std::result::Result<Endpoint<Ready, Unicast>, Failed<Endpoint<Pending, Unicast>>>,
+        >(),
+        16
+    );
+    // `Error` itself stays an enum to match on; pinned so that growing it is
+    // a decision (it is what `Result<_, Error>` writes through memory).
+    const_assert_eq!(std::mem::size_of::<Error>(), 88);
 }

@@ -17,7 +17,7 @@ use crate::driver::{
     AllocationRequest, Call, Code, Device, FabricHandleBytes, Granularity, Location,
     ShareableHandle, ShareableKind, handle_bits,
 };
-use crate::error::{Error, Failed, Result};
+use crate::error::{Error, Failed, Failure, Result};
 use crate::state::Sealed;
 use crate::unwind::OnUnwind;
 
@@ -270,14 +270,11 @@ impl<H: MemShare> Allocation<H> {
         let ctx = self.inner.ctx.clone();
         let d = ctx.driver();
         let size = self.inner.size;
-        let fail = |call, code, value| Failed {
-            error: ctx.error(call, code),
-            value,
-        };
+        let fail = |call, code, value| Failure::new(ctx.error(call, code), value);
         // Before the driver: every device to give access to exists.
         for &dev in &access {
             if let Err(error) = ctx.check_device(dev) {
-                return Err(Failed { error, value: self });
+                return Err(Failure::new(error, self));
             }
         }
         // A new range, owned by the `Mapped` made below.

@@ -10,7 +10,7 @@
 use crate::binding::BindingRecord;
 use crate::driver::Device;
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Failed, Result};
+use crate::error::{Error, Failed, Failure, Result};
 use crate::kind::{Accepts, CanBind, Kind};
 use crate::memory::BindSource;
 use crate::state::Ready;
@@ -68,7 +68,7 @@ where
                 self.memory.push(mem);
                 Ok(())
             }
-            Err(error) => Err(Failed { error, value: mem }),
+            Err(error) => Err(Failure::new(error, mem)),
         }
     }
 }
@@ -94,7 +94,7 @@ impl<K: Kind, M: BindSource> BoundEndpoint<K, M> {
     ///
     /// # Errors
     /// The first failed unbind ([`Error::Driver`]), with the endpoint and
-    /// the memory in [`Failed::value`]: the endpoint keeps alive what stayed
+    /// the memory in [`Failure::value`]: the endpoint keeps alive what stayed
     /// bound until it is destroyed (R7.2), so that memory may not be freed
     /// at once.
     // The error hands back by value what the caller owns, as every `Failed`
@@ -112,10 +112,7 @@ impl<K: Kind, M: BindSource> BoundEndpoint<K, M> {
         // SAFETY: as above; `bindings` is empty after `unbind_now`.
         drop(unsafe { std::ptr::read(&me.bindings) });
         match first {
-            Some(error) => Err(Failed {
-                error,
-                value: (endpoint, memory),
-            }),
+            Some(error) => Err(Failure::new(error, (endpoint, memory))),
             None => Ok((endpoint, memory)),
         }
     }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::driver::{Call, DriverResult};
 use crate::endpoint::{Endpoint, Readiness};
-use crate::error::{Error, Failed, Result};
+use crate::error::{Error, Failed, Failure, Result};
 use crate::kind::{Kind, TeamIsComplete};
 use crate::range::RangeInner;
 use crate::state::{CanQuery, Pending, Ready, State};
@@ -123,7 +123,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         match query(self.range(), self.id(), 1) {
             Ok(true) => Ok(Readiness::Ready(self.cast())),
             Ok(false) => Ok(Readiness::Pending(self.cast())),
-            Err(error) => Err(Failed { error, value: self }),
+            Err(error) => Err(Failure::new(error, self)),
         }
     }
 
@@ -170,7 +170,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             match answer {
                 Ok(true) => return Ok(self.cast()),
                 Ok(false) => backoff.not_ready(),
-                Err(error) => return Err(Failed { error, value: self }),
+                Err(error) => return Err(Failure::new(error, self)),
             }
             if !backoff.pause(timeout) {
                 let error = Error::Timeout {
@@ -179,7 +179,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                     polls: backoff.polls,
                     multicast: K::MULTICAST,
                 };
-                return Err(Failed { error, value: self });
+                return Err(Failure::new(error, self));
             }
             backoff.polls += 1;
             answer = query(self.range(), self.id(), 1);
@@ -239,10 +239,7 @@ fn wait_all_one_more<K: Kind>(
     };
     match r {
         Ok(()) => Ok(Endpoint::cast_vec(endpoints)),
-        Err(error) => Err(Failed {
-            error,
-            value: endpoints,
-        }),
+        Err(error) => Err(Failure::new(error, endpoints)),
     }
 }
 
@@ -300,10 +297,7 @@ fn wait_all_runs<K: Kind>(
     drop(runs);
     match outcome {
         Ok(()) => Ok(Endpoint::cast_vec(endpoints)),
-        Err(error) => Err(Failed {
-            error,
-            value: endpoints,
-        }),
+        Err(error) => Err(Failure::new(error, endpoints)),
     }
 }
 

@@ -78,10 +78,20 @@ fn range_key(range: &RangeInner) -> usize {
 /// # Errors
 /// The first synchronize that failed: the caller must not go on (the copy
 /// may still run).
+#[inline]
 pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
+    // Inline: with no copy in flight anywhere (the usual unbind and
+    // destroy), one load and no call.
     if IN_INDEX.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
+    settle_in_flight(range, id)
+}
+
+/// [`settle`] when some copy may be in flight.
+#[cold]
+#[inline(never)]
+fn settle_in_flight(range: &RangeInner, id: u32) -> Result<()> {
     let key = range_key(range);
     let streams: Vec<Arc<StreamInner>> = index()
         .iter()
