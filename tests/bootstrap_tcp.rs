@@ -69,6 +69,20 @@ fn child(role: &str) -> Result<(), String> {
             std::thread::sleep(Duration::from_secs(60));
             Ok(())
         }
+        "allgather_then_sleep" => {
+            boot.allgather(b"x", t).map_err(|e| e.to_string())?;
+            report("SET UP");
+            std::thread::sleep(Duration::from_secs(60));
+            Ok(())
+        }
+        "allgather_twice_60s" => {
+            boot.allgather(b"x", t).map_err(|e| e.to_string())?;
+            match boot.allgather(b"y", LONG) {
+                Err(e) => report(&format!("{e:?}")),
+                Ok(_) => report("OK"),
+            }
+            Ok(())
+        }
         "allgather_60s" => {
             // Far longer than any bound under test: an error that comes
             // proves it came from something else (issue 21, item 13).
@@ -130,12 +144,24 @@ fn run_suite(size: usize) {
                 d.stderr
             );
         }
-        // Rank 0 sends n-1 challenges and n-1 welcomes, n-1 results per allgather (two), n-1
-        // frames for its own broadcast and n-2 for each forwarded one (two),
-        // n-1 barrier releases.
+        // Rank 0 sends n-1 challenges and n-1 welcomes, n-1 frames for its
+        // own broadcast and n-2 for each forwarded one (two), n-1 barrier
+        // releases. Each allgather (two): with two ranks, one result; with
+        // three or more, n-1 blocks along the ring, and the first one sets
+        // the ring up (n-1 next addresses, n-1 go-aheads, and its own two
+        // links' hello, challenge, proof and welcome: 4).
         let n = size as u64;
         let t = boot.traffic();
-        assert_eq!(t.messages_sent, 6 * (n - 1) + 2 * (n - 2), "{t:?}");
+        let allgathers = if n >= 3 {
+            2 * (n - 1) + 2 * (n - 1) + 4
+        } else {
+            2 * (n - 1)
+        };
+        assert_eq!(
+            t.messages_sent,
+            4 * (n - 1) + 2 * (n - 2) + allgathers,
+            "{t:?}"
+        );
     }
     assert_eq!(
         open_fds(),
@@ -950,4 +976,230 @@ fn idle_connections_cannot_keep_honest_ranks_out_of_rank_0() {
             d.stderr
         );
     }
+}
+
+/// `n` ranks of one TCP job as threads of this process, each running `f`.
+fn tcp_threads<T: Send>(n: usize, f: impl Fn(&Tcp) -> T + Sync) -> Vec<T> {
+    let (id, listener) = root(n);
+    let t = Duration::from_secs(30);
+    std::thread::scope(|s| {
+        let f = &f;
+        let mut handles = vec![s.spawn(move || f(&listener.accept(n, t).expect("accept")))];
+        for r in 1..n {
+            let id = id.clone();
+            handles.push(s.spawn(move || f(&Tcp::join(&id, r, n, t).expect("join"))));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+/// Issue 22: on the ring every rank, rank 0 included, sends `n - 1`
+/// messages per allgather, each one contribution long, so its bytes grow
+/// linearly in `n` (on the star rank 0 sent `n - 1` results of `n`
+/// contributions each).
+#[test]
+fn every_rank_sends_n_minus_1_blocks_per_allgather_on_the_ring() {
+    let _s = serial();
+    let _w = watchdog::guard("ring traffic");
+    for n in [3usize, 8, 24] {
+        let per_rank = tcp_threads(n, |b| {
+            let t = Duration::from_secs(30);
+            // The first allgather sets the ring up.
+            b.allgather(&contribution(b.rank()), t).expect("first");
+            let before = b.traffic();
+            let mine = vec![b.rank() as u8; 100];
+            let all = b.allgather(&mine, t).expect("second");
+            let after = b.traffic();
+            let want: Vec<Vec<u8>> = (0..b.size()).map(|r| vec![r as u8; 100]).collect();
+            assert_eq!(all, want, "rank {}", b.rank());
+            (
+                after.messages_sent - before.messages_sent,
+                after.bytes_sent - before.bytes_sent,
+                after.messages_received - before.messages_received,
+                after.bytes_received - before.bytes_received,
+            )
+        });
+        // A block: the 36-byte header, the 4-byte origin, 100 bytes.
+        let block = 36 + 4 + 100;
+        let k = n as u64 - 1;
+        for (rank, got) in per_rank.into_iter().enumerate() {
+            assert_eq!(got, (k, k * block, k, k * block), "rank {rank} of {n}");
+        }
+    }
+}
+
+/// The listening sockets of this process on TCP/IPv4 (`/proc`), as ports.
+fn listening_ports() -> Vec<u16> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    l.strip_prefix("socket:[")
+                        .and_then(|x| x.strip_suffix(']'))
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    std::fs::read_to_string("/proc/self/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            (*state == "0A" && inodes.contains(*inode))
+                .then(|| u16::from_str_radix(local.rsplit(':').next()?, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// Issue 22 with issue 21's rules: the ring's links are authenticated like
+/// the link to rank 0. Connections to the ranks' ring listeners that send
+/// garbage, a hello claiming to be the previous rank without the secret, or
+/// nothing at all are dropped and counted, and the ring forms with the
+/// real ranks.
+#[test]
+fn connections_to_a_ring_listener_that_prove_nothing_are_dropped_and_the_ring_still_forms() {
+    let _s = serial();
+    let _w = watchdog::guard("ring squatters");
+    let n = 3;
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let before = listening_ports();
+    let entered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let entered2 = entered.clone();
+    let squatter = std::thread::spawn(move || {
+        // Ranks 0 and 1 listen while they wait for rank 2's address (rank
+        // 0's join listener is gone by then).
+        let mut ports = Vec::new();
+        for _ in 0..2000 {
+            if entered2.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            ports = listening_ports()
+                .into_iter()
+                .filter(|p| !before.contains(p))
+                .collect();
+            if ports.len() >= 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut held = Vec::new();
+        for (i, port) in ports.iter().enumerate() {
+            let Ok(mut s) = TcpStream::connect(("127.0.0.1", *port)) else {
+                continue;
+            };
+            match i % 3 {
+                0 => {
+                    let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
+                }
+                // A hello as any previous rank, then a proof with a wrong key.
+                _ => {
+                    for from in 0..3u32 {
+                        let _ = s.write_all(&raw_frame(1, 0, 0, from, 3, &[7; 16]));
+                    }
+                    let _ = s.write_all(&raw_frame(12, 0, 0, 0, 3, &[0; 32]));
+                }
+            }
+            // One idle connection beside it.
+            held.push(TcpStream::connect(("127.0.0.1", *port)).ok());
+            held.push(Some(s));
+        }
+        let found = ports.len();
+        let _ = go_tx.send(());
+        (found, held)
+    });
+    let got = tcp_threads(n, |b| {
+        let t = Duration::from_secs(30);
+        if b.rank() != 2 {
+            entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        } else {
+            let _ = go_rx
+                .lock()
+                .expect("channel")
+                .recv_timeout(Duration::from_secs(30));
+        }
+        let all = b
+            .allgather(&contribution(b.rank()), t)
+            .expect("the ring forms");
+        let again = b.allgather(&contribution(b.rank()), t).expect("and works");
+        (all, again, b.traffic().refused_connections)
+    });
+    let (found, held) = squatter.join().expect("squatter");
+    drop(held);
+    assert!(found >= 2, "the squatter saw {found} ring listeners");
+    let want: Vec<Vec<u8>> = (0..n).map(contribution).collect();
+    let mut refused = 0;
+    for (all, again, r) in got {
+        assert_eq!(all, want);
+        assert_eq!(again, want);
+        refused += r;
+    }
+    assert!(refused >= 2, "{refused} connections refused");
+}
+
+/// A rank killed in a ring allgather (after the ring stands): the rank
+/// after it sees it close, and passes an abort naming it round the ring,
+/// so the others fail at once instead of at their (far longer) bound.
+#[test]
+fn a_rank_killed_mid_ring_allgather_is_named_to_every_live_rank_at_once() {
+    let _s = serial();
+    let _w = watchdog::guard("ring kill");
+    let mut kids = Children::default();
+    let n = 4;
+    let (id, listener) = root(n);
+    spawn_ranks(&mut kids, &id, n, |r| {
+        if r == 2 {
+            "allgather_then_sleep"
+        } else {
+            "allgather_twice_60s"
+        }
+    });
+    let boot = listener.accept(n, Duration::from_secs(30)).expect("join");
+    boot.allgather(b"x", Duration::from_secs(30))
+        .expect("the ring forms");
+    let mut victim = kids.take("rank2").expect("victim");
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = victim.kill(); // SIGKILL
+        let _ = victim.wait();
+    });
+    let err = boot.allgather(b"y", LONG).expect_err("rank 2 is killed");
+    killer.join().expect("killer thread");
+    // Ring 0 -> 1 -> 2 -> 3 -> 0: rank 3 sees rank 2 close; rank 0 and
+    // rank 1 hear of it from their previous rank.
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Aborted {
+                rank: 0,
+                culprit: 2,
+                reason: AbortReason::PeerClosed,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let done = kids.wait_all(LONG);
+    let rank1 = done[0].results();
+    assert!(
+        rank1[0].contains("Aborted")
+            && rank1[0].contains("culprit: 2")
+            && rank1[0].contains("PeerClosed"),
+        "rank 1: {rank1:?}"
+    );
+    let rank3 = done[1].results();
+    assert!(
+        rank3[0].contains("PeerClosed") && rank3[0].contains("peer: 2"),
+        "rank 3: {rank3:?}"
+    );
 }

@@ -75,6 +75,7 @@ mod fd;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod node;
+mod ring;
 mod tcp;
 mod threads;
 mod unique_id;
