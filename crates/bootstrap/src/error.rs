@@ -498,6 +498,12 @@ pub enum IdProblem {
         /// The I/O error kind.
         kind: io::ErrorKind,
     },
+    /// The listening socket a launcher handed down
+    /// ([`LISTEN_FD_ENV`](crate::LISTEN_FD_ENV)) cannot be used.
+    Listener {
+        /// Why.
+        why: &'static str,
+    },
     /// The id file is refused: another user could have planted or changed it.
     Untrusted {
         /// The file.
@@ -521,6 +527,11 @@ impl fmt::Display for IdProblem {
                 )
             }
             IdProblem::File { path, kind } => write!(f, "cannot read {}: {kind}", path.display()),
+            IdProblem::Listener { why } => write!(
+                f,
+                "the listening socket the launcher handed down ({}) cannot be used: {why}",
+                crate::LISTEN_FD_ENV
+            ),
             IdProblem::Untrusted { path, why } => write!(
                 f,
                 "{} is not trusted: {why}; the id file must be this user's, in a directory only this user can write",

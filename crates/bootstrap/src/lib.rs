@@ -94,5 +94,5 @@ pub use mpi::Mpi;
 pub use node::NodeId;
 pub use tcp::{Tcp, TcpRoot};
 pub use threads::{ThreadRank, Threads};
-pub use unique_id::{NODE_ENV, RANK_ENV, SIZE_ENV, UNIQUE_ID_ENV, UniqueId};
+pub use unique_id::{LISTEN_FD_ENV, NODE_ENV, RANK_ENV, SIZE_ENV, UNIQUE_ID_ENV, UniqueId};
 pub use wire::MAX_PAYLOAD;

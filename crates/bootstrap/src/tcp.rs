@@ -163,6 +163,53 @@ pub(crate) fn wait_readable(
     }
 }
 
+/// Rank 0's listener, when a launcher bound it and handed it down
+/// ([`LISTEN_FD_ENV`](super::LISTEN_FD_ENV)): `None` without the variable.
+/// Taken once per process, and only a listening TCP socket bound to the
+/// id's address; it is close-on-exec again once taken.
+fn inherited_listener(id: &UniqueId) -> Option<Result<TcpListener, BootstrapError>> {
+    use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+    let text = std::env::var(super::LISTEN_FD_ENV).ok()?;
+    let refuse = |why| BootstrapError::InvalidId {
+        what: super::error::IdProblem::Listener { why },
+    };
+    Some((|| {
+        let raw: i32 = text
+            .trim()
+            .parse()
+            .map_err(|_| refuse("not a descriptor number"))?;
+        if raw < 3 {
+            return Err(refuse("a standard stream's number"));
+        }
+        if TAKEN.swap(true, Ordering::SeqCst) {
+            return Err(refuse("already taken by this process"));
+        }
+        // SAFETY: `raw` is checked only through calls that answer EBADF for
+        // a number that is not open; the borrow ends before anything else in
+        // this process could close or reuse it (the variable names a
+        // descriptor the launcher left open for this process, taken once).
+        let fd = unsafe { BorrowedFd::borrow_raw(raw) };
+        let listening = rustix::net::sockopt::socket_acceptconn(fd)
+            .map_err(|_| refuse("not an open socket"))?;
+        let local = rustix::net::getsockname(fd).map_err(|_| refuse("not an open socket"))?;
+        let bound = SocketAddr::try_from(local).ok();
+        if !listening || bound != Some(id.addr) {
+            return Err(refuse(
+                "not a TCP socket listening on the unique id's address",
+            ));
+        }
+        // SAFETY: an open listening socket that nothing else in this process
+        // owns: the launcher handed it to this process alone, and `TAKEN`
+        // makes this the one owner.
+        let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+        rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)
+            .map_err(|_| refuse("its flags cannot be set"))?;
+        Ok(TcpListener::from(owned))
+    })())
+}
+
 impl Tcp {
     /// Rank 0: binds `bind_addr` (port 0 picks a free one) and makes the
     /// job's unique id. Publish the id (environment, file), then call
@@ -208,8 +255,11 @@ impl Tcp {
     /// (`cuda-endpoints-fabric -n N -- ./app`): reads the rank
     /// ([`RANK_ENV`](crate::RANK_ENV)), the size ([`SIZE_ENV`](crate::SIZE_ENV))
     /// and the unique id ([`UNIQUE_ID_ENV`](crate::UNIQUE_ID_ENV)); rank 0
-    /// listens on the id's address (the launcher picked a free loopback
-    /// port) and admits the others, which join. Every step within `timeout`.
+    /// listens on the id's address and admits the others, which join. Every
+    /// step within `timeout`. Rank 0 takes the listener the launcher bound
+    /// and handed down ([`LISTEN_FD_ENV`](crate::LISTEN_FD_ENV)), so no
+    /// other process can take the port first; without that variable it
+    /// binds the id's address itself.
     ///
     /// # Errors
     /// [`BootstrapError::InvalidId`] for a variable unset or unparsable;
@@ -244,7 +294,10 @@ impl Tcp {
             peer: None,
             source,
         };
-        let listener = TcpListener::bind(id.addr).map_err(io)?;
+        let listener = match inherited_listener(&id) {
+            Some(l) => l?,
+            None => TcpListener::bind(id.addr).map_err(io)?,
+        };
         listener.set_nonblocking(true).map_err(io)?;
         TcpRoot { listener, id }.accept(size, timeout)
     }
