@@ -127,8 +127,10 @@ END {
     if (!("commit" in META)) missing = missing " run"
     t = sprintf("Every figure of the marked tables is from one `cargo bench -p cuda-endpoints-benches` run: %s, commit `%s`, rustc %s, %s, Valgrind %s, gungraun %s, %s cores; load average before %s, after %s (`uptime`: 1, 5, 15 minutes).\n", \
         META["date"], META["commit"], META["rustc"], META["arch"], META["valgrind"], META["gungraun"], META["cores"], META["load_before"], META["load_after"])
-    emit("bring_up_run", t)
     if (only == "") emit("run", t)
+    else t = sprintf("Every figure of the three bring-up sections is from one `cargo bench -p cuda-endpoints-benches --bench bring_up` run (`benches/report.sh --bench bring_up`): %s, commit `%s`, rustc %s, %s, %s cores; load average before %s, after %s (`uptime`: 1, 5, 15 minutes).\n", \
+        META["date"], META["commit"], META["rustc"], META["arch"], META["cores"], META["load_before"], META["load_after"])
+    emit("bring_up_run", t)
 
     # Team bring-up (bring_up): TCP first, then threads, as the prose reads.
     if (nbu == 0) missing = missing " bring_up"
@@ -151,12 +153,12 @@ END {
     if (nfit == 0) missing = missing " bring_up_fit"
     t = "| bring-up | over | messages, rank 0 | messages, other | bytes, rank 0 | bytes, other | slowest rank | R² traffic | R² time |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     for (i = 1; i <= nfit; i++) {
-        split(FIT[i], f, " +")
+        split(FIT[i], fq, " +")
         # fit PATTERN OVER m0a m0b moa mob b0a b0b boa bob ta tb r2 r2t
-        over = f[3] == "tcp" ? "TCP, threads" : f[3] == "tcp-procs" ? "TCP, processes" : "threads"
-        ta = f[12]; sub(/us$/, "", ta); tb = f[13]; sub(/us$/, "", tb)
-        t = t sprintf("| `team::%s` | %s | %s n %s | %s n %s | %s n %s | %s n %s | %.2f ms n %s %.0f ms | %s | %s |\n", f[2], over, \
-            num(f[4]), lin(f[5]), num(f[6]), lin(f[7]), num(f[8]), lin(f[9]), num(f[10]), lin(f[11]), ta / 1000, (tb < 0 ? "−" : "+"), (tb < 0 ? -tb : tb) / 1000, f[14], f[15])
+        over = fq[3] == "tcp" ? "TCP, threads" : fq[3] == "tcp-procs" ? "TCP, processes" : "threads"
+        ta = fq[12]; sub(/us$/, "", ta); tb = fq[13]; sub(/us$/, "", tb)
+        t = t sprintf("| `team::%s` | %s | %s n %s | %s n %s | %s n %s | %s n %s | %.2f ms n %s %.0f ms | %s | %s |\n", fq[2], over, \
+            num(fq[4]), lin(fq[5]), num(fq[6]), lin(fq[7]), num(fq[8]), lin(fq[9]), num(fq[10]), lin(fq[11]), ta / 1000, (tb < 0 ? "−" : "+"), (tb < 0 ? -tb : tb) / 1000, fq[14], fq[15])
     }
     emit("bring_up_fit", t)
     if (only != "") {
