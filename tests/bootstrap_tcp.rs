@@ -1202,4 +1202,11 @@ fn a_rank_killed_mid_ring_allgather_is_named_to_every_live_rank_at_once() {
         rank3[0].contains("PeerClosed") && rank3[0].contains("peer: 2"),
         "rank 3: {rank3:?}"
     );
+    // The ring is out of step now: later allgathers fail at once, naming
+    // rank 2.
+    let again = boot.allgather(b"z", LONG).expect_err("the ring is broken");
+    assert!(
+        matches!(again, BootstrapError::Broken { peer: 2, .. }),
+        "{again:?}"
+    );
 }

@@ -82,7 +82,8 @@ enum RingState {
     Down,
     Up(Ring),
     /// A ring allgather failed and left a link out of step: later
-    /// allgathers fail with [`BootstrapError::Broken`] naming this rank.
+    /// allgathers fail with [`BootstrapError::Broken`] naming the rank it
+    /// blamed.
     Broken(usize),
 }
 
@@ -781,8 +782,21 @@ impl Tcp {
         match ring {
             RingState::Up(r) => {
                 let got = ring::allgather(&me, r, step, mine, deadline, traffic);
-                if got.is_err() {
-                    *ring = RingState::Broken(self.rank);
+                if let Err(e) = &got {
+                    // Later allgathers name the rank this one blamed.
+                    let blamed = match e {
+                        BootstrapError::PeerClosed { peer, .. }
+                        | BootstrapError::Broken { peer, .. }
+                        | BootstrapError::Malformed { peer, .. }
+                        | BootstrapError::Mismatch { peer, .. }
+                        | BootstrapError::Oversized { peer, .. } => *peer,
+                        BootstrapError::Aborted { culprit, .. } => *culprit,
+                        BootstrapError::Timeout { waiting_for, .. } => {
+                            waiting_for.first().copied().unwrap_or(self.rank)
+                        }
+                        _ => self.rank,
+                    };
+                    *ring = RingState::Broken(blamed);
                 }
                 got
             }
