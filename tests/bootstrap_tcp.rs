@@ -1210,3 +1210,96 @@ fn a_rank_killed_mid_ring_allgather_is_named_to_every_live_rank_at_once() {
         "{again:?}"
     );
 }
+
+/// Reads one whole frame from a raw stream: its type, sender and payload.
+fn read_raw_frame(s: &mut TcpStream) -> (u8, u32, Vec<u8>) {
+    let mut h = [0u8; 36];
+    s.read_exact(&mut h).expect("a header");
+    let from = u32::from_le_bytes(h[24..28].try_into().expect("4"));
+    let len = u32::from_le_bytes(h[32..36].try_into().expect("4")) as usize;
+    let mut p = vec![0u8; len];
+    s.read_exact(&mut p).expect("a payload");
+    (h[6], from, p)
+}
+
+/// Issue 22 with issue 21's rules, the connecting side: the address rank
+/// 0 hands out as the next rank's is squatted by a process without the
+/// secret (here rank 0 itself points there, as a misconfigured or hostile
+/// one could). The rank connecting to it takes nothing from it and fails
+/// at once with `UnprovenPeer` naming the rank it expected.
+#[test]
+fn a_ring_peer_that_cannot_prove_the_secret_is_refused_as_unproven() {
+    let _s = serial();
+    let _w = watchdog::guard("unproven ring peer");
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let job = 0x5eed_5eed_5eed_5eedu64;
+    let secret = [0x42u8; 16];
+    let id: UniqueId = format!(
+        "cebs1/{}/{job:016x}/{}",
+        l.local_addr().expect("addr"),
+        "42".repeat(16)
+    )
+    .parse()
+    .expect("id");
+    let squatter = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let squatted = squatter.local_addr().expect("addr").to_string();
+    // Rank 0 by hand: welcomes ranks 1 and 2, takes their ring addresses,
+    // and hands rank 1 the squatter's address as rank 2's.
+    let root = std::thread::spawn(move || {
+        let mut links: Vec<TcpStream> = Vec::new();
+        for _ in 0..2 {
+            let (mut s, _) = l.accept().expect("accept");
+            fake_root_handshake(&mut s, job, &secret);
+            links.push(s);
+        }
+        // Rank 2's next (rank 0) is an address nobody listens on.
+        let nobody = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .to_string();
+        for s in &mut links {
+            let (kind, from, _) = read_raw_frame(s);
+            assert_eq!(kind, 13, "a ring address");
+            let next = if from == 1 { &squatted } else { &nobody };
+            let _ = s.write_all(&raw_frame(14, job, 0, 0, 3, next.as_bytes()));
+        }
+        // Whatever the ranks report, they are left to their bound.
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = squatter.accept().expect("accept");
+        let _ = read_raw_frame(&mut s);
+        let _ = s.write_all(&raw_frame(11, job, 0, 2, 3, &[1; 16]));
+        let _ = read_raw_frame(&mut s);
+        let _ = s.write_all(&raw_frame(2, job, 0, 2, 3, &[0; 32]));
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let t = Duration::from_secs(30);
+    let ranks: Vec<_> = [1usize, 2]
+        .into_iter()
+        .map(|r| {
+            let id = id.clone();
+            std::thread::spawn(move || {
+                let b = Tcp::join(&id, r, 3, t).expect("the fake rank 0 welcomes");
+                let bound = if r == 1 { LONG } else { Duration::from_secs(2) };
+                b.allgather(&[r as u8], bound)
+            })
+        })
+        .collect();
+    let mut results = ranks.into_iter().map(|h| h.join().expect("rank"));
+    let rank1 = results.next().expect("rank 1");
+    let _rank2 = results.next();
+    root.join().expect("root");
+    fake.join().expect("squatter");
+    assert!(
+        matches!(
+            rank1,
+            Err(BootstrapError::UnprovenPeer {
+                rank: 1,
+                peer: 2,
+                ..
+            })
+        ),
+        "{rank1:?}"
+    );
+}
