@@ -1303,3 +1303,22 @@ fn a_ring_peer_that_cannot_prove_the_secret_is_refused_as_unproven() {
         "{rank1:?}"
     );
 }
+
+/// The job secret stays out of a bootstrap's `Debug` output, as out of the
+/// unique id's.
+#[test]
+fn the_secret_stays_out_of_debug_output() {
+    let _s = serial();
+    let (id, listener) = root(1);
+    let boot = listener.accept(1, Duration::from_secs(1)).expect("size 1");
+    let secret = id
+        .to_string()
+        .rsplit('/')
+        .next()
+        .expect("secret")
+        .to_owned();
+    let shown = format!("{boot:?} {id:?}");
+    assert!(!shown.contains(&secret), "{shown}");
+    let bytes = secret_of(&id.to_string());
+    assert!(!shown.contains(&format!("{bytes:?}")), "{shown}");
+}

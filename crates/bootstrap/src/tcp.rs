@@ -60,8 +60,17 @@ pub struct Tcp {
     size: usize,
     job: u64,
     /// The job secret, which the ring's links prove (see [`ring`](super::ring)).
-    secret: [u8; 16],
+    secret: Secret,
     inner: Mutex<Inner>,
+}
+
+/// The job secret, kept out of `Debug` output (as [`UniqueId`]'s).
+struct Secret([u8; 16]);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 #[derive(Debug)]
@@ -373,7 +382,7 @@ impl Tcp {
             rank,
             size,
             job: id.job,
-            secret: id.secret,
+            secret: Secret(id.secret),
             inner: Mutex::new(Inner {
                 seq: 0,
                 links: vec![Some(link)],
@@ -757,7 +766,7 @@ impl Tcp {
 
     fn member(&self) -> Member<'_> {
         Member {
-            secret: &self.secret,
+            secret: &self.secret.0,
             job: self.job,
             rank: self.rank,
             size: self.size,
@@ -1573,7 +1582,7 @@ impl TcpRoot {
             rank,
             size,
             job: self.id.job,
-            secret: self.id.secret,
+            secret: Secret(self.id.secret),
             inner: Mutex::new(Inner {
                 seq: 0,
                 links,
