@@ -981,6 +981,16 @@ fn idle_connections_cannot_keep_honest_ranks_out_of_rank_0() {
 /// `n` ranks of one TCP job as threads of this process, each running `f`.
 fn tcp_threads<T: Send>(n: usize, f: impl Fn(&Tcp) -> T + Sync) -> Vec<T> {
     let (id, listener) = root(n);
+    tcp_threads_on(id, listener, n, f)
+}
+
+/// [`tcp_threads`] on a job whose id the caller made.
+fn tcp_threads_on<T: Send>(
+    id: UniqueId,
+    listener: cuda_endpoints::bootstrap::TcpRoot,
+    n: usize,
+    f: impl Fn(&Tcp) -> T + Sync,
+) -> Vec<T> {
     let t = Duration::from_secs(30);
     std::thread::scope(|s| {
         let f = &f;
@@ -1062,14 +1072,16 @@ fn listening_ports() -> Vec<u16> {
 
 /// Issue 22 with issue 21's rules: the ring's links are authenticated like
 /// the link to rank 0. Connections to the ranks' ring listeners that send
-/// garbage, a hello claiming to be the previous rank without the secret, or
-/// nothing at all are dropped and counted, and the ring forms with the
-/// real ranks.
+/// garbage, nothing at all, or a hello of this job claiming to be the
+/// previous rank followed by a proof made without the secret are dropped
+/// and counted, and the ring forms with the real ranks.
 #[test]
 fn connections_to_a_ring_listener_that_prove_nothing_are_dropped_and_the_ring_still_forms() {
     let _s = serial();
     let _w = watchdog::guard("ring squatters");
     let n = 3;
+    let (id, listener) = root(n);
+    let job = id.job();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let go_rx = std::sync::Mutex::new(go_rx);
     let before = listening_ports();
@@ -1094,31 +1106,37 @@ fn connections_to_a_ring_listener_that_prove_nothing_are_dropped_and_the_ring_st
             std::thread::sleep(Duration::from_millis(5));
         }
         let mut held = Vec::new();
-        for (i, port) in ports.iter().enumerate() {
-            let Ok(mut s) = TcpStream::connect(("127.0.0.1", *port)) else {
-                continue;
-            };
-            match i % 3 {
-                0 => {
-                    let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
-                }
-                // A hello as any previous rank, then a proof with a wrong key.
-                _ => {
-                    for from in 0..3u32 {
-                        let _ = s.write_all(&raw_frame(1, 0, 0, from, 3, &[7; 16]));
-                    }
-                    let _ = s.write_all(&raw_frame(12, 0, 0, 0, 3, &[0; 32]));
+        let mut proving = Vec::new();
+        for port in &ports {
+            let connect = || TcpStream::connect(("127.0.0.1", *port)).ok();
+            // Garbage, and an idle connection.
+            if let Some(mut s) = connect() {
+                let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
+                held.push(s);
+            }
+            held.extend(connect());
+            // A hello of this job as every possible previous rank, whose
+            // proof (below) is made without the secret.
+            for from in 0..3u32 {
+                if let Some(mut s) = connect() {
+                    let _ = s.write_all(&raw_frame(1, job, 0, from, 3, &[7; 16]));
+                    proving.push((from, s));
                 }
             }
-            // One idle connection beside it.
-            held.push(TcpStream::connect(("127.0.0.1", *port)).ok());
-            held.push(Some(s));
         }
         let found = ports.len();
         let _ = go_tx.send(());
+        for (from, mut s) in proving {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut challenge = [0u8; 36 + 16];
+            if s.read_exact(&mut challenge).is_ok() {
+                let _ = s.write_all(&raw_frame(12, job, 0, from, 3, &[0; 32]));
+            }
+            held.push(s);
+        }
         (found, held)
     });
-    let got = tcp_threads(n, |b| {
+    let got = tcp_threads_on(id, listener, n, |b| {
         let t = Duration::from_secs(30);
         if b.rank() != 2 {
             entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
