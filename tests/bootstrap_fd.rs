@@ -349,9 +349,14 @@ fn a_connection_from_another_user_is_closed_even_with_the_token() {
             other.stderr
         );
         assert!(
+            said.iter().all(|l| !l.starts_with("GOT")),
+            "another user was served: {said:?} {}",
+            other.stderr
+        );
+        assert!(
             said.iter()
                 .any(|l| l.starts_with("REFUSED") && l.contains("PeerClosed")),
-            "another user was served: {said:?} {}",
+            "{said:?} {}",
             other.stderr
         );
         // The real rank 1 (this user) is served after it.

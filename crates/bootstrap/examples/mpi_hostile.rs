@@ -1,7 +1,8 @@
 //! Hostile ranks of an MPI job (issue 21): run under `mpirun -n 4` by
-//! `tests/mpi_hostile.rs`. The last rank misbehaves as the argument says;
-//! every other rank runs an allgather with a short bound and prints one
-//! line, `HONEST <rank> <error>`, with the error it got (or `OK`).
+//! `tests/mpi_hostile.rs` as `mpi_hostile CASE DIR`. The last rank
+//! misbehaves as CASE says; every other rank runs an allgather and writes
+//! one line, `HONEST <rank> <error>`, with the error it got (or `OK`), to
+//! `DIR/honest-<rank>` and to stdout.
 //!
 //! - `silent`: the last rank never enters a collective. The others must get
 //!   [`BootstrapError::Timeout`] within their bound, then `Poisoned`.
@@ -16,11 +17,12 @@
 //! Every rank leaves with `process::exit`, not through `MPI_Finalize`: a
 //! collective the hostile rank never completed may be pending, and
 //! finalizing with it could block. So `mpirun`'s status is not the verdict;
-//! the printed lines are.
+//! the written lines are (every rank waits for all of them before it
+//! leaves).
 //!
 //! ```text
 //! cargo build -p cuda-endpoints-bootstrap --features mpi --example mpi_hostile
-//! mpirun --allow-run-as-root --oversubscribe -n 4 target/debug/examples/mpi_hostile silent
+//! mpirun --allow-run-as-root --oversubscribe -n 4 target/debug/examples/mpi_hostile silent /tmp/d
 //! ```
 
 use std::time::Duration;
@@ -29,7 +31,9 @@ use cuda_endpoints_bootstrap::{Bootstrap, BootstrapError, Mpi};
 use mpi::traits::{Communicator, CommunicatorCollectives};
 
 fn main() {
-    let case = std::env::args().nth(1).unwrap_or_default();
+    let mut args = std::env::args().skip(1);
+    let case = args.next().unwrap_or_default();
+    let dir = std::path::PathBuf::from(args.next().unwrap_or_else(|| ".".into()));
     let boot = match Mpi::world(Duration::from_secs(60)) {
         Ok(b) => b,
         Err(e) => {
@@ -40,11 +44,12 @@ fn main() {
     let (rank, size) = (boot.rank(), boot.size());
     if rank + 1 == size {
         hostile(&boot, &case);
-        // Stays until the others have printed; mpirun ends it when they exit.
-        std::thread::sleep(Duration::from_secs(30));
-        std::process::exit(0);
+        leave(&dir, size);
     }
-    let bound = Duration::from_secs(3);
+    // Only the silent case waits out its bound; in the others an error
+    // comes as soon as the hostile rank's bytes do, so the bound is far
+    // longer than any start-up skew on a loaded machine.
+    let bound = Duration::from_secs(if case == "silent" { 3 } else { 30 });
     let line = match boot.allgather(format!("rank {rank}").as_bytes(), bound) {
         Ok(_) => "OK".to_owned(),
         Err(e) => {
@@ -57,7 +62,31 @@ fn main() {
             format!("{e:?}{after}")
         }
     };
-    println!("HONEST {rank} {line}");
+    let said = format!("HONEST {rank} {line}");
+    println!("{said}");
+    if std::fs::write(dir.join(format!("honest-{rank}")), said).is_err() {
+        std::process::exit(3);
+    }
+    leave(&dir, size);
+}
+
+/// Exits once every honest rank wrote its line into `dir` (at most a
+/// minute): the first rank to leave without `MPI_Finalize` makes `mpirun`
+/// end the others, so none leaves before all have answered.
+fn leave(dir: &std::path::Path, size: usize) -> ! {
+    let all = |d: &std::path::Path| {
+        std::fs::read_dir(d).map_or(0, |e| {
+            e.flatten()
+                .filter(|f| f.file_name().to_string_lossy().starts_with("honest-"))
+                .count()
+        })
+    };
+    for _ in 0..6000 {
+        if all(dir) + 1 >= size {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     std::process::exit(0);
 }
 

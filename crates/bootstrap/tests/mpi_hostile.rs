@@ -26,7 +26,7 @@ fn example() -> PathBuf {
         .join("mpi_hostile")
 }
 
-/// The honest ranks' lines, by rank, of `mpirun -n 4 mpi_hostile <case>`;
+/// The honest ranks' lines, by rank, of `mpirun -n 4 mpi_hostile <case> <dir>`;
 /// `None` when `mpirun` is missing (skipped).
 fn run(case: &str) -> Option<Vec<String>> {
     // One job at a time: four ranks each, on a small machine.
@@ -47,10 +47,14 @@ fn run(case: &str) -> Option<Vec<String>> {
     }
     let exe = example();
     assert!(exe.exists(), "{} not built", exe.display());
+    let dir = std::env::temp_dir().join(format!("mpi-hostile-{}-{case}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory for the answers");
     let mut child = Command::new("mpirun")
         .args(["--allow-run-as-root", "--oversubscribe", "-n", "4"])
         .arg(&exe)
         .arg(case)
+        .arg(&dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -80,12 +84,14 @@ fn run(case: &str) -> Option<Vec<String>> {
         !stdout.contains("panicked") && !stderr.contains("panicked"),
         "{stdout}\n{stderr}"
     );
-    let mut lines: Vec<String> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("HONEST "))
-        .map(str::to_owned)
+    // The files, not stdout: `mpirun` may end a rank before its output
+    // is forwarded.
+    let mut lines: Vec<String> = (0..3)
+        .filter_map(|r| std::fs::read_to_string(dir.join(format!("honest-{r}"))).ok())
+        .filter_map(|l| l.strip_prefix("HONEST ").map(str::to_owned))
         .collect();
     lines.sort();
+    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
         lines.len(),
         3,
