@@ -53,10 +53,12 @@ fn main() {
     let line = match boot.allgather(format!("rank {rank}").as_bytes(), bound) {
         Ok(_) => "OK".to_owned(),
         Err(e) => {
-            let after = match (&e, boot.barrier(bound)) {
-                (BootstrapError::Timeout { .. }, Err(BootstrapError::Poisoned { .. })) => {
-                    " then Poisoned"
-                }
+            // After a timeout the communicator must refuse further use.
+            let after = match &e {
+                BootstrapError::Timeout { .. } => match boot.barrier(bound) {
+                    Err(BootstrapError::Poisoned { .. }) => " then Poisoned",
+                    _ => " then usable",
+                },
                 _ => "",
             };
             format!("{e:?}{after}")
