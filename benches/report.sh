@@ -9,6 +9,11 @@
 #   benches/report.sh LOG       rewrite the tables from a saved output (one
 #                               this script wrote: it starts with the run's
 #                               `# report:` lines)
+#   benches/report.sh --bench bring_up [LOG]
+#                               the same for the bring-up bench alone: runs
+#                               only it (or reads LOG) and rewrites only its
+#                               tables (bring_up, bring_up_fit) and its run
+#                               line (bring_up_run); it needs no Valgrind
 #
 # Only the text between `<!-- report:NAME -->` and `<!-- /report:NAME -->`
 # is rewritten; the prose around it is written by hand and names the commit
@@ -19,6 +24,13 @@ set -euo pipefail
 
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 readme=$root/benches/README.md
+
+only=
+if [[ ${1:-} == --bench ]]; then
+    [[ ${2:-} == bring_up ]] || { echo "benches/report.sh: --bench takes bring_up" >&2; exit 2; }
+    only=bring_up
+    shift 2
+fi
 
 if [[ $# -ge 1 ]]; then
     log=$1
@@ -39,7 +51,7 @@ else
     } > "$log"
     echo "benches/report.sh: running every bench, output in $log" >&2
     (cd "$root" && GUNGRAUN_COLOR=never CARGO_TERM_COLOR=never \
-        cargo bench -p cuda-endpoints-benches) 2>&1 | tee -a "$log"
+        cargo bench -p cuda-endpoints-benches ${only:+--bench "$only"}) 2>&1 | tee -a "$log"
     echo "# report: load_after=$(uptime | sed 's/.*load average: //')" >> "$log"
 fi
 
@@ -50,7 +62,7 @@ trap 'rm -rf "$out"' EXIT
 # header `file::group::function id:setup(args)` and, under it,
 # `Instructions:   N|OLD   (change)`; readiness_heap, bring_up and
 # lifecycle print their own rows.
-sed 's/\x1b\[[0-9;]*m//g' "$log" | awk -v out="$out" '
+sed 's/\x1b\[[0-9;]*m//g' "$log" | awk -v out="$out" -v only="$only" '
 function commas(x,   s, neg, r) {
     s = sprintf("%d", x); neg = ""; r = ""
     if (s ~ /^-/) { neg = "-"; s = substr(s, 2) }
@@ -59,6 +71,8 @@ function commas(x,   s, neg, r) {
 }
 function round(x) { return int(x + 0.5) }
 function ratio(a, b) { if (b == 0) return "—"; r = a / b; return (r >= 2 ? sprintf("%.1f", r) : sprintf("%.2f", r)) "×" }
+function num(x) { return (x == int(x) ? commas(x) : sprintf("%.2f", x)) }
+function lin(b) { return (b < 0 ? "− " num(-b) : "+ " num(b)) }
 function signed(x) { return (x >= 0 ? "+" : "") commas(x) }
 function dur(s,   v, u) {
     # A Rust `{:.2?}` Duration: "191.23µs", "1.86ms", "640.00ns", "1.20s".
@@ -93,8 +107,11 @@ heap { heap = 0 }
 
 # bring_up
 /^team bring-up per rank/ { bu = 1; next }
-bu && /^(multicast|unicast_peers) +(threads|tcp) / { BU[++nbu] = $0; next }
+bu && /^(multicast|unicast_peers) +(threads|tcp|tcp-procs) / { BU[++nbu] = $0; next }
 bu && /^bring-up/ { next }
+bu && /^fitted per rank/ { next }
+bu && /^fit +over/ { next }
+bu && /^fit +(multicast|unicast_peers) / { FIT[++nfit] = $0; next }
 bu { bu = 0 }
 
 # lifecycle
@@ -110,7 +127,44 @@ END {
     if (!("commit" in META)) missing = missing " run"
     t = sprintf("Every figure of the marked tables is from one `cargo bench -p cuda-endpoints-benches` run: %s, commit `%s`, rustc %s, %s, Valgrind %s, gungraun %s, %s cores; load average before %s, after %s (`uptime`: 1, 5, 15 minutes).\n", \
         META["date"], META["commit"], META["rustc"], META["arch"], META["valgrind"], META["gungraun"], META["cores"], META["load_before"], META["load_after"])
-    emit("run", t)
+    if (only == "") emit("run", t)
+    else t = sprintf("Every figure of the three bring-up sections is from one `cargo bench -p cuda-endpoints-benches --bench bring_up` run (`benches/report.sh --bench bring_up`): %s, commit `%s`, rustc %s, %s, %s cores; load average before %s, after %s (`uptime`: 1, 5, 15 minutes).\n", \
+        META["date"], META["commit"], META["rustc"], META["arch"], META["cores"], META["load_before"], META["load_after"])
+    emit("bring_up_run", t)
+
+    # Team bring-up (bring_up): TCP first, then threads, as the prose reads.
+    if (nbu == 0) missing = missing " bring_up"
+    t = "| bring-up | over | ranks (nodes) | rank 0 | slowest rank | messages, rank 0 | messages, other | bytes, rank 0 | bytes, other |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    split("multicast tcp;multicast tcp-procs;multicast threads;unicast_peers tcp;unicast_peers tcp-procs;unicast_peers threads", order, ";")
+    for (o = 1; o <= 6; o++) {
+        split(order[o], want, " "); first = 1
+        for (i = 1; i <= nbu; i++) {
+            split(BU[i], fl, " +")
+            if (fl[1] != want[1] || fl[2] != want[2]) continue
+            pat = (o == 1 || o == 4) && first ? "`team::" fl[1] "`" : ""
+            over = first ? (fl[2] == "tcp" ? "TCP, threads" : fl[2] == "tcp-procs" ? "TCP, processes" : "threads") : ""
+            t = t sprintf("| %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s |\n", pat, over, fl[3], fl[4], dur(fl[5]), dur(fl[6]), commas(fl[7]), commas(fl[8]), commas(fl[9]), commas(fl[10]))
+            first = 0
+        }
+    }
+    emit("bring_up", t)
+
+    # The lines fitted through the bring-up cases.
+    if (nfit == 0) missing = missing " bring_up_fit"
+    t = "| bring-up | over | messages, rank 0 | messages, other | bytes, rank 0 | bytes, other | slowest rank | R² traffic | R² time |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    for (i = 1; i <= nfit; i++) {
+        split(FIT[i], fq, " +")
+        # fit PATTERN OVER m0a m0b moa mob b0a b0b boa bob ta tb r2 r2t
+        over = fq[3] == "tcp" ? "TCP, threads" : fq[3] == "tcp-procs" ? "TCP, processes" : "threads"
+        ta = fq[12]; sub(/us$/, "", ta); tb = fq[13]; sub(/us$/, "", tb)
+        t = t sprintf("| `team::%s` | %s | %s n %s | %s n %s | %s n %s | %s n %s | %.2f ms n %s %.0f ms | %s | %s |\n", fq[2], over, \
+            num(fq[4]), lin(fq[5]), num(fq[6]), lin(fq[7]), num(fq[8]), lin(fq[9]), num(fq[10]), lin(fq[11]), ta / 1000, (tb < 0 ? "−" : "+"), (tb < 0 ? -tb : tb) / 1000, fq[14], fq[15])
+    }
+    emit("bring_up_fit", t)
+    if (only != "") {
+        if (missing != "") { print "benches/report.sh: not in the output:" missing > "/dev/stderr"; exit 1 }
+        exit 0
+    }
 
     # Per transition (group transitions, Null).
     t = "| transition (typed vs raw) | typed | raw | typed − raw |\n| --- | ---: | ---: | ---: |\n"
@@ -179,22 +233,6 @@ END {
     }
     emit("readiness", t)
 
-    # Team bring-up (bring_up): TCP first, then threads, as the prose reads.
-    if (nbu == 0) missing = missing " bring_up"
-    t = "| bring-up | over | ranks (nodes) | rank 0 | slowest rank | messages, rank 0 | messages, other | bytes, rank 0 | bytes, other |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-    split("multicast tcp;multicast threads;unicast_peers tcp;unicast_peers threads", order, ";")
-    for (o = 1; o <= 4; o++) {
-        split(order[o], want, " "); first = 1
-        for (i = 1; i <= nbu; i++) {
-            split(BU[i], fl, " +")
-            if (fl[1] != want[1] || fl[2] != want[2]) continue
-            pat = (o == 1 || o == 3) && first ? "`team::" fl[1] "`" : ""
-            over = first ? (fl[2] == "tcp" ? "TCP" : "threads") : ""
-            t = t sprintf("| %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s |\n", pat, over, fl[3], fl[4], dur(fl[5]), dur(fl[6]), commas(fl[7]), commas(fl[8]), commas(fl[9]), commas(fl[10]))
-            first = 0
-        }
-    }
-    emit("bring_up", t)
 
     if (missing != "") { print "benches/report.sh: not in the output:" missing > "/dev/stderr"; exit 1 }
 }
@@ -205,8 +243,13 @@ awk -v out="$out" '
 /^<!-- report:[a-z_]+ -->$/ {
     print; name = $0; sub(/^<!-- report:/, "", name); sub(/ -->$/, "", name)
     f = out "/" name
-    while ((getline line < f) > 0) print line
-    close(f); skip = 1; next
+    # A section this run did not produce (--bench) keeps its text.
+    if ((getline line < f) > 0) {
+        print line
+        while ((getline line < f) > 0) print line
+        close(f); skip = 1
+    }
+    next
 }
 /^<!-- \/report:[a-z_]+ -->$/ { skip = 0 }
 !skip { print }

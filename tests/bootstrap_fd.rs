@@ -18,6 +18,8 @@ use cuda_endpoints::{
 
 const ENTRY: &str = "child_entry";
 const T: Duration = Duration::from_secs(20);
+/// Far longer than any bound under test (issue 21, item 13).
+const LONG: Duration = Duration::from_secs(60);
 
 #[test]
 fn child_entry() {
@@ -35,6 +37,9 @@ fn child_entry() {
 }
 
 fn child(role: &str) -> Result<(), String> {
+    if role == "other_user_fetch" {
+        return other_user_fetch();
+    }
     let (rank, size) = (env_usize(RANK), env_usize(SIZE));
     let id = UniqueId::from_env().map_err(|e| e.to_string())?;
     let boot = Tcp::join(&id, rank, size, T).map_err(|e| e.to_string())?;
@@ -248,5 +253,124 @@ fn fd_passing_within_one_process_over_threads() {
     std::fs::File::from(second)
         .read_to_string(&mut text)
         .expect("read through the passed fd");
+    assert_eq!(text, "ok");
+}
+
+/// A two-rank bootstrap whose other rank is played by hand: rank 0 hands
+/// its own contribution out as both (and gives it to `offers`); rank 1
+/// gets `root_offer` as rank 0's.
+struct Scripted {
+    rank: usize,
+    root_offer: Vec<u8>,
+    offers: Option<std::sync::Mutex<std::sync::mpsc::Sender<Vec<u8>>>>,
+}
+
+impl Bootstrap for Scripted {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        2
+    }
+    fn allgather(&self, mine: &[u8], _: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        if let Some(tx) = &self.offers {
+            let _ = tx.lock().map(|tx| tx.send(mine.to_vec()));
+            return Ok(vec![mine.to_vec(), mine.to_vec()]);
+        }
+        Ok(vec![self.root_offer.clone(), mine.to_vec()])
+    }
+    fn broadcast(&self, _: usize, b: &[u8], _: Duration) -> Result<Vec<u8>, BootstrapError> {
+        Ok(b.to_vec())
+    }
+    fn barrier(&self, _: Duration) -> Result<(), BootstrapError> {
+        Ok(())
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The child of another user: rank 1 with rank 0's offer (socket name and
+/// token) in hand, as if it had leaked.
+fn other_user_fetch() -> Result<(), String> {
+    report(&format!("EUID {}", euid().unwrap_or(u32::MAX)));
+    let offer = unhex(&std::env::var(ARG).map_err(|e| e.to_string())?);
+    let me = Scripted {
+        rank: 1,
+        root_offer: offer,
+        offers: None,
+    };
+    match FdExchange::broadcast_fd(&me, 0, None, T) {
+        Ok(_) => report("GOT a descriptor"),
+        Err(e) => report(&format!("REFUSED {e:?}")),
+    }
+    Ok(())
+}
+
+/// Issue 21, item 5: the root's abstract socket is listed to every local
+/// user, so `FdExchange` closes a connection whose peer (`SO_PEERCRED`) is
+/// another user, even one that presents the right token; the real rank 1
+/// is served after it. Needs root, to start a process as uid 65534.
+#[test]
+fn a_connection_from_another_user_is_closed_even_with_the_token() {
+    let _s = serial();
+    if euid() != Some(0) {
+        println!("skipped: needs root to start a process of another user (uid 65534)");
+        return;
+    }
+    let (offers_tx, offers_rx) = std::sync::mpsc::channel();
+    let (mut reader, writer) = std::io::pipe().expect("pipe");
+    let writer = OwnedFd::from(writer);
+    let root = Scripted {
+        rank: 0,
+        root_offer: Vec::new(),
+        offers: Some(std::sync::Mutex::new(offers_tx)),
+    };
+    std::thread::scope(|s| {
+        let served = s.spawn(|| FdExchange::broadcast_fd(&root, 0, Some(writer.as_fd()), LONG));
+        let offer = offers_rx.recv_timeout(LONG).expect("rank 0's offer");
+        // Another user with the token.
+        let mut cmd = test_binary(ENTRY);
+        cmd.env(ROLE, "other_user_fetch").env(ARG, hex(&offer));
+        std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
+        std::os::unix::process::CommandExt::gid(&mut cmd, 65534);
+        let other = Guard::spawn("uid 65534", &mut cmd).finish(std::time::Instant::now() + LONG);
+        let said = other.results();
+        assert!(
+            said.iter().any(|l| l == "EUID 65534"),
+            "{said:?} {}",
+            other.stderr
+        );
+        assert!(
+            said.iter().all(|l| !l.starts_with("GOT")),
+            "another user was served: {said:?} {}",
+            other.stderr
+        );
+        assert!(
+            said.iter()
+                .any(|l| l.starts_with("REFUSED") && l.contains("PeerClosed")),
+            "{said:?} {}",
+            other.stderr
+        );
+        // The real rank 1 (this user) is served after it.
+        let rank1 = Scripted {
+            rank: 1,
+            root_offer: offer,
+            offers: None,
+        };
+        let fd = FdExchange::broadcast_fd(&rank1, 0, None, T).expect("rank 1 is served");
+        std::fs::File::from(fd).write_all(b"ok").expect("write");
+        served.join().expect("root").expect("root served rank 1");
+    });
+    drop(writer);
+    let mut text = String::new();
+    reader.read_to_string(&mut text).expect("read");
     assert_eq!(text, "ok");
 }

@@ -125,7 +125,12 @@ fn child_role() {
             let mut conns: Vec<UnixStream> = (0..8)
                 .map(|_| UnixStream::connect(&socket).unwrap())
                 .collect();
-            for c in &conns {
+            for c in &mut conns {
+                // A valid start: a frame of 1,000 bytes, then a byte every
+                // 200 ms, so that no single read ever waits long (only a
+                // deadline for the whole hello cuts it; garbage alone
+                // would be refused by its decoding).
+                c.write_all(&1000u32.to_le_bytes()).unwrap();
                 c.set_nonblocking(true).unwrap();
             }
             say("open", "");

@@ -24,8 +24,40 @@ fn child_entry() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
-    assert_eq!(role, "from_env");
     let t = Duration::from_secs(60);
+    // Held until this rank is done, when it could bind rank 0's port.
+    let mut _squatted = None;
+    match role.as_str() {
+        "from_env" => {}
+        "squat_then_from_env" => {
+            let rank = env_usize("CUDA_ENDPOINTS_RANK");
+            let dir = PathBuf::from(std::env::var(ARG).expect("marker dir"));
+            if rank == 0 {
+                // Rank 0 starts last: after every other rank tried its port.
+                let size = env_usize("CUDA_ENDPOINTS_SIZE");
+                let deadline = Instant::now() + t;
+                while (1..size).any(|r| !dir.join(format!("tried{r}")).exists()) {
+                    assert!(Instant::now() < deadline, "the other ranks never tried");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            } else {
+                let id: cuda_endpoints::bootstrap::UniqueId =
+                    std::env::var("CUDA_ENDPOINTS_BOOTSTRAP_ID")
+                        .expect("id")
+                        .parse()
+                        .expect("id parses");
+                match std::net::TcpListener::bind(id.addr()) {
+                    Ok(l) => {
+                        report(&format!("SQUAT {rank} took rank 0's port"));
+                        _squatted = Some(l);
+                    }
+                    Err(e) => report(&format!("SQUAT {rank} refused: {:?}", e.kind())),
+                }
+                std::fs::write(dir.join(format!("tried{rank}")), b"").expect("marker");
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
     let boot = Tcp::from_env(t).expect("Tcp::from_env");
     let node = std::env::var("CUDA_ENDPOINTS_NODE").expect("node");
     let mine = format!("{}@{node}", boot.rank());
@@ -62,6 +94,49 @@ fn the_launcher_starts_4_ranks_that_allgather_through_tcp_from_env() {
         "{}",
         done.stderr
     );
+}
+
+/// The `-n` port race (issue 21): the launcher used to pick rank 0's port
+/// by binding and closing it, so another process could bind it before rank
+/// 0 did. Now the launcher hands rank 0 the bound listener itself: ranks
+/// 1..3 try to bind the port before rank 0 even starts, are refused, and
+/// the job forms.
+#[test]
+fn no_process_can_take_rank_0s_port_between_the_launcher_and_rank_0() {
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = std::env::current_exe().expect("exe");
+    let mut cmd = Command::new(LAUNCHER);
+    cmd.args(["-n", "4", "--"])
+        .arg(exe)
+        .args([ENTRY, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE, "squat_then_from_env")
+        .env(ARG, dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let done = Guard::spawn("launcher", &mut cmd).finish(Instant::now() + Duration::from_secs(120));
+    let mut squats: Vec<String> = done
+        .results()
+        .into_iter()
+        .filter(|l| l.starts_with("SQUAT"))
+        .collect();
+    squats.sort();
+    assert_eq!(
+        squats,
+        (1..4)
+            .map(|r| format!("SQUAT {r} refused: AddrInUse"))
+            .collect::<Vec<_>>(),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(done.code, Some(0), "{}\n{}", done.stdout, done.stderr);
+    let formed = done
+        .results()
+        .iter()
+        .filter(|l| l.ends_with("0@0,1@0,2@0,3@0"))
+        .count();
+    assert_eq!(formed, 4, "{}\n{}", done.stdout, done.stderr);
 }
 
 #[test]

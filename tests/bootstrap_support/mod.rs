@@ -147,3 +147,15 @@ pub fn library_sockets() -> usize {
         .filter(|l| l.contains("@cuda-endpoints/"))
         .count()
 }
+
+/// This process's effective uid (`/proc/self/status`).
+pub fn euid() -> Option<u32> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("Uid:"))?
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}

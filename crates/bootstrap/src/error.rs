@@ -151,6 +151,14 @@ pub enum FrameMismatch {
         /// The rank the message names.
         theirs: u32,
     },
+    /// A block passed along the TCP ring names another origin rank than
+    /// the one due at this round.
+    Origin {
+        /// The origin rank due.
+        expected: u32,
+        /// The origin rank the block names.
+        theirs: u32,
+    },
     /// Two processes joined with the same rank.
     DuplicateRank {
         /// The rank claimed twice.
@@ -191,6 +199,12 @@ impl fmt::Display for FrameMismatch {
             }
             FrameMismatch::Sender { expected, theirs } => {
                 write!(f, "claims rank {theirs}, expected rank {expected}")
+            }
+            FrameMismatch::Origin { expected, theirs } => {
+                write!(
+                    f,
+                    "a ring block of rank {theirs} where rank {expected}'s was due"
+                )
             }
             FrameMismatch::DuplicateRank { rank } => {
                 write!(f, "a second process joined as rank {rank}")
@@ -484,6 +498,12 @@ pub enum IdProblem {
         /// The I/O error kind.
         kind: io::ErrorKind,
     },
+    /// The listening socket a launcher handed down
+    /// ([`LISTEN_FD_ENV`](crate::LISTEN_FD_ENV)) cannot be used.
+    Listener {
+        /// Why.
+        why: &'static str,
+    },
     /// The id file is refused: another user could have planted or changed it.
     Untrusted {
         /// The file.
@@ -507,6 +527,11 @@ impl fmt::Display for IdProblem {
                 )
             }
             IdProblem::File { path, kind } => write!(f, "cannot read {}: {kind}", path.display()),
+            IdProblem::Listener { why } => write!(
+                f,
+                "the listening socket the launcher handed down ({}) cannot be used: {why}",
+                crate::LISTEN_FD_ENV
+            ),
             IdProblem::Untrusted { path, why } => write!(
                 f,
                 "{} is not trusted: {why}; the id file must be this user's, in a directory only this user can write",
@@ -615,8 +640,25 @@ pub enum BootstrapError {
         /// What it answered instead of a valid proof.
         what: &'static str,
     },
-    /// Rank 0 aborted the collective because another rank failed.
-    #[error("rank {rank}: {step} aborted by rank 0 because rank {culprit} failed: {reason}")]
+    /// The process at a ring peer's address did not prove that it knows
+    /// the job secret: it is not this job's rank `peer`, and nothing it
+    /// sent was taken.
+    #[error(
+        "rank {rank}: the process at {addr} is not this job's rank {peer}: it did not prove it knows the job secret ({what})"
+    )]
+    UnprovenPeer {
+        /// This rank.
+        rank: usize,
+        /// The rank it should have been.
+        peer: usize,
+        /// Its address, as rank 0 handed it out.
+        addr: std::net::SocketAddr,
+        /// What it answered instead of a valid proof.
+        what: &'static str,
+    },
+    /// The collective was aborted because another rank failed: rank 0 told
+    /// this rank, or (on the TCP ring) the previous rank passed it on.
+    #[error("rank {rank}: {step} aborted because rank {culprit} failed: {reason}")]
     Aborted {
         /// This rank.
         rank: usize,

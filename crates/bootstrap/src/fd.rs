@@ -536,6 +536,15 @@ impl FdExchange {
                 Ok(r) => break r,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(rustix::io::Errno::AGAIN) => return Err(timed_out()),
+                // The root closed the connection unread (it refused this
+                // peer, or it is gone): as an orderly close.
+                Err(rustix::io::Errno::CONNRESET) => {
+                    return Err(BootstrapError::PeerClosed {
+                        rank,
+                        step: step(),
+                        peer: root,
+                    });
+                }
                 Err(e) => return Err(io(e.into())),
             }
         };

@@ -30,7 +30,11 @@
 //!   ([`BootstrapError::Impostor`]). The traffic is not encrypted: anyone
 //!   who can read the loopback traffic or the id can read the job's bytes.
 //!   Rank 0 bounds the connections that have not finished their join, gives
-//!   each one deadline, and survives running out of descriptors.
+//!   each one deadline, and survives running out of descriptors. The ring
+//!   its allgather runs on (three ranks or more) is authenticated the same
+//!   way: each rank's ring listener admits only its previous rank, once it
+//!   proved the secret, and proves it in turn to the next rank; it bounds
+//!   the other connections the same way and closes once the ring stands.
 //! - [`UniqueId::read_file`]: only a file this user owns, writable by no
 //!   one else, in a directory only this user can write (not `/tmp` itself);
 //!   [`UniqueId::write_file`] writes 0600.
@@ -78,6 +82,7 @@ mod fd;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod node;
+mod ring;
 mod tcp;
 mod threads;
 mod unique_id;
@@ -96,5 +101,5 @@ pub use mpi::Mpi;
 pub use node::NodeId;
 pub use tcp::{Tcp, TcpRoot};
 pub use threads::{ThreadRank, Threads};
-pub use unique_id::{NODE_ENV, RANK_ENV, SIZE_ENV, UNIQUE_ID_ENV, UniqueId};
+pub use unique_id::{LISTEN_FD_ENV, NODE_ENV, RANK_ENV, SIZE_ENV, UNIQUE_ID_ENV, UniqueId};
 pub use wire::MAX_PAYLOAD;

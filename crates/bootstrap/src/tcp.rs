@@ -15,10 +15,18 @@
 //! their join (the oldest dropped first), gives each one deadline for its
 //! whole hello, and answers running out of descriptors (`EMFILE`) by
 //! dropping the oldest of them rather than by polling again; a joining
-//! rank whose connection rank 0 dropped connects again within its timeout. The topology is a star through
-//! rank 0: an allgather is `n-1` contributions in and `n-1` results out
-//! (`2(n-1)` messages, rank 0 moving `O(n²)` bytes), a broadcast `n-1`
-//! messages, a barrier `2(n-1)`. [`Bootstrap::traffic`] counts them.
+//! rank whose connection rank 0 dropped connects again within its timeout.
+//!
+//! Broadcasts and barriers go through rank 0 (a broadcast `n-1` messages of
+//! the payload, a barrier `2(n-1)`: linear in `n`). The allgather of three
+//! ranks or more runs on a ring among the ranks, as NCCL's bootstrap
+//! ([`ring`](super::ring)): every rank, rank 0 included, sends `n-1`
+//! blocks of one contribution each, so no rank's messages or bytes grow
+//! faster than `n` (the star had rank 0 send `n-1` results of `n`
+//! contributions). The first allgather sets the ring up through rank 0
+//! (`2(n-1)` small messages at rank 0, two at the others), and the ring's
+//! links are authenticated as the join is. [`Bootstrap::traffic`] counts
+//! every frame.
 //!
 //! Frames are length-prefixed (see the wire format) with a hard maximum;
 //! rank 0 waits on all its peers at once with `poll(2)`, so a timeout names
@@ -39,10 +47,11 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 
 use super::api::{Bootstrap, Deadline, Traffic};
 use super::error::{AbortReason, Argument, BootstrapError, Exchange, FrameMismatch, Op, Refusal};
+use super::ring::{self, Member, Ring, SetupFailure};
 use super::unique_id::UniqueId;
 use super::wire::{self, Expect, FrameReader, Header, HeaderError, Kind, MAX_PAYLOAD};
 
-const HELLO_MAX: usize = 64;
+pub(crate) const HELLO_MAX: usize = 64;
 
 /// The TCP bootstrap of one rank.
 #[derive(Debug)]
@@ -50,7 +59,18 @@ pub struct Tcp {
     rank: usize,
     size: usize,
     job: u64,
+    /// The job secret, which the ring's links prove (see [`ring`](super::ring)).
+    secret: Secret,
     inner: Mutex<Inner>,
+}
+
+/// The job secret, kept out of `Debug` output (as [`UniqueId`]'s).
+struct Secret([u8; 16]);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 #[derive(Debug)]
@@ -60,12 +80,26 @@ struct Inner {
     /// other ranks: index 0 is the link to rank 0.
     links: Vec<Option<Link>>,
     traffic: Traffic,
+    /// The ring the allgather runs on (three ranks or more).
+    ring: RingState,
+}
+
+/// The allgather ring of a [`Tcp`] of three ranks or more.
+#[derive(Debug)]
+enum RingState {
+    /// Not set up yet: the first allgather sets it up.
+    Down,
+    Up(Ring),
+    /// A ring allgather failed and left a link out of step: later
+    /// allgathers fail with [`BootstrapError::Broken`] naming the rank it
+    /// blamed.
+    Broken(usize),
 }
 
 #[derive(Debug)]
-struct Link {
-    stream: TcpStream,
-    reader: FrameReader,
+pub(crate) struct Link {
+    pub(crate) stream: TcpStream,
+    pub(crate) reader: FrameReader,
 }
 
 /// A connection rank 0 accepted but has not admitted.
@@ -104,7 +138,7 @@ pub struct TcpRoot {
     id: UniqueId,
 }
 
-fn poll_timeout(d: Duration) -> Timespec {
+pub(crate) fn poll_timeout(d: Duration) -> Timespec {
     Timespec {
         tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(d.subsec_nanos()),
@@ -113,7 +147,7 @@ fn poll_timeout(d: Duration) -> Timespec {
 
 /// Waits until one of `fds` is readable (or hung up) or the deadline passes;
 /// returns the readable indices.
-fn wait_readable(
+pub(crate) fn wait_readable(
     fds: &[std::os::fd::BorrowedFd<'_>],
     deadline: &Deadline,
 ) -> io::Result<Vec<usize>> {
@@ -137,6 +171,53 @@ fn wait_readable(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Rank 0's listener, when a launcher bound it and handed it down
+/// ([`LISTEN_FD_ENV`](super::LISTEN_FD_ENV)): `None` without the variable.
+/// Taken once per process, and only a listening TCP socket bound to the
+/// id's address; it is close-on-exec again once taken.
+fn inherited_listener(id: &UniqueId) -> Option<Result<TcpListener, BootstrapError>> {
+    use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+    let text = std::env::var(super::LISTEN_FD_ENV).ok()?;
+    let refuse = |why| BootstrapError::InvalidId {
+        what: super::error::IdProblem::Listener { why },
+    };
+    Some((|| {
+        let raw: i32 = text
+            .trim()
+            .parse()
+            .map_err(|_| refuse("not a descriptor number"))?;
+        if raw < 3 {
+            return Err(refuse("a standard stream's number"));
+        }
+        if TAKEN.swap(true, Ordering::SeqCst) {
+            return Err(refuse("already taken by this process"));
+        }
+        // SAFETY: `raw` is checked only through calls that answer EBADF for
+        // a number that is not open; the borrow ends before anything else in
+        // this process could close or reuse it (the variable names a
+        // descriptor the launcher left open for this process, taken once).
+        let fd = unsafe { BorrowedFd::borrow_raw(raw) };
+        let listening = rustix::net::sockopt::socket_acceptconn(fd)
+            .map_err(|_| refuse("not an open socket"))?;
+        let local = rustix::net::getsockname(fd).map_err(|_| refuse("not an open socket"))?;
+        let bound = SocketAddr::try_from(local).ok();
+        if !listening || bound != Some(id.addr) {
+            return Err(refuse(
+                "not a TCP socket listening on the unique id's address",
+            ));
+        }
+        // SAFETY: an open listening socket that nothing else in this process
+        // owns: the launcher handed it to this process alone, and `TAKEN`
+        // makes this the one owner.
+        let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+        rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)
+            .map_err(|_| refuse("its flags cannot be set"))?;
+        Ok(TcpListener::from(owned))
+    })())
 }
 
 impl Tcp {
@@ -184,8 +265,11 @@ impl Tcp {
     /// (`cuda-endpoints-fabric -n N -- ./app`): reads the rank
     /// ([`RANK_ENV`](crate::RANK_ENV)), the size ([`SIZE_ENV`](crate::SIZE_ENV))
     /// and the unique id ([`UNIQUE_ID_ENV`](crate::UNIQUE_ID_ENV)); rank 0
-    /// listens on the id's address (the launcher picked a free loopback
-    /// port) and admits the others, which join. Every step within `timeout`.
+    /// listens on the id's address and admits the others, which join. Every
+    /// step within `timeout`. Rank 0 takes the listener the launcher bound
+    /// and handed down ([`LISTEN_FD_ENV`](crate::LISTEN_FD_ENV)), so no
+    /// other process can take the port first; without that variable it
+    /// binds the id's address itself.
     ///
     /// # Errors
     /// [`BootstrapError::InvalidId`] for a variable unset or unparsable;
@@ -220,7 +304,10 @@ impl Tcp {
             peer: None,
             source,
         };
-        let listener = TcpListener::bind(id.addr).map_err(io)?;
+        let listener = match inherited_listener(&id) {
+            Some(l) => l?,
+            None => TcpListener::bind(id.addr).map_err(io)?,
+        };
         listener.set_nonblocking(true).map_err(io)?;
         TcpRoot { listener, id }.accept(size, timeout)
     }
@@ -295,10 +382,12 @@ impl Tcp {
             rank,
             size,
             job: id.job,
+            secret: Secret(id.secret),
             inner: Mutex::new(Inner {
                 seq: 0,
                 links: vec![Some(link)],
                 traffic,
+                ring: RingState::Down,
             }),
         })
     }
@@ -675,6 +764,224 @@ impl Tcp {
         result
     }
 
+    fn member(&self) -> Member<'_> {
+        Member {
+            secret: &self.secret.0,
+            job: self.job,
+            rank: self.rank,
+            size: self.size,
+        }
+    }
+
+    /// The allgather of three ranks or more, on the ring (set up by the
+    /// first one).
+    fn ring_allgather(
+        &self,
+        inner: &mut Inner,
+        step: Exchange,
+        mine: &[u8],
+        deadline: &Deadline,
+    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        if matches!(inner.ring, RingState::Down) {
+            let r = self.ring_up(inner, step, deadline)?;
+            inner.ring = RingState::Up(r);
+        }
+        let me = self.member();
+        let Inner { ring, traffic, .. } = inner;
+        match ring {
+            RingState::Up(r) => {
+                let got = ring::allgather(&me, r, step, mine, deadline, traffic);
+                if let Err(e) = &got {
+                    // Later allgathers name the rank this one blamed.
+                    let blamed = match e {
+                        BootstrapError::PeerClosed { peer, .. }
+                        | BootstrapError::Broken { peer, .. }
+                        | BootstrapError::Malformed { peer, .. }
+                        | BootstrapError::Mismatch { peer, .. }
+                        | BootstrapError::Oversized { peer, .. } => *peer,
+                        BootstrapError::Aborted { culprit, .. } => *culprit,
+                        BootstrapError::Timeout { waiting_for, .. } => {
+                            waiting_for.first().copied().unwrap_or(self.rank)
+                        }
+                        _ => self.rank,
+                    };
+                    *ring = RingState::Broken(blamed);
+                }
+                got
+            }
+            RingState::Broken(peer) => Err(BootstrapError::Broken {
+                rank: self.rank,
+                step,
+                peer: *peer,
+            }),
+            RingState::Down => Err(BootstrapError::Broken {
+                rank: self.rank,
+                step,
+                peer: self.rank,
+            }),
+        }
+    }
+
+    /// Sets up the ring through rank 0, in the first allgather's step:
+    /// every rank binds a listener and sends its address to rank 0
+    /// (`RingAddr`), rank 0 sends each rank the address of the next
+    /// (`RingNext`), every rank connects and authenticates both its links
+    /// and reports (`RingReady`: empty, or the abort of its failure), and
+    /// rank 0 lets them go (`RingGo`) or aborts every rank naming the
+    /// culprit. Rank 0 sends and receives `2(n - 1)` small messages each
+    /// way, every other rank two.
+    fn ring_up(
+        &self,
+        inner: &mut Inner,
+        step: Exchange,
+        deadline: &Deadline,
+    ) -> Result<Ring, BootstrapError> {
+        let rank = self.rank;
+        let me = self.member();
+        let io = |peer: Option<usize>, source| BootstrapError::Io {
+            rank,
+            step,
+            peer,
+            source,
+        };
+        // The ring listens on the address this rank reaches rank 0 from.
+        let towards_root = if rank == 0 { 1 } else { 0 };
+        let ip = inner
+            .links
+            .get(towards_root)
+            .and_then(Option::as_ref)
+            .map(|l| l.stream.local_addr())
+            .ok_or(BootstrapError::Broken {
+                rank,
+                step,
+                peer: if rank == 0 { 1 } else { 0 },
+            })?
+            .map_err(|e| io(None, e))?
+            .ip();
+        let (listener, addr) = ring::listen(ip).map_err(|e| io(None, e))?;
+        let addr_bytes = addr.to_string().into_bytes();
+        let parse = |peer: usize, p: &[u8]| {
+            std::str::from_utf8(p)
+                .ok()
+                .filter(|_| p.len() <= HELLO_MAX)
+                .and_then(|t| t.parse::<SocketAddr>().ok())
+                .ok_or(BootstrapError::Malformed {
+                    rank,
+                    step,
+                    peer,
+                    what: super::error::Malformed::Encoding,
+                })
+        };
+        if rank == 0 {
+            let from: Vec<usize> = (1..self.size).collect();
+            let got = self.gather_at_root(inner, step, Kind::RingAddr, &from, deadline)?;
+            let mut addrs = vec![addr];
+            for (peer, p) in got {
+                match parse(peer, &p) {
+                    Ok(a) => addrs.push(a),
+                    Err(e) => {
+                        self.abort_all(inner, step, peer, AbortReason::BadMessage);
+                        return Err(e);
+                    }
+                }
+            }
+            for peer in 1..self.size {
+                let next = addrs[(peer + 1) % self.size].to_string().into_bytes();
+                let bytes =
+                    self.frame_or_too_large(step, self.header(Kind::RingNext, step.seq), &next)?;
+                if let Err(e) = self.send(inner, step, peer, &bytes, deadline) {
+                    self.abort_all(inner, step, peer, e.abort_reason());
+                    return Err(e);
+                }
+            }
+            let r = match ring::connect(
+                &me,
+                &listener,
+                addrs[1],
+                None,
+                step,
+                deadline,
+                &mut inner.traffic,
+            ) {
+                Ok(r) => r,
+                Err(SetupFailure::Peer { culprit, error }) => {
+                    self.abort_all(inner, step, culprit, error.abort_reason());
+                    return Err(error);
+                }
+                Err(SetupFailure::Watched) => {
+                    return Err(BootstrapError::Broken {
+                        rank,
+                        step,
+                        peer: 1,
+                    });
+                }
+            };
+            drop(listener);
+            let reports = self.gather_at_root(inner, step, Kind::RingReady, &from, deadline)?;
+            if let Some((_, p)) = reports.iter().find(|(_, p)| !p.is_empty()) {
+                let (reason, culprit) = AbortReason::decode(p);
+                self.abort_all(inner, step, culprit, reason);
+                return Err(BootstrapError::Aborted {
+                    rank,
+                    step,
+                    culprit,
+                    reason,
+                });
+            }
+            let bytes = wire::frame(self.header(Kind::RingGo, step.seq), &[]).unwrap_or_default();
+            self.send_to_all(inner, step, &bytes, usize::MAX, deadline)?;
+            Ok(r)
+        } else {
+            let bytes =
+                self.frame_or_too_large(step, self.header(Kind::RingAddr, step.seq), &addr_bytes)?;
+            self.send(inner, step, 0, &bytes, deadline)?;
+            let next = self.recv_from_root(inner, step, Kind::RingNext, deadline)?;
+            let next = parse(0, &next).inspect_err(|_| inner.links[0] = None)?;
+            let connected = {
+                let Inner { links, traffic, .. } = &mut *inner;
+                let watch = links
+                    .first()
+                    .and_then(Option::as_ref)
+                    .map(|l| l.stream.as_fd());
+                ring::connect(&me, &listener, next, watch, step, deadline, traffic)
+            };
+            drop(listener);
+            let report = match &connected {
+                Ok(_) => Vec::new(),
+                Err(SetupFailure::Peer { culprit, error }) => error.abort_reason().encode(*culprit),
+                // Rank 0 spoke first: what it said is read below.
+                Err(SetupFailure::Watched) => Vec::new(),
+            };
+            if !matches!(connected, Err(SetupFailure::Watched)) {
+                let bytes =
+                    self.frame_or_too_large(step, self.header(Kind::RingReady, step.seq), &report)?;
+                self.send(inner, step, 0, &bytes, deadline)?;
+            }
+            if let Err(SetupFailure::Peer { error, .. }) = connected {
+                return Err(error);
+            }
+            // An abort from rank 0 ends the setup here.
+            self.recv_from_root(inner, step, Kind::RingGo, deadline)?;
+            match connected {
+                Ok(r) => Ok(r),
+                // `RingGo` before this rank reported: rank 0 is not following
+                // the protocol.
+                Err(_) => {
+                    inner.links[0] = None;
+                    Err(BootstrapError::Mismatch {
+                        rank,
+                        step,
+                        peer: 0,
+                        what: FrameMismatch::Operation {
+                            ours: Op::Allgather,
+                            theirs: Kind::RingGo as u8,
+                        },
+                    })
+                }
+            }
+        }
+    }
+
     fn next_step(&self, inner: &mut Inner, op: Op) -> Exchange {
         let seq = inner.seq;
         inner.seq = inner.seq.wrapping_add(1);
@@ -704,17 +1011,18 @@ impl Tcp {
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
 /// Bytes of each side's nonce in the join.
-const NONCE: usize = 16;
+pub(crate) const NONCE: usize = 16;
 /// Bytes of an HMAC-SHA-256 proof.
-const PROOF: usize = 32;
+pub(crate) const PROOF: usize = 32;
 
 /// The proof that one side of a join knows the job secret: HMAC-SHA-256
 /// keyed by the secret over a label naming the side (so neither proof can
 /// be reflected as the other), the job, the joining rank, the size and
 /// both fresh nonces. `None` only if the MAC refuses the key, which
 /// HMAC never does.
-fn proof(
-    id: &UniqueId,
+pub(crate) fn proof(
+    secret: &[u8],
+    job: u64,
     label: &[u8],
     rank: u32,
     size: u32,
@@ -722,10 +1030,10 @@ fn proof(
     root: &[u8],
 ) -> Option<[u8; PROOF]> {
     use hmac::Mac;
-    let mut m = <HmacSha256 as Mac>::new_from_slice(&id.secret).ok()?;
+    let mut m = <HmacSha256 as Mac>::new_from_slice(secret).ok()?;
     m.update(b"cuda-endpoints bootstrap join v2 ");
     m.update(label);
-    m.update(&id.job.to_le_bytes());
+    m.update(&job.to_le_bytes());
     m.update(&rank.to_le_bytes());
     m.update(&size.to_le_bytes());
     m.update(joiner);
@@ -841,18 +1149,20 @@ fn handshake(
         }
     };
     let theirs = expect(&mut link, &mut traffic, Kind::Challenge, NONCE)?;
-    let p = proof(id, JOINER, rank32, size32, &mine, &theirs).ok_or_else(|| impostor("no MAC"))?;
+    let p = proof(&id.secret, id.job, JOINER, rank32, size32, &mine, &theirs)
+        .ok_or_else(|| impostor("no MAC"))?;
     let bytes = wire::frame(header(Kind::Proof), &p).unwrap_or_default();
     send(&mut link, &mut traffic, &bytes)?;
     let welcome = expect(&mut link, &mut traffic, Kind::Welcome, PROOF)?;
-    let want = proof(id, ROOT, rank32, size32, &mine, &theirs).ok_or_else(|| impostor("no MAC"))?;
+    let want = proof(&id.secret, id.job, ROOT, rank32, size32, &mine, &theirs)
+        .ok_or_else(|| impostor("no MAC"))?;
     if !constant_time_eq(&welcome, &want) {
         return Err(impostor("a welcome whose proof of the secret is wrong"));
     }
     Ok((link, traffic))
 }
 
-fn random_nonce() -> io::Result<[u8; NONCE]> {
+pub(crate) fn random_nonce() -> io::Result<[u8; NONCE]> {
     let mut b = [0u8; NONCE];
     getrandom::fill(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(b)
@@ -863,7 +1173,12 @@ const JOIN: Exchange = Exchange {
     seq: 0,
 };
 
-fn header_error(rank: usize, step: Exchange, peer: usize, e: HeaderError) -> BootstrapError {
+pub(crate) fn header_error(
+    rank: usize,
+    step: Exchange,
+    peer: usize,
+    e: HeaderError,
+) -> BootstrapError {
     match e {
         HeaderError::Malformed(what) => BootstrapError::Malformed {
             rank,
@@ -892,7 +1207,11 @@ fn header_error(rank: usize, step: Exchange, peer: usize, e: HeaderError) -> Boo
 
 /// Writes all of `bytes` by the deadline: each `write` gets the time left
 /// (`SO_SNDTIMEO`), so a peer that stops reading cannot stretch the call.
-fn write_bounded(stream: &mut TcpStream, bytes: &[u8], deadline: &Deadline) -> io::Result<()> {
+pub(crate) fn write_bounded(
+    stream: &mut TcpStream,
+    bytes: &[u8],
+    deadline: &Deadline,
+) -> io::Result<()> {
     let mut rest = bytes;
     while !rest.is_empty() {
         let left = deadline.remaining();
@@ -1150,7 +1469,8 @@ impl TcpRoot {
                 };
                 let Some(mut p) = slot.take() else { continue };
                 let want = proof(
-                    &self.id,
+                    &self.id.secret,
+                    self.id.job,
                     JOINER,
                     hello.from,
                     hello.size,
@@ -1238,7 +1558,15 @@ impl TcpRoot {
                     size: size32,
                     len: 0,
                 };
-                let Some(mine) = proof(&self.id, ROOT, h.from, h.size, &joiner, &root_nonce) else {
+                let Some(mine) = proof(
+                    &self.id.secret,
+                    self.id.job,
+                    ROOT,
+                    h.from,
+                    h.size,
+                    &joiner,
+                    &root_nonce,
+                ) else {
                     continue;
                 };
                 let bytes = wire::frame(w, &mine).unwrap_or_default();
@@ -1254,10 +1582,12 @@ impl TcpRoot {
             rank,
             size,
             job: self.id.job,
+            secret: Secret(self.id.secret),
             inner: Mutex::new(Inner {
                 seq: 0,
                 links,
                 traffic,
+                ring: RingState::Down,
             }),
         })
     }
@@ -1378,7 +1708,7 @@ impl TcpRoot {
 
 /// Whether a presented secret is the job's, in time that does not depend on
 /// where they differ (`subtle`; a length mismatch is refused at once).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     use subtle::ConstantTimeEq;
     bool::from(a.ct_eq(b))
 }
@@ -1397,6 +1727,9 @@ impl Bootstrap for Tcp {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let step = self.next_step(inner, Op::Allgather);
+        if self.size >= 3 {
+            return self.ring_allgather(inner, step, mine, &deadline);
+        }
         if self.rank == 0 {
             let from: Vec<usize> = (1..self.size).collect();
             let got = self.gather_at_root(inner, step, Kind::Allgather, &from, &deadline)?;

@@ -27,6 +27,11 @@ pub const RANK_ENV: &str = "CUDA_ENDPOINTS_RANK";
 pub const SIZE_ENV: &str = "CUDA_ENDPOINTS_SIZE";
 /// The (model) node this rank runs on, set by a launcher.
 pub const NODE_ENV: &str = "CUDA_ENDPOINTS_NODE";
+/// Rank 0's listening socket, inherited from a launcher that bound it (a
+/// descriptor number): [`Tcp::from_env`](crate::Tcp::from_env) takes it
+/// instead of binding the id's address again, so no other process can take
+/// the port between the launcher's choice and rank 0's start.
+pub const LISTEN_FD_ENV: &str = "CUDA_ENDPOINTS_BOOTSTRAP_LISTEN_FD";
 
 const PREFIX: &str = "cebs1";
 

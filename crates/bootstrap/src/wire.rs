@@ -44,6 +44,16 @@ pub(crate) enum Kind {
     FdRequest = 10,
     Challenge = 11,
     Proof = 12,
+    /// The ring's setup: a rank's ring listener address, to rank 0.
+    RingAddr = 13,
+    /// The ring's setup: the next rank's address, from rank 0.
+    RingNext = 14,
+    /// The ring's setup: a rank's links stand (empty) or its failure.
+    RingReady = 15,
+    /// The ring's setup: every rank's links stand.
+    RingGo = 16,
+    /// One rank's contribution passing along the ring.
+    RingBlock = 17,
 }
 
 impl Kind {
@@ -61,6 +71,11 @@ impl Kind {
             10 => Kind::FdRequest,
             11 => Kind::Challenge,
             12 => Kind::Proof,
+            13 => Kind::RingAddr,
+            14 => Kind::RingNext,
+            15 => Kind::RingReady,
+            16 => Kind::RingGo,
+            17 => Kind::RingBlock,
             _ => return None,
         })
     }

@@ -8,7 +8,9 @@
 //! With `-n N` it starts N processes of COMMAND itself (no MPI), each with
 //! `CUDA_ENDPOINTS_RANK`, `CUDA_ENDPOINTS_SIZE`, `CUDA_ENDPOINTS_NODE` and a
 //! fresh TCP bootstrap unique id (`CUDA_ENDPOINTS_BOOTSTRAP_ID`, a loopback
-//! port the launcher picked for rank 0): `Tcp::from_env()` gives each its
+//! port the launcher bound for rank 0 and hands down to it as an inherited
+//! listening socket, `CUDA_ENDPOINTS_BOOTSTRAP_LISTEN_FD`, so that no other
+//! process can take the port first): `Tcp::from_env()` gives each its
 //! bootstrap. The job runs in a process group of its own; its processes
 //! get `SIGKILL` when the launcher dies (`PR_SET_PDEATHSIG`), and a
 //! watchdog (a shell waiting on a pipe from the launcher) ends the group
@@ -221,14 +223,17 @@ struct Job {
 
 fn spawn_job(args: &Args, server: &FabricServer, nodes: usize) -> std::io::Result<Job> {
     let ranks = args.ranks.map(|n| n as usize);
-    let id = match ranks {
+    // Rank 0's listener, bound here and handed down to rank 0 alone
+    // (`LISTEN_FD_ENV`): the port stays taken from the moment it is chosen,
+    // so no other process can bind it before rank 0 starts. It is
+    // close-on-exec here; only rank 0's child clears that flag.
+    let (listener, id) = match ranks {
         Some(_) => {
-            // A free loopback port for rank 0, which binds it again
-            // (`SO_REUSEADDR`) in `Tcp::from_env`.
-            let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-            Some(cuda_endpoints_bootstrap::UniqueId::generate(addr)?)
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let id = cuda_endpoints_bootstrap::UniqueId::generate(l.local_addr()?)?;
+            (Some(l), Some(id))
         }
-        None => None,
+        None => (None, None),
     };
     let mut job = Job {
         children: Vec::new(),
@@ -247,15 +252,32 @@ fn spawn_job(args: &Args, server: &FabricServer, nodes: usize) -> std::io::Resul
                 .env(cuda_endpoints_bootstrap::NODE_ENV, node.to_string())
                 .env(cuda_endpoints_bootstrap::UNIQUE_ID_ENV, id.to_string());
         }
+        let inherit = match (&listener, rank) {
+            (Some(l), 0) => {
+                let raw = std::os::fd::AsRawFd::as_raw_fd(l);
+                cmd.env(cuda_endpoints_bootstrap::LISTEN_FD_ENV, raw.to_string());
+                Some(raw)
+            }
+            _ => None,
+        };
         // SAFETY: the closure runs in the child between fork and exec and
-        // only calls `prctl(PR_SET_PDEATHSIG)`, which is async-signal-safe
-        // and touches no memory of the parent.
+        // only calls `prctl(PR_SET_PDEATHSIG)` and, for rank 0,
+        // `fcntl(F_SETFD)` on the listener's descriptor, which the forked
+        // child holds open (the parent keeps `listener` alive until every
+        // child is spawned); both are async-signal-safe and touch no memory
+        // of the parent.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 rustix::process::set_parent_process_death_signal(Some(
                     rustix::process::Signal::KILL,
                 ))
-                .map_err(std::io::Error::from)
+                .map_err(std::io::Error::from)?;
+                if let Some(raw) = inherit {
+                    let fd = std::os::fd::BorrowedFd::borrow_raw(raw);
+                    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())
+                        .map_err(std::io::Error::from)?;
+                }
+                Ok(())
             });
         }
         match cmd.spawn() {
@@ -271,6 +293,8 @@ fn spawn_job(args: &Args, server: &FabricServer, nodes: usize) -> std::io::Resul
             }
         }
     }
+    // Rank 0 holds the listener now; the launcher's copy goes.
+    drop(listener);
     job.watchdog = watchdog(job.pgid, server.socket());
     Ok(job)
 }
