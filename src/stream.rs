@@ -134,6 +134,12 @@ impl StreamInner {
         drop(done); // may release memory: outside the lock
     }
 
+    /// Whether the stream is known to have passed batch `seq` (its record
+    /// was let go: waited, an event after it observed, or synchronized).
+    pub(crate) fn passed(&self, seq: u64) -> bool {
+        !self.lock().iter().any(|(s, _)| *s == seq)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Vec<(u64, Keep)>> {
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
     }
