@@ -107,7 +107,7 @@ fn settle_in_flight(range: &RangeInner, id: u32) -> Result<()> {
 impl StreamInner {
     /// Records a batch just enqueued; returns its sequence number.
     pub(crate) fn record(self: &Arc<Self>, keep: Keep) -> u64 {
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
         let mut idx = index();
         for (range, id) in &keep.endpoints {
             idx.push((range_key(range), *id, Arc::downgrade(self)));
@@ -348,6 +348,12 @@ impl Event {
         if !stream.inner.ctx.same(&self.ctx) {
             return Err(Error::WrongContext);
         }
+        // Read before the record: a batch numbered below it was enqueued
+        // on the driver before its number was taken, so before the record,
+        // and the event covers it. One another thread enqueues during the
+        // call may fall after the record: reading after the call would let
+        // the event release that batch's memory while it still runs.
+        let last = stream.inner.next_seq.load(Ordering::Acquire).checked_sub(1);
         // SAFETY: both are live objects of this crate, borrowed for the call.
         let r = unsafe {
             self.ctx
@@ -355,7 +361,6 @@ impl Event {
                 .event_record(self.handle, stream.inner.handle)
         };
         self.ctx.check(Call::EventRecord, r)?;
-        let last = stream.inner.next_seq.load(Ordering::Relaxed).checked_sub(1);
         self.at = Some((stream.inner.clone(), last));
         Ok(())
     }
