@@ -221,12 +221,12 @@ fn an_event_never_completes_a_batch_enqueued_during_its_record() {
             }
         });
         std::thread::scope(|s| {
-            let (b, ep, stream, src) = (&b, &ep, &stream, &src);
+            let (b, ep, on, src) = (&b, &ep, &stream, &src);
             s.spawn(move || {
                 go_rx.recv_timeout(Duration::from_secs(10)).unwrap();
-                let through = b.copy_through(&ep).unwrap();
-                let t = stream
-                    .enqueue(cuda_endpoints::CopyBatch::new().put(&src, 0, through, 0, 64))
+                let through = b.copy_through(ep).unwrap();
+                let t = on
+                    .enqueue(cuda_endpoints::CopyBatch::new().put(src, 0, through, 0, 64))
                     .unwrap();
                 std::mem::forget(t);
                 ack_tx.send(()).unwrap();
