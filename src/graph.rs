@@ -38,6 +38,9 @@ pub struct CopyGraph<'a> {
     keep: Keep,
     host_in: Vec<Vec<u8>>,
     host_out: Vec<(usize, Vec<u8>)>,
+    /// The stream record of the last launch: until the stream passed it,
+    /// the launch may still write `host_out`.
+    last: Option<u64>,
     _borrow: PhantomData<&'a ()>,
 }
 
@@ -118,6 +121,7 @@ impl Stream {
             keep,
             host_in,
             host_out,
+            last: None,
             _borrow: PhantomData,
         })
     }
@@ -142,6 +146,7 @@ impl CopyGraph<'_> {
         };
         ctx.check(Call::GraphLaunch, r)?;
         let seq = self.stream.inner.record(self.keep.clone());
+        self.last = Some(seq);
         Ok(InFlight::new(self.stream, Vec::new(), Vec::new(), seq))
     }
 
@@ -151,9 +156,20 @@ impl CopyGraph<'_> {
     }
 
     /// The buffers [`CopyBatch::get_host`] fills, in order, as the last
-    /// waited launch left them.
-    pub fn received(&self) -> Vec<&[u8]> {
-        self.host_out.iter().map(|(_, b)| b.as_slice()).collect()
+    /// launch left them. A launch whose token was forgotten rather than
+    /// waited may still write them: the stream is synchronized first then,
+    /// so the bytes lent never change while they are borrowed.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from that synchronization (an asynchronous fault);
+    /// nothing is lent then.
+    pub fn received(&self) -> Result<Vec<&[u8]>> {
+        if let Some(seq) = self.last
+            && !self.stream.inner.passed(seq)
+        {
+            self.stream.synchronize()?;
+        }
+        Ok(self.host_out.iter().map(|(_, b)| b.as_slice()).collect())
     }
 }
 

@@ -107,14 +107,16 @@ fn settle_in_flight(range: &RangeInner, id: u32) -> Result<()> {
 impl StreamInner {
     /// Records a batch just enqueued; returns its sequence number.
     pub(crate) fn record(self: &Arc<Self>, keep: Keep) -> u64 {
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
         let mut idx = index();
         for (range, id) in &keep.endpoints {
             idx.push((range_key(range), *id, Arc::downgrade(self)));
         }
         IN_INDEX.store(idx.len(), Ordering::Release);
-        drop(idx);
+        // Pushed under the index lock: `passed_before` sees the index and
+        // the records agree.
         self.lock().push((seq, keep));
+        drop(idx);
         seq
     }
 
@@ -134,6 +136,12 @@ impl StreamInner {
         drop(done); // may release memory: outside the lock
     }
 
+    /// Whether the stream is known to have passed batch `seq` (its record
+    /// was let go: waited, an event after it observed, or synchronized).
+    pub(crate) fn passed(&self, seq: u64) -> bool {
+        !self.lock().iter().any(|(s, _)| *s == seq)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Vec<(u64, Keep)>> {
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -141,23 +149,44 @@ impl StreamInner {
     /// `cuStreamSynchronize`; on success lets go of every in-flight record
     /// (outside the locks: dropping memory may call the driver).
     pub(crate) fn synchronize(&self) -> Result<()> {
+        let before = self.enqueued();
         // SAFETY: the stream is this object's own and live until its Drop.
         let r = unsafe { self.ctx.driver().stream_synchronize(self.handle) };
         self.ctx.check(Call::StreamSynchronize, r)?;
-        self.passed_everything();
+        self.passed_before(before);
         Ok(())
     }
 
-    /// The stream passed everything enqueued: drop the records.
-    fn passed_everything(&self) {
-        let done = std::mem::take(&mut *self.lock());
+    /// The number the next batch will take, read before a call that
+    /// completes the stream: every batch numbered below it was enqueued on
+    /// the driver before (its number is taken after its enqueue), so the
+    /// call covers it; one another thread enqueues during the call may not
+    /// be covered, and must keep what it uses.
+    pub(crate) fn enqueued(&self) -> u64 {
+        self.next_seq.load(Ordering::Acquire)
+    }
+
+    /// The stream passed every batch numbered below `before`: drop their
+    /// records, and this stream's entries of the index once no record is
+    /// left (checked under the index lock, which `record` holds too).
+    pub(crate) fn passed_before(&self, before: u64) {
+        let done: Vec<(u64, Keep)> = {
+            let mut list = self.lock();
+            let (done, left) = std::mem::take(&mut *list)
+                .into_iter()
+                .partition(|(s, _)| *s < before);
+            *list = left;
+            done
+        };
         if done.iter().any(|(_, k)| !k.endpoints.is_empty()) {
             let me: *const StreamInner = self;
             let mut idx = index();
-            idx.retain(|(_, _, s)| !std::ptr::eq(s.as_ptr(), me));
-            IN_INDEX.store(idx.len(), Ordering::Release);
+            if self.lock().is_empty() {
+                idx.retain(|(_, _, s)| !std::ptr::eq(s.as_ptr(), me));
+                IN_INDEX.store(idx.len(), Ordering::Release);
+            }
         }
-        drop(done);
+        drop(done); // may release memory: outside the lock
     }
 }
 
@@ -264,11 +293,12 @@ impl Stream {
     /// # Errors
     /// [`Error::Driver`], as [`Stream::synchronize`].
     pub fn query(&self) -> Result<bool> {
+        let before = self.inner.enqueued();
         // SAFETY: the stream is this object's own and live.
         let r = unsafe { self.inner.ctx.driver().stream_query(self.inner.handle) };
         let done = self.inner.ctx.check(Call::StreamQuery, r)?;
         if done {
-            self.inner.passed_everything();
+            self.inner.passed_before(before);
         }
         Ok(done)
     }
@@ -342,6 +372,12 @@ impl Event {
         if !stream.inner.ctx.same(&self.ctx) {
             return Err(Error::WrongContext);
         }
+        // Read before the record: a batch numbered below it was enqueued
+        // on the driver before its number was taken, so before the record,
+        // and the event covers it. One another thread enqueues during the
+        // call may fall after the record: reading after the call would let
+        // the event release that batch's memory while it still runs.
+        let last = stream.inner.enqueued().checked_sub(1);
         // SAFETY: both are live objects of this crate, borrowed for the call.
         let r = unsafe {
             self.ctx
@@ -349,7 +385,6 @@ impl Event {
                 .event_record(self.handle, stream.inner.handle)
         };
         self.ctx.check(Call::EventRecord, r)?;
-        let last = stream.inner.next_seq.load(Ordering::Relaxed).checked_sub(1);
         self.at = Some((stream.inner.clone(), last));
         Ok(())
     }

@@ -61,6 +61,20 @@ fn child(role: &str) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         return suite(&boot);
     }
+    if role == "from_env_forged_fd" {
+        // Rank 0 of a launcher that handed down a forged listener: refused
+        // as a listener problem, before anything is bound or taken.
+        return match Tcp::from_env(t) {
+            Err(BootstrapError::InvalidId {
+                what: cuda_endpoints::bootstrap::IdProblem::Listener { why },
+            }) => {
+                report(&format!("REFUSED {why}"));
+                Ok(())
+            }
+            Err(e) => Err(format!("{e:?}")),
+            Ok(_) => Err("a forged listener was taken".into()),
+        };
+    }
     let id = UniqueId::from_env().map_err(|e| e.to_string())?;
     let boot = Tcp::join(&id, rank, size, t).map_err(|e| e.to_string())?;
     match role {
@@ -1339,4 +1353,73 @@ fn the_secret_stays_out_of_debug_output() {
     assert!(!shown.contains(&secret), "{shown}");
     let bytes = secret_of(&id.to_string());
     assert!(!shown.contains(&format!("{bytes:?}")), "{shown}");
+}
+
+/// Issue 21 with the launcher's listener: `LISTEN_FD` names a descriptor
+/// rank 0 takes only if it is a TCP socket listening on the unique id's
+/// address. A forged one (a regular file, a Unix listener, a TCP listener
+/// on another port, a connected socket to the id's address, a number not
+/// open, a standard stream, text) is refused as a listener problem, and
+/// rank 0 neither takes it nor binds, hangs or panics.
+#[test]
+fn a_forged_listen_fd_is_refused_as_a_listener_problem() {
+    use std::os::fd::OwnedFd;
+    use std::process::Stdio;
+    let _s = serial();
+    let _w = watchdog::guard("forged listen fd");
+    let (id, _real) = root(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fd = |o: OwnedFd| Some(Stdio::from(o));
+    let other = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let unix = std::os::unix::net::UnixListener::bind(dir.path().join("s")).expect("bind unix");
+    let connected = TcpStream::connect(id.addr()).expect("connect");
+    let cases: Vec<(&str, Option<Stdio>, &str)> = vec![
+        (
+            "a regular file",
+            fd(std::fs::File::open("/dev/null").expect("null").into()),
+            "5",
+        ),
+        ("a Unix listener", fd(unix.into()), "5"),
+        ("a TCP listener on another port", fd(other.into()), "5"),
+        (
+            "a socket connected to the id's address",
+            fd(connected.into()),
+            "5",
+        ),
+        ("a number not open", None, "999"),
+        ("a standard stream", None, "2"),
+        ("text", None, "five"),
+    ];
+    for (what, stdin, number) in cases {
+        // The shell puts the object on descriptor 5 of the child, open
+        // across exec, as a launcher does.
+        let exe = std::env::current_exe().expect("exe");
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "exec 5<&0 0</dev/null; exec \"$0\" \"$@\""])
+            .arg(&exe)
+            .args([ENTRY, "--exact", "--nocapture", "--test-threads=1", "-q"])
+            .env(ROLE, "from_env_forged_fd")
+            .env(RANK, "0")
+            .env(SIZE, "2")
+            .env(cuda_endpoints::bootstrap::RANK_ENV, "0")
+            .env(cuda_endpoints::bootstrap::SIZE_ENV, "2")
+            .env(UNIQUE_ID_ENV, id.to_string())
+            .env(cuda_endpoints::bootstrap::LISTEN_FD_ENV, number)
+            .stdin(stdin.unwrap_or_else(Stdio::null))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let done = Guard::spawn(what, &mut cmd).finish(Instant::now() + LONG);
+        assert_eq!(
+            done.code,
+            Some(0),
+            "{what}: {:?} {}",
+            done.results(),
+            done.stderr
+        );
+        assert!(
+            done.results().iter().any(|l| l.starts_with("REFUSED")),
+            "{what}: {:?}",
+            done.results()
+        );
+    }
 }

@@ -835,7 +835,36 @@ fn f8_typed_graph_launched_twice_copies_each_time_and_leaves_no_violation() {
         let t = graph.launch().unwrap();
         t.wait().unwrap();
         assert_eq!(model.read(u.owner.device_ptr(), 64).unwrap(), vec![9; 64]);
-        assert_eq!(graph.received(), vec![&[4u8; 16][..]]);
+        assert_eq!(graph.received().unwrap(), vec![&[4u8; 16][..]]);
+    }
+    drop(stream);
+    drop(b);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+/// A graph's received bytes are lent only once the last launch passed:
+/// with the launch's token forgotten (safe code), `received()` waits for
+/// the stream first, so the slices it lends never change under the borrow
+/// (before, the stream wrote into them while they were lent).
+#[test]
+fn f8_a_graphs_received_bytes_never_change_while_lent() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    model.write(u.owner.device_ptr() + 1024, &[4; 16]).unwrap();
+    {
+        let mut graph = stream
+            .capture(CopyBatch::new().get_host(&u.ep, 1024, 16))
+            .unwrap();
+        std::mem::forget(graph.launch().unwrap());
+        let lent = graph.received().unwrap();
+        let before = lent[0].to_vec();
+        stream.synchronize().unwrap();
+        let after = lent[0].to_vec();
+        assert_eq!(before, after, "bytes under a shared borrow changed");
+        assert_eq!(after, vec![4u8; 16]);
     }
     drop(stream);
     drop(b);

@@ -735,7 +735,7 @@ fn f8_graphs_and_events_cross_the_fabric_wire() {
                 .unwrap();
             t.wait().unwrap();
             graph.launch().unwrap().wait().unwrap();
-            assert_eq!(graph.received(), vec![&[3u8; 64][..]]);
+            assert_eq!(graph.received().unwrap(), vec![&[3u8; 64][..]]);
         }
         let got = stream
             .enqueue(CopyBatch::new().get_host(&ep, 0, 64))

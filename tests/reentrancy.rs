@@ -183,3 +183,127 @@ fn classic_export_and_import_of_the_bring_up_hold_no_table_lock_across_inner_cal
         common::fabric_idle(&model);
     });
 }
+
+/// F4 through an event: an event completes the batches enqueued before its
+/// record, never one another thread enqueued while `Event::record` was in
+/// its driver call. Here a layer holds the record's call until another
+/// thread enqueued a copy from `src` (its token forgotten) and dropped
+/// `src`; observing the event must not let the stream's hold on `src` go,
+/// so the copy still reads live memory and lands.
+#[test]
+fn an_event_never_completes_a_batch_enqueued_during_its_record() {
+    let _serial = serial();
+    within(30, || {
+        let mut config = ModelConfig::node(1);
+        config.driver_version = 13050;
+        let model = Model::new(config);
+        let ctx = Context::new(Traced::new(model.clone()));
+        let ep = ctx
+            .reserve_one()
+            .unwrap()
+            .create(Spec::unicast(0, ALIGN))
+            .unwrap()
+            .wait(T)
+            .unwrap();
+        let owner = common::mapped::<Private>(&ctx, 0, ALIGN);
+        let src = common::mapped::<Private>(&ctx, 0, ALIGN);
+        model.write(src.device_ptr(), &[6; 64]).unwrap();
+        let b = ep.bind(Device(0), 0, &owner).unwrap();
+        let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+        let mut event = cuda_endpoints::Event::new(&ctx, 0).unwrap();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (ack_tx, ack_rx) = std::sync::mpsc::channel::<()>();
+        let (go_tx, ack_rx) = (std::sync::Mutex::new(go_tx), std::sync::Mutex::new(ack_rx));
+        let layer = OnEvent(move |e: &EventFields| {
+            if e.succeeded() == Some(Call::EventRecord) {
+                let _ = go_tx.lock().unwrap().send(());
+                let _ = ack_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+            }
+        });
+        std::thread::scope(|s| {
+            let (b, ep, on, src) = (&b, &ep, &stream, &src);
+            s.spawn(move || {
+                go_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+                let through = b.copy_through(ep).unwrap();
+                let t = on
+                    .enqueue(cuda_endpoints::CopyBatch::new().put(src, 0, through, 0, 64))
+                    .unwrap();
+                std::mem::forget(t);
+                ack_tx.send(()).unwrap();
+            });
+            tracing::subscriber::with_default(layer, || event.record(&stream).unwrap());
+        });
+        event.synchronize().unwrap();
+        drop(src);
+        stream.synchronize().unwrap();
+        assert_eq!(model.read(owner.device_ptr(), 64).unwrap(), vec![6; 64]);
+        drop((event, stream, b));
+        drop((ep, owner));
+        common::clean(&ctx, &model);
+    });
+}
+
+/// The stream-wide form of the rule above: `Stream::synchronize` and a
+/// `Stream::query` that answers `true` let go of what the batches enqueued
+/// before the call use, never of a batch another thread enqueued while
+/// the call was in the driver (its memory must outlive its copy).
+#[test]
+fn a_stream_synchronize_or_query_never_completes_a_batch_enqueued_during_it() {
+    let _serial = serial();
+    for (call, observe) in [
+        (
+            Call::StreamSynchronize,
+            (|s: &cuda_endpoints::Stream| s.synchronize().map(drop)) as fn(&_) -> _,
+        ),
+        (Call::StreamQuery, |s: &cuda_endpoints::Stream| {
+            s.query().map(|done| assert!(done, "an empty stream"))
+        }),
+    ] {
+        within(30, move || {
+            let mut config = ModelConfig::node(1);
+            config.driver_version = 13050;
+            let model = Model::new(config);
+            let ctx = Context::new(Traced::new(model.clone()));
+            let ep = ctx
+                .reserve_one()
+                .unwrap()
+                .create(Spec::unicast(0, ALIGN))
+                .unwrap()
+                .wait(T)
+                .unwrap();
+            let owner = common::mapped::<Private>(&ctx, 0, ALIGN);
+            let src = common::mapped::<Private>(&ctx, 0, ALIGN);
+            model.write(src.device_ptr(), &[6; 64]).unwrap();
+            let b = ep.bind(Device(0), 0, &owner).unwrap();
+            let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+            let (ack_tx, ack_rx) = std::sync::mpsc::channel::<()>();
+            let (go_tx, ack_rx) = (std::sync::Mutex::new(go_tx), std::sync::Mutex::new(ack_rx));
+            let layer = OnEvent(move |e: &EventFields| {
+                if e.succeeded() == Some(call) {
+                    let _ = go_tx.lock().unwrap().send(());
+                    let _ = ack_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+                }
+            });
+            std::thread::scope(|s| {
+                let (b, ep, on, src) = (&b, &ep, &stream, &src);
+                s.spawn(move || {
+                    go_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+                    let through = b.copy_through(ep).unwrap();
+                    let t = on
+                        .enqueue(cuda_endpoints::CopyBatch::new().put(src, 0, through, 0, 64))
+                        .unwrap();
+                    std::mem::forget(t);
+                    ack_tx.send(()).unwrap();
+                });
+                tracing::subscriber::with_default(layer, || observe(&stream).unwrap());
+            });
+            drop(src);
+            stream.synchronize().unwrap();
+            assert_eq!(model.read(owner.device_ptr(), 64).unwrap(), vec![6; 64]);
+            drop((stream, b));
+            drop((ep, owner));
+            common::clean(&ctx, &model);
+        });
+    }
+}

@@ -19,9 +19,12 @@
 //! that tag made the same call, within the caller's timeout. Peer bytes are
 //! read checked: a malformed batch or a message sent twice is the shared
 //! bootstrap's [`BootstrapError::Malformed`], never a panic; at most
-//! [`Tagged::MAX_KEPT`] messages wait for their channel.
+//! [`Tagged::MAX_KEPT`] messages, and of each peer at most
+//! [`Tagged::MAX_KEPT_BYTES_PER_PEER`] bytes, wait for a channel that did
+//! not begin its collective yet; a message for a collective that is over
+//! on this rank (taken, timed out or failed) is dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -47,6 +50,11 @@ struct State {
     inbox: HashMap<(u64, u64), Vec<Option<Vec<u8>>>>,
     /// Each tag's next sequence number on this rank.
     next: HashMap<u64, u64>,
+    /// The `(tag, sequence)` a channel of this rank waits for now.
+    waiting: HashSet<(u64, u64)>,
+    /// Per sending rank, the bytes of its messages in `inbox` that no
+    /// channel waits for yet (bounded by `MAX_KEPT_BYTES_PER_PEER`).
+    kept_by: Vec<usize>,
     /// A round is running on the shared bootstrap.
     round: bool,
     /// Rounds in a row that carried no message from any rank.
@@ -75,6 +83,9 @@ impl<B> std::fmt::Debug for Tagged<B> {
 impl<B: Bootstrap> Tagged<B> {
     /// The most messages kept for channels that did not take them yet.
     pub const MAX_KEPT: usize = 4096;
+    /// The most bytes of one peer's messages kept for channels that did
+    /// not take them yet: one frame of the bootstrap.
+    pub const MAX_KEPT_BYTES_PER_PEER: usize = crate::bootstrap::MAX_PAYLOAD;
 
     /// Shares `inner` among channels.
     pub fn new(inner: B) -> Tagged<B> {
@@ -122,10 +133,42 @@ impl<B: Bootstrap> Tagged<B> {
             seq,
             bytes: mine.to_vec(),
         });
+        st.waiting.insert((tag, seq));
+        // What arrived for this collective before it began is no longer
+        // kept for a channel to come: it is this one's.
+        if let Some(slots) = st.inbox.get(&(tag, seq)) {
+            let early: Vec<(usize, usize)> = slots
+                .iter()
+                .enumerate()
+                .filter_map(|(peer, b)| b.as_ref().map(|b| (peer, b.len())))
+                .collect();
+            for (peer, len) in early {
+                if let Some(k) = st.kept_by.get_mut(peer) {
+                    *k = k.saturating_sub(len);
+                }
+            }
+        }
         let step = Exchange {
             op: Op::Allgather,
             seq,
         };
+        let (mut st, got) = self.gather_loop(st, tag, seq, step, deadline);
+        // Over, whatever the outcome: what comes for it later is stale, and
+        // its message, if no round carried it yet, is not sent.
+        st.waiting.remove(&(tag, seq));
+        st.inbox.remove(&(tag, seq));
+        st.outbox.retain(|it| (it.tag, it.seq) != (tag, seq));
+        got
+    }
+
+    fn gather_loop<'s>(
+        &'s self,
+        mut st: MutexGuard<'s, State>,
+        tag: u64,
+        seq: u64,
+        step: Exchange,
+        deadline: Deadline,
+    ) -> (MutexGuard<'s, State>, Result<Vec<Vec<u8>>, BootstrapError>) {
         loop {
             if st
                 .inbox
@@ -133,7 +176,10 @@ impl<B: Bootstrap> Tagged<B> {
                 .is_some_and(|all| all.iter().all(Option::is_some))
             {
                 let all = st.inbox.remove(&(tag, seq)).unwrap_or_default();
-                return Ok(all.into_iter().map(Option::unwrap_or_default).collect());
+                return (
+                    st,
+                    Ok(all.into_iter().map(Option::unwrap_or_default).collect()),
+                );
             }
             if deadline.passed() {
                 let waiting_for = st
@@ -141,12 +187,15 @@ impl<B: Bootstrap> Tagged<B> {
                     .get(&(tag, seq))
                     .map(|all| (0..all.len()).filter(|&r| all[r].is_none()).collect())
                     .unwrap_or_else(|| (0..self.size).filter(|&r| r != self.rank).collect());
-                return Err(BootstrapError::Timeout {
-                    rank: self.rank,
-                    step,
-                    waiting_for,
-                    after: deadline.timeout(),
-                });
+                return (
+                    st,
+                    Err(BootstrapError::Timeout {
+                        rank: self.rank,
+                        step,
+                        waiting_for,
+                        after: deadline.timeout(),
+                    }),
+                );
             }
             if st.round {
                 // Another channel of this rank runs a round: it carries this
@@ -181,7 +230,7 @@ impl<B: Bootstrap> Tagged<B> {
                     let mut batch = batch;
                     batch.append(&mut st.outbox);
                     st.outbox = batch;
-                    return Err(e);
+                    return (st, Err(e));
                 }
             }
         }
@@ -211,17 +260,38 @@ impl<B: Bootstrap> Tagged<B> {
             let items: Vec<Item> = from_bytes(bytes).map_err(|_| bad(peer, Malformed::Encoding))?;
             for it in items {
                 any = true;
-                if !st.inbox.contains_key(&(it.tag, it.seq)) && st.inbox.len() >= Self::MAX_KEPT {
+                let key = (it.tag, it.seq);
+                let waited = st.waiting.contains(&key);
+                // A sequence this rank's channel is done with (taken or
+                // given up): no channel will take it, so it is dropped.
+                if !waited && st.next.get(&it.tag).is_some_and(|&n| it.seq < n) {
+                    continue;
+                }
+                if !st.inbox.contains_key(&key) && st.inbox.len() >= Self::MAX_KEPT {
                     return Err(bad(peer, Malformed::Overflow));
                 }
-                let slots = st
-                    .inbox
-                    .entry((it.tag, it.seq))
-                    .or_insert_with(|| vec![None; self.size]);
+                let kept = if waited {
+                    None
+                } else {
+                    let now = st.kept_by.get(peer).copied().unwrap_or(0);
+                    match now.checked_add(it.bytes.len()) {
+                        Some(k) if k <= Self::MAX_KEPT_BYTES_PER_PEER => Some(k),
+                        _ => return Err(bad(peer, Malformed::Overflow)),
+                    }
+                };
+                let slots = st.inbox.entry(key).or_insert_with(|| vec![None; self.size]);
                 match slots.get_mut(peer) {
                     Some(slot @ None) => *slot = Some(it.bytes),
                     // The same message twice, or a rank past the job.
                     _ => return Err(bad(peer, Malformed::Trailing)),
+                }
+                if let Some(k) = kept {
+                    if st.kept_by.len() < self.size {
+                        st.kept_by.resize(self.size, 0);
+                    }
+                    if let Some(slot) = st.kept_by.get_mut(peer) {
+                        *slot = k;
+                    }
                 }
             }
         }
@@ -365,5 +435,91 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A peer that floods tags this rank never opened, each message as
+    /// large as one round allows, cannot make this rank keep more than
+    /// [`Tagged::MAX_KEPT_BYTES_PER_PEER`] of its bytes: the round past it
+    /// is the shared bootstrap's `Malformed { Overflow }`, naming it.
+    #[test]
+    fn bytes_kept_for_channels_not_open_are_bounded_per_peer() {
+        let mux = Tagged::new(Threads::new(2).remove(0));
+        let step = Exchange {
+            op: Op::Allgather,
+            seq: 0,
+        };
+        let chunk = 1 << 20;
+        let rounds = Tagged::<crate::bootstrap::ThreadRank>::MAX_KEPT_BYTES_PER_PEER / chunk + 1;
+        let mut st = State::default();
+        let mut refused = None;
+        for seq in 0..rounds as u64 {
+            let flood = to_bytes(&vec![Item {
+                tag: 99,
+                seq,
+                bytes: vec![0xab; chunk],
+            }]);
+            if let Err(e) = mux.keep(&mut st, vec![to_bytes(&Vec::<Item>::new()), flood], step) {
+                refused = Some(e);
+                break;
+            }
+        }
+        assert!(
+            matches!(
+                refused,
+                Some(BootstrapError::Malformed {
+                    peer: 1,
+                    what: Malformed::Overflow,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        let kept: usize = st.inbox.values().flatten().flatten().map(Vec::len).sum();
+        assert!(kept <= Tagged::<crate::bootstrap::ThreadRank>::MAX_KEPT_BYTES_PER_PEER);
+    }
+
+    /// A message for a sequence this rank's channel already gave up on
+    /// (it timed out) is dropped: no channel will ever take it, so keeping
+    /// it would hold its bytes and a slot of [`Tagged::MAX_KEPT`] forever.
+    #[test]
+    fn messages_of_a_collective_that_timed_out_are_not_kept_forever() {
+        let mux = Tagged::new(Threads::new(2).remove(0));
+        let step = Exchange {
+            op: Op::Allgather,
+            seq: 1,
+        };
+        let mut st = State::default();
+        // Tag 5's sequence 0 was this rank's, and it is over.
+        st.next.insert(5, 1);
+        let late = to_bytes(&vec![Item {
+            tag: 5,
+            seq: 0,
+            bytes: vec![1; 100],
+        }]);
+        let ahead = to_bytes(&vec![Item {
+            tag: 5,
+            seq: 1,
+            bytes: vec![2; 100],
+        }]);
+        for _ in 0..3 {
+            assert!(
+                mux.keep(
+                    &mut st,
+                    vec![to_bytes(&Vec::<Item>::new()), late.clone()],
+                    step
+                )
+                .is_ok()
+            );
+        }
+        assert!(
+            st.inbox.is_empty(),
+            "{:?}",
+            st.inbox.keys().collect::<Vec<_>>()
+        );
+        assert!(
+            mux.keep(&mut st, vec![to_bytes(&Vec::<Item>::new()), ahead], step)
+                .is_ok()
+        );
+        assert_eq!(st.inbox.keys().copied().collect::<Vec<_>>(), vec![(5, 1)]);
     }
 }

@@ -90,4 +90,25 @@ mod tests {
             Err(Malformed::Truncated)
         );
     }
+
+    /// Length prefixes far past the bytes that follow (a peer's lie) end
+    /// in an error, never a panic or an allocation of the claimed size.
+    #[test]
+    fn huge_length_prefixes_are_refused_without_a_panic() {
+        let max = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        let u32max = [0xff, 0xff, 0xff, 0xff, 0x0f];
+        for prefix in [&max[..], &u32max[..]] {
+            let mut bytes = prefix.to_vec();
+            bytes.extend_from_slice(&u32max);
+            bytes.extend_from_slice(&[1, 2, 3]);
+            assert!(decode::<Vec<u8>>(&bytes).is_err());
+            assert!(decode::<Vec<Vec<u8>>>(&bytes).is_err());
+            assert!(decode::<Vec<String>>(&bytes).is_err());
+            assert!(decode::<String>(&bytes).is_err());
+            assert!(decode::<&[u8]>(&bytes).is_err());
+            assert!(decode::<Vec<(u64, Vec<u8>)>>(&bytes).is_err());
+        }
+        // A varint longer than its type.
+        assert_eq!(decode::<Vec<u8>>(&[0xff; 12]), Err(Malformed::Overflow));
+    }
 }
