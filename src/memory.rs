@@ -60,6 +60,9 @@ pub(crate) struct AllocInner {
     handle: u64,
     size: u64,
     location: Location,
+    /// `H::BITS` of the typed owner, kept for the bring-ups' agreement,
+    /// which finds bound memory type-erased ([`export_for_peers`]).
+    share: u32,
 }
 
 impl Drop for AllocInner {
@@ -169,6 +172,7 @@ impl<H: MemShare> Allocation<H> {
                 handle,
                 size,
                 location,
+                share: H::BITS,
             }),
             _share: PhantomData,
         })
@@ -198,6 +202,7 @@ impl<H: MemShare> Allocation<H> {
                 handle,
                 size,
                 location: props.location,
+                share: H::BITS,
             }),
             _share: PhantomData,
         })
@@ -359,6 +364,7 @@ impl<H: MemShare> Allocation<H> {
             handle,
             size,
             location: Location::HostNuma(-1),
+            share: H::BITS,
         };
         let props = ctx.check(
             Call::MemGetAllocationProperties,
@@ -658,6 +664,44 @@ impl Mapped<FabricShareable> {
     pub fn export_fabric(&self) -> Result<[u8; 64]> {
         export_fabric(self.alloc())
     }
+}
+
+/// What peers need to reach memory bound by address in this process on the
+/// portable path: the allocation's fabric handle and size, and where the
+/// mapping starts (a binding's address minus it is its offset there).
+pub(crate) struct PeerExport {
+    pub bytes: [u8; 64],
+    pub alloc_size: u64,
+    pub map_base: u64,
+}
+
+/// What a binding keeps alive (`keep`), exported for peers: the fabric
+/// handle of a mapping of [`FabricShareable`] memory; `Ok(Err(what))`, naming
+/// it, for memory peers cannot import from bootstrap bytes (a mapping of
+/// `PosixFd` memory, an [`Allocation`] bound by handle, which has no address
+/// here).
+pub(crate) fn export_for_peers(
+    keep: &Arc<dyn Any + Send + Sync>,
+) -> Result<std::result::Result<PeerExport, &'static str>> {
+    // `**keep`: the memory, not the `Arc` (itself `Any`).
+    let Some(m) = (**keep).downcast_ref::<MappedInner>() else {
+        return Ok(Err("an Allocation bound by handle"));
+    };
+    let Some(alloc) = m.alloc.as_deref() else {
+        return Ok(Err("a mapping being dropped"));
+    };
+    if alloc.share != FabricShareable::BITS {
+        return Ok(Err(if alloc.share == PosixFd::BITS {
+            PosixFd::NAME
+        } else {
+            Private::NAME
+        }));
+    }
+    Ok(Ok(PeerExport {
+        bytes: export_fabric(alloc)?,
+        alloc_size: alloc.size,
+        map_base: m.ptr,
+    }))
 }
 
 /// What a bind call points at.

@@ -250,6 +250,69 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
     }
 }
 
+/// One binding of this process as the bring-ups' agreement exports it for
+/// peers (`team::windows`): where it is in the endpoint, its address here
+/// (`None` for a bind by handle), and the memory it keeps alive.
+pub(crate) struct LocalBind {
+    pub device: Device,
+    pub offset: u64,
+    pub size: u64,
+    pub addr: Option<u64>,
+    pub keep: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+/// Every binding of `ep` in this process, taken under the lock (the memory
+/// is exported after it is let go: an export is a driver call).
+pub(crate) fn local_binds<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Vec<LocalBind> {
+    let slot = ep.slot();
+    slot.bindings
+        .iter()
+        .map(|b| LocalBind {
+            device: b.dev,
+            offset: b.offset,
+            size: b.size,
+            addr: slot
+                .windows()
+                .find(|w| w.is_local(b.dev, b.offset))
+                .map(|w| w.addr),
+            keep: b._keep.clone(),
+        })
+        .collect()
+}
+
+impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
+    /// Registers the window of `device` of process `rank` at
+    /// `offset..offset + size`, reached here at `addr` in memory `keep`
+    /// keeps mapped, replacing that member's windows it overlaps (an
+    /// agreement run again after peers rebound, or one added by hand).
+    /// Returns the replaced windows, for the caller to drop outside any
+    /// lock (a copy in flight keeps their memory itself). The caller
+    /// checked the range against the endpoint.
+    pub(crate) fn set_peer_window(
+        &self,
+        rank: u32,
+        device: Device,
+        offset: u64,
+        size: u64,
+        addr: u64,
+        keep: Arc<dyn Any + Send + Sync>,
+    ) -> Vec<Window> {
+        let member = Member::Peer { rank, device };
+        let end = offset.saturating_add(size);
+        let mut slot = self.slot();
+        let replaced =
+            slot.take_windows(|w| w.member == member && w.offset < end && offset < w.end());
+        slot.push_window(Window {
+            member,
+            offset,
+            size,
+            addr,
+            keep: Some(keep),
+        });
+        replaced
+    }
+}
+
 /// What the portable path knows of an endpoint operand, taken when the
 /// batch was built (the endpoint is borrowed for the batch's life).
 pub(crate) struct Target {

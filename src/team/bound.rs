@@ -28,13 +28,14 @@ use std::time::Duration;
 use crate::bootstrap::Bootstrap;
 use crate::endpoint::Endpoint;
 use crate::kind::{Exportable, ImportedUnicast, Kind, Unicast};
-use crate::state::{Ready, State};
+use crate::state::{IsReady, Ready, State};
 
 use super::agree::agree;
 use super::error::{Cause, Mismatch, Step, TeamError};
 use super::multicast::SharedTeam;
 use super::peers::Peers;
 use super::shared::SharedMulticast;
+use super::windows;
 use crate::bootstrap::Deadline;
 
 /// The most devices one rank's report may name (a peer's count is checked
@@ -55,8 +56,12 @@ fn report<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Vec<u8> {
     out
 }
 
-/// A peer's report, read checked: `(device, ranges bound)` per device.
-fn decode(bytes: &[u8]) -> Result<Vec<(i32, u32)>, Cause> {
+/// A report's devices: `(device, ranges bound)` each.
+type Devices = Vec<(i32, u32)>;
+
+/// A peer's report, read checked: `(device, ranges bound)` per device, and
+/// what follows (its memory shares on the portable path, `windows`).
+fn decode(bytes: &[u8]) -> Result<(Devices, &[u8]), Cause> {
     let bad = |reason| Cause::BadMessage { reason };
     let word = |at: usize| -> Result<[u8; 4], Cause> {
         bytes
@@ -69,10 +74,10 @@ fn decode(bytes: &[u8]) -> Result<Vec<(i32, u32)>, Cause> {
         return Err(bad("bind report names too many devices"));
     }
     let want = n.checked_mul(8).and_then(|b| b.checked_add(4));
-    if want != Some(bytes.len()) {
+    let Some(rest) = want.and_then(|w| bytes.get(w..)) else {
         return Err(bad("bind report of the wrong length"));
-    }
-    (0..n)
+    };
+    let devices = (0..n)
         .map(|i| {
             let at = 4 + i * 8;
             Ok((
@@ -80,22 +85,39 @@ fn decode(bytes: &[u8]) -> Result<Vec<(i32, u32)>, Cause> {
                 u32::from_le_bytes(word(at + 4)?),
             ))
         })
-        .collect()
+        .collect::<Result<_, Cause>>()?;
+    Ok((devices, rest))
 }
 
 /// Every rank reports what `ep` has bound on this rank's devices; every
 /// rank checks every report in rank order, so all name the same first rank
-/// that bound nothing.
-fn agree_bound_on<S: State, K: Kind>(
+/// that bound nothing. On the portable path the reports also carry each
+/// rank's memory, which every rank imports and registers as windows on
+/// `ep_of(rank)` (`windows`), after one more agreement that every import
+/// worked.
+fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
     boot: &dyn Bootstrap,
     tag: u64,
     ep: &Endpoint<S, K>,
+    ep_of: impl Fn(usize) -> Option<&'a Endpoint<P, Q>> + Copy,
     timeout: Duration,
 ) -> Result<(), TeamError> {
     let deadline = Deadline::after(timeout);
-    let reports = agree(boot, tag, Step::Bind, Ok(report(ep)), deadline)?;
+    let portable = windows::portable(ep);
+    let mine = match portable {
+        true => windows::export(ep).map(|shares| [report(ep), shares].concat()),
+        false => Ok(report(ep)),
+    };
+    let reports = agree(
+        boot,
+        tag,
+        Step::Bind,
+        mine.map_err(|c| (Step::Bind, c)),
+        deadline,
+    )?;
+    let mut rests = Vec::with_capacity(reports.len());
     for (rank, bytes) in reports.iter().enumerate() {
-        let devices = decode(bytes).map_err(|c| TeamError::new(rank, Step::Bind, c))?;
+        let (devices, rest) = decode(bytes).map_err(|c| TeamError::new(rank, Step::Bind, c))?;
         let not_bound = |device| {
             TeamError::new(
                 rank,
@@ -109,7 +131,24 @@ fn agree_bound_on<S: State, K: Kind>(
         if let Some(&(d, _)) = devices.iter().find(|(_, n)| *n == 0) {
             return Err(not_bound(Some(d)));
         }
+        rests.push(rest);
     }
+    // No rank copies portably: nothing to import (the fabric copy's case).
+    if rests.iter().all(|r| r.is_empty()) {
+        return Ok(());
+    }
+    let imported = match portable {
+        true => windows::import_all(ep, boot.rank(), &rests, ep_of),
+        false => Ok(Vec::new()),
+    };
+    let (imported, mine) = match imported {
+        Ok(i) => (i, Ok(Vec::new())),
+        Err(c) => (Vec::new(), Err((Step::Import, c))),
+    };
+    // Every rank imported every peer's memory, or every rank fails alike;
+    // `imported` is dropped (unmapped, released) on the way out.
+    agree(boot, tag, Step::Import, mine, deadline)?;
+    windows::register(imported, ep_of);
     Ok(())
 }
 
@@ -128,7 +167,8 @@ impl SharedTeam {
         boot: &dyn Bootstrap,
         timeout: Duration,
     ) -> Result<BoundTeam<'_>, TeamError> {
-        agree_bound_on(boot, self.tag(), self.ready_endpoint(), timeout)?;
+        let ep = self.ready_endpoint();
+        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), timeout)?;
         Ok(BoundTeam { team: self })
     }
 }
@@ -168,7 +208,13 @@ impl Peers {
         boot: &dyn Bootstrap,
         timeout: Duration,
     ) -> Result<BoundPeers<'_>, TeamError> {
-        agree_bound_on(boot, self.tag(), self.ready_own(), timeout)?;
+        agree_bound_on(
+            boot,
+            self.tag(),
+            self.ready_own(),
+            |r| self.ready_peer(r),
+            timeout,
+        )?;
         Ok(BoundPeers { peers: self })
     }
 }
@@ -210,13 +256,15 @@ mod tests {
             ok.extend_from_slice(&d.to_le_bytes());
             ok.extend_from_slice(&n.to_le_bytes());
         }
-        assert_eq!(decode(&ok).ok(), Some(vec![(0, 1), (3, 0)]));
+        assert_eq!(decode(&ok).ok(), Some((vec![(0, 1), (3, 0)], &[][..])));
         for cut in 0..ok.len() {
             assert!(decode(&ok[..cut]).is_err(), "cut at {cut}");
         }
+        // What follows is the memory shares, read checked in their turn.
         let mut long = ok.clone();
         long.push(0);
-        assert!(decode(&long).is_err());
+        assert_eq!(decode(&long).ok().map(|(_, rest)| rest), Some(&[0u8][..]));
+        assert!(windows::decode(&[0]).is_err());
         assert!(decode(&u32::MAX.to_le_bytes()).is_err());
     }
 }
