@@ -666,22 +666,31 @@ impl Mapped<FabricShareable> {
     }
 }
 
+/// How peers import memory bound in this process (the portable path).
+pub(crate) enum PeerHandle {
+    /// Fabric bytes: they cross in a bootstrap message.
+    Fabric([u8; 64]),
+    /// A POSIX descriptor: it crosses within a node only, by `SCM_RIGHTS`.
+    Fd(OwnedFd),
+}
+
 /// What peers need to reach memory bound by address in this process on the
-/// portable path: the allocation's fabric handle and size, and where the
-/// mapping starts (a binding's address minus it is its offset there).
+/// portable path: the allocation's handle and size, and where the mapping
+/// starts (a binding's address minus it is its offset there).
 pub(crate) struct PeerExport {
-    pub bytes: [u8; 64],
+    pub handle: PeerHandle,
     pub alloc_size: u64,
     pub map_base: u64,
 }
 
 /// What a binding keeps alive (`keep`), exported for peers: the fabric
-/// handle of a mapping of [`FabricShareable`] memory; `Ok(Err(what))`, naming
-/// it, for memory peers cannot import from bootstrap bytes (a mapping of
-/// `PosixFd` memory, an [`Allocation`] bound by handle, which has no address
-/// here).
+/// handle of a mapping of [`FabricShareable`] memory, or with `fds` a
+/// descriptor of one of [`PosixFd`] memory; `Ok(Err(what))`, naming it, for
+/// memory peers cannot import that way (an [`Allocation`] bound by handle
+/// has no address here).
 pub(crate) fn export_for_peers(
     keep: &Arc<dyn Any + Send + Sync>,
+    fds: bool,
 ) -> Result<std::result::Result<PeerExport, &'static str>> {
     // `**keep`: the memory, not the `Arc` (itself `Any`).
     let Some(m) = (**keep).downcast_ref::<MappedInner>() else {
@@ -690,15 +699,14 @@ pub(crate) fn export_for_peers(
     let Some(alloc) = m.alloc.as_deref() else {
         return Ok(Err("a mapping being dropped"));
     };
-    if alloc.share != FabricShareable::BITS {
-        return Ok(Err(if alloc.share == PosixFd::BITS {
-            PosixFd::NAME
-        } else {
-            Private::NAME
-        }));
-    }
+    let handle = match alloc.share {
+        FabricShareable::BITS => PeerHandle::Fabric(export_fabric(alloc)?),
+        PosixFd::BITS if fds => PeerHandle::Fd(export_fd(alloc)?),
+        PosixFd::BITS => return Ok(Err(PosixFd::NAME)),
+        _ => return Ok(Err(Private::NAME)),
+    };
     Ok(Ok(PeerExport {
-        bytes: export_fabric(alloc)?,
+        handle,
         alloc_size: alloc.size,
         map_base: m.ptr,
     }))

@@ -9,10 +9,12 @@ mod common;
 
 use std::time::Duration;
 
-use cuda_endpoints::bootstrap::{Bootstrap, Threads};
-use cuda_endpoints::model::{Fault, FaultPlan};
+use cuda_endpoints::bootstrap::{Bootstrap, NodeId, Threads};
+use cuda_endpoints::model::{Fault, FaultPlan, Model};
 use cuda_endpoints::team::{self, Cause, PeerSpec, Step, TeamSpec};
-use cuda_endpoints::{Call, Code, CopyBatch, CopyPath, Error, FabricShareable, Stream};
+use cuda_endpoints::{
+    Call, Code, Context, CopyBatch, CopyPath, Error, FabricShareable, PosixFd, Stream,
+};
 
 use common::portable::pattern;
 use common::{node_processes, on_every_rank};
@@ -24,10 +26,56 @@ const N: usize = 3;
 const LEN: usize = 4096;
 
 /// Every context of `ranks` on the portable path, as a driver before 13.5.
-fn portable(ranks: &[(cuda_endpoints::Context, cuda_endpoints::model::Model)]) {
+fn portable(ranks: &[(Context, Model)]) {
     for (ctx, _) in ranks {
         ctx.set_copy_path(CopyPath::Portable);
     }
+}
+
+/// Each rank puts its pattern into its own endpoint, gets every peer's,
+/// puts into the next rank's endpoint, and finds the previous rank's put in
+/// the memory it bound at `mem_ptr`: every byte checked.
+fn exchange(
+    r: usize,
+    me: &Model,
+    boot: &dyn Bootstrap,
+    bound: &team::BoundPeers<'_>,
+    mem_ptr: u64,
+) {
+    let dev = r as i32;
+    let stream = Stream::new(me_ctx(bound), dev).unwrap();
+    stream
+        .enqueue(CopyBatch::new().put_host(pattern(r as u8, LEN), bound.own(), 0))
+        .unwrap()
+        .wait()
+        .unwrap();
+    boot.barrier(T).unwrap();
+    for p in (0..N).filter(|&p| p != r) {
+        let got = stream
+            .enqueue(CopyBatch::new().get_host(bound.peer(p).unwrap(), 0, LEN as u64))
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(got.received, [pattern(p as u8, LEN)], "rank {r} from {p}");
+    }
+    let next = (r + 1) % N;
+    let at = 65536 + (r * LEN) as u64;
+    let put = CopyBatch::new().put_host(pattern(100 + r as u8, LEN), bound.peer(next).unwrap(), at);
+    stream.enqueue(put).unwrap().wait().unwrap();
+    boot.barrier(T).unwrap();
+    // The owner sees the previous rank's put in the memory it bound.
+    let prev = (r + N - 1) % N;
+    let at = 65536 + (prev * LEN) as u64;
+    assert_eq!(
+        me.read(mem_ptr + at, LEN).unwrap(),
+        pattern(100 + prev as u8, LEN),
+        "rank {r}: rank {prev}'s put"
+    );
+    boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
+}
+
+fn me_ctx<'p>(bound: &team::BoundPeers<'p>) -> &'p Context {
+    bound.own().context()
 }
 
 #[test]
@@ -40,47 +88,64 @@ fn after_agree_bound_unicast_peers_put_and_get_every_byte_with_no_add_peer_windo
         let mem = common::mapped::<FabricShareable>(ctx, dev, BYTES);
         let binding = peers.own().bind(dev, 0, &mem).unwrap();
         let bound = peers.agree_bound(boot, T).unwrap();
-        let stream = Stream::new(ctx, dev).unwrap();
-        stream
-            .enqueue(CopyBatch::new().put_host(pattern(r as u8, LEN), bound.own(), 0))
-            .unwrap()
-            .wait()
-            .unwrap();
-        boot.barrier(T).unwrap();
-        // A get from every peer, and a put into the next rank's memory.
-        for p in (0..N).filter(|&p| p != r) {
-            let got = stream
-                .enqueue(CopyBatch::new().get_host(bound.peer(p).unwrap(), 0, LEN as u64))
-                .unwrap()
-                .wait()
-                .unwrap();
-            assert_eq!(got.received, [pattern(p as u8, LEN)], "rank {r} from {p}");
-        }
-        let next = (r + 1) % N;
-        let at = 65536 + (r * LEN) as u64;
-        stream
-            .enqueue(CopyBatch::new().put_host(
-                pattern(100 + r as u8, LEN),
-                bound.peer(next).unwrap(),
-                at,
-            ))
-            .unwrap()
-            .wait()
-            .unwrap();
-        boot.barrier(T).unwrap();
-        // The owner sees the previous rank's put in the memory it bound.
-        let prev = (r + N - 1) % N;
-        let at = 65536 + (prev * LEN) as u64;
-        assert_eq!(
-            me.read(mem.device_ptr() + at, LEN).unwrap(),
-            pattern(100 + prev as u8, LEN),
-            "rank {r}: rank {prev}'s put"
-        );
-        boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
-        drop(stream);
+        exchange(r, me, boot, &bound, mem.device_ptr());
         drop(binding);
         drop(peers);
         assert!(ctx.take_teardown_errors().is_empty());
+    });
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn after_agree_bound_fds_posix_fd_peers_put_and_get_every_byte_with_no_add_peer_window() {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    let node = NodeId::current().unwrap();
+    on_every_rank(&ranks, Threads::new(N), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
+        let mem = common::mapped::<PosixFd>(ctx, dev, BYTES);
+        let binding = peers.own().bind(dev, 0, &mem).unwrap();
+        let bound = peers.agree_bound_fds(boot, &node, T).unwrap();
+        exchange(r, me, boot, &bound, mem.device_ptr());
+        drop(binding);
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+    });
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn posix_fd_memory_after_plain_agree_bound_has_no_window_and_the_copy_says_so() {
+    let (ranks, model) = node_processes(2);
+    portable(&ranks);
+    on_every_rank(&ranks, Threads::new(2), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
+        let mem = common::mapped::<PosixFd>(ctx, dev, BYTES);
+        let binding = peers.own().bind(dev, 0, &mem).unwrap();
+        let bound = peers.agree_bound(boot, T).unwrap();
+        let stream = Stream::new(ctx, dev).unwrap();
+        let e = stream
+            .enqueue(CopyBatch::new().get_host(bound.peer(1 - r).unwrap(), 0, 64))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::CopyNoWindow {
+                    known: 0,
+                    targets: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("agree_bound_fds"), "{e}");
+        boot.barrier(T).unwrap();
+        drop(stream);
+        drop(binding);
+        drop(peers);
     });
     common::clean(&ranks[0].0, &model);
 }

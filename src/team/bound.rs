@@ -36,7 +36,7 @@ use super::multicast::SharedTeam;
 use super::peers::Peers;
 use super::shared::SharedMulticast;
 use super::windows;
-use crate::bootstrap::Deadline;
+use crate::bootstrap::{Deadline, NodeId};
 
 /// The most devices one rank's report may name (a peer's count is checked
 /// against it before anything is allocated for it).
@@ -94,19 +94,24 @@ fn decode(bytes: &[u8]) -> Result<(Devices, &[u8]), Cause> {
 /// that bound nothing. On the portable path the reports also carry each
 /// rank's memory, which every rank imports and registers as windows on
 /// `ep_of(rank)` (`windows`), after one more agreement that every import
-/// worked.
+/// worked. With `node`, `PosixFd` memory is shared too, its descriptors
+/// passed within the node after the agreement.
 fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
     boot: &dyn Bootstrap,
     tag: u64,
     ep: &Endpoint<S, K>,
     ep_of: impl Fn(usize) -> Option<&'a Endpoint<P, Q>> + Copy,
+    node: Option<&NodeId>,
     timeout: Duration,
 ) -> Result<(), TeamError> {
     let deadline = Deadline::after(timeout);
     let portable = windows::portable(ep);
-    let mine = match portable {
-        true => windows::export(ep).map(|shares| [report(ep), shares].concat()),
-        false => Ok(report(ep)),
+    let (mine, my_fds) = match portable {
+        true => match windows::export(ep, node.is_some()) {
+            Ok((shares, fds)) => (Ok([report(ep), shares].concat()), fds),
+            Err(c) => (Err(c), Vec::new()),
+        },
+        false => (Ok(report(ep)), Vec::new()),
     };
     let reports = agree(
         boot,
@@ -137,8 +142,37 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
     if rests.iter().all(|r| r.is_empty()) {
         return Ok(());
     }
+    // Descriptors cross now, in rounds every rank reads off the same reports
+    // (a rank that passed no `node` joins them on its own node).
+    let fds = match windows::fd_counts(&rests).map_err(|(r, c)| TeamError::new(r, Step::Bind, c))? {
+        None => Vec::new(),
+        Some(counts) => {
+            let here;
+            let node = match node {
+                Some(n) => n,
+                None => {
+                    here = NodeId::current().map_err(|e| {
+                        let e = crate::bootstrap::BootstrapError::Io {
+                            rank: boot.rank(),
+                            step: crate::bootstrap::Exchange {
+                                op: crate::bootstrap::Op::FdPassing,
+                                seq: 0,
+                            },
+                            peer: None,
+                            source: e,
+                        };
+                        TeamError::new(boot.rank(), Step::Import, Cause::Bootstrap(e))
+                    })?;
+                    &here
+                }
+            };
+            windows::pass_fds(boot, node, &counts, &my_fds, deadline)
+                .map_err(|(r, c)| TeamError::new(r, Step::Import, c))?
+        }
+    };
+    drop(my_fds);
     let imported = match portable {
-        true => windows::import_all(ep, boot.rank(), &rests, ep_of),
+        true => windows::import_all(ep, boot.rank(), &rests, fds, ep_of),
         false => Ok(Vec::new()),
     };
     let (imported, mine) = match imported {
@@ -168,7 +202,30 @@ impl SharedTeam {
         timeout: Duration,
     ) -> Result<BoundTeam<'_>, TeamError> {
         let ep = self.ready_endpoint();
-        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), timeout)?;
+        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), None, timeout)?;
+        Ok(BoundTeam { team: self })
+    }
+
+    /// As [`SharedTeam::agree_bound`], for ranks of one node that bound
+    /// `PosixFd` memory and copy on the portable path
+    /// ([`CopyPath::Portable`](crate::CopyPath)): their descriptors are
+    /// passed within `node` (`FdExchange`, `SCM_RIGHTS`), imported and
+    /// registered as windows, so no rank calls `add_peer_window`. Call it on
+    /// every rank (`NodeId::current()`, or the model fabric's node).
+    ///
+    /// # Errors
+    /// As [`SharedTeam::agree_bound`]; at [`Step::Import`], a descriptor
+    /// that could not cross (a rank on another node, the bootstrap's
+    /// failure) or an import that failed on some rank; everything imported
+    /// is released before it returns.
+    pub fn agree_bound_fds(
+        &self,
+        boot: &dyn Bootstrap,
+        node: &NodeId,
+        timeout: Duration,
+    ) -> Result<BoundTeam<'_>, TeamError> {
+        let ep = self.ready_endpoint();
+        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), Some(node), timeout)?;
         Ok(BoundTeam { team: self })
     }
 }
@@ -213,8 +270,27 @@ impl Peers {
             self.tag(),
             self.ready_own(),
             |r| self.ready_peer(r),
+            None,
             timeout,
         )?;
+        Ok(BoundPeers { peers: self })
+    }
+
+    /// As [`Peers::agree_bound`], for ranks of one node that bound `PosixFd`
+    /// memory and copy on the portable path: as
+    /// [`SharedTeam::agree_bound_fds`].
+    ///
+    /// # Errors
+    /// As [`SharedTeam::agree_bound_fds`].
+    pub fn agree_bound_fds(
+        &self,
+        boot: &dyn Bootstrap,
+        node: &NodeId,
+        timeout: Duration,
+    ) -> Result<BoundPeers<'_>, TeamError> {
+        let own = self.ready_own();
+        let ep_of = |r| self.ready_peer(r);
+        agree_bound_on(boot, self.tag(), own, ep_of, Some(node), timeout)?;
         Ok(BoundPeers { peers: self })
     }
 }

@@ -7,11 +7,13 @@
 //!   its report adds for peers: for each binding by address of
 //!   [`FabricShareable`](crate::FabricShareable) memory, where it is bound
 //!   and the allocation's fabric handle (bytes, so they cross in the
-//!   agreement's own message). Other memory is named in a `tracing`
-//!   warning and gets no window: `PosixFd` memory crosses only as a
-//!   descriptor (`SCM_RIGHTS`, one node), an `Allocation` bound by handle
-//!   has no address, and `Private` memory does not bind to a team endpoint
-//!   at all (R5.6, a compile error).
+//!   agreement's own message); with `agree_bound_fds`, its `PosixFd`
+//!   bindings too, whose descriptors cross after the agreement
+//!   ([`pass_fds`]: `FdExchange`, `SCM_RIGHTS`, one node). Other memory is
+//!   named in a `tracing` warning and gets no window: `PosixFd` memory
+//!   without `agree_bound_fds`, an `Allocation` bound by handle (no
+//!   address), and `Private` memory does not bind to a team endpoint at
+//!   all (R5.6, a compile error).
 //! - [`import`] and [`register`]: every peer's memory imported and mapped
 //!   here, checked against the endpoint before the driver sees a byte; one
 //!   more agreement ([`Step::Import`]) so that a failed import fails every
@@ -20,19 +22,27 @@
 //!   released) before the error returns; registered windows go with the
 //!   endpoint (`endpoint::forget_rest`).
 
+use std::any::Any;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
 use crate::CopyPath;
+use crate::bootstrap::{Bootstrap, Deadline, FdExchange, NodeId};
 use crate::driver::Device;
 use crate::endpoint::Endpoint;
 use crate::kind::Kind;
-use crate::memory::{Allocation, FabricShareable, Mapped, export_for_peers};
+use crate::memory::{
+    Allocation, BindSource, FabricShareable, PeerHandle, PosixFd, export_for_peers,
+};
 use crate::portable::local_binds;
 use crate::state::{IsReady, State};
 
 use super::error::Cause;
 
 /// Bytes of one share on the wire: device, offset, size, offset in the
-/// mapping, allocation size, fabric handle.
-const SHARE_BYTES: usize = 4 + 8 * 4 + 64;
+/// mapping, allocation size, fabric handle (zeros for a descriptor), and
+/// whether a descriptor follows instead.
+const SHARE_BYTES: usize = 4 + 8 * 4 + 64 + 1;
 /// The most shares one rank's report may carry (checked before anything is
 /// allocated for them).
 const MAX_SHARES: usize = 4096;
@@ -46,6 +56,8 @@ pub(crate) struct Share {
     pub map_offset: u64,
     pub alloc_size: u64,
     pub bytes: [u8; 64],
+    /// Its descriptor crosses after the agreement ([`pass_fds`]).
+    pub fd: bool,
 }
 
 /// Whether this rank's copies take the portable path, so that its report
@@ -54,9 +66,14 @@ pub(crate) fn portable<S: State, K: Kind>(ep: &Endpoint<S, K>) -> bool {
     ep.context().copy_path() == CopyPath::Portable
 }
 
-/// This rank's shares, encoded (a count, then the shares), for its report.
-pub(crate) fn export<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Result<Vec<u8>, Cause> {
+/// This rank's shares, encoded (a count, then the shares), for its report,
+/// and the descriptors of its `PosixFd` shares (with `fds`), in order.
+pub(crate) fn export<S: State, K: Kind>(
+    ep: &Endpoint<S, K>,
+    fds: bool,
+) -> Result<(Vec<u8>, Vec<OwnedFd>), Cause> {
     let mut shares = Vec::new();
+    let mut descriptors = Vec::new();
     for b in local_binds(ep) {
         let (Some(addr), Some(keep)) = (b.addr, b.keep.as_ref()) else {
             tracing::warn!(
@@ -66,7 +83,7 @@ pub(crate) fn export<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Result<Vec<u8>, 
             );
             continue;
         };
-        let e = match export_for_peers(keep).map_err(Cause::Local)? {
+        let e = match export_for_peers(keep, fds).map_err(Cause::Local)? {
             Ok(e) => e,
             Err(what) => {
                 tracing::warn!(
@@ -81,13 +98,21 @@ pub(crate) fn export<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Result<Vec<u8>, 
         let Some(map_offset) = addr.checked_sub(e.map_base) else {
             continue; // a window always lies in its mapping
         };
+        let (bytes, fd) = match e.handle {
+            PeerHandle::Fabric(bytes) => (bytes, false),
+            PeerHandle::Fd(fd) => {
+                descriptors.push(fd);
+                ([0; 64], true)
+            }
+        };
         shares.push(Share {
             device: b.device.0,
             offset: b.offset,
             size: b.size,
             map_offset,
             alloc_size: e.alloc_size,
-            bytes: e.bytes,
+            bytes,
+            fd,
         });
     }
     let mut out = Vec::with_capacity(4 + shares.len() * SHARE_BYTES);
@@ -102,8 +127,9 @@ pub(crate) fn export<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Result<Vec<u8>, 
             out.extend_from_slice(&w.to_le_bytes());
         }
         out.extend_from_slice(&s.bytes);
+        out.push(u8::from(s.fd));
     }
-    Ok(out)
+    Ok((out, descriptors))
 }
 
 /// A peer's shares, read checked, never trusted.
@@ -135,9 +161,14 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<Share>, Cause> {
             word(12),
             word(20),
             word(28),
-            one.get(36..).and_then(|h| <[u8; 64]>::try_from(h).ok()),
+            one.get(36..100).and_then(|h| <[u8; 64]>::try_from(h).ok()),
         ) else {
             return Err(cut);
+        };
+        let fd = match one.get(100) {
+            Some(0) => false,
+            Some(1) => true,
+            _ => return Err(bad("a memory share of an unknown kind")),
         };
         out.push(Share {
             device,
@@ -146,6 +177,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<Share>, Cause> {
             map_offset,
             alloc_size,
             bytes: h,
+            fd,
         });
     }
     Ok(out)
@@ -158,7 +190,8 @@ pub(crate) struct Imported {
     offset: u64,
     size: u64,
     addr: u64,
-    mem: Mapped<FabricShareable>,
+    /// The mapping, kept alive by the window.
+    mem: Arc<dyn Any + Send + Sync>,
 }
 
 /// Imports every share of `rank`'s report into this process and maps it
@@ -168,6 +201,7 @@ pub(crate) fn import<S: State, K: Kind>(
     ep: &Endpoint<S, K>,
     rank: usize,
     shares: &[Share],
+    fds: &mut impl Iterator<Item = OwnedFd>,
     ep_size: u64,
     into: &mut Vec<Imported>,
 ) -> Result<(), Cause> {
@@ -183,13 +217,22 @@ pub(crate) fn import<S: State, K: Kind>(
         {
             return Err(bad("a peer's binding reaches past its memory"));
         }
-        let mem =
-            Allocation::<FabricShareable>::import_fabric(ep.context(), &s.bytes, s.alloc_size)
+        let (ctx, devices) = (ep.context(), ep.devices());
+        let (ptr, mem) = if s.fd {
+            let fd = fds.next().ok_or(bad("a descriptor missing"))?;
+            let m = Allocation::<PosixFd>::import_fd(ctx, fd.as_fd(), s.alloc_size)
                 .map_err(Cause::Local)?
-                .map(ep.devices())
+                .map(devices)
                 .map_err(|f| Cause::Local(f.error))?;
-        let addr = mem
-            .device_ptr()
+            (m.device_ptr(), m.keep_alive())
+        } else {
+            let m = Allocation::<FabricShareable>::import_fabric(ctx, &s.bytes, s.alloc_size)
+                .map_err(Cause::Local)?
+                .map(devices)
+                .map_err(|f| Cause::Local(f.error))?;
+            (m.device_ptr(), m.keep_alive())
+        };
+        let addr = ptr
             .checked_add(s.map_offset)
             .ok_or(bad("a peer's binding past the address space"))?;
         into.push(Imported {
@@ -212,14 +255,24 @@ pub(crate) fn import_all<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind
     ep: &Endpoint<S, K>,
     me: usize,
     rests: &[&[u8]],
+    fds: Vec<Vec<OwnedFd>>,
     ep_of: impl Fn(usize) -> Option<&'a Endpoint<P, Q>>,
 ) -> Result<Vec<Imported>, Cause> {
     let mut imported = Vec::new();
+    let mut fds = fds.into_iter();
     for (rank, rest) in rests.iter().enumerate() {
+        let mut theirs = fds.next().unwrap_or_default().into_iter();
         let Some(peer) = ep_of(rank).filter(|_| rank != me && !rest.is_empty()) else {
             continue;
         };
-        import(ep, rank, &decode(rest)?, peer.size(), &mut imported)?;
+        import(
+            ep,
+            rank,
+            &decode(rest)?,
+            &mut theirs,
+            peer.size(),
+            &mut imported,
+        )?;
     }
     Ok(imported)
 }
@@ -236,9 +289,54 @@ pub(crate) fn register<'a, P: State + IsReady + 'a, Q: Kind + 'a>(
         let Some(ep) = usize::try_from(i.rank).ok().and_then(&ep_of) else {
             continue; // this rank's own index: its binds are its windows
         };
-        let keep = crate::memory::BindSource::keep_alive(&i.mem);
-        replaced.extend(ep.set_peer_window(i.rank, i.device, i.offset, i.size, i.addr, keep));
+        replaced.extend(ep.set_peer_window(i.rank, i.device, i.offset, i.size, i.addr, i.mem));
     }
     // Outside every lock: a replaced window may hold the last mapping.
     drop(replaced);
+}
+
+/// How many descriptors each rank's shares (`rests`, in rank order) say
+/// cross; `None` where none does (the usual case: no round is run).
+pub(crate) fn fd_counts(rests: &[&[u8]]) -> Result<Option<Vec<usize>>, (usize, Cause)> {
+    let mut counts = Vec::with_capacity(rests.len());
+    for (rank, rest) in rests.iter().enumerate() {
+        let n = match rest.is_empty() {
+            true => 0,
+            false => decode(rest)
+                .map_err(|c| (rank, c))?
+                .iter()
+                .filter(|s| s.fd)
+                .count(),
+        };
+        counts.push(n);
+    }
+    Ok(counts.iter().any(|&n| n > 0).then_some(counts))
+}
+
+/// Passes every rank's descriptors to every rank of the node, one
+/// `FdExchange` round per descriptor, each rank's in rank order: entry `r`
+/// is rank `r`'s (this rank's own as duplicates). Every rank runs the same
+/// rounds, since every rank read the same `counts`.
+pub(crate) fn pass_fds(
+    boot: &dyn Bootstrap,
+    node: &NodeId,
+    counts: &[usize],
+    mine: &[OwnedFd],
+    deadline: Deadline,
+) -> Result<Vec<Vec<OwnedFd>>, (usize, Cause)> {
+    let me = boot.rank();
+    let mut all = Vec::with_capacity(counts.len());
+    for (root, &n) in counts.iter().enumerate() {
+        let mut theirs = Vec::with_capacity(n);
+        for i in 0..n {
+            let offer = (root == me)
+                .then(|| mine.get(i).map(|f| f.as_fd()))
+                .flatten();
+            let fd = FdExchange::broadcast_fd_on(boot, node, root, offer, deadline.remaining())
+                .map_err(|e| (root, Cause::Bootstrap(e)))?;
+            theirs.push(fd);
+        }
+        all.push(theirs);
+    }
+    Ok(all)
 }
