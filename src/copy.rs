@@ -40,7 +40,8 @@
 //! *windows*: per endpoint id, the mapped address here of each target's
 //! memory at each bound offset — this process's own binds by address, and
 //! peers' memory imported (POSIX descriptor within a node, fabric handle
-//! across) and registered with [`Endpoint::add_peer_window`]. A put to a
+//! across) and registered — by a bring-up's `agree_bound` itself, or by
+//! hand with [`Endpoint::add_peer_window`]. A put to a
 //! unicast endpoint becomes one `cuMemcpyAsync` into the owner's mapping at
 //! that offset, a multicast put one per member, a get one from the owner's
 //! mapping. The choice is made once ([`crate::Context::copy_path`], from the
@@ -502,14 +503,15 @@ impl Stream {
     /// check of [`CopyBatch`]; the copies run when the stream reaches them.
     /// On the portable path ([`Context::copy_path`](crate::Context::copy_path))
     /// the same batch runs as one `cuMemcpyAsync` per target piece, through
-    /// the endpoints' windows ([`Endpoint::add_peer_window`]).
+    /// the endpoints' windows (a bring-up's `agree_bound` registers peers';
+    /// [`Endpoint::add_peer_window`] by hand).
     ///
     /// # Errors
     /// [`Error::CopyOutOfRange`], [`Error::CopyNotBound`],
     /// [`Error::CopyNotLocal`], [`Error::CopyDependent`],
     /// [`Error::WrongContext`], and on the portable path
     /// [`Error::CopyNoWindow`], before the driver; [`Error::Driver`] from
-    /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::Feature::FabricCopy),
+    /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::error::Feature::FabricCopy),
     /// naming the driver version) where the driver has no fabric copy (before 13.5, F7). Nothing was
     /// enqueued then (the portable path synchronizes what it had enqueued
     /// before a failed `cuMemcpyAsync`), and the host buffers are dropped

@@ -15,7 +15,9 @@
 //!   beside its bindings (`range::Attachments`), and made
 //!   (a) by a bind of `Mapped` memory in this process (or a raw address),
 //!   removed with its unbind, and
-//!   (b) for a member in another process, by
+//!   (b) for a member in another process, by a bring-up's `agree_bound`
+//!   ([`crate::team::SharedTeam::agree_bound`]; `team::windows` imports
+//!   and registers every peer's shareable memory), or by hand with
 //!   [`Endpoint::add_peer_window`] with the peer's memory imported
 //!   (POSIX descriptor within a node, fabric handle across, R12.4) and
 //!   mapped here; such a window keeps that mapping alive until the endpoint
@@ -50,7 +52,8 @@ pub enum CopyPath {
     /// One `cuFabricCpyBatchAsync` per batch (CUDA 13.5+, logical endpoints).
     Fabric,
     /// One `cuMemcpyAsync` per target piece, through the endpoint's windows
-    /// ([`Endpoint::add_peer_window`]); a multicast put is one per member.
+    /// (made by a bring-up's `agree_bound`, or [`Endpoint::add_peer_window`]);
+    /// a multicast put is one per member.
     Portable,
 }
 

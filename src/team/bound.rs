@@ -16,6 +16,11 @@
 //!   ([`Agreed`](crate::bounds::Agreed)): a copy before every rank bound
 //!   does not compile.
 //!
+//! On the portable path ([`CopyPath::Portable`](crate::CopyPath)) the
+//! agreement also makes the windows the copies go through (`windows`):
+//! each rank's shareable memory is imported, mapped and registered on every
+//! other rank (`agree_bound_fds` for `PosixFd` memory, one node).
+//!
 //! Unicast: each importer copies only after the owner bound; multicast:
 //! every member only after every member bound (R13.3). The agreement checks
 //! that each rank bound *something* on each of its devices; whether a copy's
@@ -192,10 +197,23 @@ impl SharedTeam {
     /// rank's binds. What it returns lends the endpoint as
     /// `Endpoint<Ready, SharedMulticast>`, the form a copy accepts.
     ///
+    /// On the portable path ([`CopyPath::Portable`](crate::CopyPath)) it
+    /// also makes the windows every copy goes through: each rank's
+    /// `Mapped<FabricShareable>` bindings travel as fabric handles in the
+    /// agreement, and every rank imports, maps and registers them, so no
+    /// rank calls `add_peer_window` (`PosixFd` memory:
+    /// [`SharedTeam::agree_bound_fds`]). Memory peers cannot import that way
+    /// gets no window and a `tracing` warning; a copy that needs it fails
+    /// with [`Error::CopyNoWindow`](crate::Error::CopyNoWindow), before the
+    /// driver.
+    ///
     /// # Errors
     /// The same [`TeamError`] on every rank when a rank bound nothing on one
     /// of its devices ([`Step::Bind`], [`Mismatch::NotBound`], naming the
-    /// first such rank), or the bootstrap's failure within `timeout`.
+    /// first such rank), or the bootstrap's failure within `timeout`; on
+    /// the portable path, at [`Step::Import`], a peer's memory that some
+    /// rank could not import or map (every rank fails, naming that rank;
+    /// everything imported is released before it returns).
     pub fn agree_bound(
         &self,
         boot: &dyn Bootstrap,
@@ -254,12 +272,15 @@ impl Peers {
     /// Agrees, with every rank of `boot`, that every rank bound memory on
     /// its own endpoint (R13.3: each owner bound before its importers copy);
     /// call it on every rank after this rank's binds. What it returns lends
-    /// the endpoints as `Endpoint<Ready, _>`, the form a copy accepts.
+    /// the endpoints as `Endpoint<Ready, _>`, the form a copy accepts. On
+    /// the portable path it registers every owner's memory as the window of
+    /// that owner's endpoint here, as [`SharedTeam::agree_bound`] does.
     ///
     /// # Errors
     /// The same [`TeamError`] on every rank when a rank bound nothing on its
     /// own endpoint ([`Step::Bind`], [`Mismatch::NotBound`], naming the
-    /// first such rank), or the bootstrap's failure within `timeout`.
+    /// first such rank), or the bootstrap's failure within `timeout`; on
+    /// the portable path, as [`SharedTeam::agree_bound`].
     pub fn agree_bound(
         &self,
         boot: &dyn Bootstrap,
