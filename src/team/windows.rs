@@ -115,13 +115,18 @@ pub(crate) fn export<S: State, K: Kind>(
             fd,
         });
     }
+    Ok((encode(&shares), descriptors))
+}
+
+/// `shares` on the wire: a count, then each share.
+fn encode(shares: &[Share]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + shares.len() * SHARE_BYTES);
     out.extend_from_slice(
         &u32::try_from(shares.len())
             .unwrap_or(u32::MAX)
             .to_le_bytes(),
     );
-    for s in &shares {
+    for s in shares {
         out.extend_from_slice(&s.device.to_le_bytes());
         for w in [s.offset, s.size, s.map_offset, s.alloc_size] {
             out.extend_from_slice(&w.to_le_bytes());
@@ -129,7 +134,7 @@ pub(crate) fn export<S: State, K: Kind>(
         out.extend_from_slice(&s.bytes);
         out.push(u8::from(s.fd));
     }
-    Ok((out, descriptors))
+    out
 }
 
 /// A peer's shares, read checked, never trusted.
@@ -339,4 +344,37 @@ pub(crate) fn pass_fds(
         all.push(theirs);
     }
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peers_memory_shares_are_read_checked_never_trusted() {
+        let share = |device, fd| Share {
+            device,
+            offset: 2 << 20,
+            size: 4096,
+            map_offset: 8192,
+            alloc_size: 2 << 20,
+            bytes: [device as u8; 64],
+            fd,
+        };
+        let shares = vec![share(0, false), share(3, true)];
+        let ok = encode(&shares);
+        assert_eq!(decode(&ok).ok(), Some(shares));
+        for cut in 0..ok.len() {
+            assert!(decode(&ok[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = ok.clone();
+        long.push(0);
+        assert!(decode(&long).is_err());
+        let mut kind = ok.clone();
+        if let Some(last) = kind.last_mut() {
+            *last = 2;
+        }
+        assert!(decode(&kind).is_err(), "a share of an unknown kind");
+        assert!(decode(&u32::MAX.to_le_bytes()).is_err());
+    }
 }
