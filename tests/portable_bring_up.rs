@@ -228,3 +228,30 @@ fn an_import_that_fails_on_one_rank_fails_every_rank_alike_and_leaks_nothing() {
     }
     common::clean(&ranks[0].0, &model);
 }
+
+#[test]
+fn agree_bound_fds_with_a_rank_on_another_node_fails_every_rank_at_import_and_leaks_nothing() {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    let errors = on_every_rank(&ranks, Threads::new(N), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
+        let mem = common::mapped::<PosixFd>(ctx, dev, BYTES);
+        let binding = peers.own().bind(dev, 0, &mem).unwrap();
+        // Rank 2 says it is on another node: a descriptor cannot reach it (R12.4).
+        let node = NodeId::from_parts(if r == 2 { "b" } else { "a" }, "boot", 1);
+        let e = peers
+            .agree_bound_fds(boot, &node, T)
+            .map(|_| ())
+            .unwrap_err();
+        drop(binding);
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+        e
+    });
+    for (r, e) in errors.iter().enumerate() {
+        assert_eq!(e.step, Step::Import, "rank {r}: {e}");
+        assert!(matches!(e.cause, Cause::Bootstrap(_)), "rank {r}: {e}");
+    }
+    common::clean(&ranks[0].0, &model);
+}
