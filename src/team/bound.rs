@@ -147,35 +147,8 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
     if rests.iter().all(|r| r.is_empty()) {
         return Ok(());
     }
-    // Descriptors cross now, in rounds every rank reads off the same reports
-    // (a rank that passed no `node` joins them on its own node).
-    let fds = match windows::fd_counts(&rests).map_err(|(r, c)| TeamError::new(r, Step::Bind, c))? {
-        None => Vec::new(),
-        Some(counts) => {
-            let here;
-            let node = match node {
-                Some(n) => n,
-                None => {
-                    here = NodeId::current().map_err(|e| {
-                        let e = crate::bootstrap::BootstrapError::Io {
-                            rank: boot.rank(),
-                            step: crate::bootstrap::Exchange {
-                                op: crate::bootstrap::Op::FdPassing,
-                                seq: 0,
-                            },
-                            peer: None,
-                            source: e,
-                        };
-                        TeamError::new(boot.rank(), Step::Import, Cause::Bootstrap(e))
-                    })?;
-                    &here
-                }
-            };
-            windows::pass_fds(boot, node, &counts, &my_fds, deadline)
-                .map_err(|(r, c)| TeamError::new(r, Step::Import, c))?
-        }
-    };
-    drop(my_fds);
+    // Descriptors cross now (none where no rank shares `PosixFd` memory).
+    let fds = windows::pass_all_fds(boot, node, &rests, my_fds, deadline)?;
     let imported = match portable {
         true => windows::import_all(ep, boot.rank(), &rests, fds, ep_of),
         false => Ok(Vec::new()),

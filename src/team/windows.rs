@@ -27,7 +27,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::CopyPath;
-use crate::bootstrap::{Bootstrap, Deadline, FdExchange, NodeId};
+use crate::bootstrap::{Bootstrap, BootstrapError, Deadline, Exchange, FdExchange, NodeId, Op};
 use crate::driver::Device;
 use crate::endpoint::Endpoint;
 use crate::kind::Kind;
@@ -37,7 +37,7 @@ use crate::memory::{
 use crate::portable::local_binds;
 use crate::state::{IsReady, State};
 
-use super::error::Cause;
+use super::error::{Cause, Step, TeamError};
 
 /// Bytes of one share on the wire: device, offset, size, offset in the
 /// mapping, allocation size, fabric handle (zeros for a descriptor), and
@@ -300,9 +300,48 @@ pub(crate) fn register<'a, P: State + IsReady + 'a, Q: Kind + 'a>(
     drop(replaced);
 }
 
+/// Every rank's descriptors (entry `r`: rank `r`'s, in its shares' order),
+/// passed in rounds every rank reads off the same reports (`rests`); a rank
+/// that passed no `node` joins them on its own (`NodeId::current`). Empty
+/// where no rank shares a descriptor, with no round run.
+pub(crate) fn pass_all_fds(
+    boot: &dyn Bootstrap,
+    node: Option<&NodeId>,
+    rests: &[&[u8]],
+    mine: Vec<OwnedFd>,
+    deadline: Deadline,
+) -> Result<Vec<Vec<OwnedFd>>, TeamError> {
+    let me = boot.rank();
+    let Some(counts) = fd_counts(rests).map_err(|(r, c)| TeamError::new(r, Step::Bind, c))? else {
+        return Ok(Vec::new());
+    };
+    let here;
+    let node = match node {
+        Some(n) => n,
+        None => {
+            here = NodeId::current().map_err(|source| {
+                let step = Exchange {
+                    op: Op::FdPassing,
+                    seq: 0,
+                };
+                let e = BootstrapError::Io {
+                    rank: me,
+                    step,
+                    peer: None,
+                    source,
+                };
+                TeamError::new(me, Step::Import, Cause::Bootstrap(e))
+            })?;
+            &here
+        }
+    };
+    pass_fds(boot, node, &counts, &mine, deadline)
+        .map_err(|(r, c)| TeamError::new(r, Step::Import, c))
+}
+
 /// How many descriptors each rank's shares (`rests`, in rank order) say
 /// cross; `None` where none does (the usual case: no round is run).
-pub(crate) fn fd_counts(rests: &[&[u8]]) -> Result<Option<Vec<usize>>, (usize, Cause)> {
+fn fd_counts(rests: &[&[u8]]) -> Result<Option<Vec<usize>>, (usize, Cause)> {
     let mut counts = Vec::with_capacity(rests.len());
     for (rank, rest) in rests.iter().enumerate() {
         let n = match rest.is_empty() {
@@ -322,7 +361,7 @@ pub(crate) fn fd_counts(rests: &[&[u8]]) -> Result<Option<Vec<usize>>, (usize, C
 /// `FdExchange` round per descriptor, each rank's in rank order: entry `r`
 /// is rank `r`'s (this rank's own as duplicates). Every rank runs the same
 /// rounds, since every rank read the same `counts`.
-pub(crate) fn pass_fds(
+fn pass_fds(
     boot: &dyn Bootstrap,
     node: &NodeId,
     counts: &[usize],
