@@ -40,7 +40,8 @@
 //! *windows*: per endpoint id, the mapped address here of each target's
 //! memory at each bound offset — this process's own binds by address, and
 //! peers' memory imported (POSIX descriptor within a node, fabric handle
-//! across) and registered with [`Endpoint::add_peer_window`]. A put to a
+//! across) and registered — by a bring-up's `agree_bound` itself, or by
+//! hand with [`Endpoint::add_peer_window`]. A put to a
 //! unicast endpoint becomes one `cuMemcpyAsync` into the owner's mapping at
 //! that offset, a multicast put one per member, a get one from the owner's
 //! mapping. The choice is made once ([`crate::Context::copy_path`], from the
@@ -502,7 +503,8 @@ impl Stream {
     /// check of [`CopyBatch`]; the copies run when the stream reaches them.
     /// On the portable path ([`Context::copy_path`](crate::Context::copy_path))
     /// the same batch runs as one `cuMemcpyAsync` per target piece, through
-    /// the endpoints' windows ([`Endpoint::add_peer_window`]).
+    /// the endpoints' windows (a bring-up's `agree_bound` registers peers';
+    /// [`Endpoint::add_peer_window`] by hand).
     ///
     /// # Errors
     /// [`Error::CopyOutOfRange`], [`Error::CopyNotBound`],

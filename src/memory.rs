@@ -60,6 +60,9 @@ pub(crate) struct AllocInner {
     handle: u64,
     size: u64,
     location: Location,
+    /// `H::BITS` of the typed owner, kept for the bring-ups' agreement,
+    /// which finds bound memory type-erased ([`export_for_peers`]).
+    share: u32,
 }
 
 impl Drop for AllocInner {
@@ -169,6 +172,7 @@ impl<H: MemShare> Allocation<H> {
                 handle,
                 size,
                 location,
+                share: H::BITS,
             }),
             _share: PhantomData,
         })
@@ -198,6 +202,7 @@ impl<H: MemShare> Allocation<H> {
                 handle,
                 size,
                 location: props.location,
+                share: H::BITS,
             }),
             _share: PhantomData,
         })
@@ -359,6 +364,7 @@ impl<H: MemShare> Allocation<H> {
             handle,
             size,
             location: Location::HostNuma(-1),
+            share: H::BITS,
         };
         let props = ctx.check(
             Call::MemGetAllocationProperties,
@@ -658,6 +664,52 @@ impl Mapped<FabricShareable> {
     pub fn export_fabric(&self) -> Result<[u8; 64]> {
         export_fabric(self.alloc())
     }
+}
+
+/// How peers import memory bound in this process (the portable path).
+pub(crate) enum PeerHandle {
+    /// Fabric bytes: they cross in a bootstrap message.
+    Fabric([u8; 64]),
+    /// A POSIX descriptor: it crosses within a node only, by `SCM_RIGHTS`.
+    Fd(OwnedFd),
+}
+
+/// What peers need to reach memory bound by address in this process on the
+/// portable path: the allocation's handle and size, and where the mapping
+/// starts (a binding's address minus it is its offset there).
+pub(crate) struct PeerExport {
+    pub handle: PeerHandle,
+    pub alloc_size: u64,
+    pub map_base: u64,
+}
+
+/// What a binding keeps alive (`keep`), exported for peers: the fabric
+/// handle of a mapping of [`FabricShareable`] memory, or with `fds` a
+/// descriptor of one of [`PosixFd`] memory; `Ok(Err(what))`, naming it, for
+/// memory peers cannot import that way (an [`Allocation`] bound by handle
+/// has no address here).
+pub(crate) fn export_for_peers(
+    keep: &Arc<dyn Any + Send + Sync>,
+    fds: bool,
+) -> Result<std::result::Result<PeerExport, &'static str>> {
+    // `**keep`: the memory, not the `Arc` (itself `Any`).
+    let Some(m) = (**keep).downcast_ref::<MappedInner>() else {
+        return Ok(Err("an Allocation bound by handle"));
+    };
+    let Some(alloc) = m.alloc.as_deref() else {
+        return Ok(Err("a mapping being dropped"));
+    };
+    let handle = match alloc.share {
+        FabricShareable::BITS => PeerHandle::Fabric(export_fabric(alloc)?),
+        PosixFd::BITS if fds => PeerHandle::Fd(export_fd(alloc)?),
+        PosixFd::BITS => return Ok(Err(PosixFd::NAME)),
+        _ => return Ok(Err(Private::NAME)),
+    };
+    Ok(Ok(PeerExport {
+        handle,
+        alloc_size: alloc.size,
+        map_base: m.ptr,
+    }))
 }
 
 /// What a bind call points at.

@@ -15,7 +15,9 @@
 //!   beside its bindings (`range::Attachments`), and made
 //!   (a) by a bind of `Mapped` memory in this process (or a raw address),
 //!   removed with its unbind, and
-//!   (b) for a member in another process, by
+//!   (b) for a member in another process, by a bring-up's `agree_bound`
+//!   ([`crate::team::SharedTeam::agree_bound`]; `team::windows` imports
+//!   and registers every peer's shareable memory), or by hand with
 //!   [`Endpoint::add_peer_window`] with the peer's memory imported
 //!   (POSIX descriptor within a node, fabric handle across, R12.4) and
 //!   mapped here; such a window keeps that mapping alive until the endpoint
@@ -50,7 +52,8 @@ pub enum CopyPath {
     /// One `cuFabricCpyBatchAsync` per batch (CUDA 13.5+, logical endpoints).
     Fabric,
     /// One `cuMemcpyAsync` per target piece, through the endpoint's windows
-    /// ([`Endpoint::add_peer_window`]); a multicast put is one per member.
+    /// (made by a bring-up's `agree_bound`, or [`Endpoint::add_peer_window`]);
+    /// a multicast put is one per member.
     Portable,
 }
 
@@ -247,6 +250,69 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
             keep: Some(mem.keep_alive()),
         });
         Ok(())
+    }
+}
+
+/// One binding of this process as the bring-ups' agreement exports it for
+/// peers (`team::windows`): where it is in the endpoint, its address here
+/// (`None` for a bind by handle), and the memory it keeps alive.
+pub(crate) struct LocalBind {
+    pub device: Device,
+    pub offset: u64,
+    pub size: u64,
+    pub addr: Option<u64>,
+    pub keep: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+/// Every binding of `ep` in this process, taken under the lock (the memory
+/// is exported after it is let go: an export is a driver call).
+pub(crate) fn local_binds<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Vec<LocalBind> {
+    let slot = ep.slot();
+    slot.bindings
+        .iter()
+        .map(|b| LocalBind {
+            device: b.dev,
+            offset: b.offset,
+            size: b.size,
+            addr: slot
+                .windows()
+                .find(|w| w.is_local(b.dev, b.offset))
+                .map(|w| w.addr),
+            keep: b._keep.clone(),
+        })
+        .collect()
+}
+
+impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
+    /// Registers the window of `device` of process `rank` at
+    /// `offset..offset + size`, reached here at `addr` in memory `keep`
+    /// keeps mapped, replacing that member's windows it overlaps (an
+    /// agreement run again after peers rebound, or one added by hand).
+    /// Returns the replaced windows, for the caller to drop outside any
+    /// lock (a copy in flight keeps their memory itself). The caller
+    /// checked the range against the endpoint.
+    pub(crate) fn set_peer_window(
+        &self,
+        rank: u32,
+        device: Device,
+        offset: u64,
+        size: u64,
+        addr: u64,
+        keep: Arc<dyn Any + Send + Sync>,
+    ) -> Vec<Window> {
+        let member = Member::Peer { rank, device };
+        let end = offset.saturating_add(size);
+        let mut slot = self.slot();
+        let replaced =
+            slot.take_windows(|w| w.member == member && w.offset < end && offset < w.end());
+        slot.push_window(Window {
+            member,
+            offset,
+            size,
+            addr,
+            keep: Some(keep),
+        });
+        replaced
     }
 }
 

@@ -16,6 +16,11 @@
 //!   ([`Agreed`](crate::bounds::Agreed)): a copy before every rank bound
 //!   does not compile.
 //!
+//! On the portable path ([`CopyPath::Portable`](crate::CopyPath)) the
+//! agreement also makes the windows the copies go through (`windows`):
+//! each rank's shareable memory is imported, mapped and registered on every
+//! other rank (`agree_bound_fds` for `PosixFd` memory, one node).
+//!
 //! Unicast: each importer copies only after the owner bound; multicast:
 //! every member only after every member bound (R13.3). The agreement checks
 //! that each rank bound *something* on each of its devices; whether a copy's
@@ -28,14 +33,15 @@ use std::time::Duration;
 use crate::bootstrap::Bootstrap;
 use crate::endpoint::Endpoint;
 use crate::kind::{Exportable, ImportedUnicast, Kind, Unicast};
-use crate::state::{Ready, State};
+use crate::state::{IsReady, Ready, State};
 
 use super::agree::agree;
 use super::error::{Cause, Mismatch, Step, TeamError};
 use super::multicast::SharedTeam;
 use super::peers::Peers;
 use super::shared::SharedMulticast;
-use crate::bootstrap::Deadline;
+use super::windows;
+use crate::bootstrap::{Deadline, NodeId};
 
 /// The most devices one rank's report may name (a peer's count is checked
 /// against it before anything is allocated for it).
@@ -55,8 +61,12 @@ fn report<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Vec<u8> {
     out
 }
 
-/// A peer's report, read checked: `(device, ranges bound)` per device.
-fn decode(bytes: &[u8]) -> Result<Vec<(i32, u32)>, Cause> {
+/// A report's devices: `(device, ranges bound)` each.
+type Devices = Vec<(i32, u32)>;
+
+/// A peer's report, read checked: `(device, ranges bound)` per device, and
+/// what follows (its memory shares on the portable path, `windows`).
+fn decode(bytes: &[u8]) -> Result<(Devices, &[u8]), Cause> {
     let bad = |reason| Cause::BadMessage { reason };
     let word = |at: usize| -> Result<[u8; 4], Cause> {
         bytes
@@ -69,10 +79,10 @@ fn decode(bytes: &[u8]) -> Result<Vec<(i32, u32)>, Cause> {
         return Err(bad("bind report names too many devices"));
     }
     let want = n.checked_mul(8).and_then(|b| b.checked_add(4));
-    if want != Some(bytes.len()) {
+    let Some(rest) = want.and_then(|w| bytes.get(w..)) else {
         return Err(bad("bind report of the wrong length"));
-    }
-    (0..n)
+    };
+    let devices = (0..n)
         .map(|i| {
             let at = 4 + i * 8;
             Ok((
@@ -80,22 +90,44 @@ fn decode(bytes: &[u8]) -> Result<Vec<(i32, u32)>, Cause> {
                 u32::from_le_bytes(word(at + 4)?),
             ))
         })
-        .collect()
+        .collect::<Result<_, Cause>>()?;
+    Ok((devices, rest))
 }
 
 /// Every rank reports what `ep` has bound on this rank's devices; every
 /// rank checks every report in rank order, so all name the same first rank
-/// that bound nothing.
-fn agree_bound_on<S: State, K: Kind>(
+/// that bound nothing. On the portable path the reports also carry each
+/// rank's memory, which every rank imports and registers as windows on
+/// `ep_of(rank)` (`windows`), after one more agreement that every import
+/// worked. With `node`, `PosixFd` memory is shared too, its descriptors
+/// passed within the node after the agreement.
+fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
     boot: &dyn Bootstrap,
     tag: u64,
     ep: &Endpoint<S, K>,
+    ep_of: impl Fn(usize) -> Option<&'a Endpoint<P, Q>> + Copy,
+    node: Option<&NodeId>,
     timeout: Duration,
 ) -> Result<(), TeamError> {
     let deadline = Deadline::after(timeout);
-    let reports = agree(boot, tag, Step::Bind, Ok(report(ep)), deadline)?;
+    let portable = windows::portable(ep);
+    let (mine, my_fds) = match portable {
+        true => match windows::export(ep, node.is_some()) {
+            Ok((shares, fds)) => (Ok([report(ep), shares].concat()), fds),
+            Err(c) => (Err(c), Vec::new()),
+        },
+        false => (Ok(report(ep)), Vec::new()),
+    };
+    let reports = agree(
+        boot,
+        tag,
+        Step::Bind,
+        mine.map_err(|c| (Step::Bind, c)),
+        deadline,
+    )?;
+    let mut rests = Vec::with_capacity(reports.len());
     for (rank, bytes) in reports.iter().enumerate() {
-        let devices = decode(bytes).map_err(|c| TeamError::new(rank, Step::Bind, c))?;
+        let (devices, rest) = decode(bytes).map_err(|c| TeamError::new(rank, Step::Bind, c))?;
         let not_bound = |device| {
             TeamError::new(
                 rank,
@@ -109,7 +141,26 @@ fn agree_bound_on<S: State, K: Kind>(
         if let Some(&(d, _)) = devices.iter().find(|(_, n)| *n == 0) {
             return Err(not_bound(Some(d)));
         }
+        rests.push(rest);
     }
+    // No rank copies portably: nothing to import (the fabric copy's case).
+    if rests.iter().all(|r| r.is_empty()) {
+        return Ok(());
+    }
+    // Descriptors cross now (none where no rank shares `PosixFd` memory).
+    let fds = windows::pass_all_fds(boot, node, &rests, my_fds, deadline)?;
+    let imported = match portable {
+        true => windows::import_all(ep, boot.rank(), &rests, fds, ep_of),
+        false => Ok(Vec::new()),
+    };
+    let (imported, mine) = match imported {
+        Ok(i) => (i, Ok(Vec::new())),
+        Err(c) => (Vec::new(), Err((Step::Import, c))),
+    };
+    // Every rank imported every peer's memory, or every rank fails alike;
+    // `imported` is dropped (unmapped, released) on the way out.
+    agree(boot, tag, Step::Import, mine, deadline)?;
+    windows::register(imported, ep_of);
     Ok(())
 }
 
@@ -119,16 +170,53 @@ impl SharedTeam {
     /// rank's binds. What it returns lends the endpoint as
     /// `Endpoint<Ready, SharedMulticast>`, the form a copy accepts.
     ///
+    /// On the portable path ([`CopyPath::Portable`](crate::CopyPath)) it
+    /// also makes the windows every copy goes through: each rank's
+    /// `Mapped<FabricShareable>` bindings travel as fabric handles in the
+    /// agreement, and every rank imports, maps and registers them, so no
+    /// rank calls `add_peer_window` (`PosixFd` memory:
+    /// [`SharedTeam::agree_bound_fds`]). Memory peers cannot import that way
+    /// gets no window and a `tracing` warning; a copy that needs it fails
+    /// with [`Error::CopyNoWindow`](crate::Error::CopyNoWindow), before the
+    /// driver.
+    ///
     /// # Errors
     /// The same [`TeamError`] on every rank when a rank bound nothing on one
     /// of its devices ([`Step::Bind`], [`Mismatch::NotBound`], naming the
-    /// first such rank), or the bootstrap's failure within `timeout`.
+    /// first such rank), or the bootstrap's failure within `timeout`; on
+    /// the portable path, at [`Step::Import`], a peer's memory that some
+    /// rank could not import or map (every rank fails, naming that rank;
+    /// everything imported is released before it returns).
     pub fn agree_bound(
         &self,
         boot: &dyn Bootstrap,
         timeout: Duration,
     ) -> Result<BoundTeam<'_>, TeamError> {
-        agree_bound_on(boot, self.tag(), self.ready_endpoint(), timeout)?;
+        let ep = self.ready_endpoint();
+        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), None, timeout)?;
+        Ok(BoundTeam { team: self })
+    }
+
+    /// As [`SharedTeam::agree_bound`], for ranks of one node that bound
+    /// `PosixFd` memory and copy on the portable path
+    /// ([`CopyPath::Portable`](crate::CopyPath)): their descriptors are
+    /// passed within `node` (`FdExchange`, `SCM_RIGHTS`), imported and
+    /// registered as windows, so no rank calls `add_peer_window`. Call it on
+    /// every rank (`NodeId::current()`, or the model fabric's node).
+    ///
+    /// # Errors
+    /// As [`SharedTeam::agree_bound`]; at [`Step::Import`], a descriptor
+    /// that could not cross (a rank on another node, the bootstrap's
+    /// failure) or an import that failed on some rank; everything imported
+    /// is released before it returns.
+    pub fn agree_bound_fds(
+        &self,
+        boot: &dyn Bootstrap,
+        node: &NodeId,
+        timeout: Duration,
+    ) -> Result<BoundTeam<'_>, TeamError> {
+        let ep = self.ready_endpoint();
+        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), Some(node), timeout)?;
         Ok(BoundTeam { team: self })
     }
 }
@@ -157,18 +245,46 @@ impl Peers {
     /// Agrees, with every rank of `boot`, that every rank bound memory on
     /// its own endpoint (R13.3: each owner bound before its importers copy);
     /// call it on every rank after this rank's binds. What it returns lends
-    /// the endpoints as `Endpoint<Ready, _>`, the form a copy accepts.
+    /// the endpoints as `Endpoint<Ready, _>`, the form a copy accepts. On
+    /// the portable path it registers every owner's memory as the window of
+    /// that owner's endpoint here, as [`SharedTeam::agree_bound`] does.
     ///
     /// # Errors
     /// The same [`TeamError`] on every rank when a rank bound nothing on its
     /// own endpoint ([`Step::Bind`], [`Mismatch::NotBound`], naming the
-    /// first such rank), or the bootstrap's failure within `timeout`.
+    /// first such rank), or the bootstrap's failure within `timeout`; on
+    /// the portable path, as [`SharedTeam::agree_bound`].
     pub fn agree_bound(
         &self,
         boot: &dyn Bootstrap,
         timeout: Duration,
     ) -> Result<BoundPeers<'_>, TeamError> {
-        agree_bound_on(boot, self.tag(), self.ready_own(), timeout)?;
+        agree_bound_on(
+            boot,
+            self.tag(),
+            self.ready_own(),
+            |r| self.ready_peer(r),
+            None,
+            timeout,
+        )?;
+        Ok(BoundPeers { peers: self })
+    }
+
+    /// As [`Peers::agree_bound`], for ranks of one node that bound `PosixFd`
+    /// memory and copy on the portable path: as
+    /// [`SharedTeam::agree_bound_fds`].
+    ///
+    /// # Errors
+    /// As [`SharedTeam::agree_bound_fds`].
+    pub fn agree_bound_fds(
+        &self,
+        boot: &dyn Bootstrap,
+        node: &NodeId,
+        timeout: Duration,
+    ) -> Result<BoundPeers<'_>, TeamError> {
+        let own = self.ready_own();
+        let ep_of = |r| self.ready_peer(r);
+        agree_bound_on(boot, self.tag(), own, ep_of, Some(node), timeout)?;
         Ok(BoundPeers { peers: self })
     }
 }
@@ -210,13 +326,15 @@ mod tests {
             ok.extend_from_slice(&d.to_le_bytes());
             ok.extend_from_slice(&n.to_le_bytes());
         }
-        assert_eq!(decode(&ok).ok(), Some(vec![(0, 1), (3, 0)]));
+        assert_eq!(decode(&ok).ok(), Some((vec![(0, 1), (3, 0)], &[][..])));
         for cut in 0..ok.len() {
             assert!(decode(&ok[..cut]).is_err(), "cut at {cut}");
         }
+        // What follows is the memory shares, read checked in their turn.
         let mut long = ok.clone();
         long.push(0);
-        assert!(decode(&long).is_err());
+        assert_eq!(decode(&long).ok().map(|(_, rest)| rest), Some(&[0u8][..]));
+        assert!(windows::decode(&[0]).is_err());
         assert!(decode(&u32::MAX.to_le_bytes()).is_err());
     }
 }

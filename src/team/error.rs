@@ -24,7 +24,8 @@ pub enum Step {
     Create,
     /// The fabric handle is exported and sent to the other ranks.
     Export,
-    /// A rank imports the endpoint(s) of the others.
+    /// A rank imports the endpoint(s) of the others; at `agree_bound` on
+    /// the portable path, the memory they bound.
     Import,
     /// What the handle says is checked against what the driver reports.
     Check,

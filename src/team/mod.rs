@@ -82,6 +82,7 @@ mod probe;
 mod retry;
 mod shared;
 mod tagged;
+mod windows;
 mod wire;
 
 use std::time::Duration;

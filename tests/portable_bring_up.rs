@@ -1,0 +1,257 @@
+//! The portable path after a bring-up (issue 19, item 4): `agree_bound`
+//! registers every peer's `FabricShareable` memory as a window itself, so a
+//! put or get between ranks works with no `add_peer_window` call; a failed
+//! import fails every rank alike and leaves nothing behind. Ranks are
+//! threads, each its own process of one model node on a 13.5 driver forced
+//! onto the portable path (`set_copy_path`), as on drivers before 13.5.
+
+mod common;
+
+use std::time::Duration;
+
+use cuda_endpoints::bootstrap::{Bootstrap, NodeId, Threads};
+use cuda_endpoints::model::{Fault, FaultPlan, Model};
+use cuda_endpoints::team::{self, Cause, PeerSpec, Step, TeamSpec};
+use cuda_endpoints::{
+    Call, Code, Context, CopyBatch, CopyPath, Error, FabricShareable, PosixFd, Stream,
+};
+
+use common::portable::pattern;
+use common::{node_processes, on_every_rank};
+
+const BYTES: u64 = 2 << 20;
+const T: Duration = Duration::from_secs(10);
+const N: usize = 3;
+/// Bytes each copy moves.
+const LEN: usize = 4096;
+
+/// Every context of `ranks` on the portable path, as a driver before 13.5.
+fn portable(ranks: &[(Context, Model)]) {
+    for (ctx, _) in ranks {
+        ctx.set_copy_path(CopyPath::Portable);
+    }
+}
+
+/// Each rank puts its pattern into its own endpoint, gets every peer's,
+/// puts into the next rank's endpoint, and finds the previous rank's put in
+/// the memory it bound at `mem_ptr`: every byte checked.
+fn exchange(
+    r: usize,
+    me: &Model,
+    boot: &dyn Bootstrap,
+    bound: &team::BoundPeers<'_>,
+    mem_ptr: u64,
+) {
+    let dev = r as i32;
+    let stream = Stream::new(me_ctx(bound), dev).unwrap();
+    stream
+        .enqueue(CopyBatch::new().put_host(pattern(r as u8, LEN), bound.own(), 0))
+        .unwrap()
+        .wait()
+        .unwrap();
+    boot.barrier(T).unwrap();
+    for p in (0..N).filter(|&p| p != r) {
+        let got = stream
+            .enqueue(CopyBatch::new().get_host(bound.peer(p).unwrap(), 0, LEN as u64))
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(got.received, [pattern(p as u8, LEN)], "rank {r} from {p}");
+    }
+    let next = (r + 1) % N;
+    let at = 65536 + (r * LEN) as u64;
+    let put = CopyBatch::new().put_host(pattern(100 + r as u8, LEN), bound.peer(next).unwrap(), at);
+    stream.enqueue(put).unwrap().wait().unwrap();
+    boot.barrier(T).unwrap();
+    // The owner sees the previous rank's put in the memory it bound.
+    let prev = (r + N - 1) % N;
+    let at = 65536 + (prev * LEN) as u64;
+    assert_eq!(
+        me.read(mem_ptr + at, LEN).unwrap(),
+        pattern(100 + prev as u8, LEN),
+        "rank {r}: rank {prev}'s put"
+    );
+    boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
+}
+
+fn me_ctx<'p>(bound: &team::BoundPeers<'p>) -> &'p Context {
+    bound.own().context()
+}
+
+#[test]
+fn after_agree_bound_unicast_peers_put_and_get_every_byte_with_no_add_peer_window() {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    on_every_rank(&ranks, Threads::new(N), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
+        let mem = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+        let binding = peers.own().bind(dev, 0, &mem).unwrap();
+        let bound = peers.agree_bound(boot, T).unwrap();
+        exchange(r, me, boot, &bound, mem.device_ptr());
+        drop(binding);
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+    });
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn after_agree_bound_fds_posix_fd_peers_put_and_get_every_byte_with_no_add_peer_window() {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    let node = NodeId::current().unwrap();
+    on_every_rank(&ranks, Threads::new(N), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
+        let mem = common::mapped::<PosixFd>(ctx, dev, BYTES);
+        let binding = peers.own().bind(dev, 0, &mem).unwrap();
+        let bound = peers.agree_bound_fds(boot, &node, T).unwrap();
+        exchange(r, me, boot, &bound, mem.device_ptr());
+        drop(binding);
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+    });
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn posix_fd_memory_after_plain_agree_bound_has_no_window_and_the_copy_says_so() {
+    let (ranks, model) = node_processes(2);
+    portable(&ranks);
+    on_every_rank(&ranks, Threads::new(2), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
+        let mem = common::mapped::<PosixFd>(ctx, dev, BYTES);
+        let binding = peers.own().bind(dev, 0, &mem).unwrap();
+        let bound = peers.agree_bound(boot, T).unwrap();
+        let stream = Stream::new(ctx, dev).unwrap();
+        let e = stream
+            .enqueue(CopyBatch::new().get_host(bound.peer(1 - r).unwrap(), 0, 64))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::CopyNoWindow {
+                    known: 0,
+                    targets: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("agree_bound_fds"), "{e}");
+        boot.barrier(T).unwrap();
+        drop(stream);
+        drop(binding);
+        drop(peers);
+    });
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn after_agree_bound_a_portable_multicast_put_lands_in_every_members_memory() {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    let got = on_every_rank(&ranks, Threads::new(N), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let team = team::multicast(ctx, boot, &TeamSpec::new([dev], BYTES).timeout(T)).unwrap();
+        let mem = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+        let binding = team.endpoint().bind(dev, 0, &mem).unwrap();
+        let bound = team.agree_bound(boot, T).unwrap();
+        let stream = Stream::new(ctx, dev).unwrap();
+        if r == 0 {
+            stream
+                .enqueue(CopyBatch::new().put_host(pattern(7, LEN), bound.endpoint(), 8192))
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        boot.barrier(T).unwrap();
+        let mine = me.read(mem.device_ptr() + 8192, LEN).unwrap();
+        boot.barrier(T).unwrap();
+        drop(stream);
+        drop(binding);
+        drop(team);
+        assert!(ctx.take_teardown_errors().is_empty());
+        mine
+    });
+    for (r, bytes) in got.into_iter().enumerate() {
+        assert_eq!(bytes, pattern(7, LEN), "rank {r}");
+    }
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn an_import_that_fails_on_one_rank_fails_every_rank_alike_and_leaks_nothing() {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    let errors = on_every_rank(&ranks, Threads::new(N), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
+        let mem = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+        let binding = peers.own().bind(dev, 0, &mem).unwrap();
+        boot.barrier(T).unwrap();
+        if r == 0 {
+            // One import of memory in the whole node fails, after another
+            // succeeded: its mapping must be undone too.
+            model.set_faults(FaultPlan::none().with(Fault::nth(
+                Call::MemImportFromShareableHandle,
+                2,
+                Code::OUT_OF_MEMORY,
+            )));
+        }
+        boot.barrier(T).unwrap();
+        let e = peers.agree_bound(boot, T).map(|_| ()).unwrap_err();
+        drop(binding);
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+        (r, e)
+    });
+    assert_eq!(model.faults_fired(), 1);
+    let failed = errors[0].1.rank;
+    for (r, e) in &errors {
+        assert_eq!((e.rank, e.step), (failed, Step::Import), "rank {r}: {e}");
+        if *r == failed {
+            assert!(
+                matches!(
+                    &e.cause,
+                    Cause::Local(Error::Driver {
+                        call: Call::MemImportFromShareableHandle,
+                        ..
+                    })
+                ),
+                "{e}"
+            );
+        }
+    }
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn agree_bound_fds_with_a_rank_on_another_node_fails_every_rank_at_import_and_leaks_nothing() {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    let errors = on_every_rank(&ranks, Threads::new(N), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
+        let mem = common::mapped::<PosixFd>(ctx, dev, BYTES);
+        let binding = peers.own().bind(dev, 0, &mem).unwrap();
+        // Rank 2 says it is on another node: a descriptor cannot reach it (R12.4).
+        let node = NodeId::from_parts(if r == 2 { "b" } else { "a" }, "boot", 1);
+        let e = peers
+            .agree_bound_fds(boot, &node, T)
+            .map(|_| ())
+            .unwrap_err();
+        drop(binding);
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+        e
+    });
+    for (r, e) in errors.iter().enumerate() {
+        assert_eq!(e.step, Step::Import, "rank {r}: {e}");
+        assert!(matches!(e.cause, Cause::Bootstrap(_)), "rank {r}: {e}");
+    }
+    common::clean(&ranks[0].0, &model);
+}

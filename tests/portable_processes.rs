@@ -1,0 +1,169 @@
+//! The portable path after a bring-up between real OS processes on a model
+//! fabric (issue 19, item 4): `agree_bound` registers every peer's memory
+//! as a window itself, so each rank gets every peer's bytes and puts into
+//! the next rank's memory with no `add_peer_window` call —
+//! `FabricShareable` memory across two nodes (its handle rides in the
+//! agreement), `PosixFd` memory within one node (`agree_bound_fds`, its
+//! descriptors passed with `SCM_RIGHTS`). Every byte is checked; every
+//! process ends with zero leak counters, and so does the fabric.
+#![cfg(feature = "fabric")]
+
+#[path = "common/backend.rs"]
+mod backend;
+#[path = "common/rank.rs"]
+mod rank;
+#[path = "bootstrap_support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use cuda_endpoints::bootstrap::{Bootstrap, NodeId};
+use cuda_endpoints::fabric::{self, FabricServer};
+use cuda_endpoints::model::FabricConfig;
+use cuda_endpoints::team::{self, PeerSpec};
+use cuda_endpoints::{
+    Allocation, CopyBatch, CopyPath, Device, FabricShareable, Mapped, PosixFd, Stream,
+};
+use support::{Children, report};
+
+const ROLE: &str = "CEPP_ROLE";
+const SCENARIO: &str = "CEPP_SCENARIO";
+const SIZE: &str = "CEPP_SIZE";
+const DIR: &str = "CEPP_DIR";
+const RANK: &str = "CUDA_ENDPOINTS_RANK";
+const BYTES: u64 = 2 << 20;
+const LEN: usize = 4096;
+const T: Duration = Duration::from_secs(10);
+
+/// `LEN` bytes that differ from their neighbours and from other seeds'.
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..LEN)
+        .map(|i| (i % 251) as u8 ^ seed.wrapping_mul(37))
+        .collect()
+}
+
+#[test]
+fn child_rank() {
+    if std::env::var(ROLE).as_deref() != Ok("rank") {
+        return; // not a child
+    }
+    let (r, n) = (support::env_usize(RANK), support::env_usize(SIZE));
+    let dir = std::env::var(DIR).expect("dir");
+    let (ctx, me) = rank::join();
+    let boot = support::file_tcp(r, n, Path::new(&dir), T).expect("bootstrap");
+    let dev = me.device().unwrap_or(Device(0));
+    let fds = std::env::var(SCENARIO).as_deref() == Ok("fd");
+    ctx.set_copy_path(CopyPath::Portable); // as on a driver before 13.5
+    let run = || -> Result<(), Box<dyn std::error::Error>> {
+        let peers = team::unicast_peers(&ctx, &boot, &PeerSpec::new(dev, BYTES).timeout(T))?;
+        let mut fd_mem: Option<Mapped<PosixFd>> = None;
+        let mut fabric_mem: Option<Mapped<FabricShareable>> = None;
+        let ptr;
+        let binding = if fds {
+            let m = fd_mem.insert(Allocation::<PosixFd>::on_device(&ctx, dev, BYTES)?.map(&[dev])?);
+            ptr = m.device_ptr();
+            peers.own().bind(dev, 0, &*m)?
+        } else {
+            let m = fabric_mem
+                .insert(Allocation::<FabricShareable>::on_device(&ctx, dev, BYTES)?.map(&[dev])?);
+            ptr = m.device_ptr();
+            peers.own().bind(dev, 0, &*m)?
+        };
+        me.write(ptr, &pattern(r as u8))?;
+        let bound = match fds {
+            true => peers.agree_bound_fds(&boot, &NodeId::current()?, T)?,
+            false => peers.agree_bound(&boot, T)?,
+        };
+        let stream = Stream::new(&ctx, dev)?;
+        for p in (0..n).filter(|&p| p != r) {
+            let ep = bound.peer(p).ok_or("no peer")?;
+            let got = stream
+                .enqueue(CopyBatch::new().get_host(ep, 0, LEN as u64))?
+                .wait()?;
+            if got.received != [pattern(p as u8)] {
+                return Err(format!("rank {p}'s bytes are wrong here").into());
+            }
+        }
+        let next = bound.peer((r + 1) % n).ok_or("no peer")?;
+        let at = 65536 + (r * LEN) as u64;
+        let put = CopyBatch::new().put_host(pattern(100 + r as u8), next, at);
+        stream.enqueue(put)?.wait()?;
+        boot.barrier(T)?;
+        let prev = (r + n - 1) % n;
+        if me.read(ptr + 65536 + (prev * LEN) as u64, LEN)? != pattern(100 + prev as u8) {
+            return Err(format!("rank {prev}'s put is wrong in this rank's memory").into());
+        }
+        boot.barrier(T)?; // every rank stopped copying (R13.7)
+        drop(stream);
+        drop(binding);
+        drop(peers);
+        if !ctx.take_teardown_errors().is_empty() {
+            return Err("teardown errors".into());
+        }
+        Ok(())
+    };
+    match run() {
+        Ok(()) => report("ok"),
+        Err(e) => report(&format!("err {e}")),
+    }
+    drop(boot);
+    drop(ctx);
+    report(&format!("leaks={}", u8::from(!me.live().is_empty())));
+    report(&format!("double-violations={:?}", me.own_violations()));
+}
+
+/// Runs `nodes` x `gpus` ranks of `scenario` on a fresh fabric; checks that
+/// each rank ended "ok" with nothing left, and the fabric too.
+fn job(scenario: &str, nodes: usize, gpus: usize) {
+    let _serial = support::serial();
+    let n = nodes * gpus;
+    let server = FabricServer::start(FabricConfig::nodes(nodes, gpus)).expect("fabric");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut kids = Children::default();
+    for r in 0..n {
+        kids.spawn(
+            &format!("rank{r}"),
+            "child_rank",
+            &[
+                (ROLE, "rank".into()),
+                (SCENARIO, scenario.into()),
+                (RANK, r.to_string()),
+                (SIZE, n.to_string()),
+                (DIR, dir.path().display().to_string()),
+                (
+                    fabric::FABRIC_ENV,
+                    format!("{},rank={r}", server.socket().display()),
+                ),
+            ],
+        );
+    }
+    let done = kids.wait_all(Duration::from_secs(60));
+    assert!(
+        server.wait_idle(Duration::from_secs(10)),
+        "fabric processes still connected"
+    );
+    for d in &done {
+        let res = d.results();
+        for want in ["ok", "leaks=0", "double-violations=[]"] {
+            assert!(
+                res.contains(&want.to_owned()),
+                "{}: {res:?}\n{}",
+                d.name,
+                d.stderr
+            );
+        }
+    }
+    assert!(server.live().is_empty(), "fabric left: {:?}", server.live());
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
+}
+
+#[test]
+fn fabric_shareable_peers_across_two_nodes_copy_every_byte_after_agree_bound_alone() {
+    job("fabric", 2, 2);
+}
+
+#[test]
+fn posix_fd_peers_of_one_node_copy_every_byte_after_agree_bound_fds_alone() {
+    job("fd", 1, 3);
+}
