@@ -73,10 +73,9 @@ impl Comm {
             .timeout(TIMEOUT)
             .tag(tag)
             .retry(retry);
-        let mut team = team::multicast(ctx, boot, &spec)?
-            .into_endpoint()
-            .into_bound();
-        team.bind(dev, 0, chunk(ctx, dev)?).map_err(|f| f.error)?;
+        // Bound on every rank, agreed (R13.3), owned.
+        let team =
+            team::multicast(ctx, boot, &spec)?.into_bound([(dev.into(), 0, chunk(ctx, dev)?)], boot, TIMEOUT)?;
         let spec = PeerSpec::new(dev, MAX)
             .timeout(TIMEOUT)
             .tag(tag)

@@ -124,7 +124,7 @@ impl IsReady for TeamReady {}
 #[diagnostic::on_unimplemented(
     message = "no copy through a team's endpoint before its ranks agreed that every rank bound its memory (R13.3): this endpoint is `{Self}`",
     label = "the bring-up's endpoint, before `agree_bound`",
-    note = "bind this rank's memory on the team's endpoint, then call `team.agree_bound(&boot, timeout)?` on every rank (`peers.agree_bound(..)` for `team::unicast_peers`) and copy through the endpoints of what it returns: `bound.endpoint()`, `bound.own()`, `bound.peer(rank)`. A copy before every rank bound is undefined behaviour in the driver (R13.3)"
+    note = "bind this rank's memory on the team's endpoint, then call `team.agree_bound(&boot, timeout)?` on every rank (`peers.agree_bound(..)` for `team::unicast_peers`) and copy through the endpoints of what it returns: `bound.endpoint()`, `bound.own()`, `bound.peer(rank)`; to own the team's endpoint, `team.into_bound([(dev, offset, mem)], &boot, timeout)?` binds and agrees in one call. A copy before every rank bound is undefined behaviour in the driver (R13.3)"
 )]
 pub trait Agreed: Sealed {}
 impl Agreed for Reserved {}

@@ -60,8 +60,7 @@ impl Comm {
     ) -> Result<Comm, Box<dyn std::error::Error>> {
         let spec = TeamSpec::new([dev], CHUNK).timeout(T).tag(tag);
         let t = team::multicast(ctx, boot, &spec)?;
-        let mut team = t.into_endpoint().into_bound();
-        team.bind(dev, 0, chunk(ctx, dev)).map_err(|f| f.error)?;
+        let team = t.into_bound([(dev.into(), 0, chunk(ctx, dev))], boot, T)?;
         let spec = PeerSpec::new(dev, MAX).timeout(T).tag(tag);
         let mut peers = team::unicast_peers(ctx, boot, &spec)?.into_owned();
         peers.grow(boot, chunk(ctx, dev), T)?; // the every-rank-bound agreement

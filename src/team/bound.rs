@@ -32,6 +32,11 @@ use std::time::Duration;
 
 use crate::bootstrap::Bootstrap;
 use crate::endpoint::Endpoint;
+use crate::error::Error;
+use crate::kind::Accepts;
+use crate::memory::BindSource;
+use crate::owned::BoundEndpoint;
+use crate::driver::Device;
 use crate::kind::{Exportable, ImportedUnicast, Kind, Unicast};
 use crate::state::{IsReady, Ready, State};
 
@@ -107,16 +112,19 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
     ep: &Endpoint<S, K>,
     ep_of: impl Fn(usize) -> Option<&'a Endpoint<P, Q>> + Copy,
     node: Option<&NodeId>,
+    local: Option<Error>,
     timeout: Duration,
 ) -> Result<(), TeamError> {
     let deadline = Deadline::after(timeout);
     let portable = windows::portable(ep);
-    let (mine, my_fds) = match portable {
-        true => match windows::export(ep, node.is_some()) {
+    let (mine, my_fds) = match (local, portable) {
+        // This rank's own bind failed: every rank fails alike, naming it.
+        (Some(e), _) => (Err(Cause::Local(e)), Vec::new()),
+        (None, true) => match windows::export(ep, node.is_some()) {
             Ok((shares, fds)) => (Ok([report(ep), shares].concat()), fds),
             Err(c) => (Err(c), Vec::new()),
         },
-        false => (Ok(report(ep)), Vec::new()),
+        (None, false) => (Ok(report(ep)), Vec::new()),
     };
     let reports = agree(
         boot,
@@ -193,7 +201,7 @@ impl SharedTeam {
         timeout: Duration,
     ) -> Result<BoundTeam<'_>, TeamError> {
         let ep = self.ready_endpoint();
-        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), None, timeout)?;
+        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), None, None, timeout)?;
         Ok(BoundTeam { team: self })
     }
 
@@ -216,8 +224,48 @@ impl SharedTeam {
         timeout: Duration,
     ) -> Result<BoundTeam<'_>, TeamError> {
         let ep = self.ready_endpoint();
-        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), Some(node), timeout)?;
+        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), Some(node), None, timeout)?;
         Ok(BoundTeam { team: self })
+    }
+}
+
+impl SharedTeam {
+    /// The communicator's owning form of the team: binds each
+    /// `(device, offset, memory)` of `memory` on this rank, then agrees with
+    /// every rank of `boot` that every rank bound (R13.3), as
+    /// [`SharedTeam::agree_bound`] does. Call it on every rank. What it
+    /// returns owns the endpoint and the memory, with no lifetime, and can
+    /// copy at once: the owning form exists only after the agreement, so a
+    /// copy before it does not compile.
+    ///
+    /// # Errors
+    /// As [`SharedTeam::agree_bound`]; a bind that failed on some rank
+    /// fails every rank alike ([`Step::Bind`], [`Cause::Local`] on that
+    /// rank, [`Cause::Peer`] on the others). On every error this rank's
+    /// memory is unbound and freed and its endpoint destroyed.
+    pub fn into_bound<M>(
+        self,
+        memory: impl IntoIterator<Item = (Device, u64, M)>,
+        boot: &dyn Bootstrap,
+        timeout: Duration,
+    ) -> Result<BoundEndpoint<SharedMulticast, M>, TeamError>
+    where
+        M: BindSource,
+        SharedMulticast: Accepts<M::Share>,
+    {
+        let tag = self.tag();
+        let mut owned = self.into_ready_endpoint().into_bound::<M>();
+        let mut local = None;
+        for (dev, offset, mem) in memory {
+            if let Err(f) = owned.bind(dev, offset, mem) {
+                local = Some(f.into_parts().0);
+                break;
+            }
+        }
+        let ep = owned.endpoint();
+        // On an error `owned` drops: unbinds, destroys and frees (R13.7).
+        agree_bound_on(boot, tag, ep, |_| Some(ep), None, local, timeout)?;
+        Ok(owned)
     }
 }
 
@@ -265,6 +313,7 @@ impl Peers {
             self.ready_own(),
             |r| self.ready_peer(r),
             None,
+            None,
             timeout,
         )?;
         Ok(BoundPeers { peers: self })
@@ -284,7 +333,7 @@ impl Peers {
     ) -> Result<BoundPeers<'_>, TeamError> {
         let own = self.ready_own();
         let ep_of = |r| self.ready_peer(r);
-        agree_bound_on(boot, self.tag(), own, ep_of, Some(node), timeout)?;
+        agree_bound_on(boot, self.tag(), own, ep_of, Some(node), None, timeout)?;
         Ok(BoundPeers { peers: self })
     }
 }

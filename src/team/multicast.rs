@@ -164,12 +164,15 @@ impl SharedTeam {
         &self.endpoint
     }
 
-    /// The endpoint, to own it outright (the communicator pattern's
-    /// `into_bound()`). The owning form is a plain ready endpoint: before
-    /// its first copy the caller makes sure every rank bound (a barrier
-    /// after the binds, R13.3), which [`SharedTeam::agree_bound`] does for
-    /// the borrowed form.
-    pub fn into_endpoint(self) -> Endpoint<Ready, SharedMulticast> {
+    /// The endpoint, owned outright, still `TeamReady`: it copies nothing,
+    /// since no agreement that every rank bound came with it (R13.3). For
+    /// the communicator's owning form that copies, use
+    /// [`SharedTeam::into_bound`], which binds and agrees.
+    pub fn into_endpoint(self) -> Endpoint<TeamReady, SharedMulticast> {
+        self.endpoint.cast()
+    }
+
+    pub(crate) fn into_ready_endpoint(self) -> Endpoint<Ready, SharedMulticast> {
         self.endpoint
     }
 
