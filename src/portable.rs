@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::context::Context;
-use crate::copy::{CopyBatch, InFlight, Side};
+use crate::copy::{BatchInner, CopyBatch, InFlight, Side};
 use crate::driver::{Call, Device, FABRIC_COPY_MIN_VERSION, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result, Rule};
@@ -350,7 +350,7 @@ impl Stream {
     /// target piece.
     pub(crate) fn enqueue_portable<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
-        let CopyBatch {
+        let BatchInner {
             ops,
             mut keep,
             checks,
@@ -358,7 +358,7 @@ impl Stream {
             host_in,
             mut host_out,
             ..
-        } = batch;
+        } = *batch.inner;
         let mut copies: Vec<Memcpy> = Vec::with_capacity(ops.len());
         for (i, &(s, d, size)) in ops.iter().enumerate() {
             // Checks are made in op order: the op's own is found by halving.
