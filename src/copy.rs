@@ -81,6 +81,16 @@ pub(crate) enum Side {
     HostOut(usize),
 }
 
+/// One op of a batch: its two sides, its size, and its endpoint (index in
+/// [`BatchInner::eps`]) for the F9 checks: one record per op, pushed once.
+#[derive(Clone, Copy)]
+pub(crate) struct Op {
+    pub(crate) src: Side,
+    pub(crate) dst: Side,
+    pub(crate) size: u64,
+    pub(crate) ep: usize,
+}
+
 /// A batch of fabric copies to enqueue on a [`Stream`] at once
 /// ([`Stream::enqueue`]); the copies of a batch run in no particular order
 /// (F3), so none may depend on another.
@@ -98,10 +108,8 @@ pub struct CopyBatch<'a> {
 
 /// The state of a [`CopyBatch`].
 pub(crate) struct BatchInner {
-    pub(crate) ops: Vec<(Side, Side, u64)>,
+    pub(crate) ops: Vec<Op>,
     pub(crate) keep: Keep,
-    /// Per endpoint op: `(op, endpoint, offset, size)` for F9.
-    pub(crate) checks: Vec<Check>,
     /// The distinct endpoints of the batch (few: looked up linearly).
     pub(crate) eps: Vec<EpFacts>,
     /// The location of each allocation of `keep.memory` (same index), with
@@ -111,14 +119,6 @@ pub(crate) struct BatchInner {
     pub(crate) host_out: Vec<(usize, Vec<u8>)>,
     /// The first error a builder call met.
     error: Option<Box<Error>>,
-}
-
-pub(crate) struct Check {
-    pub(crate) op: usize,
-    /// Index in [`CopyBatch::eps`].
-    pub(crate) ep: usize,
-    offset: u64,
-    size: u64,
 }
 
 /// What the checks need of one endpoint of the batch, read once however
@@ -156,7 +156,6 @@ impl<'a> CopyBatch<'a> {
                     memory: Vec::new(),
                     endpoints: Vec::new(),
                 },
-                checks: Vec::new(),
                 eps: Vec::new(),
                 locations: Vec::new(),
                 host_in: Vec::new(),
@@ -180,9 +179,9 @@ impl<'a> CopyBatch<'a> {
     where
         S: State + IsReady + Agreed,
     {
-        let s = self.inner.mapped(src, src_offset, size);
-        let d = self.inner.endpoint(ep, offset, size);
-        self.inner.ops.push((s, d, size));
+        let src = self.inner.mapped(src, src_offset, size);
+        let (dst, ep) = self.inner.endpoint(ep, offset);
+        self.inner.ops.push(Op { src, dst, size, ep });
         self
     }
 
@@ -200,8 +199,13 @@ impl<'a> CopyBatch<'a> {
         let size = bytes.len() as u64;
         let n = self.inner.host_in.len();
         self.inner.host_in.push(bytes);
-        let d = self.inner.endpoint(ep, offset, size);
-        self.inner.ops.push((Side::Host(n), d, size));
+        let (dst, ep) = self.inner.endpoint(ep, offset);
+        self.inner.ops.push(Op {
+            src: Side::Host(n),
+            dst,
+            size,
+            ep,
+        });
         self
     }
 
@@ -219,9 +223,9 @@ impl<'a> CopyBatch<'a> {
         S: State + IsReady + Agreed,
         K: CanGet,
     {
-        let s = self.inner.endpoint(ep, offset, size);
-        let d = self.inner.mapped(dst, dst_offset, size);
-        self.inner.ops.push((s, d, size));
+        let (src, ep) = self.inner.endpoint(ep, offset);
+        let dst = self.inner.mapped(dst, dst_offset, size);
+        self.inner.ops.push(Op { src, dst, size, ep });
         self
     }
 
@@ -232,7 +236,7 @@ impl<'a> CopyBatch<'a> {
         S: State + IsReady + Agreed,
         K: CanGet,
     {
-        let s = self.inner.endpoint(ep, offset, size);
+        let (src, ep) = self.inner.endpoint(ep, offset);
         let op = self.inner.ops.len();
         let n = self.inner.host_out.len();
         let buf = match usize::try_from(size) {
@@ -251,7 +255,12 @@ impl<'a> CopyBatch<'a> {
             }
         };
         self.inner.host_out.push((op, buf));
-        self.inner.ops.push((s, Side::HostOut(n), size));
+        self.inner.ops.push(Op {
+            src,
+            dst: Side::HostOut(n),
+            size,
+            ep,
+        });
         self
     }
 
@@ -267,8 +276,8 @@ impl<'a> CopyBatch<'a> {
 }
 
 impl BatchInner {
-    fn endpoint<S: State, K: Kind>(&mut self, ep: &Endpoint<S, K>, offset: u64, size: u64) -> Side {
-        let op = self.ops.len();
+    /// The side naming `ep` at `offset`, and `ep`'s index in `eps`.
+    fn endpoint<S: State, K: Kind>(&mut self, ep: &Endpoint<S, K>, offset: u64) -> (Side, usize) {
         let index = match self.eps.iter().rposition(|e| e.id == ep.id()) {
             Some(i) => i,
             None => {
@@ -277,13 +286,7 @@ impl BatchInner {
                 self.eps.len() - 1
             }
         };
-        self.checks.push(Check {
-            op,
-            ep: index,
-            offset,
-            size,
-        });
-        Side::Ep(ep.id(), offset)
+        (Side::Ep(ep.id(), offset), index)
     }
 
     /// What the checks need of `ep`: once per endpoint of the batch.
@@ -350,37 +353,41 @@ impl BatchInner {
         if let Some(e) = self.error.take() {
             return Err(*e);
         }
-        for c in &self.checks {
-            let Some(ep) = self.eps.get(c.ep) else {
+        for (op, &Op { src, dst, size, ep }) in self.ops.iter().enumerate() {
+            let offset = match (src, dst) {
+                (Side::Ep(_, offset), _) | (_, Side::Ep(_, offset)) => offset,
+                _ => continue, // every op of the typed API names one endpoint
+            };
+            let Some(ep) = self.eps.get(ep) else {
                 continue;
             };
-            let end = c.offset.checked_add(c.size);
+            let end = offset.checked_add(size);
             if end.is_none_or(|e| e > ep.ep_size) {
                 return Err(Error::CopyOutOfRange {
-                    op: c.op,
+                    op: op,
                     what: Extent::EndpointRange,
-                    offset: c.offset,
-                    size: c.size,
+                    offset: offset,
+                    size: size,
                     limit: ep.ep_size,
                 });
             }
-            let end = c.offset + c.size;
+            let end = offset + size;
             for (dev, ranges) in &ep.bound {
                 // Walk the bound ranges from the op's offset to its end.
-                let mut at = c.offset;
+                let mut at = offset;
                 while at < end {
                     match ranges.iter().find(|(o, s)| *o <= at && at < o + s) {
                         Some((o, s)) => at = o + s,
                         None => break,
                     }
                 }
-                if at < end || (c.size == 0 && ranges.is_empty()) {
+                if at < end || (size == 0 && ranges.is_empty()) {
                     return Err(Error::CopyNotBound {
-                        op: c.op,
+                        op: op,
                         id: ep.id,
                         device: *dev,
-                        offset: c.offset,
-                        size: c.size,
+                        offset: offset,
+                        size: size,
                     });
                 }
             }
@@ -410,7 +417,7 @@ impl BatchInner {
 /// destination overlaps the other's source or destination, in the same
 /// endpoint or address space. `(the op whose destination, the other)`; of two
 /// destinations, the lower op first. One sort and one sweep: O(n log n).
-fn dependent(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
+fn dependent(ops: &[Op]) -> Option<(usize, usize)> {
     if disjoint_in_order(ops) {
         return None;
     }
@@ -426,7 +433,7 @@ fn dependent(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
     // Addresses and endpoint offsets apart: each is usually in order
     // already (ops laid out one after the other), and then not sorted again.
     let (mut addrs, mut eps) = (Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()));
-    for (i, &(src, dst, size)) in ops.iter().enumerate().filter(|(_, op)| op.2 > 0) {
+    for (i, &Op { src, dst, size, .. }) in ops.iter().enumerate().filter(|(_, op)| op.size > 0) {
         for s in [span(src, size, i, false), span(dst, size, i, true)]
             .into_iter()
             .flatten()
@@ -516,11 +523,11 @@ fn dependent(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
 /// (F3). One pass and nothing built: ops laid out one after the other, the
 /// usual batch, are proven independent here; any other batch goes to the
 /// sort and sweep.
-fn disjoint_in_order(ops: &[(Side, Side, u64)]) -> bool {
+fn disjoint_in_order(ops: &[Op]) -> bool {
     // The end of the last address span, and (id, end) of the last endpoint one.
     let mut addr_end = 0u64;
     let mut ep_end: Option<(u32, u64)> = None;
-    for &(src, dst, size) in ops {
+    for &Op { src, dst, size, .. } in ops {
         if size == 0 {
             continue;
         }
@@ -636,11 +643,7 @@ impl<'a> CopyBatch<'a> {
     }
 }
 
-fn op_list(
-    ops: &[(Side, Side, u64)],
-    host_in: &[Vec<u8>],
-    host_out: &mut [(usize, Vec<u8>)],
-) -> Vec<CopyOp> {
+fn op_list(ops: &[Op], host_in: &[Vec<u8>], host_out: &mut [(usize, Vec<u8>)]) -> Vec<CopyOp> {
     let mut operand = |side: Side| match side {
         Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
         Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
@@ -656,9 +659,9 @@ fn op_list(
         }
     };
     ops.iter()
-        .map(|&(s, d, size)| CopyOp {
-            src: operand(s),
-            dst: operand(d),
+        .map(|&Op { src, dst, size, .. }| CopyOp {
+            src: operand(src),
+            dst: operand(dst),
             size,
         })
         .collect()
@@ -818,7 +821,7 @@ impl Drop for InFlight<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Side, dependent};
+    use super::{Op, Side, dependent};
 
     /// The definition, pair by pair (F3).
     fn dependent_pairwise(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
@@ -866,13 +869,43 @@ mod tests {
                 .iter()
                 .map(|&(sk, sa, dk, da, n)| (side(sk, sa), side(dk, da), n))
                 .collect();
-            let found = dependent(&ops);
+            let typed: Vec<Op> = ops
+                .iter()
+                .map(|&(src, dst, size)| Op { src, dst, size, ep: 0 })
+                .collect();
+            let found = dependent(&typed);
             proptest::prop_assert_eq!(found.is_some(), dependent_pairwise(&ops).is_some());
             if let Some((a, b)) = found {
                 // The pair named is a dependent pair.
                 let two = [ops[a], ops[b]];
                 proptest::prop_assert!(a != b && dependent_pairwise(&two).is_some());
             }
+        }
+
+        #[test]
+        fn f3_ops_laid_out_in_order_are_found_dependent_exactly_when_some_pair_is(
+            raw in proptest::collection::vec((0u64..20, 0u64..20, 0u64..16, 0u8..8), 0..24)
+        ) {
+            // Puts at rising addresses and offsets, steps sometimes shorter
+            // than the ops (overlap) and now and then to a second endpoint:
+            // the one-pass proof's cases and its fall-backs to the sweep.
+            let (mut a, mut o) = (0u64, 0u64);
+            let ops: Vec<_> = raw
+                .iter()
+                .map(|&(da, dof, n, e)| {
+                    a += da;
+                    o += dof;
+                    (Side::Addr(a), Side::Ep(if e == 0 { 2 } else { 1 }, o), n)
+                })
+                .collect();
+            let typed: Vec<Op> = ops
+                .iter()
+                .map(|&(src, dst, size)| Op { src, dst, size, ep: 0 })
+                .collect();
+            proptest::prop_assert_eq!(
+                dependent(&typed).is_some(),
+                dependent_pairwise(&ops).is_some()
+            );
         }
     }
 }
