@@ -128,6 +128,10 @@ pub(crate) struct EpFacts {
     ep_size: u64,
     /// For each device of the endpoint in this process: its bound ranges.
     bound: Vec<(Device, Vec<(u64, u64)>)>,
+    /// The `[start, end)` intervals bound on every device of `bound`
+    /// (sorted, disjoint): an op inside one passes F9 at one comparison;
+    /// any other op is walked device by device, which names the device.
+    covered: Vec<(u64, u64)>,
     /// What the portable path needs of the endpoint.
     pub(crate) target: crate::portable::Target,
 }
@@ -293,7 +297,7 @@ impl BatchInner {
     fn facts<S: State, K: Kind>(ep: &Endpoint<S, K>) -> EpFacts {
         let imported = std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
             || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>();
-        let bound = if imported {
+        let bound: Vec<(Device, Vec<(u64, u64)>)> = if imported {
             Vec::new()
         } else {
             let slot = ep.slot();
@@ -310,10 +314,16 @@ impl BatchInner {
                 })
                 .collect()
         };
+        let covered = bound
+            .iter()
+            .map(|(_, ranges)| merged(ranges))
+            .reduce(|a, b| intersect(&a, &b))
+            .unwrap_or_default();
         EpFacts {
             id: ep.id(),
             ep_size: ep.size(),
             bound,
+            covered,
             target: crate::portable::Target {
                 range: ep.range().clone(),
                 id: ep.id(),
@@ -364,14 +374,17 @@ impl BatchInner {
             let end = offset.checked_add(size);
             if end.is_none_or(|e| e > ep.ep_size) {
                 return Err(Error::CopyOutOfRange {
-                    op: op,
+                    op,
                     what: Extent::EndpointRange,
-                    offset: offset,
-                    size: size,
+                    offset,
+                    size,
                     limit: ep.ep_size,
                 });
             }
             let end = offset + size;
+            if size > 0 && ep.covered.iter().any(|&(s, e)| s <= offset && end <= e) {
+                continue; // bound on every device (F9)
+            }
             for (dev, ranges) in &ep.bound {
                 // Walk the bound ranges from the op's offset to its end.
                 let mut at = offset;
@@ -383,11 +396,11 @@ impl BatchInner {
                 }
                 if at < end || (size == 0 && ranges.is_empty()) {
                     return Err(Error::CopyNotBound {
-                        op: op,
+                        op,
                         id: ep.id,
                         device: *dev,
-                        offset: offset,
-                        size: size,
+                        offset,
+                        size,
                     });
                 }
             }
@@ -411,6 +424,48 @@ impl BatchInner {
             None => Ok(()),
         }
     }
+}
+
+/// `(offset, size)` ranges as sorted, disjoint `[start, end)` intervals,
+/// touching ones joined.
+fn merged(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|&(o, s)| (o, o.saturating_add(s)))
+        .filter(|r| r.0 < r.1)
+        .collect();
+    v.sort_unstable();
+    // Joined in place (one allocation per device): `n` intervals kept, n ≤ i.
+    let mut n = 0usize;
+    for i in 0..v.len() {
+        let (s, e) = v[i];
+        match n.checked_sub(1).and_then(|l| v.get_mut(l)) {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => {
+                v[n] = (s, e);
+                n += 1;
+            }
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+/// The intersection of two lists of sorted, disjoint intervals.
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while let (Some(&(s1, e1)), Some(&(s2, e2))) = (a.get(i), b.get(j)) {
+        let (s, e) = (s1.max(s2), e1.min(e2));
+        if s < e {
+            out.push((s, e));
+        }
+        if e1 < e2 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
 }
 
 /// The first pair of ops of `ops` that depend on each other (F3): one's
@@ -821,7 +876,7 @@ impl Drop for InFlight<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Op, Side, dependent};
+    use super::{Op, Side, dependent, intersect, merged};
 
     /// The definition, pair by pair (F3).
     fn dependent_pairwise(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
@@ -879,6 +934,30 @@ mod tests {
                 // The pair named is a dependent pair.
                 let two = [ops[a], ops[b]];
                 proptest::prop_assert!(a != b && dependent_pairwise(&two).is_some());
+            }
+        }
+
+        #[test]
+        fn f9_an_offset_is_covered_exactly_when_every_device_bound_it(
+            devs in proptest::collection::vec(
+                proptest::collection::vec((0u64..64, 0u64..24), 0..5),
+                1..4,
+            )
+        ) {
+            // The intervals the F9 fast path trusts, point by point against
+            // the bound ranges of each device.
+            let covered = devs
+                .iter()
+                .map(|r| merged(r))
+                .reduce(|a, b| intersect(&a, &b))
+                .unwrap_or_default();
+            proptest::prop_assert!(covered.windows(2).all(|w| w[0].1 < w[1].0));
+            for p in 0u64..96 {
+                let fast = covered.iter().any(|&(s, e)| s <= p && p < e);
+                let every = devs
+                    .iter()
+                    .all(|r| r.iter().any(|&(o, n)| o <= p && p < o + n));
+                proptest::prop_assert_eq!(fast, every, "offset {}", p);
             }
         }
 
