@@ -619,7 +619,7 @@ impl Stream {
     /// [`Error::CopyNotLocal`], [`Error::CopyDependent`],
     /// [`Error::WrongContext`], and on the portable path
     /// [`Error::CopyNoWindow`], before the driver; [`Error::Driver`] from
-    /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::Feature::FabricCopy),
+    /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::error::Feature::FabricCopy),
     /// naming the driver version) where the driver has no fabric copy (before 13.5, F7). Nothing was
     /// enqueued then (the portable path synchronizes what it had enqueued
     /// before a failed `cuMemcpyAsync`), and the host buffers are dropped
