@@ -50,7 +50,6 @@
 //! keeps the windows' memory alive too.
 
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use crate::driver::{Call, CopyOp, Device, Location, Operand, Pointer};
 use crate::endpoint::Endpoint;
@@ -83,6 +82,16 @@ pub(crate) enum Side {
     HostOut(usize),
 }
 
+/// One op of a batch: its two sides, its size, and its endpoint (index in
+/// [`BatchInner::eps`]) for the F9 checks: one record per op, pushed once.
+#[derive(Clone, Copy)]
+pub(crate) struct Op {
+    pub(crate) src: Side,
+    pub(crate) dst: Side,
+    pub(crate) size: u64,
+    pub(crate) ep: usize,
+}
+
 /// A batch of fabric copies to enqueue on a [`Stream`] at once
 /// ([`Stream::enqueue`]); the copies of a batch run in no particular order
 /// (F3), so none may depend on another.
@@ -91,28 +100,26 @@ pub(crate) enum Side {
 /// the [`InFlight`] token is waited or dropped.
 #[must_use = "a batch does nothing until `stream.enqueue(batch)`"]
 pub struct CopyBatch<'a> {
-    pub(crate) ops: Vec<(Side, Side, u64)>,
-    pub(crate) keep: Keep,
-    /// Per endpoint op: `(op, endpoint size, devices bound by this process
-    /// covering ranges, devices)` for F9.
-    pub(crate) checks: Vec<Check>,
-    /// The distinct endpoints of the batch (few: looked up linearly).
-    pub(crate) eps: Vec<EpFacts>,
-    locations: Vec<(usize, Location, u64, u64)>,
-    pub(crate) host_in: Vec<Vec<u8>>,
-    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
-    /// The first error a builder call met (boxed: the batch moves on
-    /// every builder call).
-    error: Option<Box<Error>>,
+    /// Behind one pointer: the builder moves the batch on every call, and
+    /// a moved pointer is a register where the state is ~200 bytes of
+    /// memory (issue 22: about 160 instructions per op at 1,024 ops).
+    pub(crate) inner: Box<BatchInner>,
     _borrow: PhantomData<&'a ()>,
 }
 
-pub(crate) struct Check {
-    pub(crate) op: usize,
-    /// Index in [`CopyBatch::eps`].
-    pub(crate) ep: usize,
-    offset: u64,
-    size: u64,
+/// The state of a [`CopyBatch`].
+pub(crate) struct BatchInner {
+    pub(crate) ops: Vec<Op>,
+    pub(crate) keep: Keep,
+    /// The distinct endpoints of the batch (few: looked up linearly).
+    pub(crate) eps: Vec<EpFacts>,
+    /// The location of each allocation of `keep.memory` (same index), with
+    /// the first op naming it, for F2: checked once per allocation.
+    locations: Vec<(usize, Location)>,
+    pub(crate) host_in: Vec<Vec<u8>>,
+    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+    /// The first error a builder call met.
+    error: Option<Box<Error>>,
 }
 
 /// What the checks need of one endpoint of the batch, read once however
@@ -122,6 +129,10 @@ pub(crate) struct EpFacts {
     ep_size: u64,
     /// For each device of the endpoint in this process: its bound ranges.
     bound: Vec<(Device, Vec<(u64, u64)>)>,
+    /// The `[start, end)` intervals bound on every device of `bound`
+    /// (sorted, disjoint): an op inside one passes F9 at one comparison;
+    /// any other op is walked device by device, which names the device.
+    covered: Vec<(u64, u64)>,
     /// What the portable path needs of the endpoint.
     pub(crate) target: crate::portable::Target,
 }
@@ -129,7 +140,7 @@ pub(crate) struct EpFacts {
 impl std::fmt::Debug for CopyBatch<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopyBatch")
-            .field("ops", &self.ops.len())
+            .field("ops", &self.inner.ops.len())
             .finish()
     }
 }
@@ -144,99 +155,20 @@ impl<'a> CopyBatch<'a> {
     /// An empty batch.
     pub fn new() -> Self {
         CopyBatch {
-            ops: Vec::new(),
-            keep: Keep {
-                memory: Vec::new(),
-                endpoints: Vec::new(),
-            },
-            checks: Vec::new(),
-            eps: Vec::new(),
-            locations: Vec::new(),
-            host_in: Vec::new(),
-            host_out: Vec::new(),
-            error: None,
+            inner: Box::new(BatchInner {
+                ops: Vec::new(),
+                keep: Keep {
+                    memory: Vec::new(),
+                    endpoints: Vec::new(),
+                },
+                eps: Vec::new(),
+                locations: Vec::new(),
+                host_in: Vec::new(),
+                host_out: Vec::new(),
+                error: None,
+            }),
             _borrow: PhantomData,
         }
-    }
-
-    fn endpoint<S: State, K: Kind>(
-        &mut self,
-        ep: &'a Endpoint<S, K>,
-        offset: u64,
-        size: u64,
-    ) -> Side {
-        let op = self.ops.len();
-        let index = match self.eps.iter().rposition(|e| e.id == ep.id()) {
-            Some(i) => i,
-            None => {
-                self.eps.push(Self::facts(ep));
-                self.keep.endpoints.push((ep.range().clone(), ep.id()));
-                self.eps.len() - 1
-            }
-        };
-        self.checks.push(Check {
-            op,
-            ep: index,
-            offset,
-            size,
-        });
-        Side::Ep(ep.id(), offset)
-    }
-
-    /// What the checks need of `ep`: once per endpoint of the batch.
-    fn facts<S: State, K: Kind>(ep: &Endpoint<S, K>) -> EpFacts {
-        let imported = std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
-            || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>();
-        let bound = if imported {
-            Vec::new()
-        } else {
-            let slot = ep.slot();
-            ep.devices()
-                .iter()
-                .map(|&d| {
-                    let ranges = slot
-                        .bindings
-                        .iter()
-                        .filter(|b| b.dev == d)
-                        .map(|b| (b.offset, b.size))
-                        .collect();
-                    (d, ranges)
-                })
-                .collect()
-        };
-        EpFacts {
-            id: ep.id(),
-            ep_size: ep.size(),
-            bound,
-            target: crate::portable::Target {
-                range: ep.range().clone(),
-                id: ep.id(),
-                devices: ep.devices().to_vec(),
-                team_size: ep.facts().team_size,
-            },
-        }
-    }
-
-    fn mapped<H: MemShare>(&mut self, mem: &'a Mapped<H>, at: u64, size: u64) -> Side {
-        let op = self.ops.len();
-        self.locations.push((op, mem.location(), at, mem.size()));
-        if at.checked_add(size).is_none_or(|e| e > mem.size()) {
-            self.error.get_or_insert_with(|| {
-                Box::new(Error::CopyOutOfRange {
-                    op,
-                    what: Extent::Allocation,
-                    offset: at,
-                    size,
-                    limit: mem.size(),
-                })
-            });
-        }
-        // One keep-alive per allocation, however many ops name it.
-        let keep = mem.keep_alive();
-        if !self.keep.memory.iter().any(|k| Arc::ptr_eq(k, &keep)) {
-            self.keep.memory.push(keep);
-        }
-        Side::Addr(mem.device_ptr().saturating_add(at))
     }
 
     /// Puts `size` bytes of `src` from `src_offset` into `ep` at `offset`
@@ -252,9 +184,9 @@ impl<'a> CopyBatch<'a> {
     where
         S: State + IsReady + Agreed,
     {
-        let s = self.mapped(src, src_offset, size);
-        let d = self.endpoint(ep, offset, size);
-        self.ops.push((s, d, size));
+        let src = self.inner.mapped(src, src_offset, size);
+        let (dst, ep) = self.inner.endpoint(ep, offset);
+        self.inner.ops.push(Op { src, dst, size, ep });
         self
     }
 
@@ -270,10 +202,15 @@ impl<'a> CopyBatch<'a> {
         S: State + IsReady + Agreed,
     {
         let size = bytes.len() as u64;
-        let n = self.host_in.len();
-        self.host_in.push(bytes);
-        let d = self.endpoint(ep, offset, size);
-        self.ops.push((Side::Host(n), d, size));
+        let n = self.inner.host_in.len();
+        self.inner.host_in.push(bytes);
+        let (dst, ep) = self.inner.endpoint(ep, offset);
+        self.inner.ops.push(Op {
+            src: Side::Host(n),
+            dst,
+            size,
+            ep,
+        });
         self
     }
 
@@ -291,9 +228,9 @@ impl<'a> CopyBatch<'a> {
         S: State + IsReady + Agreed,
         K: CanGet,
     {
-        let s = self.endpoint(ep, offset, size);
-        let d = self.mapped(dst, dst_offset, size);
-        self.ops.push((s, d, size));
+        let (src, ep) = self.inner.endpoint(ep, offset);
+        let dst = self.inner.mapped(dst, dst_offset, size);
+        self.inner.ops.push(Op { src, dst, size, ep });
         self
     }
 
@@ -304,13 +241,13 @@ impl<'a> CopyBatch<'a> {
         S: State + IsReady + Agreed,
         K: CanGet,
     {
-        let s = self.endpoint(ep, offset, size);
-        let op = self.ops.len();
-        let n = self.host_out.len();
+        let (src, ep) = self.inner.endpoint(ep, offset);
+        let op = self.inner.ops.len();
+        let n = self.inner.host_out.len();
         let buf = match usize::try_from(size) {
             Ok(len) => vec![0u8; len],
             Err(_) => {
-                self.error.get_or_insert_with(|| {
+                self.inner.error.get_or_insert_with(|| {
                     Box::new(Error::CopyOutOfRange {
                         op,
                         what: Extent::HostBuffer,
@@ -322,19 +259,104 @@ impl<'a> CopyBatch<'a> {
                 Vec::new()
             }
         };
-        self.host_out.push((op, buf));
-        self.ops.push((s, Side::HostOut(n), size));
+        self.inner.host_out.push((op, buf));
+        self.inner.ops.push(Op {
+            src,
+            dst: Side::HostOut(n),
+            size,
+            ep,
+        });
         self
     }
 
     /// How many ops the batch has.
     pub fn len(&self) -> usize {
-        self.ops.len()
+        self.inner.ops.len()
     }
 
     /// Whether it has none.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.inner.ops.is_empty()
+    }
+}
+
+impl BatchInner {
+    /// The side naming `ep` at `offset`, and `ep`'s index in `eps`.
+    fn endpoint<S: State, K: Kind>(&mut self, ep: &Endpoint<S, K>, offset: u64) -> (Side, usize) {
+        let index = match self.eps.iter().rposition(|e| e.id == ep.id()) {
+            Some(i) => i,
+            None => {
+                self.eps.push(Self::facts(ep));
+                self.keep.endpoints.push((ep.range().clone(), ep.id()));
+                self.eps.len() - 1
+            }
+        };
+        (Side::Ep(ep.id(), offset), index)
+    }
+
+    /// What the checks need of `ep`: once per endpoint of the batch.
+    fn facts<S: State, K: Kind>(ep: &Endpoint<S, K>) -> EpFacts {
+        let imported = std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
+            || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>();
+        let bound: Vec<(Device, Vec<(u64, u64)>)> = if imported {
+            Vec::new()
+        } else {
+            let slot = ep.slot();
+            ep.devices()
+                .iter()
+                .map(|&d| {
+                    let ranges = slot
+                        .bindings
+                        .iter()
+                        .filter(|b| b.dev == d)
+                        .map(|b| (b.offset, b.size))
+                        .collect();
+                    (d, ranges)
+                })
+                .collect()
+        };
+        let covered = bound
+            .iter()
+            .map(|(_, ranges)| merged(ranges))
+            .reduce(|a, b| intersect(&a, &b))
+            .unwrap_or_default();
+        EpFacts {
+            id: ep.id(),
+            ep_size: ep.size(),
+            bound,
+            covered,
+            target: crate::portable::Target {
+                range: ep.range().clone(),
+                id: ep.id(),
+                devices: ep.devices().to_vec(),
+                team_size: ep.facts().team_size,
+            },
+        }
+    }
+
+    fn mapped<H: MemShare>(&mut self, mem: &Mapped<H>, at: u64, size: u64) -> Side {
+        let op = self.ops.len();
+        if at.checked_add(size).is_none_or(|e| e > mem.size()) {
+            self.error.get_or_insert_with(|| {
+                Box::new(Error::CopyOutOfRange {
+                    op,
+                    what: Extent::Allocation,
+                    offset: at,
+                    size,
+                    limit: mem.size(),
+                })
+            });
+        }
+        // One keep-alive per allocation, however many ops name it, and one
+        // F2 location: compared by address, cloned only when new (no
+        // reference count touched per op). The latest first: ops usually
+        // name the same allocation one after the other.
+        let known = self.keep.memory.iter().rev().any(|k| mem.keeps(k));
+        if !known {
+            self.keep.memory.push(mem.keep_alive());
+            self.locations.push((op, mem.location()));
+        }
+        Side::Addr(mem.device_ptr().saturating_add(at))
     }
 
     /// Every check before the driver (F2, F3, F9).
@@ -342,42 +364,49 @@ impl<'a> CopyBatch<'a> {
         if let Some(e) = self.error.take() {
             return Err(*e);
         }
-        for c in &self.checks {
-            let Some(ep) = self.eps.get(c.ep) else {
+        for (op, &Op { src, dst, size, ep }) in self.ops.iter().enumerate() {
+            let offset = match (src, dst) {
+                (Side::Ep(_, offset), _) | (_, Side::Ep(_, offset)) => offset,
+                _ => continue, // every op of the typed API names one endpoint
+            };
+            let Some(ep) = self.eps.get(ep) else {
                 continue;
             };
-            let end = c.offset.checked_add(c.size);
+            let end = offset.checked_add(size);
             if end.is_none_or(|e| e > ep.ep_size) {
                 return Err(Error::CopyOutOfRange {
-                    op: c.op,
+                    op,
                     what: Extent::EndpointRange,
-                    offset: c.offset,
-                    size: c.size,
+                    offset,
+                    size,
                     limit: ep.ep_size,
                 });
             }
-            let end = c.offset + c.size;
+            let end = offset + size;
+            if size > 0 && ep.covered.iter().any(|&(s, e)| s <= offset && end <= e) {
+                continue; // bound on every device (F9)
+            }
             for (dev, ranges) in &ep.bound {
                 // Walk the bound ranges from the op's offset to its end.
-                let mut at = c.offset;
+                let mut at = offset;
                 while at < end {
                     match ranges.iter().find(|(o, s)| *o <= at && at < o + s) {
                         Some((o, s)) => at = o + s,
                         None => break,
                     }
                 }
-                if at < end || (c.size == 0 && ranges.is_empty()) {
+                if at < end || (size == 0 && ranges.is_empty()) {
                     return Err(Error::CopyNotBound {
-                        op: c.op,
+                        op,
                         id: ep.id,
                         device: *dev,
-                        offset: c.offset,
-                        size: c.size,
+                        offset,
+                        size,
                     });
                 }
             }
         }
-        for &(op, location, _, _) in &self.locations {
+        for &(op, location) in &self.locations {
             let local = match location {
                 Location::Device(d) => d == stream_dev,
                 Location::HostNuma(_) => true,
@@ -398,11 +427,56 @@ impl<'a> CopyBatch<'a> {
     }
 }
 
+/// `(offset, size)` ranges as sorted, disjoint `[start, end)` intervals,
+/// touching ones joined.
+fn merged(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|&(o, s)| (o, o.saturating_add(s)))
+        .filter(|r| r.0 < r.1)
+        .collect();
+    v.sort_unstable();
+    // Joined in place (one allocation per device): `n` intervals kept, n ≤ i.
+    let mut n = 0usize;
+    for i in 0..v.len() {
+        let (s, e) = v[i];
+        match n.checked_sub(1).and_then(|l| v.get_mut(l)) {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => {
+                v[n] = (s, e);
+                n += 1;
+            }
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+/// The intersection of two lists of sorted, disjoint intervals.
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while let (Some(&(s1, e1)), Some(&(s2, e2))) = (a.get(i), b.get(j)) {
+        let (s, e) = (s1.max(s2), e1.min(e2));
+        if s < e {
+            out.push((s, e));
+        }
+        if e1 < e2 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
 /// The first pair of ops of `ops` that depend on each other (F3): one's
 /// destination overlaps the other's source or destination, in the same
 /// endpoint or address space. `(the op whose destination, the other)`; of two
 /// destinations, the lower op first. One sort and one sweep: O(n log n).
-fn dependent(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
+fn dependent(ops: &[Op]) -> Option<(usize, usize)> {
+    if disjoint_in_order(ops) {
+        return None;
+    }
     // (space: endpoint id or none for addresses, start, end, op, destination)
     type Span = (Option<u32>, u64, u64, usize, bool);
     let span = |side: Side, size: u64, op: usize, dst: bool| -> Option<Span> {
@@ -415,7 +489,7 @@ fn dependent(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
     // Addresses and endpoint offsets apart: each is usually in order
     // already (ops laid out one after the other), and then not sorted again.
     let (mut addrs, mut eps) = (Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()));
-    for (i, &(src, dst, size)) in ops.iter().enumerate().filter(|(_, op)| op.2 > 0) {
+    for (i, &Op { src, dst, size, .. }) in ops.iter().enumerate().filter(|(_, op)| op.size > 0) {
         for s in [span(src, size, i, false), span(dst, size, i, true)]
             .into_iter()
             .flatten()
@@ -498,6 +572,42 @@ fn dependent(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
     None
 }
 
+/// Whether the spans of `ops` (sources before destinations, in op order;
+/// addresses and endpoint offsets apart, as [`dependent`] lists them) are
+/// already in order of (space, start) with each starting at or after the
+/// previous one's end: then no two overlap and no op depends on another
+/// (F3). One pass and nothing built: ops laid out one after the other, the
+/// usual batch, are proven independent here; any other batch goes to the
+/// sort and sweep.
+fn disjoint_in_order(ops: &[Op]) -> bool {
+    // The end of the last address span, and (id, end) of the last endpoint one.
+    let mut addr_end = 0u64;
+    let mut ep_end: Option<(u32, u64)> = None;
+    for &Op { src, dst, size, .. } in ops {
+        if size == 0 {
+            continue;
+        }
+        for side in [src, dst] {
+            match side {
+                Side::Addr(a) => {
+                    if a < addr_end {
+                        return false;
+                    }
+                    addr_end = a.saturating_add(size);
+                }
+                Side::Ep(id, off) => {
+                    if ep_end.is_some_and(|(i, e)| id < i || (id == i && off < e)) {
+                        return false;
+                    }
+                    ep_end = Some((id, off.saturating_add(size)));
+                }
+                Side::Host(_) | Side::HostOut(_) => {}
+            }
+        }
+    }
+    true
+}
+
 impl Stream {
     /// Enqueues `batch` (one `cuFabricCpyBatchAsync`, flags 0) after every
     /// check of [`CopyBatch`]; the copies run when the stream reaches them.
@@ -558,22 +668,28 @@ impl<'a> CopyBatch<'a> {
     /// are of its context, then [`CopyBatch::check`].
     pub(crate) fn check_for(&mut self, stream: &Stream) -> Result<()> {
         let ctx = &stream.inner.ctx;
-        if self.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
+        if self
+            .inner
+            .keep
+            .endpoints
+            .iter()
+            .any(|(r, _)| !r.ctx.same(ctx))
+        {
             return Err(Error::WrongContext);
         }
-        self.check(stream.inner.dev)
+        self.inner.check(stream.inner.dev)
     }
 
     /// The driver's op list of a checked batch: its host buffers by address
     /// (owned by what takes the list, which keeps them where they are).
     pub(crate) fn into_list(self) -> FabricList {
-        let CopyBatch {
+        let BatchInner {
             ops,
             keep,
             host_in,
             mut host_out,
             ..
-        } = self;
+        } = *self.inner;
         let list = op_list(&ops, &host_in, &mut host_out);
         FabricList {
             list,
@@ -584,11 +700,7 @@ impl<'a> CopyBatch<'a> {
     }
 }
 
-fn op_list(
-    ops: &[(Side, Side, u64)],
-    host_in: &[Vec<u8>],
-    host_out: &mut [(usize, Vec<u8>)],
-) -> Vec<CopyOp> {
+fn op_list(ops: &[Op], host_in: &[Vec<u8>], host_out: &mut [(usize, Vec<u8>)]) -> Vec<CopyOp> {
     let mut operand = |side: Side| match side {
         Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
         Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
@@ -604,9 +716,9 @@ fn op_list(
         }
     };
     ops.iter()
-        .map(|&(s, d, size)| CopyOp {
-            src: operand(s),
-            dst: operand(d),
+        .map(|&Op { src, dst, size, .. }| CopyOp {
+            src: operand(src),
+            dst: operand(dst),
             size,
         })
         .collect()
@@ -766,7 +878,7 @@ impl Drop for InFlight<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Side, dependent};
+    use super::{Op, Side, dependent, intersect, merged};
 
     /// The definition, pair by pair (F3).
     fn dependent_pairwise(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
@@ -814,13 +926,67 @@ mod tests {
                 .iter()
                 .map(|&(sk, sa, dk, da, n)| (side(sk, sa), side(dk, da), n))
                 .collect();
-            let found = dependent(&ops);
+            let typed: Vec<Op> = ops
+                .iter()
+                .map(|&(src, dst, size)| Op { src, dst, size, ep: 0 })
+                .collect();
+            let found = dependent(&typed);
             proptest::prop_assert_eq!(found.is_some(), dependent_pairwise(&ops).is_some());
             if let Some((a, b)) = found {
                 // The pair named is a dependent pair.
                 let two = [ops[a], ops[b]];
                 proptest::prop_assert!(a != b && dependent_pairwise(&two).is_some());
             }
+        }
+
+        #[test]
+        fn f9_an_offset_is_covered_exactly_when_every_device_bound_it(
+            devs in proptest::collection::vec(
+                proptest::collection::vec((0u64..64, 0u64..24), 0..5),
+                1..4,
+            )
+        ) {
+            // The intervals the F9 fast path trusts, point by point against
+            // the bound ranges of each device.
+            let covered = devs
+                .iter()
+                .map(|r| merged(r))
+                .reduce(|a, b| intersect(&a, &b))
+                .unwrap_or_default();
+            proptest::prop_assert!(covered.windows(2).all(|w| w[0].1 < w[1].0));
+            for p in 0u64..96 {
+                let fast = covered.iter().any(|&(s, e)| s <= p && p < e);
+                let every = devs
+                    .iter()
+                    .all(|r| r.iter().any(|&(o, n)| o <= p && p < o + n));
+                proptest::prop_assert_eq!(fast, every, "offset {}", p);
+            }
+        }
+
+        #[test]
+        fn f3_ops_laid_out_in_order_are_found_dependent_exactly_when_some_pair_is(
+            raw in proptest::collection::vec((0u64..20, 0u64..20, 0u64..16, 0u8..8), 0..24)
+        ) {
+            // Puts at rising addresses and offsets, steps sometimes shorter
+            // than the ops (overlap) and now and then to a second endpoint:
+            // the one-pass proof's cases and its fall-backs to the sweep.
+            let (mut a, mut o) = (0u64, 0u64);
+            let ops: Vec<_> = raw
+                .iter()
+                .map(|&(da, dof, n, e)| {
+                    a += da;
+                    o += dof;
+                    (Side::Addr(a), Side::Ep(if e == 0 { 2 } else { 1 }, o), n)
+                })
+                .collect();
+            let typed: Vec<Op> = ops
+                .iter()
+                .map(|&(src, dst, size)| Op { src, dst, size, ep: 0 })
+                .collect();
+            proptest::prop_assert_eq!(
+                dependent(&typed).is_some(),
+                dependent_pairwise(&ops).is_some()
+            );
         }
     }
 }

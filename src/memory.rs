@@ -606,6 +606,14 @@ pub struct Mapped<H: MemShare = Private> {
     _share: PhantomData<fn() -> H>,
 }
 
+impl<H: MemShare> Mapped<H> {
+    /// Whether `keep` is this mapping's keep-alive ([`BindSource::keep_alive`]),
+    /// by address: no reference count touched.
+    pub(crate) fn keeps(&self, keep: &Arc<dyn Any + Send + Sync>) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.inner), Arc::as_ptr(keep))
+    }
+}
+
 impl<H: MemShare> std::fmt::Debug for Mapped<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mapped")

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::context::Context;
-use crate::copy::{CopyBatch, InFlight, Side};
+use crate::copy::{BatchInner, CopyBatch, InFlight, Op, Side};
 use crate::driver::{Call, Device, FABRIC_COPY_MIN_VERSION, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result, Rule};
@@ -416,25 +416,26 @@ impl Stream {
     /// target piece.
     pub(crate) fn enqueue_portable<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
-        let CopyBatch {
+        let BatchInner {
             ops,
             mut keep,
-            checks,
             eps,
             host_in,
             mut host_out,
             ..
-        } = batch;
+        } = *batch.inner;
         let mut copies: Vec<Memcpy> = Vec::with_capacity(ops.len());
-        for (i, &(s, d, size)) in ops.iter().enumerate() {
-            // Checks are made in op order: the op's own is found by halving.
-            let at = checks.partition_point(|c| c.op < i);
-            let Some(target) = checks
-                .get(at)
-                .filter(|c| c.op == i)
-                .and_then(|c| eps.get(c.ep))
-                .map(|e| &e.target)
-            else {
+        for (
+            i,
+            &Op {
+                src: s,
+                dst: d,
+                size,
+                ep,
+            },
+        ) in ops.iter().enumerate()
+        {
+            let Some(target) = eps.get(ep).map(|e| &e.target) else {
                 continue; // every op of the typed API names one endpoint
             };
             let first = copies.len();
