@@ -10,7 +10,7 @@
 //! fresh TCP bootstrap unique id (`CUDA_ENDPOINTS_BOOTSTRAP_ID`, a loopback
 //! port the launcher bound for rank 0 and hands down to it as an inherited
 //! listening socket, `CUDA_ENDPOINTS_BOOTSTRAP_LISTEN_FD`, so that no other
-//! process can take the port first): `Tcp::from_env()` gives each its
+//! process can take the port first): `Tcp::from_env(timeout)` gives each its
 //! bootstrap. The job runs in a process group of its own; its processes
 //! get `SIGKILL` when the launcher dies (`PR_SET_PDEATHSIG`), and a
 //! watchdog (a shell waiting on a pipe from the launcher) ends the group
@@ -75,7 +75,9 @@ struct Args {
     #[arg(long, value_name = "Q")]
     queries: Option<u32>,
     /// Every node's driver version, e.g. 13000 (driver 580, no logical
-    /// endpoints, as `ModelConfig::cuda_13_0`).
+    /// endpoints, as `ModelConfig::cuda_13_0`) or 13050 (the fabric copy).
+    /// Default: the model's, 13040 (logical endpoints; copies take the
+    /// portable path, through windows onto peers' memory).
     #[arg(long, value_name = "V", value_parser = clap::value_parser!(i32).range(0..))]
     driver_version: Option<i32>,
     /// Kill the command after this many seconds and exit 1.
@@ -86,7 +88,7 @@ struct Args {
     /// CUDA_ENDPOINTS_NODE (rank * nodes / N) and a fresh TCP bootstrap
     /// unique id in CUDA_ENDPOINTS_BOOTSTRAP_ID (rank 0 listens on the
     /// loopback port it names): each rank's
-    /// `cuda_endpoints::bootstrap::Tcp::from_env()` gives its bootstrap.
+    /// `cuda_endpoints::bootstrap::Tcp::from_env(timeout)` gives its bootstrap.
     #[arg(short = 'n', long = "ranks", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     ranks: Option<u32>,
