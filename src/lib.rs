@@ -50,7 +50,9 @@ pub use binding::Binding;
 pub use context::Context;
 pub use copy::{CanGet, Completed, CopyBatch, InFlight};
 pub use cuda_endpoints_bootstrap as bootstrap;
-pub use driver::{Call, Code, Device, Driver, Limits, Location};
+pub use cuda_endpoints_driver::{Device, Location};
+// Crate-private shorthands: these are public at `driver::` only.
+pub(crate) use driver::{Call, Code, Limits};
 pub use endpoint::{Endpoint, Readiness};
 pub use erased::DynEndpoint;
 pub use error::{Error, Failed, Result};
