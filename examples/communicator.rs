@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::Me;
 use common::job::{self, Checked, TIMEOUT};
-use cuda_endpoints::model::{Fault, FaultPlan};
+use cuda_endpoints::model::faults::{Fault, FaultPlan};
 use cuda_endpoints::team::{self, OwnedPeers, PeerSpec, Retry, TeamSpec};
 use cuda_endpoints::{
     Allocation, BoundEndpoint, Context, CopyBatch, Mapped, PosixFd, Stream,

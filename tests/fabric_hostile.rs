@@ -17,7 +17,10 @@ use children::{Guard, Lines};
 
 use cuda_endpoints::driver::{AllocationRequest, ShareableHandle};
 use cuda_endpoints::fabric::{self, FABRIC_ENV, FabricServer};
-use cuda_endpoints::model::{FabricConfig, Fault, FaultPlan, ShareableKind};
+use cuda_endpoints::model::{
+    FabricConfig, ShareableKind,
+    faults::{Fault, FaultPlan},
+};
 use cuda_endpoints::{
     Allocation, Device, Location, PosixFd,
     driver::{Code, Driver},

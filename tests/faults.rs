@@ -23,7 +23,10 @@ mod common;
 use std::time::Duration;
 
 use backend::{F, Probe};
-use cuda_endpoints::model::{Fault, FaultPlan, Live, ModelConfig, faults};
+use cuda_endpoints::model::{
+    Live, ModelConfig,
+    faults::{self, Fault, FaultPlan},
+};
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
     Allocation, Context, Device, Endpoint, Error, Exportable, FabricHandle, Multicast, PosixFd,

@@ -658,7 +658,7 @@ fn panicking_on_the_first_destroy(f: impl FnOnce()) {
 /// can be imported again), and nothing is destroyed twice.
 #[test]
 fn a_panic_inside_the_destroy_of_an_orphan_still_releases_the_ids_and_detaches_the_handle() {
-    use cuda_endpoints::model::{Fault, FaultPlan};
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
     use cuda_endpoints::{Exportable, FabricHandle, Multicast, driver::Code};
     let fail_first_destroy = || FaultPlan::none().with(Fault::nth(Call::Destroy, 1, Code::UNKNOWN));
     // By `release` of the range's other id.

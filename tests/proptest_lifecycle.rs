@@ -29,7 +29,10 @@ use cuda_endpoints::bounds::BindSource;
 use cuda_endpoints::bounds::{
     Accepts, CanBind, Creatable, Enroll, Kind, TeamHasRoom, TeamIsComplete,
 };
-use cuda_endpoints::model::{FaultPlan, Live, Model, ModelConfig, faults};
+use cuda_endpoints::model::{
+    Live, Model, ModelConfig,
+    faults::{self, FaultPlan},
+};
 use cuda_endpoints::typenum::{U0, U1, U2};
 use cuda_endpoints::{
     Allocation, Binding, Context, Device, Endpoint, Error, Exportable, FabricHandle, Failed,

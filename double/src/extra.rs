@@ -10,7 +10,7 @@ use std::ffi::{CStr, c_char, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cuda_endpoints::driver::Code;
-use cuda_endpoints::model::{Fault, FaultPlan};
+use cuda_endpoints::model::faults::{Fault, FaultPlan};
 
 use crate::state::{self, Misbehave};
 

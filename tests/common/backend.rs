@@ -20,7 +20,10 @@ use std::ffi::{CString, c_char, c_int};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use cuda_endpoints::driver::Forward;
-use cuda_endpoints::model::{Fault, FaultPlan, Live, Model, ModelConfig, Violation};
+use cuda_endpoints::model::{
+    Live, Model, ModelConfig, Violation,
+    faults::{Fault, FaultPlan},
+};
 use cuda_endpoints::{
     Context,
     driver::{Call, Code, Driver},

@@ -54,9 +54,10 @@ use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use config::{FabricConfig, ModelConfig, SimDevice};
-pub use faults::{Fault, FaultPlan};
 pub use process::{FabricLive, ShareableKind};
 pub use state::{Live, Violation};
+
+use crate::faults::FaultPlan;
 
 use crate::driver::{
     AllocationRequest, Call, Code, CopyOp, Device, Driver, DriverResult, EndpointProps,
