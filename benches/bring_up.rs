@@ -46,7 +46,7 @@ use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::{FabricConfig, Model};
 use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
 use cuda_endpoints::{
-    Call, Context, Device, bootstrap::Bootstrap, bootstrap::Tcp, bootstrap::Threads,
+    Context, Device, bootstrap::Bootstrap, bootstrap::Tcp, bootstrap::Threads, driver::Call,
 };
 
 const BYTES: u64 = 2 << 20;

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use cuda_endpoints::model::{Model, ModelConfig};
-use cuda_endpoints::{Allocation, Context, Driver};
+use cuda_endpoints::{Allocation, Context, driver::Driver};
 
 use common::{Null, fixture, raw, raw_with_limits, typed};
 

@@ -32,11 +32,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::Me;
 use common::job::{self, Checked, TIMEOUT};
-use cuda_endpoints::model::{Fault, FaultPlan};
+use cuda_endpoints::model::faults::{Fault, FaultPlan};
 use cuda_endpoints::team::{self, OwnedPeers, PeerSpec, Retry, TeamSpec};
 use cuda_endpoints::{
-    Allocation, BoundEndpoint, Call, Code, Context, CopyBatch, Mapped, PosixFd, Stream,
+    Allocation, BoundEndpoint, Context, CopyBatch, Mapped, PosixFd, Stream,
     bootstrap::Bootstrap,
+    driver::{Call, Code},
 };
 use tracing_subscriber::layer::SubscriberExt;
 

@@ -50,9 +50,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         s.messages,
         s.read_back
     );
-    // Rank 0 is the star's centre: its traffic is every message of the job.
-    // The bring-up alone is 7 (n - 1) (three allgathers and a broadcast);
-    // the join before it, a hello and a welcome per other rank, 2 (n - 1).
+    // Rank 0's traffic: broadcasts go through it, allgathers of three ranks
+    // or more run on a ring (every rank sends and receives n - 1 blocks), and
+    // the first allgather sets the ring up through it, 2 (n - 1) messages.
+    // The join before, a hello, challenge, proof and welcome per other rank.
     let (join_messages, bring_up_messages) = (s.join_messages, s.bring_up_messages);
     let failed = job
         .wait_ranks()?

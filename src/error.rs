@@ -1,14 +1,9 @@
-//! The crate's error type, [`Error`] (with [`Failed`] and [`Result`], all
-//! three also at the crate root), and the details its variants carry so that
-//! callers match on values, not strings: the [`Rule`] of the driver contract
-//! behind a refusal, the [`Role`] a device lacked, the [`Arg`] that was
-//! wrong, the [`Alignment`] or [`Extent`] it broke, the [`Answer`] a driver
-//! gave that made no sense, the [`Feature`] a driver or backend does not have.
+//! The crate's error type [`Error`], with [`Failed`] and [`Result`] (all
+//! three public at the crate root only, re-exported in [`crate::error`] for
+//! the crate's own paths), and the details its variants carry.
 //!
 //! Every message names the value, the rule and the fix; none formats through
-//! the driver. The predicates [`Error::is_unsupported`],
-//! [`Error::is_retryable`] and [`Error::is_resource_exhausted`] answer what
-//! callers decide on.
+//! the driver.
 
 use std::fmt;
 use std::time::Duration;

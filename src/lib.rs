@@ -21,7 +21,30 @@ mod copy;
 pub mod driver;
 mod endpoint;
 mod erased;
-pub mod error;
+#[path = "error.rs"]
+mod errors;
+pub mod error {
+    //! The details the crate's errors carry, so that callers match on
+    //! values, not strings: the [`Rule`] of the driver contract behind a
+    //! refusal, the [`Role`] a device lacked, the [`Arg`] that was wrong, the
+    //! [`Alignment`] or [`Extent`] it broke, the [`Answer`] a driver gave that
+    //! made no sense, the [`Feature`] a driver or backend does not have, and
+    //! the [`Failure`] a failed transition boxes. The error type itself,
+    //! [`Error`], [`Failed`] and
+    //! [`Result`], are at the crate root.
+    //!
+    //! Every message names the value, the rule and the fix; none formats
+    //! through the driver. The predicates
+    //! [`Error::is_unsupported`](crate::Error::is_unsupported),
+    //! [`Error::is_retryable`](crate::Error::is_retryable) and
+    //! [`Error::is_resource_exhausted`](crate::Error::is_resource_exhausted)
+    //! answer what callers decide on.
+
+    pub use crate::errors::{Alignment, Answer, Arg, Extent, Failure, Feature, Role, Rule};
+    // In the crate, every error item is `crate::error::*`; publicly, these
+    // three are at the root only.
+    pub(crate) use crate::errors::{Error, Failed, Result};
+}
 #[cfg(feature = "fabric")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fabric")))]
 pub mod fabric;
@@ -50,10 +73,12 @@ pub use binding::Binding;
 pub use context::Context;
 pub use copy::{CanGet, Completed, CopyBatch, InFlight};
 pub use cuda_endpoints_bootstrap as bootstrap;
-pub use driver::{Call, Code, Device, Driver, Limits, Location};
+pub use cuda_endpoints_driver::{Device, Location};
+// Crate-private shorthands: these are public at `driver::` only.
+pub(crate) use driver::{Call, Code, Limits};
 pub use endpoint::{Endpoint, Readiness};
 pub use erased::DynEndpoint;
-pub use error::{Error, Failed, Result};
+pub use errors::{Error, Failed, Result};
 pub use graph::CopyGraph;
 pub use kernel::EndpointRef;
 pub use kind::{

@@ -23,17 +23,7 @@ const LONG: Duration = Duration::from_secs(60);
 
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
-    let code = match child(&role) {
-        Ok(()) => 0,
-        Err(e) => {
-            report(&format!("ERR {e}"));
-            1
-        }
-    };
-    std::process::exit(code);
+    run_child(child);
 }
 
 fn child(role: &str) -> Result<(), String> {

@@ -22,20 +22,24 @@ const ENTRY: &str = "child_entry";
 /// something else (issue 21, item 13: no wall-clock assertions).
 const LONG: Duration = Duration::from_secs(60);
 
+/// Rank 0's error from an allgather of `payload` during which child `rank2`
+/// is killed (SIGKILL, from another thread, once the allgather waits).
+fn allgather_with_rank_2_killed(kids: &mut Children, boot: &Tcp, payload: &[u8]) -> BootstrapError {
+    let mut victim = kids.take("rank2").expect("victim");
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = victim.kill(); // SIGKILL
+        let _ = victim.wait();
+    });
+    let err = boot.allgather(payload, LONG).expect_err("rank 2 is killed");
+    killer.join().expect("killer thread");
+    err
+}
+
 /// Dispatches a child rank's role; a no-op in a normal test run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
-    let code = match child(&role) {
-        Ok(()) => 0,
-        Err(e) => {
-            report(&format!("ERR {e}"));
-            1
-        }
-    };
-    std::process::exit(code);
+    run_child(child);
 }
 
 fn child(role: &str) -> Result<(), String> {
@@ -255,14 +259,7 @@ fn a_peer_killed_mid_collective_gives_typed_errors_at_once() {
         if r == 2 { "victim" } else { "allgather_60s" }
     });
     let boot = listener.accept(3, Duration::from_secs(30)).expect("join");
-    let mut victim = kids.take("rank2").expect("victim");
-    let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = victim.kill(); // SIGKILL
-        let _ = victim.wait();
-    });
-    let err = boot.allgather(b"x", LONG).expect_err("rank 2 is killed");
-    killer.join().expect("killer thread");
+    let err = allgather_with_rank_2_killed(&mut kids, &boot, b"x");
     assert!(
         matches!(
             err,
@@ -1199,14 +1196,7 @@ fn a_rank_killed_mid_ring_allgather_is_named_to_every_live_rank_at_once() {
     let boot = listener.accept(n, Duration::from_secs(30)).expect("join");
     boot.allgather(b"x", Duration::from_secs(30))
         .expect("the ring forms");
-    let mut victim = kids.take("rank2").expect("victim");
-    let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = victim.kill(); // SIGKILL
-        let _ = victim.wait();
-    });
-    let err = boot.allgather(b"y", LONG).expect_err("rank 2 is killed");
-    killer.join().expect("killer thread");
+    let err = allgather_with_rank_2_killed(&mut kids, &boot, b"y");
     // Ring 0 -> 1 -> 2 -> 3 -> 0: rank 3 sees rank 2 close; rank 0 and
     // rank 1 hear of it from their previous rank.
     assert!(

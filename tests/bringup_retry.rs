@@ -17,9 +17,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::{Bootstrap, Threads};
-use cuda_endpoints::model::{Fault, FaultPlan, Model};
+use cuda_endpoints::model::{
+    Model,
+    faults::{Fault, FaultPlan},
+};
 use cuda_endpoints::team::{self, Cause, PeerSpec, Retry, Step, TeamError, TeamSpec};
-use cuda_endpoints::{Call, Code, Context};
+use cuda_endpoints::{
+    Context,
+    driver::{Call, Code},
+};
 use tracing_subscriber::layer::SubscriberExt;
 
 const BYTES: u64 = 2 << 20;

@@ -16,7 +16,9 @@ use cuda_endpoints::error::Feature;
 use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::typenum::{U2, U4};
 use cuda_endpoints::{
-    Allocation, Call, Code, Context, Device, Driver, Error, PosixFd, Private, Spec, wait_all,
+    Allocation, Context, Device, Error, PosixFd, Private, Spec,
+    driver::{Call, Code, Driver},
+    wait_all,
 };
 
 const MIB: u64 = 1 << 20;

@@ -16,7 +16,11 @@ use cuda_endpoints::bootstrap::Threads;
 use cuda_endpoints::driver::{Classic, ShareableKind};
 use cuda_endpoints::model::{FabricConfig, Model};
 use cuda_endpoints::team::{self, Step, TeamSpec};
-use cuda_endpoints::{Allocation, Call, Code, Context, Device, PosixFd, bootstrap::Bootstrap};
+use cuda_endpoints::{
+    Allocation, Context, Device, PosixFd,
+    bootstrap::Bootstrap,
+    driver::{Call, Code},
+};
 
 const MIB2: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(10);
@@ -150,7 +154,7 @@ fn c3_a_shared_classic_object_refuses_binds_until_the_team_is_complete() {
 fn c3_the_model_logs_a_bind_before_every_device_was_added() {
     // What the bring-up never lets happen, done by hand: the model logs it.
     let model = Model::fabric(FabricConfig::nodes(1, 2));
-    let d: &dyn cuda_endpoints::Driver = &model;
+    let d: &dyn cuda_endpoints::driver::Driver = &model;
     // SAFETY: the test owns every handle it names; the bind it makes on an
     // incomplete object is the point (the model refuses instead of blocking).
     unsafe {
@@ -438,7 +442,10 @@ fn r12_5_a_device_another_process_added_to_a_shared_classic_object_is_the_driver
     // device this process added twice is a rule broken (C3/R4.2).
     let model = Model::fabric(FabricConfig::nodes(1, 2));
     let p2 = model.spawn_process_on(0).unwrap();
-    let (d1, d2): (&dyn cuda_endpoints::Driver, &dyn cuda_endpoints::Driver) = (&model, &p2);
+    let (d1, d2): (
+        &dyn cuda_endpoints::driver::Driver,
+        &dyn cuda_endpoints::driver::Driver,
+    ) = (&model, &p2);
     // SAFETY: the test owns every handle it names; the last add breaks a
     // rule on purpose.
     unsafe {

@@ -18,7 +18,7 @@ use cuda_endpoints::driver::{Classic, Family, Traced};
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
 use cuda_endpoints::team::{self, PeerSpec};
 use cuda_endpoints::{
-    Allocation, Call, Context, CopyBatch, CopyPath, Error, Mapped, PosixFd, Spec, Stream,
+    Allocation, Context, CopyBatch, CopyPath, Error, Mapped, PosixFd, Spec, Stream, driver::Call,
     error::Feature,
 };
 

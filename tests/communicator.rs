@@ -18,7 +18,7 @@ use cuda_endpoints::team::{
     self, Cause, Mismatch, OwnedPeers, PeerSpec, Step, Tagged, TeamError, TeamSpec,
 };
 use cuda_endpoints::{
-    Allocation, BoundEndpoint, Call, Context, CopyBatch, Error, Mapped, PosixFd, Stream,
+    Allocation, BoundEndpoint, Context, CopyBatch, Error, Mapped, PosixFd, Stream, driver::Call,
 };
 
 const CHUNK: u64 = 2 << 20;

@@ -26,9 +26,10 @@ use backend::{F, Inspect};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::{U0, U2};
 use cuda_endpoints::{
-    Allocation, Binding, Call, Code, Context, Device, Endpoint, Error, Exportable, FabricHandle,
-    Failed, IdRange, ImportedMulticast, Mapped, Multicast, NoKind, Pending, PosixFd, Private,
-    Readiness, Ready, Reserved, Spec, SpreadTeam, Team, Unicast,
+    Allocation, Binding, Context, Device, Endpoint, Error, Exportable, FabricHandle, Failed,
+    IdRange, ImportedMulticast, Mapped, Multicast, NoKind, Pending, PosixFd, Private, Readiness,
+    Ready, Reserved, Spec, SpreadTeam, Team, Unicast,
+    driver::{Call, Code},
 };
 use static_assertions::{assert_impl_all, assert_not_impl_any};
 

@@ -22,8 +22,8 @@ use backend::Probe;
 use cuda_endpoints::driver::{CopyOp, Operand, Pointer};
 use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::{
-    Binding, Code, Context, Device, Driver, Endpoint, Mapped, Multicast, Private, Ready, Spec,
-    Unicast,
+    Binding, Context, Device, Endpoint, Mapped, Multicast, Private, Ready, Spec, Unicast,
+    driver::{Code, Driver},
 };
 
 const ALIGN: u64 = 2 << 20;
@@ -597,7 +597,10 @@ fn refused(
         Ok(_) => panic!("expected an error"),
         Err(e) => assert!(check(&e), "unexpected error: {e}"),
     }
-    assert_eq!(model.calls(cuda_endpoints::Call::FabricCpyBatchAsync), 0);
+    assert_eq!(
+        model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync),
+        0
+    );
     common::no_violations(&model.violations());
 }
 

@@ -19,7 +19,10 @@ use std::time::Duration;
 
 use backend::{DoubleLib, F, Probe};
 use cuda_endpoints::model::ModelConfig;
-use cuda_endpoints::{Allocation, Call, Code, Context, Device, Error, Private, Spec};
+use cuda_endpoints::{
+    Allocation, Context, Device, Error, Private, Spec,
+    driver::{Call, Code},
+};
 
 const MIB: u64 = 1 << 20;
 const T: Duration = Duration::from_secs(1);
@@ -251,7 +254,7 @@ fn attribute_158_without_fabric_refuses_an_exportable_create_before_the_driver()
 /// refuses a second attachment, and a second process needs the model).
 #[test]
 fn export_then_import_round_trips_the_handle_bytes() {
-    use cuda_endpoints::Driver;
+    use cuda_endpoints::driver::Driver;
     use cuda_endpoints::driver::{EndpointProps, Shape};
     let Some((_ctx, probe, _)) = on_double(ModelConfig::node(1).queries_to_ready(0)) else {
         return;
@@ -516,7 +519,7 @@ fn data_written_through_a_mapping_is_there() {
 /// made current (`Cx::On`), so a pointer on another device is F2.
 #[test]
 fn reserved_but_unmapped_addresses_are_never_host_memory() {
-    use cuda_endpoints::Driver;
+    use cuda_endpoints::driver::Driver;
     use cuda_endpoints::driver::{CopyOp, Operand, Pointer};
     let mut cfg = ModelConfig::node(2);
     cfg.driver_version = 13050;

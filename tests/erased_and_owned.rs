@@ -116,8 +116,8 @@ fn bound_endpoint_owns_endpoint_and_memory_and_tears_down_in_order() {
 /// endpoint and the memory back (with the error), as its docs promise.
 #[test]
 fn unbind_all_with_a_failing_unbind_hands_back_the_endpoint_and_the_memory() {
-    use cuda_endpoints::model::{Fault, FaultPlan};
-    use cuda_endpoints::{Call, Code};
+    use cuda_endpoints::driver::{Call, Code};
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
     let (ctx, model) = Context::model(Default::default());
     let ep = ctx
         .reserve_one()

@@ -30,8 +30,8 @@ use children::{Guard, Lines};
 use cuda_endpoints::fabric::{self, FABRIC_ENV, FabricServer, Join};
 use cuda_endpoints::model::{FabricConfig, Live, ShareableKind};
 use cuda_endpoints::{
-    Allocation, Call, Code, Context, Device, Error, Exportable, FabricHandle, Multicast, PosixFd,
-    Spec,
+    Allocation, Context, Device, Error, Exportable, FabricHandle, Multicast, PosixFd, Spec,
+    driver::{Call, Code},
 };
 
 const ROLE: &str = "CUDA_ENDPOINTS_TEST_ROLE";

@@ -17,8 +17,14 @@ use children::{Guard, Lines};
 
 use cuda_endpoints::driver::{AllocationRequest, ShareableHandle};
 use cuda_endpoints::fabric::{self, FABRIC_ENV, FabricServer};
-use cuda_endpoints::model::{FabricConfig, Fault, FaultPlan, ShareableKind};
-use cuda_endpoints::{Allocation, Code, Device, Driver, Location, PosixFd};
+use cuda_endpoints::model::{
+    FabricConfig, ShareableKind,
+    faults::{Fault, FaultPlan},
+};
+use cuda_endpoints::{
+    Allocation, Device, Location, PosixFd,
+    driver::{Code, Driver},
+};
 
 const ROLE: &str = "CUDA_ENDPOINTS_TEST_ROLE";
 const SOCKET: &str = "CUDA_ENDPOINTS_TEST_SOCKET";

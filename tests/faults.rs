@@ -23,11 +23,15 @@ mod common;
 use std::time::Duration;
 
 use backend::{F, Probe};
-use cuda_endpoints::model::{Fault, FaultPlan, Live, ModelConfig, faults};
+use cuda_endpoints::model::{
+    Live, ModelConfig,
+    faults::{self, Fault, FaultPlan},
+};
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
-    Allocation, Call, Code, Context, Device, Endpoint, Error, Exportable, FabricHandle, Multicast,
-    PosixFd, Private, Ready, Spec, Unicast,
+    Allocation, Context, Device, Endpoint, Error, Exportable, FabricHandle, Multicast, PosixFd,
+    Private, Ready, Spec, Unicast,
+    driver::{Call, Code},
 };
 
 const MIB: u64 = 1 << 20;
@@ -567,8 +571,9 @@ fn failing_each_call_of_a_lifecycle_in_turn() {
 /// memory that is still bound (R7.2). Mapped but unbound is fine.
 #[test]
 fn the_model_refuses_to_release_bound_memory() {
-    use cuda_endpoints::Driver;
-    use cuda_endpoints::driver::{AllocationRequest, EndpointProps, Location, Shape};
+    use cuda_endpoints::Location;
+    use cuda_endpoints::driver::Driver;
+    use cuda_endpoints::driver::{AllocationRequest, EndpointProps, Shape};
     let m = backend::raw(ModelConfig::node(1).queries_to_ready(0));
     // SAFETY: raw calls on a model no typed object uses; the test owns
     // everything it names (and breaks R7.2 on purpose, which the model refuses).

@@ -38,14 +38,14 @@ use std::sync::{Arc, Once};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+use cuda_endpoints::Location;
 use cuda_endpoints::backend::{BackendChoice, Policy, decide};
 use cuda_endpoints::driver::cuda::{self, Cuda};
-use cuda_endpoints::driver::{
-    AllocationRequest, Classic, Granularity, Location, Traced, handle_bits,
-};
+use cuda_endpoints::driver::{AllocationRequest, Classic, Granularity, Traced, handle_bits};
 use cuda_endpoints::probe::Capabilities;
 use cuda_endpoints::{
-    Allocation, Call, Code, Context, Device, Error, FabricShareable, PosixFd, Private, Spec,
+    Allocation, Context, Device, Error, FabricShareable, PosixFd, Private, Spec,
+    driver::{Call, Code},
 };
 
 /// Denies `cuMulticastCreate` for the whole process, once, before anything
@@ -91,7 +91,7 @@ fn traced_cuda() -> Arc<Traced<Cuda>> {
 }
 
 /// Raw queries beside the typed API (they touch nothing a typed object owns).
-fn raw(ctx: &Context) -> Arc<dyn cuda_endpoints::Driver> {
+fn raw(ctx: &Context) -> Arc<dyn cuda_endpoints::driver::Driver> {
     // SAFETY: the callers below only make queries through it.
     unsafe { ctx.driver_arc() }
 }

@@ -22,8 +22,8 @@ use cuda_endpoints::driver::{
 use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
-    Allocation, Context, Device, Driver, Endpoint, Error, Exportable, FabricHandle, Location,
-    Multicast, PosixFd, Private, Ready, Spec, Unicast,
+    Allocation, Context, Device, Endpoint, Error, Exportable, FabricHandle, Location, Multicast,
+    PosixFd, Private, Ready, Spec, Unicast, driver::Driver,
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -142,7 +142,7 @@ proptest! {
         if let Ok(h) = FabricHandle::<Multicast<Exportable>>::from_bytes(&w) {
             let f = ctx.reserve_one().unwrap().import(&h).unwrap_err();
             prop_assert!(
-                matches!(f.error, Error::Driver { call: cuda_endpoints::Call::Import, .. }
+                matches!(f.error, Error::Driver { call: cuda_endpoints::driver::Call::Import, .. }
                     | Error::BadHandle { .. }),
                 "{}", f.error
             );
@@ -151,7 +151,7 @@ proptest! {
         if let Ok(h) = FabricHandle::<Unicast<Exportable>>::from_bytes(&w) {
             let f = ctx.reserve_one().unwrap().import(&h).unwrap_err();
             prop_assert!(
-                matches!(f.error, Error::Driver { call: cuda_endpoints::Call::Import, .. }
+                matches!(f.error, Error::Driver { call: cuda_endpoints::driver::Call::Import, .. }
                     | Error::BadHandle { .. }),
                 "{}", f.error
             );
@@ -702,7 +702,8 @@ fn run_typed(ops: &[Op], classic: bool) -> Result<(), TestCaseError> {
                 }
                 Err(e) => prop_assert!(
                     n == 0
-                        || n > 4096 - 64 && e.code() == Some(cuda_endpoints::Code::OUT_OF_MEMORY),
+                        || n > 4096 - 64
+                            && e.code() == Some(cuda_endpoints::driver::Code::OUT_OF_MEMORY),
                     "{}",
                     e
                 ),
@@ -870,7 +871,7 @@ fn typed_api_corner_cases() {
         let e = Allocation::<Private>::on_device(&ctx, dev(0), bytes).unwrap_err();
         assert!(
             !matches!(e, Error::Driver { .. })
-                || e.code() == Some(cuda_endpoints::Code::OUT_OF_MEMORY),
+                || e.code() == Some(cuda_endpoints::driver::Code::OUT_OF_MEMORY),
             "{e}"
         );
     }
@@ -937,7 +938,7 @@ fn model_address_space_exhaustion() {
         for (size, align) in [(ALIGN, 0), (1, 0), (ALIGN, 1 << 63), (u64::MAX, 0)] {
             assert_eq!(
                 m.mem_address_reserve(size, align),
-                Err(cuda_endpoints::Code::OUT_OF_MEMORY)
+                Err(cuda_endpoints::driver::Code::OUT_OF_MEMORY)
             );
         }
         m.mem_address_free(big, size).unwrap();
@@ -969,7 +970,7 @@ fn model_refuses_forged_handle_of_non_exportable_endpoint() {
         h.0[24..32].copy_from_slice(&sum.to_le_bytes());
         assert_eq!(
             m.import(base + 2, h),
-            Err(cuda_endpoints::Code::INVALID_VALUE)
+            Err(cuda_endpoints::driver::Code::INVALID_VALUE)
         );
     }
     // The driver's refusal (R9.4): the importer cannot know.
@@ -991,7 +992,11 @@ fn classic_refuses_hostile_id_counts_before_taking_any_id() {
     drop(first);
     for n in [(1 << 16) + 1, 1 << 24, 1 << 31, u32::MAX] {
         let e = ctx.reserve(n).unwrap_err();
-        assert_eq!(e.code(), Some(cuda_endpoints::Code::OUT_OF_MEMORY), "{e}");
+        assert_eq!(
+            e.code(),
+            Some(cuda_endpoints::driver::Code::OUT_OF_MEMORY),
+            "{e}"
+        );
     }
     let r = ctx.reserve(8).unwrap();
     assert_eq!(r.len(), 8);

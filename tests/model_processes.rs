@@ -3,10 +3,11 @@
 //! API over `cuda_endpoints::model::Model` processes of one fabric.
 use std::time::Duration;
 
-use cuda_endpoints::Code;
-use cuda_endpoints::driver::{AllocationRequest, Device, Driver, Location, handle_bits};
+use cuda_endpoints::driver::Code;
+use cuda_endpoints::driver::{AllocationRequest, Driver, handle_bits};
 use cuda_endpoints::model::{FabricConfig, Model, ShareableKind};
 use cuda_endpoints::{Allocation, Context, Exportable, FabricHandle, Multicast, PosixFd, Spec};
+use cuda_endpoints::{Device, Location};
 
 const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(5);

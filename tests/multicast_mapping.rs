@@ -14,8 +14,10 @@ use cuda_endpoints::driver::Classic;
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
 use cuda_endpoints::team::{self, TeamSpec};
 use cuda_endpoints::{
-    Allocation, Call, Context, Device, Driver, Error, MulticastMapping, PosixFd, Spec,
-    bootstrap::Bootstrap, error::Feature,
+    Allocation, Context, Device, Error, MulticastMapping, PosixFd, Spec,
+    bootstrap::Bootstrap,
+    driver::{Call, Driver},
+    error::Feature,
 };
 
 const MIB2: u64 = 2 << 20;

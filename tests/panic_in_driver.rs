@@ -15,10 +15,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use cuda_endpoints::driver::{Classic, Device, Driver, DriverResult, Forward, Traced};
+use cuda_endpoints::Device;
+use cuda_endpoints::driver::{Classic, Driver, DriverResult, Forward, Traced};
 use cuda_endpoints::model::{Live, Model, ModelConfig};
 use cuda_endpoints::typenum::U2;
-use cuda_endpoints::{Allocation, Call, Context, Private, Spec};
+use cuda_endpoints::{Allocation, Context, Private, Spec, driver::Call};
 
 const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(5);
@@ -657,8 +658,8 @@ fn panicking_on_the_first_destroy(f: impl FnOnce()) {
 /// can be imported again), and nothing is destroyed twice.
 #[test]
 fn a_panic_inside_the_destroy_of_an_orphan_still_releases_the_ids_and_detaches_the_handle() {
-    use cuda_endpoints::model::{Fault, FaultPlan};
-    use cuda_endpoints::{Code, Exportable, FabricHandle, Multicast};
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
+    use cuda_endpoints::{Exportable, FabricHandle, Multicast, driver::Code};
     let fail_first_destroy = || FaultPlan::none().with(Fault::nth(Call::Destroy, 1, Code::UNKNOWN));
     // By `release` of the range's other id.
     let model = Model::new(ModelConfig::node(2));

@@ -14,8 +14,8 @@ use std::time::Duration;
 use cuda_endpoints::driver::Traced;
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
 use cuda_endpoints::{
-    Allocation, Call, Context, CopyBatch, CopyPath, Device, Error, Mapped, Private, Spec, Stream,
-    backend::Policy,
+    Allocation, Context, CopyBatch, CopyPath, Device, Endpoint, Error, Mapped, Multicast, Private,
+    Ready, Spec, Stream, backend::Policy, driver::Call,
 };
 
 const ALIGN: u64 = 2 << 20;
@@ -35,6 +35,16 @@ fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
 }
 
 use common::portable::pattern;
+
+/// A ready multicast team of devices 0 and 1, one `ALIGN` long.
+fn team_of_two(ctx: &Context) -> Endpoint<Ready, Multicast> {
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap()
+}
 
 /// The trace went through `cuMemcpyAsync` and never `cuFabricCpyBatchAsync`.
 #[track_caller]
@@ -114,13 +124,7 @@ fn unicast_put_and_get_on_13_3_move_every_byte_through_cu_memcpy_async() {
 #[test]
 fn multicast_put_on_13_3_is_one_cu_memcpy_async_per_member() {
     let (ctx, model, trace) = node(13030);
-    let ep = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
-        .unwrap()
-        .wait(T)
-        .unwrap();
+    let ep = team_of_two(&ctx);
     let (m0, m1) = (mapped(&ctx, 0), mapped(&ctx, 1));
     let b0 = ep.bind(0, 0, &m0).unwrap();
     let b1 = ep.bind(1, 0, &m1).unwrap();
@@ -151,13 +155,7 @@ fn the_classic_fallback_puts_to_a_multicast_team_through_the_portable_path() {
     let (ctx, d) = Context::auto(trace.clone(), &[Device(0), Device(1)], &Policy::new()).unwrap();
     assert_eq!(d.copy_path(), CopyPath::Portable, "{d}");
     assert!(ctx.backend_name().starts_with("classic"));
-    let ep = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
-        .unwrap()
-        .wait(T)
-        .unwrap();
+    let ep = team_of_two(&ctx);
     let (m0, m1, src) = (mapped(&ctx, 0), mapped(&ctx, 1), mapped(&ctx, 0));
     let b0 = ep.bind(0, 0, &m0).unwrap();
     let b1 = ep.bind(1, 0, &m1).unwrap();

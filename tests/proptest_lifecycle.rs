@@ -29,12 +29,17 @@ use cuda_endpoints::bounds::BindSource;
 use cuda_endpoints::bounds::{
     Accepts, CanBind, Creatable, Enroll, Kind, TeamHasRoom, TeamIsComplete,
 };
-use cuda_endpoints::model::{FaultPlan, Live, Model, ModelConfig, faults};
+use cuda_endpoints::model::{
+    Live, Model, ModelConfig,
+    faults::{self, FaultPlan},
+};
 use cuda_endpoints::typenum::{U0, U1, U2};
 use cuda_endpoints::{
-    Allocation, Binding, Call, Code, Context, Device, Endpoint, Error, Exportable, FabricHandle,
-    Failed, ImportedMulticast, ImportedUnicast, Mapped, Multicast, Pending, PosixFd, Private,
-    Readiness, Ready, Reserved, Spec, SpreadTeam, Team, Unicast, wait_all,
+    Allocation, Binding, Context, Device, Endpoint, Error, Exportable, FabricHandle, Failed,
+    ImportedMulticast, ImportedUnicast, Mapped, Multicast, Pending, PosixFd, Private, Readiness,
+    Ready, Reserved, Spec, SpreadTeam, Team, Unicast,
+    driver::{Call, Code},
+    wait_all,
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config;

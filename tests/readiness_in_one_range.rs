@@ -224,7 +224,7 @@ fn a_wait_never_ends_before_its_timeout_and_reports_its_polls_and_the_time_waite
         })
         .step_by(2)
         .collect();
-    use cuda_endpoints::Call;
+    use cuda_endpoints::driver::Call;
     // A zero timeout polls once.
     let before = model.calls(Call::Query);
     let f = wait_all(eps, Duration::ZERO).unwrap_err();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::layer::{EventFields, OnEvent, within};
 use cuda_endpoints::driver::{Classic, Traced};
 use cuda_endpoints::model::{Model, ModelConfig};
-use cuda_endpoints::{Allocation, Call, Context, Device, Private, Spec};
+use cuda_endpoints::{Allocation, Context, Device, Private, Spec, driver::Call};
 
 const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(5);

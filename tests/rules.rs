@@ -18,13 +18,15 @@ mod common;
 use std::time::Duration;
 
 use backend::{Inspect, Probe};
+use cuda_endpoints::bounds::Creatable;
 use cuda_endpoints::driver::{EndpointProps, Shape};
 use cuda_endpoints::error::{Arg, Extent, Feature, Rule};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
-    Allocation, Call, Code, Context, Device, Driver, Endpoint, Error, Location, Mapped, Multicast,
-    PosixFd, Private, Ready, Spec, Unicast,
+    Allocation, Context, Device, Endpoint, Error, Location, Mapped, Multicast, Pending, PosixFd,
+    Private, Ready, Spec, SpreadTeam, Unicast,
+    driver::{Call, Code, Driver},
 };
 
 const MIB: u64 = 1 << 20;
@@ -38,6 +40,31 @@ fn node() -> (Context, Probe) {
 /// Two simulated processes (or two nodes) at once: the model only.
 fn model_node() -> (Context, Model) {
     Context::model(ModelConfig::node(4))
+}
+
+/// A spread team of two, created, with device 0 enrolled.
+fn spread_with_device_0(ctx: &Context) -> Endpoint<Pending, SpreadTeam> {
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::spread(2, ALIGN))
+        .unwrap()
+        .add_device(0)
+        .unwrap()
+}
+
+/// `create(spec)` is refused before the driver with an error `check` accepts.
+fn create_refused<K: Creatable>(
+    ctx: &Context,
+    model: &impl Inspect,
+    spec: Spec<K>,
+    check: impl Fn(&Error) -> bool,
+) {
+    refused_before(
+        model,
+        Call::Create,
+        || ctx.reserve_one().unwrap().create(spec).map_err(Error::from),
+        check,
+    );
 }
 
 /// Asserts that `f` fails with an error matching `check` and that the model
@@ -195,40 +222,16 @@ fn r2_3_size_checked_before_create_with_nearest_valid_size() {
 #[test]
 fn r2_2_devices_checked_before_create() {
     let (ctx, model) = node();
-    refused_before(
-        &model,
-        Call::Create,
-        || {
-            ctx.reserve_one()
-                .unwrap()
-                .create(Spec::unicast(9, ALIGN))
-                .map_err(Error::from)
-        },
-        |e| matches!(e, Error::NoSuchDevice { .. }),
-    );
+    create_refused(&ctx, &model, Spec::unicast(9, ALIGN), |e| {
+        matches!(e, Error::NoSuchDevice { .. })
+    });
     let twice = [Device(1), Device(1)];
-    refused_before(
-        &model,
-        Call::Create,
-        || {
-            ctx.reserve_one()
-                .unwrap()
-                .create(Spec::multicast(&twice, ALIGN))
-                .map_err(Error::from)
-        },
-        |e| matches!(e, Error::AlreadyEnrolled { .. }),
-    );
-    refused_before(
-        &model,
-        Call::Create,
-        || {
-            ctx.reserve_one()
-                .unwrap()
-                .create(Spec::multicast(&[], ALIGN))
-                .map_err(Error::from)
-        },
-        |e| matches!(e, Error::EmptyTeam),
-    );
+    create_refused(&ctx, &model, Spec::multicast(&twice, ALIGN), |e| {
+        matches!(e, Error::AlreadyEnrolled { .. })
+    });
+    create_refused(&ctx, &model, Spec::multicast(&[], ALIGN), |e| {
+        matches!(e, Error::EmptyTeam)
+    });
     common::no_violations(&model.violations());
 }
 
@@ -243,25 +246,15 @@ fn r2_4_counted_ops_needs_attribute_155() {
             .unwrap()
             .create(Spec::unicast(0, ALIGN).counted_ops());
         assert!(ok.is_ok());
-        refused_before(
-            &model,
-            Call::Create,
-            || {
-                ctx.reserve_one()
-                    .unwrap()
-                    .create(Spec::unicast(1, ALIGN).counted_ops())
-                    .map_err(Error::from)
-            },
-            |e| {
-                matches!(
-                    e,
-                    Error::FeatureMissing {
-                        feature: Feature::CountedOps,
-                        ..
-                    }
-                )
-            },
-        );
+        create_refused(&ctx, &model, Spec::unicast(1, ALIGN).counted_ops(), |e| {
+            matches!(
+                e,
+                Error::FeatureMissing {
+                    feature: Feature::CountedOps,
+                    ..
+                }
+            )
+        });
         // Raw: counted ops without support. (Unknown flag or IPC bits cannot be
         // asked for: `EndpointProps` has one boolean for each.)
         // The same node, raw.
@@ -349,12 +342,7 @@ fn r3_construction_is_asynchronous_and_wait_polls_at_least_once() {
 #[test]
 fn r3_2_team_waits_for_every_device() {
     let (ctx, model) = backend::context(ModelConfig::node(2).queries_to_ready(0));
-    let spread = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::spread(2, ALIGN))
-        .unwrap();
-    let spread = spread.add_device(0).unwrap();
+    let spread = spread_with_device_0(&ctx);
     // One device of two: the driver keeps it pending, however long we wait.
     let f = spread.wait(Duration::from_millis(20)).unwrap_err();
     assert!(matches!(f.error, Error::Timeout { .. }));
@@ -415,12 +403,7 @@ fn r3_1_raw_bind_before_ready_is_invalid_value() {
 #[test]
 fn r4_enrollment_checked_before_driver() {
     let (ctx, model) = node();
-    let spread = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::spread(2, ALIGN))
-        .unwrap();
-    let spread = spread.add_device(0).unwrap();
+    let spread = spread_with_device_0(&ctx);
     let before = model.calls(Call::AddDevice);
     let f = spread.add_device(0).unwrap_err();
     assert!(matches!(f.error, Error::AlreadyEnrolled { .. }), "R4.2");
@@ -493,13 +476,7 @@ fn r4_raw_codes_and_cliques() {
 fn r4_5_clique_error_is_typed() {
     let (ctx, _model) =
         backend::context(ModelConfig::node(2).with_devices(|i, d| d.clique = i as u32));
-    let t = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::spread(2, ALIGN))
-        .unwrap()
-        .add_device(0)
-        .unwrap();
+    let t = spread_with_device_0(&ctx);
     let f = t.add_device(1).unwrap_err();
     // Known before the driver (cuDeviceGetCliqueInfo), so refused before it.
     assert!(

@@ -10,10 +10,30 @@ use std::time::Duration;
 use common::clean;
 use cuda_endpoints::driver::Driver;
 use cuda_endpoints::model::{Model, ModelConfig};
-use cuda_endpoints::{Context, Device, Error, Exportable, FabricHandle, Multicast, Spec};
+use cuda_endpoints::{
+    Allocation, Context, Device, Endpoint, Error, Exportable, FabricHandle, Mapped, Multicast,
+    PosixFd, Ready, Spec,
+};
 
 const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(5);
+
+/// A ready multicast team of device 0 and mapped memory to bind to it,
+/// both `2 * ALIGN` long.
+fn team_and_mapped(ctx: &Context) -> (Endpoint<Ready, Multicast>, Mapped<PosixFd>) {
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0)], 2 * ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let mapped = Allocation::<PosixFd>::on_device(ctx, Device(0), 2 * ALIGN)
+        .unwrap()
+        .map(&[Device(0)])
+        .unwrap();
+    (team, mapped)
+}
 
 /// Item 3: a handle exported through context A is attached in the process;
 /// importing it through context B of the same process is refused.
@@ -128,7 +148,7 @@ impl cuda_endpoints::driver::Forward for Hostile {
 /// from the driver; no panic anywhere, in particular in no `Drop`.
 #[test]
 fn hostile_driver_answers_give_typed_errors_not_panics() {
-    use cuda_endpoints::{Allocation, Call, PosixFd, error::Answer};
+    use cuda_endpoints::{driver::Call, error::Answer};
     let model = Model::new(ModelConfig::node(2));
     let ctx = Context::new(Hostile {
         inner: model.clone(),
@@ -146,17 +166,7 @@ fn hostile_driver_answers_give_typed_errors_not_panics() {
     );
     assert!(e.to_string().contains("cuLogicalEndpointIdReserve"), "{e}");
     // A mapping at the end of the address space: `ptr + mem_offset` overflows.
-    let team = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::multicast(&[Device(0)], 2 * ALIGN))
-        .unwrap()
-        .wait(T)
-        .unwrap();
-    let mapped = Allocation::<PosixFd>::on_device(&ctx, Device(0), 2 * ALIGN)
-        .unwrap()
-        .map(&[Device(0)])
-        .unwrap();
+    let (team, mapped) = team_and_mapped(&ctx);
     let e = team.bind_part(0, 0, &mapped, ALIGN, ALIGN).unwrap_err();
     assert!(
         matches!(
@@ -195,7 +205,10 @@ fn forge(wire: &[u8], kind: u8, size: u64, align: u64, team: u32) -> Vec<u8> {
 /// the driver's error; the model logs no violation either way.
 #[test]
 fn forged_handle_metadata_is_checked_against_the_driver() {
-    use cuda_endpoints::{Allocation, Call, Code, PosixFd, Unicast};
+    use cuda_endpoints::{
+        Allocation, PosixFd, Unicast,
+        driver::{Call, Code},
+    };
     let model = Model::new(ModelConfig::node(4));
     let a = Context::new(model.clone());
     let b = Context::new(model.spawn_process());
@@ -303,7 +316,7 @@ impl cuda_endpoints::driver::Forward for FlakyVersion {
     }
     unsafe fn driver_version(&self) -> cuda_endpoints::driver::DriverResult<i32> {
         if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            return Err(cuda_endpoints::Code::NOT_INITIALIZED);
+            return Err(cuda_endpoints::driver::Code::NOT_INITIALIZED);
         }
         // SAFETY: forwarded unchanged.
         unsafe { self.inner.driver_version() }
@@ -340,7 +353,10 @@ fn a_failed_first_driver_version_is_asked_again() {
 #[test]
 fn classic_reports_multicast_failures_under_their_own_call() {
     use cuda_endpoints::driver::{Classic, Traced};
-    use cuda_endpoints::{Allocation, Call, Code, Private};
+    use cuda_endpoints::{
+        Allocation, Private,
+        driver::{Call, Code},
+    };
     let cfg = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
     let team = [Device(0), Device(1)];
     for (denied, call) in [
@@ -382,7 +398,7 @@ fn classic_reports_multicast_failures_under_their_own_call() {
 #[test]
 fn the_trace_log_and_the_teardown_list_are_bounded() {
     use cuda_endpoints::driver::Traced;
-    use cuda_endpoints::{Allocation, Call, Private};
+    use cuda_endpoints::{Allocation, Private, driver::Call};
     let model = Model::new(ModelConfig::node(1).queries_to_ready(50));
     let traced = Arc::new(Traced::with_capacity(model.clone(), 8));
     let ctx = Context::new(traced.clone());
@@ -424,7 +440,7 @@ fn the_trace_log_and_the_teardown_list_are_bounded() {
 #[test]
 fn attribute_154_zero_refuses_creation_and_enrollment_before_the_driver() {
     use cuda_endpoints::typenum::U2;
-    use cuda_endpoints::{Call, error::Feature};
+    use cuda_endpoints::{driver::Call, error::Feature};
     let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.multicast = i != 2));
     let ctx = Context::new(model.clone());
     let missing = |e: &Error| feature_missing(e, 2, Feature::MulticastEndpoints, 154);
@@ -565,7 +581,7 @@ fn a_mapping_can_be_aligned_to_the_bind_alignment() {
 #[test]
 fn attribute_155_is_needed_on_the_devices_that_take_part_not_on_every_device_of_the_node() {
     use cuda_endpoints::typenum::U2;
-    use cuda_endpoints::{Call, error::Feature};
+    use cuda_endpoints::{driver::Call, error::Feature};
     let model = Model::new(ModelConfig::node(3).with_devices(|i, d| d.counted_ops = i != 2));
     let ctx = Context::new(model.clone());
     let missing = |e: &Error| feature_missing(e, 2, Feature::CountedOps, 155);
@@ -626,7 +642,7 @@ fn attribute_155_is_needed_on_the_devices_that_take_part_not_on_every_device_of_
 /// falls back to creating, and the driver decides.
 #[test]
 fn attribute_158_without_fabric_refuses_an_exportable_endpoint_before_the_driver() {
-    use cuda_endpoints::{Call, error::Feature};
+    use cuda_endpoints::{driver::Call, error::Feature};
     let no_fabric_on_1 = |version| {
         let mut cfg = ModelConfig::node(2).with_devices(|i, d| d.le_fabric_handles = i != 1);
         cfg.driver_version = version;
@@ -672,7 +688,7 @@ fn attribute_158_without_fabric_refuses_an_exportable_endpoint_before_the_driver
     let ctx = Context::new(model.clone());
     assert_eq!(
         ctx.attribute(Device(1), 158).map_err(|e| e.code()),
-        Err(Some(cuda_endpoints::Code::INVALID_VALUE))
+        Err(Some(cuda_endpoints::driver::Code::INVALID_VALUE))
     );
     let uni = ctx
         .reserve_one()
@@ -756,20 +772,9 @@ fn feature_missing(
 /// of `cuMemAddressReserve` the crate blames on the driver.
 #[test]
 fn a_hostile_mem_offset_on_mapped_memory_is_out_of_range_not_a_bad_driver_answer() {
-    use cuda_endpoints::{Allocation, PosixFd};
     let model = Model::new(ModelConfig::node(1));
     let ctx = Context::new(model.clone());
-    let team = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::multicast(&[Device(0)], 2 * ALIGN))
-        .unwrap()
-        .wait(T)
-        .unwrap();
-    let mapped = Allocation::<PosixFd>::on_device(&ctx, Device(0), 2 * ALIGN)
-        .unwrap()
-        .map(&[Device(0)])
-        .unwrap();
+    let (team, mapped) = team_and_mapped(&ctx);
     // Aligned, and past the end of the address space from any mapping.
     let hostile = u64::MAX - ALIGN + 1;
     let e = team.bind_part(0, 0, &mapped, hostile, ALIGN).unwrap_err();

@@ -9,7 +9,10 @@ mod common;
 use std::os::fd::AsFd;
 
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
-use cuda_endpoints::{Allocation, Call, Code, Context, Device, Error, FabricShareable, PosixFd};
+use cuda_endpoints::{
+    Allocation, Context, Device, Error, FabricShareable, PosixFd,
+    driver::{Call, Code},
+};
 
 const MIB2: u64 = 2 << 20;
 
@@ -158,7 +161,7 @@ fn c5_memory_made_without_the_handle_type_cannot_be_exported_as_it() {
     let mem = Allocation::<FabricShareable>::on_device(&ctx, 0, MIB2).unwrap();
     // SAFETY: an export changes nothing the allocation owns.
     let r = unsafe {
-        cuda_endpoints::Driver::mem_export(
+        cuda_endpoints::driver::Driver::mem_export(
             &m,
             mem.handle(),
             cuda_endpoints::driver::ShareableKind::PosixFd,

@@ -236,13 +236,15 @@ fn c5_c3_a_classic_team_of_four_processes_shares_a_posix_fd_within_a_node() {
     }
     // One classic object, made by the root at create; C3 never logged.
     assert_eq!(
-        server.model().calls(cuda_endpoints::Call::MulticastCreate),
+        server
+            .model()
+            .calls(cuda_endpoints::driver::Call::MulticastCreate),
         1
     );
     assert_eq!(
         server
             .model()
-            .calls(cuda_endpoints::Call::MulticastAddDevice),
+            .calls(cuda_endpoints::driver::Call::MulticastAddDevice),
         4
     );
 }
@@ -257,13 +259,15 @@ fn c5_c3_a_classic_team_across_two_nodes_shares_fabric_bytes() {
         );
     }
     assert_eq!(
-        server.model().calls(cuda_endpoints::Call::MulticastCreate),
+        server
+            .model()
+            .calls(cuda_endpoints::driver::Call::MulticastCreate),
         1
     );
     assert_eq!(
         server
             .model()
-            .calls(cuda_endpoints::Call::MulticastBindAddr),
+            .calls(cuda_endpoints::driver::Call::MulticastBindAddr),
         4
     );
 }

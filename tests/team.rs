@@ -13,7 +13,10 @@ use common::on_every_rank;
 use cuda_endpoints::bootstrap::{Bootstrap, ThreadRank, Threads};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::team::{self, Cause, Mismatch, PeerSpec, Step, TeamError, TeamSpec};
-use cuda_endpoints::{Allocation, Call, Code, Context, PosixFd};
+use cuda_endpoints::{
+    Allocation, Context, PosixFd,
+    driver::{Call, Code},
+};
 
 const MIB2: u64 = 2 << 20;
 
@@ -74,7 +77,7 @@ fn multicast_team_comes_up_on_every_rank_and_binds_on_own_devices() {
 fn unicast_peers_import_every_peer_at_its_index_and_ready_the_range() {
     let (model, procs, boots) = job(ModelConfig::node(4), 4);
     on_every_rank(&procs, boots, |rank, ctx, m, boot| {
-        let before = m.calls(cuda_endpoints::Call::Query);
+        let before = m.calls(cuda_endpoints::driver::Call::Query);
         let peers =
             team::unicast_peers(ctx, boot, &PeerSpec::new(rank as i32, MIB2)).expect("bring-up");
         assert_eq!((peers.rank(), peers.ranks()), (rank, 4));
@@ -91,7 +94,7 @@ fn unicast_peers_import_every_peer_at_its_index_and_ready_the_range() {
         let mem = Allocation::<PosixFd>::on_device(ctx, rank as i32, MIB2).expect("alloc");
         let b = own.bind(rank as i32, 0, &mem).expect("bind own");
         drop(b);
-        assert!(m.calls(cuda_endpoints::Call::Query) > before);
+        assert!(m.calls(cuda_endpoints::driver::Call::Query) > before);
         boot.barrier(Duration::from_secs(10)).expect("barrier");
     });
     assert_clean(&model);
@@ -185,7 +188,7 @@ fn a_device_outside_the_clique_fails_at_join_on_every_rank_before_the_driver() {
             expected: 0
         }))
     ));
-    assert_eq!(model.calls(cuda_endpoints::Call::AddDevice), 0);
+    assert_eq!(model.calls(cuda_endpoints::driver::Call::AddDevice), 0);
     assert_clean(&model);
 }
 

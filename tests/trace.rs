@@ -11,7 +11,9 @@ use std::time::Duration;
 use cuda_endpoints::driver::{Classic, TraceEntry, Traced};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::{
-    Allocation, Call, Code, Context, Device, Error, Private, Spec, Unicast, wait_all,
+    Allocation, Context, Device, Error, Private, Spec, Unicast,
+    driver::{Call, Code},
+    wait_all,
 };
 
 const MIB: u64 = 1 << 20;
@@ -256,7 +258,9 @@ fn calls_are_tracing_events() {
     let ctx = Context::new(t);
     drop(Allocation::<Private>::on_device(&ctx, Device(0), MIB).unwrap());
     // SAFETY: denied by the wrapper: the call never reaches the model.
-    let _ = unsafe { cuda_endpoints::Driver::multicast_create(&*ctx.driver_arc(), 1, 2 * MIB, 0) };
+    let _ = unsafe {
+        cuda_endpoints::driver::Driver::multicast_create(&*ctx.driver_arc(), 1, 2 * MIB, 0)
+    };
     let out =
         String::from_utf8_lossy(&buf.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
     assert!(out.contains("cuMemCreate"), "{out}");

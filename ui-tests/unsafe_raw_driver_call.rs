@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use cuda_endpoints::model::{Model, ModelConfig};
-use cuda_endpoints::{Context, Driver, Spec};
+use cuda_endpoints::{Context, Spec, driver::Driver};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = Model::new(ModelConfig::node(1));

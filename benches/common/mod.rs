@@ -25,10 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cuda_endpoints::driver::{
-    AllocationRequest, Device, Driver, DriverResult, EndpointProps, FabricHandleBytes, Limits,
-    Location, Shape,
+    AllocationRequest, Driver, DriverResult, EndpointProps, FabricHandleBytes, Limits, Shape,
 };
 use cuda_endpoints::{Allocation, Context, Endpoint, Pending, ReadyList, Spec, Unicast, wait_all};
+use cuda_endpoints::{Device, Location};
 
 /// Bytes per endpoint and per allocation: one bind alignment of the model's
 /// H200-like devices and of [`Null`].

@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use cuda_endpoints::driver::Device;
+use cuda_endpoints::Device;
 
 use crate::abi::*;
 use crate::node::Node;

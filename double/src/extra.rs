@@ -9,8 +9,8 @@
 use std::ffi::{CStr, c_char, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use cuda_endpoints::Code;
-use cuda_endpoints::model::{Fault, FaultPlan};
+use cuda_endpoints::driver::Code;
+use cuda_endpoints::model::faults::{Fault, FaultPlan};
 
 use crate::state::{self, Misbehave};
 
@@ -176,7 +176,7 @@ fn parse_faults(spec: &str) -> Option<FaultPlan> {
                 let fault = if *name == "*" {
                     Fault::nth_any(nth, code)
                 } else {
-                    Fault::nth(cuda_endpoints::Call::from_name(name)?, nth, code)
+                    Fault::nth(cuda_endpoints::driver::Call::from_name(name)?, nth, code)
                 };
                 plan = plan.with(fault.times(if times == 0 { u64::MAX } else { times }));
             }

@@ -43,7 +43,7 @@ pub mod state;
 pub mod stream;
 pub mod vmm;
 
-use cuda_endpoints::Driver;
+use cuda_endpoints::driver::Driver;
 use cuda_endpoints::driver::DriverResult;
 
 use abi::CUresult;

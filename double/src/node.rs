@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use cuda_endpoints::driver::{Call, Code, Driver};
 use cuda_endpoints::fabric::{self, FabricError, Process};
-use cuda_endpoints::model::{FaultPlan, Live, Model};
+use cuda_endpoints::model::{Live, Model, faults::FaultPlan};
 
 use crate::abi::CUresult;
 

@@ -253,7 +253,7 @@ pub fn failure_counts() -> BTreeMap<&'static str, u64> {
 /// The name a symbol is counted under: the call table's name where it has
 /// one (`cuStreamDestroy_v2` is a row as such), else without `_v2`.
 fn base_name(symbol: &'static str) -> &'static str {
-    if cuda_endpoints::Call::from_name(symbol).is_some() {
+    if cuda_endpoints::driver::Call::from_name(symbol).is_some() {
         return symbol;
     }
     symbol.strip_suffix("_v2").unwrap_or(symbol)

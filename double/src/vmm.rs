@@ -5,10 +5,8 @@
 
 use std::ffi::{c_uchar, c_uint, c_ulonglong, c_void};
 
-use cuda_endpoints::driver::{
-    AllocationRequest, Device, FabricHandleBytes, Granularity, Location, ShareableHandle,
-    ShareableKind,
-};
+use cuda_endpoints::driver::{AllocationRequest, FabricHandleBytes, Granularity, ShareableHandle, ShareableKind};
+use cuda_endpoints::{Device, Location};
 
 use crate::abi::*;
 use crate::state::{self, INVALID_VALUE};

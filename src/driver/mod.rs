@@ -1,5 +1,7 @@
 //! The driver boundary ([`cuda_endpoints_driver`], re-exported here: the
-//! table of calls, the [`Driver`] trait, the domain types) and the backends
+//! table of calls, the [`Driver`] trait, the domain types, but for
+//! [`Device`] and [`Location`], which are at
+//! the crate root) and the backends
 //! this crate brings: the real driver ([`cuda::Cuda`]) and the classic
 //! `cuMulticast*` fallback ([`Classic`]). The reference model is the crate
 //! `cuda-endpoints-model` (feature `model`).
@@ -12,9 +14,21 @@
 //! Calling a driver method is `unsafe` (see [`Driver`]'s `# Safety`):
 //! safe code reaches the driver only through the typed API.
 
-pub mod classic;
+mod classic;
 pub mod cuda;
 
 pub use classic::Classic;
+// Every item of the boundary once: `Device` and `Location`, which the
+// lifecycle speaks, are at the crate root only.
+#[doc(hidden)]
+pub use cuda_endpoints_driver::Queries;
+// In the crate, the whole boundary is `crate::driver::*`.
 #[doc(no_inline)]
-pub use cuda_endpoints_driver::*;
+pub use cuda_endpoints_driver::{
+    AllocationRequest, BoundedLog, Call, Code, CodeOrigin, ContextFailure, ContextStep, CopyOp,
+    Driver, DriverResult, EndpointProps, FABRIC_COPY_MIN_VERSION, FabricHandleBytes, Family,
+    Forward, Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits, MemHint, ObjectExport,
+    ObjectSharing, Operand, Pointer, Shape, ShareableHandle, ShareableKind, TraceEntry, Traced,
+    attr, fnv1a, for_each_driver_call, handle_bits,
+};
+pub(crate) use cuda_endpoints_driver::{Device, Location};

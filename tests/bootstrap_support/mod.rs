@@ -19,6 +19,23 @@ use cuda_endpoints::{
 #[allow(unused_imports)]
 pub use children::*;
 
+/// The body of a bootstrap test binary's `child_entry`: a no-op in a normal
+/// test run; in a child, runs `child` with the role, reports its error, and
+/// exits with its status.
+pub fn run_child(child: impl FnOnce(&str) -> Result<(), String>) {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let code = match child(&role) {
+        Ok(()) => 0,
+        Err(e) => {
+            report(&format!("ERR {e}"));
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
 /// The environment variable selecting a child's role.
 pub const ROLE: &str = "CEB_TEST_ROLE";
 pub const RANK: &str = "CEB_TEST_RANK";

@@ -20,8 +20,14 @@ use std::ffi::{CString, c_char, c_int};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use cuda_endpoints::driver::Forward;
-use cuda_endpoints::model::{Fault, FaultPlan, Live, Model, ModelConfig, Violation};
-use cuda_endpoints::{Call, Code, Context, Driver};
+use cuda_endpoints::model::{
+    Live, Model, ModelConfig, Violation,
+    faults::{Fault, FaultPlan},
+};
+use cuda_endpoints::{
+    Context,
+    driver::{Call, Code, Driver},
+};
 
 /// The environment variable that picks the backend.
 pub const BACKEND_ENV: &str = "CUDA_ENDPOINTS_TEST_BACKEND";

@@ -13,12 +13,12 @@ pub struct EventFields {
 
 impl EventFields {
     /// The call, when the event is a success event of `Traced`.
-    pub fn succeeded(&self) -> Option<cuda_endpoints::Call> {
+    pub fn succeeded(&self) -> Option<cuda_endpoints::driver::Call> {
         (self.message == "CUDA_SUCCESS")
             .then(|| {
                 self.call
                     .as_deref()
-                    .and_then(cuda_endpoints::Call::from_name)
+                    .and_then(cuda_endpoints::driver::Call::from_name)
             })
             .flatten()
     }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use cuda_endpoints::driver::cuda::Cuda;
 use cuda_endpoints::fabric::{self, Process};
 use cuda_endpoints::model::Live;
-use cuda_endpoints::{Context, Device, Driver};
+use cuda_endpoints::{Context, Device, driver::Driver};
 
 use crate::backend::{DoubleLib, is_cuda};
 

@@ -20,16 +20,18 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod calls;
-pub mod code;
+mod code;
 mod copy_types;
 mod log;
 mod sharing;
-pub mod trace;
+mod trace;
 mod types;
 
 #[doc(hidden)]
 pub use calls::Queries;
 pub use calls::{Call, Driver, Family, Forward};
+#[doc(hidden)]
+pub use code::KNOWN;
 pub use code::{Code, CodeOrigin, DriverResult};
 pub use copy_types::{CopyOp, FABRIC_COPY_MIN_VERSION, MemHint, Operand, Pointer};
 pub use log::BoundedLog;

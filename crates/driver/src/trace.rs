@@ -67,9 +67,9 @@ impl fmt::Display for TraceEntry {
 /// ```
 /// # #[cfg(feature = "model")] {
 /// use std::sync::Arc;
-/// use cuda_endpoints::driver::{Call, Traced};
+/// use cuda_endpoints::driver::{Call, Code, Traced};
 /// use cuda_endpoints::model::{Model, ModelConfig};
-/// use cuda_endpoints::{Allocation, Code, Context, Device, Error, Private};
+/// use cuda_endpoints::{Allocation, Context, Device, Error, Private};
 ///
 /// let traced = Arc::new(Traced::new(Model::new(ModelConfig::node(1))).deny([Call::MemCreate]));
 /// let ctx = Context::new(traced.clone());

@@ -9,8 +9,8 @@
 //! error naming that call.
 //!
 //! ```
-//! use cuda_endpoints::model::{Fault, FaultPlan, faults};
-//! use cuda_endpoints::{Call, Code};
+//! use cuda_endpoints::model::faults::{self, Fault, FaultPlan};
+//! use cuda_endpoints::driver::{Call, Code};
 //! // The 2nd bind fails once with OUT_OF_MEMORY; every unbind fails; and 5 %
 //! // of the other non-teardown calls fail with a code the contract allows them.
 //! let plan = FaultPlan::none()

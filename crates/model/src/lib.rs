@@ -19,8 +19,9 @@
 //! the model is thread-safe and simple, not fast.
 //!
 //! What the model owns:
-//! - [`config`]: simulated devices and their attributes;
-//! - [`state`]: the tables (ids, endpoint objects, allocations, mappings,
+//! - `config`: simulated devices and their attributes ([`ModelConfig`],
+//!   [`SimDevice`], [`FabricConfig`]);
+//! - `state`: the tables (ids, endpoint objects, allocations, mappings,
 //!   classic multicast objects) and the leak counters ([`Live`]);
 //! - [`faults`]: failing any call on demand;
 //! - `process`: processes joining and exiting, shareable handles (R12);
@@ -34,7 +35,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod classic;
-pub mod config;
+mod config;
 mod copy;
 mod endpoints;
 #[cfg(feature = "fabric")]
@@ -44,7 +45,7 @@ pub mod faults;
 mod memory;
 mod process;
 pub(crate) mod shareable;
-pub mod state;
+mod state;
 
 // The boundary under the name the model's files use for it.
 use cuda_endpoints_driver as driver;
@@ -53,9 +54,10 @@ use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use config::{FabricConfig, ModelConfig, SimDevice};
-pub use faults::{Fault, FaultPlan};
 pub use process::{FabricLive, ShareableKind};
 pub use state::{Live, Violation};
+
+use crate::faults::FaultPlan;
 
 use crate::driver::{
     AllocationRequest, Call, Code, CopyOp, Device, Driver, DriverResult, EndpointProps,

@@ -354,7 +354,7 @@ mod tests {
         let mut out = String::from(abi::HEAD);
         out.push_str(&abi::declarations());
         out.push_str("\n/* CUresult: every code `Code` names */\n");
-        for &(name, value, since) in crate::driver::code::KNOWN {
+        for &(name, value, since) in cuda_endpoints_driver::KNOWN {
             abi::guarded(&mut out, since.max(12000), |out| {
                 let _ = writeln!(out, "CHECK({name} == {value}, \"value of {name}\");");
             });

@@ -18,7 +18,7 @@ use super::join::Join;
 use super::wire::{self, FrameError, PROTOCOL, Reply, Request, Welcome, WireViolation};
 use crate::driver::{Code, Device, DriverResult, ShareableHandle};
 use crate::shareable;
-use crate::{FabricLive, FaultPlan, Live, ShareableKind};
+use crate::{FabricLive, Live, ShareableKind, faults::FaultPlan};
 
 /// A driver backend that is one process of a fabric server's model: the
 /// driver calls of the boundary's table, sent over the connection. Made by

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::calls::WireCall;
 use crate::driver::{Code, Device};
-use crate::{FabricLive, FaultPlan, Live, ShareableKind};
+use crate::{FabricLive, Live, ShareableKind, faults::FaultPlan};
 
 /// The protocol version a client and server must agree on in [`Request::Hello`].
 pub const PROTOCOL: u32 = 2;
