@@ -75,8 +75,11 @@ impl Comm {
             .tag(tag)
             .retry(retry);
         // Bound on every rank, agreed (R13.3), owned.
-        let team =
-            team::multicast(ctx, boot, &spec)?.into_bound([(dev.into(), 0, chunk(ctx, dev)?)], boot, TIMEOUT)?;
+        let team = team::multicast(ctx, boot, &spec)?.into_bound(
+            [(dev, 0, chunk(ctx, dev)?)],
+            boot,
+            TIMEOUT,
+        )?;
         let spec = PeerSpec::new(dev, MAX)
             .timeout(TIMEOUT)
             .tag(tag)

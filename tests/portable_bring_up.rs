@@ -10,11 +10,11 @@ mod common;
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::{Bootstrap, NodeId, Threads};
-use cuda_endpoints::model::{Fault, FaultPlan, Model};
+use cuda_endpoints::driver::{Call, Code};
+use cuda_endpoints::model::Model;
+use cuda_endpoints::model::faults::{Fault, FaultPlan};
 use cuda_endpoints::team::{self, Cause, PeerSpec, Step, TeamSpec};
-use cuda_endpoints::{
-    Call, Code, Context, CopyBatch, CopyPath, Error, FabricShareable, PosixFd, Stream,
-};
+use cuda_endpoints::{Context, CopyBatch, CopyPath, Error, FabricShareable, PosixFd, Stream};
 
 use common::portable::pattern;
 use common::{node_processes, on_every_rank};

@@ -15,8 +15,8 @@
 
 use std::ffi::c_ulonglong;
 
-use cuda_endpoints::driver::{CopyOp, MemHint, Operand, Pointer};
 use cuda_endpoints::Device;
+use cuda_endpoints::driver::{CopyOp, MemHint, Operand, Pointer};
 
 use crate::abi::*;
 use crate::state::{self, INVALID_VALUE, NOT_SUPPORTED};

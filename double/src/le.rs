@@ -6,8 +6,8 @@
 
 use std::ffi::{c_int, c_ulonglong, c_void};
 
-use cuda_endpoints::driver::{EndpointProps, FabricHandleBytes, Shape};
 use cuda_endpoints::Device;
+use cuda_endpoints::driver::{EndpointProps, FabricHandleBytes, Shape};
 
 use crate::abi::*;
 use crate::state::{self, INVALID_VALUE, NOT_SUPPORTED};

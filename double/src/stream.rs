@@ -14,8 +14,8 @@
 
 use std::ffi::{c_uint, c_ulonglong};
 
-use cuda_endpoints::driver::{Pointer};
 use cuda_endpoints::Device;
+use cuda_endpoints::driver::Pointer;
 
 use crate::abi::*;
 use crate::ffi::{

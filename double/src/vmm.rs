@@ -5,7 +5,9 @@
 
 use std::ffi::{c_uchar, c_uint, c_ulonglong, c_void};
 
-use cuda_endpoints::driver::{AllocationRequest, FabricHandleBytes, Granularity, ShareableHandle, ShareableKind};
+use cuda_endpoints::driver::{
+    AllocationRequest, FabricHandleBytes, Granularity, ShareableHandle, ShareableKind,
+};
 use cuda_endpoints::{Device, Location};
 
 use crate::abi::*;

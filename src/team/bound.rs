@@ -31,13 +31,13 @@
 use std::time::Duration;
 
 use crate::bootstrap::Bootstrap;
+use crate::driver::Device;
 use crate::endpoint::Endpoint;
 use crate::error::Error;
 use crate::kind::Accepts;
+use crate::kind::{Exportable, ImportedUnicast, Kind, Unicast};
 use crate::memory::BindSource;
 use crate::owned::BoundEndpoint;
-use crate::driver::Device;
-use crate::kind::{Exportable, ImportedUnicast, Kind, Unicast};
 use crate::state::{IsReady, Ready, State};
 
 use super::agree::agree;
@@ -224,7 +224,15 @@ impl SharedTeam {
         timeout: Duration,
     ) -> Result<BoundTeam<'_>, TeamError> {
         let ep = self.ready_endpoint();
-        agree_bound_on(boot, self.tag(), ep, |_| Some(ep), Some(node), None, timeout)?;
+        agree_bound_on(
+            boot,
+            self.tag(),
+            ep,
+            |_| Some(ep),
+            Some(node),
+            None,
+            timeout,
+        )?;
         Ok(BoundTeam { team: self })
     }
 }
