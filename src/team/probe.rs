@@ -327,7 +327,9 @@ pub(crate) fn probe_tagged(
 
     // Import every other rank's trial endpoint; a failure is a fact, not
     // an error. Everything is destroyed (dropped) at once after.
-    let mut row: Vec<u32> = Vec::with_capacity(ranks);
+    // Only the failures travel, as (exporter, code): a row of every rank
+    // would make each rank receive n² bytes in the rows' allgather.
+    let mut row: Vec<(u32, u32)> = Vec::new();
     let mut imported = Vec::new();
     for (rank, h) in handles.iter().enumerate() {
         let slot = slots.get_mut(rank).and_then(Option::take);
@@ -347,7 +349,9 @@ pub(crate) fn probe_tagged(
                 },
             },
         };
-        row.push(code);
+        if code != 0 {
+            row.push((u32::try_from(rank).unwrap_or(u32::MAX), code));
+        }
     }
     drop(imported);
     drop(slots);
@@ -359,16 +363,21 @@ pub(crate) fn probe_tagged(
     let mut imports = Vec::with_capacity(ranks);
     for (rank, r) in rows.iter().enumerate() {
         let bad = |reason| TeamError::new(rank, Step::Probe, Cause::BadMessage { reason });
-        let codes: Vec<u32> = from_bytes(r).map_err(|_| bad("a probe row of the wrong form"))?;
-        if codes.len() != ranks {
+        let failed: Vec<(u32, u32)> =
+            from_bytes(r).map_err(|_| bad("a probe row of the wrong form"))?;
+        if failed.len() > ranks {
             return Err(bad("a probe row of the wrong length"));
         }
-        imports.push(
-            codes
-                .into_iter()
-                .map(|raw| (raw != 0).then(|| Code::from_raw(raw).unwrap_or(Code::UNKNOWN)))
-                .collect(),
-        );
+        let mut codes: Vec<Option<Code>> = vec![None; ranks];
+        for (exporter, raw) in failed {
+            let slot = usize::try_from(exporter)
+                .ok()
+                .and_then(|e| codes.get_mut(e))
+                .filter(|c| c.is_none() && raw != 0)
+                .ok_or(bad("a probe row naming a rank twice, out of range, or no failure"))?;
+            *slot = Some(Code::from_raw(raw).unwrap_or(Code::UNKNOWN));
+        }
+        imports.push(codes);
     }
     Ok(Reach {
         ranks: facts,
