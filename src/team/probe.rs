@@ -374,7 +374,9 @@ pub(crate) fn probe_tagged(
                 .ok()
                 .and_then(|e| codes.get_mut(e))
                 .filter(|c| c.is_none() && raw != 0)
-                .ok_or(bad("a probe row naming a rank twice, out of range, or no failure"))?;
+                .ok_or(bad(
+                    "a probe row naming a rank twice, out of range, or no failure",
+                ))?;
             *slot = Some(Code::from_raw(raw).unwrap_or(Code::UNKNOWN));
         }
         imports.push(codes);
