@@ -77,14 +77,7 @@ impl Member<'_> {
     }
 
     fn header(&self, kind: Kind, seq: u64) -> Header {
-        Header {
-            kind: kind as u8,
-            job: self.job,
-            seq,
-            from: u32::try_from(self.rank).unwrap_or(u32::MAX),
-            size: u32::try_from(self.size).unwrap_or(u32::MAX),
-            len: 0,
-        }
+        Header::new(kind, self.job, seq, self.rank, self.size)
     }
 
     fn proof(
@@ -524,6 +517,20 @@ pub(crate) fn allgather(
     let mut written = 0usize;
     queue.push_back(block(me, step, rank, mine).map_err(|(_, e)| e)?);
     let mut received = 0usize;
+    // This rank's error that a peer closed its link, or an I/O error
+    // (`peer: None`: of the poll), and the rank each blames.
+    let closed = |peer: usize| (peer, BootstrapError::PeerClosed { rank, step, peer });
+    let failed = |culprit: usize, peer: Option<usize>, source: io::Error| {
+        (
+            culprit,
+            BootstrapError::Io {
+                rank,
+                step,
+                peer,
+                source,
+            },
+        )
+    };
     let result = (|| {
         loop {
             // Blocks already buffered first.
@@ -574,15 +581,7 @@ pub(crate) fn allgather(
                 match rustix::event::poll(&mut fds, Some(&t)) {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
                     Err(e) => {
-                        return Err((
-                            prev,
-                            BootstrapError::Io {
-                                rank,
-                                step,
-                                peer: None,
-                                source: e.into(),
-                            },
-                        ));
+                        return Err(failed(prev, None, e.into()));
                     }
                 }
                 let mut it = fds.iter();
@@ -611,64 +610,27 @@ pub(crate) fn allgather(
                         if e.kind() == io::ErrorKind::BrokenPipe
                             || e.kind() == io::ErrorKind::ConnectionReset =>
                     {
-                        return Err((
-                            next,
-                            BootstrapError::PeerClosed {
-                                rank,
-                                step,
-                                peer: next,
-                            },
-                        ));
+                        return Err(closed(next));
                     }
                     Err(e) => {
-                        return Err((
-                            next,
-                            BootstrapError::Io {
-                                rank,
-                                step,
-                                peer: Some(next),
-                                source: e,
-                            },
-                        ));
+                        return Err(failed(next, Some(next), e));
                     }
                 }
             }
             if readable {
                 match ring.prev.reader.fill(&mut ring.prev.stream) {
                     Ok(0) => {
-                        return Err((
-                            prev,
-                            BootstrapError::PeerClosed {
-                                rank,
-                                step,
-                                peer: prev,
-                            },
-                        ));
+                        return Err(closed(prev));
                     }
                     Ok(_) => {}
                     Err(e)
                         if e.kind() == io::ErrorKind::WouldBlock
                             || e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                        return Err((
-                            prev,
-                            BootstrapError::PeerClosed {
-                                rank,
-                                step,
-                                peer: prev,
-                            },
-                        ));
+                        return Err(closed(prev));
                     }
                     Err(e) => {
-                        return Err((
-                            prev,
-                            BootstrapError::Io {
-                                rank,
-                                step,
-                                peer: Some(prev),
-                                source: e,
-                            },
-                        ));
+                        return Err(failed(prev, Some(prev), e));
                     }
                 }
             }
