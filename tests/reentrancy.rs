@@ -241,13 +241,7 @@ fn a_batch_enqueued_during<R>(
     config.driver_version = 13050;
     let model = Model::new(config);
     let ctx = Context::new(Traced::new(model.clone()));
-    let ep = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::unicast(0, ALIGN))
-        .unwrap()
-        .wait(T)
-        .unwrap();
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
     let owner = common::mapped::<Private>(&ctx, 0, ALIGN);
     let src = common::mapped::<Private>(&ctx, 0, ALIGN);
     model.write(src.device_ptr(), &[6; 64]).unwrap();
