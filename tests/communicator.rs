@@ -322,6 +322,17 @@ fn r13_4_a_forged_peer_to_id_table_fails_every_rank_naming_that_rank() {
     common::no_violations(&model.violations());
 }
 
+/// Every bring-up's communicator, in order; the test fails if one
+/// panicked or failed.
+fn joined<T>(all: Vec<std::thread::ScopedJoinHandle<'_, Result<T, String>>>) -> Vec<T> {
+    let one = |h: std::thread::ScopedJoinHandle<'_, Result<T, String>>| {
+        h.join()
+            .expect("a bring-up panicked")
+            .expect("a bring-up failed")
+    };
+    all.into_iter().map(one).collect()
+}
+
 /// Where `call` first stands in `trace`; the test fails if nowhere.
 #[track_caller]
 fn first(trace: &[Call], call: Call) -> usize {
@@ -406,13 +417,7 @@ fn eight_communicators_over_the_same_ranks_and_devices_come_up_at_once_and_none_
                                 })
                             })
                             .collect();
-                        all.into_iter()
-                            .map(|h| {
-                                h.join()
-                                    .expect("a bring-up panicked")
-                                    .expect("a bring-up failed")
-                            })
-                            .collect()
+                        joined(all)
                     });
                     let ids: Vec<u32> = comms.iter().map(|c| c.peers.own().id()).collect();
                     boots[0].barrier(T).unwrap();
@@ -529,13 +534,7 @@ fn concurrent_over_one_bootstrap<B: Bootstrap + Send>(
                                 })
                             })
                             .collect();
-                        all.into_iter()
-                            .map(|h| {
-                                h.join()
-                                    .expect("a bring-up panicked")
-                                    .expect("a bring-up failed")
-                            })
-                            .collect()
+                        joined(all)
                     });
                     let ids = made.iter().map(|c| c.peers.own().id()).collect();
                     // Every rank is done before any rank tears down.

@@ -716,6 +716,18 @@ fn next_block(
     traffic: &mut Traffic,
 ) -> Result<Option<Vec<u8>>, (usize, BootstrapError)> {
     let (rank, prev) = (me.rank, me.prev());
+    // The previous rank sent a frame that is not the one expected.
+    let mismatch = |what: FrameMismatch| {
+        (
+            prev,
+            BootstrapError::Mismatch {
+                rank,
+                step,
+                peer: prev,
+                what,
+            },
+        )
+    };
     loop {
         let (h, payload) = match ring.prev.reader.next(MAX_PAYLOAD) {
             Ok(Some(f)) => f,
@@ -741,15 +753,7 @@ fn next_block(
         }
         let exp = wire::expect(me.job, me.size, step, Kind::RingBlock, prev);
         if let Err(what) = exp.check(&h) {
-            return Err((
-                prev,
-                BootstrapError::Mismatch {
-                    rank,
-                    step,
-                    peer: prev,
-                    what,
-                },
-            ));
+            return Err(mismatch(what));
         }
         let Some((head, data)) = payload.split_first_chunk::<ORIGIN>() else {
             return Err((
@@ -764,18 +768,10 @@ fn next_block(
         };
         let theirs = u32::from_le_bytes(*head);
         if usize::try_from(theirs).ok() != Some(origin) {
-            return Err((
-                prev,
-                BootstrapError::Mismatch {
-                    rank,
-                    step,
-                    peer: prev,
-                    what: FrameMismatch::Origin {
-                        expected: u32::try_from(origin).unwrap_or(u32::MAX),
-                        theirs,
-                    },
-                },
-            ));
+            return Err(mismatch(FrameMismatch::Origin {
+                expected: u32::try_from(origin).unwrap_or(u32::MAX),
+                theirs,
+            }));
         }
         return Ok(Some(data.to_vec()));
     }
