@@ -26,7 +26,6 @@ use cuda_endpoints::team::{self, PeerSpec};
 use cuda_endpoints::{
     Allocation, CopyBatch, CopyPath, Device, FabricShareable, Mapped, PosixFd, Stream,
 };
-use support::report;
 
 use job::{DIR, RANK, ROLE, SCENARIO, SIZE};
 const BYTES: u64 = 2 << 20;
@@ -100,14 +99,7 @@ fn child_rank() {
         }
         Ok(())
     };
-    match run() {
-        Ok(()) => report("ok"),
-        Err(e) => report(&format!("err {e}")),
-    }
-    drop(boot);
-    drop(ctx);
-    report(&format!("leaks={}", u8::from(!me.live().is_empty())));
-    report(&format!("double-violations={:?}", me.own_violations()));
+    job::report_end(run(), boot, ctx, &me);
 }
 
 /// Runs `nodes` x `gpus` ranks of `scenario` on a fresh fabric; checks that

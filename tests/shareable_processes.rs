@@ -104,15 +104,7 @@ fn child_rank() {
         boot.barrier(T)?;
         Ok(())
     };
-    match run() {
-        Ok(()) => report("ok"),
-        Err(e) => report(&format!("err {e}")),
-    }
-    drop(boot);
-    drop(ctx);
-    let live = me.live();
-    report(&format!("leaks={}", u8::from(!live.is_empty())));
-    report(&format!("double-violations={:?}", me.own_violations()));
+    job::report_end(run(), boot, ctx, &me);
 }
 
 /// A classic multicast team over this process's fabric driver: bring-up,

@@ -2,18 +2,22 @@
 //! parent starts a fabric and spawns each rank with its rank, size,
 //! scenario and rendezvous directory in the environment, and waits for
 //! every rank and for the fabric to go idle ([`run`]); the child reads the same
-//! variables back (its role is [`ROLE`] = `rank`).
+//! variables back (its role is [`ROLE`] = `rank`) and ends with the same
+//! result lines ([`report_end`]).
 //!
 //! Include with `#[path = "common/job.rs"] mod job;` beside
-//! `#[path = "bootstrap_support/mod.rs"] mod support;`.
+//! `#[path = "bootstrap_support/mod.rs"] mod support;` and
+//! `#[path = "common/rank.rs"] mod rank;`.
 #![allow(dead_code)]
 
 use std::time::Duration;
 
+use cuda_endpoints::Context;
 use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 
-use crate::support::{Children, Done, serial};
+use crate::rank::Me;
+use crate::support::{Children, Done, report, serial};
 
 pub const ROLE: &str = "CEJOB_ROLE";
 pub const SCENARIO: &str = "CEJOB_SCENARIO";
@@ -60,4 +64,18 @@ pub fn run(
         "fabric processes still connected"
     );
     (done, server)
+}
+
+/// A rank's result lines: its outcome (`ok` or `err ...`); then, once its
+/// bootstrap and context are gone, whether anything of it is left on the
+/// fabric (`leaks=0|1`) and what the double saw broken.
+pub fn report_end<E: std::fmt::Display, B>(outcome: Result<(), E>, boot: B, ctx: Context, me: &Me) {
+    match outcome {
+        Ok(()) => report("ok"),
+        Err(e) => report(&format!("err {e}")),
+    }
+    drop(boot);
+    drop(ctx);
+    report(&format!("leaks={}", u8::from(!me.live().is_empty())));
+    report(&format!("double-violations={:?}", me.own_violations()));
 }
