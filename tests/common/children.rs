@@ -8,7 +8,8 @@
 //! `mpirun` that the MPI tests skip or fail by ([`mpirun_found`]).
 //!
 //! Included as `#[path = "common/children.rs"] mod children;` (or through
-//! `tests/bootstrap_support`, which re-exports it).
+//! `tests/bootstrap_support`, which re-exports it; the bootstrap crate's
+//! `tests/mpi_hostile.rs` includes it by path too, so it uses std only).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
