@@ -8,54 +8,17 @@
 
 mod bootstrap_support;
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use bootstrap_support::Children;
 
-/// Set to `1` (CI does), a missing `mpirun` fails these tests instead of
-/// skipping them.
-const REQUIRE: &str = "CUDA_ENDPOINTS_REQUIRE_MPI";
-
-fn example() -> PathBuf {
-    // target/<profile>/deps/<this test> -> target/<profile>/examples/mpi_bootstrap
-    let exe = std::env::current_exe().expect("test path");
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .join("examples")
-        .join("mpi_bootstrap")
-}
-
 fn mpirun(args: &[&str]) -> Option<bootstrap_support::Done> {
-    if std::process::Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        let fix = "apt-get install -y openmpi-bin libopenmpi-dev libclang-dev";
-        assert!(
-            std::env::var_os(REQUIRE).is_none_or(|v| v != "1"),
-            "mpirun not found but {REQUIRE}=1: the MPI tests must run ({fix})"
-        );
-        // Straight to the process's stderr: libtest captures `eprintln!`,
-        // and a skip must show in the test run, not pass as a silent "ok".
-        let _ = writeln!(
-            std::io::stderr(),
-            "{}: skipped: mpirun not found ({fix}; {REQUIRE}=1 makes this a failure)",
-            std::thread::current().name().unwrap_or("an MPI test")
-        );
+    if !bootstrap_support::mpirun_found() {
         return None;
     }
     let mut kids = Children::default();
-    let exe = example();
-    assert!(
-        exe.exists(),
-        "{} not built (cargo test --features mpi builds it)",
-        exe.display()
-    );
-    let mut full = vec!["--allow-run-as-root", "--oversubscribe", "-n", "4"];
+    let exe = bootstrap_support::example("mpi_bootstrap");
+    let mut full = [&bootstrap_support::MPIRUN[..], &["-n", "4"]].concat();
     full.push(exe.to_str().expect("utf-8 path"));
     full.extend_from_slice(args);
     kids.spawn_command("mpirun", "mpirun", &full);

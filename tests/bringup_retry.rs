@@ -69,59 +69,88 @@ fn fault_on(pid: usize, call: Call, times: u64) -> FaultPlan {
     )
 }
 
+type Outcomes = Vec<(Result<(), TeamError>, usize)>;
+
+/// Every rank brings up a multicast team of its own device with `attempts`
+/// attempts per step, the probe off.
+fn multicast_on_every_rank(contexts: &[(Context, Model)], attempts: u32) -> Outcomes {
+    on_every_rank(contexts, |r, ctx, boot| {
+        let spec = TeamSpec::new([r as i32], BYTES)
+            .timeout(T)
+            .retry(Retry::new(attempts, RETRY))
+            .probe(false);
+        team::multicast(ctx, boot, &spec).map(drop)
+    })
+}
+
+/// Every rank brings up its unicast peers with `attempts` attempts per
+/// step, the probe on or off.
+fn unicast_on_every_rank(contexts: &[(Context, Model)], attempts: u32, probe: bool) -> Outcomes {
+    on_every_rank(contexts, |r, ctx, boot| {
+        let spec = PeerSpec::new(r as i32, BYTES)
+            .timeout(T)
+            .retry(Retry::new(attempts, RETRY))
+            .probe(probe);
+        team::unicast_peers(ctx, boot, &spec).map(drop)
+    })
+}
+
+/// Every rank succeeded after `events` failed attempts, the same on each.
+fn assert_every_rank_ok_after(out: Outcomes, events: usize, why: &str) {
+    for (r, (result, seen)) in out.into_iter().enumerate() {
+        assert!(result.is_ok(), "{why}rank {r}: {result:?}");
+        assert_eq!(seen, events, "{why}rank {r}: failed attempts in the trace");
+    }
+}
+
+/// Every rank failed naming the same failing rank, step and code, after
+/// `events` failed attempts in its trace.
+fn assert_every_rank_failed_at(
+    out: Outcomes,
+    (rank, step, code): (usize, Step, Code),
+    events: usize,
+) {
+    for (r, (result, seen)) in out.into_iter().enumerate() {
+        let e: TeamError = result.unwrap_err();
+        assert_eq!(
+            (e.rank, e.step, e.code()),
+            (rank, step, Some(code)),
+            "rank {r}: {e}"
+        );
+        assert!(matches!(e.cause, Cause::Local(_) | Cause::Peer(_)), "{e}");
+        assert_eq!(seen, events, "rank {r}: every attempt in the trace");
+    }
+}
+
+/// Nothing left on the node and no rule broken.
+fn assert_left_clean(model: &Model) {
+    assert!(model.live_node().is_empty(), "undone on every rank");
+    common::no_violations(&model.violations());
+}
+
 #[test]
 fn a_rank_not_ready_for_its_first_two_creates_makes_every_rank_retry_and_all_succeed() {
     let (contexts, model) = processes(3);
     model.set_faults(fault_on(contexts[1].1.pid(), Call::Create, 2));
-    let spec = |r: usize| {
-        PeerSpec::new(r as i32, BYTES)
-            .timeout(T)
-            .retry(Retry::new(4, RETRY))
-            .probe(false)
-    };
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        team::unicast_peers(ctx, boot, &spec(r)).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        assert!(result.is_ok(), "rank {r}: {result:?}");
-        assert_eq!(
-            events, 2,
-            "rank {r}: one event per failed attempt, on every rank"
-        );
-    }
+    let out = unicast_on_every_rank(&contexts, 4, false);
+    assert_every_rank_ok_after(out, 2, "");
     assert_eq!(model.faults_fired(), 2);
     assert_eq!(
         model.calls(Call::Create),
         3 + 2,
         "only rank 1 created again"
     );
-    assert!(model.live_node().is_empty());
-    common::no_violations(&model.violations());
+    assert_left_clean(&model);
 }
 
 #[test]
 fn a_not_ready_fault_that_outlasts_the_budget_fails_every_rank_naming_that_rank() {
     let (contexts, model) = processes(3);
     model.set_faults(fault_on(contexts[2].1.pid(), Call::Export, u64::MAX));
-    let spec = |r: usize| {
-        PeerSpec::new(r as i32, BYTES)
-            .timeout(T)
-            .retry(Retry::new(3, RETRY))
-            .probe(false)
-    };
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        team::unicast_peers(ctx, boot, &spec(r)).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        let e: TeamError = result.unwrap_err();
-        assert_eq!((e.rank, e.step), (2, Step::Export), "rank {r}: {e}");
-        assert_eq!(e.code(), Some(Code::FABRIC_NOT_READY), "rank {r}: {e}");
-        assert!(matches!(e.cause, Cause::Local(_) | Cause::Peer(_)), "{e}");
-        assert_eq!(events, 3, "rank {r}: every attempt in the trace");
-    }
+    let out = unicast_on_every_rank(&contexts, 3, false);
+    assert_every_rank_failed_at(out, (2, Step::Export, Code::FABRIC_NOT_READY), 3);
     assert_eq!(model.calls(Call::Export), 2 + 3, "three attempts on rank 2");
-    assert!(model.live_node().is_empty(), "undone on every rank");
-    common::no_violations(&model.violations());
+    assert_left_clean(&model);
 }
 
 #[test]
@@ -131,22 +160,8 @@ fn a_non_retryable_code_fails_at_once_without_a_second_attempt() {
         .set_faults(FaultPlan::none().with(
             Fault::nth(Call::Create, 1, Code::OUT_OF_MEMORY).on_process(contexts[1].1.pid()),
         ));
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        let spec = PeerSpec::new(r as i32, BYTES)
-            .timeout(T)
-            .retry(Retry::new(4, RETRY))
-            .probe(false);
-        team::unicast_peers(ctx, boot, &spec).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        let e = result.unwrap_err();
-        assert_eq!(
-            (e.rank, e.step, e.code()),
-            (1, Step::Create, Some(Code::OUT_OF_MEMORY)),
-            "rank {r}: {e}"
-        );
-        assert_eq!(events, 1, "rank {r}");
-    }
+    let out = unicast_on_every_rank(&contexts, 4, false);
+    assert_every_rank_failed_at(out, (1, Step::Create, Code::OUT_OF_MEMORY), 1);
     assert_eq!(model.calls(Call::Create), 2);
     assert!(model.live_node().is_empty());
 }
@@ -155,20 +170,10 @@ fn a_non_retryable_code_fails_at_once_without_a_second_attempt() {
 fn a_multicast_root_not_ready_for_its_first_create_is_retried_by_every_rank() {
     let (contexts, model) = processes(3);
     model.set_faults(fault_on(contexts[0].1.pid(), Call::Create, 1));
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        let spec = TeamSpec::new([r as i32], BYTES)
-            .timeout(T)
-            .retry(Retry::new(3, RETRY))
-            .probe(false);
-        team::multicast(ctx, boot, &spec).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        assert!(result.is_ok(), "rank {r}: {result:?}");
-        assert_eq!(events, 1, "rank {r}");
-    }
+    let out = multicast_on_every_rank(&contexts, 3);
+    assert_every_rank_ok_after(out, 1, "");
     assert_eq!(model.faults_fired(), 1);
-    assert!(model.live_node().is_empty());
-    common::no_violations(&model.violations());
+    assert_left_clean(&model);
 }
 
 #[test]
@@ -183,25 +188,15 @@ fn a_rank_whose_imports_are_not_ready_twice_is_retried_keeping_what_it_imported(
                 .on_process(contexts[1].1.pid()),
         ),
     );
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        let spec = PeerSpec::new(r as i32, BYTES)
-            .timeout(T)
-            .retry(Retry::new(4, RETRY))
-            .probe(false);
-        team::unicast_peers(ctx, boot, &spec).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        assert!(result.is_ok(), "rank {r}: {result:?}");
-        assert_eq!(events, 2, "rank {r}");
-    }
+    let out = unicast_on_every_rank(&contexts, 4, false);
+    assert_every_rank_ok_after(out, 2, "");
     assert_eq!(model.faults_fired(), 2);
     assert_eq!(
         model.calls(Call::Import),
         3 * 2 + 2,
         "only the failed import again"
     );
-    assert!(model.live_node().is_empty());
-    common::no_violations(&model.violations());
+    assert_left_clean(&model);
 }
 
 #[test]
@@ -209,34 +204,14 @@ fn a_rank_whose_hello_is_not_ready_once_makes_every_rank_retry_the_hello() {
     for multicast in [false, true] {
         let (contexts, model) = processes(3);
         model.set_faults(fault_on(contexts[1].1.pid(), Call::DeviceGetCount, 1));
-        let out = on_every_rank(&contexts, |r, ctx, boot| {
-            if multicast {
-                let spec = TeamSpec::new([r as i32], BYTES)
-                    .timeout(T)
-                    .retry(Retry::new(3, RETRY))
-                    .probe(false);
-                team::multicast(ctx, boot, &spec).map(drop)
-            } else {
-                let spec = PeerSpec::new(r as i32, BYTES)
-                    .timeout(T)
-                    .retry(Retry::new(3, RETRY))
-                    .probe(false);
-                team::unicast_peers(ctx, boot, &spec).map(drop)
-            }
-        });
-        for (r, (result, events)) in out.into_iter().enumerate() {
-            assert!(
-                result.is_ok(),
-                "multicast {multicast}, rank {r}: {result:?}"
-            );
-            assert_eq!(
-                events, 1,
-                "multicast {multicast}, rank {r}: one retried hello"
-            );
-        }
+        let out = if multicast {
+            multicast_on_every_rank(&contexts, 3)
+        } else {
+            unicast_on_every_rank(&contexts, 3, false)
+        };
+        assert_every_rank_ok_after(out, 1, &format!("multicast {multicast}, "));
         assert_eq!(model.faults_fired(), 1);
-        assert!(model.live_node().is_empty());
-        common::no_violations(&model.violations());
+        assert_left_clean(&model);
     }
 }
 
@@ -244,118 +219,61 @@ fn a_rank_whose_hello_is_not_ready_once_makes_every_rank_retry_the_hello() {
 fn a_multicast_rank_whose_import_is_not_ready_twice_is_retried_by_every_rank() {
     let (contexts, model) = processes(3);
     model.set_faults(fault_on(contexts[2].1.pid(), Call::Import, 2));
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        let spec = TeamSpec::new([r as i32], BYTES)
-            .timeout(T)
-            .retry(Retry::new(4, RETRY))
-            .probe(false);
-        team::multicast(ctx, boot, &spec).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        assert!(result.is_ok(), "rank {r}: {result:?}");
-        assert_eq!(events, 2, "rank {r}: every attempt in the trace");
-    }
+    let out = multicast_on_every_rank(&contexts, 4);
+    assert_every_rank_ok_after(out, 2, "");
     assert_eq!(model.faults_fired(), 2);
     assert_eq!(
         model.calls(Call::Import),
         2 + 2,
         "only rank 2 imported again"
     );
-    assert!(model.live_node().is_empty());
-    common::no_violations(&model.violations());
+    assert_left_clean(&model);
 }
 
 #[test]
 fn a_multicast_rank_whose_enroll_is_not_ready_once_keeps_its_import_and_enrolls_again() {
     let (contexts, model) = processes(3);
     model.set_faults(fault_on(contexts[1].1.pid(), Call::AddDevice, 1));
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        let spec = TeamSpec::new([r as i32], BYTES)
-            .timeout(T)
-            .retry(Retry::new(3, RETRY))
-            .probe(false);
-        team::multicast(ctx, boot, &spec).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        assert!(result.is_ok(), "rank {r}: {result:?}");
-        assert_eq!(events, 1, "rank {r}");
-    }
+    let out = multicast_on_every_rank(&contexts, 3);
+    assert_every_rank_ok_after(out, 1, "");
     assert_eq!(model.calls(Call::Import), 2, "the import was kept");
     assert_eq!(model.calls(Call::AddDevice), 3 + 1);
-    assert!(model.live_node().is_empty());
-    common::no_violations(&model.violations());
+    assert_left_clean(&model);
 }
 
 #[test]
 fn a_multicast_rank_whose_wait_is_not_ready_once_waits_again_with_every_rank() {
     let (contexts, model) = processes(3);
     model.set_faults(fault_on(contexts[0].1.pid(), Call::Query, 1));
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        let spec = TeamSpec::new([r as i32], BYTES)
-            .timeout(T)
-            .retry(Retry::new(3, RETRY))
-            .probe(false);
-        team::multicast(ctx, boot, &spec).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        assert!(result.is_ok(), "rank {r}: {result:?}");
-        assert_eq!(events, 1, "rank {r}");
-    }
+    let out = multicast_on_every_rank(&contexts, 3);
+    assert_every_rank_ok_after(out, 1, "");
     assert_eq!(model.faults_fired(), 1);
-    assert!(model.live_node().is_empty());
-    common::no_violations(&model.violations());
+    assert_left_clean(&model);
 }
 
 #[test]
 fn an_enroll_fault_that_outlasts_the_budget_fails_every_rank_naming_that_rank_with_nothing_left() {
     let (contexts, model) = processes(3);
     model.set_faults(fault_on(contexts[2].1.pid(), Call::AddDevice, u64::MAX));
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        let spec = TeamSpec::new([r as i32], BYTES)
-            .timeout(T)
-            .retry(Retry::new(3, RETRY))
-            .probe(false);
-        team::multicast(ctx, boot, &spec).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        let e = result.unwrap_err();
-        assert_eq!(
-            (e.rank, e.step, e.code()),
-            (2, Step::Enroll, Some(Code::FABRIC_NOT_READY)),
-            "rank {r}: {e}"
-        );
-        assert_eq!(events, 3, "rank {r}: every attempt in the trace");
-    }
+    let out = multicast_on_every_rank(&contexts, 3);
+    assert_every_rank_failed_at(out, (2, Step::Enroll, Code::FABRIC_NOT_READY), 3);
     assert_eq!(
         model.calls(Call::AddDevice),
         2 + 3,
         "three attempts on rank 2"
     );
-    assert!(model.live_node().is_empty(), "undone on every rank");
-    common::no_violations(&model.violations());
+    assert_left_clean(&model);
 }
 
 #[test]
 fn a_rank_whose_probe_import_is_not_ready_once_makes_every_rank_probe_again() {
     let (contexts, model) = processes(3);
     model.set_faults(fault_on(contexts[1].1.pid(), Call::Import, 1));
-    let out = on_every_rank(&contexts, |r, ctx, boot| {
-        let spec = PeerSpec::new(r as i32, BYTES)
-            .timeout(T)
-            .retry(Retry::new(3, RETRY));
-        team::unicast_peers(ctx, boot, &spec).map(drop)
-    });
-    for (r, (result, events)) in out.into_iter().enumerate() {
-        assert!(result.is_ok(), "rank {r}: {result:?}");
-        assert_eq!(
-            events, 1,
-            "rank {r}: one failed probe, the same on every rank"
-        );
-    }
+    let out = unicast_on_every_rank(&contexts, 3, true);
+    assert_every_rank_ok_after(out, 1, "");
     assert_eq!(model.faults_fired(), 1);
     // Two probes of 3 x 2 trial imports each (the first cut short by one),
     // then the bring-up's 3 x 2.
     assert_eq!(model.calls(Call::Import), 6 + 6 + 6);
-    assert!(model.live_node().is_empty(), "the trial endpoints are gone");
-    common::no_violations(&model.violations());
+    assert_left_clean(&model);
 }

@@ -322,6 +322,24 @@ fn r13_4_a_forged_peer_to_id_table_fails_every_rank_naming_that_rank() {
     common::no_violations(&model.violations());
 }
 
+/// Every bring-up's communicator, in order; the test fails if one
+/// panicked or failed.
+fn joined<T>(all: Vec<std::thread::ScopedJoinHandle<'_, Result<T, String>>>) -> Vec<T> {
+    let one = |h: std::thread::ScopedJoinHandle<'_, Result<T, String>>| {
+        h.join()
+            .expect("a bring-up panicked")
+            .expect("a bring-up failed")
+    };
+    all.into_iter().map(one).collect()
+}
+
+/// Where `call` first stands in `trace`; the test fails if nowhere.
+#[track_caller]
+fn first(trace: &[Call], call: Call) -> usize {
+    let at = trace.iter().position(|c| *c == call);
+    at.unwrap_or_else(|| panic!("no {call:?} in {trace:?}"))
+}
+
 #[test]
 fn r13_1_unicast_peers_export_before_any_rank_waits_for_readiness() {
     // Every rank exports its endpoint pending; the waits (queries) come
@@ -335,16 +353,10 @@ fn r13_1_unicast_peers_export_before_any_rank_waits_for_readiness() {
         drop(peers);
     });
     let trace = model.trace();
-    let last_export = trace
-        .iter()
-        .rposition(|c| *c == Call::Export)
-        .expect("exports");
-    let first_query = trace
-        .iter()
-        .position(|c| *c == Call::Query)
-        .expect("queries");
+    let last_export = trace.iter().rposition(|c| *c == Call::Export);
+    let first_query = first(&trace, Call::Query);
     assert_eq!(trace.iter().filter(|c| **c == Call::Export).count(), 3);
-    assert!(last_export < first_query, "{trace:?}");
+    assert!(last_export.expect("exports") < first_query, "{trace:?}");
     assert!(model.live_node().is_empty());
     common::no_violations(&model.violations());
 }
@@ -370,14 +382,8 @@ fn r13_1_without_the_overlap_each_rank_readies_its_endpoint_before_exporting_wit
         assert!(ids.iter().all(Option::is_some), "{ids:?}");
     }
     let trace = model.trace();
-    let first_export = trace
-        .iter()
-        .position(|c| *c == Call::Export)
-        .expect("exports");
-    let first_query = trace
-        .iter()
-        .position(|c| *c == Call::Query)
-        .expect("queries");
+    let first_export = first(&trace, Call::Export);
+    let first_query = first(&trace, Call::Query);
     assert!(first_query < first_export, "{trace:?}");
     assert!(model.live_node().is_empty());
     common::no_violations(&model.violations());
@@ -411,13 +417,7 @@ fn eight_communicators_over_the_same_ranks_and_devices_come_up_at_once_and_none_
                                 })
                             })
                             .collect();
-                        all.into_iter()
-                            .map(|h| {
-                                h.join()
-                                    .expect("a bring-up panicked")
-                                    .expect("a bring-up failed")
-                            })
-                            .collect()
+                        joined(all)
                     });
                     let ids: Vec<u32> = comms.iter().map(|c| c.peers.own().id()).collect();
                     boots[0].barrier(T).unwrap();
@@ -534,13 +534,7 @@ fn concurrent_over_one_bootstrap<B: Bootstrap + Send>(
                                 })
                             })
                             .collect();
-                        all.into_iter()
-                            .map(|h| {
-                                h.join()
-                                    .expect("a bring-up panicked")
-                                    .expect("a bring-up failed")
-                            })
-                            .collect()
+                        joined(all)
                     });
                     let ids = made.iter().map(|c| c.peers.own().id()).collect();
                     // Every rank is done before any rank tears down.

@@ -15,23 +15,12 @@
 #[path = "common/children.rs"]
 mod children;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use children::{Children, Done};
 
 /// The whole job ends within this (its own waits are bounded by 20 s each).
 const JOB: Duration = Duration::from_secs(180);
-
-fn example() -> PathBuf {
-    // target/<profile>/deps/<this test> -> target/<profile>/examples/communicator
-    let exe = std::env::current_exe().expect("test path");
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .join("examples")
-        .join("communicator")
-}
 
 fn run(program: &str, args: &[&str]) -> Done {
     let _serial = children::serial();
@@ -54,8 +43,7 @@ fn every_byte_right(d: &Done) {
 
 #[test]
 fn communicators_over_tcp_between_four_processes_retry_grow_shrink_and_drop_in_any_order() {
-    let exe = example();
-    assert!(exe.exists(), "{} not built", exe.display());
+    let exe = children::example("communicator");
     let d = run(exe.to_str().expect("utf-8 path"), &["4", "1"]);
     every_byte_right(&d);
     assert!(
@@ -69,24 +57,10 @@ fn communicators_over_tcp_between_four_processes_retry_grow_shrink_and_drop_in_a
 #[cfg(feature = "mpi")]
 #[test]
 fn communicators_between_four_mpi_ranks_under_mpirun_retry_grow_shrink_and_drop_in_any_order() {
-    use std::io::Write;
-    const REQUIRE: &str = "CUDA_ENDPOINTS_REQUIRE_MPI";
-    if std::process::Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        assert!(
-            std::env::var_os(REQUIRE).is_none_or(|v| v != "1"),
-            "mpirun not found but {REQUIRE}=1: the MPI tests must run"
-        );
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: mpirun not found ({REQUIRE}=1 makes this a failure)"
-        );
+    if !children::mpirun_found() {
         return;
     }
-    let exe = example();
+    let exe = children::example("communicator");
     let launcher = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
     let d = run(
         launcher,
@@ -99,8 +73,8 @@ fn communicators_between_four_mpi_ranks_under_mpirun_retry_grow_shrink_and_drop_
             "13050",
             "--",
             "mpirun",
-            "--allow-run-as-root",
-            "--oversubscribe",
+            children::MPIRUN[0],
+            children::MPIRUN[1],
             "-n",
             "4",
             exe.to_str().expect("utf-8 path"),

@@ -17,6 +17,7 @@
 mod backend;
 #[path = "common/children.rs"]
 mod children;
+mod common;
 #[path = "common/rank.rs"]
 mod rank;
 
@@ -710,13 +711,7 @@ fn f8_graphs_and_events_cross_the_fabric_wire() {
             .unwrap()
             .map(&[0])
             .unwrap();
-        let ep = ctx
-            .reserve_one()
-            .unwrap()
-            .create(Spec::unicast(0, ALIGN))
-            .unwrap()
-            .wait(T)
-            .unwrap();
+        let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
         let b = ep.bind(0, 0, &owner).unwrap();
         let stream = Stream::new(&ctx, 0).unwrap();
         {

@@ -10,11 +10,14 @@ mod common;
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::{Bootstrap, NodeId, Threads};
+use cuda_endpoints::bounds::{Accepts, MemShare};
 use cuda_endpoints::driver::{Call, Code};
 use cuda_endpoints::model::Model;
 use cuda_endpoints::model::faults::{Fault, FaultPlan};
-use cuda_endpoints::team::{self, Cause, PeerSpec, Step, TeamSpec};
-use cuda_endpoints::{Context, CopyBatch, CopyPath, Error, FabricShareable, PosixFd, Stream};
+use cuda_endpoints::team::{self, Cause, PeerSpec, Peers, Step, TeamSpec};
+use cuda_endpoints::{
+    Context, CopyBatch, CopyPath, Error, Exportable, FabricShareable, PosixFd, Stream, Unicast,
+};
 
 use common::portable::pattern;
 use common::{node_processes, on_every_rank};
@@ -74,6 +77,29 @@ fn exchange(
     boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
 }
 
+/// Rank `r` brings up its unicast peers on its device, binds `H` memory of
+/// that device to its own endpoint, runs `f` with the peers and the
+/// memory's address, then tears both down, keeping no teardown error.
+fn with_bound_peers<H: MemShare, R>(
+    r: usize,
+    ctx: &Context,
+    boot: &dyn Bootstrap,
+    f: impl FnOnce(&Peers, u64) -> R,
+) -> R
+where
+    Unicast<Exportable>: Accepts<H>,
+{
+    let dev = r as i32;
+    let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
+    let mem = common::mapped::<H>(ctx, dev, BYTES);
+    let binding = peers.own().bind(dev, 0, &mem).unwrap();
+    let out = f(&peers, mem.device_ptr());
+    drop(binding);
+    drop(peers);
+    assert!(ctx.take_teardown_errors().is_empty());
+    out
+}
+
 fn me_ctx<'p>(bound: &team::BoundPeers<'p>) -> &'p Context {
     bound.own().context()
 }
@@ -83,15 +109,10 @@ fn after_agree_bound_unicast_peers_put_and_get_every_byte_with_no_add_peer_windo
     let (ranks, model) = node_processes(N);
     portable(&ranks);
     on_every_rank(&ranks, Threads::new(N), |r, ctx, me, boot| {
-        let dev = r as i32;
-        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
-        let mem = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let binding = peers.own().bind(dev, 0, &mem).unwrap();
-        let bound = peers.agree_bound(boot, T).unwrap();
-        exchange(r, me, boot, &bound, mem.device_ptr());
-        drop(binding);
-        drop(peers);
-        assert!(ctx.take_teardown_errors().is_empty());
+        with_bound_peers::<FabricShareable, _>(r, ctx, boot, |peers, mem_ptr| {
+            let bound = peers.agree_bound(boot, T).unwrap();
+            exchange(r, me, boot, &bound, mem_ptr);
+        })
     });
     common::clean(&ranks[0].0, &model);
 }
@@ -102,15 +123,10 @@ fn after_agree_bound_fds_posix_fd_peers_put_and_get_every_byte_with_no_add_peer_
     portable(&ranks);
     let node = NodeId::current().unwrap();
     on_every_rank(&ranks, Threads::new(N), |r, ctx, me, boot| {
-        let dev = r as i32;
-        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
-        let mem = common::mapped::<PosixFd>(ctx, dev, BYTES);
-        let binding = peers.own().bind(dev, 0, &mem).unwrap();
-        let bound = peers.agree_bound_fds(boot, &node, T).unwrap();
-        exchange(r, me, boot, &bound, mem.device_ptr());
-        drop(binding);
-        drop(peers);
-        assert!(ctx.take_teardown_errors().is_empty());
+        with_bound_peers::<PosixFd, _>(r, ctx, boot, |peers, mem_ptr| {
+            let bound = peers.agree_bound_fds(boot, &node, T).unwrap();
+            exchange(r, me, boot, &bound, mem_ptr);
+        })
     });
     common::clean(&ranks[0].0, &model);
 }
@@ -120,32 +136,28 @@ fn posix_fd_memory_after_plain_agree_bound_has_no_window_and_the_copy_says_so() 
     let (ranks, model) = node_processes(2);
     portable(&ranks);
     on_every_rank(&ranks, Threads::new(2), |r, ctx, _, boot| {
-        let dev = r as i32;
-        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
-        let mem = common::mapped::<PosixFd>(ctx, dev, BYTES);
-        let binding = peers.own().bind(dev, 0, &mem).unwrap();
-        let bound = peers.agree_bound(boot, T).unwrap();
-        let stream = Stream::new(ctx, dev).unwrap();
-        let e = stream
-            .enqueue(CopyBatch::new().get_host(bound.peer(1 - r).unwrap(), 0, 64))
-            .map(|_| ())
-            .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::CopyNoWindow {
-                    known: 0,
-                    targets: 1,
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert!(e.to_string().contains("agree_bound_fds"), "{e}");
-        boot.barrier(T).unwrap();
-        drop(stream);
-        drop(binding);
-        drop(peers);
+        with_bound_peers::<PosixFd, _>(r, ctx, boot, |peers, _| {
+            let bound = peers.agree_bound(boot, T).unwrap();
+            let stream = Stream::new(ctx, r as i32).unwrap();
+            let e = stream
+                .enqueue(CopyBatch::new().get_host(bound.peer(1 - r).unwrap(), 0, 64))
+                .map(|_| ())
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::CopyNoWindow {
+                        known: 0,
+                        targets: 1,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(e.to_string().contains("agree_bound_fds"), "{e}");
+            boot.barrier(T).unwrap();
+            drop(stream);
+        })
     });
     common::clean(&ranks[0].0, &model);
 }
@@ -188,26 +200,21 @@ fn an_import_that_fails_on_one_rank_fails_every_rank_alike_and_leaks_nothing() {
     let (ranks, model) = node_processes(N);
     portable(&ranks);
     let errors = on_every_rank(&ranks, Threads::new(N), |r, ctx, _, boot| {
-        let dev = r as i32;
-        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
-        let mem = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let binding = peers.own().bind(dev, 0, &mem).unwrap();
-        boot.barrier(T).unwrap();
-        if r == 0 {
-            // One import of memory in the whole node fails, after another
-            // succeeded: its mapping must be undone too.
-            model.set_faults(FaultPlan::none().with(Fault::nth(
-                Call::MemImportFromShareableHandle,
-                2,
-                Code::OUT_OF_MEMORY,
-            )));
-        }
-        boot.barrier(T).unwrap();
-        let e = peers.agree_bound(boot, T).map(|_| ()).unwrap_err();
-        drop(binding);
-        drop(peers);
-        assert!(ctx.take_teardown_errors().is_empty());
-        (r, e)
+        with_bound_peers::<FabricShareable, _>(r, ctx, boot, |peers, _| {
+            boot.barrier(T).unwrap();
+            if r == 0 {
+                // One import of memory in the whole node fails, after another
+                // succeeded: its mapping must be undone too.
+                model.set_faults(FaultPlan::none().with(Fault::nth(
+                    Call::MemImportFromShareableHandle,
+                    2,
+                    Code::OUT_OF_MEMORY,
+                )));
+            }
+            boot.barrier(T).unwrap();
+            let e = peers.agree_bound(boot, T).map(|_| ()).unwrap_err();
+            (r, e)
+        })
     });
     assert_eq!(model.faults_fired(), 1);
     let failed = errors[0].1.rank;
@@ -234,20 +241,14 @@ fn agree_bound_fds_with_a_rank_on_another_node_fails_every_rank_at_import_and_le
     let (ranks, model) = node_processes(N);
     portable(&ranks);
     let errors = on_every_rank(&ranks, Threads::new(N), |r, ctx, _, boot| {
-        let dev = r as i32;
-        let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T)).unwrap();
-        let mem = common::mapped::<PosixFd>(ctx, dev, BYTES);
-        let binding = peers.own().bind(dev, 0, &mem).unwrap();
-        // Rank 2 says it is on another node: a descriptor cannot reach it (R12.4).
-        let node = NodeId::from_parts(if r == 2 { "b" } else { "a" }, "boot", 1);
-        let e = peers
-            .agree_bound_fds(boot, &node, T)
-            .map(|_| ())
-            .unwrap_err();
-        drop(binding);
-        drop(peers);
-        assert!(ctx.take_teardown_errors().is_empty());
-        e
+        with_bound_peers::<PosixFd, _>(r, ctx, boot, |peers, _| {
+            // Rank 2 says it is on another node: a descriptor cannot reach it (R12.4).
+            let node = NodeId::from_parts(if r == 2 { "b" } else { "a" }, "boot", 1);
+            peers
+                .agree_bound_fds(boot, &node, T)
+                .map(|_| ())
+                .unwrap_err()
+        })
     });
     for (r, e) in errors.iter().enumerate() {
         assert_eq!(e.step, Step::Import, "rank {r}: {e}");

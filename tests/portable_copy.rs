@@ -79,13 +79,7 @@ fn the_path_is_chosen_once_from_the_driver_and_the_backend_decision() {
 #[test]
 fn unicast_put_and_get_on_13_3_move_every_byte_through_cu_memcpy_async() {
     let (ctx, model, trace) = node(13030);
-    let ep = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::unicast(1, ALIGN))
-        .unwrap()
-        .wait(T)
-        .unwrap();
+    let ep = common::ready_unicast(&ctx, 1, ALIGN, T);
     let owner = mapped(&ctx, 1);
     let bound = ep.bind(1, 0, &owner).unwrap();
     let (src, dst) = (mapped(&ctx, 0), mapped(&ctx, 0));
@@ -185,13 +179,7 @@ fn the_classic_fallback_puts_to_a_multicast_team_through_the_portable_path() {
 #[test]
 fn a_target_without_a_window_is_refused_before_the_driver_naming_the_fix() {
     let (ctx, model, trace) = node(13030);
-    let ep = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::unicast(0, 2 * ALIGN))
-        .unwrap()
-        .wait(T)
-        .unwrap();
+    let ep = common::ready_unicast(&ctx, 0, 2 * ALIGN, T);
     // Bound by handle: no address in this process, so no window.
     let by_handle = Allocation::<Private>::on_device(&ctx, 0, ALIGN).unwrap();
     let b0 = ep.bind(0, 0, &by_handle).unwrap();

@@ -10,6 +10,8 @@
 
 #[path = "common/backend.rs"]
 mod backend;
+#[path = "common/job.rs"]
+mod job;
 #[path = "common/rank.rs"]
 mod rank;
 #[path = "bootstrap_support/mod.rs"]
@@ -19,19 +21,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::{Bootstrap, NodeId};
-use cuda_endpoints::fabric::{self, FabricServer};
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, PeerSpec};
 use cuda_endpoints::{
     Allocation, CopyBatch, CopyPath, Device, FabricShareable, Mapped, PosixFd, Stream,
 };
-use support::{Children, report};
 
-const ROLE: &str = "CEPP_ROLE";
-const SCENARIO: &str = "CEPP_SCENARIO";
-const SIZE: &str = "CEPP_SIZE";
-const DIR: &str = "CEPP_DIR";
-const RANK: &str = "CUDA_ENDPOINTS_RANK";
+use job::{DIR, RANK, ROLE, SCENARIO, SIZE};
 const BYTES: u64 = 2 << 20;
 const LEN: usize = 4096;
 const T: Duration = Duration::from_secs(10);
@@ -103,46 +99,16 @@ fn child_rank() {
         }
         Ok(())
     };
-    match run() {
-        Ok(()) => report("ok"),
-        Err(e) => report(&format!("err {e}")),
-    }
-    drop(boot);
-    drop(ctx);
-    report(&format!("leaks={}", u8::from(!me.live().is_empty())));
-    report(&format!("double-violations={:?}", me.own_violations()));
+    job::report_end(run(), boot, ctx, &me);
 }
 
 /// Runs `nodes` x `gpus` ranks of `scenario` on a fresh fabric; checks that
 /// each rank ended "ok" with nothing left, and the fabric too.
 fn job(scenario: &str, nodes: usize, gpus: usize) {
-    let _serial = support::serial();
     let n = nodes * gpus;
-    let server = FabricServer::start(FabricConfig::nodes(nodes, gpus)).expect("fabric");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut kids = Children::default();
-    for r in 0..n {
-        kids.spawn(
-            &format!("rank{r}"),
-            "child_rank",
-            &[
-                (ROLE, "rank".into()),
-                (SCENARIO, scenario.into()),
-                (RANK, r.to_string()),
-                (SIZE, n.to_string()),
-                (DIR, dir.path().display().to_string()),
-                (
-                    fabric::FABRIC_ENV,
-                    format!("{},rank={r}", server.socket().display()),
-                ),
-            ],
-        );
-    }
-    let done = kids.wait_all(Duration::from_secs(60));
-    assert!(
-        server.wait_idle(Duration::from_secs(10)),
-        "fabric processes still connected"
-    );
+    let config = FabricConfig::nodes(nodes, gpus);
+    let bound = Duration::from_secs(60);
+    let (done, server) = job::run(scenario, config, (n, n), |_| "", bound);
     for d in &done {
         let res = d.results();
         for want in ["ok", "leaks=0", "double-violations=[]"] {

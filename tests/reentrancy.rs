@@ -194,52 +194,15 @@ fn classic_export_and_import_of_the_bring_up_hold_no_table_lock_across_inner_cal
 fn an_event_never_completes_a_batch_enqueued_during_its_record() {
     let _serial = serial();
     within(30, || {
-        let mut config = ModelConfig::node(1);
-        config.driver_version = 13050;
-        let model = Model::new(config);
-        let ctx = Context::new(Traced::new(model.clone()));
-        let ep = ctx
-            .reserve_one()
-            .unwrap()
-            .create(Spec::unicast(0, ALIGN))
-            .unwrap()
-            .wait(T)
-            .unwrap();
-        let owner = common::mapped::<Private>(&ctx, 0, ALIGN);
-        let src = common::mapped::<Private>(&ctx, 0, ALIGN);
-        model.write(src.device_ptr(), &[6; 64]).unwrap();
-        let b = ep.bind(Device(0), 0, &owner).unwrap();
-        let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
-        let mut event = cuda_endpoints::Event::new(&ctx, 0).unwrap();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let (ack_tx, ack_rx) = std::sync::mpsc::channel::<()>();
-        let (go_tx, ack_rx) = (std::sync::Mutex::new(go_tx), std::sync::Mutex::new(ack_rx));
-        let layer = OnEvent(move |e: &EventFields| {
-            if e.succeeded() == Some(Call::EventRecord) {
-                let _ = go_tx.lock().unwrap().send(());
-                let _ = ack_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
-            }
-        });
-        std::thread::scope(|s| {
-            let (b, ep, on, src) = (&b, &ep, &stream, &src);
-            s.spawn(move || {
-                go_rx.recv_timeout(Duration::from_secs(10)).unwrap();
-                let through = b.copy_through(ep).unwrap();
-                let t = on
-                    .enqueue(cuda_endpoints::CopyBatch::new().put(src, 0, through, 0, 64))
-                    .unwrap();
-                std::mem::forget(t);
-                ack_tx.send(()).unwrap();
-            });
-            tracing::subscriber::with_default(layer, || event.record(&stream).unwrap());
-        });
-        event.synchronize().unwrap();
-        drop(src);
-        stream.synchronize().unwrap();
-        assert_eq!(model.read(owner.device_ptr(), 64).unwrap(), vec![6; 64]);
-        drop((event, stream, b));
-        drop((ep, owner));
-        common::clean(&ctx, &model);
+        a_batch_enqueued_during(
+            Call::EventRecord,
+            |ctx, stream| {
+                let mut event = cuda_endpoints::Event::new(ctx, 0).unwrap();
+                event.record(stream).unwrap();
+                event
+            },
+            |event| event.synchronize().unwrap(),
+        );
     });
 }
 
@@ -260,50 +223,57 @@ fn a_stream_synchronize_or_query_never_completes_a_batch_enqueued_during_it() {
         }),
     ] {
         within(30, move || {
-            let mut config = ModelConfig::node(1);
-            config.driver_version = 13050;
-            let model = Model::new(config);
-            let ctx = Context::new(Traced::new(model.clone()));
-            let ep = ctx
-                .reserve_one()
-                .unwrap()
-                .create(Spec::unicast(0, ALIGN))
-                .unwrap()
-                .wait(T)
-                .unwrap();
-            let owner = common::mapped::<Private>(&ctx, 0, ALIGN);
-            let src = common::mapped::<Private>(&ctx, 0, ALIGN);
-            model.write(src.device_ptr(), &[6; 64]).unwrap();
-            let b = ep.bind(Device(0), 0, &owner).unwrap();
-            let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
-            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-            let (ack_tx, ack_rx) = std::sync::mpsc::channel::<()>();
-            let (go_tx, ack_rx) = (std::sync::Mutex::new(go_tx), std::sync::Mutex::new(ack_rx));
-            let layer = OnEvent(move |e: &EventFields| {
-                if e.succeeded() == Some(call) {
-                    let _ = go_tx.lock().unwrap().send(());
-                    let _ = ack_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
-                }
-            });
-            std::thread::scope(|s| {
-                let (b, ep, on, src) = (&b, &ep, &stream, &src);
-                s.spawn(move || {
-                    go_rx.recv_timeout(Duration::from_secs(10)).unwrap();
-                    let through = b.copy_through(ep).unwrap();
-                    let t = on
-                        .enqueue(cuda_endpoints::CopyBatch::new().put(src, 0, through, 0, 64))
-                        .unwrap();
-                    std::mem::forget(t);
-                    ack_tx.send(()).unwrap();
-                });
-                tracing::subscriber::with_default(layer, || observe(&stream).unwrap());
-            });
-            drop(src);
-            stream.synchronize().unwrap();
-            assert_eq!(model.read(owner.device_ptr(), 64).unwrap(), vec![6; 64]);
-            drop((stream, b));
-            drop((ep, owner));
-            common::clean(&ctx, &model);
+            a_batch_enqueued_during(call, |_, stream| observe(stream).unwrap(), |()| {});
         });
     }
+}
+
+/// The two tests above: a layer holds `call`, made by `observe` on a
+/// stream, until another thread enqueued a copy from `src` on that stream
+/// (its token forgotten); then `settle` waits on what `observe` answered,
+/// `src` is dropped, and the copy must still read live memory and land.
+fn a_batch_enqueued_during<R>(
+    call: Call,
+    observe: impl FnOnce(&Context, &cuda_endpoints::Stream) -> R,
+    settle: impl FnOnce(&R),
+) {
+    let mut config = ModelConfig::node(1);
+    config.driver_version = 13050;
+    let model = Model::new(config);
+    let ctx = Context::new(Traced::new(model.clone()));
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let owner = common::mapped::<Private>(&ctx, 0, ALIGN);
+    let src = common::mapped::<Private>(&ctx, 0, ALIGN);
+    model.write(src.device_ptr(), &[6; 64]).unwrap();
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (ack_tx, ack_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, ack_rx) = (std::sync::Mutex::new(go_tx), std::sync::Mutex::new(ack_rx));
+    let layer = OnEvent(move |e: &EventFields| {
+        if e.succeeded() == Some(call) {
+            let _ = go_tx.lock().unwrap().send(());
+            let _ = ack_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+        }
+    });
+    let observed = std::thread::scope(|s| {
+        let (b, ep, on, src) = (&b, &ep, &stream, &src);
+        s.spawn(move || {
+            go_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            let through = b.copy_through(ep).unwrap();
+            let t = on
+                .enqueue(cuda_endpoints::CopyBatch::new().put(src, 0, through, 0, 64))
+                .unwrap();
+            std::mem::forget(t);
+            ack_tx.send(()).unwrap();
+        });
+        tracing::subscriber::with_default(layer, || observe(&ctx, &stream))
+    });
+    settle(&observed);
+    drop(src);
+    stream.synchronize().unwrap();
+    assert_eq!(model.read(owner.device_ptr(), 64).unwrap(), vec![6; 64]);
+    drop((observed, stream, b));
+    drop((ep, owner));
+    common::clean(&ctx, &model);
 }

@@ -16,6 +16,8 @@
 
 #[path = "common/backend.rs"]
 mod backend;
+#[path = "common/job.rs"]
+mod job;
 #[path = "common/rank.rs"]
 mod rank;
 #[path = "bootstrap_support/mod.rs"]
@@ -26,7 +28,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use cuda_endpoints::driver::{Classic, ShareableKind};
-use cuda_endpoints::fabric::{self, FabricServer};
+use cuda_endpoints::fabric::FabricServer;
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, TeamSpec};
 use cuda_endpoints::{
@@ -34,13 +36,9 @@ use cuda_endpoints::{
     bootstrap::FdExchange,
 };
 use rank::Me;
-use support::{Children, report};
+use support::report;
 
-const ROLE: &str = "CESH_ROLE";
-const SCENARIO: &str = "CESH_SCENARIO";
-const SIZE: &str = "CESH_SIZE";
-const DIR: &str = "CESH_DIR";
-const RANK: &str = "CUDA_ENDPOINTS_RANK";
+use job::{DIR, RANK, ROLE, SCENARIO, SIZE};
 const MIB2: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(10);
 const TEXT: &[u8] = b"written by rank 0";
@@ -106,15 +104,7 @@ fn child_rank() {
         boot.barrier(T)?;
         Ok(())
     };
-    match run() {
-        Ok(()) => report("ok"),
-        Err(e) => report(&format!("err {e}")),
-    }
-    drop(boot);
-    drop(ctx);
-    let live = me.live();
-    report(&format!("leaks={}", u8::from(!live.is_empty())));
-    report(&format!("double-violations={:?}", me.own_violations()));
+    job::report_end(run(), boot, ctx, &me);
 }
 
 /// A classic multicast team over this process's fabric driver: bring-up,
@@ -154,33 +144,10 @@ fn classic_team(
 /// Runs `nodes` x `gpus` ranks of `scenario` on a fresh fabric; returns
 /// each rank's result lines, after every child ended and left the fabric.
 fn job(scenario: &str, nodes: usize, gpus: usize) -> (Vec<Vec<String>>, FabricServer) {
-    let _serial = support::serial();
     let n = nodes * gpus;
-    let server = FabricServer::start(FabricConfig::nodes(nodes, gpus)).expect("fabric");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut kids = Children::default();
-    for r in 0..n {
-        kids.spawn(
-            &format!("rank{r}"),
-            "child_rank",
-            &[
-                (ROLE, "rank".into()),
-                (SCENARIO, scenario.into()),
-                (RANK, r.to_string()),
-                (SIZE, n.to_string()),
-                (DIR, dir.path().display().to_string()),
-                (
-                    fabric::FABRIC_ENV,
-                    format!("{},rank={r}", server.socket().display()),
-                ),
-            ],
-        );
-    }
-    let done = kids.wait_all(Duration::from_secs(40));
-    assert!(
-        server.wait_idle(Duration::from_secs(10)),
-        "fabric processes still connected"
-    );
+    let config = FabricConfig::nodes(nodes, gpus);
+    let bound = Duration::from_secs(40);
+    let (done, server) = job::run(scenario, config, (n, n), |_| "", bound);
     assert_eq!(server.joined(), n as u64, "every rank joined the fabric");
     let results = done
         .iter()

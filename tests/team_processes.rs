@@ -12,6 +12,8 @@
 
 #[path = "common/backend.rs"]
 mod backend;
+#[path = "common/job.rs"]
+mod job;
 #[path = "common/rank.rs"]
 mod rank;
 #[path = "bootstrap_support/mod.rs"]
@@ -22,19 +24,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cuda_endpoints::bootstrap::Traffic;
-use cuda_endpoints::fabric::{self, FabricServer};
+use cuda_endpoints::fabric::FabricServer;
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
 use cuda_endpoints::{
     Allocation, Context, PosixFd, bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::Tcp,
 };
-use support::{Children, Done, report};
+use support::{Done, report};
 
-const ROLE: &str = "CET_ROLE";
-const SCENARIO: &str = "CET_SCENARIO";
-const SIZE: &str = "CET_SIZE";
-const DIR: &str = "CET_DIR";
-const RANK: &str = "CUDA_ENDPOINTS_RANK";
+use job::{DIR, RANK, ROLE, SCENARIO, SIZE};
 const MIB2: u64 = 2 << 20;
 /// Every rank's bring-up ends within this.
 const BRING_UP: Duration = Duration::from_secs(6);
@@ -212,34 +210,15 @@ fn job(
     started: usize,
     imex_off: Option<usize>,
 ) -> (Vec<Done>, FabricServer) {
-    let _serial = support::serial();
-    let server = FabricServer::start(FabricConfig::nodes(1, n)).expect("fabric");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut kids = Children::default();
-    for r in 0..started {
-        let mut fabric_env = format!("{},rank={r}", server.socket().display());
-        if imex_off == Some(r) {
-            fabric_env.push_str(",imex=0");
-        }
-        kids.spawn(
-            &format!("rank{r}"),
-            "child_rank",
-            &[
-                (ROLE, "rank".into()),
-                (SCENARIO, scenario.into()),
-                (RANK, r.to_string()),
-                (SIZE, n.to_string()),
-                (DIR, dir.path().display().to_string()),
-                (fabric::FABRIC_ENV, fabric_env),
-            ],
-        );
-    }
-    let done = kids.wait_all(Duration::from_secs(40));
-    assert!(
-        server.wait_idle(Duration::from_secs(10)),
-        "fabric processes still connected"
-    );
-    (done, server)
+    let imex = |r| if imex_off == Some(r) { ",imex=0" } else { "" };
+    let bound = Duration::from_secs(40);
+    job::run(
+        scenario,
+        FabricConfig::nodes(1, n),
+        (started, n),
+        imex,
+        bound,
+    )
 }
 
 /// The double's own violation log of a rank that reported one is empty

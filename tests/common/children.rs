@@ -3,14 +3,18 @@
 //! by environment variable), a guard that kills and reaps a child on every
 //! path ([`Guard`]), bounded waits ([`Guard::wait_until`],
 //! [`Children::wait_all`]), result lines ([`report`], [`Done::results`])
-//! and `@@ key value` message lines read as they come ([`Lines`]).
+//! and `@@ key value` message lines read as they come ([`Lines`]); the
+//! examples that `cargo test` builds ([`example`]) and the check for
+//! `mpirun` that the MPI tests skip or fail by ([`mpirun_found`]).
 //!
 //! Included as `#[path = "common/children.rs"] mod children;` (or through
-//! `tests/bootstrap_support`, which re-exports it).
+//! `tests/bootstrap_support`, which re-exports it; the bootstrap crate's
+//! `tests/mpi_hostile.rs` includes it by path too, so it uses std only).
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Mutex, MutexGuard};
@@ -21,6 +25,53 @@ use std::time::{Duration, Instant};
 pub fn serial() -> MutexGuard<'static, ()> {
     static M: Mutex<()> = Mutex::new(());
     M.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The example `name`, which `cargo test` builds next to the test
+/// binaries: target/<profile>/deps/<test> -> target/<profile>/examples/<name>.
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test path");
+    let path = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .join("examples")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} not built (cargo test builds it)",
+        path.display()
+    );
+    path
+}
+
+/// Set to `1` (CI does), a missing `mpirun` fails the MPI tests instead of
+/// skipping them.
+pub const REQUIRE_MPI: &str = "CUDA_ENDPOINTS_REQUIRE_MPI";
+
+/// `mpirun`'s arguments before the program: as root too, and more ranks
+/// than cores.
+pub const MPIRUN: [&str; 2] = ["--allow-run-as-root", "--oversubscribe"];
+
+/// Whether `mpirun` runs here. When it does not, the test is skipped, said
+/// on the process's stderr (libtest captures `eprintln!`, and a skip must
+/// show in the test run, not pass as a silent "ok"), or fails under
+/// [`REQUIRE_MPI`]`=1`.
+pub fn mpirun_found() -> bool {
+    if Command::new("mpirun").arg("--version").output().is_ok() {
+        return true;
+    }
+    let fix = "apt-get install -y openmpi-bin libopenmpi-dev libclang-dev";
+    assert!(
+        std::env::var_os(REQUIRE_MPI).is_none_or(|v| v != "1"),
+        "mpirun not found but {REQUIRE_MPI}=1: the MPI tests must run ({fix})"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "{}: skipped: mpirun not found ({fix}; {REQUIRE_MPI}=1 makes this a failure)",
+        std::thread::current().name().unwrap_or("an MPI test")
+    );
+    false
 }
 
 /// This test binary, to run only the test `entry` (the one that dispatches

@@ -6,10 +6,12 @@
 pub mod layer;
 pub mod portable;
 
+use std::time::Duration;
+
 use cuda_endpoints::bootstrap::Bootstrap;
 use cuda_endpoints::bounds::MemShare;
 use cuda_endpoints::model::{Model, ModelConfig, Violation};
-use cuda_endpoints::{Allocation, Context, Mapped};
+use cuda_endpoints::{Allocation, Context, Endpoint, Mapped, Ready, Spec, Unicast};
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
 
 /// The end of every model test: no teardown error was kept on the context,
@@ -96,6 +98,20 @@ pub fn node_processes(n: usize) -> (Vec<(Context, Model)>, Model) {
         (Context::new(p.clone()), p)
     }));
     (ranks, model)
+}
+
+/// A ready unicast endpoint of `bytes` owned by `owner`, made in one go.
+pub fn ready_unicast(
+    ctx: &Context,
+    owner: i32,
+    bytes: u64,
+    timeout: Duration,
+) -> Endpoint<Ready, Unicast> {
+    let pending = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(owner, bytes));
+    pending.unwrap().wait(timeout).unwrap()
 }
 
 /// `size` bytes of `H` memory on `dev`, mapped with access for `dev`.

@@ -291,14 +291,7 @@ impl FdExchange {
     fn request_header(token: &[u8; TOKEN], rank: usize, size: usize) -> Header {
         let mut job = [0u8; 8];
         job.copy_from_slice(&token[..8]);
-        Header {
-            kind: Kind::FdRequest as u8,
-            job: u64::from_le_bytes(job),
-            seq: 0,
-            from: u32::try_from(rank).unwrap_or(u32::MAX),
-            size: u32::try_from(size).unwrap_or(u32::MAX),
-            len: 0,
-        }
+        Header::new(Kind::FdRequest, u64::from_le_bytes(job), 0, rank, size)
     }
 
     /// Root: serves every other rank once.

@@ -77,14 +77,7 @@ impl Member<'_> {
     }
 
     fn header(&self, kind: Kind, seq: u64) -> Header {
-        Header {
-            kind: kind as u8,
-            job: self.job,
-            seq,
-            from: u32::try_from(self.rank).unwrap_or(u32::MAX),
-            size: u32::try_from(self.size).unwrap_or(u32::MAX),
-            len: 0,
-        }
+        Header::new(kind, self.job, seq, self.rank, self.size)
     }
 
     fn proof(
@@ -524,6 +517,20 @@ pub(crate) fn allgather(
     let mut written = 0usize;
     queue.push_back(block(me, step, rank, mine).map_err(|(_, e)| e)?);
     let mut received = 0usize;
+    // This rank's error that a peer closed its link, or an I/O error
+    // (`peer: None`: of the poll), and the rank each blames.
+    let closed = |peer: usize| (peer, BootstrapError::PeerClosed { rank, step, peer });
+    let failed = |culprit: usize, peer: Option<usize>, source: io::Error| {
+        (
+            culprit,
+            BootstrapError::Io {
+                rank,
+                step,
+                peer,
+                source,
+            },
+        )
+    };
     let result = (|| {
         loop {
             // Blocks already buffered first.
@@ -574,15 +581,7 @@ pub(crate) fn allgather(
                 match rustix::event::poll(&mut fds, Some(&t)) {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
                     Err(e) => {
-                        return Err((
-                            prev,
-                            BootstrapError::Io {
-                                rank,
-                                step,
-                                peer: None,
-                                source: e.into(),
-                            },
-                        ));
+                        return Err(failed(prev, None, e.into()));
                     }
                 }
                 let mut it = fds.iter();
@@ -611,64 +610,27 @@ pub(crate) fn allgather(
                         if e.kind() == io::ErrorKind::BrokenPipe
                             || e.kind() == io::ErrorKind::ConnectionReset =>
                     {
-                        return Err((
-                            next,
-                            BootstrapError::PeerClosed {
-                                rank,
-                                step,
-                                peer: next,
-                            },
-                        ));
+                        return Err(closed(next));
                     }
                     Err(e) => {
-                        return Err((
-                            next,
-                            BootstrapError::Io {
-                                rank,
-                                step,
-                                peer: Some(next),
-                                source: e,
-                            },
-                        ));
+                        return Err(failed(next, Some(next), e));
                     }
                 }
             }
             if readable {
                 match ring.prev.reader.fill(&mut ring.prev.stream) {
                     Ok(0) => {
-                        return Err((
-                            prev,
-                            BootstrapError::PeerClosed {
-                                rank,
-                                step,
-                                peer: prev,
-                            },
-                        ));
+                        return Err(closed(prev));
                     }
                     Ok(_) => {}
                     Err(e)
                         if e.kind() == io::ErrorKind::WouldBlock
                             || e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                        return Err((
-                            prev,
-                            BootstrapError::PeerClosed {
-                                rank,
-                                step,
-                                peer: prev,
-                            },
-                        ));
+                        return Err(closed(prev));
                     }
                     Err(e) => {
-                        return Err((
-                            prev,
-                            BootstrapError::Io {
-                                rank,
-                                step,
-                                peer: Some(prev),
-                                source: e,
-                            },
-                        ));
+                        return Err(failed(prev, Some(prev), e));
                     }
                 }
             }
@@ -754,6 +716,18 @@ fn next_block(
     traffic: &mut Traffic,
 ) -> Result<Option<Vec<u8>>, (usize, BootstrapError)> {
     let (rank, prev) = (me.rank, me.prev());
+    // The previous rank sent a frame that is not the one expected.
+    let mismatch = |what: FrameMismatch| {
+        (
+            prev,
+            BootstrapError::Mismatch {
+                rank,
+                step,
+                peer: prev,
+                what,
+            },
+        )
+    };
     loop {
         let (h, payload) = match ring.prev.reader.next(MAX_PAYLOAD) {
             Ok(Some(f)) => f,
@@ -779,15 +753,7 @@ fn next_block(
         }
         let exp = wire::expect(me.job, me.size, step, Kind::RingBlock, prev);
         if let Err(what) = exp.check(&h) {
-            return Err((
-                prev,
-                BootstrapError::Mismatch {
-                    rank,
-                    step,
-                    peer: prev,
-                    what,
-                },
-            ));
+            return Err(mismatch(what));
         }
         let Some((head, data)) = payload.split_first_chunk::<ORIGIN>() else {
             return Err((
@@ -802,18 +768,10 @@ fn next_block(
         };
         let theirs = u32::from_le_bytes(*head);
         if usize::try_from(theirs).ok() != Some(origin) {
-            return Err((
-                prev,
-                BootstrapError::Mismatch {
-                    rank,
-                    step,
-                    peer: prev,
-                    what: FrameMismatch::Origin {
-                        expected: u32::try_from(origin).unwrap_or(u32::MAX),
-                        theirs,
-                    },
-                },
-            ));
+            return Err(mismatch(FrameMismatch::Origin {
+                expected: u32::try_from(origin).unwrap_or(u32::MAX),
+                theirs,
+            }));
         }
         return Ok(Some(data.to_vec()));
     }

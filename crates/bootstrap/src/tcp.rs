@@ -399,14 +399,7 @@ impl Tcp {
     }
 
     fn header(&self, kind: Kind, seq: u64) -> Header {
-        Header {
-            kind: kind as u8,
-            job: self.job,
-            seq,
-            from: u32::try_from(self.rank).unwrap_or(u32::MAX),
-            size: u32::try_from(self.size).unwrap_or(u32::MAX),
-            len: 0,
-        }
+        Header::new(kind, self.job, seq, self.rank, self.size)
     }
 
     fn expect(&self, kind: Kind, op: Op, seq: u64, from: usize) -> Expect {

@@ -121,6 +121,20 @@ pub(crate) enum HeaderError {
 }
 
 impl Header {
+    /// The header of a frame of `kind` from `rank` of a job of `size`,
+    /// its length still 0; a rank or size beyond `u32` is sent as
+    /// `u32::MAX`, which every receiver rejects as out of range.
+    pub(crate) fn new(kind: Kind, job: u64, seq: u64, rank: usize, size: usize) -> Header {
+        Header {
+            kind: kind as u8,
+            job,
+            seq,
+            from: u32::try_from(rank).unwrap_or(u32::MAX),
+            size: u32::try_from(size).unwrap_or(u32::MAX),
+            len: 0,
+        }
+    }
+
     /// The header's [`HEADER_LEN`] bytes; `None` only if `postcard` and
     /// [`RawHeader`] disagree on its size.
     pub(crate) fn encode(&self) -> Option<[u8; HEADER_LEN]> {

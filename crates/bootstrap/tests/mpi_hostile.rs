@@ -7,51 +7,33 @@
 //! mpirun not found`, and fails if `CUDA_ENDPOINTS_REQUIRE_MPI=1`.
 #![cfg(feature = "mpi")]
 
-use std::io::{Read, Write};
-use std::path::PathBuf;
+// The root crate's child harness (std only): the MPI tests of both crates
+// find their example and `mpirun` alike, and skip or fail alike.
+#[path = "../../../tests/common/children.rs"]
+mod children;
+
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const REQUIRE: &str = "CUDA_ENDPOINTS_REQUIRE_MPI";
 /// Far beyond any bound under test: only a hang reaches it.
 const HANG: Duration = Duration::from_secs(120);
-
-fn example() -> PathBuf {
-    // target/<profile>/deps/<this test> -> target/<profile>/examples/mpi_hostile
-    let exe = std::env::current_exe().expect("test path");
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .join("examples")
-        .join("mpi_hostile")
-}
 
 /// The honest ranks' lines, by rank, of `mpirun -n 4 mpi_hostile <case> <dir>`;
 /// `None` when `mpirun` is missing (skipped).
 fn run(case: &str) -> Option<Vec<String>> {
     // One job at a time: four ranks each, on a small machine.
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if Command::new("mpirun").arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os(REQUIRE).is_none_or(|v| v != "1"),
-            "mpirun not found but {REQUIRE}=1"
-        );
-        let _ = writeln!(
-            std::io::stderr(),
-            "{case}: skipped: mpirun not found (apt-get install -y openmpi-bin libopenmpi-dev libclang-dev)"
-        );
+    let _one = children::serial();
+    if !children::mpirun_found() {
         return None;
     }
-    let exe = example();
-    assert!(exe.exists(), "{} not built", exe.display());
+    let exe = children::example("mpi_hostile");
     let dir = std::env::temp_dir().join(format!("mpi-hostile-{}-{case}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a directory for the answers");
     let mut child = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-n", "4"])
+        .args(children::MPIRUN)
+        .args(["-n", "4"])
         .arg(&exe)
         .arg(case)
         .arg(&dir)
