@@ -605,17 +605,24 @@ fn fake_root_handshake(s: &mut TcpStream, job: u64, secret: &[u8]) {
         .expect("welcome");
 }
 
-/// A fake rank 0 that welcomes, then answers the allgather with `answer`.
-fn with_hostile_root(answer: impl FnOnce(u64) -> Vec<u8> + Send + 'static) -> BootstrapError {
+/// A loopback listener for a fake rank 0, and the unique id naming it, job
+/// `job` and a secret of sixteen `byte`s.
+fn fake_root_listener(job: u64, byte: u8) -> (TcpListener, UniqueId) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let job = 0x1234_5678_9abc_def0u64;
-    let id: UniqueId = format!(
+    let id = format!(
         "cebs1/{}/{job:016x}/{}",
         l.local_addr().expect("addr"),
-        "11".repeat(16)
+        format!("{byte:02x}").repeat(16)
     )
     .parse()
     .expect("id");
+    (l, id)
+}
+
+/// A fake rank 0 that welcomes, then answers the allgather with `answer`.
+fn with_hostile_root(answer: impl FnOnce(u64) -> Vec<u8> + Send + 'static) -> BootstrapError {
+    let job = 0x1234_5678_9abc_def0u64;
+    let (l, id) = fake_root_listener(job, 0x11);
     let fake = std::thread::spawn(move || {
         let (mut s, _) = l.accept().expect("accept");
         fake_root_handshake(&mut s, job, &[0x11; 16]);
@@ -853,15 +860,8 @@ fn a_joiner_declaring_another_size_aborts_connections_not_yet_admitted_too() {
 fn a_rank_joining_an_impostor_rank_0_fails_with_impostor_and_takes_nothing() {
     let _s = serial();
     for forge in [false, true] {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let job = 0x0bad_0bad_0bad_0badu64;
-        let id: UniqueId = format!(
-            "cebs1/{}/{job:016x}/{}",
-            l.local_addr().expect("addr"),
-            "42".repeat(16)
-        )
-        .parse()
-        .expect("id");
+        let (l, id) = fake_root_listener(job, 0x42);
         let impostor = std::thread::spawn(move || {
             let (mut s, _) = l.accept().expect("accept");
             let mut hello = [0u8; 36 + 16];
@@ -1253,16 +1253,9 @@ fn read_raw_frame(s: &mut TcpStream) -> (u8, u32, Vec<u8>) {
 fn a_ring_peer_that_cannot_prove_the_secret_is_refused_as_unproven() {
     let _s = serial();
     let _w = watchdog::guard("unproven ring peer");
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let job = 0x5eed_5eed_5eed_5eedu64;
     let secret = [0x42u8; 16];
-    let id: UniqueId = format!(
-        "cebs1/{}/{job:016x}/{}",
-        l.local_addr().expect("addr"),
-        "42".repeat(16)
-    )
-    .parse()
-    .expect("id");
+    let (l, id) = fake_root_listener(job, 0x42);
     let squatter = TcpListener::bind("127.0.0.1:0").expect("bind");
     let squatted = squatter.local_addr().expect("addr").to_string();
     // Rank 0 by hand: welcomes ranks 1 and 2, takes their ring addresses,
