@@ -18,12 +18,23 @@
 //!     mpirun -n 4 --oversubscribe target/debug/examples/communicator --mpi
 //! ```
 //!
+//! One more mode, a flag that the launcher passes to every rank:
+//!
+//! - `--forge-id-table` (R13.4): rank 1 reports a forged digest of its
+//!   peer-to-id table at the end of `unicast_peers`; every rank fails with
+//!   the same error naming rank 1, its digest and rank 0's, leaving nothing
+//!   behind; then the same bring-up without the forgery moves bytes. Also
+//!   under `mpirun` (`--mpi --forge-id-table`).
+//!
 //! Exit codes: 0 every byte and every count right; 1 a byte or a count was
 //! wrong; 2 could not run; 3 a rank hung or the fabric saw a leak or a
 //! broken rule (`common/job.rs`).
 
 #[allow(dead_code)]
 mod common;
+// The forging bootstrap the threads test uses too.
+#[path = "../tests/common/forge.rs"]
+mod forge;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -33,12 +44,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::Me;
 use common::job::{self, Checked, TIMEOUT};
 use cuda_endpoints::model::faults::{Fault, FaultPlan};
-use cuda_endpoints::team::{self, OwnedPeers, PeerSpec, Retry, TeamSpec};
+use cuda_endpoints::team::{self, Cause, Mismatch, OwnedPeers, PeerSpec, Retry, Step, TeamSpec};
 use cuda_endpoints::{
     Allocation, BoundEndpoint, Context, CopyBatch, Mapped, PosixFd, Stream,
     bootstrap::Bootstrap,
     driver::{Call, Code},
 };
+use forge::ForgeIdTable;
 use tracing_subscriber::layer::SubscriberExt;
 
 const CHUNK: u64 = common::BYTES;
@@ -226,6 +238,110 @@ fn rank(
     Ok(checked)
 }
 
+/// Every peer's heap of `peers` read back at offset 0: what rank `p` put
+/// there as communicator `c` (after every rank put its own, `boot`'s
+/// barrier).
+fn put_and_get_every_peer(
+    ctx: &Context,
+    boot: &dyn Bootstrap,
+    dev: cuda_endpoints::Device,
+    peers: &OwnedPeers<Mapped<PosixFd>>,
+    c: usize,
+) -> Result<Checked, Box<dyn std::error::Error>> {
+    let r = boot.rank();
+    let mut checked = Checked::default();
+    let stream = Stream::new(ctx, dev)?;
+    stream
+        .enqueue(CopyBatch::new().put_host(mark(r, c, 0), peers.own(), 0))?
+        .wait()?;
+    boot.barrier(TIMEOUT)?;
+    for p in (0..peers.ranks()).filter(|&p| p != r) {
+        let ep = peers.peer(p).ok_or("no peer")?;
+        let got = stream
+            .enqueue(CopyBatch::new().get_host(ep, 0, LEN))?
+            .wait()?;
+        let got = got.received.into_iter().next().unwrap_or_default();
+        checked.compare(&format!("{c}: rank {p}'s heap"), &got, &mark(p, c, 0));
+    }
+    // Every rank stopped using every heap before any tears down (R13.7).
+    boot.barrier(TIMEOUT)?;
+    Ok(checked)
+}
+
+/// The tag of `--forge-id-table`'s bring-ups.
+const FORGED_TAG: u64 = 13;
+
+/// `--forge-id-table`: rank 1 forges its peer-to-id table digest; every
+/// rank must fail naming rank 1, its forged digest and rank 0's honest one,
+/// with nothing left; then the bring-up without the forgery moves bytes.
+fn forged_id_table(
+    ctx: &Context,
+    me: &Me,
+    boot: &dyn Bootstrap,
+) -> Result<Checked, Box<dyn std::error::Error>> {
+    let (r, dev) = (boot.rank(), me.device());
+    if boot.size() < 2 {
+        return Err("--forge-id-table needs two ranks or more".into());
+    }
+    let spec = PeerSpec::new(dev, MAX).timeout(TIMEOUT).tag(FORGED_TAG);
+    let forging = ForgeIdTable::new(boot, 1);
+    let outcome = team::unicast_peers(ctx, &forging, &spec).map(drop);
+    // Every rank's digest as it computed it: the honest tables agree.
+    let honest = boot.allgather(&forging.honest_digest().unwrap_or(0).to_le_bytes(), TIMEOUT)?;
+    let honest: Vec<u64> = honest
+        .iter()
+        .map(|d| <[u8; 8]>::try_from(d.as_slice()).map(u64::from_le_bytes))
+        .collect::<Result<_, _>>()?;
+    let mut checked = Checked::default();
+    let reference = honest.first().copied().unwrap_or(0);
+    if reference == 0 || honest.iter().any(|&d| d != reference) {
+        checked
+            .wrong
+            .push(format!("rank {r}: the honest digests differ: {honest:x?}"));
+    }
+    let want = Mismatch::IdTable {
+        reported: reference ^ forge::FLIP,
+        expected: reference,
+    };
+    match outcome {
+        Ok(()) => checked
+            .wrong
+            .push(format!("rank {r}: the forged table was not refused")),
+        Err(e)
+            if (e.rank, e.step) == (1, Step::Wait)
+                && matches!(&e.cause, Cause::Mismatch(m) if *m == want) =>
+        {
+            println!(
+                "communicator rank {r}: R13.4 refused: rank 1's peer-to-id table {:#018x} is not rank 0's {reference:#018x}",
+                reference ^ forge::FLIP
+            );
+        }
+        Err(e) => checked
+            .wrong
+            .push(format!("rank {r}: refused, but not as R13.4 names it: {e}")),
+    }
+    // The failed bring-up undid everything it made on this rank.
+    me.holds_nothing(r)?;
+    // The same bring-up, honest, moves bytes.
+    let mut peers = team::unicast_peers(ctx, boot, &spec)?.into_owned();
+    peers.grow(boot, chunk(ctx, dev)?, TIMEOUT)?;
+    let c = put_and_get_every_peer(ctx, boot, dev, &peers, 0)?;
+    checked.bytes += c.bytes;
+    checked.wrong.extend(c.wrong);
+    drop(peers);
+    let teardown = ctx.take_teardown_errors();
+    if !teardown.is_empty() {
+        return Err(format!("rank {r}: teardown errors {teardown:?}").into());
+    }
+    me.holds_nothing(r)?;
+    Ok(checked)
+}
+
 fn main() -> ExitCode {
-    job::main("communicator", rank)
+    let flag = |f: &str| std::env::args().any(|a| a == f);
+    if flag("--forge-id-table") {
+        job::main("communicator", forged_id_table)
+    } else {
+        job::main("communicator", rank)
+    }
 }

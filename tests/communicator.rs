@@ -8,11 +8,13 @@
 //! model on a 13.5 driver (the fabric copy exists).
 
 mod common;
+#[path = "common/forge.rs"]
+mod forge;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use cuda_endpoints::bootstrap::{Bootstrap, BootstrapError, Tcp, ThreadRank, Threads};
+use cuda_endpoints::bootstrap::{Bootstrap, Tcp, ThreadRank, Threads};
 use cuda_endpoints::model::Model;
 use cuda_endpoints::team::{
     self, Cause, Mismatch, OwnedPeers, PeerSpec, Step, Tagged, TeamError, TeamSpec,
@@ -20,6 +22,7 @@ use cuda_endpoints::team::{
 use cuda_endpoints::{
     Allocation, BoundEndpoint, Context, CopyBatch, Error, Mapped, PosixFd, Stream, driver::Call,
 };
+use forge::ForgeIdTable;
 
 const CHUNK: u64 = 2 << 20;
 const MAX: u64 = 4 * CHUNK;
@@ -262,61 +265,30 @@ fn a_heap_grown_by_another_chunk_size_on_one_rank_fails_every_rank_and_unbinds_i
     common::no_violations(&model.violations());
 }
 
-/// A bootstrap that forges rank 1's peer-to-id table digest in the final
-/// agreement of `unicast_peers` (its `Wait` step), as a rank that imported
-/// peers under other ids (or a bootstrap that delivered other handles to
-/// it) would report.
-struct ForgeIdTable(ThreadRank);
-
-/// The wire tag of `Step::Wait`, where a status header (18 bytes) has it,
-/// and where an `Ok` status's payload starts (after the variant and the
-/// payload's one-byte length).
-const WAIT_TAG: u8 = 6;
-const STEP_AT: usize = 13;
-const BODY_AT: usize = 18;
-const PAYLOAD_AT: usize = BODY_AT + 2;
-
-impl Bootstrap for ForgeIdTable {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn size(&self) -> usize {
-        self.0.size()
-    }
-    fn allgather(&self, mine: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, BootstrapError> {
-        let mut mine = mine.to_vec();
-        let is_wait_ok = mine.get(STEP_AT) == Some(&WAIT_TAG) && mine.get(BODY_AT) == Some(&0);
-        if self.rank() == 1 && is_wait_ok && mine.len() == PAYLOAD_AT + 8 {
-            mine[PAYLOAD_AT] ^= 0x5a;
-        }
-        self.0.allgather(&mine, timeout)
-    }
-    fn broadcast(
-        &self,
-        root: usize,
-        mine: &[u8],
-        timeout: Duration,
-    ) -> Result<Vec<u8>, BootstrapError> {
-        self.0.broadcast(root, mine, timeout)
-    }
-    fn barrier(&self, timeout: Duration) -> Result<(), BootstrapError> {
-        self.0.barrier(timeout)
-    }
-}
-
 #[test]
-fn r13_4_a_forged_peer_to_id_table_fails_every_rank_naming_that_rank() {
+fn r13_4_a_forged_peer_to_id_table_fails_every_rank_naming_that_rank_and_both_digests() {
     let (contexts, model) = processes(3);
-    let boots = Threads::new(3).into_iter().map(ForgeIdTable).collect();
-    let errors: Vec<TeamError> = on_every_rank(&contexts, boots, |r, ctx, _, boot| {
-        team::unicast_peers(ctx, boot, &PeerSpec::new(r as i32, CHUNK).timeout(T)).unwrap_err()
-    });
-    for e in &errors {
+    let boots = Threads::new(3)
+        .into_iter()
+        .map(|b| ForgeIdTable::new(b, 1))
+        .collect();
+    let errors: Vec<(TeamError, Option<u64>)> =
+        on_every_rank(&contexts, boots, |r, ctx, _, boot| {
+            let spec = PeerSpec::new(r as i32, CHUNK).timeout(T);
+            let e = team::unicast_peers(ctx, boot, &spec).unwrap_err();
+            (e, boot.honest_digest())
+        });
+    // The honest tables agree; the error names rank 1's forged digest and
+    // rank 0's, the reference.
+    let honest = errors[0].1.expect("rank 0's digest");
+    for (e, own) in &errors {
+        assert_eq!(*own, Some(honest), "{e}");
         assert_eq!((e.rank, e.step), (1, Step::Wait), "{e}");
-        assert!(
-            matches!(e.cause, Cause::Mismatch(Mismatch::IdTable { .. })),
-            "{e}"
-        );
+        let want = Mismatch::IdTable {
+            reported: honest ^ forge::FLIP,
+            expected: honest,
+        };
+        assert!(matches!(&e.cause, Cause::Mismatch(m) if *m == want), "{e}");
     }
     assert!(model.live_node().is_empty(), "undone on every rank");
     common::no_violations(&model.violations());

@@ -9,11 +9,16 @@
 //! and drops its communicators in its own order; the job ends with every
 //! byte and count right, every process gone, and the fabric empty and free
 //! of broken rules (the example's exit code 0; `examples/common/job.rs`).
+//!
+//! The example's `--forge-id-table` mode (item 5, R13.4: one rank's forged
+//! peer-to-id table digest fails every rank; over TCP and under `mpirun`).
 //! Every wait is bounded; the children are killed and reaped on every path.
 #![cfg(feature = "fabric")]
 
 #[path = "common/children.rs"]
 mod children;
+#[path = "common/forge.rs"]
+mod forge;
 
 use std::time::Duration;
 
@@ -82,4 +87,90 @@ fn communicators_between_four_mpi_ranks_under_mpirun_retry_grow_shrink_and_drop_
         ],
     );
     every_byte_right(&d);
+}
+
+/// The example's mode `mode` as a job of 4 processes over TCP (the example
+/// is the launcher and rank 0).
+fn tcp_job(mode: &str) -> Done {
+    let exe = children::example("communicator");
+    run(exe.to_str().expect("utf-8 path"), &["4", "1", mode])
+}
+
+/// The example's mode `mode` as 4 MPI ranks under `mpirun`, on a fabric of
+/// the fabric's launcher (which exits 3 on a leak or a broken rule).
+#[cfg(feature = "mpi")]
+fn mpi_job(mode: &str) -> Done {
+    let exe = children::example("communicator");
+    let launcher = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
+    run(
+        launcher,
+        &[
+            "--nodes",
+            "1",
+            "--gpus",
+            "4",
+            "--driver-version",
+            "13050",
+            "--",
+            "mpirun",
+            children::MPIRUN[0],
+            children::MPIRUN[1],
+            "-n",
+            "4",
+            exe.to_str().expect("utf-8 path"),
+            "--mpi",
+            mode,
+        ],
+    )
+}
+
+/// Every rank's R13.4 line names rank 1's forged digest and rank 0's honest
+/// one, the same on all 4: the forged one is the honest one with the
+/// forger's flip (`common/forge.rs`).
+#[track_caller]
+fn every_rank_named_both_digests(d: &Done) {
+    let named: Vec<(u64, u64)> = d
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once("R13.4 refused: rank 1's peer-to-id table "))
+        .map(|(_, rest)| {
+            let (reported, expected) = rest.split_once(" is not rank 0's ").expect("both digests");
+            let hex = |h: &str| u64::from_str_radix(h.trim_start_matches("0x"), 16).expect("hex");
+            (hex(reported), hex(expected))
+        })
+        .collect();
+    assert_eq!(named.len(), 4, "{}\n{}", d.stdout, d.stderr);
+    let (reported, expected) = named[0];
+    assert_eq!(reported, expected ^ forge::FLIP, "{}", d.stdout);
+    assert!(named.iter().all(|n| *n == named[0]), "{named:x?}");
+}
+
+#[test]
+fn r13_4_a_forged_peer_to_id_table_fails_every_process_over_tcp_naming_rank_1_and_both_digests_with_nothing_left()
+ {
+    // Each rank also checks that it holds nothing after the failure, then
+    // brings the peers up honestly and moves bytes; the launcher checks
+    // that the fabric holds nothing and saw no broken rule.
+    let d = tcp_job("--forge-id-table");
+    every_byte_right(&d);
+    every_rank_named_both_digests(&d);
+    assert!(
+        d.stdout
+            .contains("every byte right on every rank, nothing left"),
+        "{}",
+        d.stdout
+    );
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn r13_4_a_forged_peer_to_id_table_fails_every_mpi_rank_under_mpirun_naming_rank_1_and_both_digests_with_nothing_left()
+ {
+    if !children::mpirun_found() {
+        return;
+    }
+    let d = mpi_job("--forge-id-table");
+    every_byte_right(&d);
+    every_rank_named_both_digests(&d);
+    assert!(d.stderr.contains("nothing leaked"), "{}", d.stderr);
 }

@@ -3,7 +3,8 @@
 //! program is the launcher and rank 0; it starts a fabric of `[nodes]` nodes
 //! and `[ranks] - 1` copies of itself, which find their rank, the fabric and
 //! the bootstrap id in their environment (the variables the
-//! `cuda-endpoints-fabric` launcher sets). Every wait is bounded; the child
+//! `cuda-endpoints-fabric` launcher sets) and its `--` flags (its mode).
+//! Every wait is bounded; the child
 //! ranks are killed and reaped on every path, the socket's directory
 //! removed.
 
@@ -100,12 +101,18 @@ impl Launch {
         let server = FabricServer::start_at(config, &socket)?;
         let (id, root) = Tcp::root("127.0.0.1:0".parse()?)?;
         let start = Instant::now();
+        // Every rank runs the launcher's mode: its flags go to each.
+        let flags: Vec<String> = std::env::args()
+            .skip(1)
+            .filter(|a| a.starts_with("--") && !a.starts_with("--driver"))
+            .collect();
         let mut ranks = Ranks(Vec::new());
         for r in 1..size {
             let mut cmd = Command::new(std::env::current_exe()?);
             if cuda {
                 cmd.args(["--driver", "cuda"]);
             }
+            cmd.args(&flags);
             let child = cmd
                 .env(
                     fabric::FABRIC_ENV,
