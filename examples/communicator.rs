@@ -18,8 +18,13 @@
 //!     mpirun -n 4 --oversubscribe target/debug/examples/communicator --mpi
 //! ```
 //!
-//! One more mode, a flag that the launcher passes to every rank:
+//! Two more modes, each a flag that the launcher passes to every rank:
 //!
+//! - `--eight` (issue 20, item 7; TCP only): eight communicators over the
+//!   same ranks and devices come up at once, each on its own thread over
+//!   its own tagged channel of the rank's one TCP bootstrap
+//!   (`team::Tagged`); each moves bytes between every pair of ranks, and
+//!   every byte is checked, so none crosses into another.
 //! - `--forge-id-table` (R13.4): rank 1 reports a forged digest of its
 //!   peer-to-id table at the end of `unicast_peers`; every rank fails with
 //!   the same error naming rank 1, its digest and rank 0's, leaving nothing
@@ -44,7 +49,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::Me;
 use common::job::{self, Checked, TIMEOUT};
 use cuda_endpoints::model::faults::{Fault, FaultPlan};
-use cuda_endpoints::team::{self, Cause, Mismatch, OwnedPeers, PeerSpec, Retry, Step, TeamSpec};
+use cuda_endpoints::team::{
+    self, Cause, Mismatch, OwnedPeers, PeerSpec, Retry, Step, Tagged, TeamSpec,
+};
 use cuda_endpoints::{
     Allocation, BoundEndpoint, Context, CopyBatch, Mapped, PosixFd, Stream,
     bootstrap::Bootstrap,
@@ -268,6 +275,72 @@ fn put_and_get_every_peer(
     Ok(checked)
 }
 
+/// Communicators brought up at once in `--eight` mode.
+const AT_ONCE: u64 = 8;
+
+/// `--eight`: [`AT_ONCE`] communicators come up at once on this rank, each
+/// on its own thread over its own channel (its tag) of the one shared
+/// bootstrap, and each moves bytes with every peer.
+fn eight_at_once(
+    ctx: &Context,
+    me: &Me,
+    boot: &(dyn Bootstrap + Sync),
+) -> Result<Checked, Box<dyn std::error::Error>> {
+    let (r, dev) = (boot.rank(), me.device());
+    let shared = Tagged::new(boot);
+    // Every bring-up starts together: none is done before another began.
+    let start = std::sync::Barrier::new(AT_ONCE as usize);
+    let made: Vec<Result<(Comm, Checked), String>> = std::thread::scope(|s| {
+        let all: Vec<_> = (0..AT_ONCE)
+            .map(|tag| {
+                let (shared, start) = (&shared, &start);
+                s.spawn(move || {
+                    start.wait();
+                    let channel = shared.channel(tag);
+                    let c = usize::try_from(tag).map_err(|e| e.to_string())?;
+                    let comm = Comm::new(ctx, &channel, dev, tag)
+                        .map_err(|e| format!("communicator {tag}: {e}"))?;
+                    let checked = put_and_get_every_peer(ctx, &channel, dev, &comm.peers, c)
+                        .map_err(|e| format!("communicator {tag}: {e}"))?;
+                    Ok((comm, checked))
+                })
+            })
+            .collect();
+        all.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect()
+    });
+    let mut checked = Checked::default();
+    let mut comms = Vec::with_capacity(made.len());
+    for m in made {
+        let (comm, c) = m?;
+        checked.bytes += c.bytes;
+        checked.wrong.extend(c.wrong);
+        comms.push(comm);
+    }
+    // One endpoint per communicator, on the same device.
+    let mut ids: Vec<u32> = comms.iter().map(|c| c.peers.own().id()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.len() != comms.len() {
+        checked.wrong.push(format!(
+            "rank {r}: {} distinct endpoints for {} communicators",
+            ids.len(),
+            comms.len()
+        ));
+    }
+    // Every rank is done with every communicator before any tears down.
+    shared.channel(u64::MAX).barrier(TIMEOUT)?;
+    drop(comms);
+    let teardown = ctx.take_teardown_errors();
+    if !teardown.is_empty() {
+        return Err(format!("rank {r}: teardown errors {teardown:?}").into());
+    }
+    me.holds_nothing(r)?;
+    println!("communicator rank {r}: {AT_ONCE} communicators came up at once, none crossed");
+    Ok(checked)
+}
+
 /// The tag of `--forge-id-table`'s bring-ups.
 const FORGED_TAG: u64 = 13;
 
@@ -339,7 +412,9 @@ fn forged_id_table(
 
 fn main() -> ExitCode {
     let flag = |f: &str| std::env::args().any(|a| a == f);
-    if flag("--forge-id-table") {
+    if flag("--eight") {
+        job::main_shared("communicator", eight_at_once)
+    } else if flag("--forge-id-table") {
         job::main("communicator", forged_id_table)
     } else {
         job::main("communicator", rank)

@@ -10,7 +10,9 @@
 //! byte and count right, every process gone, and the fabric empty and free
 //! of broken rules (the example's exit code 0; `examples/common/job.rs`).
 //!
-//! The example's `--forge-id-table` mode (item 5, R13.4: one rank's forged
+//! The example's other modes, as jobs of OS processes: `--eight` (item 7:
+//! eight communicators per process over one shared TCP bootstrap, brought
+//! up at once) and `--forge-id-table` (item 5, R13.4: one rank's forged
 //! peer-to-id table digest fails every rank; over TCP and under `mpirun`).
 //! Every wait is bounded; the children are killed and reaped on every path.
 #![cfg(feature = "fabric")]
@@ -173,4 +175,48 @@ fn r13_4_a_forged_peer_to_id_table_fails_every_mpi_rank_under_mpirun_naming_rank
     every_byte_right(&d);
     every_rank_named_both_digests(&d);
     assert!(d.stderr.contains("nothing leaked"), "{}", d.stderr);
+}
+
+#[test]
+fn eight_communicators_per_process_over_one_shared_tcp_bootstrap_come_up_at_once_between_four_processes_and_none_crosses()
+ {
+    // Each process brings up eight tagged communicators at once, each on
+    // its own thread and channel of its one TCP bootstrap; each moves bytes
+    // with every peer and checks every byte (a crossed message would be
+    // another tag's, refused, or another communicator's bytes, wrong);
+    // every wait is bounded by the bring-ups' timeout.
+    let d = tcp_job("--eight");
+    every_byte_right(&d);
+    assert_eq!(
+        d.stdout
+            .matches("8 communicators came up at once, none crossed")
+            .count(),
+        4,
+        "{}",
+        d.stdout
+    );
+    assert!(
+        d.stdout
+            .contains("every byte right on every rank, nothing left"),
+        "{}",
+        d.stdout
+    );
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn eight_communicators_at_once_are_refused_under_mpirun_because_threads_cannot_share_an_mpi_communicator()
+ {
+    // Not a hang and not a crash: the MPI bootstrap is not shared by
+    // threads (`Mpi` is not `Sync`), so the mode says so and exits 2.
+    if !children::mpirun_found() {
+        return;
+    }
+    let d = mpi_job("--eight");
+    assert!(
+        d.stderr.contains("which an MPI communicator is not"),
+        "{}",
+        d.stderr
+    );
+    assert_ne!(d.code, Some(0), "{}", d.stdout);
 }

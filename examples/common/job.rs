@@ -61,6 +61,31 @@ impl Checked {
 /// One rank's work: bring up, move bytes, check them, tear down.
 pub type RankFn = fn(&Context, &Me, &dyn Bootstrap) -> Result<Checked, Box<dyn std::error::Error>>;
 
+/// One rank's work on a bootstrap that its threads share (bring-ups at
+/// once over `team::Tagged`): TCP's is; an MPI communicator is not.
+pub type SharedRankFn =
+    fn(&Context, &Me, &(dyn Bootstrap + Sync)) -> Result<Checked, Box<dyn std::error::Error>>;
+
+#[derive(Clone, Copy)]
+enum Work {
+    Any(RankFn),
+    Shared(SharedRankFn),
+}
+
+impl Work {
+    fn on_tcp(
+        self,
+        ctx: &Context,
+        me: &Me,
+        boot: &cuda_endpoints::bootstrap::Tcp,
+    ) -> Result<Checked, Box<dyn std::error::Error>> {
+        match self {
+            Work::Any(f) => f(ctx, me, boot),
+            Work::Shared(f) => f(ctx, me, boot),
+        }
+    }
+}
+
 /// The exit code of one rank's outcome, printed with the rank's name.
 fn outcome(name: &str, rank: usize, r: Result<Checked, Box<dyn std::error::Error>>) -> u8 {
     match r {
@@ -93,13 +118,19 @@ fn worst(a: u8, b: u8) -> u8 {
 
 /// The whole program: a child rank, an MPI rank, or the launcher.
 pub fn main(name: &str, work: RankFn) -> ExitCode {
-    ExitCode::from(run(name, work))
+    ExitCode::from(run(name, Work::Any(work)))
 }
 
-fn run(name: &str, work: RankFn) -> u8 {
+/// As [`main`], for work whose threads share the bootstrap: over TCP only
+/// (`--mpi` could not run).
+pub fn main_shared(name: &str, work: SharedRankFn) -> ExitCode {
+    ExitCode::from(run(name, Work::Shared(work)))
+}
+
+fn run(name: &str, work: Work) -> u8 {
     if let Some(joined) = launch::child() {
         return match joined {
-            Ok(j) => outcome(name, j.rank, work(&j.ctx, &j.me, &j.boot)),
+            Ok(j) => outcome(name, j.rank, work.on_tcp(&j.ctx, &j.me, &j.boot)),
             Err(e) => outcome(name, usize::MAX, Err(e)),
         };
     }
@@ -116,7 +147,13 @@ fn run(name: &str, work: RankFn) -> u8 {
 }
 
 #[cfg(feature = "mpi")]
-fn mpi_rank(name: &str, work: RankFn) -> u8 {
+fn mpi_rank(name: &str, work: Work) -> u8 {
+    let Work::Any(work) = work else {
+        eprintln!(
+            "{name} --mpi: this mode shares the bootstrap among threads, which an MPI communicator is not: run it over TCP"
+        );
+        return COULD_NOT_RUN;
+    };
     if std::env::var_os(fabric::FABRIC_ENV).is_none() {
         eprintln!(
             "{name} --mpi: run me under cuda-endpoints-fabric (CUDA_ENDPOINTS_FABRIC is not set)"
@@ -135,17 +172,17 @@ fn mpi_rank(name: &str, work: RankFn) -> u8 {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_rank(name: &str, _work: RankFn) -> u8 {
+fn mpi_rank(name: &str, _work: Work) -> u8 {
     eprintln!("{name} --mpi: built without the feature `mpi`");
     COULD_NOT_RUN
 }
 
 /// The launcher and rank 0: a fabric of 13.5 nodes, `n - 1` children, the
 /// job checked.
-fn launch(name: &str, work: RankFn) -> Result<u8, Box<dyn std::error::Error>> {
+fn launch(name: &str, work: Work) -> Result<u8, Box<dyn std::error::Error>> {
     let mut job = Launch::start("data-job-", Some(DRIVER_VERSION))?;
     let mut code = match job.join0() {
-        Ok((ctx, me, boot)) => outcome(name, 0, work(&ctx, &me, &boot)),
+        Ok((ctx, me, boot)) => outcome(name, 0, work.on_tcp(&ctx, &me, &boot)),
         Err(e) => outcome(name, 0, Err(e)),
     };
     for (i, status) in job.wait_ranks()?.into_iter().enumerate() {
