@@ -20,11 +20,14 @@
 //!
 //! Two more modes, each a flag that the launcher passes to every rank:
 //!
-//! - `--eight` (issue 20, item 7; TCP only): eight communicators over the
+//! - `--eight` (issue 20, item 7): eight communicators over the
 //!   same ranks and devices come up at once, each on its own thread over
 //!   its own tagged channel of the rank's one TCP bootstrap
 //!   (`team::Tagged`); each moves bytes between every pair of ranks, and
-//!   every byte is checked, so none crosses into another.
+//!   every byte is checked, so none crosses into another. Under `mpirun`
+//!   (`--mpi --eight`), whose communicator threads cannot share, each
+//!   communicator has a TCP bootstrap of its own, rooted by rank 0 and its
+//!   id sent over MPI.
 //! - `--forge-id-table` (R13.4): rank 1 reports a forged digest of its
 //!   peer-to-id table at the end of `unicast_peers`; every rank fails with
 //!   the same error naming rank 1, its digest and rank 0's, leaving nothing
@@ -43,8 +46,8 @@ mod forge;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use common::Me;
 use common::job::{self, Checked, TIMEOUT};
@@ -54,7 +57,7 @@ use cuda_endpoints::team::{
 };
 use cuda_endpoints::{
     Allocation, BoundEndpoint, Context, CopyBatch, Mapped, PosixFd, Stream,
-    bootstrap::Bootstrap,
+    bootstrap::{Bootstrap, Tcp, UniqueId},
     driver::{Call, Code},
 };
 use forge::ForgeIdTable;
@@ -278,31 +281,34 @@ fn put_and_get_every_peer(
 /// Communicators brought up at once in `--eight` mode.
 const AT_ONCE: u64 = 8;
 
-/// `--eight`: [`AT_ONCE`] communicators come up at once on this rank, each
-/// on its own thread over its own channel (its tag) of the one shared
-/// bootstrap, and each moves bytes with every peer.
-fn eight_at_once(
+/// `--eight`'s bring-ups on this rank, one per thread, all started
+/// together: each gets its bootstrap from `boot_of(tag)` (on its thread),
+/// brings its communicator up with that tag and moves bytes with every
+/// peer. Returns every communicator with its bootstrap (kept until every
+/// rank is done) and what they checked, one endpoint per communicator.
+fn eight<B: Bootstrap + Send>(
     ctx: &Context,
-    me: &Me,
-    boot: &(dyn Bootstrap + Sync),
-) -> Result<Checked, Box<dyn std::error::Error>> {
-    let (r, dev) = (boot.rank(), me.device());
-    let shared = Tagged::new(boot);
+    r: usize,
+    dev: cuda_endpoints::Device,
+    boot_of: impl Fn(u64) -> Result<B, String> + Sync,
+) -> Result<(Vec<(Comm, B)>, Checked), String> {
     // Every bring-up starts together: none is done before another began.
+    // (Before anything that can fail, so that no thread waits for one that
+    // ended.)
     let start = std::sync::Barrier::new(AT_ONCE as usize);
-    let made: Vec<Result<(Comm, Checked), String>> = std::thread::scope(|s| {
+    let made: Vec<Result<(Comm, Checked, B), String>> = std::thread::scope(|s| {
         let all: Vec<_> = (0..AT_ONCE)
             .map(|tag| {
-                let (shared, start) = (&shared, &start);
+                let (start, boot_of) = (&start, &boot_of);
                 s.spawn(move || {
                     start.wait();
-                    let channel = shared.channel(tag);
-                    let c = usize::try_from(tag).map_err(|e| e.to_string())?;
-                    let comm = Comm::new(ctx, &channel, dev, tag)
-                        .map_err(|e| format!("communicator {tag}: {e}"))?;
-                    let checked = put_and_get_every_peer(ctx, &channel, dev, &comm.peers, c)
-                        .map_err(|e| format!("communicator {tag}: {e}"))?;
-                    Ok((comm, checked))
+                    let fail = |e: Box<dyn std::error::Error>| format!("communicator {tag}: {e}");
+                    let boot = boot_of(tag)?;
+                    let c = usize::try_from(tag).map_err(|e| fail(e.into()))?;
+                    let comm = Comm::new(ctx, &boot, dev, tag).map_err(fail)?;
+                    let checked =
+                        put_and_get_every_peer(ctx, &boot, dev, &comm.peers, c).map_err(fail)?;
+                    Ok((comm, checked, boot))
                 })
             })
             .collect();
@@ -311,34 +317,94 @@ fn eight_at_once(
             .collect()
     });
     let mut checked = Checked::default();
-    let mut comms = Vec::with_capacity(made.len());
+    let mut kept = Vec::with_capacity(made.len());
     for m in made {
-        let (comm, c) = m?;
+        let (comm, c, boot) = m?;
         checked.bytes += c.bytes;
         checked.wrong.extend(c.wrong);
-        comms.push(comm);
+        kept.push((comm, boot));
     }
     // One endpoint per communicator, on the same device.
-    let mut ids: Vec<u32> = comms.iter().map(|c| c.peers.own().id()).collect();
+    let mut ids: Vec<u32> = kept.iter().map(|(c, _)| c.peers.own().id()).collect();
     ids.sort_unstable();
     ids.dedup();
-    if ids.len() != comms.len() {
+    if ids.len() != kept.len() {
         checked.wrong.push(format!(
             "rank {r}: {} distinct endpoints for {} communicators",
             ids.len(),
-            comms.len()
+            kept.len()
         ));
     }
-    // Every rank is done with every communicator before any tears down.
-    shared.channel(u64::MAX).barrier(TIMEOUT)?;
-    drop(comms);
+    Ok((kept, checked))
+}
+
+/// The end of `--eight` on this rank, once every rank is done and this
+/// rank dropped its communicators: no teardown error, nothing held.
+fn eight_done(
+    ctx: &Context,
+    me: &Me,
+    r: usize,
+    how: &str,
+    checked: Checked,
+) -> Result<Checked, Box<dyn std::error::Error>> {
     let teardown = ctx.take_teardown_errors();
     if !teardown.is_empty() {
         return Err(format!("rank {r}: teardown errors {teardown:?}").into());
     }
     me.holds_nothing(r)?;
-    println!("communicator rank {r}: {AT_ONCE} communicators came up at once, none crossed");
+    println!("communicator rank {r}: {AT_ONCE} communicators came up at once {how}, none crossed");
     Ok(checked)
+}
+
+/// `--eight` over TCP: the communicators share this rank's one bootstrap,
+/// each over its own channel (its tag).
+fn eight_at_once(
+    ctx: &Context,
+    me: &Me,
+    boot: &(dyn Bootstrap + Sync),
+) -> Result<Checked, Box<dyn std::error::Error>> {
+    let (r, dev) = (boot.rank(), me.device());
+    let shared = Tagged::new(boot);
+    let (comms, checked) = eight(ctx, r, dev, |tag| Ok(shared.channel(tag)))?;
+    // Every rank is done with every communicator before any tears down.
+    shared.channel(u64::MAX).barrier(TIMEOUT)?;
+    drop(comms);
+    eight_done(ctx, me, r, "over one shared bootstrap", checked)
+}
+
+/// `--eight --mpi`: an MPI communicator is not shared by threads, so each
+/// communicator has a TCP bootstrap of its own, rooted by rank 0 on
+/// loopback (`mpirun`'s ranks on one node) and its id sent over MPI.
+fn eight_over_mpi(
+    ctx: &Context,
+    me: &Me,
+    boot: &dyn Bootstrap,
+) -> Result<Checked, Box<dyn std::error::Error>> {
+    let (r, n, dev) = (boot.rank(), boot.size(), me.device());
+    let mut roots = Vec::new();
+    let mut ids = String::new();
+    if r == 0 {
+        for _ in 0..AT_ONCE {
+            let (id, root) = Tcp::root("127.0.0.1:0".parse()?)?;
+            ids.push_str(&format!("{id}\n"));
+            roots.push(Mutex::new(Some(root)));
+        }
+    }
+    let ids = String::from_utf8(boot.broadcast(0, ids.as_bytes(), TIMEOUT)?)?;
+    let ids: Vec<UniqueId> = ids.lines().map(str::parse).collect::<Result<_, _>>()?;
+    let (comms, checked) = eight(ctx, r, dev, |tag| {
+        let t = usize::try_from(tag).map_err(|e| e.to_string())?;
+        let joined = if r == 0 {
+            let root = roots.get(t).and_then(|m| m.lock().ok()?.take());
+            root.ok_or("no root")?.accept(n, TIMEOUT)
+        } else {
+            Tcp::join(ids.get(t).ok_or("no id")?, r, n, TIMEOUT)
+        };
+        joined.map_err(|e| e.to_string())
+    })?;
+    boot.barrier(TIMEOUT)?;
+    drop(comms);
+    eight_done(ctx, me, r, "over eight TCP bootstraps", checked)
 }
 
 /// The tag of `--forge-id-table`'s bring-ups.
@@ -412,7 +478,9 @@ fn forged_id_table(
 
 fn main() -> ExitCode {
     let flag = |f: &str| std::env::args().any(|a| a == f);
-    if flag("--eight") {
+    if flag("--eight") && flag("--mpi") {
+        job::main("communicator", eight_over_mpi)
+    } else if flag("--eight") {
         job::main_shared("communicator", eight_at_once)
     } else if flag("--forge-id-table") {
         job::main("communicator", forged_id_table)
