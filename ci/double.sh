@@ -93,7 +93,10 @@ rm -f "$CUDA_DOUBLE_COUNTS"
 # The examples need no fixture: the double's own defaults (4 devices, 13.5).
 # Proptest lifecycles with fewer cases: every case crosses the C ABI.
 export PROPTEST_CASES=${PROPTEST_CASES:-16}
-suites=(rules double classic hostile_input faults concurrency backend_lifecycle data_path)
+# `portable_bring_up` is not here: its ranks are processes of one model in one
+# OS process, which the double (one node per process) cannot be; its OS-process
+# twin `portable_processes` runs below with the multi-process suites.
+suites=(rules double classic hostile_input faults concurrency backend_lifecycle data_path portable_copy)
 for s in "${suites[@]}"; do
     # DOUBLE_TEST_ARGS: extra libtest arguments, e.g. `--skip NAME` while debugging.
     nice cargo test --features model --test "$s" -- ${DOUBLE_TEST_ARGS:-}
@@ -137,13 +140,16 @@ rm -rf "$scratch" && mkdir -p "$scratch"
 # Where the fabric processes' counts start in the counts file.
 touch "$CUDA_DOUBLE_COUNTS"
 wc -l < "$CUDA_DOUBLE_COUNTS" > "$out/counts.fabric-from"
-mp_programs="$root/target/debug/(deps/(fabric|team_processes|shareable_processes|gpu)-|examples/(tcp_team|mpi_team|allgather|broadcast)|cuda-endpoints-fabric)"
+mp_programs="$root/target/debug/(deps/(fabric|team_processes|shareable_processes|portable_processes|gpu)-|examples/(tcp_team|mpi_team|allgather|broadcast)|cuda-endpoints-fabric)"
 # The README's feature set where MPI is installed (the build CI made
 # already), else the fabric alone.
 if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=fabric; fi
 (
     export TMPDIR=$scratch
-    for s in fabric team_processes shareable_processes; do
+    # `fabric`'s graph role captures a copy graph and completes copies through
+    # events in a fabric process (the graph and event rows' fabric counts);
+    # `portable_processes` copies on the portable path, a grown heap included.
+    for s in fabric team_processes shareable_processes portable_processes; do
         timeout 600 nice cargo test --features "$mp_features" --test "$s" -- ${DOUBLE_TEST_ARGS:-}
     done
     nice cargo build --quiet --features "$mp_features" --example tcp_team --example allgather --example broadcast --bin cuda-endpoints-fabric

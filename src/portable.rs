@@ -17,7 +17,9 @@
 //!   removed with its unbind, and
 //!   (b) for a member in another process, by a bring-up's `agree_bound`
 //!   ([`crate::team::SharedTeam::agree_bound`]; `team::windows` imports
-//!   and registers every peer's shareable memory), or by hand with
+//!   and registers every peer's shareable memory) and by a heap's
+//!   [`crate::team::OwnedPeers::grow`] for each new chunk (removed by its
+//!   `shrink`), or by hand with
 //!   [`Endpoint::add_peer_window`] with the peer's memory imported
 //!   (POSIX descriptor within a node, fabric handle across, R12.4) and
 //!   mapped here; such a window keeps that mapping alive until the endpoint
@@ -313,6 +315,21 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
             keep: Some(keep),
         });
         replaced
+    }
+}
+
+impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
+    /// Removes the windows of process `rank` that overlap
+    /// `offset..offset + size` (a heap's top chunk, unbound by its owner
+    /// after an agreement, R13.7). Returns them, for the caller to drop
+    /// outside any lock (a copy in flight keeps their memory itself).
+    pub(crate) fn remove_peer_windows(&self, rank: u32, offset: u64, size: u64) -> Vec<Window> {
+        let end = offset.saturating_add(size);
+        self.slot().take_windows(|w| {
+            matches!(w.member, Member::Peer { rank: r, .. } if r == rank)
+                && w.offset < end
+                && offset < w.end()
+        })
     }
 }
 

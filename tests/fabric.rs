@@ -288,6 +288,48 @@ fn child_role() {
             drop(ep.bind(dev, 0, &mem).unwrap());
             drop((ep, mem));
         }
+        // F8 and events: a graph of a put and a get, launched twice, and
+        // copies completed through events (`f8_graphs_and_events_...`).
+        "graph" => {
+            use cuda_endpoints::{CopyBatch, Mapped, Private, Stream};
+            let owner: Mapped<Private> = Allocation::on_device(&ctx, 0, ALIGN)
+                .unwrap()
+                .map(&[0])
+                .unwrap();
+            let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+            let b = ep.bind(0, 0, &owner).unwrap();
+            let stream = Stream::new(&ctx, 0).unwrap();
+            {
+                let mut graph = stream
+                    .capture(
+                        CopyBatch::new()
+                            .put_host(vec![8; 64], b.copy_through(&ep).unwrap(), 0)
+                            .get_host(&ep, 4096, 64),
+                    )
+                    .unwrap();
+                graph.launch().unwrap().wait().unwrap();
+                let t = stream
+                    .enqueue(CopyBatch::new().put_host(vec![3; 64], &ep, 4096))
+                    .unwrap()
+                    .with_event()
+                    .unwrap();
+                t.wait().unwrap();
+                graph.launch().unwrap().wait().unwrap();
+                assert_eq!(graph.received().unwrap(), vec![&[3u8; 64][..]]);
+            }
+            let got = stream
+                .enqueue(CopyBatch::new().get_host(&ep, 0, 64))
+                .unwrap()
+                .with_event()
+                .unwrap()
+                .wait()
+                .unwrap();
+            assert_eq!(got.received, vec![vec![8; 64]]);
+            drop(stream);
+            b.unbind().unwrap();
+            ep.destroy().unwrap().release().unwrap();
+            assert!(ctx.take_teardown_errors().is_empty());
+        }
         // Exits holding two ids.
         "leaker" => {
             std::mem::forget(ctx.reserve(2).unwrap());
@@ -695,56 +737,18 @@ fn the_server_waits_take_any_timeout_duration_max_included() {
 }
 
 /// F8 and events across the fabric wire: a process joined to a fabric (the
-/// model in another place, host bytes in the messages) captures a put and
-/// a get into a graph, launches it twice, and completes a copy through an
-/// event; the host bytes of the get come back at the launch's wait and at
-/// the event's synchronize.
+/// model in another place, host bytes in the messages; under
+/// `ci/double.sh` the real backend on the double, which joined the fabric)
+/// captures a put and a get into a graph, launches it twice, and completes
+/// a copy through an event; the host bytes of the get come back at the
+/// launch's wait and at the event's synchronize (role `graph`).
 #[test]
 fn f8_graphs_and_events_cross_the_fabric_wire() {
-    use cuda_endpoints::{CopyBatch, Mapped, Private, Stream};
     let mut node = cuda_endpoints::model::ModelConfig::node(1);
     node.driver_version = 13050;
     let server = FabricServer::start(FabricConfig::single(node)).unwrap();
-    let (ctx, me) = fabric::connect(&server.join()).unwrap();
-    {
-        let owner: Mapped<Private> = Allocation::on_device(&ctx, 0, ALIGN)
-            .unwrap()
-            .map(&[0])
-            .unwrap();
-        let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
-        let b = ep.bind(0, 0, &owner).unwrap();
-        let stream = Stream::new(&ctx, 0).unwrap();
-        {
-            let mut graph = stream
-                .capture(
-                    CopyBatch::new()
-                        .put_host(vec![8; 64], b.copy_through(&ep).unwrap(), 0)
-                        .get_host(&ep, 4096, 64),
-                )
-                .unwrap();
-            graph.launch().unwrap().wait().unwrap();
-            let t = stream
-                .enqueue(CopyBatch::new().put_host(vec![3; 64], &ep, 4096))
-                .unwrap()
-                .with_event()
-                .unwrap();
-            t.wait().unwrap();
-            graph.launch().unwrap().wait().unwrap();
-            assert_eq!(graph.received().unwrap(), vec![&[3u8; 64][..]]);
-        }
-        let got = stream
-            .enqueue(CopyBatch::new().get_host(&ep, 0, 64))
-            .unwrap()
-            .with_event()
-            .unwrap()
-            .wait()
-            .unwrap();
-        assert_eq!(got.received, vec![vec![8; 64]]);
-        drop(stream);
-        b.unbind().unwrap();
-        ep.destroy().unwrap().release().unwrap();
-    }
-    assert!(ctx.take_teardown_errors().is_empty());
-    drop((ctx, me));
+    let kid = Kid::spawn("graph", "graph", &server.join(), &[]);
+    kid.expect("clean");
+    kid.finish();
     assert_clean(&server);
 }

@@ -1,7 +1,10 @@
 //! The portable path after a bring-up (issue 19, item 4): `agree_bound`
 //! registers every peer's `FabricShareable` memory as a window itself, so a
 //! put or get between ranks works with no `add_peer_window` call; a failed
-//! import fails every rank alike and leaves nothing behind. Ranks are
+//! import fails every rank alike and leaves nothing behind. A heap grown
+//! on owned peers (`OwnedPeers::grow`, `grow_fds`) gets its peers' windows
+//! over each new chunk from the grow agreement, and loses them with the
+//! shrink (R13.5, R13.7). Ranks are
 //! threads, each its own process of one model node on a 13.5 driver forced
 //! onto the portable path (`set_copy_path`), as on drivers before 13.5.
 
@@ -14,9 +17,10 @@ use cuda_endpoints::bounds::{Accepts, MemShare};
 use cuda_endpoints::driver::{Call, Code};
 use cuda_endpoints::model::Model;
 use cuda_endpoints::model::faults::{Fault, FaultPlan};
-use cuda_endpoints::team::{self, Cause, PeerSpec, Peers, Step, TeamSpec};
+use cuda_endpoints::team::{self, Cause, OwnedPeers, PeerSpec, Peers, Step, TeamSpec};
 use cuda_endpoints::{
-    Context, CopyBatch, CopyPath, Error, Exportable, FabricShareable, PosixFd, Stream, Unicast,
+    Context, CopyBatch, CopyPath, Error, Exportable, FabricShareable, Mapped, PosixFd, Stream,
+    Unicast,
 };
 
 use common::portable::pattern;
@@ -253,6 +257,144 @@ fn agree_bound_fds_with_a_rank_on_another_node_fails_every_rank_at_import_and_le
     for (r, e) in errors.iter().enumerate() {
         assert_eq!(e.step, Step::Import, "rank {r}: {e}");
         assert!(matches!(e.cause, Cause::Bootstrap(_)), "rank {r}: {e}");
+    }
+    common::clean(&ranks[0].0, &model);
+}
+
+/// Rank `r`'s owned peers with a heap of up to three `BYTES` chunks.
+fn owned_peers<H: MemShare>(
+    r: usize,
+    ctx: &Context,
+    boot: &dyn Bootstrap,
+) -> OwnedPeers<Mapped<H>> {
+    let spec = PeerSpec::new(r as i32, 3 * BYTES).timeout(T);
+    team::unicast_peers(ctx, boot, &spec).unwrap().into_owned()
+}
+
+/// Grows the heap by two chunks (through `grow_fds` with `node`), writes a
+/// pattern into each chunk's memory, gets every peer's at the grown offset
+/// and at the first chunk, puts into the next rank's grown chunk; then
+/// shrinks, after which the grown offset has no window here, and tears
+/// down. Every byte checked.
+fn grow_get_shrink<H: MemShare>(
+    r: usize,
+    ctx: &Context,
+    me: &Model,
+    boot: &dyn Bootstrap,
+    node: Option<&NodeId>,
+) where
+    Unicast<Exportable>: Accepts<H>,
+{
+    let dev = r as i32;
+    let mut peers = owned_peers::<H>(r, ctx, boot);
+    for want in [0, BYTES] {
+        let chunk = common::mapped::<H>(ctx, dev, BYTES);
+        let at = match node {
+            Some(node) => peers.grow_fds(boot, node, chunk, T),
+            None => peers.grow(boot, chunk, T),
+        };
+        assert_eq!(at.unwrap(), want);
+    }
+    for (i, m) in peers.memory().iter().enumerate() {
+        me.write(m.device_ptr() + 8192, &pattern((16 * i + r) as u8, LEN))
+            .unwrap();
+    }
+    boot.barrier(T).unwrap();
+    let stream = Stream::new(ctx, dev).unwrap();
+    for p in (0..N).filter(|&p| p != r) {
+        for (i, at) in [(1, BYTES + 8192), (0, 8192)] {
+            let get = CopyBatch::new().get_host(peers.peer(p).unwrap(), at, LEN as u64);
+            let got = stream.enqueue(get).unwrap().wait().unwrap();
+            let want = pattern((16 * i + p) as u8, LEN);
+            assert_eq!(got.received, [want], "rank {r} from {p} at {at}");
+        }
+    }
+    let next = peers.peer((r + 1) % N).unwrap();
+    let at = BYTES + 65536 + (r * LEN) as u64;
+    let put = CopyBatch::new().put_host(pattern(100 + r as u8, LEN), next, at);
+    stream.enqueue(put).unwrap().wait().unwrap();
+    boot.barrier(T).unwrap();
+    let prev = (r + N - 1) % N;
+    let at = 65536 + (prev * LEN) as u64;
+    assert_eq!(
+        me.read(peers.memory()[1].device_ptr() + at, LEN).unwrap(),
+        pattern(100 + prev as u8, LEN),
+        "rank {r}: rank {prev}'s put into the grown chunk"
+    );
+    boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
+    drop(peers.shrink(boot, T).unwrap().expect("the grown chunk"));
+    let peer = peers.peer((r + 1) % N).unwrap();
+    let e = stream
+        .enqueue(CopyBatch::new().get_host(peer, BYTES + 8192, 64))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, Error::CopyNoWindow { known: 0, .. }), "{e}");
+    let got = stream
+        .enqueue(CopyBatch::new().get_host(peer, 8192, LEN as u64))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(got.received, [pattern(((r + 1) % N) as u8, LEN)]);
+    boot.barrier(T).unwrap();
+    drop(stream);
+    drop(peers);
+    assert!(ctx.take_teardown_errors().is_empty());
+}
+
+#[test]
+fn r13_5_a_get_at_the_grown_offset_from_every_peer_returns_the_new_chunks_bytes_on_the_portable_path()
+ {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    on_every_rank(&ranks, Threads::new(N), |r, ctx, me, boot| {
+        grow_get_shrink::<FabricShareable>(r, ctx, me, boot, None);
+    });
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn r13_5_grow_fds_gives_posix_fd_chunks_their_windows_at_the_grown_offset_on_the_portable_path() {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    let node = NodeId::current().unwrap();
+    on_every_rank(&ranks, Threads::new(N), |r, ctx, me, boot| {
+        grow_get_shrink::<PosixFd>(r, ctx, me, boot, Some(&node));
+    });
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn a_grown_chunk_that_fails_to_import_on_one_rank_fails_every_rank_and_leaves_the_heap_as_it_was() {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    let errors = on_every_rank(&ranks, Threads::new(N), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let mut peers = owned_peers::<FabricShareable>(r, ctx, boot);
+        let first = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+        peers.grow(boot, first, T).unwrap();
+        boot.barrier(T).unwrap();
+        if r == 0 {
+            // One import of the second chunk in the whole node fails, after
+            // another succeeded: its mapping must be undone too.
+            model.set_faults(FaultPlan::none().with(Fault::nth(
+                Call::MemImportFromShareableHandle,
+                2,
+                Code::OUT_OF_MEMORY,
+            )));
+        }
+        boot.barrier(T).unwrap();
+        let second = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+        let e = peers.grow(boot, second, T).unwrap_err();
+        assert_eq!(peers.top(), BYTES, "rank {r}: the heap as it was");
+        boot.barrier(T).unwrap();
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+        e
+    });
+    assert_eq!(model.faults_fired(), 1);
+    let failed = errors[0].rank;
+    for (r, e) in errors.iter().enumerate() {
+        assert_eq!((e.rank, e.step), (failed, Step::Import), "rank {r}: {e}");
     }
     common::clean(&ranks[0].0, &model);
 }

@@ -120,7 +120,7 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
     let (mine, my_fds) = match (local, portable) {
         // This rank's own bind failed: every rank fails alike, naming it.
         (Some(e), _) => (Err(Cause::Local(e)), Vec::new()),
-        (None, true) => match windows::export(ep, node.is_some()) {
+        (None, true) => match windows::export(ep, node.is_some(), None) {
             Ok((shares, fds)) => (Ok([report(ep), shares].concat()), fds),
             Err(c) => (Err(c), Vec::new()),
         },
@@ -151,25 +151,9 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
         }
         rests.push(rest);
     }
-    // No rank copies portably: nothing to import (the fabric copy's case).
-    if rests.iter().all(|r| r.is_empty()) {
-        return Ok(());
-    }
-    // Descriptors cross now (none where no rank shares `PosixFd` memory).
-    let fds = windows::pass_all_fds(boot, node, &rests, my_fds, deadline)?;
-    let imported = match portable {
-        true => windows::import_all(ep, boot.rank(), &rests, fds, ep_of),
-        false => Ok(Vec::new()),
-    };
-    let (imported, mine) = match imported {
-        Ok(i) => (i, Ok(Vec::new())),
-        Err(c) => (Vec::new(), Err((Step::Import, c))),
-    };
-    // Every rank imported every peer's memory, or every rank fails alike;
-    // `imported` is dropped (unmapped, released) on the way out.
-    agree(boot, tag, Step::Import, mine, deadline)?;
-    windows::register(imported, ep_of);
-    Ok(())
+    windows::import_and_register(
+        boot, tag, ep, ep_of, node, &rests, my_fds, portable, deadline,
+    )
 }
 
 impl SharedTeam {

@@ -12,7 +12,10 @@
 //!   bring-up's bytes); [`OwnedPeers::grow`] binds the next chunk at the
 //!   next offset on every rank and agrees on it over the bootstrap, so peers
 //!   use it with no re-import; [`OwnedPeers::shrink`] agrees that every rank
-//!   stopped using the top chunk before any rank unbinds it (R13.7).
+//!   stopped using the top chunk before any rank unbinds it (R13.7). On
+//!   the portable path the grow agreement carries each new chunk's share
+//!   and registers the peers' windows over it (`windows`, as `agree_bound`
+//!   does at the bring-up); shrink removes them.
 //! - [`DynPeers`]: the erased twin (the memory type known at run time only),
 //!   as [`DynEndpoint`](crate::DynEndpoint) is the endpoint's.
 
@@ -20,7 +23,7 @@ use std::any::Any;
 use std::time::Duration;
 
 use crate::binding::BindingRecord;
-use crate::bootstrap::{Bootstrap, Deadline};
+use crate::bootstrap::{Bootstrap, Deadline, NodeId};
 use crate::endpoint::Endpoint;
 use crate::error::Error;
 use crate::kind::{Accepts, Exportable, ImportedUnicast, Unicast};
@@ -30,6 +33,7 @@ use crate::state::Ready;
 use super::agree::agree;
 use super::error::{Cause, Mismatch, Step, TeamError};
 use super::peers::Peers;
+use super::windows;
 use super::wire::{from_bytes, to_bytes};
 
 /// Unicast peers that own everything: this rank's endpoint with the memory
@@ -133,14 +137,26 @@ impl<M: BindSource> OwnedPeers<M> {
     /// Peers use the new bytes through the endpoints they already imported.
     /// Returns the chunk's offset.
     ///
+    /// On the portable path ([`CopyPath::Portable`](crate::CopyPath)) the
+    /// agreement also carries each rank's new chunk, as `agree_bound` does:
+    /// a `Mapped<FabricShareable>` chunk's fabric handle rides in it, and
+    /// every rank imports, maps and registers it as the window of that
+    /// peer's endpoint at the chunk's offset ([`OwnedPeers::grow_fds`] for
+    /// `PosixFd` chunks; other memory gets no window and a `tracing`
+    /// warning, and a copy that needs it fails with
+    /// [`Error::CopyNoWindow`] before the driver).
+    ///
     /// # Errors
     /// A [`TeamError`] at [`Step::Grow`] on every rank: a chunk that would
     /// end past [`OwnedPeers::max`] ([`Error::OutOfRange`], refused before
     /// the driver; each rank that refused names itself, the others the
     /// lowest such rank), a failed bind (likewise), a rank at another offset
     /// or chunk size than rank 0 ([`Mismatch::Heap`], the same error on
-    /// every rank), or the bootstrap's failure within `timeout`. On error
-    /// no rank keeps the chunk bound; the heap is as it was.
+    /// every rank), or the bootstrap's failure within `timeout`; on the
+    /// portable path, at [`Step::Import`], a peer's chunk that some rank
+    /// could not import or map (every rank fails, naming that rank). On
+    /// error no rank keeps the chunk bound or any window of it; the heap is
+    /// as it was.
     pub fn grow(
         &mut self,
         boot: &dyn Bootstrap,
@@ -150,9 +166,46 @@ impl<M: BindSource> OwnedPeers<M> {
     where
         Unicast<Exportable>: Accepts<M::Share>,
     {
+        self.grow_on(boot, None, chunk, timeout)
+    }
+
+    /// As [`OwnedPeers::grow`], for ranks of one node whose chunks are
+    /// `PosixFd` memory and copy on the portable path: each rank's new
+    /// chunk's descriptor is passed within `node` (`FdExchange`,
+    /// `SCM_RIGHTS`), imported and registered as a window, as
+    /// [`Peers::agree_bound_fds`] does at the bring-up. Call it on every
+    /// rank (`NodeId::current()`, or the model fabric's node).
+    ///
+    /// # Errors
+    /// As [`OwnedPeers::grow`]; at [`Step::Import`], a descriptor that could
+    /// not cross (a rank on another node, the bootstrap's failure).
+    pub fn grow_fds(
+        &mut self,
+        boot: &dyn Bootstrap,
+        node: &NodeId,
+        chunk: M,
+        timeout: Duration,
+    ) -> Result<u64, TeamError>
+    where
+        Unicast<Exportable>: Accepts<M::Share>,
+    {
+        self.grow_on(boot, Some(node), chunk, timeout)
+    }
+
+    fn grow_on(
+        &mut self,
+        boot: &dyn Bootstrap,
+        node: Option<&NodeId>,
+        chunk: M,
+        timeout: Duration,
+    ) -> Result<u64, TeamError>
+    where
+        Unicast<Exportable>: Accepts<M::Share>,
+    {
         let deadline = Deadline::after(timeout);
         let offset = self.top();
         let size = chunk.size();
+        let portable = windows::portable(&self.own);
         let dev = self.own.devices().first().copied();
         let bound = match dev {
             None => Err(Cause::BadMessage {
@@ -160,21 +213,38 @@ impl<M: BindSource> OwnedPeers<M> {
             }),
             Some(dev) => self.bind_checked(dev, offset, &chunk).map_err(Cause::Local),
         };
-        let (record, local) = match bound {
-            Ok(r) => (Some(r), Ok(heap_word(offset, size))),
-            Err(c) => (None, Err((Step::Grow, c))),
+        // On the portable path the report carries the new chunk's share
+        // (and its descriptor crosses after the agreement, with `node`).
+        let (record, local, my_fds) = match bound {
+            Ok(r) if portable => match windows::export(&self.own, node.is_some(), Some(offset)) {
+                Ok((shares, fds)) => (Some(r), Ok(to_bytes(&(offset, size, shares))), fds),
+                Err(c) => (Some(r), Err((Step::Grow, c)), Vec::new()),
+            },
+            Ok(r) => (
+                Some(r),
+                Ok(to_bytes(&(offset, size, Vec::<u8>::new()))),
+                Vec::new(),
+            ),
+            Err(c) => (None, Err((Step::Grow, c)), Vec::new()),
         };
         // Every rank is checked against rank 0's report, so all name the
         // same first rank that differs.
         let verdict = agree(boot, self.tag, Step::Grow, local, deadline).and_then(|all| {
             let mut reference = None;
+            let mut rests = Vec::with_capacity(all.len());
             for (rank, bytes) in all.iter().enumerate() {
-                let (o, s) = read_heap_word(rank, Step::Grow, bytes)?;
+                let (o, s, shares) = read_grow_word(rank, bytes)?;
                 let &mut (ro, rs) = reference.get_or_insert((o, s));
                 same(rank, Step::Grow, "offset", o, ro)?;
                 same(rank, Step::Grow, "chunk size", s, rs)?;
+                rests.push(shares);
             }
-            Ok(())
+            let rests: Vec<&[u8]> = rests.iter().map(Vec::as_slice).collect();
+            let peers = &self.peers;
+            let ep_of = |r: usize| peers.get(r).and_then(Option::as_ref);
+            windows::import_and_register(
+                boot, self.tag, &self.own, ep_of, node, &rests, my_fds, portable, deadline,
+            )
         });
         match (verdict, record) {
             (Ok(()), Some(record)) => {
@@ -206,7 +276,9 @@ impl<M: BindSource> OwnedPeers<M> {
     /// Shrinks the heap by its top chunk, on every rank in one call: all
     /// agree that every rank stopped using it and has the same top (R13.7;
     /// `&mut self` proves this rank holds no copy through the endpoints),
-    /// then each rank unbinds its top chunk and gets its memory back.
+    /// then each rank unbinds its top chunk and gets its memory back. On
+    /// the portable path each rank first removes the windows of the peers'
+    /// top chunks that [`OwnedPeers::grow`] registered.
     /// `Ok(None)` on every rank when the heap is empty.
     ///
     /// # Errors
@@ -233,11 +305,19 @@ impl<M: BindSource> OwnedPeers<M> {
             let (t, _) = read_heap_word(rank, Step::Shrink, bytes)?;
             same(rank, Step::Shrink, "top", t, *reference.get_or_insert(t))?;
         }
-        let (Some(record), Some(mem), Some(_)) =
+        let (Some(record), Some(mem), Some(size)) =
             (self.chunks.pop(), self.memory.pop(), self.sizes.pop())
         else {
             return Ok(None);
         };
+        // Every rank stopped using the top chunk: the windows of the peers'
+        // top chunks go (the portable path; unmapped here, outside the lock).
+        let bottom = top.saturating_sub(size);
+        let gone: Vec<_> = (0..self.peers.len())
+            .filter_map(|r| Some((u32::try_from(r).ok()?, self.peer(r)?)))
+            .flat_map(|(r, ep)| ep.remove_peer_windows(r, bottom, size))
+            .collect();
+        drop(gone);
         match record.attach(self.own.range()).unbind() {
             Ok(()) => Ok(Some(mem)),
             Err(e) => {
@@ -293,6 +373,20 @@ impl<M: BindSource> OwnedPeers<M> {
 /// `(offset, size)` as one rank reports it.
 fn heap_word(a: u64, b: u64) -> Vec<u8> {
     to_bytes(&(a, b))
+}
+
+/// A peer's grow report, read checked: its chunk's `(offset, size)` and
+/// its memory shares (empty off the portable path, `windows`).
+fn read_grow_word(rank: usize, bytes: &[u8]) -> Result<(u64, u64, Vec<u8>), TeamError> {
+    from_bytes(bytes).map_err(|_| {
+        TeamError::new(
+            rank,
+            Step::Grow,
+            Cause::BadMessage {
+                reason: "a heap report of the wrong form",
+            },
+        )
+    })
 }
 
 /// A peer's `(offset, size)`, read checked.

@@ -1,5 +1,6 @@
 //! The portable path's peer windows, made by the every-rank-bound agreement
-//! (`agree_bound`) so that no user registers them by hand (issue 19,
+//! (`agree_bound`) and by a heap's grow agreement (`OwnedPeers::grow`, the
+//! new chunk only) so that no user registers them by hand (issue 19,
 //! item 4).
 //!
 //! What this file owns:
@@ -18,7 +19,8 @@
 //!   here, checked against the endpoint before the driver sees a byte; one
 //!   more agreement ([`Step::Import`]) so that a failed import fails every
 //!   rank alike; then the windows registered on the endpoints that reach
-//!   each peer. On any error everything imported is dropped (unmapped and
+//!   each peer ([`import_and_register`], the part both agreements share).
+//!   On any error everything imported is dropped (unmapped and
 //!   released) before the error returns; registered windows go with the
 //!   endpoint (`endpoint::forget_rest`).
 
@@ -67,14 +69,20 @@ pub(crate) fn portable<S: State, K: Kind>(ep: &Endpoint<S, K>) -> bool {
 }
 
 /// This rank's shares, encoded (a count, then the shares), for its report,
-/// and the descriptors of its `PosixFd` shares (with `fds`), in order.
+/// and the descriptors of its `PosixFd` shares (with `fds`), in order:
+/// every binding of `ep`, or with `at` only the one at that offset (a
+/// heap's new chunk, `OwnedPeers::grow`).
 pub(crate) fn export<S: State, K: Kind>(
     ep: &Endpoint<S, K>,
     fds: bool,
+    at: Option<u64>,
 ) -> Result<(Vec<u8>, Vec<OwnedFd>), Cause> {
     let mut shares = Vec::new();
     let mut descriptors = Vec::new();
-    for b in local_binds(ep) {
+    let binds = local_binds(ep)
+        .into_iter()
+        .filter(|b| at.is_none_or(|o| b.offset == o));
+    for b in binds {
         let (Some(addr), Some(keep)) = (b.addr, b.keep.as_ref()) else {
             tracing::warn!(
                 device = b.device.0,
@@ -280,6 +288,47 @@ pub(crate) fn import_all<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind
         )?;
     }
     Ok(imported)
+}
+
+/// What follows a report agreement whose reports carried memory shares
+/// (`rests`, each rank's in rank order, empty where a rank sent none): the
+/// descriptors cross (`mine`, this rank's, in its shares' order), every
+/// peer's memory is imported here when this rank copies on the portable
+/// path (`portable`), one more agreement ([`Step::Import`]) makes a failed
+/// import fail every rank alike, then the windows are registered on
+/// `ep_of(rank)`. Nothing runs where no rank sent shares (the fabric
+/// copy's case). On an error everything imported is dropped (unmapped,
+/// released) before it returns.
+#[allow(clippy::too_many_arguments)] // one step of the agreement, every input named
+pub(crate) fn import_and_register<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
+    boot: &dyn Bootstrap,
+    tag: u64,
+    ep: &Endpoint<S, K>,
+    ep_of: impl Fn(usize) -> Option<&'a Endpoint<P, Q>> + Copy,
+    node: Option<&NodeId>,
+    rests: &[&[u8]],
+    mine: Vec<OwnedFd>,
+    portable: bool,
+    deadline: Deadline,
+) -> Result<(), TeamError> {
+    if rests.iter().all(|r| r.is_empty()) {
+        return Ok(());
+    }
+    // Descriptors cross now (none where no rank shares `PosixFd` memory).
+    let fds = pass_all_fds(boot, node, rests, mine, deadline)?;
+    let imported = match portable {
+        true => import_all(ep, boot.rank(), rests, fds, ep_of),
+        false => Ok(Vec::new()),
+    };
+    let (imported, outcome) = match imported {
+        Ok(i) => (i, Ok(Vec::new())),
+        Err(c) => (Vec::new(), Err((Step::Import, c))),
+    };
+    // Every rank imported every peer's memory, or every rank fails alike;
+    // `imported` is dropped (unmapped, released) on the way out.
+    super::agree::agree(boot, tag, Step::Import, outcome, deadline)?;
+    register(imported, ep_of);
+    Ok(())
 }
 
 /// Registers each imported binding on the endpoint `ep_of(rank)` that
