@@ -21,8 +21,9 @@ use crate::error::Error;
 use super::error::{Cause, Mismatch, PeerFailure, Step};
 
 /// Bring-up protocol version; ranks with another refuse to proceed. 2: the
-/// messages are `serde` types and the header names the tag and the sender.
-pub(crate) const VERSION: u8 = 2;
+/// messages are `serde` types and the header names the tag and the sender;
+/// 3: a heap's grow report carries the new chunk's shares (portable path).
+pub(crate) const VERSION: u8 = 3;
 const STATUS_MAGIC: [u8; 4] = *b"CETS";
 /// "CETH" was the hello before it carried each device's place, "CET2" the
 /// hand-encoded one: an older peer's hello is refused as "not a bring-up
