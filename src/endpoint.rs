@@ -240,6 +240,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         unsafe { self.range.facts_mut(self.id) }
     }
 
+    /// Sets (`Some`) or clears (`None`) the bytes every rank bound and
+    /// agreed on (a heap's top), past which copies through this endpoint
+    /// are refused before the driver (R13.3).
+    pub(crate) fn set_agreed(&self, top: Option<u64>) {
+        self.slot().set_agreed(top);
+    }
+
     /// For an imported endpoint of a team bring-up: the ranks agreed it was
     /// created with `COUNTED_OPS`, so each device this process enrolls is
     /// checked for attribute 155 before the driver (R2.4), as on the creator.

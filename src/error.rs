@@ -634,6 +634,26 @@ pub enum Error {
         size: u64,
     },
 
+    /// An op of a copy batch reaches bytes of a heap's endpoint above what
+    /// every rank bound and agreed on ([`crate::team::OwnedPeers::top`]):
+    /// a peer may have nothing bound there (R13.3).
+    #[error(
+        "copy op {op}: endpoint {id} bytes {offset}..{end} are past the heap's top, {agreed} bytes, the most every rank bound and agreed on (R13.3); grow the heap on every rank first (`OwnedPeers::grow`), then copy below its new top",
+        end = offset.saturating_add(*size)
+    )]
+    CopyNotAgreed {
+        /// The op's index in the batch.
+        op: usize,
+        /// The endpoint id.
+        id: u32,
+        /// Offset, in bytes.
+        offset: u64,
+        /// Size, in bytes.
+        size: u64,
+        /// The bytes every rank bound and agreed on.
+        agreed: u64,
+    },
+
     /// The local memory of a copy op is on another device than the stream's (F2).
     #[error(
         "copy op {op}: the local memory is at {location:?}, but the stream is on {stream_device} (F2); copy on a stream of that device, or from memory on {stream_device} or host memory"
@@ -994,6 +1014,7 @@ impl Error {
             Error::Overlap { .. } => Some(Rule::R5_9),
             Error::CopyOutOfRange { .. } => Some(Rule::F9),
             Error::CopyNotBound { .. } | Error::CopyNoWindow { .. } => Some(Rule::F9),
+            Error::CopyNotAgreed { .. } => Some(Rule::R13_3),
             Error::CopyNotLocal { .. } => Some(Rule::F2),
             Error::CopyDependent { .. } => Some(Rule::F3),
             Error::Timeout { .. } => Some(Rule::R3),

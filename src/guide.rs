@@ -19,8 +19,8 @@
 //! - [`guarantees`]: what the crate promises (no leak, no hang, no undefined
 //!   behaviour from safe code, every driver error surfaced) and the test
 //!   that proves each promise.
-//! - [`contract`]: the driver contract, restated rule by rule (R1–R12,
-//!   C1–C6). Rule numbers in errors, messages and docs (`R5.6`) are its.
+//! - [`contract`]: the driver contract, restated rule by rule (R1–R13,
+//!   F1–F9, C1–C6). Rule numbers in errors, messages and docs (`R5.6`) are its.
 
 #[doc = include_str!("guide/lifecycle.md")]
 pub mod lifecycle {}
@@ -165,6 +165,33 @@ pub mod reading_the_compiler {
     //! | `ep.kernel_ref()`, `destroy`, then the launch | `E0505` cannot move out of `ep` because it is borrowed | launch (and synchronise) before destroying | R3.4, R7 | `thread_endpoint_ref_outlives_endpoint` |
     //! | an `EndpointRef` moved into `std::thread::spawn` | `E0597` `ep` does not live long enough ... argument requires that `ep` is borrowed for `'static` | use `std::thread::scope`: see [`threads`](super::threads) | R7 | `thread_endpoint_ref_to_spawn` |
     //! | a `Binding` moved into `std::thread::spawn` | `E0597` `ep` (and `mem`) does not live long enough ... borrowed for `'static` | bind inside a scoped thread, or keep the binding on the spawning thread | R7.2 | `thread_binding_to_spawn` |
+    //!
+    //! ## Copies: the data path
+    //!
+    //! A copy's [`InFlight`](crate::InFlight) token borrows every endpoint
+    //! and all memory its batch names, and owns its host buffers, until it is
+    //! waited (F4); a [`CopyGraph`](crate::CopyGraph) borrows them for as
+    //! long as it lives (F8). A copy that names `&ep` borrows the endpoint
+    //! but not its [`Binding`](crate::Binding): unbinding then synchronizes
+    //! the streams with copies in flight on the endpoint first, at run time.
+    //! Lend the endpoint through the binding ([`Binding::copy_through`](crate::Binding::copy_through)),
+    //! or keep it in a [`BoundEndpoint`](crate::BoundEndpoint), and the
+    //! unbind does not compile instead.
+    //!
+    //! | you wrote | the compiler says | the fix | rule | case |
+    //! | --- | --- | --- | --- | --- |
+    //! | `get` or `get_host` from a multicast endpoint | a get reads from a unicast endpoint only: `Multicast` is a multicast endpoint, which has no single memory to read from (F1) | read your own member's bound memory directly, or get from the unicast endpoint of the rank that owns the bytes (`team::unicast_peers`) | F1 | `copy_get_from_multicast` |
+    //! | `b.unbind()` while a copy lent the endpoint through `b.copy_through(&ep)?` is in flight | `E0505` cannot move out of `b` because it is borrowed | `copy.wait()?` (or synchronize the stream and drop the token), then `b.unbind()?` | F4 | `copy_unbind_while_in_flight` |
+    //! | `ep.destroy()` while a copy through `ep` is in flight | `E0505` cannot move out of `ep` because it is borrowed | wait the copy first, then unbind and destroy | F4 | `copy_destroy_while_in_flight` |
+    //! | a host buffer used (or dropped) after `put_host` took it | `E0382` use of moved value | the batch owns the buffer until the copy is waited: `copy.wait()?` hands it back | F4 | `copy_drop_host_buffer_while_in_flight` |
+    //! | `drop(src)` while a copy from `src` is in flight | `E0505` cannot move out of `src` because it is borrowed | wait the copy first, then unmap | F4 | `copy_drop_mapped_while_in_flight` |
+    //! | unbinding a `BoundEndpoint` while a `CopyGraph` through it lives | `E0505` cannot move out of `bound` because it is borrowed | drop the graph first (after its last launch was waited), then unbind | F8 | `copy_graph_unbind_while_graph_lives` |
+    //! | `heap.shrink(..)` while a copy through `heap.peer(r)` is in flight | `E0502` cannot borrow `heap` as mutable because it is also borrowed as immutable | wait every copy through the heap first: every rank stops using the top chunk before any rank unbinds it | R13.7 | `team_shrink_while_copy_in_flight` |
+    //! | a peer's endpoint kept after its `OwnedPeers` is dropped | `E0505` cannot move out of `owned` because it is borrowed | use the peers only while the communicator lives; dropping it destroys every imported peer | R7, R13.7 | `team_peer_outlives_owned_peers` |
+    //!
+    //! A copy through an [`OwnedPeers`](crate::team::OwnedPeers) heap past its
+    //! agreed top compiles but is refused before the driver
+    //! ([`Error::CopyNotAgreed`](crate::Error::CopyNotAgreed), R13.3): the top is known at run time only.
     //!
     //! ## Borrow and move errors in this API's terms
     //!

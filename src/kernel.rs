@@ -8,10 +8,16 @@ use std::marker::PhantomData;
 /// implements `cudarc`'s `DeviceRepr`, so it goes straight into a launch's
 /// arguments). The same 4 bytes as `CUlogicalEndpointId`.
 #[repr(transparent)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EndpointRef<'a> {
     id: u32,
     _endpoint: PhantomData<&'a ()>,
+}
+
+impl std::fmt::Debug for EndpointRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EndpointRef(id {})", self.id)
+    }
 }
 
 impl EndpointRef<'_> {

@@ -98,6 +98,10 @@ struct Attachments {
     /// The portable path's windows of each id (`crate::portable`): few ids
     /// have one, so a list beside the fabric handles, not a record field.
     windows: Vec<(u32, crate::portable::Window)>,
+    /// The heap top of each id of an [`crate::team::OwnedPeers`]: the bytes
+    /// every rank bound and agreed on, past which copies are refused before
+    /// the driver (R13.3). Set and cleared by the heap that owns the ids.
+    agreed: Vec<(u32, u64)>,
 }
 
 /// The slot of one id, with the range's lock held. The lock is the whole
@@ -148,6 +152,25 @@ impl SlotGuard<'_> {
     /// Lets go of this id's fabric handle (the id holds no endpoint any more).
     pub fn take_fabric(&mut self) -> Option<[u8; 64]> {
         take_fabric(&mut self.shared, self.id)
+    }
+
+    /// The heap top agreed for this id, if it belongs to a heap.
+    pub fn agreed(&self) -> Option<u64> {
+        let id = self.id;
+        self.shared
+            .agreed
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|&(_, top)| top)
+    }
+
+    /// Sets (`Some`) or clears (`None`) this id's agreed heap top.
+    pub fn set_agreed(&mut self, top: Option<u64>) {
+        let id = self.id;
+        self.shared.agreed.retain(|(i, _)| *i != id);
+        if let Some(top) = top {
+            self.shared.agreed.push((id, top));
+        }
     }
 
     /// This id's windows (the portable path), in the order they were added.

@@ -203,6 +203,63 @@ fn r13_5_a_grown_heap_moves_the_new_chunks_bytes_without_reimport_and_shrinks_by
 }
 
 #[test]
+fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_driver() {
+    let (contexts, model) = processes(2);
+    on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        let stream = Stream::new(ctx, dev).unwrap();
+        let peer = 1 - r;
+        let copies = me.calls(Call::FabricCpyBatchAsync);
+        // An empty heap: no rank agreed it bound anything, so neither a get
+        // from a peer nor a put into this rank's own endpoint reaches the
+        // driver.
+        let before_grow = stream
+            .enqueue(CopyBatch::new().get_host(peers.peer(peer).unwrap(), 0, 64))
+            .unwrap_err();
+        assert!(
+            matches!(before_grow, Error::CopyNotAgreed { op: 0, offset: 0, size: 64, agreed: 0, .. }),
+            "rank {r}: {before_grow:?}"
+        );
+        assert!(before_grow.to_string().contains("OwnedPeers::grow"), "{before_grow}");
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        // Below the top: through. Past it (the endpoint is MAX bytes, the
+        // heap one chunk): refused, naming the top.
+        let got = stream
+            .enqueue(CopyBatch::new().get_host(peers.peer(peer).unwrap(), CHUNK - 64, 64))
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(got.received, [vec![0u8; 64]]);
+        let past = stream
+            .enqueue(CopyBatch::new().get_host(peers.peer(peer).unwrap(), CHUNK - 32, 64))
+            .unwrap_err();
+        assert!(
+            matches!(past, Error::CopyNotAgreed { offset, agreed: CHUNK, .. } if offset == CHUNK - 32),
+            "rank {r}: {past:?}"
+        );
+        assert_eq!(me.calls(Call::FabricCpyBatchAsync), copies + 1, "one copy reached the driver");
+        boot.barrier(T).unwrap();
+        // After an agreed shrink the top is 0 again.
+        drop(peers.shrink(boot, T).unwrap());
+        let after_shrink = stream
+            .enqueue(CopyBatch::new().get_host(peers.peer(peer).unwrap(), 0, 64))
+            .unwrap_err();
+        assert!(
+            matches!(after_shrink, Error::CopyNotAgreed { agreed: 0, .. }),
+            "rank {r}: {after_shrink:?}"
+        );
+        drop(stream);
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+    });
+    assert!(model.live_node().is_empty(), "leak: {:?}", model.live_node());
+    common::no_violations(&model.violations());
+}
+
+#[test]
 fn growing_past_the_reserved_maximum_is_refused_on_every_rank_before_the_driver() {
     let (contexts, model) = processes(2);
     let errors: Vec<TeamError> = on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {

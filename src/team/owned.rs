@@ -72,7 +72,7 @@ impl Peers {
     /// grow is the every-rank-bound agreement, R13.3).
     pub fn into_owned<M: BindSource>(self) -> OwnedPeers<M> {
         let (rank, tag, own, peers) = self.into_parts();
-        OwnedPeers {
+        let mut owned = OwnedPeers {
             rank,
             tag,
             chunks: Vec::new(),
@@ -80,7 +80,9 @@ impl Peers {
             peers,
             memory: Vec::new(),
             sizes: Vec::new(),
-        }
+        };
+        owned.agree_top();
+        owned
     }
 }
 
@@ -251,6 +253,7 @@ impl<M: BindSource> OwnedPeers<M> {
                 self.chunks.push(record);
                 self.memory.push(chunk);
                 self.sizes.push(size);
+                self.agree_top();
                 Ok(offset)
             }
             (verdict, record) => {
@@ -310,6 +313,8 @@ impl<M: BindSource> OwnedPeers<M> {
         else {
             return Ok(None);
         };
+        // No copy past the new top from here on, on this rank (R13.3).
+        self.agree_top();
         // Every rank stopped using the top chunk: the windows of the peers'
         // top chunks go (the portable path; unmapped here, outside the lock).
         let bottom = top.saturating_sub(size);
@@ -325,6 +330,17 @@ impl<M: BindSource> OwnedPeers<M> {
                 self.memory.push(mem);
                 Err(TeamError::new(self.rank, Step::Shrink, Cause::Local(e)))
             }
+        }
+    }
+
+    /// Copies through the endpoints stay below the agreed top: past it a
+    /// peer may have nothing bound (R13.3), so they are refused before the
+    /// driver ([`crate::Error::CopyNotAgreed`]).
+    fn agree_top(&mut self) {
+        let top = Some(self.top());
+        self.own.set_agreed(top);
+        for ep in self.peers.iter().flatten() {
+            ep.set_agreed(top);
         }
     }
 
@@ -427,6 +443,12 @@ fn same(
 impl<M: BindSource> Drop for OwnedPeers<M> {
     fn drop(&mut self) {
         crate::unwind::in_drop(|| {
+            // The ids go back to their ranges with no heap top: a later
+            // endpoint on one of them is no heap's.
+            self.own.set_agreed(None);
+            for ep in self.peers.iter().flatten() {
+                ep.set_agreed(None);
+            }
             let range = self.own.range().clone();
             while let Some(record) = self.chunks.pop() {
                 if let Err(e) = record.attach(&range).unbind() {
