@@ -24,7 +24,7 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use cuda_endpoints::bootstrap::{Bootstrap, NodeId};
+use cuda_endpoints::bootstrap::Bootstrap;
 use cuda_endpoints::bounds::MemShare;
 use cuda_endpoints::model::FabricConfig;
 use cuda_endpoints::team::{self, PeerSpec};
@@ -57,6 +57,9 @@ fn child_rank() {
     let dev = me.device().unwrap_or(Device(0));
     let scenario = std::env::var(SCENARIO).unwrap_or_default();
     let fds = scenario == "fd";
+    if scenario == "fd-across" {
+        return job::report_end(fd_across_rank(&ctx, &me, &boot, dev), boot, ctx, &me);
+    }
     ctx.set_copy_path(CopyPath::Portable); // as on a driver before 13.5
     if let Some(how) = scenario.strip_prefix("grow-") {
         let outcome = match how {
@@ -82,7 +85,7 @@ fn child_rank() {
         };
         me.write(ptr, &pattern(r as u8))?;
         let bound = match fds {
-            true => peers.agree_bound_fds(&boot, &NodeId::current()?, T)?,
+            true => peers.agree_bound_fds(&boot, &me.node_id(), T)?,
             false => peers.agree_bound(&boot, T)?,
         };
         let stream = Stream::new(&ctx, dev)?;
@@ -116,6 +119,31 @@ fn child_rank() {
     job::report_end(run(), boot, ctx, &me);
 }
 
+/// A rank of a job on two model nodes that binds `PosixFd` memory and calls
+/// `agree_bound_fds` with its model node (`Process::node_id`): descriptors
+/// cannot cross nodes, so every rank fails before the driver, saying so,
+/// with nothing left.
+fn fd_across_rank(
+    ctx: &Context,
+    me: &rank::Me,
+    boot: &dyn Bootstrap,
+    dev: Device,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, BYTES).timeout(T))?;
+    let mem = Allocation::<PosixFd>::on_device(ctx, dev, BYTES)?.map(&[dev])?;
+    let binding = peers.own().bind(dev, 0, &mem)?;
+    let outcome = peers.agree_bound_fds(boot, &me.node_id(), T).map(|_| ());
+    let Err(e) = outcome else {
+        return Err("descriptors crossed two model nodes".into());
+    };
+    if !e.to_string().contains("pass only within a node") {
+        return Err(format!("not the node error: {e}").into());
+    }
+    drop(binding);
+    drop(peers);
+    Ok(())
+}
+
 /// A rank of the grow scenarios: owned peers with a heap of two chunks of
 /// `H` memory (the second through `grow_fds` with `fds`); every peer's
 /// bytes read at the grown offset and every rank's put into the next rank's
@@ -134,7 +162,7 @@ where
 {
     let spec = PeerSpec::new(dev, 2 * BYTES).timeout(T);
     let mut peers = team::unicast_peers(ctx, boot, &spec)?.into_owned::<Mapped<H>>();
-    let node = NodeId::current()?;
+    let node = me.node_id();
     for want in [0, BYTES] {
         let chunk = Allocation::<H>::on_device(ctx, dev, BYTES)?.map(&[dev])?;
         let at = match fds {
@@ -212,6 +240,11 @@ fn fabric_shareable_peers_across_two_nodes_copy_every_byte_after_agree_bound_alo
 #[test]
 fn posix_fd_peers_of_one_node_copy_every_byte_after_agree_bound_fds_alone() {
     job("fd", 1, 3);
+}
+
+#[test]
+fn agree_bound_fds_on_two_model_nodes_fails_every_rank_before_the_driver_naming_the_node_rule() {
+    job("fd-across", 2, 2);
 }
 
 #[test]

@@ -194,7 +194,7 @@ impl SharedTeam {
     /// ([`CopyPath::Portable`](crate::CopyPath)): their descriptors are
     /// passed within `node` (`FdExchange`, `SCM_RIGHTS`), imported and
     /// registered as windows, so no rank calls `add_peer_window`. Call it on
-    /// every rank (`NodeId::current()`, or the model fabric's node).
+    /// every rank (`NodeId::current()`; on the model fabric `Process::node_id()`).
     ///
     /// # Errors
     /// As [`SharedTeam::agree_bound`]; at [`Step::Import`], a descriptor

@@ -176,7 +176,7 @@ impl<M: BindSource> OwnedPeers<M> {
     /// chunk's descriptor is passed within `node` (`FdExchange`,
     /// `SCM_RIGHTS`), imported and registered as a window, as
     /// [`Peers::agree_bound_fds`] does at the bring-up. Call it on every
-    /// rank (`NodeId::current()`, or the model fabric's node).
+    /// rank (`NodeId::current()`; on the model fabric `Process::node_id()`).
     ///
     /// # Errors
     /// As [`OwnedPeers::grow`]; at [`Step::Import`], a descriptor that could

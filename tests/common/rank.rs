@@ -86,6 +86,24 @@ impl Me {
         }
     }
 
+    /// Its node as descriptor passing knows nodes: the model node's, so
+    /// that two model nodes on this one host differ (`Process::node_id`).
+    pub fn node_id(&self) -> cuda_endpoints::bootstrap::NodeId {
+        match self {
+            Me::Fabric(p) => p.node_id(),
+            Me::Double { node, .. } => {
+                let host = cuda_endpoints::bootstrap::NodeId::current()
+                    .map(|n| n.hostname().to_owned())
+                    .unwrap_or_default();
+                cuda_endpoints::bootstrap::NodeId::from_parts(
+                    &format!("{host}/model-node-{node}"),
+                    &format!("model-node-{node}"),
+                    0,
+                )
+            }
+        }
+    }
+
     /// Whether it had an IMEX channel when it joined.
     pub fn imex_channel(&self) -> bool {
         match self {

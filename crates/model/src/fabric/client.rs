@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::de::DeserializeOwned;
 
+use cuda_endpoints_bootstrap::NodeId;
+
 use super::FabricError;
 use super::calls::WireCall;
 use super::join::Join;
@@ -218,6 +220,22 @@ impl Process {
     /// The node it runs on.
     pub fn node(&self) -> u32 {
         self.remote.welcome.node
+    }
+
+    /// Its node as the bootstrap's descriptor passing knows nodes
+    /// (`agree_bound_fds`, `grow_fds`, `FdExchange`): the processes of one
+    /// model node share it, those of two differ, though every one runs on
+    /// this host (where [`NodeId::current`] is the same for all of them).
+    pub fn node_id(&self) -> NodeId {
+        let node = self.node();
+        let host = NodeId::current()
+            .map(|n| n.hostname().to_owned())
+            .unwrap_or_default();
+        NodeId::from_parts(
+            &format!("{host}/model-node-{node}"),
+            &format!("model-node-{node}"),
+            0,
+        )
     }
 
     /// How many nodes the fabric has.
