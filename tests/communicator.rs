@@ -590,3 +590,74 @@ fn a_rank_whose_bring_up_carries_another_tag_is_refused_by_every_rank() {
     assert!(model.live_node().is_empty());
     common::no_violations(&model.violations());
 }
+
+/// Issue 21: a channel's message larger than one round of the shared
+/// bootstrap carries (one frame shared among the ranks) is refused by its
+/// sender before anything is sent, naming the size and the limit; the
+/// other ranks' collective fails naming that rank's refusal, not bytes they
+/// call malformed; and the shared bootstrap still works for every channel.
+/// Three TCP ranks on loopback (threads of this process: the ring).
+#[test]
+fn a_tagged_round_larger_than_one_frame_is_refused_by_its_sender_naming_the_limit() {
+    let outcomes: Vec<(
+        Result<Vec<Vec<u8>>, BootstrapError>,
+        Result<(), BootstrapError>,
+    )> = std::thread::scope(|s| {
+        let ranks: Vec<_> = tcp(3)
+            .into_iter()
+            .map(|boot| {
+                s.spawn(move || {
+                    let shared = Tagged::new(boot);
+                    let max = shared.max_message();
+                    let mine = if shared.channel(5).rank() == 1 {
+                        vec![1u8; max + 1]
+                    } else {
+                        vec![2u8; 16]
+                    };
+                    let big = shared.channel(5).allgather(&mine, T);
+                    let after = shared.channel(6).barrier(T);
+                    (big, after)
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let max = (cuda_endpoints::bootstrap::MAX_PAYLOAD / 3) as u64;
+    for (r, (big, after)) in outcomes.iter().enumerate() {
+        match (r, big) {
+            (
+                1,
+                Err(
+                    e @ BootstrapError::InvalidArgument {
+                        rank: 1,
+                        what: cuda_endpoints::bootstrap::Argument::RoundTooLarge { len, max: limit },
+                        ..
+                    },
+                ),
+            ) => {
+                assert_eq!(*len, *limit + 1);
+                assert!((*limit as u64) < max, "{e}");
+                let text = e.to_string();
+                assert!(text.contains(&len.to_string()), "{text}");
+                assert!(text.contains(&limit.to_string()), "{text}");
+                assert!(text.contains("split the collective"), "{text}");
+            }
+            (
+                0 | 2,
+                Err(
+                    e @ BootstrapError::ContributionTooLarge {
+                        peer: 1, len, max, ..
+                    },
+                ),
+            ) => {
+                assert_eq!(*len, *max + 1, "{e}");
+                assert!(e.to_string().contains("refused to send it"), "{e}");
+            }
+            _ => panic!("rank {r}: {big:?}"),
+        }
+        assert!(
+            after.is_ok(),
+            "rank {r}: the shared bootstrap broke: {after:?}"
+        );
+    }
+}
