@@ -661,3 +661,72 @@ fn a_tagged_round_larger_than_one_frame_is_refused_by_its_sender_naming_the_limi
         );
     }
 }
+
+/// Issue 21: over TCP with three ranks the shared bootstrap's rounds run on
+/// the ring, and a ring step cannot be abandoned half-way: a channel whose
+/// collective times out while its round is in flight ends the shared
+/// bootstrap. By design, then, every other channel fails at once (never at
+/// its own deadline, never hanging) and, on the rank where it happened,
+/// names the channel that timed out. Three TCP ranks on loopback (threads of
+/// this process); ranks 1 and 2 enter no round until rank 0's channel 1 gave
+/// up, so its round is in flight at its deadline whatever the machine's load.
+#[test]
+fn a_channel_that_times_out_mid_round_fails_every_other_channel_at_once_naming_it() {
+    const SHORT: Duration = Duration::from_millis(200);
+    let (gave_up, done) = (std::sync::Barrier::new(3), std::sync::Barrier::new(3));
+    let outcomes: Vec<(Option<BootstrapError>, BootstrapError)> = std::thread::scope(|s| {
+        let ranks: Vec<_> = tcp(3)
+            .into_iter()
+            .map(|boot| {
+                let (gave_up, done) = (&gave_up, &done);
+                s.spawn(move || {
+                    let shared = Tagged::new(boot);
+                    let rank = shared.channel(0).rank();
+                    // Every rank once: the ring stands.
+                    shared.channel(0).barrier(T).unwrap();
+                    let timed_out = (rank == 0).then(|| {
+                        shared
+                            .channel(1)
+                            .allgather(b"only rank 0 calls this", SHORT)
+                            .unwrap_err()
+                    });
+                    gave_up.wait();
+                    let other = shared.channel(2).allgather(b"every rank", T).unwrap_err();
+                    // No rank closes its links before every rank failed.
+                    done.wait();
+                    (timed_out, other)
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (timed_out, other) = &outcomes[0];
+    assert!(
+        matches!(timed_out, Some(BootstrapError::Timeout { rank: 0, .. })),
+        "{timed_out:?}"
+    );
+    match other {
+        BootstrapError::SharedBroken {
+            rank: 0,
+            tag: 1,
+            seq: 0,
+            cause,
+            ..
+        } => assert!(cause.contains("timed out"), "{other}"),
+        e => panic!("rank 0, channel 2: {e}"),
+    }
+    assert!(other.to_string().contains("channel 1"), "{other}");
+    for (r, (_, other)) in outcomes.iter().enumerate().skip(1) {
+        // Told by the ring at once (the abort rank 0 sent on, or rank 0's
+        // closed ring links, whichever comes first), not at its own deadline.
+        assert!(
+            matches!(
+                other,
+                BootstrapError::Aborted { .. }
+                    | BootstrapError::PeerClosed { peer: 0, .. }
+                    | BootstrapError::SharedBroken { .. }
+            ),
+            "rank {r}, channel 2: {other}"
+        );
+    }
+}

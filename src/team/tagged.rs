@@ -29,6 +29,22 @@
 //! before anything is sent, and the other ranks' collective of that tag
 //! fails with [`BootstrapError::ContributionTooLarge`] naming the sender;
 //! messages that together exceed a round wait for the next one.
+//!
+//! A round runs on the rank of the channel that waits, within that
+//! channel's timeout. A collective that times out *between* rounds leaves
+//! the shared bootstrap as it was (its late messages are dropped). One
+//! whose timeout passes while its round is in flight abandons that round
+//! half-way, and a half-done step cannot be resumed on every bootstrap: on
+//! TCP with three ranks or more (the ring) the shared bootstrap is then
+//! broken by design. Every later collective of every channel then fails at
+//! once, never at its own deadline: on this rank with
+//! [`BootstrapError::SharedBroken`] naming the channel and collective whose
+//! round failed and why; on the other ranks with what the ring tells them
+//! first ([`BootstrapError::Aborted`], or [`BootstrapError::PeerClosed`]
+//! for the broken rank, which closed its ring links), and `SharedBroken`
+//! after it. So give a
+//! channel's collectives a timeout every rank can meet, or bring the
+//! channels up again over a new bootstrap.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -82,6 +98,10 @@ struct State {
     kept_by: Vec<usize>,
     /// A round is running on the shared bootstrap.
     round: bool,
+    /// The last round that failed on this rank: the channel and collective
+    /// it ran for, and its error, to name when the shared bootstrap then
+    /// refuses every later round as broken.
+    failed: Option<(u64, u64, String)>,
     /// Rounds in a row that carried no message from any rank.
     idle: u32,
 }
@@ -292,6 +312,24 @@ impl<B: Bootstrap> Tagged<B> {
             match got.and_then(|all| self.keep(&mut st, all, step)) {
                 Ok(any) => st.idle = if any { 0 } else { st.idle.saturating_add(1) },
                 Err(e) => {
+                    let e = match (e, &st.failed) {
+                        // Broken by an earlier round: say which channel's,
+                        // not only the peer that round blamed.
+                        (
+                            BootstrapError::Broken { .. } | BootstrapError::Poisoned { .. },
+                            Some((tag, seq, cause)),
+                        ) => BootstrapError::SharedBroken {
+                            rank: self.rank,
+                            step,
+                            tag: *tag,
+                            seq: *seq,
+                            cause: cause.clone(),
+                        },
+                        (e, _) => {
+                            st.failed = Some((tag, seq, e.to_string()));
+                            e
+                        }
+                    };
                     // Not sent: the messages stay for a later round (which
                     // will most likely fail alike; the shared bootstrap is
                     // broken).

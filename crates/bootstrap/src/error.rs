@@ -686,6 +686,26 @@ pub enum BootstrapError {
         /// The most bytes one rank's contribution may have.
         max: u64,
     },
+    /// A collective of a channel of a shared bootstrap (`team::Tagged` of
+    /// `cuda-endpoints`) refused because the shared bootstrap broke in an
+    /// earlier round, run for channel `tag`'s collective `seq` on this
+    /// rank: a round cannot be abandoned half-way (the TCP ring of three
+    /// ranks or more), so every channel fails from then on.
+    #[error(
+        "rank {rank}: {step}: the shared bootstrap is unusable: a round of it failed for channel {tag} (its collective #{seq} on this rank): {cause}; a round cannot be abandoned half-way, so every channel fails from then on: bring the channels up again over a new bootstrap, with timeouts every rank can meet"
+    )]
+    SharedBroken {
+        /// This rank.
+        rank: usize,
+        /// The step refused.
+        step: Exchange,
+        /// The channel whose round failed.
+        tag: u64,
+        /// That channel's collective, in its own count.
+        seq: u64,
+        /// Why that round failed (that channel's own error).
+        cause: String,
+    },
     /// The collective was aborted because another rank failed: rank 0 told
     /// this rank, or (on the TCP ring) the previous rank passed it on.
     #[error("rank {rank}: {step} aborted because rank {culprit} failed: {reason}")]
