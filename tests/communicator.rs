@@ -599,10 +599,11 @@ fn a_rank_whose_bring_up_carries_another_tag_is_refused_by_every_rank() {
 /// Three TCP ranks on loopback (threads of this process: the ring).
 #[test]
 fn a_tagged_round_larger_than_one_frame_is_refused_by_its_sender_naming_the_limit() {
-    let outcomes: Vec<(
+    type Outcome = (
         Result<Vec<Vec<u8>>, BootstrapError>,
         Result<(), BootstrapError>,
-    )> = std::thread::scope(|s| {
+    );
+    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
         let ranks: Vec<_> = tcp(3)
             .into_iter()
             .map(|boot| {
