@@ -667,6 +667,20 @@ pub enum Error {
         stream_device: Device,
     },
 
+    /// An [`crate::Event`] recorded on a [`crate::Stream`] of another
+    /// device: the driver refuses it (`CUDA_ERROR_INVALID_HANDLE`, the event
+    /// and the stream are of different contexts).
+    #[error(
+        "the event is on {event_device} but the stream is on {stream_device}: an event records only on a stream of its own device (its context); make the event on {stream_device} (`Event::new(&ctx, {})`)",
+        .stream_device.0
+    )]
+    EventOnOtherDevice {
+        /// The event's device.
+        event_device: Device,
+        /// The stream's device.
+        stream_device: Device,
+    },
+
     /// Two ops of one copy batch depend on each other: one's destination
     /// overlaps the other's source or destination (F3).
     #[error(

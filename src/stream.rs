@@ -333,6 +333,7 @@ impl Drop for Stream {
 /// Dropping it destroys it (`cuEventDestroy`).
 pub struct Event {
     ctx: Context,
+    dev: Device,
     handle: u64,
     /// The stream and the last batch recorded before it, if recorded.
     at: Option<(Arc<StreamInner>, Option<u64>)>,
@@ -341,6 +342,7 @@ pub struct Event {
 impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Event")
+            .field("device", &self.dev)
             .field("handle", &format_args!("{:#x}", self.handle))
             .field("recorded", &self.at.is_some())
             .finish()
@@ -358,6 +360,7 @@ impl Event {
         let handle = ctx.check(Call::EventCreate, ctx.queries().event_create(dev))?;
         Ok(Event {
             ctx: ctx.clone(),
+            dev,
             handle,
             at: None,
         })
@@ -367,10 +370,18 @@ impl Event {
     /// the stream passed everything enqueued on it so far.
     ///
     /// # Errors
-    /// [`Error::WrongContext`]; [`Error::Driver`].
+    /// [`Error::WrongContext`]; [`Error::EventOnOtherDevice`] for a stream
+    /// of another device than the event's (the driver would answer
+    /// `CUDA_ERROR_INVALID_HANDLE`); [`Error::Driver`].
     pub fn record(&mut self, stream: &Stream) -> Result<()> {
         if !stream.inner.ctx.same(&self.ctx) {
             return Err(Error::WrongContext);
+        }
+        if stream.inner.dev != self.dev {
+            return Err(Error::EventOnOtherDevice {
+                event_device: self.dev,
+                stream_device: stream.inner.dev,
+            });
         }
         // Read before the record: a batch numbered below it was enqueued
         // on the driver before its number was taken, so before the record,

@@ -989,6 +989,70 @@ fn idle_connections_cannot_keep_honest_ranks_out_of_rank_0() {
     }
 }
 
+/// Issue 21 (sustained accept-queue flood): a local user who knows only
+/// rank 0's port keeps connecting and holding, without a pause, for as long
+/// as the job forms, to a rank 0 that may hold 64 descriptors. Rank 0 makes
+/// room by dropping the connections that said nothing before any whose
+/// hello arrived (a hello carries the job id, which the flood does not
+/// know), so the honest ranks join and the job's collectives pass. Rank 0
+/// and the ranks are real processes; the flood is a thread of this one.
+#[test]
+fn a_sustained_flood_of_connections_that_hold_cannot_keep_honest_ranks_out() {
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("id");
+    let exe = std::env::current_exe().expect("exe");
+    let mut cmd = std::process::Command::new("prlimit");
+    cmd.arg("--nofile=64:64")
+        .arg(&exe)
+        .args([ENTRY, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE, "root_suite_by_file")
+        .env(RANK, "0")
+        .env(SIZE, "4")
+        .env(ARG, &path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let rank0 = Guard::spawn("rank0", &mut cmd);
+    let id = UniqueId::read_file(&path, Duration::from_secs(60)).expect("rank 0 writes the id");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (done, root, opened) = std::thread::scope(|s| {
+        let flood = s.spawn(|| {
+            let mut held = std::collections::VecDeque::new();
+            let mut opened = 0u64;
+            // Bounded: the flood stops when the job is done, or after
+            // this many connections whatever happens.
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && opened < 200_000 {
+                if let Ok(c) = TcpStream::connect_timeout(&id.addr(), Duration::from_secs(2)) {
+                    opened += 1;
+                    held.push_back(c);
+                }
+                if held.len() > 400 {
+                    held.pop_front();
+                }
+            }
+            opened
+        });
+        let mut kids = Children::default();
+        spawn_ranks(&mut kids, &id, 4, |_| "suite");
+        let done = kids.wait_all(Duration::from_secs(90));
+        let root = rank0.finish(Instant::now() + Duration::from_secs(30));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        (done, root, flood.join().expect("flood"))
+    });
+    assert!(opened > 64, "the flood opened {opened}");
+    for d in done.iter().chain(std::iter::once(&root)) {
+        assert_eq!(
+            d.code,
+            Some(0),
+            "{}: {:?} {} (flood: {opened} connections)",
+            d.name,
+            d.results(),
+            d.stderr
+        );
+    }
+}
+
 /// `n` ranks of one TCP job as threads of this process, each running `f`.
 fn tcp_threads<T: Send>(n: usize, f: impl Fn(&Tcp) -> T + Sync) -> Vec<T> {
     let (id, listener) = root(n);

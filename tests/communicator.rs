@@ -619,3 +619,144 @@ fn a_rank_whose_bring_up_carries_another_tag_is_refused_by_every_rank() {
     assert!(model.live_node().is_empty());
     common::no_violations(&model.violations());
 }
+
+/// Issue 21: a channel's message larger than one round of the shared
+/// bootstrap carries (one frame shared among the ranks) is refused by its
+/// sender before anything is sent, naming the size and the limit; the
+/// other ranks' collective fails naming that rank's refusal, not bytes they
+/// call malformed; and the shared bootstrap still works for every channel.
+/// Three TCP ranks on loopback (threads of this process: the ring).
+#[test]
+fn a_tagged_round_larger_than_one_frame_is_refused_by_its_sender_naming_the_limit() {
+    type Outcome = (
+        Result<Vec<Vec<u8>>, BootstrapError>,
+        Result<(), BootstrapError>,
+    );
+    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
+        let ranks: Vec<_> = tcp(3)
+            .into_iter()
+            .map(|boot| {
+                s.spawn(move || {
+                    let shared = Tagged::new(boot);
+                    let max = shared.max_message();
+                    let mine = if shared.channel(5).rank() == 1 {
+                        vec![1u8; max + 1]
+                    } else {
+                        vec![2u8; 16]
+                    };
+                    let big = shared.channel(5).allgather(&mine, T);
+                    let after = shared.channel(6).barrier(T);
+                    (big, after)
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let max = (cuda_endpoints::bootstrap::MAX_PAYLOAD / 3) as u64;
+    for (r, (big, after)) in outcomes.iter().enumerate() {
+        match (r, big) {
+            (
+                1,
+                Err(
+                    e @ BootstrapError::InvalidArgument {
+                        rank: 1,
+                        what: cuda_endpoints::bootstrap::Argument::RoundTooLarge { len, max: limit },
+                        ..
+                    },
+                ),
+            ) => {
+                assert_eq!(*len, *limit + 1);
+                assert!((*limit as u64) < max, "{e}");
+                let text = e.to_string();
+                assert!(text.contains(&len.to_string()), "{text}");
+                assert!(text.contains(&limit.to_string()), "{text}");
+                assert!(text.contains("split the collective"), "{text}");
+            }
+            (
+                0 | 2,
+                Err(
+                    e @ BootstrapError::ContributionTooLarge {
+                        peer: 1, len, max, ..
+                    },
+                ),
+            ) => {
+                assert_eq!(*len, *max + 1, "{e}");
+                assert!(e.to_string().contains("refused to send it"), "{e}");
+            }
+            _ => panic!("rank {r}: {big:?}"),
+        }
+        assert!(
+            after.is_ok(),
+            "rank {r}: the shared bootstrap broke: {after:?}"
+        );
+    }
+}
+
+/// Issue 21: over TCP with three ranks the shared bootstrap's rounds run on
+/// the ring, and a ring step cannot be abandoned half-way: a channel whose
+/// collective times out while its round is in flight ends the shared
+/// bootstrap. By design, then, every other channel fails at once (never at
+/// its own deadline, never hanging) and, on the rank where it happened,
+/// names the channel that timed out. Three TCP ranks on loopback (threads of
+/// this process); ranks 1 and 2 enter no round until rank 0's channel 1 gave
+/// up, so its round is in flight at its deadline whatever the machine's load.
+#[test]
+fn a_channel_that_times_out_mid_round_fails_every_other_channel_at_once_naming_it() {
+    const SHORT: Duration = Duration::from_millis(200);
+    let (gave_up, done) = (std::sync::Barrier::new(3), std::sync::Barrier::new(3));
+    let outcomes: Vec<(Option<BootstrapError>, BootstrapError)> = std::thread::scope(|s| {
+        let ranks: Vec<_> = tcp(3)
+            .into_iter()
+            .map(|boot| {
+                let (gave_up, done) = (&gave_up, &done);
+                s.spawn(move || {
+                    let shared = Tagged::new(boot);
+                    let rank = shared.channel(0).rank();
+                    // Every rank once: the ring stands.
+                    shared.channel(0).barrier(T).unwrap();
+                    let timed_out = (rank == 0).then(|| {
+                        shared
+                            .channel(1)
+                            .allgather(b"only rank 0 calls this", SHORT)
+                            .unwrap_err()
+                    });
+                    gave_up.wait();
+                    let other = shared.channel(2).allgather(b"every rank", T).unwrap_err();
+                    // No rank closes its links before every rank failed.
+                    done.wait();
+                    (timed_out, other)
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (timed_out, other) = &outcomes[0];
+    assert!(
+        matches!(timed_out, Some(BootstrapError::Timeout { rank: 0, .. })),
+        "{timed_out:?}"
+    );
+    match other {
+        BootstrapError::SharedBroken {
+            rank: 0,
+            tag: 1,
+            seq: 0,
+            cause,
+            ..
+        } => assert!(cause.contains("timed out"), "{other}"),
+        e => panic!("rank 0, channel 2: {e}"),
+    }
+    assert!(other.to_string().contains("channel 1"), "{other}");
+    for (r, (_, other)) in outcomes.iter().enumerate().skip(1) {
+        // Told by the ring at once (the abort rank 0 sent on, or rank 0's
+        // closed ring links, whichever comes first), not at its own deadline.
+        assert!(
+            matches!(
+                other,
+                BootstrapError::Aborted { .. }
+                    | BootstrapError::PeerClosed { peer: 0, .. }
+                    | BootstrapError::SharedBroken { .. }
+            ),
+            "rank {r}, channel 2: {other}"
+        );
+    }
+}

@@ -944,3 +944,77 @@ fn f4_typed_copy_completes_through_its_event() {
     drop(u);
     clean(&ctx, &model);
 }
+
+// ---- events of one device, and the leak counters of streams, events, graphs ----
+
+#[test]
+fn an_event_recorded_on_a_stream_of_another_device_is_refused_invalid_handle() {
+    let (ctx, model) = node();
+    let s1 = stream(&model, 1);
+    // SAFETY: the test's own event and stream; refused before any work.
+    unsafe {
+        let e0 = model.event_create(Device(0)).unwrap();
+        assert_eq!(model.event_record(e0, s1), Err(Code::INVALID_HANDLE));
+        model.event_destroy(e0).unwrap();
+    }
+    common::broke(
+        &model.violations(),
+        &["cuEventRecord: event and stream of different devices"],
+    );
+    done(&model, s1);
+    assert!(ctx.take_teardown_errors().is_empty());
+    assert!(model.live_node().is_empty(), "{:?}", model.live_node());
+}
+
+#[test]
+fn the_typed_event_refuses_a_stream_of_another_device_before_the_driver() {
+    let (ctx, model) = node();
+    let stream = Stream::new(&ctx, 1).unwrap();
+    let mut e = cuda_endpoints::Event::new(&ctx, 0).unwrap();
+    let err = e.record(&stream).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::EventOnOtherDevice {
+                event_device: Device(0),
+                stream_device: Device(1)
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("Event::new(&ctx, 1)"), "{err}");
+    assert_eq!(model.calls(cuda_endpoints::driver::Call::EventRecord), 0);
+    drop(e);
+    drop(stream);
+    clean(&ctx, &model);
+}
+
+#[test]
+fn live_counts_streams_events_graphs_and_graph_execs_so_a_leaked_one_shows() {
+    let (ctx, model) = node();
+    let s = stream(&model, 0);
+    // SAFETY: the test's own stream, event, graph and executable graph,
+    // each destroyed once below.
+    let (e, g, x) = unsafe {
+        let e = model.event_create(Device(0)).unwrap();
+        model.stream_begin_capture(s).unwrap();
+        let g = model.stream_end_capture(s).unwrap();
+        let x = model.graph_instantiate(g).unwrap();
+        (e, g, x)
+    };
+    let held = model.live();
+    assert_eq!(
+        (held.streams, held.events, held.graphs, held.graph_execs),
+        (1, 1, 1, 1),
+        "{held:?}"
+    );
+    assert!(!held.is_empty());
+    // SAFETY: as above; nothing uses them after.
+    unsafe {
+        model.graph_exec_destroy(x).unwrap();
+        model.graph_destroy(g).unwrap();
+        model.event_destroy(e).unwrap();
+    }
+    done(&model, s);
+    clean(&ctx, &model);
+}

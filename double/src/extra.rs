@@ -77,8 +77,10 @@ pub unsafe extern "C" fn cuDoubleReset(config: *const c_char) -> c_int {
 
 /// Writes up to `n` of: ids, endpoints, bindings, allocations, mappings,
 /// address ranges, multicast objects (the model's `Live`, this process),
-/// then retained primary-context references. Returns how many there are (8),
-/// or 0 when the node did not answer (a fabric gone).
+/// retained primary-context references, then streams, events, graphs and
+/// executable graphs (the model's `Live` again: appended, so that a reader
+/// of the first 8 still reads them). Returns how many there are (12), or 0
+/// when the node did not answer (a fabric gone).
 ///
 /// # Safety
 /// `out` is null or has room for `n` values.
@@ -101,6 +103,10 @@ pub unsafe extern "C" fn cuDoubleLiveCounters(out: *mut u64, n: usize) -> usize 
             l.address_ranges,
             l.multicast_objects,
             refs,
+            l.streams,
+            l.events,
+            l.graphs,
+            l.graph_execs,
         ];
         if !out.is_null() {
             for (i, x) in v.iter().take(n).enumerate() {

@@ -127,6 +127,7 @@ fn bootstrap_rank(e: &BootstrapError, me: usize) -> usize {
         | BootstrapError::Broken { peer, .. }
         | BootstrapError::Malformed { peer, .. }
         | BootstrapError::Oversized { peer, .. }
+        | BootstrapError::ContributionTooLarge { peer, .. }
         | BootstrapError::Mismatch { peer, .. } => *peer,
         BootstrapError::Aborted { culprit, .. } => *culprit,
         _ => me,

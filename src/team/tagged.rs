@@ -23,6 +23,28 @@
 //! [`Tagged::MAX_KEPT_BYTES_PER_PEER`] bytes, wait for a channel that did
 //! not begin its collective yet; a message for a collective that is over
 //! on this rank (taken, timed out or failed) is dropped.
+//!
+//! A round is one frame of the shared bootstrap, shared among the ranks: a
+//! message larger than [`Tagged::max_message`] is refused by its sender
+//! before anything is sent, and the other ranks' collective of that tag
+//! fails with [`BootstrapError::ContributionTooLarge`] naming the sender;
+//! messages that together exceed a round wait for the next one.
+//!
+//! A round runs on the rank of the channel that waits, within that
+//! channel's timeout. A collective that times out *between* rounds leaves
+//! the shared bootstrap as it was (its late messages are dropped). One
+//! whose timeout passes while its round is in flight abandons that round
+//! half-way, and a half-done step cannot be resumed on every bootstrap: on
+//! TCP with three ranks or more (the ring) the shared bootstrap is then
+//! broken by design. Every later collective of every channel then fails at
+//! once, never at its own deadline: on this rank with
+//! [`BootstrapError::SharedBroken`] naming the channel and collective whose
+//! round failed and why; on the other ranks with what the ring tells them
+//! first ([`BootstrapError::Aborted`], or [`BootstrapError::PeerClosed`]
+//! for the broken rank, which closed its ring links), and `SharedBroken`
+//! after it. So give a
+//! channel's collectives a timeout every rank can meet, or bring the
+//! channels up again over a new bootstrap.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -30,9 +52,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bootstrap::{Bootstrap, BootstrapError, Deadline, Exchange, Malformed, Op, Traffic};
+use crate::bootstrap::{
+    Argument, Bootstrap, BootstrapError, Deadline, Exchange, Malformed, Op, Traffic,
+};
 
-use super::wire::{from_bytes, to_bytes};
+use super::wire::from_bytes;
 
 /// One message of a round.
 #[derive(Serialize, Deserialize)]
@@ -40,7 +64,21 @@ struct Item {
     tag: u64,
     seq: u64,
     bytes: Vec<u8>,
+    /// The sender refused its message for this collective: it had this
+    /// many bytes, more than a round carries ([`Tagged::max_message`]).
+    /// `bytes` is then empty.
+    refused: Option<u64>,
 }
+
+/// The most bytes an [`Item`] encodes to beyond its `bytes`: four varints
+/// (tag, sequence, the option and its value, the length) of at most 10
+/// bytes each, and the option's byte.
+const ITEM_OVERHEAD: usize = 48;
+/// The most bytes of a batch beyond its items: the count's varint.
+const BATCH_OVERHEAD: usize = 10;
+/// Per rank, room in one frame for what the shared bootstrap adds to each
+/// rank's batch (the TCP list's length varint at rank 0, the ring's origin).
+const RANK_SLACK: usize = 64;
 
 #[derive(Default)]
 struct State {
@@ -52,11 +90,18 @@ struct State {
     next: HashMap<u64, u64>,
     /// The `(tag, sequence)` a channel of this rank waits for now.
     waiting: HashSet<(u64, u64)>,
+    /// Per `(tag, sequence)` in `inbox`, the first sender that refused its
+    /// message as too large, and the message's length.
+    refusals: HashMap<(u64, u64), (usize, u64)>,
     /// Per sending rank, the bytes of its messages in `inbox` that no
     /// channel waits for yet (bounded by `MAX_KEPT_BYTES_PER_PEER`).
     kept_by: Vec<usize>,
     /// A round is running on the shared bootstrap.
     round: bool,
+    /// The last round that failed on this rank: the channel and collective
+    /// it ran for, and its error, to name when the shared bootstrap then
+    /// refuses every later round as broken.
+    failed: Option<(u64, u64, String)>,
     /// Rounds in a row that carried no message from any rank.
     idle: u32,
 }
@@ -86,6 +131,20 @@ impl<B: Bootstrap> Tagged<B> {
     /// The most bytes of one peer's messages kept for channels that did
     /// not take them yet: one frame of the bootstrap.
     pub const MAX_KEPT_BYTES_PER_PEER: usize = crate::bootstrap::MAX_PAYLOAD;
+
+    /// The most bytes one message of a channel may have: one round carries
+    /// every waiting message of every rank in one frame of the shared
+    /// bootstrap ([`crate::bootstrap::MAX_PAYLOAD`]), so each rank's batch
+    /// gets that frame's share of one rank. A larger message is refused by
+    /// its sender before anything is sent
+    /// ([`Argument::RoundTooLarge`](crate::bootstrap::Argument::RoundTooLarge)),
+    /// and the other ranks' collective fails with
+    /// [`BootstrapError::ContributionTooLarge`] naming it.
+    pub fn max_message(&self) -> usize {
+        round_max(self.size)
+            .saturating_sub(BATCH_OVERHEAD)
+            .saturating_sub(ITEM_OVERHEAD)
+    }
 
     /// Shares `inner` among channels.
     pub fn new(inner: B) -> Tagged<B> {
@@ -128,10 +187,16 @@ impl<B: Bootstrap> Tagged<B> {
         let next = st.next.entry(tag).or_insert(0);
         let seq = *next;
         *next = next.saturating_add(1);
+        let max = self.max_message();
+        let too_large = mine.len() > max;
+        // Too large for any round: refused here, before anything is sent;
+        // the other ranks hear of the refusal (not of bytes they would
+        // call malformed) and fail this collective naming this rank.
         st.outbox.push(Item {
             tag,
             seq,
-            bytes: mine.to_vec(),
+            bytes: if too_large { Vec::new() } else { mine.to_vec() },
+            refused: too_large.then_some(mine.len() as u64),
         });
         st.waiting.insert((tag, seq));
         // What arrived for this collective before it began is no longer
@@ -157,7 +222,18 @@ impl<B: Bootstrap> Tagged<B> {
         // its message, if no round carried it yet, is not sent.
         st.waiting.remove(&(tag, seq));
         st.inbox.remove(&(tag, seq));
+        st.refusals.remove(&(tag, seq));
         st.outbox.retain(|it| (it.tag, it.seq) != (tag, seq));
+        if too_large {
+            return Err(BootstrapError::InvalidArgument {
+                rank: self.rank,
+                step,
+                what: Argument::RoundTooLarge {
+                    len: mine.len(),
+                    max,
+                },
+            });
+        }
         got
     }
 
@@ -170,6 +246,18 @@ impl<B: Bootstrap> Tagged<B> {
         deadline: Deadline,
     ) -> (MutexGuard<'s, State>, Result<Vec<Vec<u8>>, BootstrapError>) {
         loop {
+            // A refusal, this rank's own included (it comes back in the
+            // round that carried it), ends the collective.
+            if let Some(&(peer, len)) = st.refusals.get(&(tag, seq)) {
+                let e = BootstrapError::ContributionTooLarge {
+                    rank: self.rank,
+                    step,
+                    peer,
+                    len,
+                    max: self.max_message() as u64,
+                };
+                return (st, Err(e));
+            }
             if st
                 .inbox
                 .get(&(tag, seq))
@@ -208,7 +296,7 @@ impl<B: Bootstrap> Tagged<B> {
                 continue;
             }
             st.round = true;
-            let batch = std::mem::take(&mut st.outbox);
+            let batch = take_round(&mut st.outbox, round_max(self.size));
             // Nobody had anything to say last time: a short pause, so that
             // ranks waiting for a busy peer do not spin (at most 8 ms).
             let pause = Duration::from_micros(250u64 << st.idle.min(5));
@@ -217,13 +305,31 @@ impl<B: Bootstrap> Tagged<B> {
             if idle {
                 std::thread::sleep(pause.min(deadline.remaining()));
             }
-            let got = self.round(&batch, deadline);
+            let got = self.round(&batch, step, deadline);
             st = self.state();
             st.round = false;
             self.turn.notify_all();
             match got.and_then(|all| self.keep(&mut st, all, step)) {
                 Ok(any) => st.idle = if any { 0 } else { st.idle.saturating_add(1) },
                 Err(e) => {
+                    let e = match (e, &st.failed) {
+                        // Broken by an earlier round: say which channel's,
+                        // not only the peer that round blamed.
+                        (
+                            BootstrapError::Broken { .. } | BootstrapError::Poisoned { .. },
+                            Some((tag, seq, cause)),
+                        ) => BootstrapError::SharedBroken {
+                            rank: self.rank,
+                            step,
+                            tag: *tag,
+                            seq: *seq,
+                            cause: cause.clone(),
+                        },
+                        (e, _) => {
+                            st.failed = Some((tag, seq, e.to_string()));
+                            e
+                        }
+                    };
                     // Not sent: the messages stay for a later round (which
                     // will most likely fail alike; the shared bootstrap is
                     // broken).
@@ -237,9 +343,29 @@ impl<B: Bootstrap> Tagged<B> {
     }
 
     /// One round on the shared bootstrap: every rank's waiting messages.
-    fn round(&self, batch: &[Item], deadline: Deadline) -> Result<Vec<Vec<u8>>, BootstrapError> {
+    /// A batch that does not encode within a round's share is refused here
+    /// (never sent as bytes the others would call malformed); `take_round`
+    /// and `max_message` keep that from happening.
+    fn round(
+        &self,
+        batch: &[Item],
+        step: Exchange,
+        deadline: Deadline,
+    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        let max = round_max(self.size);
+        let Some(bytes) = crate::bootstrap::codec::encode(&batch, max) else {
+            let len = batch.iter().fold(0usize, |a, it| {
+                a.saturating_add(it.bytes.len())
+                    .saturating_add(ITEM_OVERHEAD)
+            });
+            return Err(BootstrapError::InvalidArgument {
+                rank: self.rank,
+                step,
+                what: Argument::RoundTooLarge { len, max },
+            });
+        };
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.allgather(&to_bytes(&batch), deadline.remaining())
+        inner.allgather(&bytes, deadline.remaining())
     }
 
     /// Files what a round brought; whether it brought any message.
@@ -285,6 +411,9 @@ impl<B: Bootstrap> Tagged<B> {
                     // The same message twice, or a rank past the job.
                     _ => return Err(bad(peer, Malformed::Trailing)),
                 }
+                if let Some(len) = it.refused {
+                    st.refusals.entry(key).or_insert((peer, len));
+                }
                 if let Some(k) = kept {
                     if st.kept_by.len() < self.size {
                         st.kept_by.resize(self.size, 0);
@@ -297,6 +426,30 @@ impl<B: Bootstrap> Tagged<B> {
         }
         Ok(any)
     }
+}
+
+/// The most bytes of one rank's batch in one round: one frame of the shared
+/// bootstrap shared among `size` ranks, less what the bootstrap adds.
+fn round_max(size: usize) -> usize {
+    (crate::bootstrap::MAX_PAYLOAD / size.max(1)).saturating_sub(RANK_SLACK)
+}
+
+/// The oldest messages of `outbox` whose batch encodes within `max` bytes
+/// (at least one: every message alone fits, [`Tagged::max_message`]); the
+/// rest wait for the next round.
+fn take_round(outbox: &mut Vec<Item>, max: usize) -> Vec<Item> {
+    let mut used = BATCH_OVERHEAD;
+    let mut n = 0;
+    for it in outbox.iter() {
+        let cost = it.bytes.len().saturating_add(ITEM_OVERHEAD);
+        if n > 0 && used.saturating_add(cost) > max {
+            break;
+        }
+        used = used.saturating_add(cost);
+        n += 1;
+    }
+    let rest = outbox.split_off(n);
+    std::mem::replace(outbox, rest)
 }
 
 /// One tag's view of a [`Tagged`] bootstrap: a [`Bootstrap`] of its own.
@@ -379,6 +532,7 @@ impl<B: Bootstrap> Bootstrap for Channel<'_, B> {
 mod tests {
     use super::*;
     use crate::bootstrap::Threads;
+    use crate::team::wire::to_bytes;
 
     #[test]
     fn a_round_of_garbage_or_a_message_sent_twice_is_malformed_not_a_panic() {
@@ -391,6 +545,7 @@ mod tests {
             tag: 1,
             seq: 0,
             bytes: vec![9],
+            refused: None,
         }]);
         let mut st = State::default();
         assert_eq!(
@@ -421,6 +576,7 @@ mod tests {
                 tag: 2,
                 seq,
                 bytes: Vec::new(),
+                refused: None,
             })
             .collect();
         let mut st = State::default();
@@ -457,6 +613,7 @@ mod tests {
                 tag: 99,
                 seq,
                 bytes: vec![0xab; chunk],
+                refused: None,
             }]);
             if let Err(e) = mux.keep(&mut st, vec![to_bytes(&Vec::<Item>::new()), flood], step) {
                 refused = Some(e);
@@ -478,6 +635,39 @@ mod tests {
         assert!(kept <= Tagged::<crate::bootstrap::ThreadRank>::MAX_KEPT_BYTES_PER_PEER);
     }
 
+    /// A round carries at most one frame's share per rank: messages that
+    /// together exceed it wait for the next round, oldest first, so no
+    /// batch is ever too large to send.
+    #[test]
+    fn messages_that_together_exceed_a_round_go_in_later_rounds_oldest_first() {
+        let max = round_max(2);
+        let big = max / 2;
+        let mut outbox: Vec<Item> = (0..3)
+            .map(|seq| Item {
+                tag: 1,
+                seq,
+                bytes: vec![7; big],
+                refused: None,
+            })
+            .collect();
+        let first = take_round(&mut outbox, max);
+        assert_eq!(first.iter().map(|i| i.seq).collect::<Vec<_>>(), vec![0]);
+        assert!(crate::bootstrap::codec::encode(&first, max).is_some());
+        let second = take_round(&mut outbox, max);
+        assert_eq!(second.iter().map(|i| i.seq).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(take_round(&mut outbox, max).len(), 1);
+        assert!(outbox.is_empty());
+        // A message of `max_message` bytes alone encodes within a round.
+        let mux = Tagged::new(Threads::new(2).remove(0));
+        let one = vec![Item {
+            tag: u64::MAX,
+            seq: u64::MAX,
+            bytes: vec![1; mux.max_message()],
+            refused: Some(u64::MAX),
+        }];
+        assert!(crate::bootstrap::codec::encode(&one, max).is_some());
+    }
+
     /// A message for a sequence this rank's channel already gave up on
     /// (it timed out) is dropped: no channel will ever take it, so keeping
     /// it would hold its bytes and a slot of [`Tagged::MAX_KEPT`] forever.
@@ -495,11 +685,13 @@ mod tests {
             tag: 5,
             seq: 0,
             bytes: vec![1; 100],
+            refused: None,
         }]);
         let ahead = to_bytes(&vec![Item {
             tag: 5,
             seq: 1,
             bytes: vec![2; 100],
+            refused: None,
         }]);
         for _ in 0..3 {
             assert!(

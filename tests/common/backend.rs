@@ -94,8 +94,8 @@ impl DoubleLib {
     /// The model's leak counters and the retained primary contexts.
     pub fn live(&self) -> (Live, u64) {
         let f: unsafe extern "C" fn(*mut u64, usize) -> usize = self.sym("cuDoubleLiveCounters");
-        let mut v = [0u64; 8];
-        // SAFETY: room for 8.
+        let mut v = [0u64; 12];
+        // SAFETY: room for 12.
         unsafe { f(v.as_mut_ptr(), v.len()) };
         let live = Live {
             ids: v[0],
@@ -105,6 +105,10 @@ impl DoubleLib {
             mappings: v[4],
             address_ranges: v[5],
             multicast_objects: v[6],
+            streams: v[8],
+            events: v[9],
+            graphs: v[10],
+            graph_execs: v[11],
         };
         (live, v[7])
     }

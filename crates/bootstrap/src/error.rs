@@ -450,6 +450,15 @@ pub enum Argument {
         /// The limit.
         max: usize,
     },
+    /// A message of a channel of a shared bootstrap (`team::Tagged` of
+    /// `cuda-endpoints`) larger than one round of it carries for one rank:
+    /// the bootstrap's frame limit shared among the ranks.
+    RoundTooLarge {
+        /// Its length, in bytes.
+        len: usize,
+        /// The most bytes one message may have.
+        max: usize,
+    },
     /// Rank 0 bound an unspecified address (`0.0.0.0`/`::`): peers need an
     /// address they can reach.
     UnspecifiedAddress,
@@ -466,6 +475,7 @@ impl fmt::Display for Argument {
             Argument::RankOutOfRange { rank, size } => write!(f, "rank {rank} is out of range for {size} ranks (0..{size})"),
             Argument::JoinAsRoot => f.write_str("rank 0 does not join: it calls TcpRoot::accept on the listener that made the unique id"),
             Argument::TooLarge { len, max } => write!(f, "{len} bytes exceed the bootstrap's frame limit of {max} bytes"),
+            Argument::RoundTooLarge { len, max } => write!(f, "a message of {len} bytes exceeds the {max} bytes one round of the shared bootstrap carries per rank (one frame shared among the ranks); refused before sending: split the collective into smaller ones (the limit cannot be raised)"),
             Argument::UnspecifiedAddress => f.write_str(
                 "the unique id would carry an unspecified address; bind rank 0 to the interface address peers reach, or use Tcp::root_advertising",
             ),
@@ -655,6 +665,46 @@ pub enum BootstrapError {
         addr: std::net::SocketAddr,
         /// What it answered instead of a valid proof.
         what: &'static str,
+    },
+    /// A rank refused to send its contribution to this collective, before
+    /// sending it, because it was larger than the collective can carry (its
+    /// own error is [`BootstrapError::InvalidArgument`] with
+    /// [`Argument::RoundTooLarge`]): the collective cannot complete, and no
+    /// bytes of it were malformed.
+    #[error(
+        "rank {rank}: {step}: rank {peer}'s contribution of {len} bytes exceeds the {max} bytes per rank that one round of the shared bootstrap carries; rank {peer} refused to send it (split that collective into smaller ones)"
+    )]
+    ContributionTooLarge {
+        /// This rank.
+        rank: usize,
+        /// The step.
+        step: Exchange,
+        /// The rank whose contribution was too large.
+        peer: usize,
+        /// Its length, in bytes.
+        len: u64,
+        /// The most bytes one rank's contribution may have.
+        max: u64,
+    },
+    /// A collective of a channel of a shared bootstrap (`team::Tagged` of
+    /// `cuda-endpoints`) refused because the shared bootstrap broke in an
+    /// earlier round, run for channel `tag`'s collective `seq` on this
+    /// rank: a round cannot be abandoned half-way (the TCP ring of three
+    /// ranks or more), so every channel fails from then on.
+    #[error(
+        "rank {rank}: {step}: the shared bootstrap is unusable: a round of it failed for channel {tag} (its collective #{seq} on this rank): {cause}; a round cannot be abandoned half-way, so every channel fails from then on: bring the channels up again over a new bootstrap, with timeouts every rank can meet"
+    )]
+    SharedBroken {
+        /// This rank.
+        rank: usize,
+        /// The step refused.
+        step: Exchange,
+        /// The channel whose round failed.
+        tag: u64,
+        /// That channel's collective, in its own count.
+        seq: u64,
+        /// Why that round failed (that channel's own error).
+        cause: String,
     },
     /// The collective was aborted because another rank failed: rank 0 told
     /// this rank, or (on the TCP ring) the previous rank passed it on.

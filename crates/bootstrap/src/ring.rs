@@ -34,8 +34,8 @@ use rustix::event::{PollFd, PollFlags};
 use super::api::{Deadline, Traffic};
 use super::error::{AbortReason, BootstrapError, Exchange, FrameMismatch, Malformed};
 use super::tcp::{
-    HELLO_MAX, Link, NONCE, PROOF, constant_time_eq, header_error, poll_timeout, proof,
-    random_nonce, wait_readable, write_bounded,
+    HELLO_MAX, Link, NONCE, PROOF, constant_time_eq, evict_index, header_error, poll_timeout,
+    proof, random_nonce, wait_readable, write_bounded,
 };
 use super::wire::{self, FrameReader, Header, Kind, MAX_PAYLOAD};
 
@@ -447,7 +447,8 @@ fn step_in(me: &Member<'_>, p: &mut Incoming, traffic: &mut Traffic) -> Result<b
 }
 
 /// Takes what the ring listener holds into `pending`, at most
-/// [`PENDING_MAX`] (the oldest dropped first).
+/// [`PENDING_MAX`] (the oldest that proved least dropped first,
+/// [`evict_index`]).
 fn accept_into(
     listener: &TcpListener,
     pending: &mut Vec<Option<Incoming>>,
@@ -461,9 +462,9 @@ fn accept_into(
                     continue;
                 }
                 while pending.iter().flatten().count() >= PENDING_MAX {
-                    match pending.iter_mut().find(|p| p.is_some()) {
-                        Some(slot) => {
-                            *slot = None;
+                    match evict_index(pending, |p| p.nonces.is_none(), |p| p.link.stream.as_fd()) {
+                        Some(i) => {
+                            pending[i] = None;
                             traffic.refused_connections =
                                 traffic.refused_connections.saturating_add(1);
                         }
@@ -485,8 +486,10 @@ fn accept_into(
             // Out of descriptors and the like: drop the oldest pending to
             // make room rather than spin on the listener.
             Err(_) => {
-                if let Some(slot) = pending.iter_mut().find(|p| p.is_some()) {
-                    *slot = None;
+                if let Some(i) =
+                    evict_index(pending, |p| p.nonces.is_none(), |p| p.link.stream.as_fd())
+                {
+                    pending[i] = None;
                     traffic.refused_connections = traffic.refused_connections.saturating_add(1);
                 }
                 break;

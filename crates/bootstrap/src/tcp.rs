@@ -12,7 +12,9 @@
 //! says: a process that squats rank 0's address without the secret gets
 //! no secret and fails the join at once with [`BootstrapError::Impostor`].
 //! Rank 0 holds at most `size + 64` connections that have not finished
-//! their join (the oldest dropped first), gives each one deadline for its
+//! their join (to make room, those that sent nothing go first, then those
+//! whose hello did not arrive, oldest first: a flood that only knows the
+//! port never pushes out a rank that said hello), gives each one deadline for its
 //! whole hello, and answers running out of descriptors (`EMFILE`) by
 //! dropping the oldest of them rather than by polling again; a joining
 //! rank whose connection rank 0 dropped connects again within its timeout.
@@ -1588,7 +1590,8 @@ impl TcpRoot {
 
 impl TcpRoot {
     /// Accepts what the listener holds into `pending`, at most
-    /// `max_pending` of them (the oldest dropped first). When the process
+    /// `max_pending` of them (the oldest that proved least dropped first,
+    /// [`evict_index`]). When the process
     /// is out of descriptors (`EMFILE`, `ENFILE`) it drops the oldest
     /// pending connection to make room, or, with none to drop, sleeps
     /// briefly instead of polling a listener it cannot serve again at once.
@@ -1600,10 +1603,12 @@ impl TcpRoot {
         traffic: &mut Traffic,
     ) {
         let drop_oldest = |pending: &mut Vec<Option<Pending>>, traffic: &mut Traffic| {
-            // Emptied in place: the caller's poll indices stay valid.
-            match pending.iter_mut().find(|p| p.is_some()) {
-                Some(slot) => {
-                    *slot = None;
+            // Emptied in place: the caller's poll indices stay valid. The
+            // oldest that proved least goes first (`evict_index`).
+            let early = |p: &Pending| matches!(p.phase, Phase::Hello);
+            match evict_index(pending, early, |p| p.link.stream.as_fd()) {
+                Some(i) => {
+                    pending[i] = None;
                     traffic.refused_connections = traffic.refused_connections.saturating_add(1);
                     true
                 }
@@ -1697,6 +1702,43 @@ impl TcpRoot {
             }
         }
     }
+}
+
+/// Which pending connection to drop to make room for a new one: the oldest
+/// that has not got past its hello (`early`) and has nothing to read, else
+/// the oldest that has not got past its hello, else the oldest. A hello
+/// carries the job id, which only holders of the unique id know, so a flood
+/// of connections that connect and hold, from anyone who knows only the
+/// port, pushes out one another and never a rank whose hello arrived.
+pub(crate) fn evict_index<T>(
+    pending: &[Option<T>],
+    early: impl Fn(&T) -> bool,
+    fd: impl Fn(&T) -> std::os::fd::BorrowedFd<'_>,
+) -> Option<usize> {
+    let live = || {
+        pending
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| Some((i, p.as_ref()?)))
+    };
+    let silent = |t: &T| {
+        let mut byte = [0u8; 1];
+        // Peeked without blocking: data waiting means a hello on its way;
+        // nothing, an end of file or an error mean nothing to wait for.
+        !matches!(
+            rustix::net::recv(
+                fd(t),
+                &mut byte[..],
+                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+            ),
+            Ok((n, _)) if n > 0
+        )
+    };
+    live()
+        .find(|(_, t)| early(t) && silent(t))
+        .or_else(|| live().find(|(_, t)| early(t)))
+        .or_else(|| live().next())
+        .map(|(i, _)| i)
 }
 
 /// Whether a presented secret is the job's, in time that does not depend on
@@ -1862,5 +1904,72 @@ pub(crate) fn refused(
             len,
             max: MAX_PAYLOAD as u64,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Issue 21 (sustained accept-queue flood): when rank 0 or a ring
+    /// listener must drop a pending connection to make room, one that
+    /// connected and sent nothing goes before one whose hello arrived,
+    /// however much older that one is; one past its hello goes last.
+    /// Real sockets on loopback; every read bounded.
+    #[test]
+    fn a_connection_that_sends_nothing_is_dropped_before_one_whose_hello_arrived() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // Oldest first: a hello, then two that hold and say nothing.
+        let mut clients: Vec<TcpStream> = (0..3)
+            .map(|_| TcpStream::connect(addr).expect("connect"))
+            .collect();
+        let accepted: Vec<TcpStream> = (0..3)
+            .map(|_| listener.accept().expect("accept").0)
+            .collect();
+        clients[0].write_all(b"hello").expect("write");
+        let mut probe = [0u8; 5];
+        accepted[0]
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        // The hello is there (peeked, so it stays for the pending's reader).
+        assert_eq!(accepted[0].peek(&mut probe).expect("hello arrives"), 5);
+        // `(stream, past its hello)`.
+        let mut pending: Vec<Option<(TcpStream, bool)>> =
+            accepted.into_iter().map(|s| Some((s, false))).collect();
+        let pick =
+            |pending: &[Option<(TcpStream, bool)>]| evict_index(pending, |p| !p.1, |p| p.0.as_fd());
+        assert_eq!(pick(&pending), Some(1), "the oldest silent one goes first");
+        pending[1] = None;
+        assert_eq!(pick(&pending), Some(2));
+        pending[2] = None;
+        // Only the one whose hello arrived is left: it goes when nothing else can.
+        assert_eq!(pick(&pending), Some(0));
+        // One past its hello goes after every one that is not, even one
+        // with bytes waiting.
+        let late = TcpStream::connect(addr).expect("connect");
+        let late_in = listener.accept().expect("accept").0;
+        (&late).write_all(b"x").expect("write");
+        let mut one = [0u8; 1];
+        late_in
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        assert_eq!(late_in.peek(&mut one).expect("byte arrives"), 1);
+        if let Some(p) = pending[0].as_mut() {
+            p.1 = true;
+        }
+        pending.push(Some((late_in, false)));
+        assert_eq!(pick(&pending), Some(3));
+        pending[3] = None;
+        assert_eq!(pick(&pending), Some(0));
+        assert_eq!(pick(&[None::<(TcpStream, bool)>]), None);
+        // The peek consumed nothing.
+        let mut got = [0u8; 5];
+        if let Some((s, _)) = pending[0].as_mut() {
+            s.read_exact(&mut got).expect("the hello is still there");
+        }
+        assert_eq!(&got, b"hello");
+        drop(clients.drain(..));
     }
 }

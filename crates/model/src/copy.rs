@@ -111,11 +111,12 @@ struct GraphObj {
     items: Vec<Captured>,
 }
 
-/// An event of one process: where it was last recorded, as `(stream,
-/// batches enqueued on it before the record)`.
+/// An event of one process on one device: where it was last recorded, as
+/// `(stream, batches enqueued on it before the record)`.
 #[derive(Debug)]
 struct EventObj {
     pid: usize,
+    dev: Device,
     at: Option<(u64, u64)>,
 }
 
@@ -160,6 +161,17 @@ impl Streams {
         self.graphs.retain(|_, g| g.pid != pid);
         self.execs.retain(|_, g| g.pid != pid);
         self.events.retain(|_, e| e.pid != pid);
+    }
+
+    /// The streams, events, graphs and executable graphs `pid` holds
+    /// (its [`super::Live`] counters).
+    pub(crate) fn held_by(&self, pid: usize) -> (u64, u64, u64, u64) {
+        (
+            self.by_handle.values().filter(|s| s.pid == pid).count() as u64,
+            self.events.values().filter(|e| e.pid == pid).count() as u64,
+            self.graphs.values().filter(|g| g.pid == pid).count() as u64,
+            self.execs.values().filter(|g| g.pid == pid).count() as u64,
+        )
     }
 
     /// A new handle in the space `tag` (streams 5, graphs 6, executable
@@ -782,7 +794,9 @@ impl World {
             return Err(Code::INVALID_DEVICE);
         }
         let h = self.streams.handle(8);
-        self.streams.events.insert(h, EventObj { pid, at: None });
+        self.streams
+            .events
+            .insert(h, EventObj { pid, dev, at: None });
         Ok(h)
     }
 
@@ -799,14 +813,28 @@ impl World {
         Ok(())
     }
 
+    /// `cuEventRecord`: the event and the stream must be of one context
+    /// (one device's primary context here); the driver answers
+    /// `CUDA_ERROR_INVALID_HANDLE` otherwise (CUDA Runtime API,
+    /// `cudaEventRecord`: "event and stream must be on the same CUDA
+    /// context"; `cuCtxRecordEvent`: "must be from the same CUDA context,
+    /// otherwise CUDA_ERROR_INVALID_HANDLE will be returned").
     pub fn event_record(&mut self, pid: usize, event: u64, stream: u64) -> DriverResult<()> {
         self.stream_of(pid, stream)?;
         self.event_of(pid, event)?;
-        let n = self
+        let (n, stream_dev) = self
             .streams
             .by_handle
             .get(&stream)
-            .map_or(0, |s| s.enqueued);
+            .map_or((0, None), |s| (s.enqueued, Some(s.dev)));
+        let event_dev = self.streams.events.get(&event).map(|e| e.dev);
+        if stream_dev != event_dev {
+            return violate(
+                self,
+                "cuEventRecord: event and stream of different devices",
+                Code::INVALID_HANDLE,
+            );
+        }
         if let Some(e) = self.streams.events.get_mut(&event) {
             e.at = Some((stream, n));
         }

@@ -63,6 +63,10 @@ impl Live {
             mappings: self.mappings.saturating_add(o.mappings),
             address_ranges: self.address_ranges.saturating_add(o.address_ranges),
             multicast_objects: self.multicast_objects.saturating_add(o.multicast_objects),
+            streams: self.streams.saturating_add(o.streams),
+            events: self.events.saturating_add(o.events),
+            graphs: self.graphs.saturating_add(o.graphs),
+            graph_execs: self.graph_execs.saturating_add(o.graph_execs),
         }
     }
 }

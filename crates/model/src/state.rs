@@ -30,6 +30,14 @@ pub struct Live {
     pub address_ranges: u64,
     /// Classic multicast objects (C1, C5).
     pub multicast_objects: u64,
+    /// Streams not yet destroyed (`cuStreamCreate`).
+    pub streams: u64,
+    /// Events not yet destroyed (`cuEventCreate`).
+    pub events: u64,
+    /// Graphs captured and not yet destroyed (`cuStreamEndCapture`).
+    pub graphs: u64,
+    /// Executable graphs not yet destroyed (`cuGraphInstantiate`).
+    pub graph_execs: u64,
 }
 
 impl Live {
@@ -405,22 +413,16 @@ impl World {
         l.address_ranges = vas.clone().count() as u64;
         l.mappings = vas.map(|v| v.maps.len() as u64).sum();
         l.multicast_objects = self.mc_handles.values().filter(|h| h.0 == pid).count() as u64;
+        (l.streams, l.events, l.graphs, l.graph_execs) = self.streams.held_by(pid);
         l
     }
 
     pub fn live_all(&self) -> Live {
-        let mut all = Live::default();
-        for pid in self.procs.pids() {
-            let l = self.live(pid);
-            all.ids += l.ids;
-            all.endpoints += l.endpoints;
-            all.bindings += l.bindings;
-            all.allocations += l.allocations;
-            all.mappings += l.mappings;
-            all.address_ranges += l.address_ranges;
-            all.multicast_objects += l.multicast_objects;
-        }
-        all
+        self.procs
+            .pids()
+            .into_iter()
+            .map(|p| self.live(p))
+            .fold(Live::default(), Live::plus)
     }
 
     /// Drops one user of an allocation (a mapping or a binding) and frees it
