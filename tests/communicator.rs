@@ -14,7 +14,7 @@ mod forge;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use cuda_endpoints::bootstrap::{Bootstrap, Tcp, ThreadRank, Threads};
+use cuda_endpoints::bootstrap::{Bootstrap, BootstrapError, Tcp, ThreadRank, Threads};
 use cuda_endpoints::model::Model;
 use cuda_endpoints::team::{
     self, Cause, Mismatch, OwnedPeers, PeerSpec, Step, Tagged, TeamError, TeamSpec,
