@@ -220,10 +220,22 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
             .enqueue(CopyBatch::new().get_host(peers.peer(peer).unwrap(), 0, 64))
             .unwrap_err();
         assert!(
-            matches!(before_grow, Error::CopyNotAgreed { op: 0, offset: 0, size: 64, agreed: 0, .. }),
+            matches!(
+                before_grow,
+                Error::CopyNotAgreed {
+                    op: 0,
+                    offset: 0,
+                    size: 64,
+                    agreed: 0,
+                    ..
+                }
+            ),
             "rank {r}: {before_grow:?}"
         );
-        assert!(before_grow.to_string().contains("OwnedPeers::grow"), "{before_grow}");
+        assert!(
+            before_grow.to_string().contains("OwnedPeers::grow"),
+            "{before_grow}"
+        );
         peers.grow(boot, chunk(ctx, dev), T).unwrap();
         // Below the top: through. Past it (the endpoint is MAX bytes, the
         // heap one chunk): refused, naming the top.
@@ -240,7 +252,11 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
             matches!(past, Error::CopyNotAgreed { offset, agreed: CHUNK, .. } if offset == CHUNK - 32),
             "rank {r}: {past:?}"
         );
-        assert_eq!(me.calls(Call::FabricCpyBatchAsync), copies + 1, "one copy reached the driver");
+        assert_eq!(
+            me.calls(Call::FabricCpyBatchAsync),
+            copies + 1,
+            "one copy reached the driver"
+        );
         boot.barrier(T).unwrap();
         // After an agreed shrink the top is 0 again.
         drop(peers.shrink(boot, T).unwrap());
@@ -255,7 +271,51 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
         drop(peers);
         assert!(ctx.take_teardown_errors().is_empty());
     });
-    assert!(model.live_node().is_empty(), "leak: {:?}", model.live_node());
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+    common::no_violations(&model.violations());
+}
+
+#[test]
+fn r13_7_a_shrink_completes_this_ranks_forgotten_copy_into_a_peers_top_chunk_before_any_rank_unbinds()
+ {
+    let (contexts, model) = processes(2);
+    on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        let stream = Stream::new(ctx, dev).unwrap();
+        if r == 1 {
+            // A put into rank 0's top chunk whose token is forgotten: no
+            // borrow is left for `&mut self` to exclude.
+            let copy = stream
+                .enqueue(CopyBatch::new().put_host(vec![9; 64], peers.peer(0).unwrap(), CHUNK))
+                .unwrap();
+            std::mem::forget(copy);
+        }
+        let top = peers.shrink(boot, T).unwrap().expect("the top chunk");
+        if r == 0 {
+            // The put landed before rank 0 unbound its top chunk.
+            assert_eq!(me.read(top.device_ptr(), 64).unwrap(), vec![9u8; 64]);
+        }
+        drop(top);
+        stream.synchronize().unwrap();
+        boot.barrier(T).unwrap();
+        drop(stream);
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+    });
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
     common::no_violations(&model.violations());
 }
 

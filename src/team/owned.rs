@@ -296,13 +296,21 @@ impl<M: BindSource> OwnedPeers<M> {
     ) -> Result<Option<M>, TeamError> {
         let deadline = Deadline::after(timeout);
         let top = self.top();
-        let all = agree(
-            boot,
-            self.tag,
-            Step::Shrink,
-            Ok(heap_word(top, 0)),
-            deadline,
-        )?;
+        // `&mut self` ends every borrow of the endpoints, but not a copy whose
+        // token was forgotten: this rank's copies in flight through any of
+        // them (into a peer's top chunk too) complete before it agrees that
+        // it stopped using the top chunk (R13.7, F4).
+        let settled = crate::stream::settle(self.own.range(), self.own.id()).and_then(|()| {
+            self.peers
+                .iter()
+                .flatten()
+                .try_for_each(|ep| crate::stream::settle(ep.range(), ep.id()))
+        });
+        let local = match settled {
+            Ok(()) => Ok(heap_word(top, 0)),
+            Err(e) => Err((Step::Shrink, Cause::Local(e))),
+        };
+        let all = agree(boot, self.tag, Step::Shrink, local, deadline)?;
         let mut reference = None;
         for (rank, bytes) in all.iter().enumerate() {
             let (t, _) = read_heap_word(rank, Step::Shrink, bytes)?;
