@@ -446,7 +446,7 @@ impl fmt::Display for TeamError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "team bring-up failed on rank {} at step `{}`: {}",
+            "team call failed on rank {} at step `{}`: {}",
             self.rank, self.step, self.cause
         )
     }
