@@ -140,6 +140,17 @@ pub fn main() -> ExitCode {
         gpus,
         server.socket().display()
     );
+    // Ranks are placed `rank * nodes / N` to a node and round-robin on its
+    // GPUs: more ranks than GPUs share devices, which unicast peers allow
+    // but a multicast team refuses (each rank of a node brings its own).
+    if let Some(n) = args.ranks.map(|n| n as usize)
+        && n > nodes.saturating_mul(gpus)
+    {
+        eprintln!(
+            "cuda-endpoints-fabric: warning: {n} ranks on {nodes} node(s) x {gpus} GPU(s): some ranks share a device, which a multicast team refuses; give --gpus {}",
+            n.div_ceil(nodes.max(1))
+        );
+    }
     let mut job = match spawn_job(&args, &server, nodes) {
         Ok(j) => j,
         Err(e) => {
