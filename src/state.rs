@@ -127,8 +127,11 @@ impl IsReady for TeamReady {}
     note = "bind this rank's memory on the team's endpoint, then call `team.agree_bound(&boot, timeout)?` on every rank (`peers.agree_bound(..)` for `team::unicast_peers`) and copy through the endpoints of what it returns: `bound.endpoint()`, `bound.own()`, `bound.peer(rank)`; to own the team's endpoint, `team.into_bound([(dev, offset, mem)], &boot, timeout)?` binds and agrees in one call. A copy before every rank bound is undefined behaviour in the driver (R13.3)"
 )]
 pub trait Agreed: Sealed {}
+#[diagnostic::do_not_recommend]
 impl Agreed for Reserved {}
+#[diagnostic::do_not_recommend]
 impl Agreed for Pending {}
+#[diagnostic::do_not_recommend]
 impl Agreed for Ready {}
 
 /// `destroy` needs an endpoint on the id (R7).
