@@ -55,7 +55,19 @@ mod kind;
 mod memory;
 #[cfg(feature = "model")]
 #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
-pub use cuda_endpoints_model as model;
+pub mod model {
+    //! The reference model of the driver contract (crate
+    //! `cuda-endpoints-model`): [`Model`], one simulated process of a
+    //! simulated fabric of nodes and devices, whose [`Live`] leak counters
+    //! and [`Violation`] log tests read; [`faults`] fails calls on demand.
+    //! [`Context::model`](crate::Context::model) makes a context over a new
+    //! one. The fabric that OS processes share is [`crate::fabric`].
+    #[doc(no_inline)]
+    pub use cuda_endpoints_model::{
+        FabricConfig, FabricLive, Live, MAX_VIOLATIONS, Model, ModelConfig, ShareableKind,
+        SimDevice, Violation, faults,
+    };
+}
 mod multicast_mapping;
 mod owned;
 mod portable;

@@ -67,7 +67,7 @@ pub use server::{FabricServer, MAX_CONNECTIONS, ProcessExit};
 pub use wire::WireViolation;
 
 use crate::driver::Code;
-pub use crate::{FabricConfig, FabricLive, ShareableKind};
+use crate::{FabricConfig, FabricLive, ShareableKind};
 
 /// Why joining, starting or asking a fabric failed.
 #[derive(Debug, thiserror::Error)]
