@@ -136,6 +136,7 @@ fn forget_endpoint(range: &RangeInner, id: u32) {
 #[inline(never)]
 fn forget_rest(range: &RangeInner, mut slot: SlotGuard<'_>) {
     let bindings = slot.reset();
+    range.bindings_changed();
     let fabric = slot.take_fabric();
     let windows = slot.take_windows(|_| true);
     drop(slot);

@@ -1018,3 +1018,38 @@ fn live_counts_streams_events_graphs_and_graph_execs_so_a_leaked_one_shows() {
     done(&model, s);
     clean(&ctx, &model);
 }
+
+// ---- the stream, graph and event layer under concurrent and late use ----
+
+/// F9: a batch reads the endpoint's bindings when an op is added; an
+/// unbind between building and enqueueing (or capturing) is seen at the
+/// enqueue, before the driver. (The check used to pass on the stale
+/// facts, and the model logged R13.3.)
+#[test]
+fn f9_a_batch_built_before_an_unbind_is_checked_against_the_bindings_at_enqueue() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    let b = u.bind();
+    let batch = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+    let captured = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+    b.unbind().unwrap();
+    let copies = model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync);
+    let err = s.enqueue(batch).unwrap_err();
+    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
+    let err = s.capture(captured).unwrap_err();
+    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
+    assert_eq!(
+        model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync),
+        copies,
+        "refused before the driver"
+    );
+    // Bound again (the facts move the other way too): the batch goes.
+    let b = u.bind();
+    let batch = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+    s.enqueue(batch).unwrap().wait().unwrap();
+    drop(s);
+    drop(b);
+    drop(u);
+    clean(&ctx, &model);
+}
