@@ -14,7 +14,13 @@
 //!   ([`crate::Binding::copy_through`]) or freeing memory while the graph
 //!   lives does not compile; a launch's [`InFlight`] token borrows the
 //!   graph mutably, so a second launch or a look at the host buffers waits
-//!   for the first. Dropping the graph synchronizes its stream first.
+//!   for the first. Dropping the graph synchronizes its stream first;
+//! - the capture on a stream of its own: `Stream` is `Sync`, and another
+//!   thread's batch enqueued on the graph's stream between the begin and
+//!   the end of a capture would be captured (its token then completes with
+//!   nothing done, and the graph's launches write into its buffers). The
+//!   capture stream is made and destroyed inside [`Stream::capture`], where
+//!   no other code can reach it.
 //!
 //! Graphs run on the fabric path only (a copy node is
 //! `CU_GRAPH_NODE_TYPE_FABRIC_CPY_BATCH`); on the portable path
@@ -63,6 +69,10 @@ impl Stream {
     /// ([`Feature::FabricCopy`]) on the portable path or a driver without
     /// the fabric copy (F7); [`Error::Driver`] from the capture calls, with
     /// the capture ended and its graph destroyed.
+    ///
+    /// The capture runs on a stream of its own (`cuStreamCreate`, destroyed
+    /// before this returns), so that what other threads enqueue on `self`
+    /// meanwhile is never captured; the graph launches on `self`.
     pub fn capture<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<CopyGraph<'a>> {
         let ctx = &self.inner.ctx;
         batch.check_for(self)?;
@@ -79,19 +89,43 @@ impl Stream {
             host_in,
             host_out,
         } = batch.into_list();
-        let handle = self.inner.handle;
         let d = ctx.driver();
-        // SAFETY: the stream is this object's own, live and not capturing;
-        // nothing synchronizes it while `&self` is lent here (the capture
-        // ends below on every path).
+        // The capture runs on a stream of its own, made here and destroyed
+        // below, that no other code can reach: `Stream` is `Sync`, so on
+        // `self` another thread could enqueue (its batch would land in this
+        // graph, and its token complete with nothing done) or synchronize
+        // between the begin and the end of the capture. The graph is
+        // launched on `self`, of the same device (F2 was checked for it).
+        let handle = ctx.check(
+            Call::StreamCreate,
+            ctx.queries().stream_create(self.inner.dev),
+        )?;
+        if handle == 0 {
+            // Never the legacy NULL stream (F6), whatever a backend says.
+            return Err(Error::driver(Call::StreamCreate, crate::Code::UNKNOWN));
+        }
+        let destroy_stream = || {
+            // SAFETY: the capture stream is ours, its capture ended (or
+            // never began) and nothing ran on it; not used again.
+            let r = unsafe { d.stream_destroy(handle) };
+            if let Err(e) = ctx.check(Call::StreamDestroy, r) {
+                ctx.record_teardown(e);
+            }
+        };
+        // SAFETY: the capture stream is ours, live, not capturing and
+        // reached by no one else (the capture ends below on every path).
         let r = unsafe { d.stream_begin_capture(handle) };
-        ctx.check(Call::StreamBeginCapture, r)?;
+        if let Err(e) = ctx.check(Call::StreamBeginCapture, r) {
+            destroy_stream();
+            return Err(e);
+        }
         // SAFETY: as `Stream::enqueue`: the batch was checked (F2, F3, F9),
         // and what it names is borrowed for 'a by the graph and owned host
         // buffers stay with it; captured, it does not run now.
         let copied = unsafe { d.fabric_copy_batch(handle, list, 0) };
         // SAFETY: this stream is capturing (begun above).
         let ended = unsafe { d.stream_end_capture(handle) };
+        destroy_stream();
         let graph = ctx.check(Call::StreamEndCapture, ended)?;
         let destroy_graph = || {
             // SAFETY: the graph is ours and not used again.

@@ -1053,3 +1053,91 @@ fn f9_a_batch_built_before_an_unbind_is_checked_against_the_bindings_at_enqueue(
     drop(u);
     clean(&ctx, &model);
 }
+
+/// The model behind a hook on `cuStreamBeginCapture`: once a capture has
+/// begun, it lets another thread run (`go`) and waits, bounded, until that
+/// thread says it is done (`back`), before the capture goes on.
+struct DuringCapture {
+    model: cuda_endpoints::model::Model,
+    go: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    back: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl std::fmt::Debug for DuringCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DuringCapture")
+    }
+}
+
+impl cuda_endpoints::driver::Forward for DuringCapture {
+    type Inner = cuda_endpoints::model::Model;
+    fn inner(&self) -> &Self::Inner {
+        &self.model
+    }
+    unsafe fn stream_begin_capture(&self, stream: u64) -> cuda_endpoints::driver::DriverResult<()> {
+        // SAFETY: the caller's contract is the inner driver's.
+        let r = unsafe { Driver::stream_begin_capture(&self.model, stream) };
+        if let Some(go) = self.go.lock().unwrap().take() {
+            go.send(()).unwrap();
+            let back = self.back.lock().unwrap().take().unwrap();
+            back.recv_timeout(Duration::from_secs(10))
+                .expect("the other thread's batch never completed");
+        }
+        r
+    }
+}
+
+/// Critical: `Stream` is `Sync`, and a capture used to begin, enqueue and
+/// end on the shared stream itself, so a batch another thread enqueued in
+/// between was captured into the graph: its token answered Ok with nothing
+/// fetched, and the graph's launches later wrote into its completed `Vec`.
+#[test]
+fn a_batch_another_thread_enqueues_during_a_capture_runs_on_the_stream_and_is_not_captured() {
+    let mut c = ModelConfig::node(2);
+    c.driver_version = 13050;
+    let model = cuda_endpoints::model::Model::new(c);
+    let (go, wait_go) = std::sync::mpsc::channel();
+    let (done, back) = std::sync::mpsc::channel();
+    let ctx = Context::new(DuringCapture {
+        model: model.clone(),
+        go: std::sync::Mutex::new(Some(go)),
+        back: std::sync::Mutex::new(Some(back)),
+    });
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let s = Stream::new(&ctx, 0).unwrap();
+    model.write(u.owner.device_ptr(), &[0xAB; 64]).unwrap();
+    std::thread::scope(|sc| {
+        let (s, u) = (&s, &u);
+        let other = sc.spawn(move || {
+            wait_go
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the capture never began");
+            let got = s
+                .enqueue(CopyBatch::new().get_host(&u.ep, 0, 64))
+                .and_then(|t| t.wait());
+            done.send(()).unwrap();
+            got
+        });
+        let mut g = s
+            .capture(CopyBatch::new().put(&u.src, 0, &u.ep, 4096, 64))
+            .unwrap();
+        let got = other.join().unwrap().unwrap();
+        assert_eq!(got.received, vec![vec![0xAB; 64]], "fetched, not captured");
+        model.write(u.src.device_ptr(), &[7; 64]).unwrap();
+        g.launch().unwrap().wait().unwrap();
+        assert_eq!(
+            model.read(u.owner.device_ptr() + 4096, 64).unwrap(),
+            vec![7; 64]
+        );
+    });
+    drop(s);
+    drop(b);
+    let probe_clean = |m: &cuda_endpoints::model::Model| {
+        assert!(ctx.take_teardown_errors().is_empty());
+        common::no_violations(&m.violations());
+    };
+    drop(u);
+    probe_clean(&model);
+    assert!(model.live_node().is_empty(), "{:?}", model.live_node());
+}
