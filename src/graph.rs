@@ -199,7 +199,7 @@ impl CopyGraph<'_> {
     /// nothing is lent then.
     pub fn received(&self) -> Result<Vec<&[u8]>> {
         if let Some(seq) = self.last
-            && !self.stream.inner.passed(seq)
+            && !self.stream.inner.has_passed(seq)
         {
             self.stream.synchronize()?;
         }

@@ -1141,3 +1141,79 @@ fn a_batch_another_thread_enqueues_during_a_capture_runs_on_the_stream_and_is_no
     probe_clean(&model);
     assert!(model.live_node().is_empty(), "{:?}", model.live_node());
 }
+
+/// An `Event` recorded on a stream may outlive it; the stream, dropped,
+/// was synchronized and destroyed, so an unbind or destroy afterwards
+/// synchronizes nothing (it used to synchronize the destroyed stream and
+/// fail `INVALID_HANDLE`).
+#[test]
+fn a_dropped_stream_is_never_synchronized_even_while_an_event_recorded_on_it_lives() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let mut e = cuda_endpoints::Event::new(&ctx, 0).unwrap();
+    {
+        let s = Stream::new(&ctx, 0).unwrap();
+        s.enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+            .unwrap()
+            .with_event()
+            .unwrap()
+            .wait()
+            .unwrap();
+        e.record(&s).unwrap();
+    }
+    let syncs = model.calls(cuda_endpoints::driver::Call::StreamSynchronize);
+    b.unbind().unwrap();
+    assert_eq!(
+        model.calls(cuda_endpoints::driver::Call::StreamSynchronize),
+        syncs,
+        "the unbind synchronized a stream"
+    );
+    e.synchronize().unwrap();
+    drop(e);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+/// Batches completed through their events leave the in-flight index (it
+/// used to keep one entry per batch until the stream was synchronized,
+/// and every unbind then synchronized the stream): an unbind after them
+/// synchronizes no stream, however many there were.
+#[test]
+fn batches_completed_through_events_leave_nothing_for_an_unbind_to_synchronize() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let s = Stream::new(&ctx, 0).unwrap();
+    for _ in 0..64 {
+        s.enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+            .unwrap()
+            .with_event()
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    // One more, completed through a standalone event observed by a query.
+    let t = s
+        .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 64, 64))
+        .unwrap();
+    let mut e = cuda_endpoints::Event::new(&ctx, 0).unwrap();
+    e.record(&s).unwrap();
+    let mut queries = 0;
+    while !e.query().unwrap() {
+        queries += 1;
+        assert!(queries < 8, "the event never completed");
+    }
+    std::mem::forget(t); // completed: the event after it was observed
+    let syncs = model.calls(cuda_endpoints::driver::Call::StreamSynchronize);
+    b.unbind().unwrap();
+    assert_eq!(
+        model.calls(cuda_endpoints::driver::Call::StreamSynchronize),
+        syncs,
+        "the unbind synchronized a stream with nothing in flight"
+    );
+    drop(e);
+    drop(s);
+    drop(u);
+    clean(&ctx, &model);
+}
