@@ -7,14 +7,21 @@
 //! - [`CopyGraph`]: the graph and its executable form, the host buffers
 //!   its copy nodes read and write (owned, so their addresses stay), and
 //!   what each launch keeps alive (as an enqueued batch does, F4);
-//! - F8 in the types: a copy node "needs every id valid and bound for as
-//!   long as the graph may run". The graph borrows the endpoints and the
-//!   memory of its batch for its whole life (`'a`), so destroying an
-//!   endpoint, unbinding through a binding it was lent by
-//!   ([`crate::Binding::copy_through`]) or freeing memory while the graph
-//!   lives does not compile; a launch's [`InFlight`] token borrows the
-//!   graph mutably, so a second launch or a look at the host buffers waits
-//!   for the first. Dropping the graph synchronizes its stream first;
+//! - F8: a copy node "needs every id valid and bound for as long as the
+//!   graph may run", and the graph may run for its whole life. In the
+//!   types: the graph borrows the endpoints and the memory of its batch
+//!   for its whole life (`'a`), so destroying an endpoint, unbinding
+//!   through a binding it was lent by ([`crate::Binding::copy_through`])
+//!   or freeing memory while the graph lives does not compile. At run time:
+//!   a binding the graph does not borrow (the batch named `&ep`) cannot be
+//!   unbound while the graph lives either: the graph pins its ids in the
+//!   in-flight index (`stream::pin_for_graph`), and the unbind answers
+//!   [`Error::UnbindUnderGraph`] before the driver, the memory still bound
+//!   (from a `Binding`'s `Drop`, the error is kept on the context and the
+//!   endpoint keeps the memory until it is destroyed). A launch's
+//!   [`InFlight`] token borrows the graph mutably, so a second launch or a
+//!   look at the host buffers waits for the first. Dropping the graph
+//!   synchronizes its stream first;
 //! - the capture on a stream of its own: `Stream` is `Sync`, and another
 //!   thread's batch enqueued on the graph's stream between the begin and
 //!   the end of a capture would be captured (its token then completes with
@@ -41,6 +48,8 @@ pub struct CopyGraph<'a> {
     stream: &'a Stream,
     graph: u64,
     exec: u64,
+    /// Its number in the in-flight index, which pins its ids (F8).
+    pin: u64,
     keep: Keep,
     host_in: Vec<Vec<u8>>,
     host_out: Vec<(usize, Vec<u8>)>,
@@ -72,7 +81,9 @@ impl Stream {
     ///
     /// The capture runs on a stream of its own (`cuStreamCreate`, destroyed
     /// before this returns), so that what other threads enqueue on `self`
-    /// meanwhile is never captured; the graph launches on `self`.
+    /// meanwhile is never captured; the graph launches on `self`. While the
+    /// graph lives, no binding on an endpoint it names can be unbound
+    /// ([`Error::UnbindUnderGraph`], F8).
     pub fn capture<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<CopyGraph<'a>> {
         let ctx = &self.inner.ctx;
         batch.check_for(self)?;
@@ -148,10 +159,14 @@ impl Stream {
                 return Err(e);
             }
         };
+        // F8: from now until the graph is dropped, its ids stay bound (an
+        // unbind is refused before the driver, `Error::UnbindUnderGraph`).
+        let pin = crate::stream::pin_for_graph(&keep.endpoints);
         Ok(CopyGraph {
             stream: self,
             graph,
             exec,
+            pin,
             keep,
             host_in,
             host_out,
@@ -228,6 +243,8 @@ impl Drop for CopyGraph<'_> {
             if let Err(e) = ctx.check(Call::GraphDestroy, r) {
                 ctx.record_teardown(e);
             }
+            // Nothing launches it again: its ids may be unbound.
+            crate::stream::unpin_graph(self.pin);
         });
     }
 }

@@ -15,11 +15,12 @@
 //!   binding's unbind — synchronizes every stream with a copy in flight on
 //!   that id first;
 //! - the process-wide index from `(range, id)` to the batches in flight on
-//!   it, which [`settle`] reads (empty, and one atomic load, unless a copy
-//!   is in flight). An entry goes when the stream passed its batch
-//!   (synchronize, query, an event after it) or the stream is dropped: the
-//!   index holds what is in flight now, and a dropped stream is never
-//!   synchronized.
+//!   it and the graphs of copies naming it (F8), which [`settle`] reads
+//!   (empty, and one atomic load, unless a copy is in flight or a graph
+//!   lives). An entry goes when the stream passed its batch (synchronize,
+//!   query, an event after it) or the stream is dropped, and when its
+//!   graph is dropped: the index holds what is in flight now, and a
+//!   dropped stream is never synchronized.
 //!
 //! - [`Event`], made and used by `cuEventCreate`/`Record`/`Query`/`Synchronize`/`Destroy`;
 //!   an event recorded after a batch completes it (F4: "or an event after
@@ -63,13 +64,16 @@ pub(crate) struct StreamInner {
 }
 
 /// What keeps an endpoint id in the index: a stream's batch in flight
-/// (until the stream passed it).
+/// (until the stream passed it), or a graph of copies that names the id
+/// (for the graph's whole life, F8).
 enum Holder {
     /// Batch `seq` of the stream.
     Batch(Weak<StreamInner>, u64),
+    /// The graph numbered so ([`pin_for_graph`]).
+    Graph(u64),
 }
 
-/// One `(range address, id)` with a copy in flight.
+/// One `(range address, id)` with a copy in flight, or named by a graph.
 struct Entry {
     range: usize,
     id: u32,
@@ -83,13 +87,16 @@ impl Entry {
     }
 }
 
-/// Every endpoint id with a copy in flight: one entry per batch and id,
-/// gone once the stream passed the batch (a synchronize, a query, an event
-/// after it) or the stream was dropped. So its length is what is in
-/// flight now, not what ever was.
+/// Every endpoint id with a copy in flight or a graph naming it: one entry
+/// per batch (or graph) and id, gone once the stream passed the batch (a
+/// synchronize, a query, an event after it), the stream was dropped, or
+/// the graph was dropped. So its length is what is in flight now, not
+/// what ever was.
 static INDEX: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 /// `INDEX.len()`, read without the lock.
 static IN_INDEX: AtomicUsize = AtomicUsize::new(0);
+/// The number of the next graph that pins its ids.
+static NEXT_GRAPH: AtomicU64 = AtomicU64::new(0);
 
 fn index() -> MutexGuard<'static, Vec<Entry>> {
     INDEX.lock().unwrap_or_else(PoisonError::into_inner)
@@ -106,12 +113,35 @@ fn range_key(range: &RangeInner) -> usize {
     std::ptr::from_ref(range).addr()
 }
 
-/// Before an endpoint on `id` of `range` is destroyed or a binding on it
-/// unbound: synchronizes every stream with a copy in flight on it (F4).
+/// Pins the ids a graph of copies names (F8: "every id valid and bound for
+/// as long as the graph may run"): until [`unpin_graph`], unbinding memory
+/// of any of them is refused ([`settle`]). Returns the graph's number.
+pub(crate) fn pin_for_graph(endpoints: &[(Arc<RangeInner>, u32)]) -> u64 {
+    let graph = NEXT_GRAPH.fetch_add(1, Ordering::Relaxed);
+    let mut idx = index();
+    for (range, id) in endpoints {
+        idx.push(Entry {
+            range: range_key(range),
+            id: *id,
+            holder: Holder::Graph(graph),
+        });
+    }
+    IN_INDEX.store(idx.len(), Ordering::Release);
+    graph
+}
+
+/// The graph numbered `graph` is gone: its ids may be unbound again.
+pub(crate) fn unpin_graph(graph: u64) {
+    forget_entries(|e| matches!(e.holder, Holder::Graph(g) if g == graph));
+}
+
+/// Before a binding on `id` of `range` is unbound: synchronizes every
+/// stream with a copy in flight on it (F4).
 ///
 /// # Errors
-/// The first synchronize that failed: the caller must not go on (the copy
-/// may still run).
+/// [`Error::UnbindUnderGraph`] while a graph of copies names the id (F8),
+/// before any synchronize; else the first synchronize that failed: the
+/// caller must not go on (the copy may still run).
 #[inline]
 pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
     // Inline: with no copy in flight anywhere (the usual unbind and
@@ -119,17 +149,39 @@ pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
     if IN_INDEX.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
-    settle_in_flight(range, id)
+    settle_in_flight(range, id, false)
 }
 
-/// [`settle`] when some copy may be in flight.
+/// Before the endpoint on `id` of `range` is destroyed: as [`settle`], but
+/// a graph's pin on the id is dropped, not refused. A live graph borrows
+/// the endpoint, so only a forgotten one (`mem::forget`, never launched
+/// again) can still pin it, and its entry must not outlive the id (the
+/// index names ranges by address).
+///
+/// # Errors
+/// The first synchronize that failed, as [`settle`].
+#[inline]
+pub(crate) fn settle_destroy(range: &RangeInner, id: u32) -> Result<()> {
+    if IN_INDEX.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    settle_in_flight(range, id, true)
+}
+
+/// [`settle`] and [`settle_destroy`] when some copy may be in flight or a
+/// graph live.
 #[cold]
 #[inline(never)]
-fn settle_in_flight(range: &RangeInner, id: u32) -> Result<()> {
+fn settle_in_flight(range: &RangeInner, id: u32, destroying: bool) -> Result<()> {
     let key = range_key(range);
+    let ours = |e: &Entry| e.range == key && e.id == id;
+    if destroying {
+        forget_entries(|e| ours(e) && matches!(e.holder, Holder::Graph(_)));
+    }
     let mut streams: Vec<Arc<StreamInner>> = Vec::new();
-    for e in index().iter().filter(|e| e.range == key && e.id == id) {
+    for e in index().iter().filter(|e| ours(e)) {
         match &e.holder {
+            Holder::Graph(_) => return Err(Error::UnbindUnderGraph { id }),
             // A dropped stream does not upgrade (it was synchronized, and
             // its entries are gone with it anyway).
             Holder::Batch(s, _) => {

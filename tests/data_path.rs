@@ -1021,39 +1021,6 @@ fn live_counts_streams_events_graphs_and_graph_execs_so_a_leaked_one_shows() {
 
 // ---- the stream, graph and event layer under concurrent and late use ----
 
-/// F9: a batch reads the endpoint's bindings when an op is added; an
-/// unbind between building and enqueueing (or capturing) is seen at the
-/// enqueue, before the driver. (The check used to pass on the stale
-/// facts, and the model logged R13.3.)
-#[test]
-fn f9_a_batch_built_before_an_unbind_is_checked_against_the_bindings_at_enqueue() {
-    let (ctx, model) = node();
-    let u = Unicast1::new(&ctx);
-    let s = Stream::new(&ctx, 0).unwrap();
-    let b = u.bind();
-    let batch = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
-    let captured = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
-    b.unbind().unwrap();
-    let copies = model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync);
-    let err = s.enqueue(batch).unwrap_err();
-    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
-    let err = s.capture(captured).unwrap_err();
-    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
-    assert_eq!(
-        model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync),
-        copies,
-        "refused before the driver"
-    );
-    // Bound again (the facts move the other way too): the batch goes.
-    let b = u.bind();
-    let batch = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
-    s.enqueue(batch).unwrap().wait().unwrap();
-    drop(s);
-    drop(b);
-    drop(u);
-    clean(&ctx, &model);
-}
-
 /// The model behind a hook on `cuStreamBeginCapture`: once a capture has
 /// begun, it lets another thread run (`go`) and waits, bounded, until that
 /// thread says it is done (`back`), before the capture goes on.
@@ -1216,4 +1183,121 @@ fn batches_completed_through_events_leave_nothing_for_an_unbind_to_synchronize()
     drop(s);
     drop(u);
     clean(&ctx, &model);
+}
+
+/// F8: a graph that names `&ep` (not the binding) may run again for as
+/// long as it lives, so unbinding the memory under it is refused before
+/// the driver and the memory stays bound; once the graph is dropped the
+/// unbind goes through. (It used to unbind, and the next launch broke F8.)
+#[test]
+fn f8_an_unbind_under_a_live_graph_is_refused_before_the_driver_and_the_memory_stays_bound() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    model.write(u.src.device_ptr(), &[3; 64]).unwrap();
+    {
+        let b = u.bind();
+        let mut g = s
+            .capture(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+            .unwrap();
+        g.launch().unwrap().wait().unwrap();
+        let unbinds = model.calls(cuda_endpoints::driver::Call::Unbind);
+        let err = b.unbind().unwrap_err();
+        assert!(
+            err.rule().map(|r| r.name()) == Some("F8") && err.to_string().contains("CopyGraph"),
+            "{err:?}"
+        );
+        assert_eq!(
+            model.calls(cuda_endpoints::driver::Call::Unbind),
+            unbinds,
+            "refused before the driver"
+        );
+        model.write(u.owner.device_ptr(), &[0; 64]).unwrap();
+        g.launch().unwrap().wait().unwrap();
+        assert_eq!(model.read(u.owner.device_ptr(), 64).unwrap(), vec![3; 64]);
+        // The binding token is spent: the endpoint keeps the memory bound
+        // until it is destroyed.
+    }
+    drop(s);
+    let Unicast1 { src, owner, ep } = u;
+    ep.destroy().unwrap();
+    drop((src, owner));
+    clean(&ctx, &model);
+}
+
+#[test]
+fn f8_an_unbind_after_the_graph_was_dropped_goes_through() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    let b = u.bind();
+    {
+        let mut g = s
+            .capture(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+            .unwrap();
+        g.launch().unwrap().wait().unwrap();
+    }
+    b.unbind().unwrap();
+    drop(s);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+/// F9: a batch reads the endpoint's bindings when an op is added; an
+/// unbind between building and enqueueing (or capturing) is seen at the
+/// enqueue, before the driver. (The check used to pass on the stale
+/// facts, and the model logged R13.3.)
+#[test]
+fn f9_a_batch_built_before_an_unbind_is_checked_against_the_bindings_at_enqueue() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    let b = u.bind();
+    let batch = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+    let captured = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+    b.unbind().unwrap();
+    let copies = model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync);
+    let err = s.enqueue(batch).unwrap_err();
+    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
+    let err = s.capture(captured).unwrap_err();
+    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
+    assert_eq!(
+        model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync),
+        copies,
+        "refused before the driver"
+    );
+    // Bound again (the facts move the other way too): the batch goes.
+    let b = u.bind();
+    let batch = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+    s.enqueue(batch).unwrap().wait().unwrap();
+    drop(s);
+    drop(b);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+/// A forgotten graph (`mem::forget`: never launched again) still pins its
+/// ids against an unbind, but not against the endpoint's destroy, which
+/// unbinds everything and lets go of the pin.
+#[test]
+fn f8_a_forgotten_graph_refuses_unbinds_but_not_the_endpoints_destroy() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    let b = u.bind();
+    let g = s
+        .capture(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+        .unwrap();
+    std::mem::forget(g);
+    let err = b.unbind().unwrap_err();
+    assert!(matches!(err, Error::UnbindUnderGraph { .. }), "{err:?}");
+    let Unicast1 { src, owner, ep } = u;
+    ep.destroy().unwrap();
+    assert!(ctx.take_teardown_errors().is_empty());
+    common::no_violations(&model.violations());
+    // A new endpoint (perhaps on the same recycled range) unbinds freely.
+    let again = unicast(&ctx, 0, ALIGN);
+    again.bind(Device(0), 0, &owner).unwrap().unbind().unwrap();
+    drop((again, s, src, owner));
+    common::no_violations(&model.violations());
 }
