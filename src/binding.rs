@@ -91,7 +91,9 @@ impl Binding<'_> {
     /// offset and size, R6). The memory is let go only once the driver agreed.
     ///
     /// # Errors
-    /// [`Error::Driver`]. The memory then stays bound, and the endpoint keeps
+    /// [`Error::UnbindUnderGraph`] while a [`CopyGraph`](crate::CopyGraph)
+    /// that names the endpoint lives (F8), before the driver; [`Error::Driver`].
+    /// The memory then stays bound, and the endpoint keeps
     /// it alive until `destroy` unbinds everything (R7); the error is `'static`
     /// so that `?` works into any error type.
     pub fn unbind(self) -> Result<()> {
