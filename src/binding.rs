@@ -91,7 +91,9 @@ impl Binding<'_> {
     /// offset and size, R6). The memory is let go only once the driver agreed.
     ///
     /// # Errors
-    /// [`Error::Driver`]. The memory then stays bound, and the endpoint keeps
+    /// [`Error::UnbindUnderGraph`] while a [`CopyGraph`](crate::CopyGraph)
+    /// that names the endpoint lives (F8), before the driver; [`Error::Driver`].
+    /// The memory then stays bound, and the endpoint keeps
     /// it alive until `destroy` unbinds everything (R7); the error is `'static`
     /// so that `?` works into any error type.
     pub fn unbind(self) -> Result<()> {
@@ -121,6 +123,7 @@ impl Binding<'_> {
         let (dev, offset) = (self.dev, self.offset);
         let mut slot = self.range.slot(self.id);
         let keep = take_record(&mut slot, dev, offset);
+        self.range.bindings_changed();
         let window = slot.take_windows(|w| w.is_local(dev, offset));
         drop(slot);
         drop((keep, window)); // may release the memory: outside the lock
@@ -505,6 +508,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 size,
                 _keep: keep,
             });
+            self.range().bindings_changed();
             // The portable path reaches memory bound by address at its
             // address (`crate::portable`); by handle it has none here.
             if let Some((_, a, _)) = addr {
@@ -533,6 +537,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Err(code) = r {
             let mut slot = self.slot();
             let kept = take_record(&mut slot, dev, offset);
+            self.range().bindings_changed();
             let window = slot.take_windows(|w| w.is_local(dev, offset));
             drop(slot);
             drop((kept, window)); // may release the memory: outside the lock

@@ -135,6 +135,40 @@ pub(crate) struct EpFacts {
     covered: Vec<(u64, u64)>,
     /// What the portable path needs of the endpoint.
     pub(crate) target: crate::portable::Target,
+    /// The range's bindings generation `bound` was read at (`None`:
+    /// imported, not checked): an unbind since makes them stale.
+    bindings_gen: Option<u64>,
+}
+
+impl EpFacts {
+    /// Reads the bindings again if the range's changed since they were
+    /// read (an unbind between building and enqueueing, F9).
+    fn refresh(&mut self) {
+        let Some(seen) = self.bindings_gen else {
+            return;
+        };
+        let range = &self.target.range;
+        if range.bindings_gen() == seen {
+            return;
+        }
+        let slot = range.slot(self.id);
+        self.bindings_gen = Some(range.bindings_gen());
+        for (d, ranges) in &mut self.bound {
+            *ranges = slot
+                .bindings
+                .iter()
+                .filter(|b| b.dev == *d)
+                .map(|b| (b.offset, b.size))
+                .collect();
+        }
+        drop(slot);
+        self.covered = self
+            .bound
+            .iter()
+            .map(|(_, ranges)| merged(ranges))
+            .reduce(|a, b| intersect(&a, &b))
+            .unwrap_or_default();
+    }
 }
 
 impl std::fmt::Debug for CopyBatch<'_> {
@@ -298,10 +332,12 @@ impl BatchInner {
     fn facts<S: State, K: Kind>(ep: &Endpoint<S, K>) -> EpFacts {
         let imported = std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
             || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>();
+        let mut bindings_gen = None;
         let bound: Vec<(Device, Vec<(u64, u64)>)> = if imported {
             Vec::new()
         } else {
             let slot = ep.slot();
+            bindings_gen = Some(ep.range().bindings_gen());
             ep.devices()
                 .iter()
                 .map(|&d| {
@@ -331,6 +367,7 @@ impl BatchInner {
                 devices: ep.devices().to_vec(),
                 team_size: ep.facts().team_size,
             },
+            bindings_gen,
         }
     }
 
@@ -676,6 +713,10 @@ impl<'a> CopyBatch<'a> {
             .any(|(r, _)| !r.ctx.same(ctx))
         {
             return Err(Error::WrongContext);
+        }
+        // Facts read before a bind or unbind since are read again (F9).
+        for f in &mut self.inner.eps {
+            f.refresh();
         }
         self.inner.check(stream.inner.dev)
     }

@@ -75,7 +75,7 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 /// of line.
 fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error>> {
     // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
-    if let Err(e) = crate::stream::settle(range, id) {
+    if let Err(e) = crate::stream::settle_destroy(range, id) {
         return destroy_failed(range, id, from_drop, e);
     }
     // A panic inside the call is taken as coming after the destroy (see
@@ -136,6 +136,7 @@ fn forget_endpoint(range: &RangeInner, id: u32) {
 #[inline(never)]
 fn forget_rest(range: &RangeInner, mut slot: SlotGuard<'_>) {
     let bindings = slot.reset();
+    range.bindings_changed();
     let fabric = slot.take_fabric();
     let windows = slot.take_windows(|_| true);
     drop(slot);

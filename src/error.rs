@@ -122,6 +122,7 @@ rules! {
     F5 = "F5": "the flags of a fabric copy are 0; a size of 0 is a validated no-op";
     F6 = "F6": "a fabric copy never goes on the legacy NULL stream";
     F7 = "F7": "cuFabricCpyBatchAsync exists from CUDA 13.5 on, where logical endpoints are supported";
+    F8 = "F8": "a graph of copies needs every id it names valid and bound for as long as the graph may run";
     F9 = "F9": "an endpoint range of a fabric copy is covered by memory bound on every target device";
 }
 
@@ -634,6 +635,17 @@ pub enum Error {
         size: u64,
     },
 
+    /// A binding on an endpoint that a live graph of copies names cannot be
+    /// unbound (F8: a copy node needs every id valid and bound for as long
+    /// as the graph may run); the memory stays bound.
+    #[error(
+        "endpoint {id}: a graph of copies through it lives, and may run again (F8: every id a graph names stays valid and bound for as long as the graph may run); drop the `CopyGraph` first (it synchronizes its stream), then unbind"
+    )]
+    UnbindUnderGraph {
+        /// The endpoint id.
+        id: u32,
+    },
+
     /// An op of a copy batch reaches bytes of a heap's endpoint above what
     /// every rank bound and agreed on ([`crate::team::OwnedPeers::top`]):
     /// a peer may have nothing bound there (R13.3).
@@ -1030,6 +1042,7 @@ impl Error {
             Error::CopyNotBound { .. } | Error::CopyNoWindow { .. } => Some(Rule::F9),
             Error::CopyNotAgreed { .. } => Some(Rule::R13_3),
             Error::CopyNotLocal { .. } => Some(Rule::F2),
+            Error::UnbindUnderGraph { .. } => Some(Rule::F8),
             Error::CopyDependent { .. } => Some(Rule::F3),
             Error::Timeout { .. } => Some(Rule::R3),
             Error::BadHandle { .. } => Some(Rule::R9_4),

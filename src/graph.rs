@@ -7,14 +7,27 @@
 //! - [`CopyGraph`]: the graph and its executable form, the host buffers
 //!   its copy nodes read and write (owned, so their addresses stay), and
 //!   what each launch keeps alive (as an enqueued batch does, F4);
-//! - F8 in the types: a copy node "needs every id valid and bound for as
-//!   long as the graph may run". The graph borrows the endpoints and the
-//!   memory of its batch for its whole life (`'a`), so destroying an
-//!   endpoint, unbinding through a binding it was lent by
-//!   ([`crate::Binding::copy_through`]) or freeing memory while the graph
-//!   lives does not compile; a launch's [`InFlight`] token borrows the
-//!   graph mutably, so a second launch or a look at the host buffers waits
-//!   for the first. Dropping the graph synchronizes its stream first.
+//! - F8: a copy node "needs every id valid and bound for as long as the
+//!   graph may run", and the graph may run for its whole life. In the
+//!   types: the graph borrows the endpoints and the memory of its batch
+//!   for its whole life (`'a`), so destroying an endpoint, unbinding
+//!   through a binding it was lent by ([`crate::Binding::copy_through`])
+//!   or freeing memory while the graph lives does not compile. At run time:
+//!   a binding the graph does not borrow (the batch named `&ep`) cannot be
+//!   unbound while the graph lives either: the graph pins its ids in the
+//!   in-flight index (`stream::pin_for_graph`), and the unbind answers
+//!   [`Error::UnbindUnderGraph`] before the driver, the memory still bound
+//!   (from a `Binding`'s `Drop`, the error is kept on the context and the
+//!   endpoint keeps the memory until it is destroyed). A launch's
+//!   [`InFlight`] token borrows the graph mutably, so a second launch or a
+//!   look at the host buffers waits for the first. Dropping the graph
+//!   synchronizes its stream first;
+//! - the capture on a stream of its own: `Stream` is `Sync`, and another
+//!   thread's batch enqueued on the graph's stream between the begin and
+//!   the end of a capture would be captured (its token then completes with
+//!   nothing done, and the graph's launches write into its buffers). The
+//!   capture stream is made and destroyed inside [`Stream::capture`], where
+//!   no other code can reach it.
 //!
 //! Graphs run on the fabric path only (a copy node is
 //! `CU_GRAPH_NODE_TYPE_FABRIC_CPY_BATCH`); on the portable path
@@ -35,6 +48,8 @@ pub struct CopyGraph<'a> {
     stream: &'a Stream,
     graph: u64,
     exec: u64,
+    /// Its number in the in-flight index, which pins its ids (F8).
+    pin: u64,
     keep: Keep,
     host_in: Vec<Vec<u8>>,
     host_out: Vec<(usize, Vec<u8>)>,
@@ -63,6 +78,12 @@ impl Stream {
     /// ([`Feature::FabricCopy`]) on the portable path or a driver without
     /// the fabric copy (F7); [`Error::Driver`] from the capture calls, with
     /// the capture ended and its graph destroyed.
+    ///
+    /// The capture runs on a stream of its own (`cuStreamCreate`, destroyed
+    /// before this returns), so that what other threads enqueue on `self`
+    /// meanwhile is never captured; the graph launches on `self`. While the
+    /// graph lives, no binding on an endpoint it names can be unbound
+    /// ([`Error::UnbindUnderGraph`], F8).
     pub fn capture<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<CopyGraph<'a>> {
         let ctx = &self.inner.ctx;
         batch.check_for(self)?;
@@ -79,19 +100,43 @@ impl Stream {
             host_in,
             host_out,
         } = batch.into_list();
-        let handle = self.inner.handle;
         let d = ctx.driver();
-        // SAFETY: the stream is this object's own, live and not capturing;
-        // nothing synchronizes it while `&self` is lent here (the capture
-        // ends below on every path).
+        // The capture runs on a stream of its own, made here and destroyed
+        // below, that no other code can reach: `Stream` is `Sync`, so on
+        // `self` another thread could enqueue (its batch would land in this
+        // graph, and its token complete with nothing done) or synchronize
+        // between the begin and the end of the capture. The graph is
+        // launched on `self`, of the same device (F2 was checked for it).
+        let handle = ctx.check(
+            Call::StreamCreate,
+            ctx.queries().stream_create(self.inner.dev),
+        )?;
+        if handle == 0 {
+            // Never the legacy NULL stream (F6), whatever a backend says.
+            return Err(Error::driver(Call::StreamCreate, crate::Code::UNKNOWN));
+        }
+        let destroy_stream = || {
+            // SAFETY: the capture stream is ours, its capture ended (or
+            // never began) and nothing ran on it; not used again.
+            let r = unsafe { d.stream_destroy(handle) };
+            if let Err(e) = ctx.check(Call::StreamDestroy, r) {
+                ctx.record_teardown(e);
+            }
+        };
+        // SAFETY: the capture stream is ours, live, not capturing and
+        // reached by no one else (the capture ends below on every path).
         let r = unsafe { d.stream_begin_capture(handle) };
-        ctx.check(Call::StreamBeginCapture, r)?;
+        if let Err(e) = ctx.check(Call::StreamBeginCapture, r) {
+            destroy_stream();
+            return Err(e);
+        }
         // SAFETY: as `Stream::enqueue`: the batch was checked (F2, F3, F9),
         // and what it names is borrowed for 'a by the graph and owned host
         // buffers stay with it; captured, it does not run now.
         let copied = unsafe { d.fabric_copy_batch(handle, list, 0) };
         // SAFETY: this stream is capturing (begun above).
         let ended = unsafe { d.stream_end_capture(handle) };
+        destroy_stream();
         let graph = ctx.check(Call::StreamEndCapture, ended)?;
         let destroy_graph = || {
             // SAFETY: the graph is ours and not used again.
@@ -114,10 +159,14 @@ impl Stream {
                 return Err(e);
             }
         };
+        // F8: from now until the graph is dropped, its ids stay bound (an
+        // unbind is refused before the driver, `Error::UnbindUnderGraph`).
+        let pin = crate::stream::pin_for_graph(&keep.endpoints);
         Ok(CopyGraph {
             stream: self,
             graph,
             exec,
+            pin,
             keep,
             host_in,
             host_out,
@@ -165,7 +214,7 @@ impl CopyGraph<'_> {
     /// nothing is lent then.
     pub fn received(&self) -> Result<Vec<&[u8]>> {
         if let Some(seq) = self.last
-            && !self.stream.inner.passed(seq)
+            && !self.stream.inner.has_passed(seq)
         {
             self.stream.synchronize()?;
         }
@@ -194,6 +243,8 @@ impl Drop for CopyGraph<'_> {
             if let Err(e) = ctx.check(Call::GraphDestroy, r) {
                 ctx.record_teardown(e);
             }
+            // Nothing launches it again: its ids may be unbound.
+            crate::stream::unpin_graph(self.pin);
         });
     }
 }

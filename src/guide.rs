@@ -176,7 +176,11 @@ pub mod reading_the_compiler {
     //! the streams with copies in flight on the endpoint first, at run time.
     //! Lend the endpoint through the binding ([`Binding::copy_through`](crate::Binding::copy_through)),
     //! or keep it in a [`BoundEndpoint`](crate::BoundEndpoint), and the
-    //! unbind does not compile instead.
+    //! unbind does not compile instead. A graph may run for as long as it
+    //! lives, so while a graph names `&ep` an unbind on it is refused at run
+    //! time ([`Error::UnbindUnderGraph`](crate::Error::UnbindUnderGraph),
+    //! F8, before the driver; the memory stays bound). A batch built before
+    //! a bind or unbind is checked against the bindings at the enqueue.
     //!
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |

@@ -16,7 +16,7 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -285,6 +285,10 @@ pub(crate) struct RangeInner {
     released: bool,
     /// The context's spare: released, `ctx` already let go.
     spare: bool,
+    /// Moves (under the lock) on every change to a binding list of the
+    /// range, so that facts read from the bindings earlier (a copy batch's,
+    /// F9) are known stale without a lock (`bindings_gen`).
+    bindings_gen: AtomicU64,
 }
 
 /// The context of a range, read as a `&Context` without a test: it is
@@ -362,6 +366,20 @@ impl RangeInner {
         let shared = self.lock.lock();
         let slot = NonNull::from(&self.record(id).slot.0).cast::<Slot>();
         SlotGuard { shared, id, slot }
+    }
+
+    /// A binding list of the range changed: called with the range's lock
+    /// held (a [`SlotGuard`] alive), so changes are counted one at a time.
+    #[inline]
+    pub fn bindings_changed(&self) {
+        self.bindings_gen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The count of changes to the range's binding lists so far: facts
+    /// read under the lock along with it are current while it stays.
+    #[inline]
+    pub fn bindings_gen(&self) -> u64 {
+        self.bindings_gen.load(Ordering::Acquire)
     }
 
     /// The slot of `id` without a lock: `&mut` proves no one else holds it.
@@ -692,6 +710,7 @@ fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
         records,
         released: false,
         spare: false,
+        bindings_gen: AtomicU64::new(0),
     })
 }
 

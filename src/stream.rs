@@ -14,9 +14,13 @@
 //!   the copy, and [`settle`] — called by an endpoint's destroy and a
 //!   binding's unbind — synchronizes every stream with a copy in flight on
 //!   that id first;
-//! - the process-wide index from `(range, id)` to the streams with copies
-//!   in flight on it, which [`settle`] reads (empty, and one atomic load,
-//!   unless a copy is in flight).
+//! - the process-wide index from `(range, id)` to the batches in flight on
+//!   it and the graphs of copies naming it (F8), which [`settle`] reads
+//!   (empty, and one atomic load, unless a copy is in flight or a graph
+//!   lives). An entry goes when the stream passed its batch (synchronize,
+//!   query, an event after it) or the stream is dropped, and when its
+//!   graph is dropped: the index holds what is in flight now, and a
+//!   dropped stream is never synchronized.
 //!
 //! - [`Event`], made and used by `cuEventCreate`/`Record`/`Query`/`Synchronize`/`Destroy`;
 //!   an event recorded after a batch completes it (F4: "or an event after
@@ -59,25 +63,85 @@ pub(crate) struct StreamInner {
     borrowed: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-/// `(range address, id, stream)` for every endpoint id with a copy in flight.
-static INDEX: Mutex<Vec<(usize, u32, Weak<StreamInner>)>> = Mutex::new(Vec::new());
+/// What keeps an endpoint id in the index: a stream's batch in flight
+/// (until the stream passed it), or a graph of copies that names the id
+/// (for the graph's whole life, F8).
+enum Holder {
+    /// Batch `seq` of the stream.
+    Batch(Weak<StreamInner>, u64),
+    /// The graph numbered so ([`pin_for_graph`]).
+    Graph(u64),
+}
+
+/// One `(range address, id)` with a copy in flight, or named by a graph.
+struct Entry {
+    range: usize,
+    id: u32,
+    holder: Holder,
+}
+
+impl Entry {
+    /// Whether this is an entry of one of `stream`'s batches that `done`.
+    fn of_batch(&self, stream: *const StreamInner, done: impl Fn(u64) -> bool) -> bool {
+        matches!(&self.holder, Holder::Batch(s, seq) if std::ptr::eq(s.as_ptr(), stream) && done(*seq))
+    }
+}
+
+/// Every endpoint id with a copy in flight or a graph naming it: one entry
+/// per batch (or graph) and id, gone once the stream passed the batch (a
+/// synchronize, a query, an event after it), the stream was dropped, or
+/// the graph was dropped. So its length is what is in flight now, not
+/// what ever was.
+static INDEX: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 /// `INDEX.len()`, read without the lock.
 static IN_INDEX: AtomicUsize = AtomicUsize::new(0);
+/// The number of the next graph that pins its ids.
+static NEXT_GRAPH: AtomicU64 = AtomicU64::new(0);
 
-fn index() -> MutexGuard<'static, Vec<(usize, u32, Weak<StreamInner>)>> {
+fn index() -> MutexGuard<'static, Vec<Entry>> {
     INDEX.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Drops the entries `gone` picks, under the index lock.
+fn forget_entries(gone: impl Fn(&Entry) -> bool) {
+    let mut idx = index();
+    idx.retain(|e| !gone(e));
+    IN_INDEX.store(idx.len(), Ordering::Release);
 }
 
 fn range_key(range: &RangeInner) -> usize {
     std::ptr::from_ref(range).addr()
 }
 
-/// Before an endpoint on `id` of `range` is destroyed or a binding on it
-/// unbound: synchronizes every stream with a copy in flight on it (F4).
+/// Pins the ids a graph of copies names (F8: "every id valid and bound for
+/// as long as the graph may run"): until [`unpin_graph`], unbinding memory
+/// of any of them is refused ([`settle`]). Returns the graph's number.
+pub(crate) fn pin_for_graph(endpoints: &[(Arc<RangeInner>, u32)]) -> u64 {
+    let graph = NEXT_GRAPH.fetch_add(1, Ordering::Relaxed);
+    let mut idx = index();
+    for (range, id) in endpoints {
+        idx.push(Entry {
+            range: range_key(range),
+            id: *id,
+            holder: Holder::Graph(graph),
+        });
+    }
+    IN_INDEX.store(idx.len(), Ordering::Release);
+    graph
+}
+
+/// The graph numbered `graph` is gone: its ids may be unbound again.
+pub(crate) fn unpin_graph(graph: u64) {
+    forget_entries(|e| matches!(e.holder, Holder::Graph(g) if g == graph));
+}
+
+/// Before a binding on `id` of `range` is unbound: synchronizes every
+/// stream with a copy in flight on it (F4).
 ///
 /// # Errors
-/// The first synchronize that failed: the caller must not go on (the copy
-/// may still run).
+/// [`Error::UnbindUnderGraph`] while a graph of copies names the id (F8),
+/// before any synchronize; else the first synchronize that failed: the
+/// caller must not go on (the copy may still run).
 #[inline]
 pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
     // Inline: with no copy in flight anywhere (the usual unbind and
@@ -85,23 +149,61 @@ pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
     if IN_INDEX.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
-    settle_in_flight(range, id)
+    settle_in_flight(range, id, false)
 }
 
-/// [`settle`] when some copy may be in flight.
+/// Before the endpoint on `id` of `range` is destroyed: as [`settle`], but
+/// a graph's pin on the id is dropped, not refused. A live graph borrows
+/// the endpoint, so only a forgotten one (`mem::forget`, never launched
+/// again) can still pin it, and its entry must not outlive the id (the
+/// index names ranges by address).
+///
+/// # Errors
+/// The first synchronize that failed, as [`settle`].
+#[inline]
+pub(crate) fn settle_destroy(range: &RangeInner, id: u32) -> Result<()> {
+    if IN_INDEX.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    settle_in_flight(range, id, true)
+}
+
+/// [`settle`] and [`settle_destroy`] when some copy may be in flight or a
+/// graph live.
 #[cold]
 #[inline(never)]
-fn settle_in_flight(range: &RangeInner, id: u32) -> Result<()> {
+fn settle_in_flight(range: &RangeInner, id: u32, destroying: bool) -> Result<()> {
     let key = range_key(range);
-    let streams: Vec<Arc<StreamInner>> = index()
-        .iter()
-        .filter(|(r, i, _)| *r == key && *i == id)
-        .filter_map(|(_, _, s)| s.upgrade())
-        .collect();
+    let ours = |e: &Entry| e.range == key && e.id == id;
+    if destroying {
+        forget_entries(|e| ours(e) && matches!(e.holder, Holder::Graph(_)));
+    }
+    let mut streams: Vec<Arc<StreamInner>> = Vec::new();
+    for e in index().iter().filter(|e| ours(e)) {
+        match &e.holder {
+            Holder::Graph(_) => return Err(Error::UnbindUnderGraph { id }),
+            // A dropped stream does not upgrade (it was synchronized, and
+            // its entries are gone with it anyway).
+            Holder::Batch(s, _) => {
+                if let Some(s) = s.upgrade()
+                    && !streams.iter().any(|o| Arc::ptr_eq(o, &s))
+                {
+                    streams.push(s);
+                }
+            }
+        }
+    }
     for s in streams {
         s.synchronize()?;
     }
     Ok(())
+}
+
+/// The entries of the index of the batches of the stream at `me` (tests:
+/// what is left; other tests' streams run at the same time).
+#[cfg(test)]
+fn entries_of(me: *const StreamInner) -> usize {
+    index().iter().filter(|e| e.of_batch(me, |_| true)).count()
 }
 
 impl StreamInner {
@@ -110,7 +212,11 @@ impl StreamInner {
         let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
         let mut idx = index();
         for (range, id) in &keep.endpoints {
-            idx.push((range_key(range), *id, Arc::downgrade(self)));
+            idx.push(Entry {
+                range: range_key(range),
+                id: *id,
+                holder: Holder::Batch(Arc::downgrade(self), seq),
+            });
         }
         IN_INDEX.store(idx.len(), Ordering::Release);
         // Pushed under the index lock: `passed_before` sees the index and
@@ -121,24 +227,34 @@ impl StreamInner {
     }
 
     /// The stream passed batch `seq` (an event after it was observed): the
-    /// memory of the batches up to it is let go. Their endpoint ids stay in
-    /// the index until the stream is synchronized (a later destroy or
-    /// unbind synchronizes once more: early, never late).
+    /// records of the batches up to it go, memory and index entries.
     pub(crate) fn passed_through(&self, seq: u64) {
-        let done: Vec<(u64, Keep)> = {
+        self.passed(|s| s <= seq);
+    }
+
+    /// The stream passed every batch whose number `done` picks: drop their
+    /// records, and their entries of the index (so that a later destroy or
+    /// unbind synchronizes nothing for them, and the index holds only what
+    /// is in flight).
+    fn passed(&self, done: impl Fn(u64) -> bool + Copy) {
+        let done_now: Vec<(u64, Keep)> = {
             let mut list = self.lock();
-            let (done, left) = std::mem::take(&mut *list)
+            let (done_now, left) = std::mem::take(&mut *list)
                 .into_iter()
-                .partition(|(s, _)| *s <= seq);
+                .partition(|(s, _)| done(*s));
             *list = left;
-            done
+            done_now
         };
-        drop(done); // may release memory: outside the lock
+        if done_now.iter().any(|(_, k)| !k.endpoints.is_empty()) {
+            let me: *const StreamInner = self;
+            forget_entries(|e| e.of_batch(me, done));
+        }
+        drop(done_now); // may release memory: outside the locks
     }
 
     /// Whether the stream is known to have passed batch `seq` (its record
     /// was let go: waited, an event after it observed, or synchronized).
-    pub(crate) fn passed(&self, seq: u64) -> bool {
+    pub(crate) fn has_passed(&self, seq: u64) -> bool {
         !self.lock().iter().any(|(s, _)| *s == seq)
     }
 
@@ -166,27 +282,9 @@ impl StreamInner {
         self.next_seq.load(Ordering::Acquire)
     }
 
-    /// The stream passed every batch numbered below `before`: drop their
-    /// records, and this stream's entries of the index once no record is
-    /// left (checked under the index lock, which `record` holds too).
+    /// The stream passed every batch numbered below `before`.
     pub(crate) fn passed_before(&self, before: u64) {
-        let done: Vec<(u64, Keep)> = {
-            let mut list = self.lock();
-            let (done, left) = std::mem::take(&mut *list)
-                .into_iter()
-                .partition(|(s, _)| *s < before);
-            *list = left;
-            done
-        };
-        if done.iter().any(|(_, k)| !k.endpoints.is_empty()) {
-            let me: *const StreamInner = self;
-            let mut idx = index();
-            if self.lock().is_empty() {
-                idx.retain(|(_, _, s)| !std::ptr::eq(s.as_ptr(), me));
-                IN_INDEX.store(idx.len(), Ordering::Release);
-            }
-        }
-        drop(done); // may release memory: outside the lock
+        self.passed(|s| s < before);
     }
 }
 
@@ -313,6 +411,13 @@ impl Drop for Stream {
                 std::mem::forget(std::mem::take(&mut *inner.lock()));
                 inner.ctx.record_teardown(e);
             }
+            // None of its entries may outlive it: a destroyed stream is
+            // never synchronized (an `Event` recorded on it may keep its
+            // bookkeeping, not its handle). After a failed synchronize the
+            // fault is recorded above; a later unbind cannot wait for a
+            // stream that is gone.
+            let me = Arc::as_ptr(inner);
+            forget_entries(|e| e.of_batch(me, |_| true));
             if inner.borrowed.is_some() {
                 // cudarc's stream: cudarc destroys it.
                 return;
@@ -336,7 +441,9 @@ pub struct Event {
     dev: Device,
     handle: u64,
     /// The stream and the last batch recorded before it, if recorded.
-    at: Option<(Arc<StreamInner>, Option<u64>)>,
+    /// Weak: an event may outlive its stream, and must not keep a dropped
+    /// (destroyed) stream reachable.
+    at: Option<(Weak<StreamInner>, Option<u64>)>,
 }
 
 impl std::fmt::Debug for Event {
@@ -396,7 +503,7 @@ impl Event {
                 .event_record(self.handle, stream.inner.handle)
         };
         self.ctx.check(Call::EventRecord, r)?;
-        self.at = Some((stream.inner.clone(), last));
+        self.at = Some((Arc::downgrade(&stream.inner), last));
         Ok(())
     }
 
@@ -429,7 +536,9 @@ impl Event {
 
     /// The stream passed the record: its records up to it go.
     fn passed(&self) {
-        if let Some((stream, Some(seq))) = &self.at {
+        if let Some((stream, Some(seq))) = &self.at
+            && let Some(stream) = stream.upgrade()
+        {
             stream.passed_through(*seq);
         }
     }
@@ -449,3 +558,60 @@ impl Drop for Event {
 
 static_assertions::assert_impl_all!(Stream: Send, Sync);
 static_assertions::assert_impl_all!(Event: Send, Sync);
+
+#[cfg(all(test, feature = "model"))]
+mod tests {
+    use super::*;
+    use crate::{Allocation, CopyBatch, Mapped, Private, Spec};
+
+    const SIZE: u64 = 2 << 20;
+
+    fn mapped(ctx: &Context) -> Mapped<Private> {
+        Allocation::<Private>::on_device(ctx, 0, SIZE)
+            .expect("memory on the model")
+            .map(&[0])
+            .expect("mapped")
+    }
+
+    /// The index holds what is in flight now, not what ever was: batches
+    /// completed through their events leave it one by one, even while a
+    /// later batch is still in flight (no synchronize ever empties the
+    /// stream), and a dropped stream leaves nothing.
+    #[test]
+    fn batches_completed_through_events_leave_the_index_and_a_dropped_stream_leaves_nothing() {
+        let mut config = crate::model::ModelConfig::node(1);
+        config.driver_version = 13050;
+        let (ctx, _model) = Context::model(config);
+        let ep = ctx
+            .reserve_one()
+            .expect("an id")
+            .create(Spec::unicast(0, SIZE))
+            .expect("created")
+            .wait(std::time::Duration::from_secs(1))
+            .expect("a ready endpoint");
+        let (src, owner) = (mapped(&ctx), mapped(&ctx));
+        let _b = ep.bind(Device(0), 0, &owner).expect("bound");
+        let s = Stream::new(&ctx, 0).expect("a stream");
+        let me = Arc::as_ptr(&s.inner);
+        let put = |at| CopyBatch::new().put(&src, at, &ep, at, 64);
+        let mut prev = s
+            .enqueue(put(0))
+            .and_then(|t| t.with_event())
+            .expect("enqueued");
+        for i in 1..1_000u64 {
+            let next = s
+                .enqueue(put(64 * (i % 2)))
+                .and_then(|t| t.with_event())
+                .expect("enqueued");
+            prev.wait().expect("completed");
+            assert_eq!(entries_of(me), 1, "only the batch still in flight");
+            prev = next;
+        }
+        prev.wait().expect("completed");
+        assert_eq!(entries_of(me), 0);
+        std::mem::forget(s.enqueue(put(0)).expect("enqueued"));
+        assert_eq!(entries_of(me), 1);
+        drop(s);
+        assert_eq!(entries_of(me), 0, "a dropped stream's entries outlived it");
+    }
+}

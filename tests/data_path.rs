@@ -1018,3 +1018,286 @@ fn live_counts_streams_events_graphs_and_graph_execs_so_a_leaked_one_shows() {
     done(&model, s);
     clean(&ctx, &model);
 }
+
+// ---- the stream, graph and event layer under concurrent and late use ----
+
+/// The model behind a hook on `cuStreamBeginCapture`: once a capture has
+/// begun, it lets another thread run (`go`) and waits, bounded, until that
+/// thread says it is done (`back`), before the capture goes on.
+struct DuringCapture {
+    model: cuda_endpoints::model::Model,
+    go: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    back: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl std::fmt::Debug for DuringCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DuringCapture")
+    }
+}
+
+impl cuda_endpoints::driver::Forward for DuringCapture {
+    type Inner = cuda_endpoints::model::Model;
+    fn inner(&self) -> &Self::Inner {
+        &self.model
+    }
+    unsafe fn stream_begin_capture(&self, stream: u64) -> cuda_endpoints::driver::DriverResult<()> {
+        // SAFETY: the caller's contract is the inner driver's.
+        let r = unsafe { Driver::stream_begin_capture(&self.model, stream) };
+        if let Some(go) = self.go.lock().unwrap().take() {
+            go.send(()).unwrap();
+            let back = self.back.lock().unwrap().take().unwrap();
+            back.recv_timeout(Duration::from_secs(10))
+                .expect("the other thread's batch never completed");
+        }
+        r
+    }
+}
+
+/// Critical: `Stream` is `Sync`, and a capture used to begin, enqueue and
+/// end on the shared stream itself, so a batch another thread enqueued in
+/// between was captured into the graph: its token answered Ok with nothing
+/// fetched, and the graph's launches later wrote into its completed `Vec`.
+#[test]
+fn a_batch_another_thread_enqueues_during_a_capture_runs_on_the_stream_and_is_not_captured() {
+    let mut c = ModelConfig::node(2);
+    c.driver_version = 13050;
+    let model = cuda_endpoints::model::Model::new(c);
+    let (go, wait_go) = std::sync::mpsc::channel();
+    let (done, back) = std::sync::mpsc::channel();
+    let ctx = Context::new(DuringCapture {
+        model: model.clone(),
+        go: std::sync::Mutex::new(Some(go)),
+        back: std::sync::Mutex::new(Some(back)),
+    });
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let s = Stream::new(&ctx, 0).unwrap();
+    model.write(u.owner.device_ptr(), &[0xAB; 64]).unwrap();
+    std::thread::scope(|sc| {
+        let (s, u) = (&s, &u);
+        let other = sc.spawn(move || {
+            wait_go
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the capture never began");
+            let got = s
+                .enqueue(CopyBatch::new().get_host(&u.ep, 0, 64))
+                .and_then(|t| t.wait());
+            done.send(()).unwrap();
+            got
+        });
+        let mut g = s
+            .capture(CopyBatch::new().put(&u.src, 0, &u.ep, 4096, 64))
+            .unwrap();
+        let got = other.join().unwrap().unwrap();
+        assert_eq!(got.received, vec![vec![0xAB; 64]], "fetched, not captured");
+        model.write(u.src.device_ptr(), &[7; 64]).unwrap();
+        g.launch().unwrap().wait().unwrap();
+        assert_eq!(
+            model.read(u.owner.device_ptr() + 4096, 64).unwrap(),
+            vec![7; 64]
+        );
+    });
+    drop(s);
+    drop(b);
+    let probe_clean = |m: &cuda_endpoints::model::Model| {
+        assert!(ctx.take_teardown_errors().is_empty());
+        common::no_violations(&m.violations());
+    };
+    drop(u);
+    probe_clean(&model);
+    assert!(model.live_node().is_empty(), "{:?}", model.live_node());
+}
+
+/// An `Event` recorded on a stream may outlive it; the stream, dropped,
+/// was synchronized and destroyed, so an unbind or destroy afterwards
+/// synchronizes nothing (it used to synchronize the destroyed stream and
+/// fail `INVALID_HANDLE`).
+#[test]
+fn a_dropped_stream_is_never_synchronized_even_while_an_event_recorded_on_it_lives() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let mut e = cuda_endpoints::Event::new(&ctx, 0).unwrap();
+    {
+        let s = Stream::new(&ctx, 0).unwrap();
+        s.enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+            .unwrap()
+            .with_event()
+            .unwrap()
+            .wait()
+            .unwrap();
+        e.record(&s).unwrap();
+    }
+    let syncs = model.calls(cuda_endpoints::driver::Call::StreamSynchronize);
+    b.unbind().unwrap();
+    assert_eq!(
+        model.calls(cuda_endpoints::driver::Call::StreamSynchronize),
+        syncs,
+        "the unbind synchronized a stream"
+    );
+    e.synchronize().unwrap();
+    drop(e);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+/// Batches completed through their events leave the in-flight index (it
+/// used to keep one entry per batch until the stream was synchronized,
+/// and every unbind then synchronized the stream): an unbind after them
+/// synchronizes no stream, however many there were.
+#[test]
+fn batches_completed_through_events_leave_nothing_for_an_unbind_to_synchronize() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let s = Stream::new(&ctx, 0).unwrap();
+    for _ in 0..64 {
+        s.enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+            .unwrap()
+            .with_event()
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    // One more, completed through a standalone event observed by a query.
+    let t = s
+        .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 64, 64))
+        .unwrap();
+    let mut e = cuda_endpoints::Event::new(&ctx, 0).unwrap();
+    e.record(&s).unwrap();
+    let mut queries = 0;
+    while !e.query().unwrap() {
+        queries += 1;
+        assert!(queries < 8, "the event never completed");
+    }
+    std::mem::forget(t); // completed: the event after it was observed
+    let syncs = model.calls(cuda_endpoints::driver::Call::StreamSynchronize);
+    b.unbind().unwrap();
+    assert_eq!(
+        model.calls(cuda_endpoints::driver::Call::StreamSynchronize),
+        syncs,
+        "the unbind synchronized a stream with nothing in flight"
+    );
+    drop(e);
+    drop(s);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+/// F8: a graph that names `&ep` (not the binding) may run again for as
+/// long as it lives, so unbinding the memory under it is refused before
+/// the driver and the memory stays bound; once the graph is dropped the
+/// unbind goes through. (It used to unbind, and the next launch broke F8.)
+#[test]
+fn f8_an_unbind_under_a_live_graph_is_refused_before_the_driver_and_the_memory_stays_bound() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    model.write(u.src.device_ptr(), &[3; 64]).unwrap();
+    {
+        let b = u.bind();
+        let mut g = s
+            .capture(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+            .unwrap();
+        g.launch().unwrap().wait().unwrap();
+        let unbinds = model.calls(cuda_endpoints::driver::Call::Unbind);
+        let err = b.unbind().unwrap_err();
+        assert!(
+            err.rule().map(|r| r.name()) == Some("F8") && err.to_string().contains("CopyGraph"),
+            "{err:?}"
+        );
+        assert_eq!(
+            model.calls(cuda_endpoints::driver::Call::Unbind),
+            unbinds,
+            "refused before the driver"
+        );
+        model.write(u.owner.device_ptr(), &[0; 64]).unwrap();
+        g.launch().unwrap().wait().unwrap();
+        assert_eq!(model.read(u.owner.device_ptr(), 64).unwrap(), vec![3; 64]);
+        // The binding token is spent: the endpoint keeps the memory bound
+        // until it is destroyed.
+    }
+    drop(s);
+    let Unicast1 { src, owner, ep } = u;
+    ep.destroy().unwrap();
+    drop((src, owner));
+    clean(&ctx, &model);
+}
+
+#[test]
+fn f8_an_unbind_after_the_graph_was_dropped_goes_through() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    let b = u.bind();
+    {
+        let mut g = s
+            .capture(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+            .unwrap();
+        g.launch().unwrap().wait().unwrap();
+    }
+    b.unbind().unwrap();
+    drop(s);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+/// F9: a batch reads the endpoint's bindings when an op is added; an
+/// unbind between building and enqueueing (or capturing) is seen at the
+/// enqueue, before the driver. (The check used to pass on the stale
+/// facts, and the model logged R13.3.)
+#[test]
+fn f9_a_batch_built_before_an_unbind_is_checked_against_the_bindings_at_enqueue() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    let b = u.bind();
+    let batch = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+    let captured = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+    b.unbind().unwrap();
+    let copies = model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync);
+    let err = s.enqueue(batch).unwrap_err();
+    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
+    let err = s.capture(captured).unwrap_err();
+    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
+    assert_eq!(
+        model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync),
+        copies,
+        "refused before the driver"
+    );
+    // Bound again (the facts move the other way too): the batch goes.
+    let b = u.bind();
+    let batch = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+    s.enqueue(batch).unwrap().wait().unwrap();
+    drop(s);
+    drop(b);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+/// A forgotten graph (`mem::forget`: never launched again) still pins its
+/// ids against an unbind, but not against the endpoint's destroy, which
+/// unbinds everything and lets go of the pin.
+#[test]
+fn f8_a_forgotten_graph_refuses_unbinds_but_not_the_endpoints_destroy() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    let b = u.bind();
+    let g = s
+        .capture(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+        .unwrap();
+    std::mem::forget(g);
+    let err = b.unbind().unwrap_err();
+    assert!(matches!(err, Error::UnbindUnderGraph { .. }), "{err:?}");
+    let Unicast1 { src, owner, ep } = u;
+    ep.destroy().unwrap();
+    assert!(ctx.take_teardown_errors().is_empty());
+    common::no_violations(&model.violations());
+    // A new endpoint (perhaps on the same recycled range) unbinds freely.
+    let again = unicast(&ctx, 0, ALIGN);
+    again.bind(Device(0), 0, &owner).unwrap().unbind().unwrap();
+    drop((again, s, src, owner));
+    common::no_violations(&model.violations());
+}

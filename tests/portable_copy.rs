@@ -291,3 +291,25 @@ fn two_processes_put_into_and_get_from_each_other_through_posix_fd_windows() {
     assert!(a.live().is_empty() && b.live().is_empty());
     common::fabric_idle(&a);
 }
+
+/// F9 on the portable path: a batch built while the memory was bound and
+/// enqueued after its unbind is checked against the bindings at the
+/// enqueue, and refused before any `cuMemcpyAsync` (it used to pass on the
+/// facts read when the op was added).
+#[test]
+fn a_batch_built_before_an_unbind_is_refused_at_enqueue_before_any_memcpy() {
+    let (ctx, model) = node(13040);
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let (src, owner) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let bound = ep.bind(0, 0, &owner).unwrap();
+    let batch = CopyBatch::new().put(&src, 0, &ep, 0, 4096);
+    bound.unbind().unwrap();
+    let before = copies(&model);
+    let err = stream.enqueue(batch).unwrap_err();
+    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
+    portable_in_trace(&model, before, 0);
+    drop(stream);
+    drop((src, owner, ep));
+    clean(&ctx, &model);
+}
