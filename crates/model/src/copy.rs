@@ -53,6 +53,9 @@ pub(crate) type HostWrites = Vec<(u64, Vec<u8>)>;
 /// flight (they travel back in one reply frame).
 pub(crate) const MAX_REMOTE_HOST_BYTES: u64 = 1 << 20;
 
+/// The most ops of one batch a remote client sends (`fabric::wire::MAX_BATCH_OPS`).
+pub(crate) const MAX_REMOTE_BATCH_OPS: usize = 16_384;
+
 /// Where an op reads.
 #[derive(Clone, Debug)]
 enum Src {

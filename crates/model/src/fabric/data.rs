@@ -14,13 +14,16 @@
 //!   back in [`Reply::HostDone`] and the client writes them to the address
 //!   — writable until then by the same contract — before the call returns.
 //!
-//! Both directions are bounded by one frame: at most
-//! [`MAX_MEMORY_IO`] host bytes per request, and the model refuses to keep
-//! more host-destination bytes in flight per stream than one reply carries.
+//! Both directions are bounded by one frame, and the client refuses what
+//! would not fit before it sends anything (`CUDA_ERROR_INVALID_VALUE`, the
+//! connection stays): at most [`MAX_BATCH_OPS`] ops per batch and
+//! [`MAX_MEMORY_IO`] host source bytes per call. The model refuses to
+//! keep more host-destination bytes in flight per stream than one reply
+//! carries.
 
 use super::Remote;
 use super::calls::WireCall;
-use super::wire::{MAX_MEMORY_IO, Reply, Request};
+use super::wire::{MAX_BATCH_OPS, MAX_MEMORY_IO, Reply, Request};
 use crate::Model;
 use crate::driver::{Call, Code, CopyOp, DriverResult, MemHint, Operand, Pointer};
 
@@ -60,8 +63,18 @@ impl Remote {
                 tracing::error!(reply = ?other, "unexpected answer from the fabric");
                 Err(Code::UNKNOWN)
             }
-            Err(_) => Err(Code::DEINITIALIZED),
+            Err(e) => Err(e.code()),
         }
+    }
+
+    /// A copy the fabric cannot carry, refused here before anything is
+    /// sent (model's choice: the header is silent on limits;
+    /// `INVALID_VALUE`, as for any argument the driver cannot take).
+    fn too_large(what: &str, have: u64, max: u64) -> DriverResult<()> {
+        tracing::warn!(
+            "the model fabric refuses a copy of {have} {what}: at most {max} per call; split the batch"
+        );
+        Err(Code::INVALID_VALUE)
     }
 
     /// `cuFabricCpyBatchAsync` from this OS process.
@@ -76,6 +89,9 @@ impl Remote {
         ops: Vec<CopyOp>,
         flags: u64,
     ) -> DriverResult<()> {
+        if ops.len() > MAX_BATCH_OPS {
+            return Remote::too_large("ops", ops.len() as u64, MAX_BATCH_OPS as u64);
+        }
         let mut staged = Vec::with_capacity(ops.len());
         let mut total = 0u64;
         for op in &ops {
@@ -83,7 +99,7 @@ impl Remote {
                 Operand::Pointer(p) if is_host(&p) => {
                     total = total.saturating_add(op.size);
                     if total > MAX_MEMORY_IO as u64 {
-                        return Err(Code::INVALID_VALUE);
+                        return Remote::too_large("host-source bytes", total, MAX_MEMORY_IO as u64);
                     }
                     // SAFETY: the caller's contract (a readable host source).
                     Some(unsafe { snapshot(p.ptr, op.size) }?)
@@ -107,7 +123,7 @@ impl Remote {
     ) -> DriverResult<()> {
         let staged = if is_host(&src) {
             if size > MAX_MEMORY_IO as u64 {
-                return Err(Code::INVALID_VALUE);
+                return Remote::too_large("host-source bytes", size, MAX_MEMORY_IO as u64);
             }
             // SAFETY: the caller's contract (a readable host source).
             vec![Some(unsafe { snapshot(src.ptr, size) }?)]
@@ -157,7 +173,7 @@ impl Remote {
                 tracing::error!(reply = ?other, "unexpected answer from the fabric");
                 Err(Code::UNKNOWN)
             }
-            Err(_) => Err(Code::DEINITIALIZED),
+            Err(e) => Err(e.code()),
         }
     }
 }

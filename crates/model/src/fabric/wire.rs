@@ -17,11 +17,21 @@ use crate::{FabricLive, Live, ShareableKind, faults::FaultPlan};
 /// The protocol version a client and server must agree on in [`Request::Hello`].
 pub const PROTOCOL: u32 = 2;
 
-/// The largest frame either side reads or writes, bytes.
-pub const MAX_FRAME: usize = (1 << 20) + 4096;
+/// The largest frame either side reads or writes, bytes: room for the
+/// largest request an honest client makes (a batch of [`MAX_BATCH_OPS`]
+/// ops with [`MAX_MEMORY_IO`] host bytes); the test below encodes it.
+pub const MAX_FRAME: usize = (2 << 20) + 4096;
 
-/// The most bytes one [`Request::Read`] or [`Request::Write`] moves.
+/// The most bytes one [`Request::Read`] or [`Request::Write`] moves, and the
+/// most host bytes one copy moves each way (sources sent with the request,
+/// destinations handed back at the synchronize).
 pub const MAX_MEMORY_IO: usize = 1 << 20;
+
+/// The most ops of one `cuFabricCpyBatchAsync` a client sends (model's
+/// choice, the header is silent): a larger batch is refused by the client
+/// with `CUDA_ERROR_INVALID_VALUE` before anything is sent, and the
+/// connection stays; split it.
+pub const MAX_BATCH_OPS: usize = crate::copy::MAX_REMOTE_BATCH_OPS;
 
 /// What a client asks.
 #[derive(Debug, Serialize, Deserialize)]
@@ -196,9 +206,23 @@ impl std::fmt::Display for FrameError {
     }
 }
 
+/// Encodes `msg` as the body of one frame, refusing one larger than
+/// [`MAX_FRAME`]; nothing is written, so a refusal leaves a connection as it was.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let bytes = postcard::to_stdvec(msg).map_err(FrameError::Encode)?;
+    if bytes.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
 /// Writes `msg` as one frame.
 pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
-    let bytes = postcard::to_stdvec(msg).map_err(FrameError::Encode)?;
+    send_encoded(w, &encode(msg)?)
+}
+
+/// Writes a body [`encode`] made as one frame.
+pub fn send_encoded(w: &mut impl Write, bytes: &[u8]) -> Result<(), FrameError> {
     if bytes.len() > MAX_FRAME {
         return Err(FrameError::TooLarge(bytes.len() as u64));
     }
@@ -206,7 +230,7 @@ pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError>
     let len = u32::try_from(bytes.len()).map_err(|_| FrameError::TooLarge(bytes.len() as u64))?;
     let mut frame = Vec::with_capacity(bytes.len() + 4);
     frame.extend_from_slice(&len.to_le_bytes());
-    frame.extend_from_slice(&bytes);
+    frame.extend_from_slice(bytes);
     w.write_all(&frame).map_err(FrameError::Io)?;
     w.flush().map_err(FrameError::Io)
 }
@@ -232,6 +256,50 @@ pub fn recv<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T, FrameE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::{CopyOp, MemHint, Operand, Pointer};
+
+    /// The widest encoding of an op: every number at its longest varint.
+    fn widest_op() -> CopyOp {
+        let p = Operand::Pointer(Pointer {
+            ptr: u64::MAX,
+            hint: MemHint::Device(Device(i32::MIN)),
+        });
+        CopyOp {
+            src: p,
+            dst: p,
+            size: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn the_largest_batch_a_client_sends_fits_one_frame() {
+        // MAX_BATCH_OPS ops at their widest, MAX_MEMORY_IO host source
+        // bytes spread over all of them (each length a varint too).
+        let each = MAX_MEMORY_IO / MAX_BATCH_OPS;
+        let req = Request::HostCopy {
+            call: WireCall::FabricCpyBatchAsync {
+                stream: u64::MAX,
+                ops: vec![widest_op(); MAX_BATCH_OPS],
+                flags: u64::MAX,
+            },
+            staged: vec![Some(vec![0xff; each]); MAX_BATCH_OPS],
+        };
+        let n = encode(&req).expect("fits a frame").len();
+        assert!(n <= MAX_FRAME, "{n}");
+        // One op more is what the client refuses (`MAX_BATCH_OPS`).
+    }
+
+    #[test]
+    fn a_message_larger_than_a_frame_is_refused_before_a_byte_is_written() {
+        let req = Request::Write {
+            ptr: 0,
+            bytes: vec![0; MAX_FRAME],
+        };
+        assert!(matches!(encode(&req), Err(FrameError::TooLarge(_))));
+        let mut out = Vec::new();
+        assert!(matches!(send(&mut out, &req), Err(FrameError::TooLarge(_))));
+        assert!(out.is_empty());
+    }
 
     #[test]
     fn frames_round_trip_and_bounds_hold() {
