@@ -949,6 +949,9 @@ fn hint_suffix(call: Call, code: Code) -> &'static str {
         raw::INVALID_VALUE if copy => {
             ": the driver refused a batch the library had checked: it is larger than the driver takes in one call (the model fabric: at most 16384 ops, and 1 MiB of host bytes each way), or a peer changed the bindings it copies through (F9); split the batch"
         }
+        raw::OUT_OF_MEMORY if copy => {
+            ": too much in flight on the stream (R11; the model fabric: 1.25 MiB of host-destination bytes per stream, each op counting its bytes and 16); wait for the earlier copies (synchronize the stream), or split the batch"
+        }
         raw::OUT_OF_MEMORY if multicast => {
             ": device memory or fabric resources (multicast groups) are exhausted (R5.10, R11); free endpoints or bindings and retry"
         }

@@ -49,12 +49,31 @@ pub(crate) type Staged = Vec<Option<Vec<u8>>>;
 /// Bytes to write to host memory of a remote client: `(address, bytes)`.
 pub(crate) type HostWrites = Vec<(u64, Vec<u8>)>;
 
-/// The most bytes of host destinations a remote client's stream may have in
-/// flight (they travel back in one reply frame).
-pub(crate) const MAX_REMOTE_HOST_BYTES: u64 = 1 << 20;
-
 /// The most ops of one batch a remote client sends (`fabric::wire::MAX_BATCH_OPS`).
 pub(crate) const MAX_REMOTE_BATCH_OPS: usize = 16_384;
+
+/// What each host-destination write of a remote client costs on the wire
+/// besides its bytes: its address and length (postcard varints, at most
+/// 10 + 3 bytes).
+pub(crate) const HOST_WRITE_OVERHEAD: u64 = 16;
+
+/// The most a remote client's stream may have in flight for host
+/// destinations, counted as it travels back in one reply frame: each op's
+/// bytes plus [`HOST_WRITE_OVERHEAD`]. Room for one batch of
+/// [`MAX_REMOTE_BATCH_OPS`] ops with 1 MiB of bytes; beyond it an enqueue is
+/// `OUT_OF_MEMORY` (model's choice) until a synchronize hands bytes back.
+pub(crate) const MAX_REMOTE_HOST_BYTES: u64 =
+    (1 << 20) + HOST_WRITE_OVERHEAD * MAX_REMOTE_BATCH_OPS as u64;
+
+/// What a host-destination op of `size` bytes of a remote client counts
+/// against [`MAX_REMOTE_HOST_BYTES`] (an empty op writes nothing back).
+pub(crate) fn host_write_charge(size: u64) -> u64 {
+    if size == 0 {
+        0
+    } else {
+        size.saturating_add(HOST_WRITE_OVERHEAD)
+    }
+}
 
 /// Where an op reads.
 #[derive(Clone, Debug)]
@@ -139,7 +158,8 @@ pub(crate) struct StreamObj {
     /// Host-destination bytes for a remote client, completed but not yet
     /// handed back.
     outbox: HostWrites,
-    /// Bytes enqueued for `outbox` and not yet handed back.
+    /// What the host-destination ops enqueued for `outbox` and not yet
+    /// handed back count against [`MAX_REMOTE_HOST_BYTES`] ([`host_write_charge`]).
     outbox_pending: u64,
     /// An asynchronous fault of work the stream ran, reported by the next
     /// synchronize or query.
@@ -341,7 +361,10 @@ impl World {
         match self.streams.by_handle.get_mut(&stream) {
             Some(s) => {
                 let out = std::mem::take(&mut s.outbox);
-                let n: u64 = out.iter().map(|(_, b)| b.len() as u64).sum();
+                let n: u64 = out
+                    .iter()
+                    .map(|(_, b)| host_write_charge(b.len() as u64))
+                    .sum();
                 s.outbox_pending = s.outbox_pending.saturating_sub(n);
                 out
             }
@@ -361,10 +384,17 @@ impl World {
                 break;
             };
             for op in batch {
+                // A remote host destination's charge, returned if the op
+                // faults and writes nothing back.
+                let charge = match op.dst {
+                    Dst::HostRemote(_) => host_write_charge(op.size),
+                    _ => 0,
+                };
                 if let Err(code) = self.execute(pid, stream, op)
                     && let Some(s) = self.streams.by_handle.get_mut(&stream)
                 {
                     s.fault.get_or_insert(code);
+                    s.outbox_pending = s.outbox_pending.saturating_sub(charge);
                 }
             }
         }
@@ -596,7 +626,7 @@ impl World {
                 (Operand::Pointer(p), Some(Place::Host)) => {
                     ranges.push((i, (Space::Addr, p.ptr, p.ptr.saturating_add(size)), true));
                     if staged.is_some() {
-                        host_dst_bytes = host_dst_bytes.saturating_add(size);
+                        host_dst_bytes = host_dst_bytes.saturating_add(host_write_charge(size));
                         Dst::HostRemote(p.ptr)
                     } else {
                         Dst::HostRaw(p.ptr)
@@ -682,7 +712,7 @@ impl World {
             return Err(Code::INVALID_HANDLE);
         };
         if matches!(dst_op, Dst::HostRemote(_)) {
-            let total = s.outbox_pending.saturating_add(size);
+            let total = s.outbox_pending.saturating_add(host_write_charge(size));
             if total > MAX_REMOTE_HOST_BYTES {
                 return Err(Code::OUT_OF_MEMORY);
             }
@@ -1180,14 +1210,17 @@ mod tests {
     }
 
     /// Both sides of ops `(src, dst)`, as `fabric_copy_batch` makes them.
-    fn spans(ops: &[((Space, u64, u64), (Space, u64, u64))]) -> Vec<Span> {
+    /// One side of an op: `(space, start, end)`.
+    type Side = (Space, u64, u64);
+
+    fn spans(ops: &[(Side, Side)]) -> Vec<Span> {
         ops.iter()
             .enumerate()
             .flat_map(|(i, &(s, d))| [(i, s, false), (i, d, true)])
             .collect()
     }
 
-    fn agree(ops: &[((Space, u64, u64), (Space, u64, u64))]) {
+    fn agree(ops: &[(Side, Side)]) {
         let mut all = spans(ops);
         let oracle = dependent_pairwise(&all);
         assert_eq!(dependent(&mut all), oracle, "{ops:?}");
@@ -1335,6 +1368,49 @@ mod tests {
             m.stream_synchronize(stream).unwrap();
         }
         assert!(m.violations().is_empty(), "{:?}", m.violations());
+    }
+
+    /// The in-flight bound of a remote client's host destinations
+    /// (`MAX_REMOTE_HOST_BYTES`) is given back by an op that faults and so
+    /// sends nothing back, not only by the bytes handed back.
+    #[cfg(feature = "fabric")]
+    #[test]
+    fn a_faulted_host_destination_op_gives_back_its_share_of_the_in_flight_bound() {
+        use crate::driver::Call;
+        let size = 2 << 20;
+        let (m, id, _, stream) = put_setup(size);
+        let get = |n: u64| {
+            let op = CopyOp {
+                src: Operand::LogicalEndpoint { id, offset: 0 },
+                dst: Operand::Pointer(Pointer::host(0x1000)),
+                size: n,
+            };
+            m.fabric_copy_batch_staged(stream, &[op], 0, &vec![None])
+        };
+        let most = super::MAX_REMOTE_HOST_BYTES - super::HOST_WRITE_OVERHEAD;
+        get(most).unwrap();
+        // Full: one byte more is refused until the stream hands bytes back.
+        assert_eq!(get(1), Err(crate::driver::Code::OUT_OF_MEMORY));
+        // Unbound while in flight: the op faults (F4) and writes nothing.
+        let d = Device(0);
+        // SAFETY: as in `put_setup`.
+        unsafe { m.unbind(id, d, 0, size).unwrap() };
+        let (r, writes) = m.stream_call_staged(Call::StreamSynchronize, stream);
+        assert_eq!(r, Err(crate::driver::Code::ILLEGAL_ADDRESS));
+        assert!(writes.is_empty());
+        let req = AllocationRequest {
+            location: Location::Device(d),
+            handle_types: 0,
+        };
+        // SAFETY: as in `put_setup`.
+        unsafe {
+            let owner = m.mem_create(size, req).unwrap();
+            m.bind_mem(id, d, 0, owner, 0, size, 0).unwrap();
+        }
+        // Its share is free again: the whole bound once more.
+        get(most).unwrap();
+        let (r, writes) = m.stream_call_staged(Call::StreamSynchronize, stream);
+        assert_eq!((r, writes.len()), (Ok(true), 1));
     }
 
     #[test]

@@ -17,14 +17,17 @@
 //! Both directions are bounded by one frame, and the client refuses what
 //! would not fit before it sends anything (`CUDA_ERROR_INVALID_VALUE`, the
 //! connection stays): at most [`MAX_BATCH_OPS`] ops per batch and
-//! [`MAX_MEMORY_IO`] host source bytes per call. The model refuses to
+//! [`MAX_MEMORY_IO`] host bytes each way per call. The model refuses to
 //! keep more host-destination bytes in flight per stream than one reply
-//! carries.
+//! carries, counting each write's address and length
+//! (`copy::MAX_REMOTE_HOST_BYTES`: `OUT_OF_MEMORY` until a synchronize
+//! hands bytes back).
 
 use super::Remote;
 use super::calls::WireCall;
 use super::wire::{MAX_BATCH_OPS, MAX_MEMORY_IO, Reply, Request};
 use crate::Model;
+use crate::copy::{MAX_REMOTE_HOST_BYTES, host_write_charge};
 use crate::driver::{Call, Code, CopyOp, DriverResult, MemHint, Operand, Pointer};
 
 /// The bytes of host memory at `ptr`.
@@ -92,6 +95,19 @@ impl Remote {
         if ops.len() > MAX_BATCH_OPS {
             return Remote::too_large("ops", ops.len() as u64, MAX_BATCH_OPS as u64);
         }
+        // The bytes its host destinations send back must fit one reply,
+        // even on an idle stream.
+        let back: u64 = ops
+            .iter()
+            .filter(|op| matches!(op.dst, Operand::Pointer(p) if is_host(&p)))
+            .fold(0, |n, op| n.saturating_add(host_write_charge(op.size)));
+        if back > MAX_REMOTE_HOST_BYTES {
+            return Remote::too_large(
+                "host-destination bytes (with 16 per op)",
+                back,
+                MAX_REMOTE_HOST_BYTES,
+            );
+        }
         let mut staged = Vec::with_capacity(ops.len());
         let mut total = 0u64;
         for op in &ops {
@@ -121,6 +137,9 @@ impl Remote {
         size: u64,
         stream: u64,
     ) -> DriverResult<()> {
+        if is_host(&dst) && host_write_charge(size) > MAX_REMOTE_HOST_BYTES {
+            return Remote::too_large("host-destination bytes", size, MAX_REMOTE_HOST_BYTES);
+        }
         let staged = if is_host(&src) {
             if size > MAX_MEMORY_IO as u64 {
                 return Remote::too_large("host-source bytes", size, MAX_MEMORY_IO as u64);

@@ -19,7 +19,9 @@ pub const PROTOCOL: u32 = 2;
 
 /// The largest frame either side reads or writes, bytes: room for the
 /// largest request an honest client makes (a batch of [`MAX_BATCH_OPS`]
-/// ops with [`MAX_MEMORY_IO`] host bytes); the test below encodes it.
+/// ops with [`MAX_MEMORY_IO`] host bytes) and the largest reply (the
+/// host-destination bytes a stream may have in flight); the tests below
+/// encode both.
 pub const MAX_FRAME: usize = (2 << 20) + 4096;
 
 /// The most bytes one [`Request::Read`] or [`Request::Write`] moves, and the
@@ -287,6 +289,30 @@ mod tests {
         let n = encode(&req).expect("fits a frame").len();
         assert!(n <= MAX_FRAME, "{n}");
         // One op more is what the client refuses (`MAX_BATCH_OPS`).
+    }
+
+    #[test]
+    fn the_largest_reply_of_host_bytes_fits_one_frame() {
+        use crate::copy::{HOST_WRITE_OVERHEAD, MAX_REMOTE_HOST_BYTES};
+        // The in-flight bound charges each write its bytes and
+        // HOST_WRITE_OVERHEAD: the most writes (one byte each) and the most
+        // bytes (one write) both fit, at the widest address.
+        let many = (MAX_REMOTE_HOST_BYTES / (1 + HOST_WRITE_OVERHEAD)) as usize;
+        let one = (MAX_REMOTE_HOST_BYTES - HOST_WRITE_OVERHEAD) as usize;
+        for writes in [
+            vec![(u64::MAX, vec![0xff]); many],
+            vec![(u64::MAX, vec![0xff; one])],
+        ] {
+            let reply = Reply::HostDone {
+                result: Err(Code::from_raw(u32::MAX).expect("not success")),
+                writes,
+            };
+            let n = encode(&reply).expect("fits a frame").len();
+            assert!(n <= MAX_FRAME, "{n}");
+        }
+        // Each write's address and length take at most the overhead charged.
+        let w = postcard::to_stdvec(&(u64::MAX, vec![0u8; one])).unwrap();
+        assert!(w.len() as u64 <= one as u64 + HOST_WRITE_OVERHEAD);
     }
 
     #[test]
