@@ -14,8 +14,9 @@ use super::calls::WireCall;
 use crate::driver::{Code, Device};
 use crate::{FabricLive, Live, ShareableKind, faults::FaultPlan};
 
-/// The protocol version a client and server must agree on in [`Request::Hello`].
-pub const PROTOCOL: u32 = 2;
+/// The protocol version a client and server must agree on in [`Request::Hello`]
+/// (3: frames of up to [`MAX_FRAME`], 2 MiB and 4 KiB).
+pub const PROTOCOL: u32 = 3;
 
 /// The largest frame either side reads or writes, bytes: room for the
 /// largest request an honest client makes (a batch of [`MAX_BATCH_OPS`]
