@@ -200,6 +200,10 @@ impl Remote {
 /// The server's answer to [`Request::HostCopy`].
 pub(super) fn answer_copy(me: &Model, call: WireCall, staged: Vec<Option<Vec<u8>>>) -> Reply {
     Reply::Done(match call {
+        // What an honest client refuses to send, refused from any client.
+        WireCall::FabricCpyBatchAsync { ops, .. } if ops.len() > MAX_BATCH_OPS => {
+            Err(Code::INVALID_VALUE)
+        }
         WireCall::FabricCpyBatchAsync { stream, ops, flags } => {
             me.fabric_copy_batch_staged(stream, &ops, flags, &staged)
         }
