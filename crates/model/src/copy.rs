@@ -293,6 +293,78 @@ fn dependent(spans: &mut [Span]) -> bool {
     false
 }
 
+/// The bound pieces `(alloc, offset in it, len)` of a range on each target
+/// device of an endpoint: `None` for a target with nothing bound at all,
+/// `Some(None)` for one bound only in part.
+type Pieces = Vec<Option<Option<Vec<(u64, u64, u64)>>>>;
+
+/// The memory bound on one target device of an endpoint, ready for
+/// lookups: its bindings `(offset, end, alloc, offset in alloc)` sorted by
+/// offset (stable: among equal offsets, in bind order), and for each the
+/// furthest end among it and those before it.
+#[derive(Debug, Default)]
+struct Target {
+    bound: Vec<(u64, u64, u64, u64)>,
+    reach: Vec<u64>,
+}
+
+impl Target {
+    fn new(mut bound: Vec<(u64, u64, u64, u64)>) -> Target {
+        bound.sort_by_key(|b| b.0);
+        let reach = bound
+            .iter()
+            .scan(0u64, |r, b| {
+                *r = (*r).max(b.1);
+                Some(*r)
+            })
+            .collect();
+        Target { bound, reach }
+    }
+
+    /// The first binding in order that covers `at`: among those starting
+    /// at or below `at`, the first whose end is past it, which is where the
+    /// furthest end so far first passes `at`. O(log n).
+    fn covering(&self, at: u64) -> Option<&(u64, u64, u64, u64)> {
+        let started = self.bound.partition_point(|b| b.0 <= at);
+        let first = self.reach.partition_point(|&r| r <= at);
+        (first < started).then(|| &self.bound[first])
+    }
+
+    /// The pieces of `[offset, end)`, or `None` where a part is not bound.
+    fn pieces(&self, offset: u64, end: u64) -> Option<Vec<(u64, u64, u64)>> {
+        let mut pieces = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let &(b_off, b_end, alloc, mem_offset) = self.covering(at)?;
+            let stop = end.min(b_end);
+            pieces.push((alloc, mem_offset + (at - b_off), stop - at));
+            at = stop;
+        }
+        Some(pieces)
+    }
+}
+
+/// The targets of one endpoint object (the owner, or every member), each
+/// `None` when nothing is bound on it: made once per object for a batch,
+/// so that checking or running n ops costs n lookups, not n passes over
+/// every binding (under the world's lock, where an endpoint of many
+/// bindings would stall every process of a fabric).
+#[derive(Debug, Default)]
+struct Cover(Vec<Option<Target>>);
+
+impl Cover {
+    fn pieces(&self, offset: u64, size: u64) -> Pieces {
+        let end = offset.saturating_add(size);
+        self.0
+            .iter()
+            .map(|t| t.as_ref().map(|t| t.pieces(offset, end)))
+            .collect()
+    }
+}
+
+/// The covers of the endpoint objects one batch touches, by object.
+type Covers = HashMap<u64, Cover>;
+
 impl World {
     fn stream_of(&mut self, pid: usize, stream: u64) -> DriverResult<()> {
         if stream == 0 {
@@ -383,6 +455,8 @@ impl World {
             }) else {
                 break;
             };
+            // Nothing binds or unbinds while the stream runs a batch.
+            let mut covers = Covers::new();
             for op in batch {
                 // A remote host destination's charge, returned if the op
                 // faults and writes nothing back.
@@ -390,7 +464,7 @@ impl World {
                     Dst::HostRemote(_) => host_write_charge(op.size),
                     _ => 0,
                 };
-                if let Err(code) = self.execute(pid, stream, op)
+                if let Err(code) = self.execute(pid, stream, op, &mut covers)
                     && let Some(s) = self.streams.by_handle.get_mut(&stream)
                 {
                     s.fault.get_or_insert(code);
@@ -429,50 +503,50 @@ impl World {
         }
     }
 
-    /// The bound pieces `(alloc, offset in it, len)` of `[offset,
-    /// offset+size)` of endpoint object `o` on each target device: the
-    /// owner (unicast) or every member (multicast). `None` for a target
-    /// with nothing bound at all; `Some(None)` for one bound only in part.
-    #[allow(clippy::type_complexity)]
-    fn targets(&self, o: u64, offset: u64, size: u64) -> Vec<Option<Option<Vec<(u64, u64, u64)>>>> {
+    /// The memory bound on each target device of endpoint object `o`: the
+    /// owner (unicast) or every member (multicast); none for an object
+    /// that is gone.
+    fn cover(&self, o: u64) -> Cover {
         let Some(obj) = self.objects.get(&o) else {
-            return Vec::new();
+            return Cover::default();
         };
         let members: Vec<(usize, Device)> = match obj.props.shape {
             Shape::Unicast { owner } => vec![(obj.node, owner)],
             Shape::Multicast { .. } => obj.enrolled.iter().map(|e| (e.node, e.dev)).collect(),
         };
-        let end = offset.saturating_add(size);
-        members
-            .into_iter()
-            .map(|(node, dev)| {
-                let mut mine: Vec<_> = obj
-                    .bindings
-                    .iter()
-                    .filter(|b| {
-                        b.dev == dev && self.procs.get(b.pid).is_some_and(|p| p.node == node)
-                    })
-                    .collect();
-                if mine.is_empty() {
-                    return None;
-                }
-                mine.sort_by_key(|b| b.offset);
-                let mut pieces = Vec::new();
-                let mut at = offset;
-                while at < end {
-                    let Some(b) = mine
+        Cover(
+            members
+                .into_iter()
+                .map(|(node, dev)| {
+                    let mine: Vec<_> = obj
+                        .bindings
                         .iter()
-                        .find(|b| b.offset <= at && at < b.offset.saturating_add(b.size))
-                    else {
-                        return Some(None);
-                    };
-                    let stop = end.min(b.offset.saturating_add(b.size));
-                    pieces.push((b.alloc, b.mem_offset + (at - b.offset), stop - at));
-                    at = stop;
-                }
-                Some(Some(pieces))
-            })
-            .collect()
+                        .filter(|b| {
+                            b.dev == dev && self.procs.get(b.pid).is_some_and(|p| p.node == node)
+                        })
+                        .map(|b| {
+                            (
+                                b.offset,
+                                b.offset.saturating_add(b.size),
+                                b.alloc,
+                                b.mem_offset,
+                            )
+                        })
+                        .collect();
+                    (!mine.is_empty()).then(|| Target::new(mine))
+                })
+                .collect(),
+        )
+    }
+
+    /// The bound pieces `(alloc, offset in it, len)` of `[offset,
+    /// offset+size)` of endpoint object `o` on each target device (see
+    /// [`Pieces`]), through the batch's `covers`.
+    fn targets(&self, covers: &mut Covers, o: u64, offset: u64, size: u64) -> Pieces {
+        covers
+            .entry(o)
+            .or_insert_with(|| self.cover(o))
+            .pieces(offset, size)
     }
 
     /// The endpoint object on `id` of `pid`, reported ready (R13.1).
@@ -494,13 +568,14 @@ impl World {
         id: u32,
         offset: u64,
         size: u64,
+        covers: &mut Covers,
     ) -> DriverResult<(u64, bool)> {
         let o = self.ready_endpoint(pid, id)?;
         let ep_size = self.objects.get(&o).map_or(0, |obj| obj.props.size);
         if offset.checked_add(size).is_none_or(|e| e > ep_size) {
             return violate(self, "F9", Code::INVALID_VALUE);
         }
-        let targets = self.targets(o, offset, size);
+        let targets = self.targets(covers, o, offset, size);
         if targets.iter().any(|t| matches!(t, Some(None))) {
             return violate(self, "F9", Code::INVALID_VALUE);
         }
@@ -542,6 +617,8 @@ impl World {
         let mut execs = Vec::with_capacity(ops.len().min(1 << 16));
         let mut ranges = Vec::with_capacity(ops.len().min(1 << 16));
         let mut host_dst_bytes = 0u64;
+        // Nothing binds or unbinds while the batch is checked.
+        let mut covers = Covers::new();
         for (i, op) in ops.iter().enumerate() {
             let size = op.size;
             let src_place = match op.src {
@@ -589,7 +666,7 @@ impl World {
             }
             let src = match (op.src, src_place) {
                 (Operand::LogicalEndpoint { id, offset }, _) => {
-                    let (_, covered) = self.check_endpoint(pid, id, offset, size)?;
+                    let (_, covered) = self.check_endpoint(pid, id, offset, size, &mut covers)?;
                     ranges.push((i, (Space::Ep(id), offset, offset + size), false));
                     Src::Ep {
                         id,
@@ -615,7 +692,7 @@ impl World {
             };
             let dst = match (op.dst, dst_place) {
                 (Operand::LogicalEndpoint { id, offset }, _) => {
-                    let (_, covered) = self.check_endpoint(pid, id, offset, size)?;
+                    let (_, covered) = self.check_endpoint(pid, id, offset, size, &mut covers)?;
                     ranges.push((i, (Space::Ep(id), offset, offset + size), true));
                     Dst::Ep {
                         id,
@@ -821,7 +898,14 @@ impl World {
 
     /// Whether endpoint `id` of `pid` is valid (reported ready, alive) and
     /// bound over `[offset, offset+size)` on every target now (F8).
-    fn valid_and_bound(&self, pid: usize, id: u32, offset: u64, size: u64) -> bool {
+    fn valid_and_bound(
+        &self,
+        pid: usize,
+        id: u32,
+        offset: u64,
+        size: u64,
+        covers: &mut Covers,
+    ) -> bool {
         let Some(o) = self
             .procs
             .get(pid)
@@ -834,7 +918,7 @@ impl World {
         if !self.objects.contains_key(&o) {
             return false;
         }
-        let targets = self.targets(o, offset, size);
+        let targets = self.targets(covers, o, offset, size);
         !targets.is_empty() && targets.iter().all(|t| matches!(t, Some(Some(_))))
     }
 
@@ -852,6 +936,7 @@ impl World {
         else {
             return violate(self, "cuGraphExec handle", Code::INVALID_HANDLE);
         };
+        let mut covers = Covers::new();
         for item in &items {
             let Captured::Batch { ops, .. } = item else {
                 continue;
@@ -859,7 +944,7 @@ impl World {
             for op in ops {
                 for side in [op.src, op.dst] {
                     if let Operand::LogicalEndpoint { id, offset } = side
-                        && !self.valid_and_bound(pid, id, offset, op.size)
+                        && !self.valid_and_bound(pid, id, offset, op.size, &mut covers)
                     {
                         return violate(self, "F8", Code::INVALID_VALUE);
                     }
@@ -1010,9 +1095,10 @@ impl World {
         offset: u64,
         size: u64,
         covered: bool,
+        covers: &mut Covers,
     ) -> DriverResult<Vec<Vec<(u64, u64, u64)>>> {
         let mut out = Vec::new();
-        for t in self.targets(o, offset, size) {
+        for t in self.targets(covers, o, offset, size) {
             match t {
                 Some(Some(p)) => out.push(p),
                 None if !covered => return violate(self, "R13.3", Code::ILLEGAL_ADDRESS),
@@ -1024,7 +1110,13 @@ impl World {
     }
 
     /// One op, as the stream reaches it.
-    fn execute(&mut self, pid: usize, stream: u64, op: Exec) -> DriverResult<()> {
+    fn execute(
+        &mut self,
+        pid: usize,
+        stream: u64,
+        op: Exec,
+        covers: &mut Covers,
+    ) -> DriverResult<()> {
         let len = usize::try_from(op.size).map_err(|_| Code::INVALID_VALUE)?;
         // Resolve the destination first, so a fault writes nothing.
         let dst_pieces = match op.dst {
@@ -1034,7 +1126,7 @@ impl World {
                 covered,
             } => {
                 let o = self.endpoint_now(pid, id)?;
-                Some(self.pieces_now(o, offset, op.size, covered)?)
+                Some(self.pieces_now(o, offset, op.size, covered, covers)?)
             }
             Dst::Mapped(ptr) if self.resolve_addr(pid, ptr, op.size.max(1)).is_none() => {
                 return violate(self, "F4", Code::ILLEGAL_ADDRESS);
@@ -1071,7 +1163,7 @@ impl World {
                 covered,
             } => {
                 let o = self.endpoint_now(pid, id)?;
-                let pieces = self.pieces_now(o, offset, op.size, covered)?;
+                let pieces = self.pieces_now(o, offset, op.size, covered, covers)?;
                 let mut b = Vec::with_capacity(len);
                 for (alloc, off, n) in pieces.into_iter().next().unwrap_or_default() {
                     b.extend(self.load(alloc, off, usize::try_from(n).unwrap_or(0)));
@@ -1311,6 +1403,61 @@ mod tests {
         );
     }
 
+    /// The lookup the model made before `Target` (sort, then the first
+    /// binding in order that covers each point): the oracle.
+    fn pieces_linear(
+        bound: &[(u64, u64, u64, u64)],
+        offset: u64,
+        end: u64,
+    ) -> Option<Vec<(u64, u64, u64)>> {
+        let mut mine: Vec<_> = bound.iter().collect();
+        mine.sort_by_key(|b| b.0);
+        let mut pieces = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let b = mine.iter().find(|b| b.0 <= at && at < b.1)?;
+            let stop = end.min(b.1);
+            pieces.push((b.2, b.3 + (at - b.0), stop - at));
+            at = stop;
+        }
+        Some(pieces)
+    }
+
+    #[test]
+    fn f9_the_bound_pieces_of_a_range_are_found_by_binary_search_as_by_the_scan() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut covered = 0;
+        for _ in 0..5_000 {
+            // Bindings in bind order, overlapping or not, some adjacent.
+            let bound: Vec<_> = (0..next(12))
+                .map(|k| {
+                    let off = next(40);
+                    (off, off + 1 + next(12), k, next(1000))
+                })
+                .collect();
+            let target = super::Target::new(bound.clone());
+            for _ in 0..20 {
+                let offset = next(50);
+                let end = offset + next(20);
+                let want = pieces_linear(&bound, offset, end);
+                covered += usize::from(want.as_ref().is_some_and(|p| p.len() > 1));
+                assert_eq!(
+                    target.pieces(offset, end),
+                    want,
+                    "{bound:?} [{offset}, {end})"
+                );
+            }
+        }
+        // Ranges over several bindings were among them.
+        assert!(covered > 1000, "{covered}");
+    }
+
     /// A model node of 13.5 (fabric copy), a ready unicast endpoint of
     /// `size` bytes on device 0 with memory bound, source memory mapped,
     /// and a stream: `(model, id, source address, stream)`.
@@ -1341,6 +1488,75 @@ mod tests {
             let stream = m.stream_create(d).unwrap();
             (m, id, va, stream)
         }
+    }
+
+    /// No wall clock: with a pass over every binding per op (as before
+    /// `Cover`), this batch is some 10^9 steps under the world's lock at
+    /// enqueue and again when it runs.
+    #[test]
+    fn f9_a_batch_of_16384_ops_over_an_endpoint_of_8192_bindings_is_checked_and_run() {
+        let (chunk, size) = (64u64 << 10, 512u64 << 20);
+        let mut config = ModelConfig::node(1);
+        config.driver_version = 13050;
+        for d in &mut config.devices {
+            (d.bind_alignment, d.granularity, d.recommended_granularity) = (chunk, chunk, chunk);
+        }
+        let m = Model::new(config);
+        let d = Device(0);
+        let req = AllocationRequest {
+            location: Location::Device(d),
+            handle_types: 0,
+        };
+        let n = 16_384u64;
+        let step = size / n;
+        // SAFETY: a model process of this test only; every handle and
+        // address is one the model just gave; no host operand.
+        unsafe {
+            let id = m.id_reserve(1).unwrap();
+            m.create(id, EndpointProps::new(Shape::Unicast { owner: d }, size))
+                .unwrap();
+            assert!((0..100).any(|_| m.query(id, 1).unwrap()), "never ready");
+            let (owner, src) = (
+                m.mem_create(size, req).unwrap(),
+                m.mem_create(size, req).unwrap(),
+            );
+            for k in 0..size / chunk {
+                m.bind_mem(id, d, k * chunk, owner, k * chunk, chunk, 0)
+                    .unwrap();
+            }
+            let va = m.mem_address_reserve(size, 0).unwrap();
+            m.mem_map(va, size, 0, src).unwrap();
+            m.mem_set_access(va, size, vec![d]).unwrap();
+            m.write(va + 8 * step, &[9; 64]).unwrap();
+            let stream = m.stream_create(d).unwrap();
+            // Each op at its own place; the even ones across two bindings.
+            let offset = |i: u64| {
+                if i.is_multiple_of(2) {
+                    (i * step).saturating_sub(32)
+                } else {
+                    i * step + step / 2
+                }
+            };
+            let ops: Vec<_> = (0..n)
+                .map(|i| CopyOp {
+                    src: Operand::Pointer(Pointer::device(va + i * step)),
+                    dst: Operand::LogicalEndpoint {
+                        id,
+                        offset: offset(i),
+                    },
+                    size: 64,
+                })
+                .collect();
+            m.fabric_copy_batch(stream, ops, 0).unwrap();
+            m.stream_synchronize(stream).unwrap();
+            // Op 8's bytes landed across two bindings: read them back.
+            let back = m.mem_address_reserve(size, 0).unwrap();
+            m.mem_map(back, size, 0, owner).unwrap();
+            m.mem_set_access(back, size, vec![d]).unwrap();
+            let at = offset(8);
+            assert_eq!(m.read(back + at, 64).unwrap(), [9; 64]);
+        }
+        assert!(m.violations().is_empty(), "{:?}", m.violations());
     }
 
     fn puts(id: u32, va: u64, n: u64, each: u64) -> Vec<CopyOp> {
