@@ -954,7 +954,16 @@ fn hint_suffix(call: Call, code: Code) -> &'static str {
         call,
         Call::Create | Call::BindMem | Call::BindAddr | Call::MulticastCreate
     );
+    // The typed layer checked the batch (F1-F9) before the driver: what
+    // the driver refuses then is its own limit or state.
+    let copy = matches!(call, Call::FabricCpyBatchAsync | Call::MemcpyAsync);
     match code.raw() {
+        raw::INVALID_VALUE if copy => {
+            ": the driver refused a batch the library had checked: it is larger than the driver takes in one call (the model fabric: at most 16384 ops, and 1 MiB of host bytes each way), or a peer changed the bindings it copies through (F9); split the batch"
+        }
+        raw::OUT_OF_MEMORY if copy => {
+            ": too much in flight on the stream (R11; the model fabric: 1.25 MiB of host-destination bytes per stream, each op counting its bytes and 16); wait for the earlier copies (synchronize the stream), or split the batch"
+        }
         raw::OUT_OF_MEMORY if multicast => {
             ": device memory or fabric resources (multicast groups) are exhausted (R5.10, R11); free endpoints or bindings and retry"
         }

@@ -128,7 +128,7 @@ fn child_role() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
-    let (ctx, me) = if role.starts_with("mem-") {
+    let (ctx, me) = if role.starts_with("mem-") || role.starts_with("wire-") {
         rank::join_remote()
     } else {
         rank::join()
@@ -328,6 +328,104 @@ fn child_role() {
             drop(stream);
             b.unbind().unwrap();
             ep.destroy().unwrap().release().unwrap();
+            assert!(ctx.take_teardown_errors().is_empty());
+        }
+        // A batch larger than the fabric carries, then work as usual on
+        // the same connection (`a_batch_larger_than_..._keeps_its_connection`).
+        "wire-oversized" => {
+            use cuda_endpoints::{CopyBatch, Private, Stream};
+            let size = 8 << 20;
+            let ep = common::ready_unicast(&ctx, 0, size, T);
+            let owner = common::mapped::<Private>(&ctx, 0, size);
+            let src = common::mapped::<Private>(&ctx, 0, size);
+            let b = ep.bind(0, 0, &owner).unwrap();
+            let stream = Stream::new(&ctx, 0).unwrap();
+            let puts = |n: u64| {
+                (0..n).fold(CopyBatch::new(), |batch, i| {
+                    batch.put(&src, i * 64, &ep, i * 64, 64)
+                })
+            };
+            // The attack's batch: 100,000 ops, a request of about 2 MB.
+            let e = stream.enqueue(puts(100_000)).unwrap_err();
+            assert!(
+                matches!(e, Error::Driver { call: Call::FabricCpyBatchAsync, code } if code == Code::INVALID_VALUE),
+                "{e}"
+            );
+            let max = fabric::wire::MAX_BATCH_OPS;
+            let text = e.to_string();
+            assert!(
+                text.contains("split the batch") && text.contains(&max.to_string()),
+                "{text}"
+            );
+            say("refused", &text);
+            // The connection stays: the process carries on, the largest
+            // batch the fabric takes included.
+            drop(ctx.reserve_one().unwrap());
+            stream.enqueue(puts(max as u64)).unwrap().wait().unwrap();
+            let back = stream
+                .enqueue(CopyBatch::new().get_host(&ep, 0, 64))
+                .unwrap()
+                .wait()
+                .unwrap();
+            assert_eq!(back.received.len(), 1);
+            drop(stream);
+            b.unbind().unwrap();
+            ep.destroy().unwrap().release().unwrap();
+            drop((owner, src));
+            assert!(ctx.take_teardown_errors().is_empty());
+        }
+        // Host-destination bytes within the per-stream bound, over many
+        // ops, come back whole; what cannot come back is refused before the
+        // driver runs it, and the process carries on (`..._returns_every_byte`).
+        "wire-reply" => {
+            use cuda_endpoints::{CopyBatch, Private, Stream};
+            let size = 4 << 20;
+            let ep = common::ready_unicast(&ctx, 0, size, T);
+            let owner = common::mapped::<Private>(&ctx, 0, size);
+            let b = ep.bind(0, 0, &owner).unwrap();
+            let stream = Stream::new(&ctx, 0).unwrap();
+            // The attack's batch: 2,000 ops of 523 bytes (1,046,000 in all).
+            let (ops, each) = (2000u64, 523u64);
+            let pattern: Vec<u8> = (0..ops * each).map(|i| (i % 251) as u8).collect();
+            stream
+                .enqueue(CopyBatch::new().put_host(pattern.clone(), &ep, 0))
+                .unwrap()
+                .wait()
+                .unwrap();
+            let gets = |n: u64| {
+                (0..n).fold(CopyBatch::new(), |batch, i| {
+                    batch.get_host(&ep, i * each, each)
+                })
+            };
+            let got = stream.enqueue(gets(ops)).unwrap().wait().unwrap();
+            assert_eq!(got.received.concat(), pattern);
+            // One batch whose bytes could never come back in one reply:
+            // refused before it is sent.
+            let e = stream
+                .enqueue(CopyBatch::new().get_host(&ep, 0, 2 << 20))
+                .unwrap_err();
+            assert!(
+                matches!(e, Error::Driver { call: Call::FabricCpyBatchAsync, code } if code == Code::INVALID_VALUE),
+                "{e}"
+            );
+            assert!(e.to_string().contains("split the batch"), "{e}");
+            // In flight on top of a batch not waited yet: refused until a
+            // synchronize hands the first one's bytes back.
+            let first = stream.enqueue(gets(ops)).unwrap();
+            let e = stream.enqueue(gets(ops)).unwrap_err();
+            assert!(
+                matches!(e, Error::Driver { call: Call::FabricCpyBatchAsync, code } if code == Code::OUT_OF_MEMORY),
+                "{e}"
+            );
+            assert!(e.to_string().contains("synchronize the stream"), "{e}");
+            assert_eq!(first.wait().unwrap().received.concat(), pattern);
+            let again = stream.enqueue(gets(ops)).unwrap().wait().unwrap();
+            assert_eq!(again.received.concat(), pattern);
+            say("returned", "");
+            drop(stream);
+            b.unbind().unwrap();
+            ep.destroy().unwrap().release().unwrap();
+            drop(owner);
             assert!(ctx.take_teardown_errors().is_empty());
         }
         // Exits holding two ids.
@@ -748,6 +846,43 @@ fn f8_graphs_and_events_cross_the_fabric_wire() {
     node.driver_version = 13050;
     let server = FabricServer::start(FabricConfig::single(node)).unwrap();
     let kid = Kid::spawn("graph", "graph", &server.join(), &[]);
+    kid.expect("clean");
+    kid.finish();
+    assert_clean(&server);
+}
+
+/// A legal batch larger than one request frame (the attack's 100,000 ops)
+/// used to close the process's connection for good: every later call was
+/// `DEINITIALIZED` and its memory was reclaimed only at exit. Now the
+/// client refuses it before sending (`INVALID_VALUE`, an error saying to
+/// split the batch), and the same process carries on and cleans up (role
+/// `wire-oversized`).
+#[test]
+fn a_batch_larger_than_the_fabric_carries_is_refused_before_sending_and_the_process_keeps_its_connection()
+ {
+    let mut node = cuda_endpoints::model::ModelConfig::node(1);
+    node.driver_version = 13050;
+    let server = FabricServer::start(FabricConfig::single(node)).unwrap();
+    let kid = Kid::spawn("oversized", "wire-oversized", &server.join(), &[]);
+    kid.expect("refused");
+    kid.expect("clean");
+    kid.finish();
+    assert_clean(&server);
+    assert_eq!(server.joined(), 1, "one connection all along");
+}
+
+/// 2,000 host-destination ops of 523 bytes (within the per-stream bound)
+/// used to fail at the synchronize (`UNKNOWN`): the reply carrying their
+/// bytes was larger than a frame. The bound now counts each write's
+/// address and length, so an accepted batch returns every byte; what
+/// cannot come back is refused at enqueue (role `wire-reply`).
+#[test]
+fn host_destination_bytes_the_fabric_accepts_in_one_batch_return_every_byte() {
+    let mut node = cuda_endpoints::model::ModelConfig::node(1);
+    node.driver_version = 13050;
+    let server = FabricServer::start(FabricConfig::single(node)).unwrap();
+    let kid = Kid::spawn("reply", "wire-reply", &server.join(), &[]);
+    kid.expect("returned");
     kid.expect("clean");
     kid.finish();
     assert_clean(&server);

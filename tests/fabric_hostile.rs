@@ -417,3 +417,52 @@ fn a_hundred_processes_that_came_and_went_leave_no_process_records() {
     assert_eq!(server.model().process_records(), 0);
     assert_eq!(server.exits().len(), 100);
 }
+
+/// A forged client sending a batch of more ops than the fabric takes
+/// (`wire::MAX_BATCH_OPS`, which an honest client refuses before sending)
+/// gets the same `INVALID_VALUE`, and its connection stays.
+#[test]
+fn a_batch_of_more_ops_than_the_fabric_takes_is_refused_from_a_forged_client_too() {
+    use cuda_endpoints::driver::{CopyOp, Operand, Pointer};
+    use fabric::WireCall;
+    use fabric::wire::{self, MAX_BATCH_OPS, Reply, Request};
+    let _serial = children::serial();
+    let mut node = cuda_endpoints::model::ModelConfig::node(1);
+    node.driver_version = 13050;
+    let server = FabricServer::start(FabricConfig::single(node)).unwrap();
+    let stream = raw_client(&server);
+    let mut s = &stream;
+    let mut ask = |req: &Request| {
+        wire::send(&mut s, req).unwrap();
+        wire::recv::<Reply>(&mut s).unwrap()
+    };
+    let Reply::Call(Ok(bytes)) = ask(&Request::Call(WireCall::StreamCreate { dev: Device(0) }))
+    else {
+        panic!("no stream");
+    };
+    let handle: u64 = postcard::from_bytes(&bytes).unwrap();
+    // Empty host-to-host copies: valid, and small on the wire.
+    let batch = |n: usize| Request::HostCopy {
+        call: WireCall::FabricCpyBatchAsync {
+            stream: handle,
+            ops: vec![
+                CopyOp {
+                    src: Operand::Pointer(Pointer::host(0x1000)),
+                    dst: Operand::Pointer(Pointer::host(0x2000)),
+                    size: 0,
+                };
+                n
+            ],
+            flags: 0,
+        },
+        staged: vec![Some(Vec::new()); n],
+    };
+    assert!(matches!(ask(&batch(MAX_BATCH_OPS)), Reply::Done(Ok(()))));
+    assert!(
+        matches!(ask(&batch(MAX_BATCH_OPS + 1)), Reply::Done(Err(c)) if c == Code::INVALID_VALUE)
+    );
+    assert!(matches!(ask(&Request::Live), Reply::Live(_)));
+    drop(stream);
+    assert!(server.wait_idle(T));
+    assert!(server.live().is_empty());
+}

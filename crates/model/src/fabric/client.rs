@@ -88,20 +88,28 @@ impl Remote {
         self.stream.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One request, one reply. A transport or protocol failure closes the
+    /// One request, one reply. A request that does not fit a frame is
+    /// refused before a byte is sent, and the connection stays
+    /// ([`Unanswered::Unsent`]); a transport or protocol failure closes the
     /// connection for good: a reply lost half-way would desynchronise it.
-    pub(super) fn request(&self, req: &Request) -> Result<Reply, FrameError> {
+    pub(super) fn request(&self, req: &Request) -> Result<Reply, Unanswered> {
+        // Encoded before the lock and before the wire: too large is this
+        // request's failure, never the process's end on the fabric.
+        let body = wire::encode(req).map_err(|e| {
+            tracing::warn!(error = %e, "fabric request not sent");
+            Unanswered::Unsent(e)
+        })?;
         let mut guard = self.lock();
         let Some(stream) = guard.as_ref() else {
-            return Err(FrameError::Closed);
+            return Err(Unanswered::Lost(FrameError::Closed));
         };
         let mut s = stream;
-        let r = wire::send(&mut s, req).and_then(|()| wire::recv::<Reply>(&mut s));
+        let r = wire::send_encoded(&mut s, &body).and_then(|()| wire::recv::<Reply>(&mut s));
         if let Err(e) = &r {
             tracing::error!(socket = %self.socket.display(), error = %e, "fabric connection lost");
             *guard = None;
         }
-        r
+        r.map_err(Unanswered::Lost)
     }
 
     /// A driver call of the table.
@@ -116,8 +124,7 @@ impl Remote {
                 tracing::error!(reply = ?other, "unexpected answer from the fabric");
                 Err(Code::UNKNOWN)
             }
-            // The fabric (this process's driver) is gone.
-            Err(_) => Err(Code::DEINITIALIZED),
+            Err(e) => Err(e.code()),
         }
     }
 
@@ -129,7 +136,7 @@ impl Remote {
                 tracing::error!(reply = ?other, "unexpected answer from the fabric");
                 Err(Code::UNKNOWN)
             }
-            Err(_) => Err(Code::DEINITIALIZED),
+            Err(e) => Err(e.code()),
         }
     }
 
@@ -187,10 +194,44 @@ impl Remote {
                 Err(FabricError::Refused { reason })
             }
             Ok(r) => Ok(r),
+            Err(Unanswered::Unsent(FrameError::TooLarge(len))) => Err(FabricError::TooLarge {
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                max: wire::MAX_FRAME,
+            }),
             Err(e) => Err(FabricError::Lost {
                 request: what,
                 detail: e.to_string(),
             }),
+        }
+    }
+}
+
+/// Why [`Remote::request`] has no reply.
+#[derive(Debug)]
+pub(super) enum Unanswered {
+    /// Not sent (larger than a frame): the connection stays.
+    Unsent(FrameError),
+    /// The connection is lost, for good.
+    Lost(FrameError),
+}
+
+impl Unanswered {
+    /// The driver's answer: a request too large is the caller's
+    /// `INVALID_VALUE` (as a real driver refuses a batch it cannot take);
+    /// a lost fabric is this process's driver gone, `DEINITIALIZED`.
+    pub(super) fn code(&self) -> Code {
+        match self {
+            Unanswered::Unsent(_) => Code::INVALID_VALUE,
+            Unanswered::Lost(_) => Code::DEINITIALIZED,
+        }
+    }
+}
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unanswered::Unsent(e) => write!(f, "not sent: {e}"),
+            Unanswered::Lost(e) => e.fmt(f),
         }
     }
 }

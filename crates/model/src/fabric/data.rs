@@ -14,14 +14,20 @@
 //!   back in [`Reply::HostDone`] and the client writes them to the address
 //!   — writable until then by the same contract — before the call returns.
 //!
-//! Both directions are bounded by one frame: at most
-//! [`MAX_MEMORY_IO`] host bytes per request, and the model refuses to keep
-//! more host-destination bytes in flight per stream than one reply carries.
+//! Both directions are bounded by one frame, and the client refuses what
+//! would not fit before it sends anything (`CUDA_ERROR_INVALID_VALUE`, the
+//! connection stays): at most [`MAX_BATCH_OPS`] ops per batch and
+//! [`MAX_MEMORY_IO`] host bytes each way per call. The model refuses to
+//! keep more host-destination bytes in flight per stream than one reply
+//! carries, counting each write's address and length
+//! (`copy::MAX_REMOTE_HOST_BYTES`: `OUT_OF_MEMORY` until a synchronize
+//! hands bytes back).
 
 use super::Remote;
 use super::calls::WireCall;
-use super::wire::{MAX_MEMORY_IO, Reply, Request};
+use super::wire::{MAX_BATCH_OPS, MAX_MEMORY_IO, Reply, Request};
 use crate::Model;
+use crate::copy::{MAX_REMOTE_HOST_BYTES, host_write_charge};
 use crate::driver::{Call, Code, CopyOp, DriverResult, MemHint, Operand, Pointer};
 
 /// The bytes of host memory at `ptr`.
@@ -60,8 +66,18 @@ impl Remote {
                 tracing::error!(reply = ?other, "unexpected answer from the fabric");
                 Err(Code::UNKNOWN)
             }
-            Err(_) => Err(Code::DEINITIALIZED),
+            Err(e) => Err(e.code()),
         }
+    }
+
+    /// A copy the fabric cannot carry, refused here before anything is
+    /// sent (model's choice: the header is silent on limits;
+    /// `INVALID_VALUE`, as for any argument the driver cannot take).
+    fn too_large(what: &str, have: u64, max: u64) -> DriverResult<()> {
+        tracing::warn!(
+            "the model fabric refuses a copy of {have} {what}: at most {max} per call; split the batch"
+        );
+        Err(Code::INVALID_VALUE)
     }
 
     /// `cuFabricCpyBatchAsync` from this OS process.
@@ -76,6 +92,22 @@ impl Remote {
         ops: Vec<CopyOp>,
         flags: u64,
     ) -> DriverResult<()> {
+        if ops.len() > MAX_BATCH_OPS {
+            return Remote::too_large("ops", ops.len() as u64, MAX_BATCH_OPS as u64);
+        }
+        // The bytes its host destinations send back must fit one reply,
+        // even on an idle stream.
+        let back: u64 = ops
+            .iter()
+            .filter(|op| matches!(op.dst, Operand::Pointer(p) if is_host(&p)))
+            .fold(0, |n, op| n.saturating_add(host_write_charge(op.size)));
+        if back > MAX_REMOTE_HOST_BYTES {
+            return Remote::too_large(
+                "host-destination bytes (with 16 per op)",
+                back,
+                MAX_REMOTE_HOST_BYTES,
+            );
+        }
         let mut staged = Vec::with_capacity(ops.len());
         let mut total = 0u64;
         for op in &ops {
@@ -83,7 +115,7 @@ impl Remote {
                 Operand::Pointer(p) if is_host(&p) => {
                     total = total.saturating_add(op.size);
                     if total > MAX_MEMORY_IO as u64 {
-                        return Err(Code::INVALID_VALUE);
+                        return Remote::too_large("host-source bytes", total, MAX_MEMORY_IO as u64);
                     }
                     // SAFETY: the caller's contract (a readable host source).
                     Some(unsafe { snapshot(p.ptr, op.size) }?)
@@ -105,9 +137,12 @@ impl Remote {
         size: u64,
         stream: u64,
     ) -> DriverResult<()> {
+        if is_host(&dst) && host_write_charge(size) > MAX_REMOTE_HOST_BYTES {
+            return Remote::too_large("host-destination bytes", size, MAX_REMOTE_HOST_BYTES);
+        }
         let staged = if is_host(&src) {
             if size > MAX_MEMORY_IO as u64 {
-                return Err(Code::INVALID_VALUE);
+                return Remote::too_large("host-source bytes", size, MAX_MEMORY_IO as u64);
             }
             // SAFETY: the caller's contract (a readable host source).
             vec![Some(unsafe { snapshot(src.ptr, size) }?)]
@@ -157,7 +192,7 @@ impl Remote {
                 tracing::error!(reply = ?other, "unexpected answer from the fabric");
                 Err(Code::UNKNOWN)
             }
-            Err(_) => Err(Code::DEINITIALIZED),
+            Err(e) => Err(e.code()),
         }
     }
 }
@@ -165,6 +200,10 @@ impl Remote {
 /// The server's answer to [`Request::HostCopy`].
 pub(super) fn answer_copy(me: &Model, call: WireCall, staged: Vec<Option<Vec<u8>>>) -> Reply {
     Reply::Done(match call {
+        // What an honest client refuses to send, refused from any client.
+        WireCall::FabricCpyBatchAsync { ops, .. } if ops.len() > MAX_BATCH_OPS => {
+            Err(Code::INVALID_VALUE)
+        }
         WireCall::FabricCpyBatchAsync { stream, ops, flags } => {
             me.fabric_copy_batch_staged(stream, &ops, flags, &staged)
         }

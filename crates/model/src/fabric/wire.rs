@@ -14,14 +14,27 @@ use super::calls::WireCall;
 use crate::driver::{Code, Device};
 use crate::{FabricLive, Live, ShareableKind, faults::FaultPlan};
 
-/// The protocol version a client and server must agree on in [`Request::Hello`].
-pub const PROTOCOL: u32 = 2;
+/// The protocol version a client and server must agree on in [`Request::Hello`]
+/// (3: frames of up to [`MAX_FRAME`], 2 MiB and 4 KiB).
+pub const PROTOCOL: u32 = 3;
 
-/// The largest frame either side reads or writes, bytes.
-pub const MAX_FRAME: usize = (1 << 20) + 4096;
+/// The largest frame either side reads or writes, bytes: room for the
+/// largest request an honest client makes (a batch of [`MAX_BATCH_OPS`]
+/// ops with [`MAX_MEMORY_IO`] host bytes) and the largest reply (the
+/// host-destination bytes a stream may have in flight); the tests below
+/// encode both.
+pub const MAX_FRAME: usize = (2 << 20) + 4096;
 
-/// The most bytes one [`Request::Read`] or [`Request::Write`] moves.
+/// The most bytes one [`Request::Read`] or [`Request::Write`] moves, and the
+/// most host bytes one copy moves each way (sources sent with the request,
+/// destinations handed back at the synchronize).
 pub const MAX_MEMORY_IO: usize = 1 << 20;
+
+/// The most ops of one `cuFabricCpyBatchAsync` a client sends (model's
+/// choice, the header is silent): a larger batch is refused by the client
+/// with `CUDA_ERROR_INVALID_VALUE` before anything is sent, and the
+/// connection stays; split it.
+pub const MAX_BATCH_OPS: usize = crate::copy::MAX_REMOTE_BATCH_OPS;
 
 /// What a client asks.
 #[derive(Debug, Serialize, Deserialize)]
@@ -196,9 +209,23 @@ impl std::fmt::Display for FrameError {
     }
 }
 
+/// Encodes `msg` as the body of one frame, refusing one larger than
+/// [`MAX_FRAME`]; nothing is written, so a refusal leaves a connection as it was.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let bytes = postcard::to_stdvec(msg).map_err(FrameError::Encode)?;
+    if bytes.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
 /// Writes `msg` as one frame.
 pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
-    let bytes = postcard::to_stdvec(msg).map_err(FrameError::Encode)?;
+    send_encoded(w, &encode(msg)?)
+}
+
+/// Writes a body [`encode`] made as one frame.
+pub fn send_encoded(w: &mut impl Write, bytes: &[u8]) -> Result<(), FrameError> {
     if bytes.len() > MAX_FRAME {
         return Err(FrameError::TooLarge(bytes.len() as u64));
     }
@@ -206,7 +233,7 @@ pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError>
     let len = u32::try_from(bytes.len()).map_err(|_| FrameError::TooLarge(bytes.len() as u64))?;
     let mut frame = Vec::with_capacity(bytes.len() + 4);
     frame.extend_from_slice(&len.to_le_bytes());
-    frame.extend_from_slice(&bytes);
+    frame.extend_from_slice(bytes);
     w.write_all(&frame).map_err(FrameError::Io)?;
     w.flush().map_err(FrameError::Io)
 }
@@ -232,6 +259,74 @@ pub fn recv<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T, FrameE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::{CopyOp, MemHint, Operand, Pointer};
+
+    /// The widest encoding of an op: every number at its longest varint.
+    fn widest_op() -> CopyOp {
+        let p = Operand::Pointer(Pointer {
+            ptr: u64::MAX,
+            hint: MemHint::Device(Device(i32::MIN)),
+        });
+        CopyOp {
+            src: p,
+            dst: p,
+            size: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn the_largest_batch_a_client_sends_fits_one_frame() {
+        // MAX_BATCH_OPS ops at their widest, MAX_MEMORY_IO host source
+        // bytes spread over all of them (each length a varint too).
+        let each = MAX_MEMORY_IO / MAX_BATCH_OPS;
+        let req = Request::HostCopy {
+            call: WireCall::FabricCpyBatchAsync {
+                stream: u64::MAX,
+                ops: vec![widest_op(); MAX_BATCH_OPS],
+                flags: u64::MAX,
+            },
+            staged: vec![Some(vec![0xff; each]); MAX_BATCH_OPS],
+        };
+        let n = encode(&req).expect("fits a frame").len();
+        assert!(n <= MAX_FRAME, "{n}");
+        // One op more is what the client refuses (`MAX_BATCH_OPS`).
+    }
+
+    #[test]
+    fn the_largest_reply_of_host_bytes_fits_one_frame() {
+        use crate::copy::{HOST_WRITE_OVERHEAD, MAX_REMOTE_HOST_BYTES};
+        // The in-flight bound charges each write its bytes and
+        // HOST_WRITE_OVERHEAD: the most writes (one byte each) and the most
+        // bytes (one write) both fit, at the widest address.
+        let many = (MAX_REMOTE_HOST_BYTES / (1 + HOST_WRITE_OVERHEAD)) as usize;
+        let one = (MAX_REMOTE_HOST_BYTES - HOST_WRITE_OVERHEAD) as usize;
+        for writes in [
+            vec![(u64::MAX, vec![0xff]); many],
+            vec![(u64::MAX, vec![0xff; one])],
+        ] {
+            let reply = Reply::HostDone {
+                result: Err(Code::from_raw(u32::MAX).expect("not success")),
+                writes,
+            };
+            let n = encode(&reply).expect("fits a frame").len();
+            assert!(n <= MAX_FRAME, "{n}");
+        }
+        // Each write's address and length take at most the overhead charged.
+        let w = postcard::to_stdvec(&(u64::MAX, vec![0u8; one])).unwrap();
+        assert!(w.len() as u64 <= one as u64 + HOST_WRITE_OVERHEAD);
+    }
+
+    #[test]
+    fn a_message_larger_than_a_frame_is_refused_before_a_byte_is_written() {
+        let req = Request::Write {
+            ptr: 0,
+            bytes: vec![0; MAX_FRAME],
+        };
+        assert!(matches!(encode(&req), Err(FrameError::TooLarge(_))));
+        let mut out = Vec::new();
+        assert!(matches!(send(&mut out, &req), Err(FrameError::TooLarge(_))));
+        assert!(out.is_empty());
+    }
 
     #[test]
     fn frames_round_trip_and_bounds_hold() {
