@@ -67,7 +67,6 @@ pub use server::{FabricServer, MAX_CONNECTIONS, ProcessExit};
 pub use wire::WireViolation;
 
 use crate::driver::Code;
-use crate::{FabricConfig, FabricLive, ShareableKind};
 
 /// Why joining, starting or asking a fabric failed.
 #[derive(Debug, thiserror::Error)]
