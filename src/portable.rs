@@ -36,8 +36,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::context::Context;
-use crate::copy::{BatchInner, CopyBatch, InFlight, Op, Side};
-use crate::driver::{Call, Device, FABRIC_COPY_MIN_VERSION, Pointer};
+use crate::copy::{BatchInner, CopyBatch, InFlight};
+use crate::driver::{Call, CopyOp, Device, FABRIC_COPY_MIN_VERSION, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result, Rule};
 use crate::kind::Kind;
@@ -322,7 +322,7 @@ pub(crate) struct Target {
     pub range: Arc<RangeInner>,
     pub id: u32,
     /// The devices of the endpoint in this process.
-    pub devices: Vec<Device>,
+    pub devices: smallvec::SmallVec<[Device; 4]>,
     /// Targets of a copy: 1 for unicast, the team size for multicast.
     pub team_size: u32,
 }
@@ -417,38 +417,17 @@ impl Stream {
     pub(crate) fn enqueue_portable<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         let BatchInner {
-            ops,
+            list,
             mut keep,
             eps,
             host_in,
-            mut host_out,
+            host_out,
             ..
         } = *batch.inner;
-        let mut copies: Vec<Memcpy> = Vec::with_capacity(ops.len());
-        for (
-            i,
-            &Op {
-                src: s,
-                dst: d,
-                size,
-                ep,
-            },
-        ) in ops.iter().enumerate()
-        {
-            let Some(target) = eps.get(ep).map(|e| &e.target) else {
-                continue; // every op of the typed API names one endpoint
-            };
+        let mut copies: Vec<Memcpy> = Vec::with_capacity(list.len());
+        for (i, &CopyOp { src, dst, size }) in list.iter().enumerate() {
             let first = copies.len();
-            let local = |side: Side, host_out: &mut Vec<(usize, Vec<u8>)>| match side {
-                Side::Addr(a) => Some(Pointer::device(a)),
-                Side::Host(n) => host_in
-                    .get(n)
-                    .map(|b| Pointer::host(b.as_ptr().addr() as u64)),
-                Side::HostOut(n) => host_out
-                    .get_mut(n)
-                    .map(|(_, b)| Pointer::host(b.as_mut_ptr().addr() as u64)),
-                Side::Ep(..) => None,
-            };
+            let target = |id: u32| eps.iter().rfind(|e| e.id == id).map(|e| &e.target);
             let out_of_range = |at: u64| Error::CopyOutOfRange {
                 op: i,
                 what: Extent::Allocation,
@@ -456,12 +435,12 @@ impl Stream {
                 size,
                 limit: size,
             };
-            match (s, d) {
-                (s, Side::Ep(_, offset)) => {
-                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
-                    let Some(src) = local(s, &mut host_out) else {
-                        continue;
+            match (src, dst) {
+                (Operand::Pointer(src), Operand::LogicalEndpoint { id, offset }) => {
+                    let Some(target) = target(id) else {
+                        continue; // every endpoint of the batch has its facts
                     };
+                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
                     for pieces in targets {
                         let mut at = 0u64;
                         for (addr, n) in pieces {
@@ -471,11 +450,11 @@ impl Stream {
                         }
                     }
                 }
-                (Side::Ep(_, offset), d) => {
-                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
-                    let Some(dst) = local(d, &mut host_out) else {
+                (Operand::LogicalEndpoint { id, offset }, Operand::Pointer(dst)) => {
+                    let Some(target) = target(id) else {
                         continue;
                     };
+                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
                     let mut at = 0u64;
                     for (addr, n) in targets.into_iter().next().unwrap_or_default() {
                         let to = advance(dst, at).ok_or_else(|| out_of_range(at))?;
@@ -483,7 +462,7 @@ impl Stream {
                         at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
                     }
                 }
-                _ => {}
+                _ => {} // every op of the typed API names one endpoint
             }
             // `cuMemcpyAsync` ranges may not overlap: an op copying bytes
             // onto themselves (its local memory is what the endpoint reaches).
