@@ -106,10 +106,10 @@ pub(crate) struct BatchInner {
     pub(crate) keep: Keep,
     /// The distinct endpoints of the batch (few: looked up linearly), at the
     /// index of their entry in `keep.endpoints`.
-    pub(crate) eps: Vec<EpFacts>,
+    pub(crate) eps: SmallVec<[EpFacts; 1]>,
     /// The location of each allocation of `keep.memory` (same index), with
     /// the first op naming it, for F2: checked once per allocation.
-    locations: Vec<(usize, Location)>,
+    locations: SmallVec<[(usize, Location); 1]>,
     pub(crate) host_in: Vec<Vec<u8>>,
     pub(crate) host_out: Vec<(usize, Vec<u8>)>,
     /// The first error a builder call met on the local side (memory range,
@@ -137,9 +137,13 @@ pub(crate) struct BatchInner {
 /// What the last op named, so that the next op on the same memory and
 /// endpoint is checked against it alone.
 struct Cursor {
-    /// The identity of the last `Mapped` ([`Mapped::key`]); 0: none. Its
-    /// keep-alive and F2 location are in the batch.
+    /// The address of the last `Mapped` borrowed (borrowed for the batch's
+    /// life, so no other one can be there); 0: none. Its keep-alive and F2
+    /// location are in the batch, and its address range does not wrap.
     mem: usize,
+    /// Its address and size.
+    mem_ptr: u64,
+    mem_size: u64,
     /// The id of the last endpoint; `u64::MAX`: none.
     ep: u64,
     /// `[start, end)`: bound on every device of that endpoint in this
@@ -159,6 +163,8 @@ struct Cursor {
 impl Cursor {
     const NONE: Cursor = Cursor {
         mem: 0,
+        mem_ptr: 0,
+        mem_size: 0,
         ep: u64::MAX,
         start: 0,
         end: 0,
@@ -205,11 +211,11 @@ impl<'a> CopyBatch<'a> {
             inner: Box::new(BatchInner {
                 list: Vec::new(),
                 keep: Keep {
-                    memory: Vec::new(),
-                    endpoints: Vec::new(),
+                    memory: SmallVec::new(),
+                    endpoints: SmallVec::new(),
                 },
-                eps: Vec::new(),
-                locations: Vec::new(),
+                eps: SmallVec::new(),
+                locations: SmallVec::new(),
                 host_in: Vec::new(),
                 host_out: Vec::new(),
                 error: None,
@@ -358,31 +364,45 @@ impl<'a> CopyBatch<'a> {
 
 impl BatchInner {
     /// The address `at` bytes into `mem` for op `op`, after the range check;
-    /// the allocation's keep-alive and F2 location once, when it is new.
+    /// at two comparisons when the last op named `mem` too.
     #[inline]
     fn mapped<H: MemShare>(&mut self, mem: &Mapped<H>, at: u64, size: u64, op: usize) -> u64 {
-        if mem.key() != self.cursor.mem {
-            self.new_memory(mem, op);
+        let c = &self.cursor;
+        if std::ptr::from_ref(mem).addr() == c.mem
+            && let Some(end) = at.checked_add(size)
+            && end <= c.mem_size
+        {
+            // No wrap: `at < mem_size` and `mem_ptr + mem_size` was checked
+            // when the cursor took `mem`.
+            return c.mem_ptr.wrapping_add(at);
         }
-        if at.checked_add(size).is_none_or(|e| e > mem.size()) {
-            self.memory_out_of_range(op, at, size, mem.size());
-        }
-        mem.device_ptr().saturating_add(at)
+        self.mapped_slow(mem, at, size, op)
     }
 
-    /// One keep-alive per allocation, however many ops name it, and one F2
-    /// location: compared by address, cloned only when new (no reference
-    /// count touched per op). The latest first: ops usually name the same
-    /// allocation one after the other.
+    /// [`BatchInner::mapped`] for another allocation than the last, or out
+    /// of range. One keep-alive per allocation, however many ops name it,
+    /// and one F2 location: compared by address, cloned only when new (no
+    /// reference count touched per op). The latest first: ops usually name
+    /// the same allocation one after the other.
     #[cold]
     #[inline(never)]
-    fn new_memory<H: MemShare>(&mut self, mem: &Mapped<H>, op: usize) {
+    fn mapped_slow<H: MemShare>(&mut self, mem: &Mapped<H>, at: u64, size: u64, op: usize) -> u64 {
         let known = self.keep.memory.iter().rev().any(|k| mem.keeps(k));
         if !known {
             self.keep.memory.push(mem.keep_alive());
             self.locations.push((op, mem.location()));
         }
-        self.cursor.mem = mem.key();
+        let (ptr, len) = (mem.device_ptr(), mem.size());
+        self.cursor.mem = match ptr.checked_add(len) {
+            Some(_) => std::ptr::from_ref(mem).addr(),
+            None => 0, // never the fast path: the address saturates below
+        };
+        self.cursor.mem_ptr = ptr;
+        self.cursor.mem_size = len;
+        if at.checked_add(size).is_none_or(|e| e > len) {
+            self.memory_out_of_range(op, at, size, len);
+        }
+        ptr.saturating_add(at)
     }
 
     #[cold]
@@ -504,6 +524,11 @@ impl BatchInner {
     /// Before the cursor leaves its endpoint: the end of the puts made
     /// through it goes to `put_last`, and the cursor names no endpoint.
     fn leave_cursor(&mut self) {
+        if self.list.capacity() == 0 {
+            // The first op: room for 16 (896 bytes, one small allocation)
+            // rather than 4, 8, 16: two reallocations fewer by 64 ops.
+            self.list.reserve(16);
+        }
         let c = &mut self.cursor;
         if c.putting
             && let Ok(id) = u32::try_from(c.ep)

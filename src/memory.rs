@@ -612,13 +612,6 @@ impl<H: MemShare> Mapped<H> {
     pub(crate) fn keeps(&self, keep: &Arc<dyn Any + Send + Sync>) -> bool {
         std::ptr::addr_eq(Arc::as_ptr(&self.inner), Arc::as_ptr(keep))
     }
-
-    /// This mapping's identity (the address of its record, never 0): what
-    /// [`Mapped::keeps`] compares, as a number a copy batch can remember.
-    #[inline]
-    pub(crate) fn key(&self) -> usize {
-        Arc::as_ptr(&self.inner).addr()
-    }
 }
 
 impl<H: MemShare> std::fmt::Debug for Mapped<H> {

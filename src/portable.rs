@@ -44,7 +44,7 @@ use crate::kind::Kind;
 use crate::memory::{BindSource, Mapped, MemShare};
 use crate::range::RangeInner;
 use crate::state::{IsReady, State};
-use crate::stream::Stream;
+use crate::stream::{KeepMemory, Stream};
 
 /// How a context's [`crate::CopyBatch`]es reach the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -341,7 +341,7 @@ pub(crate) fn resolve(
     t: &Target,
     offset: u64,
     size: u64,
-    keep: &mut Vec<Arc<dyn Any + Send + Sync>>,
+    keep: &mut KeepMemory,
 ) -> Result<Vec<Pieces>> {
     let end = offset.saturating_add(size);
     let slot = t.range.slot(t.id);

@@ -31,19 +31,25 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use smallvec::SmallVec;
+
 use crate::context::Context;
 use crate::driver::{Call, Device};
 use crate::error::{Error, Result};
 use crate::range::RangeInner;
 
-/// What one enqueued batch keeps alive until the stream passed it.
+/// What one enqueued batch keeps alive until the stream passed it. A batch
+/// usually names one allocation and one endpoint: inline, no allocation.
 #[derive(Clone)]
 pub(crate) struct Keep {
     /// Local memory read or written (`Mapped` keep-alives).
-    pub memory: Vec<Arc<dyn Any + Send + Sync>>,
+    pub memory: KeepMemory,
     /// The id ranges of the endpoints, with the ids in flight.
-    pub endpoints: Vec<(Arc<RangeInner>, u32)>,
+    pub endpoints: SmallVec<[(Arc<RangeInner>, u32); 1]>,
 }
+
+/// Keep-alives of memory a batch reads or writes.
+pub(crate) type KeepMemory = SmallVec<[Arc<dyn Any + Send + Sync>; 1]>;
 
 pub(crate) struct StreamInner {
     pub(crate) ctx: Context,
@@ -125,14 +131,9 @@ impl StreamInner {
     /// the index until the stream is synchronized (a later destroy or
     /// unbind synchronizes once more: early, never late).
     pub(crate) fn passed_through(&self, seq: u64) {
-        let done: Vec<(u64, Keep)> = {
-            let mut list = self.lock();
-            let (done, left) = std::mem::take(&mut *list)
-                .into_iter()
-                .partition(|(s, _)| *s <= seq);
-            *list = left;
-            done
-        };
+        // Taken out in place: the list keeps its capacity for the next
+        // record (no allocation per enqueue).
+        let done: Vec<(u64, Keep)> = self.lock().extract_if(.., |(s, _)| *s <= seq).collect();
         drop(done); // may release memory: outside the lock
     }
 
@@ -170,14 +171,8 @@ impl StreamInner {
     /// records, and this stream's entries of the index once no record is
     /// left (checked under the index lock, which `record` holds too).
     pub(crate) fn passed_before(&self, before: u64) {
-        let done: Vec<(u64, Keep)> = {
-            let mut list = self.lock();
-            let (done, left) = std::mem::take(&mut *list)
-                .into_iter()
-                .partition(|(s, _)| *s < before);
-            *list = left;
-            done
-        };
+        // Taken out in place, as in `passed_through`.
+        let done: Vec<(u64, Keep)> = self.lock().extract_if(.., |(s, _)| *s < before).collect();
         if done.iter().any(|(_, k)| !k.endpoints.is_empty()) {
             let me: *const StreamInner = self;
             let mut idx = index();
