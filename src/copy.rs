@@ -251,7 +251,10 @@ impl<'a> CopyBatch<'a> {
         inner.put_to(ep, offset, size, op);
         inner.list.push(CopyOp {
             src: Operand::Pointer(Pointer::device(from)),
-            dst: Operand::LogicalEndpoint { id: ep.id(), offset },
+            dst: Operand::LogicalEndpoint {
+                id: ep.id(),
+                offset,
+            },
             size,
         });
         self
@@ -278,7 +281,10 @@ impl<'a> CopyBatch<'a> {
         inner.put_to(ep, offset, size, op);
         inner.list.push(CopyOp {
             src: Operand::Pointer(Pointer::host(from)),
-            dst: Operand::LogicalEndpoint { id: ep.id(), offset },
+            dst: Operand::LogicalEndpoint {
+                id: ep.id(),
+                offset,
+            },
             size,
         });
         self
@@ -307,7 +313,10 @@ impl<'a> CopyBatch<'a> {
         inner.unordered |= to < inner.get_end;
         inner.get_end = to.saturating_add(size);
         inner.list.push(CopyOp {
-            src: Operand::LogicalEndpoint { id: ep.id(), offset },
+            src: Operand::LogicalEndpoint {
+                id: ep.id(),
+                offset,
+            },
             dst: Operand::Pointer(Pointer::device(to)),
             size,
         });
@@ -344,7 +353,10 @@ impl<'a> CopyBatch<'a> {
         let to = buf.as_mut_ptr().addr() as u64;
         inner.host_out.push((op, buf));
         inner.list.push(CopyOp {
-            src: Operand::LogicalEndpoint { id: ep.id(), offset },
+            src: Operand::LogicalEndpoint {
+                id: ep.id(),
+                offset,
+            },
             dst: Operand::Pointer(Pointer::host(to)),
             size,
         });
@@ -423,7 +435,13 @@ impl BatchInner {
     /// the last put's destination (F3's order), at three comparisons when
     /// the last op named `ep` too.
     #[inline]
-    fn put_to<S: State, K: Kind>(&mut self, ep: &Endpoint<S, K>, offset: u64, size: u64, op: usize) {
+    fn put_to<S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) {
         let c = &mut self.cursor;
         if u64::from(ep.id()) == c.ep
             && offset >= c.put_from
