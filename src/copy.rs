@@ -246,9 +246,10 @@ impl<'a> CopyBatch<'a> {
         S: State + IsReady + Agreed,
     {
         let inner = &mut *self.inner;
-        let op = inner.list.len();
-        let from = inner.mapped(src, src_offset, size, op);
-        inner.put_to(ep, offset, size, op);
+        let from = match inner.put_next(src, src_offset, ep, offset, size) {
+            Some(from) => from,
+            None => inner.put_slow(src, src_offset, ep, offset, size),
+        };
         inner.list.push(CopyOp {
             src: Operand::Pointer(Pointer::device(from)),
             dst: Operand::LogicalEndpoint {
@@ -431,6 +432,52 @@ impl BatchInner {
         });
     }
 
+    /// A put from the cursor's memory to its endpoint, after the last put
+    /// there: the source address, after the memory range check, the
+    /// endpoint range check, F9 and F3's order, in one chain of
+    /// comparisons; `None` for anything else ([`BatchInner::put_slow`]).
+    #[inline]
+    fn put_next<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> Option<u64> {
+        let c = &mut self.cursor;
+        if std::ptr::from_ref(mem).addr() == c.mem
+            && u64::from(ep.id()) == c.ep
+            && at.checked_add(size)? <= c.mem_size
+            && offset >= c.put_from
+        {
+            let end = offset.checked_add(size)?;
+            if end <= c.end {
+                c.put_from = end;
+                // No wrap: see `mapped`.
+                return Some(c.mem_ptr.wrapping_add(at));
+            }
+        }
+        None
+    }
+
+    /// A put that [`BatchInner::put_next`] did not take: each side on its own.
+    #[cold]
+    #[inline(never)]
+    fn put_slow<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> u64 {
+        let op = self.list.len();
+        let from = self.mapped(mem, at, size, op);
+        self.put_to(ep, offset, size, op);
+        from
+    }
+
     /// The endpoint side of a put: inside the endpoint, bound (F9) and after
     /// the last put's destination (F3's order), at three comparisons when
     /// the last op named `ep` too.
@@ -451,7 +498,7 @@ impl BatchInner {
             c.put_from = end;
             return;
         }
-        self.put_slow(ep, offset, size, op);
+        self.put_to_slow(ep, offset, size, op);
     }
 
     /// The endpoint side of a get: inside the endpoint and bound (F9), at
@@ -479,7 +526,7 @@ impl BatchInner {
 
     #[cold]
     #[inline(never)]
-    fn put_slow<S: State, K: Kind>(
+    fn put_to_slow<S: State, K: Kind>(
         &mut self,
         ep: &Endpoint<S, K>,
         offset: u64,
