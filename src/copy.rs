@@ -625,19 +625,20 @@ impl BatchInner {
         let bound_here = !imported && !devices.is_empty();
         let covered = if bound_here {
             let slot = ep.slot();
-            devices
-                .iter()
-                .map(|&d| {
-                    let ranges: SmallVec<[(u64, u64); 4]> = slot
-                        .bindings
+            let mut every: Option<Intervals> = None;
+            for &d in devices {
+                let mine = merged(
+                    slot.bindings
                         .iter()
                         .filter(|b| b.dev == d)
-                        .map(|b| (b.offset, b.size))
-                        .collect();
-                    merged(&ranges)
-                })
-                .reduce(|a, b| intersect(&a, &b))
-                .unwrap_or_default()
+                        .map(|b| (b.offset, b.size)),
+                );
+                every = Some(match every {
+                    None => mine,
+                    Some(before) => intersect(&before, &mine),
+                });
+            }
+            every.unwrap_or_default()
         } else {
             // Nothing bound here to check: the endpoint's range alone.
             smallvec::smallvec![(0, ep.size())]
@@ -648,9 +649,8 @@ impl BatchInner {
             bound_here,
             covered,
             target: crate::portable::Target {
-                range: ep.range().clone(),
                 id: ep.id(),
-                devices: devices.into(),
+                devices: SmallVec::from_slice(devices),
                 team_size: ep.facts().team_size,
             },
         }
@@ -748,10 +748,10 @@ impl BatchInner {
         // F3: a destination overlapping another op's source or destination.
         // Proven by the builder when the destinations came in order and no
         // source can meet one (puts alone, or gets alone).
-        if self.unordered || (self.puts && self.gets) {
-            if let Some((op, other)) = dependent(&self.list) {
-                return Err(Error::CopyDependent { op, other });
-            }
+        if (self.unordered || (self.puts && self.gets))
+            && let Some((op, other)) = dependent(&self.list)
+        {
+            return Err(Error::CopyDependent { op, other });
         }
         Ok(())
     }
@@ -759,13 +759,15 @@ impl BatchInner {
 
 /// `(offset, size)` ranges as sorted, disjoint `[start, end)` intervals,
 /// touching ones joined.
-fn merged(ranges: &[(u64, u64)]) -> Intervals {
+fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Intervals {
     let mut v: Intervals = ranges
-        .iter()
-        .map(|&(o, s)| (o, o.saturating_add(s)))
+        .into_iter()
+        .map(|(o, s)| (o, o.saturating_add(s)))
         .filter(|r| r.0 < r.1)
         .collect();
-    v.sort_unstable();
+    if !v.is_sorted() {
+        v.sort_unstable();
+    }
     // Joined in place (one allocation per device): `n` intervals kept, n ≤ i.
     let mut n = 0usize;
     for i in 0..v.len() {
@@ -1291,7 +1293,7 @@ mod tests {
             // the bound ranges of each device.
             let covered = devs
                 .iter()
-                .map(|r| merged(r))
+                .map(|r| merged(r.iter().copied()))
                 .reduce(|a, b| intersect(&a, &b))
                 .unwrap_or_default();
             proptest::prop_assert!(covered.windows(2).all(|w| w[0].1 < w[1].0));

@@ -317,9 +317,9 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
 }
 
 /// What the portable path knows of an endpoint operand, taken when the
-/// batch was built (the endpoint is borrowed for the batch's life).
+/// batch was built (the endpoint is borrowed for the batch's life; its id
+/// range is the batch's keep-alive of it).
 pub(crate) struct Target {
-    pub range: Arc<RangeInner>,
     pub id: u32,
     /// The devices of the endpoint in this process.
     pub devices: smallvec::SmallVec<[Device; 4]>,
@@ -330,21 +330,22 @@ pub(crate) struct Target {
 /// The local pieces `(address, bytes)` of one target, in endpoint order.
 pub(crate) type Pieces = Vec<(u64, u64)>;
 
-/// Every target's pieces for `offset..offset + size` of `t`, with the
-/// memory they need kept alive pushed to `keep`.
+/// Every target's pieces for `offset..offset + size` of `t` (an id of
+/// `range`), with the memory they need kept alive pushed to `keep`.
 ///
 /// # Errors
 /// [`Error::CopyNoWindow`] when a target has no window over those bytes,
 /// or more targets have windows than the endpoint has.
 pub(crate) fn resolve(
     op: usize,
+    range: &RangeInner,
     t: &Target,
     offset: u64,
     size: u64,
     keep: &mut KeepMemory,
 ) -> Result<Vec<Pieces>> {
     let end = offset.saturating_add(size);
-    let slot = t.range.slot(t.id);
+    let slot = range.slot(t.id);
     let mut members: Vec<Member> = t.devices.iter().map(|&d| Member::Local(d)).collect();
     for w in slot.windows() {
         if !members.contains(&w.member) {
@@ -427,7 +428,11 @@ impl Stream {
         let mut copies: Vec<Memcpy> = Vec::with_capacity(list.len());
         for (i, &CopyOp { src, dst, size }) in list.iter().enumerate() {
             let first = copies.len();
-            let target = |id: u32| eps.iter().rfind(|e| e.id == id).map(|e| &e.target);
+            // The facts of an endpoint and its range are at one index.
+            let target = |id: u32| {
+                let i = eps.iter().rposition(|e| e.id == id)?;
+                Some((&*keep.endpoints.get(i)?.0, &eps.get(i)?.target))
+            };
             let out_of_range = |at: u64| Error::CopyOutOfRange {
                 op: i,
                 what: Extent::Allocation,
@@ -437,10 +442,10 @@ impl Stream {
             };
             match (src, dst) {
                 (Operand::Pointer(src), Operand::LogicalEndpoint { id, offset }) => {
-                    let Some(target) = target(id) else {
+                    let Some((range, target)) = target(id) else {
                         continue; // every endpoint of the batch has its facts
                     };
-                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
+                    let targets = resolve(i, range, target, offset, size, &mut keep.memory)?;
                     for pieces in targets {
                         let mut at = 0u64;
                         for (addr, n) in pieces {
@@ -451,10 +456,10 @@ impl Stream {
                     }
                 }
                 (Operand::LogicalEndpoint { id, offset }, Operand::Pointer(dst)) => {
-                    let Some(target) = target(id) else {
+                    let Some((range, target)) = target(id) else {
                         continue;
                     };
-                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
+                    let targets = resolve(i, range, target, offset, size, &mut keep.memory)?;
                     let mut at = 0u64;
                     for (addr, n) in targets.into_iter().next().unwrap_or_default() {
                         let to = advance(dst, at).ok_or_else(|| out_of_range(at))?;
