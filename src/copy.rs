@@ -152,6 +152,9 @@ struct Cursor {
     mem_size: u64,
     /// The id of the last endpoint; `u64::MAX`: none.
     ep: u64,
+    /// The address of that endpoint borrowed (borrowed for the batch's
+    /// life, so no other one can be there); 0: none.
+    ep_at: usize,
     /// `[start, end)`: bound on every device of that endpoint in this
     /// process (F9) and inside it: an op inside passes both checks.
     start: u64,
@@ -172,6 +175,7 @@ impl Cursor {
         mem_ptr: 0,
         mem_size: 0,
         ep: u64::MAX,
+        ep_at: 0,
         start: 0,
         end: 0,
         put_from: u64::MAX,
@@ -453,7 +457,7 @@ impl BatchInner {
     ) -> Option<u64> {
         let c = &mut self.cursor;
         if std::ptr::from_ref(mem).addr() == c.mem
-            && u64::from(ep.id()) == c.ep
+            && std::ptr::from_ref(ep).addr() == c.ep_at
             && at.checked_add(size)? <= c.mem_size
             && offset >= c.put_from
         {
@@ -496,7 +500,7 @@ impl BatchInner {
         op: usize,
     ) {
         let c = &mut self.cursor;
-        if u64::from(ep.id()) == c.ep
+        if std::ptr::from_ref(ep).addr() == c.ep_at
             && offset >= c.put_from
             && let Some(end) = offset.checked_add(size)
             && end <= c.end
@@ -521,7 +525,7 @@ impl BatchInner {
     ) {
         self.gets = true;
         let c = &self.cursor;
-        if u64::from(ep.id()) == c.ep
+        if std::ptr::from_ref(ep).addr() == c.ep_at
             && offset >= c.start
             && offset.checked_add(size).is_some_and(|end| end <= c.end)
         {
@@ -555,6 +559,7 @@ impl BatchInner {
                 self.put_last = Some((id, end));
                 if let Some((start, stop)) = hit {
                     self.cursor.ep = u64::from(id);
+                    self.cursor.ep_at = std::ptr::from_ref(ep).addr();
                     self.cursor.start = start;
                     self.cursor.end = stop;
                     // `end >= offset >= start`: the put lies in `[start, stop)`.
@@ -582,6 +587,7 @@ impl BatchInner {
         match self.ep_check(index, offset, size, op) {
             Ok(Some((start, stop))) => {
                 self.cursor.ep = u64::from(ep.id());
+                self.cursor.ep_at = std::ptr::from_ref(ep).addr();
                 self.cursor.start = start;
                 self.cursor.end = stop;
             }
@@ -607,6 +613,7 @@ impl BatchInner {
             self.put_last = Some((id, c.put_from));
         }
         c.ep = u64::MAX;
+        c.ep_at = 0;
         c.put_from = u64::MAX;
         c.putting = false;
     }
