@@ -17,9 +17,10 @@
 //!   The builder writes the driver's op list itself and makes these checks
 //!   as each op comes, against the memory and endpoint of the op before
 //!   (issue 22, `benches/copy_batch.rs`): an op laid out after the last one
-//!   on the same memory and endpoint costs six comparisons beside the op it
-//!   writes; the errors are reported at enqueue, first the local side's
-//!   ranges, then the endpoint side's, then F2, then F3, each naming its op.
+//!   on the same memory and endpoint costs seven comparisons (two of them
+//!   overflow checks) and one store beside the op it writes; the errors are
+//!   reported at enqueue, first the local side's ranges, then the endpoint
+//!   side's, then F2, then F3, each naming its op.
 //! - [`InFlight`], the `#[must_use]` token: it borrows the endpoints and the
 //!   local memory of the batch and the stream, so destroying an endpoint or
 //!   dropping memory while the copy is in flight does not compile (F4).
