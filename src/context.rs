@@ -279,6 +279,11 @@ impl Context {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// Which context this is, by address: equal exactly when [`Context::same`].
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner).addr()
+    }
+
     /// How many teardown errors the context keeps until they are taken
     /// ([`Context::take_teardown_errors`]); older ones are counted in
     /// [`Context::teardown_errors_dropped`] (every one is also logged).

@@ -14,6 +14,13 @@
 //!   the stream's device ([`Error::CopyNotLocal`], F2), no dependent ops
 //!   ([`Error::CopyDependent`], F3). The flags are always 0 (F5) and the
 //!   stream is never the NULL stream (F6): neither can be written.
+//!   The builder writes the driver's op list itself and makes these checks
+//!   as each op comes, against the memory and endpoint of the op before
+//!   (issue 22, `benches/copy_batch.rs`): an op laid out after the last one
+//!   on the same memory and endpoint costs seven comparisons (two of them
+//!   overflow checks) and one store beside the op it writes; the errors are
+//!   reported at enqueue, first the local side's ranges, then the endpoint
+//!   side's, then F2, then F3, each naming its op.
 //! - [`InFlight`], the `#[must_use]` token: it borrows the endpoints and the
 //!   local memory of the batch and the stream, so destroying an endpoint or
 //!   dropping memory while the copy is in flight does not compile (F4).
@@ -51,7 +58,9 @@
 
 use std::marker::PhantomData;
 
-use crate::driver::{Call, CopyOp, Device, Location, Operand, Pointer};
+use smallvec::SmallVec;
+
+use crate::driver::{Call, CopyOp, Device, Location, MemHint, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result};
 use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, Unicast};
@@ -69,28 +78,9 @@ pub trait CanGet: Kind + Sealed {}
 impl<X: Send + Sync + 'static> CanGet for Unicast<X> where Unicast<X>: Kind {}
 impl CanGet for ImportedUnicast {}
 
-/// One op as the batch remembers it, for the checks.
-#[derive(Clone, Copy)]
-pub(crate) enum Side {
-    /// `(id, offset)`.
-    Ep(u32, u64),
-    /// A device address.
-    Addr(u64),
-    /// The `n`th host buffer put.
-    Host(usize),
-    /// The `n`th host buffer got.
-    HostOut(usize),
-}
-
-/// One op of a batch: its two sides, its size, and its endpoint (index in
-/// [`BatchInner::eps`]) for the F9 checks: one record per op, pushed once.
-#[derive(Clone, Copy)]
-pub(crate) struct Op {
-    pub(crate) src: Side,
-    pub(crate) dst: Side,
-    pub(crate) size: u64,
-    pub(crate) ep: usize,
-}
+/// Sorted, disjoint `[start, end)` intervals (one or two in the usual
+/// endpoint: inline, no allocation).
+pub(crate) type Intervals = SmallVec<[(u64, u64); 2]>;
 
 /// A batch of fabric copies to enqueue on a [`Stream`] at once
 /// ([`Stream::enqueue`]); the copies of a batch run in no particular order
@@ -108,73 +98,120 @@ pub struct CopyBatch<'a> {
 }
 
 /// The state of a [`CopyBatch`].
+///
+/// The builder writes the driver's op list itself and checks each op as it
+/// comes (issue 22): an op on the same memory and endpoint as the one before
+/// passes the range checks, F9 and F3's order in a few comparisons against
+/// the [`Cursor`]; anything else takes the slow path, which reads the facts
+/// of the endpoint and resets the cursor. The errors are kept, the first of
+/// each kind, and [`BatchInner::check`] reports them in the order they
+/// have always had.
 pub(crate) struct BatchInner {
-    pub(crate) ops: Vec<Op>,
+    /// The driver's op list, in op order: what `cuFabricCpyBatchAsync`
+    /// takes, and what the portable path and the F3 sweep read.
+    pub(crate) list: Vec<CopyOp>,
     pub(crate) keep: Keep,
-    /// The distinct endpoints of the batch (few: looked up linearly).
-    pub(crate) eps: Vec<EpFacts>,
+    /// The distinct endpoints of the batch (few: looked up linearly), at the
+    /// index of their entry in `keep.endpoints`.
+    pub(crate) eps: SmallVec<[EpFacts; 1]>,
     /// The location of each allocation of `keep.memory` (same index), with
-    /// the first op naming it, for F2: checked once per allocation.
-    locations: Vec<(usize, Location)>,
+    /// the first op naming it, for F2, and its context's key (memory of
+    /// another context is refused): checked once per allocation.
+    locations: SmallVec<[(usize, Location, usize); 1]>,
     pub(crate) host_in: Vec<Vec<u8>>,
     pub(crate) host_out: Vec<(usize, Vec<u8>)>,
-    /// The first error a builder call met.
+    /// The first error a builder call met on the local side (memory range,
+    /// host buffer).
     error: Option<Box<Error>>,
+    /// The first error of an endpoint side (its range, F9), reported after
+    /// `error`, as the checks always were.
+    ep_error: Option<Box<Error>>,
+    cursor: Cursor,
+    /// F3 in op order: the endpoint and end of the last put's destination
+    /// (as of the last slow path: the cursor holds the ends since).
+    put_last: Option<(u32, u64)>,
+    /// F3 in op order: the end of the last get's destination address.
+    get_end: u64,
+    /// A destination started before the end of the one before it in its
+    /// space: the one-pass proof failed, the sort and sweep decides.
+    unordered: bool,
+    /// Some op writes an endpoint (put), some op reads one (get): with both,
+    /// a source can meet a destination, which the order of destinations
+    /// alone does not prove apart.
+    puts: bool,
+    gets: bool,
+}
+
+/// What the last op named, so that the next op on the same memory and
+/// endpoint is checked against it alone.
+struct Cursor {
+    /// The address of the last `Mapped` borrowed (borrowed for the batch's
+    /// life, so no other one can be there); 0: none. Its keep-alive and F2
+    /// location are in the batch, and its address range does not wrap.
+    mem: usize,
+    /// Its address and size.
+    mem_ptr: u64,
+    mem_size: u64,
+    /// The id of the last endpoint; `u64::MAX`: none.
+    ep: u64,
+    /// The address of that endpoint borrowed (borrowed for the batch's
+    /// life, so no other one can be there); 0: none.
+    ep_at: usize,
+    /// `[start, end)`: bound on every device of that endpoint in this
+    /// process (F9) and inside it: an op inside passes both checks.
+    start: u64,
+    end: u64,
+    /// The least offset a put to that endpoint may start at to come after
+    /// the last put (F3's order) and at or after `start`: the end of the
+    /// last put, which was to this endpoint; `u64::MAX` when the last put
+    /// was elsewhere (the slow path decides).
+    put_from: u64,
+    /// Whether the last put was to this endpoint, through the cursor: its
+    /// end is `put_from`, not yet in `put_last`.
+    putting: bool,
+}
+
+impl Cursor {
+    const NONE: Cursor = Cursor {
+        mem: 0,
+        mem_ptr: 0,
+        mem_size: 0,
+        ep: u64::MAX,
+        ep_at: 0,
+        start: 0,
+        end: 0,
+        put_from: u64::MAX,
+        putting: false,
+    };
 }
 
 /// What the checks need of one endpoint of the batch, read once however
 /// many ops name it.
 pub(crate) struct EpFacts {
-    id: u32,
+    pub(crate) id: u32,
     ep_size: u64,
-    /// For each device of the endpoint in this process: its bound ranges.
-    bound: Vec<(Device, Vec<(u64, u64)>)>,
-    /// The `[start, end)` intervals bound on every device of `bound`
-    /// (sorted, disjoint): an op inside one passes F9 at one comparison;
-    /// any other op is walked device by device, which names the device.
-    covered: Vec<(u64, u64)>,
+    /// Whether its devices' bindings are checked (F9): not for imported
+    /// endpoints, which bind nothing here.
+    bound_here: bool,
+    /// The `[start, end)` intervals bound on every device of the endpoint
+    /// in this process (sorted, disjoint; `[0, size)` when nothing is
+    /// checked): an op inside one passes F9 at one comparison; any other op
+    /// is walked device by device, which names the device.
+    covered: Intervals,
     /// What the portable path needs of the endpoint.
     pub(crate) target: crate::portable::Target,
-    /// The range's bindings generation `bound` was read at (`None`:
-    /// imported, not checked): an unbind since makes them stale.
+    /// The range's bindings generation `covered` was read at (`None`:
+    /// imported, not checked): a bind or unbind since makes it stale.
     bindings_gen: Option<u64>,
-}
-
-impl EpFacts {
-    /// Reads the bindings again if the range's changed since they were
-    /// read (an unbind between building and enqueueing, F9).
-    fn refresh(&mut self) {
-        let Some(seen) = self.bindings_gen else {
-            return;
-        };
-        let range = &self.target.range;
-        if range.bindings_gen() == seen {
-            return;
-        }
-        let slot = range.slot(self.id);
-        self.bindings_gen = Some(range.bindings_gen());
-        for (d, ranges) in &mut self.bound {
-            *ranges = slot
-                .bindings
-                .iter()
-                .filter(|b| b.dev == *d)
-                .map(|b| (b.offset, b.size))
-                .collect();
-        }
-        drop(slot);
-        self.covered = self
-            .bound
-            .iter()
-            .map(|(_, ranges)| merged(ranges))
-            .reduce(|a, b| intersect(&a, &b))
-            .unwrap_or_default();
-    }
+    /// A heap's top ([`crate::team::OwnedPeers::top`]): the bytes every
+    /// rank bound and agreed on; past it a copy is refused (R13.3).
+    agreed: Option<u64>,
 }
 
 impl std::fmt::Debug for CopyBatch<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopyBatch")
-            .field("ops", &self.inner.ops.len())
+            .field("ops", &self.inner.list.len())
             .finish()
     }
 }
@@ -190,16 +227,23 @@ impl<'a> CopyBatch<'a> {
     pub fn new() -> Self {
         CopyBatch {
             inner: Box::new(BatchInner {
-                ops: Vec::new(),
+                list: Vec::new(),
                 keep: Keep {
-                    memory: Vec::new(),
-                    endpoints: Vec::new(),
+                    memory: SmallVec::new(),
+                    endpoints: SmallVec::new(),
                 },
-                eps: Vec::new(),
-                locations: Vec::new(),
+                eps: SmallVec::new(),
+                locations: SmallVec::new(),
                 host_in: Vec::new(),
                 host_out: Vec::new(),
                 error: None,
+                ep_error: None,
+                cursor: Cursor::NONE,
+                put_last: None,
+                get_end: 0,
+                unordered: false,
+                puts: false,
+                gets: false,
             }),
             _borrow: PhantomData,
         }
@@ -207,6 +251,7 @@ impl<'a> CopyBatch<'a> {
 
     /// Puts `size` bytes of `src` from `src_offset` into `ep` at `offset`
     /// (unicast: the owner's bound memory; multicast: every member's).
+    #[inline]
     pub fn put<H: MemShare, S, K: Kind>(
         mut self,
         src: &'a Mapped<H>,
@@ -218,14 +263,25 @@ impl<'a> CopyBatch<'a> {
     where
         S: State + IsReady + Agreed,
     {
-        let src = self.inner.mapped(src, src_offset, size);
-        let (dst, ep) = self.inner.endpoint(ep, offset);
-        self.inner.ops.push(Op { src, dst, size, ep });
+        let inner = &mut *self.inner;
+        let from = match inner.put_next(src, src_offset, ep, offset, size) {
+            Some(from) => from,
+            None => inner.put_slow(src, src_offset, ep, offset, size),
+        };
+        inner.list.push(CopyOp {
+            src: Operand::Pointer(Pointer::device(from)),
+            dst: Operand::LogicalEndpoint {
+                id: ep.id(),
+                offset,
+            },
+            size,
+        });
         self
     }
 
     /// Puts the host bytes `bytes` (all of them) into `ep` at `offset`; the
     /// buffer is handed back by [`InFlight::wait`].
+    #[inline]
     pub fn put_host<S, K: Kind>(
         mut self,
         bytes: Vec<u8>,
@@ -235,21 +291,27 @@ impl<'a> CopyBatch<'a> {
     where
         S: State + IsReady + Agreed,
     {
+        let inner = &mut *self.inner;
+        let op = inner.list.len();
         let size = bytes.len() as u64;
-        let n = self.inner.host_in.len();
-        self.inner.host_in.push(bytes);
-        let (dst, ep) = self.inner.endpoint(ep, offset);
-        self.inner.ops.push(Op {
-            src: Side::Host(n),
-            dst,
+        // The buffer's heap address: moving the `Vec` does not move it.
+        let from = bytes.as_ptr().addr() as u64;
+        inner.host_in.push(bytes);
+        inner.put_to(ep, offset, size, op);
+        inner.list.push(CopyOp {
+            src: Operand::Pointer(Pointer::host(from)),
+            dst: Operand::LogicalEndpoint {
+                id: ep.id(),
+                offset,
+            },
             size,
-            ep,
         });
         self
     }
 
     /// Gets `size` bytes of the unicast endpoint `ep` at `offset` into
     /// `dst` at `dst_offset`. Not for multicast endpoints (F1): see [`CanGet`].
+    #[inline]
     pub fn get<H: MemShare, S, K>(
         mut self,
         ep: &'a Endpoint<S, K>,
@@ -262,26 +324,43 @@ impl<'a> CopyBatch<'a> {
         S: State + IsReady + Agreed,
         K: CanGet,
     {
-        let (src, ep) = self.inner.endpoint(ep, offset);
-        let dst = self.inner.mapped(dst, dst_offset, size);
-        self.inner.ops.push(Op { src, dst, size, ep });
+        let inner = &mut *self.inner;
+        let op = inner.list.len();
+        inner.get_from(ep, offset, size, op);
+        let to = inner.mapped(dst, dst_offset, size, op);
+        // F3's order of the destination addresses.
+        inner.unordered |= to < inner.get_end;
+        inner.get_end = to.saturating_add(size);
+        inner.list.push(CopyOp {
+            src: Operand::LogicalEndpoint {
+                id: ep.id(),
+                offset,
+            },
+            dst: Operand::Pointer(Pointer::device(to)),
+            size,
+        });
         self
     }
 
     /// Gets `size` bytes of the unicast endpoint `ep` at `offset` into a
     /// new host buffer, handed out by [`InFlight::wait`] (F1: see [`CanGet`]).
+    #[inline]
     pub fn get_host<S, K>(mut self, ep: &'a Endpoint<S, K>, offset: u64, size: u64) -> Self
     where
         S: State + IsReady + Agreed,
         K: CanGet,
     {
-        let (src, ep) = self.inner.endpoint(ep, offset);
-        let op = self.inner.ops.len();
-        let n = self.inner.host_out.len();
-        let buf = match usize::try_from(size) {
+        let inner = &mut *self.inner;
+        let op = inner.list.len();
+        inner.get_from(ep, offset, size, op);
+        // A size past the endpoint is refused at enqueue (F9): no buffer of
+        // that size is allocated for it here.
+        let inside = offset.checked_add(size).is_some_and(|end| end <= ep.size());
+        let mut buf = match usize::try_from(size) {
+            Ok(_) if !inside => Vec::new(),
             Ok(len) => vec![0u8; len],
             Err(_) => {
-                self.inner.error.get_or_insert_with(|| {
+                inner.error.get_or_insert_with(|| {
                     Box::new(Error::CopyOutOfRange {
                         op,
                         what: Extent::HostBuffer,
@@ -293,124 +372,344 @@ impl<'a> CopyBatch<'a> {
                 Vec::new()
             }
         };
-        self.inner.host_out.push((op, buf));
-        self.inner.ops.push(Op {
-            src,
-            dst: Side::HostOut(n),
+        // The buffer's heap address: moving the `Vec` does not move it.
+        let to = buf.as_mut_ptr().addr() as u64;
+        inner.host_out.push((op, buf));
+        inner.list.push(CopyOp {
+            src: Operand::LogicalEndpoint {
+                id: ep.id(),
+                offset,
+            },
+            dst: Operand::Pointer(Pointer::host(to)),
             size,
-            ep,
         });
         self
     }
 
     /// How many ops the batch has.
     pub fn len(&self) -> usize {
-        self.inner.ops.len()
+        self.inner.list.len()
     }
 
     /// Whether it has none.
     pub fn is_empty(&self) -> bool {
-        self.inner.ops.is_empty()
+        self.inner.list.is_empty()
     }
 }
 
 impl BatchInner {
-    /// The side naming `ep` at `offset`, and `ep`'s index in `eps`.
-    fn endpoint<S: State, K: Kind>(&mut self, ep: &Endpoint<S, K>, offset: u64) -> (Side, usize) {
-        let index = match self.eps.iter().rposition(|e| e.id == ep.id()) {
+    /// The address `at` bytes into `mem` for op `op`, after the range check;
+    /// at two comparisons when the last op named `mem` too.
+    #[inline]
+    fn mapped<H: MemShare>(&mut self, mem: &Mapped<H>, at: u64, size: u64, op: usize) -> u64 {
+        let c = &self.cursor;
+        if std::ptr::from_ref(mem).addr() == c.mem
+            && let Some(end) = at.checked_add(size)
+            && end <= c.mem_size
+            && at < c.mem_size
+        {
+            // No wrap: `at < mem_size` and `mem_ptr + mem_size` was checked
+            // when the cursor took `mem`.
+            return c.mem_ptr.wrapping_add(at);
+        }
+        self.mapped_slow(mem, at, size, op)
+    }
+
+    /// [`BatchInner::mapped`] for another allocation than the last, or out
+    /// of range. One keep-alive per allocation, however many ops name it,
+    /// and one F2 location: compared by address, cloned only when new (no
+    /// reference count touched per op). The latest first: ops usually name
+    /// the same allocation one after the other.
+    #[cold]
+    #[inline(never)]
+    fn mapped_slow<H: MemShare>(&mut self, mem: &Mapped<H>, at: u64, size: u64, op: usize) -> u64 {
+        let known = self.keep.memory.iter().rev().any(|k| mem.keeps(k));
+        if !known {
+            self.keep.memory.push(mem.keep_alive());
+            self.locations
+                .push((op, mem.location(), mem.context().key()));
+        }
+        let (ptr, len) = (mem.device_ptr(), mem.size());
+        self.cursor.mem = match ptr.checked_add(len) {
+            Some(_) => std::ptr::from_ref(mem).addr(),
+            None => 0, // never the fast path: the address saturates below
+        };
+        self.cursor.mem_ptr = ptr;
+        self.cursor.mem_size = len;
+        // A 0-byte op still names an address inside the memory (F5: its
+        // operands are checked): not one past its end.
+        if at.checked_add(size).is_none_or(|e| e > len) || at >= len {
+            self.memory_out_of_range(op, at, size, len);
+        }
+        ptr.saturating_add(at)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn memory_out_of_range(&mut self, op: usize, offset: u64, size: u64, limit: u64) {
+        self.error.get_or_insert_with(|| {
+            Box::new(Error::CopyOutOfRange {
+                op,
+                what: Extent::Allocation,
+                offset,
+                size,
+                limit,
+            })
+        });
+    }
+
+    /// A put from the cursor's memory to its endpoint, after the last put
+    /// there: the source address, after the memory range check, the
+    /// endpoint range check, F9 and F3's order, in one chain of
+    /// comparisons; `None` for anything else ([`BatchInner::put_slow`]).
+    #[inline]
+    fn put_next<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> Option<u64> {
+        let c = &mut self.cursor;
+        if std::ptr::from_ref(mem).addr() == c.mem
+            && std::ptr::from_ref(ep).addr() == c.ep_at
+            && at.checked_add(size)? <= c.mem_size
+            && at < c.mem_size
+            && offset >= c.put_from
+        {
+            let end = offset.checked_add(size)?;
+            if end <= c.end {
+                c.put_from = end;
+                // No wrap: see `mapped`.
+                return Some(c.mem_ptr.wrapping_add(at));
+            }
+        }
+        None
+    }
+
+    /// A put that [`BatchInner::put_next`] did not take: each side on its own.
+    #[cold]
+    #[inline(never)]
+    fn put_slow<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> u64 {
+        let op = self.list.len();
+        let from = self.mapped(mem, at, size, op);
+        self.put_to(ep, offset, size, op);
+        from
+    }
+
+    /// The endpoint side of a put: inside the endpoint, bound (F9) and after
+    /// the last put's destination (F3's order), at three comparisons when
+    /// the last op named `ep` too.
+    #[inline]
+    fn put_to<S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) {
+        let c = &mut self.cursor;
+        if std::ptr::from_ref(ep).addr() == c.ep_at
+            && offset >= c.put_from
+            && let Some(end) = offset.checked_add(size)
+            && end <= c.end
+        {
+            c.put_from = end;
+            return;
+        }
+        self.put_to_slow(ep, offset, size, op);
+    }
+
+    /// The endpoint side of a get: inside the endpoint and bound (F9), at
+    /// three comparisons when the last op named `ep` too. (A get's source
+    /// is kept out of F3's one-pass order: it can only meet a put's
+    /// destination, and a batch with both is proven by [`disjoint_in_order`].)
+    #[inline]
+    fn get_from<S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) {
+        self.gets = true;
+        let c = &self.cursor;
+        if std::ptr::from_ref(ep).addr() == c.ep_at
+            && offset >= c.start
+            && offset.checked_add(size).is_some_and(|end| end <= c.end)
+        {
+            return;
+        }
+        self.get_slow(ep, offset, size, op);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn put_to_slow<S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) {
+        self.leave_cursor();
+        self.puts = true;
+        let index = self.endpoint(ep);
+        let id = ep.id();
+        match self.ep_check(index, offset, size, op) {
+            Ok(hit) => {
+                let end = offset.saturating_add(size);
+                if self
+                    .put_last
+                    .is_some_and(|(i, e)| id < i || (id == i && offset < e))
+                {
+                    self.unordered = true;
+                }
+                self.put_last = Some((id, end));
+                if let Some((start, stop)) = hit {
+                    self.cursor.ep = u64::from(id);
+                    self.cursor.ep_at = std::ptr::from_ref(ep).addr();
+                    self.cursor.start = start;
+                    self.cursor.end = stop;
+                    // `end >= offset >= start`: the put lies in `[start, stop)`.
+                    self.cursor.put_from = end;
+                    self.cursor.putting = true;
+                }
+            }
+            Err(e) => {
+                self.ep_error.get_or_insert_with(|| Box::new(e));
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn get_slow<S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) {
+        self.leave_cursor();
+        let index = self.endpoint(ep);
+        match self.ep_check(index, offset, size, op) {
+            Ok(Some((start, stop))) => {
+                self.cursor.ep = u64::from(ep.id());
+                self.cursor.ep_at = std::ptr::from_ref(ep).addr();
+                self.cursor.start = start;
+                self.cursor.end = stop;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.ep_error.get_or_insert_with(|| Box::new(e));
+            }
+        }
+    }
+
+    /// Before the cursor leaves its endpoint: the end of the puts made
+    /// through it goes to `put_last`, and the cursor names no endpoint.
+    fn leave_cursor(&mut self) {
+        if self.list.capacity() == 0 {
+            // The first op: room for 16 (896 bytes, one small allocation)
+            // rather than 4, 8, 16: two reallocations fewer by 64 ops.
+            self.list.reserve(16);
+        }
+        let c = &mut self.cursor;
+        if c.putting
+            && let Ok(id) = u32::try_from(c.ep)
+        {
+            self.put_last = Some((id, c.put_from));
+        }
+        c.ep = u64::MAX;
+        c.ep_at = 0;
+        c.put_from = u64::MAX;
+        c.putting = false;
+    }
+
+    /// `ep`'s index in `eps` (and `keep.endpoints`), added when new.
+    fn endpoint<S: State, K: Kind>(&mut self, ep: &Endpoint<S, K>) -> usize {
+        match self.eps.iter().rposition(|e| e.id == ep.id()) {
             Some(i) => i,
             None => {
                 self.eps.push(Self::facts(ep));
                 self.keep.endpoints.push((ep.range().clone(), ep.id()));
                 self.eps.len() - 1
             }
-        };
-        (Side::Ep(ep.id(), offset), index)
+        }
     }
 
     /// What the checks need of `ep`: once per endpoint of the batch.
     fn facts<S: State, K: Kind>(ep: &Endpoint<S, K>) -> EpFacts {
         let imported = std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
             || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>();
+        let devices = ep.devices();
+        let bound_here = !imported && !devices.is_empty();
         let mut bindings_gen = None;
-        let bound: Vec<(Device, Vec<(u64, u64)>)> = if imported {
-            Vec::new()
-        } else {
-            let slot = ep.slot();
+        let slot = ep.slot();
+        let agreed = slot.agreed();
+        let covered = if bound_here {
+            // Read under the lock with the bindings: a later bind or unbind
+            // moves it, and enqueue reads them again (F9).
             bindings_gen = Some(ep.range().bindings_gen());
-            ep.devices()
-                .iter()
-                .map(|&d| {
-                    let ranges = slot
-                        .bindings
+            let mut every: Option<Intervals> = None;
+            for &d in devices {
+                let mine = merged(
+                    slot.bindings
                         .iter()
                         .filter(|b| b.dev == d)
-                        .map(|b| (b.offset, b.size))
-                        .collect();
-                    (d, ranges)
-                })
-                .collect()
+                        .map(|b| (b.offset, b.size)),
+                );
+                every = Some(match every {
+                    None => mine,
+                    Some(before) => intersect(&before, &mine),
+                });
+            }
+            every.unwrap_or_default()
+        } else {
+            // Nothing bound here to check: the endpoint's range alone.
+            smallvec::smallvec![(0, ep.size())]
         };
-        let covered = bound
-            .iter()
-            .map(|(_, ranges)| merged(ranges))
-            .reduce(|a, b| intersect(&a, &b))
-            .unwrap_or_default();
+        drop(slot);
         EpFacts {
             id: ep.id(),
             ep_size: ep.size(),
-            bound,
+            bound_here,
             covered,
             target: crate::portable::Target {
-                range: ep.range().clone(),
                 id: ep.id(),
-                devices: ep.devices().to_vec(),
+                devices: SmallVec::from_slice(devices),
                 team_size: ep.facts().team_size,
             },
             bindings_gen,
+            agreed,
         }
     }
 
-    fn mapped<H: MemShare>(&mut self, mem: &Mapped<H>, at: u64, size: u64) -> Side {
-        let op = self.ops.len();
-        if at.checked_add(size).is_none_or(|e| e > mem.size()) {
-            self.error.get_or_insert_with(|| {
-                Box::new(Error::CopyOutOfRange {
-                    op,
-                    what: Extent::Allocation,
-                    offset: at,
-                    size,
-                    limit: mem.size(),
-                })
-            });
-        }
-        // One keep-alive per allocation, however many ops name it, and one
-        // F2 location: compared by address, cloned only when new (no
-        // reference count touched per op). The latest first: ops usually
-        // name the same allocation one after the other.
-        let known = self.keep.memory.iter().rev().any(|k| mem.keeps(k));
-        if !known {
-            self.keep.memory.push(mem.keep_alive());
-            self.locations.push((op, mem.location()));
-        }
-        Side::Addr(mem.device_ptr().saturating_add(at))
-    }
-
-    /// Every check before the driver (F2, F3, F9).
-    pub(crate) fn check(&mut self, stream_dev: Device) -> Result<()> {
-        if let Some(e) = self.error.take() {
-            return Err(*e);
-        }
-        for (op, &Op { src, dst, size, ep }) in self.ops.iter().enumerate() {
-            let offset = match (src, dst) {
-                (Side::Ep(_, offset), _) | (_, Side::Ep(_, offset)) => offset,
-                _ => continue, // every op of the typed API names one endpoint
-            };
-            let Some(ep) = self.eps.get(ep) else {
-                continue;
-            };
-            let end = offset.checked_add(size);
-            if end.is_none_or(|e| e > ep.ep_size) {
+    /// The endpoint range check and F9 of one op on `eps[index]`: the
+    /// interval of `covered` it lies in (clipped to the endpoint), if any,
+    /// for the cursor.
+    fn ep_check(
+        &self,
+        index: usize,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) -> Result<Option<(u64, u64)>> {
+        let Some(ep) = self.eps.get(index) else {
+            return Ok(None);
+        };
+        let end = match offset.checked_add(size) {
+            Some(end) if end <= ep.ep_size => end,
+            _ => {
                 return Err(Error::CopyOutOfRange {
                     op,
                     what: Extent::EndpointRange,
@@ -419,31 +718,75 @@ impl BatchInner {
                     limit: ep.ep_size,
                 });
             }
-            let end = offset + size;
-            if size > 0 && ep.covered.iter().any(|&(s, e)| s <= offset && end <= e) {
-                continue; // bound on every device (F9)
+        };
+        // Below a heap's agreed top (R13.3); the cursor's interval stays
+        // below it too.
+        let top = match ep.agreed {
+            Some(agreed) if end > agreed || (size == 0 && offset >= agreed) => {
+                return Err(Error::CopyNotAgreed {
+                    op,
+                    id: ep.id,
+                    offset,
+                    size,
+                    agreed,
+                });
             }
-            for (dev, ranges) in &ep.bound {
-                // Walk the bound ranges from the op's offset to its end.
-                let mut at = offset;
-                while at < end {
-                    match ranges.iter().find(|(o, s)| *o <= at && at < o + s) {
-                        Some((o, s)) => at = o + s,
-                        None => break,
-                    }
+            Some(agreed) => agreed,
+            None => u64::MAX,
+        };
+        // Bound on every device (F9); a 0-byte op inside an interval too
+        // (every device bound something).
+        if let Some(&(s, e)) = ep.covered.iter().find(|&&(s, e)| s <= offset && end <= e) {
+            return Ok(Some((s, e.min(ep.ep_size).min(top))));
+        }
+        if !ep.bound_here {
+            return Ok(None);
+        }
+        // Not inside: walk each device's bound ranges from the op's offset
+        // to its end, which names the device that misses bytes.
+        let Some((range, id)) = self.keep.endpoints.get(index) else {
+            return Ok(None);
+        };
+        let slot = range.slot(*id);
+        for &dev in &ep.target.devices {
+            let ranges: SmallVec<[(u64, u64); 4]> = slot
+                .bindings
+                .iter()
+                .filter(|b| b.dev == dev)
+                .map(|b| (b.offset, b.size))
+                .collect();
+            let mut at = offset;
+            while at < end {
+                match ranges.iter().find(|(o, s)| *o <= at && at < o + s) {
+                    Some((o, s)) => at = o + s,
+                    None => break,
                 }
-                if at < end || (size == 0 && ranges.is_empty()) {
-                    return Err(Error::CopyNotBound {
-                        op,
-                        id: ep.id,
-                        device: *dev,
-                        offset,
-                        size,
-                    });
-                }
+            }
+            if at < end || (size == 0 && ranges.is_empty()) {
+                return Err(Error::CopyNotBound {
+                    op,
+                    id: ep.id,
+                    device: dev,
+                    offset,
+                    size,
+                });
             }
         }
-        for &(op, location) in &self.locations {
+        Ok(None)
+    }
+
+    /// Every check before the driver (F2, F3, F9), in the order they have
+    /// always been reported: the local side's ranges, the endpoint side's
+    /// (range, F9), F2, F3.
+    pub(crate) fn check(&mut self, stream_dev: Device) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(*e);
+        }
+        if let Some(e) = self.ep_error.take() {
+            return Err(*e);
+        }
+        self.recheck_stale()?;
+        for &(op, location, _) in &self.locations {
             let local = match location {
                 Location::Device(d) => d == stream_dev,
                 Location::HostNuma(_) => true,
@@ -457,22 +800,84 @@ impl BatchInner {
             }
         }
         // F3: a destination overlapping another op's source or destination.
-        match dependent(&self.ops) {
-            Some((op, other)) => Err(Error::CopyDependent { op, other }),
-            None => Ok(()),
+        // Proven by the builder when the destinations came in order and no
+        // source can meet one (puts alone, or gets alone).
+        if (self.unordered || (self.puts && self.gets))
+            && let Some((op, other)) = dependent(&self.list)
+        {
+            return Err(Error::CopyDependent { op, other });
         }
+        Ok(())
+    }
+}
+
+impl BatchInner {
+    /// An endpoint whose bindings changed since the builder read them (a
+    /// bind or unbind between building and enqueueing): its facts are read
+    /// again and every op on it checked again (F9). Nothing to do, at one
+    /// load per endpoint, when none changed.
+    fn recheck_stale(&mut self) -> Result<()> {
+        for index in 0..self.eps.len() {
+            let (Some(facts), Some((range, id))) =
+                (self.eps.get(index), self.keep.endpoints.get(index))
+            else {
+                continue;
+            };
+            let Some(seen) = facts.bindings_gen else {
+                continue;
+            };
+            if range.bindings_gen() == seen {
+                continue;
+            }
+            let slot = range.slot(*id);
+            let now = range.bindings_gen();
+            let mut every: Option<Intervals> = None;
+            for &d in &facts.target.devices {
+                let mine = merged(
+                    slot.bindings
+                        .iter()
+                        .filter(|b| b.dev == d)
+                        .map(|b| (b.offset, b.size)),
+                );
+                every = Some(match every {
+                    None => mine,
+                    Some(before) => intersect(&before, &mine),
+                });
+            }
+            drop(slot);
+            let id = *id;
+            if let Some(f) = self.eps.get_mut(index) {
+                f.covered = every.unwrap_or_default();
+                f.bindings_gen = Some(now);
+            }
+            for (op, o) in self.list.iter().enumerate() {
+                let at = match (o.src, o.dst) {
+                    (Operand::LogicalEndpoint { id: i, offset }, _)
+                    | (_, Operand::LogicalEndpoint { id: i, offset })
+                        if i == id =>
+                    {
+                        offset
+                    }
+                    _ => continue,
+                };
+                self.ep_check(index, at, o.size, op)?;
+            }
+        }
+        Ok(())
     }
 }
 
 /// `(offset, size)` ranges as sorted, disjoint `[start, end)` intervals,
 /// touching ones joined.
-fn merged(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = ranges
-        .iter()
-        .map(|&(o, s)| (o, o.saturating_add(s)))
+fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Intervals {
+    let mut v: Intervals = ranges
+        .into_iter()
+        .map(|(o, s)| (o, o.saturating_add(s)))
         .filter(|r| r.0 < r.1)
         .collect();
-    v.sort_unstable();
+    if !v.is_sorted() {
+        v.sort_unstable();
+    }
     // Joined in place (one allocation per device): `n` intervals kept, n ≤ i.
     let mut n = 0usize;
     for i in 0..v.len() {
@@ -490,8 +895,8 @@ fn merged(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
 }
 
 /// The intersection of two lists of sorted, disjoint intervals.
-fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Intervals {
+    let (mut i, mut j, mut out) = (0, 0, Intervals::new());
     while let (Some(&(s1, e1)), Some(&(s2, e2))) = (a.get(i), b.get(j)) {
         let (s, e) = (s1.max(s2), e1.min(e2));
         if s < e {
@@ -510,23 +915,21 @@ fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// destination overlaps the other's source or destination, in the same
 /// endpoint or address space. `(the op whose destination, the other)`; of two
 /// destinations, the lower op first. One sort and one sweep: O(n log n).
-fn dependent(ops: &[Op]) -> Option<(usize, usize)> {
+fn dependent(ops: &[CopyOp]) -> Option<(usize, usize)> {
     if disjoint_in_order(ops) {
         return None;
     }
     // (space: endpoint id or none for addresses, start, end, op, destination)
     type Span = (Option<u32>, u64, u64, usize, bool);
-    let span = |side: Side, size: u64, op: usize, dst: bool| -> Option<Span> {
-        match side {
-            Side::Ep(id, off) => Some((Some(id), off, off.saturating_add(size), op, dst)),
-            Side::Addr(a) => Some((None, a, a.saturating_add(size), op, dst)),
-            Side::Host(_) | Side::HostOut(_) => None,
-        }
+    let span = |side: &Operand, size: u64, op: usize, dst: bool| -> Option<Span> {
+        let (space, start) = space_of(side)?;
+        Some((space, start, start.saturating_add(size), op, dst))
     };
     // Addresses and endpoint offsets apart: each is usually in order
     // already (ops laid out one after the other), and then not sorted again.
     let (mut addrs, mut eps) = (Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()));
-    for (i, &Op { src, dst, size, .. }) in ops.iter().enumerate().filter(|(_, op)| op.size > 0) {
+    for (i, CopyOp { src, dst, size }) in ops.iter().enumerate().filter(|(_, op)| op.size > 0) {
+        let size = *size;
         for s in [span(src, size, i, false), span(dst, size, i, true)]
             .into_iter()
             .flatten()
@@ -616,33 +1019,47 @@ fn dependent(ops: &[Op]) -> Option<(usize, usize)> {
 /// (F3). One pass and nothing built: ops laid out one after the other, the
 /// usual batch, are proven independent here; any other batch goes to the
 /// sort and sweep.
-fn disjoint_in_order(ops: &[Op]) -> bool {
+fn disjoint_in_order(ops: &[CopyOp]) -> bool {
     // The end of the last address span, and (id, end) of the last endpoint one.
     let mut addr_end = 0u64;
     let mut ep_end: Option<(u32, u64)> = None;
-    for &Op { src, dst, size, .. } in ops {
-        if size == 0 {
+    for CopyOp { src, dst, size } in ops {
+        if *size == 0 {
             continue;
         }
         for side in [src, dst] {
-            match side {
-                Side::Addr(a) => {
+            match space_of(side) {
+                Some((None, a)) => {
                     if a < addr_end {
                         return false;
                     }
-                    addr_end = a.saturating_add(size);
+                    addr_end = a.saturating_add(*size);
                 }
-                Side::Ep(id, off) => {
+                Some((Some(id), off)) => {
                     if ep_end.is_some_and(|(i, e)| id < i || (id == i && off < e)) {
                         return false;
                     }
-                    ep_end = Some((id, off.saturating_add(size)));
+                    ep_end = Some((id, off.saturating_add(*size)));
                 }
-                Side::Host(_) | Side::HostOut(_) => {}
+                None => {}
             }
         }
     }
     true
+}
+
+/// Where an operand's bytes start, for F3: `(Some(id), offset)` in an
+/// endpoint, `(None, address)` in device (or mapped) memory; `None` for an
+/// owned host buffer, which no other op names.
+fn space_of(side: &Operand) -> Option<(Option<u32>, u64)> {
+    match *side {
+        Operand::LogicalEndpoint { id, offset } => Some((Some(id), offset)),
+        Operand::Pointer(Pointer {
+            hint: MemHint::Host,
+            ..
+        }) => None,
+        Operand::Pointer(Pointer { ptr, .. }) => Some((None, ptr)),
+    }
 }
 
 impl Stream {
@@ -702,7 +1119,7 @@ pub(crate) struct FabricList {
 
 impl<'a> CopyBatch<'a> {
     /// Every check before the driver for a copy on `stream`: the endpoints
-    /// are of its context, then [`CopyBatch::check`].
+    /// are of its context, then [`BatchInner::check`].
     pub(crate) fn check_for(&mut self, stream: &Stream) -> Result<()> {
         let ctx = &stream.inner.ctx;
         if self
@@ -714,24 +1131,23 @@ impl<'a> CopyBatch<'a> {
         {
             return Err(Error::WrongContext);
         }
-        // Facts read before a bind or unbind since are read again (F9).
-        for f in &mut self.inner.eps {
-            f.refresh();
+        if self.inner.locations.iter().any(|&(_, _, c)| c != ctx.key()) {
+            return Err(Error::WrongContext);
         }
         self.inner.check(stream.inner.dev)
     }
 
-    /// The driver's op list of a checked batch: its host buffers by address
-    /// (owned by what takes the list, which keeps them where they are).
+    /// The driver's op list of a checked batch (the builder wrote it): its
+    /// host buffers by address (owned by what takes the list, which keeps
+    /// them where they are).
     pub(crate) fn into_list(self) -> FabricList {
         let BatchInner {
-            ops,
+            list,
             keep,
             host_in,
-            mut host_out,
+            host_out,
             ..
         } = *self.inner;
-        let list = op_list(&ops, &host_in, &mut host_out);
         FabricList {
             list,
             keep,
@@ -739,30 +1155,6 @@ impl<'a> CopyBatch<'a> {
             host_out,
         }
     }
-}
-
-fn op_list(ops: &[Op], host_in: &[Vec<u8>], host_out: &mut [(usize, Vec<u8>)]) -> Vec<CopyOp> {
-    let mut operand = |side: Side| match side {
-        Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
-        Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
-        Side::Host(n) => {
-            let p = host_in.get(n).map_or(0, |b| b.as_ptr().addr() as u64);
-            Operand::Pointer(Pointer::host(p))
-        }
-        Side::HostOut(n) => {
-            let p = host_out
-                .get_mut(n)
-                .map_or(0, |(_, b)| b.as_mut_ptr().addr() as u64);
-            Operand::Pointer(Pointer::host(p))
-        }
-    };
-    ops.iter()
-        .map(|&Op { src, dst, size, .. }| CopyOp {
-            src: operand(src),
-            dst: operand(dst),
-            size,
-        })
-        .collect()
 }
 
 /// The error of a failed `cuFabricCpyBatchAsync`: `NOT_SUPPORTED` (F7) is
@@ -919,14 +1311,40 @@ impl Drop for InFlight<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Op, Side, dependent, intersect, merged};
+    use super::{dependent, intersect, merged};
+    use crate::driver::{CopyOp, Operand, Pointer};
+
+    /// One side of an op, as the tests lay them out.
+    #[derive(Clone, Copy)]
+    enum Side {
+        /// `(id, offset)`.
+        Ep(u32, u64),
+        /// A device address.
+        Addr(u64),
+        /// An owned host buffer.
+        Host,
+    }
+
+    /// The driver's op of `(src, dst, size)`, as the builder writes it.
+    fn op(&(src, dst, size): &(Side, Side, u64)) -> CopyOp {
+        let operand = |side| match side {
+            Side::Ep(id, offset) => Operand::LogicalEndpoint { id, offset },
+            Side::Addr(a) => Operand::Pointer(Pointer::device(a)),
+            Side::Host => Operand::Pointer(Pointer::host(0)),
+        };
+        CopyOp {
+            src: operand(src),
+            dst: operand(dst),
+            size,
+        }
+    }
 
     /// The definition, pair by pair (F3).
     fn dependent_pairwise(ops: &[(Side, Side, u64)]) -> Option<(usize, usize)> {
         let range = |side: Side, size: u64| match side {
             Side::Ep(id, off) => Some((Some(id), off, off.saturating_add(size))),
             Side::Addr(a) => Some((None, a, a.saturating_add(size))),
-            Side::Host(_) | Side::HostOut(_) => None,
+            Side::Host => None,
         };
         for (i, &(_, dst, size)) in ops.iter().enumerate() {
             let Some(w) = range(dst, size).filter(|_| size > 0) else {
@@ -954,7 +1372,7 @@ mod tests {
             0 => Side::Ep(1, at),
             1 => Side::Ep(2, at),
             2 => Side::Addr(at),
-            _ => Side::Host(0),
+            _ => Side::Host,
         }
     }
 
@@ -967,10 +1385,7 @@ mod tests {
                 .iter()
                 .map(|&(sk, sa, dk, da, n)| (side(sk, sa), side(dk, da), n))
                 .collect();
-            let typed: Vec<Op> = ops
-                .iter()
-                .map(|&(src, dst, size)| Op { src, dst, size, ep: 0 })
-                .collect();
+            let typed: Vec<CopyOp> = ops.iter().map(op).collect();
             let found = dependent(&typed);
             proptest::prop_assert_eq!(found.is_some(), dependent_pairwise(&ops).is_some());
             if let Some((a, b)) = found {
@@ -991,7 +1406,7 @@ mod tests {
             // the bound ranges of each device.
             let covered = devs
                 .iter()
-                .map(|r| merged(r))
+                .map(|r| merged(r.iter().copied()))
                 .reduce(|a, b| intersect(&a, &b))
                 .unwrap_or_default();
             proptest::prop_assert!(covered.windows(2).all(|w| w[0].1 < w[1].0));
@@ -1020,10 +1435,7 @@ mod tests {
                     (Side::Addr(a), Side::Ep(if e == 0 { 2 } else { 1 }, o), n)
                 })
                 .collect();
-            let typed: Vec<Op> = ops
-                .iter()
-                .map(|&(src, dst, size)| Op { src, dst, size, ep: 0 })
-                .collect();
+            let typed: Vec<CopyOp> = ops.iter().map(op).collect();
             proptest::prop_assert_eq!(
                 dependent(&typed).is_some(),
                 dependent_pairwise(&ops).is_some()

@@ -38,15 +38,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::context::Context;
-use crate::copy::{BatchInner, CopyBatch, InFlight, Op, Side};
-use crate::driver::{Call, Device, FABRIC_COPY_MIN_VERSION, Pointer};
+use crate::copy::{BatchInner, CopyBatch, InFlight};
+use crate::driver::{Call, CopyOp, Device, FABRIC_COPY_MIN_VERSION, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result, Rule};
 use crate::kind::Kind;
 use crate::memory::{BindSource, Mapped, MemShare};
 use crate::range::RangeInner;
 use crate::state::{IsReady, State};
-use crate::stream::Stream;
+use crate::stream::{KeepMemory, Stream};
 
 /// How a context's [`crate::CopyBatch`]es reach the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -334,12 +334,12 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
 }
 
 /// What the portable path knows of an endpoint operand, taken when the
-/// batch was built (the endpoint is borrowed for the batch's life).
+/// batch was built (the endpoint is borrowed for the batch's life; its id
+/// range is the batch's keep-alive of it).
 pub(crate) struct Target {
-    pub range: Arc<RangeInner>,
     pub id: u32,
     /// The devices of the endpoint in this process.
-    pub devices: Vec<Device>,
+    pub devices: smallvec::SmallVec<[Device; 4]>,
     /// Targets of a copy: 1 for unicast, the team size for multicast.
     pub team_size: u32,
 }
@@ -347,21 +347,22 @@ pub(crate) struct Target {
 /// The local pieces `(address, bytes)` of one target, in endpoint order.
 pub(crate) type Pieces = Vec<(u64, u64)>;
 
-/// Every target's pieces for `offset..offset + size` of `t`, with the
-/// memory they need kept alive pushed to `keep`.
+/// Every target's pieces for `offset..offset + size` of `t` (an id of
+/// `range`), with the memory they need kept alive pushed to `keep`.
 ///
 /// # Errors
 /// [`Error::CopyNoWindow`] when a target has no window over those bytes,
 /// or more targets have windows than the endpoint has.
 pub(crate) fn resolve(
     op: usize,
+    range: &RangeInner,
     t: &Target,
     offset: u64,
     size: u64,
-    keep: &mut Vec<Arc<dyn Any + Send + Sync>>,
+    keep: &mut KeepMemory,
 ) -> Result<Vec<Pieces>> {
     let end = offset.saturating_add(size);
-    let slot = t.range.slot(t.id);
+    let slot = range.slot(t.id);
     let mut members: Vec<Member> = t.devices.iter().map(|&d| Member::Local(d)).collect();
     for w in slot.windows() {
         if !members.contains(&w.member) {
@@ -434,37 +435,20 @@ impl Stream {
     pub(crate) fn enqueue_portable<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         let BatchInner {
-            ops,
+            list,
             mut keep,
             eps,
             host_in,
-            mut host_out,
+            host_out,
             ..
         } = *batch.inner;
-        let mut copies: Vec<Memcpy> = Vec::with_capacity(ops.len());
-        for (
-            i,
-            &Op {
-                src: s,
-                dst: d,
-                size,
-                ep,
-            },
-        ) in ops.iter().enumerate()
-        {
-            let Some(target) = eps.get(ep).map(|e| &e.target) else {
-                continue; // every op of the typed API names one endpoint
-            };
+        let mut copies: Vec<Memcpy> = Vec::with_capacity(list.len());
+        for (i, &CopyOp { src, dst, size }) in list.iter().enumerate() {
             let first = copies.len();
-            let local = |side: Side, host_out: &mut Vec<(usize, Vec<u8>)>| match side {
-                Side::Addr(a) => Some(Pointer::device(a)),
-                Side::Host(n) => host_in
-                    .get(n)
-                    .map(|b| Pointer::host(b.as_ptr().addr() as u64)),
-                Side::HostOut(n) => host_out
-                    .get_mut(n)
-                    .map(|(_, b)| Pointer::host(b.as_mut_ptr().addr() as u64)),
-                Side::Ep(..) => None,
+            // The facts of an endpoint and its range are at one index.
+            let target = |id: u32| {
+                let i = eps.iter().rposition(|e| e.id == id)?;
+                Some((&*keep.endpoints.get(i)?.0, &eps.get(i)?.target))
             };
             let out_of_range = |at: u64| Error::CopyOutOfRange {
                 op: i,
@@ -473,12 +457,12 @@ impl Stream {
                 size,
                 limit: size,
             };
-            match (s, d) {
-                (s, Side::Ep(_, offset)) => {
-                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
-                    let Some(src) = local(s, &mut host_out) else {
-                        continue;
+            match (src, dst) {
+                (Operand::Pointer(src), Operand::LogicalEndpoint { id, offset }) => {
+                    let Some((range, target)) = target(id) else {
+                        continue; // every endpoint of the batch has its facts
                     };
+                    let targets = resolve(i, range, target, offset, size, &mut keep.memory)?;
                     for pieces in targets {
                         let mut at = 0u64;
                         for (addr, n) in pieces {
@@ -488,11 +472,11 @@ impl Stream {
                         }
                     }
                 }
-                (Side::Ep(_, offset), d) => {
-                    let targets = resolve(i, target, offset, size, &mut keep.memory)?;
-                    let Some(dst) = local(d, &mut host_out) else {
+                (Operand::LogicalEndpoint { id, offset }, Operand::Pointer(dst)) => {
+                    let Some((range, target)) = target(id) else {
                         continue;
                     };
+                    let targets = resolve(i, range, target, offset, size, &mut keep.memory)?;
                     let mut at = 0u64;
                     for (addr, n) in targets.into_iter().next().unwrap_or_default() {
                         let to = advance(dst, at).ok_or_else(|| out_of_range(at))?;
@@ -500,7 +484,7 @@ impl Stream {
                         at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
                     }
                 }
-                _ => {}
+                _ => {} // every op of the typed API names one endpoint
             }
             // `cuMemcpyAsync` ranges may not overlap: an op copying bytes
             // onto themselves (its local memory is what the endpoint reaches).

@@ -35,19 +35,25 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use smallvec::SmallVec;
+
 use crate::context::Context;
 use crate::driver::{Call, Device};
 use crate::error::{Error, Result};
 use crate::range::RangeInner;
 
-/// What one enqueued batch keeps alive until the stream passed it.
+/// What one enqueued batch keeps alive until the stream passed it. A batch
+/// usually names one allocation and one endpoint: inline, no allocation.
 #[derive(Clone)]
 pub(crate) struct Keep {
     /// Local memory read or written (`Mapped` keep-alives).
-    pub memory: Vec<Arc<dyn Any + Send + Sync>>,
+    pub memory: KeepMemory,
     /// The id ranges of the endpoints, with the ids in flight.
-    pub endpoints: Vec<(Arc<RangeInner>, u32)>,
+    pub endpoints: SmallVec<[(Arc<RangeInner>, u32); 1]>,
 }
+
+/// Keep-alives of memory a batch reads or writes.
+pub(crate) type KeepMemory = SmallVec<[Arc<dyn Any + Send + Sync>; 1]>;
 
 pub(crate) struct StreamInner {
     pub(crate) ctx: Context,
@@ -237,14 +243,9 @@ impl StreamInner {
     /// unbind synchronizes nothing for them, and the index holds only what
     /// is in flight).
     fn passed(&self, done: impl Fn(u64) -> bool + Copy) {
-        let done_now: Vec<(u64, Keep)> = {
-            let mut list = self.lock();
-            let (done_now, left) = std::mem::take(&mut *list)
-                .into_iter()
-                .partition(|(s, _)| done(*s));
-            *list = left;
-            done_now
-        };
+        // Taken out in place: the list keeps its capacity for the next
+        // record (no allocation per enqueue).
+        let done_now: Vec<(u64, Keep)> = self.lock().extract_if(.., |(s, _)| done(*s)).collect();
         if done_now.iter().any(|(_, k)| !k.endpoints.is_empty()) {
             let me: *const StreamInner = self;
             forget_entries(|e| e.of_batch(me, done));

@@ -1301,3 +1301,156 @@ fn f8_a_forgotten_graph_refuses_unbinds_but_not_the_endpoints_destroy() {
     drop((again, s, src, owner));
     common::no_violations(&model.violations());
 }
+
+/// One op of a generated batch: `(kind, memory, endpoint, memory offset,
+/// endpoint offset, size)`; kind 0 put, 1 get, 2 put_host, 3 get_host.
+type Gen = (u8, usize, usize, u64, u64, u64);
+
+/// The error the checks must report for `ops`, from the rules' definitions
+/// op by op and pair by pair (not from the builder's shortcuts): the first
+/// local range error, else the first endpoint range or F9 error, else a
+/// dependent pair (F3: a destination overlapping another op's source or
+/// destination in the same endpoint or address space), else none.
+/// Endpoints are `2 * ALIGN` long with `[0, ALIGN)` bound; memory is
+/// `ALIGN` long at `bases`.
+fn expected(ops: &[Gen], ids: [u32; 2], bases: [u64; 2]) -> Option<(&'static str, usize)> {
+    let local = |&(k, ..): &Gen| k < 2;
+    if let Some(i) = ops.iter().position(|op| local(op) && op.3 + op.5 > ALIGN) {
+        return Some(("memory range", i));
+    }
+    for (i, &(_, _, _, _, off, size)) in ops.iter().enumerate() {
+        if off + size > 2 * ALIGN {
+            return Some(("endpoint range", i));
+        }
+        // A 0-byte op passes F9 wherever every device bound something.
+        if size > 0 && off + size > ALIGN {
+            return Some(("F9", i));
+        }
+    }
+    // (space: Some(id) or None for addresses, start, end) of each side.
+    let sides = |&(k, m, e, at, off, size): &Gen| {
+        let ep = Some((Some(ids[e]), off, off + size));
+        let mem = Some((None, bases[m] + at, bases[m] + at + size));
+        match k {
+            0 => (mem, ep),
+            1 => (ep, mem),
+            2 => (None, ep),
+            _ => (ep, None),
+        }
+    };
+    for (i, a) in ops.iter().enumerate().filter(|(_, op)| op.5 > 0) {
+        let Some(w) = sides(a).1 else { continue };
+        for (j, b) in ops.iter().enumerate().filter(|(_, op)| op.5 > 0) {
+            let (s, d) = sides(b);
+            let hit = [s, d]
+                .into_iter()
+                .flatten()
+                .any(|r| r.0 == w.0 && r.1 < w.2 && w.1 < r.2);
+            if i != j && hit {
+                return Some(("F3", i));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn f3_f9_typed_checks_made_as_the_batch_is_built_agree_with_the_rules_op_by_op() {
+    // Batches of puts and gets over two memories and two endpoints, in and
+    // out of order, across the bound edge and the endpoint's end, with
+    // 0-byte ops: the builder's same-as-the-last-op checks and its one-pass
+    // F3 proof must give the error the definitions give, naming the op.
+    let (ctx, model) = node();
+    let mems = [mapped(&ctx, 0), mapped(&ctx, 0)];
+    let owners = [mapped(&ctx, 0), mapped(&ctx, 0)];
+    let eps = [unicast(&ctx, 0, 2 * ALIGN), unicast(&ctx, 0, 2 * ALIGN)];
+    let bindings: Vec<_> = eps
+        .iter()
+        .zip(&owners)
+        .map(|(ep, m)| ep.bind(Device(0), 0, m).unwrap())
+        .collect();
+    let ids = [eps[0].id(), eps[1].id()];
+    let bases = [mems[0].device_ptr(), mems[1].device_ptr()];
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let offsets = [
+        0,
+        8,
+        16,
+        24,
+        48,
+        ALIGN - 16,
+        ALIGN - 8,
+        ALIGN,
+        2 * ALIGN - 8,
+    ];
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: usize| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) as usize % n
+    };
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..600 {
+        let n = 1 + next(8);
+        let ops: Vec<Gen> = (0..n)
+            .map(|_| {
+                // Mostly laid out in order (the fast path), now and then not.
+                let k = next(4) as u8;
+                let at = [0, 8, 16, 24, ALIGN - 8][next(5)];
+                (
+                    k,
+                    next(2),
+                    next(2),
+                    at,
+                    offsets[next(offsets.len())],
+                    [0, 8, 16, 24][next(4)],
+                )
+            })
+            .collect();
+        let mut batch = CopyBatch::new();
+        for &(k, m, e, at, off, size) in &ops {
+            batch = match k {
+                0 => batch.put(&mems[m], at, &eps[e], off, size),
+                1 => batch.get(&eps[e], off, &mems[m], at, size),
+                2 => batch.put_host(vec![7; size as usize], &eps[e], off),
+                _ => batch.get_host(&eps[e], off, size),
+            };
+        }
+        let got = match stream.enqueue(batch) {
+            Ok(t) => {
+                t.wait().unwrap();
+                None
+            }
+            Err(Error::CopyOutOfRange { op, what, .. }) => Some((
+                if what == cuda_endpoints::error::Extent::Allocation {
+                    "memory range"
+                } else {
+                    "endpoint range"
+                },
+                op,
+            )),
+            Err(Error::CopyNotBound { op, .. }) => Some(("F9", op)),
+            Err(Error::CopyDependent { op, other }) => {
+                // Any dependent pair may be named; it must be one.
+                let pair = [ops[op], ops[other]];
+                assert!(
+                    op != other && expected(&pair, ids, bases).is_some(),
+                    "{ops:?}: ops {op} and {other} are not dependent"
+                );
+                Some(("F3", usize::MAX))
+            }
+            Err(e) => panic!("{ops:?}: unexpected error {e}"),
+        };
+        let want =
+            expected(&ops, ids, bases).map(|(w, i)| (w, if w == "F3" { usize::MAX } else { i }));
+        assert_eq!(got, want, "{ops:?}");
+        *seen.entry(want.map(|w| w.0)).or_insert(0) += 1;
+    }
+    // Every outcome came up.
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    drop(stream);
+    drop(bindings);
+    drop((eps, mems, owners));
+    clean(&ctx, &model);
+}
