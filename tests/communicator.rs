@@ -212,7 +212,6 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
             .into_owned::<Mapped<PosixFd>>();
         let stream = Stream::new(ctx, dev).unwrap();
         let peer = 1 - r;
-        let copies = me.calls(Call::FabricCpyBatchAsync);
         // An empty heap: no rank agreed it bound anything, so neither a get
         // from a peer nor a put into this rank's own endpoint reaches the
         // driver.
@@ -237,6 +236,7 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
             "{before_grow}"
         );
         peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        let copies = me.calls(Call::FabricCpyBatchAsync);
         // Below the top: through. Past it (the endpoint is MAX bytes, the
         // heap one chunk): refused, naming the top.
         let got = stream

@@ -274,7 +274,7 @@ fn owned_peers<H: MemShare>(
 /// Grows the heap by two chunks (through `grow_fds` with `node`), writes a
 /// pattern into each chunk's memory, gets every peer's at the grown offset
 /// and at the first chunk, puts into the next rank's grown chunk; then
-/// shrinks, after which the grown offset has no window here, and tears
+/// shrinks, after which the grown offset is past the agreed top, and tears
 /// down. Every byte checked.
 fn grow_get_shrink<H: MemShare>(
     r: usize,
@@ -328,7 +328,12 @@ fn grow_get_shrink<H: MemShare>(
         .enqueue(CopyBatch::new().get_host(peer, BYTES + 8192, 64))
         .map(|_| ())
         .unwrap_err();
-    assert!(matches!(e, Error::CopyNoWindow { known: 0, .. }), "{e}");
+    // Past the agreed top after the shrink: refused before any window is
+    // looked for (R13.3).
+    assert!(
+        matches!(e, Error::CopyNotAgreed { agreed: BYTES, .. }),
+        "{e}"
+    );
     let got = stream
         .enqueue(CopyBatch::new().get_host(peer, 8192, LEN as u64))
         .unwrap()

@@ -199,8 +199,13 @@ where
     drop(peers.shrink(boot, T)?.ok_or("no chunk to shrink")?);
     let next = peers.peer((r + 1) % n).ok_or("no peer")?;
     let after = stream.enqueue(CopyBatch::new().get_host(next, BYTES, 64));
-    if !matches!(after.map(|_| ()), Err(Error::CopyNoWindow { .. })) {
-        return Err("a window of the shrunk chunk is left".into());
+    // Past the agreed top after the shrink: refused before any window is
+    // looked for (R13.3).
+    if !matches!(
+        after.map(|_| ()),
+        Err(Error::CopyNotAgreed { agreed: BYTES, .. })
+    ) {
+        return Err("a copy past the shrunk heap's top was not refused".into());
     }
     drop(stream);
     drop(peers);
