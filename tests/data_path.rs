@@ -1454,3 +1454,77 @@ fn f3_f9_typed_checks_made_as_the_batch_is_built_agree_with_the_rules_op_by_op()
     drop((eps, mems, owners));
     clean(&ctx, &model);
 }
+
+#[test]
+fn f9_a_get_host_far_past_the_endpoint_is_refused_at_enqueue_with_no_buffer_of_that_size() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 0, ALIGN);
+    let mem = mapped(&ctx, 0);
+    let b = ep.bind(0, 0, &mem).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // A terabyte, and `u64::MAX`: no allocation is attempted for either
+    // (one would abort the process, the other panic on capacity).
+    for size in [1u64 << 40, u64::MAX] {
+        let e = stream
+            .enqueue(CopyBatch::new().get_host(&ep, 0, size))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::CopyOutOfRange { op: 0, .. }),
+            "{size}: {e}"
+        );
+    }
+    drop((stream, b));
+    drop((ep, mem));
+    clean(&ctx, &model);
+}
+
+#[test]
+fn f5_a_zero_byte_op_one_past_the_end_of_its_memory_is_refused_before_the_driver() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 0, ALIGN);
+    let mem = mapped(&ctx, 0);
+    let src = mapped(&ctx, 0);
+    let b = ep.bind(0, 0, &mem).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let put = CopyBatch::new().put(&src, ALIGN, &ep, 0, 0);
+    let e = stream.enqueue(put).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CopyOutOfRange {
+                op: 0,
+                offset: ALIGN,
+                size: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Inside the memory, a 0-byte op goes through (F5: a no-op).
+    let inside = CopyBatch::new().put(&src, ALIGN - 1, &ep, 0, 0);
+    stream.enqueue(inside).unwrap().wait().unwrap();
+    drop((stream, b));
+    drop((ep, mem, src));
+    clean(&ctx, &model);
+}
+
+#[test]
+fn memory_of_another_context_in_a_copy_is_refused_as_the_wrong_context() {
+    let (ctx, model) = node();
+    let (other, other_model) = node();
+    let ep = unicast(&ctx, 0, ALIGN);
+    let mem = mapped(&ctx, 0);
+    let foreign = mapped(&other, 0);
+    let b = ep.bind(0, 0, &mem).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let e = stream
+        .enqueue(CopyBatch::new().put(&foreign, 0, &ep, 0, 64))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, Error::WrongContext), "{e}");
+    drop((stream, b));
+    drop((ep, mem, foreign));
+    clean(&ctx, &model);
+    clean(&other, &other_model);
+}
