@@ -116,17 +116,19 @@ fn destroy_failed(range: &RangeInner, id: u32, from_drop: bool, e: Error) -> Opt
 
 /// The id holds no endpoint any more: clear its facts, let go of its fabric
 /// handle, and drop the memory the bindings kept alive (R7.2), outside the lock.
+#[inline]
 fn forget_endpoint(range: &RangeInner, id: u32) {
     // SAFETY: only the owner of the endpoint on `id` destroys it (see
     // `destroy_now`), so no other reference to its facts exists.
     *unsafe { range.facts_mut(id) } = Facts::default();
-    let slot = range.slot(id);
-    // Nothing bound and nothing exported (the usual case): nothing to move
-    // out of the slot, and the rest out of line (no frame for it here).
-    if slot.bindings.is_empty() && slot.is_unshared() {
+    // Nothing bound and nothing attached (the usual case): no lock, nothing
+    // to move out of the slot, and the rest out of line.
+    // SAFETY: as above: the caller owns the endpoint (a transition that
+    // took it by value, or its `Drop`).
+    if unsafe { range.owner_bare(id) } {
         return;
     }
-    forget_rest(range, slot);
+    forget_rest(range, range.slot(id));
 }
 
 /// The cold part of [`forget_endpoint`]: the bindings, fabric handle and
