@@ -105,6 +105,7 @@ impl Binding<'_> {
     /// panic inside the call leaves the record (and the memory) with the
     /// endpoint until it is destroyed: kept a little longer, never freed
     /// while it may be bound (R7.2).
+    #[inline]
     fn unbind_now(&self) -> Result<()> {
         let ctx = &self.range.ctx;
         // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
@@ -116,16 +117,42 @@ impl Binding<'_> {
                 .unbind(self.id, self.dev, self.offset, self.size)
         };
         if let Err(code) = r {
-            return Err(ctx.error(Call::Unbind, code));
+            return Err(unbind_failed(ctx, code));
         }
         let (dev, offset) = (self.dev, self.offset);
         let mut slot = self.range.slot(self.id);
         let keep = take_record(&mut slot, dev, offset);
-        let window = slot.take_windows(|w| w.is_local(dev, offset));
+        if slot.has_windows() {
+            // The portable path's window of this bind (out of line).
+            return take_window_then_drop(slot, keep, dev, offset);
+        }
         drop(slot);
-        drop((keep, window)); // may release the memory: outside the lock
+        drop(keep); // may release the memory: outside the lock
         Ok(())
     }
+}
+
+/// The error of a failed unbind.
+#[cold]
+#[inline(never)]
+fn unbind_failed(ctx: &crate::Context, code: crate::driver::Code) -> Error {
+    ctx.error(Call::Unbind, code)
+}
+
+/// The end of an unbind on a range with windows: this bind's window is
+/// taken out under the lock, and it and `keep` are dropped outside it.
+#[cold]
+#[inline(never)]
+fn take_window_then_drop(
+    mut slot: crate::range::SlotGuard<'_>,
+    keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    dev: Device,
+    offset: u64,
+) -> Result<()> {
+    let window = slot.take_windows(|w| w.is_local(dev, offset));
+    drop(slot);
+    drop((keep, window)); // may release the memory: outside the lock
+    Ok(())
 }
 
 /// The error of a bind whose offset, size, memory offset or address is not
@@ -182,11 +209,12 @@ fn take_record(
     offset: u64,
 ) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
     let b = &mut slot.bindings;
-    let i = b.iter().position(|r| r.dev == dev && r.offset == offset)?;
-    let keep = b[i]._keep.take();
-    let last = b.len() - 1;
+    let all = b.as_mut_slice();
+    let i = all.iter().position(|r| r.dev == dev && r.offset == offset)?;
+    let keep = all[i]._keep.take();
+    let last = all.len() - 1;
     if i != last {
-        b.swap(i, last);
+        all.swap(i, last);
     }
     // SAFETY: the record at `last` is the one found, whose only field with
     // a destructor (`_keep`) was taken just above: shortening the list by it

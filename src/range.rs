@@ -125,6 +125,12 @@ impl SlotGuard<'_> {
             && !self.shared.windows.iter().any(|(i, _)| *i == id)
     }
 
+    /// Whether any id of the range has a window (the portable path).
+    #[inline]
+    pub fn has_windows(&self) -> bool {
+        !self.shared.windows.is_empty()
+    }
+
     /// The fabric handle of this id's attachment, if any.
     pub fn fabric(&self) -> Option<&[u8; 64]> {
         let id = self.id;
