@@ -329,7 +329,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
             // and holds no endpoint (R2.1, R3.4).
             let mut r = unsafe { d.create(self.id, spec.props) }.map_err(|code| (false, code));
-            if r.is_ok() {
+            // A unicast spec has no team devices: no loop (a constant).
+            if K2::MULTICAST && r.is_ok() {
                 for &dev in &spec.devices {
                     // SAFETY: the endpoint was created just above; nothing is
                     // bound (R4.4).
