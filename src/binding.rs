@@ -411,7 +411,14 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let ctx = self.context();
         let facts = self.facts();
         let align = facts.align.max(1);
-        if !facts.devices.contains(&dev) {
+        // A unicast endpoint has its one owner (an imported one binds
+        // nothing, R5.7): one comparison, no scan.
+        let enrolled = if K::MULTICAST {
+            facts.devices.contains(&dev)
+        } else {
+            facts.devices.first() == Some(&dev)
+        };
+        if !enrolled {
             let multicast = K::MULTICAST;
             return Err(Error::WrongDevice {
                 device: dev,
@@ -516,16 +523,17 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // Concurrent binds on one endpoint still see each other (R5.9).
         {
             let mut slot = self.slot();
-            if let Some(b) = slot.bindings.iter().find(|b| {
-                b.dev == dev && b.offset < end && offset < b.offset.saturating_add(b.size)
-            }) {
-                return Err(Error::Overlap {
-                    device: dev,
-                    offset,
-                    size,
-                    other_offset: b.offset,
-                    other_size: b.size,
-                });
+            // A plain loop: `find` with a closure is not always inlined.
+            for b in slot.bindings.iter() {
+                if b.dev == dev && b.offset < end && offset < b.offset.saturating_add(b.size) {
+                    return Err(Error::Overlap {
+                        device: dev,
+                        offset,
+                        size,
+                        other_offset: b.offset,
+                        other_size: b.size,
+                    });
+                }
             }
             slot.bindings.push(Bound {
                 dev,

@@ -350,7 +350,9 @@ impl RangeInner {
         &self.records[(id - self.base) as usize]
     }
 
-    #[inline]
+    // Always inline: the guard is four words, returned through memory when
+    // this is a call (bind measured 214 instructions against 182).
+    #[inline(always)]
     pub fn slot(&self, id: u32) -> SlotGuard<'_> {
         let shared = self.lock.lock();
         let slot = NonNull::from(&self.record(id).slot.0).cast::<Slot>();
