@@ -74,6 +74,13 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 /// The error is boxed: `None` is one register, and the error paths are out
 /// of line.
 fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error>> {
+    destroy_inline(range, id, from_drop)
+}
+
+/// [`destroy_now`], inline: for [`Endpoint::destroy`], which is then one
+/// frame, not three (the others call `destroy_now`).
+#[inline(always)]
+fn destroy_inline(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error>> {
     // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
     if let Err(e) = crate::stream::settle(range, id) {
         return destroy_failed(range, id, from_drop, e);
@@ -681,7 +688,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // Out of the endpoint first: a panic inside the destroy must not
         // let the endpoint's `Drop` destroy it a second time.
         let (range, id) = self.into_parts();
-        match destroy_now(&range, id, false) {
+        match destroy_inline(&range, id, false) {
             None => Ok(Endpoint::from_parts(range, id)),
             Some(error) => Err(Failure::new(*error, Endpoint::from_parts(range, id))),
         }
