@@ -211,7 +211,9 @@ fn take_record(
 ) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
     let b = &mut slot.bindings;
     let all = b.as_mut_slice();
-    let i = all.iter().position(|r| r.dev == dev && r.offset == offset)?;
+    let i = all
+        .iter()
+        .position(|r| r.dev == dev && r.offset == offset)?;
     let keep = all[i]._keep.take();
     let last = all.len() - 1;
     if i != last {
@@ -551,10 +553,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 // `push` and 178 with a safe assignment, which drops the
                 // empty list (`benches/instructions.rs`, `Null`, rustc 1.95).
                 unsafe {
-                    std::ptr::write(
-                        &mut slot.bindings,
-                        smallvec::SmallVec::from_buf([bound]),
-                    );
+                    std::ptr::write(&mut slot.bindings, smallvec::SmallVec::from_buf([bound]));
                 }
             } else {
                 slot.bindings.push(bound);
