@@ -266,27 +266,19 @@ pub(crate) struct RangeInner {
     /// Inline for one id: `reserve_one` makes a single allocation. Else
     /// allocated at the exact count.
     records: SmallVec<[Record; 1]>,
-    /// `records.as_ptr()`, set once the range is in its `Arc`.
-    first: RecordsPtr,
+    /// Where the records start: `records.as_ptr()` of the range in its
+    /// `Arc`, set by [`fresh`] once the range is there. A range never moves
+    /// out of its `Arc` while shared (only [`release_shared`]'s last holder
+    /// takes it out, and then reaches its records through `&mut`, never
+    /// through [`RangeInner::record`]), and its records never move or
+    /// grow, so the pointer stays valid for every `&RangeInner` of an
+    /// `Arc`. Atomic only to be set through the `Arc` (a relaxed load is
+    /// a plain load); every holder got its `Arc` after the store.
+    first: AtomicPtr<Record>,
     released: bool,
     /// The context's spare: released, `ctx` already let go.
     spare: bool,
 }
-
-/// Where a range's records start: `records.as_ptr()` of a range in its
-/// `Arc`, set by [`fresh`] once the range is there. A range never moves out
-/// of its `Arc` while shared (only [`release_shared`]'s last holder takes
-/// it out, and then reaches its records through `&mut`, never through
-/// [`RangeInner::record`]), and its records never move or grow, so the
-/// pointer stays valid for every `&RangeInner` of an `Arc`.
-struct RecordsPtr(NonNull<Record>);
-
-// SAFETY: the pointer is into the range's own `records`; what is reached
-// through it is governed by the records' cells (`OwnerCell`, `LockedCell`),
-// as when reached through `records`.
-unsafe impl Send for RecordsPtr {}
-// SAFETY: as above.
-unsafe impl Sync for RecordsPtr {}
 
 /// The context of a range, read as a `&Context` without a test: it is
 /// missing only while the range is its context's spare, and a spare is
@@ -364,7 +356,8 @@ impl RangeInner {
     fn record(&self, id: u32) -> &Record {
         let i = (id - self.base) as usize;
         debug_assert!(i < self.records.len());
-        debug_assert!(std::ptr::eq(self.first.0.as_ptr(), self.records.as_ptr()));
+        let first = self.first.load(Ordering::Relaxed);
+        debug_assert!(std::ptr::eq(first, self.records.as_ptr()));
         // SAFETY: `id` is an id of this range (every caller passes the id of
         // an endpoint, binding or copy target of this range, all made from
         // it), so `i < count`; `first` is `records.as_ptr()` of this range
@@ -374,8 +367,9 @@ impl RangeInner {
         // against 752 here (779 with `get_unchecked` alone; create 180
         // against 169, bind 181 against 167, destroy 93 against 81;
         // `benches/instructions.rs`, rustc 1.95). A range made without the
-        // spare pays 14 for setting the pointer (`reserve_one_no_spare` 332).
-        unsafe { &*self.first.0.as_ptr().add(i) }
+        // spare pays 6 for setting the pointer (`reserve_one_no_spare` 324
+        // against 318).
+        unsafe { &*first.add(i) }
     }
 
     // Always inline: the guard is four words, returned through memory when
@@ -749,22 +743,22 @@ fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
         records.extend((0..count).map(|_| record()));
         records
     };
-    let mut range = Arc::new(RangeInner {
+    let range = Arc::new(RangeInner {
         ctx: RangeContext(Some(ctx.clone())),
         base,
         count,
         lock: Mutex::default(),
         attached: AtomicBool::new(false),
         records,
-        first: RecordsPtr(NonNull::dangling()),
+        first: AtomicPtr::new(std::ptr::null_mut()),
         released: false,
         spare: false,
     });
     // Where the records are now that the range is in its `Arc` (inline
-    // ones moved with it); the `Arc` was made just above, so it is unique.
-    if let Some(inner) = Arc::get_mut(&mut range) {
-        inner.first = RecordsPtr(NonNull::from(&mut inner.records[..]).cast());
-    }
+    // ones moved with it), before anyone else has the `Arc`.
+    range
+        .first
+        .store(range.records.as_ptr().cast_mut(), Ordering::Relaxed);
     range
 }
 
