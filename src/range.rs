@@ -449,9 +449,10 @@ impl RangeInner {
         unsafe { &mut *self.record(id).facts.0.get() }
     }
 
-    /// Resets the one record of a released range for reuse as the spare;
-    /// `false` (keep it out) when something is left in it.
+    /// Resets the one record of a released one-id range, in its `Arc`, for
+    /// reuse as the spare; `false` (keep it out) when something is left in it.
     fn make_spare(&mut self) -> bool {
+        debug_assert_eq!(self.count, 1);
         // Nothing was ever attached (the usual case): the lists are empty
         // and hold no allocation, without looking.
         if *self.attached.get_mut() {
@@ -463,14 +464,19 @@ impl RangeInner {
                 return false;
             }
         }
-        let Some(rec) = self.records.first_mut() else {
-            return false;
-        };
-        let slot = rec.slot.0.get_mut();
+        // The one record (a spare has one id), through `record`: the range
+        // is in its `Arc`.
+        let rec = self.record(self.base);
+        // SAFETY: `&mut self`: no other reference to the record exists.
+        // Unsafe for speed (`record` rather than `records.first_mut()`,
+        // which tests the length and where the records are): `release` 82
+        // instructions against 77 here (`benches/instructions.rs`, rustc 1.95).
+        let slot = unsafe { &*rec.slot.0.get() };
         if !slot.bindings.is_empty() || slot.bindings.spilled() {
             return false;
         }
-        let facts = rec.facts.0.get_mut();
+        // SAFETY: as above.
+        let facts = unsafe { &mut *rec.facts.0.get() };
         if facts.devices.spilled() {
             return false;
         }
