@@ -125,14 +125,11 @@ fn destroy_failed(range: &RangeInner, id: u32, from_drop: bool, e: Error) -> Opt
 /// handle, and drop the memory the bindings kept alive (R7.2), outside the lock.
 #[inline]
 fn forget_endpoint(range: &RangeInner, id: u32) {
+    // Facts cleared; nothing bound and nothing attached (the usual case):
+    // no lock, nothing to move out of the slot, and the rest out of line.
     // SAFETY: only the owner of the endpoint on `id` destroys it (see
-    // `destroy_now`), so no other reference to its facts exists.
-    *unsafe { range.facts_mut(id) } = Facts::default();
-    // Nothing bound and nothing attached (the usual case): no lock, nothing
-    // to move out of the slot, and the rest out of line.
-    // SAFETY: as above: the caller owns the endpoint (a transition that
-    // took it by value, or its `Drop`).
-    if unsafe { range.owner_bare(id) } {
+    // `destroy_now`): a transition that took it by value, or its `Drop`.
+    if unsafe { range.owner_forget(id) } {
         return;
     }
     forget_rest(range, range.slot(id));
