@@ -412,7 +412,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Binding<'_>> {
         let ctx = self.context();
-        let facts = self.facts();
+        // The record once, for the facts now and the slot below.
+        let rec = self.range().record_ref(self.id());
+        // SAFETY: `self` is the one endpoint of its id, borrowed shared for
+        // the facts' lifetime (as in `Endpoint::facts`).
+        let facts = unsafe { rec.facts() };
         let align = facts.align.max(1);
         // A unicast endpoint has its one owner (an imported one binds
         // nothing, R5.7): one comparison, no scan.
@@ -525,7 +529,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // so that a tracing layer or a backend may use the endpoint again.
         // Concurrent binds on one endpoint still see each other (R5.9).
         {
-            let mut slot = self.slot();
+            let mut slot = rec.slot();
             // A plain loop: `find` with a closure is not always inlined.
             for b in slot.bindings.iter() {
                 if b.dev == dev && b.offset < end && offset < b.offset.saturating_add(b.size) {

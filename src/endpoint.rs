@@ -309,7 +309,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     where
         S: CanCreate,
     {
-        if let Err(e) = self.retry_orphan() {
+        // The record once, for the orphan test and the facts written below.
+        let rec = self.range.record_ref(self.id);
+        // SAFETY: `create` holds the endpoint by value; no borrow of its
+        // facts is alive.
+        if unsafe { rec.facts() }.orphaned
+            && let Err(e) = self.retry_orphan()
+        {
             return self.fail(e);
         }
         let limits = match self.check_spec(&spec) {
@@ -375,7 +381,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         }
         {
             // SAFETY: `create` took the endpoint by value.
-            let facts = unsafe { self.facts_mut() };
+            let facts = unsafe { rec.facts_mut() };
             facts.size = spec.props.size;
             facts.align = limits.bind_alignment;
             facts.devices = match spec.props.shape {
