@@ -74,6 +74,13 @@ impl<S: State, K: Kind> Drop for Endpoint<S, K> {
 /// The error is boxed: `None` is one register, and the error paths are out
 /// of line.
 fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error>> {
+    destroy_inline(range, id, from_drop)
+}
+
+/// [`destroy_now`], inline: for [`Endpoint::destroy`], which is then one
+/// frame, not three (the others call `destroy_now`).
+#[inline(always)]
+fn destroy_inline(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error>> {
     // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
     if let Err(e) = crate::stream::settle_destroy(range, id) {
         return destroy_failed(range, id, from_drop, e);
@@ -116,17 +123,16 @@ fn destroy_failed(range: &RangeInner, id: u32, from_drop: bool, e: Error) -> Opt
 
 /// The id holds no endpoint any more: clear its facts, let go of its fabric
 /// handle, and drop the memory the bindings kept alive (R7.2), outside the lock.
+#[inline]
 fn forget_endpoint(range: &RangeInner, id: u32) {
+    // Facts cleared; nothing bound and nothing attached (the usual case):
+    // no lock, nothing to move out of the slot, and the rest out of line.
     // SAFETY: only the owner of the endpoint on `id` destroys it (see
-    // `destroy_now`), so no other reference to its facts exists.
-    *unsafe { range.facts_mut(id) } = Facts::default();
-    let slot = range.slot(id);
-    // Nothing bound and nothing exported (the usual case): nothing to move
-    // out of the slot, and the rest out of line (no frame for it here).
-    if slot.bindings.is_empty() && slot.is_unshared() {
+    // `destroy_now`): a transition that took it by value, or its `Drop`.
+    if unsafe { range.owner_forget(id) } {
         return;
     }
-    forget_rest(range, slot);
+    forget_rest(range, range.slot(id));
 }
 
 /// The cold part of [`forget_endpoint`]: the bindings, fabric handle and
@@ -311,7 +317,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     where
         S: CanCreate,
     {
-        if let Err(e) = self.retry_orphan() {
+        // The record once, for the orphan test and the facts written below.
+        let rec = self.range.record_ref(self.id);
+        // SAFETY: `create` holds the endpoint by value; no borrow of its
+        // facts is alive.
+        if unsafe { rec.facts() }.orphaned
+            && let Err(e) = self.retry_orphan()
+        {
             return self.fail(e);
         }
         let limits = match self.check_spec(&spec) {
@@ -335,7 +347,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
             // and holds no endpoint (R2.1, R3.4).
             let mut r = unsafe { d.create(self.id, spec.props) }.map_err(|code| (false, code));
-            if r.is_ok() {
+            // A unicast spec has no team devices: no loop (a constant).
+            if K2::MULTICAST && r.is_ok() {
                 for &dev in &spec.devices {
                     // SAFETY: the endpoint was created just above; nothing is
                     // bound (R4.4).
@@ -376,7 +389,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         }
         {
             // SAFETY: `create` took the endpoint by value.
-            let facts = unsafe { self.facts_mut() };
+            let facts = unsafe { rec.facts_mut() };
             facts.size = spec.props.size;
             facts.align = limits.bind_alignment;
             facts.devices = match spec.props.shape {
@@ -686,7 +699,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // Out of the endpoint first: a panic inside the destroy must not
         // let the endpoint's `Drop` destroy it a second time.
         let (range, id) = self.into_parts();
-        match destroy_now(&range, id, false) {
+        match destroy_inline(&range, id, false) {
             None => Ok(Endpoint::from_parts(range, id)),
             Some(error) => Err(Failure::new(*error, Endpoint::from_parts(range, id))),
         }
