@@ -334,6 +334,8 @@ impl Model {
     /// Drops this process's record once it exited (a fabric server's
     /// process whose connection closed): pids are never reused, so nothing
     /// can name it again.
+    // Used by the fabric server only.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn forget(&self) {
         self.lock().procs.forget(self.pid);
     }
@@ -356,6 +358,7 @@ impl Model {
     }
 
     /// The fabric's public tag (in every handle string it makes).
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn fabric_tag(&self) -> u64 {
         self.lock().secret.tag
     }

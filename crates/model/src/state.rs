@@ -180,6 +180,8 @@ impl Procs {
     }
 
     /// Drops the record of `pid` if it exited.
+    // Used by the fabric server only.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub fn forget(&mut self, pid: usize) {
         if self.map.get(&pid).is_some_and(|p| p.exited) {
             self.map.remove(&pid);
