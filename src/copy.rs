@@ -67,6 +67,7 @@ use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, Unicast};
 use crate::memory::{BindSource, Mapped, MemShare};
 use crate::state::{Agreed, IsReady, Sealed, State};
 use crate::stream::{Keep, Stream};
+use crate::unwind::OnUnwind;
 
 /// Kinds whose endpoint a get may read (F1: unicast only).
 #[diagnostic::on_unimplemented(
@@ -637,7 +638,12 @@ impl BatchInner {
 
     /// `ep`'s index in `eps` (and `keep.endpoints`), added when new.
     fn endpoint<S: State, K: Kind>(&mut self, ep: &Endpoint<S, K>) -> usize {
-        match self.eps.iter().rposition(|e| e.id == ep.id()) {
+        // By id and range: an endpoint of another context may carry the
+        // same id, and must be checked (and refused) as itself.
+        let same = |(e, (r, _)): (&EpFacts, &(std::sync::Arc<crate::range::RangeInner>, u32))| {
+            e.id == ep.id() && std::ptr::eq(&**r, &**ep.range())
+        };
+        match self.eps.iter().zip(&self.keep.endpoints).rposition(same) {
             Some(i) => i,
             None => {
                 self.eps.push(Self::facts(ep));
@@ -1100,7 +1106,21 @@ impl Stream {
         // memory and endpoints are kept by the record made just below (and
         // borrowed by the token), and the host buffers are owned by the
         // token, freed only after a synchronize or leaked when it is forgotten.
+        // A panic inside the call (a `tracing` layer, a user backend) may
+        // come after the driver took the batch: what the copies use stays
+        // in flight then, kept by the stream until it is synchronized, and
+        // the host buffers are leaked, never freed under a copy (F4).
+        let mut held = Some((keep, host_in, host_out));
+        let guard = OnUnwind::new(|| {
+            if let Some((keep, host_in, host_out)) = held.take() {
+                self.inner.record(keep);
+                std::mem::forget((host_in, host_out));
+            }
+        });
         let r = unsafe { ctx.driver().fabric_copy_batch(self.inner.handle, list, 0) };
+        guard.disarm();
+        // Taken only by the guard, which ran only if the call unwound.
+        let (keep, host_in, host_out) = held.unwrap_or_default();
         if let Err(code) = r {
             return Err(fabric_copy_error(ctx, code));
         }

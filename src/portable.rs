@@ -47,6 +47,7 @@ use crate::memory::{BindSource, Mapped, MemShare};
 use crate::range::RangeInner;
 use crate::state::{IsReady, State};
 use crate::stream::{KeepMemory, Stream};
+use crate::unwind::OnUnwind;
 
 /// How a context's [`crate::CopyBatch`]es reach the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -497,6 +498,18 @@ impl Stream {
         }
         let handle = self.inner.handle;
         let mut enqueued = 0usize;
+        // A panic inside a call (a `tracing` layer, a user backend) may come
+        // after the driver took copies: what they use stays in flight,
+        // kept by the stream until it is synchronized, and the host buffers
+        // are leaked, never freed under a copy (F4).
+        let mut held = Some((keep, host_in, host_out));
+        let guard = OnUnwind::new(|| {
+            if let Some((keep, host_in, host_out)) = held.take() {
+                self.inner.record(keep);
+                std::mem::forget((host_in, host_out));
+            }
+        });
+        let mut failed = None;
         for &(dst, src, n) in copies.iter().filter(|c| c.2 > 0) {
             // SAFETY: `dst` and `src` are local memory of the batch (borrowed
             // for 'a, or owned host buffers) or windows' memory, mapped in
@@ -509,17 +522,24 @@ impl Stream {
             // (or, if that fails, leaked) before anything is dropped.
             let r = unsafe { ctx.driver().memcpy_async(dst, src, n, handle) };
             if let Err(code) = r {
-                let e = ctx.error(Call::MemcpyAsync, code);
-                if enqueued > 0 {
-                    self.inner.record(keep);
-                    if self.inner.synchronize().is_err() {
-                        std::mem::forget(host_in);
-                        std::mem::forget(host_out);
-                    }
-                }
-                return Err(e);
+                failed = Some(code);
+                break;
             }
             enqueued = enqueued.saturating_add(1);
+        }
+        guard.disarm();
+        // Taken only by the guard, which ran only if a call unwound.
+        let (keep, host_in, host_out) = held.unwrap_or_default();
+        if let Some(code) = failed {
+            let e = ctx.error(Call::MemcpyAsync, code);
+            if enqueued > 0 {
+                self.inner.record(keep);
+                if self.inner.synchronize().is_err() {
+                    std::mem::forget(host_in);
+                    std::mem::forget(host_out);
+                }
+            }
+            return Err(e);
         }
         let seq = self.inner.record(keep);
         Ok(InFlight::new(self, host_in, host_out, seq))

@@ -44,7 +44,7 @@ use crate::range::RangeInner;
 
 /// What one enqueued batch keeps alive until the stream passed it. A batch
 /// usually names one allocation and one endpoint: inline, no allocation.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct Keep {
     /// Local memory read or written (`Mapped` keep-alives).
     pub memory: KeepMemory,

@@ -1528,3 +1528,23 @@ fn memory_of_another_context_in_a_copy_is_refused_as_the_wrong_context() {
     clean(&ctx, &model);
     clean(&other, &other_model);
 }
+
+#[test]
+fn an_endpoint_of_another_context_with_the_same_id_in_one_batch_is_the_wrong_context() {
+    let (a, model_a) = node();
+    let (b, model_b) = node();
+    let (ea, eb) = (unicast(&a, 0, ALIGN), unicast(&b, 0, ALIGN));
+    assert_eq!(ea.id(), eb.id(), "the same id in two contexts");
+    let (ma, mb) = (mapped(&a, 0), mapped(&b, 0));
+    let (ba, bb) = (ea.bind(0, 0, &ma).unwrap(), eb.bind(0, 0, &mb).unwrap());
+    let stream = Stream::new(&a, 0).unwrap();
+    let batch = CopyBatch::new()
+        .put_host(vec![7; 64], &ea, 0)
+        .put_host(vec![7; 64], &eb, 4096);
+    let e = stream.enqueue(batch).map(|_| ()).unwrap_err();
+    assert!(matches!(e, Error::WrongContext), "{e}");
+    drop((stream, ba, bb));
+    drop((ea, eb, ma, mb));
+    clean(&a, &model_a);
+    clean(&b, &model_b);
+}

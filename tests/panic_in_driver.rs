@@ -709,3 +709,73 @@ fn a_panic_inside_the_destroy_of_an_orphan_still_releases_the_ids_and_detaches_t
     common::clean(&peer, &pm);
     common::clean(&owner, &model);
 }
+
+/// A `tracing` layer that panics once, after the first success of `call`.
+fn panic_once_after(call: Call) -> impl tracing::Subscriber {
+    let done = AtomicUsize::new(0);
+    common::layer::OnEvent(move |e: &common::layer::EventFields| {
+        if e.succeeded() == Some(call) && done.fetch_add(1, Ordering::SeqCst) == 0 {
+            std::panic::panic_any(Planned);
+        }
+    })
+}
+
+/// A put enqueued, then a panic after the driver took it (`call`): the
+/// caller's memory, binding and endpoint are dropped while unwinding, with
+/// the copy still queued on the stream, which outlives them.
+fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call) {
+    quiet();
+    let model = Model::new(ModelConfig {
+        driver_version,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+    let r = tracing::subscriber::with_default(panic_once_after(call), || {
+        catch_unwind(AssertUnwindSafe(|| {
+            let ep = ctx
+                .reserve_one()
+                .unwrap()
+                .create(Spec::unicast(0, ALIGN))
+                .unwrap()
+                .wait(T)
+                .unwrap();
+            let owner = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN)
+                .unwrap()
+                .map(&[Device(0)])
+                .unwrap();
+            let src = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN)
+                .unwrap()
+                .map(&[Device(0)])
+                .unwrap();
+            let _b = ep.bind(Device(0), 0, &owner).unwrap();
+            let _copy = stream
+                .enqueue(cuda_endpoints::CopyBatch::new().put(&src, 0, &ep, 0, 4096))
+                .unwrap();
+        }))
+    });
+    assert!(r.is_err_and(|p| p.is::<Planned>()), "the planned panic");
+    stream.synchronize().unwrap();
+    drop(stream);
+    let teardown = ctx.take_teardown_errors();
+    drop(ctx);
+    // Nothing was unbound or freed under the queued copy (F4), and it was
+    // all let go once the stream passed it.
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+    assert!(teardown.is_empty(), "{teardown:?}");
+}
+
+#[test]
+fn f4_a_panic_after_the_driver_took_a_fabric_copy_frees_nothing_the_copy_uses() {
+    panic_after_the_driver_took_a_put(13050, Call::FabricCpyBatchAsync);
+}
+
+#[test]
+fn f4_a_panic_after_the_driver_took_a_portable_copy_frees_nothing_the_copy_uses() {
+    panic_after_the_driver_took_a_put(13040, Call::MemcpyAsync);
+}
