@@ -1098,14 +1098,6 @@ impl Stream {
             host_in,
             host_out,
         } = batch.into_list();
-        // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
-        // ranges were checked against the bindings this process knows (F9);
-        // the ops are independent (F3, checked) and local (F2, checked);
-        // the flags are 0 (F5) and the stream is this one (never NULL, F6).
-        // Nothing is freed before the stream passed the ops (F4): the
-        // memory and endpoints are kept by the record made just below (and
-        // borrowed by the token), and the host buffers are owned by the
-        // token, freed only after a synchronize or leaked when it is forgotten.
         // A panic inside the call (a `tracing` layer, a user backend) may
         // come after the driver took the batch: what the copies use stays
         // in flight then, kept by the stream until it is synchronized, and
@@ -1117,6 +1109,14 @@ impl Stream {
                 std::mem::forget((host_in, host_out));
             }
         });
+        // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
+        // ranges were checked against the bindings this process knows (F9);
+        // the ops are independent (F3, checked) and local (F2, checked);
+        // the flags are 0 (F5) and the stream is this one (never NULL, F6).
+        // Nothing is freed before the stream passed the ops (F4): the
+        // memory and endpoints are kept by the record made just below (and
+        // borrowed by the token), and the host buffers are owned by the
+        // token, freed only after a synchronize or leaked when it is forgotten.
         let r = unsafe { ctx.driver().fabric_copy_batch(self.inner.handle, list, 0) };
         guard.disarm();
         // Taken only by the guard, which ran only if the call unwound.
