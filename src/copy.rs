@@ -98,6 +98,10 @@ pub struct CopyBatch<'a> {
     _borrow: PhantomData<&'a ()>,
 }
 
+/// An allocation a batch names: the first op naming it, its location, its
+/// context's key and its address range `(address, size)`.
+type MemoryNamed = (usize, Location, usize, (u64, u64));
+
 /// The state of a [`CopyBatch`].
 ///
 /// The builder writes the driver's op list itself and checks each op as it
@@ -118,7 +122,9 @@ pub(crate) struct BatchInner {
     /// The location of each allocation of `keep.memory` (same index), with
     /// the first op naming it, for F2, and its context's key (memory of
     /// another context is refused): checked once per allocation.
-    locations: SmallVec<[(usize, Location, usize); 1]>,
+    /// And its address range `(address, size)`, for F3 through an
+    /// endpoint's own bound memory.
+    locations: SmallVec<[MemoryNamed; 1]>,
     pub(crate) host_in: Vec<Vec<u8>>,
     pub(crate) host_out: Vec<(usize, Vec<u8>)>,
     /// The first error a builder call met on the local side (memory range,
@@ -427,8 +433,9 @@ impl BatchInner {
         let known = self.keep.memory.iter().rev().any(|k| mem.keeps(k));
         if !known {
             self.keep.memory.push(mem.keep_alive());
+            let span = (mem.device_ptr(), mem.size());
             self.locations
-                .push((op, mem.location(), mem.context().key()));
+                .push((op, mem.location(), mem.context().key(), span));
         }
         let (ptr, len) = (mem.device_ptr(), mem.size());
         self.cursor.mem = match ptr.checked_add(len) {
@@ -792,7 +799,7 @@ impl BatchInner {
             return Err(*e);
         }
         self.recheck_stale()?;
-        for &(op, location, _) in &self.locations {
+        for &(op, location, ..) in &self.locations {
             let local = match location {
                 Location::Device(d) => d == stream_dev,
                 Location::HostNuma(_) => true,
@@ -808,8 +815,9 @@ impl BatchInner {
         // F3: a destination overlapping another op's source or destination.
         // Proven by the builder when the destinations came in order and no
         // source can meet one (puts alone, or gets alone).
-        if (self.unordered || (self.puts && self.gets))
-            && let Some((op, other)) = dependent(&self.list)
+        let aliases = self.aliases();
+        if (self.unordered || (self.puts && self.gets) || !aliases.is_empty())
+            && let Some((op, other)) = dependent(&self.list, &aliases)
         {
             return Err(Error::CopyDependent { op, other });
         }
@@ -817,7 +825,42 @@ impl BatchInner {
     }
 }
 
+/// A local endpoint's memory bound by address that the batch also names by
+/// address: `(id, endpoint offset, size, address)`. An op through the
+/// endpoint there reads or writes those addresses too (F3).
+type Alias = (u32, u64, u64, u64);
+
 impl BatchInner {
+    /// The bindings by address of the batch's local endpoints that overlap
+    /// memory the batch names by address (usually none: one relaxed load
+    /// per endpoint when its range never had a window).
+    fn aliases(&self) -> Vec<Alias> {
+        let mut out = Vec::new();
+        if self.locations.is_empty() {
+            return out;
+        }
+        for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
+            if !f.bound_here || !range.maybe_attached() {
+                continue;
+            }
+            let slot = range.slot(*id);
+            for (off, size, addr) in slot
+                .windows()
+                .filter_map(crate::portable::Window::local_span)
+            {
+                let end = addr.saturating_add(size);
+                if self
+                    .locations
+                    .iter()
+                    .any(|&(.., (p, len))| addr < p.saturating_add(len) && p < end)
+                {
+                    out.push((*id, off, size, addr));
+                }
+            }
+        }
+        out
+    }
+
     /// An endpoint whose bindings changed since the builder read them (a
     /// bind or unbind between building and enqueueing): its facts are read
     /// again and every op on it checked again (F9). Nothing to do, at one
@@ -921,8 +964,8 @@ fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Intervals {
 /// destination overlaps the other's source or destination, in the same
 /// endpoint or address space. `(the op whose destination, the other)`; of two
 /// destinations, the lower op first. One sort and one sweep: O(n log n).
-fn dependent(ops: &[CopyOp]) -> Option<(usize, usize)> {
-    if disjoint_in_order(ops) {
+fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usize)> {
+    if aliases.is_empty() && disjoint_in_order(ops) {
         return None;
     }
     // (space: endpoint id or none for addresses, start, end, op, destination)
@@ -944,6 +987,21 @@ fn dependent(ops: &[CopyOp]) -> Option<(usize, usize)> {
                 addrs.push(s)
             } else {
                 eps.push(s)
+            }
+        }
+        // Through a local endpoint, the addresses of the memory bound there
+        // (an op through it and an op by address may meet in that memory).
+        for (side, dst) in [(src, false), (dst, true)] {
+            let Operand::LogicalEndpoint { id, offset } = *side else {
+                continue;
+            };
+            let end = offset.saturating_add(size);
+            for &(a_id, a_off, a_size, a_addr) in aliases {
+                let (s, e) = (offset.max(a_off), end.min(a_off.saturating_add(a_size)));
+                if a_id == id && s < e {
+                    let at = a_addr.saturating_add(s - a_off);
+                    addrs.push((None, at, at.saturating_add(e - s), i, dst));
+                }
             }
         }
     }
@@ -1151,7 +1209,12 @@ impl<'a> CopyBatch<'a> {
         {
             return Err(Error::WrongContext);
         }
-        if self.inner.locations.iter().any(|&(_, _, c)| c != ctx.key()) {
+        if self
+            .inner
+            .locations
+            .iter()
+            .any(|&(_, _, c, _)| c != ctx.key())
+        {
             return Err(Error::WrongContext);
         }
         self.inner.check(stream.inner.dev)
@@ -1406,7 +1469,7 @@ mod tests {
                 .map(|&(sk, sa, dk, da, n)| (side(sk, sa), side(dk, da), n))
                 .collect();
             let typed: Vec<CopyOp> = ops.iter().map(op).collect();
-            let found = dependent(&typed);
+            let found = dependent(&typed, &[]);
             proptest::prop_assert_eq!(found.is_some(), dependent_pairwise(&ops).is_some());
             if let Some((a, b)) = found {
                 // The pair named is a dependent pair.
@@ -1457,7 +1520,7 @@ mod tests {
                 .collect();
             let typed: Vec<CopyOp> = ops.iter().map(op).collect();
             proptest::prop_assert_eq!(
-                dependent(&typed).is_some(),
+                dependent(&typed, &[]).is_some(),
                 dependent_pairwise(&ops).is_some()
             );
         }

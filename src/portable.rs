@@ -178,6 +178,11 @@ impl Window {
         }
     }
 
+    /// A local bind by address: `(endpoint offset, size, address)`.
+    pub(crate) fn local_span(&self) -> Option<(u64, u64, u64)> {
+        matches!(self.member, Member::Local(_)).then_some((self.offset, self.size, self.addr))
+    }
+
     /// Whether this is the window of the local bind on `dev` at `offset`.
     pub(crate) fn is_local(&self, dev: Device, offset: u64) -> bool {
         self.member == Member::Local(dev) && self.offset == offset

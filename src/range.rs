@@ -425,6 +425,14 @@ impl Drop for Spare {
 }
 
 impl RangeInner {
+    /// Whether any id of the range may have a fabric handle or a window
+    /// (never cleared): while not, none has, and nothing need be locked
+    /// to know it.
+    #[inline]
+    pub(crate) fn maybe_attached(&self) -> bool {
+        self.attached.load(Ordering::Relaxed)
+    }
+
     #[inline]
     fn record(&self, id: u32) -> &Record {
         let i = (id - self.base) as usize;

@@ -1548,3 +1548,34 @@ fn an_endpoint_of_another_context_with_the_same_id_in_one_batch_is_the_wrong_con
     clean(&a, &model_a);
     clean(&b, &model_b);
 }
+
+#[test]
+fn f3_ops_that_meet_in_an_endpoints_own_bound_memory_are_dependent() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 0, ALIGN);
+    let mem = mapped(&ctx, 0);
+    let b = ep.bind(0, 0, &mem).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // `mem` is bound on `ep` at 0. Op 0 writes ep[4K..8K) = mem[4K..8K),
+    // which op 1 reads by address: puts alone, in order, yet dependent.
+    let puts = CopyBatch::new()
+        .put(&mem, 0, &ep, 4096, 4096)
+        .put(&mem, 4096, &ep, 8192, 4096);
+    let e = stream.enqueue(puts).map(|_| ()).unwrap_err();
+    assert!(matches!(e, Error::CopyDependent { op: 0, other: 1 }), "{e}");
+    // Gets: op 0 writes mem[4K..8K) = ep[4K..8K), which op 1 reads
+    // through the endpoint.
+    let gets = CopyBatch::new()
+        .get(&ep, 0, &mem, 4096, 4096)
+        .get(&ep, 4096, &mem, 8192, 4096);
+    let e = stream.enqueue(gets).map(|_| ()).unwrap_err();
+    assert!(matches!(e, Error::CopyDependent { op: 0, other: 1 }), "{e}");
+    // Apart in the memory too: independent.
+    let apart = CopyBatch::new()
+        .put(&mem, 0, &ep, 65536, 4096)
+        .put(&mem, 4096, &ep, 69632, 4096);
+    stream.enqueue(apart).unwrap().wait().unwrap();
+    drop((stream, b));
+    drop((ep, mem));
+    clean(&ctx, &model);
+}
