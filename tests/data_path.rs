@@ -1511,8 +1511,10 @@ fn f5_a_zero_byte_op_one_past_the_end_of_its_memory_is_refused_before_the_driver
 
 #[test]
 fn memory_of_another_context_in_a_copy_is_refused_as_the_wrong_context() {
-    let (ctx, model) = node();
-    let (other, other_model) = node();
+    // Two models: the check is the typed layer's, whatever the backend
+    // (and the double has one node per process).
+    let (ctx, model) = model_node();
+    let (other, other_model) = model_node();
     let ep = unicast(&ctx, 0, ALIGN);
     let mem = mapped(&ctx, 0);
     let foreign = mapped(&other, 0);
@@ -1525,14 +1527,15 @@ fn memory_of_another_context_in_a_copy_is_refused_as_the_wrong_context() {
     assert!(matches!(e, Error::WrongContext), "{e}");
     drop((stream, b));
     drop((ep, mem, foreign));
-    clean(&ctx, &model);
-    clean(&other, &other_model);
+    model_clean(&ctx, &model);
+    model_clean(&other, &other_model);
 }
 
 #[test]
 fn an_endpoint_of_another_context_with_the_same_id_in_one_batch_is_the_wrong_context() {
-    let (a, model_a) = node();
-    let (b, model_b) = node();
+    // Two models, as above.
+    let (a, model_a) = model_node();
+    let (b, model_b) = model_node();
     let (ea, eb) = (unicast(&a, 0, ALIGN), unicast(&b, 0, ALIGN));
     assert_eq!(ea.id(), eb.id(), "the same id in two contexts");
     let (ma, mb) = (mapped(&a, 0), mapped(&b, 0));
@@ -1545,8 +1548,8 @@ fn an_endpoint_of_another_context_with_the_same_id_in_one_batch_is_the_wrong_con
     assert!(matches!(e, Error::WrongContext), "{e}");
     drop((stream, ba, bb));
     drop((ea, eb, ma, mb));
-    clean(&a, &model_a);
-    clean(&b, &model_b);
+    model_clean(&a, &model_a);
+    model_clean(&b, &model_b);
 }
 
 #[test]
@@ -1578,4 +1581,19 @@ fn f3_ops_that_meet_in_an_endpoints_own_bound_memory_are_dependent() {
     drop((stream, b));
     drop((ep, mem));
     clean(&ctx, &model);
+}
+
+/// A node of two devices on a 13.5 model, whatever the suite's backend.
+fn model_node() -> (Context, cuda_endpoints::model::Model) {
+    Context::model(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    })
+}
+
+#[track_caller]
+fn model_clean(ctx: &Context, model: &cuda_endpoints::model::Model) {
+    assert!(ctx.take_teardown_errors().is_empty());
+    assert!(model.live().is_empty(), "leak: {:?}", model.live());
+    common::no_violations(&model.violations());
 }
