@@ -39,6 +39,7 @@ use crate::copy::{CopyBatch, FabricList, InFlight, fabric_copy_error};
 use crate::driver::Call;
 use crate::error::{Error, Feature, Result};
 use crate::stream::{Keep, Stream};
+use crate::unwind::OnUnwind;
 
 /// A captured [`CopyBatch`], launched with [`CopyGraph::launch`] (F8).
 ///
@@ -123,10 +124,14 @@ impl Stream {
                 ctx.record_teardown(e);
             }
         };
+        // A panic inside a call below (a `tracing` layer, a user backend)
+        // still destroys the capture stream: nothing ran on it.
+        let stream_guard = OnUnwind::new(destroy_stream);
         // SAFETY: the capture stream is ours, live, not capturing and
         // reached by no one else (the capture ends below on every path).
         let r = unsafe { d.stream_begin_capture(handle) };
         if let Err(e) = ctx.check(Call::StreamBeginCapture, r) {
+            stream_guard.disarm();
             destroy_stream();
             return Err(e);
         }
@@ -136,16 +141,33 @@ impl Stream {
         let copied = unsafe { d.fabric_copy_batch(handle, list, 0) };
         // SAFETY: this stream is capturing (begun above).
         let ended = unsafe { d.stream_end_capture(handle) };
-        destroy_stream();
-        let graph = ctx.check(Call::StreamEndCapture, ended)?;
+        stream_guard.disarm();
+        let graph = match ended {
+            // The graph is ours from here: a panic inside the stream's
+            // destroy or the instantiate below destroys it (never launched).
+            Ok(graph) => Some(graph),
+            Err(_) => None,
+        };
         let destroy_graph = || {
-            // SAFETY: the graph is ours and not used again.
-            let r = unsafe { d.graph_destroy(graph) };
-            if let Err(e) = ctx.check(Call::GraphDestroy, r) {
-                ctx.record_teardown(e);
+            if let Some(graph) = graph {
+                // SAFETY: the graph is ours and not used again.
+                let r = unsafe { d.graph_destroy(graph) };
+                if let Err(e) = ctx.check(Call::GraphDestroy, r) {
+                    ctx.record_teardown(e);
+                }
+            }
+        };
+        let graph_guard = OnUnwind::new(destroy_graph);
+        destroy_stream();
+        let graph = match ctx.check(Call::StreamEndCapture, ended) {
+            Ok(g) => g,
+            Err(e) => {
+                graph_guard.disarm();
+                return Err(e);
             }
         };
         if let Err(code) = copied {
+            graph_guard.disarm();
             destroy_graph();
             return Err(fabric_copy_error(ctx, code));
         }
@@ -155,10 +177,12 @@ impl Stream {
         }) {
             Ok(e) => e,
             Err(e) => {
+                graph_guard.disarm();
                 destroy_graph();
                 return Err(e);
             }
         };
+        graph_guard.disarm();
         // F8: from now until the graph is dropped, its ids stay bound (an
         // unbind is refused before the driver, `Error::UnbindUnderGraph`).
         let pin = crate::stream::pin_for_graph(&keep.endpoints);

@@ -779,3 +779,65 @@ fn f4_a_panic_after_the_driver_took_a_fabric_copy_frees_nothing_the_copy_uses() 
 fn f4_a_panic_after_the_driver_took_a_portable_copy_frees_nothing_the_copy_uses() {
     panic_after_the_driver_took_a_put(13040, Call::MemcpyAsync);
 }
+
+/// A capture whose call `call` panics after the driver acted: nothing
+/// the crate got back leaks (the capture stream, the graph).
+fn panic_in_a_capture(call: Call) {
+    quiet();
+    let model = Model::new(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let owner = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN)
+        .unwrap()
+        .map(&[Device(0)])
+        .unwrap();
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let r = tracing::subscriber::with_default(panic_once_after(call), || {
+        catch_unwind(AssertUnwindSafe(|| {
+            let batch = cuda_endpoints::CopyBatch::new().put_host(vec![1; 64], &ep, 0);
+            drop(stream.capture(batch));
+        }))
+    });
+    assert!(
+        r.is_err_and(|p| p.is::<Planned>()),
+        "{call}: the planned panic"
+    );
+    stream.synchronize().unwrap();
+    drop(stream);
+    b.unbind().unwrap();
+    drop((ep, owner));
+    let teardown = ctx.take_teardown_errors();
+    drop(ctx);
+    assert!(
+        model.violations().is_empty(),
+        "{call}: {:?}",
+        model.violations()
+    );
+    assert!(
+        model.live_node().is_empty(),
+        "{call}: leak: {:?}",
+        model.live_node()
+    );
+    assert!(teardown.is_empty(), "{call}: {teardown:?}");
+}
+
+#[test]
+fn a_panic_inside_a_capture_leaves_no_capture_stream_and_no_graph_it_got_back() {
+    for call in [
+        Call::StreamBeginCapture,
+        Call::FabricCpyBatchAsync,
+        Call::StreamDestroy,
+    ] {
+        panic_in_a_capture(call);
+    }
+}
