@@ -142,12 +142,9 @@ impl Stream {
         // SAFETY: this stream is capturing (begun above).
         let ended = unsafe { d.stream_end_capture(handle) };
         stream_guard.disarm();
-        let graph = match ended {
-            // The graph is ours from here: a panic inside the stream's
-            // destroy or the instantiate below destroys it (never launched).
-            Ok(graph) => Some(graph),
-            Err(_) => None,
-        };
+        // The graph is ours from here: a panic inside the stream's destroy
+        // or the instantiate below destroys it (never launched).
+        let graph = ended.ok();
         let destroy_graph = || {
             if let Some(graph) = graph {
                 // SAFETY: the graph is ours and not used again.
