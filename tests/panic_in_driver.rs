@@ -720,6 +720,31 @@ fn panic_once_after(call: Call) -> impl tracing::Subscriber {
     })
 }
 
+/// 2 MiB of mapped device memory on device 0.
+fn mapped_on_0(ctx: &Context) -> cuda_endpoints::Mapped<Private> {
+    Allocation::<Private>::on_device(ctx, Device(0), ALIGN)
+        .unwrap()
+        .map(&[Device(0)])
+        .unwrap()
+}
+
+/// A ready unicast endpoint on device 0, and memory to bind on it.
+fn ready_unicast_and_memory(
+    ctx: &Context,
+) -> (
+    cuda_endpoints::Endpoint<cuda_endpoints::Ready, cuda_endpoints::Unicast>,
+    cuda_endpoints::Mapped<Private>,
+) {
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    (ep, mapped_on_0(ctx))
+}
+
 /// A put enqueued, then a panic after the driver took it (`call`): the
 /// caller's memory, binding and endpoint are dropped while unwinding, with
 /// the copy still queued on the stream, which outlives them.
@@ -733,21 +758,8 @@ fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call) {
     let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
     let r = tracing::subscriber::with_default(panic_once_after(call), || {
         catch_unwind(AssertUnwindSafe(|| {
-            let ep = ctx
-                .reserve_one()
-                .unwrap()
-                .create(Spec::unicast(0, ALIGN))
-                .unwrap()
-                .wait(T)
-                .unwrap();
-            let owner = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN)
-                .unwrap()
-                .map(&[Device(0)])
-                .unwrap();
-            let src = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN)
-                .unwrap()
-                .map(&[Device(0)])
-                .unwrap();
+            let (ep, owner) = ready_unicast_and_memory(&ctx);
+            let src = mapped_on_0(&ctx);
             let _b = ep.bind(Device(0), 0, &owner).unwrap();
             let _copy = stream
                 .enqueue(cuda_endpoints::CopyBatch::new().put(&src, 0, &ep, 0, 4096))
@@ -790,17 +802,7 @@ fn panic_in_a_capture(call: Call) {
     });
     let ctx = Context::new(Traced::new(model.clone()));
     let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
-    let ep = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::unicast(0, ALIGN))
-        .unwrap()
-        .wait(T)
-        .unwrap();
-    let owner = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN)
-        .unwrap()
-        .map(&[Device(0)])
-        .unwrap();
+    let (ep, owner) = ready_unicast_and_memory(&ctx);
     let b = ep.bind(Device(0), 0, &owner).unwrap();
     let r = tracing::subscriber::with_default(panic_once_after(call), || {
         catch_unwind(AssertUnwindSafe(|| {
