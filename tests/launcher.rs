@@ -217,3 +217,38 @@ fn a_launcher_killed_by_sigkill_leaves_no_job_and_no_temp_dir() {
 fn a_launcher_killed_by_sigterm_leaves_no_job_and_no_temp_dir() {
     killed_launcher_leaves_nothing("-TERM");
 }
+
+/// Killed as soon as it names its fabric, before or while it starts the job:
+/// the watchdog exists from then on, so the directory still goes.
+#[test]
+fn a_launcher_killed_as_soon_as_it_names_its_fabric_leaves_no_temp_dir() {
+    let _s = serial();
+    for signal in ["-KILL", "-TERM"] {
+        let mut cmd = Command::new(LAUNCHER);
+        cmd.args(["-n", "4", "--", "/bin/sh", "-c", "exec sleep 600"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut launcher = Guard::spawn("launcher", &mut cmd);
+        let stderr = launcher.stderr.take().expect("stderr");
+        let mut line = String::new();
+        BufReader::new(stderr).read_line(&mut line).expect("line");
+        let socket = PathBuf::from(line.trim().rsplit(" at ").next().expect("socket"));
+        let tmp = socket.parent().expect("temp dir").to_owned();
+        let status = Command::new("kill")
+            .args([signal, &launcher.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        assert!(launcher.wait_until(deadline).is_some(), "the launcher died");
+        while tmp.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "{signal}: {} left behind",
+                tmp.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

@@ -134,6 +134,9 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The watchdog before anything else can be seen of the fabric: a
+    // launcher killed from here on still has its directory removed.
+    let watch = watchdog(server.socket());
     eprintln!(
         "cuda-endpoints-fabric: {} node(s) x {} GPU(s) at {}",
         nodes,
@@ -151,7 +154,7 @@ pub fn main() -> ExitCode {
             n.div_ceil(nodes.max(1))
         );
     }
-    let mut job = match spawn_job(&args, &server, nodes) {
+    let mut job = match spawn_job(&args, &server, nodes, watch) {
         Ok(j) => j,
         Err(e) => {
             eprintln!("cuda-endpoints-fabric: cannot run {}: {e}", args.command[0]);
@@ -234,7 +237,12 @@ struct Job {
     watchdog: Option<Child>,
 }
 
-fn spawn_job(args: &Args, server: &FabricServer, nodes: usize) -> std::io::Result<Job> {
+fn spawn_job(
+    args: &Args,
+    server: &FabricServer,
+    nodes: usize,
+    watch: Option<Child>,
+) -> std::io::Result<Job> {
     let ranks = args.ranks.map(|n| n as usize);
     // Rank 0's listener, bound here and handed down to rank 0 alone
     // (`LISTEN_FD_ENV`): the port stays taken from the moment it is chosen,
@@ -251,7 +259,7 @@ fn spawn_job(args: &Args, server: &FabricServer, nodes: usize) -> std::io::Resul
     let mut job = Job {
         children: Vec::new(),
         pgid: 0,
-        watchdog: None,
+        watchdog: watch,
     };
     for rank in 0..ranks.unwrap_or(1) {
         let mut cmd = Command::new(&args.command[0]);
@@ -308,26 +316,26 @@ fn spawn_job(args: &Args, server: &FabricServer, nodes: usize) -> std::io::Resul
     }
     // Rank 0 holds the listener now; the launcher's copy goes.
     drop(listener);
-    job.watchdog = watchdog(job.pgid, server.socket());
+    // The watchdog learns the job's process group now that it exists.
+    if let Some(stdin) = job.watchdog.as_mut().and_then(|w| w.stdin.as_mut()) {
+        let _ = writeln!(stdin, "{}", job.pgid);
+    }
     Ok(job)
 }
 
-/// A shell in its own process group that waits for the launcher to close
-/// its stdin: "done" when the launcher ends normally; anything else (the
-/// launcher died) makes it end the job's process group and remove the
-/// fabric's directory.
-fn watchdog(pgid: i32, socket: &std::path::Path) -> Option<Child> {
+/// A shell in its own process group that reads the job's process group,
+/// then waits for the launcher to close its stdin: "done" when the launcher
+/// ends normally; anything else (the launcher died, even before it said the
+/// group, whose processes then die with it: `PR_SET_PDEATHSIG`) makes it end
+/// the job's process group and remove the fabric's directory.
+fn watchdog(socket: &std::path::Path) -> Option<Child> {
     let dir = socket.parent()?;
-    if pgid <= 0 {
-        return None;
-    }
     Command::new("/bin/sh")
         .args([
             "-c",
-            r#"read x; [ "$x" = done ] && exit 0; kill -TERM -- "-$1" 2>/dev/null; sleep 1; kill -KILL -- "-$1" 2>/dev/null; rm -rf -- "$2""#,
+            r#"read pg; [ "$pg" = done ] && exit 0; read x; [ "$x" = done ] && exit 0; case "$pg" in ''|*[!0-9]*|0) ;; *) kill -TERM -- "-$pg" 2>/dev/null; sleep 1; kill -KILL -- "-$pg" 2>/dev/null ;; esac; rm -rf -- "$1""#,
             "cuda-endpoints-fabric-watchdog",
         ])
-        .arg(pgid.to_string())
         .arg(dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
