@@ -4,7 +4,8 @@
 //! locality, F2; independence, F3) against the raw `fabric_copy_batch` call
 //! with the same ops built by hand, on the pass-through `Null` driver, for
 //! 1, 64 and 1,024 puts of 64 bytes (device memory → a bound unicast
-//! endpoint, op `i` at offset `64 i` on both sides).
+//! endpoint, op `i` at offset `64 i` on both sides): one `put` call per op,
+//! and the same ops as one `put_strided` call (`Strided::contiguous`).
 //!
 //! ```sh
 //! cargo install gungraun-runner --version 0.20.0
@@ -25,7 +26,7 @@ use std::time::Duration;
 use cuda_endpoints::driver::{CopyOp, Driver, Operand, Pointer};
 use cuda_endpoints::{
     Allocation, Binding, CopyBatch, Endpoint, InFlight, Mapped, Private, Ready, Spec, Stream,
-    Unicast,
+    Strided, Unicast,
 };
 use gungraun::prelude::*;
 
@@ -75,6 +76,7 @@ fn world() -> &'static World {
         // long-lived program.
         for n in [1, 64, 1024] {
             typed(w, n).expect("typed").wait().expect("wait");
+            strided(w, n).expect("strided").wait().expect("wait");
             raw(&*w.fx.2, 4, w.ep.id(), w.src.device_ptr(), n);
         }
         w
@@ -88,6 +90,13 @@ fn typed(w: &'static World, n: u64) -> cuda_endpoints::Result<InFlight<'static>>
     for i in 0..n {
         batch = batch.put(&w.src, i * OP, &w.ep, i * OP, OP);
     }
+    w.stream.enqueue(batch)
+}
+
+/// The same `n` puts as one strided call (`Strided::contiguous`).
+#[inline(never)]
+fn strided(w: &'static World, n: u64) -> cuda_endpoints::Result<InFlight<'static>> {
+    let batch = CopyBatch::new().put_strided(&w.src, 0, &w.ep, 0, Strided::contiguous(n, OP));
     w.stream.enqueue(batch)
 }
 
@@ -126,6 +135,12 @@ fn copy_batch_typed((w, n): (&'static World, u64)) -> cuda_endpoints::Result<InF
 }
 
 #[library_benchmark]
+#[benches::ops(args = [1, 64, 1024], setup = s_typed, teardown = waited)]
+fn copy_batch_strided((w, n): (&'static World, u64)) -> cuda_endpoints::Result<InFlight<'static>> {
+    strided(black_box(w), black_box(n))
+}
+
+#[library_benchmark]
 #[benches::ops(args = [1, 64, 1024], setup = s_raw)]
 fn copy_batch_raw((d, id, src, n): (&'static dyn Driver, u32, u64, u64)) {
     raw(black_box(d), 4, black_box(id), black_box(src), black_box(n));
@@ -133,7 +148,7 @@ fn copy_batch_raw((d, id, src, n): (&'static dyn Driver, u32, u64, u64)) {
 
 library_benchmark_group!(
     name = copy_batch,
-    benchmarks = [copy_batch_typed, copy_batch_raw]
+    benchmarks = [copy_batch_typed, copy_batch_strided, copy_batch_raw]
 );
 
 main!(library_benchmark_groups = copy_batch);

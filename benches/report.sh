@@ -200,11 +200,11 @@ END {
     emit("lifecycle", t)
 
     # Copy batch (bench copy_batch, Null): instructions per op, typed vs raw.
-    t = "| ops per batch | typed | raw | typed per op | raw per op | typed / raw |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    t = "| ops per batch | typed, `put` per op | typed, one `put_strided` | raw | per op: `put` | `put_strided` | raw | `put` / raw | `put_strided` / raw |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     split("1 64 1024", cn, " ")
     for (i = 1; i <= 3; i++) {
-        k = cn[i]; a = ir("copy_batch::copy_batch_typed@" k); b = ir("copy_batch::copy_batch_raw@" k)
-        t = t sprintf("| %s | %s | %s | %.1f | %.1f | %s |\n", commas(k), commas(a), commas(b), a / k, b / k, ratio(a, b))
+        k = cn[i]; a = ir("copy_batch::copy_batch_typed@" k); sd = ir("copy_batch::copy_batch_strided@" k); b = ir("copy_batch::copy_batch_raw@" k)
+        t = t sprintf("| %s | %s | %s | %s | %.1f | %.1f | %.1f | %s | %s |\n", commas(k), commas(a), commas(sd), commas(b), a / k, sd / k, b / k, ratio(a, b), ratio(sd, b))
     }
     emit("copy_batch", t)
 

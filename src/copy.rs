@@ -20,7 +20,9 @@
 //!   on the same memory and endpoint costs seven comparisons (two of them
 //!   overflow checks) and one store beside the op it writes; the errors are
 //!   reported at enqueue, first the local side's ranges, then the endpoint
-//!   side's, then F2, then F3, each naming its op.
+//!   side's, then F2, then F3, each naming its op. Blocks at a stride are
+//!   one call ([`CopyBatch::put_strided`], [`Strided`], in `strided.rs`),
+//!   checked once.
 //! - [`InFlight`], the `#[must_use]` token: it borrows the endpoints and the
 //!   local memory of the batch and the stream, so destroying an endpoint or
 //!   dropping memory while the copy is in flight does not compile (F4).
@@ -68,6 +70,9 @@ use crate::memory::{BindSource, Mapped, MemShare};
 use crate::state::{Agreed, IsReady, Sealed, State};
 use crate::stream::{Keep, Stream};
 use crate::unwind::OnUnwind;
+
+mod strided;
+pub use strided::Strided;
 
 /// Kinds whose endpoint a get may read (F1: unicast only).
 #[diagnostic::on_unimplemented(

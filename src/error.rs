@@ -705,6 +705,17 @@ pub enum Error {
         other: usize,
     },
 
+    /// A strided put or get ([`crate::Strided`]) of more ops than this
+    /// process can hold in one batch's op list (56 bytes each): refused
+    /// before any of it is allocated.
+    #[error(
+        "a strided copy of {ops} ops cannot be held in one batch (its op list of 56 bytes per op could not be allocated); copy fewer, larger blocks, or split it into several batches"
+    )]
+    CopyTooManyOps {
+        /// The ops asked for.
+        ops: u64,
+    },
+
     /// On the portable path ([`crate::CopyPath::Portable`]): an op reaches
     /// endpoint bytes that this process cannot reach on every target — no
     /// memory it bound by address there, and no peer window

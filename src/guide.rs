@@ -197,6 +197,15 @@ pub mod reading_the_compiler {
     //! agreed top compiles but is refused before the driver
     //! ([`Error::CopyNotAgreed`](crate::Error::CopyNotAgreed), R13.3): the top is known at run time only.
     //!
+    //! Many blocks at a stride (a gather's rows, an all-to-all's slices) are
+    //! one call, [`CopyBatch::put_strided`](crate::CopyBatch::put_strided)
+    //! or [`get_strided`](crate::CopyBatch::get_strided) with a
+    //! [`Strided`](crate::Strided): the same ops as its puts or gets one by
+    //! one, refused alike (test
+    //! `a_strided_call_is_the_batch_of_its_ops_one_by_one_the_same_bytes_or_refused_alike`),
+    //! checked once against its last block, so each further op costs what
+    //! the raw op list costs (`benches/README.md`, "Copy batch per op").
+    //!
     //! ## Borrow and move errors in this API's terms
     //!
     //! rustc words these in terms of variables; here is what they mean for

@@ -83,7 +83,7 @@ mod unwind;
 
 pub use binding::Binding;
 pub use context::Context;
-pub use copy::{CanGet, Completed, CopyBatch, InFlight};
+pub use copy::{CanGet, Completed, CopyBatch, InFlight, Strided};
 pub use cuda_endpoints_bootstrap as bootstrap;
 pub use cuda_endpoints_driver::{Device, Location};
 // Crate-private shorthands: these are public at `driver::` only.
