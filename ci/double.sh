@@ -96,7 +96,7 @@ export PROPTEST_CASES=${PROPTEST_CASES:-16}
 # `portable_bring_up` is not here: its ranks are processes of one model in one
 # OS process, which the double (one node per process) cannot be; its OS-process
 # twin `portable_processes` runs below with the multi-process suites.
-suites=(rules double classic hostile_input faults concurrency backend_lifecycle data_path portable_copy)
+suites=(rules double classic hostile_input faults concurrency backend_lifecycle data_path portable_copy copy_strided)
 for s in "${suites[@]}"; do
     # DOUBLE_TEST_ARGS: extra libtest arguments, e.g. `--skip NAME` while debugging.
     nice cargo test --features model --test "$s" -- ${DOUBLE_TEST_ARGS:-}
