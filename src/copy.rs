@@ -1355,19 +1355,20 @@ impl<'a> InFlight<'a> {
     /// leaked, not freed: a copy may still use them.
     pub fn wait(self) -> Result<Completed> {
         let mut me = std::mem::ManuallyDrop::new(self);
-        let settled = me.settle();
+        let end = crate::unwind::completing(|| me.settle());
         // The event goes now (the token's Drop does not run).
         drop(me.event.take());
-        match settled {
-            Ok(()) => Ok(Completed {
-                sent: std::mem::take(&mut me.host_in),
-                received: std::mem::take(&mut me.host_out)
-                    .into_iter()
-                    .map(|(_, b)| b)
-                    .collect(),
-            }),
-            Err(e) => Err(e),
-        }
+        // Not done: the copies may still use the host buffers, which stay
+        // with `me`, never dropped.
+        let completed = end.done.then(|| Completed {
+            sent: std::mem::take(&mut me.host_in),
+            received: std::mem::take(&mut me.host_out)
+                .into_iter()
+                .map(|(_, b)| b)
+                .collect(),
+        });
+        end.resume()?;
+        Ok(completed.unwrap_or_default())
     }
 
     /// Whether the stream passed the batch, without blocking: its event
@@ -1387,10 +1388,13 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         crate::unwind::in_drop(|| {
-            if let Err(e) = self.settle() {
+            let end = crate::unwind::completing(|| self.settle());
+            if !end.done {
                 // The copies may still use the host buffers: leak them.
                 std::mem::forget(std::mem::take(&mut self.host_in));
                 std::mem::forget(std::mem::take(&mut self.host_out));
+            }
+            if let Err(e) = end.resume() {
                 self.stream.context().record_teardown(e);
             }
         });

@@ -247,11 +247,11 @@ impl Drop for CopyGraph<'_> {
     fn drop(&mut self) {
         crate::unwind::in_drop(|| {
             let ctx = &self.stream.inner.ctx;
-            if let Err(e) = self.stream.synchronize() {
+            let end = crate::unwind::completing(|| self.stream.synchronize());
+            if !end.done {
                 // A launch may still run: its host buffers stay, for good.
                 std::mem::forget(std::mem::take(&mut self.host_in));
                 std::mem::forget(std::mem::take(&mut self.host_out));
-                ctx.record_teardown(e);
             }
             let d = ctx.driver();
             // SAFETY: both are this graph's own; nothing launches them after.
@@ -266,6 +266,9 @@ impl Drop for CopyGraph<'_> {
             }
             // Nothing launches it again: its ids may be unbound.
             crate::stream::unpin_graph(self.pin);
+            if let Err(e) = end.resume() {
+                ctx.record_teardown(e);
+            }
         });
     }
 }

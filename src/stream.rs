@@ -29,7 +29,10 @@
 //!   `Stream`, kept alive, never destroyed here.
 //!
 //! When a synchronize fails, the records stay: the memory is leaked rather
-//! than freed under a copy that may still run.
+//! than freed under a copy that may still run. When one that ends a copy's
+//! life panics (a `tracing` layer, a user backend), it is made once more
+//! (`unwind::completing`), and the stream, event or graph is destroyed
+//! either way; the records go only if that one answered.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -407,10 +410,10 @@ impl Drop for Stream {
     fn drop(&mut self) {
         crate::unwind::in_drop(|| {
             let inner = &self.inner;
-            if let Err(e) = inner.synchronize() {
+            let end = crate::unwind::completing(|| inner.synchronize());
+            if !end.done {
                 // Copies may still run: keep what they use alive for good.
                 std::mem::forget(std::mem::take(&mut *inner.lock()));
-                inner.ctx.record_teardown(e);
             }
             // None of its entries may outlive it: a destroyed stream is
             // never synchronized (an `Event` recorded on it may keep its
@@ -419,13 +422,15 @@ impl Drop for Stream {
             // stream that is gone.
             let me = Arc::as_ptr(inner);
             forget_entries(|e| e.of_batch(me, |_| true));
-            if inner.borrowed.is_some() {
-                // cudarc's stream: cudarc destroys it.
-                return;
+            if inner.borrowed.is_none() {
+                // Not cudarc's stream (cudarc destroys its own).
+                // SAFETY: the stream is this object's own; nothing uses it after.
+                let r = unsafe { inner.ctx.driver().stream_destroy(inner.handle) };
+                if let Err(e) = inner.ctx.check(Call::StreamDestroy, r) {
+                    inner.ctx.record_teardown(e);
+                }
             }
-            // SAFETY: the stream is this object's own; nothing uses it after.
-            let r = unsafe { inner.ctx.driver().stream_destroy(inner.handle) };
-            if let Err(e) = inner.ctx.check(Call::StreamDestroy, r) {
+            if let Err(e) = end.resume() {
                 inner.ctx.record_teardown(e);
             }
         });

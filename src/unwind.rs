@@ -1,7 +1,8 @@
 //! Unwinding through driver calls, for both layers (the typed API and the
 //! backends of this crate): [`OnUnwind`] rolls a transition back when its
 //! driver call panicked, [`in_drop`] keeps a `Drop` that calls the driver
-//! from turning a panic into an abort.
+//! from turning a panic into an abort, and [`completing`] ends a copy's
+//! life (a synchronize) whatever the synchronize did.
 
 /// The rollback of a transition whose driver call panicked: runs `f` when
 /// dropped while armed, i.e. only when unwinding passes through.
@@ -55,4 +56,74 @@ impl<F: FnOnce()> Drop for OnUnwind<F> {
 #[inline(never)]
 fn roll_back<F: FnOnce()>(f: F) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+}
+
+/// What [`completing`] learned of a synchronize that ends a copy's life.
+pub(crate) struct Completion {
+    /// The work is known complete: what it used may be let go.
+    pub done: bool,
+    /// The synchronize's error (none when it panicked: the panic says it).
+    error: Option<crate::error::Error>,
+    /// The panic it raised, to go on with once the teardown is over.
+    panic: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl Completion {
+    /// Goes on with the panic the synchronize raised, if it raised one;
+    /// else its answer.
+    ///
+    /// # Errors
+    /// The synchronize's error.
+    pub fn resume(self) -> crate::error::Result<()> {
+        if let Some(p) = self.panic {
+            std::panic::resume_unwind(p);
+        }
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs `sync`, a synchronize that ends a copy's life (a stream's, a
+/// graph's or a token's teardown). A panic inside it (a `tracing` layer, a
+/// user backend) is caught and `sync` made once more, caught too: the
+/// first may have come after the driver failed, so only an answer says the
+/// work completed. The caller then tears down as that answer says (lets go
+/// of what the copy used, or keeps it for good) and destroys what it owns
+/// either way, before [`Completion::resume`] goes on with the panic: a
+/// panic there leaks no stream, event or graph, and frees nothing under a
+/// copy that may still run.
+pub(crate) fn completing(sync: impl Fn() -> crate::error::Result<()>) -> Completion {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&sync)) {
+        Ok(Ok(())) => Completion {
+            done: true,
+            error: None,
+            panic: None,
+        },
+        Ok(Err(e)) => Completion {
+            done: false,
+            error: Some(e),
+            panic: None,
+        },
+        Err(p) => again(&sync, p),
+    }
+}
+
+/// [`completing`] after a panic: out of line, only a panic comes here.
+#[cold]
+#[inline(never)]
+fn again(
+    sync: &dyn Fn() -> crate::error::Result<()>,
+    panic: Box<dyn std::any::Any + Send>,
+) -> Completion {
+    let done = matches!(
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(sync)),
+        Ok(Ok(()))
+    );
+    Completion {
+        done,
+        error: None,
+        panic: Some(panic),
+    }
 }

@@ -843,3 +843,104 @@ fn a_panic_inside_a_capture_leaves_no_capture_stream_and_no_graph_it_got_back() 
         panic_in_a_capture(call);
     }
 }
+
+/// One way a synchronize ends a copy's life from a `Drop` (or a wait):
+/// the panic comes once, inside that synchronize, after the driver acted.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    /// A stream dropped with a forgotten copy on it (`cuStreamSynchronize`).
+    StreamDrop,
+    /// A token with an event dropped (`cuEventSynchronize`).
+    TokenWithEventDrop,
+    /// A token with an event waited (`cuEventSynchronize`).
+    TokenWithEventWait,
+    /// A graph of copies dropped after a launch (`cuStreamSynchronize`).
+    GraphDrop,
+}
+
+fn panic_inside_a_synchronize(ending: Ending) {
+    quiet();
+    let model = Model::new(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    let (ep, owner) = ready_unicast_and_memory(&ctx);
+    let src = mapped_on_0(&ctx);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let call = match ending {
+        Ending::StreamDrop | Ending::GraphDrop => Call::StreamSynchronize,
+        Ending::TokenWithEventDrop | Ending::TokenWithEventWait => Call::EventSynchronize,
+    };
+    let put = || {
+        cuda_endpoints::CopyBatch::new()
+            .put(&src, 0, &ep, 0, 4096)
+            .put_host(vec![1; 64], &ep, 8192)
+    };
+    let panicking = |f: &mut dyn FnMut()| {
+        tracing::subscriber::with_default(panic_once_after(call), || {
+            catch_unwind(AssertUnwindSafe(f))
+        })
+    };
+    let mut stream = Some(cuda_endpoints::Stream::new(&ctx, 0).unwrap());
+    let r = match ending {
+        Ending::StreamDrop => {
+            if let Some(s) = &stream {
+                std::mem::forget(s.enqueue(put()).unwrap());
+            }
+            panicking(&mut || drop(stream.take()))
+        }
+        Ending::TokenWithEventDrop | Ending::TokenWithEventWait => {
+            let s = stream.as_ref().unwrap();
+            let mut token = Some(s.enqueue(put()).unwrap().with_event().unwrap());
+            panicking(&mut || match ending {
+                Ending::TokenWithEventWait => {
+                    let _ = token.take().map(|t| t.wait());
+                }
+                _ => drop(token.take()),
+            })
+        }
+        Ending::GraphDrop => {
+            let s = stream.as_ref().unwrap();
+            let mut graph = Some(s.capture(put()).unwrap());
+            if let Some(g) = graph.as_mut() {
+                drop(g.launch().unwrap());
+            }
+            panicking(&mut || drop(graph.take()))
+        }
+    };
+    drop(stream);
+    assert!(
+        r.is_err_and(|p| p.is::<Planned>()),
+        "{ending:?}: the planned panic"
+    );
+    // The stream, its event and the graph are gone; what the copy used is
+    // let go, and the binding can be unbound (no graph pins it).
+    b.unbind().unwrap();
+    drop((ep, owner, src));
+    let teardown = ctx.take_teardown_errors();
+    drop(ctx);
+    assert!(
+        model.violations().is_empty(),
+        "{ending:?}: {:?}",
+        model.violations()
+    );
+    assert!(
+        model.live_node().is_empty(),
+        "{ending:?}: leak: {:?}",
+        model.live_node()
+    );
+    assert!(teardown.is_empty(), "{ending:?}: {teardown:?}");
+}
+
+#[test]
+fn a_panic_inside_a_synchronize_that_ends_a_copy_leaks_no_stream_event_graph_or_memory() {
+    for ending in [
+        Ending::StreamDrop,
+        Ending::TokenWithEventDrop,
+        Ending::TokenWithEventWait,
+        Ending::GraphDrop,
+    ] {
+        panic_inside_a_synchronize(ending);
+    }
+}
