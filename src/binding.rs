@@ -111,6 +111,9 @@ impl Binding<'_> {
     #[inline(always)]
     fn unbind_now(&self) -> Result<()> {
         let ctx = &self.range.ctx;
+        // No copy through the range enqueued from another thread between
+        // the settle and the driver's unbind (F4).
+        let _gate = crate::copy_gate::UnbindGate::enter(self.range, self.id)?;
         // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
         crate::stream::settle(self.range, self.id)?;
         // SAFETY: exactly the range this `Binding` token was made for, unbound

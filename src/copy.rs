@@ -1151,6 +1151,9 @@ impl Stream {
     /// with the batch.
     pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
+        // No unbind on these ranges from another thread between the checks
+        // below and the record of the batch as in flight (F4).
+        let _gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
         batch.check_for(self)?;
         if ctx.copy_path() == crate::CopyPath::Portable {
             return self.enqueue_portable(batch);

@@ -705,6 +705,19 @@ pub enum Error {
         other: usize,
     },
 
+    /// A copy's enqueue and an unbind on one endpoint range, one called
+    /// from inside the other on one thread (a `tracing` layer or a backend
+    /// called back into the crate during the outer driver call): the copy
+    /// and the unbind would race (F4), and the inner call would wait for
+    /// the outer one for ever. Refused before the driver.
+    #[error(
+        "endpoint {id}: this thread is inside a copy's enqueue and an unbind on the same endpoint range at once (a `tracing` layer or a backend called back into the crate during the outer call), and the copy and the unbind would race (F4); make the inner call after the outer one returned"
+    )]
+    CopyUnbindReentered {
+        /// The endpoint id of the inner call.
+        id: u32,
+    },
+
     /// A strided put or get ([`crate::Strided`]) of more ops than this
     /// process can hold in one batch's op list (56 bytes each): refused
     /// before any of it is allocated.
@@ -1064,6 +1077,7 @@ impl Error {
             Error::CopyNotLocal { .. } => Some(Rule::F2),
             Error::UnbindUnderGraph { .. } => Some(Rule::F8),
             Error::CopyDependent { .. } => Some(Rule::F3),
+            Error::CopyUnbindReentered { .. } => Some(Rule::F4),
             Error::Timeout { .. } => Some(Rule::R3),
             Error::BadHandle { .. } => Some(Rule::R9_4),
             Error::FabricNotPermitted { .. } => Some(Rule::R9_1),

@@ -87,6 +87,9 @@ impl Stream {
     /// ([`Error::UnbindUnderGraph`], F8).
     pub fn capture<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<CopyGraph<'a>> {
         let ctx = &self.inner.ctx;
+        // No unbind on these ranges from another thread between the checks
+        // and the pin of the graph's ids (F8), as for an enqueue (F4).
+        let _gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
         batch.check_for(self)?;
         if ctx.copy_path() == crate::CopyPath::Portable {
             return Err(Error::unsupported(

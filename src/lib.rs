@@ -18,6 +18,7 @@ pub mod backend;
 mod binding;
 mod context;
 mod copy;
+mod copy_gate;
 pub mod driver;
 mod endpoint;
 mod erased;

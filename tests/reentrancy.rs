@@ -277,3 +277,147 @@ fn a_batch_enqueued_during<R>(
     drop((ep, owner));
     common::clean(&ctx, &model);
 }
+
+/// A 13.5 node of two devices behind `Traced`, a ready unicast endpoint on
+/// device 0 with memory bound, and a source: leaked, so that a layer (which
+/// must be `'static`) can hold the binding or name the endpoint.
+#[allow(clippy::type_complexity)]
+fn leaked_bound_endpoint() -> (
+    Model,
+    Context,
+    &'static cuda_endpoints::Endpoint<cuda_endpoints::Ready, cuda_endpoints::Unicast>,
+    &'static cuda_endpoints::Mapped<Private>,
+    cuda_endpoints::Binding<'static>,
+) {
+    let model = Model::new(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    let mapped = |ctx: &Context| -> &'static cuda_endpoints::Mapped<Private> {
+        Box::leak(Box::new(
+            Allocation::<Private>::on_device(ctx, Device(0), ALIGN)
+                .unwrap()
+                .map(&[Device(0)])
+                .unwrap(),
+        ))
+    };
+    let ep = Box::leak(Box::new(
+        ctx.reserve_one()
+            .unwrap()
+            .create(Spec::unicast(0, ALIGN))
+            .unwrap()
+            .wait(T)
+            .unwrap(),
+    ));
+    let (owner, src) = (mapped(&ctx), mapped(&ctx));
+    let b = ep.bind(Device(0), 0, owner).unwrap();
+    (model, ctx, ep, src, b)
+}
+
+#[test]
+fn f4_an_unbind_from_another_thread_during_a_copys_enqueue_waits_for_it_and_settles_the_copy() {
+    // The copy's driver call holds (a layer waits in it) while another
+    // thread unbinds the memory the copy writes: the unbind must not reach
+    // the driver before the copy is recorded in flight, and then completes
+    // the copy before it unbinds.
+    let _serial = serial();
+    within(30, || {
+        let (model, ctx, ep, src, b) = leaked_bound_endpoint();
+        let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+        let inside = Arc::new(std::sync::Barrier::new(2));
+        let unbound = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let unbinder = {
+            let (inside, unbound) = (inside.clone(), unbound.clone());
+            std::thread::spawn(move || {
+                inside.wait();
+                let r = b.unbind();
+                unbound.store(true, Ordering::SeqCst);
+                r
+            })
+        };
+        let layer = OnEvent(move |e: &EventFields| {
+            if e.succeeded() == Some(Call::FabricCpyBatchAsync) {
+                inside.wait();
+                // Long enough for an unbind that does not wait to finish.
+                for _ in 0..50 {
+                    if unbound.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        });
+        let copy = tracing::subscriber::with_default(layer, || {
+            stream.enqueue(cuda_endpoints::CopyBatch::new().put(src, 0, ep, 0, 4096))
+        })
+        .unwrap();
+        unbinder.join().unwrap().unwrap();
+        copy.wait().unwrap();
+        assert!(model.violations().is_empty(), "{:?}", model.violations());
+        assert!(ctx.take_teardown_errors().is_empty());
+    });
+}
+
+#[test]
+fn f4_a_layer_that_unbinds_inside_a_copys_enqueue_on_the_same_range_is_refused_not_deadlocked() {
+    let _serial = serial();
+    within(30, || {
+        let (model, ctx, ep, src, b) = leaked_bound_endpoint();
+        let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+        let held = std::sync::Mutex::new(Some(b));
+        let got = Arc::new(std::sync::Mutex::new(None));
+        let layer = {
+            let got = got.clone();
+            OnEvent(move |e: &EventFields| {
+                if e.succeeded() == Some(Call::FabricCpyBatchAsync)
+                    && let Some(b) = held.lock().unwrap().take()
+                {
+                    *got.lock().unwrap() = Some(b.unbind());
+                }
+            })
+        };
+        let copy = tracing::subscriber::with_default(layer, || {
+            stream.enqueue(cuda_endpoints::CopyBatch::new().put(src, 0, ep, 0, 4096))
+        })
+        .unwrap();
+        copy.wait().unwrap();
+        let r = got.lock().unwrap().take().expect("the layer ran");
+        match r {
+            Err(e @ cuda_endpoints::Error::CopyUnbindReentered { .. }) => {
+                assert!(e.to_string().contains("F4"), "{e}");
+            }
+            other => panic!("expected CopyUnbindReentered: {other:?}"),
+        }
+        assert!(model.violations().is_empty(), "{:?}", model.violations());
+    });
+}
+
+#[test]
+fn f4_a_layer_that_enqueues_a_copy_inside_an_unbind_on_the_same_range_is_refused_not_deadlocked() {
+    let _serial = serial();
+    within(30, || {
+        let (model, ctx, ep, src, b) = leaked_bound_endpoint();
+        let stream: &'static cuda_endpoints::Stream =
+            Box::leak(Box::new(cuda_endpoints::Stream::new(&ctx, 0).unwrap()));
+        let got = Arc::new(std::sync::Mutex::new(None));
+        let layer = {
+            let got = got.clone();
+            OnEvent(move |e: &EventFields| {
+                if e.succeeded() == Some(Call::Unbind) {
+                    let r = stream
+                        .enqueue(cuda_endpoints::CopyBatch::new().put(src, 0, ep, 0, 4096))
+                        .map(|t| t.wait());
+                    *got.lock().unwrap() = Some(r.map(|_| ()));
+                }
+            })
+        };
+        tracing::subscriber::with_default(layer, || b.unbind()).unwrap();
+        let r = got.lock().unwrap().take().expect("the layer ran");
+        assert!(
+            matches!(r, Err(cuda_endpoints::Error::CopyUnbindReentered { .. })),
+            "expected CopyUnbindReentered: {r:?}"
+        );
+        assert!(model.violations().is_empty(), "{:?}", model.violations());
+    });
+}
