@@ -1,0 +1,94 @@
+//! Adversarial round 7: the data path through the typed API only (no
+//! `unsafe`), each test named after what should hold.
+
+mod common;
+
+use std::time::Duration;
+
+use cuda_endpoints::driver::Granularity;
+use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::{
+    Allocation, Context, CopyBatch, CopyPath, Device, Endpoint, Location,
+    Mapped, Private, Ready, Spec, Stream, Unicast,
+};
+
+const ALIGN: u64 = 2 << 20;
+const T: Duration = Duration::from_secs(5);
+
+fn node() -> (Context, Model) {
+    Context::model(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    })
+}
+
+fn unicast(ctx: &Context, dev: i32, size: u64) -> Endpoint<Ready, Unicast> {
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::unicast(dev, size))
+        .unwrap()
+        .wait(T)
+        .unwrap()
+}
+
+fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
+    common::mapped(ctx, dev, ALIGN)
+}
+
+/// F2: "every operand accessible from the stream's device". Host-NUMA
+/// memory mapped with access for no device is not accessible from the
+/// stream's device: the put must be refused before the driver, not fault
+/// when the stream reaches it.
+#[test]
+fn f2_host_memory_mapped_without_access_for_the_streams_device_is_refused_before_the_driver() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 0, ALIGN);
+    let owner = mapped(&ctx, 0);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let host: Mapped<Private> =
+        Allocation::<Private>::new(&ctx, Location::HostNuma(0), ALIGN, Granularity::Minimum)
+            .unwrap()
+            .map::<Device>(&[])
+            .unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let r = stream
+        .enqueue(CopyBatch::new().put(&host, 0, &ep, 0, 64))
+        .and_then(|t| t.wait());
+    let v = model.violations();
+    assert!(
+        r.is_err() && v.is_empty(),
+        "enqueued and run: {r:?}; violations: {v:?}"
+    );
+    drop(stream);
+    drop(b);
+}
+
+/// The portable path refuses an op whose endpoint bytes are its own
+/// source bytes (`cuMemcpyAsync` ranges may not overlap), but its error
+/// must name one op, not "ops 0 and 0 ... put them in two batches".
+#[test]
+fn a_portable_op_copying_bytes_onto_themselves_is_not_reported_as_two_dependent_ops() {
+    let (ctx, model) = Context::model(ModelConfig {
+        driver_version: 13030,
+        ..ModelConfig::node(2)
+    });
+    ctx.set_copy_path(CopyPath::Portable);
+    let ep = unicast(&ctx, 0, ALIGN);
+    let owner = mapped(&ctx, 0);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let msg = match stream.enqueue(CopyBatch::new().put(&owner, 0, &ep, 0, 64)) {
+        Ok(t) => {
+            t.wait().unwrap();
+            String::new()
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        !msg.contains("ops 0 and 0"),
+        "misleading: {msg}"
+    );
+    drop(stream);
+    drop(b);
+    common::no_violations(&model.violations());
+}
