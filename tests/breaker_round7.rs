@@ -92,3 +92,55 @@ fn a_portable_op_copying_bytes_onto_themselves_is_not_reported_as_two_dependent_
     drop(b);
     common::no_violations(&model.violations());
 }
+
+/// F3: "dependent copies in one batch (one's destination overlapping
+/// another's source or destination) are undefined behaviour". One
+/// allocation bound at two offsets of an endpoint: a put to one offset
+/// and a get from the other reach the same bytes, so the batch must be
+/// refused as dependent (CopyDependent), as it is when the memory is
+/// named by address (F3 through an endpoint's own bound memory).
+#[test]
+fn f3_a_put_and_a_get_that_meet_in_memory_bound_at_two_offsets_are_dependent() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let owner = mapped(&ctx, 0);
+    let (src, dst) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let b0 = ep.bind(Device(0), 0, &owner).unwrap();
+    let b1 = ep.bind(Device(0), ALIGN, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let r = stream.enqueue(
+        CopyBatch::new()
+            .put(&src, 0, &ep, 0, 64)
+            .get(&ep, ALIGN, &dst, 0, 64),
+    );
+    let ok = match r {
+        Ok(t) => t.wait().is_ok(),
+        Err(_) => false,
+    };
+    assert!(!ok, "a put and a get of the same bytes were enqueued in one batch");
+    common::no_violations(&model.violations());
+}
+
+/// As above, through two endpoints bound to one allocation: two puts
+/// that write the same bytes in one batch are dependent (F3).
+#[test]
+fn f3_two_puts_that_write_one_allocation_through_two_endpoints_are_dependent() {
+    let (ctx, model) = node();
+    let (a, b) = (unicast(&ctx, 0, ALIGN), unicast(&ctx, 0, ALIGN));
+    let owner = mapped(&ctx, 0);
+    let (s0, s1) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let ba = a.bind(Device(0), 0, &owner).unwrap();
+    let bb = b.bind(Device(0), 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let r = stream.enqueue(
+        CopyBatch::new()
+            .put(&s0, 0, &a, 0, 64)
+            .put(&s1, 0, &b, 0, 64),
+    );
+    let ok = match r {
+        Ok(t) => t.wait().is_ok(),
+        Err(_) => false,
+    };
+    assert!(!ok, "two puts writing the same bytes were enqueued in one batch");
+    common::no_violations(&model.violations());
+}
