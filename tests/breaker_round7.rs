@@ -144,3 +144,50 @@ fn f3_two_puts_that_write_one_allocation_through_two_endpoints_are_dependent() {
     assert!(!ok, "two puts writing the same bytes were enqueued in one batch");
     common::no_violations(&model.violations());
 }
+
+/// The child of the test below: a get into a new host buffer, inside a
+/// large endpoint but over bytes nothing is bound to, is refused at
+/// enqueue (F9) — without the builder first allocating a host buffer of
+/// that size (which aborts the process when it cannot be had).
+#[test]
+#[ignore = "run as a child by get_host_over_unbound_bytes_of_a_large_endpoint_allocates_nothing"]
+fn child_get_host_over_unbound_bytes_of_a_large_endpoint() {
+    let config = ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(1)
+    }
+    .with_devices(|_, d| d.max_size = 1 << 47);
+    let (ctx, _model) = Context::model(config);
+    let ep = unicast(&ctx, 0, 1 << 46);
+    let owner = mapped(&ctx, 0);
+    let _b = ep.bind(Device(0), 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // 32 TiB inside the endpoint, none of it bound here.
+    let r = stream.enqueue(CopyBatch::new().get_host(&ep, ALIGN, 1 << 45));
+    assert!(
+        matches!(r, Err(cuda_endpoints::Error::CopyNotBound { .. })),
+        "{r:?}"
+    );
+}
+
+/// A refused get_host must not abort the process: the buffer is allocated
+/// only for a get the checks let through (F9 at the builder, as for a get
+/// past the endpoint).
+#[test]
+fn get_host_over_unbound_bytes_of_a_large_endpoint_allocates_nothing() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_get_host_over_unbound_bytes_of_a_large_endpoint",
+            "--nocapture",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
