@@ -191,3 +191,80 @@ fn get_host_over_unbound_bytes_of_a_large_endpoint_allocates_nothing() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every failure of a capture's or a launch's driver calls leaves nothing
+/// behind and breaks no rule (streams, graphs, execs, in-flight records).
+#[test]
+fn a_failed_call_of_a_capture_or_launch_leaves_nothing_and_breaks_no_rule() {
+    use cuda_endpoints::driver::{Call, Code};
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
+    for call in [
+        Call::StreamCreate,
+        Call::StreamBeginCapture,
+        Call::FabricCpyBatchAsync,
+        Call::StreamEndCapture,
+        Call::GraphInstantiate,
+        Call::GraphLaunch,
+        Call::EventCreate,
+        Call::EventRecord,
+        Call::EventSynchronize,
+    ] {
+        let (ctx, model) = node();
+        {
+            let ep = unicast(&ctx, 0, ALIGN);
+            let owner = mapped(&ctx, 0);
+            let src = mapped(&ctx, 0);
+            let _b = ep.bind(Device(0), 0, &owner).unwrap();
+            let stream = Stream::new(&ctx, 0).unwrap();
+            model.set_faults(FaultPlan::none().with(Fault::nth(call, 1, Code::UNKNOWN)));
+            let batch = CopyBatch::new()
+                .put(&src, 0, &ep, 0, 64)
+                .get_host(&ep, 4096, 64);
+            if let Ok(mut g) = stream.capture(batch) {
+                if let Ok(t) = g.launch().and_then(|t| t.with_event()) {
+                    let _ = t.wait();
+                }
+            }
+        }
+        let teardown = ctx.take_teardown_errors();
+        assert!(teardown.is_empty(), "{call:?}: teardown errors: {teardown:?}");
+        let live = model.live();
+        assert!(live.is_empty(), "{call:?}: leak: {live:?}");
+        common::no_violations(&model.violations());
+    }
+}
+
+/// As above on the portable path, a `cuMemcpyAsync` failing part way
+/// through a batch.
+#[test]
+fn a_portable_batch_whose_second_memcpy_fails_leaves_nothing_and_breaks_no_rule() {
+    use cuda_endpoints::driver::{Call, Code};
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
+    let (ctx, model) = Context::model(ModelConfig {
+        driver_version: 13030,
+        ..ModelConfig::node(2)
+    });
+    ctx.set_copy_path(CopyPath::Portable);
+    {
+        let ep = unicast(&ctx, 0, ALIGN);
+        let owner = mapped(&ctx, 0);
+        let src = mapped(&ctx, 0);
+        let _b = ep.bind(Device(0), 0, &owner).unwrap();
+        let stream = Stream::new(&ctx, 0).unwrap();
+        model.set_faults(FaultPlan::none().with(Fault::nth(Call::MemcpyAsync, 2, Code::UNKNOWN)));
+        let r = stream
+            .enqueue(
+                CopyBatch::new()
+                    .put(&src, 0, &ep, 0, 64)
+                    .put_host(vec![1; 64], &ep, 4096)
+                    .get_host(&ep, 8192, 64),
+            )
+            .map(|_| ());
+        assert!(r.is_err());
+    }
+    let teardown = ctx.take_teardown_errors();
+    assert!(teardown.is_empty(), "teardown errors: {teardown:?}");
+    let live = model.live();
+    assert!(live.is_empty(), "leak: {live:?}");
+    common::no_violations(&model.violations());
+}
