@@ -268,3 +268,56 @@ fn a_portable_batch_whose_second_memcpy_fails_leaves_nothing_and_breaks_no_rule(
     assert!(live.is_empty(), "leak: {live:?}");
     common::no_violations(&model.violations());
 }
+
+/// `OwnedPeers::memory` is "the memory of each chunk, bottom first", and a
+/// shrink hands back the memory of the chunk it unbound. After a shrink
+/// whose own unbind failed (the chunk stays bound, kept by the endpoint),
+/// the next shrink unbinds the chunk below and must hand back *that*
+/// chunk's memory, not the still-bound one's.
+#[test]
+fn after_a_shrink_whose_unbind_failed_the_next_shrink_hands_back_the_chunk_it_unbound() {
+    use cuda_endpoints::bootstrap::{Bootstrap, Threads};
+    use cuda_endpoints::driver::{Call, Code};
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
+    use cuda_endpoints::team::{self, PeerSpec};
+    use cuda_endpoints::PosixFd;
+    const CHUNK: u64 = 2 << 20;
+    let (contexts, _model) = common::node_processes(2);
+    let out = common::on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, 4 * CHUNK).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        for _ in 0..2 {
+            peers
+                .grow(boot, common::mapped::<PosixFd>(ctx, dev, CHUNK), T)
+                .unwrap();
+        }
+        let bottom = peers.memory()[0].device_ptr();
+        boot.barrier(T).unwrap();
+        if r == 0 {
+            me.set_faults(
+                FaultPlan::none().with(Fault::nth(Call::Unbind, 1, Code::UNKNOWN).on_process(me.pid())),
+            );
+        }
+        let first = peers.shrink(boot, T).map(|m| m.is_some());
+        boot.barrier(T).unwrap();
+        if r == 0 {
+            me.set_faults(FaultPlan::none());
+        }
+        boot.barrier(T).unwrap();
+        let consistent = peers.memory().len() as u64 * CHUNK == peers.top();
+        let second = peers.shrink(boot, T).unwrap().expect("the bottom chunk");
+        let handed = second.device_ptr();
+        boot.barrier(T).unwrap();
+        (r, first.is_ok(), consistent, handed == bottom, peers.memory().len(), peers.top())
+    });
+    for (r, first_ok, consistent, right, left, top) in out {
+        assert!(
+            consistent && right,
+            "rank {r}: first shrink ok: {first_ok}; memory() matched top: {consistent}; \
+             second shrink handed back the chunk it unbound: {right}; then memory() has {left} \
+             entries at top {top}"
+        );
+    }
+}
