@@ -321,3 +321,44 @@ fn after_a_shrink_whose_unbind_failed_the_next_shrink_hands_back_the_chunk_it_un
         );
     }
 }
+
+/// Extreme offsets and sizes, on both copy paths, one and two ops: never
+/// a panic, and whatever is enqueued breaks no rule.
+#[test]
+fn extreme_offsets_and_sizes_never_panic_and_what_is_enqueued_breaks_no_rule() {
+    let vals = [0u64, 1, 63, 64, ALIGN - 1, ALIGN, ALIGN + 1, 1 << 63, u64::MAX - 1, u64::MAX];
+    for portable in [false, true] {
+        let (ctx, model) = node();
+        if portable {
+            ctx.set_copy_path(CopyPath::Portable);
+        }
+        let ep = unicast(&ctx, 0, ALIGN);
+        let owner = mapped(&ctx, 0);
+        let src = mapped(&ctx, 0);
+        let _b = ep.bind(Device(0), 0, &owner).unwrap();
+        let stream = Stream::new(&ctx, 0).unwrap();
+        for &a in &vals {
+            for &o in &vals {
+                for &n in &vals {
+                    for kind in 0..4 {
+                        let batch = match kind {
+                            0 => CopyBatch::new().put(&src, a, &ep, o, n),
+                            1 => CopyBatch::new().get(&ep, o, &src, a, n),
+                            2 => CopyBatch::new().put_host(vec![7; (n % 4096) as usize], &ep, o),
+                            _ if n <= ALIGN => CopyBatch::new().get_host(&ep, o, n),
+                            _ => CopyBatch::new().put(&src, 0, &ep, 0, 8).put(&src, a, &ep, o, n),
+                        };
+                        if let Ok(t) = stream.enqueue(batch) {
+                            t.wait().unwrap();
+                        }
+                        let v = model.violations();
+                        assert!(
+                            v.is_empty(),
+                            "portable {portable} kind {kind} a {a} o {o} n {n}: {v:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
