@@ -362,3 +362,44 @@ fn extreme_offsets_and_sizes_never_panic_and_what_is_enqueued_breaks_no_rule() {
         }
     }
 }
+
+/// F2: "for a copy that involves an endpoint, the pointer must be local:
+/// on the stream's device or host memory". Memory of device 0 of another
+/// node, imported here by fabric handle and mapped, is not on this node's
+/// device 0: a put from it must be refused before the driver
+/// (CopyNotLocal), not reach the driver because the ordinals match.
+#[test]
+fn f2_memory_of_another_nodes_device_with_the_same_ordinal_is_not_local() {
+    use cuda_endpoints::model::FabricConfig;
+    use cuda_endpoints::FabricShareable;
+    let mut n = ModelConfig::node(1);
+    n.driver_version = 13050;
+    let fabric = Model::fabric(FabricConfig {
+        nodes: vec![n.clone(), n],
+        ..FabricConfig::nodes(2, 1)
+    });
+    let (p0, p1) = (
+        fabric.spawn_process_on(0).unwrap(),
+        fabric.spawn_process_on(1).unwrap(),
+    );
+    let (c0, c1) = (Context::new(p0.clone()), Context::new(p1.clone()));
+    let there: Mapped<FabricShareable> = common::mapped(&c0, 0, ALIGN);
+    let bytes = there.export_fabric().unwrap();
+    let here = Allocation::<FabricShareable>::import_fabric(&c1, &bytes, ALIGN)
+        .unwrap()
+        .map(&[0])
+        .unwrap();
+    let ep = unicast(&c1, 0, ALIGN);
+    let owner = mapped(&c1, 0);
+    let _b = ep.bind(Device(0), 0, &owner).unwrap();
+    let stream = Stream::new(&c1, 0).unwrap();
+    let r = stream
+        .enqueue(CopyBatch::new().put(&here, 0, &ep, 0, 64))
+        .map(|t| t.wait().map(|_| ()));
+    let v = fabric.violations();
+    assert!(
+        matches!(r, Err(cuda_endpoints::Error::CopyNotLocal { .. })) && v.is_empty(),
+        "{r:?}; violations: {v:?}; location: {:?}",
+        here.location()
+    );
+}
