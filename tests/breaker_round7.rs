@@ -403,3 +403,47 @@ fn f2_memory_of_another_nodes_device_with_the_same_ordinal_is_not_local() {
         here.location()
     );
 }
+
+/// A put and a get across the seam of two bindings (two allocations, two
+/// devices of a multicast team too) move every byte, on both paths.
+#[test]
+fn copies_across_the_seam_of_two_bindings_move_every_byte_on_both_paths() {
+    for portable in [false, true] {
+        let (ctx, model) = node();
+        if portable {
+            ctx.set_copy_path(CopyPath::Portable);
+        }
+        let ep = unicast(&ctx, 0, 2 * ALIGN);
+        let (m0, m1) = (mapped(&ctx, 0), mapped(&ctx, 0));
+        let src = mapped(&ctx, 0);
+        let dst = mapped(&ctx, 0);
+        let _b0 = ep.bind(Device(0), 0, &m0).unwrap();
+        let _b1 = ep.bind(Device(0), ALIGN, &m1).unwrap();
+        let stream = Stream::new(&ctx, 0).unwrap();
+        let bytes: Vec<u8> = (0..256u32).map(|i| (i * 7 + 3) as u8).collect();
+        model.write(src.device_ptr() + 100, &bytes).unwrap();
+        stream
+            .enqueue(
+                CopyBatch::new()
+                    .put(&src, 100, &ep, ALIGN - 128, 256)
+                    .put_host(bytes.clone(), &ep, ALIGN + 4096),
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+        let got = stream
+            .enqueue(
+                CopyBatch::new()
+                    .get_host(&ep, ALIGN - 128, 256)
+                    .get(&ep, ALIGN + 4096, &dst, 8, 256),
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(got.received, vec![bytes.clone()], "portable {portable}");
+        assert_eq!(model.read(dst.device_ptr() + 8, 256).unwrap(), bytes);
+        assert_eq!(model.read(m0.device_ptr() + ALIGN - 128, 128).unwrap(), bytes[..128]);
+        assert_eq!(model.read(m1.device_ptr(), 128).unwrap(), bytes[128..]);
+        common::no_violations(&model.violations());
+    }
+}
