@@ -447,3 +447,31 @@ fn copies_across_the_seam_of_two_bindings_move_every_byte_on_both_paths() {
         common::no_violations(&model.violations());
     }
 }
+
+/// A unicast endpoint this process owns has one target, itself: a peer
+/// window added on it by hand is refused when added, or its copies fail
+/// naming the extra window — not "reachable here on 2 of its 1 targets"
+/// with the fix "bind Mapped memory there" for memory that is bound.
+#[test]
+fn a_peer_window_on_an_owned_unicast_endpoint_is_not_reported_as_a_missing_window() {
+    let (ctx, _model) = node();
+    ctx.set_copy_path(CopyPath::Portable);
+    let ep = unicast(&ctx, 0, ALIGN);
+    let owner = mapped(&ctx, 0);
+    let other = mapped(&ctx, 0);
+    let src = mapped(&ctx, 0);
+    let _b = ep.bind(Device(0), 0, &owner).unwrap();
+    let added = ep.add_peer_window(1, 0, 0, &other);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let msg = match stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 64)) {
+        Ok(t) => {
+            t.wait().unwrap();
+            String::new()
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        added.is_err() || !msg.contains("on 2 of its 1 targets"),
+        "add_peer_window: {added:?}; enqueue: {msg}"
+    );
+}
