@@ -105,8 +105,8 @@ fn f3_a_put_and_a_get_that_meet_in_memory_bound_at_two_offsets_are_dependent() {
     let ep = unicast(&ctx, 0, 2 * ALIGN);
     let owner = mapped(&ctx, 0);
     let (src, dst) = (mapped(&ctx, 0), mapped(&ctx, 0));
-    let b0 = ep.bind(Device(0), 0, &owner).unwrap();
-    let b1 = ep.bind(Device(0), ALIGN, &owner).unwrap();
+    let _b0 = ep.bind(Device(0), 0, &owner).unwrap();
+    let _b1 = ep.bind(Device(0), ALIGN, &owner).unwrap();
     let stream = Stream::new(&ctx, 0).unwrap();
     let r = stream.enqueue(
         CopyBatch::new()
@@ -129,8 +129,8 @@ fn f3_two_puts_that_write_one_allocation_through_two_endpoints_are_dependent() {
     let (a, b) = (unicast(&ctx, 0, ALIGN), unicast(&ctx, 0, ALIGN));
     let owner = mapped(&ctx, 0);
     let (s0, s1) = (mapped(&ctx, 0), mapped(&ctx, 0));
-    let ba = a.bind(Device(0), 0, &owner).unwrap();
-    let bb = b.bind(Device(0), 0, &owner).unwrap();
+    let _ba = a.bind(Device(0), 0, &owner).unwrap();
+    let _bb = b.bind(Device(0), 0, &owner).unwrap();
     let stream = Stream::new(&ctx, 0).unwrap();
     let r = stream.enqueue(
         CopyBatch::new()
@@ -474,4 +474,49 @@ fn a_peer_window_on_an_owned_unicast_endpoint_is_not_reported_as_a_missing_windo
         added.is_err() || !msg.contains("on 2 of its 1 targets"),
         "add_peer_window: {added:?}; enqueue: {msg}"
     );
+}
+
+/// F1: a get reads from a unicast endpoint only. A peer's handle bytes
+/// that wrap a *multicast* endpoint under a unicast kind tag (the tag and
+/// checksum are the peer's to write) must not give this process a typed
+/// unicast endpoint whose `get` reaches the driver as a get from a
+/// multicast endpoint.
+#[test]
+fn f1_a_multicast_handle_forged_as_unicast_never_lets_a_get_reach_the_driver() {
+    use cuda_endpoints::driver::fnv1a;
+    use cuda_endpoints::{Exportable, FabricHandle, Multicast, Unicast as U};
+    let (ctx, model) = node();
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0)], ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let _: &Endpoint<Ready, Multicast<Exportable>> = &team;
+    let mem: Mapped<cuda_endpoints::FabricShareable> = common::mapped(&ctx, 0, ALIGN);
+    let _b = team.bind(Device(0), 0, &mem).unwrap();
+    let mut bytes = team.export().unwrap().to_bytes();
+    // The peer's forgery: the unicast kind tag, the checksum recomputed.
+    bytes[5] = 1;
+    let at = bytes.len() - 8;
+    let sum = fnv1a(&bytes[..at]).to_le_bytes();
+    bytes[at..].copy_from_slice(&sum);
+    let other = Context::new(model.spawn_process());
+    let r = FabricHandle::<U<Exportable>>::from_bytes(&bytes).and_then(|h| {
+        other
+            .reserve_one()?
+            .import(&h)
+            .map_err(|f| f.error)?
+            .wait(T)
+            .map_err(|f| f.error)
+    });
+    if let Ok(imported) = r {
+        let stream = Stream::new(&other, 0).unwrap();
+        let got = stream
+            .enqueue(CopyBatch::new().get_host(&imported, 0, 64))
+            .map(|t| t.wait().map(|_| ()));
+        let v = model.violations();
+        assert!(v.is_empty(), "get enqueued: {got:?}; violations: {v:?}");
+    }
 }
