@@ -520,3 +520,64 @@ fn f1_a_multicast_handle_forged_as_unicast_never_lets_a_get_reach_the_driver() {
         assert!(v.is_empty(), "get enqueued: {got:?}; violations: {v:?}");
     }
 }
+
+/// The child of the test below: a peer's unicast handle whose metadata
+/// claims 64 TiB (checksum recomputed) is imported; a get of the whole
+/// endpoint into a host buffer, as a user fetching a peer's buffer writes
+/// it, must be an error, not an allocation that aborts this process.
+#[test]
+#[ignore = "run as a child by a_peers_claimed_endpoint_size_cannot_abort_this_process"]
+fn child_get_host_of_a_peer_endpoint_whose_size_is_forged() {
+    use cuda_endpoints::driver::fnv1a;
+    use cuda_endpoints::{Exportable, FabricHandle, Unicast as U};
+    let (ctx, model) = node();
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let mem: Mapped<cuda_endpoints::FabricShareable> = common::mapped(&ctx, 0, ALIGN);
+    let _b = ep.bind(Device(0), 0, &mem).unwrap();
+    let mut bytes = ep.export().unwrap().to_bytes();
+    bytes[6..14].copy_from_slice(&(1u64 << 46).to_le_bytes());
+    let at = bytes.len() - 8;
+    let sum = fnv1a(&bytes[..at]).to_le_bytes();
+    bytes[at..].copy_from_slice(&sum);
+    let other = Context::new(model.spawn_process());
+    let h = FabricHandle::<U<Exportable>>::from_bytes(&bytes).unwrap();
+    let Ok(imported) = other
+        .reserve_one()
+        .unwrap()
+        .import(&h)
+        .map_err(|f| f.error)
+        .and_then(|p| p.wait(T).map_err(|f| f.error))
+    else {
+        return; // refused at import: fine
+    };
+    let stream = Stream::new(&other, 0).unwrap();
+    let r = stream
+        .enqueue(CopyBatch::new().get_host(&imported, 0, imported.size()))
+        .map(|t| t.wait().map(|_| ()));
+    eprintln!("enqueue: {r:?}");
+}
+
+#[test]
+fn a_peers_claimed_endpoint_size_cannot_abort_this_process() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_get_host_of_a_peer_endpoint_whose_size_is_forged",
+            "--nocapture",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
