@@ -8,8 +8,8 @@ use std::time::Duration;
 use cuda_endpoints::driver::Granularity;
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::{
-    Allocation, Context, CopyBatch, CopyPath, Device, Endpoint, Location,
-    Mapped, Private, Ready, Spec, Stream, Unicast,
+    Allocation, Context, CopyBatch, CopyPath, Device, Endpoint, Location, Mapped, Private, Ready,
+    Spec, Stream, Unicast,
 };
 
 const ALIGN: u64 = 2 << 20;
@@ -84,10 +84,7 @@ fn a_portable_op_copying_bytes_onto_themselves_is_not_reported_as_two_dependent_
         }
         Err(e) => e.to_string(),
     };
-    assert!(
-        !msg.contains("ops 0 and 0"),
-        "misleading: {msg}"
-    );
+    assert!(!msg.contains("ops 0 and 0"), "misleading: {msg}");
     drop(stream);
     drop(b);
     common::no_violations(&model.violations());
@@ -117,7 +114,10 @@ fn f3_a_put_and_a_get_that_meet_in_memory_bound_at_two_offsets_are_dependent() {
         Ok(t) => t.wait().is_ok(),
         Err(_) => false,
     };
-    assert!(!ok, "a put and a get of the same bytes were enqueued in one batch");
+    assert!(
+        !ok,
+        "a put and a get of the same bytes were enqueued in one batch"
+    );
     common::no_violations(&model.violations());
 }
 
@@ -141,7 +141,10 @@ fn f3_two_puts_that_write_one_allocation_through_two_endpoints_are_dependent() {
         Ok(t) => t.wait().is_ok(),
         Err(_) => false,
     };
-    assert!(!ok, "two puts writing the same bytes were enqueued in one batch");
+    assert!(
+        !ok,
+        "two puts writing the same bytes were enqueued in one batch"
+    );
     common::no_violations(&model.violations());
 }
 
@@ -220,14 +223,18 @@ fn a_failed_call_of_a_capture_or_launch_leaves_nothing_and_breaks_no_rule() {
             let batch = CopyBatch::new()
                 .put(&src, 0, &ep, 0, 64)
                 .get_host(&ep, 4096, 64);
-            if let Ok(mut g) = stream.capture(batch) {
-                if let Ok(t) = g.launch().and_then(|t| t.with_event()) {
-                    let _ = t.wait();
-                }
+            let mut graph = stream.capture(batch).ok();
+            if let Some(g) = graph.as_mut()
+                && let Ok(t) = g.launch().and_then(|t| t.with_event())
+            {
+                let _ = t.wait();
             }
         }
         let teardown = ctx.take_teardown_errors();
-        assert!(teardown.is_empty(), "{call:?}: teardown errors: {teardown:?}");
+        assert!(
+            teardown.is_empty(),
+            "{call:?}: teardown errors: {teardown:?}"
+        );
         let live = model.live();
         assert!(live.is_empty(), "{call:?}: leak: {live:?}");
         common::no_violations(&model.violations());
@@ -276,11 +283,11 @@ fn a_portable_batch_whose_second_memcpy_fails_leaves_nothing_and_breaks_no_rule(
 /// chunk's memory, not the still-bound one's.
 #[test]
 fn after_a_shrink_whose_unbind_failed_the_next_shrink_hands_back_the_chunk_it_unbound() {
+    use cuda_endpoints::PosixFd;
     use cuda_endpoints::bootstrap::{Bootstrap, Threads};
     use cuda_endpoints::driver::{Call, Code};
     use cuda_endpoints::model::faults::{Fault, FaultPlan};
     use cuda_endpoints::team::{self, PeerSpec};
-    use cuda_endpoints::PosixFd;
     const CHUNK: u64 = 2 << 20;
     let (contexts, _model) = common::node_processes(2);
     let out = common::on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
@@ -297,7 +304,8 @@ fn after_a_shrink_whose_unbind_failed_the_next_shrink_hands_back_the_chunk_it_un
         boot.barrier(T).unwrap();
         if r == 0 {
             me.set_faults(
-                FaultPlan::none().with(Fault::nth(Call::Unbind, 1, Code::UNKNOWN).on_process(me.pid())),
+                FaultPlan::none()
+                    .with(Fault::nth(Call::Unbind, 1, Code::UNKNOWN).on_process(me.pid())),
             );
         }
         let first = peers.shrink(boot, T).map(|m| m.is_some());
@@ -310,7 +318,14 @@ fn after_a_shrink_whose_unbind_failed_the_next_shrink_hands_back_the_chunk_it_un
         let second = peers.shrink(boot, T).unwrap().expect("the bottom chunk");
         let handed = second.device_ptr();
         boot.barrier(T).unwrap();
-        (r, first.is_ok(), consistent, handed == bottom, peers.memory().len(), peers.top())
+        (
+            r,
+            first.is_ok(),
+            consistent,
+            handed == bottom,
+            peers.memory().len(),
+            peers.top(),
+        )
     });
     for (r, first_ok, consistent, right, left, top) in out {
         assert!(
@@ -326,7 +341,18 @@ fn after_a_shrink_whose_unbind_failed_the_next_shrink_hands_back_the_chunk_it_un
 /// a panic, and whatever is enqueued breaks no rule.
 #[test]
 fn extreme_offsets_and_sizes_never_panic_and_what_is_enqueued_breaks_no_rule() {
-    let vals = [0u64, 1, 63, 64, ALIGN - 1, ALIGN, ALIGN + 1, 1 << 63, u64::MAX - 1, u64::MAX];
+    let vals = [
+        0u64,
+        1,
+        63,
+        64,
+        ALIGN - 1,
+        ALIGN,
+        ALIGN + 1,
+        1 << 63,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
     for portable in [false, true] {
         let (ctx, model) = node();
         if portable {
@@ -346,7 +372,9 @@ fn extreme_offsets_and_sizes_never_panic_and_what_is_enqueued_breaks_no_rule() {
                             1 => CopyBatch::new().get(&ep, o, &src, a, n),
                             2 => CopyBatch::new().put_host(vec![7; (n % 4096) as usize], &ep, o),
                             _ if n <= ALIGN => CopyBatch::new().get_host(&ep, o, n),
-                            _ => CopyBatch::new().put(&src, 0, &ep, 0, 8).put(&src, a, &ep, o, n),
+                            _ => CopyBatch::new()
+                                .put(&src, 0, &ep, 0, 8)
+                                .put(&src, a, &ep, o, n),
                         };
                         if let Ok(t) = stream.enqueue(batch) {
                             t.wait().unwrap();
@@ -370,8 +398,8 @@ fn extreme_offsets_and_sizes_never_panic_and_what_is_enqueued_breaks_no_rule() {
 /// (CopyNotLocal), not reach the driver because the ordinals match.
 #[test]
 fn f2_memory_of_another_nodes_device_with_the_same_ordinal_is_not_local() {
-    use cuda_endpoints::model::FabricConfig;
     use cuda_endpoints::FabricShareable;
+    use cuda_endpoints::model::FabricConfig;
     let mut n = ModelConfig::node(1);
     n.driver_version = 13050;
     let fabric = Model::fabric(FabricConfig {
@@ -432,17 +460,22 @@ fn copies_across_the_seam_of_two_bindings_move_every_byte_on_both_paths() {
             .wait()
             .unwrap();
         let got = stream
-            .enqueue(
-                CopyBatch::new()
-                    .get_host(&ep, ALIGN - 128, 256)
-                    .get(&ep, ALIGN + 4096, &dst, 8, 256),
-            )
+            .enqueue(CopyBatch::new().get_host(&ep, ALIGN - 128, 256).get(
+                &ep,
+                ALIGN + 4096,
+                &dst,
+                8,
+                256,
+            ))
             .unwrap()
             .wait()
             .unwrap();
         assert_eq!(got.received, vec![bytes.clone()], "portable {portable}");
         assert_eq!(model.read(dst.device_ptr() + 8, 256).unwrap(), bytes);
-        assert_eq!(model.read(m0.device_ptr() + ALIGN - 128, 128).unwrap(), bytes[..128]);
+        assert_eq!(
+            model.read(m0.device_ptr() + ALIGN - 128, 128).unwrap(),
+            bytes[..128]
+        );
         assert_eq!(model.read(m1.device_ptr(), 128).unwrap(), bytes[128..]);
         common::no_violations(&model.violations());
     }
