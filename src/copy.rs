@@ -366,10 +366,13 @@ impl<'a> CopyBatch<'a> {
         let op = inner.list.len();
         inner.get_from(ep, offset, size, op);
         // A size past the endpoint is refused at enqueue (F9): no buffer of
-        // that size is allocated for it here.
+        // that size is allocated for it here. Nor for a batch already
+        // refused (bytes not bound here, F9): a get over unbound bytes of a
+        // large endpoint must be an error, not an allocation that aborts.
         let inside = offset.checked_add(size).is_some_and(|end| end <= ep.size());
+        let refused = inner.error.is_some() || inner.ep_error.is_some();
         let mut buf = match usize::try_from(size) {
-            Ok(_) if !inside => Vec::new(),
+            Ok(_) if !inside || refused => Vec::new(),
             Ok(len) => vec![0u8; len],
             Err(_) => {
                 inner.error.get_or_insert_with(|| {
