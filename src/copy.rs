@@ -839,32 +839,53 @@ impl BatchInner {
 type Alias = (u32, u64, u64, u64);
 
 impl BatchInner {
-    /// The bindings by address of the batch's local endpoints that overlap
-    /// memory the batch names by address (usually none: one relaxed load
-    /// per endpoint when its range never had a window).
+    /// The bindings by address of the batch's local endpoints, when some
+    /// memory is reached two ways: one of them overlaps memory the batch
+    /// names by address, or another of them (one allocation bound at two
+    /// offsets, or to two endpoints). Then an op through the endpoint there
+    /// reads or writes those addresses too (F3). Usually none: one relaxed
+    /// load per endpoint when its range never had a window.
     fn aliases(&self) -> Vec<Alias> {
         let mut out = Vec::new();
-        if self.locations.is_empty() {
-            return out;
-        }
         for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
             if !f.bound_here || !range.maybe_attached() {
                 continue;
             }
             let slot = range.slot(*id);
-            for (off, size, addr) in slot
-                .windows()
-                .filter_map(crate::portable::Window::local_span)
-            {
-                let end = addr.saturating_add(size);
-                if self
-                    .locations
+            out.extend(
+                slot.windows()
+                    .filter_map(crate::portable::Window::local_span)
+                    .map(|(off, size, addr)| (*id, off, size, addr)),
+            );
+        }
+        if out.is_empty() || (out.len() == 1 && self.locations.is_empty()) {
+            return Vec::new();
+        }
+        // `[start, end)` of each window and each memory named by address,
+        // sorted: any two that overlap make every window an alias (an
+        // extra alias only maps an op to the addresses it does reach).
+        let mut spans: Vec<(u64, u64)> = out
+            .iter()
+            .map(|&(_, _, size, addr)| (addr, addr.saturating_add(size)))
+            .chain(
+                self.locations
                     .iter()
-                    .any(|&(.., (p, len))| addr < p.saturating_add(len) && p < end)
-                {
-                    out.push((*id, off, size, addr));
-                }
+                    .map(|&(.., (p, len))| (p, p.saturating_add(len))),
+            )
+            .filter(|&(s, e)| s < e)
+            .collect();
+        spans.sort_unstable();
+        let mut reach = 0u64;
+        let mut met = false;
+        for &(s, e) in &spans {
+            if s < reach {
+                met = true;
+                break;
             }
+            reach = reach.max(e);
+        }
+        if !met {
+            out.clear();
         }
         out
     }
