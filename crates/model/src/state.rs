@@ -11,6 +11,9 @@ use super::faults::FaultPlan;
 use crate::driver::EndpointProps;
 use crate::driver::{Call, Code, Device, Location};
 
+/// Where the model's virtual addresses start (`cuMemAddressReserve`).
+pub(crate) const FIRST_VA: u64 = 0x0100_0000_0000_0000;
+
 /// What one process (or the whole node) still holds. All zero once every
 /// owner has been dropped: that is the "nothing leaked" check.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -344,7 +347,10 @@ impl World {
             exports: HashMap::new(),
             next_handle: 1,
             next_attach: 1,
-            next_va: 0x7f00_0000_0000,
+            // Above every user-space address (47-bit, and 56-bit with
+            // five-level paging): a host buffer's real address can never
+            // fall inside a model mapping and be taken for device memory.
+            next_va: FIRST_VA,
             secret: super::shareable::Secret::new(),
             violations: Default::default(),
             violations_dropped: 0,
