@@ -548,11 +548,18 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                     });
                 }
             }
+            let handle_at = match target {
+                Target::Handle(_) if keep.is_some() => {
+                    u32::try_from(mem_offset / align).unwrap_or(Bound::BY_ADDRESS)
+                }
+                _ => Bound::BY_ADDRESS,
+            };
             let bound = Bound {
                 dev,
                 offset,
                 size,
                 _keep: keep,
+                handle_at,
             };
             if slot.bindings.is_empty() && !slot.bindings.spilled() {
                 // The id's first binding (the usual case), into the inline

@@ -218,6 +218,41 @@ pub(crate) struct EpFacts {
     /// A heap's top ([`crate::team::OwnedPeers::top`]): the bytes every
     /// rank bound and agreed on; past it a copy is refused (R13.3).
     agreed: Option<u64>,
+    /// Its binds by handle of an allocation bound more than once (F3: two
+    /// endpoint spans may be the same bytes): `(offset, size, allocation,
+    /// offset in it)`. Usually empty (no allocation).
+    handles: Vec<HandleSpan>,
+    /// Its bind alignment, the unit of [`crate::range::Bound::handle_at`].
+    align: u64,
+}
+
+/// A bind by handle in its allocation's bytes: `(endpoint offset, size,
+/// the allocation's key, offset in the allocation)`.
+type HandleSpan = (u64, u64, u64, u64);
+
+/// The binds by handle of `bindings` whose allocation has another holder
+/// than its owner and this bind (another bind, most likely): where each is
+/// in its allocation, for F3. `align`: the endpoint's bind alignment.
+fn shared_handles(bindings: &[crate::range::Bound], align: u64) -> Vec<HandleSpan> {
+    let shared = |b: &crate::range::Bound| {
+        b.handle_at != crate::range::Bound::BY_ADDRESS
+            && b._keep
+                .as_ref()
+                .is_some_and(|k| std::sync::Arc::strong_count(k) > 2)
+    };
+    if !bindings.iter().any(shared) {
+        return Vec::new();
+    }
+    bindings
+        .iter()
+        .filter(|b| shared(b))
+        .filter_map(|b| {
+            let k = b._keep.as_ref()?;
+            let key = std::sync::Arc::as_ptr(k).cast::<()>().addr() as u64;
+            let at = u64::from(b.handle_at).checked_mul(align)?;
+            Some((b.offset, b.size, key, at))
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for CopyBatch<'_> {
@@ -677,6 +712,11 @@ impl BatchInner {
         let mut bindings_gen = None;
         let slot = ep.slot();
         let agreed = slot.agreed();
+        let handles = if bound_here {
+            shared_handles(&slot.bindings, ep.facts().align)
+        } else {
+            Vec::new()
+        };
         let covered = if bound_here {
             // Read under the lock with the bindings: a later bind or unbind
             // moves it, and enqueue reads them again (F9).
@@ -712,6 +752,8 @@ impl BatchInner {
             },
             bindings_gen,
             agreed,
+            handles,
+            align: ep.facts().align,
         }
     }
 
@@ -833,10 +875,12 @@ impl BatchInner {
     }
 }
 
-/// A local endpoint's memory bound by address that the batch also names by
-/// address: `(id, endpoint offset, size, address)`. An op through the
-/// endpoint there reads or writes those addresses too (F3).
-type Alias = (u32, u64, u64, u64);
+/// A local endpoint's bound memory, in the space of its bytes:
+/// `(id, endpoint offset, size, space, start)` — space 0 for memory bound
+/// by address (`start` its address), an allocation's key for one bound by
+/// handle (`start` the offset in it). An op through the endpoint there
+/// reads or writes those bytes too (F3).
+type Alias = (u32, u64, u64, u64, u64);
 
 impl BatchInner {
     /// The bindings by address of the batch's local endpoints, when some
@@ -848,42 +892,57 @@ impl BatchInner {
     fn aliases(&self) -> Vec<Alias> {
         let mut out = Vec::new();
         for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
-            if !f.bound_here || !range.maybe_attached() {
+            if !f.bound_here {
+                continue;
+            }
+            out.extend(
+                f.handles
+                    .iter()
+                    .map(|&(off, size, key, at)| (*id, off, size, key, at)),
+            );
+            if !range.maybe_attached() {
                 continue;
             }
             let slot = range.slot(*id);
             out.extend(
                 slot.windows()
                     .filter_map(crate::portable::Window::local_span)
-                    .map(|(off, size, addr)| (*id, off, size, addr)),
+                    .map(|(off, size, addr)| (*id, off, size, 0, addr)),
             );
         }
         if out.is_empty() || (out.len() == 1 && self.locations.is_empty()) {
             return Vec::new();
         }
-        // `[start, end)` of each window and each memory named by address,
-        // sorted: any two that overlap make every window an alias (an
-        // extra alias only maps an op to the addresses it does reach).
-        let mut spans: Vec<(u64, u64)> = out
+        // `(space, start, end)` of each bound span and each memory named by
+        // address, sorted: any two that overlap make every span an alias
+        // (an extra alias only maps an op to the bytes it does reach).
+        let mut spans: Vec<(u64, u64, u64)> = out
             .iter()
-            .map(|&(_, _, size, addr)| (addr, addr.saturating_add(size)))
+            .map(|&(_, _, size, space, at)| (space, at, at.saturating_add(size)))
             .chain(
                 self.locations
                     .iter()
-                    .map(|&(.., (p, len))| (p, p.saturating_add(len))),
+                    .map(|&(.., (p, len))| (0, p, p.saturating_add(len))),
             )
-            .filter(|&(s, e)| s < e)
+            .filter(|&(_, s, e)| s < e)
             .collect();
         spans.sort_unstable();
-        let mut reach = 0u64;
-        let mut met = false;
-        for &(s, e) in &spans {
-            if s < reach {
-                met = true;
-                break;
-            }
-            reach = reach.max(e);
-        }
+        let met = spans
+            .windows(2)
+            .any(|w| w[0].0 == w[1].0 && w[1].1 < w[0].2)
+            || {
+                // Past the neighbour: a long span may reach over several.
+                let mut reach = (u64::MAX, 0u64);
+                spans.iter().any(|&(sp, s, e)| {
+                    let hit = reach.0 == sp && s < reach.1;
+                    reach = if reach.0 == sp {
+                        (sp, reach.1.max(e))
+                    } else {
+                        (sp, e)
+                    };
+                    hit
+                })
+            };
         if !met {
             out.clear();
         }
@@ -909,6 +968,7 @@ impl BatchInner {
             }
             let slot = range.slot(*id);
             let now = range.bindings_gen();
+            let handles = shared_handles(&slot.bindings, facts.align);
             let mut every: Option<Intervals> = None;
             for &d in &facts.target.devices {
                 let mine = merged(
@@ -927,6 +987,7 @@ impl BatchInner {
             if let Some(f) = self.eps.get_mut(index) {
                 f.covered = every.unwrap_or_default();
                 f.bindings_gen = Some(now);
+                f.handles = handles;
             }
             for (op, o) in self.list.iter().enumerate() {
                 let at = match (o.src, o.dst) {
@@ -1006,6 +1067,8 @@ fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usize)> {
     // Addresses and endpoint offsets apart: each is usually in order
     // already (ops laid out one after the other), and then not sorted again.
     let (mut addrs, mut eps) = (Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()));
+    // Spans in an allocation bound by handle (aliases only), by its key.
+    let mut held: Vec<(u64, Span)> = Vec::new();
     for (i, CopyOp { src, dst, size }) in ops.iter().enumerate().filter(|(_, op)| op.size > 0) {
         let size = *size;
         for s in [span(src, size, i, false), span(dst, size, i, true)]
@@ -1025,11 +1088,16 @@ fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usize)> {
                 continue;
             };
             let end = offset.saturating_add(size);
-            for &(a_id, a_off, a_size, a_addr) in aliases {
+            for &(a_id, a_off, a_size, a_space, a_at) in aliases {
                 let (s, e) = (offset.max(a_off), end.min(a_off.saturating_add(a_size)));
                 if a_id == id && s < e {
-                    let at = a_addr.saturating_add(s - a_off);
-                    addrs.push((None, at, at.saturating_add(e - s), i, dst));
+                    let at = a_at.saturating_add(s - a_off);
+                    let span = (None, at, at.saturating_add(e - s), i, dst);
+                    if a_space == 0 {
+                        addrs.push(span);
+                    } else {
+                        held.push((a_space, span));
+                    }
                 }
             }
         }
@@ -1039,7 +1107,16 @@ fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usize)> {
             spans.sort_unstable_by_key(|&(space, start, ..)| (space, start));
         }
     }
-    let spans = addrs.iter().chain(eps.iter());
+    held.sort_unstable_by_key(|&(key, (_, start, ..))| (key, start));
+    sweep(addrs.iter().chain(eps.iter()).copied())
+        .or_else(|| sweep(held.iter().map(|&(k, (_, s, e, op, d))| (k, s, e, op, d))))
+}
+
+/// The first dependent pair of ops among `spans` (sorted by space, then
+/// start; `(space, start, end, op, destination)`), if any.
+fn sweep<K: PartialEq + Copy>(
+    spans: impl Iterator<Item = (K, u64, u64, usize, bool)>,
+) -> Option<(usize, usize)> {
     let pair = |a: (usize, bool), b: (usize, bool)| match (a.1, b.1) {
         (true, true) => (a.0.min(b.0), a.0.max(b.0)),
         (true, false) => (a.0, b.0),
@@ -1084,9 +1161,9 @@ fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usize)> {
     }
     let mut space = None;
     let (mut all, mut dsts) = (Reach::default(), Reach::default());
-    for (i, &(sp, start, end, op, dst)) in spans.enumerate() {
-        if i == 0 || sp != space {
-            space = sp;
+    for (i, (sp, start, end, op, dst)) in spans.enumerate() {
+        if i == 0 || Some(sp) != space {
+            space = Some(sp);
             (all, dsts) = (Reach::default(), Reach::default());
         }
         let earlier = if dst {

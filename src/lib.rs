@@ -186,4 +186,7 @@ mod layout {
     // `Error` itself stays an enum to match on; pinned so that growing it is
     // a decision (it is what `Result<_, Error>` writes through memory).
     const_assert_eq!(std::mem::size_of::<Error>(), 88);
+    // A binding record: `handle_at` in what was padding (an endpoint's
+    // heap per id, `benches/readiness_heap.rs`).
+    const_assert_eq!(std::mem::size_of::<crate::range::Bound>(), 40);
 }

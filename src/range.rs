@@ -40,6 +40,17 @@ pub(crate) struct Bound {
     /// The memory bound, kept alive until unbound or destroyed (R7.2).
     /// `None` for raw binds, whose memory the caller keeps alive.
     pub _keep: Option<Arc<dyn Any + Send + Sync>>,
+    /// A bind by handle: where in its allocation, in units of the
+    /// endpoint's bind alignment ([`Bound::BY_ADDRESS`] for a bind by
+    /// address, whose window says where). In the record's padding: F3
+    /// tells apart two binds of one allocation by it.
+    pub handle_at: u32,
+}
+
+impl Bound {
+    /// [`Bound::handle_at`] of a bind by address (or one whose offset
+    /// does not fit: 2^32 alignment units into the allocation).
+    pub const BY_ADDRESS: u32 = u32::MAX;
 }
 
 /// What the endpoint on one id is: fixed by the transitions that make it

@@ -236,7 +236,10 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
             "{before_grow}"
         );
         peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        // The count is the node's: read by every rank before any copies,
+        // checked once every rank copied (barriers on both sides).
         let copies = me.calls(Call::FabricCpyBatchAsync);
+        boot.barrier(T).unwrap();
         // Below the top: through. Past it (the endpoint is MAX bytes, the
         // heap one chunk): refused, naming the top.
         let got = stream
@@ -252,10 +255,11 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
             matches!(past, Error::CopyNotAgreed { offset, agreed: CHUNK, .. } if offset == CHUNK - 32),
             "rank {r}: {past:?}"
         );
+        boot.barrier(T).unwrap();
         assert_eq!(
             me.calls(Call::FabricCpyBatchAsync),
-            copies + 1,
-            "one copy reached the driver"
+            copies + 2,
+            "one copy per rank reached the driver"
         );
         boot.barrier(T).unwrap();
         // After an agreed shrink the top is 0 again.

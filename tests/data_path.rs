@@ -1597,3 +1597,52 @@ fn model_clean(ctx: &Context, model: &cuda_endpoints::model::Model) {
     assert!(model.live().is_empty(), "leak: {:?}", model.live());
     common::no_violations(&model.violations());
 }
+
+#[test]
+fn f3_ops_that_meet_in_one_allocation_bound_by_handle_twice_are_dependent() {
+    let (ctx, model) = node();
+    let mem = cuda_endpoints::Allocation::<Private>::on_device(&ctx, 0, 2 * ALIGN).unwrap();
+    let (src, dst) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let (a, b) = (unicast(&ctx, 0, 2 * ALIGN), unicast(&ctx, 0, ALIGN));
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // Its first half at a[0..) and at a[ALIGN..): a put to a[64..) and a
+    // get from a[ALIGN + 64..) are the same bytes.
+    let a0 = a.bind_part(0, 0, &mem, 0, ALIGN).unwrap();
+    let a1 = a.bind_part(0, ALIGN, &mem, 0, ALIGN).unwrap();
+    let r =
+        stream.enqueue(
+            CopyBatch::new()
+                .put(&src, 0, &a, 64, 64)
+                .get(&a, ALIGN + 64, &dst, 0, 64),
+        );
+    assert!(
+        matches!(r, Err(Error::CopyDependent { op: 0, other: 1 })),
+        "{r:?}"
+    );
+    drop(r);
+    // Through two endpoints: two puts into the same bytes.
+    let b0 = b.bind_part(0, 0, &mem, 0, ALIGN).unwrap();
+    let r = stream.enqueue(
+        CopyBatch::new()
+            .put(&src, 0, &a, 128, 64)
+            .put(&dst, 0, &b, 128, 64),
+    );
+    assert!(matches!(r, Err(Error::CopyDependent { .. })), "{r:?}");
+    drop(r);
+    drop((a0, a1, b0));
+    // Two halves bound apart: ops on them are independent.
+    let a0 = a.bind_part(0, 0, &mem, 0, ALIGN).unwrap();
+    let a1 = a.bind_part(0, ALIGN, &mem, ALIGN, ALIGN).unwrap();
+    stream
+        .enqueue(
+            CopyBatch::new()
+                .put(&src, 0, &a, 64, 64)
+                .get(&a, ALIGN + 64, &dst, 0, 64),
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    drop((stream, a0, a1));
+    drop((a, b, mem, src, dst));
+    clean(&ctx, &model);
+}
