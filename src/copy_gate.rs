@@ -22,39 +22,29 @@
 //! is as long as that. One thread inside one side that calls back into the
 //! crate for the other on the same range (a `tracing` layer or a backend
 //! during the driver call) would wait for itself: refused instead,
-//! [`Error::CopyUnbindReentered`].
+//! [`Error::CopyUnbindReentered`]. Which thread is inside is a count per
+//! thread, not per range (one load on every enqueue and unbind): a call
+//! back that meets another thread's gate on the range is refused too.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-
-use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::range::RangeInner;
 
 thread_local! {
-    /// The ranges (by address) this thread is inside an enqueue's gate of:
-    /// few, usually none.
-    static ENQUEUING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-    /// How many unbinds this thread is inside (a constant-initialized
-    /// `Cell`: one load and one store each way, on every unbind).
+    /// How many enqueues this thread is inside, and how many unbinds
+    /// (constant-initialized `Cell`s: one load and one store each way).
+    static ENQUEUING: Cell<u32> = const { Cell::new(0) };
     static UNBINDING: Cell<u32> = const { Cell::new(0) };
 }
 
-fn key(range: &RangeInner) -> usize {
-    std::ptr::from_ref(range).addr()
-}
-
-/// Whether this thread is inside an enqueue's gate on `range`.
-fn enqueuing_here(range: &RangeInner) -> bool {
-    let k = key(range);
-    ENQUEUING.with_borrow(|v| v.contains(&k))
-}
-
 /// An enqueue (or capture) inside the gates of its batch's ranges.
-pub(crate) struct EnqueueGate {
-    ranges: SmallVec<[Arc<RangeInner>; 1]>,
+pub(crate) enum EnqueueGate {
+    /// The usual batch: its endpoints are of one range.
+    One(Arc<RangeInner>),
+    Many(Vec<Arc<RangeInner>>),
 }
 
 impl EnqueueGate {
@@ -64,24 +54,49 @@ impl EnqueueGate {
     /// # Errors
     /// [`Error::CopyUnbindReentered`] when this thread is inside an unbind
     /// on one of them.
+    #[inline]
     pub(crate) fn enter(endpoints: &[(Arc<RangeInner>, u32)]) -> Result<EnqueueGate> {
-        let mut ranges: SmallVec<[Arc<RangeInner>; 1]> = SmallVec::new();
+        let Some(((first, id), rest)) = endpoints.split_first() else {
+            // Nothing to hold (the `Drop` still counts this thread out).
+            ENQUEUING.set(ENQUEUING.get().wrapping_add(1));
+            return Ok(EnqueueGate::Many(Vec::new()));
+        };
+        if rest.iter().any(|(r, _)| !Arc::ptr_eq(r, first)) {
+            return Self::enter_many(endpoints);
+        }
+        // One range: announce, then look for an unbind (SeqCst on both
+        // sides: one of the two sees the other).
+        first.gate_enqueues().fetch_add(1, Ordering::SeqCst);
+        if first.gate_unbinds().load(Ordering::SeqCst) != 0 {
+            first.gate_enqueues().fetch_sub(1, Ordering::SeqCst);
+            return Self::enter_many(&[(first.clone(), *id)]);
+        }
+        ENQUEUING.set(ENQUEUING.get().wrapping_add(1));
+        Ok(EnqueueGate::One(first.clone()))
+    }
+
+    /// [`EnqueueGate::enter`] for several ranges, or after an unbind was
+    /// seen: waits with none announced.
+    #[cold]
+    #[inline(never)]
+    fn enter_many(endpoints: &[(Arc<RangeInner>, u32)]) -> Result<EnqueueGate> {
+        let mut ranges: Vec<Arc<RangeInner>> = Vec::new();
         for (range, id) in endpoints {
             if ranges.iter().any(|r| Arc::ptr_eq(r, range)) {
                 continue;
             }
             // This thread inside an unbind, and one on this range: it may
             // be this thread's (a layer enqueueing during it), which would
-            // wait for itself. Refused (for this rare case, even when the
-            // unbind on this range is another thread's).
+            // wait for itself. Refused (in this rare case even when the
+            // unbind on this range is another thread's: a count per thread
+            // is one load, a list of ranges a search on every enqueue).
             if range.gate_unbinds().load(Ordering::SeqCst) != 0 && UNBINDING.get() != 0 {
                 return Err(Error::CopyUnbindReentered { id: *id });
             }
             ranges.push(range.clone());
         }
         loop {
-            // Announce on every range, then look for an unbind on any
-            // (SeqCst on both sides: one of the two sees the other).
+            // Announce on every range, then look for an unbind on any.
             for r in &ranges {
                 r.gate_enqueues().fetch_add(1, Ordering::SeqCst);
             }
@@ -94,26 +109,32 @@ impl EnqueueGate {
             }
             // Holding none: an unbind waiting for this range's enqueues
             // cannot wait for this thread.
-            while ranges[busy].gate_unbinds().load(Ordering::SeqCst) != 0 {
+            while ranges
+                .get(busy)
+                .is_some_and(|r| r.gate_unbinds().load(Ordering::SeqCst) != 0)
+            {
                 std::thread::yield_now();
             }
         }
-        ENQUEUING.with_borrow_mut(|v| v.extend(ranges.iter().map(|r| key(r))));
-        Ok(EnqueueGate { ranges })
+        ENQUEUING.set(ENQUEUING.get().wrapping_add(1));
+        Ok(EnqueueGate::Many(ranges))
     }
 }
 
 impl Drop for EnqueueGate {
+    #[inline]
     fn drop(&mut self) {
-        for r in &self.ranges {
-            let k = key(r);
-            ENQUEUING.with_borrow_mut(|v| {
-                if let Some(i) = v.iter().rposition(|&x| x == k) {
-                    v.swap_remove(i);
+        match self {
+            EnqueueGate::One(r) => {
+                r.gate_enqueues().fetch_sub(1, Ordering::SeqCst);
+            }
+            EnqueueGate::Many(ranges) => {
+                for r in ranges.iter() {
+                    r.gate_enqueues().fetch_sub(1, Ordering::SeqCst);
                 }
-            });
-            r.gate_enqueues().fetch_sub(1, Ordering::SeqCst);
+            }
         }
+        ENQUEUING.set(ENQUEUING.get().wrapping_sub(1));
     }
 }
 
@@ -140,12 +161,14 @@ impl<'r> UnbindGate<'r> {
         Ok(gate)
     }
 
-    /// Some enqueue is inside: refused if it is this thread's, else waited
-    /// for (its check and driver call; new ones wait for this unbind).
+    /// Some enqueue is inside: refused when this thread is inside one (it
+    /// may be this one's: as for an enqueue inside an unbind, refused even
+    /// when it is another thread's), else waited for (its check and driver
+    /// call; new ones wait for this unbind).
     #[cold]
     #[inline(never)]
     fn wait_for_enqueues(&self, id: u32) -> Result<()> {
-        if enqueuing_here(self.range) {
+        if ENQUEUING.get() != 0 {
             return Err(Error::CopyUnbindReentered { id });
         }
         while self.range.gate_enqueues().load(Ordering::SeqCst) != 0 {
