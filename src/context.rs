@@ -543,34 +543,28 @@ impl Context {
 
     /// The largest exportable unicast endpoint any device of this process
     /// allows (`maxSize` of `cuLogicalEndpointGetLimits`, R2.3, R10): the
-    /// most bytes an imported unicast endpoint may claim. Devices whose
-    /// query fails are skipped; cached once one answered (`maxSize` is the
-    /// driver's bound, not a function of the size asked, which is `size`
-    /// here only because the props need one).
+    /// most bytes an imported unicast endpoint may claim. Every device is
+    /// asked; cached once all answered (`maxSize` is the driver's bound,
+    /// not a function of the size asked, which is `size` here only because
+    /// the props need one).
     ///
     /// # Errors
-    /// The first device's error when no device answers;
+    /// A device's failed query (not skipped: an error is never swallowed);
     /// [`Error::NoSuchDevice`] when there is no device.
     pub(crate) fn unicast_max_size(&self, size: u64) -> Result<u64> {
         if let Some(&max) = self.inner.unicast_max_size.get() {
             return Ok(max);
         }
         let mut most: Option<u64> = None;
-        let mut first_error = None;
         for dev in 0..self.device_count()? {
             let mut props = EndpointProps::new(Shape::Unicast { owner: Device(dev) }, size);
             props.ipc_fabric = true;
-            match self.limits(&props) {
-                Ok(l) => most = Some(most.map_or(l.max_size, |m| m.max(l.max_size))),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
+            let max = self.limits(&props)?.max_size;
+            most = Some(most.map_or(max, |m| m.max(max)));
         }
-        match (most, first_error) {
-            (Some(max), _) => Ok(*self.inner.unicast_max_size.get_or_init(|| max)),
-            (None, Some(e)) => Err(e),
-            (None, None) => Err(Error::NoSuchDevice {
+        match most {
+            Some(max) => Ok(*self.inner.unicast_max_size.get_or_init(|| max)),
+            None => Err(Error::NoSuchDevice {
                 device: Device(0),
                 count: 0,
             }),
