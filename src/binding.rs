@@ -260,6 +260,19 @@ impl BindingRecord {
     pub(crate) fn device(&self) -> Device {
         self.dev
     }
+
+    /// Unbinds through `range` (its endpoint's). On failure the binding is
+    /// still live: the record comes back with the error, for its owner to
+    /// keep with the memory and retry (R7.2: never freed while bound).
+    pub(crate) fn unbind_on(self, range: &RangeInner) -> Result<(), (Error, BindingRecord)> {
+        let again = BindingRecord {
+            id: self.id,
+            dev: self.dev,
+            offset: self.offset,
+            size: self.size,
+        };
+        self.attach(range).unbind().map_err(|e| (e, again))
+    }
 }
 
 impl Binding<'_> {

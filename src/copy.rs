@@ -391,6 +391,8 @@ impl<'a> CopyBatch<'a> {
 
     /// Gets `size` bytes of the unicast endpoint `ep` at `offset` into a
     /// new host buffer, handed out by [`InFlight::wait`] (F1: see [`CanGet`]).
+    /// A buffer this process cannot allocate is refused at enqueue
+    /// ([`Error::CopyHostBufferUnavailable`]), not an abort.
     #[inline]
     pub fn get_host<S, K>(mut self, ep: &'a Endpoint<S, K>, offset: u64, size: u64) -> Self
     where
@@ -408,7 +410,12 @@ impl<'a> CopyBatch<'a> {
         let refused = inner.error.is_some() || inner.ep_error.is_some();
         let mut buf = match usize::try_from(size) {
             Ok(_) if !inside || refused => Vec::new(),
-            Ok(len) => vec![0u8; len],
+            Ok(len) => host_buffer(len).unwrap_or_else(|| {
+                inner
+                    .error
+                    .get_or_insert_with(|| Box::new(Error::CopyHostBufferUnavailable { op, size }));
+                Vec::new()
+            }),
             Err(_) => {
                 inner.error.get_or_insert_with(|| {
                     Box::new(Error::CopyOutOfRange {
@@ -445,6 +452,19 @@ impl<'a> CopyBatch<'a> {
     pub fn is_empty(&self) -> bool {
         self.inner.list.is_empty()
     }
+}
+
+/// A zeroed host buffer of `len` bytes, or `None` when this process cannot
+/// have one: `len` is an endpoint's bytes, and an imported endpoint's size
+/// is what its exporter claims, so a failed allocation is an error at
+/// enqueue, not an abort (`vec![0; len]` aborts). The zeroing is a pass the
+/// copy overwrites; no stable safe API allocates zeroed memory fallibly.
+#[inline]
+fn host_buffer(len: usize) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len).ok()?;
+    buf.resize(len, 0);
+    Some(buf)
 }
 
 impl BatchInner {

@@ -729,6 +729,20 @@ pub enum Error {
         ops: u64,
     },
 
+    /// The host buffer of a [`crate::CopyBatch::get_host`] op could not be
+    /// allocated in this process (an endpoint's size, and an imported one's
+    /// is what its exporter claims, can be far more than this process can
+    /// hold): refused at enqueue, nothing allocated, instead of aborting.
+    #[error(
+        "copy op {op}: a host buffer of {size} bytes for `get_host` could not be allocated in this process; get fewer bytes per op (several `get_host` ops over parts of the range, in several batches if need be), or `get` into `Mapped` memory"
+    )]
+    CopyHostBufferUnavailable {
+        /// The op's index in the batch.
+        op: usize,
+        /// The bytes asked for.
+        size: u64,
+    },
+
     /// On the portable path ([`crate::CopyPath::Portable`]): an op reaches
     /// endpoint bytes that this process cannot reach on every target — no
     /// memory it bound by address there, and no peer window
@@ -1114,11 +1128,13 @@ impl Error {
 
     /// Whether memory or fabric resources ran out (`OUT_OF_MEMORY`, which
     /// on a multicast create or bind can mean no multicast groups are left,
-    /// R5.10; `MULTICAST_RESOURCE_FULL`): free endpoints, bindings or memory,
-    /// then retry.
+    /// R5.10; `MULTICAST_RESOURCE_FULL`), or this process's own memory
+    /// ([`Error::CopyHostBufferUnavailable`]): free endpoints, bindings or
+    /// memory, then retry (or ask for less).
     pub fn is_resource_exhausted(&self) -> bool {
         match self {
             Error::Driver { code, .. } => code_is_resource_exhausted(*code),
+            Error::CopyHostBufferUnavailable { .. } => true,
             _ => false,
         }
     }

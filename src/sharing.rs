@@ -3,7 +3,10 @@
 //! opaque bytes so that the importer gets a typed endpoint.
 //!
 //! The carried metadata is a convenience, not trusted for safety: the driver
-//! validates the handle (R9.4) and every bind (R5.4) all the same.
+//! validates the handle (R9.4) and every bind (R5.4) all the same, and
+//! `import` checks the claimed size and alignment against the driver's
+//! limits. The kind tag is trusted for typing only: see
+//! [`FabricHandle::from_bytes`].
 
 use std::marker::PhantomData;
 
@@ -137,6 +140,29 @@ impl<K> FabricHandle<K> {
     /// # assert!(model.live_node().is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// # What the bytes are trusted for
+    ///
+    /// The kind tag, size, bind alignment and team size are the exporter's
+    /// claims, under a checksum anyone can recompute, and no driver call
+    /// reports an imported endpoint's kind or team size. What the driver
+    /// can confirm is checked before the import
+    /// ([`Endpoint::import`](crate::Endpoint::import)): a team's bind
+    /// alignment and size against `cuLogicalEndpointGetLimits`, a unicast
+    /// endpoint's size against the largest `maxSize` of this process's
+    /// devices (R10). The kind is not: "a `get` from a multicast endpoint
+    /// does not compile" ([`CanGet`](crate::CanGet), F1) holds for handles
+    /// of honest exporters. A peer that tags a multicast endpoint's handle
+    /// as unicast gives this process a typed unicast endpoint whose `get`
+    /// reaches the driver, which refuses it (`CUDA_ERROR_INVALID_VALUE`; the
+    /// reference model logs the F1 violation and moves no byte). The
+    /// team bring-ups ([`crate::team`]) check each peer's claims against
+    /// what the ranks agreed (size, team size, counted operations, the bind
+    /// alignment against this driver) and that every rank imported the
+    /// same bytes (a digest of the peer-to-id table, R13.4): that catches a
+    /// bootstrap that delivers different bytes to different ranks, not a
+    /// rank that tells every rank the same lie. See the guide's
+    /// [security chapter](crate::guide::security).
     ///
     /// # Errors
     /// [`Error::BadHandle`] for bytes of the wrong length, magic, version or

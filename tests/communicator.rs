@@ -323,6 +323,70 @@ fn r13_7_a_shrink_completes_this_ranks_forgotten_copy_into_a_peers_top_chunk_bef
     common::no_violations(&model.violations());
 }
 
+/// R7.2 ("memory that may still be bound is never freed") at a shrink
+/// whose unbind fails on one rank: the chunk leaves the heap on every rank
+/// (the top they agreed on), the failing rank keeps it aside, bound, with
+/// its memory; the next grow unbinds it first and binds there; and a chunk
+/// whose unbind fails again at drop is let go only after the endpoint's
+/// destroy unbound it. Nothing leaks, no rule is broken.
+#[test]
+fn r7_2_a_chunk_whose_unbind_failed_at_a_shrink_is_kept_aside_until_unbound_on_every_rank_the_heap_agrees()
+ {
+    use cuda_endpoints::driver::Code;
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
+    let (contexts, model) = processes(2);
+    on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        // Rank 0's unbinds fail as `fault` says (`None`: not at all).
+        let unbinds_on_rank_0 = |fault: Option<Fault>| {
+            boot.barrier(T).unwrap();
+            if r == 0 {
+                let plan = FaultPlan::none();
+                me.set_faults(match fault {
+                    Some(f) => plan.with(f.on_process(me.pid())),
+                    None => plan,
+                });
+            }
+            boot.barrier(T).unwrap();
+        };
+        unbinds_on_rank_0(Some(Fault::nth(Call::Unbind, 1, Code::UNKNOWN)));
+        let shrunk = peers.shrink(boot, T);
+        match (r, &shrunk) {
+            (0, Err(e)) => assert_eq!(e.step, Step::Shrink, "{e}"),
+            (1, Ok(Some(_))) => {}
+            _ => panic!("rank {r}: {shrunk:?}"),
+        }
+        drop(shrunk);
+        // One chunk lower on every rank, one memory per chunk.
+        assert_eq!((peers.top(), peers.memory().len()), (CHUNK, 1), "rank {r}");
+        unbinds_on_rank_0(None);
+        // The next grow unbinds the chunk kept aside, then binds there.
+        assert_eq!(peers.grow(boot, chunk(ctx, dev), T).unwrap(), CHUNK);
+        assert_eq!((peers.top(), peers.memory().len()), (2 * CHUNK, 2));
+        // Again, and this time every unbind fails, at drop too: the
+        // destroy unbinds, and the memory goes after it.
+        unbinds_on_rank_0(Some(Fault::always(Call::Unbind, Code::UNKNOWN)));
+        let shrunk = peers.shrink(boot, T);
+        assert_eq!(shrunk.is_err(), r == 0, "rank {r}: {shrunk:?}");
+        drop(shrunk);
+        drop(peers);
+        let teardown = ctx.take_teardown_errors();
+        assert_eq!(teardown.is_empty(), r == 1, "rank {r}: {teardown:?}");
+        unbinds_on_rank_0(None);
+    });
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+    common::no_violations(&model.violations());
+}
+
 #[test]
 fn growing_past_the_reserved_maximum_is_refused_on_every_rank_before_the_driver() {
     let (contexts, model) = processes(2);

@@ -302,6 +302,93 @@ fn forged_handle_metadata_is_checked_against_the_driver() {
     clean(&a, &model);
 }
 
+/// A unicast handle's claimed size bounds every copy's range check and a
+/// `get_host`'s buffer: a claim past what any device of the importing
+/// process allows (`maxSize`, R10) is refused before the import.
+#[test]
+fn a_unicast_handle_claiming_more_than_any_local_device_allows_is_refused_before_the_import() {
+    use cuda_endpoints::{Unicast, driver::Call};
+    let model = Model::new(ModelConfig::node(2));
+    let a = Context::new(model.clone());
+    let b = Context::new(model.spawn_process());
+    let uni = a
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, ALIGN).exportable())
+        .unwrap();
+    let wire = uni.export().unwrap().to_bytes();
+    let imports = model.calls(Call::Import);
+    let max = ModelConfig::node(2).devices[0].max_size;
+    let forged = forge(&wire, 1, max + ALIGN, ALIGN, 1);
+    let h = FabricHandle::<Unicast<Exportable>>::from_bytes(&forged).unwrap();
+    let f = b.reserve_one().unwrap().import(&h).unwrap_err();
+    assert!(
+        matches!(&f.error, Error::BadHandle { reason, .. } if reason.contains(&max.to_string())),
+        "{}",
+        f.error
+    );
+    assert_eq!(
+        model.calls(Call::Import),
+        imports,
+        "refused before the driver"
+    );
+    drop(f);
+    // The claim at the limit is the driver's to judge: imported.
+    let h =
+        FabricHandle::<Unicast<Exportable>>::from_bytes(&forge(&wire, 1, max, ALIGN, 1)).unwrap();
+    let imp = b.reserve_one().unwrap().import(&h).unwrap();
+    drop((imp, uni));
+    assert!(b.take_teardown_errors().is_empty());
+    clean(&a, &model);
+}
+
+/// A `get_host` buffer this process cannot allocate (here an honest
+/// endpoint of 2^63 bytes, more than any allocation may be) is refused at
+/// enqueue, naming the op, not a panic or an abort in the builder.
+#[test]
+fn a_get_host_buffer_this_process_cannot_allocate_is_refused_at_enqueue() {
+    use cuda_endpoints::{CopyBatch, Stream, Unicast};
+    let config = ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(1)
+    }
+    .with_devices(|_, d| d.max_size = u64::MAX);
+    let model = Model::new(config);
+    let a = Context::new(model.clone());
+    let b = Context::new(model.spawn_process());
+    let size = 1u64 << 63;
+    let ep = a
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, size).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let h =
+        FabricHandle::<Unicast<Exportable>>::from_bytes(&ep.export().unwrap().to_bytes()).unwrap();
+    let imp = b
+        .reserve_one()
+        .unwrap()
+        .import(&h)
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let stream = Stream::new(&b, 0).unwrap();
+    let r = stream
+        .enqueue(
+            CopyBatch::new()
+                .put_host(vec![1; 8], &imp, 0)
+                .get_host(&imp, 0, size),
+        )
+        .map(|_| ());
+    let e = r.unwrap_err();
+    assert_eq!(e, Error::CopyHostBufferUnavailable { op: 1, size }, "{e}");
+    assert!(e.is_resource_exhausted());
+    drop((stream, imp, ep));
+    assert!(b.take_teardown_errors().is_empty());
+    clean(&a, &model);
+}
+
 /// Fails the first `cuDriverGetVersion`, then answers.
 #[derive(Debug)]
 struct FlakyVersion {

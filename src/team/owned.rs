@@ -12,7 +12,11 @@
 //!   bring-up's bytes); [`OwnedPeers::grow`] binds the next chunk at the
 //!   next offset on every rank and agrees on it over the bootstrap, so peers
 //!   use it with no re-import; [`OwnedPeers::shrink`] agrees that every rank
-//!   stopped using the top chunk before any rank unbinds it (R13.7). On
+//!   stopped using the top chunk before any rank unbinds it (R13.7). A
+//!   chunk whose unbind failed leaves the heap on every rank all the same
+//!   (the agreed top) and is kept aside, bound, with its memory
+//!   (`stranded`) until an unbind of it succeeds or the endpoints are
+//!   destroyed (R7.2). On
 //!   the portable path the grow agreement carries each new chunk's share
 //!   and registers the peers' windows over it (`windows`, as `agree_bound`
 //!   does at the bring-up); shrink removes them.
@@ -46,13 +50,20 @@ use super::wire::{from_bytes, to_bytes};
 pub struct OwnedPeers<M: BindSource> {
     rank: usize,
     tag: u64,
-    // Drop: `Drop::drop` unbinds `chunks` top first; then the fields in
-    // order: the own endpoint, the peers (destroyed), then the memory.
+    // Drop: `Drop::drop` unbinds `stranded`, then `chunks` top first;
+    // then the fields in order: the own endpoint, the peers (destroyed, which
+    // unbinds whatever is still bound, R7), then the memory.
     chunks: Vec<BindingRecord>,
     own: Endpoint<Ready, Unicast<Exportable>>,
     peers: Vec<Option<Endpoint<Ready, ImportedUnicast>>>,
+    /// The memory of each chunk of `chunks` (same index), and its size.
     memory: Vec<M>,
     sizes: Vec<u64>,
+    /// Chunks out of the heap (above the agreed top on every rank) whose
+    /// unbind failed: still bound, so their memory is kept until an unbind
+    /// succeeds (retried at the next grow and at drop) or, failing that,
+    /// until the endpoint's destroy unbinds them (R7.2).
+    stranded: Vec<(BindingRecord, M)>,
 }
 
 impl<M: BindSource> std::fmt::Debug for OwnedPeers<M> {
@@ -80,6 +91,7 @@ impl Peers {
             peers,
             memory: Vec::new(),
             sizes: Vec::new(),
+            stranded: Vec::new(),
         };
         owned.agree_top();
         owned
@@ -128,7 +140,9 @@ impl<M: BindSource> OwnedPeers<M> {
         self.own.size()
     }
 
-    /// The memory of each chunk, bottom first.
+    /// The memory of each chunk, bottom first: one per chunk below
+    /// [`OwnedPeers::top`] (a chunk whose unbind failed at a shrink is not
+    /// in the heap any more, and not here).
     pub fn memory(&self) -> &[M] {
         &self.memory
     }
@@ -156,9 +170,13 @@ impl<M: BindSource> OwnedPeers<M> {
     /// or chunk size than rank 0 ([`Mismatch::Heap`], the same error on
     /// every rank), or the bootstrap's failure within `timeout`; on the
     /// portable path, at [`Step::Import`], a peer's chunk that some rank
-    /// could not import or map (every rank fails, naming that rank). On
-    /// error no rank keeps the chunk bound or any window of it; the heap is
-    /// as it was.
+    /// could not import or map (every rank fails, naming that rank). A rank
+    /// that keeps a chunk an earlier shrink or grow could not unbind
+    /// unbinds it first; if that fails again, the grow fails on every rank,
+    /// that rank naming the unbind's error. On
+    /// error no rank keeps the chunk bound or any window of it (a chunk
+    /// whose undo fails is kept aside, as at a shrink); the heap is as it
+    /// was.
     pub fn grow(
         &mut self,
         boot: &dyn Bootstrap,
@@ -209,11 +227,12 @@ impl<M: BindSource> OwnedPeers<M> {
         let size = chunk.size();
         let portable = windows::portable(&self.own);
         let dev = self.own.devices().first().copied();
-        let bound = match dev {
-            None => Err(Cause::BadMessage {
+        let bound = match (dev, self.unbind_stranded()) {
+            (_, Err(e)) => Err(Cause::Local(e)),
+            (None, Ok(())) => Err(Cause::BadMessage {
                 reason: "the own endpoint names no device",
             }),
-            Some(dev) => self.bind_checked(dev, offset, &chunk).map_err(Cause::Local),
+            (Some(dev), Ok(())) => self.bind_checked(dev, offset, &chunk).map_err(Cause::Local),
         };
         // On the portable path the report carries the new chunk's share
         // (and its descriptor crosses after the agreement, with `node`).
@@ -258,10 +277,12 @@ impl<M: BindSource> OwnedPeers<M> {
             }
             (verdict, record) => {
                 if let Some(record) = record
-                    && let Err(e) = record.attach(self.own.range()).unbind()
+                    && let Err((e, record)) = record.unbind_on(self.own.range())
                 {
-                    // Still bound: keep the memory alive with the endpoint.
+                    // Still bound: kept aside with its memory (R7.2), and
+                    // unbound again before the next grow binds there.
                     self.own.context().record_teardown(e);
+                    self.stranded.push((record, chunk));
                 }
                 Err(verdict.err().unwrap_or_else(|| {
                     TeamError::new(
@@ -288,7 +309,14 @@ impl<M: BindSource> OwnedPeers<M> {
     /// The same [`TeamError`] on every rank when a rank's top differs from
     /// rank 0's ([`Step::Shrink`], [`Mismatch::Heap`]) or the bootstrap fails within
     /// `timeout`; nothing is unbound then. This rank's own unbind failure
-    /// after the agreement is reported on this rank only.
+    /// after the agreement is reported on this rank only; the heap is one
+    /// chunk lower on every rank all the same (the top they agreed to
+    /// leave, so copies past it are refused everywhere), and this rank keeps
+    /// the chunk it could not unbind aside, bound, with its memory: the next
+    /// [`OwnedPeers::grow`] unbinds it first, and drop unbinds it or,
+    /// failing that, lets the memory go only after the endpoints are
+    /// destroyed (R7.2). [`OwnedPeers::memory`] stays one entry per chunk
+    /// below the top.
     pub fn shrink(
         &mut self,
         boot: &dyn Bootstrap,
@@ -331,14 +359,30 @@ impl<M: BindSource> OwnedPeers<M> {
             .flat_map(|(r, ep)| ep.remove_peer_windows(r, bottom, size))
             .collect();
         drop(gone);
-        match record.attach(self.own.range()).unbind() {
+        match record.unbind_on(self.own.range()) {
             Ok(()) => Ok(Some(mem)),
-            Err(e) => {
-                // Still bound: the endpoint keeps the memory alive (R7.2).
-                self.memory.push(mem);
+            Err((e, record)) => {
+                // Still bound, but out of the heap on every rank (they all
+                // agreed to leave it): kept aside with its memory (R7.2),
+                // not in `memory`, which the next shrink pops.
+                self.stranded.push((record, mem));
                 Err(TeamError::new(self.rank, Step::Shrink, Cause::Local(e)))
             }
         }
+    }
+
+    /// Unbinds the chunks kept aside after a failed unbind, the latest
+    /// first; each one unbound lets its memory go. The first failure is
+    /// returned, and that chunk and those kept before it stay aside.
+    fn unbind_stranded(&mut self) -> Result<(), Error> {
+        while let Some((record, mem)) = self.stranded.pop() {
+            if let Err((e, record)) = record.unbind_on(self.own.range()) {
+                self.stranded.push((record, mem));
+                return Err(e);
+            }
+            drop(mem); // unbound: nothing holds it any more
+        }
+        Ok(())
     }
 
     /// Copies through the endpoints stay below the agreed top: past it a
@@ -458,6 +502,11 @@ impl<M: BindSource> Drop for OwnedPeers<M> {
                 ep.set_agreed(None);
             }
             let range = self.own.range().clone();
+            // Above the top: first. A chunk still bound stays in
+            // `stranded`, whose memory drops after the endpoints' destroy.
+            if let Err(e) = self.unbind_stranded() {
+                self.own.context().record_teardown(e);
+            }
             while let Some(record) = self.chunks.pop() {
                 if let Err(e) = record.attach(&range).unbind() {
                     // Still bound: the endpoint keeps that memory alive
