@@ -666,17 +666,23 @@ pub enum Error {
         agreed: u64,
     },
 
-    /// The local memory of a copy op is on another device than the stream's (F2).
-    #[error(
-        "copy op {op}: the local memory is at {location:?}, but the stream is on {stream_device} (F2); copy on a stream of that device, or from memory on {stream_device} or host memory"
-    )]
+    /// The local memory of a copy op is not on the stream's device nor
+    /// host memory of this node (F2): on another device, or imported by
+    /// fabric handle (on a device of the node that exported it, maybe
+    /// another one, whatever its ordinal).
+    #[error("copy op {op}: {}", not_local_words(*.location, *.stream_device, *.fabric_import))]
     CopyNotLocal {
         /// The op's index in the batch.
         op: usize,
-        /// Where the memory lives.
+        /// Where the memory lives (for memory imported by fabric handle: on
+        /// the node that exported it).
         location: Location,
         /// The stream's device.
         stream_device: Device,
+        /// Whether the memory was imported by fabric handle
+        /// ([`crate::Allocation::import_fabric`]): a copy never takes it as
+        /// local, since `location` may be on another node.
+        fabric_import: bool,
     },
 
     /// An [`crate::Event`] recorded on a [`crate::Stream`] of another
@@ -911,6 +917,19 @@ fn device_suffix(d: Option<crate::Device>) -> String {
 fn numa_suffix(n: Option<i32>) -> String {
     n.map(|n| format!(" or on its host NUMA node {n}"))
         .unwrap_or_default()
+}
+
+fn not_local_words(location: Location, stream: Device, fabric_import: bool) -> String {
+    if fabric_import {
+        format!(
+            "the local memory was imported by fabric handle, so it is on {} of the node that exported it, which may be another node (an ordinal names a device of its own node), not on this node's {stream} (F2: the pointer of a copy through an endpoint is on the stream's device or host memory); copy from memory allocated in this process, or imported with `import_fd` from a process of this node, and reach the exporter's memory through an endpoint bound to it",
+            location_words(location)
+        )
+    } else {
+        format!(
+            "the local memory is at {location:?}, but the stream is on {stream} (F2); copy on a stream of that device, or from memory on {stream} or host memory"
+        )
+    }
 }
 
 fn location_words(l: Location) -> String {

@@ -63,6 +63,10 @@ pub(crate) struct AllocInner {
     /// `H::BITS` of the typed owner, kept for the bring-ups' agreement,
     /// which finds bound memory type-erased ([`export_for_peers`]).
     share: u32,
+    /// Whether it was imported by fabric handle: then `location` names a
+    /// device (or NUMA node) of the node that exported it, which may be
+    /// another node, so its ordinal says nothing of this node's (F2).
+    fabric_import: bool,
 }
 
 impl Drop for AllocInner {
@@ -173,6 +177,7 @@ impl<H: MemShare> Allocation<H> {
                 size,
                 location,
                 share: H::BITS,
+                fabric_import: false,
             }),
             _share: PhantomData,
         })
@@ -183,6 +188,11 @@ impl<H: MemShare> Allocation<H> {
     /// or made by other code), as an `Allocation` that releases it on drop.
     /// Where it lives is read from the driver
     /// (`cuMemGetAllocationPropertiesFromHandle`, R5.5).
+    ///
+    /// Its memory is taken as this node's: a copy through an endpoint
+    /// takes device memory as local to streams of the device the driver
+    /// names (F2). Import memory of another node with
+    /// [`Allocation::import_fabric`], which copies refuse as not local.
     ///
     /// # Safety
     /// `handle` is a live allocation handle of this context's driver, owned
@@ -203,6 +213,7 @@ impl<H: MemShare> Allocation<H> {
                 size,
                 location: props.location,
                 share: H::BITS,
+                fabric_import: false,
             }),
             _share: PhantomData,
         })
@@ -354,6 +365,7 @@ impl<H: MemShare> Allocation<H> {
         if size == 0 {
             return Err(mismatch("a size of 0 bytes cannot be imported".into()));
         }
+        let fabric_import = matches!(shared, ShareableHandle::Fabric(_));
         // SAFETY: a descriptor in `shared` is borrowed by the caller for
         // this call (the callers below hold an `AsFd` or own the bytes).
         let handle = unsafe { ctx.driver().mem_import(shared) };
@@ -365,6 +377,7 @@ impl<H: MemShare> Allocation<H> {
             size,
             location: Location::HostNuma(-1),
             share: H::BITS,
+            fabric_import,
         };
         let props = ctx.check(
             Call::MemGetAllocationProperties,
@@ -645,6 +658,16 @@ impl<H: MemShare> Mapped<H> {
         self.alloc().handle
     }
 
+    /// Where its memory is, as F2 asks it of a copy's local operand.
+    pub(crate) fn locality(&self) -> Locality {
+        let alloc = self.alloc();
+        if alloc.fabric_import {
+            Locality::Fabric(alloc.location)
+        } else {
+            Locality::Node(alloc.location)
+        }
+    }
+
     fn alloc(&self) -> &AllocInner {
         // `alloc` is `None` only inside `Drop`.
         self.inner
@@ -672,6 +695,20 @@ impl Mapped<FabricShareable> {
     pub fn export_fabric(&self) -> Result<[u8; 64]> {
         export_fabric(self.alloc())
     }
+}
+
+/// Where a mapping's memory is, as F2 asks it of a copy's local operand
+/// ("on the stream's device or host memory").
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Locality {
+    /// Memory of this node: allocated here, or imported by POSIX descriptor
+    /// (which stays within one node, R12.4, so its device ordinal names the
+    /// same device here).
+    Node(Location),
+    /// Imported by fabric handle: at that location of the node that
+    /// exported it, which may be another node (an ordinal names a device of
+    /// its own node).
+    Fabric(Location),
 }
 
 /// How peers import memory bound in this process (the portable path).
