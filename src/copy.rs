@@ -13,7 +13,8 @@
 //!   this process bound ([`Error::CopyNotBound`], F9/R13.3), local memory on
 //!   the stream's device, never memory imported by fabric handle, whose
 //!   ordinal may name another node's device ([`Error::CopyNotLocal`], F2),
-//!   no dependent ops
+//!   host memory mapped with access for the stream's device
+//!   ([`Error::CopyNotAccessible`], F2), no dependent ops
 //!   ([`Error::CopyDependent`], F3). The flags are always 0 (F5) and the
 //!   stream is never the NULL stream (F6): neither can be written.
 //!   The builder writes the driver's op list itself and makes these checks
@@ -809,17 +810,25 @@ impl BatchInner {
             return Err(*e);
         }
         self.recheck_stale()?;
-        for &(op, locality, ..) in &self.locations {
+        for (op, locality, ..) in &self.locations {
             let (location, fabric_import) = match locality {
-                Locality::Node(Location::Device(d)) if d == stream_dev => continue,
-                Locality::Node(Location::HostNuma(_)) => continue,
-                Locality::Node(location) => (location, false),
+                Locality::Device(d) if *d == stream_dev => continue,
+                Locality::Host { access, .. } if access.contains(&stream_dev) => continue,
+                Locality::Host { numa, access } => {
+                    return Err(Error::CopyNotAccessible {
+                        op: *op,
+                        host_numa: *numa,
+                        access: access.to_vec(),
+                        stream_device: stream_dev,
+                    });
+                }
+                Locality::Device(d) => (Location::Device(*d), false),
                 // Its ordinal may name a device of another node: never
                 // taken as local, whatever it is.
-                Locality::Fabric(location) => (location, true),
+                Locality::Fabric(location) => (*location, true),
             };
             return Err(Error::CopyNotLocal {
-                op,
+                op: *op,
                 location,
                 stream_device: stream_dev,
                 fabric_import,

@@ -116,7 +116,7 @@ rules! {
     R13_1 = "R13.1": "a query must report the endpoint ready before any bind, unbind or fabric operation on it";
     R13_3 = "R13.3": "after binding, every participant waits until the peers bound before any fabric operation";
     F1 = "F1": "a fabric copy goes pointer to pointer, pointer to a unicast or multicast endpoint, or a unicast endpoint to a pointer";
-    F2 = "F2": "the pointer of a fabric copy that involves an endpoint is local: on the stream's device or host memory";
+    F2 = "F2": "the pointer of a fabric copy that involves an endpoint is local: on the stream's device or host memory; every operand is accessible from the stream's device";
     F3 = "F3": "the copies of one batch are independent: no destination overlaps another copy's source or destination";
     F4 = "F4": "no operand is freed, unbound or its endpoint destroyed before the copy completed";
     F5 = "F5": "the flags of a fabric copy are 0; a size of 0 is a validated no-op";
@@ -685,6 +685,25 @@ pub enum Error {
         fabric_import: bool,
     },
 
+    /// The local memory of a copy op is host memory mapped without access
+    /// for the stream's device (F2: "every operand accessible from the
+    /// stream's device"): the copy would fault when the stream reached it.
+    #[error(
+        "copy op {op}: the local memory is host memory (host NUMA node {host_numa}) mapped with access for {}, not for the stream's {stream_device} (F2: every operand of a copy through an endpoint is accessible from the stream's device); map it with access for {stream_device} (`Allocation::map(&[{}])`), or copy on a stream of a device it is mapped for",
+        devices_words(.access),
+        .stream_device.0
+    )]
+    CopyNotAccessible {
+        /// The op's index in the batch.
+        op: usize,
+        /// The host NUMA node of the memory.
+        host_numa: i32,
+        /// The devices its mapping gives access to ([`crate::Mapped::access`]).
+        access: Vec<Device>,
+        /// The stream's device.
+        stream_device: Device,
+    },
+
     /// An [`crate::Event`] recorded on a [`crate::Stream`] of another
     /// device: the driver refuses it (`CUDA_ERROR_INVALID_HANDLE`, the event
     /// and the stream are of different contexts).
@@ -932,6 +951,17 @@ fn not_local_words(location: Location, stream: Device, fabric_import: bool) -> S
     }
 }
 
+fn devices_words(devices: &[Device]) -> String {
+    match devices {
+        [] => "no device".into(),
+        _ => devices
+            .iter()
+            .map(Device::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
 fn location_words(l: Location) -> String {
     match l {
         Location::Device(d) => d.to_string(),
@@ -1093,7 +1123,7 @@ impl Error {
             Error::CopyOutOfRange { .. } => Some(Rule::F9),
             Error::CopyNotBound { .. } | Error::CopyNoWindow { .. } => Some(Rule::F9),
             Error::CopyNotAgreed { .. } => Some(Rule::R13_3),
-            Error::CopyNotLocal { .. } => Some(Rule::F2),
+            Error::CopyNotLocal { .. } | Error::CopyNotAccessible { .. } => Some(Rule::F2),
             Error::UnbindUnderGraph { .. } => Some(Rule::F8),
             Error::CopyDependent { .. } => Some(Rule::F3),
             Error::CopyUnbindReentered { .. } => Some(Rule::F4),

@@ -237,7 +237,9 @@ impl<H: MemShare> Allocation<H> {
 
     /// Maps the whole allocation into a fresh virtual address range and gives
     /// its own device, and every device in `access`, read-write access, for
-    /// `BindAddr` and kernels.
+    /// `BindAddr` and kernels. Host memory has no own device: only the
+    /// devices in `access` reach it, and a copy on a stream of another
+    /// device is refused ([`Error::CopyNotAccessible`], F2).
     ///
     /// # Errors
     /// [`Error::NoSuchDevice`] for a device in `access` that does not exist
@@ -308,6 +310,7 @@ impl<H: MemShare> Allocation<H> {
                     alloc: Some(alloc),
                     ptr,
                     size,
+                    access: Arc::from([]),
                 })
             })
         };
@@ -334,6 +337,7 @@ impl<H: MemShare> Allocation<H> {
                 alloc: Some(self.inner.clone()),
                 ptr,
                 size,
+                access: Arc::from(devices.as_slice()),
             }),
             _share: PhantomData,
         };
@@ -568,6 +572,10 @@ pub(crate) struct MappedInner {
     alloc: Option<Arc<AllocInner>>,
     ptr: u64,
     size: u64,
+    /// The devices given read-write access (`cuMemSetAccess`): those asked
+    /// for, and device memory's own device. Host memory is reachable from
+    /// these alone (F2: "every operand accessible from the stream's device").
+    access: Arc<[Device]>,
 }
 
 impl Drop for MappedInner {
@@ -661,11 +669,20 @@ impl<H: MemShare> Mapped<H> {
     /// Where its memory is, as F2 asks it of a copy's local operand.
     pub(crate) fn locality(&self) -> Locality {
         let alloc = self.alloc();
-        if alloc.fabric_import {
-            Locality::Fabric(alloc.location)
-        } else {
-            Locality::Node(alloc.location)
+        match alloc.location {
+            location if alloc.fabric_import => Locality::Fabric(location),
+            Location::Device(d) => Locality::Device(d),
+            Location::HostNuma(numa) => Locality::Host {
+                numa,
+                access: self.inner.access.clone(),
+            },
         }
+    }
+
+    /// The devices this mapping gives access to (device memory's own
+    /// device included).
+    pub fn access(&self) -> &[Device] {
+        &self.inner.access
     }
 
     fn alloc(&self) -> &AllocInner {
@@ -699,12 +716,17 @@ impl Mapped<FabricShareable> {
 
 /// Where a mapping's memory is, as F2 asks it of a copy's local operand
 /// ("on the stream's device or host memory").
-#[derive(Clone, Copy, Debug)]
+///
+/// Memory of this node is allocated here, or imported by POSIX descriptor
+/// (which stays within one node, R12.4, so its device ordinal names the
+/// same device here).
+#[derive(Clone, Debug)]
 pub(crate) enum Locality {
-    /// Memory of this node: allocated here, or imported by POSIX descriptor
-    /// (which stays within one node, R12.4, so its device ordinal names the
-    /// same device here).
-    Node(Location),
+    /// Device memory of this node: its own device always has access.
+    Device(Device),
+    /// Host memory of this node, reachable from the devices its mapping
+    /// gave access to alone.
+    Host { numa: i32, access: Arc<[Device]> },
     /// Imported by fabric handle: at that location of the node that
     /// exported it, which may be another node (an ordinal names a device of
     /// its own node).
