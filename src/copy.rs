@@ -1158,9 +1158,10 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::CopyOutOfRange`], [`Error::CopyNotBound`],
-    /// [`Error::CopyNotLocal`], [`Error::CopyDependent`],
-    /// [`Error::WrongContext`], and on the portable path
-    /// [`Error::CopyNoWindow`], before the driver; [`Error::Driver`] from
+    /// [`Error::CopyNotLocal`], [`Error::CopyNotAccessible`],
+    /// [`Error::CopyDependent`], [`Error::WrongContext`], and on the
+    /// portable path [`Error::CopyNoWindow`] and [`Error::CopyOntoItself`],
+    /// before the driver; [`Error::Driver`] from
     /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::error::Feature::FabricCopy),
     /// naming the driver version) where the driver has no fabric copy (before 13.5, F7). Nothing was
     /// enqueued then (the portable path synchronizes what it had enqueued

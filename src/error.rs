@@ -730,6 +730,26 @@ pub enum Error {
         other: usize,
     },
 
+    /// On the portable path ([`crate::CopyPath::Portable`]): an op whose
+    /// local memory is the memory that its endpoint bytes reach (bound
+    /// there by address, or a peer window onto it), so that it would copy
+    /// bytes onto themselves: `cuMemcpyAsync` forbids overlapping source
+    /// and destination ranges.
+    #[error(
+        "copy op {op} on the portable path (cuMemcpyAsync): its local memory is (in part) the memory that endpoint {id} bytes {offset}..{end} reach, so it would copy bytes onto themselves, and cuMemcpyAsync forbids overlapping source and destination ranges; leave the op out when the bytes are already where they should be, or copy through other memory (into a staging buffer in one batch, from it in the next)",
+        end = offset.saturating_add(*size)
+    )]
+    CopyOntoItself {
+        /// The op's index in the batch.
+        op: usize,
+        /// The endpoint id.
+        id: u32,
+        /// Offset, in bytes.
+        offset: u64,
+        /// Size, in bytes.
+        size: u64,
+    },
+
     /// A copy's enqueue and an unbind on one endpoint range, one called
     /// from inside the other on one thread (a `tracing` layer or a backend
     /// called back into the crate during the outer driver call): the copy

@@ -451,6 +451,12 @@ impl Stream {
         let mut copies: Vec<Memcpy> = Vec::with_capacity(list.len());
         for (i, &CopyOp { src, dst, size }) in list.iter().enumerate() {
             let first = copies.len();
+            // The endpoint side `(id, offset)`, for an error naming it.
+            let through = match (src, dst) {
+                (Operand::LogicalEndpoint { id, offset }, _)
+                | (_, Operand::LogicalEndpoint { id, offset }) => (id, offset),
+                _ => (0, 0), // every op of the typed API names one endpoint
+            };
             // The facts of an endpoint and its range are at one index.
             let target = |id: u32| {
                 let i = eps.iter().rposition(|e| e.id == id)?;
@@ -497,7 +503,12 @@ impl Stream {
             for &(dst, src, n) in copies.iter().skip(first).filter(|c| c.2 > 0) {
                 let (d_end, s_end) = (dst.ptr.saturating_add(n), src.ptr.saturating_add(n));
                 if src.ptr < d_end && dst.ptr < s_end {
-                    return Err(Error::CopyDependent { op: i, other: i });
+                    return Err(Error::CopyOntoItself {
+                        op: i,
+                        id: through.0,
+                        offset: through.1,
+                        size,
+                    });
                 }
             }
         }

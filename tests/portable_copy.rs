@@ -313,3 +313,43 @@ fn a_batch_built_before_an_unbind_is_refused_at_enqueue_before_any_memcpy() {
     drop((src, owner, ep));
     clean(&ctx, &model);
 }
+
+/// `cuMemcpyAsync` forbids overlapping ranges: a get whose local memory is
+/// the memory bound at its endpoint bytes would copy bytes onto themselves.
+/// Refused before the driver as one op copying onto itself, naming the
+/// endpoint bytes, not as two dependent ops.
+#[test]
+fn an_op_whose_local_memory_is_its_own_endpoint_bytes_is_refused_as_copying_onto_itself() {
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let owner = mapped(&ctx, 0);
+    let b = ep.bind(0, 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    let e = stream
+        .enqueue(CopyBatch::new().get(&ep, 4096, &owner, 4096 + 32, 64))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CopyOntoItself {
+                op: 0,
+                offset: 4096,
+                size: 64,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("onto themselves") && msg.contains(&format!("endpoint {}", ep.id())),
+        "{msg}"
+    );
+    assert_eq!(copies(&model), before, "nothing reached the driver");
+    drop(stream);
+    drop(b);
+    drop((owner, ep));
+    clean(&ctx, &model);
+}
