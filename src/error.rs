@@ -791,11 +791,51 @@ pub enum Error {
         offset: u64,
         /// Size, in bytes.
         size: u64,
-        /// Targets with a window over those bytes (or every target with a
-        /// window, when there are more than the endpoint has).
+        /// Targets with a window over those bytes.
         known: u32,
         /// Targets of the endpoint: 1 for unicast, the team size for multicast.
         targets: u32,
+    },
+
+    /// On the portable path ([`crate::CopyPath::Portable`]): the endpoint's
+    /// windows name more targets than it has (its devices in this process
+    /// and each `(rank, device)` of a peer window count one each), so which
+    /// memory is a target's cannot be told. [`crate::Endpoint::add_peer_window`]
+    /// refuses the window that would do it; a team that enrolled devices
+    /// of this process after windows were added for them as peers' gets
+    /// here.
+    #[error(
+        "copy op {op} on the portable path (cuMemcpyAsync): endpoint {id} has windows for {members} targets, but it has {targets} (its devices in this process, and each rank and device named by a peer window, count one each), so which memory is a target's cannot be told; add a peer window only for a target in another process, named by the same rank and device every time (make the endpoint again to drop the extra ones)"
+    )]
+    CopyWindowsPastTargets {
+        /// The op's index in the batch.
+        op: usize,
+        /// The endpoint id.
+        id: u32,
+        /// Targets with windows: devices of this process and peers.
+        members: u32,
+        /// Targets of the endpoint: 1 for unicast, the team size for multicast.
+        targets: u32,
+    },
+
+    /// [`crate::Endpoint::add_peer_window`] for a `(rank, device)` that
+    /// would be one target more than the endpoint has: every target is a
+    /// device of this process (a unicast endpoint it created, a team of
+    /// its own devices), or every other one is named by a window already.
+    #[error("endpoint {id}: {}", peer_window_words(*.rank, *.device, *.targets, *.here, *.peers))]
+    PeerWindowNoTarget {
+        /// The endpoint id.
+        id: u32,
+        /// The rank the window was added for.
+        rank: u32,
+        /// The device the window was added for.
+        device: Device,
+        /// Targets of the endpoint: 1 for unicast, the team size for multicast.
+        targets: u32,
+        /// Targets that are devices of this process.
+        here: u32,
+        /// Other `(rank, device)` pairs that peer windows name already.
+        peers: u32,
     },
 
     /// A device attribute says the device lacks a feature (SPEC R2.4, C6).
@@ -967,6 +1007,18 @@ fn not_local_words(location: Location, stream: Device, fabric_import: bool) -> S
     } else {
         format!(
             "the local memory is at {location:?}, but the stream is on {stream} (F2); copy on a stream of that device, or from memory on {stream} or host memory"
+        )
+    }
+}
+
+fn peer_window_words(rank: u32, device: Device, targets: u32, here: u32, peers: u32) -> String {
+    if here >= targets {
+        format!(
+            "a peer window for {device} of rank {rank} names a target the endpoint does not have: its {targets} target(s) are all devices of this process (a unicast endpoint it created, or a team of its own devices), whose memory a bind by address here reaches with no window; bind `Mapped` memory on the endpoint here, and add peer windows in the processes that imported it, for the memory bound here"
+        )
+    } else {
+        format!(
+            "a peer window for {device} of rank {rank} would be one target more than the endpoint's {targets}: {here} are devices of this process and {peers} other rank and device pairs have windows already; name each target in another process by the same rank and device in every window"
         )
     }
 }
