@@ -452,6 +452,31 @@ pub(crate) fn resolve(
     Ok(out)
 }
 
+/// [`Error::CopyOntoItself`] for op `op`, naming its endpoint side.
+#[cold]
+fn onto_itself(op: usize, o: Option<&CopyOp>) -> Error {
+    let (id, offset, size) = match o {
+        Some(&CopyOp {
+            src: Operand::LogicalEndpoint { id, offset },
+            size,
+            ..
+        })
+        | Some(&CopyOp {
+            dst: Operand::LogicalEndpoint { id, offset },
+            size,
+            ..
+        }) => (id, offset, size),
+        // Every op of the typed API names one endpoint.
+        _ => (0, 0, 0),
+    };
+    Error::CopyOntoItself {
+        op,
+        id,
+        offset,
+        size,
+    }
+}
+
 /// One `cuMemcpyAsync`: `(dst, src, bytes)`.
 type Memcpy = (Pointer, Pointer, u64);
 
@@ -481,12 +506,6 @@ impl Stream {
         let mut copies: Vec<Memcpy> = Vec::with_capacity(list.len());
         for (i, &CopyOp { src, dst, size }) in list.iter().enumerate() {
             let first = copies.len();
-            // The endpoint side `(id, offset)`, for an error naming it.
-            let through = match (src, dst) {
-                (Operand::LogicalEndpoint { id, offset }, _)
-                | (_, Operand::LogicalEndpoint { id, offset }) => (id, offset),
-                _ => (0, 0), // every op of the typed API names one endpoint
-            };
             // The facts of an endpoint and its range are at one index.
             let target = |id: u32| {
                 let i = eps.iter().rposition(|e| e.id == id)?;
@@ -533,12 +552,7 @@ impl Stream {
             for &(dst, src, n) in copies.iter().skip(first).filter(|c| c.2 > 0) {
                 let (d_end, s_end) = (dst.ptr.saturating_add(n), src.ptr.saturating_add(n));
                 if src.ptr < d_end && dst.ptr < s_end {
-                    return Err(Error::CopyOntoItself {
-                        op: i,
-                        id: through.0,
-                        offset: through.1,
-                        size,
-                    });
+                    return Err(onto_itself(i, list.get(i)));
                 }
             }
         }
