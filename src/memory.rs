@@ -191,8 +191,9 @@ impl<H: MemShare> Allocation<H> {
     ///
     /// Its memory is taken as this node's: a copy through an endpoint
     /// takes device memory as local to streams of the device the driver
-    /// names (F2). Import memory of another node with
-    /// [`Allocation::import_fabric`], which copies refuse as not local.
+    /// names (F2). Memory of another node is for
+    /// [`Allocation::import_fabric`], whose memory copies never take as
+    /// local (its ordinal may name a device of the exporting node).
     ///
     /// # Safety
     /// `handle` is a live allocation handle of this context's driver, owned
