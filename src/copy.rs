@@ -11,7 +11,10 @@
 //! - the checks before the driver, each an [`Error`] naming the op: inside
 //!   the endpoint and the memory ([`Error::CopyOutOfRange`]), inside memory
 //!   this process bound ([`Error::CopyNotBound`], F9/R13.3), local memory on
-//!   the stream's device ([`Error::CopyNotLocal`], F2), no dependent ops
+//!   the stream's device, never memory imported by fabric handle, whose
+//!   ordinal may name another node's device ([`Error::CopyNotLocal`], F2),
+//!   host memory mapped with access for the stream's device
+//!   ([`Error::CopyNotAccessible`], F2), no dependent ops
 //!   ([`Error::CopyDependent`], F3). The flags are always 0 (F5) and the
 //!   stream is never the NULL stream (F6): neither can be written.
 //!   The builder writes the driver's op list itself and makes these checks
@@ -66,7 +69,7 @@ use crate::driver::{Call, CopyOp, Device, Location, MemHint, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result};
 use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, Unicast};
-use crate::memory::{BindSource, Mapped, MemShare};
+use crate::memory::{BindSource, Locality, Mapped, MemShare};
 use crate::state::{Agreed, IsReady, Sealed, State};
 use crate::stream::{Keep, Stream};
 use crate::unwind::OnUnwind;
@@ -103,9 +106,9 @@ pub struct CopyBatch<'a> {
     _borrow: PhantomData<&'a ()>,
 }
 
-/// An allocation a batch names: the first op naming it, its location, its
-/// context's key and its address range `(address, size)`.
-type MemoryNamed = (usize, Location, usize, (u64, u64));
+/// An allocation a batch names: the first op naming it, where it is (F2),
+/// its context's key and its address range `(address, size)`.
+type MemoryNamed = (usize, Locality, usize, (u64, u64));
 
 /// The state of a [`CopyBatch`].
 ///
@@ -124,7 +127,7 @@ pub(crate) struct BatchInner {
     /// The distinct endpoints of the batch (few: looked up linearly), at the
     /// index of their entry in `keep.endpoints`.
     pub(crate) eps: SmallVec<[EpFacts; 1]>,
-    /// The location of each allocation of `keep.memory` (same index), with
+    /// Where each allocation of `keep.memory` is (same index), with
     /// the first op naming it, for F2, and its context's key (memory of
     /// another context is refused): checked once per allocation.
     /// And its address range `(address, size)`, for F3 through an
@@ -498,7 +501,7 @@ impl BatchInner {
             self.keep.memory.push(mem.keep_alive());
             let span = (mem.device_ptr(), mem.size());
             self.locations
-                .push((op, mem.location(), mem.context().key(), span));
+                .push((op, mem.locality(), mem.context().key(), span));
         }
         let (ptr, len) = (mem.device_ptr(), mem.size());
         self.cursor.mem = match ptr.checked_add(len) {
@@ -869,18 +872,29 @@ impl BatchInner {
             return Err(*e);
         }
         self.recheck_stale()?;
-        for &(op, location, ..) in &self.locations {
-            let local = match location {
-                Location::Device(d) => d == stream_dev,
-                Location::HostNuma(_) => true,
+        for (op, locality, ..) in &self.locations {
+            let (location, fabric_import) = match locality {
+                Locality::Device(d) if *d == stream_dev => continue,
+                Locality::Host { access, .. } if access.contains(&stream_dev) => continue,
+                Locality::Host { numa, access } => {
+                    return Err(Error::CopyNotAccessible {
+                        op: *op,
+                        host_numa: *numa,
+                        access: access.to_vec(),
+                        stream_device: stream_dev,
+                    });
+                }
+                Locality::Device(d) => (Location::Device(*d), false),
+                // Its ordinal may name a device of another node: never
+                // taken as local, whatever it is.
+                Locality::Fabric(location) => (*location, true),
             };
-            if !local {
-                return Err(Error::CopyNotLocal {
-                    op,
-                    location,
-                    stream_device: stream_dev,
-                });
-            }
+            return Err(Error::CopyNotLocal {
+                op: *op,
+                location,
+                stream_device: stream_dev,
+                fabric_import,
+            });
         }
         // F3: a destination overlapping another op's source or destination.
         // Proven by the builder when the destinations came in order and no
@@ -1262,9 +1276,10 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::CopyOutOfRange`], [`Error::CopyNotBound`],
-    /// [`Error::CopyNotLocal`], [`Error::CopyDependent`],
-    /// [`Error::WrongContext`], and on the portable path
-    /// [`Error::CopyNoWindow`], before the driver; [`Error::Driver`] from
+    /// [`Error::CopyNotLocal`], [`Error::CopyNotAccessible`],
+    /// [`Error::CopyDependent`], [`Error::WrongContext`], and on the
+    /// portable path [`Error::CopyNoWindow`] and [`Error::CopyOntoItself`],
+    /// before the driver; [`Error::Driver`] from
     /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::error::Feature::FabricCopy),
     /// naming the driver version) where the driver has no fabric copy (before 13.5, F7). Nothing was
     /// enqueued then (the portable path synchronizes what it had enqueued

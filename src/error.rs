@@ -116,7 +116,7 @@ rules! {
     R13_1 = "R13.1": "a query must report the endpoint ready before any bind, unbind or fabric operation on it";
     R13_3 = "R13.3": "after binding, every participant waits until the peers bound before any fabric operation";
     F1 = "F1": "a fabric copy goes pointer to pointer, pointer to a unicast or multicast endpoint, or a unicast endpoint to a pointer";
-    F2 = "F2": "the pointer of a fabric copy that involves an endpoint is local: on the stream's device or host memory";
+    F2 = "F2": "the pointer of a fabric copy that involves an endpoint is local: on the stream's device or host memory; every operand is accessible from the stream's device";
     F3 = "F3": "the copies of one batch are independent: no destination overlaps another copy's source or destination";
     F4 = "F4": "no operand is freed, unbound or its endpoint destroyed before the copy completed";
     F5 = "F5": "the flags of a fabric copy are 0; a size of 0 is a validated no-op";
@@ -666,15 +666,40 @@ pub enum Error {
         agreed: u64,
     },
 
-    /// The local memory of a copy op is on another device than the stream's (F2).
-    #[error(
-        "copy op {op}: the local memory is at {location:?}, but the stream is on {stream_device} (F2); copy on a stream of that device, or from memory on {stream_device} or host memory"
-    )]
+    /// The local memory of a copy op is not on the stream's device nor
+    /// host memory of this node (F2): on another device, or imported by
+    /// fabric handle (on a device of the node that exported it, maybe
+    /// another one, whatever its ordinal).
+    #[error("copy op {op}: {}", not_local_words(*.location, *.stream_device, *.fabric_import))]
     CopyNotLocal {
         /// The op's index in the batch.
         op: usize,
-        /// Where the memory lives.
+        /// Where the memory lives (for memory imported by fabric handle: on
+        /// the node that exported it).
         location: Location,
+        /// The stream's device.
+        stream_device: Device,
+        /// Whether the memory was imported by fabric handle
+        /// ([`crate::Allocation::import_fabric`]): a copy never takes it as
+        /// local, since `location` may be on another node.
+        fabric_import: bool,
+    },
+
+    /// The local memory of a copy op is host memory mapped without access
+    /// for the stream's device (F2: "every operand accessible from the
+    /// stream's device"): the copy would fault when the stream reached it.
+    #[error(
+        "copy op {op}: the local memory is host memory (host NUMA node {host_numa}) mapped with access for {}, not for the stream's {stream_device} (F2: every operand of a copy through an endpoint is accessible from the stream's device); map it with access for {stream_device} (`Allocation::map(&[{}])`), or copy on a stream of a device it is mapped for",
+        devices_words(.access),
+        .stream_device.0
+    )]
+    CopyNotAccessible {
+        /// The op's index in the batch.
+        op: usize,
+        /// The host NUMA node of the memory.
+        host_numa: i32,
+        /// The devices its mapping gives access to ([`crate::Mapped::access`]).
+        access: Vec<Device>,
         /// The stream's device.
         stream_device: Device,
     },
@@ -703,6 +728,26 @@ pub enum Error {
         op: usize,
         /// The op it overlaps.
         other: usize,
+    },
+
+    /// On the portable path ([`crate::CopyPath::Portable`]): an op whose
+    /// local memory is the memory that its endpoint bytes reach (bound
+    /// there by address, or a peer window onto it), so that it would copy
+    /// bytes onto themselves: `cuMemcpyAsync` forbids overlapping source
+    /// and destination ranges.
+    #[error(
+        "copy op {op} on the portable path (cuMemcpyAsync): its local memory is (in part) the memory that endpoint {id} bytes {offset}..{end} reach, so it would copy bytes onto themselves, and cuMemcpyAsync forbids overlapping source and destination ranges; leave the op out when the bytes are already where they should be, or copy through other memory (into a staging buffer in one batch, from it in the next)",
+        end = offset.saturating_add(*size)
+    )]
+    CopyOntoItself {
+        /// The op's index in the batch.
+        op: usize,
+        /// The endpoint id.
+        id: u32,
+        /// Offset, in bytes.
+        offset: u64,
+        /// Size, in bytes.
+        size: u64,
     },
 
     /// A copy's enqueue and an unbind on one endpoint range, one called
@@ -760,11 +805,51 @@ pub enum Error {
         offset: u64,
         /// Size, in bytes.
         size: u64,
-        /// Targets with a window over those bytes (or every target with a
-        /// window, when there are more than the endpoint has).
+        /// Targets with a window over those bytes.
         known: u32,
         /// Targets of the endpoint: 1 for unicast, the team size for multicast.
         targets: u32,
+    },
+
+    /// On the portable path ([`crate::CopyPath::Portable`]): the endpoint's
+    /// windows name more targets than it has (its devices in this process
+    /// and each `(rank, device)` of a peer window count one each), so which
+    /// memory is a target's cannot be told. [`crate::Endpoint::add_peer_window`]
+    /// refuses the window that would do it; a team that enrolled devices
+    /// of this process after windows were added for them as peers' gets
+    /// here.
+    #[error(
+        "copy op {op} on the portable path (cuMemcpyAsync): endpoint {id} has windows for {members} targets, but it has {targets} (its devices in this process, and each rank and device named by a peer window, count one each), so which memory is a target's cannot be told; add a peer window only for a target in another process, named by the same rank and device every time (make the endpoint again to drop the extra ones)"
+    )]
+    CopyWindowsPastTargets {
+        /// The op's index in the batch.
+        op: usize,
+        /// The endpoint id.
+        id: u32,
+        /// Targets with windows: devices of this process and peers.
+        members: u32,
+        /// Targets of the endpoint: 1 for unicast, the team size for multicast.
+        targets: u32,
+    },
+
+    /// [`crate::Endpoint::add_peer_window`] for a `(rank, device)` that
+    /// would be one target more than the endpoint has: every target is a
+    /// device of this process (a unicast endpoint it created, a team of
+    /// its own devices), or every other one is named by a window already.
+    #[error("endpoint {id}: {}", peer_window_words(*.rank, *.device, *.targets, *.here, *.peers))]
+    PeerWindowNoTarget {
+        /// The endpoint id.
+        id: u32,
+        /// The rank the window was added for.
+        rank: u32,
+        /// The device the window was added for.
+        device: Device,
+        /// Targets of the endpoint: 1 for unicast, the team size for multicast.
+        targets: u32,
+        /// Targets that are devices of this process.
+        here: u32,
+        /// Other `(rank, device)` pairs that peer windows name already.
+        peers: u32,
     },
 
     /// A device attribute says the device lacks a feature (SPEC R2.4, C6).
@@ -925,6 +1010,42 @@ fn device_suffix(d: Option<crate::Device>) -> String {
 fn numa_suffix(n: Option<i32>) -> String {
     n.map(|n| format!(" or on its host NUMA node {n}"))
         .unwrap_or_default()
+}
+
+fn not_local_words(location: Location, stream: Device, fabric_import: bool) -> String {
+    if fabric_import {
+        format!(
+            "the local memory was imported by fabric handle, so it is on {} of the node that exported it, which may be another node (an ordinal names a device of its own node), not on this node's {stream} (F2: the pointer of a copy through an endpoint is on the stream's device or host memory); copy from memory allocated in this process, or imported with `import_fd` from a process of this node, and reach the exporter's memory through an endpoint bound to it",
+            location_words(location)
+        )
+    } else {
+        format!(
+            "the local memory is at {location:?}, but the stream is on {stream} (F2); copy on a stream of that device, or from memory on {stream} or host memory"
+        )
+    }
+}
+
+fn peer_window_words(rank: u32, device: Device, targets: u32, here: u32, peers: u32) -> String {
+    if here >= targets {
+        format!(
+            "a peer window for {device} of rank {rank} names a target the endpoint does not have: its {targets} target(s) are all devices of this process (a unicast endpoint it created, or a team of its own devices), whose memory a bind by address here reaches with no window; bind `Mapped` memory on the endpoint here, and add peer windows in the processes that imported it, for the memory bound here"
+        )
+    } else {
+        format!(
+            "a peer window for {device} of rank {rank} would be one target more than the endpoint's {targets}: {here} are devices of this process and {peers} other rank and device pairs have windows already; name each target in another process by the same rank and device in every window"
+        )
+    }
+}
+
+fn devices_words(devices: &[Device]) -> String {
+    match devices {
+        [] => "no device".into(),
+        _ => devices
+            .iter()
+            .map(Device::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
 }
 
 fn location_words(l: Location) -> String {
@@ -1088,7 +1209,7 @@ impl Error {
             Error::CopyOutOfRange { .. } => Some(Rule::F9),
             Error::CopyNotBound { .. } | Error::CopyNoWindow { .. } => Some(Rule::F9),
             Error::CopyNotAgreed { .. } => Some(Rule::R13_3),
-            Error::CopyNotLocal { .. } => Some(Rule::F2),
+            Error::CopyNotLocal { .. } | Error::CopyNotAccessible { .. } => Some(Rule::F2),
             Error::UnbindUnderGraph { .. } => Some(Rule::F8),
             Error::CopyDependent { .. } => Some(Rule::F3),
             Error::CopyUnbindReentered { .. } => Some(Rule::F4),

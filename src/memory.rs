@@ -63,6 +63,10 @@ pub(crate) struct AllocInner {
     /// `H::BITS` of the typed owner, kept for the bring-ups' agreement,
     /// which finds bound memory type-erased ([`export_for_peers`]).
     share: u32,
+    /// Whether it was imported by fabric handle: then `location` names a
+    /// device (or NUMA node) of the node that exported it, which may be
+    /// another node, so its ordinal says nothing of this node's (F2).
+    fabric_import: bool,
 }
 
 impl Drop for AllocInner {
@@ -173,6 +177,7 @@ impl<H: MemShare> Allocation<H> {
                 size,
                 location,
                 share: H::BITS,
+                fabric_import: false,
             }),
             _share: PhantomData,
         })
@@ -183,6 +188,12 @@ impl<H: MemShare> Allocation<H> {
     /// or made by other code), as an `Allocation` that releases it on drop.
     /// Where it lives is read from the driver
     /// (`cuMemGetAllocationPropertiesFromHandle`, R5.5).
+    ///
+    /// Its memory is taken as this node's: a copy through an endpoint
+    /// takes device memory as local to streams of the device the driver
+    /// names (F2). Memory of another node is for
+    /// [`Allocation::import_fabric`], whose memory copies never take as
+    /// local (its ordinal may name a device of the exporting node).
     ///
     /// # Safety
     /// `handle` is a live allocation handle of this context's driver, owned
@@ -203,6 +214,7 @@ impl<H: MemShare> Allocation<H> {
                 size,
                 location: props.location,
                 share: H::BITS,
+                fabric_import: false,
             }),
             _share: PhantomData,
         })
@@ -226,7 +238,9 @@ impl<H: MemShare> Allocation<H> {
 
     /// Maps the whole allocation into a fresh virtual address range and gives
     /// its own device, and every device in `access`, read-write access, for
-    /// `BindAddr` and kernels.
+    /// `BindAddr` and kernels. Host memory has no own device: only the
+    /// devices in `access` reach it, and a copy on a stream of another
+    /// device is refused ([`Error::CopyNotAccessible`], F2).
     ///
     /// # Errors
     /// [`Error::NoSuchDevice`] for a device in `access` that does not exist
@@ -297,6 +311,7 @@ impl<H: MemShare> Allocation<H> {
                     alloc: Some(alloc),
                     ptr,
                     size,
+                    access: Arc::from([]),
                 })
             })
         };
@@ -323,6 +338,7 @@ impl<H: MemShare> Allocation<H> {
                 alloc: Some(self.inner.clone()),
                 ptr,
                 size,
+                access: Arc::from(devices.as_slice()),
             }),
             _share: PhantomData,
         };
@@ -354,6 +370,7 @@ impl<H: MemShare> Allocation<H> {
         if size == 0 {
             return Err(mismatch("a size of 0 bytes cannot be imported".into()));
         }
+        let fabric_import = matches!(shared, ShareableHandle::Fabric(_));
         // SAFETY: a descriptor in `shared` is borrowed by the caller for
         // this call (the callers below hold an `AsFd` or own the bytes).
         let handle = unsafe { ctx.driver().mem_import(shared) };
@@ -365,6 +382,7 @@ impl<H: MemShare> Allocation<H> {
             size,
             location: Location::HostNuma(-1),
             share: H::BITS,
+            fabric_import,
         };
         let props = ctx.check(
             Call::MemGetAllocationProperties,
@@ -555,6 +573,10 @@ pub(crate) struct MappedInner {
     alloc: Option<Arc<AllocInner>>,
     ptr: u64,
     size: u64,
+    /// The devices given read-write access (`cuMemSetAccess`): those asked
+    /// for, and device memory's own device. Host memory is reachable from
+    /// these alone (F2: "every operand accessible from the stream's device").
+    access: Arc<[Device]>,
 }
 
 impl Drop for MappedInner {
@@ -645,6 +667,25 @@ impl<H: MemShare> Mapped<H> {
         self.alloc().handle
     }
 
+    /// Where its memory is, as F2 asks it of a copy's local operand.
+    pub(crate) fn locality(&self) -> Locality {
+        let alloc = self.alloc();
+        match alloc.location {
+            location if alloc.fabric_import => Locality::Fabric(location),
+            Location::Device(d) => Locality::Device(d),
+            Location::HostNuma(numa) => Locality::Host {
+                numa,
+                access: self.inner.access.clone(),
+            },
+        }
+    }
+
+    /// The devices this mapping gives access to (device memory's own
+    /// device included).
+    pub fn access(&self) -> &[Device] {
+        &self.inner.access
+    }
+
     fn alloc(&self) -> &AllocInner {
         // `alloc` is `None` only inside `Drop`.
         self.inner
@@ -672,6 +713,25 @@ impl Mapped<FabricShareable> {
     pub fn export_fabric(&self) -> Result<[u8; 64]> {
         export_fabric(self.alloc())
     }
+}
+
+/// Where a mapping's memory is, as F2 asks it of a copy's local operand
+/// ("on the stream's device or host memory").
+///
+/// Memory of this node is allocated here, or imported by POSIX descriptor
+/// (which stays within one node, R12.4, so its device ordinal names the
+/// same device here).
+#[derive(Clone, Debug)]
+pub(crate) enum Locality {
+    /// Device memory of this node: its own device always has access.
+    Device(Device),
+    /// Host memory of this node, reachable from the devices its mapping
+    /// gave access to alone.
+    Host { numa: i32, access: Arc<[Device]> },
+    /// Imported by fabric handle: at that location of the node that
+    /// exported it, which may be another node (an ordinal names a device of
+    /// its own node).
+    Fabric(Location),
 }
 
 /// How peers import memory bound in this process (the portable path).

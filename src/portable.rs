@@ -213,7 +213,10 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
     /// # Errors
     /// [`Error::WrongContext`]; [`Error::OutOfRange`] when the window
     /// reaches past the endpoint; [`Error::Overlap`] when it overlaps a
-    /// window of the same member.
+    /// window of the same member; [`Error::PeerWindowNoTarget`] when
+    /// `(rank, device)` would be one target more than the endpoint has:
+    /// every target is a device of this process (a unicast endpoint it
+    /// created), or every other one is named already.
     pub fn add_peer_window<H: MemShare>(
         &self,
         rank: u32,
@@ -238,6 +241,27 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
         };
         let member = Member::Peer { rank, device };
         let mut slot = self.slot();
+        // One target more than the endpoint has would make every portable
+        // copy through it fail: refused here, where the cause is.
+        let here = self.devices().len();
+        let mut peers: Vec<Member> = Vec::new();
+        for w in slot.windows() {
+            if matches!(w.member, Member::Peer { .. }) && !peers.contains(&w.member) {
+                peers.push(w.member);
+            }
+        }
+        let targets = self.facts().team_size;
+        let named = here.saturating_add(peers.len());
+        if !peers.contains(&member) && u32::try_from(named).map_or(true, |n| n >= targets) {
+            return Err(Error::PeerWindowNoTarget {
+                id: self.id(),
+                rank,
+                device,
+                targets,
+                here: u32::try_from(here).unwrap_or(u32::MAX),
+                peers: u32::try_from(peers.len()).unwrap_or(u32::MAX),
+            });
+        }
         if let Some(w) = slot
             .windows()
             .find(|w| w.member == member && w.offset < end && offset < w.end())
@@ -357,8 +381,9 @@ pub(crate) type Pieces = Vec<(u64, u64)>;
 /// `range`), with the memory they need kept alive pushed to `keep`.
 ///
 /// # Errors
-/// [`Error::CopyNoWindow`] when a target has no window over those bytes,
-/// or more targets have windows than the endpoint has.
+/// [`Error::CopyNoWindow`] when a target has no window over those bytes;
+/// [`Error::CopyWindowsPastTargets`] when more targets have windows than
+/// the endpoint has.
 pub(crate) fn resolve(
     op: usize,
     range: &RangeInner,
@@ -385,7 +410,12 @@ pub(crate) fn resolve(
     };
     let targets = usize::try_from(t.team_size).unwrap_or(usize::MAX);
     if members.len() > targets {
-        return Err(no_window(members.len()));
+        return Err(Error::CopyWindowsPastTargets {
+            op,
+            id: t.id,
+            members: u32::try_from(members.len()).unwrap_or(u32::MAX),
+            targets: t.team_size,
+        });
     }
     let mut out = Vec::with_capacity(members.len());
     for m in &members {
@@ -420,6 +450,31 @@ pub(crate) fn resolve(
     // Local bindings keep their memory; a copy in flight keeps it too.
     keep.extend(slot.bindings.iter().filter_map(|b| b._keep.clone()));
     Ok(out)
+}
+
+/// [`Error::CopyOntoItself`] for op `op`, naming its endpoint side.
+#[cold]
+fn onto_itself(op: usize, o: Option<&CopyOp>) -> Error {
+    let (id, offset, size) = match o {
+        Some(&CopyOp {
+            src: Operand::LogicalEndpoint { id, offset },
+            size,
+            ..
+        })
+        | Some(&CopyOp {
+            dst: Operand::LogicalEndpoint { id, offset },
+            size,
+            ..
+        }) => (id, offset, size),
+        // Every op of the typed API names one endpoint.
+        _ => (0, 0, 0),
+    };
+    Error::CopyOntoItself {
+        op,
+        id,
+        offset,
+        size,
+    }
 }
 
 /// One `cuMemcpyAsync`: `(dst, src, bytes)`.
@@ -497,7 +552,7 @@ impl Stream {
             for &(dst, src, n) in copies.iter().skip(first).filter(|c| c.2 > 0) {
                 let (d_end, s_end) = (dst.ptr.saturating_add(n), src.ptr.saturating_add(n));
                 if src.ptr < d_end && dst.ptr < s_end {
-                    return Err(Error::CopyDependent { op: i, other: i });
+                    return Err(onto_itself(i, list.get(i)));
                 }
             }
         }

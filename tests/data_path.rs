@@ -628,6 +628,53 @@ fn f2_typed_memory_on_another_device_than_the_stream_is_refused_before_the_drive
     clean(&ctx, &model);
 }
 
+/// F2 "every operand accessible from the stream's device": host memory
+/// is reached by the devices its mapping gave access to alone. Mapped for
+/// device 1, a put from it on a stream of device 0 is refused before the
+/// driver naming the access and the fix; mapped for device 0 it runs.
+#[test]
+fn f2_host_memory_is_an_operand_only_on_streams_of_devices_it_is_mapped_for() {
+    use cuda_endpoints::driver::Granularity;
+    use cuda_endpoints::{Allocation, Location};
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let host = |access: &[i32]| {
+        Allocation::<Private>::new(&ctx, Location::HostNuma(0), ALIGN, Granularity::Minimum)
+            .unwrap()
+            .map(access)
+            .unwrap()
+    };
+    let far = host(&[1]);
+    assert_eq!(far.access(), [Device(1)]);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let r = stream.enqueue(CopyBatch::new().put(&far, 0, &u.ep, 0, 16));
+    refused(&model, r, |e| {
+        let msg = e.to_string();
+        matches!(
+            e,
+            Error::CopyNotAccessible {
+                op: 0,
+                host_numa: 0,
+                stream_device: Device(0),
+                access,
+            } if access == &[Device(1)]
+        ) && e.rule() == Some(cuda_endpoints::error::Rule::F2)
+            && msg.contains("access for device 1, not for the stream's device 0")
+            && msg.contains("map(&[0])")
+    });
+    let near = host(&[0]);
+    stream
+        .enqueue(CopyBatch::new().get(&u.ep, 0, &near, 0, 16))
+        .unwrap()
+        .wait()
+        .unwrap();
+    drop(stream);
+    drop(b);
+    drop((far, near, u));
+    clean(&ctx, &model);
+}
+
 #[test]
 fn f3_typed_dependent_ops_are_refused_naming_both() {
     let (ctx, model) = node();

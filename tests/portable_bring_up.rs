@@ -403,3 +403,59 @@ fn a_grown_chunk_that_fails_to_import_on_one_rank_fails_every_rank_and_leaves_th
     }
     common::clean(&ranks[0].0, &model);
 }
+
+/// An imported unicast endpoint has one target, the owner: a peer window
+/// added by hand under another rank number than the bring-up's makes two
+/// targets after `agree_bound` registers the owner's. A copy through it is
+/// refused naming the extra window (not a missing one), and a third
+/// `(rank, device)` is refused when added.
+#[test]
+fn windows_for_more_targets_than_an_imported_unicast_has_are_named_as_extra() {
+    const RANKS: usize = 2;
+    let (ranks, model) = node_processes(RANKS);
+    portable(&ranks);
+    on_every_rank(&ranks, Threads::new(RANKS), |r, ctx, _me, boot| {
+        with_bound_peers::<FabricShareable, _>(r, ctx, boot, |peers, _| {
+            let other = 1 - r;
+            let ep = peers.peer(other).unwrap();
+            let stray = common::mapped::<FabricShareable>(ctx, r as i32, BYTES);
+            ep.add_peer_window(7, other as i32, 0, &stray).unwrap();
+            let bound = peers.agree_bound(boot, T).unwrap();
+            let stream = Stream::new(ctx, r as i32).unwrap();
+            let e = stream
+                .enqueue(CopyBatch::new().get_host(bound.peer(other).unwrap(), 0, 64))
+                .map(|_| ())
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::CopyWindowsPastTargets {
+                        op: 0,
+                        members: 2,
+                        targets: 1,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            assert!(!e.to_string().contains("reachable here"), "{e}");
+            let e = ep.add_peer_window(8, other as i32, 0, &stray).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::PeerWindowNoTarget {
+                        rank: 8,
+                        targets: 1,
+                        here: 0,
+                        peers: 2,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            drop(stream);
+            boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
+        })
+    });
+    common::clean(&ranks[0].0, &model);
+}

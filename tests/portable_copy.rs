@@ -313,3 +313,89 @@ fn a_batch_built_before_an_unbind_is_refused_at_enqueue_before_any_memcpy() {
     drop((src, owner, ep));
     clean(&ctx, &model);
 }
+
+/// `cuMemcpyAsync` forbids overlapping ranges: a get whose local memory is
+/// the memory bound at its endpoint bytes would copy bytes onto themselves.
+/// Refused before the driver as one op copying onto itself, naming the
+/// endpoint bytes, not as two dependent ops.
+#[test]
+fn an_op_whose_local_memory_is_its_own_endpoint_bytes_is_refused_as_copying_onto_itself() {
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let owner = mapped(&ctx, 0);
+    let b = ep.bind(0, 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    let e = stream
+        .enqueue(CopyBatch::new().get(&ep, 4096, &owner, 4096 + 32, 64))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CopyOntoItself {
+                op: 0,
+                offset: 4096,
+                size: 64,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("onto themselves") && msg.contains(&format!("endpoint {}", ep.id())),
+        "{msg}"
+    );
+    assert_eq!(copies(&model), before, "nothing reached the driver");
+    drop(stream);
+    drop(b);
+    drop((owner, ep));
+    clean(&ctx, &model);
+}
+
+/// A unicast endpoint this process created has one target, its own device,
+/// whose memory a bind by address reaches: a peer window on it is refused
+/// when added, naming what it is and the fix, and the endpoint's copies
+/// go on as before.
+#[test]
+fn a_peer_window_on_a_unicast_endpoint_this_process_owns_is_refused_naming_the_fix() {
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let owner = mapped(&ctx, 0);
+    let other = mapped(&ctx, 0);
+    let b = ep.bind(0, 0, &owner).unwrap();
+    let e = ep.add_peer_window(1, 0, 0, &other).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::PeerWindowNoTarget {
+                rank: 1,
+                device: Device(0),
+                targets: 1,
+                here: 1,
+                peers: 0,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("endpoint {}", ep.id()))
+            && msg.contains("all devices of this process")
+            && msg.contains("bind `Mapped` memory"),
+        "{msg}"
+    );
+    let stream = Stream::new(&ctx, 0).unwrap();
+    stream
+        .enqueue(CopyBatch::new().put_host(vec![5; 64], &ep, 0))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(model.read(owner.device_ptr(), 64).unwrap(), vec![5; 64]);
+    drop(stream);
+    drop(b);
+    drop((owner, other, ep));
+    clean(&ctx, &model);
+}

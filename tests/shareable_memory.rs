@@ -171,3 +171,88 @@ fn c5_memory_made_without_the_handle_type_cannot_be_exported_as_it() {
     drop(mem);
     assert_eq!(m.violations().len(), 1, "the model logs the C5 violation");
 }
+
+/// F2 "the pointer must be local: on the stream's device": a POSIX
+/// descriptor stays within one node (R12.4), so memory imported by one is
+/// on this node's device of that ordinal, local to its streams: a put from
+/// it runs and lands. (Memory imported by fabric handle never is local:
+/// `breaker_round7::f2_memory_of_another_nodes_device_with_the_same_ordinal_is_not_local`.)
+#[test]
+fn f2_memory_imported_by_posix_fd_on_the_streams_device_is_local() {
+    use cuda_endpoints::{CopyBatch, Stream};
+    let (ranks, model) = common::node_processes(2);
+    let ((c0, p0), (c1, p1)) = (&ranks[0], &ranks[1]);
+    let mem = common::mapped::<PosixFd>(c0, 0, MIB2);
+    p0.write(mem.device_ptr(), b"imported by fd").unwrap();
+    let fd = mem.export_fd().unwrap();
+    let theirs = Allocation::<PosixFd>::import_fd(c1, &fd, MIB2)
+        .unwrap()
+        .map(&[0])
+        .unwrap();
+    let ep = common::ready_unicast(c1, 0, MIB2, std::time::Duration::from_secs(5));
+    let owner = common::mapped::<PosixFd>(c1, 0, MIB2);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let stream = Stream::new(c1, 0).unwrap();
+    stream
+        .enqueue(CopyBatch::new().put(&theirs, 0, &ep, 64, 14))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        p1.read(owner.device_ptr() + 64, 14).unwrap(),
+        b"imported by fd"
+    );
+    drop(stream);
+    drop(b);
+    drop((ep, owner, theirs, fd, mem));
+    common::no_violations(&model.violations());
+    common::clean(c1, p1);
+    common::clean(c0, p0);
+}
+
+/// F2: memory imported by fabric handle is refused as a copy's local
+/// memory whatever its ordinal, and the error says why: not "at device 0,
+/// but the stream is on device 0".
+#[test]
+fn f2_memory_imported_by_fabric_handle_is_refused_naming_the_import_and_the_fix() {
+    use cuda_endpoints::{CopyBatch, Stream};
+    let (ranks, model) = common::node_processes(2);
+    let ((c0, _), (c1, _)) = (&ranks[0], &ranks[1]);
+    let mem = common::mapped::<FabricShareable>(c0, 0, MIB2);
+    let bytes = mem.export_fabric().unwrap();
+    let theirs = Allocation::<FabricShareable>::import_fabric(c1, &bytes, MIB2)
+        .unwrap()
+        .map(&[0])
+        .unwrap();
+    let ep = common::ready_unicast(c1, 0, MIB2, std::time::Duration::from_secs(5));
+    let owner = common::mapped::<FabricShareable>(c1, 0, MIB2);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let stream = Stream::new(c1, 0).unwrap();
+    let e = stream
+        .enqueue(CopyBatch::new().get(&ep, 0, &theirs, 0, 64))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CopyNotLocal {
+                op: 0,
+                fabric_import: true,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("imported by fabric handle")
+            && msg.contains("F2")
+            && msg.contains("import_fd"),
+        "{msg}"
+    );
+    assert_eq!(e.rule(), Some(cuda_endpoints::error::Rule::F2));
+    assert_eq!(model.calls(Call::FabricCpyBatchAsync), 0);
+    drop(stream);
+    drop(b);
+    common::no_violations(&model.violations());
+}
