@@ -176,7 +176,7 @@ fn c5_memory_made_without_the_handle_type_cannot_be_exported_as_it() {
 /// descriptor stays within one node (R12.4), so memory imported by one is
 /// on this node's device of that ordinal, local to its streams: a put from
 /// it runs and lands. (Memory imported by fabric handle never is local:
-/// `breaker_round7::f2_memory_of_another_nodes_device_with_the_same_ordinal_is_not_local`.)
+/// `copy_edges::f2_memory_of_another_nodes_device_with_the_same_ordinal_is_not_local`.)
 #[test]
 fn f2_memory_imported_by_posix_fd_on_the_streams_device_is_local() {
     use cuda_endpoints::{CopyBatch, Stream};

@@ -1,5 +1,10 @@
-//! Adversarial round 7: the data path through the typed API only (no
-//! `unsafe`), each test named after what should hold.
+//! The data path at its edges, through the typed API only (no `unsafe`),
+//! as a hostile caller or peer would reach them: operands that are not
+//! local or not accessible (F2), one allocation reached two ways (F3),
+//! host buffers too large to allocate, claimed sizes and kinds in a peer's
+//! handle, failed driver calls inside capture, launch and the portable
+//! path, a shrink whose unbind failed, extreme offsets and sizes, the seam
+//! of two bindings. Each test is named after what holds.
 
 mod common;
 
