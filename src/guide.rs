@@ -173,10 +173,16 @@ pub mod reading_the_compiler {
     //! waited (F4); a [`CopyGraph`](crate::CopyGraph) borrows them for as
     //! long as it lives (F8). A copy that names `&ep` borrows the endpoint
     //! but not its [`Binding`](crate::Binding): unbinding then synchronizes
-    //! the streams with copies in flight on the endpoint first, at run time.
-    //! Lend the endpoint through the binding ([`Binding::copy_through`](crate::Binding::copy_through)),
+    //! the streams with copies in flight on the endpoint first, at run time
+    //! (and waits for a copy another thread is enqueueing through it). Lend
+    //! the endpoint through the binding ([`Binding::copy_through`](crate::Binding::copy_through)),
     //! or keep it in a [`BoundEndpoint`](crate::BoundEndpoint), and the
-    //! unbind does not compile instead. A graph may run for as long as it
+    //! unbind does not compile instead. Why not always: the binding and the
+    //! copy both borrow `&ep`, and two shared borrows may live together;
+    //! `unbind` consumes the binding, which conflicts only with a borrow of
+    //! the binding itself. Refusing `&ep` in copies would make every copy
+    //! through a local endpoint name its binding, and a multicast put every
+    //! binding of every local member. A graph may run for as long as it
     //! lives, so while a graph names `&ep` an unbind on it is refused at run
     //! time ([`Error::UnbindUnderGraph`](crate::Error::UnbindUnderGraph),
     //! F8, before the driver; the memory stays bound). A batch built before
