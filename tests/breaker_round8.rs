@@ -1,0 +1,410 @@
+//! Adversarial round 8: strided copies, F3 through aliases, the copy gate,
+//! through the typed API only (no `unsafe`), each test named after what
+//! should hold.
+
+mod common;
+
+use std::time::Duration;
+
+use cuda_endpoints::model::{Model, ModelConfig};
+use cuda_endpoints::{
+    Allocation, Context, CopyBatch, Device, Endpoint, Error, Mapped, Multicast, PosixFd, Private,
+    Ready, Spec, Stream, Strided, Unicast,
+};
+
+const ALIGN: u64 = 2 << 20;
+const T: Duration = Duration::from_secs(5);
+
+fn node() -> (Context, Model) {
+    Context::model(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    })
+}
+
+fn unicast(ctx: &Context, dev: i32, size: u64) -> Endpoint<Ready, Unicast> {
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::unicast(dev, size))
+        .unwrap()
+        .wait(T)
+        .unwrap()
+}
+
+fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
+    common::mapped(ctx, dev, ALIGN)
+}
+
+/// What an enqueue came to: `Ok(())` once waited, or its error.
+fn outcome(r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>) -> String {
+    match r {
+        Ok(t) => format!("{:?}", t.wait().map(|_| ())),
+        Err(e) => format!("Err({e:?})"),
+    }
+}
+
+/// F3: one POSIX-fd allocation bound by handle at `ep[0..)`, and its own
+/// import (the same bytes, another handle) at `ep[ALIGN..)`: a put to
+/// `ep[64..)` and a get from `ep[ALIGN + 64..)` meet in one memory.
+#[test]
+fn f3_ops_that_meet_in_one_allocation_bound_once_itself_and_once_through_its_import_are_dependent()
+{
+    let (ctx, model) = node();
+    let mem = Allocation::<PosixFd>::on_device(&ctx, 0, ALIGN).unwrap();
+    let fd = mem.export_fd().unwrap();
+    let again = Allocation::<PosixFd>::import_fd(&ctx, &fd, ALIGN).unwrap();
+    drop(fd);
+    let (src, dst) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let b0 = ep.bind_part(0, 0, &mem, 0, ALIGN).unwrap();
+    let b1 = ep.bind_part(0, ALIGN, &again, 0, ALIGN).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 64, 64).get(
+        &ep,
+        ALIGN + 64,
+        &dst,
+        0,
+        64,
+    ));
+    let accepted = outcome(r) == "Ok(())";
+    drop((stream, b0, b1));
+    drop((ep, mem, again, src, dst));
+    common::clean(&ctx, &model);
+    assert!(
+        !accepted,
+        "a put and a get that meet in one memory were enqueued as one batch"
+    );
+}
+
+/// F3 through a multicast endpoint's members: member 0's memory bound by
+/// address is also the put's source. Block 0 writes `m0[64..128)`, block 1
+/// reads it: the strided call and its two puts one by one are refused alike.
+#[test]
+fn f3_a_strided_put_from_a_members_own_memory_into_its_multicast_endpoint_is_refused_as_its_ops_one_by_one()
+ {
+    let (ctx, model) = node();
+    let members = [mapped(&ctx, 0), mapped(&ctx, 1)];
+    let ep: Endpoint<Ready, Multicast> = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let bs: Vec<_> = members
+        .iter()
+        .enumerate()
+        .map(|(d, m)| ep.bind(Device(d as i32), 0, m).unwrap())
+        .collect();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let blocks = Strided::new(2, 64, 64, 192);
+    let strided = stream.enqueue(CopyBatch::new().put_strided(&members[0], 0, &ep, 64, blocks));
+    let s = outcome(strided);
+    let one = stream.enqueue(CopyBatch::new().put(&members[0], 0, &ep, 64, 64).put(
+        &members[0],
+        64,
+        &ep,
+        256,
+        64,
+    ));
+    let o = outcome(one);
+    drop((stream, bs));
+    drop((members, ep));
+    common::clean(&ctx, &model);
+    assert_eq!(s, o, "strided and one by one differ");
+    assert!(
+        s.contains("CopyDependent"),
+        "a dependent pair got through: {s}"
+    );
+}
+
+/// The bytes a generated op can reach: each memory's two ends.
+const EDGE: usize = 1024;
+const EDGES: [u64; 2] = [0, ALIGN - EDGE as u64];
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// One op around the strided call: put (`true`) or get, which local
+/// memory (0: `local`, 1: `owner`, bound to the endpoint at 0), which
+/// endpoint (0: `ep`, 1: `ep2`), local offset, endpoint offset, size.
+type Around = (bool, usize, usize, u64, u64, u64);
+
+fn add<'a>(
+    mut b: CopyBatch<'a>,
+    ops: &[Around],
+    mems: [&'a Mapped<Private>; 2],
+    eps: [&'a Endpoint<Ready, Unicast>; 2],
+) -> CopyBatch<'a> {
+    for &(p, m, e, a, o, s) in ops {
+        b = if p {
+            b.put(mems[m], a, eps[e], o, s)
+        } else {
+            b.get(eps[e], o, mems[m], a, s)
+        };
+    }
+    b
+}
+
+#[test]
+fn a_strided_call_between_other_ops_is_the_batch_of_its_ops_one_by_one() {
+    // As copy_strided's equivalence test, with ops before and after the
+    // strided call (puts and gets, to its endpoint and another), and the
+    // endpoint's own bound memory as the local side (F3 through it).
+    let (ctx, model) = node();
+    let (local, owner, far, other) = (
+        mapped(&ctx, 0),
+        mapped(&ctx, 0),
+        mapped(&ctx, 0),
+        mapped(&ctx, 0),
+    );
+    let ep = unicast(&ctx, 0, 3 * ALIGN);
+    let ep2 = unicast(&ctx, 0, ALIGN);
+    let bs = [
+        ep.bind(Device(0), 0, &owner).unwrap(),
+        ep.bind(Device(0), 2 * ALIGN, &far).unwrap(),
+        ep2.bind(Device(0), 0, &other).unwrap(),
+    ];
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let locals = [0, 8, 200, ALIGN - 300, ALIGN - 64];
+    let offsets = [
+        0,
+        24,
+        300,
+        ALIGN - 200,
+        2 * ALIGN - 64,
+        2 * ALIGN,
+        3 * ALIGN - 100,
+    ];
+    let strides = [0, 8, 64, 100, u64::MAX / 2];
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: usize| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) as usize % n
+    };
+    let mems = [&local, &owner];
+    let eps = [&ep, &ep2];
+    let mut outcomes = [0u32; 2];
+    let mut failures = Vec::new();
+    for case in 0..400 {
+        let around = |next: &mut dyn FnMut(usize) -> usize| -> Vec<Around> {
+            (0..next(3))
+                .map(|_| {
+                    (
+                        next(2) == 0,
+                        next(2),
+                        next(2),
+                        locals[next(locals.len())],
+                        offsets[next(offsets.len())] % if next(2) == 0 { ALIGN } else { u64::MAX },
+                        [0, 8, 64][next(3)],
+                    )
+                })
+                .collect()
+        };
+        let before = around(&mut next);
+        let after = around(&mut next);
+        let (put, mem, at, off) = (
+            next(2) == 0,
+            next(2),
+            locals[next(locals.len())],
+            offsets[next(offsets.len())],
+        );
+        let blocks = Strided::new(
+            1 + next(6) as u64,
+            [0, 8, 64][next(3)],
+            strides[next(strides.len())],
+            strides[next(strides.len())],
+        );
+        let seeds = [
+            next(200) as u8,
+            next(200) as u8,
+            next(200) as u8,
+            next(200) as u8,
+        ];
+        let mut moved = Vec::new();
+        for one_by_one in [false, true] {
+            for (m, &seed) in [&local, &owner, &far, &other].iter().zip(&seeds) {
+                for at in EDGES {
+                    model
+                        .write(m.device_ptr() + at, &pattern(seed, EDGE))
+                        .unwrap();
+                }
+            }
+            let mut batch = add(CopyBatch::new(), &before, mems, eps);
+            let m = mems[mem];
+            if one_by_one {
+                for i in 0..blocks.count {
+                    let s =
+                        |first: u64, stride: u64| first.saturating_add(stride.saturating_mul(i));
+                    batch = if put {
+                        batch.put(
+                            m,
+                            s(at, blocks.src_stride),
+                            &ep,
+                            s(off, blocks.dst_stride),
+                            blocks.size,
+                        )
+                    } else {
+                        batch.get(
+                            &ep,
+                            s(off, blocks.src_stride),
+                            m,
+                            s(at, blocks.dst_stride),
+                            blocks.size,
+                        )
+                    };
+                }
+            } else {
+                batch = if put {
+                    batch.put_strided(m, at, &ep, off, blocks)
+                } else {
+                    batch.get_strided(&ep, off, m, at, blocks)
+                };
+            }
+            batch = add(batch, &after, mems, eps);
+            let ok = match stream.enqueue(batch) {
+                Ok(t) => {
+                    t.wait().unwrap();
+                    true
+                }
+                Err(
+                    Error::CopyOutOfRange { .. }
+                    | Error::CopyNotBound { .. }
+                    | Error::CopyDependent { .. },
+                ) => false,
+                Err(e) => panic!("case {case}: unexpected error {e}"),
+            };
+            let bytes: Vec<Vec<u8>> = [&local, &owner, &far, &other]
+                .iter()
+                .flat_map(|m| EDGES.map(|at| model.read(m.device_ptr() + at, EDGE).unwrap()))
+                .collect();
+            moved.push((ok, bytes));
+        }
+        let desc = format!(
+            "case {case}: {before:?} then {} mem {mem} at {at} off {off} {blocks:?} then {after:?}",
+            if put { "put" } else { "get" }
+        );
+        if moved[0].0 != moved[1].0 {
+            failures.push(format!(
+                "{desc}: strided enqueued {}, one by one {}",
+                moved[0].0, moved[1].0
+            ));
+        } else if moved[0].1 != moved[1].1 {
+            failures.push(format!("{desc}: other bytes moved"));
+        }
+        outcomes[usize::from(moved[0].0)] += 1;
+    }
+    let v = model.violations();
+    drop((stream, bs));
+    drop((local, owner, far, other, ep, ep2));
+    assert!(
+        failures.is_empty(),
+        "{} of 400 differ, first: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    common::no_violations(&v);
+    assert!(outcomes.iter().all(|&n| n > 10), "{outcomes:?}");
+    common::clean(&ctx, &model);
+}
+
+/// "as the same `put`s one after the other would ... stops at the first
+/// op that fails: the batch is refused at enqueue naming it" — the one by
+/// one batch names the local side's error first (a later block's memory
+/// range), the strided call stops at an earlier block's F9.
+#[test]
+fn a_strided_call_refused_names_the_same_error_as_its_ops_one_by_one() {
+    let (ctx, model) = node();
+    let (local, owner) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let ep = unicast(&ctx, 0, 3 * ALIGN);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // Block 1's destination is past the bound memory (F9), block 2's
+    // source past `local` (its range).
+    let (at, off) = (ALIGN - 128, ALIGN - 64);
+    let strided = stream
+        .enqueue(CopyBatch::new().put_strided(&local, at, &ep, off, Strided::contiguous(3, 64)))
+        .map(|_| ())
+        .unwrap_err();
+    let mut one = CopyBatch::new();
+    for i in 0..3 {
+        one = one.put(&local, at + 64 * i, &ep, off + 64 * i, 64);
+    }
+    let one = stream.enqueue(one).map(|_| ()).unwrap_err();
+    drop((stream, b));
+    drop((local, owner, ep));
+    common::clean(&ctx, &model);
+    assert_eq!(format!("{strided:?}"), format!("{one:?}"));
+}
+
+/// F4, F9 across threads (no layer): one thread binds and unbinds
+/// `ep[0..ALIGN)` over and over while two others enqueue puts and gets
+/// there through `&ep` and wait them. Every copy is either refused before
+/// the driver (F9: not bound) or runs on bound memory; no other error, no
+/// rule broken, no deadlock.
+#[test]
+fn f4_copies_on_two_threads_and_unbinds_on_a_third_on_one_range_never_meet_nor_deadlock() {
+    let (errors, violations, copied) = common::layer::within(120, || {
+        let (ctx, model) = node();
+        let (owner, a, b) = (mapped(&ctx, 0), mapped(&ctx, 0), mapped(&ctx, 0));
+        let ep = unicast(&ctx, 0, ALIGN);
+        let errors = std::sync::Mutex::new(Vec::new());
+        let copied = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..300 {
+                    match ep.bind(Device(0), 0, &owner) {
+                        Ok(bd) => {
+                            if let Err(e) = bd.unbind() {
+                                errors.lock().unwrap().push(format!("unbind: {e:?}"));
+                            }
+                        }
+                        Err(e) => errors.lock().unwrap().push(format!("bind: {e:?}")),
+                    }
+                }
+            });
+            for (k, mem) in [&a, &b].into_iter().enumerate() {
+                let (ep, ctx, errors, copied) = (&ep, &ctx, &errors, &copied);
+                s.spawn(move || {
+                    let stream = Stream::new(ctx, 0).unwrap();
+                    for i in 0..300u64 {
+                        let batch = if (i + k as u64) % 2 == 0 {
+                            CopyBatch::new().put(mem, 0, ep, 4096 * k as u64, 64)
+                        } else {
+                            CopyBatch::new().get(ep, 8192, mem, 128, 64)
+                        };
+                        match stream.enqueue(batch) {
+                            Ok(t) => match t.wait() {
+                                Ok(_) => {
+                                    copied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                Err(e) => errors.lock().unwrap().push(format!("wait: {e:?}")),
+                            },
+                            Err(Error::CopyNotBound { .. }) => {}
+                            Err(e) => errors.lock().unwrap().push(format!("enqueue: {e:?}")),
+                        }
+                    }
+                });
+            }
+        });
+        let v = model.violations();
+        drop((owner, a, b, ep));
+        let teardown = ctx.take_teardown_errors();
+        let mut errors = errors.into_inner().unwrap();
+        errors.extend(teardown.iter().map(|e| format!("teardown: {e:?}")));
+        (errors, format!("{v:?}"), copied.into_inner())
+    });
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    assert_eq!(violations, "[]");
+    eprintln!("copies that ran: {copied}");
+}
