@@ -408,3 +408,183 @@ fn f4_copies_on_two_threads_and_unbinds_on_a_third_on_one_range_never_meet_nor_d
     assert_eq!(violations, "[]");
     eprintln!("copies that ran: {copied}");
 }
+
+/// The payload of a planned panic.
+struct Planned;
+
+fn quiet() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.payload().is::<Planned>() {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// A `tracing` layer that panics after the `nth` success of `call` (from 0).
+fn panic_after(call: cuda_endpoints::driver::Call, nth: usize) -> impl tracing::Subscriber {
+    let seen = std::sync::atomic::AtomicUsize::new(0);
+    common::layer::OnEvent(move |e: &common::layer::EventFields| {
+        if e.succeeded() == Some(call)
+            && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == nth
+        {
+            std::panic::panic_any(Planned);
+        }
+    })
+}
+
+/// `unwind::completing` for a token without an event (its synchronize is
+/// the stream's), waited or dropped, on the fabric copy and the portable
+/// path, with host buffers both ways: the planned panic comes out, and
+/// nothing leaks, no rule is broken, the binding unbinds.
+#[test]
+fn a_panic_inside_the_stream_synchronize_of_a_tokens_wait_or_drop_leaks_nothing_on_either_path() {
+    use cuda_endpoints::driver::{Call, Traced};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    quiet();
+    let mut failures = Vec::new();
+    for version in [13050, 13040] {
+        for (wait, event, nth) in [
+            (true, false, 0),
+            (false, false, 0),
+            (true, true, 0),
+            (false, true, 0),
+        ] {
+            let model = Model::new(ModelConfig {
+                driver_version: version,
+                ..ModelConfig::node(2)
+            });
+            let ctx = Context::new(Traced::new(model.clone()));
+            let ep = unicast(&ctx, 0, ALIGN);
+            let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
+            let b = ep.bind(Device(0), 0, &owner).unwrap();
+            let stream = Stream::new(&ctx, 0).unwrap();
+            let call = if event {
+                Call::EventSynchronize
+            } else {
+                Call::StreamSynchronize
+            };
+            let mut token = Some({
+                let t = stream
+                    .enqueue(
+                        CopyBatch::new()
+                            .put(&src, 0, &ep, 0, 4096)
+                            .put_host(vec![7; 64], &ep, 8192)
+                            .get_host(&ep, 100_000, 128),
+                    )
+                    .unwrap();
+                if event { t.with_event().unwrap() } else { t }
+            });
+            let r = tracing::subscriber::with_default(panic_after(call, nth), || {
+                catch_unwind(AssertUnwindSafe(|| {
+                    if wait {
+                        let _ = token.take().map(|t| t.wait());
+                    } else {
+                        drop(token.take());
+                    }
+                }))
+            });
+            let planned = r.is_err_and(|p| p.is::<Planned>());
+            drop(token);
+            let unbound = b.unbind();
+            drop(stream);
+            drop((ep, owner, src));
+            let teardown = ctx.take_teardown_errors();
+            drop(ctx);
+            let (v, live) = (model.violations(), model.live_node());
+            if !planned
+                || unbound.is_err()
+                || !v.is_empty()
+                || !live.is_empty()
+                || !teardown.is_empty()
+            {
+                failures.push(format!(
+                    "driver {version} wait {wait} event {event}: planned panic {planned}, unbind {unbound:?}, violations {v:?}, leak {live:?}, teardown {teardown:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// An exportable unicast endpoint of `size` bytes on `a`'s device 0,
+/// imported by `b`: the import's outcome.
+fn import_in(a: &Context, b: &Context, size: u64) -> String {
+    use cuda_endpoints::{Exportable, FabricHandle};
+    let uni = a
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, size).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let wire = uni.export().unwrap().to_bytes();
+    let h = FabricHandle::<Unicast<Exportable>>::from_bytes(&wire).unwrap();
+    let r = match b.reserve_one().unwrap().import(&h) {
+        Ok(p) => match p.wait(T) {
+            Ok(ep) => {
+                drop(ep);
+                "Ok".to_owned()
+            }
+            Err(f) => format!("wait: {:?}", f.error),
+        },
+        Err(f) => format!("import: {:?}", f.error),
+    };
+    drop(uni);
+    r
+}
+
+/// R10 is the owner's device's limit: an endpoint its owner could create
+/// (a node whose devices allow 1 GiB) imports on a node whose devices allow
+/// 512 MiB, as the driver would take it (the importer creates nothing).
+#[test]
+fn r10_an_honest_endpoint_larger_than_the_importers_own_devices_allow_still_imports() {
+    use cuda_endpoints::model::FabricConfig;
+    let big = ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(1)
+    }
+    .with_devices(|_, d| d.max_size = 1 << 30);
+    let small = ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(1)
+    };
+    let model = Model::fabric(FabricConfig {
+        nodes: vec![big, small],
+        ..FabricConfig::nodes(2, 1)
+    });
+    let peer = model.spawn_process_on(1).unwrap();
+    let (a, b) = (Context::new(model.clone()), Context::new(peer.clone()));
+    let r = import_in(&a, &b, 1 << 30);
+    assert!(b.take_teardown_errors().is_empty());
+    assert!(a.take_teardown_errors().is_empty());
+    common::no_violations(&model.violations());
+    assert_eq!(r, "Ok");
+}
+
+/// One device of the importing process that cannot take part in an
+/// exportable endpoint (attribute 158 without FABRIC) makes every unicast
+/// import of the process fail: the size check asks every device's limits
+/// with `ipc_fabric` and fails on the first refusal.
+#[test]
+fn r10_a_device_without_fabric_endpoints_does_not_stop_its_process_importing_unicast_endpoints() {
+    let config = ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    };
+    let model = Model::new(config.with_devices(|i, d| {
+        if i == 1 {
+            d.le_fabric_handles = false;
+        }
+    }));
+    let peer = model.spawn_process();
+    let (a, b) = (Context::new(model.clone()), Context::new(peer));
+    let r = import_in(&a, &b, ALIGN);
+    assert!(b.take_teardown_errors().is_empty());
+    assert!(a.take_teardown_errors().is_empty());
+    common::no_violations(&model.violations());
+    assert_eq!(r, "Ok");
+}
