@@ -588,3 +588,107 @@ fn r10_a_device_without_fabric_endpoints_does_not_stop_its_process_importing_uni
     common::no_violations(&model.violations());
     assert_eq!(r, "Ok");
 }
+
+/// The heap (R13.3, R7.2): rank 0's unbinds fail, so its shrink keeps the
+/// top chunk aside and the next grow fails on every rank (its retry fails);
+/// through all of it the agreed top is the same on every rank, a strided
+/// put across it is refused as its ops one by one are, one that ends at it
+/// lands, and once the unbinds work again the heap grows and drops with
+/// nothing left.
+#[test]
+fn r13_3_a_heap_with_a_chunk_kept_aside_refuses_strided_copies_past_its_top_on_every_rank() {
+    use cuda_endpoints::bootstrap::Threads;
+    use cuda_endpoints::driver::{Call, Code};
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
+    use cuda_endpoints::team::{self, PeerSpec};
+    const CHUNK: u64 = ALIGN;
+    let chunk = |ctx: &Context, dev: i32| -> Mapped<PosixFd> { common::mapped(ctx, dev, CHUNK) };
+    let (contexts, model) = common::node_processes(2);
+    let report = common::on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
+        use cuda_endpoints::bootstrap::Bootstrap;
+        let dev = r as i32;
+        let mut out = Vec::new();
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, 4 * CHUNK).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        let faults = |on: bool| {
+            boot.barrier(T).unwrap();
+            if r == 0 {
+                let plan = FaultPlan::none();
+                me.set_faults(if on {
+                    plan.with(Fault::always(Call::Unbind, Code::UNKNOWN).on_process(me.pid()))
+                } else {
+                    plan
+                });
+            }
+            boot.barrier(T).unwrap();
+        };
+        faults(true);
+        let shrunk = peers.shrink(boot, T);
+        out.push(format!("shrink: {}", shrunk.is_ok()));
+        drop(shrunk);
+        let grown = peers.grow(boot, chunk(ctx, dev), T);
+        out.push(format!("grow with the retry failing: {}", grown.is_ok()));
+        out.push(format!("top {} memory {}", peers.top(), peers.memory().len()));
+        // Strided across the top, into the peer's endpoint and our own.
+        let src = mapped(ctx, dev);
+        let stream = Stream::new(ctx, dev).unwrap();
+        let other = peers.peer(1 - r).unwrap();
+        let top = peers.top();
+        let across = Strided::contiguous(4, 64);
+        let mut ob = CopyBatch::new();
+        for i in 0..4 {
+            ob = ob.put(&src, 64 * i, other, top - 128 + 64 * i, 64);
+        }
+        out.push(format!(
+            "peer across: strided {} one by one {}",
+            outcome(stream.enqueue(CopyBatch::new().put_strided(&src, 0, other, top - 128, across))),
+            outcome(stream.enqueue(ob)),
+        ));
+        let mut ob = CopyBatch::new();
+        for i in 0..4 {
+            ob = ob.put(&src, 64 * i, peers.own(), top - 128 + 64 * i, 64);
+        }
+        out.push(format!(
+            "own across: strided {} one by one {}",
+            outcome(stream.enqueue(CopyBatch::new().put_strided(&src, 0, peers.own(), top - 128, across))),
+            outcome(stream.enqueue(ob)),
+        ));
+        out.push(format!(
+            "peer up to the top: {}",
+            outcome(stream.enqueue(CopyBatch::new().put_strided(&src, 0, other, top - 256, across))),
+        ));
+        out.push(format!(
+            "get strided across: {}",
+            outcome(stream.enqueue(CopyBatch::new().get_strided(other, top - 128, &src, 0, across))),
+        ));
+        drop(stream);
+        drop(src);
+        boot.barrier(T).unwrap();
+        faults(false);
+        let grown = peers.grow(boot, chunk(ctx, dev), T);
+        out.push(format!("grow: {:?} top {}", grown.map_err(|e| e.to_string()), peers.top()));
+        boot.barrier(T).unwrap();
+        drop(peers);
+        boot.barrier(T).unwrap();
+        out.push(format!("teardown: {:?}", ctx.take_teardown_errors()));
+        out
+    });
+    let live = model.live_node();
+    let v = model.violations();
+    let text = format!("{report:#?}");
+    eprintln!("{text}");
+    assert!(live.is_empty(), "leak: {live:?}\n{text}");
+    common::no_violations(&v);
+    for (r, lines) in report.iter().enumerate() {
+        assert_eq!(lines[1], "grow with the retry failing: false", "rank {r}: {text}");
+        assert_eq!(lines[2], format!("top {CHUNK} memory 1"), "rank {r}: {text}");
+        assert!(lines[3].contains("CopyNotAgreed") && lines[3].matches("CopyNotAgreed").count() == 2, "rank {r}: {text}");
+        assert!(lines[4].matches("CopyNotAgreed").count() == 2, "rank {r}: {text}");
+        assert_eq!(lines[5], "peer up to the top: Ok(())", "rank {r}: {text}");
+        assert!(lines[6].contains("CopyNotAgreed"), "rank {r}: {text}");
+        assert_eq!(lines[7], format!("grow: Ok({CHUNK}) top {}", 2 * CHUNK), "rank {r}: {text}");
+    }
+}
