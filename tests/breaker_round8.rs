@@ -151,10 +151,22 @@ fn add<'a>(
 
 #[test]
 fn a_strided_call_between_other_ops_is_the_batch_of_its_ops_one_by_one() {
+    strided_between_other_ops(13050);
+}
+
+#[test]
+fn a_strided_call_between_other_ops_is_the_batch_of_its_ops_one_by_one_on_the_portable_path() {
+    strided_between_other_ops(13040);
+}
+
+fn strided_between_other_ops(version: i32) {
     // As copy_strided's equivalence test, with ops before and after the
     // strided call (puts and gets, to its endpoint and another), and the
     // endpoint's own bound memory as the local side (F3 through it).
-    let (ctx, model) = node();
+    let (ctx, model) = Context::model(ModelConfig {
+        driver_version: version,
+        ..ModelConfig::node(2)
+    });
     let (local, owner, far, other) = (
         mapped(&ctx, 0),
         mapped(&ctx, 0),
@@ -631,7 +643,11 @@ fn r13_3_a_heap_with_a_chunk_kept_aside_refuses_strided_copies_past_its_top_on_e
         drop(shrunk);
         let grown = peers.grow(boot, chunk(ctx, dev), T);
         out.push(format!("grow with the retry failing: {}", grown.is_ok()));
-        out.push(format!("top {} memory {}", peers.top(), peers.memory().len()));
+        out.push(format!(
+            "top {} memory {}",
+            peers.top(),
+            peers.memory().len()
+        ));
         // Strided across the top, into the peer's endpoint and our own.
         let src = mapped(ctx, dev);
         let stream = Stream::new(ctx, dev).unwrap();
@@ -644,7 +660,13 @@ fn r13_3_a_heap_with_a_chunk_kept_aside_refuses_strided_copies_past_its_top_on_e
         }
         out.push(format!(
             "peer across: strided {} one by one {}",
-            outcome(stream.enqueue(CopyBatch::new().put_strided(&src, 0, other, top - 128, across))),
+            outcome(stream.enqueue(CopyBatch::new().put_strided(
+                &src,
+                0,
+                other,
+                top - 128,
+                across
+            ))),
             outcome(stream.enqueue(ob)),
         ));
         let mut ob = CopyBatch::new();
@@ -653,23 +675,45 @@ fn r13_3_a_heap_with_a_chunk_kept_aside_refuses_strided_copies_past_its_top_on_e
         }
         out.push(format!(
             "own across: strided {} one by one {}",
-            outcome(stream.enqueue(CopyBatch::new().put_strided(&src, 0, peers.own(), top - 128, across))),
+            outcome(stream.enqueue(CopyBatch::new().put_strided(
+                &src,
+                0,
+                peers.own(),
+                top - 128,
+                across
+            ))),
             outcome(stream.enqueue(ob)),
         ));
         out.push(format!(
             "peer up to the top: {}",
-            outcome(stream.enqueue(CopyBatch::new().put_strided(&src, 0, other, top - 256, across))),
+            outcome(stream.enqueue(CopyBatch::new().put_strided(
+                &src,
+                0,
+                other,
+                top - 256,
+                across
+            ))),
         ));
         out.push(format!(
             "get strided across: {}",
-            outcome(stream.enqueue(CopyBatch::new().get_strided(other, top - 128, &src, 0, across))),
+            outcome(stream.enqueue(CopyBatch::new().get_strided(
+                other,
+                top - 128,
+                &src,
+                0,
+                across
+            ))),
         ));
         drop(stream);
         drop(src);
         boot.barrier(T).unwrap();
         faults(false);
         let grown = peers.grow(boot, chunk(ctx, dev), T);
-        out.push(format!("grow: {:?} top {}", grown.map_err(|e| e.to_string()), peers.top()));
+        out.push(format!(
+            "grow: {:?} top {}",
+            grown.map_err(|e| e.to_string()),
+            peers.top()
+        ));
         boot.barrier(T).unwrap();
         drop(peers);
         boot.barrier(T).unwrap();
@@ -683,12 +727,90 @@ fn r13_3_a_heap_with_a_chunk_kept_aside_refuses_strided_copies_past_its_top_on_e
     assert!(live.is_empty(), "leak: {live:?}\n{text}");
     common::no_violations(&v);
     for (r, lines) in report.iter().enumerate() {
-        assert_eq!(lines[1], "grow with the retry failing: false", "rank {r}: {text}");
-        assert_eq!(lines[2], format!("top {CHUNK} memory 1"), "rank {r}: {text}");
-        assert!(lines[3].contains("CopyNotAgreed") && lines[3].matches("CopyNotAgreed").count() == 2, "rank {r}: {text}");
-        assert!(lines[4].matches("CopyNotAgreed").count() == 2, "rank {r}: {text}");
+        assert_eq!(
+            lines[1], "grow with the retry failing: false",
+            "rank {r}: {text}"
+        );
+        assert_eq!(
+            lines[2],
+            format!("top {CHUNK} memory 1"),
+            "rank {r}: {text}"
+        );
+        assert!(
+            lines[3].contains("CopyNotAgreed") && lines[3].matches("CopyNotAgreed").count() == 2,
+            "rank {r}: {text}"
+        );
+        assert!(
+            lines[4].matches("CopyNotAgreed").count() == 2,
+            "rank {r}: {text}"
+        );
         assert_eq!(lines[5], "peer up to the top: Ok(())", "rank {r}: {text}");
         assert!(lines[6].contains("CopyNotAgreed"), "rank {r}: {text}");
-        assert_eq!(lines[7], format!("grow: Ok({CHUNK}) top {}", 2 * CHUNK), "rank {r}: {text}");
+        assert_eq!(
+            lines[7],
+            format!("grow: Ok({CHUNK}) top {}", 2 * CHUNK),
+            "rank {r}: {text}"
+        );
     }
+}
+
+/// F4, F8 across threads (no layer): one thread captures, launches and
+/// drops graphs of a put through `&ep` while another binds and unbinds a
+/// chunk of the same endpoint. An unbind meets a live graph
+/// (`UnbindUnderGraph`, the chunk stays bound until the destroy) or none;
+/// a capture meets the chunk bound or not (F9); nothing else, no rule
+/// broken, no deadlock.
+#[test]
+fn f8_captures_on_one_thread_and_unbinds_on_another_on_one_range_never_meet_nor_deadlock() {
+    let (errors, violations, leak) = common::layer::within(120, || {
+        let (ctx, model) = node();
+        let chunks: Vec<Mapped<Private>> = (0..8).map(|_| mapped(&ctx, 0)).collect();
+        let src = mapped(&ctx, 0);
+        let ep = unicast(&ctx, 0, 8 * ALIGN);
+        let errors = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..200usize {
+                    let k = i % 8;
+                    match ep.bind(Device(0), k as u64 * ALIGN, &chunks[k]) {
+                        Ok(bd) => match bd.unbind() {
+                            Ok(()) | Err(Error::UnbindUnderGraph { .. }) => {}
+                            Err(e) => errors.lock().unwrap().push(format!("unbind: {e:?}")),
+                        },
+                        // Kept bound after an unbind under a graph.
+                        Err(_) => {}
+                    }
+                }
+            });
+            s.spawn(|| {
+                let stream = Stream::new(&ctx, 0).unwrap();
+                for i in 0..200u64 {
+                    let k = i % 8;
+                    match stream.capture(CopyBatch::new().put(&src, 0, &ep, k * ALIGN, 64)) {
+                        Ok(mut g) => {
+                            if let Err(e) = g.launch().and_then(|t| t.wait().map(|_| ())) {
+                                errors.lock().unwrap().push(format!("launch: {e:?}"));
+                            }
+                        }
+                        Err(Error::CopyNotBound { .. }) => {}
+                        Err(e) => errors.lock().unwrap().push(format!("capture: {e:?}")),
+                    }
+                }
+            });
+        });
+        let v = model.violations();
+        drop((ep, src, chunks));
+        let teardown = ctx.take_teardown_errors();
+        let mut errors = errors.into_inner().unwrap();
+        errors.extend(teardown.iter().map(|e| format!("teardown: {e:?}")));
+        (errors, format!("{v:?}"), format!("{:?}", model.live_node()))
+    });
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    assert_eq!(violations, "[]");
+    eprintln!("{leak}");
 }
