@@ -814,3 +814,55 @@ fn f8_captures_on_one_thread_and_unbinds_on_another_on_one_range_never_meet_nor_
     assert_eq!(violations, "[]");
     eprintln!("{leak}");
 }
+
+/// F4 through a graph's host buffers: a panic inside `cuGraphLaunch`
+/// after the driver took the launch (a `tracing` layer) leaves a launch
+/// running that the graph never recorded; `received()` must still
+/// synchronize before it lends the buffers the launch writes ("the bytes
+/// lent never change while they are borrowed").
+#[test]
+fn f4_after_a_launch_that_panicked_the_graphs_received_buffers_never_change_while_lent() {
+    use cuda_endpoints::driver::{Call, Traced};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    quiet();
+    let model = Model::new(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    let ep = unicast(&ctx, 0, ALIGN);
+    let owner = mapped(&ctx, 0);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    model.write(owner.device_ptr(), &[0xaa; 64]).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let mut graph = stream
+        .capture(CopyBatch::new().get_host(&ep, 0, 64))
+        .unwrap();
+    graph.launch().unwrap().wait().unwrap();
+    assert_eq!(graph.received().unwrap()[0], &[0xaa; 64][..]);
+    model.write(owner.device_ptr(), &[0xbb; 64]).unwrap();
+    let r = tracing::subscriber::with_default(panic_after(Call::GraphLaunch, 0), || {
+        catch_unwind(AssertUnwindSafe(|| drop(graph.launch())))
+    });
+    assert!(r.is_err_and(|p| p.is::<Planned>()), "the planned panic");
+    let syncs = model.calls(Call::StreamSynchronize) + model.calls(Call::StreamQuery);
+    let (lent, synced) = {
+        let got = graph.received().unwrap();
+        let lent = got[0].to_vec();
+        let synced = model.calls(Call::StreamSynchronize) + model.calls(Call::StreamQuery) > syncs;
+        stream.synchronize().unwrap();
+        let after = got[0].to_vec();
+        assert_eq!(lent, after, "the bytes lent changed while borrowed");
+        (lent, synced)
+    };
+    drop(graph);
+    drop(stream);
+    b.unbind().unwrap();
+    drop((ep, owner));
+    common::clean(&ctx, &model);
+    assert!(
+        synced,
+        "received() lent the buffers of a launch still running without a synchronize (lent {:#x})",
+        lent[0]
+    );
+}
