@@ -866,3 +866,36 @@ fn f4_after_a_launch_that_panicked_the_graphs_received_buffers_never_change_whil
         lent[0]
     );
 }
+
+/// F9 after a panic inside an unbind (a `tracing` layer after the driver
+/// unbound): the record stays with the endpoint so that the memory is
+/// never freed while it may be bound, but a copy through those bytes must
+/// not reach the driver as if they were bound.
+#[test]
+fn f9_after_an_unbind_that_panicked_a_copy_through_its_bytes_never_reaches_the_driver_unbound() {
+    use cuda_endpoints::driver::{Call, Traced};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    quiet();
+    let model = Model::new(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    let ep = unicast(&ctx, 0, ALIGN);
+    let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let r = tracing::subscriber::with_default(panic_after(Call::Unbind, 0), || {
+        catch_unwind(AssertUnwindSafe(|| b.unbind()))
+    });
+    assert!(r.is_err_and(|p| p.is::<Planned>()), "the planned panic");
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let copied = outcome(stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 64)));
+    let v = model.violations();
+    drop(stream);
+    drop((ep, owner, src));
+    let _ = ctx.take_teardown_errors();
+    assert!(
+        v.is_empty(),
+        "the copy reached the driver: {copied}; violations {v:?}"
+    );
+}
