@@ -361,17 +361,28 @@ fn a_strided_call_refused_names_the_same_error_as_its_ops_one_by_one() {
 /// rule broken, no deadlock.
 #[test]
 fn f4_copies_on_two_threads_and_unbinds_on_a_third_on_one_range_never_meet_nor_deadlock() {
-    let (errors, violations, copied) = common::layer::within(120, || {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let (errors, violations, copied, refused) = common::layer::within(120, || {
         let (ctx, model) = node();
         let (owner, a, b) = (mapped(&ctx, 0), mapped(&ctx, 0), mapped(&ctx, 0));
         let ep = unicast(&ctx, 0, ALIGN);
         let errors = std::sync::Mutex::new(Vec::new());
-        let copied = std::sync::atomic::AtomicU32::new(0);
+        let (copied, refused) = (AtomicU32::new(0), AtomicU32::new(0));
+        let done = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
-                for _ in 0..300 {
+                for i in 0..300u32 {
                     match ep.bind(Device(0), 0, &owner) {
                         Ok(bd) => {
+                            // Bound for a while: until a copy ran or some
+                            // yields passed (every wait bounded).
+                            let seen = copied.load(Ordering::SeqCst);
+                            for _ in 0..(i % 7) * 50 {
+                                if copied.load(Ordering::SeqCst) > seen {
+                                    break;
+                                }
+                                std::thread::yield_now();
+                            }
                             if let Err(e) = bd.unbind() {
                                 errors.lock().unwrap().push(format!("unbind: {e:?}"));
                             }
@@ -379,12 +390,16 @@ fn f4_copies_on_two_threads_and_unbinds_on_a_third_on_one_range_never_meet_nor_d
                         Err(e) => errors.lock().unwrap().push(format!("bind: {e:?}")),
                     }
                 }
+                done.store(true, Ordering::SeqCst);
             });
             for (k, mem) in [&a, &b].into_iter().enumerate() {
-                let (ep, ctx, errors, copied) = (&ep, &ctx, &errors, &copied);
+                let (ep, ctx, errors, copied, refused, done) =
+                    (&ep, &ctx, &errors, &copied, &refused, &done);
                 s.spawn(move || {
                     let stream = Stream::new(ctx, 0).unwrap();
-                    for i in 0..300u64 {
+                    let mut i = 0u64;
+                    while !done.load(Ordering::SeqCst) && i < 1_000_000 {
+                        i += 1;
                         let batch = if (i + k as u64) % 2 == 0 {
                             CopyBatch::new().put(mem, 0, ep, 4096 * k as u64, 64)
                         } else {
@@ -393,11 +408,13 @@ fn f4_copies_on_two_threads_and_unbinds_on_a_third_on_one_range_never_meet_nor_d
                         match stream.enqueue(batch) {
                             Ok(t) => match t.wait() {
                                 Ok(_) => {
-                                    copied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    copied.fetch_add(1, Ordering::SeqCst);
                                 }
                                 Err(e) => errors.lock().unwrap().push(format!("wait: {e:?}")),
                             },
-                            Err(Error::CopyNotBound { .. }) => {}
+                            Err(Error::CopyNotBound { .. }) => {
+                                refused.fetch_add(1, Ordering::Relaxed);
+                            }
                             Err(e) => errors.lock().unwrap().push(format!("enqueue: {e:?}")),
                         }
                     }
@@ -409,16 +426,25 @@ fn f4_copies_on_two_threads_and_unbinds_on_a_third_on_one_range_never_meet_nor_d
         let teardown = ctx.take_teardown_errors();
         let mut errors = errors.into_inner().unwrap();
         errors.extend(teardown.iter().map(|e| format!("teardown: {e:?}")));
-        (errors, format!("{v:?}"), copied.into_inner())
+        (
+            errors,
+            format!("{v:?}"),
+            copied.into_inner(),
+            refused.into_inner(),
+        )
     });
     assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
+        errors.is_empty() && violations == "[]",
+        "{} errors, first: {:?}; distinct: {:?}; violations: {}",
         errors.len(),
-        &errors[..errors.len().min(5)]
+        &errors[..errors.len().min(3)],
+        errors.iter().collect::<std::collections::BTreeSet<_>>(),
+        &violations[..violations.len().min(300)]
     );
-    assert_eq!(violations, "[]");
-    eprintln!("copies that ran: {copied}");
+    assert!(
+        copied > 0 && refused > 0,
+        "copies ran {copied}, refused {refused}: the race was not run"
+    );
 }
 
 /// The payload of a planned panic.
@@ -762,7 +788,10 @@ fn r13_3_a_heap_with_a_chunk_kept_aside_refuses_strided_copies_past_its_top_on_e
 /// broken, no deadlock.
 #[test]
 fn f8_captures_on_one_thread_and_unbinds_on_another_on_one_range_never_meet_nor_deadlock() {
-    let (errors, violations, leak) = common::layer::within(120, || {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let (errors, violations, leak, launched, under) = common::layer::within(120, || {
+        let (launched, under) = (AtomicU32::new(0), AtomicU32::new(0));
+        let done = std::sync::atomic::AtomicBool::new(false);
         let (ctx, model) = node();
         let chunks: Vec<Mapped<Private>> = (0..8).map(|_| mapped(&ctx, 0)).collect();
         let src = mapped(&ctx, 0);
@@ -773,23 +802,45 @@ fn f8_captures_on_one_thread_and_unbinds_on_another_on_one_range_never_meet_nor_
                 for i in 0..200usize {
                     let k = i % 8;
                     match ep.bind(Device(0), k as u64 * ALIGN, &chunks[k]) {
-                        Ok(bd) => match bd.unbind() {
-                            Ok(()) | Err(Error::UnbindUnderGraph { .. }) => {}
+                        Ok(bd) => match {
+                            let seen = launched.load(Ordering::SeqCst);
+                            for _ in 0..(i % 7) * 50 {
+                                if launched.load(Ordering::SeqCst) > seen {
+                                    break;
+                                }
+                                std::thread::yield_now();
+                            }
+                            bd.unbind()
+                        } {
+                            Ok(()) => {}
+                            Err(Error::UnbindUnderGraph { .. }) => {
+                                under.fetch_add(1, Ordering::SeqCst);
+                            }
                             Err(e) => errors.lock().unwrap().push(format!("unbind: {e:?}")),
                         },
                         // Kept bound after an unbind under a graph.
                         Err(_) => {}
                     }
                 }
+                done.store(true, Ordering::SeqCst);
             });
             s.spawn(|| {
                 let stream = Stream::new(&ctx, 0).unwrap();
-                for i in 0..200u64 {
+                let mut i = 0u64;
+                while !done.load(Ordering::SeqCst) && i < 1_000_000 {
+                    i += 1;
                     let k = i % 8;
                     match stream.capture(CopyBatch::new().put(&src, 0, &ep, k * ALIGN, 64)) {
                         Ok(mut g) => {
-                            if let Err(e) = g.launch().and_then(|t| t.wait().map(|_| ())) {
-                                errors.lock().unwrap().push(format!("launch: {e:?}"));
+                            match g.launch().and_then(|t| t.wait().map(|_| ())) {
+                                Ok(()) => {
+                                    launched.fetch_add(1, Ordering::SeqCst);
+                                    // The graph lives a little (pins its id).
+                                    for _ in 0..i % 50 {
+                                        std::thread::yield_now();
+                                    }
+                                }
+                                Err(e) => errors.lock().unwrap().push(format!("launch: {e:?}")),
                             }
                         }
                         Err(Error::CopyNotBound { .. }) => {}
@@ -803,7 +854,14 @@ fn f8_captures_on_one_thread_and_unbinds_on_another_on_one_range_never_meet_nor_
         let teardown = ctx.take_teardown_errors();
         let mut errors = errors.into_inner().unwrap();
         errors.extend(teardown.iter().map(|e| format!("teardown: {e:?}")));
-        (errors, format!("{v:?}"), format!("{:?}", model.live_node()))
+        let live = format!("{:?}", model.live_node());
+        (
+            errors,
+            format!("{v:?}"),
+            live,
+            launched.into_inner(),
+            under.into_inner(),
+        )
     });
     assert!(
         errors.is_empty(),
@@ -812,7 +870,14 @@ fn f8_captures_on_one_thread_and_unbinds_on_another_on_one_range_never_meet_nor_
         &errors[..errors.len().min(5)]
     );
     assert_eq!(violations, "[]");
-    eprintln!("{leak}");
+    assert!(
+        leak.contains("bindings: 0,") && leak.contains("graphs: 0,"),
+        "{leak}"
+    );
+    assert!(
+        launched > 0 && under > 0,
+        "launched {launched}, unbinds under a graph {under}: the race was not run"
+    );
 }
 
 /// F4 through a graph's host buffers: a panic inside `cuGraphLaunch`
