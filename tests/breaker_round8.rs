@@ -400,7 +400,7 @@ fn f4_copies_on_two_threads_and_unbinds_on_a_third_on_one_range_never_meet_nor_d
                     let mut i = 0u64;
                     while !done.load(Ordering::SeqCst) && i < 1_000_000 {
                         i += 1;
-                        let batch = if (i + k as u64) % 2 == 0 {
+                        let batch = if (i + k as u64).is_multiple_of(2) {
                             CopyBatch::new().put(mem, 0, ep, 4096 * k as u64, 64)
                         } else {
                             CopyBatch::new().get(ep, 8192, mem, 128, 64)
@@ -801,25 +801,23 @@ fn f8_captures_on_one_thread_and_unbinds_on_another_on_one_range_never_meet_nor_
             s.spawn(|| {
                 for i in 0..200usize {
                     let k = i % 8;
-                    match ep.bind(Device(0), k as u64 * ALIGN, &chunks[k]) {
-                        Ok(bd) => match {
-                            let seen = launched.load(Ordering::SeqCst);
-                            for _ in 0..(i % 7) * 50 {
-                                if launched.load(Ordering::SeqCst) > seen {
-                                    break;
-                                }
-                                std::thread::yield_now();
-                            }
-                            bd.unbind()
-                        } {
-                            Ok(()) => {}
-                            Err(Error::UnbindUnderGraph { .. }) => {
-                                under.fetch_add(1, Ordering::SeqCst);
-                            }
-                            Err(e) => errors.lock().unwrap().push(format!("unbind: {e:?}")),
-                        },
-                        // Kept bound after an unbind under a graph.
-                        Err(_) => {}
+                    // Err: kept bound after an unbind under a graph.
+                    let Ok(bd) = ep.bind(Device(0), k as u64 * ALIGN, &chunks[k]) else {
+                        continue;
+                    };
+                    let seen = launched.load(Ordering::SeqCst);
+                    for _ in 0..(i % 7) * 50 {
+                        if launched.load(Ordering::SeqCst) > seen {
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                    match bd.unbind() {
+                        Ok(()) => {}
+                        Err(Error::UnbindUnderGraph { .. }) => {
+                            under.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(e) => errors.lock().unwrap().push(format!("unbind: {e:?}")),
                     }
                 }
                 done.store(true, Ordering::SeqCst);
