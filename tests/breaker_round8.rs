@@ -962,3 +962,89 @@ fn f9_after_an_unbind_that_panicked_a_copy_through_its_bytes_never_reaches_the_d
         "the copy reached the driver: {copied}; violations {v:?}"
     );
 }
+
+/// F4, R13.3 across threads with batches of two ranges (the gate's path
+/// for several ranges): one thread binds and unbinds on each endpoint's
+/// range while two others enqueue batches naming both. No copy reaches
+/// the driver unbound, no deadlock.
+#[test]
+fn f4_batches_of_two_ranges_and_binds_unbinds_on_each_never_meet_nor_deadlock() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let (errors, violations, copied) = common::layer::within(120, || {
+        let (ctx, model) = node();
+        let owners = [mapped(&ctx, 0), mapped(&ctx, 0)];
+        let (a, b) = (mapped(&ctx, 0), mapped(&ctx, 0));
+        let eps = [unicast(&ctx, 0, ALIGN), unicast(&ctx, 0, ALIGN)];
+        let errors = std::sync::Mutex::new(Vec::new());
+        let copied = AtomicU32::new(0);
+        let done = [AtomicBool::new(false), AtomicBool::new(false)];
+        std::thread::scope(|s| {
+            for e in 0..2 {
+                let (ep, owner, errors, copied, done) =
+                    (&eps[e], &owners[e], &errors, &copied, &done[e]);
+                s.spawn(move || {
+                    for i in 0..200u32 {
+                        let Ok(bd) = ep.bind(Device(0), 0, owner) else {
+                            errors.lock().unwrap().push("bind".to_owned());
+                            continue;
+                        };
+                        let seen = copied.load(Ordering::SeqCst);
+                        for _ in 0..if i % 2 == 0 { 2000 } else { (i % 5) * 40 } {
+                            if copied.load(Ordering::SeqCst) > seen {
+                                break;
+                            }
+                            std::thread::yield_now();
+                        }
+                        if let Err(e) = bd.unbind() {
+                            errors.lock().unwrap().push(format!("unbind: {e:?}"));
+                        }
+                    }
+                    done.store(true, Ordering::SeqCst);
+                });
+            }
+            for (k, mem) in [&a, &b].into_iter().enumerate() {
+                let (eps, ctx, errors, copied, done) = (&eps, &ctx, &errors, &copied, &done);
+                s.spawn(move || {
+                    let stream = Stream::new(ctx, 0).unwrap();
+                    let mut i = 0u64;
+                    while !(done[0].load(Ordering::SeqCst) && done[1].load(Ordering::SeqCst))
+                        && i < 1_000_000
+                    {
+                        i += 1;
+                        let batch = CopyBatch::new().put(mem, 0, &eps[k], 4096, 64).get(
+                            &eps[1 - k],
+                            8192,
+                            mem,
+                            256,
+                            64,
+                        );
+                        match stream.enqueue(batch) {
+                            Ok(t) => match t.wait() {
+                                Ok(_) => {
+                                    copied.fetch_add(1, Ordering::SeqCst);
+                                }
+                                Err(e) => errors.lock().unwrap().push(format!("wait: {e:?}")),
+                            },
+                            Err(Error::CopyNotBound { .. }) => {}
+                            Err(e) => errors.lock().unwrap().push(format!("enqueue: {e:?}")),
+                        }
+                    }
+                });
+            }
+        });
+        let v = model.violations();
+        drop((owners, a, b, eps));
+        let teardown = ctx.take_teardown_errors();
+        let mut errors = errors.into_inner().unwrap();
+        errors.extend(teardown.iter().map(|e| format!("teardown: {e:?}")));
+        (errors, format!("{v:?}"), copied.into_inner())
+    });
+    assert!(
+        errors.is_empty() && violations == "[]",
+        "{} errors, distinct: {:?}; violations: {}",
+        errors.len(),
+        errors.iter().collect::<std::collections::BTreeSet<_>>(),
+        &violations[..violations.len().min(300)]
+    );
+    assert!(copied > 0, "no copy ran: the race was not run");
+}
