@@ -67,6 +67,17 @@ fn f3_ops_that_meet_in_one_allocation_bound_once_itself_and_once_through_its_imp
         64,
     ));
     let accepted = outcome(r) == "Ok(())";
+    // The two are one memory: a put to `ep[64..)` then, in its own batch,
+    // a get from `ep[ALIGN + 64..)` reads what the put wrote.
+    model.write(src.device_ptr(), &[0x5a; 64]).unwrap();
+    let put = outcome(stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 64, 64)));
+    let get = outcome(stream.enqueue(CopyBatch::new().get(&ep, ALIGN + 64, &dst, 0, 64)));
+    assert_eq!((put.as_str(), get.as_str()), ("Ok(())", "Ok(())"));
+    assert_eq!(
+        model.read(dst.device_ptr(), 64).unwrap(),
+        vec![0x5a; 64],
+        "not one memory"
+    );
     drop((stream, b0, b1));
     drop((ep, mem, again, src, dst));
     common::clean(&ctx, &model);
