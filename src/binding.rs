@@ -543,6 +543,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 }
             }
         }
+        // No copy through the range enqueued from another thread between
+        // the record below and the driver's bind (F9: the record would pass
+        // its check while the driver has nothing bound yet, R13.3).
+        let _gate = crate::copy_gate::UnbindGate::enter(self.range(), self.id())?;
         // Intent first: the binding is recorded (with the memory it keeps
         // alive) before the driver call, and the lock is let go for the call,
         // so that a tracing layer or a backend may use the endpoint again.

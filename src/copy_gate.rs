@@ -16,6 +16,9 @@
 //!   in its gate there (all ranges or none: it never waits holding one);
 //! - an unbind holds an [`UnbindGate`] from before its settle to after its
 //!   driver call: a count per range; it waits until no enqueue is inside.
+//!   A bind holds one too, from its record (made before its driver call)
+//!   to its end: a copy checked against that record in between would
+//!   reach the driver before the memory is bound there (R13.3).
 //!
 //! Enqueues never wait for each other, nor unbinds. Each side's window is
 //! one check and one driver call (and the settle's synchronize), so a wait

@@ -208,15 +208,18 @@ impl CopyGraph<'_> {
     /// # Errors
     /// [`Error::Driver`] from the launch; nothing was enqueued then.
     pub fn launch(&mut self) -> Result<InFlight<'_>> {
-        let ctx = &self.stream.inner.ctx;
+        let (stream, keep, last) = (self.stream, &self.keep, &mut self.last);
+        let ctx = &stream.inner.ctx;
+        // A panic inside the launch (a `tracing` layer) comes after the
+        // driver took it: recorded all the same, so `received`, an unbind's
+        // settle and the drop wait for it (F4).
+        let taken = OnUnwind::new(|| *last = Some(stream.inner.record(keep.clone())));
         // SAFETY: F8: every endpoint the copy nodes name is borrowed by the
         // graph for its life, ready and bound (checked at capture, F9); the
         // host buffers are the graph's, at the addresses captured; the
         // record made below keeps the memory and ids in flight (F4).
-        let r = unsafe {
-            ctx.driver()
-                .graph_launch(self.exec, self.stream.inner.handle)
-        };
+        let r = unsafe { ctx.driver().graph_launch(self.exec, stream.inner.handle) };
+        taken.disarm();
         ctx.check(Call::GraphLaunch, r)?;
         let seq = self.stream.inner.record(self.keep.clone());
         self.last = Some(seq);

@@ -13,7 +13,8 @@
 //! item 8: `benches/copy_batch.rs`). Anything else (a gap in the bindings,
 //! overlapping destinations, a 0-byte block) goes op by op, as the same
 //! `put`s or `get`s one after the other would, and stops at the first op
-//! that fails: the batch is refused at enqueue naming it.
+//! whose local side fails: the batch is refused at enqueue naming the error
+//! its ops one by one would.
 
 use super::{BatchInner, CopyBatch};
 use crate::driver::{CopyOp, Operand, Pointer};
@@ -250,10 +251,13 @@ impl BatchInner {
         }
     }
 
-    /// Whether an op so far failed a check: the batch is refused at
-    /// enqueue, naming the first, so a strided call adds no more.
+    /// Whether an op so far failed a check of its local side: the batch
+    /// is refused at enqueue naming it (before any endpoint side's error),
+    /// so a strided call adds no more. After an endpoint side's error alone
+    /// it goes on, as its ops one by one would: a later block's local side
+    /// would be the error reported.
     fn failed(&self) -> bool {
-        self.error.is_some() || self.ep_error.is_some()
+        self.error.is_some()
     }
 
     /// After a strided put's first block: the end of its last block's
