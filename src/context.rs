@@ -36,9 +36,6 @@ struct Inner {
     /// value (a load of the vtable's alignment and three instructions).
     driver_ref: DriverRef,
     device_count: OnceLock<i32>,
-    /// The largest unicast endpoint any device here allows, once a device
-    /// answered ([`Context::unicast_max_size`]).
-    unicast_max_size: OnceLock<u64>,
     /// Cached once the driver answered; a failed query is asked again.
     version: OnceLock<i32>,
     teardown: Mutex<BoundedLog<Error>>,
@@ -120,7 +117,6 @@ impl Context {
                 driver_ref: DriverRef(Arc::as_ptr(&driver)),
                 driver,
                 device_count: OnceLock::new(),
-                unicast_max_size: OnceLock::new(),
                 version: OnceLock::new(),
                 teardown: Mutex::new(BoundedLog::new(Context::TEARDOWN_CAPACITY)),
                 spare: Default::default(),
@@ -539,36 +535,6 @@ impl Context {
         // SAFETY: a limits query touches nothing anyone owns.
         let r = unsafe { self.driver().get_limits(*props) };
         self.check(Call::GetLimits, r)
-    }
-
-    /// The largest exportable unicast endpoint any device of this process
-    /// allows (`maxSize` of `cuLogicalEndpointGetLimits`, R2.3, R10): the
-    /// most bytes an imported unicast endpoint may claim. Every device is
-    /// asked; cached once all answered (`maxSize` is the driver's bound,
-    /// not a function of the size asked, which is `size` here only because
-    /// the props need one).
-    ///
-    /// # Errors
-    /// A device's failed query (not skipped: an error is never swallowed);
-    /// [`Error::NoSuchDevice`] when there is no device.
-    pub(crate) fn unicast_max_size(&self, size: u64) -> Result<u64> {
-        if let Some(&max) = self.inner.unicast_max_size.get() {
-            return Ok(max);
-        }
-        let mut most: Option<u64> = None;
-        for dev in 0..self.device_count()? {
-            let mut props = EndpointProps::new(Shape::Unicast { owner: Device(dev) }, size);
-            props.ipc_fabric = true;
-            let max = self.limits(&props)?.max_size;
-            most = Some(most.map_or(max, |m| m.max(max)));
-        }
-        match most {
-            Some(max) => Ok(*self.inner.unicast_max_size.get_or_init(|| max)),
-            None => Err(Error::NoSuchDevice {
-                device: Device(0),
-                count: 0,
-            }),
-        }
     }
 
     /// `dev`'s multicast clique (R4.5), `None` where the driver cannot tell.

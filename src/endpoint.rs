@@ -510,8 +510,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// `NOT_SUPPORTED` (this process cannot use that endpoint) or
     /// `INVALID_VALUE` (not a handle of this driver, R9.4); before the driver,
     /// [`Error::BadHandle`] when the handle's metadata claims what no device
-    /// here allows (a team's bind alignment or size; a unicast endpoint's
-    /// size past every local device's `maxSize`, R10). The id comes back.
+    /// here allows (a team's bind alignment or size, R10). The id comes back.
     pub fn import<K2: CanExport>(
         self,
         handle: &FabricHandle<K2>,
@@ -572,27 +571,20 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// claimed properties must give the claimed bind alignment and allow the
     /// claimed size (R10), so that every bind the importer checks against
     /// them is aligned as the driver needs (R5.3). (An imported unicast
-    /// endpoint binds nothing, R5.7.) For a unicast endpoint the claimed
-    /// size must be one some device of this process could be given (its
-    /// `maxSize`, R2.3, R10): the size bounds every copy's range check and
-    /// a [`crate::CopyBatch::get_host`]'s buffer, so a peer may not make it
-    /// what no driver allows. What the importer cannot know at all — the
-    /// real kind, team size and size — the driver checks at AddDevice, bind
-    /// and copy (R4.1, R4.2, R5.4, F9).
+    /// endpoint binds nothing, R5.7.) A unicast endpoint's claimed size is
+    /// not checked against this process's devices: the owner's device, on
+    /// another node maybe, may allow more (R10 is the owner's limit). It
+    /// bounds the copies' range checks, which the driver checks again (F9),
+    /// and a [`crate::CopyBatch::get_host`] buffer, which is allocated
+    /// fallibly. What the importer cannot know at all — the real kind, team
+    /// size and size — the driver checks at AddDevice, bind and copy (R4.1,
+    /// R4.2, R5.4, F9).
     fn check_claims<K2: CanExport>(&self, handle: &FabricHandle<K2>) -> Result<()> {
         let bad = |reason: String| Error::BadHandle {
             expected: K2::NAME,
             reason,
         };
         if !<K2 as Kind>::MULTICAST {
-            let max = self.context().unicast_max_size(handle.size())?;
-            if handle.size() > max {
-                return Err(bad(format!(
-                    "it claims {} bytes, more than any device here allows for a unicast endpoint, {} (R10, R2.3)",
-                    handle.size(),
-                    max
-                )));
-            }
             return Ok(());
         }
         let mut props = EndpointProps::new(

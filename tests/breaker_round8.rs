@@ -298,7 +298,8 @@ fn strided_between_other_ops(version: i32) {
                 Err(
                     e @ (Error::CopyOutOfRange { .. }
                     | Error::CopyNotBound { .. }
-                    | Error::CopyDependent { .. }),
+                    | Error::CopyDependent { .. }
+                    | Error::CopyOntoItself { .. }),
                 ) => format!("{e:?}"),
                 Err(e) => panic!("case {case}: unexpected error {e}"),
             };
