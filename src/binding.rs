@@ -116,18 +116,23 @@ impl Binding<'_> {
         let _gate = crate::copy_gate::UnbindGate::enter(self.range, self.id)?;
         // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
         crate::stream::settle(self.range, self.id)?;
+        // A panic inside the call (a layer, after the driver unbound): the
+        // record stays, keeping the memory until destroy (R7.2), but covers
+        // no byte from then on, so no copy passes F9 on it.
+        let unwound = crate::unwind::OnUnwind::new(|| self.unbound_under_a_panic());
         // SAFETY: exactly the range this `Binding` token was made for, unbound
         // once (the token is consumed or dropped), so R6.1, R6.2 and C4 hold.
         let r = unsafe {
             ctx.driver()
                 .unbind(self.id, self.dev, self.offset, self.size)
         };
+        unwound.disarm();
         if let Err(code) = r {
             return Err(unbind_failed(ctx, code));
         }
         let (dev, offset) = (self.dev, self.offset);
         let mut slot = self.range.slot(self.id);
-        let keep = take_record(&mut slot, dev, offset);
+        let keep = take_record(&mut slot, dev, offset, self.size);
         self.range.bindings_changed();
         if slot.has_windows() {
             // The portable path's window of this bind (out of line).
@@ -136,6 +141,30 @@ impl Binding<'_> {
         drop(slot);
         drop(keep); // may release the memory: outside the lock
         Ok(())
+    }
+}
+
+impl Binding<'_> {
+    /// After a panic inside the driver's unbind: this bind's record covers
+    /// no byte (size 0: F9 refuses copies there, and a later bind there is
+    /// the driver's to judge) but keeps its memory until the endpoint is
+    /// destroyed (R7.2); its window goes. Out of line: only unwinding
+    /// comes here.
+    #[cold]
+    #[inline(never)]
+    fn unbound_under_a_panic(&self) {
+        let mut slot = self.range.slot(self.id);
+        if let Some(b) = slot
+            .bindings
+            .iter_mut()
+            .find(|b| b.dev == self.dev && b.offset == self.offset && b.size == self.size)
+        {
+            b.size = 0;
+        }
+        self.range.bindings_changed();
+        let window = slot.take_windows(|w| w.is_local(self.dev, self.offset));
+        drop(slot);
+        drop(window);
     }
 }
 
@@ -214,12 +243,15 @@ fn take_record(
     slot: &mut Slot,
     dev: Device,
     offset: u64,
+    size: u64,
 ) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
     let b = &mut slot.bindings;
     let all = b.as_mut_slice();
+    // By size too: a record whose unbind panicked stays, at size 0, beside
+    // a later bind at the same place.
     let i = all
         .iter()
-        .position(|r| r.dev == dev && r.offset == offset)?;
+        .position(|r| r.dev == dev && r.offset == offset && r.size == size)?;
     let keep = all[i]._keep.take();
     let last = all.len() - 1;
     if i != last {
@@ -620,7 +652,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         };
         if let Err(code) = r {
             let mut slot = self.slot();
-            let kept = take_record(&mut slot, dev, offset);
+            let kept = take_record(&mut slot, dev, offset, size);
             self.range().bindings_changed();
             let window = slot.take_windows(|w| w.is_local(dev, offset));
             drop(slot);

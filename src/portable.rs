@@ -302,6 +302,8 @@ pub(crate) fn local_binds<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Vec<LocalBi
     let slot = ep.slot();
     slot.bindings
         .iter()
+        // Not a record whose unbind panicked: it covers no byte (size 0).
+        .filter(|b| b.size > 0)
         .map(|b| LocalBind {
             device: b.dev,
             offset: b.offset,
