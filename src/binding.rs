@@ -92,7 +92,9 @@ impl Binding<'_> {
     ///
     /// # Errors
     /// [`Error::UnbindUnderGraph`] while a [`CopyGraph`](crate::CopyGraph)
-    /// that names the endpoint lives (F8), before the driver; [`Error::Driver`].
+    /// that names the endpoint lives (F8), before the driver;
+    /// [`Error::CopyUnbindReentered`] for an unbind made from inside a
+    /// copy's enqueue on this thread (a layer calling back); [`Error::Driver`].
     /// The memory then stays bound, and the endpoint keeps
     /// it alive until `destroy` unbinds everything (R7); the error is `'static`
     /// so that `?` works into any error type.
@@ -384,7 +386,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// # Errors
     /// [`Error::WrongDevice`], [`Error::ZeroSize`], [`Error::Misaligned`],
     /// [`Error::OutOfRange`], [`Error::MemoryOnWrongDevice`],
-    /// [`Error::Overlap`], [`Error::WrongContext`]; from the driver,
+    /// [`Error::Overlap`], [`Error::WrongContext`];
+    /// [`Error::CopyUnbindReentered`] for a bind made from inside a copy's
+    /// enqueue on this thread (a layer calling back, see `copy_gate`); from the driver,
     /// `OUT_OF_MEMORY` (memory or multicast resources exhausted),
     /// `SYSTEM_NOT_READY` (fabric software down; retryable) or `ILLEGAL_STATE`
     /// (misconfigured) — the endpoint stays usable (R5.10).
