@@ -128,7 +128,8 @@ impl Context {
     /// The embedded default: the reference model of a node, and a handle on
     /// the model to inspect it (leak counters, violations, faults).
     ///
-    /// Available with the crate feature `model` (on by default).
+    /// Available with the crate feature `model` (off by default; `fabric`
+    /// turns it on too).
     #[cfg(feature = "model")]
     #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
     pub fn model(config: crate::model::ModelConfig) -> (Context, crate::model::Model) {

@@ -14,6 +14,7 @@
 
 use std::process::ExitCode;
 
+#[cfg(feature = "mpi")]
 use cuda_endpoints::fabric;
 use cuda_endpoints::{Context, bootstrap::Bootstrap};
 

@@ -287,7 +287,12 @@ impl Peers {
     /// call it on every rank after this rank's binds. What it returns lends
     /// the endpoints as `Endpoint<Ready, _>`, the form a copy accepts. On
     /// the portable path it registers every owner's memory as the window of
-    /// that owner's endpoint here, as [`SharedTeam::agree_bound`] does.
+    /// that owner's endpoint here, as [`SharedTeam::agree_bound`] does:
+    /// `Mapped<FabricShareable>` memory. `PosixFd` memory crosses processes
+    /// only as a descriptor: bind it `Mapped` and call
+    /// [`Peers::agree_bound_fds`] instead (one node), or copies through it
+    /// fail with [`crate::Error::CopyNoWindow`] (a warning in the trace
+    /// says so at the agreement).
     ///
     /// # Errors
     /// The same [`TeamError`] on every rank when a rank bound nothing on its

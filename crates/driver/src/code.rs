@@ -363,6 +363,11 @@ impl fmt::Debug for Code {
 }
 
 /// `CUDA_ERROR_INVALID_VALUE (1)`: the name and the number, always.
+/// A driver result code is an error of its own, so that `?` carries it
+/// into `Box<dyn std::error::Error>` (a raw call's answer, or the model's
+/// `read` and `write`).
+impl std::error::Error for Code {}
+
 impl fmt::Display for Code {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
