@@ -21,19 +21,11 @@ const ALIGN: u64 = 2 << 20;
 const T: Duration = Duration::from_secs(5);
 
 fn node() -> (Context, Model) {
-    Context::model(ModelConfig {
-        driver_version: 13050,
-        ..ModelConfig::node(2)
-    })
+    common::node_13_5(2)
 }
 
 fn unicast(ctx: &Context, dev: i32, size: u64) -> Endpoint<Ready, Unicast> {
-    ctx.reserve_one()
-        .unwrap()
-        .create(Spec::unicast(dev, size))
-        .unwrap()
-        .wait(T)
-        .unwrap()
+    common::ready_unicast(ctx, dev, size, T)
 }
 
 fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {

@@ -100,6 +100,15 @@ pub fn node_processes(n: usize) -> (Vec<(Context, Model)>, Model) {
     (ranks, model)
 }
 
+/// A node of `devices` devices on a 13.5 driver (the fabric copy exists):
+/// the context and the model.
+pub fn node_13_5(devices: usize) -> (Context, Model) {
+    Context::model(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(devices)
+    })
+}
+
 /// A ready unicast endpoint of `bytes` owned by `owner`, made in one go.
 pub fn ready_unicast(
     ctx: &Context,
