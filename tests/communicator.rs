@@ -1,6 +1,8 @@
 //! The communicator production users build (issue 20): owned unicast peers
 //! (`Peers::into_owned`, `OwnedPeers`, `DynPeers`) next to a multicast team
-//! in a struct kept in a `HashMap`, dropped in any order with zero leaks;
+//! in a struct kept in a `HashMap`, closed by agreement with zero leaks;
+//! teardown every rank agrees on (R13.7: a close waits until every rank
+//! completed its copies; a drop without it keeps what peers may write);
 //! the symmetric heap that grows and shrinks by agreement (R13.5, R13.7),
 //! proved with the data path; the peer-to-id table agreed (R13.4); export
 //! without readiness (R13.1); concurrent bring-ups over one shared
