@@ -115,6 +115,7 @@ rules! {
     C6 = "C6": "classic multicast needs MULTICAST_SUPPORTED on every team device";
     R13_1 = "R13.1": "a query must report the endpoint ready before any bind, unbind or fabric operation on it";
     R13_3 = "R13.3": "after binding, every participant waits until the peers bound before any fabric operation";
+    R13_7 = "R13.7": "every rank stops issuing operations and synchronizes its streams before any rank unbinds";
     F1 = "F1": "a fabric copy goes pointer to pointer, pointer to a unicast or multicast endpoint, or a unicast endpoint to a pointer";
     F2 = "F2": "the pointer of a fabric copy that involves an endpoint is local: on the stream's device or host memory; every operand is accessible from the stream's device";
     F3 = "F3": "the copies of one batch are independent: no destination overlaps another copy's source or destination";
@@ -666,6 +667,23 @@ pub enum Error {
         agreed: u64,
     },
 
+    /// A team's owning form ([`crate::team::OwnedPeers`],
+    /// [`crate::team::OwnedTeam`]) was dropped, or its `close` failed,
+    /// before every rank agreed that it stopped copying into it (R13.7):
+    /// a peer may still write into this rank's memory, so the memory stays
+    /// bound and allocated, and the endpoint alive, until the process exits
+    /// (the driver reclaims them then, R12.2). Kept on the context
+    /// ([`crate::Context::take_teardown_errors`]).
+    #[error(
+        "{what} of {ranks} ranks was torn down before every rank agreed it stopped copying into it (R13.7): its memory stays bound and allocated until the process exits (R12.2), since a peer may still write there; call `close(&boot, timeout)` on every rank instead of dropping it"
+    )]
+    CloseNotAgreed {
+        /// What was dropped: `"an OwnedPeers"` or `"an OwnedTeam"`.
+        what: &'static str,
+        /// How many ranks share it.
+        ranks: usize,
+    },
+
     /// The local memory of a copy op is not on the stream's device nor
     /// host memory of this node (F2): on another device, or imported by
     /// fabric handle (on a device of the node that exported it, maybe
@@ -1209,6 +1227,7 @@ impl Error {
             Error::CopyOutOfRange { .. } => Some(Rule::F9),
             Error::CopyNotBound { .. } | Error::CopyNoWindow { .. } => Some(Rule::F9),
             Error::CopyNotAgreed { .. } => Some(Rule::R13_3),
+            Error::CloseNotAgreed { .. } => Some(Rule::R13_7),
             Error::CopyNotLocal { .. } | Error::CopyNotAccessible { .. } => Some(Rule::F2),
             Error::UnbindUnderGraph { .. } => Some(Rule::F8),
             Error::CopyDependent { .. } => Some(Rule::F3),

@@ -750,7 +750,7 @@ fn r13_3_a_heap_with_a_chunk_kept_aside_refuses_strided_copies_past_its_top_on_e
             peers.top()
         ));
         boot.barrier(T).unwrap();
-        drop(peers);
+        peers.close(boot, T).unwrap();
         boot.barrier(T).unwrap();
         out.push(format!("teardown: {:?}", ctx.take_teardown_errors()));
         out

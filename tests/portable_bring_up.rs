@@ -340,9 +340,8 @@ fn grow_get_shrink<H: MemShare>(
         .wait()
         .unwrap();
     assert_eq!(got.received, [pattern(((r + 1) % N) as u8, LEN)]);
-    boot.barrier(T).unwrap();
     drop(stream);
-    drop(peers);
+    peers.close(boot, T).unwrap(); // every rank completed its copies (R13.7)
     assert!(ctx.take_teardown_errors().is_empty());
 }
 
@@ -391,8 +390,7 @@ fn a_grown_chunk_that_fails_to_import_on_one_rank_fails_every_rank_and_leaves_th
         let second = common::mapped::<FabricShareable>(ctx, dev, BYTES);
         let e = peers.grow(boot, second, T).unwrap_err();
         assert_eq!(peers.top(), BYTES, "rank {r}: the heap as it was");
-        boot.barrier(T).unwrap();
-        drop(peers);
+        peers.close(boot, T).unwrap();
         assert!(ctx.take_teardown_errors().is_empty());
         e
     });

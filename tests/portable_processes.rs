@@ -208,7 +208,7 @@ where
         return Err("a copy past the shrunk heap's top was not refused".into());
     }
     drop(stream);
-    drop(peers);
+    peers.close(boot, T)?; // every rank completed its copies (R13.7)
     if !ctx.take_teardown_errors().is_empty() {
         return Err("teardown errors".into());
     }

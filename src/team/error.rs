@@ -47,11 +47,15 @@ pub enum Step {
     /// ([`probe`](super::probe)): every rank imports every other rank's
     /// trial endpoint.
     Probe,
+    /// A team's teardown (`close`): every rank synchronized its copies
+    /// through the team's endpoints and all agree that they stopped before
+    /// any rank unbinds (R13.7).
+    Close,
 }
 
 impl Step {
     /// In wire-tag order: a new step goes last.
-    pub(crate) const ALL: [Step; 11] = [
+    pub(crate) const ALL: [Step; 12] = [
         Step::Hello,
         Step::Create,
         Step::Export,
@@ -63,6 +67,7 @@ impl Step {
         Step::Grow,
         Step::Shrink,
         Step::Probe,
+        Step::Close,
     ];
 
     pub(crate) fn tag(self) -> u8 {
@@ -87,6 +92,7 @@ impl Step {
             Step::Grow => "grow",
             Step::Shrink => "shrink",
             Step::Probe => "probe",
+            Step::Close => "close",
         }
     }
 }

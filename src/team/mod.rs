@@ -87,7 +87,7 @@ mod wire;
 
 use std::time::Duration;
 
-pub use bound::{BoundPeers, BoundTeam};
+pub use bound::{BoundPeers, BoundTeam, CloseOnEveryRank, OwnedTeam};
 pub use error::{Cause, Mismatch, PeerFailure, Step, TeamError};
 pub use multicast::{SharedTeam, TeamSpec, multicast};
 pub use owned::{DynPeers, OwnedPeers};
