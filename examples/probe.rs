@@ -33,7 +33,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             Err(e) => {
-                eprintln!("error: {e}");
+                eprintln!("error: {:?}", cuda_endpoints::Report::from(e)); // message and causes
                 return ExitCode::FAILURE;
             }
         },
