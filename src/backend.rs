@@ -498,7 +498,7 @@ mod tests {
             let f = ctx
                 .reserve_one()
                 .unwrap()
-                .create(crate::Spec::multicast(&[Device(0), Device(1)], 2 << 20))
+                .create(crate::Spec::multicast([0, 1], 2 << 20)) // ordinals, as everywhere
                 .unwrap_err();
             assert!(
                 matches!(

@@ -125,6 +125,7 @@ pub mod bounds {
         Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
     };
     pub use crate::memory::{BindSource, MemShare};
+    pub use crate::spec::TeamDevices;
     pub use crate::state::{
         Agreed, CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,
     };
