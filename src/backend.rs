@@ -1,6 +1,6 @@
 //! Backend selection: which implementation of logical endpoints a context
 //! gets — the driver's own (13.3+) or the classic emulation
-//! ([`Classic`](crate::driver::Classic), rules C1–C6) — and whether a
+//! ([`Classic`], rules C1–C6) — and whether a
 //! multicast team may use classic `cuMulticast*`, decided by *reading* the
 //! driver, never by trying.
 //!
@@ -46,7 +46,7 @@ pub const CLASSIC_ENV: &str = "CUDA_ENDPOINTS_CLASSIC_MULTICAST";
 pub enum BackendChoice {
     /// The driver's logical endpoints (`cuLogicalEndpoint*`, 13.3+).
     LogicalEndpoints,
-    /// Logical endpoints emulated ([`Classic`](crate::driver::Classic)): a
+    /// Logical endpoints emulated ([`Classic`]): a
     /// multicast team on classic multicast (C1–C6); unicast endpoints as
     /// process-local bookkeeping whose copies take the portable path.
     Classic,

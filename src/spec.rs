@@ -79,9 +79,11 @@ impl Spec<Multicast<Local>> {
     }
 }
 
-/// The devices of a [`Spec::multicast`] team: ordinals (`[0, 1]`, `&[i32]`,
-/// `Vec<i32>`) or [`Device`]s (`&[Device]`, `&[Device; N]`, `&Vec<Device>`,
-/// `Vec<Device>`, `[Device; N]`). Sealed.
+/// The devices of a [`Spec::multicast`] team: ordinals, owned as in
+/// `TeamSpec::new([dev], ..)` (`[0, 1]`, `Vec<i32>`; or `&[i32]`), or
+/// borrowed [`Device`]s (`&[Device]`, `&[Device; N]`, `&Vec<Device>`, e.g.
+/// `&ctx.devices()?`). One form each, so that `&[0.into(), 1.into()]` still
+/// infers `Device`. Sealed.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a list of team devices",
     note = "pass ordinals (`[0, 1]`, `&[i32]`, `Vec<i32>`) or devices (`&[Device]`, `&ctx.devices()?`)"
@@ -112,8 +114,6 @@ team_devices! {
     ['a] &'a [Device] => |d| d.to_vec();
     ['a, const N: usize] &'a [Device; N] => |d| d.to_vec();
     ['a] &'a Vec<Device> => |d| d.clone();
-    [] Vec<Device> => |d| d;
-    [const N: usize] [Device; N] => |d| d.to_vec();
     ['a] &'a [i32] => |d| d.iter().map(|&o| Device(o)).collect();
     [const N: usize] [i32; N] => |d| d.into_iter().map(Device).collect();
     [] Vec<i32> => |d| d.into_iter().map(Device).collect();
