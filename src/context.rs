@@ -137,26 +137,51 @@ impl Context {
         (Context::new(model.clone()), model)
     }
 
-    /// The real driver (`libcuda`).
+    /// The real driver (`libcuda`) as it is: no emulation, nothing chosen
+    /// for you. Logical endpoints need a 13.3+ driver; on an older one every
+    /// logical-endpoint call is [`Error::Unsupported`], naming the call and
+    /// the driver version. Programs meant for the drivers in use today
+    /// (most are before 13.3) take [`Context::auto`] instead, whose context
+    /// has working unicast endpoints and copies on every driver:
+    ///
+    /// ```no_run
+    /// use cuda_endpoints::{Context, backend::Policy, driver::cuda::Cuda};
+    /// let (ctx, decision) = Context::auto(Cuda::open()?, &[], &Policy::from_env())?;
+    /// println!("{decision}"); // which backend, and why
+    /// # Ok::<(), cuda_endpoints::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::NoDriver`] when `libcuda` cannot be loaded or initialised.
-    /// Logical-endpoint calls on a driver older than 13.3 later fail with
-    /// [`Error::Unsupported`], naming the call and the driver version.
     pub fn cuda() -> Result<Context> {
         Ok(Context::new(Cuda::open()?))
     }
 
-    /// A context over `driver` with the backend [`decide`] picks for a
-    /// multicast team on `devices`: the driver itself for logical endpoints,
-    /// [`Classic`] over it for the classic fallback; and the decision.
-    /// Nothing is created to decide. On the real driver:
-    /// `Context::auto(Cuda::open()?, &team, &policy)`
+    /// A context over `driver` whose unicast endpoints and copies work on
+    /// every driver this crate loads, with the backend [`decide`] picks, and
+    /// the decision (print it: the choice and every reason):
+    ///
+    /// - a 13.3+ driver: the driver itself, logical endpoints;
+    /// - before 13.3: the classic emulation ([`Classic`] over `driver`):
+    ///   unicast endpoints are process-local bookkeeping, and copies take
+    ///   the portable path (`cuMemcpyAsync` through mapped memory, bound by
+    ///   address: [`CopyPath::Portable`](crate::CopyPath)). A multicast team
+    ///   there is refused with [`Error::Unsupported`] naming 13.3 and the
+    ///   driver version, unless `policy` opted in to classic multicast
+    ///   ([`Policy::classic`], `CUDA_ENDPOINTS_CLASSIC_MULTICAST=1` with
+    ///   [`Policy::from_env`]): `cuMulticastCreate` is never reached
+    ///   otherwise.
+    ///
+    /// `devices` are the devices of a multicast team, if there will be one:
+    /// the decision reads their attributes (154; 132 when opted in); `&[]`
+    /// leaves the check to enrollment. Nothing is created to decide. The
+    /// choice is also logged (`tracing`, target `cuda_endpoints::backend`,
+    /// level info). On the real driver:
+    /// `Context::auto(Cuda::open()?, &[], &Policy::from_env())`
     /// ([`Cuda`](crate::driver::cuda::Cuda)).
     ///
     /// # Errors
-    /// [`Error::Unsupported`] when neither backend works for this team (the
-    /// message lists why).
+    /// [`Error::NoSuchDevice`] for a team device the driver does not have.
     pub fn auto(
         driver: impl Driver + 'static,
         devices: &[Device],
@@ -164,18 +189,23 @@ impl Context {
     ) -> Result<(Context, Decision)> {
         let driver = shared(driver);
         let decision = decide(&*driver, devices, policy);
-        let ctx = match &decision.choice {
-            BackendChoice::LogicalEndpoints => Context::new(driver),
-            BackendChoice::Classic => Context::new(Classic::new(driver)),
-            BackendChoice::Unsupported(why) => {
-                return Err(Error::unsupported(
-                    Feature::MulticastTeam,
-                    decision.driver_version,
-                    format!("for {devices:?}: {why}"),
-                ));
-            }
+        let ctx = match (&decision.unicast, &decision.choice) {
+            (BackendChoice::LogicalEndpoints, _) => Context::new(driver),
+            (_, BackendChoice::Classic) => Context::new(Classic::new(driver)),
+            _ => Context::new(crate::backend::ClassicUnicast(Classic::new(driver))),
         };
+        for &dev in devices {
+            ctx.check_device(dev)?;
+        }
         ctx.set_copy_path(decision.copy_path());
+        tracing::info!(
+            target: "cuda_endpoints::backend",
+            backend = %ctx.backend_name(),
+            endpoints = decision.endpoints(),
+            multicast = %decision.choice,
+            driver_version = ?decision.driver_version,
+            "Context::auto"
+        );
         Ok((ctx, decision))
     }
 
@@ -535,7 +565,7 @@ impl Context {
     pub(crate) fn limits(&self, props: &EndpointProps) -> Result<crate::Limits> {
         // SAFETY: a limits query touches nothing anyone owns.
         let r = unsafe { self.driver().get_limits(*props) };
-        self.check(Call::GetLimits, r)
+        r.map_err(|code| self.error_for(Call::GetLimits, code, Some(props)))
     }
 
     /// `dev`'s multicast clique (R4.5), `None` where the driver cannot tell.
@@ -611,7 +641,8 @@ fn backend_feature(call: Call, props: Option<&EndpointProps>) -> Option<Feature>
         Call::Export | Call::Import => Some(Feature::FabricOnClassic),
         Call::Create | Call::GetLimits => props.map(|p| match p.shape {
             Shape::Unicast { .. } => Feature::UnicastOnClassic,
-            Shape::Multicast { .. } if p.ipc_fabric => Feature::FabricOnClassic,
+            // An exportable team is what the bring-up shares (C5): its
+            // refusal is no multicast at all, not the fabric export.
             Shape::Multicast { .. } if p.counted_ops => Feature::CountedOpsOnClassic,
             Shape::Multicast { .. } => Feature::MulticastTeam,
         }),

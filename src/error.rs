@@ -329,7 +329,7 @@ impl Feature {
     pub fn fix(self) -> &'static str {
         match self {
             Feature::LogicalEndpoints => {
-                "install a CUDA 13.3+ driver; for multicast teams, the classic fallback (`Context::auto`) works on older drivers"
+                "install a CUDA 13.3+ driver, or build the context with `Context::auto`: on older drivers its classic emulation gives unicast endpoints and copies"
             }
             Feature::UnicastOnClassic => {
                 "drop `.counted_ops()`: a classic unicast endpoint is bookkeeping for the portable path; or use logical endpoints (a CUDA 13.3+ driver)"
@@ -344,7 +344,7 @@ impl Feature {
                 "build the team from devices that report MULTICAST_SUPPORTED = 1, or use logical endpoints (a CUDA 13.3+ driver)"
             }
             Feature::MulticastTeam => {
-                "use a CUDA 13.3+ driver, or devices that report MULTICAST_SUPPORTED = 1 with the classic fallback switched on"
+                "use a CUDA 13.3+ driver, or opt in to the classic fallback on devices with MULTICAST_SUPPORTED = 1"
             }
             Feature::BaseDriver => "install a CUDA 12+ driver",
             Feature::CountedOps => "drop `.counted_ops()` from the spec",

@@ -169,25 +169,40 @@ pub mod reading_the_compiler {
     //!
     //! ## Copies: the data path
     //!
-    //! A copy's [`InFlight`](crate::InFlight) token borrows every endpoint
-    //! and all memory its batch names, and owns its host buffers, until it is
-    //! waited (F4); a [`CopyGraph`](crate::CopyGraph) borrows them for as
-    //! long as it lives (F8). A copy that names `&ep` borrows the endpoint
-    //! but not its [`Binding`](crate::Binding): unbinding then synchronizes
-    //! the streams with copies in flight on the endpoint first, at run time
-    //! (and waits for a copy another thread is enqueueing through it). Lend
-    //! the endpoint through the binding ([`Binding::copy_through`](crate::Binding::copy_through)),
-    //! or keep it in a [`BoundEndpoint`](crate::BoundEndpoint), and the
-    //! unbind does not compile instead. Why not always: the binding and the
-    //! copy both borrow `&ep`, and two shared borrows may live together;
-    //! `unbind` consumes the binding, which conflicts only with a borrow of
-    //! the binding itself. Refusing `&ep` in copies would make every copy
-    //! through a local endpoint name its binding, and a multicast put every
-    //! binding of every local member. A graph may run for as long as it
-    //! lives, so while a graph names `&ep` an unbind on it is refused at run
-    //! time ([`Error::UnbindUnderGraph`](crate::Error::UnbindUnderGraph),
-    //! F8, before the driver; the memory stays bound). A batch built before
-    //! a bind or unbind is checked against the bindings at the enqueue.
+    //! **What compiles, and waits at run time**: an unbind under a copy that
+    //! names `&ep`. A copy's [`InFlight`](crate::InFlight) token borrows the
+    //! endpoint but not its [`Binding`](crate::Binding), so `b.unbind()`
+    //! compiles while the copy is in flight; the unbind then synchronizes
+    //! the streams with copies in flight on the endpoint first (and waits
+    //! for a copy another thread is enqueueing through it), so nothing is
+    //! unbound under a copy, but the wait is a stall you did not write. To
+    //! make it a compile error instead, lend the endpoint through the
+    //! binding ([`Binding::copy_through`](crate::Binding::copy_through)), or
+    //! keep it in a [`BoundEndpoint`](crate::BoundEndpoint):
+    //!
+    //! ```ignore
+    //! let b = ep.bind(dev, 0, &mem)?;
+    //! let copy = stream.enqueue(CopyBatch::new().put_host(bytes, &ep, 0))?;
+    //! b.unbind()?;                                        // compiles: waits for `copy` first
+    //! let b = ep.bind(dev, 0, &mem)?;
+    //! let copy = stream.enqueue(CopyBatch::new().put_host(bytes, b.copy_through(&ep)?, 0))?;
+    //! b.unbind()?;                                        // E0505: `b` is borrowed by `copy`
+    //! ```
+    //!
+    //! Why not always: the binding and the copy both borrow `&ep`, and two
+    //! shared borrows may live together; `unbind` consumes the binding,
+    //! which conflicts only with a borrow of the binding itself. Refusing
+    //! `&ep` in copies would make every copy through a local endpoint name
+    //! its binding, and a multicast put every binding of every local member.
+    //!
+    //! Otherwise the token borrows every endpoint and all memory its batch
+    //! names, and owns its host buffers, until it is waited (F4); a
+    //! [`CopyGraph`](crate::CopyGraph) borrows them for as long as it lives
+    //! (F8). A graph may run for as long as it lives, so while a graph names
+    //! `&ep` an unbind on it is refused at run time
+    //! ([`Error::UnbindUnderGraph`](crate::Error::UnbindUnderGraph), F8,
+    //! before the driver; the memory stays bound). A batch built before a
+    //! bind or unbind is checked against the bindings at the enqueue.
     //!
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |

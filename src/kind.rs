@@ -10,7 +10,7 @@
 use std::marker::PhantomData;
 use std::ops::Add;
 
-use typenum::{Add1, B1, Eq, Gr, IsEqual, IsGreater, IsLess, Le, U0, Unsigned};
+use typenum::{Add1, B1, Eq, Gr, IsEqual, IsGreater, IsLess, Le, Min, Minimum, U0, Unsigned};
 
 use crate::memory::{FabricShareable, MemShare, PosixFd};
 use crate::state::{Pending, Ready, Reserved, Sealed};
@@ -250,13 +250,17 @@ pub trait Enrolled<N>: Count + IsEqual<N> {
     /// `B1` while the team has room (R4.2).
     type HasRoom;
 }
+// `Next` saturates at `N`: past a refused `add_device` (no room) the team
+// still counts as complete, so that one misuse gives one error, not a second
+// one ("not complete") from a later `wait` that contradicts it.
 impl<N, E> Enrolled<N> for E
 where
     N: Count,
     E: Count + IsEqual<N> + IsLess<N> + Add<B1>,
-    Add1<E>: Count + IsEqual<N>,
+    Add1<E>: Min<N>,
+    Minimum<Add1<E>, N>: Count + IsEqual<N>,
 {
-    type Next = Add1<E>;
+    type Next = Minimum<Add1<E>, N>;
     type HasRoom = Le<E, N>;
 }
 impl<X: Sharing> Enroll for SpreadTeam<X> {

@@ -75,6 +75,7 @@ mod portable;
 pub mod probe;
 mod range;
 mod ready;
+mod report;
 mod sharing;
 mod spec;
 mod state;
@@ -104,6 +105,7 @@ pub use owned::BoundEndpoint;
 pub use portable::CopyPath;
 pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};
+pub use report::Report;
 pub use sharing::FabricHandle;
 pub use spec::Spec;
 pub use state::{Pending, Ready, Reserved, TeamReady};
@@ -123,6 +125,7 @@ pub mod bounds {
         Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
     };
     pub use crate::memory::{BindSource, MemShare};
+    pub use crate::spec::TeamDevices;
     pub use crate::state::{
         Agreed, CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,
     };

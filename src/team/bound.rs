@@ -177,7 +177,8 @@ impl SharedTeam {
     /// agreement, and every rank imports, maps and registers them, so no
     /// rank calls `add_peer_window` (`PosixFd` memory:
     /// [`SharedTeam::agree_bound_fds`]). Memory peers cannot import that way
-    /// gets no window and a `tracing` warning; a copy that needs it fails
+    /// gets no window and a `tracing` warning (`tracing_subscriber::fmt::init()`
+    /// in `main` prints it); a copy that needs it fails
     /// with [`Error::CopyNoWindow`](crate::Error::CopyNoWindow), before the
     /// driver.
     ///
@@ -453,8 +454,9 @@ impl Peers {
     /// `Mapped<FabricShareable>` memory. `PosixFd` memory crosses processes
     /// only as a descriptor: bind it `Mapped` and call
     /// [`Peers::agree_bound_fds`] instead (one node), or copies through it
-    /// fail with [`crate::Error::CopyNoWindow`] (a warning in the trace
-    /// says so at the agreement).
+    /// fail with [`crate::Error::CopyNoWindow`] (a `tracing` warning says
+    /// so at the agreement: `tracing_subscriber::fmt::init()` in `main`
+    /// prints it).
     ///
     /// # Errors
     /// The same [`TeamError`] on every rank when a rank bound nothing on its

@@ -175,7 +175,8 @@ impl<M: BindSource> OwnedPeers<M> {
     /// every rank imports, maps and registers it as the window of that
     /// peer's endpoint at the chunk's offset ([`OwnedPeers::grow_fds`] for
     /// `PosixFd` chunks; other memory gets no window and a `tracing`
-    /// warning, and a copy that needs it fails with
+    /// warning — `tracing_subscriber::fmt::init()` prints it — and a copy
+    /// that needs it fails with
     /// [`Error::CopyNoWindow`] before the driver).
     ///
     /// # Errors

@@ -87,7 +87,7 @@ pub(crate) fn export<S: State, K: Kind>(
             tracing::warn!(
                 device = b.device.0,
                 offset = b.offset,
-                "a bind by handle or raw address has no window for peers on the portable path: bind `Mapped<FabricShareable>` memory"
+                "a bind by handle or raw address has no window for peers on the portable path: bind `Mapped<FabricShareable>` memory (`agree_bound`), or `Mapped<PosixFd>` memory with `agree_bound_fds` (one node)"
             );
             continue;
         };
@@ -98,7 +98,7 @@ pub(crate) fn export<S: State, K: Kind>(
                     device = b.device.0,
                     offset = b.offset,
                     memory = what,
-                    "peers cannot import this memory from bootstrap bytes, so the portable path gets no window for it: bind `Mapped<FabricShareable>` memory, or register windows with `Endpoint::add_peer_window`"
+                    "peers cannot import this memory from bootstrap bytes, so the portable path gets no window for it: bind `Mapped<FabricShareable>` memory, pass `PosixFd` memory with `agree_bound_fds` (one node), or register windows with `Endpoint::add_peer_window`"
                 );
                 continue;
             }
