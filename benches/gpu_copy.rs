@@ -28,7 +28,17 @@
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use cuda_endpoints::{Allocation, Context, CopyBatch, Private, Spec, Stream};
+use cuda_endpoints::backend::Policy;
+use cuda_endpoints::driver::cuda::Cuda;
+use cuda_endpoints::{Allocation, Context, CopyBatch, Device, Private, Spec, Stream};
+
+/// `Context::auto` over the real driver, for a team of device 0 (the
+/// decision for unicast endpoints and copies does not depend on it).
+fn auto() -> Result<Context, Box<dyn std::error::Error>> {
+    let (ctx, decision) = Context::auto(Cuda::open()?, &[Device(0)], &Policy::from_env())?;
+    println!("Context::auto: {decision}");
+    Ok(ctx)
+}
 
 type Init = unsafe extern "C" fn(u32) -> u32;
 type Retain = unsafe extern "C" fn(*mut *mut c_void, i32) -> u32;
@@ -162,7 +172,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let free_start = raw.free();
-    let ctx = Context::auto()?;
+    let ctx = auto()?;
     println!(
         "context: Context::auto(), driver {:?}, copy path {:?}",
         ctx.driver_version(),
@@ -288,8 +298,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for round in 0..4 {
         let a = raw.free();
         {
-            let c1 = Context::auto()?;
-            let c2 = Context::auto()?;
+            let c1 = auto()?;
+            let c2 = auto()?;
             let s1 = Stream::new(&c1, 0)?;
             let s2 = Stream::new(&c2, 0)?;
             s1.synchronize()?;
