@@ -21,8 +21,8 @@ use std::time::Duration;
 use cuda_endpoints::bootstrap::{Bootstrap, NodeId, Threads};
 use cuda_endpoints::bounds::{Accepts, MemShare};
 use cuda_endpoints::driver::{Call, Code};
-use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::model::faults::{Fault, FaultPlan};
+use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::team::{self, Cause, OwnedPeers, PeerSpec, Peers, Step, TeamSpec};
 use cuda_endpoints::{
     Context, CopyBatch, CopyPath, Error, Exportable, FabricShareable, Mapped, PosixFd, Stream,
@@ -477,7 +477,15 @@ const AT_LIMIT: u64 = team::MAX_BINDINGS_PER_DEVICE;
 fn many_chunks<R: Send>(
     size: u64,
     chunks: impl Fn(usize, i32) -> u64 + Sync,
-    then: impl Fn(usize, &Model, &Context, &dyn Bootstrap, Result<team::BoundTeam<'_>, team::TeamError>, &[Vec<Mapped<FabricShareable>>]) -> R + Sync,
+    then: impl Fn(
+        usize,
+        &Model,
+        &Context,
+        &dyn Bootstrap,
+        Result<team::BoundTeam<'_>, team::TeamError>,
+        &[Vec<Mapped<FabricShareable>>],
+    ) -> R
+    + Sync,
 ) -> Vec<R> {
     const RANKS: usize = 2;
     // Endpoints of more than `MAX_BINDINGS_PER_DEVICE` chunks (the model's
@@ -530,25 +538,29 @@ fn a_bind_report_at_the_limit_of_bindings_per_device_passes_and_every_byte_moves
     let size = AT_LIMIT * BYTES;
     // Across the boundary of the last two chunks.
     let at = size - BYTES - (LEN as u64) / 2;
-    let got = many_chunks(size, |_, _| AT_LIMIT, |r, me, ctx, boot, bound, mem| {
-        let bound = bound.unwrap();
-        let stream = Stream::new(ctx, 4 * r as i32).unwrap();
-        if r == 0 {
-            let put = CopyBatch::new().put_host(pattern(9, LEN), bound.endpoint(), at);
-            stream.enqueue(put).unwrap().wait().unwrap();
-        }
-        boot.barrier(T).unwrap();
-        let mut seen = Vec::new();
-        for chunks in mem {
-            let (a, b) = (&chunks[chunks.len() - 2], &chunks[chunks.len() - 1]);
-            let half = LEN / 2;
-            let mut bytes = me.read(a.device_ptr() + BYTES - half as u64, half).unwrap();
-            bytes.extend(me.read(b.device_ptr(), LEN - half).unwrap());
-            seen.push(bytes);
-        }
-        boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
-        seen
-    });
+    let got = many_chunks(
+        size,
+        |_, _| AT_LIMIT,
+        |r, me, ctx, boot, bound, mem| {
+            let bound = bound.unwrap();
+            let stream = Stream::new(ctx, 4 * r as i32).unwrap();
+            if r == 0 {
+                let put = CopyBatch::new().put_host(pattern(9, LEN), bound.endpoint(), at);
+                stream.enqueue(put).unwrap().wait().unwrap();
+            }
+            boot.barrier(T).unwrap();
+            let mut seen = Vec::new();
+            for chunks in mem {
+                let (a, b) = (&chunks[chunks.len() - 2], &chunks[chunks.len() - 1]);
+                let half = LEN / 2;
+                let mut bytes = me.read(a.device_ptr() + BYTES - half as u64, half).unwrap();
+                bytes.extend(me.read(b.device_ptr(), LEN - half).unwrap());
+                seen.push(bytes);
+            }
+            boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
+            seen
+        },
+    );
     for (r, seen) in got.iter().enumerate() {
         for bytes in seen {
             assert_eq!(*bytes, pattern(9, LEN), "rank {r}");
@@ -594,7 +606,9 @@ fn an_echoed_share_is_refused_at_import(victim: usize) {
     let errors = on_every_rank(&ranks, boots, |r, ctx, me, boot| {
         let dev = r as i32;
         let mut peers = owned_peers::<FabricShareable>(r, ctx, boot);
-        peers.grow(boot, common::mapped(ctx, dev, BYTES), T).unwrap();
+        peers
+            .grow(boot, common::mapped(ctx, dev, BYTES), T)
+            .unwrap();
         let first = peers.memory()[0].device_ptr();
         me.write(first, &pattern(r as u8, LEN)).unwrap();
         boot.barrier(T).unwrap();
@@ -607,14 +621,21 @@ fn an_echoed_share_is_refused_at_import(victim: usize) {
         let stream = Stream::new(ctx, dev).unwrap();
         let to_1 = peers.peer(1).map(|ep| {
             let past = CopyBatch::new().put_host(pattern(77, LEN), ep, BYTES);
-            assert!(matches!(stream.enqueue(past).map(|_| ()), Err(Error::CopyNotAgreed { .. })));
+            assert!(matches!(
+                stream.enqueue(past).map(|_| ()),
+                Err(Error::CopyNotAgreed { .. })
+            ));
             CopyBatch::new().put_host(pattern(200, LEN), ep, 0)
         });
         if let (0, Some(put)) = (r, to_1) {
             stream.enqueue(put).unwrap().wait().unwrap();
         }
         boot.barrier(T).unwrap();
-        let want = if r == 1 { pattern(200, LEN) } else { pattern(r as u8, LEN) };
+        let want = if r == 1 {
+            pattern(200, LEN)
+        } else {
+            pattern(r as u8, LEN)
+        };
         assert_eq!(me.read(first, LEN).unwrap(), want, "rank {r}'s first chunk");
         boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
         drop(stream);
@@ -633,7 +654,8 @@ fn an_echoed_share_is_refused_at_import(victim: usize) {
 }
 
 #[test]
-fn a_peer_that_echoes_this_ranks_own_chunk_handle_as_its_share_is_refused_at_import_on_every_rank() {
+fn a_peer_that_echoes_this_ranks_own_chunk_handle_as_its_share_is_refused_at_import_on_every_rank()
+{
     an_echoed_share_is_refused_at_import(0);
 }
 

@@ -154,10 +154,17 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
         if let Some(&(d, _)) = devices.iter().find(|(_, n)| *n == 0) {
             return Err(not_bound(Some(d)));
         }
-        if devices.iter().any(|(_, n)| u64::from(*n) > limit.per_device) {
+        if devices
+            .iter()
+            .any(|(_, n)| u64::from(*n) > limit.per_device)
+        {
             // An honest rank refuses to send it (`limits::over_per_device`).
             let reason = "a bind report past the bindings one device may have";
-            return Err(TeamError::new(rank, Step::Bind, Cause::BadMessage { reason }));
+            return Err(TeamError::new(
+                rank,
+                Step::Bind,
+                Cause::BadMessage { reason },
+            ));
         }
         rests.push(rest);
     }

@@ -149,11 +149,23 @@ mod tests {
         let (a, b) = ([0xa1; 64], [0xb2; 64]);
         note_own(&ctx, &a, &own);
         note_peer(&ctx, 7, 1, &b, &peer);
-        assert_eq!(check(&ctx, 7, 0, 1, &a), Err(0), "this process's own memory");
-        assert_eq!(check(&ctx, 7, 0, 2, &b), Err(1), "rank 1's memory as rank 2's");
+        assert_eq!(
+            check(&ctx, 7, 0, 1, &a),
+            Err(0),
+            "this process's own memory"
+        );
+        assert_eq!(
+            check(&ctx, 7, 0, 2, &b),
+            Err(1),
+            "rank 1's memory as rank 2's"
+        );
         assert_eq!(check(&ctx, 7, 0, 1, &b), Ok(()), "rank 1 again");
         assert_eq!(check(&ctx, 8, 0, 2, &b), Ok(()), "another communicator");
-        assert_eq!(check(&ctx, 7, 0, 1, &[0; 64]), Ok(()), "a descriptor's share");
+        assert_eq!(
+            check(&ctx, 7, 0, 1, &[0; 64]),
+            Ok(()),
+            "a descriptor's share"
+        );
         // Another process of the same fabric knows none of it.
         let other = Context::new(_model.spawn_process());
         assert_eq!(check(&other, 7, 0, 1, &a), Ok(()));

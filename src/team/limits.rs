@@ -235,7 +235,8 @@ fn read_head(
             if total > max {
                 return Err(bad("a message longer than its limit"));
             }
-            let total = usize::try_from(total).map_err(|_| bad("a message longer than its limit"))?;
+            let total =
+                usize::try_from(total).map_err(|_| bad("a message longer than its limit"))?;
             if first.len() != total.min(PIECE) {
                 return Err(bad("a first piece of another length than its message's"));
             }
@@ -332,7 +333,10 @@ mod tests {
             })
         ));
         for cut in 0..s.len() {
-            assert!(read_head(0, Step::Bind, &s[..cut], 64).is_err(), "cut at {cut}");
+            assert!(
+                read_head(0, Step::Bind, &s[..cut], 64).is_err(),
+                "cut at {cut}"
+            );
         }
     }
 
@@ -343,9 +347,8 @@ mod tests {
     fn messages_of_many_pieces_arrive_whole_and_one_past_its_limit_fails_every_rank_alike() {
         use crate::bootstrap::Threads;
         let lens = [3 * PIECE + 7, 0, PIECE, 1];
-        let msg = |r: usize| -> Vec<u8> {
-            (0..lens[r]).map(|i| (i % 251) as u8 ^ r as u8).collect()
-        };
+        let msg =
+            |r: usize| -> Vec<u8> { (0..lens[r]).map(|i| (i % 251) as u8 ^ r as u8).collect() };
         let max = (3 * PIECE + 7) as u64;
         let t = std::time::Duration::from_secs(10);
         std::thread::scope(|s| {
@@ -354,7 +357,8 @@ mod tests {
                 .map(|b| {
                     s.spawn(move || {
                         let r = b.rank();
-                        let got = agree_large(&b, 7, Step::Bind, Ok(msg(r)), max, Deadline::after(t));
+                        let got =
+                            agree_large(&b, 7, Step::Bind, Ok(msg(r)), max, Deadline::after(t));
                         let all = got.expect("every message");
                         for (p, m) in all.iter().enumerate() {
                             assert_eq!(*m, msg(p), "rank {r}: rank {p}'s message");

@@ -316,7 +316,10 @@ pub(crate) fn import_all<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind
         let before = imported.len();
         import(ep, rank, &shares, &mut theirs, peer.size(), &mut imported)?;
         // One `Imported` per share, in order.
-        for (s, i) in shares.iter().zip(imported.get(before..).unwrap_or_default()) {
+        for (s, i) in shares
+            .iter()
+            .zip(imported.get(before..).unwrap_or_default())
+        {
             known::note_peer(ctx, comm, rank, &s.bytes, &i.mem);
         }
     }

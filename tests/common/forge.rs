@@ -154,7 +154,9 @@ impl<B: Bootstrap> Bootstrap for EchoShare<B> {
         }
         let all = self.inner.allgather(&mine, timeout)?;
         if grows == 1 {
-            let theirs = all.get(self.victim).and_then(|b| Some(b.get(grow_share_handle(b)?)?.to_vec()));
+            let theirs = all
+                .get(self.victim)
+                .and_then(|b| Some(b.get(grow_share_handle(b)?)?.to_vec()));
             *self.echoed.lock().unwrap() = theirs;
         }
         Ok(all)
