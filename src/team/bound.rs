@@ -19,7 +19,10 @@
 //! On the portable path ([`CopyPath::Portable`](crate::CopyPath)) the
 //! agreement also makes the windows the copies go through (`windows`):
 //! each rank's shareable memory is imported, mapped and registered on every
-//! other rank (`agree_bound_fds` for `PosixFd` memory, one node).
+//! other rank (`agree_bound_fds` for `PosixFd` memory, one node). The
+//! reports travel within the limits of `limits` (in several exchanges
+//! when large; a rank past them refuses to send, and every rank fails
+//! alike).
 //!
 //! Unicast: each importer copies only after the owner bound; multicast:
 //! every member only after every member bound (R13.3). The agreement checks

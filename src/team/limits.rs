@@ -369,8 +369,7 @@ mod tests {
                             m = vec![0; max as usize + 1];
                         }
                         let e = agree_large(&b, 7, Step::Bind, Ok(m), max, Deadline::after(t))
-                            .err()
-                            .expect("refused");
+                            .expect_err("refused");
                         assert_eq!((e.rank, e.step), (2, Step::Bind), "rank {r}: {e}");
                         assert!(
                             matches!(e.cause, Cause::TooLarge { what: BYTES, len, limit }

@@ -16,7 +16,10 @@
 //!   address), and `Private` memory does not bind to a team endpoint at
 //!   all (R5.6, a compile error).
 //! - [`import`] and [`register`]: every peer's memory imported and mapped
-//!   here, checked against the endpoint before the driver sees a byte; one
+//!   here, checked against the endpoint before the driver sees a byte and
+//!   against the memory this process knows (`known`: a share that is its
+//!   own memory or another rank's window is refused, every rank naming the
+//!   sender, [`Cause::Aliased`]); one
 //!   more agreement ([`Step::Import`]) so that a failed import fails every
 //!   rank alike; then the windows registered on the endpoints that reach
 //!   each peer ([`import_and_register`], the part both agreements share).
