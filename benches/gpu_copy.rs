@@ -189,7 +189,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (d, s) = (dst.device_ptr(), src.device_ptr());
 
     // Warm-up: both paths, every size once.
-    stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, MAX))?.wait()?;
+    stream
+        .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, MAX))?
+        .wait()?;
     raw.copy(d, s, MAX);
     raw.sync();
 
@@ -203,7 +205,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut t, mut r) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
         for _ in 0..reps {
             let a = Instant::now();
-            stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, size))?.wait()?;
+            stream
+                .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, size))?
+                .wait()?;
             t.push(a.elapsed());
             let a = Instant::now();
             raw.copy(d, s, size);

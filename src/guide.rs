@@ -14,8 +14,9 @@
 //! - [`backends`]: the reference model and the real driver, how the backend
 //!   is chosen on a real machine, and the wrappers and switches for it.
 //! - [`security`]: what the TCP bootstrap, `FdExchange` and a fabric
-//!   handle's bytes are trusted for, what the model fabric is (a test tool
-//!   on one machine) and what it promises anyway.
+//!   handle's bytes are trusted for, what a peer's memory shares can make
+//!   this rank's copies do on the portable path, what the model fabric is
+//!   (a test tool on one machine) and what it promises anyway.
 //! - [`guarantees`]: what the crate promises (no leak, no hang, no undefined
 //!   behaviour from safe code, every driver error surfaced) and the test
 //!   that proves each promise.

@@ -27,7 +27,10 @@
 //! On the portable path ([`CopyPath::Portable`](crate::CopyPath)) the
 //! agreement also makes the windows the copies go through (`windows`):
 //! each rank's shareable memory is imported, mapped and registered on every
-//! other rank (`agree_bound_fds` for `PosixFd` memory, one node).
+//! other rank (`agree_bound_fds` for `PosixFd` memory, one node). The
+//! reports travel within the limits of `limits` (in several exchanges
+//! when large; a rank past them refuses to send, and every rank fails
+//! alike).
 //!
 //! Unicast: each importer copies only after the owner bound; multicast:
 //! every member only after every member bound (R13.3). The agreement checks
@@ -49,8 +52,9 @@ use crate::memory::BindSource;
 use crate::owned::BoundEndpoint;
 use crate::state::{IsReady, Ready, State};
 
-use super::agree::{self, agree};
+use super::agree;
 use super::error::{Cause, Mismatch, Step, TeamError};
+use super::limits;
 use super::multicast::SharedTeam;
 use super::peers::Peers;
 use super::shared::SharedMulticast;
@@ -126,20 +130,25 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
 ) -> Result<(), TeamError> {
     let deadline = Deadline::after(timeout);
     let portable = windows::portable(ep);
-    let (mine, my_fds) = match (local, portable) {
+    // The report's limits (`limits`); a device past them is refused here,
+    // before anything is exported, and every rank hears why.
+    let limit = limits::bind(ep, windows::SHARE_BYTES as u64);
+    let (mine, my_fds) = match (local, limits::over_per_device(ep, limit), portable) {
         // This rank's own bind failed: every rank fails alike, naming it.
-        (Some(e), _) => (Err(Cause::Local(e)), Vec::new()),
-        (None, true) => match windows::export(ep, node.is_some(), None) {
+        (Some(e), _, _) => (Err(Cause::Local(e)), Vec::new()),
+        (None, Some(too_many), _) => (Err(too_many), Vec::new()),
+        (None, None, true) => match windows::export(ep, node.is_some(), None) {
             Ok((shares, fds)) => (Ok([report(ep), shares].concat()), fds),
             Err(c) => (Err(c), Vec::new()),
         },
-        (None, false) => (Ok(report(ep)), Vec::new()),
+        (None, None, false) => (Ok(report(ep)), Vec::new()),
     };
-    let reports = agree(
+    let reports = limits::agree_large(
         boot,
         tag,
         Step::Bind,
         mine.map_err(|c| (Step::Bind, c)),
+        limit.bytes,
         deadline,
     )?;
     let mut rests = Vec::with_capacity(reports.len());
@@ -157,6 +166,18 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
         }
         if let Some(&(d, _)) = devices.iter().find(|(_, n)| *n == 0) {
             return Err(not_bound(Some(d)));
+        }
+        if devices
+            .iter()
+            .any(|(_, n)| u64::from(*n) > limit.per_device)
+        {
+            // An honest rank refuses to send it (`limits::over_per_device`).
+            let reason = "a bind report past the bindings one device may have";
+            return Err(TeamError::new(
+                rank,
+                Step::Bind,
+                Cause::BadMessage { reason },
+            ));
         }
         rests.push(rest);
     }

@@ -75,6 +75,8 @@
 mod agree;
 mod bound;
 mod error;
+mod known;
+mod limits;
 mod multicast;
 mod owned;
 mod peers;
@@ -89,6 +91,7 @@ use std::time::Duration;
 
 pub use bound::{BoundPeers, BoundTeam, CloseOnEveryRank, OwnedTeam};
 pub use error::{Cause, Mismatch, PeerFailure, Step, TeamError};
+pub use limits::MAX_BINDINGS_PER_DEVICE;
 pub use multicast::{SharedTeam, TeamSpec, multicast};
 pub use owned::{DynPeers, OwnedPeers};
 pub use peers::{PeerSpec, Peers, unicast_peers};
