@@ -8,12 +8,19 @@
 )]
 
 // The root holds the lifecycle; every other item is in one public module:
-// `backend` (which backend a machine gets), `probe` (what a device supports),
-// `error` (the details errors carry), `driver` (for writing backends and
-// wrappers), `bootstrap` (byte exchange among ranks), `team` (bring-ups),
-// `model` (the reference model), `fabric` (the model fabric), `bounds` (the
-// traits behind the typestate's `where` clauses) and `guide` (documentation
-// only). The other modules are private and re-exported here.
+// `backend`, `probe`, `error`, `driver`, `bootstrap`, `team`, `model`,
+// `fabric`, `bounds` (the traits behind the typestate's `where` clauses) and
+// `guide` (docs only). The other modules are private and re-exported here.
+//
+// Floors (`ci/floors.sh` reads this table; a module names its folder too): a
+// file of src/ imports only its own floor and those below, never in a circle.
+// floor 0 words: state kind error unwind driver guide
+// floor 1 context: context
+// floor 2 record: window range copy_gate memory
+// floor 3 lifecycle: endpoint binding ready spec kernel erased owned sharing multicast_mapping
+// floor 4 data path: stream copy portable graph
+// floor 5 setup: backend probe
+// floor 6 bring-up: team fabric
 pub mod backend;
 mod binding;
 mod context;
