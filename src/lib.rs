@@ -29,7 +29,7 @@ mod copy_gate;
 pub mod driver;
 mod endpoint;
 mod erased;
-#[path = "error.rs"]
+#[path = "error/mod.rs"]
 mod errors;
 pub mod error {
     //! The details the crate's errors carry, so that callers match on
