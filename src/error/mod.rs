@@ -4,6 +4,9 @@
 //!
 //! Every message names the value, the rule and the fix; none formats through
 //! the driver.
+//!
+//! This file owns [`Error`] and its predicates; `detail.rs` the details,
+//! `words.rs` the message helpers, `failed.rs` [`Failed`].
 
 use std::time::Duration;
 
