@@ -102,10 +102,10 @@ pub use errors::{Error, Failed, Result};
 pub use graph::CopyGraph;
 pub use kernel::EndpointRef;
 pub use kind::{
-    Exportable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind, SpreadTeam, Team,
-    Unicast,
+    Exportable, FabricShareable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind,
+    PosixFd, Private, SpreadTeam, Team, Unicast,
 };
-pub use memory::{Allocation, FabricShareable, Mapped, PosixFd, Private};
+pub use memory::{Allocation, Mapped};
 pub use multicast_mapping::MulticastMapping;
 pub use owned::BoundEndpoint;
 pub use portable::CopyPath;
@@ -127,9 +127,9 @@ pub mod bounds {
     pub use crate::binding::UnbindThroughBinding;
     pub use crate::kind::{
         Accepts, CanBind, CanExport, Count, Creatable, Enroll, Enrolled, HasFabricHandles, Kind,
-        Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
+        MemShare, Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
     };
-    pub use crate::memory::{BindSource, MemShare};
+    pub use crate::memory::BindSource;
     pub use crate::state::{
         Agreed, CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,
     };

@@ -43,7 +43,8 @@ use crate::driver::{Call, CopyOp, Device, FABRIC_COPY_MIN_VERSION, Operand, Poin
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result, Rule};
 use crate::kind::Kind;
-use crate::memory::{BindSource, Mapped, MemShare};
+use crate::kind::MemShare;
+use crate::memory::{BindSource, Mapped};
 use crate::range::RangeInner;
 use crate::state::{IsReady, State};
 use crate::stream::{KeepMemory, Stream};
