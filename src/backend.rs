@@ -150,7 +150,7 @@ impl Decision {
     /// on the classic fallback, before 13.5, or when nothing was chosen.
     pub fn copy_path(&self) -> crate::CopyPath {
         match self.choice {
-            BackendChoice::LogicalEndpoints => crate::portable::choose(self.driver_version, None).0,
+            BackendChoice::LogicalEndpoints => crate::context::choose(self.driver_version, None).0,
             _ => crate::CopyPath::Portable,
         }
     }

@@ -8,14 +8,18 @@
 //! [`Context::from_cudarc`] (feature `cudarc`); a process of the model fabric
 //! gets its context from [`fabric::connect`](crate::fabric). And so is
 //! [`Context::reserve`], where every endpoint starts.
+//!
+//! A context also owns the [`CopyPath`] its copy batches take, chosen once
+//! ([`Context::copy_path`]).
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::backend::{BackendChoice, Decision, Policy, decide};
 use crate::driver::cuda::Cuda;
 use crate::driver::{
     BoundedLog, Call, Classic, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps,
-    Family, LOGICAL_ENDPOINT_MIN_VERSION, Shape,
+    FABRIC_COPY_MIN_VERSION, Family, LOGICAL_ENDPOINT_MIN_VERSION, Shape,
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Feature, Result};
@@ -46,7 +50,7 @@ struct Inner {
     /// The last released one-id range, for the next `reserve(1)`.
     spare: crate::range::Spare,
     /// The copy path, once chosen ([`Context::copy_path`]).
-    copy_path: crate::portable::PathCell,
+    copy_path: PathCell,
 }
 
 /// A pointer to the value of [`Inner::driver`].
@@ -240,8 +244,8 @@ impl Context {
         unsafe { &*self.inner.driver_ref.0 }
     }
 
-    /// The copy path cell (see [`crate::portable`]).
-    pub(crate) fn path_cell(&self) -> &crate::portable::PathCell {
+    /// The copy path cell (see [`Context::copy_path`]).
+    fn path_cell(&self) -> &PathCell {
         &self.inner.copy_path
     }
 
@@ -616,5 +620,102 @@ fn backend_feature(call: Call, props: Option<&EndpointProps>) -> Option<Feature>
             Shape::Multicast { .. } => Feature::MulticastTeam,
         }),
         _ => None,
+    }
+}
+
+/// How a context's [`crate::CopyBatch`]es reach the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CopyPath {
+    /// One `cuFabricCpyBatchAsync` per batch (CUDA 13.5+, logical endpoints).
+    Fabric,
+    /// One `cuMemcpyAsync` per target piece, through the endpoint's windows
+    /// (made by a bring-up's `agree_bound`, or [`Endpoint::add_peer_window`]);
+    /// a multicast put is one per member.
+    Portable,
+}
+
+impl std::fmt::Display for CopyPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CopyPath::Fabric => "fabric copy (cuFabricCpyBatchAsync)",
+            CopyPath::Portable => "portable (cuMemcpyAsync through mapped peer memory)",
+        })
+    }
+}
+
+/// The context's choice: 0 not yet made, else `encode(path)`.
+#[derive(Default)]
+pub(crate) struct PathCell(AtomicU8);
+
+const fn encode(p: CopyPath) -> u8 {
+    match p {
+        CopyPath::Fabric => 1,
+        CopyPath::Portable => 2,
+    }
+}
+
+impl PathCell {
+    pub(crate) fn get(&self) -> Option<CopyPath> {
+        match self.0.load(Ordering::Acquire) {
+            1 => Some(CopyPath::Fabric),
+            2 => Some(CopyPath::Portable),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn set(&self, p: CopyPath) {
+        self.0.store(encode(p), Ordering::Release);
+    }
+}
+
+/// The path a backend gets, from what it says: the fabric copy when the
+/// driver has the symbol (13.5+) and the backend does not refuse it (the
+/// classic fallback does), else the portable path. With the reason.
+pub(crate) fn choose(
+    driver_version: Option<i32>,
+    refused: Option<&'static str>,
+) -> (CopyPath, String) {
+    match (driver_version, refused) {
+        (_, Some(why)) => (CopyPath::Portable, format!("the backend: {why}")),
+        (Some(v), None) if v >= FABRIC_COPY_MIN_VERSION => (
+            CopyPath::Fabric,
+            format!("driver {v} has cuFabricCpyBatchAsync (13.5+, F7)"),
+        ),
+        (Some(v), None) => (
+            CopyPath::Portable,
+            format!("driver {v} has no cuFabricCpyBatchAsync (before 13.5, F7)"),
+        ),
+        (None, None) => (
+            CopyPath::Portable,
+            "the driver version is unknown, so cuFabricCpyBatchAsync may be missing".into(),
+        ),
+    }
+}
+
+impl Context {
+    /// How this context's copy batches reach the driver: decided once, at
+    /// the first copy or by [`Context::auto`] (the backend decision), from
+    /// the driver version and the backend — [`CopyPath::Fabric`] on 13.5+
+    /// with logical endpoints, else [`CopyPath::Portable`] — and logged
+    /// (`tracing`, target `cuda_endpoints::portable`).
+    pub fn copy_path(&self) -> CopyPath {
+        if let Some(p) = self.path_cell().get() {
+            return p;
+        }
+        let refused = self.driver().explain_unsupported(Call::FabricCpyBatchAsync);
+        let (path, why) = choose(self.driver_version(), refused);
+        // The target it had before the choice moved here from `portable`.
+        tracing::info!(target: "cuda_endpoints::portable", %path, %why, backend = %self.backend_name(), "copy path chosen");
+        self.path_cell().set(path);
+        path
+    }
+
+    /// Overrides [`Context::copy_path`] for every later batch (tests, or a
+    /// program that wants the portable path on a 13.5 driver). Batches
+    /// already in flight are not affected. Forcing [`CopyPath::Fabric`] on
+    /// a driver without it makes each enqueue fail with `NOT_SUPPORTED`.
+    pub fn set_copy_path(&self, path: CopyPath) {
+        tracing::info!(target: "cuda_endpoints::portable", %path, "copy path set");
+        self.path_cell().set(path);
     }
 }

@@ -90,7 +90,7 @@ pub mod team;
 mod unwind;
 
 pub use binding::Binding;
-pub use context::Context;
+pub use context::{Context, CopyPath};
 pub use copy::{CanGet, Completed, CopyBatch, InFlight, Strided};
 pub use cuda_endpoints_bootstrap as bootstrap;
 pub use cuda_endpoints_driver::{Device, Location};
@@ -108,7 +108,6 @@ pub use kind::{
 pub use memory::{Allocation, Mapped};
 pub use multicast_mapping::MulticastMapping;
 pub use owned::BoundEndpoint;
-pub use portable::CopyPath;
 pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};
 pub use sharing::FabricHandle;
