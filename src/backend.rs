@@ -6,7 +6,8 @@
 //! [`decide`] only reads `cuDriverGetVersion` and device attributes 154
 //! (logical-endpoint multicast) and 132 (`MULTICAST_SUPPORTED`): it creates
 //! nothing, so it is safe on machines where a `cuMulticastCreate` could take
-//! the GPUs out of service. [`Context::auto`](crate::Context::auto) applies the decision.
+//! the GPUs out of service. [`Context::auto`](crate::Context::auto) applies the decision
+//! (it and [`Context::decide`](crate::Context::decide) are written here, beside it).
 //!
 //! The order is the one cuda.core proposes: logical endpoints when the driver
 //! has them and every team device says so; else classic multicast when every
@@ -19,7 +20,9 @@
 
 use std::fmt;
 
-use crate::driver::{Code, Device, Driver, LOGICAL_ENDPOINT_MIN_VERSION, attr};
+use crate::context::{Context, shared};
+use crate::driver::{Classic, Code, Device, Driver, LOGICAL_ENDPOINT_MIN_VERSION, attr};
+use crate::error::{Error, Feature, Result};
 
 /// Environment variable read by [`Policy::from_env`]: `0` (or `false`, `off`,
 /// `no`) switches the classic multicast fallback off; `1` (or `true`, `on`,
@@ -293,6 +296,46 @@ pub fn decide(driver: &dyn Driver, devices: &[Device], policy: &Policy) -> Decis
         devices: support,
         logical_endpoints_available: le_ok,
         classic_available: classic_ok,
+    }
+}
+
+impl Context {
+    /// A context over `driver` with the backend [`decide`] picks for a
+    /// multicast team on `devices`: the driver itself for logical endpoints,
+    /// [`Classic`] over it for the classic fallback; and the decision.
+    /// Nothing is created to decide. On the real driver:
+    /// `Context::auto(Cuda::open()?, &team, &policy)`
+    /// ([`Cuda`](crate::driver::cuda::Cuda)).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when neither backend works for this team (the
+    /// message lists why).
+    pub fn auto(
+        driver: impl Driver + 'static,
+        devices: &[Device],
+        policy: &Policy,
+    ) -> Result<(Context, Decision)> {
+        let driver = shared(driver);
+        let decision = decide(&*driver, devices, policy);
+        let ctx = match &decision.choice {
+            BackendChoice::LogicalEndpoints => Context::new(driver),
+            BackendChoice::Classic => Context::new(Classic::new(driver)),
+            BackendChoice::Unsupported(why) => {
+                return Err(Error::unsupported(
+                    Feature::MulticastTeam,
+                    decision.driver_version,
+                    format!("for {devices:?}: {why}"),
+                ));
+            }
+        };
+        ctx.set_copy_path(decision.copy_path());
+        Ok((ctx, decision))
+    }
+
+    /// [`decide`] on this context's backend: which backend a multicast team
+    /// on `devices` would get (queries only).
+    pub fn decide(&self, devices: &[Device], policy: &Policy) -> Decision {
+        decide(self.driver(), devices, policy)
     }
 }
 

@@ -3,10 +3,12 @@
 //!
 //! Every way to make a context is here, one per source of a backend:
 //! [`Context::new`] over any [`Driver`], [`Context::cuda`] on the real
-//! driver, [`Context::auto`] over a driver with the backend
-//! [`decide`] picks, [`Context::model`] (feature `model`) and
+//! driver, [`Context::model`] (feature `model`) and
 //! [`Context::from_cudarc`] (feature `cudarc`); a process of the model fabric
-//! gets its context from [`fabric::connect`](crate::fabric). And so is
+//! gets its context from [`fabric::connect`](crate::fabric); but for
+//! [`Context::auto`], over a driver with the backend
+//! [`decide`](crate::backend::decide) picks, which lives beside that
+//! decision in `backend.rs` (a floor above). And so is
 //! [`Context::reserve`], where every endpoint starts.
 //!
 //! A context also owns the [`CopyPath`] its copy batches take, chosen once
@@ -15,10 +17,9 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::backend::{BackendChoice, Decision, Policy, decide};
 use crate::driver::cuda::Cuda;
 use crate::driver::{
-    BoundedLog, Call, Classic, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps,
+    BoundedLog, Call, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps,
     FABRIC_COPY_MIN_VERSION, Family, LOGICAL_ENDPOINT_MIN_VERSION, Shape,
 };
 use crate::endpoint::Endpoint;
@@ -64,7 +65,7 @@ unsafe impl Sync for DriverRef {}
 
 /// `driver` behind an `Arc`: an `Arc<dyn Driver>` as it is, any other
 /// driver moved into a new one.
-fn shared(driver: impl Driver + 'static) -> Arc<dyn Driver> {
+pub(crate) fn shared(driver: impl Driver + 'static) -> Arc<dyn Driver> {
     let any: &dyn std::any::Any = &driver;
     match any.downcast_ref::<Arc<dyn Driver>>() {
         // The caller's `Arc`: a clone of it; `driver` (the same `Arc`) is
@@ -151,38 +152,6 @@ impl Context {
         Ok(Context::new(Cuda::open()?))
     }
 
-    /// A context over `driver` with the backend [`decide`] picks for a
-    /// multicast team on `devices`: the driver itself for logical endpoints,
-    /// [`Classic`] over it for the classic fallback; and the decision.
-    /// Nothing is created to decide. On the real driver:
-    /// `Context::auto(Cuda::open()?, &team, &policy)`
-    /// ([`Cuda`](crate::driver::cuda::Cuda)).
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] when neither backend works for this team (the
-    /// message lists why).
-    pub fn auto(
-        driver: impl Driver + 'static,
-        devices: &[Device],
-        policy: &Policy,
-    ) -> Result<(Context, Decision)> {
-        let driver = shared(driver);
-        let decision = decide(&*driver, devices, policy);
-        let ctx = match &decision.choice {
-            BackendChoice::LogicalEndpoints => Context::new(driver),
-            BackendChoice::Classic => Context::new(Classic::new(driver)),
-            BackendChoice::Unsupported(why) => {
-                return Err(Error::unsupported(
-                    Feature::MulticastTeam,
-                    decision.driver_version,
-                    format!("for {devices:?}: {why}"),
-                ));
-            }
-        };
-        ctx.set_copy_path(decision.copy_path());
-        Ok((ctx, decision))
-    }
-
     /// A context on the real driver for a `cudarc` context, and the device
     /// that context is on (`CudaContext::ordinal`). Both load the same
     /// `libcuda`; the device's primary context is shared.
@@ -222,12 +191,6 @@ impl Context {
     /// As [`Context::reserve`].
     pub fn reserve_one(&self) -> Result<Endpoint<Reserved>> {
         IdRange::reserve_one(self)
-    }
-
-    /// [`decide`] on this context's backend: which backend a multicast team
-    /// on `devices` would get (queries only).
-    pub fn decide(&self, devices: &[Device], policy: &Policy) -> Decision {
-        decide(self.driver(), devices, policy)
     }
 
     /// The backend. Crate-private: safe code reaches the driver only through
