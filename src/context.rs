@@ -1,18 +1,17 @@
-//! [`Context`]: the driver backend a program talks to, the errors that
-//! teardown could not return, and the entry points of the typed API.
+//! [`Context`]: the driver backend a program talks to, its versions and
+//! devices, the errors that teardown could not return, and the copy path
+//! its batches take, chosen once ([`Context::copy_path`]). A leaf: it knows
+//! no endpoint, range or backend choice.
 //!
 //! Every way to make a context is here, one per source of a backend:
 //! [`Context::new`] over any [`Driver`], [`Context::cuda`] on the real
 //! driver, [`Context::model`] (feature `model`) and
 //! [`Context::from_cudarc`] (feature `cudarc`); a process of the model fabric
-//! gets its context from [`fabric::connect`](crate::fabric); but for
+//! gets its context from [`fabric::connect`](crate::fabric). But for
 //! [`Context::auto`], over a driver with the backend
-//! [`decide`](crate::backend::decide) picks, which lives beside that
-//! decision in `backend.rs` (a floor above). And so is
-//! [`Context::reserve`], where every endpoint starts.
-//!
-//! A context also owns the [`CopyPath`] its copy batches take, chosen once
-//! ([`Context::copy_path`]).
+//! [`decide`](crate::backend::decide) picks, which is written beside that
+//! decision in `backend.rs`; and [`Context::reserve`], where every endpoint
+//! starts, is in `id_range.rs`.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -22,10 +21,7 @@ use crate::driver::{
     BoundedLog, Call, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps,
     FABRIC_COPY_MIN_VERSION, Family, LOGICAL_ENDPOINT_MIN_VERSION, Shape,
 };
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Feature, Result};
-use crate::range::IdRange;
-use crate::state::Reserved;
 
 /// A handle on one driver backend. Cheap to clone; every endpoint, range and
 /// allocation keeps its context alive.
@@ -170,27 +166,6 @@ impl Context {
         let dev = Device(ordinal);
         ctx.check_device(dev)?;
         Ok((ctx, dev))
-    }
-
-    /// Reserves `count` contiguous ids (`cuLogicalEndpointIdReserve`, R1).
-    ///
-    /// # Errors
-    /// [`Error::ZeroSize`] for 0 (R1.3); [`Error::Unsupported`] on a driver
-    /// before 13.3; [`Error::Driver`] (`OUT_OF_MEMORY`).
-    pub fn reserve(&self, count: u32) -> Result<IdRange> {
-        IdRange::reserve(self, count)
-    }
-
-    /// Reserves one id.
-    ///
-    /// The context keeps the allocation of the last one-id range given back
-    /// with [`Endpoint::release`] and reuses it here, so a program that
-    /// reserves and releases one id at a time allocates once.
-    ///
-    /// # Errors
-    /// As [`Context::reserve`].
-    pub fn reserve_one(&self) -> Result<Endpoint<Reserved>> {
-        IdRange::reserve_one(self)
     }
 
     /// The backend. Crate-private: safe code reaches the driver only through

@@ -17,7 +17,7 @@
 // floor 0 words: state kind error unwind driver guide
 // floor 1 context: context
 // floor 2 record: window range copy_gate memory
-// floor 3 lifecycle: endpoint binding ready spec kernel erased owned sharing multicast_mapping
+// floor 3 lifecycle: id_range endpoint binding ready spec kernel erased owned sharing multicast_mapping
 // floor 4 data path: stream copy portable graph
 // floor 5 setup: backend probe
 // floor 6 bring-up: team fabric
@@ -58,6 +58,7 @@ pub mod error {
 pub mod fabric;
 mod graph;
 pub mod guide;
+mod id_range;
 mod kernel;
 mod kind;
 mod memory;
@@ -100,6 +101,7 @@ pub use endpoint::{Endpoint, Readiness};
 pub use erased::DynEndpoint;
 pub use errors::{Error, Failed, Result};
 pub use graph::CopyGraph;
+pub use id_range::IdRange;
 pub use kernel::EndpointRef;
 pub use kind::{
     Exportable, FabricShareable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind,
@@ -108,7 +110,6 @@ pub use kind::{
 pub use memory::{Allocation, Mapped};
 pub use multicast_mapping::MulticastMapping;
 pub use owned::BoundEndpoint;
-pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};
 pub use sharing::FabricHandle;
 pub use spec::Spec;

@@ -24,10 +24,7 @@ use smallvec::SmallVec;
 
 use crate::context::Context;
 use crate::driver::{Call, Device};
-use crate::endpoint::Endpoint;
 use crate::error::Result;
-use crate::kind::NoKind;
-use crate::state::Reserved;
 use crate::unwind::OnUnwind;
 
 /// A live binding as the endpoint remembers it. Its device and offset name
@@ -707,108 +704,12 @@ impl Drop for RangeInner {
     }
 }
 
-/// A contiguous range of reserved ids `[base, base+len)` (R1), not yet split
-/// into endpoints. Dropping it (or every endpoint made from it) releases it.
-pub struct IdRange {
-    inner: Arc<RangeInner>,
-}
-
-impl std::fmt::Debug for IdRange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "IdRange[{}..{})",
-            self.inner.base,
-            self.inner.base + self.inner.count
-        )
-    }
-}
-
-impl IdRange {
-    pub(crate) fn reserve(ctx: &Context, count: u32) -> Result<IdRange> {
-        if count == 0 {
-            return Err(crate::Error::ZeroSize {
-                what: crate::error::Arg::IdCount,
-                suggested: 1,
-                rule: Some(crate::error::Rule::R1_3),
-            });
-        }
-        let base = reserve_ids(ctx, count)?;
-        if count == 1
-            && let Some(spare) = reuse(ctx, base)
-        {
-            return Ok(IdRange { inner: spare });
-        }
-        Ok(IdRange {
-            inner: fresh(ctx, base, count),
-        })
-    }
-
-    /// One id as an endpoint (`Context::reserve_one`): the context's spare
-    /// range when it has one, else a new one.
-    #[inline]
-    pub(crate) fn reserve_one(ctx: &Context) -> Result<Endpoint<Reserved, NoKind>> {
-        let base = reserve_ids(ctx, 1)?;
-        let inner = match reuse(ctx, base) {
-            Some(spare) => spare,
-            None => fresh(ctx, base, 1),
-        };
-        Ok(Endpoint::from_parts(inner, base))
-    }
-
-    /// The first id.
-    pub fn base(&self) -> u32 {
-        self.inner.base
-    }
-
-    /// How many ids.
-    pub fn len(&self) -> u32 {
-        self.inner.count
-    }
-
-    /// Never true: ranges hold at least one id (R1.3).
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    /// Splits the range into one [`Endpoint<Reserved>`] per id, in id order.
-    /// The range is released once all of them (and whatever they become) are gone.
-    pub fn into_endpoints(self) -> Vec<Endpoint<Reserved, NoKind>> {
-        (self.inner.base..self.inner.base + self.inner.count)
-            .map(|id| Endpoint::from_parts(self.inner.clone(), id))
-            .collect()
-    }
-
-    /// Splits a range of exactly `N` ids into an array.
-    ///
-    /// # Errors
-    /// The range back when it does not hold `N` ids.
-    pub fn into_array<const N: usize>(self) -> Result<[Endpoint<Reserved, NoKind>; N], IdRange> {
-        if self.inner.count as usize != N {
-            return Err(self);
-        }
-        let (inner, base) = (&self.inner, self.inner.base);
-        Ok(std::array::from_fn(|i| {
-            Endpoint::from_parts(inner.clone(), base + i as u32)
-        }))
-    }
-
-    /// Releases the ids now (`cuLogicalEndpointIdRelease`, R1).
-    ///
-    /// # Errors
-    /// [`crate::Error::Driver`] from the driver; the ids are then lost to this
-    /// process, as the driver left them.
-    pub fn release(self) -> Result<()> {
-        release_shared(self.inner)
-    }
-}
-
 /// `cuLogicalEndpointIdReserve` of `count` ids; the base, checked so that
 /// every id of the range is `base + i` below `base + count`: checked once
 /// here, so that no later sum (splitting, `Debug`, release in `Drop`) can
 /// overflow.
 #[inline]
-fn reserve_ids(ctx: &Context, count: u32) -> Result<u32> {
+pub(crate) fn reserve_ids(ctx: &Context, count: u32) -> Result<u32> {
     match ctx.queries().id_reserve(count) {
         Ok(base) if base.checked_add(count).is_some() => Ok(base),
         r => Err(reserve_failed(ctx, count, r)),
@@ -839,7 +740,7 @@ fn reserve_failed(ctx: &Context, count: u32, r: crate::driver::DriverResult<u32>
 
 /// The context's spare range, for the one id `base`, if it has one.
 #[inline]
-fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
+pub(crate) fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
     let p = ctx.spare().take_raw()?;
     // SAFETY: `p` came from `Arc::into_raw` in `Spare::put`, which is only
     // given a range its last holder proved unique (`release_shared`), and
@@ -864,7 +765,7 @@ fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
 
 /// A new range of `count` ids from `base`, with one empty record per id.
 #[inline(never)]
-fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
+pub(crate) fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
     let record = || Record {
         facts: OwnerCell(UnsafeCell::new(Facts::default())),
         slot: LockedCell(UnsafeCell::new(Slot::default())),
