@@ -941,7 +941,7 @@ impl BatchInner {
             let slot = range.slot(*id);
             out.extend(
                 slot.windows()
-                    .filter_map(crate::portable::Window::local_span)
+                    .filter_map(crate::window::Window::local_span)
                     .map(|(off, size, addr)| (*id, off, size, 0, addr)),
             );
         }

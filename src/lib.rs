@@ -89,6 +89,7 @@ mod state;
 mod stream;
 pub mod team;
 mod unwind;
+mod window;
 
 pub use binding::Binding;
 pub use context::{Context, CopyPath};

@@ -44,54 +44,7 @@ use crate::range::RangeInner;
 use crate::state::{IsReady, State};
 use crate::stream::{KeepMemory, Stream};
 use crate::unwind::OnUnwind;
-
-/// Which target of an endpoint a window reaches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Member {
-    /// A device of this process (its own binding).
-    Local(Device),
-    /// `device` of the process the caller calls `rank`.
-    Peer { rank: u32, device: Device },
-}
-
-/// One window: `size` bytes at endpoint `offset` of `member` are at `addr`
-/// in this process.
-pub(crate) struct Window {
-    member: Member,
-    offset: u64,
-    size: u64,
-    addr: u64,
-    /// The mapping of a peer window; `None` for a local binding, whose
-    /// memory the binding keeps.
-    keep: Option<Arc<dyn Any + Send + Sync>>,
-}
-
-impl Window {
-    /// The window of a bind by address of this process.
-    pub(crate) fn local(dev: Device, offset: u64, size: u64, addr: u64) -> Window {
-        Window {
-            member: Member::Local(dev),
-            offset,
-            size,
-            addr,
-            keep: None,
-        }
-    }
-
-    /// A local bind by address: `(endpoint offset, size, address)`.
-    pub(crate) fn local_span(&self) -> Option<(u64, u64, u64)> {
-        matches!(self.member, Member::Local(_)).then_some((self.offset, self.size, self.addr))
-    }
-
-    /// Whether this is the window of the local bind on `dev` at `offset`.
-    pub(crate) fn is_local(&self, dev: Device, offset: u64) -> bool {
-        self.member == Member::Local(dev) && self.offset == offset
-    }
-
-    fn end(&self) -> u64 {
-        self.offset.saturating_add(self.size)
-    }
-}
+use crate::window::{Member, Window};
 
 impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
     /// Registers, for the portable path ([`CopyPath::Portable`](crate::CopyPath::Portable)), where this

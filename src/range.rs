@@ -105,7 +105,7 @@ struct Attachments {
     fabric: Vec<(u32, [u8; 64])>,
     /// The portable path's windows of each id (`crate::portable`): few ids
     /// have one, so a list beside the fabric handles, not a record field.
-    windows: Vec<(u32, crate::portable::Window)>,
+    windows: Vec<(u32, crate::window::Window)>,
     /// The heap top of each id of an [`crate::team::OwnedPeers`]: the bytes
     /// every rank bound and agreed on, past which copies are refused before
     /// the driver (R13.3). Set and cleared by the heap that owns the ids.
@@ -183,7 +183,7 @@ impl SlotGuard<'_> {
     }
 
     /// This id's windows (the portable path), in the order they were added.
-    pub fn windows(&self) -> impl Iterator<Item = &crate::portable::Window> {
+    pub fn windows(&self) -> impl Iterator<Item = &crate::window::Window> {
         let id = self.id;
         self.shared
             .windows
@@ -193,7 +193,7 @@ impl SlotGuard<'_> {
     }
 
     /// Adds a window to this id.
-    pub fn push_window(&mut self, w: crate::portable::Window) {
+    pub fn push_window(&mut self, w: crate::window::Window) {
         self.attached.store(true, Ordering::Relaxed);
         let id = self.id;
         self.shared.windows.push((id, w));
@@ -204,8 +204,8 @@ impl SlotGuard<'_> {
     #[inline]
     pub fn take_windows(
         &mut self,
-        remove: impl FnMut(&crate::portable::Window) -> bool,
-    ) -> Vec<crate::portable::Window> {
+        remove: impl FnMut(&crate::window::Window) -> bool,
+    ) -> Vec<crate::window::Window> {
         // Inline: no window in the range (the usual case), no call.
         if self.shared.windows.is_empty() {
             return Vec::new();
@@ -216,8 +216,8 @@ impl SlotGuard<'_> {
     #[inline(never)]
     fn take_windows_some(
         &mut self,
-        mut remove: impl FnMut(&crate::portable::Window) -> bool,
-    ) -> Vec<crate::portable::Window> {
+        mut remove: impl FnMut(&crate::window::Window) -> bool,
+    ) -> Vec<crate::window::Window> {
         let id = self.id;
         let (out, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.shared.windows)
             .into_iter()
