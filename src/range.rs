@@ -325,7 +325,7 @@ const _: () = assert!(std::mem::size_of::<Record>() == 96);
 
 pub(crate) struct RangeInner {
     /// Its context; none while the range is the context's spare (see
-    /// [`Spare`]), or the two would keep each other alive.
+    /// `context::Spare`), or the two would keep each other alive.
     pub ctx: RangeContext,
     /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`]).
     pub base: u32,
@@ -368,7 +368,7 @@ pub(crate) struct RangeInner {
 
 /// The context of a range, read as a `&Context` without a test: it is
 /// missing only while the range is its context's spare, and a spare is
-/// reached only through [`Spare`], which gives it a context again before
+/// reached only through `context::Spare`, which gives it a context again before
 /// anyone else sees it. (An `Option`, not a `ManuallyDrop`: a panic while a
 /// range is dropped still drops its context.)
 pub(crate) struct RangeContext(Option<Context>);
@@ -385,55 +385,6 @@ impl std::ops::Deref for RangeContext {
         // per `Null` lifecycle against 881 (bind 190 against 182;
         // `benches/instructions.rs`, rustc 1.95).
         unsafe { self.0.as_ref().unwrap_unchecked() }
-    }
-}
-
-/// A context's spare one-id range: the allocation of the last one-id range
-/// released through [`release_shared`], kept for the next `reserve(1)`, so
-/// that a program that reserves and releases one id at a time (the usual
-/// lifecycle) allocates once, not once per lifecycle, and builds no record
-/// on the stack to copy in. At most one per context; freed with the context.
-#[derive(Default)]
-pub(crate) struct Spare(AtomicPtr<RangeInner>);
-
-impl Spare {
-    // An `AtomicPtr` for speed: a `parking_lot::Mutex<Option<Arc<_>>>`
-    // measured 908 instructions per `Null` lifecycle against 881 (reserve
-    // 66 against 56, release 111 against 95; `benches/instructions.rs`,
-    // rustc 1.95), for one pointer swapped in and out.
-
-    /// The spare, if there is one (it is taken: no one else can have it).
-    fn take(&self) -> Option<Arc<RangeInner>> {
-        // SAFETY: a pointer of `take_raw` is an `Arc::into_raw` of `put`,
-        // swapped out atomically, so this is its one owner. (Unsafe for
-        // speed: see the figure above.)
-        self.take_raw().map(|p| unsafe { Arc::from_raw(p) })
-    }
-
-    /// The spare as `Arc::into_raw` gave it, if there is one: the caller
-    /// owns it (and must give it back to `Arc::from_raw`).
-    #[inline]
-    fn take_raw(&self) -> Option<*const RangeInner> {
-        let p = self.0.swap(std::ptr::null_mut(), Ordering::Acquire);
-        (!p.is_null()).then_some(p.cast_const())
-    }
-
-    /// Keeps `range` (released, unique, one id, reset) as the spare; an older
-    /// spare is freed.
-    fn put(&self, range: Arc<RangeInner>) {
-        let old = self
-            .0
-            .swap(Arc::into_raw(range).cast_mut(), Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: as in `take`: the pointer swapped out is owned here.
-            drop(unsafe { Arc::from_raw(old.cast_const()) });
-        }
-    }
-}
-
-impl Drop for Spare {
-    fn drop(&mut self) {
-        drop(self.take());
     }
 }
 
@@ -741,7 +692,7 @@ fn reserve_failed(ctx: &Context, count: u32, r: crate::driver::DriverResult<u32>
 /// The context's spare range, for the one id `base`, if it has one.
 #[inline]
 pub(crate) fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
-    let p = ctx.spare().take_raw()?;
+    let p = ctx.spare().take_raw::<RangeInner>()?;
     // SAFETY: `p` came from `Arc::into_raw` in `Spare::put`, which is only
     // given a range its last holder proved unique (`release_shared`), and
     // was swapped out of the spare atomically: no other `Arc` or `Weak` of
