@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::driver::cuda::Cuda;
 use crate::driver::{
     BoundedLog, Call, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps,
-    FABRIC_COPY_MIN_VERSION, Family, LOGICAL_ENDPOINT_MIN_VERSION, Shape,
+    FABRIC_COPY_MIN_VERSION, Family, LOGICAL_ENDPOINT_MIN_VERSION, ObjectSharing, Shape,
 };
 use crate::error::{Error, Feature, Result};
 
@@ -190,6 +190,19 @@ impl Context {
     /// The spare one-id range (see [`Spare`]).
     pub(crate) fn spare(&self) -> &Spare {
         &self.inner.spare
+    }
+
+    /// How the backend shares its objects across processes, where it does
+    /// so itself (the classic fallback, C5): the bring-ups' one question of
+    /// the backend, typed (no raw driver call in `team/`).
+    pub(crate) fn object_sharing(&self) -> Option<&dyn ObjectSharing> {
+        self.driver().object_sharing()
+    }
+
+    /// A device attribute, `None` where the driver would not say: for
+    /// checks that are skipped then (no error is made, nothing else asked).
+    pub(crate) fn attribute_or_none(&self, dev: Device, attr: i32) -> Option<i32> {
+        self.queries().device_attribute(dev, attr).ok()
     }
 
     /// The backend's calls that are safe to make (queries).
