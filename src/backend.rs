@@ -21,7 +21,7 @@
 use std::fmt;
 
 use crate::context::{Context, shared};
-use crate::driver::{Classic, Code, Device, Driver, LOGICAL_ENDPOINT_MIN_VERSION, attr};
+use crate::driver::{Code, Device, Driver, LOGICAL_ENDPOINT_MIN_VERSION, attr};
 use crate::error::{Error, Feature, Result};
 
 /// Environment variable read by [`Policy::from_env`]: `0` (or `false`, `off`,
@@ -302,7 +302,7 @@ pub fn decide(driver: &dyn Driver, devices: &[Device], policy: &Policy) -> Decis
 impl Context {
     /// A context over `driver` with the backend [`decide`] picks for a
     /// multicast team on `devices`: the driver itself for logical endpoints,
-    /// [`Classic`] over it for the classic fallback; and the decision.
+    /// [`Classic`](crate::driver::Classic) over it for the classic fallback; and the decision.
     /// Nothing is created to decide. On the real driver:
     /// `Context::auto(Cuda::open()?, &team, &policy)`
     /// ([`Cuda`](crate::driver::cuda::Cuda)).
@@ -319,7 +319,7 @@ impl Context {
         let decision = decide(&*driver, devices, policy);
         let ctx = match &decision.choice {
             BackendChoice::LogicalEndpoints => Context::new(driver),
-            BackendChoice::Classic => Context::new(Classic::new(driver)),
+            BackendChoice::Classic => Context::new(crate::driver::Classic::new(driver)),
             BackendChoice::Unsupported(why) => {
                 return Err(Error::unsupported(
                     Feature::MulticastTeam,

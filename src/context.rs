@@ -580,7 +580,7 @@ pub enum CopyPath {
     /// One `cuFabricCpyBatchAsync` per batch (CUDA 13.5+, logical endpoints).
     Fabric,
     /// One `cuMemcpyAsync` per target piece, through the endpoint's windows
-    /// (made by a bring-up's `agree_bound`, or [`Endpoint::add_peer_window`]);
+    /// (made by a bring-up's `agree_bound`, or [`Endpoint::add_peer_window`](crate::Endpoint::add_peer_window));
     /// a multicast put is one per member.
     Portable,
 }

@@ -16,8 +16,8 @@ impl Context {
     /// Reserves `count` contiguous ids (`cuLogicalEndpointIdReserve`, R1).
     ///
     /// # Errors
-    /// [`Error::ZeroSize`] for 0 (R1.3); [`Error::Unsupported`] on a driver
-    /// before 13.3; [`Error::Driver`] (`OUT_OF_MEMORY`).
+    /// [`Error::ZeroSize`](crate::Error::ZeroSize) for 0 (R1.3); [`Error::Unsupported`](crate::Error::Unsupported) on a driver
+    /// before 13.3; [`Error::Driver`](crate::Error::Driver) (`OUT_OF_MEMORY`).
     pub fn reserve(&self, count: u32) -> Result<IdRange> {
         IdRange::reserve(self, count)
     }

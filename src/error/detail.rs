@@ -242,7 +242,7 @@ impl fmt::Display for Extent {
     }
 }
 
-/// A value a driver returned, as named in [`Error::BadAnswer`].
+/// A value a driver returned, as named in [`Error::BadAnswer`](super::Error::BadAnswer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Answer {
