@@ -9,6 +9,8 @@
 //! environment variable [`CLASSIC_ENV`], and the classic emulation without
 //! multicast that [`Context::auto`](crate::Context::auto) builds on a driver
 //! before 13.3 when classic multicast was not opted in (`ClassicUnicast`).
+//! [`Context::auto`](crate::Context::auto) and
+//! [`Context::decide`](crate::Context::decide) are written here, beside it.
 //!
 //! [`decide`] only reads `cuDriverGetVersion` and device attributes 132
 //! (`MULTICAST_SUPPORTED`), 153 and 154 (logical-endpoint unicast and
@@ -29,10 +31,12 @@
 
 use std::fmt;
 
+use crate::context::{Context, shared};
 use crate::driver::{
     Call, Classic, Code, Device, Driver, DriverResult, EndpointProps, Forward,
     LOGICAL_ENDPOINT_MIN_VERSION, Limits, Shape, attr,
 };
+use crate::error::Result;
 
 /// Environment variable read by [`Policy::from_env`]: `1` (or `true`, `on`,
 /// `yes`) opts in to the classic multicast fallback; unset, `0` (or `false`,
@@ -178,7 +182,7 @@ impl Decision {
     /// on the classic fallback, before 13.5, or when nothing was chosen.
     pub fn copy_path(&self) -> crate::CopyPath {
         match self.unicast {
-            BackendChoice::LogicalEndpoints => crate::portable::choose(self.driver_version, None).0,
+            BackendChoice::LogicalEndpoints => crate::context::choose(self.driver_version, None).0,
             _ => crate::CopyPath::Portable,
         }
     }
@@ -410,6 +414,66 @@ impl Forward for ClassicUnicast {
     unsafe fn add_device(&self, _id: u32, _dev: Device) -> DriverResult<()> {
         // No multicast endpoint exists here to enroll in.
         Err(Code::NOT_SUPPORTED)
+    }
+}
+
+impl Context {
+    /// A context over `driver` whose unicast endpoints and copies work on
+    /// every driver this crate loads, with the backend [`decide`] picks, and
+    /// the decision (print it: the choice and every reason):
+    ///
+    /// - a 13.3+ driver: the driver itself, logical endpoints;
+    /// - before 13.3: the classic emulation ([`Classic`] over `driver`):
+    ///   unicast endpoints are process-local bookkeeping, and copies take
+    ///   the portable path (`cuMemcpyAsync` through mapped memory, bound by
+    ///   address: [`CopyPath::Portable`](crate::CopyPath)). A multicast team
+    ///   there is refused with [`Error::Unsupported`](crate::Error::Unsupported) naming 13.3 and the
+    ///   driver version, unless `policy` opted in to classic multicast
+    ///   ([`Policy::classic`], `CUDA_ENDPOINTS_CLASSIC_MULTICAST=1` with
+    ///   [`Policy::from_env`]): `cuMulticastCreate` is never reached
+    ///   otherwise.
+    ///
+    /// `devices` are the devices of a multicast team, if there will be one:
+    /// the decision reads their attributes (154; 132 when opted in); `&[]`
+    /// leaves the check to enrollment. Nothing is created to decide. The
+    /// choice is also logged (`tracing`, target `cuda_endpoints::backend`,
+    /// level info). On the real driver:
+    /// `Context::auto(Cuda::open()?, &[], &Policy::from_env())`
+    /// ([`Cuda`](crate::driver::cuda::Cuda)).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) for a team device the driver does not have.
+    pub fn auto(
+        driver: impl Driver + 'static,
+        devices: &[Device],
+        policy: &Policy,
+    ) -> Result<(Context, Decision)> {
+        let driver = shared(driver);
+        let decision = decide(&*driver, devices, policy);
+        let ctx = match (&decision.unicast, &decision.choice) {
+            (BackendChoice::LogicalEndpoints, _) => Context::new(driver),
+            (_, BackendChoice::Classic) => Context::new(Classic::new(driver)),
+            _ => Context::new(ClassicUnicast(Classic::new(driver))),
+        };
+        for &dev in devices {
+            ctx.check_device(dev)?;
+        }
+        ctx.set_copy_path(decision.copy_path());
+        tracing::info!(
+            target: "cuda_endpoints::backend",
+            backend = %ctx.backend_name(),
+            endpoints = decision.endpoints(),
+            multicast = %decision.choice,
+            driver_version = ?decision.driver_version,
+            "Context::auto"
+        );
+        Ok((ctx, decision))
+    }
+
+    /// [`decide`] on this context's backend: which backend a multicast team
+    /// on `devices` would get (queries only).
+    pub fn decide(&self, devices: &[Device], policy: &Policy) -> Decision {
+        decide(self.driver(), devices, policy)
     }
 }
 

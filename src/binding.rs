@@ -632,7 +632,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // The portable path reaches memory bound by address at its
             // address (`crate::portable`); by handle it has none here.
             if let Some((_, a, _)) = addr {
-                slot.push_window(crate::portable::Window::local(dev, offset, size, a));
+                slot.push_window(crate::window::Window::local(dev, offset, size, a));
             }
         }
         let d = ctx.driver();

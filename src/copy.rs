@@ -68,8 +68,9 @@ use smallvec::SmallVec;
 use crate::driver::{Call, CopyOp, Device, Location, MemHint, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result};
+use crate::kind::MemShare;
 use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, Unicast};
-use crate::memory::{BindSource, Locality, Mapped, MemShare};
+use crate::memory::{BindSource, Locality, Mapped};
 use crate::state::{Agreed, IsReady, Sealed, State};
 use crate::stream::{Keep, Stream};
 use crate::unwind::OnUnwind;
@@ -940,7 +941,7 @@ impl BatchInner {
             let slot = range.slot(*id);
             out.extend(
                 slot.windows()
-                    .filter_map(crate::portable::Window::local_span)
+                    .filter_map(crate::window::Window::local_span)
                     .map(|(off, size, addr)| (*id, off, size, 0, addr)),
             );
         }

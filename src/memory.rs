@@ -18,41 +18,9 @@ use crate::driver::{
     ShareableHandle, ShareableKind, handle_bits,
 };
 use crate::error::{Error, Failed, Failure, Result};
+use crate::kind::{FabricShareable, MemShare, PosixFd, Private};
 use crate::state::Sealed;
 use crate::unwind::OnUnwind;
-
-/// The shareable handle type of an allocation. Sealed.
-pub trait MemShare: Sealed + Send + Sync + 'static {
-    /// `CUmemAllocationHandleType` bits requested at `cuMemCreate`.
-    const BITS: u32;
-    /// The name, for messages.
-    const NAME: &'static str;
-}
-
-/// No shareable handle: this process only (`CU_MEM_HANDLE_TYPE_NONE`).
-#[derive(Debug)]
-pub struct Private;
-/// Shareable as a POSIX file descriptor, within one node.
-#[derive(Debug)]
-pub struct PosixFd;
-/// Shareable as a fabric handle, across nodes (needs the fabric daemon).
-#[derive(Debug)]
-pub struct FabricShareable;
-impl Sealed for Private {}
-impl Sealed for PosixFd {}
-impl Sealed for FabricShareable {}
-impl MemShare for Private {
-    const BITS: u32 = handle_bits::NONE;
-    const NAME: &'static str = "Private";
-}
-impl MemShare for PosixFd {
-    const BITS: u32 = handle_bits::POSIX_FD;
-    const NAME: &'static str = "PosixFd";
-}
-impl MemShare for FabricShareable {
-    const BITS: u32 = handle_bits::FABRIC;
-    const NAME: &'static str = "FabricShareable";
-}
 
 /// The allocation itself, shared by its owner and the bindings that use it.
 pub(crate) struct AllocInner {

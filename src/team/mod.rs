@@ -167,10 +167,7 @@ fn check_devices(ctx: &Context, devices: &[Device]) -> Result<(), error::Cause> 
 fn place(ctx: &Context, dev: Device) -> Option<u64> {
     use crate::driver::attr;
     let boot_id = std::fs::read("/proc/sys/kernel/random/boot_id").ok()?;
-    let read = |a| {
-        // SAFETY: an attribute query touches nothing anyone owns.
-        unsafe { ctx.driver().device_attribute(dev, a) }.ok()
-    };
+    let read = |a| ctx.attribute_or_none(dev, a);
     let pci = [
         read(attr::PCI_DOMAIN_ID)?,
         read(attr::PCI_BUS_ID)?,

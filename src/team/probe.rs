@@ -225,7 +225,7 @@ pub(crate) fn probe_step(
     retry: Retry,
     deadline: Deadline,
 ) -> Result<(), TeamError> {
-    if ctx.driver().object_sharing().is_some() {
+    if ctx.object_sharing().is_some() {
         return Ok(());
     }
     let mut attempt = 1u32;
@@ -307,10 +307,7 @@ pub(crate) fn probe_tagged(
     deadline: Deadline,
 ) -> Result<Reach, TeamError> {
     let (me, ranks) = (boot.rank(), boot.size());
-    let read = |a| {
-        // SAFETY: an attribute query touches nothing anyone owns.
-        dev.and_then(|dev| unsafe { ctx.driver().device_attribute(dev, a) }.ok())
-    };
+    let read = |a| dev.and_then(|dev| ctx.attribute_or_none(dev, a));
 
     // A trial endpoint at this rank's index of a range of one id per rank.
     let mut slots: Vec<Option<_>> = Vec::new();

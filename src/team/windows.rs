@@ -35,10 +35,8 @@ use crate::CopyPath;
 use crate::bootstrap::{Bootstrap, BootstrapError, Deadline, Exchange, FdExchange, NodeId, Op};
 use crate::driver::Device;
 use crate::endpoint::Endpoint;
-use crate::kind::Kind;
-use crate::memory::{
-    Allocation, BindSource, FabricShareable, PeerHandle, PosixFd, export_for_peers,
-};
+use crate::kind::{FabricShareable, Kind, PosixFd};
+use crate::memory::{Allocation, BindSource, PeerHandle, export_for_peers};
 use crate::portable::local_binds;
 use crate::state::{IsReady, State};
 
