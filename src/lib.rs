@@ -79,6 +79,7 @@ mod sharing;
 mod spec;
 mod state;
 mod stream;
+mod sync;
 pub mod team;
 mod unwind;
 
