@@ -1289,9 +1289,17 @@ impl Stream {
     pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         // No unbind on these ranges from another thread between the checks
-        // below and the record of the batch as in flight (F4).
-        let _gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
-        batch.check_for(self)?;
+        // below and the record of the batch as in flight (F4), nor a bind's
+        // record passing them before the driver bound it (R13.3). (The
+        // portable path's windows of a bind in progress never cover bytes
+        // the checks passed: binds on one device never overlap, R5.9.)
+        let _gate = loop {
+            let gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
+            batch.check_for(self)?;
+            if let Some(gate) = gate.checked()? {
+                break gate;
+            }
+        };
         if ctx.copy_path() == crate::CopyPath::Portable {
             return self.enqueue_portable(batch);
         }

@@ -92,8 +92,13 @@ impl Stream {
         let ctx = &self.inner.ctx;
         // No unbind on these ranges from another thread between the checks
         // and the pin of the graph's ids (F8), as for an enqueue (F4).
-        let _gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
-        batch.check_for(self)?;
+        let _gate = loop {
+            let gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
+            batch.check_for(self)?;
+            if let Some(gate) = gate.checked()? {
+                break gate;
+            }
+        };
         if ctx.copy_path() == crate::CopyPath::Portable {
             return Err(Error::unsupported(
                 Feature::FabricCopy,

@@ -88,6 +88,7 @@ mod sharing;
 mod spec;
 mod state;
 mod stream;
+mod sync;
 pub mod team;
 mod unwind;
 mod window;

@@ -16,7 +16,7 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -359,11 +359,9 @@ pub(crate) struct RangeInner {
     /// range, so that facts read from the bindings earlier (a copy batch's,
     /// F9) are known stale without a lock (`bindings_gen`).
     bindings_gen: AtomicU64,
-    /// Enqueues and unbinds inside the range's copy gate
-    /// ([`crate::copy_gate`]): an unbind waits for the enqueues, an
-    /// enqueue for the unbinds (F4).
-    gate_enqueues: AtomicU32,
-    gate_unbinds: AtomicU32,
+    /// The range's copy gate ([`crate::copy_gate`]): an unbind waits for
+    /// the enqueues, an enqueue for the binds and unbinds (F4, R13.3).
+    gate: crate::copy_gate::Gate,
 }
 
 /// The context of a range, read as a `&Context` without a test: it is
@@ -466,16 +464,10 @@ impl RangeInner {
         self.bindings_gen.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Enqueues inside the copy gate ([`crate::copy_gate`]).
+    /// The range's copy gate ([`crate::copy_gate`]).
     #[inline]
-    pub fn gate_enqueues(&self) -> &AtomicU32 {
-        &self.gate_enqueues
-    }
-
-    /// Unbinds inside the copy gate ([`crate::copy_gate`]).
-    #[inline]
-    pub fn gate_unbinds(&self) -> &AtomicU32 {
-        &self.gate_unbinds
+    pub(crate) fn gate(&self) -> &crate::copy_gate::Gate {
+        &self.gate
     }
 
     /// The count of changes to the range's binding lists so far: facts
@@ -743,8 +735,7 @@ pub(crate) fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
         released: false,
         spare: false,
         bindings_gen: AtomicU64::new(0),
-        gate_enqueues: AtomicU32::new(0),
-        gate_unbinds: AtomicU32::new(0),
+        gate: crate::copy_gate::Gate::new(),
     });
     // Where the records are now that the range is in its `Arc` (inline
     // ones moved with it), before anyone else has the `Arc`.
