@@ -15,8 +15,8 @@ use crate::driver::{Call, Device, Location, attr};
 use crate::endpoint::Endpoint;
 use crate::error::{Alignment, Arg, Error, Extent, Result, Role, Rule};
 use crate::kind::{Accepts, CanBind, Kind};
+use crate::ledger::{Bound, RangeInner, Slot};
 use crate::memory::{BindSource, Target};
-use crate::range::{Bound, RangeInner, Slot};
 use crate::state::{IsReady, State};
 
 /// A live binding of memory to a ready endpoint on one device.
@@ -182,7 +182,7 @@ fn unbind_failed(ctx: &crate::Context, code: crate::driver::Code) -> Error {
 #[cold]
 #[inline(never)]
 fn take_window_then_drop(
-    mut slot: crate::range::SlotGuard<'_>,
+    mut slot: crate::ledger::SlotGuard<'_>,
     keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
     dev: Device,
     offset: u64,

@@ -226,7 +226,7 @@ pub(crate) struct EpFacts {
     /// endpoint spans may be the same bytes): `(offset, size, allocation,
     /// offset in it)`. Usually empty (no allocation).
     handles: Vec<HandleSpan>,
-    /// Its bind alignment, the unit of [`crate::range::Bound::handle_at`].
+    /// Its bind alignment, the unit of [`crate::ledger::Bound::handle_at`].
     align: u64,
 }
 
@@ -237,9 +237,9 @@ type HandleSpan = (u64, u64, u64, u64);
 /// The binds by handle of `bindings` whose allocation has another holder
 /// than its owner and this bind (another bind, most likely): where each is
 /// in its allocation, for F3. `align`: the endpoint's bind alignment.
-fn shared_handles(bindings: &[crate::range::Bound], align: u64) -> Vec<HandleSpan> {
-    let shared = |b: &crate::range::Bound| {
-        b.handle_at != crate::range::Bound::BY_ADDRESS
+fn shared_handles(bindings: &[crate::ledger::Bound], align: u64) -> Vec<HandleSpan> {
+    let shared = |b: &crate::ledger::Bound| {
+        b.handle_at != crate::ledger::Bound::BY_ADDRESS
             && b._keep
                 .as_ref()
                 .is_some_and(|k| std::sync::Arc::strong_count(k) > 2)

@@ -49,7 +49,7 @@ use std::sync::Arc;
 use std::sync::PoisonError;
 
 use crate::error::{Error, Result};
-use crate::range::RangeInner;
+use crate::ledger::RangeInner;
 use crate::sync::{AtomicU64, AtomicUsize, Condvar, Mutex, Ordering, thread_id};
 
 /// The gate's word: four 16-bit counts (more than 65,535 threads inside or

@@ -18,8 +18,9 @@ use crate::driver::{Call, Device};
 use crate::driver::{EndpointProps, Shape};
 use crate::error::{Alignment, Arg, Error, Failed, Failure, Result, Rule};
 use crate::kind::{CanExport, Creatable, Enroll, HasFabricHandles, Kind, NoKind, TeamHasRoom};
+use crate::ledger::{Facts, RangeInner, SlotGuard};
 use crate::memory::round_up;
-use crate::range::{Facts, RangeInner, SlotGuard, release_shared};
+use crate::range::release_shared;
 use crate::sharing::FabricHandle;
 use crate::spec::Spec;
 use crate::state::{

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::driver::Device;
 use crate::endpoint::Endpoint;
 use crate::kind::{Kind, NoKind};
-use crate::range::RangeInner;
+use crate::ledger::RangeInner;
 use crate::state::{Pending, State};
 
 /// An endpoint whose state and kind are known at run time only.

@@ -9,7 +9,8 @@ use crate::context::Context;
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::kind::NoKind;
-use crate::range::{RangeInner, fresh, release_shared, reserve_ids, reuse};
+use crate::ledger::RangeInner;
+use crate::range::{fresh, release_shared, reserve_ids, reuse};
 use crate::state::Reserved;
 
 impl Context {

@@ -61,6 +61,7 @@ pub mod guide;
 mod id_range;
 mod kernel;
 mod kind;
+mod ledger;
 mod memory;
 #[cfg(feature = "model")]
 #[cfg_attr(docsrs, doc(cfg(feature = "model")))]
@@ -200,5 +201,5 @@ mod layout {
     const_assert_eq!(std::mem::size_of::<Error>(), 88);
     // A binding record: `handle_at` in what was padding (an endpoint's
     // heap per id, `benches/readiness_heap.rs`).
-    const_assert_eq!(std::mem::size_of::<crate::range::Bound>(), 40);
+    const_assert_eq!(std::mem::size_of::<crate::ledger::Bound>(), 40);
 }

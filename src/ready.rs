@@ -26,7 +26,7 @@ use crate::driver::{Call, DriverResult};
 use crate::endpoint::{Endpoint, Readiness};
 use crate::error::{Error, Failed, Failure, Result};
 use crate::kind::{Kind, TeamIsComplete};
-use crate::range::RangeInner;
+use crate::ledger::RangeInner;
 use crate::state::{CanQuery, Pending, Ready, State};
 
 /// The back-off between polls. Its clock starts at the first query that

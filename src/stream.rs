@@ -52,7 +52,7 @@ use smallvec::SmallVec;
 use crate::context::Context;
 use crate::driver::{Call, Device};
 use crate::error::{Error, Result};
-use crate::range::RangeInner;
+use crate::ledger::RangeInner;
 
 /// What one enqueued batch keeps alive until the stream passed it. A batch
 /// usually names one allocation and one endpoint: inline, no allocation.
