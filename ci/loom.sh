@@ -2,7 +2,7 @@
 # The copy gate's interleavings under loom (issue 27, item 5).
 #
 #   ci/loom.sh [FILTER]     every interleaving of the tests of
-#                           `src/copy_gate.rs` (or those FILTER names),
+#                           `src/ledger/gate.rs` (or those FILTER names),
 #                           with `src/sync.rs` swapping std's atomics,
 #                           mutex and condition variable for loom's
 #
@@ -15,4 +15,4 @@ cd "$(dirname "$0")/.."
 export RUSTFLAGS="--cfg loom"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/loom}"
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
-cargo test -p cuda-endpoints --lib --release "${1:-copy_gate::tests}"
+cargo test -p cuda-endpoints --lib --release "${1:-ledger::gate::tests}"

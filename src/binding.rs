@@ -115,7 +115,7 @@ impl Binding<'_> {
         let ctx = &self.range.ctx;
         // No copy through the range enqueued from another thread between
         // the settle and the driver's unbind (F4).
-        let _gate = crate::copy_gate::ChangeGate::unbind(self.range, self.id)?;
+        let _gate = crate::ledger::gate::ChangeGate::unbind(self.range, self.id)?;
         // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
         crate::stream::settle(self.range, self.id)?;
         // A panic inside the call (a layer, after the driver unbound): the
@@ -580,7 +580,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // No copy checked against the record below reaches the driver
         // before the driver's bind (R13.3): an enqueue looks at the gate
         // again after its checks. The bind waits for nothing there.
-        let _gate = crate::copy_gate::ChangeGate::bind(self.range());
+        let _gate = crate::ledger::gate::ChangeGate::bind(self.range());
         // Intent first: the binding is recorded (with the memory it keeps
         // alive) before the driver call, and the lock is let go for the call,
         // so that a tracing layer or a backend may use the endpoint again.

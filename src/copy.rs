@@ -1294,7 +1294,7 @@ impl Stream {
         // portable path's windows of a bind in progress never cover bytes
         // the checks passed: binds on one device never overlap, R5.9.)
         let _gate = loop {
-            let gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
+            let gate = crate::ledger::gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
             batch.check_for(self)?;
             if let Some(gate) = gate.checked()? {
                 break gate;

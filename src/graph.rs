@@ -93,7 +93,7 @@ impl Stream {
         // No unbind on these ranges from another thread between the checks
         // and the pin of the graph's ids (F8), as for an enqueue (F4).
         let _gate = loop {
-            let gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
+            let gate = crate::ledger::gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
             batch.check_for(self)?;
             if let Some(gate) = gate.checked()? {
                 break gate;

@@ -16,8 +16,8 @@
 // file of src/ imports only its own floor and those below, never in a circle.
 // floor 0 words: state kind error unwind driver guide report
 // floor 1 context: context
-// floor 2 record: window range copy_gate memory
-// floor 3 lifecycle: id_range endpoint binding ready spec kernel erased owned sharing multicast_mapping
+// floor 2 ledger: window ledger memory
+// floor 3 lifecycle: range id_range endpoint binding ready spec kernel erased owned sharing multicast_mapping
 // floor 4 data path: stream copy portable graph
 // floor 5 setup: backend probe
 // floor 6 bring-up: team fabric
@@ -25,7 +25,6 @@ pub mod backend;
 mod binding;
 mod context;
 mod copy;
-mod copy_gate;
 pub mod driver;
 mod endpoint;
 mod erased;

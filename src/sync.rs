@@ -1,7 +1,7 @@
 //! The synchronization primitives of the crate's own waits, swapped for
 //! `loom`'s under `--cfg loom` (as tokio's `src/loom/`), so that a loom test
 //! explores every interleaving of the code that uses them: the copy gate
-//! ([`crate::copy_gate`]) today. Code that uses these, and only these,
+//! ([`crate::ledger::gate`]) today. Code that uses these, and only these,
 //! is what `ci/loom.sh` checks.
 //!
 //! Also the identity of the calling thread, which the gate records for

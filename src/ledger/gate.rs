@@ -49,7 +49,6 @@ use std::sync::Arc;
 use std::sync::PoisonError;
 
 use crate::error::{Error, Result};
-use crate::ledger::RangeInner;
 use crate::sync::{AtomicU64, AtomicUsize, Condvar, Mutex, Ordering, thread_id};
 
 /// The gate's word: four 16-bit counts (more than 65,535 threads inside or
@@ -265,17 +264,11 @@ impl Gate {
     }
 }
 
-/// What has a gate: an endpoint range (or, in the loom tests, a stand-in).
+/// What has a gate: an endpoint range ([`super::RangeInner`]), or, in the
+/// loom tests, a stand-in. The gate knows nothing else of the range.
 pub(crate) trait Gated {
     /// The gate.
     fn gate(&self) -> &Gate;
-}
-
-impl Gated for RangeInner {
-    #[inline]
-    fn gate(&self) -> &Gate {
-        RangeInner::gate(self)
-    }
 }
 
 impl<R: Gated> Gated for Arc<R> {
@@ -286,7 +279,7 @@ impl<R: Gated> Gated for Arc<R> {
 }
 
 /// An enqueue (or capture) inside the gates of its batch's ranges.
-pub(crate) enum EnqueueGate<R: Gated = RangeInner> {
+pub(crate) enum EnqueueGate<R: Gated> {
     /// The usual batch: its endpoints are of one range (`u32`: an id there).
     One(Arc<R>, u32, Named),
     Many(Vec<(Arc<R>, u32, Named)>),
@@ -398,7 +391,7 @@ impl<R: Gated> Drop for EnqueueGate<R> {
 }
 
 /// A bind or an unbind inside the gate of its range.
-pub(crate) struct ChangeGate<'r, R: Gated = RangeInner> {
+pub(crate) struct ChangeGate<'r, R: Gated> {
     range: &'r R,
     what: u64,
     named: Named,

@@ -2,7 +2,7 @@
 //! per id — the lifecycle facts ([`Facts`]), the bindings with where they
 //! start ([`binds`]), what is attached ([`attach`]: fabric handles,
 //! windows, the heap's agreed top) — and of the copy gate between them
-//! ([`crate::copy_gate`]). Everything else asks it questions through a
+//! ([`gate`]). Everything else asks it questions through a
 //! [`RecordRef`] or a [`SlotGuard`]; `crate::range` owns the range's
 //! lifecycle (reserve, reuse, release, the spare) and reaches the
 //! record's fields only there.
@@ -33,6 +33,7 @@ use crate::driver::Device;
 
 pub(crate) mod attach;
 pub(crate) mod binds;
+pub(crate) mod gate;
 
 use attach::{Attachments, take_fabric};
 pub(crate) use binds::{Bound, Slot};
@@ -214,9 +215,9 @@ pub(crate) struct RangeInner {
     /// range, so that facts read from the bindings earlier (a copy batch's,
     /// F9) are known stale without a lock (`bindings_gen`).
     bindings_gen: AtomicU64,
-    /// The range's copy gate ([`crate::copy_gate`]): an unbind waits for
+    /// The range's copy gate ([`gate`]): an unbind waits for
     /// the enqueues, an enqueue for the binds and unbinds (F4, R13.3).
-    gate: crate::copy_gate::Gate,
+    gate: gate::Gate,
 }
 
 /// The context of a range, read as a `&Context` without a test: it is
@@ -321,9 +322,9 @@ impl RangeInner {
         self.bindings_gen.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The range's copy gate ([`crate::copy_gate`]).
+    /// The range's copy gate ([`gate`]).
     #[inline]
-    pub(crate) fn gate(&self) -> &crate::copy_gate::Gate {
+    pub(crate) fn gate(&self) -> &gate::Gate {
         &self.gate
     }
 
@@ -409,7 +410,7 @@ impl RangeInner {
             released: false,
             spare: false,
             bindings_gen: AtomicU64::new(0),
-            gate: crate::copy_gate::Gate::new(),
+            gate: gate::Gate::new(),
         });
         // Where the records are now that the range is in its `Arc` (inline
         // ones moved with it), before anyone else has the `Arc`.
@@ -422,5 +423,12 @@ impl RangeInner {
     pub(crate) fn set_orphaned(&mut self, id: u32, orphaned: bool) {
         let i = (id - self.base) as usize;
         self.records[i].facts.0.get_mut().orphaned = orphaned;
+    }
+}
+
+impl gate::Gated for RangeInner {
+    #[inline]
+    fn gate(&self) -> &gate::Gate {
+        RangeInner::gate(self)
     }
 }
