@@ -117,7 +117,7 @@ impl Binding<'_> {
         // the settle and the driver's unbind (F4).
         let _gate = crate::ledger::gate::ChangeGate::unbind(self.range, self.id)?;
         // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
-        crate::stream::settle(self.range, self.id)?;
+        crate::ledger::settle(self.range, self.id)?;
         // A panic inside the call (a layer, after the driver unbound): the
         // record stays, keeping the memory until destroy (R7.2), but covers
         // no byte from then on, so no copy passes F9 on it.

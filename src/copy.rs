@@ -37,7 +37,7 @@
 //!   is synchronized;
 //! - endpoints: the record names each endpoint's id, and destroying the
 //!   endpoint or unbinding on it synchronizes those streams first
-//!   (`stream::settle`);
+//!   (`ledger::settle`);
 //! - host memory: host bytes are *owned* buffers moved into the batch
 //!   (`Vec<u8>`), never borrowed slices. A waited token hands them back; a
 //!   dropped one synchronizes before it frees them; a forgotten one leaks

@@ -83,7 +83,7 @@ fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error
 #[inline(always)]
 fn destroy_inline(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error>> {
     // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
-    if let Err(e) = crate::stream::settle_destroy(range, id) {
+    if let Err(e) = crate::ledger::settle_destroy(range, id) {
         return destroy_failed(range, id, from_drop, e);
     }
     // A panic inside the call is taken as coming after the destroy (see

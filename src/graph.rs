@@ -15,7 +15,7 @@
 //!   or freeing memory while the graph lives does not compile. At run time:
 //!   a binding the graph does not borrow (the batch named `&ep`) cannot be
 //!   unbound while the graph lives either: the graph pins its ids in the
-//!   in-flight index (`stream::pin_for_graph`), and the unbind answers
+//!   in-flight index (`ledger::holds::pin_for_graph`), and the unbind answers
 //!   [`Error::UnbindUnderGraph`] before the driver, the memory still bound
 //!   (from a `Binding`'s `Drop`, the error is kept on the context and the
 //!   endpoint keeps the memory until it is destroyed). A launch's
@@ -193,7 +193,7 @@ impl Stream {
         graph_guard.disarm();
         // F8: from now until the graph is dropped, its ids stay bound (an
         // unbind is refused before the driver, `Error::UnbindUnderGraph`).
-        let pin = crate::stream::pin_for_graph(&keep.endpoints);
+        let pin = crate::ledger::holds::pin_for_graph(&keep.endpoints);
         Ok(CopyGraph {
             stream: self,
             graph,
@@ -273,7 +273,7 @@ impl Drop for CopyGraph<'_> {
             // backend) comes after the driver destroyed: what is left is
             // still destroyed, and the ids unpinned (F8: else every later
             // unbind of them is refused), while it unwinds.
-            let unpin = OnUnwind::new(|| crate::stream::unpin_graph(pin));
+            let unpin = OnUnwind::new(|| crate::ledger::holds::unpin_graph(pin));
             let destroy_graph = || {
                 // SAFETY: the graph is this one's own; its executable form
                 // is destroyed (or its destroy was made); not used again.
@@ -293,7 +293,7 @@ impl Drop for CopyGraph<'_> {
             destroy_graph();
             unpin.disarm();
             // Nothing launches it again: its ids may be unbound.
-            crate::stream::unpin_graph(pin);
+            crate::ledger::holds::unpin_graph(pin);
             if let Err(e) = end.resume() {
                 ctx.record_teardown(e);
             }

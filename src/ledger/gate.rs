@@ -6,7 +6,7 @@
 //! endpoint: both are shared borrows, so two threads may do them at once.
 //! An enqueue checks the bindings (F9), calls the driver, then records the
 //! batch as in flight; an unbind synchronizes the streams with a copy in
-//! flight on the id ([`crate::stream::settle`]), then calls the driver; a
+//! flight on the id ([`super::holds::settle`]), then calls the driver; a
 //! bind records its binding, then calls the driver. The gate keeps them
 //! apart with a count per side in one atomic word:
 //!

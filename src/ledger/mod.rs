@@ -34,9 +34,11 @@ use crate::driver::Device;
 pub(crate) mod attach;
 pub(crate) mod binds;
 pub(crate) mod gate;
+pub(crate) mod holds;
 
 use attach::{Attachments, take_fabric};
 pub(crate) use binds::{Bound, Slot};
+pub(crate) use holds::{settle, settle_destroy};
 
 /// What the endpoint on one id is: fixed by the transitions that make it
 /// (create, import, add_device) and cleared by destroy.

@@ -130,7 +130,7 @@ pub(crate) fn announce(
 /// This rank's copies in flight through `ep` (into a peer's memory, or out
 /// of it) complete: the first half of a close (R13.7, F4).
 pub(crate) fn settle<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Result<(), Error> {
-    crate::stream::settle(ep.range(), ep.id())
+    crate::ledger::settle(ep.range(), ep.id())
 }
 
 /// The close agreement (R13.7): `settled` is this rank's outcome of

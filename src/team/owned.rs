@@ -345,11 +345,11 @@ impl<M: BindSource> OwnedPeers<M> {
         // token was forgotten: this rank's copies in flight through any of
         // them (into a peer's top chunk too) complete before it agrees that
         // it stopped using the top chunk (R13.7, F4).
-        let settled = crate::stream::settle(self.own.range(), self.own.id()).and_then(|()| {
+        let settled = crate::ledger::settle(self.own.range(), self.own.id()).and_then(|()| {
             self.peers
                 .iter()
                 .flatten()
-                .try_for_each(|ep| crate::stream::settle(ep.range(), ep.id()))
+                .try_for_each(|ep| crate::ledger::settle(ep.range(), ep.id()))
         });
         let local = match settled {
             Ok(()) => Ok(heap_word(top, 0)),

@@ -1,0 +1,343 @@
+//! What is in flight on each endpoint id, and the streams it is in flight
+//! on (F4, F8): a stream's handle with its in-flight records
+//! ([`StreamInner`], destroyed by its last holder), the index from
+//! `(range, id)` to the batches in flight on it and the graphs naming it,
+//! and [`settle`]/[`settle_destroy`], which an unbind and a destroy call
+//! first.
+//!
+//! - the handle's life: it lives in a shared `StreamInner`, destroyed
+//!   (`cuStreamDestroy`) by its last `Arc` holder, as cudarc's
+//!   `CudaStream`. A settle that found the stream in the index, or an
+//!   event that reached it, holds it (a strong `Arc`) for its
+//!   synchronize: a `Stream` dropped on another thread meanwhile leaves
+//!   the handle to it, so no synchronize ever meets a destroyed stream;
+//! - the stream's *in-flight records* (F4, as R7.2 for bindings): each
+//!   enqueued batch leaves, until the stream is synchronized, the memory it
+//!   reads or writes and the id ranges of its endpoints. So a forgotten
+//!   in-flight token (`mem::forget`) can free nothing a copy still uses:
+//!   the memory lives until the stream passed the copy, and [`settle`]
+//!   synchronizes every stream with a copy in flight on that id first;
+//! - the process-wide index from `(range, id)` to the batches in flight on
+//!   it and the graphs of copies naming it (F8), which [`settle`] reads
+//!   (empty, and one atomic load, unless a copy is in flight or a graph
+//!   lives). An entry goes when the stream passed its batch (synchronize,
+//!   query, an event after it) or the stream is dropped, and when its
+//!   graph is dropped: the index holds what is in flight now, and no
+//!   settle begins on a dropped stream. A stream's entries hold it
+//!   weakly, so an entry never keeps a handle alive.
+//!
+//! When a synchronize fails, the records stay: the memory is leaked rather
+//! than freed under a copy that may still run.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use smallvec::SmallVec;
+
+use crate::context::Context;
+use crate::driver::{Call, Device};
+use crate::error::{Error, Result};
+
+use super::RangeInner;
+
+/// What one enqueued batch keeps alive until the stream passed it. A batch
+/// usually names one allocation and one endpoint: inline, no allocation.
+#[derive(Clone, Default)]
+pub(crate) struct Keep {
+    /// Local memory read or written (`Mapped` keep-alives).
+    pub memory: KeepMemory,
+    /// The id ranges of the endpoints, with the ids in flight.
+    pub endpoints: SmallVec<[(Arc<RangeInner>, u32); 1]>,
+}
+
+/// Keep-alives of memory a batch reads or writes.
+pub(crate) type KeepMemory = SmallVec<[Arc<dyn Any + Send + Sync>; 1]>;
+
+/// A stream's handle and its in-flight records, shared: by the [`Stream`],
+/// and for the length of one call by a settle ([`settle`]) or an
+/// [`Event`] that reached it through the index or its `Weak`. The handle
+/// is destroyed in its `Drop`, by its last holder (as cudarc's
+/// `CudaStream`), so whoever synchronizes it holds it and never meets a
+/// destroyed stream.
+pub(crate) struct StreamInner {
+    pub(crate) ctx: Context,
+    pub(crate) dev: Device,
+    pub(crate) handle: u64,
+    /// Batches enqueued since the last successful synchronize, each with
+    /// its sequence number.
+    inflight: Mutex<Vec<(u64, Keep)>>,
+    /// The next batch's sequence number.
+    next_seq: AtomicU64,
+    /// A stream this crate did not make (cudarc's): kept alive by this,
+    /// synchronized but never destroyed here.
+    borrowed: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+/// What keeps an endpoint id in the index: a stream's batch in flight
+/// (until the stream passed it), or a graph of copies that names the id
+/// (for the graph's whole life, F8).
+enum Holder {
+    /// Batch `seq` of the stream.
+    Batch(Weak<StreamInner>, u64),
+    /// The graph numbered so ([`pin_for_graph`]).
+    Graph(u64),
+}
+
+/// One `(range address, id)` with a copy in flight, or named by a graph.
+struct Entry {
+    range: usize,
+    id: u32,
+    holder: Holder,
+}
+
+impl Entry {
+    /// Whether this is an entry of one of `stream`'s batches that `done`.
+    fn of_batch(&self, stream: *const StreamInner, done: impl Fn(u64) -> bool) -> bool {
+        matches!(&self.holder, Holder::Batch(s, seq) if std::ptr::eq(s.as_ptr(), stream) && done(*seq))
+    }
+}
+
+/// Every endpoint id with a copy in flight or a graph naming it: one entry
+/// per batch (or graph) and id, gone once the stream passed the batch (a
+/// synchronize, a query, an event after it), the stream was dropped, or
+/// the graph was dropped. So its length is what is in flight now, not
+/// what ever was.
+static INDEX: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+/// `INDEX.len()`, read without the lock.
+static IN_INDEX: AtomicUsize = AtomicUsize::new(0);
+/// The number of the next graph that pins its ids.
+static NEXT_GRAPH: AtomicU64 = AtomicU64::new(0);
+
+fn index() -> MutexGuard<'static, Vec<Entry>> {
+    INDEX.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Drops the entries `gone` picks, under the index lock.
+fn forget_entries(gone: impl Fn(&Entry) -> bool) {
+    let mut idx = index();
+    idx.retain(|e| !gone(e));
+    IN_INDEX.store(idx.len(), Ordering::Release);
+}
+
+fn range_key(range: &RangeInner) -> usize {
+    std::ptr::from_ref(range).addr()
+}
+
+/// Pins the ids a graph of copies names (F8: "every id valid and bound for
+/// as long as the graph may run"): until [`unpin_graph`], unbinding memory
+/// of any of them is refused ([`settle`]). Returns the graph's number.
+pub(crate) fn pin_for_graph(endpoints: &[(Arc<RangeInner>, u32)]) -> u64 {
+    let graph = NEXT_GRAPH.fetch_add(1, Ordering::Relaxed);
+    let mut idx = index();
+    for (range, id) in endpoints {
+        idx.push(Entry {
+            range: range_key(range),
+            id: *id,
+            holder: Holder::Graph(graph),
+        });
+    }
+    IN_INDEX.store(idx.len(), Ordering::Release);
+    graph
+}
+
+/// The graph numbered `graph` is gone: its ids may be unbound again.
+pub(crate) fn unpin_graph(graph: u64) {
+    forget_entries(|e| matches!(e.holder, Holder::Graph(g) if g == graph));
+}
+
+/// Before a binding on `id` of `range` is unbound: synchronizes every
+/// stream with a copy in flight on it (F4).
+///
+/// # Errors
+/// [`Error::UnbindUnderGraph`] while a graph of copies names the id (F8),
+/// before any synchronize; else the first synchronize that failed: the
+/// caller must not go on (the copy may still run).
+#[inline]
+pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
+    // Inline: with no copy in flight anywhere (the usual unbind and
+    // destroy), one load and no call.
+    if IN_INDEX.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    settle_in_flight(range, id, false)
+}
+
+/// Before the endpoint on `id` of `range` is destroyed: as [`settle`], but
+/// a graph's pin on the id is dropped, not refused. A live graph borrows
+/// the endpoint, so only a forgotten one (`mem::forget`, never launched
+/// again) can still pin it, and its entry must not outlive the id (the
+/// index names ranges by address).
+///
+/// # Errors
+/// The first synchronize that failed, as [`settle`].
+#[inline]
+pub(crate) fn settle_destroy(range: &RangeInner, id: u32) -> Result<()> {
+    if IN_INDEX.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    settle_in_flight(range, id, true)
+}
+
+/// [`settle`] and [`settle_destroy`] when some copy may be in flight or a
+/// graph live.
+#[cold]
+#[inline(never)]
+fn settle_in_flight(range: &RangeInner, id: u32, destroying: bool) -> Result<()> {
+    let key = range_key(range);
+    let ours = |e: &Entry| e.range == key && e.id == id;
+    if destroying {
+        forget_entries(|e| ours(e) && matches!(e.holder, Holder::Graph(_)));
+    }
+    let mut streams: Vec<Arc<StreamInner>> = Vec::new();
+    for e in index().iter().filter(|e| ours(e)) {
+        match &e.holder {
+            Holder::Graph(_) => return Err(Error::UnbindUnderGraph { id }),
+            // A dropped stream does not upgrade (it was synchronized, and
+            // its entries are gone with it anyway).
+            Holder::Batch(s, _) => {
+                if let Some(s) = s.upgrade()
+                    && !streams.iter().any(|o| Arc::ptr_eq(o, &s))
+                {
+                    streams.push(s);
+                }
+            }
+        }
+    }
+    for s in streams {
+        s.synchronize()?;
+    }
+    Ok(())
+}
+
+/// The entries of the index of the batches of the stream at `me` (tests:
+/// what is left; other tests' streams run at the same time).
+#[cfg(test)]
+pub(crate) fn entries_of(me: *const StreamInner) -> usize {
+    index().iter().filter(|e| e.of_batch(me, |_| true)).count()
+}
+
+impl StreamInner {
+    /// A stream's handle, with nothing in flight yet.
+    pub(crate) fn new(
+        ctx: &Context,
+        dev: Device,
+        handle: u64,
+        borrowed: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Arc<StreamInner> {
+        Arc::new(StreamInner {
+            ctx: ctx.clone(),
+            dev,
+            handle,
+            inflight: Mutex::new(Vec::new()),
+            next_seq: AtomicU64::new(0),
+            borrowed,
+        })
+    }
+
+    /// A synchronize failed for good (the `Stream` is dropped): copies may
+    /// still run, so what they use is kept alive for ever.
+    pub(crate) fn leak_in_flight(&self) {
+        std::mem::forget(std::mem::take(&mut *self.lock()));
+    }
+
+    /// The `Stream` is dropped: none of its entries may outlive it.
+    pub(crate) fn forget_entries(&self) {
+        let me: *const StreamInner = self;
+        forget_entries(|e| e.of_batch(me, |_| true));
+    }
+
+    /// Records a batch just enqueued; returns its sequence number.
+    pub(crate) fn record(self: &Arc<Self>, keep: Keep) -> u64 {
+        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
+        let mut idx = index();
+        for (range, id) in &keep.endpoints {
+            idx.push(Entry {
+                range: range_key(range),
+                id: *id,
+                holder: Holder::Batch(Arc::downgrade(self), seq),
+            });
+        }
+        IN_INDEX.store(idx.len(), Ordering::Release);
+        // Pushed under the index lock: `passed_before` sees the index and
+        // the records agree.
+        self.lock().push((seq, keep));
+        drop(idx);
+        seq
+    }
+
+    /// The stream passed batch `seq` (an event after it was observed): the
+    /// records of the batches up to it go, memory and index entries.
+    pub(crate) fn passed_through(&self, seq: u64) {
+        self.passed(|s| s <= seq);
+    }
+
+    /// The stream passed every batch whose number `done` picks: drop their
+    /// records, and their entries of the index (so that a later destroy or
+    /// unbind synchronizes nothing for them, and the index holds only what
+    /// is in flight).
+    fn passed(&self, done: impl Fn(u64) -> bool + Copy) {
+        // Taken out in place: the list keeps its capacity for the next
+        // record (no allocation per enqueue).
+        let done_now: Vec<(u64, Keep)> = self.lock().extract_if(.., |(s, _)| done(*s)).collect();
+        if done_now.iter().any(|(_, k)| !k.endpoints.is_empty()) {
+            let me: *const StreamInner = self;
+            forget_entries(|e| e.of_batch(me, done));
+        }
+        drop(done_now); // may release memory: outside the locks
+    }
+
+    /// Whether the stream is known to have passed batch `seq` (its record
+    /// was let go: waited, an event after it observed, or synchronized).
+    pub(crate) fn has_passed(&self, seq: u64) -> bool {
+        !self.lock().iter().any(|(s, _)| *s == seq)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<(u64, Keep)>> {
+        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `cuStreamSynchronize`; on success lets go of every in-flight record
+    /// (outside the locks: dropping memory may call the driver).
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let before = self.enqueued();
+        // SAFETY: the stream is this object's own and live until its Drop.
+        let r = unsafe { self.ctx.driver().stream_synchronize(self.handle) };
+        self.ctx.check(Call::StreamSynchronize, r)?;
+        self.passed_before(before);
+        Ok(())
+    }
+
+    /// The number the next batch will take, read before a call that
+    /// completes the stream: every batch numbered below it was enqueued on
+    /// the driver before (its number is taken after its enqueue), so the
+    /// call covers it; one another thread enqueues during the call may not
+    /// be covered, and must keep what it uses.
+    pub(crate) fn enqueued(&self) -> u64 {
+        self.next_seq.load(Ordering::Acquire)
+    }
+
+    /// The stream passed every batch numbered below `before`.
+    pub(crate) fn passed_before(&self, before: u64) {
+        self.passed(|s| s < before);
+    }
+}
+
+impl Drop for StreamInner {
+    /// The last holder let go (the `Stream`, or a settle or an event that
+    /// held it for a synchronize): nothing can reach the handle any more.
+    fn drop(&mut self) {
+        if self.borrowed.is_some() {
+            // cudarc's stream: cudarc destroys it.
+            return;
+        }
+        crate::unwind::in_drop(|| {
+            // SAFETY: the stream is this object's own, and this is its last
+            // holder: nothing uses the handle after.
+            let r = unsafe { self.ctx.driver().stream_destroy(self.handle) };
+            if let Err(e) = self.ctx.check(Call::StreamDestroy, r) {
+                self.ctx.record_teardown(e);
+            }
+        });
+    }
+}
