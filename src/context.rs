@@ -209,6 +209,13 @@ impl Context {
         self.driver().object_sharing()
     }
 
+    /// The process the backend's driver names, where it names one (a
+    /// simulated fabric's process, or this OS process): bring-up keys its
+    /// table of taken shares by it, typed (no raw driver call in `team/`).
+    pub(crate) fn process_scope(&self) -> Option<u64> {
+        self.driver().process_scope()
+    }
+
     /// A device attribute, `None` where the driver would not say: for
     /// checks that are skipped then (no error is made, nothing else asked).
     pub(crate) fn attribute_or_none(&self, dev: Device, attr: i32) -> Option<i32> {

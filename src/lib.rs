@@ -14,7 +14,7 @@
 //
 // Floors (`ci/floors.sh` reads this table; a module names its folder too): a
 // file of src/ imports only its own floor and those below, never in a circle.
-// floor 0 words: state kind error unwind driver guide report
+// floor 0 words: state kind error unwind driver guide report sync
 // floor 1 context: context
 // floor 2 ledger: window ledger memory
 // floor 3 lifecycle: range id_range endpoint binding ready spec kernel erased owned sharing multicast_mapping
@@ -37,8 +37,7 @@ pub mod error {
     //! [`Alignment`] or [`Extent`] it broke, the [`Answer`] a driver gave that
     //! made no sense, the [`Feature`] a driver or backend does not have, and
     //! the [`Failure`] a failed transition boxes. The error type itself,
-    //! [`Error`], [`Failed`] and
-    //! [`Result`], are at the crate root.
+    //! [`Error`], [`Failed`] and [`Result`], are at the crate root.
     //!
     //! Every message names the value, the rule and the fix; none formats
     //! through the driver. The predicates
@@ -198,7 +197,4 @@ mod layout {
     // `Error` itself stays an enum to match on; pinned so that growing it is
     // a decision (it is what `Result<_, Error>` writes through memory).
     const_assert_eq!(std::mem::size_of::<Error>(), 88);
-    // A binding record: `handle_at` in what was padding (an endpoint's
-    // heap per id, `benches/readiness_heap.rs`).
-    const_assert_eq!(std::mem::size_of::<crate::ledger::Bound>(), 40);
 }

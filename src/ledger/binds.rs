@@ -23,6 +23,11 @@ pub(crate) struct Bound {
     pub handle_at: u32,
 }
 
+// A binding record: `handle_at` in what was padding (an endpoint's heap
+// per id, `benches/readiness_heap.rs`); pinned so that growing it is a
+// decision.
+const _: () = assert!(std::mem::size_of::<Bound>() == 40);
+
 impl Bound {
     /// [`Bound::handle_at`] of a bind by address (or one whose offset
     /// does not fit: 2^32 alignment units into the allocation).

@@ -30,7 +30,7 @@ use crate::context::Context;
 type Scope = (bool, u64);
 
 fn scope(ctx: &Context) -> Scope {
-    match ctx.driver().process_scope() {
+    match ctx.process_scope() {
         Some(s) => (true, s),
         None => (false, ctx.key() as u64),
     }
