@@ -221,39 +221,33 @@ pub(crate) struct EpFacts {
     /// A heap's top ([`crate::team::OwnedPeers::top`]): the bytes every
     /// rank bound and agreed on; past it a copy is refused (R13.3).
     agreed: Option<u64>,
-    /// Its binds by handle of an allocation bound more than once (F3: two
-    /// endpoint spans may be the same bytes): `(offset, size, allocation,
-    /// offset in it)`. Usually empty (no allocation).
-    handles: Vec<HandleSpan>,
+    /// Its binds by handle, where each is in its allocation (F3: two
+    /// endpoint spans, here or on another endpoint of the batch, may be the
+    /// same bytes): `(offset, size, allocation, offset in it)`. Usually
+    /// empty (memory bound by address) or one, inline.
+    handles: SmallVec<[HandleSpan; 1]>,
     /// Its bind alignment, the unit of [`crate::range::Bound::handle_at`].
     align: u64,
 }
 
 /// A bind by handle in its allocation's bytes: `(endpoint offset, size,
-/// the allocation's key, offset in the allocation)`.
+/// the allocation's identity, offset in the allocation)`.
 type HandleSpan = (u64, u64, u64, u64);
 
-/// The binds by handle of `bindings` whose allocation has another holder
-/// than its owner and this bind (another bind, most likely): where each is
-/// in its allocation, for F3. `align`: the endpoint's bind alignment.
-fn shared_handles(bindings: &[crate::range::Bound], align: u64) -> Vec<HandleSpan> {
-    let shared = |b: &crate::range::Bound| {
-        b.handle_at != crate::range::Bound::BY_ADDRESS
-            && b._keep
-                .as_ref()
-                .is_some_and(|k| std::sync::Arc::strong_count(k) > 2)
-    };
-    if !bindings.iter().any(shared) {
-        return Vec::new();
-    }
+/// Where each bind by handle of `bindings` is in its allocation, for F3:
+/// facts recorded at bind time (the allocation the record keeps, and
+/// [`crate::range::Bound::handle_at`]), never reference counts, so that two
+/// binds of one allocation are known as such whoever else holds it (its
+/// owner dropped, the bindings forgotten). `align`: the endpoint's bind
+/// alignment.
+fn handle_spans(bindings: &[crate::range::Bound], align: u64) -> SmallVec<[HandleSpan; 1]> {
     bindings
         .iter()
-        .filter(|b| shared(b))
+        .filter(|b| b.handle_at != crate::range::Bound::BY_ADDRESS && b.size > 0)
         .filter_map(|b| {
-            let k = b._keep.as_ref()?;
-            let key = std::sync::Arc::as_ptr(k).cast::<()>().addr() as u64;
+            let alloc = b._keep.as_ref()?.allocation()?;
             let at = u64::from(b.handle_at).checked_mul(align)?;
-            Some((b.offset, b.size, key, at))
+            Some((b.offset, b.size, alloc.get(), at))
         })
         .collect()
 }
@@ -736,9 +730,9 @@ impl BatchInner {
         let slot = ep.slot();
         let agreed = slot.agreed();
         let handles = if bound_here {
-            shared_handles(&slot.bindings, ep.facts().align)
+            handle_spans(&slot.bindings, ep.facts().align)
         } else {
-            Vec::new()
+            SmallVec::new()
         };
         let covered = if bound_here {
             // Read under the lock with the bindings: a later bind or unbind
@@ -911,29 +905,27 @@ impl BatchInner {
 
 /// A local endpoint's bound memory, in the space of its bytes:
 /// `(id, endpoint offset, size, space, start)` — space 0 for memory bound
-/// by address (`start` its address), an allocation's key for one bound by
-/// handle (`start` the offset in it). An op through the endpoint there
-/// reads or writes those bytes too (F3).
+/// by address (`start` its address), an allocation's identity
+/// ([`crate::memory::AllocId`], never 0) for one bound by handle (`start`
+/// the offset in it). An op through the endpoint there reads or writes
+/// those bytes too (F3).
 type Alias = (u32, u64, u64, u64, u64);
 
 impl BatchInner {
-    /// The bindings by address of the batch's local endpoints, when some
-    /// memory is reached two ways: one of them overlaps memory the batch
-    /// names by address, or another of them (one allocation bound at two
-    /// offsets, or to two endpoints). Then an op through the endpoint there
-    /// reads or writes those addresses too (F3). Usually none: one relaxed
-    /// load per endpoint when its range never had a window.
+    /// The bindings of the batch's local endpoints, when some memory is
+    /// reached two ways: one bound by address overlaps memory the batch
+    /// names by address, or another binding (one allocation bound at two
+    /// offsets, or to two endpoints, by address or by handle). Then an op
+    /// through the endpoint there reads or writes those bytes too (F3).
+    /// Usually none: one relaxed load per endpoint when its range never
+    /// had a window, and nothing built unless one allocation is bound by
+    /// handle twice among the batch's endpoints.
     fn aliases(&self) -> Vec<Alias> {
-        let mut out = Vec::new();
+        let mut out = self.shared_handles();
         for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
             if !f.bound_here {
                 continue;
             }
-            out.extend(
-                f.handles
-                    .iter()
-                    .map(|&(off, size, key, at)| (*id, off, size, key, at)),
-            );
             if !range.maybe_attached() {
                 continue;
             }
@@ -983,6 +975,36 @@ impl BatchInner {
         out
     }
 
+    /// The binds by handle of the batch's local endpoints whose allocation
+    /// is bound by handle at least twice among them (compared by identity,
+    /// a recorded fact): only those can meet another bind in its bytes.
+    fn shared_handles(&self) -> Vec<Alias> {
+        let spans = || {
+            self.eps
+                .iter()
+                .zip(&self.keep.endpoints)
+                .filter(|(f, _)| f.bound_here)
+                .flat_map(|(f, (_, id))| {
+                    f.handles
+                        .iter()
+                        .map(|&(off, size, alloc, at)| (*id, off, size, alloc, at))
+                })
+        };
+        if spans().nth(1).is_none() {
+            return Vec::new();
+        }
+        let mut all: Vec<Alias> = spans().collect();
+        all.sort_unstable_by_key(|a| a.3);
+        let mut out = Vec::new();
+        for (i, a) in all.iter().enumerate() {
+            let before = i.checked_sub(1).and_then(|j| all.get(j));
+            if before.is_some_and(|b| b.3 == a.3) || all.get(i + 1).is_some_and(|b| b.3 == a.3) {
+                out.push(*a);
+            }
+        }
+        out
+    }
+
     /// An endpoint whose bindings changed since the builder read them (a
     /// bind or unbind between building and enqueueing): its facts are read
     /// again and every op on it checked again (F9). Nothing to do, at one
@@ -1002,7 +1024,7 @@ impl BatchInner {
             }
             let slot = range.slot(*id);
             let now = range.bindings_gen();
-            let handles = shared_handles(&slot.bindings, facts.align);
+            let handles = handle_spans(&slot.bindings, facts.align);
             let mut every: Option<Intervals> = None;
             for &d in &facts.target.devices {
                 let mine = merged(

@@ -33,8 +33,6 @@
 //! those offsets, the window still reaches the old memory (kept alive, never
 //! freed under a copy) until it is registered again on a new endpoint.
 
-use std::any::Any;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::context::Context;
@@ -43,7 +41,7 @@ use crate::driver::{Call, CopyOp, Device, FABRIC_COPY_MIN_VERSION, Operand, Poin
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result, Rule};
 use crate::kind::Kind;
-use crate::memory::{BindSource, Mapped, MemShare};
+use crate::memory::{BindSource, KeepAlive, Mapped, MemShare};
 use crate::range::RangeInner;
 use crate::state::{IsReady, State};
 use crate::stream::{KeepMemory, Stream};
@@ -163,7 +161,7 @@ pub(crate) struct Window {
     addr: u64,
     /// The mapping of a peer window; `None` for a local binding, whose
     /// memory the binding keeps.
-    keep: Option<Arc<dyn Any + Send + Sync>>,
+    keep: Option<KeepAlive>,
 }
 
 impl Window {
@@ -293,7 +291,7 @@ pub(crate) struct LocalBind {
     pub offset: u64,
     pub size: u64,
     pub addr: Option<u64>,
-    pub keep: Option<Arc<dyn Any + Send + Sync>>,
+    pub keep: Option<KeepAlive>,
 }
 
 /// Every binding of `ep` in this process, taken under the lock (the memory
@@ -332,7 +330,7 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
         offset: u64,
         size: u64,
         addr: u64,
-        keep: Arc<dyn Any + Send + Sync>,
+        keep: KeepAlive,
     ) -> Vec<Window> {
         let member = Member::Peer { rank, device };
         let end = offset.saturating_add(size);

@@ -11,7 +11,6 @@
 //! so that 100 000 endpoints in one range cost 112 bytes of heap each with
 //! their `Endpoint`s (`benches/readiness_heap.rs` counts them).
 
-use std::any::Any;
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -39,7 +38,7 @@ pub(crate) struct Bound {
     pub size: u64,
     /// The memory bound, kept alive until unbound or destroyed (R7.2).
     /// `None` for raw binds, whose memory the caller keeps alive.
-    pub _keep: Option<Arc<dyn Any + Send + Sync>>,
+    pub _keep: Option<crate::memory::KeepAlive>,
     /// A bind by handle: where in its allocation, in units of the
     /// endpoint's bind alignment ([`Bound::BY_ADDRESS`] for a bind by
     /// address, whose window says where). In the record's padding: F3

@@ -56,7 +56,7 @@ pub(crate) struct Keep {
 }
 
 /// Keep-alives of memory a batch reads or writes.
-pub(crate) type KeepMemory = SmallVec<[Arc<dyn Any + Send + Sync>; 1]>;
+pub(crate) type KeepMemory = SmallVec<[crate::memory::KeepAlive; 1]>;
 
 pub(crate) struct StreamInner {
     pub(crate) ctx: Context,

@@ -24,9 +24,7 @@
 //!   released) before the error returns; registered windows go with the
 //!   endpoint (`endpoint::forget_rest`).
 
-use std::any::Any;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
 
 use crate::CopyPath;
 use crate::bootstrap::{Bootstrap, BootstrapError, Deadline, Exchange, FdExchange, NodeId, Op};
@@ -204,7 +202,7 @@ pub(crate) struct Imported {
     size: u64,
     addr: u64,
     /// The mapping, kept alive by the window.
-    mem: Arc<dyn Any + Send + Sync>,
+    mem: crate::memory::KeepAlive,
 }
 
 /// Imports every share of `rank`'s report into this process and maps it
