@@ -221,11 +221,11 @@ pub(crate) struct EpFacts {
     /// A heap's top ([`crate::team::OwnedPeers::top`]): the bytes every
     /// rank bound and agreed on; past it a copy is refused (R13.3).
     agreed: Option<u64>,
-    /// Its binds by handle, where each is in its allocation (F3: two
-    /// endpoint spans, here or on another endpoint of the batch, may be the
-    /// same bytes): `(offset, size, allocation, offset in it)`. Usually
-    /// empty (memory bound by address) or one, inline.
-    handles: SmallVec<[HandleSpan; 1]>,
+    /// How many of its binds here are by handle (F3: two endpoint spans,
+    /// here or on another endpoint of the batch, may be one allocation's
+    /// bytes; where each is, [`handle_spans`], is read at enqueue only when
+    /// the batch's endpoints have two or more).
+    by_handle: usize,
     /// Its bind alignment, the unit of [`crate::range::Bound::handle_at`].
     align: u64,
 }
@@ -240,16 +240,22 @@ type HandleSpan = (u64, u64, u64, u64);
 /// binds of one allocation are known as such whoever else holds it (its
 /// owner dropped, the bindings forgotten). `align`: the endpoint's bind
 /// alignment.
-fn handle_spans(bindings: &[crate::range::Bound], align: u64) -> SmallVec<[HandleSpan; 1]> {
-    bindings
-        .iter()
-        .filter(|b| b.handle_at != crate::range::Bound::BY_ADDRESS && b.size > 0)
-        .filter_map(|b| {
-            let alloc = b._keep.as_ref()?.allocation()?;
-            let at = u64::from(b.handle_at).checked_mul(align)?;
-            Some((b.offset, b.size, alloc.get(), at))
-        })
-        .collect()
+fn handle_spans(bindings: &[crate::range::Bound], align: u64) -> Vec<HandleSpan> {
+    let mut out = Vec::new();
+    for b in bindings.iter().filter(|b| is_by_handle(b)) {
+        let alloc = b._keep.as_ref().and_then(|k| k.allocation());
+        let at = u64::from(b.handle_at).checked_mul(align);
+        if let (Some(alloc), Some(at)) = (alloc, at) {
+            out.push((b.offset, b.size, alloc.get(), at));
+        }
+    }
+    out
+}
+
+/// Whether `b` is a bind by handle that covers bytes (not a record whose
+/// unbind panicked).
+fn is_by_handle(b: &crate::range::Bound) -> bool {
+    b.handle_at != crate::range::Bound::BY_ADDRESS && b.size > 0
 }
 
 impl std::fmt::Debug for CopyBatch<'_> {
@@ -729,10 +735,10 @@ impl BatchInner {
         let mut bindings_gen = None;
         let slot = ep.slot();
         let agreed = slot.agreed();
-        let handles = if bound_here {
-            handle_spans(&slot.bindings, ep.facts().align)
+        let by_handle = if bound_here {
+            slot.bindings.iter().filter(|b| is_by_handle(b)).count()
         } else {
-            SmallVec::new()
+            0
         };
         let covered = if bound_here {
             // Read under the lock with the bindings: a later bind or unbind
@@ -769,7 +775,7 @@ impl BatchInner {
             },
             bindings_gen,
             agreed,
-            handles,
+            by_handle,
             align: ep.facts().align,
         }
     }
@@ -921,11 +927,13 @@ impl BatchInner {
     /// had a window, and nothing built unless one allocation is bound by
     /// handle twice among the batch's endpoints.
     fn aliases(&self) -> Vec<Alias> {
-        let mut out = self.shared_handles();
+        let mut out = Vec::new();
+        let mut by_handle = 0usize;
         for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
             if !f.bound_here {
                 continue;
             }
+            by_handle = by_handle.saturating_add(f.by_handle);
             if !range.maybe_attached() {
                 continue;
             }
@@ -935,6 +943,9 @@ impl BatchInner {
                     .filter_map(crate::portable::Window::local_span)
                     .map(|(off, size, addr)| (*id, off, size, 0, addr)),
             );
+        }
+        if by_handle >= 2 {
+            self.shared_handles(&mut out);
         }
         if out.is_empty() || (out.len() == 1 && self.locations.is_empty()) {
             return Vec::new();
@@ -977,32 +988,33 @@ impl BatchInner {
 
     /// The binds by handle of the batch's local endpoints whose allocation
     /// is bound by handle at least twice among them (compared by identity,
-    /// a recorded fact): only those can meet another bind in its bytes.
-    fn shared_handles(&self) -> Vec<Alias> {
-        let spans = || {
-            self.eps
-                .iter()
-                .zip(&self.keep.endpoints)
-                .filter(|(f, _)| f.bound_here)
-                .flat_map(|(f, (_, id))| {
-                    f.handles
-                        .iter()
-                        .map(|&(off, size, alloc, at)| (*id, off, size, alloc, at))
-                })
-        };
-        if spans().nth(1).is_none() {
-            return Vec::new();
+    /// a recorded fact), pushed to `out`: only those can meet another bind
+    /// in its bytes. Called when two or more binds are by handle.
+    #[cold]
+    #[inline(never)]
+    fn shared_handles(&self, out: &mut Vec<Alias>) {
+        let mut all: Vec<Alias> = Vec::new();
+        for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
+            if f.by_handle == 0 {
+                continue;
+            }
+            // Read again under the lock: the bindings are those `by_handle`
+            // counted (`recheck_stale` made it current, and the copy gate
+            // keeps binds and unbinds out until the batch is recorded).
+            let spans = handle_spans(&range.slot(*id).bindings, f.align);
+            all.extend(
+                spans
+                    .into_iter()
+                    .map(|(off, size, alloc, at)| (*id, off, size, alloc, at)),
+            );
         }
-        let mut all: Vec<Alias> = spans().collect();
         all.sort_unstable_by_key(|a| a.3);
-        let mut out = Vec::new();
         for (i, a) in all.iter().enumerate() {
             let before = i.checked_sub(1).and_then(|j| all.get(j));
             if before.is_some_and(|b| b.3 == a.3) || all.get(i + 1).is_some_and(|b| b.3 == a.3) {
                 out.push(*a);
             }
         }
-        out
     }
 
     /// An endpoint whose bindings changed since the builder read them (a
@@ -1024,7 +1036,7 @@ impl BatchInner {
             }
             let slot = range.slot(*id);
             let now = range.bindings_gen();
-            let handles = handle_spans(&slot.bindings, facts.align);
+            let by_handle = slot.bindings.iter().filter(|b| is_by_handle(b)).count();
             let mut every: Option<Intervals> = None;
             for &d in &facts.target.devices {
                 let mine = merged(
@@ -1043,7 +1055,7 @@ impl BatchInner {
             if let Some(f) = self.eps.get_mut(index) {
                 f.covered = every.unwrap_or_default();
                 f.bindings_gen = Some(now);
-                f.handles = handles;
+                f.by_handle = by_handle;
             }
             for (op, o) in self.list.iter().enumerate() {
                 let at = match (o.src, o.dst) {
