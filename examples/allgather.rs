@@ -78,8 +78,9 @@ fn rank(
     for (p, got) in got.chunks(SLICE as usize).enumerate() {
         checked.compare(&format!("rank {p}'s slice"), got, &slice(p));
     }
-    // Nobody unbinds while a peer may still read (R13.7).
-    boot.barrier(TIMEOUT)?;
+    // Nobody unbinds while a peer may still read: every rank completed its
+    // copies, agreed (R13.7).
+    bound.close(boot, TIMEOUT)?;
     drop(stream);
     drop(gathered);
     drop(binding);

@@ -69,8 +69,9 @@ fn rank(
     let mut checked = Checked::default();
     let got = me.read(mem.device_ptr() + AT, LEN)?;
     checked.compare("this rank's bound memory", &got, &message());
-    // Nobody unbinds while the put may still be landing elsewhere (R13.7).
-    boot.barrier(TIMEOUT)?;
+    // Nobody unbinds while the put may still be landing elsewhere: every
+    // rank completed its copies, agreed (R13.7).
+    bound.close(boot, TIMEOUT)?;
     drop(stream);
     drop(binding);
     drop(team);

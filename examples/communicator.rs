@@ -7,8 +7,9 @@
 //! for its first two creates (a fault it sets on the fabric for itself);
 //! every rank puts into its own heap and gets every peer's; one heap grows
 //! by a chunk that peers reach without re-importing, then shrinks by
-//! agreement (R13.5, R13.7); each rank drops its communicators in its own
-//! order, one through the erased form.
+//! agreement (R13.5, R13.7); every rank closes its communicators by
+//! agreement (R13.7: a close is collective, so in the same order on every
+//! rank), one through the erased form.
 //!
 //! ```text
 //! cargo run --features fabric --example communicator              # 4 ranks, 1 node
@@ -53,10 +54,10 @@ use common::Me;
 use common::job::{self, Checked, TIMEOUT};
 use cuda_endpoints::model::faults::{Fault, FaultPlan};
 use cuda_endpoints::team::{
-    self, Cause, Mismatch, OwnedPeers, PeerSpec, Retry, Step, Tagged, TeamSpec,
+    self, Cause, Mismatch, OwnedPeers, OwnedTeam, PeerSpec, Retry, Step, Tagged, TeamSpec,
 };
 use cuda_endpoints::{
-    Allocation, BoundEndpoint, Context, CopyBatch, Mapped, PosixFd, Stream,
+    Allocation, Context, CopyBatch, Mapped, PosixFd, Stream,
     bootstrap::{Bootstrap, Tcp, UniqueId},
     driver::{Call, Code},
 };
@@ -70,7 +71,7 @@ const LEN: u64 = 4096;
 
 /// A communicator as a user keeps it: no lifetime anywhere.
 struct Comm {
-    team: BoundEndpoint<team::SharedMulticast, Mapped<PosixFd>>,
+    team: OwnedTeam<Mapped<PosixFd>>,
     peers: OwnedPeers<Mapped<PosixFd>>,
 }
 
@@ -110,6 +111,13 @@ impl Comm {
         // The first chunk: the every-rank-bound agreement (R13.3).
         peers.grow(boot, chunk(ctx, dev)?, TIMEOUT)?;
         Ok(Comm { team, peers })
+    }
+
+    /// Tears both down on every rank, once every rank completed its copies
+    /// (R13.7); call it on every rank, communicators in the same order.
+    fn close(self, boot: &dyn Bootstrap) -> Result<(), team::TeamError> {
+        self.team.close(boot, TIMEOUT)?;
+        self.peers.close(boot, TIMEOUT)
     }
 }
 
@@ -222,22 +230,17 @@ fn rank(
     }
     drop(freed);
 
-    // Each rank drops its communicators in its own order; rank 1 one of
-    // them through the erased form.
-    let order = match r % 3 {
-        0 => ["a", "b", "c"],
-        1 => ["c", "a", "b"],
-        _ => ["b", "c", "a"],
-    };
-    for name in order {
+    // Every rank closes its communicators, in the same order (a close is
+    // collective, R13.7); rank 1 one of them through the erased form.
+    for name in ["c", "a", "b"] {
         let Comm { team, peers } = comms.remove(name).ok_or("no communicator")?;
         if r % 3 == 1 {
             let erased = peers.into_dyn();
-            drop(team);
-            drop(erased);
+            team.close(boot, TIMEOUT)?;
+            erased.close(boot, TIMEOUT)?;
         } else {
-            drop(peers);
-            drop(team);
+            team.close(boot, TIMEOUT)?;
+            peers.close(boot, TIMEOUT)?;
         }
     }
     let teardown = ctx.take_teardown_errors();
@@ -273,8 +276,8 @@ fn put_and_get_every_peer(
         let got = got.received.into_iter().next().unwrap_or_default();
         checked.compare(&format!("{c}: rank {p}'s heap"), &got, &mark(p, c, 0));
     }
-    // Every rank stopped using every heap before any tears down (R13.7).
-    boot.barrier(TIMEOUT)?;
+    // No barrier before the teardown: the close agrees that every rank
+    // completed its copies (R13.7).
     Ok(checked)
 }
 
@@ -366,9 +369,11 @@ fn eight_at_once(
     let (r, dev) = (boot.rank(), me.device());
     let shared = Tagged::new(boot);
     let (comms, checked) = eight(ctx, r, dev, |tag| Ok(shared.channel(tag)))?;
-    // Every rank is done with every communicator before any tears down.
-    shared.channel(u64::MAX).barrier(TIMEOUT)?;
-    drop(comms);
+    // Each communicator closes over its own channel, every rank in the
+    // same order (R13.7).
+    for (comm, channel) in comms {
+        comm.close(&channel)?;
+    }
     eight_done(ctx, me, r, "over one shared bootstrap", checked)
 }
 
@@ -402,8 +407,9 @@ fn eight_over_mpi(
         };
         joined.map_err(|e| e.to_string())
     })?;
-    boot.barrier(TIMEOUT)?;
-    drop(comms);
+    for (comm, own) in comms {
+        comm.close(&own)?;
+    }
     eight_done(ctx, me, r, "over eight TCP bootstraps", checked)
 }
 
@@ -467,7 +473,7 @@ fn forged_id_table(
     let c = put_and_get_every_peer(ctx, boot, dev, &peers, 0)?;
     checked.bytes += c.bytes;
     checked.wrong.extend(c.wrong);
-    drop(peers);
+    peers.close(boot, TIMEOUT)?;
     let teardown = ctx.take_teardown_errors();
     if !teardown.is_empty() {
         return Err(format!("rank {r}: teardown errors {teardown:?}").into());

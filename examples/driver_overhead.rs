@@ -34,7 +34,12 @@ type SetCurrent = unsafe extern "C" fn(*mut c_void) -> u32;
 type Create = unsafe extern "C" fn(*mut u64, usize, *const MemProp, u64) -> u32;
 type Release = unsafe extern "C" fn(u64) -> u32;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// A failure prints its message and causes (`Report`), not `Debug`.
+fn main() -> Result<(), cuda_endpoints::Report> {
+    run().map_err(cuda_endpoints::Report::from_boxed)
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let n: u32 = std::env::args()
         .nth(1)
         .map(|a| a.parse())

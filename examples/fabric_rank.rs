@@ -15,7 +15,12 @@ use std::time::Duration;
 use cuda_endpoints::fabric;
 use cuda_endpoints::{Allocation, Device, PosixFd, Spec};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// A failure prints its message and causes (`Report`), not `Debug`.
+fn main() -> Result<(), cuda_endpoints::Report> {
+    run().map_err(cuda_endpoints::Report::from_boxed)
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let Some((ctx, me)) = fabric::connect_env()? else {
         eprintln!("run me under cuda-endpoints-fabric (CUDA_ENDPOINTS_FABRIC is not set)");
         std::process::exit(2);

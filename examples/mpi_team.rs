@@ -19,7 +19,12 @@ use std::time::Duration;
 
 use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::Mpi, fabric};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// A failure prints its message and causes (`Report`), not `Debug`.
+fn main() -> Result<(), cuda_endpoints::Report> {
+    run().map_err(cuda_endpoints::Report::from_boxed)
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let timeout = Duration::from_secs(20);
     if std::env::var_os(fabric::FABRIC_ENV).is_none() {
         eprintln!("run me under cuda-endpoints-fabric (CUDA_ENDPOINTS_FABRIC is not set)");

@@ -47,7 +47,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {:?}", cuda_endpoints::Report::from(e)); // message and causes
             return ExitCode::FAILURE;
         }
     }

@@ -1,6 +1,7 @@
 //! What this machine supports: driver version, logical-endpoint and classic
 //! multicast attributes, VMM granularities, cliques and memory, per device,
-//! and which multicast backend a team of every device would get. Reads only:
+//! and what `Context::auto` would choose: the backend of the endpoints and
+//! copies, and of a multicast team of every device. Reads only:
 //! nothing is created (`cuMulticastCreate` is never called).
 //!
 //! ```text
@@ -33,7 +34,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             Err(e) => {
-                eprintln!("error: {e}");
+                eprintln!("error: {:?}", cuda_endpoints::Report::from(e)); // message and causes
                 return ExitCode::FAILURE;
             }
         },
@@ -57,7 +58,7 @@ fn main() -> ExitCode {
     let decision = ctx.decide(&devices, &policy);
     let team: Vec<String> = devices.iter().map(|d| d.0.to_string()).collect();
     print!(
-        "multicast team of every device ({}), {decision}",
+        "Context::auto for a team of every device ({}):\n{decision}",
         team.join(", ")
     );
     ExitCode::SUCCESS

@@ -21,7 +21,12 @@ const RANK: &str = "CEB_EXAMPLE_RANK";
 const SIZE: &str = "CEB_EXAMPLE_SIZE";
 const ITERS: u32 = 200;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// A failure prints its message and causes (`Report`), not `Debug`.
+fn main() -> Result<(), cuda_endpoints::Report> {
+    run().map_err(cuda_endpoints::Report::from_boxed)
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let t = Duration::from_secs(60);
     if let Ok(rank) = std::env::var(RANK) {
         let (rank, size): (usize, usize) = (rank.parse()?, std::env::var(SIZE)?.parse()?);

@@ -19,7 +19,12 @@ mod common;
 
 use common::launch::{self, Launch, TIMEOUT};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// A failure prints its message and causes (`Report`), not `Debug`.
+fn main() -> Result<(), cuda_endpoints::Report> {
+    run().map_err(cuda_endpoints::Report::from_boxed)
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(joined) = launch::child() {
         // A child rank: the fabric and the bootstrap id come by environment.
         let launch::Joined {

@@ -62,12 +62,16 @@ build() {
     probe_exe="$(artifact example probe <"$json")"
     cargo build --release --example driver_overhead --message-format=json >"$json"
     overhead_exe="$(artifact example driver_overhead <"$json")"
+    # The data path, typed against raw cuMemcpyAsync (benches/gpu_copy.rs).
+    cargo bench -p cuda-endpoints-benches --bench gpu_copy --no-run --message-format=json >"$json"
+    copy_exe="$(artifact bench gpu_copy <"$json")"
     [ -n "$tests_exe" ] && [ -x "$tests_exe" ] || die "no test executable for tests/gpu.rs in cargo's output"
     [ -n "$probe_exe" ] && [ -x "$probe_exe" ] || die "no executable for examples/probe.rs in cargo's output"
     mkdir -p "$bin"
     cp -f "$tests_exe" "$bin/gpu"
     cp -f "$probe_exe" "$bin/probe"
     [ -n "$overhead_exe" ] && cp -f "$overhead_exe" "$bin/driver_overhead"
+    [ -n "$copy_exe" ] && cp -f "$copy_exe" "$bin/gpu_copy"
     if command -v strip >/dev/null; then
         strip "$bin/gpu" "$bin/probe"
     fi
@@ -99,6 +103,10 @@ run() {
     if [ -x "$bin/driver_overhead" ] && [ $# -eq 0 ]; then
         echo "== the real backend's per-call overhead" | tee -a "$logs/gpu-suite.log"
         "$bin/driver_overhead" 2>&1 | tee -a "$logs/gpu-suite.log"
+    fi
+    if [ -x "$bin/gpu_copy" ] && [ $# -eq 0 ]; then
+        echo "== the data path, typed against raw cuMemcpyAsync (benches/gpu_copy.rs)" | tee -a "$logs/gpu-suite.log"
+        "$bin/gpu_copy" 2>&1 | tee -a "$logs/gpu-suite.log"
     fi
 }
 

@@ -113,7 +113,7 @@ impl Binding<'_> {
         let ctx = &self.range.ctx;
         // No copy through the range enqueued from another thread between
         // the settle and the driver's unbind (F4).
-        let _gate = crate::copy_gate::UnbindGate::enter(self.range, self.id)?;
+        let _gate = crate::copy_gate::ChangeGate::unbind(self.range, self.id)?;
         // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
         crate::stream::settle(self.range, self.id)?;
         // A panic inside the call (a layer, after the driver unbound): the
@@ -384,9 +384,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// # Errors
     /// [`Error::WrongDevice`], [`Error::ZeroSize`], [`Error::Misaligned`],
     /// [`Error::OutOfRange`], [`Error::MemoryOnWrongDevice`],
-    /// [`Error::Overlap`], [`Error::WrongContext`];
-    /// [`Error::CopyUnbindReentered`] for a bind made from inside a copy's
-    /// enqueue on this thread (a layer calling back, see `copy_gate`); from the driver,
+    /// [`Error::Overlap`], [`Error::WrongContext`]; from the driver,
     /// `OUT_OF_MEMORY` (memory or multicast resources exhausted),
     /// `SYSTEM_NOT_READY` (fabric software down; retryable) or `ILLEGAL_STATE`
     /// (misconfigured) — the endpoint stays usable (R5.10).
@@ -577,10 +575,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 }
             }
         }
-        // No copy through the range enqueued from another thread between
-        // the record below and the driver's bind (F9: the record would pass
-        // its check while the driver has nothing bound yet, R13.3).
-        let _gate = crate::copy_gate::UnbindGate::enter(self.range(), self.id())?;
+        // No copy checked against the record below reaches the driver
+        // before the driver's bind (R13.3): an enqueue looks at the gate
+        // again after its checks. The bind waits for nothing there.
+        let _gate = crate::copy_gate::ChangeGate::bind(self.range());
         // Intent first: the binding is recorded (with the memory it keeps
         // alive) before the driver call, and the lock is let go for the call,
         // so that a tracing layer or a backend may use the endpoint again.
@@ -630,7 +628,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // The portable path reaches memory bound by address at its
             // address (`crate::portable`); by handle it has none here.
             if let Some((_, a, _)) = addr {
-                slot.push_window(crate::portable::Window::local(dev, offset, size, a));
+                slot.push_window(crate::window::Window::local(dev, offset, size, a));
             }
         }
         let d = ctx.driver();

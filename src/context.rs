@@ -1,26 +1,27 @@
-//! [`Context`]: the driver backend a program talks to, the errors that
-//! teardown could not return, and the entry points of the typed API.
+//! [`Context`]: the driver backend a program talks to, its versions and
+//! devices, the errors that teardown could not return, and the copy path
+//! its batches take, chosen once ([`Context::copy_path`]). A leaf: it knows
+//! no endpoint, range or backend choice.
 //!
 //! Every way to make a context is here, one per source of a backend:
 //! [`Context::new`] over any [`Driver`], [`Context::cuda`] on the real
-//! driver, [`Context::auto`] over a driver with the backend
-//! [`decide`] picks, [`Context::model`] (feature `model`) and
+//! driver, [`Context::model`] (feature `model`) and
 //! [`Context::from_cudarc`] (feature `cudarc`); a process of the model fabric
-//! gets its context from [`fabric::connect`](crate::fabric). And so is
-//! [`Context::reserve`], where every endpoint starts.
+//! gets its context from [`fabric::connect`](crate::fabric). But for
+//! [`Context::auto`], over a driver with the backend
+//! [`decide`](crate::backend::decide) picks, which is written beside that
+//! decision in `backend.rs`; and [`Context::reserve`], where every endpoint
+//! starts, is in `id_range.rs`.
 
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::backend::{BackendChoice, Decision, Policy, decide};
 use crate::driver::cuda::Cuda;
 use crate::driver::{
-    BoundedLog, Call, Classic, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps,
-    Family, LOGICAL_ENDPOINT_MIN_VERSION, Shape,
+    BoundedLog, Call, Code, CodeOrigin, Device, Driver, DriverResult, EndpointProps,
+    FABRIC_COPY_MIN_VERSION, Family, LOGICAL_ENDPOINT_MIN_VERSION, ObjectSharing, Shape,
 };
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Feature, Result};
-use crate::range::IdRange;
-use crate::state::Reserved;
 
 /// A handle on one driver backend. Cheap to clone; every endpoint, range and
 /// allocation keeps its context alive.
@@ -44,9 +45,9 @@ struct Inner {
     /// context of the process ([`Driver::process_scope`], R9).
     attached: Arc<Attached>,
     /// The last released one-id range, for the next `reserve(1)`.
-    spare: crate::range::Spare,
+    spare: Spare,
     /// The copy path, once chosen ([`Context::copy_path`]).
-    copy_path: crate::portable::PathCell,
+    copy_path: PathCell,
 }
 
 /// A pointer to the value of [`Inner::driver`].
@@ -60,7 +61,7 @@ unsafe impl Sync for DriverRef {}
 
 /// `driver` behind an `Arc`: an `Arc<dyn Driver>` as it is, any other
 /// driver moved into a new one.
-fn shared(driver: impl Driver + 'static) -> Arc<dyn Driver> {
+pub(crate) fn shared(driver: impl Driver + 'static) -> Arc<dyn Driver> {
     let any: &dyn std::any::Any = &driver;
     match any.downcast_ref::<Arc<dyn Driver>>() {
         // The caller's `Arc`: a clone of it; `driver` (the same `Arc`) is
@@ -137,46 +138,24 @@ impl Context {
         (Context::new(model.clone()), model)
     }
 
-    /// The real driver (`libcuda`).
+    /// The real driver (`libcuda`) as it is: no emulation, nothing chosen
+    /// for you. Logical endpoints need a 13.3+ driver; on an older one every
+    /// logical-endpoint call is [`Error::Unsupported`], naming the call and
+    /// the driver version. Programs meant for the drivers in use today
+    /// (most are before 13.3) take [`Context::auto`] instead, whose context
+    /// has working unicast endpoints and copies on every driver:
+    ///
+    /// ```no_run
+    /// use cuda_endpoints::{Context, backend::Policy, driver::cuda::Cuda};
+    /// let (ctx, decision) = Context::auto(Cuda::open()?, &[], &Policy::from_env())?;
+    /// println!("{decision}"); // which backend, and why
+    /// # Ok::<(), cuda_endpoints::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::NoDriver`] when `libcuda` cannot be loaded or initialised.
-    /// Logical-endpoint calls on a driver older than 13.3 later fail with
-    /// [`Error::Unsupported`], naming the call and the driver version.
     pub fn cuda() -> Result<Context> {
         Ok(Context::new(Cuda::open()?))
-    }
-
-    /// A context over `driver` with the backend [`decide`] picks for a
-    /// multicast team on `devices`: the driver itself for logical endpoints,
-    /// [`Classic`] over it for the classic fallback; and the decision.
-    /// Nothing is created to decide. On the real driver:
-    /// `Context::auto(Cuda::open()?, &team, &policy)`
-    /// ([`Cuda`](crate::driver::cuda::Cuda)).
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] when neither backend works for this team (the
-    /// message lists why).
-    pub fn auto(
-        driver: impl Driver + 'static,
-        devices: &[Device],
-        policy: &Policy,
-    ) -> Result<(Context, Decision)> {
-        let driver = shared(driver);
-        let decision = decide(&*driver, devices, policy);
-        let ctx = match &decision.choice {
-            BackendChoice::LogicalEndpoints => Context::new(driver),
-            BackendChoice::Classic => Context::new(Classic::new(driver)),
-            BackendChoice::Unsupported(why) => {
-                return Err(Error::unsupported(
-                    Feature::MulticastTeam,
-                    decision.driver_version,
-                    format!("for {devices:?}: {why}"),
-                ));
-            }
-        };
-        ctx.set_copy_path(decision.copy_path());
-        Ok((ctx, decision))
     }
 
     /// A context on the real driver for a `cudarc` context, and the device
@@ -199,33 +178,6 @@ impl Context {
         Ok((ctx, dev))
     }
 
-    /// Reserves `count` contiguous ids (`cuLogicalEndpointIdReserve`, R1).
-    ///
-    /// # Errors
-    /// [`Error::ZeroSize`] for 0 (R1.3); [`Error::Unsupported`] on a driver
-    /// before 13.3; [`Error::Driver`] (`OUT_OF_MEMORY`).
-    pub fn reserve(&self, count: u32) -> Result<IdRange> {
-        IdRange::reserve(self, count)
-    }
-
-    /// Reserves one id.
-    ///
-    /// The context keeps the allocation of the last one-id range given back
-    /// with [`Endpoint::release`] and reuses it here, so a program that
-    /// reserves and releases one id at a time allocates once.
-    ///
-    /// # Errors
-    /// As [`Context::reserve`].
-    pub fn reserve_one(&self) -> Result<Endpoint<Reserved>> {
-        IdRange::reserve_one(self)
-    }
-
-    /// [`decide`] on this context's backend: which backend a multicast team
-    /// on `devices` would get (queries only).
-    pub fn decide(&self, devices: &[Device], policy: &Policy) -> Decision {
-        decide(self.driver(), devices, policy)
-    }
-
     /// The backend. Crate-private: safe code reaches the driver only through
     /// the typed API (see [`Driver`]'s `# Safety`).
     #[inline]
@@ -240,14 +192,27 @@ impl Context {
         unsafe { &*self.inner.driver_ref.0 }
     }
 
-    /// The copy path cell (see [`crate::portable`]).
-    pub(crate) fn path_cell(&self) -> &crate::portable::PathCell {
+    /// The copy path cell (see [`Context::copy_path`]).
+    fn path_cell(&self) -> &PathCell {
         &self.inner.copy_path
     }
 
-    /// The spare one-id range (see [`crate::range::Spare`]).
-    pub(crate) fn spare(&self) -> &crate::range::Spare {
+    /// The spare one-id range (see [`Spare`]).
+    pub(crate) fn spare(&self) -> &Spare {
         &self.inner.spare
+    }
+
+    /// How the backend shares its objects across processes, where it does
+    /// so itself (the classic fallback, C5): the bring-ups' one question of
+    /// the backend, typed (no raw driver call in `team/`).
+    pub(crate) fn object_sharing(&self) -> Option<&dyn ObjectSharing> {
+        self.driver().object_sharing()
+    }
+
+    /// A device attribute, `None` where the driver would not say: for
+    /// checks that are skipped then (no error is made, nothing else asked).
+    pub(crate) fn attribute_or_none(&self, dev: Device, attr: i32) -> Option<i32> {
+        self.queries().device_attribute(dev, attr).ok()
     }
 
     /// The backend's calls that are safe to make (queries).
@@ -535,7 +500,7 @@ impl Context {
     pub(crate) fn limits(&self, props: &EndpointProps) -> Result<crate::Limits> {
         // SAFETY: a limits query touches nothing anyone owns.
         let r = unsafe { self.driver().get_limits(*props) };
-        self.check(Call::GetLimits, r)
+        r.map_err(|code| self.error_for(Call::GetLimits, code, Some(props)))
     }
 
     /// `dev`'s multicast clique (R4.5), `None` where the driver cannot tell.
@@ -611,10 +576,214 @@ fn backend_feature(call: Call, props: Option<&EndpointProps>) -> Option<Feature>
         Call::Export | Call::Import => Some(Feature::FabricOnClassic),
         Call::Create | Call::GetLimits => props.map(|p| match p.shape {
             Shape::Unicast { .. } => Feature::UnicastOnClassic,
-            Shape::Multicast { .. } if p.ipc_fabric => Feature::FabricOnClassic,
+            // An exportable team is what the bring-up shares (C5): its
+            // refusal is no multicast at all, not the fabric export.
             Shape::Multicast { .. } if p.counted_ops => Feature::CountedOpsOnClassic,
             Shape::Multicast { .. } => Feature::MulticastTeam,
         }),
         _ => None,
+    }
+}
+
+/// How a context's [`crate::CopyBatch`]es reach the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CopyPath {
+    /// One `cuFabricCpyBatchAsync` per batch (CUDA 13.5+, logical endpoints).
+    Fabric,
+    /// One `cuMemcpyAsync` per target piece, through the endpoint's windows
+    /// (made by a bring-up's `agree_bound`, or [`Endpoint::add_peer_window`](crate::Endpoint::add_peer_window));
+    /// a multicast put is one per member.
+    Portable,
+}
+
+impl std::fmt::Display for CopyPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CopyPath::Fabric => "fabric copy (cuFabricCpyBatchAsync)",
+            CopyPath::Portable => "portable (cuMemcpyAsync through mapped peer memory)",
+        })
+    }
+}
+
+/// The context's choice: 0 not yet made, else `encode(path)`.
+#[derive(Default)]
+pub(crate) struct PathCell(AtomicU8);
+
+const fn encode(p: CopyPath) -> u8 {
+    match p {
+        CopyPath::Fabric => 1,
+        CopyPath::Portable => 2,
+    }
+}
+
+impl PathCell {
+    pub(crate) fn get(&self) -> Option<CopyPath> {
+        match self.0.load(Ordering::Acquire) {
+            1 => Some(CopyPath::Fabric),
+            2 => Some(CopyPath::Portable),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn set(&self, p: CopyPath) {
+        self.0.store(encode(p), Ordering::Release);
+    }
+}
+
+/// The path a backend gets, from what it says: the fabric copy when the
+/// driver has the symbol (13.5+) and the backend does not refuse it (the
+/// classic fallback does), else the portable path. With the reason.
+pub(crate) fn choose(
+    driver_version: Option<i32>,
+    refused: Option<&'static str>,
+) -> (CopyPath, String) {
+    match (driver_version, refused) {
+        (_, Some(why)) => (CopyPath::Portable, format!("the backend: {why}")),
+        (Some(v), None) if v >= FABRIC_COPY_MIN_VERSION => (
+            CopyPath::Fabric,
+            format!("driver {v} has cuFabricCpyBatchAsync (13.5+, F7)"),
+        ),
+        (Some(v), None) => (
+            CopyPath::Portable,
+            format!("driver {v} has no cuFabricCpyBatchAsync (before 13.5, F7)"),
+        ),
+        (None, None) => (
+            CopyPath::Portable,
+            "the driver version is unknown, so cuFabricCpyBatchAsync may be missing".into(),
+        ),
+    }
+}
+
+impl Context {
+    /// How this context's copy batches reach the driver: decided once, at
+    /// the first copy or by [`Context::auto`] (the backend decision), from
+    /// the driver version and the backend — [`CopyPath::Fabric`] on 13.5+
+    /// with logical endpoints, else [`CopyPath::Portable`] — and logged
+    /// (`tracing`, target `cuda_endpoints::portable`).
+    pub fn copy_path(&self) -> CopyPath {
+        if let Some(p) = self.path_cell().get() {
+            return p;
+        }
+        let refused = self.driver().explain_unsupported(Call::FabricCpyBatchAsync);
+        let (path, why) = choose(self.driver_version(), refused);
+        // The target it had before the choice moved here from `portable`.
+        tracing::info!(target: "cuda_endpoints::portable", %path, %why, backend = %self.backend_name(), "copy path chosen");
+        self.path_cell().set(path);
+        path
+    }
+
+    /// Overrides [`Context::copy_path`] for every later batch (tests, or a
+    /// program that wants the portable path on a 13.5 driver). Batches
+    /// already in flight are not affected. Forcing [`CopyPath::Fabric`] on
+    /// a driver without it makes each enqueue fail with `NOT_SUPPORTED`.
+    pub fn set_copy_path(&self, path: CopyPath) {
+        tracing::info!(target: "cuda_endpoints::portable", %path, "copy path set");
+        self.path_cell().set(path);
+    }
+}
+
+/// A context's spare one-id range (`range.rs`): the allocation of the last
+/// one-id range released, kept for the next `reserve(1)`, so that a program
+/// that reserves and releases one id at a time (the usual lifecycle)
+/// allocates once, not once per lifecycle, and builds no record on the stack
+/// to copy in. At most one per context; freed with the context.
+///
+/// Held without its type, which is a floor above (the ranges' record): the
+/// pointer `Arc::into_raw` gave [`Spare::put`], and the function that frees
+/// it. One type per context: only `range.rs` puts and takes.
+#[derive(Default)]
+pub(crate) struct Spare {
+    value: AtomicPtr<()>,
+    /// [`free`]`::<T>` of the `T` the last [`Spare::put`] was given, as a
+    /// data pointer; null before the first.
+    free: AtomicPtr<()>,
+}
+
+impl Spare {
+    // An `AtomicPtr` for speed: a `parking_lot::Mutex<Option<Arc<_>>>`
+    // measured 908 instructions per `Null` lifecycle against 881 (reserve
+    // 66 against 56, release 111 against 95; `benches/instructions.rs`,
+    // rustc 1.95), for one pointer swapped in and out.
+
+    /// The spare as `Arc::into_raw` gave it, if there is one: the caller
+    /// owns it (and must give it back to `Arc::<T>::from_raw`, `T` the type
+    /// [`Spare::put`] was given).
+    #[inline]
+    pub(crate) fn take_raw<T>(&self) -> Option<*const T> {
+        let p = self.value.swap(std::ptr::null_mut(), Ordering::Acquire);
+        (!p.is_null()).then_some(p.cast_const().cast())
+    }
+
+    /// Keeps `value` (for a range: released, unique, one id, reset) as the
+    /// spare; an older spare is freed.
+    pub(crate) fn put<T: Send + Sync>(&self, value: Arc<T>) {
+        let free_t: unsafe fn(*const ()) = free::<T>;
+        // Before the value it frees: whoever takes the value (`Acquire`)
+        // or drops the spare (`&mut`) sees it.
+        self.free.store(free_t as *mut (), Ordering::Relaxed);
+        let old = self
+            .value
+            .swap(Arc::into_raw(value).cast_mut().cast(), Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: the pointer swapped out is owned here, an
+            // `Arc::<T>::into_raw` of an earlier `put` (one type per context).
+            unsafe { free::<T>(old) };
+        }
+    }
+}
+
+/// Frees a spare of type `T`.
+///
+/// # Safety
+/// `p` is an `Arc::<T>::into_raw` that the caller owns.
+unsafe fn free<T>(p: *const ()) {
+    // SAFETY: the caller's contract.
+    drop(unsafe { Arc::from_raw(p.cast::<T>()) });
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        let p = *self.value.get_mut();
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: a value was put, so `free` holds `free::<T>` of its type
+        // (stored before it), cast to a data pointer: cast back to the
+        // function pointer it was (pointers and function pointers are the
+        // same size on every target this crate builds for).
+        let free_t =
+            unsafe { std::mem::transmute::<*mut (), unsafe fn(*const ())>(*self.free.get_mut()) };
+        // SAFETY: `&mut self`: the spare's pointer is owned here, and
+        // `free_t` frees its type.
+        unsafe { free_t(p) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Spare;
+
+    /// The spare frees what it holds by the type it was given: an older
+    /// value when a newer one is put, the last one with the spare (Miri
+    /// checks the function pointer's round trip through a data pointer).
+    #[test]
+    fn spare_frees_each_value_once_by_its_type() {
+        let (a, b) = (Arc::new(1u64), Arc::new(2u64));
+        let spare = Spare::default();
+        spare.put(a.clone());
+        spare.put(b.clone());
+        assert_eq!(Arc::strong_count(&a), 1);
+        assert_eq!(Arc::strong_count(&b), 2);
+        let p = spare.take_raw::<u64>().map(|p| {
+            // SAFETY: an `Arc::<u64>::into_raw` of `put`, owned here.
+            unsafe { Arc::from_raw(p) }
+        });
+        assert_eq!(p.as_deref(), Some(&2));
+        drop(p);
+        spare.put(b.clone());
+        drop(spare);
+        assert_eq!(Arc::strong_count(&b), 1);
     }
 }

@@ -68,8 +68,9 @@ use smallvec::SmallVec;
 use crate::driver::{Call, CopyOp, Device, Location, MemHint, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result};
+use crate::kind::MemShare;
 use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, Unicast};
-use crate::memory::{BindSource, Locality, Mapped, MemShare};
+use crate::memory::{BindSource, Locality, Mapped};
 use crate::state::{Agreed, IsReady, Sealed, State};
 use crate::stream::{Keep, Stream};
 use crate::unwind::OnUnwind;
@@ -940,7 +941,7 @@ impl BatchInner {
             let slot = range.slot(*id);
             out.extend(
                 slot.windows()
-                    .filter_map(crate::portable::Window::local_span)
+                    .filter_map(crate::window::Window::local_span)
                     .map(|(off, size, addr)| (*id, off, size, 0, addr)),
             );
         }
@@ -1322,9 +1323,17 @@ impl Stream {
     pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         // No unbind on these ranges from another thread between the checks
-        // below and the record of the batch as in flight (F4).
-        let _gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
-        batch.check_for(self)?;
+        // below and the record of the batch as in flight (F4), nor a bind's
+        // record passing them before the driver bound it (R13.3). (The
+        // portable path's windows of a bind in progress never cover bytes
+        // the checks passed: binds on one device never overlap, R5.9.)
+        let _gate = loop {
+            let gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
+            batch.check_for(self)?;
+            if let Some(gate) = gate.checked()? {
+                break gate;
+            }
+        };
         if ctx.copy_path() == crate::CopyPath::Portable {
             return self.enqueue_portable(batch);
         }

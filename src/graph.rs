@@ -21,7 +21,10 @@
 //!   endpoint keeps the memory until it is destroyed). A launch's
 //!   [`InFlight`] token borrows the graph mutably, so a second launch or a
 //!   look at the host buffers waits for the first. Dropping the graph
-//!   synchronizes its stream first;
+//!   synchronizes its stream first, then destroys the executable graph and
+//!   the graph and unpins its ids; a panic inside one of those destroys (a
+//!   `tracing` layer, a user backend) still destroys what is left and
+//!   unpins them while it unwinds;
 //! - the capture on a stream of its own: `Stream` is `Sync`, and another
 //!   thread's batch enqueued on the graph's stream between the begin and
 //!   the end of a capture would be captured (its token then completes with
@@ -89,8 +92,13 @@ impl Stream {
         let ctx = &self.inner.ctx;
         // No unbind on these ranges from another thread between the checks
         // and the pin of the graph's ids (F8), as for an enqueue (F4).
-        let _gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
-        batch.check_for(self)?;
+        let _gate = loop {
+            let gate = crate::copy_gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
+            batch.check_for(self)?;
+            if let Some(gate) = gate.checked()? {
+                break gate;
+            }
+        };
         if ctx.copy_path() == crate::CopyPath::Portable {
             return Err(Error::unsupported(
                 Feature::FabricCopy,
@@ -260,18 +268,32 @@ impl Drop for CopyGraph<'_> {
                 std::mem::forget(std::mem::take(&mut self.host_out));
             }
             let d = ctx.driver();
-            // SAFETY: both are this graph's own; nothing launches them after.
+            let (graph, pin) = (self.graph, self.pin);
+            // A panic inside a destroy below (a `tracing` layer, a user
+            // backend) comes after the driver destroyed: what is left is
+            // still destroyed, and the ids unpinned (F8: else every later
+            // unbind of them is refused), while it unwinds.
+            let unpin = OnUnwind::new(|| crate::stream::unpin_graph(pin));
+            let destroy_graph = || {
+                // SAFETY: the graph is this one's own; its executable form
+                // is destroyed (or its destroy was made); not used again.
+                let r = unsafe { d.graph_destroy(graph) };
+                if let Err(e) = ctx.check(Call::GraphDestroy, r) {
+                    ctx.record_teardown(e);
+                }
+            };
+            let graph_guard = OnUnwind::new(destroy_graph);
+            // SAFETY: the executable graph is this one's own; nothing
+            // launches it after.
             let r = unsafe { d.graph_exec_destroy(self.exec) };
             if let Err(e) = ctx.check(Call::GraphExecDestroy, r) {
                 ctx.record_teardown(e);
             }
-            // SAFETY: as above.
-            let r = unsafe { d.graph_destroy(self.graph) };
-            if let Err(e) = ctx.check(Call::GraphDestroy, r) {
-                ctx.record_teardown(e);
-            }
+            graph_guard.disarm();
+            destroy_graph();
+            unpin.disarm();
             // Nothing launches it again: its ids may be unbound.
-            crate::stream::unpin_graph(self.pin);
+            crate::stream::unpin_graph(pin);
             if let Err(e) = end.resume() {
                 ctx.record_teardown(e);
             }

@@ -14,8 +14,9 @@
 //! - [`backends`]: the reference model and the real driver, how the backend
 //!   is chosen on a real machine, and the wrappers and switches for it.
 //! - [`security`]: what the TCP bootstrap, `FdExchange` and a fabric
-//!   handle's bytes are trusted for, what the model fabric is (a test tool
-//!   on one machine) and what it promises anyway.
+//!   handle's bytes are trusted for, what a peer's memory shares can make
+//!   this rank's copies do on the portable path, what the model fabric is
+//!   (a test tool on one machine) and what it promises anyway.
 //! - [`guarantees`]: what the crate promises (no leak, no hang, no undefined
 //!   behaviour from safe code, every driver error surfaced) and the test
 //!   that proves each promise.
@@ -124,8 +125,9 @@ pub mod reading_the_compiler {
     //! | `bind` on an imported unicast endpoint | an imported unicast endpoint accepts no memory: binding on it is not allowed | bind in the exporting process; here, pass `kernel_ref()` to kernels | R5.7 | `memory_bind_on_imported_unicast` |
     //! | `bind` on an imported team by hand, before the wait (and so before every rank enrolled) | the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `Pending` | use `team::multicast`, whose agreement steps order enrollment, wait and bind across ranks; by hand, `.wait(timeout)` first | R3.1, R3.2, R4.4 | `team_bind_before_agreement` |
     //! | a copy (`put`, `get`, `put_host`, `get_host`) through `team.endpoint()` or `peers.peer(r)` before the ranks agreed that every rank bound | no copy through a team's endpoint before its ranks agreed that every rank bound its memory (R13.3): this endpoint is `TeamReady` | bind, then `team.agree_bound(&boot, timeout)?` on every rank, and copy through the endpoints of what it returns | R13.3 | `team_copy_before_agree_bound` |
-    //! | a copy through `team.into_endpoint()`, the team's endpoint owned before any agreement | the same message: the owned endpoint is still `TeamReady` | `team.into_bound([(dev, offset, mem)], &boot, timeout)?` on every rank: it binds, agrees, and hands back a `BoundEndpoint` that copies | R13.3 | `team_copy_through_owned_endpoint_before_agreement` |
+    //! | a copy through `team.into_endpoint()`, the team's endpoint owned before any agreement | the same message: the owned endpoint is still `TeamReady` | `team.into_bound([(dev, offset, mem)], &boot, timeout)?` on every rank: it binds, agrees, and hands back an `OwnedTeam` that copies | R13.3 | `team_copy_through_owned_endpoint_before_agreement` |
     //! | `Allocation::<Private>` bound on the endpoint of a `team::multicast` bring-up | `Private` memory cannot be bound here: this `SharedMulticast` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<FabricShareable>` | R5.6 | `team_shared_private_memory` |
+    //! | `unbind_all()` on an owned team (`team.into_bound(..)`), one member alone | an owned team has no `unbind_all`: one member's unbind alone lets the others put into a member with nothing bound (R13.7) | `team.close(&boot, timeout)?` on every rank: each completes its copies, all agree, then each unbinds, destroys and frees | R13.7 | `team_unbind_all_of_one_member_alone` |
     //! | the owning form used after `unbind_all` | `E0382` borrow of moved value: `window` ... `unbind_all` takes ownership of the receiver | keep what `unbind_all` handed back (the endpoint and the memory) and bind on the endpoint, or build a new owning form with `into_bound()` | R6, R7 | `team_owned_after_unbind_all` |
     //! | `Allocation::<Private>` bound on an endpoint made with `.exportable()` | `Private` memory cannot be bound here: this `cuda_endpoints::Multicast<Exportable>` endpoint takes only externally shareable memory | allocate with `Allocation::<PosixFd>` or `Allocation::<FabricShareable>` | R5.6 | `memory_private_on_exportable` |
     //! | `Allocation::<Private>` bound on an imported multicast endpoint | the same, for `ImportedMulticast` | the same | R5.6 | `memory_private_on_imported_multicast` |
@@ -168,25 +170,40 @@ pub mod reading_the_compiler {
     //!
     //! ## Copies: the data path
     //!
-    //! A copy's [`InFlight`](crate::InFlight) token borrows every endpoint
-    //! and all memory its batch names, and owns its host buffers, until it is
-    //! waited (F4); a [`CopyGraph`](crate::CopyGraph) borrows them for as
-    //! long as it lives (F8). A copy that names `&ep` borrows the endpoint
-    //! but not its [`Binding`](crate::Binding): unbinding then synchronizes
-    //! the streams with copies in flight on the endpoint first, at run time
-    //! (and waits for a copy another thread is enqueueing through it). Lend
-    //! the endpoint through the binding ([`Binding::copy_through`](crate::Binding::copy_through)),
-    //! or keep it in a [`BoundEndpoint`](crate::BoundEndpoint), and the
-    //! unbind does not compile instead. Why not always: the binding and the
-    //! copy both borrow `&ep`, and two shared borrows may live together;
-    //! `unbind` consumes the binding, which conflicts only with a borrow of
-    //! the binding itself. Refusing `&ep` in copies would make every copy
-    //! through a local endpoint name its binding, and a multicast put every
-    //! binding of every local member. A graph may run for as long as it
-    //! lives, so while a graph names `&ep` an unbind on it is refused at run
-    //! time ([`Error::UnbindUnderGraph`](crate::Error::UnbindUnderGraph),
-    //! F8, before the driver; the memory stays bound). A batch built before
-    //! a bind or unbind is checked against the bindings at the enqueue.
+    //! **What compiles, and waits at run time**: an unbind under a copy that
+    //! names `&ep`. A copy's [`InFlight`](crate::InFlight) token borrows the
+    //! endpoint but not its [`Binding`](crate::Binding), so `b.unbind()`
+    //! compiles while the copy is in flight; the unbind then synchronizes
+    //! the streams with copies in flight on the endpoint first (and waits
+    //! for a copy another thread is enqueueing through it), so nothing is
+    //! unbound under a copy, but the wait is a stall you did not write. To
+    //! make it a compile error instead, lend the endpoint through the
+    //! binding ([`Binding::copy_through`](crate::Binding::copy_through)), or
+    //! keep it in a [`BoundEndpoint`](crate::BoundEndpoint):
+    //!
+    //! ```ignore
+    //! let b = ep.bind(dev, 0, &mem)?;
+    //! let copy = stream.enqueue(CopyBatch::new().put_host(bytes, &ep, 0))?;
+    //! b.unbind()?;                                        // compiles: waits for `copy` first
+    //! let b = ep.bind(dev, 0, &mem)?;
+    //! let copy = stream.enqueue(CopyBatch::new().put_host(bytes, b.copy_through(&ep)?, 0))?;
+    //! b.unbind()?;                                        // E0505: `b` is borrowed by `copy`
+    //! ```
+    //!
+    //! Why not always: the binding and the copy both borrow `&ep`, and two
+    //! shared borrows may live together; `unbind` consumes the binding,
+    //! which conflicts only with a borrow of the binding itself. Refusing
+    //! `&ep` in copies would make every copy through a local endpoint name
+    //! its binding, and a multicast put every binding of every local member.
+    //!
+    //! Otherwise the token borrows every endpoint and all memory its batch
+    //! names, and owns its host buffers, until it is waited (F4); a
+    //! [`CopyGraph`](crate::CopyGraph) borrows them for as long as it lives
+    //! (F8). A graph may run for as long as it lives, so while a graph names
+    //! `&ep` an unbind on it is refused at run time
+    //! ([`Error::UnbindUnderGraph`](crate::Error::UnbindUnderGraph), F8,
+    //! before the driver; the memory stays bound). A batch built before a
+    //! bind or unbind is checked against the bindings at the enqueue.
     //!
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
@@ -417,6 +434,7 @@ pub mod misuse_cases {
         team_export_incomplete_not_exportable: E0277,
         team_kernel_ref_incomplete: E0277,
         team_owned_after_unbind_all: E0382,
+        team_unbind_all_of_one_member_alone: E0277,
         team_one_device_too_many: E0277,
         team_peer_outlives_owned_peers: E0505,
         team_poll_incomplete: E0277,

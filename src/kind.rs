@@ -1,7 +1,9 @@
 //! Endpoint kind markers: unicast or multicast, how a multicast team is
 //! enrolled, whether the endpoint is exportable or imported, and the traits
 //! that let the compiler check team size (typenum), enrollment and which
-//! memory may be bound (SPEC R2.2, R3.2, R4, R5.6, R5.7, R8.1).
+//! memory may be bound (SPEC R2.2, R3.2, R4, R5.6, R5.7, R8.1); and the
+//! shareable handle types of memory ([`MemShare`]: [`Private`], [`PosixFd`],
+//! [`FabricShareable`]), which those traits name.
 //!
 //! Team counting bounds the typenum *boolean* results (`Le<E, N>`, `Eq<E, N>`)
 //! with traits implemented for `B1` only, so a misuse reads "not implemented
@@ -10,9 +12,9 @@
 use std::marker::PhantomData;
 use std::ops::Add;
 
-use typenum::{Add1, B1, Eq, Gr, IsEqual, IsGreater, IsLess, Le, U0, Unsigned};
+use typenum::{Add1, B1, Eq, Gr, IsEqual, IsGreater, IsLess, Le, Min, Minimum, U0, Unsigned};
 
-use crate::memory::{FabricShareable, MemShare, PosixFd};
+use crate::driver::handle_bits;
 use crate::state::{Pending, Ready, Reserved, Sealed};
 
 /// Whether an endpoint is created with fabric IPC handles (R2.4, R8).
@@ -35,6 +37,39 @@ impl Sharing for Local {
 }
 impl Sharing for Exportable {
     const FABRIC: bool = true;
+}
+
+/// The shareable handle type of an allocation. Sealed.
+pub trait MemShare: Sealed + Send + Sync + 'static {
+    /// `CUmemAllocationHandleType` bits requested at `cuMemCreate`.
+    const BITS: u32;
+    /// The name, for messages.
+    const NAME: &'static str;
+}
+
+/// No shareable handle: this process only (`CU_MEM_HANDLE_TYPE_NONE`).
+#[derive(Debug)]
+pub struct Private;
+/// Shareable as a POSIX file descriptor, within one node.
+#[derive(Debug)]
+pub struct PosixFd;
+/// Shareable as a fabric handle, across nodes (needs the fabric daemon).
+#[derive(Debug)]
+pub struct FabricShareable;
+impl Sealed for Private {}
+impl Sealed for PosixFd {}
+impl Sealed for FabricShareable {}
+impl MemShare for Private {
+    const BITS: u32 = handle_bits::NONE;
+    const NAME: &'static str = "Private";
+}
+impl MemShare for PosixFd {
+    const BITS: u32 = handle_bits::POSIX_FD;
+    const NAME: &'static str = "PosixFd";
+}
+impl MemShare for FabricShareable {
+    const BITS: u32 = handle_bits::FABRIC;
+    const NAME: &'static str = "FabricShareable";
 }
 
 /// What kind of endpoint sits on an id. Sealed.
@@ -250,13 +285,17 @@ pub trait Enrolled<N>: Count + IsEqual<N> {
     /// `B1` while the team has room (R4.2).
     type HasRoom;
 }
+// `Next` saturates at `N`: past a refused `add_device` (no room) the team
+// still counts as complete, so that one misuse gives one error, not a second
+// one ("not complete") from a later `wait` that contradicts it.
 impl<N, E> Enrolled<N> for E
 where
     N: Count,
     E: Count + IsEqual<N> + IsLess<N> + Add<B1>,
-    Add1<E>: Count + IsEqual<N>,
+    Add1<E>: Min<N>,
+    Minimum<Add1<E>, N>: Count + IsEqual<N>,
 {
-    type Next = Add1<E>;
+    type Next = Minimum<Add1<E>, N>;
     type HasRoom = Le<E, N>;
 }
 impl<X: Sharing> Enroll for SpreadTeam<X> {

@@ -8,12 +8,19 @@
 )]
 
 // The root holds the lifecycle; every other item is in one public module:
-// `backend` (which backend a machine gets), `probe` (what a device supports),
-// `error` (the details errors carry), `driver` (for writing backends and
-// wrappers), `bootstrap` (byte exchange among ranks), `team` (bring-ups),
-// `model` (the reference model), `fabric` (the model fabric), `bounds` (the
-// traits behind the typestate's `where` clauses) and `guide` (documentation
-// only). The other modules are private and re-exported here.
+// `backend`, `probe`, `error`, `driver`, `bootstrap`, `team`, `model`,
+// `fabric`, `bounds` (the traits behind the typestate's `where` clauses) and
+// `guide` (docs only). The other modules are private and re-exported here.
+//
+// Floors (`ci/floors.sh` reads this table; a module names its folder too): a
+// file of src/ imports only its own floor and those below, never in a circle.
+// floor 0 words: state kind error unwind driver guide report
+// floor 1 context: context
+// floor 2 record: window range copy_gate memory
+// floor 3 lifecycle: id_range endpoint binding ready spec kernel erased owned sharing multicast_mapping
+// floor 4 data path: stream copy portable graph
+// floor 5 setup: backend probe
+// floor 6 bring-up: team fabric
 pub mod backend;
 mod binding;
 mod context;
@@ -22,7 +29,7 @@ mod copy_gate;
 pub mod driver;
 mod endpoint;
 mod erased;
-#[path = "error.rs"]
+#[path = "error/mod.rs"]
 mod errors;
 pub mod error {
     //! The details the crate's errors carry, so that callers match on
@@ -51,6 +58,7 @@ pub mod error {
 pub mod fabric;
 mod graph;
 pub mod guide;
+mod id_range;
 mod kernel;
 mod kind;
 mod memory;
@@ -75,15 +83,18 @@ mod portable;
 pub mod probe;
 mod range;
 mod ready;
+mod report;
 mod sharing;
 mod spec;
 mod state;
 mod stream;
+mod sync;
 pub mod team;
 mod unwind;
+mod window;
 
 pub use binding::Binding;
-pub use context::Context;
+pub use context::{Context, CopyPath};
 pub use copy::{CanGet, Completed, CopyBatch, InFlight, Strided};
 pub use cuda_endpoints_bootstrap as bootstrap;
 pub use cuda_endpoints_driver::{Device, Location};
@@ -93,17 +104,17 @@ pub use endpoint::{Endpoint, Readiness};
 pub use erased::DynEndpoint;
 pub use errors::{Error, Failed, Result};
 pub use graph::CopyGraph;
+pub use id_range::IdRange;
 pub use kernel::EndpointRef;
 pub use kind::{
-    Exportable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind, SpreadTeam, Team,
-    Unicast,
+    Exportable, FabricShareable, ImportedMulticast, ImportedUnicast, Local, Multicast, NoKind,
+    PosixFd, Private, SpreadTeam, Team, Unicast,
 };
-pub use memory::{Allocation, FabricShareable, Mapped, PosixFd, Private};
+pub use memory::{Allocation, Mapped};
 pub use multicast_mapping::MulticastMapping;
 pub use owned::BoundEndpoint;
-pub use portable::CopyPath;
-pub use range::IdRange;
 pub use ready::{PendingList, ReadyList, wait_all};
+pub use report::Report;
 pub use sharing::FabricHandle;
 pub use spec::Spec;
 pub use state::{Pending, Ready, Reserved, TeamReady};
@@ -120,9 +131,10 @@ pub mod bounds {
     pub use crate::binding::UnbindThroughBinding;
     pub use crate::kind::{
         Accepts, CanBind, CanExport, Count, Creatable, Enroll, Enrolled, HasFabricHandles, Kind,
-        Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
+        MemShare, Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
     };
-    pub use crate::memory::{BindSource, MemShare};
+    pub use crate::memory::BindSource;
+    pub use crate::spec::TeamDevices;
     pub use crate::state::{
         Agreed, CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,
     };

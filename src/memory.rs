@@ -23,41 +23,9 @@ use crate::driver::{
     ShareableHandle, ShareableKind, handle_bits,
 };
 use crate::error::{Error, Failed, Failure, Result};
+use crate::kind::{FabricShareable, MemShare, PosixFd, Private};
 use crate::state::Sealed;
 use crate::unwind::OnUnwind;
-
-/// The shareable handle type of an allocation. Sealed.
-pub trait MemShare: Sealed + Send + Sync + 'static {
-    /// `CUmemAllocationHandleType` bits requested at `cuMemCreate`.
-    const BITS: u32;
-    /// The name, for messages.
-    const NAME: &'static str;
-}
-
-/// No shareable handle: this process only (`CU_MEM_HANDLE_TYPE_NONE`).
-#[derive(Debug)]
-pub struct Private;
-/// Shareable as a POSIX file descriptor, within one node.
-#[derive(Debug)]
-pub struct PosixFd;
-/// Shareable as a fabric handle, across nodes (needs the fabric daemon).
-#[derive(Debug)]
-pub struct FabricShareable;
-impl Sealed for Private {}
-impl Sealed for PosixFd {}
-impl Sealed for FabricShareable {}
-impl MemShare for Private {
-    const BITS: u32 = handle_bits::NONE;
-    const NAME: &'static str = "Private";
-}
-impl MemShare for PosixFd {
-    const BITS: u32 = handle_bits::POSIX_FD;
-    const NAME: &'static str = "PosixFd";
-}
-impl MemShare for FabricShareable {
-    const BITS: u32 = handle_bits::FABRIC;
-    const NAME: &'static str = "FabricShareable";
-}
 
 /// An allocation's identity in this process: given once, when this
 /// process made or imported it, never reused (unlike its handle or its
@@ -677,7 +645,7 @@ impl<H: MemShare> Mapped<H> {
 pub(crate) struct KeepAlive(Arc<dyn Held>);
 
 /// What a [`KeepAlive`] holds: [`AllocInner`] or [`MappedInner`].
-pub(crate) trait Held: Send + Sync {
+pub(crate) trait Held: std::any::Any + Send + Sync {
     /// The allocation it is or maps: its identity, for F3 (one allocation
     /// bound twice is the same bytes twice). `None` only for a mapping
     /// being dropped, which nothing holds any more.
@@ -708,6 +676,13 @@ impl KeepAlive {
     /// See [`Held::allocation`].
     pub(crate) fn allocation(&self) -> Option<AllocId> {
         self.0.allocation()
+    }
+
+    /// The held object as a liveness token, for tables that only ask
+    /// whether it still lives (`team::known` keeps a `Weak` of it): the
+    /// same object, never downcast.
+    pub(crate) fn token(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        self.0.clone()
     }
 
     /// The held object's address, telling held objects apart while held

@@ -87,7 +87,7 @@ impl<'e> MulticastMapping<'e> {
         let unsupported = |detail: &str| {
             Error::unsupported(Feature::MulticastAddress, ctx.driver_version(), detail)
         };
-        let Some(classic) = ctx.driver().object_sharing().filter(|_| K::MULTICAST) else {
+        let Some(classic) = ctx.object_sharing().filter(|_| K::MULTICAST) else {
             return Err(unsupported(&format!(
                 "a {} endpoint on the {} backend",
                 K::NAME,

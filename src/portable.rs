@@ -3,11 +3,8 @@
 //! [`crate::CopyBatch`] runs as `cuMemcpyAsync` through memory this process
 //! has mapped for every target of the endpoint.
 //!
-//! What this file owns:
-//! - [`CopyPath`], the choice between the fabric copy and the portable path,
-//!   made once per context ([`crate::Context::copy_path`]) from the backend
-//!   decision, logged through `tracing`, and overridable for tests
-//!   ([`crate::Context::set_copy_path`]);
+//! What this file owns (the choice of path, [`crate::CopyPath`], is the context's:
+//! [`crate::Context::copy_path`]):
 //! - the *windows* of an endpoint: where this process reaches the memory
 //!   bound at an endpoint offset on each target (the owner of a unicast
 //!   endpoint, every member of a multicast team). A window is
@@ -41,166 +38,22 @@
 //! (a window can be replaced or removed without a settle).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::context::Context;
 use crate::copy::{BatchInner, CopyBatch, InFlight};
-use crate::driver::{Call, CopyOp, Device, FABRIC_COPY_MIN_VERSION, Operand, Pointer};
+use crate::driver::{Call, CopyOp, Device, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result, Rule};
 use crate::kind::Kind;
-use crate::memory::{BindSource, KeepAlive, Mapped, MemShare};
+use crate::kind::MemShare;
+use crate::memory::{BindSource, KeepAlive, Mapped};
 use crate::range::RangeInner;
 use crate::state::{IsReady, State};
 use crate::stream::{Keep, KeepMemory, Stream};
 use crate::unwind::OnUnwind;
-
-/// How a context's [`crate::CopyBatch`]es reach the driver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CopyPath {
-    /// One `cuFabricCpyBatchAsync` per batch (CUDA 13.5+, logical endpoints).
-    Fabric,
-    /// One `cuMemcpyAsync` per target piece, through the endpoint's windows
-    /// (made by a bring-up's `agree_bound`, or [`Endpoint::add_peer_window`]);
-    /// a multicast put is one per member.
-    Portable,
-}
-
-impl std::fmt::Display for CopyPath {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CopyPath::Fabric => "fabric copy (cuFabricCpyBatchAsync)",
-            CopyPath::Portable => "portable (cuMemcpyAsync through mapped peer memory)",
-        })
-    }
-}
-
-/// The context's choice: 0 not yet made, else `encode(path)`.
-#[derive(Default)]
-pub(crate) struct PathCell(AtomicU8);
-
-const fn encode(p: CopyPath) -> u8 {
-    match p {
-        CopyPath::Fabric => 1,
-        CopyPath::Portable => 2,
-    }
-}
-
-impl PathCell {
-    pub(crate) fn get(&self) -> Option<CopyPath> {
-        match self.0.load(Ordering::Acquire) {
-            1 => Some(CopyPath::Fabric),
-            2 => Some(CopyPath::Portable),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn set(&self, p: CopyPath) {
-        self.0.store(encode(p), Ordering::Release);
-    }
-}
-
-/// The path a backend gets, from what it says: the fabric copy when the
-/// driver has the symbol (13.5+) and the backend does not refuse it (the
-/// classic fallback does), else the portable path. With the reason.
-pub(crate) fn choose(
-    driver_version: Option<i32>,
-    refused: Option<&'static str>,
-) -> (CopyPath, String) {
-    match (driver_version, refused) {
-        (_, Some(why)) => (CopyPath::Portable, format!("the backend: {why}")),
-        (Some(v), None) if v >= FABRIC_COPY_MIN_VERSION => (
-            CopyPath::Fabric,
-            format!("driver {v} has cuFabricCpyBatchAsync (13.5+, F7)"),
-        ),
-        (Some(v), None) => (
-            CopyPath::Portable,
-            format!("driver {v} has no cuFabricCpyBatchAsync (before 13.5, F7)"),
-        ),
-        (None, None) => (
-            CopyPath::Portable,
-            "the driver version is unknown, so cuFabricCpyBatchAsync may be missing".into(),
-        ),
-    }
-}
-
-impl Context {
-    /// How this context's copy batches reach the driver: decided once, at
-    /// the first copy or by [`Context::auto`] (the backend decision), from
-    /// the driver version and the backend — [`CopyPath::Fabric`] on 13.5+
-    /// with logical endpoints, else [`CopyPath::Portable`] — and logged
-    /// (`tracing`, target `cuda_endpoints::portable`).
-    pub fn copy_path(&self) -> CopyPath {
-        if let Some(p) = self.path_cell().get() {
-            return p;
-        }
-        let refused = self.driver().explain_unsupported(Call::FabricCpyBatchAsync);
-        let (path, why) = choose(self.driver_version(), refused);
-        tracing::info!(%path, %why, backend = %self.backend_name(), "copy path chosen");
-        self.path_cell().set(path);
-        path
-    }
-
-    /// Overrides [`Context::copy_path`] for every later batch (tests, or a
-    /// program that wants the portable path on a 13.5 driver). Batches
-    /// already in flight are not affected. Forcing [`CopyPath::Fabric`] on
-    /// a driver without it makes each enqueue fail with `NOT_SUPPORTED`.
-    pub fn set_copy_path(&self, path: CopyPath) {
-        tracing::info!(%path, "copy path set");
-        self.path_cell().set(path);
-    }
-}
-
-/// Which target of an endpoint a window reaches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Member {
-    /// A device of this process (its own binding).
-    Local(Device),
-    /// `device` of the process the caller calls `rank`.
-    Peer { rank: u32, device: Device },
-}
-
-/// One window: `size` bytes at endpoint `offset` of `member` are at `addr`
-/// in this process.
-pub(crate) struct Window {
-    member: Member,
-    offset: u64,
-    size: u64,
-    addr: u64,
-    /// The mapping of a peer window; `None` for a local binding, whose
-    /// memory the binding keeps.
-    keep: Option<KeepAlive>,
-}
-
-impl Window {
-    /// The window of a bind by address of this process.
-    pub(crate) fn local(dev: Device, offset: u64, size: u64, addr: u64) -> Window {
-        Window {
-            member: Member::Local(dev),
-            offset,
-            size,
-            addr,
-            keep: None,
-        }
-    }
-
-    /// A local bind by address: `(endpoint offset, size, address)`.
-    pub(crate) fn local_span(&self) -> Option<(u64, u64, u64)> {
-        matches!(self.member, Member::Local(_)).then_some((self.offset, self.size, self.addr))
-    }
-
-    /// Whether this is the window of the local bind on `dev` at `offset`.
-    pub(crate) fn is_local(&self, dev: Device, offset: u64) -> bool {
-        self.member == Member::Local(dev) && self.offset == offset
-    }
-
-    fn end(&self) -> u64 {
-        self.offset.saturating_add(self.size)
-    }
-}
+use crate::window::{Member, Window};
 
 impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
-    /// Registers, for the portable path ([`CopyPath::Portable`]), where this
+    /// Registers, for the portable path ([`CopyPath::Portable`](crate::CopyPath::Portable)), where this
     /// process reaches the memory that `device` of the process `rank` bound
     /// at `offset` of this endpoint: `mem`, that memory imported here
     /// (`Allocation::<PosixFd>::import_fd` within a node,

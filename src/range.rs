@@ -15,7 +15,7 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -23,10 +23,7 @@ use smallvec::SmallVec;
 
 use crate::context::Context;
 use crate::driver::{Call, Device};
-use crate::endpoint::Endpoint;
 use crate::error::Result;
-use crate::kind::NoKind;
-use crate::state::Reserved;
 use crate::unwind::OnUnwind;
 
 /// A live binding as the endpoint remembers it. Its device and offset name
@@ -107,7 +104,7 @@ struct Attachments {
     fabric: Vec<(u32, [u8; 64])>,
     /// The portable path's windows of each id (`crate::portable`): few ids
     /// have one, so a list beside the fabric handles, not a record field.
-    windows: Vec<(u32, crate::portable::Window)>,
+    windows: Vec<(u32, crate::window::Window)>,
     /// The heap top of each id of an [`crate::team::OwnedPeers`]: the bytes
     /// every rank bound and agreed on, past which copies are refused before
     /// the driver (R13.3). Set and cleared by the heap that owns the ids.
@@ -185,7 +182,7 @@ impl SlotGuard<'_> {
     }
 
     /// This id's windows (the portable path), in the order they were added.
-    pub fn windows(&self) -> impl Iterator<Item = &crate::portable::Window> {
+    pub fn windows(&self) -> impl Iterator<Item = &crate::window::Window> {
         let id = self.id;
         self.shared
             .windows
@@ -195,7 +192,7 @@ impl SlotGuard<'_> {
     }
 
     /// Adds a window to this id.
-    pub fn push_window(&mut self, w: crate::portable::Window) {
+    pub fn push_window(&mut self, w: crate::window::Window) {
         self.attached.store(true, Ordering::Relaxed);
         let id = self.id;
         self.shared.windows.push((id, w));
@@ -206,8 +203,8 @@ impl SlotGuard<'_> {
     #[inline]
     pub fn take_windows(
         &mut self,
-        remove: impl FnMut(&crate::portable::Window) -> bool,
-    ) -> Vec<crate::portable::Window> {
+        remove: impl FnMut(&crate::window::Window) -> bool,
+    ) -> Vec<crate::window::Window> {
         // Inline: no window in the range (the usual case), no call.
         if self.shared.windows.is_empty() {
             return Vec::new();
@@ -218,8 +215,8 @@ impl SlotGuard<'_> {
     #[inline(never)]
     fn take_windows_some(
         &mut self,
-        mut remove: impl FnMut(&crate::portable::Window) -> bool,
-    ) -> Vec<crate::portable::Window> {
+        mut remove: impl FnMut(&crate::window::Window) -> bool,
+    ) -> Vec<crate::window::Window> {
         let id = self.id;
         let (out, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.shared.windows)
             .into_iter()
@@ -327,7 +324,7 @@ const _: () = assert!(std::mem::size_of::<Record>() == 96);
 
 pub(crate) struct RangeInner {
     /// Its context; none while the range is the context's spare (see
-    /// [`Spare`]), or the two would keep each other alive.
+    /// `context::Spare`), or the two would keep each other alive.
     pub ctx: RangeContext,
     /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`]).
     pub base: u32,
@@ -361,16 +358,14 @@ pub(crate) struct RangeInner {
     /// range, so that facts read from the bindings earlier (a copy batch's,
     /// F9) are known stale without a lock (`bindings_gen`).
     bindings_gen: AtomicU64,
-    /// Enqueues and unbinds inside the range's copy gate
-    /// ([`crate::copy_gate`]): an unbind waits for the enqueues, an
-    /// enqueue for the unbinds (F4).
-    gate_enqueues: AtomicU32,
-    gate_unbinds: AtomicU32,
+    /// The range's copy gate ([`crate::copy_gate`]): an unbind waits for
+    /// the enqueues, an enqueue for the binds and unbinds (F4, R13.3).
+    gate: crate::copy_gate::Gate,
 }
 
 /// The context of a range, read as a `&Context` without a test: it is
 /// missing only while the range is its context's spare, and a spare is
-/// reached only through [`Spare`], which gives it a context again before
+/// reached only through `context::Spare`, which gives it a context again before
 /// anyone else sees it. (An `Option`, not a `ManuallyDrop`: a panic while a
 /// range is dropped still drops its context.)
 pub(crate) struct RangeContext(Option<Context>);
@@ -387,55 +382,6 @@ impl std::ops::Deref for RangeContext {
         // per `Null` lifecycle against 881 (bind 190 against 182;
         // `benches/instructions.rs`, rustc 1.95).
         unsafe { self.0.as_ref().unwrap_unchecked() }
-    }
-}
-
-/// A context's spare one-id range: the allocation of the last one-id range
-/// released through [`release_shared`], kept for the next `reserve(1)`, so
-/// that a program that reserves and releases one id at a time (the usual
-/// lifecycle) allocates once, not once per lifecycle, and builds no record
-/// on the stack to copy in. At most one per context; freed with the context.
-#[derive(Default)]
-pub(crate) struct Spare(AtomicPtr<RangeInner>);
-
-impl Spare {
-    // An `AtomicPtr` for speed: a `parking_lot::Mutex<Option<Arc<_>>>`
-    // measured 908 instructions per `Null` lifecycle against 881 (reserve
-    // 66 against 56, release 111 against 95; `benches/instructions.rs`,
-    // rustc 1.95), for one pointer swapped in and out.
-
-    /// The spare, if there is one (it is taken: no one else can have it).
-    fn take(&self) -> Option<Arc<RangeInner>> {
-        // SAFETY: a pointer of `take_raw` is an `Arc::into_raw` of `put`,
-        // swapped out atomically, so this is its one owner. (Unsafe for
-        // speed: see the figure above.)
-        self.take_raw().map(|p| unsafe { Arc::from_raw(p) })
-    }
-
-    /// The spare as `Arc::into_raw` gave it, if there is one: the caller
-    /// owns it (and must give it back to `Arc::from_raw`).
-    #[inline]
-    fn take_raw(&self) -> Option<*const RangeInner> {
-        let p = self.0.swap(std::ptr::null_mut(), Ordering::Acquire);
-        (!p.is_null()).then_some(p.cast_const())
-    }
-
-    /// Keeps `range` (released, unique, one id, reset) as the spare; an older
-    /// spare is freed.
-    fn put(&self, range: Arc<RangeInner>) {
-        let old = self
-            .0
-            .swap(Arc::into_raw(range).cast_mut(), Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: as in `take`: the pointer swapped out is owned here.
-            drop(unsafe { Arc::from_raw(old.cast_const()) });
-        }
-    }
-}
-
-impl Drop for Spare {
-    fn drop(&mut self) {
-        drop(self.take());
     }
 }
 
@@ -517,16 +463,10 @@ impl RangeInner {
         self.bindings_gen.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Enqueues inside the copy gate ([`crate::copy_gate`]).
+    /// The range's copy gate ([`crate::copy_gate`]).
     #[inline]
-    pub fn gate_enqueues(&self) -> &AtomicU32 {
-        &self.gate_enqueues
-    }
-
-    /// Unbinds inside the copy gate ([`crate::copy_gate`]).
-    #[inline]
-    pub fn gate_unbinds(&self) -> &AtomicU32 {
-        &self.gate_unbinds
+    pub(crate) fn gate(&self) -> &crate::copy_gate::Gate {
+        &self.gate
     }
 
     /// The count of changes to the range's binding lists so far: facts
@@ -706,108 +646,12 @@ impl Drop for RangeInner {
     }
 }
 
-/// A contiguous range of reserved ids `[base, base+len)` (R1), not yet split
-/// into endpoints. Dropping it (or every endpoint made from it) releases it.
-pub struct IdRange {
-    inner: Arc<RangeInner>,
-}
-
-impl std::fmt::Debug for IdRange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "IdRange[{}..{})",
-            self.inner.base,
-            self.inner.base + self.inner.count
-        )
-    }
-}
-
-impl IdRange {
-    pub(crate) fn reserve(ctx: &Context, count: u32) -> Result<IdRange> {
-        if count == 0 {
-            return Err(crate::Error::ZeroSize {
-                what: crate::error::Arg::IdCount,
-                suggested: 1,
-                rule: Some(crate::error::Rule::R1_3),
-            });
-        }
-        let base = reserve_ids(ctx, count)?;
-        if count == 1
-            && let Some(spare) = reuse(ctx, base)
-        {
-            return Ok(IdRange { inner: spare });
-        }
-        Ok(IdRange {
-            inner: fresh(ctx, base, count),
-        })
-    }
-
-    /// One id as an endpoint (`Context::reserve_one`): the context's spare
-    /// range when it has one, else a new one.
-    #[inline]
-    pub(crate) fn reserve_one(ctx: &Context) -> Result<Endpoint<Reserved, NoKind>> {
-        let base = reserve_ids(ctx, 1)?;
-        let inner = match reuse(ctx, base) {
-            Some(spare) => spare,
-            None => fresh(ctx, base, 1),
-        };
-        Ok(Endpoint::from_parts(inner, base))
-    }
-
-    /// The first id.
-    pub fn base(&self) -> u32 {
-        self.inner.base
-    }
-
-    /// How many ids.
-    pub fn len(&self) -> u32 {
-        self.inner.count
-    }
-
-    /// Never true: ranges hold at least one id (R1.3).
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    /// Splits the range into one [`Endpoint<Reserved>`] per id, in id order.
-    /// The range is released once all of them (and whatever they become) are gone.
-    pub fn into_endpoints(self) -> Vec<Endpoint<Reserved, NoKind>> {
-        (self.inner.base..self.inner.base + self.inner.count)
-            .map(|id| Endpoint::from_parts(self.inner.clone(), id))
-            .collect()
-    }
-
-    /// Splits a range of exactly `N` ids into an array.
-    ///
-    /// # Errors
-    /// The range back when it does not hold `N` ids.
-    pub fn into_array<const N: usize>(self) -> Result<[Endpoint<Reserved, NoKind>; N], IdRange> {
-        if self.inner.count as usize != N {
-            return Err(self);
-        }
-        let (inner, base) = (&self.inner, self.inner.base);
-        Ok(std::array::from_fn(|i| {
-            Endpoint::from_parts(inner.clone(), base + i as u32)
-        }))
-    }
-
-    /// Releases the ids now (`cuLogicalEndpointIdRelease`, R1).
-    ///
-    /// # Errors
-    /// [`crate::Error::Driver`] from the driver; the ids are then lost to this
-    /// process, as the driver left them.
-    pub fn release(self) -> Result<()> {
-        release_shared(self.inner)
-    }
-}
-
 /// `cuLogicalEndpointIdReserve` of `count` ids; the base, checked so that
 /// every id of the range is `base + i` below `base + count`: checked once
 /// here, so that no later sum (splitting, `Debug`, release in `Drop`) can
 /// overflow.
 #[inline]
-fn reserve_ids(ctx: &Context, count: u32) -> Result<u32> {
+pub(crate) fn reserve_ids(ctx: &Context, count: u32) -> Result<u32> {
     match ctx.queries().id_reserve(count) {
         Ok(base) if base.checked_add(count).is_some() => Ok(base),
         r => Err(reserve_failed(ctx, count, r)),
@@ -838,8 +682,8 @@ fn reserve_failed(ctx: &Context, count: u32, r: crate::driver::DriverResult<u32>
 
 /// The context's spare range, for the one id `base`, if it has one.
 #[inline]
-fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
-    let p = ctx.spare().take_raw()?;
+pub(crate) fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
+    let p = ctx.spare().take_raw::<RangeInner>()?;
     // SAFETY: `p` came from `Arc::into_raw` in `Spare::put`, which is only
     // given a range its last holder proved unique (`release_shared`), and
     // was swapped out of the spare atomically: no other `Arc` or `Weak` of
@@ -863,7 +707,7 @@ fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
 
 /// A new range of `count` ids from `base`, with one empty record per id.
 #[inline(never)]
-fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
+pub(crate) fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
     let record = || Record {
         facts: OwnerCell(UnsafeCell::new(Facts::default())),
         slot: LockedCell(UnsafeCell::new(Slot::default())),
@@ -890,8 +734,7 @@ fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
         released: false,
         spare: false,
         bindings_gen: AtomicU64::new(0),
-        gate_enqueues: AtomicU32::new(0),
-        gate_unbinds: AtomicU32::new(0),
+        gate: crate::copy_gate::Gate::new(),
     });
     // Where the records are now that the range is in its `Arc` (inline
     // ones moved with it), before anyone else has the `Arc`.

@@ -69,11 +69,54 @@ impl Spec<Multicast<Local>> {
     /// A multicast endpoint over `devices` (the team, known at run time),
     /// `bytes` bytes per device. `create` enrolls them all (R4), so the
     /// endpoint is complete by construction. Use the devices your ranks
-    /// really use, e.g. `ctx.devices()?`.
-    pub fn multicast(devices: &[Device], bytes: u64) -> Self {
+    /// really use, e.g. `ctx.devices()?`. The devices as everywhere else:
+    /// ordinals (`[0, 1]`) or [`Device`]s (`&[Device(0), Device(1)]`,
+    /// `&ctx.devices()?`): see [`TeamDevices`].
+    pub fn multicast(devices: impl TeamDevices, bytes: u64) -> Self {
+        let devices = devices.team_devices();
         let n = devices.len() as u32;
-        Spec::with(Shape::Multicast { num_devices: n }, bytes, devices.to_vec())
+        Spec::with(Shape::Multicast { num_devices: n }, bytes, devices)
     }
+}
+
+/// The devices of a [`Spec::multicast`] team: ordinals, owned as in
+/// `TeamSpec::new([dev], ..)` (`[0, 1]`, `Vec<i32>`; or `&[i32]`), or
+/// borrowed [`Device`]s (`&[Device]`, `&[Device; N]`, `&Vec<Device>`, e.g.
+/// `&ctx.devices()?`). One form each, so that `&[0.into(), 1.into()]` still
+/// infers `Device`. Sealed.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a list of team devices",
+    note = "pass ordinals (`[0, 1]`, `&[i32]`, `Vec<i32>`) or devices (`&[Device]`, `&ctx.devices()?`)"
+)]
+pub trait TeamDevices: sealed::Sealed {
+    /// The devices, in order.
+    #[doc(hidden)]
+    fn team_devices(self) -> Vec<Device>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! team_devices {
+    ($([$($g:tt)*] $t:ty => |$d:ident| $e:expr;)*) => {$(
+        impl<$($g)*> sealed::Sealed for $t {}
+        impl<$($g)*> TeamDevices for $t {
+            fn team_devices(self) -> Vec<Device> {
+                let $d = self;
+                $e
+            }
+        }
+    )*};
+}
+
+team_devices! {
+    ['a] &'a [Device] => |d| d.to_vec();
+    ['a, const N: usize] &'a [Device; N] => |d| d.to_vec();
+    ['a] &'a Vec<Device> => |d| d.clone();
+    ['a] &'a [i32] => |d| d.iter().map(|&o| Device(o)).collect();
+    [const N: usize] [i32; N] => |d| d.into_iter().map(Device).collect();
+    [] Vec<i32> => |d| d.into_iter().map(Device).collect();
 }
 
 impl<N> Spec<Team<N, U0, Local>> {

@@ -4,8 +4,14 @@
 //!
 //! What this file owns:
 //! - [`Stream`]: create (`cuStreamCreate`), [`Stream::synchronize`],
-//!   [`Stream::query`], and `Drop` (synchronize, then `cuStreamDestroy`;
-//!   a failure is kept on the context, [`Context::take_teardown_errors`]);
+//!   [`Stream::query`], and `Drop` (synchronize; a failure is kept on the
+//!   context, [`Context::take_teardown_errors`]);
+//! - the handle's life: it lives in a shared `StreamInner`, destroyed
+//!   (`cuStreamDestroy`) by its last `Arc` holder, as cudarc's
+//!   `CudaStream`. A settle that found the stream in the index, or an
+//!   event that reached it, holds it for its synchronize: a `Stream`
+//!   dropped on another thread meanwhile leaves the handle to it, so no
+//!   synchronize ever meets a destroyed stream;
 //! - the stream's *in-flight records* (F4, as R7.2 for bindings): each
 //!   enqueued batch leaves, until the stream is synchronized, the memory it
 //!   reads or writes (`Mapped::keep_alive`) and the id ranges of its
@@ -19,8 +25,11 @@
 //!   (empty, and one atomic load, unless a copy is in flight or a graph
 //!   lives). An entry goes when the stream passed its batch (synchronize,
 //!   query, an event after it) or the stream is dropped, and when its
-//!   graph is dropped: the index holds what is in flight now, and a
-//!   dropped stream is never synchronized.
+//!   graph is dropped: the index holds what is in flight now, and no
+//!   settle begins on a dropped stream. The index stays keyed by range
+//!   address until the ranges carry their own in-flight records (issue
+//!   27, item 2): a stream's entries hold it weakly, so an entry never
+//!   keeps a handle alive.
 //!
 //! - [`Event`], made and used by `cuEventCreate`/`Record`/`Query`/`Synchronize`/`Destroy`;
 //!   an event recorded after a batch completes it (F4: "or an event after
@@ -58,6 +67,12 @@ pub(crate) struct Keep {
 /// Keep-alives of memory a batch reads or writes.
 pub(crate) type KeepMemory = SmallVec<[crate::memory::KeepAlive; 1]>;
 
+/// A stream's handle and its in-flight records, shared: by the [`Stream`],
+/// and for the length of one call by a settle ([`settle`]) or an
+/// [`Event`] that reached it through the index or its `Weak`. The handle
+/// is destroyed in its `Drop`, by its last holder (as cudarc's
+/// `CudaStream`), so whoever synchronizes it holds it and never meets a
+/// destroyed stream.
 pub(crate) struct StreamInner {
     pub(crate) ctx: Context,
     pub(crate) dev: Device,
@@ -422,23 +437,37 @@ impl Drop for Stream {
                 // Copies may still run: keep what they use alive for good.
                 std::mem::forget(std::mem::take(&mut *inner.lock()));
             }
-            // None of its entries may outlive it: a destroyed stream is
-            // never synchronized (an `Event` recorded on it may keep its
-            // bookkeeping, not its handle). After a failed synchronize the
-            // fault is recorded above; a later unbind cannot wait for a
-            // stream that is gone.
+            // None of its entries may outlive the `Stream`: after a failed
+            // synchronize the fault is recorded below, and a later unbind
+            // cannot wait for a stream its owner let go of. A settle that
+            // found it before holds it (`Arc`): its handle is destroyed by
+            // whichever lets go last ([`StreamInner`]'s `Drop`), never
+            // under that settle's synchronize.
             let me = Arc::as_ptr(inner);
             forget_entries(|e| e.of_batch(me, |_| true));
-            if inner.borrowed.is_none() {
-                // Not cudarc's stream (cudarc destroys its own).
-                // SAFETY: the stream is this object's own; nothing uses it after.
-                let r = unsafe { inner.ctx.driver().stream_destroy(inner.handle) };
-                if let Err(e) = inner.ctx.check(Call::StreamDestroy, r) {
-                    inner.ctx.record_teardown(e);
-                }
-            }
             if let Err(e) = end.resume() {
                 inner.ctx.record_teardown(e);
+            }
+        });
+        // The `Arc` goes with the fields, after this (also when the resume
+        // above unwinds): the handle is destroyed there, by the last holder.
+    }
+}
+
+impl Drop for StreamInner {
+    /// The last holder let go (the `Stream`, or a settle or an event that
+    /// held it for a synchronize): nothing can reach the handle any more.
+    fn drop(&mut self) {
+        if self.borrowed.is_some() {
+            // cudarc's stream: cudarc destroys it.
+            return;
+        }
+        crate::unwind::in_drop(|| {
+            // SAFETY: the stream is this object's own, and this is its last
+            // holder: nothing uses the handle after.
+            let r = unsafe { self.ctx.driver().stream_destroy(self.handle) };
+            if let Err(e) = self.ctx.check(Call::StreamDestroy, r) {
+                self.ctx.record_teardown(e);
             }
         });
     }

@@ -276,3 +276,127 @@ fn unicast_peers_come_up_on_the_classic_fallback_and_copy_through_windows() {
     assert!(root.live_node().is_empty(), "{:?}", root.live_node());
     assert!(root.violations().is_empty(), "{:?}", root.violations());
 }
+
+/// The two-GPU H200's driver on the model: 13.0, and every device reports
+/// classic multicast (attribute 132 = 1), so that only the policy stands
+/// between `Context::auto` and `cuMulticastCreate`.
+fn h200_pair_like(devices: usize) -> ModelConfig {
+    h200_like(devices).with_devices(|_, d| d.classic_multicast = true)
+}
+
+/// `Context::auto` over a traced `model` with the default policy (classic
+/// multicast not opted in) for a team on `team`: the context, the trace,
+/// and the decision, checked to be the classic emulation without multicast.
+fn auto_over(model: &Model, team: &[i32]) -> (Context, Arc<Traced<Model>>) {
+    use cuda_endpoints::backend::{BackendChoice, Policy};
+    let traced = Arc::new(Traced::new(model.clone()));
+    let team: Vec<_> = team.iter().map(|&d| d.into()).collect();
+    let (ctx, d) = Context::auto(traced.clone(), &team, &Policy::new()).unwrap();
+    assert_eq!(d.unicast, BackendChoice::Classic, "{d}");
+    assert!(
+        matches!(&d.choice, BackendChoice::Unsupported(why) if why.contains("13.3") && why.contains("switched off")),
+        "{d}"
+    );
+    assert!(d.to_string().contains("13.0 (13000)"), "{d}");
+    assert_eq!(ctx.copy_path(), CopyPath::Portable);
+    assert!(ctx.backend_name().starts_with("classic"), "{ctx:?}");
+    (ctx, traced)
+}
+
+/// Issue 28, item 1: on a 13.0 driver, `Context::auto` alone gives two
+/// processes unicast endpoints and copies that work (each puts into and
+/// gets from the other's endpoint through `PosixFd` windows), with no
+/// `cuMulticast*` call, although every device reports classic multicast.
+#[test]
+fn context_auto_on_a_13_0_driver_gives_two_processes_unicast_endpoints_and_copies() {
+    let a = Model::fabric(FabricConfig::single(h200_pair_like(2)));
+    let b = a.spawn_process();
+    let (ca, ta) = auto_over(&a, &[0, 1]);
+    let (cb, tb) = auto_over(&b, &[]);
+    common::portable::put_and_get_through_posix_fd_windows([&a, &b], [(&ca, 0), (&cb, 1)]);
+    for (ctx, trace) in [(ca, ta), (cb, tb)] {
+        assert!(ctx.take_teardown_errors().is_empty());
+        assert!(trace.count(Call::MemcpyAsync) >= 2);
+        only_portable_calls(&trace);
+    }
+    assert!(a.live().is_empty() && b.live().is_empty());
+    common::fabric_idle(&a);
+}
+
+/// Issue 28, item 1: on a 13.0 driver a multicast team fails on every rank
+/// with one error naming 13.3 and the driver's version, before any
+/// `cuMulticast*` call — on `Context::auto`'s context (classic multicast not
+/// opted in; in one process too) and on the bare driver (the bring-up's
+/// probe: before, "rank 0 cannot export a trial logical endpoint (unknown
+/// CUresult …)").
+#[test]
+fn a_team_on_a_13_0_driver_fails_every_rank_with_one_error_naming_13_3_and_the_version() {
+    let root = Model::new(h200_pair_like(2));
+    let procs = [root.clone(), root.spawn_process()];
+    for how in ["auto", "bare"] {
+        let errors: Vec<(String, Arc<Traced<Model>>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = procs
+                .iter()
+                .zip(Threads::new(2))
+                .enumerate()
+                .map(|(rank, (m, boot))| {
+                    s.spawn(move || {
+                        let dev = rank as i32;
+                        let (ctx, trace) = match how {
+                            "auto" => auto_over(m, &[dev]),
+                            _ => {
+                                let t = Arc::new(Traced::new(m.clone()));
+                                (Context::new(t.clone()), t)
+                            }
+                        };
+                        let spec = team::TeamSpec::new([dev], ALIGN).timeout(T);
+                        let e = team::multicast(&ctx, &boot, &spec)
+                            .expect_err("no multicast team on a 13.0 driver by default");
+                        assert!(ctx.take_teardown_errors().is_empty());
+                        (e.to_string(), trace)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread panicked"))
+                .collect()
+        });
+        let first = &errors[0].0;
+        for (text, trace) in &errors {
+            assert_eq!(text, first, "{how}: every rank, one error");
+            assert!(!trace.reached(Call::MulticastCreate), "{how}");
+            assert_eq!(trace.count(Call::MulticastCreate), 0, "{how}");
+        }
+        assert!(
+            first.contains("13.3") && first.contains("13000"),
+            "{how}: {first}"
+        );
+        println!("{how}: {first}");
+    }
+    // One process: a team on `Context::auto`'s context is refused at create.
+    let (ctx, trace) = auto_over(&root, &[0, 1]);
+    let f = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[0.into(), 1.into()], ALIGN))
+        .unwrap_err();
+    let text = f.error.to_string();
+    assert!(
+        matches!(
+            f.error,
+            Error::Unsupported {
+                feature: Feature::MulticastTeam,
+                driver_version: Some(13000),
+                ..
+            }
+        ),
+        "{text}"
+    );
+    assert!(text.contains("13.3") && text.contains("opt"), "{text}");
+    f.value.release().unwrap();
+    assert!(!trace.reached(Call::MulticastCreate));
+    drop(ctx);
+    assert!(root.live_node().is_empty(), "{:?}", root.live_node());
+    assert!(root.violations().is_empty(), "{:?}", root.violations());
+}

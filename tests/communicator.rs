@@ -1,6 +1,8 @@
 //! The communicator production users build (issue 20): owned unicast peers
 //! (`Peers::into_owned`, `OwnedPeers`, `DynPeers`) next to a multicast team
-//! in a struct kept in a `HashMap`, dropped in any order with zero leaks;
+//! in a struct kept in a `HashMap`, closed by agreement with zero leaks;
+//! teardown every rank agrees on (R13.7: a close waits until every rank
+//! completed its copies; a drop without it keeps what peers may write);
 //! the symmetric heap that grows and shrinks by agreement (R13.5, R13.7),
 //! proved with the data path; the peer-to-id table agreed (R13.4); export
 //! without readiness (R13.1); concurrent bring-ups over one shared
@@ -10,6 +12,7 @@
 mod common;
 #[path = "common/forge.rs"]
 mod forge;
+mod watchdog;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -17,10 +20,10 @@ use std::time::Duration;
 use cuda_endpoints::bootstrap::{Bootstrap, BootstrapError, Tcp, ThreadRank, Threads};
 use cuda_endpoints::model::Model;
 use cuda_endpoints::team::{
-    self, Cause, Mismatch, OwnedPeers, PeerSpec, Step, Tagged, TeamError, TeamSpec,
+    self, Cause, Mismatch, OwnedPeers, OwnedTeam, PeerSpec, Step, Tagged, TeamError, TeamSpec,
 };
 use cuda_endpoints::{
-    Allocation, BoundEndpoint, Context, CopyBatch, Error, Mapped, PosixFd, Stream, driver::Call,
+    Allocation, Context, CopyBatch, Error, Mapped, PosixFd, Stream, driver::Call,
 };
 use forge::ForgeIdTable;
 
@@ -40,7 +43,7 @@ fn chunk(ctx: &Context, dev: i32) -> Mapped<PosixFd> {
 
 /// A communicator as a user keeps it: no lifetime anywhere.
 struct Comm {
-    team: BoundEndpoint<team::SharedMulticast, Mapped<PosixFd>>,
+    team: OwnedTeam<Mapped<PosixFd>>,
     peers: OwnedPeers<Mapped<PosixFd>>,
 }
 
@@ -69,10 +72,17 @@ impl Comm {
         peers.grow(boot, chunk(ctx, dev), T)?; // the every-rank-bound agreement
         Ok(Comm { team, peers })
     }
+
+    /// Tears both down once every rank completed its copies (R13.7): on
+    /// every rank, communicators in the same order.
+    fn close(self, boot: &dyn Bootstrap) {
+        self.team.close(boot, T).unwrap();
+        self.peers.close(boot, T).unwrap();
+    }
 }
 
 #[test]
-fn communicators_in_a_hashmap_move_data_and_drop_in_any_order_with_zero_leaks() {
+fn communicators_in_a_hashmap_move_data_and_close_with_zero_leaks() {
     let (contexts, model) = processes(3);
     on_every_rank(&contexts, Threads::new(3), |r, ctx, _, boot| {
         let dev = r as i32;
@@ -107,25 +117,20 @@ fn communicators_in_a_hashmap_move_data_and_drop_in_any_order_with_zero_leaks() 
             }
             assert_eq!(c.team.devices(), [dev.into()]);
         }
-        boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
         drop(stream);
-        // Each rank drops its communicators in its own order; one goes
-        // through the erased form, field by field.
-        let order: [&str; 3] = match r {
-            0 => ["a", "b", "c"],
-            1 => ["c", "a", "b"],
-            _ => ["b", "c", "a"],
-        };
-        for name in order {
+        // Every rank closes its communicators (a close is collective: the
+        // same order on every rank, R13.7); one goes through the erased
+        // form, field by field.
+        for name in ["c", "a", "b"] {
             let Comm { team, peers } = comms.remove(name).unwrap();
             if r == 1 {
                 let erased = peers.into_dyn();
                 assert!(erased.is::<Mapped<PosixFd>>());
-                drop(team);
-                drop(erased);
+                team.close(boot, T).unwrap();
+                erased.close(boot, T).unwrap();
             } else {
-                drop(peers);
-                drop(team);
+                peers.close(boot, T).unwrap();
+                team.close(boot, T).unwrap();
             }
         }
         let teardown = ctx.take_teardown_errors();
@@ -134,6 +139,210 @@ fn communicators_in_a_hashmap_move_data_and_drop_in_any_order_with_zero_leaks() 
     let live = model.live_node();
     assert!(live.is_empty(), "leak: {live:?}");
     common::no_violations(&model.violations());
+}
+
+/// Where the last put reached the driver and where the first unbind did,
+/// in the node's trace: every unbind must come after every put (R13.7).
+fn last_put_and_first_unbind(model: &Model) -> (usize, usize) {
+    let trace = model.trace();
+    let put = trace.iter().rposition(|c| *c == Call::FabricCpyBatchAsync);
+    (put.expect("a put"), first(&trace, Call::Unbind))
+}
+
+/// R13.7 at the owned peers' teardown: rank 0 closes first, and rank 1
+/// puts into rank 0's heap only after rank 0 entered its close (a put left
+/// in flight, its token forgotten). Rank 0's close waits in the agreement
+/// until rank 1 completed that put and joined: no unbind reaches the driver
+/// before the put, and the model logs no rule broken (before the close, a
+/// drop on rank 0 here freed the memory under rank 1's put: F4 and R13.3
+/// in the log, `ILLEGAL_ADDRESS`).
+#[test]
+fn r13_7_a_rank_closing_its_owned_peers_waits_until_every_rank_completed_its_copies() {
+    let _hang = watchdog::guard("the close of owned peers");
+    let (contexts, model) = processes(2);
+    let entered = std::sync::Barrier::new(2);
+    on_every_rank(&contexts, Threads::new(2), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        let stream = Stream::new(ctx, dev).unwrap();
+        entered.wait();
+        if r == 1 {
+            let copy = stream
+                .enqueue(CopyBatch::new().put_host(vec![7; 4096], peers.peer(0).unwrap(), 0))
+                .unwrap();
+            std::mem::forget(copy); // in flight: the close completes it
+        }
+        peers.close(boot, T).unwrap();
+        drop(stream);
+        assert!(ctx.take_teardown_errors().is_empty(), "rank {r}");
+    });
+    let (put, unbind) = last_put_and_first_unbind(&model);
+    assert!(
+        put < unbind,
+        "an unbind before the put: {:?}",
+        model.trace()
+    );
+    common::no_violations(&model.violations());
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+}
+
+/// R13.7 at an owned team's teardown: the same as for owned peers, with a
+/// multicast put (it writes every member's memory, rank 0's too). One
+/// member's teardown alone is not offered: `OwnedTeam` has no `unbind_all`
+/// (the ui-test `team_unbind_all_of_one_member_alone`), and its close
+/// waits for every member.
+#[test]
+fn r13_7_a_rank_closing_its_owned_team_waits_until_every_member_completed_its_puts() {
+    let _hang = watchdog::guard("the close of an owned team");
+    let (contexts, model) = processes(2);
+    let entered = std::sync::Barrier::new(2);
+    on_every_rank(&contexts, Threads::new(2), |r, ctx, _, boot| {
+        let dev = r as i32;
+        let t = team::multicast(ctx, boot, &TeamSpec::new([dev], CHUNK).timeout(T)).unwrap();
+        let owned = t
+            .into_bound([(dev.into(), 0, chunk(ctx, dev))], boot, T)
+            .unwrap();
+        let stream = Stream::new(ctx, dev).unwrap();
+        entered.wait();
+        if r == 1 {
+            let copy = stream
+                .enqueue(CopyBatch::new().put_host(vec![7; 4096], owned.endpoint(), 0))
+                .unwrap();
+            std::mem::forget(copy); // in flight: the close completes it
+        }
+        owned.close(boot, T).unwrap();
+        drop(stream);
+        assert!(ctx.take_teardown_errors().is_empty(), "rank {r}");
+    });
+    let (put, unbind) = last_put_and_first_unbind(&model);
+    assert!(
+        put < unbind,
+        "an unbind before the put: {:?}",
+        model.trace()
+    );
+    common::no_violations(&model.violations());
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+}
+
+/// R13.7 when a rank drops its communicator without the close: rank 0
+/// drops its owned team and owned peers, then rank 1 puts into both. The
+/// drop freed nothing rank 1 may write: both puts land in rank 0's memory,
+/// still bound and allocated, and no rule is broken. Rank 0's context
+/// keeps `CloseNotAgreed` for each; the memory goes when the process exits
+/// (R12.2), and nothing is left after that.
+#[test]
+fn r13_7_a_drop_without_close_keeps_what_peers_may_write() {
+    let (contexts, model) = processes(2);
+    let dropped = std::sync::Barrier::new(2);
+    on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let comm = Comm::new(ctx, boot, dev).unwrap();
+        let team_mem = comm.team.memory()[0].device_ptr();
+        let heap_mem = comm.peers.memory()[0].device_ptr();
+        if r == 0 {
+            drop(comm);
+            dropped.wait();
+            dropped.wait(); // rank 1 put
+            assert_eq!(me.read(team_mem + 8192, 64).unwrap(), vec![0x5a; 64]);
+            assert_eq!(me.read(heap_mem + 8192, 64).unwrap(), vec![0xa5; 64]);
+            let kept = ctx.take_teardown_errors();
+            let what: Vec<_> = kept
+                .iter()
+                .map(|e| match e {
+                    Error::CloseNotAgreed { what, ranks: 2 } => *what,
+                    other => panic!("rank 0: {other}"),
+                })
+                .collect();
+            assert_eq!(what, ["an OwnedTeam", "an OwnedPeers"]);
+            assert!(
+                kept[0].to_string().contains("close(&boot, timeout)"),
+                "{}",
+                kept[0]
+            );
+        } else {
+            dropped.wait();
+            let stream = Stream::new(ctx, dev).unwrap();
+            let team_put = CopyBatch::new().put_host(vec![0x5a; 64], comm.team.endpoint(), 8192);
+            stream.enqueue(team_put).unwrap().wait().unwrap();
+            let heap_put =
+                CopyBatch::new().put_host(vec![0xa5; 64], comm.peers.peer(0).unwrap(), 8192);
+            stream.enqueue(heap_put).unwrap().wait().unwrap();
+            drop(stream);
+            dropped.wait();
+            drop(comm); // rank 0 is gone: no close can be agreed
+            assert_eq!(ctx.take_teardown_errors().len(), 2);
+        }
+        common::no_violations(&me.violations());
+        me.exit(); // the driver reclaims what was kept (R12.2)
+    });
+    common::no_violations(&model.violations());
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+}
+
+/// R13.7 when a rank never joins the close: ranks 0 and 1 close, rank 2
+/// keeps its peers and stays silent. Both closing ranks get the same
+/// error within the close's bound (rank 2, `Step::Close`, the bootstrap's
+/// timeout) and keep their memory, since rank 2 may still write there.
+#[test]
+fn r13_7_a_rank_that_never_joins_the_close_fails_every_closing_rank_alike() {
+    let _hang = watchdog::guard("a close that a rank never joins");
+    let (contexts, model) = processes(3);
+    let closed = std::sync::Barrier::new(3);
+    let errors = on_every_rank(&contexts, Threads::new(3), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        let outcome = if r == 2 {
+            closed.wait(); // silent until the others gave up
+            drop(peers);
+            None
+        } else {
+            let e = peers.close(boot, Duration::from_secs(1)).unwrap_err();
+            closed.wait();
+            Some(e)
+        };
+        let kept = ctx.take_teardown_errors();
+        assert!(
+            matches!(
+                kept[..],
+                [Error::CloseNotAgreed {
+                    what: "an OwnedPeers",
+                    ranks: 3
+                }]
+            ),
+            "rank {r}: {kept:?}"
+        );
+        me.exit(); // the driver reclaims what was kept (R12.2)
+        outcome
+    });
+    for (r, e) in errors.iter().take(2).enumerate() {
+        let e = e.as_ref().expect("an error");
+        assert_eq!((e.rank, e.step), (2, Step::Close), "rank {r}: {e}");
+        assert!(e.is_timeout(), "rank {r}: {e}");
+    }
+    common::no_violations(&model.violations());
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
 }
 
 #[test]
@@ -190,7 +399,7 @@ fn r13_5_a_grown_heap_moves_the_new_chunks_bytes_without_reimport_and_shrinks_by
         drop(top); // unbound: freeing it is fine
         assert!(peers.shrink(boot, T).unwrap().is_some());
         assert!(peers.shrink(boot, T).unwrap().is_none(), "empty heap");
-        drop(peers);
+        peers.close(boot, T).unwrap();
         let teardown = ctx.take_teardown_errors();
         assert!(teardown.is_empty(), "rank {r}: {teardown:?}");
     });
@@ -272,7 +481,7 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
             "rank {r}: {after_shrink:?}"
         );
         drop(stream);
-        drop(peers);
+        peers.close(boot, T).unwrap();
         assert!(ctx.take_teardown_errors().is_empty());
     });
     assert!(
@@ -310,9 +519,8 @@ fn r13_7_a_shrink_completes_this_ranks_forgotten_copy_into_a_peers_top_chunk_bef
         }
         drop(top);
         stream.synchronize().unwrap();
-        boot.barrier(T).unwrap();
         drop(stream);
-        drop(peers);
+        peers.close(boot, T).unwrap();
         assert!(ctx.take_teardown_errors().is_empty());
     });
     assert!(
@@ -374,7 +582,7 @@ fn r7_2_a_chunk_whose_unbind_failed_at_a_shrink_is_kept_aside_until_unbound_on_e
         let shrunk = peers.shrink(boot, T);
         assert_eq!(shrunk.is_err(), r == 0, "rank {r}: {shrunk:?}");
         drop(shrunk);
-        drop(peers);
+        peers.close(boot, T).unwrap();
         let teardown = ctx.take_teardown_errors();
         assert_eq!(teardown.is_empty(), r == 1, "rank {r}: {teardown:?}");
         unbinds_on_rank_0(None);
@@ -400,7 +608,7 @@ fn growing_past_the_reserved_maximum_is_refused_on_every_rank_before_the_driver(
         let e = peers.grow(boot, chunk(ctx, dev), T).unwrap_err();
         assert_eq!(me.calls(Call::BindMem), binds, "refused before the driver");
         assert_eq!(peers.top(), CHUNK, "the heap is as it was");
-        drop(peers);
+        peers.close(boot, T).unwrap();
         e
     });
     // Every rank refused its own chunk, and says so.
@@ -430,6 +638,7 @@ fn a_heap_grown_by_another_chunk_size_on_one_rank_fails_every_rank_and_unbinds_i
             .unwrap();
         let e = peers.grow(boot, mem, T).unwrap_err();
         assert_eq!(peers.top(), 0);
+        peers.close(boot, T).unwrap();
         e
     });
     for e in &errors {
@@ -577,8 +786,9 @@ fn eight_communicators_over_the_same_ranks_and_devices_come_up_at_once_and_none_
                         joined(all)
                     });
                     let ids: Vec<u32> = comms.iter().map(|c| c.peers.own().id()).collect();
-                    boots[0].barrier(T).unwrap();
-                    drop(comms);
+                    for (comm, boot) in comms.into_iter().zip(&boots) {
+                        comm.close(boot);
+                    }
                     ids
                 })
             })
@@ -694,9 +904,11 @@ fn concurrent_over_one_bootstrap<B: Bootstrap + Send>(
                         joined(all)
                     });
                     let ids = made.iter().map(|c| c.peers.own().id()).collect();
-                    // Every rank is done before any rank tears down.
-                    shared.channel(u64::MAX).barrier(T).unwrap();
-                    drop(made);
+                    // Each closes over its own channel, in tag order on
+                    // every rank (R13.7).
+                    for (tag, comm) in (0..comms).zip(made) {
+                        comm.close(&shared.channel(tag));
+                    }
                     ids
                 })
             })

@@ -750,7 +750,7 @@ fn r13_3_a_heap_with_a_chunk_kept_aside_refuses_strided_copies_past_its_top_on_e
             peers.top()
         ));
         boot.barrier(T).unwrap();
-        drop(peers);
+        peers.close(boot, T).unwrap();
         boot.barrier(T).unwrap();
         out.push(format!("teardown: {:?}", ctx.take_teardown_errors()));
         out
@@ -1106,4 +1106,79 @@ fn f3_two_puts_into_one_allocation_bound_twice_are_refused_after_both_bindings_a
             "{path:?}: reached the driver"
         );
     }
+}
+
+/// F4 across threads (issue 27, seam 1): one thread unbinds memory with a
+/// copy in flight on a stream (its settle synchronizes that stream) while
+/// another drops the stream. The stream's handle is destroyed by whichever
+/// of the two lets go of it last, so the settle never synchronizes a
+/// destroyed stream: every unbind succeeds, no rule is broken, nothing
+/// leaks. Many rounds, each bounded.
+#[test]
+fn f4_a_stream_dropped_during_another_threads_settle_is_never_used_after_destroy() {
+    let (errors, violations) = common::layer::within(120, || {
+        let (ctx, model) = node();
+        let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
+        let ep = unicast(&ctx, 0, ALIGN);
+        let mut errors = Vec::new();
+        for round in 0..1_000u32 {
+            let b = ep.bind(Device(0), 0, &owner).unwrap();
+            // Several streams, each with a copy in flight until it is
+            // synchronized: the unbind's settle finds them all, then
+            // synchronizes them one after the other, while the other
+            // thread drops them last first.
+            let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&ctx, 0).unwrap()).collect();
+            for stream in &streams {
+                std::mem::forget(
+                    stream
+                        .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 64))
+                        .unwrap(),
+                );
+            }
+            let go = std::sync::Barrier::new(2);
+            let unbound = std::thread::scope(|s| {
+                let unbind = s.spawn(|| {
+                    go.wait();
+                    b.unbind()
+                });
+                s.spawn(|| {
+                    let mut streams = streams;
+                    go.wait();
+                    // Spread the drops over the unbind's window.
+                    for _ in 0..round % 7 {
+                        std::thread::yield_now();
+                    }
+                    while let Some(stream) = streams.pop() {
+                        drop(stream);
+                    }
+                });
+                unbind.join().unwrap()
+            });
+            if let Err(e) = unbound {
+                errors.push(format!("round {round}: unbind: {e:?}"));
+            }
+            errors.extend(
+                ctx.take_teardown_errors()
+                    .iter()
+                    .map(|e| format!("round {round}: teardown: {e:?}")),
+            );
+            if !errors.is_empty() {
+                // The binding may still hold `owner`: no next round.
+                break;
+            }
+        }
+        let v = format!("{:?}", model.violations());
+        if errors.is_empty() {
+            drop((owner, src, ep));
+            common::clean(&ctx, &model);
+        }
+        (errors, v)
+    });
+    assert!(
+        errors.is_empty() && violations == "[]",
+        "{} errors, first: {:?}; violations: {}",
+        errors.len(),
+        &errors[..errors.len().min(3)],
+        &violations[..violations.len().min(300)]
+    );
 }

@@ -1693,3 +1693,74 @@ fn f3_ops_that_meet_in_one_allocation_bound_by_handle_twice_are_dependent() {
     drop((a, b, mem, src, dst));
     clean(&ctx, &model);
 }
+
+/// The payload of a planned panic.
+struct Planned;
+
+/// A `tracing` layer that panics on the success event of each call that
+/// makes a stream, an event, a graph or an executable graph
+/// (`cuStreamCreate`, `cuEventCreate`, `cuStreamEndCapture`,
+/// `cuGraphInstantiateWithFlags`): the handle never reaches the typed
+/// layer, and still none is left. On the real backend the handle its
+/// out-pointer got is destroyed while the panic unwinds; on the model,
+/// `Traced` (which emits the event) destroys it. The capture's stream and
+/// graph are destroyed by the capture; no rule is broken.
+#[test]
+fn a_panic_on_the_success_event_of_a_call_that_makes_a_stream_event_or_graph_leaks_none() {
+    use cuda_endpoints::driver::Call;
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    static QUIET: std::sync::Once = std::sync::Once::new();
+    QUIET.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.payload().is::<Planned>() {
+                default(info);
+            }
+        }));
+    });
+    for call in [
+        Call::StreamCreate,
+        Call::EventCreate,
+        Call::StreamEndCapture,
+        Call::GraphInstantiate,
+    ] {
+        let mut c = ModelConfig::node(2);
+        c.driver_version = 13050;
+        // The real backend traces its calls itself; the model is wrapped
+        // in `Traced`, which does.
+        let (ctx, model) = backend::context_over(c, |d| {
+            if backend::is_cuda() {
+                Context::new(d)
+            } else {
+                Context::new(cuda_endpoints::driver::Traced::new(d))
+            }
+        });
+        let u = Unicast1::new(&ctx);
+        let b = u.bind();
+        let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+        let fired = std::sync::atomic::AtomicBool::new(false);
+        let layer = common::layer::OnEvent(move |e: &common::layer::EventFields| {
+            if e.succeeded() == Some(call) && !fired.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                std::panic::panic_any(Planned);
+            }
+        });
+        let r = tracing::subscriber::with_default(layer, || {
+            catch_unwind(AssertUnwindSafe(|| match call {
+                Call::StreamCreate => drop(cuda_endpoints::Stream::new(&ctx, 0)),
+                Call::EventCreate => drop(cuda_endpoints::Event::new(&ctx, 0)),
+                _ => drop(
+                    stream.capture(cuda_endpoints::CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64)),
+                ),
+            }))
+        });
+        assert!(
+            r.is_err_and(|p| p.is::<Planned>()),
+            "{call}: the planned panic"
+        );
+        drop(stream);
+        b.unbind().unwrap();
+        drop(u);
+        clean(&ctx, &model);
+    }
+}

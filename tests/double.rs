@@ -692,6 +692,89 @@ fn child_driver_580() {
     assert!(lib.violations().is_empty(), "{:?}", lib.violations());
 }
 
+/// Issue 28, item 1, through the C ABI: on the 13.0 build whose devices
+/// report classic multicast (the two-GPU H200's driver), `Context::auto`
+/// gives the classic emulation: a unicast endpoint takes a put and a get
+/// through `cuMemcpyAsync`, every byte checked; a multicast team is refused
+/// naming 13.3 and 13000, and `cuMulticastCreate` is never called.
+#[test]
+fn context_auto_on_driver_580_has_unicast_endpoints_and_copies_and_refuses_multicast() {
+    let config = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
+    child(
+        "child_driver_580_auto",
+        &["13.0"],
+        &[("CUDA_DOUBLE_CONFIG", &backend::encode(&config))],
+    );
+}
+
+#[test]
+#[ignore = "run by context_auto_on_driver_580_has_unicast_endpoints_and_copies_and_refuses_multicast"]
+fn child_driver_580_auto() {
+    use cuda_endpoints::backend::{BackendChoice, Policy};
+    use cuda_endpoints::driver::cuda::Cuda;
+    use cuda_endpoints::{CopyBatch, CopyPath, Stream};
+    if !is_child("child_driver_580_auto") {
+        return;
+    }
+    let lib = DoubleLib::load().unwrap();
+    let team = [Device(0), Device(1)];
+    let (ctx, d) = Context::auto(Cuda::open().unwrap(), &team, &Policy::new()).unwrap();
+    assert_eq!(d.driver_version, Some(13000));
+    assert_eq!(d.unicast, BackendChoice::Classic, "{d}");
+    assert!(d.classic_available, "{d}");
+    assert_eq!(ctx.copy_path(), CopyPath::Portable);
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, 2 * MIB))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let mem = Allocation::<Private>::on_device(&ctx, 0, 2 * MIB)
+        .unwrap()
+        .map(&[Device(0)])
+        .unwrap();
+    let bound = ep.bind(0, 0, &mem).unwrap();
+    let bytes: Vec<u8> = (0..8192).map(|i| (i % 251) as u8).collect();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    stream
+        .enqueue(CopyBatch::new().put_host(bytes.clone(), &ep, 4096))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let got = stream
+        .enqueue(CopyBatch::new().get_host(&ep, 4096, 8192))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(got.received, vec![bytes]);
+    drop(stream);
+    bound.unbind().unwrap();
+    ep.destroy().unwrap().release().unwrap();
+    drop(mem);
+    let f = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&team, 2 * MIB))
+        .unwrap_err();
+    let text = f.error.to_string();
+    assert!(
+        matches!(
+            f.error,
+            Error::Unsupported {
+                driver_version: Some(13000),
+                ..
+            }
+        ) && text.contains("13.3"),
+        "{text}"
+    );
+    f.value.release().unwrap();
+    assert!(lib.call_count("cuMemcpyAsync") >= 2);
+    assert_eq!(lib.call_count("cuMulticastCreate"), 0);
+    assert!(ctx.take_teardown_errors().is_empty());
+    assert!(lib.violations().is_empty(), "{:?}", lib.violations());
+}
+
 #[test]
 fn driver_13_3_has_no_clique_query() {
     child(

@@ -944,3 +944,107 @@ fn a_panic_inside_a_synchronize_that_ends_a_copy_leaks_no_stream_event_graph_or_
         panic_inside_a_synchronize(ending);
     }
 }
+
+/// A panic inside `cuStreamEndCapture`, after the driver made the graph:
+/// `Traced` destroys the graph it never handed over before the panic goes
+/// on, and the capture stream is destroyed by the capture's guard.
+#[test]
+fn a_panic_inside_stream_end_capture_destroys_the_graph_it_made_and_the_capture_stream() {
+    panic_in_a_capture(Call::StreamEndCapture);
+}
+
+/// A panic inside `cuGraphInstantiateWithFlags`, after the driver made the
+/// executable graph: `Traced` destroys it, the capture destroys the graph.
+#[test]
+fn a_panic_inside_graph_instantiate_destroys_the_executable_graph_it_made_and_the_graph() {
+    panic_in_a_capture(Call::GraphInstantiate);
+}
+
+/// A panic inside the `cuStreamCreate` of a capture stream: `Traced`
+/// destroys the stream it never handed over.
+#[test]
+fn a_panic_inside_the_stream_create_of_a_capture_destroys_the_stream_it_made() {
+    panic_in_a_capture(Call::StreamCreate);
+}
+
+/// `make` under a layer that panics once after the first success of
+/// `call`, which makes a resource: the panic comes out of `make`, and
+/// nothing is left, no rule broken, no teardown error.
+fn panic_in_a_maker(call: Call, make: impl FnOnce(&Context)) {
+    quiet();
+    let model = Model::new(ModelConfig::node(2));
+    let ctx = Context::new(Traced::new(model.clone()));
+    let r = tracing::subscriber::with_default(panic_once_after(call), || {
+        catch_unwind(AssertUnwindSafe(|| make(&ctx)))
+    });
+    assert!(
+        r.is_err_and(|p| p.is::<Planned>()),
+        "{call}: the planned panic"
+    );
+    clean_after(call, ctx, &model);
+}
+
+/// A panic inside `cuStreamCreate` (after the driver made the stream) leaks
+/// no stream: `Traced` destroys the one it never handed over.
+#[test]
+fn a_panic_inside_stream_create_destroys_the_stream_it_made() {
+    panic_in_a_maker(Call::StreamCreate, |ctx| {
+        drop(cuda_endpoints::Stream::new(ctx, 0));
+    });
+}
+
+/// A panic inside `cuEventCreate` (after the driver made the event) leaks
+/// no event.
+#[test]
+fn a_panic_inside_event_create_destroys_the_event_it_made() {
+    panic_in_a_maker(Call::EventCreate, |ctx| {
+        drop(cuda_endpoints::Event::new(ctx, 0));
+    });
+}
+
+/// F8: a graph dropped after a launch, its destroy call `call` panicking
+/// after the driver acted: what is left of it is still destroyed and its
+/// ids unpinned, so the binding it named unbinds at once (not refused with
+/// `UnbindUnderGraph`), and nothing leaks.
+fn panic_in_a_graph_destroy(call: Call) {
+    quiet();
+    let model = Model::new(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+    let (ep, owner) = ready_unicast_and_memory(&ctx);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let mut graph = Some(
+        stream
+            .capture(cuda_endpoints::CopyBatch::new().put_host(vec![1; 64], &ep, 0))
+            .unwrap(),
+    );
+    if let Some(g) = graph.as_mut() {
+        g.launch().unwrap().wait().unwrap();
+    }
+    let r = tracing::subscriber::with_default(panic_once_after(call), || {
+        catch_unwind(AssertUnwindSafe(|| drop(graph.take())))
+    });
+    assert!(
+        r.is_err_and(|p| p.is::<Planned>()),
+        "{call}: the planned panic"
+    );
+    drop(graph);
+    let unbound = b.unbind();
+    assert!(unbound.is_ok(), "{call}: {unbound:?}");
+    drop(stream);
+    drop((ep, owner));
+    clean_after(call, ctx, &model);
+}
+
+#[test]
+fn f8_a_panic_inside_a_graphs_exec_destroy_still_destroys_the_graph_and_unpins_its_ids() {
+    panic_in_a_graph_destroy(Call::GraphExecDestroy);
+}
+
+#[test]
+fn f8_a_panic_inside_a_graphs_destroy_still_unpins_its_ids() {
+    panic_in_a_graph_destroy(Call::GraphDestroy);
+}

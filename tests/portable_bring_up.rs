@@ -4,19 +4,25 @@
 //! import fails every rank alike and leaves nothing behind. A heap grown
 //! on owned peers (`OwnedPeers::grow`, `grow_fds`) gets its peers' windows
 //! over each new chunk from the grow agreement, and loses them with the
-//! shrink (R13.5, R13.7). Ranks are
+//! shrink (R13.5, R13.7). A bind report of every binding a device may
+//! have travels in pieces, and one binding past the limit fails every rank
+//! with the same error naming its sender; a peer that echoes known memory
+//! as its own window share is refused at import on every rank (issue 29).
+//! Ranks are
 //! threads, each its own process of one model node on a 13.5 driver forced
 //! onto the portable path (`set_copy_path`), as on drivers before 13.5.
 
 mod common;
+#[path = "common/forge.rs"]
+mod forge;
 
 use std::time::Duration;
 
 use cuda_endpoints::bootstrap::{Bootstrap, NodeId, Threads};
 use cuda_endpoints::bounds::{Accepts, MemShare};
 use cuda_endpoints::driver::{Call, Code};
-use cuda_endpoints::model::Model;
 use cuda_endpoints::model::faults::{Fault, FaultPlan};
+use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::team::{self, Cause, OwnedPeers, PeerSpec, Peers, Step, TeamSpec};
 use cuda_endpoints::{
     Context, CopyBatch, CopyPath, Error, Exportable, FabricShareable, Mapped, PosixFd, Stream,
@@ -340,9 +346,8 @@ fn grow_get_shrink<H: MemShare>(
         .wait()
         .unwrap();
     assert_eq!(got.received, [pattern(((r + 1) % N) as u8, LEN)]);
-    boot.barrier(T).unwrap();
     drop(stream);
-    drop(peers);
+    peers.close(boot, T).unwrap(); // every rank completed its copies (R13.7)
     assert!(ctx.take_teardown_errors().is_empty());
 }
 
@@ -391,8 +396,7 @@ fn a_grown_chunk_that_fails_to_import_on_one_rank_fails_every_rank_and_leaves_th
         let second = common::mapped::<FabricShareable>(ctx, dev, BYTES);
         let e = peers.grow(boot, second, T).unwrap_err();
         assert_eq!(peers.top(), BYTES, "rank {r}: the heap as it was");
-        boot.barrier(T).unwrap();
-        drop(peers);
+        peers.close(boot, T).unwrap();
         assert!(ctx.take_teardown_errors().is_empty());
         e
     });
@@ -458,4 +462,202 @@ fn windows_for_more_targets_than_an_imported_unicast_has_are_named_as_extra() {
         })
     });
     common::clean(&ranks[0].0, &model);
+}
+
+/// Bindings per device at the limit (`team::MAX_BINDINGS_PER_DEVICE`).
+const AT_LIMIT: u64 = team::MAX_BINDINGS_PER_DEVICE;
+
+/// Two ranks of a multicast team of eight devices on the portable path,
+/// each binding `chunks(r, d)` chunks of `BYTES` on each of its four devices
+/// in an endpoint of `size` bytes per device, then agreeing that every rank
+/// bound; `then` gets the rank, its model, the bound team (or the error) and
+/// every chunk's memory per device.
+fn many_chunks<R: Send>(
+    size: u64,
+    chunks: impl Fn(usize, i32) -> u64 + Sync,
+    then: impl Fn(
+        usize,
+        &Model,
+        &Context,
+        &dyn Bootstrap,
+        Result<team::BoundTeam<'_>, team::TeamError>,
+        &[Vec<Mapped<FabricShareable>>],
+    ) -> R
+    + Sync,
+) -> Vec<R> {
+    const RANKS: usize = 2;
+    // Endpoints of more than `MAX_BINDINGS_PER_DEVICE` chunks (the model's
+    // H200 allows exactly that many: 512 MiB at 2 MiB).
+    let mut config = ModelConfig::node(4 * RANKS);
+    config.driver_version = 13050;
+    for d in &mut config.devices {
+        d.max_size = 2 * AT_LIMIT * BYTES;
+    }
+    let (ctx0, model) = Context::model(config);
+    let p1 = model.spawn_process();
+    let ranks = [(ctx0, model.clone()), (Context::new(p1.clone()), p1)];
+    portable(&ranks);
+    let out = on_every_rank(&ranks, Threads::new(RANKS), |r, ctx, me, boot| {
+        let devs: Vec<i32> = (0..4).map(|d| 4 * r as i32 + d).collect();
+        let spec = TeamSpec::new(devs.clone(), size).timeout(T);
+        let team = team::multicast(ctx, boot, &spec).unwrap();
+        let mem: Vec<Vec<_>> = devs
+            .iter()
+            .map(|&d| {
+                (0..chunks(r, d))
+                    .map(|_| common::mapped::<FabricShareable>(ctx, d, BYTES))
+                    .collect()
+            })
+            .collect();
+        let mut bindings = Vec::new();
+        for (&d, mine) in devs.iter().zip(&mem) {
+            for (i, m) in mine.iter().enumerate() {
+                bindings.push(team.endpoint().bind(d, i as u64 * BYTES, m).unwrap());
+            }
+        }
+        let bound = team.agree_bound(boot, T);
+        let out = then(r, me, ctx, boot, bound, &mem);
+        drop(bindings);
+        drop(team);
+        assert!(ctx.take_teardown_errors().is_empty());
+        out
+    });
+    common::clean(&ranks[0].0, &model);
+    out
+}
+
+/// Issue 29, item 1: every rank binds `MAX_BINDINGS_PER_DEVICE` chunks on
+/// each of its four devices, the largest report a rank may send (1,024
+/// memory shares on the portable path, 103 KB: two frames); the
+/// agreement passes, and a put that spans two chunks lands in every
+/// member's memory, every byte.
+#[test]
+fn a_bind_report_at_the_limit_of_bindings_per_device_passes_and_every_byte_moves() {
+    let size = AT_LIMIT * BYTES;
+    // Across the boundary of the last two chunks.
+    let at = size - BYTES - (LEN as u64) / 2;
+    let got = many_chunks(
+        size,
+        |_, _| AT_LIMIT,
+        |r, me, ctx, boot, bound, mem| {
+            let bound = bound.unwrap();
+            let stream = Stream::new(ctx, 4 * r as i32).unwrap();
+            if r == 0 {
+                let put = CopyBatch::new().put_host(pattern(9, LEN), bound.endpoint(), at);
+                stream.enqueue(put).unwrap().wait().unwrap();
+            }
+            boot.barrier(T).unwrap();
+            let mut seen = Vec::new();
+            for chunks in mem {
+                let (a, b) = (&chunks[chunks.len() - 2], &chunks[chunks.len() - 1]);
+                let half = LEN / 2;
+                let mut bytes = me.read(a.device_ptr() + BYTES - half as u64, half).unwrap();
+                bytes.extend(me.read(b.device_ptr(), LEN - half).unwrap());
+                seen.push(bytes);
+            }
+            boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
+            seen
+        },
+    );
+    for (r, seen) in got.iter().enumerate() {
+        for bytes in seen {
+            assert_eq!(*bytes, pattern(9, LEN), "rank {r}");
+        }
+    }
+}
+
+/// Issue 29, item 1: one binding past `MAX_BINDINGS_PER_DEVICE` on one
+/// device of rank 1: rank 1 refuses to send its report, and every rank
+/// fails with the same error naming rank 1, the bind step and the limit,
+/// with nothing left behind.
+#[test]
+fn one_binding_past_the_limit_per_device_fails_every_rank_with_one_error_naming_the_sender() {
+    let size = (AT_LIMIT + 1) * BYTES;
+    let errors = many_chunks(
+        size,
+        |r, d| if r == 1 && d == 6 { AT_LIMIT + 1 } else { 1 },
+        |_, _, _, _, bound, _| bound.map(|_| ()).unwrap_err(),
+    );
+    for (r, e) in errors.iter().enumerate() {
+        assert_eq!((e.rank, e.step), (1, Step::Bind), "rank {r}: {e}");
+        assert!(
+            matches!(e.cause, Cause::TooLarge { len, limit, .. } if len == AT_LIMIT + 1 && limit == AT_LIMIT),
+            "rank {r}: {e}"
+        );
+        assert!(e.to_string().contains("past the limit of 256"), "{e}");
+    }
+}
+
+/// Issue 29, item 2: rank 1 sends, as its second chunk's share at a grow,
+/// the fabric handle rank `victim` sent for its first chunk. Every rank
+/// fails the grow at import with one error naming rank 1 (rank 0 saw it
+/// first: its own memory, or rank `victim`'s window); the heap is as it
+/// was, and rank 0's put to rank 1 lands in rank 1's memory, not in rank
+/// 0's or the victim's.
+fn an_echoed_share_is_refused_at_import(victim: usize) {
+    let (ranks, model) = node_processes(N);
+    portable(&ranks);
+    let boots: Vec<_> = Threads::new(N)
+        .into_iter()
+        .map(|b| forge::EchoShare::new(b, 1, victim))
+        .collect();
+    let errors = on_every_rank(&ranks, boots, |r, ctx, me, boot| {
+        let dev = r as i32;
+        let mut peers = owned_peers::<FabricShareable>(r, ctx, boot);
+        peers
+            .grow(boot, common::mapped(ctx, dev, BYTES), T)
+            .unwrap();
+        let first = peers.memory()[0].device_ptr();
+        me.write(first, &pattern(r as u8, LEN)).unwrap();
+        boot.barrier(T).unwrap();
+        let e = peers
+            .grow(boot, common::mapped(ctx, dev, BYTES), T)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(r == 1, boot.forged(), "rank {r}");
+        assert_eq!(peers.top(), BYTES, "rank {r}: the heap as it was");
+        let stream = Stream::new(ctx, dev).unwrap();
+        let to_1 = peers.peer(1).map(|ep| {
+            let past = CopyBatch::new().put_host(pattern(77, LEN), ep, BYTES);
+            assert!(matches!(
+                stream.enqueue(past).map(|_| ()),
+                Err(Error::CopyNotAgreed { .. })
+            ));
+            CopyBatch::new().put_host(pattern(200, LEN), ep, 0)
+        });
+        if let (0, Some(put)) = (r, to_1) {
+            stream.enqueue(put).unwrap().wait().unwrap();
+        }
+        boot.barrier(T).unwrap();
+        let want = if r == 1 {
+            pattern(200, LEN)
+        } else {
+            pattern(r as u8, LEN)
+        };
+        assert_eq!(me.read(first, LEN).unwrap(), want, "rank {r}'s first chunk");
+        boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
+        drop(stream);
+        drop(peers);
+        assert!(ctx.take_teardown_errors().is_empty());
+        e
+    });
+    for (r, e) in errors.iter().enumerate() {
+        assert_eq!((e.rank, e.step), (1, Step::Import), "rank {r}: {e}");
+        assert!(
+            matches!(e.cause, Cause::Aliased { seen_by: 0, owner } if owner == victim),
+            "rank {r}: {e}"
+        );
+    }
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn a_peer_that_echoes_this_ranks_own_chunk_handle_as_its_share_is_refused_at_import_on_every_rank()
+{
+    an_echoed_share_is_refused_at_import(0);
+}
+
+#[test]
+fn a_peer_that_echoes_another_peers_chunk_handle_as_its_share_is_refused_at_import_on_every_rank() {
+    an_echoed_share_is_refused_at_import(2);
 }

@@ -187,7 +187,8 @@ fn the_classic_fallback_puts_to_a_multicast_team_through_the_portable_path() {
     let cfg = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
     let mut decision = None;
     let (ctx, model) = backend::context_over(cfg, |raw| {
-        let (ctx, d) = Context::auto(raw, &[Device(0), Device(1)], &Policy::new()).unwrap();
+        let (ctx, d) =
+            Context::auto(raw, &[Device(0), Device(1)], &Policy::new().classic(true)).unwrap();
         decision = Some(d);
         ctx
     });

@@ -8,12 +8,21 @@
 //! (`OwnedPeers::grow`, `grow_fds`) gets the peers' windows over each new
 //! chunk from the grow agreement, so every peer reads the new chunk's bytes
 //! at the grown offset, and loses them with the shrink (R13.5, R13.7).
+//! Issue 29: four ranks of four devices each bind 1,024 chunks (the most
+//! bindings a device may have, `team::MAX_BINDINGS_PER_DEVICE`, on every
+//! device), agree over TCP and grow a heap, and every byte moves; one
+//! binding past the limit fails every rank with one error naming its
+//! sender and the limit; a rank that echoes rank 0's own chunk handle as
+//! its window share at a grow is refused at import on every rank, and
+//! nothing lands in rank 0's memory.
 //! Every byte is checked; every process ends with zero leak counters, and
 //! so does the fabric.
 #![cfg(feature = "fabric")]
 
 #[path = "common/backend.rs"]
 mod backend;
+#[path = "common/forge.rs"]
+mod forge;
 #[path = "common/job.rs"]
 mod job;
 #[path = "common/rank.rs"]
@@ -61,6 +70,17 @@ fn child_rank() {
         return job::report_end(fd_across_rank(&ctx, &me, &boot, dev), boot, ctx, &me);
     }
     ctx.set_copy_path(CopyPath::Portable); // as on a driver before 13.5
+    match scenario.as_str() {
+        "many" | "many-past" => {
+            let past = scenario == "many-past";
+            return job::report_end(many_rank(r, n, &ctx, &me, &boot, past), boot, ctx, &me);
+        }
+        "echo" => {
+            let boot = forge::EchoShare::new(boot, 1, 0);
+            return job::report_end(echo_rank(r, &ctx, &me, &boot, dev), boot, ctx, &me);
+        }
+        _ => {}
+    }
     if let Some(how) = scenario.strip_prefix("grow-") {
         let outcome = match how {
             "fd" => grow_rank::<PosixFd>(r, n, &ctx, &me, &boot, dev, true),
@@ -208,7 +228,7 @@ where
         return Err("a copy past the shrunk heap's top was not refused".into());
     }
     drop(stream);
-    drop(peers);
+    peers.close(boot, T)?; // every rank completed its copies (R13.7)
     if !ctx.take_teardown_errors().is_empty() {
         return Err("teardown errors".into());
     }
@@ -218,10 +238,26 @@ where
 /// Runs `nodes` x `gpus` ranks of `scenario` on a fresh fabric; checks that
 /// each rank ended "ok" with nothing left, and the fabric too.
 fn job(scenario: &str, nodes: usize, gpus: usize) {
-    let n = nodes * gpus;
     let config = FabricConfig::nodes(nodes, gpus);
-    let bound = Duration::from_secs(60);
-    let (done, server) = job::run(scenario, config, (n, n), |_| "", bound);
+    job_of(
+        scenario,
+        config,
+        nodes * gpus,
+        |_| "",
+        Duration::from_secs(60),
+    );
+}
+
+/// As [`job`], `n` ranks on the fabric of `config`, rank `r` joining it
+/// with `extra(r)`, every wait within `bound`.
+fn job_of(
+    scenario: &str,
+    config: FabricConfig,
+    n: usize,
+    extra: impl Fn(usize) -> &'static str,
+    bound: Duration,
+) {
+    let (done, server) = job::run(scenario, config, (n, n), extra, bound);
     for d in &done {
         let res = d.results();
         for want in ["ok", "leaks=0", "double-violations=[]"] {
@@ -260,4 +296,223 @@ fn r13_5_fabric_shareable_heap_grown_across_two_nodes_gives_every_peer_the_new_c
 #[test]
 fn r13_5_posix_fd_heap_grown_with_grow_fds_on_one_node_gives_every_peer_the_new_chunks_bytes() {
     job("grow-fd", 1, 3);
+}
+
+/// Devices per rank of the `many` scenarios, and chunks per device.
+const DEVICES: i32 = 4;
+const AT_LIMIT: u64 = team::MAX_BINDINGS_PER_DEVICE;
+/// Bounds of the `many` scenarios: 4,096 chunks shared over TCP and
+/// imported by three peers each, on a busy 2-core machine.
+const T_MANY: Duration = Duration::from_secs(150);
+
+/// A rank of the `many` scenarios, alone on its node of `DEVICES` GPUs: a
+/// multicast team of every rank's devices on the portable path, each rank
+/// binding `AT_LIMIT` chunks of `BYTES` on every device (1,024 memory
+/// shares in its report, 103 KB, in two frames); the agreement passes; rank
+/// 0's put across the last two chunks reaches every member's memory; then
+/// unicast peers grow a heap of one chunk and every rank gets every peer's
+/// bytes. `past`: rank 1 binds one chunk more than `AT_LIMIT` on its last
+/// device (the others one chunk each), and every rank must fail with the
+/// same error naming rank 1, the bind step and the limit.
+fn many_rank(
+    r: usize,
+    n: usize,
+    ctx: &Context,
+    me: &rank::Me,
+    boot: &dyn Bootstrap,
+    past: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let devs: Vec<Device> = (0..DEVICES).map(Device).collect();
+    let chunks = |d: i32| match (past, r == 1 && d == DEVICES - 1) {
+        (false, _) => AT_LIMIT,
+        (true, true) => AT_LIMIT + 1,
+        (true, false) => 1,
+    };
+    let size = (AT_LIMIT + u64::from(past)) * BYTES;
+    let spec = team::TeamSpec::new(devs.clone(), size).timeout(T_MANY);
+    let shared = team::multicast(ctx, boot, &spec)?;
+    let mut mem: Vec<Vec<Mapped<FabricShareable>>> = Vec::new();
+    for &d in &devs {
+        let mut mine = Vec::new();
+        for _ in 0..chunks(d.0) {
+            mine.push(Allocation::<FabricShareable>::on_device(ctx, d, BYTES)?.map(&[d])?);
+        }
+        mem.push(mine);
+    }
+    let mut bindings = Vec::new();
+    for (&d, mine) in devs.iter().zip(&mem) {
+        for (i, m) in mine.iter().enumerate() {
+            bindings.push(shared.endpoint().bind(d, i as u64 * BYTES, m)?);
+        }
+    }
+    let bound = shared.agree_bound(boot, T_MANY);
+    if past {
+        let e = bound
+            .map(|_| ())
+            .err()
+            .ok_or("a report past the limit went through")?;
+        let said = e.to_string();
+        let want = matches!(
+            e.cause,
+            team::Cause::TooLarge {
+                len: 257,
+                limit: 256,
+                ..
+            }
+        );
+        if (e.rank, e.step, want) != (1, team::Step::Bind, true)
+            || !said.contains("past the limit of 256")
+        {
+            return Err(format!("not the limit's error: {said}").into());
+        }
+        drop(bindings);
+        drop(shared);
+        return Ok(());
+    }
+    let bound = bound?;
+    let stream = Stream::new(ctx, devs[0])?;
+    let at = size - BYTES - (LEN / 2) as u64;
+    if r == 0 {
+        let put = CopyBatch::new().put_host(pattern(9), bound.endpoint(), at);
+        stream.enqueue(put)?.wait()?;
+    }
+    boot.barrier(T_MANY)?;
+    for (d, mine) in mem.iter().enumerate() {
+        let (a, b) = (&mine[mine.len() - 2], &mine[mine.len() - 1]);
+        let half = LEN / 2;
+        let mut got = me.read(a.device_ptr() + BYTES - half as u64, half)?;
+        got.extend(me.read(b.device_ptr(), LEN - half)?);
+        if got != pattern(9) {
+            return Err(format!("rank 0's put is wrong on device {d} here").into());
+        }
+    }
+    boot.barrier(T_MANY)?; // every rank stopped copying (R13.7)
+    drop(stream);
+    // A heap grown over the same bootstrap after the large agreement.
+    let spec = PeerSpec::new(devs[0], BYTES).timeout(T_MANY);
+    let mut peers = team::unicast_peers(ctx, boot, &spec)?.into_owned::<Mapped<FabricShareable>>();
+    let chunk = Allocation::<FabricShareable>::on_device(ctx, devs[0], BYTES)?.map(&[devs[0]])?;
+    me.write(chunk.device_ptr(), &pattern(r as u8))?;
+    peers.grow(boot, chunk, T_MANY)?;
+    let stream = Stream::new(ctx, devs[0])?;
+    for p in (0..n).filter(|&p| p != r) {
+        let ep = peers.peer(p).ok_or("no peer")?;
+        let got = stream
+            .enqueue(CopyBatch::new().get_host(ep, 0, LEN as u64))?
+            .wait()?;
+        if got.received != [pattern(p as u8)] {
+            return Err(format!("rank {p}'s grown chunk is wrong here").into());
+        }
+    }
+    boot.barrier(T_MANY)?; // every rank stopped copying (R13.7)
+    drop(stream);
+    drop(peers);
+    drop(bindings);
+    drop(shared);
+    if !ctx.take_teardown_errors().is_empty() {
+        return Err("teardown errors".into());
+    }
+    Ok(())
+}
+
+/// A rank of the `echo` scenario: owned peers grow a heap by one chunk;
+/// at the second grow rank 1 (`forge::EchoShare`) sends rank 0's first
+/// chunk handle as its own share. Every rank must fail that grow at import
+/// with one error naming rank 1 (seen by rank 0: its own memory), with the
+/// heap as it was; rank 0's put to rank 1 then lands in rank 1's memory,
+/// and rank 0's own chunk keeps its bytes.
+fn echo_rank(
+    r: usize,
+    ctx: &Context,
+    me: &rank::Me,
+    boot: &forge::EchoShare<impl Bootstrap>,
+    dev: Device,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let spec = PeerSpec::new(dev, 2 * BYTES).timeout(T);
+    let mut peers = team::unicast_peers(ctx, boot, &spec)?.into_owned::<Mapped<FabricShareable>>();
+    let chunk = || -> Result<_, Error> {
+        Allocation::<FabricShareable>::on_device(ctx, dev, BYTES)?
+            .map(&[dev])
+            .map_err(|f| f.error)
+    };
+    peers.grow(boot, chunk()?, T)?;
+    let first = peers.memory().first().ok_or("no chunk")?.device_ptr();
+    me.write(first, &pattern(r as u8))?;
+    boot.barrier(T)?;
+    let e = peers
+        .grow(boot, chunk()?, T)
+        .err()
+        .ok_or("the echoed share was taken")?;
+    let aliased = matches!(
+        e.cause,
+        team::Cause::Aliased {
+            seen_by: 0,
+            owner: 0
+        }
+    );
+    if (e.rank, e.step, aliased) != (1, team::Step::Import, true) || boot.forged() != (r == 1) {
+        return Err(format!("not the alias error: {e}").into());
+    }
+    if peers.top() != BYTES {
+        return Err("the heap changed".into());
+    }
+    let stream = Stream::new(ctx, dev)?;
+    if r == 0 {
+        let ep = peers.peer(1).ok_or("no peer")?;
+        stream
+            .enqueue(CopyBatch::new().put_host(pattern(200), ep, 0))?
+            .wait()?;
+    }
+    boot.barrier(T)?;
+    let want = if r == 1 {
+        pattern(200)
+    } else {
+        pattern(r as u8)
+    };
+    if me.read(first, LEN)? != want {
+        return Err(format!("rank {r}'s first chunk has other bytes").into());
+    }
+    boot.barrier(T)?; // every rank stopped copying (R13.7)
+    drop(stream);
+    drop(peers);
+    if !ctx.take_teardown_errors().is_empty() {
+        return Err("teardown errors".into());
+    }
+    Ok(())
+}
+
+/// Four nodes of four GPUs whose endpoints may be one chunk larger than
+/// `AT_LIMIT` chunks (the model's H200 allows exactly `AT_LIMIT`).
+fn four_by_four() -> FabricConfig {
+    let mut config = FabricConfig::nodes(4, DEVICES as usize);
+    for d in config.nodes.iter_mut().flat_map(|n| n.devices.iter_mut()) {
+        d.max_size = (AT_LIMIT + 1) * BYTES;
+    }
+    config
+}
+
+/// Rank `r` alone on node `r` of [`four_by_four`], with all its GPUs.
+fn alone(r: usize) -> &'static str {
+    [",node=0", ",node=1", ",node=2", ",node=3"][r]
+}
+
+#[test]
+fn four_ranks_of_1024_chunks_on_four_devices_bring_up_grow_and_move_every_byte_over_tcp() {
+    job_of("many", four_by_four(), 4, alone, Duration::from_secs(500));
+}
+
+#[test]
+fn one_binding_past_the_limit_fails_every_rank_with_one_error_naming_the_sender_and_the_limit() {
+    job_of(
+        "many-past",
+        four_by_four(),
+        4,
+        alone,
+        Duration::from_secs(200),
+    );
+}
+
+#[test]
+fn a_rank_echoing_rank_0s_chunk_handle_at_a_grow_is_refused_at_import_on_every_rank() {
+    job("echo", 1, 3);
 }

@@ -2,9 +2,11 @@
 //! inside every driver call of `Traced`, and may call back into the crate.
 //! Neither the typed layer nor the classic fallback (its team export and
 //! import included) may hold a lock of theirs across the driver call: each
-//! test fails on a deadlock instead of hanging (`common::layer::within`).
+//! test fails on a deadlock instead of hanging (`common::layer::within`,
+//! or a `watchdog` guard).
 
 mod common;
+mod watchdog;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -420,4 +422,82 @@ fn f4_a_layer_that_enqueues_a_copy_inside_an_unbind_on_the_same_range_is_refused
         );
         assert!(model.violations().is_empty(), "{:?}", model.violations());
     });
+}
+
+/// A layer inside a copy's driver call waits for another thread's bind on
+/// the same endpoint range (the copy gate, issue 27 item 5): a bind waits
+/// for nothing at the gate (a copy whose checks could have passed on its
+/// record looks again before its driver call, R13.3), so the bind, then the
+/// layer, then the copy complete. At 5d1fff7 the bind waited for the copy
+/// inside the gate, and the copy's layer for the bind: a deadlock (the
+/// watchdog fires; nothing here is timed).
+#[test]
+fn r13_3_a_layer_inside_a_copys_enqueue_may_wait_for_another_threads_bind_on_the_range() {
+    use std::sync::Mutex;
+    use std::sync::mpsc::channel;
+    let _serial = serial();
+    let _hang = watchdog::guard("a layer in a copy's enqueue waiting for a bind");
+    let model = Model::new(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    let mapped = || {
+        Allocation::<Private>::on_device(&ctx, Device(0), ALIGN)
+            .unwrap()
+            .map(&[Device(0)])
+            .unwrap()
+    };
+    let (owner, other, src) = (mapped(), mapped(), mapped());
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, 2 * ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+    let (go_tx, go_rx) = channel::<()>();
+    let (bound_tx, bound_rx) = channel::<bool>();
+    let waited = Arc::new(Mutex::new(None));
+    let layer = {
+        let (go_tx, bound_rx) = (Mutex::new(go_tx), Mutex::new(bound_rx));
+        let waited = waited.clone();
+        OnEvent(move |e: &EventFields| {
+            if e.succeeded() == Some(Call::FabricCpyBatchAsync) {
+                // Inside the copy's enqueue: the bind on the other thread,
+                // waited for with no bound (the watchdog is the bound).
+                go_tx.lock().unwrap().send(()).unwrap();
+                *waited.lock().unwrap() = Some(bound_rx.lock().unwrap().recv().unwrap());
+            }
+        })
+    };
+    std::thread::scope(|s| {
+        let (ep, other) = (&ep, &other);
+        let binder = s.spawn(move || {
+            go_rx.recv().unwrap();
+            let r = ep.bind(Device(0), ALIGN, other);
+            bound_tx.send(r.is_ok()).unwrap();
+            // Unbound once the copy left the gate (an unbind waits for it).
+            r.and_then(|b| b.unbind())
+        });
+        let copy = tracing::subscriber::with_default(layer, || {
+            stream.enqueue(cuda_endpoints::CopyBatch::new().put(&src, 0, ep, 0, 4096))
+        })
+        .unwrap();
+        copy.wait().unwrap();
+        binder.join().unwrap().unwrap();
+    });
+    assert_eq!(
+        *waited.lock().unwrap(),
+        Some(true),
+        "the layer saw the bind"
+    );
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    b.unbind().unwrap();
+    drop(stream);
+    ep.destroy().unwrap().release().unwrap();
+    drop((owner, other, src));
+    common::clean(&ctx, &model);
 }

@@ -544,7 +544,8 @@ fn decide_and_classic_agree_on_attribute_132_of_the_team_devices_only() {
     let cfg = ModelConfig::cuda_13_0(3).with_devices(|i, d| d.classic_multicast = i != 2);
     let model = Model::new(cfg);
     let team = [Device(0), Device(1)];
-    let (ctx, decision) = Context::auto(model.clone(), &team, &Policy::new()).unwrap();
+    let (ctx, decision) =
+        Context::auto(model.clone(), &team, &Policy::new().classic(true)).unwrap();
     assert_eq!(decision.choice, BackendChoice::Classic, "{decision}");
     let ep = ctx
         .reserve_one()
@@ -559,7 +560,7 @@ fn decide_and_classic_agree_on_attribute_132_of_the_team_devices_only() {
     drop(mem);
 
     let bad = [Device(0), Device(2)];
-    let d = cuda_endpoints::backend::decide(&model, &bad, &Policy::new());
+    let d = cuda_endpoints::backend::decide(&model, &bad, &Policy::new().classic(true));
     let BackendChoice::Unsupported(why) = &d.choice else {
         panic!("{d}")
     };

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 #[cfg(feature = "mpi")]
 use cuda_endpoints::fabric;
-use cuda_endpoints::{Context, bootstrap::Bootstrap};
+use cuda_endpoints::{Context, Report, bootstrap::Bootstrap};
 
 use super::Me;
 use super::launch::{self, Launch};
@@ -99,7 +99,10 @@ fn outcome(name: &str, rank: usize, r: Result<Checked, Box<dyn std::error::Error
             WRONG_BYTES
         }
         Err(e) => {
-            eprintln!("{name} rank {rank}: could not run: {e}");
+            eprintln!(
+                "{name} rank {rank}: could not run: {:?}",
+                Report::from_boxed(e)
+            );
             COULD_NOT_RUN
         }
     }
@@ -141,7 +144,7 @@ fn run(name: &str, work: Work) -> u8 {
     match launch(name, work) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("{name}: could not run: {e}");
+            eprintln!("{name}: could not run: {:?}", Report::from_boxed(e));
             COULD_NOT_RUN
         }
     }

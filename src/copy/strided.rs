@@ -21,7 +21,8 @@ use crate::driver::{CopyOp, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::Error;
 use crate::kind::Kind;
-use crate::memory::{Mapped, MemShare};
+use crate::kind::MemShare;
+use crate::memory::Mapped;
 use crate::state::{Agreed, IsReady, State};
 
 use super::CanGet;

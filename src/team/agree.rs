@@ -5,8 +5,16 @@
 //! rank from binding before every rank enrolled (C3 on the classic API).
 //! Every message carries the bring-up's tag, the step and the sender
 //! (`wire::Frame`), checked on arrival.
+//!
+//! Also the close agreement every team's teardown runs ([`close`], R13.7):
+//! each rank first completes its own copies through the team's endpoints,
+//! then all agree, and only then does any rank unbind.
 
 use crate::bootstrap::{Bootstrap, BootstrapError, Deadline};
+use crate::endpoint::Endpoint;
+use crate::error::Error;
+use crate::kind::Kind;
+use crate::state::State;
 
 use super::error::{Cause, Step, TeamError};
 use super::wire::{Status, decode_status, encode_status};
@@ -117,6 +125,31 @@ pub(crate) fn announce(
         Ok(Status::Failed(at, p)) => Err(TeamError::new(root, at, Cause::Peer(p))),
         Err(cause) => Err(TeamError::new(root, step, cause)),
     }
+}
+
+/// This rank's copies in flight through `ep` (into a peer's memory, or out
+/// of it) complete: the first half of a close (R13.7, F4).
+pub(crate) fn settle<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Result<(), Error> {
+    crate::stream::settle(ep.range(), ep.id())
+}
+
+/// The close agreement (R13.7): `settled` is this rank's outcome of
+/// completing its own copies through the team's endpoints ([`settle`]);
+/// every rank sends it and gets every rank's. `Ok` on every rank only when
+/// every rank completed its copies: no rank copies into the team any more,
+/// and each may unbind. Otherwise the same [`TeamError`] at [`Step::Close`]
+/// on every rank (a rank that never joins: the bootstrap's timeout, within
+/// `deadline`), and no rank may unbind.
+pub(crate) fn close(
+    boot: &dyn Bootstrap,
+    tag: u64,
+    settled: Result<(), Error>,
+    deadline: Deadline,
+) -> Result<(), TeamError> {
+    let mine = settled
+        .map(|()| Vec::new())
+        .map_err(|e| (Step::Close, Cause::Local(e)));
+    agree(boot, tag, Step::Close, mine, deadline).map(drop)
 }
 
 /// The rank a bootstrap failure blames, or `me` when it blames none.

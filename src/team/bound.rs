@@ -14,12 +14,23 @@
 //!   bring-up lends them as [`TeamReady`](crate::TeamReady), which binds,
 //!   exports and makes kernel references but copies nothing
 //!   ([`Agreed`](crate::bounds::Agreed)): a copy before every rank bound
-//!   does not compile.
+//!   does not compile. Their `close` is the agreement at the other end:
+//!   every rank completed its copies through them before any rank unbinds
+//!   (R13.7).
+//! - [`OwnedTeam`], the owning form of a multicast team
+//!   ([`SharedTeam::into_bound`]): no lifetime; torn down only by an agreed
+//!   [`OwnedTeam::close`] (R13.7). It has no `unbind_all` (one member's
+//!   unbind alone would let the others put into a member with nothing
+//!   bound, or into memory it rebound); dropped without the close, it
+//!   keeps its endpoint and memory until the process exits (R12.2).
 //!
 //! On the portable path ([`CopyPath::Portable`](crate::CopyPath)) the
 //! agreement also makes the windows the copies go through (`windows`):
 //! each rank's shareable memory is imported, mapped and registered on every
-//! other rank (`agree_bound_fds` for `PosixFd` memory, one node).
+//! other rank (`agree_bound_fds` for `PosixFd` memory, one node). The
+//! reports travel within the limits of `limits` (in several exchanges
+//! when large; a rank past them refuses to send, and every rank fails
+//! alike).
 //!
 //! Unicast: each importer copies only after the owner bound; multicast:
 //! every member only after every member bound (R13.3). The agreement checks
@@ -28,6 +39,7 @@
 //! own bindings) and by the driver. Binding more later (R13.5) needs
 //! another agreement (or the caller's own barrier) before peers copy into it.
 
+use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use crate::bootstrap::Bootstrap;
@@ -40,8 +52,9 @@ use crate::memory::BindSource;
 use crate::owned::BoundEndpoint;
 use crate::state::{IsReady, Ready, State};
 
-use super::agree::agree;
+use super::agree;
 use super::error::{Cause, Mismatch, Step, TeamError};
+use super::limits;
 use super::multicast::SharedTeam;
 use super::peers::Peers;
 use super::shared::SharedMulticast;
@@ -117,20 +130,25 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
 ) -> Result<(), TeamError> {
     let deadline = Deadline::after(timeout);
     let portable = windows::portable(ep);
-    let (mine, my_fds) = match (local, portable) {
+    // The report's limits (`limits`); a device past them is refused here,
+    // before anything is exported, and every rank hears why.
+    let limit = limits::bind(ep, windows::SHARE_BYTES as u64);
+    let (mine, my_fds) = match (local, limits::over_per_device(ep, limit), portable) {
         // This rank's own bind failed: every rank fails alike, naming it.
-        (Some(e), _) => (Err(Cause::Local(e)), Vec::new()),
-        (None, true) => match windows::export(ep, node.is_some(), None) {
+        (Some(e), _, _) => (Err(Cause::Local(e)), Vec::new()),
+        (None, Some(too_many), _) => (Err(too_many), Vec::new()),
+        (None, None, true) => match windows::export(ep, node.is_some(), None) {
             Ok((shares, fds)) => (Ok([report(ep), shares].concat()), fds),
             Err(c) => (Err(c), Vec::new()),
         },
-        (None, false) => (Ok(report(ep)), Vec::new()),
+        (None, None, false) => (Ok(report(ep)), Vec::new()),
     };
-    let reports = agree(
+    let reports = limits::agree_large(
         boot,
         tag,
         Step::Bind,
         mine.map_err(|c| (Step::Bind, c)),
+        limit.bytes,
         deadline,
     )?;
     let mut rests = Vec::with_capacity(reports.len());
@@ -148,6 +166,18 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
         }
         if let Some(&(d, _)) = devices.iter().find(|(_, n)| *n == 0) {
             return Err(not_bound(Some(d)));
+        }
+        if devices
+            .iter()
+            .any(|(_, n)| u64::from(*n) > limit.per_device)
+        {
+            // An honest rank refuses to send it (`limits::over_per_device`).
+            let reason = "a bind report past the bindings one device may have";
+            return Err(TeamError::new(
+                rank,
+                Step::Bind,
+                Cause::BadMessage { reason },
+            ));
         }
         rests.push(rest);
     }
@@ -168,7 +198,8 @@ impl SharedTeam {
     /// agreement, and every rank imports, maps and registers them, so no
     /// rank calls `add_peer_window` (`PosixFd` memory:
     /// [`SharedTeam::agree_bound_fds`]). Memory peers cannot import that way
-    /// gets no window and a `tracing` warning; a copy that needs it fails
+    /// gets no window and a `tracing` warning (`tracing_subscriber::fmt::init()`
+    /// in `main` prints it); a copy that needs it fails
     /// with [`Error::CopyNoWindow`](crate::Error::CopyNoWindow), before the
     /// driver.
     ///
@@ -228,7 +259,8 @@ impl SharedTeam {
     /// [`SharedTeam::agree_bound`] does. Call it on every rank. What it
     /// returns owns the endpoint and the memory, with no lifetime, and can
     /// copy at once: the owning form exists only after the agreement, so a
-    /// copy before it does not compile.
+    /// copy before it does not compile. Tear it down with
+    /// [`OwnedTeam::close`] on every rank (R13.7).
     ///
     /// # Errors
     /// As [`SharedTeam::agree_bound`]; a bind that failed on some rank
@@ -240,12 +272,12 @@ impl SharedTeam {
         memory: impl IntoIterator<Item = (Device, u64, M)>,
         boot: &dyn Bootstrap,
         timeout: Duration,
-    ) -> Result<BoundEndpoint<SharedMulticast, M>, TeamError>
+    ) -> Result<OwnedTeam<M>, TeamError>
     where
         M: BindSource,
         SharedMulticast: Accepts<M::Share>,
     {
-        let tag = self.tag();
+        let (tag, rank, ranks) = (self.tag(), self.rank(), self.ranks());
         let mut owned = self.into_ready_endpoint().into_bound::<M>();
         let mut local = None;
         for (dev, offset, mem) in memory {
@@ -255,15 +287,147 @@ impl SharedTeam {
             }
         }
         let ep = owned.endpoint();
-        // On an error `owned` drops: unbinds, destroys and frees (R13.7).
+        // On an error `owned` drops: unbinds, destroys and frees. No rank
+        // copies then: the agreement failed on every rank (R13.3).
         agree_bound_on(boot, tag, ep, |_| Some(ep), None, local, timeout)?;
-        Ok(owned)
+        Ok(OwnedTeam {
+            rank,
+            ranks,
+            tag,
+            closed: false,
+            inner: ManuallyDrop::new(owned),
+        })
+    }
+}
+
+/// A multicast team's owning form on this rank ([`SharedTeam::into_bound`]):
+/// its endpoint, ready to copy through (every rank bound, R13.3), and the
+/// memory this rank bound on it. No lifetime; one value per communicator.
+///
+/// Its teardown is agreed: [`OwnedTeam::close`] on every rank. It has no
+/// `unbind_all`: a member that unbinds alone lets the others put into it
+/// with nothing bound, or into memory it binds there next (R13.7).
+pub struct OwnedTeam<M: BindSource> {
+    rank: usize,
+    ranks: usize,
+    tag: u64,
+    /// Every rank agreed that it stopped copying ([`OwnedTeam::close`]):
+    /// the drop may unbind, destroy and free.
+    closed: bool,
+    /// Dropped only when `closed` (or alone); else kept until the process
+    /// exits (R12.2).
+    inner: ManuallyDrop<BoundEndpoint<SharedMulticast, M>>,
+}
+
+impl<M: BindSource> std::fmt::Debug for OwnedTeam<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedTeam")
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .field("owned", &*self.inner)
+            .finish()
+    }
+}
+
+impl<M: BindSource> OwnedTeam<M> {
+    /// The team's endpoint, to put into (a multicast put lands in every
+    /// member's bound memory, F1).
+    pub fn endpoint(&self) -> &Endpoint<Ready, SharedMulticast> {
+        self.inner.endpoint()
+    }
+
+    /// The memory this rank bound, in bind order.
+    pub fn memory(&self) -> &[M] {
+        self.inner.memory()
+    }
+
+    /// The devices this rank bound on, in bind order.
+    pub fn devices(&self) -> Vec<Device> {
+        self.inner.devices()
+    }
+
+    /// This rank's number.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// Tears the team down on every rank in one call, once every rank has
+    /// completed its copies into it (R13.7): this rank's puts in flight
+    /// through the endpoint complete first, then every rank agrees over
+    /// `boot` that it did, and only then does this rank unbind its memory,
+    /// destroy its endpoint and free the memory. A rank that closes early
+    /// waits in the agreement for the others. Call it on every rank.
+    ///
+    /// Without it, a drop on a team of more than one rank frees nothing a
+    /// peer may still write: the endpoint stays, with this rank's memory
+    /// bound, and the memory stays allocated until the process exits, where
+    /// the driver reclaims them (R12.2); [`Error::CloseNotAgreed`] is kept
+    /// on the context. A single rank's drop tears down at once.
+    ///
+    /// # Errors
+    /// As [`OwnedPeers::close`](super::OwnedPeers::close): the same
+    /// [`TeamError`] at [`Step::Close`] on every rank that closes, within
+    /// `timeout`; then each keeps its memory, as a drop does.
+    pub fn close(mut self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError> {
+        let deadline = Deadline::after(timeout);
+        let settled = agree::settle(self.inner.endpoint());
+        let agreed = agree::close(boot, self.tag, settled, deadline);
+        self.closed = agreed.is_ok();
+        drop(self);
+        agreed
+    }
+}
+
+impl<M: BindSource> Drop for OwnedTeam<M> {
+    fn drop(&mut self) {
+        if self.closed || self.ranks <= 1 {
+            // SAFETY: `inner` is dropped here only, once, and never used
+            // again.
+            unsafe { ManuallyDrop::drop(&mut self.inner) };
+            return;
+        }
+        // A peer may still put into this rank's memory: the endpoint, with
+        // everything bound on it, and the memory are kept (R13.7, R12.2).
+        self.inner
+            .endpoint()
+            .context()
+            .record_teardown(Error::CloseNotAgreed {
+                what: "an OwnedTeam",
+                ranks: self.ranks,
+            });
+    }
+}
+
+/// Never implemented: it carries the message for `OwnedTeam::unbind_all`.
+#[diagnostic::on_unimplemented(
+    message = "an owned team has no `unbind_all`: one member's unbind alone lets the others put into a member with nothing bound (R13.7)",
+    label = "one rank's teardown alone is not offered",
+    note = "call `team.close(&boot, timeout)?` on every rank: each completes its copies, all agree, then each unbinds, destroys and frees (R13.7)"
+)]
+pub trait CloseOnEveryRank {}
+
+impl<M: BindSource> OwnedTeam<M> {
+    /// Not callable: it exists so that `team.unbind_all()` is a compile
+    /// error that points to [`OwnedTeam::close`] (R13.7).
+    #[doc(hidden)]
+    pub fn unbind_all(self)
+    where
+        M: CloseOnEveryRank,
+    {
     }
 }
 
 /// A multicast team whose ranks all bound their memory (R13.3): its
 /// endpoint, ready to copy through. Borrows the team.
-#[derive(Debug, Clone, Copy)]
+///
+/// Before any rank unbinds the memory it bound on the team, every rank
+/// calls [`BoundTeam::close`] (R13.7). Not `Copy`: the close consumes it.
+#[derive(Debug)]
 pub struct BoundTeam<'t> {
     team: &'t SharedTeam,
 }
@@ -279,6 +443,26 @@ impl<'t> BoundTeam<'t> {
     pub fn team(&self) -> &'t SharedTeam {
         self.team
     }
+
+    /// Agrees with every rank of `boot` that every rank completed its
+    /// copies through the team's endpoint (R13.7): this rank's copies in
+    /// flight through it complete first, then all agree. After `Ok`, no
+    /// rank copies through the team any more (each consumed its
+    /// `BoundTeam`), so each may unbind the memory it bound (drop its
+    /// `Binding`s) and drop the team. Call it on every rank, before any
+    /// rank unbinds: the bindings are yours, so unbinding before the close
+    /// is not refused here (the owning form, [`OwnedTeam::close`], does
+    /// the unbind itself, after the agreement).
+    ///
+    /// # Errors
+    /// The same [`TeamError`] at [`Step::Close`] on every rank that closes,
+    /// within `timeout` (a rank whose copies could not be completed, a rank
+    /// that never joins): keep the bindings then; a peer may still write.
+    pub fn close(self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError> {
+        let deadline = Deadline::after(timeout);
+        let settled = agree::settle(self.endpoint());
+        agree::close(boot, self.team.tag(), settled, deadline)
+    }
 }
 
 impl Peers {
@@ -291,8 +475,9 @@ impl Peers {
     /// `Mapped<FabricShareable>` memory. `PosixFd` memory crosses processes
     /// only as a descriptor: bind it `Mapped` and call
     /// [`Peers::agree_bound_fds`] instead (one node), or copies through it
-    /// fail with [`crate::Error::CopyNoWindow`] (a warning in the trace
-    /// says so at the agreement).
+    /// fail with [`crate::Error::CopyNoWindow`] (a `tracing` warning says
+    /// so at the agreement: `tracing_subscriber::fmt::init()` in `main`
+    /// prints it).
     ///
     /// # Errors
     /// The same [`TeamError`] on every rank when a rank bound nothing on its
@@ -337,7 +522,11 @@ impl Peers {
 
 /// Unicast peers whose owners all bound their memory (R13.3): every
 /// endpoint, ready to copy through. Borrows the peers.
-#[derive(Debug, Clone, Copy)]
+///
+/// Before any rank unbinds the memory it bound on its own endpoint, every
+/// rank calls [`BoundPeers::close`] (R13.7). Not `Copy`: the close
+/// consumes it.
+#[derive(Debug)]
 pub struct BoundPeers<'p> {
     peers: &'p Peers,
 }
@@ -358,6 +547,27 @@ impl<'p> BoundPeers<'p> {
     /// The peers.
     pub fn peers(&self) -> &'p Peers {
         self.peers
+    }
+
+    /// Agrees with every rank of `boot` that every rank completed its
+    /// copies through the peers' endpoints (R13.7), as
+    /// [`BoundTeam::close`] does: this rank's copies in flight through any
+    /// of them complete first, then all agree. After `Ok`, each rank may
+    /// unbind the memory it bound on its own endpoint and drop the peers;
+    /// the owning form, [`OwnedPeers::close`](super::OwnedPeers::close),
+    /// does that itself.
+    ///
+    /// # Errors
+    /// As [`BoundTeam::close`].
+    pub fn close(self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError> {
+        let deadline = Deadline::after(timeout);
+        let peers = self.peers;
+        let settled = agree::settle(peers.ready_own()).and_then(|()| {
+            (0..peers.ranks())
+                .filter_map(|r| peers.ready_peer(r))
+                .try_for_each(agree::settle)
+        });
+        agree::close(boot, peers.tag(), settled, deadline)
     }
 }
 

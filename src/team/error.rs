@@ -47,11 +47,15 @@ pub enum Step {
     /// ([`probe`](super::probe)): every rank imports every other rank's
     /// trial endpoint.
     Probe,
+    /// A team's teardown (`close`): every rank synchronized its copies
+    /// through the team's endpoints and all agree that they stopped before
+    /// any rank unbinds (R13.7).
+    Close,
 }
 
 impl Step {
     /// In wire-tag order: a new step goes last.
-    pub(crate) const ALL: [Step; 11] = [
+    pub(crate) const ALL: [Step; 12] = [
         Step::Hello,
         Step::Create,
         Step::Export,
@@ -63,6 +67,7 @@ impl Step {
         Step::Grow,
         Step::Shrink,
         Step::Probe,
+        Step::Close,
     ];
 
     pub(crate) fn tag(self) -> u8 {
@@ -87,6 +92,7 @@ impl Step {
             Step::Grow => "grow",
             Step::Shrink => "shrink",
             Step::Probe => "probe",
+            Step::Close => "close",
         }
     }
 }
@@ -371,6 +377,32 @@ pub enum Cause {
         /// What was wrong with them.
         reason: &'static str,
     },
+    /// The error's rank refused to send its message of this step: it is
+    /// past a limit of the bring-up's messages (`guide::sharing`, "How
+    /// large a message may be"). The sender refuses it before sending and
+    /// sends a short notice instead, so every rank gets this same error.
+    TooLarge {
+        /// What is counted: `"bytes"` (the whole message) or `"bindings
+        /// on one device"`.
+        what: &'static str,
+        /// How many there were.
+        len: u64,
+        /// The most allowed.
+        limit: u64,
+    },
+    /// The error's rank sent a memory share (on the portable path) that
+    /// rank `seen_by` found to be memory it already knows as rank
+    /// `owner`'s: its own memory when `owner == seen_by`, else memory it
+    /// took as rank `owner`'s window. A window over it would make this
+    /// rank's copies "to" the sender land in that memory, so it is refused
+    /// before import on every rank (`guide::security`, "Memory shares on
+    /// the portable path").
+    Aliased {
+        /// The rank that recognised the memory.
+        seen_by: usize,
+        /// Whose memory it is, as `seen_by` knows it.
+        owner: usize,
+    },
 }
 
 impl fmt::Display for Cause {
@@ -399,6 +431,18 @@ impl fmt::Display for Cause {
             Cause::BadMessage { reason } => {
                 write!(f, "a peer sent a bad bring-up message: {reason}")
             }
+            Cause::TooLarge { what, len, limit } => write!(
+                f,
+                "this rank's message has {len} {what}, past the limit of {limit} (see `guide::sharing`, \"How large a message may be\"); it refused to send it: bind fewer, larger chunks, or bind the rest after the agreement and share it with `OwnedPeers::grow`"
+            ),
+            Cause::Aliased { seen_by, owner } if seen_by == owner => write!(
+                f,
+                "this rank's memory share is memory of rank {seen_by}'s own process: a window over it would make rank {seen_by}'s copies to this rank land in its own memory; refused before import (`guide::security`)"
+            ),
+            Cause::Aliased { seen_by, owner } => write!(
+                f,
+                "this rank's memory share is memory rank {seen_by} already took as rank {owner}'s window: a copy to this rank would land in rank {owner}'s memory; refused before import (`guide::security`)"
+            ),
         }
     }
 }

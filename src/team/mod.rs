@@ -75,6 +75,8 @@
 mod agree;
 mod bound;
 mod error;
+mod known;
+mod limits;
 mod multicast;
 mod owned;
 mod peers;
@@ -87,8 +89,9 @@ mod wire;
 
 use std::time::Duration;
 
-pub use bound::{BoundPeers, BoundTeam};
+pub use bound::{BoundPeers, BoundTeam, CloseOnEveryRank, OwnedTeam};
 pub use error::{Cause, Mismatch, PeerFailure, Step, TeamError};
+pub use limits::MAX_BINDINGS_PER_DEVICE;
 pub use multicast::{SharedTeam, TeamSpec, multicast};
 pub use owned::{DynPeers, OwnedPeers};
 pub use peers::{PeerSpec, Peers, unicast_peers};
@@ -164,10 +167,7 @@ fn check_devices(ctx: &Context, devices: &[Device]) -> Result<(), error::Cause> 
 fn place(ctx: &Context, dev: Device) -> Option<u64> {
     use crate::driver::attr;
     let boot_id = std::fs::read("/proc/sys/kernel/random/boot_id").ok()?;
-    let read = |a| {
-        // SAFETY: an attribute query touches nothing anyone owns.
-        unsafe { ctx.driver().device_attribute(dev, a) }.ok()
-    };
+    let read = |a| ctx.attribute_or_none(dev, a);
     let pci = [
         read(attr::PCI_DOMAIN_ID)?,
         read(attr::PCI_BUS_ID)?,

@@ -261,7 +261,7 @@ pub fn multicast(
     }
 
     // Create and export on the root; the handle goes to every rank.
-    let classic = ctx.driver().object_sharing();
+    let classic = ctx.object_sharing();
     let mut root_ep = None;
     let mut root_fd = None;
     let envelope = announce_retrying(boot, tag, spec.root, Step::Export, retry, deadline, || {

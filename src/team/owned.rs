@@ -5,9 +5,14 @@
 //! - [`OwnedPeers`]: what [`Peers::into_owned`] makes of a bring-up's
 //!   result — this rank's own endpoint, the memory bound on it (chunk by
 //!   chunk), and every peer's endpoint as imported here — with no lifetime,
-//!   to keep in a communicator struct. Dropped, it unbinds its chunks top
-//!   first, destroys the endpoints (R7; importers' aliases need no
-//!   coordination, R13.7), then frees the memory.
+//!   to keep in a communicator struct. Its teardown is agreed:
+//!   [`OwnedPeers::close`] completes this rank's copies, agrees with every
+//!   rank that all did (R13.7), then unbinds its chunks top first, destroys
+//!   the endpoints (R7; importers' aliases need no coordination, R13.7) and
+//!   frees the memory. Dropped without it (or when the agreement fails) on
+//!   a team of more than one rank, it keeps its own endpoint, with every
+//!   chunk bound, and their memory until the process exits (R12.2): a peer
+//!   may still write there. Only the peers' aliases go.
 //! - The heap: the endpoints are sized for the heap's maximum up front (the
 //!   bring-up's bytes); [`OwnedPeers::grow`] binds the next chunk at the
 //!   next offset on every rank and agrees on it over the bootstrap, so peers
@@ -24,6 +29,7 @@
 //!   as [`DynEndpoint`](crate::DynEndpoint) is the endpoint's.
 
 use std::any::Any;
+use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use crate::binding::BindingRecord;
@@ -34,7 +40,7 @@ use crate::kind::{Accepts, Exportable, ImportedUnicast, Unicast};
 use crate::memory::BindSource;
 use crate::state::Ready;
 
-use super::agree::agree;
+use super::agree::{self, agree};
 use super::error::{Cause, Mismatch, Step, TeamError};
 use super::peers::Peers;
 use super::windows;
@@ -47,14 +53,23 @@ use super::wire::{from_bytes, to_bytes};
 /// Copies go through [`OwnedPeers::own`] and [`OwnedPeers::peer`] at
 /// offsets below [`OwnedPeers::top`]: every rank bound that much and agreed
 /// on it (R13.3, R13.5).
+///
+/// Tear it down with [`OwnedPeers::close`] on every rank. Dropped without
+/// it, with more than one rank, it frees nothing a peer may still write:
+/// see [`OwnedPeers::close`].
 pub struct OwnedPeers<M: BindSource> {
     rank: usize,
     tag: u64,
-    // Drop: `Drop::drop` unbinds `stranded`, then `chunks` top first;
-    // then the fields in order: the own endpoint, the peers (destroyed, which
-    // unbinds whatever is still bound, R7), then the memory.
+    /// Every rank agreed that it stopped copying ([`OwnedPeers::close`]):
+    /// the drop may unbind and free.
+    closed: bool,
+    // Drop, closed (or alone): `Drop::drop` unbinds `stranded`, then
+    // `chunks` top first, then destroys the own endpoint; then the fields in
+    // order: the peers (destroyed, which unbinds whatever is still bound,
+    // R7), then the memory. Not closed: the own endpoint and the memory are
+    // never dropped (kept until the process exits, R12.2).
     chunks: Vec<BindingRecord>,
-    own: Endpoint<Ready, Unicast<Exportable>>,
+    own: ManuallyDrop<Endpoint<Ready, Unicast<Exportable>>>,
     peers: Vec<Option<Endpoint<Ready, ImportedUnicast>>>,
     /// The memory of each chunk of `chunks` (same index), and its size.
     memory: Vec<M>,
@@ -86,8 +101,9 @@ impl Peers {
         let mut owned = OwnedPeers {
             rank,
             tag,
+            closed: false,
             chunks: Vec::new(),
-            own,
+            own: ManuallyDrop::new(own),
             peers,
             memory: Vec::new(),
             sizes: Vec::new(),
@@ -159,7 +175,8 @@ impl<M: BindSource> OwnedPeers<M> {
     /// every rank imports, maps and registers it as the window of that
     /// peer's endpoint at the chunk's offset ([`OwnedPeers::grow_fds`] for
     /// `PosixFd` chunks; other memory gets no window and a `tracing`
-    /// warning, and a copy that needs it fails with
+    /// warning — `tracing_subscriber::fmt::init()` prints it — and a copy
+    /// that needs it fails with
     /// [`Error::CopyNoWindow`] before the driver).
     ///
     /// # Errors
@@ -371,6 +388,59 @@ impl<M: BindSource> OwnedPeers<M> {
         }
     }
 
+    /// Tears the peers down on every rank in one call, once every rank has
+    /// completed its copies into them (R13.7): this rank's copies in flight
+    /// through any of the endpoints complete first (`self` by value proves
+    /// no borrow of them is left), then every rank agrees over `boot` that
+    /// it did, and only then does this rank unbind its chunks (top first),
+    /// destroy the endpoints and free the memory. So no rank unbinds memory
+    /// that a peer copies into: a rank that closes early waits in the
+    /// agreement for the others. Call it on every rank.
+    ///
+    /// Without it, a drop on a team of more than one rank cannot know that
+    /// no peer still writes into this rank's memory, so it frees nothing a
+    /// peer may write: the own endpoint stays, with every chunk bound, and
+    /// the memory stays allocated until the process exits, where the driver
+    /// reclaims them (R12.2); the peers' aliases are destroyed (an importer
+    /// needs no coordination, R13.7); and
+    /// [`Error::CloseNotAgreed`] is kept on the context
+    /// ([`Context::take_teardown_errors`](crate::Context::take_teardown_errors)).
+    /// A single rank's drop tears down at once: nobody else can write.
+    ///
+    /// # Errors
+    /// The same [`TeamError`] at [`Step::Close`] on every rank that closes,
+    /// within `timeout`: a rank whose own copies could not be completed (a
+    /// failed synchronize: [`Cause::Local`] there, [`Cause::Peer`] on the
+    /// others), or a rank that never joins the close (the bootstrap's
+    /// timeout, naming it). Then no rank knows that every peer stopped, so
+    /// each keeps its memory as a drop does ([`Error::CloseNotAgreed`] on
+    /// its context). After the agreement, a failed unbind or destroy of
+    /// this rank is kept on its context, with the memory it may still
+    /// hold, as at a drop (R7.2).
+    pub fn close(mut self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError> {
+        let deadline = Deadline::after(timeout);
+        let settled = agree::settle(&self.own)
+            .and_then(|()| self.peers.iter().flatten().try_for_each(agree::settle));
+        let agreed = agree::close(boot, self.tag, settled, deadline);
+        self.closed = agreed.is_ok();
+        drop(self);
+        agreed
+    }
+
+    /// A peer may still write into this rank's memory (no close was
+    /// agreed): the own endpoint, every chunk bound on it and their memory
+    /// are kept until the process exits (R12.2, R13.7).
+    fn keep_for_peers(&mut self) {
+        self.own.context().record_teardown(Error::CloseNotAgreed {
+            what: "an OwnedPeers",
+            ranks: self.ranks(),
+        });
+        std::mem::forget(std::mem::take(&mut self.memory));
+        std::mem::forget(std::mem::take(&mut self.stranded));
+        // `own` is never dropped: its id keeps its bindings, and so the
+        // memory, alive.
+    }
+
     /// Unbinds the chunks kept aside after a failed unbind, the latest
     /// first; each one unbound lets its memory go. The first failure is
     /// returned, and that chunk and those kept before it stay aside.
@@ -406,7 +476,7 @@ impl<M: BindSource> OwnedPeers<M> {
             rank: self.rank,
             ranks: self.ranks(),
             top: self.top(),
-            inner: Box::new(self),
+            inner: Box::new(Some(self)),
         }
     }
 
@@ -495,12 +565,16 @@ fn same(
 impl<M: BindSource> Drop for OwnedPeers<M> {
     fn drop(&mut self) {
         crate::unwind::in_drop(|| {
-            // The ids go back to their ranges with no heap top: a later
-            // endpoint on one of them is no heap's.
-            self.own.set_agreed(None);
+            // The peers' ids go back to their range with no heap top: a
+            // later endpoint on one of them is no heap's.
             for ep in self.peers.iter().flatten() {
                 ep.set_agreed(None);
             }
+            if !self.closed && self.ranks() > 1 {
+                self.keep_for_peers();
+                return;
+            }
+            self.own.set_agreed(None);
             let range = self.own.range().clone();
             // Above the top: first. A chunk still bound stays in
             // `stranded`, whose memory drops after the endpoints' destroy.
@@ -514,17 +588,46 @@ impl<M: BindSource> Drop for OwnedPeers<M> {
                     self.own.context().record_teardown(e);
                 }
             }
+            // SAFETY: `own` is dropped here only, once (this is `drop`, and
+            // nothing above returns after this point), and never used again.
+            unsafe { ManuallyDrop::drop(&mut self.own) };
         });
     }
 }
 
-/// [`OwnedPeers`] with its memory type erased: the same teardown on drop;
+/// What [`DynPeers`] holds: an [`OwnedPeers`] of some memory type (in an
+/// `Option`, so that [`DynPeers::try_into_typed`] can take it out), which
+/// it closes ([`OwnedPeers::close`]) or hands back typed.
+trait Erased: Send {
+    /// [`OwnedPeers::close`]; `Ok` when it was taken out (not reached: only
+    /// `try_into_typed` takes it, and that consumes the `DynPeers`).
+    fn close(&mut self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError>;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<M: BindSource + Send + 'static> Erased for Option<OwnedPeers<M>> {
+    fn close(&mut self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError> {
+        self.take().map_or(Ok(()), |p| p.close(boot, timeout))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// [`OwnedPeers`] with its memory type erased: the same teardown
+/// ([`DynPeers::close`], and the same rule at a drop without it);
 /// [`DynPeers::try_into_typed`] gives the typed value back.
 pub struct DynPeers {
     rank: usize,
     ranks: usize,
     top: u64,
-    inner: Box<dyn Any + Send>,
+    inner: Box<dyn Erased>,
 }
 
 impl std::fmt::Debug for DynPeers {
@@ -555,7 +658,7 @@ impl DynPeers {
 
     /// Whether its memory is `M`.
     pub fn is<M: BindSource + 'static>(&self) -> bool {
-        self.inner.is::<OwnedPeers<M>>()
+        self.inner.as_any().is::<Option<OwnedPeers<M>>>()
     }
 
     /// The typed value back, when its memory is `M`; else `self`.
@@ -563,20 +666,24 @@ impl DynPeers {
     /// # Errors
     /// `self`, unchanged, when the memory type differs.
     pub fn try_into_typed<M: BindSource + Send + 'static>(self) -> Result<OwnedPeers<M>, DynPeers> {
-        let DynPeers {
-            rank,
-            ranks,
-            top,
-            inner,
-        } = self;
-        inner
-            .downcast::<OwnedPeers<M>>()
-            .map(|b| *b)
-            .map_err(|inner| DynPeers {
-                rank,
-                ranks,
-                top,
-                inner,
-            })
+        let mut me = self;
+        match me
+            .inner
+            .as_any_mut()
+            .downcast_mut::<Option<OwnedPeers<M>>>()
+            .and_then(Option::take)
+        {
+            Some(typed) => Ok(typed),
+            None => Err(me),
+        }
+    }
+
+    /// [`OwnedPeers::close`], whatever the memory type: call it on every
+    /// rank (on ranks that hold the typed form, `OwnedPeers::close`).
+    ///
+    /// # Errors
+    /// As [`OwnedPeers::close`].
+    pub fn close(mut self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError> {
+        self.inner.close(boot, timeout)
     }
 }

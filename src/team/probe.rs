@@ -130,9 +130,15 @@ impl Reach {
             .enumerate()
             .find_map(|(r, f)| f.export_failed.map(|c| (r, c)))
         {
-            return BringUp::None {
-                why: format!("rank {r} cannot export a logical endpoint ({c})"),
+            let why = match self.ranks.get(r).and_then(|f| f.driver_version) {
+                Some(v) if v < crate::driver::LOGICAL_ENDPOINT_MIN_VERSION => format!(
+                    "rank {r} cannot export a logical endpoint: its driver is {}.{} ({v}), logical endpoints need 13.3+",
+                    v / 1000,
+                    (v % 1000) / 10
+                ),
+                _ => format!("rank {r} cannot export a logical endpoint ({c})"),
             };
+            return BringUp::None { why };
         }
         if let Some(&(i, j, c)) = self.unreachable().first() {
             return BringUp::None {
@@ -219,12 +225,15 @@ pub(crate) fn probe_step(
     retry: Retry,
     deadline: Deadline,
 ) -> Result<(), TeamError> {
-    if ctx.driver().object_sharing().is_some() {
+    if ctx.object_sharing().is_some() {
         return Ok(());
     }
     let mut attempt = 1u32;
     loop {
         let reach = probe_tagged(ctx, boot, tag, dev, deadline)?;
+        if let Some(e) = old_driver(&reach, boot.rank()) {
+            return Err(e);
+        }
         let failures = reach.failures();
         let Some(&(importer, exporter, code)) = failures.first() else {
             return Ok(());
@@ -257,6 +266,35 @@ pub(crate) fn probe_step(
     }
 }
 
+/// The first rank (in rank order) whose driver is before 13.3 and whose
+/// trial export failed: no logical-endpoint bring-up there. Every rank holds
+/// the same [`Reach`], so every rank returns the same error (this rank's
+/// own as [`Cause::Local`], another's as that rank would display it).
+fn old_driver(reach: &Reach, me: usize) -> Option<TeamError> {
+    let (rank, version) = reach.ranks.iter().enumerate().find_map(|(r, f)| {
+        let v = f.driver_version?;
+        (f.export_failed.is_some() && v < crate::driver::LOGICAL_ENDPOINT_MIN_VERSION)
+            .then_some((r, v))
+    })?;
+    let e = crate::Error::unsupported(
+        crate::error::Feature::LogicalEndpoints,
+        Some(version),
+        format!(
+            "rank {rank}'s driver has none for a bring-up to share; on `Context::auto`'s classic emulation `team::unicast_peers` works, and `team::multicast` once classic multicast is opted in"
+        ),
+    );
+    let cause = if rank == me {
+        Cause::Local(e)
+    } else {
+        Cause::Peer(super::error::PeerFailure {
+            call: None,
+            code: None,
+            message: e.to_string(),
+        })
+    };
+    Some(TeamError::new(rank, Step::Probe, cause))
+}
+
 /// [`probe`] as a bring-up's step: its messages carry the bring-up's tag,
 /// and a rank that brings no device (`None`) exports nothing and reports
 /// nothing of a device, but still imports every other rank's trial
@@ -269,10 +307,7 @@ pub(crate) fn probe_tagged(
     deadline: Deadline,
 ) -> Result<Reach, TeamError> {
     let (me, ranks) = (boot.rank(), boot.size());
-    let read = |a| {
-        // SAFETY: an attribute query touches nothing anyone owns.
-        dev.and_then(|dev| unsafe { ctx.driver().device_attribute(dev, a) }.ok())
-    };
+    let read = |a| dev.and_then(|dev| ctx.attribute_or_none(dev, a));
 
     // A trial endpoint at this rank's index of a range of one id per rank.
     let mut slots: Vec<Option<_>> = Vec::new();

@@ -5,7 +5,7 @@
 use typenum::B1;
 
 use crate::kind::{Accepts, CanBind, Enroll, Kind};
-use crate::memory::{FabricShareable, PosixFd};
+use crate::kind::{FabricShareable, PosixFd};
 use crate::state::Sealed;
 
 /// A multicast endpoint shared by the ranks of a job: created by the root,

@@ -16,7 +16,10 @@
 //!   address), and `Private` memory does not bind to a team endpoint at
 //!   all (R5.6, a compile error).
 //! - [`import`] and [`register`]: every peer's memory imported and mapped
-//!   here, checked against the endpoint before the driver sees a byte; one
+//!   here, checked against the endpoint before the driver sees a byte and
+//!   against the memory this process knows (`known`: a share that is its
+//!   own memory or another rank's window is refused, every rank naming the
+//!   sender, [`Cause::Aliased`]); one
 //!   more agreement ([`Step::Import`]) so that a failed import fails every
 //!   rank alike; then the windows registered on the endpoints that reach
 //!   each peer ([`import_and_register`], the part both agreements share).
@@ -30,22 +33,25 @@ use crate::CopyPath;
 use crate::bootstrap::{Bootstrap, BootstrapError, Deadline, Exchange, FdExchange, NodeId, Op};
 use crate::driver::Device;
 use crate::endpoint::Endpoint;
-use crate::kind::Kind;
-use crate::memory::{
-    Allocation, BindSource, FabricShareable, PeerHandle, PosixFd, export_for_peers,
-};
+use crate::kind::{FabricShareable, Kind, PosixFd};
+use crate::memory::{Allocation, BindSource, PeerHandle, export_for_peers};
 use crate::portable::local_binds;
 use crate::state::{IsReady, State};
 
 use super::error::{Cause, Step, TeamError};
+use super::known;
+use super::limits::MAX_BINDINGS_PER_DEVICE;
+use super::wire::{MAX_DEVICES, from_bytes, to_bytes};
 
 /// Bytes of one share on the wire: device, offset, size, offset in the
 /// mapping, allocation size, fabric handle (zeros for a descriptor), and
 /// whether a descriptor follows instead.
-const SHARE_BYTES: usize = 4 + 8 * 4 + 64 + 1;
+pub(crate) const SHARE_BYTES: usize = 4 + 8 * 4 + 64 + 1;
 /// The most shares one rank's report may carry (checked before anything is
-/// allocated for them).
-const MAX_SHARES: usize = 4096;
+/// allocated for them): a share per binding of every device a rank may
+/// bring (`limits`, which bounds each report tighter by what the ranks
+/// agreed).
+const MAX_SHARES: usize = MAX_DEVICES * MAX_BINDINGS_PER_DEVICE as usize;
 
 /// One binding of a peer, as its report says.
 #[derive(Debug, PartialEq, Eq)]
@@ -85,7 +91,7 @@ pub(crate) fn export<S: State, K: Kind>(
             tracing::warn!(
                 device = b.device.0,
                 offset = b.offset,
-                "a bind by handle or raw address has no window for peers on the portable path: bind `Mapped<FabricShareable>` memory"
+                "a bind by handle or raw address has no window for peers on the portable path: bind `Mapped<FabricShareable>` memory (`agree_bound`), or `Mapped<PosixFd>` memory with `agree_bound_fds` (one node)"
             );
             continue;
         };
@@ -96,7 +102,7 @@ pub(crate) fn export<S: State, K: Kind>(
                     device = b.device.0,
                     offset = b.offset,
                     memory = what,
-                    "peers cannot import this memory from bootstrap bytes, so the portable path gets no window for it: bind `Mapped<FabricShareable>` memory, or register windows with `Endpoint::add_peer_window`"
+                    "peers cannot import this memory from bootstrap bytes, so the portable path gets no window for it: bind `Mapped<FabricShareable>` memory, pass `PosixFd` memory with `agree_bound_fds` (one node), or register windows with `Endpoint::add_peer_window`"
                 );
                 continue;
             }
@@ -105,7 +111,12 @@ pub(crate) fn export<S: State, K: Kind>(
             continue; // a window always lies in its mapping
         };
         let (bytes, fd) = match e.handle {
-            PeerHandle::Fabric(bytes) => (bytes, false),
+            PeerHandle::Fabric(bytes) => {
+                // Known as this process's own: a peer that sends it back as
+                // its share is refused (`known`).
+                known::note_own(ep.context(), &bytes, &keep.token());
+                (bytes, false)
+            }
             PeerHandle::Fd(fd) => {
                 descriptors.push(fd);
                 ([0; 64], true)
@@ -258,17 +269,34 @@ pub(crate) fn import<S: State, K: Kind>(
     Ok(())
 }
 
+/// Why [`import_all`] kept nothing.
+pub(crate) enum NotImported {
+    /// An import failed, or a share did not read.
+    Failed(Cause),
+    /// Rank `rank`'s share is memory this process knows as rank `owner`'s
+    /// (`known`): refused before its import.
+    Aliased { rank: usize, owner: usize },
+}
+
+impl From<Cause> for NotImported {
+    fn from(c: Cause) -> NotImported {
+        NotImported::Failed(c)
+    }
+}
+
 /// Every peer's shares (`rest` of each report in rank order, empty where a
 /// rank sent none) imported here for `ep`'s devices, each checked against
-/// the endpoint `ep_of(rank)` that reaches that peer. On an error, what was
-/// imported is dropped (unmapped, released) before it returns.
+/// the endpoint `ep_of(rank)` that reaches that peer, and first against the
+/// memory this process knows (`known`: its own, or another rank's). On an
+/// error, what was imported is dropped (unmapped, released) before it
+/// returns.
 pub(crate) fn import_all<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
     ep: &Endpoint<S, K>,
     me: usize,
     rests: &[&[u8]],
     fds: Vec<Vec<OwnedFd>>,
     ep_of: impl Fn(usize) -> Option<&'a Endpoint<P, Q>>,
-) -> Result<Vec<Imported>, Cause> {
+) -> Result<Vec<Imported>, NotImported> {
     let mut imported = Vec::new();
     let mut fds = fds.into_iter();
     for (rank, rest) in rests.iter().enumerate() {
@@ -276,14 +304,23 @@ pub(crate) fn import_all<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind
         let Some(peer) = ep_of(rank).filter(|_| rank != me && !rest.is_empty()) else {
             continue;
         };
-        import(
-            ep,
-            rank,
-            &decode(rest)?,
-            &mut theirs,
-            peer.size(),
-            &mut imported,
-        )?;
+        let shares = decode(rest)?;
+        let (ctx, comm) = (ep.context(), ep.id());
+        if let Some(owner) = shares
+            .iter()
+            .find_map(|s| known::check(ctx, comm, me, rank, &s.bytes).err())
+        {
+            return Err(NotImported::Aliased { rank, owner });
+        }
+        let before = imported.len();
+        import(ep, rank, &shares, &mut theirs, peer.size(), &mut imported)?;
+        // One `Imported` per share, in order.
+        for (s, i) in shares
+            .iter()
+            .zip(imported.get(before..).unwrap_or_default())
+        {
+            known::note_peer(ctx, comm, rank, &s.bytes, &i.mem.token());
+        }
     }
     Ok(imported)
 }
@@ -318,15 +355,43 @@ pub(crate) fn import_and_register<'a, S: State, K: Kind, P: State + IsReady + 'a
         true => import_all(ep, boot.rank(), rests, fds, ep_of),
         false => Ok(Vec::new()),
     };
+    // An aliased share is no failure of this rank: its outcome names the
+    // sender, so that every rank fails alike naming that rank.
     let (imported, outcome) = match imported {
         Ok(i) => (i, Ok(Vec::new())),
-        Err(c) => (Vec::new(), Err((Step::Import, c))),
+        Err(NotImported::Aliased { rank, owner }) => {
+            let said = to_bytes(&(rank as u64, owner as u64));
+            (Vec::new(), Ok(said))
+        }
+        Err(NotImported::Failed(c)) => (Vec::new(), Err((Step::Import, c))),
     };
     // Every rank imported every peer's memory, or every rank fails alike;
     // `imported` is dropped (unmapped, released) on the way out.
-    super::agree::agree(boot, tag, Step::Import, outcome, deadline)?;
+    let said = super::agree::agree(boot, tag, Step::Import, outcome, deadline)?;
+    if let Some(e) = first_aliased(&said) {
+        return Err(e);
+    }
     register(imported, ep_of);
     Ok(())
+}
+
+/// The first share in rank order that a rank refused as aliased memory (its
+/// import outcome names the sender and whose memory it is), as the same
+/// error on every rank: the sender, at [`Step::Import`].
+fn first_aliased(said: &[Vec<u8>]) -> Option<TeamError> {
+    let (seen_by, bytes) = said.iter().enumerate().find(|(_, b)| !b.is_empty())?;
+    let bad = |reason| TeamError::new(seen_by, Step::Import, Cause::BadMessage { reason });
+    let Ok((rank, owner)) = from_bytes::<(u64, u64)>(bytes) else {
+        return Some(bad("an import outcome of the wrong form"));
+    };
+    match (usize::try_from(rank), usize::try_from(owner)) {
+        (Ok(rank), Ok(owner)) if rank < said.len() && owner < said.len() => Some(TeamError::new(
+            rank,
+            Step::Import,
+            Cause::Aliased { seen_by, owner },
+        )),
+        _ => Some(bad("an import outcome naming no rank")),
+    }
 }
 
 /// Registers each imported binding on the endpoint `ep_of(rank)` that

@@ -22,8 +22,10 @@ use super::error::{Cause, Mismatch, PeerFailure, Step};
 
 /// Bring-up protocol version; ranks with another refuse to proceed. 2: the
 /// messages are `serde` types and the header names the tag and the sender;
-/// 3: a heap's grow report carries the new chunk's shares (portable path).
-pub(crate) const VERSION: u8 = 3;
+/// 3: a heap's grow report carries the new chunk's shares (portable path);
+/// 4: the bind report travels in pieces (`limits::agree_large`) and the
+/// import agreement names a share refused as aliased memory (`windows`).
+pub(crate) const VERSION: u8 = 4;
 const STATUS_MAGIC: [u8; 4] = *b"CETS";
 /// "CETH" was the hello before it carried each device's place, "CET2" the
 /// hand-encoded one: an older peer's hello is refused as "not a bring-up
@@ -32,7 +34,8 @@ const HELLO_MAGIC: [u8; 4] = *b"CET3";
 const ENVELOPE_MAGIC: [u8; 4] = *b"CETE";
 /// The most devices one rank may bring.
 pub(crate) const MAX_DEVICES: usize = 1024;
-/// The largest status payload (an envelope or a hello).
+/// The largest status payload (an envelope, a hello, one piece of a larger
+/// message: `limits::PIECE`).
 const MAX_PAYLOAD: usize = 64 * 1024;
 /// The status header's length: magic 4, version 1, tag 8, step 1, sender 4.
 pub(crate) const HEADER_LEN: usize = 18;

@@ -8,7 +8,12 @@
 //! [`Traced::with_capacity`]); [`Traced::dropped`] counts the older ones it
 //! let go, so that a long `wait` (one query per poll) cannot grow it without
 //! bound. The entry is logged before the event is emitted: a `tracing` layer
-//! that panics cannot lose it. Calls on
+//! that panics cannot lose it. When that layer panics on the success event
+//! of a call whose answer is a new stream, event, graph or executable graph
+//! (`cuStreamCreate`, `cuEventCreate`, `cuStreamEndCapture`,
+//! `cuGraphInstantiateWithFlags`), the caller never gets the answer: the
+//! wrapper destroys it (logged as such, no event) before the panic goes on,
+//! so it is no one's leak. Calls on
 //! its deny list are answered `CUDA_ERROR_NOT_PERMITTED` and never reach the
 //! inner driver; the log marks them `denied`.
 //!
@@ -189,13 +194,19 @@ impl<D: Driver> Traced<D> {
             .collect()
     }
 
-    /// Runs one call: policy, inner call, log, event.
+    /// Runs one call: policy, inner call, log, event. `undo` gives back
+    /// what a successful call made when its success event panics (a
+    /// `tracing` layer): the caller never gets the answer, so the resource
+    /// would be no one's. The undo goes to `inner` directly (logged, no
+    /// event: the layer that panicked is not asked again) before the panic
+    /// goes on.
     fn run<T>(
         &self,
         call: Call,
         args: String,
         show: impl FnOnce(&T) -> String,
         body: impl FnOnce(&D) -> DriverResult<T>,
+        undo: Option<Undo<D, T>>,
     ) -> DriverResult<T> {
         let denied = self.deny.contains(&call);
         let r = if denied {
@@ -203,8 +214,39 @@ impl<D: Driver> Traced<D> {
         } else {
             body(&self.inner)
         };
-        self.record(Some(call), call.name(), args, &r, show, denied);
+        match (&r, undo) {
+            (Ok(made), Some(undo)) => {
+                let event = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.record(Some(call), call.name(), args, &r, show, denied);
+                }));
+                if let Err(panic) = event {
+                    self.undo(made, undo);
+                    std::panic::resume_unwind(panic);
+                }
+            }
+            _ => self.record(Some(call), call.name(), args, &r, show, denied),
+        }
         r
+    }
+
+    /// Gives back `made` (a success event panicked, [`Traced::run`]):
+    /// logged, no event. A panic of the inner driver here is caught: the
+    /// first one goes on.
+    #[cold]
+    #[inline(never)]
+    fn undo<T>(&self, made: &T, undo: Undo<D, T>) {
+        let (call, args) = (undo.call, (undo.args)(made));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (undo.undo)(&self.inner, made)
+        }))
+        .unwrap_or(Err(Code::UNKNOWN));
+        self.lock().push(TraceEntry {
+            call: Some(call),
+            name: call.name(),
+            args: format!("{args} (its maker's success event panicked)"),
+            result: r.map(|()| String::new()),
+            denied: false,
+        });
     }
 
     fn record<T>(
@@ -235,6 +277,49 @@ impl<D: Driver> Traced<D> {
             (Err(code), false) => tracing::debug!(call = name, %args, %code, "driver call failed"),
         }
     }
+}
+
+/// How to give back the answer of a call that made a resource (see
+/// [`Traced::run`]): the call that destroys it, its argument in words, and
+/// the destroy itself.
+struct Undo<D, T> {
+    call: Call,
+    args: fn(&T) -> String,
+    undo: fn(&D, &T) -> DriverResult<()>,
+}
+
+/// The undo of a call whose answer is a new stream, event, graph or
+/// executable graph, the caller's alone to destroy; `None` for any other
+/// call. (The ids, allocations, address ranges and classic objects made by
+/// `cuLogicalEndpointIdReserve`, `cuMemCreate`, `cuMemAddressReserve`,
+/// `cuMulticastCreate` and `cuMemImportFromShareableHandle` stay the
+/// process's until it exits, R12.2, as the guide's guarantees say.)
+macro_rules! undo {
+    (stream_create, $d:ty) => {
+        undo!(@ $d, StreamDestroy, stream_destroy, "stream")
+    };
+    (event_create, $d:ty) => {
+        undo!(@ $d, EventDestroy, event_destroy, "event")
+    };
+    (stream_end_capture, $d:ty) => {
+        undo!(@ $d, GraphDestroy, graph_destroy, "graph")
+    };
+    (graph_instantiate, $d:ty) => {
+        undo!(@ $d, GraphExecDestroy, graph_exec_destroy, "exec")
+    };
+    (@ $d:ty, $call:ident, $destroy:ident, $what:literal) => {
+        Some(Undo::<$d, u64> {
+            call: Call::$call,
+            args: |h| format!(concat!($what, "={:#x}"), h),
+            // SAFETY: `h` was just made by this driver and never reached
+            // the caller (its success event panicked): no one else holds
+            // it, and it is not used again.
+            undo: |d, h| unsafe { d.$destroy(*h) },
+        })
+    };
+    ($method:ident, $d:ty) => {
+        None
+    };
 }
 
 /// One argument as `name=value`: addresses and allocation handles in hex,
@@ -356,6 +441,7 @@ macro_rules! traced_impl {
                         // SAFETY: the caller upholds this call's contract;
                         // it is passed on unchanged.
                         move |d| unsafe { d.$method($($arg),*) },
+                        undo!($method, D),
                     )
                 }
             )*

@@ -561,18 +561,62 @@ pub(super) fn operand(o: &Operand) -> CUfabricCpyOperand {
 }
 
 pub(super) unsafe fn stream_create(c: &Cuda, dev: Device) -> DriverResult<u64> {
-    let mut s: CUstream = std::ptr::null_mut();
-    let f = c.sym.cuStreamCreate;
-    // SAFETY: `f` is `cuStreamCreate` as declared in `ffi`; `s` is a live
+    // SAFETY: `cuStreamCreate` as declared in `ffi`; `out` is a live
     // out-pointer; the flag asks for a non-blocking stream.
-    c.run(Call::StreamCreate, f, Cx::On(dev), |f| unsafe {
-        f(&mut s, CU_STREAM_NON_BLOCKING)
-    })?;
+    let s = unsafe {
+        make(
+            c,
+            Call::StreamCreate,
+            c.sym.cuStreamCreate,
+            Cx::On(dev),
+            stream_destroy,
+            |f, out| f(out, CU_STREAM_NON_BLOCKING),
+        )
+    }?;
     if s.is_null() {
         // Never hand out the legacy NULL stream (F6), whatever a driver says.
         return Err(Code::UNKNOWN);
     }
     Ok(s.expose_provenance() as u64)
+}
+
+/// Runs a call that writes a new handle (stream, event, graph, executable
+/// graph) into its out-pointer, the caller's alone to destroy. `run`
+/// traces the success before it returns: a `tracing` layer that panics
+/// there would lose the handle, so one written is destroyed by `destroy`
+/// while that panic unwinds (`OnUnwind`: a panic of the destroy is
+/// caught, the first goes on).
+///
+/// # Safety
+/// `f` is the entry point `body` calls as its C prototype says; `destroy`
+/// destroys what it made.
+unsafe fn make<F: Copy>(
+    c: &Cuda,
+    call: Call,
+    f: Option<F>,
+    cx: Cx,
+    destroy: unsafe fn(&Cuda, u64) -> DriverResult<()>,
+    mut body: impl FnMut(F, *mut *mut c_void) -> CUresult,
+) -> DriverResult<*mut c_void> {
+    let made = std::cell::Cell::new(std::ptr::null_mut::<c_void>());
+    let undo = crate::unwind::OnUnwind::new(|| {
+        if let Ok(h) = handle_of(made.get()) {
+            // SAFETY: `h` was just made by this call and never reached the
+            // caller (the panic came before the return): no one else holds
+            // it, and it is not used again.
+            let _ = unsafe { destroy(c, h) };
+        }
+    });
+    let r = c.run(call, f, cx, |f| {
+        let mut out = std::ptr::null_mut();
+        let rc = body(f, &mut out);
+        if rc == CUDA_SUCCESS {
+            made.set(out);
+        }
+        rc
+    });
+    undo.disarm();
+    r.map(|()| made.get())
 }
 
 pub(super) unsafe fn stream_destroy(c: &Cuda, stream: u64) -> DriverResult<()> {
@@ -669,24 +713,34 @@ pub(super) unsafe fn stream_begin_capture(c: &Cuda, stream: u64) -> DriverResult
 }
 
 pub(super) unsafe fn stream_end_capture(c: &Cuda, stream: u64) -> DriverResult<u64> {
-    let mut g: CUgraph = std::ptr::null_mut();
-    let f = c.sym.cuStreamEndCapture;
-    // SAFETY: `f` is `cuStreamEndCapture`; `g` is a live out-pointer; the
+    // SAFETY: `cuStreamEndCapture`; `out` is a live out-pointer; the
     // stream is live and capturing (contract).
-    c.run(Call::StreamEndCapture, f, Cx::Current, |f| unsafe {
-        f(stream_of(stream), &mut g)
-    })?;
+    let g = unsafe {
+        make(
+            c,
+            Call::StreamEndCapture,
+            c.sym.cuStreamEndCapture,
+            Cx::Current,
+            graph_destroy,
+            |f, out| f(stream_of(stream), out),
+        )
+    }?;
     handle_of(g)
 }
 
 pub(super) unsafe fn graph_instantiate(c: &Cuda, graph: u64) -> DriverResult<u64> {
-    let mut e: CUgraphExec = std::ptr::null_mut();
-    let f = c.sym.cuGraphInstantiateWithFlags;
-    // SAFETY: `f` is `cuGraphInstantiateWithFlags`; `e` is a live
-    // out-pointer; the graph is live (contract); flags 0.
-    c.run(Call::GraphInstantiate, f, Cx::Current, |f| unsafe {
-        f(&mut e, opaque(graph), 0)
-    })?;
+    // SAFETY: `cuGraphInstantiateWithFlags`; `out` is a live out-pointer;
+    // the graph is live (contract); flags 0.
+    let e = unsafe {
+        make(
+            c,
+            Call::GraphInstantiate,
+            c.sym.cuGraphInstantiateWithFlags,
+            Cx::Current,
+            graph_exec_destroy,
+            |f, out| f(out, opaque(graph), 0),
+        )
+    }?;
     handle_of(e)
 }
 
@@ -716,12 +770,17 @@ pub(super) unsafe fn graph_destroy(c: &Cuda, graph: u64) -> DriverResult<()> {
 }
 
 pub(super) unsafe fn event_create(c: &Cuda, dev: Device) -> DriverResult<u64> {
-    let mut e: CUevent = std::ptr::null_mut();
-    let f = c.sym.cuEventCreate;
-    // SAFETY: `f` is `cuEventCreate`; `e` is a live out-pointer.
-    c.run(Call::EventCreate, f, Cx::On(dev), |f| unsafe {
-        f(&mut e, CU_EVENT_DISABLE_TIMING)
-    })?;
+    // SAFETY: `cuEventCreate`; `out` is a live out-pointer.
+    let e = unsafe {
+        make(
+            c,
+            Call::EventCreate,
+            c.sym.cuEventCreate,
+            Cx::On(dev),
+            event_destroy,
+            |f, out| f(out, CU_EVENT_DISABLE_TIMING),
+        )
+    }?;
     handle_of(e)
 }
 

@@ -1,0 +1,326 @@
+//! The data path on a real GPU, typed against raw, side by side in one run
+//! (issues 28 and 30): one process, one device, a context from
+//! `Context::auto()` alone (on a driver before 13.3 that is the classic
+//! emulation, whose copies are `cuMemcpyAsync` through the endpoint's bound
+//! memory), a unicast endpoint bound to mapped device memory, and
+//!
+//! - bandwidth: a typed `CopyBatch::put` of one op from local mapped memory
+//!   into the endpoint, enqueued and waited, against a raw `cuMemcpyAsync`
+//!   between the same two addresses on a raw stream and its
+//!   `cuStreamSynchronize`, for 4 KiB … 256 MiB;
+//! - small puts: a typed batch of 1, 64 and 1,024 puts of 64 bytes, against
+//!   the raw loop of as many `cuMemcpyAsync` calls; host time of the enqueue
+//!   alone (what the typed layer adds), and with the wait.
+//!
+//! Typed and raw alternate repetition by repetition; every figure is a
+//! median with its range (min–max). Then the free-memory question of issue
+//! 28: two contexts, a stream each, made and dropped, and `cuMemGetInfo`
+//! before and after.
+//!
+//! ```sh
+//! cargo bench -p cuda-endpoints-benches --bench gpu_copy --no-run   # here; carry the binary
+//! gpu_copy [repetitions]                                             # on the GPU machine
+//! ```
+//! Needs `libcuda`; prints "skipped: no driver" and exits 2 without one.
+//! Makes no multicast object (`CUDA_ENDPOINTS_DENY=cuMulticastCreate` is
+//! set before the context is made).
+
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use cuda_endpoints::backend::Policy;
+use cuda_endpoints::driver::cuda::Cuda;
+use cuda_endpoints::{Allocation, Context, CopyBatch, Device, Private, Spec, Stream};
+
+/// `Context::auto` over the real driver, for a team of device 0 (the
+/// decision for unicast endpoints and copies does not depend on it).
+fn auto(say: bool) -> Result<Context, Box<dyn std::error::Error>> {
+    let (ctx, decision) = Context::auto(Cuda::open()?, &[Device(0)], &Policy::from_env())?;
+    if say {
+        println!("Context::auto: {decision}");
+    }
+    Ok(ctx)
+}
+
+type Init = unsafe extern "C" fn(u32) -> u32;
+type Retain = unsafe extern "C" fn(*mut *mut c_void, i32) -> u32;
+type SetCurrent = unsafe extern "C" fn(*mut c_void) -> u32;
+type StreamCreate = unsafe extern "C" fn(*mut *mut c_void, u32) -> u32;
+type StreamDestroy = unsafe extern "C" fn(*mut c_void) -> u32;
+type StreamSync = unsafe extern "C" fn(*mut c_void) -> u32;
+type Memcpy = unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> u32;
+type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> u32;
+
+/// The raw side: libcuda's own entry points.
+struct Raw {
+    _lib: libloading::Library,
+    stream: *mut c_void,
+    memcpy: Memcpy,
+    sync: StreamSync,
+    destroy: StreamDestroy,
+    info: MemGetInfo,
+}
+
+fn check(what: &str, r: u32) -> Result<(), String> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(format!("{what} returned CUresult {r}"))
+    }
+}
+
+impl Raw {
+    fn open() -> Result<Raw, String> {
+        // SAFETY: loading the system's libcuda, as the backend does.
+        let lib = unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|e| e.to_string())?;
+        // SAFETY: the symbols have these prototypes in cuda.h; the
+        // `_v2` entry points are the ones the headers map the names to.
+        unsafe {
+            let init = *lib.get::<Init>(b"cuInit\0").map_err(|e| e.to_string())?;
+            let retain = *lib
+                .get::<Retain>(b"cuDevicePrimaryCtxRetain\0")
+                .map_err(|e| e.to_string())?;
+            let set = *lib
+                .get::<SetCurrent>(b"cuCtxSetCurrent\0")
+                .map_err(|e| e.to_string())?;
+            let create = *lib
+                .get::<StreamCreate>(b"cuStreamCreate\0")
+                .map_err(|e| e.to_string())?;
+            let destroy = *lib
+                .get::<StreamDestroy>(b"cuStreamDestroy_v2\0")
+                .map_err(|e| e.to_string())?;
+            let sync = *lib
+                .get::<StreamSync>(b"cuStreamSynchronize\0")
+                .map_err(|e| e.to_string())?;
+            let memcpy = *lib
+                .get::<Memcpy>(b"cuMemcpyAsync\0")
+                .map_err(|e| e.to_string())?;
+            let info = *lib
+                .get::<MemGetInfo>(b"cuMemGetInfo_v2\0")
+                .map_err(|e| e.to_string())?;
+            check("cuInit", init(0))?;
+            let mut pctx = std::ptr::null_mut();
+            check("cuDevicePrimaryCtxRetain", retain(&mut pctx, 0))?;
+            check("cuCtxSetCurrent", set(pctx))?;
+            let mut stream = std::ptr::null_mut();
+            // CU_STREAM_NON_BLOCKING, as the typed `Stream`.
+            check("cuStreamCreate", create(&mut stream, 1))?;
+            Ok(Raw {
+                _lib: lib,
+                stream,
+                memcpy,
+                sync,
+                destroy,
+                info,
+            })
+        }
+    }
+
+    fn copy(&self, dst: u64, src: u64, size: u64) {
+        // SAFETY: both ranges are mapped device memory of this process,
+        // valid for `size` bytes until the synchronize below.
+        let r = unsafe { (self.memcpy)(dst, src, size as usize, self.stream) };
+        assert_eq!(r, 0, "cuMemcpyAsync");
+    }
+
+    fn sync(&self) {
+        // SAFETY: the stream is ours.
+        let r = unsafe { (self.sync)(self.stream) };
+        assert_eq!(r, 0, "cuStreamSynchronize");
+    }
+
+    fn free(&self) -> u64 {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: two out-parameters.
+        let r = unsafe { (self.info)(&mut free, &mut total) };
+        assert_eq!(r, 0, "cuMemGetInfo");
+        free as u64
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        // SAFETY: the stream is ours and idle.
+        unsafe { (self.destroy)(self.stream) };
+    }
+}
+
+/// Median, min and max of `v` (sorted in place).
+fn stats(v: &mut [Duration]) -> (Duration, Duration, Duration) {
+    v.sort();
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+const MAX: u64 = 256 << 20;
+const SMALL: u64 = 64;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(50);
+    // SAFETY: set before any thread is started.
+    unsafe { std::env::set_var("CUDA_ENDPOINTS_DENY", "cuMulticastCreate") };
+    let raw = match Raw::open() {
+        Ok(raw) => raw,
+        Err(e) => {
+            println!("skipped: no driver ({e})");
+            std::process::exit(2);
+        }
+    };
+    let free_start = raw.free();
+    let ctx = auto(true)?;
+    println!(
+        "context: Context::auto(), driver {:?}, copy path {:?}",
+        ctx.driver_version(),
+        ctx.copy_path()
+    );
+    let ep = ctx
+        .reserve_one()?
+        .create(Spec::unicast(0, MAX))?
+        .wait(Duration::from_secs(10))?;
+    let dst = Allocation::<Private>::on_device(&ctx, 0, MAX)?.map(&[0])?;
+    let src = Allocation::<Private>::on_device(&ctx, 0, MAX)?.map(&[0])?;
+    let binding = ep.bind(0, 0, &dst)?;
+    let stream = Stream::new(&ctx, 0)?;
+    let (d, s) = (dst.device_ptr(), src.device_ptr());
+
+    // Warm-up: both paths, every size once.
+    stream
+        .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, MAX))?
+        .wait()?;
+    raw.copy(d, s, MAX);
+    raw.sync();
+
+    println!("\n== bandwidth: one put of N bytes, enqueue + wait (median of {reps}, min-max)");
+    println!(
+        "{:>10} {:>12} {:>12} {:>8} {:>22} {:>22}",
+        "bytes", "typed GB/s", "raw GB/s", "ratio", "typed us (min-max)", "raw us (min-max)"
+    );
+    let mut size = 4u64 << 10;
+    while size <= MAX {
+        let (mut t, mut r) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+        for _ in 0..reps {
+            let a = Instant::now();
+            stream
+                .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, size))?
+                .wait()?;
+            t.push(a.elapsed());
+            let a = Instant::now();
+            raw.copy(d, s, size);
+            raw.sync();
+            r.push(a.elapsed());
+        }
+        let ((tm, tl, th), (rm, rl, rh)) = (stats(&mut t), stats(&mut r));
+        let gb = |x: Duration| size as f64 / x.as_secs_f64() / 1e9;
+        println!(
+            "{:>10} {:>12.1} {:>12.1} {:>8.3} {:>8.1} ({:.1}-{:.1}) {:>8.1} ({:.1}-{:.1})",
+            size,
+            gb(tm),
+            gb(rm),
+            gb(tm) / gb(rm),
+            us(tm),
+            us(tl),
+            us(th),
+            us(rm),
+            us(rl),
+            us(rh)
+        );
+        size *= 4;
+    }
+
+    println!(
+        "\n== small puts: a batch of N puts of {SMALL} bytes (median of {reps}, min-max, microseconds)"
+    );
+    println!(
+        "{:>6} {:>16} {:>16} {:>8} {:>16} {:>16} {:>8} {:>12} {:>10}",
+        "ops",
+        "typed enqueue",
+        "raw calls",
+        "ratio",
+        "typed +wait",
+        "raw +sync",
+        "ratio",
+        "ns/batch",
+        "ns/op"
+    );
+    for n in [1u64, 64, 1024] {
+        let (mut te, mut re, mut tw, mut rw) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..reps {
+            let a = Instant::now();
+            let mut batch = CopyBatch::new();
+            for i in 0..n {
+                batch = batch.put(&src, i * SMALL, &ep, i * SMALL, SMALL);
+            }
+            let token = stream.enqueue(batch)?;
+            te.push(a.elapsed());
+            token.wait()?;
+            tw.push(a.elapsed());
+            let a = Instant::now();
+            for i in 0..n {
+                raw.copy(d + i * SMALL, s + i * SMALL, SMALL);
+            }
+            re.push(a.elapsed());
+            raw.sync();
+            rw.push(a.elapsed());
+        }
+        let (tem, tel, teh) = stats(&mut te);
+        let (rem, rel, reh) = stats(&mut re);
+        let (twm, _, _) = stats(&mut tw);
+        let (rwm, _, _) = stats(&mut rw);
+        let over = tem.as_nanos() as f64 - rem.as_nanos() as f64;
+        println!(
+            "{:>6} {:>6.1} ({:.1}-{:.1}) {:>6.1} ({:.1}-{:.1}) {:>8.3} {:>16.1} {:>16.1} {:>8.3} {:>12.0} {:>10.1}",
+            n,
+            us(tem),
+            us(tel),
+            us(teh),
+            us(rem),
+            us(rel),
+            us(reh),
+            us(tem) / us(rem),
+            us(twm),
+            us(rwm),
+            us(twm) / us(rwm),
+            over,
+            over / n as f64,
+        );
+    }
+    drop(binding);
+    drop(stream);
+    ep.destroy()?.release()?;
+    drop((dst, src));
+    drop(ctx);
+
+    // Issue 28's 2 MiB: two contexts, a stream each, made and dropped, a
+    // few rounds; free device memory read raw before and after each.
+    println!("\n== free device memory: two contexts, a stream each, made and dropped");
+    let before = raw.free();
+    for round in 0..4 {
+        let a = raw.free();
+        {
+            let c1 = auto(false)?;
+            let c2 = auto(false)?;
+            let s1 = Stream::new(&c1, 0)?;
+            let s2 = Stream::new(&c2, 0)?;
+            s1.synchronize()?;
+            s2.synchronize()?;
+        }
+        let b = raw.free();
+        println!(
+            "round {round}: free {a} -> {b} ({:+} bytes)",
+            b as i128 - a as i128
+        );
+    }
+    let after = raw.free();
+    println!(
+        "free at start {free_start}, before the rounds {before}, after {after} ({:+} bytes over the rounds)",
+        after as i128 - before as i128
+    );
+    Ok(())
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The copy gate's interleavings under loom (issue 27, item 5).
+#
+#   ci/loom.sh [FILTER]     every interleaving of the tests of
+#                           `src/copy_gate.rs` (or those FILTER names),
+#                           with `src/sync.rs` swapping std's atomics,
+#                           mutex and condition variable for loom's
+#
+# Built in release with `--cfg loom` in a target directory of its own
+# (target/loom), so that it never rebuilds the normal one. Two preemptions
+# per execution (`LOOM_MAX_PREEMPTIONS`, loom's advice for CI) bound the
+# search; a few minutes on two cores, most of it the first build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export RUSTFLAGS="--cfg loom"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/loom}"
+export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
+cargo test -p cuda-endpoints --lib --release "${1:-copy_gate::tests}"

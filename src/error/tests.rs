@@ -1,0 +1,84 @@
+use super::failed::short_type_name;
+use super::*;
+
+#[test]
+fn every_rule_displays_its_number_and_parses_back() {
+    for &r in Rule::ALL {
+        assert_eq!(Rule::from_name(&r.to_string()), Some(r));
+        assert!(!r.statement().is_empty());
+    }
+    assert_eq!(Rule::R5_3.to_string(), "R5.3");
+    assert_eq!(Rule::R12_5.to_string(), "R12.5");
+    assert_eq!(Rule::from_name("R5.11"), None);
+}
+
+#[test]
+fn failed_shows_its_cause_once_in_a_chain() {
+    let f = Failure::new(Error::EmptyTeam, ());
+    let cause = Error::EmptyTeam.to_string();
+    assert_eq!(f.to_string(), cause);
+    let mut chain = vec![f.to_string()];
+    let mut s = std::error::Error::source(&f);
+    while let Some(e) = s {
+        chain.push(e.to_string());
+        s = e.source();
+    }
+    assert_eq!(chain.iter().filter(|m| m.contains(&cause)).count(), 1);
+}
+
+#[test]
+fn failed_debug_shows_the_error_and_which_value_came_back() {
+    let f = Failure::new(Error::EmptyTeam, Device(3));
+    let debug = format!("{f:?}");
+    assert_eq!(debug, "Failed { error: EmptyTeam, value: Device }");
+    let boxed: Box<dyn std::error::Error> = Box::new(f);
+    assert_eq!(boxed.to_string(), Error::EmptyTeam.to_string());
+    assert!(short_type_name::<Option<Vec<Device>>>() == "Option<Vec<Device>>");
+}
+
+#[test]
+fn a_bad_environment_variable_names_itself_its_value_and_the_fix() {
+    let e = Error::bad_environment(
+        "CUDA_ENDPOINTS_DENY",
+        "cuMulticastCreat",
+        "no such entry point",
+        "use cuda.h names",
+    );
+    let msg = e.to_string();
+    for part in [
+        "CUDA_ENDPOINTS_DENY",
+        "\"cuMulticastCreat\"",
+        "no such entry point",
+        "use cuda.h names",
+    ] {
+        assert!(msg.contains(part), "{msg}");
+    }
+    assert!(!e.is_unsupported() && e.rule().is_none());
+}
+
+#[test]
+fn unsupported_names_the_feature_its_rule_and_the_fix() {
+    let e = Error::unsupported(Feature::UnicastOnClassic, Some(13000), "");
+    let msg = e.to_string();
+    assert!(msg.contains("on a classic unicast endpoint"), "{msg}");
+    assert!(msg.contains("13000") && msg.contains("(C1)"), "{msg}");
+    assert!(msg.ends_with(Feature::UnicastOnClassic.fix()), "{msg}");
+    assert!(e.is_unsupported() && e.rule() == Some(Rule::C1));
+    let missing = Error::FeatureMissing {
+        device: Device(0),
+        feature: Feature::CountedOps,
+        attribute: 155,
+        value: 0,
+    };
+    assert!(missing.is_unsupported() && missing.rule() == Some(Rule::R2_4));
+}
+
+#[test]
+fn predicates_read_the_13_5_codes() {
+    let d = |raw| Error::driver(Call::BindMem, Code::from_raw(raw).unwrap());
+    assert!(d(802).is_retryable() && d(919).is_retryable());
+    assert!(!d(2).is_retryable() && d(2).is_resource_exhausted());
+    assert!(d(47).is_resource_exhausted() && !d(47).is_retryable());
+    assert!(d(801).is_unsupported() && !d(1).is_unsupported());
+    assert!(d(919).to_string().contains("retry after a delay"));
+}

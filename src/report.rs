@@ -1,0 +1,142 @@
+//! [`Report`]: what a program's `main` returns so that a failure prints as
+//! guidance — the error's message and its causes — rather than as `Debug`.
+//!
+//! What this file owns: [`Report`] only. Rust prints the error a `main`
+//! returns with `{:?}`; the crate's errors say what went wrong, the rule and
+//! the fix in their `Display` form, which `Debug` (a derived struct dump)
+//! hides. `Report` is `Display` plus every `source()` in its `Debug`, as
+//! `anyhow::Error` and `eyre::Report` print; a program that uses either of
+//! those already gets the same and needs nothing from here.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// Any error, printed by `Debug` as its message followed by its causes (the
+/// [`source`](std::error::Error::source) chain), so that
+/// `fn main() -> Result<(), Report>` shows what a user should read:
+///
+/// ```
+/// use cuda_endpoints::{Context, Report, Spec};
+///
+/// fn main() -> Result<(), Report> {
+///     let ctx = Context::model(Default::default()).0;
+///     let ep = ctx.reserve_one()?.create(Spec::unicast(0, 2 << 20))?; // `?` on any error
+///     # drop(ep);
+///     Ok(())
+/// }
+/// ```
+///
+/// A failure then prints, e.g.:
+///
+/// ```text
+/// Error: team call failed on rank 0 at step `probe`: unsupported: logical endpoints ...
+///
+/// Caused by:
+///     unsupported: logical endpoints (cuLogicalEndpoint*, driver 13.3+) ...
+/// ```
+///
+/// `Report` does not implement [`std::error::Error`] itself (that is what
+/// lets `?` convert every error into it, as with `anyhow::Error`).
+pub struct Report(Box<dyn StdError + 'static>);
+
+impl Report {
+    /// A report of an error already boxed: `run().map_err(Report::from_boxed)`
+    /// (a `Box<dyn Error + Send + Sync>` coerces: `.map_err(|e| Report::from_boxed(e))`).
+    pub fn from_boxed(error: Box<dyn StdError + 'static>) -> Report {
+        Report(error)
+    }
+
+    /// A report of a message alone (no cause), e.g. a check a program
+    /// makes of its own results.
+    pub fn msg(message: impl fmt::Display) -> Report {
+        Report(message.to_string().into())
+    }
+
+    /// The error reported.
+    pub fn error(&self) -> &(dyn StdError + 'static) {
+        &*self.0
+    }
+
+    /// The error reported, boxed.
+    pub fn into_inner(self) -> Box<dyn StdError + 'static> {
+        self.0
+    }
+}
+
+impl<E: StdError + 'static> From<E> for Report {
+    fn from(error: E) -> Report {
+        Report(Box::new(error))
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for Report {
+    /// The message, then `Caused by:` and each source, one a line
+    /// (numbered when there are several).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut causes: Vec<&(dyn StdError + 'static)> = Vec::new();
+        let mut next = self.0.source();
+        // Bounded: a chain that loops back on itself still ends.
+        while let Some(cause) = next.filter(|_| causes.len() < 64) {
+            causes.push(cause);
+            next = cause.source();
+        }
+        if causes.is_empty() {
+            return Ok(());
+        }
+        write!(f, "\n\nCaused by:")?;
+        for (i, cause) in causes.iter().enumerate() {
+            if causes.len() == 1 {
+                write!(f, "\n    {cause}")?;
+            } else {
+                write!(f, "\n    {i}: {cause}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(Inner);
+    #[derive(Debug)]
+    struct Inner;
+
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("the team failed")
+        }
+    }
+    impl fmt::Display for Inner {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("install a CUDA 13.3+ driver")
+        }
+    }
+    impl StdError for Outer {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+    impl StdError for Inner {}
+
+    #[test]
+    fn debug_prints_the_message_and_its_causes_not_the_struct() {
+        let r = Report::from(Outer(Inner));
+        assert_eq!(
+            format!("{r:?}"),
+            "the team failed\n\nCaused by:\n    install a CUDA 13.3+ driver"
+        );
+        assert_eq!(r.to_string(), "the team failed");
+        let r = Report::from(Inner);
+        assert_eq!(format!("{r:?}"), "install a CUDA 13.3+ driver");
+    }
+}

@@ -1,0 +1,41 @@
+//! The synchronization primitives of the crate's own waits, swapped for
+//! `loom`'s under `--cfg loom` (as tokio's `src/loom/`), so that a loom test
+//! explores every interleaving of the code that uses them: the copy gate
+//! ([`crate::copy_gate`]) today. Code that uses these, and only these,
+//! is what `ci/loom.sh` checks.
+//!
+//! Also the identity of the calling thread, which the gate records for
+//! the threads inside it (no thread-local state of the crate's own).
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
+
+/// A number that names the calling thread among the threads alive now
+/// (never 0): the address of a thread-local byte of `parking_lot`'s, one
+/// TLS address computation, no atomic operation.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn thread_id() -> usize {
+    use parking_lot::lock_api::GetThreadId;
+    parking_lot::RawThreadId.nonzero_thread_id().get()
+}
+
+/// Under loom every model thread runs on one OS thread: its loom id,
+/// hashed (never 0).
+#[cfg(loom)]
+pub(crate) fn thread_id() -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    loom::thread::current().id().hash(&mut h);
+    // Truncated on 32-bit targets: still a name per thread of a model.
+    #[allow(clippy::cast_possible_truncation)]
+    let id = h.finish() as usize;
+    id | 1
+}
