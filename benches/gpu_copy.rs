@@ -186,16 +186,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .wait(Duration::from_secs(10))?;
     let dst = Allocation::<Private>::on_device(&ctx, 0, MAX)?.map(&[0])?;
     let src = Allocation::<Private>::on_device(&ctx, 0, MAX)?.map(&[0])?;
+    let after_alloc = raw.free();
     let binding = ep.bind(0, 0, &dst)?;
     let stream = Stream::new(&ctx, 0)?;
+    let after_stream = raw.free();
     let (d, s) = (dst.device_ptr(), src.device_ptr());
 
-    // Warm-up: both paths, every size once.
+    // Warm-up: both paths, every size once; free memory after each first
+    // copy (where issue 28's 2 MiB went).
     stream
         .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, MAX))?
         .wait()?;
+    let after_typed = raw.free();
     raw.copy(d, s, MAX);
     raw.sync();
+    let after_raw = raw.free();
+    let phases = [
+        ("context, endpoint and two allocations", after_alloc),
+        ("binding and stream", after_stream),
+        ("first typed copy", after_typed),
+        ("first raw copy", after_raw),
+    ];
 
     println!("\n== bandwidth: one put of N bytes, enqueue + wait (median of {reps}, min-max)");
     println!(
@@ -296,6 +307,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ep.destroy()?.release()?;
     drop((dst, src));
     drop(ctx);
+    println!("\n== free device memory by phase (bytes; negative: taken)");
+    let mut last = free_start;
+    for (what, free) in phases {
+        println!("{what}: {:+}", free as i128 - last as i128);
+        last = free;
+    }
+    println!(
+        "everything above dropped: {:+} against the start",
+        raw.free() as i128 - free_start as i128
+    );
 
     // Issue 28's 2 MiB: two contexts, a stream each, made and dropped, a
     // few rounds; free device memory read raw before and after each.

@@ -9,8 +9,6 @@
 //! memory alive until it is unbound or the endpoint destroyed, so a
 //! `mem::forget` leaks memory but never leaves freed memory bound.
 
-use std::sync::Arc;
-
 use crate::driver::{Call, Device, Location, attr};
 use crate::endpoint::Endpoint;
 use crate::error::{Alignment, Arg, Error, Extent, Result, Role, Rule};
@@ -183,7 +181,7 @@ fn unbind_failed(ctx: &crate::Context, code: crate::driver::Code) -> Error {
 #[inline(never)]
 fn take_window_then_drop(
     mut slot: crate::ledger::SlotGuard<'_>,
-    keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    keep: Option<crate::memory::KeepAlive>,
     dev: Device,
     offset: u64,
 ) -> Result<()> {
@@ -246,7 +244,7 @@ fn take_record(
     dev: Device,
     offset: u64,
     size: u64,
-) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+) -> Option<crate::memory::KeepAlive> {
     let b = &mut slot.bindings;
     let all = b.as_mut_slice();
     // By size too: a record whose unbind panicked stays, at size 0, beside
@@ -462,7 +460,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         mem_offset: u64,
         size: u64,
         mem_size: u64,
-        keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+        keep: Option<crate::memory::KeepAlive>,
     ) -> Result<Binding<'_>> {
         let ctx = self.context();
         // The record once, for the facts now and the slot below.

@@ -222,41 +222,41 @@ pub(crate) struct EpFacts {
     /// A heap's top ([`crate::team::OwnedPeers::top`]): the bytes every
     /// rank bound and agreed on; past it a copy is refused (R13.3).
     agreed: Option<u64>,
-    /// Its binds by handle of an allocation bound more than once (F3: two
-    /// endpoint spans may be the same bytes): `(offset, size, allocation,
-    /// offset in it)`. Usually empty (no allocation).
-    handles: Vec<HandleSpan>,
+    /// How many of its binds here are by handle (F3: two endpoint spans,
+    /// here or on another endpoint of the batch, may be one allocation's
+    /// bytes; where each is, [`handle_spans`], is read at enqueue only when
+    /// the batch's endpoints have two or more).
+    by_handle: usize,
     /// Its bind alignment, the unit of [`crate::ledger::Bound::handle_at`].
     align: u64,
 }
 
 /// A bind by handle in its allocation's bytes: `(endpoint offset, size,
-/// the allocation's key, offset in the allocation)`.
+/// the allocation's identity, offset in the allocation)`.
 type HandleSpan = (u64, u64, u64, u64);
 
-/// The binds by handle of `bindings` whose allocation has another holder
-/// than its owner and this bind (another bind, most likely): where each is
-/// in its allocation, for F3. `align`: the endpoint's bind alignment.
-fn shared_handles(bindings: &[crate::ledger::Bound], align: u64) -> Vec<HandleSpan> {
-    let shared = |b: &crate::ledger::Bound| {
-        b.handle_at != crate::ledger::Bound::BY_ADDRESS
-            && b._keep
-                .as_ref()
-                .is_some_and(|k| std::sync::Arc::strong_count(k) > 2)
-    };
-    if !bindings.iter().any(shared) {
-        return Vec::new();
+/// Where each bind by handle of `bindings` is in its allocation, for F3:
+/// facts recorded at bind time (the allocation the record keeps, and
+/// [`crate::ledger::Bound::handle_at`]), never reference counts, so that two
+/// binds of one allocation are known as such whoever else holds it (its
+/// owner dropped, the bindings forgotten). `align`: the endpoint's bind
+/// alignment.
+fn handle_spans(bindings: &[crate::ledger::Bound], align: u64) -> Vec<HandleSpan> {
+    let mut out = Vec::new();
+    for b in bindings.iter().filter(|b| is_by_handle(b)) {
+        let alloc = b._keep.as_ref().and_then(|k| k.allocation());
+        let at = u64::from(b.handle_at).checked_mul(align);
+        if let (Some(alloc), Some(at)) = (alloc, at) {
+            out.push((b.offset, b.size, alloc.get(), at));
+        }
     }
-    bindings
-        .iter()
-        .filter(|b| shared(b))
-        .filter_map(|b| {
-            let k = b._keep.as_ref()?;
-            let key = std::sync::Arc::as_ptr(k).cast::<()>().addr() as u64;
-            let at = u64::from(b.handle_at).checked_mul(align)?;
-            Some((b.offset, b.size, key, at))
-        })
-        .collect()
+    out
+}
+
+/// Whether `b` is a bind by handle that covers bytes (not a record whose
+/// unbind panicked).
+fn is_by_handle(b: &crate::ledger::Bound) -> bool {
+    b.handle_at != crate::ledger::Bound::BY_ADDRESS && b.size > 0
 }
 
 impl std::fmt::Debug for CopyBatch<'_> {
@@ -714,7 +714,7 @@ impl BatchInner {
     fn endpoint<S: State, K: Kind>(&mut self, ep: &Endpoint<S, K>) -> usize {
         // By id and range: an endpoint of another context may carry the
         // same id, and must be checked (and refused) as itself.
-        let same = |(e, (r, _)): (&EpFacts, &(std::sync::Arc<crate::range::RangeInner>, u32))| {
+        let same = |(e, (r, _)): (&EpFacts, &(std::sync::Arc<crate::ledger::RangeInner>, u32))| {
             e.id == ep.id() && std::ptr::eq(&**r, &**ep.range())
         };
         match self.eps.iter().zip(&self.keep.endpoints).rposition(same) {
@@ -736,10 +736,10 @@ impl BatchInner {
         let mut bindings_gen = None;
         let slot = ep.slot();
         let agreed = slot.agreed();
-        let handles = if bound_here {
-            shared_handles(&slot.bindings, ep.facts().align)
+        let by_handle = if bound_here {
+            slot.bindings.iter().filter(|b| is_by_handle(b)).count()
         } else {
-            Vec::new()
+            0
         };
         let covered = if bound_here {
             // Read under the lock with the bindings: a later bind or unbind
@@ -776,7 +776,7 @@ impl BatchInner {
             },
             bindings_gen,
             agreed,
-            handles,
+            by_handle,
             align: ep.facts().align,
         }
     }
@@ -912,29 +912,29 @@ impl BatchInner {
 
 /// A local endpoint's bound memory, in the space of its bytes:
 /// `(id, endpoint offset, size, space, start)` — space 0 for memory bound
-/// by address (`start` its address), an allocation's key for one bound by
-/// handle (`start` the offset in it). An op through the endpoint there
-/// reads or writes those bytes too (F3).
+/// by address (`start` its address), an allocation's identity
+/// ([`crate::memory::AllocId`], never 0) for one bound by handle (`start`
+/// the offset in it). An op through the endpoint there reads or writes
+/// those bytes too (F3).
 type Alias = (u32, u64, u64, u64, u64);
 
 impl BatchInner {
-    /// The bindings by address of the batch's local endpoints, when some
-    /// memory is reached two ways: one of them overlaps memory the batch
-    /// names by address, or another of them (one allocation bound at two
-    /// offsets, or to two endpoints). Then an op through the endpoint there
-    /// reads or writes those addresses too (F3). Usually none: one relaxed
-    /// load per endpoint when its range never had a window.
+    /// The bindings of the batch's local endpoints, when some memory is
+    /// reached two ways: one bound by address overlaps memory the batch
+    /// names by address, or another binding (one allocation bound at two
+    /// offsets, or to two endpoints, by address or by handle). Then an op
+    /// through the endpoint there reads or writes those bytes too (F3).
+    /// Usually none: one relaxed load per endpoint when its range never
+    /// had a window, and nothing built unless one allocation is bound by
+    /// handle twice among the batch's endpoints.
     fn aliases(&self) -> Vec<Alias> {
         let mut out = Vec::new();
+        let mut by_handle = 0usize;
         for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
             if !f.bound_here {
                 continue;
             }
-            out.extend(
-                f.handles
-                    .iter()
-                    .map(|&(off, size, key, at)| (*id, off, size, key, at)),
-            );
+            by_handle = by_handle.saturating_add(f.by_handle);
             if !range.maybe_attached() {
                 continue;
             }
@@ -944,6 +944,9 @@ impl BatchInner {
                     .filter_map(crate::window::Window::local_span)
                     .map(|(off, size, addr)| (*id, off, size, 0, addr)),
             );
+        }
+        if by_handle >= 2 {
+            self.shared_handles(&mut out);
         }
         if out.is_empty() || (out.len() == 1 && self.locations.is_empty()) {
             return Vec::new();
@@ -984,6 +987,37 @@ impl BatchInner {
         out
     }
 
+    /// The binds by handle of the batch's local endpoints whose allocation
+    /// is bound by handle at least twice among them (compared by identity,
+    /// a recorded fact), pushed to `out`: only those can meet another bind
+    /// in its bytes. Called when two or more binds are by handle.
+    #[cold]
+    #[inline(never)]
+    fn shared_handles(&self, out: &mut Vec<Alias>) {
+        let mut all: Vec<Alias> = Vec::new();
+        for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
+            if f.by_handle == 0 {
+                continue;
+            }
+            // Read again under the lock: the bindings are those `by_handle`
+            // counted (`recheck_stale` made it current, and the copy gate
+            // keeps binds and unbinds out until the batch is recorded).
+            let spans = handle_spans(&range.slot(*id).bindings, f.align);
+            all.extend(
+                spans
+                    .into_iter()
+                    .map(|(off, size, alloc, at)| (*id, off, size, alloc, at)),
+            );
+        }
+        all.sort_unstable_by_key(|a| a.3);
+        for (i, a) in all.iter().enumerate() {
+            let before = i.checked_sub(1).and_then(|j| all.get(j));
+            if before.is_some_and(|b| b.3 == a.3) || all.get(i + 1).is_some_and(|b| b.3 == a.3) {
+                out.push(*a);
+            }
+        }
+    }
+
     /// An endpoint whose bindings changed since the builder read them (a
     /// bind or unbind between building and enqueueing): its facts are read
     /// again and every op on it checked again (F9). Nothing to do, at one
@@ -1003,7 +1037,7 @@ impl BatchInner {
             }
             let slot = range.slot(*id);
             let now = range.bindings_gen();
-            let handles = shared_handles(&slot.bindings, facts.align);
+            let by_handle = slot.bindings.iter().filter(|b| is_by_handle(b)).count();
             let mut every: Option<Intervals> = None;
             for &d in &facts.target.devices {
                 let mine = merged(
@@ -1022,7 +1056,7 @@ impl BatchInner {
             if let Some(f) = self.eps.get_mut(index) {
                 f.covered = every.unwrap_or_default();
                 f.bindings_gen = Some(now);
-                f.handles = handles;
+                f.by_handle = by_handle;
             }
             for (op, o) in self.list.iter().enumerate() {
                 let at = match (o.src, o.dst) {

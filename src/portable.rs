@@ -29,9 +29,15 @@
 //! A window names memory, not a binding: if a peer rebinds other memory at
 //! those offsets, the window still reaches the old memory (kept alive, never
 //! freed under a copy) until it is registered again on a new endpoint.
+//!
+//! What a batch in flight holds (F4), each memory once, whatever the number
+//! of ops and bindings: the id range of each endpoint it names (as on the
+//! fabric path), whose binding records keep this process's bound memory
+//! until unbind or destroy, which settle the copies in flight on the id
+//! first; and the mapping of each peer window a copy goes through, once
+//! (a window can be replaced or removed without a settle).
 
-use std::any::Any;
-use std::sync::Arc;
+use std::collections::HashSet;
 
 use crate::copy::{BatchInner, CopyBatch, InFlight};
 use crate::driver::{Call, CopyOp, Device, Operand, Pointer};
@@ -39,10 +45,10 @@ use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result, Rule};
 use crate::kind::Kind;
 use crate::kind::MemShare;
-use crate::memory::{BindSource, Mapped};
-use crate::range::RangeInner;
+use crate::ledger::RangeInner;
+use crate::memory::{BindSource, KeepAlive, Mapped};
 use crate::state::{IsReady, State};
-use crate::stream::{KeepMemory, Stream};
+use crate::stream::{Keep, KeepMemory, Stream};
 use crate::unwind::OnUnwind;
 use crate::window::{Member, Window};
 
@@ -146,7 +152,7 @@ pub(crate) struct LocalBind {
     pub offset: u64,
     pub size: u64,
     pub addr: Option<u64>,
-    pub keep: Option<Arc<dyn Any + Send + Sync>>,
+    pub keep: Option<KeepAlive>,
 }
 
 /// Every binding of `ep` in this process, taken under the lock (the memory
@@ -185,7 +191,7 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
         offset: u64,
         size: u64,
         addr: u64,
-        keep: Arc<dyn Any + Send + Sync>,
+        keep: KeepAlive,
     ) -> Vec<Window> {
         let member = Member::Peer { rank, device };
         let end = offset.saturating_add(size);
@@ -232,8 +238,40 @@ pub(crate) struct Target {
 /// The local pieces `(address, bytes)` of one target, in endpoint order.
 pub(crate) type Pieces = Vec<(u64, u64)>;
 
+/// What a batch on the portable path holds of the memory its copies reach
+/// through windows: each mapping once, however many ops and windows name
+/// it (the local memory of the batch is in `keep` already, once each).
+pub(crate) struct Holds<'k> {
+    keep: &'k mut KeepMemory,
+    /// The objects in `keep`, by [`KeepAlive::key`]; filled at the first
+    /// peer window (none on a batch that reaches only local bindings).
+    seen: HashSet<usize>,
+}
+
+impl<'k> Holds<'k> {
+    pub(crate) fn new(keep: &'k mut KeepMemory) -> Self {
+        Holds {
+            keep,
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Holds `k` for the batch, unless it holds that object already.
+    fn hold(&mut self, k: &KeepAlive) {
+        if self.seen.is_empty() {
+            self.seen.extend(self.keep.iter().map(KeepAlive::key));
+        }
+        if self.seen.insert(k.key()) {
+            self.keep.push(k.clone());
+        }
+    }
+}
+
 /// Every target's pieces for `offset..offset + size` of `t` (an id of
-/// `range`), with the memory they need kept alive pushed to `keep`.
+/// `range`), with the peer windows' memory they reach held by `holds`.
+/// This process's bound memory is not held per op: the batch holds `range`,
+/// whose binding records keep it until an unbind or destroy of the id,
+/// which settle the batch first (F4).
 ///
 /// # Errors
 /// [`Error::CopyNoWindow`] when a target has no window over those bytes;
@@ -245,7 +283,7 @@ pub(crate) fn resolve(
     t: &Target,
     offset: u64,
     size: u64,
-    keep: &mut KeepMemory,
+    holds: &mut Holds<'_>,
 ) -> Result<Vec<Pieces>> {
     let end = offset.saturating_add(size);
     let slot = range.slot(t.id);
@@ -290,7 +328,7 @@ pub(crate) fn resolve(
             };
             pieces.push((addr, stop - at));
             if let Some(k) = &w.keep {
-                keep.push(k.clone());
+                holds.hold(k);
             }
             at = stop;
         }
@@ -302,8 +340,6 @@ pub(crate) fn resolve(
     if u32::try_from(out.len()) != Ok(t.team_size) {
         return Err(no_window(out.len()));
     }
-    // Local bindings keep their memory; a copy in flight keeps it too.
-    keep.extend(slot.bindings.iter().filter_map(|b| b._keep.clone()));
     Ok(out)
 }
 
@@ -352,19 +388,24 @@ impl Stream {
         let ctx = &self.inner.ctx;
         let BatchInner {
             list,
-            mut keep,
+            keep,
             eps,
             host_in,
             host_out,
             ..
         } = *batch.inner;
         let mut copies: Vec<Memcpy> = Vec::with_capacity(list.len());
+        let Keep {
+            mut memory,
+            endpoints,
+        } = keep;
+        let mut holds = Holds::new(&mut memory);
         for (i, &CopyOp { src, dst, size }) in list.iter().enumerate() {
             let first = copies.len();
             // The facts of an endpoint and its range are at one index.
             let target = |id: u32| {
                 let i = eps.iter().rposition(|e| e.id == id)?;
-                Some((&*keep.endpoints.get(i)?.0, &eps.get(i)?.target))
+                Some((&*endpoints.get(i)?.0, &eps.get(i)?.target))
             };
             let out_of_range = |at: u64| Error::CopyOutOfRange {
                 op: i,
@@ -378,7 +419,7 @@ impl Stream {
                     let Some((range, target)) = target(id) else {
                         continue; // every endpoint of the batch has its facts
                     };
-                    let targets = resolve(i, range, target, offset, size, &mut keep.memory)?;
+                    let targets = resolve(i, range, target, offset, size, &mut holds)?;
                     for pieces in targets {
                         let mut at = 0u64;
                         for (addr, n) in pieces {
@@ -392,7 +433,7 @@ impl Stream {
                     let Some((range, target)) = target(id) else {
                         continue;
                     };
-                    let targets = resolve(i, range, target, offset, size, &mut keep.memory)?;
+                    let targets = resolve(i, range, target, offset, size, &mut holds)?;
                     let mut at = 0u64;
                     for (addr, n) in targets.into_iter().next().unwrap_or_default() {
                         let to = advance(dst, at).ok_or_else(|| out_of_range(at))?;
@@ -411,6 +452,8 @@ impl Stream {
                 }
             }
         }
+        drop(holds);
+        let keep = Keep { memory, endpoints };
         let handle = self.inner.handle;
         let mut enqueued = 0usize;
         // A panic inside a call (a `tracing` layer, a user backend) may come
@@ -431,8 +474,9 @@ impl Stream {
             // this process and checked to cover the bytes (F9, resolved
             // above); they do not overlap (checked). Nothing is freed before
             // the stream passed the copy (F4): the record made below keeps
-            // the memory (windows' mappings and the endpoints' bound memory
-            // included) and the endpoint ids, and the host buffers are owned
+            // the local memory, the windows' mappings and the endpoints' id
+            // ranges, whose binding records keep the bound memory until an
+            // unbind or destroy settles this stream, and the host buffers are owned
             // by the token; on a failure, what was enqueued is synchronized
             // (or, if that fails, leaked) before anything is dropped.
             let r = unsafe { ctx.driver().memcpy_async(dst, src, n, handle) };
@@ -458,5 +502,91 @@ impl Stream {
         }
         let seq = self.inner.record(keep);
         Ok(InFlight::new(self, host_in, host_out, seq))
+    }
+}
+
+#[cfg(all(test, feature = "model"))]
+mod tests {
+    use super::{Holds, Target, resolve};
+    use crate::model::ModelConfig;
+    use crate::stream::KeepMemory;
+    use crate::{Allocation, Context, CopyBatch, CopyPath, Device, Mapped, Private, Spec, Stream};
+
+    const ALIGN: u64 = 2 << 20;
+    const OPS: u64 = 8;
+
+    /// What a batch of `OPS` puts into the first of `n` bindings (by
+    /// address, each its own memory) holds while in flight on the portable
+    /// path: the keep-alives `resolve` adds per op, and every reference to
+    /// the bound memory and the source beyond their owners and bindings.
+    fn held_against(n: u64) -> (Vec<usize>, usize) {
+        let (ctx, model) = Context::model(ModelConfig {
+            driver_version: 13050,
+            ..ModelConfig::node(1)
+        });
+        ctx.set_copy_path(CopyPath::Portable);
+        let map = || -> Mapped<Private> {
+            Allocation::on_device(&ctx, 0, ALIGN)
+                .and_then(|a| a.map(&[0]).map_err(|f| f.error))
+                .expect("memory on the model")
+        };
+        let ep = ctx
+            .reserve_one()
+            .expect("an id")
+            .create(Spec::unicast(0, n * ALIGN))
+            .expect("created")
+            .wait(std::time::Duration::from_secs(5))
+            .expect("a ready endpoint");
+        let (src, mems): (Mapped<Private>, Vec<Mapped<Private>>) =
+            (map(), (0..n).map(|_| map()).collect());
+        let binds: Vec<_> = mems
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ep.bind(Device(0), i as u64 * ALIGN, m).expect("bound"))
+            .collect();
+        // `resolve` op by op: what each adds to the batch's keep-alives.
+        let target = Target {
+            id: ep.id(),
+            devices: smallvec::smallvec![Device(0)],
+            team_size: 1,
+        };
+        let mut keep = KeepMemory::new();
+        let mut holds = Holds::new(&mut keep);
+        let mut per_op = Vec::new();
+        for k in 0..OPS {
+            let before = holds.keep.len();
+            let pieces = resolve(k as usize, ep.range(), &target, k * 64, 64, &mut holds);
+            assert_eq!(pieces.expect("a window").len(), 1);
+            per_op.push(holds.keep.len() - before);
+        }
+        drop(keep);
+        // The whole path: the batch in flight, its token kept.
+        let base: usize = mems.iter().map(Mapped::holders).sum::<usize>() + src.holders();
+        let stream = Stream::new(&ctx, 0).expect("a stream");
+        let batch = (0..OPS).fold(CopyBatch::new(), |b, k| {
+            b.put(&src, k * 64, &ep, k * 64, 64)
+        });
+        let token = stream.enqueue(batch).expect("enqueued");
+        let in_flight = mems.iter().map(Mapped::holders).sum::<usize>() + src.holders() - base;
+        token.wait().expect("completed");
+        drop((stream, binds));
+        drop((ep, src, mems));
+        assert!(ctx.take_teardown_errors().is_empty());
+        assert!(model.violations().is_empty(), "{:?}", model.violations());
+        (per_op, in_flight)
+    }
+
+    /// F4 kept without a copy per op and binding: the in-flight record of a
+    /// portable batch holds its source once and the endpoint's id range
+    /// (whose binding records keep the bound memory until an unbind or
+    /// destroy, which settle the batch first), so what it holds is the
+    /// same against 1 and 256 bindings (it held each binding's memory once
+    /// per op: 8 × 256 keep-alives here).
+    #[test]
+    fn f4_a_portable_batch_in_flight_holds_as_much_against_1_binding_as_against_256() {
+        let one = held_against(1);
+        let many = held_against(256);
+        assert_eq!(one, many, "(keep-alives added per op, held in flight)");
+        assert_eq!(one, (vec![0; OPS as usize], 1), "the source alone");
     }
 }

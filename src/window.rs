@@ -3,10 +3,8 @@
 //! of a unicast endpoint, a member of a multicast team). Recorded per id
 //! beside its bindings (`range.rs`); made, checked and read by `portable.rs`.
 
-use std::any::Any;
-use std::sync::Arc;
-
 use crate::driver::Device;
+use crate::memory::KeepAlive;
 
 /// Which target of an endpoint a window reaches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,7 +24,7 @@ pub(crate) struct Window {
     pub(crate) addr: u64,
     /// The mapping of a peer window; `None` for a local binding, whose
     /// memory the binding keeps.
-    pub(crate) keep: Option<Arc<dyn Any + Send + Sync>>,
+    pub(crate) keep: Option<KeepAlive>,
 }
 
 impl Window {

@@ -1058,6 +1058,56 @@ fn f4_batches_of_two_ranges_and_binds_unbinds_on_each_never_meet_nor_deadlock() 
     assert!(copied > 0, "no copy ran: the race was not run");
 }
 
+/// F3 from what was recorded at bind time, not from who else holds the
+/// memory: one allocation bound by handle at `ep[0..)` and `ep[ALIGN..)`,
+/// both `Binding`s forgotten and the `Allocation` dropped (the endpoint's
+/// records alone keep it), so the two spans are the same bytes with no
+/// other holder. Two puts into those bytes in one batch are refused with
+/// F3 before the driver, on either copy path.
+#[test]
+fn f3_two_puts_into_one_allocation_bound_twice_are_refused_after_both_bindings_are_forgotten_and_the_allocation_dropped()
+ {
+    use cuda_endpoints::CopyPath;
+    use cuda_endpoints::driver::Call;
+    for path in [CopyPath::Fabric, CopyPath::Portable] {
+        let (ctx, model) = node();
+        ctx.set_copy_path(path);
+        let src = mapped(&ctx, 0);
+        let ep = unicast(&ctx, 0, 2 * ALIGN);
+        let mem = Allocation::<Private>::on_device(&ctx, 0, ALIGN).unwrap();
+        std::mem::forget(ep.bind_part(0, 0, &mem, 0, ALIGN).unwrap());
+        std::mem::forget(ep.bind_part(0, ALIGN, &mem, 0, ALIGN).unwrap());
+        drop(mem);
+        let stream = Stream::new(&ctx, 0).unwrap();
+        let calls = || model.calls(Call::FabricCpyBatchAsync) + model.calls(Call::MemcpyAsync);
+        let before = calls();
+        // `ep[64..128)` and `ep[ALIGN + 64..ALIGN + 128)`: allocation bytes
+        // 64..128 twice.
+        let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 64, 64).put(
+            &src,
+            1024,
+            &ep,
+            ALIGN + 64,
+            64,
+        ));
+        let refused = format!("{:?}", r.as_ref().map(|_| ()));
+        drop(r);
+        let (after, v) = (calls(), model.violations());
+        drop(stream);
+        drop((ep, src));
+        common::clean(&ctx, &model);
+        assert!(
+            refused.contains("CopyDependent { op: 0, other: 1 }"),
+            "{path:?}: two puts into one allocation's bytes: {refused}"
+        );
+        assert_eq!(
+            (after - before, v.len()),
+            (0, 0),
+            "{path:?}: reached the driver"
+        );
+    }
+}
+
 /// F4 across threads (issue 27, seam 1): one thread unbinds memory with a
 /// copy in flight on a stream (its settle synchronizes that stream) while
 /// another drops the stream. The stream's handle is destroyed by whichever

@@ -635,9 +635,8 @@ fn an_echoed_share_is_refused_at_import(victim: usize) {
             pattern(r as u8, LEN)
         };
         assert_eq!(me.read(first, LEN).unwrap(), want, "rank {r}'s first chunk");
-        boot.barrier(T).unwrap(); // every rank stopped copying (R13.7)
         drop(stream);
-        drop(peers);
+        peers.close(boot, T).unwrap(); // every rank stopped copying (R13.7)
         assert!(ctx.take_teardown_errors().is_empty());
         e
     });

@@ -15,7 +15,7 @@ pub(crate) struct Bound {
     pub size: u64,
     /// The memory bound, kept alive until unbound or destroyed (R7.2).
     /// `None` for raw binds, whose memory the caller keeps alive.
-    pub _keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+    pub _keep: Option<crate::memory::KeepAlive>,
     /// A bind by handle: where in its allocation, in units of the
     /// endpoint's bind alignment ([`Bound::BY_ADDRESS`] for a bind by
     /// address, whose window says where). In the record's padding: F3

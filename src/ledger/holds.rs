@@ -52,7 +52,7 @@ pub(crate) struct Keep {
 }
 
 /// Keep-alives of memory a batch reads or writes.
-pub(crate) type KeepMemory = SmallVec<[Arc<dyn Any + Send + Sync>; 1]>;
+pub(crate) type KeepMemory = SmallVec<[crate::memory::KeepAlive; 1]>;
 
 /// A stream's handle and its in-flight records, shared: by the [`Stream`],
 /// and for the length of one call by a settle ([`settle`]) or an
@@ -117,6 +117,13 @@ fn index() -> MutexGuard<'static, Vec<Entry>> {
 fn forget_entries(gone: impl Fn(&Entry) -> bool) {
     let mut idx = index();
     idx.retain(|e| !gone(e));
+    // Capacity given back once what is in flight fell well below it (a
+    // burst of forgotten batches, then a synchronize); a small list is
+    // kept, so that a loop of waited batches allocates nothing.
+    let len = idx.len();
+    if idx.capacity() > 64 && len < idx.capacity() / 4 {
+        idx.shrink_to(len.saturating_mul(2));
+    }
     IN_INDEX.store(idx.len(), Ordering::Release);
 }
 

@@ -27,9 +27,7 @@
 //!   released) before the error returns; registered windows go with the
 //!   endpoint (`endpoint::forget_rest`).
 
-use std::any::Any;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
 
 use crate::CopyPath;
 use crate::bootstrap::{Bootstrap, BootstrapError, Deadline, Exchange, FdExchange, NodeId, Op};
@@ -116,7 +114,7 @@ pub(crate) fn export<S: State, K: Kind>(
             PeerHandle::Fabric(bytes) => {
                 // Known as this process's own: a peer that sends it back as
                 // its share is refused (`known`).
-                known::note_own(ep.context(), &bytes, keep);
+                known::note_own(ep.context(), &bytes, &keep.token());
                 (bytes, false)
             }
             PeerHandle::Fd(fd) => {
@@ -215,7 +213,7 @@ pub(crate) struct Imported {
     size: u64,
     addr: u64,
     /// The mapping, kept alive by the window.
-    mem: Arc<dyn Any + Send + Sync>,
+    mem: crate::memory::KeepAlive,
 }
 
 /// Imports every share of `rank`'s report into this process and maps it
@@ -321,7 +319,7 @@ pub(crate) fn import_all<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind
             .iter()
             .zip(imported.get(before..).unwrap_or_default())
         {
-            known::note_peer(ctx, comm, rank, &s.bytes, &i.mem);
+            known::note_peer(ctx, comm, rank, &s.bytes, &i.mem.token());
         }
     }
     Ok(imported)
