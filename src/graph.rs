@@ -268,12 +268,12 @@ impl Drop for CopyGraph<'_> {
                 std::mem::forget(std::mem::take(&mut self.host_out));
             }
             let d = ctx.driver();
-            let (graph, pin) = (self.graph, self.pin);
+            let (graph, pin, eps) = (self.graph, self.pin, &self.keep.endpoints);
             // A panic inside a destroy below (a `tracing` layer, a user
             // backend) comes after the driver destroyed: what is left is
             // still destroyed, and the ids unpinned (F8: else every later
             // unbind of them is refused), while it unwinds.
-            let unpin = OnUnwind::new(|| crate::ledger::holds::unpin_graph(pin));
+            let unpin = OnUnwind::new(|| crate::ledger::holds::unpin_graph(eps, pin));
             let destroy_graph = || {
                 // SAFETY: the graph is this one's own; its executable form
                 // is destroyed (or its destroy was made); not used again.
@@ -293,7 +293,7 @@ impl Drop for CopyGraph<'_> {
             destroy_graph();
             unpin.disarm();
             // Nothing launches it again: its ids may be unbound.
-            crate::ledger::holds::unpin_graph(pin);
+            crate::ledger::holds::unpin_graph(eps, pin);
             if let Err(e) = end.resume() {
                 ctx.record_teardown(e);
             }

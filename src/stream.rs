@@ -334,19 +334,19 @@ mod tests {
                 .expect("enqueued");
             prev.wait().expect("completed");
             assert_eq!(
-                crate::ledger::holds::entries_of(me),
+                crate::ledger::holds::entries_of(ep.range(), me),
                 1,
                 "only the batch still in flight"
             );
             prev = next;
         }
         prev.wait().expect("completed");
-        assert_eq!(crate::ledger::holds::entries_of(me), 0);
+        assert_eq!(crate::ledger::holds::entries_of(ep.range(), me), 0);
         std::mem::forget(s.enqueue(put(0)).expect("enqueued"));
-        assert_eq!(crate::ledger::holds::entries_of(me), 1);
+        assert_eq!(crate::ledger::holds::entries_of(ep.range(), me), 1);
         drop(s);
         assert_eq!(
-            crate::ledger::holds::entries_of(me),
+            crate::ledger::holds::entries_of(ep.range(), me),
             0,
             "a dropped stream's entries outlived it"
         );

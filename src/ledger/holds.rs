@@ -74,9 +74,9 @@ pub(crate) struct StreamInner {
     borrowed: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-/// What keeps an endpoint id in the index: a stream's batch in flight
-/// (until the stream passed it), or a graph of copies that names the id
-/// (for the graph's whole life, F8).
+/// What holds an endpoint id: a stream's batch in flight (until the
+/// stream passed it), or a graph of copies that names the id (for the
+/// graph's whole life, F8).
 enum Holder {
     /// Batch `seq` of the stream.
     Batch(Weak<StreamInner>, u64),
@@ -84,51 +84,69 @@ enum Holder {
     Graph(u64),
 }
 
-/// One `(range address, id)` with a copy in flight, or named by a graph.
-struct Entry {
-    range: usize,
-    id: u32,
-    holder: Holder,
-}
-
-impl Entry {
-    /// Whether this is an entry of one of `stream`'s batches that `done`.
+impl Holder {
+    /// Whether this is one of `stream`'s batches that `done`.
     fn of_batch(&self, stream: *const StreamInner, done: impl Fn(u64) -> bool) -> bool {
-        matches!(&self.holder, Holder::Batch(s, seq) if std::ptr::eq(s.as_ptr(), stream) && done(*seq))
+        matches!(self, Holder::Batch(s, seq) if std::ptr::eq(s.as_ptr(), stream) && done(*seq))
     }
 }
 
-/// Every endpoint id with a copy in flight or a graph naming it: one entry
-/// per batch (or graph) and id, gone once the stream passed the batch (a
-/// synchronize, a query, an event after it), the stream was dropped, or
-/// the graph was dropped. So its length is what is in flight now, not
-/// what ever was.
-static INDEX: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
-/// `INDEX.len()`, read without the lock.
-static IN_INDEX: AtomicUsize = AtomicUsize::new(0);
+/// What is in flight on the ids of one range (a field of its
+/// [`RangeInner`]): one entry per batch (or graph) and id, gone once the
+/// stream passed the batch (a synchronize, a query, an event after it),
+/// the stream was dropped, or the graph was dropped. So its length is what
+/// is in flight now, not what ever was. Each batch that holds an entry
+/// holds the range (`Keep::endpoints`), so no entry outlives its range.
+#[derive(Default)]
+pub(crate) struct Holds {
+    list: Mutex<Vec<(u32, Holder)>>,
+    /// `list.len()`, read without the lock.
+    len: AtomicUsize,
+}
+
+impl Holds {
+    fn lock(&self) -> MutexGuard<'_, Vec<(u32, Holder)>> {
+        self.list.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, id: u32, holder: Holder) {
+        let mut list = self.lock();
+        list.push((id, holder));
+        self.len.store(list.len(), Ordering::Release);
+    }
+
+    /// Drops the entries `gone` picks.
+    fn forget(&self, gone: impl Fn(u32, &Holder) -> bool) {
+        let mut list = self.lock();
+        list.retain(|(id, h)| !gone(*id, h));
+        // Capacity given back once what is in flight fell well below it (a
+        // burst of forgotten batches, then a synchronize); a small list is
+        // kept, so that a loop of waited batches allocates nothing.
+        let len = list.len();
+        if list.capacity() > 64 && len < list.capacity() / 4 {
+            list.shrink_to(len.saturating_mul(2));
+        }
+        self.len.store(len, Ordering::Release);
+    }
+
+    /// Whether nothing is in flight on the range (one load).
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+}
+
 /// The number of the next graph that pins its ids.
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(0);
 
-fn index() -> MutexGuard<'static, Vec<Entry>> {
-    INDEX.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Drops the entries `gone` picks, under the index lock.
-fn forget_entries(gone: impl Fn(&Entry) -> bool) {
-    let mut idx = index();
-    idx.retain(|e| !gone(e));
-    // Capacity given back once what is in flight fell well below it (a
-    // burst of forgotten batches, then a synchronize); a small list is
-    // kept, so that a loop of waited batches allocates nothing.
-    let len = idx.len();
-    if idx.capacity() > 64 && len < idx.capacity() / 4 {
-        idx.shrink_to(len.saturating_mul(2));
-    }
-    IN_INDEX.store(idx.len(), Ordering::Release);
-}
-
-fn range_key(range: &RangeInner) -> usize {
-    std::ptr::from_ref(range).addr()
+/// Each distinct range of `endpoints` once (a batch names a range once per
+/// endpoint).
+fn ranges(endpoints: &[(Arc<RangeInner>, u32)]) -> impl Iterator<Item = &RangeInner> {
+    endpoints
+        .iter()
+        .enumerate()
+        .filter(|&(i, (r, _))| !endpoints[..i].iter().any(|(o, _)| Arc::ptr_eq(o, r)))
+        .map(|(_, (r, _))| &**r)
 }
 
 /// Pins the ids a graph of copies names (F8: "every id valid and bound for
@@ -136,21 +154,20 @@ fn range_key(range: &RangeInner) -> usize {
 /// of any of them is refused ([`settle`]). Returns the graph's number.
 pub(crate) fn pin_for_graph(endpoints: &[(Arc<RangeInner>, u32)]) -> u64 {
     let graph = NEXT_GRAPH.fetch_add(1, Ordering::Relaxed);
-    let mut idx = index();
     for (range, id) in endpoints {
-        idx.push(Entry {
-            range: range_key(range),
-            id: *id,
-            holder: Holder::Graph(graph),
-        });
+        range.holds.push(*id, Holder::Graph(graph));
     }
-    IN_INDEX.store(idx.len(), Ordering::Release);
     graph
 }
 
-/// The graph numbered `graph` is gone: its ids may be unbound again.
-pub(crate) fn unpin_graph(graph: u64) {
-    forget_entries(|e| matches!(e.holder, Holder::Graph(g) if g == graph));
+/// The graph numbered `graph`, of `endpoints`, is gone: its ids may be
+/// unbound again.
+pub(crate) fn unpin_graph(endpoints: &[(Arc<RangeInner>, u32)], graph: u64) {
+    for range in ranges(endpoints) {
+        range
+            .holds
+            .forget(|_, h| matches!(h, Holder::Graph(g) if *g == graph));
+    }
 }
 
 /// Before a binding on `id` of `range` is unbound: synchronizes every
@@ -162,9 +179,9 @@ pub(crate) fn unpin_graph(graph: u64) {
 /// caller must not go on (the copy may still run).
 #[inline]
 pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
-    // Inline: with no copy in flight anywhere (the usual unbind and
+    // Inline: with no copy in flight on the range (the usual unbind and
     // destroy), one load and no call.
-    if IN_INDEX.load(Ordering::Acquire) == 0 {
+    if range.holds.is_empty() {
         return Ok(());
     }
     settle_in_flight(range, id, false)
@@ -173,35 +190,35 @@ pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
 /// Before the endpoint on `id` of `range` is destroyed: as [`settle`], but
 /// a graph's pin on the id is dropped, not refused. A live graph borrows
 /// the endpoint, so only a forgotten one (`mem::forget`, never launched
-/// again) can still pin it, and its entry must not outlive the id (the
-/// index names ranges by address).
+/// again) can still pin it, and its entry must not outlive the endpoint.
 ///
 /// # Errors
 /// The first synchronize that failed, as [`settle`].
 #[inline]
 pub(crate) fn settle_destroy(range: &RangeInner, id: u32) -> Result<()> {
-    if IN_INDEX.load(Ordering::Acquire) == 0 {
+    if range.holds.is_empty() {
         return Ok(());
     }
     settle_in_flight(range, id, true)
 }
 
-/// [`settle`] and [`settle_destroy`] when some copy may be in flight or a
-/// graph live.
+/// [`settle`] and [`settle_destroy`] when some copy may be in flight on the
+/// range or a graph names it.
 #[cold]
 #[inline(never)]
 fn settle_in_flight(range: &RangeInner, id: u32, destroying: bool) -> Result<()> {
-    let key = range_key(range);
-    let ours = |e: &Entry| e.range == key && e.id == id;
     if destroying {
-        forget_entries(|e| ours(e) && matches!(e.holder, Holder::Graph(_)));
+        range
+            .holds
+            .forget(|i, h| i == id && matches!(h, Holder::Graph(_)));
     }
     let mut streams: Vec<Arc<StreamInner>> = Vec::new();
-    for e in index().iter().filter(|e| ours(e)) {
-        match &e.holder {
+    for (_, holder) in range.holds.lock().iter().filter(|(i, _)| *i == id) {
+        match holder {
             Holder::Graph(_) => return Err(Error::UnbindUnderGraph { id }),
             // A dropped stream does not upgrade (it was synchronized, and
-            // its entries are gone with it anyway).
+            // its entries are gone with it anyway). One that does is held
+            // (a strong `Arc`) until its synchronize below returned.
             Holder::Batch(s, _) => {
                 if let Some(s) = s.upgrade()
                     && !streams.iter().any(|o| Arc::ptr_eq(o, &s))
@@ -217,11 +234,16 @@ fn settle_in_flight(range: &RangeInner, id: u32, destroying: bool) -> Result<()>
     Ok(())
 }
 
-/// The entries of the index of the batches of the stream at `me` (tests:
-/// what is left; other tests' streams run at the same time).
+/// The entries in `range` of the batches of the stream at `me` (tests:
+/// what is left).
 #[cfg(test)]
-pub(crate) fn entries_of(me: *const StreamInner) -> usize {
-    index().iter().filter(|e| e.of_batch(me, |_| true)).count()
+pub(crate) fn entries_of(range: &RangeInner, me: *const StreamInner) -> usize {
+    range
+        .holds
+        .lock()
+        .iter()
+        .filter(|(_, h)| h.of_batch(me, |_| true))
+        .count()
 }
 
 impl StreamInner {
@@ -243,33 +265,49 @@ impl StreamInner {
     }
 
     /// A synchronize failed for good (the `Stream` is dropped): copies may
-    /// still run, so what they use is kept alive for ever.
+    /// still run, so what they use is kept alive for ever; their entries
+    /// go (a later unbind cannot wait for a stream its owner let go of).
     pub(crate) fn leak_in_flight(&self) {
-        std::mem::forget(std::mem::take(&mut *self.lock()));
+        let records = std::mem::take(&mut *self.lock());
+        self.forget_entries_of(&records, |_| true);
+        std::mem::forget(records);
     }
 
     /// The `Stream` is dropped: none of its entries may outlive it.
     pub(crate) fn forget_entries(&self) {
+        self.forget_entries_of(&self.lock(), |_| true);
+    }
+
+    /// Drops this stream's entries of the batches `done` picks from the
+    /// ranges `records` name.
+    fn forget_entries_of(&self, records: &[(u64, Keep)], done: impl Fn(u64) -> bool + Copy) {
         let me: *const StreamInner = self;
-        forget_entries(|e| e.of_batch(me, |_| true));
+        for (i, (_, keep)) in records.iter().enumerate() {
+            for range in ranges(&keep.endpoints) {
+                // Each range once, though several batches name it.
+                let seen = records[..i]
+                    .iter()
+                    .any(|(_, k)| k.endpoints.iter().any(|(r, _)| std::ptr::eq(&**r, range)));
+                if !seen {
+                    range.holds.forget(|_, h| h.of_batch(me, done));
+                }
+            }
+        }
     }
 
     /// Records a batch just enqueued; returns its sequence number.
     pub(crate) fn record(self: &Arc<Self>, keep: Keep) -> u64 {
         let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
-        let mut idx = index();
+        // The entries first: a settle that looks after this record finds
+        // the batch. A synchronize between the two that passes the batch
+        // leaves its entries until the stream's next pass (they settle
+        // nothing more than an extra synchronize).
         for (range, id) in &keep.endpoints {
-            idx.push(Entry {
-                range: range_key(range),
-                id: *id,
-                holder: Holder::Batch(Arc::downgrade(self), seq),
-            });
+            range
+                .holds
+                .push(*id, Holder::Batch(Arc::downgrade(self), seq));
         }
-        IN_INDEX.store(idx.len(), Ordering::Release);
-        // Pushed under the index lock: `passed_before` sees the index and
-        // the records agree.
         self.lock().push((seq, keep));
-        drop(idx);
         seq
     }
 
@@ -280,17 +318,14 @@ impl StreamInner {
     }
 
     /// The stream passed every batch whose number `done` picks: drop their
-    /// records, and their entries of the index (so that a later destroy or
-    /// unbind synchronizes nothing for them, and the index holds only what
-    /// is in flight).
+    /// records, and their entries in their ranges (so that a later destroy
+    /// or unbind synchronizes nothing for them, and a range holds only what
+    /// is in flight on it).
     fn passed(&self, done: impl Fn(u64) -> bool + Copy) {
         // Taken out in place: the list keeps its capacity for the next
         // record (no allocation per enqueue).
         let done_now: Vec<(u64, Keep)> = self.lock().extract_if(.., |(s, _)| done(*s)).collect();
-        if done_now.iter().any(|(_, k)| !k.endpoints.is_empty()) {
-            let me: *const StreamInner = self;
-            forget_entries(|e| e.of_batch(me, done));
-        }
+        self.forget_entries_of(&done_now, done);
         drop(done_now); // may release memory: outside the locks
     }
 

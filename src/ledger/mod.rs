@@ -220,6 +220,9 @@ pub(crate) struct RangeInner {
     /// The range's copy gate ([`gate`]): an unbind waits for
     /// the enqueues, an enqueue for the binds and unbinds (F4, R13.3).
     gate: gate::Gate,
+    /// What is in flight on the range's ids ([`holds`]): the batches and
+    /// graphs that an unbind or destroy settles first (F4, F8).
+    holds: holds::Holds,
 }
 
 /// The context of a range, read as a `&Context` without a test: it is
@@ -413,6 +416,7 @@ impl RangeInner {
             spare: false,
             bindings_gen: AtomicU64::new(0),
             gate: gate::Gate::new(),
+            holds: holds::Holds::default(),
         });
         // Where the records are now that the range is in its `Arc` (inline
         // ones moved with it), before anyone else has the `Arc`.
