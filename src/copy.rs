@@ -224,39 +224,11 @@ pub(crate) struct EpFacts {
     agreed: Option<u64>,
     /// How many of its binds here are by handle (F3: two endpoint spans,
     /// here or on another endpoint of the batch, may be one allocation's
-    /// bytes; where each is, [`handle_spans`], is read at enqueue only when
+    /// bytes; where each is, [`crate::ledger::Slot::handle_spans`], is read at enqueue only when
     /// the batch's endpoints have two or more).
     by_handle: usize,
     /// Its bind alignment, the unit of [`crate::ledger::Bound::handle_at`].
     align: u64,
-}
-
-/// A bind by handle in its allocation's bytes: `(endpoint offset, size,
-/// the allocation's identity, offset in the allocation)`.
-type HandleSpan = (u64, u64, u64, u64);
-
-/// Where each bind by handle of `bindings` is in its allocation, for F3:
-/// facts recorded at bind time (the allocation the record keeps, and
-/// [`crate::ledger::Bound::handle_at`]), never reference counts, so that two
-/// binds of one allocation are known as such whoever else holds it (its
-/// owner dropped, the bindings forgotten). `align`: the endpoint's bind
-/// alignment.
-fn handle_spans(bindings: &[crate::ledger::Bound], align: u64) -> Vec<HandleSpan> {
-    let mut out = Vec::new();
-    for b in bindings.iter().filter(|b| is_by_handle(b)) {
-        let alloc = b._keep.as_ref().and_then(|k| k.allocation());
-        let at = u64::from(b.handle_at).checked_mul(align);
-        if let (Some(alloc), Some(at)) = (alloc, at) {
-            out.push((b.offset, b.size, alloc.get(), at));
-        }
-    }
-    out
-}
-
-/// Whether `b` is a bind by handle that covers bytes (not a record whose
-/// unbind panicked).
-fn is_by_handle(b: &crate::ledger::Bound) -> bool {
-    b.handle_at != crate::ledger::Bound::BY_ADDRESS && b.size > 0
 }
 
 impl std::fmt::Debug for CopyBatch<'_> {
@@ -736,23 +708,14 @@ impl BatchInner {
         let mut bindings_gen = None;
         let slot = ep.slot();
         let agreed = slot.agreed();
-        let by_handle = if bound_here {
-            slot.bindings.iter().filter(|b| is_by_handle(b)).count()
-        } else {
-            0
-        };
+        let by_handle = if bound_here { slot.by_handle() } else { 0 };
         let covered = if bound_here {
             // Read under the lock with the bindings: a later bind or unbind
             // moves it, and enqueue reads them again (F9).
             bindings_gen = Some(ep.range().bindings_gen());
             let mut every: Option<Intervals> = None;
             for &d in devices {
-                let mine = merged(
-                    slot.bindings
-                        .iter()
-                        .filter(|b| b.dev == d)
-                        .map(|b| (b.offset, b.size)),
-                );
+                let mine = merged(slot.spans(d));
                 every = Some(match every {
                     None => mine,
                     Some(before) => intersect(&before, &mine),
@@ -836,12 +799,7 @@ impl BatchInner {
         };
         let slot = range.slot(*id);
         for &dev in &ep.target.devices {
-            let ranges: SmallVec<[(u64, u64); 4]> = slot
-                .bindings
-                .iter()
-                .filter(|b| b.dev == dev)
-                .map(|b| (b.offset, b.size))
-                .collect();
+            let ranges: SmallVec<[(u64, u64); 4]> = slot.spans(dev).collect();
             let mut at = offset;
             while at < end {
                 match ranges.iter().find(|(o, s)| *o <= at && at < o + s) {
@@ -1002,7 +960,7 @@ impl BatchInner {
             // Read again under the lock: the bindings are those `by_handle`
             // counted (`recheck_stale` made it current, and the copy gate
             // keeps binds and unbinds out until the batch is recorded).
-            let spans = handle_spans(&range.slot(*id).bindings, f.align);
+            let spans = range.slot(*id).handle_spans(f.align);
             all.extend(
                 spans
                     .into_iter()
@@ -1037,15 +995,10 @@ impl BatchInner {
             }
             let slot = range.slot(*id);
             let now = range.bindings_gen();
-            let by_handle = slot.bindings.iter().filter(|b| is_by_handle(b)).count();
+            let by_handle = slot.by_handle();
             let mut every: Option<Intervals> = None;
             for &d in &facts.target.devices {
-                let mine = merged(
-                    slot.bindings
-                        .iter()
-                        .filter(|b| b.dev == d)
-                        .map(|b| (b.offset, b.size)),
-                );
+                let mine = merged(slot.spans(d));
                 every = Some(match every {
                     None => mine,
                     Some(before) => intersect(&before, &mine),

@@ -50,3 +50,54 @@ impl Slot {
         std::mem::take(&mut self.bindings)
     }
 }
+
+/// A bind by handle in its allocation's bytes: `(endpoint offset, size,
+/// the allocation's identity, offset in the allocation)`.
+pub(crate) type HandleSpan = (u64, u64, u64, u64);
+
+impl Bound {
+    /// Whether this is a bind by handle that covers bytes (not a record
+    /// whose unbind panicked).
+    fn is_by_handle(&self) -> bool {
+        self.handle_at != Bound::BY_ADDRESS && self.size > 0
+    }
+}
+
+/// The questions the copy checks ask of an id's bindings (read with the
+/// range's lock held, through a [`super::SlotGuard`]).
+impl Slot {
+    /// Where the bindings on `dev` are: `(offset, size)` of each, in the
+    /// order they were made.
+    #[inline]
+    pub fn spans(&self, dev: Device) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.bindings
+            .iter()
+            .filter(move |b| b.dev == dev)
+            .map(|b| (b.offset, b.size))
+    }
+
+    /// How many of the bindings are by handle (F3: two endpoint spans may
+    /// be one allocation's bytes only then).
+    #[inline]
+    pub fn by_handle(&self) -> usize {
+        self.bindings.iter().filter(|b| b.is_by_handle()).count()
+    }
+
+    /// Where each bind by handle is in its allocation, for F3: facts
+    /// recorded at bind time (the allocation the record keeps, and
+    /// [`Bound::handle_at`]), never reference counts, so that two binds of
+    /// one allocation are known as such whoever else holds it (its owner
+    /// dropped, the bindings forgotten). `align`: the endpoint's bind
+    /// alignment.
+    pub fn handle_spans(&self, align: u64) -> Vec<HandleSpan> {
+        let mut out = Vec::new();
+        for b in self.bindings.iter().filter(|b| b.is_by_handle()) {
+            let alloc = b._keep.as_ref().and_then(|k| k.allocation());
+            let at = u64::from(b.handle_at).checked_mul(align);
+            if let (Some(alloc), Some(at)) = (alloc, at) {
+                out.push((b.offset, b.size, alloc.get(), at));
+            }
+        }
+        out
+    }
+}

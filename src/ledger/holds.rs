@@ -1,30 +1,29 @@
 //! What is in flight on each endpoint id, and the streams it is in flight
 //! on (F4, F8): a stream's handle with its in-flight records
-//! ([`StreamInner`], destroyed by its last holder), the index from
-//! `(range, id)` to the batches in flight on it and the graphs naming it,
-//! and [`settle`]/[`settle_destroy`], which an unbind and a destroy call
-//! first.
+//! ([`StreamInner`], destroyed by its last holder), each range's list of
+//! the batches in flight on its ids and the graphs naming them
+//! ([`Holds`]), and [`settle`]/[`settle_destroy`], which an unbind and a
+//! destroy call first.
 //!
 //! - the handle's life: it lives in a shared `StreamInner`, destroyed
 //!   (`cuStreamDestroy`) by its last `Arc` holder, as cudarc's
-//!   `CudaStream`. A settle that found the stream in the index, or an
-//!   event that reached it, holds it (a strong `Arc`) for its
+//!   `CudaStream`. A settle that found the stream in a range's holds, or
+//!   an event that reached it, holds it (a strong `Arc`) for its
 //!   synchronize: a `Stream` dropped on another thread meanwhile leaves
 //!   the handle to it, so no synchronize ever meets a destroyed stream;
 //! - the stream's *in-flight records* (F4, as R7.2 for bindings): each
 //!   enqueued batch leaves, until the stream is synchronized, the memory it
-//!   reads or writes and the id ranges of its endpoints. So a forgotten
-//!   in-flight token (`mem::forget`) can free nothing a copy still uses:
-//!   the memory lives until the stream passed the copy, and [`settle`]
-//!   synchronizes every stream with a copy in flight on that id first;
-//! - the process-wide index from `(range, id)` to the batches in flight on
-//!   it and the graphs of copies naming it (F8), which [`settle`] reads
-//!   (empty, and one atomic load, unless a copy is in flight or a graph
-//!   lives). An entry goes when the stream passed its batch (synchronize,
-//!   query, an event after it) or the stream is dropped, and when its
-//!   graph is dropped: the index holds what is in flight now, and no
-//!   settle begins on a dropped stream. A stream's entries hold it
-//!   weakly, so an entry never keeps a handle alive.
+//!   reads or writes and the id ranges of its endpoints ([`Keep`]). So a
+//!   forgotten in-flight token (`mem::forget`) can free nothing a copy
+//!   still uses: the memory lives until the stream passed the copy, and
+//!   [`settle`] synchronizes every stream with a copy in flight on that id
+//!   first;
+//! - each range's holds: one entry per batch (or graph) and id, read by
+//!   [`settle`] (one atomic load of the range's count, unless a copy is in
+//!   flight on the range or a graph names it). An entry goes when the
+//!   stream passed its batch (synchronize, query, an event after it) or
+//!   the stream is dropped, and when its graph is dropped; an entry holds
+//!   its stream weakly, so it never keeps a handle alive.
 //!
 //! When a synchronize fails, the records stay: the memory is leaked rather
 //! than freed under a copy that may still run.

@@ -1,11 +1,22 @@
 //! The ledger: the only owner of what is recorded per endpoint range and
 //! per id — the lifecycle facts ([`Facts`]), the bindings with where they
 //! start ([`binds`]), what is attached ([`attach`]: fabric handles,
-//! windows, the heap's agreed top) — and of the copy gate between them
-//! ([`gate`]). Everything else asks it questions through a
-//! [`RecordRef`] or a [`SlotGuard`]; `crate::range` owns the range's
-//! lifecycle (reserve, reuse, release, the spare) and reaches the
-//! record's fields only there.
+//! windows, the heap's agreed top) — and of what is in flight on each
+//! ([`holds`]), with the copy gate between them ([`gate`]). Everything else
+//! asks it questions (a [`RecordRef`], a [`SlotGuard`], [`settle`]);
+//! `crate::range` owns the range's lifecycle (reserve, reuse, release, the
+//! spare) and is the one other reader of the record's fields.
+//!
+//! F4 ("nothing freed under a copy") is kept by one rule: whatever a copy
+//! uses is held by a record that lives until its stream has passed the
+//! copy. A batch's record on its stream ([`holds::Keep`]) holds the memory
+//! it reads or writes and the ranges of its endpoints, and leaves an entry
+//! in each of those ranges' [`holds::Holds`] (a graph pins its ids so for
+//! its whole life, F8). Nothing an id holds is let go, by an unbind or a
+//! destroy, before [`settle`] has synchronized every stream with an entry
+//! on that id (held by a strong `Arc`, so its handle outlives the
+//! synchronize), and the copy gate makes every enqueue that passed its
+//! checks recorded before a settle looks.
 //!
 //! The unsafe kept for speed is here: each id's record is two cells, one
 //! governed by the id's one [`Endpoint`](crate::Endpoint) ([`OwnerCell`]),

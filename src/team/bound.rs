@@ -72,7 +72,7 @@ fn report<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + devices.len() * 8);
     out.extend_from_slice(&(devices.len() as u32).to_le_bytes());
     for &d in devices {
-        let n = slot.bindings.iter().filter(|b| b.dev == d).count();
+        let n = slot.spans(d).count();
         out.extend_from_slice(&d.0.to_le_bytes());
         out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
     }

@@ -104,7 +104,7 @@ pub(crate) fn over_per_device<S: State, K: Kind>(
 ) -> Option<Cause> {
     let slot = ep.slot();
     ep.devices().iter().find_map(|&d| {
-        let n = slot.bindings.iter().filter(|b| b.dev == d).count() as u64;
+        let n = slot.spans(d).count() as u64;
         (n > limit.per_device).then_some(Cause::TooLarge {
             what: PER_DEVICE,
             len: n,
