@@ -53,9 +53,9 @@ pub(crate) struct Keep {
 /// Keep-alives of memory a batch reads or writes.
 pub(crate) type KeepMemory = SmallVec<[crate::memory::KeepAlive; 1]>;
 
-/// A stream's handle and its in-flight records, shared: by the [`Stream`],
+/// A stream's handle and its in-flight records, shared: by the [`Stream`](crate::Stream),
 /// and for the length of one call by a settle ([`settle`]) or an
-/// [`Event`] that reached it through the index or its `Weak`. The handle
+/// [`Event`](crate::Event) that reached it through the index or its `Weak`. The handle
 /// is destroyed in its `Drop`, by its last holder (as cudarc's
 /// `CudaStream`), so whoever synchronizes it holds it and never meets a
 /// destroyed stream.

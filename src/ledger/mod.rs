@@ -19,7 +19,7 @@
 //! checks recorded before a settle looks.
 //!
 //! The unsafe kept for speed is here: each id's record is two cells, one
-//! governed by the id's one [`Endpoint`](crate::Endpoint) ([`OwnerCell`]),
+//! governed by the id's one [`Endpoint`](crate::Endpoint)(crate::Endpoint) ([`OwnerCell`]),
 //! one by the range's lock ([`LockedCell`]), reached without bounds tests;
 //! every unchecked access has a `debug_assert!` beside it (as
 //! `wgpu-core/src/track/` does), so that the tests check what the
@@ -54,7 +54,7 @@ pub(crate) use holds::{settle, settle_destroy};
 /// What the endpoint on one id is: fixed by the transitions that make it
 /// (create, import, add_device) and cleared by destroy.
 ///
-/// Kept outside the slot's lock: only the one [`Endpoint`] holding the id
+/// Kept outside the slot's lock: only the one [`Endpoint`](crate::Endpoint) holding the id
 /// writes it, through `&mut` (its consuming transitions and its `Drop`), and
 /// reads go through `&Endpoint`, so the borrow rules of the endpoint are
 /// those of its facts and the getters neither lock nor allocate.
@@ -196,7 +196,7 @@ pub(crate) struct RangeInner {
     /// Its context; none while the range is the context's spare (see
     /// `context::Spare`), or the two would keep each other alive.
     pub ctx: RangeContext,
-    /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`]).
+    /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`](crate::IdRange::reserve)).
     pub base: u32,
     pub count: u32,
     /// The lock of every slot of the range, and the fabric handles.
@@ -207,14 +207,14 @@ pub(crate) struct RangeInner {
     /// Whether any id of the range ever had a fabric handle or a window
     /// (never cleared but in a spare): while not, an owner that destroys
     /// its endpoint finds its id bare without the lock (see
-    /// [`RangeInner::owner_bare`]).
+    /// [`RangeInner::owner_forget`]).
     pub(crate) attached: AtomicBool,
     /// Inline for one id: `reserve_one` makes a single allocation. Else
     /// allocated at the exact count.
     records: SmallVec<[Record; 1]>,
     /// Where the records start: `records.as_ptr()` of the range in its
-    /// `Arc`, set by [`fresh`] once the range is there. A range never moves
-    /// out of its `Arc` while shared (only [`release_shared`]'s last holder
+    /// `Arc`, set by [`RangeInner::new`] once the range is there. A range never moves
+    /// out of its `Arc` while shared (only [`crate::range::release_shared`]'s last holder
     /// takes it out, and then reaches its records through `&mut`, never
     /// through [`RangeInner::record`]), and its records never move or
     /// grow, so the pointer stays valid for every `&RangeInner` of an
@@ -312,7 +312,7 @@ impl RangeInner {
     /// destroy; one record lookup for both, 5 less.)
     ///
     /// # Safety
-    /// The caller holds the [`Endpoint`] of `id` by value (or is its
+    /// The caller holds the [`Endpoint`](crate::Endpoint) of `id` by value (or is its
     /// `Drop`): no `&Endpoint` of it is left, so no bind, `Binding` or copy
     /// reaches its slot on another thread, and whatever did happened before
     /// (a borrow ended, a thread joined). Its attachments are recorded
@@ -372,7 +372,7 @@ impl RangeInner {
     /// The facts of `id`, read.
     ///
     /// # Safety
-    /// The caller holds the [`Endpoint`] of `id` or a shared borrow of it,
+    /// The caller holds the [`Endpoint`](crate::Endpoint) of `id` or a shared borrow of it,
     /// for as long as the returned reference lives, and no `&mut` of it.
     #[inline]
     pub unsafe fn facts(&self, id: u32) -> &Facts {
@@ -385,7 +385,7 @@ impl RangeInner {
     /// The facts of `id`, to change.
     ///
     /// # Safety
-    /// The caller holds the [`Endpoint`] of `id` by value or through `&mut`,
+    /// The caller holds the [`Endpoint`](crate::Endpoint) of `id` by value or through `&mut`,
     /// for as long as the returned reference lives: no other reference to
     /// these facts exists.
     #[inline]
