@@ -108,10 +108,21 @@ impl Holds {
         self.list.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn push(&self, id: u32, holder: Holder) {
+    /// Pushes an entry for each id of the run of `endpoints` at its start
+    /// that names this range (a batch's endpoints of one range are usually
+    /// one run): one lock per run. Returns the length of the run.
+    fn push_run(&self, endpoints: &[(Arc<RangeInner>, u32)], holder: impl Fn() -> Holder) -> usize {
         let mut list = self.lock();
-        list.push((id, holder));
+        let mut n = 0;
+        for (range, id) in endpoints {
+            if !std::ptr::eq(&range.holds, self) {
+                break;
+            }
+            list.push((*id, holder()));
+            n += 1;
+        }
         self.len.store(list.len(), Ordering::Release);
+        n
     }
 
     /// Drops the entries `gone` picks.
@@ -138,14 +149,31 @@ impl Holds {
 /// The number of the next graph that pins its ids.
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(0);
 
-/// Each distinct range of `endpoints` once (a batch names a range once per
-/// endpoint).
-fn ranges(endpoints: &[(Arc<RangeInner>, u32)]) -> impl Iterator<Item = &RangeInner> {
-    endpoints
-        .iter()
-        .enumerate()
-        .filter(|&(i, (r, _))| !endpoints[..i].iter().any(|(o, _)| Arc::ptr_eq(o, r)))
-        .map(|(_, (r, _))| &**r)
+/// Pushes an entry per endpoint into its range's holds, one lock per run
+/// of endpoints of one range.
+fn push_all(endpoints: &[(Arc<RangeInner>, u32)], holder: impl Fn() -> Holder + Copy) {
+    let mut rest = endpoints;
+    while let Some((range, _)) = rest.first() {
+        // At least one: the run starts with this range's endpoint.
+        let n = range.holds.push_run(rest, holder).max(1);
+        rest = rest.get(n..).unwrap_or_default();
+    }
+}
+
+/// The ranges of the endpoints of `keeps`, each run of one range once (a
+/// batch's endpoints of one range, and batches on one range, are usually
+/// runs): forgetting in a range twice finds nothing the second time, so a
+/// range met again after another is only scanned again, in linear time.
+fn ranges<'a>(
+    keeps: impl Iterator<Item = &'a [(Arc<RangeInner>, u32)]>,
+) -> impl Iterator<Item = &'a RangeInner> {
+    let mut last: *const RangeInner = std::ptr::null();
+    keeps.flatten().filter_map(move |(range, _)| {
+        let range: &RangeInner = range;
+        let new = !std::ptr::eq(last, range);
+        last = range;
+        new.then_some(range)
+    })
 }
 
 /// Pins the ids a graph of copies names (F8: "every id valid and bound for
@@ -153,16 +181,14 @@ fn ranges(endpoints: &[(Arc<RangeInner>, u32)]) -> impl Iterator<Item = &RangeIn
 /// of any of them is refused ([`settle`]). Returns the graph's number.
 pub(crate) fn pin_for_graph(endpoints: &[(Arc<RangeInner>, u32)]) -> u64 {
     let graph = NEXT_GRAPH.fetch_add(1, Ordering::Relaxed);
-    for (range, id) in endpoints {
-        range.holds.push(*id, Holder::Graph(graph));
-    }
+    push_all(endpoints, || Holder::Graph(graph));
     graph
 }
 
 /// The graph numbered `graph`, of `endpoints`, is gone: its ids may be
 /// unbound again.
 pub(crate) fn unpin_graph(endpoints: &[(Arc<RangeInner>, u32)], graph: u64) {
-    for range in ranges(endpoints) {
+    for range in ranges(std::iter::once(endpoints)) {
         range
             .holds
             .forget(|_, h| matches!(h, Holder::Graph(g) if *g == graph));
@@ -281,16 +307,8 @@ impl StreamInner {
     /// ranges `records` name.
     fn forget_entries_of(&self, records: &[(u64, Keep)], done: impl Fn(u64) -> bool + Copy) {
         let me: *const StreamInner = self;
-        for (i, (_, keep)) in records.iter().enumerate() {
-            for range in ranges(&keep.endpoints) {
-                // Each range once, though several batches name it.
-                let seen = records[..i]
-                    .iter()
-                    .any(|(_, k)| k.endpoints.iter().any(|(r, _)| std::ptr::eq(&**r, range)));
-                if !seen {
-                    range.holds.forget(|_, h| h.of_batch(me, done));
-                }
-            }
+        for range in ranges(records.iter().map(|(_, k)| &k.endpoints[..])) {
+            range.holds.forget(|_, h| h.of_batch(me, done));
         }
     }
 
@@ -301,11 +319,7 @@ impl StreamInner {
         // the batch. A synchronize between the two that passes the batch
         // leaves its entries until the stream's next pass (they settle
         // nothing more than an extra synchronize).
-        for (range, id) in &keep.endpoints {
-            range
-                .holds
-                .push(*id, Holder::Batch(Arc::downgrade(self), seq));
-        }
+        push_all(&keep.endpoints, || Holder::Batch(Arc::downgrade(self), seq));
         self.lock().push((seq, keep));
         seq
     }
