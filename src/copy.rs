@@ -70,9 +70,10 @@ use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result};
 use crate::kind::MemShare;
 use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, Unicast};
+use crate::ledger::holds::Keep;
 use crate::memory::{BindSource, Locality, Mapped};
 use crate::state::{Agreed, IsReady, Sealed, State};
-use crate::stream::{Keep, Stream};
+use crate::stream::Stream;
 use crate::unwind::OnUnwind;
 
 mod strided;

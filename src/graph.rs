@@ -41,7 +41,8 @@ use std::marker::PhantomData;
 use crate::copy::{CopyBatch, FabricList, InFlight, fabric_copy_error};
 use crate::driver::Call;
 use crate::error::{Error, Feature, Result};
-use crate::stream::{Keep, Stream};
+use crate::ledger::holds::Keep;
+use crate::stream::Stream;
 use crate::unwind::OnUnwind;
 
 /// A captured [`CopyBatch`], launched with [`CopyGraph::launch`] (F8).

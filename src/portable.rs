@@ -46,9 +46,10 @@ use crate::error::{Error, Extent, Result, Rule};
 use crate::kind::Kind;
 use crate::kind::MemShare;
 use crate::ledger::RangeInner;
+use crate::ledger::holds::{Keep, KeepMemory};
 use crate::memory::{BindSource, KeepAlive, Mapped};
 use crate::state::{IsReady, State};
-use crate::stream::{Keep, KeepMemory, Stream};
+use crate::stream::Stream;
 use crate::unwind::OnUnwind;
 use crate::window::{Member, Window};
 
@@ -508,8 +509,8 @@ impl Stream {
 #[cfg(all(test, feature = "model"))]
 mod tests {
     use super::{Holds, Target, resolve};
+    use crate::ledger::holds::KeepMemory;
     use crate::model::ModelConfig;
-    use crate::stream::KeepMemory;
     use crate::{Allocation, Context, CopyBatch, CopyPath, Device, Mapped, Private, Spec, Stream};
 
     const ALIGN: u64 = 2 << 20;

@@ -15,7 +15,7 @@ use crate::context::Context;
 use crate::driver::Call;
 use crate::error::Result;
 use crate::ledger::Facts;
-pub(crate) use crate::ledger::RangeInner;
+use crate::ledger::RangeInner;
 use crate::unwind::OnUnwind;
 
 impl RangeInner {

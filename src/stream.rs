@@ -25,8 +25,7 @@ use std::sync::{Arc, Weak};
 use crate::context::Context;
 use crate::driver::{Call, Device};
 use crate::error::{Error, Result};
-// The in-flight records a batch leaves, named here for the data path.
-pub(crate) use crate::ledger::holds::{Keep, KeepMemory, StreamInner};
+use crate::ledger::holds::StreamInner;
 
 /// A non-blocking stream on one device (`cuStreamCreate` with
 /// `CU_STREAM_NON_BLOCKING` in the device's primary context), never the
