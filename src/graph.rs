@@ -15,7 +15,7 @@
 //!   or freeing memory while the graph lives does not compile. At run time:
 //!   a binding the graph does not borrow (the batch named `&ep`) cannot be
 //!   unbound while the graph lives either: the graph pins its ids in the
-//!   in-flight index (`ledger::holds::pin_for_graph`), and the unbind answers
+//!   holds of their ranges (`ledger::holds::pin_for_graph`), and the unbind answers
 //!   [`Error::UnbindUnderGraph`] before the driver, the memory still bound
 //!   (from a `Binding`'s `Drop`, the error is kept on the context and the
 //!   endpoint keeps the memory until it is destroyed). A launch's
@@ -53,7 +53,7 @@ pub struct CopyGraph<'a> {
     stream: &'a Stream,
     graph: u64,
     exec: u64,
-    /// Its number in the in-flight index, which pins its ids (F8).
+    /// Its number in its ranges' holds, which pins its ids (F8).
     pin: u64,
     keep: Keep,
     host_in: Vec<Vec<u8>>,

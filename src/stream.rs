@@ -301,7 +301,7 @@ mod tests {
             .expect("mapped")
     }
 
-    /// The index holds what is in flight now, not what ever was: batches
+    /// A range's holds are what is in flight now, not what ever was: batches
     /// completed through their events leave it one by one, even while a
     /// later batch is still in flight (no synchronize ever empties the
     /// stream), and a dropped stream leaves nothing.

@@ -53,12 +53,12 @@ pub(crate) struct Keep {
 /// Keep-alives of memory a batch reads or writes.
 pub(crate) type KeepMemory = SmallVec<[crate::memory::KeepAlive; 1]>;
 
-/// A stream's handle and its in-flight records, shared: by the [`Stream`](crate::Stream),
-/// and for the length of one call by a settle ([`settle`]) or an
-/// [`Event`](crate::Event) that reached it through the index or its `Weak`. The handle
-/// is destroyed in its `Drop`, by its last holder (as cudarc's
-/// `CudaStream`), so whoever synchronizes it holds it and never meets a
-/// destroyed stream.
+/// A stream's handle and its in-flight records, shared: by the
+/// [`Stream`](crate::Stream), and for the length of one call by a settle
+/// ([`settle`]) or an [`Event`](crate::Event) that reached it through a
+/// range's holds or its `Weak`. The handle is destroyed in its `Drop`, by
+/// its last holder (as cudarc's `CudaStream`), so whoever synchronizes it
+/// holds it and never meets a destroyed stream.
 pub(crate) struct StreamInner {
     pub(crate) ctx: Context,
     pub(crate) dev: Device,
@@ -325,7 +325,7 @@ impl StreamInner {
     }
 
     /// The stream passed batch `seq` (an event after it was observed): the
-    /// records of the batches up to it go, memory and index entries.
+    /// records of the batches up to it go, memory and range entries.
     pub(crate) fn passed_through(&self, seq: u64) {
         self.passed(|s| s <= seq);
     }

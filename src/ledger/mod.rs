@@ -54,10 +54,11 @@ pub(crate) use holds::{settle, settle_destroy};
 /// What the endpoint on one id is: fixed by the transitions that make it
 /// (create, import, add_device) and cleared by destroy.
 ///
-/// Kept outside the slot's lock: only the one [`Endpoint`](crate::Endpoint) holding the id
-/// writes it, through `&mut` (its consuming transitions and its `Drop`), and
-/// reads go through `&Endpoint`, so the borrow rules of the endpoint are
-/// those of its facts and the getters neither lock nor allocate.
+/// Kept outside the slot's lock: only the one [`Endpoint`](crate::Endpoint)
+/// holding the id writes it, through `&mut` (its consuming transitions and
+/// its `Drop`), and reads go through `&Endpoint`, so the borrow rules of the
+/// endpoint are those of its facts and the getters neither lock nor
+/// allocate.
 #[derive(Default)]
 pub(crate) struct Facts {
     /// Bytes per device (R2.3).
@@ -196,7 +197,8 @@ pub(crate) struct RangeInner {
     /// Its context; none while the range is the context's spare (see
     /// `context::Spare`), or the two would keep each other alive.
     pub ctx: RangeContext,
-    /// `base + count` fits in a `u32` (checked by [`IdRange::reserve`](crate::IdRange::reserve)).
+    /// `base + count` fits in a `u32` (checked by
+    /// [`IdRange::reserve`](crate::IdRange::reserve)).
     pub base: u32,
     pub count: u32,
     /// The lock of every slot of the range, and the fabric handles.
@@ -213,10 +215,11 @@ pub(crate) struct RangeInner {
     /// allocated at the exact count.
     records: SmallVec<[Record; 1]>,
     /// Where the records start: `records.as_ptr()` of the range in its
-    /// `Arc`, set by [`RangeInner::new`] once the range is there. A range never moves
-    /// out of its `Arc` while shared (only [`crate::range::release_shared`]'s last holder
-    /// takes it out, and then reaches its records through `&mut`, never
-    /// through [`RangeInner::record`]), and its records never move or
+    /// `Arc`, set by [`RangeInner::new`] once the range is there. A range
+    /// never moves out of its `Arc` while shared (only
+    /// [`crate::range::release_shared`]'s last holder takes it out, and
+    /// then reaches its records through `&mut`, never through
+    /// [`RangeInner::record`]), and its records never move or
     /// grow, so the pointer stays valid for every `&RangeInner` of an
     /// `Arc`. Atomic only to be set through the `Arc` (a relaxed load is
     /// a plain load); every holder got its `Arc` after the store.
@@ -228,8 +231,8 @@ pub(crate) struct RangeInner {
     /// range, so that facts read from the bindings earlier (a copy batch's,
     /// F9) are known stale without a lock (`bindings_gen`).
     bindings_gen: AtomicU64,
-    /// The range's copy gate ([`gate`]): an unbind waits for
-    /// the enqueues, an enqueue for the binds and unbinds (F4, R13.3).
+    /// The range's copy gate ([`gate`]): an unbind waits for the enqueues,
+    /// an enqueue for the binds and unbinds (F4, R13.3).
     gate: gate::Gate,
     /// What is in flight on the range's ids ([`holds`]): the batches and
     /// graphs that an unbind or destroy settles first (F4, F8).
