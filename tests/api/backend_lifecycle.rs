@@ -8,9 +8,8 @@
 //! (`tests/proptest_lifecycle.rs` explores more, with two simulated
 //! processes and fault histories, on the model only.)
 
-#[path = "common/backend.rs"]
-mod backend;
-mod common;
+use crate::backend;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,8 +5,7 @@
 //! With `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) the classic
 //! fallback sits over the real backend on the libcuda test double.
 
-#[path = "common/backend.rs"]
-mod backend;
+use crate::backend;
 
 use std::time::Duration;
 

@@ -13,10 +13,7 @@
 //! libcuda test double; the many-importers test (several simulated
 //! processes) stays on the model.
 
-#[path = "common/backend.rs"]
-mod backend;
-
-mod common;
+use crate::backend;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};

@@ -11,8 +11,7 @@
 //! library's directory on `LD_LIBRARY_PATH` (`CUDA_DOUBLE_DIR`, by default
 //! `target/double`, holds the directories `ci/double.sh` made).
 
-#[path = "common/backend.rs"]
-mod backend;
+use crate::backend;
 
 use std::process::Command;
 use std::time::Duration;
@@ -609,7 +608,7 @@ fn child(name: &str, dirs: &[&str], env: &[(&str, &str)]) -> bool {
     let path: Vec<String> = dirs.iter().map(|d| format!("{base}/{d}")).collect();
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
-            name,
+            &format!("double::{name}"),
             "--exact",
             "--include-ignored",
             "--nocapture",

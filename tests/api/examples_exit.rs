@@ -5,8 +5,7 @@
 //! nothing to check.
 #![cfg(feature = "model")]
 
-#[path = "common/children.rs"]
-mod children;
+use crate::children;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

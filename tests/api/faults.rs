@@ -15,10 +15,7 @@
 //! in the libcuda test double, behind the real backend; the sweep over a
 //! two-process lifecycle stays on the model.
 
-#[path = "common/backend.rs"]
-mod backend;
-
-mod common;
+use crate::backend;
 
 use std::time::Duration;
 

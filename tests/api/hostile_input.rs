@@ -9,9 +9,8 @@
 //! goes through the real backend and the C ABI to the libcuda test double;
 //! the test that needs two simulated processes stays on the model.
 
-#[path = "common/backend.rs"]
-mod backend;
-mod common;
+use crate::backend;
+use crate::common;
 
 use std::time::Duration;
 

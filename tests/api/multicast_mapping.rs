@@ -4,7 +4,7 @@
 //! device; the mapping goes before the endpoint unbinds and releases the
 //! object, and before the bound memory is released. All on the model.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -20,7 +20,7 @@
 //! `Context::take_teardown_errors`, and no memory is released while it may
 //! still be bound (the model logs that as an R7.2 violation).
 
-mod common;
+use crate::common;
 
 use std::cell::{Cell, RefCell};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! every `cuLogicalEndpointQuery` (base, count); the model answers "not yet"
 //! to the first two queries of an endpoint, so a wait takes three poll rounds.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -10,10 +10,9 @@
 //! through the real backend on the libcuda test double; the few that need two
 //! simulated processes or two nodes at once stay on the model.
 
-#[path = "common/backend.rs"]
-mod backend;
+use crate::backend;
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

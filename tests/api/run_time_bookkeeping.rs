@@ -2,7 +2,7 @@
 //! hostile driver answers, forged handles, errors lost or mislabelled, and
 //! the checks made before the driver. Each test is named after its sentence.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

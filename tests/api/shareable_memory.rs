@@ -4,7 +4,7 @@
 //! 64 bytes, each import checked against the driver, never the bytes.
 //! OS processes on the model fabric are in `tests/shareable_processes.rs`.
 
-mod common;
+use crate::common;
 
 use std::os::fd::AsFd;
 

@@ -3,7 +3,7 @@
 //! passes a pipe to every other; descriptors are refused across nodes with a
 //! typed error; no socket or descriptor is left behind.
 
-mod bootstrap_support;
+use crate::bootstrap_support;
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -16,7 +16,7 @@ use cuda_endpoints::{
     bootstrap::Threads, bootstrap::UniqueId,
 };
 
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "bootstrap_fd::child_entry";
 const T: Duration = Duration::from_secs(20);
 /// Far longer than any bound under test (issue 21, item 13).
 const LONG: Duration = Duration::from_secs(60);

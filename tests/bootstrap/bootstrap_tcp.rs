@@ -4,8 +4,8 @@
 //! lengths, a wrong secret, another job's frames) end in typed errors
 //! without a panic; nothing is left open after drop.
 
-mod bootstrap_support;
-mod watchdog;
+use crate::bootstrap_support;
+use crate::watchdog;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -17,7 +17,7 @@ use cuda_endpoints::{
     bootstrap::Bootstrap, bootstrap::BootstrapError, bootstrap::Tcp, bootstrap::UniqueId,
 };
 
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "bootstrap_tcp::child_entry";
 /// A bound far longer than any under test: an error before it came from
 /// something else (issue 21, item 13: no wall-clock assertions).
 const LONG: Duration = Duration::from_secs(60);

@@ -4,8 +4,8 @@
 //! step are a mismatch; the adapter refuses bytes of another communicator,
 //! another step, or in another rank order.
 
-mod bootstrap_support;
-mod watchdog;
+use crate::bootstrap_support;
+use crate::watchdog;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! nothing fails every rank with the same error. Ranks are threads, each
 //! its own process of one model on a 13.5 driver (the fabric copy exists).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

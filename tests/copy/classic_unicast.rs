@@ -8,7 +8,7 @@
 //! leaks, in one process and across two model processes sharing memory by
 //! POSIX descriptor.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

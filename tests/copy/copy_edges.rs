@@ -6,7 +6,7 @@
 //! path, a shrink whose unbind failed, extreme offsets and sizes, the seam
 //! of two bindings. Each test is named after what holds.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -179,7 +179,7 @@ fn get_host_over_unbound_bytes_of_a_large_endpoint_allocates_nothing() {
         .args([
             "--ignored",
             "--exact",
-            "child_get_host_over_unbound_bytes_of_a_large_endpoint",
+            "copy_edges::child_get_host_over_unbound_bytes_of_a_large_endpoint",
             "--nocapture",
         ])
         .output()
@@ -600,7 +600,7 @@ fn a_peers_claimed_endpoint_size_cannot_abort_this_process() {
         .args([
             "--ignored",
             "--exact",
-            "child_get_host_of_a_peer_endpoint_whose_size_is_forged",
+            "copy_edges::child_get_host_of_a_peer_endpoint_whose_size_is_forged",
             "--nocapture",
         ])
         .output()

@@ -6,7 +6,7 @@
 //! aside, honest imports of larger endpoints. Each test is named after
 //! what holds.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,10 +7,9 @@
 //! With `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) every test runs
 //! through the real backend on the libcuda test double.
 
-#[path = "common/backend.rs"]
-mod backend;
+use crate::backend;
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

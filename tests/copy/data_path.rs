@@ -11,10 +11,9 @@
 //! `CUDA_FABRIC_COPY_BATCH_OP` list, host pointers told apart by the double
 //! as unified addressing does), with the double's model behind them.
 
-#[path = "common/backend.rs"]
-mod backend;
+use crate::backend;
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

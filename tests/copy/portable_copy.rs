@@ -13,10 +13,9 @@
 //! two-process one needs two processes of one model, so it runs on the
 //! model (its OS-process twin is `portable_processes`).
 
-#[path = "common/backend.rs"]
-mod backend;
+use crate::backend;
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -18,10 +18,8 @@
 //! Every wait is bounded; the children are killed and reaped on every path.
 #![cfg(feature = "fabric")]
 
-#[path = "common/children.rs"]
-mod children;
-#[path = "common/forge.rs"]
-mod forge;
+use crate::children;
+use crate::forge;
 
 use std::time::Duration;
 

@@ -13,13 +13,9 @@
 //! fabric client's own shareable-handle tokens.
 #![cfg(feature = "fabric")]
 
-#[path = "common/backend.rs"]
-mod backend;
-#[path = "common/children.rs"]
-mod children;
-mod common;
-#[path = "common/rank.rs"]
-mod rank;
+use crate::children;
+use crate::common;
+use crate::rank;
 
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
@@ -53,7 +49,7 @@ struct Kid {
 
 impl Kid {
     fn spawn(name: &'static str, role: &str, join: &Join, env: &[(&str, String)]) -> Kid {
-        let mut cmd = children::test_binary("child_role");
+        let mut cmd = children::test_binary("fabric::child_role");
         cmd.env(ROLE, role)
             .env(FABRIC_ENV, join.to_spec())
             .stdin(Stdio::piped())
@@ -695,7 +691,12 @@ fn launch(args: &[&str], env: &[(&str, &str)]) -> Option<i32> {
     status.expect("the launcher did not finish").code()
 }
 
-const CHILD_ARGS: [&str; 4] = ["child_role", "--exact", "--nocapture", "--test-threads=1"];
+const CHILD_ARGS: [&str; 4] = [
+    "fabric::child_role",
+    "--exact",
+    "--nocapture",
+    "--test-threads=1",
+];
 
 #[test]
 fn the_launcher_runs_a_job_and_fails_it_when_a_process_leaks() {

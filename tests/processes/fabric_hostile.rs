@@ -5,8 +5,7 @@
 //! killed and reaped on every path, every fabric removes its socket.
 #![cfg(feature = "fabric")]
 
-#[path = "common/children.rs"]
-mod children;
+use crate::children;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -42,7 +41,7 @@ struct Kid {
 
 impl Kid {
     fn spawn(name: &str, role: &str, cmd: Option<Command>, env: &[(&str, String)]) -> Kid {
-        let mut cmd = cmd.unwrap_or_else(|| children::test_binary("child_role"));
+        let mut cmd = cmd.unwrap_or_else(|| children::test_binary("fabric_hostile::child_role"));
         cmd.env(ROLE, role)
             .stdin(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -386,7 +385,7 @@ fn the_fabric_directory_and_socket_are_private_under_umask_000() {
     cmd.args(["-c", "umask 000 && exec \"$0\" \"$@\""])
         .arg(exe)
         .args([
-            "child_role",
+            "fabric_hostile::child_role",
             "--exact",
             "--nocapture",
             "--test-threads=1",

@@ -4,7 +4,7 @@
 //! SIGTERM leaves no process of its job and no temporary directory behind
 //! (issue 21 item 9).
 
-mod bootstrap_support;
+use crate::bootstrap_support;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use bootstrap_support::*;
 use cuda_endpoints::{bootstrap::Bootstrap, bootstrap::Tcp};
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_cuda-endpoints-fabric");
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "launcher::child_entry";
 
 /// A rank started by the launcher: `Tcp::from_env()`, then an allgather of
 /// its rank and node, reported.

@@ -12,14 +12,9 @@
 //! so does the fabric.
 #![cfg(feature = "fabric")]
 
-#[path = "common/backend.rs"]
-mod backend;
-#[path = "common/job.rs"]
-mod job;
-#[path = "common/rank.rs"]
-mod rank;
-#[path = "bootstrap_support/mod.rs"]
-mod support;
+use crate::job;
+use crate::rank;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;
@@ -221,7 +216,14 @@ fn job(scenario: &str, nodes: usize, gpus: usize) {
     let n = nodes * gpus;
     let config = FabricConfig::nodes(nodes, gpus);
     let bound = Duration::from_secs(60);
-    let (done, server) = job::run(scenario, config, (n, n), |_| "", bound);
+    let (done, server) = job::run(
+        "portable_processes::child_rank",
+        scenario,
+        config,
+        (n, n),
+        |_| "",
+        bound,
+    );
     for d in &done {
         let res = d.results();
         for want in ["ok", "leaks=0", "double-violations=[]"] {

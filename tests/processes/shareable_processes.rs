@@ -14,14 +14,9 @@
 //! cross the C ABI.
 #![cfg(feature = "fabric")]
 
-#[path = "common/backend.rs"]
-mod backend;
-#[path = "common/job.rs"]
-mod job;
-#[path = "common/rank.rs"]
-mod rank;
-#[path = "bootstrap_support/mod.rs"]
-mod support;
+use crate::job;
+use crate::rank;
+use crate::support;
 
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -147,7 +142,14 @@ fn job(scenario: &str, nodes: usize, gpus: usize) -> (Vec<Vec<String>>, FabricSe
     let n = nodes * gpus;
     let config = FabricConfig::nodes(nodes, gpus);
     let bound = Duration::from_secs(40);
-    let (done, server) = job::run(scenario, config, (n, n), |_| "", bound);
+    let (done, server) = job::run(
+        "shareable_processes::child_rank",
+        scenario,
+        config,
+        (n, n),
+        |_| "",
+        bound,
+    );
     assert_eq!(server.joined(), n as u64, "every rank joined the fabric");
     let results = done
         .iter()

@@ -10,14 +10,9 @@
 //! fabric (`common/rank.rs`).
 #![cfg(feature = "fabric")]
 
-#[path = "common/backend.rs"]
-mod backend;
-#[path = "common/job.rs"]
-mod job;
-#[path = "common/rank.rs"]
-mod rank;
-#[path = "bootstrap_support/mod.rs"]
-mod support;
+use crate::job;
+use crate::rank;
+use crate::support;
 
 use std::cell::Cell;
 use std::path::Path;
@@ -213,6 +208,7 @@ fn job(
     let imex = |r| if imex_off == Some(r) { ",imex=0" } else { "" };
     let bound = Duration::from_secs(40);
     job::run(
+        "team_processes::child_rank",
         scenario,
         FabricConfig::nodes(1, n),
         (started, n),

@@ -10,7 +10,7 @@
 //! Attempts are counted (driver calls, `tracing` events per
 //! rank), never timed. Ranks are threads, each its own process of one model.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,8 +6,8 @@
 //! rank's devices are added (C3: the model's violation log stays empty).
 //! OS processes on the model fabric are in `tests/shareable_processes.rs`.
 
-mod common;
-mod watchdog;
+use crate::common;
+use crate::watchdog;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,9 +7,8 @@
 //! bootstrap per rank (`team::Tagged`), each tagged. Ranks are threads, each its own process of one
 //! model on a 13.5 driver (the fabric copy exists).
 
-mod common;
-#[path = "common/forge.rs"]
-mod forge;
+use crate::common;
+use crate::forge;
 
 use std::collections::HashMap;
 use std::time::Duration;

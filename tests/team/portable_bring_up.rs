@@ -8,7 +8,7 @@
 //! threads, each its own process of one model node on a 13.5 driver forced
 //! onto the portable path (`set_copy_path`), as on drivers before 13.5.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

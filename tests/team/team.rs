@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-mod common;
-mod watchdog;
+use crate::common;
+use crate::watchdog;
 
 use common::on_every_rank;
 

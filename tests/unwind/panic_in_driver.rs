@@ -7,8 +7,8 @@
 //! bound and nothing was destroyed or unbound twice (the model's violation
 //! log is empty), nothing leaks, and no teardown error was kept.
 
-mod common;
-mod watchdog;
+use crate::common;
+use crate::watchdog;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,7 +4,7 @@
 //! import included) may hold a lock of theirs across the driver call: each
 //! test fails on a deadlock instead of hanging (`common::layer::within`).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
