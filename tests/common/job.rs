@@ -5,9 +5,9 @@
 //! variables back (its role is [`ROLE`] = `rank`) and ends with the same
 //! result lines ([`report_end`]).
 //!
-//! Include with `#[path = "common/job.rs"] mod job;` beside
-//! `#[path = "bootstrap_support/mod.rs"] mod support;` and
-//! `#[path = "common/rank.rs"] mod rank;`.
+//! Included by an area's `main.rs` (`#[path = "../common/job.rs"] mod job;`)
+//! beside `support` (`../bootstrap_support/mod.rs`) and `rank`
+//! (`../common/rank.rs`).
 #![allow(dead_code)]
 
 use std::time::Duration;
