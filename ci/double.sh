@@ -93,13 +93,19 @@ rm -f "$CUDA_DOUBLE_COUNTS"
 # The examples need no fixture: the double's own defaults (4 devices, 13.5).
 # Proptest lifecycles with fewer cases: every case crosses the C ABI.
 export PROPTEST_CASES=${PROPTEST_CASES:-16}
-# `portable_bring_up` is not here: its ranks are processes of one model in one
+# `portable_bring_up` (tests/team) is not here: its ranks are processes of one model in one
 # OS process, which the double (one node per process) cannot be; its OS-process
 # twin `portable_processes` runs below with the multi-process suites.
-suites=(rules double classic hostile_input faults concurrency backend_lifecycle data_path portable_copy copy_strided)
+# Each suite is a module of an area's test binary (tests/<area>/main.rs),
+# picked by its `module::` prefix.
+suites=("api rules double classic hostile_input faults concurrency backend_lifecycle"
+    "copy data_path portable_copy copy_strided")
 for s in "${suites[@]}"; do
+    read -r area modules <<<"$s"
+    filters=()
+    for m in $modules; do filters+=("$m::"); done
     # DOUBLE_TEST_ARGS: extra libtest arguments, e.g. `--skip NAME` while debugging.
-    nice cargo test --features model --test "$s" -- ${DOUBLE_TEST_ARGS:-}
+    nice cargo test --features model --test "$area" -- "${filters[@]}" ${DOUBLE_TEST_ARGS:-}
 done
 # The GPU suite as on a 13.5 driver, and as on the GPU machines' driver 580.
 # It uses cudarc beside the library, which needs a CUDA version to build for.
@@ -140,7 +146,7 @@ rm -rf "$scratch" && mkdir -p "$scratch"
 # Where the fabric processes' counts start in the counts file.
 touch "$CUDA_DOUBLE_COUNTS"
 wc -l < "$CUDA_DOUBLE_COUNTS" > "$out/counts.fabric-from"
-mp_programs="$root/target/debug/(deps/(fabric|team_processes|shareable_processes|portable_processes|gpu)-|examples/(tcp_team|mpi_team|allgather|broadcast)|cuda-endpoints-fabric)"
+mp_programs="$root/target/debug/(deps/(processes|gpu)-|examples/(tcp_team|mpi_team|allgather|broadcast)|cuda-endpoints-fabric)"
 # The README's feature set where MPI is installed (the build CI made
 # already), else the fabric alone.
 if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=fabric; fi
@@ -149,9 +155,8 @@ if command -v mpirun > /dev/null; then mp_features=fabric,mpi; else mp_features=
     # `fabric`'s graph role captures a copy graph and completes copies through
     # events in a fabric process (the graph and event rows' fabric counts);
     # `portable_processes` copies on the portable path, a grown heap included.
-    for s in fabric team_processes shareable_processes portable_processes; do
-        timeout 600 nice cargo test --features "$mp_features" --test "$s" -- ${DOUBLE_TEST_ARGS:-}
-    done
+    timeout 1200 nice cargo test --features "$mp_features" --test processes -- \
+        fabric:: team_processes:: shareable_processes:: portable_processes:: ${DOUBLE_TEST_ARGS:-}
     nice cargo build --quiet --features "$mp_features" --example tcp_team --example allgather --example broadcast --bin cuda-endpoints-fabric
     # The GPU suite's two processes sharing memory (cudarc's memset and
     # copies included), and putting into and getting from each other's

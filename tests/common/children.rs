@@ -7,7 +7,8 @@
 //! examples that `cargo test` builds ([`example`]) and the check for
 //! `mpirun` that the MPI tests skip or fail by ([`mpirun_found`]).
 //!
-//! Included as `#[path = "common/children.rs"] mod children;` (or through
+//! Included by an area's `main.rs` as `#[path = "../common/children.rs"] mod children;`
+//! (or through
 //! `tests/bootstrap_support`, which re-exports it; the bootstrap crate's
 //! `tests/mpi_hostile.rs` includes it by path too, so it uses std only).
 #![allow(dead_code)]
@@ -21,7 +22,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Tests of one binary run one at a time: they count fds, sockets and
-/// processes of this process.
+/// processes of this process. One binary holds several modules (an area):
+/// every test of it that opens descriptors or starts processes while
+/// another counts them must hold this lock too.
 pub fn serial() -> MutexGuard<'static, ()> {
     static M: Mutex<()> = Mutex::new(());
     M.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -74,7 +77,8 @@ pub fn mpirun_found() -> bool {
     false
 }
 
-/// This test binary, to run only the test `entry` (the one that dispatches
+/// This test binary, to run only the test `entry` (its libtest name, module
+/// first: `bootstrap_tcp::child_entry`; the one that dispatches
 /// on the child's role), output not captured, stdin closed, stdout and
 /// stderr piped.
 pub fn test_binary(entry: &str) -> Command {

@@ -3,11 +3,11 @@
 //! that imported peers under other ids (or a bootstrap that delivered other
 //! handles to it) would report; every rank's wrapper also keeps the honest
 //! digest it sent, so a test can name the digests the error must carry.
-//! Used by the threads test (`tests/communicator.rs`) and by the
+//! Used by the threads test (`tests/team/communicator.rs`) and by the
 //! `communicator` example's `--forge-id-table` mode (OS processes over TCP
 //! and under `mpirun`).
 //!
-//! Include with `#[path = "common/forge.rs"] mod forge;` (from an example:
+//! Include with `#[path = "../common/forge.rs"] mod forge;` in an area's `main.rs` (from an example:
 //! `#[path = "../tests/common/forge.rs"]`).
 #![allow(dead_code)]
 

@@ -5,9 +5,9 @@
 //! variables back (its role is [`ROLE`] = `rank`) and ends with the same
 //! result lines ([`report_end`]).
 //!
-//! Include with `#[path = "common/job.rs"] mod job;` beside
-//! `#[path = "bootstrap_support/mod.rs"] mod support;` and
-//! `#[path = "common/rank.rs"] mod rank;`.
+//! Included by an area's `main.rs` (`#[path = "../common/job.rs"] mod job;`)
+//! beside `support` (`../bootstrap_support/mod.rs`) and `rank`
+//! (`../common/rank.rs`).
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -27,12 +27,13 @@ pub const DIR: &str = "CEJOB_DIR";
 /// (`fabric::connect_env`) reads too.
 pub const RANK: &str = "CUDA_ENDPOINTS_RANK";
 
-/// Runs ranks `0..started` of a job of `size` ranks (the test
-/// `child_rank` of this binary, on `scenario`) on a fresh fabric of
+/// Runs ranks `0..started` of a job of `size` ranks (the test `entry` of
+/// this binary, e.g. `team_processes::child_rank`, on `scenario`) on a fresh fabric of
 /// `config`, rank `r` joining it with `fabric_extra(r)` appended to its
 /// `CUDA_ENDPOINTS_FABRIC` (e.g. `,imex=0`); waits (within `bound`) for
 /// every child, then (within 10 s) for every process to leave the fabric.
 pub fn run(
+    entry: &str,
     scenario: &str,
     config: FabricConfig,
     (started, size): (usize, usize),
@@ -47,7 +48,7 @@ pub fn run(
         let fabric_env = format!("{},rank={r}{}", server.socket().display(), fabric_extra(r));
         kids.spawn(
             &format!("rank{r}"),
-            "child_rank",
+            entry,
             &[
                 (ROLE, "rank".into()),
                 (SCENARIO, scenario.into()),

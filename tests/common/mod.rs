@@ -1,6 +1,7 @@
 //! Fixtures shared by the test binaries: the end-of-test check that nothing
 //! leaked and no rule was broken, and the property-test configuration.
-//! Each binary uses some of them (`mod common;`), hence `dead_code`.
+//! Each binary uses some of them (its `main.rs` declares `mod common;`, its
+//! modules `use crate::common;`), hence `dead_code`.
 #![allow(dead_code)]
 
 pub mod layer;

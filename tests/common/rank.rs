@@ -11,7 +11,7 @@
 //!   with `cuMemcpyHtoD`/`cuMemcpyDtoH`, and the leak counters come from the
 //!   double (`cuDoubleLiveCounters`: this process on the fabric).
 //!
-//! Include with `#[path = "common/backend.rs"] mod backend;` beside it.
+//! Included by an area's `main.rs` beside `backend` (`../common/backend.rs`).
 #![allow(dead_code)]
 
 use std::sync::Arc;

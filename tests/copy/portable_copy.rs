@@ -1,0 +1,401 @@
+//! The portable data path (issue 19, item 4) on the reference model: on a
+//! driver without `cuFabricCpyBatchAsync` (13.0, 13.3) and on the classic
+//! fallback, the same typed `CopyBatch` runs as `cuMemcpyAsync` through the
+//! endpoint's windows — this process's binds by address, and peers' memory
+//! imported by POSIX descriptor and registered with `add_peer_window`.
+//! Every byte is checked, the violation log is empty, nothing leaks, and
+//! the driver's call counts show `cuMemcpyAsync` and never
+//! `cuFabricCpyBatchAsync`.
+//!
+//! With `CUDA_ENDPOINTS_TEST_BACKEND=cuda` (`ci/double.sh`) the one-process
+//! tests run through the real backend on the libcuda test double
+//! (`common/backend.rs`), told the driver version each asks for; the
+//! two-process one needs two processes of one model, so it runs on the
+//! model (its OS-process twin is `portable_processes`).
+
+use crate::backend;
+
+use crate::common;
+
+use std::time::Duration;
+
+use backend::{Inspect, Probe};
+use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
+use cuda_endpoints::{
+    Allocation, Context, CopyBatch, CopyPath, Device, Endpoint, Error, Mapped, Multicast, Private,
+    Ready, Spec, Stream, backend::Policy, driver::Call,
+};
+
+const ALIGN: u64 = 2 << 20;
+const T: Duration = Duration::from_secs(5);
+
+/// A node of two devices on `version`, on the backend the environment
+/// picks: the context and its probe.
+fn node(version: i32) -> (Context, Probe) {
+    let mut c = ModelConfig::node(2);
+    c.driver_version = version;
+    backend::context(c)
+}
+
+/// The copy calls so far: `(cuFabricCpyBatchAsync, cuMemcpyAsync)`.
+fn copies(p: &Probe) -> (u64, u64) {
+    (
+        p.calls(Call::FabricCpyBatchAsync),
+        p.calls(Call::MemcpyAsync),
+    )
+}
+
+/// No teardown error, nothing left on the node, no violation.
+#[track_caller]
+fn clean(ctx: &Context, p: &impl Inspect) {
+    let teardown = ctx.take_teardown_errors();
+    assert!(teardown.is_empty(), "teardown errors: {teardown:?}");
+    let live = p.live_node();
+    assert!(live.is_empty(), "leak: {live:?}");
+    common::no_violations(&p.violations());
+}
+
+fn mapped(ctx: &Context, dev: i32) -> Mapped<Private> {
+    common::mapped(ctx, dev, ALIGN)
+}
+
+use common::portable::pattern;
+
+/// A ready multicast team of devices 0 and 1, one `ALIGN` long.
+fn team_of_two(ctx: &Context) -> Endpoint<Ready, Multicast> {
+    ctx.reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap()
+}
+
+/// Since `before` (`copies`), the copies went through `memcpys`
+/// `cuMemcpyAsync` calls and never `cuFabricCpyBatchAsync`.
+#[track_caller]
+fn portable_in_trace(p: &Probe, before: (u64, u64), memcpys: u64) {
+    let (fabric, memcpy) = copies(p);
+    assert_eq!(
+        fabric - before.0,
+        0,
+        "cuFabricCpyBatchAsync: {:?}",
+        p.trace()
+    );
+    assert_eq!(memcpy - before.1, memcpys, "cuMemcpyAsync: {:?}", p.trace());
+}
+
+#[test]
+fn the_path_is_chosen_once_from_the_driver_and_the_backend_decision() {
+    for (version, path) in [
+        (13000, CopyPath::Portable),
+        (13030, CopyPath::Portable),
+        (13040, CopyPath::Portable),
+        (13050, CopyPath::Fabric),
+    ] {
+        let (ctx, _) = node(version);
+        assert_eq!(ctx.copy_path(), path, "driver {version}");
+    }
+    // The backend decision names it: logical endpoints on 13.3 copy portably.
+    let mut c = ModelConfig::node(2);
+    c.driver_version = 13030;
+    let mut decision = None;
+    let (ctx, _probe) = backend::context_over(c, |raw| {
+        let (ctx, d) = Context::auto(raw, &[Device(0), Device(1)], &Policy::new()).unwrap();
+        decision = Some(d);
+        ctx
+    });
+    let d = decision.unwrap();
+    assert_eq!(d.copy_path(), CopyPath::Portable);
+    assert_eq!(ctx.copy_path(), CopyPath::Portable);
+    assert!(d.to_string().contains("cuMemcpyAsync"), "{d}");
+    drop((ctx, _probe));
+    // An explicit override, for tests.
+    let (ctx, _) = node(13050);
+    ctx.set_copy_path(CopyPath::Portable);
+    assert_eq!(ctx.copy_path(), CopyPath::Portable);
+}
+
+#[test]
+fn unicast_put_and_get_on_13_3_move_every_byte_through_cu_memcpy_async() {
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 1, ALIGN, T);
+    let owner = mapped(&ctx, 1);
+    let bound = ep.bind(1, 0, &owner).unwrap();
+    let (src, dst) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let bytes = pattern(1, 8192);
+    model.write(src.device_ptr(), &bytes).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    let t = stream
+        .enqueue(CopyBatch::new().put(&src, 0, &ep, 4096, 8192))
+        .unwrap();
+    assert_eq!(
+        model.read(owner.device_ptr() + 4096, 8192).unwrap(),
+        vec![0; 8192],
+        "a read before the stream reached the put sees the old bytes"
+    );
+    t.wait().unwrap();
+    assert_eq!(model.read(owner.device_ptr() + 4096, 8192).unwrap(), bytes);
+    let done = stream
+        .enqueue(
+            CopyBatch::new()
+                .get(&ep, 4096, &dst, 100, 8192)
+                .get_host(&ep, 4096 + 17, 1000),
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(model.read(dst.device_ptr() + 100, 8192).unwrap(), bytes);
+    assert_eq!(done.received, vec![bytes[17..1017].to_vec()]);
+    portable_in_trace(&model, before, 3);
+    drop(stream);
+    drop(bound);
+    drop((owner, src, dst, ep));
+    clean(&ctx, &model);
+}
+
+#[test]
+fn multicast_put_on_13_3_is_one_cu_memcpy_async_per_member() {
+    let (ctx, model) = node(13030);
+    let ep = team_of_two(&ctx);
+    let (m0, m1) = (mapped(&ctx, 0), mapped(&ctx, 1));
+    let b0 = ep.bind(0, 0, &m0).unwrap();
+    let b1 = ep.bind(1, 0, &m1).unwrap();
+    let stream = Stream::new(&ctx, 1).unwrap();
+    let bytes = pattern(2, 4096);
+    let before = copies(&model);
+    let done = stream
+        .enqueue(CopyBatch::new().put_host(bytes.clone(), &ep, 8192))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(done.sent, vec![bytes.clone()]);
+    for m in [&m0, &m1] {
+        assert_eq!(model.read(m.device_ptr() + 8192, 4096).unwrap(), bytes);
+    }
+    portable_in_trace(&model, before, 2);
+    drop(stream);
+    drop((b0, b1));
+    drop((m0, m1, ep));
+    clean(&ctx, &model);
+}
+
+#[test]
+fn the_classic_fallback_puts_to_a_multicast_team_through_the_portable_path() {
+    let cfg = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
+    let mut decision = None;
+    let (ctx, model) = backend::context_over(cfg, |raw| {
+        let (ctx, d) =
+            Context::auto(raw, &[Device(0), Device(1)], &Policy::new().classic(true)).unwrap();
+        decision = Some(d);
+        ctx
+    });
+    let d = decision.unwrap();
+    assert_eq!(d.copy_path(), CopyPath::Portable, "{d}");
+    assert!(ctx.backend_name().starts_with("classic"));
+    let ep = team_of_two(&ctx);
+    let (m0, m1, src) = (mapped(&ctx, 0), mapped(&ctx, 1), mapped(&ctx, 0));
+    let b0 = ep.bind(0, 0, &m0).unwrap();
+    let b1 = ep.bind(1, 0, &m1).unwrap();
+    let bytes = pattern(3, ALIGN as usize / 2);
+    model.write(src.device_ptr(), &bytes).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    stream
+        .enqueue(CopyBatch::new().put(&src, 0, &ep, ALIGN / 2, ALIGN / 2))
+        .unwrap()
+        .wait()
+        .unwrap();
+    for m in [&m0, &m1] {
+        assert_eq!(
+            model.read(m.device_ptr() + ALIGN / 2, bytes.len()).unwrap(),
+            bytes
+        );
+        assert_eq!(model.read(m.device_ptr(), 64).unwrap(), vec![0; 64]);
+    }
+    portable_in_trace(&model, before, 2);
+    drop(stream);
+    drop((b0, b1));
+    drop((m0, m1, src, ep));
+    clean(&ctx, &model);
+}
+
+#[test]
+fn a_target_without_a_window_is_refused_before_the_driver_naming_the_fix() {
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 0, 2 * ALIGN, T);
+    // Bound by handle: no address in this process, so no window.
+    let by_handle = Allocation::<Private>::on_device(&ctx, 0, ALIGN).unwrap();
+    let b0 = ep.bind(0, 0, &by_handle).unwrap();
+    let by_addr = mapped(&ctx, 0);
+    let b1 = ep.bind(0, ALIGN, &by_addr).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    let e = stream
+        .enqueue(CopyBatch::new().put_host(vec![1; 64], &ep, ALIGN - 32))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CopyNoWindow {
+                op: 0,
+                offset,
+                size: 64,
+                known: 0,
+                targets: 1,
+                ..
+            } if offset == ALIGN - 32
+        ),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("add_peer_window") && msg.contains(&format!("endpoint {}", ep.id())),
+        "{msg}"
+    );
+    assert_eq!(copies(&model), before, "nothing reached the driver");
+    // The bytes bound by address are reachable.
+    stream
+        .enqueue(CopyBatch::new().put_host(vec![7; 64], &ep, ALIGN))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(model.read(by_addr.device_ptr(), 64).unwrap(), vec![7; 64]);
+    // Unbound: its window goes with the binding.
+    b1.unbind().unwrap();
+    let e = stream
+        .enqueue(CopyBatch::new().put_host(vec![7; 64], &ep, ALIGN))
+        .unwrap_err();
+    assert!(matches!(e, Error::CopyNotBound { .. }), "{e}");
+    drop(stream);
+    drop(b0);
+    drop((by_handle, by_addr, ep));
+    clean(&ctx, &model);
+}
+
+#[test]
+fn two_processes_put_into_and_get_from_each_other_through_posix_fd_windows() {
+    if backend::is_cuda() {
+        return; // two processes of one model: on the double, `portable_processes`
+    }
+    let mut cfg = ModelConfig::node(2);
+    cfg.driver_version = 13030;
+    let a = Model::fabric(FabricConfig::single(cfg));
+    let b = a.spawn_process();
+    let (ca, cb) = (Context::new(a.clone()), Context::new(b.clone()));
+    common::portable::put_and_get_through_posix_fd_windows([&a, &b], [(&ca, 0), (&cb, 1)]);
+    for ctx in [ca, cb] {
+        assert!(ctx.take_teardown_errors().is_empty());
+    }
+    assert!(a.live().is_empty() && b.live().is_empty());
+    common::fabric_idle(&a);
+}
+
+/// F9 on the portable path: a batch built while the memory was bound and
+/// enqueued after its unbind is checked against the bindings at the
+/// enqueue, and refused before any `cuMemcpyAsync` (it used to pass on the
+/// facts read when the op was added).
+#[test]
+fn a_batch_built_before_an_unbind_is_refused_at_enqueue_before_any_memcpy() {
+    let (ctx, model) = node(13040);
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let (src, owner) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let bound = ep.bind(0, 0, &owner).unwrap();
+    let batch = CopyBatch::new().put(&src, 0, &ep, 0, 4096);
+    bound.unbind().unwrap();
+    let before = copies(&model);
+    let err = stream.enqueue(batch).unwrap_err();
+    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
+    portable_in_trace(&model, before, 0);
+    drop(stream);
+    drop((src, owner, ep));
+    clean(&ctx, &model);
+}
+
+/// `cuMemcpyAsync` forbids overlapping ranges: a get whose local memory is
+/// the memory bound at its endpoint bytes would copy bytes onto themselves.
+/// Refused before the driver as one op copying onto itself, naming the
+/// endpoint bytes, not as two dependent ops.
+#[test]
+fn an_op_whose_local_memory_is_its_own_endpoint_bytes_is_refused_as_copying_onto_itself() {
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let owner = mapped(&ctx, 0);
+    let b = ep.bind(0, 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    let e = stream
+        .enqueue(CopyBatch::new().get(&ep, 4096, &owner, 4096 + 32, 64))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CopyOntoItself {
+                op: 0,
+                offset: 4096,
+                size: 64,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("onto themselves") && msg.contains(&format!("endpoint {}", ep.id())),
+        "{msg}"
+    );
+    assert_eq!(copies(&model), before, "nothing reached the driver");
+    drop(stream);
+    drop(b);
+    drop((owner, ep));
+    clean(&ctx, &model);
+}
+
+/// A unicast endpoint this process created has one target, its own device,
+/// whose memory a bind by address reaches: a peer window on it is refused
+/// when added, naming what it is and the fix, and the endpoint's copies
+/// go on as before.
+#[test]
+fn a_peer_window_on_a_unicast_endpoint_this_process_owns_is_refused_naming_the_fix() {
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let owner = mapped(&ctx, 0);
+    let other = mapped(&ctx, 0);
+    let b = ep.bind(0, 0, &owner).unwrap();
+    let e = ep.add_peer_window(1, 0, 0, &other).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::PeerWindowNoTarget {
+                rank: 1,
+                device: Device(0),
+                targets: 1,
+                here: 1,
+                peers: 0,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("endpoint {}", ep.id()))
+            && msg.contains("all devices of this process")
+            && msg.contains("bind `Mapped` memory"),
+        "{msg}"
+    );
+    let stream = Stream::new(&ctx, 0).unwrap();
+    stream
+        .enqueue(CopyBatch::new().put_host(vec![5; 64], &ep, 0))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(model.read(owner.device_ptr(), 64).unwrap(), vec![5; 64]);
+    drop(stream);
+    drop(b);
+    drop((owner, other, ep));
+    clean(&ctx, &model);
+}
