@@ -137,7 +137,7 @@ pub(crate) fn check(
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "model"))]
 mod tests {
     use super::*;
 
