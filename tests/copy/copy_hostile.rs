@@ -395,6 +395,16 @@ fn f4_copies_on_two_threads_and_unbinds_on_a_third_on_one_range_never_meet_nor_d
                             if let Err(e) = bd.unbind() {
                                 errors.lock().unwrap().push(format!("unbind: {e:?}"));
                             }
+                            // Unbound for a while too, until a copy was
+                            // refused at least once (bounded): on a busy
+                            // machine the copiers may otherwise only ever
+                            // run while bound.
+                            for _ in 0..10_000 {
+                                if refused.load(Ordering::SeqCst) > 0 {
+                                    break;
+                                }
+                                std::thread::yield_now();
+                            }
                         }
                         Err(e) => errors.lock().unwrap().push(format!("bind: {e:?}")),
                     }
