@@ -188,8 +188,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let src = Allocation::<Private>::on_device(&ctx, 0, MAX)?.map(&[0])?;
     let after_alloc = raw.free();
     let binding = ep.bind(0, 0, &dst)?;
+    let after_bind = raw.free();
     let stream = Stream::new(&ctx, 0)?;
     let after_stream = raw.free();
+    // A second stream, made and dropped: does each stream take memory?
+    drop(Stream::new(&ctx, 0)?);
+    let after_second = raw.free();
     let (d, s) = (dst.device_ptr(), src.device_ptr());
 
     // Warm-up: both paths, every size once; free memory after each first
@@ -203,7 +207,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let after_raw = raw.free();
     let phases = [
         ("context, endpoint and two allocations", after_alloc),
-        ("binding and stream", after_stream),
+        ("binding", after_bind),
+        ("the typed stream", after_stream),
+        ("a second stream, made and dropped", after_second),
         ("first typed copy", after_typed),
         ("first raw copy", after_raw),
     ];
