@@ -721,6 +721,12 @@ impl Spare {
         (!p.is_null()).then_some(p.cast_const().cast())
     }
 
+    /// Where the spare is (null: none), for tests that follow it.
+    #[cfg(test)]
+    pub(crate) fn peek(&self) -> *const () {
+        self.value.load(Ordering::Relaxed).cast_const()
+    }
+
     /// Keeps `value` (for a range: released, unique, one id, reset) as the
     /// spare; an older spare is freed.
     pub(crate) fn put<T: Send + Sync>(&self, value: Arc<T>) {

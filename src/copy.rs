@@ -319,7 +319,9 @@ impl<'a> CopyBatch<'a> {
         let op = inner.list.len();
         let size = bytes.len() as u64;
         // The buffer's heap address: moving the `Vec` does not move it.
-        let from = bytes.as_ptr().addr() as u64;
+        // Exposed: the driver boundary carries an integer, which the model
+        // (and libcuda) turn back into a pointer to read the bytes.
+        let from = bytes.as_ptr().expose_provenance() as u64;
         inner.host_in.push(bytes);
         inner.put_to(ep, offset, size, op);
         inner.list.push(CopyOp {
@@ -407,7 +409,8 @@ impl<'a> CopyBatch<'a> {
             }
         };
         // The buffer's heap address: moving the `Vec` does not move it.
-        let to = buf.as_mut_ptr().addr() as u64;
+        // Exposed, as in `put_host`: the driver writes the bytes through it.
+        let to = buf.as_mut_ptr().expose_provenance() as u64;
         inner.host_out.push((op, buf));
         inner.list.push(CopyOp {
             src: Operand::LogicalEndpoint {

@@ -20,7 +20,38 @@ use crate::unwind::OnUnwind;
 
 impl RangeInner {
     /// Resets the one record of a released one-id range, in its `Arc`, for
-    /// reuse as the spare; `false` (keep it out) when something is left in it.
+    /// reuse as the spare; `false` (keep it out) when something is left in
+    /// it. Through `&self` and [`RangeInner::record`], never a `&mut
+    /// RangeInner`: see [`release_shared`] for why the two never meet.
+    ///
+    /// # Safety
+    /// The caller holds the range's last `Arc` and no `&mut RangeInner` of
+    /// it is used after this call: no other reference to the record exists.
+    unsafe fn reset_spare_record(&self) -> bool {
+        debug_assert_eq!(self.count, 1);
+        let rec = self.record(self.base);
+        // SAFETY: by the caller's contract no other reference to the record
+        // exists. Unsafe for speed (`record` rather than `records.first_mut()`
+        // through a `&mut RangeInner`, which tests the length and where the
+        // records are): `release` 82 instructions against 77 here
+        // (`benches/instructions.rs`, rustc 1.95); with the `&mut` of
+        // `release_shared` below, see there for the whole lifecycle.
+        let slot = unsafe { &*rec.slot.0.get() };
+        if !slot.bindings.is_empty() || slot.bindings.spilled() {
+            return false;
+        }
+        // SAFETY: as above.
+        let facts = unsafe { &mut *rec.facts.0.get() };
+        if facts.devices.spilled() {
+            return false;
+        }
+        *facts = Facts::default();
+        true
+    }
+
+    /// Makes a released one-id range whose record was reset
+    /// ([`RangeInner::reset_spare_record`]) the spare; `false` (keep it
+    /// out) when an attachment list holds something. Touches no record.
     fn make_spare(&mut self) -> bool {
         debug_assert_eq!(self.count, 1);
         // Nothing was ever attached (the usual case): the lists are empty
@@ -34,23 +65,6 @@ impl RangeInner {
                 return false;
             }
         }
-        // The one record (a spare has one id), through `record`: the range
-        // is in its `Arc`.
-        let rec = self.record(self.base);
-        // SAFETY: `&mut self`: no other reference to the record exists.
-        // Unsafe for speed (`record` rather than `records.first_mut()`,
-        // which tests the length and where the records are): `release` 82
-        // instructions against 77 here (`benches/instructions.rs`, rustc 1.95).
-        let slot = unsafe { &*rec.slot.0.get() };
-        if !slot.bindings.is_empty() || slot.bindings.spilled() {
-            return false;
-        }
-        // SAFETY: as above.
-        let facts = unsafe { &mut *rec.facts.0.get() };
-        if facts.devices.spilled() {
-            return false;
-        }
-        *facts = Facts::default();
         // Nothing attached is left in it (tested above).
         *self.attached.get_mut() = false;
         self.spare = true;
@@ -186,7 +200,8 @@ pub(crate) fn reuse(ctx: &Context, base: u32) -> Option<Arc<RangeInner>> {
     // reference, and the pointer, from the `Arc`'s own allocation, may
     // write. Unsafe for speed: `Arc::get_mut` tests uniqueness again with
     // a compare-and-swap: `reserve_one` 57 instructions against 47 here
-    // (`benches/instructions.rs`, rustc 1.95).
+    // (`benches/instructions.rs`, rustc 1.95). It reaches no record (see
+    // `release_shared`) and is gone before `first` is used again.
     let inner = unsafe { &mut *p.cast_mut() };
     // Reused in place: its one record was reset when it became the spare,
     // and it holds no context until now.
@@ -207,6 +222,15 @@ pub(crate) fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
 }
 
 /// Releases `range` now if `this` was its last holder; else just lets go.
+///
+/// The last holder changes the range in place, in its `Arc`, through a
+/// `&mut RangeInner` made from the `Arc`'s pointer, while the records are
+/// reached through [`RangeInner::first`], a pointer made from a shared
+/// borrow. A use of `first` ends every `&mut RangeInner` made before it
+/// (Stacked and Tree Borrows), so the two never overlap: each `&mut` is
+/// made after the last use of `first` before it and dropped before the
+/// next, and no record is reached through one (`ci/miri.sh` runs
+/// `range::tests` under both models).
 pub(crate) fn release_shared(range: Arc<RangeInner>) -> Result<()> {
     // The last holder releases in place: moving the records out of the
     // allocation (`into_inner`) would copy them for nothing. The `Drop` that
@@ -214,36 +238,56 @@ pub(crate) fn release_shared(range: Arc<RangeInner>) -> Result<()> {
     if Arc::strong_count(&range) == 1 {
         // Acquire: what the other holders did happened before their drops.
         std::sync::atomic::fence(Ordering::Acquire);
-        // SAFETY: the last `Arc` of the range (no `Weak` of a range is ever
-        // made, so no other thread can make one now), from the `Arc`'s own
-        // allocation: the only reference. Unsafe for speed: `Arc::get_mut`
-        // also locks out a `Weak` being made, with a compare-and-swap:
-        // `release` 95 instructions against 82 here, with the orphan test
-        // below through `record` (`benches/instructions.rs`, rustc 1.95).
-        let inner = unsafe { &mut *Arc::as_ptr(&range).cast_mut() };
-        // The orphan test through `record` (the range is in its `Arc`).
-        // SAFETY: `inner` is the only reference to the range.
-        if inner.count == 1 && !unsafe { inner.facts(inner.base) }.orphaned {
-            // One id, no orphan to destroy first (the usual case): the
-            // release alone, without `release_now`'s pass over the ids.
-            inner.released = true;
-            // SAFETY: the range's last owner is gone and its one id holds
-            // no endpoint (not an orphan, and every `Endpoint` is gone), R1.2.
-            let r = unsafe { inner.ctx.driver().id_release(inner.base, 1) };
-            if let Err(code) = r {
-                return Err(inner.ctx.error(Call::IdRelease, code));
-            }
-        } else {
-            inner.release_now()?;
-        }
-        if inner.count == 1
-            && inner.make_spare()
-            && let Some(ctx) = inner.ctx.0.take()
+        let one = range.count == 1;
+        // The orphan test through `record` (the range is in its `Arc`),
+        // before the `&mut` below.
+        // SAFETY: the last `Arc`: every `Endpoint` of the range is gone, so
+        // nothing writes its facts.
+        let fast = one && !unsafe { range.facts(range.base) }.orphaned;
         {
-            // The range is released, unique and reset: from now on only the
-            // context's `Spare` reaches it. The context moves out of it (no
-            // reference count touched) and lives until the range is stored.
-            ctx.spare().put(range);
+            // SAFETY: the last `Arc` of the range (no `Weak` of a range is
+            // ever made, so no other thread can make one now), from the
+            // `Arc`'s own allocation: the only reference, dropped at the end
+            // of this block, before `first` is used again. Unsafe for speed:
+            // `Arc::get_mut` also locks out a `Weak` being made, with a
+            // compare-and-swap: `release` 95 instructions against 82 here,
+            // with the orphan test above through `record`
+            // (`benches/instructions.rs`, rustc 1.95). The safe twin of this
+            // function (one `Arc::get_mut`, the orphan test and the reset
+            // through `records`) measured 734 instructions per `Null`
+            // lifecycle against 716 here (2026-12-02, Callgrind over
+            // `benches/common`'s typed lifecycle alone, rustc 1.95; 717
+            // before the reset moved out of the `&mut`). Miri-clean under
+            // Stacked and Tree Borrows (`ci/miri.sh`).
+            let inner = unsafe { &mut *Arc::as_ptr(&range).cast_mut() };
+            if fast {
+                // One id, no orphan to destroy first (the usual case): the
+                // release alone, without `release_now`'s pass over the ids.
+                inner.released = true;
+                // SAFETY: the range's last owner is gone and its one id holds
+                // no endpoint (not an orphan, and every `Endpoint` is gone), R1.2.
+                let r = unsafe { inner.ctx.driver().id_release(inner.base, 1) };
+                if let Err(code) = r {
+                    return Err(inner.ctx.error(Call::IdRelease, code));
+                }
+            } else {
+                inner.release_now()?;
+            }
+        }
+        // SAFETY: the last `Arc`, and the `&mut` above is gone.
+        if one && unsafe { range.reset_spare_record() } {
+            // SAFETY: as the `&mut` above; `first` is not used while this
+            // one lives (`make_spare` touches no record).
+            let inner = unsafe { &mut *Arc::as_ptr(&range).cast_mut() };
+            if inner.make_spare()
+                && let Some(ctx) = inner.ctx.0.take()
+            {
+                // The range is released, unique and reset: from now on only
+                // the context's `Spare` reaches it. The context moves out of
+                // it (no reference count touched) and lives until the range
+                // is stored.
+                ctx.spare().put(range);
+            }
         }
         return Ok(());
     }
@@ -251,5 +295,48 @@ pub(crate) fn release_shared(range: Arc<RangeInner>) -> Result<()> {
     match Arc::into_inner(range) {
         Some(mut inner) => inner.release_now(),
         None => Ok(()),
+    }
+}
+
+#[cfg(all(test, feature = "model"))]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::{Allocation, Context, Private, Spec};
+
+    /// R1: the README's lifecycle (reserve_one, create, wait, bind, unbind,
+    /// destroy, release) three times on one context: the first `release`
+    /// keeps its range as the context's spare and each later `reserve_one`
+    /// takes that same allocation, reset in place in its `Arc`; the ids are
+    /// reserved and released each time, nothing is left behind. Under Miri
+    /// (`ci/miri.sh`, Stacked and Tree Borrows) it proves the spare's
+    /// unsafe sound: at `5d1fff7` Miri reported undefined behaviour at the
+    /// first `release` (a `&mut RangeInner` used across a use of `first`).
+    #[test]
+    fn r1_a_released_range_is_kept_as_the_spare_and_reused_by_the_next_reserve() {
+        let (ctx, model) = Context::model(Default::default());
+        let mem = Allocation::<Private>::on_device(&ctx, 0, 2 << 20).unwrap();
+        let spare = || ctx.spare().peek();
+        assert!(spare().is_null());
+        for round in 0..3 {
+            let kept = spare();
+            let ep = ctx.reserve_one().unwrap();
+            let range = Arc::as_ptr(ep.range()).cast::<()>();
+            assert_eq!(round > 0, std::ptr::eq(range, kept), "round {round}");
+            assert!(spare().is_null(), "round {round}: the spare was taken");
+            let ep = ep
+                .create(Spec::unicast(0, 2 << 20))
+                .unwrap()
+                .wait(Duration::from_secs(1))
+                .unwrap();
+            assert_eq!(ep.size(), 2 << 20);
+            let b = ep.bind(0, 0, &mem).unwrap();
+            b.unbind().unwrap();
+            ep.destroy().unwrap().release().unwrap();
+            assert!(std::ptr::eq(spare(), range), "round {round}: kept");
+        }
+        drop(mem);
+        assert!(model.live().is_empty());
     }
 }

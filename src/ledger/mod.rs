@@ -221,7 +221,10 @@ pub(crate) struct RangeInner {
     /// then reaches its records through `&mut`, never through
     /// [`RangeInner::record`]), and its records never move or
     /// grow, so the pointer stays valid for every `&RangeInner` of an
-    /// `Arc`. Atomic only to be set through the `Arc` (a relaxed load is
+    /// `Arc`. A `&mut RangeInner` made in place in the `Arc` (by the last
+    /// holder in [`crate::range::release_shared`], or the spare's reuse)
+    /// lives between two uses of the pointer, never across one, and reaches
+    /// no record. Atomic only to be set through the `Arc` (a relaxed load is
     /// a plain load); every holder got its `Arc` after the store.
     first: AtomicPtr<Record>,
     pub(crate) released: bool,
