@@ -405,9 +405,8 @@ fn many_rank(
             return Err(format!("rank {p}'s grown chunk is wrong here").into());
         }
     }
-    boot.barrier(T_MANY)?; // every rank stopped copying (R13.7)
     drop(stream);
-    drop(peers);
+    peers.close(boot, T_MANY)?; // every rank stopped copying (R13.7)
     drop(bindings);
     drop(shared);
     if !ctx.take_teardown_errors().is_empty() {
@@ -473,9 +472,8 @@ fn echo_rank(
     if me.read(first, LEN)? != want {
         return Err(format!("rank {r}'s first chunk has other bytes").into());
     }
-    boot.barrier(T)?; // every rank stopped copying (R13.7)
     drop(stream);
-    drop(peers);
+    peers.close(boot, T)?; // every rank stopped copying (R13.7)
     if !ctx.take_teardown_errors().is_empty() {
         return Err("teardown errors".into());
     }
