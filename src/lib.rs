@@ -78,6 +78,7 @@ pub mod model {
 }
 mod multicast_mapping;
 mod owned;
+#[path = "copy/portable.rs"]
 mod portable;
 pub mod probe;
 mod range;
