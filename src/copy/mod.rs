@@ -46,7 +46,7 @@
 //!   end, as `std::thread::scope` joins, would work too, at the price of a
 //!   closure around every copy.)
 //!
-//! **The portable path (issue 19, item 4; `crate::portable`).** On drivers
+//! **The portable path (issue 19, item 4; `portable.rs`, a child module).** On drivers
 //! without `cuFabricCpyBatchAsync` (before 13.5, the classic fallback) the
 //! same `CopyBatch` runs as `cuMemcpyAsync` through the endpoint's
 //! *windows*: per endpoint id, the mapped address here of each target's
@@ -76,7 +76,9 @@ use crate::state::{Agreed, IsReady, Sealed, State};
 use crate::stream::Stream;
 use crate::unwind::OnUnwind;
 
+mod portable;
 mod strided;
+pub(crate) use portable::local_binds;
 pub use strided::Strided;
 
 /// Kinds whose endpoint a get may read (F1: unicast only).
@@ -216,7 +218,7 @@ pub(crate) struct EpFacts {
     /// is walked device by device, which names the device.
     covered: Intervals,
     /// What the portable path needs of the endpoint.
-    pub(crate) target: crate::portable::Target,
+    pub(crate) target: portable::Target,
     /// The range's bindings generation `covered` was read at (`None`:
     /// imported, not checked): a bind or unbind since makes it stale.
     bindings_gen: Option<u64>,
@@ -733,7 +735,7 @@ impl BatchInner {
             ep_size: ep.size(),
             bound_here,
             covered,
-            target: crate::portable::Target {
+            target: portable::Target {
                 id: ep.id(),
                 devices: SmallVec::from_slice(devices),
                 team_size: ep.facts().team_size,
