@@ -161,8 +161,8 @@ impl BatchInner {
     /// The endpoint side of a get: inside the endpoint and bound (F9), at
     /// three comparisons when the last op named `ep` too. (A get's source
     /// is kept out of F3's one-pass order: it can only meet a put's
-    /// destination, and a batch with both is proven by
-    /// [`disjoint_in_order`](super::independence::disjoint_in_order).)
+    /// destination, and a batch with both is proven by `disjoint_in_order`,
+    /// in `independence.rs`.)
     #[inline]
     pub(super) fn get_from<S: State, K: Kind>(
         &mut self,

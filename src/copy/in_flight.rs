@@ -72,8 +72,8 @@ impl<'a> InFlight<'a> {
     /// on the stream after the batch.
     ///
     /// # Errors
-    /// [`Error::Driver`] from either call; the token is dropped then
-    /// (which synchronizes the stream).
+    /// [`Error::Driver`](crate::Error::Driver) from either call; the token
+    /// is dropped then (which synchronizes the stream).
     pub fn with_event(mut self) -> Result<Self> {
         let mut event = crate::stream::Event::new(self.stream.context(), self.stream.device())?;
         event.record(self.stream)?;
@@ -101,8 +101,8 @@ impl<'a> InFlight<'a> {
     /// and hands back the host buffers.
     ///
     /// # Errors
-    /// [`Error::Driver`] (an asynchronous fault). The host buffers are then
-    /// leaked, not freed: a copy may still use them.
+    /// [`Error::Driver`](crate::Error::Driver) (an asynchronous fault). The
+    /// host buffers are then leaked, not freed: a copy may still use them.
     pub fn wait(self) -> Result<Completed> {
         let mut me = std::mem::ManuallyDrop::new(self);
         let end = crate::unwind::completing(|| me.settle());
