@@ -626,7 +626,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
             self.range().bindings_changed();
             // The portable path reaches memory bound by address at its
-            // address (`crate::portable`); by handle it has none here.
+            // address (`crate::copy::portable`); by handle it has none here.
             if let Some((_, a, _)) = addr {
                 slot.push_window(crate::window::Window::local(dev, offset, size, a));
             }

@@ -18,7 +18,7 @@
 // floor 1 context: context
 // floor 2 ledger: window ledger memory
 // floor 3 lifecycle: range id_range endpoint binding ready spec kernel erased owned sharing multicast_mapping
-// floor 4 data path: stream copy portable graph
+// floor 4 data path: stream copy graph
 // floor 5 setup: backend probe
 // floor 6 bring-up: team fabric
 pub mod backend;
@@ -78,7 +78,6 @@ pub mod model {
 }
 mod multicast_mapping;
 mod owned;
-mod portable;
 pub mod probe;
 mod range;
 mod ready;

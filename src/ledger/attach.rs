@@ -14,7 +14,7 @@ use super::SlotGuard;
 #[derive(Default)]
 pub(crate) struct Attachments {
     pub(crate) fabric: Vec<(u32, [u8; 64])>,
-    /// The portable path's windows of each id (`crate::portable`): few ids
+    /// The portable path's windows of each id (`crate::copy::portable`): few ids
     /// have one, so a list beside the fabric handles, not a record field.
     pub(crate) windows: Vec<(u32, crate::window::Window)>,
     /// The heap top of each id of an [`crate::team::OwnedPeers`]: the bytes

@@ -31,11 +31,11 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use crate::CopyPath;
 use crate::bootstrap::{Bootstrap, BootstrapError, Deadline, Exchange, FdExchange, NodeId, Op};
+use crate::copy::local_binds;
 use crate::driver::Device;
 use crate::endpoint::Endpoint;
 use crate::kind::{FabricShareable, Kind, PosixFd};
 use crate::memory::{Allocation, BindSource, PeerHandle, export_for_peers};
-use crate::portable::local_binds;
 use crate::state::{IsReady, State};
 
 use super::error::{Cause, Step, TeamError};

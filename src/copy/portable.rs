@@ -1,7 +1,8 @@
-//! The portable data path (issue 19, item 4): on drivers without
-//! `cuFabricCpyBatchAsync` (before 13.5, and the classic fallback) the same
-//! [`crate::CopyBatch`] runs as `cuMemcpyAsync` through memory this process
-//! has mapped for every target of the endpoint.
+//! The portable data path (issue 19, item 4; a child of `copy`, issue 27,
+//! item 3): on drivers without `cuFabricCpyBatchAsync` (before 13.5, and
+//! the classic fallback) the same [`crate::CopyBatch`] runs as
+//! `cuMemcpyAsync` through memory this process has mapped for every target
+//! of the endpoint.
 //!
 //! What this file owns (the choice of path, [`crate::CopyPath`], is the context's:
 //! [`crate::Context::copy_path`]):

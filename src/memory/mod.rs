@@ -11,11 +11,16 @@
 //! mapping), so what it keeps is read, never downcast, and each allocation
 //! carries an identity of its own ([`AllocId`]) that F3's checks compare
 //! (two binds of one allocation), never a reference count.
+//!
+//! **The files.** This one: [`Allocation`] (made, imported, exported,
+//! mapped; released by the last owner), what a bind call points at and
+//! [`BindSource`]; `mapped.rs`: [`Mapped`] and where its memory is for F2;
+//! `keep.rs`: [`KeepAlive`], [`AllocId`] and what peers are given of bound
+//! memory.
 
 use std::marker::PhantomData;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::context::Context;
 use crate::driver::{
@@ -27,24 +32,11 @@ use crate::kind::{FabricShareable, MemShare, PosixFd, Private};
 use crate::state::Sealed;
 use crate::unwind::OnUnwind;
 
-/// An allocation's identity in this process: given once, when this
-/// process made or imported it, never reused (unlike its handle or its
-/// address). Never 0: F3's checks keep 0 for memory named by address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct AllocId(u64);
-
-impl AllocId {
-    fn next() -> AllocId {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        // 2^64 allocations are never made: no wrap to 0.
-        AllocId(NEXT.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// As a number (never 0).
-    pub(crate) fn get(self) -> u64 {
-        self.0
-    }
-}
+mod keep;
+mod mapped;
+pub(crate) use keep::{AllocId, KeepAlive, PeerHandle, export_for_peers};
+pub use mapped::Mapped;
+pub(crate) use mapped::{Locality, MappedInner};
 
 /// The allocation itself, shared by its owner and the bindings that use it.
 pub(crate) struct AllocInner {
@@ -565,284 +557,6 @@ impl Allocation<FabricShareable> {
     }
 }
 
-/// The mapping, shared by its owner and the bindings that use it.
-pub(crate) struct MappedInner {
-    alloc: Option<Arc<AllocInner>>,
-    ptr: u64,
-    size: u64,
-    /// The devices given read-write access (`cuMemSetAccess`): those asked
-    /// for, and device memory's own device. Host memory is reachable from
-    /// these alone (F2: "every operand accessible from the stream's device").
-    access: Arc<[Device]>,
-}
-
-impl Drop for MappedInner {
-    // The one right order: unmap, release the handle, free the address range.
-    fn drop(&mut self) {
-        crate::unwind::in_drop(|| {
-            let Some(alloc) = self.alloc.take() else {
-                return;
-            };
-            let ctx = alloc.ctx.clone();
-            let (ptr, size) = (self.ptr, self.size);
-            // A panic inside the unmap or the release is taken as coming after
-            // the driver acted (see `OnUnwind`): the range is still freed, once
-            // (and, when the unmap panicked, the handle released: `alloc` drops
-            // with the unwind, after the guard).
-            let free = OnUnwind::new(|| {
-                // SAFETY: this mapping's range; the unmap was made.
-                if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
-                    ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
-                }
-            });
-            // SAFETY: the last owner of the mapping is gone: no `Mapped` and no
-            // binding through it is left (bindings hold this `Arc`, R7.2).
-            if let Err(code) = unsafe { ctx.driver().mem_unmap(ptr, size) } {
-                free.disarm();
-                // Still mapped: keep the memory and the range rather than free
-                // what the device may still reach.
-                ctx.record_teardown(ctx.error(Call::MemUnmap, code));
-                std::mem::forget(alloc);
-                return;
-            }
-            drop(alloc);
-            free.disarm();
-            // SAFETY: this mapping's range, unmapped just above.
-            if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
-                ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
-            }
-        });
-    }
-}
-
-/// An [`Allocation`] mapped at a device address with access set, bindable by
-/// address (`cuLogicalEndpointBindAddr`, R5) and usable from kernels.
-///
-/// Dropping it unmaps, releases the handle and frees the address range, in
-/// that order, once no binding uses it.
-pub struct Mapped<H: MemShare = Private> {
-    inner: Arc<MappedInner>,
-    _share: PhantomData<fn() -> H>,
-}
-
-impl<H: MemShare> Mapped<H> {
-    /// Whether `keep` is this mapping's keep-alive ([`BindSource::keep_alive`]),
-    /// by address: no reference count touched.
-    #[inline]
-    pub(crate) fn keeps(&self, keep: &KeepAlive) -> bool {
-        std::ptr::addr_eq(Arc::as_ptr(&self.inner), Arc::as_ptr(&keep.0))
-    }
-}
-
-/// What a binding, a window or a copy in flight holds of memory so that it
-/// is not freed under it (R7.2, F4): the allocation (bound by handle) or
-/// its mapping (bound by address, a copy's local memory, a peer's memory
-/// mapped here). Typed: what it holds answers [`Held`]'s questions, never
-/// a downcast. One `Arc` of a trait object, as cheap to hold and drop as
-/// the `Arc<dyn Any>` it replaced (an enum of the two `Arc`s cost 4
-/// instructions more per unbind and per create, `benches/instructions.rs`).
-#[derive(Clone)]
-pub(crate) struct KeepAlive(Arc<dyn Held>);
-
-/// What a [`KeepAlive`] holds: [`AllocInner`] or [`MappedInner`].
-pub(crate) trait Held: std::any::Any + Send + Sync {
-    /// The allocation it is or maps: its identity, for F3 (one allocation
-    /// bound twice is the same bytes twice). `None` only for a mapping
-    /// being dropped, which nothing holds any more.
-    fn allocation(&self) -> Option<AllocId>;
-    /// The mapping, if it is one.
-    fn mapping(&self) -> Option<&MappedInner>;
-}
-
-impl Held for AllocInner {
-    fn allocation(&self) -> Option<AllocId> {
-        Some(self.id)
-    }
-    fn mapping(&self) -> Option<&MappedInner> {
-        None
-    }
-}
-
-impl Held for MappedInner {
-    fn allocation(&self) -> Option<AllocId> {
-        self.alloc.as_deref().map(|a| a.id)
-    }
-    fn mapping(&self) -> Option<&MappedInner> {
-        Some(self)
-    }
-}
-
-impl KeepAlive {
-    /// See [`Held::allocation`].
-    pub(crate) fn allocation(&self) -> Option<AllocId> {
-        self.0.allocation()
-    }
-
-    /// The held object as a liveness token, for tables that only ask
-    /// whether it still lives (`team::known` keeps a `Weak` of it): the
-    /// same object, never downcast.
-    pub(crate) fn token(&self) -> Arc<dyn std::any::Any + Send + Sync> {
-        self.0.clone()
-    }
-
-    /// The held object's address, telling held objects apart while held
-    /// (one allocation held as an allocation and as a mapping are two): no
-    /// reference count touched.
-    pub(crate) fn key(&self) -> usize {
-        Arc::as_ptr(&self.0).cast::<()>().addr()
-    }
-}
-
-impl<H: MemShare> std::fmt::Debug for Mapped<H> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mapped")
-            .field("share", &H::NAME)
-            .field("ptr", &format_args!("{:#x}", self.inner.ptr))
-            .field("size", &self.inner.size)
-            .finish()
-    }
-}
-
-impl<H: MemShare> Mapped<H> {
-    /// The device address (`CUdeviceptr`) of the first byte, for kernels.
-    pub fn device_ptr(&self) -> u64 {
-        self.inner.ptr
-    }
-
-    /// Size in bytes.
-    pub fn size(&self) -> u64 {
-        self.inner.size
-    }
-
-    /// Where the memory lives.
-    pub fn location(&self) -> Location {
-        self.alloc().location
-    }
-
-    /// The raw allocation handle.
-    pub fn handle(&self) -> u64 {
-        self.alloc().handle
-    }
-
-    /// Where its memory is, as F2 asks it of a copy's local operand.
-    pub(crate) fn locality(&self) -> Locality {
-        let alloc = self.alloc();
-        match alloc.location {
-            location if alloc.fabric_import => Locality::Fabric(location),
-            Location::Device(d) => Locality::Device(d),
-            Location::HostNuma(numa) => Locality::Host {
-                numa,
-                access: self.inner.access.clone(),
-            },
-        }
-    }
-
-    /// The devices this mapping gives access to (device memory's own
-    /// device included).
-    pub fn access(&self) -> &[Device] {
-        &self.inner.access
-    }
-
-    /// How many hold this mapping (its owner, bindings, copies in flight):
-    /// tests count what a copy in flight holds with it.
-    #[cfg(test)]
-    pub(crate) fn holders(&self) -> usize {
-        Arc::strong_count(&self.inner)
-    }
-
-    fn alloc(&self) -> &AllocInner {
-        // `alloc` is `None` only inside `Drop`.
-        self.inner
-            .alloc
-            .as_deref()
-            .unwrap_or_else(|| unreachable!("mapping used after drop"))
-    }
-}
-
-impl Mapped<PosixFd> {
-    /// As [`Allocation::export_fd`], for the mapped allocation.
-    ///
-    /// # Errors
-    /// As [`Allocation::export_fd`].
-    pub fn export_fd(&self) -> Result<OwnedFd> {
-        export_fd(self.alloc())
-    }
-}
-
-impl Mapped<FabricShareable> {
-    /// As [`Allocation::export_fabric`], for the mapped allocation.
-    ///
-    /// # Errors
-    /// As [`Allocation::export_fabric`].
-    pub fn export_fabric(&self) -> Result<[u8; 64]> {
-        export_fabric(self.alloc())
-    }
-}
-
-/// Where a mapping's memory is, as F2 asks it of a copy's local operand
-/// ("on the stream's device or host memory").
-///
-/// Memory of this node is allocated here, or imported by POSIX descriptor
-/// (which stays within one node, R12.4, so its device ordinal names the
-/// same device here).
-#[derive(Clone, Debug)]
-pub(crate) enum Locality {
-    /// Device memory of this node: its own device always has access.
-    Device(Device),
-    /// Host memory of this node, reachable from the devices its mapping
-    /// gave access to alone.
-    Host { numa: i32, access: Arc<[Device]> },
-    /// Imported by fabric handle: at that location of the node that
-    /// exported it, which may be another node (an ordinal names a device of
-    /// its own node).
-    Fabric(Location),
-}
-
-/// How peers import memory bound in this process (the portable path).
-pub(crate) enum PeerHandle {
-    /// Fabric bytes: they cross in a bootstrap message.
-    Fabric([u8; 64]),
-    /// A POSIX descriptor: it crosses within a node only, by `SCM_RIGHTS`.
-    Fd(OwnedFd),
-}
-
-/// What peers need to reach memory bound by address in this process on the
-/// portable path: the allocation's handle and size, and where the mapping
-/// starts (a binding's address minus it is its offset there).
-pub(crate) struct PeerExport {
-    pub handle: PeerHandle,
-    pub alloc_size: u64,
-    pub map_base: u64,
-}
-
-/// What a binding keeps alive (`keep`), exported for peers: the fabric
-/// handle of a mapping of [`FabricShareable`] memory, or with `fds` a
-/// descriptor of one of [`PosixFd`] memory; `Ok(Err(what))`, naming it, for
-/// memory peers cannot import that way (an [`Allocation`] bound by handle
-/// has no address here).
-pub(crate) fn export_for_peers(
-    keep: &KeepAlive,
-    fds: bool,
-) -> Result<std::result::Result<PeerExport, &'static str>> {
-    let Some(m) = keep.0.mapping() else {
-        return Ok(Err("an Allocation bound by handle"));
-    };
-    let Some(alloc) = m.alloc.as_deref() else {
-        return Ok(Err("a mapping being dropped"));
-    };
-    let handle = match alloc.share {
-        FabricShareable::BITS => PeerHandle::Fabric(export_fabric(alloc)?),
-        PosixFd::BITS if fds => PeerHandle::Fd(export_fd(alloc)?),
-        PosixFd::BITS => return Ok(Err(PosixFd::NAME)),
-        _ => return Ok(Err(Private::NAME)),
-    };
-    Ok(Ok(PeerExport {
-        handle,
-        alloc_size: alloc.size,
-        map_base: m.ptr,
-    }))
-}
-
 /// What a bind call points at.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Target {
@@ -872,7 +586,6 @@ pub trait BindSource: Sealed {
 }
 
 impl<H: MemShare> Sealed for Allocation<H> {}
-impl<H: MemShare> Sealed for Mapped<H> {}
 
 impl<H: MemShare> BindSource for Allocation<H> {
     type Share = H;
@@ -888,27 +601,6 @@ impl<H: MemShare> BindSource for Allocation<H> {
     #[allow(private_interfaces)]
     fn target(&self) -> Target {
         Target::Handle(self.inner.handle)
-    }
-    #[allow(private_interfaces)]
-    fn keep_alive(&self) -> KeepAlive {
-        KeepAlive(self.inner.clone())
-    }
-}
-
-impl<H: MemShare> BindSource for Mapped<H> {
-    type Share = H;
-    fn size(&self) -> u64 {
-        self.inner.size
-    }
-    fn location(&self) -> Location {
-        self.alloc().location
-    }
-    fn context(&self) -> &Context {
-        &self.alloc().ctx
-    }
-    #[allow(private_interfaces)]
-    fn target(&self) -> Target {
-        Target::Addr(self.inner.ptr)
     }
     #[allow(private_interfaces)]
     fn keep_alive(&self) -> KeepAlive {

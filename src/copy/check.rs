@@ -1,0 +1,579 @@
+//! The checks of a [`CopyBatch`](super::CopyBatch) before the driver.
+//!
+//! What this file owns: the builder's checks as each op comes (the local
+//! side's range, the endpoint side's range, F9 and a heap's agreed top,
+//! R13.3), at a few comparisons against the batch's cursor for an op on the
+//! same memory and endpoint as the one before, and what the slow path reads
+//! of an endpoint ([`EpFacts`]: its bound intervals, [`merged`] and
+//! [`intersect`]); and [`BatchInner::check`], which reports them at enqueue
+//! in their order, reads again an endpoint whose bindings changed since
+//! (F9), then checks F2 and asks `independence.rs` for F3.
+
+use smallvec::SmallVec;
+
+use super::independence::dependent;
+use super::{BatchInner, EpFacts, Intervals, portable};
+use crate::driver::{Device, Location, Operand};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Extent, Result};
+use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, MemShare};
+use crate::memory::{BindSource, Locality, Mapped};
+use crate::state::State;
+
+impl BatchInner {
+    /// The address `at` bytes into `mem` for op `op`, after the range check;
+    /// at two comparisons when the last op named `mem` too.
+    #[inline]
+    pub(super) fn mapped<H: MemShare>(
+        &mut self,
+        mem: &Mapped<H>,
+        at: u64,
+        size: u64,
+        op: usize,
+    ) -> u64 {
+        let c = &self.cursor;
+        if std::ptr::from_ref(mem).addr() == c.mem
+            && let Some(end) = at.checked_add(size)
+            && end <= c.mem_size
+            && at < c.mem_size
+        {
+            // No wrap: `at < mem_size` and `mem_ptr + mem_size` was checked
+            // when the cursor took `mem`.
+            return c.mem_ptr.wrapping_add(at);
+        }
+        self.mapped_slow(mem, at, size, op)
+    }
+
+    /// [`BatchInner::mapped`] for another allocation than the last, or out
+    /// of range. One keep-alive per allocation, however many ops name it,
+    /// and one F2 location: compared by address, cloned only when new (no
+    /// reference count touched per op). The latest first: ops usually name
+    /// the same allocation one after the other.
+    #[cold]
+    #[inline(never)]
+    fn mapped_slow<H: MemShare>(&mut self, mem: &Mapped<H>, at: u64, size: u64, op: usize) -> u64 {
+        let known = self.keep.memory.iter().rev().any(|k| mem.keeps(k));
+        if !known {
+            self.keep.memory.push(mem.keep_alive());
+            let span = (mem.device_ptr(), mem.size());
+            self.locations
+                .push((op, mem.locality(), mem.context().key(), span));
+        }
+        let (ptr, len) = (mem.device_ptr(), mem.size());
+        self.cursor.mem = match ptr.checked_add(len) {
+            Some(_) => std::ptr::from_ref(mem).addr(),
+            None => 0, // never the fast path: the address saturates below
+        };
+        self.cursor.mem_ptr = ptr;
+        self.cursor.mem_size = len;
+        // A 0-byte op still names an address inside the memory (F5: its
+        // operands are checked): not one past its end.
+        if at.checked_add(size).is_none_or(|e| e > len) || at >= len {
+            self.memory_out_of_range(op, at, size, len);
+        }
+        ptr.saturating_add(at)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn memory_out_of_range(&mut self, op: usize, offset: u64, size: u64, limit: u64) {
+        self.error.get_or_insert_with(|| {
+            Box::new(Error::CopyOutOfRange {
+                op,
+                what: Extent::Allocation,
+                offset,
+                size,
+                limit,
+            })
+        });
+    }
+
+    /// A put from the cursor's memory to its endpoint, after the last put
+    /// there: the source address, after the memory range check, the
+    /// endpoint range check, F9 and F3's order, in one chain of
+    /// comparisons; `None` for anything else ([`BatchInner::put_slow`]).
+    #[inline]
+    pub(super) fn put_next<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> Option<u64> {
+        let c = &mut self.cursor;
+        if std::ptr::from_ref(mem).addr() == c.mem
+            && std::ptr::from_ref(ep).addr() == c.ep_at
+            && at.checked_add(size)? <= c.mem_size
+            && at < c.mem_size
+            && offset >= c.put_from
+        {
+            let end = offset.checked_add(size)?;
+            if end <= c.end {
+                c.put_from = end;
+                // No wrap: see `mapped`.
+                return Some(c.mem_ptr.wrapping_add(at));
+            }
+        }
+        None
+    }
+
+    /// A put that [`BatchInner::put_next`] did not take: each side on its own.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn put_slow<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> u64 {
+        let op = self.list.len();
+        let from = self.mapped(mem, at, size, op);
+        self.put_to(ep, offset, size, op);
+        from
+    }
+
+    /// The endpoint side of a put: inside the endpoint, bound (F9) and after
+    /// the last put's destination (F3's order), at three comparisons when
+    /// the last op named `ep` too.
+    #[inline]
+    pub(super) fn put_to<S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) {
+        let c = &mut self.cursor;
+        if std::ptr::from_ref(ep).addr() == c.ep_at
+            && offset >= c.put_from
+            && let Some(end) = offset.checked_add(size)
+            && end <= c.end
+        {
+            c.put_from = end;
+            return;
+        }
+        self.put_to_slow(ep, offset, size, op);
+    }
+
+    /// The endpoint side of a get: inside the endpoint and bound (F9), at
+    /// three comparisons when the last op named `ep` too. (A get's source
+    /// is kept out of F3's one-pass order: it can only meet a put's
+    /// destination, and a batch with both is proven by `disjoint_in_order`,
+    /// in `independence.rs`.)
+    #[inline]
+    pub(super) fn get_from<S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) {
+        self.gets = true;
+        let c = &self.cursor;
+        if std::ptr::from_ref(ep).addr() == c.ep_at
+            && offset >= c.start
+            && offset.checked_add(size).is_some_and(|end| end <= c.end)
+        {
+            return;
+        }
+        self.get_slow(ep, offset, size, op);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn put_to_slow<S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) {
+        self.leave_cursor();
+        self.puts = true;
+        let index = self.endpoint(ep);
+        let id = ep.id();
+        match self.ep_check(index, offset, size, op) {
+            Ok(hit) => {
+                let end = offset.saturating_add(size);
+                if self
+                    .put_last
+                    .is_some_and(|(i, e)| id < i || (id == i && offset < e))
+                {
+                    self.unordered = true;
+                }
+                self.put_last = Some((id, end));
+                if let Some((start, stop)) = hit {
+                    self.cursor.ep = u64::from(id);
+                    self.cursor.ep_at = std::ptr::from_ref(ep).addr();
+                    self.cursor.start = start;
+                    self.cursor.end = stop;
+                    // `end >= offset >= start`: the put lies in `[start, stop)`.
+                    self.cursor.put_from = end;
+                    self.cursor.putting = true;
+                }
+            }
+            Err(e) => {
+                self.ep_error.get_or_insert_with(|| Box::new(e));
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn get_slow<S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) {
+        self.leave_cursor();
+        let index = self.endpoint(ep);
+        match self.ep_check(index, offset, size, op) {
+            Ok(Some((start, stop))) => {
+                self.cursor.ep = u64::from(ep.id());
+                self.cursor.ep_at = std::ptr::from_ref(ep).addr();
+                self.cursor.start = start;
+                self.cursor.end = stop;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.ep_error.get_or_insert_with(|| Box::new(e));
+            }
+        }
+    }
+
+    /// Before the cursor leaves its endpoint: the end of the puts made
+    /// through it goes to `put_last`, and the cursor names no endpoint.
+    fn leave_cursor(&mut self) {
+        if self.list.capacity() == 0 {
+            // The first op: room for 16 (896 bytes, one small allocation)
+            // rather than 4, 8, 16: two reallocations fewer by 64 ops.
+            self.list.reserve(16);
+        }
+        let c = &mut self.cursor;
+        if c.putting
+            && let Ok(id) = u32::try_from(c.ep)
+        {
+            self.put_last = Some((id, c.put_from));
+        }
+        c.ep = u64::MAX;
+        c.ep_at = 0;
+        c.put_from = u64::MAX;
+        c.putting = false;
+    }
+
+    /// `ep`'s index in `eps` (and `keep.endpoints`), added when new.
+    fn endpoint<S: State, K: Kind>(&mut self, ep: &Endpoint<S, K>) -> usize {
+        // By id and range: an endpoint of another context may carry the
+        // same id, and must be checked (and refused) as itself.
+        let same = |(e, (r, _)): (&EpFacts, &(std::sync::Arc<crate::ledger::RangeInner>, u32))| {
+            e.id == ep.id() && std::ptr::eq(&**r, &**ep.range())
+        };
+        match self.eps.iter().zip(&self.keep.endpoints).rposition(same) {
+            Some(i) => i,
+            None => {
+                self.eps.push(Self::facts(ep));
+                self.keep.endpoints.push((ep.range().clone(), ep.id()));
+                self.eps.len() - 1
+            }
+        }
+    }
+
+    /// What the checks need of `ep`: once per endpoint of the batch.
+    fn facts<S: State, K: Kind>(ep: &Endpoint<S, K>) -> EpFacts {
+        let imported = std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
+            || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>();
+        let devices = ep.devices();
+        let bound_here = !imported && !devices.is_empty();
+        let mut bindings_gen = None;
+        let slot = ep.slot();
+        let agreed = slot.agreed();
+        let by_handle = if bound_here { slot.by_handle() } else { 0 };
+        let covered = if bound_here {
+            // Read under the lock with the bindings: a later bind or unbind
+            // moves it, and enqueue reads them again (F9).
+            bindings_gen = Some(ep.range().bindings_gen());
+            let mut every: Option<Intervals> = None;
+            for &d in devices {
+                let mine = merged(slot.spans(d));
+                every = Some(match every {
+                    None => mine,
+                    Some(before) => intersect(&before, &mine),
+                });
+            }
+            every.unwrap_or_default()
+        } else {
+            // Nothing bound here to check: the endpoint's range alone.
+            smallvec::smallvec![(0, ep.size())]
+        };
+        drop(slot);
+        EpFacts {
+            id: ep.id(),
+            ep_size: ep.size(),
+            bound_here,
+            covered,
+            target: portable::Target {
+                id: ep.id(),
+                devices: SmallVec::from_slice(devices),
+                team_size: ep.facts().team_size,
+            },
+            bindings_gen,
+            agreed,
+            by_handle,
+            align: ep.facts().align,
+        }
+    }
+
+    /// The endpoint range check and F9 of one op on `eps[index]`: the
+    /// interval of `covered` it lies in (clipped to the endpoint), if any,
+    /// for the cursor.
+    fn ep_check(
+        &self,
+        index: usize,
+        offset: u64,
+        size: u64,
+        op: usize,
+    ) -> Result<Option<(u64, u64)>> {
+        let Some(ep) = self.eps.get(index) else {
+            return Ok(None);
+        };
+        let end = match offset.checked_add(size) {
+            Some(end) if end <= ep.ep_size => end,
+            _ => {
+                return Err(Error::CopyOutOfRange {
+                    op,
+                    what: Extent::EndpointRange,
+                    offset,
+                    size,
+                    limit: ep.ep_size,
+                });
+            }
+        };
+        // Below a heap's agreed top (R13.3); the cursor's interval stays
+        // below it too.
+        let top = match ep.agreed {
+            Some(agreed) if end > agreed || (size == 0 && offset >= agreed) => {
+                return Err(Error::CopyNotAgreed {
+                    op,
+                    id: ep.id,
+                    offset,
+                    size,
+                    agreed,
+                });
+            }
+            Some(agreed) => agreed,
+            None => u64::MAX,
+        };
+        // Bound on every device (F9); a 0-byte op inside an interval too
+        // (every device bound something).
+        if let Some(&(s, e)) = ep.covered.iter().find(|&&(s, e)| s <= offset && end <= e) {
+            return Ok(Some((s, e.min(ep.ep_size).min(top))));
+        }
+        if !ep.bound_here {
+            return Ok(None);
+        }
+        // Not inside: walk each device's bound ranges from the op's offset
+        // to its end, which names the device that misses bytes.
+        let Some((range, id)) = self.keep.endpoints.get(index) else {
+            return Ok(None);
+        };
+        let slot = range.slot(*id);
+        for &dev in &ep.target.devices {
+            let ranges: SmallVec<[(u64, u64); 4]> = slot.spans(dev).collect();
+            let mut at = offset;
+            while at < end {
+                match ranges.iter().find(|(o, s)| *o <= at && at < o + s) {
+                    Some((o, s)) => at = o + s,
+                    None => break,
+                }
+            }
+            if at < end || (size == 0 && ranges.is_empty()) {
+                return Err(Error::CopyNotBound {
+                    op,
+                    id: ep.id,
+                    device: dev,
+                    offset,
+                    size,
+                });
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every check before the driver (F2, F3, F9), in the order they have
+    /// always been reported: the local side's ranges, the endpoint side's
+    /// (range, F9), F2, F3.
+    pub(crate) fn check(&mut self, stream_dev: Device) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(*e);
+        }
+        if let Some(e) = self.ep_error.take() {
+            return Err(*e);
+        }
+        self.recheck_stale()?;
+        for (op, locality, ..) in &self.locations {
+            let (location, fabric_import) = match locality {
+                Locality::Device(d) if *d == stream_dev => continue,
+                Locality::Host { access, .. } if access.contains(&stream_dev) => continue,
+                Locality::Host { numa, access } => {
+                    return Err(Error::CopyNotAccessible {
+                        op: *op,
+                        host_numa: *numa,
+                        access: access.to_vec(),
+                        stream_device: stream_dev,
+                    });
+                }
+                Locality::Device(d) => (Location::Device(*d), false),
+                // Its ordinal may name a device of another node: never
+                // taken as local, whatever it is.
+                Locality::Fabric(location) => (*location, true),
+            };
+            return Err(Error::CopyNotLocal {
+                op: *op,
+                location,
+                stream_device: stream_dev,
+                fabric_import,
+            });
+        }
+        // F3: a destination overlapping another op's source or destination.
+        // Proven by the builder when the destinations came in order and no
+        // source can meet one (puts alone, or gets alone).
+        let aliases = self.aliases();
+        if (self.unordered || (self.puts && self.gets) || !aliases.is_empty())
+            && let Some((op, other)) = dependent(&self.list, &aliases)
+        {
+            return Err(Error::CopyDependent { op, other });
+        }
+        Ok(())
+    }
+
+    /// An endpoint whose bindings changed since the builder read them (a
+    /// bind or unbind between building and enqueueing): its facts are read
+    /// again and every op on it checked again (F9). Nothing to do, at one
+    /// load per endpoint, when none changed.
+    fn recheck_stale(&mut self) -> Result<()> {
+        for index in 0..self.eps.len() {
+            let (Some(facts), Some((range, id))) =
+                (self.eps.get(index), self.keep.endpoints.get(index))
+            else {
+                continue;
+            };
+            let Some(seen) = facts.bindings_gen else {
+                continue;
+            };
+            if range.bindings_gen() == seen {
+                continue;
+            }
+            let slot = range.slot(*id);
+            let now = range.bindings_gen();
+            let by_handle = slot.by_handle();
+            let mut every: Option<Intervals> = None;
+            for &d in &facts.target.devices {
+                let mine = merged(slot.spans(d));
+                every = Some(match every {
+                    None => mine,
+                    Some(before) => intersect(&before, &mine),
+                });
+            }
+            drop(slot);
+            let id = *id;
+            if let Some(f) = self.eps.get_mut(index) {
+                f.covered = every.unwrap_or_default();
+                f.bindings_gen = Some(now);
+                f.by_handle = by_handle;
+            }
+            for (op, o) in self.list.iter().enumerate() {
+                let at = match (o.src, o.dst) {
+                    (Operand::LogicalEndpoint { id: i, offset }, _)
+                    | (_, Operand::LogicalEndpoint { id: i, offset })
+                        if i == id =>
+                    {
+                        offset
+                    }
+                    _ => continue,
+                };
+                self.ep_check(index, at, o.size, op)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `(offset, size)` ranges as sorted, disjoint `[start, end)` intervals,
+/// touching ones joined.
+fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Intervals {
+    let mut v: Intervals = ranges
+        .into_iter()
+        .map(|(o, s)| (o, o.saturating_add(s)))
+        .filter(|r| r.0 < r.1)
+        .collect();
+    if !v.is_sorted() {
+        v.sort_unstable();
+    }
+    // Joined in place (one allocation per device): `n` intervals kept, n ≤ i.
+    let mut n = 0usize;
+    for i in 0..v.len() {
+        let (s, e) = v[i];
+        match n.checked_sub(1).and_then(|l| v.get_mut(l)) {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => {
+                v[n] = (s, e);
+                n += 1;
+            }
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+/// The intersection of two lists of sorted, disjoint intervals.
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Intervals {
+    let (mut i, mut j, mut out) = (0, 0, Intervals::new());
+    while let (Some(&(s1, e1)), Some(&(s2, e2))) = (a.get(i), b.get(j)) {
+        let (s, e) = (s1.max(s2), e1.min(e2));
+        if s < e {
+            out.push((s, e));
+        }
+        if e1 < e2 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{intersect, merged};
+
+    proptest::proptest! {
+        #[test]
+        fn f9_an_offset_is_covered_exactly_when_every_device_bound_it(
+            devs in proptest::collection::vec(
+                proptest::collection::vec((0u64..64, 0u64..24), 0..5),
+                1..4,
+            )
+        ) {
+            // The intervals the F9 fast path trusts, point by point against
+            // the bound ranges of each device.
+            let covered = devs
+                .iter()
+                .map(|r| merged(r.iter().copied()))
+                .reduce(|a, b| intersect(&a, &b))
+                .unwrap_or_default();
+            proptest::prop_assert!(covered.windows(2).all(|w| w[0].1 < w[1].0));
+            for p in 0u64..96 {
+                let fast = covered.iter().any(|&(s, e)| s <= p && p < e);
+                let every = devs
+                    .iter()
+                    .all(|r| r.iter().any(|&(o, n)| o <= p && p < o + n));
+                proptest::prop_assert_eq!(fast, every, "offset {}", p);
+            }
+        }
+    }
+}

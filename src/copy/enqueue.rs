@@ -1,0 +1,158 @@
+//! A checked [`CopyBatch`] on the driver: [`Stream::enqueue`].
+//!
+//! What this file owns: the enqueue of a batch (the copy gate, the checks,
+//! the choice of path: `cuFabricCpyBatchAsync` here, `portable.rs`
+//! otherwise), the op list as the driver takes it ([`FabricList`], which
+//! `graph.rs` captures too), the record of what the batch keeps alive, and
+//! the error of a failed fabric copy (F7).
+
+use super::{BatchInner, CopyBatch, InFlight};
+use crate::driver::{Call, CopyOp};
+use crate::error::{Error, Result};
+use crate::ledger::holds::Keep;
+use crate::stream::Stream;
+use crate::unwind::OnUnwind;
+
+impl Stream {
+    /// Enqueues `batch` (one `cuFabricCpyBatchAsync`, flags 0) after every
+    /// check of [`CopyBatch`]; the copies run when the stream reaches them.
+    /// On the portable path ([`Context::copy_path`](crate::Context::copy_path))
+    /// the same batch runs as one `cuMemcpyAsync` per target piece, through
+    /// the endpoints' windows (a bring-up's `agree_bound` registers peers';
+    /// [`Endpoint::add_peer_window`](crate::Endpoint::add_peer_window) by hand).
+    ///
+    /// # Errors
+    /// [`Error::CopyOutOfRange`], [`Error::CopyNotBound`],
+    /// [`Error::CopyNotLocal`], [`Error::CopyNotAccessible`],
+    /// [`Error::CopyDependent`], [`Error::WrongContext`], and on the
+    /// portable path [`Error::CopyNoWindow`] and [`Error::CopyOntoItself`],
+    /// before the driver; [`Error::Driver`] from
+    /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::error::Feature::FabricCopy),
+    /// naming the driver version) where the driver has no fabric copy (before 13.5, F7). Nothing was
+    /// enqueued then (the portable path synchronizes what it had enqueued
+    /// before a failed `cuMemcpyAsync`), and the host buffers are dropped
+    /// with the batch.
+    pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
+        let ctx = &self.inner.ctx;
+        // No unbind on these ranges from another thread between the checks
+        // below and the record of the batch as in flight (F4), nor a bind's
+        // record passing them before the driver bound it (R13.3). (The
+        // portable path's windows of a bind in progress never cover bytes
+        // the checks passed: binds on one device never overlap, R5.9.)
+        let _gate = loop {
+            let gate = crate::ledger::gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
+            batch.check_for(self)?;
+            if let Some(gate) = gate.checked()? {
+                break gate;
+            }
+        };
+        if ctx.copy_path() == crate::CopyPath::Portable {
+            return self.enqueue_portable(batch);
+        }
+        let FabricList {
+            list,
+            keep,
+            host_in,
+            host_out,
+        } = batch.into_list();
+        // A panic inside the call (a `tracing` layer, a user backend) may
+        // come after the driver took the batch: what the copies use stays
+        // in flight then, kept by the stream until it is synchronized, and
+        // the host buffers are leaked, never freed under a copy (F4).
+        let mut held = Some((keep, host_in, host_out));
+        let guard = OnUnwind::new(|| {
+            if let Some((keep, host_in, host_out)) = held.take() {
+                self.inner.record(keep);
+                std::mem::forget((host_in, host_out));
+            }
+        });
+        // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
+        // ranges were checked against the bindings this process knows (F9);
+        // the ops are independent (F3, checked) and local (F2, checked);
+        // the flags are 0 (F5) and the stream is this one (never NULL, F6).
+        // Nothing is freed before the stream passed the ops (F4): the
+        // memory and endpoints are kept by the record made just below (and
+        // borrowed by the token), and the host buffers are owned by the
+        // token, freed only after a synchronize or leaked when it is forgotten.
+        let r = unsafe { ctx.driver().fabric_copy_batch(self.inner.handle, list, 0) };
+        guard.disarm();
+        // Taken only by the guard, which ran only if the call unwound.
+        let (keep, host_in, host_out) = held.unwrap_or_default();
+        if let Err(code) = r {
+            return Err(fabric_copy_error(ctx, code));
+        }
+        let seq = self.inner.record(keep);
+        Ok(InFlight::new(self, host_in, host_out, seq))
+    }
+}
+
+/// A checked batch as the driver takes it, with what it keeps and owns.
+pub(crate) struct FabricList {
+    pub(crate) list: Vec<CopyOp>,
+    pub(crate) keep: Keep,
+    pub(crate) host_in: Vec<Vec<u8>>,
+    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+}
+
+impl<'a> CopyBatch<'a> {
+    /// Every check before the driver for a copy on `stream`: the endpoints
+    /// are of its context, then [`BatchInner::check`].
+    pub(crate) fn check_for(&mut self, stream: &Stream) -> Result<()> {
+        let ctx = &stream.inner.ctx;
+        if self
+            .inner
+            .keep
+            .endpoints
+            .iter()
+            .any(|(r, _)| !r.ctx.same(ctx))
+        {
+            return Err(Error::WrongContext);
+        }
+        if self
+            .inner
+            .locations
+            .iter()
+            .any(|&(_, _, c, _)| c != ctx.key())
+        {
+            return Err(Error::WrongContext);
+        }
+        self.inner.check(stream.inner.dev)
+    }
+
+    /// The driver's op list of a checked batch (the builder wrote it): its
+    /// host buffers by address (owned by what takes the list, which keeps
+    /// them where they are).
+    pub(crate) fn into_list(self) -> FabricList {
+        let BatchInner {
+            list,
+            keep,
+            host_in,
+            host_out,
+            ..
+        } = *self.inner;
+        FabricList {
+            list,
+            keep,
+            host_in,
+            host_out,
+        }
+    }
+}
+
+/// The error of a failed `cuFabricCpyBatchAsync`: `NOT_SUPPORTED` (F7) is
+/// [`Error::Unsupported`] naming the driver version and the portable path.
+#[cold]
+#[inline(never)]
+pub(crate) fn fabric_copy_error(ctx: &crate::Context, code: crate::Code) -> Error {
+    if code != crate::Code::NOT_SUPPORTED {
+        return ctx.error(Call::FabricCpyBatchAsync, code);
+    }
+    let version = ctx.driver_version();
+    let detail = match version {
+        Some(v) if v < crate::driver::FABRIC_COPY_MIN_VERSION => {
+            "the driver has no cuFabricCpyBatchAsync: it exists from CUDA 13.5 on"
+        }
+        _ => "the driver answered NOT_SUPPORTED: no logical endpoints here",
+    };
+    Error::unsupported(crate::error::Feature::FabricCopy, version, detail)
+}

@@ -1,0 +1,212 @@
+//! The mapped form of an allocation: [`Mapped`] (address reserve + map +
+//! access), bindable by address and usable from kernels.
+//!
+//! What this file owns: the mapping ([`MappedInner`]) and its teardown in
+//! the one right order (unmap, release the handle, free the address range),
+//! what a mapping answers (its address, size, access, and where its memory
+//! is for F2, [`Locality`]), its exports, and how it is bound
+//! ([`BindSource`] by address). Mappings are made by
+//! [`Allocation::map`](super::Allocation::map).
+
+use std::marker::PhantomData;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::{AllocInner, BindSource, KeepAlive, Target, export_fabric, export_fd};
+use crate::context::Context;
+use crate::driver::{Call, Device, Location};
+use crate::error::Result;
+use crate::kind::{FabricShareable, MemShare, PosixFd, Private};
+use crate::state::Sealed;
+use crate::unwind::OnUnwind;
+
+/// The mapping, shared by its owner and the bindings that use it.
+pub(crate) struct MappedInner {
+    pub(super) alloc: Option<Arc<AllocInner>>,
+    pub(super) ptr: u64,
+    pub(super) size: u64,
+    /// The devices given read-write access (`cuMemSetAccess`): those asked
+    /// for, and device memory's own device. Host memory is reachable from
+    /// these alone (F2: "every operand accessible from the stream's device").
+    pub(super) access: Arc<[Device]>,
+}
+
+impl Drop for MappedInner {
+    // The one right order: unmap, release the handle, free the address range.
+    fn drop(&mut self) {
+        crate::unwind::in_drop(|| {
+            let Some(alloc) = self.alloc.take() else {
+                return;
+            };
+            let ctx = alloc.ctx.clone();
+            let (ptr, size) = (self.ptr, self.size);
+            // A panic inside the unmap or the release is taken as coming after
+            // the driver acted (see `OnUnwind`): the range is still freed, once
+            // (and, when the unmap panicked, the handle released: `alloc` drops
+            // with the unwind, after the guard).
+            let free = OnUnwind::new(|| {
+                // SAFETY: this mapping's range; the unmap was made.
+                if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
+                    ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
+                }
+            });
+            // SAFETY: the last owner of the mapping is gone: no `Mapped` and no
+            // binding through it is left (bindings hold this `Arc`, R7.2).
+            if let Err(code) = unsafe { ctx.driver().mem_unmap(ptr, size) } {
+                free.disarm();
+                // Still mapped: keep the memory and the range rather than free
+                // what the device may still reach.
+                ctx.record_teardown(ctx.error(Call::MemUnmap, code));
+                std::mem::forget(alloc);
+                return;
+            }
+            drop(alloc);
+            free.disarm();
+            // SAFETY: this mapping's range, unmapped just above.
+            if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
+                ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
+            }
+        });
+    }
+}
+
+/// An [`Allocation`](super::Allocation) mapped at a device address with
+/// access set, bindable by address (`cuLogicalEndpointBindAddr`, R5) and
+/// usable from kernels.
+///
+/// Dropping it unmaps, releases the handle and frees the address range, in
+/// that order, once no binding uses it.
+pub struct Mapped<H: MemShare = Private> {
+    pub(super) inner: Arc<MappedInner>,
+    pub(super) _share: PhantomData<fn() -> H>,
+}
+
+impl<H: MemShare> std::fmt::Debug for Mapped<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapped")
+            .field("share", &H::NAME)
+            .field("ptr", &format_args!("{:#x}", self.inner.ptr))
+            .field("size", &self.inner.size)
+            .finish()
+    }
+}
+
+impl<H: MemShare> Mapped<H> {
+    /// The device address (`CUdeviceptr`) of the first byte, for kernels.
+    pub fn device_ptr(&self) -> u64 {
+        self.inner.ptr
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    /// Where the memory lives.
+    pub fn location(&self) -> Location {
+        self.alloc().location
+    }
+
+    /// The raw allocation handle.
+    pub fn handle(&self) -> u64 {
+        self.alloc().handle
+    }
+
+    /// Where its memory is, as F2 asks it of a copy's local operand.
+    pub(crate) fn locality(&self) -> Locality {
+        let alloc = self.alloc();
+        match alloc.location {
+            location if alloc.fabric_import => Locality::Fabric(location),
+            Location::Device(d) => Locality::Device(d),
+            Location::HostNuma(numa) => Locality::Host {
+                numa,
+                access: self.inner.access.clone(),
+            },
+        }
+    }
+
+    /// The devices this mapping gives access to (device memory's own
+    /// device included).
+    pub fn access(&self) -> &[Device] {
+        &self.inner.access
+    }
+
+    /// How many hold this mapping (its owner, bindings, copies in flight):
+    /// tests count what a copy in flight holds with it.
+    #[cfg(test)]
+    pub(crate) fn holders(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
+    fn alloc(&self) -> &AllocInner {
+        // `alloc` is `None` only inside `Drop`.
+        self.inner
+            .alloc
+            .as_deref()
+            .unwrap_or_else(|| unreachable!("mapping used after drop"))
+    }
+}
+
+impl Mapped<PosixFd> {
+    /// As [`Allocation::export_fd`](super::Allocation::export_fd), for the
+    /// mapped allocation.
+    ///
+    /// # Errors
+    /// As [`Allocation::export_fd`](super::Allocation::export_fd).
+    pub fn export_fd(&self) -> Result<OwnedFd> {
+        export_fd(self.alloc())
+    }
+}
+
+impl Mapped<FabricShareable> {
+    /// As [`Allocation::export_fabric`](super::Allocation::export_fabric),
+    /// for the mapped allocation.
+    ///
+    /// # Errors
+    /// As [`Allocation::export_fabric`](super::Allocation::export_fabric).
+    pub fn export_fabric(&self) -> Result<[u8; 64]> {
+        export_fabric(self.alloc())
+    }
+}
+
+/// Where a mapping's memory is, as F2 asks it of a copy's local operand
+/// ("on the stream's device or host memory").
+///
+/// Memory of this node is allocated here, or imported by POSIX descriptor
+/// (which stays within one node, R12.4, so its device ordinal names the
+/// same device here).
+#[derive(Clone, Debug)]
+pub(crate) enum Locality {
+    /// Device memory of this node: its own device always has access.
+    Device(Device),
+    /// Host memory of this node, reachable from the devices its mapping
+    /// gave access to alone.
+    Host { numa: i32, access: Arc<[Device]> },
+    /// Imported by fabric handle: at that location of the node that
+    /// exported it, which may be another node (an ordinal names a device of
+    /// its own node).
+    Fabric(Location),
+}
+
+impl<H: MemShare> Sealed for Mapped<H> {}
+
+impl<H: MemShare> BindSource for Mapped<H> {
+    type Share = H;
+    fn size(&self) -> u64 {
+        self.inner.size
+    }
+    fn location(&self) -> Location {
+        self.alloc().location
+    }
+    fn context(&self) -> &Context {
+        &self.alloc().ctx
+    }
+    #[allow(private_interfaces)]
+    fn target(&self) -> Target {
+        Target::Addr(self.inner.ptr)
+    }
+    #[allow(private_interfaces)]
+    fn keep_alive(&self) -> KeepAlive {
+        KeepAlive(self.inner.clone())
+    }
+}
