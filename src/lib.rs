@@ -69,7 +69,8 @@ pub mod model {
     //! simulated fabric of nodes and devices, whose [`Live`] leak counters
     //! and [`Violation`] log tests read; [`faults`] fails calls on demand.
     //! [`Context::model`](crate::Context::model) makes a context over a new
-    //! one. The fabric that OS processes share is [`crate::fabric`].
+    //! one. The fabric that OS processes share is module `fabric`
+    //! (feature `fabric`).
     #[doc(no_inline)]
     pub use cuda_endpoints_model::{
         FabricConfig, FabricLive, Live, MAX_VIOLATIONS, Model, ModelConfig, ShareableKind,

@@ -444,7 +444,7 @@ pub enum Error {
     /// memory it bound by address there, and no peer window
     /// ([`crate::Endpoint::add_peer_window`]) (F9).
     #[error(
-        "copy op {op} on the portable path (cuMemcpyAsync): endpoint {id} bytes {offset}..{end} are reachable here on {known} of its {targets} targets (F9); bind `Mapped` memory there in this process (a bind by `Allocation` handle has no address here), and for each target in another process: after a bring-up, bind `Mapped<FabricShareable>` memory on every rank before `agree_bound` or `OwnedPeers::grow` (or `PosixFd` memory and `agree_bound_fds` or `grow_fds`, one node), which registers the peers' memory; otherwise import it (`import_fd` within a node, `import_fabric` across), map it and register it with `Endpoint::add_peer_window`",
+        "copy op {op} on the portable path (cuMemcpyAsync): endpoint {id} bytes {offset}..{end} are reachable here on {known} of its {targets} targets (F9); bind `Mapped` memory in this process (`Allocation::map(&[dev])`, then `bind`: a bind by `Allocation` handle has no address here), and for each target in another process: after a bring-up, bind `Mapped<FabricShareable>` memory on every rank before `agree_bound` or `OwnedPeers::grow` (or `PosixFd` memory and `agree_bound_fds` or `grow_fds`, one node), which registers the peers' memory; otherwise import it (`import_fd` within a node, `import_fabric` across), map it and register it with `Endpoint::add_peer_window`",
         end = offset.saturating_add(*size)
     )]
     CopyNoWindow {

@@ -6,7 +6,7 @@
 //! The crate `cuda-endpoints` re-exports it as `cuda_endpoints::model`
 //! with its feature `model` (`Context::model` makes a context over a new
 //! [`Model`]); the model fabric, which OS processes share, is this crate's
-//! feature `fabric` (module [`fabric`], the launcher `cuda-endpoints-fabric`).
+//! feature `fabric` (module `fabric`, the launcher `cuda-endpoints-fabric`).
 //!
 //! One [`Model`] value is one process of a simulated fabric: one or more
 //! nodes ([`FabricConfig`]), each with its devices. Values made with
