@@ -48,6 +48,8 @@ struct Inner {
     spare: Spare,
     /// The copy path, once chosen ([`Context::copy_path`]).
     copy_path: PathCell,
+    /// What the portable path learned of `cuMemcpyBatchAsync` (`copy/portable.rs`).
+    memcpy_batch: AtomicU8,
 }
 
 /// A pointer to the value of [`Inner::driver`].
@@ -122,6 +124,7 @@ impl Context {
                 teardown: Mutex::new(BoundedLog::new(Context::TEARDOWN_CAPACITY)),
                 spare: Default::default(),
                 copy_path: Default::default(),
+                memcpy_batch: AtomicU8::new(0),
             }),
         }
     }
@@ -195,6 +198,12 @@ impl Context {
     /// The copy path cell (see [`Context::copy_path`]).
     fn path_cell(&self) -> &PathCell {
         &self.inner.copy_path
+    }
+
+    /// What the portable path learned of `cuMemcpyBatchAsync` on this
+    /// context (`copy/portable.rs` reads and writes it).
+    pub(crate) fn memcpy_batch(&self) -> &AtomicU8 {
+        &self.inner.memcpy_batch
     }
 
     /// The spare one-id range (see [`Spare`]).
