@@ -365,7 +365,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             ts.enqueue(batch)?.wait()?;
             println!(
-                "typed batch of {n} puts reaches the driver as: {} cuMemcpyBatchAsync, {} cuMemcpyAsync, {} cuFabricCpyBatchAsync",
+                "typed batch of {n} put(s) reaches the driver as: {} cuMemcpyBatchAsync, {} cuMemcpyAsync, {} cuFabricCpyBatchAsync",
                 traced.count(Call::MemcpyBatchAsync),
                 traced.count(Call::MemcpyAsync),
                 traced.count(Call::FabricCpyBatchAsync)
