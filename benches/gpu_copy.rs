@@ -371,6 +371,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 traced.count(Call::FabricCpyBatchAsync)
             );
         }
+        // Every byte through the batch call, both ways: a pattern put from
+        // the host, 64 gets of it into device memory, 64 puts of that back
+        // further into the endpoint, read back to the host.
+        let pattern: Vec<u8> = (0..64 * SMALL).map(|i| (i * 7 + 3) as u8).collect();
+        let far = 64 * SMALL * 2;
+        traced.clear();
+        ts.enqueue(CopyBatch::new().put_host(pattern.clone(), &tep, 0))?
+            .wait()?;
+        let gets = (0..64).fold(CopyBatch::new(), |b, i| {
+            b.get(&tep, i * SMALL, &tsrc, i * SMALL, SMALL)
+        });
+        ts.enqueue(gets)?.wait()?;
+        let puts = (0..64).fold(CopyBatch::new(), |b, i| {
+            b.put(&tsrc, i * SMALL, &tep, far + i * SMALL, SMALL)
+        });
+        ts.enqueue(puts)?.wait()?;
+        let back = ts
+            .enqueue(CopyBatch::new().get_host(&tep, far, 64 * SMALL))?
+            .wait()?;
+        let right = back.received.first() == Some(&pattern);
+        println!(
+            "typed 64 gets then 64 puts, every byte checked: {} ({} cuMemcpyBatchAsync, {} cuMemcpyAsync)",
+            if right { "right" } else { "WRONG" },
+            traced.count(Call::MemcpyBatchAsync),
+            traced.count(Call::MemcpyAsync)
+        );
+        if !right {
+            return Err("the bytes through the typed batches are wrong".into());
+        }
         drop((ts, tb));
         tep.destroy()?.release()?;
         drop((tdst, tsrc, tctx));
@@ -422,8 +451,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 all[2].push(a.elapsed());
             }
         }
-        let e: Vec<_> = enq.iter_mut().filter(|v| !v.is_empty()).map(|v| stats(v)).collect();
-        let w: Vec<_> = all.iter_mut().filter(|v| !v.is_empty()).map(|v| stats(v)).collect();
+        let e: Vec<_> = enq
+            .iter_mut()
+            .filter(|v| !v.is_empty())
+            .map(|v| stats(v))
+            .collect();
+        let w: Vec<_> = all
+            .iter_mut()
+            .filter(|v| !v.is_empty())
+            .map(|v| stats(v))
+            .collect();
         let names = ["typed", "raw_loop", "raw_batch"];
         for (k, ((em, el, eh), (wm, wl, wh))) in e.iter().zip(&w).enumerate() {
             println!(

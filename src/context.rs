@@ -608,7 +608,8 @@ pub enum CopyPath {
     Fabric,
     /// One `cuMemcpyAsync` per target piece, through the endpoint's windows
     /// (made by a bring-up's `agree_bound`, or [`Endpoint::add_peer_window`](crate::Endpoint::add_peer_window));
-    /// a multicast put is one per member.
+    /// a multicast put is one per member. A batch of several pieces goes
+    /// as one `cuMemcpyBatchAsync` where the driver has it (12.8+).
     Portable,
 }
 

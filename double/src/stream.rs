@@ -20,8 +20,9 @@ use cuda_endpoints::driver::{MemcpyOp, Pointer};
 
 use crate::abi::*;
 use crate::ffi::{
-    CU_EVENT_DISABLE_TIMING, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-    CUevent, CUgraph, CUgraphExec, CUmemcpyAttributes, CUstreamCaptureMode,
+    CU_EVENT_DISABLE_TIMING, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CUevent, CUgraph, CUgraphExec, CUmemcpyAttributes,
+    CUstreamCaptureMode,
 };
 use crate::state::{self, INVALID_VALUE, NOT_READY};
 use crate::{model, out, read};

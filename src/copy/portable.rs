@@ -532,7 +532,10 @@ impl Stream {
             // `cuMemcpyAsync` ranges may not overlap: an op copying bytes
             // onto themselves (its local memory is what the endpoint reaches).
             for c in copies.iter().skip(first).filter(|c| c.size > 0) {
-                let (d_end, s_end) = (c.dst.ptr.saturating_add(c.size), c.src.ptr.saturating_add(c.size));
+                let (d_end, s_end) = (
+                    c.dst.ptr.saturating_add(c.size),
+                    c.src.ptr.saturating_add(c.size),
+                );
                 if c.src.ptr < d_end && c.dst.ptr < s_end {
                     return Err(onto_itself(i, list.get(i)));
                 }
@@ -722,15 +725,26 @@ mod tests {
             src: Pointer::device(src),
             size,
         };
-        let puts: Vec<MemcpyOp> = (0..64).map(|k| op(0x10_000 + k * 128, 0x90_000 + k * 64, 64)).collect();
+        let puts: Vec<MemcpyOp> = (0..64)
+            .map(|k| op(0x10_000 + k * 128, 0x90_000 + k * 64, 64))
+            .collect();
         assert!(batchable(&puts), "64 independent puts");
         assert!(!batchable(&puts[..1]), "one piece: cuMemcpyAsync");
         assert!(!batchable(&[]), "no piece");
         // Two pieces writing the same bytes (two endpoints, one memory).
-        assert!(!batchable(&[op(0x1000, 0x9000, 64), op(0x1020, 0x9100, 64)]));
+        assert!(!batchable(&[
+            op(0x1000, 0x9000, 64),
+            op(0x1020, 0x9100, 64)
+        ]));
         // A piece reading what another writes, before or after it.
-        assert!(!batchable(&[op(0x1000, 0x9000, 64), op(0x2000, 0x1030, 64)]));
-        assert!(!batchable(&[op(0x2000, 0x1030, 64), op(0x1000, 0x9000, 64)]));
+        assert!(!batchable(&[
+            op(0x1000, 0x9000, 64),
+            op(0x2000, 0x1030, 64)
+        ]));
+        assert!(!batchable(&[
+            op(0x2000, 0x1030, 64),
+            op(0x1000, 0x9000, 64)
+        ]));
         // Sources may overlap each other; touching ranges do not overlap.
         assert!(batchable(&[op(0x1000, 0x9000, 64), op(0x1040, 0x9000, 64)]));
         assert!(batchable(&[op(0x1000, 0x1040, 64), op(0x2000, 0x1080, 64)]));

@@ -23,7 +23,8 @@ use backend::{Inspect, Probe};
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
 use cuda_endpoints::{
     Allocation, Context, CopyBatch, CopyPath, Device, Endpoint, Error, Mapped, Multicast, Private,
-    Ready, Spec, Stream, backend::Policy,
+    Ready, Spec, Stream,
+    backend::Policy,
     driver::{Call, Code},
 };
 
@@ -528,7 +529,9 @@ fn a_batch_call_refused_once_sends_the_context_to_the_cu_memcpy_async_loop_for_g
         });
         stream.enqueue(puts).unwrap().wait().unwrap();
         assert_eq!(
-            model.read(owner.device_ptr() + round * 4096, bytes.len()).unwrap(),
+            model
+                .read(owner.device_ptr() + round * 4096, bytes.len())
+                .unwrap(),
             bytes,
             "round {round}"
         );

@@ -761,8 +761,7 @@ impl World {
             return Ok(());
         }
         let one = staged.map(|s| s.first().and_then(Option::as_ref));
-        let (exec, charge) =
-            self.memcpy_exec(pid, dst, src, size, stream, one, false)?;
+        let (exec, charge) = self.memcpy_exec(pid, dst, src, size, stream, one, false)?;
         self.push_execs(stream, vec![exec], charge)
     }
 
@@ -806,20 +805,20 @@ impl World {
         let mut spans = Vec::with_capacity(copies.len().min(1 << 16).saturating_mul(2));
         let mut charge = 0u64;
         for (i, c) in copies.iter().enumerate() {
-            let (exec, more) = self.memcpy_exec(
-                pid,
-                c.dst,
-                c.src,
-                c.size,
-                stream,
-                one(i),
-                true,
-            )?;
+            let (exec, more) = self.memcpy_exec(pid, c.dst, c.src, c.size, stream, one(i), true)?;
             execs.push(exec);
             charge = charge.saturating_add(more);
             if c.size > 0 {
-                spans.push((i, (Space::Addr, c.src.ptr, c.src.ptr.saturating_add(c.size)), false));
-                spans.push((i, (Space::Addr, c.dst.ptr, c.dst.ptr.saturating_add(c.size)), true));
+                spans.push((
+                    i,
+                    (Space::Addr, c.src.ptr, c.src.ptr.saturating_add(c.size)),
+                    false,
+                ));
+                spans.push((
+                    i,
+                    (Space::Addr, c.dst.ptr, c.dst.ptr.saturating_add(c.size)),
+                    true,
+                ));
             }
         }
         if dependent(&mut spans) {
