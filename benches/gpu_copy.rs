@@ -8,9 +8,20 @@
 //!   into the endpoint, enqueued and waited, against a raw `cuMemcpyAsync`
 //!   between the same two addresses on a raw stream and its
 //!   `cuStreamSynchronize`, for 4 KiB … 256 MiB;
-//! - small puts: a typed batch of 1, 64 and 1,024 puts of 64 bytes, against
-//!   the raw loop of as many `cuMemcpyAsync` calls; host time of the enqueue
-//!   alone (what the typed layer adds), and with the wait.
+//! - small puts: a typed batch of 1, 64 and 1,024 puts of 64 bytes (on the
+//!   portable path one `cuMemcpyBatchAsync` for several puts where the
+//!   driver has it, 12.8+; one `cuMemcpyAsync` for one put), against the
+//!   raw loop of as many `cuMemcpyAsync` calls, and, for reference, the raw
+//!   `cuMemcpyBatchAsync` of the same puts (arrays filled inside the timing,
+//!   one attribute: source in stream order, no hints); host time of the
+//!   enqueue alone (what the typed layer adds), and with the wait; what the
+//!   typed batch costs over the raw loop per batch and per put. Which calls
+//!   a typed batch makes is counted first, once, on a traced context
+//!   (untimed).
+//!
+//! `benches/report.sh --gpu LOG` rewrites the GPU tables of
+//! `benches/README.md` from this output (saved with `# report:` lines for
+//! the run: `scripts/gpu-suite.sh bench` writes them).
 //!
 //! Typed and raw alternate repetition by repetition; every figure is a
 //! median with its range (min–max). Then the free-memory question of issue
@@ -26,10 +37,12 @@
 //! set before the context is made).
 
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cuda_endpoints::backend::Policy;
 use cuda_endpoints::driver::cuda::Cuda;
+use cuda_endpoints::driver::{Call, Traced};
 use cuda_endpoints::{Allocation, Context, CopyBatch, Device, Private, Spec, Stream};
 
 /// `Context::auto` over the real driver, for a team of device 0 (the
@@ -50,6 +63,41 @@ type StreamDestroy = unsafe extern "C" fn(*mut c_void) -> u32;
 type StreamSync = unsafe extern "C" fn(*mut c_void) -> u32;
 type Memcpy = unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> u32;
 type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> u32;
+type MemcpyBatch = unsafe extern "C" fn(
+    *mut u64,
+    *mut u64,
+    *mut usize,
+    usize,
+    *mut MemcpyAttributes,
+    *mut usize,
+    usize,
+    *mut c_void,
+) -> u32;
+
+/// `CUmemLocation`.
+#[repr(C)]
+struct MemLocation {
+    type_: u32,
+    id: i32,
+}
+
+/// `CUmemcpyAttributes` (the layout `src/driver/cuda/ffi.rs` declares and
+/// `ci/abi-check.sh` compares with cuda.h 13.0-13.5).
+#[repr(C)]
+struct MemcpyAttributes {
+    src_access_order: u32,
+    src_loc_hint: MemLocation,
+    dst_loc_hint: MemLocation,
+    flags: u32,
+}
+
+/// The raw `cuMemcpyBatchAsync`'s arrays, filled inside the timing.
+#[derive(Default)]
+struct BatchArrays {
+    dsts: Vec<u64>,
+    srcs: Vec<u64>,
+    sizes: Vec<usize>,
+}
 
 /// The raw side: libcuda's own entry points.
 struct Raw {
@@ -59,6 +107,8 @@ struct Raw {
     sync: StreamSync,
     destroy: StreamDestroy,
     info: MemGetInfo,
+    /// `cuMemcpyBatchAsync_v2` (cuda.h 13.0+), when the driver exports it.
+    batch: Option<MemcpyBatch>,
 }
 
 fn check(what: &str, r: u32) -> Result<(), String> {
@@ -98,6 +148,10 @@ impl Raw {
             let info = *lib
                 .get::<MemGetInfo>(b"cuMemGetInfo_v2\0")
                 .map_err(|e| e.to_string())?;
+            let batch = lib
+                .get::<MemcpyBatch>(b"cuMemcpyBatchAsync_v2\0")
+                .ok()
+                .map(|f| *f);
             check("cuInit", init(0))?;
             let mut pctx = std::ptr::null_mut();
             check("cuDevicePrimaryCtxRetain", retain(&mut pctx, 0))?;
@@ -112,6 +166,7 @@ impl Raw {
                 sync,
                 destroy,
                 info,
+                batch,
             })
         }
     }
@@ -121,6 +176,44 @@ impl Raw {
         // valid for `size` bytes until the synchronize below.
         let r = unsafe { (self.memcpy)(dst, src, size as usize, self.stream) };
         assert_eq!(r, 0, "cuMemcpyAsync");
+    }
+
+    /// One `cuMemcpyBatchAsync` of `n` puts of `SMALL` bytes, the arrays
+    /// filled here (as a raw program fills them).
+    fn copy_batch(&self, a: &mut BatchArrays, d: u64, s: u64, n: u64) {
+        let Some(f) = self.batch else { return };
+        a.dsts.clear();
+        a.srcs.clear();
+        a.sizes.clear();
+        for i in 0..n {
+            a.dsts.push(d + i * SMALL);
+            a.srcs.push(s + i * SMALL);
+            a.sizes.push(SMALL as usize);
+        }
+        // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, CU_MEM_LOCATION_TYPE_INVALID hints.
+        let mut attr = MemcpyAttributes {
+            src_access_order: 1,
+            src_loc_hint: MemLocation { type_: 0, id: 0 },
+            dst_loc_hint: MemLocation { type_: 0, id: 0 },
+            flags: 0,
+        };
+        let mut at = 0usize;
+        // SAFETY: `n` entries in each array, one attribute applying from
+        // copy 0; every range is mapped device memory of this process,
+        // valid until the synchronize that follows; the copies do not overlap.
+        let r = unsafe {
+            f(
+                a.dsts.as_mut_ptr(),
+                a.srcs.as_mut_ptr(),
+                a.sizes.as_mut_ptr(),
+                n as usize,
+                &mut attr,
+                &mut at,
+                1,
+                self.stream,
+            )
+        };
+        assert_eq!(r, 0, "cuMemcpyBatchAsync_v2");
     }
 
     fn sync(&self) {
@@ -251,23 +344,88 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         size *= 4;
     }
 
+    // Which calls a typed batch of small puts makes, counted once on a
+    // traced context of its own (untimed: the trace formats every call).
+    {
+        let traced = Arc::new(Traced::new(Cuda::open()?));
+        let (tctx, _) = Context::auto(traced.clone(), &[Device(0)], &Policy::from_env())?;
+        let tep = tctx
+            .reserve_one()?
+            .create(Spec::unicast(0, 2 << 20))?
+            .wait(Duration::from_secs(10))?;
+        let tdst = Allocation::<Private>::on_device(&tctx, 0, 2 << 20)?.map(&[0])?;
+        let tsrc = Allocation::<Private>::on_device(&tctx, 0, 2 << 20)?.map(&[0])?;
+        let tb = tep.bind(0, 0, &tdst)?;
+        let ts = Stream::new(&tctx, 0)?;
+        for n in [1u64, 64] {
+            traced.clear();
+            let mut batch = CopyBatch::new();
+            for i in 0..n {
+                batch = batch.put(&tsrc, i * SMALL, &tep, i * SMALL, SMALL);
+            }
+            ts.enqueue(batch)?.wait()?;
+            println!(
+                "typed batch of {n} put(s) reaches the driver as: {} cuMemcpyBatchAsync, {} cuMemcpyAsync, {} cuFabricCpyBatchAsync",
+                traced.count(Call::MemcpyBatchAsync),
+                traced.count(Call::MemcpyAsync),
+                traced.count(Call::FabricCpyBatchAsync)
+            );
+        }
+        // Every byte through the batch call, both ways: a pattern put from
+        // the host, 64 gets of it into device memory, 64 puts of that back
+        // further into the endpoint, read back to the host.
+        let pattern: Vec<u8> = (0..64 * SMALL).map(|i| (i * 7 + 3) as u8).collect();
+        let far = 64 * SMALL * 2;
+        traced.clear();
+        ts.enqueue(CopyBatch::new().put_host(pattern.clone(), &tep, 0))?
+            .wait()?;
+        let gets = (0..64).fold(CopyBatch::new(), |b, i| {
+            b.get(&tep, i * SMALL, &tsrc, i * SMALL, SMALL)
+        });
+        ts.enqueue(gets)?.wait()?;
+        let puts = (0..64).fold(CopyBatch::new(), |b, i| {
+            b.put(&tsrc, i * SMALL, &tep, far + i * SMALL, SMALL)
+        });
+        ts.enqueue(puts)?.wait()?;
+        let back = ts
+            .enqueue(CopyBatch::new().get_host(&tep, far, 64 * SMALL))?
+            .wait()?;
+        let right = back.received.first() == Some(&pattern);
+        println!(
+            "typed 64 gets then 64 puts, every byte checked: {} ({} cuMemcpyBatchAsync, {} cuMemcpyAsync)",
+            if right { "right" } else { "WRONG" },
+            traced.count(Call::MemcpyBatchAsync),
+            traced.count(Call::MemcpyAsync)
+        );
+        if !right {
+            return Err("the bytes through the typed batches are wrong".into());
+        }
+        drop((ts, tb));
+        tep.destroy()?.release()?;
+        drop((tdst, tsrc, tctx));
+    }
     println!(
-        "\n== small puts: a batch of N puts of {SMALL} bytes (median of {reps}, min-max, microseconds)"
+        "raw cuMemcpyBatchAsync_v2: {}",
+        if raw.batch.is_some() {
+            "exported by this driver"
+        } else {
+            "not exported by this driver (its rows are left out)"
+        }
+    );
+
+    println!(
+        "\n== small puts: a batch of N puts of {SMALL} bytes, host microseconds (median of {reps}, min-max); ratios against the raw loop of cuMemcpyAsync"
     );
     println!(
-        "{:>6} {:>16} {:>16} {:>8} {:>16} {:>16} {:>8} {:>12} {:>10}",
-        "ops",
-        "typed enqueue",
-        "raw calls",
-        "ratio",
-        "typed +wait",
-        "raw +sync",
-        "ratio",
-        "ns/batch",
-        "ns/op"
+        "{:>6} {:<10} {:>8} {:>16} {:>8} {:>16} {:>10} {:>10}",
+        "ops", "variant", "enqueue", "(min-max)", "+wait", "(min-max)", "enq/loop", "wait/loop"
     );
+    let mut arrays = BatchArrays::default();
+    let mut overheads = Vec::new();
     for n in [1u64, 64, 1024] {
-        let (mut te, mut re, mut tw, mut rw) = (vec![], vec![], vec![], vec![]);
+        // Typed, raw loop, raw batch call: interleaved repetition by repetition.
+        let mut enq: [Vec<Duration>; 3] = Default::default();
+        let mut all: [Vec<Duration>; 3] = Default::default();
         for _ in 0..reps {
             let a = Instant::now();
             let mut batch = CopyBatch::new();
@@ -275,37 +433,65 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 batch = batch.put(&src, i * SMALL, &ep, i * SMALL, SMALL);
             }
             let token = stream.enqueue(batch)?;
-            te.push(a.elapsed());
+            enq[0].push(a.elapsed());
             token.wait()?;
-            tw.push(a.elapsed());
+            all[0].push(a.elapsed());
             let a = Instant::now();
             for i in 0..n {
                 raw.copy(d + i * SMALL, s + i * SMALL, SMALL);
             }
-            re.push(a.elapsed());
+            enq[1].push(a.elapsed());
             raw.sync();
-            rw.push(a.elapsed());
+            all[1].push(a.elapsed());
+            if raw.batch.is_some() {
+                let a = Instant::now();
+                raw.copy_batch(&mut arrays, d, s, n);
+                enq[2].push(a.elapsed());
+                raw.sync();
+                all[2].push(a.elapsed());
+            }
         }
-        let (tem, tel, teh) = stats(&mut te);
-        let (rem, rel, reh) = stats(&mut re);
-        let (twm, _, _) = stats(&mut tw);
-        let (rwm, _, _) = stats(&mut rw);
-        let over = tem.as_nanos() as f64 - rem.as_nanos() as f64;
+        let e: Vec<_> = enq
+            .iter_mut()
+            .filter(|v| !v.is_empty())
+            .map(|v| stats(v))
+            .collect();
+        let w: Vec<_> = all
+            .iter_mut()
+            .filter(|v| !v.is_empty())
+            .map(|v| stats(v))
+            .collect();
+        let names = ["typed", "raw_loop", "raw_batch"];
+        for (k, ((em, el, eh), (wm, wl, wh))) in e.iter().zip(&w).enumerate() {
+            println!(
+                "{:>6} {:<10} {:>8.1} {:>16} {:>8.1} {:>16} {:>10.3} {:>10.3}",
+                n,
+                names[k],
+                us(*em),
+                format!("({:.1}-{:.1})", us(*el), us(*eh)),
+                us(*wm),
+                format!("({:.1}-{:.1})", us(*wl), us(*wh)),
+                us(*em) / us(e[1].0),
+                us(*wm) / us(w[1].0),
+            );
+        }
+        let over = |base: Duration| e[0].0.as_nanos() as f64 - base.as_nanos() as f64;
+        overheads.push((n, over(e[1].0), e.get(2).map(|b| over(b.0))));
+    }
+    println!("\n== small puts: the typed batch's enqueue over raw (medians; negative: faster)");
+    println!(
+        "{:>6} {:>16} {:>12} {:>16} {:>12}",
+        "ops", "ns/batch, loop", "ns/op, loop", "ns/batch, batch", "ns/op, batch"
+    );
+    for (n, loop_, batch) in overheads {
+        let b = |x: Option<f64>, per: f64| x.map_or("-".to_owned(), |v| format!("{:.1}", v / per));
         println!(
-            "{:>6} {:>6.1} ({:.1}-{:.1}) {:>6.1} ({:.1}-{:.1}) {:>8.3} {:>16.1} {:>16.1} {:>8.3} {:>12.0} {:>10.1}",
+            "{:>6} {:>16.0} {:>12.1} {:>16} {:>12}",
             n,
-            us(tem),
-            us(tel),
-            us(teh),
-            us(rem),
-            us(rel),
-            us(reh),
-            us(tem) / us(rem),
-            us(twm),
-            us(rwm),
-            us(twm) / us(rwm),
-            over,
-            over / n as f64,
+            loop_,
+            loop_ / n as f64,
+            b(batch, 1.0),
+            b(batch, n as f64)
         );
     }
     drop(binding);

@@ -14,6 +14,13 @@
 #                               only it (or reads LOG) and rewrites only its
 #                               tables (bring_up, bring_up_fit) and its run
 #                               line (bring_up_run); it needs no Valgrind
+#   benches/report.sh --gpu LOG
+#                               the GPU tables (gpu: bandwidth and small puts,
+#                               typed against raw) and their run line
+#                               (gpu_run) from a saved output of
+#                               benches/gpu_copy.rs on the GPU machine
+#                               (`scripts/gpu-suite.sh bench` writes one, with
+#                               its `# report:` lines); nothing is run
 #
 # Only the text between `<!-- report:NAME -->` and `<!-- /report:NAME -->`
 # is rewritten; the prose around it is written by hand and names the commit
@@ -26,7 +33,11 @@ root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 readme=$root/benches/README.md
 
 only=
-if [[ ${1:-} == --bench ]]; then
+if [[ ${1:-} == --gpu ]]; then
+    [[ $# -eq 2 && -f $2 ]] || { echo "benches/report.sh: --gpu takes the saved output of gpu_copy" >&2; exit 2; }
+    only=gpu
+    shift
+elif [[ ${1:-} == --bench ]]; then
     [[ ${2:-} == bring_up ]] || { echo "benches/report.sh: --bench takes bring_up" >&2; exit 2; }
     only=bring_up
     shift 2
@@ -58,6 +69,63 @@ fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
+# The GPU run (benches/gpu_copy.rs): its own rows, its own sections.
+gpu_tables() {
+    sed 's/\x1b\[[0-9;]*m//g' "$log" | awk -v out="$out" '
+function emit(name, text,   file) { file = out "/" name; printf "%s", text > file; close(file) }
+function range(r) { gsub(/[()]/, "", r); sub(/-/, "–", r); return r }
+function commas(x,   s, r) { s = sprintf("%d", x); r = ""; while (length(s) > 3) { r = "," substr(s, length(s) - 2) r; s = substr(s, 1, length(s) - 3) } return s r }
+/^# report: / { sub(/^# report: /, ""); k = $0; sub(/=.*/, "", k); v = $0; sub(/^[^=]*=/, "", v); META[k] = v; next }
+/^context: Context::auto\(\)/ { ctx = $0; sub(/^context: Context::auto\(\), /, "", ctx); sub(/Some\(/, "", ctx); sub(/\), copy path/, ", copy path", ctx); sub(/^driver /, "cuDriverGetVersion ", ctx); next }
+/^typed batch of [0-9]+ put\(s\) reaches the driver as:/ { n = $4; v = $0; sub(/.*as: /, "", v); CALLS[n] = v; next }
+/^== bandwidth:/ { sec = "bw"; reps = $0; sub(/.*median of /, "", reps); sub(/,.*/, "", reps); next }
+/^== small puts: a batch/ { sec = "small"; next }
+/^== small puts: the typed batch/ { sec = "over"; next }
+/^==/ { sec = ""; next }
+sec == "bw" && /^ *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ / { BW[++nbw] = $0; next }
+sec == "small" && /^ *[0-9]+ +(typed|raw_loop|raw_batch) / {
+    k = $1 SUBSEP $2; HAVE[k] = 1; OPS[$1] = 1
+    E[k] = $3; ER[k] = range($4); W[k] = $5; WR[k] = range($6); EQ[k] = $7; WQ[k] = $8; next
+}
+sec == "over" && /^ *[0-9]+ +-?[0-9.]+ / { OB[$1] = $2; OP[$1] = $3; BB[$1] = $4; BP[$1] = $5; next }
+END {
+    if (nbw == 0) missing = missing " bandwidth"
+    t = "| bytes | typed GB/s | raw GB/s | typed / raw | typed µs (min–max) | raw µs (min–max) |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    for (i = 1; i <= nbw; i++) {
+        split(BW[i], c, " +"); o = (c[1] == "" ? 1 : 0)
+        t = t sprintf("| %s | %s | %s | %s | %s (%s) | %s (%s) |\n", commas(c[1+o]), c[2+o], c[3+o], c[4+o], c[5+o], range(c[6+o]), c[7+o], range(c[8+o]))
+    }
+    t = t "\n| puts of 64 B | typed enqueue µs (min–max) | raw `cuMemcpyAsync` loop | raw `cuMemcpyBatchAsync` | typed / loop | typed / batch call | typed + wait | loop + sync | batch call + sync | typed over the loop, ns per batch | … per put |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    nops = 0
+    split("1 64 1024", ops, " ")
+    for (i = 1; i <= 3; i++) {
+        n = ops[i]
+        if (!((n SUBSEP "typed") in HAVE) || !((n SUBSEP "raw_loop") in HAVE)) { missing = missing " small@" n; continue }
+        ty = n SUBSEP "typed"; lo = n SUBSEP "raw_loop"; ba = n SUBSEP "raw_batch"
+        hb = (ba in HAVE)
+        t = t sprintf("| %s | %s (%s) | %s (%s) | %s | %.3f | %s | %s | %s | %s | %s | %s |\n", commas(n), E[ty], ER[ty], E[lo], ER[lo], \
+            hb ? E[ba] " (" ER[ba] ")" : "—", EQ[ty], hb && E[ba] > 0 ? sprintf("%.3f", E[ty] / E[ba]) : "—", \
+            W[ty], W[lo], hb ? W[ba] : "—", (n in OB) ? OB[n] : "—", (n in OP) ? OP[n] : "—")
+    }
+    emit("gpu", t)
+    if (!("date" in META)) missing = missing " run"
+    calls = ""
+    split("1 64", cn, " ")
+    for (i = 1; i <= 2; i++) {
+        n = cn[i]
+        if (!(n in CALLS)) { missing = missing " calls@" n; continue }
+        calls = calls sprintf("%sa typed batch of %s put%s reached the driver as %s", calls == "" ? "" : "; ", n, n == 1 ? "" : "s", CALLS[n])
+    }
+    emit("gpu_run", sprintf("Every figure of the GPU tables is from one `gpu_copy` run (`scripts/gpu-suite.sh bench`, read by `benches/report.sh --gpu`): %s, commit `%s`, %s, %s, medians of %s interleaved repetitions; %s (counted on a traced context, untimed).\n", \
+        META["date"], META["commit"], META["gpu"], ctx, reps, calls))
+    if (missing != "") { print "benches/report.sh: not in the GPU output:" missing > "/dev/stderr"; exit 1 }
+}
+'
+}
+
+if [[ $only == gpu ]]; then
+    gpu_tables
+else
 # Strip colours, then read the figures each bench prints. gungraun prints a
 # header `file::group::function id:setup(args)` and, under it,
 # `Instructions:   N|OLD   (change)`; readiness_heap, bring_up and
@@ -237,6 +305,7 @@ END {
     if (missing != "") { print "benches/report.sh: not in the output:" missing > "/dev/stderr"; exit 1 }
 }
 '
+fi
 
 # Rewrite the marked sections.
 awk -v out="$out" '

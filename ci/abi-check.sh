@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ABI check: the C declarations of src/driver/cuda/ffi.rs (and every CUresult
-# that `Code` names) against the real cuda.h of CUDA 13.3, 13.4 and 13.5.
+# that `Code` names) against the real cuda.h of CUDA 13.3, 13.4 and 13.5, and
+# the portable path's `cuMemcpyBatchAsync_v2` against 13.0 (driver 580's).
 #
 # The C file is generated from the Rust declarations (src/driver/cuda/abi.rs,
 # the same generator the libcuda double's check uses: one C ABI)
@@ -54,9 +55,29 @@ grep -q '#define CUDA_VERSION 1305' "$header" || { echo "abi-check: the newest h
 for item in 'offsetof(CUfabricCpyOperand, op.ptr.locHint)' 'offsetof(CUfabricCpyOperand, op.le.offset)' \
             'sizeof(CUDA_FABRIC_COPY_BATCH_OP)' 'cuFabricCpyBatchAsync' 'cuStreamCreate' 'cuMemcpyAsync' \
             'CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT' 'cuStreamBeginCapture_v2' 'cuGraphLaunch' \
-            'cuGraphInstantiateWithFlags' 'cuEventRecord' 'cuEventDestroy_v2'; do
+            'cuGraphInstantiateWithFlags' 'cuEventRecord' 'cuEventDestroy_v2' \
+            'check_cuMemcpyBatchAsync_v2)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *, size_t, CUstream)' \
+            'offsetof(CUmemcpyAttributes, dstLocHint)' 'CU_MEMCPY_SRC_ACCESS_ORDER_STREAM'; do
     grep -qF "$item" "$work/abi_check.c" || { echo "abi-check: $item is not checked" >&2; exit 1; }
 done
+
+# The portable path's batch call as driver 580 (CUDA 13.0, the GPU machines)
+# declares it: `cuMemcpyBatchAsync_v2` without 12.8's `failIdx`, and
+# `CUmemcpyAttributes`. The 13.0 header has no logical endpoints, so only
+# those checks (and the base types they use) are compiled against it.
+dir13="$work/cu-130"
+if [ ! -f "$dir13/nvidia/cu13/include/cuda.h" ]; then
+    python3 -m pip download --quiet --no-deps --only-binary=:all: \
+        --platform manylinux2014_x86_64 --python-version 3.12 \
+        'nvidia-cuda-runtime==13.0.*' -d "$dir13"
+    (cd "$dir13" && python3 -m zipfile -e ./*.whl .)
+fi
+{ sed -n '1,/^#define CHECK/p' "$work/abi_check.c"
+  grep -E 'CUmemcpy|MEMCPY|CUmemLocation|cuMemcpyAsync|\(CUdeviceptr\)|\(CUstream\)' "$work/abi_check.c"; } > "$work/abi_check_13000.c"
+grep -qF 'check_cuMemcpyBatchAsync_v2' "$work/abi_check_13000.c"
+echo "abi-check: $(grep -m1 '#define CUDA_VERSION' "$dir13/nvidia/cu13/include/cuda.h") (cuMemcpyBatchAsync_v2)"
+"$CC" -fsyntax-only -std=c11 -Wall -Werror=incompatible-pointer-types \
+    -I "$dir13/nvidia/cu13/include" "$work/abi_check_13000.c"
 
 # Every CUresult of the newest header has a name in `Code`.
 missing=$(awk '/typedef enum cudaError_enum/,/} CUresult;/' "$header" \

@@ -8,6 +8,11 @@
 #                                     # probe, then the suite, one test at a
 #                                     # time; ARGS go to the test binary
 #                                     # (e.g. a test-name filter)
+#   scripts/gpu-suite.sh bench [REPS]  # on the GPU machine: only the data-path
+#                                     # bench (benches/gpu_copy.rs), its output
+#                                     # with `# report:` lines in
+#                                     # $OUT/gpu_copy.log (else .gpu-bin/), for
+#                                     # `benches/report.sh --gpu LOG` here
 #
 # .gpu-bin/ is ignored through .git/info/exclude (never .gitignore), so it
 # has to be carried to the GPU machine explicitly.
@@ -51,7 +56,7 @@ build() {
     command -v cargo >/dev/null || die "cargo not found: build on a machine with the Rust toolchain"
     cd "$root"
     exclude_bin
-    local json tests_exe probe_exe overhead_exe
+    local json tests_exe probe_exe overhead_exe copy_exe
     json="$(mktemp)"
     trap 'rm -f "$json"' RETURN
     # cudarc (used by tests/gpu.rs) needs a CUDA version; the test machines run 13.0.
@@ -71,13 +76,19 @@ build() {
     cp -f "$tests_exe" "$bin/gpu"
     cp -f "$probe_exe" "$bin/probe"
     [ -n "$overhead_exe" ] && cp -f "$overhead_exe" "$bin/driver_overhead"
-    [ -n "$copy_exe" ] && cp -f "$copy_exe" "$bin/gpu_copy"
+    [ -n "$copy_exe" ] && [ -x "$copy_exe" ] || die "no executable for benches/gpu_copy.rs in cargo's output"
+    cp -f "$copy_exe" "$bin/gpu_copy"
+    # The commit the binaries were built from, for the bench's report lines.
+    {
+        git rev-parse --short HEAD 2>/dev/null || echo unknown
+    } | tr -d '\n' >"$bin/commit"
+    git diff --quiet HEAD -- . 2>/dev/null || printf ' (with uncommitted changes)' >>"$bin/commit"
     if command -v strip >/dev/null; then
         strip "$bin/gpu" "$bin/probe"
     fi
     chmod +x "$bin/gpu" "$bin/probe"
     echo "gpu-suite: built"
-    ls -l "$bin/gpu" "$bin/probe"
+    ls -l "$bin/gpu" "$bin/probe" "$bin/gpu_copy"
     echo "gpu-suite: carry .gpu-bin to the GPU machine and run: scripts/gpu-suite.sh run"
 }
 
@@ -110,10 +121,33 @@ run() {
     fi
 }
 
+# Only the data-path bench, its output saved with the run's `# report:`
+# lines for benches/report.sh --gpu.
+bench() {
+    [ -x "$bin/gpu_copy" ] ||
+        die "no gpu_copy in $bin: run 'scripts/gpu-suite.sh build' where cargo is, and carry .gpu-bin"
+    export CUDA_ENDPOINTS_DENY=cuMulticastCreate
+    export CUDA_ENDPOINTS_CLASSIC_MULTICAST=0
+    local logs="${OUT:-$bin}" gpu
+    mkdir -p "$logs"
+    gpu="$( (nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo unknown) | head -n 1)"
+    {
+        echo "# report: date=$(date -u +%F)"
+        echo "# report: commit=$(cat "$bin/commit" 2>/dev/null || echo unknown)"
+        echo "# report: gpu=${gpu//,/, driver}"
+        echo "# report: host=$(uname -srm)"
+        echo "# report: load_before=$(uptime | sed 's/.*load average: //')"
+    } >"$logs/gpu_copy.log"
+    "$bin/gpu_copy" "$@" 2>&1 | tee -a "$logs/gpu_copy.log"
+    echo "# report: load_after=$(uptime | sed 's/.*load average: //')" >>"$logs/gpu_copy.log"
+    echo "gpu-suite: saved $logs/gpu_copy.log (benches/report.sh --gpu LOG rewrites benches/README.md from it)"
+}
+
 mode="${1:-}"
 [ $# -gt 0 ] && shift
 case "$mode" in
 build) build ;;
 run) run "$@" ;;
-*) die "usage: scripts/gpu-suite.sh build | run [test-binary args]" ;;
+bench) bench "$@" ;;
+*) die "usage: scripts/gpu-suite.sh build | run [test-binary args] | bench [repetitions]" ;;
 esac

@@ -48,6 +48,8 @@ struct Inner {
     spare: Spare,
     /// The copy path, once chosen ([`Context::copy_path`]).
     copy_path: PathCell,
+    /// What the portable path learned of `cuMemcpyBatchAsync` (`copy/portable.rs`).
+    memcpy_batch: AtomicU8,
 }
 
 /// A pointer to the value of [`Inner::driver`].
@@ -122,6 +124,7 @@ impl Context {
                 teardown: Mutex::new(BoundedLog::new(Context::TEARDOWN_CAPACITY)),
                 spare: Default::default(),
                 copy_path: Default::default(),
+                memcpy_batch: AtomicU8::new(0),
             }),
         }
     }
@@ -195,6 +198,12 @@ impl Context {
     /// The copy path cell (see [`Context::copy_path`]).
     fn path_cell(&self) -> &PathCell {
         &self.inner.copy_path
+    }
+
+    /// What the portable path learned of `cuMemcpyBatchAsync` on this
+    /// context (`copy/portable.rs` reads and writes it).
+    pub(crate) fn memcpy_batch(&self) -> &AtomicU8 {
+        &self.inner.memcpy_batch
     }
 
     /// The spare one-id range (see [`Spare`]).
@@ -599,7 +608,8 @@ pub enum CopyPath {
     Fabric,
     /// One `cuMemcpyAsync` per target piece, through the endpoint's windows
     /// (made by a bring-up's `agree_bound`, or [`Endpoint::add_peer_window`](crate::Endpoint::add_peer_window));
-    /// a multicast put is one per member.
+    /// a multicast put is one per member. A batch of several pieces goes
+    /// as one `cuMemcpyBatchAsync` where the driver has it (12.8+).
     Portable,
 }
 

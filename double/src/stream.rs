@@ -1,5 +1,6 @@
-//! Streams and `cuMemcpyAsync` (every version the double pretends): the
-//! model's streams behind `CUstream` values, the copy in stream order.
+//! Streams, `cuMemcpyAsync` and `cuMemcpyBatchAsync_v2` (every version the
+//! double pretends; the batch `NOT_SUPPORTED` before 12.8): the model's
+//! streams behind `CUstream` values, the copies in stream order.
 //! Each needs a current context, as on a real driver; `cuStreamCreate`
 //! makes its stream on the current context's device.
 //!
@@ -15,15 +16,16 @@
 use std::ffi::{c_uint, c_ulonglong};
 
 use cuda_endpoints::Device;
-use cuda_endpoints::driver::Pointer;
+use cuda_endpoints::driver::{MemcpyOp, Pointer};
 
 use crate::abi::*;
 use crate::ffi::{
-    CU_EVENT_DISABLE_TIMING, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CUevent, CUgraph, CUgraphExec,
+    CU_EVENT_DISABLE_TIMING, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CUevent, CUgraph, CUgraphExec, CUmemcpyAttributes,
     CUstreamCaptureMode,
 };
 use crate::state::{self, INVALID_VALUE, NOT_READY};
-use crate::{model, out};
+use crate::{model, out, read};
 
 /// `CU_STREAM_DEFAULT`, `CU_STREAM_NON_BLOCKING`.
 const STREAM_FLAGS: c_uint = 1;
@@ -57,6 +59,53 @@ fn pointer(ptr: CUdeviceptr, len: u64) -> Result<Pointer, CUresult> {
     } else {
         Ok(Pointer::host(ptr))
     }
+}
+
+/// The most copies of one `cuMemcpyBatchAsync` the double reads (a
+/// longer list is refused rather than allocated for).
+const MAX_BATCH: usize = 1 << 20;
+
+/// The arrays of a `cuMemcpyBatchAsync` as the model's copies, checked as
+/// cuda.h states: `count` copies; `numAttrs` (at least 1, at most `count`)
+/// attributes, each with a valid `srcAccessOrder` (the double takes only
+/// `CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`, the one the backend sends), applied
+/// from `attrsIdxs[k]`, which starts at 0 and rises below `count`.
+#[allow(clippy::too_many_arguments)]
+fn batch(
+    dsts: *mut CUdeviceptr,
+    srcs: *mut CUdeviceptr,
+    sizes: *mut size_t,
+    count: size_t,
+    attrs: *mut CUmemcpyAttributes,
+    attrs_idxs: *mut size_t,
+    num_attrs: size_t,
+) -> Result<Vec<MemcpyOp>, CUresult> {
+    if count == 0 || count > MAX_BATCH || num_attrs == 0 || num_attrs > count {
+        return Err(INVALID_VALUE);
+    }
+    let mut last = None;
+    for k in 0..num_attrs {
+        // `cuda.h`: `attrs` and `attrsIdxs` hold `numAttrs` entries (read only).
+        let a = read(attrs.cast_const().wrapping_add(k))?;
+        let at = read(attrs_idxs.cast_const().wrapping_add(k))?;
+        let rising = match last {
+            None => at == 0,
+            Some(l) => at > l,
+        };
+        if a.srcAccessOrder != CU_MEMCPY_SRC_ACCESS_ORDER_STREAM || !rising || at >= count {
+            return Err(INVALID_VALUE);
+        }
+        last = Some(at);
+    }
+    let mut copies = Vec::with_capacity(count);
+    for i in 0..count {
+        // `cuda.h`: `dsts`, `srcs` and `sizes` hold `count` entries (read only).
+        let size = read(sizes.cast_const().wrapping_add(i))? as u64;
+        let dst = pointer(read(dsts.cast_const().wrapping_add(i))?, size)?;
+        let src = pointer(read(srcs.cast_const().wrapping_add(i))?, size)?;
+        copies.push(MemcpyOp { dst, src, size });
+    }
+    Ok(copies)
 }
 
 crate::abi::exports! {
@@ -97,6 +146,28 @@ crate::abi::exports! {
         // SAFETY: as above; a host pointer is the caller's word (`cuda.h`:
         // both ranges valid until the stream passed the copy).
         model(|m| unsafe { m.memcpy_async(dst, src, size, handle(h_stream)) })
+    }
+    // The 13.0 prototype (cuda.h maps `cuMemcpyBatchAsync` to it); 12.8's
+    // `cuMemcpyBatchAsync` (with `failIdx`) is not exported: the backend
+    // never resolves it. One attribute entry per batch is what the backend
+    // sends; the double accepts any valid list.
+    [13000] fn cuMemcpyBatchAsync_v2(
+        dsts: *mut CUdeviceptr,
+        srcs: *mut CUdeviceptr,
+        sizes: *mut size_t,
+        count: size_t,
+        attrs: *mut CUmemcpyAttributes,
+        attrs_idxs: *mut size_t,
+        num_attrs: size_t,
+        h_stream: CUstream,
+    ) {
+        ctx("cuMemcpyBatchAsync")?;
+        if state::with(|d| d.version) < 12080 {
+            return Err(state::NOT_SUPPORTED);
+        }
+        let copies = batch(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs)?;
+        // SAFETY: as `cuMemcpyAsync`, for every copy.
+        model(|m| unsafe { m.memcpy_batch_async(copies, handle(h_stream)) })
     }
     [13000] fn cuStreamBeginCapture_v2(h_stream: CUstream, mode: CUstreamCaptureMode) {
         ctx("cuStreamBeginCapture")?;

@@ -1,8 +1,10 @@
 //! The portable data path (issue 19, item 4; a child of `copy`, issue 27,
 //! item 3): on drivers without `cuFabricCpyBatchAsync` (before 13.5, and
-//! the classic fallback) the same [`crate::CopyBatch`] runs as
-//! `cuMemcpyAsync` through memory this process has mapped for every target
-//! of the endpoint.
+//! the classic fallback) the same [`crate::CopyBatch`] runs as copies
+//! through memory this process has mapped for every target of the
+//! endpoint: one `cuMemcpyBatchAsync` for a batch of several pieces where
+//! the driver has it (12.8+, issue 30 item 5), else one `cuMemcpyAsync`
+//! per piece.
 //!
 //! What this file owns (the choice of path, [`crate::CopyPath`], is the context's:
 //! [`crate::Context::copy_path`]):
@@ -25,7 +27,16 @@
 //! - [`resolve`]: one endpoint operand of a checked batch → the local
 //!   address pieces of every target, with what they keep alive; an error
 //!   before the driver ([`Error::CopyNoWindow`]) when a target's bytes have
-//!   no window.
+//!   no window;
+//! - which call carries the pieces: `cuMemcpyBatchAsync` (one call, one
+//!   attribute for all: source in stream order, no hints) when the driver
+//!   reports 12.8+ and the pieces are several, none host memory of the
+//!   process and none dependent on another (`batchable`); else, and for
+//!   good on a context whose driver refused the batch call once
+//!   (`NOT_SUPPORTED`: a driver without `cuMemcpyBatchAsync_v2`;
+//!   `NOT_PERMITTED`: `CUDA_ENDPOINTS_DENY=cuMemcpyBatchAsync`), one
+//!   `cuMemcpyAsync` per piece. A failed batch call is synchronized as a
+//!   failed loop is: cuda.h does not say it enqueued nothing.
 //!
 //! A window names memory, not a binding: if a peer rebinds other memory at
 //! those offsets, the window still reaches the old memory (kept alive, never
@@ -39,9 +50,13 @@
 //! (a window can be replaced or removed without a settle).
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
+use crate::context::Context;
 use crate::copy::{BatchInner, CopyBatch, InFlight};
-use crate::driver::{Call, CopyOp, Device, Operand, Pointer};
+use crate::driver::{
+    Call, Code, CopyOp, Device, MEMCPY_BATCH_MIN_VERSION, MemHint, MemcpyOp, Operand, Pointer,
+};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result, Rule};
 use crate::kind::Kind;
@@ -370,9 +385,6 @@ fn onto_itself(op: usize, o: Option<&CopyOp>) -> Error {
     }
 }
 
-/// One `cuMemcpyAsync`: `(dst, src, bytes)`.
-type Memcpy = (Pointer, Pointer, u64);
-
 /// `p` moved `at` bytes on.
 fn advance(p: Pointer, at: u64) -> Option<Pointer> {
     Some(Pointer {
@@ -381,11 +393,75 @@ fn advance(p: Pointer, at: u64) -> Option<Pointer> {
     })
 }
 
+/// What a context learned of `cuMemcpyBatchAsync` ([`Context::memcpy_batch`]):
+/// 0, nothing yet (a batch call keeps the pieces for the loop, in case the
+/// driver refuses it); that it works; that it was refused.
+const BATCH_WORKS: u8 = 1;
+const BATCH_REFUSED: u8 = 2;
+
+/// Whether `ctx`'s copies of several pieces go to the driver as one
+/// `cuMemcpyBatchAsync` (with what the context learned of it): its driver
+/// reports 12.8 or later and has not refused the call (decided once per
+/// context: [`refused`]).
+fn batch_call(ctx: &Context) -> Option<u8> {
+    let learned = ctx.memcpy_batch().load(Ordering::Relaxed);
+    let new_enough = ctx
+        .driver_version()
+        .is_some_and(|v| v >= MEMCPY_BATCH_MIN_VERSION);
+    (learned != BATCH_REFUSED && new_enough).then_some(learned)
+}
+
+/// Whether the driver's answer to `cuMemcpyBatchAsync` says it has no such
+/// call here, before it touched anything: `NOT_SUPPORTED` (the real backend
+/// on a driver that does not export `cuMemcpyBatchAsync_v2`, 12.8 and 12.9
+/// included; the model before 12.8) or `NOT_PERMITTED` (the call policy,
+/// `CUDA_ENDPOINTS_DENY=cuMemcpyBatchAsync`). The context then takes the
+/// `cuMemcpyAsync` loop for good.
+fn refused(code: Code) -> bool {
+    code == Code::NOT_SUPPORTED || code == Code::NOT_PERMITTED
+}
+
+/// Whether the pieces can go as one `cuMemcpyBatchAsync` with the same
+/// outcome as the `cuMemcpyAsync` loop in stream order: at least two, none
+/// hinted host memory of the process (possibly pageable: the loop's
+/// `cuMemcpyAsync` stages it as the batch may not), and none writing bytes
+/// another reads or writes (the batch runs its copies in no order; cuda.h
+/// makes dependent copies undefined behaviour). Distinct endpoints or
+/// windows may reach the same memory, which the batch's checks by id do
+/// not see: the addresses are compared here.
+fn batchable(copies: &[MemcpyOp]) -> bool {
+    if copies.len() < 2
+        || copies
+            .iter()
+            .any(|c| c.dst.hint == MemHint::Host || c.src.hint == MemHint::Host)
+    {
+        return false;
+    }
+    let mut dsts: Vec<(u64, u64)> = copies
+        .iter()
+        .map(|c| (c.dst.ptr, c.dst.ptr.saturating_add(c.size)))
+        .collect();
+    dsts.sort_unstable();
+    if dsts.windows(2).any(|w| matches!(w, [a, b] if b.0 < a.1)) {
+        return false;
+    }
+    // Disjoint and sorted by start, the destinations' ends rise too: of
+    // those that start before a source ends, the last reaches furthest.
+    !copies.iter().any(|c| {
+        let (start, end) = (c.src.ptr, c.src.ptr.saturating_add(c.size));
+        let i = dsts.partition_point(|d| d.0 < end);
+        i > 0 && dsts.get(i - 1).is_some_and(|d| d.1 > start)
+    })
+}
+
 impl Stream {
     /// [`Stream::enqueue`] on the portable path, for a batch that passed
     /// every check of the fabric path: each endpoint operand resolved to its
-    /// targets' windows (before the driver), then one `cuMemcpyAsync` per
-    /// target piece.
+    /// targets' windows (before the driver), then the target pieces as one
+    /// `cuMemcpyBatchAsync` where the driver has it (12.8+) and the pieces
+    /// allow it ([`batchable`]: several, no host memory, none dependent on
+    /// another), else one `cuMemcpyAsync` per piece (a batch of one piece
+    /// always: the call a raw program makes).
     pub(crate) fn enqueue_portable<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         let BatchInner {
@@ -396,7 +472,7 @@ impl Stream {
             host_out,
             ..
         } = *batch.inner;
-        let mut copies: Vec<Memcpy> = Vec::with_capacity(list.len());
+        let mut copies: Vec<MemcpyOp> = Vec::with_capacity(list.len());
         let Keep {
             mut memory,
             endpoints,
@@ -426,7 +502,11 @@ impl Stream {
                         let mut at = 0u64;
                         for (addr, n) in pieces {
                             let from = advance(src, at).ok_or_else(|| out_of_range(at))?;
-                            copies.push((Pointer::device(addr), from, n));
+                            copies.push(MemcpyOp {
+                                dst: Pointer::device(addr),
+                                src: from,
+                                size: n,
+                            });
                             at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
                         }
                     }
@@ -439,7 +519,11 @@ impl Stream {
                     let mut at = 0u64;
                     for (addr, n) in targets.into_iter().next().unwrap_or_default() {
                         let to = advance(dst, at).ok_or_else(|| out_of_range(at))?;
-                        copies.push((to, Pointer::device(addr), n));
+                        copies.push(MemcpyOp {
+                            dst: to,
+                            src: Pointer::device(addr),
+                            size: n,
+                        });
                         at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
                     }
                 }
@@ -447,14 +531,19 @@ impl Stream {
             }
             // `cuMemcpyAsync` ranges may not overlap: an op copying bytes
             // onto themselves (its local memory is what the endpoint reaches).
-            for &(dst, src, n) in copies.iter().skip(first).filter(|c| c.2 > 0) {
-                let (d_end, s_end) = (dst.ptr.saturating_add(n), src.ptr.saturating_add(n));
-                if src.ptr < d_end && dst.ptr < s_end {
+            for c in copies.iter().skip(first).filter(|c| c.size > 0) {
+                let (d_end, s_end) = (
+                    c.dst.ptr.saturating_add(c.size),
+                    c.src.ptr.saturating_add(c.size),
+                );
+                if c.src.ptr < d_end && c.dst.ptr < s_end {
                     return Err(onto_itself(i, list.get(i)));
                 }
             }
         }
         drop(holds);
+        // Nothing to move, no call (an op of 0 bytes was validated above).
+        copies.retain(|c| c.size > 0);
         let keep = Keep { memory, endpoints };
         let handle = self.inner.handle;
         let mut enqueued = 0usize;
@@ -470,29 +559,72 @@ impl Stream {
             }
         });
         let mut failed = None;
-        for &(dst, src, n) in copies.iter().filter(|c| c.2 > 0) {
-            // SAFETY: `dst` and `src` are local memory of the batch (borrowed
-            // for 'a, or owned host buffers) or windows' memory, mapped in
-            // this process and checked to cover the bytes (F9, resolved
-            // above); they do not overlap (checked). Nothing is freed before
-            // the stream passed the copy (F4): the record made below keeps
-            // the local memory, the windows' mappings and the endpoints' id
-            // ranges, whose binding records keep the bound memory until an
-            // unbind or destroy settles this stream, and the host buffers are owned
-            // by the token; on a failure, what was enqueued is synchronized
-            // (or, if that fails, leaked) before anything is dropped.
-            let r = unsafe { ctx.driver().memcpy_async(dst, src, n, handle) };
-            if let Err(code) = r {
-                failed = Some(code);
-                break;
+        let mut looped = true;
+        if let Some(learned) = batch_call(ctx).filter(|_| batchable(&copies)) {
+            let n = copies.len();
+            // Until the driver took one batch call, the pieces stay for the
+            // loop in case it refuses it; after, they go to it.
+            let list = if learned == BATCH_WORKS {
+                std::mem::take(&mut copies)
+            } else {
+                copies.clone()
+            };
+            // SAFETY: as for each `cuMemcpyAsync` below, for every copy;
+            // and no copy writes bytes another reads or writes (checked by
+            // `batchable`), so the batch's lack of order among its copies
+            // changes nothing.
+            match unsafe { ctx.driver().memcpy_batch_async(list, handle) } {
+                Ok(()) => {
+                    looped = false;
+                    enqueued = n;
+                    if learned != BATCH_WORKS {
+                        ctx.memcpy_batch().store(BATCH_WORKS, Ordering::Relaxed);
+                    }
+                }
+                Err(code) if refused(code) => {
+                    tracing::info!(target: "cuda_endpoints::portable", %code, "cuMemcpyBatchAsync refused: one cuMemcpyAsync per piece from now on");
+                    ctx.memcpy_batch().store(BATCH_REFUSED, Ordering::Relaxed);
+                    // Refused after it worked (a deny set later): the
+                    // pieces went with the call; nothing was enqueued.
+                    if learned == BATCH_WORKS {
+                        looped = false;
+                        failed = Some((Call::MemcpyBatchAsync, code));
+                    }
+                }
+                Err(code) => {
+                    // cuda.h does not say that a failed batch enqueued
+                    // nothing: it is synchronized below as if all were.
+                    looped = false;
+                    enqueued = n;
+                    failed = Some((Call::MemcpyBatchAsync, code));
+                }
             }
-            enqueued = enqueued.saturating_add(1);
+        }
+        if looped {
+            for c in &copies {
+                // SAFETY: `dst` and `src` are local memory of the batch (borrowed
+                // for 'a, or owned host buffers) or windows' memory, mapped in
+                // this process and checked to cover the bytes (F9, resolved
+                // above); they do not overlap (checked). Nothing is freed before
+                // the stream passed the copy (F4): the record made below keeps
+                // the local memory, the windows' mappings and the endpoints' id
+                // ranges, whose binding records keep the bound memory until an
+                // unbind or destroy settles this stream, and the host buffers are owned
+                // by the token; on a failure, what was enqueued is synchronized
+                // (or, if that fails, leaked) before anything is dropped.
+                let r = unsafe { ctx.driver().memcpy_async(c.dst, c.src, c.size, handle) };
+                if let Err(code) = r {
+                    failed = Some((Call::MemcpyAsync, code));
+                    break;
+                }
+                enqueued = enqueued.saturating_add(1);
+            }
         }
         guard.disarm();
         // Taken only by the guard, which ran only if a call unwound.
         let (keep, host_in, host_out) = held.unwrap_or_default();
-        if let Some(code) = failed {
-            let e = ctx.error(Call::MemcpyAsync, code);
+        if let Some((call, code)) = failed {
+            let e = ctx.error(call, code);
             if enqueued > 0 {
                 self.inner.record(keep);
                 if self.inner.synchronize().is_err() {
@@ -576,6 +708,50 @@ mod tests {
         assert!(ctx.take_teardown_errors().is_empty());
         assert!(model.violations().is_empty(), "{:?}", model.violations());
         (per_op, in_flight)
+    }
+
+    /// Issue 30, item 5: pieces go as one `cuMemcpyBatchAsync`, whose
+    /// copies run in no order, only when that order cannot show: several
+    /// pieces, none of host memory (which the `cuMemcpyAsync` loop stages),
+    /// none writing bytes another reads or writes. Pieces of distinct
+    /// endpoints may reach one memory through peer windows, which the
+    /// batch's checks by id do not compare: the addresses are.
+    #[test]
+    fn only_independent_device_pieces_go_as_one_batch_call() {
+        use super::batchable;
+        use crate::driver::{MemcpyOp, Pointer};
+        let op = |dst: u64, src: u64, size: u64| MemcpyOp {
+            dst: Pointer::device(dst),
+            src: Pointer::device(src),
+            size,
+        };
+        let puts: Vec<MemcpyOp> = (0..64)
+            .map(|k| op(0x10_000 + k * 128, 0x90_000 + k * 64, 64))
+            .collect();
+        assert!(batchable(&puts), "64 independent puts");
+        assert!(!batchable(&puts[..1]), "one piece: cuMemcpyAsync");
+        assert!(!batchable(&[]), "no piece");
+        // Two pieces writing the same bytes (two endpoints, one memory).
+        assert!(!batchable(&[
+            op(0x1000, 0x9000, 64),
+            op(0x1020, 0x9100, 64)
+        ]));
+        // A piece reading what another writes, before or after it.
+        assert!(!batchable(&[
+            op(0x1000, 0x9000, 64),
+            op(0x2000, 0x1030, 64)
+        ]));
+        assert!(!batchable(&[
+            op(0x2000, 0x1030, 64),
+            op(0x1000, 0x9000, 64)
+        ]));
+        // Sources may overlap each other; touching ranges do not overlap.
+        assert!(batchable(&[op(0x1000, 0x9000, 64), op(0x1040, 0x9000, 64)]));
+        assert!(batchable(&[op(0x1000, 0x1040, 64), op(0x2000, 0x1080, 64)]));
+        // Host memory of the process: the loop.
+        let mut host = puts.clone();
+        host[3].src = Pointer::host(0x7000_0000);
+        assert!(!batchable(&host));
     }
 
     /// F4 kept without a copy per op and binding: the in-flight record of a

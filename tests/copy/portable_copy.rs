@@ -23,7 +23,9 @@ use backend::{Inspect, Probe};
 use cuda_endpoints::model::{FabricConfig, Model, ModelConfig};
 use cuda_endpoints::{
     Allocation, Context, CopyBatch, CopyPath, Device, Endpoint, Error, Mapped, Multicast, Private,
-    Ready, Spec, Stream, backend::Policy, driver::Call,
+    Ready, Spec, Stream,
+    backend::Policy,
+    driver::{Call, Code},
 };
 
 const ALIGN: u64 = 2 << 20;
@@ -37,11 +39,13 @@ fn node(version: i32) -> (Context, Probe) {
     backend::context(c)
 }
 
-/// The copy calls so far: `(cuFabricCpyBatchAsync, cuMemcpyAsync)`.
-fn copies(p: &Probe) -> (u64, u64) {
+/// The copy calls so far: `(cuFabricCpyBatchAsync, cuMemcpyAsync,
+/// cuMemcpyBatchAsync)`.
+fn copies(p: &Probe) -> (u64, u64, u64) {
     (
         p.calls(Call::FabricCpyBatchAsync),
         p.calls(Call::MemcpyAsync),
+        p.calls(Call::MemcpyBatchAsync),
     )
 }
 
@@ -72,10 +76,11 @@ fn team_of_two(ctx: &Context) -> Endpoint<Ready, Multicast> {
 }
 
 /// Since `before` (`copies`), the copies went through `memcpys`
-/// `cuMemcpyAsync` calls and never `cuFabricCpyBatchAsync`.
+/// `cuMemcpyAsync` and `batches` `cuMemcpyBatchAsync` calls and never
+/// `cuFabricCpyBatchAsync`.
 #[track_caller]
-fn portable_in_trace(p: &Probe, before: (u64, u64), memcpys: u64) {
-    let (fabric, memcpy) = copies(p);
+fn portable_in_trace(p: &Probe, before: (u64, u64, u64), memcpys: u64, batches: u64) {
+    let (fabric, memcpy, batch) = copies(p);
     assert_eq!(
         fabric - before.0,
         0,
@@ -83,6 +88,12 @@ fn portable_in_trace(p: &Probe, before: (u64, u64), memcpys: u64) {
         p.trace()
     );
     assert_eq!(memcpy - before.1, memcpys, "cuMemcpyAsync: {:?}", p.trace());
+    assert_eq!(
+        batch - before.2,
+        batches,
+        "cuMemcpyBatchAsync: {:?}",
+        p.trace()
+    );
 }
 
 #[test]
@@ -148,7 +159,7 @@ fn unicast_put_and_get_on_13_3_move_every_byte_through_cu_memcpy_async() {
         .unwrap();
     assert_eq!(model.read(dst.device_ptr() + 100, 8192).unwrap(), bytes);
     assert_eq!(done.received, vec![bytes[17..1017].to_vec()]);
-    portable_in_trace(&model, before, 3);
+    portable_in_trace(&model, before, 3, 0);
     drop(stream);
     drop(bound);
     drop((owner, src, dst, ep));
@@ -174,7 +185,8 @@ fn multicast_put_on_13_3_is_one_cu_memcpy_async_per_member() {
     for m in [&m0, &m1] {
         assert_eq!(model.read(m.device_ptr() + 8192, 4096).unwrap(), bytes);
     }
-    portable_in_trace(&model, before, 2);
+    // A host source: the loop, which stages pageable memory (`batchable`).
+    portable_in_trace(&model, before, 2, 0);
     drop(stream);
     drop((b0, b1));
     drop((m0, m1, ep));
@@ -214,7 +226,8 @@ fn the_classic_fallback_puts_to_a_multicast_team_through_the_portable_path() {
         );
         assert_eq!(model.read(m.device_ptr(), 64).unwrap(), vec![0; 64]);
     }
-    portable_in_trace(&model, before, 2);
+    // Two members from device memory, on a 13.0 driver: one batch call.
+    portable_in_trace(&model, before, 0, 1);
     drop(stream);
     drop((b0, b1));
     drop((m0, m1, src, ep));
@@ -308,7 +321,7 @@ fn a_batch_built_before_an_unbind_is_refused_at_enqueue_before_any_memcpy() {
     let before = copies(&model);
     let err = stream.enqueue(batch).unwrap_err();
     assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
-    portable_in_trace(&model, before, 0);
+    portable_in_trace(&model, before, 0, 0);
     drop(stream);
     drop((src, owner, ep));
     clean(&ctx, &model);
@@ -397,5 +410,180 @@ fn a_peer_window_on_a_unicast_endpoint_this_process_owns_is_refused_naming_the_f
     drop(stream);
     drop(b);
     drop((owner, other, ep));
+    clean(&ctx, &model);
+}
+
+/// Issue 30, item 5: on a driver with `cuMemcpyBatchAsync` (12.8+; here
+/// 13.3), a batch of several puts, or of several gets, between device
+/// memory and an endpoint's windows reaches the driver as one
+/// `cuMemcpyBatchAsync`, every byte where it belongs; a batch of one piece
+/// stays one `cuMemcpyAsync`, the call a raw program makes.
+#[test]
+fn several_pieces_reach_a_12_8_driver_as_one_cu_memcpy_batch_async_and_one_piece_as_cu_memcpy_async()
+ {
+    const OPS: u64 = 64;
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 1, ALIGN, T);
+    let owner = mapped(&ctx, 1);
+    let bound = ep.bind(1, 0, &owner).unwrap();
+    let (src, dst) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let bytes = pattern(4, (OPS * 64) as usize);
+    model.write(src.device_ptr(), &bytes).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    let puts = (0..OPS).fold(CopyBatch::new(), |b, k| {
+        b.put(&src, k * 64, &ep, k * 128, 64)
+    });
+    stream.enqueue(puts).unwrap().wait().unwrap();
+    portable_in_trace(&model, before, 0, 1);
+    for k in 0..OPS {
+        let at = (k * 64) as usize;
+        assert_eq!(
+            model.read(owner.device_ptr() + k * 128, 64).unwrap(),
+            bytes[at..at + 64],
+            "put {k}"
+        );
+    }
+    let before = copies(&model);
+    let gets = (0..OPS).fold(CopyBatch::new(), |b, k| {
+        b.get(&ep, k * 128, &dst, k * 64, 64)
+    });
+    stream.enqueue(gets).unwrap().wait().unwrap();
+    portable_in_trace(&model, before, 0, 1);
+    assert_eq!(model.read(dst.device_ptr(), bytes.len()).unwrap(), bytes);
+    let before = copies(&model);
+    stream
+        .enqueue(CopyBatch::new().put(&src, 0, &ep, ALIGN - 64, 64))
+        .unwrap()
+        .wait()
+        .unwrap();
+    portable_in_trace(&model, before, 1, 0);
+    assert_eq!(
+        model.read(owner.device_ptr() + ALIGN - 64, 64).unwrap(),
+        bytes[..64]
+    );
+    drop(stream);
+    drop(bound);
+    drop((owner, src, dst, ep));
+    clean(&ctx, &model);
+}
+
+/// Issue 30, item 5: a driver before 12.8 has no `cuMemcpyBatchAsync`: the
+/// portable path never calls it there, and a batch of several pieces is one
+/// `cuMemcpyAsync` per piece (the classic fallback over a 12.6 driver).
+#[test]
+fn a_driver_before_12_8_gets_one_cu_memcpy_async_per_piece_and_no_batch_call() {
+    let mut cfg = ModelConfig::cuda_13_0(2).with_devices(|_, d| d.classic_multicast = true);
+    cfg.driver_version = 12060;
+    let (ctx, model) = backend::context_over(cfg, |raw| {
+        Context::auto(raw, &[Device(0), Device(1)], &Policy::new().classic(true))
+            .unwrap()
+            .0
+    });
+    assert_eq!(ctx.driver_version(), Some(12060));
+    let ep = team_of_two(&ctx);
+    let (m0, m1, src) = (mapped(&ctx, 0), mapped(&ctx, 1), mapped(&ctx, 0));
+    let b0 = ep.bind(0, 0, &m0).unwrap();
+    let b1 = ep.bind(1, 0, &m1).unwrap();
+    let bytes = pattern(5, 4 * 64);
+    model.write(src.device_ptr(), &bytes).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    let puts = (0..4u64).fold(CopyBatch::new(), |b, k| {
+        b.put(&src, k * 64, &ep, k * 64, 64)
+    });
+    stream.enqueue(puts).unwrap().wait().unwrap();
+    // 4 puts × 2 members.
+    portable_in_trace(&model, before, 8, 0);
+    for m in [&m0, &m1] {
+        assert_eq!(model.read(m.device_ptr(), bytes.len()).unwrap(), bytes);
+    }
+    drop(stream);
+    drop((b0, b1));
+    drop((m0, m1, src, ep));
+    clean(&ctx, &model);
+}
+
+/// Issue 30, item 5: a driver that answers `cuMemcpyBatchAsync` with
+/// `NOT_SUPPORTED` (the real backend on a driver that does not export
+/// `cuMemcpyBatchAsync_v2`) is asked once per context: that batch and
+/// every later one go as one `cuMemcpyAsync` per piece, every byte right.
+#[test]
+fn a_batch_call_refused_once_sends_the_context_to_the_cu_memcpy_async_loop_for_good() {
+    let (ctx, model) = node(13040);
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let owner = mapped(&ctx, 0);
+    let bound = ep.bind(0, 0, &owner).unwrap();
+    let src = mapped(&ctx, 0);
+    let bytes = pattern(6, 4 * 64);
+    model.write(src.device_ptr(), &bytes).unwrap();
+    model.set_faults(&[backend::F::always(
+        Call::MemcpyBatchAsync,
+        Code::NOT_SUPPORTED,
+    )]);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    for round in 0..3u64 {
+        let puts = (0..4u64).fold(CopyBatch::new(), |b, k| {
+            b.put(&src, k * 64, &ep, round * 4096 + k * 64, 64)
+        });
+        stream.enqueue(puts).unwrap().wait().unwrap();
+        assert_eq!(
+            model
+                .read(owner.device_ptr() + round * 4096, bytes.len())
+                .unwrap(),
+            bytes,
+            "round {round}"
+        );
+    }
+    portable_in_trace(&model, before, 12, 1);
+    model.set_faults(&[]);
+    drop(stream);
+    drop(bound);
+    drop((owner, src, ep));
+    clean(&ctx, &model);
+}
+
+/// Issue 30, item 5: a `cuMemcpyBatchAsync` that fails is an error naming
+/// it, and its stream is synchronized before the batch's memory is let go
+/// (cuda.h does not say that a failed batch enqueued nothing); the
+/// context keeps the batch call for the next batch.
+#[test]
+fn a_failed_batch_call_names_cu_memcpy_batch_async_and_the_next_batch_uses_it_again() {
+    let (ctx, model) = node(13040);
+    let ep = common::ready_unicast(&ctx, 0, ALIGN, T);
+    let owner = mapped(&ctx, 0);
+    let bound = ep.bind(0, 0, &owner).unwrap();
+    let src = mapped(&ctx, 0);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let puts = || {
+        (0..4u64).fold(CopyBatch::new(), |b, k| {
+            b.put(&src, k * 64, &ep, k * 64, 64)
+        })
+    };
+    model.set_faults(&[backend::F::nth(
+        Call::MemcpyBatchAsync,
+        1,
+        Code::INVALID_VALUE,
+    )]);
+    let before = copies(&model);
+    let e = stream.enqueue(puts()).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Driver {
+                call: Call::MemcpyBatchAsync,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    portable_in_trace(&model, before, 0, 1);
+    let before = copies(&model);
+    stream.enqueue(puts()).unwrap().wait().unwrap();
+    portable_in_trace(&model, before, 0, 1);
+    drop(stream);
+    drop(bound);
+    drop((owner, src, ep));
     clean(&ctx, &model);
 }

@@ -272,6 +272,19 @@ macro_rules! for_each_driver_call {
             [Stream] MemcpyAsync "cuMemcpyAsync"
                 safety "both ranges are valid for `size` bytes until the stream passed the copy (readable `src`, writable `dst`), are not freed or unmapped before then (F4), do not overlap, and a pointer hinted `MemHint::Host` is host memory of the calling process"
                 fn memcpy_async(dst: $crate::Pointer, src: $crate::Pointer, size: u64, stream: u64) -> ();
+            /// `cuMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attrsIdxs,
+            /// 1, stream)` (CUDA 12.8+; the real backend binds the 13.0
+            /// prototype, exported as `cuMemcpyBatchAsync_v2`, which has no
+            /// `failIdx`): the copies enqueued on `stream` as one batch, run
+            /// in no order among themselves, with one attribute for all
+            /// (the source read in stream order, no location hints, flags
+            /// 0). `NOT_SUPPORTED` on a driver without it; an empty list is
+            /// `INVALID_VALUE`. On any error, what was enqueued is not
+            /// documented: the caller synchronizes the stream before it
+            /// frees anything the copies name.
+            [Stream] MemcpyBatchAsync "cuMemcpyBatchAsync"
+                safety "every copy as for `cuMemcpyAsync` (both ranges valid until the stream passed the batch, not freed or unmapped before then, F4; not overlapping; `MemHint::Host` only for host memory of the calling process), and no copy writes bytes another copy of the batch reads or writes: the batch runs in no order (cuda.h: dependent copies are undefined behaviour)"
+                fn memcpy_batch_async(copies: Vec<$crate::MemcpyOp>, stream: u64) -> ();
 
             // ---- graphs of copies (SPEC F8) ----
             /// `cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)`:
@@ -345,7 +358,8 @@ pub enum Family {
     /// The classic `cuMulticast*` API (SPEC C1–C6).
     Classic,
     /// Streams and the data path (`cuStream*`, `cuEvent*`, `cuGraph*` of
-    /// captured copies, `cuFabricCpyBatchAsync`, `cuMemcpyAsync`; SPEC F1–F9).
+    /// captured copies, `cuFabricCpyBatchAsync`, `cuMemcpyAsync`,
+    /// `cuMemcpyBatchAsync`; SPEC F1–F9).
     Stream,
 }
 

@@ -1,7 +1,8 @@
 //! The domain types of the data path at the driver boundary: where a
 //! pointer operand lives ([`MemHint`]), a pointer with its hint
 //! ([`Pointer`]), the two operand kinds of `cuFabricCpyBatchAsync`
-//! ([`Operand`], SPEC F1) and one copy of a batch ([`CopyOp`]).
+//! ([`Operand`], SPEC F1), one copy of a batch ([`CopyOp`]), and one
+//! pointer-to-pointer copy of `cuMemcpyBatchAsync` ([`MemcpyOp`]).
 //!
 //! Streams cross the boundary as plain `u64` handles (`CUstream`), as
 //! allocation handles do; `0` is the legacy NULL stream, which no fabric
@@ -98,6 +99,25 @@ pub struct CopyOp {
     /// Bytes; 0 is a no-op whose operands are still validated (F5).
     pub size: u64,
 }
+
+/// One copy of `cuMemcpyBatchAsync`: `size` bytes from `src` to `dst`,
+/// both pointers (the portable path's copies through windows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct MemcpyOp {
+    /// Where the bytes go.
+    pub dst: Pointer,
+    /// Where they come from.
+    pub src: Pointer,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// The first driver version (`cuDriverGetVersion`) with `cuMemcpyBatchAsync`
+/// (CUDA 12.8; the real backend binds the 13.0 prototype,
+/// `cuMemcpyBatchAsync_v2`, and answers `NOT_SUPPORTED` on a driver that
+/// does not export it).
+pub const MEMCPY_BATCH_MIN_VERSION: i32 = 12080;
 
 /// The first driver version (`cuDriverGetVersion`) with `cuFabricCpyBatchAsync` (F7).
 pub const FABRIC_COPY_MIN_VERSION: i32 = 13050;

@@ -33,7 +33,9 @@ pub use calls::{Call, Driver, Family, Forward};
 #[doc(hidden)]
 pub use code::KNOWN;
 pub use code::{Code, CodeOrigin, DriverResult};
-pub use copy_types::{CopyOp, FABRIC_COPY_MIN_VERSION, MemHint, Operand, Pointer};
+pub use copy_types::{
+    CopyOp, FABRIC_COPY_MIN_VERSION, MEMCPY_BATCH_MIN_VERSION, MemHint, MemcpyOp, Operand, Pointer,
+};
 pub use log::BoundedLog;
 pub use sharing::{ObjectExport, ObjectSharing};
 pub use trace::{TraceEntry, Traced};

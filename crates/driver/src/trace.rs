@@ -347,6 +347,14 @@ macro_rules! arg {
     (handle, $v:expr) => {
         format!("handle={}", Handle(&$v))
     };
+    // A batch of up to thousands of copies: its size, not every copy.
+    (copies, $v:expr) => {
+        format!(
+            "copies={} bytes={}",
+            $v.len(),
+            $v.iter().fold(0u64, |n, c| n.saturating_add(c.size))
+        )
+    };
     ($name:ident, $v:expr) => {
         format!(concat!(stringify!($name), "={:?}"), $v)
     };

@@ -1,5 +1,7 @@
 //! Streams and the data path on the model: `cuStream*`,
-//! `cuFabricCpyBatchAsync` (SPEC F1–F9, R13.1, R13.3) and `cuMemcpyAsync`.
+//! `cuFabricCpyBatchAsync` (SPEC F1–F9, R13.1, R13.3), `cuMemcpyAsync` and
+//! `cuMemcpyBatchAsync` (12.8+: its copies checked as `cuMemcpyAsync`'s,
+//! none dependent on another, all before any is enqueued).
 //!
 //! What this file owns:
 //! - the streams of every process (`World::streams`), each a queue of
@@ -38,8 +40,8 @@ use std::collections::{HashMap, VecDeque};
 use super::state::World;
 use super::violate;
 use crate::driver::{
-    Code, CopyOp, Device, DriverResult, FABRIC_COPY_MIN_VERSION, Location, MemHint, Operand,
-    Pointer, Shape,
+    Code, CopyOp, Device, DriverResult, FABRIC_COPY_MIN_VERSION, Location,
+    MEMCPY_BATCH_MIN_VERSION, MemHint, MemcpyOp, Operand, Pointer, Shape,
 };
 
 /// Host source bytes of a batch enqueued by another OS process: one entry
@@ -758,6 +760,99 @@ impl World {
             });
             return Ok(());
         }
+        let one = staged.map(|s| s.first().and_then(Option::as_ref));
+        let (exec, charge) = self.memcpy_exec(pid, dst, src, size, stream, one, false)?;
+        self.push_execs(stream, vec![exec], charge)
+    }
+
+    /// `cuMemcpyBatchAsync` (CUDA 12.8+): every copy checked as
+    /// `cuMemcpyAsync` checks one, and no copy writing what another reads
+    /// or writes (cuda.h: the copies run in no order, dependent ones are
+    /// undefined behaviour; logged, `INVALID_VALUE`), all before any is
+    /// enqueued: a refused batch enqueued nothing (model's choice; cuda.h
+    /// does not say). Then one queue entry, which the stream runs whole.
+    /// `staged`: a remote client's host source bytes, one entry per copy.
+    pub fn memcpy_batch_async(
+        &mut self,
+        pid: usize,
+        copies: &[MemcpyOp],
+        stream: u64,
+        staged: Option<&Staged>,
+    ) -> DriverResult<()> {
+        if self.config().driver_version < MEMCPY_BATCH_MIN_VERSION {
+            // No such call before 12.8.
+            return Err(Code::NOT_SUPPORTED);
+        }
+        self.stream_of(pid, stream)?;
+        if copies.is_empty() {
+            // `numAttrs` (1) may not exceed `count`.
+            return Err(Code::INVALID_VALUE);
+        }
+        let one = |i: usize| staged.map(|s| s.get(i).and_then(Option::as_ref));
+        if let Some(items) = self.capture_of(stream) {
+            // Captured as the copies it makes (one graph node each).
+            for (i, c) in copies.iter().enumerate() {
+                items.push(Captured::Memcpy {
+                    dst: c.dst,
+                    src: c.src,
+                    size: c.size,
+                    staged: one(i).map(|b| vec![b.cloned()]),
+                });
+            }
+            return Ok(());
+        }
+        let mut execs = Vec::with_capacity(copies.len().min(1 << 16));
+        let mut spans = Vec::with_capacity(copies.len().min(1 << 16).saturating_mul(2));
+        let mut charge = 0u64;
+        for (i, c) in copies.iter().enumerate() {
+            let (exec, more) = self.memcpy_exec(pid, c.dst, c.src, c.size, stream, one(i), true)?;
+            execs.push(exec);
+            charge = charge.saturating_add(more);
+            if c.size > 0 {
+                spans.push((
+                    i,
+                    (Space::Addr, c.src.ptr, c.src.ptr.saturating_add(c.size)),
+                    false,
+                ));
+                spans.push((
+                    i,
+                    (Space::Addr, c.dst.ptr, c.dst.ptr.saturating_add(c.size)),
+                    true,
+                ));
+            }
+        }
+        if dependent(&mut spans) {
+            return violate(
+                self,
+                "cuMemcpyBatchAsync dependent copies",
+                Code::INVALID_VALUE,
+            );
+        }
+        self.push_execs(stream, execs, charge)
+    }
+
+    /// One pointer-to-pointer copy checked (each pointer a mapping of the
+    /// process or host memory; no overlap), as the work the stream runs,
+    /// and what its host destination charges a remote client's outbox.
+    /// `staged`: `Some` for a remote client, with its host source bytes.
+    /// Violations are logged as `"cuMemcpyAsync address"` / `"… overlap"`,
+    /// or `cuMemcpyBatchAsync`'s for a copy of a `batch`.
+    #[allow(clippy::too_many_arguments)]
+    fn memcpy_exec(
+        &mut self,
+        pid: usize,
+        dst: Pointer,
+        src: Pointer,
+        size: u64,
+        stream: u64,
+        staged: Option<Option<&Vec<u8>>>,
+        batch: bool,
+    ) -> DriverResult<(Exec, u64)> {
+        let (address, overlap) = if batch {
+            ("cuMemcpyBatchAsync address", "cuMemcpyBatchAsync overlap")
+        } else {
+            ("cuMemcpyAsync address", "cuMemcpyAsync overlap")
+        };
         let dev = self
             .streams
             .by_handle
@@ -766,40 +861,47 @@ impl World {
         let s_place = self.place(pid, src, size, dev);
         let d_place = self.place(pid, dst, size, dev);
         if matches!(s_place, Place::Unknown) || matches!(d_place, Place::Unknown) {
-            return violate(self, "cuMemcpyAsync address", Code::INVALID_VALUE);
+            return violate(self, address, Code::INVALID_VALUE);
         }
         let (s_end, d_end) = (src.ptr.saturating_add(size), dst.ptr.saturating_add(size));
         if size > 0 && src.ptr < d_end && dst.ptr < s_end {
-            return violate(self, "cuMemcpyAsync overlap", Code::INVALID_VALUE);
+            return violate(self, overlap, Code::INVALID_VALUE);
         }
         let src_op = match (s_place, staged) {
             (Place::Host, None) => Src::HostRaw(src.ptr),
-            (Place::Host, Some(staged)) => match staged.first() {
-                Some(Some(b)) if b.len() as u64 == size => Src::HostBytes(b.clone()),
+            (Place::Host, Some(bytes)) => match bytes {
+                Some(b) if b.len() as u64 == size => Src::HostBytes(b.clone()),
                 _ => return Err(Code::INVALID_VALUE),
             },
             _ => Src::Mapped(src.ptr),
         };
-        let dst_op = match (d_place, staged) {
-            (Place::Host, None) => Dst::HostRaw(dst.ptr),
-            (Place::Host, Some(_)) => Dst::HostRemote(dst.ptr),
-            _ => Dst::Mapped(dst.ptr),
+        let (dst_op, charge) = match (d_place, staged) {
+            (Place::Host, None) => (Dst::HostRaw(dst.ptr), 0),
+            (Place::Host, Some(_)) => (Dst::HostRemote(dst.ptr), host_write_charge(size)),
+            _ => (Dst::Mapped(dst.ptr), 0),
         };
+        let exec = Exec {
+            src: src_op,
+            dst: dst_op,
+            size,
+        };
+        Ok((exec, charge))
+    }
+
+    /// Enqueues `execs` on `stream` as one entry, charging a remote
+    /// client's outbox `charge` bytes.
+    fn push_execs(&mut self, stream: u64, execs: Vec<Exec>, charge: u64) -> DriverResult<()> {
         let Some(s) = self.streams.by_handle.get_mut(&stream) else {
             return Err(Code::INVALID_HANDLE);
         };
-        if matches!(dst_op, Dst::HostRemote(_)) {
-            let total = s.outbox_pending.saturating_add(host_write_charge(size));
+        if charge > 0 {
+            let total = s.outbox_pending.saturating_add(charge);
             if total > MAX_REMOTE_HOST_BYTES {
                 return Err(Code::OUT_OF_MEMORY);
             }
             s.outbox_pending = total;
         }
-        s.queue.push_back(vec![Exec {
-            src: src_op,
-            dst: dst_op,
-            size,
-        }]);
+        s.queue.push_back(execs);
         s.enqueued = s.enqueued.saturating_add(1);
         Ok(())
     }
@@ -1228,6 +1330,18 @@ impl super::Model {
     ) -> DriverResult<()> {
         self.enter(crate::driver::Call::FabricCpyBatchAsync, |w, p| {
             w.fabric_copy_batch(p, stream, ops, flags, Some(staged))
+        })
+    }
+
+    /// `cuMemcpyBatchAsync` as [`Self::fabric_copy_batch_staged`].
+    pub(crate) fn memcpy_batch_async_staged(
+        &self,
+        copies: &[MemcpyOp],
+        stream: u64,
+        staged: &Staged,
+    ) -> DriverResult<()> {
+        self.enter(crate::driver::Call::MemcpyBatchAsync, |w, p| {
+            w.memcpy_batch_async(p, copies, stream, Some(staged))
         })
     }
 

@@ -61,7 +61,7 @@ use crate::faults::FaultPlan;
 
 use crate::driver::{
     AllocationRequest, Call, Code, CopyOp, Device, Driver, DriverResult, EndpointProps,
-    FabricHandleBytes, Granularity, Limits, Pointer, ShareableHandle,
+    FabricHandleBytes, Granularity, Limits, MemcpyOp, Pointer, ShareableHandle,
 };
 use state::World;
 
@@ -503,6 +503,11 @@ impl Driver for Model {
     ) -> DriverResult<()> {
         self.enter(Call::MemcpyAsync, |w, p| {
             w.memcpy_async(p, dst, src, size, stream, None)
+        })
+    }
+    unsafe fn memcpy_batch_async(&self, copies: Vec<MemcpyOp>, stream: u64) -> DriverResult<()> {
+        self.enter(Call::MemcpyBatchAsync, |w, p| {
+            w.memcpy_batch_async(p, &copies, stream, None)
         })
     }
     unsafe fn stream_begin_capture(&self, stream: u64) -> DriverResult<()> {

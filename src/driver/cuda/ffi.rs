@@ -141,6 +141,8 @@ c_typedefs! {
     CUevent = *mut c_void;
     /// `CUstreamCaptureMode` (enum).
     CUstreamCaptureMode = c_uint;
+    /// `CUmemcpySrcAccessOrder` (enum, 12.8+).
+    CUmemcpySrcAccessOrder = c_uint;
 }
 
 /// `CUfabricCpyOperandType` (enum, 13.5+); not in [`TYPEDEFS`] because 13.3 lacks it.
@@ -274,6 +276,14 @@ c_structs! {
         pub type_: CUfabricCpyOperandType => ["type"],
         pub op: CUfabricCpyOperandOp => ["op", "op.ptr", "op.le"],
     }
+    /// `CUmemcpyAttributes` (12.8+): the attributes of the copies of a
+    /// `cuMemcpyBatchAsync` (24 bytes).
+    pub struct CUmemcpyAttributes since 12080 {
+        pub srcAccessOrder: CUmemcpySrcAccessOrder => ["srcAccessOrder"],
+        pub srcLocHint: CUmemLocation => ["srcLocHint"],
+        pub dstLocHint: CUmemLocation => ["dstLocHint"],
+        pub flags: c_uint => ["flags"],
+    }
     /// `CUDA_FABRIC_COPY_BATCH_OP` (13.5+): one copy of `cuFabricCpyBatchAsync`.
     pub struct CUDA_FABRIC_COPY_BATCH_OP since 13050 {
         pub src: CUfabricCpyOperand => ["src"],
@@ -360,6 +370,8 @@ c_consts! {
     CU_STREAM_NON_BLOCKING: c_uint = 1 since 12000;
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode = 1 since 12000;
     CU_EVENT_DISABLE_TIMING: c_uint = 2 since 12000;
+    CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: CUmemcpySrcAccessOrder = 1 since 12080;
+    CU_MEMCPY_FLAG_DEFAULT: c_uint = 0 since 12080;
     CU_FABRIC_COPY_OPERAND_TYPE_POINTER: CUfabricCpyOperandType = 1 since 13050;
     CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT: CUfabricCpyOperandType = 2 since 13050;
 }
@@ -489,6 +501,9 @@ c_functions! {
     cuStreamSynchronize(stream: CUstream) since 12000;
     cuStreamQuery(stream: CUstream) since 12000;
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, stream: CUstream) since 12000;
+    // `cuda.h` 13.0+ maps `cuMemcpyBatchAsync` to this symbol (12.8's
+    // `cuMemcpyBatchAsync` took a `size_t *failIdx` before the stream).
+    cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream) since 13000;
     cuFabricCpyBatchAsync(num_ops: usize, ops: *mut CUDA_FABRIC_COPY_BATCH_OP, flags: c_ulonglong, stream: CUstream) since 13050;
     // Graphs of captured copies (F8).
     cuStreamBeginCapture_v2(stream: CUstream, mode: CUstreamCaptureMode) since 12000;
@@ -521,6 +536,10 @@ const _: () = {
     assert!(size_of::<CUcliqueInfo>() == 8);
     assert!(size_of::<CUfabricCpyOperand>() == 24);
     assert!(offset_of!(CUfabricCpyOperand, op) == 8);
+    assert!(size_of::<CUmemcpyAttributes>() == 24);
+    assert!(offset_of!(CUmemcpyAttributes, srcLocHint) == 4);
+    assert!(offset_of!(CUmemcpyAttributes, dstLocHint) == 12);
+    assert!(offset_of!(CUmemcpyAttributes, flags) == 20);
     assert!(size_of::<CUDA_FABRIC_COPY_BATCH_OP>() == 64);
     assert!(offset_of!(CUDA_FABRIC_COPY_BATCH_OP, size) == 48);
     assert!(offset_of!(CUDA_FABRIC_COPY_BATCH_OP, flags) == 56);

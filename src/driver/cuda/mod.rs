@@ -60,6 +60,9 @@ pub struct Cuda {
 fn symbol_of(call: Call) -> &'static str {
     match call {
         Call::MemGetInfo => "cuMemGetInfo_v2",
+        // The 13.0 prototype (no `failIdx`); 12.8 and 12.9 drivers lack it,
+        // and the portable path takes `cuMemcpyAsync` there.
+        Call::MemcpyBatchAsync => "cuMemcpyBatchAsync_v2",
         other => other.name(),
     }
 }

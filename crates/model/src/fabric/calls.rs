@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 #[allow(unused_imports)]
 use crate::driver::{
     AllocationRequest, Call, Code, CopyOp, Device, Driver, DriverResult, EndpointProps,
-    FabricHandleBytes, Granularity, Limits, Pointer, ShareableHandle, ShareableKind,
+    FabricHandleBytes, Granularity, Limits, MemcpyOp, Pointer, ShareableHandle, ShareableKind,
 };
 
 /// The body of a `Remote` method: the wire, except for the shareable-handle
@@ -32,6 +32,10 @@ macro_rules! remote_body {
     ($self:ident, memcpy_async, $variant:ident, ($($arg:ident),*)) => {
         // SAFETY: the caller upholds `memcpy_async`'s contract.
         unsafe { $self.memcpy_here($($arg),*) }
+    };
+    ($self:ident, memcpy_batch_async, $variant:ident, ($($arg:ident),*)) => {
+        // SAFETY: the caller upholds `memcpy_batch_async`'s contract.
+        unsafe { $self.memcpy_batch_here($($arg),*) }
     };
     ($self:ident, stream_synchronize, $variant:ident, ($($arg:ident),*)) => {
         // SAFETY: the contract of the copies on the stream (their host
@@ -73,6 +77,7 @@ fn client_side_only(call: &WireCall) -> bool {
             | WireCall::MemImportFromShareableHandle { .. }
             | WireCall::FabricCpyBatchAsync { .. }
             | WireCall::MemcpyAsync { .. }
+            | WireCall::MemcpyBatchAsync { .. }
             | WireCall::StreamSynchronize { .. }
             | WireCall::StreamQuery { .. }
             | WireCall::StreamDestroy { .. }

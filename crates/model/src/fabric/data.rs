@@ -1,6 +1,6 @@
 //! The data path across OS processes: how `cuFabricCpyBatchAsync`,
-//! `cuMemcpyAsync` and the stream calls that complete them cross the wire
-//! with their host bytes.
+//! `cuMemcpyAsync`, `cuMemcpyBatchAsync` and the stream calls that complete
+//! them cross the wire with their host bytes.
 //!
 //! A host pointer of a client means nothing in the server's OS process, so
 //! the generic call path refuses these calls (`calls::client_side_only`)
@@ -28,7 +28,7 @@ use super::calls::WireCall;
 use super::wire::{MAX_BATCH_OPS, MAX_MEMORY_IO, Reply, Request};
 use crate::Model;
 use crate::copy::{MAX_REMOTE_HOST_BYTES, host_write_charge};
-use crate::driver::{Call, Code, CopyOp, DriverResult, MemHint, Operand, Pointer};
+use crate::driver::{Call, Code, CopyOp, DriverResult, MemHint, MemcpyOp, Operand, Pointer};
 
 /// The bytes of host memory at `ptr`.
 ///
@@ -160,6 +160,46 @@ impl Remote {
         )
     }
 
+    /// `cuMemcpyBatchAsync` from this OS process.
+    ///
+    /// # Safety
+    /// As [`Remote::fabric_copy_here`], for every copy's `src` and `dst`.
+    pub(super) unsafe fn memcpy_batch_here(
+        &self,
+        copies: Vec<MemcpyOp>,
+        stream: u64,
+    ) -> DriverResult<()> {
+        if copies.len() > MAX_BATCH_OPS {
+            return Remote::too_large("copies", copies.len() as u64, MAX_BATCH_OPS as u64);
+        }
+        let back: u64 = copies
+            .iter()
+            .filter(|c| is_host(&c.dst))
+            .fold(0, |n, c| n.saturating_add(host_write_charge(c.size)));
+        if back > MAX_REMOTE_HOST_BYTES {
+            return Remote::too_large(
+                "host-destination bytes (with 16 per copy)",
+                back,
+                MAX_REMOTE_HOST_BYTES,
+            );
+        }
+        let mut staged = Vec::with_capacity(copies.len());
+        let mut total = 0u64;
+        for c in &copies {
+            staged.push(if is_host(&c.src) {
+                total = total.saturating_add(c.size);
+                if total > MAX_MEMORY_IO as u64 {
+                    return Remote::too_large("host-source bytes", total, MAX_MEMORY_IO as u64);
+                }
+                // SAFETY: the caller's contract (a readable host source).
+                Some(unsafe { snapshot(c.src.ptr, c.size) }?)
+            } else {
+                None
+            });
+        }
+        self.host_copy(WireCall::MemcpyBatchAsync { copies, stream }, staged)
+    }
+
     /// `cuStreamSynchronize` / `cuStreamQuery` / `cuStreamDestroy` from
     /// this OS process: the host-destination bytes the stream completed are
     /// written here before the call returns.
@@ -213,6 +253,12 @@ pub(super) fn answer_copy(me: &Model, call: WireCall, staged: Vec<Option<Vec<u8>
             size,
             stream,
         } => me.memcpy_async_staged(dst, src, size, stream, &staged),
+        WireCall::MemcpyBatchAsync { copies, .. } if copies.len() > MAX_BATCH_OPS => {
+            Err(Code::INVALID_VALUE)
+        }
+        WireCall::MemcpyBatchAsync { copies, stream } => {
+            me.memcpy_batch_async_staged(&copies, stream, &staged)
+        }
         _ => Err(Code::NOT_SUPPORTED),
     })
 }

@@ -86,10 +86,10 @@ pub enum Request {
         /// The handle kind.
         kind: ShareableKind,
     },
-    /// `cuFabricCpyBatchAsync` or `cuMemcpyAsync` with the bytes of its
-    /// host sources, snapshotted at enqueue (`data.rs`).
+    /// `cuFabricCpyBatchAsync`, `cuMemcpyAsync` or `cuMemcpyBatchAsync`
+    /// with the bytes of its host sources, snapshotted at enqueue (`data.rs`).
     HostCopy {
-        /// The call (`FabricCpyBatchAsync` or `MemcpyAsync`).
+        /// The call (`FabricCpyBatchAsync`, `MemcpyAsync` or `MemcpyBatchAsync`).
         call: WireCall,
         /// Per op, the bytes of a host source (`None` for any other source).
         staged: Vec<Option<Vec<u8>>>,
