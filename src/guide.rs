@@ -36,7 +36,7 @@ pub mod reading_the_compiler {
     //! such error below is pinned by a test case in `ui-tests/` (named in the
     //! last column) with rustc 1.95's exact output beside it, and the correct
     //! version of each group is in `ui-tests/pass/`. On any other compiler,
-    //! `cargo test --test ui` still proves every case refused with the same
+    //! `cargo test -p cuda-endpoints-ui` still proves every case refused with the same
     //! error code (through the doctests of `guide::misuse_cases`), without
     //! comparing the words.
     //!

@@ -1655,7 +1655,8 @@ fn run_cases(
 /// Random lifecycles with random faults on every non-teardown call.
 #[test]
 fn random_lifecycles_leak_nothing_and_surface_every_fault() {
-    let cases = common::cases(10_000);
+    // 10,000 in `.ci/run` (`PROPTEST_CASES`); fewer in the README's command.
+    let cases = common::cases(2_000);
     let c = run_cases(
         cases,
         0x11fe,
@@ -1687,7 +1688,7 @@ fn random_lifecycles_leak_nothing_and_surface_every_fault() {
 /// the leak counters are only checked when no teardown fault fired.
 #[test]
 fn teardown_faults_surface_and_never_free_bound_memory() {
-    let cases = common::cases(5_000);
+    let cases = common::cases(1_000);
     let c = run_cases(
         cases,
         0x7ea2,
