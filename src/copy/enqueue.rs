@@ -123,19 +123,24 @@ impl<'a> CopyBatch<'a> {
     /// host buffers by address (owned by what takes the list, which keeps
     /// them where they are).
     pub(crate) fn into_list(self) -> FabricList {
-        let BatchInner {
-            list,
-            keep,
-            host_in,
-            host_out,
-            ..
-        } = *self.inner;
-        FabricList {
-            list,
-            keep,
-            host_in,
-            host_out,
-        }
+        let mut inner = self.inner;
+        let list = FabricList {
+            list: std::mem::take(&mut inner.list),
+            keep: std::mem::take(&mut inner.keep),
+            host_in: std::mem::take(&mut inner.host_in),
+            host_out: std::mem::take(&mut inner.host_out),
+        };
+        super::spare::give_back(inner);
+        list
+    }
+
+    /// The whole state of a checked batch, taken out (the portable path);
+    /// its emptied box goes back to the thread's spare.
+    pub(crate) fn into_inner(self) -> BatchInner {
+        let mut inner = self.inner;
+        let all = std::mem::replace(&mut *inner, BatchInner::empty());
+        super::spare::give_back(inner);
+        all
     }
 }
 
