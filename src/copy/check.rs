@@ -297,15 +297,18 @@ impl BatchInner {
             // Read under the lock with the bindings: a later bind or unbind
             // moves it, and enqueue reads them again (F9).
             bindings_gen = Some(ep.range().bindings_gen());
-            let mut every: Option<Intervals> = None;
-            for &d in devices {
-                let mine = merged(slot.spans(d));
-                every = Some(match every {
-                    None => mine,
-                    Some(before) => intersect(&before, &mine),
-                });
+            if let ([d], [b]) = (devices, &slot.bindings[..]) {
+                // The usual endpoint: one device, one binding (or none
+                // there: nothing covered), without the general merge.
+                let mut one = Intervals::new();
+                let end = b.offset.saturating_add(b.size);
+                if b.dev == *d && b.offset < end {
+                    one.push((b.offset, end));
+                }
+                one
+            } else {
+                covered_on(&slot, devices)
             }
-            every.unwrap_or_default()
         } else {
             // Nothing bound here to check: the endpoint's range alone.
             smallvec::smallvec![(0, ep.size())]
@@ -471,18 +474,11 @@ impl BatchInner {
             let slot = range.slot(*id);
             let now = range.bindings_gen();
             let by_handle = slot.by_handle();
-            let mut every: Option<Intervals> = None;
-            for &d in &facts.target.devices {
-                let mine = merged(slot.spans(d));
-                every = Some(match every {
-                    None => mine,
-                    Some(before) => intersect(&before, &mine),
-                });
-            }
+            let every = covered_on(&slot, &facts.target.devices);
             drop(slot);
             let id = *id;
             if let Some(f) = self.eps.get_mut(index) {
-                f.covered = every.unwrap_or_default();
+                f.covered = every;
                 f.bindings_gen = Some(now);
                 f.by_handle = by_handle;
             }
@@ -501,6 +497,20 @@ impl BatchInner {
         }
         Ok(())
     }
+}
+
+/// The `[start, end)` intervals bound on every one of `devices` in `slot`
+/// (sorted, disjoint; none when `devices` is empty).
+fn covered_on(slot: &crate::ledger::Slot, devices: &[Device]) -> Intervals {
+    let mut every: Option<Intervals> = None;
+    for &d in devices {
+        let mine = merged(slot.spans(d));
+        every = Some(match every {
+            None => mine,
+            Some(before) => intersect(&before, &mine),
+        });
+    }
+    every.unwrap_or_default()
 }
 
 /// `(offset, size)` ranges as sorted, disjoint `[start, end)` intervals,
