@@ -49,22 +49,18 @@ impl Stream {
         if ctx.copy_path() == crate::CopyPath::Portable {
             return self.enqueue_portable(batch);
         }
-        let FabricList {
-            list,
-            keep,
-            host_in,
-            host_out,
-        } = batch.into_list();
+        // The op list goes to the driver; the rest stays in the batch's
+        // state until it is recorded (moved once, into the record).
+        let mut inner = batch.inner;
+        let list = std::mem::take(&mut inner.list);
         // A panic inside the call (a `tracing` layer, a user backend) may
         // come after the driver took the batch: what the copies use stays
         // in flight then, kept by the stream until it is synchronized, and
         // the host buffers are leaked, never freed under a copy (F4).
-        let mut held = Some((keep, host_in, host_out));
         let guard = OnUnwind::new(|| {
-            if let Some((keep, host_in, host_out)) = held.take() {
-                self.inner.record(keep);
-                std::mem::forget((host_in, host_out));
-            }
+            self.inner.record(std::mem::take(&mut inner.keep));
+            std::mem::forget(std::mem::take(&mut inner.host_in));
+            std::mem::forget(std::mem::take(&mut inner.host_out));
         });
         // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
         // ranges were checked against the bindings this process knows (F9);
@@ -76,13 +72,20 @@ impl Stream {
         // token, freed only after a synchronize or leaked when it is forgotten.
         let r = unsafe { ctx.driver().fabric_copy_batch(self.inner.handle, list, 0) };
         guard.disarm();
-        // Taken only by the guard, which ran only if the call unwound.
-        let (keep, host_in, host_out) = held.unwrap_or_default();
         if let Err(code) = r {
+            // Nothing enqueued: what the batch holds is dropped with it.
+            drop(inner);
             return Err(fabric_copy_error(ctx, code));
         }
-        let seq = self.inner.record(keep);
-        Ok(InFlight::new(self, host_in, host_out, seq))
+        let seq = self.inner.record(std::mem::take(&mut inner.keep));
+        let token = InFlight::new(
+            self,
+            std::mem::take(&mut inner.host_in),
+            std::mem::take(&mut inner.host_out),
+            seq,
+        );
+        super::spare::give_back(inner);
+        Ok(token)
     }
 }
 
@@ -123,19 +126,24 @@ impl<'a> CopyBatch<'a> {
     /// host buffers by address (owned by what takes the list, which keeps
     /// them where they are).
     pub(crate) fn into_list(self) -> FabricList {
-        let BatchInner {
-            list,
-            keep,
-            host_in,
-            host_out,
-            ..
-        } = *self.inner;
-        FabricList {
-            list,
-            keep,
-            host_in,
-            host_out,
-        }
+        let mut inner = self.inner;
+        let list = FabricList {
+            list: std::mem::take(&mut inner.list),
+            keep: std::mem::take(&mut inner.keep),
+            host_in: std::mem::take(&mut inner.host_in),
+            host_out: std::mem::take(&mut inner.host_out),
+        };
+        super::spare::give_back(inner);
+        list
+    }
+
+    /// The whole state of a checked batch, taken out (the portable path);
+    /// its emptied box goes back to the thread's spare.
+    pub(crate) fn into_inner(self) -> BatchInner {
+        let mut inner = self.inner;
+        let all = std::mem::replace(&mut *inner, BatchInner::empty());
+        super::spare::give_back(inner);
+        all
     }
 }
 

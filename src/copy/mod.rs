@@ -25,7 +25,13 @@
 //!   reported at enqueue, first the local side's ranges, then the endpoint
 //!   side's, then F2, then F3, each naming its op. Blocks at a stride are
 //!   one call ([`CopyBatch::put_strided`], [`Strided`], in `strided.rs`),
-//!   checked once.
+//!   checked once. The builder's state is recycled: taken from the
+//!   thread's spare by [`CopyBatch::new`] and given back, emptied, by the
+//!   enqueue (`spare`), so that a loop of batches allocates nothing but the
+//!   op list the driver takes (issue 30); at enqueue the usual batch (no
+//!   error met, no binding changed since, memory on the stream's device,
+//!   F3 proven in one pass, no memory reachable two ways) passes its
+//!   checks at a few loads per endpoint and allocation.
 //! - [`InFlight`], the `#[must_use]` token: it borrows the endpoints and the
 //!   local memory of the batch and the stream, so destroying an endpoint or
 //!   dropping memory while the copy is in flight does not compile (F4).
@@ -68,6 +74,7 @@
 //! call; `in_flight.rs`: [`InFlight`] and [`Completed`]; `strided.rs`:
 //! [`Strided`]; `portable.rs`: the portable path.
 
+use std::cell::Cell;
 use std::marker::PhantomData;
 
 use smallvec::SmallVec;
@@ -117,8 +124,45 @@ pub struct CopyBatch<'a> {
     /// Behind one pointer: the builder moves the batch on every call, and
     /// a moved pointer is a register where the state is ~200 bytes of
     /// memory (issue 22: about 160 instructions per op at 1,024 ops).
+    /// Recycled ([`spare`]): taken from the thread's spare by
+    /// [`CopyBatch::new`], emptied and given back by the enqueue, so that a
+    /// loop of batches allocates no state. (A batch dropped unenqueued
+    /// frees it: a `Drop` here kept the builder's `put` from inlining.)
     pub(crate) inner: Box<BatchInner>,
     _borrow: PhantomData<&'a ()>,
+}
+
+/// The thread's spare batch state: one emptied [`BatchInner`], so that
+/// [`CopyBatch::new`] allocates nothing after the first batch of a thread.
+pub(crate) mod spare {
+    use super::{BatchInner, Cell};
+
+    thread_local! {
+        static SPARE: Cell<Option<Box<BatchInner>>> = const { Cell::new(None) };
+    }
+
+    /// The spare, or a new empty state.
+    #[inline]
+    pub(super) fn take() -> Box<BatchInner> {
+        match SPARE.try_with(Cell::take) {
+            Ok(Some(inner)) => inner,
+            _ => Box::new(BatchInner::empty()),
+        }
+    }
+
+    /// Empties `inner` (what it still holds is dropped) and keeps it as
+    /// the spare if the thread has none.
+    #[inline]
+    pub(crate) fn give_back(mut inner: Box<BatchInner>) {
+        inner.reset();
+        // During the thread's teardown (`try_with` fails) it is freed.
+        let _ = SPARE.try_with(|s| {
+            if let Some(other) = s.replace(Some(inner)) {
+                // Two batches alive on the thread at once: keep one.
+                s.set(Some(other));
+            }
+        });
+    }
 }
 
 /// An allocation a batch names: the first op naming it, where it is (F2),
@@ -245,6 +289,52 @@ pub(crate) struct EpFacts {
     align: u64,
 }
 
+impl BatchInner {
+    /// No op yet.
+    fn empty() -> BatchInner {
+        BatchInner {
+            list: Vec::new(),
+            keep: Keep {
+                memory: SmallVec::new(),
+                endpoints: SmallVec::new(),
+            },
+            eps: SmallVec::new(),
+            locations: SmallVec::new(),
+            host_in: Vec::new(),
+            host_out: Vec::new(),
+            error: None,
+            ep_error: None,
+            cursor: Cursor::NONE,
+            put_last: None,
+            get_end: 0,
+            unordered: false,
+            puts: false,
+            gets: false,
+        }
+    }
+
+    /// Back to [`BatchInner::empty`], in place: what it holds is dropped,
+    /// the op list keeps its capacity (an enqueued batch's went to the
+    /// driver).
+    fn reset(&mut self) {
+        self.list.clear();
+        self.keep.memory.clear();
+        self.keep.endpoints.clear();
+        self.eps.clear();
+        self.locations.clear();
+        self.host_in = Vec::new();
+        self.host_out = Vec::new();
+        self.error = None;
+        self.ep_error = None;
+        self.cursor = Cursor::NONE;
+        self.put_last = None;
+        self.get_end = 0;
+        self.unordered = false;
+        self.puts = false;
+        self.gets = false;
+    }
+}
+
 impl std::fmt::Debug for CopyBatch<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopyBatch")
@@ -261,27 +351,10 @@ impl Default for CopyBatch<'_> {
 
 impl<'a> CopyBatch<'a> {
     /// An empty batch.
+    #[inline]
     pub fn new() -> Self {
         CopyBatch {
-            inner: Box::new(BatchInner {
-                list: Vec::new(),
-                keep: Keep {
-                    memory: SmallVec::new(),
-                    endpoints: SmallVec::new(),
-                },
-                eps: SmallVec::new(),
-                locations: SmallVec::new(),
-                host_in: Vec::new(),
-                host_out: Vec::new(),
-                error: None,
-                ep_error: None,
-                cursor: Cursor::NONE,
-                put_last: None,
-                get_end: 0,
-                unordered: false,
-                puts: false,
-                gets: false,
-            }),
+            inner: spare::take(),
             _borrow: PhantomData,
         }
     }

@@ -471,7 +471,7 @@ impl Stream {
             host_in,
             host_out,
             ..
-        } = *batch.inner;
+        } = batch.into_inner();
         let mut copies: Vec<MemcpyOp> = Vec::with_capacity(list.len());
         let Keep {
             mut memory,
