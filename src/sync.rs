@@ -8,12 +8,12 @@
 //! the threads inside it (no thread-local state of the crate's own).
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
@@ -28,7 +28,8 @@ pub(crate) fn thread_id() -> usize {
 }
 
 /// Under loom every model thread runs on one OS thread: its loom id,
-/// hashed (never 0).
+/// hashed into 47 bits (never 0), so that the gate adds it to its words
+/// as it does a real thread's name (an address below 2^47).
 #[cfg(loom)]
 pub(crate) fn thread_id() -> usize {
     use std::hash::{Hash, Hasher};
@@ -36,6 +37,6 @@ pub(crate) fn thread_id() -> usize {
     loom::thread::current().id().hash(&mut h);
     // Truncated on 32-bit targets: still a name per thread of a model.
     #[allow(clippy::cast_possible_truncation)]
-    let id = h.finish() as usize;
+    let id = (h.finish() & ((1 << 47) - 1)) as usize;
     id | 1
 }

@@ -10,24 +10,19 @@
 //! F4 ("nothing freed under a copy") is kept by one rule: whatever a copy
 //! uses is held by a record that lives until its stream has passed the
 //! copy. A batch's record on its stream ([`holds::Keep`]) holds the memory
-//! it reads or writes and the ranges of its endpoints, and leaves an entry
-//! in each of those ranges' [`holds::Holds`] (a graph pins its ids so for
-//! its whole life, F8). Nothing an id holds is let go, by an unbind or a
-//! destroy, before [`settle`] has synchronized every stream with an entry
-//! on that id (held by a strong `Arc`, so its handle outlives the
-//! synchronize), and the copy gate makes every enqueue that passed its
-//! checks recorded before a settle looks.
+//! and the ranges of its endpoints, and leaves an entry in each range's
+//! [`holds::Holds`] (a graph's pins its ids for its whole life, F8);
+//! nothing an id holds is let go, by an unbind or a destroy, before
+//! [`settle`] has synchronized every stream with an entry on that id, and
+//! the copy gate makes every enqueue that passed its checks recorded
+//! before a settle looks.
 //!
 //! The unsafe kept for speed is here: each id's record is two cells, one
-//! governed by the id's one [`Endpoint`](crate::Endpoint)(crate::Endpoint) ([`OwnerCell`]),
-//! one by the range's lock ([`LockedCell`]), reached without bounds tests;
-//! every unchecked access has a `debug_assert!` beside it (as
-//! `wgpu-core/src/track/` does), so that the tests check what the
-//! `SAFETY` comments claim.
-//!
-//! An id's record is 96 bytes, allocated once per range at its exact count,
-//! so that 100 000 endpoints in one range cost 112 bytes of heap each with
-//! their `Endpoint`s (`benches/readiness_heap.rs` counts them).
+//! governed by the id's one [`Endpoint`](crate::Endpoint) ([`OwnerCell`]),
+//! one by the range's lock ([`LockedCell`]), reached without bounds tests,
+//! each unchecked access with a `debug_assert!` beside it (as
+//! `wgpu-core/src/track/` does). A record is 96 bytes, allocated once per
+//! range at its exact count (`benches/readiness_heap.rs`).
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
@@ -128,7 +123,9 @@ impl<'a> RecordRef<'a> {
     /// The facts, read.
     ///
     /// # Safety
-    /// As [`RangeInner::facts`].
+    /// The caller holds the [`Endpoint`](crate::Endpoint) of the id or a
+    /// shared borrow of it, for as long as the returned reference lives,
+    /// and no `&mut` of it.
     #[inline]
     pub unsafe fn facts(&self) -> &'a Facts {
         debug_assert!(std::ptr::eq(self.rec, self.range.record(self.id)));
@@ -140,7 +137,8 @@ impl<'a> RecordRef<'a> {
     /// The facts, to change.
     ///
     /// # Safety
-    /// As [`RangeInner::facts_mut`].
+    /// The caller holds the [`Endpoint`](crate::Endpoint) of the id by value
+    /// or through `&mut`, for as long as the returned reference lives.
     #[inline]
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn facts_mut(&self) -> &'a mut Facts {
@@ -344,12 +342,6 @@ impl RangeInner {
         self.bindings_gen.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The range's copy gate ([`gate`]).
-    #[inline]
-    pub(crate) fn gate(&self) -> &gate::Gate {
-        &self.gate
-    }
-
     /// The count of changes to the range's binding lists so far: facts
     /// read under the lock along with it are current while it stays.
     #[inline]
@@ -357,10 +349,15 @@ impl RangeInner {
         self.bindings_gen.load(Ordering::Acquire)
     }
 
-    /// The slot of `id` without a lock: `&mut` proves no one else holds it.
+    /// The record of `id` through `&mut`, which proves no one else holds
+    /// the range: no lock, no `unsafe`.
+    fn record_mut(&mut self, id: u32) -> &mut Record {
+        &mut self.records[(id - self.base) as usize]
+    }
+
+    /// The slot of `id` without a lock (`&mut`).
     pub(crate) fn slot_mut(&mut self, id: u32) -> &mut Slot {
-        let i = (id - self.base) as usize;
-        self.records[i].slot.0.get_mut()
+        self.record_mut(id).slot.0.get_mut()
     }
 
     /// The fabric handle of `id`, taken without a lock (`&mut`, as above).
@@ -368,11 +365,9 @@ impl RangeInner {
         take_fabric(self.lock.get_mut(), id)
     }
 
-    /// Whether `id` holds an orphan (see [`Facts::orphaned`]), without a
-    /// lock or an `unsafe`: `&mut` proves no endpoint of the range is left.
+    /// Whether `id` holds an orphan (see [`Facts::orphaned`]), `&mut`.
     pub(crate) fn orphaned(&mut self, id: u32) -> bool {
-        let i = (id - self.base) as usize;
-        self.records[i].facts.0.get_mut().orphaned
+        self.record_mut(id).facts.0.get_mut().orphaned
     }
 
     /// The facts of `id`, read.
@@ -383,9 +378,8 @@ impl RangeInner {
     #[inline]
     pub unsafe fn facts(&self, id: u32) -> &Facts {
         debug_assert!(!self.spare);
-        // SAFETY: by the caller's contract no write can happen while the
-        // returned borrow lives (writes need the endpoint's `&mut`).
-        unsafe { &*self.record(id).facts.0.get() }
+        // SAFETY: the caller's contract is `RecordRef::facts`'s.
+        unsafe { self.record_ref(id).facts() }
     }
 
     /// The facts of `id`, to change.
@@ -398,8 +392,8 @@ impl RangeInner {
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn facts_mut(&self, id: u32) -> &mut Facts {
         debug_assert!(!self.spare && !self.released);
-        // SAFETY: by the caller's contract this is the only reference.
-        unsafe { &mut *self.record(id).facts.0.get() }
+        // SAFETY: the caller's contract is `RecordRef::facts_mut`'s.
+        unsafe { self.record_ref(id).facts_mut() }
     }
 
     /// A new range of `count` ids from `base`, with one empty record per
@@ -444,14 +438,13 @@ impl RangeInner {
     }
 
     pub(crate) fn set_orphaned(&mut self, id: u32, orphaned: bool) {
-        let i = (id - self.base) as usize;
-        self.records[i].facts.0.get_mut().orphaned = orphaned;
+        self.record_mut(id).facts.0.get_mut().orphaned = orphaned;
     }
 }
 
 impl gate::Gated for RangeInner {
     #[inline]
     fn gate(&self) -> &gate::Gate {
-        RangeInner::gate(self)
+        &self.gate
     }
 }
