@@ -24,8 +24,11 @@
 //!   (POSIX descriptor within a node, fabric handle across, R12.4) and
 //!   mapped here; such a window keeps that mapping alive until the endpoint
 //!   is destroyed;
-//! - [`resolve`]: one endpoint operand of a checked batch → the local
-//!   address pieces of every target, with what they keep alive; an error
+//! - [`View`]: the windows of one endpoint of a checked batch, read once
+//!   per batch under the range's lock, and [`View::resolve`]: one endpoint
+//!   operand → the local address pieces of every target (no allocation per
+//!   op; a cursor per target on the window that last matched), with the
+//!   mapping of each peer window an op used held once per batch; an error
 //!   before the driver ([`Error::CopyNoWindow`]) when a target's bytes have
 //!   no window;
 //! - which call carries the pieces: `cuMemcpyBatchAsync` (one call, one
@@ -252,9 +255,6 @@ pub(crate) struct Target {
     pub team_size: u32,
 }
 
-/// The local pieces `(address, bytes)` of one target, in endpoint order.
-pub(crate) type Pieces = Vec<(u64, u64)>;
-
 /// What a batch on the portable path holds of the memory its copies reach
 /// through windows: each mapping once, however many ops and windows name
 /// it (the local memory of the batch is in `keep` already, once each).
@@ -274,90 +274,231 @@ impl<'k> Holds<'k> {
     }
 
     /// Holds `k` for the batch, unless it holds that object already.
-    fn hold(&mut self, k: &KeepAlive) {
+    fn hold(&mut self, k: KeepAlive) {
         if self.seen.is_empty() {
             self.seen.extend(self.keep.iter().map(KeepAlive::key));
         }
         if self.seen.insert(k.key()) {
-            self.keep.push(k.clone());
+            self.keep.push(k);
         }
     }
 }
 
-/// Every target's pieces for `offset..offset + size` of `t` (an id of
-/// `range`), with the peer windows' memory they reach held by `holds`.
-/// This process's bound memory is not held per op: the batch holds `range`,
-/// whose binding records keep it until an unbind or destroy of the id,
-/// which settle the batch first (F4).
-///
-/// # Errors
-/// [`Error::CopyNoWindow`] when a target has no window over those bytes;
-/// [`Error::CopyWindowsPastTargets`] when more targets have windows than
-/// the endpoint has.
-pub(crate) fn resolve(
-    op: usize,
-    range: &RangeInner,
-    t: &Target,
+/// One window of a [`View`]: `offset..end` of its member at `addr` here.
+struct Win {
     offset: u64,
-    size: u64,
-    holds: &mut Holds<'_>,
-) -> Result<Vec<Pieces>> {
-    let end = offset.saturating_add(size);
-    let slot = range.slot(t.id);
-    let mut members: Vec<Member> = t.devices.iter().map(|&d| Member::Local(d)).collect();
-    for w in slot.windows() {
-        if !members.contains(&w.member) {
-            members.push(w.member);
+    end: u64,
+    addr: u64,
+    /// The mapping of a peer window (`None` for a local binding, whose
+    /// memory the binding keeps), held by the batch if an op used it.
+    keep: Option<KeepAlive>,
+    used: bool,
+}
+
+/// One local piece of an op: `(member index, address, bytes)`.
+pub(crate) type Piece = (usize, u64, u64);
+
+/// The pieces of one op, for every target in member order: a buffer the
+/// batch reuses from op to op (inline for a few targets).
+pub(crate) type Pieces = smallvec::SmallVec<[Piece; 4]>;
+
+/// The windows of one endpoint of a batch, read once under its range's lock
+/// when the batch is resolved (not once per op): its members (this
+/// process's devices first, then every other member a window names, in the
+/// order they were added) and their windows, sorted by member and offset
+/// (the windows of one member never overlap: binds on one device do not,
+/// R5.9, and a peer window replaces or refuses the ones it overlaps), with
+/// a cursor per member on the window that last matched (consecutive ops
+/// usually fall in the same window).
+pub(crate) struct View {
+    id: u32,
+    team_size: u32,
+    members: smallvec::SmallVec<[Member; 4]>,
+    /// Every member's windows; member `m`'s are `wins[starts[m]..starts[m + 1]]`.
+    wins: smallvec::SmallVec<[Win; 2]>,
+    starts: smallvec::SmallVec<[usize; 5]>,
+    /// Per member, the index in `wins` of the window that last matched.
+    cursor: smallvec::SmallVec<[usize; 4]>,
+    /// The one target's window that last matched, `(offset, end, addr)`,
+    /// when the endpoint has one target and one member (a unicast
+    /// endpoint: the usual op falls inside it, [`View::inside_hot`]); its
+    /// addresses do not wrap. `(0, 0, 0)`: none.
+    hot: (u64, u64, u64),
+}
+
+impl View {
+    /// The windows of `t` (an id of `range`), taken under the range's lock:
+    /// the peer windows' mappings are held by the view from here on, so the
+    /// addresses stay valid whatever replaces the windows meanwhile.
+    pub(crate) fn new(range: &RangeInner, t: &Target) -> View {
+        let mut members: smallvec::SmallVec<[Member; 4]> =
+            t.devices.iter().map(|&d| Member::Local(d)).collect();
+        let mut wins: smallvec::SmallVec<[(usize, Win); 2]> = smallvec::SmallVec::new();
+        {
+            let slot = range.slot(t.id);
+            for w in slot.windows() {
+                let m = match members.iter().position(|m| *m == w.member) {
+                    Some(m) => m,
+                    None => {
+                        members.push(w.member);
+                        members.len() - 1
+                    }
+                };
+                // A window of no byte matches no op (as the lookup by
+                // offset it replaces): left out, so none shadows another.
+                if w.size > 0 {
+                    wins.push((
+                        m,
+                        Win {
+                            offset: w.offset,
+                            end: w.end(),
+                            addr: w.addr,
+                            keep: w.keep.clone(),
+                            used: false,
+                        },
+                    ));
+                }
+            }
+        }
+        if !wins.is_sorted_by_key(|(m, w)| (*m, w.offset)) {
+            wins.sort_unstable_by_key(|(m, w)| (*m, w.offset));
+        }
+        let mut starts = smallvec::SmallVec::with_capacity(members.len() + 1);
+        let mut at = 0;
+        for m in 0..members.len() {
+            starts.push(at);
+            at += wins[at..].iter().take_while(|(wm, _)| *wm == m).count();
+        }
+        starts.push(at);
+        let cursor = starts.iter().take(members.len()).copied().collect();
+        View {
+            id: t.id,
+            team_size: t.team_size,
+            members,
+            wins: wins.into_iter().map(|(_, w)| w).collect(),
+            starts,
+            cursor,
+            hot: (0, 0, 0),
         }
     }
-    let no_window = |known: usize| Error::CopyNoWindow {
-        op,
-        id: t.id,
-        offset,
-        size,
-        known: u32::try_from(known).unwrap_or(u32::MAX),
-        targets: t.team_size,
-    };
-    let targets = usize::try_from(t.team_size).unwrap_or(usize::MAX);
-    if members.len() > targets {
-        return Err(Error::CopyWindowsPastTargets {
-            op,
-            id: t.id,
-            members: u32::try_from(members.len()).unwrap_or(u32::MAX),
-            targets: t.team_size,
-        });
+
+    /// The address of `offset..offset + size` when the endpoint has one
+    /// target and the bytes lie inside the window that last matched (one
+    /// piece, no error possible; that window is marked used already);
+    /// `None`: [`View::resolve`] decides.
+    #[inline]
+    pub(crate) fn inside_hot(&self, offset: u64, size: u64) -> Option<u64> {
+        let (lo, hi, addr) = self.hot;
+        let end = offset.checked_add(size)?;
+        if lo <= offset && end <= hi && offset < end {
+            addr.checked_add(offset - lo)
+        } else {
+            None
+        }
     }
-    let mut out = Vec::with_capacity(members.len());
-    for m in &members {
-        let mut pieces = Vec::new();
-        let mut at = offset;
-        while at < end {
-            let Some(w) = slot
-                .windows()
-                .find(|w| w.member == *m && w.offset <= at && at < w.end())
-            else {
-                break;
-            };
-            let stop = end.min(w.end());
-            let addr = w.addr.checked_add(at - w.offset);
-            let Some(addr) = addr else {
-                return Err(no_window(out.len()));
-            };
-            pieces.push((addr, stop - at));
-            if let Some(k) = &w.keep {
+
+    /// Every target's pieces for `offset..offset + size` (op `op`) into
+    /// `out` (emptied first), in member order, each target's in endpoint
+    /// order. The windows used are marked, for [`View::hold_used`].
+    /// This process's bound memory is not held per op: the batch holds the
+    /// endpoint's id range, whose binding records keep it until an unbind
+    /// or destroy of the id, which settle the batch first (F4).
+    ///
+    /// # Errors
+    /// [`Error::CopyWindowsPastTargets`] when more targets have windows
+    /// than the endpoint has; [`Error::CopyNoWindow`] when a target has no
+    /// window over those bytes.
+    pub(crate) fn resolve(
+        &mut self,
+        op: usize,
+        offset: u64,
+        size: u64,
+        out: &mut Pieces,
+    ) -> Result<()> {
+        out.clear();
+        let targets = usize::try_from(self.team_size).unwrap_or(usize::MAX);
+        if self.members.len() > targets {
+            return Err(self.past_targets(op));
+        }
+        let end = offset.saturating_add(size);
+        for m in 0..self.members.len() {
+            let (lo, hi) = (self.starts[m], self.starts[m + 1]);
+            let mut c = self.cursor[m];
+            let mut at = offset;
+            while at < end {
+                let inside = |w: &Win| w.offset <= at && at < w.end;
+                if !self.wins.get(c).is_some_and(|w| c < hi && inside(w)) {
+                    // The next window (an op across two), else a search.
+                    c = match self.wins.get(c + 1) {
+                        Some(w) if c + 1 >= lo && c + 1 < hi && inside(w) => c + 1,
+                        _ => {
+                            let i = lo + self.wins[lo..hi].partition_point(|w| w.offset <= at);
+                            match i.checked_sub(1) {
+                                Some(j) if j >= lo && at < self.wins[j].end => j,
+                                _ => break,
+                            }
+                        }
+                    };
+                }
+                let w = &mut self.wins[c];
+                let stop = end.min(w.end);
+                let Some(addr) = w.addr.checked_add(at - w.offset) else {
+                    return Err(self.no_window(op, offset, size, m));
+                };
+                w.used = true;
+                out.push((m, addr, stop - at));
+                at = stop;
+            }
+            self.cursor[m] = c;
+            if at < end {
+                return Err(self.no_window(op, offset, size, m));
+            }
+        }
+        if u32::try_from(self.members.len()) != Ok(self.team_size) {
+            return Err(self.no_window(op, offset, size, self.members.len()));
+        }
+        if self.team_size == 1 {
+            // The window of this op's last piece, for the next op.
+            if let Some(w) = self.wins.get(self.cursor[0]) {
+                if w.used && w.addr.checked_add(w.end - w.offset).is_some() {
+                    self.hot = (w.offset, w.end, w.addr);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the mappings of the peer windows an op used to `holds` (each
+    /// once per batch); the others are let go with the view.
+    pub(crate) fn hold_used(self, holds: &mut Holds<'_>) {
+        for w in self.wins {
+            if let (true, Some(k)) = (w.used, w.keep) {
                 holds.hold(k);
             }
-            at = stop;
         }
-        if at < end {
-            return Err(no_window(out.len()));
+    }
+
+    #[cold]
+    fn no_window(&self, op: usize, offset: u64, size: u64, known: usize) -> Error {
+        Error::CopyNoWindow {
+            op,
+            id: self.id,
+            offset,
+            size,
+            known: u32::try_from(known).unwrap_or(u32::MAX),
+            targets: self.team_size,
         }
-        out.push(pieces);
     }
-    if u32::try_from(out.len()) != Ok(t.team_size) {
-        return Err(no_window(out.len()));
+
+    #[cold]
+    fn past_targets(&self, op: usize) -> Error {
+        Error::CopyWindowsPastTargets {
+            op,
+            id: self.id,
+            members: u32::try_from(self.members.len()).unwrap_or(u32::MAX),
+            targets: self.team_size,
+        }
     }
-    Ok(out)
 }
 
 /// [`Error::CopyOntoItself`] for op `op`, naming its endpoint side.
@@ -430,13 +571,51 @@ fn refused(code: Code) -> bool {
 /// windows may reach the same memory, which the batch's checks by id do
 /// not see: the addresses are compared here.
 fn batchable(copies: &[MemcpyOp]) -> bool {
-    if copies.len() < 2
-        || copies
-            .iter()
-            .any(|c| c.dst.hint == MemHint::Host || c.src.hint == MemHint::Host)
-    {
+    if copies.len() < 2 {
         return false;
     }
+    // One pass: host memory; whether each destination starts at or past
+    // the end of the one before (ascending and disjoint: the order the
+    // typed API's puts come in); the span of all destinations and of all
+    // sources.
+    let mut ascending = true;
+    let mut dst_end = 0u64;
+    let (mut d_lo, mut d_hi, mut s_lo, mut s_hi) = (u64::MAX, 0u64, u64::MAX, 0u64);
+    for c in copies {
+        if c.dst.hint == MemHint::Host || c.src.hint == MemHint::Host {
+            return false;
+        }
+        ascending &= c.dst.ptr >= dst_end;
+        dst_end = c.dst.ptr.saturating_add(c.size);
+        d_lo = d_lo.min(c.dst.ptr);
+        d_hi = d_hi.max(dst_end);
+        s_lo = s_lo.min(c.src.ptr);
+        s_hi = s_hi.max(c.src.ptr.saturating_add(c.size));
+    }
+    if !ascending {
+        return independent_sorted(copies);
+    }
+    // No source byte among the destinations' (the usual batch: one memory
+    // read, another written): independent.
+    if s_hi <= d_lo || d_hi <= s_lo {
+        return true;
+    }
+    // Disjoint and sorted by start, the destinations' ends rise too: of
+    // those that start before a source ends, the last reaches furthest.
+    !copies.iter().any(|c| {
+        let (start, end) = (c.src.ptr, c.src.ptr.saturating_add(c.size));
+        let i = copies.partition_point(|d| d.dst.ptr < end);
+        i > 0
+            && copies
+                .get(i - 1)
+                .is_some_and(|d| d.dst.ptr.saturating_add(d.size) > start)
+    })
+}
+
+/// [`batchable`]'s independence of copies whose destinations come in no
+/// order: sorted by start first.
+#[cold]
+fn independent_sorted(copies: &[MemcpyOp]) -> bool {
     let mut dsts: Vec<(u64, u64)> = copies
         .iter()
         .map(|c| (c.dst.ptr, c.dst.ptr.saturating_add(c.size)))
@@ -445,8 +624,6 @@ fn batchable(copies: &[MemcpyOp]) -> bool {
     if dsts.windows(2).any(|w| matches!(w, [a, b] if b.0 < a.1)) {
         return false;
     }
-    // Disjoint and sorted by start, the destinations' ends rise too: of
-    // those that start before a source ends, the last reaches furthest.
     !copies.iter().any(|c| {
         let (start, end) = (c.src.ptr, c.src.ptr.saturating_add(c.size));
         let i = dsts.partition_point(|d| d.0 < end);
@@ -477,14 +654,18 @@ impl Stream {
             mut memory,
             endpoints,
         } = keep;
-        let mut holds = Holds::new(&mut memory);
+        // Each endpoint's windows, read once for the batch (the facts of an
+        // endpoint and its range are at one index).
+        let mut views: smallvec::SmallVec<[View; 1]> = eps
+            .iter()
+            .zip(endpoints.iter())
+            .map(|(e, (range, _))| View::new(range, &e.target))
+            .collect();
+        // The view of the op before (consecutive ops usually name one).
+        let mut last = 0usize;
+        let mut pieces = Pieces::new();
         for (i, &CopyOp { src, dst, size }) in list.iter().enumerate() {
             let first = copies.len();
-            // The facts of an endpoint and its range are at one index.
-            let target = |id: u32| {
-                let i = eps.iter().rposition(|e| e.id == id)?;
-                Some((&*endpoints.get(i)?.0, &eps.get(i)?.target))
-            };
             let out_of_range = |at: u64| Error::CopyOutOfRange {
                 op: i,
                 what: Extent::Allocation,
@@ -492,46 +673,80 @@ impl Stream {
                 size,
                 limit: size,
             };
-            match (src, dst) {
-                (Operand::Pointer(src), Operand::LogicalEndpoint { id, offset }) => {
-                    let Some((range, target)) = target(id) else {
-                        continue; // every endpoint of the batch has its facts
-                    };
-                    let targets = resolve(i, range, target, offset, size, &mut holds)?;
-                    for pieces in targets {
-                        let mut at = 0u64;
-                        for (addr, n) in pieces {
-                            let from = advance(src, at).ok_or_else(|| out_of_range(at))?;
-                            copies.push(MemcpyOp {
-                                dst: Pointer::device(addr),
-                                src: from,
-                                size: n,
-                            });
-                            at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
-                        }
-                    }
+            // The op's memory side, and whether it writes the endpoint.
+            let (id, offset, local, put) = match (src, dst) {
+                (Operand::Pointer(p), Operand::LogicalEndpoint { id, offset }) => {
+                    (id, offset, p, true)
                 }
-                (Operand::LogicalEndpoint { id, offset }, Operand::Pointer(dst)) => {
-                    let Some((range, target)) = target(id) else {
-                        continue;
-                    };
-                    let targets = resolve(i, range, target, offset, size, &mut holds)?;
-                    let mut at = 0u64;
-                    for (addr, n) in targets.into_iter().next().unwrap_or_default() {
-                        let to = advance(dst, at).ok_or_else(|| out_of_range(at))?;
-                        copies.push(MemcpyOp {
-                            dst: to,
-                            src: Pointer::device(addr),
-                            size: n,
-                        });
-                        at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
-                    }
+                (Operand::LogicalEndpoint { id, offset }, Operand::Pointer(p)) => {
+                    (id, offset, p, false)
                 }
-                _ => {} // every op of the typed API names one endpoint
+                _ => continue, // every op of the typed API names one endpoint
+            };
+            if views.get(last).is_none_or(|v| v.id != id) {
+                let Some(v) = views.iter().rposition(|v| v.id == id) else {
+                    continue; // every endpoint of the batch has its facts
+                };
+                last = v;
+            }
+            let Some(view) = views.get_mut(last) else {
+                continue;
+            };
+            if let Some(addr) = view.inside_hot(offset, size) {
+                // The usual op: one piece, in the window of the op before.
+                let there = Pointer::device(addr);
+                copies.push(if put {
+                    MemcpyOp {
+                        dst: there,
+                        src: local,
+                        size,
+                    }
+                } else {
+                    MemcpyOp {
+                        dst: local,
+                        src: there,
+                        size,
+                    }
+                });
+                if copies.last().is_some_and(|c| {
+                    c.src.ptr < c.dst.ptr.saturating_add(size)
+                        && c.dst.ptr < c.src.ptr.saturating_add(size)
+                }) {
+                    return Err(onto_itself(i, list.get(i)));
+                }
+                continue;
+            }
+            view.resolve(i, offset, size, &mut pieces)?;
+            // A put writes every target; a get reads the first.
+            let mut member = 0;
+            let mut at = 0u64;
+            for &(m, addr, n) in &pieces {
+                if m != member {
+                    if !put {
+                        break;
+                    }
+                    (member, at) = (m, 0);
+                }
+                let here = advance(local, at).ok_or_else(|| out_of_range(at))?;
+                let there = Pointer::device(addr);
+                copies.push(if put {
+                    MemcpyOp {
+                        dst: there,
+                        src: here,
+                        size: n,
+                    }
+                } else {
+                    MemcpyOp {
+                        dst: here,
+                        src: there,
+                        size: n,
+                    }
+                });
+                at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
             }
             // `cuMemcpyAsync` ranges may not overlap: an op copying bytes
             // onto themselves (its local memory is what the endpoint reaches).
-            for c in copies.iter().skip(first).filter(|c| c.size > 0) {
+            for c in copies.iter().skip(first) {
                 let (d_end, s_end) = (
                     c.dst.ptr.saturating_add(c.size),
                     c.src.ptr.saturating_add(c.size),
@@ -541,9 +756,13 @@ impl Stream {
                 }
             }
         }
+        let mut holds = Holds::new(&mut memory);
+        for v in views {
+            v.hold_used(&mut holds);
+        }
         drop(holds);
-        // Nothing to move, no call (an op of 0 bytes was validated above).
-        copies.retain(|c| c.size > 0);
+        // A piece is never empty (an op of 0 bytes has none, validated
+        // above): nothing to move, no call.
         let keep = Keep { memory, endpoints };
         let handle = self.inner.handle;
         let mut enqueued = 0usize;
@@ -641,7 +860,7 @@ impl Stream {
 
 #[cfg(all(test, feature = "model"))]
 mod tests {
-    use super::{Holds, Target, resolve};
+    use super::{Holds, Pieces, Target, View};
     use crate::ledger::holds::KeepMemory;
     use crate::model::ModelConfig;
     use crate::{Allocation, Context, CopyBatch, CopyPath, Device, Mapped, Private, Spec, Stream};
@@ -651,7 +870,7 @@ mod tests {
 
     /// What a batch of `OPS` puts into the first of `n` bindings (by
     /// address, each its own memory) holds while in flight on the portable
-    /// path: the keep-alives `resolve` adds per op, and every reference to
+    /// path: the keep-alives its ops' windows add, and every reference to
     /// the bound memory and the source beyond their owners and bindings.
     fn held_against(n: u64) -> (Vec<usize>, usize) {
         let (ctx, model) = Context::model(ModelConfig {
@@ -678,21 +897,32 @@ mod tests {
             .enumerate()
             .map(|(i, m)| ep.bind(Device(0), i as u64 * ALIGN, m).expect("bound"))
             .collect();
-        // `resolve` op by op: what each adds to the batch's keep-alives.
+        // The view op by op: the keep-alives each use adds to the batch's.
         let target = Target {
             id: ep.id(),
             devices: smallvec::smallvec![Device(0)],
             team_size: 1,
         };
+        let mut view = View::new(ep.range(), &target);
+        let mut pieces = Pieces::new();
         let mut keep = KeepMemory::new();
-        let mut holds = Holds::new(&mut keep);
         let mut per_op = Vec::new();
         for k in 0..OPS {
-            let before = holds.keep.len();
-            let pieces = resolve(k as usize, ep.range(), &target, k * 64, 64, &mut holds);
-            assert_eq!(pieces.expect("a window").len(), 1);
-            per_op.push(holds.keep.len() - before);
+            view.resolve(k as usize, k * 64, 64, &mut pieces)
+                .expect("a window");
+            assert_eq!(pieces.len(), 1);
+            let used = view
+                .wins
+                .iter()
+                .filter(|w| w.used && w.keep.is_some())
+                .count();
+            per_op.push(used);
         }
+        view.hold_used(&mut Holds::new(&mut keep));
+        assert!(
+            keep.is_empty(),
+            "a local binding's memory is held by its record"
+        );
         drop(keep);
         // The whole path: the batch in flight, its token kept.
         let base: usize = mems.iter().map(Mapped::holders).sum::<usize>() + src.holders();
