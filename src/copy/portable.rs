@@ -286,6 +286,8 @@ impl<'k> Holds<'k> {
 
 /// One window of a [`View`]: `offset..end` of its member at `addr` here.
 struct Win {
+    /// Its member's index in [`View::members`].
+    m: usize,
     offset: u64,
     end: u64,
     addr: u64,
@@ -331,55 +333,53 @@ impl View {
     /// the peer windows' mappings are held by the view from here on, so the
     /// addresses stay valid whatever replaces the windows meanwhile.
     pub(crate) fn new(range: &RangeInner, t: &Target) -> View {
-        let mut members: smallvec::SmallVec<[Member; 4]> =
-            t.devices.iter().map(|&d| Member::Local(d)).collect();
-        let mut wins: smallvec::SmallVec<[(usize, Win); 2]> = smallvec::SmallVec::new();
+        let mut v = View {
+            id: t.id,
+            team_size: t.team_size,
+            members: t.devices.iter().map(|&d| Member::Local(d)).collect(),
+            wins: smallvec::SmallVec::new(),
+            starts: smallvec::SmallVec::new(),
+            cursor: smallvec::SmallVec::new(),
+            hot: (0, 0, 0),
+        };
         {
             let slot = range.slot(t.id);
             for w in slot.windows() {
-                let m = match members.iter().position(|m| *m == w.member) {
+                let m = match v.members.iter().position(|m| *m == w.member) {
                     Some(m) => m,
                     None => {
-                        members.push(w.member);
-                        members.len() - 1
+                        v.members.push(w.member);
+                        v.members.len() - 1
                     }
                 };
                 // A window of no byte matches no op (as the lookup by
                 // offset it replaces): left out, so none shadows another.
                 if w.size > 0 {
-                    wins.push((
+                    v.wins.push(Win {
                         m,
-                        Win {
-                            offset: w.offset,
-                            end: w.end(),
-                            addr: w.addr,
-                            keep: w.keep.clone(),
-                            used: false,
-                        },
-                    ));
+                        offset: w.offset,
+                        end: w.end(),
+                        addr: w.addr,
+                        keep: w.keep.clone(),
+                        used: false,
+                    });
                 }
             }
         }
-        if !wins.is_sorted_by_key(|(m, w)| (*m, w.offset)) {
-            wins.sort_unstable_by_key(|(m, w)| (*m, w.offset));
+        if !v.wins.is_sorted_by_key(|w| (w.m, w.offset)) {
+            v.wins.sort_unstable_by_key(|w| (w.m, w.offset));
         }
-        let mut starts = smallvec::SmallVec::with_capacity(members.len() + 1);
         let mut at = 0;
-        for m in 0..members.len() {
-            starts.push(at);
-            at += wins[at..].iter().take_while(|(wm, _)| *wm == m).count();
+        for m in 0..v.members.len() {
+            v.starts.push(at);
+            v.cursor.push(at);
+            at += v
+                .wins
+                .get(at..)
+                .map_or(0, |r| r.iter().take_while(|w| w.m == m).count());
         }
-        starts.push(at);
-        let cursor = starts.iter().take(members.len()).copied().collect();
-        View {
-            id: t.id,
-            team_size: t.team_size,
-            members,
-            wins: wins.into_iter().map(|(_, w)| w).collect(),
-            starts,
-            cursor,
-            hot: (0, 0, 0),
-        }
+        v.starts.push(at);
+        v
     }
 
     /// The address of `offset..offset + size` when the endpoint has one
@@ -459,10 +459,11 @@ impl View {
         }
         if self.team_size == 1 {
             // The window of this op's last piece, for the next op.
-            if let Some(w) = self.wins.get(self.cursor[0]) {
-                if w.used && w.addr.checked_add(w.end - w.offset).is_some() {
-                    self.hot = (w.offset, w.end, w.addr);
-                }
+            if let Some(w) = self.wins.get(self.cursor[0])
+                && w.used
+                && w.addr.checked_add(w.end - w.offset).is_some()
+            {
+                self.hot = (w.offset, w.end, w.addr);
             }
         }
         Ok(())
