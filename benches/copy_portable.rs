@@ -180,9 +180,7 @@ fn waited(r: cuda_endpoints::Result<InFlight<'static>>) {
 
 #[library_benchmark]
 #[benches::ops(args = [1, 64, 1024], setup = s_typed, teardown = waited)]
-fn copy_portable_typed(
-    (w, n): (&'static World, u64),
-) -> cuda_endpoints::Result<InFlight<'static>> {
+fn copy_portable_typed((w, n): (&'static World, u64)) -> cuda_endpoints::Result<InFlight<'static>> {
     typed(black_box(w), black_box(n))
 }
 
