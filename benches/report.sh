@@ -276,6 +276,14 @@ END {
     }
     emit("copy_batch", t)
 
+    # The portable path (bench copy_portable, Null): typed on CopyPath::Portable vs raw memcpy_batch_async.
+    t = "| puts per batch | typed | raw `memcpy_batch_async` | typed − raw | per op: typed | raw | (typed − raw) per op |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    for (i = 1; i <= 3; i++) {
+        k = cn[i]; a = ir("copy_portable::copy_portable_typed@" k); b = ir("copy_portable::copy_portable_raw@" k)
+        t = t sprintf("| %s | %s | %s | %s | %.1f | %.1f | %.1f |\n", commas(k), commas(a), commas(b), signed(a - b), a / k, b / k, (a - b) / k)
+    }
+    emit("copy_portable", t)
+
     # Wall clock (bench lifecycle).
     t = "| measure | driver | typed | raw | raw + `get_limits` | typed / raw | typed / (raw + `get_limits`) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n"
     split("crit:criterion'"'"'s estimates;inter:medians of 1,000 interleaved rounds", ms, ";")
