@@ -1,8 +1,10 @@
 //! The synchronization primitives of the crate's own waits, swapped for
 //! `loom`'s under `--cfg loom` (as tokio's `src/loom/`), so that a loom test
 //! explores every interleaving of the code that uses them: the copy gate
-//! ([`crate::ledger::gate`]) today. Code that uses these, and only these,
-//! is what `ci/loom.sh` checks.
+//! ([`crate::ledger::gate`]) and the in-flight holds
+//! ([`crate::ledger::holds`]) today. Code that uses these, and only these,
+//! is what `ci/loom.sh` checks. (loom has no `Weak`: the holds keep std's
+//! `Arc` and `Weak`, whose counts change between the points loom explores.)
 //!
 //! Also the identity of the calling thread, which the gate records for
 //! the threads inside it (no thread-local state of the crate's own).
