@@ -141,7 +141,8 @@ pub(crate) struct StreamCore<P: Parts> {
     /// Batches enqueued since the last successful synchronize, each with
     /// its sequence number.
     inflight: Mutex<Vec<(u64, KeepOf<P>)>>,
-    /// The next batch's sequence number.
+    /// The next batch's sequence number: moved under the `inflight` lock,
+    /// read without it ([`StreamCore::enqueued`]).
     next_seq: AtomicU64,
 }
 
@@ -230,6 +231,14 @@ impl<P: Parts> HoldsOf<P> {
         }
         self.len.store(list.len(), Ordering::Release);
         n
+    }
+
+    /// Pushes one entry.
+    #[inline]
+    fn push_one(&self, id: u32, holder: Holder<P>) {
+        let mut list = self.lock();
+        list.push((id, holder));
+        self.len.store(list.len(), Ordering::Release);
     }
 
     /// Drops the entries `gone` picks.
@@ -444,13 +453,23 @@ impl<P: Parts> StreamCore<P> {
 
     /// Records a batch just enqueued; returns its sequence number.
     pub(crate) fn record(self: &Arc<Self>, keep: KeepOf<P>) -> u64 {
-        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
-        // The entries first: a settle that looks after this record finds
-        // the batch. A synchronize between the two that passes the batch
-        // leaves its entries until the stream's next pass (they settle
-        // nothing more than an extra synchronize).
-        push_all(&keep.endpoints, || Holder::Batch(Arc::downgrade(self), seq));
-        self.lock().push((seq, keep));
+        // The stream's lock across the number, the entries and the record:
+        // a pass that covers the batch (its `before` read after the number
+        // was taken) finds its record, and so forgets its entries, as one.
+        // Lock order: a stream's, then a range's (as `forget_entries`).
+        let mut inflight = self.lock();
+        let seq = self.next_seq.load(Ordering::Relaxed);
+        self.next_seq.store(seq.wrapping_add(1), Ordering::Release);
+        // The entries before the lock goes: a settle that looks after this
+        // record finds the batch.
+        let holder = || Holder::Batch(Arc::downgrade(self), seq);
+        if let [(range, id)] = &keep.endpoints[..] {
+            // The usual batch: one endpoint, one range.
+            P::holds(range).push_one(*id, holder());
+        } else {
+            push_all(&keep.endpoints, holder);
+        }
+        inflight.push((seq, keep));
         seq
     }
 
