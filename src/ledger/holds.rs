@@ -39,9 +39,9 @@ use std::any::Any;
 // loom has no `Weak`: std's `Arc` and `Weak` in both builds. Their counts
 // are no preemption points of loom's, but the locks around them are, so the
 // orders of an upgrade and a last drop on two threads are all explored.
-use std::sync::{Arc, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 
-use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Lock, LockGuard, Ordering};
 
 use smallvec::SmallVec;
 
@@ -140,7 +140,7 @@ pub(crate) struct StreamCore<P: Parts> {
     stream: P::Handle,
     /// Batches enqueued since the last successful synchronize, each with
     /// its sequence number.
-    inflight: Mutex<Vec<(u64, KeepOf<P>)>>,
+    inflight: Lock<Vec<(u64, KeepOf<P>)>>,
     /// The next batch's sequence number: moved under the `inflight` lock,
     /// read without it ([`StreamCore::enqueued`]).
     next_seq: AtomicU64,
@@ -190,7 +190,7 @@ impl<P: Parts> Holder<P> {
 /// is in flight now, not what ever was. Each batch that holds an entry
 /// holds the range (`Keep::endpoints`), so no entry outlives its range.
 pub(crate) struct HoldsOf<P: Parts> {
-    list: Mutex<Vec<(u32, Holder<P>)>>,
+    list: Lock<Vec<(u32, Holder<P>)>>,
     /// `list.len()`, read without the lock.
     len: AtomicUsize,
 }
@@ -201,15 +201,15 @@ pub(crate) type Holds = HoldsOf<Cuda>;
 impl<P: Parts> Default for HoldsOf<P> {
     fn default() -> Self {
         HoldsOf {
-            list: Mutex::new(Vec::new()),
+            list: Lock::new(Vec::new()),
             len: AtomicUsize::new(0),
         }
     }
 }
 
 impl<P: Parts> HoldsOf<P> {
-    fn lock(&self) -> MutexGuard<'_, Vec<(u32, Holder<P>)>> {
-        self.list.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> LockGuard<'_, Vec<(u32, Holder<P>)>> {
+        self.list.lock()
     }
 
     /// Pushes an entry for each id of the run of `endpoints` at its start
@@ -423,7 +423,7 @@ impl<P: Parts> StreamCore<P> {
     fn with(stream: P::Handle) -> Arc<Self> {
         Arc::new(StreamCore {
             stream,
-            inflight: Mutex::new(Vec::new()),
+            inflight: Lock::new(Vec::new()),
             next_seq: AtomicU64::new(0),
         })
     }
@@ -498,8 +498,8 @@ impl<P: Parts> StreamCore<P> {
         !self.lock().iter().any(|(s, _)| *s == seq)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<(u64, KeepOf<P>)>> {
-        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> LockGuard<'_, Vec<(u64, KeepOf<P>)>> {
+        self.inflight.lock()
     }
 
     /// `cuStreamSynchronize`; on success lets go of every in-flight record

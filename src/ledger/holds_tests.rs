@@ -8,8 +8,6 @@
 
 use std::sync::{Arc, PoisonError};
 
-use smallvec::smallvec;
-
 use super::{Holder, HoldsOf, KeepOf, Parts, StreamCore, entries_in, settle_holds};
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
 
@@ -116,6 +114,11 @@ fn range() -> Arc<Range> {
 /// `Stream::enqueue`'s order: the driver takes a copy into id 0 of `r`,
 /// then the batch is recorded. Returns its sequence number.
 fn enqueue(s: &Arc<StreamCore<Sim>>, r: &Arc<Range>, log: &Log) -> u64 {
+    enqueue_to(s, &[r], log)
+}
+
+/// [`enqueue`] of a batch into id 0 of each of `ranges`.
+fn enqueue_to(s: &Arc<StreamCore<Sim>>, ranges: &[&Arc<Range>], log: &Log) -> u64 {
     let batch = {
         let mut d = dev(log);
         d.enqueued += 1;
@@ -126,7 +129,7 @@ fn enqueue(s: &Arc<StreamCore<Sim>>, r: &Arc<Range>, log: &Log) -> u64 {
             log: log.clone(),
             batch,
         })),
-        endpoints: smallvec![(r.clone(), 0)],
+        endpoints: ranges.iter().map(|r| (Arc::clone(r), 0)).collect(),
     })
 }
 
@@ -243,5 +246,58 @@ fn f4_a_passed_batch_is_let_go_once_whoever_passes_it() {
         let d = dev(&log);
         assert_eq!((d.freed, d.destroys), (2, 1));
         assert!(r.holds.is_empty());
+    });
+}
+
+#[test]
+fn f4_a_batch_on_two_ranges_recorded_while_both_are_settled_is_synchronized_by_each() {
+    model(|| {
+        let log = new_log();
+        let (r1, r2) = (range(), range());
+        let s = stream(&log);
+        let recorded = Arc::new(AtomicUsize::new(0));
+        // The record takes the stream's lock, then each range's; the two
+        // settles each a range's, then (after letting it go) the stream's.
+        let copier = {
+            let (log, r1, r2, s, recorded) = (
+                log.clone(),
+                r1.clone(),
+                r2.clone(),
+                s.clone(),
+                recorded.clone(),
+            );
+            thread::spawn(move || {
+                enqueue_to(&s, &[&r1, &r2], &log);
+                recorded.store(1, Ordering::Release);
+            })
+        };
+        let other = {
+            let (r1, recorded) = (r1.clone(), recorded.clone());
+            thread::spawn(move || {
+                let before = recorded.load(Ordering::Acquire) == 1;
+                (before, settle_holds(&r1.holds, 0).is_ok())
+            })
+        };
+        let before = recorded.load(Ordering::Acquire) == 1;
+        assert!(settle_holds(&r2.holds, 0).is_ok());
+        if before {
+            assert_eq!(dev(&log).completed, 1, "F4: the settle missed a batch");
+        }
+        let Ok((before, settled)) = other.join() else {
+            unreachable!("the other settle panicked")
+        };
+        assert!(settled);
+        if before {
+            assert_eq!(dev(&log).completed, 1, "F4: the settle missed a batch");
+        }
+        assert!(copier.join().is_ok());
+        if dev(&log).completed == 1 {
+            assert!(r1.holds.is_empty() && r2.holds.is_empty(), "an entry left");
+            assert_eq!(dev(&log).freed, 1);
+        }
+        close(s);
+        assert!(r1.holds.is_empty() && r2.holds.is_empty());
+        let d = dev(&log);
+        assert_eq!((d.freed, d.destroys), (1, 1));
     });
 }
