@@ -27,10 +27,21 @@
 //!
 //! When a synchronize fails, the records stay: the memory is leaked rather
 //! than freed under a copy that may still run.
+//!
+//! The protocol is generic over its [`Parts`] (the stream's handle and its
+//! synchronize, the range, the memory), as the gate is over its range, and
+//! its locks and atomics are [`crate::sync`]'s: `holds_tests.rs` runs it on
+//! stand-ins that count each stream's synchronizes and destroys, under
+//! loom (`ci/loom.sh`) through every interleaving. The crate's own parts
+//! are [`Cuda`]; [`StreamInner`], [`Keep`] and [`Holds`] name them.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+// loom has no `Weak`: std's `Arc` and `Weak` in both builds. Their counts
+// are no preemption points of loom's, but the locks around them are, so the
+// orders of an upgrade and a last drop on two threads are all explored.
+use std::sync::{Arc, Weak};
+
+use crate::sync::{AtomicU64, AtomicUsize, Lock, LockGuard, Ordering};
 
 use smallvec::SmallVec;
 
@@ -40,34 +51,116 @@ use crate::error::{Error, Result};
 
 use super::RangeInner;
 
+/// What the hold/settle protocol is generic over, as the gate is over
+/// [`Gated`](super::gate::Gated): the crate's own streams, ranges and
+/// memory ([`Cuda`]), or a test's stand-ins (`holds_tests.rs`, explored by
+/// loom: `ci/loom.sh`).
+pub(crate) trait Parts: Sized + 'static {
+    /// A stream's handle, synchronized by [`Parts::synchronize`] and
+    /// destroyed by its own `Drop`, when the last holder of its
+    /// [`StreamCore`] lets go.
+    type Handle;
+    /// An id range: where its [`HoldsOf`] are.
+    type Range;
+    /// The memory a batch keeps alive until the stream passed it.
+    type Memory: Clone + Default;
+    /// The holds of `range`.
+    fn holds(range: &Self::Range) -> &HoldsOf<Self>;
+    /// Waits until the stream completed every batch enqueued so far.
+    fn synchronize(stream: &Self::Handle) -> Result<()>;
+}
+
+/// The crate's parts: [`StreamHandle`], [`RangeInner`], [`KeepMemory`].
+pub(crate) enum Cuda {}
+
+impl Parts for Cuda {
+    type Handle = StreamHandle;
+    type Range = RangeInner;
+    type Memory = KeepMemory;
+
+    #[inline]
+    fn holds(range: &RangeInner) -> &Holds {
+        &range.holds
+    }
+
+    #[inline]
+    fn synchronize(stream: &StreamHandle) -> Result<()> {
+        // SAFETY: the stream is this object's own and live until its Drop.
+        let r = unsafe { stream.ctx.driver().stream_synchronize(stream.handle) };
+        stream.ctx.check(Call::StreamSynchronize, r)
+    }
+}
+
+/// What one enqueued batch keeps alive until the stream passed it.
+pub(crate) type Keep = KeepOf<Cuda>;
+
 /// What one enqueued batch keeps alive until the stream passed it. A batch
 /// usually names one allocation and one endpoint: inline, no allocation.
-#[derive(Clone, Default)]
-pub(crate) struct Keep {
+pub(crate) struct KeepOf<P: Parts> {
     /// Local memory read or written (`Mapped` keep-alives).
-    pub memory: KeepMemory,
+    pub memory: P::Memory,
     /// The id ranges of the endpoints, with the ids in flight.
-    pub endpoints: SmallVec<[(Arc<RangeInner>, u32); 1]>,
+    pub endpoints: SmallVec<[(Arc<P::Range>, u32); 1]>,
+}
+
+impl<P: Parts> Clone for KeepOf<P> {
+    fn clone(&self) -> Self {
+        KeepOf {
+            memory: self.memory.clone(),
+            endpoints: self.endpoints.clone(),
+        }
+    }
+}
+
+impl<P: Parts> Default for KeepOf<P> {
+    fn default() -> Self {
+        KeepOf {
+            memory: P::Memory::default(),
+            endpoints: SmallVec::new(),
+        }
+    }
 }
 
 /// Keep-alives of memory a batch reads or writes.
 pub(crate) type KeepMemory = SmallVec<[crate::memory::KeepAlive; 1]>;
+
+/// The crate's streams.
+pub(crate) type StreamInner = StreamCore<Cuda>;
 
 /// A stream's handle and its in-flight records, shared: by the
 /// [`Stream`](crate::Stream), and for the length of one call by a settle
 /// ([`settle`]) or an [`Event`](crate::Event) that reached it through a
 /// range's holds or its `Weak`. The handle is destroyed in its `Drop`, by
 /// its last holder (as cudarc's `CudaStream`), so whoever synchronizes it
-/// holds it and never meets a destroyed stream.
-pub(crate) struct StreamInner {
+/// holds it and never meets a destroyed stream. Derefs to its handle
+/// (`inner.ctx`, `inner.handle`).
+pub(crate) struct StreamCore<P: Parts> {
+    /// First: destroyed before the records below are let go, as the
+    /// stream's own `Drop` did.
+    stream: P::Handle,
+    /// Batches enqueued since the last successful synchronize, each with
+    /// its sequence number.
+    inflight: Lock<Vec<(u64, KeepOf<P>)>>,
+    /// The next batch's sequence number: moved under the `inflight` lock,
+    /// read without it ([`StreamCore::enqueued`]).
+    next_seq: AtomicU64,
+}
+
+impl<P: Parts> std::ops::Deref for StreamCore<P> {
+    type Target = P::Handle;
+
+    #[inline]
+    fn deref(&self) -> &P::Handle {
+        &self.stream
+    }
+}
+
+/// A stream of the driver's: destroyed (`cuStreamDestroy`) in its `Drop`,
+/// unless borrowed.
+pub(crate) struct StreamHandle {
     pub(crate) ctx: Context,
     pub(crate) dev: Device,
     pub(crate) handle: u64,
-    /// Batches enqueued since the last successful synchronize, each with
-    /// its sequence number.
-    inflight: Mutex<Vec<(u64, Keep)>>,
-    /// The next batch's sequence number.
-    next_seq: AtomicU64,
     /// A stream this crate did not make (cudarc's): kept alive by this,
     /// synchronized but never destroyed here.
     borrowed: Option<Arc<dyn Any + Send + Sync>>,
@@ -76,16 +169,16 @@ pub(crate) struct StreamInner {
 /// What holds an endpoint id: a stream's batch in flight (until the
 /// stream passed it), or a graph of copies that names the id (for the
 /// graph's whole life, F8).
-enum Holder {
+enum Holder<P: Parts> {
     /// Batch `seq` of the stream.
-    Batch(Weak<StreamInner>, u64),
+    Batch(Weak<StreamCore<P>>, u64),
     /// The graph numbered so ([`pin_for_graph`]).
     Graph(u64),
 }
 
-impl Holder {
+impl<P: Parts> Holder<P> {
     /// Whether this is one of `stream`'s batches that `done`.
-    fn of_batch(&self, stream: *const StreamInner, done: impl Fn(u64) -> bool) -> bool {
+    fn of_batch(&self, stream: *const StreamCore<P>, done: impl Fn(u64) -> bool) -> bool {
         matches!(self, Holder::Batch(s, seq) if std::ptr::eq(s.as_ptr(), stream) && done(*seq))
     }
 }
@@ -96,26 +189,41 @@ impl Holder {
 /// the stream was dropped, or the graph was dropped. So its length is what
 /// is in flight now, not what ever was. Each batch that holds an entry
 /// holds the range (`Keep::endpoints`), so no entry outlives its range.
-#[derive(Default)]
-pub(crate) struct Holds {
-    list: Mutex<Vec<(u32, Holder)>>,
+pub(crate) struct HoldsOf<P: Parts> {
+    list: Lock<Vec<(u32, Holder<P>)>>,
     /// `list.len()`, read without the lock.
     len: AtomicUsize,
 }
 
-impl Holds {
-    fn lock(&self) -> MutexGuard<'_, Vec<(u32, Holder)>> {
-        self.list.lock().unwrap_or_else(PoisonError::into_inner)
+/// The holds of the crate's ranges.
+pub(crate) type Holds = HoldsOf<Cuda>;
+
+impl<P: Parts> Default for HoldsOf<P> {
+    fn default() -> Self {
+        HoldsOf {
+            list: Lock::new(Vec::new()),
+            len: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl<P: Parts> HoldsOf<P> {
+    fn lock(&self) -> LockGuard<'_, Vec<(u32, Holder<P>)>> {
+        self.list.lock()
     }
 
     /// Pushes an entry for each id of the run of `endpoints` at its start
     /// that names this range (a batch's endpoints of one range are usually
     /// one run): one lock per run. Returns the length of the run.
-    fn push_run(&self, endpoints: &[(Arc<RangeInner>, u32)], holder: impl Fn() -> Holder) -> usize {
+    fn push_run(
+        &self,
+        endpoints: &[(Arc<P::Range>, u32)],
+        holder: impl Fn() -> Holder<P>,
+    ) -> usize {
         let mut list = self.lock();
         let mut n = 0;
         for (range, id) in endpoints {
-            if !std::ptr::eq(&range.holds, self) {
+            if !std::ptr::eq(P::holds(range), self) {
                 break;
             }
             list.push((*id, holder()));
@@ -125,8 +233,16 @@ impl Holds {
         n
     }
 
+    /// Pushes one entry.
+    #[inline]
+    fn push_one(&self, id: u32, holder: Holder<P>) {
+        let mut list = self.lock();
+        list.push((id, holder));
+        self.len.store(list.len(), Ordering::Release);
+    }
+
     /// Drops the entries `gone` picks.
-    fn forget(&self, gone: impl Fn(u32, &Holder) -> bool) {
+    fn forget(&self, gone: impl Fn(u32, &Holder<P>) -> bool) {
         let mut list = self.lock();
         list.retain(|(id, h)| !gone(*id, h));
         // Capacity given back once what is in flight fell well below it (a
@@ -146,16 +262,17 @@ impl Holds {
     }
 }
 
-/// The number of the next graph that pins its ids.
-static NEXT_GRAPH: AtomicU64 = AtomicU64::new(0);
+/// The number of the next graph that pins its ids (std's atomic in both
+/// builds: a static, and no part of the protocol).
+static NEXT_GRAPH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Pushes an entry per endpoint into its range's holds, one lock per run
 /// of endpoints of one range.
-fn push_all(endpoints: &[(Arc<RangeInner>, u32)], holder: impl Fn() -> Holder + Copy) {
+fn push_all<P: Parts>(endpoints: &[(Arc<P::Range>, u32)], holder: impl Fn() -> Holder<P> + Copy) {
     let mut rest = endpoints;
     while let Some((range, _)) = rest.first() {
         // At least one: the run starts with this range's endpoint.
-        let n = range.holds.push_run(rest, holder).max(1);
+        let n = P::holds(range).push_run(rest, holder).max(1);
         rest = rest.get(n..).unwrap_or_default();
     }
 }
@@ -164,15 +281,15 @@ fn push_all(endpoints: &[(Arc<RangeInner>, u32)], holder: impl Fn() -> Holder + 
 /// batch's endpoints of one range, and batches on one range, are usually
 /// runs): forgetting in a range twice finds nothing the second time, so a
 /// range met again after another is only scanned again, in linear time.
-fn ranges<'a>(
-    keeps: impl Iterator<Item = &'a [(Arc<RangeInner>, u32)]>,
-) -> impl Iterator<Item = &'a RangeInner> {
-    let mut last: *const RangeInner = std::ptr::null();
+fn ranges<'a, P: Parts>(
+    keeps: impl Iterator<Item = &'a [(Arc<P::Range>, u32)]>,
+) -> impl Iterator<Item = &'a HoldsOf<P>> {
+    let mut last: *const HoldsOf<P> = std::ptr::null();
     keeps.flatten().filter_map(move |(range, _)| {
-        let range: &RangeInner = range;
-        let new = !std::ptr::eq(last, range);
-        last = range;
-        new.then_some(range)
+        let holds = P::holds(range);
+        let new = !std::ptr::eq(last, holds);
+        last = holds;
+        new.then_some(holds)
     })
 }
 
@@ -180,18 +297,16 @@ fn ranges<'a>(
 /// as long as the graph may run"): until [`unpin_graph`], unbinding memory
 /// of any of them is refused ([`settle`]). Returns the graph's number.
 pub(crate) fn pin_for_graph(endpoints: &[(Arc<RangeInner>, u32)]) -> u64 {
-    let graph = NEXT_GRAPH.fetch_add(1, Ordering::Relaxed);
-    push_all(endpoints, || Holder::Graph(graph));
+    let graph = NEXT_GRAPH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    push_all::<Cuda>(endpoints, || Holder::Graph(graph));
     graph
 }
 
 /// The graph numbered `graph`, of `endpoints`, is gone: its ids may be
 /// unbound again.
 pub(crate) fn unpin_graph(endpoints: &[(Arc<RangeInner>, u32)], graph: u64) {
-    for range in ranges(std::iter::once(endpoints)) {
-        range
-            .holds
-            .forget(|_, h| matches!(h, Holder::Graph(g) if *g == graph));
+    for holds in ranges::<Cuda>(std::iter::once(endpoints)) {
+        holds.forget(|_, h| matches!(h, Holder::Graph(g) if *g == graph));
     }
 }
 
@@ -204,12 +319,18 @@ pub(crate) fn unpin_graph(endpoints: &[(Arc<RangeInner>, u32)], graph: u64) {
 /// caller must not go on (the copy may still run).
 #[inline]
 pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
+    settle_holds(&range.holds, id)
+}
+
+/// [`settle`] on the holds of any [`Parts`].
+#[inline]
+fn settle_holds<P: Parts>(holds: &HoldsOf<P>, id: u32) -> Result<()> {
     // Inline: with no copy in flight on the range (the usual unbind and
     // destroy), one load and no call.
-    if range.holds.is_empty() {
+    if holds.is_empty() {
         return Ok(());
     }
-    settle_in_flight(range, id, false)
+    settle_in_flight(holds, id, false)
 }
 
 /// Before the endpoint on `id` of `range` is destroyed: as [`settle`], but
@@ -221,24 +342,28 @@ pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
 /// The first synchronize that failed, as [`settle`].
 #[inline]
 pub(crate) fn settle_destroy(range: &RangeInner, id: u32) -> Result<()> {
-    if range.holds.is_empty() {
+    settle_destroy_holds(&range.holds, id)
+}
+
+/// [`settle_destroy`] on the holds of any [`Parts`].
+#[inline]
+fn settle_destroy_holds<P: Parts>(holds: &HoldsOf<P>, id: u32) -> Result<()> {
+    if holds.is_empty() {
         return Ok(());
     }
-    settle_in_flight(range, id, true)
+    settle_in_flight(holds, id, true)
 }
 
 /// [`settle`] and [`settle_destroy`] when some copy may be in flight on the
 /// range or a graph names it.
 #[cold]
 #[inline(never)]
-fn settle_in_flight(range: &RangeInner, id: u32, destroying: bool) -> Result<()> {
+fn settle_in_flight<P: Parts>(holds: &HoldsOf<P>, id: u32, destroying: bool) -> Result<()> {
     if destroying {
-        range
-            .holds
-            .forget(|i, h| i == id && matches!(h, Holder::Graph(_)));
+        holds.forget(|i, h| i == id && matches!(h, Holder::Graph(_)));
     }
-    let mut streams: Vec<Arc<StreamInner>> = Vec::new();
-    for (_, holder) in range.holds.lock().iter().filter(|(i, _)| *i == id) {
+    let mut streams: Vec<Arc<StreamCore<P>>> = Vec::new();
+    for (_, holder) in holds.lock().iter().filter(|(i, _)| *i == id) {
         match holder {
             Holder::Graph(_) => return Err(Error::UnbindUnderGraph { id }),
             // A dropped stream does not upgrade (it was synchronized, and
@@ -261,10 +386,15 @@ fn settle_in_flight(range: &RangeInner, id: u32, destroying: bool) -> Result<()>
 
 /// The entries in `range` of the batches of the stream at `me` (tests:
 /// what is left).
-#[cfg(test)]
+#[cfg(all(test, feature = "model"))]
 pub(crate) fn entries_of(range: &RangeInner, me: *const StreamInner) -> usize {
-    range
-        .holds
+    entries_in(&range.holds, me)
+}
+
+/// The entries in `holds` of the batches of the stream at `me`.
+#[cfg(test)]
+fn entries_in<P: Parts>(holds: &HoldsOf<P>, me: *const StreamCore<P>) -> usize {
+    holds
         .lock()
         .iter()
         .filter(|(_, h)| h.of_batch(me, |_| true))
@@ -279,13 +409,22 @@ impl StreamInner {
         handle: u64,
         borrowed: Option<Arc<dyn Any + Send + Sync>>,
     ) -> Arc<StreamInner> {
-        Arc::new(StreamInner {
+        StreamCore::with(StreamHandle {
             ctx: ctx.clone(),
             dev,
             handle,
-            inflight: Mutex::new(Vec::new()),
-            next_seq: AtomicU64::new(0),
             borrowed,
+        })
+    }
+}
+
+impl<P: Parts> StreamCore<P> {
+    /// `stream`, with nothing in flight yet.
+    fn with(stream: P::Handle) -> Arc<Self> {
+        Arc::new(StreamCore {
+            stream,
+            inflight: Lock::new(Vec::new()),
+            next_seq: AtomicU64::new(0),
         })
     }
 
@@ -305,22 +444,32 @@ impl StreamInner {
 
     /// Drops this stream's entries of the batches `done` picks from the
     /// ranges `records` name.
-    fn forget_entries_of(&self, records: &[(u64, Keep)], done: impl Fn(u64) -> bool + Copy) {
-        let me: *const StreamInner = self;
-        for range in ranges(records.iter().map(|(_, k)| &k.endpoints[..])) {
-            range.holds.forget(|_, h| h.of_batch(me, done));
+    fn forget_entries_of(&self, records: &[(u64, KeepOf<P>)], done: impl Fn(u64) -> bool + Copy) {
+        let me: *const StreamCore<P> = self;
+        for holds in ranges::<P>(records.iter().map(|(_, k)| &k.endpoints[..])) {
+            holds.forget(|_, h| h.of_batch(me, done));
         }
     }
 
     /// Records a batch just enqueued; returns its sequence number.
-    pub(crate) fn record(self: &Arc<Self>, keep: Keep) -> u64 {
-        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
-        // The entries first: a settle that looks after this record finds
-        // the batch. A synchronize between the two that passes the batch
-        // leaves its entries until the stream's next pass (they settle
-        // nothing more than an extra synchronize).
-        push_all(&keep.endpoints, || Holder::Batch(Arc::downgrade(self), seq));
-        self.lock().push((seq, keep));
+    pub(crate) fn record(self: &Arc<Self>, keep: KeepOf<P>) -> u64 {
+        // The stream's lock across the number, the entries and the record:
+        // a pass that covers the batch (its `before` read after the number
+        // was taken) finds its record, and so forgets its entries, as one.
+        // Lock order: a stream's, then a range's (as `forget_entries`).
+        let mut inflight = self.lock();
+        let seq = self.next_seq.load(Ordering::Relaxed);
+        self.next_seq.store(seq.wrapping_add(1), Ordering::Release);
+        // The entries before the lock goes: a settle that looks after this
+        // record finds the batch.
+        let holder = || Holder::Batch(Arc::downgrade(self), seq);
+        if let [(range, id)] = &keep.endpoints[..] {
+            // The usual batch: one endpoint, one range.
+            P::holds(range).push_one(*id, holder());
+        } else {
+            push_all(&keep.endpoints, holder);
+        }
+        inflight.push((seq, keep));
         seq
     }
 
@@ -337,7 +486,8 @@ impl StreamInner {
     fn passed(&self, done: impl Fn(u64) -> bool + Copy) {
         // Taken out in place: the list keeps its capacity for the next
         // record (no allocation per enqueue).
-        let done_now: Vec<(u64, Keep)> = self.lock().extract_if(.., |(s, _)| done(*s)).collect();
+        let done_now: Vec<(u64, KeepOf<P>)> =
+            self.lock().extract_if(.., |(s, _)| done(*s)).collect();
         self.forget_entries_of(&done_now, done);
         drop(done_now); // may release memory: outside the locks
     }
@@ -348,17 +498,15 @@ impl StreamInner {
         !self.lock().iter().any(|(s, _)| *s == seq)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<(u64, Keep)>> {
-        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> LockGuard<'_, Vec<(u64, KeepOf<P>)>> {
+        self.inflight.lock()
     }
 
     /// `cuStreamSynchronize`; on success lets go of every in-flight record
     /// (outside the locks: dropping memory may call the driver).
     pub(crate) fn synchronize(&self) -> Result<()> {
         let before = self.enqueued();
-        // SAFETY: the stream is this object's own and live until its Drop.
-        let r = unsafe { self.ctx.driver().stream_synchronize(self.handle) };
-        self.ctx.check(Call::StreamSynchronize, r)?;
+        P::synchronize(&self.stream)?;
         self.passed_before(before);
         Ok(())
     }
@@ -378,9 +526,10 @@ impl StreamInner {
     }
 }
 
-impl Drop for StreamInner {
-    /// The last holder let go (the `Stream`, or a settle or an event that
-    /// held it for a synchronize): nothing can reach the handle any more.
+impl Drop for StreamHandle {
+    /// The last holder of its [`StreamCore`] let go (the `Stream`, or a
+    /// settle or an event that held it for a synchronize): nothing can
+    /// reach the handle any more.
     fn drop(&mut self) {
         if self.borrowed.is_some() {
             // cudarc's stream: cudarc destroys it.
@@ -396,3 +545,7 @@ impl Drop for StreamInner {
         });
     }
 }
+
+#[cfg(test)]
+#[path = "holds_tests.rs"]
+mod tests;

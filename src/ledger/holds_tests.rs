@@ -1,0 +1,303 @@
+//! The hold/settle protocol's interleavings (F4, issue 27 item 1), on
+//! stand-in [`Parts`]: a "device" that counts, per stream, the batches
+//! enqueued and completed, the synchronizes and the destroys, and memory
+//! that checks, when it is freed, that its batch completed. Under loom
+//! (`ci/loom.sh`: `--cfg loom`, `LOOM_MAX_PREEMPTIONS=2`) every
+//! interleaving of the locks and atomics of `holds.rs`; without, one run of
+//! each on real threads.
+
+use std::sync::{Arc, PoisonError};
+
+use super::{Holder, HoldsOf, KeepOf, Parts, StreamCore, entries_in, settle_holds};
+use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
+
+#[cfg(loom)]
+use loom::{model, thread};
+#[cfg(not(loom))]
+use std::thread;
+
+#[cfg(not(loom))]
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    f();
+}
+
+/// The stand-in parts.
+enum Sim {}
+
+/// What the device saw of one stream.
+#[derive(Default)]
+struct Device {
+    /// Batches the driver took (numbered from 0 in that order).
+    enqueued: u64,
+    /// Batches below this one completed.
+    completed: u64,
+    destroys: u32,
+    /// Synchronizes of a destroyed stream (issue 27 item 1).
+    after_destroy: u32,
+    /// Buffers freed.
+    freed: u32,
+}
+
+/// The device's record, shared. Under loom's lock: each driver call is a
+/// point where another thread may run.
+type Log = Arc<Mutex<Device>>;
+
+fn new_log() -> Log {
+    Arc::new(Mutex::new(Device::default()))
+}
+
+fn dev(log: &Log) -> MutexGuard<'_, Device> {
+    log.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A stream's handle: destroyed in its `Drop`, once its last holder let go.
+struct Handle(Log);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        dev(&self.0).destroys += 1;
+    }
+}
+
+/// Memory a batch uses, freed when its last keep goes: never before the
+/// batch completed (F4).
+struct Buffer {
+    log: Log,
+    batch: u64,
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let mut d = dev(&self.log);
+        assert!(
+            self.batch < d.completed,
+            "F4: the memory of batch {} freed under its copy",
+            self.batch
+        );
+        d.freed += 1;
+    }
+}
+
+struct Range {
+    holds: HoldsOf<Sim>,
+}
+
+impl Parts for Sim {
+    type Handle = Handle;
+    type Range = Range;
+    type Memory = Option<Arc<Buffer>>;
+
+    fn holds(range: &Range) -> &HoldsOf<Sim> {
+        &range.holds
+    }
+
+    fn synchronize(stream: &Handle) -> crate::Result<()> {
+        let mut d = dev(&stream.0);
+        if d.destroys > 0 {
+            d.after_destroy += 1;
+        }
+        d.completed = d.enqueued;
+        Ok(())
+    }
+}
+
+fn stream(log: &Log) -> Arc<StreamCore<Sim>> {
+    StreamCore::with(Handle(log.clone()))
+}
+
+fn range() -> Arc<Range> {
+    Arc::new(Range {
+        holds: HoldsOf::default(),
+    })
+}
+
+/// `Stream::enqueue`'s order: the driver takes a copy into id 0 of `r`,
+/// then the batch is recorded. Returns its sequence number.
+fn enqueue(s: &Arc<StreamCore<Sim>>, r: &Arc<Range>, log: &Log) -> u64 {
+    enqueue_to(s, &[r], log)
+}
+
+/// [`enqueue`] of a batch into id 0 of each of `ranges`.
+fn enqueue_to(s: &Arc<StreamCore<Sim>>, ranges: &[&Arc<Range>], log: &Log) -> u64 {
+    let batch = {
+        let mut d = dev(log);
+        d.enqueued += 1;
+        d.enqueued - 1
+    };
+    s.record(KeepOf {
+        memory: Some(Arc::new(Buffer {
+            log: log.clone(),
+            batch,
+        })),
+        endpoints: ranges.iter().map(|r| (Arc::clone(r), 0)).collect(),
+    })
+}
+
+/// `Stream`'s drop: synchronize (or leak what is in flight), forget its
+/// entries, let go of the handle.
+fn close(s: Arc<StreamCore<Sim>>) {
+    if s.synchronize().is_err() {
+        s.leak_in_flight();
+    }
+    s.forget_entries();
+    drop(s);
+}
+
+/// The entries of batch `seq` in `r`.
+fn entries_of_batch(r: &Range, seq: u64) -> usize {
+    r.holds
+        .lock()
+        .iter()
+        .filter(|(_, h)| matches!(h, Holder::Batch(_, s) if *s == seq))
+        .count()
+}
+
+#[test]
+fn f4_a_settle_racing_the_last_streams_drop_never_meets_a_destroyed_stream() {
+    model(|| {
+        let log = new_log();
+        let r = range();
+        let s = stream(&log);
+        enqueue(&s, &r, &log);
+        // The last `Stream` is dropped on another thread while the unbind's
+        // settle finds the stream in the range's holds.
+        let dropper = thread::spawn(move || close(s));
+        let settled = settle_holds(&r.holds, 0);
+        assert!(dropper.join().is_ok());
+        assert!(settled.is_ok());
+        let d = dev(&log);
+        assert_eq!(d.after_destroy, 0, "a synchronize met a destroyed stream");
+        assert_eq!(d.destroys, 1, "the handle destroyed once");
+        assert_eq!(d.freed, 1, "the batch's memory freed once");
+        assert!(r.holds.is_empty(), "no entry outlives the stream");
+    });
+}
+
+#[test]
+fn f4_a_batch_recorded_before_a_settle_looks_is_synchronized_by_it() {
+    model(|| {
+        let log = new_log();
+        let r = range();
+        let s = stream(&log);
+        let recorded = Arc::new(AtomicUsize::new(0));
+        let copier = {
+            let (log, r, s, recorded) = (log.clone(), r.clone(), s.clone(), recorded.clone());
+            thread::spawn(move || {
+                enqueue(&s, &r, &log);
+                recorded.store(1, Ordering::Release);
+            })
+        };
+        // The gate orders an unbind's settle after the enqueues inside it
+        // (`gate.rs`): a batch recorded before the settle begins is one.
+        let before = recorded.load(Ordering::Acquire) == 1;
+        assert!(settle_holds(&r.holds, 0).is_ok());
+        if before {
+            assert_eq!(dev(&log).completed, 1, "F4: the settle missed a batch");
+        }
+        assert!(copier.join().is_ok());
+        // A settle that synchronized the batch let it go: no entry, no
+        // record, the memory freed once.
+        if dev(&log).completed == 1 {
+            assert_eq!(entries_in(&r.holds, Arc::as_ptr(&s)), 0, "an entry left");
+            assert!(s.has_passed(0), "a record left");
+            assert_eq!(dev(&log).freed, 1);
+        }
+        // Whatever the settle saw, the stream's next pass leaves nothing
+        // held.
+        assert!(s.synchronize().is_ok());
+        assert_eq!(entries_in(&r.holds, Arc::as_ptr(&s)), 0);
+        assert!(s.has_passed(0));
+        assert!(r.holds.is_empty());
+        assert_eq!(dev(&log).freed, 1);
+        close(s);
+        assert_eq!(dev(&log).destroys, 1);
+    });
+}
+
+#[test]
+fn f4_a_passed_batch_is_let_go_once_whoever_passes_it() {
+    model(|| {
+        let log = new_log();
+        let r = range();
+        let s = stream(&log);
+        let first = enqueue(&s, &r, &log);
+        // A synchronize on another thread (the owner's, or a settle's)
+        // while this one records a second batch and observes an event
+        // after the first.
+        let syncer = {
+            let s = s.clone();
+            thread::spawn(move || assert!(s.synchronize().is_ok()))
+        };
+        let second = enqueue(&s, &r, &log);
+        {
+            let mut d = dev(&log);
+            d.completed = d.completed.max(first + 1);
+        }
+        s.passed_through(first);
+        assert!(syncer.join().is_ok());
+        // The first batch is let go, once, by whichever passed it first;
+        // the second only if the synchronize covered it (its memory checks
+        // that the batch completed when it is freed).
+        assert!(s.has_passed(first));
+        assert_eq!(entries_of_batch(&r, first), 0);
+        let covered = s.has_passed(second);
+        assert_eq!(dev(&log).freed, 1 + u32::from(covered));
+        close(s);
+        let d = dev(&log);
+        assert_eq!((d.freed, d.destroys), (2, 1));
+        assert!(r.holds.is_empty());
+    });
+}
+
+#[test]
+fn f4_a_batch_on_two_ranges_recorded_while_both_are_settled_is_synchronized_by_each() {
+    model(|| {
+        let log = new_log();
+        let (r1, r2) = (range(), range());
+        let s = stream(&log);
+        let recorded = Arc::new(AtomicUsize::new(0));
+        // The record takes the stream's lock, then each range's; the two
+        // settles each a range's, then (after letting it go) the stream's.
+        let copier = {
+            let (log, r1, r2, s, recorded) = (
+                log.clone(),
+                r1.clone(),
+                r2.clone(),
+                s.clone(),
+                recorded.clone(),
+            );
+            thread::spawn(move || {
+                enqueue_to(&s, &[&r1, &r2], &log);
+                recorded.store(1, Ordering::Release);
+            })
+        };
+        let other = {
+            let (r1, recorded) = (r1.clone(), recorded.clone());
+            thread::spawn(move || {
+                let before = recorded.load(Ordering::Acquire) == 1;
+                (before, settle_holds(&r1.holds, 0).is_ok())
+            })
+        };
+        let before = recorded.load(Ordering::Acquire) == 1;
+        assert!(settle_holds(&r2.holds, 0).is_ok());
+        if before {
+            assert_eq!(dev(&log).completed, 1, "F4: the settle missed a batch");
+        }
+        let Ok((before, settled)) = other.join() else {
+            unreachable!("the other settle panicked")
+        };
+        assert!(settled);
+        if before {
+            assert_eq!(dev(&log).completed, 1, "F4: the settle missed a batch");
+        }
+        assert!(copier.join().is_ok());
+        if dev(&log).completed == 1 {
+            assert!(r1.holds.is_empty() && r2.holds.is_empty(), "an entry left");
+            assert_eq!(dev(&log).freed, 1);
+        }
+        close(s);
+        assert!(r1.holds.is_empty() && r2.holds.is_empty());
+        let d = dev(&log);
+        assert_eq!((d.freed, d.destroys), (1, 1));
+    });
+}
