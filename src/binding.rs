@@ -578,7 +578,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         // No copy checked against the record below reaches the driver
         // before the driver's bind (R13.3): an enqueue looks at the gate
         // again after its checks. The bind waits for nothing there.
-        let _gate = crate::ledger::gate::ChangeGate::bind(self.range());
+        let gate = crate::ledger::gate::ChangeGate::bind(self.range());
         // Intent first: the binding is recorded (with the memory it keeps
         // alive) before the driver call, and the lock is let go for the call,
         // so that a tracing layer or a backend may use the endpoint again.
@@ -656,9 +656,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             self.range().bindings_changed();
             let window = slot.take_windows(|w| w.is_local(dev, offset));
             drop(slot);
+            gate.end();
             drop((kept, window)); // may release the memory: outside the lock
             return Err(ctx.error(call, code));
         }
+        gate.end();
         Ok(Binding {
             range: self.range(),
             id: self.id(),

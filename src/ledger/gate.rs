@@ -132,13 +132,24 @@ impl Gate {
     #[inline(always)]
     fn enter(&self, side: Side) -> Entry {
         let me = thread_id() as u64;
-        let fits = me >> (64 - NAMES) == 0;
-        let add = if fits { 1 | me << NAMES } else { 1 };
+        if me >> (64 - NAMES) != 0 {
+            return self.enter_unnamed(side);
+        }
+        let add = 1 | me << NAMES;
         let was = self.word(side).fetch_add(add, Ordering::SeqCst);
-        if was & COUNT != 0 || !fits {
+        if was & COUNT != 0 {
             return self.list(side, add);
         }
         Entry(add)
+    }
+
+    /// A name that does not fit in the word: counted without it, and
+    /// listed.
+    #[cold]
+    #[inline(never)]
+    fn enter_unnamed(&self, side: Side) -> Entry {
+        self.word(side).fetch_add(1, Ordering::SeqCst);
+        self.list(side, 1)
     }
 
     /// Others were inside (or the name does not fit): the name goes in the
@@ -392,6 +403,18 @@ impl<'r, R: Gated> ChangeGate<'r, R> {
             range,
             entry: range.gate().enter(Side::Change),
         }
+    }
+}
+
+impl<R: Gated> ChangeGate<'_, R> {
+    /// Leaves the gate, as a drop does. Inline where a drop is not: a
+    /// function that may also drop the guard while unwinding or at an early
+    /// return calls the drop glue out of line (bind 14 instructions), so its
+    /// usual path ends the guard by this.
+    #[inline(always)]
+    pub(crate) fn end(self) {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.range.gate().leave(Side::Change, this.entry);
     }
 }
 
