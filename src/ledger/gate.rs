@@ -132,10 +132,14 @@ impl Gate {
     #[inline(always)]
     fn enter(&self, side: Side) -> Entry {
         let me = thread_id() as u64;
-        if me >> (64 - NAMES) != 0 {
+        // The name rotated into place: what does not fit lands in the
+        // count's bits, tested there (one instruction less than a shift
+        // and a separate test).
+        let named = me.rotate_left(NAMES);
+        if named & ((1 << NAMES) - 1) != 0 {
             return self.enter_unnamed(side);
         }
-        let add = 1 | me << NAMES;
+        let add = 1 | named;
         let was = self.word(side).fetch_add(add, Ordering::SeqCst);
         if was & COUNT != 0 {
             return self.list(side, add);
@@ -165,23 +169,32 @@ impl Gate {
     #[inline(always)]
     fn leave(&self, side: Side, entry: Entry) {
         if entry.0 & LISTED != 0 {
-            self.unlist(side);
+            return self.leave_listed(side, entry);
+        }
+        // Not listed: the entry is what was added (no mask to take off).
+        let was = self.word(side).fetch_sub(entry.0, Ordering::SeqCst);
+        if was & WAITING != 0 {
+            self.wake(side);
+        }
+    }
+
+    /// [`Gate::leave`] for a thread whose name is listed: off the list
+    /// first.
+    #[cold]
+    #[inline(never)]
+    fn leave_listed(&self, side: Side, entry: Entry) {
+        let me = (thread_id() as u64, side);
+        {
+            let mut listed = self.lock();
+            if let Some(i) = listed.iter().position(|&n| n == me) {
+                listed.swap_remove(i);
+            }
         }
         let was = self
             .word(side)
             .fetch_sub(entry.0 & !LISTED, Ordering::SeqCst);
         if was & WAITING != 0 {
             self.wake(side);
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn unlist(&self, side: Side) {
-        let me = (thread_id() as u64, side);
-        let mut listed = self.lock();
-        if let Some(i) = listed.iter().position(|&n| n == me) {
-            listed.swap_remove(i);
         }
     }
 
