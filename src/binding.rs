@@ -134,7 +134,6 @@ struct Parts<'a> {
 }
 
 impl Parts<'_> {
-
     /// Unbinds; the endpoint lets go of the memory once the driver agreed. A
     /// panic inside the call leaves the record (and the memory) with the
     /// endpoint until it is destroyed: kept a little longer, never freed
