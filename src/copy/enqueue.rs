@@ -32,7 +32,18 @@ impl Stream {
     /// enqueued then (the portable path synchronizes what it had enqueued
     /// before a failed `cuMemcpyAsync`), and the host buffers are dropped
     /// with the batch.
-    pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
+    // Always, and only the state passed on (its hot part parked in it): a
+    // batch whose address reaches a call lives in memory, and its
+    // builder's loop with it.
+    #[inline(always)]
+    pub fn enqueue<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
+        self.enqueue_state(batch.parked())
+    }
+
+    /// [`Stream::enqueue`] of a batch's state, its hot part parked.
+    #[inline(never)]
+    fn enqueue_state<'a>(&'a self, inner: Box<BatchInner>) -> Result<InFlight<'a>> {
+        let mut batch = CopyBatch::of(inner);
         let ctx = &self.inner.ctx;
         // No unbind on these ranges from another thread between the checks
         // below and the record of the batch as in flight (F4), nor a bind's
@@ -51,7 +62,7 @@ impl Stream {
         }
         // The op list goes to the driver; the rest stays in the batch's
         // state until it is recorded (moved once, into the record).
-        let mut inner = batch.inner;
+        let mut inner = batch.parked();
         let list = std::mem::take(&mut inner.list);
         // A panic inside the call (a `tracing` layer, a user backend) may
         // come after the driver took the batch: what the copies use stays
@@ -101,6 +112,7 @@ impl<'a> CopyBatch<'a> {
     /// Every check before the driver for a copy on `stream`: the endpoints
     /// are of its context, then [`BatchInner::check`].
     pub(crate) fn check_for(&mut self, stream: &Stream) -> Result<()> {
+        self.cold(BatchInner::finish);
         let ctx = &stream.inner.ctx;
         if self
             .inner
@@ -126,7 +138,7 @@ impl<'a> CopyBatch<'a> {
     /// host buffers by address (owned by what takes the list, which keeps
     /// them where they are).
     pub(crate) fn into_list(self) -> FabricList {
-        let mut inner = self.inner;
+        let mut inner = self.parked();
         let list = FabricList {
             list: std::mem::take(&mut inner.list),
             keep: std::mem::take(&mut inner.keep),
@@ -140,7 +152,7 @@ impl<'a> CopyBatch<'a> {
     /// The whole state of a checked batch, taken out (the portable path);
     /// its emptied box goes back to the thread's spare.
     pub(crate) fn into_inner(self) -> BatchInner {
-        let mut inner = self.inner;
+        let mut inner = self.parked();
         let all = std::mem::replace(&mut *inner, BatchInner::empty());
         super::spare::give_back(inner);
         all
