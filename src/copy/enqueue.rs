@@ -42,8 +42,7 @@ impl Stream {
 
     /// [`Stream::enqueue`] of a batch's state, its hot part parked.
     #[inline(never)]
-    fn enqueue_state<'a>(&'a self, inner: Box<BatchInner>) -> Result<InFlight<'a>> {
-        let mut batch = CopyBatch::of(inner);
+    fn enqueue_state<'a>(&'a self, mut inner: Box<BatchInner>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         // No unbind on these ranges from another thread between the checks
         // below and the record of the batch as in flight (F4), nor a bind's
@@ -51,18 +50,17 @@ impl Stream {
         // portable path's windows of a bind in progress never cover bytes
         // the checks passed: binds on one device never overlap, R5.9.)
         let _gate = loop {
-            let gate = crate::ledger::gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
-            batch.check_for(self)?;
+            let gate = crate::ledger::gate::EnqueueGate::enter(&inner.keep.endpoints)?;
+            inner.check_on(self)?;
             if let Some(gate) = gate.checked()? {
                 break gate;
             }
         };
         if ctx.copy_path() == crate::CopyPath::Portable {
-            return self.enqueue_portable(batch);
+            return self.enqueue_portable(CopyBatch::of(inner));
         }
         // The op list goes to the driver; the rest stays in the batch's
         // state until it is recorded (moved once, into the record).
-        let mut inner = batch.parked();
         let list = std::mem::take(&mut inner.list);
         // A panic inside the call (a `tracing` layer, a user backend) may
         // come after the driver took the batch: what the copies use stays
@@ -100,6 +98,24 @@ impl Stream {
     }
 }
 
+impl BatchInner {
+    /// Every check before the driver for a copy on `stream`, its hot part
+    /// parked: the builder's last word ([`BatchInner::finish`]), the
+    /// endpoints and memory are of the stream's context, then
+    /// [`BatchInner::check`].
+    pub(crate) fn check_on(&mut self, stream: &Stream) -> Result<()> {
+        self.finish();
+        let ctx = &stream.inner.ctx;
+        if self.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
+            return Err(Error::WrongContext);
+        }
+        if self.locations.iter().any(|&(_, _, c, _)| c != ctx.key()) {
+            return Err(Error::WrongContext);
+        }
+        self.check(stream.inner.dev)
+    }
+}
+
 /// A checked batch as the driver takes it, with what it keeps and owns.
 pub(crate) struct FabricList {
     pub(crate) list: Vec<CopyOp>,
@@ -109,29 +125,10 @@ pub(crate) struct FabricList {
 }
 
 impl<'a> CopyBatch<'a> {
-    /// Every check before the driver for a copy on `stream`: the endpoints
-    /// are of its context, then [`BatchInner::check`].
+    /// Every check before the driver for a copy on `stream`
+    /// ([`BatchInner::check_on`]).
     pub(crate) fn check_for(&mut self, stream: &Stream) -> Result<()> {
-        self.cold(BatchInner::finish);
-        let ctx = &stream.inner.ctx;
-        if self
-            .inner
-            .keep
-            .endpoints
-            .iter()
-            .any(|(r, _)| !r.ctx.same(ctx))
-        {
-            return Err(Error::WrongContext);
-        }
-        if self
-            .inner
-            .locations
-            .iter()
-            .any(|&(_, _, c, _)| c != ctx.key())
-        {
-            return Err(Error::WrongContext);
-        }
-        self.inner.check(stream.inner.dev)
+        self.cold(|inner| inner.check_on(stream))
     }
 
     /// The driver's op list of a checked batch (the builder wrote it): its

@@ -139,13 +139,11 @@ impl<'a> CopyBatch<'a> {
                     src_stride,
                     dst_stride,
                 } = blocks;
-                if self.hot.extend(count, |i| {
-                    super::put_op(
-                        from.wrapping_add(i.wrapping_mul(src_stride)),
-                        id,
-                        offset.wrapping_add(i.wrapping_mul(dst_stride)),
-                        size,
-                    )
+                let (mut from, mut to) = (from, offset);
+                if self.hot.extend(count, || {
+                    from = from.wrapping_add(src_stride);
+                    to = to.wrapping_add(dst_stride);
+                    super::put_op(from, id, to, size)
                 }) {
                     self.hot.put_from = dst_end;
                     return self;
@@ -203,13 +201,11 @@ impl<'a> CopyBatch<'a> {
                     src_stride,
                     dst_stride,
                 } = blocks;
-                if self.hot.extend(count, |i| {
-                    super::get_op(
-                        id,
-                        offset.wrapping_add(i.wrapping_mul(src_stride)),
-                        Pointer::device(to.wrapping_add(i.wrapping_mul(dst_stride))),
-                        size,
-                    )
+                let (mut from, mut to) = (offset, to);
+                if self.hot.extend(count, || {
+                    from = from.wrapping_add(src_stride);
+                    to = to.wrapping_add(dst_stride);
+                    super::get_op(id, from, Pointer::device(to), size)
                 }) {
                     self.inner.get_end = self.hot.mem_ptr.wrapping_add(dst_end);
                     return self;
@@ -244,16 +240,21 @@ enum Rest {
 }
 
 impl Hot {
-    /// Writes blocks `1..count` (`op(i)` each) if the list has room for
-    /// them all; nothing otherwise.
+    /// Writes blocks `1..count` (`next()` each, in order) if the list has
+    /// room for them all; nothing otherwise.
     #[inline(always)]
-    fn extend(&mut self, count: u64, mut op: impl FnMut(u64) -> CopyOp) -> bool {
+    fn extend(&mut self, count: u64, mut next: impl FnMut() -> CopyOp) -> bool {
         let room = (self.stop.addr() - self.at.addr()) / std::mem::size_of::<CopyOp>();
-        if usize::try_from(count).map_or(true, |n| n > room.saturating_add(1)) {
+        let Some(rest) = usize::try_from(count)
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .filter(|&n| n <= room)
+        else {
             return false;
-        }
-        for i in 1..count {
-            self.write(op(i));
+        };
+        let end = self.at.wrapping_add(rest);
+        while self.at != end {
+            self.write(next());
         }
         true
     }
