@@ -19,11 +19,16 @@
 //!   stream is never the NULL stream (F6): neither can be written.
 //!   The builder writes the driver's op list itself and makes these checks
 //!   as each op comes, against the memory and endpoint of the op before
-//!   (issue 22, `benches/copy_batch.rs`): an op laid out after the last one
+//!   (issue 22, `benches/copy_batch.rs`): a put laid out after the last one
 //!   on the same memory and endpoint costs seven comparisons (two of them
-//!   overflow checks) and one store beside the op it writes; the errors are
-//!   reported at enqueue, first the local side's ranges, then the endpoint
-//!   side's, then F2, then F3, each naming its op. Blocks at a stride are
+//!   overflow checks, one the list's room) beside the op it writes, with
+//!   the list's end and the cursor's `put_from` in registers (the batch's
+//!   `Hot` part, by value); the end of such a run of puts is checked
+//!   against the endpoint's bound interval once, when the cursor leaves it
+//!   (destination ends only grow), and a run past it is checked op by op
+//!   then, naming the first op outside (issue 30). The errors are reported
+//!   at enqueue, first the local side's ranges, then the endpoint side's,
+//!   then F2, then F3, each naming its op. Blocks at a stride are
 //!   one call ([`CopyBatch::put_strided`], [`Strided`], in `strided.rs`),
 //!   checked once. The builder's state is recycled: taken from the
 //!   thread's spare by [`CopyBatch::new`] and given back, emptied, by the
@@ -68,7 +73,7 @@
 //! keeps the windows' memory alive too.
 //!
 //! **The files.** This one: [`CopyBatch`], its public ops and its state
-//! (`BatchInner`, the cursor, `EpFacts`), and [`CanGet`]; `check.rs`: the
+//! (`Hot`, `BatchInner`, the cursor, `EpFacts`), and [`CanGet`]; `check.rs`: the
 //! checks as each op comes and at enqueue (ranges, F9, R13.3, F2);
 //! `independence.rs`: F3; `enqueue.rs`: `Stream::enqueue` and the fabric
 //! call; `in_flight.rs`: [`InFlight`] and [`Completed`]; `strided.rs`:
