@@ -12,33 +12,94 @@
 use smallvec::SmallVec;
 
 use super::independence::dependent;
-use super::{BatchInner, EpFacts, Intervals, portable};
-use crate::driver::{Device, Location, Operand};
+use super::{BatchInner, Cursor, EpFacts, Hot, Intervals, portable};
+use crate::driver::{Device, Location, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result};
 use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, MemShare};
 use crate::memory::{BindSource, Locality, Mapped};
 use crate::state::State;
 
-impl BatchInner {
-    /// The address `at` bytes into `mem` for op `op`, after the range check;
-    /// at two comparisons when the last op named `mem` too.
-    #[inline]
-    pub(super) fn mapped<H: MemShare>(
-        &mut self,
+impl Hot {
+    /// The address `at` bytes into `mem` when the cursor's memory is `mem`
+    /// and the op lies inside it (the range check at two comparisons).
+    #[inline(always)]
+    fn mem_next<H: MemShare>(
+        &self,
+        c: &Cursor,
         mem: &Mapped<H>,
         at: u64,
         size: u64,
-        op: usize,
-    ) -> u64 {
+    ) -> Option<u64> {
+        if std::ptr::from_ref(mem).addr() == c.mem
+            && at.checked_add(size)? <= c.mem_size
+            && at < c.mem_size
+        {
+            // No wrap: `at < mem_size` and `mem_ptr + mem_size` was checked
+            // when the cursor took `mem`.
+            return Some(self.mem_ptr.wrapping_add(at));
+        }
+        None
+    }
+
+    /// A put from the cursor's memory to its endpoint, after the last put
+    /// there: the source address and the put's end (the cursor's next
+    /// `put_from`), after the memory range check and F3's order; the
+    /// endpoint side's end (range, F9, R13.3) is checked when the cursor
+    /// leaves ([`Cursor::run`]). `None` for anything else
+    /// ([`BatchInner::put_slow`]).
+    #[inline(always)]
+    pub(super) fn put_next<H: MemShare, S: State, K: Kind>(
+        &self,
+        c: &Cursor,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> Option<(u64, u64)> {
+        if std::ptr::from_ref(ep).addr() == c.ep_at && offset >= self.put_from {
+            let from = self.mem_next(c, mem, at, size)?;
+            return Some((from, offset.checked_add(size)?));
+        }
+        None
+    }
+
+    /// A get from the cursor's endpoint inside its bound interval into the
+    /// cursor's memory: the destination address. `None` for anything else
+    /// ([`BatchInner::get_slow`]). (A get's source is kept out of F3's
+    /// one-pass order: it can only meet a put's destination, and a batch
+    /// with both is proven by `disjoint_in_order`, in `independence.rs`.)
+    #[inline(always)]
+    pub(super) fn get_next<H: MemShare, S: State, K: Kind>(
+        &self,
+        c: &Cursor,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        mem: &Mapped<H>,
+        at: u64,
+        size: u64,
+    ) -> Option<u64> {
+        if std::ptr::from_ref(ep).addr() == c.ep_at
+            && offset >= c.start
+            && offset.checked_add(size)? <= c.end
+        {
+            return self.mem_next(c, mem, at, size);
+        }
+        None
+    }
+}
+
+impl BatchInner {
+    /// The address `at` bytes into `mem` for op `op`, after the range
+    /// check, as [`Hot::mem_next`] when the last op named `mem` too.
+    fn mapped<H: MemShare>(&mut self, mem: &Mapped<H>, at: u64, size: u64, op: usize) -> u64 {
         let c = &self.cursor;
         if std::ptr::from_ref(mem).addr() == c.mem
             && let Some(end) = at.checked_add(size)
             && end <= c.mem_size
             && at < c.mem_size
         {
-            // No wrap: `at < mem_size` and `mem_ptr + mem_size` was checked
-            // when the cursor took `mem`.
             return c.mem_ptr.wrapping_add(at);
         }
         self.mapped_slow(mem, at, size, op)
@@ -49,8 +110,6 @@ impl BatchInner {
     /// and one F2 location: compared by address, cloned only when new (no
     /// reference count touched per op). The latest first: ops usually name
     /// the same allocation one after the other.
-    #[cold]
-    #[inline(never)]
     fn mapped_slow<H: MemShare>(&mut self, mem: &Mapped<H>, at: u64, size: u64, op: usize) -> u64 {
         let known = self.keep.memory.iter().rev().any(|k| mem.keeps(k));
         if !known {
@@ -88,37 +147,9 @@ impl BatchInner {
         });
     }
 
-    /// A put from the cursor's memory to its endpoint, after the last put
-    /// there: the source address, after the memory range check, the
-    /// endpoint range check, F9 and F3's order, in one chain of
-    /// comparisons; `None` for anything else ([`BatchInner::put_slow`]).
-    #[inline]
-    pub(super) fn put_next<H: MemShare, S: State, K: Kind>(
-        &mut self,
-        mem: &Mapped<H>,
-        at: u64,
-        ep: &Endpoint<S, K>,
-        offset: u64,
-        size: u64,
-    ) -> Option<u64> {
-        let c = &mut self.cursor;
-        if std::ptr::from_ref(mem).addr() == c.mem
-            && std::ptr::from_ref(ep).addr() == c.ep_at
-            && at.checked_add(size)? <= c.mem_size
-            && at < c.mem_size
-            && offset >= c.put_from
-        {
-            let end = offset.checked_add(size)?;
-            if end <= c.end {
-                c.put_from = end;
-                // No wrap: see `mapped`.
-                return Some(c.mem_ptr.wrapping_add(at));
-            }
-        }
-        None
-    }
-
-    /// A put that [`BatchInner::put_next`] did not take: each side on its own.
+    /// A put that [`Hot::put_next`] did not take (or with no room left,
+    /// the cursor unmoved):
+    /// each side on its own, and the op appended.
     #[cold]
     #[inline(never)]
     pub(super) fn put_slow<H: MemShare, S: State, K: Kind>(
@@ -128,11 +159,32 @@ impl BatchInner {
         ep: &Endpoint<S, K>,
         offset: u64,
         size: u64,
-    ) -> u64 {
+    ) {
         let op = self.list.len();
         let from = self.mapped(mem, at, size, op);
         self.put_to(ep, offset, size, op);
-        from
+        self.push(super::put_op(from, ep.id(), offset, size));
+    }
+
+    /// A get that [`Hot::get_next`] did not take (or with no room left):
+    /// each side on its own, and the op appended.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn get_slow<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        mem: &Mapped<H>,
+        at: u64,
+        size: u64,
+    ) {
+        let op = self.list.len();
+        self.get_from(ep, offset, size, op);
+        let to = self.mapped(mem, at, size, op);
+        // F3's order of the destination addresses.
+        self.unordered |= to < self.get_end;
+        self.get_end = to.saturating_add(size);
+        self.push(super::get_op(ep.id(), offset, Pointer::device(to), size));
     }
 
     /// The endpoint side of a put: inside the endpoint, bound (F9) and after
@@ -159,10 +211,7 @@ impl BatchInner {
     }
 
     /// The endpoint side of a get: inside the endpoint and bound (F9), at
-    /// three comparisons when the last op named `ep` too. (A get's source
-    /// is kept out of F3's one-pass order: it can only meet a put's
-    /// destination, and a batch with both is proven by `disjoint_in_order`,
-    /// in `independence.rs`.)
+    /// three comparisons when the last op named `ep` too.
     #[inline]
     pub(super) fn get_from<S: State, K: Kind>(
         &mut self,
@@ -179,7 +228,7 @@ impl BatchInner {
         {
             return;
         }
-        self.get_slow(ep, offset, size, op);
+        self.get_from_slow(ep, offset, size, op);
     }
 
     #[cold]
@@ -206,13 +255,16 @@ impl BatchInner {
                 }
                 self.put_last = Some((id, end));
                 if let Some((start, stop)) = hit {
-                    self.cursor.ep = u64::from(id);
-                    self.cursor.ep_at = std::ptr::from_ref(ep).addr();
-                    self.cursor.start = start;
-                    self.cursor.end = stop;
+                    let c = &mut self.cursor;
+                    c.ep = u64::from(id);
+                    c.ep_at = std::ptr::from_ref(ep).addr();
+                    c.ep_index = index;
+                    c.start = start;
+                    c.end = stop;
                     // `end >= offset >= start`: the put lies in `[start, stop)`.
-                    self.cursor.put_from = end;
-                    self.cursor.putting = true;
+                    c.put_from = end;
+                    c.putting = true;
+                    c.run = op;
                 }
             }
             Err(e) => {
@@ -223,7 +275,7 @@ impl BatchInner {
 
     #[cold]
     #[inline(never)]
-    fn get_slow<S: State, K: Kind>(
+    fn get_from_slow<S: State, K: Kind>(
         &mut self,
         ep: &Endpoint<S, K>,
         offset: u64,
@@ -234,10 +286,12 @@ impl BatchInner {
         let index = self.endpoint(ep);
         match self.ep_check(index, offset, size, op) {
             Ok(Some((start, stop))) => {
-                self.cursor.ep = u64::from(ep.id());
-                self.cursor.ep_at = std::ptr::from_ref(ep).addr();
-                self.cursor.start = start;
-                self.cursor.end = stop;
+                let c = &mut self.cursor;
+                c.ep = u64::from(ep.id());
+                c.ep_at = std::ptr::from_ref(ep).addr();
+                c.ep_index = index;
+                c.start = start;
+                c.end = stop;
             }
             Ok(None) => {}
             Err(e) => {
@@ -246,26 +300,54 @@ impl BatchInner {
         }
     }
 
-    /// Before the cursor leaves its endpoint: the end of the puts made
-    /// through it goes to `put_last`, and the cursor names no endpoint.
+    /// Before the cursor leaves its endpoint: the puts through it checked
+    /// against its end ([`Cursor::run`]), the end of the last one to
+    /// `put_last`, and the cursor names no endpoint.
     fn leave_cursor(&mut self) {
-        if self.list.capacity() == 0 {
-            // The first op: room for 16 (896 bytes, one small allocation)
-            // rather than 4, 8, 16: two reallocations fewer by 64 ops.
-            // Made new rather than `reserve`d: the growth path costs ~90
-            // instructions more per batch.
-            self.list = Vec::with_capacity(16);
+        let c = self.cursor;
+        if c.putting && c.put_from > c.end {
+            self.check_run();
         }
-        let c = &mut self.cursor;
         if c.putting
             && let Ok(id) = u32::try_from(c.ep)
         {
             self.put_last = Some((id, c.put_from));
         }
+        let c = &mut self.cursor;
         c.ep = u64::MAX;
         c.ep_at = 0;
         c.put_from = u64::MAX;
         c.putting = false;
+    }
+
+    /// The puts through the cursor that end past its interval, checked one
+    /// by one (range, R13.3, F9) as the slow path would have as each came:
+    /// the first refused is kept, naming its op. (Another interval bound
+    /// on every device may hold them: then they pass.)
+    #[cold]
+    #[inline(never)]
+    fn check_run(&mut self) {
+        let c = self.cursor;
+        let run = self.list.get(c.run..).unwrap_or_default();
+        let first = run.iter().enumerate().find_map(|(i, o)| match o.dst {
+            Operand::LogicalEndpoint { id, offset }
+                if u64::from(id) == c.ep && offset.saturating_add(o.size) > c.end =>
+            {
+                self.ep_check(c.ep_index, offset, o.size, c.run.saturating_add(i))
+                    .err()
+            }
+            _ => None,
+        });
+        if let Some(e) = first {
+            self.ep_error.get_or_insert_with(|| Box::new(e));
+        }
+    }
+
+    /// The builder's last word before the checks at enqueue: the cursor
+    /// leaves (its puts' ends checked).
+    #[inline]
+    pub(super) fn finish(&mut self) {
+        self.leave_cursor();
     }
 
     /// `ep`'s index in `eps` (and `keep.endpoints`), added when new.

@@ -32,7 +32,17 @@ impl Stream {
     /// enqueued then (the portable path synchronizes what it had enqueued
     /// before a failed `cuMemcpyAsync`), and the host buffers are dropped
     /// with the batch.
-    pub fn enqueue<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
+    // Always, and only the state passed on (its hot part parked in it): a
+    // batch whose address reaches a call lives in memory, and its
+    // builder's loop with it.
+    #[inline(always)]
+    pub fn enqueue<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
+        self.enqueue_state(batch.parked())
+    }
+
+    /// [`Stream::enqueue`] of a batch's state, its hot part parked.
+    #[inline(never)]
+    fn enqueue_state<'a>(&'a self, mut inner: Box<BatchInner>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         // No unbind on these ranges from another thread between the checks
         // below and the record of the batch as in flight (F4), nor a bind's
@@ -40,18 +50,17 @@ impl Stream {
         // portable path's windows of a bind in progress never cover bytes
         // the checks passed: binds on one device never overlap, R5.9.)
         let _gate = loop {
-            let gate = crate::ledger::gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
-            batch.check_for(self)?;
+            let gate = crate::ledger::gate::EnqueueGate::enter(&inner.keep.endpoints)?;
+            inner.check_on(self)?;
             if let Some(gate) = gate.checked()? {
                 break gate;
             }
         };
         if ctx.copy_path() == crate::CopyPath::Portable {
-            return self.enqueue_portable(batch);
+            return self.enqueue_portable(CopyBatch::of(inner));
         }
         // The op list goes to the driver; the rest stays in the batch's
         // state until it is recorded (moved once, into the record).
-        let mut inner = batch.inner;
         let list = std::mem::take(&mut inner.list);
         // A panic inside the call (a `tracing` layer, a user backend) may
         // come after the driver took the batch: what the copies use stays
@@ -89,6 +98,24 @@ impl Stream {
     }
 }
 
+impl BatchInner {
+    /// Every check before the driver for a copy on `stream`, its hot part
+    /// parked: the builder's last word ([`BatchInner::finish`]), the
+    /// endpoints and memory are of the stream's context, then
+    /// [`BatchInner::check`].
+    pub(crate) fn check_on(&mut self, stream: &Stream) -> Result<()> {
+        self.finish();
+        let ctx = &stream.inner.ctx;
+        if self.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
+            return Err(Error::WrongContext);
+        }
+        if self.locations.iter().any(|&(_, _, c, _)| c != ctx.key()) {
+            return Err(Error::WrongContext);
+        }
+        self.check(stream.inner.dev)
+    }
+}
+
 /// A checked batch as the driver takes it, with what it keeps and owns.
 pub(crate) struct FabricList {
     pub(crate) list: Vec<CopyOp>,
@@ -98,35 +125,17 @@ pub(crate) struct FabricList {
 }
 
 impl<'a> CopyBatch<'a> {
-    /// Every check before the driver for a copy on `stream`: the endpoints
-    /// are of its context, then [`BatchInner::check`].
+    /// Every check before the driver for a copy on `stream`
+    /// ([`BatchInner::check_on`]).
     pub(crate) fn check_for(&mut self, stream: &Stream) -> Result<()> {
-        let ctx = &stream.inner.ctx;
-        if self
-            .inner
-            .keep
-            .endpoints
-            .iter()
-            .any(|(r, _)| !r.ctx.same(ctx))
-        {
-            return Err(Error::WrongContext);
-        }
-        if self
-            .inner
-            .locations
-            .iter()
-            .any(|&(_, _, c, _)| c != ctx.key())
-        {
-            return Err(Error::WrongContext);
-        }
-        self.inner.check(stream.inner.dev)
+        self.cold(|inner| inner.check_on(stream))
     }
 
     /// The driver's op list of a checked batch (the builder wrote it): its
     /// host buffers by address (owned by what takes the list, which keeps
     /// them where they are).
     pub(crate) fn into_list(self) -> FabricList {
-        let mut inner = self.inner;
+        let mut inner = self.parked();
         let list = FabricList {
             list: std::mem::take(&mut inner.list),
             keep: std::mem::take(&mut inner.keep),
@@ -140,7 +149,7 @@ impl<'a> CopyBatch<'a> {
     /// The whole state of a checked batch, taken out (the portable path);
     /// its emptied box goes back to the thread's spare.
     pub(crate) fn into_inner(self) -> BatchInner {
-        let mut inner = self.inner;
+        let mut inner = self.parked();
         let all = std::mem::replace(&mut *inner, BatchInner::empty());
         super::spare::give_back(inner);
         all

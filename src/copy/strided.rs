@@ -16,8 +16,8 @@
 //! whose local side fails: the batch is refused at enqueue naming the error
 //! its ops one by one would.
 
-use super::{BatchInner, CopyBatch};
-use crate::driver::{CopyOp, Operand, Pointer};
+use super::{BatchInner, CopyBatch, Hot};
+use crate::driver::{CopyOp, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::Error;
 use crate::kind::Kind;
@@ -126,35 +126,32 @@ impl<'a> CopyBatch<'a> {
             return self;
         }
         self = self.put(src, src_offset, ep, offset, blocks.size);
-        let Some(rest) = self.inner.room_for(blocks.count) else {
-            return self;
+        let rest = match self.cold(|inner| inner.put_rest(src, src_offset, ep, offset, &blocks)) {
+            None => return self,
+            Some(Rest::Proven(dst_end)) => {
+                // No wrap: the last block's ends were checked, and the
+                // cursor's memory does not wrap (`mapped_slow`).
+                let from = self.hot.mem_ptr.wrapping_add(src_offset);
+                let id = ep.id();
+                let Strided {
+                    count,
+                    size,
+                    src_stride,
+                    dst_stride,
+                } = blocks;
+                let (mut from, mut to) = (from, offset);
+                if self.hot.extend(count, || {
+                    from = from.wrapping_add(src_stride);
+                    to = to.wrapping_add(dst_stride);
+                    super::put_op(from, id, to, size)
+                }) {
+                    self.hot.put_from = dst_end;
+                    return self;
+                }
+                count - 1
+            }
+            Some(Rest::OneByOne(rest)) => rest,
         };
-        let inner = &mut *self.inner;
-        if let Some(dst_end) = inner.put_rest_proven(src, src_offset, ep, offset, &blocks) {
-            let c = &mut inner.cursor;
-            c.put_from = dst_end;
-            // No wrap: the last block's ends were checked, and the cursor's
-            // memory does not wrap (`mapped_slow`).
-            let from = c.mem_ptr.wrapping_add(src_offset);
-            let id = ep.id();
-            let Strided {
-                size,
-                src_stride,
-                dst_stride,
-                ..
-            } = blocks;
-            inner.list.extend((1..blocks.count).map(|i| CopyOp {
-                src: Operand::Pointer(Pointer::device(
-                    from.wrapping_add(i.wrapping_mul(src_stride)),
-                )),
-                dst: Operand::LogicalEndpoint {
-                    id,
-                    offset: offset.wrapping_add(i.wrapping_mul(dst_stride)),
-                },
-                size,
-            }));
-            return self;
-        }
         for i in 1..=rest {
             if self.inner.failed() {
                 break;
@@ -192,31 +189,31 @@ impl<'a> CopyBatch<'a> {
             return self;
         }
         self = self.get(ep, offset, dst, dst_offset, blocks.size);
-        let Some(rest) = self.inner.room_for(blocks.count) else {
-            return self;
+        let rest = match self.cold(|inner| inner.get_rest(ep, offset, dst, dst_offset, &blocks)) {
+            None => return self,
+            Some(Rest::Proven(dst_end)) => {
+                // No wrap, as in `put_strided`.
+                let to = self.hot.mem_ptr.wrapping_add(dst_offset);
+                let id = ep.id();
+                let Strided {
+                    count,
+                    size,
+                    src_stride,
+                    dst_stride,
+                } = blocks;
+                let (mut from, mut to) = (offset, to);
+                if self.hot.extend(count, || {
+                    from = from.wrapping_add(src_stride);
+                    to = to.wrapping_add(dst_stride);
+                    super::get_op(id, from, Pointer::device(to), size)
+                }) {
+                    self.inner.get_end = self.hot.mem_ptr.wrapping_add(dst_end);
+                    return self;
+                }
+                count - 1
+            }
+            Some(Rest::OneByOne(rest)) => rest,
         };
-        let inner = &mut *self.inner;
-        if let Some(dst_end) = inner.get_rest_proven(ep, offset, dst, dst_offset, &blocks) {
-            // No wrap, as in `put_strided`.
-            let to = inner.cursor.mem_ptr.wrapping_add(dst_offset);
-            inner.get_end = inner.cursor.mem_ptr.wrapping_add(dst_end);
-            let id = ep.id();
-            let Strided {
-                size,
-                src_stride,
-                dst_stride,
-                ..
-            } = blocks;
-            inner.list.extend((1..blocks.count).map(|i| CopyOp {
-                src: Operand::LogicalEndpoint {
-                    id,
-                    offset: offset.wrapping_add(i.wrapping_mul(src_stride)),
-                },
-                dst: Operand::Pointer(Pointer::device(to.wrapping_add(i.wrapping_mul(dst_stride)))),
-                size,
-            }));
-            return self;
-        }
         for i in 1..=rest {
             if self.inner.failed() {
                 break;
@@ -233,7 +230,79 @@ impl<'a> CopyBatch<'a> {
     }
 }
 
+/// What follows a strided call's first block.
+enum Rest {
+    /// Every block proven: the end of the last one's destination (an
+    /// endpoint offset for a put, an offset in the memory for a get).
+    Proven(u64),
+    /// This many blocks left, checked one by one.
+    OneByOne(u64),
+}
+
+impl Hot {
+    /// Writes blocks `1..count` (`next()` each, in order) if the list has
+    /// room for them all; nothing otherwise.
+    #[inline(always)]
+    fn extend(&mut self, count: u64, mut next: impl FnMut() -> CopyOp) -> bool {
+        let room = (self.stop.addr() - self.at.addr()) / std::mem::size_of::<CopyOp>();
+        let Some(rest) = usize::try_from(count)
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .filter(|&n| n <= room)
+        else {
+            return false;
+        };
+        let end = self.at.wrapping_add(rest);
+        while self.at != end {
+            self.write(next());
+        }
+        true
+    }
+}
+
 impl BatchInner {
+    /// After a strided put's first block: room for the rest, and the end
+    /// of the last block's destination when every block is proven
+    /// ([`BatchInner::put_rest_proven`]: the caller writes them at raw's
+    /// cost per op, [`Hot::extend`]); else how many blocks are left to put
+    /// one by one (`None`: none, or no room).
+    #[inline(never)]
+    fn put_rest<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        src: &Mapped<H>,
+        src_offset: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        blocks: &Strided,
+    ) -> Option<Rest> {
+        let rest = self.room_for(blocks.count)?;
+        Some(
+            match self.put_rest_proven(src, src_offset, ep, offset, blocks) {
+                Some(dst_end) => Rest::Proven(dst_end),
+                None => Rest::OneByOne(rest),
+            },
+        )
+    }
+
+    /// After a strided get's first block: as [`BatchInner::put_rest`].
+    #[inline(never)]
+    fn get_rest<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        dst: &Mapped<H>,
+        dst_offset: u64,
+        blocks: &Strided,
+    ) -> Option<Rest> {
+        let rest = self.room_for(blocks.count)?;
+        Some(
+            match self.get_rest_proven(ep, offset, dst, dst_offset, blocks) {
+                Some(dst_end) => Rest::Proven(dst_end),
+                None => Rest::OneByOne(rest),
+            },
+        )
+    }
+
     /// Room in the op list for `count - 1` more ops (the first is in):
     /// how many, or `None` after keeping [`Error::CopyTooManyOps`] when
     /// the list cannot hold them, before any of it is allocated.

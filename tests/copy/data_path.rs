@@ -722,6 +722,55 @@ fn f9_typed_ranges_outside_the_endpoint_or_the_bound_memory_are_refused() {
 }
 
 #[test]
+fn f9_puts_one_after_another_past_their_bound_interval_are_refused_naming_the_first_outside() {
+    // The builder checks the end of puts laid out one after the other on
+    // one memory and endpoint once, when the cursor leaves (issue 30): the
+    // error still names the first op outside, and puts that move on to
+    // another interval bound on every device still pass.
+    let (ctx, model) = node();
+    let src = mapped(&ctx, 0);
+    let (low, high) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let ep = unicast(&ctx, 0, 4 * ALIGN);
+    let bl = ep.bind(Device(0), 0, &low).unwrap();
+    let bh = ep.bind(Device(0), 2 * ALIGN, &high).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // Ops 2 and 3 lie in the gap `[ALIGN, 2 ALIGN)`; op 4 in `high`.
+    let batch = CopyBatch::new()
+        .put(&src, 0, &ep, 0, 64)
+        .put(&src, 64, &ep, ALIGN - 64, 64)
+        .put(&src, 128, &ep, ALIGN, 64)
+        .put(&src, 192, &ep, ALIGN + 64, 64)
+        .put(&src, 256, &ep, 2 * ALIGN, 64);
+    let r = stream.enqueue(batch);
+    refused(
+        &model,
+        r,
+        |e| matches!(e, Error::CopyNotBound { op: 2, offset, .. } if *offset == ALIGN),
+    );
+    // Off the end of the endpoint, one after another: refused naming it.
+    let batch =
+        CopyBatch::new()
+            .put(&src, 0, &ep, 2 * ALIGN, 64)
+            .put(&src, 64, &ep, 4 * ALIGN - 32, 64);
+    let r = stream.enqueue(batch);
+    refused(&model, r, |e| {
+        matches!(e, Error::CopyOutOfRange { op: 1, .. })
+    });
+    // The gap left out: every op passes, through both intervals.
+    model.write(src.device_ptr(), &[5; 192]).unwrap();
+    let batch = CopyBatch::new()
+        .put(&src, 0, &ep, 0, 64)
+        .put(&src, 64, &ep, ALIGN - 64, 64)
+        .put(&src, 128, &ep, 2 * ALIGN, 64);
+    stream.enqueue(batch).unwrap().wait().unwrap();
+    assert_eq!(model.read(high.device_ptr(), 64).unwrap(), vec![5; 64]);
+    drop(stream);
+    drop((bl, bh));
+    drop((src, low, high, ep));
+    clean(&ctx, &model);
+}
+
+#[test]
 fn f4_a_forgotten_token_frees_nothing_in_flight() {
     let (ctx, model) = node();
     let src = mapped(&ctx, 0);
