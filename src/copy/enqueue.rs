@@ -147,7 +147,7 @@ impl<'a> CopyBatch<'a> {
     }
 
     /// The whole state of a checked batch, taken out (the portable path);
-    /// its emptied box goes back to the thread's spare.
+    /// its emptied box goes back to the process's spare.
     pub(crate) fn into_inner(self) -> BatchInner {
         let mut inner = self.parked();
         let all = std::mem::replace(&mut *inner, BatchInner::empty());
