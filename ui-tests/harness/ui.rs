@@ -143,7 +143,7 @@ fn ui() {
             std::io::stderr(),
             "ui: checking the {} misuses of ui-tests/ against their .stderr with {version} \
              (trybuild; the first run also checks the crate and its dependencies in \
-             target/tests/trybuild, a minute on an idle 2-core machine)",
+             target/tests/trybuild: about 20 s on an idle 2-core machine)",
             stderr_codes().len()
         );
         // Only the refused cases: `cargo check` (no code generated, nothing
