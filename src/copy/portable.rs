@@ -30,7 +30,8 @@
 //!   op; a cursor per target on the window that last matched), with the
 //!   mapping of each peer window an op used held once per batch; an error
 //!   before the driver ([`Error::CopyNoWindow`]) when a target's bytes have
-//!   no window;
+//!   no window; and the usual batch without a view (`one_piece`: one op
+//!   inside one window of an endpoint's one target, found under the lock);
 //! - which call carries the pieces: `cuMemcpyBatchAsync` (one call, one
 //!   attribute for all: source in stream order, no hints) when the driver
 //!   reports 12.8+ and the pieces are several, none host memory of the
