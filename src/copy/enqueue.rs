@@ -145,15 +145,6 @@ impl<'a> CopyBatch<'a> {
         super::spare::give_back(inner);
         list
     }
-
-    /// The whole state of a checked batch, taken out (the portable path);
-    /// its emptied box goes back to the process's spare.
-    pub(crate) fn into_inner(self) -> BatchInner {
-        let mut inner = self.parked();
-        let all = std::mem::replace(&mut *inner, BatchInner::empty());
-        super::spare::give_back(inner);
-        all
-    }
 }
 
 /// The error of a failed `cuFabricCpyBatchAsync`: `NOT_SUPPORTED` (F7) is

@@ -30,7 +30,8 @@
 //!   op; a cursor per target on the window that last matched), with the
 //!   mapping of each peer window an op used held once per batch; an error
 //!   before the driver ([`Error::CopyNoWindow`]) when a target's bytes have
-//!   no window;
+//!   no window; and the usual batch without a view (`one_piece`: one op
+//!   inside one window of an endpoint's one target, found under the lock);
 //! - which call carries the pieces: `cuMemcpyBatchAsync` (one call, one
 //!   attribute for all: source in stream order, no hints) when the driver
 //!   reports 12.8+ and the pieces are several, none host memory of the
@@ -56,7 +57,7 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use crate::context::Context;
-use crate::copy::{BatchInner, CopyBatch, InFlight};
+use crate::copy::{CopyBatch, EpFacts, InFlight};
 use crate::driver::{
     Call, Code, CopyOp, Device, MEMCPY_BATCH_MIN_VERSION, MemHint, MemcpyOp, Operand, Pointer,
 };
@@ -65,7 +66,7 @@ use crate::error::{Error, Extent, Result, Rule};
 use crate::kind::Kind;
 use crate::kind::MemShare;
 use crate::ledger::RangeInner;
-use crate::ledger::holds::{Keep, KeepMemory};
+use crate::ledger::holds::KeepMemory;
 use crate::memory::{BindSource, KeepAlive, Mapped};
 use crate::state::{IsReady, State};
 use crate::stream::Stream;
@@ -323,7 +324,7 @@ pub(crate) struct View {
     cursor: smallvec::SmallVec<[usize; 4]>,
     /// The one target's window that last matched, `(offset, end, addr)`,
     /// when the endpoint has one target and one member (a unicast
-    /// endpoint: the usual op falls inside it, [`View::inside_hot`]); its
+    /// endpoint: the usual op falls inside it, [`inside_hot`]); its
     /// addresses do not wrap. `(0, 0, 0)`: none.
     hot: (u64, u64, u64),
 }
@@ -380,21 +381,6 @@ impl View {
         }
         v.starts.push(at);
         v
-    }
-
-    /// The address of `offset..offset + size` when the endpoint has one
-    /// target and the bytes lie inside the window that last matched (one
-    /// piece, no error possible; that window is marked used already);
-    /// `None`: [`View::resolve`] decides.
-    #[inline]
-    pub(crate) fn inside_hot(&self, offset: u64, size: u64) -> Option<u64> {
-        let (lo, hi, addr) = self.hot;
-        let end = offset.checked_add(size)?;
-        if lo <= offset && end <= hi && offset < end {
-            addr.checked_add(offset - lo)
-        } else {
-            None
-        }
     }
 
     /// Every target's pieces for `offset..offset + size` (op `op`) into
@@ -527,6 +513,22 @@ fn onto_itself(op: usize, o: Option<&CopyOp>) -> Error {
     }
 }
 
+/// The address of `offset..offset + size` when the bytes lie inside
+/// `hot`, a [`View`]'s window that last matched (one piece, no error
+/// possible; that window is marked used already); `None`:
+/// [`View::resolve`] decides.
+#[inline(always)]
+fn inside_hot(hot: (u64, u64, u64), offset: u64, size: u64) -> Option<u64> {
+    let (lo, hi, addr) = hot;
+    let end = offset.checked_add(size)?;
+    if lo <= offset && end <= hi && offset < end {
+        // Below `addr + (hi - lo)`, which does not wrap (checked when set).
+        Some(addr.wrapping_add(offset - lo))
+    } else {
+        None
+    }
+}
+
 /// `p` moved `at` bytes on.
 fn advance(p: Pointer, at: u64) -> Option<Pointer> {
     Some(Pointer {
@@ -632,154 +634,234 @@ fn independent_sorted(copies: &[MemcpyOp]) -> bool {
     })
 }
 
+/// `(endpoint id, endpoint offset, local side, whether it writes the
+/// endpoint)` of an op; `None` for an op naming no endpoint (none of the
+/// typed API's).
+#[inline(always)]
+fn sides(op: &CopyOp) -> Option<(u32, u64, Pointer, bool)> {
+    match (op.src, op.dst) {
+        (Operand::Pointer(p), Operand::LogicalEndpoint { id, offset }) => {
+            Some((id, offset, p, true))
+        }
+        (Operand::LogicalEndpoint { id, offset }, Operand::Pointer(p)) => {
+            Some((id, offset, p, false))
+        }
+        _ => None,
+    }
+}
+
+/// The copy of `local` to (`put`) or from `there`.
+#[inline(always)]
+fn piece(put: bool, local: Pointer, there: Pointer, size: u64) -> MemcpyOp {
+    if put {
+        MemcpyOp {
+            dst: there,
+            src: local,
+            size,
+        }
+    } else {
+        MemcpyOp {
+            dst: local,
+            src: there,
+            size,
+        }
+    }
+}
+
+/// Whether a copy's ranges overlap (`cuMemcpyAsync` ranges may not: an op
+/// copying bytes onto themselves, its local memory what the endpoint
+/// reaches): two ranges of one length overlap when their starts are less
+/// than that length apart (no sum, so none to overflow).
+#[inline(always)]
+fn onto(c: &MemcpyOp) -> bool {
+    c.src.ptr.abs_diff(c.dst.ptr) < c.size
+}
+
+/// The usual batch, without a [`View`]: one op on an endpoint of one target
+/// and at most one device here, inside one window of its one member (every
+/// window of the id is that member's). Its one copy, the window's mapping
+/// held in `memory` when it is a peer's; `None` for anything else, which
+/// [`resolve`] decides (and names, on an error): the same copy, the same
+/// holds, since the windows of one member never overlap.
+#[inline]
+fn one_piece(
+    list: &[CopyOp],
+    eps: &[EpFacts],
+    endpoints: &[(std::sync::Arc<RangeInner>, u32)],
+    memory: &mut KeepMemory,
+) -> Option<MemcpyOp> {
+    let ([op], [e], [(range, _)]) = (list, eps, endpoints) else {
+        return None;
+    };
+    let (id, offset, local, put) = sides(op)?;
+    let t = &e.target;
+    if t.id != id || t.team_size != 1 || t.devices.len() > 1 {
+        return None;
+    }
+    let end = offset.checked_add(op.size).filter(|&end| end > offset)?;
+    let (addr, keep) = {
+        let slot = range.slot(id);
+        // The member: the device here, else the first window's.
+        let mut member = t.devices.first().map(|&d| Member::Local(d));
+        let mut found = None;
+        for w in slot.windows() {
+            if *member.get_or_insert(w.member) != w.member {
+                return None; // two members for one target
+            }
+            if w.size > 0 && w.offset <= offset && end <= w.end() {
+                found = Some(w);
+            }
+        }
+        let w = found?;
+        (w.addr.checked_add(offset - w.offset)?, w.keep.clone())
+    };
+    let c = piece(put, local, Pointer::device(addr), op.size);
+    if onto(&c) {
+        return None;
+    }
+    if let Some(k) = keep
+        && !memory.iter().any(|m| m.key() == k.key())
+    {
+        memory.push(k);
+    }
+    Some(c)
+}
+
+/// Every op of a checked batch resolved to its targets' pieces through the
+/// endpoints' windows (a [`View`] per endpoint), the mappings of the peer
+/// windows used held in `memory`, each once.
+///
+/// # Errors
+/// [`Error::CopyNoWindow`], [`Error::CopyWindowsPastTargets`],
+/// [`Error::CopyOntoItself`], [`Error::CopyOutOfRange`], naming the op.
+#[inline(always)]
+fn resolve(
+    list: &[CopyOp],
+    eps: &[EpFacts],
+    endpoints: &[(std::sync::Arc<RangeInner>, u32)],
+    memory: &mut KeepMemory,
+) -> Result<Vec<MemcpyOp>> {
+    let mut copies = Vec::with_capacity(list.len());
+    // Each endpoint's windows, read once for the batch (the facts of an
+    // endpoint and its range are at one index).
+    let mut views: smallvec::SmallVec<[View; 1]> = eps
+        .iter()
+        .zip(endpoints.iter())
+        .map(|(e, (range, _))| View::new(range, &e.target))
+        .collect();
+    // The view of the op before (consecutive ops usually name one), and
+    // its id and window that last matched, kept here (no load through
+    // `views` for the usual op).
+    let mut last = 0usize;
+    let mut hot = (u32::MAX, (0, 0, 0));
+    let mut pieces = Pieces::new();
+    for (i, op) in list.iter().enumerate() {
+        let first = copies.len();
+        let size = op.size;
+        let out_of_range = |at: u64| Error::CopyOutOfRange {
+            op: i,
+            what: Extent::Allocation,
+            offset: at,
+            size,
+            limit: size,
+        };
+        // The op's memory side, and whether it writes the endpoint.
+        let Some((id, offset, local, put)) = sides(op) else {
+            continue; // every op of the typed API names one endpoint
+        };
+        if id == hot.0
+            && let Some(addr) = inside_hot(hot.1, offset, size)
+        {
+            // The usual op: one piece, in the window of the op before.
+            let c = piece(put, local, Pointer::device(addr), size);
+            if onto(&c) {
+                return Err(onto_itself(i, Some(op)));
+            }
+            copies.push(c);
+            continue;
+        }
+        if views.get(last).is_none_or(|v| v.id != id) {
+            let Some(v) = views.iter().rposition(|v| v.id == id) else {
+                continue; // every endpoint of the batch has its facts
+            };
+            last = v;
+        }
+        let Some(view) = views.get_mut(last) else {
+            continue;
+        };
+        view.resolve(i, offset, size, &mut pieces)?;
+        hot = (view.id, view.hot);
+        // A put writes every target; a get reads the first.
+        let mut member = 0;
+        let mut at = 0u64;
+        for &(m, addr, n) in &pieces {
+            if m != member {
+                if !put {
+                    break;
+                }
+                (member, at) = (m, 0);
+            }
+            let here = advance(local, at).ok_or_else(|| out_of_range(at))?;
+            copies.push(piece(put, here, Pointer::device(addr), n));
+            at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
+        }
+        if copies.get(first..).is_some_and(|cs| cs.iter().any(onto)) {
+            return Err(onto_itself(i, Some(op)));
+        }
+    }
+    let mut holds = Holds::new(memory);
+    for v in views {
+        v.hold_used(&mut holds);
+    }
+    Ok(copies)
+}
+
 impl Stream {
     /// [`Stream::enqueue`] on the portable path, for a batch that passed
     /// every check of the fabric path: each endpoint operand resolved to its
-    /// targets' windows (before the driver), then the target pieces as one
+    /// targets' windows (before the driver; the one-op batch inside one
+    /// window without a [`View`]: [`one_piece`]), then the target pieces as one
     /// `cuMemcpyBatchAsync` where the driver has it (12.8+) and the pieces
     /// allow it ([`batchable`]: several, no host memory, none dependent on
     /// another), else one `cuMemcpyAsync` per piece (a batch of one piece
-    /// always: the call a raw program makes).
+    /// always: the call a raw program makes). The batch's state stays in
+    /// its box, which goes back to the thread's spare with its op list's
+    /// room (the next batch's list allocates nothing).
     pub(crate) fn enqueue_portable<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
-        let BatchInner {
-            list,
-            keep,
-            eps,
-            host_in,
-            host_out,
-            ..
-        } = batch.into_inner();
-        let mut copies: Vec<MemcpyOp> = Vec::with_capacity(list.len());
-        let Keep {
-            mut memory,
-            endpoints,
-        } = keep;
-        // Each endpoint's windows, read once for the batch (the facts of an
-        // endpoint and its range are at one index).
-        let mut views: smallvec::SmallVec<[View; 1]> = eps
-            .iter()
-            .zip(endpoints.iter())
-            .map(|(e, (range, _))| View::new(range, &e.target))
-            .collect();
-        // The view of the op before (consecutive ops usually name one).
-        let mut last = 0usize;
-        let mut pieces = Pieces::new();
-        for (i, &CopyOp { src, dst, size }) in list.iter().enumerate() {
-            let first = copies.len();
-            let out_of_range = |at: u64| Error::CopyOutOfRange {
-                op: i,
-                what: Extent::Allocation,
-                offset: at,
-                size,
-                limit: size,
-            };
-            // The op's memory side, and whether it writes the endpoint.
-            let (id, offset, local, put) = match (src, dst) {
-                (Operand::Pointer(p), Operand::LogicalEndpoint { id, offset }) => {
-                    (id, offset, p, true)
+        let mut inner = batch.parked();
+        let b = &mut *inner;
+        let (list, eps, memory, endpoints) =
+            (&b.list, &b.eps, &mut b.keep.memory, &b.keep.endpoints);
+        // The one-piece batch's copy, else every piece.
+        let one = one_piece(list, eps, endpoints, memory);
+        let mut copies = match one {
+            Some(_) => Vec::new(),
+            None => match resolve(list, eps, endpoints, memory) {
+                Ok(copies) => copies,
+                Err(e) => {
+                    // Nothing enqueued: what the batch holds is dropped with it.
+                    super::spare::give_back(inner);
+                    return Err(e);
                 }
-                (Operand::LogicalEndpoint { id, offset }, Operand::Pointer(p)) => {
-                    (id, offset, p, false)
-                }
-                _ => continue, // every op of the typed API names one endpoint
-            };
-            if views.get(last).is_none_or(|v| v.id != id) {
-                let Some(v) = views.iter().rposition(|v| v.id == id) else {
-                    continue; // every endpoint of the batch has its facts
-                };
-                last = v;
-            }
-            let Some(view) = views.get_mut(last) else {
-                continue;
-            };
-            if let Some(addr) = view.inside_hot(offset, size) {
-                // The usual op: one piece, in the window of the op before.
-                let there = Pointer::device(addr);
-                copies.push(if put {
-                    MemcpyOp {
-                        dst: there,
-                        src: local,
-                        size,
-                    }
-                } else {
-                    MemcpyOp {
-                        dst: local,
-                        src: there,
-                        size,
-                    }
-                });
-                if copies.last().is_some_and(|c| {
-                    c.src.ptr < c.dst.ptr.saturating_add(size)
-                        && c.dst.ptr < c.src.ptr.saturating_add(size)
-                }) {
-                    return Err(onto_itself(i, list.get(i)));
-                }
-                continue;
-            }
-            view.resolve(i, offset, size, &mut pieces)?;
-            // A put writes every target; a get reads the first.
-            let mut member = 0;
-            let mut at = 0u64;
-            for &(m, addr, n) in &pieces {
-                if m != member {
-                    if !put {
-                        break;
-                    }
-                    (member, at) = (m, 0);
-                }
-                let here = advance(local, at).ok_or_else(|| out_of_range(at))?;
-                let there = Pointer::device(addr);
-                copies.push(if put {
-                    MemcpyOp {
-                        dst: there,
-                        src: here,
-                        size: n,
-                    }
-                } else {
-                    MemcpyOp {
-                        dst: here,
-                        src: there,
-                        size: n,
-                    }
-                });
-                at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
-            }
-            // `cuMemcpyAsync` ranges may not overlap: an op copying bytes
-            // onto themselves (its local memory is what the endpoint reaches).
-            for c in copies.iter().skip(first) {
-                let (d_end, s_end) = (
-                    c.dst.ptr.saturating_add(c.size),
-                    c.src.ptr.saturating_add(c.size),
-                );
-                if c.src.ptr < d_end && c.dst.ptr < s_end {
-                    return Err(onto_itself(i, list.get(i)));
-                }
-            }
-        }
-        let mut holds = Holds::new(&mut memory);
-        for v in views {
-            v.hold_used(&mut holds);
-        }
-        drop(holds);
+            },
+        };
         // A piece is never empty (an op of 0 bytes has none, validated
         // above): nothing to move, no call.
-        let keep = Keep { memory, endpoints };
         let handle = self.inner.handle;
         let mut enqueued = 0usize;
+        let mut failed = None;
+        let mut looped = true;
+        let b = &mut *inner;
         // A panic inside a call (a `tracing` layer, a user backend) may come
         // after the driver took copies: what they use stays in flight,
         // kept by the stream until it is synchronized, and the host buffers
         // are leaked, never freed under a copy (F4).
-        let mut held = Some((keep, host_in, host_out));
         let guard = OnUnwind::new(|| {
-            if let Some((keep, host_in, host_out)) = held.take() {
-                self.inner.record(keep);
-                std::mem::forget((host_in, host_out));
-            }
+            self.inner.record(std::mem::take(&mut b.keep));
+            std::mem::forget(std::mem::take(&mut b.host_in));
+            std::mem::forget(std::mem::take(&mut b.host_out));
         });
-        let mut failed = None;
-        let mut looped = true;
         if let Some(learned) = batch_call(ctx).filter(|_| batchable(&copies)) {
             let n = copies.len();
             // Until the driver took one batch call, the pieces stay for the
@@ -821,7 +903,11 @@ impl Stream {
             }
         }
         if looped {
-            for c in &copies {
+            let copies = match &one {
+                Some(c) => std::slice::from_ref(c),
+                None => &copies[..],
+            };
+            for c in copies {
                 // SAFETY: `dst` and `src` are local memory of the batch (borrowed
                 // for 'a, or owned host buffers) or windows' memory, mapped in
                 // this process and checked to cover the bytes (F9, resolved
@@ -841,21 +927,28 @@ impl Stream {
             }
         }
         guard.disarm();
-        // Taken only by the guard, which ran only if a call unwound.
-        let (keep, host_in, host_out) = held.unwrap_or_default();
+        let b = &mut *inner;
         if let Some((call, code)) = failed {
             let e = ctx.error(call, code);
             if enqueued > 0 {
-                self.inner.record(keep);
+                self.inner.record(std::mem::take(&mut b.keep));
                 if self.inner.synchronize().is_err() {
-                    std::mem::forget(host_in);
-                    std::mem::forget(host_out);
+                    std::mem::forget(std::mem::take(&mut b.host_in));
+                    std::mem::forget(std::mem::take(&mut b.host_out));
                 }
             }
+            super::spare::give_back(inner);
             return Err(e);
         }
-        let seq = self.inner.record(keep);
-        Ok(InFlight::new(self, host_in, host_out, seq))
+        let seq = self.inner.record(std::mem::take(&mut b.keep));
+        let token = InFlight::new(
+            self,
+            std::mem::take(&mut b.host_in),
+            std::mem::take(&mut b.host_out),
+            seq,
+        );
+        super::spare::give_back(inner);
+        Ok(token)
     }
 }
 
