@@ -48,7 +48,7 @@ struct Inner {
     spare: Spare,
     /// The copy path, once chosen ([`Context::copy_path`]).
     copy_path: PathCell,
-    /// What the portable path learned of `cuMemcpyBatchAsync` (`copy/portable.rs`).
+    /// What the portable path learned of `cuMemcpyBatchAsync` (`copy/portable/`).
     memcpy_batch: AtomicU8,
 }
 
@@ -201,7 +201,7 @@ impl Context {
     }
 
     /// What the portable path learned of `cuMemcpyBatchAsync` on this
-    /// context (`copy/portable.rs` reads and writes it).
+    /// context (`copy/portable/` reads and writes it).
     pub(crate) fn memcpy_batch(&self) -> &AtomicU8 {
         &self.inner.memcpy_batch
     }

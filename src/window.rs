@@ -1,7 +1,7 @@
 //! A *window* of an endpoint for the portable path: where this process
 //! reaches the memory bound at an endpoint offset on one target (the owner
 //! of a unicast endpoint, a member of a multicast team). Recorded per id
-//! beside its bindings (`ledger/attach.rs`); made, checked and read by `copy/portable.rs`.
+//! beside its bindings (`ledger/attach.rs`); made, checked and read by `copy/portable/`.
 
 use crate::driver::Device;
 use crate::memory::KeepAlive;

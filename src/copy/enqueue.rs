@@ -1,7 +1,7 @@
 //! A checked [`CopyBatch`] on the driver: [`Stream::enqueue`].
 //!
 //! What this file owns: the enqueue of a batch (the copy gate, the checks,
-//! the choice of path: `cuFabricCpyBatchAsync` here, `portable.rs`
+//! the choice of path: `cuFabricCpyBatchAsync` here, `portable/`
 //! otherwise), the op list as the driver takes it ([`FabricList`], which
 //! `graph.rs` captures too), the record of what the batch keeps alive, and
 //! the error of a failed fabric copy (F7).

@@ -57,7 +57,7 @@
 //!   end, as `std::thread::scope` joins, would work too, at the price of a
 //!   closure around every copy.)
 //!
-//! **The portable path (issue 19, item 4; `portable.rs`, a child module).** On drivers
+//! **The portable path (issue 19, item 4; `portable/`, a child module).** On drivers
 //! without `cuFabricCpyBatchAsync` (before 13.5, the classic fallback) the
 //! same `CopyBatch` runs as `cuMemcpyAsync` through the endpoint's
 //! *windows*: per endpoint id, the mapped address here of each target's
@@ -77,7 +77,7 @@
 //! checks as each op comes and at enqueue (ranges, F9, R13.3, F2);
 //! `independence.rs`: F3; `enqueue.rs`: `Stream::enqueue` and the fabric
 //! call; `in_flight.rs`: [`InFlight`] and [`Completed`]; `strided.rs`:
-//! [`Strided`]; `portable.rs`: the portable path.
+//! [`Strided`]; `portable/`: the portable path.
 
 use std::marker::PhantomData;
 

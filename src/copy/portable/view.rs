@@ -1,0 +1,482 @@
+//! One endpoint's windows as a batch on the portable path reads them: a
+//! [`View`] per endpoint per batch (its members and windows, read once
+//! under the range's lock, a cursor per member), [`resolve`]: every op of
+//! a checked batch to the local address pieces of its targets, the usual
+//! one-op batch without a view ([`one_piece`]), and what the batch holds
+//! of the peer mappings it goes through ([`Holds`]). A child of
+//! `portable`, whose module doc says what a window is.
+
+use std::collections::HashSet;
+
+use crate::copy::EpFacts;
+use crate::driver::{CopyOp, MemcpyOp, Operand, Pointer};
+use crate::error::{Error, Extent, Result};
+use crate::ledger::RangeInner;
+use crate::ledger::holds::KeepMemory;
+use crate::memory::KeepAlive;
+use crate::window::Member;
+
+use super::Target;
+
+/// What a batch on the portable path holds of the memory its copies reach
+/// through windows: each mapping once, however many ops and windows name
+/// it (the local memory of the batch is in `keep` already, once each).
+pub(crate) struct Holds<'k> {
+    keep: &'k mut KeepMemory,
+    /// The objects in `keep`, by [`KeepAlive::key`]; filled at the first
+    /// peer window (none on a batch that reaches only local bindings).
+    seen: HashSet<usize>,
+}
+
+impl<'k> Holds<'k> {
+    pub(crate) fn new(keep: &'k mut KeepMemory) -> Self {
+        Holds {
+            keep,
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Holds `k` for the batch, unless it holds that object already.
+    fn hold(&mut self, k: KeepAlive) {
+        if self.seen.is_empty() {
+            self.seen.extend(self.keep.iter().map(KeepAlive::key));
+        }
+        if self.seen.insert(k.key()) {
+            self.keep.push(k);
+        }
+    }
+}
+
+/// One window of a [`View`]: `offset..end` of its member at `addr` here.
+pub(super) struct Win {
+    /// Its member's index in [`View::members`].
+    m: usize,
+    offset: u64,
+    end: u64,
+    addr: u64,
+    /// The mapping of a peer window (`None` for a local binding, whose
+    /// memory the binding keeps), held by the batch if an op used it.
+    pub(super) keep: Option<KeepAlive>,
+    pub(super) used: bool,
+}
+
+/// One local piece of an op: `(member index, address, bytes)`.
+pub(crate) type Piece = (usize, u64, u64);
+
+/// The pieces of one op, for every target in member order: a buffer the
+/// batch reuses from op to op (inline for a few targets).
+pub(crate) type Pieces = smallvec::SmallVec<[Piece; 4]>;
+
+/// The windows of one endpoint of a batch, read once under its range's lock
+/// when the batch is resolved (not once per op): its members (this
+/// process's devices first, then every other member a window names, in the
+/// order they were added) and their windows, sorted by member and offset
+/// (the windows of one member never overlap: binds on one device do not,
+/// R5.9, and a peer window replaces or refuses the ones it overlaps), with
+/// a cursor per member on the window that last matched (consecutive ops
+/// usually fall in the same window).
+pub(crate) struct View {
+    id: u32,
+    team_size: u32,
+    members: smallvec::SmallVec<[Member; 4]>,
+    /// Every member's windows; member `m`'s are `wins[starts[m]..starts[m + 1]]`.
+    pub(super) wins: smallvec::SmallVec<[Win; 2]>,
+    starts: smallvec::SmallVec<[usize; 5]>,
+    /// Per member, the index in `wins` of the window that last matched.
+    cursor: smallvec::SmallVec<[usize; 4]>,
+    /// The one target's window that last matched, `(offset, end, addr)`,
+    /// when the endpoint has one target and one member (a unicast
+    /// endpoint: the usual op falls inside it, [`inside_hot`]); its
+    /// addresses do not wrap. `(0, 0, 0)`: none.
+    hot: (u64, u64, u64),
+}
+
+impl View {
+    /// The windows of `t` (an id of `range`), taken under the range's lock:
+    /// the peer windows' mappings are held by the view from here on, so the
+    /// addresses stay valid whatever replaces the windows meanwhile.
+    pub(crate) fn new(range: &RangeInner, t: &Target) -> View {
+        let mut v = View {
+            id: t.id,
+            team_size: t.team_size,
+            members: t.devices.iter().map(|&d| Member::Local(d)).collect(),
+            wins: smallvec::SmallVec::new(),
+            starts: smallvec::SmallVec::new(),
+            cursor: smallvec::SmallVec::new(),
+            hot: (0, 0, 0),
+        };
+        {
+            let slot = range.slot(t.id);
+            for w in slot.windows() {
+                let m = match v.members.iter().position(|m| *m == w.member) {
+                    Some(m) => m,
+                    None => {
+                        v.members.push(w.member);
+                        v.members.len() - 1
+                    }
+                };
+                // A window of no byte matches no op (as the lookup by
+                // offset it replaces): left out, so none shadows another.
+                if w.size > 0 {
+                    v.wins.push(Win {
+                        m,
+                        offset: w.offset,
+                        end: w.end(),
+                        addr: w.addr,
+                        keep: w.keep.clone(),
+                        used: false,
+                    });
+                }
+            }
+        }
+        if !v.wins.is_sorted_by_key(|w| (w.m, w.offset)) {
+            v.wins.sort_unstable_by_key(|w| (w.m, w.offset));
+        }
+        let mut at = 0;
+        for m in 0..v.members.len() {
+            v.starts.push(at);
+            v.cursor.push(at);
+            at += v
+                .wins
+                .get(at..)
+                .map_or(0, |r| r.iter().take_while(|w| w.m == m).count());
+        }
+        v.starts.push(at);
+        v
+    }
+
+    /// Every target's pieces for `offset..offset + size` (op `op`) into
+    /// `out` (emptied first), in member order, each target's in endpoint
+    /// order. The windows used are marked, for [`View::hold_used`].
+    /// This process's bound memory is not held per op: the batch holds the
+    /// endpoint's id range, whose binding records keep it until an unbind
+    /// or destroy of the id, which settle the batch first (F4).
+    ///
+    /// # Errors
+    /// [`Error::CopyWindowsPastTargets`] when more targets have windows
+    /// than the endpoint has; [`Error::CopyNoWindow`] when a target has no
+    /// window over those bytes.
+    pub(crate) fn resolve(
+        &mut self,
+        op: usize,
+        offset: u64,
+        size: u64,
+        out: &mut Pieces,
+    ) -> Result<()> {
+        out.clear();
+        let targets = usize::try_from(self.team_size).unwrap_or(usize::MAX);
+        if self.members.len() > targets {
+            return Err(self.past_targets(op));
+        }
+        let end = offset.saturating_add(size);
+        for m in 0..self.members.len() {
+            let (lo, hi) = (self.starts[m], self.starts[m + 1]);
+            let mut c = self.cursor[m];
+            let mut at = offset;
+            while at < end {
+                let inside = |w: &Win| w.offset <= at && at < w.end;
+                if !self.wins.get(c).is_some_and(|w| c < hi && inside(w)) {
+                    // The next window (an op across two), else a search.
+                    c = match self.wins.get(c + 1) {
+                        Some(w) if c + 1 >= lo && c + 1 < hi && inside(w) => c + 1,
+                        _ => {
+                            let i = lo + self.wins[lo..hi].partition_point(|w| w.offset <= at);
+                            match i.checked_sub(1) {
+                                Some(j) if j >= lo && at < self.wins[j].end => j,
+                                _ => break,
+                            }
+                        }
+                    };
+                }
+                let w = &mut self.wins[c];
+                let stop = end.min(w.end);
+                let Some(addr) = w.addr.checked_add(at - w.offset) else {
+                    return Err(self.no_window(op, offset, size, m));
+                };
+                w.used = true;
+                out.push((m, addr, stop - at));
+                at = stop;
+            }
+            self.cursor[m] = c;
+            if at < end {
+                return Err(self.no_window(op, offset, size, m));
+            }
+        }
+        if u32::try_from(self.members.len()) != Ok(self.team_size) {
+            return Err(self.no_window(op, offset, size, self.members.len()));
+        }
+        if self.team_size == 1 {
+            // The window of this op's last piece, for the next op.
+            if let Some(w) = self.wins.get(self.cursor[0])
+                && w.used
+                && w.addr.checked_add(w.end - w.offset).is_some()
+            {
+                self.hot = (w.offset, w.end, w.addr);
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the mappings of the peer windows an op used to `holds` (each
+    /// once per batch); the others are let go with the view.
+    pub(crate) fn hold_used(self, holds: &mut Holds<'_>) {
+        for w in self.wins {
+            if let (true, Some(k)) = (w.used, w.keep) {
+                holds.hold(k);
+            }
+        }
+    }
+
+    #[cold]
+    fn no_window(&self, op: usize, offset: u64, size: u64, known: usize) -> Error {
+        Error::CopyNoWindow {
+            op,
+            id: self.id,
+            offset,
+            size,
+            known: u32::try_from(known).unwrap_or(u32::MAX),
+            targets: self.team_size,
+        }
+    }
+
+    #[cold]
+    fn past_targets(&self, op: usize) -> Error {
+        Error::CopyWindowsPastTargets {
+            op,
+            id: self.id,
+            members: u32::try_from(self.members.len()).unwrap_or(u32::MAX),
+            targets: self.team_size,
+        }
+    }
+}
+
+/// [`Error::CopyOntoItself`] for op `op`, naming its endpoint side.
+#[cold]
+pub(super) fn onto_itself(op: usize, o: Option<&CopyOp>) -> Error {
+    let (id, offset, size) = match o {
+        Some(&CopyOp {
+            src: Operand::LogicalEndpoint { id, offset },
+            size,
+            ..
+        })
+        | Some(&CopyOp {
+            dst: Operand::LogicalEndpoint { id, offset },
+            size,
+            ..
+        }) => (id, offset, size),
+        // Every op of the typed API names one endpoint.
+        _ => (0, 0, 0),
+    };
+    Error::CopyOntoItself {
+        op,
+        id,
+        offset,
+        size,
+    }
+}
+
+/// The address of `offset..offset + size` when the bytes lie inside
+/// `hot`, a [`View`]'s window that last matched (one piece, no error
+/// possible; that window is marked used already); `None`:
+/// [`View::resolve`] decides.
+#[inline(always)]
+pub(super) fn inside_hot(hot: (u64, u64, u64), offset: u64, size: u64) -> Option<u64> {
+    let (lo, hi, addr) = hot;
+    let end = offset.checked_add(size)?;
+    if lo <= offset && end <= hi && offset < end {
+        // Below `addr + (hi - lo)`, which does not wrap (checked when set).
+        Some(addr.wrapping_add(offset - lo))
+    } else {
+        None
+    }
+}
+
+/// `p` moved `at` bytes on.
+pub(super) fn advance(p: Pointer, at: u64) -> Option<Pointer> {
+    Some(Pointer {
+        ptr: p.ptr.checked_add(at)?,
+        hint: p.hint,
+    })
+}
+
+/// `(endpoint id, endpoint offset, local side, whether it writes the
+/// endpoint)` of an op; `None` for an op naming no endpoint (none of the
+/// typed API's).
+#[inline(always)]
+pub(super) fn sides(op: &CopyOp) -> Option<(u32, u64, Pointer, bool)> {
+    match (op.src, op.dst) {
+        (Operand::Pointer(p), Operand::LogicalEndpoint { id, offset }) => {
+            Some((id, offset, p, true))
+        }
+        (Operand::LogicalEndpoint { id, offset }, Operand::Pointer(p)) => {
+            Some((id, offset, p, false))
+        }
+        _ => None,
+    }
+}
+
+/// The copy of `local` to (`put`) or from `there`.
+#[inline(always)]
+pub(super) fn piece(put: bool, local: Pointer, there: Pointer, size: u64) -> MemcpyOp {
+    if put {
+        MemcpyOp {
+            dst: there,
+            src: local,
+            size,
+        }
+    } else {
+        MemcpyOp {
+            dst: local,
+            src: there,
+            size,
+        }
+    }
+}
+
+/// Whether a copy's ranges overlap (`cuMemcpyAsync` ranges may not: an op
+/// copying bytes onto themselves, its local memory what the endpoint
+/// reaches): two ranges of one length overlap when their starts are less
+/// than that length apart (no sum, so none to overflow).
+#[inline(always)]
+pub(super) fn onto(c: &MemcpyOp) -> bool {
+    c.src.ptr.abs_diff(c.dst.ptr) < c.size
+}
+
+/// The usual batch, without a [`View`]: one op on an endpoint of one target
+/// and at most one device here, inside one window of its one member (every
+/// window of the id is that member's). Its one copy, the window's mapping
+/// held in `memory` when it is a peer's; `None` for anything else, which
+/// [`resolve`] decides (and names, on an error): the same copy, the same
+/// holds, since the windows of one member never overlap.
+#[inline]
+pub(super) fn one_piece(
+    list: &[CopyOp],
+    eps: &[EpFacts],
+    endpoints: &[(std::sync::Arc<RangeInner>, u32)],
+    memory: &mut KeepMemory,
+) -> Option<MemcpyOp> {
+    let ([op], [e], [(range, _)]) = (list, eps, endpoints) else {
+        return None;
+    };
+    let (id, offset, local, put) = sides(op)?;
+    let t = &e.target;
+    if t.id != id || t.team_size != 1 || t.devices.len() > 1 {
+        return None;
+    }
+    let end = offset.checked_add(op.size).filter(|&end| end > offset)?;
+    let (addr, keep) = {
+        let slot = range.slot(id);
+        // The member: the device here, else the first window's.
+        let mut member = t.devices.first().map(|&d| Member::Local(d));
+        let mut found = None;
+        for w in slot.windows() {
+            if *member.get_or_insert(w.member) != w.member {
+                return None; // two members for one target
+            }
+            if w.size > 0 && w.offset <= offset && end <= w.end() {
+                found = Some(w);
+            }
+        }
+        let w = found?;
+        (w.addr.checked_add(offset - w.offset)?, w.keep.clone())
+    };
+    let c = piece(put, local, Pointer::device(addr), op.size);
+    if onto(&c) {
+        return None;
+    }
+    if let Some(k) = keep
+        && !memory.iter().any(|m| m.key() == k.key())
+    {
+        memory.push(k);
+    }
+    Some(c)
+}
+
+/// Every op of a checked batch resolved to its targets' pieces through the
+/// endpoints' windows (a [`View`] per endpoint), the mappings of the peer
+/// windows used held in `memory`, each once.
+///
+/// # Errors
+/// [`Error::CopyNoWindow`], [`Error::CopyWindowsPastTargets`],
+/// [`Error::CopyOntoItself`], [`Error::CopyOutOfRange`], naming the op.
+#[inline(always)]
+pub(super) fn resolve(
+    list: &[CopyOp],
+    eps: &[EpFacts],
+    endpoints: &[(std::sync::Arc<RangeInner>, u32)],
+    memory: &mut KeepMemory,
+) -> Result<Vec<MemcpyOp>> {
+    let mut copies = Vec::with_capacity(list.len());
+    // Each endpoint's windows, read once for the batch (the facts of an
+    // endpoint and its range are at one index).
+    let mut views: smallvec::SmallVec<[View; 1]> = eps
+        .iter()
+        .zip(endpoints.iter())
+        .map(|(e, (range, _))| View::new(range, &e.target))
+        .collect();
+    // The view of the op before (consecutive ops usually name one), and
+    // its id and window that last matched, kept here (no load through
+    // `views` for the usual op).
+    let mut last = 0usize;
+    let mut hot = (u32::MAX, (0, 0, 0));
+    let mut pieces = Pieces::new();
+    for (i, op) in list.iter().enumerate() {
+        let first = copies.len();
+        let size = op.size;
+        let out_of_range = |at: u64| Error::CopyOutOfRange {
+            op: i,
+            what: Extent::Allocation,
+            offset: at,
+            size,
+            limit: size,
+        };
+        // The op's memory side, and whether it writes the endpoint.
+        let Some((id, offset, local, put)) = sides(op) else {
+            continue; // every op of the typed API names one endpoint
+        };
+        if id == hot.0
+            && let Some(addr) = inside_hot(hot.1, offset, size)
+        {
+            // The usual op: one piece, in the window of the op before.
+            let c = piece(put, local, Pointer::device(addr), size);
+            if onto(&c) {
+                return Err(onto_itself(i, Some(op)));
+            }
+            copies.push(c);
+            continue;
+        }
+        if views.get(last).is_none_or(|v| v.id != id) {
+            let Some(v) = views.iter().rposition(|v| v.id == id) else {
+                continue; // every endpoint of the batch has its facts
+            };
+            last = v;
+        }
+        let Some(view) = views.get_mut(last) else {
+            continue;
+        };
+        view.resolve(i, offset, size, &mut pieces)?;
+        hot = (view.id, view.hot);
+        // A put writes every target; a get reads the first.
+        let mut member = 0;
+        let mut at = 0u64;
+        for &(m, addr, n) in &pieces {
+            if m != member {
+                if !put {
+                    break;
+                }
+                (member, at) = (m, 0);
+            }
+            let here = advance(local, at).ok_or_else(|| out_of_range(at))?;
+            copies.push(piece(put, here, Pointer::device(addr), n));
+            at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
+        }
+        if copies.get(first..).is_some_and(|cs| cs.iter().any(onto)) {
+            return Err(onto_itself(i, Some(op)));
+        }
+    }
+    let mut holds = Holds::new(memory);
+    for v in views {
+        v.hold_used(&mut holds);
+    }
+    Ok(copies)
+}
