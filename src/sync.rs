@@ -53,7 +53,13 @@ pub(crate) type LockGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
 
 /// A number that names the calling thread among the threads alive now
 /// (never 0): on x86_64 Linux the thread pointer, one load.
-#[cfg(all(not(loom), not(miri), target_arch = "x86_64", target_os = "linux"))]
+#[cfg(all(
+    not(loom),
+    not(miri),
+    target_arch = "x86_64",
+    target_os = "linux",
+    target_pointer_width = "64"
+))]
 #[inline(always)]
 pub(crate) fn thread_id() -> usize {
     let tp: usize;
@@ -83,7 +89,14 @@ pub(crate) fn thread_id() -> usize {
 /// TLS address computation (a call), no atomic operation.
 #[cfg(all(
     not(loom),
-    any(miri, not(all(target_arch = "x86_64", target_os = "linux")))
+    any(
+        miri,
+        not(all(
+            target_arch = "x86_64",
+            target_os = "linux",
+            target_pointer_width = "64"
+        ))
+    )
 ))]
 #[inline]
 pub(crate) fn thread_id() -> usize {

@@ -285,6 +285,9 @@ pub(crate) mod spare {
     }
 }
 
+/// The most ops of room the spare's op list keeps (56 bytes each).
+const SPARE_OPS: usize = 4096;
+
 /// An allocation a batch names: the first op naming it, where it is (F2),
 /// its context's key and its address range `(address, size)`.
 type MemoryNamed = (usize, Locality, usize, (u64, u64));
@@ -451,6 +454,11 @@ impl BatchInner {
     /// the op list keeps its capacity (an enqueued batch's went to the
     /// driver).
     fn reset(&mut self) {
+        // The portable path gives its op list back with its room; a list
+        // past a few thousand ops is not kept for the process's life.
+        if self.list.capacity() > SPARE_OPS {
+            self.list = Vec::new();
+        }
         self.list.clear();
         self.keep.memory.clear();
         self.keep.endpoints.clear();
@@ -731,4 +739,23 @@ fn host_buffer(len: usize) -> Option<Vec<u8>> {
     buf.try_reserve_exact(len).ok()?;
     buf.resize(len, 0);
     Some(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BatchInner, SPARE_OPS};
+
+    /// The spare (one per process) keeps a list of a few thousand ops of
+    /// room, not the room of the largest batch the process ever made.
+    #[test]
+    fn the_spare_batch_state_keeps_no_more_than_a_few_thousand_ops_of_room() {
+        let mut inner = BatchInner::empty();
+        inner.list.reserve(200_000);
+        inner.reset();
+        assert_eq!(inner.list.capacity(), 0);
+        inner.list.reserve_exact(SPARE_OPS);
+        let cap = inner.list.capacity();
+        inner.reset();
+        assert_eq!(inner.list.capacity(), cap, "a usual batch's room is kept");
+    }
 }

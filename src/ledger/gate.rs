@@ -40,6 +40,10 @@
 //! when the word says some wait. Uncontended, a bind is one atomic add and
 //! one subtract, an unbind also one load, an enqueue two. Interleavings
 //! checked by loom (`ci/loom.sh`).
+//!
+//! After a `fork` of a process whose other threads were inside a gate, the
+//! child keeps their counts, as it keeps any lock they held: an unbind
+//! there waits for them for ever. Fork only single-threaded, or exec at once.
 
 use std::sync::Arc;
 use std::sync::PoisonError;

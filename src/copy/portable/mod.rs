@@ -268,7 +268,7 @@ impl Stream {
     /// allow it ([`batchable`]: several, no host memory, none dependent on
     /// another), else one `cuMemcpyAsync` per piece (a batch of one piece
     /// always: the call a raw program makes). The batch's state stays in
-    /// its box, which goes back to the thread's spare with its op list's
+    /// its box, which goes back to the process's spare with its op list's
     /// room (the next batch's list allocates nothing).
     pub(crate) fn enqueue_portable<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
