@@ -66,11 +66,7 @@ impl Stream {
         // come after the driver took the batch: what the copies use stays
         // in flight then, kept by the stream until it is synchronized, and
         // the host buffers are leaked, never freed under a copy (F4).
-        let guard = OnUnwind::new(|| {
-            self.inner.record(std::mem::take(&mut inner.keep));
-            std::mem::forget(std::mem::take(&mut inner.host_in));
-            std::mem::forget(std::mem::take(&mut inner.host_out));
-        });
+        let guard = OnUnwind::new(|| inner.leave_in_flight(&self.inner));
         // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
         // ranges were checked against the bindings this process knows (F9);
         // the ops are independent (F3, checked) and local (F2, checked);

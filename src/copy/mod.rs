@@ -453,6 +453,19 @@ impl BatchInner {
     /// Back to [`BatchInner::empty`], in place: what it holds is dropped,
     /// the op list keeps its capacity (an enqueued batch's went to the
     /// driver).
+    /// What a copy whose driver call unwound leaves (the driver may have
+    /// taken it): what it keeps goes in flight with `stream`, until that is
+    /// synchronized, and its host buffers are leaked, never freed under a
+    /// copy (F4).
+    pub(crate) fn leave_in_flight(
+        &mut self,
+        stream: &std::sync::Arc<crate::ledger::holds::StreamInner>,
+    ) {
+        stream.record(std::mem::take(&mut self.keep));
+        std::mem::forget(std::mem::take(&mut self.host_in));
+        std::mem::forget(std::mem::take(&mut self.host_out));
+    }
+
     fn reset(&mut self) {
         // The portable path gives its op list back with its room; a list
         // past a few thousand ops is not kept for the process's life.

@@ -300,11 +300,7 @@ impl Stream {
         // after the driver took copies: what they use stays in flight,
         // kept by the stream until it is synchronized, and the host buffers
         // are leaked, never freed under a copy (F4).
-        let guard = OnUnwind::new(|| {
-            self.inner.record(std::mem::take(&mut b.keep));
-            std::mem::forget(std::mem::take(&mut b.host_in));
-            std::mem::forget(std::mem::take(&mut b.host_out));
-        });
+        let guard = OnUnwind::new(|| b.leave_in_flight(&self.inner));
         if let Some(learned) = batch_call(ctx).filter(|_| batchable(&copies)) {
             let n = copies.len();
             // Until the driver took one batch call, the pieces stay for the
