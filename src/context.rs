@@ -634,6 +634,7 @@ const fn encode(p: CopyPath) -> u8 {
 }
 
 impl PathCell {
+    #[inline]
     pub(crate) fn get(&self) -> Option<CopyPath> {
         match self.0.load(Ordering::Acquire) {
             1 => Some(CopyPath::Fabric),
@@ -677,10 +678,20 @@ impl Context {
     /// the driver version and the backend — [`CopyPath::Fabric`] on 13.5+
     /// with logical endpoints, else [`CopyPath::Portable`] — and logged
     /// (`tracing`, target `cuda_endpoints::portable`).
+    // Inline: once chosen, one load on every enqueue (a call cost 24
+    // instructions of a one-op batch, `benches/copy_batch.rs`).
+    #[inline]
     pub fn copy_path(&self) -> CopyPath {
-        if let Some(p) = self.path_cell().get() {
-            return p;
+        match self.path_cell().get() {
+            Some(p) => p,
+            None => self.choose_copy_path(),
         }
+    }
+
+    /// [`Context::copy_path`]'s first call: the choice, logged.
+    #[cold]
+    #[inline(never)]
+    fn choose_copy_path(&self) -> CopyPath {
         let refused = self.driver().explain_unsupported(Call::FabricCpyBatchAsync);
         let (path, why) = choose(self.driver_version(), refused);
         // The target it had before the choice moved here from `portable`.

@@ -491,52 +491,49 @@ impl BatchInner {
         Ok(None)
     }
 
-    /// Every check before the driver (F2, F3, F9), in the order they have
-    /// always been reported: the local side's ranges, the endpoint side's
-    /// (range, F9), F2, F3. The usual batch (no error met by the builder,
-    /// no binding changed since, its memory on the stream's device, F3
-    /// proven in one pass, no memory reachable two ways) passes at a few
-    /// loads per endpoint and allocation; anything else goes to
-    /// [`BatchInner::check_rest`].
+    /// Every check before the driver (F2, F3, F9) for a copy on a stream
+    /// of `ctx` on `stream_dev`, in the order they have always been
+    /// reported: the endpoints and memory are of `ctx`, the local side's
+    /// ranges, the endpoint side's (range, F9), F2, F3. The usual batch (no
+    /// error met by the builder, no binding changed since, its memory on
+    /// the stream's device, F3 proven in one pass, no memory reachable two
+    /// ways: a bound endpoint of a range that had a window, or two binds
+    /// by handle, [`BatchInner::aliases`]) passes in one pass over its
+    /// endpoints and one over its allocations, at a few loads each;
+    /// anything else goes to [`BatchInner::check_rest`].
     #[inline]
-    pub(crate) fn check(&mut self, stream_dev: Device) -> Result<()> {
-        let stale = self
-            .eps
-            .iter()
-            .zip(&self.keep.endpoints)
-            .any(|(f, (r, _))| f.bindings_gen.is_some_and(|seen| r.bindings_gen() != seen));
-        let local = self
-            .locations
-            .iter()
-            .all(|(_, l, ..)| matches!(l, Locality::Device(d) if *d == stream_dev));
-        if self.error.is_none()
+    pub(crate) fn check(&mut self, ctx: &crate::Context, stream_dev: Device) -> Result<()> {
+        let mut usual = self.error.is_none()
             && self.ep_error.is_none()
-            && !stale
-            && local
             && !self.unordered
-            && !(self.puts && self.gets)
-            && !self.may_alias()
-        {
-            return Ok(());
-        }
-        self.check_rest(stream_dev)
-    }
-
-    /// Whether some memory may be reached two ways ([`BatchInner::aliases`]
-    /// finds none otherwise): a bound endpoint of a range that had a
-    /// window, or two binds by handle.
-    #[inline]
-    fn may_alias(&self) -> bool {
+            && !(self.puts && self.gets);
         let mut by_handle = 0usize;
         for (f, (range, _)) in self.eps.iter().zip(&self.keep.endpoints) {
+            if !range.ctx.same(ctx) {
+                return Err(Error::WrongContext);
+            }
+            // Stale: a bind or unbind since the builder read it (F9).
+            if f.bindings_gen
+                .is_some_and(|seen| range.bindings_gen() != seen)
+            {
+                usual = false;
+            }
             if f.bound_here {
-                if range.maybe_attached() {
-                    return true;
-                }
+                usual &= !range.maybe_attached();
                 by_handle = by_handle.saturating_add(f.by_handle);
             }
         }
-        by_handle >= 2
+        let key = ctx.key();
+        for (_, l, c, _) in &self.locations {
+            if *c != key {
+                return Err(Error::WrongContext);
+            }
+            usual &= matches!(l, Locality::Device(d) if *d == stream_dev);
+        }
+        if usual && by_handle < 2 {
+            return Ok(());
+        }
+        self.check_rest(stream_dev)
     }
 
     /// [`BatchInner::check`], every check made.

@@ -96,19 +96,11 @@ impl Stream {
 
 impl BatchInner {
     /// Every check before the driver for a copy on `stream`, its hot part
-    /// parked: the builder's last word ([`BatchInner::finish`]), the
-    /// endpoints and memory are of the stream's context, then
+    /// parked: the builder's last word ([`BatchInner::finish`]), then
     /// [`BatchInner::check`].
     pub(crate) fn check_on(&mut self, stream: &Stream) -> Result<()> {
         self.finish();
-        let ctx = &stream.inner.ctx;
-        if self.keep.endpoints.iter().any(|(r, _)| !r.ctx.same(ctx)) {
-            return Err(Error::WrongContext);
-        }
-        if self.locations.iter().any(|&(_, _, c, _)| c != ctx.key()) {
-            return Err(Error::WrongContext);
-        }
-        self.check(stream.inner.dev)
+        self.check(&stream.inner.ctx, stream.inner.dev)
     }
 }
 
