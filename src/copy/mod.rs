@@ -288,6 +288,9 @@ pub(crate) mod spare {
 /// The most ops of room the spare's op list keeps (56 bytes each).
 const SPARE_OPS: usize = 4096;
 
+/// The most endpoints and allocations of room the spare keeps.
+const SPARE_NAMED: usize = 64;
+
 /// An allocation a batch names: the first op naming it, where it is (F2),
 /// its context's key and its address range `(address, size)`.
 type MemoryNamed = (usize, Locality, usize, (u64, u64));
@@ -307,14 +310,15 @@ pub(crate) struct BatchInner {
     pub(crate) list: Vec<CopyOp>,
     pub(crate) keep: Keep,
     /// The distinct endpoints of the batch (few: looked up linearly), at the
-    /// index of their entry in `keep.endpoints`.
-    pub(crate) eps: SmallVec<[EpFacts; 1]>,
+    /// index of their entry in `keep.endpoints`. A `Vec` kept with its room
+    /// by the spare, as `locations`.
+    pub(crate) eps: Vec<EpFacts>,
     /// Where each allocation of `keep.memory` is (same index), with
     /// the first op naming it, for F2, and its context's key (memory of
     /// another context is refused): checked once per allocation.
     /// And its address range `(address, size)`, for F3 through an
     /// endpoint's own bound memory.
-    locations: SmallVec<[MemoryNamed; 1]>,
+    locations: Vec<MemoryNamed>,
     pub(crate) host_in: Vec<Vec<u8>>,
     pub(crate) host_out: Vec<(usize, Vec<u8>)>,
     /// The first error a builder call met on the local side (memory range,
@@ -435,8 +439,8 @@ impl BatchInner {
                 memory: SmallVec::new(),
                 endpoints: SmallVec::new(),
             },
-            eps: SmallVec::new(),
-            locations: SmallVec::new(),
+            eps: Vec::new(),
+            locations: Vec::new(),
             host_in: Vec::new(),
             host_out: Vec::new(),
             error: None,
@@ -483,6 +487,13 @@ impl BatchInner {
         }
         if !self.keep.endpoints.is_empty() {
             self.keep.endpoints.clear();
+        }
+        // Kept with their room, as the op list (a `SmallVec` here cost a
+        // one-op batch 59 instructions more: each access asks where its
+        // items are); the room of a batch of many endpoints is not.
+        if self.eps.capacity() > SPARE_NAMED || self.locations.capacity() > SPARE_NAMED {
+            self.eps = Vec::new();
+            self.locations = Vec::new();
         }
         if !self.eps.is_empty() {
             self.eps.clear();
