@@ -60,6 +60,7 @@ impl SlotGuard<'_> {
     }
 
     /// The heap top agreed for this id, if it belongs to a heap.
+    #[inline]
     pub fn agreed(&self) -> Option<u64> {
         let id = self.id;
         self.shared
