@@ -23,7 +23,7 @@ use std::hint::black_box;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use cuda_endpoints::driver::{CopyOp, Driver, Operand, Pointer};
+use cuda_endpoints::driver::{CopyOp, CopyOps, Driver, Operand, Pointer};
 use cuda_endpoints::{
     Allocation, Binding, CopyBatch, Endpoint, InFlight, Mapped, Private, Ready, Spec, Stream,
     Strided, Unicast,
@@ -103,7 +103,7 @@ fn strided(w: &'static World, n: u64) -> cuda_endpoints::Result<InFlight<'static
 /// The same ops, built by hand, and the one driver call.
 #[inline(never)]
 fn raw(d: &dyn Driver, stream: u64, id: u32, src: u64, n: u64) {
-    let ops: Vec<CopyOp> = (0..n)
+    let ops: CopyOps = (0..n)
         .map(|i| CopyOp {
             src: Operand::Pointer(Pointer::device(src + i * OP)),
             dst: Operand::LogicalEndpoint { id, offset: i * OP },

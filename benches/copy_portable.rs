@@ -28,7 +28,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use cuda_endpoints::driver::{Driver, DriverResult, MemcpyOp, Pointer};
+use cuda_endpoints::driver::{Driver, DriverResult, MemcpyOp, MemcpyOps, Pointer};
 use cuda_endpoints::{
     Allocation, Binding, CopyBatch, CopyPath, Endpoint, InFlight, Mapped, Private, Ready, Spec,
     Stream, Unicast,
@@ -154,7 +154,7 @@ fn raw(d: &dyn Driver, dst: u64, src: u64, n: u64) {
             .expect("memcpy_async");
         return;
     }
-    let copies: Vec<MemcpyOp> = (0..n)
+    let copies: MemcpyOps = (0..n)
         .map(|i| MemcpyOp {
             dst: Pointer::device(dst + i * OP),
             src: Pointer::device(src + i * OP),

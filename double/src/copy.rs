@@ -16,7 +16,7 @@
 use std::ffi::c_ulonglong;
 
 use cuda_endpoints::Device;
-use cuda_endpoints::driver::{CopyOp, MemHint, Operand, Pointer};
+use cuda_endpoints::driver::{CopyOp, CopyOps, MemHint, Operand, Pointer};
 
 use crate::abi::*;
 use crate::state::{self, INVALID_VALUE, NOT_SUPPORTED};
@@ -91,7 +91,7 @@ crate::abi::exports! {
         if num_ops > MAX_OPS || (op_list.is_null() && num_ops > 0) {
             return Err(INVALID_VALUE);
         }
-        let mut ops = Vec::with_capacity(num_ops);
+        let mut ops = CopyOps::with_capacity(num_ops);
         for i in 0..num_ops {
             // `cuda.h`: `opList` holds `numOps` ops (read, never written).
             let op = read(op_list.cast_const().wrapping_add(i))?;

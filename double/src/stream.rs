@@ -16,7 +16,7 @@
 use std::ffi::{c_uint, c_ulonglong};
 
 use cuda_endpoints::Device;
-use cuda_endpoints::driver::{MemcpyOp, Pointer};
+use cuda_endpoints::driver::{MemcpyOp, MemcpyOps, Pointer};
 
 use crate::abi::*;
 use crate::ffi::{
@@ -79,7 +79,7 @@ fn batch(
     attrs: *mut CUmemcpyAttributes,
     attrs_idxs: *mut size_t,
     num_attrs: size_t,
-) -> Result<Vec<MemcpyOp>, CUresult> {
+) -> Result<MemcpyOps, CUresult> {
     if count == 0 || count > MAX_BATCH || num_attrs == 0 || num_attrs > count {
         return Err(INVALID_VALUE);
     }
@@ -97,7 +97,7 @@ fn batch(
         }
         last = Some(at);
     }
-    let mut copies = Vec::with_capacity(count);
+    let mut copies = MemcpyOps::with_capacity(count);
     for i in 0..count {
         // `cuda.h`: `dsts`, `srcs` and `sizes` hold `count` entries (read only).
         let size = read(sizes.cast_const().wrapping_add(i))? as u64;

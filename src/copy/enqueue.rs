@@ -75,7 +75,10 @@ impl Stream {
         // memory and endpoints are kept by the record made just below (and
         // borrowed by the token), and the host buffers are owned by the
         // token, freed only after a synchronize or leaked when it is forgotten.
-        let r = unsafe { ctx.driver().fabric_copy_batch(self.inner.handle, list, 0) };
+        let r = unsafe {
+            ctx.driver()
+                .fabric_copy_batch(self.inner.handle, list.into(), 0)
+        };
         guard.disarm();
         if let Err(code) = r {
             // Nothing enqueued: what the batch holds is dropped with it.

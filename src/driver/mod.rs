@@ -26,9 +26,10 @@ pub use cuda_endpoints_driver::Queries;
 #[doc(no_inline)]
 pub use cuda_endpoints_driver::{
     AllocationRequest, BoundedLog, Call, Code, CodeOrigin, ContextFailure, ContextStep, CopyOp,
-    Driver, DriverResult, EndpointProps, FABRIC_COPY_MIN_VERSION, FabricHandleBytes, Family,
-    Forward, Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits, MEMCPY_BATCH_MIN_VERSION, MemHint,
-    MemcpyOp, ObjectExport, ObjectSharing, Operand, Pointer, Shape, ShareableHandle, ShareableKind,
-    TraceEntry, Traced, attr, fnv1a, for_each_driver_call, handle_bits,
+    CopyOps, Driver, DriverResult, EndpointProps, FABRIC_COPY_MIN_VERSION, FabricHandleBytes,
+    Family, Forward, Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits, MEMCPY_BATCH_MIN_VERSION,
+    MemHint, MemcpyOp, MemcpyOps, ObjectExport, ObjectSharing, Operand, OpsIntoIter, Pointer,
+    Shape, ShareableHandle, ShareableKind, TraceEntry, Traced, attr, fnv1a, for_each_driver_call,
+    handle_bits,
 };
 pub(crate) use cuda_endpoints_driver::{Device, Location};

@@ -556,7 +556,7 @@ fn reserved_but_unmapped_addresses_are_never_host_memory() {
             size: 64,
         };
         assert_eq!(
-            probe.fabric_copy_batch(s, vec![op], 0),
+            probe.fabric_copy_batch(s, [op].into(), 0),
             Err(Code::INVALID_VALUE)
         );
         // The stream is on device 1: a copy between device-0 addresses is
@@ -567,7 +567,7 @@ fn reserved_but_unmapped_addresses_are_never_host_memory() {
             size: 64,
         };
         assert_eq!(
-            probe.fabric_copy_batch(s, vec![op], 0),
+            probe.fabric_copy_batch(s, [op].into(), 0),
             Err(Code::INVALID_VALUE)
         );
         // Its own device's memory and host memory move.

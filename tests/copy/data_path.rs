@@ -18,7 +18,7 @@ use crate::common;
 use std::time::Duration;
 
 use backend::Probe;
-use cuda_endpoints::driver::{CopyOp, Operand, Pointer};
+use cuda_endpoints::driver::{CopyOp, CopyOps, Operand, Pointer};
 use cuda_endpoints::model::ModelConfig;
 use cuda_endpoints::{
     Binding, Context, Device, Endpoint, Mapped, Multicast, Private, Ready, Spec, Unicast,
@@ -127,7 +127,7 @@ fn stream_order_a_read_before_synchronize_sees_the_old_bytes() {
     model.write(u.src.device_ptr(), &[7; 64]).unwrap();
     let s = stream(&model, 0);
     // SAFETY: every operand is the test's own, bound, and lives until the sync.
-    unsafe { model.fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 64)], 0) }
+    unsafe { model.fabric_copy_batch(s, [put(u.src.device_ptr(), u.ep.id(), 0, 64)].into(), 0) }
         .unwrap();
     assert_eq!(
         model.read(u.owner.device_ptr(), 64).unwrap(),
@@ -154,10 +154,10 @@ fn stream_query_reports_done_only_after_the_stream_reached_every_batch() {
     // SAFETY: as above; two batches on one stream, in order.
     unsafe {
         model
-            .fabric_copy_batch(s, vec![put(src, id, 0, 16)], 0)
+            .fabric_copy_batch(s, [put(src, id, 0, 16)].into(), 0)
             .unwrap();
         model
-            .fabric_copy_batch(s, vec![put(src, id, 16, 16)], 0)
+            .fabric_copy_batch(s, [put(src, id, 16, 16)].into(), 0)
             .unwrap();
         assert!(
             !model.stream_query(s).unwrap(),
@@ -185,7 +185,7 @@ fn get_reads_the_unicast_owners_bound_memory() {
     // SAFETY: as above.
     unsafe {
         model
-            .fabric_copy_batch(s, vec![get(u.ep.id(), 4096, u.src.device_ptr(), 256)], 0)
+            .fabric_copy_batch(s, [get(u.ep.id(), 4096, u.src.device_ptr(), 256)].into(), 0)
             .unwrap();
         model.stream_synchronize(s).unwrap();
     }
@@ -209,7 +209,7 @@ fn multicast_put_reaches_every_members_bound_memory() {
     // SAFETY: as above.
     unsafe {
         model
-            .fabric_copy_batch(s, vec![put(src.device_ptr(), ep.id(), 8, 100)], 0)
+            .fabric_copy_batch(s, [put(src.device_ptr(), ep.id(), 8, 100)].into(), 0)
             .unwrap();
         model.stream_synchronize(s).unwrap();
     }
@@ -239,22 +239,24 @@ fn host_memory_is_read_and_written_in_stream_order() {
         model
             .fabric_copy_batch(
                 s,
-                vec![CopyOp {
+                [CopyOp {
                     src: Operand::Pointer(Pointer::host(host_src.as_ptr() as u64)),
                     dst: Operand::LogicalEndpoint { id, offset: 0 },
                     size: 32,
-                }],
+                }]
+                .into(),
                 0,
             )
             .unwrap();
         model
             .fabric_copy_batch(
                 s,
-                vec![CopyOp {
+                [CopyOp {
                     src: Operand::LogicalEndpoint { id, offset: 0 },
                     dst: Operand::Pointer(Pointer::host(host_dst.as_mut_ptr() as u64)),
                     size: 32,
-                }],
+                }]
+                .into(),
                 0,
             )
             .unwrap();
@@ -314,7 +316,7 @@ fn f1_get_from_a_multicast_endpoint_and_endpoint_to_endpoint_are_refused() {
     let s = stream(&model, 0);
     // SAFETY: refused at enqueue: nothing runs.
     unsafe {
-        let r = model.fabric_copy_batch(s, vec![get(ep.id(), 0, m0.device_ptr(), 16)], 0);
+        let r = model.fabric_copy_batch(s, [get(ep.id(), 0, m0.device_ptr(), 16)].into(), 0);
         assert_eq!(r, Err(Code::INVALID_VALUE));
         let e2e = CopyOp {
             src: Operand::LogicalEndpoint {
@@ -328,7 +330,7 @@ fn f1_get_from_a_multicast_endpoint_and_endpoint_to_endpoint_are_refused() {
             size: 16,
         };
         assert_eq!(
-            model.fabric_copy_batch(s, vec![e2e], 0),
+            model.fabric_copy_batch(s, [e2e].into(), 0),
             Err(Code::INVALID_VALUE)
         );
     }
@@ -346,10 +348,10 @@ fn f2_a_pointer_on_another_device_than_the_streams_is_refused() {
     let s = stream(&model, 0);
     // SAFETY: refused at enqueue.
     unsafe {
-        let r = model.fabric_copy_batch(s, vec![put(far.device_ptr(), u.ep.id(), 0, 16)], 0);
+        let r = model.fabric_copy_batch(s, [put(far.device_ptr(), u.ep.id(), 0, 16)].into(), 0);
         assert_eq!(r, Err(Code::INVALID_VALUE));
         // An address that is no mapping and not said to be host memory.
-        let r = model.fabric_copy_batch(s, vec![put(0x1000, u.ep.id(), 0, 16)], 0);
+        let r = model.fabric_copy_batch(s, [put(0x1000, u.ep.id(), 0, 16)].into(), 0);
         assert_eq!(r, Err(Code::INVALID_VALUE));
     }
     common::broke(&model.violations(), &["F2", "F2"]);
@@ -368,22 +370,22 @@ fn f3_dependent_copies_in_one_batch_are_refused() {
     // SAFETY: refused at enqueue.
     unsafe {
         // Two puts whose destinations overlap.
-        let ops = vec![
+        let ops = CopyOps::from([
             put(u.src.device_ptr(), id, 0, 64),
             put(other.device_ptr(), id, 32, 64),
-        ];
+        ]);
         assert_eq!(model.fabric_copy_batch(s, ops, 0), Err(Code::INVALID_VALUE));
         // A get whose destination is another op's source.
-        let ops = vec![
+        let ops = CopyOps::from([
             put(u.src.device_ptr(), id, 0, 64),
             get(id, 1024, u.src.device_ptr() + 16, 16),
-        ];
+        ]);
         assert_eq!(model.fabric_copy_batch(s, ops, 0), Err(Code::INVALID_VALUE));
         // Independent: fine.
-        let ops = vec![
+        let ops = CopyOps::from([
             put(u.src.device_ptr(), id, 0, 64),
             put(other.device_ptr(), id, 64, 64),
-        ];
+        ]);
         model.fabric_copy_batch(s, ops, 0).unwrap();
         model.stream_synchronize(s).unwrap();
     }
@@ -401,7 +403,7 @@ fn f4_unbinding_while_a_copy_is_in_flight_is_caught_when_the_stream_reaches_it()
     // SAFETY: breaks F4 on purpose: the binding goes before the sync.
     unsafe {
         model
-            .fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 64)], 0)
+            .fabric_copy_batch(s, [put(u.src.device_ptr(), u.ep.id(), 0, 64)].into(), 0)
             .unwrap();
         b.unbind().unwrap();
         assert_eq!(model.stream_synchronize(s), Err(Code::ILLEGAL_ADDRESS));
@@ -425,18 +427,18 @@ fn f5_flags_must_be_zero_and_a_zero_size_op_is_still_validated() {
     unsafe {
         let op = put(u.src.device_ptr(), u.ep.id(), 0, 16);
         assert_eq!(
-            model.fabric_copy_batch(s, vec![op], 1),
+            model.fabric_copy_batch(s, [op].into(), 1),
             Err(Code::INVALID_VALUE)
         );
         // Size 0 is a no-op, but its endpoint must still be ready (R13.1).
         let op = put(u.src.device_ptr(), pending.id(), 0, 0);
         assert_eq!(
-            model.fabric_copy_batch(s, vec![op], 0),
+            model.fabric_copy_batch(s, [op].into(), 0),
             Err(Code::INVALID_VALUE)
         );
         // A valid size-0 op: accepted, nothing moves.
         let op = put(u.src.device_ptr(), u.ep.id(), 0, 0);
-        model.fabric_copy_batch(s, vec![op], 0).unwrap();
+        model.fabric_copy_batch(s, [op].into(), 0).unwrap();
         model.stream_synchronize(s).unwrap();
     }
     common::broke(&model.violations(), &["F5", "R13.1"]);
@@ -451,8 +453,9 @@ fn f6_the_legacy_null_stream_is_refused() {
     let u = Unicast1::new(&ctx);
     let b = u.bind();
     // SAFETY: refused at enqueue.
-    let r =
-        unsafe { model.fabric_copy_batch(0, vec![put(u.src.device_ptr(), u.ep.id(), 0, 16)], 0) };
+    let r = unsafe {
+        model.fabric_copy_batch(0, [put(u.src.device_ptr(), u.ep.id(), 0, 16)].into(), 0)
+    };
     assert_eq!(r, Err(Code::INVALID_VALUE));
     common::broke(&model.violations(), &["F6"]);
     drop(b);
@@ -465,8 +468,9 @@ fn f7_the_fabric_copy_is_not_supported_before_13_5() {
     let b = u.bind();
     let s = stream(&model, 0);
     // SAFETY: refused: the symbol does not exist on a 13.4 driver.
-    let r =
-        unsafe { model.fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 16)], 0) };
+    let r = unsafe {
+        model.fabric_copy_batch(s, [put(u.src.device_ptr(), u.ep.id(), 0, 16)].into(), 0)
+    };
     assert_eq!(r, Err(Code::NOT_SUPPORTED));
     common::no_violations(&model.violations());
     done(&model, s);
@@ -484,10 +488,15 @@ fn f9_an_endpoint_range_only_partly_bound_is_refused() {
     // SAFETY: refused at enqueue.
     unsafe {
         // Straddles the end of the bound memory.
-        let r = model.fabric_copy_batch(s, vec![put(src.device_ptr(), ep.id(), ALIGN - 16, 32)], 0);
+        let r = model.fabric_copy_batch(
+            s,
+            [put(src.device_ptr(), ep.id(), ALIGN - 16, 32)].into(),
+            0,
+        );
         assert_eq!(r, Err(Code::INVALID_VALUE));
         // Past the endpoint's size.
-        let r = model.fabric_copy_batch(s, vec![put(src.device_ptr(), ep.id(), 2 * ALIGN, 1)], 0);
+        let r =
+            model.fabric_copy_batch(s, [put(src.device_ptr(), ep.id(), 2 * ALIGN, 1)].into(), 0);
         assert_eq!(r, Err(Code::INVALID_VALUE));
     }
     common::broke(&model.violations(), &["F9", "F9"]);
@@ -504,7 +513,7 @@ fn r13_3_a_copy_the_stream_reaches_before_the_owner_bound_is_caught() {
     // when the stream reaches the put.
     unsafe {
         model
-            .fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 64)], 0)
+            .fabric_copy_batch(s, [put(u.src.device_ptr(), u.ep.id(), 0, 64)].into(), 0)
             .unwrap();
         assert_eq!(model.stream_synchronize(s), Err(Code::ILLEGAL_ADDRESS));
     }
@@ -514,7 +523,7 @@ fn r13_3_a_copy_the_stream_reaches_before_the_owner_bound_is_caught() {
     // SAFETY: the binding lives past the sync.
     unsafe {
         model
-            .fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 64)], 0)
+            .fabric_copy_batch(s, [put(u.src.device_ptr(), u.ep.id(), 0, 64)].into(), 0)
             .unwrap();
         model.stream_synchronize(s).unwrap();
     }
@@ -875,7 +884,7 @@ fn f8_a_graph_launched_after_its_endpoint_was_unbound_is_logged() {
     let (graph, exec) = unsafe {
         model.stream_begin_capture(s).unwrap();
         model
-            .fabric_copy_batch(s, vec![put(u.src.device_ptr(), u.ep.id(), 0, 32)], 0)
+            .fabric_copy_batch(s, [put(u.src.device_ptr(), u.ep.id(), 0, 32)].into(), 0)
             .unwrap();
         let graph = model.stream_end_capture(s).unwrap();
         (graph, model.graph_instantiate(graph).unwrap())
@@ -984,11 +993,11 @@ fn f4_an_event_recorded_after_a_copy_completes_it_and_only_it() {
     unsafe {
         let e = model.event_create(Device(0)).unwrap();
         model
-            .fabric_copy_batch(s, vec![put(src, id, 0, 16)], 0)
+            .fabric_copy_batch(s, [put(src, id, 0, 16)].into(), 0)
             .unwrap();
         model.event_record(e, s).unwrap();
         model
-            .fabric_copy_batch(s, vec![put(src, id, 16, 16)], 0)
+            .fabric_copy_batch(s, [put(src, id, 16, 16)].into(), 0)
             .unwrap();
         model.event_synchronize(e).unwrap();
         let owner = model.read(u.owner.device_ptr(), 32).unwrap();

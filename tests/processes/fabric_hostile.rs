@@ -453,7 +453,8 @@ fn a_batch_of_more_ops_than_the_fabric_takes_is_refused_from_a_forged_client_too
                     size: 0,
                 };
                 n
-            ],
+            ]
+            .into(),
             flags: 0,
         },
         staged: vec![Some(Vec::new()); n],

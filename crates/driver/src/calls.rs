@@ -266,7 +266,7 @@ macro_rules! for_each_driver_call {
             /// own `flags` member is 0. `NOT_SUPPORTED` on a driver without it (F7).
             [Stream] FabricCpyBatchAsync "cuFabricCpyBatchAsync"
                 safety "F1-F6 and F9 are checked by the model but undefined behaviour in the driver where cuda.h says so: the ops are independent (F3); every endpoint id was reported ready (R13.1) and its range is bound where it is read or written by the time the stream reaches the op (R13.3, F9); no operand is freed, unmapped, unbound or its endpoint destroyed before the stream passed the op (F4); every `Pointer` is valid for `size` bytes until then (readable for a source, writable for a destination), and one hinted `MemHint::Host` is host memory of the calling process"
-                fn fabric_copy_batch(stream: u64, ops: Vec<$crate::CopyOp>, flags: u64) -> ();
+                fn fabric_copy_batch(stream: u64, ops: $crate::CopyOps, flags: u64) -> ();
             /// `cuMemcpyAsync(dst, src, size, stream)`: device, mapped host-NUMA
             /// or (hinted `MemHint::Host`) host memory, in stream order.
             [Stream] MemcpyAsync "cuMemcpyAsync"
@@ -284,7 +284,7 @@ macro_rules! for_each_driver_call {
             /// frees anything the copies name.
             [Stream] MemcpyBatchAsync "cuMemcpyBatchAsync"
                 safety "every copy as for `cuMemcpyAsync` (both ranges valid until the stream passed the batch, not freed or unmapped before then, F4; not overlapping; `MemHint::Host` only for host memory of the calling process), and no copy writes bytes another copy of the batch reads or writes: the batch runs in no order (cuda.h: dependent copies are undefined behaviour)"
-                fn memcpy_batch_async(copies: Vec<$crate::MemcpyOp>, stream: u64) -> ();
+                fn memcpy_batch_async(copies: $crate::MemcpyOps, stream: u64) -> ();
 
             // ---- graphs of copies (SPEC F8) ----
             /// `cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)`:

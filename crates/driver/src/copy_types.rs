@@ -2,7 +2,9 @@
 //! pointer operand lives ([`MemHint`]), a pointer with its hint
 //! ([`Pointer`]), the two operand kinds of `cuFabricCpyBatchAsync`
 //! ([`Operand`], SPEC F1), one copy of a batch ([`CopyOp`]), and one
-//! pointer-to-pointer copy of `cuMemcpyBatchAsync` ([`MemcpyOp`]).
+//! pointer-to-pointer copy of `cuMemcpyBatchAsync` ([`MemcpyOp`]). The
+//! lists of them a batch call takes are in `op_list` ([`super::CopyOps`],
+//! [`super::MemcpyOps`]).
 //!
 //! Streams cross the boundary as plain `u64` handles (`CUstream`), as
 //! allocation handles do; `0` is the legacy NULL stream, which no fabric

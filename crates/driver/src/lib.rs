@@ -23,6 +23,7 @@ mod calls;
 mod code;
 mod copy_types;
 mod log;
+mod op_list;
 mod sharing;
 mod trace;
 mod types;
@@ -37,6 +38,7 @@ pub use copy_types::{
     CopyOp, FABRIC_COPY_MIN_VERSION, MEMCPY_BATCH_MIN_VERSION, MemHint, MemcpyOp, Operand, Pointer,
 };
 pub use log::BoundedLog;
+pub use op_list::{CopyOps, MemcpyOps, OpsIntoIter};
 pub use sharing::{ObjectExport, ObjectSharing};
 pub use trace::{TraceEntry, Traced};
 pub use types::{

@@ -1399,7 +1399,8 @@ impl super::Model {
 mod tests {
     use super::{Space, Span, dependent};
     use crate::driver::{
-        AllocationRequest, CopyOp, Device, Driver, EndpointProps, Location, Operand, Pointer, Shape,
+        AllocationRequest, CopyOp, CopyOps, Device, Driver, EndpointProps, Location, Operand,
+        Pointer, Shape,
     };
     use crate::{Model, ModelConfig};
 
@@ -1651,7 +1652,7 @@ mod tests {
                     i * step + step / 2
                 }
             };
-            let ops: Vec<_> = (0..n)
+            let ops: CopyOps = (0..n)
                 .map(|i| CopyOp {
                     src: Operand::Pointer(Pointer::device(va + i * step)),
                     dst: Operand::LogicalEndpoint {
@@ -1673,7 +1674,7 @@ mod tests {
         assert!(m.violations().is_empty(), "{:?}", m.violations());
     }
 
-    fn puts(id: u32, va: u64, n: u64, each: u64) -> Vec<CopyOp> {
+    fn puts(id: u32, va: u64, n: u64, each: u64) -> CopyOps {
         (0..n)
             .map(|i| CopyOp {
                 src: Operand::Pointer(Pointer::device(va + i * each)),

@@ -60,8 +60,8 @@ pub use state::{Live, Violation};
 use crate::faults::FaultPlan;
 
 use crate::driver::{
-    AllocationRequest, Call, Code, CopyOp, Device, Driver, DriverResult, EndpointProps,
-    FabricHandleBytes, Granularity, Limits, MemcpyOp, Pointer, ShareableHandle,
+    AllocationRequest, Call, Code, CopyOps, Device, Driver, DriverResult, EndpointProps,
+    FabricHandleBytes, Granularity, Limits, MemcpyOps, Pointer, ShareableHandle,
 };
 use state::World;
 
@@ -484,12 +484,7 @@ impl Driver for Model {
     /// SAFETY (of the body): the caller upholds the row's contract, which
     /// makes every `MemHint::Host` pointer valid host memory of this
     /// process until the stream passed the op; the model touches it only then.
-    unsafe fn fabric_copy_batch(
-        &self,
-        stream: u64,
-        ops: Vec<CopyOp>,
-        flags: u64,
-    ) -> DriverResult<()> {
+    unsafe fn fabric_copy_batch(&self, stream: u64, ops: CopyOps, flags: u64) -> DriverResult<()> {
         self.enter(Call::FabricCpyBatchAsync, |w, p| {
             w.fabric_copy_batch(p, stream, &ops, flags, None)
         })
@@ -505,7 +500,7 @@ impl Driver for Model {
             w.memcpy_async(p, dst, src, size, stream, None)
         })
     }
-    unsafe fn memcpy_batch_async(&self, copies: Vec<MemcpyOp>, stream: u64) -> DriverResult<()> {
+    unsafe fn memcpy_batch_async(&self, copies: MemcpyOps, stream: u64) -> DriverResult<()> {
         self.enter(Call::MemcpyBatchAsync, |w, p| {
             w.memcpy_batch_async(p, &copies, stream, None)
         })

@@ -546,7 +546,7 @@ impl Forward for Classic {
     unsafe fn fabric_copy_batch(
         &self,
         _stream: u64,
-        _ops: Vec<crate::driver::CopyOp>,
+        _ops: crate::driver::CopyOps,
         _flags: u64,
     ) -> DriverResult<()> {
         Err(Code::NOT_SUPPORTED)

@@ -28,7 +28,7 @@ use super::calls::WireCall;
 use super::wire::{MAX_BATCH_OPS, MAX_MEMORY_IO, Reply, Request};
 use crate::Model;
 use crate::copy::{MAX_REMOTE_HOST_BYTES, host_write_charge};
-use crate::driver::{Call, Code, CopyOp, DriverResult, MemHint, MemcpyOp, Operand, Pointer};
+use crate::driver::{Call, Code, CopyOps, DriverResult, MemHint, MemcpyOps, Operand, Pointer};
 
 /// The bytes of host memory at `ptr`.
 ///
@@ -89,7 +89,7 @@ impl Remote {
     pub(super) unsafe fn fabric_copy_here(
         &self,
         stream: u64,
-        ops: Vec<CopyOp>,
+        ops: CopyOps,
         flags: u64,
     ) -> DriverResult<()> {
         if ops.len() > MAX_BATCH_OPS {
@@ -166,7 +166,7 @@ impl Remote {
     /// As [`Remote::fabric_copy_here`], for every copy's `src` and `dst`.
     pub(super) unsafe fn memcpy_batch_here(
         &self,
-        copies: Vec<MemcpyOp>,
+        copies: MemcpyOps,
         stream: u64,
     ) -> DriverResult<()> {
         if copies.len() > MAX_BATCH_OPS {

@@ -282,7 +282,7 @@ mod tests {
         let req = Request::HostCopy {
             call: WireCall::FabricCpyBatchAsync {
                 stream: u64::MAX,
-                ops: vec![widest_op(); MAX_BATCH_OPS],
+                ops: vec![widest_op(); MAX_BATCH_OPS].into(),
                 flags: u64::MAX,
             },
             staged: vec![Some(vec![0xff; each]); MAX_BATCH_OPS],
@@ -290,6 +290,31 @@ mod tests {
         let n = encode(&req).expect("fits a frame").len();
         assert!(n <= MAX_FRAME, "{n}");
         // One op more is what the client refuses (`MAX_BATCH_OPS`).
+    }
+
+    #[test]
+    fn an_op_list_is_encoded_as_the_vec_of_its_ops_byte_for_byte() {
+        use crate::driver::{CopyOps, MemcpyOp, MemcpyOps};
+        // Inline (a few ops) and spilled (more): the same bytes as a `Vec`.
+        for n in [0, 1, 4, 5, 64] {
+            let v = vec![widest_op(); n];
+            let bytes = postcard::to_stdvec(&v).unwrap();
+            let ops = CopyOps::from(v);
+            assert_eq!(postcard::to_stdvec(&ops).unwrap(), bytes);
+            assert_eq!(postcard::from_bytes::<CopyOps>(&bytes).unwrap(), ops);
+            let c = MemcpyOp {
+                dst: Pointer::host(u64::MAX),
+                src: Pointer::device(1),
+                size: u64::MAX,
+            };
+            let v = vec![c; n];
+            let bytes = postcard::to_stdvec(&v).unwrap();
+            assert_eq!(postcard::to_stdvec(&MemcpyOps::from(v)).unwrap(), bytes);
+        }
+        // A length claim past the bytes that follow is an error, not a
+        // reservation of that many ops.
+        let claim = postcard::to_stdvec(&u64::MAX).unwrap();
+        assert!(postcard::from_bytes::<CopyOps>(&claim).is_err());
     }
 
     #[test]

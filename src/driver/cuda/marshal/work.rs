@@ -6,12 +6,14 @@
 
 use std::ffi::c_void;
 
+use smallvec::SmallVec;
+
 use super::super::Cuda;
 use super::super::context::Cx;
 use super::super::ffi::*;
 use super::{location, sz};
 use crate::driver::{
-    Call, Code, CopyOp, Device, DriverResult, Location, MemHint, MemcpyOp, Operand, Pointer,
+    Call, Code, CopyOps, Device, DriverResult, Location, MemHint, MemcpyOps, Operand, Pointer,
 };
 
 // ---- streams and the data path (SPEC F1-F9) ----
@@ -153,10 +155,12 @@ pub(in crate::driver::cuda) unsafe fn stream_query(c: &Cuda, stream: u64) -> Dri
 pub(in crate::driver::cuda) unsafe fn fabric_copy_batch(
     c: &Cuda,
     stream: u64,
-    ops: Vec<CopyOp>,
+    ops: CopyOps,
     flags: u64,
 ) -> DriverResult<()> {
-    let mut list: Vec<CUDA_FABRIC_COPY_BATCH_OP> = ops
+    // The C list beside the typed one: as many ops inline as `CopyOps`
+    // holds, so a batch of a few copies allocates nothing here either.
+    let mut list: SmallVec<[CUDA_FABRIC_COPY_BATCH_OP; CopyOps::INLINE]> = ops
         .iter()
         .map(|op| CUDA_FABRIC_COPY_BATCH_OP {
             src: operand(&op.src),
@@ -209,18 +213,23 @@ const STREAM_ORDERED: CUmemcpyAttributes = CUmemcpyAttributes {
     flags: CU_MEMCPY_FLAG_DEFAULT,
 };
 
+/// One C array of a `cuMemcpyBatchAsync`.
+type Inline<T> = SmallVec<[T; MemcpyOps::INLINE]>;
+
 pub(in crate::driver::cuda) unsafe fn memcpy_batch_async(
     c: &Cuda,
-    copies: Vec<MemcpyOp>,
+    copies: MemcpyOps,
     stream: u64,
 ) -> DriverResult<()> {
     if copies.is_empty() {
         // `numAttrs` (1) may not exceed `count`: the driver's answer, without the call.
         return Err(Code::INVALID_VALUE);
     }
-    let mut dsts: Vec<CUdeviceptr> = copies.iter().map(|o| o.dst.ptr).collect();
-    let mut srcs: Vec<CUdeviceptr> = copies.iter().map(|o| o.src.ptr).collect();
-    let mut sizes: Vec<usize> = copies.iter().map(|o| sz(o.size)).collect();
+    // The three C arrays inline up to `MemcpyOps::INLINE` copies, as the
+    // list they come from: a batch of a few copies allocates nothing.
+    let mut dsts: Inline<CUdeviceptr> = copies.iter().map(|o| o.dst.ptr).collect();
+    let mut srcs: Inline<CUdeviceptr> = copies.iter().map(|o| o.src.ptr).collect();
+    let mut sizes: Inline<usize> = copies.iter().map(|o| sz(o.size)).collect();
     let mut attrs = [STREAM_ORDERED];
     let mut attrs_idxs = [0usize];
     let f = c.sym.cuMemcpyBatchAsync_v2;
