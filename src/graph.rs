@@ -150,7 +150,7 @@ impl Stream {
         // SAFETY: as `Stream::enqueue`: the batch was checked (F2, F3, F9),
         // and what it names is borrowed for 'a by the graph and owned host
         // buffers stay with it; captured, it does not run now.
-        let copied = unsafe { d.fabric_copy_batch(handle, list.into(), 0) };
+        let copied = unsafe { d.fabric_copy_batch(handle, list, 0) };
         // SAFETY: this stream is capturing (begun above).
         let ended = unsafe { d.stream_end_capture(handle) };
         stream_guard.disarm();

@@ -7,7 +7,7 @@
 //! the error of a failed fabric copy (F7).
 
 use super::{BatchInner, CopyBatch, InFlight};
-use crate::driver::{Call, CopyOp};
+use crate::driver::{Call, CopyOps};
 use crate::error::{Error, Result};
 use crate::ledger::holds::Keep;
 use crate::stream::Stream;
@@ -61,7 +61,7 @@ impl Stream {
         }
         // The op list goes to the driver; the rest stays in the batch's
         // state until it is recorded (moved once, into the record).
-        let list = std::mem::take(&mut inner.list);
+        let list = inner.take_list();
         // A panic inside the call (a `tracing` layer, a user backend) may
         // come after the driver took the batch: what the copies use stays
         // in flight then, kept by the stream until it is synchronized, and
@@ -75,10 +75,7 @@ impl Stream {
         // memory and endpoints are kept by the record made just below (and
         // borrowed by the token), and the host buffers are owned by the
         // token, freed only after a synchronize or leaked when it is forgotten.
-        let r = unsafe {
-            ctx.driver()
-                .fabric_copy_batch(self.inner.handle, list.into(), 0)
-        };
+        let r = unsafe { ctx.driver().fabric_copy_batch(self.inner.handle, list, 0) };
         guard.disarm();
         if let Err(code) = r {
             // Nothing enqueued: what the batch holds is dropped with it.
@@ -109,7 +106,7 @@ impl BatchInner {
 
 /// A checked batch as the driver takes it, with what it keeps and owns.
 pub(crate) struct FabricList {
-    pub(crate) list: Vec<CopyOp>,
+    pub(crate) list: CopyOps,
     pub(crate) keep: Keep,
     pub(crate) host_in: Vec<Vec<u8>>,
     pub(crate) host_out: Vec<(usize, Vec<u8>)>,
@@ -128,7 +125,7 @@ impl<'a> CopyBatch<'a> {
     pub(crate) fn into_list(self) -> FabricList {
         let mut inner = self.parked();
         let list = FabricList {
-            list: std::mem::take(&mut inner.list),
+            list: inner.take_list(),
             keep: std::mem::take(&mut inner.keep),
             host_in: std::mem::take(&mut inner.host_in),
             host_out: std::mem::take(&mut inner.host_out),

@@ -83,7 +83,7 @@ use std::marker::PhantomData;
 
 use smallvec::SmallVec;
 
-use crate::driver::{CopyOp, Operand, Pointer};
+use crate::driver::{CopyOp, CopyOps, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent};
 use crate::kind::MemShare;
@@ -468,6 +468,26 @@ impl BatchInner {
         stream.record(std::mem::take(&mut self.keep));
         std::mem::forget(std::mem::take(&mut self.host_in));
         std::mem::forget(std::mem::take(&mut self.host_out));
+    }
+
+    /// The op list as the driver takes it. A few ops are copied into the
+    /// driver's list, inline, and the batch's own keeps its room for the
+    /// next batch (the spare): a loop of small batches allocates nothing.
+    /// Past [`CopyOps::INLINE`] the list goes itself, its buffer with it.
+    /// (The builder's list stays a `Vec`: it writes through pointers into
+    /// its buffer, which must not move with the batch, as inline room would.)
+    #[inline]
+    pub(crate) fn take_list(&mut self) -> CopyOps {
+        if self.list.len() <= CopyOps::INLINE {
+            let ops = self.list.iter().copied().collect();
+            self.list.clear();
+            return ops;
+        }
+        // Its buffer goes with it; the next batch's room is made now (its
+        // first cold push would make it anyway), so that the spare always
+        // has some: a loop of one-op batches after a long batch allocates
+        // nothing.
+        CopyOps::from(std::mem::replace(&mut self.list, Vec::with_capacity(16)))
     }
 
     fn reset(&mut self) {
