@@ -8,15 +8,28 @@
 
 use std::collections::HashSet;
 
-use crate::copy::EpFacts;
-use crate::driver::{CopyOp, MemcpyOp, Operand, Pointer};
+use crate::driver::{CopyOp, Device, MemcpyOp, Operand, Pointer};
 use crate::error::{Error, Extent, Result};
 use crate::ledger::RangeInner;
 use crate::ledger::holds::KeepMemory;
 use crate::memory::KeepAlive;
 use crate::window::Member;
 
-use super::Target;
+/// What the portable path needs of the endpoint on `id` of `range`, read
+/// where the endpoint's facts are (no copy at build time): its devices in
+/// this process and its number of targets (1 for unicast, the team size
+/// for multicast).
+///
+/// # Safety
+/// The caller holds a shared borrow of the endpoint on `id` for as long as
+/// the result lives: the ids of a batch's `keep.endpoints`, whose
+/// endpoints the batch borrows for its life (`CopyBatch<'a>`).
+#[inline(always)]
+pub(crate) unsafe fn target_of(range: &RangeInner, id: u32) -> (&[Device], u32) {
+    // SAFETY: the caller's contract is `RangeInner::facts`'s.
+    let f = unsafe { range.facts(id) };
+    (&f.devices, f.team_size)
+}
 
 /// What a batch on the portable path holds of the memory its copies reach
 /// through windows: each mapping once, however many ops and windows name
@@ -92,21 +105,23 @@ pub(crate) struct View {
 }
 
 impl View {
-    /// The windows of `t` (an id of `range`), taken under the range's lock:
-    /// the peer windows' mappings are held by the view from here on, so the
-    /// addresses stay valid whatever replaces the windows meanwhile.
-    pub(crate) fn new(range: &RangeInner, t: &Target) -> View {
+    /// The windows of the endpoint on `id` of `range`, which has `devices`
+    /// here and `team_size` targets ([`target_of`]), taken under the
+    /// range's lock: the peer windows' mappings are held by the view from
+    /// here on, so the addresses stay valid whatever replaces the windows
+    /// meanwhile.
+    pub(crate) fn new(range: &RangeInner, id: u32, devices: &[Device], team_size: u32) -> View {
         let mut v = View {
-            id: t.id,
-            team_size: t.team_size,
-            members: t.devices.iter().map(|&d| Member::Local(d)).collect(),
+            id,
+            team_size,
+            members: devices.iter().map(|&d| Member::Local(d)).collect(),
             wins: smallvec::SmallVec::new(),
             starts: smallvec::SmallVec::new(),
             cursor: smallvec::SmallVec::new(),
             hot: (0, 0, 0),
         };
         {
-            let slot = range.slot(t.id);
+            let slot = range.slot(id);
             for w in slot.windows() {
                 let m = match v.members.iter().position(|m| *m == w.member) {
                     Some(m) => m,
@@ -348,26 +363,34 @@ pub(super) fn onto(c: &MemcpyOp) -> bool {
 /// held in `memory` when it is a peer's; `None` for anything else, which
 /// [`resolve`] decides (and names, on an error): the same copy, the same
 /// holds, since the windows of one member never overlap.
+///
+/// # Safety
+/// As [`target_of`]'s, for the endpoints of `endpoints`.
 #[inline]
-pub(super) fn one_piece(
+pub(super) unsafe fn one_piece(
     list: &[CopyOp],
-    eps: &[EpFacts],
     endpoints: &[(std::sync::Arc<RangeInner>, u32)],
     memory: &mut KeepMemory,
 ) -> Option<MemcpyOp> {
-    let ([op], [e], [(range, _)]) = (list, eps, endpoints) else {
+    let ([op], [(range, ep)]) = (list, endpoints) else {
         return None;
     };
     let (id, offset, local, put) = sides(op)?;
-    let t = &e.target;
-    if t.id != id || t.team_size != 1 || t.devices.len() > 1 {
+    if *ep != id {
+        return None;
+    }
+    // The record found once, for the facts and the slot.
+    let rec = range.record_ref(id);
+    // SAFETY: the caller's contract (the endpoint on `id` is borrowed).
+    let f = unsafe { rec.facts() };
+    if f.team_size != 1 || f.devices.len() > 1 {
         return None;
     }
     let end = offset.checked_add(op.size).filter(|&end| end > offset)?;
     let (addr, keep) = {
-        let slot = range.slot(id);
+        let slot = rec.slot();
         // The member: the device here, else the first window's.
-        let mut member = t.devices.first().map(|&d| Member::Local(d));
+        let mut member = f.devices.first().map(|&d| Member::Local(d));
         let mut found = None;
         for w in slot.windows() {
             if *member.get_or_insert(w.member) != w.member {
@@ -384,12 +407,20 @@ pub(super) fn one_piece(
     if onto(&c) {
         return None;
     }
-    if let Some(k) = keep
-        && !memory.iter().any(|m| m.key() == k.key())
-    {
-        memory.push(k);
+    if let Some(k) = keep {
+        hold_one(memory, k);
     }
     Some(c)
+}
+
+/// Holds `k` in `memory` unless it holds that object already (a peer
+/// window's mapping, out of the usual batch's line).
+#[cold]
+#[inline(never)]
+fn hold_one(memory: &mut KeepMemory, k: KeepAlive) {
+    if !memory.iter().any(|m| m.key() == k.key()) {
+        memory.push(k);
+    }
 }
 
 /// Every op of a checked batch resolved to its targets' pieces through the
@@ -399,20 +430,24 @@ pub(super) fn one_piece(
 /// # Errors
 /// [`Error::CopyNoWindow`], [`Error::CopyWindowsPastTargets`],
 /// [`Error::CopyOntoItself`], [`Error::CopyOutOfRange`], naming the op.
+///
+/// # Safety
+/// As [`target_of`]'s, for the endpoints of `endpoints`.
 #[inline(always)]
-pub(super) fn resolve(
+pub(super) unsafe fn resolve(
     list: &[CopyOp],
-    eps: &[EpFacts],
     endpoints: &[(std::sync::Arc<RangeInner>, u32)],
     memory: &mut KeepMemory,
 ) -> Result<Vec<MemcpyOp>> {
     let mut copies = Vec::with_capacity(list.len());
-    // Each endpoint's windows, read once for the batch (the facts of an
-    // endpoint and its range are at one index).
-    let mut views: smallvec::SmallVec<[View; 1]> = eps
+    // Each endpoint's windows, read once for the batch.
+    let mut views: smallvec::SmallVec<[View; 1]> = endpoints
         .iter()
-        .zip(endpoints.iter())
-        .map(|(e, (range, _))| View::new(range, &e.target))
+        .map(|(range, id)| {
+            // SAFETY: the caller's contract (the endpoint on `id` is borrowed).
+            let (devices, team_size) = unsafe { target_of(range, *id) };
+            View::new(range, *id, devices, team_size)
+        })
         .collect();
     // The view of the op before (consecutive ops usually name one), and
     // its id and window that last matched, kept here (no load through
