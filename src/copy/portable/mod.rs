@@ -35,7 +35,7 @@
 //! - which call carries the pieces: `cuMemcpyBatchAsync` (one call, one
 //!   attribute for all: source in stream order, no hints) when the driver
 //!   reports 12.8+ and the pieces are several, none host memory of the
-//!   process and none dependent on another (`batchable`); else, and for
+//!   process and none dependent on another (`batchable_in`); else, and for
 //!   good on a context whose driver refused the batch call once
 //!   (`NOT_SUPPORTED`: a driver without `cuMemcpyBatchAsync_v2`;
 //!   `NOT_PERMITTED`: `CUDA_ENDPOINTS_DENY=cuMemcpyBatchAsync`), one
@@ -268,7 +268,7 @@ impl Stream {
     /// targets' windows (before the driver; the one-op batch inside one
     /// window without a [`View`]: [`one_piece`]), then the target pieces as one
     /// `cuMemcpyBatchAsync` where the driver has it (12.8+) and the pieces
-    /// allow it ([`batchable`]: several, no host memory, none dependent on
+    /// allow it ([`batchable_in`]: several, no host memory, none dependent on
     /// another), else one `cuMemcpyAsync` per piece (a batch of one piece
     /// always: the call a raw program makes). The batch's state stays in
     /// its box, which goes back to the process's spare with its op list's
@@ -281,8 +281,8 @@ impl Stream {
         // The one-piece batch's copy, else every piece.
         // SAFETY: the batch borrows its endpoints for 'a, past this call.
         let one = unsafe { one_piece(list, endpoints, memory) };
-        let mut copies = match one {
-            Some(_) => Vec::new(),
+        let (mut copies, order) = match one {
+            Some(_) => (Vec::new(), Order::NEW),
             // SAFETY: as for `one_piece`.
             None => match unsafe { resolve(list, endpoints, memory) } {
                 Ok(copies) => copies,
@@ -307,7 +307,7 @@ impl Stream {
         let guard = OnUnwind::new(|| b.leave_in_flight(&self.inner));
         // One piece: `cuMemcpyAsync`, nothing to ask.
         if one.is_none()
-            && let Some(learned) = batch_call(ctx).filter(|_| batchable(&copies))
+            && let Some(learned) = batch_call(ctx).filter(|_| batchable_in(&copies, &order))
         {
             let n = copies.len();
             // Until the driver took one batch call, the pieces stay for the
@@ -319,7 +319,7 @@ impl Stream {
             };
             // SAFETY: as for each `cuMemcpyAsync` below, for every copy;
             // and no copy writes bytes another reads or writes (checked by
-            // `batchable`), so the batch's lack of order among its copies
+            // `batchable_in`), so the batch's lack of order among its copies
             // changes nothing.
             match unsafe { ctx.driver().memcpy_batch_async(list, handle) } {
                 Ok(()) => {

@@ -15,6 +15,8 @@ use crate::ledger::holds::KeepMemory;
 use crate::memory::KeepAlive;
 use crate::window::Member;
 
+use super::call::Order;
+
 /// What the portable path needs of the endpoint on `id` of `range`, read
 /// where the endpoint's facts are (no copy at build time): its devices in
 /// this process and its number of targets (1 for unicast, the team size
@@ -424,8 +426,9 @@ fn hold_one(memory: &mut KeepMemory, k: KeepAlive) {
 }
 
 /// Every op of a checked batch resolved to its targets' pieces through the
-/// endpoints' windows (a [`View`] per endpoint), the mappings of the peer
-/// windows used held in `memory`, each once.
+/// endpoints' windows (a [`View`] per endpoint), with their [`Order`] for
+/// the batch call, the mappings of the peer windows used held in `memory`,
+/// each once.
 ///
 /// # Errors
 /// [`Error::CopyNoWindow`], [`Error::CopyWindowsPastTargets`],
@@ -438,8 +441,9 @@ pub(super) unsafe fn resolve(
     list: &[CopyOp],
     endpoints: &[(std::sync::Arc<RangeInner>, u32)],
     memory: &mut KeepMemory,
-) -> Result<Vec<MemcpyOp>> {
+) -> Result<(Vec<MemcpyOp>, Order)> {
     let mut copies = Vec::with_capacity(list.len());
+    let mut order = Order::NEW;
     // Each endpoint's windows, read once for the batch.
     let mut views: smallvec::SmallVec<[View; 1]> = endpoints
         .iter()
@@ -455,11 +459,25 @@ pub(super) unsafe fn resolve(
     let mut last = 0usize;
     let mut hot = (u32::MAX, (0, 0, 0));
     let mut pieces = Pieces::new();
-    for (i, op) in list.iter().enumerate() {
+    let mut i = 0usize;
+    loop {
+        // The usual ops: one piece each, in the window of the op before.
+        i = match hot_run(list.get(i..).unwrap_or(&[]), hot, &mut copies, &mut order) {
+            Ok(n) => i.saturating_add(n),
+            Err(n) => {
+                let at = i.saturating_add(n);
+                return Err(onto_itself(at, list.get(at)));
+            }
+        };
+        let Some(op) = list.get(i) else {
+            break;
+        };
+        let op_i = i;
+        i = i.saturating_add(1);
         let first = copies.len();
         let size = op.size;
         let out_of_range = |at: u64| Error::CopyOutOfRange {
-            op: i,
+            op: op_i,
             what: Extent::Allocation,
             offset: at,
             size,
@@ -469,17 +487,6 @@ pub(super) unsafe fn resolve(
         let Some((id, offset, local, put)) = sides(op) else {
             continue; // every op of the typed API names one endpoint
         };
-        if id == hot.0
-            && let Some(addr) = inside_hot(hot.1, offset, size)
-        {
-            // The usual op: one piece, in the window of the op before.
-            let c = piece(put, local, Pointer::device(addr), size);
-            if onto(&c) {
-                return Err(onto_itself(i, Some(op)));
-            }
-            copies.push(c);
-            continue;
-        }
         if views.get(last).is_none_or(|v| v.id != id) {
             let Some(v) = views.iter().rposition(|v| v.id == id) else {
                 continue; // every endpoint of the batch has its facts
@@ -489,7 +496,7 @@ pub(super) unsafe fn resolve(
         let Some(view) = views.get_mut(last) else {
             continue;
         };
-        view.resolve(i, offset, size, &mut pieces)?;
+        view.resolve(op_i, offset, size, &mut pieces)?;
         hot = (view.id, view.hot);
         // A put writes every target; a get reads the first.
         let mut member = 0;
@@ -502,16 +509,72 @@ pub(super) unsafe fn resolve(
                 (member, at) = (m, 0);
             }
             let here = advance(local, at).ok_or_else(|| out_of_range(at))?;
-            copies.push(piece(put, here, Pointer::device(addr), n));
+            let c = piece(put, here, Pointer::device(addr), n);
+            order.add(&c);
+            copies.push(c);
             at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
         }
         if copies.get(first..).is_some_and(|cs| cs.iter().any(onto)) {
-            return Err(onto_itself(i, Some(op)));
+            return Err(onto_itself(op_i, Some(op)));
         }
     }
     let mut holds = Holds::new(memory);
     for v in views {
         v.hold_used(&mut holds);
     }
-    Ok(copies)
+    Ok((copies, order))
+}
+
+/// The first ops of `ops` that name endpoint `hot.0` inside its window
+/// `hot.1` ([`inside_hot`]; the one that last matched): one piece each,
+/// pushed to `copies` with their [`Order`]. A loop of its own, whose state
+/// stays in registers (in [`resolve`]'s it was memory), one per direction
+/// (the first op's; a run stops at an op of the other): the piece needs no
+/// choice per op. `Ok`: how many; `Err(n)`: op `n` copies bytes onto
+/// themselves.
+#[inline(always)]
+fn hot_run(
+    ops: &[CopyOp],
+    hot: (u32, (u64, u64, u64)),
+    copies: &mut Vec<MemcpyOp>,
+    order: &mut Order,
+) -> std::result::Result<usize, usize> {
+    match ops.first().and_then(sides) {
+        Some((.., true)) => hot_run_dir::<true>(ops, hot, copies, order),
+        Some((.., false)) => hot_run_dir::<false>(ops, hot, copies, order),
+        None => Ok(0),
+    }
+}
+
+/// [`hot_run`] of the ops that put (`PUT`) or get.
+#[inline(never)]
+fn hot_run_dir<const PUT: bool>(
+    ops: &[CopyOp],
+    hot: (u32, (u64, u64, u64)),
+    copies: &mut Vec<MemcpyOp>,
+    order: &mut Order,
+) -> std::result::Result<usize, usize> {
+    let mut o = *order;
+    let mut n = 0usize;
+    for op in ops {
+        let Some((id, offset, local, put)) = sides(op) else {
+            break;
+        };
+        if id != hot.0 || put != PUT {
+            break;
+        }
+        let Some(addr) = inside_hot(hot.1, offset, op.size) else {
+            break;
+        };
+        let c = piece(PUT, local, Pointer::device(addr), op.size);
+        if onto(&c) {
+            *order = o;
+            return Err(n);
+        }
+        o.add(&c);
+        copies.push(c);
+        n += 1;
+    }
+    *order = o;
+    Ok(n)
 }
