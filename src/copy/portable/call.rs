@@ -1,5 +1,6 @@
 //! Which driver call carries a portable batch's pieces: one
-//! `cuMemcpyBatchAsync` ([`batch_call`], [`batchable`]) or one
+//! `cuMemcpyBatchAsync` ([`batch_call`], [`batchable_in`] of the pieces'
+//! [`Order`], gathered as they are made) or one
 //! `cuMemcpyAsync` per piece, and what a context learned of the batch call
 //! ([`refused`]). A child of `portable`.
 
@@ -36,6 +37,42 @@ pub(super) fn refused(code: Code) -> bool {
     code == Code::NOT_SUPPORTED || code == Code::NOT_PERMITTED
 }
 
+/// What [`batchable`] reads of the pieces, gathered as they are made
+/// ([`Order::add`]; no second pass over them): host memory among them,
+/// whether each destination starts at or past the end of the one before
+/// (ascending and disjoint: the order the typed API's puts come in; then
+/// the first starts lowest and the last ends highest), and the span of
+/// all sources.
+#[derive(Clone, Copy)]
+pub(super) struct Order {
+    host: bool,
+    ascending: bool,
+    dst_end: u64,
+    s_lo: u64,
+    s_hi: u64,
+}
+
+impl Order {
+    /// No piece yet.
+    pub(super) const NEW: Order = Order {
+        host: false,
+        ascending: true,
+        dst_end: 0,
+        s_lo: u64::MAX,
+        s_hi: 0,
+    };
+
+    /// `c`, the next piece.
+    #[inline(always)]
+    pub(super) fn add(&mut self, c: &MemcpyOp) {
+        self.host |= c.dst.hint == MemHint::Host || c.src.hint == MemHint::Host;
+        self.ascending &= c.dst.ptr >= self.dst_end;
+        self.dst_end = c.dst.ptr.saturating_add(c.size);
+        self.s_lo = self.s_lo.min(c.src.ptr);
+        self.s_hi = self.s_hi.max(c.src.ptr.saturating_add(c.size));
+    }
+}
+
 /// Whether the pieces can go as one `cuMemcpyBatchAsync` with the same
 /// outcome as the `cuMemcpyAsync` loop in stream order: at least two, none
 /// hinted host memory of the process (possibly pageable: the loop's
@@ -44,38 +81,43 @@ pub(super) fn refused(code: Code) -> bool {
 /// makes dependent copies undefined behaviour). Distinct endpoints or
 /// windows may reach the same memory, which the batch's checks by id do
 /// not see: the addresses are compared here.
+#[cfg(test)]
 pub(super) fn batchable(copies: &[MemcpyOp]) -> bool {
-    if copies.len() < 2 {
+    let mut order = Order::NEW;
+    for c in copies {
+        order.add(c);
+    }
+    batchable_in(copies, &order)
+}
+
+/// [`batchable`] of `copies`, whose [`Order`] is `order`.
+#[inline]
+pub(super) fn batchable_in(copies: &[MemcpyOp], order: &Order) -> bool {
+    let [first, .., _] = copies else {
+        return false;
+    };
+    if order.host {
         return false;
     }
-    // One pass: host memory; whether each destination starts at or past
-    // the end of the one before (ascending and disjoint: the order the
-    // typed API's puts come in); the span of all destinations and of all
-    // sources.
-    let mut ascending = true;
-    let mut dst_end = 0u64;
-    let (mut d_lo, mut d_hi, mut s_lo, mut s_hi) = (u64::MAX, 0u64, u64::MAX, 0u64);
-    for c in copies {
-        if c.dst.hint == MemHint::Host || c.src.hint == MemHint::Host {
-            return false;
-        }
-        ascending &= c.dst.ptr >= dst_end;
-        dst_end = c.dst.ptr.saturating_add(c.size);
-        d_lo = d_lo.min(c.dst.ptr);
-        d_hi = d_hi.max(dst_end);
-        s_lo = s_lo.min(c.src.ptr);
-        s_hi = s_hi.max(c.src.ptr.saturating_add(c.size));
-    }
-    if !ascending {
+    if !order.ascending {
         return independent_sorted(copies);
     }
     // No source byte among the destinations' (the usual batch: one memory
     // read, another written): independent.
-    if s_hi <= d_lo || d_hi <= s_lo {
+    let (d_lo, d_hi) = (first.dst.ptr, order.dst_end);
+    if order.s_hi <= d_lo || d_hi <= order.s_lo {
         return true;
     }
-    // Disjoint and sorted by start, the destinations' ends rise too: of
-    // those that start before a source ends, the last reaches furthest.
+    independent_ascending(copies)
+}
+
+/// [`batchable_in`] for ascending, disjoint destinations some source lies
+/// among: whether any source meets a destination. Sorted by start, the
+/// destinations' ends rise too: of those that start before a source
+/// ends, the last reaches furthest.
+#[cold]
+#[inline(never)]
+fn independent_ascending(copies: &[MemcpyOp]) -> bool {
     !copies.iter().any(|c| {
         let (start, end) = (c.src.ptr, c.src.ptr.saturating_add(c.size));
         let i = copies.partition_point(|d| d.dst.ptr < end);

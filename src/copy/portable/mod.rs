@@ -35,7 +35,7 @@
 //! - which call carries the pieces: `cuMemcpyBatchAsync` (one call, one
 //!   attribute for all: source in stream order, no hints) when the driver
 //!   reports 12.8+ and the pieces are several, none host memory of the
-//!   process and none dependent on another (`batchable`); else, and for
+//!   process and none dependent on another (`batchable_in`); else, and for
 //!   good on a context whose driver refused the batch call once
 //!   (`NOT_SUPPORTED`: a driver without `cuMemcpyBatchAsync_v2`;
 //!   `NOT_PERMITTED`: `CUDA_ENDPOINTS_DENY=cuMemcpyBatchAsync`), one
@@ -243,14 +243,17 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
     }
 }
 
-/// What the portable path knows of an endpoint operand, taken when the
-/// batch was built (the endpoint is borrowed for the batch's life; its id
-/// range is the batch's keep-alive of it).
+/// What the checks (`check.rs`, `facts`) copy of an endpoint operand when
+/// the batch is built. The portable path no longer reads it: it reads the
+/// endpoint's own facts from `(range, id)` ([`target_of`]), the endpoint
+/// being borrowed for the batch's life; `recheck_stale` reads `devices`.
 pub(crate) struct Target {
+    #[expect(dead_code, reason = "read from the endpoint's facts: target_of")]
     pub id: u32,
     /// The devices of the endpoint in this process.
     pub devices: smallvec::SmallVec<[Device; 4]>,
     /// Targets of a copy: 1 for unicast, the team size for multicast.
+    #[expect(dead_code, reason = "read from the endpoint's facts: target_of")]
     pub team_size: u32,
 }
 
@@ -265,7 +268,7 @@ impl Stream {
     /// targets' windows (before the driver; the one-op batch inside one
     /// window without a [`View`]: [`one_piece`]), then the target pieces as one
     /// `cuMemcpyBatchAsync` where the driver has it (12.8+) and the pieces
-    /// allow it ([`batchable`]: several, no host memory, none dependent on
+    /// allow it ([`batchable_in`]: several, no host memory, none dependent on
     /// another), else one `cuMemcpyAsync` per piece (a batch of one piece
     /// always: the call a raw program makes). The batch's state stays in
     /// its box, which goes back to the process's spare with its op list's
@@ -274,13 +277,14 @@ impl Stream {
         let ctx = &self.inner.ctx;
         let mut inner = batch.parked();
         let b = &mut *inner;
-        let (list, eps, memory, endpoints) =
-            (&b.list, &b.eps, &mut b.keep.memory, &b.keep.endpoints);
+        let (list, memory, endpoints) = (&b.list, &mut b.keep.memory, &b.keep.endpoints);
         // The one-piece batch's copy, else every piece.
-        let one = one_piece(list, eps, endpoints, memory);
-        let mut copies = match one {
-            Some(_) => Vec::new(),
-            None => match resolve(list, eps, endpoints, memory) {
+        // SAFETY: the batch borrows its endpoints for 'a, past this call.
+        let one = unsafe { one_piece(list, endpoints, memory) };
+        let (mut copies, order) = match one {
+            Some(_) => (Vec::new(), Order::NEW),
+            // SAFETY: as for `one_piece`.
+            None => match unsafe { resolve(list, endpoints, memory) } {
                 Ok(copies) => copies,
                 Err(e) => {
                     // Nothing enqueued: what the batch holds is dropped with it.
@@ -301,7 +305,10 @@ impl Stream {
         // kept by the stream until it is synchronized, and the host buffers
         // are leaked, never freed under a copy (F4).
         let guard = OnUnwind::new(|| b.leave_in_flight(&self.inner));
-        if let Some(learned) = batch_call(ctx).filter(|_| batchable(&copies)) {
+        // One piece: `cuMemcpyAsync`, nothing to ask.
+        if one.is_none()
+            && let Some(learned) = batch_call(ctx).filter(|_| batchable_in(&copies, &order))
+        {
             let n = copies.len();
             // Until the driver took one batch call, the pieces stay for the
             // loop in case it refuses it; after, they go to it.
@@ -312,7 +319,7 @@ impl Stream {
             };
             // SAFETY: as for each `cuMemcpyAsync` below, for every copy;
             // and no copy writes bytes another reads or writes (checked by
-            // `batchable`), so the batch's lack of order among its copies
+            // `batchable_in`), so the batch's lack of order among its copies
             // changes nothing.
             match unsafe { ctx.driver().memcpy_batch_async(list.into(), handle) } {
                 Ok(()) => {
@@ -393,7 +400,7 @@ impl Stream {
 
 #[cfg(all(test, feature = "model"))]
 mod tests {
-    use super::{Holds, Pieces, Target, View};
+    use super::{Holds, Pieces, View};
     use crate::ledger::holds::KeepMemory;
     use crate::model::ModelConfig;
     use crate::{Allocation, Context, CopyBatch, CopyPath, Device, Mapped, Private, Spec, Stream};
@@ -431,12 +438,7 @@ mod tests {
             .map(|(i, m)| ep.bind(Device(0), i as u64 * ALIGN, m).expect("bound"))
             .collect();
         // The view op by op: the keep-alives each use adds to the batch's.
-        let target = Target {
-            id: ep.id(),
-            devices: smallvec::smallvec![Device(0)],
-            team_size: 1,
-        };
-        let mut view = View::new(ep.range(), &target);
+        let mut view = View::new(ep.range(), ep.id(), &[Device(0)], 1);
         let mut pieces = Pieces::new();
         let mut keep = KeepMemory::new();
         let mut per_op = Vec::new();

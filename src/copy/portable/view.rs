@@ -8,15 +8,30 @@
 
 use std::collections::HashSet;
 
-use crate::copy::EpFacts;
-use crate::driver::{CopyOp, MemcpyOp, Operand, Pointer};
+use crate::driver::{CopyOp, Device, MemcpyOp, Operand, Pointer};
 use crate::error::{Error, Extent, Result};
 use crate::ledger::RangeInner;
 use crate::ledger::holds::KeepMemory;
 use crate::memory::KeepAlive;
 use crate::window::Member;
 
-use super::Target;
+use super::call::Order;
+
+/// What the portable path needs of the endpoint on `id` of `range`, read
+/// where the endpoint's facts are (no copy at build time): its devices in
+/// this process and its number of targets (1 for unicast, the team size
+/// for multicast).
+///
+/// # Safety
+/// The caller holds a shared borrow of the endpoint on `id` for as long as
+/// the result lives: the ids of a batch's `keep.endpoints`, whose
+/// endpoints the batch borrows for its life (`CopyBatch<'a>`).
+#[inline(always)]
+pub(crate) unsafe fn target_of(range: &RangeInner, id: u32) -> (&[Device], u32) {
+    // SAFETY: the caller's contract is `RangeInner::facts`'s.
+    let f = unsafe { range.facts(id) };
+    (&f.devices, f.team_size)
+}
 
 /// What a batch on the portable path holds of the memory its copies reach
 /// through windows: each mapping once, however many ops and windows name
@@ -92,21 +107,23 @@ pub(crate) struct View {
 }
 
 impl View {
-    /// The windows of `t` (an id of `range`), taken under the range's lock:
-    /// the peer windows' mappings are held by the view from here on, so the
-    /// addresses stay valid whatever replaces the windows meanwhile.
-    pub(crate) fn new(range: &RangeInner, t: &Target) -> View {
+    /// The windows of the endpoint on `id` of `range`, which has `devices`
+    /// here and `team_size` targets ([`target_of`]), taken under the
+    /// range's lock: the peer windows' mappings are held by the view from
+    /// here on, so the addresses stay valid whatever replaces the windows
+    /// meanwhile.
+    pub(crate) fn new(range: &RangeInner, id: u32, devices: &[Device], team_size: u32) -> View {
         let mut v = View {
-            id: t.id,
-            team_size: t.team_size,
-            members: t.devices.iter().map(|&d| Member::Local(d)).collect(),
+            id,
+            team_size,
+            members: devices.iter().map(|&d| Member::Local(d)).collect(),
             wins: smallvec::SmallVec::new(),
             starts: smallvec::SmallVec::new(),
             cursor: smallvec::SmallVec::new(),
             hot: (0, 0, 0),
         };
         {
-            let slot = range.slot(t.id);
+            let slot = range.slot(id);
             for w in slot.windows() {
                 let m = match v.members.iter().position(|m| *m == w.member) {
                     Some(m) => m,
@@ -348,26 +365,34 @@ pub(super) fn onto(c: &MemcpyOp) -> bool {
 /// held in `memory` when it is a peer's; `None` for anything else, which
 /// [`resolve`] decides (and names, on an error): the same copy, the same
 /// holds, since the windows of one member never overlap.
+///
+/// # Safety
+/// As [`target_of`]'s, for the endpoints of `endpoints`.
 #[inline]
-pub(super) fn one_piece(
+pub(super) unsafe fn one_piece(
     list: &[CopyOp],
-    eps: &[EpFacts],
     endpoints: &[(std::sync::Arc<RangeInner>, u32)],
     memory: &mut KeepMemory,
 ) -> Option<MemcpyOp> {
-    let ([op], [e], [(range, _)]) = (list, eps, endpoints) else {
+    let ([op], [(range, ep)]) = (list, endpoints) else {
         return None;
     };
     let (id, offset, local, put) = sides(op)?;
-    let t = &e.target;
-    if t.id != id || t.team_size != 1 || t.devices.len() > 1 {
+    if *ep != id {
+        return None;
+    }
+    // The record found once, for the facts and the slot.
+    let rec = range.record_ref(id);
+    // SAFETY: the caller's contract (the endpoint on `id` is borrowed).
+    let f = unsafe { rec.facts() };
+    if f.team_size != 1 || f.devices.len() > 1 {
         return None;
     }
     let end = offset.checked_add(op.size).filter(|&end| end > offset)?;
     let (addr, keep) = {
-        let slot = range.slot(id);
+        let slot = rec.slot();
         // The member: the device here, else the first window's.
-        let mut member = t.devices.first().map(|&d| Member::Local(d));
+        let mut member = f.devices.first().map(|&d| Member::Local(d));
         let mut found = None;
         for w in slot.windows() {
             if *member.get_or_insert(w.member) != w.member {
@@ -384,35 +409,49 @@ pub(super) fn one_piece(
     if onto(&c) {
         return None;
     }
-    if let Some(k) = keep
-        && !memory.iter().any(|m| m.key() == k.key())
-    {
-        memory.push(k);
+    if let Some(k) = keep {
+        hold_one(memory, k);
     }
     Some(c)
 }
 
+/// Holds `k` in `memory` unless it holds that object already (a peer
+/// window's mapping, out of the usual batch's line).
+#[cold]
+#[inline(never)]
+fn hold_one(memory: &mut KeepMemory, k: KeepAlive) {
+    if !memory.iter().any(|m| m.key() == k.key()) {
+        memory.push(k);
+    }
+}
+
 /// Every op of a checked batch resolved to its targets' pieces through the
-/// endpoints' windows (a [`View`] per endpoint), the mappings of the peer
-/// windows used held in `memory`, each once.
+/// endpoints' windows (a [`View`] per endpoint), with their [`Order`] for
+/// the batch call, the mappings of the peer windows used held in `memory`,
+/// each once.
 ///
 /// # Errors
 /// [`Error::CopyNoWindow`], [`Error::CopyWindowsPastTargets`],
 /// [`Error::CopyOntoItself`], [`Error::CopyOutOfRange`], naming the op.
+///
+/// # Safety
+/// As [`target_of`]'s, for the endpoints of `endpoints`.
 #[inline(always)]
-pub(super) fn resolve(
+pub(super) unsafe fn resolve(
     list: &[CopyOp],
-    eps: &[EpFacts],
     endpoints: &[(std::sync::Arc<RangeInner>, u32)],
     memory: &mut KeepMemory,
-) -> Result<Vec<MemcpyOp>> {
+) -> Result<(Vec<MemcpyOp>, Order)> {
     let mut copies = Vec::with_capacity(list.len());
-    // Each endpoint's windows, read once for the batch (the facts of an
-    // endpoint and its range are at one index).
-    let mut views: smallvec::SmallVec<[View; 1]> = eps
+    let mut order = Order::NEW;
+    // Each endpoint's windows, read once for the batch.
+    let mut views: smallvec::SmallVec<[View; 1]> = endpoints
         .iter()
-        .zip(endpoints.iter())
-        .map(|(e, (range, _))| View::new(range, &e.target))
+        .map(|(range, id)| {
+            // SAFETY: the caller's contract (the endpoint on `id` is borrowed).
+            let (devices, team_size) = unsafe { target_of(range, *id) };
+            View::new(range, *id, devices, team_size)
+        })
         .collect();
     // The view of the op before (consecutive ops usually name one), and
     // its id and window that last matched, kept here (no load through
@@ -420,11 +459,25 @@ pub(super) fn resolve(
     let mut last = 0usize;
     let mut hot = (u32::MAX, (0, 0, 0));
     let mut pieces = Pieces::new();
-    for (i, op) in list.iter().enumerate() {
+    let mut i = 0usize;
+    loop {
+        // The usual ops: one piece each, in the window of the op before.
+        i = match hot_run(list.get(i..).unwrap_or(&[]), hot, &mut copies, &mut order) {
+            Ok(n) => i.saturating_add(n),
+            Err(n) => {
+                let at = i.saturating_add(n);
+                return Err(onto_itself(at, list.get(at)));
+            }
+        };
+        let Some(op) = list.get(i) else {
+            break;
+        };
+        let op_i = i;
+        i = i.saturating_add(1);
         let first = copies.len();
         let size = op.size;
         let out_of_range = |at: u64| Error::CopyOutOfRange {
-            op: i,
+            op: op_i,
             what: Extent::Allocation,
             offset: at,
             size,
@@ -434,17 +487,6 @@ pub(super) fn resolve(
         let Some((id, offset, local, put)) = sides(op) else {
             continue; // every op of the typed API names one endpoint
         };
-        if id == hot.0
-            && let Some(addr) = inside_hot(hot.1, offset, size)
-        {
-            // The usual op: one piece, in the window of the op before.
-            let c = piece(put, local, Pointer::device(addr), size);
-            if onto(&c) {
-                return Err(onto_itself(i, Some(op)));
-            }
-            copies.push(c);
-            continue;
-        }
         if views.get(last).is_none_or(|v| v.id != id) {
             let Some(v) = views.iter().rposition(|v| v.id == id) else {
                 continue; // every endpoint of the batch has its facts
@@ -454,7 +496,7 @@ pub(super) fn resolve(
         let Some(view) = views.get_mut(last) else {
             continue;
         };
-        view.resolve(i, offset, size, &mut pieces)?;
+        view.resolve(op_i, offset, size, &mut pieces)?;
         hot = (view.id, view.hot);
         // A put writes every target; a get reads the first.
         let mut member = 0;
@@ -467,16 +509,72 @@ pub(super) fn resolve(
                 (member, at) = (m, 0);
             }
             let here = advance(local, at).ok_or_else(|| out_of_range(at))?;
-            copies.push(piece(put, here, Pointer::device(addr), n));
+            let c = piece(put, here, Pointer::device(addr), n);
+            order.add(&c);
+            copies.push(c);
             at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
         }
         if copies.get(first..).is_some_and(|cs| cs.iter().any(onto)) {
-            return Err(onto_itself(i, Some(op)));
+            return Err(onto_itself(op_i, Some(op)));
         }
     }
     let mut holds = Holds::new(memory);
     for v in views {
         v.hold_used(&mut holds);
     }
-    Ok(copies)
+    Ok((copies, order))
+}
+
+/// The first ops of `ops` that name endpoint `hot.0` inside its window
+/// `hot.1` ([`inside_hot`]; the one that last matched): one piece each,
+/// pushed to `copies` with their [`Order`]. A loop of its own, whose state
+/// stays in registers (in [`resolve`]'s it was memory), one per direction
+/// (the first op's; a run stops at an op of the other): the piece needs no
+/// choice per op. `Ok`: how many; `Err(n)`: op `n` copies bytes onto
+/// themselves.
+#[inline(always)]
+fn hot_run(
+    ops: &[CopyOp],
+    hot: (u32, (u64, u64, u64)),
+    copies: &mut Vec<MemcpyOp>,
+    order: &mut Order,
+) -> std::result::Result<usize, usize> {
+    match ops.first().and_then(sides) {
+        Some((.., true)) => hot_run_dir::<true>(ops, hot, copies, order),
+        Some((.., false)) => hot_run_dir::<false>(ops, hot, copies, order),
+        None => Ok(0),
+    }
+}
+
+/// [`hot_run`] of the ops that put (`PUT`) or get.
+#[inline(never)]
+fn hot_run_dir<const PUT: bool>(
+    ops: &[CopyOp],
+    hot: (u32, (u64, u64, u64)),
+    copies: &mut Vec<MemcpyOp>,
+    order: &mut Order,
+) -> std::result::Result<usize, usize> {
+    let mut o = *order;
+    let mut n = 0usize;
+    for op in ops {
+        let Some((id, offset, local, put)) = sides(op) else {
+            break;
+        };
+        if id != hot.0 || put != PUT {
+            break;
+        }
+        let Some(addr) = inside_hot(hot.1, offset, op.size) else {
+            break;
+        };
+        let c = piece(PUT, local, Pointer::device(addr), op.size);
+        if onto(&c) {
+            *order = o;
+            return Err(n);
+        }
+        o.add(&c);
+        copies.push(c);
+        n += 1;
+    }
+    *order = o;
+    Ok(n)
 }
