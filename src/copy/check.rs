@@ -12,7 +12,7 @@
 use smallvec::SmallVec;
 
 use super::independence::dependent;
-use super::{BatchInner, Cursor, EpFacts, Hot, Intervals, portable};
+use super::{BatchInner, Cursor, EpFacts, Hot, Intervals};
 use crate::driver::{Device, Location, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result};
@@ -407,11 +407,6 @@ impl BatchInner {
             ep_size: ep.size(),
             bound_here,
             covered,
-            target: portable::Target {
-                id: ep.id(),
-                devices: SmallVec::from_slice(devices),
-                team_size: ep.facts().team_size,
-            },
             bindings_gen,
             agreed,
             by_handle,
@@ -493,8 +488,11 @@ impl BatchInner {
         let Some((range, id)) = self.keep.endpoints.get(index) else {
             return Ok(None);
         };
+        // SAFETY: the batch borrows the endpoint on `id` (its entry in
+        // `keep.endpoints`) for its life, which covers this call.
+        let devices = unsafe { devices_of(range, *id) };
         let slot = range.slot(*id);
-        for &dev in &ep.target.devices {
+        for &dev in devices {
             let ranges: SmallVec<[(u64, u64); 4]> = slot.spans(dev).collect();
             let mut at = offset;
             while at < end {
@@ -628,7 +626,8 @@ impl BatchInner {
             let slot = range.slot(*id);
             let now = range.bindings_gen();
             let by_handle = slot.by_handle();
-            let every = covered_on(&slot, &facts.target.devices);
+            // SAFETY: as in `ep_check`: the batch borrows the endpoint.
+            let every = covered_on(&slot, unsafe { devices_of(range, *id) });
             drop(slot);
             let id = *id;
             if let Some(f) = self.eps.get_mut(index) {
@@ -651,6 +650,19 @@ impl BatchInner {
         }
         Ok(())
     }
+}
+
+/// The devices in this process of the endpoint on `id` of `range` (read
+/// where its facts are, not copied per batch: the portable path reads them
+/// so too, `portable::view::target_of`).
+///
+/// # Safety
+/// The caller holds a shared borrow of the endpoint on `id` for as long as
+/// the result lives: an id of a batch's `keep.endpoints`, whose endpoints
+/// the batch borrows for its life (`CopyBatch<'a>`).
+unsafe fn devices_of(range: &crate::ledger::RangeInner, id: u32) -> &[Device] {
+    // SAFETY: the caller's contract is `RangeInner::facts`'s.
+    unsafe { &range.facts(id).devices }
 }
 
 /// The `[start, end)` intervals bound on every one of `devices` in `slot`

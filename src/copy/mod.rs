@@ -413,8 +413,6 @@ pub(crate) struct EpFacts {
     /// checked): an op inside one passes F9 at one comparison; any other op
     /// is walked device by device, which names the device.
     covered: Intervals,
-    /// What the portable path needs of the endpoint.
-    pub(crate) target: portable::Target,
     /// The range's bindings generation `covered` was read at (`None`:
     /// imported, not checked): a bind or unbind since makes it stale.
     bindings_gen: Option<u64>,

@@ -243,20 +243,6 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
     }
 }
 
-/// What the checks (`check.rs`, `facts`) copy of an endpoint operand when
-/// the batch is built. The portable path no longer reads it: it reads the
-/// endpoint's own facts from `(range, id)` ([`target_of`]), the endpoint
-/// being borrowed for the batch's life; `recheck_stale` reads `devices`.
-pub(crate) struct Target {
-    #[expect(dead_code, reason = "read from the endpoint's facts: target_of")]
-    pub id: u32,
-    /// The devices of the endpoint in this process.
-    pub devices: smallvec::SmallVec<[Device; 4]>,
-    /// Targets of a copy: 1 for unicast, the team size for multicast.
-    #[expect(dead_code, reason = "read from the endpoint's facts: target_of")]
-    pub team_size: u32,
-}
-
 mod call;
 mod view;
 use call::*;
