@@ -199,6 +199,23 @@ impl Parts<'_> {
     }
 }
 
+/// The error of a bind on a device the endpoint does not have (R5.2). Out
+/// of line: its list of the allowed devices is an allocation.
+#[cold]
+#[inline(never)]
+fn wrong_device(dev: Device, multicast: bool, allowed: &[Device]) -> Error {
+    Error::WrongDevice {
+        device: dev,
+        role: if multicast {
+            Role::TeamDevice
+        } else {
+            Role::Owner
+        },
+        allowed: allowed.to_vec(),
+        rule: Rule::R5_2,
+    }
+}
+
 /// The error of a failed unbind.
 #[cold]
 #[inline(never)]
@@ -528,17 +545,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             facts.devices.first() == Some(&dev)
         };
         if !enrolled {
-            let multicast = K::MULTICAST;
-            return Err(Error::WrongDevice {
-                device: dev,
-                role: if multicast {
-                    Role::TeamDevice
-                } else {
-                    Role::Owner
-                },
-                allowed: facts.devices.to_vec(),
-                rule: Rule::R5_2,
-            });
+            return Err(wrong_device(dev, K::MULTICAST, &facts.devices));
         }
         if size == 0 {
             return Err(Error::ZeroSize {

@@ -487,7 +487,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 suggested: largest(),
             });
         }
-        if !props.size.is_multiple_of(align) {
+        // A power-of-two alignment (the usual case) without a division.
+        let aligned = if align.is_power_of_two() {
+            props.size & (align - 1) == 0
+        } else {
+            props.size.is_multiple_of(align)
+        };
+        if !aligned {
             let up = round_up(props.size, align);
             return Err(Error::Misaligned {
                 what: Arg::EndpointSize,
@@ -620,6 +626,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     ///
     /// # Errors
     /// [`Error::Driver`] from the release.
+    #[inline]
     pub fn release(self) -> Result<()>
     where
         S: CanRelease,
@@ -700,6 +707,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     ///
     /// # Errors
     /// [`Error::Driver`]; the endpoint comes back unchanged.
+    #[inline]
     pub fn destroy(self) -> Result<Endpoint<Reserved, NoKind>, Failed<Self>>
     where
         S: CanDestroy,
