@@ -96,6 +96,7 @@ impl Binding<'_> {
     /// The memory then stays bound, and the endpoint keeps
     /// it alive until `destroy` unbinds everything (R7); the error is `'static`
     /// so that `?` works into any error type.
+    #[inline(always)]
     pub fn unbind(self) -> Result<()> {
         // The token forgets itself before the call that ends it: a panic
         // inside the unbind must not let `Drop` unbind a second time (R6.1).
@@ -425,6 +426,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// `cuLogicalEndpointBindAddr` for a [`crate::Mapped`] one; R5).
     ///
     /// Same checks and errors as [`Endpoint::bind_part`].
+    #[inline]
     pub fn bind<'a, M: BindSource>(
         &'a self,
         dev: impl Into<Device>,
@@ -456,6 +458,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// `OUT_OF_MEMORY` (memory or multicast resources exhausted),
     /// `SYSTEM_NOT_READY` (fabric software down; retryable) or `ILLEGAL_STATE`
     /// (misconfigured) — the endpoint stays usable (R5.10).
+    #[inline]
     pub fn bind_part<'a, M: BindSource>(
         &'a self,
         dev: impl Into<Device>,
@@ -519,6 +522,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn bind_checked(
         &self,
         dev: Device,

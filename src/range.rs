@@ -284,7 +284,7 @@ pub(crate) fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
 /// no orphan and whose record holds no binding list, released and kept as
 /// the spare without a call (the lifecycle on `Null` 14 instructions less
 /// than through [`release_rest`]); the rest out of line.
-#[inline]
+#[inline(always)]
 pub(crate) fn release_shared(range: Arc<RangeInner>) -> Result<()> {
     if Arc::strong_count(&range) == 1 {
         // Acquire: what the other holders did happened before their drops.
