@@ -96,6 +96,7 @@ impl Binding<'_> {
     /// The memory then stays bound, and the endpoint keeps
     /// it alive until `destroy` unbinds everything (R7); the error is `'static`
     /// so that `?` works into any error type.
+    #[inline(always)]
     pub fn unbind(self) -> Result<()> {
         // The token forgets itself before the call that ends it: a panic
         // inside the unbind must not let `Drop` unbind a second time (R6.1).
@@ -144,7 +145,7 @@ impl Parts<'_> {
         let ctx = &self.range.ctx;
         // No copy through the range enqueued from another thread between
         // the settle and the driver's unbind (F4).
-        let _gate = crate::ledger::gate::ChangeGate::unbind(self.range, self.id)?;
+        let gate = crate::ledger::gate::ChangeGate::unbind(self.range, self.id)?;
         // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
         crate::ledger::settle(self.range, self.id)?;
         // A panic inside the call (a layer, after the driver unbound): the
@@ -171,6 +172,10 @@ impl Parts<'_> {
         }
         drop(slot);
         drop(keep); // may release the memory: outside the lock
+        // Left before the answer is made: dropped after it, the answer was
+        // written and read back around the leave (the lifecycle on `Null`
+        // 586 instructions against 581 here, `benches/instructions.rs`).
+        gate.end();
         Ok(())
     }
 }
@@ -196,6 +201,23 @@ impl Parts<'_> {
         let window = slot.take_windows(|w| w.is_local(self.dev, self.offset));
         drop(slot);
         drop(window);
+    }
+}
+
+/// The error of a bind on a device the endpoint does not have (R5.2). Out
+/// of line: its list of the allowed devices is an allocation.
+#[cold]
+#[inline(never)]
+fn wrong_device(dev: Device, multicast: bool, allowed: &[Device]) -> Error {
+    Error::WrongDevice {
+        device: dev,
+        role: if multicast {
+            Role::TeamDevice
+        } else {
+            Role::Owner
+        },
+        allowed: allowed.to_vec(),
+        rule: Rule::R5_2,
     }
 }
 
@@ -408,6 +430,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// `cuLogicalEndpointBindAddr` for a [`crate::Mapped`] one; R5).
     ///
     /// Same checks and errors as [`Endpoint::bind_part`].
+    #[inline]
     pub fn bind<'a, M: BindSource>(
         &'a self,
         dev: impl Into<Device>,
@@ -439,6 +462,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// `OUT_OF_MEMORY` (memory or multicast resources exhausted),
     /// `SYSTEM_NOT_READY` (fabric software down; retryable) or `ILLEGAL_STATE`
     /// (misconfigured) — the endpoint stays usable (R5.10).
+    #[inline]
     pub fn bind_part<'a, M: BindSource>(
         &'a self,
         dev: impl Into<Device>,
@@ -502,6 +526,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn bind_checked(
         &self,
         dev: Device,
@@ -528,17 +553,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             facts.devices.first() == Some(&dev)
         };
         if !enrolled {
-            let multicast = K::MULTICAST;
-            return Err(Error::WrongDevice {
-                device: dev,
-                role: if multicast {
-                    Role::TeamDevice
-                } else {
-                    Role::Owner
-                },
-                allowed: facts.devices.to_vec(),
-                rule: Rule::R5_2,
-            });
+            return Err(wrong_device(dev, K::MULTICAST, &facts.devices));
         }
         if size == 0 {
             return Err(Error::ZeroSize {

@@ -470,33 +470,17 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             .queries()
             .get_limits(props)
             .map_err(|code| ctx.error_for(Call::GetLimits, code, Some(&props)))?;
-        let align = limits.bind_alignment.max(1);
-        // The largest valid size, for the suggestions: error paths only.
-        let largest = || limits.max_size / align * align;
-        if props.size == 0 {
-            return Err(Error::ZeroSize {
-                what: Arg::EndpointSize,
-                suggested: align,
-                rule: Some(Rule::R2_3),
-            });
-        }
-        if props.size > limits.max_size {
-            return Err(Error::SizeTooLarge {
-                requested: props.size,
-                max_size: limits.max_size,
-                suggested: largest(),
-            });
-        }
-        if !props.size.is_multiple_of(align) {
-            let up = round_up(props.size, align);
-            return Err(Error::Misaligned {
-                what: Arg::EndpointSize,
-                value: props.size,
-                alignment: align,
-                alignment_kind: Alignment::BindAlignment,
-                suggested: if up <= limits.max_size { up } else { largest() },
-                rule: Rule::R2_3,
-            });
+        // One test on the success path (for a power-of-two alignment, the
+        // usual case, a mask); which rule failed, and the nearest valid
+        // size, out of line (R2.3, R10).
+        let (size, align) = (props.size, limits.bind_alignment);
+        let aligned = if align.is_power_of_two() {
+            size & (align - 1) == 0
+        } else {
+            size.is_multiple_of(align.max(1))
+        };
+        if size == 0 || size > limits.max_size || !aligned {
+            return Err(size_refused(size, limits));
         }
         Ok(limits)
     }
@@ -620,6 +604,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     ///
     /// # Errors
     /// [`Error::Driver`] from the release.
+    #[inline(always)]
     pub fn release(self) -> Result<()>
     where
         S: CanRelease,
@@ -700,6 +685,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     ///
     /// # Errors
     /// [`Error::Driver`]; the endpoint comes back unchanged.
+    #[inline(always)]
     pub fn destroy(self) -> Result<Endpoint<Reserved, NoKind>, Failed<Self>>
     where
         S: CanDestroy,
@@ -762,5 +748,39 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             facts.align,
             facts.team_size,
         ))
+    }
+}
+
+/// Why `size` is not a valid endpoint size for `limits` (R2.3, R10): zero,
+/// over `maxSize`, or not a multiple of the bind alignment, with the
+/// nearest valid size.
+#[cold]
+#[inline(never)]
+fn size_refused(size: u64, limits: crate::Limits) -> Error {
+    let align = limits.bind_alignment.max(1);
+    // The largest valid size, for the suggestions.
+    let largest = || limits.max_size / align * align;
+    if size == 0 {
+        return Error::ZeroSize {
+            what: Arg::EndpointSize,
+            suggested: align,
+            rule: Some(Rule::R2_3),
+        };
+    }
+    if size > limits.max_size {
+        return Error::SizeTooLarge {
+            requested: size,
+            max_size: limits.max_size,
+            suggested: largest(),
+        };
+    }
+    let up = round_up(size, align);
+    Error::Misaligned {
+        what: Arg::EndpointSize,
+        value: size,
+        alignment: align,
+        alignment_kind: Alignment::BindAlignment,
+        suggested: if up <= limits.max_size { up } else { largest() },
+        rule: Rule::R2_3,
     }
 }

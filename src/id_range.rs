@@ -31,6 +31,7 @@ impl Context {
     ///
     /// # Errors
     /// As [`Context::reserve`].
+    #[inline]
     pub fn reserve_one(&self) -> Result<Endpoint<Reserved>> {
         IdRange::reserve_one(self)
     }

@@ -19,6 +19,35 @@ use crate::ledger::RangeInner;
 use crate::unwind::OnUnwind;
 
 impl RangeInner {
+    /// Whether the one id of a one-id range held no orphan and its record
+    /// holds no binding list (empty and inline): then its facts are the
+    /// default (a reserved endpoint's: `destroy` and `Drop` reset them, a
+    /// failed `create` or `import` never wrote them), and released it can
+    /// be the spare without a reset.
+    ///
+    /// # Safety
+    /// As [`RangeInner::reset_spare_record`], and it is read only.
+    #[inline(always)]
+    unsafe fn bare_one(&self) -> bool {
+        debug_assert_eq!(self.count, 1);
+        let rec = self.record(self.base);
+        // SAFETY: by the caller's contract nothing writes the record.
+        let (facts, slot) = unsafe { (&*rec.facts.0.get(), &*rec.slot.0.get()) };
+        let bare = !facts.orphaned && !slot.bindings.spilled() && slot.bindings.is_empty();
+        debug_assert!(
+            !bare
+                || (facts.size == 0
+                    && facts.align == 0
+                    && facts.devices.is_empty()
+                    && !facts.devices.spilled()
+                    && facts.team_size == 0
+                    && !facts.counted_ops
+                    && !facts.exportable),
+            "a reserved endpoint's facts were left set"
+        );
+        bare
+    }
+
     /// Resets the one record of a released one-id range, in its `Arc`, for
     /// reuse as the spare; `false` (keep it out) when something is left in
     /// it. Through `&self` and [`RangeInner::record`], never a `&mut
@@ -27,7 +56,12 @@ impl RangeInner {
     /// # Safety
     /// The caller holds the range's last `Arc` and no `&mut RangeInner` of
     /// it is used after this call: no other reference to the record exists.
-    unsafe fn reset_spare_record(&self) -> bool {
+    ///
+    /// `facts_clean`: the id held no orphan at release, so its facts are
+    /// the default already (a reserved endpoint's are: `destroy` and `Drop`
+    /// reset them, a failed `create` or `import` never wrote them) and are
+    /// not written again.
+    unsafe fn reset_spare_record(&self, facts_clean: bool) -> bool {
         debug_assert_eq!(self.count, 1);
         let rec = self.record(self.base);
         // SAFETY: by the caller's contract no other reference to the record
@@ -42,6 +76,20 @@ impl RangeInner {
         }
         // SAFETY: as above.
         let facts = unsafe { &mut *rec.facts.0.get() };
+        if facts_clean {
+            debug_assert!(
+                facts.size == 0
+                    && facts.align == 0
+                    && facts.devices.is_empty()
+                    && !facts.devices.spilled()
+                    && facts.team_size == 0
+                    && !facts.counted_ops
+                    && !facts.exportable
+                    && !facts.orphaned,
+                "a reserved endpoint's facts were left set"
+            );
+            return true;
+        }
         if facts.devices.spilled() {
             return false;
         }
@@ -231,7 +279,56 @@ pub(crate) fn fresh(ctx: &Context, base: u32, count: u32) -> Arc<RangeInner> {
 /// made after the last use of `first` before it and dropped before the
 /// next, and no record is reached through one (`ci/miri.sh` runs
 /// `range::tests` under both models).
+///
+/// Inline, the usual case: the last holder of a one-id range whose id held
+/// no orphan and whose record holds no binding list, released and kept as
+/// the spare in the caller's frame, its record not reset again (`release`
+/// 75 instructions on `Null` before, 55 now, with `Endpoint::release`
+/// inline too, `benches/instructions.rs`); the rest out of line.
+#[inline(always)]
 pub(crate) fn release_shared(range: Arc<RangeInner>) -> Result<()> {
+    if Arc::strong_count(&range) == 1 {
+        // Acquire: what the other holders did happened before their drops.
+        std::sync::atomic::fence(Ordering::Acquire);
+        // SAFETY: the last `Arc`: every `Endpoint` of the range is gone, so
+        // nothing writes its record. Read through `record` (the range is in
+        // its `Arc`), before the `&mut` below.
+        if range.count == 1 && unsafe { range.bare_one() } {
+            // SAFETY: as in `release_rest`: the last `Arc`, from its own
+            // allocation, and no record is reached while this lives.
+            let inner = unsafe { &mut *Arc::as_ptr(&range).cast_mut() };
+            inner.released = true;
+            // SAFETY: the range's last owner is gone and its one id holds no
+            // endpoint (not an orphan, and every `Endpoint` is gone), R1.2.
+            let r = unsafe { inner.ctx.driver().id_release(inner.base, 1) };
+            if let Err(code) = r {
+                return Err(release_failed(&inner.ctx, code));
+            }
+            // Its facts are the default already (a reserved endpoint's) and
+            // its binding list empty and inline (tested above): nothing to
+            // reset.
+            if inner.make_spare()
+                && let Some(ctx) = inner.ctx.0.take()
+            {
+                ctx.spare().put(range);
+            }
+            return Ok(());
+        }
+    }
+    release_rest(range)
+}
+
+/// The error of a failed release.
+#[cold]
+#[inline(never)]
+fn release_failed(ctx: &Context, code: crate::driver::Code) -> crate::Error {
+    ctx.error(Call::IdRelease, code)
+}
+
+/// [`release_shared`] but for its usual case: a range of several ids, one
+/// still shared, or one whose id held an orphan or a binding list.
+#[inline(never)]
+fn release_rest(range: Arc<RangeInner>) -> Result<()> {
     // The last holder releases in place: moving the records out of the
     // allocation (`into_inner`) would copy them for nothing. The `Drop` that
     // follows finds the range released and only frees it.
@@ -250,7 +347,8 @@ pub(crate) fn release_shared(range: Arc<RangeInner>) -> Result<()> {
             // `Arc`'s own allocation: the only reference, dropped at the end
             // of this block, before `first` is used again. Unsafe for speed:
             // `Arc::get_mut` also locks out a `Weak` being made, with a
-            // compare-and-swap: `release` 95 instructions against 82 here,
+            // compare-and-swap (measured when this was the usual path, now
+            // inline in `release_shared`): `release` 95 instructions against 82 here,
             // with the orphan test above through `record`
             // (`benches/instructions.rs`, rustc 1.95). The safe twin of this
             // function (one `Arc::get_mut`, the orphan test and the reset
@@ -275,7 +373,7 @@ pub(crate) fn release_shared(range: Arc<RangeInner>) -> Result<()> {
             }
         }
         // SAFETY: the last `Arc`, and the `&mut` above is gone.
-        if one && unsafe { range.reset_spare_record() } {
+        if one && unsafe { range.reset_spare_record(fast) } {
             // SAFETY: as the `&mut` above; `first` is not used while this
             // one lives (`make_spare` touches no record).
             let inner = unsafe { &mut *Arc::as_ptr(&range).cast_mut() };
