@@ -542,7 +542,7 @@ impl BatchInner {
                 usual = false;
             }
             if f.bound_here {
-                usual &= !range.maybe_attached();
+                usual &= !range.maybe_attached() || self.list.len() < 2;
                 by_handle = by_handle.saturating_add(f.by_handle);
             }
         }
@@ -553,7 +553,10 @@ impl BatchInner {
             }
             usual &= matches!(l, Locality::Device(d) if *d == stream_dev);
         }
-        if usual && by_handle < 2 {
+        // Memory reached two ways matters only between two ops: F3's sweep
+        // pairs spans of different ops (one op onto its own bytes is the
+        // portable path's `CopyOntoItself`).
+        if usual && (by_handle < 2 || self.list.len() < 2) {
             return Ok(());
         }
         self.check_rest(stream_dev)
