@@ -51,10 +51,11 @@ impl<F: FnOnce()> Drop for OnUnwind<F> {
 /// A rollback that calls the driver (an unmap, an unbind) may meet the same
 /// panicking layer again: caught here, so that the first panic goes on
 /// unwinding instead of the process aborting. Out of line: only unwinding
-/// comes here.
+/// comes here (also the `Drop` of a guard of its own, forgotten when its
+/// call returned: a copy's, `copy/enqueue.rs`).
 #[cold]
 #[inline(never)]
-fn roll_back<F: FnOnce()>(f: F) {
+pub(crate) fn roll_back<F: FnOnce()>(f: F) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
 }
 
