@@ -232,7 +232,7 @@ impl CopyGraph<'_> {
         ctx.check(Call::GraphLaunch, r)?;
         let seq = self.stream.inner.record(self.keep.clone());
         self.last = Some(seq);
-        Ok(InFlight::new(self.stream, Vec::new(), Vec::new(), seq))
+        Ok(InFlight::new(self.stream, None, seq))
     }
 
     /// The host buffers given to [`CopyBatch::put_host`], in order.

@@ -93,12 +93,7 @@ impl Stream {
             return Err(fabric_copy_error(ctx, code));
         }
         let seq = self.inner.record(std::mem::take(&mut inner.keep));
-        let token = InFlight::new(
-            self,
-            std::mem::take(&mut inner.host_in),
-            std::mem::take(&mut inner.host_out),
-            seq,
-        );
+        let token = InFlight::new(self, inner.host.take(), seq);
         super::spare::give_back(inner);
         Ok(token)
     }
@@ -147,11 +142,16 @@ impl<'a> CopyBatch<'a> {
     /// them where they are).
     pub(crate) fn into_list(self) -> FabricList {
         let mut inner = self.parked();
+        let (host_in, host_out) = inner
+            .host
+            .take()
+            .map(|h| (h.sent, h.received))
+            .unwrap_or_default();
         let list = FabricList {
             list: inner.take_list(),
             keep: std::mem::take(&mut inner.keep),
-            host_in: std::mem::take(&mut inner.host_in),
-            host_out: std::mem::take(&mut inner.host_out),
+            host_in,
+            host_out,
         };
         super::spare::give_back(inner);
         list

@@ -19,8 +19,8 @@ use crate::stream::Stream;
 #[must_use = "the copies are in flight: call `.wait()` (or keep the token while the stream runs, then wait) before reading the destination; dropping it synchronizes the stream"]
 pub struct InFlight<'a> {
     pub(crate) stream: &'a Stream,
-    pub(crate) host_in: Vec<Vec<u8>>,
-    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+    /// Its host buffers, if it has any.
+    pub(crate) host: Option<Box<super::HostBufs>>,
     /// The stream's sequence number of the batch.
     pub(crate) seq: u64,
     /// An event recorded after the batch ([`InFlight::with_event`]).
@@ -51,14 +51,12 @@ impl<'a> InFlight<'a> {
     /// The token of the batch `seq`, just enqueued on `stream`.
     pub(crate) fn new(
         stream: &'a Stream,
-        host_in: Vec<Vec<u8>>,
-        host_out: Vec<(usize, Vec<u8>)>,
+        host: Option<Box<super::HostBufs>>,
         seq: u64,
     ) -> Self {
         InFlight {
             stream,
-            host_in,
-            host_out,
+            host,
             seq,
             event: None,
             _borrow: PhantomData,
@@ -110,12 +108,12 @@ impl<'a> InFlight<'a> {
         drop(me.event.take());
         // Not done: the copies may still use the host buffers, which stay
         // with `me`, never dropped.
-        let completed = end.done.then(|| Completed {
-            sent: std::mem::take(&mut me.host_in),
-            received: std::mem::take(&mut me.host_out)
-                .into_iter()
-                .map(|(_, b)| b)
-                .collect(),
+        let completed = end.done.then(|| match me.host.take() {
+            Some(h) => Completed {
+                sent: h.sent,
+                received: h.received.into_iter().map(|(_, b)| b).collect(),
+            },
+            None => Completed::default(),
         });
         end.resume()?;
         Ok(completed.unwrap_or_default())
@@ -141,8 +139,7 @@ impl Drop for InFlight<'_> {
             let end = crate::unwind::completing(|| self.settle());
             if !end.done {
                 // The copies may still use the host buffers: leak them.
-                std::mem::forget(std::mem::take(&mut self.host_in));
-                std::mem::forget(std::mem::take(&mut self.host_out));
+                std::mem::forget(self.host.take());
             }
             if let Err(e) = end.resume() {
                 self.stream.context().record_teardown(e);

@@ -295,6 +295,16 @@ const SPARE_NAMED: usize = 64;
 /// its context's key and its address range `(address, size)`.
 type MemoryNamed = (usize, Locality, usize, (u64, u64));
 
+/// The host buffers of a batch: owned, moved into it (puts) or made by it
+/// (gets), and handed back by [`InFlight::wait`].
+#[derive(Default)]
+pub(crate) struct HostBufs {
+    /// [`CopyBatch::put_host`]'s, in order.
+    pub(crate) sent: Vec<Vec<u8>>,
+    /// [`CopyBatch::get_host`]'s, in order, with the op of each.
+    pub(crate) received: Vec<(usize, Vec<u8>)>,
+}
+
 /// The state of a [`CopyBatch`].
 ///
 /// The builder writes the driver's op list itself and checks each op as it
@@ -319,8 +329,9 @@ pub(crate) struct BatchInner {
     /// And its address range `(address, size)`, for F3 through an
     /// endpoint's own bound memory.
     locations: Vec<MemoryNamed>,
-    pub(crate) host_in: Vec<Vec<u8>>,
-    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+    /// Its host buffers; `None` for a batch without host ops (most), so
+    /// that the state and its token move one word for them, not six.
+    pub(crate) host: Option<Box<HostBufs>>,
     /// The first error a builder call met on the local side (memory range,
     /// host buffer).
     error: Option<Box<Error>>,
@@ -439,8 +450,7 @@ impl BatchInner {
             },
             eps: Vec::new(),
             locations: Vec::new(),
-            host_in: Vec::new(),
-            host_out: Vec::new(),
+            host: None,
             error: None,
             ep_error: None,
             cursor: Cursor::NONE,
@@ -464,8 +474,7 @@ impl BatchInner {
         stream: &std::sync::Arc<crate::ledger::holds::StreamInner>,
     ) {
         stream.record(std::mem::take(&mut self.keep));
-        std::mem::forget(std::mem::take(&mut self.host_in));
-        std::mem::forget(std::mem::take(&mut self.host_out));
+        std::mem::forget(self.host.take());
     }
 
     /// The op list as the driver takes it. A few ops are copied into the
@@ -519,11 +528,8 @@ impl BatchInner {
         if !self.locations.is_empty() {
             self.locations.clear();
         }
-        if self.host_in.capacity() != 0 {
-            self.host_in = Vec::new();
-        }
-        if self.host_out.capacity() != 0 {
-            self.host_out = Vec::new();
+        if self.host.is_some() {
+            self.host = None;
         }
         if self.error.is_some() || self.ep_error.is_some() {
             self.error = None;
@@ -738,7 +744,7 @@ impl BatchInner {
         // Exposed: the driver boundary carries an integer, which the model
         // (and libcuda) turn back into a pointer to read the bytes.
         let from = bytes.as_ptr().expose_provenance() as u64;
-        self.host_in.push(bytes);
+        self.host.get_or_insert_default().sent.push(bytes);
         self.put_to(ep, offset, size, op);
         self.push(CopyOp {
             src: Operand::Pointer(Pointer::host(from)),
@@ -784,7 +790,7 @@ impl BatchInner {
         // The buffer's heap address: moving the `Vec` does not move it.
         // Exposed, as in `put_host`: the driver writes the bytes through it.
         let to = buf.as_mut_ptr().expose_provenance() as u64;
-        self.host_out.push((op, buf));
+        self.host.get_or_insert_default().received.push((op, buf));
         self.push(get_op(ep.id(), offset, Pointer::host(to), size));
     }
 }

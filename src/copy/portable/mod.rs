@@ -365,20 +365,14 @@ impl Stream {
             if enqueued > 0 {
                 self.inner.record(std::mem::take(&mut b.keep));
                 if self.inner.synchronize().is_err() {
-                    std::mem::forget(std::mem::take(&mut b.host_in));
-                    std::mem::forget(std::mem::take(&mut b.host_out));
+                    std::mem::forget(b.host.take());
                 }
             }
             super::spare::give_back(inner);
             return Err(e);
         }
         let seq = self.inner.record(std::mem::take(&mut b.keep));
-        let token = InFlight::new(
-            self,
-            std::mem::take(&mut b.host_in),
-            std::mem::take(&mut b.host_out),
-            seq,
-        );
+        let token = InFlight::new(self, b.host.take(), seq);
         super::spare::give_back(inner);
         Ok(token)
     }
