@@ -49,11 +49,7 @@ pub struct Completed {
 
 impl<'a> InFlight<'a> {
     /// The token of the batch `seq`, just enqueued on `stream`.
-    pub(crate) fn new(
-        stream: &'a Stream,
-        host: Option<Box<super::HostBufs>>,
-        seq: u64,
-    ) -> Self {
+    pub(crate) fn new(stream: &'a Stream, host: Option<Box<super::HostBufs>>, seq: u64) -> Self {
         InFlight {
             stream,
             host,
