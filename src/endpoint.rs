@@ -83,7 +83,18 @@ fn destroy_now(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error
 #[inline(always)]
 fn destroy_inline(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Error>> {
     // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
-    if let Err(e) = crate::ledger::settle_destroy(range, id) {
+    // A panic inside that synchronize comes before the destroy: the id
+    // still holds the endpoint, so it is left an orphan, which the range
+    // destroys before it releases the id (R1.2) and before the memory its
+    // bindings keep alive is let go (R7.2).
+    let orphan = OnUnwind::new(|| {
+        // SAFETY: only the owner of the endpoint on `id` destroys it (see
+        // `destroy_now`), so no other reference to its facts exists.
+        unsafe { range.facts_mut(id) }.orphaned = true;
+    });
+    let settled = crate::ledger::settle_destroy(range, id);
+    orphan.disarm();
+    if let Err(e) = settled {
         return destroy_failed(range, id, from_drop, e);
     }
     // A panic inside the call is taken as coming after the destroy (see

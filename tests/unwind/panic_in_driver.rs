@@ -1029,3 +1029,46 @@ fn nothing_left(what: &dyn std::fmt::Display, ctx: Context, model: &Model) {
     assert!(live.is_empty(), "{what}: leak: {live:?}");
     assert!(teardown.is_empty(), "{what}: {teardown:?}");
 }
+
+/// R1.2 (destroy before release): a panic inside the synchronize that a
+/// destroy (`destroy` or the drop) runs first (a copy still in flight on the id: its
+/// token forgotten) comes before the driver was asked to destroy. The id
+/// still holds the endpoint then: the range destroys it before it
+/// releases the id, and the memory its forgotten binding keeps stays
+/// alive until then (never freed while bound).
+#[test]
+fn r1_2_a_panic_inside_the_settle_of_a_destroy_leaves_the_endpoint_destroyed_before_the_release() {
+    for by_drop in [false, true] {
+        settle_panics_in_a_destroy(by_drop);
+    }
+}
+
+fn settle_panics_in_a_destroy(by_drop: bool) {
+    quiet();
+    let model = Model::new(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
+    let (ep, owner) = ready_unicast_and_memory(&ctx);
+    let src = mapped_on_0(&ctx);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    std::mem::forget(
+        stream
+            .enqueue(cuda_endpoints::CopyBatch::new().put(&src, 0, &ep, 0, 4096))
+            .unwrap(),
+    );
+    std::mem::forget(b);
+    let r = tracing::subscriber::with_default(panic_once_after(Call::StreamSynchronize), || {
+        catch_unwind(AssertUnwindSafe(|| match by_drop {
+            true => drop(ep),
+            false => drop(ep.destroy()),
+        }))
+    });
+    assert!(r.is_err_and(|p| p.is::<Planned>()), "the planned panic");
+    stream.synchronize().unwrap();
+    drop(stream);
+    drop((owner, src));
+    nothing_left(&format!("destroy (by drop: {by_drop})"), ctx, &model);
+}

@@ -177,8 +177,9 @@ macro_rules! op_list {
             }
         }
 
-        /// A list of at most [`Self::INLINE`] ops is copied inline (the `Vec`'s
-        /// buffer freed); a longer one keeps the `Vec`'s buffer.
+        /// A `Vec` of room for at most [`Self::INLINE`] ops is copied inline
+        /// (its buffer freed); any other keeps the `Vec`'s buffer, however
+        /// few ops it holds (`SmallVec::from_vec` goes by the capacity).
         impl From<Vec<$op>> for $name {
             #[inline]
             fn from(v: Vec<$op>) -> Self {
@@ -391,6 +392,18 @@ mod tests {
             o.size += 1;
         }
         assert_eq!((&c).into_iter().map(|o| o.size).sum::<u64>(), 3);
+    }
+
+    #[test]
+    fn a_vec_is_copied_inline_by_its_room_not_its_length() {
+        let mut v = Vec::with_capacity(16);
+        v.push(op(0));
+        let at = v.as_ptr();
+        let ops = CopyOps::from(v);
+        assert_eq!(ops.as_ptr(), at, "a Vec with room for 16 keeps its buffer");
+        assert_eq!(ops.capacity(), 16);
+        let ops = CopyOps::from(vec![op(0)]);
+        assert_eq!(ops.capacity(), CopyOps::INLINE, "room for 1: inline");
     }
 
     #[cfg(feature = "serde")]
