@@ -728,6 +728,18 @@ fn mapped_on_0(ctx: &Context) -> cuda_endpoints::Mapped<Private> {
         .unwrap()
 }
 
+/// A quiet 13.5 node of two devices (the fabric copy) and a traced
+/// context on it: where the panic tests of copies start.
+fn fabric_node() -> (Model, Context) {
+    quiet();
+    let model = Model::new(ModelConfig {
+        driver_version: 13050,
+        ..ModelConfig::node(2)
+    });
+    let ctx = Context::new(Traced::new(model.clone()));
+    (model, ctx)
+}
+
 /// A ready unicast endpoint on device 0, and memory to bind on it.
 fn ready_unicast_and_memory(
     ctx: &Context,
@@ -787,12 +799,7 @@ fn f4_a_panic_after_the_driver_took_a_portable_copy_frees_nothing_the_copy_uses(
 /// A capture whose call `call` panics after the driver acted: nothing
 /// the crate got back leaks (the capture stream, the graph).
 fn panic_in_a_capture(call: Call) {
-    quiet();
-    let model = Model::new(ModelConfig {
-        driver_version: 13050,
-        ..ModelConfig::node(2)
-    });
-    let ctx = Context::new(Traced::new(model.clone()));
+    let (model, ctx) = fabric_node();
     let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
     let (ep, owner) = ready_unicast_and_memory(&ctx);
     let b = ep.bind(Device(0), 0, &owner).unwrap();
@@ -839,12 +846,7 @@ enum Ending {
 }
 
 fn panic_inside_a_synchronize(ending: Ending) {
-    quiet();
-    let model = Model::new(ModelConfig {
-        driver_version: 13050,
-        ..ModelConfig::node(2)
-    });
-    let ctx = Context::new(Traced::new(model.clone()));
+    let (model, ctx) = fabric_node();
     let (ep, owner) = ready_unicast_and_memory(&ctx);
     let src = mapped_on_0(&ctx);
     let b = ep.bind(Device(0), 0, &owner).unwrap();
@@ -975,12 +977,7 @@ fn a_panic_inside_event_create_destroys_the_event_it_made() {
 /// ids unpinned, so the binding it named unbinds at once (not refused with
 /// `UnbindUnderGraph`), and nothing leaks.
 fn panic_in_a_graph_destroy(call: Call) {
-    quiet();
-    let model = Model::new(ModelConfig {
-        driver_version: 13050,
-        ..ModelConfig::node(2)
-    });
-    let ctx = Context::new(Traced::new(model.clone()));
+    let (model, ctx) = fabric_node();
     let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
     let (ep, owner) = ready_unicast_and_memory(&ctx);
     let b = ep.bind(Device(0), 0, &owner).unwrap();
@@ -1044,12 +1041,7 @@ fn r1_2_a_panic_inside_the_settle_of_a_destroy_leaves_the_endpoint_destroyed_bef
 }
 
 fn settle_panics_in_a_destroy(by_drop: bool) {
-    quiet();
-    let model = Model::new(ModelConfig {
-        driver_version: 13050,
-        ..ModelConfig::node(2)
-    });
-    let ctx = Context::new(Traced::new(model.clone()));
+    let (model, ctx) = fabric_node();
     let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
     let (ep, owner) = ready_unicast_and_memory(&ctx);
     let src = mapped_on_0(&ctx);
