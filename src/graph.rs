@@ -38,7 +38,7 @@
 
 use std::marker::PhantomData;
 
-use crate::copy::{CopyBatch, FabricList, InFlight, fabric_copy_error};
+use crate::copy::{CopyBatch, FabricList, HostBufs, InFlight, fabric_copy_error};
 use crate::driver::Call;
 use crate::error::{Error, Feature, Result};
 use crate::ledger::holds::Keep;
@@ -56,10 +56,10 @@ pub struct CopyGraph<'a> {
     /// Its number in its ranges' holds, which pins its ids (F8).
     pin: u64,
     keep: Keep,
-    host_in: Vec<Vec<u8>>,
-    host_out: Vec<(usize, Vec<u8>)>,
+    /// Its host buffers, at the addresses captured (none without host ops).
+    host: Option<Box<HostBufs>>,
     /// The stream record of the last launch: until the stream passed it,
-    /// the launch may still write `host_out`.
+    /// the launch may still write the received buffers.
     last: Option<u64>,
     _borrow: PhantomData<&'a ()>,
 }
@@ -107,12 +107,7 @@ impl Stream {
                 "a graph of copies captures the fabric copy; on the portable path enqueue each batch",
             ));
         }
-        let FabricList {
-            list,
-            keep,
-            host_in,
-            host_out,
-        } = batch.into_list();
+        let FabricList { list, keep, host } = batch.into_list();
         let d = ctx.driver();
         // The capture runs on a stream of its own, made here and destroyed
         // below, that no other code can reach: `Stream` is `Sync`, so on
@@ -201,8 +196,7 @@ impl Stream {
             exec,
             pin,
             keep,
-            host_in,
-            host_out,
+            host,
             last: None,
             _borrow: PhantomData,
         })
@@ -237,7 +231,7 @@ impl CopyGraph<'_> {
 
     /// The host buffers given to [`CopyBatch::put_host`], in order.
     pub fn sent(&self) -> &[Vec<u8>] {
-        &self.host_in
+        self.host.as_deref().map_or(&[], |h| &h.sent)
     }
 
     /// The buffers [`CopyBatch::get_host`] fills, in order, as the last
@@ -254,7 +248,8 @@ impl CopyGraph<'_> {
         {
             self.stream.synchronize()?;
         }
-        Ok(self.host_out.iter().map(|(_, b)| b.as_slice()).collect())
+        let received = self.host.as_deref().map_or(&[][..], |h| &h.received);
+        Ok(received.iter().map(|(_, b)| b.as_slice()).collect())
     }
 }
 
@@ -265,8 +260,7 @@ impl Drop for CopyGraph<'_> {
             let end = crate::unwind::completing(|| self.stream.synchronize());
             if !end.done {
                 // A launch may still run: its host buffers stay, for good.
-                std::mem::forget(std::mem::take(&mut self.host_in));
-                std::mem::forget(std::mem::take(&mut self.host_out));
+                std::mem::forget(self.host.take());
             }
             let d = ctx.driver();
             let (graph, pin, eps) = (self.graph, self.pin, &self.keep.endpoints);

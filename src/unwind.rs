@@ -27,6 +27,43 @@ impl<F: FnOnce()> OnUnwind<F> {
     }
 }
 
+/// [`OnUnwind`] over a value the guarded call also uses: reached through
+/// the guard ([`OnUnwindWith::value`]) while it is armed, handed to `f` if
+/// the guard drops armed. `f` is `Copy` (it captures references alone), so
+/// [`OnUnwindWith::disarm`] forgets the guard: nothing to drop, no flag to
+/// test (a copy's enqueue: the op list is made in the driver call's
+/// argument, through the guard).
+#[must_use = "an unarmed guard does nothing: keep it until the call returned"]
+pub(crate) struct OnUnwindWith<'v, T, F: FnOnce(&mut T) + Copy> {
+    value: &'v mut T,
+    f: F,
+}
+
+impl<'v, T, F: FnOnce(&mut T) + Copy> OnUnwindWith<'v, T, F> {
+    pub fn new(value: &'v mut T, f: F) -> Self {
+        OnUnwindWith { value, f }
+    }
+
+    /// The guarded value.
+    #[inline]
+    pub fn value(&mut self) -> &mut T {
+        self.value
+    }
+
+    /// The call returned: nothing to roll back.
+    #[inline]
+    pub fn disarm(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<T, F: FnOnce(&mut T) + Copy> Drop for OnUnwindWith<'_, T, F> {
+    fn drop(&mut self) {
+        let (f, value) = (self.f, &mut *self.value);
+        roll_back(move || f(value));
+    }
+}
+
 /// Runs the body of a `Drop` that calls the driver. While unwinding, a
 /// panic inside it (a `tracing` layer or user backend that panics again) is
 /// caught: one escaping a destructor during unwinding aborts the process.
@@ -51,11 +88,10 @@ impl<F: FnOnce()> Drop for OnUnwind<F> {
 /// A rollback that calls the driver (an unmap, an unbind) may meet the same
 /// panicking layer again: caught here, so that the first panic goes on
 /// unwinding instead of the process aborting. Out of line: only unwinding
-/// comes here (also the `Drop` of a guard of its own, forgotten when its
-/// call returned: a copy's, `copy/enqueue.rs`).
+/// comes here.
 #[cold]
 #[inline(never)]
-pub(crate) fn roll_back<F: FnOnce()>(f: F) {
+fn roll_back<F: FnOnce()>(f: F) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
 }
 

@@ -530,6 +530,10 @@ impl BatchInner {
             && self.ep_error.is_none()
             && !self.unordered
             && !(self.puts && self.gets);
+        // Memory reached two ways matters only between two ops: F3's sweep
+        // pairs spans of different ops (one op onto its own bytes is the
+        // portable path's `CopyOntoItself`).
+        let pairs = self.list.len() >= 2;
         let mut by_handle = 0usize;
         for (f, (range, _)) in self.eps.iter().zip(&self.keep.endpoints) {
             if !range.ctx.same(ctx) {
@@ -542,7 +546,7 @@ impl BatchInner {
                 usual = false;
             }
             if f.bound_here {
-                usual &= !range.maybe_attached() || self.list.len() < 2;
+                usual &= !(pairs && range.maybe_attached());
                 by_handle = by_handle.saturating_add(f.by_handle);
             }
         }
@@ -553,10 +557,7 @@ impl BatchInner {
             }
             usual &= matches!(l, Locality::Device(d) if *d == stream_dev);
         }
-        // Memory reached two ways matters only between two ops: F3's sweep
-        // pairs spans of different ops (one op onto its own bytes is the
-        // portable path's `CopyOntoItself`).
-        if usual && (by_handle < 2 || self.list.len() < 2) {
+        if usual && !(pairs && by_handle >= 2) {
             return Ok(());
         }
         self.check_rest(stream_dev)

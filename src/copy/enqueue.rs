@@ -6,11 +6,12 @@
 //! `graph.rs` captures too), the record of what the batch keeps alive, and
 //! the error of a failed fabric copy (F7).
 
-use super::{BatchInner, CopyBatch, InFlight};
+use super::{BatchInner, CopyBatch, HostBufs, InFlight};
 use crate::driver::{Call, CopyOps};
 use crate::error::{Error, Result};
 use crate::ledger::holds::Keep;
 use crate::stream::Stream;
+use crate::unwind::OnUnwindWith;
 
 impl Stream {
     /// Enqueues `batch` (one `cuFabricCpyBatchAsync`, flags 0) after every
@@ -66,10 +67,10 @@ impl Stream {
         // call takes it (taken first and moved in, it was one more copy of
         // its inline ops: a one-op batch 1,159 -> 1,129 instructions on `Null`,
         // `benches/copy_batch.rs`).
-        let guard = LeaveOnUnwind {
-            inner: &mut inner,
-            stream: &self.inner,
-        };
+        let stream = &self.inner;
+        let mut guard = OnUnwindWith::new(&mut *inner, |b: &mut BatchInner| {
+            b.leave_in_flight(stream);
+        });
         // SAFETY: every id is a ready endpoint borrowed for 'a (R13.1) whose
         // ranges were checked against the bindings this process knows (F9);
         // the ops are independent (F3, checked) and local (F2, checked);
@@ -82,11 +83,9 @@ impl Stream {
         // rest stays in the batch's state until it is recorded.
         let r = unsafe {
             ctx.driver()
-                .fabric_copy_batch(self.inner.handle, guard.inner.take_list(), 0)
+                .fabric_copy_batch(self.inner.handle, guard.value().take_list(), 0)
         };
-        // The call returned: nothing to leave in flight (the guard holds
-        // two borrows, nothing to free).
-        std::mem::forget(guard);
+        guard.disarm();
         if let Err(code) = r {
             // Nothing enqueued: what the batch holds is dropped with it.
             drop(inner);
@@ -96,19 +95,6 @@ impl Stream {
         let token = InFlight::new(self, inner.host.take(), seq);
         super::spare::give_back(inner);
         Ok(token)
-    }
-}
-
-/// What a fabric call that unwound leaves ([`BatchInner::leave_in_flight`]),
-/// run when dropped: the call returned when it is forgotten instead.
-struct LeaveOnUnwind<'s> {
-    inner: &'s mut BatchInner,
-    stream: &'s std::sync::Arc<crate::ledger::holds::StreamInner>,
-}
-
-impl Drop for LeaveOnUnwind<'_> {
-    fn drop(&mut self) {
-        crate::unwind::roll_back(|| self.inner.leave_in_flight(self.stream));
     }
 }
 
@@ -126,8 +112,7 @@ impl BatchInner {
 pub(crate) struct FabricList {
     pub(crate) list: CopyOps,
     pub(crate) keep: Keep,
-    pub(crate) host_in: Vec<Vec<u8>>,
-    pub(crate) host_out: Vec<(usize, Vec<u8>)>,
+    pub(crate) host: Option<Box<HostBufs>>,
 }
 
 impl<'a> CopyBatch<'a> {
@@ -142,16 +127,10 @@ impl<'a> CopyBatch<'a> {
     /// them where they are).
     pub(crate) fn into_list(self) -> FabricList {
         let mut inner = self.parked();
-        let (host_in, host_out) = inner
-            .host
-            .take()
-            .map(|h| (h.sent, h.received))
-            .unwrap_or_default();
         let list = FabricList {
             list: inner.take_list(),
             keep: std::mem::take(&mut inner.keep),
-            host_in,
-            host_out,
+            host: inner.host.take(),
         };
         super::spare::give_back(inner);
         list
