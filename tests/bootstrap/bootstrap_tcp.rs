@@ -1016,6 +1016,11 @@ fn a_sustained_flood_of_connections_that_hold_cannot_keep_honest_ranks_out() {
     let rank0 = Guard::spawn("rank0", &mut cmd);
     let id = UniqueId::read_file(&path, Duration::from_secs(60)).expect("rank 0 writes the id");
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // The honest ranks start only once the flood has opened more than rank
+    // 0's 64 descriptors, so the flood is in full swing whatever the
+    // machine's speed (a fast job once finished before it opened 64).
+    const IN_SWING: u64 = 128;
+    let (swing, in_swing) = std::sync::mpsc::sync_channel(1);
     let (done, root, opened) = std::thread::scope(|s| {
         let flood = s.spawn(|| {
             let mut held = std::collections::VecDeque::new();
@@ -1026,6 +1031,9 @@ fn a_sustained_flood_of_connections_that_hold_cannot_keep_honest_ranks_out() {
                 if let Ok(c) = TcpStream::connect_timeout(&id.addr(), Duration::from_secs(2)) {
                     opened += 1;
                     held.push_back(c);
+                    if opened == IN_SWING {
+                        let _ = swing.try_send(());
+                    }
                 }
                 if held.len() > 400 {
                     held.pop_front();
@@ -1033,6 +1041,11 @@ fn a_sustained_flood_of_connections_that_hold_cannot_keep_honest_ranks_out() {
             }
             opened
         });
+        if in_swing.recv_timeout(Duration::from_secs(60)).is_err() {
+            // Stop the flood before failing, or the scope waits on it.
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            panic!("the flood did not open {IN_SWING} connections in 60 s");
+        }
         let mut kids = Children::default();
         spawn_ranks(&mut kids, &id, 4, |_| "suite");
         let done = kids.wait_all(Duration::from_secs(90));
@@ -1040,7 +1053,7 @@ fn a_sustained_flood_of_connections_that_hold_cannot_keep_honest_ranks_out() {
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         (done, root, flood.join().expect("flood"))
     });
-    assert!(opened > 64, "the flood opened {opened}");
+    assert!(opened >= IN_SWING, "the flood opened {opened}");
     for d in done.iter().chain(std::iter::once(&root)) {
         assert_eq!(
             d.code,
