@@ -263,7 +263,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// agreed on (a heap's top), past which copies through this endpoint
     /// are refused before the driver (R13.3).
     pub(crate) fn set_agreed(&self, top: Option<u64>) {
-        self.slot().set_agreed(top);
+        let mut slot = self.slot();
+        slot.set_agreed(top);
+        // Under the lock: a copy's facts read before know they are stale.
+        self.range.bindings_changed();
+        drop(slot);
     }
 
     /// For an imported endpoint of a team bring-up: the ranks agreed it was

@@ -132,6 +132,7 @@ impl RangeInner {
             // `Drop` finish the release.
             self.set_orphaned(id, false);
             let slot = std::mem::take(self.slot_mut(id));
+            self.bindings_changed_mut();
             let fabric = self.take_fabric_mut(id);
             let ctx = &self.ctx;
             let detach = OnUnwind::new(|| {
@@ -160,6 +161,7 @@ impl RangeInner {
                         let id = self.base + j;
                         std::mem::forget(std::mem::take(self.slot_mut(id)));
                     }
+                    self.bindings_changed_mut();
                     self.released = true;
                     return Err(self.ctx.error(Call::Destroy, code));
                 }

@@ -228,16 +228,30 @@ pub(crate) struct RangeInner {
     pub(crate) released: bool,
     /// The context's spare: released, `ctx` already let go.
     pub(crate) spare: bool,
-    /// Moves (under the lock) on every change to a binding list of the
-    /// range, so that facts read from the bindings earlier (a copy batch's,
-    /// F9) are known stale without a lock (`bindings_gen`).
+    /// Moves (under the lock, or through `&mut`) on every change to a
+    /// binding list or an agreed top of the range, so that facts read from
+    /// them earlier (a copy batch's, F9, R13.3) are known stale without a
+    /// lock (`bindings_gen`).
     bindings_gen: AtomicU64,
+    /// This range among every range the process made ([`next_serial`]):
+    /// with `bindings_gen`, what the copy's facts memo (`copy/check.rs`)
+    /// keys on across batches, when the range may have gone and another
+    /// come at its address.
+    pub(crate) serial: u64,
     /// The range's copy gate ([`gate`]): an unbind waits for the enqueues,
     /// an enqueue for the binds and unbinds (F4, R13.3).
     gate: gate::Gate,
     /// What is in flight on the range's ids ([`holds`]): the batches and
     /// graphs that an unbind or destroy settles first (F4, F8).
     holds: holds::Holds,
+}
+
+/// A [`RangeInner::serial`] that no range of the process has had (a
+/// `u64` at one range a nanosecond wraps after 584 years).
+#[inline]
+fn next_serial() -> u64 {
+    static SERIALS: AtomicU64 = AtomicU64::new(0);
+    SERIALS.fetch_add(1, Ordering::Relaxed)
 }
 
 /// The context of a range, read as a `&Context` without a test: it is
@@ -335,15 +349,24 @@ impl RangeInner {
         slot.bindings.is_empty() && !self.attached.load(Ordering::Relaxed)
     }
 
-    /// A binding list of the range changed: called with the range's lock
-    /// held (a [`SlotGuard`] alive), so changes are counted one at a time.
+    /// A binding list or an agreed top of the range changed: called with
+    /// the range's lock held (a [`SlotGuard`] alive), so changes are
+    /// counted one at a time.
     #[inline]
     pub fn bindings_changed(&self) {
         self.bindings_gen.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The count of changes to the range's binding lists so far: facts
-    /// read under the lock along with it are current while it stays.
+    /// [`RangeInner::bindings_changed`] through `&mut` (a slot taken
+    /// without the lock).
+    pub(crate) fn bindings_changed_mut(&mut self) {
+        let g = self.bindings_gen.get_mut();
+        *g = g.wrapping_add(1);
+    }
+
+    /// The count of changes to the range's binding lists and agreed tops
+    /// so far: facts read under the lock along with it are current while
+    /// it stays.
     #[inline]
     pub fn bindings_gen(&self) -> u64 {
         self.bindings_gen.load(Ordering::Acquire)
@@ -436,6 +459,7 @@ impl RangeInner {
                 released: false,
                 spare: false,
                 bindings_gen: AtomicU64::new(0),
+                serial: next_serial(),
                 gate: gate::Gate::new(),
                 holds: holds::Holds::default(),
             });

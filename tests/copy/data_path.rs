@@ -1380,6 +1380,41 @@ fn f9_a_batch_built_before_an_unbind_is_checked_against_the_bindings_at_enqueue(
     clean(&ctx, &model);
 }
 
+/// F9 across batches: the facts of the last batch's endpoint are kept for
+/// the next one (read without the range's lock), and an unbind between
+/// the two, or a bind, is seen by the next one before the driver.
+#[test]
+fn f9_a_batch_after_an_unbind_reads_the_bindings_again_not_the_last_batchs() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    let b = u.bind();
+    for _ in 0..2 {
+        let batch = CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096);
+        s.enqueue(batch).unwrap().wait().unwrap();
+    }
+    b.unbind().unwrap();
+    let copies = model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync);
+    let err = s
+        .enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096))
+        .unwrap_err();
+    assert!(matches!(err, Error::CopyNotBound { op: 0, .. }), "{err:?}");
+    assert_eq!(
+        model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync),
+        copies,
+        "refused before the driver"
+    );
+    let b = u.bind();
+    s.enqueue(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 4096))
+        .unwrap()
+        .wait()
+        .unwrap();
+    drop(s);
+    drop(b);
+    drop(u);
+    clean(&ctx, &model);
+}
+
 /// A forgotten graph (`mem::forget`: never launched again) still pins its
 /// ids against an unbind, but not against the endpoint's destroy, which
 /// unbinds everything and lets go of the pin.
