@@ -231,8 +231,8 @@ impl BatchInner {
         self.get_from_slow(ep, offset, size, op);
     }
 
-    #[cold]
-    #[inline(never)]
+    // Into its callers, themselves cold: one frame for a first op.
+    #[inline(always)]
     fn put_to_slow<S: State, K: Kind>(
         &mut self,
         ep: &Endpoint<S, K>,
@@ -307,7 +307,12 @@ impl BatchInner {
     /// Before the cursor leaves its endpoint: the puts through it checked
     /// against its end ([`Cursor::run`]), the end of the last one to
     /// `put_last`, and the cursor names no endpoint.
+    #[inline]
     fn leave_cursor(&mut self) {
+        // Naming none already (a batch's first op): nothing to leave.
+        if self.cursor.ep_at == 0 {
+            return;
+        }
         let c = self.cursor;
         if c.putting && c.put_from > c.end {
             self.check_run();
