@@ -14,13 +14,17 @@
 #                               only it (or reads LOG) and rewrites only its
 #                               tables (bring_up, bring_up_fit) and its run
 #                               line (bring_up_run); it needs no Valgrind
-#   benches/report.sh --gpu LOG
+#   benches/report.sh --gpu LOG [LOG...]
 #                               the GPU tables (gpu: bandwidth and small puts,
 #                               typed against raw) and their run line
 #                               (gpu_run) from a saved output of
 #                               benches/gpu_copy.rs on the GPU machine
 #                               (`scripts/gpu-suite.sh bench` writes one, with
-#                               its `# report:` lines); nothing is run
+#                               its `# report:` lines), the first LOG; with
+#                               several (`bench REPS RUNS` writes them), the
+#                               table across the runs too (gpu_runs: each
+#                               ratio's median over the runs, with their
+#                               least and greatest); nothing is run
 #
 # Only the text between `<!-- report:NAME -->` and `<!-- /report:NAME -->`
 # is rewritten; the prose around it is written by hand and names the commit
@@ -33,10 +37,16 @@ root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 readme=$root/benches/README.md
 
 only=
+gpu_logs=()
 if [[ ${1:-} == --gpu ]]; then
-    [[ $# -eq 2 && -f $2 ]] || { echo "benches/report.sh: --gpu takes the saved output of gpu_copy" >&2; exit 2; }
+    [[ $# -ge 2 ]] || { echo "benches/report.sh: --gpu takes the saved output of gpu_copy, one file a run" >&2; exit 2; }
     only=gpu
     shift
+    for f in "$@"; do
+        [[ -f $f ]] || { echo "benches/report.sh: --gpu: no file $f" >&2; exit 2; }
+    done
+    gpu_logs=("$@")
+    set -- "$1"
 elif [[ ${1:-} == --bench ]]; then
     [[ ${2:-} == bring_up ]] || { echo "benches/report.sh: --bench takes bring_up" >&2; exit 2; }
     only=bring_up
@@ -71,7 +81,7 @@ trap 'rm -rf "$out"' EXIT
 
 # The GPU run (benches/gpu_copy.rs): its own rows, its own sections.
 gpu_tables() {
-    sed 's/\x1b\[[0-9;]*m//g' "$log" | awk -v out="$out" '
+    sed 's/\x1b\[[0-9;]*m//g' "$log" | awk -v out="$out" -v nlogs="${#gpu_logs[@]}" '
 function emit(name, text,   file) { file = out "/" name; printf "%s", text > file; close(file) }
 function range(r) { gsub(/[()]/, "", r); sub(/-/, "–", r); return r }
 function commas(x,   s, r) { s = sprintf("%d", x); r = ""; while (length(s) > 3) { r = "," substr(s, length(s) - 2) r; s = substr(s, 1, length(s) - 3) } return s r }
@@ -116,15 +126,67 @@ END {
         if (!(n in CALLS)) { missing = missing " calls@" n; continue }
         calls = calls sprintf("%sa typed batch of %s put%s reached the driver as %s", calls == "" ? "" : "; ", n, n == 1 ? "" : "s", CALLS[n])
     }
-    emit("gpu_run", sprintf("Every figure of the GPU tables is from one `gpu_copy` run (`scripts/gpu-suite.sh bench`, read by `benches/report.sh --gpu`): %s, commit `%s`, %s, %s, medians of %s interleaved repetitions; %s (counted on a traced context, untimed).\n", \
-        META["date"], META["commit"], META["gpu"], ctx, reps, calls))
+    which = nlogs > 1 ? sprintf("The two GPU tables are from the first of %d `gpu_copy` runs, the table after them from all %d", nlogs, nlogs) : "Every figure of the GPU tables is from one `gpu_copy` run"
+    emit("gpu_run", sprintf("%s (`scripts/gpu-suite.sh bench`, read by `benches/report.sh --gpu`): %s, commit `%s`, %s, %s, medians of %s interleaved repetitions; %s (counted on a traced context, untimed).\n", \
+        which, META["date"], META["commit"], META["gpu"], ctx, reps, calls))
     if (missing != "") { print "benches/report.sh: not in the GPU output:" missing > "/dev/stderr"; exit 1 }
+}
+'
+}
+
+# The GPU runs side by side (several `gpu_copy` processes): per row, the
+# median of the runs' ratios, and their least and greatest.
+gpu_runs_table() {
+    for f in "${gpu_logs[@]}"; do
+        echo "# file"
+        sed 's/\x1b\[[0-9;]*m//g' "$f"
+    done | awk -v out="$out" '
+function emit(name, text,   file) { file = out "/" name; printf "%s", text > file; close(file) }
+function commas(x,   s, r) { s = sprintf("%d", x); r = ""; while (length(s) > 3) { r = "," substr(s, length(s) - 2) r; s = substr(s, 1, length(s) - 3) } return s r }
+function med(key,   n, i, j, t, v) {
+    n = CNT[key]
+    for (i = 1; i <= n; i++) v[i] = VAL[key, i]
+    for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+    LO = v[1]; HI = v[n]
+    return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+}
+function add(key, x) { CNT[key]++; VAL[key, CNT[key]] = x; if (!(key in SEEN)) { SEEN[key] = 1; ORDER[++NK] = key } }
+/^# file$/ { runs++; sec = ""; next }
+/^# report: commit=/ { c = $0; sub(/.*=/, "", c); COMMITS[c] = 1; next }
+/^# report: date=/ { d = $0; sub(/.*=/, "", d); DATES[d] = 1; next }
+/^== bandwidth:/ { sec = "bw"; next }
+/^== small puts: a batch/ { sec = "small"; next }
+/^== small puts: the typed batch/ { sec = "over"; next }
+/^==/ { sec = ""; next }
+sec == "bw" && /^ *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ / { add("bw " $1, $4); next }
+sec == "small" && /^ *[0-9]+ +typed / { add("enq " $1, $7); add("wait " $1, $8); next }
+sec == "over" && /^ *[0-9]+ +-?[0-9.]+ / { add("ns " $1, $2); next }
+END {
+    if (runs < 2) { print "benches/report.sh: --gpu: the table across runs needs two runs or more" > "/dev/stderr"; exit 1 }
+    t = sprintf("Across %d `gpu_copy` processes run one after another (the median of each run’s ratio, then the least and the greatest run):\n\n", runs)
+    t = t "| measure | median of the runs | least run | greatest run |\n| --- | ---: | ---: | ---: |\n"
+    for (i = 1; i <= NK; i++) {
+        k = ORDER[i]; split(k, p, " ")
+        if (CNT[k] != runs) { missing = missing " " k; continue }
+        m = med(k)
+        if (p[1] == "bw") t = t sprintf("| single put of %s B, typed / raw bandwidth | %.3f | %.3f | %.3f |\n", commas(p[2]), m, LO, HI)
+        else if (p[1] == "enq") t = t sprintf("| %s put%s of 64 B, typed enqueue / raw `cuMemcpyAsync` loop | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
+        else if (p[1] == "wait") t = t sprintf("| %s put%s of 64 B, with the wait | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
+        else if (p[1] == "ns" && p[2] == 1) t = t sprintf("| one put: the typed enqueue over the raw, ns | %d | %d | %d |\n", m, LO, HI)
+    }
+    nc = 0; for (c in COMMITS) { nc++; cm = c }
+    if (nc != 1) missing = missing " one-commit"
+    emit("gpu_runs", t)
+    if (missing != "") { print "benches/report.sh: --gpu: not in every run:" missing > "/dev/stderr"; exit 1 }
 }
 '
 }
 
 if [[ $only == gpu ]]; then
     gpu_tables
+    if [[ ${#gpu_logs[@]} -gt 1 ]]; then
+        gpu_runs_table
+    fi
 else
 # Strip colours, then read the figures each bench prints. gungraun prints a
 # header `file::group::function id:setup(args)` and, under it,

@@ -8,11 +8,16 @@
 #                                     # probe, then the suite, one test at a
 #                                     # time; ARGS go to the test binary
 #                                     # (e.g. a test-name filter)
-#   scripts/gpu-suite.sh bench [REPS]  # on the GPU machine: only the data-path
+#   scripts/gpu-suite.sh bench [REPS [RUNS]]
+#                                     # on the GPU machine: only the data-path
 #                                     # bench (benches/gpu_copy.rs), its output
 #                                     # with `# report:` lines in
 #                                     # $OUT/gpu_copy.log (else .gpu-bin/), for
-#                                     # `benches/report.sh --gpu LOG` here
+#                                     # `benches/report.sh --gpu LOG` here;
+#                                     # with RUNS > 1, that many processes one
+#                                     # after another, in gpu_copy.1.log …
+#                                     # (medians move between processes more
+#                                     # than within one: `--gpu` reads them all)
 #
 # .gpu-bin/ is ignored through .git/info/exclude (never .gitignore), so it
 # has to be carried to the GPU machine explicitly.
@@ -126,21 +131,29 @@ run() {
 bench() {
     [ -x "$bin/gpu_copy" ] ||
         die "no gpu_copy in $bin: run 'scripts/gpu-suite.sh build' where cargo is, and carry .gpu-bin"
+    local reps="${1:-}" runs="${2:-1}"
+    [[ $runs =~ ^[1-9][0-9]?$ ]] || die "bench: RUNS is a number from 1 to 99, not '$runs'"
     export CUDA_ENDPOINTS_DENY=cuMulticastCreate
     export CUDA_ENDPOINTS_CLASSIC_MULTICAST=0
-    local logs="${OUT:-$bin}" gpu
+    local logs="${OUT:-$bin}" gpu log i
     mkdir -p "$logs"
     gpu="$( (nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo unknown) | head -n 1)"
-    {
-        echo "# report: date=$(date -u +%F)"
-        echo "# report: commit=$(cat "$bin/commit" 2>/dev/null || echo unknown)"
-        echo "# report: gpu=${gpu//,/, driver}"
-        echo "# report: host=$(uname -srm)"
-        echo "# report: load_before=$(uptime | sed 's/.*load average: //')"
-    } >"$logs/gpu_copy.log"
-    "$bin/gpu_copy" "$@" 2>&1 | tee -a "$logs/gpu_copy.log"
-    echo "# report: load_after=$(uptime | sed 's/.*load average: //')" >>"$logs/gpu_copy.log"
-    echo "gpu-suite: saved $logs/gpu_copy.log (benches/report.sh --gpu LOG rewrites benches/README.md from it)"
+    for ((i = 1; i <= runs; i++)); do
+        log="$logs/gpu_copy.log"
+        [ "$runs" -gt 1 ] && log="$logs/gpu_copy.$i.log"
+        {
+            echo "# report: date=$(date -u +%F)"
+            echo "# report: commit=$(cat "$bin/commit" 2>/dev/null || echo unknown)"
+            echo "# report: gpu=${gpu//,/, driver}"
+            echo "# report: host=$(uname -srm)"
+            echo "# report: run=$i of $runs"
+            echo "# report: load_before=$(uptime | sed 's/.*load average: //')"
+        } >"$log"
+        "$bin/gpu_copy" ${reps:+"$reps"} 2>&1 | tee -a "$log"
+        echo "# report: load_after=$(uptime | sed 's/.*load average: //')" >>"$log"
+        echo "gpu-suite: saved $log"
+    done
+    echo "gpu-suite: benches/report.sh --gpu LOG... rewrites benches/README.md from them"
 }
 
 mode="${1:-}"
@@ -149,5 +162,5 @@ case "$mode" in
 build) build ;;
 run) run "$@" ;;
 bench) bench "$@" ;;
-*) die "usage: scripts/gpu-suite.sh build | run [test-binary args] | bench [repetitions]" ;;
+*) die "usage: scripts/gpu-suite.sh build | run [test-binary args] | bench [repetitions [runs]]" ;;
 esac

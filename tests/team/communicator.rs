@@ -491,6 +491,79 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
     common::no_violations(&model.violations());
 }
 
+/// R13.3 across batches: a batch's endpoint facts (a heap's agreed top
+/// among them) are kept for the next batch on the same endpoint, and a
+/// shrink moves the top even when its unbind failed and the chunk stays
+/// bound (only the top changed): the batch after it is refused past the
+/// new top, before the driver.
+#[test]
+fn r13_3_a_shrink_whose_unbind_failed_lowers_the_top_for_a_batch_after_batches_past_it() {
+    use cuda_endpoints::driver::{Call, Code};
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
+    use cuda_endpoints::{CopyBatch, Error, Stream, team::Step};
+    let (contexts, model) = common::node_processes(2);
+    common::on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
+            .unwrap()
+            .into_owned::<Mapped<PosixFd>>();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        let src = chunk(ctx, dev);
+        let stream = Stream::new(ctx, dev).unwrap();
+        boot.barrier(T).unwrap();
+        if r == 0 {
+            for _ in 0..3 {
+                stream
+                    .enqueue(CopyBatch::new().put(&src, 0, peers.own(), CHUNK, 64))
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+            }
+        }
+        boot.barrier(T).unwrap();
+        if r == 0 {
+            me.set_faults(
+                FaultPlan::none()
+                    .with(Fault::nth(Call::Unbind, 1, Code::UNKNOWN).on_process(me.pid())),
+            );
+        }
+        boot.barrier(T).unwrap();
+        let shrunk = peers.shrink(boot, T);
+        match (r, &shrunk) {
+            (0, Err(e)) => assert_eq!(e.step, Step::Shrink, "{e}"),
+            (1, Ok(Some(_))) => {}
+            _ => panic!("rank {r}: {shrunk:?}"),
+        }
+        drop(shrunk);
+        assert_eq!(peers.top(), CHUNK);
+        boot.barrier(T).unwrap();
+        if r == 0 {
+            me.set_faults(FaultPlan::none());
+            let copies = me.calls(Call::FabricCpyBatchAsync);
+            let past = stream
+                .enqueue(CopyBatch::new().put(&src, 0, peers.own(), CHUNK, 64))
+                .map(|t| drop(t.wait()));
+            assert!(
+                matches!(past, Err(Error::CopyNotAgreed { agreed: CHUNK, .. })),
+                "rank 0 past the agreed top: {past:?}"
+            );
+            assert_eq!(me.calls(Call::FabricCpyBatchAsync), copies);
+        }
+        boot.barrier(T).unwrap();
+        drop(stream);
+        drop(src);
+        peers.close(boot, T).unwrap();
+        let _ = ctx.take_teardown_errors();
+    });
+    assert!(
+        model.live_node().is_empty(),
+        "leak: {:?}",
+        model.live_node()
+    );
+    common::no_violations(&model.violations());
+}
+
 #[test]
 fn r13_7_a_shrink_completes_this_ranks_forgotten_copy_into_a_peers_top_chunk_before_any_rank_unbinds()
  {
