@@ -40,6 +40,60 @@ fn chunk(ctx: &Context, dev: i32) -> Mapped<PosixFd> {
         .unwrap()
 }
 
+/// Owned peers of this rank's device, grown by two chunks on every rank.
+fn two_chunk_heap(ctx: &Context, boot: &ThreadRank, dev: i32) -> OwnedPeers<Mapped<PosixFd>> {
+    let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
+        .unwrap()
+        .into_owned::<Mapped<PosixFd>>();
+    peers.grow(boot, chunk(ctx, dev), T).unwrap();
+    peers.grow(boot, chunk(ctx, dev), T).unwrap();
+    peers
+}
+
+/// Rank 0's unbinds fail as `fault` says (`None`: not at all), set while
+/// every rank waits.
+fn unbinds_on_rank_0(
+    r: usize,
+    me: &Model,
+    boot: &ThreadRank,
+    fault: Option<cuda_endpoints::model::faults::Fault>,
+) {
+    use cuda_endpoints::model::faults::FaultPlan;
+    boot.barrier(T).unwrap();
+    if r == 0 {
+        let plan = FaultPlan::none();
+        me.set_faults(match fault {
+            Some(f) => plan.with(f.on_process(me.pid())),
+            None => plan,
+        });
+    }
+    boot.barrier(T).unwrap();
+}
+
+/// A shrink whose first unbind fails on rank 0: rank 0 reports it at the
+/// shrink step, rank 1 shrank; the heap is one chunk lower on both.
+fn shrink_with_rank_0_unbind_failing(
+    r: usize,
+    me: &Model,
+    boot: &ThreadRank,
+    peers: &mut OwnedPeers<Mapped<PosixFd>>,
+) {
+    use cuda_endpoints::driver::Code;
+    use cuda_endpoints::model::faults::Fault;
+    unbinds_on_rank_0(
+        r,
+        me,
+        boot,
+        Some(Fault::nth(Call::Unbind, 1, Code::UNKNOWN)),
+    );
+    let shrunk = peers.shrink(boot, T);
+    match (r, &shrunk) {
+        (0, Err(e)) => assert_eq!(e.step, Step::Shrink, "{e}"),
+        (1, Ok(Some(_))) => {}
+        _ => panic!("rank {r}: {shrunk:?}"),
+    }
+}
+
 /// A communicator as a user keeps it: no lifetime anywhere.
 struct Comm {
     team: OwnedTeam<Mapped<PosixFd>>,
@@ -498,17 +552,10 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
 /// new top, before the driver.
 #[test]
 fn r13_3_a_shrink_whose_unbind_failed_lowers_the_top_for_a_batch_after_batches_past_it() {
-    use cuda_endpoints::driver::{Call, Code};
-    use cuda_endpoints::model::faults::{Fault, FaultPlan};
-    use cuda_endpoints::{CopyBatch, Error, Stream, team::Step};
     let (contexts, model) = common::node_processes(2);
     common::on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
         let dev = r as i32;
-        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
-            .unwrap()
-            .into_owned::<Mapped<PosixFd>>();
-        peers.grow(boot, chunk(ctx, dev), T).unwrap();
-        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        let mut peers = two_chunk_heap(ctx, boot, dev);
         let src = chunk(ctx, dev);
         let stream = Stream::new(ctx, dev).unwrap();
         boot.barrier(T).unwrap();
@@ -521,25 +568,10 @@ fn r13_3_a_shrink_whose_unbind_failed_lowers_the_top_for_a_batch_after_batches_p
                     .unwrap();
             }
         }
-        boot.barrier(T).unwrap();
-        if r == 0 {
-            me.set_faults(
-                FaultPlan::none()
-                    .with(Fault::nth(Call::Unbind, 1, Code::UNKNOWN).on_process(me.pid())),
-            );
-        }
-        boot.barrier(T).unwrap();
-        let shrunk = peers.shrink(boot, T);
-        match (r, &shrunk) {
-            (0, Err(e)) => assert_eq!(e.step, Step::Shrink, "{e}"),
-            (1, Ok(Some(_))) => {}
-            _ => panic!("rank {r}: {shrunk:?}"),
-        }
-        drop(shrunk);
+        shrink_with_rank_0_unbind_failing(r, me, boot, &mut peers);
         assert_eq!(peers.top(), CHUNK);
-        boot.barrier(T).unwrap();
+        unbinds_on_rank_0(r, me, boot, None);
         if r == 0 {
-            me.set_faults(FaultPlan::none());
             let copies = me.calls(Call::FabricCpyBatchAsync);
             let past = stream
                 .enqueue(CopyBatch::new().put(&src, 0, peers.own(), CHUNK, 64))
@@ -570,11 +602,7 @@ fn r13_7_a_shrink_completes_this_ranks_forgotten_copy_into_a_peers_top_chunk_bef
     let (contexts, model) = processes(2);
     on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
         let dev = r as i32;
-        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
-            .unwrap()
-            .into_owned::<Mapped<PosixFd>>();
-        peers.grow(boot, chunk(ctx, dev), T).unwrap();
-        peers.grow(boot, chunk(ctx, dev), T).unwrap();
+        let mut peers = two_chunk_heap(ctx, boot, dev);
         let stream = Stream::new(ctx, dev).unwrap();
         if r == 1 {
             // A put into rank 0's top chunk whose token is forgotten: no
@@ -613,51 +641,33 @@ fn r13_7_a_shrink_completes_this_ranks_forgotten_copy_into_a_peers_top_chunk_bef
 fn r7_2_a_chunk_whose_unbind_failed_at_a_shrink_is_kept_aside_until_unbound_on_every_rank_the_heap_agrees()
  {
     use cuda_endpoints::driver::Code;
-    use cuda_endpoints::model::faults::{Fault, FaultPlan};
+    use cuda_endpoints::model::faults::Fault;
     let (contexts, model) = processes(2);
     on_every_rank(&contexts, Threads::new(2), |r, ctx, me, boot| {
         let dev = r as i32;
-        let mut peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, MAX).timeout(T))
-            .unwrap()
-            .into_owned::<Mapped<PosixFd>>();
-        peers.grow(boot, chunk(ctx, dev), T).unwrap();
-        peers.grow(boot, chunk(ctx, dev), T).unwrap();
-        // Rank 0's unbinds fail as `fault` says (`None`: not at all).
-        let unbinds_on_rank_0 = |fault: Option<Fault>| {
-            boot.barrier(T).unwrap();
-            if r == 0 {
-                let plan = FaultPlan::none();
-                me.set_faults(match fault {
-                    Some(f) => plan.with(f.on_process(me.pid())),
-                    None => plan,
-                });
-            }
-            boot.barrier(T).unwrap();
-        };
-        unbinds_on_rank_0(Some(Fault::nth(Call::Unbind, 1, Code::UNKNOWN)));
-        let shrunk = peers.shrink(boot, T);
-        match (r, &shrunk) {
-            (0, Err(e)) => assert_eq!(e.step, Step::Shrink, "{e}"),
-            (1, Ok(Some(_))) => {}
-            _ => panic!("rank {r}: {shrunk:?}"),
-        }
-        drop(shrunk);
+        let mut peers = two_chunk_heap(ctx, boot, dev);
+        shrink_with_rank_0_unbind_failing(r, me, boot, &mut peers);
         // One chunk lower on every rank, one memory per chunk.
         assert_eq!((peers.top(), peers.memory().len()), (CHUNK, 1), "rank {r}");
-        unbinds_on_rank_0(None);
+        unbinds_on_rank_0(r, me, boot, None);
         // The next grow unbinds the chunk kept aside, then binds there.
         assert_eq!(peers.grow(boot, chunk(ctx, dev), T).unwrap(), CHUNK);
         assert_eq!((peers.top(), peers.memory().len()), (2 * CHUNK, 2));
         // Again, and this time every unbind fails, at drop too: the
         // destroy unbinds, and the memory goes after it.
-        unbinds_on_rank_0(Some(Fault::always(Call::Unbind, Code::UNKNOWN)));
+        unbinds_on_rank_0(
+            r,
+            me,
+            boot,
+            Some(Fault::always(Call::Unbind, Code::UNKNOWN)),
+        );
         let shrunk = peers.shrink(boot, T);
         assert_eq!(shrunk.is_err(), r == 0, "rank {r}: {shrunk:?}");
         drop(shrunk);
         peers.close(boot, T).unwrap();
         let teardown = ctx.take_teardown_errors();
         assert_eq!(teardown.is_empty(), r == 1, "rank {r}: {teardown:?}");
-        unbinds_on_rank_0(None);
+        unbinds_on_rank_0(r, me, boot, None);
     });
     assert!(
         model.live_node().is_empty(),
