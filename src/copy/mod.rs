@@ -361,9 +361,11 @@ pub(crate) struct BatchInner {
     /// alone does not prove apart.
     puts: bool,
     gets: bool,
-    /// The facts of the last endpoint read, kept across batches (the spare
-    /// keeps it): the next batch on that endpoint, unchanged, reads them
-    /// here rather than under the range's lock ([`check::Memo`]).
+    /// What the facts of the last batch's first endpoint (`eps[0]`, kept
+    /// by the spare) were made of: the next batch whose first endpoint is
+    /// that one, unchanged, takes them where they are rather than reading
+    /// them under the range's lock ([`check::Memo`]). `None`: `eps` holds
+    /// nothing between batches.
     memo: Option<Box<check::Memo>>,
 }
 
@@ -546,9 +548,16 @@ impl BatchInner {
         if self.eps.capacity() > SPARE_NAMED || self.locations.capacity() > SPARE_NAMED {
             self.eps = Vec::new();
             self.locations = Vec::new();
+            self.memo = None;
         }
-        if !self.eps.is_empty() {
-            self.eps.clear();
+        // The first endpoint's facts stay for the next batch when the memo
+        // says what they were made of (`check::Memo`); the rest go.
+        if self.memo.is_none() {
+            if !self.eps.is_empty() {
+                self.eps.clear();
+            }
+        } else if self.eps.len() > 1 {
+            self.eps.truncate(1);
         }
         if !self.locations.is_empty() {
             self.locations.clear();

@@ -1389,6 +1389,88 @@ fn f9_a_batch_built_before_an_unbind_or_after_it_is_checked_against_the_bindings
     clean(&ctx, &model);
 }
 
+/// F9 across batches on other endpoints: the facts a batch keeps for the
+/// next one are its first endpoint's only; a batch whose first endpoint is
+/// another id of the same range, an endpoint of another context on the
+/// same id, or a new endpoint on the id of a destroyed one reads its own
+/// bindings, and is refused before the driver where they are missing.
+#[test]
+fn f9_a_batch_on_another_endpoint_after_batches_on_a_bound_one_reads_its_own_bindings() {
+    let (ctx, model) = node();
+    let (ctx2, model2) = node();
+    let s = Stream::new(&ctx, 0).unwrap();
+    let (src, owner) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let ids = ctx.reserve(2).unwrap().into_endpoints();
+    let [a, c] = ids
+        .into_iter()
+        .map(|r| {
+            r.create(Spec::unicast(0, 2 * ALIGN))
+                .unwrap()
+                .wait(T)
+                .unwrap()
+        })
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap_or_else(|_| panic!("two endpoints"));
+    let b = a.bind(Device(0), 0, &owner).unwrap();
+    let bound_batch = || CopyBatch::new().put(&src, 0, &a, 0, 4096);
+    let refused = |r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>, model: &Probe| {
+        let copies = model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync);
+        assert!(
+            matches!(r, Err(Error::CopyNotBound { op: 0, .. })),
+            "{:?}",
+            r.map(|t| t.wait())
+        );
+        assert_eq!(
+            model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync),
+            copies
+        );
+    };
+    for _ in 0..2 {
+        s.enqueue(bound_batch()).unwrap().wait().unwrap();
+    }
+    // Another id of the same range.
+    refused(
+        s.enqueue(CopyBatch::new().put(&src, 0, &c, 0, 4096)),
+        &model,
+    );
+    // Another context's endpoint on the same id, as large, its range
+    // with as many binding changes as `a`'s (one), elsewhere in it.
+    let other = unicast(&ctx2, 0, 2 * ALIGN);
+    assert_eq!(other.id(), a.id());
+    let (s2, src2, owner2) = (
+        Stream::new(&ctx2, 0).unwrap(),
+        mapped(&ctx2, 0),
+        mapped(&ctx2, 0),
+    );
+    let b2 = other.bind(Device(0), ALIGN, &owner2).unwrap();
+    s.enqueue(bound_batch()).unwrap().wait().unwrap();
+    refused(
+        s2.enqueue(CopyBatch::new().put(&src2, 0, &other, 0, 4096)),
+        &model2,
+    );
+    drop(b2);
+    // A new endpoint on the id of a destroyed one, its binding forgotten
+    // (the destroy unbinds it).
+    s.enqueue(bound_batch()).unwrap().wait().unwrap();
+    std::mem::forget(b);
+    let a = a
+        .destroy()
+        .unwrap()
+        .create(Spec::unicast(0, 2 * ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    refused(
+        s.enqueue(CopyBatch::new().put(&src, 0, &a, 0, 4096)),
+        &model,
+    );
+    drop((s2, src2, owner2, other));
+    drop((a, c, s, src, owner));
+    clean(&ctx, &model);
+    clean(&ctx2, &model2);
+}
+
 /// A forgotten graph (`mem::forget`: never launched again) still pins its
 /// ids against an unbind, but not against the endpoint's destroy, which
 /// unbinds everything and lets go of the pin.
