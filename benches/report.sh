@@ -45,6 +45,9 @@ if [[ ${1:-} == --gpu ]]; then
     for f in "$@"; do
         [[ -f $f ]] || { echo "benches/report.sh: --gpu: no file $f" >&2; exit 2; }
     done
+    # One file a run: the same run twice would count twice.
+    dup=$(for f in "$@"; do realpath "$f"; done | sort | uniq -d | head -n 1)
+    [[ -z $dup ]] || { echo "benches/report.sh: --gpu: $dup given twice (one file a run)" >&2; exit 2; }
     gpu_logs=("$@")
     set -- "$1"
 elif [[ ${1:-} == --bench ]]; then
@@ -186,6 +189,10 @@ if [[ $only == gpu ]]; then
     gpu_tables
     if [[ ${#gpu_logs[@]} -gt 1 ]]; then
         gpu_runs_table
+    else
+        # No table across runs from one run: the one there before goes, so
+        # that no figure of another run stays beside this one's.
+        echo "One run only (\`benches/report.sh --gpu\` was given one LOG): no table across processes; \`scripts/gpu-suite.sh bench REPS RUNS\` makes several." > "$out/gpu_runs"
     fi
 else
 # Strip colours, then read the figures each bench prints. gungraun prints a

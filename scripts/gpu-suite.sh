@@ -17,7 +17,8 @@
 #                                     # with RUNS > 1, that many processes one
 #                                     # after another, in gpu_copy.1.log …
 #                                     # (medians move between processes more
-#                                     # than within one: `--gpu` reads them all)
+#                                     # than within one): bring them back and
+#                                     # `benches/report.sh --gpu gpu_copy.*.log`
 #
 # .gpu-bin/ is ignored through .git/info/exclude (never .gitignore), so it
 # has to be carried to the GPU machine explicitly.

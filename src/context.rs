@@ -132,6 +132,12 @@ impl Context {
     /// The embedded default: the reference model of a node, and a handle on
     /// the model to inspect it (leak counters, violations, faults).
     ///
+    /// The model reports the driver version of its config
+    /// (`ModelConfig::driver_version`, 13.4 by default: logical endpoints,
+    /// no fabric copy), so its copies take the portable path
+    /// ([`Context::copy_path`]) and read and write `Mapped` memory through
+    /// the endpoints' bound memory; set 13.5 (`13050`) for the fabric copy.
+    ///
     /// Available with the crate feature `model` (off by default; `fabric`
     /// turns it on too).
     #[cfg(feature = "model")]

@@ -17,9 +17,12 @@ impl Stream {
     /// Enqueues `batch` (one `cuFabricCpyBatchAsync`, flags 0) after every
     /// check of [`CopyBatch`]; the copies run when the stream reaches them.
     /// On the portable path ([`Context::copy_path`](crate::Context::copy_path))
-    /// the same batch runs as one `cuMemcpyAsync` per target piece, through
-    /// the endpoints' windows (a bring-up's `agree_bound` registers peers';
-    /// [`Endpoint::add_peer_window`](crate::Endpoint::add_peer_window) by hand).
+    /// the same batch runs through the endpoints' windows (a bring-up's
+    /// `agree_bound` registers peers';
+    /// [`Endpoint::add_peer_window`](crate::Endpoint::add_peer_window) by
+    /// hand): a batch of one target piece as one `cuMemcpyAsync`, of
+    /// several as one `cuMemcpyBatchAsync` where the driver has it (CUDA
+    /// 12.8 on), else one `cuMemcpyAsync` per piece.
     ///
     /// # Errors
     /// [`Error::CopyOutOfRange`], [`Error::CopyNotBound`],
@@ -28,7 +31,10 @@ impl Stream {
     /// portable path [`Error::CopyNoWindow`] and [`Error::CopyOntoItself`],
     /// before the driver; [`Error::Driver`] from
     /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::error::Feature::FabricCopy),
-    /// naming the driver version) where the driver has no fabric copy (before 13.5, F7). Nothing was
+    /// naming the driver version) on the fabric path where the driver has
+    /// no fabric copy (before 13.5, F7: a context that chose its path from
+    /// the driver, as [`Context::auto`](crate::Context::auto) does, takes
+    /// the portable path there and never meets it). Nothing was
     /// enqueued then (the portable path synchronizes what it had enqueued
     /// before a failed `cuMemcpyAsync`), and the host buffers are dropped
     /// with the batch.

@@ -126,6 +126,32 @@ pub(crate) type Intervals = SmallVec<[(u64, u64); 2]>;
 ///
 /// `'a` is how long the endpoints and memory it names are borrowed: until
 /// the [`InFlight`] token is waited or dropped.
+///
+/// ```
+/// use cuda_endpoints::{Allocation, Context, CopyBatch, Private, Report, Spec, Stream};
+/// # fn main() -> Result<(), Report> {
+/// let (ctx, _model) = Context::model(Default::default());
+/// let ep = ctx
+///     .reserve_one()?
+///     .create(Spec::unicast(0, 2 << 20))?
+///     .wait(std::time::Duration::from_secs(1))?;
+/// // The endpoint's bytes: memory on its owner, mapped and bound.
+/// let owner = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
+/// let bound = ep.bind(0, 0, &owner)?;
+/// // A source on the stream's device.
+/// let src = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
+/// let stream = Stream::new(&ctx, 0)?;
+/// // Two puts and a get, checked as they are added and at enqueue.
+/// let batch = CopyBatch::new()
+///     .put(&src, 0, &ep, 0, 4096)
+///     .put(&src, 4096, &ep, 4096, 4096)
+///     .get_host(&ep, 8192, 64);
+/// let done = stream.enqueue(batch)?.wait()?; // the token borrowed `src` and `ep`
+/// assert_eq!(done.received[0].len(), 64);
+/// drop(bound);
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "a batch does nothing until `stream.enqueue(batch)`"]
 pub struct CopyBatch<'a> {
     /// What every op touches, by value: in a loop of builder calls it
