@@ -1396,8 +1396,9 @@ fn f9_a_batch_built_before_an_unbind_or_after_it_is_checked_against_the_bindings
 /// bindings, and is refused before the driver where they are missing.
 #[test]
 fn f9_a_batch_on_another_endpoint_after_batches_on_a_bound_one_reads_its_own_bindings() {
-    let (ctx, model) = node();
-    let (ctx2, model2) = node();
+    // Two models (two nodes at once), as the other tests of two contexts.
+    let (ctx, model) = model_node();
+    let (ctx2, model2) = model_node();
     let s = Stream::new(&ctx, 0).unwrap();
     let (src, owner) = (mapped(&ctx, 0), mapped(&ctx, 0));
     let ids = ctx.reserve(2).unwrap().into_endpoints();
@@ -1414,7 +1415,8 @@ fn f9_a_batch_on_another_endpoint_after_batches_on_a_bound_one_reads_its_own_bin
         .unwrap_or_else(|_| panic!("two endpoints"));
     let b = a.bind(Device(0), 0, &owner).unwrap();
     let bound_batch = || CopyBatch::new().put(&src, 0, &a, 0, 4096);
-    let refused = |r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>, model: &Probe| {
+    let refused = |r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>,
+                   model: &cuda_endpoints::model::Model| {
         let copies = model.calls(cuda_endpoints::driver::Call::FabricCpyBatchAsync);
         assert!(
             matches!(r, Err(Error::CopyNotBound { op: 0, .. })),
@@ -1467,8 +1469,8 @@ fn f9_a_batch_on_another_endpoint_after_batches_on_a_bound_one_reads_its_own_bin
     );
     drop((s2, src2, owner2, other));
     drop((a, c, s, src, owner));
-    clean(&ctx, &model);
-    clean(&ctx2, &model2);
+    model_clean(&ctx, &model);
+    model_clean(&ctx2, &model2);
 }
 
 /// A forgotten graph (`mem::forget`: never launched again) still pins its
