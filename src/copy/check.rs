@@ -718,9 +718,9 @@ impl Memo {
     /// The memo of `facts`, just read of `ep`; `None` for facts read
     /// without the bindings (nothing bound here to check: read again, at
     /// no lock for the bindings).
-    fn of<S: State, K: Kind>(ep: &Endpoint<S, K>, facts: &EpFacts) -> Option<Box<Memo>> {
+    fn of<S: State, K: Kind>(ep: &Endpoint<S, K>, facts: &EpFacts) -> Option<Memo> {
         let generation = facts.bindings_gen?;
-        Some(Box::new(Memo {
+        Some(Memo {
             serial: ep.range().serial,
             generation,
             id: ep.id(),
@@ -728,7 +728,7 @@ impl Memo {
             align: ep.facts().align,
             imported: imported::<K>(),
             devices: ep.devices().into(),
-        }))
+        })
     }
 
     /// Whether the memo's facts are `ep`'s now.

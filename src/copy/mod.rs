@@ -34,8 +34,9 @@
 //!   process's spare by [`CopyBatch::new`] and given back, emptied, by the
 //!   enqueue (`spare`), so that a loop of batches allocates nothing but the
 //!   op list the driver takes (issue 30), and keeps the facts of the last
-//!   endpoint read, which the next batch on it takes without the range's
-//!   lock while nothing they were read from changed (`check::Memo`); at
+//!   batch's first endpoint, which the next batch whose first endpoint it
+//!   is takes where they are, without the range's lock, while nothing they
+//!   were read from changed (`check::Memo`); at
 //!   enqueue the usual batch (no
 //!   error met, no binding changed since, memory on the stream's device,
 //!   F3 proven in one pass, no memory reachable two ways) passes its
@@ -391,8 +392,10 @@ pub(crate) struct BatchInner {
     /// by the spare) were made of: the next batch whose first endpoint is
     /// that one, unchanged, takes them where they are rather than reading
     /// them under the range's lock ([`check::Memo`]). `None`: `eps` holds
-    /// nothing between batches.
-    memo: Option<Box<check::Memo>>,
+    /// nothing between batches. Inline, not boxed: a batch whose first
+    /// endpoint is not the last one's makes a new memo, and batches that
+    /// alternate between two endpoints would allocate one each.
+    memo: Option<check::Memo>,
 }
 
 /// What the last op named, so that the next op on the same memory and
