@@ -164,6 +164,7 @@ function add(key, x) { CNT[key]++; VAL[key, CNT[key]] = x; if (!(key in SEEN)) {
 sec == "bw" && /^ *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ / { add("bw " $1, $4); next }
 sec == "small" && /^ *[0-9]+ +typed / { add("enq " $1, $7); add("wait " $1, $8); next }
 sec == "over" && /^ *[0-9]+ +-?[0-9.]+ / { add("ns " $1, $2); next }
+/^cuCtxGetCurrent: [0-9.]+ ns per call/ { add("ctx 0", $2); next }
 END {
     if (runs < 2) { print "benches/report.sh: --gpu: the table across runs needs two runs or more" > "/dev/stderr"; exit 1 }
     t = sprintf("Across %d `gpu_copy` processes run one after another (the median of each run’s ratio, then the least and the greatest run):\n\n", runs)
@@ -176,6 +177,7 @@ END {
         else if (p[1] == "enq") t = t sprintf("| %s put%s of 64 B, typed enqueue / raw `cuMemcpyAsync` loop | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
         else if (p[1] == "wait") t = t sprintf("| %s put%s of 64 B, with the wait | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
         else if (p[1] == "ns" && p[2] == 1) t = t sprintf("| one put: the typed enqueue over the raw, ns | %d | %d | %d |\n", m, LO, HI)
+        else if (p[1] == "ctx") t = t sprintf("| `cuCtxGetCurrent`, ns per call (the backend asks it before each stream call: one in a one-put enqueue, one in its wait) | %.1f | %.1f | %.1f |\n", m, LO, HI)
     }
     nc = 0; for (c in COMMITS) { nc++; cm = c }
     if (nc != 1) missing = missing " one-commit"
