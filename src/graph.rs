@@ -96,9 +96,10 @@ impl Stream {
         let _gate = loop {
             let gate = crate::ledger::gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
             batch.check_for(self)?;
-            if let Some(gate) = gate.checked()? {
+            if gate.clear() {
                 break gate;
             }
+            gate.wait_for_changes()?;
         };
         if ctx.copy_path() == crate::CopyPath::Portable {
             return Err(Error::unsupported(

@@ -12,7 +12,7 @@
 //! - an enqueue (or a capture, until its graph pins its ids) holds an
 //!   [`EnqueueGate`] on every range of its batch from before its checks to
 //!   after its record, entered only while no bind or unbind is inside (all
-//!   ranges or none: it never waits holding one); [`EnqueueGate::checked`]
+//!   ranges or none: it never waits holding one); [`EnqueueGate::clear`]
 //!   looks again before its first driver call, since a bind that entered
 //!   meanwhile may have recorded a binding the checks passed on before the
 //!   driver bound it (R13.3): then it leaves, waits, and checks again;
@@ -283,7 +283,7 @@ pub(crate) enum EnqueueGate<R: Gated> {
 impl<R: Gated> EnqueueGate<R> {
     /// Enters the gate of every distinct range of `endpoints`, once no bind
     /// or unbind is inside any of them. Once the checks are done,
-    /// [`EnqueueGate::checked`] says whether they stand.
+    /// [`EnqueueGate::clear`] says whether they stand.
     ///
     /// # Errors
     /// [`Error::CopyUnbindReentered`] when this thread is inside a bind or
@@ -333,29 +333,29 @@ impl<R: Gated> EnqueueGate<R> {
         }
     }
 
-    /// After the enqueue's checks, before its first driver call: the gate
-    /// when the checks stand, or `None` when a bind or an unbind entered
-    /// one of the ranges since (a bind's record may be what they passed
-    /// on, before the driver bound it, R13.3): then the gates were left and
-    /// the change waited for; enter and check again.
+    /// After the enqueue's checks, before its first driver call: whether
+    /// they stand, that is whether no bind or unbind entered one of the
+    /// ranges since (a bind's record may be what they passed on, before
+    /// the driver bound it, R13.3). When they do not,
+    /// [`EnqueueGate::wait_for_changes`], then enter and check again. (Not
+    /// one call returning the gate or `None`: that `Result<Option<_>>`
+    /// moved the gate through memory, 16 instructions of a one-op batch.)
+    #[inline(always)]
+    pub(crate) fn clear(&self) -> bool {
+        match self {
+            EnqueueGate::One(range, ..) => !range.gate().busy(Side::Change),
+            EnqueueGate::Many(ranges) => !ranges.iter().any(|(r, ..)| r.gate().busy(Side::Change)),
+        }
+    }
+
+    /// The checks do not stand ([`EnqueueGate::clear`]): the gates left
+    /// and the change waited for; enter and check again.
     ///
     /// # Errors
     /// [`Error::CopyUnbindReentered`] when that change is this thread's.
-    #[inline]
-    pub(crate) fn checked(self) -> Result<Option<EnqueueGate<R>>> {
-        let clear = match &self {
-            EnqueueGate::One(range, ..) => !range.gate().busy(Side::Change),
-            EnqueueGate::Many(ranges) => !ranges.iter().any(|(r, ..)| r.gate().busy(Side::Change)),
-        };
-        if clear {
-            return Ok(Some(self));
-        }
-        self.wait_for_changes()
-    }
-
     #[cold]
     #[inline(never)]
-    fn wait_for_changes(self) -> Result<Option<EnqueueGate<R>>> {
+    pub(crate) fn wait_for_changes(self) -> Result<()> {
         let changing = match &self {
             EnqueueGate::One(range, id, _) => Some((range.clone(), *id)),
             EnqueueGate::Many(ranges) => ranges
@@ -367,7 +367,7 @@ impl<R: Gated> EnqueueGate<R> {
         if let Some((range, id)) = changing {
             range.gate().wait(Side::Change, id)?;
         }
-        Ok(None)
+        Ok(())
     }
 }
 
@@ -413,7 +413,7 @@ impl<'r, R: Gated> ChangeGate<'r, R> {
 
     /// Enters the gate of `range` for a bind, at once: enqueues inside
     /// either checked before its record or look again after their checks
-    /// ([`EnqueueGate::checked`]).
+    /// ([`EnqueueGate::clear`]).
     #[inline(always)]
     pub(crate) fn bind(range: &'r R) -> ChangeGate<'r, R> {
         ChangeGate {
