@@ -61,7 +61,10 @@ pub mod reading_the_compiler {
     //! - the `note:` names the call to make instead, and the rule.
     //!
     //! Skip the `help: the trait ... is not implemented for ...` line: it
-    //! names the internal trait behind the check. Where it says `B0`, that is
+    //! names the internal trait behind the check; and the block `help: the
+    //! following other types implement trait ...` after it, when it comes:
+    //! a list of the states or kinds that pass the check (`Ready`,
+    //! `TeamReady`...), which the `note:` already names. Where it says `B0`, that is
     //! typenum's "false" (a team count that did not add up). Messages about
     //! export name how the endpoint came to be (`Local`: created without
     //! `.exportable()`; `ImportedUnicast`, `ImportedMulticast`: imported), not

@@ -179,6 +179,10 @@ mod layout {
     assert_impl_all!(Allocation<PosixFd>: Send, Sync);
     assert_impl_all!(Mapped: Send, Sync);
     assert_impl_all!(Context: Send, Sync, Clone);
+    // A thread returns the crate's `Error`; `Report` takes any error, `Send`
+    // or not, as `Box<dyn Error>` does (its doc says so).
+    assert_impl_all!(Error: Send, Sync);
+    assert_not_impl_any!(Report: Send);
 
     // A failed transition is one pointer (issue 22): a transition's
     // `Result<Endpoint<_>, Failed<_>>` is the endpoint's 16 bytes, with no

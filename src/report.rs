@@ -36,7 +36,12 @@ use std::fmt;
 /// ```
 ///
 /// `Report` does not implement [`std::error::Error`] itself (that is what
-/// lets `?` convert every error into it, as with `anyhow::Error`).
+/// lets `?` convert every error into it, as with `anyhow::Error`). Unlike
+/// `anyhow::Error` it is not `Send`: it takes any error, as
+/// `Box<dyn Error>` does, `Send` or not. So a thread (a rank of a threads
+/// job, `std::thread::scope`) returns the crate's own
+/// [`Error`](crate::Error), which is `Send + Sync`, or a
+/// `Box<dyn Error + Send + Sync>`, and its joiner makes the `Report`.
 pub struct Report(Box<dyn StdError + 'static>);
 
 impl Report {
