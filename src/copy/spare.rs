@@ -1,8 +1,8 @@
 //! The process's spare batch state: one emptied [`BatchInner`], so that
-//! [`CopyBatch::new`](super::CopyBatch::new) allocates nothing in a loop of batches. One for the
-//! process, not one per thread (the crate keeps no thread-local state): a
-//! thread that finds it taken allocates, and a give-back that finds it
-//! full frees.
+//! [`CopyBatch::new`](super::CopyBatch::new) allocates nothing in a loop
+//! of batches. One for the process, not one per thread (the crate keeps no
+//! thread-local state): a thread that finds it taken allocates, and a
+//! give-back that finds it full frees.
 //!
 //! Its tests: what room the spare keeps.
 
