@@ -15,9 +15,16 @@
 //!   `cuMemcpyBatchAsync` of the same puts (arrays filled inside the timing,
 //!   one attribute: source in stream order, no hints); host time of the
 //!   enqueue alone (what the typed layer adds), and with the wait; what the
-//!   typed batch costs over the raw loop per batch and per put. Which calls
-//!   a typed batch makes is counted first, once, on a traced context
-//!   (untimed).
+//!   typed batch costs over the raw loop per batch and per put. Twice: with
+//!   a gap of 64 bytes between the puts' destinations (one piece each),
+//!   then laid end to end on both sides, which the portable path grows
+//!   into one copy (issue 30, item 5). Which calls a typed batch makes is
+//!   counted first, once, on a traced context (untimed);
+//! - the driver's entries for one device-to-device put, raw: `cuMemcpyAsync`
+//!   against `cuMemcpyDtoDAsync_v2` (told both sides are device memory),
+//!   64 B to 16 MiB, interleaved, enqueue alone and with the wait;
+//! - the cost of `cuCtxGetCurrent`, which the backend asks before each
+//!   stream call.
 //!
 //! `benches/report.sh --gpu LOG` rewrites the GPU tables of
 //! `benches/README.md` from this output (saved with `# report:` lines for
@@ -106,6 +113,9 @@ struct Raw {
     _lib: libloading::Library,
     stream: *mut c_void,
     memcpy: Memcpy,
+    /// `cuMemcpyDtoDAsync_v2`: the same copy, both sides said to be device
+    /// memory (no lookup of what each pointer is).
+    dtod: Memcpy,
     sync: StreamSync,
     destroy: StreamDestroy,
     info: MemGetInfo,
@@ -148,6 +158,9 @@ impl Raw {
             let memcpy = *lib
                 .get::<Memcpy>(b"cuMemcpyAsync\0")
                 .map_err(|e| e.to_string())?;
+            let dtod = *lib
+                .get::<Memcpy>(b"cuMemcpyDtoDAsync_v2\0")
+                .map_err(|e| e.to_string())?;
             let info = *lib
                 .get::<MemGetInfo>(b"cuMemGetInfo_v2\0")
                 .map_err(|e| e.to_string())?;
@@ -169,6 +182,7 @@ impl Raw {
                 _lib: lib,
                 stream,
                 memcpy,
+                dtod,
                 sync,
                 destroy,
                 info,
@@ -185,15 +199,24 @@ impl Raw {
         assert_eq!(r, 0, "cuMemcpyAsync");
     }
 
-    /// One `cuMemcpyBatchAsync` of `n` puts of `SMALL` bytes, the arrays
-    /// filled here (as a raw program fills them).
-    fn copy_batch(&self, a: &mut BatchArrays, d: u64, s: u64, n: u64) {
+    /// The same copy as [`Raw::copy`] through `cuMemcpyDtoDAsync_v2`.
+    fn copy_dtod(&self, dst: u64, src: u64, size: u64) {
+        // SAFETY: as `copy`: both ranges are mapped device memory of this
+        // process, valid for `size` bytes until the synchronize below.
+        let r = unsafe { (self.dtod)(dst, src, size as usize, self.stream) };
+        assert_eq!(r, 0, "cuMemcpyDtoDAsync");
+    }
+
+    /// One `cuMemcpyBatchAsync` of `n` puts of `SMALL` bytes (put `i` from
+    /// `s + i SMALL` to `d + i stride`), the arrays filled here (as a raw
+    /// program fills them).
+    fn copy_batch(&self, a: &mut BatchArrays, d: u64, s: u64, n: u64, stride: u64) {
         let Some(f) = self.batch else { return };
         a.dsts.clear();
         a.srcs.clear();
         a.sizes.clear();
         for i in 0..n {
-            a.dsts.push(d + i * SMALL);
+            a.dsts.push(d + i * stride);
             a.srcs.push(s + i * SMALL);
             a.sizes.push(SMALL as usize);
         }
@@ -267,6 +290,11 @@ fn us(d: Duration) -> f64 {
 
 const MAX: u64 = 256 << 20;
 const SMALL: u64 = 64;
+/// A batch's puts, the typed enqueue over the raw loop and over the raw
+/// batch call (ns; `None`: no batch call on this driver).
+type Overhead = (u64, f64, Option<f64>);
+/// The stride of the small puts' destinations with a gap between them.
+const GAP: u64 = 2 * SMALL;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `cargo bench` passes `--bench`: then a machine without a GPU skips
@@ -379,15 +407,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tsrc = Allocation::<Private>::on_device(&tctx, 0, 2 << 20)?.map(&[0])?;
         let tb = tep.bind(0, 0, &tdst)?;
         let ts = Stream::new(&tctx, 0)?;
-        for n in [1u64, 64] {
+        for (n, stride, how) in [(1u64, GAP, ""), (64, GAP, ""), (64, SMALL, " end to end")] {
             traced.clear();
             let mut batch = CopyBatch::new();
             for i in 0..n {
-                batch = batch.put(&tsrc, i * SMALL, &tep, i * SMALL, SMALL);
+                batch = batch.put(&tsrc, i * SMALL, &tep, i * stride, SMALL);
             }
             ts.enqueue(batch)?.wait()?;
             println!(
-                "typed batch of {n} put(s) reaches the driver as: {} cuMemcpyBatchAsync, {} cuMemcpyAsync, {} cuFabricCpyBatchAsync",
+                "typed batch of {n} put(s){how} reaches the driver as: {} cuMemcpyBatchAsync, {} cuMemcpyAsync, {} cuFabricCpyBatchAsync",
                 traced.count(Call::MemcpyBatchAsync),
                 traced.count(Call::MemcpyAsync),
                 traced.count(Call::FabricCpyBatchAsync)
@@ -435,71 +463,79 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     );
 
-    println!(
-        "\n== small puts: a batch of N puts of {SMALL} bytes, host microseconds (median of {reps}, min-max); ratios against the raw loop of cuMemcpyAsync"
-    );
-    println!(
-        "{:>6} {:<10} {:>8} {:>16} {:>8} {:>16} {:>10} {:>10}",
-        "ops", "variant", "enqueue", "(min-max)", "+wait", "(min-max)", "enq/loop", "wait/loop"
-    );
+    // Small puts, typed against the raw loop and the raw batch call,
+    // interleaved repetition by repetition: put `i` from `SMALL i` of the
+    // source to `stride i` of the endpoint (`SMALL`: end to end on both
+    // sides, which the portable path grows into one copy; `GAP`: one
+    // piece each).
     let mut arrays = BatchArrays::default();
-    let mut overheads = Vec::new();
-    for n in [1u64, 64, 1024] {
-        // Typed, raw loop, raw batch call: interleaved repetition by repetition.
-        let mut enq: [Vec<Duration>; 3] = Default::default();
-        let mut all: [Vec<Duration>; 3] = Default::default();
-        for _ in 0..reps {
-            let a = Instant::now();
-            let mut batch = CopyBatch::new();
-            for i in 0..n {
-                batch = batch.put(&src, i * SMALL, &ep, i * SMALL, SMALL);
-            }
-            let token = stream.enqueue(batch)?;
-            enq[0].push(a.elapsed());
-            token.wait()?;
-            all[0].push(a.elapsed());
-            let a = Instant::now();
-            for i in 0..n {
-                raw.copy(d + i * SMALL, s + i * SMALL, SMALL);
-            }
-            enq[1].push(a.elapsed());
-            raw.sync();
-            all[1].push(a.elapsed());
-            if raw.batch.is_some() {
+    let mut small = |stride: u64| -> Result<Vec<Overhead>, Box<dyn std::error::Error>> {
+        println!(
+            "{:>6} {:<10} {:>8} {:>16} {:>8} {:>16} {:>10} {:>10}",
+            "ops", "variant", "enqueue", "(min-max)", "+wait", "(min-max)", "enq/loop", "wait/loop"
+        );
+        let mut overheads = Vec::new();
+        for n in [1u64, 64, 1024] {
+            let mut enq: [Vec<Duration>; 3] = Default::default();
+            let mut all: [Vec<Duration>; 3] = Default::default();
+            for _ in 0..reps {
                 let a = Instant::now();
-                raw.copy_batch(&mut arrays, d, s, n);
-                enq[2].push(a.elapsed());
+                let mut batch = CopyBatch::new();
+                for i in 0..n {
+                    batch = batch.put(&src, i * SMALL, &ep, i * stride, SMALL);
+                }
+                let token = stream.enqueue(batch)?;
+                enq[0].push(a.elapsed());
+                token.wait()?;
+                all[0].push(a.elapsed());
+                let a = Instant::now();
+                for i in 0..n {
+                    raw.copy(d + i * stride, s + i * SMALL, SMALL);
+                }
+                enq[1].push(a.elapsed());
                 raw.sync();
-                all[2].push(a.elapsed());
+                all[1].push(a.elapsed());
+                if raw.batch.is_some() {
+                    let a = Instant::now();
+                    raw.copy_batch(&mut arrays, d, s, n, stride);
+                    enq[2].push(a.elapsed());
+                    raw.sync();
+                    all[2].push(a.elapsed());
+                }
             }
+            let e: Vec<_> = enq
+                .iter_mut()
+                .filter(|v| !v.is_empty())
+                .map(|v| stats(v))
+                .collect();
+            let w: Vec<_> = all
+                .iter_mut()
+                .filter(|v| !v.is_empty())
+                .map(|v| stats(v))
+                .collect();
+            let names = ["typed", "raw_loop", "raw_batch"];
+            for (k, ((em, el, eh), (wm, wl, wh))) in e.iter().zip(&w).enumerate() {
+                println!(
+                    "{:>6} {:<10} {:>8.1} {:>16} {:>8.1} {:>16} {:>10.3} {:>10.3}",
+                    n,
+                    names[k],
+                    us(*em),
+                    format!("({:.1}-{:.1})", us(*el), us(*eh)),
+                    us(*wm),
+                    format!("({:.1}-{:.1})", us(*wl), us(*wh)),
+                    us(*em) / us(e[1].0),
+                    us(*wm) / us(w[1].0),
+                );
+            }
+            let over = |base: Duration| e[0].0.as_nanos() as f64 - base.as_nanos() as f64;
+            overheads.push((n, over(e[1].0), e.get(2).map(|b| over(b.0))));
         }
-        let e: Vec<_> = enq
-            .iter_mut()
-            .filter(|v| !v.is_empty())
-            .map(|v| stats(v))
-            .collect();
-        let w: Vec<_> = all
-            .iter_mut()
-            .filter(|v| !v.is_empty())
-            .map(|v| stats(v))
-            .collect();
-        let names = ["typed", "raw_loop", "raw_batch"];
-        for (k, ((em, el, eh), (wm, wl, wh))) in e.iter().zip(&w).enumerate() {
-            println!(
-                "{:>6} {:<10} {:>8.1} {:>16} {:>8.1} {:>16} {:>10.3} {:>10.3}",
-                n,
-                names[k],
-                us(*em),
-                format!("({:.1}-{:.1})", us(*el), us(*eh)),
-                us(*wm),
-                format!("({:.1}-{:.1})", us(*wl), us(*wh)),
-                us(*em) / us(e[1].0),
-                us(*wm) / us(w[1].0),
-            );
-        }
-        let over = |base: Duration| e[0].0.as_nanos() as f64 - base.as_nanos() as f64;
-        overheads.push((n, over(e[1].0), e.get(2).map(|b| over(b.0))));
-    }
+        Ok(overheads)
+    };
+    println!(
+        "\n== small puts: a batch of N puts of {SMALL} bytes, a gap of {SMALL} bytes between their destinations (one piece each), host microseconds (median of {reps}, min-max); ratios against the raw loop of cuMemcpyAsync"
+    );
+    let overheads = small(GAP)?;
     println!("\n== small puts: the typed batch's enqueue over raw (medians; negative: faster)");
     println!(
         "{:>6} {:>16} {:>12} {:>16} {:>12}",
@@ -516,6 +552,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             b(batch, n as f64)
         );
     }
+    println!(
+        "\n== small puts end to end: a batch of N puts of {SMALL} bytes laid end to end on both sides (the portable path grows them into one copy), host microseconds (median of {reps}, min-max); ratios against the raw loop of cuMemcpyAsync"
+    );
+    small(SMALL)?;
     // Part of what the typed path adds on a real driver: the backend asks
     // the thread's current context before each call that works in it
     // (`cuMemcpyAsync`, `cuStreamSynchronize`: one each per one-put batch
@@ -540,6 +580,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ns(gl),
         ns(gh)
     );
+    // Which entry a device-to-device piece should take: `cuMemcpyAsync`
+    // infers what each pointer is, `cuMemcpyDtoDAsync_v2` is told. Raw both,
+    // interleaved, one put of N bytes: the enqueue alone, and with the wait.
+    println!(
+        "\n== one device-to-device put, raw: cuMemcpyAsync against cuMemcpyDtoDAsync_v2, host us (median of {reps}, min-max)"
+    );
+    println!(
+        "{:>10} {:>22} {:>22} {:>8} {:>22} {:>22} {:>8}",
+        "bytes", "memcpy enqueue", "dtod enqueue", "ratio", "memcpy +wait", "dtod +wait", "ratio"
+    );
+    for size in [SMALL, 4 << 10, 1 << 20, 16 << 20] {
+        let mut v: [Vec<Duration>; 4] = Default::default();
+        for _ in 0..reps {
+            let a = Instant::now();
+            raw.copy(d, s, size);
+            v[0].push(a.elapsed());
+            raw.sync();
+            v[2].push(a.elapsed());
+            let a = Instant::now();
+            raw.copy_dtod(d, s, size);
+            v[1].push(a.elapsed());
+            raw.sync();
+            v[3].push(a.elapsed());
+        }
+        let [m, t, mw, tw] = v.each_mut().map(|x| stats(x));
+        let f = |(x, l, h): (Duration, Duration, Duration)| {
+            format!("{:.2} ({:.2}-{:.2})", us(x), us(l), us(h))
+        };
+        println!(
+            "{:>10} {:>22} {:>22} {:>8.3} {:>22} {:>22} {:>8.3}",
+            size,
+            f(m),
+            f(t),
+            us(t.0) / us(m.0),
+            f(mw),
+            f(tw),
+            us(tw.0) / us(mw.0)
+        );
+    }
     drop(binding);
     drop(stream);
     ep.destroy()?.release()?;

@@ -160,7 +160,9 @@ function add(key, x) { CNT[key]++; VAL[key, CNT[key]] = x; if (!(key in SEEN)) {
 /^== bandwidth:/ { sec = "bw"; next }
 /^== small puts: a batch/ { sec = "small"; next }
 /^== small puts: the typed batch/ { sec = "over"; next }
+/^== small puts end to end/ { sec = "e2e"; next }
 /^==/ { sec = ""; next }
+sec == "e2e" && /^ *[0-9]+ +typed / { add("e2e " $1, $7); next }
 sec == "bw" && /^ *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ / { add("bw " $1, $4); next }
 sec == "small" && /^ *[0-9]+ +typed / { add("enq " $1, $7); add("wait " $1, $8); next }
 sec == "over" && /^ *[0-9]+ +-?[0-9.]+ / { add("ns " $1, $2); next }
@@ -176,6 +178,7 @@ END {
         if (p[1] == "bw") t = t sprintf("| single put of %s B, typed / raw bandwidth | %.3f | %.3f | %.3f |\n", commas(p[2]), m, LO, HI)
         else if (p[1] == "enq") t = t sprintf("| %s put%s of 64 B, typed enqueue / raw `cuMemcpyAsync` loop | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
         else if (p[1] == "wait") t = t sprintf("| %s put%s of 64 B, with the wait | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
+        else if (p[1] == "e2e") t = t sprintf("| %s put%s of 64 B laid end to end (grown into one copy), typed enqueue / raw `cuMemcpyAsync` loop | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
         else if (p[1] == "ns" && p[2] == 1) t = t sprintf("| one put: the typed enqueue over the raw, ns | %d | %d | %d |\n", m, LO, HI)
         else if (p[1] == "ctx") t = t sprintf("| `cuCtxGetCurrent`, ns per call (the backend asks it before each stream call: one in a one-put enqueue, one in its wait) | %.1f | %.1f | %.1f |\n", m, LO, HI)
     }

@@ -20,7 +20,9 @@ impl Stream {
     /// the same batch runs through the endpoints' windows (a bring-up's
     /// `agree_bound` registers peers';
     /// [`Endpoint::add_peer_window`](crate::Endpoint::add_peer_window) by
-    /// hand): a batch of one target piece as one `cuMemcpyAsync`, of
+    /// hand): pieces laid end to end on both sides (in one allocation here
+    /// and one bound memory there) grown into one copy, then a batch of one
+    /// piece as one `cuMemcpyAsync`, of
     /// several as one `cuMemcpyBatchAsync` where the driver has it (CUDA
     /// 12.8 on), else one `cuMemcpyAsync` per piece.
     ///

@@ -273,7 +273,7 @@ const SPARE_NAMED: usize = 64;
 
 /// An allocation a batch names: the first op naming it, where it is (F2),
 /// its context's key and its address range `(address, size)`.
-type MemoryNamed = (usize, Locality, usize, (u64, u64));
+pub(crate) type MemoryNamed = (usize, Locality, usize, (u64, u64));
 
 /// The host buffers of a batch: owned, moved into it (puts) or made by it
 /// (gets), and handed back by [`InFlight::wait`].

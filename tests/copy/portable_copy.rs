@@ -468,6 +468,71 @@ fn several_pieces_reach_a_12_8_driver_as_one_cu_memcpy_batch_async_and_one_piece
     clean(&ctx, &model);
 }
 
+/// Issue 30, item 5: puts laid end to end on both sides (and gets so) go
+/// as one grown copy, one `cuMemcpyAsync`, every byte where it belongs;
+/// a piece grows only inside one allocation here and one window there
+/// (one mapping each), so a run across two bound memories, or from two
+/// sources, stays two pieces, whatever their addresses.
+#[test]
+fn pieces_end_to_end_in_one_allocation_and_one_window_go_as_one_cu_memcpy_async() {
+    const OPS: u64 = 64;
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 1, 2 * ALIGN, T);
+    let (low, high) = (mapped(&ctx, 1), mapped(&ctx, 1));
+    let b_low = ep.bind(1, 0, &low).unwrap();
+    let b_high = ep.bind(1, ALIGN, &high).unwrap();
+    let (src, other, dst) = (mapped(&ctx, 0), mapped(&ctx, 0), mapped(&ctx, 0));
+    let bytes = pattern(7, (OPS * 64) as usize);
+    model.write(src.device_ptr(), &bytes).unwrap();
+    model.write(other.device_ptr(), &bytes).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    // Puts, then gets, end to end: one copy each.
+    let before = copies(&model);
+    let puts = (0..OPS).fold(CopyBatch::new(), |b, k| {
+        b.put(&src, k * 64, &ep, k * 64, 64)
+    });
+    stream.enqueue(puts).unwrap().wait().unwrap();
+    portable_in_trace(&model, before, 1, 0);
+    assert_eq!(model.read(low.device_ptr(), bytes.len()).unwrap(), bytes);
+    let before = copies(&model);
+    let gets = (0..OPS).fold(CopyBatch::new(), |b, k| {
+        b.get(&ep, k * 64, &dst, k * 64, 64)
+    });
+    stream.enqueue(gets).unwrap().wait().unwrap();
+    portable_in_trace(&model, before, 1, 0);
+    assert_eq!(model.read(dst.device_ptr(), bytes.len()).unwrap(), bytes);
+    // Across the two bound memories: two pieces, one batch call.
+    let before = copies(&model);
+    let at = ALIGN - OPS / 2 * 64;
+    let across = (0..OPS).fold(CopyBatch::new(), |b, k| {
+        b.put(&src, k * 64, &ep, at + k * 64, 64)
+    });
+    stream.enqueue(across).unwrap().wait().unwrap();
+    portable_in_trace(&model, before, 0, 1);
+    let half = (OPS / 2 * 64) as usize;
+    assert_eq!(
+        model.read(low.device_ptr() + at, half).unwrap(),
+        bytes[..half]
+    );
+    assert_eq!(model.read(high.device_ptr(), half).unwrap(), bytes[half..]);
+    // From two sources, end to end there: two pieces.
+    let before = copies(&model);
+    let two = (0..OPS).fold(CopyBatch::new(), |b, k| {
+        let from = if k < OPS / 2 { &src } else { &other };
+        b.put(from, k * 64, &ep, 8192 + k * 64, 64)
+    });
+    stream.enqueue(two).unwrap().wait().unwrap();
+    portable_in_trace(&model, before, 0, 1);
+    assert_eq!(
+        model.read(low.device_ptr() + 8192, bytes.len()).unwrap(),
+        bytes
+    );
+    drop(stream);
+    drop((b_low, b_high));
+    drop((low, high, src, other, dst, ep));
+    clean(&ctx, &model);
+}
+
 /// Issue 30, item 5: a driver before 12.8 has no `cuMemcpyBatchAsync`: the
 /// portable path never calls it there, and a batch of several pieces is one
 /// `cuMemcpyAsync` per piece (the classic fallback over a 12.6 driver).
@@ -524,17 +589,16 @@ fn a_batch_call_refused_once_sends_the_context_to_the_cu_memcpy_async_loop_for_g
     let stream = Stream::new(&ctx, 0).unwrap();
     let before = copies(&model);
     for round in 0..3u64 {
+        // A gap between the puts' destinations: four pieces, not one grown.
         let puts = (0..4u64).fold(CopyBatch::new(), |b, k| {
-            b.put(&src, k * 64, &ep, round * 4096 + k * 64, 64)
+            b.put(&src, k * 64, &ep, round * 4096 + k * 128, 64)
         });
         stream.enqueue(puts).unwrap().wait().unwrap();
-        assert_eq!(
-            model
-                .read(owner.device_ptr() + round * 4096, bytes.len())
-                .unwrap(),
-            bytes,
-            "round {round}"
-        );
+        for k in 0..4u64 {
+            let at = owner.device_ptr() + round * 4096 + k * 128;
+            let want = &bytes[(k * 64) as usize..][..64];
+            assert_eq!(model.read(at, 64).unwrap(), want, "round {round}");
+        }
     }
     portable_in_trace(&model, before, 12, 1);
     model.set_faults(&[]);
@@ -556,9 +620,10 @@ fn a_failed_batch_call_names_cu_memcpy_batch_async_and_the_next_batch_uses_it_ag
     let bound = ep.bind(0, 0, &owner).unwrap();
     let src = mapped(&ctx, 0);
     let stream = Stream::new(&ctx, 0).unwrap();
+    // A gap between the puts' destinations: four pieces, not one grown.
     let puts = || {
         (0..4u64).fold(CopyBatch::new(), |b, k| {
-            b.put(&src, k * 64, &ep, k * 64, 64)
+            b.put(&src, k * 64, &ep, k * 128, 64)
         })
     };
     model.set_faults(&[backend::F::nth(

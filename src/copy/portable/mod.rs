@@ -32,6 +32,10 @@
 //!   before the driver ([`Error::CopyNoWindow`]) when a target's bytes have
 //!   no window; and the usual batch without a view (`one_piece`: one op
 //!   inside one window of an endpoint's one target, found under the lock);
+//! - pieces laid end to end on both sides, inside one allocation here and
+//!   one window there, grown into one copy (`view::Grow`: a run of small
+//!   puts or gets of contiguous bytes is one `cuMemcpyAsync`, not one per
+//!   op; `benches/gpu_copy.rs`, "small puts end to end");
 //! - which call carries the pieces: `cuMemcpyBatchAsync` (one call, one
 //!   attribute for all: source in stream order, no hints) when the driver
 //!   reports 12.8+ and the pieces are several, none host memory of the
@@ -264,13 +268,14 @@ impl Stream {
         let mut inner = batch.parked();
         let b = &mut *inner;
         let (list, memory, endpoints) = (&b.list, &mut b.keep.memory, &b.keep.endpoints);
+        let spans = &b.locations[..];
         // The one-piece batch's copy, else every piece.
         // SAFETY: the batch borrows its endpoints for 'a, past this call.
         let one = unsafe { one_piece(list, endpoints, memory) };
         let (mut copies, order) = match one {
             Some(_) => (Vec::new(), Order::NEW),
             // SAFETY: as for `one_piece`.
-            None => match unsafe { resolve(list, endpoints, memory) } {
+            None => match unsafe { resolve(list, spans, endpoints, memory) } {
                 Ok(copies) => copies,
                 Err(e) => {
                     // Nothing enqueued: what the batch holds is dropped with it.

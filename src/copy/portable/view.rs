@@ -1,14 +1,16 @@
 //! One endpoint's windows as a batch on the portable path reads them: a
 //! [`View`] per endpoint per batch (its members and windows, read once
 //! under the range's lock, a cursor per member), [`resolve`]: every op of
-//! a checked batch to the local address pieces of its targets, the usual
+//! a checked batch to the local address pieces of its targets (pieces end
+//! to end grown into one, [`Grow`]), the usual
 //! one-op batch without a view ([`one_piece`]), and what the batch holds
 //! of the peer mappings it goes through ([`Holds`]). A child of
 //! `portable`, whose module doc says what a window is.
 
 use std::collections::HashSet;
 
-use crate::driver::{CopyOp, Device, MemcpyOp, Operand, Pointer};
+use crate::copy::MemoryNamed;
+use crate::driver::{CopyOp, Device, MemHint, MemcpyOp, Operand, Pointer};
 use crate::error::{Error, Extent, Result};
 use crate::ledger::RangeInner;
 use crate::ledger::holds::KeepMemory;
@@ -439,6 +441,7 @@ fn hold_one(memory: &mut KeepMemory, k: KeepAlive) {
 #[inline(always)]
 pub(super) unsafe fn resolve(
     list: &[CopyOp],
+    spans: &[MemoryNamed],
     endpoints: &[(std::sync::Arc<RangeInner>, u32)],
     memory: &mut KeepMemory,
 ) -> Result<(Vec<MemcpyOp>, Order)> {
@@ -462,7 +465,13 @@ pub(super) unsafe fn resolve(
     let mut i = 0usize;
     loop {
         // The usual ops: one piece each, in the window of the op before.
-        i = match hot_run(list.get(i..).unwrap_or(&[]), hot, &mut copies, &mut order) {
+        i = match hot_run(
+            list.get(i..).unwrap_or(&[]),
+            hot,
+            spans,
+            &mut copies,
+            &mut order,
+        ) {
             Ok(n) => i.saturating_add(n),
             Err(n) => {
                 let at = i.saturating_add(n);
@@ -527,7 +536,8 @@ pub(super) unsafe fn resolve(
 
 /// The first ops of `ops` that name endpoint `hot.0` inside its window
 /// `hot.1` ([`inside_hot`]; the one that last matched): one piece each,
-/// pushed to `copies` with their [`Order`]. A loop of its own, whose state
+/// pushed to `copies` with their [`Order`], or grown onto the piece before
+/// ([`Grow`]). A loop of its own, whose state
 /// stays in registers (in [`resolve`]'s it was memory), one per direction
 /// (the first op's; a run stops at an op of the other): the piece needs no
 /// choice per op. `Ok`: how many; `Err(n)`: op `n` copies bytes onto
@@ -536,12 +546,13 @@ pub(super) unsafe fn resolve(
 fn hot_run(
     ops: &[CopyOp],
     hot: (u32, (u64, u64, u64)),
+    spans: &[MemoryNamed],
     copies: &mut Vec<MemcpyOp>,
     order: &mut Order,
 ) -> std::result::Result<usize, usize> {
     match ops.first().and_then(sides) {
-        Some((.., true)) => hot_run_dir::<true>(ops, hot, copies, order),
-        Some((.., false)) => hot_run_dir::<false>(ops, hot, copies, order),
+        Some((.., true)) => hot_run_dir::<true>(ops, hot, spans, copies, order),
+        Some((.., false)) => hot_run_dir::<false>(ops, hot, spans, copies, order),
         None => Ok(0),
     }
 }
@@ -551,12 +562,26 @@ fn hot_run(
 fn hot_run_dir<const PUT: bool>(
     ops: &[CopyOp],
     hot: (u32, (u64, u64, u64)),
+    spans: &[MemoryNamed],
     copies: &mut Vec<MemcpyOp>,
     order: &mut Order,
 ) -> std::result::Result<usize, usize> {
     let mut o = *order;
     let mut n = 0usize;
-    for op in ops {
+    let window = Grow::window(hot.1);
+    let mut g = match copies.last() {
+        Some(c) => Grow::of::<PUT>(c, copies.len() - 1, window, spans),
+        None => Grow::NONE,
+    };
+    loop {
+        // The ops that grow the last piece, in a loop of their own: its
+        // state in registers, nothing written per op.
+        let (grown, next) = g.grow::<PUT>(ops.get(n..).unwrap_or(&[]), hot);
+        n += grown;
+        g = next;
+        let Some(op) = ops.get(n) else {
+            break;
+        };
         let Some((id, offset, local, put)) = sides(op) else {
             break;
         };
@@ -567,14 +592,254 @@ fn hot_run_dir<const PUT: bool>(
             break;
         };
         let c = piece(PUT, local, Pointer::device(addr), op.size);
+        g.flush::<PUT>(copies, &mut o);
         if onto(&c) {
             *order = o;
             return Err(n);
         }
         o.add(&c);
         copies.push(c);
+        g = Grow::of::<PUT>(&c, copies.len() - 1, window, spans);
         n += 1;
     }
+    g.flush::<PUT>(copies, &mut o);
     *order = o;
     Ok(n)
+}
+
+/// The last piece of a hot run, grown by the pieces that follow it end to
+/// end (issue 30, item 5: a run of puts laid end to end on both sides
+/// goes as one copy, not one per op), in registers, written back once
+/// ([`Grow::flush`]).
+///
+/// A piece grows only while one copy moves the same bytes: its local side
+/// device memory (never host memory, which `cuMemcpyAsync` stages) inside
+/// one allocation of the batch, its endpoint side inside the hot window
+/// (one mapping: one bind by address, or one peer window), and the grown
+/// copy off its own bytes (`onto`: it reads no byte it writes). The copies
+/// of a batch run in no order, so one copy for several is the same.
+#[derive(Clone, Copy)]
+struct Grow {
+    /// The piece's index in the copies.
+    at: usize,
+    /// Its start here and there, and its size in the copies.
+    l0: u64,
+    t0: u64,
+    base: u64,
+    /// Where the next piece starts here and there to grow it.
+    l_next: u64,
+    t_next: u64,
+    /// How far it may grow here (its allocation's end, and the distance
+    /// between its two sides: off its own bytes) and there (the window's
+    /// end).
+    local_cap: u64,
+    there_end: u64,
+}
+
+impl Grow {
+    /// Nothing grows (no piece ends below a cap of 0).
+    const NONE: Grow = Grow {
+        at: 0,
+        l0: 0,
+        t0: 0,
+        base: 0,
+        l_next: 0,
+        t_next: 0,
+        local_cap: 0,
+        there_end: 0,
+    };
+
+    /// The window `(offset, end, addr)` as addresses `[addr, addr + len)`
+    /// (`inside_hot`'s windows do not wrap: checked when set).
+    #[inline(always)]
+    fn window(hot: (u64, u64, u64)) -> (u64, u64) {
+        let (lo, hi, addr) = hot;
+        (addr, addr.wrapping_add(hi.wrapping_sub(lo)))
+    }
+
+    /// `c`, at index `at` of the copies, as a piece that may grow: inside
+    /// the window `[lo, hi)` on its endpoint side and an allocation of
+    /// `spans` on its local side; else [`Grow::NONE`].
+    fn of<const PUT: bool>(
+        c: &MemcpyOp,
+        at: usize,
+        (lo, hi): (u64, u64),
+        spans: &[MemoryNamed],
+    ) -> Grow {
+        let (local, there) = if PUT { (c.src, c.dst) } else { (c.dst, c.src) };
+        let inside =
+            |(a, b): (u64, u64), p: u64| a <= p && p.checked_add(c.size).is_some_and(|e| e <= b);
+        if local.hint != MemHint::None
+            || there.hint != MemHint::None
+            || !inside((lo, hi), there.ptr)
+        {
+            return Grow::NONE;
+        }
+        let Some(local_end) = spans
+            .iter()
+            .map(|&(.., (a, size))| (a, a.saturating_add(size)))
+            .find(|&span| inside(span, local.ptr))
+            .map(|(_, b)| b)
+        else {
+            return Grow::NONE;
+        };
+        let gap = local.ptr.abs_diff(there.ptr);
+        Grow {
+            at,
+            l0: local.ptr,
+            t0: there.ptr,
+            base: c.size,
+            // Inside both (checked above): no wrap.
+            l_next: local.ptr.wrapping_add(c.size),
+            t_next: there.ptr.wrapping_add(c.size),
+            local_cap: local_end.min(local.ptr.saturating_add(gap)),
+            there_end: hi,
+        }
+    }
+
+    /// Grows the piece by the first ops of `ops` that follow it end to end
+    /// (on endpoint `hot.0`, inside its window `hot.1`, in this direction)
+    /// and stay inside its caps: how many, and the piece grown.
+    #[inline(always)]
+    fn grow<const PUT: bool>(
+        mut self,
+        ops: &[CopyOp],
+        hot: (u32, (u64, u64, u64)),
+    ) -> (usize, Grow) {
+        let mut n = 0usize;
+        for op in ops {
+            let Some((id, offset, local, put)) = sides(op) else {
+                break;
+            };
+            let Some(there) = inside_hot(hot.1, offset, op.size) else {
+                break;
+            };
+            // Inside its allocation (the builder's check) and the window:
+            // its ends do not wrap.
+            let (l_end, t_end) = (local.ptr.wrapping_add(op.size), there.wrapping_add(op.size));
+            if id != hot.0
+                || put != PUT
+                || local.ptr != self.l_next
+                || there != self.t_next
+                || local.hint != MemHint::None
+                || l_end > self.local_cap
+                || t_end > self.there_end
+            {
+                break;
+            }
+            (self.l_next, self.t_next) = (l_end, t_end);
+            n += 1;
+        }
+        (n, self)
+    }
+
+    /// Writes the grown size back to the piece, and adds the bytes it grew
+    /// by to `o`, as one piece end to end with it (what adding each one
+    /// would have made of `o`).
+    fn flush<const PUT: bool>(&self, copies: &mut [MemcpyOp], o: &mut Order) {
+        let size = self.l_next.wrapping_sub(self.l0);
+        if size == self.base || self.local_cap == 0 {
+            return;
+        }
+        if let Some(c) = copies.get_mut(self.at) {
+            c.size = size;
+        }
+        let (l, t) = (
+            self.l0.wrapping_add(self.base),
+            self.t0.wrapping_add(self.base),
+        );
+        o.add(&piece(
+            PUT,
+            Pointer::device(l),
+            Pointer::device(t),
+            size - self.base,
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Order, hot_run};
+    use crate::copy::MemoryNamed;
+    use crate::driver::{CopyOp, Device, MemcpyOp, Operand, Pointer};
+    use crate::memory::Locality;
+
+    const ID: u32 = 7;
+
+    /// A put of 64 bytes from `local` to endpoint offset `offset`.
+    fn put(local: u64, offset: u64) -> CopyOp {
+        CopyOp {
+            src: Operand::Pointer(Pointer::device(local)),
+            dst: Operand::LogicalEndpoint { id: ID, offset },
+            size: 64,
+        }
+    }
+
+    /// Allocations here at `(address, size)`.
+    fn spans(of: &[(u64, u64)]) -> Vec<MemoryNamed> {
+        of.iter()
+            .map(|&s| (0, Locality::Device(Device(0)), 0, s))
+            .collect()
+    }
+
+    /// The pieces of `ops` through the window `(offset, end, addr)`, after
+    /// `before`.
+    fn run(
+        ops: &[CopyOp],
+        win: (u64, u64, u64),
+        mem: &[(u64, u64)],
+        before: &[MemcpyOp],
+    ) -> Vec<(u64, u64, u64)> {
+        let mut copies = before.to_vec();
+        let mut order = Order::NEW;
+        let n = hot_run(ops, (ID, win), &spans(mem), &mut copies, &mut order);
+        assert_eq!(n, Ok(ops.len()));
+        copies
+            .iter()
+            .map(|c| (c.src.ptr, c.dst.ptr, c.size))
+            .collect()
+    }
+
+    /// Issue 30, item 5: a piece grows only where one copy moves the same
+    /// bytes: end to end on both sides, inside one allocation here and one
+    /// window there, and off its own bytes, whatever the addresses around.
+    #[test]
+    fn a_piece_grows_only_inside_one_allocation_and_one_window_and_off_its_own_bytes() {
+        let puts: Vec<CopyOp> = (0..8).map(|k| put(0x1000 + 64 * k, 64 * k)).collect();
+        let win = (0, 4096, 0x9000);
+        // End to end in one allocation and one window: one copy.
+        assert_eq!(
+            run(&puts, win, &[(0x1000, 4096)], &[]),
+            [(0x1000, 0x9000, 512)]
+        );
+        // Two allocations side by side here: one copy in each.
+        assert_eq!(
+            run(&puts, win, &[(0x1000, 256), (0x1100, 256)], &[]),
+            [(0x1000, 0x9000, 256), (0x1100, 0x9100, 256)]
+        );
+        // A memory not of the batch: nothing grows.
+        assert_eq!(run(&puts, win, &[], &[]).len(), 8);
+        // The piece before the run, end to end with it on both sides but
+        // in the memory before the window: not grown.
+        let before = MemcpyOp {
+            dst: Pointer::device(0x9000 - 64),
+            src: Pointer::device(0x1000 - 64),
+            size: 64,
+        };
+        assert_eq!(
+            run(&puts, win, &[(0x0f00, 4096)], &[before]),
+            [(0x0fc0, 0x8fc0, 64), (0x1000, 0x9000, 512)]
+        );
+        // Grown, the copy would read bytes it writes: each op is its own.
+        let shifted: Vec<CopyOp> = (0..4).map(|k| put(0x9000 + 64 * k, 64 + 64 * k)).collect();
+        assert_eq!(run(&shifted, win, &[(0x9000, 4096)], &[]).len(), 4);
+        // Host memory of the process: `cuMemcpyAsync` stages it; never grown.
+        let host: Vec<CopyOp> = (0..4)
+            .map(|k| CopyOp {
+                src: Operand::Pointer(Pointer::host(0x1000 + 64 * k)),
+                ..put(0, 64 * k)
+            })
+            .collect();
+        assert_eq!(run(&host, win, &[(0x1000, 4096)], &[]).len(), 4);
+    }
 }
