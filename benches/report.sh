@@ -350,6 +350,14 @@ END {
     }
     emit("copy_batch", t)
 
+    # The wait (bench copy_batch, Null): InFlight::wait vs raw stream_synchronize.
+    t = "| puts in the batch | typed `InFlight::wait` | raw `stream_synchronize` | typed − raw |\n| ---: | ---: | ---: | ---: |\n"
+    for (i = 1; i <= 3; i++) {
+        k = cn[i]; a = ir("copy_batch::copy_batch_wait@" k); b = ir("copy_batch::copy_batch_sync@" k)
+        t = t sprintf("| %s | %s | %s | %s |\n", commas(k), commas(a), commas(b), signed(a - b))
+    }
+    emit("copy_wait", t)
+
     # The portable path (bench copy_portable, Null): typed on CopyPath::Portable vs raw memcpy_batch_async.
     t = "| puts per batch | typed | raw `memcpy_batch_async` | typed − raw | per op: typed | raw | (typed − raw) per op |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     for (i = 1; i <= 3; i++) {
