@@ -371,6 +371,13 @@ pub enum Error {
 
     /// Two ops of one copy batch depend on each other: one's destination
     /// overlaps the other's source or destination (F3).
+    ///
+    /// Compared by address and endpoint span: one allocation mapped twice
+    /// in one process (an import of this process's own export) is two
+    /// memories to the check, so ops dependent through its two addresses
+    /// are not refused; they run in no order, as every batch's ops, and on
+    /// the portable path ops end to end may run as one copy. Copy through
+    /// one mapping of an allocation per batch.
     #[error(
         "copy ops {op} and {other} of one batch overlap: op {op} writes bytes that op {other} reads or writes, and the copies of a batch run in no order (F3); put them in two batches, one after the other"
     )]

@@ -533,6 +533,48 @@ fn pieces_end_to_end_in_one_allocation_and_one_window_go_as_one_cu_memcpy_async(
     clean(&ctx, &model);
 }
 
+/// An op across two bound memories is two pieces, which run in no order:
+/// when one reads bytes the other writes, the op copies bytes onto
+/// themselves, refused before the driver as one piece over its own bytes
+/// is (found by the round's hostile review: the check saw each piece
+/// alone).
+#[test]
+fn an_op_across_two_bound_memories_that_reads_what_it_writes_is_refused_as_copying_onto_itself() {
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 0, 2 * ALIGN, T);
+    let (a, b) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let ba = ep.bind(0, 0, &a).unwrap();
+    let bb = ep.bind(0, ALIGN, &b).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let before = copies(&model);
+    // Reads the end of `a` and `b[0..64)`, writes `b[32..160)`.
+    let e = stream
+        .enqueue(CopyBatch::new().get(&ep, ALIGN - 64, &b, 32, 128))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::CopyOntoItself { op: 0, offset, size: 128, .. } if offset == ALIGN - 64),
+        "{e:?}"
+    );
+    portable_in_trace(&model, before, 0, 0);
+    // Apart, the same op across both is two pieces, every byte right.
+    let bytes = pattern(8, 128);
+    model
+        .write(a.device_ptr() + ALIGN - 64, &bytes[..64])
+        .unwrap();
+    model.write(b.device_ptr(), &bytes[64..]).unwrap();
+    stream
+        .enqueue(CopyBatch::new().get(&ep, ALIGN - 64, &b, 1024, 128))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(model.read(b.device_ptr() + 1024, 128).unwrap(), bytes);
+    drop(stream);
+    drop((ba, bb));
+    drop((a, b, ep));
+    clean(&ctx, &model);
+}
+
 /// Issue 30, item 5: a driver before 12.8 has no `cuMemcpyBatchAsync`: the
 /// portable path never calls it there, and a batch of several pieces is one
 /// `cuMemcpyAsync` per piece (the classic fallback over a 12.6 driver).

@@ -43,7 +43,7 @@ pub(super) fn refused(code: Code) -> bool {
 /// (ascending and disjoint: the order the typed API's puts come in; then
 /// the first starts lowest and the last ends highest), and the span of
 /// all sources.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Order {
     host: bool,
     ascending: bool,

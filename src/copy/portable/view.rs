@@ -361,6 +361,21 @@ pub(super) fn onto(c: &MemcpyOp) -> bool {
     c.src.ptr.abs_diff(c.dst.ptr) < c.size
 }
 
+/// Whether one piece of an op (`cs`, its pieces: an op across two
+/// windows, or a put to several members) reads bytes another writes: the
+/// op copies bytes onto themselves across its pieces, whose order is
+/// none (`onto` sees one piece alone). Nothing to compare for one piece
+/// (the usual op).
+fn reads_what_it_writes(cs: &[MemcpyOp]) -> bool {
+    let meet = |a: u64, n: u64, b: u64, m: u64| a < b.saturating_add(m) && b < a.saturating_add(n);
+    cs.len() > 1
+        && cs.iter().enumerate().any(|(i, c)| {
+            cs.iter()
+                .enumerate()
+                .any(|(j, d)| i != j && meet(c.src.ptr, c.size, d.dst.ptr, d.size))
+        })
+}
+
 /// The usual batch, without a [`View`]: one op on an endpoint of one target
 /// and at most one device here, inside one window of its one member (every
 /// window of the id is that member's). Its one copy, the window's mapping
@@ -523,7 +538,10 @@ pub(super) unsafe fn resolve(
             copies.push(c);
             at = at.checked_add(n).ok_or_else(|| out_of_range(at))?;
         }
-        if copies.get(first..).is_some_and(|cs| cs.iter().any(onto)) {
+        if copies
+            .get(first..)
+            .is_some_and(|cs| cs.iter().any(onto) || reads_what_it_writes(cs))
+        {
             return Err(onto_itself(op_i, Some(op)));
         }
     }
@@ -629,11 +647,10 @@ struct Grow {
     /// Where the next piece starts here and there to grow it.
     l_next: u64,
     t_next: u64,
-    /// How far it may grow here (its allocation's end, and the distance
-    /// between its two sides: off its own bytes) and there (the window's
-    /// end).
+    /// How far it may grow here: its allocation's end, and the distance
+    /// between its two sides (off its own bytes). There, the ops that grow
+    /// it lie in its window (`inside_hot`).
     local_cap: u64,
-    there_end: u64,
 }
 
 impl Grow {
@@ -646,7 +663,6 @@ impl Grow {
         l_next: 0,
         t_next: 0,
         local_cap: 0,
-        there_end: 0,
     };
 
     /// The window `(offset, end, addr)` as addresses `[addr, addr + len)`
@@ -693,7 +709,6 @@ impl Grow {
             l_next: local.ptr.wrapping_add(c.size),
             t_next: there.ptr.wrapping_add(c.size),
             local_cap: local_end.min(local.ptr.saturating_add(gap)),
-            there_end: hi,
         }
     }
 
@@ -717,13 +732,14 @@ impl Grow {
             // Inside its allocation (the builder's check) and the window:
             // its ends do not wrap.
             let (l_end, t_end) = (local.ptr.wrapping_add(op.size), there.wrapping_add(op.size));
+            // No check of the window's end: `inside_hot` put the op inside
+            // the window the piece started in (`Grow::of`, the run's).
             if id != hot.0
                 || put != PUT
                 || local.ptr != self.l_next
                 || there != self.t_next
                 || local.hint != MemHint::None
                 || l_end > self.local_cap
-                || t_end > self.there_end
             {
                 break;
             }
@@ -841,5 +857,30 @@ mod tests {
             })
             .collect();
         assert_eq!(run(&host, win, &[(0x1000, 4096)], &[]).len(), 4);
+    }
+
+    /// What the batch call's choice reads (`batchable_in`) of a grown piece
+    /// is what it read of the pieces it grew by, one by one.
+    #[test]
+    fn a_grown_piece_leaves_the_order_its_pieces_would() {
+        let win = (0, 4096, 0x9000);
+        let mut grown = Order::NEW;
+        let mut copies = Vec::new();
+        let puts: Vec<CopyOp> = (0..8).map(|k| put(0x1000 + 64 * k, 64 * k)).collect();
+        let mut each = Order::NEW;
+        for k in 0..8 {
+            each.add(&MemcpyOp {
+                dst: Pointer::device(0x9000 + 64 * k),
+                src: Pointer::device(0x1000 + 64 * k),
+                size: 64,
+            });
+        }
+        let spans = spans(&[(0x1000, 4096)]);
+        assert_eq!(
+            hot_run(&puts, (ID, win), &spans, &mut copies, &mut grown),
+            Ok(8)
+        );
+        assert_eq!(copies.len(), 1);
+        assert_eq!(grown, each);
     }
 }
