@@ -392,7 +392,9 @@ pub enum Error {
     /// local memory is the memory that its endpoint bytes reach (bound
     /// there by address, or a peer window onto it), so that it would copy
     /// bytes onto themselves: `cuMemcpyAsync` forbids overlapping source
-    /// and destination ranges.
+    /// and destination ranges. Also across the pieces of one op (an op
+    /// across two bound memories, a put to several members), which run in
+    /// no order: one piece reading what another writes.
     #[error(
         "copy op {op} on the portable path (cuMemcpyAsync): its local memory is (in part) the memory that endpoint {id} bytes {offset}..{end} reach, so it would copy bytes onto themselves, and cuMemcpyAsync forbids overlapping source and destination ranges; leave the op out when the bytes are already where they should be, or copy through other memory (into a staging buffer in one batch, from it in the next)",
         end = offset.saturating_add(*size)
