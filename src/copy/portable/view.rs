@@ -361,19 +361,19 @@ pub(super) fn onto(c: &MemcpyOp) -> bool {
     c.src.ptr.abs_diff(c.dst.ptr) < c.size
 }
 
-/// Whether one piece of an op (`cs`, its pieces: an op across two
-/// windows, or a put to several members) reads bytes another writes: the
-/// op copies bytes onto themselves across its pieces, whose order is
-/// none (`onto` sees one piece alone). Nothing to compare for one piece
-/// (the usual op).
-fn reads_what_it_writes(cs: &[MemcpyOp]) -> bool {
-    let meet = |a: u64, n: u64, b: u64, m: u64| a < b.saturating_add(m) && b < a.saturating_add(n);
-    cs.len() > 1
-        && cs.iter().enumerate().any(|(i, c)| {
-            cs.iter()
-                .enumerate()
-                .any(|(j, d)| i != j && meet(c.src.ptr, c.size, d.dst.ptr, d.size))
-        })
+/// Whether the pieces `cs` of one op (`put` or get, its local side
+/// `size` bytes at `local`) write bytes the op reads: the op copies bytes
+/// onto themselves, in one piece or across two (an op across two windows,
+/// a put to several members), whose order is none. Each member's pieces
+/// of a put read all of the local side, and a get's pieces write all of
+/// it: so the endpoint side of each piece is compared with the local side
+/// once, not pair by pair (a multicast put has a piece per member).
+fn touches_its_local_side(cs: &[MemcpyOp], put: bool, local: u64, size: u64) -> bool {
+    let end = local.saturating_add(size);
+    cs.iter().any(|c| {
+        let there = if put { c.dst.ptr } else { c.src.ptr };
+        there < end && local < there.saturating_add(c.size)
+    })
 }
 
 /// The usual batch, without a [`View`]: one op on an endpoint of one target
@@ -540,7 +540,7 @@ pub(super) unsafe fn resolve(
         }
         if copies
             .get(first..)
-            .is_some_and(|cs| cs.iter().any(onto) || reads_what_it_writes(cs))
+            .is_some_and(|cs| touches_its_local_side(cs, put, local.ptr, size))
         {
             return Err(onto_itself(op_i, Some(op)));
         }
@@ -754,7 +754,7 @@ impl Grow {
     /// would have made of `o`).
     fn flush<const PUT: bool>(&self, copies: &mut [MemcpyOp], o: &mut Order) {
         let size = self.l_next.wrapping_sub(self.l0);
-        if size == self.base || self.local_cap == 0 {
+        if size == self.base {
             return;
         }
         if let Some(c) = copies.get_mut(self.at) {
