@@ -100,7 +100,10 @@ pub(crate) struct Completion {
     /// The work is known complete: what it used may be let go.
     pub done: bool,
     /// The synchronize's error (none when it panicked: the panic says it).
-    error: Option<crate::error::Error>,
+    /// Boxed: the usual answer is none, and a completion moved with the
+    /// error inline moved 88 bytes more (`InFlight::wait` of a one-op batch
+    /// 326 -> 321 instructions on `Null`, `benches/copy_batch.rs`).
+    error: Option<Box<crate::error::Error>>,
     /// The panic it raised, to go on with once the teardown is over.
     panic: Option<Box<dyn std::any::Any + Send>>,
 }
@@ -116,7 +119,7 @@ impl Completion {
             std::panic::resume_unwind(p);
         }
         match self.error {
-            Some(e) => Err(e),
+            Some(e) => Err(*e),
             None => Ok(()),
         }
     }
@@ -132,7 +135,8 @@ impl Completion {
 /// panic there leaks no stream, event or graph, and frees nothing under a
 /// copy that may still run.
 pub(crate) fn completing(sync: impl Fn() -> crate::error::Result<()>) -> Completion {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&sync)) {
+    let boxed = || sync().map_err(Box::new);
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(boxed)) {
         Ok(Ok(())) => Completion {
             done: true,
             error: None,

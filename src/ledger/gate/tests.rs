@@ -87,7 +87,8 @@ fn enqueue(r: &Arc<Range>) -> bool {
         }
     }
     *lock(&r.in_flight) = true;
-    drop(gate);
+    // As the enqueue leaves on its usual path.
+    gate.end();
     true
 }
 
@@ -272,5 +273,30 @@ fn f4_an_unbind_inside_two_enqueues_of_this_thread_is_refused() {
         ));
         drop(inner);
         assert!(ChangeGate::unbind(&*r, 7).is_ok());
+    });
+}
+
+#[test]
+fn f4_an_enqueue_gate_ended_leaves_every_range_as_a_drop_does() {
+    model(|| {
+        let (a, b) = (range(true), range(true));
+        for endpoints in [
+            vec![(a.clone(), 1u32)],
+            vec![(a.clone(), 1), (b.clone(), 2)],
+        ] {
+            let Ok(gate) = EnqueueGate::enter(&endpoints) else {
+                unreachable!("nobody else is inside")
+            };
+            assert!(matches!(
+                ChangeGate::unbind(&*a, 1),
+                Err(Error::CopyUnbindReentered { id: 1 })
+            ));
+            gate.end();
+            // Both gates open: an unbind on either waits for nothing.
+            assert!(ChangeGate::unbind(&*a, 1).is_ok());
+            assert!(ChangeGate::unbind(&*b, 2).is_ok());
+        }
+        // And each range's `Arc` was let go once: only `a` and `b` hold them.
+        assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b)), (1, 1));
     });
 }
