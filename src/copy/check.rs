@@ -590,15 +590,16 @@ impl BatchInner {
             return Err(*e);
         }
         self.recheck_stale()?;
-        for (op, locality, ..) in &self.locations {
+        // Same index: `locations` and `keep.memory` are pushed together.
+        for ((op, locality, ..), keep) in self.locations.iter().zip(&self.keep.memory) {
             let (location, fabric_import) = match locality {
                 Locality::Device(d) if *d == stream_dev => continue,
-                Locality::Host { access, .. } if access.contains(&stream_dev) => continue,
-                Locality::Host { numa, access } => {
+                Locality::Host { .. } if keep.host_access().contains(&stream_dev) => continue,
+                Locality::Host { numa } => {
                     return Err(Error::CopyNotAccessible {
                         op: *op,
                         host_numa: *numa,
-                        access: access.to_vec(),
+                        access: keep.host_access().to_vec(),
                         stream_device: stream_dev,
                     });
                 }

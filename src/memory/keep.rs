@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{AllocInner, Mapped, MappedInner, export_fabric, export_fd};
+use crate::driver::Device;
 use crate::error::Result;
 use crate::kind::{FabricShareable, MemShare, PosixFd, Private};
 
@@ -93,6 +94,12 @@ impl KeepAlive {
     /// same object, never downcast.
     pub(crate) fn token(&self) -> Arc<dyn std::any::Any + Send + Sync> {
         self.0.clone()
+    }
+
+    /// The devices a mapping gives access to (none for an allocation held
+    /// as itself, which has no mapping): what F2 asks of host memory.
+    pub(crate) fn host_access(&self) -> &[Device] {
+        self.0.mapping().map_or(&[], |m| &m.access[..])
     }
 
     /// The held object's address, telling held objects apart while held

@@ -118,10 +118,7 @@ impl<H: MemShare> Mapped<H> {
         match alloc.location {
             location if alloc.fabric_import => Locality::Fabric(location),
             Location::Device(d) => Locality::Device(d),
-            Location::HostNuma(numa) => Locality::Host {
-                numa,
-                access: self.inner.access.clone(),
-            },
+            Location::HostNuma(numa) => Locality::Host { numa },
         }
     }
 
@@ -175,13 +172,18 @@ impl Mapped<FabricShareable> {
 /// Memory of this node is allocated here, or imported by POSIX descriptor
 /// (which stays within one node, R12.4, so its device ordinal names the
 /// same device here).
-#[derive(Clone, Debug)]
+///
+/// Plain values: a batch keeps one per allocation and clears them per
+/// batch, and a list of values that own nothing is cleared without a walk
+/// (with the host access list here, an `Arc`: a one-op batch 806 -> 772
+/// instructions on `Null`, `benches/copy_batch.rs`; portable 1,003 -> 972).
+#[derive(Clone, Copy, Debug)]
 pub(crate) enum Locality {
     /// Device memory of this node: its own device always has access.
     Device(Device),
     /// Host memory of this node, reachable from the devices its mapping
-    /// gave access to alone.
-    Host { numa: i32, access: Arc<[Device]> },
+    /// gave access to alone ([`KeepAlive::host_access`](super::KeepAlive::host_access)).
+    Host { numa: i32 },
     /// Imported by fabric handle: at that location of the node that
     /// exported it, which may be another node (an ordinal names a device of
     /// its own node).
