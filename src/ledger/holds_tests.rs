@@ -301,3 +301,96 @@ fn f4_a_batch_on_two_ranges_recorded_while_both_are_settled_is_synchronized_by_e
         assert_eq!((d.freed, d.destroys), (1, 1));
     });
 }
+
+/// What a sequence of [`f4_a_ranges_entries_are_exactly_the_batches_in_flight_on_it`] does.
+#[cfg(not(loom))]
+#[derive(Clone, Debug)]
+enum Step {
+    /// Stream `.0` records a batch into id 0 of each range named (repeats
+    /// allowed: one entry each).
+    Record(usize, Vec<usize>),
+    /// Stream `.0` passed its batches up to `.1` below its next number
+    /// (an event observed; `.1` past its batches picks none).
+    Passed(usize, u64),
+    Synchronize(usize),
+    Drop(usize),
+}
+
+#[cfg(not(loom))]
+use proptest::strategy::Strategy;
+
+#[cfg(not(loom))]
+proptest::proptest! {
+    /// The entries a range holds, after any order of records, passes (an
+    /// event's, which may pick none), synchronizes and drops on three
+    /// streams, are one per endpoint of each batch in flight on it: the
+    /// one-entry and one-record fast paths of `HoldsOf::forget` and
+    /// `forget_entries_of` (issue 30) against a plain model.
+    #[test]
+    fn f4_a_ranges_entries_are_exactly_the_batches_in_flight_on_it(
+        steps in proptest::collection::vec(
+            proptest::prop_oneof![
+                3 => (0..3usize, proptest::collection::vec(0..3usize, 1..=3))
+                    .prop_map(|(s, r)| Step::Record(s, r)),
+                1 => (0..3usize, 0..4u64).prop_map(|(s, back)| Step::Passed(s, back)),
+                1 => (0..3usize).prop_map(Step::Synchronize),
+                1 => (0..3usize).prop_map(Step::Drop),
+            ],
+            0..14,
+        )
+    ) {
+        let log = new_log();
+        let ranges: Vec<Arc<Range>> = (0..3).map(|_| range()).collect();
+        let mut streams: Vec<Option<Arc<StreamCore<Sim>>>> =
+            (0..3).map(|_| Some(stream(&log))).collect();
+        // The model: (stream, batch number, ranges named) in flight.
+        let mut in_flight: Vec<(usize, u64, Vec<usize>)> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Record(s, named) => {
+                    let Some(stream) = &streams[s] else { continue };
+                    let on: Vec<&Arc<Range>> = named.iter().map(|&i| &ranges[i]).collect();
+                    let seq = enqueue_to(stream, &on, &log);
+                    in_flight.push((s, seq, named));
+                }
+                Step::Passed(s, back) => {
+                    let Some(stream) = &streams[s] else { continue };
+                    // Up to `back` below the next number: 0 is past every
+                    // batch recorded so far; nothing when it would wrap.
+                    let Some(seq) = stream.enqueued().checked_sub(back) else { continue };
+                    // The device completed what an event after it says.
+                    let mut d = dev(&log);
+                    d.completed = d.enqueued;
+                    drop(d);
+                    stream.passed_through(seq);
+                    in_flight.retain(|&(i, q, _)| !(i == s && q <= seq));
+                }
+                Step::Synchronize(s) => {
+                    let Some(stream) = &streams[s] else { continue };
+                    proptest::prop_assert!(stream.synchronize().is_ok());
+                    in_flight.retain(|&(i, ..)| i != s);
+                }
+                Step::Drop(s) => {
+                    let Some(stream) = streams[s].take() else { continue };
+                    close(stream);
+                    in_flight.retain(|&(i, ..)| i != s);
+                }
+            }
+            for (i, r) in ranges.iter().enumerate() {
+                let want: usize = in_flight
+                    .iter()
+                    .map(|(_, _, named)| named.iter().filter(|&&x| x == i).count())
+                    .sum();
+                let got = r.holds.lock().len();
+                proptest::prop_assert_eq!(got, want, "range {}", i);
+                proptest::prop_assert_eq!(r.holds.len.load(Ordering::Acquire), got);
+            }
+        }
+        for stream in streams.into_iter().flatten() {
+            close(stream);
+        }
+        for r in &ranges {
+            proptest::prop_assert_eq!(r.holds.lock().len(), 0);
+        }
+    }
+}
