@@ -94,7 +94,10 @@ impl Stream {
         // No unbind on these ranges from another thread between the checks
         // and the pin of the graph's ids (F8), as for an enqueue (F4).
         let _gate = loop {
-            let gate = crate::ledger::gate::EnqueueGate::enter(&batch.inner.keep.endpoints)?;
+            // SAFETY: the ranges are those of the endpoints the batch
+            // borrows for 'a, past this call, where the gate ends.
+            let gate =
+                unsafe { crate::ledger::gate::EnqueueGate::enter(&batch.inner.keep.endpoints) }?;
             batch.check_for(self)?;
             if gate.clear() {
                 break gate;

@@ -301,12 +301,13 @@ mod tests {
             .expect("mapped")
     }
 
-    /// A range's holds are what is in flight now, not what ever was: batches
-    /// completed through their events leave it one by one, even while a
-    /// later batch is still in flight (no synchronize ever empties the
-    /// stream), and a dropped stream leaves nothing.
+    /// A stream's records are what is in flight now, not what ever was:
+    /// batches completed through their events leave them one by one, even
+    /// while a later batch is still in flight (no synchronize ever empties
+    /// the stream); the range holds one entry of the stream, from its first
+    /// batch there, and a dropped stream leaves nothing.
     #[test]
-    fn batches_completed_through_events_leave_the_index_and_a_dropped_stream_leaves_nothing() {
+    fn batches_completed_through_events_leave_the_records_and_a_dropped_stream_leaves_nothing() {
         let mut config = crate::model::ModelConfig::node(1);
         config.driver_version = 13050;
         let (ctx, _model) = Context::model(config);
@@ -333,15 +334,17 @@ mod tests {
                 .expect("enqueued");
             prev.wait().expect("completed");
             assert_eq!(
-                crate::ledger::holds::entries_of(ep.range(), me),
+                crate::ledger::holds::in_flight_on(ep.range(), &s.inner),
                 1,
                 "only the batch still in flight"
             );
+            assert_eq!(crate::ledger::holds::entries_of(ep.range(), me), 1);
             prev = next;
         }
         prev.wait().expect("completed");
-        assert_eq!(crate::ledger::holds::entries_of(ep.range(), me), 0);
+        assert_eq!(crate::ledger::holds::in_flight_on(ep.range(), &s.inner), 0);
         std::mem::forget(s.enqueue(put(0)).expect("enqueued"));
+        assert_eq!(crate::ledger::holds::in_flight_on(ep.range(), &s.inner), 1);
         assert_eq!(crate::ledger::holds::entries_of(ep.range(), me), 1);
         drop(s);
         assert_eq!(

@@ -45,6 +45,7 @@
 //! child keeps their counts, as it keeps any lock they held: an unbind
 //! there waits for them for ever. Fork only single-threaded, or exec at once.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::PoisonError;
 
@@ -273,11 +274,26 @@ impl<R: Gated> Gated for Arc<R> {
     }
 }
 
-/// An enqueue (or capture) inside the gates of its batch's ranges.
+/// An enqueue (or capture) inside the gates of its batch's ranges. It
+/// names them by address, not by a clone of their `Arc`: the caller of
+/// [`EnqueueGate::enter`] keeps them alive (the batch borrows their
+/// endpoints), and the gate costs no count to take and to give back.
 pub(crate) enum EnqueueGate<R: Gated> {
     /// The usual batch: its endpoints are of one range (`u32`: an id there).
-    One(Arc<R>, u32, Entry),
-    Many(Vec<(Arc<R>, u32, Entry)>),
+    One(NonNull<R>, u32, Entry),
+    Many(Vec<(NonNull<R>, u32, Entry)>),
+}
+
+/// The range at `r`.
+///
+/// # Safety
+/// `r` is a range of an [`EnqueueGate`] whose caller keeps it alive
+/// ([`EnqueueGate::enter`]'s contract).
+#[inline(always)]
+unsafe fn range<'r, R>(r: NonNull<R>) -> &'r R {
+    // SAFETY: the caller's contract: the range is alive, and only ever
+    // read through shared references.
+    unsafe { r.as_ref() }
 }
 
 impl<R: Gated> EnqueueGate<R> {
@@ -285,18 +301,24 @@ impl<R: Gated> EnqueueGate<R> {
     /// or unbind is inside any of them. Once the checks are done,
     /// [`EnqueueGate::clear`] says whether they stand.
     ///
+    /// # Safety
+    /// Every range of `endpoints` stays alive until the gate is ended or
+    /// dropped, and when it is given to [`EnqueueGate::wait_for_changes`],
+    /// until that returned (an enqueue's batch borrows the ranges'
+    /// endpoints for its whole call).
+    ///
     /// # Errors
     /// [`Error::CopyUnbindReentered`] when this thread is inside a bind or
     /// an unbind on one of them.
     #[inline(always)]
-    pub(crate) fn enter(endpoints: &[(Arc<R>, u32)]) -> Result<EnqueueGate<R>> {
+    pub(crate) unsafe fn enter(endpoints: &[(Arc<R>, u32)]) -> Result<EnqueueGate<R>> {
         let Some(((first, id), rest)) = endpoints.split_first() else {
             return Ok(EnqueueGate::Many(Vec::new()));
         };
         if rest.iter().all(|(r, _)| Arc::ptr_eq(r, first))
             && let Some(entry) = first.gate().try_enqueue()
         {
-            return Ok(EnqueueGate::One(first.clone(), *id, entry));
+            return Ok(EnqueueGate::One(NonNull::from(&**first), *id, entry));
         }
         Self::enter_many(endpoints)
     }
@@ -317,7 +339,7 @@ impl<R: Gated> EnqueueGate<R> {
             let mut busy = None;
             for &(range, id) in &ranges {
                 match range.gate().try_enqueue() {
-                    Some(entry) => inside.push((range.clone(), id, entry)),
+                    Some(entry) => inside.push((NonNull::from(&**range), id, entry)),
                     None => {
                         busy = Some((range, id));
                         break;
@@ -333,6 +355,20 @@ impl<R: Gated> EnqueueGate<R> {
         }
     }
 
+    /// The gates of the ranges entered, with an id of each.
+    #[inline(always)]
+    fn gates(&self) -> impl Iterator<Item = (&Gate, u32, Entry)> {
+        let (one, many) = match self {
+            EnqueueGate::One(r, id, entry) => (Some((*r, *id, *entry)), &[][..]),
+            EnqueueGate::Many(ranges) => (None, &ranges[..]),
+        };
+        one.into_iter()
+            .chain(many.iter().copied())
+            // SAFETY: `enter`'s contract: the ranges live as long as the
+            // gate, which this borrows.
+            .map(|(r, id, entry)| (unsafe { range(r) }.gate(), id, entry))
+    }
+
     /// After the enqueue's checks, before its first driver call: whether
     /// they stand, that is whether no bind or unbind entered one of the
     /// ranges since (a bind's record may be what they passed on, before
@@ -343,8 +379,9 @@ impl<R: Gated> EnqueueGate<R> {
     #[inline(always)]
     pub(crate) fn clear(&self) -> bool {
         match self {
-            EnqueueGate::One(range, ..) => !range.gate().busy(Side::Change),
-            EnqueueGate::Many(ranges) => !ranges.iter().any(|(r, ..)| r.gate().busy(Side::Change)),
+            // SAFETY: `enter`'s contract.
+            EnqueueGate::One(r, ..) => !unsafe { range(*r) }.gate().busy(Side::Change),
+            EnqueueGate::Many(_) => !self.gates().any(|(g, ..)| g.busy(Side::Change)),
         }
     }
 
@@ -357,15 +394,17 @@ impl<R: Gated> EnqueueGate<R> {
     #[inline(never)]
     pub(crate) fn wait_for_changes(self) -> Result<()> {
         let changing = match &self {
-            EnqueueGate::One(range, id, _) => Some((range.clone(), *id)),
+            EnqueueGate::One(r, id, _) => Some((*r, *id)),
             EnqueueGate::Many(ranges) => ranges
                 .iter()
-                .find(|(r, ..)| r.gate().busy(Side::Change))
-                .map(|(r, id, _)| (r.clone(), *id)),
+                // SAFETY: `enter`'s contract.
+                .find(|(r, ..)| unsafe { range(*r) }.gate().busy(Side::Change))
+                .map(|(r, id, _)| (*r, *id)),
         };
         drop(self);
-        if let Some((range, id)) = changing {
-            range.gate().wait(Side::Change, id)?;
+        if let Some((r, id)) = changing {
+            // SAFETY: `enter`'s contract: alive until this returned.
+            unsafe { range(r) }.gate().wait(Side::Change, id)?;
         }
         Ok(())
     }
@@ -380,20 +419,14 @@ impl<R: Gated> EnqueueGate<R> {
     pub(crate) fn end(self) {
         let this = std::mem::ManuallyDrop::new(self);
         this.leave_all();
-        match &*this {
-            EnqueueGate::One(range, ..) => {
-                // SAFETY: `this` is never used after, nor dropped
-                // (`ManuallyDrop`): the field that owns something is moved
-                // out once, here, and dropped. The gain over the drop glue:
-                // a one-op batch 879 -> 859 instructions, portable
-                // 1,061 -> 1,051 (`Null`, `benches/copy_batch.rs`,
-                // `benches/copy_portable.rs`).
-                drop(unsafe { std::ptr::read(range) });
-            }
-            EnqueueGate::Many(ranges) => {
-                // SAFETY: as for `One`.
-                drop(unsafe { std::ptr::read(ranges) });
-            }
+        if let EnqueueGate::Many(ranges) = &*this {
+            // SAFETY: `this` is never used after, nor dropped
+            // (`ManuallyDrop`): the field that owns something is moved
+            // out once, here, and dropped. The gain over the drop glue:
+            // a one-op batch 879 -> 859 instructions, portable
+            // 1,061 -> 1,051 (`Null`, `benches/copy_batch.rs`,
+            // `benches/copy_portable.rs`).
+            drop(unsafe { std::ptr::read(ranges) });
         }
     }
 
@@ -401,10 +434,13 @@ impl<R: Gated> EnqueueGate<R> {
     #[inline(always)]
     fn leave_all(&self) {
         match self {
-            EnqueueGate::One(r, _, entry) => r.gate().leave(Side::Enqueue, *entry),
-            EnqueueGate::Many(ranges) => {
-                for (r, _, entry) in ranges.iter() {
-                    r.gate().leave(Side::Enqueue, *entry);
+            // SAFETY: `enter`'s contract.
+            EnqueueGate::One(r, _, entry) => {
+                unsafe { range(*r) }.gate().leave(Side::Enqueue, *entry)
+            }
+            EnqueueGate::Many(_) => {
+                for (gate, _, entry) in self.gates() {
+                    gate.leave(Side::Enqueue, entry);
                 }
             }
         }

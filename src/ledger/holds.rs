@@ -1,9 +1,8 @@
 //! What is in flight on each endpoint id, and the streams it is in flight
 //! on (F4, F8): a stream's handle with its in-flight records
 //! ([`StreamInner`], destroyed by its last holder), each range's list of
-//! the batches in flight on its ids and the graphs naming them
-//! ([`Holds`]), and [`settle`]/[`settle_destroy`], which an unbind and a
-//! destroy call first.
+//! the streams that copy to it and the graphs naming it ([`Holds`]), and
+//! [`settle`]/[`settle_destroy`], which an unbind and a destroy call first.
 //!
 //! - the handle's life: it lives in a shared `StreamInner`, destroyed
 //!   (`cuStreamDestroy`) by its last `Arc` holder, as cudarc's
@@ -18,12 +17,16 @@
 //!   still uses: the memory lives until the stream passed the copy, and
 //!   [`settle`] synchronizes every stream with a copy in flight on that id
 //!   first;
-//! - each range's holds: one entry per batch (or graph) and id, read by
-//!   [`settle`] (one atomic load of the range's count, unless a copy is in
-//!   flight on the range or a graph names it). An entry goes when the
-//!   stream passed its batch (synchronize, query, an event after it) or
-//!   the stream is dropped, and when its graph is dropped; an entry holds
-//!   its stream weakly, so it never keeps a handle alive.
+//! - each range's holds: one entry per stream that recorded a batch on the
+//!   range, from its first record there until the `Stream` is dropped (the
+//!   stream lists the ranges it entered, under the lock of its records),
+//!   and one per graph and id. A batch's record is then one lock, the
+//!   stream's, and its pass the same lock again: a loop of copies to one
+//!   endpoint never takes the range's lock (issue 30). [`settle`] reads
+//!   one atomic load of the range's count when no stream ever copied to
+//!   the range and no graph names it; else it asks each stream, under its
+//!   lock, whether a record names the id. An entry holds its stream
+//!   weakly, so it never keeps a handle alive.
 //!
 //! When a synchronize fails, the records stay: the memory is leaked rather
 //! than freed under a copy that may still run.
@@ -139,8 +142,8 @@ pub(crate) struct StreamCore<P: Parts> {
     /// stream's own `Drop` did.
     stream: P::Handle,
     /// Batches enqueued since the last successful synchronize, each with
-    /// its sequence number.
-    inflight: Lock<Vec<(u64, KeepOf<P>)>>,
+    /// its sequence number, and the ranges whose holds list this stream.
+    inflight: Lock<Records<P>>,
     /// The next batch's sequence number: moved under the `inflight` lock,
     /// read without it ([`StreamCore::enqueued`]).
     next_seq: AtomicU64,
@@ -155,6 +158,19 @@ impl<P: Parts> std::ops::Deref for StreamCore<P> {
     }
 }
 
+/// A stream's in-flight records and the ranges it entered, under one lock.
+pub(crate) struct Records<P: Parts> {
+    /// Batches enqueued since the last successful synchronize, each with
+    /// its sequence number.
+    list: Vec<(u64, KeepOf<P>)>,
+    /// The ranges whose holds have this stream's entry: entered at the
+    /// stream's first record there, left when the `Stream` is dropped.
+    /// Weak, so that an idle stream keeps no range (nor its ids) alive; a
+    /// `Weak` also keeps the range's address from being reused by another
+    /// while it is listed. Ranges gone are pruned at the next entry.
+    on: SmallVec<[Weak<P::Range>; 1]>,
+}
+
 /// A stream of the driver's: destroyed (`cuStreamDestroy`) in its `Drop`,
 /// unless borrowed.
 pub(crate) struct StreamHandle {
@@ -166,31 +182,29 @@ pub(crate) struct StreamHandle {
     borrowed: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-/// What holds an endpoint id: a stream's batch in flight (until the
-/// stream passed it), or a graph of copies that names the id (for the
-/// graph's whole life, F8).
+/// What may hold an endpoint id of a range: a stream that recorded a batch
+/// there (its records say which ids are in flight now), or a graph of
+/// copies that names the id (for the graph's whole life, F8).
 enum Holder<P: Parts> {
-    /// Batch `seq` of the stream.
-    Batch(Weak<StreamCore<P>>, u64),
-    /// The graph numbered so ([`pin_for_graph`]).
-    Graph(u64),
+    /// A stream that entered the range ([`Records::on`]).
+    Stream(Weak<StreamCore<P>>),
+    /// The graph numbered `.1` ([`pin_for_graph`]) names id `.0`.
+    Graph(u32, u64),
 }
 
 impl<P: Parts> Holder<P> {
-    /// Whether this is one of `stream`'s batches that `done`.
-    fn of_batch(&self, stream: *const StreamCore<P>, done: impl Fn(u64) -> bool) -> bool {
-        matches!(self, Holder::Batch(s, seq) if std::ptr::eq(s.as_ptr(), stream) && done(*seq))
+    /// Whether this is the entry of the stream at `stream`.
+    fn is_stream(&self, stream: *const StreamCore<P>) -> bool {
+        matches!(self, Holder::Stream(s) if std::ptr::eq(s.as_ptr(), stream))
     }
 }
 
-/// What is in flight on the ids of one range (a field of its
-/// [`RangeInner`]): one entry per batch (or graph) and id, gone once the
-/// stream passed the batch (a synchronize, a query, an event after it),
-/// the stream was dropped, or the graph was dropped. So its length is what
-/// is in flight now, not what ever was. Each batch that holds an entry
-/// holds the range (`Keep::endpoints`), so no entry outlives its range.
+/// Who may hold the ids of one range (a field of its [`RangeInner`]): one
+/// entry per live `Stream` that recorded a batch on the range, and one per
+/// graph and id it names, gone when the `Stream` or the graph is dropped.
+/// Whether a batch is in flight on an id now is in its stream's records.
 pub(crate) struct HoldsOf<P: Parts> {
-    list: Lock<Vec<(u32, Holder<P>)>>,
+    list: Lock<Vec<Holder<P>>>,
     /// `list.len()`, read without the lock.
     len: AtomicUsize,
 }
@@ -208,56 +222,23 @@ impl<P: Parts> Default for HoldsOf<P> {
 }
 
 impl<P: Parts> HoldsOf<P> {
-    fn lock(&self) -> LockGuard<'_, Vec<(u32, Holder<P>)>> {
+    fn lock(&self) -> LockGuard<'_, Vec<Holder<P>>> {
         self.list.lock()
     }
 
-    /// Pushes an entry for each id of the run of `endpoints` at its start
-    /// that names this range (a batch's endpoints of one range are usually
-    /// one run): one lock per run. Returns the length of the run.
-    fn push_run(
-        &self,
-        endpoints: &[(Arc<P::Range>, u32)],
-        holder: impl Fn() -> Holder<P>,
-    ) -> usize {
-        let mut list = self.lock();
-        let mut n = 0;
-        for (range, id) in endpoints {
-            if !std::ptr::eq(P::holds(range), self) {
-                break;
-            }
-            list.push((*id, holder()));
-            n += 1;
-        }
-        self.len.store(list.len(), Ordering::Release);
-        n
-    }
-
     /// Pushes one entry.
-    // Always: out of line, a one-op batch cost 17 instructions more (846
-    // -> 829 on `Null`, `benches/copy_batch.rs`; portable 1,039 -> 1,020).
-    #[inline(always)]
-    fn push_one(&self, id: u32, holder: Holder<P>) {
+    fn push(&self, holder: Holder<P>) {
         let mut list = self.lock();
-        list.push((id, holder));
+        list.push(holder);
         self.len.store(list.len(), Ordering::Release);
     }
 
     /// Drops the entries `gone` picks.
-    fn forget(&self, gone: impl Fn(u32, &Holder<P>) -> bool) {
+    fn forget(&self, gone: impl Fn(&Holder<P>) -> bool) {
         let mut list = self.lock();
-        if let [(id, h)] = &list[..] {
-            // The usual wait: the range's one entry, without `retain`.
-            if gone(*id, h) {
-                list.clear();
-                self.len.store(0, Ordering::Release);
-            }
-            return;
-        }
-        list.retain(|(id, h)| !gone(*id, h));
-        // Capacity given back once what is in flight fell well below it (a
-        // burst of forgotten batches, then a synchronize); a small list is
-        // kept, so that a loop of waited batches allocates nothing.
+        list.retain(|h| !gone(h));
+        // Capacity given back once the entries fell well below it (many
+        // streams or graphs gone); a small list is kept.
         let len = list.len();
         if list.capacity() > 64 && len < list.capacity() / 4 {
             list.shrink_to(len.saturating_mul(2));
@@ -276,47 +257,29 @@ impl<P: Parts> HoldsOf<P> {
 /// builds: a static, and no part of the protocol).
 static NEXT_GRAPH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Pushes an entry per endpoint into its range's holds, one lock per run
-/// of endpoints of one range.
-fn push_all<P: Parts>(endpoints: &[(Arc<P::Range>, u32)], holder: impl Fn() -> Holder<P> + Copy) {
-    let mut rest = endpoints;
-    while let Some((range, _)) = rest.first() {
-        // At least one: the run starts with this range's endpoint.
-        let n = P::holds(range).push_run(rest, holder).max(1);
-        rest = rest.get(n..).unwrap_or_default();
-    }
-}
-
-/// The ranges of the endpoints of `keeps`, each run of one range once (a
-/// batch's endpoints of one range, and batches on one range, are usually
-/// runs): forgetting in a range twice finds nothing the second time, so a
-/// range met again after another is only scanned again, in linear time.
-fn ranges<'a, P: Parts>(
-    keeps: impl Iterator<Item = &'a [(Arc<P::Range>, u32)]>,
-) -> impl Iterator<Item = &'a HoldsOf<P>> {
-    let mut last: *const HoldsOf<P> = std::ptr::null();
-    keeps.flatten().filter_map(move |(range, _)| {
-        let holds = P::holds(range);
-        let new = !std::ptr::eq(last, holds);
-        last = holds;
-        new.then_some(holds)
-    })
-}
-
 /// Pins the ids a graph of copies names (F8: "every id valid and bound for
 /// as long as the graph may run"): until [`unpin_graph`], unbinding memory
 /// of any of them is refused ([`settle`]). Returns the graph's number.
 pub(crate) fn pin_for_graph(endpoints: &[(Arc<RangeInner>, u32)]) -> u64 {
     let graph = NEXT_GRAPH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    push_all::<Cuda>(endpoints, || Holder::Graph(graph));
+    for (range, id) in endpoints {
+        range.holds.push(Holder::Graph(*id, graph));
+    }
     graph
 }
 
 /// The graph numbered `graph`, of `endpoints`, is gone: its ids may be
 /// unbound again.
 pub(crate) fn unpin_graph(endpoints: &[(Arc<RangeInner>, u32)], graph: u64) {
-    for holds in ranges::<Cuda>(std::iter::once(endpoints)) {
-        holds.forget(|_, h| matches!(h, Holder::Graph(g) if *g == graph));
+    let mut last: *const Holds = std::ptr::null();
+    for (range, _) in endpoints {
+        // A run of one range's endpoints is forgotten at once.
+        if !std::ptr::eq(last, &range.holds) {
+            range
+                .holds
+                .forget(|h| matches!(h, Holder::Graph(_, g) if *g == graph));
+        }
+        last = &range.holds;
     }
 }
 
@@ -335,8 +298,8 @@ pub(crate) fn settle(range: &RangeInner, id: u32) -> Result<()> {
 /// [`settle`] on the holds of any [`Parts`].
 #[inline]
 fn settle_holds<P: Parts>(holds: &HoldsOf<P>, id: u32) -> Result<()> {
-    // Inline: with no copy in flight on the range (the usual unbind and
-    // destroy), one load and no call.
+    // Inline: with no stream that ever copied to the range and no graph
+    // (the usual unbind and destroy), one load and no call.
     if holds.is_empty() {
         return Ok(());
     }
@@ -364,51 +327,55 @@ fn settle_destroy_holds<P: Parts>(holds: &HoldsOf<P>, id: u32) -> Result<()> {
     settle_in_flight(holds, id, true)
 }
 
-/// [`settle`] and [`settle_destroy`] when some copy may be in flight on the
-/// range or a graph names it.
+/// [`settle`] and [`settle_destroy`] when some stream copied to the range
+/// or a graph names it: each stream whose records name the id is
+/// synchronized.
 #[cold]
 #[inline(never)]
 fn settle_in_flight<P: Parts>(holds: &HoldsOf<P>, id: u32, destroying: bool) -> Result<()> {
     if destroying {
-        holds.forget(|i, h| i == id && matches!(h, Holder::Graph(_)));
+        holds.forget(|h| matches!(h, Holder::Graph(i, _) if *i == id));
     }
     let mut streams: Vec<Arc<StreamCore<P>>> = Vec::new();
-    for (_, holder) in holds.lock().iter().filter(|(i, _)| *i == id) {
+    for holder in holds.lock().iter() {
         match holder {
-            Holder::Graph(_) => return Err(Error::UnbindUnderGraph { id }),
+            Holder::Graph(i, _) if *i == id => return Err(Error::UnbindUnderGraph { id }),
+            Holder::Graph(..) => {}
             // A dropped stream does not upgrade (it was synchronized, and
             // its entries are gone with it anyway). One that does is held
-            // (a strong `Arc`) until its synchronize below returned.
-            Holder::Batch(s, _) => {
-                if let Some(s) = s.upgrade()
-                    && !streams.iter().any(|o| Arc::ptr_eq(o, &s))
-                {
-                    streams.push(s);
-                }
-            }
+            // (a strong `Arc`) until its synchronize below returned. One
+            // entry per stream: no stream twice.
+            Holder::Stream(s) => streams.extend(s.upgrade()),
         }
     }
+    // The range's lock is let go before a stream's is taken (the record
+    // takes the stream's, then a range's).
     for s in streams {
-        s.synchronize()?;
+        if s.names(holds, id) {
+            s.synchronize()?;
+        }
     }
     Ok(())
 }
 
-/// The entries in `range` of the batches of the stream at `me` (tests:
-/// what is left).
+/// The entries in `range` of the stream at `me` (tests: 1 from its first
+/// record there until it is dropped).
 #[cfg(all(test, feature = "model"))]
 pub(crate) fn entries_of(range: &RangeInner, me: *const StreamInner) -> usize {
     entries_in(&range.holds, me)
 }
 
-/// The entries in `holds` of the batches of the stream at `me`.
+/// The entries in `holds` of the stream at `me`.
 #[cfg(test)]
 fn entries_in<P: Parts>(holds: &HoldsOf<P>, me: *const StreamCore<P>) -> usize {
-    holds
-        .lock()
-        .iter()
-        .filter(|(_, h)| h.of_batch(me, |_| true))
-        .count()
+    holds.lock().iter().filter(|h| h.is_stream(me)).count()
+}
+
+/// The batches of `stream` in flight on `range` by its records (tests),
+/// one per endpoint of the range each names.
+#[cfg(all(test, feature = "model"))]
+pub(crate) fn in_flight_on(range: &RangeInner, stream: &StreamInner) -> usize {
+    stream.in_flight_in(&range.holds)
 }
 
 impl StreamInner {
@@ -433,117 +400,134 @@ impl<P: Parts> StreamCore<P> {
     fn with(stream: P::Handle) -> Arc<Self> {
         Arc::new(StreamCore {
             stream,
-            inflight: Lock::new(Vec::new()),
+            inflight: Lock::new(Records {
+                list: Vec::new(),
+                on: SmallVec::new(),
+            }),
             next_seq: AtomicU64::new(0),
         })
     }
 
     /// A synchronize failed for good (the `Stream` is dropped): copies may
-    /// still run, so what they use is kept alive for ever; their entries
-    /// go (a later unbind cannot wait for a stream its owner let go of).
+    /// still run, so what they use is kept alive for ever; its entries go
+    /// next ([`StreamCore::forget_entries`]: a later unbind cannot wait for
+    /// a stream its owner let go of).
     pub(crate) fn leak_in_flight(&self) {
-        let records = std::mem::take(&mut *self.lock());
-        self.forget_entries_of(&records, |_| true);
-        std::mem::forget(records);
+        std::mem::forget(std::mem::take(&mut self.lock().list));
     }
 
-    /// The `Stream` is dropped: none of its entries may outlive it.
+    /// The `Stream` is dropped: none of its entries may outlive it. Under
+    /// the stream's lock (a stream's, then a range's, as the record), so
+    /// that a record never finds a range listed whose entry is gone.
     pub(crate) fn forget_entries(&self) {
-        self.forget_entries_of(&self.lock(), |_| true);
-    }
-
-    /// Drops this stream's entries of the batches `done` picks from the
-    /// ranges `records` name.
-    // Always: out of line, `InFlight::wait` of a one-op batch cost 9
-    // instructions more (335 -> 326 on `Null`, `benches/copy_batch.rs`).
-    #[inline(always)]
-    fn forget_entries_of(&self, records: &[(u64, KeepOf<P>)], done: impl Fn(u64) -> bool + Copy) {
         let me: *const StreamCore<P> = self;
-        if let [(_, keep)] = records
-            && let [(range, _)] = &keep.endpoints[..]
-        {
-            // The usual wait: one record of one endpoint, without the walk
-            // that finds each range once (`InFlight::wait` of a one-op batch
-            // 347 -> 321 instructions on `Null`, `benches/copy_batch.rs`;
-            // with `HoldsOf::forget`'s one entry taken without `retain`,
-            // 399 -> 335 when both came).
-            P::holds(range).forget(|_, h| h.of_batch(me, done));
-            return;
+        let mut records = self.lock();
+        let ranges: SmallVec<[Arc<P::Range>; 2]> =
+            records.on.drain(..).filter_map(|r| r.upgrade()).collect();
+        for range in &ranges {
+            P::holds(range).forget(|h| h.is_stream(me));
         }
-        for holds in ranges::<P>(records.iter().map(|(_, k)| &k.endpoints[..])) {
-            holds.forget(|_, h| h.of_batch(me, done));
-        }
+        drop(records);
+        drop(ranges); // may be a range's last holder: outside the lock
     }
 
-    /// Records a batch just enqueued; returns its sequence number.
+    /// Records a batch just enqueued; returns its sequence number. One
+    /// lock, the stream's: its entry in each range of the batch is there
+    /// from its first record on the range.
     // Always: a call cost a one-op batch 9 instructions (859 -> 850 on
     // `Null`, `benches/copy_batch.rs`).
     #[inline(always)]
     pub(crate) fn record(self: &Arc<Self>, keep: KeepOf<P>) -> u64 {
         // The stream's lock across the number, the entries and the record:
         // a pass that covers the batch (its `before` read after the number
-        // was taken) finds its record, and so forgets its entries, as one.
-        // Lock order: a stream's, then a range's (as `forget_entries`).
-        let mut inflight = self.lock();
+        // was taken) finds its record; a settle that finds the stream in a
+        // range after this finds the record.
+        let mut records = self.lock();
         let seq = self.next_seq.load(Ordering::Relaxed);
         self.next_seq.store(seq.wrapping_add(1), Ordering::Release);
-        // The entries before the lock goes: a settle that looks after this
-        // record finds the batch.
-        let holder = || Holder::Batch(Arc::downgrade(self), seq);
-        if let [(range, id)] = &keep.endpoints[..] {
-            // The usual batch: one endpoint, one range.
-            P::holds(range).push_one(*id, holder());
-        } else {
-            push_all(&keep.endpoints, holder);
+        for (range, _) in &keep.endpoints {
+            let at = Arc::as_ptr(range);
+            if !records.on.iter().any(|r| std::ptr::eq(r.as_ptr(), at)) {
+                self.enter(&mut records, range);
+            }
         }
-        inflight.push((seq, keep));
+        records.list.push((seq, keep));
         seq
     }
 
+    /// This stream's first record on `range`: its entry there, before the
+    /// record (under the stream's lock, then the range's).
+    #[cold]
+    #[inline(never)]
+    fn enter(self: &Arc<Self>, records: &mut Records<P>, range: &Arc<P::Range>) {
+        // A range gone has no holds left: its `Weak` goes (its address may
+        // then be another range's, never listed by this one).
+        records.on.retain(|r| r.strong_count() > 0);
+        P::holds(range).push(Holder::Stream(Arc::downgrade(self)));
+        records.on.push(Arc::downgrade(range));
+    }
+
+    /// Whether a record of this stream names `id` of the range whose holds
+    /// are `holds`: a batch on it may be in flight.
+    fn names(&self, holds: &HoldsOf<P>, id: u32) -> bool {
+        self.lock().list.iter().any(|(_, k)| {
+            k.endpoints
+                .iter()
+                .any(|(r, i)| *i == id && std::ptr::eq(P::holds(r), holds))
+        })
+    }
+
+    /// The endpoints on the range whose holds are `holds` of this stream's
+    /// records (tests: what is in flight there).
+    #[cfg(test)]
+    fn in_flight_in(&self, holds: &HoldsOf<P>) -> usize {
+        self.lock()
+            .list
+            .iter()
+            .flat_map(|(_, k)| k.endpoints.iter())
+            .filter(|(r, _)| std::ptr::eq(P::holds(r), holds))
+            .count()
+    }
+
     /// The stream passed batch `seq` (an event after it was observed): the
-    /// records of the batches up to it go, memory and range entries.
+    /// records of the batches up to it go.
     pub(crate) fn passed_through(&self, seq: u64) {
         self.passed(|s| s <= seq);
     }
 
     /// The stream passed every batch whose number `done` picks: drop their
-    /// records, and their entries in their ranges (so that a later destroy
-    /// or unbind synchronizes nothing for them, and a range holds only what
-    /// is in flight on it).
+    /// records (so that a later destroy or unbind synchronizes nothing for
+    /// them).
     fn passed(&self, done: impl Fn(u64) -> bool + Copy) {
-        let mut list = self.lock();
+        let mut records = self.lock();
         // The usual wait: the stream's one record, taken without a list
         // (`InFlight::wait` of a one-op batch 650 -> 417 instructions on
         // `Null`, `benches/copy_batch.rs`: the `Vec` this was collected
         // into was an allocation and a free per wait).
-        if let [(seq, _)] = &list[..]
+        if let [(seq, _)] = &records.list[..]
             && done(*seq)
         {
-            let one = list.pop();
-            drop(list);
-            if let Some(record) = one {
-                self.forget_entries_of(std::slice::from_ref(&record), done);
-                drop(record); // may release memory: outside the locks
-            }
+            let one = records.list.pop();
+            drop(records);
+            drop(one); // may release memory: outside the lock
             return;
         }
         // Taken out in place: the list keeps its capacity for the next
         // record (no allocation per enqueue), and a few records taken out
         // stay inline.
         let done_now: SmallVec<[(u64, KeepOf<P>); 2]> =
-            list.extract_if(.., |(s, _)| done(*s)).collect();
-        drop(list);
-        self.forget_entries_of(&done_now, done);
-        drop(done_now); // may release memory: outside the locks
+            records.list.extract_if(.., |(s, _)| done(*s)).collect();
+        drop(records);
+        drop(done_now); // may release memory: outside the lock
     }
 
     /// Whether the stream is known to have passed batch `seq` (its record
     /// was let go: waited, an event after it observed, or synchronized).
     pub(crate) fn has_passed(&self, seq: u64) -> bool {
-        !self.lock().iter().any(|(s, _)| *s == seq)
+        !self.lock().list.iter().any(|(s, _)| *s == seq)
     }
 
-    fn lock(&self) -> LockGuard<'_, Vec<(u64, KeepOf<P>)>> {
+    fn lock(&self) -> LockGuard<'_, Records<P>> {
         self.inflight.lock()
     }
 

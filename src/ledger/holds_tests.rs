@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, PoisonError};
 
-use super::{Holder, HoldsOf, KeepOf, Parts, StreamCore, entries_in, settle_holds};
+use super::{HoldsOf, KeepOf, Parts, StreamCore, entries_in, settle_holds};
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
 
 #[cfg(loom)]
@@ -143,15 +143,6 @@ fn close(s: Arc<StreamCore<Sim>>) {
     drop(s);
 }
 
-/// The entries of batch `seq` in `r`.
-fn entries_of_batch(r: &Range, seq: u64) -> usize {
-    r.holds
-        .lock()
-        .iter()
-        .filter(|(_, h)| matches!(h, Holder::Batch(_, s) if *s == seq))
-        .count()
-}
-
 #[test]
 fn f4_a_settle_racing_the_last_streams_drop_never_meets_a_destroyed_stream() {
     model(|| {
@@ -195,22 +186,61 @@ fn f4_a_batch_recorded_before_a_settle_looks_is_synchronized_by_it() {
             assert_eq!(dev(&log).completed, 1, "F4: the settle missed a batch");
         }
         assert!(copier.join().is_ok());
-        // A settle that synchronized the batch let it go: no entry, no
-        // record, the memory freed once.
+        // A settle that synchronized the batch let it go: no record, the
+        // memory freed once; the stream's entry stays until it is dropped.
         if dev(&log).completed == 1 {
-            assert_eq!(entries_in(&r.holds, Arc::as_ptr(&s)), 0, "an entry left");
+            assert_eq!(s.in_flight_in(&r.holds), 0, "a record left");
             assert!(s.has_passed(0), "a record left");
             assert_eq!(dev(&log).freed, 1);
         }
         // Whatever the settle saw, the stream's next pass leaves nothing
-        // held.
+        // in flight.
         assert!(s.synchronize().is_ok());
-        assert_eq!(entries_in(&r.holds, Arc::as_ptr(&s)), 0);
+        assert_eq!(s.in_flight_in(&r.holds), 0);
+        assert_eq!(entries_in(&r.holds, Arc::as_ptr(&s)), 1);
         assert!(s.has_passed(0));
-        assert!(r.holds.is_empty());
         assert_eq!(dev(&log).freed, 1);
         close(s);
+        assert!(r.holds.is_empty(), "no entry outlives the stream");
         assert_eq!(dev(&log).destroys, 1);
+    });
+}
+
+/// As above, for a stream already on the range (its first batch there
+/// passed): its record then takes no lock of the range's, and the settle
+/// finds it by the stream's entry and its records alone.
+#[test]
+fn f4_a_batch_of_a_stream_already_on_the_range_recorded_before_a_settle_looks_is_synchronized_by_it()
+ {
+    model(|| {
+        let log = new_log();
+        let r = range();
+        let s = stream(&log);
+        enqueue(&s, &r, &log);
+        assert!(s.synchronize().is_ok());
+        let recorded = Arc::new(AtomicUsize::new(0));
+        let copier = {
+            let (log, r, s, recorded) = (log.clone(), r.clone(), s.clone(), recorded.clone());
+            thread::spawn(move || {
+                enqueue(&s, &r, &log);
+                recorded.store(1, Ordering::Release);
+            })
+        };
+        let before = recorded.load(Ordering::Acquire) == 1;
+        assert!(settle_holds(&r.holds, 0).is_ok());
+        if before {
+            assert_eq!(dev(&log).completed, 2, "F4: the settle missed a batch");
+        }
+        assert!(copier.join().is_ok());
+        assert_eq!(
+            entries_in(&r.holds, Arc::as_ptr(&s)),
+            1,
+            "one entry per stream"
+        );
+        close(s);
+        let d = dev(&log);
+        assert_eq!((d.freed, d.destroys), (2, 1));
+        assert!(r.holds.is_empty());
     });
 }
 
@@ -239,7 +269,6 @@ fn f4_a_passed_batch_is_let_go_once_whoever_passes_it() {
         // the second only if the synchronize covered it (its memory checks
         // that the batch completed when it is freed).
         assert!(s.has_passed(first));
-        assert_eq!(entries_of_batch(&r, first), 0);
         let covered = s.has_passed(second);
         assert_eq!(dev(&log).freed, 1 + u32::from(covered));
         close(s);
@@ -256,8 +285,9 @@ fn f4_a_batch_on_two_ranges_recorded_while_both_are_settled_is_synchronized_by_e
         let (r1, r2) = (range(), range());
         let s = stream(&log);
         let recorded = Arc::new(AtomicUsize::new(0));
-        // The record takes the stream's lock, then each range's; the two
-        // settles each a range's, then (after letting it go) the stream's.
+        // The record takes the stream's lock, then (its first on each)
+        // each range's; the two settles each a range's, then (after
+        // letting it go) the stream's.
         let copier = {
             let (log, r1, r2, s, recorded) = (
                 log.clone(),
@@ -292,7 +322,8 @@ fn f4_a_batch_on_two_ranges_recorded_while_both_are_settled_is_synchronized_by_e
         }
         assert!(copier.join().is_ok());
         if dev(&log).completed == 1 {
-            assert!(r1.holds.is_empty() && r2.holds.is_empty(), "an entry left");
+            let left = s.in_flight_in(&r1.holds) + s.in_flight_in(&r2.holds);
+            assert_eq!(left, 0, "a record left");
             assert_eq!(dev(&log).freed, 1);
         }
         close(s);
@@ -302,12 +333,12 @@ fn f4_a_batch_on_two_ranges_recorded_while_both_are_settled_is_synchronized_by_e
     });
 }
 
-/// What a sequence of [`f4_a_ranges_entries_are_exactly_the_batches_in_flight_on_it`] does.
+/// What a sequence of [`f4_a_ranges_entries_are_its_live_streams_and_their_records_what_is_in_flight`] does.
 #[cfg(not(loom))]
 #[derive(Clone, Debug)]
 enum Step {
     /// Stream `.0` records a batch into id 0 of each range named (repeats
-    /// allowed: one entry each).
+    /// allowed: one endpoint each).
     Record(usize, Vec<usize>),
     /// Stream `.0` passed its batches up to `.1` below its next number
     /// (an event observed; `.1` past its batches picks none).
@@ -321,13 +352,15 @@ use proptest::strategy::Strategy;
 
 #[cfg(not(loom))]
 proptest::proptest! {
-    /// The entries a range holds, after any order of records, passes (an
-    /// event's, which may pick none), synchronizes and drops on three
-    /// streams, are one per endpoint of each batch in flight on it: the
-    /// one-entry and one-record fast paths of `HoldsOf::forget` and
-    /// `forget_entries_of` (issue 30) against a plain model.
+    /// After any order of records, passes (an event's, which may pick
+    /// none), synchronizes and drops on three streams: a range's entries
+    /// are one per live stream that recorded a batch on it, and each
+    /// stream's records name it once per endpoint of each batch in flight
+    /// on it (what a settle reads), against a plain model. The one-record
+    /// fast path of `StreamCore::passed`, and the record that enters a
+    /// range only the first time (issue 30).
     #[test]
-    fn f4_a_ranges_entries_are_exactly_the_batches_in_flight_on_it(
+    fn f4_a_ranges_entries_are_its_live_streams_and_their_records_what_is_in_flight(
         steps in proptest::collection::vec(
             proptest::prop_oneof![
                 3 => (0..3usize, proptest::collection::vec(0..3usize, 1..=3))
@@ -343,14 +376,21 @@ proptest::proptest! {
         let ranges: Vec<Arc<Range>> = (0..3).map(|_| range()).collect();
         let mut streams: Vec<Option<Arc<StreamCore<Sim>>>> =
             (0..3).map(|_| Some(stream(&log))).collect();
-        // The model: (stream, batch number, ranges named) in flight.
+        // The model: (stream, batch number, ranges named) in flight, and
+        // (stream, range) for each range a live stream entered.
         let mut in_flight: Vec<(usize, u64, Vec<usize>)> = Vec::new();
+        let mut entered: Vec<(usize, usize)> = Vec::new();
         for step in steps {
             match step {
                 Step::Record(s, named) => {
                     let Some(stream) = &streams[s] else { continue };
                     let on: Vec<&Arc<Range>> = named.iter().map(|&i| &ranges[i]).collect();
                     let seq = enqueue_to(stream, &on, &log);
+                    for &i in &named {
+                        if !entered.contains(&(s, i)) {
+                            entered.push((s, i));
+                        }
+                    }
                     in_flight.push((s, seq, named));
                 }
                 Step::Passed(s, back) => {
@@ -374,16 +414,27 @@ proptest::proptest! {
                     let Some(stream) = streams[s].take() else { continue };
                     close(stream);
                     in_flight.retain(|&(i, ..)| i != s);
+                    entered.retain(|&(i, _)| i != s);
                 }
             }
             for (i, r) in ranges.iter().enumerate() {
-                let want: usize = in_flight
-                    .iter()
-                    .map(|(_, _, named)| named.iter().filter(|&&x| x == i).count())
-                    .sum();
                 let got = r.holds.lock().len();
+                let want = entered.iter().filter(|&&(_, x)| x == i).count();
                 proptest::prop_assert_eq!(got, want, "range {}", i);
                 proptest::prop_assert_eq!(r.holds.len.load(Ordering::Acquire), got);
+                for (s, stream) in streams.iter().enumerate() {
+                    let Some(stream) = stream else { continue };
+                    let want: usize = in_flight
+                        .iter()
+                        .filter(|(at, ..)| *at == s)
+                        .map(|(_, _, named)| named.iter().filter(|&&x| x == i).count())
+                        .sum();
+                    let got = stream.in_flight_in(&r.holds);
+                    proptest::prop_assert_eq!(got, want, "stream {} on range {}", s, i);
+                    let entries = entries_in(&r.holds, Arc::as_ptr(stream));
+                    let want = usize::from(entered.contains(&(s, i)));
+                    proptest::prop_assert_eq!(entries, want, "stream {}'s entries in range {}", s, i);
+                }
             }
         }
         for stream in streams.into_iter().flatten() {

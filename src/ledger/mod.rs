@@ -10,12 +10,12 @@
 //! F4 ("nothing freed under a copy") is kept by one rule: whatever a copy
 //! uses is held by a record that lives until its stream has passed the
 //! copy. A batch's record on its stream ([`holds::Keep`]) holds the memory
-//! and the ranges of its endpoints, and leaves an entry in each range's
-//! [`holds::Holds`] (a graph's pins its ids for its whole life, F8);
-//! nothing an id holds is let go, by an unbind or a destroy, before
-//! [`settle`] has synchronized every stream with an entry on that id, and
-//! the copy gate makes every enqueue that passed its checks recorded
-//! before a settle looks.
+//! and the ranges of its endpoints; each range's [`holds::Holds`] lists
+//! the streams that recorded a batch on it (a graph's pins its ids for its
+//! whole life, F8); nothing an id holds is let go, by an unbind or a
+//! destroy, before [`settle`] has synchronized every stream listed there
+//! whose records name that id, and the copy gate makes every enqueue that
+//! passed its checks recorded before a settle looks.
 //!
 //! The unsafe kept for speed is here: each id's record is two cells, one
 //! governed by the id's one [`Endpoint`](crate::Endpoint) ([`OwnerCell`]),

@@ -65,7 +65,8 @@ fn range(bound: bool) -> Arc<Range> {
 fn enqueue(r: &Arc<Range>) -> bool {
     let endpoints = [(r.clone(), 0u32)];
     let gate = loop {
-        let Ok(gate) = EnqueueGate::enter(&endpoints) else {
+        // SAFETY: `endpoints` holds the ranges past the gate's end.
+        let Ok(gate) = (unsafe { EnqueueGate::enter(&endpoints) }) else {
             unreachable!("no thread is inside twice")
         };
         if !*lock(&r.record) {
@@ -177,7 +178,8 @@ fn a_thread_inside_an_enqueue_may_wait_for_another_threads_bind() {
     model(|| {
         let r = range(true);
         let endpoints = [(r.clone(), 0u32)];
-        let Ok(gate) = EnqueueGate::enter(&endpoints) else {
+        // SAFETY: `endpoints` holds the ranges past the gate's end.
+        let Ok(gate) = (unsafe { EnqueueGate::enter(&endpoints) }) else {
             unreachable!("nobody else is inside")
         };
         assert!(gate.clear());
@@ -197,7 +199,8 @@ fn f4_an_unbind_inside_this_threads_enqueue_is_refused() {
     model(|| {
         let r = range(true);
         let endpoints = [(r.clone(), 7u32)];
-        let gate = EnqueueGate::enter(&endpoints);
+        // SAFETY: `endpoints` holds the ranges past the gate's end.
+        let gate = unsafe { EnqueueGate::enter(&endpoints) };
         assert!(matches!(
             ChangeGate::unbind(&*r, 7),
             Err(Error::CopyUnbindReentered { id: 7 })
@@ -222,12 +225,14 @@ fn f4_an_enqueue_inside_this_threads_bind_or_unbind_is_refused() {
             };
             assert!(gate.is_some());
             assert!(matches!(
-                EnqueueGate::enter(&endpoints),
+                // SAFETY: `endpoints` holds the ranges past the gate's end.
+                unsafe { EnqueueGate::enter(&endpoints) },
                 Err(Error::CopyUnbindReentered { id: 7 })
             ));
             drop(gate);
         }
-        assert!(EnqueueGate::enter(&endpoints).is_ok_and(|g| g.clear()));
+        // SAFETY: `endpoints` holds the ranges past the gate's end.
+        assert!(unsafe { EnqueueGate::enter(&endpoints) }.is_ok_and(|g| g.clear()));
     });
 }
 
@@ -238,7 +243,8 @@ fn f4_an_unbind_inside_this_threads_enqueue_is_refused_with_another_thread_insid
         // it to leave, then knows the one left inside is its own thread.
         let r = range(true);
         let endpoints = [(r.clone(), 7u32)];
-        let gate = EnqueueGate::enter(&endpoints);
+        // SAFETY: `endpoints` holds the ranges past the gate's end.
+        let gate = unsafe { EnqueueGate::enter(&endpoints) };
         assert!(gate.is_ok());
         let copier = {
             let r = r.clone();
@@ -259,8 +265,10 @@ fn f4_an_unbind_inside_two_enqueues_of_this_thread_is_refused() {
     model(|| {
         let r = range(true);
         let endpoints = [(r.clone(), 7u32)];
-        let outer = EnqueueGate::enter(&endpoints);
-        let inner = EnqueueGate::enter(&endpoints);
+        // SAFETY: `endpoints` holds the ranges past the gate's end.
+        let outer = unsafe { EnqueueGate::enter(&endpoints) };
+        // SAFETY: `endpoints` holds the ranges past the gate's end.
+        let inner = unsafe { EnqueueGate::enter(&endpoints) };
         assert!(matches!(
             ChangeGate::unbind(&*r, 7),
             Err(Error::CopyUnbindReentered { id: 7 })
@@ -284,7 +292,8 @@ fn f4_an_enqueue_gate_ended_leaves_every_range_as_a_drop_does() {
             vec![(a.clone(), 1u32)],
             vec![(a.clone(), 1), (b.clone(), 2)],
         ] {
-            let Ok(gate) = EnqueueGate::enter(&endpoints) else {
+            // SAFETY: `endpoints` holds the ranges past the gate's end.
+            let Ok(gate) = (unsafe { EnqueueGate::enter(&endpoints) }) else {
                 unreachable!("nobody else is inside")
             };
             assert!(matches!(
