@@ -64,7 +64,7 @@ LIB_SKIP=(
     --skip team::retry::
     --skip team::limits::
     --skip copy::portable::tests::f4_a_portable_batch_in_flight_holds_as_much_against_1_binding_as_against_256
-    --skip stream::tests::batches_completed_through_events_leave_the_index_and_a_dropped_stream_leaves_nothing
+    --skip stream::tests::batches_completed_through_events_leave_the_records_and_a_dropped_stream_leaves_nothing
 )
 
 DATA_PATH=(

@@ -292,7 +292,9 @@ pub(crate) enum EnqueueGate<R: Gated> {
 #[inline(always)]
 unsafe fn range<'r, R>(r: NonNull<R>) -> &'r R {
     // SAFETY: the caller's contract: the range is alive, and only ever
-    // read through shared references.
+    // read through shared references. The gain of names over clones of
+    // the ranges' `Arc`s: a one-op batch 762 -> 754 instructions, two
+    // atomic operations fewer (`Null`, `benches/copy_batch.rs`).
     unsafe { r.as_ref() }
 }
 
@@ -434,8 +436,8 @@ impl<R: Gated> EnqueueGate<R> {
     #[inline(always)]
     fn leave_all(&self) {
         match self {
-            // SAFETY: `enter`'s contract.
             EnqueueGate::One(r, _, entry) => {
+                // SAFETY: `enter`'s contract.
                 unsafe { range(*r) }.gate().leave(Side::Enqueue, *entry)
             }
             EnqueueGate::Many(_) => {
