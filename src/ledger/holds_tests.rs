@@ -164,28 +164,34 @@ fn f4_a_settle_racing_the_last_streams_drop_never_meets_a_destroyed_stream() {
     });
 }
 
+/// Another thread records a batch into id 0 of `r` on `s` while this one
+/// settles that id. The gate orders an unbind's settle after the enqueues
+/// inside it (`gate.rs`): a batch recorded before the settle begins is
+/// one, and must be synchronized by it (the stream's `batches` completed).
+fn record_racing_a_settle(log: &Log, r: &Arc<Range>, s: &Arc<StreamCore<Sim>>, batches: u64) {
+    let recorded = Arc::new(AtomicUsize::new(0));
+    let copier = {
+        let (log, r, s, recorded) = (log.clone(), r.clone(), s.clone(), recorded.clone());
+        thread::spawn(move || {
+            enqueue(&s, &r, &log);
+            recorded.store(1, Ordering::Release);
+        })
+    };
+    let before = recorded.load(Ordering::Acquire) == 1;
+    assert!(settle_holds(&r.holds, 0).is_ok());
+    if before {
+        assert_eq!(dev(log).completed, batches, "F4: the settle missed a batch");
+    }
+    assert!(copier.join().is_ok());
+}
+
 #[test]
 fn f4_a_batch_recorded_before_a_settle_looks_is_synchronized_by_it() {
     model(|| {
         let log = new_log();
         let r = range();
         let s = stream(&log);
-        let recorded = Arc::new(AtomicUsize::new(0));
-        let copier = {
-            let (log, r, s, recorded) = (log.clone(), r.clone(), s.clone(), recorded.clone());
-            thread::spawn(move || {
-                enqueue(&s, &r, &log);
-                recorded.store(1, Ordering::Release);
-            })
-        };
-        // The gate orders an unbind's settle after the enqueues inside it
-        // (`gate.rs`): a batch recorded before the settle begins is one.
-        let before = recorded.load(Ordering::Acquire) == 1;
-        assert!(settle_holds(&r.holds, 0).is_ok());
-        if before {
-            assert_eq!(dev(&log).completed, 1, "F4: the settle missed a batch");
-        }
-        assert!(copier.join().is_ok());
+        record_racing_a_settle(&log, &r, &s, 1);
         // A settle that synchronized the batch let it go: no record, the
         // memory freed once; the stream's entry stays until it is dropped.
         if dev(&log).completed == 1 {
@@ -218,20 +224,7 @@ fn f4_a_batch_of_a_stream_already_on_the_range_recorded_before_a_settle_looks_is
         let s = stream(&log);
         enqueue(&s, &r, &log);
         assert!(s.synchronize().is_ok());
-        let recorded = Arc::new(AtomicUsize::new(0));
-        let copier = {
-            let (log, r, s, recorded) = (log.clone(), r.clone(), s.clone(), recorded.clone());
-            thread::spawn(move || {
-                enqueue(&s, &r, &log);
-                recorded.store(1, Ordering::Release);
-            })
-        };
-        let before = recorded.load(Ordering::Acquire) == 1;
-        assert!(settle_holds(&r.holds, 0).is_ok());
-        if before {
-            assert_eq!(dev(&log).completed, 2, "F4: the settle missed a batch");
-        }
-        assert!(copier.join().is_ok());
+        record_racing_a_settle(&log, &r, &s, 2);
         assert_eq!(
             entries_in(&r.holds, Arc::as_ptr(&s)),
             1,
