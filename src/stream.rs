@@ -140,16 +140,16 @@ impl Drop for Stream {
             let inner = &self.inner;
             let end = crate::unwind::completing(|| inner.synchronize());
             if !end.done {
-                // Copies may still run: keep what they use alive for good.
+                // Copies may still run: keep what they use alive for good,
+                // and leave no record for a later unbind to wait on (it
+                // cannot wait for a stream its owner let go of; the fault
+                // is recorded below). The ranges' entries of the stream
+                // are pruned once it is gone. A settle that found it
+                // before holds it (`Arc`): its handle is destroyed by
+                // whichever lets go last ([`StreamInner`]'s `Drop`), never
+                // under that settle's synchronize.
                 inner.leak_in_flight();
             }
-            // None of its entries may outlive the `Stream`: after a failed
-            // synchronize the fault is recorded below, and a later unbind
-            // cannot wait for a stream its owner let go of. A settle that
-            // found it before holds it (`Arc`): its handle is destroyed by
-            // whichever lets go last ([`StreamInner`]'s `Drop`), never
-            // under that settle's synchronize.
-            inner.forget_entries();
             if let Err(e) = end.resume() {
                 inner.ctx.record_teardown(e);
             }

@@ -18,15 +18,19 @@
 //!   [`settle`] synchronizes every stream with a copy in flight on that id
 //!   first;
 //! - each range's holds: one entry per stream that recorded a batch on the
-//!   range, from its first record there until the `Stream` is dropped (the
-//!   stream lists the ranges it entered, under the lock of its records),
-//!   and one per graph and id. A batch's record is then one lock, the
-//!   stream's, and its pass the same lock again: a loop of copies to one
-//!   endpoint never takes the range's lock (issue 30). [`settle`] reads
-//!   one atomic load of the range's count when no stream ever copied to
-//!   the range and no graph names it; else it asks each stream, under its
-//!   lock, whether a record names the id. An entry holds its stream
-//!   weakly, so it never keeps a handle alive.
+//!   range, from its first record there for as long as the stream lives
+//!   (an entry whose stream is gone is pruned by the next settle or entry
+//!   there), and one per graph and id. The stream remembers the last few
+//!   ranges it has an entry in (by address and serial, under the lock of
+//!   its records: it never reaches a range through them), so a batch's
+//!   record is one lock, the stream's, and its pass the same lock again: a
+//!   loop of copies to one endpoint never takes the range's lock (issue
+//!   30). [`settle`] reads one atomic load of the range's count when no
+//!   stream ever copied to the range and no graph names it; else it asks
+//!   each live stream, under its lock, whether a record names the id. An
+//!   entry holds its stream weakly, so it never keeps a handle alive; and
+//!   nothing holds a range weakly (`range.rs` changes a range whose last
+//!   `Arc` it holds in place).
 //!
 //! When a synchronize fails, the records stay: the memory is leaked rather
 //! than freed under a copy that may still run.
@@ -69,6 +73,10 @@ pub(crate) trait Parts: Sized + 'static {
     type Memory: Clone + Default;
     /// The holds of `range`.
     fn holds(range: &Self::Range) -> &HoldsOf<Self>;
+    /// A number no other range of the process had at that address
+    /// ([`RangeInner::serial`]): with the address, what a stream
+    /// remembers of the ranges it has an entry in.
+    fn serial(range: &Self::Range) -> u64;
     /// Waits until the stream completed every batch enqueued so far.
     fn synchronize(stream: &Self::Handle) -> Result<()>;
 }
@@ -84,6 +92,11 @@ impl Parts for Cuda {
     #[inline]
     fn holds(range: &RangeInner) -> &Holds {
         &range.holds
+    }
+
+    #[inline]
+    fn serial(range: &RangeInner) -> u64 {
+        range.serial
     }
 
     #[inline]
@@ -158,18 +171,23 @@ impl<P: Parts> std::ops::Deref for StreamCore<P> {
     }
 }
 
-/// A stream's in-flight records and the ranges it entered, under one lock.
+/// A stream's in-flight records and the last ranges it entered, under one
+/// lock.
 pub(crate) struct Records<P: Parts> {
     /// Batches enqueued since the last successful synchronize, each with
     /// its sequence number.
     list: Vec<(u64, KeepOf<P>)>,
-    /// The ranges whose holds have this stream's entry: entered at the
-    /// stream's first record there, left when the `Stream` is dropped.
-    /// Weak, so that an idle stream keeps no range (nor its ids) alive; a
-    /// `Weak` also keeps the range's address from being reused by another
-    /// while it is listed. Ranges gone are pruned at the next entry.
-    on: SmallVec<[Weak<P::Range>; 1]>,
+    /// The last [`ENTERED`] ranges whose holds have this stream's entry,
+    /// by address and serial ([`Parts::serial`]: a range gone and another
+    /// made at its address differ): an entry stays for the stream's life,
+    /// so a range found here needs none. Never dereferenced, and no
+    /// reference count: an idle stream keeps no range alive.
+    on: SmallVec<[(usize, u64); ENTERED]>,
 }
+
+/// How many ranges a stream remembers having an entry in ([`Records::on`]);
+/// one more takes the range's lock once to find its entry there.
+const ENTERED: usize = 4;
 
 /// A stream of the driver's: destroyed (`cuStreamDestroy`) in its `Drop`,
 /// unless borrowed.
@@ -193,16 +211,23 @@ enum Holder<P: Parts> {
 }
 
 impl<P: Parts> Holder<P> {
-    /// Whether this is the entry of the stream at `stream`.
+    /// Whether this is the entry of the stream at `stream` (gone or not:
+    /// the entry's `Weak` keeps the address from being another stream's).
     fn is_stream(&self, stream: *const StreamCore<P>) -> bool {
         matches!(self, Holder::Stream(s) if std::ptr::eq(s.as_ptr(), stream))
+    }
+
+    /// Whether this is the entry of a stream that is gone.
+    fn is_gone(&self) -> bool {
+        matches!(self, Holder::Stream(s) if s.strong_count() == 0)
     }
 }
 
 /// Who may hold the ids of one range (a field of its [`RangeInner`]): one
-/// entry per live `Stream` that recorded a batch on the range, and one per
-/// graph and id it names, gone when the `Stream` or the graph is dropped.
-/// Whether a batch is in flight on an id now is in its stream's records.
+/// entry per stream that recorded a batch on the range (pruned once the
+/// stream is gone), and one per graph and id it names, gone when the graph
+/// is dropped. Whether a batch is in flight on an id now is in its
+/// stream's records.
 pub(crate) struct HoldsOf<P: Parts> {
     list: Lock<Vec<Holder<P>>>,
     /// `list.len()`, read without the lock.
@@ -231,6 +256,43 @@ impl<P: Parts> HoldsOf<P> {
         let mut list = self.lock();
         list.push(holder);
         self.len.store(list.len(), Ordering::Release);
+    }
+
+    /// The entry of `stream`, made unless it has one; the entries of
+    /// streams gone are pruned.
+    fn enter(&self, stream: &Arc<StreamCore<P>>) {
+        let me = Arc::as_ptr(stream);
+        let mut list = self.lock();
+        list.retain(|h| !h.is_gone());
+        if !list.iter().any(|h| h.is_stream(me)) {
+            list.push(Holder::Stream(Arc::downgrade(stream)));
+        }
+        self.len.store(list.len(), Ordering::Release);
+    }
+
+    /// The live streams with an entry (entries of streams gone pruned),
+    /// each held for the caller's synchronize; or
+    /// [`Error::UnbindUnderGraph`] when a graph names `id`.
+    fn streams(&self, id: u32) -> Result<Vec<Arc<StreamCore<P>>>> {
+        let mut list = self.lock();
+        if list
+            .iter()
+            .any(|h| matches!(h, Holder::Graph(i, _) if *i == id))
+        {
+            return Err(Error::UnbindUnderGraph { id });
+        }
+        list.retain(|h| !h.is_gone());
+        self.len.store(list.len(), Ordering::Release);
+        // A stream dropped since does not upgrade (it was synchronized).
+        // One that does is held (a strong `Arc`) until its synchronize
+        // returned. One entry per stream: no stream twice.
+        Ok(list
+            .iter()
+            .filter_map(|h| match h {
+                Holder::Stream(s) => s.upgrade(),
+                Holder::Graph(..) => None,
+            })
+            .collect())
     }
 
     /// Drops the entries `gone` picks.
@@ -336,21 +398,9 @@ fn settle_in_flight<P: Parts>(holds: &HoldsOf<P>, id: u32, destroying: bool) -> 
     if destroying {
         holds.forget(|h| matches!(h, Holder::Graph(i, _) if *i == id));
     }
-    let mut streams: Vec<Arc<StreamCore<P>>> = Vec::new();
-    for holder in holds.lock().iter() {
-        match holder {
-            Holder::Graph(i, _) if *i == id => return Err(Error::UnbindUnderGraph { id }),
-            Holder::Graph(..) => {}
-            // A dropped stream does not upgrade (it was synchronized, and
-            // its entries are gone with it anyway). One that does is held
-            // (a strong `Arc`) until its synchronize below returned. One
-            // entry per stream: no stream twice.
-            Holder::Stream(s) => streams.extend(s.upgrade()),
-        }
-    }
     // The range's lock is let go before a stream's is taken (the record
     // takes the stream's, then a range's).
-    for s in streams {
+    for s in holds.streams(id)? {
         if s.names(holds, id) {
             s.synchronize()?;
         }
@@ -358,17 +408,27 @@ fn settle_in_flight<P: Parts>(holds: &HoldsOf<P>, id: u32, destroying: bool) -> 
     Ok(())
 }
 
-/// The entries in `range` of the stream at `me` (tests: 1 from its first
-/// record there until it is dropped).
+/// The live entries in `range` of the stream at `me` (tests: 1 from its
+/// first record there for as long as it lives).
 #[cfg(all(test, feature = "model"))]
 pub(crate) fn entries_of(range: &RangeInner, me: *const StreamInner) -> usize {
     entries_in(&range.holds, me)
 }
 
-/// The entries in `holds` of the stream at `me`.
+/// The live entries in `holds` of the stream at `me`.
 #[cfg(test)]
 fn entries_in<P: Parts>(holds: &HoldsOf<P>, me: *const StreamCore<P>) -> usize {
-    holds.lock().iter().filter(|h| h.is_stream(me)).count()
+    holds
+        .lock()
+        .iter()
+        .filter(|h| h.is_stream(me) && !h.is_gone())
+        .count()
+}
+
+/// The live entries in `holds`: streams that live, and graphs (tests).
+#[cfg(test)]
+fn live_in<P: Parts>(holds: &HoldsOf<P>) -> usize {
+    holds.lock().iter().filter(|h| !h.is_gone()).count()
 }
 
 /// The batches of `stream` in flight on `range` by its records (tests),
@@ -409,26 +469,11 @@ impl<P: Parts> StreamCore<P> {
     }
 
     /// A synchronize failed for good (the `Stream` is dropped): copies may
-    /// still run, so what they use is kept alive for ever; its entries go
-    /// next ([`StreamCore::forget_entries`]: a later unbind cannot wait for
-    /// a stream its owner let go of).
+    /// still run, so what they use is kept alive for ever, and no record
+    /// is left for a settle to find (a later unbind cannot wait for a
+    /// stream its owner let go of).
     pub(crate) fn leak_in_flight(&self) {
         std::mem::forget(std::mem::take(&mut self.lock().list));
-    }
-
-    /// The `Stream` is dropped: none of its entries may outlive it. Under
-    /// the stream's lock (a stream's, then a range's, as the record), so
-    /// that a record never finds a range listed whose entry is gone.
-    pub(crate) fn forget_entries(&self) {
-        let me: *const StreamCore<P> = self;
-        let mut records = self.lock();
-        let ranges: SmallVec<[Arc<P::Range>; 2]> =
-            records.on.drain(..).filter_map(|r| r.upgrade()).collect();
-        for range in &ranges {
-            P::holds(range).forget(|h| h.is_stream(me));
-        }
-        drop(records);
-        drop(ranges); // may be a range's last holder: outside the lock
     }
 
     /// Records a batch just enqueued; returns its sequence number. One
@@ -446,25 +491,27 @@ impl<P: Parts> StreamCore<P> {
         let seq = self.next_seq.load(Ordering::Relaxed);
         self.next_seq.store(seq.wrapping_add(1), Ordering::Release);
         for (range, _) in &keep.endpoints {
-            let at = Arc::as_ptr(range);
-            if !records.on.iter().any(|r| std::ptr::eq(r.as_ptr(), at)) {
-                self.enter(&mut records, range);
+            let key = (Arc::as_ptr(range).addr(), P::serial(range));
+            if !records.on.contains(&key) {
+                self.enter(&mut records, range, key);
             }
         }
         records.list.push((seq, keep));
         seq
     }
 
-    /// This stream's first record on `range`: its entry there, before the
-    /// record (under the stream's lock, then the range's).
+    /// A record on `range`, which this stream does not remember entering:
+    /// its entry there (made unless the range has it), before the record
+    /// (under the stream's lock, then the range's); remembered in place of
+    /// the oldest.
     #[cold]
     #[inline(never)]
-    fn enter(self: &Arc<Self>, records: &mut Records<P>, range: &Arc<P::Range>) {
-        // A range gone has no holds left: its `Weak` goes (its address may
-        // then be another range's, never listed by this one).
-        records.on.retain(|r| r.strong_count() > 0);
-        P::holds(range).push(Holder::Stream(Arc::downgrade(self)));
-        records.on.push(Arc::downgrade(range));
+    fn enter(self: &Arc<Self>, records: &mut Records<P>, range: &P::Range, key: (usize, u64)) {
+        P::holds(range).enter(self);
+        if records.on.len() == ENTERED {
+            records.on.remove(0);
+        }
+        records.on.push(key);
     }
 
     /// Whether a record of this stream names `id` of the range whose holds

@@ -1289,6 +1289,38 @@ fn batches_completed_through_events_leave_nothing_for_an_unbind_to_synchronize()
     clean(&ctx, &model);
 }
 
+/// A range released (changed in place and kept as the spare, which the
+/// next reserve changes in place) while a stream that copied to it is
+/// dropped on another thread: the stream never reaches the range then. At
+/// `92f6cbd` a stream listed the ranges it copied to by a `Weak`, which its
+/// drop upgraded, and Miri (`ci/miri.sh`) found the data race here in
+/// every schedule tried; a stream now remembers them by address and
+/// serial alone. Natively it showed nothing: this test is for Miri.
+#[test]
+fn a_range_released_while_a_stream_that_copied_to_it_is_dropped_is_never_changed_under_it() {
+    let (ctx, model) = node();
+    let (src, owner) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    for _ in 0..16 {
+        let ep = unicast(&ctx, 0, ALIGN);
+        let s = Stream::new(&ctx, 0).unwrap();
+        let b = ep.bind(Device(0), 0, &owner).unwrap();
+        s.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 64))
+            .unwrap()
+            .wait()
+            .unwrap();
+        b.unbind().unwrap();
+        std::thread::scope(|sc| {
+            sc.spawn(move || drop(s));
+            ep.destroy().unwrap().release().unwrap();
+            // A reserve that takes the spare, if the release kept one.
+            let again = unicast(&ctx, 0, ALIGN);
+            again.bind(Device(0), 0, &owner).unwrap().unbind().unwrap();
+        });
+    }
+    drop((src, owner));
+    clean(&ctx, &model);
+}
+
 /// F8: a graph that names `&ep` (not the binding) may run again for as
 /// long as it lives, so unbinding the memory under it is refused before
 /// the driver and the memory stays bound; once the graph is dropped the
