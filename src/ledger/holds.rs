@@ -263,7 +263,7 @@ impl<P: Parts> HoldsOf<P> {
     fn enter(&self, stream: &Arc<StreamCore<P>>) {
         let me = Arc::as_ptr(stream);
         let mut list = self.lock();
-        list.retain(|h| !h.is_gone());
+        self.retain(&mut list, |h| !h.is_gone());
         if !list.iter().any(|h| h.is_stream(me)) {
             list.push(Holder::Stream(Arc::downgrade(stream)));
         }
@@ -281,8 +281,7 @@ impl<P: Parts> HoldsOf<P> {
         {
             return Err(Error::UnbindUnderGraph { id });
         }
-        list.retain(|h| !h.is_gone());
-        self.len.store(list.len(), Ordering::Release);
+        self.retain(&mut list, |h| !h.is_gone());
         // A stream dropped since does not upgrade (it was synchronized).
         // One that does is held (a strong `Arc`) until its synchronize
         // returned. One entry per stream: no stream twice.
@@ -298,7 +297,12 @@ impl<P: Parts> HoldsOf<P> {
     /// Drops the entries `gone` picks.
     fn forget(&self, gone: impl Fn(&Holder<P>) -> bool) {
         let mut list = self.lock();
-        list.retain(|h| !gone(h));
+        self.retain(&mut list, |h| !gone(h));
+    }
+
+    /// Keeps the entries `keep` picks, under the lock held as `list`.
+    fn retain(&self, list: &mut Vec<Holder<P>>, keep: impl Fn(&Holder<P>) -> bool) {
+        list.retain(keep);
         // Capacity given back once the entries fell well below it (many
         // streams or graphs gone); a small list is kept.
         let len = list.len();
