@@ -357,20 +357,6 @@ impl<R: Gated> EnqueueGate<R> {
         }
     }
 
-    /// The gates of the ranges entered, with an id of each.
-    #[inline(always)]
-    fn gates(&self) -> impl Iterator<Item = (&Gate, u32, Entry)> {
-        let (one, many) = match self {
-            EnqueueGate::One(r, id, entry) => (Some((*r, *id, *entry)), &[][..]),
-            EnqueueGate::Many(ranges) => (None, &ranges[..]),
-        };
-        one.into_iter()
-            .chain(many.iter().copied())
-            // SAFETY: `enter`'s contract: the ranges live as long as the
-            // gate, which this borrows.
-            .map(|(r, id, entry)| (unsafe { range(r) }.gate(), id, entry))
-    }
-
     /// After the enqueue's checks, before its first driver call: whether
     /// they stand, that is whether no bind or unbind entered one of the
     /// ranges since (a bind's record may be what they passed on, before
@@ -383,7 +369,10 @@ impl<R: Gated> EnqueueGate<R> {
         match self {
             // SAFETY: `enter`'s contract.
             EnqueueGate::One(r, ..) => !unsafe { range(*r) }.gate().busy(Side::Change),
-            EnqueueGate::Many(_) => !self.gates().any(|(g, ..)| g.busy(Side::Change)),
+            EnqueueGate::Many(ranges) => !ranges
+                .iter()
+                // SAFETY: `enter`'s contract.
+                .any(|(r, ..)| unsafe { range(*r) }.gate().busy(Side::Change)),
         }
     }
 
@@ -440,9 +429,10 @@ impl<R: Gated> EnqueueGate<R> {
                 // SAFETY: `enter`'s contract.
                 unsafe { range(*r) }.gate().leave(Side::Enqueue, *entry)
             }
-            EnqueueGate::Many(_) => {
-                for (gate, _, entry) in self.gates() {
-                    gate.leave(Side::Enqueue, entry);
+            EnqueueGate::Many(ranges) => {
+                for (r, _, entry) in ranges {
+                    // SAFETY: `enter`'s contract.
+                    unsafe { range(*r) }.gate().leave(Side::Enqueue, *entry);
                 }
             }
         }

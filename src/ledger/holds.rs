@@ -154,8 +154,8 @@ pub(crate) struct StreamCore<P: Parts> {
     /// First: destroyed before the records below are let go, as the
     /// stream's own `Drop` did.
     stream: P::Handle,
-    /// Batches enqueued since the last successful synchronize, each with
-    /// its sequence number, and the ranges whose holds list this stream.
+    /// Batches enqueued since the last successful synchronize, and the
+    /// last ranges this stream entered ([`Records`]).
     inflight: Lock<Records<P>>,
     /// The next batch's sequence number: moved under the `inflight` lock,
     /// read without it ([`StreamCore::enqueued`]).
@@ -266,8 +266,8 @@ impl<P: Parts> HoldsOf<P> {
         self.retain(&mut list, |h| !h.is_gone());
         if !list.iter().any(|h| h.is_stream(me)) {
             list.push(Holder::Stream(Arc::downgrade(stream)));
+            self.len.store(list.len(), Ordering::Release);
         }
-        self.len.store(list.len(), Ordering::Release);
     }
 
     /// The live streams with an entry (entries of streams gone pruned),
