@@ -76,6 +76,7 @@ DATA_PATH=(
     a_range_released_while_a_stream_that_copied_to_it_is_dropped_is_never_changed_under_it
     f1_get_from_a_multicast_endpoint_and_endpoint_to_endpoint_are_refused
     f2_a_pointer_on_another_device_than_the_streams_is_refused
+    f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another
     f2_host_memory_is_an_operand_only_on_streams_of_devices_it_is_mapped_for
     f2_typed_memory_on_another_device_than_the_stream_is_refused_before_the_driver
     f3_dependent_copies_in_one_batch_are_refused

@@ -101,6 +101,7 @@ mod check;
 mod enqueue;
 mod in_flight;
 mod independence;
+mod one;
 mod portable;
 pub(crate) mod spare;
 mod strided;
@@ -342,6 +343,10 @@ pub(crate) struct BatchInner {
     /// endpoint is not the last one's makes a new memo, and batches that
     /// alternate between two endpoints would allocate one each.
     memo: Option<check::Memo>,
+    /// The batch's first put while its bookkeeping is left for later (the
+    /// one-put lane, `one.rs`): every path but the lane's enqueue
+    /// materializes it first ([`CopyBatch::cold`], [`CopyBatch::parked`]).
+    pending: Option<one::Deferred>,
 }
 
 /// What the last op named, so that the next op on the same memory and
@@ -448,6 +453,7 @@ impl BatchInner {
             puts: false,
             gets: false,
             memo: None,
+            pending: None,
         }
     }
 
@@ -546,12 +552,37 @@ impl BatchInner {
             self.error = None;
             self.ep_error = None;
         }
+        self.pending = None;
         self.cursor = Cursor::NONE;
         self.put_last = None;
         self.get_end = 0;
         self.unordered = false;
         self.puts = false;
         self.gets = false;
+    }
+}
+
+impl BatchInner {
+    /// Whether the state is as [`BatchInner::reset`] leaves it (the spare's
+    /// test of a state given back without one).
+    fn is_reset(&self) -> bool {
+        let c = &self.cursor;
+        self.list.is_empty()
+            && self.list.capacity() <= SPARE_OPS
+            && self.keep.memory.is_empty()
+            && self.keep.endpoints.is_empty()
+            && self.eps.len() <= usize::from(self.memo.is_some())
+            && self.eps.capacity() <= SPARE_NAMED
+            && self.locations.is_empty()
+            && self.locations.capacity() <= SPARE_NAMED
+            && self.host.is_none()
+            && self.error.is_none()
+            && self.ep_error.is_none()
+            && (c.mem, c.ep_at, c.ep, c.put_from, c.putting) == (0, 0, u64::MAX, u64::MAX, false)
+            && self.put_last.is_none()
+            && self.get_end == 0
+            && !(self.unordered || self.puts || self.gets)
+            && self.pending.is_none()
     }
 }
 
@@ -587,10 +618,19 @@ impl<'a> CopyBatch<'a> {
         }
     }
 
-    /// The state, its hot part parked in it: what the checks at enqueue,
-    /// the portable path and a capture read.
+    /// The state, its hot part parked in it and a deferred first put
+    /// materialized: what the portable path and a capture read.
     #[inline(always)]
     pub(crate) fn parked(self) -> Box<BatchInner> {
+        let mut inner = self.parked_as_is();
+        inner.materialize();
+        inner
+    }
+
+    /// The state, its hot part parked in it, a deferred first put left as
+    /// it is: what the enqueue reads (the one-put lane).
+    #[inline(always)]
+    fn parked_as_is(self) -> Box<BatchInner> {
         let CopyBatch { hot, mut inner, .. } = self;
         hot.park(&mut inner);
         inner
@@ -603,6 +643,7 @@ impl<'a> CopyBatch<'a> {
     #[inline(always)]
     fn cold<R>(&mut self, f: impl FnOnce(&mut BatchInner) -> R) -> R {
         self.hot.park(&mut self.inner);
+        self.inner.materialize();
         let r = f(&mut self.inner);
         self.hot = Hot::of(&mut self.inner);
         r
@@ -704,7 +745,8 @@ impl<'a> CopyBatch<'a> {
 
     /// How many ops the batch has.
     pub fn len(&self) -> usize {
-        self.hot.len(&self.inner)
+        // A deferred first put is not in the list yet (`one.rs`).
+        self.hot.len(&self.inner) + usize::from(self.inner.pending.is_some())
     }
 
     /// Whether it has none.

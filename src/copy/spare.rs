@@ -39,6 +39,15 @@ pub(super) fn take() -> Box<BatchInner> {
 #[inline]
 pub(crate) fn give_back(mut inner: Box<BatchInner>) {
     inner.reset();
+    give_back_empty(inner);
+}
+
+/// [`give_back`] of a state its enqueue left as [`BatchInner::reset`]
+/// would (the one-put lane: its op list taken, its keep recorded, nothing
+/// else written).
+#[inline]
+pub(crate) fn give_back_empty(inner: Box<BatchInner>) {
+    debug_assert!(inner.is_reset());
     let p = Box::into_raw(inner);
     if SPARE
         .compare_exchange(

@@ -1421,6 +1421,111 @@ fn f9_a_batch_built_before_an_unbind_or_after_it_is_checked_against_the_bindings
     clean(&ctx, &model);
 }
 
+/// F2, F9 and the endpoint's range for a batch of one put (the one-put
+/// lane: checked at enqueue without the batch's lists, `src/copy/one.rs`),
+/// on the fabric and the portable path: each put alone passes or is
+/// refused exactly as the same put followed by another, which takes the
+/// general checks, with the same error naming the same op; and a refused
+/// one never reaches the driver. Each put twice: after a refused batch (the
+/// endpoint's facts are read again), and after a batch that went (the lane
+/// takes them from it); and built before a change of its endpoint's
+/// bindings (an unbind; an unbind and the same bind again), then enqueued.
+#[test]
+fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
+    use cuda_endpoints::CopyPath;
+    use cuda_endpoints::driver::Call;
+    let (ctx, model) = node();
+    let s = Stream::new(&ctx, 0).unwrap();
+    // Bound on [0, ALIGN) of [0, 2 ALIGN).
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let owner = mapped(&ctx, 0);
+    let (src, far) = (mapped(&ctx, 0), mapped(&ctx, 1));
+    let mut bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
+    let offsets = if cfg!(miri) {
+        vec![64, ALIGN]
+    } else {
+        vec![
+            64,
+            ALIGN - 64,
+            ALIGN,
+            2 * ALIGN - 64,
+            2 * ALIGN,
+            u64::MAX - 8,
+        ]
+    };
+    let at = if cfg!(miri) {
+        vec![0]
+    } else {
+        vec![0, ALIGN - 64, ALIGN, u64::MAX]
+    };
+    let outcome = |r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>| {
+        r.and_then(|t| t.wait())
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+    };
+    let copies = || {
+        [
+            Call::FabricCpyBatchAsync,
+            Call::MemcpyAsync,
+            Call::MemcpyBatchAsync,
+        ]
+        .map(|c| model.calls(c))
+        .iter()
+        .sum::<u64>()
+    };
+    for path in [CopyPath::Fabric, CopyPath::Portable] {
+        ctx.set_copy_path(path);
+        for (change, mem) in [(0, &src), (1, &src), (2, &src), (0, &far)] {
+            for &from in &at {
+                for size in [0, 64, 65] {
+                    for &offset in &offsets {
+                        for warm in [false, true] {
+                            if warm {
+                                let batch = CopyBatch::new().put(&src, 0, &ep, 0, 64);
+                                s.enqueue(batch).unwrap().wait().unwrap();
+                            }
+                            let calls = copies();
+                            let one = CopyBatch::new().put(mem, from, &ep, offset, size);
+                            // The second op: inside, bound (while anything
+                            // is), apart from every first op's bytes.
+                            let two = CopyBatch::new()
+                                .put(mem, from, &ep, offset, size)
+                                .put(&src, 0, &ep, 0, 64);
+                            if change > 0 {
+                                drop(bound.take());
+                            }
+                            if change > 1 {
+                                bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
+                            }
+                            let (one, two) = (outcome(s.enqueue(one)), outcome(s.enqueue(two)));
+                            let case = format!(
+                                "{path:?}, change {change}, from {from}, size {size}, offset {offset}"
+                            );
+                            match (&one, &two) {
+                                (Ok(()), Ok(())) => {}
+                                (Err(a), Err(b)) if a == b => {}
+                                _ => panic!("{case}: alone {one:?}, with another {two:?}"),
+                            }
+                            assert_eq!(
+                                copies() > calls,
+                                one.is_ok(),
+                                "{case}: a refused batch never reaches the driver"
+                            );
+                            if bound.is_none() {
+                                bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    drop(bound);
+    drop(s);
+    drop((ep, owner, src, far));
+    clean(&ctx, &model);
+}
+
 /// F9 across batches on other endpoints: the facts a batch keeps for the
 /// next one are its first endpoint's only; a batch whose first endpoint is
 /// another id of the same range, an endpoint of another context on the

@@ -383,6 +383,51 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// The one-put lane (`copy/one.rs`) on the portable path, inside the
+    /// copy gate, the put checked and its keep in `inner.keep`: its one
+    /// piece ([`one_piece`], its window's mapping added to the keep when a
+    /// peer's) as one `cuMemcpyAsync`, recorded. `Err(inner)` when it is not
+    /// one piece inside one window: nothing enqueued, and the caller takes
+    /// the general path, which names why.
+    #[inline(always)]
+    pub(crate) fn enqueue_portable_one<'a>(
+        &'a self,
+        mut inner: Box<crate::copy::BatchInner>,
+        op: crate::driver::CopyOp,
+    ) -> std::result::Result<Result<InFlight<'a>>, Box<crate::copy::BatchInner>> {
+        let ctx = &self.inner.ctx;
+        let b = &mut *inner;
+        // SAFETY: the batch borrows its endpoint for 'a, past this call.
+        let Some(c) = (unsafe { one_piece(&[op], &b.keep.endpoints, &mut b.keep.memory) }) else {
+            return Err(inner);
+        };
+        // A panic inside the call (a `tracing` layer, a user backend) may
+        // come after the driver took the copy: what it uses stays in
+        // flight, kept by the stream until it is synchronized (F4).
+        let guard = OnUnwind::new(|| b.leave_in_flight(&self.inner));
+        // SAFETY: as for each `cuMemcpyAsync` of `enqueue_portable`: the
+        // source is local memory of the batch, the destination a window's
+        // memory, mapped here and checked to cover the bytes (F9), apart
+        // (`one_piece`); the record made below keeps both until the stream
+        // passed the copy (F4).
+        let r = unsafe {
+            ctx.driver()
+                .memcpy_async(c.dst, c.src, c.size, self.inner.handle)
+        };
+        guard.disarm();
+        if let Err(code) = r {
+            // Nothing enqueued: what the batch holds is dropped with it.
+            super::spare::give_back(inner);
+            return Ok(Err(ctx.error(Call::MemcpyAsync, code)));
+        }
+        let seq = self.inner.record(std::mem::take(&mut b.keep));
+        let token = InFlight::new(self, None, seq);
+        super::spare::give_back_empty(inner);
+        Ok(Ok(token))
+    }
+}
+
 #[cfg(all(test, feature = "model"))]
 mod tests {
     use super::{Holds, Pieces, View};
