@@ -40,7 +40,11 @@
 //!   enqueue the usual batch (no
 //!   error met, no binding changed since, memory on the stream's device,
 //!   F3 proven in one pass, no memory reachable two ways) passes its
-//!   checks at a few loads per endpoint and allocation.
+//!   checks at a few loads per endpoint and allocation. A batch's first
+//!   put leaves its bookkeeping for later (`one.rs`): a batch of that put
+//!   alone, the usual small message, is checked and recorded at enqueue
+//!   without the batch's lists (the one-put lane, on either path); any
+//!   other builder call makes the bookkeeping first, as the put would have.
 //! - [`InFlight`], the `#[must_use]` token: it borrows the endpoints and the
 //!   local memory of the batch and the stream, so destroying an endpoint or
 //!   dropping memory while the copy is in flight does not compile (F4).
@@ -80,7 +84,8 @@
 //! (`Hot`, `BatchInner`, the cursor, `EpFacts`), and [`CanGet`]; `check.rs`: the
 //! checks as each op comes and at enqueue (ranges, F9, R13.3, F2);
 //! `independence.rs`: F3; `enqueue.rs`: `Stream::enqueue` and the fabric
-//! call; `in_flight.rs`: [`InFlight`] and [`Completed`]; `spare.rs`: the
+//! call; `one.rs`: the one-put lane; `in_flight.rs`: [`InFlight`] and
+//! [`Completed`]; `spare.rs`: the
 //! process's spare batch state; `strided.rs`:
 //! [`Strided`]; `portable/`: the portable path.
 

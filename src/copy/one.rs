@@ -113,7 +113,11 @@ impl Deferred {
         &self,
     ) -> (&'x Mapped<H>, &'x Endpoint<S, K>) {
         // SAFETY: the caller's contract: the pointers are of live shared
-        // borrows of these types.
+        // borrows of these types. What the erased put buys (the one-put
+        // lane, `Null`, `benches/copy_batch.rs` and `copy_portable.rs`): a
+        // one-put batch 751 -> 593 instructions, portable 949 -> 780; a
+        // batch of more puts pays for it once, at its second (64 puts
+        // 2,874 -> 3,046, 1,024 puts 29,764 -> 29,936).
         unsafe { (self.mem.cast().as_ref(), self.ep.cast().as_ref()) }
     }
 }
