@@ -91,6 +91,9 @@ impl Stream {
     /// ([`Error::UnbindUnderGraph`], F8).
     pub fn capture<'a>(&'a self, mut batch: CopyBatch<'a>) -> Result<CopyGraph<'a>> {
         let ctx = &self.inner.ctx;
+        // A deferred first put's endpoint in the batch's list before the
+        // gate is entered on that list (`copy/one.rs`).
+        batch.materialize();
         // No unbind on these ranges from another thread between the checks
         // and the pin of the graph's ids (F8), as for an enqueue (F4).
         let _gate = loop {

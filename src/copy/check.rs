@@ -173,8 +173,10 @@ impl BatchInner {
         size: u64,
     ) {
         let op = self.list.len();
-        if self.may_defer(op) {
-            return self.defer_put(mem, at, ep, offset, size);
+        if let Some(hit) = self.usual_first_put(op, mem, at, ep, offset, size) {
+            // The batch's first put, checked: its keep-alives and location
+            // left out of the lists, for a batch of it alone (`one.rs`).
+            return self.defer_put(mem, at, ep, offset, size, hit);
         }
         let from = self.mapped(mem, at, size, op);
         self.put_to(ep, offset, size, op);
@@ -750,7 +752,10 @@ impl Memo {
     }
 
     /// Whether the memo's facts are `ep`'s now.
-    #[inline]
+    // Always: with two callers in `put_slow` (`usual_first_put`,
+    // `endpoint`) it went out of line (a one-put batch 675 -> 660 on
+    // `Null`, `benches/copy_batch.rs`).
+    #[inline(always)]
     pub(super) fn holds<S: State, K: Kind>(&self, ep: &Endpoint<S, K>) -> bool {
         self.serial == ep.range().serial
             && self.generation == ep.range().bindings_gen()

@@ -87,7 +87,7 @@ impl Stream {
             gate.end();
             return r;
         }
-        self.enqueue_fabric(inner, gate, None)
+        self.enqueue_fabric(inner, gate, false)
     }
 
     /// [`Stream::enqueue`] of a batch whose first put is deferred: the
@@ -107,9 +107,9 @@ impl Stream {
             let gate = unsafe { crate::ledger::gate::EnqueueGate::enter(&inner.keep.endpoints) }?;
             if inner.one_put_stands() && gate.clear() {
                 if ctx.copy_path() == crate::CopyPath::Fabric {
-                    return self.enqueue_fabric(inner, gate, Some(d.op()));
+                    return self.enqueue_fabric(inner, gate, true);
                 }
-                match self.enqueue_portable_one(inner, d.op()) {
+                match self.enqueue_portable_one(inner) {
                     Ok(r) => {
                         gate.end();
                         return r;
@@ -127,15 +127,15 @@ impl Stream {
     }
 
     /// The fabric call of a checked batch, inside its gate, and its record:
-    /// the end of [`Stream::enqueue_state`] and of the one-put lane (`one`:
-    /// its op, out of the op list; its state needs no reset to go back to
-    /// the spare).
+    /// the end of [`Stream::enqueue_state`] and of the one-put lane
+    /// (`lane`: its state goes back to the spare with three fields reset,
+    /// [`BatchInner::one_put_done`], not [`BatchInner::reset`]).
     #[inline(always)]
     fn enqueue_fabric<'a>(
         &'a self,
         mut inner: Box<BatchInner>,
         gate: crate::ledger::gate::EnqueueGate<crate::ledger::RangeInner>,
-        one: Option<crate::driver::CopyOp>,
+        lane: bool,
     ) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         // A panic inside the call (a `tracing` layer, a user backend) may
@@ -161,14 +161,8 @@ impl Stream {
         // The op list goes to the driver, made in the call's argument; the
         // rest stays in the batch's state until it is recorded.
         let r = unsafe {
-            ctx.driver().fabric_copy_batch(
-                self.inner.handle,
-                match one {
-                    Some(op) => CopyOps::one(op),
-                    None => guard.value().take_list(),
-                },
-                0,
-            )
+            ctx.driver()
+                .fabric_copy_batch(self.inner.handle, guard.value().take_list(), 0)
         };
         guard.disarm();
         if let Err(code) = r {
@@ -179,7 +173,8 @@ impl Stream {
         let seq = self.inner.record(std::mem::take(&mut inner.keep));
         gate.end();
         let token = InFlight::new(self, inner.host.take(), seq);
-        if one.is_some() {
+        if lane {
+            inner.one_put_done();
             super::spare::give_back_empty(inner);
         } else {
             super::spare::give_back(inner);

@@ -348,9 +348,10 @@ pub(crate) struct BatchInner {
     /// endpoint is not the last one's makes a new memo, and batches that
     /// alternate between two endpoints would allocate one each.
     memo: Option<check::Memo>,
-    /// The batch's first put while its bookkeeping is left for later (the
-    /// one-put lane, `one.rs`): every path but the lane's enqueue
-    /// materializes it first ([`CopyBatch::cold`], [`CopyBatch::parked`]).
+    /// The batch's first put while its keep-alives and location are left
+    /// out of `keep` and `locations` (the one-put lane, `one.rs`): every
+    /// path but the lane's enqueue materializes it first
+    /// ([`CopyBatch::cold`], [`CopyBatch::parked`]).
     pending: Option<one::Deferred>,
 }
 
@@ -654,6 +655,13 @@ impl<'a> CopyBatch<'a> {
         r
     }
 
+    /// A deferred first put's keep-alives and location in the lists
+    /// (`one.rs`): for what reads the state directly (a capture enters the
+    /// gate of the ranges in its list).
+    pub(crate) fn materialize(&mut self) {
+        self.cold(|_| ());
+    }
+
     /// Puts `size` bytes of `src` from `src_offset` into `ep` at `offset`
     /// (unicast: the owner's bound memory; multicast: every member's).
     // Always: the fast path is a few comparisons and a write, and only
@@ -750,8 +758,7 @@ impl<'a> CopyBatch<'a> {
 
     /// How many ops the batch has.
     pub fn len(&self) -> usize {
-        // A deferred first put is not in the list yet (`one.rs`).
-        self.hot.len(&self.inner) + usize::from(self.inner.pending.is_some())
+        self.hot.len(&self.inner)
     }
 
     /// Whether it has none.

@@ -2,66 +2,65 @@
 //! at enqueue without the batch's lists.
 //!
 //! What this file owns: [`Deferred`], a batch's first put whose
-//! bookkeeping (its keep-alive and F2 location, its endpoint's facts, the
-//! cursor) is left for later; [`BatchInner::materialize`], which makes that
-//! bookkeeping exactly as the put's own slow path would have, before any
-//! other builder call or check reads the batch's state; and
-//! [`BatchInner::one_put`], the lane's checks at enqueue.
+//! keep-alive, F2 location and endpoint keep-alive are left out of the
+//! batch's lists for later; [`BatchInner::defer_put`], which makes every
+//! other part of that put as `put_slow` would (its checks, the cursor, the
+//! op); [`BatchInner::materialize`], which pushes the three left out, as
+//! `put_slow` would have, before any other builder call or check reads the
+//! lists; and [`BatchInner::one_put`], the lane's checks at enqueue.
 //!
-//! The put's op waits in the [`Deferred`] too, out of the op list (the
-//! batch's length counts it: [`CopyBatch::len`](super::CopyBatch::len)).
-//! Anything but an enqueue on the fabric path of that one put (a second
-//! op, a capture, the portable path) materializes first: the op goes to
-//! the list as op 0, its bookkeeping is made, and the batch goes on as if
-//! nothing was deferred.
-//! The lane takes the usual one put alone: its memory inside, of the
-//! stream's context and on its device (F2), its endpoint of that context,
-//! its facts those of the batch before (`check::Memo`) and unchanged
-//! since, the op inside the endpoint, below its agreed top and inside the
-//! first interval bound on every device here (F9, R13.3). One op is
-//! independent (F3). Anything else falls back to the general path, which
-//! makes every check and names any error as it always has.
+//! Only a put that passes every check of the builder now is deferred:
+//! inside its memory, its endpoint's facts those of the batch before
+//! (`check::Memo`), the op inside the endpoint, below its agreed top and
+//! inside the first interval bound on every device here (F9, R13.3). Any
+//! other put is checked as it comes, as always, so that what a put gets
+//! never depends on what follows it in its batch. The cursor is set as for
+//! any first put, so a second put on the same memory and endpoint takes
+//! the builder's fast path. The lane takes the put alone, at enqueue, when
+//! its facts are still the range's (no bind or unbind since, compared
+//! inside the copy gate), its memory is of the stream's context and on its
+//! device (F2) and its endpoint of that context: its keep is made whole
+//! (two lists of one), its op goes to the driver (on the portable path:
+//! its one piece inside one window), and its state back to the spare with
+//! three fields reset. One op is independent (F3). Anything else
+//! materializes and takes the general path, which makes every check and
+//! names any error as it always has: the state it finds is the one the
+//! builder would have left without the lane.
 
 use std::ptr::NonNull;
 
 use smallvec::SmallVec;
 
-use super::BatchInner;
+use super::{BatchInner, Cursor};
 use crate::context::Context;
-use crate::driver::{CopyOp, Device};
+use crate::driver::Device;
 use crate::endpoint::Endpoint;
 use crate::kind::{Kind, MemShare};
 use crate::ledger::holds::Keep;
 use crate::memory::{BindSource, Locality, Mapped};
 use crate::state::State;
 
-/// A batch's first put, its bookkeeping not made yet: the `Mapped` and the
-/// `Endpoint` it borrowed (by address: the batch's state has no lifetime,
-/// the [`CopyBatch`](super::CopyBatch) holding it does), its operands, and
-/// what reads them back as their types.
+/// A batch's first put while its keep-alives and F2 location are out of
+/// the batch's lists: the `Mapped` and the `Endpoint` it borrowed (by
+/// address: the batch's state has no lifetime, the
+/// [`CopyBatch`](super::CopyBatch) holding it does), and what reads them
+/// back as their types.
 #[derive(Clone, Copy)]
 pub(crate) struct Deferred {
     mem: NonNull<()>,
     ep: NonNull<()>,
-    at: u64,
-    offset: u64,
-    size: u64,
-    /// The op's source address (`mem`'s address at `at`, saturated as
-    /// `mapped_slow` makes it) and endpoint id: its op, without `mem` and
-    /// `ep` read again.
-    from: u64,
-    id: u32,
-    /// [`replay`] at the put's types.
-    replay: unsafe fn(&mut BatchInner, &Deferred),
+    /// [`push_held`] at the put's types.
+    push_held: unsafe fn(&mut BatchInner, &Deferred),
     /// [`lane`] at the put's types.
     lane: unsafe fn(&mut BatchInner, &Deferred, &Context, Device) -> bool,
 }
 
 // SAFETY: a `Deferred` stands for the shared borrows `&Mapped<H>` and
-// `&Endpoint<S, K>` its put took, and those types are `Sync` (asserted
-// below), so the borrows may go to another thread with the batch. Only
-// the batch reads them ([`BatchInner::pending`]), for as long as it
-// borrows them.
+// `&Endpoint<S, K>` its put took, and those types are `Sync` for every
+// `H`, `S`, `K` (an `Arc` and a `PhantomData<fn() -> _>`; asserted below
+// for one of each), so the borrows may go to another thread with the
+// batch. Only the batch reads them ([`BatchInner::pending`]), for as long
+// as it borrows them.
 unsafe impl Send for Deferred {}
 // SAFETY: as `Send`; `&Deferred` reads nothing through its pointers.
 unsafe impl Sync for Deferred {}
@@ -73,32 +72,15 @@ const _: () = {
 };
 
 impl Deferred {
-    /// The put of `size` bytes of `mem` from `at` into `ep` at `offset`.
+    /// The put from `mem` into `ep`.
     #[inline(always)]
-    pub(super) fn put<H: MemShare, S: State, K: Kind>(
-        mem: &Mapped<H>,
-        at: u64,
-        ep: &Endpoint<S, K>,
-        offset: u64,
-        size: u64,
-    ) -> Deferred {
+    fn put<H: MemShare, S: State, K: Kind>(mem: &Mapped<H>, ep: &Endpoint<S, K>) -> Deferred {
         Deferred {
             mem: NonNull::from(mem).cast(),
             ep: NonNull::from(ep).cast(),
-            at,
-            offset,
-            size,
-            from: mem.device_ptr().saturating_add(at),
-            id: ep.id(),
-            replay: replay::<H, S, K>,
+            push_held: push_held::<H, S, K>,
             lane: lane::<H, S, K>,
         }
-    }
-
-    /// The driver's op of the put.
-    #[inline(always)]
-    pub(super) fn op(&self) -> CopyOp {
-        super::put_op(self.from, self.id, self.offset, self.size)
     }
 
     /// The put's memory and endpoint, as the types it was made at.
@@ -115,30 +97,34 @@ impl Deferred {
         // SAFETY: the caller's contract: the pointers are of live shared
         // borrows of these types. What the erased put buys (the one-put
         // lane, `Null`, `benches/copy_batch.rs` and `copy_portable.rs`): a
-        // one-put batch 751 -> 593 instructions, portable 949 -> 780; a
-        // batch of more puts pays for it once, at its second (64 puts
-        // 2,874 -> 3,046, 1,024 puts 29,764 -> 29,936).
+        // one-put batch 751 -> 644 instructions, portable 949 -> 793; a
+        // batch of more puts pays 67 once (64 puts 2,874 -> 2,941).
         unsafe { (self.mem.cast().as_ref(), self.ep.cast().as_ref()) }
     }
 }
 
-/// [`BatchInner::materialize`] at the put's types: what `put_slow` makes
-/// for op 0 besides writing it (written by the caller).
+/// [`BatchInner::materialize`] at the put's types: what `mapped_slow` and
+/// `endpoint` push for a batch's first put, in their order.
 ///
 /// # Safety
 /// [`Deferred::parts`]'s.
-unsafe fn replay<H: MemShare, S: State, K: Kind>(inner: &mut BatchInner, d: &Deferred) {
+unsafe fn push_held<H: MemShare, S: State, K: Kind>(inner: &mut BatchInner, d: &Deferred) {
     // SAFETY: the caller's contract.
     let (mem, ep) = unsafe { d.parts::<H, S, K>() };
-    let from = inner.mapped(mem, d.at, d.size, 0);
-    debug_assert_eq!(from, mem.device_ptr().saturating_add(d.at));
-    inner.put_to(ep, d.offset, d.size, 0);
+    inner.keep.memory.push(mem.keep_alive());
+    let span = (mem.device_ptr(), mem.size());
+    inner
+        .locations
+        .push((0, mem.locality(), mem.context().key(), span));
+    inner.keep.endpoints.push((ep.range().clone(), ep.id()));
 }
 
-/// [`BatchInner::one_put`]'s checks at the put's types, before the gate:
-/// whether the put is the usual one the lane takes; if so its memory's
-/// keep-alive and its endpoint's range are in `inner.keep`, made whole
-/// rather than pushed (nothing else is written).
+/// [`BatchInner::one_put`]'s checks at the put's types: what only the
+/// stream decides (the builder checked the rest, and the caller compares
+/// the bindings inside the gate, `one_put_stands`): the memory on the
+/// stream's device (F2), the memory and the endpoint of its context. If
+/// they pass, the memory's keep-alive and the endpoint's range are in
+/// `inner.keep`, made whole rather than pushed (nothing else is written).
 ///
 /// # Safety
 /// [`Deferred::parts`]'s.
@@ -150,22 +136,8 @@ unsafe fn lane<H: MemShare, S: State, K: Kind>(
 ) -> bool {
     // SAFETY: the caller's contract.
     let (mem, ep) = unsafe { d.parts::<H, S, K>() };
-    let len = mem.size();
-    // The local side (`mapped_slow`'s range check; F2; its context).
-    let usual_mem = d.at < len
-        && d.at.checked_add(d.size).is_some_and(|end| end <= len)
-        && mem.device_ptr().checked_add(len).is_some()
-        && matches!(mem.locality(), Locality::Device(d) if d == dev)
-        && mem.context().key() == ctx.key();
-    // The endpoint side: the facts the batch before read of it, unchanged
-    // (`endpoint`'s test), and the op inside their first interval
-    // (`put_to_slow`'s), of this context.
-    let facts = match &inner.eps[..] {
-        [f] if inner.memo.as_ref().is_some_and(|m| m.holds(ep)) => Some(f),
-        _ => None,
-    };
-    let usual = usual_mem
-        && facts.is_some_and(|f| BatchInner::first_hit_of(f, d.offset, d.size).is_some())
+    let usual = matches!(mem.locality(), Locality::Device(d) if d == dev)
+        && mem.context().key() == ctx.key()
         && ep.range().ctx.same(ctx);
     if usual {
         // Whole, not pushed: a list of one made at once asks nothing of
@@ -177,8 +149,8 @@ unsafe fn lane<H: MemShare, S: State, K: Kind>(
                 endpoints: SmallVec::from_buf([(ep.range().clone(), ep.id())]),
             },
         );
-        // Empty (`may_defer`): inline, it holds nothing to drop, and its
-        // drop's calls cost 40 instructions (a one-put batch 618 -> 586).
+        // Empty (`usual_first_put`): inline, it holds nothing to drop, and
+        // its drop's calls cost 40 instructions (a one-put batch 618 -> 586).
         debug_assert!(empty.memory.is_empty() && empty.endpoints.is_empty());
         if empty.memory.spilled() || empty.endpoints.spilled() {
             drop(empty);
@@ -190,7 +162,8 @@ unsafe fn lane<H: MemShare, S: State, K: Kind>(
 }
 
 impl BatchInner {
-    /// The deferred first put's bookkeeping, made (if there is one).
+    /// The deferred first put's keep-alives and location pushed (if there
+    /// is one): the lists as `put_slow` would have left them.
     #[inline(always)]
     pub(super) fn materialize(&mut self) {
         if self.pending.is_some() {
@@ -204,17 +177,54 @@ impl BatchInner {
     #[inline(never)]
     fn materialize_now(&mut self) {
         if let Some(d) = self.pending.take() {
-            debug_assert!(self.list.is_empty());
-            self.push(d.op());
             // SAFETY: `d` was made by `Deferred::put` at the types its
-            // `replay` was made at, for this batch, whose borrows hold
+            // `push_held` was made at, for this batch, whose borrows hold
             // while its state is reached (`pending`).
-            unsafe { (d.replay)(self, &d) };
+            unsafe { (d.push_held)(self, &d) };
         }
     }
 
-    /// The batch's first put: its op now, its bookkeeping when something
-    /// reads it, never for a batch of it alone.
+    /// A batch's first put (op `op`) that may leave its keep-alives and
+    /// location for later: nothing made yet (no keep-alive, so no cursor,
+    /// no facts of this batch), and the put passes now every check
+    /// `put_slow` makes: inside its memory (which does not wrap the
+    /// address space), and its endpoint's facts those the batch before
+    /// kept (`check::Memo`, so they are the range's now), the op inside
+    /// their first interval (inside the endpoint, below its agreed top,
+    /// bound on every device here: F9, R13.3). That interval, clipped as
+    /// the cursor takes it; `None` for any other put, which `put_slow`
+    /// checks as it comes.
+    #[inline(always)]
+    pub(super) fn usual_first_put<H: MemShare, S: State, K: Kind>(
+        &self,
+        op: usize,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> Option<(u64, u64)> {
+        let len = mem.size();
+        let inside = op == 0
+            && self.keep.memory.is_empty()
+            && self.keep.endpoints.is_empty()
+            // `mapped_slow`'s range check and its test of the memory's end.
+            && at < len
+            && at.checked_add(size).is_some_and(|end| end <= len)
+            && mem.device_ptr().checked_add(len).is_some();
+        // `endpoint`'s test of the facts kept, then `put_to_slow`'s.
+        match &self.eps[..] {
+            [f] if inside && self.memo.as_ref().is_some_and(|m| m.holds(ep)) => {
+                BatchInner::first_hit_of(f, offset, size)
+            }
+            _ => None,
+        }
+    }
+
+    /// A batch's first put that [`BatchInner::usual_first_put`] passed,
+    /// with the interval it found: the cursor, F3's state and the op as
+    /// `put_slow` makes them (`mapped_slow`, `put_to_slow`), its
+    /// keep-alives and location left out ([`Deferred`]).
     #[inline(always)]
     pub(super) fn defer_put<H: MemShare, S: State, K: Kind>(
         &mut self,
@@ -223,30 +233,58 @@ impl BatchInner {
         ep: &Endpoint<S, K>,
         offset: u64,
         size: u64,
+        (start, stop): (u64, u64),
     ) {
-        self.pending = Some(Deferred::put(mem, at, ep, offset, size));
-    }
-
-    /// Whether a batch's first put may leave its bookkeeping for later:
-    /// nothing made yet (no keep-alive, so no cursor, no facts of this
-    /// batch). `op` is the put's op number.
-    #[inline(always)]
-    pub(super) fn may_defer(&self, op: usize) -> bool {
-        op == 0 && self.keep.memory.is_empty() && self.keep.endpoints.is_empty()
+        let (ptr, len) = (mem.device_ptr(), mem.size());
+        // No wrap: `at < len` and `ptr + len` does not (`usual_first_put`);
+        // nor for `end`, inside the interval.
+        let (from, end) = (ptr.wrapping_add(at), offset.wrapping_add(size));
+        let id = ep.id();
+        self.cursor = Cursor {
+            mem: std::ptr::from_ref(mem).addr(),
+            mem_ptr: ptr,
+            mem_size: len,
+            ep: u64::from(id),
+            ep_at: std::ptr::from_ref(ep).addr(),
+            ep_index: 0,
+            start,
+            end: stop,
+            // `end >= offset >= start`: the put lies in `[start, stop)`.
+            put_from: end,
+            putting: true,
+            run: 0,
+        };
+        self.puts = true;
+        self.put_last = Some((id, end));
+        self.pending = Some(Deferred::put(mem, ep));
+        let op = super::put_op(from, id, offset, size);
+        match self.list.spare_capacity_mut().first_mut() {
+            Some(slot) => {
+                slot.write(op);
+                // SAFETY: the list was empty (`usual_first_put`: op 0) and
+                // its first slot is written just above. Not `push`: its
+                // out-of-line growth path cost a one-put batch 660 -> 644
+                // instructions (`Null`, `benches/copy_batch.rs`).
+                unsafe { self.list.set_len(1) };
+            }
+            None => self.push(op),
+        }
     }
 
     /// The lane at enqueue on a stream of `ctx` on `dev`, for the deferred
-    /// put `d`, taken out of `pending`: `true` when it is the usual one
-    /// put (see the module's doc), its keep-alive and range now in
-    /// `keep`; the caller enters the gate and checks that the facts still
-    /// stand ([`BatchInner::one_put_stands`]). `false` otherwise, nothing
-    /// written: the caller materializes and takes the general path.
+    /// put `d`, taken out of `pending`: `true` when the batch is that put
+    /// alone and it passes what only the stream decides ([`lane`]), its
+    /// keep-alive and range now in `keep`; the caller enters the gate and
+    /// checks that the facts still stand ([`BatchInner::one_put_stands`]).
+    /// `false` otherwise, nothing written: the caller materializes and
+    /// takes the general path.
     #[inline(always)]
     pub(super) fn one_put(&mut self, d: &Deferred, ctx: &Context, dev: Device) -> bool {
-        self.list.is_empty()
+        self.list.len() == 1
             && self.host.is_none()
             && self.error.is_none()
             && self.ep_error.is_none()
+            && !(self.unordered || self.gets)
             // SAFETY: as in `materialize`.
             && unsafe { (d.lane)(self, d, ctx, dev) }
     }
@@ -262,12 +300,23 @@ impl BatchInner {
         }
     }
 
-    /// Undoes [`BatchInner::one_put`]'s writes (the facts did not stand).
+    /// Undoes [`BatchInner::one_put`]'s writes (the facts did not stand):
+    /// the lists as `put_slow` would have left them.
     #[cold]
     pub(super) fn one_put_undone(&mut self, d: Deferred) {
         self.keep.memory.clear();
         self.keep.endpoints.clear();
         self.pending = Some(d);
         self.materialize();
+    }
+
+    /// After the lane recorded its put: the state as [`BatchInner::reset`]
+    /// leaves it (its op list taken, its keep recorded; the builder wrote
+    /// these three besides).
+    #[inline(always)]
+    pub(super) fn one_put_done(&mut self) {
+        self.cursor = Cursor::NONE;
+        self.put_last = None;
+        self.puts = false;
     }
 }

@@ -1429,7 +1429,9 @@ fn f9_a_batch_built_before_an_unbind_or_after_it_is_checked_against_the_bindings
 /// one never reaches the driver. Each put twice: after a refused batch (the
 /// endpoint's facts are read again), and after a batch that went (the lane
 /// takes them from it); and built before a change of its endpoint's
-/// bindings (an unbind; an unbind and the same bind again), then enqueued.
+/// bindings (an unbind; an unbind and the same bind again; a bind of the
+/// unbound half, after which a put refused when built is still refused, as
+/// in a longer batch), then enqueued.
 #[test]
 fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
     use cuda_endpoints::CopyPath;
@@ -1439,7 +1441,7 @@ fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
     // Bound on [0, ALIGN) of [0, 2 ALIGN).
     let ep = unicast(&ctx, 0, 2 * ALIGN);
     let owner = mapped(&ctx, 0);
-    let (src, far) = (mapped(&ctx, 0), mapped(&ctx, 1));
+    let (src, far, half) = (mapped(&ctx, 0), mapped(&ctx, 1), mapped(&ctx, 0));
     let mut bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
     let offsets = if cfg!(miri) {
         vec![64, ALIGN]
@@ -1475,7 +1477,7 @@ fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
     };
     for path in [CopyPath::Fabric, CopyPath::Portable] {
         ctx.set_copy_path(path);
-        for (change, mem) in [(0, &src), (1, &src), (2, &src), (0, &far)] {
+        for (change, mem) in [(0, &src), (1, &src), (2, &src), (3, &src), (0, &far)] {
             for &from in &at {
                 for size in [0, 64, 65] {
                     for &offset in &offsets {
@@ -1491,13 +1493,16 @@ fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
                             let two = CopyBatch::new()
                                 .put(mem, from, &ep, offset, size)
                                 .put(&src, 0, &ep, 0, 64);
-                            if change > 0 {
+                            if change == 1 || change == 2 {
                                 drop(bound.take());
                             }
-                            if change > 1 {
+                            if change == 2 {
                                 bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
                             }
+                            let other_half =
+                                (change == 3).then(|| ep.bind(Device(0), ALIGN, &half).unwrap());
                             let (one, two) = (outcome(s.enqueue(one)), outcome(s.enqueue(two)));
+                            drop(other_half);
                             let case = format!(
                                 "{path:?}, change {change}, from {from}, size {size}, offset {offset}"
                             );
@@ -1522,8 +1527,98 @@ fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
     }
     drop(bound);
     drop(s);
-    drop((ep, owner, src, far));
+    drop((ep, owner, src, far, half));
     clean(&ctx, &model);
+}
+
+/// A hook on `cuStreamBeginCapture`, for a capture racing an unbind: it
+/// lets another thread go (`go`) and gives it a moment (`back`, bounded)
+/// while the capture is between its checks and the pin of its graph.
+struct WhileCapturing {
+    model: cuda_endpoints::model::Model,
+    go: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    back: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl std::fmt::Debug for WhileCapturing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WhileCapturing")
+    }
+}
+
+impl cuda_endpoints::driver::Forward for WhileCapturing {
+    type Inner = cuda_endpoints::model::Model;
+    fn inner(&self) -> &cuda_endpoints::model::Model {
+        &self.model
+    }
+    unsafe fn stream_begin_capture(&self, stream: u64) -> cuda_endpoints::driver::DriverResult<()> {
+        // SAFETY: forwarded unchanged.
+        let r = unsafe { Driver::stream_begin_capture(&self.model, stream) };
+        if let Some(go) = self.go.lock().unwrap().take() {
+            go.send(()).unwrap();
+            if let Some(back) = self.back.lock().unwrap().take() {
+                // The unbind blocks on the copy gate: this times out. (On a
+                // busy machine it may not have run yet: the test is then
+                // weaker, never wrong.)
+                let _ = back.recv_timeout(Duration::from_millis(200));
+            }
+        }
+        r
+    }
+}
+
+/// F8 through the copy gate, for a batch of one put as for two (the
+/// one-put lane leaves the put's endpoint out of the batch's list until
+/// something reads it, and a capture enters the gate on that list): an
+/// unbind from another thread during the capture waits for the graph's
+/// pin, then is refused (`UnbindUnderGraph`), and the graph launches with
+/// no violation. (A review found the one-put capture entering the gate on
+/// no range: the unbind went through, and the launch broke F8.)
+#[test]
+fn f8_an_unbind_racing_the_capture_of_one_put_waits_for_the_graph_as_for_two() {
+    for second in [false, true] {
+        let mut c = ModelConfig::node(2);
+        c.driver_version = 13050;
+        let model = cuda_endpoints::model::Model::new(c);
+        let (go, wait_go) = std::sync::mpsc::channel();
+        let (done, back) = std::sync::mpsc::channel();
+        let ctx = Context::new(WhileCapturing {
+            model: model.clone(),
+            go: std::sync::Mutex::new(Some(go)),
+            back: std::sync::Mutex::new(Some(back)),
+        });
+        let ep = unicast(&ctx, 0, 2 * ALIGN);
+        let (owner, owner2, src) = (mapped(&ctx, 0), mapped(&ctx, 0), mapped(&ctx, 0));
+        let b = ep.bind(Device(0), 0, &owner).unwrap();
+        let b2 = ep.bind(Device(0), ALIGN, &owner2).unwrap();
+        let s = Stream::new(&ctx, 0).unwrap();
+        // A batch on the endpoint first: the next one's first put is the
+        // lane's (its facts kept from this one).
+        let warm = CopyBatch::new().put(&src, 0, &ep, 0, 64);
+        s.enqueue(warm).unwrap().wait().unwrap();
+        std::thread::scope(|sc| {
+            let other = sc.spawn(move || {
+                wait_go.recv_timeout(Duration::from_secs(60)).unwrap();
+                let r = b.unbind();
+                let _ = done.send(());
+                r
+            });
+            let mut batch = CopyBatch::new().put(&src, 0, &ep, 64, 64);
+            if second {
+                batch = batch.put(&src, 4096, &ep, ALIGN + 64, 64);
+            }
+            let mut graph = s.capture(batch).unwrap();
+            graph.launch().unwrap().wait().unwrap();
+            let unbound = other.join().unwrap();
+            assert!(
+                matches!(unbound, Err(Error::UnbindUnderGraph { .. })),
+                "second op {second}: {unbound:?}"
+            );
+        });
+        drop(b2);
+        drop(s);
+        common::no_violations(&model.violations());
+    }
 }
 
 /// F9 across batches on other endpoints: the facts a batch keeps for the

@@ -81,14 +81,6 @@ macro_rules! op_list {
                 $name(SmallVec::new())
             }
 
-            /// The list of `op` alone (no allocation).
-            #[inline]
-            pub fn one(op: $op) -> Self {
-                let mut ops = SmallVec::new();
-                ops.push(op);
-                $name(ops)
-            }
-
             /// An empty list with room for `n` ops (allocates only past
             /// [`Self::INLINE`]).
             #[inline]

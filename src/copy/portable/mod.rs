@@ -394,12 +394,11 @@ impl Stream {
     pub(crate) fn enqueue_portable_one<'a>(
         &'a self,
         mut inner: Box<crate::copy::BatchInner>,
-        op: crate::driver::CopyOp,
     ) -> std::result::Result<Result<InFlight<'a>>, Box<crate::copy::BatchInner>> {
         let ctx = &self.inner.ctx;
         let b = &mut *inner;
         // SAFETY: the batch borrows its endpoint for 'a, past this call.
-        let Some(c) = (unsafe { one_piece(&[op], &b.keep.endpoints, &mut b.keep.memory) }) else {
+        let Some(c) = (unsafe { one_piece(&b.list, &b.keep.endpoints, &mut b.keep.memory) }) else {
             return Err(inner);
         };
         // A panic inside the call (a `tracing` layer, a user backend) may
@@ -423,6 +422,8 @@ impl Stream {
         }
         let seq = self.inner.record(std::mem::take(&mut b.keep));
         let token = InFlight::new(self, None, seq);
+        b.list.clear();
+        b.one_put_done();
         super::spare::give_back_empty(inner);
         Ok(Ok(token))
     }
