@@ -24,7 +24,11 @@
 //!   against `cuMemcpyDtoDAsync_v2` (told both sides are device memory),
 //!   64 B to 16 MiB, interleaved, enqueue alone and with the wait;
 //! - the cost of `cuCtxGetCurrent`, which the backend asks before each
-//!   stream call.
+//!   stream call;
+//! - where a typed one put's enqueue goes: on a context of its own whose
+//!   backend notes when its `cuMemcpyAsync` came in and went back
+//!   (`Stamped`), the time before the driver's call, the call and after it,
+//!   against the raw call stamped the same way.
 //!
 //! `benches/report.sh --gpu LOG` rewrites the GPU tables of
 //! `benches/README.md` from this output (saved with `# report:` lines for
@@ -46,11 +50,12 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_endpoints::backend::Policy;
 use cuda_endpoints::driver::cuda::Cuda;
-use cuda_endpoints::driver::{Call, Traced};
+use cuda_endpoints::driver::{Call, Driver, DriverResult, Forward, Pointer, Traced};
 use cuda_endpoints::{Allocation, Context, CopyBatch, Device, Private, Spec, Stream};
 
 /// `Context::auto` over the real driver, for a team of device 0 (the
@@ -279,6 +284,115 @@ impl Drop for Raw {
 }
 
 /// Median, min and max of `v` (sorted in place).
+/// The real backend with the times of its last `cuMemcpyAsync` noted: when
+/// the call came into the backend and when it came back (nanoseconds since
+/// `base`), so that a typed put's time splits into before the driver's
+/// call, the call (with what the backend does around it: the context
+/// check), and after it.
+#[derive(Debug)]
+struct Stamped {
+    inner: Cuda,
+    base: Instant,
+    enter: AtomicU64,
+    exit: AtomicU64,
+}
+
+impl Stamped {
+    fn now(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Forward for Stamped {
+    type Inner = Cuda;
+    fn inner(&self) -> &Cuda {
+        &self.inner
+    }
+    unsafe fn memcpy_async(
+        &self,
+        dst: Pointer,
+        src: Pointer,
+        size: u64,
+        stream: u64,
+    ) -> DriverResult<()> {
+        self.enter.store(self.now(), Ordering::Relaxed);
+        // SAFETY: forwarded unchanged: the caller's contract is the inner
+        // driver's.
+        let r = unsafe { Driver::memcpy_async(&self.inner, dst, src, size, stream) };
+        self.exit.store(self.now(), Ordering::Relaxed);
+        r
+    }
+}
+
+/// Where a typed one-put batch's enqueue spends its time, against raw's:
+/// before the driver's call, the call, after it (each typed `put` of
+/// `SMALL` bytes on a context of its own over [`Stamped`], then the raw
+/// `cuMemcpyAsync` stamped the same way; interleaved, medians). Untimed
+/// by the tables: each stamp costs a clock read on both sides.
+fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let stamped = Arc::new(Stamped {
+        inner: Cuda::open()?,
+        base: Instant::now(),
+        enter: AtomicU64::new(0),
+        exit: AtomicU64::new(0),
+    });
+    let (ctx, _) = Context::auto(stamped.clone(), &[Device(0)], &Policy::from_env())?;
+    let ep = ctx
+        .reserve_one()?
+        .create(Spec::unicast(0, 2 << 20))?
+        .wait(Duration::from_secs(10))?;
+    let dst = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
+    let src = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
+    let b = ep.bind(0, 0, &dst)?;
+    let s = Stream::new(&ctx, 0)?;
+    let (rd, rs) = (dst.device_ptr(), src.device_ptr());
+    let mut v: [Vec<u64>; 6] = Default::default();
+    for _ in 0..reps {
+        let a = stamped.now();
+        let token = s.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, SMALL))?;
+        let z = stamped.now();
+        let (e, x) = (
+            stamped.enter.load(Ordering::Relaxed),
+            stamped.exit.load(Ordering::Relaxed),
+        );
+        token.wait()?;
+        v[0].push(e.saturating_sub(a));
+        v[1].push(x.saturating_sub(e));
+        v[2].push(z.saturating_sub(x));
+        let a = stamped.now();
+        let e = stamped.now();
+        raw.copy(rd, rs, SMALL);
+        let x = stamped.now();
+        let z = stamped.now();
+        raw.sync();
+        v[3].push(e.saturating_sub(a));
+        v[4].push(x.saturating_sub(e));
+        v[5].push(z.saturating_sub(x));
+    }
+    let med = |x: &mut Vec<u64>| {
+        x.sort_unstable();
+        x.get(x.len() / 2).copied().unwrap_or(0)
+    };
+    let [tb, tc, ta, rb, rc, ra] = v.each_mut().map(med);
+    println!(
+        "\n== where a typed one put's enqueue goes: ns before the driver's call, the call (the backend's context check inside), after it; medians of {reps}, each side with the same clock reads"
+    );
+    println!("{:>8} {:>8} {:>8} {:>8}", "", "before", "call", "after");
+    println!("{:>8} {tb:>8} {tc:>8} {ta:>8}", "typed");
+    println!("{:>8} {rb:>8} {rc:>8} {ra:>8}", "raw");
+    println!(
+        "{:>8} {:>8} {:>8} {:>8}",
+        "typed-raw",
+        tb as i64 - rb as i64,
+        tc as i64 - rc as i64,
+        ta as i64 - ra as i64
+    );
+    drop((s, b));
+    ep.destroy()?.release()?;
+    drop((dst, src, ctx));
+    Ok(())
+}
+
 fn stats(v: &mut [Duration]) -> (Duration, Duration, Duration) {
     v.sort();
     (v[v.len() / 2], v[0], v[v.len() - 1])
@@ -619,6 +733,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             us(tw.0) / us(mw.0)
         );
     }
+    where_one_put_goes(&raw, reps)?;
     drop(binding);
     drop(stream);
     ep.destroy()?.release()?;

@@ -126,6 +126,11 @@ impl<'a> CopyBatch<'a> {
             return self;
         }
         self = self.put(src, src_offset, ep, offset, blocks.size);
+        if blocks.count == 1 {
+            // Nothing more (`room_for`): a lone block stays a lone put,
+            // which the one-put lane takes (`one.rs`).
+            return self;
+        }
         let rest = match self.cold(|inner| inner.put_rest(src, src_offset, ep, offset, &blocks)) {
             None => return self,
             Some(Rest::Proven(dst_end)) => {
