@@ -28,7 +28,9 @@
 //! - where a typed one put's enqueue goes: on a context of its own whose
 //!   backend notes when its `cuMemcpyAsync` came in and went back
 //!   (`Stamped`), the time before the driver's call, the call and after it,
-//!   against the raw call stamped the same way.
+//!   against the raw call stamped the same way, the raw call after a
+//!   `cuCtxGetCurrent` (as the backend asks it), and the raw call made
+//!   through the real backend alone.
 //!
 //! `benches/report.sh --gpu LOG` rewrites the GPU tables of
 //! `benches/README.md` from this output (saved with `# report:` lines for
@@ -346,7 +348,10 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     let b = ep.bind(0, 0, &dst)?;
     let s = Stream::new(&ctx, 0)?;
     let (rd, rs) = (dst.device_ptr(), src.device_ptr());
-    let mut v: [Vec<u64>; 6] = Default::default();
+    // The raw call through the backend alone (its policy check, its
+    // context check, the call), on the raw stream.
+    let backend = Cuda::open()?;
+    let mut v: [Vec<u64>; 12] = Default::default();
     for _ in 0..reps {
         let a = stamped.now();
         let token = s.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, SMALL))?;
@@ -368,18 +373,51 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
         v[3].push(e.saturating_sub(a));
         v[4].push(x.saturating_sub(e));
         v[5].push(z.saturating_sub(x));
+        // Raw, with the context asked first, as the backend asks it.
+        let a = stamped.now();
+        let e = stamped.now();
+        std::hint::black_box(raw.current());
+        raw.copy(rd, rs, SMALL);
+        let x = stamped.now();
+        let z = stamped.now();
+        raw.sync();
+        v[6].push(e.saturating_sub(a));
+        v[7].push(x.saturating_sub(e));
+        v[8].push(z.saturating_sub(x));
+        // Raw through the backend.
+        let a = stamped.now();
+        let e = stamped.now();
+        // SAFETY: as `Raw::copy`: mapped device memory of this process,
+        // valid until the synchronize below, on the raw stream.
+        unsafe {
+            Driver::memcpy_async(
+                &backend,
+                Pointer::device(rd),
+                Pointer::device(rs),
+                SMALL,
+                raw.stream as u64,
+            )
+        }?;
+        let x = stamped.now();
+        let z = stamped.now();
+        raw.sync();
+        v[9].push(e.saturating_sub(a));
+        v[10].push(x.saturating_sub(e));
+        v[11].push(z.saturating_sub(x));
     }
     let med = |x: &mut Vec<u64>| {
         x.sort_unstable();
         x.get(x.len() / 2).copied().unwrap_or(0)
     };
-    let [tb, tc, ta, rb, rc, ra] = v.each_mut().map(med);
+    let [tb, tc, ta, rb, rc, ra, xb, xc, xa, bb, bc, ba] = v.each_mut().map(med);
     println!(
-        "\n== where a typed one put's enqueue goes: ns before the driver's call, the call (the backend's context check inside), after it; medians of {reps}, each side with the same clock reads"
+        "\n== where a typed one put's enqueue goes: ns before the driver's call, the call (the backend's context check inside), after it; medians of {reps}, each side with the same clock reads; raw+ctx: raw with cuCtxGetCurrent first (in the call); backend: the raw call made through the real backend alone"
     );
     println!("{:>8} {:>8} {:>8} {:>8}", "", "before", "call", "after");
     println!("{:>8} {tb:>8} {tc:>8} {ta:>8}", "typed");
     println!("{:>8} {rb:>8} {rc:>8} {ra:>8}", "raw");
+    println!("{:>8} {xb:>8} {xc:>8} {xa:>8}", "raw+ctx");
+    println!("{:>8} {bb:>8} {bc:>8} {ba:>8}", "backend");
     println!(
         "{:>8} {:>8} {:>8} {:>8}",
         "typed-raw",
