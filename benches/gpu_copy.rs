@@ -58,7 +58,9 @@ use std::time::{Duration, Instant};
 use cuda_endpoints::backend::Policy;
 use cuda_endpoints::driver::cuda::Cuda;
 use cuda_endpoints::driver::{Call, Driver, DriverResult, Forward, Pointer, Traced};
-use cuda_endpoints::{Allocation, Context, CopyBatch, Device, Private, Spec, Stream};
+use cuda_endpoints::{
+    Allocation, Context, CopyBatch, Device, Endpoint, Mapped, Private, Ready, Spec, Stream, Unicast,
+};
 
 /// `Context::auto` over the real driver, for a team of device 0 (the
 /// decision for unicast endpoints and copies does not depend on it).
@@ -286,6 +288,27 @@ impl Drop for Raw {
 }
 
 /// Median, min and max of `v` (sorted in place).
+/// What a side section copies with: a context from `Context::auto` over
+/// `driver`, a ready unicast endpoint of 2 MiB on device 0, its memory to
+/// bind and a source, both mapped there.
+type Rig = (
+    Context,
+    Endpoint<Ready, Unicast>,
+    Mapped<Private>,
+    Mapped<Private>,
+);
+
+fn rig(driver: impl Driver + 'static) -> Result<Rig, Box<dyn std::error::Error>> {
+    let (ctx, _) = Context::auto(driver, &[Device(0)], &Policy::from_env())?;
+    let ep = ctx
+        .reserve_one()?
+        .create(Spec::unicast(0, 2 << 20))?
+        .wait(Duration::from_secs(10))?;
+    let dst = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
+    let src = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
+    Ok((ctx, ep, dst, src))
+}
+
 /// The real backend with the times of its last `cuMemcpyAsync` noted: when
 /// the call came into the backend and when it came back (nanoseconds since
 /// `base`), so that a typed put's time splits into before the driver's
@@ -338,13 +361,7 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
         enter: AtomicU64::new(0),
         exit: AtomicU64::new(0),
     });
-    let (ctx, _) = Context::auto(stamped.clone(), &[Device(0)], &Policy::from_env())?;
-    let ep = ctx
-        .reserve_one()?
-        .create(Spec::unicast(0, 2 << 20))?
-        .wait(Duration::from_secs(10))?;
-    let dst = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
-    let src = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
+    let (ctx, ep, dst, src) = rig(stamped.clone())?;
     let b = ep.bind(0, 0, &dst)?;
     let s = Stream::new(&ctx, 0)?;
     let (rd, rs) = (dst.device_ptr(), src.device_ptr());
@@ -352,6 +369,27 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     // context check, the call), on the raw stream.
     let backend = Cuda::open()?;
     let mut v: [Vec<u64>; 12] = Default::default();
+    // A raw call stamped as the typed one is: before it, it, after it;
+    // then the stream synchronized (untimed).
+    let stamp = |v: &mut [Vec<u64>], call: &mut dyn FnMut() -> DriverResult<()>| {
+        let a = stamped.now();
+        let e = stamped.now();
+        let r = call();
+        let x = stamped.now();
+        let z = stamped.now();
+        raw.sync();
+        for (k, t) in [
+            e.saturating_sub(a),
+            x.saturating_sub(e),
+            z.saturating_sub(x),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            v[k].push(t);
+        }
+        r
+    };
     for _ in 0..reps {
         let a = stamped.now();
         let token = s.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, SMALL))?;
@@ -364,46 +402,31 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
         v[0].push(e.saturating_sub(a));
         v[1].push(x.saturating_sub(e));
         v[2].push(z.saturating_sub(x));
-        let a = stamped.now();
-        let e = stamped.now();
-        raw.copy(rd, rs, SMALL);
-        let x = stamped.now();
-        let z = stamped.now();
-        raw.sync();
-        v[3].push(e.saturating_sub(a));
-        v[4].push(x.saturating_sub(e));
-        v[5].push(z.saturating_sub(x));
+        stamp(&mut v[3..6], &mut || {
+            raw.copy(rd, rs, SMALL);
+            Ok(())
+        })?;
         // Raw, with the context asked first, as the backend asks it.
-        let a = stamped.now();
-        let e = stamped.now();
-        std::hint::black_box(raw.current());
-        raw.copy(rd, rs, SMALL);
-        let x = stamped.now();
-        let z = stamped.now();
-        raw.sync();
-        v[6].push(e.saturating_sub(a));
-        v[7].push(x.saturating_sub(e));
-        v[8].push(z.saturating_sub(x));
+        stamp(&mut v[6..9], &mut || {
+            std::hint::black_box(raw.current());
+            raw.copy(rd, rs, SMALL);
+            Ok(())
+        })?;
         // Raw through the backend.
-        let a = stamped.now();
-        let e = stamped.now();
-        // SAFETY: as `Raw::copy`: mapped device memory of this process,
-        // valid until the synchronize below, on the raw stream.
-        unsafe {
-            Driver::memcpy_async(
-                &backend,
-                Pointer::device(rd),
-                Pointer::device(rs),
-                SMALL,
-                raw.stream as u64,
-            )
-        }?;
-        let x = stamped.now();
-        let z = stamped.now();
-        raw.sync();
-        v[9].push(e.saturating_sub(a));
-        v[10].push(x.saturating_sub(e));
-        v[11].push(z.saturating_sub(x));
+        stamp(&mut v[9..12], &mut || {
+            // SAFETY: as `Raw::copy`: mapped device memory of this
+            // process, valid until the synchronize that follows, on the
+            // raw stream.
+            unsafe {
+                Driver::memcpy_async(
+                    &backend,
+                    Pointer::device(rd),
+                    Pointer::device(rs),
+                    SMALL,
+                    raw.stream as u64,
+                )
+            }
+        })?;
     }
     let med = |x: &mut Vec<u64>| {
         x.sort_unstable();
@@ -550,13 +573,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // traced context of its own (untimed: the trace formats every call).
     {
         let traced = Arc::new(Traced::new(Cuda::open()?));
-        let (tctx, _) = Context::auto(traced.clone(), &[Device(0)], &Policy::from_env())?;
-        let tep = tctx
-            .reserve_one()?
-            .create(Spec::unicast(0, 2 << 20))?
-            .wait(Duration::from_secs(10))?;
-        let tdst = Allocation::<Private>::on_device(&tctx, 0, 2 << 20)?.map(&[0])?;
-        let tsrc = Allocation::<Private>::on_device(&tctx, 0, 2 << 20)?.map(&[0])?;
+        let (tctx, tep, tdst, tsrc) = rig(traced.clone())?;
         let tb = tep.bind(0, 0, &tdst)?;
         let ts = Stream::new(&tctx, 0)?;
         for (n, stride, how) in [(1u64, GAP, ""), (64, GAP, ""), (64, SMALL, " end to end")] {

@@ -1127,11 +1127,36 @@ fn live_counts_streams_events_graphs_and_graph_execs_so_a_leaked_one_shows() {
 
 /// The model behind a hook on `cuStreamBeginCapture`: once a capture has
 /// begun, it lets another thread run (`go`) and waits, bounded, until that
-/// thread says it is done (`back`), before the capture goes on.
+/// thread says it is done (`back`), before the capture goes on. With
+/// `blocked`, the other thread is expected to block until the capture
+/// ends: the hook gives it a moment and goes on (on a busy machine it may
+/// not have run yet: a test is then weaker, never wrong).
 struct DuringCapture {
     model: cuda_endpoints::model::Model,
     go: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
     back: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    blocked: bool,
+}
+
+impl DuringCapture {
+    fn new(
+        model: &cuda_endpoints::model::Model,
+        blocked: bool,
+    ) -> (
+        DuringCapture,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (go, wait_go) = std::sync::mpsc::channel();
+        let (done, back) = std::sync::mpsc::channel();
+        let hook = DuringCapture {
+            model: model.clone(),
+            go: std::sync::Mutex::new(Some(go)),
+            back: std::sync::Mutex::new(Some(back)),
+            blocked,
+        };
+        (hook, wait_go, done)
+    }
 }
 
 impl std::fmt::Debug for DuringCapture {
@@ -1151,8 +1176,12 @@ impl cuda_endpoints::driver::Forward for DuringCapture {
         if let Some(go) = self.go.lock().unwrap().take() {
             go.send(()).unwrap();
             let back = self.back.lock().unwrap().take().unwrap();
-            back.recv_timeout(Duration::from_secs(10))
-                .expect("the other thread's batch never completed");
+            if self.blocked {
+                let _ = back.recv_timeout(Duration::from_millis(200));
+            } else {
+                back.recv_timeout(Duration::from_secs(10))
+                    .expect("the other thread never came back");
+            }
         }
         r
     }
@@ -1167,13 +1196,8 @@ fn a_batch_another_thread_enqueues_during_a_capture_runs_on_the_stream_and_is_no
     let mut c = ModelConfig::node(2);
     c.driver_version = 13050;
     let model = cuda_endpoints::model::Model::new(c);
-    let (go, wait_go) = std::sync::mpsc::channel();
-    let (done, back) = std::sync::mpsc::channel();
-    let ctx = Context::new(DuringCapture {
-        model: model.clone(),
-        go: std::sync::Mutex::new(Some(go)),
-        back: std::sync::Mutex::new(Some(back)),
-    });
+    let (hook, wait_go, done) = DuringCapture::new(&model, false);
+    let ctx = Context::new(hook);
     let u = Unicast1::new(&ctx);
     let b = u.bind();
     let s = Stream::new(&ctx, 0).unwrap();
@@ -1531,42 +1555,6 @@ fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
     clean(&ctx, &model);
 }
 
-/// A hook on `cuStreamBeginCapture`, for a capture racing an unbind: it
-/// lets another thread go (`go`) and gives it a moment (`back`, bounded)
-/// while the capture is between its checks and the pin of its graph.
-struct WhileCapturing {
-    model: cuda_endpoints::model::Model,
-    go: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
-    back: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
-}
-
-impl std::fmt::Debug for WhileCapturing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WhileCapturing")
-    }
-}
-
-impl cuda_endpoints::driver::Forward for WhileCapturing {
-    type Inner = cuda_endpoints::model::Model;
-    fn inner(&self) -> &cuda_endpoints::model::Model {
-        &self.model
-    }
-    unsafe fn stream_begin_capture(&self, stream: u64) -> cuda_endpoints::driver::DriverResult<()> {
-        // SAFETY: forwarded unchanged.
-        let r = unsafe { Driver::stream_begin_capture(&self.model, stream) };
-        if let Some(go) = self.go.lock().unwrap().take() {
-            go.send(()).unwrap();
-            if let Some(back) = self.back.lock().unwrap().take() {
-                // The unbind blocks on the copy gate: this times out. (On a
-                // busy machine it may not have run yet: the test is then
-                // weaker, never wrong.)
-                let _ = back.recv_timeout(Duration::from_millis(200));
-            }
-        }
-        r
-    }
-}
-
 /// F8 through the copy gate, for a batch of one put as for two (the
 /// one-put lane leaves the put's endpoint out of the batch's list until
 /// something reads it, and a capture enters the gate on that list): an
@@ -1580,13 +1568,8 @@ fn f8_an_unbind_racing_the_capture_of_one_put_waits_for_the_graph_as_for_two() {
         let mut c = ModelConfig::node(2);
         c.driver_version = 13050;
         let model = cuda_endpoints::model::Model::new(c);
-        let (go, wait_go) = std::sync::mpsc::channel();
-        let (done, back) = std::sync::mpsc::channel();
-        let ctx = Context::new(WhileCapturing {
-            model: model.clone(),
-            go: std::sync::Mutex::new(Some(go)),
-            back: std::sync::Mutex::new(Some(back)),
-        });
+        let (hook, wait_go, done) = DuringCapture::new(&model, true);
+        let ctx = Context::new(hook);
         let ep = unicast(&ctx, 0, 2 * ALIGN);
         let (owner, owner2, src) = (mapped(&ctx, 0), mapped(&ctx, 0), mapped(&ctx, 0));
         let b = ep.bind(Device(0), 0, &owner).unwrap();
