@@ -97,7 +97,7 @@ impl Deferred {
         // SAFETY: the caller's contract: the pointers are of live shared
         // borrows of these types. What the erased put buys (the one-put
         // lane, `Null`, `benches/copy_batch.rs` and `copy_portable.rs`): a
-        // one-put batch 751 -> 644 instructions, portable 949 -> 793; a
+        // one-put batch 751 -> 644 instructions, portable 949 -> 805; a
         // batch of more puts pays 67 once (64 puts 2,874 -> 2,941).
         unsafe { (self.mem.cast().as_ref(), self.ep.cast().as_ref()) }
     }

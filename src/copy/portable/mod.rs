@@ -271,18 +271,17 @@ impl Stream {
         let spans = &b.locations[..];
         // The one-piece batch's copy, else every piece.
         // SAFETY: the batch borrows its endpoints for 'a, past this call.
-        let one = unsafe { one_piece(list, endpoints, memory) };
-        let (mut copies, order) = match one {
-            Some(_) => (Vec::new(), Order::NEW),
-            // SAFETY: as for `one_piece`.
-            None => match unsafe { resolve(list, spans, endpoints, memory) } {
-                Ok(copies) => copies,
-                Err(e) => {
-                    // Nothing enqueued: what the batch holds is dropped with it.
-                    super::spare::give_back(inner);
-                    return Err(e);
-                }
-            },
+        if let Some(c) = unsafe { one_piece(list, endpoints, memory) } {
+            return self.memcpy_one(inner, c, false);
+        }
+        // SAFETY: as for `one_piece`.
+        let (mut copies, order) = match unsafe { resolve(list, spans, endpoints, memory) } {
+            Ok(copies) => copies,
+            Err(e) => {
+                // Nothing enqueued: what the batch holds is dropped with it.
+                super::spare::give_back(inner);
+                return Err(e);
+            }
         };
         // A piece is never empty (an op of 0 bytes has none, validated
         // above): nothing to move, no call.
@@ -296,10 +295,7 @@ impl Stream {
         // kept by the stream until it is synchronized, and the host buffers
         // are leaked, never freed under a copy (F4).
         let guard = OnUnwind::new(|| b.leave_in_flight(&self.inner));
-        // One piece: `cuMemcpyAsync`, nothing to ask.
-        if one.is_none()
-            && let Some(learned) = batch_call(ctx).filter(|_| batchable_in(&copies, &order))
-        {
+        if let Some(learned) = batch_call(ctx).filter(|_| batchable_in(&copies, &order)) {
             let n = copies.len();
             // Until the driver took one batch call, the pieces stay for the
             // loop in case it refuses it; after, they go to it.
@@ -340,11 +336,7 @@ impl Stream {
             }
         }
         if looped {
-            let copies = match &one {
-                Some(c) => std::slice::from_ref(c),
-                None => &copies[..],
-            };
-            for c in copies {
+            for c in &copies {
                 // SAFETY: `dst` and `src` are local memory of the batch (borrowed
                 // for 'a, or owned host buffers) or windows' memory, mapped in
                 // this process and checked to cover the bytes (F9, resolved
@@ -387,29 +379,47 @@ impl Stream {
     /// The one-put lane (`copy/one.rs`) on the portable path, inside the
     /// copy gate, the put checked and its keep in `inner.keep`: its one
     /// piece ([`one_piece`], its window's mapping added to the keep when a
-    /// peer's) as one `cuMemcpyAsync`, recorded. `Err(inner)` when it is not
-    /// one piece inside one window: nothing enqueued, and the caller takes
-    /// the general path, which names why.
+    /// peer's), [`Stream::memcpy_one`]. `Err(inner)` when it is not one
+    /// piece inside one window: nothing enqueued, and the caller takes the
+    /// general path, which names why.
     #[inline(always)]
     pub(crate) fn enqueue_portable_one<'a>(
         &'a self,
         mut inner: Box<crate::copy::BatchInner>,
     ) -> std::result::Result<Result<InFlight<'a>>, Box<crate::copy::BatchInner>> {
-        let ctx = &self.inner.ctx;
         let b = &mut *inner;
         // SAFETY: the batch borrows its endpoint for 'a, past this call.
-        let Some(c) = (unsafe { one_piece(&b.list, &b.keep.endpoints, &mut b.keep.memory) }) else {
-            return Err(inner);
-        };
+        match unsafe { one_piece(&b.list, &b.keep.endpoints, &mut b.keep.memory) } {
+            Some(c) => Ok(self.memcpy_one(inner, c, true)),
+            None => Err(inner),
+        }
+    }
+
+    /// A batch of one piece `c` (one op inside one window): one
+    /// `cuMemcpyAsync`, nothing to ask, and its record; the end of
+    /// [`Stream::enqueue_portable`] and of the one-put lane (`lane`: its
+    /// state goes back to the spare with three fields reset, not `reset`).
+    // Always: out of line, the lane's one put cost 12 instructions more
+    // (805 -> 817 on `Null`, `benches/copy_portable.rs`).
+    #[inline(always)]
+    fn memcpy_one<'a>(
+        &'a self,
+        mut inner: Box<crate::copy::BatchInner>,
+        c: crate::driver::MemcpyOp,
+        lane: bool,
+    ) -> Result<InFlight<'a>> {
+        let ctx = &self.inner.ctx;
+        let b = &mut *inner;
         // A panic inside the call (a `tracing` layer, a user backend) may
         // come after the driver took the copy: what it uses stays in
-        // flight, kept by the stream until it is synchronized (F4).
+        // flight, kept by the stream until it is synchronized, and the host
+        // buffers are leaked, never freed under a copy (F4).
         let guard = OnUnwind::new(|| b.leave_in_flight(&self.inner));
-        // SAFETY: as for each `cuMemcpyAsync` of `enqueue_portable`: the
-        // source is local memory of the batch, the destination a window's
-        // memory, mapped here and checked to cover the bytes (F9), apart
-        // (`one_piece`); the record made below keeps both until the stream
-        // passed the copy (F4).
+        // SAFETY: as for each `cuMemcpyAsync` of `enqueue_portable`: local
+        // memory of the batch (borrowed for 'a, or an owned host buffer)
+        // and a window's memory, mapped here and checked to cover the
+        // bytes (F9), apart (`one_piece`); the record made below keeps both
+        // until the stream passed the copy (F4).
         let r = unsafe {
             ctx.driver()
                 .memcpy_async(c.dst, c.src, c.size, self.inner.handle)
@@ -418,14 +428,18 @@ impl Stream {
         if let Err(code) = r {
             // Nothing enqueued: what the batch holds is dropped with it.
             super::spare::give_back(inner);
-            return Ok(Err(ctx.error(Call::MemcpyAsync, code)));
+            return Err(ctx.error(Call::MemcpyAsync, code));
         }
         let seq = self.inner.record(std::mem::take(&mut b.keep));
-        let token = InFlight::new(self, None, seq);
-        b.list.clear();
-        b.one_put_done();
-        super::spare::give_back_empty(inner);
-        Ok(Ok(token))
+        let token = InFlight::new(self, b.host.take(), seq);
+        if lane {
+            b.list.clear();
+            b.one_put_done();
+            super::spare::give_back_empty(inner);
+        } else {
+            super::spare::give_back(inner);
+        }
+        Ok(token)
     }
 }
 
