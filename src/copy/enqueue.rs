@@ -118,11 +118,8 @@ impl Stream {
                 }
             }
             gate.end();
-            inner.one_put_undone(d);
-        } else {
-            inner.pending = Some(d);
-            inner.materialize();
         }
+        inner.one_put_undone(d);
         self.enqueue_state(inner)
     }
 
