@@ -8,6 +8,8 @@
 //! bindings reach, when some memory is reached two ways (by address and
 //! through an endpoint, or one allocation bound twice).
 
+use smallvec::SmallVec;
+
 use super::BatchInner;
 use crate::driver::{CopyOp, MemHint, Operand, Pointer};
 
@@ -19,6 +21,12 @@ use crate::driver::{CopyOp, MemHint, Operand, Pointer};
 /// those bytes too (F3).
 type Alias = (u32, u64, u64, u64, u64);
 
+/// The aliases of a batch: inline for a few endpoints' bindings, so that
+/// the usual batch (an endpoint bound here, a source by address) builds
+/// them on the stack (issue 30: no allocation per small batch,
+/// `no_allocation` in `tests/copy`).
+pub(super) type Aliases = SmallVec<[Alias; 4]>;
+
 impl BatchInner {
     /// The bindings of the batch's local endpoints, when some memory is
     /// reached two ways: one bound by address overlaps memory the batch
@@ -28,8 +36,8 @@ impl BatchInner {
     /// Usually none: one relaxed load per endpoint when its range never
     /// had a window, and nothing built unless one allocation is bound by
     /// handle twice among the batch's endpoints.
-    pub(super) fn aliases(&self) -> Vec<Alias> {
-        let mut out = Vec::new();
+    pub(super) fn aliases(&self) -> Aliases {
+        let mut out = Aliases::new();
         let mut by_handle = 0usize;
         for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
             if !f.bound_here {
@@ -50,12 +58,12 @@ impl BatchInner {
             self.shared_handles(&mut out);
         }
         if out.is_empty() || (out.len() == 1 && self.locations.is_empty()) {
-            return Vec::new();
+            return Aliases::new();
         }
         // `(space, start, end)` of each bound span and each memory named by
         // address, sorted: any two that overlap make every span an alias
         // (an extra alias only maps an op to the bytes it does reach).
-        let mut spans: Vec<(u64, u64, u64)> = out
+        let mut spans: SmallVec<[(u64, u64, u64); 8]> = out
             .iter()
             .map(|&(_, _, size, space, at)| (space, at, at.saturating_add(size)))
             .chain(
@@ -94,7 +102,7 @@ impl BatchInner {
     /// in its bytes. Called when two or more binds are by handle.
     #[cold]
     #[inline(never)]
-    fn shared_handles(&self, out: &mut Vec<Alias>) {
+    fn shared_handles(&self, out: &mut Aliases) {
         let mut all: Vec<Alias> = Vec::new();
         for (f, (range, id)) in self.eps.iter().zip(&self.keep.endpoints) {
             if f.by_handle == 0 {

@@ -18,4 +18,5 @@ mod copy_edges;
 mod copy_hostile;
 mod copy_strided;
 mod data_path;
+mod no_allocation;
 mod portable_copy;

@@ -132,7 +132,9 @@ fn independent_ascending(copies: &[MemcpyOp]) -> bool {
 /// order: sorted by start first.
 #[cold]
 pub(super) fn independent_sorted(copies: &[MemcpyOp]) -> bool {
-    let mut dsts: Vec<(u64, u64)> = copies
+    // Inline for a few copies (a multicast put's, one per member): no
+    // allocation per small batch (issue 30, `no_allocation` in `tests/copy`).
+    let mut dsts: smallvec::SmallVec<[(u64, u64); 8]> = copies
         .iter()
         .map(|c| (c.dst.ptr, c.dst.ptr.saturating_add(c.size)))
         .collect();

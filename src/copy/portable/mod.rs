@@ -308,7 +308,7 @@ impl Stream {
             // and no copy writes bytes another reads or writes (checked by
             // `batchable_in`), so the batch's lack of order among its copies
             // changes nothing.
-            match unsafe { ctx.driver().memcpy_batch_async(list.into(), handle) } {
+            match unsafe { ctx.driver().memcpy_batch_async(list, handle) } {
                 Ok(()) => {
                     looped = false;
                     enqueued = n;

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 
 use crate::copy::MemoryNamed;
-use crate::driver::{CopyOp, Device, MemHint, MemcpyOp, Operand, Pointer};
+use crate::driver::{CopyOp, Device, MemHint, MemcpyOp, MemcpyOps, Operand, Pointer};
 use crate::error::{Error, Extent, Result};
 use crate::ledger::RangeInner;
 use crate::ledger::holds::KeepMemory;
@@ -459,8 +459,10 @@ pub(super) unsafe fn resolve(
     spans: &[MemoryNamed],
     endpoints: &[(std::sync::Arc<RangeInner>, u32)],
     memory: &mut KeepMemory,
-) -> Result<(Vec<MemcpyOp>, Order)> {
-    let mut copies = Vec::with_capacity(list.len());
+) -> Result<(MemcpyOps, Order)> {
+    // Inline up to `MemcpyOps::INLINE` copies: a batch of a few puts
+    // allocates nothing here (issue 30, `no_allocation` in `tests/copy`).
+    let mut copies = MemcpyOps::with_capacity(list.len());
     let mut order = Order::NEW;
     // Each endpoint's windows, read once for the batch.
     let mut views: smallvec::SmallVec<[View; 1]> = endpoints
@@ -565,7 +567,7 @@ fn hot_run(
     ops: &[CopyOp],
     hot: (u32, (u64, u64, u64)),
     spans: &[MemoryNamed],
-    copies: &mut Vec<MemcpyOp>,
+    copies: &mut MemcpyOps,
     order: &mut Order,
 ) -> std::result::Result<usize, usize> {
     match ops.first().and_then(sides) {
@@ -581,7 +583,7 @@ fn hot_run_dir<const PUT: bool>(
     ops: &[CopyOp],
     hot: (u32, (u64, u64, u64)),
     spans: &[MemoryNamed],
-    copies: &mut Vec<MemcpyOp>,
+    copies: &mut MemcpyOps,
     order: &mut Order,
 ) -> std::result::Result<usize, usize> {
     let mut o = *order;
@@ -777,7 +779,7 @@ impl Grow {
 mod tests {
     use super::{Order, hot_run};
     use crate::copy::MemoryNamed;
-    use crate::driver::{CopyOp, Device, MemcpyOp, Operand, Pointer};
+    use crate::driver::{CopyOp, Device, MemcpyOp, MemcpyOps, Operand, Pointer};
     use crate::memory::Locality;
 
     const ID: u32 = 7;
@@ -806,7 +808,7 @@ mod tests {
         mem: &[(u64, u64)],
         before: &[MemcpyOp],
     ) -> Vec<(u64, u64, u64)> {
-        let mut copies = before.to_vec();
+        let mut copies: MemcpyOps = before.iter().copied().collect();
         let mut order = Order::NEW;
         let n = hot_run(ops, (ID, win), &spans(mem), &mut copies, &mut order);
         assert_eq!(n, Ok(ops.len()));
@@ -865,7 +867,7 @@ mod tests {
     fn a_grown_piece_leaves_the_order_its_pieces_would() {
         let win = (0, 4096, 0x9000);
         let mut grown = Order::NEW;
-        let mut copies = Vec::new();
+        let mut copies = MemcpyOps::new();
         let puts: Vec<CopyOp> = (0..8).map(|k| put(0x1000 + 64 * k, 64 * k)).collect();
         let mut each = Order::NEW;
         for k in 0..8 {
