@@ -25,62 +25,22 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use cuda_endpoints::driver::{Driver, DriverResult, MemcpyOp, MemcpyOps, Pointer};
+use cuda_endpoints::driver::{Driver, MemcpyOp, MemcpyOps, Pointer};
 use cuda_endpoints::{
     Allocation, Binding, CopyBatch, CopyPath, Endpoint, InFlight, Mapped, Private, Ready, Spec,
     Stream, Unicast,
 };
 use gungraun::prelude::*;
 
-use common::{Fixture, Null, OWNER, SIZE, fixture};
+use common::{Fixture, Fresh, OWNER, SIZE, fixture};
 
 /// Bytes per op.
 const OP: u64 = 64;
 
 /// The stream handle [`Null`] gives.
 const STREAM: u64 = 4;
-
-/// [`Null`], but each address reservation is a fresh one (the portable path
-/// refuses a copy of bytes onto themselves, which one address for every
-/// mapping would be). It reports 13.4: the batch call (12.8+) is there.
-#[derive(Debug)]
-struct Fresh {
-    next: AtomicU64,
-}
-
-macro_rules! fresh_answer {
-    ($s:ident, mem_address_reserve, ($($arg:ident),*)) => {
-        Ok($s.next.fetch_add(1 << 32, Ordering::Relaxed))
-    };
-    ($s:ident, $method:ident, ($($arg:ident),*)) => {
-        // SAFETY: `Null` does nothing with what it is given.
-        unsafe { Null.$method($($arg),*) }
-    };
-}
-
-macro_rules! fresh_driver {
-    ($( $(#[$meta:meta])* [$family:ident] $variant:ident $cname:literal
-        safety $safety:literal
-        fn $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty; )*) => {
-        #[allow(unused_variables, clippy::unit_arg)]
-        impl Driver for Fresh {
-            fn name(&self) -> String {
-                "null, fresh addresses".into()
-            }
-            $(
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn $method(&self $(, $arg: $ty)*) -> DriverResult<$ret> {
-                    fresh_answer!(self, $method, ($($arg),*))
-                }
-            )*
-        }
-    };
-}
-
-cuda_endpoints::driver::for_each_driver_call!(fresh_driver);
 
 /// What both sides use, made once per process (each benchmark runs in its
 /// own process) and kept until it exits, so the typed side's borrows are
@@ -96,9 +56,7 @@ struct World {
 fn world() -> &'static World {
     static WORLD: OnceLock<&'static World> = OnceLock::new();
     WORLD.get_or_init(|| {
-        let fx = fixture(Fresh {
-            next: AtomicU64::new(1 << 40),
-        });
+        let fx = fixture(Fresh::new());
         fx.0.set_copy_path(CopyPath::Portable);
         let ep =
             fx.0.reserve_one()

@@ -223,6 +223,7 @@ function dur(s,   v, u) {
     return round(v) " " u
 }
 function ir(key) { if (!(key in IR)) { missing = missing " " key; return 0 } return IR[key] }
+function ram(key) { if (!(key in RAM)) { missing = missing " RAM:" key; return 0 } return RAM[key] }
 function emit(name, text) { f = out "/" name; printf "%s", text > f; close(f) }
 
 /^# report: / { sub(/^# report: /, ""); k = $0; sub(/=.*/, "", k); v = $0; sub(/^[^=]*=/, "", v); META[k] = v; next }
@@ -238,7 +239,12 @@ function emit(name, text) { f = out "/" name; printf "%s", text > f; close(f) }
 }
 /^ *Instructions:/ && cur != "" {
     v = $0; sub(/^ *Instructions: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
-    IR[cur] = v; cur = ""; next
+    IR[cur] = v; ram = cur; cur = ""; next
+}
+# Callgrind's simulated caches: the lines a cold bench read from memory.
+/^ *RAM Hits:/ && ram != "" {
+    v = $0; sub(/^ *RAM Hits: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
+    RAM[ram] = v; ram = ""; next
 }
 
 # readiness_heap
@@ -365,6 +371,18 @@ END {
         t = t sprintf("| %s | %s | %s | %s | %.1f | %.1f | %.1f |\n", commas(k), commas(a), commas(b), signed(a - b), a / k, b / k, (a - b) / k)
     }
     emit("copy_portable", t)
+
+    # One put after the caches were emptied (bench copy_cold, Null):
+    # instructions and the lines read from memory, typed and raw.
+    t = "| one put, caches emptied first | typed: instructions | lines from memory | raw: instructions | lines from memory | typed − raw: lines |\n| --- | ---: | ---: | ---: | ---: | ---: |\n"
+    split("fabric:fabric path (`cuFabricCpyBatchAsync`);portable:portable path (`cuMemcpyAsync`, the H200's)", cc, ";")
+    for (i = 1; i <= 2; i++) {
+        k = cc[i]; lbl = k; sub(/^[a-z_]+:/, "", lbl); sub(/:.*/, "", k)
+        a = ir("copy_cold::copy_cold_typed " k); b = ir("copy_cold::copy_cold_raw " k)
+        ra = ram("copy_cold::copy_cold_typed " k); rb = ram("copy_cold::copy_cold_raw " k)
+        t = t sprintf("| %s | %s | %s | %s | %s | %s |\n", lbl, commas(a), commas(ra), commas(b), commas(rb), signed(ra - rb))
+    }
+    emit("copy_cold", t)
 
     # Wall clock (bench lifecycle).
     t = "| measure | driver | typed | raw | raw + `get_limits` | typed / raw | typed / (raw + `get_limits`) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n"

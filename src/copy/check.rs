@@ -160,8 +160,30 @@ impl BatchInner {
     }
 
     /// A put that [`Hot::put_next`] did not take (or with no room left,
-    /// the cursor unmoved):
-    /// each side on its own, and the op appended.
+    /// the cursor unmoved): the batch's usual first put, checked and its
+    /// keep-alives and location left out of the lists for a batch of it
+    /// alone (`one.rs`), else [`BatchInner::put_slow`]. Not cold, and apart
+    /// from `put_slow`: every batch's first put comes here, and its code
+    /// laid in a few lines is what a one-put batch reads after the
+    /// driver's call emptied the caches (`benches/copy_cold.rs`).
+    #[inline(never)]
+    pub(super) fn put_first<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) {
+        let op = self.list.len();
+        if let Some(hit) = self.usual_first_put(op, mem, at, ep, offset, size) {
+            return self.defer_put(mem, at, ep, offset, size, hit);
+        }
+        self.put_slow(mem, at, ep, offset, size);
+    }
+
+    /// [`BatchInner::put_first`] of any other put: each side on its own,
+    /// and the op appended.
     #[cold]
     #[inline(never)]
     pub(super) fn put_slow<H: MemShare, S: State, K: Kind>(
@@ -173,11 +195,6 @@ impl BatchInner {
         size: u64,
     ) {
         let op = self.list.len();
-        if let Some(hit) = self.usual_first_put(op, mem, at, ep, offset, size) {
-            // The batch's first put, checked: its keep-alives and location
-            // left out of the lists, for a batch of it alone (`one.rs`).
-            return self.defer_put(mem, at, ep, offset, size, hit);
-        }
         let from = self.mapped(mem, at, size, op);
         self.put_to(ep, offset, size, op);
         self.push(super::put_op(from, ep.id(), offset, size));

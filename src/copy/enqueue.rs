@@ -101,10 +101,13 @@ impl Stream {
         d: super::one::Deferred,
     ) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
-        if inner.one_put(&d, ctx, self.inner.dev) {
+        if inner.one_put(&d, ctx, self.inner.dev)
+            && let [(range, _)] = &inner.keep.endpoints[..]
             // SAFETY: as in `enqueue_state`: the range is the one of the
-            // endpoint the batch borrowed for 'a.
-            let gate = unsafe { crate::ledger::gate::EnqueueGate::enter(&inner.keep.endpoints) }?;
+            // endpoint the batch borrowed for 'a. (A bind or unbind inside
+            // it: the general path waits for it.)
+            && let Some(gate) = unsafe { crate::ledger::gate::OneGate::enter(&**range) }
+        {
             if inner.one_put_stands() && gate.clear() {
                 if ctx.copy_path() == crate::CopyPath::Fabric {
                     return self.enqueue_fabric(inner, gate, true);
@@ -131,7 +134,7 @@ impl Stream {
     fn enqueue_fabric<'a>(
         &'a self,
         mut inner: Box<BatchInner>,
-        gate: crate::ledger::gate::EnqueueGate<crate::ledger::RangeInner>,
+        gate: impl crate::ledger::gate::EndGate,
         lane: bool,
     ) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;

@@ -685,7 +685,7 @@ impl<'a> CopyBatch<'a> {
         {
             self.hot.put_from = end;
         } else {
-            self.cold(|inner| inner.put_slow(src, src_offset, ep, offset, size));
+            self.cold(|inner| inner.put_first(src, src_offset, ep, offset, size));
         }
         self
     }

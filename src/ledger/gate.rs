@@ -446,6 +446,79 @@ impl<R: Gated> Drop for EnqueueGate<R> {
     }
 }
 
+/// An enqueue inside the gate of one range: the one-put lane's
+/// [`EnqueueGate`]. Its own type, not [`EnqueueGate::One`]: a gate that
+/// may be [`EnqueueGate::Many`] keeps the code of several ranges (its
+/// loops, its list) in the lane's line of code after the driver's call,
+/// which a one-put batch then reads from memory (`benches/copy_cold.rs`).
+/// It never waits: when a bind or an unbind is inside, its caller takes
+/// the general path, which does.
+pub(crate) struct OneGate<R: Gated> {
+    range: NonNull<R>,
+    entry: Entry,
+}
+
+impl<R: Gated> OneGate<R> {
+    /// Enters the gate of `range` unless a bind or an unbind is inside it.
+    ///
+    /// # Safety
+    /// `range` stays alive until the gate is ended or dropped (the
+    /// enqueue's batch borrows its endpoint for the whole call), as
+    /// [`EnqueueGate::enter`]'s.
+    #[inline(always)]
+    pub(crate) unsafe fn enter(range: &R) -> Option<OneGate<R>> {
+        let entry = range.gate().try_enqueue()?;
+        Some(OneGate {
+            range: NonNull::from(range),
+            entry,
+        })
+    }
+
+    /// [`EnqueueGate::clear`]: whether no bind or unbind entered since.
+    #[inline(always)]
+    pub(crate) fn clear(&self) -> bool {
+        // SAFETY: `enter`'s contract.
+        !unsafe { range(self.range) }.gate().busy(Side::Change)
+    }
+
+    /// Leaves the gate, as a drop does ([`EnqueueGate::end`]).
+    #[inline(always)]
+    pub(crate) fn end(self) {
+        drop(self);
+    }
+}
+
+impl<R: Gated> Drop for OneGate<R> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // SAFETY: `enter`'s contract.
+        unsafe { range(self.range) }
+            .gate()
+            .leave(Side::Enqueue, self.entry);
+    }
+}
+
+/// What ends an enqueue's gate after its record: [`EnqueueGate`] and
+/// [`OneGate`], for the code they share (`copy/enqueue.rs`).
+pub(crate) trait EndGate {
+    /// Leaves the gate(s).
+    fn end(self);
+}
+
+impl<R: Gated> EndGate for EnqueueGate<R> {
+    #[inline(always)]
+    fn end(self) {
+        EnqueueGate::end(self);
+    }
+}
+
+impl<R: Gated> EndGate for OneGate<R> {
+    #[inline(always)]
+    fn end(self) {
+        OneGate::end(self);
+    }
+}
+
 /// A bind or an unbind inside the gate of its range.
 pub(crate) struct ChangeGate<'r, R: Gated> {
     range: &'r R,

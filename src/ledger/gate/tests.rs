@@ -3,7 +3,7 @@
 //! (`ci/loom.sh`: `--cfg loom`, `LOOM_MAX_PREEMPTIONS=2`) every
 //! interleaving; without, one run of each on real threads.
 
-use super::{ChangeGate, EnqueueGate, Gate, Gated};
+use super::{ChangeGate, EnqueueGate, Gate, Gated, OneGate};
 use crate::Error;
 use crate::sync::Mutex;
 use std::sync::Arc;
@@ -93,6 +93,33 @@ fn enqueue(r: &Arc<Range>) -> bool {
     true
 }
 
+/// The one-put lane's use of the gate (`Stream::enqueue_one`): one try of
+/// [`OneGate`], the general [`enqueue`] when a bind or an unbind is inside
+/// or entered before the checks ended.
+fn enqueue_lane(r: &Arc<Range>) -> bool {
+    // SAFETY: `r` holds the range past the gate's end.
+    if let Some(gate) = unsafe { OneGate::enter(&**r) } {
+        if !*lock(&r.record) {
+            return false; // F9: not bound
+        }
+        if gate.clear() {
+            {
+                let mut d = lock(&r.driver);
+                if d.bound {
+                    d.copies += 1;
+                } else {
+                    d.strays += 1;
+                }
+            }
+            *lock(&r.in_flight) = true;
+            gate.end();
+            return true;
+        }
+        gate.end();
+    }
+    enqueue(r)
+}
+
 /// `Binding::unbind`'s: settle, then the driver, then the record.
 fn unbind(r: &Range) {
     let Ok(gate) = ChangeGate::unbind(r, 0) else {
@@ -152,6 +179,34 @@ fn f4_two_enqueues_and_an_unbind_on_three_threads_never_meet() {
         for c in copiers {
             let _ = c.join();
         }
+        assert_clean(&r);
+    });
+}
+
+#[test]
+fn f4_the_one_put_lanes_enqueue_and_an_unbind_on_two_threads_never_meet() {
+    model(|| {
+        let r = range(true);
+        let copier = {
+            let r = r.clone();
+            thread::spawn(move || enqueue_lane(&r))
+        };
+        unbind(&r);
+        let _ = copier.join();
+        assert_clean(&r);
+    });
+}
+
+#[test]
+fn r13_3_the_one_put_lanes_enqueue_never_reaches_the_driver_on_a_bind_not_yet_made() {
+    model(|| {
+        let r = range(false);
+        let binder = {
+            let r = r.clone();
+            thread::spawn(move || bind(&r))
+        };
+        enqueue_lane(&r);
+        let _ = binder.join();
         assert_clean(&r);
     });
 }

@@ -1,0 +1,172 @@
+//! The footprint of one put (issue 30): the lines of code and data a typed
+//! one-put batch reads from memory when the caches were emptied first, as
+//! a real driver call leaves them, against the raw call's, on the fabric
+//! path (`cuFabricCpyBatchAsync`) and on the portable path
+//! (`cuMemcpyAsync`, the H200's), on a pass-through driver.
+//!
+//! ```sh
+//! cargo install gungraun-runner --version 0.20.0
+//! cargo bench -p cuda-endpoints-benches --bench copy_cold
+//! ```
+//!
+//! Each bench's setup empties Callgrind's simulated caches
+//! ([`common::COLD_CACHES`]: 32 KiB L1s and a 2 MiB last level, a server
+//! core's L2) by [`common::evict_caches`]; the benchmark function then reads
+//! each line it touches from memory once, and Callgrind's "RAM Hits" count
+//! them. On the H200 the typed layer's time over a raw `cuMemcpyAsync`
+//! follows these lines more than its instructions (`benches/README.md`).
+//! The setup (context, endpoint, binding, mapped memory, stream) and the
+//! teardown (waiting the token) are not counted.
+
+mod common;
+
+use std::hint::black_box;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use cuda_endpoints::driver::{CopyOp, CopyOps, Driver, Operand, Pointer};
+use cuda_endpoints::{
+    Allocation, Binding, CopyBatch, CopyPath, Endpoint, InFlight, Mapped, Private, Ready, Spec,
+    Stream, Unicast,
+};
+use gungraun::Callgrind;
+use gungraun::prelude::*;
+
+use common::{COLD_CACHES, Fixture, Fresh, OWNER, SIZE, evict_caches, fixture};
+
+/// Bytes of the put.
+const OP: u64 = 64;
+
+/// The stream handle [`common::Null`] gives.
+const STREAM: u64 = 4;
+
+/// What both sides use on one path, made once per process and kept until
+/// it exits, so the typed side's borrows are `'static`.
+struct World {
+    fx: Fixture,
+    ep: Endpoint<Ready, Unicast>,
+    src: Mapped<Private>,
+    dst: Mapped<Private>,
+    stream: Stream,
+}
+
+fn world(path: CopyPath) -> &'static World {
+    static WORLDS: [OnceLock<&'static World>; 2] = [OnceLock::new(), OnceLock::new()];
+    WORLDS[usize::from(path == CopyPath::Portable)].get_or_init(|| {
+        let fx = fixture(Fresh::new());
+        fx.0.set_copy_path(path);
+        let ep =
+            fx.0.reserve_one()
+                .expect("reserve")
+                .create(Spec::unicast(OWNER, SIZE))
+                .expect("create")
+                .wait(Duration::ZERO)
+                .expect("wait");
+        let map = || {
+            Allocation::<Private>::on_device(&fx.0, OWNER, SIZE)
+                .expect("allocation")
+                .map(&[OWNER])
+                .expect("map")
+        };
+        let (src, dst) = (map(), map());
+        let stream = Stream::new(&fx.0, OWNER).expect("stream");
+        let w: &'static World = Box::leak(Box::new(World {
+            fx,
+            ep,
+            src,
+            dst,
+            stream,
+        }));
+        // By address: the bind makes the endpoint's window.
+        let b: Binding<'static> = w.ep.bind(OWNER, 0, &w.dst).expect("bind");
+        std::mem::forget(b); // bound for the whole process
+        // Warm-up: the spare, the stream's record list, the memo, as in a
+        // long-lived program.
+        for _ in 0..2 {
+            typed(w).expect("typed").wait().expect("wait");
+            raw(w, path);
+        }
+        w
+    })
+}
+
+/// One put through the typed API.
+#[inline(never)]
+fn typed(w: &'static World) -> cuda_endpoints::Result<InFlight<'static>> {
+    w.stream
+        .enqueue(CopyBatch::new().put(&w.src, 0, &w.ep, 0, OP))
+}
+
+/// The raw call a program makes for it on `path`.
+#[inline(never)]
+fn raw(w: &'static World, path: CopyPath) {
+    let d: &dyn Driver = &*w.fx.2;
+    if path == CopyPath::Portable {
+        // SAFETY: `Fresh` does nothing with the copy.
+        unsafe {
+            d.memcpy_async(
+                Pointer::device(w.dst.device_ptr()),
+                Pointer::device(w.src.device_ptr()),
+                OP,
+                STREAM,
+            )
+        }
+        .expect("memcpy_async");
+        return;
+    }
+    let ops: CopyOps = [CopyOp {
+        src: Operand::Pointer(Pointer::device(w.src.device_ptr())),
+        dst: Operand::LogicalEndpoint {
+            id: w.ep.id(),
+            offset: 0,
+        },
+        size: OP,
+    }]
+    .into();
+    // SAFETY: `Fresh` does nothing with the ops; the endpoint is ready and
+    // bound, the source mapped, both for the whole process.
+    unsafe { d.fabric_copy_batch(STREAM, ops, 0) }.expect("fabric_copy_batch");
+}
+
+fn s_fabric() -> &'static World {
+    let w = world(CopyPath::Fabric);
+    evict_caches();
+    w
+}
+
+fn s_portable() -> &'static World {
+    let w = world(CopyPath::Portable);
+    evict_caches();
+    w
+}
+
+fn waited(r: cuda_endpoints::Result<InFlight<'static>>) {
+    r.expect("enqueue").wait().expect("wait");
+}
+
+#[library_benchmark(config = LibraryBenchmarkConfig::default().tool(Callgrind::with_args(COLD_CACHES)))]
+#[bench::fabric(setup = s_fabric, teardown = waited)]
+#[bench::portable(setup = s_portable, teardown = waited)]
+fn copy_cold_typed(w: &'static World) -> cuda_endpoints::Result<InFlight<'static>> {
+    typed(black_box(w))
+}
+
+#[library_benchmark(config = LibraryBenchmarkConfig::default().tool(Callgrind::with_args(COLD_CACHES)))]
+#[bench::fabric(args = (CopyPath::Fabric), setup = s_raw)]
+#[bench::portable(args = (CopyPath::Portable), setup = s_raw)]
+fn copy_cold_raw((w, path): (&'static World, CopyPath)) {
+    raw(black_box(w), black_box(path));
+}
+
+fn s_raw(path: CopyPath) -> (&'static World, CopyPath) {
+    let w = world(path);
+    evict_caches();
+    (w, path)
+}
+
+library_benchmark_group!(
+    name = copy_cold,
+    benchmarks = [copy_cold_typed, copy_cold_raw]
+);
+
+main!(library_benchmark_groups = copy_cold);
