@@ -241,7 +241,7 @@ function emit(name, text) { f = out "/" name; printf "%s", text > f; close(f) }
     v = $0; sub(/^ *Instructions: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
     IR[cur] = v; ram = cur; cur = ""; next
 }
-# Callgrind's simulated caches: the lines a cold bench read from memory.
+# The simulated caches of Callgrind: the lines a cold bench read from memory.
 /^ *RAM Hits:/ && ram != "" {
     v = $0; sub(/^ *RAM Hits: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
     RAM[ram] = v; ram = ""; next
@@ -375,7 +375,7 @@ END {
     # One put after the caches were emptied (bench copy_cold, Null):
     # instructions and the lines read from memory, typed and raw.
     t = "| one put, caches emptied first | typed: instructions | lines from memory | raw: instructions | lines from memory | typed − raw: lines |\n| --- | ---: | ---: | ---: | ---: | ---: |\n"
-    split("fabric:fabric path (`cuFabricCpyBatchAsync`);portable:portable path (`cuMemcpyAsync`, the H200's)", cc, ";")
+    split("fabric:fabric path (`cuFabricCpyBatchAsync`);portable:portable path (`cuMemcpyAsync`, as on the H200)", cc, ";")
     for (i = 1; i <= 2; i++) {
         k = cc[i]; lbl = k; sub(/^[a-z_]+:/, "", lbl); sub(/:.*/, "", k)
         a = ir("copy_cold::copy_cold_typed " k); b = ir("copy_cold::copy_cold_raw " k)
