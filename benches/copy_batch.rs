@@ -23,12 +23,11 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use cuda_endpoints::driver::{CopyOp, CopyOps, Driver, Operand, Pointer};
 use cuda_endpoints::{
-    Allocation, Binding, CopyBatch, Endpoint, InFlight, Mapped, Private, Ready, Spec, Stream,
-    Strided, Unicast,
+    Allocation, Binding, CopyBatch, Endpoint, InFlight, Mapped, Private, Ready, Stream, Strided,
+    Unicast,
 };
 use gungraun::prelude::*;
 
@@ -54,13 +53,7 @@ fn world() -> &'static World {
         // The fabric copy (13.5's `cuFabricCpyBatchAsync`), whatever version
         // the pass-through driver reports.
         fx.0.set_copy_path(cuda_endpoints::CopyPath::Fabric);
-        let ep =
-            fx.0.reserve_one()
-                .expect("reserve")
-                .create(Spec::unicast(OWNER, SIZE))
-                .expect("create")
-                .wait(Duration::ZERO)
-                .expect("wait");
+        let ep = common::ready_unicast(&fx.0);
         let src = Allocation::<Private>::on_device(&fx.0, OWNER, SIZE)
             .expect("allocation")
             .map(&[OWNER])

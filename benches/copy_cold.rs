@@ -22,17 +22,13 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use cuda_endpoints::driver::{CopyOp, CopyOps, Driver, Operand, Pointer};
-use cuda_endpoints::{
-    Allocation, Binding, CopyBatch, CopyPath, Endpoint, InFlight, Mapped, Private, Ready, Spec,
-    Stream, Unicast,
-};
+use cuda_endpoints::{CopyBatch, CopyPath, InFlight};
 use gungraun::Callgrind;
 use gungraun::prelude::*;
 
-use common::{COLD_CACHES, Fixture, Fresh, OWNER, SIZE, evict_caches, fixture};
+use common::{COLD_CACHES, CopyWorld, Fresh, evict_caches};
 
 /// Bytes of the put.
 const OP: u64 = 64;
@@ -40,46 +36,12 @@ const OP: u64 = 64;
 /// The stream handle [`common::Null`] gives.
 const STREAM: u64 = 4;
 
-/// What both sides use on one path, made once per process and kept until
-/// it exits, so the typed side's borrows are `'static`.
-struct World {
-    fx: Fixture,
-    ep: Endpoint<Ready, Unicast>,
-    src: Mapped<Private>,
-    dst: Mapped<Private>,
-    stream: Stream,
-}
+type World = CopyWorld;
 
 fn world(path: CopyPath) -> &'static World {
     static WORLDS: [OnceLock<&'static World>; 2] = [OnceLock::new(), OnceLock::new()];
     WORLDS[usize::from(path == CopyPath::Portable)].get_or_init(|| {
-        let fx = fixture(Fresh::new());
-        fx.0.set_copy_path(path);
-        let ep =
-            fx.0.reserve_one()
-                .expect("reserve")
-                .create(Spec::unicast(OWNER, SIZE))
-                .expect("create")
-                .wait(Duration::ZERO)
-                .expect("wait");
-        let map = || {
-            Allocation::<Private>::on_device(&fx.0, OWNER, SIZE)
-                .expect("allocation")
-                .map(&[OWNER])
-                .expect("map")
-        };
-        let (src, dst) = (map(), map());
-        let stream = Stream::new(&fx.0, OWNER).expect("stream");
-        let w: &'static World = Box::leak(Box::new(World {
-            fx,
-            ep,
-            src,
-            dst,
-            stream,
-        }));
-        // By address: the bind makes the endpoint's window.
-        let b: Binding<'static> = w.ep.bind(OWNER, 0, &w.dst).expect("bind");
-        std::mem::forget(b); // bound for the whole process
+        let w = CopyWorld::new(Fresh::new(), path);
         // Warm-up: the spare, the stream's record list, the memo, as in a
         // long-lived program.
         for _ in 0..2 {

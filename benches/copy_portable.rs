@@ -25,16 +25,12 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use cuda_endpoints::driver::{Driver, MemcpyOp, MemcpyOps, Pointer};
-use cuda_endpoints::{
-    Allocation, Binding, CopyBatch, CopyPath, Endpoint, InFlight, Mapped, Private, Ready, Spec,
-    Stream, Unicast,
-};
+use cuda_endpoints::{CopyBatch, CopyPath, InFlight};
 use gungraun::prelude::*;
 
-use common::{Fixture, Fresh, OWNER, SIZE, fixture};
+use common::{CopyWorld, Fresh};
 
 /// Bytes per op.
 const OP: u64 = 64;
@@ -42,47 +38,12 @@ const OP: u64 = 64;
 /// The stream handle [`Null`] gives.
 const STREAM: u64 = 4;
 
-/// What both sides use, made once per process (each benchmark runs in its
-/// own process) and kept until it exits, so the typed side's borrows are
-/// `'static`.
-struct World {
-    fx: Fixture,
-    ep: Endpoint<Ready, Unicast>,
-    src: Mapped<Private>,
-    dst: Mapped<Private>,
-    stream: Stream,
-}
+type World = CopyWorld;
 
 fn world() -> &'static World {
     static WORLD: OnceLock<&'static World> = OnceLock::new();
     WORLD.get_or_init(|| {
-        let fx = fixture(Fresh::new());
-        fx.0.set_copy_path(CopyPath::Portable);
-        let ep =
-            fx.0.reserve_one()
-                .expect("reserve")
-                .create(Spec::unicast(OWNER, SIZE))
-                .expect("create")
-                .wait(Duration::ZERO)
-                .expect("wait");
-        let map = || {
-            Allocation::<Private>::on_device(&fx.0, OWNER, SIZE)
-                .expect("allocation")
-                .map(&[OWNER])
-                .expect("map")
-        };
-        let (src, dst) = (map(), map());
-        let stream = Stream::new(&fx.0, OWNER).expect("stream");
-        let w: &'static World = Box::leak(Box::new(World {
-            fx,
-            ep,
-            src,
-            dst,
-            stream,
-        }));
-        // By address: the bind makes the endpoint's window.
-        let b: Binding<'static> = w.ep.bind(OWNER, 0, &w.dst).expect("bind");
-        std::mem::forget(b); // bound for the whole process
+        let w = CopyWorld::new(Fresh::new(), CopyPath::Portable);
         // One warm-up batch of each size: caches and allocator as in a
         // long-lived program.
         for n in [1, 64, 1024] {

@@ -28,7 +28,10 @@ use std::time::Duration;
 use cuda_endpoints::driver::{
     AllocationRequest, Driver, DriverResult, EndpointProps, FabricHandleBytes, Limits, Shape,
 };
-use cuda_endpoints::{Allocation, Context, Endpoint, Pending, ReadyList, Spec, Unicast, wait_all};
+use cuda_endpoints::{
+    Allocation, Binding, Context, CopyPath, Endpoint, Mapped, Pending, Private, Ready, ReadyList,
+    Spec, Stream, Unicast, wait_all,
+};
 use cuda_endpoints::{Device, Location};
 
 /// Bytes per endpoint and per allocation: one bind alignment of the model's
@@ -327,4 +330,54 @@ fn long_code(mut x: u64) -> u64 {
         x = black_box(x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }}}}}}
     x
+}
+
+/// A ready unicast endpoint of [`SIZE`] owned by [`OWNER`].
+pub fn ready_unicast(ctx: &Context) -> Endpoint<Ready, Unicast> {
+    ctx.reserve_one()
+        .expect("reserve")
+        .create(Spec::unicast(OWNER, SIZE))
+        .expect("create")
+        .wait(Duration::ZERO)
+        .expect("wait")
+}
+
+/// What the copy benches' two sides use, made once per process and kept
+/// until it exits, so the typed side's borrows are `'static`: a context on
+/// [`CopyWorld::new`]'s driver taking its copy path, a unicast endpoint
+/// bound by address (which gives it a window) to `dst` for the whole
+/// process, the source `src`, and a stream, all on [`OWNER`].
+pub struct CopyWorld {
+    pub fx: Fixture,
+    pub ep: Endpoint<Ready, Unicast>,
+    pub src: Mapped<Private>,
+    pub dst: Mapped<Private>,
+    pub stream: Stream,
+}
+
+impl CopyWorld {
+    /// The world on `driver`, copies on `path`.
+    pub fn new(driver: impl Driver + 'static, path: CopyPath) -> &'static CopyWorld {
+        let fx = fixture(driver);
+        fx.0.set_copy_path(path);
+        let ep = ready_unicast(&fx.0);
+        let map = || {
+            Allocation::<Private>::on_device(&fx.0, OWNER, SIZE)
+                .expect("allocation")
+                .map(&[OWNER])
+                .expect("map")
+        };
+        let (src, dst) = (map(), map());
+        let stream = Stream::new(&fx.0, OWNER).expect("stream");
+        let w: &'static CopyWorld = Box::leak(Box::new(CopyWorld {
+            fx,
+            ep,
+            src,
+            dst,
+            stream,
+        }));
+        let b: Binding<'static> = w.ep.bind(OWNER, 0, &w.dst).expect("bind");
+        std::mem::forget(b); // bound for the whole process
+        w
+    }
 }

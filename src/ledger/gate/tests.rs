@@ -79,6 +79,14 @@ fn enqueue(r: &Arc<Range>) -> bool {
             unreachable!("{e}")
         }
     };
+    copy(r);
+    // As the enqueue leaves on its usual path.
+    gate.end();
+    true
+}
+
+/// The copy inside the gate: the driver takes it, the stream records it.
+fn copy(r: &Range) {
     {
         let mut d = lock(&r.driver);
         if d.bound {
@@ -88,9 +96,6 @@ fn enqueue(r: &Arc<Range>) -> bool {
         }
     }
     *lock(&r.in_flight) = true;
-    // As the enqueue leaves on its usual path.
-    gate.end();
-    true
 }
 
 /// The one-put lane's use of the gate (`Stream::enqueue_one`): one try of
@@ -103,15 +108,7 @@ fn enqueue_lane(r: &Arc<Range>) -> bool {
             return false; // F9: not bound
         }
         if gate.clear() {
-            {
-                let mut d = lock(&r.driver);
-                if d.bound {
-                    d.copies += 1;
-                } else {
-                    d.strays += 1;
-                }
-            }
-            *lock(&r.in_flight) = true;
+            copy(r);
             gate.end();
             return true;
         }
@@ -151,9 +148,10 @@ fn assert_clean(r: &Range) {
     assert_eq!((d.strays, d.unsettled), (0, 0), "a copy met an unbind");
 }
 
-#[test]
-fn f4_an_enqueue_and_an_unbind_on_two_threads_never_meet() {
-    model(|| {
+/// An enqueue (`enqueue`, or the lane's `enqueue_lane`) on one thread and
+/// an unbind on another.
+fn an_enqueue_and_an_unbind(enqueue: fn(&Arc<Range>) -> bool) {
+    model(move || {
         let r = range(true);
         let copier = {
             let r = r.clone();
@@ -163,6 +161,34 @@ fn f4_an_enqueue_and_an_unbind_on_two_threads_never_meet() {
         let _ = copier.join();
         assert_clean(&r);
     });
+}
+
+/// An enqueue (`enqueue`, or the lane's `enqueue_lane`) on one thread and
+/// the bind it needs on another.
+fn an_enqueue_and_its_bind(enqueue: fn(&Arc<Range>) -> bool) {
+    model(move || {
+        // The bind on the other thread: the interleaving that breaks
+        // R13.3 (enter, the bind's record, checks, driver) is then two
+        // preemptions, within `LOOM_MAX_PREEMPTIONS=2`.
+        let r = range(false);
+        let binder = {
+            let r = r.clone();
+            thread::spawn(move || bind(&r))
+        };
+        enqueue(&r);
+        let _ = binder.join();
+        assert_clean(&r);
+    });
+}
+
+#[test]
+fn f4_an_enqueue_and_an_unbind_on_two_threads_never_meet() {
+    an_enqueue_and_an_unbind(enqueue);
+}
+
+#[test]
+fn f4_the_one_put_lanes_enqueue_and_an_unbind_on_two_threads_never_meet() {
+    an_enqueue_and_an_unbind(enqueue_lane);
 }
 
 #[test]
@@ -184,48 +210,13 @@ fn f4_two_enqueues_and_an_unbind_on_three_threads_never_meet() {
 }
 
 #[test]
-fn f4_the_one_put_lanes_enqueue_and_an_unbind_on_two_threads_never_meet() {
-    model(|| {
-        let r = range(true);
-        let copier = {
-            let r = r.clone();
-            thread::spawn(move || enqueue_lane(&r))
-        };
-        unbind(&r);
-        let _ = copier.join();
-        assert_clean(&r);
-    });
-}
-
-#[test]
 fn r13_3_the_one_put_lanes_enqueue_never_reaches_the_driver_on_a_bind_not_yet_made() {
-    model(|| {
-        let r = range(false);
-        let binder = {
-            let r = r.clone();
-            thread::spawn(move || bind(&r))
-        };
-        enqueue_lane(&r);
-        let _ = binder.join();
-        assert_clean(&r);
-    });
+    an_enqueue_and_its_bind(enqueue_lane);
 }
 
 #[test]
 fn r13_3_an_enqueue_never_reaches_the_driver_on_a_bind_not_yet_made() {
-    model(|| {
-        // The bind on the other thread: the interleaving that breaks
-        // R13.3 (enter, the bind's record, checks, driver) is then two
-        // preemptions, within `LOOM_MAX_PREEMPTIONS=2`.
-        let r = range(false);
-        let binder = {
-            let r = r.clone();
-            thread::spawn(move || bind(&r))
-        };
-        enqueue(&r);
-        let _ = binder.join();
-        assert_clean(&r);
-    });
+    an_enqueue_and_its_bind(enqueue);
 }
 
 #[test]
