@@ -510,57 +510,64 @@ fn a_panic_inside_the_stream_synchronize_of_a_tokens_wait_or_drop_leaks_nothing_
             (true, true, 0),
             (false, true, 0),
         ] {
-            let model = Model::new(ModelConfig {
-                driver_version: version,
-                ..ModelConfig::node(2)
-            });
-            let ctx = Context::new(Traced::new(model.clone()));
-            let ep = unicast(&ctx, 0, ALIGN);
-            let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
-            let b = ep.bind(Device(0), 0, &owner).unwrap();
-            let stream = Stream::new(&ctx, 0).unwrap();
-            let call = if event {
-                Call::EventSynchronize
-            } else {
-                Call::StreamSynchronize
-            };
-            let mut token = Some({
-                let t = stream
-                    .enqueue(
-                        CopyBatch::new()
-                            .put(&src, 0, &ep, 0, 4096)
-                            .put_host(vec![7; 64], &ep, 8192)
-                            .get_host(&ep, 100_000, 128),
-                    )
-                    .unwrap();
-                if event { t.with_event().unwrap() } else { t }
-            });
-            let r = tracing::subscriber::with_default(panic_after(call, nth), || {
-                catch_unwind(AssertUnwindSafe(|| {
-                    if wait {
-                        let _ = token.take().map(|t| t.wait());
-                    } else {
-                        drop(token.take());
-                    }
-                }))
-            });
-            let planned = r.is_err_and(|p| p.is::<Planned>());
-            drop(token);
-            let unbound = b.unbind();
-            drop(stream);
-            drop((ep, owner, src));
-            let teardown = ctx.take_teardown_errors();
-            drop(ctx);
-            let (v, live) = (model.violations(), model.live_node());
-            if !planned
-                || unbound.is_err()
-                || !v.is_empty()
-                || !live.is_empty()
-                || !teardown.is_empty()
-            {
-                failures.push(format!(
+            // A case whose layer never saw the call (`tracing`'s callsite
+            // interest, shared by every thread's subscriber, may miss one
+            // while other tests' subscribers come and go) ran nothing it
+            // tests: it runs again, a few times at most.
+            for attempt in 0..4 {
+                let model = Model::new(ModelConfig {
+                    driver_version: version,
+                    ..ModelConfig::node(2)
+                });
+                let ctx = Context::new(Traced::new(model.clone()));
+                let ep = unicast(&ctx, 0, ALIGN);
+                let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
+                let b = ep.bind(Device(0), 0, &owner).unwrap();
+                let stream = Stream::new(&ctx, 0).unwrap();
+                let call = if event {
+                    Call::EventSynchronize
+                } else {
+                    Call::StreamSynchronize
+                };
+                let mut token = Some({
+                    let t = stream
+                        .enqueue(
+                            CopyBatch::new()
+                                .put(&src, 0, &ep, 0, 4096)
+                                .put_host(vec![7; 64], &ep, 8192)
+                                .get_host(&ep, 100_000, 128),
+                        )
+                        .unwrap();
+                    if event { t.with_event().unwrap() } else { t }
+                });
+                let r = tracing::subscriber::with_default(panic_after(call, nth), || {
+                    catch_unwind(AssertUnwindSafe(|| {
+                        if wait {
+                            let _ = token.take().map(|t| t.wait());
+                        } else {
+                            drop(token.take());
+                        }
+                    }))
+                });
+                let planned = r.is_err_and(|p| p.is::<Planned>());
+                drop(token);
+                let unbound = b.unbind();
+                drop(stream);
+                drop((ep, owner, src));
+                let teardown = ctx.take_teardown_errors();
+                drop(ctx);
+                let (v, live) = (model.violations(), model.live_node());
+                let clean =
+                    unbound.is_ok() && v.is_empty() && live.is_empty() && teardown.is_empty();
+                if clean && !planned && attempt < 3 {
+                    continue;
+                }
+                if !planned || !clean {
+                    failures.push(format!(
                     "driver {version} wait {wait} event {event}: planned panic {planned}, unbind {unbound:?}, violations {v:?}, leak {live:?}, teardown {teardown:?}"
                 ));
+                }
+                break;
             }
         }
     }
@@ -818,7 +825,13 @@ fn f8_captures_on_one_thread_and_unbinds_on_another_on_one_range_never_meet_nor_
         let errors = std::sync::Mutex::new(Vec::new());
         std::thread::scope(|s| {
             s.spawn(|| {
-                for i in 0..200usize {
+                // 200 binds, then more until an unbind met a graph
+                // (bounded): on a busy machine the capturing thread may
+                // not have run beside the first 200, and the race this
+                // test asserts on would not have been run.
+                let mut i = 0usize;
+                while i < 200 || (under.load(Ordering::SeqCst) == 0 && i < 20_000) {
+                    i += 1;
                     let k = i % 8;
                     // Err: kept bound after an unbind under a graph.
                     let Ok(bd) = ep.bind(Device(0), k as u64 * ALIGN, &chunks[k]) else {

@@ -9,6 +9,8 @@
 // The shared fixtures, once for the whole binary.
 #[path = "../common/backend.rs"]
 mod backend;
+#[path = "../common/children.rs"]
+mod children;
 #[path = "../common/mod.rs"]
 mod common;
 
