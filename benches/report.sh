@@ -239,12 +239,12 @@ function emit(name, text) { f = out "/" name; printf "%s", text > f; close(f) }
 }
 /^ *Instructions:/ && cur != "" {
     v = $0; sub(/^ *Instructions: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
-    IR[cur] = v; ram = cur; cur = ""; next
+    IR[cur] = v; ramkey = cur; cur = ""; next
 }
 # The simulated caches of Callgrind: the lines a cold bench read from memory.
-/^ *RAM Hits:/ && ram != "" {
+/^ *RAM Hits:/ && ramkey != "" {
     v = $0; sub(/^ *RAM Hits: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
-    RAM[ram] = v; ram = ""; next
+    RAM[ramkey] = v; ramkey = ""; next
 }
 
 # readiness_heap
