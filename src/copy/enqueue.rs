@@ -105,7 +105,11 @@ impl Stream {
             && let [(range, _)] = &inner.keep.endpoints[..]
             // SAFETY: as in `enqueue_state`: the range is the one of the
             // endpoint the batch borrowed for 'a. (A bind or unbind inside
-            // it: the general path waits for it.)
+            // it: the general path waits for it.) The gain of a gate of one
+            // range over `EnqueueGate` (`Null`): a one-put batch 590 -> 578
+            // instructions, portable 754 -> 745; lines of code it reads
+            // after the caches were emptied 57 -> 51, portable 70 -> 66
+            // (`benches/copy_batch.rs`, `copy_portable.rs`, `copy_cold.rs`).
             && let Some(gate) = unsafe { crate::ledger::gate::OneGate::enter(&**range) }
         {
             if inner.one_put_stands() && gate.clear() {

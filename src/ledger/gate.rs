@@ -477,7 +477,8 @@ impl<R: Gated> OneGate<R> {
     /// [`EnqueueGate::clear`]: whether no bind or unbind entered since.
     #[inline(always)]
     pub(crate) fn clear(&self) -> bool {
-        // SAFETY: `enter`'s contract.
+        // SAFETY: `enter`'s contract. (By address, as `EnqueueGate`: the
+        // gain is `Stream::enqueue_one`'s, `copy/enqueue.rs`.)
         !unsafe { range(self.range) }.gate().busy(Side::Change)
     }
 
@@ -491,7 +492,8 @@ impl<R: Gated> OneGate<R> {
 impl<R: Gated> Drop for OneGate<R> {
     #[inline(always)]
     fn drop(&mut self) {
-        // SAFETY: `enter`'s contract.
+        // SAFETY: `enter`'s contract. (By address, as `EnqueueGate`: the
+        // gain is `Stream::enqueue_one`'s, `copy/enqueue.rs`.)
         unsafe { range(self.range) }
             .gate()
             .leave(Side::Enqueue, self.entry);
