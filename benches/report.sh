@@ -223,7 +223,7 @@ function dur(s,   v, u) {
     return round(v) " " u
 }
 function ir(key) { if (!(key in IR)) { missing = missing " " key; return 0 } return IR[key] }
-function ram(key) { if (!(key in RAM)) { missing = missing " RAM:" key; return 0 } return RAM[key] }
+function lines(key, k) { if (!((key, k) in LINES)) { missing = missing " " k ":" key; return 0 } return LINES[key, k] }
 function emit(name, text) { f = out "/" name; printf "%s", text > f; close(f) }
 
 /^# report: / { sub(/^# report: /, ""); k = $0; sub(/=.*/, "", k); v = $0; sub(/^[^=]*=/, "", v); META[k] = v; next }
@@ -241,10 +241,12 @@ function emit(name, text) { f = out "/" name; printf "%s", text > f; close(f) }
     v = $0; sub(/^ *Instructions: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
     IR[cur] = v; ramkey = cur; cur = ""; next
 }
-# The simulated caches of Callgrind: the lines a cold bench read from memory.
-/^ *RAM Hits:/ && ramkey != "" {
-    v = $0; sub(/^ *RAM Hits: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
-    RAM[ramkey] = v; ramkey = ""; next
+# The simulated caches of Callgrind: the lines a cold bench read from
+# memory, of code (ILmr), data read (DLmr) and data written (DLmw).
+/^ *(ILmr|DLmr|DLmw):/ && ramkey != "" {
+    k = $1; sub(/:$/, "", k)
+    v = $0; sub(/^ *[A-Za-z]+: */, "", v); sub(/[|].*/, "", v); gsub(/ /, "", v)
+    LINES[ramkey, k] = v; if (k == "DLmw") ramkey = ""; next
 }
 
 # readiness_heap
@@ -372,15 +374,18 @@ END {
     }
     emit("copy_portable", t)
 
-    # One put after the caches were emptied (bench copy_cold, Null):
-    # instructions and the lines read from memory, typed and raw.
-    t = "| one put, caches emptied first | typed: instructions | lines from memory | raw: instructions | lines from memory | typed − raw: lines |\n| --- | ---: | ---: | ---: | ---: | ---: |\n"
+    # One put after the caches were emptied (bench copy_cold, Fresh: Null
+    # with a fresh address per reservation): instructions and the lines
+    # read from memory, code apart from data.
+    t = "| one put, caches emptied first | typed: instructions | lines of code | of data (read + written) | raw: instructions | lines of code | of data | typed − raw: lines of code |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     split("fabric:fabric path (`cuFabricCpyBatchAsync`);portable:portable path (`cuMemcpyAsync`, as on the H200)", cc, ";")
     for (i = 1; i <= 2; i++) {
         k = cc[i]; lbl = k; sub(/^[a-z_]+:/, "", lbl); sub(/:.*/, "", k)
-        a = ir("copy_cold::copy_cold_typed " k); b = ir("copy_cold::copy_cold_raw " k)
-        ra = ram("copy_cold::copy_cold_typed " k); rb = ram("copy_cold::copy_cold_raw " k)
-        t = t sprintf("| %s | %s | %s | %s | %s | %s |\n", lbl, commas(a), commas(ra), commas(b), commas(rb), signed(ra - rb))
+        ty = "copy_cold::copy_cold_typed " k; rw = "copy_cold::copy_cold_raw " k
+        a = ir(ty); b = ir(rw)
+        ca = lines(ty, "ILmr"); cb = lines(rw, "ILmr")
+        da = lines(ty, "DLmr") + lines(ty, "DLmw"); db = lines(rw, "DLmr") + lines(rw, "DLmw")
+        t = t sprintf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", lbl, commas(a), commas(ca), commas(da), commas(b), commas(cb), commas(db), signed(ca - cb))
     }
     emit("copy_cold", t)
 

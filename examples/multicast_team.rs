@@ -3,8 +3,8 @@
 //! wait for readiness, bind one allocation per device, then tear it all down.
 //!
 //! ```text
-//! cargo run --example multicast_team                 # reference model, 4 GPUs
-//! cargo run --example multicast_team -- --driver cuda  # the real driver
+//! cargo run --example multicast_team --features model                 # reference model, 4 GPUs
+//! cargo run --example multicast_team --features model -- --driver cuda  # the real driver
 //! ```
 //!
 //! Exits 0 when it ran (also when the machine reports logical endpoints

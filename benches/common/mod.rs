@@ -299,11 +299,13 @@ pub const COLD_CACHES: [&str; 3] = ["I1=32768,8,64", "D1=32768,8,64", "LL=209715
 
 /// Evicts every line of [`COLD_CACHES`]' simulated caches, code and data:
 /// writes a line of every 64 bytes of 8 MiB, then runs 4,096 multiplies
-/// laid one after another (about 50 KiB of code). Called by a cold bench's
+/// laid one after another (about 76 KiB of code: 19 bytes each, through
+/// the stack for `black_box`). Called by a cold bench's
 /// setup, outside what is counted: the bench then reads every line it
-/// touches from memory once, and Callgrind's "RAM Hits" are its footprint
-/// (issue 30: on the H200 the typed layer's time over raw is its lines
-/// after the driver call pushed them out, not its instructions).
+/// touches from memory once, and Callgrind's misses of the last level are
+/// its footprint: of code (`ILmr`), of data read and written (`DLmr`,
+/// `DLmw`; these move by a few lines with the stack's alignment, which
+/// follows the length of the binary's path, so compare code lines).
 #[inline(never)]
 pub fn evict_caches() {
     const BYTES: usize = 8 << 20;

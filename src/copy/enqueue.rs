@@ -109,7 +109,8 @@ impl Stream {
             // range over `EnqueueGate` (`Null`): a one-put batch 590 -> 578
             // instructions, portable 754 -> 745; lines of code it reads
             // after the caches were emptied 57 -> 51, portable 70 -> 66
-            // (`benches/copy_batch.rs`, `copy_portable.rs`, `copy_cold.rs`).
+            // (`benches/copy_batch.rs`, `copy_portable.rs`, `copy_cold.rs`,
+            // at `6389b46`).
             && let Some(gate) = unsafe { crate::ledger::gate::OneGate::enter(&**range) }
         {
             if inner.one_put_stands() && gate.clear() {
