@@ -408,6 +408,21 @@ impl Cursor {
         putting: false,
         run: 0,
     };
+
+    /// Its fields that say it names a memory or an endpoint, as in
+    /// [`Cursor::NONE`]: the rest are read only once these name something,
+    /// and are written then.
+    #[inline(always)]
+    fn names(&self) -> (usize, usize, u64, u64, bool) {
+        (self.mem, self.ep_at, self.ep, self.put_from, self.putting)
+    }
+
+    /// Names nothing, as [`Cursor::NONE`] does, by [`Cursor::names`] alone.
+    #[inline(always)]
+    fn forget(&mut self) {
+        (self.mem, self.ep_at, self.ep, self.put_from, self.putting) =
+            (0, 0, u64::MAX, u64::MAX, false);
+    }
 }
 
 /// What the checks need of one endpoint of the batch, read once however
@@ -584,7 +599,7 @@ impl BatchInner {
             && self.host.is_none()
             && self.error.is_none()
             && self.ep_error.is_none()
-            && (c.mem, c.ep_at, c.ep, c.put_from, c.putting) == (0, 0, u64::MAX, u64::MAX, false)
+            && c.names() == Cursor::NONE.names()
             && self.put_last.is_none()
             && self.get_end == 0
             && !(self.unordered || self.puts || self.gets)

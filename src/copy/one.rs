@@ -322,13 +322,9 @@ impl BatchInner {
     /// these three besides).
     #[inline(always)]
     pub(super) fn one_put_done(&mut self) {
-        // The cursor's fields that say it names something, as in
-        // `Cursor::NONE` (what `is_reset` tests): the rest are read only
-        // once these name a memory or an endpoint, and are written then.
-        // Not the whole `NONE`: its copy was two lines of constants read
-        // after the driver's call (`benches/copy_cold.rs`).
-        let c = &mut self.cursor;
-        (c.mem, c.ep_at, c.ep, c.put_from, c.putting) = (0, 0, u64::MAX, u64::MAX, false);
+        // Not the whole `Cursor::NONE`: its copy was two lines of constants
+        // read after the driver's call (`benches/copy_cold.rs`).
+        self.cursor.forget();
         self.put_last = None;
         self.puts = false;
     }
