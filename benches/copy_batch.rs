@@ -26,8 +26,8 @@ use std::sync::OnceLock;
 
 use cuda_endpoints::driver::{CopyOp, CopyOps, Driver, Operand, Pointer};
 use cuda_endpoints::{
-    Allocation, Binding, CopyBatch, Endpoint, InFlight, Mapped, Private, Ready, Stream, Strided,
-    Unicast,
+    Allocation, Binding, CopyBatch, Endpoint, InFlight, Mapped, Private, Ready, Route, Stream,
+    Strided, Unicast,
 };
 use gungraun::prelude::*;
 
@@ -141,6 +141,22 @@ fn copy_batch_raw((d, id, src, n): (&'static dyn Driver, u32, u64, u64)) {
     raw(black_box(d), 4, black_box(id), black_box(src), black_box(n));
 }
 
+/// A route (`Stream::route`) from the source to the endpoint, made once
+/// as a program would (its facts read then), for its one put.
+fn s_route(_: u64) -> &'static mut Route<'static, Private, Ready, Unicast> {
+    let w = world();
+    Box::leak(Box::new(w.stream.route(&w.src, &w.ep)))
+}
+
+// The one put of `copy_batch_typed@1`, through a route.
+#[library_benchmark]
+#[benches::ops(args = [1], setup = s_route, teardown = waited)]
+fn copy_batch_route(
+    route: &'static mut Route<'static, Private, Ready, Unicast>,
+) -> cuda_endpoints::Result<InFlight<'static>> {
+    black_box(route).put(0, 0, OP)
+}
+
 /// A typed batch of `n` puts in flight, for its wait.
 fn s_in_flight(n: u64) -> InFlight<'static> {
     typed(world(), n).expect("enqueue")
@@ -171,7 +187,8 @@ library_benchmark_group!(
         copy_batch_strided,
         copy_batch_raw,
         copy_batch_wait,
-        copy_batch_sync
+        copy_batch_sync,
+        copy_batch_route
     ]
 );
 

@@ -35,7 +35,7 @@ use cuda_endpoints::{CopyBatch, CopyPath, InFlight};
 use gungraun::prelude::*;
 use gungraun::{Callgrind, CallgrindMetrics, EventKind};
 
-use common::{COLD_CACHES, CopyWorld, Fresh, evict_caches};
+use common::{COLD_CACHES, CopyWorld, Fresh, WorldRoute, evict_caches};
 
 /// Bytes of the put.
 const OP: u64 = 64;
@@ -148,9 +148,23 @@ fn s_raw(path: CopyPath) -> (&'static World, CopyPath) {
     (w, path)
 }
 
+fn s_route(path: CopyPath) -> &'static mut WorldRoute {
+    let r = world(path).route();
+    evict_caches();
+    r
+}
+
+// The one put of `copy_cold_typed`, through a route.
+#[library_benchmark(config = LibraryBenchmarkConfig::default().tool(cold()))]
+#[bench::fabric(args = (CopyPath::Fabric), setup = s_route, teardown = waited)]
+#[bench::portable(args = (CopyPath::Portable), setup = s_route, teardown = waited)]
+fn copy_cold_route(route: &'static mut WorldRoute) -> cuda_endpoints::Result<InFlight<'static>> {
+    black_box(route).put(0, 0, OP)
+}
+
 library_benchmark_group!(
     name = copy_cold,
-    benchmarks = [copy_cold_typed, copy_cold_raw]
+    benchmarks = [copy_cold_typed, copy_cold_raw, copy_cold_route]
 );
 
 main!(library_benchmark_groups = copy_cold);

@@ -30,7 +30,7 @@ use cuda_endpoints::driver::{Driver, MemcpyOp, MemcpyOps, Pointer};
 use cuda_endpoints::{CopyBatch, CopyPath, InFlight};
 use gungraun::prelude::*;
 
-use common::{CopyWorld, Fresh};
+use common::{CopyWorld, Fresh, WorldRoute};
 
 /// Bytes per op.
 const OP: u64 = 64;
@@ -109,9 +109,22 @@ fn copy_portable_raw((d, dst, src, n): (&'static dyn Driver, u64, u64, u64)) {
     raw(black_box(d), black_box(dst), black_box(src), black_box(n));
 }
 
+fn s_route(_: u64) -> &'static mut WorldRoute {
+    world().route()
+}
+
+// The one put of `copy_portable_typed@1`, through a route.
+#[library_benchmark]
+#[benches::ops(args = [1], setup = s_route, teardown = waited)]
+fn copy_portable_route(
+    route: &'static mut WorldRoute,
+) -> cuda_endpoints::Result<InFlight<'static>> {
+    black_box(route).put(0, 0, OP)
+}
+
 library_benchmark_group!(
     name = copy_portable,
-    benchmarks = [copy_portable_typed, copy_portable_raw]
+    benchmarks = [copy_portable_typed, copy_portable_raw, copy_portable_route]
 );
 
 main!(library_benchmark_groups = copy_portable);

@@ -638,6 +638,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // sides, which the portable path grows into one copy; `GAP`: one
     // piece each).
     let mut arrays = BatchArrays::default();
+    // A route (`Stream::route`), made once as a program would: its one put
+    // is a batch of one put, checked the same, its facts read once.
+    let mut route = stream.route(&src, &ep);
     let mut small = |stride: u64| -> Result<Vec<Overhead>, Box<dyn std::error::Error>> {
         println!(
             "{:>6} {:<10} {:>8} {:>16} {:>8} {:>16} {:>10} {:>10}",
@@ -645,8 +648,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         let mut overheads = Vec::new();
         for n in [1u64, 64, 1024] {
-            let mut enq: [Vec<Duration>; 3] = Default::default();
-            let mut all: [Vec<Duration>; 3] = Default::default();
+            // typed, raw_loop, raw_batch, route (one put alone).
+            let mut enq: [Vec<Duration>; 4] = Default::default();
+            let mut all: [Vec<Duration>; 4] = Default::default();
             for _ in 0..reps {
                 let a = Instant::now();
                 let mut batch = CopyBatch::new();
@@ -671,33 +675,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     raw.sync();
                     all[2].push(a.elapsed());
                 }
+                if n == 1 {
+                    let a = Instant::now();
+                    let token = route.put(0, 0, SMALL)?;
+                    enq[3].push(a.elapsed());
+                    token.wait()?;
+                    all[3].push(a.elapsed());
+                }
             }
-            let e: Vec<_> = enq
-                .iter_mut()
-                .filter(|v| !v.is_empty())
-                .map(|v| stats(v))
-                .collect();
-            let w: Vec<_> = all
-                .iter_mut()
-                .filter(|v| !v.is_empty())
-                .map(|v| stats(v))
-                .collect();
-            let names = ["typed", "raw_loop", "raw_batch"];
-            for (k, ((em, el, eh), (wm, wl, wh))) in e.iter().zip(&w).enumerate() {
+            let names = ["typed", "raw_loop", "raw_batch", "route"];
+            let stat = |v: &mut Vec<Duration>| (!v.is_empty()).then(|| stats(v));
+            let e: Vec<_> = enq.iter_mut().map(stat).collect();
+            let w: Vec<_> = all.iter_mut().map(stat).collect();
+            let (Some(loop_e), Some(loop_w)) = (e[1], w[1]) else {
+                return Err("no raw loop measured".into());
+            };
+            for (k, name) in names.iter().enumerate() {
+                let (Some((em, el, eh)), Some((wm, wl, wh))) = (e[k], w[k]) else {
+                    continue;
+                };
                 println!(
                     "{:>6} {:<10} {:>8.1} {:>16} {:>8.1} {:>16} {:>10.3} {:>10.3}",
                     n,
-                    names[k],
-                    us(*em),
-                    format!("({:.1}-{:.1})", us(*el), us(*eh)),
-                    us(*wm),
-                    format!("({:.1}-{:.1})", us(*wl), us(*wh)),
-                    us(*em) / us(e[1].0),
-                    us(*wm) / us(w[1].0),
+                    name,
+                    us(em),
+                    format!("({:.1}-{:.1})", us(el), us(eh)),
+                    us(wm),
+                    format!("({:.1}-{:.1})", us(wl), us(wh)),
+                    us(em) / us(loop_e.0),
+                    us(wm) / us(loop_w.0),
                 );
             }
-            let over = |base: Duration| e[0].0.as_nanos() as f64 - base.as_nanos() as f64;
-            overheads.push((n, over(e[1].0), e.get(2).map(|b| over(b.0))));
+            let (Some(typed_e), raw_batch_e) = (e[0], e[2]) else {
+                return Err("no typed batch measured".into());
+            };
+            let over = |base: Duration| typed_e.0.as_nanos() as f64 - base.as_nanos() as f64;
+            overheads.push((n, over(loop_e.0), raw_batch_e.map(|b| over(b.0))));
         }
         Ok(overheads)
     };

@@ -215,8 +215,10 @@ pub mod reading_the_compiler {
     //! | `ep.destroy()` while a copy through `ep` is in flight | `E0505` cannot move out of `ep` because it is borrowed | wait the copy first, then unbind and destroy | F4 | `copy_destroy_while_in_flight` |
     //! | a host buffer used (or dropped) after `put_host` took it | `E0382` use of moved value | the batch owns the buffer until the copy is waited: `copy.wait()?` hands it back | F4 | `copy_drop_host_buffer_while_in_flight` |
     //! | `drop(src)` while a copy from `src` is in flight | `E0505` cannot move out of `src` because it is borrowed | wait the copy first, then unmap | F4 | `copy_drop_mapped_while_in_flight` |
+    //! | `drop(src)` while a put that `stream.route(&src, &ep)` made is in flight | `E0505` cannot move out of `src` because it is borrowed | wait the copy first, then unmap: its token borrows what the route borrows, past the route | F4 | `copy_route_drop_mapped_while_in_flight` |
     //! | unbinding a `BoundEndpoint` while a `CopyGraph` through it lives | `E0505` cannot move out of `bound` because it is borrowed | drop the graph first (after its last launch was waited), then unbind | F8 | `copy_graph_unbind_while_graph_lives` |
     //! | `heap.shrink(..)` while a copy through `heap.peer(r)` is in flight | `E0502` cannot borrow `heap` as mutable because it is also borrowed as immutable | wait every copy through the heap first: every rank stops using the top chunk before any rank unbinds it | R13.7 | `team_shrink_while_copy_in_flight` |
+    //! | `heap.grow(..)` while a route into `heap.own()` or `heap.peer(r)` lives | `E0502` cannot borrow `heap` as mutable because it is also borrowed as immutable | drop the route, grow, make a new route: a route read the endpoint's facts, the agreed top among them | R13.3 | `team_grow_while_route_lives` |
     //! | a peer's endpoint kept after its `OwnedPeers` is dropped | `E0505` cannot move out of `owned` because it is borrowed | use the peers only while the communicator lives; dropping it destroys every imported peer | R7, R13.7 | `team_peer_outlives_owned_peers` |
     //!
     //! A copy through an [`OwnedPeers`](crate::team::OwnedPeers) heap past its
@@ -401,6 +403,7 @@ pub mod misuse_cases {
         copy_drop_mapped_while_in_flight: E0505,
         copy_get_from_multicast: E0277,
         copy_graph_unbind_while_graph_lives: E0505,
+        copy_route_drop_mapped_while_in_flight: E0505,
         copy_unbind_while_in_flight: E0505,
         lint_binding_discarded: lint,
         memory_bind_on_imported_unicast: E0277,
@@ -435,6 +438,7 @@ pub mod misuse_cases {
         team_copy_before_agree_bound: E0277,
         team_copy_through_owned_endpoint_before_agreement: E0277,
         team_export_incomplete_not_exportable: E0277,
+        team_grow_while_route_lives: E0502,
         team_kernel_ref_incomplete: E0277,
         team_owned_after_unbind_all: E0382,
         team_unbind_all_of_one_member_alone: E0277,

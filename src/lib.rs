@@ -94,7 +94,7 @@ mod window;
 
 pub use binding::Binding;
 pub use context::{Context, CopyPath};
-pub use copy::{CanGet, Completed, CopyBatch, InFlight, Strided};
+pub use copy::{CanGet, Completed, CopyBatch, InFlight, Route, Strided};
 pub use cuda_endpoints_bootstrap as bootstrap;
 pub use cuda_endpoints_driver::{Device, Location};
 // Crate-private shorthands: these are public at `driver::` only.

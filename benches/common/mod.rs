@@ -30,7 +30,7 @@ use cuda_endpoints::driver::{
 };
 use cuda_endpoints::{
     Allocation, Binding, Context, CopyPath, Endpoint, Mapped, Pending, Private, Ready, ReadyList,
-    Spec, Stream, Unicast, wait_all,
+    Route, Spec, Stream, Unicast, wait_all,
 };
 use cuda_endpoints::{Device, Location};
 
@@ -355,6 +355,22 @@ pub struct CopyWorld {
     pub src: Mapped<Private>,
     pub dst: Mapped<Private>,
     pub stream: Stream,
+}
+
+/// A route of a world's one put (`Stream::route`).
+pub type WorldRoute = Route<'static, Private, Ready, Unicast>;
+
+impl CopyWorld {
+    /// A route from the source to the endpoint, made once as a program
+    /// would, and two of its puts waited (the stream's record list warm),
+    /// leaked for a bench's one call.
+    pub fn route(&'static self) -> &'static mut WorldRoute {
+        let route = Box::leak(Box::new(self.stream.route(&self.src, &self.ep)));
+        for _ in 0..2 {
+            route.put(0, 0, 64).expect("route").wait().expect("wait");
+        }
+        route
+    }
 }
 
 impl CopyWorld {

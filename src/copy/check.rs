@@ -425,7 +425,7 @@ impl BatchInner {
     }
 
     /// What the checks need of `ep`: once per endpoint of the batch.
-    fn facts<S: State, K: Kind>(ep: &Endpoint<S, K>) -> EpFacts {
+    pub(super) fn facts<S: State, K: Kind>(ep: &Endpoint<S, K>) -> EpFacts {
         let imported = imported::<K>();
         let devices = ep.devices();
         let bound_here = !imported && !devices.is_empty();

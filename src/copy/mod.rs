@@ -85,7 +85,7 @@
 //! checks as each op comes and at enqueue (ranges, F9, R13.3, F2);
 //! `independence.rs`: F3; `enqueue.rs`: `Stream::enqueue` and the fabric
 //! call; `one.rs`: the one-put lane; `in_flight.rs`: [`InFlight`] and
-//! [`Completed`]; `spare.rs`: the
+//! [`Completed`]; `route.rs`: [`Route`], a put prepared once; `spare.rs`: the
 //! process's spare batch state; `strided.rs`:
 //! [`Strided`]; `portable/`: the portable path.
 
@@ -108,11 +108,13 @@ mod in_flight;
 mod independence;
 mod one;
 mod portable;
+mod route;
 pub(crate) mod spare;
 mod strided;
 pub(crate) use enqueue::{FabricList, fabric_copy_error};
 pub use in_flight::{Completed, InFlight};
 pub(crate) use portable::local_binds;
+pub use route::Route;
 pub use strided::Strided;
 
 /// Kinds whose endpoint a get may read (F1: unicast only).

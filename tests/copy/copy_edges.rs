@@ -616,3 +616,105 @@ fn a_peers_claimed_endpoint_size_cannot_abort_this_process() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A route's put into an imported endpoint (the usual put into a peer,
+/// which the one-put lane leaves to the general path) is the batch of that
+/// put alone, as above: from another process of the model, across the
+/// owner's unbinds and binds, on the fabric path and on the portable path
+/// (there without a window: refused as the batch is).
+#[test]
+fn issue_30_a_routes_put_into_an_imported_endpoint_is_checked_as_the_batch_of_that_put() {
+    use cuda_endpoints::driver::Call;
+    use cuda_endpoints::{Exportable, FabricHandle, FabricShareable};
+    let (ctx, model) = node();
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(0, 2 * ALIGN).exportable())
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let owner: Mapped<FabricShareable> = common::mapped(&ctx, 0, ALIGN);
+    let mut bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
+    let handle =
+        FabricHandle::<Unicast<Exportable>>::from_bytes(&ep.export().unwrap().to_bytes()).unwrap();
+    let other = Context::new(model.spawn_process());
+    let peer = other
+        .reserve_one()
+        .unwrap()
+        .import(&handle)
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let (src, far) = (mapped(&other, 0), mapped(&other, 1));
+    let s = Stream::new(&other, 0).unwrap();
+    let outcome = |r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>| {
+        r.and_then(|t| t.wait())
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+    };
+    let copies = || {
+        [
+            Call::FabricCpyBatchAsync,
+            Call::MemcpyAsync,
+            Call::MemcpyBatchAsync,
+        ]
+        .map(|c| model.calls(c))
+        .iter()
+        .sum::<u64>()
+    };
+    let offsets = [0, 64, ALIGN - 64, 2 * ALIGN - 64, 2 * ALIGN, u64::MAX - 8];
+    for path in [CopyPath::Fabric, CopyPath::Portable] {
+        other.set_copy_path(path);
+        let mut early = [s.route(&src, &peer), s.route(&far, &peer)];
+        for unbound in [false, true, false] {
+            if unbound {
+                drop(bound.take());
+            } else if bound.is_none() {
+                bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
+            }
+            for (mem, mem_ref) in [&src, &far].into_iter().enumerate() {
+                for at in [0, ALIGN - 64, u64::MAX] {
+                    for size in [0, 64, 65] {
+                        for offset in offsets {
+                            let case = format!(
+                                "{path:?}, unbound {unbound}, memory {mem}, from {at}, size {size}, offset {offset}"
+                            );
+                            let calls = copies();
+                            let two = outcome(
+                                s.enqueue(
+                                    CopyBatch::new()
+                                        .put(mem_ref, at, &peer, offset, size)
+                                        .put(&src, 0, &peer, 0, 0),
+                                ),
+                            );
+                            let batch_calls = copies() - calls;
+                            let mut late = s.route(mem_ref, &peer);
+                            for (name, route) in [("early", &mut early[mem]), ("late", &mut late)] {
+                                let calls = copies();
+                                let one = outcome(route.put(at, offset, size));
+                                match (&one, &two) {
+                                    (Ok(()), Ok(())) => {}
+                                    (Err(a), Err(b)) if a == b => {}
+                                    _ => {
+                                        panic!("{case}, {name} route: {one:?}, as a batch {two:?}")
+                                    }
+                                }
+                                assert_eq!(copies() - calls, batch_calls, "{case}, {name} route");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    drop(s);
+    peer.destroy().unwrap().release().unwrap();
+    drop((src, far, bound));
+    drop(other);
+    ep.destroy().unwrap().release().unwrap();
+    drop(owner);
+    // The unbound rounds put into an endpoint with nothing bound (the
+    // peers' agreement is the program's, R13.3): the model says so.
+    let _ = model.violations();
+}

@@ -1555,6 +1555,174 @@ fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
     clean(&ctx, &model);
 }
 
+/// A route's put (`Stream::route`, `src/copy/route.rs`) is the batch of
+/// that put alone: on the fabric and the portable path, for every put of
+/// the sweep above and every change of the endpoint's bindings between the
+/// route's making and its put, it passes or is refused exactly as that
+/// put followed by another (the general checks), with the same error
+/// naming the same op; it makes the batch's driver calls (none when
+/// refused); and what passed put its bytes where the batch would. Two routes each time: one
+/// made at the start of the path, which lives through every change (its
+/// facts read again after each), and one made after the change.
+#[test]
+fn issue_30_a_routes_put_is_checked_as_the_batch_of_that_put() {
+    use cuda_endpoints::CopyPath;
+    use cuda_endpoints::driver::Call;
+    let (ctx, model) = node();
+    let s = Stream::new(&ctx, 0).unwrap();
+    // Bound on [0, ALIGN) of [0, 2 ALIGN).
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let owner = mapped(&ctx, 0);
+    let (src, far, half) = (mapped(&ctx, 0), mapped(&ctx, 1), mapped(&ctx, 0));
+    for (m, byte) in [(&src, 7u8), (&far, 9)] {
+        model
+            .write(m.device_ptr(), &vec![byte; ALIGN as usize])
+            .unwrap();
+    }
+    let mut bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
+    let (offsets, at, sizes) = if cfg!(miri) {
+        (vec![64, ALIGN], vec![0], vec![0, 64])
+    } else {
+        (
+            vec![
+                0,
+                64,
+                ALIGN - 64,
+                ALIGN,
+                2 * ALIGN - 64,
+                2 * ALIGN,
+                u64::MAX - 8,
+            ],
+            vec![0, ALIGN - 64, ALIGN, u64::MAX],
+            vec![0, 64, 65],
+        )
+    };
+    let outcome = |r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>| {
+        r.and_then(|t| t.wait())
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+    };
+    let copies = || {
+        [
+            Call::FabricCpyBatchAsync,
+            Call::MemcpyAsync,
+            Call::MemcpyBatchAsync,
+        ]
+        .map(|c| model.calls(c))
+        .iter()
+        .sum::<u64>()
+    };
+    for path in [CopyPath::Fabric, CopyPath::Portable] {
+        ctx.set_copy_path(path);
+        let mut early = [s.route(&src, &ep), s.route(&far, &ep)];
+        for (change, mem) in [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1)] {
+            let mem_ref = [&src, &far][mem];
+            for &from in &at {
+                for &size in &sizes {
+                    for &offset in &offsets {
+                        if change == 1 || change == 2 {
+                            drop(bound.take());
+                        }
+                        if change == 2 {
+                            bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
+                        }
+                        let other_half =
+                            (change == 3).then(|| ep.bind(Device(0), ALIGN, &half).unwrap());
+                        let case = format!(
+                            "{path:?}, change {change}, memory {mem}, from {from}, size {size}, offset {offset}"
+                        );
+                        // The owner's bytes cleared before each put, to
+                        // see where it wrote.
+                        let clear = || model.write(owner.device_ptr(), &[0; 256]).unwrap();
+                        clear();
+                        let calls = copies();
+                        let two = outcome(
+                            s.enqueue(
+                                CopyBatch::new()
+                                    .put(mem_ref, from, &ep, offset, size)
+                                    .put(&src, 0, &ep, 0, 0),
+                            ),
+                        );
+                        let by_batch = model.read(owner.device_ptr(), 256).unwrap();
+                        let batch_calls = copies() - calls;
+                        let mut late = s.route(mem_ref, &ep);
+                        for (name, route) in [("early", &mut early[mem]), ("late", &mut late)] {
+                            clear();
+                            let calls = copies();
+                            let one = outcome(route.put(from, offset, size));
+                            match (&one, &two) {
+                                (Ok(()), Ok(())) => {}
+                                (Err(a), Err(b)) if a == b => {}
+                                _ => panic!("{case}, {name} route: {one:?}, as a batch {two:?}"),
+                            }
+                            // As many as the batch (none when refused; none
+                            // for 0 bytes on the portable path).
+                            assert_eq!(
+                                copies() - calls,
+                                batch_calls,
+                                "{case}, {name} route: the driver's calls"
+                            );
+                            assert_eq!(
+                                model.read(owner.device_ptr(), 256).unwrap(),
+                                by_batch,
+                                "{case}, {name} route: the bytes the batch put"
+                            );
+                        }
+                        drop(other_half);
+                        if bound.is_none() {
+                            bound = Some(ep.bind(Device(0), 0, &owner).unwrap());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    drop(bound);
+    drop(s);
+    drop((ep, owner, src, far, half));
+    clean(&ctx, &model);
+}
+
+/// A route's put into a multicast endpoint lands in every member's bound
+/// memory, on both paths, as the batch of that put does; with a member
+/// unbound, it is refused as the batch is, before the driver.
+#[test]
+fn issue_30_a_routes_multicast_put_reaches_every_member_as_the_batchs() {
+    use cuda_endpoints::CopyPath;
+    let (ctx, model) = node();
+    let ep = team(&ctx, ALIGN);
+    let (m0, m1, src) = (mapped(&ctx, 0), mapped(&ctx, 1), mapped(&ctx, 0));
+    let b0 = ep.bind(Device(0), 0, &m0).unwrap();
+    let mut b1 = Some(ep.bind(Device(1), 0, &m1).unwrap());
+    model.write(src.device_ptr(), &[0xab; 100]).unwrap();
+    let s = Stream::new(&ctx, 0).unwrap();
+    for path in [CopyPath::Fabric, CopyPath::Portable] {
+        ctx.set_copy_path(path);
+        let mut route = s.route(&src, &ep);
+        for m in [&m0, &m1] {
+            model.write(m.device_ptr(), &[0; 108]).unwrap();
+        }
+        route.put(0, 8, 100).unwrap().wait().unwrap();
+        for m in [&m0, &m1] {
+            let got = model.read(m.device_ptr(), 108).unwrap();
+            assert_eq!(got[..8], [0; 8], "{path:?}");
+            assert_eq!(got[8..], [0xab; 100], "{path:?}");
+        }
+        drop(b1.take());
+        let by_batch = s
+            .enqueue(CopyBatch::new().put(&src, 0, &ep, 8, 100))
+            .map(|_| ())
+            .unwrap_err();
+        let by_route = route.put(0, 8, 100).map(|_| ()).unwrap_err();
+        assert_eq!(format!("{by_route:?}"), format!("{by_batch:?}"), "{path:?}");
+        b1 = Some(ep.bind(Device(1), 0, &m1).unwrap());
+    }
+    drop(s);
+    drop((b0, b1));
+    drop((src, m0, m1, ep));
+    clean(&ctx, &model);
+}
+
 /// F8 through the copy gate, for a batch of one put as for two (the
 /// one-put lane leaves the put's endpoint out of the batch's list until
 /// something reads it, and a capture enters the gate on that list): an

@@ -127,13 +127,15 @@ const OP: u64 = 64;
 
 /// The shapes of the batches counted, each of 1 to [`CopyOps::INLINE`] ops
 /// of [`OP`] bytes (`batch` in the test builds them).
-const SHAPES: [&str; 6] = [
+const SHAPES: [&str; 8] = [
     "puts with a gap between their destinations (one piece each on the portable path)",
     "puts laid end to end (grown into one piece on the portable path)",
     "gets",
     "one put_strided",
     "puts and a get of other bytes",
     "multicast puts (two members; on the portable path one copy each, so at most 2 ops there)",
+    "puts through a route (`Stream::route`), each its own batch",
+    "multicast puts through a route, each its own batch",
 ];
 
 /// The test's name in this binary, and the variable that makes a process
@@ -212,9 +214,12 @@ fn count_rounds() {
                 _ => (0..n).fold(b, |b, i| b.put(&src, i * OP, &team, i * OP, OP)),
             }
         };
+        // Made once, as a program would: their puts are counted.
+        let mut route = stream.route(&src, &ep);
+        let mut to_team = stream.route(&src, &team);
         // Allocations per shape in one round (an array: counting allocates
         // nothing).
-        let round = || {
+        let mut round = || {
             let mut per_shape = [0u64; SHAPES.len()];
             for (shape, count) in per_shape.iter_mut().enumerate() {
                 // On the portable path a multicast put is one copy per
@@ -225,7 +230,21 @@ fn count_rounds() {
                 };
                 for n in 1..=most {
                     let before = counted();
-                    stream.enqueue(batch(shape, n)).unwrap().wait().unwrap();
+                    match shape {
+                        6 => {
+                            for i in 0..n {
+                                route.put(i * OP, 2 * i * OP, OP).unwrap().wait().unwrap();
+                            }
+                        }
+                        7 => {
+                            for i in 0..n {
+                                to_team.put(i * OP, 2 * i * OP, OP).unwrap().wait().unwrap();
+                            }
+                        }
+                        _ => {
+                            stream.enqueue(batch(shape, n)).unwrap().wait().unwrap();
+                        }
+                    }
                     *count += counted() - before;
                 }
             }
@@ -240,6 +259,7 @@ fn count_rounds() {
                 "{path:?}, {name}: allocations in each of {ROUNDS} rounds of batches of 1 to {n_max} ops: {per_round:?}"
             );
         }
+        drop((route, to_team));
         drop((stream, bound, members));
         ep.destroy().unwrap().release().unwrap();
         team.destroy().unwrap().release().unwrap();

@@ -517,11 +517,20 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
             matches!(past, Error::CopyNotAgreed { offset, agreed: CHUNK, .. } if offset == CHUNK - 32),
             "rank {r}: {past:?}"
         );
+        // The same through a route into the peer's imported endpoint (its
+        // facts read once, the top among them): below the top through,
+        // past it refused the same. (Zeros: the bytes the peer reads.)
+        let src = chunk(ctx, dev);
+        let mut route = stream.route(&src, peers.peer(peer).unwrap());
+        route.put(0, CHUNK - 64, 64).unwrap().wait().unwrap();
+        let past_routed = route.put(0, CHUNK - 32, 64).map(drop).unwrap_err();
+        assert_eq!(format!("{past_routed:?}"), format!("{past:?}"), "rank {r}");
+        drop(route);
         boot.barrier(T).unwrap();
         assert_eq!(
             me.calls(Call::FabricCpyBatchAsync),
-            copies + 2,
-            "one copy per rank reached the driver"
+            copies + 4,
+            "two copies per rank reached the driver"
         );
         boot.barrier(T).unwrap();
         // After an agreed shrink the top is 0 again.
@@ -534,6 +543,7 @@ fn r13_3_a_copy_through_owned_peers_past_the_agreed_top_is_refused_before_the_dr
             "rank {r}: {after_shrink:?}"
         );
         drop(stream);
+        drop(src);
         peers.close(boot, T).unwrap();
         assert!(ctx.take_teardown_errors().is_empty());
     });

@@ -757,10 +757,11 @@ fn ready_unicast_and_memory(
     (ep, mapped_on_0(ctx))
 }
 
-/// A put enqueued, then a panic after the driver took it (`call`): the
-/// caller's memory, binding and endpoint are dropped while unwinding, with
-/// the copy still queued on the stream, which outlives them.
-fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call) {
+/// A put enqueued (as a batch, or through a route: `Stream::route`), then
+/// a panic after the driver took it (`call`): the caller's memory, binding
+/// and endpoint are dropped while unwinding, with the copy still queued on
+/// the stream, which outlives them.
+fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call, routed: bool) {
     quiet();
     let model = Model::new(ModelConfig {
         driver_version,
@@ -773,9 +774,13 @@ fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call) {
             let (ep, owner) = ready_unicast_and_memory(&ctx);
             let src = mapped_on_0(&ctx);
             let _b = ep.bind(Device(0), 0, &owner).unwrap();
-            let _copy = stream
-                .enqueue(cuda_endpoints::CopyBatch::new().put(&src, 0, &ep, 0, 4096))
-                .unwrap();
+            let _copy = if routed {
+                stream.route(&src, &ep).put(0, 0, 4096).unwrap()
+            } else {
+                stream
+                    .enqueue(cuda_endpoints::CopyBatch::new().put(&src, 0, &ep, 0, 4096))
+                    .unwrap()
+            };
         }))
     });
     assert!(r.is_err_and(|p| p.is::<Planned>()), "the planned panic");
@@ -788,12 +793,14 @@ fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call) {
 
 #[test]
 fn f4_a_panic_after_the_driver_took_a_fabric_copy_frees_nothing_the_copy_uses() {
-    panic_after_the_driver_took_a_put(13050, Call::FabricCpyBatchAsync);
+    panic_after_the_driver_took_a_put(13050, Call::FabricCpyBatchAsync, false);
+    panic_after_the_driver_took_a_put(13050, Call::FabricCpyBatchAsync, true);
 }
 
 #[test]
 fn f4_a_panic_after_the_driver_took_a_portable_copy_frees_nothing_the_copy_uses() {
-    panic_after_the_driver_took_a_put(13040, Call::MemcpyAsync);
+    panic_after_the_driver_took_a_put(13040, Call::MemcpyAsync, false);
+    panic_after_the_driver_took_a_put(13040, Call::MemcpyAsync, true);
 }
 
 /// A capture whose call `call` panics after the driver acted: nothing

@@ -1,7 +1,9 @@
 //! Data through endpoints, the right way: put, wait, get, wait; the host
 //! buffers come back from `wait`, and teardown runs in the borrow order.
 //! The put lends the endpoint through its binding (`copy_through`), so an
-//! unbind before the copy's `wait` would not compile.
+//! unbind before the copy's `wait` would not compile. A route
+//! (`Stream::route`) makes the same put many times, each waited before its
+//! memory is dropped.
 use std::time::Duration;
 
 use cuda_endpoints::model::ModelConfig;
@@ -25,6 +27,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .enqueue(CopyBatch::new().get_host(&ep, 128, 64))?
         .wait()?;
     assert_eq!(got.received[0], sent.sent[0]);
+    let src = Allocation::<Private>::on_device(&ctx, 0, 2 << 20)?.map(&[0])?;
+    {
+        let mut route = stream.route(&src, &ep);
+        for step in 0..4 {
+            route.put(step * 64, step * 64, 64)?.wait()?;
+        }
+    }
+    drop(src);
     drop(stream);
     bound.unbind()?;
     drop(owner);

@@ -252,6 +252,22 @@ mod view;
 use call::*;
 use view::*;
 
+/// [`view::one_piece`] of the batch of `op` alone on `endpoints`: the
+/// route's put (`copy/route.rs`).
+///
+/// # Safety
+/// As `one_piece`'s: the endpoints of `endpoints` are borrowed while the
+/// result is used.
+#[inline(always)]
+pub(crate) unsafe fn one_piece_of(
+    op: crate::driver::CopyOp,
+    endpoints: &[(std::sync::Arc<crate::ledger::RangeInner>, u32)],
+    memory: &mut crate::ledger::holds::KeepMemory,
+) -> Option<crate::driver::MemcpyOp> {
+    // SAFETY: the caller's contract.
+    unsafe { one_piece(std::slice::from_ref(&op), endpoints, memory) }
+}
+
 impl Stream {
     /// [`Stream::enqueue`] on the portable path, for a batch that passed
     /// every check of the fabric path: each endpoint operand resolved to its

@@ -1,0 +1,240 @@
+//! A put prepared once and made many times: [`Route`] (issue 30).
+//!
+//! What this file owns: [`Stream::route`], which pairs one local
+//! allocation, one endpoint and the stream, and reads once what every put
+//! between them would read again (the endpoint's facts, F2, the contexts);
+//! and [`Route::put`], a batch of one put at a few comparisons, the copy
+//! gate, the driver's call and the record, on either path.
+//!
+//! A route's put is the batch of that put alone, checked the same: it is
+//! taken here only where the one-put lane (`one.rs`) would take it (the
+//! memory and the endpoint of the stream's context, the memory on its
+//! device, the put inside the memory and inside the first interval bound
+//! on every device here, below a heap's agreed top, and, compared inside
+//! the gate, no bind or unbind since the facts were read), and for an
+//! imported endpoint too (inside it and below its agreed top). Anything else
+//! is enqueued as `CopyBatch::new().put(..)` is, which makes every check
+//! and names any error as it always has, and the facts are read again for
+//! the next put after a change. So what a put gets never depends on
+//! whether it went through a route (the test
+//! `data_path::issue_30_a_routes_put_is_checked_as_the_batch_of_that_put`).
+//!
+//! What it saves, on `Null` (`benches/copy_batch.rs`): the builder's state
+//! (taken from the spare, written, given back), the first put's checks
+//! against the memo of the last batch, and the erased put the lane reads
+//! back; the route's facts are its own, read once.
+
+use smallvec::SmallVec;
+
+use super::{BatchInner, CopyBatch, EpFacts, InFlight};
+use crate::CopyPath;
+use crate::driver::{Call, CopyOps};
+use crate::endpoint::Endpoint;
+use crate::error::Result;
+use crate::kind::{Kind, MemShare};
+use crate::ledger::gate::OneGate;
+use crate::ledger::holds::Keep;
+use crate::memory::{BindSource, Locality, Mapped};
+use crate::state::{Agreed, IsReady, State};
+use crate::stream::Stream;
+use crate::unwind::OnUnwindWith;
+
+/// Puts from one allocation into one endpoint on one stream, each its own
+/// batch: what a loop of small messages to one peer sends, prepared once
+/// as an MPI persistent request is ([`Stream::route`]).
+///
+/// Each [`Route::put`] is checked exactly as the batch of that put alone
+/// (`CopyBatch::new().put(..)`, enqueued on the stream) and answers the
+/// same; a route reads the endpoint's facts once rather than per batch,
+/// and again after a bind or unbind changed them. It borrows the memory,
+/// the endpoint and the stream, as the batches and tokens it makes do:
+/// freeing, unbinding or destroying them while it lives does not compile.
+///
+/// ```no_run
+/// # fn f(stream: &cuda_endpoints::Stream,
+/// #      src: &cuda_endpoints::Mapped<cuda_endpoints::Private>,
+/// #      peer: &cuda_endpoints::Endpoint<cuda_endpoints::Ready, cuda_endpoints::ImportedUnicast>)
+/// # -> cuda_endpoints::Result<()> {
+/// let mut route = stream.route(src, peer);
+/// for step in 0..100u64 {
+///     route.put(0, (step % 16) * 4096, 4096)?.wait()?;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Route<'a, H: MemShare, S: State, K: Kind> {
+    stream: &'a Stream,
+    src: &'a Mapped<H>,
+    ep: &'a Endpoint<S, K>,
+    /// The endpoint's facts, as a batch's first put reads them, and the
+    /// range's bindings generation they are current at (`None` while the
+    /// memory or the endpoint is not the usual one: every put then goes
+    /// as a batch).
+    facts: Option<(EpFacts, u64)>,
+    /// The memory's address and size (its end does not wrap).
+    mem: (u64, u64),
+}
+
+impl<H: MemShare, S: State, K: Kind> std::fmt::Debug for Route<'_, H, S, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route")
+            .field("stream", self.stream)
+            .field("endpoint", &self.ep.id())
+            .field("memory", &format_args!("{:#x}", self.mem.0))
+            .finish()
+    }
+}
+
+impl Stream {
+    /// A [`Route`] of puts from `src` into `ep` on this stream. Nothing is
+    /// checked yet: each put is checked as a batch of it alone.
+    pub fn route<'a, H: MemShare, S, K: Kind>(
+        &'a self,
+        src: &'a Mapped<H>,
+        ep: &'a Endpoint<S, K>,
+    ) -> Route<'a, H, S, K>
+    where
+        S: State + IsReady + Agreed,
+    {
+        let mut route = Route {
+            stream: self,
+            src,
+            ep,
+            facts: None,
+            mem: (src.device_ptr(), src.size()),
+        };
+        route.read_facts();
+        route
+    }
+}
+
+impl<'a, H: MemShare, S, K: Kind> Route<'a, H, S, K>
+where
+    S: State + IsReady + Agreed,
+{
+    /// Puts `size` bytes of the route's memory from `src_offset` into its
+    /// endpoint at `offset`: `CopyBatch::new().put(src, src_offset, ep,
+    /// offset, size)` enqueued on the route's stream, with its answer.
+    ///
+    /// # Errors
+    /// Those of [`Stream::enqueue`] for that batch.
+    #[inline]
+    pub fn put(&mut self, src_offset: u64, offset: u64, size: u64) -> Result<InFlight<'a>> {
+        if let Some(r) = self.put_usual(src_offset, offset, size) {
+            return r;
+        }
+        self.put_as_batch(src_offset, offset, size)
+    }
+
+    /// The put where the one-put lane would take it; `None` (nothing
+    /// enqueued, nothing held) for any other.
+    #[inline(always)]
+    fn put_usual(&self, at: u64, offset: u64, size: u64) -> Option<Result<InFlight<'a>>> {
+        let (facts, generation) = self.facts.as_ref()?;
+        let (ptr, len) = self.mem;
+        // `usual_first_put`'s memory check (its end's wrap checked when
+        // the facts were read).
+        if !(at < len && at.checked_add(size)? <= len) {
+            return None;
+        }
+        BatchInner::first_hit_of(facts, offset, size)?;
+        let range = self.ep.range();
+        // SAFETY: the range is the one of the endpoint the route borrows
+        // for 'a, past this call, where the gate ends.
+        let gate = unsafe { OneGate::enter(&**range) }?;
+        // Inside the gate: the facts are still the range's (F9, R13.3, as
+        // `one_put_stands`), and no bind or unbind entered.
+        if *generation != range.bindings_gen() || !gate.clear() {
+            return None;
+        }
+        let id = self.ep.id();
+        // No wrap: `at < len` and `ptr + len` does not.
+        let op = super::put_op(ptr.wrapping_add(at), id, offset, size);
+        let mut keep = Keep {
+            memory: SmallVec::from_buf([self.src.keep_alive()]),
+            endpoints: SmallVec::from_buf([(range.clone(), id)]),
+        };
+        let stream = &self.stream.inner;
+        let ctx = &stream.ctx;
+        let r = if ctx.copy_path() == CopyPath::Fabric {
+            let mut ops = CopyOps::new();
+            ops.push(op);
+            let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
+                stream.record(std::mem::take(k));
+            });
+            // SAFETY: as `Stream::enqueue_fabric`'s: the id is a ready
+            // endpoint borrowed for 'a (R13.1) and the op inside its bound
+            // interval (F9, the facts current, compared inside the gate);
+            // one op is independent (F3) and its memory local (F2, checked
+            // when the facts were read); flags 0 (F5), this stream (F6).
+            // Nothing is freed before the stream passed the op (F4): the
+            // record made below keeps the memory and the endpoint, as the
+            // guard does if the call unwinds.
+            let r = unsafe { ctx.driver().fabric_copy_batch(stream.handle, ops, 0) };
+            guard.disarm();
+            r.map_err(|code| super::enqueue::fabric_copy_error(ctx, code))
+        } else {
+            // SAFETY: the endpoint on `id` is borrowed for 'a.
+            let c =
+                unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?;
+            let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
+                stream.record(std::mem::take(k));
+            });
+            // SAFETY: as `Stream::memcpy_one`'s: local memory borrowed for
+            // 'a and a window's memory mapped here, checked to cover the
+            // bytes (F9) and apart (`one_piece`); the record made below
+            // keeps both until the stream passed the copy (F4).
+            let r = unsafe {
+                ctx.driver()
+                    .memcpy_async(c.dst, c.src, c.size, stream.handle)
+            };
+            guard.disarm();
+            r.map_err(|code| ctx.error(Call::MemcpyAsync, code))
+        };
+        Some(r.map(|()| {
+            let seq = stream.record(keep);
+            drop(gate);
+            InFlight::new(self.stream, None, seq)
+        }))
+    }
+
+    /// Any other put: the batch of it alone, and the facts read again if a
+    /// bind or an unbind changed them.
+    #[cold]
+    #[inline(never)]
+    fn put_as_batch(&mut self, at: u64, offset: u64, size: u64) -> Result<InFlight<'a>> {
+        let r = self
+            .stream
+            .enqueue(CopyBatch::new().put(self.src, at, self.ep, offset, size));
+        let stale = self
+            .facts
+            .as_ref()
+            .is_none_or(|(_, g)| *g != self.ep.range().bindings_gen());
+        if stale {
+            self.read_facts();
+        }
+        r
+    }
+
+    /// The endpoint's facts, where a put between the route's memory and
+    /// endpoint on its stream is the usual one: the memory of the stream's
+    /// context and on its device, its end not wrapping, the endpoint of
+    /// that context (F2, as `one.rs`'s `lane`). An endpoint bound here has
+    /// its generation read with its bindings, under the lock; an imported
+    /// one, whose facts change only with a heap's agreed top, has it read
+    /// before them, so that a change between the two reads makes them
+    /// stale, never current. (Unlike the lane, which keeps only a bound
+    /// endpoint's facts from one batch to the next, a route takes an
+    /// imported endpoint's too: the usual put into a peer.)
+    fn read_facts(&mut self) {
+        let (src, ep) = (self.src, self.ep);
+        let (ctx, dev) = (&self.stream.inner.ctx, self.stream.inner.dev);
+        let usual = matches!(src.locality(), Locality::Device(d) if d == dev)
+            && src.context().key() == ctx.key()
+            && ep.range().ctx.same(ctx)
+            && self.mem.0.checked_add(self.mem.1).is_some();
+        let before = ep.range().bindings_gen();
+        let facts = BatchInner::facts(ep);
+        let generation = facts.bindings_gen.unwrap_or(before);
+        self.facts = usual.then_some((facts, generation));
+    }
+}
