@@ -374,14 +374,24 @@ END {
     }
     emit("copy_portable", t)
 
+    # One put through a route (Stream::route, benches copy_batch and
+    # copy_portable, Null): against the batch of that put and raw. (Not
+    # r: ratio() writes the global r.)
+    t = "| one put of 64 B | a `CopyBatch` of it | `Route::put` | raw | batch / raw | route / raw | route − raw |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    a = ir("copy_batch::copy_batch_typed@1"); rt = ir("copy_batch::copy_batch_route@1"); b = ir("copy_batch::copy_batch_raw@1")
+    t = t sprintf("| fabric path (`cuFabricCpyBatchAsync`) | %s | %s | %s | %s | %s | %s |\n", commas(a), commas(rt), commas(b), ratio(a, b), ratio(rt, b), signed(rt - b))
+    a = ir("copy_portable::copy_portable_typed@1"); rt = ir("copy_portable::copy_portable_route@1"); b = ir("copy_portable::copy_portable_raw@1")
+    t = t sprintf("| portable path (`cuMemcpyAsync`) | %s | %s | %s | %s | %s | %s |\n", commas(a), commas(rt), commas(b), ratio(a, b), ratio(rt, b), signed(rt - b))
+    emit("copy_route", t)
+
     # One put after the caches were emptied (bench copy_cold, Fresh: Null
     # with a fresh address per reservation): instructions and the lines
     # read from memory, code apart from data.
     t = "| one put, caches emptied first | typed: instructions | lines of code | of data (read + written) | raw: instructions | lines of code | of data | typed − raw: lines of code |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-    split("fabric:fabric path (`cuFabricCpyBatchAsync`);portable:portable path (`cuMemcpyAsync`, as on the H200)", cc, ";")
-    for (i = 1; i <= 2; i++) {
-        k = cc[i]; lbl = k; sub(/^[a-z_]+:/, "", lbl); sub(/:.*/, "", k)
-        ty = "copy_cold::copy_cold_typed " k; rw = "copy_cold::copy_cold_raw " k
+    split("typed fabric:fabric path (`cuFabricCpyBatchAsync`);typed portable:portable path (`cuMemcpyAsync`, as on the H200);route fabric:fabric path, through a route (`Route::put`);route portable:portable path, through a route", cc, ";")
+    for (i = 1; i <= 4; i++) {
+        k = cc[i]; lbl = k; sub(/^[a-z_ ]+:/, "", lbl); sub(/:.*/, "", k); split(k, kw, " ")
+        ty = "copy_cold::copy_cold_" kw[1] " " kw[2]; rw = "copy_cold::copy_cold_raw " kw[2]
         a = ir(ty); b = ir(rw)
         ca = lines(ty, "ILmr"); cb = lines(rw, "ILmr")
         da = lines(ty, "DLmr") + lines(ty, "DLmw"); db = lines(rw, "DLmr") + lines(rw, "DLmw")

@@ -77,6 +77,8 @@ DATA_PATH=(
     f1_get_from_a_multicast_endpoint_and_endpoint_to_endpoint_are_refused
     f2_a_pointer_on_another_device_than_the_streams_is_refused
     f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another
+    issue_30_a_routes_put_is_checked_as_the_batch_of_that_put
+    issue_30_a_routes_multicast_put_reaches_every_member_as_the_batchs
     f2_host_memory_is_an_operand_only_on_streams_of_devices_it_is_mapped_for
     f2_typed_memory_on_another_device_than_the_stream_is_refused_before_the_driver
     f3_dependent_copies_in_one_batch_are_refused

@@ -234,6 +234,19 @@ pub mod reading_the_compiler {
     //! checked once against its last block, so each further op costs what
     //! the raw op list costs (`benches/README.md`, "Copy batch per op").
     //!
+    //! The same put made again and again (a halo to one neighbour, a
+    //! small message to one peer each step) goes through a
+    //! [`Route`](crate::Route): `let mut r = stream.route(&src, &ep);` once,
+    //! then `r.put(src_offset, offset, size)?` per message. Each put is
+    //! the batch of that put alone, checked the same and answering the
+    //! same (test `data_path::issue_30_a_routes_put_is_checked_as_the_batch_of_that_put`),
+    //! but the route read the endpoint's facts when it was made, and reads
+    //! them again only after a bind or unbind: on `Null` its put is under
+    //! half the instructions of the batch's (`benches/README.md`, "One put
+    //! through a route"). The route borrows the memory, the endpoint and
+    //! the stream, and its tokens borrow them past it; a heap cannot grow
+    //! or shrink while a route into it lives (`team_grow_while_route_lives`).
+    //!
     //! ## Borrow and move errors in this API's terms
     //!
     //! rustc words these in terms of variables; here is what they mean for
