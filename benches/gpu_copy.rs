@@ -19,7 +19,10 @@
 //!   a gap of 64 bytes between the puts' destinations (one piece each),
 //!   then laid end to end on both sides, which the portable path grows
 //!   into one copy (issue 30, item 5). Which calls a typed batch makes is
-//!   counted first, once, on a traced context (untimed);
+//!   counted first, once, on a traced context (untimed); and one put
+//!   through a route (`Stream::route`, made once before the loop), the
+//!   same put with the endpoint's facts read once, against the same raw
+//!   call;
 //! - the driver's entries for one device-to-device put, raw: `cuMemcpyAsync`
 //!   against `cuMemcpyDtoDAsync_v2` (told both sides are device memory),
 //!   64 B to 16 MiB, interleaved, enqueue alone and with the wait;

@@ -96,7 +96,7 @@ function commas(x,   s, r) { s = sprintf("%d", x); r = ""; while (length(s) > 3)
 /^== small puts: the typed batch/ { sec = "over"; next }
 /^==/ { sec = ""; next }
 sec == "bw" && /^ *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ / { BW[++nbw] = $0; next }
-sec == "small" && /^ *[0-9]+ +(typed|raw_loop|raw_batch) / {
+sec == "small" && /^ *[0-9]+ +(typed|raw_loop|raw_batch|route) / {
     k = $1 SUBSEP $2; HAVE[k] = 1; OPS[$1] = 1
     E[k] = $3; ER[k] = range($4); W[k] = $5; WR[k] = range($6); EQ[k] = $7; WQ[k] = $8; next
 }
@@ -120,6 +120,11 @@ END {
             hb ? E[ba] " (" ER[ba] ")" : "—", EQ[ty], hb && E[ba] > 0 ? sprintf("%.3f", E[ty] / E[ba]) : "—", \
             W[ty], W[lo], hb ? W[ba] : "—", (n in OB) ? OB[n] : "—", (n in OP) ? OP[n] : "—")
     }
+    # One put through a route (`Stream::route`), against the same raw call.
+    ro = 1 SUBSEP "route"; lo = 1 SUBSEP "raw_loop"
+    if ((ro in HAVE) && (lo in HAVE)) {
+        t = t sprintf("| 1, through a route (`Route::put`) | %s (%s) | %s (%s) | — | %.3f | — | %s | %s | — | — | — |\n", E[ro], ER[ro], E[lo], ER[lo], EQ[ro], W[ro], W[lo])
+    } else missing = missing " route@1"
     emit("gpu", t)
     if (!("date" in META)) missing = missing " run"
     calls = ""
@@ -165,6 +170,7 @@ function add(key, x) { CNT[key]++; VAL[key, CNT[key]] = x; if (!(key in SEEN)) {
 sec == "e2e" && /^ *[0-9]+ +typed / { add("e2e " $1, $7); next }
 sec == "bw" && /^ *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ / { add("bw " $1, $4); next }
 sec == "small" && /^ *[0-9]+ +typed / { add("enq " $1, $7); add("wait " $1, $8); next }
+sec == "small" && /^ *1 +route / { add("renq 1", $7); add("rwait 1", $8); next }
 sec == "over" && /^ *[0-9]+ +-?[0-9.]+ / { add("ns " $1, $2); next }
 /^cuCtxGetCurrent: [0-9.]+ ns per call/ { add("ctx 0", $2); next }
 END {
@@ -178,6 +184,8 @@ END {
         if (p[1] == "bw") t = t sprintf("| single put of %s B, typed / raw bandwidth | %.3f | %.3f | %.3f |\n", commas(p[2]), m, LO, HI)
         else if (p[1] == "enq") t = t sprintf("| %s put%s of 64 B, typed enqueue / raw `cuMemcpyAsync` loop | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
         else if (p[1] == "wait") t = t sprintf("| %s put%s of 64 B, with the wait | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
+        else if (p[1] == "renq") t = t sprintf("| one put of 64 B through a route (`Route::put`), enqueue / raw `cuMemcpyAsync` | %.3f | %.3f | %.3f |\n", m, LO, HI)
+        else if (p[1] == "rwait") t = t sprintf("| one put of 64 B through a route, with the wait | %.3f | %.3f | %.3f |\n", m, LO, HI)
         else if (p[1] == "e2e") t = t sprintf("| %s put%s of 64 B laid end to end (grown into one copy), typed enqueue / raw `cuMemcpyAsync` loop | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
         else if (p[1] == "ns" && p[2] == 1) t = t sprintf("| one put: the typed enqueue over the raw, ns | %d | %d | %d |\n", m, LO, HI)
         else if (p[1] == "ctx") t = t sprintf("| `cuCtxGetCurrent`, ns per call (the backend asks it before each stream call: one in a one-put enqueue, one in its wait) | %.1f | %.1f | %.1f |\n", m, LO, HI)
