@@ -760,3 +760,25 @@ impl Probe {
         }
     }
 }
+
+/// A copy's enqueue and its wait as a value two ways of making the same
+/// copy compare by: `Ok(())`, or the error as `Debug` prints it (its
+/// variant, op and values).
+pub fn copy_outcome(r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>) -> Result<(), String> {
+    r.and_then(|t| t.wait())
+        .map(|_| ())
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// How many copies reached the driver on either path: fabric batches,
+/// `cuMemcpyAsync` and `cuMemcpyBatchAsync`.
+pub fn copy_calls(model: &impl Inspect) -> u64 {
+    [
+        Call::FabricCpyBatchAsync,
+        Call::MemcpyAsync,
+        Call::MemcpyBatchAsync,
+    ]
+    .map(|c| model.calls(c))
+    .iter()
+    .sum()
+}

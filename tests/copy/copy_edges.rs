@@ -624,7 +624,6 @@ fn a_peers_claimed_endpoint_size_cannot_abort_this_process() {
 /// (there without a window: refused as the batch is).
 #[test]
 fn issue_30_a_routes_put_into_an_imported_endpoint_is_checked_as_the_batch_of_that_put() {
-    use cuda_endpoints::driver::Call;
     use cuda_endpoints::{Exportable, FabricHandle, FabricShareable};
     let (ctx, model) = node();
     let ep = ctx
@@ -648,21 +647,8 @@ fn issue_30_a_routes_put_into_an_imported_endpoint_is_checked_as_the_batch_of_th
         .unwrap();
     let (src, far) = (mapped(&other, 0), mapped(&other, 1));
     let s = Stream::new(&other, 0).unwrap();
-    let outcome = |r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>| {
-        r.and_then(|t| t.wait())
-            .map(|_| ())
-            .map_err(|e| format!("{e:?}"))
-    };
-    let copies = || {
-        [
-            Call::FabricCpyBatchAsync,
-            Call::MemcpyAsync,
-            Call::MemcpyBatchAsync,
-        ]
-        .map(|c| model.calls(c))
-        .iter()
-        .sum::<u64>()
-    };
+    let outcome = crate::backend::copy_outcome;
+    let copies = || crate::backend::copy_calls(&model);
     let offsets = [0, 64, ALIGN - 64, 2 * ALIGN - 64, 2 * ALIGN, u64::MAX - 8];
     for path in [CopyPath::Fabric, CopyPath::Portable] {
         other.set_copy_path(path);

@@ -1459,7 +1459,6 @@ fn f9_a_batch_built_before_an_unbind_or_after_it_is_checked_against_the_bindings
 #[test]
 fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
     use cuda_endpoints::CopyPath;
-    use cuda_endpoints::driver::Call;
     let (ctx, model) = node();
     let s = Stream::new(&ctx, 0).unwrap();
     // Bound on [0, ALIGN) of [0, 2 ALIGN).
@@ -1484,21 +1483,8 @@ fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
     } else {
         vec![0, ALIGN - 64, ALIGN, u64::MAX]
     };
-    let outcome = |r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>| {
-        r.and_then(|t| t.wait())
-            .map(|_| ())
-            .map_err(|e| format!("{e:?}"))
-    };
-    let copies = || {
-        [
-            Call::FabricCpyBatchAsync,
-            Call::MemcpyAsync,
-            Call::MemcpyBatchAsync,
-        ]
-        .map(|c| model.calls(c))
-        .iter()
-        .sum::<u64>()
-    };
+    let outcome = backend::copy_outcome;
+    let copies = || backend::copy_calls(&model);
     for path in [CopyPath::Fabric, CopyPath::Portable] {
         ctx.set_copy_path(path);
         for (change, mem) in [(0, &src), (1, &src), (2, &src), (3, &src), (0, &far)] {
@@ -1567,7 +1553,6 @@ fn f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another() {
 #[test]
 fn issue_30_a_routes_put_is_checked_as_the_batch_of_that_put() {
     use cuda_endpoints::CopyPath;
-    use cuda_endpoints::driver::Call;
     let (ctx, model) = node();
     let s = Stream::new(&ctx, 0).unwrap();
     // Bound on [0, ALIGN) of [0, 2 ALIGN).
@@ -1597,21 +1582,8 @@ fn issue_30_a_routes_put_is_checked_as_the_batch_of_that_put() {
             vec![0, 64, 65],
         )
     };
-    let outcome = |r: cuda_endpoints::Result<cuda_endpoints::InFlight<'_>>| {
-        r.and_then(|t| t.wait())
-            .map(|_| ())
-            .map_err(|e| format!("{e:?}"))
-    };
-    let copies = || {
-        [
-            Call::FabricCpyBatchAsync,
-            Call::MemcpyAsync,
-            Call::MemcpyBatchAsync,
-        ]
-        .map(|c| model.calls(c))
-        .iter()
-        .sum::<u64>()
-    };
+    let outcome = backend::copy_outcome;
+    let copies = || backend::copy_calls(&model);
     for path in [CopyPath::Fabric, CopyPath::Portable] {
         ctx.set_copy_path(path);
         let mut early = [s.route(&src, &ep), s.route(&far, &ep)];
