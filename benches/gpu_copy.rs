@@ -354,7 +354,8 @@ impl Forward for Stamped {
 
 /// Where a typed one-put batch's enqueue spends its time, against raw's:
 /// before the driver's call, the call, after it (each typed `put` of
-/// `SMALL` bytes on a context of its own over [`Stamped`], then the raw
+/// `SMALL` bytes on a context of its own over [`Stamped`], the same put
+/// through a route, then the raw
 /// `cuMemcpyAsync` stamped the same way; interleaved, medians). Untimed
 /// by the tables: each stamp costs a clock read on both sides.
 fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::Error>> {
@@ -371,7 +372,9 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     // The raw call through the backend alone (its policy check, its
     // context check, the call), on the raw stream.
     let backend = Cuda::open()?;
-    let mut v: [Vec<u64>; 12] = Default::default();
+    let mut v: [Vec<u64>; 15] = Default::default();
+    // The same put through a route, made once (its facts read here).
+    let mut route = s.route(&src, &ep);
     // A raw call stamped as the typed one is: before it, it, after it;
     // then the stream synchronized (untimed).
     let stamp = |v: &mut [Vec<u64>], call: &mut dyn FnMut() -> DriverResult<()>| {
@@ -405,6 +408,17 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
         v[0].push(e.saturating_sub(a));
         v[1].push(x.saturating_sub(e));
         v[2].push(z.saturating_sub(x));
+        let a = stamped.now();
+        let token = route.put(0, 0, SMALL)?;
+        let z = stamped.now();
+        let (e, x) = (
+            stamped.enter.load(Ordering::Relaxed),
+            stamped.exit.load(Ordering::Relaxed),
+        );
+        token.wait()?;
+        v[12].push(e.saturating_sub(a));
+        v[13].push(x.saturating_sub(e));
+        v[14].push(z.saturating_sub(x));
         stamp(&mut v[3..6], &mut || {
             raw.copy(rd, rs, SMALL);
             Ok(())
@@ -435,7 +449,7 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
         x.sort_unstable();
         x.get(x.len() / 2).copied().unwrap_or(0)
     };
-    let [tb, tc, ta, rb, rc, ra, xb, xc, xa, bb, bc, ba] = v.each_mut().map(med);
+    let [tb, tc, ta, rb, rc, ra, xb, xc, xa, bb, bc, ba, ub, uc, ua] = v.each_mut().map(med);
     println!(
         "\n== where a typed one put's enqueue goes: ns before the driver's call, the call (the backend's context check inside), after it; medians of {reps}, each side with the same clock reads; raw+ctx: raw with cuCtxGetCurrent first (in the call); backend: the raw call made through the real backend alone"
     );
@@ -451,6 +465,15 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
         tc as i64 - rc as i64,
         ta as i64 - ra as i64
     );
+    println!("{:>8} {ub:>8} {uc:>8} {ua:>8}", "route");
+    println!(
+        "{:>8} {:>8} {:>8} {:>8}",
+        "route-raw",
+        ub as i64 - rb as i64,
+        uc as i64 - rc as i64,
+        ua as i64 - ra as i64
+    );
+    drop(route);
     drop((s, b));
     ep.destroy()?.release()?;
     drop((dst, src, ctx));
