@@ -558,29 +558,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("first raw copy", after_raw),
     ];
 
-    println!("\n== bandwidth: one put of N bytes, enqueue + wait (median of {reps}, min-max)");
     println!(
-        "{:>10} {:>12} {:>12} {:>8} {:>22} {:>22}",
-        "bytes", "typed GB/s", "raw GB/s", "ratio", "typed us (min-max)", "raw us (min-max)"
+        "\n== bandwidth: one put of N bytes, enqueue + wait (median of {reps}, min-max); route: the same put through a route made once"
     );
+    println!(
+        "{:>10} {:>12} {:>12} {:>8} {:>22} {:>22} {:>8} {:>22}",
+        "bytes",
+        "typed GB/s",
+        "raw GB/s",
+        "ratio",
+        "typed us (min-max)",
+        "raw us (min-max)",
+        "route",
+        "route us (min-max)"
+    );
+    let mut route = stream.route(&src, &ep);
     let mut size = 4u64 << 10;
     while size <= MAX {
-        let (mut t, mut r) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+        let mut v: [Vec<Duration>; 3] = Default::default();
         for _ in 0..reps {
             let a = Instant::now();
             stream
                 .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, size))?
                 .wait()?;
-            t.push(a.elapsed());
+            v[0].push(a.elapsed());
             let a = Instant::now();
             raw.copy(d, s, size);
             raw.sync();
-            r.push(a.elapsed());
+            v[1].push(a.elapsed());
+            let a = Instant::now();
+            route.put(0, 0, size)?.wait()?;
+            v[2].push(a.elapsed());
         }
-        let ((tm, tl, th), (rm, rl, rh)) = (stats(&mut t), stats(&mut r));
+        let [(tm, tl, th), (rm, rl, rh), (um, ul, uh)] = v.each_mut().map(|x| stats(x));
         let gb = |x: Duration| size as f64 / x.as_secs_f64() / 1e9;
         println!(
-            "{:>10} {:>12.1} {:>12.1} {:>8.3} {:>8.1} ({:.1}-{:.1}) {:>8.1} ({:.1}-{:.1})",
+            "{:>10} {:>12.1} {:>12.1} {:>8.3} {:>8.1} ({:.1}-{:.1}) {:>8.1} ({:.1}-{:.1}) {:>8.3} {:>8.1} ({:.1}-{:.1})",
             size,
             gb(tm),
             gb(rm),
@@ -590,10 +603,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             us(th),
             us(rm),
             us(rl),
-            us(rh)
+            us(rh),
+            gb(um) / gb(rm),
+            us(um),
+            us(ul),
+            us(uh)
         );
         size *= 4;
     }
+    drop(route);
 
     // Which calls a typed batch of small puts makes, counted once on a
     // traced context of its own (untimed: the trace formats every call).

@@ -103,10 +103,11 @@ sec == "small" && /^ *[0-9]+ +(typed|raw_loop|raw_batch|route) / {
 sec == "over" && /^ *[0-9]+ +-?[0-9.]+ / { OB[$1] = $2; OP[$1] = $3; BB[$1] = $4; BP[$1] = $5; next }
 END {
     if (nbw == 0) missing = missing " bandwidth"
-    t = "| bytes | typed GB/s | raw GB/s | typed / raw | typed µs (min–max) | raw µs (min–max) |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    t = "| bytes | typed GB/s | raw GB/s | typed / raw | typed µs (min–max) | raw µs (min–max) | through a route / raw | route µs (min–max) |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     for (i = 1; i <= nbw; i++) {
         split(BW[i], c, " +"); o = (c[1] == "" ? 1 : 0)
-        t = t sprintf("| %s | %s | %s | %s | %s (%s) | %s (%s) |\n", commas(c[1+o]), c[2+o], c[3+o], c[4+o], c[5+o], range(c[6+o]), c[7+o], range(c[8+o]))
+        if (c[9+o] == "") missing = missing " route-bandwidth"
+        t = t sprintf("| %s | %s | %s | %s | %s (%s) | %s (%s) | %s | %s (%s) |\n", commas(c[1+o]), c[2+o], c[3+o], c[4+o], c[5+o], range(c[6+o]), c[7+o], range(c[8+o]), c[9+o], c[10+o], range(c[11+o]))
     }
     t = t "\n| puts of 64 B | typed enqueue µs (min–max) | raw `cuMemcpyAsync` loop | raw `cuMemcpyBatchAsync` | typed / loop | typed / batch call | typed + wait | loop + sync | batch call + sync | typed over the loop, ns per batch | … per put |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     nops = 0
@@ -168,7 +169,7 @@ function add(key, x) { CNT[key]++; VAL[key, CNT[key]] = x; if (!(key in SEEN)) {
 /^== small puts end to end/ { sec = "e2e"; next }
 /^==/ { sec = ""; next }
 sec == "e2e" && /^ *[0-9]+ +typed / { add("e2e " $1, $7); next }
-sec == "bw" && /^ *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ / { add("bw " $1, $4); next }
+sec == "bw" && /^ *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ / { add("bw " $1, $4); if ($9 != "") add("rbw " $1, $9); next }
 sec == "small" && /^ *[0-9]+ +typed / { add("enq " $1, $7); add("wait " $1, $8); next }
 sec == "small" && /^ *1 +route / { add("renq 1", $7); add("rwait 1", $8); next }
 sec == "over" && /^ *[0-9]+ +-?[0-9.]+ / { add("ns " $1, $2); next }
@@ -184,6 +185,7 @@ END {
         if (p[1] == "bw") t = t sprintf("| single put of %s B, typed / raw bandwidth | %.3f | %.3f | %.3f |\n", commas(p[2]), m, LO, HI)
         else if (p[1] == "enq") t = t sprintf("| %s put%s of 64 B, typed enqueue / raw `cuMemcpyAsync` loop | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
         else if (p[1] == "wait") t = t sprintf("| %s put%s of 64 B, with the wait | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
+        else if (p[1] == "rbw") t = t sprintf("| single put of %s B through a route, route / raw bandwidth | %.3f | %.3f | %.3f |\n", commas(p[2]), m, LO, HI)
         else if (p[1] == "renq") t = t sprintf("| one put of 64 B through a route (`Route::put`), enqueue / raw `cuMemcpyAsync` | %.3f | %.3f | %.3f |\n", m, LO, HI)
         else if (p[1] == "rwait") t = t sprintf("| one put of 64 B through a route, with the wait | %.3f | %.3f | %.3f |\n", m, LO, HI)
         else if (p[1] == "e2e") t = t sprintf("| %s put%s of 64 B laid end to end (grown into one copy), typed enqueue / raw `cuMemcpyAsync` loop | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
