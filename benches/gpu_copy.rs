@@ -7,7 +7,8 @@
 //! - bandwidth: a typed `CopyBatch::put` of one op from local mapped memory
 //!   into the endpoint, enqueued and waited, against a raw `cuMemcpyAsync`
 //!   between the same two addresses on a raw stream and its
-//!   `cuStreamSynchronize`, for 4 KiB … 256 MiB;
+//!   `cuStreamSynchronize`, and the same put through a route
+//!   (`Stream::route`, made once), for 4 KiB … 256 MiB;
 //! - small puts: a typed batch of 1, 64 and 1,024 puts of 64 bytes (on the
 //!   portable path one `cuMemcpyBatchAsync` for several puts where the
 //!   driver has it, 12.8+; one `cuMemcpyAsync` for one put), against the
