@@ -397,29 +397,26 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
         }
         r
     };
-    for _ in 0..reps {
-        let a = stamped.now();
-        let token = s.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, SMALL))?;
-        let z = stamped.now();
-        let (e, x) = (
-            stamped.enter.load(Ordering::Relaxed),
-            stamped.exit.load(Ordering::Relaxed),
-        );
-        token.wait()?;
-        v[0].push(e.saturating_sub(a));
-        v[1].push(x.saturating_sub(e));
-        v[2].push(z.saturating_sub(x));
-        let a = stamped.now();
-        let token = route.put(0, 0, SMALL)?;
-        let z = stamped.now();
-        let (e, x) = (
-            stamped.enter.load(Ordering::Relaxed),
-            stamped.exit.load(Ordering::Relaxed),
-        );
-        token.wait()?;
-        v[12].push(e.saturating_sub(a));
-        v[13].push(x.saturating_sub(e));
-        v[14].push(z.saturating_sub(x));
+    for rep in 0..reps {
+        // The batch and the route change places every other repetition.
+        let order = if rep % 2 == 0 { [0, 12] } else { [12, 0] };
+        for k in order {
+            let a = stamped.now();
+            let token = if k == 0 {
+                s.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, SMALL))?
+            } else {
+                route.put(0, 0, SMALL)?
+            };
+            let z = stamped.now();
+            let (e, x) = (
+                stamped.enter.load(Ordering::Relaxed),
+                stamped.exit.load(Ordering::Relaxed),
+            );
+            token.wait()?;
+            v[k].push(e.saturating_sub(a));
+            v[k + 1].push(x.saturating_sub(e));
+            v[k + 2].push(z.saturating_sub(x));
+        }
         stamp(&mut v[3..6], &mut || {
             raw.copy(rd, rs, SMALL);
             Ok(())
@@ -577,19 +574,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut size = 4u64 << 10;
     while size <= MAX {
         let mut v: [Vec<Duration>; 3] = Default::default();
-        for _ in 0..reps {
-            let a = Instant::now();
-            stream
-                .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, size))?
-                .wait()?;
-            v[0].push(a.elapsed());
-            let a = Instant::now();
-            raw.copy(d, s, size);
-            raw.sync();
-            v[1].push(a.elapsed());
-            let a = Instant::now();
-            route.put(0, 0, size)?.wait()?;
-            v[2].push(a.elapsed());
+        for rep in 0..reps {
+            // The batch and the route change places every other
+            // repetition, raw between them: neither always follows raw.
+            let order = if rep % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+            for k in order {
+                let a = Instant::now();
+                match k {
+                    0 => {
+                        stream
+                            .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, size))?
+                            .wait()?;
+                    }
+                    1 => {
+                        raw.copy(d, s, size);
+                        raw.sync();
+                    }
+                    _ => {
+                        route.put(0, 0, size)?.wait()?;
+                    }
+                }
+                v[k].push(a.elapsed());
+            }
         }
         let [(tm, tl, th), (rm, rl, rh), (um, ul, uh)] = v.each_mut().map(|x| stats(x));
         let gb = |x: Duration| size as f64 / x.as_secs_f64() / 1e9;
@@ -696,7 +702,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // typed, raw_loop, raw_batch, route (one put alone).
             let mut enq: [Vec<Duration>; 4] = Default::default();
             let mut all: [Vec<Duration>; 4] = Default::default();
-            for _ in 0..reps {
+            for rep in 0..reps {
+                // For one put, the route goes first every other
+                // repetition (the batch first in the others).
+                let route_first = n == 1 && rep % 2 == 1;
+                if route_first {
+                    let a = Instant::now();
+                    let token = route.put(0, 0, SMALL)?;
+                    enq[3].push(a.elapsed());
+                    token.wait()?;
+                    all[3].push(a.elapsed());
+                }
                 let a = Instant::now();
                 let mut batch = CopyBatch::new();
                 for i in 0..n {
@@ -720,7 +736,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     raw.sync();
                     all[2].push(a.elapsed());
                 }
-                if n == 1 {
+                if n == 1 && !route_first {
                     let a = Instant::now();
                     let token = route.put(0, 0, SMALL)?;
                     enq[3].push(a.elapsed());
