@@ -48,7 +48,12 @@ use crate::unwind::OnUnwindWith;
 /// same; a route reads the endpoint's facts once rather than per batch,
 /// and again after a bind or unbind changed them. It borrows the memory,
 /// the endpoint and the stream, as the batches and tokens it makes do:
-/// freeing, unbinding or destroying them while it lives does not compile.
+/// freeing the memory or destroying the endpoint while it or a token of
+/// its puts lives does not compile. An unbind on the endpoint (by its
+/// `Binding`) is a run-time matter, as for any copy naming `&ep`: it
+/// waits for the puts in flight, and the route's next put is checked
+/// against the bindings then; a route made with `b.copy_through(&ep)?`
+/// makes it a compile error instead.
 ///
 /// ```no_run
 /// # fn f(stream: &cuda_endpoints::Stream,

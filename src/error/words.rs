@@ -23,7 +23,8 @@ pub(super) fn not_local_words(location: Location, stream: Device, fabric_import:
         )
     } else {
         format!(
-            "the local memory is at {location:?}, but the stream is on {stream} (F2); copy on a stream of that device, or from memory on {stream} or host memory"
+            "the local memory is on {}, but the stream is on {stream} (F2); copy on a stream of that device, or from memory on {stream} or host memory",
+            location_words(location)
         )
     }
 }

@@ -629,6 +629,9 @@ fn f2_typed_memory_on_another_device_than_the_stream_is_refused_before_the_drive
                 ..
             }
         ) && e.to_string().contains("F2")
+            // The device in words, not its `Debug` (a review read
+            // "at Device(Device(1))").
+            && e.to_string().contains("the local memory is on device 1, but the stream is on device 0")
     });
     drop(stream);
     drop(b);
