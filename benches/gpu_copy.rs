@@ -456,21 +456,19 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     println!("{:>8} {rb:>8} {rc:>8} {ra:>8}", "raw");
     println!("{:>8} {xb:>8} {xc:>8} {xa:>8}", "raw+ctx");
     println!("{:>8} {bb:>8} {bc:>8} {ba:>8}", "backend");
-    println!(
-        "{:>8} {:>8} {:>8} {:>8}",
-        "typed-raw",
-        tb as i64 - rb as i64,
-        tc as i64 - rc as i64,
-        ta as i64 - ra as i64
-    );
+    // A typed side's split less raw's.
+    let over = |name: &str, b: u64, c: u64, a: u64| {
+        let less = |x: u64, r: u64| x as i64 - r as i64;
+        println!(
+            "{name:>8} {:>8} {:>8} {:>8}",
+            less(b, rb),
+            less(c, rc),
+            less(a, ra)
+        );
+    };
+    over("typed-raw", tb, tc, ta);
     println!("{:>8} {ub:>8} {uc:>8} {ua:>8}", "route");
-    println!(
-        "{:>8} {:>8} {:>8} {:>8}",
-        "route-raw",
-        ub as i64 - rb as i64,
-        uc as i64 - rc as i64,
-        ua as i64 - ra as i64
-    );
+    over("route-raw", ub, uc, ua);
     drop(route);
     drop((s, b));
     ep.destroy()?.release()?;
