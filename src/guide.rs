@@ -218,6 +218,7 @@ pub mod reading_the_compiler {
     //! | `drop(src)` while a put that `stream.route(&src, &ep)` made is in flight | `E0505` cannot move out of `src` because it is borrowed | wait the copy first, then unmap: its token borrows what the route borrows, past the route | F4 | `copy_route_drop_mapped_while_in_flight` |
     //! | unbinding a `BoundEndpoint` while a `CopyGraph` through it lives | `E0505` cannot move out of `bound` because it is borrowed | drop the graph first (after its last launch was waited), then unbind | F8 | `copy_graph_unbind_while_graph_lives` |
     //! | `heap.shrink(..)` while a copy through `heap.peer(r)` is in flight | `E0502` cannot borrow `heap` as mutable because it is also borrowed as immutable | wait every copy through the heap first: every rank stops using the top chunk before any rank unbinds it | R13.7 | `team_shrink_while_copy_in_flight` |
+    //! | a copy through `bound.own()` or `bound.peer(r)` after `bound.close(..)` (`BoundPeers`; `BoundTeam::endpoint` alike) | `E0505` cannot move out of `bound` because it is borrowed | make every copy before the close, the agreement that every rank stopped copying; to copy again, agree again (`agree_bound`) | R13.7 | `team_copy_through_bound_peers_after_close` |
     //! | `heap.grow(..)` while a route into `heap.own()` or `heap.peer(r)` lives | `E0502` cannot borrow `heap` as mutable because it is also borrowed as immutable | drop the route, grow, make a new route: a route read the endpoint's facts, the agreed top among them | R13.3 | `team_grow_while_route_lives` |
     //! | a peer's endpoint kept after its `OwnedPeers` is dropped | `E0505` cannot move out of `owned` because it is borrowed | use the peers only while the communicator lives; dropping it destroys every imported peer | R7, R13.7 | `team_peer_outlives_owned_peers` |
     //!
@@ -449,6 +450,7 @@ pub mod misuse_cases {
         team_bind_incomplete: E0277,
         team_bind_part_incomplete: E0277,
         team_copy_before_agree_bound: E0277,
+        team_copy_through_bound_peers_after_close: E0505,
         team_copy_through_owned_endpoint_before_agreement: E0277,
         team_export_incomplete_not_exportable: E0277,
         team_grow_while_route_lives: E0502,

@@ -331,7 +331,9 @@ impl<M: BindSource> std::fmt::Debug for OwnedTeam<M> {
 
 impl<M: BindSource> OwnedTeam<M> {
     /// The team's endpoint, to put into (a multicast put lands in every
-    /// member's bound memory, F1).
+    /// member's bound memory, F1). Lent for as long as this `BoundTeam`
+    /// lives: its [`close`](BoundTeam::close) is every rank's word that it
+    /// stopped copying (R13.7), so no copy can name the endpoint after it.
     pub fn endpoint(&self) -> &Endpoint<Ready, SharedMulticast> {
         self.inner.endpoint()
     }
@@ -435,7 +437,7 @@ pub struct BoundTeam<'t> {
 impl<'t> BoundTeam<'t> {
     /// The team's endpoint, to put into (a multicast put lands in every
     /// member's bound memory, F1).
-    pub fn endpoint(&self) -> &'t Endpoint<Ready, SharedMulticast> {
+    pub fn endpoint(&self) -> &Endpoint<Ready, SharedMulticast> {
         self.team.ready_endpoint()
     }
 
@@ -532,15 +534,19 @@ pub struct BoundPeers<'p> {
 }
 
 impl<'p> BoundPeers<'p> {
-    /// This rank's own endpoint.
-    pub fn own(&self) -> &'p Endpoint<Ready, Unicast<Exportable>> {
+    /// This rank's own endpoint. Lent, as [`BoundPeers::peer`]'s, for as
+    /// long as this `BoundPeers` lives: its [`close`](BoundPeers::close)
+    /// is every rank's word that it stopped copying through the peers
+    /// (R13.7), so no copy can name them after it (a review found them
+    /// lent for the peers' life, past the close).
+    pub fn own(&self) -> &Endpoint<Ready, Unicast<Exportable>> {
         self.peers.ready_own()
     }
 
     /// Rank `rank`'s endpoint as imported here, to get from (or put into);
     /// `None` for this rank's own index (use [`BoundPeers::own`]) or past
     /// the last rank.
-    pub fn peer(&self, rank: usize) -> Option<&'p Endpoint<Ready, ImportedUnicast>> {
+    pub fn peer(&self, rank: usize) -> Option<&Endpoint<Ready, ImportedUnicast>> {
         self.peers.ready_peer(rank)
     }
 

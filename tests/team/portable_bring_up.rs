@@ -109,7 +109,7 @@ where
     out
 }
 
-fn me_ctx<'p>(bound: &team::BoundPeers<'p>) -> &'p Context {
+fn me_ctx<'b>(bound: &'b team::BoundPeers<'_>) -> &'b Context {
     bound.own().context()
 }
 
