@@ -476,7 +476,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         K: CanBind + Accepts<M::Share>,
     {
         if !mem.context().same(self.context()) {
-            return Err(Error::WrongContext);
+            return Err(Error::WrongContext {
+                pair: crate::error::ContextPair::MemoryForEndpoint,
+            });
         }
         self.bind_checked(
             dev.into(),

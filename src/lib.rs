@@ -46,7 +46,9 @@ pub mod error {
     //! [`Error::is_resource_exhausted`](crate::Error::is_resource_exhausted)
     //! answer what callers decide on.
 
-    pub use crate::errors::{Alignment, Answer, Arg, Extent, Failure, Feature, Role, Rule};
+    pub use crate::errors::{
+        Alignment, Answer, Arg, ContextPair, Extent, Failure, Feature, Role, Rule,
+    };
     // In the crate, every error item is `crate::error::*`; publicly, these
     // three are at the root only.
     pub(crate) use crate::errors::{Error, Failed, Result};

@@ -210,7 +210,9 @@ impl Event {
     /// `CUDA_ERROR_INVALID_HANDLE`); [`Error::Driver`].
     pub fn record(&mut self, stream: &Stream) -> Result<()> {
         if !stream.inner.ctx.same(&self.ctx) {
-            return Err(Error::WrongContext);
+            return Err(Error::WrongContext {
+                pair: crate::error::ContextPair::EventOnStream,
+            });
         }
         if stream.inner.dev != self.dev {
             return Err(Error::EventOnOtherDevice {

@@ -589,7 +589,9 @@ impl BatchInner {
         let mut by_handle = 0usize;
         for (f, (range, _)) in self.eps.iter().zip(&self.keep.endpoints) {
             if !range.ctx.same(ctx) {
-                return Err(Error::WrongContext);
+                return Err(Error::WrongContext {
+                    pair: crate::error::ContextPair::EndpointOnStream,
+                });
             }
             // Stale: a bind or unbind since the builder read it (F9).
             if f.bindings_gen
@@ -605,7 +607,9 @@ impl BatchInner {
         let key = ctx.key();
         for (_, l, c, _) in &self.locations {
             if *c != key {
-                return Err(Error::WrongContext);
+                return Err(Error::WrongContext {
+                    pair: crate::error::ContextPair::MemoryOnStream,
+                });
             }
             usual &= matches!(l, Locality::Device(d) if *d == stream_dev);
         }

@@ -220,6 +220,49 @@ impl fmt::Display for Alignment {
     }
 }
 
+/// The two objects of different [`Context`](crate::Context)s (driver
+/// backends) an [`Error::WrongContext`](super::Error::WrongContext) names:
+/// the first is of another context than the second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ContextPair {
+    /// Memory bound into an endpoint, or laid on it as a peer's window
+    /// (`Endpoint::bind`, `add_peer_window`).
+    MemoryForEndpoint,
+    /// An endpoint a copy names, on a stream (`Stream::enqueue`, `Route::put`).
+    EndpointOnStream,
+    /// Memory a copy reads or writes, on a stream.
+    MemoryOnStream,
+    /// An event recorded on a stream (`Event::record`).
+    EventOnStream,
+}
+
+impl ContextPair {
+    /// The two objects, in words: the first is of another context.
+    pub(crate) fn objects(self) -> (&'static str, &'static str) {
+        match self {
+            ContextPair::MemoryForEndpoint => ("memory", "endpoint"),
+            ContextPair::EndpointOnStream => ("endpoint", "stream"),
+            ContextPair::MemoryOnStream => ("memory", "stream"),
+            ContextPair::EventOnStream => ("event", "stream"),
+        }
+    }
+
+    /// What to do instead.
+    pub(crate) fn fix(self) -> &'static str {
+        match self {
+            ContextPair::MemoryForEndpoint => "allocate and map it from the endpoint's context",
+            ContextPair::EndpointOnStream => {
+                "enqueue on a stream made from the endpoint's context (`Stream::new(&ctx, device)`)"
+            }
+            ContextPair::MemoryOnStream => {
+                "allocate and map it from the stream's context, or enqueue on a stream of the memory's"
+            }
+            ContextPair::EventOnStream => "record it on a stream of the event's context",
+        }
+    }
+}
+
 /// What a range error overflowed (R5.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

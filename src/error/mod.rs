@@ -18,7 +18,7 @@ mod failed;
 mod tests;
 mod words;
 
-pub use detail::{Alignment, Answer, Arg, Extent, Feature, Role, Rule};
+pub use detail::{Alignment, Answer, Arg, ContextPair, Extent, Feature, Role, Rule};
 pub use failed::{Failed, Failure};
 use words::*;
 
@@ -630,11 +630,19 @@ pub enum Error {
     )]
     NullStream,
 
-    /// Memory from another [`crate::Context`] than the endpoint's.
+    /// Two objects of different [`crate::Context`]s (driver backends) met:
+    /// memory and the endpoint it binds into, an endpoint or memory and the
+    /// stream of its copy, an event and its stream.
     #[error(
-        "the memory belongs to another context (driver backend) than the endpoint; allocate it from the endpoint's context"
+        "the {} belongs to another context (driver backend) than the {}: every object of one call comes from one `Context`; {}",
+        .pair.objects().0,
+        .pair.objects().1,
+        .pair.fix()
     )]
-    WrongContext,
+    WrongContext {
+        /// Which two.
+        pair: ContextPair,
+    },
 
     /// Imported memory (C5) that is not what the importer declared, as the
     /// driver reports it after import: the bytes or descriptor are never

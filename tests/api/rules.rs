@@ -19,7 +19,7 @@ use std::time::Duration;
 use backend::{Inspect, Probe};
 use cuda_endpoints::bounds::Creatable;
 use cuda_endpoints::driver::{EndpointProps, Shape};
-use cuda_endpoints::error::{Arg, Extent, Feature, Rule};
+use cuda_endpoints::error::{Arg, ContextPair, Extent, Feature, Rule};
 use cuda_endpoints::model::{Model, ModelConfig};
 use cuda_endpoints::typenum::U2;
 use cuda_endpoints::{
@@ -725,7 +725,14 @@ fn r5_bind_addr_and_host_numa() {
         &model,
         Call::BindMem,
         || ep.bind(1, 0, &far2),
-        |e| matches!(e, Error::WrongContext),
+        |e| {
+            matches!(
+                e,
+                Error::WrongContext {
+                    pair: ContextPair::MemoryForEndpoint
+                }
+            )
+        },
     );
     drop(far);
     assert!(model.violations().is_empty());

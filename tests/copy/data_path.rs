@@ -534,6 +534,7 @@ fn r13_3_a_copy_the_stream_reaches_before_the_owner_bound_is_caught() {
 
 // ------------------------------------------------------- the typed API
 
+use cuda_endpoints::error::ContextPair;
 use cuda_endpoints::{CopyBatch, Error, Stream};
 
 #[test]
@@ -2065,7 +2066,7 @@ fn f5_a_zero_byte_op_one_past_the_end_of_its_memory_is_refused_before_the_driver
 }
 
 #[test]
-fn memory_of_another_context_in_a_copy_is_refused_as_the_wrong_context() {
+fn objects_of_two_contexts_are_refused_before_the_driver_naming_which_two() {
     // Two models: the check is the typed layer's, whatever the backend
     // (and the double has one node per process).
     let (ctx, model) = model_node();
@@ -2079,7 +2080,56 @@ fn memory_of_another_context_in_a_copy_is_refused_as_the_wrong_context() {
         .enqueue(CopyBatch::new().put(&foreign, 0, &ep, 0, 64))
         .map(|_| ())
         .unwrap_err();
-    assert!(matches!(e, Error::WrongContext), "{e}");
+    assert_eq!(
+        e,
+        Error::WrongContext {
+            pair: ContextPair::MemoryOnStream
+        }
+    );
+    assert!(
+        e.to_string()
+            .starts_with("the memory belongs to another context (driver backend) than the stream"),
+        "{e}"
+    );
+    // Through a route, the same.
+    let by_route = stream.route(&foreign, &ep).put(0, 0, 64).map(|_| ());
+    assert_eq!(by_route.unwrap_err(), e);
+    // An endpoint of the other context on this stream, and an event of
+    // the other context recorded on it: each names its two objects.
+    let far_ep = unicast(&other, 0, ALIGN);
+    let far_b = far_ep.bind(0, 0, &foreign).unwrap();
+    let e = stream
+        .enqueue(CopyBatch::new().put(&mem, 0, &far_ep, 0, 64))
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        e,
+        Error::WrongContext {
+            pair: ContextPair::EndpointOnStream
+        }
+    );
+    assert!(e.to_string().contains("`Stream::new(&ctx, device)`"), "{e}");
+    let mut event = cuda_endpoints::Event::new(&other, 0).unwrap();
+    let e = event.record(&stream).unwrap_err();
+    assert_eq!(
+        e,
+        Error::WrongContext {
+            pair: ContextPair::EventOnStream
+        }
+    );
+    assert!(
+        e.to_string()
+            .starts_with("the event belongs to another context"),
+        "{e}"
+    );
+    assert_eq!(model.calls(cuda_endpoints::driver::Call::EventRecord), 0);
+    assert_eq!(
+        other_model.calls(cuda_endpoints::driver::Call::EventRecord),
+        0
+    );
+    drop(event);
+    drop(far_b);
+    drop(far_ep);
     drop((stream, b));
     drop((ep, mem, foreign));
     model_clean(&ctx, &model);
@@ -2100,7 +2150,12 @@ fn an_endpoint_of_another_context_with_the_same_id_in_one_batch_is_the_wrong_con
         .put_host(vec![7; 64], &ea, 0)
         .put_host(vec![7; 64], &eb, 4096);
     let e = stream.enqueue(batch).map(|_| ()).unwrap_err();
-    assert!(matches!(e, Error::WrongContext), "{e}");
+    assert_eq!(
+        e,
+        Error::WrongContext {
+            pair: ContextPair::EndpointOnStream
+        }
+    );
     drop((stream, ba, bb));
     drop((ea, eb, ma, mb));
     model_clean(&a, &model_a);

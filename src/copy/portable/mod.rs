@@ -107,7 +107,9 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
         mem: &Mapped<H>,
     ) -> Result<()> {
         if !mem.context().same(self.context()) {
-            return Err(Error::WrongContext);
+            return Err(Error::WrongContext {
+                pair: crate::error::ContextPair::MemoryForEndpoint,
+            });
         }
         let device = device.into();
         let size = mem.size();
