@@ -12,9 +12,16 @@
 //! what its left neighbour sent, closes (every rank stopped copying,
 //! R13.7), and tears down.
 //!
+//! The model node reports driver 13.5 here, so the puts take the fabric
+//! copy (`cuFabricCpyBatchAsync`, F7). With `portable` they take the path
+//! of drivers before 13.5 instead (`cuMemcpyAsync` through the windows
+//! onto each peer's memory that `agree_bound` registered): the code is the
+//! same.
+//!
 //! ```text
-//! cargo run --example route_ring --features model          # 4 ranks
-//! cargo run --example route_ring --features model -- 2     # 2 ranks
+//! cargo run --example route_ring --features model                  # 4 ranks
+//! cargo run --example route_ring --features model -- 2             # 2 ranks
+//! cargo run --example route_ring --features model -- 4 portable    # 13.4
 //! ```
 
 use std::time::Duration;
@@ -47,7 +54,10 @@ fn rank(ctx: &Context, boot: &dyn Bootstrap) -> Result<(), Box<dyn std::error::E
     let binding = peers.own().bind(dev, 0, &mem)?;
     let bound = peers.agree_bound(boot, T)?;
     let stream = Stream::new(ctx, dev)?;
-    // The send buffer: every step's message, one after another.
+    // The send buffer: every step's message, one after another. A real
+    // code fills it with a kernel (or cudarc's `memcpy_htod`); the model
+    // runs no kernels, so the bytes come from the host through this rank's
+    // own endpoint: put there, then got into `send`.
     let send = Allocation::<Private>::on_device(ctx, dev, BYTES)?.map(&[dev])?;
     let all: Vec<u8> = (0..STEPS).flat_map(|s| message(r, s)).collect();
     stream
@@ -84,7 +94,17 @@ fn rank(ctx: &Context, boot: &dyn Bootstrap) -> Result<(), Box<dyn std::error::E
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// A failure prints its message and causes (`Report`), not `Debug`.
+fn main() -> Result<(), cuda_endpoints::Report> {
+    run().map_err(cuda_endpoints::Report::from_boxed)
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let portable = match std::env::args().nth(2).as_deref() {
+        None => false,
+        Some("portable") => true,
+        Some(other) => return Err(format!("the path: `portable` or nothing, not {other:?}").into()),
+    };
     let n: usize = match std::env::args().nth(1) {
         Some(a) => a
             .parse()
@@ -95,7 +115,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("ranks: 2 to 8 (one device each)".into());
     }
     let mut config = ModelConfig::node(n);
-    config.driver_version = 13050; // cuFabricCpyBatchAsync (F7)
+    if !portable {
+        config.driver_version = 13050; // cuFabricCpyBatchAsync (F7)
+    }
     let (ctx, model) = Context::model(config);
     let contexts: Vec<Context> = std::iter::once(ctx)
         .chain((1..n).map(|_| Context::new(model.spawn_process())))
@@ -119,6 +141,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    println!("{n} ranks: nothing left, no rule broken");
+    let path = path_words(portable);
+    println!("{n} ranks ({path}): nothing left, no rule broken");
     Ok(())
+}
+
+/// The copy path, in words.
+fn path_words(portable: bool) -> &'static str {
+    if portable {
+        "portable path, driver 13.4"
+    } else {
+        "fabric copy, driver 13.5"
+    }
 }

@@ -700,8 +700,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             }
         }
         let d = ctx.driver();
-        // A panic inside the call leaves the record: the memory stays alive
-        // until the endpoint is destroyed, as for a forgotten `Binding` (R7.2).
+        // A panic inside the call (a `tracing` layer on the call's denial
+        // or failure, a backend before it forwarded the bind) may come
+        // before the driver bound: the record stays, keeping the memory
+        // until the endpoint is destroyed, as for a forgotten `Binding`
+        // (R7.2), but covers no byte, so no copy passes F9 on bytes the
+        // driver may not have bound (R13.3), as after an unbind's panic.
+        let unwound = crate::unwind::OnUnwind::new(|| self.bind_unwound(dev, offset, size));
         // SAFETY: the endpoint is `Ready` (a query reported it, R3.4); the
         // memory is kept alive by the slot's `Bound` entry until the driver
         // unbinds it, even if the token is forgotten (R7.2); the range
@@ -718,6 +723,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 ),
             }
         };
+        unwound.disarm();
         if let Err(code) = r {
             let mut slot = self.slot();
             let kept = take_record(&mut slot, dev, offset, size);
@@ -736,5 +742,27 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             offset,
             size,
         })
+    }
+
+    /// After a panic inside the driver's bind: this bind's record covers
+    /// no byte (size 0: F9 refuses copies there, and a later bind there is
+    /// the driver's to judge) but keeps its memory until the endpoint is
+    /// destroyed (R7.2); its window goes. Out of line: only unwinding
+    /// comes here.
+    #[cold]
+    #[inline(never)]
+    fn bind_unwound(&self, dev: Device, offset: u64, size: u64) {
+        let mut slot = self.slot();
+        if let Some(b) = slot
+            .bindings
+            .iter_mut()
+            .find(|b| b.dev == dev && b.offset == offset && b.size == size)
+        {
+            b.size = 0;
+        }
+        self.range().bindings_changed();
+        let window = slot.take_windows(|w| w.is_local(dev, offset));
+        drop(slot);
+        drop(window);
     }
 }

@@ -426,7 +426,7 @@ impl<H: MemShare> Accepts<H> for NoKind {}
 #[diagnostic::on_unimplemented(
     message = "`{H}` memory cannot be bound here: this `{Self}` endpoint takes only externally shareable memory",
     label = "`{H}` allocations are not shareable",
-    note = "exportable endpoints (unicast or multicast), imported multicast endpoints and the team endpoints a bring-up shares among ranks accept only allocations made with a shareable handle type (R5.6): allocate with `PosixFd` or `FabricShareable` instead of `Private`"
+    note = "exportable endpoints (unicast or multicast), imported multicast endpoints and the team endpoints a bring-up shares among ranks accept only allocations made with a shareable handle type (R5.6): allocate with `FabricShareable` (any node; after a bring-up, agree with `agree_bound`) or `PosixFd` (one node; after a bring-up, agree with `agree_bound_fds`, not `agree_bound`) instead of `Private`"
 )]
 pub trait Accepts<H: MemShare>: Kind {}
 impl<H: MemShare> Accepts<H> for Unicast<Local> {}

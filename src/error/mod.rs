@@ -95,7 +95,7 @@ pub enum Error {
     /// A size, offset or address that must be a multiple of the bind
     /// alignment (SPEC R2.3, R5.3, R6.3) or of the allocation granularity.
     #[error(
-        "{what} = {value} bytes is not a multiple of the {alignment_kind} ({alignment} bytes) ({rule}); use {suggested} bytes"
+        "{what} = {value} bytes is not a multiple of the {alignment_kind} ({alignment} bytes) ({rule}); use {what} = {suggested} bytes, the nearest valid multiple"
     )]
     Misaligned {
         /// Which argument.
@@ -168,7 +168,10 @@ pub enum Error {
     },
 
     /// A bind on a device that is not the owner / not enrolled (SPEC R5.2).
-    #[error("{device} is not {role} of this endpoint ({rule}); bind on one of {allowed:?}")]
+    #[error(
+        "{device} is not {role} of this endpoint ({rule}); bind on one of: {}",
+        devices_words(.allowed)
+    )]
     WrongDevice {
         /// The device given.
         device: Device,

@@ -74,6 +74,31 @@ fn unsupported_names_the_feature_its_rule_and_the_fix() {
 }
 
 #[test]
+fn a_wrong_device_and_a_misaligned_value_read_as_words_with_the_value_to_use() {
+    let e = Error::WrongDevice {
+        device: Device(1),
+        role: Role::Owner,
+        allowed: vec![Device(0)],
+        rule: Rule::R5_2,
+    };
+    assert!(e.to_string().ends_with("bind on one of: device 0"), "{e}");
+    let e = Error::Misaligned {
+        what: Arg::BindOffset,
+        value: 4096,
+        alignment: 2 << 20,
+        alignment_kind: Alignment::BindAlignment,
+        suggested: 0,
+        rule: Rule::R5_3,
+    };
+    let msg = e.to_string();
+    assert!(
+        msg.contains("(R5.3); use ") && msg.ends_with(" = 0 bytes, the nearest valid multiple"),
+        "{msg}"
+    );
+    assert!(!msg.contains("Device("), "{msg}");
+}
+
+#[test]
 fn predicates_read_the_13_5_codes() {
     let d = |raw| Error::driver(Call::BindMem, Code::from_raw(raw).unwrap());
     assert!(d(802).is_retryable() && d(919).is_retryable());

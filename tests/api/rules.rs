@@ -632,7 +632,10 @@ fn a_failed_transition_displays_its_cause_and_debug_names_the_value_that_came_ba
         .create(Spec::unicast(0, 3 * MIB + 1))
         .unwrap_err();
     let cause = f.error.to_string();
-    assert!(cause.contains("use 4194304 bytes"), "{cause}");
+    assert!(
+        cause.contains("use endpoint size = 4194304 bytes"),
+        "{cause}"
+    );
     assert_eq!(f.to_string(), cause);
     let debug = format!("{f:?}");
     assert!(debug.starts_with("Failed { error: Misaligned {"), "{debug}");

@@ -995,6 +995,83 @@ fn f9_after_an_unbind_that_panicked_a_copy_through_its_bytes_never_reaches_the_d
     );
 }
 
+/// F9, R13.3: a bind whose driver call unwinds may not have bound (a layer
+/// panicking on the call's denial or failure, a backend panicking before
+/// it forwarded): its record keeps the memory (R7.2) but covers no byte,
+/// so a copy through those bytes, as a batch or through a route, is
+/// refused before the driver, whether the panic came before the driver's
+/// call (denied) or after it (bound).
+#[test]
+fn f9_after_a_bind_that_panicked_a_copy_through_its_bytes_never_reaches_the_driver_unbound() {
+    use cuda_endpoints::driver::{Call, Traced};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    quiet();
+    for denied in [true, false] {
+        let model = Model::new(ModelConfig {
+            driver_version: 13050,
+            ..ModelConfig::node(2)
+        });
+        let traced = Traced::new(model.clone());
+        let ctx = Context::new(if denied {
+            traced.deny([Call::BindAddr])
+        } else {
+            traced
+        });
+        let ep = unicast(&ctx, 0, ALIGN);
+        let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
+        // The bind's one event: its denial, or its success.
+        let on_bind = common::layer::OnEvent(|e: &common::layer::EventFields| {
+            if e.call.as_deref() == Some(Call::BindAddr.name()) {
+                std::panic::panic_any(Planned);
+            }
+        });
+        let r = tracing::subscriber::with_default(on_bind, || {
+            catch_unwind(AssertUnwindSafe(|| {
+                ep.bind(Device(0), 0, &owner).map(|_| ())
+            }))
+        });
+        assert!(
+            r.is_err_and(|p| p.is::<Planned>()),
+            "denied {denied}: the planned panic"
+        );
+        let stream = Stream::new(&ctx, 0).unwrap();
+        let calls = model.calls(Call::FabricCpyBatchAsync);
+        let by_batch = stream
+            .enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 64))
+            .map(|_| ())
+            .unwrap_err();
+        let by_route = stream
+            .route(&src, &ep)
+            .put(0, 0, 64)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(by_batch, Error::CopyNotBound { .. }),
+            "denied {denied}: {by_batch}"
+        );
+        assert_eq!(by_route, by_batch, "denied {denied}");
+        assert_eq!(
+            model.calls(Call::FabricCpyBatchAsync),
+            calls,
+            "denied {denied}"
+        );
+        drop(stream);
+        drop((ep, owner, src));
+        let _ = ctx.take_teardown_errors();
+        assert!(
+            model.violations().is_empty(),
+            "denied {denied}: {:?}",
+            model.violations()
+        );
+        drop(ctx);
+        assert!(
+            model.live_node().is_empty(),
+            "denied {denied}: {:?}",
+            model.live_node()
+        );
+    }
+}
+
 /// F4, R13.3 across threads with batches of two ranges (the gate's path
 /// for several ranges): one thread binds and unbinds on each endpoint's
 /// range while two others enqueue batches naming both. No copy reaches
