@@ -285,6 +285,10 @@ pub mod reading_the_compiler {
     //!   annotations needed for `Allocation<_>`: write
     //!   `Allocation::<Private>::on_device(..)` (or `PosixFd`, `FabricShareable` for
     //!   memory that exportable or imported multicast endpoints bind).
+    //! - `stream.route(&allocation, &ep)` or a batch's `put(&allocation, ..)`
+    //!   gives `E0308` expected `&Mapped<_>`, found `&Allocation<_>`: a copy
+    //!   needs an address in this process, so map the allocation first
+    //!   (`allocation.map(&[dev])?`); `bind` takes both, a copy only `Mapped`.
     //! - `Spec::team(4, bytes)` with a plain number: the first error says
     //!   what to write ("the team size must be a typenum number such as
     //!   `U4::new()`, not `{integer}`"); rustc follows it with errors from

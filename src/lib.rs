@@ -47,7 +47,7 @@ pub mod error {
     //! answer what callers decide on.
 
     pub use crate::errors::{
-        Alignment, Answer, Arg, ContextPair, Extent, Failure, Feature, Role, Rule,
+        Alignment, Answer, Arg, ContextPair, Extent, Failure, Feature, PeerBound, Role, Rule,
     };
     // In the crate, every error item is `crate::error::*`; publicly, these
     // three are at the root only.

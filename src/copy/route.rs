@@ -45,7 +45,7 @@ use crate::unwind::OnUnwindWith;
 ///
 /// Each [`Route::put`] is checked exactly as the batch of that put alone
 /// (`CopyBatch::new().put(..)`, enqueued on the stream) and answers the
-/// same; a route reads the endpoint's facts once rather than per batch,
+/// same (its errors name the put as that batch's op 0); a route reads the endpoint's facts once rather than per batch,
 /// and again after a bind or unbind changed them. It borrows the memory,
 /// the endpoint and the stream, as the batches and tokens it makes do:
 /// freeing the memory or destroying the endpoint while it or a token of

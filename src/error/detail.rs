@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use crate::driver::Device;
+
 macro_rules! rules {
     ($($v:ident = $name:literal: $statement:literal;)*) => {
         /// A rule of the driver contract, as the crate's errors cite it
@@ -261,6 +263,20 @@ impl ContextPair {
             ContextPair::EventOnStream => "record it on a stream of the event's context",
         }
     }
+}
+
+/// What a target in another process bound on an endpoint, as far as a
+/// copy on the portable path here reaches it: `device` of rank `rank` (as
+/// a bring-up or [`Endpoint::add_peer_window`](crate::Endpoint::add_peer_window)
+/// named them) and the endpoint bytes its windows here cover.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeerBound {
+    /// The rank.
+    pub rank: u32,
+    /// Its device.
+    pub device: Device,
+    /// The endpoint bytes `[start, end)` its windows here cover, in order.
+    pub covered: Vec<(u64, u64)>,
 }
 
 /// What a range error overflowed (R5.4).

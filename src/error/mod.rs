@@ -18,7 +18,7 @@ mod failed;
 mod tests;
 mod words;
 
-pub use detail::{Alignment, Answer, Arg, ContextPair, Extent, Feature, Role, Rule};
+pub use detail::{Alignment, Answer, Arg, ContextPair, Extent, Feature, PeerBound, Role, Rule};
 pub use failed::{Failed, Failure};
 use words::*;
 
@@ -456,7 +456,8 @@ pub enum Error {
     /// memory it bound by address there, and no peer window
     /// ([`crate::Endpoint::add_peer_window`]) (F9).
     #[error(
-        "copy op {op} on the portable path (cuMemcpyAsync): endpoint {id} bytes {offset}..{end} are reachable here on {known} of its {targets} targets (F9); bind `Mapped` memory in this process (`Allocation::map(&[dev])`, then `bind`: a bind by `Allocation` handle has no address here), and for each target in another process: after a bring-up, bind `Mapped<FabricShareable>` memory on every rank before `agree_bound` or `OwnedPeers::grow` (or `PosixFd` memory and `agree_bound_fds` or `grow_fds`, one node), which registers the peers' memory; otherwise import it (`import_fd` within a node, `import_fabric` across), map it and register it with `Endpoint::add_peer_window`",
+        "copy op {op} on the portable path (cuMemcpyAsync): endpoint {id} bytes {offset}..{end} are reachable here on {known} of its {targets} targets (F9); {}",
+        no_window_fix(.peer.as_deref()),
         end = offset.saturating_add(*size)
     )]
     CopyNoWindow {
@@ -472,6 +473,10 @@ pub enum Error {
         known: u32,
         /// Targets of the endpoint: 1 for unicast, the team size for multicast.
         targets: u32,
+        /// The first target without them when it is another process's with
+        /// windows elsewhere on the endpoint (it bound memory, not there),
+        /// with what they cover; `None` otherwise.
+        peer: Option<Box<PeerBound>>,
     },
 
     /// On the portable path ([`crate::CopyPath::Portable`]): the endpoint's

@@ -166,3 +166,21 @@ pub(super) fn timeout_fix(multicast: bool) -> &'static str {
         "wait longer: construction is asynchronous and the driver has not finished it yet"
     }
 }
+
+/// What to do about [`Error::CopyNoWindow`](super::Error::CopyNoWindow):
+/// for a peer that bound memory elsewhere on the endpoint, put inside what
+/// it bound or have it bind there; else how this process gets windows.
+pub(super) fn no_window_fix(peer: Option<&super::PeerBound>) -> String {
+    if let Some(p) = peer {
+        let spans: Vec<String> = p.covered.iter().map(|(a, b)| format!("{a}..{b}")).collect();
+        return format!(
+            "rank {} bound memory on this endpoint (its {}) only at bytes {}: put inside those bytes, or have rank {} bind more there before an agreement that registers it here (`agree_bound`, `OwnedPeers::grow`)",
+            p.rank,
+            p.device,
+            spans.join(", "),
+            p.rank
+        );
+    }
+    "bind `Mapped` memory in this process (`Allocation::map(&[dev])`, then `bind`: a bind by `Allocation` handle has no address here), and for each target in another process: after a bring-up, bind `Mapped<FabricShareable>` memory on every rank before `agree_bound` or `OwnedPeers::grow` (or `PosixFd` memory and `agree_bound_fds` or `grow_fds`, one node), which registers the peers' memory; otherwise import it (`import_fd` within a node, `import_fabric` across), map it and register it with `Endpoint::add_peer_window`"
+        .to_owned()
+}

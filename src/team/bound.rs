@@ -331,8 +331,8 @@ impl<M: BindSource> std::fmt::Debug for OwnedTeam<M> {
 
 impl<M: BindSource> OwnedTeam<M> {
     /// The team's endpoint, to put into (a multicast put lands in every
-    /// member's bound memory, F1). Lent for as long as this `BoundTeam`
-    /// lives: its [`close`](BoundTeam::close) is every rank's word that it
+    /// member's bound memory, F1). Lent for as long as this `OwnedTeam`
+    /// lives: its [`close`](OwnedTeam::close) is every rank's word that it
     /// stopped copying (R13.7), so no copy can name the endpoint after it.
     pub fn endpoint(&self) -> &Endpoint<Ready, SharedMulticast> {
         self.inner.endpoint()

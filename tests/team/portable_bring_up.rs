@@ -171,6 +171,76 @@ fn posix_fd_memory_after_plain_agree_bound_has_no_window_and_the_copy_says_so() 
     common::clean(&ranks[0].0, &model);
 }
 
+/// F9 on the portable path: a put into a peer's endpoint past the memory
+/// that peer bound (and the agreement registered here) names the peer and
+/// the bytes it bound, as a batch and through a route, before the driver.
+#[test]
+fn a_put_past_what_a_peer_bound_names_the_peer_and_the_bytes_it_bound() {
+    use cuda_endpoints::error::PeerBound;
+    let (ranks, model) = node_processes(2);
+    portable(&ranks);
+    on_every_rank(&ranks, Threads::new(2), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let spec = PeerSpec::new(dev, 2 * BYTES).timeout(T);
+        let peers = team::unicast_peers(ctx, boot, &spec).unwrap();
+        let mem = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+        let binding = peers.own().bind(dev, 0, &mem).unwrap();
+        let bound = peers.agree_bound(boot, T).unwrap();
+        let (stream, src) = (
+            Stream::new(ctx, dev).unwrap(),
+            common::mapped::<FabricShareable>(ctx, dev, BYTES),
+        );
+        let peer = bound.peer(1 - r).unwrap();
+        let calls = me.calls(Call::MemcpyAsync);
+        let by_batch = stream
+            .enqueue(CopyBatch::new().put(&src, 0, peer, BYTES + 4096, 64))
+            .map(|_| ())
+            .unwrap_err();
+        let by_route = stream
+            .route(&src, peer)
+            .put(0, BYTES + 4096, 64)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(by_route, by_batch);
+        let Error::CopyNoWindow {
+            known: 0,
+            targets: 1,
+            peer: Some(p),
+            ..
+        } = &by_batch
+        else {
+            panic!("{by_batch:?}");
+        };
+        let other = (1 - r) as i32;
+        let want = PeerBound {
+            rank: (1 - r) as u32,
+            device: other.into(),
+            covered: vec![(0, BYTES)],
+        };
+        assert_eq!(**p, want);
+        let msg = by_batch.to_string();
+        assert!(
+            msg.contains(&format!(
+                "rank {} bound memory on this endpoint (its device {other}) only at bytes 0..{BYTES}: put inside",
+                1 - r
+            )),
+            "{msg}"
+        );
+        assert_eq!(
+            me.calls(Call::MemcpyAsync),
+            calls,
+            "nothing reached the driver"
+        );
+        boot.barrier(T).unwrap();
+        drop(stream);
+        bound.close(boot, T).unwrap();
+        drop(binding);
+        drop((src, mem, peers));
+        assert!(ctx.take_teardown_errors().is_empty());
+    });
+    common::clean(&ranks[0].0, &model);
+}
+
 #[test]
 fn after_agree_bound_a_portable_multicast_put_lands_in_every_members_memory() {
     let (ranks, model) = node_processes(N);

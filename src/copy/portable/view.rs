@@ -246,8 +246,29 @@ impl View {
         }
     }
 
+    /// [`Error::CopyNoWindow`] for op `op`, whose target `known` (the
+    /// member of that index, if any) lacks a window over its bytes.
     #[cold]
     fn no_window(&self, op: usize, offset: u64, size: u64, known: usize) -> Error {
+        // A peer with windows elsewhere bound memory, not there: named,
+        // with what its windows cover (the user's fix differs).
+        let peer = match self.members.get(known) {
+            Some(&Member::Peer { rank, device }) => {
+                let (lo, hi) = (self.starts[known], self.starts[known + 1]);
+                let covered: Vec<(u64, u64)> = self.wins[lo..hi]
+                    .iter()
+                    .map(|w| (w.offset, w.end))
+                    .collect();
+                (!covered.is_empty()).then(|| {
+                    Box::new(crate::error::PeerBound {
+                        rank,
+                        device,
+                        covered,
+                    })
+                })
+            }
+            _ => None,
+        };
         Error::CopyNoWindow {
             op,
             id: self.id,
@@ -255,6 +276,7 @@ impl View {
             size,
             known: u32::try_from(known).unwrap_or(u32::MAX),
             targets: self.team_size,
+            peer,
         }
     }
 
