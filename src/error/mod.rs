@@ -479,6 +479,26 @@ pub enum Error {
         peer: Option<Box<PeerBound>>,
     },
 
+    /// On the portable path ([`crate::CopyPath::Portable`]): an agreement
+    /// that shares this rank's memory with its peers (`agree_bound`,
+    /// `OwnedPeers::grow`) found [`crate::PosixFd`] memory bound, whose
+    /// descriptors cross only with the `_fds` agreements: peers would get
+    /// no window onto it, and their copies there would fail (F9).
+    #[error(
+        "endpoint {id}: {device} binds `PosixFd` memory at bytes {offset}..{end}, which this agreement cannot share with peers on the portable path (they reach it through windows, F9); agree with `agree_bound_fds` (a heap's chunk: `OwnedPeers::grow_fds`), whose descriptors pass within one node, or bind `FabricShareable` memory",
+        end = offset.saturating_add(*size)
+    )]
+    PosixFdWithoutFds {
+        /// The endpoint id.
+        id: u32,
+        /// The device it is bound on.
+        device: Device,
+        /// Where, in endpoint bytes.
+        offset: u64,
+        /// How many bytes.
+        size: u64,
+    },
+
     /// On the portable path ([`crate::CopyPath::Portable`]): the endpoint's
     /// windows name more targets than it has (its devices in this process
     /// and each `(rank, device)` of a peer window count one each), so which
@@ -738,7 +758,9 @@ impl Error {
             Error::EmptyTeam => Some(Rule::R2_2),
             Error::Overlap { .. } => Some(Rule::R5_9),
             Error::CopyOutOfRange { .. } => Some(Rule::F9),
-            Error::CopyNotBound { .. } | Error::CopyNoWindow { .. } => Some(Rule::F9),
+            Error::CopyNotBound { .. }
+            | Error::CopyNoWindow { .. }
+            | Error::PosixFdWithoutFds { .. } => Some(Rule::F9),
             Error::CopyNotAgreed { .. } => Some(Rule::R13_3),
             Error::CloseNotAgreed { .. } => Some(Rule::R13_7),
             Error::CopyNotLocal { .. } | Error::CopyNotAccessible { .. } => Some(Rule::F2),

@@ -127,26 +127,36 @@ pub(crate) struct PeerExport {
     pub map_base: u64,
 }
 
+/// Memory a binding keeps that peers cannot import from a report: what
+/// it is, in words.
+pub(crate) enum NotForPeers {
+    /// [`PosixFd`] memory, whose descriptors cross only with the `_fds`
+    /// agreements.
+    PosixFdWithoutFds,
+    /// Anything else peers cannot import (named).
+    Other(&'static str),
+}
+
 /// What a binding keeps alive (`keep`), exported for peers: the fabric
 /// handle of a mapping of [`FabricShareable`] memory, or with `fds` a
-/// descriptor of one of [`PosixFd`] memory; `Ok(Err(what))`, naming it, for
-/// memory peers cannot import that way (an
-/// [`Allocation`](super::Allocation) bound by handle has no address here).
+/// descriptor of one of [`PosixFd`] memory; `Ok(Err(..))` for memory peers
+/// cannot import that way (an [`Allocation`](super::Allocation) bound by
+/// handle has no address here).
 pub(crate) fn export_for_peers(
     keep: &KeepAlive,
     fds: bool,
-) -> Result<std::result::Result<PeerExport, &'static str>> {
+) -> Result<std::result::Result<PeerExport, NotForPeers>> {
     let Some(m) = keep.0.mapping() else {
-        return Ok(Err("an Allocation bound by handle"));
+        return Ok(Err(NotForPeers::Other("an Allocation bound by handle")));
     };
     let Some(alloc) = m.alloc.as_deref() else {
-        return Ok(Err("a mapping being dropped"));
+        return Ok(Err(NotForPeers::Other("a mapping being dropped")));
     };
     let handle = match alloc.share {
         FabricShareable::BITS => PeerHandle::Fabric(export_fabric(alloc)?),
         PosixFd::BITS if fds => PeerHandle::Fd(export_fd(alloc)?),
-        PosixFd::BITS => return Ok(Err(PosixFd::NAME)),
-        _ => return Ok(Err(Private::NAME)),
+        PosixFd::BITS => return Ok(Err(NotForPeers::PosixFdWithoutFds)),
+        _ => return Ok(Err(NotForPeers::Other(Private::NAME))),
     };
     Ok(Ok(PeerExport {
         handle,

@@ -34,7 +34,7 @@ use crate::unwind::OnUnwind;
 
 mod keep;
 mod mapped;
-pub(crate) use keep::{AllocId, KeepAlive, PeerHandle, export_for_peers};
+pub(crate) use keep::{AllocId, KeepAlive, NotForPeers, PeerHandle, export_for_peers};
 pub use mapped::Mapped;
 pub(crate) use mapped::{Locality, MappedInner};
 

@@ -197,10 +197,13 @@ impl SharedTeam {
     /// `Mapped<FabricShareable>` bindings travel as fabric handles in the
     /// agreement, and every rank imports, maps and registers them, so no
     /// rank calls `add_peer_window` (`PosixFd` memory:
-    /// [`SharedTeam::agree_bound_fds`]). Memory peers cannot import that way
-    /// gets no window and a `tracing` warning (`tracing_subscriber::fmt::init()`
-    /// in `main` prints it); a copy that needs it fails
-    /// with [`Error::CopyNoWindow`](crate::Error::CopyNoWindow), before the
+    /// [`SharedTeam::agree_bound_fds`]; bound here, it fails every rank with
+    /// [`Error::PosixFdWithoutFds`](crate::Error::PosixFdWithoutFds) naming
+    /// this rank). Other memory peers cannot import that way (an
+    /// `Allocation` bound by handle, raw addresses) gets no window and a
+    /// `tracing` warning (`tracing_subscriber::fmt::init()` in `main` prints
+    /// it); a copy that needs it fails with
+    /// [`Error::CopyNoWindow`](crate::Error::CopyNoWindow), before the
     /// driver.
     ///
     /// # Errors
@@ -476,10 +479,9 @@ impl Peers {
     /// that owner's endpoint here, as [`SharedTeam::agree_bound`] does:
     /// `Mapped<FabricShareable>` memory. `PosixFd` memory crosses processes
     /// only as a descriptor: bind it `Mapped` and call
-    /// [`Peers::agree_bound_fds`] instead (one node), or copies through it
-    /// fail with [`crate::Error::CopyNoWindow`] (a `tracing` warning says
-    /// so at the agreement: `tracing_subscriber::fmt::init()` in `main`
-    /// prints it).
+    /// [`Peers::agree_bound_fds`] instead (one node); with this call it
+    /// fails every rank with [`crate::Error::PosixFdWithoutFds`], naming
+    /// the rank that bound it.
     ///
     /// # Errors
     /// The same [`TeamError`] on every rank when a rank bound nothing on its

@@ -174,10 +174,11 @@ impl<M: BindSource> OwnedPeers<M> {
     /// a `Mapped<FabricShareable>` chunk's fabric handle rides in it, and
     /// every rank imports, maps and registers it as the window of that
     /// peer's endpoint at the chunk's offset ([`OwnedPeers::grow_fds`] for
-    /// `PosixFd` chunks; other memory gets no window and a `tracing`
-    /// warning — `tracing_subscriber::fmt::init()` prints it — and a copy
-    /// that needs it fails with
-    /// [`Error::CopyNoWindow`] before the driver).
+    /// `PosixFd` chunks, which this call refuses on every rank with
+    /// [`Error::PosixFdWithoutFds`]; other memory gets no window and a
+    /// `tracing` warning — `tracing_subscriber::fmt::init()` prints it — and
+    /// a copy that needs it fails with [`Error::CopyNoWindow`] before the
+    /// driver).
     ///
     /// # Errors
     /// A [`TeamError`] at [`Step::Grow`] on every rank: a chunk that would

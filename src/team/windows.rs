@@ -10,11 +10,12 @@
 //!   and the allocation's fabric handle (bytes, so they cross in the
 //!   agreement's own message); with `agree_bound_fds`, its `PosixFd`
 //!   bindings too, whose descriptors cross after the agreement
-//!   ([`pass_fds`]: `FdExchange`, `SCM_RIGHTS`, one node). Other memory is
-//!   named in a `tracing` warning and gets no window: `PosixFd` memory
-//!   without `agree_bound_fds`, an `Allocation` bound by handle (no
-//!   address), and `Private` memory does not bind to a team endpoint at
-//!   all (R5.6, a compile error).
+//!   ([`pass_fds`]: `FdExchange`, `SCM_RIGHTS`, one node). `PosixFd`
+//!   memory without `agree_bound_fds` fails the agreement on every rank
+//!   (`Error::PosixFdWithoutFds`: the one fix is that call). Other memory
+//!   is named in a `tracing` warning and gets no window: an `Allocation`
+//!   bound by handle (no address); `Private` memory does not bind to a
+//!   team endpoint at all (R5.6, a compile error).
 //! - [`import`] and [`register`]: every peer's memory imported and mapped
 //!   here, checked against the endpoint before the driver sees a byte and
 //!   against the memory this process knows (`known`: a share that is its
@@ -34,8 +35,9 @@ use crate::bootstrap::{Bootstrap, BootstrapError, Deadline, Exchange, FdExchange
 use crate::copy::local_binds;
 use crate::driver::Device;
 use crate::endpoint::Endpoint;
+use crate::error::Error;
 use crate::kind::{FabricShareable, Kind, PosixFd};
-use crate::memory::{Allocation, BindSource, PeerHandle, export_for_peers};
+use crate::memory::{Allocation, BindSource, NotForPeers, PeerHandle, export_for_peers};
 use crate::state::{IsReady, State};
 
 use super::error::{Cause, Step, TeamError};
@@ -97,7 +99,18 @@ pub(crate) fn export<S: State, K: Kind>(
         };
         let e = match export_for_peers(keep, fds).map_err(Cause::Local)? {
             Ok(e) => e,
-            Err(what) => {
+            // The one agreement this rank could have made and did not:
+            // every rank fails alike, naming it, rather than a peer's
+            // first copy here (F9).
+            Err(NotForPeers::PosixFdWithoutFds) => {
+                return Err(Cause::Local(Error::PosixFdWithoutFds {
+                    id: ep.id(),
+                    device: b.device,
+                    offset: b.offset,
+                    size: b.size,
+                }));
+            }
+            Err(NotForPeers::Other(what)) => {
                 tracing::warn!(
                     device = b.device.0,
                     offset = b.offset,

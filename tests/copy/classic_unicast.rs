@@ -220,12 +220,20 @@ fn unicast_peers_come_up_on_the_classic_fallback_and_copy_through_windows() {
         .enumerate()
         .map(|(r, ((_, _, p, _), m))| p.own().bind(r as i32, 0, m).unwrap())
         .collect();
-    // Every rank bound: the ranks agree on it (R13.3) before any copy.
+    // Every rank bound: the ranks agree on it (R13.3) before any copy, and
+    // pass their `PosixFd` memory's descriptors (one node), which makes
+    // every peer's window here: no `add_peer_window`.
+    let node = cuda_endpoints::bootstrap::NodeId::current().unwrap();
     let agreed: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks
             .iter()
             .map(|(_, _, peers, boot)| {
-                s.spawn(move || peers.agree_bound(boot, T).expect("every rank bound"))
+                let node = &node;
+                s.spawn(move || {
+                    peers
+                        .agree_bound_fds(boot, node, T)
+                        .expect("every rank bound")
+                })
             })
             .collect();
         handles
@@ -235,15 +243,7 @@ fn unicast_peers_come_up_on_the_classic_fallback_and_copy_through_windows() {
     });
     for (me, ((ctx, _, _, _), peers)) in ranks.iter().zip(&agreed).enumerate() {
         let other = 1 - me;
-        let fd = mems[other].export_fd().unwrap();
-        let window = Allocation::<PosixFd>::import_fd(ctx, &fd, ALIGN)
-            .unwrap()
-            .map(&[me as i32])
-            .unwrap();
         let ep = peers.peer(other).expect("the peer's endpoint");
-        ep.add_peer_window(other as u32, other as i32, 0, &window)
-            .unwrap();
-        drop((window, fd));
         let stream = Stream::new(ctx, me as i32).unwrap();
         let bytes = pattern(20 + me as u8, 8192);
         let got = stream

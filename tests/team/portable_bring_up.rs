@@ -140,40 +140,43 @@ fn after_agree_bound_fds_posix_fd_peers_put_and_get_every_byte_with_no_add_peer_
     common::clean(&ranks[0].0, &model);
 }
 
+/// `PosixFd` memory under the plain agreement on the portable path: peers
+/// could get no window onto it, so the agreement fails on every rank alike
+/// (at `Step::Bind`, naming the rank that bound it), with the fix named,
+/// rather than a peer's first copy there; nothing is left behind.
 #[test]
-fn posix_fd_memory_after_plain_agree_bound_has_no_window_and_the_copy_says_so() {
+fn posix_fd_memory_under_plain_agree_bound_fails_every_rank_naming_agree_bound_fds() {
     let (ranks, model) = node_processes(2);
     portable(&ranks);
     on_every_rank(&ranks, Threads::new(2), |r, ctx, _, boot| {
-        with_bound_peers::<PosixFd, _>(r, ctx, boot, |peers, _| {
-            let bound = peers.agree_bound(boot, T).unwrap();
-            let stream = Stream::new(ctx, r as i32).unwrap();
-            let e = stream
-                .enqueue(CopyBatch::new().get_host(bound.peer(1 - r).unwrap(), 0, 64))
-                .map(|_| ())
-                .unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    Error::CopyNoWindow {
-                        known: 0,
-                        targets: 1,
-                        ..
-                    }
-                ),
-                "{e}"
-            );
-            assert!(e.to_string().contains("agree_bound_fds"), "{e}");
-            boot.barrier(T).unwrap();
-            drop(stream);
-        })
+        // Rank 0 binds `FabricShareable`, rank 1 `PosixFd`.
+        let e = if r == 0 {
+            with_bound_peers::<FabricShareable, _>(r, ctx, boot, |peers, _| {
+                peers.agree_bound(boot, T).map(|_| ()).unwrap_err()
+            })
+        } else {
+            with_bound_peers::<PosixFd, _>(r, ctx, boot, |peers, _| {
+                peers.agree_bound(boot, T).map(|_| ()).unwrap_err()
+            })
+        };
+        assert_eq!((e.rank, e.step), (1, Step::Bind), "rank {r}: {e}");
+        assert!(
+            matches!(
+                e.cause,
+                Cause::Local(Error::PosixFdWithoutFds {
+                    offset: 0,
+                    size: BYTES,
+                    ..
+                }) | Cause::Peer(_)
+            ),
+            "rank {r}: {e:?}"
+        );
+        let msg = e.to_string();
+        assert!(msg.contains("agree_bound_fds"), "rank {r}: {msg}");
     });
     common::clean(&ranks[0].0, &model);
 }
 
-/// F9 on the portable path: a put into a peer's endpoint past the memory
-/// that peer bound (and the agreement registered here) names the peer and
-/// the bytes it bound, as a batch and through a route, before the driver.
 #[test]
 fn a_put_past_what_a_peer_bound_names_the_peer_and_the_bytes_it_bound() {
     use cuda_endpoints::error::PeerBound;
