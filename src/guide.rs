@@ -128,6 +128,7 @@ pub mod reading_the_compiler {
     //! | `bind` on an imported unicast endpoint | an imported unicast endpoint accepts no memory: binding on it is not allowed | bind in the exporting process; here, pass `kernel_ref()` to kernels | R5.7 | `memory_bind_on_imported_unicast` |
     //! | `bind` on an imported team by hand, before the wait (and so before every rank enrolled) | the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `Pending` | use `team::multicast`, whose agreement steps order enrollment, wait and bind across ranks; by hand, `.wait(timeout)` first | R3.1, R3.2, R4.4 | `team_bind_before_agreement` |
     //! | a copy (`put`, `get`, `put_host`, `get_host`) through `team.endpoint()` or `peers.peer(r)` before the ranks agreed that every rank bound | no copy through a team's endpoint before its ranks agreed that every rank bound its memory (R13.3): this endpoint is `TeamReady` | bind, then `team.agree_bound(&boot, timeout)?` on every rank, and copy through the endpoints of what it returns | R13.3 | `team_copy_before_agree_bound` |
+    //! | `stream.route(&src, team.endpoint())` before the ranks agreed that every rank bound | the same message, once, at the route (its `put` adds none) | as above: route into `bound.endpoint()` or `bound.peer(rank)` | R13.3 | `team_route_before_agree_bound` |
     //! | a copy through `team.into_endpoint()`, the team's endpoint owned before any agreement | the same message: the owned endpoint is still `TeamReady` | `team.into_bound([(dev, offset, mem)], &boot, timeout)?` on every rank: it binds, agrees, and hands back an `OwnedTeam` that copies | R13.3 | `team_copy_through_owned_endpoint_before_agreement` |
     //! | `Allocation::<Private>` bound on the endpoint of a `team::multicast` bring-up | `Private` memory cannot be bound here: this `SharedMulticast` endpoint takes only externally shareable memory | allocate with `Allocation::<FabricShareable>` (then `agree_bound`) or, on one node, `Allocation::<PosixFd>` (then `agree_bound_fds`) | R5.6 | `team_shared_private_memory` |
     //! | `unbind_all()` on an owned team (`team.into_bound(..)`), one member alone | an owned team has no `unbind_all`: one member's unbind alone lets the others put into a member with nothing bound (R13.7) | `team.close(&boot, timeout)?` on every rank: each completes its copies, all agree, then each unbinds, destroys and frees | R13.7 | `team_unbind_all_of_one_member_alone` |
@@ -454,6 +455,7 @@ pub mod misuse_cases {
         team_bind_incomplete: E0277,
         team_bind_part_incomplete: E0277,
         team_copy_before_agree_bound: E0277,
+        team_route_before_agree_bound: E0277,
         team_copy_through_bound_peers_after_close: E0505,
         team_copy_through_owned_endpoint_before_agreement: E0277,
         team_export_incomplete_not_exportable: E0277,

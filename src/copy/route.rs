@@ -77,6 +77,30 @@ pub struct Route<'a, H: MemShare, S: State, K: Kind> {
     facts: Option<(EpFacts, u64)>,
     /// The memory's address and size (its end does not wrap).
     mem: (u64, u64),
+    /// [`as_batch`] at the route's types, made where they are known to be
+    /// ready and agreed ([`Stream::route`]): `put` asks no bound of the
+    /// state, so a route the compiler refused (before an agreement) is
+    /// one error, not a second one at each `put`.
+    as_batch: AsBatch<'a, H, S, K>,
+}
+
+/// [`as_batch`]'s signature.
+type AsBatch<'a, H, S, K> =
+    fn(&'a Stream, &'a Mapped<H>, &'a Endpoint<S, K>, u64, u64, u64) -> Result<InFlight<'a>>;
+
+/// The batch of one put, enqueued (a route's put that is not the usual one).
+fn as_batch<'a, H: MemShare, S, K: Kind>(
+    stream: &'a Stream,
+    src: &'a Mapped<H>,
+    ep: &'a Endpoint<S, K>,
+    at: u64,
+    offset: u64,
+    size: u64,
+) -> Result<InFlight<'a>>
+where
+    S: State + IsReady + Agreed,
+{
+    stream.enqueue(CopyBatch::new().put(src, at, ep, offset, size))
 }
 
 impl<H: MemShare, S: State, K: Kind> std::fmt::Debug for Route<'_, H, S, K> {
@@ -106,16 +130,14 @@ impl Stream {
             ep,
             facts: None,
             mem: (src.device_ptr(), src.size()),
+            as_batch: as_batch::<H, S, K>,
         };
         route.read_facts();
         route
     }
 }
 
-impl<'a, H: MemShare, S, K: Kind> Route<'a, H, S, K>
-where
-    S: State + IsReady + Agreed,
-{
+impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
     /// Puts `size` bytes of the route's memory from `src_offset` into its
     /// endpoint at `offset`: `CopyBatch::new().put(src, src_offset, ep,
     /// offset, size)` enqueued on the route's stream, with its answer.
@@ -211,9 +233,7 @@ where
     #[cold]
     #[inline(never)]
     fn put_as_batch(&mut self, at: u64, offset: u64, size: u64) -> Result<InFlight<'a>> {
-        let r = self
-            .stream
-            .enqueue(CopyBatch::new().put(self.src, at, self.ep, offset, size));
+        let r = (self.as_batch)(self.stream, self.src, self.ep, at, offset, size);
         let stale = self
             .facts
             .as_ref()
