@@ -109,7 +109,7 @@ DATA_PATH=(
     host_memory_is_read_and_written_in_stream_order
     live_counts_streams_events_graphs_and_graph_execs_so_a_leaked_one_shows
     memcpy_async_moves_device_and_host_bytes_in_stream_order
-    memory_of_another_context_in_a_copy_is_refused_as_the_wrong_context
+    objects_of_two_contexts_are_refused_before_the_driver_naming_which_two
     multicast_put_reaches_every_members_bound_memory
     r13_3_a_copy_the_stream_reaches_before_the_owner_bound_is_caught
     stream_order_a_read_before_synchronize_sees_the_old_bytes
