@@ -148,9 +148,10 @@ impl Parts<'_> {
         let gate = crate::ledger::gate::ChangeGate::unbind(self.range, self.id)?;
         // Copies in flight on this id (a forgotten `InFlight`) complete first (F4).
         crate::ledger::settle(self.range, self.id)?;
-        // A panic inside the call (a layer, after the driver unbound): the
-        // record stays, keeping the memory until destroy (R7.2), but covers
-        // no byte from then on, so no copy passes F9 on it.
+        // A panic inside the call, before or after the driver unbound: the
+        // record stays, keeping the memory until destroy (R7.2) and its
+        // extent (no bind over it, R5.9), but covers no byte from then on,
+        // so no copy passes F9 on it.
         let unwound = crate::unwind::OnUnwind::new(move || self.unbound_under_a_panic());
         // SAFETY: exactly the range this `Binding` token was made for, unbound
         // once (the token is consumed or dropped), so R6.1, R6.2 and C4 hold.
@@ -181,21 +182,19 @@ impl Parts<'_> {
 }
 
 impl Parts<'_> {
-    /// After a panic inside the driver's unbind: this bind's record covers
-    /// no byte (size 0: F9 refuses copies there, and a later bind there is
-    /// the driver's to judge) but keeps its memory until the endpoint is
-    /// destroyed (R7.2); its window goes. Out of line: only unwinding
+    /// After a panic inside the driver's unbind, which may or may not have
+    /// unbound: this bind's record is [`Bound::UNWOUND`] (F9 refuses copies
+    /// there, a bind over it is refused, R5.9) and keeps its memory until
+    /// the endpoint is destroyed (R7.2); its window goes. Out of line: only unwinding
     /// comes here.
     #[cold]
     #[inline(never)]
     fn unbound_under_a_panic(&self) {
         let mut slot = self.range.slot(self.id);
-        if let Some(b) = slot
-            .bindings
-            .iter_mut()
-            .find(|b| b.dev == self.dev && b.offset == self.offset && b.size == self.size)
-        {
-            b.size = 0;
+        if let Some(b) = slot.bindings.iter_mut().find(|b| {
+            b.dev == self.dev && b.offset == self.offset && b.size == self.size && b.covers()
+        }) {
+            b.mark_unwound();
         }
         self.range.bindings_changed();
         let window = slot.take_windows(|w| w.is_local(self.dev, self.offset));
@@ -320,11 +319,11 @@ fn take_record(
 ) -> Option<crate::memory::KeepAlive> {
     let b = &mut slot.bindings;
     let all = b.as_mut_slice();
-    // By size too: a record whose unbind panicked stays, at size 0, beside
-    // a later bind at the same place.
+    // Not a record whose bind or unbind unwound: it stays until destroy
+    // (none overlaps it, so none shares its place; skipped all the same).
     let i = all
         .iter()
-        .position(|r| r.dev == dev && r.offset == offset && r.size == size)?;
+        .position(|r| r.dev == dev && r.offset == offset && r.size == size && r.covers())?;
     let keep = all[i]._keep.take();
     let last = all.len() - 1;
     if i != last {
@@ -666,9 +665,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
                 }
             }
             let handle_at = match target {
-                Target::Handle(_) if keep.is_some() => {
-                    u32::try_from(mem_offset / align).unwrap_or(Bound::BY_ADDRESS)
-                }
+                Target::Handle(_) if keep.is_some() => u32::try_from(mem_offset / align)
+                    .ok()
+                    .filter(|&at| at < Bound::UNWOUND)
+                    .unwrap_or(Bound::BY_ADDRESS),
                 _ => Bound::BY_ADDRESS,
             };
             let bound = Bound {
@@ -702,10 +702,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let d = ctx.driver();
         // A panic inside the call (a `tracing` layer on the call's denial
         // or failure, a backend before it forwarded the bind) may come
-        // before the driver bound: the record stays, keeping the memory
-        // until the endpoint is destroyed, as for a forgotten `Binding`
-        // (R7.2), but covers no byte, so no copy passes F9 on bytes the
-        // driver may not have bound (R13.3), as after an unbind's panic.
+        // before the driver bound, or after: the record stays, keeping the
+        // memory until the endpoint is destroyed, as for a forgotten
+        // `Binding` (R7.2), and its extent, so that no bind goes over bytes
+        // the driver may hold (R5.9), but covers no byte, so that no copy
+        // passes F9 on bytes it may not hold (R13.3), as after an unbind's.
         let unwound = crate::unwind::OnUnwind::new(|| self.bind_unwound(dev, offset, size));
         // SAFETY: the endpoint is `Ready` (a query reported it, R3.4); the
         // memory is kept alive by the slot's `Bound` entry until the driver
@@ -744,10 +745,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         })
     }
 
-    /// After a panic inside the driver's bind: this bind's record covers
-    /// no byte (size 0: F9 refuses copies there, and a later bind there is
-    /// the driver's to judge) but keeps its memory until the endpoint is
-    /// destroyed (R7.2); its window goes. Out of line: only unwinding
+    /// After a panic inside the driver's bind, which may or may not have
+    /// bound: this bind's record is [`Bound::UNWOUND`] (F9 refuses copies
+    /// there, a bind over it is refused, R5.9) and keeps its memory until
+    /// the endpoint is destroyed (R7.2); its window goes. Out of line: only unwinding
     /// comes here.
     #[cold]
     #[inline(never)]
@@ -756,9 +757,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         if let Some(b) = slot
             .bindings
             .iter_mut()
-            .find(|b| b.dev == dev && b.offset == offset && b.size == size)
+            .find(|b| b.dev == dev && b.offset == offset && b.size == size && b.covers())
         {
-            b.size = 0;
+            b.mark_unwound();
         }
         self.range().bindings_changed();
         let window = slot.take_windows(|w| w.is_local(dev, offset));

@@ -12,10 +12,11 @@
 /// implementations never panic themselves, and the layers they call run
 /// once the answer is known. The rollback therefore records what the driver
 /// then holds (an endpoint to destroy, a binding to keep alive) and never
-/// repeats the call. Where copies trust the record, it does not bet on
-/// either: a bind or unbind that unwound keeps its memory (R7.2) but
-/// covers no byte, so F9 refuses copies there (a layer may panic on a
-/// call's denial or failure, before the driver bound).
+/// repeats the call. Where the record is what later calls trust, it does
+/// not bet on either: a bind or unbind that unwound keeps its memory
+/// (R7.2) and its extent, so no bind goes over bytes the driver may hold
+/// (R5.9), but covers no byte, so F9 refuses copies there (a layer may
+/// panic on a call's denial or failure, before the driver acted).
 #[must_use = "an unarmed guard does nothing: keep it until the call returned"]
 pub(crate) struct OnUnwind<F: FnOnce()>(Option<F>);
 

@@ -442,7 +442,7 @@ impl BatchInner {
                 // there: nothing covered), without the general merge.
                 let mut one = Intervals::new();
                 let end = b.offset.saturating_add(b.size);
-                if b.dev == *d && b.offset < end {
+                if b.dev == *d && b.offset < end && b.covers() {
                     one.push((b.offset, end));
                 }
                 one

@@ -30,8 +30,25 @@ const _: () = assert!(std::mem::size_of::<Bound>() == 40);
 
 impl Bound {
     /// [`Bound::handle_at`] of a bind by address (or one whose offset
-    /// does not fit: 2^32 alignment units into the allocation).
+    /// does not fit: 2^32 - 1 alignment units into the allocation or more).
     pub const BY_ADDRESS: u32 = u32::MAX;
+    /// [`Bound::handle_at`] of a bind or unbind whose driver call unwound:
+    /// the driver may or may not hold the bytes. The record keeps its
+    /// extent and its memory until the endpoint is destroyed: another bind
+    /// over those bytes is refused (R5.9, the driver may hold them) and no
+    /// copy passes F9 on them ([`Bound::covers`]: it may not).
+    pub const UNWOUND: u32 = u32::MAX - 1;
+
+    /// Whether the record's bytes are known bound: a copy may go there.
+    #[inline(always)]
+    pub fn covers(&self) -> bool {
+        self.handle_at != Bound::UNWOUND
+    }
+
+    /// The call behind the record unwound ([`Bound::UNWOUND`]).
+    pub fn mark_unwound(&mut self) {
+        self.handle_at = Bound::UNWOUND;
+    }
 }
 
 /// Per-id bookkeeping that bindings change through a shared endpoint,
@@ -57,9 +74,9 @@ pub(crate) type HandleSpan = (u64, u64, u64, u64);
 
 impl Bound {
     /// Whether this is a bind by handle that covers bytes (not a record
-    /// whose unbind panicked).
+    /// whose bind or unbind unwound: the two sentinels are the highest).
     fn is_by_handle(&self) -> bool {
-        self.handle_at != Bound::BY_ADDRESS && self.size > 0
+        self.handle_at < Bound::UNWOUND
     }
 }
 
@@ -72,7 +89,7 @@ impl Slot {
     pub fn spans(&self, dev: Device) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.bindings
             .iter()
-            .filter(move |b| b.dev == dev)
+            .filter(move |b| b.dev == dev && b.covers())
             .map(|b| (b.offset, b.size))
     }
 

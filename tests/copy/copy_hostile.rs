@@ -962,37 +962,62 @@ fn f4_after_a_launch_that_panicked_the_graphs_received_buffers_never_change_whil
     );
 }
 
-/// F9 after a panic inside an unbind (a `tracing` layer after the driver
-/// unbound): the record stays with the endpoint so that the memory is
-/// never freed while it may be bound, but a copy through those bytes must
-/// not reach the driver as if they were bound.
+/// F9 and R5.9 after a panic inside an unbind (a `tracing` layer on the
+/// call's success or denial): the record stays with the endpoint so that
+/// the memory is never freed while it may be bound (R7.2), a copy through
+/// those bytes never reaches the driver as if they were bound, and a bind
+/// over them never reaches it as if they were free.
 #[test]
 fn f9_after_an_unbind_that_panicked_a_copy_through_its_bytes_never_reaches_the_driver_unbound() {
     use cuda_endpoints::driver::{Call, Traced};
     use std::panic::{AssertUnwindSafe, catch_unwind};
     quiet();
-    let model = Model::new(ModelConfig {
-        driver_version: 13050,
-        ..ModelConfig::node(2)
-    });
-    let ctx = Context::new(Traced::new(model.clone()));
-    let ep = unicast(&ctx, 0, ALIGN);
-    let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
-    let b = ep.bind(Device(0), 0, &owner).unwrap();
-    let r = tracing::subscriber::with_default(panic_after(Call::Unbind, 0), || {
-        catch_unwind(AssertUnwindSafe(|| b.unbind()))
-    });
-    assert!(r.is_err_and(|p| p.is::<Planned>()), "the planned panic");
-    let stream = Stream::new(&ctx, 0).unwrap();
-    let copied = outcome(stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 64)));
-    let v = model.violations();
-    drop(stream);
-    drop((ep, owner, src));
-    let _ = ctx.take_teardown_errors();
-    assert!(
-        v.is_empty(),
-        "the copy reached the driver: {copied}; violations {v:?}"
-    );
+    // The panic after the driver unbound (its success event), or before
+    // (its denial): either way no copy passes, and no bind goes over bytes
+    // the driver may still hold (R5.9).
+    for denied in [false, true] {
+        let model = Model::new(ModelConfig {
+            driver_version: 13050,
+            ..ModelConfig::node(2)
+        });
+        let traced = Traced::new(model.clone());
+        let ctx = Context::new(if denied {
+            traced.deny([Call::Unbind])
+        } else {
+            traced
+        });
+        let ep = unicast(&ctx, 0, ALIGN);
+        let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
+        let b = ep.bind(Device(0), 0, &owner).unwrap();
+        let on_unbind = common::layer::OnEvent(|e: &common::layer::EventFields| {
+            if e.call.as_deref() == Some(Call::Unbind.name()) {
+                std::panic::panic_any(Planned);
+            }
+        });
+        let r = tracing::subscriber::with_default(on_unbind, || {
+            catch_unwind(AssertUnwindSafe(|| b.unbind()))
+        });
+        assert!(
+            r.is_err_and(|p| p.is::<Planned>()),
+            "denied {denied}: the planned panic"
+        );
+        let stream = Stream::new(&ctx, 0).unwrap();
+        let copied = outcome(stream.enqueue(CopyBatch::new().put(&src, 0, &ep, 0, 64)));
+        let again = mapped(&ctx, 0);
+        let rebound = ep.bind(Device(0), 0, &again).map(|_| ());
+        assert!(
+            matches!(rebound, Err(Error::Overlap { .. })),
+            "denied {denied}: {rebound:?}"
+        );
+        let v = model.violations();
+        drop(stream);
+        drop((ep, owner, src, again));
+        let _ = ctx.take_teardown_errors();
+        assert!(
+            v.is_empty(),
+            "denied {denied}: the copy reached the driver: {copied}; violations {v:?}"
+        );
+    }
 }
 
 /// F9, R13.3: a bind whose driver call unwinds may not have bound (a layer
@@ -1000,7 +1025,8 @@ fn f9_after_an_unbind_that_panicked_a_copy_through_its_bytes_never_reaches_the_d
 /// it forwarded): its record keeps the memory (R7.2) but covers no byte,
 /// so a copy through those bytes, as a batch or through a route, is
 /// refused before the driver, whether the panic came before the driver's
-/// call (denied) or after it (bound).
+/// call (denied) or after it (bound); and a bind over them, which the
+/// driver may hold, is refused too (R5.9).
 #[test]
 fn f9_after_a_bind_that_panicked_a_copy_through_its_bytes_never_reaches_the_driver_unbound() {
     use cuda_endpoints::driver::{Call, Traced};
@@ -1055,6 +1081,24 @@ fn f9_after_a_bind_that_panicked_a_copy_through_its_bytes_never_reaches_the_driv
             calls,
             "denied {denied}"
         );
+        // Nor does a bind over those bytes, which the driver may hold
+        // (R5.9).
+        let again = mapped(&ctx, 0);
+        let binds = model.calls(Call::BindAddr);
+        let e = ep.bind(Device(0), 0, &again).map(|_| ());
+        assert!(
+            matches!(
+                e,
+                Err(Error::Overlap {
+                    other_offset: 0,
+                    other_size: ALIGN,
+                    ..
+                })
+            ),
+            "denied {denied}: {e:?}"
+        );
+        assert_eq!(model.calls(Call::BindAddr), binds, "denied {denied}");
+        drop(again);
         drop(stream);
         drop((ep, owner, src));
         let _ = ctx.take_teardown_errors();

@@ -186,8 +186,8 @@ pub(crate) fn local_binds<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Vec<LocalBi
     let slot = ep.slot();
     slot.bindings
         .iter()
-        // Not a record whose unbind panicked: it covers no byte (size 0).
-        .filter(|b| b.size > 0)
+        // Not a record whose bind or unbind unwound: it covers no byte.
+        .filter(|b| b.covers())
         .map(|b| LocalBind {
             device: b.dev,
             offset: b.offset,
