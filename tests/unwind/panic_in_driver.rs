@@ -1071,3 +1071,75 @@ fn settle_panics_in_a_destroy(by_drop: bool) {
     drop((owner, src));
     nothing_left(&format!("destroy (by drop: {by_drop})"), ctx, &model);
 }
+
+/// C4 on the classic fallback: a multicast bind whose inner
+/// `cuMulticastBindAddr` unwound, on its denial (the driver never bound)
+/// or its success (it did), is never unbound by the destroy (an unbind of
+/// a range the driver did not bind is undefined behaviour), refuses a bind
+/// over it (R5.9), and goes with the object's release (C5): the destroy
+/// succeeds, and nothing is left or broken.
+#[test]
+fn c4_a_classic_bind_that_unwound_is_never_unbound_and_goes_with_its_object() {
+    quiet();
+    for denied in [true, false] {
+        let model = Model::new(ModelConfig::cuda_13_0(2).with_devices(|_, d| {
+            d.classic_multicast = true;
+        }));
+        let traced = Traced::new(model.clone());
+        let traced = if denied {
+            traced.deny([Call::MulticastBindAddr])
+        } else {
+            traced
+        };
+        let ctx = Context::new(Classic::new(Arc::new(traced)));
+        let team = ctx
+            .reserve_one()
+            .unwrap()
+            .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
+            .unwrap()
+            .wait(T)
+            .unwrap();
+        let map = |_| {
+            Allocation::<Private>::on_device(&ctx, 0, ALIGN)
+                .unwrap()
+                .map(&[0])
+                .unwrap()
+        };
+        let (m0, again) = (map(0), map(1));
+        let on_bind = common::layer::OnEvent(|e: &common::layer::EventFields| {
+            if e.call.as_deref() == Some(Call::MulticastBindAddr.name()) {
+                std::panic::panic_any(Planned);
+            }
+        });
+        let r = tracing::subscriber::with_default(on_bind, || {
+            catch_unwind(AssertUnwindSafe(|| {
+                team.bind(Device(0), 0, &m0).map(|_| ())
+            }))
+        });
+        assert!(r.is_err_and(|p| p.is::<Planned>()), "denied {denied}");
+        let binds = model.calls(Call::MulticastBindAddr);
+        let rebound = team.bind(Device(0), 0, &again).map(|_| ());
+        assert!(rebound.is_err(), "denied {denied}: {rebound:?}");
+        assert_eq!(
+            model.calls(Call::MulticastBindAddr),
+            binds,
+            "denied {denied}"
+        );
+        let unbinds = model.calls(Call::MulticastUnbind);
+        team.destroy().unwrap().release().unwrap();
+        assert_eq!(
+            model.calls(Call::MulticastUnbind),
+            unbinds,
+            "denied {denied}"
+        );
+        drop((m0, again));
+        assert!(ctx.take_teardown_errors().is_empty(), "denied {denied}");
+        assert!(
+            model.violations().is_empty(),
+            "denied {denied}: {:?}",
+            model.violations()
+        );
+        drop(ctx);
+        assert_eq!(model.live(), Live::default(), "denied {denied}");
+    }
+}

@@ -355,13 +355,19 @@ impl Forward for Classic {
             // object to bind to.
             Ok(Location::Device(d)) if d == dev && mc.is_none() => Ok(()),
             Ok(Location::Device(d)) if d == dev => match mc {
-                // SAFETY: the team of `mc` is complete (`bindable`, C3); the
-                // caller keeps `mem` alive while bound (R7.2, this method's
-                // contract).
-                Some(mc) => unsafe {
-                    self.inner
-                        .multicast_bind_mem(mc, offset, mem, mem_offset, size)
-                },
+                Some(mc) => {
+                    // A panic inside the call may come before the driver bound.
+                    let unwound = OnUnwind::new(|| self.bind_unwound(id, bind));
+                    // SAFETY: the team of `mc` is complete (`bindable`,
+                    // C3); the caller keeps `mem` alive while bound (R7.2,
+                    // this method's contract).
+                    let r = unsafe {
+                        self.inner
+                            .multicast_bind_mem(mc, offset, mem, mem_offset, size)
+                    };
+                    unwound.disarm();
+                    r
+                }
                 None => Ok(()),
             },
             Ok(_) => return self.settle_bind(id, bind, Err(Code::INVALID_VALUE)),
@@ -395,11 +401,14 @@ impl Forward for Classic {
         };
         // Where the mapped memory lives was checked by the typed API (R5.5);
         // the driver binds it on its own device.
+        // A panic inside the call may come before the driver bound.
+        let unwound = OnUnwind::new(|| self.bind_unwound(id, bind));
         // SAFETY: the team of `mc` is complete (`bindable`, C3); the caller
         // keeps the mapping alive while bound (R7.2, this method's contract).
         let r = noted(Call::MulticastBindAddr, unsafe {
             self.inner.multicast_bind_addr(mc, offset, ptr, size)
         });
+        unwound.disarm();
         self.settle_bind(id, bind, r)
     }
 
@@ -427,9 +436,10 @@ impl Forward for Classic {
                 }
                 at = b.offset + b.size;
             }
-            if covered.is_empty() || at != end {
+            if covered.is_empty() || at != end || covered.iter().any(|b| !b.known) {
                 // C4: a mismatched classic unbind is undefined behaviour; it
-                // never reaches the driver.
+                // never reaches the driver (nor one of a bind not known
+                // made).
                 return Err(Code::INVALID_VALUE);
             }
             // Intent: out of the table while they are being unbound.

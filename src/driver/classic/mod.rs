@@ -251,6 +251,13 @@ struct Bind {
     dev: Device,
     offset: u64,
     size: u64,
+    /// Whether the driver is known to have made it: not when its call
+    /// unwound (a layer may panic on the call's denial or failure, before
+    /// the driver bound). Such a bind stays in the table, so no bind goes
+    /// over it (R5.9), but is never unbound: an unbind of a range the
+    /// driver did not bind is undefined behaviour (C4); the object's
+    /// release drops it if it was made (C5).
+    known: bool,
 }
 
 /// The emulated id space.
@@ -517,9 +524,27 @@ impl Classic {
     ) -> DriverResult<(Option<u64>, Bind)> {
         let mut t = self.lock();
         let (mc, ep) = bindable(&mut t, id, dev, offset, size, flags)?;
-        let bind = Bind { dev, offset, size };
+        let bind = Bind {
+            dev,
+            offset,
+            size,
+            known: true,
+        };
         ep.bindings.push(bind);
         Ok((mc, bind))
+    }
+
+    /// A recorded bind whose driver call unwound: not known made
+    /// ([`Bind::known`]). Out of line: only unwinding comes here.
+    #[cold]
+    #[inline(never)]
+    fn bind_unwound(&self, id: u32, bind: Bind) {
+        let _ = self.with_ep(id, |ep| {
+            if let Some(b) = ep.bindings.iter_mut().find(|b| **b == bind) {
+                b.known = false;
+            }
+            Ok(())
+        });
     }
 
     /// Forgets a recorded bind that the driver refused.
@@ -551,8 +576,12 @@ impl Classic {
         });
         for (i, b) in binds.iter().enumerate() {
             made.set(i + 1);
+            if !b.known {
+                // Never unbound (C4): the object's release drops it (C5).
+                continue;
+            }
             // SAFETY: `b` is a bind this backend issued on its own object `mc`
-            // exactly so (C4).
+            // exactly so (C4), and the driver made it (`known`).
             let r = unsafe { self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) };
             if let Err(code) = noted(Call::MulticastUnbind, r) {
                 back.disarm();
