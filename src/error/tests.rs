@@ -99,6 +99,31 @@ fn a_wrong_device_and_a_misaligned_value_read_as_words_with_the_value_to_use() {
 }
 
 #[test]
+fn a_copy_past_a_peers_windows_names_the_peer_and_at_most_eight_spans() {
+    let e = Error::CopyNoWindow {
+        op: 0,
+        id: 5,
+        offset: 1 << 40,
+        size: 64,
+        known: 0,
+        targets: 1,
+        peer: Some(Box::new(PeerBound {
+            rank: 3,
+            device: Device(1),
+            covered: (0..20u64).map(|i| (i * 4096, i * 4096 + 1024)).collect(),
+        })),
+    };
+    let msg = e.to_string();
+    assert!(msg.contains("rank 3's memory on this endpoint (its device 1) is reachable here only at bytes 0..1024, 4096..5120"), "{msg}");
+    assert!(
+        msg.contains("28672..29696, and 12 more: put inside"),
+        "{msg}"
+    );
+    assert!(msg.len() < 600, "{} bytes: {msg}", msg.len());
+    assert_eq!(e.rule(), Some(Rule::F9));
+}
+
+#[test]
 fn predicates_read_the_13_5_codes() {
     let d = |raw| Error::driver(Call::BindMem, Code::from_raw(raw).unwrap());
     assert!(d(802).is_retryable() && d(919).is_retryable());

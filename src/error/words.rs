@@ -171,10 +171,20 @@ pub(super) fn timeout_fix(multicast: bool) -> &'static str {
 /// for a peer that bound memory elsewhere on the endpoint, put inside what
 /// it bound or have it bind there; else how this process gets windows.
 pub(super) fn no_window_fix(peer: Option<&super::PeerBound>) -> String {
+    // The first few spans: a message stays short whatever the windows.
+    const SHOWN: usize = 8;
     if let Some(p) = peer {
-        let spans: Vec<String> = p.covered.iter().map(|(a, b)| format!("{a}..{b}")).collect();
+        let mut spans: Vec<String> = p
+            .covered
+            .iter()
+            .take(SHOWN)
+            .map(|(a, b)| format!("{a}..{b}"))
+            .collect();
+        if p.covered.len() > SHOWN {
+            spans.push(format!("and {} more", p.covered.len() - SHOWN));
+        }
         return format!(
-            "rank {} bound memory on this endpoint (its {}) only at bytes {}: put inside those bytes, or have rank {} bind more there before an agreement that registers it here (`agree_bound`, `OwnedPeers::grow`)",
+            "rank {}'s memory on this endpoint (its {}) is reachable here only at bytes {}: put inside those bytes, or have rank {} bind more there before an agreement that registers it here (`agree_bound`, `OwnedPeers::grow`)",
             p.rank,
             p.device,
             spans.join(", "),

@@ -198,8 +198,8 @@ impl SharedTeam {
     /// agreement, and every rank imports, maps and registers them, so no
     /// rank calls `add_peer_window` (`PosixFd` memory:
     /// [`SharedTeam::agree_bound_fds`]; bound here, it fails every rank with
-    /// [`Error::PosixFdWithoutFds`](crate::Error::PosixFdWithoutFds) naming
-    /// this rank). Other memory peers cannot import that way (an
+    /// [`Error::PosixFdWithoutFds`](crate::Error::PosixFdWithoutFds): each
+    /// rank that bound it names itself, the others the lowest such rank). Other memory peers cannot import that way (an
     /// `Allocation` bound by handle, raw addresses) gets no window and a
     /// `tracing` warning (`tracing_subscriber::fmt::init()` in `main` prints
     /// it); a copy that needs it fails with
@@ -480,8 +480,8 @@ impl Peers {
     /// `Mapped<FabricShareable>` memory. `PosixFd` memory crosses processes
     /// only as a descriptor: bind it `Mapped` and call
     /// [`Peers::agree_bound_fds`] instead (one node); with this call it
-    /// fails every rank with [`crate::Error::PosixFdWithoutFds`], naming
-    /// the rank that bound it.
+    /// fails every rank with [`crate::Error::PosixFdWithoutFds`] (each rank
+    /// that bound it names itself, the others the lowest such rank).
     ///
     /// # Errors
     /// The same [`TeamError`] on every rank when a rank bound nothing on its

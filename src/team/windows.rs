@@ -100,8 +100,9 @@ pub(crate) fn export<S: State, K: Kind>(
         let e = match export_for_peers(keep, fds).map_err(Cause::Local)? {
             Ok(e) => e,
             // The one agreement this rank could have made and did not:
-            // every rank fails alike, naming it, rather than a peer's
-            // first copy here (F9).
+            // every rank fails (this one naming itself, the others the
+            // lowest rank that failed so), rather than a peer's first copy
+            // here (F9).
             Err(NotForPeers::PosixFdWithoutFds) => {
                 return Err(Cause::Local(Error::PosixFdWithoutFds {
                     id: ep.id(),

@@ -224,7 +224,7 @@ fn a_put_past_what_a_peer_bound_names_the_peer_and_the_bytes_it_bound() {
         let msg = by_batch.to_string();
         assert!(
             msg.contains(&format!(
-                "rank {} bound memory on this endpoint (its device {other}) only at bytes 0..{BYTES}: put inside",
+                "rank {}'s memory on this endpoint (its device {other}) is reachable here only at bytes 0..{BYTES}: put inside",
                 1 - r
             )),
             "{msg}"

@@ -210,7 +210,9 @@ impl View {
                 let w = &mut self.wins[c];
                 let stop = end.min(w.end);
                 let Some(addr) = w.addr.checked_add(at - w.offset) else {
-                    return Err(self.no_window(op, offset, size, m));
+                    // Inside a window whose address wraps (a hostile answer):
+                    // no advice about where the peer bound.
+                    return Err(self.no_window(op, offset, size, m, false));
                 };
                 w.used = true;
                 out.push((m, addr, stop - at));
@@ -218,11 +220,11 @@ impl View {
             }
             self.cursor[m] = c;
             if at < end {
-                return Err(self.no_window(op, offset, size, m));
+                return Err(self.no_window(op, offset, size, m, true));
             }
         }
         if u32::try_from(self.members.len()) != Ok(self.team_size) {
-            return Err(self.no_window(op, offset, size, self.members.len()));
+            return Err(self.no_window(op, offset, size, self.members.len(), true));
         }
         if self.team_size == 1 {
             // The window of this op's last piece, for the next op.
@@ -247,18 +249,23 @@ impl View {
     }
 
     /// [`Error::CopyNoWindow`] for op `op`, whose target `known` (the
-    /// member of that index, if any) lacks a window over its bytes.
+    /// member of that index, if any) lacks a window over its bytes; with
+    /// `hint`, naming a peer's windows elsewhere.
     #[cold]
-    fn no_window(&self, op: usize, offset: u64, size: u64, known: usize) -> Error {
+    fn no_window(&self, op: usize, offset: u64, size: u64, known: usize, hint: bool) -> Error {
         // A peer with windows elsewhere bound memory, not there: named,
-        // with what its windows cover (the user's fix differs).
+        // with what its windows cover, touching ones joined (the user's fix
+        // differs).
         let peer = match self.members.get(known) {
-            Some(&Member::Peer { rank, device }) => {
+            Some(&Member::Peer { rank, device }) if hint => {
                 let (lo, hi) = (self.starts[known], self.starts[known + 1]);
-                let covered: Vec<(u64, u64)> = self.wins[lo..hi]
-                    .iter()
-                    .map(|w| (w.offset, w.end))
-                    .collect();
+                let mut covered: Vec<(u64, u64)> = Vec::new();
+                for w in &self.wins[lo..hi] {
+                    match covered.last_mut() {
+                        Some(last) if last.1 == w.offset => last.1 = w.end,
+                        _ => covered.push((w.offset, w.end)),
+                    }
+                }
                 (!covered.is_empty()).then(|| {
                     Box::new(crate::error::PeerBound {
                         rank,
