@@ -169,7 +169,7 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
         // for 'a, past this call, where the gate ends. (By address, as the
         // lane's gate, `copy/enqueue.rs`. What this path gains, on `Null`
         // at `61d5358`: one put 576 instructions as a batch, 218 here;
-        // portable 739 and 329; `benches/copy_batch.rs`,
+        // portable 739 and 329 (328 at `1c51a1f`); `benches/copy_batch.rs`,
         // `copy_portable.rs`.)
         let gate = unsafe { OneGate::enter(&**range) }?;
         // Inside the gate: the facts are still the range's (F9, R13.3, as
