@@ -58,6 +58,20 @@ impl<F: Fn(&EventFields) + Send + Sync + 'static> tracing::Subscriber for OnEven
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
+/// Calls `f` at every event that names `call` (its success, its denial by
+/// `Traced`'s policy, its failure): the layer that panics inside a call
+/// whether or not the driver acted.
+pub fn on_call(
+    call: cuda_endpoints::driver::Call,
+    f: impl Fn() + Send + Sync + 'static,
+) -> impl tracing::Subscriber {
+    OnEvent(move |e: &EventFields| {
+        if e.call.as_deref() == Some(call.name()) {
+            f();
+        }
+    })
+}
+
 /// Runs `f` on a thread of its own and fails the test when it does not end
 /// within `secs` seconds (a deadlock must fail, not hang the suite).
 #[track_caller]

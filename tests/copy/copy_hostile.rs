@@ -989,11 +989,7 @@ fn f9_after_an_unbind_that_panicked_a_copy_through_its_bytes_never_reaches_the_d
         let ep = unicast(&ctx, 0, ALIGN);
         let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
         let b = ep.bind(Device(0), 0, &owner).unwrap();
-        let on_unbind = common::layer::OnEvent(|e: &common::layer::EventFields| {
-            if e.call.as_deref() == Some(Call::Unbind.name()) {
-                std::panic::panic_any(Planned);
-            }
-        });
+        let on_unbind = common::layer::on_call(Call::Unbind, || std::panic::panic_any(Planned));
         let r = tracing::subscriber::with_default(on_unbind, || {
             catch_unwind(AssertUnwindSafe(|| b.unbind()))
         });
@@ -1046,11 +1042,7 @@ fn f9_after_a_bind_that_panicked_a_copy_through_its_bytes_never_reaches_the_driv
         let ep = unicast(&ctx, 0, ALIGN);
         let (owner, src) = (mapped(&ctx, 0), mapped(&ctx, 0));
         // The bind's one event: its denial, or its success.
-        let on_bind = common::layer::OnEvent(|e: &common::layer::EventFields| {
-            if e.call.as_deref() == Some(Call::BindAddr.name()) {
-                std::panic::panic_any(Planned);
-            }
-        });
+        let on_bind = common::layer::on_call(Call::BindAddr, || std::panic::panic_any(Planned));
         let r = tracing::subscriber::with_default(on_bind, || {
             catch_unwind(AssertUnwindSafe(|| {
                 ep.bind(Device(0), 0, &owner).map(|_| ())

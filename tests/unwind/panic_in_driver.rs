@@ -1106,11 +1106,8 @@ fn c4_a_classic_bind_that_unwound_is_never_unbound_and_goes_with_its_object() {
                 .unwrap()
         };
         let (m0, again) = (map(0), map(1));
-        let on_bind = common::layer::OnEvent(|e: &common::layer::EventFields| {
-            if e.call.as_deref() == Some(Call::MulticastBindAddr.name()) {
-                std::panic::panic_any(Planned);
-            }
-        });
+        let on_bind =
+            common::layer::on_call(Call::MulticastBindAddr, || std::panic::panic_any(Planned));
         let r = tracing::subscriber::with_default(on_bind, || {
             catch_unwind(AssertUnwindSafe(|| {
                 team.bind(Device(0), 0, &m0).map(|_| ())
