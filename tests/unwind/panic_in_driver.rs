@@ -1140,3 +1140,55 @@ fn c4_a_classic_bind_that_unwound_is_never_unbound_and_goes_with_its_object() {
         assert_eq!(model.live(), Live::default(), "denied {denied}");
     }
 }
+
+/// R7.2 on the classic fallback, two panics: a bind whose inner
+/// `cuMulticastBindMem` unwound on its success (the driver bound; not
+/// known made), then a destroy whose first inner unbind (of a bind known
+/// made) unwound on its success. The destroy's unwinding releases the
+/// object, which drops the bind it could not unbind (C5), before the typed
+/// API frees the memory: no memory is freed while bound, nothing is left.
+#[test]
+fn r7_2_an_unwound_classic_destroy_releases_an_object_that_keeps_a_bind_not_known_made() {
+    quiet();
+    let model = Model::new(ModelConfig::cuda_13_0(2).with_devices(|_, d| {
+        d.classic_multicast = true;
+    }));
+    let ctx = Context::new(Classic::new(Arc::new(Traced::new(model.clone()))));
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let a = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
+    let b = Allocation::<Private>::on_device(&ctx, Device(1), ALIGN).unwrap();
+    // Bound until the destroy.
+    std::mem::forget(team.bind(Device(0), 0, &a).unwrap());
+    let on_bind = common::layer::on_call(Call::MulticastBindMem, || std::panic::panic_any(Planned));
+    let r = tracing::subscriber::with_default(on_bind, || {
+        catch_unwind(AssertUnwindSafe(|| team.bind(Device(1), 0, &b).map(|_| ())))
+    });
+    assert!(
+        r.is_err_and(|p| p.is::<Planned>()),
+        "the bind's planned panic"
+    );
+    let first = AtomicUsize::new(0);
+    let on_unbind = common::layer::on_call(Call::MulticastUnbind, move || {
+        if first.fetch_add(1, Ordering::SeqCst) == 0 {
+            std::panic::panic_any(Planned);
+        }
+    });
+    let r = tracing::subscriber::with_default(on_unbind, || {
+        catch_unwind(AssertUnwindSafe(|| team.destroy().map(|_| ())))
+    });
+    assert!(
+        r.is_err_and(|p| p.is::<Planned>()),
+        "the destroy's planned panic"
+    );
+    drop((a, b));
+    let _ = ctx.take_teardown_errors();
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+    drop(ctx);
+    assert_eq!(model.live(), Live::default());
+}

@@ -480,11 +480,15 @@ impl Forward for Classic {
         // driver acted (see `OnUnwind`), as the typed API takes it: the
         // endpoint is destroyed, and the typed API frees the memory bound
         // through it. So the binds not yet unbound (back in the table) are
-        // unbound now, a panic of theirs caught; what is left (the object,
-        // unless its release was called; a bind whose unbind failed) is
+        // unbound now, a panic of theirs caught; if any is left on the
+        // object (not known made, or its unbind failed), the object is
+        // released now, which drops it (C5); an object with nothing left is
         // released when the backend drops.
         let unwound = OnUnwind::new(|| {
             let left = self.with_ep(id, |ep| Ok((ep.mc, std::mem::take(&mut ep.bindings))));
+            // A bind not known made stays on the object whatever the
+            // unbinds below do: it is never unbound (C4).
+            let not_known = matches!(&left, Ok((_, binds)) if binds.iter().any(|b| !b.known));
             if let Ok((Some(mc), binds)) = left
                 && !binds.is_empty()
             {
@@ -505,8 +509,25 @@ impl Forward for Classic {
                 None => None,
             };
             if let Some(ep) = ep {
-                if let Some(mc) = ep.mc {
-                    self.orphan(mc, ep.bindings);
+                match ep.mc {
+                    // Binds still on the object (one not known made, one
+                    // whose unbind failed): the typed API frees their memory
+                    // once this unwinds, so the object goes now, which drops
+                    // them (C5, R7.2); a panic inside the release is taken
+                    // as coming after it. Only a failed release is left to
+                    // the backend's drop.
+                    Some(mc) if not_known || !ep.bindings.is_empty() => {
+                        // SAFETY: `mc` is this backend's own object, out of
+                        // the table: released once.
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                            noted(Call::MemRelease, self.inner.mem_release(mc))
+                        }));
+                        if let Ok(Err(_)) = r {
+                            self.orphan(mc, ep.bindings);
+                        }
+                    }
+                    Some(mc) => self.orphan(mc, ep.bindings),
+                    None => {}
                 }
                 if let Some(st) = ep.stale {
                     self.orphan(st, Vec::new());

@@ -560,17 +560,28 @@ impl Classic {
         r
     }
 
-    /// Unbinds `binds` of `mc` one by one, exactly as issued (C4). On a
-    /// failure, returns the code and the binds still bound. A panic inside
-    /// an unbind is taken as coming after the driver unbound (see
-    /// `OnUnwind`): the binds not yet unbound go back into the table of
-    /// endpoint `id`, the one whose call panicked does not.
+    /// Unbinds `binds` of `mc` one by one, exactly as issued (C4), skipping
+    /// those not known made ([`Bind::known`]). On a failure, returns the
+    /// code and the binds still on the object (those skipped included). A
+    /// panic inside an unbind is taken as coming after the driver unbound
+    /// (see `OnUnwind`): the binds still on the object go back into the
+    /// table of endpoint `id`, the one whose call panicked does not.
     fn unbind_all(&self, id: u32, mc: u64, binds: Vec<Bind>) -> Result<(), (Code, Vec<Bind>)> {
         let made = Cell::new(0usize);
+        // What is still on the object when this stops at `from`: the binds
+        // not reached yet and the ones skipped as not known made.
+        let left = |from: usize| -> Vec<Bind> {
+            let (done, rest) = binds.split_at(from.min(binds.len()));
+            done.iter()
+                .filter(|b| !b.known)
+                .chain(rest)
+                .copied()
+                .collect()
+        };
         let back = OnUnwind::new(|| {
-            let rest = binds.get(made.get()..).unwrap_or_default();
+            let rest = left(made.get());
             let _ = self.with_ep(id, |ep| {
-                ep.bindings.extend_from_slice(rest);
+                ep.bindings.extend(rest);
                 Ok(())
             });
         });
@@ -585,7 +596,7 @@ impl Classic {
             let r = unsafe { self.inner.multicast_unbind(mc, b.dev, b.offset, b.size) };
             if let Err(code) = noted(Call::MulticastUnbind, r) {
                 back.disarm();
-                return Err((code, binds.get(i..).unwrap_or_default().to_vec()));
+                return Err((code, left(i)));
             }
         }
         back.disarm();
