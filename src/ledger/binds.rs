@@ -30,7 +30,8 @@ const _: () = assert!(std::mem::size_of::<Bound>() == 40);
 
 impl Bound {
     /// [`Bound::handle_at`] of a bind by address (or one whose offset
-    /// does not fit: 2^32 - 1 alignment units into the allocation or more).
+    /// does not fit: 2^32 - 2 alignment units into the allocation or more,
+    /// the two highest values being the sentinels).
     pub const BY_ADDRESS: u32 = u32::MAX;
     /// [`Bound::handle_at`] of a bind or unbind whose driver call unwound:
     /// the driver may or may not hold the bytes. The record keeps its
