@@ -220,6 +220,32 @@ fn wrong_device(dev: Device, multicast: bool, allowed: &[Device]) -> Error {
     }
 }
 
+/// The error of a bind over `b` (R5.9): a live binding, or bytes a bind
+/// or unbind that unwound left held. Out of line: the bind's loop stays
+/// short.
+#[cold]
+#[inline(never)]
+fn overlap(dev: Device, offset: u64, size: u64, b: &Bound) -> Error {
+    let (other_offset, other_size) = (b.offset, b.size);
+    if b.covers() {
+        Error::Overlap {
+            device: dev,
+            offset,
+            size,
+            other_offset,
+            other_size,
+        }
+    } else {
+        Error::OverlapUnwound {
+            device: dev,
+            offset,
+            size,
+            other_offset,
+            other_size,
+        }
+    }
+}
+
 /// The error of a failed unbind.
 #[cold]
 #[inline(never)]
@@ -457,7 +483,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// # Errors
     /// [`Error::WrongDevice`], [`Error::ZeroSize`], [`Error::Misaligned`],
     /// [`Error::OutOfRange`], [`Error::MemoryOnWrongDevice`],
-    /// [`Error::Overlap`], [`Error::WrongContext`]; from the driver,
+    /// [`Error::Overlap`], [`Error::OverlapUnwound`], [`Error::WrongContext`]; from the driver,
     /// `OUT_OF_MEMORY` (memory or multicast resources exhausted),
     /// `SYSTEM_NOT_READY` (fabric software down; retryable) or `ILLEGAL_STATE`
     /// (misconfigured) — the endpoint stays usable (R5.10).
@@ -655,13 +681,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // A plain loop: `find` with a closure is not always inlined.
             for b in slot.bindings.iter() {
                 if b.dev == dev && b.offset < end && offset < b.offset.saturating_add(b.size) {
-                    return Err(Error::Overlap {
-                        device: dev,
-                        offset,
-                        size,
-                        other_offset: b.offset,
-                        other_size: b.size,
-                    });
+                    return Err(overlap(dev, offset, size, b));
                 }
             }
             let handle_at = match target {

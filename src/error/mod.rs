@@ -235,6 +235,27 @@ pub enum Error {
         other_size: u64,
     },
 
+    /// A bind over bytes that a bind or unbind whose driver call unwound
+    /// (a panic inside it) left held: the driver may hold them, and no
+    /// token is left to unbind them, so they stay until the endpoint is
+    /// destroyed (SPEC R5.9).
+    #[error(
+        "bind on {device} at offset {offset} ({size} bytes) overlaps bytes {other_offset}..{} that a bind or unbind whose driver call panicked left held (R5.9): the driver may still hold them and no token is left to unbind them; bind elsewhere, or destroy the endpoint to free them",
+        other_offset.saturating_add(*other_size)
+    )]
+    OverlapUnwound {
+        /// The device.
+        device: Device,
+        /// Offset asked for, in bytes.
+        offset: u64,
+        /// Size asked for, in bytes.
+        size: u64,
+        /// The held bytes' offset.
+        other_offset: u64,
+        /// How many bytes are held.
+        other_size: u64,
+    },
+
     /// An op of a copy batch reaches past the endpoint, or past the local
     /// memory or host buffer it reads or writes (F9).
     #[error(
@@ -756,7 +777,7 @@ impl Error {
             Error::MemoryOnWrongDevice { .. } => Some(Rule::R5_5),
             Error::AlreadyEnrolled { .. } | Error::TeamFull { .. } => Some(Rule::R4_2),
             Error::EmptyTeam => Some(Rule::R2_2),
-            Error::Overlap { .. } => Some(Rule::R5_9),
+            Error::Overlap { .. } | Error::OverlapUnwound { .. } => Some(Rule::R5_9),
             Error::CopyOutOfRange { .. } => Some(Rule::F9),
             Error::CopyNotBound { .. }
             | Error::CopyNoWindow { .. }

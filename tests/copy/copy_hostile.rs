@@ -1002,7 +1002,7 @@ fn f9_after_an_unbind_that_panicked_a_copy_through_its_bytes_never_reaches_the_d
         let again = mapped(&ctx, 0);
         let rebound = ep.bind(Device(0), 0, &again).map(|_| ());
         assert!(
-            matches!(rebound, Err(Error::Overlap { .. })),
+            matches!(rebound, Err(Error::OverlapUnwound { .. })),
             "denied {denied}: {rebound:?}"
         );
         let v = model.violations();
@@ -1081,7 +1081,7 @@ fn f9_after_a_bind_that_panicked_a_copy_through_its_bytes_never_reaches_the_driv
         assert!(
             matches!(
                 e,
-                Err(Error::Overlap {
+                Err(Error::OverlapUnwound {
                     other_offset: 0,
                     other_size: ALIGN,
                     ..
@@ -1089,6 +1089,8 @@ fn f9_after_a_bind_that_panicked_a_copy_through_its_bytes_never_reaches_the_driv
             ),
             "denied {denied}: {e:?}"
         );
+        let msg = e.unwrap_err().to_string();
+        assert!(msg.contains("destroy the endpoint to free them"), "{msg}");
         assert_eq!(model.calls(Call::BindAddr), binds, "denied {denied}");
         drop(again);
         drop(stream);
