@@ -183,24 +183,31 @@ impl Parts<'_> {
 
 impl Parts<'_> {
     /// After a panic inside the driver's unbind, which may or may not have
-    /// unbound: this bind's record is [`Bound::UNWOUND`] (F9 refuses copies
-    /// there, a bind over it is refused, R5.9) and keeps its memory until
-    /// the endpoint is destroyed (R7.2); its window goes. Out of line: only unwinding
-    /// comes here.
+    /// unbound: [`record_unwound`]. Out of line: only unwinding comes here.
     #[cold]
     #[inline(never)]
     fn unbound_under_a_panic(&self) {
-        let mut slot = self.range.slot(self.id);
-        if let Some(b) = slot.bindings.iter_mut().find(|b| {
-            b.dev == self.dev && b.offset == self.offset && b.size == self.size && b.covers()
-        }) {
-            b.mark_unwound();
-        }
-        self.range.bindings_changed();
-        let window = slot.take_windows(|w| w.is_local(self.dev, self.offset));
-        drop(slot);
-        drop(window);
+        record_unwound(self.range, self.id, self.dev, self.offset, self.size);
     }
+}
+
+/// After a panic inside a bind's or an unbind's driver call, which may or
+/// may not have acted: the record of that bind becomes [`Bound::UNWOUND`]
+/// (F9 refuses copies there, a bind over it is refused, R5.9) and keeps its
+/// memory until the endpoint is destroyed (R7.2); its window goes.
+fn record_unwound(range: &RangeInner, id: u32, dev: Device, offset: u64, size: u64) {
+    let mut slot = range.slot(id);
+    if let Some(b) = slot
+        .bindings
+        .iter_mut()
+        .find(|b| b.dev == dev && b.offset == offset && b.size == size && b.covers())
+    {
+        b.mark_unwound();
+    }
+    range.bindings_changed();
+    let window = slot.take_windows(|w| w.is_local(dev, offset));
+    drop(slot);
+    drop(window);
 }
 
 /// The error of a bind on a device the endpoint does not have (R5.2). Out
@@ -766,24 +773,10 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     }
 
     /// After a panic inside the driver's bind, which may or may not have
-    /// bound: this bind's record is [`Bound::UNWOUND`] (F9 refuses copies
-    /// there, a bind over it is refused, R5.9) and keeps its memory until
-    /// the endpoint is destroyed (R7.2); its window goes. Out of line: only unwinding
-    /// comes here.
+    /// bound: [`record_unwound`]. Out of line: only unwinding comes here.
     #[cold]
     #[inline(never)]
     fn bind_unwound(&self, dev: Device, offset: u64, size: u64) {
-        let mut slot = self.slot();
-        if let Some(b) = slot
-            .bindings
-            .iter_mut()
-            .find(|b| b.dev == dev && b.offset == offset && b.size == size && b.covers())
-        {
-            b.mark_unwound();
-        }
-        self.range().bindings_changed();
-        let window = slot.take_windows(|w| w.is_local(dev, offset));
-        drop(slot);
-        drop(window);
+        record_unwound(self.range(), self.id(), dev, offset, size);
     }
 }

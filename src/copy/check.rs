@@ -817,7 +817,7 @@ fn covered_on(slot: &crate::ledger::Slot, devices: &[Device]) -> Intervals {
 
 /// `(offset, size)` ranges as sorted, disjoint `[start, end)` intervals,
 /// touching ones joined.
-fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Intervals {
+pub(super) fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Intervals {
     let mut v: Intervals = ranges
         .into_iter()
         .map(|(o, s)| (o, o.saturating_add(s)))

@@ -1072,6 +1072,31 @@ fn settle_panics_in_a_destroy(by_drop: bool) {
     nothing_left(&format!("destroy (by drop: {by_drop})"), ctx, &model);
 }
 
+/// A ready multicast team of devices 0 and 1 on the classic fallback over
+/// a traced 13.0 model whose devices report classic multicast, with `deny`
+/// refused by `Traced`'s policy.
+fn classic_team(
+    deny: &[Call],
+) -> (
+    Model,
+    Context,
+    cuda_endpoints::Endpoint<cuda_endpoints::Ready, cuda_endpoints::Multicast>,
+) {
+    let model = Model::new(ModelConfig::cuda_13_0(2).with_devices(|_, d| {
+        d.classic_multicast = true;
+    }));
+    let traced = Traced::new(model.clone()).deny(deny.iter().copied());
+    let ctx = Context::new(Classic::new(Arc::new(traced)));
+    let team = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    (model, ctx, team)
+}
+
 /// C4 on the classic fallback: a multicast bind whose inner
 /// `cuMulticastBindAddr` unwound, on its denial (the driver never bound)
 /// or its success (it did), is never unbound by the destroy (an unbind of
@@ -1082,23 +1107,12 @@ fn settle_panics_in_a_destroy(by_drop: bool) {
 fn c4_a_classic_bind_that_unwound_is_never_unbound_and_goes_with_its_object() {
     quiet();
     for denied in [true, false] {
-        let model = Model::new(ModelConfig::cuda_13_0(2).with_devices(|_, d| {
-            d.classic_multicast = true;
-        }));
-        let traced = Traced::new(model.clone());
-        let traced = if denied {
-            traced.deny([Call::MulticastBindAddr])
+        let deny: &[Call] = if denied {
+            &[Call::MulticastBindAddr]
         } else {
-            traced
+            &[]
         };
-        let ctx = Context::new(Classic::new(Arc::new(traced)));
-        let team = ctx
-            .reserve_one()
-            .unwrap()
-            .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
-            .unwrap()
-            .wait(T)
-            .unwrap();
+        let (model, ctx, team) = classic_team(deny);
         let map = |_| {
             Allocation::<Private>::on_device(&ctx, 0, ALIGN)
                 .unwrap()
@@ -1150,17 +1164,7 @@ fn c4_a_classic_bind_that_unwound_is_never_unbound_and_goes_with_its_object() {
 #[test]
 fn r7_2_an_unwound_classic_destroy_releases_an_object_that_keeps_a_bind_not_known_made() {
     quiet();
-    let model = Model::new(ModelConfig::cuda_13_0(2).with_devices(|_, d| {
-        d.classic_multicast = true;
-    }));
-    let ctx = Context::new(Classic::new(Arc::new(Traced::new(model.clone()))));
-    let team = ctx
-        .reserve_one()
-        .unwrap()
-        .create(Spec::multicast(&[Device(0), Device(1)], ALIGN))
-        .unwrap()
-        .wait(T)
-        .unwrap();
+    let (model, ctx, team) = classic_team(&[]);
     let a = Allocation::<Private>::on_device(&ctx, Device(0), ALIGN).unwrap();
     let b = Allocation::<Private>::on_device(&ctx, Device(1), ALIGN).unwrap();
     // Bound until the destroy.

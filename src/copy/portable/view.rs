@@ -259,13 +259,10 @@ impl View {
         let peer = match self.members.get(known) {
             Some(&Member::Peer { rank, device }) if hint => {
                 let (lo, hi) = (self.starts[known], self.starts[known + 1]);
-                let mut covered: Vec<(u64, u64)> = Vec::new();
-                for w in &self.wins[lo..hi] {
-                    match covered.last_mut() {
-                        Some(last) if last.1 == w.offset => last.1 = w.end,
-                        _ => covered.push((w.offset, w.end)),
-                    }
-                }
+                let spans = self.wins[lo..hi]
+                    .iter()
+                    .map(|w| (w.offset, w.end - w.offset));
+                let covered = crate::copy::check::merged(spans).to_vec();
                 (!covered.is_empty()).then(|| {
                     Box::new(crate::error::PeerBound {
                         rank,
