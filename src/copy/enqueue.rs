@@ -3,12 +3,11 @@
 //! What this file owns: the enqueue of a batch (the copy gate, the checks,
 //! the choice of path: `cuFabricCpyBatchAsync` here, `portable/`
 //! otherwise), the op list as the driver takes it ([`FabricList`], which
-//! `graph.rs` captures too), the record of what the batch keeps alive, and
-//! the error of a failed fabric copy (F7).
+//! `graph.rs` captures too), and the record of what the batch keeps alive.
 
 use super::{BatchInner, CopyBatch, HostBufs, InFlight};
-use crate::driver::{Call, CopyOps};
-use crate::error::{Error, Result};
+use crate::driver::CopyOps;
+use crate::error::Result;
 use crate::ledger::holds::Keep;
 use crate::stream::Stream;
 use crate::unwind::OnUnwindWith;
@@ -27,12 +26,12 @@ impl Stream {
     /// 12.8 on), else one `cuMemcpyAsync` per piece.
     ///
     /// # Errors
-    /// [`Error::CopyOutOfRange`], [`Error::CopyNotBound`],
-    /// [`Error::CopyNotLocal`], [`Error::CopyNotAccessible`],
-    /// [`Error::CopyDependent`], [`Error::WrongContext`], and on the
-    /// portable path [`Error::CopyNoWindow`] and [`Error::CopyOntoItself`],
-    /// before the driver; [`Error::Driver`] from
-    /// the call; [`Error::Unsupported`] ([`Feature::FabricCopy`](crate::error::Feature::FabricCopy),
+    /// [`Error::CopyOutOfRange`](crate::Error::CopyOutOfRange), [`Error::CopyNotBound`](crate::Error::CopyNotBound),
+    /// [`Error::CopyNotLocal`](crate::Error::CopyNotLocal), [`Error::CopyNotAccessible`](crate::Error::CopyNotAccessible),
+    /// [`Error::CopyDependent`](crate::Error::CopyDependent), [`Error::WrongContext`](crate::Error::WrongContext), and on the
+    /// portable path [`Error::CopyNoWindow`](crate::Error::CopyNoWindow) and [`Error::CopyOntoItself`](crate::Error::CopyOntoItself),
+    /// before the driver; [`Error::Driver`](crate::Error::Driver) from
+    /// the call; [`Error::Unsupported`](crate::Error::Unsupported) ([`Feature::FabricCopy`](crate::error::Feature::FabricCopy),
     /// naming the driver version) on the fabric path where the driver has
     /// no fabric copy (before 13.5, F7: a context that chose its path from
     /// the driver, as [`Context::auto`](crate::Context::auto) does, takes
@@ -87,60 +86,39 @@ impl Stream {
             gate.end();
             return r;
         }
-        self.enqueue_fabric(inner, gate, false)
+        self.enqueue_fabric(inner, gate)
     }
 
-    /// [`Stream::enqueue`] of a batch whose first put is deferred: the
-    /// one-put lane (`one.rs`) where it is the usual one put (on the
-    /// portable path: one piece inside one window), else its bookkeeping
-    /// made and [`Stream::enqueue_state`].
+    /// [`Stream::enqueue`] of a batch whose first put is deferred: that put
+    /// alone, where the one-put lane (`one.rs`) takes it, else made and
+    /// [`Stream::enqueue_state`].
     #[inline(never)]
     fn enqueue_one<'a>(
         &'a self,
         mut inner: Box<BatchInner>,
         d: super::one::Deferred,
     ) -> Result<InFlight<'a>> {
-        let ctx = &self.inner.ctx;
-        if inner.one_put(&d, ctx, self.inner.dev)
-            && let [(range, _)] = &inner.keep.endpoints[..]
-            // SAFETY: as in `enqueue_state`: the range is the one of the
-            // endpoint the batch borrowed for 'a. (A bind or unbind inside
-            // it: the general path waits for it.) The gain of a gate of one
-            // range over `EnqueueGate` (`Null`): a one-put batch 590 -> 578
-            // instructions, portable 754 -> 745; lines of code it reads
-            // after the caches were emptied 57 -> 51, portable 70 -> 66
-            // (`benches/copy_batch.rs`, `copy_portable.rs`, `copy_cold.rs`,
-            // at `6389b46`).
-            && let Some(gate) = unsafe { crate::ledger::gate::OneGate::enter(&**range) }
-        {
-            if inner.one_put_stands() && gate.clear() {
-                if ctx.copy_path() == crate::CopyPath::Fabric {
-                    return self.enqueue_fabric(inner, gate, true);
-                }
-                match self.enqueue_portable_one(inner) {
-                    Ok(r) => {
-                        gate.end();
-                        return r;
-                    }
-                    Err(back) => inner = back,
-                }
-            }
-            gate.end();
+        // A batch whose first put is deferred is that put alone: any other
+        // builder call made it first (`CopyBatch::cold`).
+        debug_assert!(inner.list.is_empty());
+        // SAFETY: `d` was taken out of `inner.pending`, of a batch of that
+        // put alone, which borrows what it names for 'a.
+        if let Some(r) = unsafe { d.lane(&mut inner, self) } {
+            super::spare::give_back_empty(inner);
+            return r;
         }
-        inner.one_put_undone(d);
+        inner.pending = Some(d);
+        inner.materialize();
         self.enqueue_state(inner)
     }
 
     /// The fabric call of a checked batch, inside its gate, and its record:
-    /// the end of [`Stream::enqueue_state`] and of the one-put lane
-    /// (`lane`: its state goes back to the spare with three fields reset,
-    /// [`BatchInner::one_put_done`], not [`BatchInner::reset`]).
+    /// the end of [`Stream::enqueue_state`].
     #[inline(always)]
     fn enqueue_fabric<'a>(
         &'a self,
         mut inner: Box<BatchInner>,
         gate: impl crate::ledger::gate::EndGate,
-        lane: bool,
     ) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         // A panic inside the call (a `tracing` layer, a user backend) may
@@ -173,17 +151,12 @@ impl Stream {
         if let Err(code) = r {
             // Nothing enqueued: what the batch holds is dropped with it.
             drop(inner);
-            return Err(fabric_copy_error(ctx, code));
+            return Err(super::one::fabric_copy_error(ctx, code));
         }
         let seq = self.inner.record(std::mem::take(&mut inner.keep));
         gate.end();
         let token = InFlight::new(self, inner.host.take(), seq);
-        if lane {
-            inner.one_put_done();
-            super::spare::give_back_empty(inner);
-        } else {
-            super::spare::give_back(inner);
-        }
+        super::spare::give_back(inner);
         Ok(token)
     }
 }
@@ -228,22 +201,4 @@ impl<'a> CopyBatch<'a> {
         super::spare::give_back(inner);
         list
     }
-}
-
-/// The error of a failed `cuFabricCpyBatchAsync`: `NOT_SUPPORTED` (F7) is
-/// [`Error::Unsupported`] naming the driver version and the portable path.
-#[cold]
-#[inline(never)]
-pub(crate) fn fabric_copy_error(ctx: &crate::Context, code: crate::Code) -> Error {
-    if code != crate::Code::NOT_SUPPORTED {
-        return ctx.error(Call::FabricCpyBatchAsync, code);
-    }
-    let version = ctx.driver_version();
-    let detail = match version {
-        Some(v) if v < crate::driver::FABRIC_COPY_MIN_VERSION => {
-            "the driver has no cuFabricCpyBatchAsync: it exists from CUDA 13.5 on"
-        }
-        _ => "the driver answered NOT_SUPPORTED: no logical endpoints here",
-    };
-    Error::unsupported(crate::error::Feature::FabricCopy, version, detail)
 }

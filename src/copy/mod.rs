@@ -40,11 +40,12 @@
 //!   enqueue the usual batch (no
 //!   error met, no binding changed since, memory on the stream's device,
 //!   F3 proven in one pass, no memory reachable two ways) passes its
-//!   checks at a few loads per endpoint and allocation. A batch's first
-//!   put leaves its bookkeeping for later (`one.rs`): a batch of that put
-//!   alone, the usual small message, is checked and recorded at enqueue
-//!   without the batch's lists (the one-put lane, on either path); any
-//!   other builder call makes the bookkeeping first, as the put would have.
+//!   checks at a few loads per endpoint and allocation. A batch's usual
+//!   first put is checked as it comes and kept as its arguments
+//!   (`one.rs`): a batch of that put alone, the usual small message, is
+//!   recorded at enqueue without the batch's lists (the one-put lane, on
+//!   either path, which a [`Route`]'s put shares); any other builder call
+//!   first writes it into the state as the put would have.
 //! - [`InFlight`], the `#[must_use]` token: it borrows the endpoints and the
 //!   local memory of the batch and the stream, so destroying an endpoint or
 //!   dropping memory while the copy is in flight does not compile (F4).
@@ -111,8 +112,9 @@ mod portable;
 mod route;
 pub(crate) mod spare;
 mod strided;
-pub(crate) use enqueue::{FabricList, fabric_copy_error};
+pub(crate) use enqueue::FabricList;
 pub use in_flight::{Completed, InFlight};
+pub(crate) use one::fabric_copy_error;
 pub(crate) use portable::local_binds;
 pub use route::Route;
 pub use strided::Strided;
@@ -350,9 +352,9 @@ pub(crate) struct BatchInner {
     /// endpoint is not the last one's makes a new memo, and batches that
     /// alternate between two endpoints would allocate one each.
     memo: Option<check::Memo>,
-    /// The batch's first put while its keep-alives and location are left
-    /// out of `keep` and `locations` (the one-put lane, `one.rs`): every
-    /// path but the lane's enqueue materializes it first
+    /// The batch's first put, checked, while it is kept as its arguments
+    /// and not yet written into the state (the one-put lane, `one.rs`):
+    /// every path but the lane's enqueue materializes it first
     /// ([`CopyBatch::cold`], [`CopyBatch::parked`]).
     pending: Option<one::Deferred>,
 }
@@ -417,13 +419,6 @@ impl Cursor {
     #[inline(always)]
     fn names(&self) -> (usize, usize, u64, u64, bool) {
         (self.mem, self.ep_at, self.ep, self.put_from, self.putting)
-    }
-
-    /// Names nothing, as [`Cursor::NONE`] does, by [`Cursor::names`] alone.
-    #[inline(always)]
-    fn forget(&mut self) {
-        (self.mem, self.ep_at, self.ep, self.put_from, self.putting) =
-            (0, 0, u64::MAX, u64::MAX, false);
     }
 }
 
@@ -775,7 +770,8 @@ impl<'a> CopyBatch<'a> {
 
     /// How many ops the batch has.
     pub fn len(&self) -> usize {
-        self.hot.len(&self.inner)
+        // A deferred first put (`one.rs`) is not in the list yet.
+        self.hot.len(&self.inner) + usize::from(self.inner.pending.is_some())
     }
 
     /// Whether it has none.

@@ -1,58 +1,70 @@
-//! The one-put lane (issue 30): a batch of one put, checked and recorded
-//! at enqueue without the batch's lists.
+//! The one-put lane (issue 30): a put checked and recorded alone, without
+//! the batch's lists, for a batch of that one put and for a
+//! [`Route`](super::Route)'s put.
 //!
-//! What this file owns: [`Deferred`], a batch's first put whose
-//! keep-alive, F2 location and endpoint keep-alive are left out of the
-//! batch's lists for later; [`BatchInner::defer_put`], which makes every
-//! other part of that put as `put_slow` would (its checks, the cursor, the
-//! op); [`BatchInner::materialize`], which pushes the three left out, as
-//! `put_slow` would have, before any other builder call or check reads the
-//! lists; and [`BatchInner::one_put`], the lane's checks at enqueue.
+//! What this file owns: [`Deferred`], a batch's usual first put, checked
+//! as it comes and kept as its arguments while nothing follows it;
+//! [`BatchInner::defer`], which checks and keeps it;
+//! [`BatchInner::materialize`], which writes it into the batch's state as
+//! the builder would have written it when it came (its keep-alives and
+//! location, the cursor, F3's state, the op) before any other builder call
+//! or check reads that state; [`Deferred::lane`], the lane of a batch of
+//! that put alone at enqueue; [`usual_put`], the lane's end, which a
+//! route's put shares: the copy gate, the driver's call, the record and the
+//! token; and [`fabric_copy_error`], the error of a failed fabric copy (F7),
+//! which `enqueue.rs` names too.
 //!
-//! Only a put that passes every check of the builder now is deferred:
-//! inside its memory, its endpoint's facts those of the batch before
-//! (`check::Memo`), the op inside the endpoint, below its agreed top and
-//! inside the first interval bound on every device here (F9, R13.3). Any
-//! other put is checked as it comes, as always, so that what a put gets
-//! never depends on what follows it in its batch. The cursor is set as for
-//! any first put, so a second put on the same memory and endpoint takes
-//! the builder's fast path. The lane takes the put alone, at enqueue, when
-//! its facts are still the range's (no bind or unbind since, compared
-//! inside the copy gate), its memory is of the stream's context and on its
-//! device (F2) and its endpoint of that context: its keep is made whole
-//! (two lists of one), its op goes to the driver (on the portable path:
-//! its one piece inside one window), and its state back to the spare with
-//! three fields reset. One op is independent (F3). Anything else
-//! materializes and takes the general path, which makes every check and
-//! names any error as it always has: the state it finds is the one the
-//! builder would have left without the lane.
+//! Only a put that passes every check of the builder when it comes is
+//! deferred: inside its memory (whose range does not wrap), its endpoint's
+//! facts those the batch before kept (`check::Memo`, bound here), the op
+//! inside the endpoint, below its agreed top and inside the first interval
+//! bound on every device here (F9, R13.3). Any other put is checked and
+//! written as it comes (`put_slow`), so a put refused when it was built is
+//! refused at enqueue whatever changed between, as in a longer batch. The
+//! lane takes the put at enqueue when its memory is of the stream's
+//! context and on its device (F2), its endpoint of that context, and,
+//! compared inside the copy gate, no bind or unbind came since its facts
+//! were read; one op is independent (F3). Anything else is materialized
+//! and takes the general path, which makes every check and names any error
+//! as it always has. What a put gets never depends on whether it was
+//! deferred (`data_path::f2_f9_a_batch_of_one_put_is_checked_as_the_same_put_followed_by_another`,
+//! `data_path::issue_30_a_routes_put_is_checked_as_the_batch_of_that_put`).
 
 use std::ptr::NonNull;
 
 use smallvec::SmallVec;
 
-use super::{BatchInner, Cursor};
+use super::{BatchInner, Cursor, InFlight};
+use crate::CopyPath;
 use crate::context::Context;
-use crate::driver::Device;
+use crate::driver::{Call, CopyOp, CopyOps, Device};
 use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
 use crate::kind::{Kind, MemShare};
+use crate::ledger::gate::OneGate;
 use crate::ledger::holds::Keep;
 use crate::memory::{BindSource, Locality, Mapped};
 use crate::state::State;
+use crate::stream::Stream;
+use crate::unwind::OnUnwindWith;
 
-/// A batch's first put while its keep-alives and F2 location are out of
-/// the batch's lists: the `Mapped` and the `Endpoint` it borrowed (by
-/// address: the batch's state has no lifetime, the
-/// [`CopyBatch`](super::CopyBatch) holding it does), and what reads them
-/// back as their types.
+/// A batch's first put, kept as its arguments while nothing follows it:
+/// the `Mapped` and the `Endpoint` it borrowed (by address: the batch's
+/// state has no lifetime, the [`CopyBatch`](super::CopyBatch) holding it
+/// does), its offsets and size, and what reads them back as their types.
 #[derive(Clone, Copy)]
 pub(crate) struct Deferred {
     mem: NonNull<()>,
     ep: NonNull<()>,
-    /// [`push_held`] at the put's types.
-    push_held: unsafe fn(&mut BatchInner, &Deferred),
+    at: u64,
+    offset: u64,
+    size: u64,
+    /// The bindings generation of the endpoint's facts it passed against.
+    generation: u64,
+    /// [`make`] at the put's types.
+    make: unsafe fn(&mut BatchInner, &Deferred),
     /// [`lane`] at the put's types.
-    lane: unsafe fn(&mut BatchInner, &Deferred, &Context, Device) -> bool,
+    lane: unsafe fn(&mut BatchInner, &Deferred, &Context, Device) -> Option<Usual>,
 }
 
 // SAFETY: a `Deferred` stands for the shared borrows `&Mapped<H>` and
@@ -72,24 +84,12 @@ const _: () = {
 };
 
 impl Deferred {
-    /// The put from `mem` into `ep`.
-    #[inline(always)]
-    fn put<H: MemShare, S: State, K: Kind>(mem: &Mapped<H>, ep: &Endpoint<S, K>) -> Deferred {
-        Deferred {
-            mem: NonNull::from(mem).cast(),
-            ep: NonNull::from(ep).cast(),
-            push_held: push_held::<H, S, K>,
-            lane: lane::<H, S, K>,
-        }
-    }
-
     /// The put's memory and endpoint, as the types it was made at.
     ///
     /// # Safety
-    /// `H`, `S` and `K` are the types of [`Deferred::put`] that made it,
-    /// and the batch that holds it still borrows what it names (a
-    /// `Deferred` is only read through its batch,
-    /// [`BatchInner::pending`]).
+    /// `H`, `S` and `K` are the types of [`BatchInner::defer`] that made
+    /// it, and the batch that holds it still borrows what it names (a
+    /// `Deferred` is only read through its batch, [`BatchInner::pending`]).
     #[inline(always)]
     unsafe fn parts<'x, H: MemShare, S: State, K: Kind>(
         &self,
@@ -97,34 +97,103 @@ impl Deferred {
         // SAFETY: the caller's contract: the pointers are of live shared
         // borrows of these types. What the erased put buys (the one-put
         // lane, `Null`, `benches/copy_batch.rs` and `copy_portable.rs`): a
-        // one-put batch 751 -> 621 instructions, portable 949 -> 799; a
-        // batch of more puts pays 92 once (64 puts 2,874 -> 2,966).
+        // one-put batch 751 -> 621 instructions, portable 949 -> 799; and
+        // kept as its arguments rather than written into the batch's state
+        // as the first op of a longer batch, 576 -> 550, portable 739 ->
+        // 702, a batch of 64 puts 2,948 -> 3,002, at `c12a811`).
         unsafe { (self.mem.cast().as_ref(), self.ep.cast().as_ref()) }
+    }
+
+    /// The lane at enqueue on `stream`: the put enqueued alone, with its
+    /// answer, where every check passes as described in this file's doc;
+    /// `None` (nothing enqueued, nothing held: `inner.keep` empty) for
+    /// anything else.
+    ///
+    /// # Safety
+    /// `inner` is the state of the batch that held `self` (taken out of
+    /// its `pending`), that batch is that put alone, and it borrows what
+    /// the put names for 's.
+    #[inline(always)]
+    pub(super) unsafe fn lane<'s>(
+        &self,
+        inner: &mut BatchInner,
+        stream: &'s Stream,
+    ) -> Option<Result<InFlight<'s>>> {
+        let s = &stream.inner;
+        // SAFETY: the caller's contract.
+        let usual = unsafe { (self.lane)(inner, self, &s.ctx, s.dev) }?;
+        let keep = std::mem::take(&mut inner.keep);
+        // SAFETY: `lane` passed every check of the put and made its keep
+        // (the caller's contract: the batch borrows both for 's).
+        unsafe { usual_put(stream, keep, usual, self.offset, self.size, one_op) }
     }
 }
 
-/// [`BatchInner::materialize`] at the put's types: what `mapped_slow` and
-/// `endpoint` push for a batch's first put, in their order.
+/// What the lane's checks at the put's types found: the put's source
+/// address and the bindings generation its facts were read at.
+#[derive(Clone, Copy)]
+pub(super) struct Usual {
+    pub(super) from: u64,
+    pub(super) generation: u64,
+}
+
+/// [`BatchInner::materialize`] at the put's types: the put made as
+/// `put_slow` would have made it when it came, against the facts it was
+/// checked against then (still `eps[0]`: nothing reaches the state
+/// between), in `put_slow`'s order: the memory's keep-alive and location,
+/// the endpoint's keep-alive, the cursor, F3's state, the op. (Not
+/// `put_slow` itself, which checks it again: a batch of 64 puts 3,142 ->
+/// 3,041 instructions, `Null`, `benches/copy_batch.rs`.)
 ///
 /// # Safety
 /// [`Deferred::parts`]'s.
-unsafe fn push_held<H: MemShare, S: State, K: Kind>(inner: &mut BatchInner, d: &Deferred) {
+unsafe fn make<H: MemShare, S: State, K: Kind>(inner: &mut BatchInner, d: &Deferred) {
     // SAFETY: the caller's contract.
     let (mem, ep) = unsafe { d.parts::<H, S, K>() };
+    let (at, offset, size) = (d.at, d.offset, d.size);
+    let Some((start, stop)) = inner
+        .eps
+        .first()
+        .and_then(|f| BatchInner::first_hit_of(f, offset, size))
+    else {
+        // Not met (`defer` found this interval in these facts); checked
+        // as it comes all the same.
+        return inner.put_slow(mem, at, ep, offset, size);
+    };
+    let (ptr, len) = (mem.device_ptr(), mem.size());
     inner.keep.memory.push(mem.keep_alive());
-    let span = (mem.device_ptr(), mem.size());
     inner
         .locations
-        .push((0, mem.locality(), mem.context().key(), span));
-    inner.keep.endpoints.push((ep.range().clone(), ep.id()));
+        .push((0, mem.locality(), mem.context().key(), (ptr, len)));
+    let id = ep.id();
+    inner.keep.endpoints.push((ep.range().clone(), id));
+    // No wrap: `at < len` and `ptr + len` does not (`defer`); nor for
+    // `end`, inside the interval.
+    let (from, end) = (ptr.wrapping_add(at), offset.wrapping_add(size));
+    inner.cursor = Cursor {
+        mem: std::ptr::from_ref(mem).addr(),
+        mem_ptr: ptr,
+        mem_size: len,
+        ep: u64::from(id),
+        ep_at: std::ptr::from_ref(ep).addr(),
+        ep_index: 0,
+        start,
+        end: stop,
+        // `end >= offset >= start`: the put lies in `[start, stop)`.
+        put_from: end,
+        putting: true,
+        run: 0,
+    };
+    inner.puts = true;
+    inner.put_last = Some((id, end));
+    inner.push(super::put_op(from, id, offset, size));
 }
 
-/// [`BatchInner::one_put`]'s checks at the put's types: what only the
-/// stream decides (the builder checked the rest, and the caller compares
-/// the bindings inside the gate, `one_put_stands`): the memory on the
-/// stream's device (F2), the memory and the endpoint of its context. If
-/// they pass, the memory's keep-alive and the endpoint's range are in
-/// `inner.keep`, made whole rather than pushed (nothing else is written).
+/// [`Deferred::lane`]'s checks at the put's types: what only the stream
+/// decides (F2, the contexts; [`BatchInner::defer`] made the builder's);
+/// where they pass, the put's keep (its memory's keep-alive, its endpoint's range) in
+/// `inner.keep`, made whole rather than pushed, and what [`usual_put`]
+/// takes. Nothing written otherwise.
 ///
 /// # Safety
 /// [`Deferred::parts`]'s.
@@ -133,37 +202,199 @@ unsafe fn lane<H: MemShare, S: State, K: Kind>(
     d: &Deferred,
     ctx: &Context,
     dev: Device,
-) -> bool {
+) -> Option<Usual> {
     // SAFETY: the caller's contract.
     let (mem, ep) = unsafe { d.parts::<H, S, K>() };
-    let usual = matches!(mem.locality(), Locality::Device(d) if d == dev)
+    // F2 and the contexts, which only the stream decides.
+    let usual = matches!(mem.locality(), Locality::Device(x) if x == dev)
         && mem.context().key() == ctx.key()
         && ep.range().ctx.same(ctx);
-    if usual {
-        // Whole, not pushed: a list of one made at once asks nothing of
-        // where its items are.
-        let empty = std::mem::replace(
-            &mut inner.keep,
-            Keep {
-                memory: SmallVec::from_buf([mem.keep_alive()]),
-                endpoints: SmallVec::from_buf([(ep.range().clone(), ep.id())]),
-            },
-        );
-        // Empty (`usual_first_put`): inline, it holds nothing to drop, and
-        // its drop's calls cost 40 instructions (a one-put batch 618 -> 586).
-        debug_assert!(empty.memory.is_empty() && empty.endpoints.is_empty());
-        if empty.memory.spilled() || empty.endpoints.spilled() {
-            drop(empty);
-        } else {
-            std::mem::forget(empty);
-        }
+    if !usual {
+        return None;
     }
-    usual
+    // Whole, not pushed: a list of one made at once asks nothing of where
+    // its items are. The batch's `keep` is empty (`defer`): inline, it
+    // holds nothing to drop.
+    let empty = std::mem::replace(
+        &mut inner.keep,
+        Keep {
+            memory: SmallVec::from_buf([mem.keep_alive()]),
+            endpoints: SmallVec::from_buf([(ep.range().clone(), ep.id())]),
+        },
+    );
+    debug_assert!(empty.memory.is_empty() && empty.endpoints.is_empty());
+    if empty.memory.spilled() || empty.endpoints.spilled() {
+        drop(empty);
+    } else {
+        std::mem::forget(empty);
+    }
+    // No wrap: `at < len` and `ptr + len` does not (`defer`).
+    Some(Usual {
+        from: mem.device_ptr().wrapping_add(d.at),
+        generation: d.generation,
+    })
+}
+
+/// A put of `size` bytes from `usual.from` (inside the memory of
+/// `keep.memory[0]`) into the endpoint of `keep.endpoints[0]` at `offset`,
+/// past every check of the builder made against facts read at the
+/// bindings generation `usual.generation`: inside the copy gate, those
+/// facts compared with the range's (no bind or unbind since: F9, R13.3),
+/// then one `cuFabricCpyBatchAsync` (or on the portable path one
+/// `cuMemcpyAsync` inside one window), the record and the token. `None`
+/// (nothing enqueued, the keep dropped) where the facts are stale, a bind
+/// or unbind is in the gate, or the portable path finds no one piece: the
+/// caller takes the general path.
+///
+/// # Safety
+/// `keep` holds one memory and one endpoint, borrowed for 'a; the put lies
+/// inside that memory, whose range does not wrap; the memory is of the
+/// stream's context and on its device, the endpoint of that context (F2);
+/// the put lies inside the first interval of the endpoint's facts read at
+/// `usual.generation` (inside the endpoint, below its agreed top, bound on
+/// every device here: F9, R13.3).
+#[inline(always)]
+pub(super) unsafe fn usual_put<'a>(
+    stream: &'a Stream,
+    mut keep: Keep,
+    usual: Usual,
+    offset: u64,
+    size: u64,
+    list: impl FnOnce(CopyOp) -> CopyOps,
+) -> Option<Result<InFlight<'a>>> {
+    let (range, id) = keep.endpoints.first()?;
+    let id = *id;
+    // SAFETY: the range is the one of the endpoint borrowed for 'a (the
+    // caller's contract), past this call, where the gate ends. By address,
+    // not by a clone of its `Arc`, and a gate of one range, not
+    // `EnqueueGate`: a one-put batch 590 -> 578 instructions, portable 754
+    // -> 745 (`Null`, `benches/copy_batch.rs`, `copy_portable.rs`, at
+    // `6389b46`).
+    let gate = unsafe { OneGate::enter(&**range) }?;
+    // Inside the gate: the facts are still the range's, and no bind or
+    // unbind entered.
+    if usual.generation != range.bindings_gen() || !gate.clear() {
+        return None;
+    }
+    let op = super::put_op(usual.from, id, offset, size);
+    let inner = &stream.inner;
+    let ctx = &inner.ctx;
+    let r = if ctx.copy_path() == CopyPath::Fabric {
+        // A panic inside the call (a `tracing` layer, a user backend) may
+        // come after the driver took the op: what it uses stays in flight,
+        // kept by the stream until it is synchronized (F4).
+        let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
+            inner.record(std::mem::take(k));
+        });
+        // SAFETY: the id is a ready endpoint borrowed for 'a (R13.1) and
+        // the op inside its bound interval (F9, the facts current, compared
+        // inside the gate); one op is independent (F3) and its memory local
+        // (F2); flags 0 (F5), this stream (F6). Nothing is freed before the
+        // stream passed the op (F4): the record made below keeps the memory
+        // and the endpoint, as the guard does if the call unwinds.
+        let r = unsafe { ctx.driver().fabric_copy_batch(inner.handle, list(op), 0) };
+        guard.disarm();
+        r.map_err(|code| fabric_copy_error(ctx, code))
+    } else {
+        // SAFETY: the endpoint on `id` is borrowed for 'a.
+        let c = unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?;
+        let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
+            inner.record(std::mem::take(k));
+        });
+        // SAFETY: as `Stream::memcpy_one`'s: local memory borrowed for 'a
+        // and a window's memory mapped here, checked to cover the bytes
+        // (F9) and apart (`one_piece`); the record made below keeps both
+        // until the stream passed the copy (F4).
+        let r = unsafe {
+            ctx.driver()
+                .memcpy_async(c.dst, c.src, c.size, inner.handle)
+        };
+        guard.disarm();
+        r.map_err(|code| ctx.error(Call::MemcpyAsync, code))
+    };
+    Some(match r {
+        Ok(()) => {
+            let seq = inner.record(keep);
+            gate.end();
+            Ok(InFlight::new(stream, None, seq))
+        }
+        Err(e) => Err(e),
+    })
+}
+
+/// The driver's list of the one op `op`, made where the call takes it.
+/// Out of line for the lane: there, made inline, it was made aside and
+/// copied to the call's argument (`memcpy`), and `push` was a call anyway
+/// (a one-put batch 605 -> 555 instructions, `Null`,
+/// `benches/copy_batch.rs`); inline for a route (`one_list`), where it
+/// was made in place (out of line, its put 218 -> 235).
+#[inline(never)]
+fn one_op(op: CopyOp) -> CopyOps {
+    one_list(op)
+}
+
+/// [`one_op`], inline.
+#[inline(always)]
+pub(super) fn one_list(op: CopyOp) -> CopyOps {
+    let mut ops = CopyOps::new();
+    ops.push(op);
+    ops
 }
 
 impl BatchInner {
-    /// The deferred first put's keep-alives and location pushed (if there
-    /// is one): the lists as `put_slow` would have left them.
+    /// Keeps a batch's first put (op 0 of a batch that holds nothing yet)
+    /// as its arguments where it passes now every check `put_slow` makes:
+    /// inside its memory (which does not wrap the address space), and its
+    /// endpoint's facts those the batch before kept (`check::Memo`, so they
+    /// are the range's now, bound here), the op inside their first
+    /// interval (inside the endpoint, below its agreed top, bound on every
+    /// device here: F9, R13.3): `true`. `false` (nothing written) for any
+    /// other put, which the caller makes as it comes: so a put refused when
+    /// it was built is refused at enqueue, as in a longer batch, whatever
+    /// changed between.
+    #[inline(always)]
+    pub(super) fn defer<H: MemShare, S: State, K: Kind>(
+        &mut self,
+        mem: &Mapped<H>,
+        at: u64,
+        ep: &Endpoint<S, K>,
+        offset: u64,
+        size: u64,
+    ) -> Option<()> {
+        let fresh = self.list.is_empty()
+            && self.pending.is_none()
+            && self.keep.memory.is_empty()
+            && self.keep.endpoints.is_empty()
+            && self.host.is_none()
+            && self.error.is_none()
+            && self.ep_error.is_none();
+        // `mapped_slow`'s range check and its test of the memory's end.
+        let len = mem.size();
+        let inside = at < len
+            && at.checked_add(size).is_some_and(|end| end <= len)
+            && mem.device_ptr().checked_add(len).is_some();
+        // `endpoint`'s test of the facts kept, then `put_to_slow`'s.
+        let [f] = &self.eps[..] else { return None };
+        if !(fresh && inside && self.memo.as_ref().is_some_and(|m| m.holds(ep))) {
+            return None;
+        }
+        let generation = f.bindings_gen?;
+        BatchInner::first_hit_of(f, offset, size)?;
+        self.pending = Some(Deferred {
+            mem: NonNull::from(mem).cast(),
+            ep: NonNull::from(ep).cast(),
+            at,
+            offset,
+            size,
+            generation,
+            make: make::<H, S, K>,
+            lane: lane::<H, S, K>,
+        });
+        Some(())
+    }
+
+    /// The deferred first put made (if there is one): the state as the
+    /// builder would have left it had it made the put as it came.
     #[inline(always)]
     pub(super) fn materialize(&mut self) {
         if self.pending.is_some() {
@@ -177,155 +408,28 @@ impl BatchInner {
     #[inline(never)]
     fn materialize_now(&mut self) {
         if let Some(d) = self.pending.take() {
-            // SAFETY: `d` was made by `Deferred::put` at the types its
-            // `push_held` was made at, for this batch, whose borrows hold
-            // while its state is reached (`pending`).
-            unsafe { (d.push_held)(self, &d) };
+            // SAFETY: `d` was made by `defer` at the types its `make` was
+            // made at, for this batch, whose borrows hold while its state
+            // is reached (`pending`).
+            unsafe { (d.make)(self, &d) };
         }
     }
+}
 
-    /// A batch's first put (op `op`) that may leave its keep-alives and
-    /// location for later: nothing made yet (no keep-alive, so no cursor,
-    /// no facts of this batch), and the put passes now every check
-    /// `put_slow` makes: inside its memory (which does not wrap the
-    /// address space), and its endpoint's facts those the batch before
-    /// kept (`check::Memo`, so they are the range's now), the op inside
-    /// their first interval (inside the endpoint, below its agreed top,
-    /// bound on every device here: F9, R13.3). That interval, clipped as
-    /// the cursor takes it; `None` for any other put, which `put_slow`
-    /// checks as it comes.
-    #[inline(always)]
-    pub(super) fn usual_first_put<H: MemShare, S: State, K: Kind>(
-        &self,
-        op: usize,
-        mem: &Mapped<H>,
-        at: u64,
-        ep: &Endpoint<S, K>,
-        offset: u64,
-        size: u64,
-    ) -> Option<(u64, u64)> {
-        let len = mem.size();
-        let inside = op == 0
-            && self.keep.memory.is_empty()
-            && self.keep.endpoints.is_empty()
-            // `mapped_slow`'s range check and its test of the memory's end.
-            && at < len
-            && at.checked_add(size).is_some_and(|end| end <= len)
-            && mem.device_ptr().checked_add(len).is_some();
-        // `endpoint`'s test of the facts kept, then `put_to_slow`'s.
-        match &self.eps[..] {
-            [f] if inside && self.memo.as_ref().is_some_and(|m| m.holds(ep)) => {
-                BatchInner::first_hit_of(f, offset, size)
-            }
-            _ => None,
+/// The error of a failed `cuFabricCpyBatchAsync`: `NOT_SUPPORTED` (F7) is
+/// [`Error::Unsupported`] naming the driver version and the portable path.
+#[cold]
+#[inline(never)]
+pub(crate) fn fabric_copy_error(ctx: &crate::Context, code: crate::Code) -> Error {
+    if code != crate::Code::NOT_SUPPORTED {
+        return ctx.error(Call::FabricCpyBatchAsync, code);
+    }
+    let version = ctx.driver_version();
+    let detail = match version {
+        Some(v) if v < crate::driver::FABRIC_COPY_MIN_VERSION => {
+            "the driver has no cuFabricCpyBatchAsync: it exists from CUDA 13.5 on"
         }
-    }
-
-    /// A batch's first put that [`BatchInner::usual_first_put`] passed,
-    /// with the interval it found: the cursor, F3's state and the op as
-    /// `put_slow` makes them (`mapped_slow`, `put_to_slow`), its
-    /// keep-alives and location left out ([`Deferred`]).
-    #[inline(always)]
-    pub(super) fn defer_put<H: MemShare, S: State, K: Kind>(
-        &mut self,
-        mem: &Mapped<H>,
-        at: u64,
-        ep: &Endpoint<S, K>,
-        offset: u64,
-        size: u64,
-        (start, stop): (u64, u64),
-    ) {
-        let (ptr, len) = (mem.device_ptr(), mem.size());
-        // No wrap: `at < len` and `ptr + len` does not (`usual_first_put`);
-        // nor for `end`, inside the interval.
-        let (from, end) = (ptr.wrapping_add(at), offset.wrapping_add(size));
-        let id = ep.id();
-        self.cursor = Cursor {
-            mem: std::ptr::from_ref(mem).addr(),
-            mem_ptr: ptr,
-            mem_size: len,
-            ep: u64::from(id),
-            ep_at: std::ptr::from_ref(ep).addr(),
-            ep_index: 0,
-            start,
-            end: stop,
-            // `end >= offset >= start`: the put lies in `[start, stop)`.
-            put_from: end,
-            putting: true,
-            run: 0,
-        };
-        self.puts = true;
-        self.put_last = Some((id, end));
-        self.pending = Some(Deferred::put(mem, ep));
-        let op = super::put_op(from, id, offset, size);
-        match self.list.spare_capacity_mut().first_mut() {
-            Some(slot) => {
-                slot.write(op);
-                // SAFETY: the list was empty (`usual_first_put`: op 0) and
-                // its first slot is written just above. Not `push`: its
-                // out-of-line growth path cost a one-put batch 660 -> 644
-                // instructions (`Null`, `benches/copy_batch.rs`).
-                unsafe { self.list.set_len(1) };
-            }
-            None => self.push(op),
-        }
-    }
-
-    /// The lane at enqueue on a stream of `ctx` on `dev`, for the deferred
-    /// put `d`, taken out of `pending`: `true` when the batch is that put
-    /// alone and it passes what only the stream decides ([`lane`]), its
-    /// keep-alive and range now in `keep`; the caller enters the gate and
-    /// checks that the facts still stand ([`BatchInner::one_put_stands`]).
-    /// `false` otherwise, nothing written: the caller materializes and
-    /// takes the general path.
-    #[inline(always)]
-    pub(super) fn one_put(&mut self, d: &Deferred, ctx: &Context, dev: Device) -> bool {
-        self.list.len() == 1
-            && self.host.is_none()
-            && self.error.is_none()
-            && self.ep_error.is_none()
-            && !(self.unordered || self.gets)
-            // SAFETY: as in `materialize`.
-            && unsafe { (d.lane)(self, d, ctx, dev) }
-    }
-
-    /// Inside the copy gate, after [`BatchInner::one_put`]: whether the
-    /// facts it checked against are still the range's (no bind or unbind
-    /// since: F9, as [`BatchInner::check`]'s test of a stale endpoint).
-    #[inline(always)]
-    pub(super) fn one_put_stands(&self) -> bool {
-        match (&self.eps[..], &self.keep.endpoints[..]) {
-            ([f], [(range, _)]) => f.bindings_gen == Some(range.bindings_gen()),
-            _ => false,
-        }
-    }
-
-    /// The deferred put `d` back, for the general path: what
-    /// [`BatchInner::one_put`] wrote undone (if it passed and the facts
-    /// did not stand, or the portable path found no one piece), and the
-    /// lists as `put_slow` would have left them.
-    #[cold]
-    pub(super) fn one_put_undone(&mut self, d: Deferred) {
-        // Tested first: a clear of an empty `SmallVec` still asks where its
-        // items are (a batch of 64 puts, which never passes `one_put`,
-        // 2,977 -> 2,966 instructions on `Null`).
-        if !self.keep.memory.is_empty() || !self.keep.endpoints.is_empty() {
-            self.keep.memory.clear();
-            self.keep.endpoints.clear();
-        }
-        self.pending = Some(d);
-        self.materialize();
-    }
-
-    /// After the lane recorded its put: the state as [`BatchInner::reset`]
-    /// leaves it (its op list taken, its keep recorded; the builder wrote
-    /// these three besides).
-    #[inline(always)]
-    pub(super) fn one_put_done(&mut self) {
-        // Not the whole `Cursor::NONE`: its copy was two lines of constants
-        // read after the driver's call (`benches/copy_cold.rs`).
-        self.cursor.forget();
-        self.put_last = None;
-        self.puts = false;
-    }
+        _ => "the driver answered NOT_SUPPORTED: no logical endpoints here",
+    };
+    Error::unsupported(crate::error::Feature::FabricCopy, version, detail)
 }

@@ -3,8 +3,9 @@
 //! What this file owns: [`Stream::route`], which pairs one local
 //! allocation, one endpoint and the stream, and reads once what every put
 //! between them would read again (the endpoint's facts, F2, the contexts);
-//! and [`Route::put`], a batch of one put at a few comparisons, the copy
-//! gate, the driver's call and the record, on either path.
+//! and [`Route::put`], a batch of one put at a few comparisons, then the
+//! one-put lane's end (`one::usual_put`: the copy gate, the driver's call
+//! and the record), on either path.
 //!
 //! A route's put is the batch of that put alone, checked the same: it is
 //! taken here only where the one-put lane (`one.rs`) would take it (the
@@ -27,17 +28,13 @@
 use smallvec::SmallVec;
 
 use super::{BatchInner, CopyBatch, EpFacts, InFlight};
-use crate::CopyPath;
-use crate::driver::{Call, CopyOps};
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::kind::{Kind, MemShare};
-use crate::ledger::gate::OneGate;
 use crate::ledger::holds::Keep;
 use crate::memory::{BindSource, Locality, Mapped};
 use crate::state::{Agreed, IsReady, State};
 use crate::stream::Stream;
-use crate::unwind::OnUnwindWith;
 
 /// Puts from one allocation into one endpoint on one stream, each its own
 /// batch: what a loop of small messages to one peer sends, prepared once
@@ -158,74 +155,30 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
     fn put_usual(&self, at: u64, offset: u64, size: u64) -> Option<Result<InFlight<'a>>> {
         let (facts, generation) = self.facts.as_ref()?;
         let (ptr, len) = self.mem;
-        // `usual_first_put`'s memory check (its end's wrap checked when
+        // `BatchInner::defer`'s memory check (its end's wrap checked when
         // the facts were read).
         if !(at < len && at.checked_add(size)? <= len) {
             return None;
         }
         BatchInner::first_hit_of(facts, offset, size)?;
-        let range = self.ep.range();
-        // SAFETY: the range is the one of the endpoint the route borrows
-        // for 'a, past this call, where the gate ends. (By address, as the
-        // lane's gate, `copy/enqueue.rs`. What this path gains, on `Null`
-        // at `61d5358`: one put 576 instructions as a batch, 218 here;
-        // portable 739 and 329 (328 at `1c51a1f`); `benches/copy_batch.rs`,
-        // `copy_portable.rs`.)
-        let gate = unsafe { OneGate::enter(&**range) }?;
-        // Inside the gate: the facts are still the range's (F9, R13.3, as
-        // `one_put_stands`), and no bind or unbind entered.
-        if *generation != range.bindings_gen() || !gate.clear() {
-            return None;
-        }
-        let id = self.ep.id();
-        // No wrap: `at < len` and `ptr + len` does not.
-        let op = super::put_op(ptr.wrapping_add(at), id, offset, size);
-        let mut keep = Keep {
+        let keep = Keep {
             memory: SmallVec::from_buf([self.src.keep_alive()]),
-            endpoints: SmallVec::from_buf([(range.clone(), id)]),
+            endpoints: SmallVec::from_buf([(self.ep.range().clone(), self.ep.id())]),
         };
-        let stream = &self.stream.inner;
-        let ctx = &stream.ctx;
-        let r = if ctx.copy_path() == CopyPath::Fabric {
-            let mut ops = CopyOps::new();
-            ops.push(op);
-            let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
-                stream.record(std::mem::take(k));
-            });
-            // SAFETY: as `Stream::enqueue_fabric`'s: the id is a ready
-            // endpoint borrowed for 'a (R13.1) and the op inside its bound
-            // interval (F9, the facts current, compared inside the gate);
-            // one op is independent (F3) and its memory local (F2, checked
-            // when the facts were read); flags 0 (F5), this stream (F6).
-            // Nothing is freed before the stream passed the op (F4): the
-            // record made below keeps the memory and the endpoint, as the
-            // guard does if the call unwinds.
-            let r = unsafe { ctx.driver().fabric_copy_batch(stream.handle, ops, 0) };
-            guard.disarm();
-            r.map_err(|code| super::enqueue::fabric_copy_error(ctx, code))
-        } else {
-            // SAFETY: the endpoint on `id` is borrowed for 'a.
-            let c =
-                unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?;
-            let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
-                stream.record(std::mem::take(k));
-            });
-            // SAFETY: as `Stream::memcpy_one`'s: local memory borrowed for
-            // 'a and a window's memory mapped here, checked to cover the
-            // bytes (F9) and apart (`one_piece`); the record made below
-            // keeps both until the stream passed the copy (F4).
-            let r = unsafe {
-                ctx.driver()
-                    .memcpy_async(c.dst, c.src, c.size, stream.handle)
-            };
-            guard.disarm();
-            r.map_err(|code| ctx.error(Call::MemcpyAsync, code))
+        // No wrap: `at < len` and `ptr + len` does not.
+        let usual = super::one::Usual {
+            from: ptr.wrapping_add(at),
+            generation: *generation,
         };
-        Some(r.map(|()| {
-            let seq = stream.record(keep);
-            drop(gate);
-            InFlight::new(self.stream, None, seq)
-        }))
+        // SAFETY: the route borrows its memory and endpoint for 'a; the put
+        // lies inside the memory and the facts' first interval; F2 and the
+        // contexts were checked when the facts were read. (What this path
+        // gains, on `Null` at `61d5358`: one put 576 instructions as a
+        // batch, 218 here; portable 739 and 329; `benches/copy_batch.rs`,
+        // `copy_portable.rs`.)
+        unsafe {
+            super::one::usual_put(self.stream, keep, usual, offset, size, super::one::one_list)
+        }
     }
 
     /// Any other put: the batch of it alone, and the facts read again if a

@@ -290,7 +290,7 @@ impl Stream {
         // The one-piece batch's copy, else every piece.
         // SAFETY: the batch borrows its endpoints for 'a, past this call.
         if let Some(c) = unsafe { one_piece(list, endpoints, memory) } {
-            return self.memcpy_one(inner, c, false);
+            return self.memcpy_one(inner, c);
         }
         // SAFETY: as for `one_piece`.
         let (mut copies, order) = match unsafe { resolve(list, spans, endpoints, memory) } {
@@ -394,29 +394,9 @@ impl Stream {
 }
 
 impl Stream {
-    /// The one-put lane (`copy/one.rs`) on the portable path, inside the
-    /// copy gate, the put checked and its keep in `inner.keep`: its one
-    /// piece ([`one_piece`], its window's mapping added to the keep when a
-    /// peer's), [`Stream::memcpy_one`]. `Err(inner)` when it is not one
-    /// piece inside one window: nothing enqueued, and the caller takes the
-    /// general path, which names why.
-    #[inline(always)]
-    pub(crate) fn enqueue_portable_one<'a>(
-        &'a self,
-        mut inner: Box<crate::copy::BatchInner>,
-    ) -> std::result::Result<Result<InFlight<'a>>, Box<crate::copy::BatchInner>> {
-        let b = &mut *inner;
-        // SAFETY: the batch borrows its endpoint for 'a, past this call.
-        match unsafe { one_piece(&b.list, &b.keep.endpoints, &mut b.keep.memory) } {
-            Some(c) => Ok(self.memcpy_one(inner, c, true)),
-            None => Err(inner),
-        }
-    }
-
     /// A batch of one piece `c` (one op inside one window): one
     /// `cuMemcpyAsync`, nothing to ask, and its record; the end of
-    /// [`Stream::enqueue_portable`] and of the one-put lane (`lane`: its
-    /// state goes back to the spare with three fields reset, not `reset`).
+    /// [`Stream::enqueue_portable`].
     // Always: out of line, the lane's one put cost 12 instructions more
     // (805 -> 817 on `Null`, `benches/copy_portable.rs`).
     #[inline(always)]
@@ -424,7 +404,6 @@ impl Stream {
         &'a self,
         mut inner: Box<crate::copy::BatchInner>,
         c: crate::driver::MemcpyOp,
-        lane: bool,
     ) -> Result<InFlight<'a>> {
         let ctx = &self.inner.ctx;
         let b = &mut *inner;
@@ -450,13 +429,7 @@ impl Stream {
         }
         let seq = self.inner.record(std::mem::take(&mut b.keep));
         let token = InFlight::new(self, b.host.take(), seq);
-        if lane {
-            b.list.clear();
-            b.one_put_done();
-            super::spare::give_back_empty(inner);
-        } else {
-            super::spare::give_back(inner);
-        }
+        super::spare::give_back(inner);
         Ok(token)
     }
 }
