@@ -667,9 +667,10 @@ impl<'a> CopyBatch<'a> {
         r
     }
 
-    /// A deferred first put's keep-alives and location in the lists
-    /// (`one.rs`): for what reads the state directly (a capture enters the
-    /// gate of the ranges in its list).
+    /// A deferred first put written into the state (`one.rs`: its
+    /// keep-alives and location, the cursor, F3's state, the op): for what
+    /// reads the state directly (a capture enters the gate of the ranges in
+    /// its list).
     pub(crate) fn materialize(&mut self) {
         self.cold(|_| ());
     }

@@ -43,8 +43,8 @@ pub(crate) fn give_back(mut inner: Box<BatchInner>) {
 }
 
 /// [`give_back`] of a state its enqueue left as [`BatchInner::reset`]
-/// would (the one-put lane: its op list taken, its keep recorded, nothing
-/// else written).
+/// would (the one-put lane: its deferred put taken, nothing else written,
+/// its keep taken out of it, then recorded or dropped).
 #[inline]
 pub(crate) fn give_back_empty(inner: Box<BatchInner>) {
     debug_assert!(inner.is_reset());

@@ -478,7 +478,7 @@ impl<R: Gated> OneGate<R> {
     #[inline(always)]
     pub(crate) fn clear(&self) -> bool {
         // SAFETY: `enter`'s contract. (By address, as `EnqueueGate`: the
-        // gain is `Stream::enqueue_one`'s, `copy/enqueue.rs`.)
+        // gain is the one-put lane's, `copy/one.rs`'s `usual_put`.)
         !unsafe { range(self.range) }.gate().busy(Side::Change)
     }
 
@@ -493,7 +493,7 @@ impl<R: Gated> Drop for OneGate<R> {
     #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: `enter`'s contract. (By address, as `EnqueueGate`: the
-        // gain is `Stream::enqueue_one`'s, `copy/enqueue.rs`.)
+        // gain is the one-put lane's, `copy/one.rs`'s `usual_put`.)
         unsafe { range(self.range) }
             .gate()
             .leave(Side::Enqueue, self.entry);

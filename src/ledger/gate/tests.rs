@@ -98,7 +98,7 @@ fn copy(r: &Range) {
     *lock(&r.in_flight) = true;
 }
 
-/// The one-put lane's use of the gate (`Stream::enqueue_one`): one try of
+/// The one-put lane's use of the gate (`copy::one::usual_put`): one try of
 /// [`OneGate`], the general [`enqueue`] when a bind or an unbind is inside
 /// or entered before the checks ended.
 fn enqueue_lane(r: &Arc<Range>) -> bool {
