@@ -44,12 +44,18 @@ impl Stream {
     // builder's loop with it.
     #[inline(always)]
     pub fn enqueue<'a>(&'a self, batch: CopyBatch<'a>) -> Result<InFlight<'a>> {
-        let mut inner = batch.parked_as_is();
+        let CopyBatch { hot, mut inner, .. } = batch;
         match inner.pending.take() {
             // One call, not two: a one-put batch 656 -> 639 instructions
-            // (`Null`, `benches/copy_batch.rs`).
+            // (`Null`, `benches/copy_batch.rs`). Nothing to park: every
+            // builder call after a deferred put makes it first, so the hot
+            // part is still the one `CopyBatch::cold` took after it (526 ->
+            // 518).
             Some(d) => self.enqueue_one(inner, d),
-            None => self.enqueue_state(inner),
+            None => {
+                hot.park(&mut inner);
+                self.enqueue_state(inner)
+            }
         }
     }
 
@@ -103,7 +109,7 @@ impl Stream {
         debug_assert!(inner.list.is_empty());
         // SAFETY: `d` was taken out of `inner.pending`, of a batch of that
         // put alone, which borrows what it names for 'a.
-        if let Some(r) = unsafe { d.lane(&mut inner, self) } {
+        if let Some(r) = unsafe { d.lane(self) } {
             super::spare::give_back_empty(inner);
             return r;
         }

@@ -64,7 +64,7 @@ pub(crate) struct Deferred {
     /// [`make`] at the put's types.
     make: unsafe fn(&mut BatchInner, &Deferred),
     /// [`lane`] at the put's types.
-    lane: unsafe fn(&mut BatchInner, &Deferred, &Context, Device) -> Option<Usual>,
+    lane: unsafe fn(&Deferred, &Context, Device) -> Option<(Usual, Keep)>,
 }
 
 // SAFETY: a `Deferred` stands for the shared borrows `&Mapped<H>` and
@@ -99,30 +99,23 @@ impl Deferred {
         // lane, `Null`, `benches/copy_batch.rs` and `copy_portable.rs`): a
         // one-put batch 751 -> 621 instructions, portable 949 -> 799; and
         // kept as its arguments rather than written into the batch's state
-        // as the first op of a longer batch, 576 -> 550, portable 739 ->
-        // 702, a batch of 64 puts 2,948 -> 3,002, at `c12a811`).
+        // as the first op of a longer batch, 576 -> 518, portable 739 ->
+        // 669, a batch of 64 puts 2,948 -> 3,004, from `c12a811`).
         unsafe { (self.mem.cast().as_ref(), self.ep.cast().as_ref()) }
     }
 
     /// The lane at enqueue on `stream`: the put enqueued alone, with its
     /// answer, where every check passes as described in this file's doc;
-    /// `None` (nothing enqueued, nothing held: `inner.keep` empty) for
-    /// anything else.
+    /// `None` (nothing enqueued, nothing held) for anything else.
     ///
     /// # Safety
-    /// `inner` is the state of the batch that held `self` (taken out of
-    /// its `pending`), that batch is that put alone, and it borrows what
-    /// the put names for 's.
+    /// `self` was taken out of the `pending` of a batch of that put alone,
+    /// which borrows what the put names for 's.
     #[inline(always)]
-    pub(super) unsafe fn lane<'s>(
-        &self,
-        inner: &mut BatchInner,
-        stream: &'s Stream,
-    ) -> Option<Result<InFlight<'s>>> {
+    pub(super) unsafe fn lane<'s>(&self, stream: &'s Stream) -> Option<Result<InFlight<'s>>> {
         let s = &stream.inner;
         // SAFETY: the caller's contract.
-        let usual = unsafe { (self.lane)(inner, self, &s.ctx, s.dev) }?;
-        let keep = std::mem::take(&mut inner.keep);
+        let (usual, keep) = unsafe { (self.lane)(self, &s.ctx, s.dev) }?;
         // SAFETY: `lane` passed every check of the put and made its keep
         // (the caller's contract: the batch borrows both for 's).
         unsafe { usual_put(stream, keep, usual, self.offset, self.size, one_op) }
@@ -191,18 +184,17 @@ unsafe fn make<H: MemShare, S: State, K: Kind>(inner: &mut BatchInner, d: &Defer
 
 /// [`Deferred::lane`]'s checks at the put's types: what only the stream
 /// decides (F2, the contexts; [`BatchInner::defer`] made the builder's);
-/// where they pass, the put's keep (its memory's keep-alive, its endpoint's range) in
-/// `inner.keep`, made whole rather than pushed, and what [`usual_put`]
-/// takes. Nothing written otherwise.
+/// where they pass, what [`usual_put`] takes: the put's source address and
+/// generation, and its keep (its memory's keep-alive, its endpoint's
+/// range), made whole rather than pushed.
 ///
 /// # Safety
 /// [`Deferred::parts`]'s.
 unsafe fn lane<H: MemShare, S: State, K: Kind>(
-    inner: &mut BatchInner,
     d: &Deferred,
     ctx: &Context,
     dev: Device,
-) -> Option<Usual> {
+) -> Option<(Usual, Keep)> {
     // SAFETY: the caller's contract.
     let (mem, ep) = unsafe { d.parts::<H, S, K>() };
     // F2 and the contexts, which only the stream decides.
@@ -213,26 +205,18 @@ unsafe fn lane<H: MemShare, S: State, K: Kind>(
         return None;
     }
     // Whole, not pushed: a list of one made at once asks nothing of where
-    // its items are. The batch's `keep` is empty (`defer`): inline, it
-    // holds nothing to drop.
-    let empty = std::mem::replace(
-        &mut inner.keep,
-        Keep {
-            memory: SmallVec::from_buf([mem.keep_alive()]),
-            endpoints: SmallVec::from_buf([(ep.range().clone(), ep.id())]),
-        },
-    );
-    debug_assert!(empty.memory.is_empty() && empty.endpoints.is_empty());
-    if empty.memory.spilled() || empty.endpoints.spilled() {
-        drop(empty);
-    } else {
-        std::mem::forget(empty);
-    }
+    // its items are. Returned, not written into the batch's `keep` and
+    // taken back out (a one-put batch 550 -> 526, portable 701 -> 677).
+    let keep = Keep {
+        memory: SmallVec::from_buf([mem.keep_alive()]),
+        endpoints: SmallVec::from_buf([(ep.range().clone(), ep.id())]),
+    };
     // No wrap: `at < len` and `ptr + len` does not (`defer`).
-    Some(Usual {
+    let usual = Usual {
         from: mem.device_ptr().wrapping_add(d.at),
         generation: d.generation,
-    })
+    };
+    Some((usual, keep))
 }
 
 /// A put of `size` bytes from `usual.from` (inside the memory of
