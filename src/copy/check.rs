@@ -43,26 +43,31 @@ impl Hot {
     }
 
     /// A put from the cursor's memory to its endpoint, after the last put
-    /// there: the source address and the put's end (the cursor's next
-    /// `put_from`), after the memory range check and F3's order; the
-    /// endpoint side's end (range, F9, R13.3) is checked when the cursor
-    /// leaves ([`Cursor::run`]). `None` for anything else
-    /// ([`BatchInner::put_slow`]).
+    /// there, written, with the put's end as the next `put_from`, after the
+    /// memory range check and F3's order (the endpoint side's end: range,
+    /// F9, R13.3, is checked when the cursor leaves, [`Cursor::run`]):
+    /// `true`. `false`, nothing written, for anything else or with no room
+    /// left ([`BatchInner::put_first`]).
     #[inline(always)]
-    pub(super) fn put_next<H: MemShare, S: State, K: Kind>(
-        &self,
+    pub(super) fn put<H: MemShare, S: State, K: Kind>(
+        &mut self,
         c: &Cursor,
         mem: &Mapped<H>,
         at: u64,
         ep: &Endpoint<S, K>,
         offset: u64,
         size: u64,
-    ) -> Option<(u64, u64)> {
-        if std::ptr::from_ref(ep).addr() == c.ep_at && offset >= self.put_from {
-            let from = self.mem_next(c, mem, at, size)?;
-            return Some((from, offset.checked_add(size)?));
+    ) -> bool {
+        if std::ptr::from_ref(ep).addr() == c.ep_at
+            && offset >= self.put_from
+            && let Some(from) = self.mem_next(c, mem, at, size)
+            && let Some(end) = offset.checked_add(size)
+            && self.push(super::put_op(from, ep.id(), offset, size))
+        {
+            self.put_from = end;
+            return true;
         }
-        None
+        false
     }
 
     /// A get from the cursor's endpoint inside its bound interval into the
@@ -159,13 +164,11 @@ impl BatchInner {
         });
     }
 
-    /// A put that [`Hot::put_next`] did not take (or with no room left,
-    /// the cursor unmoved): a batch's usual first put, checked and kept as
-    /// its arguments for a batch of it alone (`one.rs`), else
-    /// [`BatchInner::put_slow`].
-    /// Not cold, and apart from `put_slow`: every batch's first put comes
-    /// here, and its code laid in a few lines is what a one-put batch reads
-    /// after the driver's call emptied the caches (`benches/copy_cold.rs`).
+    /// A put [`Hot::put`] did not take: a batch's usual first put, checked
+    /// and kept as its arguments (`one.rs`), else [`BatchInner::put_slow`].
+    /// Not cold, apart from `put_slow`: every batch's first put comes here,
+    /// and its few lines are what a one-put batch reads after the driver's
+    /// call emptied the caches (`benches/copy_cold.rs`).
     #[inline(never)]
     pub(super) fn put_first<H: MemShare, S: State, K: Kind>(
         &mut self,
@@ -181,10 +184,7 @@ impl BatchInner {
         // The put after a deferred one, just made (`CopyBatch::cold`): the
         // fast path, as its cursor allows (64 puts 3,041 -> 3,002 on `Null`).
         let mut hot = Hot::of(self);
-        if let Some((from, end)) = hot.put_next(&self.cursor, mem, at, ep, offset, size)
-            && hot.push(super::put_op(from, ep.id(), offset, size))
-        {
-            hot.put_from = end;
+        if hot.put(&self.cursor, mem, at, ep, offset, size) {
             hot.park(self);
             return;
         }

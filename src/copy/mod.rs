@@ -640,17 +640,9 @@ impl<'a> CopyBatch<'a> {
     /// materialized: what the portable path and a capture read.
     #[inline(always)]
     pub(crate) fn parked(self) -> Box<BatchInner> {
-        let mut inner = self.parked_as_is();
-        inner.materialize();
-        inner
-    }
-
-    /// The state, its hot part parked in it, a deferred first put left as
-    /// it is: what the enqueue reads (the one-put lane).
-    #[inline(always)]
-    fn parked_as_is(self) -> Box<BatchInner> {
         let CopyBatch { hot, mut inner, .. } = self;
         hot.park(&mut inner);
+        inner.materialize();
         inner
     }
 
@@ -691,13 +683,10 @@ impl<'a> CopyBatch<'a> {
     where
         S: State + IsReady + Agreed,
     {
-        if let Some((from, end)) =
-            self.hot
-                .put_next(&self.inner.cursor, src, src_offset, ep, offset, size)
-            && self.hot.push(put_op(from, ep.id(), offset, size))
+        if !self
+            .hot
+            .put(&self.inner.cursor, src, src_offset, ep, offset, size)
         {
-            self.hot.put_from = end;
-        } else {
             self.cold(|inner| inner.put_first(src, src_offset, ep, offset, size));
         }
         self

@@ -197,26 +197,47 @@ unsafe fn lane<H: MemShare, S: State, K: Kind>(
 ) -> Option<(Usual, Keep)> {
     // SAFETY: the caller's contract.
     let (mem, ep) = unsafe { d.parts::<H, S, K>() };
-    // F2 and the contexts, which only the stream decides.
-    let usual = matches!(mem.locality(), Locality::Device(x) if x == dev)
-        && mem.context().key() == ctx.key()
-        && ep.range().ctx.same(ctx);
-    if !usual {
+    if !on_stream(mem, ep, ctx, dev) {
         return None;
     }
-    // Whole, not pushed: a list of one made at once asks nothing of where
-    // its items are. Returned, not written into the batch's `keep` and
-    // taken back out (a one-put batch 550 -> 526, portable 701 -> 677).
-    let keep = Keep {
-        memory: SmallVec::from_buf([mem.keep_alive()]),
-        endpoints: SmallVec::from_buf([(ep.range().clone(), ep.id())]),
-    };
+    // Returned, not written into the batch's `keep` and taken back out (a
+    // one-put batch 550 -> 526, portable 701 -> 677).
+    let keep = keep_of(mem, ep);
     // No wrap: `at < len` and `ptr + len` does not (`defer`).
     let usual = Usual {
         from: mem.device_ptr().wrapping_add(d.at),
         generation: d.generation,
     };
     Some((usual, keep))
+}
+
+/// Whether a put from `mem` into `ep` is the lane's on a stream of `ctx`
+/// on `dev` (what only the stream decides): the memory on that device
+/// (F2), the memory and the endpoint of that context.
+#[inline(always)]
+pub(super) fn on_stream<H: MemShare, S: State, K: Kind>(
+    mem: &Mapped<H>,
+    ep: &Endpoint<S, K>,
+    ctx: &Context,
+    dev: Device,
+) -> bool {
+    matches!(mem.locality(), Locality::Device(x) if x == dev)
+        && mem.context().key() == ctx.key()
+        && ep.range().ctx.same(ctx)
+}
+
+/// What a put from `mem` into `ep` keeps alive until the stream passed it:
+/// the two lists of one, made whole rather than pushed (a list of one
+/// made at once asks nothing of where its items are).
+#[inline(always)]
+pub(super) fn keep_of<H: MemShare, S: State, K: Kind>(
+    mem: &Mapped<H>,
+    ep: &Endpoint<S, K>,
+) -> Keep {
+    Keep {
+        memory: SmallVec::from_buf([mem.keep_alive()]),
+        endpoints: SmallVec::from_buf([(ep.range().clone(), ep.id())]),
+    }
 }
 
 /// A put of `size` bytes from `usual.from` (inside the memory of

@@ -25,14 +25,11 @@
 //! against the memo of the last batch, and the erased put the lane reads
 //! back; the route's facts are its own, read once.
 
-use smallvec::SmallVec;
-
 use super::{BatchInner, CopyBatch, EpFacts, InFlight};
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::kind::{Kind, MemShare};
-use crate::ledger::holds::Keep;
-use crate::memory::{BindSource, Locality, Mapped};
+use crate::memory::Mapped;
 use crate::state::{Agreed, IsReady, State};
 use crate::stream::Stream;
 
@@ -161,10 +158,7 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
             return None;
         }
         BatchInner::first_hit_of(facts, offset, size)?;
-        let keep = Keep {
-            memory: SmallVec::from_buf([self.src.keep_alive()]),
-            endpoints: SmallVec::from_buf([(self.ep.range().clone(), self.ep.id())]),
-        };
+        let keep = super::one::keep_of(self.src, self.ep);
         // No wrap: `at < len` and `ptr + len` does not.
         let usual = super::one::Usual {
             from: ptr.wrapping_add(at),
@@ -210,9 +204,7 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
     fn read_facts(&mut self) {
         let (src, ep) = (self.src, self.ep);
         let (ctx, dev) = (&self.stream.inner.ctx, self.stream.inner.dev);
-        let usual = matches!(src.locality(), Locality::Device(d) if d == dev)
-            && src.context().key() == ctx.key()
-            && ep.range().ctx.same(ctx)
+        let usual = super::one::on_stream(src, ep, ctx, dev)
             && self.mem.0.checked_add(self.mem.1).is_some();
         let before = ep.range().bindings_gen();
         let facts = BatchInner::facts(ep);

@@ -391,13 +391,11 @@ impl Stream {
         super::spare::give_back(inner);
         Ok(token)
     }
-}
 
-impl Stream {
     /// A batch of one piece `c` (one op inside one window): one
     /// `cuMemcpyAsync`, nothing to ask, and its record; the end of
     /// [`Stream::enqueue_portable`].
-    // Always: out of line, the lane's one put cost 12 instructions more
+    // Always: out of line, a one-piece batch cost 12 instructions more
     // (805 -> 817 on `Null`, `benches/copy_portable.rs`).
     #[inline(always)]
     fn memcpy_one<'a>(
