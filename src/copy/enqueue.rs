@@ -109,9 +109,9 @@ impl Stream {
         debug_assert!(inner.list.is_empty());
         // SAFETY: `d` was taken out of `inner.pending`, of a batch of that
         // put alone, which borrows what it names for 'a.
-        if let Some(r) = unsafe { d.lane(self) } {
+        if let Some(made) = unsafe { d.lane(self) } {
             super::spare::give_back_empty(inner);
-            return r;
+            return super::one::answer(self, made);
         }
         inner.pending = Some(d);
         inner.materialize();

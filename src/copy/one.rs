@@ -64,7 +64,7 @@ pub(crate) struct Deferred {
     /// [`make`] at the put's types.
     make: unsafe fn(&mut BatchInner, &Deferred),
     /// [`lane`] at the put's types.
-    lane: unsafe fn(&Deferred, &Context, Device) -> Option<(Usual, Keep)>,
+    lane: unsafe fn(&Deferred, &Stream) -> Lane,
 }
 
 // SAFETY: a `Deferred` stands for the shared borrows `&Mapped<H>` and
@@ -104,22 +104,50 @@ impl Deferred {
         unsafe { (self.mem.cast().as_ref(), self.ep.cast().as_ref()) }
     }
 
-    /// The lane at enqueue on `stream`: the put enqueued alone, with its
-    /// answer, where every check passes as described in this file's doc;
-    /// `None` (nothing enqueued, nothing held) for anything else.
+    /// The lane at enqueue on `stream`: the put enqueued alone where every
+    /// check passes as described in this file's doc (its answer made by
+    /// [`answer`]); `None` (nothing enqueued, nothing held) for anything
+    /// else.
     ///
     /// # Safety
     /// `self` was taken out of the `pending` of a batch of that put alone,
-    /// which borrows what the put names for 's.
+    /// which borrows what the put names for as long as `stream`.
     #[inline(always)]
-    pub(super) unsafe fn lane<'s>(&self, stream: &'s Stream) -> Option<Result<InFlight<'s>>> {
-        let s = &stream.inner;
+    pub(super) unsafe fn lane(&self, stream: &Stream) -> Lane {
         // SAFETY: the caller's contract.
-        let (usual, keep) = unsafe { (self.lane)(self, &s.ctx, s.dev) }?;
-        // SAFETY: `lane` passed every check of the put and made its keep
-        // (the caller's contract: the batch borrows both for 's).
-        unsafe { usual_put(stream, keep, usual, self.offset, self.size, one_op) }
+        unsafe { (self.lane)(self, stream) }
     }
+}
+
+/// What [`usual_put`] did, small enough to come back in two registers
+/// (a `Result<InFlight>` does not: an [`Error`] is eleven words): `None`,
+/// nothing enqueued; the record's sequence number; or the call that
+/// failed and its code. (Made into the token or the error by [`answer`],
+/// where the caller's return value is: a one-put batch 518 -> TODO
+/// instructions on `Null`, `benches/copy_batch.rs`.)
+pub(super) type Lane = Option<std::result::Result<u64, (Call, crate::Code)>>;
+
+/// The token or the error of a lane's put on `stream` that was made.
+#[inline(always)]
+pub(super) fn answer(
+    stream: &Stream,
+    made: std::result::Result<u64, (Call, crate::Code)>,
+) -> Result<InFlight<'_>> {
+    match made {
+        Ok(seq) => Ok(InFlight::new(stream, None, seq)),
+        Err((call, code)) => Err(lane_error(&stream.inner.ctx, call, code)),
+    }
+}
+
+/// The error of the lane's failed call: [`fabric_copy_error`] for the
+/// fabric copy.
+#[cold]
+#[inline(never)]
+fn lane_error(ctx: &Context, call: Call, code: crate::Code) -> Error {
+    if call == Call::FabricCpyBatchAsync {
+        return fabric_copy_error(ctx, code);
+    }
+    ctx.error(call, code)
 }
 
 /// What the lane's checks at the put's types found: the put's source
@@ -182,33 +210,30 @@ unsafe fn make<H: MemShare, S: State, K: Kind>(inner: &mut BatchInner, d: &Defer
     inner.push(super::put_op(from, id, offset, size));
 }
 
-/// [`Deferred::lane`]'s checks at the put's types: what only the stream
-/// decides (F2, the contexts; [`BatchInner::defer`] made the builder's);
-/// where they pass, what [`usual_put`] takes: the put's source address and
-/// generation, and its keep (its memory's keep-alive, its endpoint's
-/// range), made whole rather than pushed.
+/// [`Deferred::lane`] at the put's types: what only the stream decides
+/// (F2, the contexts; [`BatchInner::defer`] made the builder's checks),
+/// then, where they pass, [`usual_put`], in this one erased call (its
+/// keep made in place, not returned through memory and copied: a one-put
+/// batch 518 -> TODO instructions on `Null`).
 ///
 /// # Safety
-/// [`Deferred::parts`]'s.
-unsafe fn lane<H: MemShare, S: State, K: Kind>(
-    d: &Deferred,
-    ctx: &Context,
-    dev: Device,
-) -> Option<(Usual, Keep)> {
+/// [`Deferred::parts`]'s, for as long as `stream`.
+unsafe fn lane<H: MemShare, S: State, K: Kind>(d: &Deferred, stream: &Stream) -> Lane {
     // SAFETY: the caller's contract.
     let (mem, ep) = unsafe { d.parts::<H, S, K>() };
-    if !on_stream(mem, ep, ctx, dev) {
+    let s = &stream.inner;
+    if !on_stream(mem, ep, &s.ctx, s.dev) {
         return None;
     }
-    // Returned, not written into the batch's `keep` and taken back out (a
-    // one-put batch 550 -> 526, portable 701 -> 677).
-    let keep = keep_of(mem, ep);
     // No wrap: `at < len` and `ptr + len` does not (`defer`).
     let usual = Usual {
         from: mem.device_ptr().wrapping_add(d.at),
         generation: d.generation,
     };
-    Some((usual, keep))
+    // SAFETY: `defer` made every check of the builder against the facts
+    // read at `d.generation`, F2 and the contexts just above; the batch
+    // borrows both for as long as `stream` (the caller's contract).
+    unsafe { usual_put(stream, mem, ep, usual, d.offset, d.size, one_op) }
 }
 
 /// Whether a put from `mem` into `ep` is the lane's on a stream of `ctx`
@@ -240,48 +265,50 @@ pub(super) fn keep_of<H: MemShare, S: State, K: Kind>(
     }
 }
 
-/// A put of `size` bytes from `usual.from` (inside the memory of
-/// `keep.memory[0]`) into the endpoint of `keep.endpoints[0]` at `offset`,
-/// past every check of the builder made against facts read at the
-/// bindings generation `usual.generation`: inside the copy gate, those
+/// A put of `size` bytes from `usual.from` (inside `mem`) into `ep` at
+/// `offset`, past every check of the builder made against facts read at
+/// the bindings generation `usual.generation`: inside the copy gate, those
 /// facts compared with the range's (no bind or unbind since: F9, R13.3),
 /// then one `cuFabricCpyBatchAsync` (or on the portable path one
-/// `cuMemcpyAsync` inside one window), the record and the token. `None`
-/// (nothing enqueued, the keep dropped) where the facts are stale, a bind
-/// or unbind is in the gate, or the portable path finds no one piece: the
-/// caller takes the general path.
+/// `cuMemcpyAsync` inside one window), and the record, which keeps `mem`
+/// and `ep`'s range until the stream passed it. `None` (nothing enqueued,
+/// nothing held) where the facts are stale, a bind or unbind is in the
+/// gate, or the portable path finds no one piece: the caller takes the
+/// general path.
 ///
 /// # Safety
-/// `keep` holds one memory and one endpoint, borrowed for 'a; the put lies
-/// inside that memory, whose range does not wrap; the memory is of the
-/// stream's context and on its device, the endpoint of that context (F2);
-/// the put lies inside the first interval of the endpoint's facts read at
-/// `usual.generation` (inside the endpoint, below its agreed top, bound on
-/// every device here: F9, R13.3).
+/// `mem` and `ep` are borrowed for as long as `stream`; the put lies
+/// inside `mem`, whose range does not wrap; `mem` is of the stream's
+/// context and on its device, `ep` of that context (F2); the put lies
+/// inside the first interval of `ep`'s facts read at `usual.generation`
+/// (inside the endpoint, below its agreed top, bound on every device here:
+/// F9, R13.3).
 #[inline(always)]
-pub(super) unsafe fn usual_put<'a>(
-    stream: &'a Stream,
-    mut keep: Keep,
+pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
+    stream: &Stream,
+    mem: &Mapped<H>,
+    ep: &Endpoint<S, K>,
     usual: Usual,
     offset: u64,
     size: u64,
     list: impl FnOnce(CopyOp) -> CopyOps,
-) -> Option<Result<InFlight<'a>>> {
-    let (range, id) = keep.endpoints.first()?;
-    let id = *id;
-    // SAFETY: the range is the one of the endpoint borrowed for 'a (the
-    // caller's contract), past this call, where the gate ends. By address,
-    // not by a clone of its `Arc`, and a gate of one range, not
-    // `EnqueueGate`: a one-put batch 590 -> 578 instructions, portable 754
-    // -> 745 (`Null`, `benches/copy_batch.rs`, `copy_portable.rs`, at
-    // `6389b46`).
+) -> Lane {
+    let range = ep.range();
+    // SAFETY: the range is the one of the endpoint borrowed for as long as
+    // `stream` (the caller's contract), past this call, where the gate
+    // ends. By address, not by a clone of its `Arc`, and a gate of one
+    // range, not `EnqueueGate`: a one-put batch 590 -> 578 instructions,
+    // portable 754 -> 745 (`Null`, `benches/copy_batch.rs`,
+    // `copy_portable.rs`, at `6389b46`).
     let gate = unsafe { OneGate::enter(&**range) }?;
     // Inside the gate: the facts are still the range's, and no bind or
     // unbind entered.
     if usual.generation != range.bindings_gen() || !gate.clear() {
         return None;
     }
+    let id = ep.id();
     let op = super::put_op(usual.from, id, offset, size);
+    let mut keep = keep_of(mem, ep);
     let inner = &stream.inner;
     let ctx = &inner.ctx;
     let r = if ctx.copy_path() == CopyPath::Fabric {
@@ -291,37 +318,38 @@ pub(super) unsafe fn usual_put<'a>(
         let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
             inner.record(std::mem::take(k));
         });
-        // SAFETY: the id is a ready endpoint borrowed for 'a (R13.1) and
-        // the op inside its bound interval (F9, the facts current, compared
-        // inside the gate); one op is independent (F3) and its memory local
-        // (F2); flags 0 (F5), this stream (F6). Nothing is freed before the
-        // stream passed the op (F4): the record made below keeps the memory
-        // and the endpoint, as the guard does if the call unwinds.
+        // SAFETY: the id is a ready endpoint borrowed for as long as
+        // `stream` (R13.1) and the op inside its bound interval (F9, the
+        // facts current, compared inside the gate); one op is independent
+        // (F3) and its memory local (F2); flags 0 (F5), this stream (F6).
+        // Nothing is freed before the stream passed the op (F4): the
+        // record made below keeps the memory and the endpoint, as the guard
+        // does if the call unwinds.
         let r = unsafe { ctx.driver().fabric_copy_batch(inner.handle, list(op), 0) };
         guard.disarm();
-        r.map_err(|code| fabric_copy_error(ctx, code))
+        r.map_err(|code| (Call::FabricCpyBatchAsync, code))
     } else {
-        // SAFETY: the endpoint on `id` is borrowed for 'a.
+        // SAFETY: the endpoint on `id` is borrowed for as long as `stream`.
         let c = unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?;
         let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
             inner.record(std::mem::take(k));
         });
-        // SAFETY: as `Stream::memcpy_one`'s: local memory borrowed for 'a
-        // and a window's memory mapped here, checked to cover the bytes
-        // (F9) and apart (`one_piece`); the record made below keeps both
-        // until the stream passed the copy (F4).
+        // SAFETY: as `Stream::memcpy_one`'s: local memory borrowed for as
+        // long as `stream` and a window's memory mapped here, checked to
+        // cover the bytes (F9) and apart (`one_piece`); the record made
+        // below keeps both until the stream passed the copy (F4).
         let r = unsafe {
             ctx.driver()
                 .memcpy_async(c.dst, c.src, c.size, inner.handle)
         };
         guard.disarm();
-        r.map_err(|code| ctx.error(Call::MemcpyAsync, code))
+        r.map_err(|code| (Call::MemcpyAsync, code))
     };
     Some(match r {
         Ok(()) => {
             let seq = inner.record(keep);
             gate.end();
-            Ok(InFlight::new(stream, None, seq))
+            Ok(seq)
         }
         Err(e) => Err(e),
     })

@@ -158,7 +158,6 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
             return None;
         }
         BatchInner::first_hit_of(facts, offset, size)?;
-        let keep = super::one::keep_of(self.src, self.ep);
         // No wrap: `at < len` and `ptr + len` does not.
         let usual = super::one::Usual {
             from: ptr.wrapping_add(at),
@@ -170,9 +169,18 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
         // gains, on `Null` at `61d5358`: one put 576 instructions as a
         // batch, 218 here; portable 739 and 329; `benches/copy_batch.rs`,
         // `copy_portable.rs`.)
-        unsafe {
-            super::one::usual_put(self.stream, keep, usual, offset, size, super::one::one_list)
-        }
+        let lane = unsafe {
+            super::one::usual_put(
+                self.stream,
+                self.src,
+                self.ep,
+                usual,
+                offset,
+                size,
+                super::one::one_list,
+            )
+        };
+        lane.map(|made| super::one::answer(self.stream, made))
     }
 
     /// Any other put: the batch of it alone, and the facts read again if a
