@@ -423,6 +423,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             facts.counted_ops = spec.props.counted_ops;
             facts.exportable = spec.props.ipc_fabric;
         }
+        // A new endpoint on the id: facts kept of one before it (a copy's
+        // memo, `copy/check.rs`) are stale.
+        self.range.bindings_changed();
         Ok(self.cast())
     }
 
@@ -561,6 +564,8 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             facts.counted_ops = false;
             self.slot().set_fabric(c.0);
         }
+        // As `create`'s.
+        self.range.bindings_changed();
         Ok(self.cast())
     }
 

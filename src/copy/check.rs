@@ -740,28 +740,31 @@ fn imported<K: Kind>() -> bool {
 /// a later batch whose first endpoint has the same inputs takes them as
 /// they are, without the range's lock, and without a copy.
 ///
-/// The inputs: the endpoint's size, bind alignment, devices and whether
-/// its kind is imported, compared here; its range, by its serial (unique
-/// in the process: one freed and another made at its address do not
-/// match); its bindings and agreed top, which every change moves the
-/// range's generation away from `generation`
-/// ([`crate::ledger::RangeInner::bindings_gen`]). A bind or unbind between
-/// the memo's read and the enqueue is caught there as for facts read
-/// under the lock (the check at enqueue compares the generation again,
-/// inside the copy gate). Plain values: the memo keeps nothing alive.
+/// The inputs: the endpoint's range, by its serial (unique in the process:
+/// one freed and another made at its address do not match); its id and
+/// whether its kind is imported, compared here; the endpoint on that id
+/// (its size, bind alignment and devices), its bindings and its agreed
+/// top, which every change moves the range's generation away from
+/// `generation` (an endpoint made or imported on one of its ids, a bind,
+/// an unbind, an agreed top: [`crate::ledger::RangeInner::bindings_gen`]).
+/// A bind or unbind between the memo's read and the enqueue is caught
+/// there as for facts read under the lock (the check at enqueue compares
+/// the generation again, inside the copy gate). Plain values: the memo
+/// keeps nothing alive.
 ///
 /// Measured (`benches/copy_batch.rs`, `Null`, rustc 1.95): a one-op batch
 /// 1,113 instructions without the memo; with it, 1,146 with the facts
 /// cloned into the batch (`SmallVec`'s `clone`), 1,096 copied field by
 /// field; after round 4's other cuts, 999 copied and 915 left in place.
+/// Keyed on the generation for the endpoint, not on its size, alignment
+/// and devices too, now that a new endpoint moves it: a one-put batch
+/// 485 -> 448, 64 puts 3,003 -> 2,962 (the lifecycle 586 -> 587:
+/// `benches/instructions.rs`).
 pub(crate) struct Memo {
     serial: u64,
     generation: u64,
     id: u32,
-    size: u64,
-    align: u64,
     imported: bool,
-    devices: SmallVec<[Device; 4]>,
 }
 
 impl Memo {
@@ -774,10 +777,7 @@ impl Memo {
             serial: ep.range().serial,
             generation,
             id: ep.id(),
-            size: ep.size(),
-            align: ep.facts().align,
             imported: imported::<K>(),
-            devices: ep.devices().into(),
         })
     }
 
@@ -790,10 +790,7 @@ impl Memo {
         self.serial == ep.range().serial
             && self.generation == ep.range().bindings_gen()
             && self.id == ep.id()
-            && self.size == ep.size()
-            && self.align == ep.facts().align
             && self.imported == imported::<K>()
-            && self.devices[..] == *ep.devices()
     }
 }
 

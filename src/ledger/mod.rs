@@ -229,9 +229,10 @@ pub(crate) struct RangeInner {
     /// The context's spare: released, `ctx` already let go.
     pub(crate) spare: bool,
     /// Moves (under the lock, or through `&mut`) on every change to a
-    /// binding list or an agreed top of the range, so that facts read from
-    /// them earlier (a copy batch's, F9, R13.3) are known stale without a
-    /// lock (`bindings_gen`).
+    /// binding list or an agreed top of the range, and on every endpoint
+    /// made or imported on one of its ids, so that facts read from them
+    /// earlier (a copy batch's, F9, R13.3) are known stale without a lock
+    /// (`bindings_gen`).
     bindings_gen: AtomicU64,
     /// This range among every range the process made ([`next_serial`]):
     /// with `bindings_gen`, what the copy's facts memo (`copy/check.rs`)
@@ -349,9 +350,9 @@ impl RangeInner {
         slot.bindings.is_empty() && !self.attached.load(Ordering::Relaxed)
     }
 
-    /// A binding list or an agreed top of the range changed: called with
-    /// the range's lock held (a [`SlotGuard`] alive), so changes are
-    /// counted one at a time.
+    /// A binding list or an agreed top of the range changed (called with
+    /// the range's lock held, a [`SlotGuard`] alive), or an endpoint was
+    /// made on one of its ids (by its owner): counted one at a time.
     #[inline]
     pub fn bindings_changed(&self) {
         self.bindings_gen.fetch_add(1, Ordering::Relaxed);

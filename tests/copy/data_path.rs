@@ -735,6 +735,42 @@ fn f9_typed_ranges_outside_the_endpoint_or_the_bound_memory_are_refused() {
 }
 
 #[test]
+fn f9_an_endpoint_made_again_on_an_id_is_checked_against_its_own_size_not_the_one_befores() {
+    // A batch keeps the facts of its first endpoint for the next
+    // (`copy/check.rs`'s memo), keyed on the range's serial, the id and
+    // the range's generation, not on the endpoint's size: a new endpoint
+    // on the id moves the generation, so its own facts are read. (A
+    // refused batch keeps no state for the next; the memo never outlives
+    // the endpoint today, an unbind moving the generation too: this pins
+    // the answer, whatever the memo comes to keep.)
+    let (ctx, model) = node();
+    let src = mapped(&ctx, 0);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let id = ep.id();
+    for _ in 0..2 {
+        let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, ALIGN, 16));
+        refused(&model, r, |e| {
+            matches!(e, Error::CopyNotBound { op: 0, .. })
+        });
+    }
+    let reserved = ep.destroy().unwrap();
+    let ep = reserved
+        .create(Spec::unicast(0, ALIGN))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    assert_eq!(ep.id(), id);
+    let r = stream.enqueue(CopyBatch::new().put(&src, 0, &ep, ALIGN, 16));
+    refused(&model, r, |e| {
+        matches!(e, Error::CopyOutOfRange { op: 0, .. })
+    });
+    drop(stream);
+    drop((src, ep));
+    clean(&ctx, &model);
+}
+
+#[test]
 fn f9_puts_one_after_another_past_their_bound_interval_are_refused_naming_the_first_outside() {
     // The builder checks the end of puts laid out one after the other on
     // one memory and endpoint once, when the cursor leaves (issue 30): the
