@@ -233,7 +233,7 @@ unsafe fn lane<H: MemShare, S: State, K: Kind>(d: &Deferred, stream: &Stream) ->
     // SAFETY: `defer` made every check of the builder against the facts
     // read at `d.generation`, F2 and the contexts just above; the batch
     // borrows both for as long as `stream` (the caller's contract).
-    unsafe { usual_put(stream, mem, ep, usual, d.offset, d.size, one_op) }
+    unsafe { usual_put(stream, mem, ep, usual, d.offset, d.size) }
 }
 
 /// Whether a put from `mem` into `ep` is the lane's on a stream of `ctx`
@@ -291,7 +291,6 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
     usual: Usual,
     offset: u64,
     size: u64,
-    list: impl FnOnce(CopyOp) -> CopyOps,
 ) -> Lane {
     let range = ep.range();
     // SAFETY: the range is the one of the endpoint borrowed for as long as
@@ -325,7 +324,10 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
         // Nothing is freed before the stream passed the op (F4): the
         // record made below keeps the memory and the endpoint, as the guard
         // does if the call unwinds.
-        let r = unsafe { ctx.driver().fabric_copy_batch(inner.handle, list(op), 0) };
+        let r = unsafe {
+            ctx.driver()
+                .fabric_copy_batch(inner.handle, one_list(op), 0)
+        };
         guard.disarm();
         r.map_err(|code| (Call::FabricCpyBatchAsync, code))
     } else {
@@ -356,19 +358,13 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
 }
 
 /// The driver's list of the one op `op`, made where the call takes it.
-/// Out of line for the lane: there, made inline, it was made aside and
-/// copied to the call's argument (`memcpy`), and `push` was a call anyway
-/// (a one-put batch 605 -> 555 instructions, `Null`,
-/// `benches/copy_batch.rs`); inline for a route (`one_list`), where it
-/// was made in place (out of line, its put 218 -> 235).
-#[inline(never)]
-fn one_op(op: CopyOp) -> CopyOps {
-    one_list(op)
-}
-
-/// [`one_op`], inline.
+/// Inline, at the call: made aside in a function of its own, it was
+/// copied into the call's argument (a one-put batch 416 -> 401
+/// instructions on `Null`, the route's put 196 -> 191,
+/// `benches/copy_batch.rs`). (Before the lane was one erased call, the
+/// reverse held: 605 -> 555 out of line.)
 #[inline(always)]
-pub(super) fn one_list(op: CopyOp) -> CopyOps {
+fn one_list(op: CopyOp) -> CopyOps {
     let mut ops = CopyOps::new();
     ops.push(op);
     ops

@@ -140,16 +140,16 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
     /// Those of [`Stream::enqueue`] for that batch.
     #[inline]
     pub fn put(&mut self, src_offset: u64, offset: u64, size: u64) -> Result<InFlight<'a>> {
-        if let Some(r) = self.put_usual(src_offset, offset, size) {
-            return r;
+        match self.put_usual(src_offset, offset, size) {
+            Some(made) => super::one::answer(self.stream, made),
+            None => self.put_as_batch(src_offset, offset, size),
         }
-        self.put_as_batch(src_offset, offset, size)
     }
 
-    /// The put where the one-put lane would take it; `None` (nothing
-    /// enqueued, nothing held) for any other.
+    /// The put where the one-put lane would take it, with what it made;
+    /// `None` (nothing enqueued, nothing held) for any other.
     #[inline(always)]
-    fn put_usual(&self, at: u64, offset: u64, size: u64) -> Option<Result<InFlight<'a>>> {
+    fn put_usual(&self, at: u64, offset: u64, size: u64) -> super::one::Lane {
         let (facts, generation) = self.facts.as_ref()?;
         let (ptr, len) = self.mem;
         // `BatchInner::defer`'s memory check (its end's wrap checked when
@@ -169,18 +169,7 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
         // gains, on `Null` at `61d5358`: one put 576 instructions as a
         // batch, 218 here; portable 739 and 329; `benches/copy_batch.rs`,
         // `copy_portable.rs`.)
-        let lane = unsafe {
-            super::one::usual_put(
-                self.stream,
-                self.src,
-                self.ep,
-                usual,
-                offset,
-                size,
-                super::one::one_list,
-            )
-        };
-        lane.map(|made| super::one::answer(self.stream, made))
+        unsafe { super::one::usual_put(self.stream, self.src, self.ep, usual, offset, size) }
     }
 
     /// Any other put: the batch of it alone, and the facts read again if a
