@@ -307,16 +307,14 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
     }
     let id = ep.id();
     let op = super::put_op(usual.from, id, offset, size);
-    let mut keep = keep_of(mem, ep);
     let inner = &stream.inner;
     let ctx = &inner.ctx;
-    let r = if ctx.copy_path() == CopyPath::Fabric {
+    let made = if ctx.copy_path() == CopyPath::Fabric {
         // A panic inside the call (a `tracing` layer, a user backend) may
         // come after the driver took the op: what it uses stays in flight,
         // kept by the stream until it is synchronized (F4).
-        let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
-            inner.record(std::mem::take(k));
-        });
+        let mut nothing = ();
+        let guard = OnUnwindWith::new(&mut nothing, |(): &mut ()| unwound(stream, mem, ep));
         // SAFETY: the id is a ready endpoint borrowed for as long as
         // `stream` (R13.1) and the op inside its bound interval (F9, the
         // facts current, compared inside the gate); one op is independent
@@ -329,8 +327,13 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
                 .fabric_copy_batch(inner.handle, one_list(op), 0)
         };
         guard.disarm();
-        r.map_err(|code| (Call::FabricCpyBatchAsync, code))
+        match r {
+            // The keep made where it is recorded (`record_one`).
+            Ok(()) => Ok(inner.record_one(range, id, SmallVec::from_buf([mem.keep_alive()]))),
+            Err(code) => Err((Call::FabricCpyBatchAsync, code)),
+        }
     } else {
+        let mut keep = keep_of(mem, ep);
         // SAFETY: the endpoint on `id` is borrowed for as long as `stream`.
         let c = unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?;
         let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
@@ -345,16 +348,35 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
                 .memcpy_async(c.dst, c.src, c.size, inner.handle)
         };
         guard.disarm();
-        r.map_err(|code| (Call::MemcpyAsync, code))
-    };
-    Some(match r {
-        Ok(()) => {
-            let seq = inner.record_on(range, keep);
-            gate.end();
-            Ok(seq)
+        match r {
+            Ok(()) => Ok(recorded(stream, range, keep)),
+            Err(code) => Err((Call::MemcpyAsync, code)),
         }
-        Err(e) => Err(e),
-    })
+    };
+    if made.is_ok() {
+        // Past the record: an unbind that enters now settles the put
+        // first.
+        gate.end();
+    }
+    Some(made)
+}
+
+/// The record of a put from `mem` into `ep` on `stream` whose driver call
+/// unwound: what it uses stays in flight until the stream is synchronized
+/// (F4). Out of line, the unwinding path: the lane's one record inline is
+/// its usual one.
+#[cold]
+#[inline(never)]
+fn unwound<H: MemShare, S: State, K: Kind>(stream: &Stream, mem: &Mapped<H>, ep: &Endpoint<S, K>) {
+    stream.inner.record(keep_of(mem, ep));
+}
+
+/// The record of the portable path's put, `keep` (its windows' memory
+/// too), on `range`. Out of line, as [`unwound`], so that the lane's
+/// usual record (`record_one`) is its one record inline (see there).
+#[inline(never)]
+fn recorded(stream: &Stream, range: &crate::ledger::RangeInner, keep: Keep) -> u64 {
+    stream.inner.record_on(range, keep)
 }
 
 /// The driver's list of the one op `op`, made where the call takes it.
