@@ -694,6 +694,9 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         }
         // SAFETY: `add_device` took the endpoint by value.
         unsafe { self.facts_mut() }.devices.push(dev);
+        // As `create`'s (no copy names a pending endpoint: the count is
+        // for what the facts memo says it keys on).
+        self.range.bindings_changed();
         Ok(self.cast())
     }
 

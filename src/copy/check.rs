@@ -745,8 +745,9 @@ fn imported<K: Kind>() -> bool {
 /// whether its kind is imported, compared here; the endpoint on that id
 /// (its size, bind alignment and devices), its bindings and its agreed
 /// top, which every change moves the range's generation away from
-/// `generation` (an endpoint made or imported on one of its ids, a bind,
-/// an unbind, an agreed top: [`crate::ledger::RangeInner::bindings_gen`]).
+/// `generation` (an endpoint made, imported or enrolled on one of its
+/// ids, a bind, an unbind, an agreed top:
+/// [`crate::ledger::RangeInner::bindings_gen`]).
 /// A bind or unbind between the memo's read and the enqueue is caught
 /// there as for facts read under the lock (the check at enqueue compares
 /// the generation again, inside the copy gate). Plain values: the memo

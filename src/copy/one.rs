@@ -10,9 +10,10 @@
 //! location, the cursor, F3's state, the op) before any other builder call
 //! or check reads that state; [`Deferred::lane`], the lane of a batch of
 //! that put alone at enqueue; [`usual_put`], the lane's end, which a
-//! route's put shares: the copy gate, the driver's call, the record and the
-//! token; and [`fabric_copy_error`], the error of a failed fabric copy (F7),
-//! which `enqueue.rs` names too.
+//! route's put shares: the copy gate, the driver's call and the record;
+//! [`answer`], the token or the error made of what it did; and
+//! [`fabric_copy_error`], the error of a failed fabric copy (F7), which
+//! `enqueue.rs` names too.
 //!
 //! Only a put that passes every check of the builder when it comes is
 //! deferred: inside its memory (whose range does not wrap), its endpoint's
@@ -110,8 +111,9 @@ impl Deferred {
     /// else.
     ///
     /// # Safety
-    /// `self` was taken out of the `pending` of a batch of that put alone,
-    /// which borrows what the put names for as long as `stream`.
+    /// `self` is the `pending` put of a batch of that put alone, which
+    /// borrows what the put names for as long as the token made of the
+    /// answer ([`answer`], at the borrow of `stream`) may live.
     #[inline(always)]
     pub(super) unsafe fn lane(&self, stream: &Stream) -> Lane {
         // SAFETY: the caller's contract.
@@ -119,7 +121,7 @@ impl Deferred {
     }
 }
 
-/// What [`usual_put`] did, in three words (a `Result<InFlight>` is
+/// What [`usual_put`] did, in two words (a `Result<InFlight>` is
 /// eleven, an [`Error`]'s): `None`, nothing enqueued; the record's
 /// sequence number; or the call that failed and its code. Made into the
 /// token or the error by [`answer`] where the enqueue returns it, not
@@ -277,7 +279,8 @@ pub(super) fn keep_of<H: MemShare, S: State, K: Kind>(
 /// general path.
 ///
 /// # Safety
-/// `mem` and `ep` are borrowed for as long as `stream`; the put lies
+/// `mem` and `ep` are borrowed for as long as the token made of the answer
+/// ([`answer`], at the borrow of `stream`) may live; the put lies
 /// inside `mem`, whose range does not wrap; `mem` is of the stream's
 /// context and on its device, `ep` of that context (F2); the put lies
 /// inside the first interval of `ep`'s facts read at `usual.generation`
@@ -382,9 +385,9 @@ fn recorded(stream: &Stream, range: &crate::ledger::RangeInner, keep: Keep) -> u
 /// The driver's list of the one op `op`, made where the call takes it.
 /// Inline, at the call: made aside in a function of its own, it was
 /// copied into the call's argument (a one-put batch 416 -> 401
-/// instructions on `Null`, the route's put 196 -> 191,
-/// `benches/copy_batch.rs`). (Before the lane was one erased call, the
-/// reverse held: 605 -> 555 out of line.)
+/// instructions on `Null`, `benches/copy_batch.rs`; the route's put made
+/// it inline already). (Before the lane was one erased call, the reverse
+/// held: 605 -> 555 out of line.)
 #[inline(always)]
 fn one_list(op: CopyOp) -> CopyOps {
     let mut ops = CopyOps::new();

@@ -43,8 +43,8 @@ pub(crate) fn give_back(mut inner: Box<BatchInner>) {
 }
 
 /// [`give_back`] of a state its enqueue left as [`BatchInner::reset`]
-/// would (the one-put lane: its deferred put taken, nothing else written,
-/// its keep taken out of it, then recorded or dropped).
+/// would (the one-put lane: its deferred put cleared, nothing else
+/// written; the put's keep made by the lane, never held here).
 #[inline]
 pub(crate) fn give_back_empty(inner: Box<BatchInner>) {
     debug_assert!(inner.is_reset());

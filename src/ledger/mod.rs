@@ -228,10 +228,11 @@ pub(crate) struct RangeInner {
     pub(crate) released: bool,
     /// The context's spare: released, `ctx` already let go.
     pub(crate) spare: bool,
-    /// Moves (under the lock, or through `&mut`) on every change to a
-    /// binding list or an agreed top of the range, and on every endpoint
-    /// made or imported on one of its ids, so that facts read from them
-    /// earlier (a copy batch's, F9, R13.3) are known stale without a lock
+    /// Moves on every change to a binding list or an agreed top of the
+    /// range (under the lock, or through `&mut`), and on every endpoint
+    /// made, imported or enrolled on one of its ids (by its owner, who
+    /// holds it by value), so that facts read from them earlier (a copy
+    /// batch's, F9, R13.3) are known stale without a lock
     /// (`bindings_gen`).
     bindings_gen: AtomicU64,
     /// This range among every range the process made ([`next_serial`]):
@@ -365,9 +366,9 @@ impl RangeInner {
         *g = g.wrapping_add(1);
     }
 
-    /// The count of changes to the range's binding lists and agreed tops
-    /// so far: facts read under the lock along with it are current while
-    /// it stays.
+    /// The count of changes to the range's binding lists, agreed tops and
+    /// endpoints so far: facts read under the lock along with it are
+    /// current while it stays.
     #[inline]
     pub fn bindings_gen(&self) -> u64 {
         self.bindings_gen.load(Ordering::Acquire)

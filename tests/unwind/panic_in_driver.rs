@@ -712,9 +712,14 @@ fn a_panic_inside_the_destroy_of_an_orphan_still_releases_the_ids_and_detaches_t
 
 /// A `tracing` layer that panics once, after the first success of `call`.
 fn panic_once_after(call: Call) -> impl tracing::Subscriber {
+    panic_once_after_the(call, 0)
+}
+
+/// [`panic_once_after`] the call `call` that succeeded after `skip` others.
+fn panic_once_after_the(call: Call, skip: usize) -> impl tracing::Subscriber {
     let done = AtomicUsize::new(0);
     common::layer::OnEvent(move |e: &common::layer::EventFields| {
-        if e.succeeded() == Some(call) && done.fetch_add(1, Ordering::SeqCst) == 0 {
+        if e.succeeded() == Some(call) && done.fetch_add(1, Ordering::SeqCst) == skip {
             std::panic::panic_any(Planned);
         }
     })
@@ -757,11 +762,24 @@ fn ready_unicast_and_memory(
     (ep, mapped_on_0(ctx))
 }
 
-/// A put enqueued (as a batch, or through a route: `Stream::route`), then
-/// a panic after the driver took it (`call`): the caller's memory, binding
-/// and endpoint are dropped while unwinding, with the copy still queued on
-/// the stream, which outlives them.
-fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call, routed: bool) {
+/// How a put is enqueued.
+#[derive(Clone, Copy, PartialEq)]
+enum Put {
+    /// A batch of it alone, the first on its endpoint: written into the
+    /// batch's state as it comes.
+    Batch,
+    /// A batch of it alone after another batch on its endpoint: kept as
+    /// its arguments and taken by the one-put lane (`copy/one.rs`).
+    Lane,
+    /// Through a route (`Stream::route`).
+    Route,
+}
+
+/// A put enqueued (`how`), then a panic after the driver took it
+/// (`call`): the caller's memory, binding and endpoint are dropped while
+/// unwinding, with the copy still queued on the stream, which outlives
+/// them.
+fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call, how: Put) {
     quiet();
     let model = Model::new(ModelConfig {
         driver_version,
@@ -769,17 +787,20 @@ fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call, routed: bo
     });
     let ctx = Context::new(Traced::new(model.clone()));
     let stream = cuda_endpoints::Stream::new(&ctx, 0).unwrap();
-    let r = tracing::subscriber::with_default(panic_once_after(call), || {
+    // The lane's batch comes after one that went through.
+    let skip = usize::from(how == Put::Lane);
+    let r = tracing::subscriber::with_default(panic_once_after_the(call, skip), || {
         catch_unwind(AssertUnwindSafe(|| {
             let (ep, owner) = ready_unicast_and_memory(&ctx);
             let src = mapped_on_0(&ctx);
             let _b = ep.bind(Device(0), 0, &owner).unwrap();
-            let _copy = if routed {
-                stream.route(&src, &ep).put(0, 0, 4096).unwrap()
-            } else {
-                stream
-                    .enqueue(cuda_endpoints::CopyBatch::new().put(&src, 0, &ep, 0, 4096))
-                    .unwrap()
+            let batch = || cuda_endpoints::CopyBatch::new().put(&src, 0, &ep, 0, 4096);
+            if how == Put::Lane {
+                stream.enqueue(batch()).unwrap().wait().unwrap();
+            }
+            let _copy = match how {
+                Put::Route => stream.route(&src, &ep).put(0, 0, 4096).unwrap(),
+                Put::Batch | Put::Lane => stream.enqueue(batch()).unwrap(),
             };
         }))
     });
@@ -793,14 +814,16 @@ fn panic_after_the_driver_took_a_put(driver_version: i32, call: Call, routed: bo
 
 #[test]
 fn f4_a_panic_after_the_driver_took_a_fabric_copy_frees_nothing_the_copy_uses() {
-    panic_after_the_driver_took_a_put(13050, Call::FabricCpyBatchAsync, false);
-    panic_after_the_driver_took_a_put(13050, Call::FabricCpyBatchAsync, true);
+    for how in [Put::Batch, Put::Lane, Put::Route] {
+        panic_after_the_driver_took_a_put(13050, Call::FabricCpyBatchAsync, how);
+    }
 }
 
 #[test]
 fn f4_a_panic_after_the_driver_took_a_portable_copy_frees_nothing_the_copy_uses() {
-    panic_after_the_driver_took_a_put(13040, Call::MemcpyAsync, false);
-    panic_after_the_driver_took_a_put(13040, Call::MemcpyAsync, true);
+    for how in [Put::Batch, Put::Lane, Put::Route] {
+        panic_after_the_driver_took_a_put(13040, Call::MemcpyAsync, how);
+    }
 }
 
 /// A capture whose call `call` panics after the driver acted: nothing
