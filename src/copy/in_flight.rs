@@ -14,8 +14,11 @@ use crate::stream::Stream;
 /// The copies of one batch, in flight on a stream. Wait with
 /// [`InFlight::wait`]; dropping it synchronizes the stream too.
 ///
-/// It borrows the endpoints and the memory of the batch: destroying,
-/// unbinding or freeing them while it lives does not compile (F4).
+/// It borrows the endpoints and the memory of the batch: destroying or
+/// freeing them while it lives does not compile (F4). An unbind of one of
+/// its endpoints waits for it at run time (the stream synchronized first),
+/// or does not compile for a batch made through the binding
+/// ([`Binding::copy_through`](crate::Binding::copy_through)).
 #[must_use = "the copies are in flight: call `.wait()` (or keep the token while the stream runs, then wait) before reading the destination; dropping it synchronizes the stream"]
 pub struct InFlight<'a> {
     pub(crate) stream: &'a Stream,

@@ -669,6 +669,12 @@ impl<'a> CopyBatch<'a> {
 
     /// Puts `size` bytes of `src` from `src_offset` into `ep` at `offset`
     /// (unicast: the owner's bound memory; multicast: every member's).
+    /// `src` is memory mapped in this process: an
+    /// [`Allocation`](crate::Allocation) after
+    /// [`map`](crate::Allocation::map)`(&[dev])`. On the portable path
+    /// (drivers before 13.5) the memory bound to `ep` must be mapped too:
+    /// it is what the copy writes ([`Error::CopyNoWindow`](crate::Error::CopyNoWindow)
+    /// otherwise).
     // Always: the fast path is a few comparisons and a write, and only
     // inlined does the batch stay in registers across a loop of puts.
     #[inline(always)]
