@@ -375,8 +375,8 @@ fn unwound<H: MemShare, S: State, K: Kind>(stream: &Stream, mem: &Mapped<H>, ep:
 }
 
 /// The record of the portable path's put, `keep` (its windows' memory
-/// too), on `range`. Out of line, as [`unwound`], so that the lane's
-/// usual record (`record_one`) is its one record inline (see there).
+/// too), on `range`. Out of line, as [`unwound`], so that the lane's usual record
+/// (`record_one`) is its one record inline (see there).
 #[inline(never)]
 fn recorded(stream: &Stream, range: &crate::ledger::RangeInner, keep: Keep) -> u64 {
     stream.inner.record_on(range, keep)

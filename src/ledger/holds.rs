@@ -491,9 +491,7 @@ impl<P: Parts> StreamCore<P> {
         // a pass that covers the batch (its `before` read after the number
         // was taken) finds its record; a settle that finds the stream in a
         // range after this finds the record.
-        let mut records = self.lock();
-        let seq = self.next_seq.load(Ordering::Relaxed);
-        self.next_seq.store(seq.wrapping_add(1), Ordering::Release);
+        let (mut records, seq) = self.numbered();
         for (range, _) in &keep.endpoints {
             self.entered(&mut records, range);
         }
@@ -502,27 +500,26 @@ impl<P: Parts> StreamCore<P> {
     }
 
     /// [`StreamCore::record`] of a batch on one range, `range`, the one of
-    /// `keep`'s one endpoint (the one-put lane's): its entry found without
-    /// a walk of `keep`'s list (a one-put batch 427 -> 416 instructions on
-    /// `Null`, the route's put 214 -> 196: `benches/copy_batch.rs`).
+    /// `keep`'s one endpoint (the one-put lane's on the portable path, its
+    /// windows' memory in `keep` too): its entry found without a walk of
+    /// `keep`'s list (a one-put batch there 539 -> 523 instructions on
+    /// `Null`, the route's put 323 -> 308: `benches/copy_portable.rs`).
     #[inline(always)]
     pub(crate) fn record_on(self: &Arc<Self>, range: &P::Range, keep: KeepOf<P>) -> u64 {
         debug_assert!(matches!(&keep.endpoints[..], [(r, _)] if std::ptr::eq(&**r, range)));
-        let mut records = self.lock();
-        let seq = self.next_seq.load(Ordering::Relaxed);
-        self.next_seq.store(seq.wrapping_add(1), Ordering::Release);
+        let (mut records, seq) = self.numbered();
         self.entered(&mut records, range);
         records.list.push((seq, keep));
         seq
     }
 
-    /// [`StreamCore::record_on`] of the keep of one memory, `memory`, and
-    /// the endpoint on `id` of `range`, made where it is recorded (not made
-    /// before and moved in, with the lane's unwinding record and its
-    /// portable record out of line: a one-put batch 401 -> 385
-    /// instructions on `Null`, the route's put 195 -> 187,
-    /// `benches/copy_batch.rs`; the portable path's 515 -> 523 and 302 ->
-    /// 308, `benches/copy_portable.rs`).
+    /// [`StreamCore::record`] of the keep of one memory, `memory`, and the
+    /// endpoint on `id` of `range` (the one-put lane's): its entry found
+    /// without a walk of the keep's list (a one-put batch 427 -> 416
+    /// instructions on `Null`, the route's put 214 -> 196), the keep made
+    /// where it is recorded (not made before and moved in, with the lane's
+    /// unwinding record and its portable record out of line: 401 -> 385,
+    /// the route's put 195 -> 187; `benches/copy_batch.rs`).
     #[inline(always)]
     pub(crate) fn record_one(
         self: &Arc<Self>,
@@ -530,9 +527,7 @@ impl<P: Parts> StreamCore<P> {
         id: u32,
         memory: P::Memory,
     ) -> u64 {
-        let mut records = self.lock();
-        let seq = self.next_seq.load(Ordering::Relaxed);
-        self.next_seq.store(seq.wrapping_add(1), Ordering::Release);
+        let (mut records, seq) = self.numbered();
         self.entered(&mut records, range);
         let list = &mut records.list;
         if list.len() == list.capacity() {
@@ -553,6 +548,15 @@ impl<P: Parts> StreamCore<P> {
             list.set_len(len + 1);
         }
         seq
+    }
+
+    /// The stream's records, locked, and the next batch's number, taken.
+    #[inline(always)]
+    fn numbered(&self) -> (LockGuard<'_, Records<P>>, u64) {
+        let records = self.lock();
+        let seq = self.next_seq.load(Ordering::Relaxed);
+        self.next_seq.store(seq.wrapping_add(1), Ordering::Release);
+        (records, seq)
     }
 
     /// This stream's entry in the holds of `range`, made unless it is
