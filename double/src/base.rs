@@ -141,6 +141,7 @@ crate::abi::exports! {
         Ok(())
     }
     [13000] fn cuCtxGetCurrent(pctx: *mut CUcontext) {
+        state::THREAD_COUNTS.with(|c| c.set((c.get().0, c.get().1 + 1)));
         out(pctx, CURRENT.with(|c| c.get()) as CUcontext)
     }
     [13000] fn cuCtxGetDevice(device: *mut CUdevice) {

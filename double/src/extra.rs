@@ -227,6 +227,27 @@ pub unsafe extern "C" fn cuDoubleCallTable(buf: *mut c_char, len: usize) -> usiz
     })
 }
 
+/// The calling thread's counts: stream calls refused for want of a
+/// context (`out[0]`) and `cuCtxGetCurrent` calls (`out[1]`). Writes up to
+/// `n` of them and returns how many it wrote.
+///
+/// # Safety
+/// `out` is null or has `n` writable `u64`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDoubleThreadCounts(out: *mut u64, n: usize) -> usize {
+    guard(0, || {
+        let (refused, asked) = state::THREAD_COUNTS.with(std::cell::Cell::get);
+        let counts = [refused, asked];
+        if out.is_null() {
+            return 0;
+        }
+        let k = n.min(counts.len());
+        // SAFETY: the caller gives `n` writable `u64`s at `out`; `k <= n`.
+        unsafe { std::ptr::copy_nonoverlapping(counts.as_ptr(), out, k) };
+        k
+    })
+}
+
 /// Bitmasks of the devices whose primary context was retained and was made
 /// current since the last reset (bit `d` for device `d`). 0, or -1 on a
 /// null pointer.

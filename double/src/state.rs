@@ -159,6 +159,18 @@ impl Double {
         }
     }
 
+    /// [`Double::current_device`] for a call on a stream, which a backend
+    /// may make with no context current (the stream names its own): the
+    /// code a driver gives then (`INVALID_CONTEXT`), counted on this
+    /// thread ([`THREAD_COUNTS`]), not logged.
+    pub fn stream_device(&mut self, call: &str) -> Result<i32, CUresult> {
+        if CURRENT.with(Cell::get) == 0 {
+            THREAD_COUNTS.with(|c| c.set((c.get().0 + 1, c.get().1)));
+            return Err(INVALID_CONTEXT);
+        }
+        self.current_device(call)
+    }
+
     pub fn check_device(&self, dev: i32) -> Result<(), CUresult> {
         if dev >= 0 && (dev as usize) < self.devices {
             Ok(())
@@ -187,6 +199,9 @@ pub fn context_device(ctx: usize) -> Option<i32> {
 thread_local! {
     /// This thread's current context (a fake handle; 0 for none).
     pub static CURRENT: Cell<usize> = const { Cell::new(0) };
+    /// This thread's stream calls refused for want of a context
+    /// ([`Double::stream_device`]) and its `cuCtxGetCurrent` calls.
+    pub static THREAD_COUNTS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 static STATE: Mutex<Option<Double>> = Mutex::new(None);

@@ -2,7 +2,11 @@
 //! double pretends; the batch `NOT_SUPPORTED` before 12.8): the model's
 //! streams behind `CUstream` values, the copies in stream order.
 //! Each needs a current context, as on a real driver; `cuStreamCreate`
-//! makes its stream on the current context's device.
+//! makes its stream on the current context's device. The copies, the
+//! query and the synchronize, which a backend may make with no context
+//! current (the stream names its own), answer `INVALID_CONTEXT` then
+//! without logging a violation, and count it on the calling thread
+//! (`cuDoubleThreadCounts`).
 //!
 //! `cuMemcpyAsync` carries no hint of where a pointer lives: the double
 //! decides as unified addressing does ([`pointer`]). An address in a virtual
@@ -32,6 +36,12 @@ const STREAM_FLAGS: c_uint = 1;
 
 fn ctx(call: &str) -> Result<i32, CUresult> {
     state::with(|d| d.current_device(call))
+}
+
+/// [`ctx`] for the calls a backend may make with no context current: the
+/// copies, the stream's query and synchronize.
+fn stream_ctx(call: &str) -> Result<i32, CUresult> {
+    state::with(|d| d.stream_device(call))
 }
 
 /// A `CUstream` as the model's handle (its address value; never dereferenced).
@@ -126,12 +136,12 @@ crate::abi::exports! {
         model(|m| unsafe { m.stream_destroy(handle(h_stream)) })
     }
     [13000] fn cuStreamSynchronize(h_stream: CUstream) {
-        ctx("cuStreamSynchronize")?;
+        stream_ctx("cuStreamSynchronize")?;
         // SAFETY: as above.
         model(|m| unsafe { m.stream_synchronize(handle(h_stream)) })
     }
     [13000] fn cuStreamQuery(h_stream: CUstream) {
-        ctx("cuStreamQuery")?;
+        stream_ctx("cuStreamQuery")?;
         // SAFETY: as above.
         if model(|m| unsafe { m.stream_query(handle(h_stream)) })? {
             Ok(())
@@ -140,7 +150,7 @@ crate::abi::exports! {
         }
     }
     [13000] fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, byte_count: size_t, h_stream: CUstream) {
-        ctx("cuMemcpyAsync")?;
+        stream_ctx("cuMemcpyAsync")?;
         let size = byte_count as u64;
         let (dst, src) = (pointer(dst, size)?, pointer(src, size)?);
         // SAFETY: as above; a host pointer is the caller's word (`cuda.h`:
@@ -161,7 +171,7 @@ crate::abi::exports! {
         num_attrs: size_t,
         h_stream: CUstream,
     ) {
-        ctx("cuMemcpyBatchAsync")?;
+        stream_ctx("cuMemcpyBatchAsync")?;
         if state::with(|d| d.version) < 12080 {
             return Err(state::NOT_SUPPORTED);
         }

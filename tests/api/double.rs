@@ -590,6 +590,109 @@ fn reserved_but_unmapped_addresses_are_never_host_memory() {
     assert!(probe.live().is_empty(), "{:?}", probe.live());
 }
 
+/// Puts 64 bytes `n` times through a bound endpoint on `dev`, each waited,
+/// on a thread of its own (`within` wraps the puts: a context made current
+/// around them, or none), and returns that thread's counts from the double
+/// (stream calls refused for want of a context, `cuCtxGetCurrent` calls)
+/// taken around the puts alone.
+fn puts_on_a_thread(
+    ctx: &Context,
+    lib: &'static DoubleLib,
+    dev: i32,
+    n: usize,
+    within: fn(&'static DoubleLib, i32, &mut dyn FnMut()),
+) -> (u64, u64) {
+    use cuda_endpoints::{CopyBatch, Stream};
+    let ep = ctx
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(dev, 8 * MIB))
+        .unwrap()
+        .wait(T)
+        .unwrap();
+    let dst = Allocation::<Private>::on_device(ctx, Device(dev), 2 * MIB)
+        .unwrap()
+        .map(&[Device(dev)])
+        .unwrap();
+    let src = Allocation::<Private>::on_device(ctx, Device(dev), 2 * MIB)
+        .unwrap()
+        .map(&[Device(dev)])
+        .unwrap();
+    lib.memcpy_htod(dev, src.device_ptr(), b"stream-ordered")
+        .unwrap();
+    let b = ep.bind(dev, 0, &dst).unwrap();
+    let stream = Stream::new(ctx, dev).unwrap();
+    let counts = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut counts = (0, 0);
+            within(lib, dev, &mut || {
+                let before = lib.thread_counts();
+                for i in 0..n as u64 {
+                    let batch = CopyBatch::new().put(&src, 0, &ep, 64 * i, 64);
+                    stream.enqueue(batch).unwrap().wait().unwrap();
+                }
+                let after = lib.thread_counts();
+                counts = (after.0 - before.0, after.1 - before.1);
+            });
+            counts
+        })
+        .join()
+        .unwrap()
+    });
+    let back = lib.memcpy_dtoh(dev, dst.device_ptr() + 64 * (n as u64 - 1), 14);
+    assert_eq!(back.unwrap(), b"stream-ordered");
+    drop(stream);
+    b.unbind().unwrap();
+    drop((dst, src));
+    ep.destroy().unwrap().release().unwrap();
+    counts
+}
+
+/// A copy, a query or a synchronize on a stream is made as it is, with no
+/// `cuCtxGetCurrent` before it: the thread's context is the one it runs
+/// in. With device 1's context current (as the CUDA runtime or cudarc
+/// leaves it), ten puts and waits ask the driver nothing about contexts.
+#[test]
+fn a_stream_call_in_the_threads_own_context_asks_nothing_first() {
+    let Some((ctx, probe, lib)) = on_double(ModelConfig::node(2)) else {
+        return;
+    };
+    let counts = puts_on_a_thread(&ctx, lib, 1, 10, |lib, dev, f| lib.in_context(dev, f));
+    assert_eq!(
+        counts,
+        (0, 0),
+        "(refused for want of a context, cuCtxGetCurrent)"
+    );
+    drop(ctx);
+    assert_clean(&probe);
+}
+
+/// On a thread with no context current, the first stream call is refused
+/// (`INVALID_CONTEXT`: no copy made), made again in the context of the
+/// device the program used last, and the thread is remembered: its later
+/// stream calls ask first and make that context current themselves. Ten
+/// puts and waits are refused once, the bytes land, the thread is left
+/// with no context, and no other device's context is touched.
+#[test]
+fn a_stream_call_on_a_thread_without_a_context_is_refused_once_then_made_in_the_device_used_last() {
+    let Some((ctx, probe, lib)) = on_double(ModelConfig::node(2)) else {
+        return;
+    };
+    let (refused, asked) = puts_on_a_thread(&ctx, lib, 1, 10, |_, _, f| f());
+    assert_eq!(refused, 1, "refused for want of a context");
+    assert!(asked > 0, "the thread asks once remembered");
+    assert_eq!(
+        lib.current_context(),
+        0,
+        "the thread's context was restored"
+    );
+    let (retained, current) = lib.contexts();
+    assert_eq!(retained & !mask(&[1]), 0, "retained {retained:#b}");
+    assert_eq!(current & !mask(&[1]), 0, "made current {current:#b}");
+    drop(ctx);
+    assert_clean(&probe);
+}
+
 // ---------------------------------------------------------------- other libcudas
 
 /// Runs the test `name` of this binary in a child process whose

@@ -247,7 +247,7 @@ impl DoubleLib {
 
     /// Runs `f` with `dev`'s primary context current on this thread, as a
     /// program beside the library would (retain, set, restore, release).
-    fn in_context<R>(&self, dev: i32, f: impl FnOnce() -> R) -> R {
+    pub fn in_context<R>(&self, dev: i32, f: impl FnOnce() -> R) -> R {
         type Retain = unsafe extern "C" fn(*mut usize, c_int) -> u32;
         type Set = unsafe extern "C" fn(usize) -> u32;
         type Release = unsafe extern "C" fn(c_int) -> u32;
@@ -267,6 +267,17 @@ impl DoubleLib {
             release(dev);
         }
         r
+    }
+
+    /// This thread's stream calls the double refused for want of a context,
+    /// and its `cuCtxGetCurrent` calls, since the thread began.
+    pub fn thread_counts(&self) -> (u64, u64) {
+        let f: unsafe extern "C" fn(*mut u64, usize) -> usize = self.sym("cuDoubleThreadCounts");
+        let mut out = [0u64; 2];
+        // SAFETY: two writable `u64`s.
+        let n = unsafe { f(out.as_mut_ptr(), out.len()) };
+        assert_eq!(n, 2);
+        (out[0], out[1])
     }
 
     /// Retains `dev`'s primary context without making it current, as a

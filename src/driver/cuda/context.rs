@@ -27,7 +27,19 @@
 //! backend used any device, of the first device whose primary context the
 //! program holds (`cuDevicePrimaryCtxGetState`), else of device 0 (the CUDA
 //! runtime's default device).
+//!
+//! The calls on a stream that the data path makes for every copy (the
+//! copies, the stream's query and synchronize: [`Cx::Stream`]) run in that
+//! same context, found another way: made first as they are, without asking
+//! which context is current (the stream names its own; `cuCtxGetCurrent`
+//! is a driver call of its own before each copy). Should the driver answer
+//! `CUDA_ERROR_INVALID_CONTEXT` with no context current, the call is made
+//! once more as a [`Cx::Current`] call is, and the thread is remembered as
+//! one without a context of its own ([`NO_CONTEXT`]): its later stream
+//! calls go the [`Cx::Current`] way from the start, until one finds a
+//! context current again.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -49,6 +61,25 @@ pub(super) enum Cx {
     /// primary context, else an active one's (device 0 only while the
     /// program holds no device's primary context at all).
     Current,
+    /// A call on a stream: [`Cx::Current`]'s context, made first with no
+    /// question asked on a thread not known to lack a context, and made
+    /// again as [`Cx::Current`] after `INVALID_CONTEXT` with none current
+    /// ([`Contexts::stream_retry`]).
+    Stream,
+}
+
+thread_local! {
+    /// Whether this thread had no current context at its last
+    /// [`Cx::Current`] or [`Cx::Stream`] call: its stream calls then ask
+    /// first, as [`Cx::Current`] calls do, rather than fail once each.
+    static NO_CONTEXT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether a [`Cx::Stream`] call may be made on this thread as it is (no
+/// context step before it).
+#[inline(always)]
+pub(super) fn stream_as_is() -> bool {
+    !NO_CONTEXT.get()
 }
 
 /// A retained primary context (`CUcontext` is a raw pointer, hence not `Send`).
@@ -82,15 +113,41 @@ pub(super) struct CtxGuard<'a> {
     previous: Option<CUcontext>,
 }
 
-impl Drop for CtxGuard<'_> {
-    fn drop(&mut self) {
-        let (Some(prev), Some(set)) = (self.previous, self.sym.cuCtxSetCurrent) else {
+impl CtxGuard<'_> {
+    /// A guard that restores nothing (no context was made current).
+    #[inline(always)]
+    pub(super) fn unchanged(sym: &Symbols) -> CtxGuard<'_> {
+        CtxGuard {
+            sym,
+            previous: None,
+        }
+    }
+
+    /// Whether this guard made no context current (nothing to restore).
+    pub(super) fn restores_nothing(&self) -> bool {
+        self.previous.is_none()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn restore(&self, prev: CUcontext) {
+        let Some(set) = self.sym.cuCtxSetCurrent else {
             return;
         };
         // SAFETY: `set` is `cuCtxSetCurrent`; `prev` was current on this thread
         // (or null, which unbinds) a moment ago.
         if let Some(code) = Code::from_raw(unsafe { set(prev) }) {
             tracing::debug!(%code, "cuCtxSetCurrent: restoring the previous context failed");
+        }
+    }
+}
+
+impl Drop for CtxGuard<'_> {
+    // Inline: most calls made nothing current and restore nothing.
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(prev) = self.previous {
+            self.restore(prev);
         }
     }
 }
@@ -236,23 +293,46 @@ impl Contexts {
         sym: &'a Symbols,
         cx: Cx,
     ) -> Result<CtxGuard<'a>, StepError> {
-        let unchanged = CtxGuard {
-            sym,
-            previous: None,
-        };
+        let unchanged = CtxGuard::unchanged(sym);
         match cx {
             Cx::Free | Cx::NoneNeeded(_) => Ok(unchanged),
             Cx::On(dev) => self.make_current_on(sym, dev),
-            Cx::Current => {
-                if !Self::current(sym)?.is_null() {
+            Cx::Current | Cx::Stream => {
+                let none = Self::current(sym)?.is_null();
+                NO_CONTEXT.set(none);
+                if !none {
                     return Ok(unchanged);
                 }
-                let dev = self
-                    .last()
-                    .or_else(|| Self::active_device(sym))
-                    .unwrap_or(Device(0));
-                self.make_current_on(sym, dev)
+                self.make_current_on(sym, self.fallback(sym))
             }
+        }
+    }
+
+    /// The device whose primary context a [`Cx::Current`] call takes when
+    /// the thread has none current.
+    fn fallback(&self, sym: &Symbols) -> Device {
+        self.last()
+            .or_else(|| Self::active_device(sym))
+            .unwrap_or(Device(0))
+    }
+
+    /// For a [`Cx::Stream`] call made as it is that the driver answered
+    /// `INVALID_CONTEXT`: when no context is current, the thread is
+    /// remembered as one without, and the context to make the call again in
+    /// ([`Cx::Current`]'s). `None`: a context is current, the answer stands.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn stream_retry<'a>(
+        &self,
+        sym: &'a Symbols,
+    ) -> Option<Result<CtxGuard<'a>, StepError>> {
+        match Self::current(sym) {
+            Ok(c) if c.is_null() => {
+                NO_CONTEXT.set(true);
+                Some(self.make_current_on(sym, self.fallback(sym)))
+            }
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
         }
     }
 

@@ -47,7 +47,10 @@ use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_M
 /// device need no context (cuda.h states none for them) and touch none;
 /// the VMM calls that name none use the thread's current context, else
 /// the device used last's, else that of a device whose primary context the
-/// program holds (device 0 when it holds none). A failed context step is reported as such
+/// program holds (device 0 when it holds none). The copies and a stream's
+/// query and synchronize run in that same context, made first as they are
+/// (no `cuCtxGetCurrent` before each copy), and again as above on a thread
+/// the driver shows to have none. A failed context step is reported as such
 /// ([`Code::in_context`](crate::driver::Code::in_context), [`Error::Context`]), not as the call's.
 pub struct Cuda {
     sym: Symbols,
@@ -183,7 +186,7 @@ impl Cuda {
 
     /// Runs one entry point: policy, presence, context, call, trace. `body`
     /// makes the C call through the resolved pointer and returns its raw
-    /// result (twice at most: see [`Cx::NoneNeeded`]).
+    /// result (twice at most: see [`Cx::NoneNeeded`] and [`Cx::Stream`]).
     fn run<F: Copy>(
         &self,
         call: Call,
@@ -210,20 +213,32 @@ impl Cuda {
             // The call was not made: the code names the step.
             code.in_context(failure)
         };
-        let guard = self
-            .contexts
-            .make_current(&self.sym, cx)
-            .map_err(no_context)?;
+        // A stream call on a thread not known to lack a context is made as
+        // it is: no driver call before it (see `context`).
+        let guard = if matches!(cx, Cx::Stream) && context::stream_as_is() {
+            context::CtxGuard::unchanged(&self.sym)
+        } else {
+            self.contexts
+                .make_current(&self.sym, cx)
+                .map_err(no_context)?
+        };
         let mut rc = Code::from_raw(body(f));
-        if let (Some(code), Cx::NoneNeeded(prefer)) = (rc, cx)
+        if let Some(code) = rc
             && code == Code::INVALID_CONTEXT
-            && let Some(retry) = self.contexts.retry_context(&self.sym, prefer)
+            && let Some(retry) = match cx {
+                // cuda.h lists no INVALID_CONTEXT for these calls; a driver
+                // that answers it anyway gets the call once more in the
+                // context of a device the program uses.
+                Cx::NoneNeeded(prefer) => self.contexts.retry_context(&self.sym, prefer),
+                // Made as it is with no context current: once more in
+                // `Cx::Current`'s.
+                Cx::Stream if guard.restores_nothing() => self.contexts.stream_retry(&self.sym),
+                _ => None,
+            }
         {
-            // cuda.h lists no INVALID_CONTEXT for this call; a driver that
-            // answers it anyway gets the call once more in the context of a
-            // device the program uses.
             tracing::debug!(
                 call = call.name(),
+                ?cx,
                 "CUDA_ERROR_INVALID_CONTEXT with no context current: made again in a device's primary context"
             );
             let _retry = retry.map_err(no_context)?;

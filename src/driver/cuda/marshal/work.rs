@@ -135,7 +135,7 @@ pub(in crate::driver::cuda) unsafe fn stream_synchronize(
 ) -> DriverResult<()> {
     let f = c.sym.cuStreamSynchronize;
     // SAFETY: `f` is `cuStreamSynchronize`; the stream is live (contract).
-    c.run(Call::StreamSynchronize, f, Cx::Current, |f| unsafe {
+    c.run(Call::StreamSynchronize, f, Cx::Stream, |f| unsafe {
         f(stream_of(stream))
     })
 }
@@ -143,7 +143,7 @@ pub(in crate::driver::cuda) unsafe fn stream_synchronize(
 pub(in crate::driver::cuda) unsafe fn stream_query(c: &Cuda, stream: u64) -> DriverResult<bool> {
     let f = c.sym.cuStreamQuery;
     // SAFETY: `f` is `cuStreamQuery`; the stream is live (contract).
-    match c.run(Call::StreamQuery, f, Cx::Current, |f| unsafe {
+    match c.run(Call::StreamQuery, f, Cx::Stream, |f| unsafe {
         f(stream_of(stream))
     }) {
         Ok(()) => Ok(true),
@@ -175,7 +175,7 @@ pub(in crate::driver::cuda) unsafe fn fabric_copy_batch(
     // answers NOT_SUPPORTED without a call); `buf` holds `n` initialised
     // ops and lives until the call returned (the driver copies the list
     // before it returns: cuda.h); the operands are the caller's contract.
-    c.run(Call::FabricCpyBatchAsync, f, Cx::Current, |f| unsafe {
+    c.run(Call::FabricCpyBatchAsync, f, Cx::Stream, |f| unsafe {
         f(n, buf, flags, stream_of(stream))
     })
 }
@@ -190,7 +190,7 @@ pub(in crate::driver::cuda) unsafe fn memcpy_async(
     let f = c.sym.cuMemcpyAsync;
     // SAFETY: `f` is `cuMemcpyAsync`; the addresses are passed on, never
     // dereferenced here; their validity is the caller's contract.
-    c.run(Call::MemcpyAsync, f, Cx::Current, |f| unsafe {
+    c.run(Call::MemcpyAsync, f, Cx::Stream, |f| unsafe {
         f(dst.ptr, src.ptr, sz(size), stream_of(stream))
     })
 }
@@ -241,7 +241,7 @@ pub(in crate::driver::cuda) unsafe fn memcpy_batch_async(
     // returned (the driver reads them during the call; none is written);
     // the addresses are passed on, never dereferenced here, and their
     // validity is the caller's contract.
-    c.run(Call::MemcpyBatchAsync, f, Cx::Current, |f| unsafe {
+    c.run(Call::MemcpyBatchAsync, f, Cx::Stream, |f| unsafe {
         f(
             dsts.as_mut_ptr(),
             srcs.as_mut_ptr(),
