@@ -27,13 +27,14 @@
 //! - the driver's entries for one device-to-device put, raw: `cuMemcpyAsync`
 //!   against `cuMemcpyDtoDAsync_v2` (told both sides are device memory),
 //!   64 B to 16 MiB, interleaved, enqueue alone and with the wait;
-//! - the cost of `cuCtxGetCurrent`, which the backend asks before each
-//!   stream call;
+//! - the cost of `cuCtxGetCurrent`, which the backend asked before each
+//!   stream call up to `c0c1d8f` (from `361c3f0`, only on a thread with no
+//!   context current; this bench's thread has device 0's);
 //! - where a typed one put's enqueue goes: on a context of its own whose
 //!   backend notes when its `cuMemcpyAsync` came in and went back
 //!   (`Stamped`), the time before the driver's call, the call and after it,
 //!   against the raw call stamped the same way, the raw call after a
-//!   `cuCtxGetCurrent` (as the backend asks it), and the raw call made
+//!   `cuCtxGetCurrent` (as the backend asked it up to `c0c1d8f`), and the raw call made
 //!   through the real backend alone.
 //!
 //! `benches/report.sh --gpu LOG` rewrites the GPU tables of
@@ -266,7 +267,8 @@ impl Raw {
     }
 
     /// `cuCtxGetCurrent`, as the backend asks it before each call that
-    /// works in the current context (`driver/cuda/context.rs`).
+    /// works in the current context, and before a stream call on a thread
+    /// with none (`driver/cuda/context.rs`).
     fn current(&self) -> *mut c_void {
         let mut c = std::ptr::null_mut();
         // SAFETY: one out-parameter.
@@ -421,7 +423,8 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
             raw.copy(rd, rs, SMALL);
             Ok(())
         })?;
-        // Raw, with the context asked first, as the backend asks it.
+        // Raw, with the context asked first, as the backend asked it up to
+        // `c0c1d8f` (now only on a thread with no context current).
         stamp(&mut v[6..9], &mut || {
             std::hint::black_box(raw.current());
             raw.copy(rd, rs, SMALL);
@@ -797,13 +800,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "\n== small puts end to end: a batch of N puts of {SMALL} bytes laid end to end on both sides (the portable path grows them into one copy), host microseconds (median of {reps}, min-max); ratios against the raw loop of cuMemcpyAsync"
     );
     small(SMALL)?;
-    // Part of what the typed path adds on a real driver: the backend asks
-    // the thread's current context before each call that works in it
+    // What the backend asked before each stream call up to `c0c1d8f`
     // (`cuMemcpyAsync`, `cuStreamSynchronize`: one each per one-put batch
-    // and its wait), which the raw side, whose context is set once, never
-    // asks.
+    // and its wait), and still asks on a thread with no context current;
+    // the raw side, whose context is set once, never asks.
     println!(
-        "\n== the context check the backend makes before each stream call: cuCtxGetCurrent, host ns per call (median of {reps} rounds of 1,000 calls, min-max)"
+        "\n== the context check the backend made before each stream call up to c0c1d8f (from 361c3f0 only on a thread with no context current): cuCtxGetCurrent, host ns per call (median of {reps} rounds of 1,000 calls, min-max)"
     );
     let mut g = Vec::with_capacity(reps);
     for _ in 0..reps {
