@@ -19,6 +19,22 @@
 #                                     # (medians move between processes more
 #                                     # than within one): bring them back and
 #                                     # `benches/report.sh --gpu gpu_copy.*.log`
+#   scripts/gpu-suite.sh build-ab COMMIT
+#                                     # here, after `build`: benches/gpu_copy.rs
+#                                     # of COMMIT too (built in a worktree of
+#                                     # its own under target/ab/), as
+#                                     # .gpu-bin/gpu_copy.ab, its commit in
+#                                     # .gpu-bin/ab
+#   scripts/gpu-suite.sh ab [REPS [PAIRS]]
+#                                     # on the GPU machine: PAIRS (default 4)
+#                                     # pairs of processes, this build's
+#                                     # gpu_copy then COMMIT's, alternating
+#                                     # (side by side on one host: medians
+#                                     # move between hosts and processes
+#                                     # more than a round's change), each
+#                                     # log with its `# report:` lines, all
+#                                     # packed into $OUT/ab.tgz (the device
+#                                     # tool brings back a few files a call)
 #
 # .gpu-bin/ is ignored through .git/info/exclude (never .gitignore), so it
 # has to be carried to the GPU machine explicitly.
@@ -157,11 +173,67 @@ bench() {
     echo "gpu-suite: benches/report.sh --gpu LOG... rewrites benches/README.md from them"
 }
 
+build_ab() {
+    command -v cargo >/dev/null || die "cargo not found: build on a machine with the Rust toolchain"
+    local commit="${1:-}" short tree json exe
+    [ -n "$commit" ] || die "build-ab: which commit?"
+    [ -x "$bin/gpu_copy" ] || die "build-ab: run 'scripts/gpu-suite.sh build' first"
+    cd "$root"
+    short="$(git rev-parse --short "$commit^{commit}")" || die "build-ab: no commit $commit"
+    tree="$root/target/ab/$short"
+    [ -d "$tree" ] || git worktree add --detach -f "$tree" "$short" >/dev/null
+    json="$(mktemp)"
+    trap 'rm -f "$json"' RETURN
+    (cd "$tree" && CARGO_TARGET_DIR="$root/target/ab/target" cargo bench -p cuda-endpoints-benches --bench gpu_copy --no-run --message-format=json) >"$json"
+    exe="$(artifact bench gpu_copy <"$json")"
+    [ -n "$exe" ] && [ -x "$exe" ] || die "build-ab: no executable for benches/gpu_copy.rs of $short"
+    cp -f "$exe" "$bin/gpu_copy.ab"
+    command -v strip >/dev/null && strip "$bin/gpu_copy.ab"
+    printf '%s' "$short" >"$bin/ab"
+    echo "gpu-suite: gpu_copy of $short in $bin/gpu_copy.ab (this build: $(cat "$bin/commit"))"
+}
+
+ab() {
+    [ -x "$bin/gpu_copy" ] && [ -x "$bin/gpu_copy.ab" ] ||
+        die "ab: no gpu_copy and gpu_copy.ab in $bin: run 'build' and 'build-ab COMMIT' where cargo is, and carry .gpu-bin"
+    local reps="${1:-1000}" pairs="${2:-4}" logs="${OUT:-$bin}" gpu i side exe commit log
+    [[ $pairs =~ ^[1-9][0-9]?$ ]] || die "ab: PAIRS is a number from 1 to 99, not '$pairs'"
+    export CUDA_ENDPOINTS_DENY=cuMulticastCreate
+    export CUDA_ENDPOINTS_CLASSIC_MULTICAST=0
+    mkdir -p "$logs/ab"
+    gpu="$( (nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo unknown) | head -n 1)"
+    for ((i = 1; i <= pairs; i++)); do
+        for side in this ab; do
+            if [ "$side" = this ]; then
+                exe="$bin/gpu_copy" commit="$(cat "$bin/commit")"
+            else
+                exe="$bin/gpu_copy.ab" commit="$(cat "$bin/ab")"
+            fi
+            log="$logs/ab/gpu_copy.$side.$i.log"
+            {
+                echo "# report: date=$(date -u +%F)"
+                echo "# report: commit=$commit"
+                echo "# report: gpu=${gpu//,/, driver}"
+                echo "# report: host=$(uname -srm)"
+                echo "# report: run=$i of $pairs ($side)"
+                echo "# report: load_before=$(uptime | sed 's/.*load average: //')"
+            } >"$log"
+            "$exe" "$reps" >>"$log" 2>&1 || echo "# report: exit=$?" >>"$log"
+            echo "# report: load_after=$(uptime | sed 's/.*load average: //')" >>"$log"
+            echo "gpu-suite: $side $i of $pairs done"
+        done
+    done
+    tar -C "$logs" -czf "$logs/ab.tgz" ab && rm -rf "$logs/ab"
+    echo "gpu-suite: $logs/ab.tgz; benches/report.sh --gpu on each side's logs reads them"
+}
+
 mode="${1:-}"
 [ $# -gt 0 ] && shift
 case "$mode" in
 build) build ;;
 run) run "$@" ;;
 bench) bench "$@" ;;
-*) die "usage: scripts/gpu-suite.sh build | run [test-binary args] | bench [repetitions [runs]]" ;;
+build-ab) build_ab "$@" ;;
+ab) ab "$@" ;;
+*) die "usage: scripts/gpu-suite.sh build | build-ab COMMIT | run [test-binary args] | bench [repetitions [runs]] | ab [repetitions [pairs]]" ;;
 esac
