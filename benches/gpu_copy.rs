@@ -452,7 +452,7 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     };
     let [tb, tc, ta, rb, rc, ra, xb, xc, xa, bb, bc, ba, ub, uc, ua] = v.each_mut().map(med);
     println!(
-        "\n== where a typed one put's enqueue goes: ns before the driver's call, the call (the backend's context check inside), after it; medians of {reps}, each side with the same clock reads; raw+ctx: raw with cuCtxGetCurrent first (in the call); backend: the raw call made through the real backend alone"
+        "\n== where a typed one put's enqueue goes: ns before the driver's call, the call (through the backend), after it; medians of {reps}, each side with the same clock reads; raw+ctx: raw with cuCtxGetCurrent first (in the call); backend: the raw call made through the real backend alone"
     );
     println!("{:>8} {:>8} {:>8} {:>8}", "", "before", "call", "after");
     println!("{:>8} {tb:>8} {tc:>8} {ta:>8}", "typed");

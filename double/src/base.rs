@@ -141,7 +141,11 @@ crate::abi::exports! {
         Ok(())
     }
     [13000] fn cuCtxGetCurrent(pctx: *mut CUcontext) {
-        state::THREAD_COUNTS.with(|c| c.set((c.get().0, c.get().1 + 1)));
+        state::THREAD_COUNTS.with(|c| {
+            let mut n = c.get();
+            n.asked += 1;
+            c.set(n);
+        });
         out(pctx, CURRENT.with(|c| c.get()) as CUcontext)
     }
     [13000] fn cuCtxGetDevice(device: *mut CUdevice) {

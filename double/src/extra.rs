@@ -228,16 +228,17 @@ pub unsafe extern "C" fn cuDoubleCallTable(buf: *mut c_char, len: usize) -> usiz
 }
 
 /// The calling thread's counts: stream calls refused for want of a
-/// context (`out[0]`) and `cuCtxGetCurrent` calls (`out[1]`). Writes up to
-/// `n` of them and returns how many it wrote.
+/// context (`out[0]`), stream calls made with none current, run in the
+/// stream's context (`out[1]`), and `cuCtxGetCurrent` calls (`out[2]`).
+/// Writes up to `n` of them and returns how many it wrote.
 ///
 /// # Safety
 /// `out` is null or has `n` writable `u64`s.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDoubleThreadCounts(out: *mut u64, n: usize) -> usize {
     guard(0, || {
-        let (refused, asked) = state::THREAD_COUNTS.with(std::cell::Cell::get);
-        let counts = [refused, asked];
+        let t = state::THREAD_COUNTS.with(std::cell::Cell::get);
+        let counts = [t.refused, t.without, t.asked];
         if out.is_null() {
             return 0;
         }
@@ -284,6 +285,18 @@ pub unsafe extern "C" fn cuDoubleMisbehave(spec: *const c_char) -> c_int {
             0
         }
         None => -1,
+    })
+}
+
+/// From now on (`on` non-zero) until the next reset, the stream calls
+/// (copies, query, synchronize) refuse a thread with no context current
+/// (`INVALID_CONTEXT`), as a driver stricter than those CCCL reports on;
+/// `on` 0: they run in the stream's context then (the default). 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDoubleStrictStreams(on: c_int) -> c_int {
+    guard(-1, || {
+        state::with(|d| d.strict_streams = on != 0);
+        0
     })
 }
 

@@ -75,6 +75,10 @@ pub struct Double {
     /// `cuDevicePrimaryCtxRetain` of this device fails with this code
     /// (`cuDoubleFailRetain`).
     pub retain_fault: Option<(i32, CUresult)>,
+    /// The stream calls refuse a thread with no context current
+    /// (`cuDoubleStrictStreams`), as a driver stricter than those CCCL
+    /// reports on; else they run in the stream's context then.
+    pub strict_streams: bool,
     /// The virtual address ranges this process reserved
     /// (`cuMemAddressReserve`, start → size) and has not freed: CUDA's part
     /// of the unified address space. An address outside every one is host
@@ -119,6 +123,7 @@ impl Double {
             )
             .unwrap_or_default(),
             retain_fault: None,
+            strict_streams: false,
             reserved: BTreeMap::new(),
         }
     }
@@ -160,15 +165,26 @@ impl Double {
     }
 
     /// [`Double::current_device`] for a call on a stream, which a backend
-    /// may make with no context current (the stream names its own): the
-    /// code a driver gives then (`INVALID_CONTEXT`), counted on this
-    /// thread ([`THREAD_COUNTS`]), not logged.
-    pub fn stream_device(&mut self, call: &str) -> Result<i32, CUresult> {
+    /// may make with no context current (the stream names its own): then
+    /// it runs in the stream's context, as CCCL reports of recent drivers
+    /// (NVIDIA/cccl#9615; `Ok(None)`), or, with [`Double::strict_streams`],
+    /// is refused (`INVALID_CONTEXT`); either counted on this thread
+    /// ([`THREAD_COUNTS`]), neither logged.
+    pub fn stream_device(&mut self, call: &str) -> Result<Option<i32>, CUresult> {
         if CURRENT.with(Cell::get) == 0 {
-            THREAD_COUNTS.with(|c| c.set((c.get().0 + 1, c.get().1)));
-            return Err(INVALID_CONTEXT);
+            let strict = self.strict_streams;
+            THREAD_COUNTS.with(|c| {
+                let mut n = c.get();
+                if strict {
+                    n.refused += 1;
+                } else {
+                    n.without += 1;
+                }
+                c.set(n);
+            });
+            return if strict { Err(INVALID_CONTEXT) } else { Ok(None) };
         }
-        self.current_device(call)
+        self.current_device(call).map(Some)
     }
 
     pub fn check_device(&self, dev: i32) -> Result<(), CUresult> {
@@ -178,6 +194,16 @@ impl Double {
             Err(INVALID_DEVICE)
         }
     }
+}
+
+/// Per thread: its stream calls refused for want of a context and those
+/// made with none current (run in the stream's context), both
+/// [`Double::stream_device`], and its `cuCtxGetCurrent` calls.
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadCounts {
+    pub refused: u64,
+    pub without: u64,
+    pub asked: u64,
 }
 
 /// Fake `CUcontext` values: `CTX_BASE + 16 * device`, never dereferenced.
@@ -199,9 +225,8 @@ pub fn context_device(ctx: usize) -> Option<i32> {
 thread_local! {
     /// This thread's current context (a fake handle; 0 for none).
     pub static CURRENT: Cell<usize> = const { Cell::new(0) };
-    /// This thread's stream calls refused for want of a context
-    /// ([`Double::stream_device`]) and its `cuCtxGetCurrent` calls.
-    pub static THREAD_COUNTS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// What this thread's calls met ([`ThreadCounts`]).
+    pub static THREAD_COUNTS: Cell<ThreadCounts> = const { Cell::new(ThreadCounts { refused: 0, without: 0, asked: 0 }) };
 }
 
 static STATE: Mutex<Option<Double>> = Mutex::new(None);

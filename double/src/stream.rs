@@ -4,9 +4,11 @@
 //! Each needs a current context, as on a real driver; `cuStreamCreate`
 //! makes its stream on the current context's device. The copies, the
 //! query and the synchronize, which a backend may make with no context
-//! current (the stream names its own), answer `INVALID_CONTEXT` then
-//! without logging a violation, and count it on the calling thread
-//! (`cuDoubleThreadCounts`).
+//! current (the stream names its own), run in the stream's context then,
+//! as CCCL reports of recent drivers (NVIDIA/cccl#9615), or, switched to
+//! a stricter driver (`cuDoubleStrictStreams`), answer `INVALID_CONTEXT`;
+//! either is counted on the calling thread (`cuDoubleThreadCounts`), not
+//! logged.
 //!
 //! `cuMemcpyAsync` carries no hint of where a pointer lives: the double
 //! decides as unified addressing does ([`pointer`]). An address in a virtual
@@ -39,8 +41,9 @@ fn ctx(call: &str) -> Result<i32, CUresult> {
 }
 
 /// [`ctx`] for the calls a backend may make with no context current: the
-/// copies, the stream's query and synchronize.
-fn stream_ctx(call: &str) -> Result<i32, CUresult> {
+/// copies, the stream's query and synchronize (`None`: none current, the
+/// stream's own).
+fn stream_ctx(call: &str) -> Result<Option<i32>, CUresult> {
     state::with(|d| d.stream_device(call))
 }
 

@@ -592,16 +592,17 @@ fn reserved_but_unmapped_addresses_are_never_host_memory() {
 
 /// Puts 64 bytes `n` times through a bound endpoint on `dev`, each waited,
 /// on a thread of its own (`within` wraps the puts: a context made current
-/// around them, or none), and returns that thread's counts from the double
-/// (stream calls refused for want of a context, `cuCtxGetCurrent` calls)
-/// taken around the puts alone.
+/// around them, or none), and returns what that thread saw of the double
+/// around the puts alone: its stream calls refused for want of a context,
+/// those made with none current, its `cuCtxGetCurrent` calls, and its
+/// current context after them.
 fn puts_on_a_thread(
     ctx: &Context,
     lib: &'static DoubleLib,
     dev: i32,
     n: usize,
-    within: fn(&'static DoubleLib, i32, &mut dyn FnMut()),
-) -> (u64, u64) {
+    within: fn(&Context, &'static DoubleLib, i32, &mut dyn FnMut()),
+) -> ([u64; 3], usize) {
     use cuda_endpoints::{CopyBatch, Stream};
     let ep = ctx
         .reserve_one()
@@ -622,30 +623,34 @@ fn puts_on_a_thread(
         .unwrap();
     let b = ep.bind(dev, 0, &dst).unwrap();
     let stream = Stream::new(ctx, dev).unwrap();
-    let counts = std::thread::scope(|s| {
+    let seen = std::thread::scope(|s| {
         s.spawn(|| {
-            let mut counts = (0, 0);
-            within(lib, dev, &mut || {
+            let mut seen = ([0; 3], 0);
+            within(ctx, lib, dev, &mut || {
                 let before = lib.thread_counts();
                 for i in 0..n as u64 {
                     let batch = CopyBatch::new().put(&src, 0, &ep, 64 * i, 64);
                     stream.enqueue(batch).unwrap().wait().unwrap();
                 }
                 let after = lib.thread_counts();
-                counts = (after.0 - before.0, after.1 - before.1);
+                // Read after the counts: it asks the double too.
+                let current = lib.current_context();
+                seen = ([0, 1, 2].map(|k| after[k] - before[k]), current);
             });
-            counts
+            seen
         })
         .join()
         .unwrap()
     });
-    let back = lib.memcpy_dtoh(dev, dst.device_ptr() + 64 * (n as u64 - 1), 14);
-    assert_eq!(back.unwrap(), b"stream-ordered");
+    for i in 0..n as u64 {
+        let back = lib.memcpy_dtoh(dev, dst.device_ptr() + 64 * i, 14);
+        assert_eq!(back.unwrap(), b"stream-ordered", "put {i}");
+    }
     drop(stream);
     b.unbind().unwrap();
     drop((dst, src));
     ep.destroy().unwrap().release().unwrap();
-    counts
+    seen
 }
 
 /// A copy, a query or a synchronize on a stream is made as it is, with no
@@ -657,35 +662,76 @@ fn a_stream_call_in_the_threads_own_context_asks_nothing_first() {
     let Some((ctx, probe, lib)) = on_double(ModelConfig::node(2)) else {
         return;
     };
-    let counts = puts_on_a_thread(&ctx, lib, 1, 10, |lib, dev, f| lib.in_context(dev, f));
+    let ([refused, without, asked], current) =
+        puts_on_a_thread(&ctx, lib, 1, 10, |_, lib, dev, f| lib.in_context(dev, f));
     assert_eq!(
-        counts,
+        (refused, without),
         (0, 0),
-        "(refused for want of a context, cuCtxGetCurrent)"
+        "(refused, made with no context)"
+    );
+    assert_eq!(asked, 0, "cuCtxGetCurrent calls");
+    assert_ne!(current, 0, "the thread's own context is left current");
+    drop(ctx);
+    assert_clean(&probe);
+}
+
+/// On a thread with no context current, a stream call is made as it is
+/// too, and the driver runs it in the stream's context (what CCCL reports
+/// of recent drivers, NVIDIA/cccl#9615, and the double does by default):
+/// ten puts and their waits (twenty stream calls) ask nothing, make no
+/// context current, and the bytes land; also after the thread's other
+/// calls found no context current (a map, an unmap: `Cx::Current`).
+#[test]
+fn a_stream_call_on_a_thread_without_a_context_runs_as_it_is_in_the_streams() {
+    let Some((ctx, probe, lib)) = on_double(ModelConfig::node(2)) else {
+        return;
+    };
+    let (_, made_current_before) = lib.contexts();
+    let ([refused, without, asked], current) =
+        puts_on_a_thread(&ctx, lib, 1, 10, |ctx, _, dev, f| {
+            let mem = Allocation::<Private>::on_device(ctx, Device(dev), 2 * MIB).unwrap();
+            drop(mem.map(&[Device(dev)]).unwrap());
+            f()
+        });
+    assert_eq!(
+        (refused, without, asked),
+        (0, 20, 0),
+        "(refused, made with no context, cuCtxGetCurrent)"
+    );
+    assert_eq!(current, 0, "no context made current");
+    assert_eq!(
+        lib.contexts().1,
+        made_current_before | mask(&[1]),
+        "made current: the setup's alone"
     );
     drop(ctx);
     assert_clean(&probe);
 }
 
-/// On a thread with no context current, the first stream call is refused
-/// (`INVALID_CONTEXT`: no copy made), made again in the context of the
-/// device the program used last, and the thread is remembered: its later
-/// stream calls ask first and make that context current themselves. Ten
-/// puts and waits are refused once, the bytes land, the thread is left
-/// with no context, and no other device's context is touched.
+/// A driver stricter than that (`cuDoubleStrictStreams`) refuses a stream
+/// call on a thread with no context current (`INVALID_CONTEXT`: no copy
+/// made). The call is made again as a `Cx::Current` call is (the primary
+/// context of the device used last, made current for the call), and the
+/// thread is remembered: its later stream calls ask first and make that
+/// context current themselves. Ten puts and their waits (twenty stream
+/// calls) are refused once, the bytes land, the thread is left with no
+/// context, and no other device's context is touched.
 #[test]
-fn a_stream_call_on_a_thread_without_a_context_is_refused_once_then_made_in_the_device_used_last() {
+fn a_stream_call_a_driver_refuses_for_want_of_a_context_is_made_again_as_a_current_context_call() {
     let Some((ctx, probe, lib)) = on_double(ModelConfig::node(2)) else {
         return;
     };
-    let (refused, asked) = puts_on_a_thread(&ctx, lib, 1, 10, |_, _, f| f());
-    assert_eq!(refused, 1, "refused for want of a context");
-    assert!(asked > 0, "the thread asks once remembered");
+    lib.strict_streams();
+    let ([refused, without, asked], current) = puts_on_a_thread(&ctx, lib, 1, 10, |_, _, _, f| f());
     assert_eq!(
-        lib.current_context(),
-        0,
-        "the thread's context was restored"
+        (refused, without),
+        (1, 0),
+        "(refused, made with no context)"
     );
+    // Two a call: whether one is current, then the one to restore where
+    // the device's is made current (`make_current_on`).
+    assert_eq!(asked, 2 * 20, "cuCtxGetCurrent calls");
+    assert_eq!(current, 0, "the thread's context was restored");
     let (retained, current) = lib.contexts();
     assert_eq!(retained & !mask(&[1]), 0, "retained {retained:#b}");
     assert_eq!(current & !mask(&[1]), 0, "made current {current:#b}");

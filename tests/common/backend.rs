@@ -17,7 +17,8 @@
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use cuda_endpoints::driver::Forward;
 use cuda_endpoints::model::{
@@ -269,15 +270,24 @@ impl DoubleLib {
         r
     }
 
-    /// This thread's stream calls the double refused for want of a context,
-    /// and its `cuCtxGetCurrent` calls, since the thread began.
-    pub fn thread_counts(&self) -> (u64, u64) {
+    /// This thread's stream calls the double refused for want of a
+    /// context, its stream calls made with none current (run in the
+    /// stream's context), and its `cuCtxGetCurrent` calls, since the
+    /// thread began.
+    pub fn thread_counts(&self) -> [u64; 3] {
         let f: unsafe extern "C" fn(*mut u64, usize) -> usize = self.sym("cuDoubleThreadCounts");
-        let mut out = [0u64; 2];
-        // SAFETY: two writable `u64`s.
+        let mut out = [0u64; 3];
+        // SAFETY: three writable `u64`s.
         let n = unsafe { f(out.as_mut_ptr(), out.len()) };
-        assert_eq!(n, 2);
-        (out[0], out[1])
+        assert_eq!(n, 3);
+        out
+    }
+
+    /// Until the next reset, the stream calls refuse a thread with no
+    /// context current (`INVALID_CONTEXT`), as a stricter driver would.
+    pub fn strict_streams(&self) {
+        let f: extern "C" fn(c_int) -> c_int = self.sym("cuDoubleStrictStreams");
+        assert_eq!(f(1), 0);
     }
 
     /// Retains `dev`'s primary context without making it current, as a
@@ -512,6 +522,39 @@ impl Turn {
     }
 }
 
+/// The backend of the turn before, while something may still hold it.
+static LAST_BACKEND: Mutex<Option<Weak<dyn Driver>>> = Mutex::new(None);
+
+/// How long a turn waits for the backend of the turn before to go.
+const LAST_BACKEND_GOES: Duration = Duration::from_secs(2);
+
+impl Turn {
+    /// Waits, at most [`LAST_BACKEND_GOES`], until the backend of the turn
+    /// before is dropped. A test's probe (and with it the turn) drops
+    /// before its context (locals drop in reverse), so the context's
+    /// backend, and the primary contexts it holds, may outlive the turn by
+    /// a moment: a test that reads which devices are in use
+    /// (`double::a_call_naming_no_device_before_…`) then saw the device
+    /// before's too (about 1 run in 30). A test that leaked its context
+    /// (`mem::forget` of a binding) costs the next turn the bound.
+    fn after_the_last_backend(&self) {
+        let last = LAST_BACKEND
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(last) = last else { return };
+        let start = Instant::now();
+        while last.strong_count() > 0 && start.elapsed() < LAST_BACKEND_GOES {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Notes `driver` as this turn's backend, for the next turn.
+    fn backend(&self, driver: &Arc<dyn Driver>) {
+        *LAST_BACKEND.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::downgrade(driver));
+    }
+}
+
 impl Drop for Turn {
     fn drop(&mut self) {
         *TURN.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -617,10 +660,12 @@ pub fn context_over(
         )
     });
     let turn = Turn::take();
+    turn.after_the_last_backend();
     lib.reset(&config);
     let before = lib.call_counts();
     let cuda = cuda_endpoints::driver::cuda::Cuda::open().expect("Cuda::open() on the test double");
     let driver: Arc<dyn Driver> = Arc::new(cuda);
+    turn.backend(&driver);
     (
         wrap(driver.clone()),
         Probe {

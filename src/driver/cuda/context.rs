@@ -29,15 +29,17 @@
 //! runtime's default device).
 //!
 //! The calls on a stream that the data path makes for every copy (the
-//! copies, the stream's query and synchronize: [`Cx::Stream`]) run in that
-//! same context, found another way: made first as they are, without asking
-//! which context is current (the stream names its own; `cuCtxGetCurrent`
-//! is a driver call of its own before each copy). Should the driver answer
-//! `CUDA_ERROR_INVALID_CONTEXT` with no context current, the call is made
-//! once more as a [`Cx::Current`] call is, and the thread is remembered as
-//! one without a context of its own ([`NO_CONTEXT`]): its later stream
-//! calls go the [`Cx::Current`] way from the start, until one finds a
-//! context current again.
+//! copies, the stream's query and synchronize: [`Cx::Stream`]) are made as
+//! they are, without asking which context is current (`cuCtxGetCurrent`
+//! is a driver call of its own before each copy): in the thread's current
+//! context when it has one, as [`Cx::Current`] calls are; with none, a
+//! driver runs them in the stream's own context (what CCCL reports of
+//! recent drivers, NVIDIA/cccl#9615) or refuses them. Should the driver
+//! answer `CUDA_ERROR_INVALID_CONTEXT` with no context current (the libcuda
+//! double does), the call is made once more as a [`Cx::Current`] call is,
+//! and the thread is remembered as one without a context of its own
+//! ([`NO_CONTEXT`]): its later stream calls go the [`Cx::Current`] way from
+//! the start, until one finds a context current again.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -61,17 +63,18 @@ pub(super) enum Cx {
     /// primary context, else an active one's (device 0 only while the
     /// program holds no device's primary context at all).
     Current,
-    /// A call on a stream: [`Cx::Current`]'s context, made first with no
-    /// question asked on a thread not known to lack a context, and made
-    /// again as [`Cx::Current`] after `INVALID_CONTEXT` with none current
-    /// ([`Contexts::stream_retry`]).
+    /// A call on a stream: made as it is on a thread not known to lack a
+    /// context (the thread's context, else the stream's, as the driver
+    /// takes it), and made again as [`Cx::Current`] after
+    /// `INVALID_CONTEXT` with none current ([`Contexts::stream_retry`]).
     Stream,
 }
 
 thread_local! {
-    /// Whether this thread had no current context at its last
-    /// [`Cx::Current`] or [`Cx::Stream`] call: its stream calls then ask
-    /// first, as [`Cx::Current`] calls do, rather than fail once each.
+    /// Whether the driver refused a [`Cx::Stream`] call of this thread for
+    /// want of a context, and no stream call of it found one current since:
+    /// its stream calls then ask first, as [`Cx::Current`] calls do,
+    /// rather than fail once each. Set by [`Contexts::stream_retry`] alone.
     static NO_CONTEXT: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -121,11 +124,6 @@ impl CtxGuard<'_> {
             sym,
             previous: None,
         }
-    }
-
-    /// Whether this guard made no context current (nothing to restore).
-    pub(super) fn restores_nothing(&self) -> bool {
-        self.previous.is_none()
     }
 
     #[cold]
@@ -298,9 +296,11 @@ impl Contexts {
             Cx::Free | Cx::NoneNeeded(_) => Ok(unchanged),
             Cx::On(dev) => self.make_current_on(sym, dev),
             Cx::Current | Cx::Stream => {
-                let none = Self::current(sym)?.is_null();
-                NO_CONTEXT.set(none);
-                if !none {
+                if !Self::current(sym)?.is_null() {
+                    if matches!(cx, Cx::Stream) {
+                        // A context of its own again: as it is from now on.
+                        NO_CONTEXT.set(false);
+                    }
                     return Ok(unchanged);
                 }
                 self.make_current_on(sym, self.fallback(sym))

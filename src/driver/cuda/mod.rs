@@ -48,9 +48,10 @@ use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_M
 /// the VMM calls that name none use the thread's current context, else
 /// the device used last's, else that of a device whose primary context the
 /// program holds (device 0 when it holds none). The copies and a stream's
-/// query and synchronize run in that same context, made first as they are
-/// (no `cuCtxGetCurrent` before each copy), and again as above on a thread
-/// the driver shows to have none. A failed context step is reported as such
+/// query and synchronize are made as they are (no `cuCtxGetCurrent` before
+/// each copy): in the thread's context, else in the stream's as the driver
+/// takes it; a driver that refuses them on a thread with no context
+/// current gets them again as above, and that thread's later ones too. A failed context step is reported as such
 /// ([`Code::in_context`](crate::driver::Code::in_context), [`Error::Context`]), not as the call's.
 pub struct Cuda {
     sym: Symbols,
@@ -215,7 +216,8 @@ impl Cuda {
         };
         // A stream call on a thread not known to lack a context is made as
         // it is: no driver call before it (see `context`).
-        let guard = if matches!(cx, Cx::Stream) && context::stream_as_is() {
+        let as_is = matches!(cx, Cx::Stream) && context::stream_as_is();
+        let guard = if as_is {
             context::CtxGuard::unchanged(&self.sym)
         } else {
             self.contexts
@@ -232,7 +234,7 @@ impl Cuda {
                 Cx::NoneNeeded(prefer) => self.contexts.retry_context(&self.sym, prefer),
                 // Made as it is with no context current: once more in
                 // `Cx::Current`'s.
-                Cx::Stream if guard.restores_nothing() => self.contexts.stream_retry(&self.sym),
+                Cx::Stream if as_is => self.contexts.stream_retry(&self.sym),
                 _ => None,
             }
         {
