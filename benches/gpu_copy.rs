@@ -28,14 +28,18 @@
 //!   against `cuMemcpyDtoDAsync_v2` (told both sides are device memory),
 //!   64 B to 16 MiB, interleaved, enqueue alone and with the wait;
 //! - the cost of `cuCtxGetCurrent`, which the backend asked before each
-//!   stream call up to `c0c1d8f` (from `361c3f0`, only on a thread with no
-//!   context current; this bench's thread has device 0's);
+//!   stream call up to `c0c1d8f` (from `361c3f0`, only on a thread whose
+//!   stream call the driver refused for want of a context; this bench's
+//!   thread has device 0's);
 //! - where a typed one put's enqueue goes: on a context of its own whose
 //!   backend notes when its `cuMemcpyAsync` came in and went back
 //!   (`Stamped`), the time before the driver's call, the call and after it,
 //!   against the raw call stamped the same way, the raw call after a
 //!   `cuCtxGetCurrent` (as the backend asked it up to `c0c1d8f`), and the raw call made
-//!   through the real backend alone.
+//!   through the real backend alone;
+//! - one put on a thread with no context current (a program that uses
+//!   this crate alone): what raw `cuMemcpyAsync` answers there, and the
+//!   typed one put against raw on that thread.
 //!
 //! `benches/report.sh --gpu LOG` rewrites the GPU tables of
 //! `benches/README.md` from this output (saved with `# report:` lines for
@@ -479,6 +483,89 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     Ok(())
 }
 
+/// One put on a thread with no context current, as a program that uses
+/// this crate alone calls from (the backend leaves none behind): first
+/// what a raw `cuMemcpyAsync` answers there (CCCL reports that recent
+/// drivers run it in the stream's context, NVIDIA/cccl#9615; the backend
+/// makes its stream calls as they are from `361c3f0`, and again in a
+/// device's primary context should the driver refuse), then the typed one
+/// put's enqueue against raw's on that thread, interleaved, each waited.
+fn with_no_context(
+    raw: &Raw,
+    stream: &Stream,
+    src: &Mapped<Private>,
+    ep: &Endpoint<Ready, Unicast>,
+    reps: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // What the thread needs of the raw side: the entry points and the
+    // stream (a handle usable from every thread), not `Raw` itself.
+    let (memcpy, sync, handle) = (raw.memcpy, raw.sync, raw.stream.expose_provenance());
+    let (d, s) = (src.device_ptr() + (1 << 20), src.device_ptr());
+    let run = || -> Result<String, String> {
+        let h = std::ptr::with_exposed_provenance_mut::<c_void>(handle);
+        let mut out = String::new();
+        // SAFETY: both ranges are mapped device memory of this process
+        // (two halves of `src`), valid until the synchronize below.
+        let rc = unsafe { memcpy(d, s, SMALL as usize, h) };
+        out.push_str(&format!(
+            "raw cuMemcpyAsync with no context current: CUresult {rc}{}\n",
+            if rc == 0 {
+                " (run in the stream's context)"
+            } else {
+                ""
+            }
+        ));
+        if rc == 0 {
+            // SAFETY: the raw stream, live.
+            let r = unsafe { sync(h) };
+            if r != 0 {
+                return Err(format!("cuStreamSynchronize with no context current: {r}"));
+            }
+        }
+        let (mut typed, mut raws) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+        for _ in 0..reps {
+            let a = Instant::now();
+            let token = stream
+                .enqueue(CopyBatch::new().put(src, 0, ep, 0, SMALL))
+                .map_err(|e| e.to_string())?;
+            typed.push(a.elapsed());
+            token.wait().map_err(|e| e.to_string())?;
+            if rc == 0 {
+                let a = Instant::now();
+                // SAFETY: as above.
+                let r = unsafe { memcpy(d, s, SMALL as usize, h) };
+                raws.push(a.elapsed());
+                // SAFETY: as above.
+                let w = unsafe { sync(h) };
+                if r != 0 || w != 0 {
+                    return Err(format!("raw copy {r}, synchronize {w}"));
+                }
+            }
+        }
+        let t = stats(&mut typed);
+        let f = |m: (Duration, Duration, Duration)| {
+            format!("{:.2} ({:.2}-{:.2})", us(m.0), us(m.1), us(m.2))
+        };
+        out.push_str(&format!("typed one-put enqueue us: {}", f(t)));
+        if rc == 0 {
+            let r = stats(&mut raws);
+            out.push_str(&format!(
+                "; raw us: {}; typed / raw {:.3}",
+                f(r),
+                us(t.0) / us(r.0)
+            ));
+        }
+        Ok(out)
+    };
+    let said = std::thread::scope(|sc| sc.spawn(run).join())
+        .map_err(|_| "the thread with no context panicked")??;
+    println!(
+        "\n== one put on a thread with no context current (medians of {reps}, min-max; each waited, untimed)"
+    );
+    println!("{said}");
+    Ok(())
+}
+
 fn stats(v: &mut [Duration]) -> (Duration, Duration, Duration) {
     v.sort();
     (v[v.len() / 2], v[0], v[v.len() - 1])
@@ -805,7 +892,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // and its wait), and still asks on a thread with no context current;
     // the raw side, whose context is set once, never asks.
     println!(
-        "\n== the context check the backend made before each stream call up to c0c1d8f (from 361c3f0 only on a thread with no context current): cuCtxGetCurrent, host ns per call (median of {reps} rounds of 1,000 calls, min-max)"
+        "\n== the context check the backend made before each stream call up to c0c1d8f (from 361c3f0 only on a thread whose stream call the driver refused for want of a context): cuCtxGetCurrent, host ns per call (median of {reps} rounds of 1,000 calls, min-max)"
     );
     let mut g = Vec::with_capacity(reps);
     for _ in 0..reps {
@@ -863,6 +950,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     where_one_put_goes(&raw, reps)?;
+    // Not fatal: the tables above are what `report.sh` reads.
+    if let Err(e) = with_no_context(&raw, &stream, &src, &ep, reps) {
+        println!("\n== one put on a thread with no context current: {e}");
+    }
     drop(binding);
     drop(stream);
     ep.destroy()?.release()?;
