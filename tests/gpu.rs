@@ -15,6 +15,8 @@
 //!   driver before 13.3);
 //! - the classic fallback refusing a team before `cuMulticastCreate` (a
 //!   [`Traced`] log proves the call never reached the driver);
+//! - a put and a get from a thread with no context current (the stream
+//!   calls made as they are), the thread left with none;
 //! - the portable data path across two processes (issue 19, item 7): classic
 //!   unicast endpoints (bookkeeping, no driver object), each process puts
 //!   into and gets from the other's memory through `add_peer_window` and
@@ -432,6 +434,63 @@ fn classic_fallback_never_reaches_multicast_create() {
         println!("  {entry}");
     }
     drop(classic);
+    leak.check(&ctx, 1);
+}
+
+/// A put and a get, each waited, from a thread with no context current, as
+/// a program that uses this crate alone makes them (the backend leaves no
+/// context behind): the bytes come back, and the thread is left with none
+/// current. The backend makes the stream calls as they are; a driver that
+/// runs them in the stream's context (CCCL reports recent ones do) takes
+/// them so, one that refuses them gets them again in the device's primary
+/// context: either way the bytes move once.
+#[test]
+fn a_put_from_a_thread_with_no_context_current_lands_and_leaves_none() {
+    use cuda_endpoints::{CopyBatch, Stream};
+    use cudarc::driver::result::ctx as cu_ctx;
+    let Some(ctx) = cuda_ctx() else { return };
+    let leak = Leak::start(&ctx);
+    let dev = ctx.devices().unwrap()[0];
+    let (c, _) = Context::auto(traced_cuda(), &[dev], &Policy::from_env()).expect("Context::auto");
+    let gran = granularity(&ctx, dev, handle_bits::NONE);
+    let t = std::time::Duration::from_secs(30);
+    let ep = c
+        .reserve_one()
+        .unwrap()
+        .create(Spec::unicast(dev, gran))
+        .unwrap()
+        .wait(t)
+        .unwrap();
+    let own = Allocation::<Private>::on_device(&c, dev, gran)
+        .unwrap()
+        .map(&[dev])
+        .unwrap();
+    let bound = ep.bind(dev, 0, &own).unwrap();
+    let stream = Stream::new(&c, dev).unwrap();
+    let bytes: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    let (back, before, after) = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Whether one is current (the handle stays on this thread).
+            let before = cu_ctx::get_current().expect("cuCtxGetCurrent").is_some();
+            let put = CopyBatch::new().put_host(bytes.clone(), &ep, 0);
+            stream.enqueue(put).unwrap().wait().unwrap();
+            let get = CopyBatch::new().get_host(&ep, 0, 4096);
+            let back = stream.enqueue(get).unwrap().wait().unwrap();
+            let after = cu_ctx::get_current().expect("cuCtxGetCurrent").is_some();
+            (back, before, after)
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(!before, "a new thread starts with no context current");
+    assert_eq!(back.received.first(), Some(&bytes), "the bytes came back");
+    assert!(!after, "the copies left a context current");
+    println!("{dev}: 4,096 bytes put and got back from a thread with no context current");
+    drop(stream);
+    bound.unbind().unwrap();
+    drop(own);
+    ep.destroy().unwrap().release().unwrap();
+    drop(c);
     leak.check(&ctx, 1);
 }
 
