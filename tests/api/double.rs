@@ -712,10 +712,11 @@ fn a_stream_call_on_a_thread_without_a_context_runs_as_it_is_in_the_streams() {
 /// call on a thread with no context current (`INVALID_CONTEXT`: no copy
 /// made). The call is made again as a `Cx::Current` call is (the primary
 /// context of the device used last, made current for the call), and the
-/// thread is remembered: its later stream calls ask first and make that
-/// context current themselves. Ten puts and their waits (twenty stream
-/// calls) are refused once, the bytes land, the thread is left with no
-/// context, and no other device's context is touched.
+/// backend remembers the driver as one that refuses: its later stream
+/// calls ask first and make that context current themselves. Ten puts
+/// and their waits (twenty stream calls) are refused once, the bytes land,
+/// the thread is left with no context, and no other device's context is
+/// touched.
 #[test]
 fn a_stream_call_a_driver_refuses_for_want_of_a_context_is_made_again_as_a_current_context_call() {
     let Some((ctx, probe, lib)) = on_double(ModelConfig::node(2)) else {

@@ -36,13 +36,13 @@
 //! driver runs them in the stream's own context (what CCCL reports of
 //! recent drivers, NVIDIA/cccl#9615) or refuses them. Should the driver
 //! answer `CUDA_ERROR_INVALID_CONTEXT` with no context current (the libcuda
-//! double does), the call is made once more as a [`Cx::Current`] call is,
-//! and the thread is remembered as one without a context of its own
-//! ([`NO_CONTEXT`]): its later stream calls go the [`Cx::Current`] way from
-//! the start, until one finds a context current again.
+//! double can be made to), the call is made once more as a [`Cx::Current`]
+//! call is, and the driver is remembered as one that refuses
+//! ([`Contexts::stream_as_is`]: a fact of the driver, not of the thread;
+//! the crate keeps no thread-local state): every later stream call of
+//! this backend goes the [`Cx::Current`] way from the start.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use super::ffi::{CUcontext, Symbols};
@@ -63,26 +63,12 @@ pub(super) enum Cx {
     /// primary context, else an active one's (device 0 only while the
     /// program holds no device's primary context at all).
     Current,
-    /// A call on a stream: made as it is on a thread not known to lack a
-    /// context (the thread's context, else the stream's, as the driver
-    /// takes it), and made again as [`Cx::Current`] after
-    /// `INVALID_CONTEXT` with none current ([`Contexts::stream_retry`]).
+    /// A call on a stream: made as it is while the driver has refused none
+    /// for want of a context (the thread's context, else the stream's, as
+    /// the driver takes it), and made again as [`Cx::Current`] after
+    /// `INVALID_CONTEXT` with none current ([`Contexts::stream_retry`]);
+    /// as [`Cx::Current`] from then on.
     Stream,
-}
-
-thread_local! {
-    /// Whether the driver refused a [`Cx::Stream`] call of this thread for
-    /// want of a context, and no stream call of it found one current since:
-    /// its stream calls then ask first, as [`Cx::Current`] calls do,
-    /// rather than fail once each. Set by [`Contexts::stream_retry`] alone.
-    static NO_CONTEXT: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether a [`Cx::Stream`] call may be made on this thread as it is (no
-/// context step before it).
-#[inline(always)]
-pub(super) fn stream_as_is() -> bool {
-    !NO_CONTEXT.get()
 }
 
 /// A retained primary context (`CUcontext` is a raw pointer, hence not `Send`).
@@ -100,6 +86,9 @@ pub(super) struct Contexts {
     retained: Mutex<Vec<(i32, Retained)>>,
     /// The device whose context was bound last ([`NO_DEVICE`] before any).
     last_device: AtomicI32,
+    /// Whether the driver refused a [`Cx::Stream`] call for want of a
+    /// context ([`Contexts::stream_retry`]); never unset.
+    refuses_streams: AtomicBool,
 }
 
 /// A failed context step: which, for which device, and its code.
@@ -155,6 +144,7 @@ impl Contexts {
         Contexts {
             retained: Mutex::new(Vec::new()),
             last_device: AtomicI32::new(NO_DEVICE),
+            refuses_streams: AtomicBool::new(false),
         }
     }
 
@@ -297,10 +287,6 @@ impl Contexts {
             Cx::On(dev) => self.make_current_on(sym, dev),
             Cx::Current | Cx::Stream => {
                 if !Self::current(sym)?.is_null() {
-                    if matches!(cx, Cx::Stream) {
-                        // A context of its own again: as it is from now on.
-                        NO_CONTEXT.set(false);
-                    }
                     return Ok(unchanged);
                 }
                 self.make_current_on(sym, self.fallback(sym))
@@ -316,10 +302,18 @@ impl Contexts {
             .unwrap_or(Device(0))
     }
 
+    /// Whether a [`Cx::Stream`] call is made as it is (no context step
+    /// before it): while the driver has refused none for want of a context.
+    #[inline(always)]
+    pub(super) fn stream_as_is(&self) -> bool {
+        !self.refuses_streams.load(Ordering::Relaxed)
+    }
+
     /// For a [`Cx::Stream`] call made as it is that the driver answered
-    /// `INVALID_CONTEXT`: when no context is current, the thread is
-    /// remembered as one without, and the context to make the call again in
-    /// ([`Cx::Current`]'s). `None`: a context is current, the answer stands.
+    /// `INVALID_CONTEXT`: when no context is current, the driver is
+    /// remembered as one that refuses, and the context to make the call
+    /// again in ([`Cx::Current`]'s). `None`: a context is current, the
+    /// answer stands.
     #[cold]
     #[inline(never)]
     pub(super) fn stream_retry<'a>(
@@ -328,7 +322,7 @@ impl Contexts {
     ) -> Option<Result<CtxGuard<'a>, StepError>> {
         match Self::current(sym) {
             Ok(c) if c.is_null() => {
-                NO_CONTEXT.set(true);
+                self.refuses_streams.store(true, Ordering::Relaxed);
                 Some(self.make_current_on(sym, self.fallback(sym)))
             }
             Ok(_) => None,

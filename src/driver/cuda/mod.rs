@@ -50,8 +50,8 @@ use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_M
 /// program holds (device 0 when it holds none). The copies and a stream's
 /// query and synchronize are made as they are (no `cuCtxGetCurrent` before
 /// each copy): in the thread's context, else in the stream's as the driver
-/// takes it; a driver that refuses them on a thread with no context
-/// current gets them again as above, and that thread's later ones too. A failed context step is reported as such
+/// takes it; a driver that refuses one on a thread with no context current
+/// gets it again as above, and every later one so from the start. A failed context step is reported as such
 /// ([`Code::in_context`](crate::driver::Code::in_context), [`Error::Context`]), not as the call's.
 pub struct Cuda {
     sym: Symbols,
@@ -214,9 +214,9 @@ impl Cuda {
             // The call was not made: the code names the step.
             code.in_context(failure)
         };
-        // A stream call on a thread not known to lack a context is made as
-        // it is: no driver call before it (see `context`).
-        let as_is = matches!(cx, Cx::Stream) && context::stream_as_is();
+        // A stream call is made as it is (no driver call before it) while
+        // the driver has refused none for want of a context (see `context`).
+        let as_is = matches!(cx, Cx::Stream) && self.contexts.stream_as_is();
         let guard = if as_is {
             context::CtxGuard::unchanged(&self.sym)
         } else {
