@@ -28,9 +28,9 @@
 //!   against `cuMemcpyDtoDAsync_v2` (told both sides are device memory),
 //!   64 B to 16 MiB, interleaved, enqueue alone and with the wait;
 //! - the cost of `cuCtxGetCurrent`, which the backend asked before each
-//!   stream call up to `c0c1d8f` (from `361c3f0`, only on a thread whose
-//!   stream call the driver refused for want of a context; this bench's
-//!   thread has device 0's);
+//!   stream call up to `c0c1d8f` (from `361c3f0` only once the driver
+//!   refused a stream call for want of a context: then before each later
+//!   one, on every thread; this bench's thread has device 0's);
 //! - where a typed one put's enqueue goes: on a context of its own whose
 //!   backend notes when its `cuMemcpyAsync` came in and went back
 //!   (`Stamped`), the time before the driver's call, the call and after it,
@@ -271,8 +271,8 @@ impl Raw {
     }
 
     /// `cuCtxGetCurrent`, as the backend asks it before each call that
-    /// works in the current context, and before a stream call on a thread
-    /// with none (`driver/cuda/context.rs`).
+    /// works in the current context, and before each stream call once the
+    /// driver refused one for want of a context (`driver/cuda/context.rs`).
     fn current(&self) -> *mut c_void {
         let mut c = std::ptr::null_mut();
         // SAFETY: one out-parameter.
@@ -428,7 +428,7 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
             Ok(())
         })?;
         // Raw, with the context asked first, as the backend asked it up to
-        // `c0c1d8f` (now only on a thread with no context current).
+        // `c0c1d8f` (now only once the driver refused a stream call).
         stamp(&mut v[6..9], &mut || {
             std::hint::black_box(raw.current());
             raw.copy(rd, rs, SMALL);
@@ -889,10 +889,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     small(SMALL)?;
     // What the backend asked before each stream call up to `c0c1d8f`
     // (`cuMemcpyAsync`, `cuStreamSynchronize`: one each per one-put batch
-    // and its wait), and still asks on a thread with no context current;
-    // the raw side, whose context is set once, never asks.
+    // and its wait), and still asks once the driver refused a stream call
+    // for want of a context; the raw side, whose context is set once,
+    // never asks.
     println!(
-        "\n== the context check the backend made before each stream call up to c0c1d8f (from 361c3f0 only on a thread whose stream call the driver refused for want of a context): cuCtxGetCurrent, host ns per call (median of {reps} rounds of 1,000 calls, min-max)"
+        "\n== the context check the backend made before each stream call up to c0c1d8f (from 361c3f0 only once the driver refused a stream call for want of a context): cuCtxGetCurrent, host ns per call (median of {reps} rounds of 1,000 calls, min-max)"
     );
     let mut g = Vec::with_capacity(reps);
     for _ in 0..reps {

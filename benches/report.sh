@@ -190,7 +190,7 @@ END {
         else if (p[1] == "rwait") t = t sprintf("| one put of 64 B through a route, with the wait | %.3f | %.3f | %.3f |\n", m, LO, HI)
         else if (p[1] == "e2e") t = t sprintf("| %s put%s of 64 B laid end to end (grown into one copy), typed enqueue / raw `cuMemcpyAsync` loop | %.3f | %.3f | %.3f |\n", commas(p[2]), p[2] == 1 ? "" : "s", m, LO, HI)
         else if (p[1] == "ns" && p[2] == 1) t = t sprintf("| one put: the typed enqueue over the raw, ns | %d | %d | %d |\n", m, LO, HI)
-        else if (p[1] == "ctx") t = t sprintf("| `cuCtxGetCurrent`, ns per call (raw; the backend asked it before each stream call up to `c0c1d8f`, and from `361c3f0` only on a thread whose stream call the driver refused for want of a context) | %.1f | %.1f | %.1f |\n", m, LO, HI)
+        else if (p[1] == "ctx") t = t sprintf("| `cuCtxGetCurrent`, ns per call (raw; the backend asked it before each stream call up to `c0c1d8f`, and from `361c3f0` only once the driver refused a stream call for want of a context) | %.1f | %.1f | %.1f |\n", m, LO, HI)
     }
     nc = 0; for (c in COMMITS) { nc++; cm = c }
     if (nc != 1) missing = missing " one-commit"

@@ -440,10 +440,11 @@ fn classic_fallback_never_reaches_multicast_create() {
 /// A put and a get, each waited, from a thread with no context current, as
 /// a program that uses this crate alone makes them (the backend leaves no
 /// context behind): the bytes come back, and the thread is left with none
-/// current. The backend makes the stream calls as they are; a driver that
-/// runs them in the stream's context (CCCL reports recent ones do) takes
-/// them so, one that refuses them gets them again in the device's primary
-/// context: either way the bytes move once.
+/// current. (The backend makes its stream calls as they are; whether this
+/// driver took them in the stream's context or refused the first, made
+/// again in the device's primary context, the log says with
+/// `RUST_LOG=cuda_endpoints=debug`, and `gpu_copy` prints what a raw
+/// `cuMemcpyAsync` answers there.)
 #[test]
 fn a_put_from_a_thread_with_no_context_current_lands_and_leaves_none() {
     use cuda_endpoints::{CopyBatch, Stream};

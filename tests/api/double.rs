@@ -679,14 +679,13 @@ fn a_stream_call_in_the_threads_own_context_asks_nothing_first() {
 /// too, and the driver runs it in the stream's context (what CCCL reports
 /// of recent drivers, NVIDIA/cccl#9615, and the double does by default):
 /// ten puts and their waits (twenty stream calls) ask nothing, make no
-/// context current, and the bytes land; also after the thread's other
-/// calls found no context current (a map, an unmap: `Cx::Current`).
+/// context current, and the bytes land. A `Cx::Current` call that found
+/// no context current before them (a map) does not make the backend ask.
 #[test]
 fn a_stream_call_on_a_thread_without_a_context_runs_as_it_is_in_the_streams() {
     let Some((ctx, probe, lib)) = on_double(ModelConfig::node(2)) else {
         return;
     };
-    let (_, made_current_before) = lib.contexts();
     let ([refused, without, asked], current) =
         puts_on_a_thread(&ctx, lib, 1, 10, |ctx, _, dev, f| {
             let mem = Allocation::<Private>::on_device(ctx, Device(dev), 2 * MIB).unwrap();
@@ -699,11 +698,6 @@ fn a_stream_call_on_a_thread_without_a_context_runs_as_it_is_in_the_streams() {
         "(refused, made with no context, cuCtxGetCurrent)"
     );
     assert_eq!(current, 0, "no context made current");
-    assert_eq!(
-        lib.contexts().1,
-        made_current_before | mask(&[1]),
-        "made current: the setup's alone"
-    );
     drop(ctx);
     assert_clean(&probe);
 }

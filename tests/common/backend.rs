@@ -522,15 +522,15 @@ impl Turn {
     }
 }
 
-/// The backend of the turn before, while something may still hold it.
-static LAST_BACKEND: Mutex<Option<Weak<dyn Driver>>> = Mutex::new(None);
+/// The marker of the turn before's backend ([`Held`]), while it lives.
+static LAST_BACKEND: Mutex<Option<Weak<()>>> = Mutex::new(None);
 
 /// How long a turn waits for the backend of the turn before to go.
 const LAST_BACKEND_GOES: Duration = Duration::from_secs(2);
 
 impl Turn {
     /// Waits, at most [`LAST_BACKEND_GOES`], until the backend of the turn
-    /// before is dropped. A test's probe (and with it the turn) drops
+    /// before is dropped, its primary contexts released ([`Held`]). A test's probe (and with it the turn) drops
     /// before its context (locals drop in reverse), so the context's
     /// backend, and the primary contexts it holds, may outlive the turn by
     /// a moment: a test that reads which devices are in use
@@ -549,9 +549,26 @@ impl Turn {
         }
     }
 
-    /// Notes `driver` as this turn's backend, for the next turn.
-    fn backend(&self, driver: &Arc<dyn Driver>) {
-        *LAST_BACKEND.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::downgrade(driver));
+    /// Notes the marker of this turn's backend, for the next turn.
+    fn backend(&self, alive: &Arc<()>) {
+        *LAST_BACKEND.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::downgrade(alive));
+    }
+}
+
+/// The real backend on the double with a marker dropped after it (fields
+/// drop in order): the next turn waits on the marker, which goes only once
+/// the backend's drop released its primary contexts. (A `Weak` of the
+/// backend itself reads no strong count before that drop runs.)
+#[derive(Debug)]
+struct Held {
+    cuda: cuda_endpoints::driver::cuda::Cuda,
+    _alive: Arc<()>,
+}
+
+impl Forward for Held {
+    type Inner = cuda_endpoints::driver::cuda::Cuda;
+    fn inner(&self) -> &Self::Inner {
+        &self.cuda
     }
 }
 
@@ -664,8 +681,12 @@ pub fn context_over(
     lib.reset(&config);
     let before = lib.call_counts();
     let cuda = cuda_endpoints::driver::cuda::Cuda::open().expect("Cuda::open() on the test double");
-    let driver: Arc<dyn Driver> = Arc::new(cuda);
-    turn.backend(&driver);
+    let alive = Arc::new(());
+    turn.backend(&alive);
+    let driver: Arc<dyn Driver> = Arc::new(Held {
+        cuda,
+        _alive: alive,
+    });
     (
         wrap(driver.clone()),
         Probe {

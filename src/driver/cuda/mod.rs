@@ -211,7 +211,8 @@ impl Cuda {
         };
         let no_context = |(failure, code): context::StepError| {
             tracing::debug!(call = call.name(), ?cx, step = %failure.step, device = ?failure.device, %code, "no context for the call");
-            // The call was not made: the code names the step.
+            // The call was not made (or, after the driver refused it for
+            // want of a context, not made again): the code names the step.
             code.in_context(failure)
         };
         // A stream call is made as it is (no driver call before it) while
@@ -238,12 +239,12 @@ impl Cuda {
                 _ => None,
             }
         {
+            let _retry = retry.map_err(no_context)?;
             tracing::debug!(
                 call = call.name(),
                 ?cx,
                 "CUDA_ERROR_INVALID_CONTEXT with no context current: made again in a device's primary context"
             );
-            let _retry = retry.map_err(no_context)?;
             rc = Code::from_raw(body(f));
         }
         drop(guard);
