@@ -141,11 +141,7 @@ crate::abi::exports! {
         Ok(())
     }
     [13000] fn cuCtxGetCurrent(pctx: *mut CUcontext) {
-        state::THREAD_COUNTS.with(|c| {
-            let mut n = c.get();
-            n.asked += 1;
-            c.set(n);
-        });
+        state::count(|n| n.asked += 1);
         out(pctx, CURRENT.with(|c| c.get()) as CUcontext)
     }
     [13000] fn cuCtxGetDevice(device: *mut CUdevice) {

@@ -167,24 +167,19 @@ impl Double {
     /// [`Double::current_device`] for a call on a stream, which a backend
     /// may make with no context current (the stream names its own): then
     /// it runs in the stream's context, as CCCL reports of recent drivers
-    /// (NVIDIA/cccl#9615; `Ok(None)`), or, with [`Double::strict_streams`],
+    /// (NVIDIA/cccl#9615), or, with [`Double::strict_streams`],
     /// is refused (`INVALID_CONTEXT`); either counted on this thread
     /// ([`THREAD_COUNTS`]), neither logged.
-    pub fn stream_device(&mut self, call: &str) -> Result<Option<i32>, CUresult> {
-        if CURRENT.with(Cell::get) == 0 {
-            let strict = self.strict_streams;
-            THREAD_COUNTS.with(|c| {
-                let mut n = c.get();
-                if strict {
-                    n.refused += 1;
-                } else {
-                    n.without += 1;
-                }
-                c.set(n);
-            });
-            return if strict { Err(INVALID_CONTEXT) } else { Ok(None) };
+    pub fn stream_context(&mut self, call: &str) -> Result<(), CUresult> {
+        if CURRENT.with(Cell::get) != 0 {
+            return self.current_device(call).map(|_| ());
         }
-        self.current_device(call).map(Some)
+        if self.strict_streams {
+            count(|n| n.refused += 1);
+            return Err(INVALID_CONTEXT);
+        }
+        count(|n| n.without += 1);
+        Ok(())
     }
 
     pub fn check_device(&self, dev: i32) -> Result<(), CUresult> {
@@ -198,7 +193,7 @@ impl Double {
 
 /// Per thread: its stream calls refused for want of a context and those
 /// made with none current (run in the stream's context), both
-/// [`Double::stream_device`], and its `cuCtxGetCurrent` calls.
+/// [`Double::stream_context`], and its `cuCtxGetCurrent` calls.
 #[derive(Clone, Copy, Debug)]
 pub struct ThreadCounts {
     pub refused: u64,
@@ -227,6 +222,15 @@ thread_local! {
     pub static CURRENT: Cell<usize> = const { Cell::new(0) };
     /// What this thread's calls met ([`ThreadCounts`]).
     pub static THREAD_COUNTS: Cell<ThreadCounts> = const { Cell::new(ThreadCounts { refused: 0, without: 0, asked: 0 }) };
+}
+
+/// Counts one thing this thread's call met ([`THREAD_COUNTS`]).
+pub fn count(what: impl FnOnce(&mut ThreadCounts)) {
+    THREAD_COUNTS.with(|c| {
+        let mut n = c.get();
+        what(&mut n);
+        c.set(n);
+    });
 }
 
 static STATE: Mutex<Option<Double>> = Mutex::new(None);

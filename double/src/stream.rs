@@ -41,10 +41,9 @@ fn ctx(call: &str) -> Result<i32, CUresult> {
 }
 
 /// [`ctx`] for the calls a backend may make with no context current: the
-/// copies, the stream's query and synchronize (`None`: none current, the
-/// stream's own).
-fn stream_ctx(call: &str) -> Result<Option<i32>, CUresult> {
-    state::with(|d| d.stream_device(call))
+/// copies, the stream's query and synchronize.
+fn stream_ctx(call: &str) -> Result<(), CUresult> {
+    state::with(|d| d.stream_context(call))
 }
 
 /// A `CUstream` as the model's handle (its address value; never dereferenced).

@@ -320,14 +320,10 @@ impl Contexts {
         &self,
         sym: &'a Symbols,
     ) -> Option<Result<CtxGuard<'a>, StepError>> {
-        match Self::current(sym) {
-            Ok(c) if c.is_null() => {
-                self.refuses_streams.store(true, Ordering::Relaxed);
-                Some(self.make_current_on(sym, self.fallback(sym)))
-            }
-            Ok(_) => None,
-            Err(e) => Some(Err(e)),
-        }
+        self.when_none_current(sym, || {
+            self.refuses_streams.store(true, Ordering::Relaxed);
+            self.fallback(sym)
+        })
     }
 
     /// For a [`Cx::NoneNeeded`] call the driver answered `INVALID_CONTEXT`:
@@ -340,8 +336,19 @@ impl Contexts {
         prefer: Option<Device>,
     ) -> Option<Result<CtxGuard<'a>, StepError>> {
         let dev = prefer.or_else(|| self.last())?;
+        self.when_none_current(sym, || dev)
+    }
+
+    /// The retries' common step: when no context is current, `dev()`'s
+    /// primary context made current; `None` when one is (the driver's
+    /// answer stands).
+    fn when_none_current<'a>(
+        &self,
+        sym: &'a Symbols,
+        dev: impl FnOnce() -> Device,
+    ) -> Option<Result<CtxGuard<'a>, StepError>> {
         match Self::current(sym) {
-            Ok(c) if c.is_null() => Some(self.make_current_on(sym, dev)),
+            Ok(c) if c.is_null() => Some(self.make_current_on(sym, dev())),
             Ok(_) => None,
             Err(e) => Some(Err(e)),
         }
