@@ -452,7 +452,8 @@ fn a_put_from_a_thread_with_no_context_current_lands_and_leaves_none() {
     let Some(ctx) = cuda_ctx() else { return };
     let leak = Leak::start(&ctx);
     let dev = ctx.devices().unwrap()[0];
-    let (c, _) = Context::auto(traced_cuda(), &[dev], &Policy::from_env()).expect("Context::auto");
+    let traced = traced_cuda();
+    let (c, _) = Context::auto(traced.clone(), &[dev], &Policy::from_env()).expect("Context::auto");
     let gran = granularity(&ctx, dev, handle_bits::NONE);
     let t = std::time::Duration::from_secs(30);
     let ep = c
@@ -487,6 +488,7 @@ fn a_put_from_a_thread_with_no_context_current_lands_and_leaves_none() {
     assert_eq!(back.received.first(), Some(&bytes), "the bytes came back");
     assert!(!after, "the copies left a context current");
     println!("{dev}: 4,096 bytes put and got back from a thread with no context current");
+    assert!(!traced.reached(Call::MulticastCreate));
     drop(stream);
     bound.unbind().unwrap();
     drop(own);
