@@ -87,7 +87,7 @@ crate::abi::exports! {
             // F7: no such call before 13.5.
             return Err(NOT_SUPPORTED);
         }
-        state::with(|d| d.stream_context(CALL))?;
+        state::with(|d| d.stream_context(CALL, handle(h_stream), true))?;
         if num_ops > MAX_OPS || (op_list.is_null() && num_ops > 0) {
             return Err(INVALID_VALUE);
         }

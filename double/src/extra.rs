@@ -229,7 +229,8 @@ pub unsafe extern "C" fn cuDoubleCallTable(buf: *mut c_char, len: usize) -> usiz
 
 /// The calling thread's counts: stream calls refused for want of a
 /// context (`out[0]`), stream calls made with none current, run in the
-/// stream's context (`out[1]`), and `cuCtxGetCurrent` calls (`out[2]`).
+/// stream's context (`out[1]`), `cuCtxGetCurrent` calls (`out[2]`), and
+/// copies refused in another device's context (`out[3]`).
 /// Writes up to `n` of them and returns how many it wrote.
 ///
 /// # Safety
@@ -238,7 +239,7 @@ pub unsafe extern "C" fn cuDoubleCallTable(buf: *mut c_char, len: usize) -> usiz
 pub unsafe extern "C" fn cuDoubleThreadCounts(out: *mut u64, n: usize) -> usize {
     guard(0, || {
         let t = state::THREAD_COUNTS.with(std::cell::Cell::get);
-        let counts = [t.refused, t.without, t.asked];
+        let counts = [t.refused, t.without, t.asked, t.foreign];
         if out.is_null() {
             return 0;
         }

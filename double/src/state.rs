@@ -23,6 +23,7 @@ pub const NOT_INITIALIZED: CUresult = 3;
 pub const STUB_LIBRARY: CUresult = 34;
 pub const INVALID_DEVICE: CUresult = 101;
 pub const INVALID_CONTEXT: CUresult = 201;
+pub const INVALID_HANDLE: CUresult = 400;
 pub const NOT_FOUND: CUresult = 500;
 pub const NOT_READY: CUresult = 600;
 pub const NOT_SUPPORTED: CUresult = 801;
@@ -79,6 +80,9 @@ pub struct Double {
     /// (`cuDoubleStrictStreams`), as a driver stricter than those CCCL
     /// reports on; else they run in the stream's context then.
     pub strict_streams: bool,
+    /// Each live stream's device (`cuStreamCreate`: the current context's),
+    /// for `cuStreamGetCtx` and the check of a copy's context.
+    pub streams: BTreeMap<u64, i32>,
     /// The virtual address ranges this process reserved
     /// (`cuMemAddressReserve`, start → size) and has not freed: CUDA's part
     /// of the unified address space. An address outside every one is host
@@ -124,6 +128,7 @@ impl Double {
             .unwrap_or_default(),
             retain_fault: None,
             strict_streams: false,
+            streams: BTreeMap::new(),
             reserved: BTreeMap::new(),
         }
     }
@@ -164,15 +169,24 @@ impl Double {
         }
     }
 
-    /// [`Double::current_device`] for a call on a stream, which a backend
+    /// [`Double::current_device`] for a call on `stream`, which a backend
     /// may make with no context current (the stream names its own): then
     /// it runs in the stream's context, as CCCL reports of recent drivers
     /// (NVIDIA/cccl#9615), or, with [`Double::strict_streams`],
     /// is refused (`INVALID_CONTEXT`); either counted on this thread
-    /// ([`THREAD_COUNTS`]), neither logged.
-    pub fn stream_context(&mut self, call: &str) -> Result<(), CUresult> {
+    /// ([`THREAD_COUNTS`]), neither logged. A copy (`copy`) made with
+    /// another device's context current is refused (`INVALID_VALUE`,
+    /// counted as `foreign`): CCCL reports that drivers check a copy's
+    /// pointers against the current context, not the stream's
+    /// (NVIDIA/cccl#9615, #9997). A stream's query and synchronize are not.
+    pub fn stream_context(&mut self, call: &str, stream: u64, copy: bool) -> Result<(), CUresult> {
         if CURRENT.with(Cell::get) != 0 {
-            return self.current_device(call).map(|_| ());
+            let dev = self.current_device(call)?;
+            if copy && self.streams.get(&stream).is_some_and(|&s| s != dev) {
+                count(|n| n.foreign += 1);
+                return Err(INVALID_VALUE);
+            }
+            return Ok(());
         }
         if self.strict_streams {
             count(|n| n.refused += 1);
@@ -193,12 +207,14 @@ impl Double {
 
 /// Per thread: its stream calls refused for want of a context and those
 /// made with none current (run in the stream's context), both
-/// [`Double::stream_context`], and its `cuCtxGetCurrent` calls.
+/// [`Double::stream_context`], its `cuCtxGetCurrent` calls, and its copies
+/// refused in another device's context.
 #[derive(Clone, Copy, Debug)]
 pub struct ThreadCounts {
     pub refused: u64,
     pub without: u64,
     pub asked: u64,
+    pub foreign: u64,
 }
 
 /// Fake `CUcontext` values: `CTX_BASE + 16 * device`, never dereferenced.
@@ -221,7 +237,7 @@ thread_local! {
     /// This thread's current context (a fake handle; 0 for none).
     pub static CURRENT: Cell<usize> = const { Cell::new(0) };
     /// What this thread's calls met ([`ThreadCounts`]).
-    pub static THREAD_COUNTS: Cell<ThreadCounts> = const { Cell::new(ThreadCounts { refused: 0, without: 0, asked: 0 }) };
+    pub static THREAD_COUNTS: Cell<ThreadCounts> = const { Cell::new(ThreadCounts { refused: 0, without: 0, asked: 0, foreign: 0 }) };
 }
 
 /// Counts one thing this thread's call met ([`THREAD_COUNTS`]).

@@ -41,9 +41,9 @@ fn ctx(call: &str) -> Result<i32, CUresult> {
 }
 
 /// [`ctx`] for the calls a backend may make with no context current: the
-/// copies, the stream's query and synchronize.
-fn stream_ctx(call: &str) -> Result<(), CUresult> {
-    state::with(|d| d.stream_context(call))
+/// copies (`copy`), the stream's query and synchronize.
+fn stream_ctx(call: &str, stream: CUstream, copy: bool) -> Result<(), CUresult> {
+    state::with(|d| d.stream_context(call, handle(stream), copy))
 }
 
 /// A `CUstream` as the model's handle (its address value; never dereferenced).
@@ -128,6 +128,7 @@ crate::abi::exports! {
         }
         // SAFETY: the model only simulates; the double is its sole user.
         let s = model(|m| unsafe { m.stream_create(Device(dev)) })?;
+        state::with(|d| d.streams.insert(s, dev));
         let s = usize::try_from(s).map_err(|_| state::UNKNOWN)?;
         out(ph_stream, std::ptr::without_provenance_mut(s))
     }
@@ -135,15 +136,23 @@ crate::abi::exports! {
         ctx("cuStreamDestroy")?;
         // SAFETY: as above; work still pending runs now, host operands as the
         // caller of the copy vouched.
-        model(|m| unsafe { m.stream_destroy(handle(h_stream)) })
+        model(|m| unsafe { m.stream_destroy(handle(h_stream)) })?;
+        state::with(|d| d.streams.remove(&handle(h_stream)));
+        Ok(())
+    }
+    // Needs no current context: the stream names its own.
+    [13000] fn cuStreamGetCtx(h_stream: CUstream, pctx: *mut CUcontext) {
+        let dev = state::with(|d| d.streams.get(&handle(h_stream)).copied())
+            .ok_or(state::INVALID_HANDLE)?;
+        out(pctx, state::context_handle(dev) as CUcontext)
     }
     [13000] fn cuStreamSynchronize(h_stream: CUstream) {
-        stream_ctx("cuStreamSynchronize")?;
+        stream_ctx("cuStreamSynchronize", h_stream, false)?;
         // SAFETY: as above.
         model(|m| unsafe { m.stream_synchronize(handle(h_stream)) })
     }
     [13000] fn cuStreamQuery(h_stream: CUstream) {
-        stream_ctx("cuStreamQuery")?;
+        stream_ctx("cuStreamQuery", h_stream, false)?;
         // SAFETY: as above.
         if model(|m| unsafe { m.stream_query(handle(h_stream)) })? {
             Ok(())
@@ -152,7 +161,7 @@ crate::abi::exports! {
         }
     }
     [13000] fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, byte_count: size_t, h_stream: CUstream) {
-        stream_ctx("cuMemcpyAsync")?;
+        stream_ctx("cuMemcpyAsync", h_stream, true)?;
         let size = byte_count as u64;
         let (dst, src) = (pointer(dst, size)?, pointer(src, size)?);
         // SAFETY: as above; a host pointer is the caller's word (`cuda.h`:
@@ -173,7 +182,7 @@ crate::abi::exports! {
         num_attrs: size_t,
         h_stream: CUstream,
     ) {
-        stream_ctx("cuMemcpyBatchAsync")?;
+        stream_ctx("cuMemcpyBatchAsync", h_stream, true)?;
         if state::with(|d| d.version) < 12080 {
             return Err(state::NOT_SUPPORTED);
         }

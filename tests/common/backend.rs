@@ -272,14 +272,14 @@ impl DoubleLib {
 
     /// This thread's stream calls the double refused for want of a
     /// context, its stream calls made with none current (run in the
-    /// stream's context), and its `cuCtxGetCurrent` calls, since the
-    /// thread began.
-    pub fn thread_counts(&self) -> [u64; 3] {
+    /// stream's context), its `cuCtxGetCurrent` calls, and its copies
+    /// refused in another device's context, since the thread began.
+    pub fn thread_counts(&self) -> [u64; 4] {
         let f: unsafe extern "C" fn(*mut u64, usize) -> usize = self.sym("cuDoubleThreadCounts");
-        let mut out = [0u64; 3];
-        // SAFETY: three writable `u64`s.
+        let mut out = [0u64; 4];
+        // SAFETY: four writable `u64`s.
         let n = unsafe { f(out.as_mut_ptr(), out.len()) };
-        assert_eq!(n, 3);
+        assert_eq!(n, 4);
         out
     }
 

@@ -36,16 +36,34 @@
 //! driver runs them in the stream's own context (what CCCL reports of
 //! recent drivers, NVIDIA/cccl#9615) or refuses them. Should the driver
 //! answer `CUDA_ERROR_INVALID_CONTEXT` with no context current (the libcuda
-//! double can be made to), the call is made once more as a [`Cx::Current`]
-//! call is, and the driver is remembered as one that refuses
-//! ([`Contexts::stream_as_is`]: a fact of the driver, not of the thread;
-//! the crate keeps no thread-local state): every later stream call of
-//! this backend goes the [`Cx::Current`] way from the start.
+//! double can be made to), the call is made once more with the stream's
+//! own context current (`cuStreamGetCtx`; the context a [`Cx::Current`]
+//! call takes when the driver cannot say), and the driver is remembered as
+//! one that refuses ([`Contexts::stream_as_is`]: a fact of the driver, not
+//! of the thread; the crate keeps no thread-local state): every later
+//! stream call of this backend asks which context is current first and,
+//! with none, makes the stream's current.
+//!
+//! A thread whose current context is another device's (a program that
+//! works on several GPUs leaves one so) meets a driver that checks a copy's
+//! pointers against the current context, not the stream's
+//! (NVIDIA/cccl#9615, #9997: `CUDA_ERROR_INVALID_VALUE`). A stream call
+//! refused so (`INVALID_VALUE`, `INVALID_HANDLE` or `INVALID_CONTEXT` with
+//! a context current other than the stream's) is made once more with the
+//! stream's context current, and the thread's is put back after. Nothing
+//! is remembered: a thread in the stream's context, or in none, never pays
+//! for it, and a thread left in another device's pays a refused call and
+//! four context calls per copy (make the stream's device current, or none,
+//! to avoid them). A call refused a second time, or whose stream's context
+//! was current already, keeps the driver's answer. Made twice, a copy
+//! writes the same bytes: a refused call enqueued nothing, and were part of
+//! a batch enqueued, its ops are independent (F3), so running them again
+//! in stream order changes no byte.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use super::ffi::{CUcontext, Symbols};
+use super::ffi::{CUcontext, CUstream, Symbols};
 use crate::driver::{Code, ContextFailure, ContextStep, Device};
 
 /// Which context a call runs in.
@@ -63,12 +81,13 @@ pub(super) enum Cx {
     /// primary context, else an active one's (device 0 only while the
     /// program holds no device's primary context at all).
     Current,
-    /// A call on a stream: made as it is while the driver has refused none
-    /// for want of a context (the thread's context, else the stream's, as
-    /// the driver takes it), and made again as [`Cx::Current`] after
-    /// `INVALID_CONTEXT` with none current ([`Contexts::stream_retry`]);
-    /// as [`Cx::Current`] from then on.
-    Stream,
+    /// A call on this stream: made as it is while the driver has refused
+    /// none for want of a context (the thread's context, else the
+    /// stream's, as the driver takes it); made again in the stream's own
+    /// context when the driver refuses it in another context or in none
+    /// ([`Contexts::stream_retry`]); after a refusal in none, with the
+    /// stream's context made current when none is, from then on.
+    Stream(CUstream),
 }
 
 /// A retained primary context (`CUcontext` is a raw pointer, hence not `Send`).
@@ -285,13 +304,68 @@ impl Contexts {
         match cx {
             Cx::Free | Cx::NoneNeeded(_) => Ok(unchanged),
             Cx::On(dev) => self.make_current_on(sym, dev),
-            Cx::Current | Cx::Stream => {
+            Cx::Current => {
                 if !Self::current(sym)?.is_null() {
                     return Ok(unchanged);
                 }
                 self.make_current_on(sym, self.fallback(sym))
             }
+            Cx::Stream(stream) => {
+                let current = Self::current(sym)?;
+                if !current.is_null() {
+                    return Ok(unchanged);
+                }
+                self.make_streams_current(sym, stream)
+            }
         }
+    }
+
+    /// The context `stream` belongs to (`cuStreamGetCtx`); `None` when the
+    /// driver cannot say (no such entry point, or an error).
+    fn stream_context(sym: &Symbols, stream: CUstream) -> Option<CUcontext> {
+        let get = sym.cuStreamGetCtx?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `get` is `cuStreamGetCtx`; `ctx` is a valid out-pointer;
+        // the stream is live (the calling call's contract).
+        let rc = Code::from_raw(unsafe { get(stream, &mut ctx) });
+        tracing::trace!(result = ?rc, "cuStreamGetCtx");
+        (rc.is_none() && !ctx.is_null()).then_some(ctx)
+    }
+
+    /// `stream`'s own context made current on this thread, where none is
+    /// (restored to none when the guard drops); with no answer from
+    /// `cuStreamGetCtx`, the primary context [`Cx::Current`] takes.
+    fn make_streams_current<'a>(
+        &self,
+        sym: &'a Symbols,
+        stream: CUstream,
+    ) -> Result<CtxGuard<'a>, StepError> {
+        match Self::stream_context(sym, stream) {
+            Some(ctx) => Self::switch_to(sym, ctx, std::ptr::null_mut()),
+            None => self.make_current_on(sym, self.fallback(sym)),
+        }
+    }
+
+    /// `ctx` (a live stream's) made current on this thread in place of
+    /// `previous`, restored when the guard drops.
+    fn switch_to(
+        sym: &Symbols,
+        ctx: CUcontext,
+        previous: CUcontext,
+    ) -> Result<CtxGuard<'_>, StepError> {
+        let set_failed = |code| step_err(ContextStep::CtxSetCurrent, None, code);
+        let set = sym
+            .cuCtxSetCurrent
+            .ok_or_else(|| set_failed(Code::NOT_SUPPORTED))?;
+        // SAFETY: `set` is `cuCtxSetCurrent`; `ctx` is the context of a live
+        // stream (the driver's answer just now), alive while the stream is.
+        if let Some(code) = Code::from_raw(unsafe { set(ctx) }) {
+            return Err(set_failed(code));
+        }
+        Ok(CtxGuard {
+            sym,
+            previous: Some(previous),
+        })
     }
 
     /// The device whose primary context a [`Cx::Current`] call takes when
@@ -309,21 +383,52 @@ impl Contexts {
         !self.refuses_streams.load(Ordering::Relaxed)
     }
 
-    /// For a [`Cx::Stream`] call made as it is that the driver answered
-    /// `INVALID_CONTEXT`: when no context is current, the driver is
-    /// remembered as one that refuses, and the context to make the call
-    /// again in ([`Cx::Current`]'s). `None`: a context is current, the
-    /// answer stands.
+    /// Whether a [`Cx::Stream`] call's answer `code` may be the driver's
+    /// refusal of the context it was made in ([`Contexts::stream_retry`]):
+    /// `INVALID_CONTEXT` (none current), or `INVALID_VALUE` and
+    /// `INVALID_HANDLE`, the answers of a driver that checks a copy's
+    /// pointers against the current context (NVIDIA/cccl#9615, #9997).
+    /// `NOT_READY` (a query) and every other answer stand as they are.
+    #[inline(always)]
+    pub(super) fn may_be_the_wrong_context(code: Code) -> bool {
+        code == Code::INVALID_CONTEXT || code == Code::INVALID_VALUE || code == Code::INVALID_HANDLE
+    }
+
+    /// For a [`Cx::Stream`] call that the driver answered `code`
+    /// ([`Contexts::may_be_the_wrong_context`]): the stream's own context,
+    /// made current to make the call again in, when the call was made in
+    /// another. With none current and `INVALID_CONTEXT`, the driver is
+    /// remembered as one that refuses stream calls without a context
+    /// (later ones go the [`Cx::Current`] way from the start); with
+    /// another context current (a thread left in another device's, which
+    /// a copy's pointers are checked against), nothing is remembered: a
+    /// thread in the stream's context, or in none, pays nothing. `None`:
+    /// the answer stands (the stream's context was current, or the driver
+    /// cannot say which it is).
     #[cold]
     #[inline(never)]
     pub(super) fn stream_retry<'a>(
         &self,
         sym: &'a Symbols,
+        stream: CUstream,
+        code: Code,
     ) -> Option<Result<CtxGuard<'a>, StepError>> {
-        self.when_none_current(sym, || {
+        let current = match Self::current(sym) {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        if current.is_null() {
+            if code != Code::INVALID_CONTEXT {
+                return None;
+            }
             self.refuses_streams.store(true, Ordering::Relaxed);
-            self.fallback(sym)
-        })
+            return Some(self.make_streams_current(sym, stream));
+        }
+        let ctx = Self::stream_context(sym, stream)?;
+        if ctx == current {
+            return None;
+        }
+        Some(Self::switch_to(sym, ctx, current))
     }
 
     /// For a [`Cx::NoneNeeded`] call the driver answered `INVALID_CONTEXT`:
@@ -336,19 +441,8 @@ impl Contexts {
         prefer: Option<Device>,
     ) -> Option<Result<CtxGuard<'a>, StepError>> {
         let dev = prefer.or_else(|| self.last())?;
-        self.when_none_current(sym, || dev)
-    }
-
-    /// The retries' common step: when no context is current, `dev()`'s
-    /// primary context made current; `None` when one is (the driver's
-    /// answer stands).
-    fn when_none_current<'a>(
-        &self,
-        sym: &'a Symbols,
-        dev: impl FnOnce() -> Device,
-    ) -> Option<Result<CtxGuard<'a>, StepError>> {
         match Self::current(sym) {
-            Ok(c) if c.is_null() => Some(self.make_current_on(sym, dev())),
+            Ok(c) if c.is_null() => Some(self.make_current_on(sym, dev)),
             Ok(_) => None,
             Err(e) => Some(Err(e)),
         }

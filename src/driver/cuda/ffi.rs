@@ -500,6 +500,9 @@ c_functions! {
     cuStreamDestroy_v2(stream: CUstream) since 12000;
     cuStreamSynchronize(stream: CUstream) since 12000;
     cuStreamQuery(stream: CUstream) since 12000;
+    // The stream's own context: where a stream call a driver refused in
+    // another context (or in none) is made again (`context.rs`).
+    cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext) since 12000;
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, stream: CUstream) since 12000;
     // `cuda.h` 13.0+ maps `cuMemcpyBatchAsync` to this symbol (12.8's
     // `cuMemcpyBatchAsync` took a `size_t *failIdx` before the stream).

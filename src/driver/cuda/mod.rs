@@ -50,8 +50,9 @@ use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_M
 /// program holds (device 0 when it holds none). The copies and a stream's
 /// query and synchronize are made as they are (no `cuCtxGetCurrent` before
 /// each copy): in the thread's context, else in the stream's as the driver
-/// takes it; a driver that refuses one on a thread with no context current
-/// gets it again as above, and every later one so from the start. A failed context step is reported as such
+/// takes it; one a driver refuses in no context, or in another device's
+/// (a copy's pointers checked against the current context), is made again
+/// with the stream's own context current. A failed context step is reported as such
 /// ([`Code::in_context`](crate::driver::Code::in_context), [`Error::Context`]), not as the call's.
 pub struct Cuda {
     sym: Symbols,
@@ -217,7 +218,7 @@ impl Cuda {
         };
         // A stream call is made as it is (no driver call before it) while
         // the driver has refused none for want of a context (see `context`).
-        let as_is = matches!(cx, Cx::Stream) && self.contexts.stream_as_is();
+        let as_is = matches!(cx, Cx::Stream(_)) && self.contexts.stream_as_is();
         let guard = if as_is {
             context::CtxGuard::unchanged(&self.sym)
         } else {
@@ -227,15 +228,18 @@ impl Cuda {
         };
         let mut rc = Code::from_raw(body(f));
         if let Some(code) = rc
-            && code == Code::INVALID_CONTEXT
             && let Some(retry) = match cx {
                 // cuda.h lists no INVALID_CONTEXT for these calls; a driver
                 // that answers it anyway gets the call once more in the
                 // context of a device the program uses.
-                Cx::NoneNeeded(prefer) => self.contexts.retry_context(&self.sym, prefer),
-                // Made as it is with no context current: once more in
-                // `Cx::Current`'s.
-                Cx::Stream if as_is => self.contexts.stream_retry(&self.sym),
+                Cx::NoneNeeded(prefer) if code == Code::INVALID_CONTEXT => {
+                    self.contexts.retry_context(&self.sym, prefer)
+                }
+                // Refused in no context or in another: once more in the
+                // stream's own.
+                Cx::Stream(stream) if Contexts::may_be_the_wrong_context(code) => {
+                    self.contexts.stream_retry(&self.sym, stream, code)
+                }
                 _ => None,
             }
         {
@@ -243,7 +247,8 @@ impl Cuda {
             tracing::debug!(
                 call = call.name(),
                 ?cx,
-                "CUDA_ERROR_INVALID_CONTEXT with no context current: made again in a device's primary context"
+                %code,
+                "refused in no context or in another: made again in the stream's or a device's primary context"
             );
             rc = Code::from_raw(body(f));
         }

@@ -133,19 +133,17 @@ pub(in crate::driver::cuda) unsafe fn stream_synchronize(
     c: &Cuda,
     stream: u64,
 ) -> DriverResult<()> {
-    let f = c.sym.cuStreamSynchronize;
+    let (f, s) = (c.sym.cuStreamSynchronize, stream_of(stream));
     // SAFETY: `f` is `cuStreamSynchronize`; the stream is live (contract).
-    c.run(Call::StreamSynchronize, f, Cx::Stream, |f| unsafe {
-        f(stream_of(stream))
+    c.run(Call::StreamSynchronize, f, Cx::Stream(s), |f| unsafe {
+        f(s)
     })
 }
 
 pub(in crate::driver::cuda) unsafe fn stream_query(c: &Cuda, stream: u64) -> DriverResult<bool> {
-    let f = c.sym.cuStreamQuery;
+    let (f, s) = (c.sym.cuStreamQuery, stream_of(stream));
     // SAFETY: `f` is `cuStreamQuery`; the stream is live (contract).
-    match c.run(Call::StreamQuery, f, Cx::Stream, |f| unsafe {
-        f(stream_of(stream))
-    }) {
+    match c.run(Call::StreamQuery, f, Cx::Stream(s), |f| unsafe { f(s) }) {
         Ok(()) => Ok(true),
         Err(code) if code == Code::NOT_READY => Ok(false),
         Err(code) => Err(code),
@@ -170,13 +168,13 @@ pub(in crate::driver::cuda) unsafe fn fabric_copy_batch(
         })
         .collect();
     let (n, buf) = (list.len(), list.as_mut_ptr());
-    let f = c.sym.cuFabricCpyBatchAsync;
+    let (f, s) = (c.sym.cuFabricCpyBatchAsync, stream_of(stream));
     // SAFETY: `f` is `cuFabricCpyBatchAsync` (absent before 13.5: `run`
     // answers NOT_SUPPORTED without a call); `buf` holds `n` initialised
     // ops and lives until the call returned (the driver copies the list
     // before it returns: cuda.h); the operands are the caller's contract.
-    c.run(Call::FabricCpyBatchAsync, f, Cx::Stream, |f| unsafe {
-        f(n, buf, flags, stream_of(stream))
+    c.run(Call::FabricCpyBatchAsync, f, Cx::Stream(s), |f| unsafe {
+        f(n, buf, flags, s)
     })
 }
 
@@ -187,11 +185,11 @@ pub(in crate::driver::cuda) unsafe fn memcpy_async(
     size: u64,
     stream: u64,
 ) -> DriverResult<()> {
-    let f = c.sym.cuMemcpyAsync;
+    let (f, s) = (c.sym.cuMemcpyAsync, stream_of(stream));
     // SAFETY: `f` is `cuMemcpyAsync`; the addresses are passed on, never
     // dereferenced here; their validity is the caller's contract.
-    c.run(Call::MemcpyAsync, f, Cx::Stream, |f| unsafe {
-        f(dst.ptr, src.ptr, sz(size), stream_of(stream))
+    c.run(Call::MemcpyAsync, f, Cx::Stream(s), |f| unsafe {
+        f(dst.ptr, src.ptr, sz(size), s)
     })
 }
 
@@ -232,7 +230,7 @@ pub(in crate::driver::cuda) unsafe fn memcpy_batch_async(
     let mut sizes: Inline<usize> = copies.iter().map(|o| sz(o.size)).collect();
     let mut attrs = [STREAM_ORDERED];
     let mut attrs_idxs = [0usize];
-    let f = c.sym.cuMemcpyBatchAsync_v2;
+    let (f, s) = (c.sym.cuMemcpyBatchAsync_v2, stream_of(stream));
     // SAFETY: `f` is `cuMemcpyBatchAsync_v2` (the 13.0 prototype, which
     // `ffi` declares and the ABI check compares with cuda.h; absent before
     // 13.0: `run` answers NOT_SUPPORTED without a call). `dsts`, `srcs` and
@@ -241,7 +239,7 @@ pub(in crate::driver::cuda) unsafe fn memcpy_batch_async(
     // returned (the driver reads them during the call; none is written);
     // the addresses are passed on, never dereferenced here, and their
     // validity is the caller's contract.
-    c.run(Call::MemcpyBatchAsync, f, Cx::Stream, |f| unsafe {
+    c.run(Call::MemcpyBatchAsync, f, Cx::Stream(s), |f| unsafe {
         f(
             dsts.as_mut_ptr(),
             srcs.as_mut_ptr(),
@@ -250,7 +248,7 @@ pub(in crate::driver::cuda) unsafe fn memcpy_batch_async(
             attrs.as_mut_ptr(),
             attrs_idxs.as_mut_ptr(),
             attrs.len(),
-            stream_of(stream),
+            s,
         )
     })
 }
