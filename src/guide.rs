@@ -37,8 +37,9 @@ pub mod reading_the_compiler {
     //! last column) with rustc 1.95's exact output beside it, and the correct
     //! version of each group is in `ui-tests/pass/`. On any other compiler,
     //! `cargo test -p cuda-endpoints-ui` still proves every case refused with the same
-    //! error code (through the doctests of `guide::misuse_cases`), without
-    //! comparing the words.
+    //! error code, without comparing the words (through the doctests of
+    //! `guide::misuse_cases`, a module built only by `cargo test --doc`, so
+    //! not in these pages: its cases are in `src/guide.rs`).
     //!
     //! ## How the messages are laid out
     //!

@@ -5,8 +5,11 @@
 //! returns with `{:?}`; the crate's errors say what went wrong, the rule and
 //! the fix in their `Display` form, which `Debug` (a derived struct dump)
 //! hides. `Report` is `Display` plus every `source()` in its `Debug`, as
-//! `anyhow::Error` and `eyre::Report` print; a program that uses either of
-//! those already gets the same and needs nothing from here.
+//! `anyhow::Error` and `eyre::Report` print (a program that uses either of
+//! those already gets the same and needs nothing from here), less the
+//! causes whose words were printed already: the crate's errors say their
+//! cause in their own message and still give it as `source()`, for code
+//! that walks the chain.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -30,9 +33,18 @@ use std::fmt;
 ///
 /// ```text
 /// Error: team call failed on rank 0 at step `probe`: unsupported: logical endpoints ...
+/// ```
+///
+/// A cause whose words the message (or an earlier cause) already holds is
+/// not printed again: the crate's errors hold their causes' words, as this
+/// one holds its [`Error::Unsupported`](crate::Error::Unsupported)'s. Any
+/// other cause follows, one a line:
+///
+/// ```text
+/// Error: the run failed
 ///
 /// Caused by:
-///     unsupported: logical endpoints (cuLogicalEndpoint*, driver 13.3+) ...
+///     rank 1: fd passing #0: I/O error with rank 0: Connection refused (os error 111)
 /// ```
 ///
 /// `Report` does not implement [`std::error::Error`] itself (that is what
@@ -81,16 +93,27 @@ impl fmt::Display for Report {
 }
 
 impl fmt::Debug for Report {
-    /// The message, then `Caused by:` and each source, one a line
-    /// (numbered when there are several).
+    /// The message, then `Caused by:` and each source whose words were not
+    /// printed already, one a line (numbered when there are several).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut causes: Vec<&(dyn StdError + 'static)> = Vec::new();
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut causes: Vec<String> = Vec::new();
         let mut next = self.0.source();
         // Bounded: a chain that loops back on itself still ends.
-        while let Some(cause) = next.filter(|_| causes.len() < 64) {
-            causes.push(cause);
-            next = cause.source();
+        for cause in std::iter::from_fn(|| {
+            let c = next?;
+            next = c.source();
+            Some(c)
+        })
+        .take(64)
+        {
+            let words = cause.to_string();
+            if !shown.contains(&words) {
+                shown.push('\n');
+                shown.push_str(&words);
+                causes.push(words);
+            }
         }
         if causes.is_empty() {
             return Ok(());
@@ -143,5 +166,31 @@ mod tests {
         assert_eq!(r.to_string(), "the team failed");
         let r = Report::from(Inner);
         assert_eq!(format!("{r:?}"), "install a CUDA 13.3+ driver");
+    }
+
+    /// An error that says its cause in its own message and gives it as
+    /// `source()` too (the crate's `TeamError`, `BootstrapError::Io`).
+    #[derive(Debug)]
+    struct Says(Inner);
+
+    impl fmt::Display for Says {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "team call failed on rank 0 at step `probe`: {}", self.0)
+        }
+    }
+    impl StdError for Says {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn debug_prints_a_cause_the_message_already_holds_once() {
+        let r = Report::from(Says(Inner));
+        assert_eq!(
+            format!("{r:?}"),
+            "team call failed on rank 0 at step `probe`: install a CUDA 13.3+ driver"
+        );
+        assert!(r.error().source().is_some(), "the chain is kept");
     }
 }

@@ -335,6 +335,8 @@ fn agree_bound_fds_with_a_rank_on_another_node_fails_every_rank_at_import_and_le
     for (r, e) in errors.iter().enumerate() {
         assert_eq!(e.step, Step::Import, "rank {r}: {e}");
         assert!(matches!(e.cause, Cause::Bootstrap(_)), "rank {r}: {e}");
+        // Every rank names the one off the root's node, rank 2 itself too.
+        assert_eq!(e.rank, 2, "rank {r}: {e}");
     }
     common::clean(&ranks[0].0, &model);
 }

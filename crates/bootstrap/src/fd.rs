@@ -227,7 +227,9 @@ impl FdExchange {
             });
         }
         if let Some(p) = offers.iter().position(|o| o.node != root_offer.node) {
-            let (peer, theirs) = if p == rank {
+            // A rank off the root's node names the root; one on it names
+            // the first rank off it (never a rank on this rank's own node).
+            let (peer, theirs) = if node != root_offer.node {
                 (root, root_offer.node.clone())
             } else {
                 (p, offers[p].node.clone())
