@@ -330,6 +330,54 @@ fn primary_contexts_are_released_and_the_current_one_restored() {
     assert_eq!(lib.live().1, held, "every retain released with the backend");
 }
 
+/// A `tracing` layer that panics on the backend's event of a primary
+/// context's retain (found by a breaker): the retain was traced before the
+/// backend's table held it, so the unwind lost it and the context stayed
+/// retained for the process's life. It is traced once held now: the panic
+/// unwinds, and the retain goes with the backend. Likewise the releases at
+/// the backend's drop are all made before the first is traced.
+#[test]
+fn a_panic_in_a_tracing_layer_on_a_primary_context_retain_or_release_leaks_no_retain() {
+    use crate::common::layer::{EventFields, OnEvent};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some((_ctx, _probe, lib)) = on_double(ModelConfig::node(2)) else {
+        return;
+    };
+    let held = lib.live().1;
+    let ctx = Context::cuda().unwrap();
+    let fired = AtomicBool::new(false);
+    let layer = OnEvent(move |e: &EventFields| {
+        if e.message.contains("cuDevicePrimaryCtxRetain") && !fired.swap(true, Ordering::SeqCst) {
+            panic!("a layer's panic");
+        }
+    });
+    let r = tracing::subscriber::with_default(layer, || {
+        catch_unwind(AssertUnwindSafe(|| {
+            Allocation::<Private>::on_device(&ctx, Device(1), 2 * MIB).map(drop)
+        }))
+    });
+    assert!(r.is_err(), "the layer panicked inside the retain");
+    drop(ctx);
+    assert_eq!(lib.live().1, held, "every retain released with the backend");
+    // And on the first release's event as the backend drops: the other
+    // device's retain is released too.
+    let ctx = Context::cuda().unwrap();
+    for dev in [0, 1] {
+        drop(Allocation::<Private>::on_device(&ctx, Device(dev), 2 * MIB).unwrap());
+    }
+    let fired = AtomicBool::new(false);
+    let layer = OnEvent(move |e: &EventFields| {
+        if e.message.contains("cuDevicePrimaryCtxRelease") && !fired.swap(true, Ordering::SeqCst) {
+            panic!("a layer's panic");
+        }
+    });
+    let r =
+        tracing::subscriber::with_default(layer, || catch_unwind(AssertUnwindSafe(|| drop(ctx))));
+    assert!(r.is_err(), "the layer panicked inside the backend's drop");
+    assert_eq!(lib.live().1, held, "both retains released");
+}
+
 /// Found by the double: device-less calls (`cuLogicalEndpointIdReserve`,
 /// `Create`, `Query`...) ran in "any" context, device 0's until another
 /// device was used, so a program on device 2 only retained and switched

@@ -252,3 +252,43 @@ fn a_launcher_killed_as_soon_as_it_names_its_fabric_leaves_no_temp_dir() {
         }
     }
 }
+
+/// `--tag-output` (with `-n`, as `mpirun --tag-output`): every line a rank
+/// prints, on stdout and on stderr, starts with `[rank R] `, a last line
+/// without a newline too, each whole.
+#[test]
+fn tag_output_starts_every_line_a_rank_prints_with_its_rank() {
+    let _s = serial();
+    let mut cmd = Command::new(LAUNCHER);
+    cmd.args(["-n", "3", "--tag-output", "--", "/bin/sh", "-c"])
+        .arg(r#"r=$CUDA_ENDPOINTS_RANK; echo "out $r"; echo "err $r" >&2; echo "two $r"; printf "last $r""#)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let done = Guard::spawn("launcher", &mut cmd).finish(Instant::now() + Duration::from_secs(60));
+    assert_eq!(done.code, Some(0), "{}\n{}", done.stdout, done.stderr);
+    let mut out: Vec<&str> = done.stdout.lines().collect();
+    out.sort_unstable();
+    let want: Vec<String> = ["last", "out", "two"]
+        .iter()
+        .flat_map(|w| (0..3).map(move |r| (r, w)))
+        .map(|(r, w)| format!("[rank {r}] {w} {r}"))
+        .collect();
+    let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(out, want, "{}", done.stdout);
+    for r in 0..3 {
+        let line = format!("[rank {r}] err {r}");
+        assert!(done.stderr.lines().any(|l| l == line), "{}", done.stderr);
+    }
+    // Rank 0's lines in the order it printed them.
+    let zero: Vec<&str> = done
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("[rank 0]"))
+        .collect();
+    assert_eq!(
+        zero,
+        ["[rank 0] out 0", "[rank 0] two 0", "[rank 0] last 0"]
+    );
+}

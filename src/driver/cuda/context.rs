@@ -202,8 +202,8 @@ impl Contexts {
         // SAFETY: `retain` is `cuDevicePrimaryCtxRetain`; `ctx` is a valid
         // out-pointer. An invalid ordinal is an error code, not UB.
         let rc = Code::from_raw(unsafe { retain(&mut ctx, dev.0) });
-        tracing::trace!(device = dev.0, result = ?rc, "cuDevicePrimaryCtxRetain");
         if let Some(code) = rc {
+            tracing::trace!(device = dev.0, result = ?rc, "cuDevicePrimaryCtxRetain");
             return Err(retain_failed(code));
         }
         let raced = {
@@ -215,15 +215,19 @@ impl Contexts {
                 false
             }
         };
-        if raced {
-            // Another thread retained it first: give back this extra retain
-            // (the primary context is the same object).
-            if let Some(release) = sym.cuDevicePrimaryCtxRelease_v2 {
-                // SAFETY: `release` is `cuDevicePrimaryCtxRelease_v2`; this
-                // thread retained `dev`'s primary context just above.
-                let rc = Code::from_raw(unsafe { release(dev.0) });
-                tracing::trace!(device = dev.0, result = ?rc, "cuDevicePrimaryCtxRelease");
-            }
+        // Another thread retained it first: give back this extra retain
+        // (the primary context is the same object).
+        let released = match sym.cuDevicePrimaryCtxRelease_v2 {
+            // SAFETY: `release` is `cuDevicePrimaryCtxRelease_v2`; this
+            // thread retained `dev`'s primary context just above.
+            Some(release) if raced => Some(Code::from_raw(unsafe { release(dev.0) })),
+            _ => None,
+        };
+        // Traced only now that the table holds the retain (or it was given
+        // back): a `tracing` layer that panics here leaks none.
+        tracing::trace!(device = dev.0, result = ?rc, "cuDevicePrimaryCtxRetain");
+        if let Some(rc) = released {
+            tracing::trace!(device = dev.0, result = ?rc, "cuDevicePrimaryCtxRelease");
         }
         Ok(ctx)
     }
@@ -457,10 +461,17 @@ impl Contexts {
         let Some(release) = sym.cuDevicePrimaryCtxRelease_v2 else {
             return;
         };
-        for (dev, _) in table.drain(..) {
-            // SAFETY: `release` is `cuDevicePrimaryCtxRelease_v2`; this object
-            // retained `dev`'s primary context exactly once.
-            let rc = Code::from_raw(unsafe { release(dev) });
+        let released: Vec<(i32, Option<Code>)> = table
+            .drain(..)
+            .map(|(dev, _)| {
+                // SAFETY: `release` is `cuDevicePrimaryCtxRelease_v2`; this
+                // object retained `dev`'s primary context exactly once.
+                (dev, Code::from_raw(unsafe { release(dev) }))
+            })
+            .collect();
+        // Traced once every one is released: a `tracing` layer that panics
+        // here leaves none retained.
+        for (dev, rc) in released {
             tracing::trace!(device = dev, result = ?rc, "cuDevicePrimaryCtxRelease");
         }
     }

@@ -2,7 +2,7 @@
 //! one program) on a model fabric that its processes share.
 //!
 //! ```text
-//! cuda-endpoints-fabric [-n N] [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--driver-version V] [--timeout SECS] -- COMMAND [ARGS...]
+//! cuda-endpoints-fabric [-n N [--tag-output]] [--nodes N] [--gpus G] [--no-imex] [--queries Q] [--driver-version V] [--timeout SECS] -- COMMAND [ARGS...]
 //! ```
 //!
 //! With `-n N` it starts N processes of COMMAND itself (no MPI), each with
@@ -15,7 +15,9 @@
 //! get `SIGKILL` when the launcher dies (`PR_SET_PDEATHSIG`), and a
 //! watchdog (a shell waiting on a pipe from the launcher) ends the group
 //! and removes the fabric's temporary directory when the launcher dies by
-//! any signal, SIGKILL included.
+//! any signal, SIGKILL included. `--tag-output` (with `-n`, as `mpirun
+//! --tag-output`) starts each line a rank prints with `[rank R] `, on the
+//! stream it printed it to, so that the ranks' lines can be told apart.
 //!
 //! (`cuda-endpoints-fabric --help` says what each flag does and the exit
 //! statuses; the arguments are parsed by `clap`.)
@@ -92,6 +94,10 @@ struct Args {
     #[arg(short = 'n', long = "ranks", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     ranks: Option<u32>,
+    /// With -n: start each line a rank prints (stdout and stderr) with
+    /// `[rank R] `, as `mpirun --tag-output` does.
+    #[arg(long, requires = "ranks")]
+    tag_output: bool,
     /// The command to run, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -179,6 +185,8 @@ pub fn main() -> ExitCode {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    // The ranks' last lines, before the launcher's own report.
+    job.drain_output(Duration::from_secs(2));
     // Processes of the job may outlive the command by a moment (their
     // connections close as they exit).
     let idle = server.wait_idle(Duration::from_secs(10));
@@ -235,6 +243,10 @@ struct Job {
     children: Vec<Child>,
     pgid: i32,
     watchdog: Option<Child>,
+    /// With `--tag-output`: one thread per rank's stream forwarding its
+    /// lines, and the channel each says it is done on.
+    tagging: Vec<std::thread::JoinHandle<()>>,
+    tagged: Option<std::sync::mpsc::Receiver<()>>,
 }
 
 fn spawn_job(
@@ -260,12 +272,21 @@ fn spawn_job(
         children: Vec::new(),
         pgid: 0,
         watchdog: watch,
+        tagging: Vec::new(),
+        tagged: None,
     };
+    let (done, tagged) = std::sync::mpsc::channel();
+    if args.tag_output {
+        job.tagged = Some(tagged);
+    }
     for rank in 0..ranks.unwrap_or(1) {
         let mut cmd = Command::new(&args.command[0]);
         cmd.args(&args.command[1..])
             .env(FABRIC_ENV, server.env_value())
             .process_group(job.pgid);
+        if args.tag_output {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
         if let (Some(n), Some(id)) = (ranks, &id) {
             let node = rank.checked_mul(nodes).map_or(0, |x| x / n.max(1));
             cmd.env(cuda_endpoints_bootstrap::RANK_ENV, rank.to_string())
@@ -302,9 +323,22 @@ fn spawn_job(
             });
         }
         match cmd.spawn() {
-            Ok(c) => {
+            Ok(mut c) => {
                 if job.pgid == 0 {
                     job.pgid = i32::try_from(c.id()).unwrap_or(0);
+                }
+                let tag = format!("[rank {rank}] ");
+                if let Some(out) = c.stdout.take() {
+                    job.tagging.push(tag_lines(
+                        out,
+                        std::io::stdout(),
+                        tag.clone(),
+                        done.clone(),
+                    )?);
+                }
+                if let Some(err) = c.stderr.take() {
+                    job.tagging
+                        .push(tag_lines(err, std::io::stderr(), tag, done.clone())?);
                 }
                 job.children.push(c);
             }
@@ -321,6 +355,54 @@ fn spawn_job(
         let _ = writeln!(stdin, "{}", job.pgid);
     }
     Ok(job)
+}
+
+/// The most bytes of one line a tagged stream holds before it forwards
+/// them as a line of their own (a rank that prints a long line without a
+/// newline costs the launcher no more memory than this).
+const TAG_LINE_MAX: usize = 64 << 10;
+
+/// A thread forwarding `from` (a rank's stdout or stderr) to `to`, each line
+/// (or each [`TAG_LINE_MAX`] bytes of one) started with `tag` and written
+/// whole under `to`'s lock, so that the ranks' lines do not interleave;
+/// says so on `done` when `from` ends (every process holding it closed it).
+fn tag_lines<R, W>(
+    from: R,
+    to: W,
+    tag: String,
+    done: std::sync::mpsc::Sender<()>,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    R: std::io::Read + Send + 'static,
+    W: std::io::Write + Send + 'static,
+{
+    use std::io::BufRead;
+    std::thread::Builder::new()
+        .name("tag-output".into())
+        .spawn(move || {
+            let mut from = std::io::BufReader::new(from);
+            let mut to = to;
+            let mut line = Vec::with_capacity(256);
+            loop {
+                line.clear();
+                let read = std::io::Read::take(&mut from, TAG_LINE_MAX as u64)
+                    .read_until(b'\n', &mut line);
+                match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if !line.ends_with(b"\n") {
+                    line.push(b'\n');
+                }
+                let mut whole = Vec::with_capacity(tag.len() + line.len());
+                whole.extend_from_slice(tag.as_bytes());
+                whole.extend_from_slice(&line);
+                // The launcher's own stream gone (a closed pipe): keep
+                // reading, so that the rank never blocks on a full pipe.
+                let _ = to.write_all(&whole).and_then(|()| to.flush());
+            }
+            let _ = done.send(());
+        })
 }
 
 /// A shell in its own process group that reads the job's process group,
@@ -345,6 +427,28 @@ fn watchdog(socket: &std::path::Path) -> Option<Child> {
 }
 
 impl Job {
+    /// With `--tag-output`, waits (at most `bound`) for every rank's
+    /// streams to end, so that their last lines come before the launcher's
+    /// report; a stream a process the job left behind still holds is left
+    /// to its thread.
+    fn drain_output(&mut self, bound: Duration) {
+        let Some(tagged) = self.tagged.take() else {
+            return;
+        };
+        let deadline = Instant::now() + bound;
+        let mut ended = 0;
+        while ended < self.tagging.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tagged.recv_timeout(left).is_err() {
+                return;
+            }
+            ended += 1;
+        }
+        for t in self.tagging.drain(..) {
+            let _ = t.join();
+        }
+    }
+
     /// Every process's status once all have exited: the first failure, or
     /// success.
     fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
