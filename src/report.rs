@@ -7,9 +7,9 @@
 //! hides. `Report` is `Display` plus every `source()` in its `Debug`, as
 //! `anyhow::Error` and `eyre::Report` print (a program that uses either of
 //! those already gets the same and needs nothing from here), less the
-//! causes whose words were printed already: the crate's errors say their
-//! cause in their own message and still give it as `source()`, for code
-//! that walks the chain.
+//! causes whose words end the message they caused: the crate's errors say
+//! their cause at the end of their own message and still give it as
+//! `source()`, for code that walks the chain.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -35,9 +35,9 @@ use std::fmt;
 /// Error: team call failed on rank 0 at step `probe`: unsupported: logical endpoints ...
 /// ```
 ///
-/// A cause whose words the message (or an earlier cause) already holds is
-/// not printed again: the crate's errors hold their causes' words, as this
-/// one holds its [`Error::Unsupported`](crate::Error::Unsupported)'s. Any
+/// A cause whose words end the message of the error it caused is not
+/// printed again: the crate's errors end with their causes' words, as this
+/// one with its [`Error::Unsupported`](crate::Error::Unsupported)'s. Any
 /// other cause follows, one a line:
 ///
 /// ```text
@@ -93,11 +93,12 @@ impl fmt::Display for Report {
 }
 
 impl fmt::Debug for Report {
-    /// The message, then `Caused by:` and each source whose words were not
-    /// printed already, one a line (numbered when there are several).
+    /// The message, then `Caused by:` and each source, one a line
+    /// (numbered when there are several), but for a source whose words end
+    /// the words of the error it is the source of (that error said them).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.0.to_string();
-        f.write_str(&shown)?;
+        let mut above = self.0.to_string();
+        f.write_str(&above)?;
         let mut causes: Vec<String> = Vec::new();
         let mut next = self.0.source();
         // Bounded: a chain that loops back on itself still ends.
@@ -109,11 +110,10 @@ impl fmt::Debug for Report {
         .take(64)
         {
             let words = cause.to_string();
-            if !shown.contains(&words) {
-                shown.push('\n');
-                shown.push_str(&words);
-                causes.push(words);
+            if !above.ends_with(&words) {
+                causes.push(words.clone());
             }
+            above = words;
         }
         if causes.is_empty() {
             return Ok(());
@@ -182,6 +182,28 @@ mod tests {
         fn source(&self) -> Option<&(dyn StdError + 'static)> {
             Some(&self.0)
         }
+    }
+
+    /// A message that holds its cause's words elsewhere than at its end
+    /// (by chance: a short, common cause) still prints the cause.
+    #[derive(Debug)]
+    struct Mentions(Inner);
+
+    impl fmt::Display for Mentions {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{} was the hint; the fetch failed", self.0)
+        }
+    }
+    impl StdError for Mentions {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn debug_prints_a_cause_the_message_only_mentions() {
+        let r = Report::from(Mentions(Inner));
+        assert!(format!("{r:?}").ends_with("Caused by:\n    install a CUDA 13.3+ driver"));
     }
 
     #[test]

@@ -503,7 +503,7 @@ fn pass_fds(
                 .then(|| mine.get(i).map(|f| f.as_fd()))
                 .flatten();
             let fd = FdExchange::broadcast_fd_on(boot, node, root, offer, deadline.remaining())
-                .map_err(|e| (failed_at(&e, me, root), Cause::Bootstrap(e)))?;
+                .map_err(|e| (failed_at(&e, root), Cause::Bootstrap(e)))?;
             theirs.push(fd);
         }
         all.push(theirs);
@@ -512,13 +512,11 @@ fn pass_fds(
 }
 
 /// The rank a failed descriptor round of `root`'s is reported at: across
-/// nodes, the rank off `root`'s node (this one when the error names the
-/// root, else the peer it names: `FdExchange` names the root to a rank off
-/// its node and the first rank off it to the others); else `root`.
-fn failed_at(e: &BootstrapError, me: usize, root: usize) -> usize {
+/// nodes, the first rank off `root`'s node, the same on every rank; else
+/// `root`.
+fn failed_at(e: &BootstrapError, root: usize) -> usize {
     match e {
-        BootstrapError::OtherNode { peer, .. } if *peer == root => me,
-        BootstrapError::OtherNode { peer, .. } => *peer,
+        BootstrapError::OtherNode { outside, .. } => *outside,
         _ => root,
     }
 }

@@ -376,6 +376,106 @@ fn a_panic_in_a_tracing_layer_on_a_primary_context_retain_or_release_leaks_no_re
         tracing::subscriber::with_default(layer, || catch_unwind(AssertUnwindSafe(|| drop(ctx))));
     assert!(r.is_err(), "the layer panicked inside the backend's drop");
     assert_eq!(lib.live().1, held, "both retains released");
+    // And while a panic unwinds: the drop's panic is caught there (one
+    // escaping a destructor then would abort the process).
+    let ctx = Context::cuda().unwrap();
+    drop(Allocation::<Private>::on_device(&ctx, Device(1), 2 * MIB).unwrap());
+    let fired = AtomicBool::new(false);
+    let layer = OnEvent(move |e: &EventFields| {
+        if e.message.contains("cuDevicePrimaryCtxRelease") && !fired.swap(true, Ordering::SeqCst) {
+            panic!("a layer's panic");
+        }
+    });
+    let r = tracing::subscriber::with_default(layer, || {
+        catch_unwind(AssertUnwindSafe(move || {
+            let _dropped_while_unwinding = ctx;
+            panic!("the program's panic");
+        }))
+    });
+    assert!(r.is_err());
+    assert_eq!(lib.live().1, held, "released while unwinding");
+}
+
+/// The retry in the stream's context is speculative: a copy the driver
+/// refuses for itself (a null source: `INVALID_VALUE`) keeps that answer.
+/// From a thread with no context, or in the stream's own, it is made once
+/// (no retry: the context was not the cause); from another device's
+/// context, once more in the stream's, and the first answer stands when
+/// that fails too; the thread's context is put back.
+#[test]
+fn a_copy_the_driver_refuses_for_itself_keeps_its_answer_in_any_context() {
+    use cuda_endpoints::driver::{Driver, Pointer};
+    let Some((ctx, probe, lib)) = on_double(ModelConfig::node(2)) else {
+        return;
+    };
+    let dst = Allocation::<Private>::on_device(&ctx, Device(1), 2 * MIB)
+        .unwrap()
+        .map(&[Device(1)])
+        .unwrap();
+    // SAFETY: the test's own stream, destroyed below.
+    let s = unsafe { probe.stream_create(Device(1)) }.unwrap();
+    let counts = || {
+        (
+            lib.call_count("cuMemcpyAsync"),
+            lib.call_count("cuStreamGetCtx"),
+        )
+    };
+    let (probe, dst) = (&probe, &dst);
+    let bad = move || {
+        // SAFETY: refused before any byte moves (a null source).
+        unsafe { probe.memcpy_async(Pointer::device(dst.device_ptr()), Pointer::device(0), 64, s) }
+    };
+    let on_a_thread = |within: Option<i32>| {
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let before = counts();
+                let (r, current) = match within {
+                    Some(dev) => lib.in_context(dev, || (bad(), lib.current_context())),
+                    None => (bad(), lib.current_context()),
+                };
+                let after = counts();
+                (r, (after.0 - before.0, after.1 - before.1), current)
+            })
+            .join()
+            .unwrap()
+        })
+    };
+    let ctx_of = |dev| lib.in_context(dev, || lib.current_context());
+    assert_eq!(on_a_thread(None), (Err(Code::INVALID_VALUE), (1, 0), 0));
+    assert_eq!(
+        on_a_thread(Some(1)),
+        (Err(Code::INVALID_VALUE), (1, 1), ctx_of(1)),
+        "(answer, (copies, cuStreamGetCtx), current after) in the stream's context"
+    );
+    assert_eq!(
+        on_a_thread(Some(0)),
+        (Err(Code::INVALID_VALUE), (2, 1), ctx_of(0)),
+        "(answer, (copies, cuStreamGetCtx), current after) in another device's"
+    );
+    // A good copy refused in another device's context whose retry fails
+    // for a reason of its own (a fault the model injects into the retry,
+    // the first copy to reach it): the driver's first answer stands.
+    probe.set_faults(&[F::nth(Call::MemcpyAsync, 1, Code::OUT_OF_MEMORY)]);
+    let good = move || {
+        let at = dst.device_ptr();
+        // SAFETY: both ranges inside `dst`, disjoint; waited below.
+        unsafe { probe.memcpy_async(Pointer::device(at + 4096), Pointer::device(at), 64, s) }
+    };
+    let (r, counted) = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let before = counts();
+            let r = lib.in_context(0, good);
+            let after = counts();
+            (r, (after.0 - before.0, after.1 - before.1))
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!((r, counted), (Err(Code::INVALID_VALUE), (2, 1)));
+    probe.set_faults(&[]);
+    // SAFETY: the stream made above; nothing is in flight on it.
+    unsafe { probe.stream_destroy(s) }.unwrap();
+    drop(ctx);
 }
 
 /// Found by the double: device-less calls (`cuLogicalEndpointIdReserve`,

@@ -184,7 +184,7 @@ fn descriptors_are_refused_across_nodes_on_every_rank() {
     for (r, e) in errs.iter().enumerate() {
         let want_peer = if r >= 2 { 0 } else { 2 };
         assert!(
-            matches!(e, BootstrapError::OtherNode { rank, peer, .. } if *rank == r && *peer == want_peer),
+            matches!(e, BootstrapError::OtherNode { rank, peer, outside, .. } if *rank == r && *peer == want_peer && *outside == 2),
             "{e}"
         );
     }

@@ -781,8 +781,12 @@ pub enum BootstrapError {
         rank: usize,
         /// The step.
         step: Exchange,
-        /// The peer.
+        /// The peer: the root to a rank off the root's node, else the
+        /// first rank off it.
         peer: usize,
+        /// The first rank (in rank order) off the root's node: the same on
+        /// every rank, so that every rank can name the same one.
+        outside: usize,
         /// This rank's node.
         mine: Box<NodeId>,
         /// The peer's node.

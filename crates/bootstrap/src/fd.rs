@@ -238,6 +238,7 @@ impl FdExchange {
                 rank,
                 step: step(),
                 peer,
+                outside: p,
                 mine: Box::new(node),
                 theirs: Box::new(theirs),
             });

@@ -72,7 +72,8 @@ pub struct ContextFailure {
     /// The entry point that failed.
     pub step: ContextStep,
     /// The device whose context it was for (`None`: reading the thread's
-    /// current context, before any device was chosen).
+    /// current context, before any device was chosen, or making a stream's
+    /// own context current, which names the stream, not a device).
     pub device: Option<Device>,
 }
 

@@ -54,11 +54,14 @@
 //! is remembered: a thread in the stream's context, or in none, never pays
 //! for it, and a thread left in another device's pays a refused call and
 //! four context calls per copy (make the stream's device current, or none,
-//! to avoid them). A call refused a second time, or whose stream's context
-//! was current already, keeps the driver's answer. Made twice, a copy
-//! writes the same bytes: a refused call enqueued nothing, and were part of
-//! a batch enqueued, its ops are independent (F3), so running them again
-//! in stream order changes no byte.
+//! to avoid them). The retry is speculative (`INVALID_VALUE` may be the
+//! driver's answer to the call itself): a call whose stream's context was
+//! current already is not made again, one made again that fails again
+//! keeps the driver's first answer, and a context step that fails makes no
+//! retry. It rests on what a CUDA error code means for an asynchronous
+//! call: the driver checked the call and enqueued none of it (cuda.h says
+//! of no copy call that it may enqueue part of its work and fail); so a
+//! retried copy runs once.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -143,7 +146,11 @@ impl CtxGuard<'_> {
         // SAFETY: `set` is `cuCtxSetCurrent`; `prev` was current on this thread
         // (or null, which unbinds) a moment ago.
         if let Some(code) = Code::from_raw(unsafe { set(prev) }) {
-            tracing::debug!(%code, "cuCtxSetCurrent: restoring the previous context failed");
+            // Run by a `Drop`: a layer that panics here while a panic
+            // unwinds must not abort the process.
+            crate::unwind::in_drop(|| {
+                tracing::debug!(%code, "cuCtxSetCurrent: restoring the previous context failed");
+            });
         }
     }
 }
@@ -401,14 +408,22 @@ impl Contexts {
     /// For a [`Cx::Stream`] call that the driver answered `code`
     /// ([`Contexts::may_be_the_wrong_context`]): the stream's own context,
     /// made current to make the call again in, when the call was made in
-    /// another. With none current and `INVALID_CONTEXT`, the driver is
-    /// remembered as one that refuses stream calls without a context
-    /// (later ones go the [`Cx::Current`] way from the start); with
-    /// another context current (a thread left in another device's, which
-    /// a copy's pointers are checked against), nothing is remembered: a
-    /// thread in the stream's context, or in none, pays nothing. `None`:
-    /// the answer stands (the stream's context was current, or the driver
-    /// cannot say which it is).
+    /// another, and whether that retry is speculative.
+    ///
+    /// - With none current and `INVALID_CONTEXT`, the driver is remembered
+    ///   as one that refuses stream calls without a context: later ones,
+    ///   where none is current, make the stream's context current first
+    ///   ([`Contexts::make_current`]). Not speculative: the driver said
+    ///   what was wrong, and the retry's answer is the call's.
+    /// - With another context current (a thread left in another device's,
+    ///   which a copy's pointers are checked against), nothing is
+    ///   remembered: a thread in the stream's context, or in none, pays
+    ///   nothing. Speculative: `INVALID_VALUE` may be the driver's answer
+    ///   to the call itself, so a retry that fails too leaves the first
+    ///   answer standing, and a context step that fails makes no retry.
+    ///
+    /// `None`: the answer stands (the stream's context was current, the
+    /// driver cannot say which it is, or a speculative step failed).
     #[cold]
     #[inline(never)]
     pub(super) fn stream_retry<'a>(
@@ -416,23 +431,25 @@ impl Contexts {
         sym: &'a Symbols,
         stream: CUstream,
         code: Code,
-    ) -> Option<Result<CtxGuard<'a>, StepError>> {
+    ) -> Option<(Result<CtxGuard<'a>, StepError>, bool)> {
         let current = match Self::current(sym) {
             Ok(c) => c,
-            Err(e) => return Some(Err(e)),
+            Err(_) if code != Code::INVALID_CONTEXT => return None,
+            Err(e) => return Some((Err(e), false)),
         };
         if current.is_null() {
             if code != Code::INVALID_CONTEXT {
                 return None;
             }
             self.refuses_streams.store(true, Ordering::Relaxed);
-            return Some(self.make_streams_current(sym, stream));
+            return Some((self.make_streams_current(sym, stream), false));
         }
         let ctx = Self::stream_context(sym, stream)?;
         if ctx == current {
             return None;
         }
-        Some(Self::switch_to(sym, ctx, current))
+        let made = Self::switch_to(sym, ctx, current).ok()?;
+        Some((Ok(made), true))
     }
 
     /// For a [`Cx::NoneNeeded`] call the driver answered `INVALID_CONTEXT`:

@@ -228,13 +228,14 @@ impl Cuda {
         };
         let mut rc = Code::from_raw(body(f));
         if let Some(code) = rc
-            && let Some(retry) = match cx {
+            && let Some((retry, speculative)) = match cx {
                 // cuda.h lists no INVALID_CONTEXT for these calls; a driver
                 // that answers it anyway gets the call once more in the
                 // context of a device the program uses.
-                Cx::NoneNeeded(prefer) if code == Code::INVALID_CONTEXT => {
-                    self.contexts.retry_context(&self.sym, prefer)
-                }
+                Cx::NoneNeeded(prefer) if code == Code::INVALID_CONTEXT => self
+                    .contexts
+                    .retry_context(&self.sym, prefer)
+                    .map(|r| (r, false)),
                 // Refused in no context or in another: once more in the
                 // stream's own.
                 Cx::Stream(stream) if Contexts::may_be_the_wrong_context(code) => {
@@ -251,6 +252,11 @@ impl Cuda {
                 "refused in no context or in another: made again in the stream's or a device's primary context"
             );
             rc = Code::from_raw(body(f));
+            // A retry made on the chance that another context was the
+            // cause: when it fails too, the driver's first answer stands.
+            if speculative && rc.is_some() {
+                rc = Some(code);
+            }
         }
         drop(guard);
         match rc {
@@ -279,7 +285,9 @@ impl Cuda {
 
 impl Drop for Cuda {
     fn drop(&mut self) {
-        self.contexts.release_all(&self.sym);
+        // A `tracing` layer that panics on a release's event while this
+        // drops during an unwind must not abort the process.
+        crate::unwind::in_drop(|| self.contexts.release_all(&self.sym));
     }
 }
 

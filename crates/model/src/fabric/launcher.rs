@@ -17,7 +17,10 @@
 //! and removes the fabric's temporary directory when the launcher dies by
 //! any signal, SIGKILL included. `--tag-output` (with `-n`, as `mpirun
 //! --tag-output`) starts each line a rank prints with `[rank R] `, on the
-//! stream it printed it to, so that the ranks' lines can be told apart.
+//! stream it printed it to, so that the ranks' lines can be told apart: a
+//! line is forwarded when it ends (a prompt without a newline waits for
+//! one), a line longer than 64 KiB in pieces of 64 KiB, and what a process
+//! the job left behind prints more than 2 s after the job ended is lost.
 //!
 //! (`cuda-endpoints-fabric --help` says what each flag does and the exit
 //! statuses; the arguments are parsed by `clap`.)
@@ -327,20 +330,22 @@ fn spawn_job(
                 if job.pgid == 0 {
                     job.pgid = i32::try_from(c.id()).unwrap_or(0);
                 }
-                let tag = format!("[rank {rank}] ");
-                if let Some(out) = c.stdout.take() {
-                    job.tagging.push(tag_lines(
-                        out,
-                        std::io::stdout(),
-                        tag.clone(),
-                        done.clone(),
-                    )?);
-                }
-                if let Some(err) = c.stderr.take() {
-                    job.tagging
-                        .push(tag_lines(err, std::io::stderr(), tag, done.clone())?);
-                }
+                let (out, err) = (c.stdout.take(), c.stderr.take());
                 job.children.push(c);
+                let tag = format!("[rank {rank}] ");
+                let forwarders = [
+                    out.map(|o| tag_lines(o, std::io::stdout(), tag.clone(), done.clone())),
+                    err.map(|e| tag_lines(e, std::io::stderr(), tag, done.clone())),
+                ];
+                for f in forwarders.into_iter().flatten() {
+                    match f {
+                        Ok(t) => job.tagging.push(t),
+                        Err(e) => {
+                            job.kill();
+                            return Err(e);
+                        }
+                    }
+                }
             }
             Err(e) => {
                 job.kill();
@@ -379,6 +384,9 @@ where
     use std::io::BufRead;
     std::thread::Builder::new()
         .name("tag-output".into())
+        // Two a rank, up to 4,096 ranks: small stacks (the thread holds
+        // its line on the heap).
+        .stack_size(64 << 10)
         .spawn(move || {
             let mut from = std::io::BufReader::new(from);
             let mut to = to;
