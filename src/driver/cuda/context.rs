@@ -290,19 +290,8 @@ impl Contexts {
                 previous: None,
             });
         }
-        let set_failed = |code| step_err(ContextStep::CtxSetCurrent, Some(dev), code);
-        let set = sym
-            .cuCtxSetCurrent
-            .ok_or_else(|| set_failed(Code::NOT_SUPPORTED))?;
-        // SAFETY: `set` is `cuCtxSetCurrent`; `ctx` is a primary context this
-        // object retained and has not released.
-        if let Some(code) = Code::from_raw(unsafe { set(ctx) }) {
-            return Err(set_failed(code));
-        }
-        Ok(CtxGuard {
-            sym,
-            previous: Some(previous),
-        })
+        // `ctx` is a primary context this object retained and has not released.
+        Self::switch_to(sym, ctx, previous, Some(dev))
     }
 
     /// Makes the context for `cx` current on this thread until the guard drops.
@@ -352,24 +341,27 @@ impl Contexts {
         stream: CUstream,
     ) -> Result<CtxGuard<'a>, StepError> {
         match Self::stream_context(sym, stream) {
-            Some(ctx) => Self::switch_to(sym, ctx, std::ptr::null_mut()),
+            Some(ctx) => Self::switch_to(sym, ctx, std::ptr::null_mut(), None),
             None => self.make_current_on(sym, self.fallback(sym)),
         }
     }
 
-    /// `ctx` (a live stream's) made current on this thread in place of
-    /// `previous`, restored when the guard drops.
+    /// `ctx` made current on this thread in place of `previous`, restored
+    /// when the guard drops; `ctx` is alive for the call: `device`'s primary
+    /// context this object retained, or (`device` `None`) the context of a
+    /// live stream, as the driver answered just now.
     fn switch_to(
         sym: &Symbols,
         ctx: CUcontext,
         previous: CUcontext,
+        device: Option<Device>,
     ) -> Result<CtxGuard<'_>, StepError> {
-        let set_failed = |code| step_err(ContextStep::CtxSetCurrent, None, code);
+        let set_failed = |code| step_err(ContextStep::CtxSetCurrent, device, code);
         let set = sym
             .cuCtxSetCurrent
             .ok_or_else(|| set_failed(Code::NOT_SUPPORTED))?;
-        // SAFETY: `set` is `cuCtxSetCurrent`; `ctx` is the context of a live
-        // stream (the driver's answer just now), alive while the stream is.
+        // SAFETY: `set` is `cuCtxSetCurrent`; `ctx` is alive for the call
+        // (a retained primary context, or a live stream's: see above).
         if let Some(code) = Code::from_raw(unsafe { set(ctx) }) {
             return Err(set_failed(code));
         }
@@ -448,7 +440,7 @@ impl Contexts {
         if ctx == current {
             return None;
         }
-        let made = Self::switch_to(sym, ctx, current).ok()?;
+        let made = Self::switch_to(sym, ctx, current, None).ok()?;
         Some((Ok(made), true))
     }
 
