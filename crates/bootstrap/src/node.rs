@@ -57,8 +57,29 @@ impl NodeId {
 }
 
 impl fmt::Display for NodeId {
+    /// `host (boot b, netns n)`: of a kernel's boot id (a UUID), its first
+    /// 8 hex digits; of any other (a model fabric's node name), at most 64
+    /// characters (it may come from a peer).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let short: String = self.boot_id.chars().take(8).collect();
+        let uuid = self.boot_id.len() == 36 && self.boot_id.as_bytes().get(8) == Some(&b'-');
+        let short: String = self
+            .boot_id
+            .chars()
+            .take(if uuid { 8 } else { 64 })
+            .collect();
         write!(f, "{} (boot {short}, netns {})", self.hostname, self.net_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeId;
+
+    #[test]
+    fn display_shows_a_uuid_boot_id_short_and_a_model_nodes_name_whole() {
+        let k = NodeId::from_parts("h", "6c1f0d7e-8a4b-4f0e-9d2c-1b3a5e7f9c0d", 0);
+        assert_eq!(k.to_string(), "h (boot 6c1f0d7e, netns 0)");
+        let m = NodeId::from_parts("vm", "model-node-1", 0);
+        assert_eq!(m.to_string(), "vm (boot model-node-1, netns 0)");
     }
 }
