@@ -425,13 +425,15 @@ fn a_copy_the_driver_refuses_for_itself_keeps_its_answer_in_any_context() {
         // SAFETY: refused before any byte moves (a null source).
         unsafe { probe.memcpy_async(Pointer::device(dst.device_ptr()), Pointer::device(0), 64, s) }
     };
-    let on_a_thread = |within: Option<i32>| {
+    // `copy` on a new thread, in `within`'s context (or none): its answer,
+    // the calls it made (copies, `cuStreamGetCtx`), the context after.
+    let on_a_thread = |within: Option<i32>, copy: &(dyn Fn() -> Result<(), Code> + Sync)| {
         std::thread::scope(|sc| {
             sc.spawn(|| {
                 let before = counts();
                 let (r, current) = match within {
-                    Some(dev) => lib.in_context(dev, || (bad(), lib.current_context())),
-                    None => (bad(), lib.current_context()),
+                    Some(dev) => lib.in_context(dev, || (copy(), lib.current_context())),
+                    None => (copy(), lib.current_context()),
                 };
                 let after = counts();
                 (r, (after.0 - before.0, after.1 - before.1), current)
@@ -441,14 +443,17 @@ fn a_copy_the_driver_refuses_for_itself_keeps_its_answer_in_any_context() {
         })
     };
     let ctx_of = |dev| lib.in_context(dev, || lib.current_context());
-    assert_eq!(on_a_thread(None), (Err(Code::INVALID_VALUE), (1, 0), 0));
     assert_eq!(
-        on_a_thread(Some(1)),
+        on_a_thread(None, &bad),
+        (Err(Code::INVALID_VALUE), (1, 0), 0)
+    );
+    assert_eq!(
+        on_a_thread(Some(1), &bad),
         (Err(Code::INVALID_VALUE), (1, 1), ctx_of(1)),
         "(answer, (copies, cuStreamGetCtx), current after) in the stream's context"
     );
     assert_eq!(
-        on_a_thread(Some(0)),
+        on_a_thread(Some(0), &bad),
         (Err(Code::INVALID_VALUE), (2, 1), ctx_of(0)),
         "(answer, (copies, cuStreamGetCtx), current after) in another device's"
     );
@@ -461,16 +466,7 @@ fn a_copy_the_driver_refuses_for_itself_keeps_its_answer_in_any_context() {
         // SAFETY: both ranges inside `dst`, disjoint; waited below.
         unsafe { probe.memcpy_async(Pointer::device(at + 4096), Pointer::device(at), 64, s) }
     };
-    let (r, counted) = std::thread::scope(|sc| {
-        sc.spawn(|| {
-            let before = counts();
-            let r = lib.in_context(0, good);
-            let after = counts();
-            (r, (after.0 - before.0, after.1 - before.1))
-        })
-        .join()
-        .unwrap()
-    });
+    let (r, counted, _) = on_a_thread(Some(0), &good);
     assert_eq!((r, counted), (Err(Code::INVALID_VALUE), (2, 1)));
     probe.set_faults(&[]);
     // SAFETY: the stream made above; nothing is in flight on it.
