@@ -212,6 +212,7 @@ pub mod reading_the_compiler {
     //!
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
+    //! | `put(&alloc, ..)` (or `get`, a strided op, `route`) with an [`Allocation`](crate::Allocation) not mapped | a copy reads and writes memory mapped in this process, and `&Allocation` is not `&Mapped` | `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`: a copy works on addresses, which an allocation has only once mapped | F1 | `copy_put_from_unmapped_allocation` |
     //! | `get` or `get_host` from a multicast endpoint | a get reads from a unicast endpoint only: `Multicast` is a multicast endpoint, which has no single memory to read from (F1) | read your own member's bound memory directly, or get from the unicast endpoint of the rank that owns the bytes (`team::unicast_peers`) | F1 | `copy_get_from_multicast` |
     //! | `b.unbind()` while a copy lent the endpoint through `b.copy_through(&ep)?` is in flight | `E0505` cannot move out of `b` because it is borrowed | `copy.wait()?` (or synchronize the stream and drop the token), then `b.unbind()?` | F4 | `copy_unbind_while_in_flight` |
     //! | `ep.destroy()` while a copy through `ep` is in flight | `E0505` cannot move out of `ep` because it is borrowed | wait the copy first, then unbind and destroy | F4 | `copy_destroy_while_in_flight` |
@@ -423,6 +424,7 @@ pub mod misuse_cases {
         copy_drop_mapped_while_in_flight: E0505,
         copy_get_from_multicast: E0277,
         copy_graph_unbind_while_graph_lives: E0505,
+        copy_put_from_unmapped_allocation: E0277,
         copy_route_drop_mapped_while_in_flight: E0505,
         copy_unbind_while_in_flight: E0505,
         lint_binding_discarded: lint,

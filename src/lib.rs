@@ -134,7 +134,7 @@ pub mod bounds {
         Accepts, CanBind, CanExport, Count, Creatable, Enroll, Enrolled, HasFabricHandles, Kind,
         MemShare, Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
     };
-    pub use crate::memory::BindSource;
+    pub use crate::memory::{BindSource, CopyMemory};
     pub use crate::spec::TeamDevices;
     pub use crate::state::{
         Agreed, CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,

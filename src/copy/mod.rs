@@ -97,10 +97,9 @@ use smallvec::SmallVec;
 use crate::driver::{CopyOp, CopyOps, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent};
-use crate::kind::MemShare;
 use crate::kind::{ImportedUnicast, Kind, Unicast};
 use crate::ledger::holds::Keep;
-use crate::memory::{Locality, Mapped};
+use crate::memory::{CopyMemory, Locality};
 use crate::state::{Agreed, IsReady, Sealed, State};
 
 mod check;
@@ -671,16 +670,18 @@ impl<'a> CopyBatch<'a> {
     /// (unicast: the owner's bound memory; multicast: every member's).
     /// `src` is memory mapped in this process: an
     /// [`Allocation`](crate::Allocation) after
-    /// [`map`](crate::Allocation::map)`(&[dev])`. On the portable path
+    /// [`map`](crate::Allocation::map)`(&[dev])`, by reference
+    /// ([`CopyMemory`](crate::bounds::CopyMemory): `&mapped`, or a
+    /// reference to an `Arc` or a `Box` of one). On the portable path
     /// (drivers before 13.5) the memory bound to `ep` must be mapped too:
     /// it is what the copy writes ([`Error::CopyNoWindow`](crate::Error::CopyNoWindow)
     /// otherwise).
     // Always: the fast path is a few comparisons and a write, and only
     // inlined does the batch stay in registers across a loop of puts.
     #[inline(always)]
-    pub fn put<H: MemShare, S, K: Kind>(
+    pub fn put<M: CopyMemory<'a>, S, K: Kind>(
         mut self,
-        src: &'a Mapped<H>,
+        src: M,
         src_offset: u64,
         ep: &'a Endpoint<S, K>,
         offset: u64,
@@ -689,6 +690,7 @@ impl<'a> CopyBatch<'a> {
     where
         S: State + IsReady + Agreed,
     {
+        let src = src.mapped();
         if !self
             .hot
             .put(&self.inner.cursor, src, src_offset, ep, offset, size)
@@ -718,11 +720,11 @@ impl<'a> CopyBatch<'a> {
     /// `dst` at `dst_offset`. Not for multicast endpoints (F1): see [`CanGet`].
     // Always, as `put`.
     #[inline(always)]
-    pub fn get<H: MemShare, S, K>(
+    pub fn get<M: CopyMemory<'a>, S, K>(
         mut self,
         ep: &'a Endpoint<S, K>,
         offset: u64,
-        dst: &'a Mapped<H>,
+        dst: M,
         dst_offset: u64,
         size: u64,
     ) -> Self
@@ -730,6 +732,7 @@ impl<'a> CopyBatch<'a> {
         S: State + IsReady + Agreed,
         K: CanGet,
     {
+        let dst = dst.mapped();
         let fast = self
             .hot
             .get_next(&self.inner.cursor, ep, offset, dst, dst_offset, size);

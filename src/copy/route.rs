@@ -29,7 +29,7 @@ use super::{BatchInner, CopyBatch, EpFacts, InFlight};
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::kind::{Kind, MemShare};
-use crate::memory::Mapped;
+use crate::memory::{CopyMemory, Mapped};
 use crate::state::{Agreed, IsReady, State};
 use crate::stream::Stream;
 
@@ -110,21 +110,22 @@ impl<H: MemShare, S: State, K: Kind> std::fmt::Debug for Route<'_, H, S, K> {
 impl Stream {
     /// A [`Route`] of puts from `src` into `ep` on this stream. Nothing is
     /// checked yet: each put is checked as a batch of it alone.
-    pub fn route<'a, H: MemShare, S, K: Kind>(
+    pub fn route<'a, M: CopyMemory<'a>, S, K: Kind>(
         &'a self,
-        src: &'a Mapped<H>,
+        src: M,
         ep: &'a Endpoint<S, K>,
-    ) -> Route<'a, H, S, K>
+    ) -> Route<'a, M::Share, S, K>
     where
         S: State + IsReady + Agreed,
     {
+        let src = src.mapped();
         let mut route = Route {
             stream: self,
             src,
             ep,
             facts: None,
             mem: (src.device_ptr(), src.size()),
-            as_batch: as_batch::<H, S, K>,
+            as_batch: as_batch::<M::Share, S, K>,
         };
         route.read_facts();
         route

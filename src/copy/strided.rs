@@ -22,7 +22,7 @@ use crate::endpoint::Endpoint;
 use crate::error::Error;
 use crate::kind::Kind;
 use crate::kind::MemShare;
-use crate::memory::Mapped;
+use crate::memory::{CopyMemory, Mapped};
 use crate::state::{Agreed, IsReady, State};
 
 use super::CanGet;
@@ -111,9 +111,9 @@ impl<'a> CopyBatch<'a> {
     /// # }
     /// ```
     #[inline]
-    pub fn put_strided<H: MemShare, S, K: Kind>(
+    pub fn put_strided<M: CopyMemory<'a>, S, K: Kind>(
         mut self,
-        src: &'a Mapped<H>,
+        src: M,
         src_offset: u64,
         ep: &'a Endpoint<S, K>,
         offset: u64,
@@ -122,6 +122,7 @@ impl<'a> CopyBatch<'a> {
     where
         S: State + IsReady + Agreed,
     {
+        let src = src.mapped();
         if blocks.count == 0 {
             return self;
         }
@@ -178,11 +179,11 @@ impl<'a> CopyBatch<'a> {
     /// [`CopyBatch::get`] would (F1: see [`CanGet`]), its checks made once
     /// as [`CopyBatch::put_strided`]'s are.
     #[inline]
-    pub fn get_strided<H: MemShare, S, K>(
+    pub fn get_strided<M: CopyMemory<'a>, S, K>(
         mut self,
         ep: &'a Endpoint<S, K>,
         offset: u64,
-        dst: &'a Mapped<H>,
+        dst: M,
         dst_offset: u64,
         blocks: Strided,
     ) -> Self
@@ -190,6 +191,7 @@ impl<'a> CopyBatch<'a> {
         S: State + IsReady + Agreed,
         K: CanGet,
     {
+        let dst = dst.mapped();
         if blocks.count == 0 {
             return self;
         }

@@ -5,7 +5,8 @@
 //! the one right order (unmap, release the handle, free the address range),
 //! what a mapping answers (its address, size, access, and where its memory
 //! is for F2, [`Locality`]), its exports, and how it is bound
-//! ([`BindSource`] by address). Mappings are made by
+//! ([`BindSource`] by address), and what a copy takes as memory
+//! ([`CopyMemory`]). Mappings are made by
 //! [`Allocation::map`](super::Allocation::map).
 
 use std::marker::PhantomData;
@@ -191,6 +192,66 @@ pub(crate) enum Locality {
 }
 
 impl<H: MemShare> Sealed for Mapped<H> {}
+
+/// What a copy reads or writes on this side: [`Mapped`] memory, by
+/// reference. Sealed.
+///
+/// A copy works on addresses, and an [`Allocation`](super::Allocation) has
+/// none in this process until [`map`](super::Allocation::map): a trait
+/// rather than `&Mapped` so that passing one is refused with that fix
+/// (`ui-tests/copy_put_from_unmapped_allocation.rs`), not as a bare type
+/// mismatch. `&Mapped`, a reference to one (`&m` with `m: &Mapped`, as in
+/// a loop over `&[Mapped]`), and `&Arc<Mapped>` / `&Box<Mapped>` are
+/// taken, each as the `&Mapped` inside for as long as that lives.
+#[diagnostic::on_unimplemented(
+    message = "a copy reads and writes memory mapped in this process, and `{Self}` is not `&Mapped`",
+    label = "not mapped memory",
+    note = "an `Allocation` has no address here until it is mapped: `let mapped = alloc.map(&[dev])?;`, then pass `&mapped` (`&*x` from a wrapper of one; host bytes go through `put_host` and `get_host`)"
+)]
+pub trait CopyMemory<'a>: Sealed {
+    /// The shareable handle type of the memory (R5.6).
+    type Share: MemShare;
+    #[doc(hidden)]
+    fn mapped(self) -> &'a Mapped<Self::Share>;
+}
+
+impl<H: MemShare> Sealed for &Mapped<H> {}
+impl<'a, H: MemShare> CopyMemory<'a> for &'a Mapped<H> {
+    type Share = H;
+    #[inline(always)]
+    fn mapped(self) -> &'a Mapped<H> {
+        self
+    }
+}
+
+// As deref coercion took it before the trait: the `&Mapped` inside, not
+// the short borrow of it.
+impl<H: MemShare> Sealed for &&Mapped<H> {}
+impl<'a, H: MemShare> CopyMemory<'a> for &&'a Mapped<H> {
+    type Share = H;
+    #[inline(always)]
+    fn mapped(self) -> &'a Mapped<H> {
+        self
+    }
+}
+
+impl<H: MemShare> Sealed for &Arc<Mapped<H>> {}
+impl<'a, H: MemShare> CopyMemory<'a> for &'a Arc<Mapped<H>> {
+    type Share = H;
+    #[inline(always)]
+    fn mapped(self) -> &'a Mapped<H> {
+        self
+    }
+}
+
+impl<H: MemShare> Sealed for &Box<Mapped<H>> {}
+impl<'a, H: MemShare> CopyMemory<'a> for &'a Box<Mapped<H>> {
+    type Share = H;
+    #[inline(always)]
+    fn mapped(self) -> &'a Mapped<H> {
+        self
+    }
+}
 
 impl<H: MemShare> BindSource for Mapped<H> {
     type Share = H;

@@ -35,7 +35,7 @@ use crate::unwind::OnUnwind;
 mod keep;
 mod mapped;
 pub(crate) use keep::{AllocId, KeepAlive, NotForPeers, PeerHandle, export_for_peers};
-pub use mapped::Mapped;
+pub use mapped::{CopyMemory, Mapped};
 pub(crate) use mapped::{Locality, MappedInner};
 
 /// The allocation itself, shared by its owner and the bindings that use it.

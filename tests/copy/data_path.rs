@@ -535,7 +535,7 @@ fn r13_3_a_copy_the_stream_reaches_before_the_owner_bound_is_caught() {
 // ------------------------------------------------------- the typed API
 
 use cuda_endpoints::error::ContextPair;
-use cuda_endpoints::{CopyBatch, Error, Stream};
+use cuda_endpoints::{CopyBatch, Error, Stream, Strided};
 
 #[test]
 fn typed_put_and_get_through_a_unicast_endpoint_leave_no_violation() {
@@ -565,6 +565,66 @@ fn typed_put_and_get_through_a_unicast_endpoint_leave_no_violation() {
     assert_eq!(got.received, vec![vec![3; 128]]);
     drop(stream);
     drop(b);
+    drop(u);
+    clean(&ctx, &model);
+}
+
+/// F1: a copy takes `Mapped` memory however the caller holds it, as deref
+/// coercion took it before `CopyMemory`: `&m` in a loop over `&[Mapped]`
+/// (its borrow ends with the iteration; the batch keeps the `&Mapped`
+/// inside), an `Arc`, a `Box`; in every copy method.
+#[test]
+#[allow(clippy::needless_borrow, clippy::needless_borrows_for_generic_args)]
+fn f1_copy_memory_is_taken_through_a_reference_an_arc_or_a_box_as_the_mapped_inside() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let srcs = [mapped(&ctx, 0), mapped(&ctx, 0)];
+    let arc = std::sync::Arc::new(mapped(&ctx, 0));
+    let boxed = Box::new(mapped(&ctx, 0));
+    for (i, m) in srcs.iter().chain([&*arc, &*boxed]).enumerate() {
+        model.write(m.device_ptr(), &[i as u8 + 1; 256]).unwrap();
+    }
+    let mut batch = CopyBatch::new();
+    for (i, m) in srcs.iter().enumerate() {
+        batch = batch.put(&m, 0, &u.ep, 64 * i as u64, 64);
+    }
+    let batch = batch
+        .put(&arc, 0, &u.ep, 128, 64)
+        .put(&boxed, 0, &u.ep, 192, 64)
+        .put_strided(&&srcs[0], 0, &u.ep, 256, Strided::new(2, 32, 64, 64));
+    stream.enqueue(batch).unwrap().wait().unwrap();
+    let want = [[1; 64], [2; 64], [3; 64], [4; 64]].concat();
+    assert_eq!(model.read(u.owner.device_ptr(), 256).unwrap(), want);
+    let strided = model.read(u.owner.device_ptr() + 256, 96).unwrap();
+    assert_eq!(strided, [[1; 32], [0; 32], [1; 32]].concat());
+
+    stream
+        .enqueue(CopyBatch::new().get(&u.ep, 64, &boxed, 0, 64).get_strided(
+            &u.ep,
+            0,
+            &arc,
+            0,
+            Strided::new(2, 16, 128, 16),
+        ))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(model.read(boxed.device_ptr(), 64).unwrap(), vec![2; 64]);
+    let got = model.read(arc.device_ptr(), 32).unwrap();
+    assert_eq!(got, [[1; 16], [3; 16]].concat());
+    stream
+        .route(&arc, &u.ep)
+        .put(0, 512, 64)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        model.read(u.owner.device_ptr() + 512, 64).unwrap(),
+        [vec![1; 16], vec![3; 48]].concat()
+    );
+    drop((b, stream, srcs, arc, boxed));
     drop(u);
     clean(&ctx, &model);
 }
