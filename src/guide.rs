@@ -114,6 +114,7 @@ pub mod reading_the_compiler {
     //! | `bind_part` on a team with devices missing | the same | the same | R3.1, R3.2, R4.4 | `team_bind_part_incomplete` |
     //! | `kernel_ref()` on a team with devices missing | the same | the same: a kernel must never see a team under construction | R3.2, R3.4 | `team_kernel_ref_incomplete` |
     //! | `export()` on a `Spec::team(..)` team created without `.exportable()` | `export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `Local` | create from `Spec::team(size, bytes).exportable()`; a pending team may be exported, so the other ranks can import it | R8.1 | `team_export_incomplete_not_exportable` |
+    //! | `Spec::team(4, ..)` with a plain number | the team size must be a typenum number such as `U4::new()`, not `{integer}` | `Spec::team(U4::new(), bytes)` (`use cuda_endpoints::typenum::U4;`), or `Spec::multicast(&devices, bytes)` for a size known only at run time | R2.2 | `team_size_plain_number` |
     //! | `Spec::team(U0::new(), ..)` | a multicast team needs at least one device, but this team size is zero | a non-zero size, e.g. `U4::new()` | R2.2 | `team_size_zero` |
     //! | `add_device` on a unicast endpoint | `add_device` is only for teams enrolled device by device (`Spec::team`, `Spec::spread`); a `cuda_endpoints::Unicast` endpoint takes no devices after `create` | a unicast endpoint's one device is its owner, given to `Spec::unicast(owner, ..)`; for a team, create a multicast endpoint | R4.1 | `team_add_device_on_unicast` |
     //! | `add_device` on a `Spec::multicast(&devices, ..)` endpoint | the same, for `cuda_endpoints::Multicast` | `create` already enrolled the devices listed: list every device there, or use [`Spec::team`](crate::Spec::team) to add them one by one | R4.2 | `team_add_device_on_runtime_multicast` |
@@ -212,7 +213,7 @@ pub mod reading_the_compiler {
     //!
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
-    //! | `put(&alloc, ..)` (or `get`, a strided op, `route`) with an [`Allocation`](crate::Allocation) not mapped | a copy reads and writes memory mapped in this process, and `&Allocation` is not `&Mapped` | `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`: a copy works on addresses, which an allocation has only once mapped | F1 | `copy_put_from_unmapped_allocation` |
+    //! | `put(&alloc, ..)` (or `get`, a strided op, `route`) with an [`Allocation`](crate::Allocation) not mapped | a copy reads and writes memory mapped in this process, and `&Allocation` is not `&Mapped` | `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`: a copy works on addresses, which an allocation has only once mapped (`bind` takes both) | F1 | `copy_put_from_unmapped_allocation` |
     //! | `get` or `get_host` from a multicast endpoint | a get reads from a unicast endpoint only: `Multicast` is a multicast endpoint, which has no single memory to read from (F1) | read your own member's bound memory directly, or get from the unicast endpoint of the rank that owns the bytes (`team::unicast_peers`) | F1 | `copy_get_from_multicast` |
     //! | `b.unbind()` while a copy lent the endpoint through `b.copy_through(&ep)?` is in flight | `E0505` cannot move out of `b` because it is borrowed | `copy.wait()?` (or synchronize the stream and drop the token), then `b.unbind()?` | F4 | `copy_unbind_while_in_flight` |
     //! | `ep.destroy()` while a copy through `ep` is in flight | `E0505` cannot move out of `ep` because it is borrowed | wait the copy first, then unbind and destroy | F4 | `copy_destroy_while_in_flight` |
@@ -288,16 +289,6 @@ pub mod reading_the_compiler {
     //!   annotations needed for `Allocation<_>`: write
     //!   `Allocation::<Private>::on_device(..)` (or `PosixFd`, `FabricShareable` for
     //!   memory that exportable or imported multicast endpoints bind).
-    //! - `stream.route(&allocation, &ep)` or a batch's `put(&allocation, ..)`
-    //!   gives `E0308` expected `&Mapped<_>`, found `&Allocation<_>`: a copy
-    //!   needs an address in this process, so map the allocation first
-    //!   (`allocation.map(&[dev])?`); `bind` takes both, a copy only `Mapped`.
-    //! - `Spec::team(4, bytes)` with a plain number: the first error says
-    //!   what to write ("the team size must be a typenum number such as
-    //!   `U4::new()`, not `{integer}`"); rustc follows it with errors from
-    //!   inside typenum (`Cmp<UTerm>`, `Creatable`) that disappear with the
-    //!   fix. (Not pinned in `ui-tests/`: those follow-up errors print typenum
-    //!   internals.)
 }
 
 pub mod threads {
@@ -471,6 +462,7 @@ pub mod misuse_cases {
         team_poll_incomplete: E0277,
         team_shared_private_memory: E0277,
         team_shrink_while_copy_in_flight: E0502,
+        team_size_plain_number: E0277,
         team_size_zero: E0277,
         team_wait_all_incomplete: E0277,
         team_wait_incomplete: E0277,

@@ -12,7 +12,9 @@
 use std::marker::PhantomData;
 use std::ops::Add;
 
-use typenum::{Add1, B1, Eq, Gr, IsEqual, IsGreater, IsLess, Le, Min, Minimum, U0, Unsigned};
+use typenum::{
+    Add1, B1, Eq, Gr, IsEqual, IsGreater, IsLess, Le, Min, Minimum, U0, UInt, UTerm, Unsigned,
+};
 
 use crate::driver::handle_bits;
 use crate::state::{Pending, Ready, Reserved, Sealed};
@@ -225,19 +227,38 @@ pub trait TeamSize: Send + Sync + 'static {
     const SIZE: u32;
     /// `B1` when the size is not zero (R2.2).
     type NonEmpty;
+    /// The number itself: what `Spec::team` makes its team of, so that a
+    /// size that is not a number leaves the team's count unknown and rustc
+    /// stops at the first error (not six more from inside typenum).
+    #[doc(hidden)]
+    type Count;
 }
+// On typenum's two shapes of number rather than on every `N`: a size of
+// another type (`Spec::team(4, bytes)`) then matches no impl, and rustc
+// stops at this trait's error.
 #[diagnostic::do_not_recommend]
-impl<N: Unsigned + IsGreater<U0> + Send + Sync + 'static> TeamSize for N {
+impl<U, B> TeamSize for UInt<U, B>
+where
+    UInt<U, B>: Unsigned + IsGreater<U0> + Send + Sync + 'static,
+{
     // `numDevices` is a `u32` (R2.2): a larger size is a compile error, not
     // a silent truncation.
-    const SIZE: u32 = if N::U64 > u32::MAX as u64 {
+    const SIZE: u32 = if <Self as Unsigned>::U64 > u32::MAX as u64 {
         panic!(
             "a multicast team has at most u32::MAX (4294967295) devices: `numDevices` is a u32 (R2.2)"
         )
     } else {
-        N::U32
+        <Self as Unsigned>::U32
     };
-    type NonEmpty = Gr<N, U0>;
+    type NonEmpty = Gr<Self, U0>;
+    type Count = Self;
+}
+// Zero: a number, refused by `TeamIsNonEmpty` with its own words (R2.2).
+#[diagnostic::do_not_recommend]
+impl TeamSize for UTerm {
+    const SIZE: u32 = 0;
+    type NonEmpty = Gr<UTerm, U0>;
+    type Count = UTerm;
 }
 
 /// Kinds that enroll devices one at a time with `add_device` (R4), for an

@@ -131,14 +131,17 @@ impl<N> Spec<Team<N, U0, Local>> {
     /// use cuda_endpoints::{Spec, typenum::U4294967296};
     /// let _ = Spec::team(U4294967296::new(), 2 << 20);
     /// ```
-    pub fn team(_size: N, bytes: u64) -> Self
+    // The size's type is `N` through `TeamSize::Count` rather than the
+    // argument's type itself: `Spec::team(4, bytes)` then gives one error
+    // (`TeamSize` with its note), not six more from inside typenum.
+    pub fn team<T>(_size: T, bytes: u64) -> Self
     where
-        N: TeamSize,
-        N::NonEmpty: TeamIsNonEmpty,
+        T: TeamSize<Count = N>,
+        T::NonEmpty: TeamIsNonEmpty,
     {
         Spec::with(
             Shape::Multicast {
-                num_devices: N::SIZE,
+                num_devices: T::SIZE,
             },
             bytes,
             Vec::new(),
