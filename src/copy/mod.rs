@@ -672,7 +672,7 @@ impl<'a> CopyBatch<'a> {
     /// [`Allocation`](crate::Allocation) after
     /// [`map`](crate::Allocation::map)`(&[dev])`, by reference
     /// ([`CopyMemory`](crate::bounds::CopyMemory): `&mapped`, or a
-    /// reference to an `Arc` or a `Box` of one). On the portable path
+    /// reference to an `Arc`, a `Box` or an `Rc` of one). On the portable path
     /// (drivers before 13.5) the memory bound to `ep` must be mapped too:
     /// it is what the copy writes ([`Error::CopyNoWindow`](crate::Error::CopyNoWindow)
     /// otherwise).
@@ -718,6 +718,8 @@ impl<'a> CopyBatch<'a> {
 
     /// Gets `size` bytes of the unicast endpoint `ep` at `offset` into
     /// `dst` at `dst_offset`. Not for multicast endpoints (F1): see [`CanGet`].
+    /// `dst` is memory mapped in this process, by reference, as `put`'s
+    /// `src` ([`CopyMemory`](crate::bounds::CopyMemory)).
     // Always, as `put`.
     #[inline(always)]
     pub fn get<M: CopyMemory<'a>, S, K>(

@@ -109,7 +109,10 @@ impl<H: MemShare, S: State, K: Kind> std::fmt::Debug for Route<'_, H, S, K> {
 
 impl Stream {
     /// A [`Route`] of puts from `src` into `ep` on this stream. Nothing is
-    /// checked yet: each put is checked as a batch of it alone.
+    /// checked yet: each put is checked as a batch of it alone. `src` is
+    /// memory mapped in this process, by reference, as
+    /// [`CopyBatch::put`](crate::CopyBatch::put)'s
+    /// ([`CopyMemory`](crate::bounds::CopyMemory)).
     pub fn route<'a, M: CopyMemory<'a>, S, K: Kind>(
         &'a self,
         src: M,

@@ -99,7 +99,8 @@ impl<'a> CopyBatch<'a> {
     /// `src_offset + i * src_stride` to `offset + i * dst_stride`, one op
     /// each, as `count` calls of [`CopyBatch::put`] would, at a cost per op
     /// near the raw op list's once the first block passed (`Strided`'s
-    /// checks are made once, against the last block).
+    /// checks are made once, against the last block). `src` is taken as
+    /// `put`'s ([`CopyMemory`](crate::bounds::CopyMemory)).
     ///
     /// ```no_run
     /// # use cuda_endpoints::{CopyBatch, Strided};
@@ -177,7 +178,8 @@ impl<'a> CopyBatch<'a> {
     /// block `i` from `offset + i * src_stride` to
     /// `dst_offset + i * dst_stride`, one op each, as `count` calls of
     /// [`CopyBatch::get`] would (F1: see [`CanGet`]), its checks made once
-    /// as [`CopyBatch::put_strided`]'s are.
+    /// as [`CopyBatch::put_strided`]'s are. `dst` is taken as `get`'s
+    /// ([`CopyMemory`](crate::bounds::CopyMemory)).
     #[inline]
     pub fn get_strided<M: CopyMemory<'a>, S, K>(
         mut self,

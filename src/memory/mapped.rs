@@ -198,15 +198,25 @@ impl<H: MemShare> Sealed for Mapped<H> {}
 ///
 /// A copy works on addresses, and an [`Allocation`](super::Allocation) has
 /// none in this process until [`map`](super::Allocation::map): a trait
-/// rather than `&Mapped` so that passing one is refused with that fix
-/// (`ui-tests/copy_put_from_unmapped_allocation.rs`), not as a bare type
-/// mismatch. `&Mapped`, a reference to one (`&m` with `m: &Mapped`, as in
-/// a loop over `&[Mapped]`), and `&Arc<Mapped>` / `&Box<Mapped>` are
-/// taken, each as the `&Mapped` inside for as long as that lives.
+/// rather than `&Mapped` so that passing one, host bytes or an endpoint is
+/// refused with its fix (`ui-tests/copy_put_from_unmapped_allocation.rs`),
+/// not as a bare type mismatch.
+///
+/// Taken: a reference to a `Mapped`, an `Arc<Mapped>`, a `Box<Mapped>` or
+/// an `Rc<Mapped>` (`&m`, `&mut m`), and a reference to such a reference
+/// (`&m` with `m: &Mapped`, as in a loop over `&[Mapped]`, which clippy
+/// calls a needless borrow). The copy holds the `&Mapped` inside for the
+/// batch's lifetime: the reference given, or with `&m` where `m` is a
+/// reference, the one `m` holds, as deref coercion took them before this
+/// trait. Another type that holds a `Mapped` (a wrapper with `Deref`) is
+/// passed as `&*x`. Test:
+/// `f1_copy_memory_is_taken_through_a_reference_an_arc_or_a_box_as_the_mapped_inside`.
 #[diagnostic::on_unimplemented(
-    message = "a copy reads and writes memory mapped in this process, and `{Self}` is not `&Mapped`",
-    label = "not mapped memory",
-    note = "an `Allocation` has no address here until it is mapped: `let mapped = alloc.map(&[dev])?;`, then pass `&mapped` (`&*x` from a wrapper of one; host bytes go through `put_host` and `get_host`)"
+    message = "a copy reads and writes memory mapped in this process through a `&Mapped`, and `{Self}` is not one (F1)",
+    label = "not `&Mapped`",
+    note = "an `Allocation` has no address here until it is mapped: `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`",
+    note = "host bytes (`Vec<u8>`) go through `put_host(bytes, &ep, offset)` and `get_host(&ep, offset, size)`",
+    note = "a type of your own that holds a `Mapped`: pass `&*x`; the order of the arguments: `put(&src, src_offset, &ep, offset, size)`, `get(&ep, offset, &dst, dst_offset, size)`"
 )]
 pub trait CopyMemory<'a>: Sealed {
     /// The shareable handle type of the memory (R5.6).
@@ -215,43 +225,80 @@ pub trait CopyMemory<'a>: Sealed {
     fn mapped(self) -> &'a Mapped<Self::Share>;
 }
 
-impl<H: MemShare> Sealed for &Mapped<H> {}
-impl<'a, H: MemShare> CopyMemory<'a> for &'a Mapped<H> {
-    type Share = H;
+mod holds {
+    /// A `Mapped` or an owning pointer to one: what [`super::CopyMemory`]
+    /// takes a reference to. Unnameable outside the crate.
+    pub trait HoldsMapped {
+        type Share: super::MemShare;
+        fn held(&self) -> &super::Mapped<Self::Share>;
+    }
+}
+use holds::HoldsMapped;
+
+macro_rules! holds_mapped {
+    ($($t:ty),*) => {$(
+        impl<H: MemShare> HoldsMapped for $t {
+            type Share = H;
+            #[inline(always)]
+            fn held(&self) -> &Mapped<H> {
+                self
+            }
+        }
+    )*};
+}
+holds_mapped!(
+    Mapped<H>,
+    Arc<Mapped<H>>,
+    Box<Mapped<H>>,
+    std::rc::Rc<Mapped<H>>
+);
+
+impl<T: HoldsMapped> Sealed for &T {}
+// Reported as `CopyMemory` with its words (the trait's notes say what is
+// taken), not as the helper behind it; so are the impls below.
+#[diagnostic::do_not_recommend]
+impl<'a, T: HoldsMapped> CopyMemory<'a> for &'a T {
+    type Share = T::Share;
     #[inline(always)]
-    fn mapped(self) -> &'a Mapped<H> {
-        self
+    fn mapped(self) -> &'a Mapped<T::Share> {
+        self.held()
     }
 }
 
-// As deref coercion took it before the trait: the `&Mapped` inside, not
-// the short borrow of it.
-impl<H: MemShare> Sealed for &&Mapped<H> {}
-impl<'a, H: MemShare> CopyMemory<'a> for &&'a Mapped<H> {
-    type Share = H;
+impl<T: HoldsMapped> Sealed for &mut T {}
+#[diagnostic::do_not_recommend]
+impl<'a, T: HoldsMapped> CopyMemory<'a> for &'a mut T {
+    type Share = T::Share;
     #[inline(always)]
-    fn mapped(self) -> &'a Mapped<H> {
-        self
+    fn mapped(self) -> &'a Mapped<T::Share> {
+        let shared: &'a T = self;
+        shared.held()
     }
 }
 
-impl<H: MemShare> Sealed for &Arc<Mapped<H>> {}
-impl<'a, H: MemShare> CopyMemory<'a> for &'a Arc<Mapped<H>> {
-    type Share = H;
-    #[inline(always)]
-    fn mapped(self) -> &'a Mapped<H> {
-        self
-    }
+// As deref coercion took it before the trait: the reference inside, not
+// the short borrow of it. One impl per holder (not on every `&&T`): the
+// compiler cannot rule out another crate's `HoldsMapped for &T` otherwise.
+macro_rules! through_a_reference {
+    ($($t:ty),*) => {$(
+        impl<H: MemShare> Sealed for &&$t {}
+        #[diagnostic::do_not_recommend]
+        impl<'a, H: MemShare> CopyMemory<'a> for &&'a $t {
+            type Share = H;
+            #[inline(always)]
+            fn mapped(self) -> &'a Mapped<H> {
+                let inner: &'a $t = self;
+                inner.held()
+            }
+        }
+    )*};
 }
-
-impl<H: MemShare> Sealed for &Box<Mapped<H>> {}
-impl<'a, H: MemShare> CopyMemory<'a> for &'a Box<Mapped<H>> {
-    type Share = H;
-    #[inline(always)]
-    fn mapped(self) -> &'a Mapped<H> {
-        self
-    }
-}
+through_a_reference!(
+    Mapped<H>,
+    Arc<Mapped<H>>,
+    Box<Mapped<H>>,
+    std::rc::Rc<Mapped<H>>
+);
 
 impl<H: MemShare> BindSource for Mapped<H> {
     type Share = H;

@@ -571,8 +571,9 @@ fn typed_put_and_get_through_a_unicast_endpoint_leave_no_violation() {
 
 /// F1: a copy takes `Mapped` memory however the caller holds it, as deref
 /// coercion took it before `CopyMemory`: `&m` in a loop over `&[Mapped]`
-/// (its borrow ends with the iteration; the batch keeps the `&Mapped`
-/// inside), an `Arc`, a `Box`; in every copy method.
+/// or `&[Arc<Mapped>]` (its borrow ends with the iteration; the batch
+/// keeps the reference inside), `&mut`, an `Arc`, a `Box`, an `Rc`; in
+/// every copy method.
 #[test]
 #[allow(clippy::needless_borrow, clippy::needless_borrows_for_generic_args)]
 fn f1_copy_memory_is_taken_through_a_reference_an_arc_or_a_box_as_the_mapped_inside() {
@@ -581,19 +582,29 @@ fn f1_copy_memory_is_taken_through_a_reference_an_arc_or_a_box_as_the_mapped_ins
     let b = u.bind();
     let stream = Stream::new(&ctx, 0).unwrap();
     let srcs = [mapped(&ctx, 0), mapped(&ctx, 0)];
-    let arc = std::sync::Arc::new(mapped(&ctx, 0));
-    let boxed = Box::new(mapped(&ctx, 0));
-    for (i, m) in srcs.iter().chain([&*arc, &*boxed]).enumerate() {
+    let arcs = [std::sync::Arc::new(mapped(&ctx, 0))];
+    let mut boxed = Box::new(mapped(&ctx, 0));
+    let rc = std::rc::Rc::new(mapped(&ctx, 0));
+    for (i, m) in [&srcs[0], &srcs[1], &*arcs[0], &*boxed]
+        .into_iter()
+        .enumerate()
+    {
         model.write(m.device_ptr(), &[i as u8 + 1; 256]).unwrap();
     }
     let mut batch = CopyBatch::new();
     for (i, m) in srcs.iter().enumerate() {
         batch = batch.put(&m, 0, &u.ep, 64 * i as u64, 64);
     }
-    let batch = batch
-        .put(&arc, 0, &u.ep, 128, 64)
-        .put(&boxed, 0, &u.ep, 192, 64)
-        .put_strided(&&srcs[0], 0, &u.ep, 256, Strided::new(2, 32, 64, 64));
+    for a in &arcs {
+        batch = batch.put(&a, 0, &u.ep, 128, 64);
+    }
+    let batch = batch.put(&mut boxed, 0, &u.ep, 192, 64).put_strided(
+        &&srcs[0],
+        0,
+        &u.ep,
+        256,
+        Strided::new(2, 32, 64, 64),
+    );
     stream.enqueue(batch).unwrap().wait().unwrap();
     let want = [[1; 64], [2; 64], [3; 64], [4; 64]].concat();
     assert_eq!(model.read(u.owner.device_ptr(), 256).unwrap(), want);
@@ -601,21 +612,21 @@ fn f1_copy_memory_is_taken_through_a_reference_an_arc_or_a_box_as_the_mapped_ins
     assert_eq!(strided, [[1; 32], [0; 32], [1; 32]].concat());
 
     stream
-        .enqueue(CopyBatch::new().get(&u.ep, 64, &boxed, 0, 64).get_strided(
+        .enqueue(CopyBatch::new().get(&u.ep, 64, &rc, 0, 64).get_strided(
             &u.ep,
             0,
-            &arc,
+            &arcs[0],
             0,
             Strided::new(2, 16, 128, 16),
         ))
         .unwrap()
         .wait()
         .unwrap();
-    assert_eq!(model.read(boxed.device_ptr(), 64).unwrap(), vec![2; 64]);
-    let got = model.read(arc.device_ptr(), 32).unwrap();
+    assert_eq!(model.read(rc.device_ptr(), 64).unwrap(), vec![2; 64]);
+    let got = model.read(arcs[0].device_ptr(), 32).unwrap();
     assert_eq!(got, [[1; 16], [3; 16]].concat());
     stream
-        .route(&arc, &u.ep)
+        .route(&arcs[0], &u.ep)
         .put(0, 512, 64)
         .unwrap()
         .wait()
@@ -624,7 +635,7 @@ fn f1_copy_memory_is_taken_through_a_reference_an_arc_or_a_box_as_the_mapped_ins
         model.read(u.owner.device_ptr() + 512, 64).unwrap(),
         [vec![1; 16], vec![3; 48]].concat()
     );
-    drop((b, stream, srcs, arc, boxed));
+    drop((b, stream, srcs, arcs, boxed, rc));
     drop(u);
     clean(&ctx, &model);
 }
