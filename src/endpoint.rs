@@ -620,7 +620,11 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     }
 
     /// Gives the id back. The range it came from is released
-    /// (`cuLogicalEndpointIdRelease`, R1) when this was its last id.
+    /// (`cuLogicalEndpointIdRelease`, R1) when this was its last id and
+    /// nothing else holds the range (a [`CopyGraph`](crate::CopyGraph)
+    /// naming it keeps it until the graph goes; a forgotten one, for the
+    /// process's life:
+    /// `data_path::r1_a_forgotten_graph_keeps_its_range_and_memory_while_release_lets_go`).
     ///
     /// # Errors
     /// [`Error::Driver`] from the release.

@@ -216,26 +216,58 @@ pub trait TeamIsNonEmpty {}
 impl TeamIsNonEmpty for B1 {}
 
 /// A compile-time team size: a typenum unsigned number. Bound used by
-/// `Spec::team`.
+/// `Spec::team`. Sealed: the team's count is the type itself.
+///
+/// ```
+/// use cuda_endpoints::bounds::{TeamIsNonEmpty, TeamSize};
+/// use cuda_endpoints::{Spec, Team, typenum::U4};
+///
+/// // Generic over the size: the count is the size's own type.
+/// fn team_of<N: TeamSize<Count = N>>(size: N) -> Spec<Team<N>>
+/// where
+///     N::NonEmpty: TeamIsNonEmpty,
+/// {
+///     Spec::team(size, 2 << 20)
+/// }
+/// let _: Spec<Team<U4>> = team_of(U4::new());
+/// ```
+///
+/// No other crate implements it, so no size claims a count other than its
+/// own (a team of 4 counted as 2 would let `wait` compile on a team the
+/// driver still counts incomplete):
+///
+/// ```compile_fail,E0277
+/// use cuda_endpoints::bounds::TeamSize;
+/// use cuda_endpoints::typenum::{B1, U2};
+/// struct Liar;
+/// impl TeamSize for Liar {
+///     const SIZE: u32 = 4;
+///     type NonEmpty = B1;
+///     type Count = U2;
+/// }
+/// ```
 #[diagnostic::on_unimplemented(
     message = "the team size must be a typenum number such as `U4::new()`, not `{Self}`",
     label = "not a typenum number",
     note = "write `Spec::team(U4::new(), bytes)` (`use cuda_endpoints::typenum::U4;`) for a team counted by the compiler, or `Spec::multicast(&devices, bytes)` for a team known only at run time"
 )]
-pub trait TeamSize: Send + Sync + 'static {
+pub trait TeamSize: Sealed + Send + Sync + 'static {
     /// The number.
     const SIZE: u32;
     /// `B1` when the size is not zero (R2.2).
     type NonEmpty;
-    /// The number itself: what `Spec::team` makes its team of, so that a
-    /// size that is not a number leaves the team's count unknown and rustc
-    /// stops at the first error (not six more from inside typenum).
-    #[doc(hidden)]
+    /// The number itself (`Self`): what `Spec::team` makes its team of, so
+    /// that a size that is not a number leaves the team's count unknown and
+    /// rustc stops at the first error (not six more from inside typenum).
+    /// Code generic over the size writes `N: TeamSize<Count = N>` to get a
+    /// `Spec<Team<N>>` from `Spec::team(size, bytes)`.
     type Count;
 }
 // On typenum's two shapes of number rather than on every `N`: a size of
 // another type (`Spec::team(4, bytes)`) then matches no impl, and rustc
 // stops at this trait's error.
+impl<U, B> Sealed for UInt<U, B> {}
+impl Sealed for UTerm {}
 #[diagnostic::do_not_recommend]
 impl<U, B> TeamSize for UInt<U, B>
 where

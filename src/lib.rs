@@ -180,6 +180,10 @@ mod layout {
     assert_impl_all!(Binding<'static>: Send, Sync);
     assert_impl_all!(Allocation<PosixFd>: Send, Sync);
     assert_impl_all!(Mapped: Send, Sync);
+    // A batch and its token hold addresses and keep-alives of their own,
+    // never the caller's holder (an `Rc<Mapped>` included: `CopyMemory`).
+    assert_impl_all!(CopyBatch<'static>: Send);
+    assert_impl_all!(InFlight<'static>: Send);
     assert_impl_all!(Context: Send, Sync, Clone);
     // A thread returns the crate's `Error`; `Report` takes any error, `Send`
     // or not, as `Box<dyn Error>` does (its doc says so).

@@ -198,19 +198,20 @@ impl<H: MemShare> Sealed for Mapped<H> {}
 ///
 /// A copy works on addresses, and an [`Allocation`](super::Allocation) has
 /// none in this process until [`map`](super::Allocation::map): a trait
-/// rather than `&Mapped` so that passing one, host bytes or an endpoint is
-/// refused with its fix (`ui-tests/copy_put_from_unmapped_allocation.rs`),
-/// not as a bare type mismatch.
+/// rather than `&Mapped` so that passing one is refused with that fix
+/// (`ui-tests/copy_put_from_unmapped_allocation.rs`), not as a bare type
+/// mismatch, and any other argument with the trait's notes (host bytes:
+/// `put_host`; a type of your own: `&*x`; the order of the arguments).
 ///
-/// Taken: a reference to a `Mapped`, an `Arc<Mapped>`, a `Box<Mapped>` or
-/// an `Rc<Mapped>` (`&m`, `&mut m`), and a reference to such a reference
-/// (`&m` with `m: &Mapped`, as in a loop over `&[Mapped]`, which clippy
-/// calls a needless borrow). The copy holds the `&Mapped` inside for the
-/// batch's lifetime: the reference given, or with `&m` where `m` is a
-/// reference, the one `m` holds, as deref coercion took them before this
-/// trait. Another type that holds a `Mapped` (a wrapper with `Deref`) is
-/// passed as `&*x`. Test:
-/// `f1_copy_memory_is_taken_through_a_reference_an_arc_or_a_box_as_the_mapped_inside`.
+/// Taken: `&x` and `&mut x` where `x` is a `Mapped`, an `Arc<Mapped>`, a
+/// `Box<Mapped>` or an `Rc<Mapped>`, and `&r` where `r` is a shared
+/// reference to one of those (`r: &Mapped`, as in a loop over
+/// `&[Mapped]`, which clippy calls a needless borrow). The copy holds the
+/// `&Mapped` inside for `'a`: through `x`'s borrow, or with `&r`, through
+/// the reference `r` holds, as deref coercion took them before this
+/// trait. Anything else that holds a `Mapped` (a type with `Deref`, a
+/// `Pin<Box<_>>`, a guard, `&&mut`) is passed as `&*x`. Test:
+/// `data_path::f1_a_copy_takes_mapped_memory_through_a_reference_an_arc_a_box_or_an_rc`.
 #[diagnostic::on_unimplemented(
     message = "a copy reads and writes memory mapped in this process through a `&Mapped`, and `{Self}` is not one (F1)",
     label = "not `&Mapped`",

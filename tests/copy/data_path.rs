@@ -576,7 +576,7 @@ fn typed_put_and_get_through_a_unicast_endpoint_leave_no_violation() {
 /// every copy method.
 #[test]
 #[allow(clippy::needless_borrow, clippy::needless_borrows_for_generic_args)]
-fn f1_copy_memory_is_taken_through_a_reference_an_arc_or_a_box_as_the_mapped_inside() {
+fn f1_a_copy_takes_mapped_memory_through_a_reference_an_arc_a_box_or_an_rc() {
     let (ctx, model) = node();
     let u = Unicast1::new(&ctx);
     let b = u.bind();
@@ -1963,6 +1963,37 @@ fn f8_a_forgotten_graph_refuses_unbinds_but_not_the_endpoints_destroy() {
     again.bind(Device(0), 0, &owner).unwrap().unbind().unwrap();
     drop((again, s, src, owner));
     common::no_violations(&model.violations());
+}
+
+/// R1 under `mem::forget`: a forgotten graph keeps what it holds, as any
+/// forgotten value does: its endpoint's range and its memory. The
+/// endpoint's destroy and release return `Ok`, each letting go of its own
+/// hold, and nothing is freed under the graph (`guide::guarantees`, "no
+/// leak on any path").
+#[test]
+fn r1_a_forgotten_graph_keeps_its_range_and_memory_while_release_lets_go() {
+    let (ctx, model) = node();
+    let u = Unicast1::new(&ctx);
+    let s = Stream::new(&ctx, 0).unwrap();
+    let b = u.bind();
+    let g = s
+        .capture(CopyBatch::new().put(&u.src, 0, &u.ep, 0, 64))
+        .unwrap();
+    std::mem::forget(g);
+    let err = b.unbind().unwrap_err();
+    assert!(matches!(err, Error::UnbindUnderGraph { .. }), "{err:?}");
+    let Unicast1 { src, owner, ep } = u;
+    ep.destroy().unwrap().release().unwrap();
+    drop((s, src, owner));
+    assert!(ctx.take_teardown_errors().is_empty());
+    common::no_violations(&model.violations());
+    let live = model.live_node();
+    assert_eq!(
+        (live.ids, live.graphs, live.graph_execs),
+        (1, 1, 1),
+        "{live:?}"
+    );
+    assert!(live.allocations >= 1 && live.mappings >= 1, "{live:?}");
 }
 
 /// One op of a generated batch: `(kind, memory, endpoint, memory offset,
