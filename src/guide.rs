@@ -214,6 +214,8 @@ pub mod reading_the_compiler {
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
     //! | `put(&alloc, ..)` (or `get`, a strided op, `route`) with an [`Allocation`](crate::Allocation) not mapped | a copy reads and writes memory mapped in this process through a `&Mapped`, and `&Allocation` is not one (F1) | `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`: a copy works on addresses, which an allocation has only once mapped (`bind` takes both) | F1 | `copy_put_from_unmapped_allocation` |
+    //! | `put(&bytes, ..)` with host bytes (a `Vec<u8>`, a slice) | the same, `&Vec<u8>` is not one (F1) | `put_host(bytes, &ep, offset)`, and `get_host(&ep, offset, size)` to read into a new host buffer: the batch owns the buffer until the copy is waited | F1 | `copy_put_from_host_bytes` |
+    //! | `get(&dst, 0, &ep, 0, n)`: a get in `put`'s order | the same, `&Endpoint<..>` is not one (F1), and `E0308` expected `&Endpoint<_, _>`, found `&Mapped` | the endpoint first in a get, as the copy reads: `get(&ep, offset, &dst, dst_offset, size)`; the memory first in a put | F1 | `copy_get_arguments_swapped` |
     //! | `get` or `get_host` from a multicast endpoint | a get reads from a unicast endpoint only: `Multicast` is a multicast endpoint, which has no single memory to read from (F1) | read your own member's bound memory directly, or get from the unicast endpoint of the rank that owns the bytes (`team::unicast_peers`) | F1 | `copy_get_from_multicast` |
     //! | `b.unbind()` while a copy lent the endpoint through `b.copy_through(&ep)?` is in flight | `E0505` cannot move out of `b` because it is borrowed | `copy.wait()?` (or synchronize the stream and drop the token), then `b.unbind()?` | F4 | `copy_unbind_while_in_flight` |
     //! | `ep.destroy()` while a copy through `ep` is in flight | `E0505` cannot move out of `ep` because it is borrowed | wait the copy first, then unbind and destroy | F4 | `copy_destroy_while_in_flight` |
@@ -414,7 +416,9 @@ pub mod misuse_cases {
         copy_drop_host_buffer_while_in_flight: E0382,
         copy_drop_mapped_while_in_flight: E0505,
         copy_get_from_multicast: E0277,
+        copy_get_arguments_swapped: E0277,
         copy_graph_unbind_while_graph_lives: E0505,
+        copy_put_from_host_bytes: E0277,
         copy_put_from_unmapped_allocation: E0277,
         copy_route_drop_mapped_while_in_flight: E0505,
         copy_unbind_while_in_flight: E0505,

@@ -201,7 +201,9 @@ impl<H: MemShare> Sealed for Mapped<H> {}
 /// rather than `&Mapped` so that passing one is refused with that fix
 /// (`ui-tests/copy_put_from_unmapped_allocation.rs`), not as a bare type
 /// mismatch, and any other argument with the trait's notes (host bytes:
-/// `put_host`; a type of your own: `&*x`; the order of the arguments).
+/// `put_host`, `copy_put_from_host_bytes.rs`; a type of your own: `&*x`;
+/// an endpoint where the memory goes, the order of the arguments,
+/// `copy_get_arguments_swapped.rs`).
 ///
 /// Taken: `&x` and `&mut x` where `x` is a `Mapped`, an `Arc<Mapped>`, a
 /// `Box<Mapped>` or an `Rc<Mapped>`, and `&r` where `r` is a shared
@@ -217,7 +219,8 @@ impl<H: MemShare> Sealed for Mapped<H> {}
     label = "not `&Mapped`",
     note = "an `Allocation` has no address here until it is mapped: `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`",
     note = "host bytes (`Vec<u8>`) go through `put_host(bytes, &ep, offset)` and `get_host(&ep, offset, size)`",
-    note = "a type of your own that holds a `Mapped`: pass `&*x`; the order of the arguments: `put(&src, src_offset, &ep, offset, size)`, `get(&ep, offset, &dst, dst_offset, size)`"
+    note = "a type of your own that holds a `Mapped`: pass `&*x`",
+    note = "an endpoint here: the memory comes first in `put(&src, src_offset, &ep, offset, size)`, the endpoint first in `get(&ep, offset, &dst, dst_offset, size)`"
 )]
 pub trait CopyMemory<'a>: Sealed {
     /// The shareable handle type of the memory (R5.6).
