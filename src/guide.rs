@@ -114,7 +114,7 @@ pub mod reading_the_compiler {
     //! | `bind_part` on a team with devices missing | the same | the same | R3.1, R3.2, R4.4 | `team_bind_part_incomplete` |
     //! | `kernel_ref()` on a team with devices missing | the same | the same: a kernel must never see a team under construction | R3.2, R3.4 | `team_kernel_ref_incomplete` |
     //! | `export()` on a `Spec::team(..)` team created without `.exportable()` | `export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `Local` | create from `Spec::team(size, bytes).exportable()`; a pending team may be exported, so the other ranks can import it | R8.1 | `team_export_incomplete_not_exportable` |
-    //! | `Spec::team(4, ..)` with a plain number | the team size must be a typenum number such as `U4::new()`, not `{integer}` | `Spec::team(U4::new(), bytes)` (`use cuda_endpoints::typenum::U4;`), or `Spec::multicast(&devices, bytes)` for a size known only at run time | R2.2 | `team_size_plain_number` |
+    //! | `Spec::team(4, ..)` with a plain number | the team size must be a typenum number such as `U4::new()`, not `{integer}` | `Spec::team(U4::new(), bytes)` (`use cuda_endpoints::typenum::U4;`), or `Spec::multicast(&devices, bytes)` for a size known only at run time. `Spec::team(U4, ..)`, the type without `::new()`, is rustc's own `E0423` expected value, found type alias: write `U4::new()` | R2.2 | `team_size_plain_number` |
     //! | `Spec::team(U0::new(), ..)` | a multicast team needs at least one device, but this team size is zero | a non-zero size, e.g. `U4::new()` | R2.2 | `team_size_zero` |
     //! | `add_device` on a unicast endpoint | `add_device` is only for teams enrolled device by device (`Spec::team`, `Spec::spread`); a `cuda_endpoints::Unicast` endpoint takes no devices after `create` | a unicast endpoint's one device is its owner, given to `Spec::unicast(owner, ..)`; for a team, create a multicast endpoint | R4.1 | `team_add_device_on_unicast` |
     //! | `add_device` on a `Spec::multicast(&devices, ..)` endpoint | the same, for `cuda_endpoints::Multicast` | `create` already enrolled the devices listed: list every device there, or use [`Spec::team`](crate::Spec::team) to add them one by one | R4.2 | `team_add_device_on_runtime_multicast` |
@@ -202,6 +202,9 @@ pub mod reading_the_compiler {
     //! `&ep` in copies would make every copy through a local endpoint name
     //! its binding, and a multicast put every binding of every local member.
     //!
+    //! A copy's memory argument is `&mapped`, or a reference to an `Arc`,
+    //! a `Box` or an `Rc` of one ([`CopyMemory`](crate::bounds::CopyMemory));
+    //! anything else is refused with a note per usual mistake (rows below).
     //! Otherwise the token borrows every endpoint and all memory its batch
     //! names, and owns its host buffers, until it is waited (F4); a
     //! [`CopyGraph`](crate::CopyGraph) borrows them for as long as it lives
@@ -213,7 +216,7 @@ pub mod reading_the_compiler {
     //!
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
-    //! | `put(&alloc, ..)` (or `get`, a strided op, `route`) with an [`Allocation`](crate::Allocation) not mapped | a copy reads and writes memory mapped in this process through a `&Mapped`, and `&Allocation` is not one (F1) | `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`: a copy works on addresses, which an allocation has only once mapped (`bind` takes both) | F1 | `copy_put_from_unmapped_allocation` |
+    //! | `put(&alloc, ..)` (or `get`, a strided op, `route`) with an [`Allocation`](crate::Allocation) not mapped | a copy's memory argument is a `&Mapped` (memory mapped in this process), and `&Allocation` is not one (F1) | `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`: a copy works on addresses, which an allocation has only once mapped (`bind` takes both) | F1 | `copy_put_from_unmapped_allocation` |
     //! | `put(&bytes, ..)` with host bytes (a `Vec<u8>`, a slice) | the same, `&Vec<u8>` is not one (F1) | `put_host(bytes, &ep, offset)`, and `get_host(&ep, offset, size)` to read into a new host buffer: the batch owns the buffer until the copy is waited | F1 | `copy_put_from_host_bytes` |
     //! | `get(&dst, 0, &ep, 0, n)`: a get in `put`'s order | the same, `&Endpoint<..>` is not one (F1), and `E0308` expected `&Endpoint<_, _>`, found `&Mapped` | the endpoint first in a get, as the copy reads: `get(&ep, offset, &dst, dst_offset, size)`; the memory first in a put | F1 | `copy_get_arguments_swapped` |
     //! | `get` or `get_host` from a multicast endpoint | a get reads from a unicast endpoint only: `Multicast` is a multicast endpoint, which has no single memory to read from (F1) | read your own member's bound memory directly, or get from the unicast endpoint of the rank that owns the bytes (`team::unicast_peers`) | F1 | `copy_get_from_multicast` |

@@ -215,12 +215,12 @@ impl<H: MemShare> Sealed for Mapped<H> {}
 /// `Pin<Box<_>>`, a guard, `&&mut`) is passed as `&*x`. Test:
 /// `data_path::f1_a_copy_takes_mapped_memory_through_a_reference_an_arc_a_box_or_an_rc`.
 #[diagnostic::on_unimplemented(
-    message = "a copy reads and writes memory mapped in this process through a `&Mapped`, and `{Self}` is not one (F1)",
-    label = "not `&Mapped`",
+    message = "a copy's memory argument is a `&Mapped` (memory mapped in this process), and `{Self}` is not one (F1)",
+    label = "the memory argument: not `&Mapped`",
     note = "an `Allocation` has no address here until it is mapped: `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`",
     note = "host bytes (`Vec<u8>`) go through `put_host(bytes, &ep, offset)` and `get_host(&ep, offset, size)`",
     note = "a type of your own that holds a `Mapped`: pass `&*x`",
-    note = "an endpoint here: the memory comes first in `put(&src, src_offset, &ep, offset, size)`, the endpoint first in `get(&ep, offset, &dst, dst_offset, size)`"
+    note = "an endpoint in this place: a put takes the memory first, `put(&src, src_offset, &ep, offset, size)`; a get the endpoint first, `get(&ep, offset, &dst, dst_offset, size)`"
 )]
 pub trait CopyMemory<'a>: Sealed {
     /// The shareable handle type of the memory (R5.6).
