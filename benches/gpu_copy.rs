@@ -37,6 +37,9 @@
 //!   against the raw call stamped the same way, the raw call after a
 //!   `cuCtxGetCurrent` (as the backend asked it up to `c0c1d8f`), and the raw call made
 //!   through the real backend alone;
+//! - the kinds of work the typed path does around its driver call (locked
+//!   instructions after it or before it, lines read and written after
+//!   it), added by hand to the raw one put: what each costs there;
 //! - one put on a thread with no context current (a program that uses
 //!   this crate alone): what raw `cuMemcpyAsync` answers there, and the
 //!   typed one put against raw on that thread.
@@ -481,6 +484,87 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     ep.destroy()?.release()?;
     drop((dst, src, ctx));
     Ok(())
+}
+
+/// A cache line of its own: the typed path's atomics and fields lie on
+/// distinct lines (the range's gate, the keep-alives' counts, the stream's
+/// lock).
+#[repr(align(64))]
+struct Line(AtomicU64);
+
+/// The kinds of work the typed path does around its driver call, added by
+/// hand to a raw one put (issue 30: where the typed one put's ~200 ns over
+/// raw go, with no `perf` on the GPU machine): locked instructions after
+/// the call (1, 4, 10 on as many lines: a one-put batch's enqueue runs 10),
+/// one before it instead, and 16 or 48 lines, the same every repetition,
+/// read and written after it (plainly, no lock: the lines the typed path
+/// touches after the call). Each enqueue timed alone, the stream
+/// synchronized after it untimed; the variants interleaved, their order
+/// turned every repetition; medians in ns and each over the plain call.
+fn around_the_call(raw: &Raw, d: u64, s: u64, reps: usize) {
+    let atoms: Vec<Line> = (0..16).map(|_| Line(AtomicU64::new(0))).collect();
+    let plain: Vec<Line> = (0..64).map(|_| Line(AtomicU64::new(0))).collect();
+    let locked = |k: usize| {
+        for l in &atoms[..k] {
+            l.0.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    let touch = |k: usize| {
+        for l in &plain[..k] {
+            let v = l.0.load(Ordering::Relaxed);
+            l.0.store(v.wrapping_add(1), Ordering::Relaxed);
+        }
+    };
+    const NAMES: [&str; 7] = [
+        "the call alone",
+        "1 locked op after",
+        "4 locked ops after",
+        "10 locked ops after",
+        "1 locked op before",
+        "16 lines after",
+        "48 lines after",
+    ];
+    let mut v: [Vec<Duration>; 7] = Default::default();
+    for rep in 0..reps {
+        for i in 0..NAMES.len() {
+            let k = (rep + i) % NAMES.len();
+            let a = Instant::now();
+            match k {
+                4 => {
+                    locked(1);
+                    raw.copy(d, s, SMALL);
+                }
+                _ => {
+                    raw.copy(d, s, SMALL);
+                    match k {
+                        1 => locked(1),
+                        2 => locked(4),
+                        3 => locked(10),
+                        5 => touch(16),
+                        6 => touch(48),
+                        _ => {}
+                    }
+                }
+            }
+            v[k].push(a.elapsed());
+            raw.sync();
+        }
+    }
+    println!(
+        "\n== around a raw one put of {SMALL} bytes: the typed path's kinds of work added by hand, host ns of the enqueue (median of {reps}, min-max), and over the call alone"
+    );
+    let plain_ns = stats(&mut v[0]).0.as_secs_f64() * 1e9;
+    for (name, x) in NAMES.iter().zip(v.iter_mut()) {
+        let (m, l, h) = stats(x);
+        let ns = |d: Duration| d.as_secs_f64() * 1e9;
+        println!(
+            "{name:>22} {:>8.0} ({:.0}-{:.0}) {:>+8.0}",
+            ns(m),
+            ns(l),
+            ns(h),
+            ns(m) - plain_ns
+        );
+    }
 }
 
 /// One put on a thread with no context current, as a program that uses
@@ -951,6 +1035,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     where_one_put_goes(&raw, reps)?;
+    around_the_call(&raw, d, s, reps);
     // Not fatal: the tables above are what `report.sh` reads.
     if let Err(e) = with_no_context(&raw, &stream, &src, &ep, reps) {
         println!("\n== one put on a thread with no context current: {e}");
