@@ -553,16 +553,15 @@ fn around_the_call(raw: &Raw, d: u64, s: u64, reps: usize) {
     println!(
         "\n== around a raw one put of {SMALL} bytes: the typed path's kinds of work added by hand, host ns of the enqueue (median of {reps}, min-max), and over the call alone"
     );
-    let plain_ns = stats(&mut v[0]).0.as_secs_f64() * 1e9;
-    for (name, x) in NAMES.iter().zip(v.iter_mut()) {
-        let (m, l, h) = stats(x);
-        let ns = |d: Duration| d.as_secs_f64() * 1e9;
+    let ns = |d: Duration| d.as_secs_f64() * 1e9;
+    let all = v.each_mut().map(|x| stats(x));
+    for (name, (m, l, h)) in NAMES.iter().zip(all) {
         println!(
             "{name:>22} {:>8.0} ({:.0}-{:.0}) {:>+8.0}",
             ns(m),
             ns(l),
             ns(h),
-            ns(m) - plain_ns
+            ns(m) - ns(all[0].0)
         );
     }
 }
