@@ -495,7 +495,9 @@ struct Line(AtomicU64);
 /// The kinds of work the typed path does around its driver call, added by
 /// hand to a raw one put (issue 30: where the typed one put's ~200 ns over
 /// raw go, with no `perf` on the GPU machine): locked instructions after
-/// the call (1, 4, 10 on as many lines: a one-put batch's enqueue runs 10),
+/// the call (1, 4, 10 on as many lines: a one-put batch's enqueue runs 10;
+/// and 6, the fewest its design needs: the copy gate's enter and leave, the
+/// memory's and the range's keep-alives, the stream record's lock pair),
 /// one before it instead, and 16 or 48 lines, the same every repetition,
 /// read and written after it (plainly, no lock: the lines the typed path
 /// touches after the call). Each enqueue timed alone, the stream
@@ -515,7 +517,7 @@ fn around_the_call(raw: &Raw, d: u64, s: u64, reps: usize) {
             l.0.store(v.wrapping_add(1), Ordering::Relaxed);
         }
     };
-    const NAMES: [&str; 7] = [
+    const NAMES: [&str; 8] = [
         "the call alone",
         "1 locked op after",
         "4 locked ops after",
@@ -523,8 +525,9 @@ fn around_the_call(raw: &Raw, d: u64, s: u64, reps: usize) {
         "1 locked op before",
         "16 lines after",
         "48 lines after",
+        "6 locked ops after",
     ];
-    let mut v: [Vec<Duration>; 7] = Default::default();
+    let mut v: [Vec<Duration>; 8] = Default::default();
     for rep in 0..reps {
         for i in 0..NAMES.len() {
             let k = (rep + i) % NAMES.len();
@@ -542,6 +545,7 @@ fn around_the_call(raw: &Raw, d: u64, s: u64, reps: usize) {
                         3 => locked(10),
                         5 => touch(16),
                         6 => touch(48),
+                        7 => locked(6),
                         _ => {}
                     }
                 }
