@@ -2203,6 +2203,61 @@ fn f5_a_zero_byte_op_one_past_the_end_of_its_memory_is_refused_before_the_driver
     clean(&ctx, &model);
 }
 
+/// A get through an endpoint leaves the batch's cursor on it with no put
+/// through it yet: a put there after it is checked as any put, to the
+/// last offset too, where a put of 0 bytes once passed unchecked and
+/// reached the driver (found by a hostile run, issue 30's round 25).
+#[test]
+fn f9_a_put_after_a_get_through_the_same_endpoint_is_checked_even_of_no_bytes_at_the_last_offset() {
+    use cuda_endpoints::error::Extent;
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 0, ALIGN);
+    let owner = mapped(&ctx, 0);
+    let m = mapped(&ctx, 0);
+    let b = ep.bind(0, 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    for path in [
+        cuda_endpoints::CopyPath::Fabric,
+        cuda_endpoints::CopyPath::Portable,
+    ] {
+        ctx.set_copy_path(path);
+        let get = || CopyBatch::new().get(&ep, 0, &m, 0, 64);
+        let batches = [
+            ("put", get().put(&m, 0, &ep, u64::MAX, 0)),
+            (
+                "put_strided",
+                get().put_strided(&m, 0, &ep, u64::MAX, Strided::new(3, 0, 0, 0)),
+            ),
+        ];
+        for (what, batch) in batches {
+            let calls = backend::copy_calls(&model);
+            let e = stream.enqueue(batch).map(|_| ()).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::CopyOutOfRange {
+                        op: 1,
+                        what: Extent::EndpointRange,
+                        ..
+                    }
+                ),
+                "{path:?}, {what}: {e}"
+            );
+            assert_eq!(
+                backend::copy_calls(&model),
+                calls,
+                "{path:?}, {what}: reached the driver"
+            );
+        }
+        // Inside, after a get: the put goes through.
+        let inside = get().put(&m, 64, &ep, 64, 64);
+        stream.enqueue(inside).unwrap().wait().unwrap();
+    }
+    drop((stream, b));
+    drop((ep, owner, m));
+    clean(&ctx, &model);
+}
+
 #[test]
 fn objects_of_two_contexts_are_refused_before_the_driver_naming_which_two() {
     // Two models: the check is the typed layer's, whatever the backend
