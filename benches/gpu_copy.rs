@@ -220,6 +220,21 @@ impl Raw {
         assert_eq!(r, 0, "cuMemcpyAsync");
     }
 
+    /// [`Raw::copy`] on the stream `stream` (another's handle).
+    fn copy_on(&self, stream: u64, dst: u64, src: u64, size: u64) {
+        // SAFETY: as `copy`, on a live stream of this context (the typed
+        // `Stream`'s, which outlives the call and the synchronize after it).
+        let r = unsafe { (self.memcpy)(dst, src, size as usize, stream as usize as *mut c_void) };
+        assert_eq!(r, 0, "cuMemcpyAsync");
+    }
+
+    /// [`Raw::sync`] of the stream `stream` (another's handle).
+    fn sync_on(&self, stream: u64) {
+        // SAFETY: a live stream of this context (see `copy_on`).
+        let r = unsafe { (self.sync)(stream as usize as *mut c_void) };
+        assert_eq!(r, 0, "cuStreamSynchronize");
+    }
+
     /// The same copy as [`Raw::copy`] through `cuMemcpyDtoDAsync_v2`.
     fn copy_dtod(&self, dst: u64, src: u64, size: u64) {
         // SAFETY: as `copy`: both ranges are mapped device memory of this
@@ -333,6 +348,8 @@ struct Stamped {
     base: Instant,
     enter: AtomicU64,
     exit: AtomicU64,
+    /// The stream of its last `cuMemcpyAsync` (the typed `Stream`'s handle).
+    stream: AtomicU64,
 }
 
 impl Stamped {
@@ -353,6 +370,7 @@ impl Forward for Stamped {
         size: u64,
         stream: u64,
     ) -> DriverResult<()> {
+        self.stream.store(stream, Ordering::Relaxed);
         self.enter.store(self.now(), Ordering::Relaxed);
         // SAFETY: forwarded unchanged: the caller's contract is the inner
         // driver's.
@@ -367,13 +385,17 @@ impl Forward for Stamped {
 /// `SMALL` bytes on a context of its own over [`Stamped`], the same put
 /// through a route, then the raw
 /// `cuMemcpyAsync` stamped the same way; interleaved, medians). Untimed
-/// by the tables: each stamp costs a clock read on both sides.
+/// by the tables: each stamp costs a clock read on both sides. Then why
+/// the call itself is slower on the typed side: the raw call alone on the
+/// raw stream, on the typed stream, and after a typed batch of the same
+/// put was built and dropped.
 fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::Error>> {
     let stamped = Arc::new(Stamped {
         inner: Cuda::open()?,
         base: Instant::now(),
         enter: AtomicU64::new(0),
         exit: AtomicU64::new(0),
+        stream: AtomicU64::new(0),
     });
     let (ctx, ep, dst, src) = rig(stamped.clone())?;
     let b = ep.bind(0, 0, &dst)?;
@@ -383,6 +405,11 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     // context check, the call), on the raw stream.
     let backend = Cuda::open()?;
     let mut v: [Vec<u64>; 15] = Default::default();
+    // Why the driver's call itself takes longer on the typed side: the
+    // raw call alone, on the typed stream (its handle), and after a typed
+    // batch of the same put was built and dropped (its lines and atomics
+    // before the call, no enqueue); each call alone timed, interleaved.
+    let mut why: [Vec<u64>; 3] = Default::default();
     // The same put through a route, made once (its facts read here).
     let mut route = s.route(&src, &ep);
     // A raw call stamped as the typed one is: before it, it, after it;
@@ -430,6 +457,32 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
             raw.copy(rd, rs, SMALL);
             Ok(())
         })?;
+        // The call alone: on the raw stream, on the typed one, after a
+        // typed batch built and dropped; in turns.
+        let typed_stream = stamped.stream.load(Ordering::Relaxed);
+        for i in 0..3 {
+            let k = (rep + i) % 3;
+            if k == 1 && typed_stream == 0 {
+                continue; // no typed call through `memcpy_async` yet
+            }
+            if k == 2 {
+                drop(std::hint::black_box(
+                    CopyBatch::new().put(&src, 0, &ep, 0, SMALL),
+                ));
+            }
+            let a = stamped.now();
+            if k == 1 {
+                raw.copy_on(typed_stream, rd, rs, SMALL);
+            } else {
+                raw.copy(rd, rs, SMALL);
+            }
+            why[k].push(stamped.now().saturating_sub(a));
+            if k == 1 {
+                raw.sync_on(typed_stream);
+            } else {
+                raw.sync();
+            }
+        }
         // Raw, with the context asked first, as the backend asked it up to
         // `c0c1d8f` (now only once the driver refused a stream call).
         stamp(&mut v[6..9], &mut || {
@@ -479,6 +532,15 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     over("typed-raw", tb, tc, ta);
     println!("{:>8} {ub:>8} {uc:>8} {ua:>8}", "route");
     over("route-raw", ub, uc, ua);
+    let [alone, on_typed, after_typed] = why.each_mut().map(med);
+    println!(
+        "\n== the raw call alone, host ns (medians of {reps}): on the raw stream, on the typed stream, after a typed batch of the same put was built and dropped; each less the first"
+    );
+    println!(
+        "{alone:>8} {on_typed:>8} {after_typed:>8} {:>+8} {:>+8}",
+        on_typed as i64 - alone as i64,
+        after_typed as i64 - alone as i64
+    );
     drop(route);
     drop((s, b));
     ep.destroy()?.release()?;
