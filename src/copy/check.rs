@@ -62,10 +62,7 @@ impl Hot {
             && offset >= self.put_from
             && let Some(from) = self.mem_next(c, mem, at, size)
             && let Some(end) = offset.checked_add(size)
-            // A cursor that no put went through (a get's) has `put_from`
-            // at `u64::MAX`, which a put of 0 bytes at that offset would
-            // pass: no put ends there inside an endpoint, so none passes
-            // (the slow path checks it).
+            // A get's cursor: `put_from` is `u64::MAX` (no put ends there).
             && end != u64::MAX
             && self.push(super::put_op(from, ep.id(), offset, size))
         {

@@ -383,7 +383,8 @@ struct Cursor {
     /// The least offset a put to that endpoint may start at to come after
     /// the last put (F3's order) and at or after `start`: the end of the
     /// last put, which was to this endpoint; `u64::MAX` when the last put
-    /// was elsewhere (the slow path decides).
+    /// was elsewhere (the slow path decides: [`Hot::put`] takes no put
+    /// that ends at `u64::MAX`, so not one of 0 bytes there either).
     put_from: u64,
     /// Whether the last put was to this endpoint, through the cursor: its
     /// end is `put_from`, not yet in `put_last`.
