@@ -704,3 +704,203 @@ fn issue_30_a_routes_put_into_an_imported_endpoint_is_checked_as_the_batch_of_th
     // peers' agreement is the program's, R13.3): the model says so.
     let _ = model.violations();
 }
+
+/// One builder call of a random batch (`random_batches_…` below).
+#[derive(Clone, Copy, Debug)]
+enum Build {
+    Put {
+        ep: bool,
+        mem: bool,
+        at: u64,
+        offset: u64,
+        size: u64,
+    },
+    Get {
+        ep: bool,
+        mem: bool,
+        at: u64,
+        offset: u64,
+        size: u64,
+    },
+    PutHost {
+        ep: bool,
+        offset: u64,
+        len: u16,
+    },
+    GetHost {
+        ep: bool,
+        offset: u64,
+        len: u16,
+    },
+    PutStrided {
+        ep: bool,
+        mem: bool,
+        at: u64,
+        offset: u64,
+        count: u8,
+        size: u8,
+        src: u64,
+        dst: u64,
+    },
+}
+
+/// An offset: mostly small, else an edge of the endpoints, the memory or
+/// the address space (`u64::MAX` the most often).
+fn edge_offset() -> impl proptest::strategy::Strategy<Value = u64> {
+    use proptest::prelude::*;
+    prop_oneof![
+        6 => 0u64..4096,
+        1 => Just(u64::MAX),
+        1 => proptest::sample::select(vec![
+            ALIGN - 64,
+            ALIGN - 1,
+            ALIGN,
+            ALIGN + 64,
+            2 * ALIGN - 64,
+            2 * ALIGN,
+            1 << 63,
+            u64::MAX - 63,
+        ]),
+    ]
+}
+
+/// A size: mostly small, 0 often, else an edge.
+fn edge_size() -> impl proptest::strategy::Strategy<Value = u64> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => 0u64..256,
+        2 => Just(0u64),
+        1 => proptest::sample::select(vec![ALIGN, 1 << 63, u64::MAX]),
+    ]
+}
+
+fn build() -> impl proptest::strategy::Strategy<Value = Build> {
+    use proptest::prelude::*;
+    let (ep, mem) = (any::<bool>(), any::<bool>());
+    prop_oneof![
+        3 => (ep, mem, edge_offset(), edge_offset(), edge_size())
+            .prop_map(|(ep, mem, at, offset, size)| Build::Put { ep, mem, at, offset, size }),
+        2 => (ep, mem, edge_offset(), edge_offset(), edge_size())
+            .prop_map(|(ep, mem, at, offset, size)| Build::Get { ep, mem, at, offset, size }),
+        1 => (ep, edge_offset(), 0u16..300).prop_map(|(ep, offset, len)| Build::PutHost { ep, offset, len }),
+        1 => (ep, edge_offset(), 0u16..300).prop_map(|(ep, offset, len)| Build::GetHost { ep, offset, len }),
+        1 => (ep, mem, edge_offset(), edge_offset(), 0u8..5, 0u8..128,
+              proptest::sample::select(vec![0u64, 64, 128, u64::MAX]),
+              proptest::sample::select(vec![0u64, 64, 128, 256, u64::MAX]))
+            .prop_map(|(ep, mem, at, offset, count, size, src, dst)| Build::PutStrided {
+                ep, mem, at, offset, count, size, src, dst,
+            }),
+    ]
+}
+
+/// Random batches of puts and gets (to two endpoints from two memories,
+/// offsets and sizes at every edge, 0 bytes too), one binding changed
+/// between building and enqueue now and then, on both paths: every batch
+/// either goes through or is refused before the driver (no copy call
+/// reached it), and no call breaks a rule of the driver contract. (A get
+/// and then a put of 0 bytes at offset `u64::MAX` through the same
+/// endpoint once passed unchecked: found by a hostile run.)
+#[test]
+fn f1_f9_random_batches_either_go_through_or_are_refused_before_the_driver() {
+    use proptest::prelude::*;
+    use proptest::test_runner::TestRunner;
+    let strategy = (
+        any::<bool>(),
+        proptest::collection::vec(
+            (
+                proptest::collection::vec(build(), 1..6),
+                0u8..6,
+                any::<bool>(),
+            ),
+            1..12,
+        ),
+    );
+    let mut runner = TestRunner::new(common::config(1024, 0x5eed_c0b1, 200));
+    let outcome = runner.run(&strategy, |(portable, batches)| {
+        let (ctx, model) = node();
+        if portable {
+            ctx.set_copy_path(CopyPath::Portable);
+        }
+        let eps = [unicast(&ctx, 0, 2 * ALIGN), unicast(&ctx, 0, ALIGN)];
+        let owners = [mapped(&ctx, 0), mapped(&ctx, 0), mapped(&ctx, 0)];
+        let mems = [mapped(&ctx, 0), mapped(&ctx, 0)];
+        let stream = Stream::new(&ctx, 0).unwrap();
+        let mut bound = [
+            Some(eps[0].bind(Device(0), 0, &owners[0]).unwrap()),
+            None,
+            Some(eps[1].bind(Device(0), 0, &owners[2]).unwrap()),
+        ];
+        for (ops, flip, forget) in &batches {
+            let mut batch = CopyBatch::new();
+            for op in ops {
+                let e = |ep: &bool| &eps[usize::from(*ep)];
+                let m = |mem: &bool| &mems[usize::from(*mem)];
+                batch = match *op {
+                    Build::Put {
+                        ep,
+                        mem,
+                        at,
+                        offset,
+                        size,
+                    } => batch.put(m(&mem), at, e(&ep), offset, size),
+                    Build::Get {
+                        ep,
+                        mem,
+                        at,
+                        offset,
+                        size,
+                    } => batch.get(e(&ep), offset, m(&mem), at, size),
+                    Build::PutHost { ep, offset, len } => {
+                        batch.put_host(vec![7; usize::from(len)], e(&ep), offset)
+                    }
+                    Build::GetHost { ep, offset, len } => {
+                        batch.get_host(e(&ep), offset, u64::from(len))
+                    }
+                    Build::PutStrided {
+                        ep,
+                        mem,
+                        at,
+                        offset,
+                        count,
+                        size,
+                        src,
+                        dst,
+                    } => batch.put_strided(
+                        m(&mem),
+                        at,
+                        e(&ep),
+                        offset,
+                        cuda_endpoints::Strided::new(u64::from(count), u64::from(size), src, dst),
+                    ),
+                };
+            }
+            // One binding changed between building and enqueue, now and then.
+            let i = usize::from(*flip);
+            if i < bound.len() && bound[i].take().is_none() {
+                let (ep, at) = [(0, 0), (0, ALIGN), (1, 0)][i];
+                bound[i] = eps[ep].bind(Device(0), at, &owners[i]).ok();
+            }
+            let calls = crate::backend::copy_calls(&model);
+            match stream.enqueue(batch) {
+                Ok(token) if *forget => std::mem::forget(token),
+                Ok(token) => {
+                    token.wait().unwrap();
+                }
+                Err(e) => prop_assert_eq!(
+                    crate::backend::copy_calls(&model),
+                    calls,
+                    "refused ({}) after reaching the driver",
+                    e
+                ),
+            }
+            let violations = model.violations();
+            prop_assert!(violations.is_empty(), "{:?} {:?}", violations, ops);
+        }
+        drop(stream);
+        drop(bound);
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}");
+    }
+}
