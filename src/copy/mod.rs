@@ -139,6 +139,11 @@ pub(crate) type Intervals = SmallVec<[(u64, u64); 2]>;
 /// `'a` is how long the endpoints and memory it names are borrowed: until
 /// the [`InFlight`] token is waited or dropped.
 ///
+/// An op of 0 bytes moves nothing, and its operands are checked all the
+/// same (F5): its memory offset inside the memory (not at its end), its
+/// endpoint offset inside the endpoint or at its end, bound there or not
+/// (an empty range needs no bound byte: F9 as the model reads it).
+///
 /// ```
 /// use cuda_endpoints::{Allocation, Context, CopyBatch, Private, Report, Spec, Stream};
 /// # fn main() -> Result<(), Report> {
