@@ -142,7 +142,8 @@ pub(crate) type Intervals = SmallVec<[(u64, u64); 2]>;
 /// An op of 0 bytes moves nothing, and its operands are checked all the
 /// same (F5): its memory offset inside the memory (not at its end), its
 /// endpoint offset inside the endpoint or at its end, bound there or not
-/// (an empty range needs no bound byte: F9 as the model reads it).
+/// (an empty range needs no bound byte: F9 as the model reads it;
+/// `data_path::f5_a_zero_byte_op_at_the_endpoints_end_goes_through_bound_or_not_and_one_past_it_is_refused`).
 ///
 /// ```
 /// use cuda_endpoints::{Allocation, Context, CopyBatch, Private, Report, Spec, Stream};

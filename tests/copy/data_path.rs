@@ -2203,6 +2203,37 @@ fn f5_a_zero_byte_op_one_past_the_end_of_its_memory_is_refused_before_the_driver
     clean(&ctx, &model);
 }
 
+/// F5 on the endpoint side: a 0-byte op names an offset inside the
+/// endpoint or at its end, bound there or not (an empty range needs no
+/// bound byte, as the model's F9 reads it); one past the end is refused.
+#[test]
+fn f5_a_zero_byte_op_at_the_endpoints_end_goes_through_bound_or_not_and_one_past_it_is_refused() {
+    let (ctx, model) = node();
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let (owner, m) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let b = ep.bind(0, 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    for path in [
+        cuda_endpoints::CopyPath::Fabric,
+        cuda_endpoints::CopyPath::Portable,
+    ] {
+        ctx.set_copy_path(path);
+        for offset in [ALIGN - 1, ALIGN, ALIGN + 64, 2 * ALIGN] {
+            let put = CopyBatch::new().put(&m, 0, &ep, offset, 0);
+            stream.enqueue(put).unwrap().wait().unwrap();
+        }
+        let past = CopyBatch::new().put(&m, 0, &ep, 2 * ALIGN + 1, 0);
+        let e = stream.enqueue(past).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(e, Error::CopyOutOfRange { op: 0, .. }),
+            "{path:?}: {e}"
+        );
+    }
+    drop((stream, b));
+    drop((ep, owner, m));
+    clean(&ctx, &model);
+}
+
 /// A get through an endpoint leaves the batch's cursor on it with no put
 /// through it yet: a put there after it is checked as any put, to the
 /// last offset too, where a put of 0 bytes once passed unchecked and
