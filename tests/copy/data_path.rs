@@ -2242,22 +2242,21 @@ fn f5_a_zero_byte_op_at_the_endpoints_end_goes_through_bound_or_not_and_one_past
 fn f9_a_put_after_a_get_through_the_same_endpoint_is_checked_even_of_no_bytes_at_the_last_offset() {
     use cuda_endpoints::error::Extent;
     let (ctx, model) = node();
-    let ep = unicast(&ctx, 0, ALIGN);
-    let owner = mapped(&ctx, 0);
-    let m = mapped(&ctx, 0);
-    let b = ep.bind(0, 0, &owner).unwrap();
+    let u = Unicast1::new(&ctx);
+    let b = u.bind();
+    let (ep, m) = (&u.ep, &u.src);
     let stream = Stream::new(&ctx, 0).unwrap();
     for path in [
         cuda_endpoints::CopyPath::Fabric,
         cuda_endpoints::CopyPath::Portable,
     ] {
         ctx.set_copy_path(path);
-        let get = || CopyBatch::new().get(&ep, 0, &m, 0, 64);
+        let get = || CopyBatch::new().get(ep, 0, m, 0, 64);
         let batches = [
-            ("put", get().put(&m, 0, &ep, u64::MAX, 0)),
+            ("put", get().put(m, 0, ep, u64::MAX, 0)),
             (
                 "put_strided",
-                get().put_strided(&m, 0, &ep, u64::MAX, Strided::new(3, 0, 0, 0)),
+                get().put_strided(m, 0, ep, u64::MAX, Strided::new(3, 0, 0, 0)),
             ),
         ];
         for (what, batch) in batches {
@@ -2281,11 +2280,11 @@ fn f9_a_put_after_a_get_through_the_same_endpoint_is_checked_even_of_no_bytes_at
             );
         }
         // Inside, after a get: the put goes through.
-        let inside = get().put(&m, 64, &ep, 64, 64);
+        let inside = get().put(m, 64, ep, 64, 64);
         stream.enqueue(inside).unwrap().wait().unwrap();
     }
     drop((stream, b));
-    drop((ep, owner, m));
+    drop(u);
     clean(&ctx, &model);
 }
 
