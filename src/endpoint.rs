@@ -98,8 +98,17 @@ fn destroy_inline(range: &RangeInner, id: u32, from_drop: bool) -> Option<Box<Er
         return destroy_failed(range, id, from_drop, e);
     }
     // A panic inside the call is taken as coming after the destroy (see
-    // `OnUnwind`): forget the endpoint then, and never destroy twice.
-    let done = OnUnwind::new(|| forget_endpoint(range, id));
+    // `OnUnwind`): forget the endpoint then, and never destroy twice; unless
+    // the backend says it refused the destroy: then the endpoint is there,
+    // an orphan, as after a failed destroy from `Drop`.
+    let done = OnUnwind::new(|| {
+        if range.ctx.driver().unwound_answer(Call::Destroy).is_some() {
+            // SAFETY: as in `destroy_failed`.
+            unsafe { range.facts_mut(id) }.orphaned = true;
+        } else {
+            forget_endpoint(range, id);
+        }
+    });
     // SAFETY: `id` belongs to this range and its endpoint to the typed
     // `Endpoint` being destroyed or dropped; the borrow checker has ended every
     // `Binding` and `EndpointRef` of it (R3.4, R7.2).
@@ -354,8 +363,13 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let mut failed_dev = None;
         let outcome = {
             // A panic inside create or an enrollment leaves an endpoint on
-            // the id: the range destroys it before it releases (R1.2).
+            // the id: the range destroys it before it releases (R1.2). Not a
+            // create the backend says it refused (no endpoint was made).
+            let created = std::cell::Cell::new(false);
             let orphan = OnUnwind::new(|| {
+                if !created.get() && d.unwound_answer(Call::Create).is_some() {
+                    return;
+                }
                 // SAFETY: `create` holds the endpoint by value and no borrow
                 // of its facts is alive while the guard is.
                 unsafe { self.facts_mut() }.orphaned = true;
@@ -363,6 +377,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
             // and holds no endpoint (R2.1, R3.4).
             let mut r = unsafe { d.create(self.id, spec.props) }.map_err(|code| (false, code));
+            created.set(r.is_ok());
             // A unicast spec has no team devices: no loop (a constant).
             if K2::MULTICAST && r.is_ok() {
                 for &dev in &spec.devices {
@@ -533,8 +548,18 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         }
         let r = {
             // A panic inside the import leaves the endpoint attached: the
-            // range destroys it (and detaches the handle) before it releases.
+            // range destroys it (and detaches the handle) before it releases;
+            // an import the backend says it refused attached nothing.
             let orphan = OnUnwind::new(|| {
+                if self
+                    .context()
+                    .driver()
+                    .unwound_answer(Call::Import)
+                    .is_some()
+                {
+                    self.context().detach(&c.0);
+                    return;
+                }
                 // SAFETY: `import` holds the endpoint by value and no borrow
                 // of its facts is alive while the guard is.
                 unsafe { self.facts_mut() }.orphaned = true;

@@ -111,10 +111,12 @@ impl<'e> MulticastMapping<'e> {
         )?;
         let d = ctx.driver();
         // A panic inside the map is taken as coming after the driver mapped
-        // (see `OnUnwind`): unmapped and freed as the mapping's drop does.
+        // (see `OnUnwind`): unmapped and freed as the mapping's drop does;
+        // a map the backend says it refused mapped nothing: only freed.
         let unwind = OnUnwind::new(|| {
+            let refused = d.unwound_answer(Call::MemMap).is_some();
             // SAFETY: the mapping made below, bound to nothing.
-            if unsafe { d.mem_unmap(ptr, size) }.is_ok() {
+            if refused || unsafe { d.mem_unmap(ptr, size) }.is_ok() {
                 // SAFETY: the reservation made above, unmapped just now.
                 let _ = unsafe { d.mem_address_free(ptr, size) };
             }
@@ -169,10 +171,13 @@ impl Drop for MulticastMapping<'_> {
             let d = self.ctx.driver();
             let (ptr, size) = (self.ptr, self.size);
             // A panic inside the unmap is taken as coming after the driver
-            // unmapped (see `OnUnwind`): the range is still freed, once.
+            // unmapped (see `OnUnwind`): the range is still freed, once;
+            // not after an unmap the backend says it refused (still mapped).
             let free = OnUnwind::new(|| {
-                // SAFETY: this mapping's range; the unmap was made.
-                let _ = unsafe { d.mem_address_free(ptr, size) };
+                if d.unwound_answer(Call::MemUnmap).is_none() {
+                    // SAFETY: this mapping's range; the unmap was made.
+                    let _ = unsafe { d.mem_address_free(ptr, size) };
+                }
             });
             // SAFETY: this mapping's own range; nothing binds through it.
             let r = unsafe { d.mem_unmap(ptr, size) };

@@ -16,7 +16,6 @@ use crate::driver::Call;
 use crate::error::Result;
 use crate::ledger::Facts;
 use crate::ledger::RangeInner;
-use crate::unwind::OnUnwind;
 
 impl RangeInner {
     /// Whether the one id of a one-id range held no orphan and its record
@@ -127,23 +126,29 @@ impl RangeInner {
             }
             // Out of the record before the call: a panic inside it is taken
             // as coming after the driver destroyed the orphan (see
-            // [`OnUnwind`]), so its handle is detached and its memory let go
-            // while unwinding, and `released` still false makes the range's
-            // `Drop` finish the release.
+            // `crate::unwind::OnUnwind`), so its handle is detached and its memory let go
+            // before the panic goes on, and `released` still false makes the
+            // range's `Drop` finish the release; unless the backend says it
+            // refused the destroy: then as a failed one.
             self.set_orphaned(id, false);
             let slot = std::mem::take(self.slot_mut(id));
             self.bindings_changed_mut();
             let fabric = self.take_fabric_mut(id);
             let ctx = &self.ctx;
-            let detach = OnUnwind::new(|| {
-                if let Some(f) = &fabric {
-                    ctx.detach(f);
-                }
-            });
-            // SAFETY: an orphan: its `Endpoint` is gone (dropped while its
-            // destroy failed), so nothing typed holds the id any more.
-            let r = unsafe { ctx.driver().destroy(id) };
-            detach.disarm();
+            let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: an orphan: its `Endpoint` is gone (dropped while its
+                // destroy failed), so nothing typed holds the id any more.
+                unsafe { ctx.driver().destroy(id) }
+            }));
+            let (r, panic) = match call {
+                Ok(r) => (r, None),
+                Err(panic) => (
+                    ctx.driver()
+                        .unwound_answer(Call::Destroy)
+                        .map_or(Ok(()), Err),
+                    Some(panic),
+                ),
+            };
             match r {
                 Ok(()) => {
                     if let Some(f) = fabric {
@@ -163,8 +168,14 @@ impl RangeInner {
                     }
                     self.bindings_changed_mut();
                     self.released = true;
+                    if let Some(panic) = panic {
+                        std::panic::resume_unwind(panic);
+                    }
                     return Err(self.ctx.error(Call::Destroy, code));
                 }
+            }
+            if let Some(panic) = panic {
+                std::panic::resume_unwind(panic);
             }
         }
         // A panic inside the release is taken as after the driver released:

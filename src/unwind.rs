@@ -12,8 +12,13 @@
 /// implementations never panic themselves, and the layers they call run
 /// once the answer is known. The rollback therefore records what the driver
 /// then holds (an endpoint to destroy, a binding to keep alive) and never
-/// repeats the call. Where the record is what later calls trust, it does
-/// not bet on either: a bind or unbind that unwound keeps its memory
+/// repeats the call; unless the backend says the answer was an error
+/// ([`Driver::unwound_answer`](crate::driver::Driver::unwound_answer): a
+/// layer panicked on a refusal's or a failure's event of `Traced` or the
+/// real backend): then the driver did not act, and the rollback is the
+/// error path's (a create made nothing; a destroy or an unmap left the
+/// endpoint or the mapping there, and what they keep is kept). Where the
+/// record is what later calls trust, it does not bet on either: a bind or unbind that unwound keeps its memory
 /// (R7.2) and its extent, so no bind goes over bytes the driver may hold
 /// (R5.9), but covers no byte, so F9 refuses copies there (a layer may
 /// panic on a call's denial or failure, before the driver acted).

@@ -29,7 +29,7 @@ pub use cuda_endpoints_driver::{
     CopyOps, Driver, DriverResult, EndpointProps, FABRIC_COPY_MIN_VERSION, FabricHandleBytes,
     Family, Forward, Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits, MEMCPY_BATCH_MIN_VERSION,
     MemHint, MemcpyOp, MemcpyOps, ObjectExport, ObjectSharing, Operand, OpsIntoIter, Pointer,
-    Shape, ShareableHandle, ShareableKind, TraceEntry, Traced, attr, fnv1a, for_each_driver_call,
-    handle_bits,
+    Shape, ShareableHandle, ShareableKind, TraceEntry, Traced, UnwoundAnswers, attr, fnv1a,
+    for_each_driver_call, handle_bits,
 };
 pub(crate) use cuda_endpoints_driver::{Device, Location};

@@ -43,28 +43,47 @@ impl Drop for MappedInner {
             let (ptr, size) = (self.ptr, self.size);
             // A panic inside the unmap or the release is taken as coming after
             // the driver acted (see `OnUnwind`): the range is still freed, once
-            // (and, when the unmap panicked, the handle released: `alloc` drops
-            // with the unwind, after the guard).
+            // (and, when the unmap panicked, the handle released), unless the
+            // backend says it refused the unmap: then as a failed one.
+            let unmap = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: the last owner of the mapping is gone: no `Mapped`
+                // and no binding through it is left (bindings hold this `Arc`,
+                // R7.2).
+                unsafe { ctx.driver().mem_unmap(ptr, size) }
+            }));
+            let (r, panic) = match unmap {
+                Ok(r) => (r, None),
+                Err(panic) => (
+                    ctx.driver()
+                        .unwound_answer(Call::MemUnmap)
+                        .map_or(Ok(()), Err),
+                    Some(panic),
+                ),
+            };
+            if let Err(code) = r {
+                // Still mapped: keep the memory and the range rather than free
+                // what the device may still reach.
+                std::mem::forget(alloc);
+                if let Some(panic) = panic {
+                    std::panic::resume_unwind(panic);
+                }
+                ctx.record_teardown(ctx.error(Call::MemUnmap, code));
+                return;
+            }
             let free = OnUnwind::new(|| {
                 // SAFETY: this mapping's range; the unmap was made.
                 if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
                     ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
                 }
             });
-            // SAFETY: the last owner of the mapping is gone: no `Mapped` and no
-            // binding through it is left (bindings hold this `Arc`, R7.2).
-            if let Err(code) = unsafe { ctx.driver().mem_unmap(ptr, size) } {
-                free.disarm();
-                // Still mapped: keep the memory and the range rather than free
-                // what the device may still reach.
-                ctx.record_teardown(ctx.error(Call::MemUnmap, code));
-                std::mem::forget(alloc);
-                return;
-            }
             drop(alloc);
             free.disarm();
             // SAFETY: this mapping's range, unmapped just above.
-            if let Err(code) = unsafe { ctx.driver().mem_address_free(ptr, size) } {
+            let freed = unsafe { ctx.driver().mem_address_free(ptr, size) };
+            if let Some(panic) = panic {
+                std::panic::resume_unwind(panic);
+            }
+            if let Err(code) = freed {
                 ctx.record_teardown(ctx.error(Call::MemAddressFree, code));
             }
         });

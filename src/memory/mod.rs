@@ -291,10 +291,16 @@ impl<H: MemShare> Allocation<H> {
         };
         // A panic inside the map is taken as coming after the driver mapped
         // (see `OnUnwind`): the mapping is undone as a `Mapped`'s drop does
-        // (unmap, free the range; `self` releases the handle after it).
+        // (unmap, free the range; `self` releases the handle after it). A
+        // map the backend says it refused mapped nothing: the range is freed.
         let unwind = {
             let alloc = self.inner.clone();
             OnUnwind::new(move || {
+                if d.unwound_answer(Call::MemMap).is_some() {
+                    // SAFETY: the reservation made above; nothing mapped.
+                    let _ = unsafe { d.mem_address_free(ptr, size) };
+                    return;
+                }
                 drop(MappedInner {
                     alloc: Some(alloc),
                     ptr,
@@ -478,6 +484,11 @@ fn probe_size(alloc: &AllocInner) -> Result<()> {
         let _ = unsafe { d.mem_address_free(ptr, alloc.size) };
     };
     let undo_map = OnUnwind::new(|| {
+        // A map the backend says it refused mapped nothing.
+        if d.unwound_answer(Call::MemMap).is_some() {
+            free();
+            return;
+        }
         // SAFETY: the mapping made in the probe, bound to nothing.
         if unsafe { d.mem_unmap(ptr, alloc.size) }.is_ok() {
             free();
@@ -487,7 +498,12 @@ fn probe_size(alloc: &AllocInner) -> Result<()> {
     let mapped = unsafe { d.mem_map(ptr, alloc.size, 0, alloc.handle) };
     undo_map.disarm();
     if mapped.is_ok() {
-        let undo_unmap = OnUnwind::new(free);
+        // An unmap the backend says it refused left the range mapped: kept.
+        let undo_unmap = OnUnwind::new(|| {
+            if d.unwound_answer(Call::MemUnmap).is_none() {
+                free();
+            }
+        });
         // SAFETY: the mapping just made, bound to nothing.
         let r = unsafe { d.mem_unmap(ptr, alloc.size) };
         undo_unmap.disarm();

@@ -24,6 +24,20 @@ impl EventFields {
     }
 }
 
+impl EventFields {
+    /// The call, when the event is an error's of `Traced` (a failure, or a
+    /// refusal by its deny list).
+    pub fn failed(&self) -> Option<cuda_endpoints::driver::Call> {
+        (self.message == "driver call failed" || self.message.starts_with("denied by"))
+            .then(|| {
+                self.call
+                    .as_deref()
+                    .and_then(cuda_endpoints::driver::Call::from_name)
+            })
+            .flatten()
+    }
+}
+
 impl tracing::field::Visit for EventFields {
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
         if field.name() == "call" {

@@ -1219,3 +1219,122 @@ fn r7_2_an_unwound_classic_destroy_releases_an_object_that_keeps_a_bind_not_know
     drop(ctx);
     assert_eq!(model.live(), Live::default());
 }
+
+/// A `tracing` layer that panics on every error's event (`Traced`'s
+/// failure or refusal): the driver did not act on that call.
+fn panic_on_errors() -> impl tracing::Subscriber {
+    common::layer::OnEvent(|e: &common::layer::EventFields| {
+        if e.failed().is_some() {
+            std::panic::panic_any(Planned);
+        }
+    })
+}
+
+/// A `tracing` layer that panics once, on the first error's event after
+/// the fault planned on `model` fired (not on the errors a backend meets
+/// by design, as the classic fallback's probes).
+fn panic_on_the_fault(model: &Model) -> impl tracing::Subscriber {
+    let (model, done) = (model.clone(), std::sync::atomic::AtomicBool::new(false));
+    common::layer::OnEvent(move |e: &common::layer::EventFields| {
+        if e.failed().is_some() && model.faults_fired() > 0 && !done.swap(true, Ordering::SeqCst) {
+            std::panic::panic_any(Planned);
+        }
+    })
+}
+
+/// R1.2, R7, R7.2, C4, C5 and the VMM calls' order, when a layer panics on
+/// the event of a call the driver failed (each call of three lifecycles,
+/// the classic fallback's among them, failing in turn, once): the rollback
+/// asks the backend (`Driver::unwound_answer`) and takes the error path's
+/// way, not the success's. A create that failed
+/// is never destroyed; a destroy that failed leaves the memory its
+/// bindings keep and its id reserved until the range destroys it; a map
+/// that failed is never unmapped; an unmap that failed leaves its range
+/// reserved; a classic unbind that failed leaves its bind on the object,
+/// released before the memory goes: no call that breaks a rule reaches the
+/// driver.
+#[test]
+fn r1_2_r7_2_a_panic_on_the_event_of_each_failed_call_breaks_no_rule() {
+    use cuda_endpoints::driver::Code;
+    use cuda_endpoints::model::faults::{Fault, FaultPlan};
+    quiet();
+    let mut failed = std::collections::BTreeSet::new();
+    let runs = [
+        ("lifecycle", lifecycle as fn(&Context), false),
+        ("vmm", vmm_lifecycle, false),
+        ("classic", classic_lifecycle, true),
+    ];
+    for (name, run, classic) in runs {
+        for n in 1.. {
+            let (model, ctx) = if classic {
+                let model = classic_node();
+                let ctx = Context::new(Classic::new(Arc::new(Traced::new(model.clone()))));
+                (model, ctx)
+            } else {
+                let model = Model::new(ModelConfig::node(4));
+                let ctx = Context::new(Traced::new(model.clone()));
+                (model, ctx)
+            };
+            model.set_faults(FaultPlan::none().with(Fault::nth_any(n, Code::UNKNOWN)));
+            let r = tracing::subscriber::with_default(panic_on_the_fault(&model), || {
+                catch_unwind(AssertUnwindSafe(|| run(&ctx)))
+            });
+            let Some((call, _)) = model.faults().last() else {
+                assert!(r.is_ok(), "{name}: a real failure");
+                break;
+            };
+            failed.insert(call.name());
+            assert!(r.is_err_and(|p| p.is::<Planned>()), "{name}: {call} (#{n})");
+            drop(ctx);
+            model.exit();
+            let v = model.violations();
+            assert!(v.is_empty(), "{name}: {call} (#{n}) failed: {v:?}");
+        }
+    }
+    for call in [
+        Call::Create,
+        Call::Destroy,
+        Call::IdRelease,
+        Call::MemMap,
+        Call::MemUnmap,
+        Call::MulticastCreate,
+        Call::MulticastUnbind,
+        Call::MemRelease,
+    ] {
+        assert!(
+            failed.contains(call.name()),
+            "{call} not covered: {failed:?}"
+        );
+    }
+}
+
+/// R7.2 and R1.2: a destroy `Traced`'s deny list refuses, by drop and by
+/// `destroy`, with a layer panicking on the refusal's event: the endpoint
+/// is still there, so the memory its forgotten binding keeps is never
+/// released, nor its id, while the driver holds it.
+#[test]
+fn r7_2_a_refused_destroy_whose_event_panicked_frees_no_memory_it_binds() {
+    quiet();
+    for by_drop in [true, false] {
+        let model = Model::new(ModelConfig::node(2));
+        let ctx = Context::new(Traced::new(model.clone()).deny([Call::Destroy]));
+        let (ep, mem) = ready_unicast_and_memory(&ctx);
+        std::mem::forget(ep.bind(Device(0), 0, &mem).unwrap());
+        drop(mem);
+        let r = tracing::subscriber::with_default(panic_on_errors(), || {
+            catch_unwind(AssertUnwindSafe(|| match by_drop {
+                true => drop(ep),
+                false => drop(ep.destroy()),
+            }))
+        });
+        assert!(r.is_err_and(|p| p.is::<Planned>()), "the planned panic");
+        drop(ctx);
+        common::no_violations(&model.violations());
+        let live = model.live_node();
+        assert_eq!(
+            (live.endpoints, live.bindings, live.allocations, live.ids),
+            (1, 1, 1, 1),
+            "kept while the driver holds them (by drop: {by_drop})"
+        );
+    }
+}

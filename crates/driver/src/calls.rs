@@ -12,7 +12,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::DriverResult;
+use super::{Code, DriverResult};
 
 /// Calls `$callback! { rows }` with every driver call of the boundary, one row
 /// per C entry point, so that other modules generate code from the same list
@@ -460,6 +460,16 @@ macro_rules! gen_call {
                 None
             }
 
+            /// The error this backend answered to this thread's last `call`
+            /// whose `tracing` event panicked ([`UnwoundAnswers`](crate::UnwoundAnswers)),
+            /// taken: for the rollback of a call that unwound, which
+            /// otherwise takes the driver as having acted. `None` (the
+            /// default): nothing known.
+            fn unwound_answer(&self, call: Call) -> Option<Code> {
+                let _ = call;
+                None
+            }
+
             $(
                 $(#[$meta])*
                 ///
@@ -532,6 +542,11 @@ macro_rules! gen_call {
                 self.inner().object_sharing()
             }
 
+            /// As [`Driver::unwound_answer`]; the inner driver's by default.
+            fn unwound_answer(&self, call: Call) -> Option<Code> {
+                self.inner().unwound_answer(call)
+            }
+
             $(
                 #[doc = concat!("As [`Driver::", stringify!($method), "`]; forwarded by default.")]
                 ///
@@ -559,6 +574,9 @@ macro_rules! gen_call {
             }
             fn object_sharing(&self) -> Option<&dyn $crate::ObjectSharing> {
                 Forward::object_sharing(self)
+            }
+            fn unwound_answer(&self, call: Call) -> Option<Code> {
+                Forward::unwound_answer(self, call)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
@@ -592,6 +610,9 @@ macro_rules! gen_arc {
             }
             fn object_sharing(&self) -> Option<&dyn $crate::ObjectSharing> {
                 (**self).object_sharing()
+            }
+            fn unwound_answer(&self, call: Call) -> Option<Code> {
+                (**self).unwound_answer(call)
             }
             $(
                 #[allow(clippy::too_many_arguments)]

@@ -27,6 +27,7 @@ mod op_list;
 mod sharing;
 mod trace;
 mod types;
+mod unwound;
 
 #[doc(hidden)]
 pub use calls::Queries;
@@ -46,3 +47,4 @@ pub use types::{
     Granularity, LOGICAL_ENDPOINT_MIN_VERSION, Limits, Location, Shape, ShareableHandle,
     ShareableKind, attr, fnv1a, handle_bits,
 };
+pub use unwound::UnwoundAnswers;

@@ -13,7 +13,11 @@
 //! (`cuStreamCreate`, `cuEventCreate`, `cuStreamEndCapture`,
 //! `cuGraphInstantiateWithFlags`), the caller never gets the answer: the
 //! wrapper destroys it (logged as such, no event) before the panic goes on,
-//! so it is no one's leak. Calls on
+//! so it is no one's leak. When it panics on the event of an error (a
+//! failure, a refusal), the error is noted first
+//! ([`UnwoundAnswers`](crate::UnwoundAnswers)), and
+//! [`Driver::unwound_answer`] tells the rollback above that the driver did
+//! not act. Calls on
 //! its deny list are answered `CUDA_ERROR_NOT_PERMITTED` and never reach the
 //! inner driver; the log marks them `denied`.
 //!
@@ -29,7 +33,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{BoundedLog, Call, Code, Driver, DriverResult, FabricHandleBytes};
+use super::{BoundedLog, Call, Code, Driver, DriverResult, FabricHandleBytes, UnwoundAnswers};
 
 /// One call as it reached a [`Traced`] driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,6 +91,8 @@ pub struct Traced<D> {
     inner: D,
     deny: Vec<Call>,
     log: Arc<Mutex<BoundedLog<TraceEntry>>>,
+    /// The errors whose event panicked, for the rollback above.
+    unwound: UnwoundAnswers,
 }
 
 impl<D: fmt::Debug> fmt::Debug for Traced<D> {
@@ -121,6 +127,7 @@ impl<D: Driver> Traced<D> {
             inner,
             deny: Vec::new(),
             log: Arc::new(Mutex::new(BoundedLog::new(cap))),
+            unwound: UnwoundAnswers::new(),
         }
     }
 
@@ -208,6 +215,7 @@ impl<D: Driver> Traced<D> {
         body: impl FnOnce(&D) -> DriverResult<T>,
         undo: Option<Undo<D, T>>,
     ) -> DriverResult<T> {
+        self.unwound.forget_this_thread();
         let denied = self.deny.contains(&call);
         let r = if denied {
             Err(Code::NOT_PERMITTED)
@@ -269,12 +277,22 @@ impl<D: Driver> Traced<D> {
             result,
             denied,
         });
+        // An error's event may panic (a layer): the error is noted first,
+        // so that the rollback above knows the driver did not act.
+        let unwound = |code: Code, emit: &dyn Fn()| match call {
+            Some(c) => self.unwound.event(c, code, emit),
+            None => emit(),
+        };
         match (&event, denied) {
-            (_, true) => {
-                tracing::debug!(call = name, %args, "denied by the trace policy: CUDA_ERROR_NOT_PERMITTED")
-            }
+            (_, true) => unwound(
+                Code::NOT_PERMITTED,
+                &|| tracing::debug!(call = name, %args, "denied by the trace policy: CUDA_ERROR_NOT_PERMITTED"),
+            ),
             (Ok(v), false) => tracing::debug!(call = name, %args, result = %v, "CUDA_SUCCESS"),
-            (Err(code), false) => tracing::debug!(call = name, %args, %code, "driver call failed"),
+            (Err(code), false) => unwound(
+                *code,
+                &|| tracing::debug!(call = name, %args, %code, "driver call failed"),
+            ),
         }
     }
 }
@@ -437,6 +455,11 @@ macro_rules! traced_impl {
             }
             fn object_sharing(&self) -> Option<&dyn super::ObjectSharing> {
                 self.inner.object_sharing()
+            }
+            fn unwound_answer(&self, call: Call) -> Option<Code> {
+                // Its own refusal or the inner driver's error: the panic
+                // came from one of them.
+                self.unwound.take(call).or_else(|| self.inner.unwound_answer(call))
             }
             $(
                 #[allow(clippy::too_many_arguments)]

@@ -565,7 +565,8 @@ impl Classic {
     /// code and the binds still on the object (those skipped included). A
     /// panic inside an unbind is taken as coming after the driver unbound
     /// (see `OnUnwind`): the binds still on the object go back into the
-    /// table of endpoint `id`, the one whose call panicked does not.
+    /// table of endpoint `id`, the one whose call panicked does not, unless
+    /// the inner driver says it refused that unbind (`unwound_answer`).
     fn unbind_all(&self, id: u32, mc: u64, binds: Vec<Bind>) -> Result<(), (Code, Vec<Bind>)> {
         let made = Cell::new(0usize);
         // What is still on the object when this stops at `from`: the binds
@@ -579,7 +580,8 @@ impl Classic {
                 .collect()
         };
         let back = OnUnwind::new(|| {
-            let rest = left(made.get());
+            let refused = self.inner.unwound_answer(Call::MulticastUnbind).is_some();
+            let rest = left(made.get().saturating_sub(usize::from(refused)));
             let _ = self.with_ep(id, |ep| {
                 ep.bindings.extend(rest);
                 Ok(())

@@ -34,7 +34,9 @@ use self::policy::{DENY, DenySet, apply_env_deny};
 use crate::Error;
 #[cfg(test)]
 use crate::driver::{AllocationRequest, Device, Granularity};
-use crate::driver::{Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_MIN_VERSION};
+use crate::driver::{
+    Call, Code, Driver, DriverResult, Family, LOGICAL_ENDPOINT_MIN_VERSION, UnwoundAnswers,
+};
 
 /// The real CUDA driver, loaded at run time.
 ///
@@ -59,6 +61,8 @@ pub struct Cuda {
     version: i32,
     deny: &'static DenySet,
     contexts: Contexts,
+    /// The errors whose event panicked, for the rollback above.
+    unwound: UnwoundAnswers,
 }
 
 /// The exported symbol behind a call (`cuda.h` maps some names to `_v2`).
@@ -129,6 +133,7 @@ impl Cuda {
             version,
             deny: &DENY,
             contexts: Contexts::new(),
+            unwound: UnwoundAnswers::new(),
         })
     }
 
@@ -196,25 +201,34 @@ impl Cuda {
         cx: Cx,
         mut body: impl FnMut(F) -> u32,
     ) -> DriverResult<()> {
+        // An error's event may panic (a layer): `unwound` notes the error
+        // first, so that the rollback above knows the call was not made.
         if self.deny.contains(call) {
-            tracing::debug!(
-                call = call.name(),
-                "denied by policy: CUDA_ERROR_NOT_PERMITTED"
-            );
+            self.unwound.event(call, Code::NOT_PERMITTED, || {
+                tracing::debug!(
+                    call = call.name(),
+                    "denied by policy: CUDA_ERROR_NOT_PERMITTED"
+                );
+            });
             return Err(Code::NOT_PERMITTED);
         }
         let Some(f) = f else {
-            tracing::debug!(
-                call = call.name(),
-                "not exported by this driver: CUDA_ERROR_NOT_SUPPORTED"
-            );
+            self.unwound.event(call, Code::NOT_SUPPORTED, || {
+                tracing::debug!(
+                    call = call.name(),
+                    "not exported by this driver: CUDA_ERROR_NOT_SUPPORTED"
+                );
+            });
             return Err(Code::NOT_SUPPORTED);
         };
         let no_context = |(failure, code): context::StepError| {
-            tracing::debug!(call = call.name(), ?cx, step = %failure.step, device = ?failure.device, %code, "no context for the call");
             // The call was not made (or, after the driver refused it for
             // want of a context, not made again): the code names the step.
-            code.in_context(failure)
+            let answer = code.in_context(failure);
+            self.unwound.event(call, answer, || {
+                tracing::debug!(call = call.name(), ?cx, step = %failure.step, device = ?failure.device, %code, "no context for the call");
+            });
+            answer
         };
         // A stream call is made as it is (no driver call before it) while
         // the driver has refused none for want of a context (see `context`).
@@ -245,12 +259,15 @@ impl Cuda {
             }
         {
             let _retry = retry.map_err(no_context)?;
-            tracing::debug!(
-                call = call.name(),
-                ?cx,
-                %code,
-                "refused in no context or in another: made again in the stream's or a device's primary context"
-            );
+            // Refused so far: not made.
+            self.unwound.event(call, code, || {
+                tracing::debug!(
+                    call = call.name(),
+                    ?cx,
+                    %code,
+                    "refused in no context or in another: made again in the stream's or a device's primary context"
+                );
+            });
             rc = Code::from_raw(body(f));
             // A retry made on the chance that another context was the
             // cause: when it fails too, the driver's first answer stands.
@@ -265,7 +282,9 @@ impl Cuda {
                 Ok(())
             }
             Some(code) => {
-                tracing::debug!(call = call.name(), %code, "driver call failed");
+                self.unwound.event(call, code, || {
+                    tracing::debug!(call = call.name(), %code, "driver call failed");
+                });
                 Err(code)
             }
         }
@@ -279,6 +298,7 @@ impl Cuda {
             version: 0,
             deny,
             contexts: Contexts::new(),
+            unwound: UnwoundAnswers::new(),
         }
     }
 }
@@ -315,6 +335,9 @@ macro_rules! cuda_driver {
             /// of the process, whose attachments are per process (R9).
             fn process_scope(&self) -> Option<u64> {
                 Some(0)
+            }
+            fn unwound_answer(&self, call: Call) -> Option<Code> {
+                self.unwound.take(call)
             }
             $(
                 #[allow(clippy::too_many_arguments)]
@@ -379,6 +402,55 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A layer that panics on a refusal's event (the deny policy, an entry
+    /// point the driver lacks): the refusal is kept for the rollback above
+    /// (`Driver::unwound_answer`), on this thread, once.
+    #[test]
+    fn a_refusal_whose_event_panicked_is_answered_to_the_rollback() {
+        let set: &'static DenySet = Box::leak(Box::new(DenySet::new()));
+        set.add(Call::Destroy);
+        let cuda = Cuda::detached(set);
+        for (call, code) in [
+            (Call::Destroy, Code::NOT_PERMITTED),
+            (Call::IdRelease, Code::NOT_SUPPORTED),
+        ] {
+            let r = tracing::subscriber::with_default(Panics, || {
+                std::panic::catch_unwind(|| {
+                    // SAFETY: a backend without entry points: nothing
+                    // reaches a driver.
+                    let _ = unsafe {
+                        match call {
+                            Call::Destroy => cuda.destroy(7),
+                            _ => cuda.id_release(7, 1),
+                        }
+                    };
+                })
+            });
+            assert!(r.is_err(), "{call}: the layer's panic goes on");
+            assert_eq!(cuda.unwound_answer(call), Some(code), "{call}");
+            assert_eq!(cuda.unwound_answer(call), None, "{call}: taken once");
+        }
+    }
+
+    /// A `tracing` subscriber that panics on every event.
+    struct Panics;
+
+    impl tracing::Subscriber for Panics {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {
+            panic!("a layer");
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
     }
 
     /// The ABI check's C file: `ffi.rs`'s declarations (`abi.rs`, shared
