@@ -169,3 +169,37 @@ fn r12_4_fabric_handles_cross_nodes_with_an_imex_channel() {
     assert!(n0.live_fabric().is_empty(), "{:?}", n0.live_fabric());
     assert!(n0.violations().is_empty(), "{:?}", n0.violations());
 }
+
+/// One process of a fabric leaves another its address space (guide,
+/// `security`: one process cannot hurt another beyond what the driver
+/// contract lets it): a reservation past a process's own address space
+/// (2^47 bytes, a GPU process's) is refused `OUT_OF_MEMORY`, a process
+/// that reserves and frees its whole space again and again, past the
+/// fabric's fresh addresses, leaves the others theirs, and one that holds
+/// its whole space holds no more.
+#[test]
+fn one_process_leaves_another_its_address_space() {
+    let a = Model::fabric(FabricConfig::nodes(1, 2));
+    let b = a.spawn_process();
+    let whole = 1u64 << 47;
+    // SAFETY: raw VMM calls on ranges this test owns alone.
+    unsafe {
+        assert_eq!(
+            a.mem_address_reserve(u64::MAX >> 1, 0),
+            Err(Code::OUT_OF_MEMORY)
+        );
+        for _ in 0..70_000 {
+            let va = a.mem_address_reserve(whole, 0).unwrap();
+            a.mem_address_free(va, whole).unwrap();
+        }
+        let vb = b.mem_address_reserve(ALIGN, 0).unwrap();
+        b.mem_address_free(vb, ALIGN).unwrap();
+        let va = a.mem_address_reserve(whole, 0).unwrap();
+        assert_eq!(a.mem_address_reserve(ALIGN, 0), Err(Code::OUT_OF_MEMORY));
+        let vb = b.mem_address_reserve(whole, 0).unwrap();
+        assert!(va.abs_diff(vb) >= whole, "apart");
+        a.mem_address_free(va, whole).unwrap();
+        b.mem_address_free(vb, whole).unwrap();
+    }
+    assert!(a.violations().is_empty(), "{:?}", a.violations());
+}

@@ -2,7 +2,7 @@
 //! reservations, mappings and access. An allocation lives until its handle is
 //! released and nothing maps or binds it, as in the driver.
 
-use super::state::{Alloc, Mapping, VaRange, World};
+use super::state::{Alloc, FIRST_VA, Mapping, VA_END, VA_PER_PROCESS, VaRange, World};
 use super::violate;
 use crate::driver::{
     AllocationRequest, Code, Device, DriverResult, Granularity, Location, handle_bits,
@@ -205,14 +205,40 @@ impl World {
             return violate(self, "cuMemAddressReserve", Code::INVALID_VALUE);
         }
         let align = alignment.max(2 << 20);
-        let next = self
-            .next_va
-            .checked_next_multiple_of(align)
-            .and_then(|ptr| Some((ptr, ptr.checked_add(size)?.checked_add(align)?)));
-        let Some((ptr, next)) = next else {
+        // The process's own address space: what it holds plus this.
+        let held = self
+            .vas
+            .values()
+            .filter(|v| v.pid == pid)
+            .try_fold(size, |sum, v| sum.checked_add(v.size));
+        if held.is_none_or(|h| h > VA_PER_PROCESS) {
+            return Err(Code::OUT_OF_MEMORY);
+        }
+        // Addresses never used first (a stale pointer meets no new range
+        // while they last), then the lowest gap that fits: a process that
+        // reserves and frees again and again never leaves the others none.
+        let fit = |from: u64| {
+            let ptr = from.checked_next_multiple_of(align)?;
+            let end = ptr.checked_add(size)?;
+            (end <= VA_END).then_some((ptr, end))
+        };
+        let gap = || {
+            let mut from = FIRST_VA;
+            for (&start, v) in &self.vas {
+                if let Some((ptr, end)) = fit(from)
+                    && end <= start
+                {
+                    return Some((ptr, end));
+                }
+                from = from.max(start.saturating_add(v.size));
+            }
+            fit(from)
+        };
+        let Some((ptr, end)) = fit(self.next_va).or_else(gap) else {
             return Err(Code::OUT_OF_MEMORY);
         };
-        self.next_va = next;
+        // One alignment's gap after each range, as before.
+        self.next_va = self.next_va.max(end.saturating_add(align));
         self.vas.insert(
             ptr,
             VaRange {

@@ -14,6 +14,14 @@ use crate::driver::{Call, Code, Device, Location};
 /// Where the model's virtual addresses start (`cuMemAddressReserve`).
 pub(crate) const FIRST_VA: u64 = 0x0100_0000_0000_0000;
 
+/// Where they end: the processes of a fabric share `[FIRST_VA, VA_END)`.
+pub(crate) const VA_END: u64 = 1 << 63;
+
+/// The most address space one process holds reserved at once: a GPU
+/// process's own virtual address space (47 bits), so that no process of a
+/// fabric leaves another none, as no process can on a real machine.
+pub(crate) const VA_PER_PROCESS: u64 = 1 << 47;
+
 /// What one process (or the whole node) still holds. All zero once every
 /// owner has been dropped: that is the "nothing leaked" check.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
