@@ -200,10 +200,23 @@ impl Streams {
     }
 
     /// A new handle in the space `tag` (streams 5, graphs 6, executable
-    /// graphs 7, events 8), never 0.
+    /// graphs 7, events 8), never 0, and none still held: the counter comes
+    /// back after 2^32 handles, and a stream of another process stays its
+    /// own.
     fn handle(&mut self, tag: u64) -> u64 {
-        self.next = self.next.wrapping_add(1);
-        (tag << 32) | (self.next & 0xFFFF_FFFF)
+        loop {
+            self.next = self.next.wrapping_add(1);
+            let h = (tag << 32) | (self.next & 0xFFFF_FFFF);
+            let held = match tag {
+                5 => self.by_handle.contains_key(&h),
+                6 => self.graphs.contains_key(&h),
+                7 => self.execs.contains_key(&h),
+                _ => self.events.contains_key(&h),
+            };
+            if !held {
+                return h;
+            }
+        }
     }
 }
 
@@ -1398,6 +1411,24 @@ impl super::Model {
 #[cfg(test)]
 mod tests {
     use super::{Space, Span, dependent};
+
+    /// A stream handle the counter comes back to after 2^32 creations is
+    /// not given again while another process holds it.
+    #[test]
+    fn a_handle_still_held_is_never_given_again_when_the_counter_comes_back() {
+        let m = Model::new(ModelConfig::node(1));
+        let p = m.spawn_process();
+        // SAFETY: streams this test owns alone.
+        unsafe {
+            let held = m.stream_create(Device(0)).unwrap();
+            m.lock().streams.next = (held & 0xFFFF_FFFF) + (1 << 32) - 1;
+            let other = p.stream_create(Device(0)).unwrap();
+            assert_ne!(other, held);
+            p.stream_destroy(other).unwrap();
+            m.stream_destroy(held).unwrap();
+        }
+        assert!(m.violations().is_empty(), "{:?}", m.violations());
+    }
     use crate::driver::{
         AllocationRequest, CopyOp, CopyOps, Device, Driver, EndpointProps, Location, Operand,
         Pointer, Shape,
