@@ -138,6 +138,7 @@ struct Raw {
     /// memory (no lookup of what each pointer is).
     dtod: Memcpy,
     sync: StreamSync,
+    create: StreamCreate,
     destroy: StreamDestroy,
     info: MemGetInfo,
     get_current: GetCurrent,
@@ -205,6 +206,7 @@ impl Raw {
                 memcpy,
                 dtod,
                 sync,
+                create,
                 destroy,
                 info,
                 get_current,
@@ -226,6 +228,23 @@ impl Raw {
         // `Stream`'s, which outlives the call and the synchronize after it).
         let r = unsafe { (self.memcpy)(dst, src, size as usize, stream as usize as *mut c_void) };
         assert_eq!(r, 0, "cuMemcpyAsync");
+    }
+
+    /// A new stream of the current context, as `Raw::open` made its own
+    /// (non-blocking), the caller's to [`Raw::drop_stream`].
+    fn new_stream(&self) -> u64 {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: one out-parameter; flags CU_STREAM_NON_BLOCKING.
+        let r = unsafe { (self.create)(&mut s, 1) };
+        assert_eq!(r, 0, "cuStreamCreate");
+        s as usize as u64
+    }
+
+    /// Destroys a stream of [`Raw::new_stream`], idle.
+    fn drop_stream(&self, stream: u64) {
+        // SAFETY: the caller's stream, made by `new_stream`, synchronized.
+        let r = unsafe { (self.destroy)(stream as usize as *mut c_void) };
+        assert_eq!(r, 0, "cuStreamDestroy");
     }
 
     /// [`Raw::sync`] of the stream `stream` (another's handle).
@@ -399,7 +418,11 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     });
     let (ctx, ep, dst, src) = rig(stamped.clone())?;
     let b = ep.bind(0, 0, &dst)?;
+    // Two raw streams more, made just before and just after the typed one
+    // (does a stream's order of making, not its maker, change the call?).
+    let early = raw.new_stream();
     let s = Stream::new(&ctx, 0)?;
+    let late = raw.new_stream();
     let (rd, rs) = (dst.device_ptr(), src.device_ptr());
     // The raw call through the backend alone (its policy check, its
     // context check, the call), on the raw stream.
@@ -409,7 +432,7 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     // raw call alone, on the typed stream (its handle), and after a typed
     // batch of the same put was built and dropped (its lines and atomics
     // before the call, no enqueue); each call alone timed, interleaved.
-    let mut why: [Vec<u64>; 3] = Default::default();
+    let mut why: [Vec<u64>; 5] = Default::default();
     // The same put through a route, made once (its facts read here).
     let mut route = s.route(&src, &ep);
     // A raw call stamped as the typed one is: before it, it, after it;
@@ -460,8 +483,8 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
         // The call alone: on the raw stream, on the typed one, after a
         // typed batch built and dropped; in turns.
         let typed_stream = stamped.stream.load(Ordering::Relaxed);
-        for i in 0..3 {
-            let k = (rep + i) % 3;
+        for i in 0..5 {
+            let k = (rep + i) % 5;
             if k == 1 && typed_stream == 0 {
                 continue; // no typed call through `memcpy_async` yet
             }
@@ -470,17 +493,21 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
                     CopyBatch::new().put(&src, 0, &ep, 0, SMALL),
                 ));
             }
+            let on = match k {
+                1 => Some(typed_stream),
+                3 => Some(early),
+                4 => Some(late),
+                _ => None,
+            };
             let a = stamped.now();
-            if k == 1 {
-                raw.copy_on(typed_stream, rd, rs, SMALL);
-            } else {
-                raw.copy(rd, rs, SMALL);
+            match on {
+                Some(stream) => raw.copy_on(stream, rd, rs, SMALL),
+                None => raw.copy(rd, rs, SMALL),
             }
             why[k].push(stamped.now().saturating_sub(a));
-            if k == 1 {
-                raw.sync_on(typed_stream);
-            } else {
-                raw.sync();
+            match on {
+                Some(stream) => raw.sync_on(stream),
+                None => raw.sync(),
             }
         }
         // Raw, with the context asked first, as the backend asked it up to
@@ -532,7 +559,7 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
     over("typed-raw", tb, tc, ta);
     println!("{:>8} {ub:>8} {uc:>8} {ua:>8}", "route");
     over("route-raw", ub, uc, ua);
-    let [alone, on_typed, after_typed] = why.each_mut().map(med);
+    let [alone, on_typed, after_typed, on_early, on_late] = why.each_mut().map(med);
     println!(
         "\n== the raw call alone, host ns (medians of {reps}): on the raw stream, on the typed stream, after a typed batch of the same put was built and dropped; each less the first"
     );
@@ -541,7 +568,17 @@ fn where_one_put_goes(raw: &Raw, reps: usize) -> Result<(), Box<dyn std::error::
         on_typed as i64 - alone as i64,
         after_typed as i64 - alone as i64
     );
+    println!(
+        "== the same on two raw streams made just before and just after the typed one, each less the raw stream's"
+    );
+    println!(
+        "{on_early:>8} {on_late:>8} {:>+8} {:>+8}",
+        on_early as i64 - alone as i64,
+        on_late as i64 - alone as i64
+    );
     drop(route);
+    raw.drop_stream(early);
+    raw.drop_stream(late);
     drop((s, b));
     ep.destroy()?.release()?;
     drop((dst, src, ctx));
