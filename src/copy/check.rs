@@ -421,7 +421,7 @@ impl BatchInner {
                 if !(self.eps.len() == 1 && self.memo.as_ref().is_some_and(|m| m.holds(ep))) {
                     self.eps.clear();
                     let facts = Self::facts(ep);
-                    self.memo = Memo::of(ep, &facts);
+                    self.memo = super::memo::Memo::of(ep, &facts);
                     self.eps.push(facts);
                 }
                 self.keep.endpoints.push((ep.range().clone(), ep.id()));
@@ -732,69 +732,9 @@ impl BatchInner {
 
 /// Whether `K` is an imported kind, whose devices bind nothing here.
 #[inline(always)]
-fn imported<K: Kind>() -> bool {
+pub(super) fn imported<K: Kind>() -> bool {
     std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
         || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>()
-}
-
-/// What the facts of the last batch's first endpoint were made of (the
-/// facts themselves stay where they are, `eps[0]` of the spare's state):
-/// a later batch whose first endpoint has the same inputs takes them as
-/// they are, without the range's lock, and without a copy.
-///
-/// The inputs: the endpoint's range, by its serial (unique in the process:
-/// one freed and another made at its address do not match); its id and
-/// whether its kind is imported, compared here; the endpoint on that id
-/// (its size, bind alignment and devices), its bindings and its agreed
-/// top, which every change moves the range's generation away from
-/// `generation` (an endpoint made, imported or enrolled on one of its
-/// ids, a bind, an unbind, an agreed top:
-/// [`crate::ledger::RangeInner::bindings_gen`]).
-/// A bind or unbind between the memo's read and the enqueue is caught
-/// there as for facts read under the lock (the check at enqueue compares
-/// the generation again, inside the copy gate). Plain values: the memo
-/// keeps nothing alive.
-///
-/// Measured (`benches/copy_batch.rs`, `Null`, rustc 1.95): a one-op batch
-/// 1,113 instructions without the memo; with it, 1,146 with the facts
-/// cloned into the batch (`SmallVec`'s `clone`), 1,096 copied field by
-/// field; after round 4's other cuts, 999 copied and 915 left in place.
-/// Keyed on the generation for the endpoint, not on its size, alignment
-/// and devices too, now that a new endpoint moves it: a one-put batch
-/// 485 -> 448, 64 puts 3,003 -> 2,962 (the lifecycle 586 -> 587:
-/// `benches/instructions.rs`).
-pub(crate) struct Memo {
-    serial: u64,
-    generation: u64,
-    id: u32,
-    imported: bool,
-}
-
-impl Memo {
-    /// The memo of `facts`, just read of `ep`; `None` for facts read
-    /// without the bindings (nothing bound here to check: read again, at
-    /// no lock for the bindings).
-    fn of<S: State, K: Kind>(ep: &Endpoint<S, K>, facts: &EpFacts) -> Option<Memo> {
-        let generation = facts.bindings_gen?;
-        Some(Memo {
-            serial: ep.range().serial,
-            generation,
-            id: ep.id(),
-            imported: imported::<K>(),
-        })
-    }
-
-    /// Whether the memo's facts are `ep`'s now.
-    // Always: with two callers (`BatchInner::defer`, `endpoint`) it went
-    // out of line (a one-put batch 675 -> 660 on
-    // `Null`, `benches/copy_batch.rs`).
-    #[inline(always)]
-    pub(super) fn holds<S: State, K: Kind>(&self, ep: &Endpoint<S, K>) -> bool {
-        self.serial == ep.range().serial
-            && self.generation == ep.range().bindings_gen()
-            && self.id == ep.id()
-            && self.imported == imported::<K>()
-    }
 }
 
 /// The devices in this process of the endpoint on `id` of `range` (read

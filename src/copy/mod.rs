@@ -36,7 +36,7 @@
 //!   op list the driver takes (issue 30), and keeps the facts of the last
 //!   batch's first endpoint, which the next batch whose first endpoint it
 //!   is takes where they are, without the range's lock, while nothing they
-//!   were read from changed (`check::Memo`); at
+//!   were read from changed (`memo::Memo`); at
 //!   enqueue the usual batch (no
 //!   error met, no binding changed since, memory on the stream's device,
 //!   F3 proven in one pass, no memory reachable two ways) passes its
@@ -106,6 +106,7 @@ mod check;
 mod enqueue;
 mod in_flight;
 mod independence;
+mod memo;
 mod one;
 mod portable;
 mod route;
@@ -352,11 +353,11 @@ pub(crate) struct BatchInner {
     /// What the facts of the last batch's first endpoint (`eps[0]`, kept
     /// by the spare) were made of: the next batch whose first endpoint is
     /// that one, unchanged, takes them where they are rather than reading
-    /// them under the range's lock ([`check::Memo`]). `None`: `eps` holds
+    /// them under the range's lock ([`memo::Memo`]). `None`: `eps` holds
     /// nothing between batches. Inline, not boxed: a batch whose first
     /// endpoint is not the last one's makes a new memo, and batches that
     /// alternate between two endpoints would allocate one each.
-    memo: Option<check::Memo>,
+    memo: Option<memo::Memo>,
     /// The batch's first put, checked, while it is kept as its arguments
     /// and not yet written into the state (the one-put lane, `one.rs`):
     /// every path but the lane's enqueue materializes it first
@@ -558,7 +559,7 @@ impl BatchInner {
             self.memo = None;
         }
         // The first endpoint's facts stay for the next batch when the memo
-        // says what they were made of (`check::Memo`); the rest go.
+        // says what they were made of (`memo::Memo`); the rest go.
         if self.memo.is_none() {
             if !self.eps.is_empty() {
                 self.eps.clear();

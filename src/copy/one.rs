@@ -17,7 +17,7 @@
 //!
 //! Only a put that passes every check of the builder when it comes is
 //! deferred: inside its memory (whose range does not wrap), its endpoint's
-//! facts those the batch before kept (`check::Memo`, bound here), the op
+//! facts those the batch before kept (`memo::Memo`, bound here), the op
 //! inside the endpoint, below its agreed top and inside the first interval
 //! bound on every device here (F9, R13.3). Any other put is checked and
 //! written as it comes (`put_slow`), so a put refused when it was built is
@@ -399,7 +399,7 @@ impl BatchInner {
     /// Keeps a batch's first put (op 0 of a batch that holds nothing yet)
     /// as its arguments where it passes now every check `put_slow` makes:
     /// inside its memory (which does not wrap the address space), and its
-    /// endpoint's facts those the batch before kept (`check::Memo`, so they
+    /// endpoint's facts those the batch before kept (`memo::Memo`, so they
     /// are the range's now, bound here), the op inside their first
     /// interval (inside the endpoint, below its agreed top, bound on every
     /// device here: F9, R13.3): `true`. `false` (nothing written) for any
@@ -436,13 +436,14 @@ impl BatchInner {
         let inside = at < len
             && at.checked_add(size).is_some_and(|end| end <= len)
             && mem.device_ptr().checked_add(len).is_some();
-        // `endpoint`'s test of the facts kept, then `put_to_slow`'s.
-        let [f] = &self.eps[..] else { return None };
-        if !(fresh && inside && self.memo.as_ref().is_some_and(|m| m.holds(ep))) {
+        // `endpoint`'s test of the facts kept, then `put_to_slow`'s, on
+        // what the memo says of them (`eps[0]`, not read).
+        let memo = self.memo.as_ref()?;
+        if !(fresh && inside && self.eps.len() == 1 && memo.holds(ep)) {
             return None;
         }
-        let generation = f.bindings_gen?;
-        BatchInner::first_hit_of(f, offset, size)?;
+        let generation = memo.generation;
+        memo.first_hit(offset, size)?;
         self.pending = Some(Deferred {
             mem: NonNull::from(mem).cast(),
             ep: NonNull::from(ep).cast(),

@@ -922,7 +922,9 @@ fn typed_api_corner_cases() {
 }
 
 /// The model's virtual address space runs out with `OUT_OF_MEMORY`, not an
-/// overflow: a reservation that ends just below `u64::MAX`, then more.
+/// overflow: a process's own space (2^47 bytes, a GPU process's) filled,
+/// then more, a reservation past it, and one aligned past the model's
+/// addresses.
 #[test]
 fn model_address_space_exhaustion() {
     // SAFETY: raw calls on a backend no typed object uses; the test owns every id, handle and address it names.
@@ -931,7 +933,7 @@ fn model_address_space_exhaustion() {
         let p = m.mem_address_reserve(ALIGN, 0).unwrap();
         // The model leaves one alignment of gap after each reservation.
         let next = p + 2 * ALIGN;
-        let size = u64::MAX - next - ALIGN - 5;
+        let size = (1 << 47) - ALIGN;
         let big = m.mem_address_reserve(size, 0).unwrap();
         assert_eq!(big, next);
         for (size, align) in [(ALIGN, 0), (1, 0), (ALIGN, 1 << 63), (u64::MAX, 0)] {
