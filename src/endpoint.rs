@@ -364,10 +364,16 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let outcome = {
             // A panic inside create or an enrollment leaves an endpoint on
             // the id: the range destroys it before it releases (R1.2). Not a
-            // create the backend says it refused (no endpoint was made).
-            let created = std::cell::Cell::new(false);
+            // create the backend says it refused (no endpoint was made; an
+            // enrollment's panic finds no such answer: asked at once, the
+            // create's is taken by this guard or forgotten by the next call).
             let orphan = OnUnwind::new(|| {
-                if !created.get() && d.unwound_answer(Call::Create).is_some() {
+                if self
+                    .context()
+                    .driver()
+                    .unwound_answer(Call::Create)
+                    .is_some()
+                {
                     return;
                 }
                 // SAFETY: `create` holds the endpoint by value and no borrow
@@ -377,7 +383,6 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             // SAFETY: `self` is a `Reserved` endpoint: the id is this range's
             // and holds no endpoint (R2.1, R3.4).
             let mut r = unsafe { d.create(self.id, spec.props) }.map_err(|code| (false, code));
-            created.set(r.is_ok());
             // A unicast spec has no team devices: no loop (a constant).
             if K2::MULTICAST && r.is_ok() {
                 for &dev in &spec.devices {
