@@ -45,9 +45,9 @@ pub(crate) struct Memo {
     /// deferred first put (`BatchInner::defer`) reads the memo alone, not
     /// the facts in their own allocation (a one-put batch 385 -> 381
     /// instructions on `Null`, portable 523 -> 519, `benches/copy_batch.rs`
-    /// and `copy_portable.rs`; after emptied caches, lines of code and data
-    /// read 39 + 40 -> 34 + 38, portable 48 + 45 -> 44 + 43,
-    /// `copy_cold.rs`).
+    /// and `copy_portable.rs`; after emptied caches, lines of data read and
+    /// written 39 -> 37, portable 44 -> 41, `copy_cold.rs` in
+    /// `benches/report.sh`'s runs at `c843b04` and `801abf2`).
     window: Option<(u64, u64)>,
     agreed: Option<u64>,
 }
