@@ -73,6 +73,26 @@ impl<T, F: FnOnce(&mut T) + Copy> Drop for OnUnwindWith<'_, T, F> {
     }
 }
 
+/// Runs `call`, a driver call named `name` whose answer holds no value,
+/// to its end even when it panics: its result, and the panic to go on
+/// with once the caller recorded what the driver then holds. A panic is
+/// taken as coming after the driver acted (`Ok`, as for [`OnUnwind`]),
+/// unless the backend says it answered an error
+/// ([`Driver::unwound_answer`](crate::driver::Driver::unwound_answer)).
+pub(crate) fn answered(
+    driver: &dyn crate::driver::Driver,
+    name: crate::driver::Call,
+    call: impl FnOnce() -> crate::driver::DriverResult<()>,
+) -> (
+    crate::driver::DriverResult<()>,
+    Option<Box<dyn std::any::Any + Send>>,
+) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+        Ok(r) => (r, None),
+        Err(panic) => (driver.unwound_answer(name).map_or(Ok(()), Err), Some(panic)),
+    }
+}
+
 /// Runs the body of a `Drop` that calls the driver. While unwinding, a
 /// panic inside it (a `tracing` layer or user backend that panics again) is
 /// caught: one escaping a destructor during unwinding aborts the process.

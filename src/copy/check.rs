@@ -12,11 +12,12 @@
 use smallvec::SmallVec;
 
 use super::independence::dependent;
+use super::memo::{Memo, imported};
 use super::{BatchInner, Cursor, EpFacts, Hot, Intervals};
 use crate::driver::{Device, Location, Operand, Pointer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Extent, Result};
-use crate::kind::{ImportedMulticast, ImportedUnicast, Kind, MemShare};
+use crate::kind::{Kind, MemShare};
 use crate::memory::{BindSource, Locality, Mapped};
 use crate::state::State;
 
@@ -421,7 +422,7 @@ impl BatchInner {
                 if !(self.eps.len() == 1 && self.memo.as_ref().is_some_and(|m| m.holds(ep))) {
                     self.eps.clear();
                     let facts = Self::facts(ep);
-                    self.memo = super::memo::Memo::of(ep, &facts);
+                    self.memo = Memo::of(ep, &facts);
                     self.eps.push(facts);
                 }
                 self.keep.endpoints.push((ep.range().clone(), ep.id()));
@@ -728,13 +729,6 @@ impl BatchInner {
         }
         Ok(())
     }
-}
-
-/// Whether `K` is an imported kind, whose devices bind nothing here.
-#[inline(always)]
-pub(super) fn imported<K: Kind>() -> bool {
-    std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
-        || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>()
 }
 
 /// The devices in this process of the endpoint on `id` of `range` (read

@@ -3,9 +3,8 @@
 //! few of them a batch's first put reads.
 
 use super::EpFacts;
-use super::check::imported;
 use crate::endpoint::Endpoint;
-use crate::kind::Kind;
+use crate::kind::{ImportedMulticast, ImportedUnicast, Kind};
 use crate::state::State;
 
 /// What the facts of the last batch's first endpoint were made of (the
@@ -90,6 +89,13 @@ impl Memo {
             && self.id == ep.id()
             && self.imported == imported::<K>()
     }
+}
+
+/// Whether `K` is an imported kind, whose devices bind nothing here.
+#[inline(always)]
+pub(super) fn imported<K: Kind>() -> bool {
+    std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedUnicast>()
+        || std::any::TypeId::of::<K>() == std::any::TypeId::of::<ImportedMulticast>()
 }
 
 /// `facts`' first bound interval, clipped to the endpoint's size and its

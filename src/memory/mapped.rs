@@ -45,21 +45,12 @@ impl Drop for MappedInner {
             // the driver acted (see `OnUnwind`): the range is still freed, once
             // (and, when the unmap panicked, the handle released), unless the
             // backend says it refused the unmap: then as a failed one.
-            let unmap = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let (r, panic) = crate::unwind::answered(ctx.driver(), Call::MemUnmap, || {
                 // SAFETY: the last owner of the mapping is gone: no `Mapped`
                 // and no binding through it is left (bindings hold this `Arc`,
                 // R7.2).
                 unsafe { ctx.driver().mem_unmap(ptr, size) }
-            }));
-            let (r, panic) = match unmap {
-                Ok(r) => (r, None),
-                Err(panic) => (
-                    ctx.driver()
-                        .unwound_answer(Call::MemUnmap)
-                        .map_or(Ok(()), Err),
-                    Some(panic),
-                ),
-            };
+            });
             if let Err(code) = r {
                 // Still mapped: keep the memory and the range rather than free
                 // what the device may still reach.
