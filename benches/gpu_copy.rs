@@ -36,7 +36,11 @@
 //!   (`Stamped`), the time before the driver's call, the call and after it,
 //!   against the raw call stamped the same way, the raw call after a
 //!   `cuCtxGetCurrent` (as the backend asked it up to `c0c1d8f`), and the raw call made
-//!   through the real backend alone;
+//!   through the real backend alone; then the raw call alone on the raw
+//!   stream, on the typed one, on two raw streams made just before and
+//!   after it, and after a typed batch was built and dropped (round 26:
+//!   the call costs more on a stream that section uses less, whoever made
+//!   it, so the split's middle part is not the typed layer's);
 //! - the kinds of work the typed path does around its driver call (locked
 //!   instructions after it or before it, lines read and written after
 //!   it), added by hand to the raw one put: what each costs there;
