@@ -126,10 +126,10 @@ impl RangeInner {
             }
             // Out of the record before the call: a panic inside it is taken
             // as coming after the driver destroyed the orphan (see
-            // `crate::unwind::OnUnwind`), so its handle is detached and its memory let go
-            // before the panic goes on, and `released` still false makes the
-            // range's `Drop` finish the release; unless the backend says it
-            // refused the destroy: then as a failed one.
+            // `crate::unwind::OnUnwind`), so its handle is detached and its
+            // memory let go before the panic goes on, and `released` still
+            // false makes the range's `Drop` finish the release; unless the
+            // backend says it refused the destroy: then as a failed one.
             self.set_orphaned(id, false);
             let slot = std::mem::take(self.slot_mut(id));
             self.bindings_changed_mut();

@@ -18,10 +18,11 @@
 /// real backend): then the driver did not act, and the rollback is the
 /// error path's (a create made nothing; a destroy or an unmap left the
 /// endpoint or the mapping there, and what they keep is kept). Where the
-/// record is what later calls trust, it does not bet on either: a bind or unbind that unwound keeps its memory
-/// (R7.2) and its extent, so no bind goes over bytes the driver may hold
-/// (R5.9), but covers no byte, so F9 refuses copies there (a layer may
-/// panic on a call's denial or failure, before the driver acted).
+/// record is what later calls trust, it does not bet on either: a bind or
+/// unbind that unwound keeps its memory (R7.2) and its extent, so no bind
+/// goes over bytes the driver may hold (R5.9), but covers no byte, so F9
+/// refuses copies there (a layer may panic on a call's denial or failure,
+/// before the driver acted).
 #[must_use = "an unarmed guard does nothing: keep it until the call returned"]
 pub(crate) struct OnUnwind<F: FnOnce()>(Option<F>);
 
