@@ -166,6 +166,7 @@ fn forget_rest(range: &RangeInner, mut slot: SlotGuard<'_>) {
     range.bindings_changed();
     let fabric = slot.take_fabric();
     let windows = slot.take_windows(|_| true);
+    slot.set_peers(Vec::new());
     drop(slot);
     if let Some(f) = fabric {
         range.ctx.detach(&f);
@@ -275,6 +276,17 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         let mut slot = self.slot();
         slot.set_agreed(top);
         // Under the lock: a copy's facts read before know they are stale.
+        self.range.bindings_changed();
+        drop(slot);
+    }
+
+    /// Sets what peer devices bound on this endpoint, as an every-rank-bound
+    /// agreement said (`team::agree_bound`): copies outside it are refused
+    /// before the driver (F9, R13.5).
+    pub(crate) fn set_peers(&self, peers: Vec<crate::error::PeerBound>) {
+        let mut slot = self.slot();
+        slot.set_peers(peers);
+        // Under the lock, as `set_agreed`.
         self.range.bindings_changed();
         drop(slot);
     }

@@ -465,6 +465,7 @@ impl BatchInner {
             // Nothing bound here to check: the endpoint's range alone.
             smallvec::smallvec![(0, ep.size())]
         };
+        let covered = cut_to_peers(covered, &slot);
         drop(slot);
         EpFacts {
             id: ep.id(),
@@ -544,36 +545,47 @@ impl BatchInner {
         if let Some(&(s, e)) = ep.covered.iter().find(|&&(s, e)| s <= offset && end <= e) {
             return Ok(Some((s, e.min(ep.ep_size).min(top))));
         }
-        if !ep.bound_here {
-            return Ok(None);
-        }
-        // Not inside: walk each device's bound ranges from the op's offset
-        // to its end, which names the device that misses bytes.
         let Some((range, id)) = self.keep.endpoints.get(index) else {
             return Ok(None);
         };
-        // SAFETY: the batch borrows the endpoint on `id` (its entry in
-        // `keep.endpoints`) for its life, which covers this call.
-        let devices = unsafe { devices_of(range, *id) };
         let slot = range.slot(*id);
-        for &dev in devices {
-            let ranges: SmallVec<[(u64, u64); 4]> = slot.spans(dev).collect();
-            let mut at = offset;
-            while at < end {
-                match ranges.iter().find(|(o, s)| *o <= at && at < o + s) {
-                    Some((o, s)) => at = o + s,
-                    None => break,
+        if ep.bound_here {
+            // Not inside: walk each device's bound ranges from the op's
+            // offset to its end, which names the device that misses bytes.
+            // SAFETY: the batch borrows the endpoint on `id` (its entry in
+            // `keep.endpoints`) for its life, which covers this call.
+            let devices = unsafe { devices_of(range, *id) };
+            for &dev in devices {
+                let ranges: SmallVec<[(u64, u64); 4]> = slot.spans(dev).collect();
+                let mut at = offset;
+                while at < end {
+                    match ranges.iter().find(|(o, s)| *o <= at && at < o + s) {
+                        Some((o, s)) => at = o + s,
+                        None => break,
+                    }
+                }
+                if at < end || (size == 0 && ranges.is_empty()) {
+                    return Err(Error::CopyNotBound {
+                        op,
+                        id: ep.id,
+                        device: dev,
+                        offset,
+                        size,
+                    });
                 }
             }
-            if at < end || (size == 0 && ranges.is_empty()) {
-                return Err(Error::CopyNotBound {
-                    op,
-                    id: ep.id,
-                    device: dev,
-                    offset,
-                    size,
-                });
-            }
+        }
+        // Not inside what a peer device bound, as the ranks last agreed
+        // (R13.5: a copy outside the bound range is undefined behaviour).
+        let inside = |c: &[(u64, u64)]| c.iter().any(|&(s, e)| s <= offset && end <= e);
+        if let Some(p) = slot.peers().find(|p| !inside(&p.covered)) {
+            return Err(Error::CopyPeerNotBound {
+                op,
+                id: ep.id,
+                offset,
+                size,
+                peer: Box::new(p.clone()),
+            });
         }
         Ok(None)
     }
@@ -701,7 +713,7 @@ impl BatchInner {
             let by_handle = slot.by_handle();
             let agreed = slot.agreed();
             // SAFETY: as in `ep_check`: the batch borrows the endpoint.
-            let every = covered_on(&slot, unsafe { devices_of(range, *id) });
+            let every = cut_to_peers(covered_on(&slot, unsafe { devices_of(range, *id) }), &slot);
             drop(slot);
             let id = *id;
             if index == 0 {
@@ -746,6 +758,13 @@ unsafe fn devices_of(range: &crate::ledger::RangeInner, id: u32) -> &[Device] {
 
 /// The `[start, end)` intervals bound on every one of `devices` in `slot`
 /// (sorted, disjoint; none when `devices` is empty).
+/// `covered` cut to what each peer device bound on the id, as the last
+/// every-rank-bound agreement said (`team::agree_bound`: F9, R13.5); as it
+/// is before any.
+fn cut_to_peers(covered: Intervals, slot: &crate::ledger::SlotGuard<'_>) -> Intervals {
+    slot.peers().fold(covered, |c, p| intersect(&c, &p.covered))
+}
+
 fn covered_on(slot: &crate::ledger::Slot, devices: &[Device]) -> Intervals {
     let mut every: Option<Intervals> = None;
     for &d in devices {
@@ -760,7 +779,7 @@ fn covered_on(slot: &crate::ledger::Slot, devices: &[Device]) -> Intervals {
 
 /// `(offset, size)` ranges as sorted, disjoint `[start, end)` intervals,
 /// touching ones joined.
-pub(super) fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Intervals {
+pub(crate) fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Intervals {
     let mut v: Intervals = ranges
         .into_iter()
         .map(|(o, s)| (o, o.saturating_add(s)))

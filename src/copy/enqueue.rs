@@ -27,6 +27,7 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::CopyOutOfRange`](crate::Error::CopyOutOfRange), [`Error::CopyNotBound`](crate::Error::CopyNotBound),
+    /// [`Error::CopyPeerNotBound`](crate::Error::CopyPeerNotBound),
     /// [`Error::CopyNotLocal`](crate::Error::CopyNotLocal), [`Error::CopyNotAccessible`](crate::Error::CopyNotAccessible),
     /// [`Error::CopyDependent`](crate::Error::CopyDependent), [`Error::WrongContext`](crate::Error::WrongContext), and on the
     /// portable path [`Error::CopyNoWindow`](crate::Error::CopyNoWindow) and [`Error::CopyOntoItself`](crate::Error::CopyOntoItself),

@@ -10,7 +10,9 @@
 //!   kind does not compile ([`CanGet`], F1).
 //! - the checks before the driver, each an [`Error`] naming the op: inside
 //!   the endpoint and the memory ([`Error::CopyOutOfRange`]), inside memory
-//!   this process bound ([`Error::CopyNotBound`], F9/R13.3), local memory on
+//!   this process bound ([`Error::CopyNotBound`], F9/R13.3) and inside what
+//!   each peer bound as the ranks last agreed ([`Error::CopyPeerNotBound`],
+//!   F9/R13.5), local memory on
 //!   the stream's device, never memory imported by fabric handle, whose
 //!   ordinal may name another node's device ([`Error::CopyNotLocal`], F2),
 //!   host memory mapped with access for the stream's device
@@ -112,6 +114,7 @@ mod portable;
 mod route;
 pub(crate) mod spare;
 mod strided;
+pub(crate) use check::merged;
 pub(crate) use enqueue::FabricList;
 pub use in_flight::{Completed, InFlight};
 pub(crate) use one::fabric_copy_error;

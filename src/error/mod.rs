@@ -293,6 +293,31 @@ pub enum Error {
         size: u64,
     },
 
+    /// An op of a copy batch reaches endpoint bytes outside what a peer
+    /// bound on its device, as the ranks' last every-rank-bound agreement
+    /// said ([`crate::team::SharedTeam::agree_bound`],
+    /// [`crate::team::Peers::agree_bound`]): a copy outside the bound range
+    /// is undefined behaviour (R13.5, F9).
+    #[error(
+        "copy op {op}: endpoint {id} bytes {offset}..{end} are outside what rank {rank} bound on its {device} when the ranks last agreed (F9, R13.5: a copy outside the bound range is undefined behaviour); {}",
+        peer_not_bound_fix(peer),
+        end = offset.saturating_add(*size),
+        rank = peer.rank,
+        device = peer.device,
+    )]
+    CopyPeerNotBound {
+        /// The op's index in the batch.
+        op: usize,
+        /// The endpoint id.
+        id: u32,
+        /// Offset, in bytes.
+        offset: u64,
+        /// Size, in bytes.
+        size: u64,
+        /// The peer device without memory there, with what it bound.
+        peer: Box<PeerBound>,
+    },
+
     /// A binding on an endpoint that a live graph of copies names cannot be
     /// unbound (F8: a copy node needs every id valid and bound for as long
     /// as the graph may run); the memory stays bound.
@@ -780,6 +805,7 @@ impl Error {
             Error::Overlap { .. } | Error::OverlapUnwound { .. } => Some(Rule::R5_9),
             Error::CopyOutOfRange { .. } => Some(Rule::F9),
             Error::CopyNotBound { .. }
+            | Error::CopyPeerNotBound { .. }
             | Error::CopyNoWindow { .. }
             | Error::PosixFdWithoutFds { .. } => Some(Rule::F9),
             Error::CopyNotAgreed { .. } => Some(Rule::R13_3),

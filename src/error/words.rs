@@ -167,27 +167,44 @@ pub(super) fn timeout_fix(multicast: bool) -> &'static str {
     }
 }
 
+/// A peer's bound bytes, the first few: a message stays short whatever
+/// it bound.
+fn spans_of(p: &super::PeerBound) -> String {
+    const SHOWN: usize = 8;
+    let mut spans: Vec<String> = p
+        .covered
+        .iter()
+        .take(SHOWN)
+        .map(|(a, b)| format!("{a}..{b}"))
+        .collect();
+    if p.covered.len() > SHOWN {
+        spans.push(format!("and {} more", p.covered.len() - SHOWN));
+    }
+    if spans.is_empty() {
+        return "no bytes".to_owned();
+    }
+    format!("bytes {}", spans.join(", "))
+}
+
+/// What to do about [`Error::CopyPeerNotBound`](super::Error::CopyPeerNotBound).
+pub(super) fn peer_not_bound_fix(p: &super::PeerBound) -> String {
+    format!(
+        "it bound {} there: copy inside those bytes, or have rank {} bind more there and agree again on every rank (`agree_bound`) before copying into them",
+        spans_of(p),
+        p.rank
+    )
+}
+
 /// What to do about [`Error::CopyNoWindow`](super::Error::CopyNoWindow):
 /// for a peer that bound memory elsewhere on the endpoint, put inside what
 /// it bound or have it bind there; else how this process gets windows.
 pub(super) fn no_window_fix(peer: Option<&super::PeerBound>) -> String {
-    // The first few spans: a message stays short whatever the windows.
-    const SHOWN: usize = 8;
     if let Some(p) = peer {
-        let mut spans: Vec<String> = p
-            .covered
-            .iter()
-            .take(SHOWN)
-            .map(|(a, b)| format!("{a}..{b}"))
-            .collect();
-        if p.covered.len() > SHOWN {
-            spans.push(format!("and {} more", p.covered.len() - SHOWN));
-        }
         return format!(
-            "rank {}'s memory on this endpoint (its {}) is reachable here only at bytes {}: put inside those bytes, or have rank {} bind more there before an agreement that registers it here (`agree_bound`, `OwnedPeers::grow`)",
+            "rank {}'s memory on this endpoint (its {}) is reachable here only at {}: put inside those bytes, or have rank {} bind more there before an agreement that registers it here (`agree_bound`, `OwnedPeers::grow`)",
             p.rank,
             p.device,
-            spans.join(", "),
+            spans_of(p),
             p.rank
         );
     }

@@ -1,11 +1,13 @@
 //! What is attached to the ids of a range, besides their bindings: the
 //! fabric handle of each exported or imported id, the portable path's
-//! windows, and the heap's agreed top of each id of an owned heap. All are
-//! behind the range's lock, read and changed through a [`SlotGuard`].
+//! windows, the heap's agreed top of each id of an owned heap, and what
+//! peers bound on an id as their last every-rank-bound agreement said. All
+//! are behind the range's lock, read and changed through a [`SlotGuard`].
 
 use std::sync::atomic::Ordering;
 
 use super::SlotGuard;
+use crate::error::PeerBound;
 
 /// What the range's lock guards besides the slots: the fabric handle of each
 /// attachment (exported or imported id), which the context refuses to attach
@@ -21,6 +23,11 @@ pub(crate) struct Attachments {
     /// every rank bound and agreed on, past which copies are refused before
     /// the driver (R13.3). Set and cleared by the heap that owns the ids.
     pub(crate) agreed: Vec<(u32, u64)>,
+    /// What each peer device of an id bound there (the endpoint bytes, merged),
+    /// as the last every-rank-bound agreement said (`team::agree_bound`):
+    /// copies outside it are refused before the driver (F9, R13.5). Set by
+    /// that agreement, cleared with the id's endpoint or by a heap's top.
+    pub(crate) peers: Vec<(u32, PeerBound)>,
 }
 
 impl SlotGuard<'_> {
@@ -70,13 +77,35 @@ impl SlotGuard<'_> {
             .map(|&(_, top)| top)
     }
 
-    /// Sets (`Some`) or clears (`None`) this id's agreed heap top.
+    /// Sets (`Some`) or clears (`None`) this id's agreed heap top. A heap's
+    /// top stands for what every rank bound (its chunks, from offset 0 up),
+    /// so it replaces what an earlier agreement said peers bound.
     pub fn set_agreed(&mut self, top: Option<u64>) {
         let id = self.id;
         self.shared.agreed.retain(|(i, _)| *i != id);
         if let Some(top) = top {
             self.shared.agreed.push((id, top));
+            self.set_peers(Vec::new());
         }
+    }
+
+    /// What peer devices bound on this id, as the last every-rank-bound
+    /// agreement said (none before one).
+    #[inline]
+    pub fn peers(&self) -> impl Iterator<Item = &PeerBound> {
+        let id = self.id;
+        self.shared
+            .peers
+            .iter()
+            .filter(move |(i, _)| *i == id)
+            .map(|(_, p)| p)
+    }
+
+    /// Replaces what peer devices bound on this id.
+    pub fn set_peers(&mut self, peers: Vec<PeerBound>) {
+        let id = self.id;
+        self.shared.peers.retain(|(i, _)| *i != id);
+        self.shared.peers.extend(peers.into_iter().map(|p| (id, p)));
     }
 
     /// This id's windows (the portable path), in the order they were added.

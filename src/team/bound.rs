@@ -34,10 +34,13 @@
 //!
 //! Unicast: each importer copies only after the owner bound; multicast:
 //! every member only after every member bound (R13.3). The agreement checks
-//! that each rank bound *something* on each of its devices; whether a copy's
-//! range is inside what was bound is checked per copy (F9, this process's
-//! own bindings) and by the driver. Binding more later (R13.5) needs
-//! another agreement (or the caller's own barrier) before peers copy into it.
+//! that each rank bound *something* on each of its devices, and every rank
+//! keeps what each peer device bound (the reports name each binding's
+//! extent) on the endpoint that reaches it: a copy outside it is refused
+//! before the driver ([`Error::CopyPeerNotBound`](crate::Error::CopyPeerNotBound);
+//! R13.5, F9), as one outside this process's own bindings is. Binding more
+//! later (R13.5) needs another agreement before peers copy into it: what a
+//! peer bound since is not known here.
 
 use std::mem::ManuallyDrop;
 use std::time::Duration;
@@ -65,51 +68,95 @@ use crate::bootstrap::{Deadline, NodeId};
 /// against it before anything is allocated for it).
 const MAX_REPORTED: usize = 4096;
 
-/// This rank's report: for each device of its own, `(device, ranges bound)`.
+/// This rank's report: for each device of its own, `(device, ranges
+/// bound)`, then each range's endpoint offset and size.
 fn report<S: State, K: Kind>(ep: &Endpoint<S, K>) -> Vec<u8> {
     let slot = ep.slot();
     let devices = ep.devices();
-    let mut out = Vec::with_capacity(4 + devices.len() * 8);
+    let mut out = Vec::with_capacity(4 + devices.len() * 24);
     out.extend_from_slice(&(devices.len() as u32).to_le_bytes());
     for &d in devices {
         let n = slot.spans(d).count();
         out.extend_from_slice(&d.0.to_le_bytes());
         out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
+        for (offset, size) in slot.spans(d) {
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&size.to_le_bytes());
+        }
     }
     out
 }
 
-/// A report's devices: `(device, ranges bound)` each.
-type Devices = Vec<(i32, u32)>;
+/// A report's devices: `(device, the ranges bound there as (offset,
+/// size))` each.
+type Devices = Vec<(i32, Vec<(u64, u64)>)>;
 
-/// A peer's report, read checked: `(device, ranges bound)` per device, and
-/// what follows (its memory shares on the portable path, `windows`).
+/// A peer's report, read checked: the ranges bound per device, and what
+/// follows (its memory shares on the portable path, `windows`). Every
+/// count is checked against the bytes that carry it before anything is
+/// allocated for it.
 fn decode(bytes: &[u8]) -> Result<(Devices, &[u8]), Cause> {
     let bad = |reason| Cause::BadMessage { reason };
-    let word = |at: usize| -> Result<[u8; 4], Cause> {
-        bytes
-            .get(at..at.checked_add(4).ok_or(bad("bind report too long"))?)
-            .and_then(|w| w.try_into().ok())
-            .ok_or(bad("bind report cut short"))
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8], Cause> {
+        let end = at.checked_add(n).ok_or(bad("bind report too long"))?;
+        let b = bytes.get(at..end).ok_or(bad("bind report cut short"))?;
+        at = end;
+        Ok(b)
     };
-    let n = usize::try_from(u32::from_le_bytes(word(0)?)).unwrap_or(usize::MAX);
+    let word = |b: &[u8]| -> [u8; 4] { b.try_into().unwrap_or_default() };
+    let long = |b: &[u8]| -> [u8; 8] { b.try_into().unwrap_or_default() };
+    let n = usize::try_from(u32::from_le_bytes(word(take(4)?))).unwrap_or(usize::MAX);
     if n > MAX_REPORTED {
         return Err(bad("bind report names too many devices"));
     }
-    let want = n.checked_mul(8).and_then(|b| b.checked_add(4));
-    let Some(rest) = want.and_then(|w| bytes.get(w..)) else {
-        return Err(bad("bind report of the wrong length"));
-    };
-    let devices = (0..n)
-        .map(|i| {
-            let at = 4 + i * 8;
-            Ok((
-                i32::from_le_bytes(word(at)?),
-                u32::from_le_bytes(word(at + 4)?),
-            ))
-        })
-        .collect::<Result<_, Cause>>()?;
+    let mut devices = Vec::with_capacity(n);
+    for _ in 0..n {
+        let device = i32::from_le_bytes(word(take(4)?));
+        let count = usize::try_from(u32::from_le_bytes(word(take(4)?))).unwrap_or(usize::MAX);
+        // The ranges' bytes are there before a place is made for them.
+        let spans = take(count.checked_mul(16).ok_or(bad("bind report too long"))?)?;
+        let spans = spans
+            .chunks_exact(16)
+            .map(|c| {
+                let (o, s) = c.split_at(8);
+                (u64::from_le_bytes(long(o)), u64::from_le_bytes(long(s)))
+            })
+            .collect();
+        devices.push((device, spans));
+    }
+    let rest = bytes.get(at..).ok_or(bad("bind report cut short"))?;
     Ok((devices, rest))
+}
+
+/// What the reports say each peer bound on the endpoint it reaches
+/// (`ep_of(rank)`), recorded there once every rank agreed (F9, R13.5):
+/// each device of every other rank, its ranges merged. A range a peer
+/// claims past the endpoint is kept as claimed: a copy is checked against
+/// the endpoint's size as well.
+fn record_peers<'a, P: State + IsReady + 'a, Q: Kind + 'a>(
+    me: usize,
+    all: &[Devices],
+    ep_of: impl Fn(usize) -> Option<&'a Endpoint<P, Q>>,
+) {
+    let mut each: Vec<(&Endpoint<P, Q>, Vec<crate::error::PeerBound>)> = Vec::new();
+    for (rank, devices) in all.iter().enumerate() {
+        let Some(ep) = ep_of(rank).filter(|_| rank != me) else {
+            continue;
+        };
+        let bound = devices.iter().map(|(d, spans)| crate::error::PeerBound {
+            rank: u32::try_from(rank).unwrap_or(u32::MAX),
+            device: Device(*d),
+            covered: crate::copy::merged(spans.iter().copied()).into_vec(),
+        });
+        match each.iter_mut().find(|(e, _)| std::ptr::eq(*e, ep)) {
+            Some((_, v)) => v.extend(bound),
+            None => each.push((ep, bound.collect())),
+        }
+    }
+    for (ep, bound) in each {
+        ep.set_peers(bound);
+    }
 }
 
 /// Every rank reports what `ep` has bound on this rank's devices; every
@@ -152,6 +199,7 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
         deadline,
     )?;
     let mut rests = Vec::with_capacity(reports.len());
+    let mut all = Vec::with_capacity(reports.len());
     for (rank, bytes) in reports.iter().enumerate() {
         let (devices, rest) = decode(bytes).map_err(|c| TeamError::new(rank, Step::Bind, c))?;
         let not_bound = |device| {
@@ -164,12 +212,12 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
         if devices.is_empty() {
             return Err(not_bound(None));
         }
-        if let Some(&(d, _)) = devices.iter().find(|(_, n)| *n == 0) {
-            return Err(not_bound(Some(d)));
+        if let Some((d, _)) = devices.iter().find(|(_, spans)| spans.is_empty()) {
+            return Err(not_bound(Some(*d)));
         }
         if devices
             .iter()
-            .any(|(_, n)| u64::from(*n) > limit.per_device)
+            .any(|(_, spans)| spans.len() as u64 > limit.per_device)
         {
             // An honest rank refuses to send it (`limits::over_per_device`).
             let reason = "a bind report past the bindings one device may have";
@@ -180,10 +228,13 @@ fn agree_bound_on<'a, S: State, K: Kind, P: State + IsReady + 'a, Q: Kind + 'a>(
             ));
         }
         rests.push(rest);
+        all.push(devices);
     }
     windows::import_and_register(
         boot, tag, ep, ep_of, node, &rests, my_fds, portable, deadline,
-    )
+    )?;
+    record_peers(boot.rank(), &all, ep_of);
+    Ok(())
 }
 
 impl SharedTeam {
@@ -586,11 +637,16 @@ mod tests {
     #[test]
     fn a_bind_report_from_a_peer_is_read_checked_never_trusted() {
         let mut ok = 2u32.to_le_bytes().to_vec();
-        for (d, n) in [(0i32, 1u32), (3, 0)] {
+        for (d, spans) in [(0i32, &[(4096u64, 8192u64)][..]), (3, &[][..])] {
             ok.extend_from_slice(&d.to_le_bytes());
-            ok.extend_from_slice(&n.to_le_bytes());
+            ok.extend_from_slice(&(spans.len() as u32).to_le_bytes());
+            for (o, s) in spans {
+                ok.extend_from_slice(&o.to_le_bytes());
+                ok.extend_from_slice(&s.to_le_bytes());
+            }
         }
-        assert_eq!(decode(&ok).ok(), Some((vec![(0, 1), (3, 0)], &[][..])));
+        let want = vec![(0, vec![(4096, 8192)]), (3, vec![])];
+        assert_eq!(decode(&ok).ok(), Some((want, &[][..])));
         for cut in 0..ok.len() {
             assert!(decode(&ok[..cut]).is_err(), "cut at {cut}");
         }
@@ -600,5 +656,10 @@ mod tests {
         assert_eq!(decode(&long).ok().map(|(_, rest)| rest), Some(&[0u8][..]));
         assert!(windows::decode(&[0]).is_err());
         assert!(decode(&u32::MAX.to_le_bytes()).is_err());
+        // A count of ranges the message does not carry allocates nothing.
+        let mut lying = 1u32.to_le_bytes().to_vec();
+        lying.extend_from_slice(&0i32.to_le_bytes());
+        lying.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&lying).is_err());
     }
 }

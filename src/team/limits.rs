@@ -6,7 +6,7 @@
 //!   endpoint's size, bind alignment and team size) and bounded by
 //!   [`MAX_BINDINGS_PER_DEVICE`] and [`MAX_DEVICES`](super::wire::MAX_DEVICES):
 //!   [`bind`] for a rank's every-rank-bound report (`agree_bound`), which
-//!   names every binding of every device of that rank and, on the portable
+//!   names every binding (its extent) of every device of that rank and, on the portable
 //!   path, carries a memory share per binding (`windows`);
 //! - [`agree_large`]: [`agree`](super::agree::agree) for a message that may
 //!   be larger than one bring-up frame ([`PIECE`]): a first exchange says
@@ -48,6 +48,8 @@ pub(crate) const PIECE: usize = 60 * 1024;
 /// and before them (the count).
 const REPORT_PER_DEVICE: u64 = 8;
 const REPORT_HEAD: u64 = 4;
+/// Bytes of the bind report per binding: its endpoint offset and size.
+pub(crate) const SPAN_BYTES: u64 = 16;
 
 /// What `what` of [`Cause::TooLarge`] says, by its wire code.
 const WHAT: [&str; 2] = ["bytes", "bindings on one device"];
@@ -86,7 +88,7 @@ fn bind_for(size: u64, align: u64, team_size: u32, share_bytes: u64) -> BindLimi
         .clamp(1, MAX_BINDINGS_PER_DEVICE);
     let devices = u64::from(team_size).clamp(1, MAX_DEVICES as u64);
     let per = per_device
-        .saturating_mul(share_bytes)
+        .saturating_mul(share_bytes.saturating_add(SPAN_BYTES))
         .saturating_add(REPORT_PER_DEVICE);
     // The report, then the shares' count.
     let bytes = devices
@@ -260,7 +262,7 @@ mod tests {
         // 512 MiB at 2 MiB: 256 bindings fit, the cap.
         let l = bind_for(512 << 20, 2 << 20, 16, share);
         assert_eq!(l.per_device, MAX_BINDINGS_PER_DEVICE);
-        assert_eq!(l.bytes, 16 * (256 * share + 8) + 8);
+        assert_eq!(l.bytes, 16 * (256 * (share + 16) + 8) + 8);
         // A small endpoint allows what fits it.
         assert_eq!(bind_for(8 << 20, 2 << 20, 1, share).per_device, 4);
         // Hostile facts stay bounded.
@@ -268,7 +270,7 @@ mod tests {
         assert_eq!(h.per_device, MAX_BINDINGS_PER_DEVICE);
         assert_eq!(
             h.bytes,
-            MAX_DEVICES as u64 * (256 * share + 8) + 8,
+            MAX_DEVICES as u64 * (256 * (share + 16) + 8) + 8,
             "the team's devices count at most MAX_DEVICES"
         );
     }

@@ -309,7 +309,7 @@ const T_MANY: Duration = Duration::from_secs(150);
 /// A rank of the `many` scenarios, alone on its node of `DEVICES` GPUs: a
 /// multicast team of every rank's devices on the portable path, each rank
 /// binding `AT_LIMIT` chunks of `BYTES` on every device (1,024 memory
-/// shares in its report, 103 KB, in two frames); the agreement passes; rank
+/// shares in its report, 120 KB, in two frames); the agreement passes; rank
 /// 0's put across the last two chunks reaches every member's memory; then
 /// unicast peers grow a heap of one chunk and every rank gets every peer's
 /// bytes. `past`: rank 1 binds one chunk more than `AT_LIMIT` on its last

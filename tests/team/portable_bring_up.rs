@@ -8,9 +8,11 @@
 //! have travels in pieces, and one binding past the limit fails every rank
 //! with the same error naming its sender; a peer that echoes known memory
 //! as its own window share is refused at import on every rank (issue 29).
-//! Ranks are
+//! What each peer bound, as the agreement said, bounds every copy through
+//! the endpoint that reaches it, on both paths (R13.5). Ranks are
 //! threads, each its own process of one model node on a 13.5 driver forced
-//! onto the portable path (`set_copy_path`), as on drivers before 13.5.
+//! onto the portable path (`set_copy_path`), as on drivers before 13.5
+//! (the R13.5 tests of the fabric path leave it on the fabric copy).
 
 use crate::common;
 use crate::forge;
@@ -177,11 +179,32 @@ fn posix_fd_memory_under_plain_agree_bound_fails_every_rank_naming_agree_bound_f
     common::clean(&ranks[0].0, &model);
 }
 
-#[test]
-fn a_put_past_what_a_peer_bound_names_the_peer_and_the_bytes_it_bound() {
-    use cuda_endpoints::error::PeerBound;
+/// What a peer bound, as the agreement said: its one binding of `BYTES`.
+fn bound_by(r: usize) -> cuda_endpoints::error::PeerBound {
+    cuda_endpoints::error::PeerBound {
+        rank: r as u32,
+        device: (r as i32).into(),
+        covered: vec![(0, BYTES)],
+    }
+}
+
+/// The driver's copy calls so far, either path.
+fn copy_calls(me: &Model) -> u64 {
+    me.calls(Call::MemcpyAsync)
+        + me.calls(Call::MemcpyBatchAsync)
+        + me.calls(Call::FabricCpyBatchAsync)
+}
+
+/// Each rank binds `BYTES` of a `2 BYTES` unicast endpoint and agrees;
+/// a put (by a batch, by a route, from host bytes) and a get past what the peer bound
+/// are refused before the driver, naming the peer and what it bound
+/// (R13.5: a copy outside the bound range is undefined behaviour), on
+/// `path`; inside, they move every byte.
+fn copy_past_what_a_peer_bound(path: CopyPath) {
     let (ranks, model) = node_processes(2);
-    portable(&ranks);
+    for (ctx, _) in &ranks {
+        ctx.set_copy_path(path);
+    }
     on_every_rank(&ranks, Threads::new(2), |r, ctx, me, boot| {
         let dev = r as i32;
         let spec = PeerSpec::new(dev, 2 * BYTES).timeout(T);
@@ -194,7 +217,7 @@ fn a_put_past_what_a_peer_bound_names_the_peer_and_the_bytes_it_bound() {
             common::mapped::<FabricShareable>(ctx, dev, BYTES),
         );
         let peer = bound.peer(1 - r).unwrap();
-        let calls = me.calls(Call::MemcpyAsync);
+        let calls = copy_calls(me);
         let by_batch = stream
             .enqueue(CopyBatch::new().put(&src, 0, peer, BYTES + 4096, 64))
             .map(|_| ())
@@ -205,40 +228,123 @@ fn a_put_past_what_a_peer_bound_names_the_peer_and_the_bytes_it_bound() {
             .map(|_| ())
             .unwrap_err();
         assert_eq!(by_route, by_batch);
-        let Error::CopyNoWindow {
-            known: 0,
-            targets: 1,
-            peer: Some(p),
-            ..
-        } = &by_batch
-        else {
+        let by_get = stream
+            .enqueue(CopyBatch::new().get_host(peer, BYTES - 32, 64))
+            .map(|_| ())
+            .unwrap_err();
+        let by_put_host = stream
+            .enqueue(CopyBatch::new().put_host(vec![1; 64], peer, BYTES + 4096))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(&by_put_host, Error::CopyPeerNotBound { peer: p, .. } if **p == bound_by(1 - r)),
+            "{by_put_host:?}"
+        );
+        let Error::CopyPeerNotBound { op: 0, peer: p, .. } = &by_batch else {
             panic!("{by_batch:?}");
         };
-        let other = (1 - r) as i32;
-        let want = PeerBound {
-            rank: (1 - r) as u32,
-            device: other.into(),
-            covered: vec![(0, BYTES)],
-        };
-        assert_eq!(**p, want);
+        assert_eq!(**p, bound_by(1 - r));
+        assert!(
+            matches!(&by_get, Error::CopyPeerNotBound { offset, size: 64, peer: p, .. } if *offset == BYTES - 32 && **p == bound_by(1 - r)),
+            "{by_get:?}"
+        );
         let msg = by_batch.to_string();
         assert!(
             msg.contains(&format!(
-                "rank {}'s memory on this endpoint (its device {other}) is reachable here only at bytes 0..{BYTES}: put inside",
+                "are outside what rank {} bound on its device {} when the ranks last agreed (F9, R13.5",
+                1 - r,
                 1 - r
-            )),
+            )) && msg.contains(&format!("it bound bytes 0..{BYTES} there: copy inside those bytes")),
             "{msg}"
         );
-        assert_eq!(
-            me.calls(Call::MemcpyAsync),
-            calls,
-            "nothing reached the driver"
-        );
+        assert_eq!(copy_calls(me), calls, "nothing reached the driver");
+        // (The count is the node's: the other rank's refusals are done.)
+        boot.barrier(T).unwrap();
+        // Inside what the peer bound, the same put goes.
+        stream
+            .enqueue(CopyBatch::new().put(&src, 0, peer, BYTES - 64, 64))
+            .unwrap()
+            .wait()
+            .unwrap();
         boot.barrier(T).unwrap();
         drop(stream);
         bound.close(boot, T).unwrap();
         drop(binding);
         drop((src, mem, peers));
+        assert!(ctx.take_teardown_errors().is_empty());
+    });
+    common::clean(&ranks[0].0, &model);
+}
+
+#[test]
+fn r13_5_f9_a_copy_past_what_a_peer_bound_is_refused_naming_the_peer_on_the_portable_path() {
+    copy_past_what_a_peer_bound(CopyPath::Portable);
+}
+
+/// The helper's report of round 27: on the fabric path (13.5) such a put
+/// reached the driver (the model logged F9).
+#[test]
+fn r13_5_f9_a_copy_past_what_a_peer_bound_is_refused_before_the_driver_on_the_fabric_path() {
+    copy_past_what_a_peer_bound(CopyPath::Fabric);
+}
+
+/// A multicast put writes every member's memory (F1): on the fabric path a
+/// put into bytes one member did not bind is refused before the driver,
+/// naming that rank, on every other rank; after that rank binds them and
+/// the ranks agree again, the same put goes (R13.5).
+#[test]
+fn r13_5_f9_a_multicast_put_past_what_one_member_bound_is_refused_until_it_binds_and_all_agree_again()
+ {
+    let (ranks, model) = node_processes(2);
+    on_every_rank(&ranks, Threads::new(2), |r, ctx, me, boot| {
+        let dev = r as i32;
+        let team = team::multicast(ctx, boot, &TeamSpec::new([dev], 2 * BYTES).timeout(T)).unwrap();
+        let (low, high) = (
+            common::mapped::<FabricShareable>(ctx, dev, BYTES),
+            common::mapped::<FabricShareable>(ctx, dev, BYTES),
+        );
+        // Rank 1 binds only the low half at first.
+        let mut bindings = vec![team.endpoint().bind(dev, 0, &low).unwrap()];
+        if r == 0 {
+            bindings.push(team.endpoint().bind(dev, BYTES, &high).unwrap());
+        }
+        let (stream, src) = (
+            Stream::new(ctx, dev).unwrap(),
+            common::mapped::<FabricShareable>(ctx, dev, BYTES),
+        );
+        {
+            let bound = team.agree_bound(boot, T).unwrap();
+            if r == 0 {
+                let calls = copy_calls(me);
+                let e = stream
+                    .enqueue(CopyBatch::new().put(&src, 0, bound.endpoint(), BYTES + 64, 64))
+                    .map(|_| ())
+                    .unwrap_err();
+                assert!(
+                    matches!(&e, Error::CopyPeerNotBound { peer, .. } if **peer == bound_by(1)),
+                    "{e:?}"
+                );
+                assert_eq!(copy_calls(me), calls, "nothing reached the driver");
+            }
+            boot.barrier(T).unwrap();
+            bound.close(boot, T).unwrap();
+        }
+        if r == 1 {
+            bindings.push(team.endpoint().bind(dev, BYTES, &high).unwrap());
+        }
+        let bound = team.agree_bound(boot, T).unwrap();
+        if r == 0 {
+            stream
+                .enqueue(CopyBatch::new().put(&src, 0, bound.endpoint(), BYTES + 64, 64))
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        boot.barrier(T).unwrap();
+        bound.close(boot, T).unwrap();
+        drop(stream);
+        drop(bindings);
+        drop((src, low, high, team));
         assert!(ctx.take_teardown_errors().is_empty());
     });
     common::clean(&ranks[0].0, &model);
@@ -604,7 +710,7 @@ fn many_chunks<R: Send>(
 
 /// Issue 29, item 1: every rank binds `MAX_BINDINGS_PER_DEVICE` chunks on
 /// each of its four devices, the largest report a rank may send (1,024
-/// memory shares on the portable path, 103 KB: two frames); the
+/// memory shares on the portable path, 120 KB: two frames); the
 /// agreement passes, and a put that spans two chunks lands in every
 /// member's memory, every byte.
 #[test]

@@ -374,7 +374,8 @@ impl FdExchange {
                     || h.kind != want.kind
                     || h.job != want.job
                     || h.size != want.size
-                    || buf[wire::HEADER_LEN..] != token[..]
+                    // In time that does not depend on where they differ.
+                    || !crate::tcp::constant_time_eq(&buf[wire::HEADER_LEN..], &token[..])
                 {
                     continue;
                 }
