@@ -239,12 +239,14 @@ pub enum Mismatch {
     },
 }
 
+// Printed after "team call failed on rank R" (`TeamError`) on every rank: "that
+// rank" is R, whoever prints it.
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Mismatch::Bytes { root, this } => write!(
                 f,
-                "this rank asks for {this} bytes per device but the root asks for {root}; every rank must pass the same size"
+                "that rank asks for {this} bytes per device but the root asks for {root}; every rank must pass the same size"
             ),
             Mismatch::CountedOps => f.write_str(
                 "ranks disagree on counted operations (COUNTED_OPS, R2.4); pass the same options on every rank",
@@ -301,7 +303,7 @@ impl fmt::Display for Mismatch {
                 "device {device} is in multicast clique {clique}, the team's in clique {expected} (R4.5, cuDeviceGetCliqueInfo): build the team from devices of one clique"
             ),
             Mismatch::Backend => f.write_str(
-                "the root and this rank use different backends (the classic multicast fallback on one, logical endpoints on the other): pick the same backend on every rank",
+                "the root and that rank use different backends (the classic multicast fallback on one, logical endpoints on the other): pick the same backend on every rank",
             ),
             Mismatch::SameDevice { device, other_rank } => write!(
                 f,
@@ -317,10 +319,10 @@ impl fmt::Display for Mismatch {
             ),
             Mismatch::NotBound { device: Some(d) } => write!(
                 f,
-                "this rank bound no memory on its device {d} before the every-rank-bound agreement: nobody copies until every rank bound (R13.3); bind on every device the rank brings, then call `agree_bound` on every rank"
+                "that rank bound no memory on its device {d} before the every-rank-bound agreement: nobody copies until every rank bound (R13.3); bind on every device the rank brings, then call `agree_bound` on every rank"
             ),
             Mismatch::NotBound { device: None } => f.write_str(
-                "this rank reported no device at the every-rank-bound agreement: nobody copies until every rank bound (R13.3)",
+                "that rank reported no device at the every-rank-bound agreement: nobody copies until every rank bound (R13.3)",
             ),
             Mismatch::Heap {
                 field,
