@@ -135,6 +135,7 @@ pub mod bounds {
         MemShare, Sharing, TeamHasRoom, TeamIsComplete, TeamIsNonEmpty, TeamSize,
     };
     pub use crate::memory::{BindSource, CopyMemory};
+    pub use crate::report::BoxedError;
     pub use crate::spec::TeamDevices;
     pub use crate::state::{
         Agreed, CanCreate, CanDestroy, CanEnroll, CanQuery, CanRelease, CanShare, IsReady, State,

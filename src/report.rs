@@ -56,11 +56,52 @@ use std::fmt;
 /// `Box<dyn Error + Send + Sync>`, and its joiner makes the `Report`.
 pub struct Report(Box<dyn StdError + 'static>);
 
+/// An error already boxed, `Send`, `Send + Sync` or neither: what
+/// [`Report::from_boxed`] takes (sealed: these three only).
+pub trait BoxedError: sealed::Sealed {
+    /// The box, as `Box<dyn Error>`.
+    fn into_dyn(self) -> Box<dyn StdError + 'static>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! boxed_error {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for Box<$t> {}
+        impl BoxedError for Box<$t> {
+            fn into_dyn(self) -> Box<dyn StdError + 'static> {
+                self
+            }
+        }
+    )*};
+}
+boxed_error!(
+    dyn StdError + 'static,
+    dyn StdError + Send + 'static,
+    dyn StdError + Send + Sync + 'static
+);
+
 impl Report {
-    /// A report of an error already boxed: `run().map_err(Report::from_boxed)`
-    /// (a `Box<dyn Error + Send + Sync>` coerces: `.map_err(|e| Report::from_boxed(e))`).
-    pub fn from_boxed(error: Box<dyn StdError + 'static>) -> Report {
-        Report(error)
+    /// A report of an error already boxed: `run().map_err(Report::from_boxed)`,
+    /// whether `run` returns `Box<dyn Error>` or `Box<dyn Error + Send +
+    /// Sync>` (a thread's, a rank's), which `?` cannot convert (a `Box<dyn
+    /// Error>` is not itself an `Error`):
+    ///
+    /// ```
+    /// fn rank() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    ///     Ok(())
+    /// }
+    /// fn main() -> Result<(), cuda_endpoints::Report> {
+    ///     std::thread::spawn(rank)
+    ///         .join()
+    ///         .expect("rank panicked")
+    ///         .map_err(cuda_endpoints::Report::from_boxed)
+    /// }
+    /// ```
+    pub fn from_boxed(error: impl BoxedError) -> Report {
+        Report(error.into_dyn())
     }
 
     /// A report of a message alone (no cause), e.g. a check a program
