@@ -93,12 +93,7 @@ impl SlotGuard<'_> {
     /// agreement said (none before one).
     #[inline]
     pub fn peers(&self) -> impl Iterator<Item = &PeerBound> {
-        let id = self.id;
-        self.shared
-            .peers
-            .iter()
-            .filter(move |(i, _)| *i == id)
-            .map(|(_, p)| p)
+        of_id(&self.shared.peers, self.id)
     }
 
     /// Replaces what peer devices bound on this id.
@@ -110,12 +105,7 @@ impl SlotGuard<'_> {
 
     /// This id's windows (the portable path), in the order they were added.
     pub fn windows(&self) -> impl Iterator<Item = &crate::window::Window> {
-        let id = self.id;
-        self.shared
-            .windows
-            .iter()
-            .filter(move |(i, _)| *i == id)
-            .map(|(_, w)| w)
+        of_id(&self.shared.windows, self.id)
     }
 
     /// Adds a window to this id.
@@ -151,6 +141,11 @@ impl SlotGuard<'_> {
         self.shared.windows = keep;
         out.into_iter().map(|(_, w)| w).collect()
     }
+}
+
+/// The entries of `list` attached to `id`, in order.
+fn of_id<T>(list: &[(u32, T)], id: u32) -> impl Iterator<Item = &T> {
+    list.iter().filter(move |(i, _)| *i == id).map(|(_, t)| t)
 }
 
 pub(super) fn take_fabric(shared: &mut Attachments, id: u32) -> Option<[u8; 64]> {
