@@ -35,7 +35,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         } = joined?;
         let s = common::rank(&ctx, &me, &boot, TIMEOUT)?;
         println!(
-            "rank {rank} ({}, {:?}): bring-up {:?}, {} bootstrap messages in all; read back {}",
+            "rank {rank} ({}, {:?}): bring-up {:?}; {} bootstrap messages through this rank in all (the join, the bring-up and the steps after it); read back: {}",
             me.node_label(),
             me.device(),
             s.bring_up,
@@ -48,7 +48,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (ctx, me, boot) = job.join0()?;
     let s = common::rank(&ctx, &me, &boot, TIMEOUT)?;
     println!(
-        "rank 0 ({}, {:?}): bring-up {:?}, {} bootstrap messages in all; read back {}",
+        "rank 0 ({}, {:?}): bring-up {:?}; {} bootstrap messages through this rank in all (the join, the bring-up and the steps after it); read back: {}",
         me.node_label(),
         me.device(),
         s.bring_up,
@@ -71,7 +71,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let live = server.live();
     let leaks = server.leaks();
     println!(
-        "{} ranks on {} node(s): bring-up {:?} on rank 0, {bring_up_messages} bootstrap messages (after {join_messages} to join); job {:?}; fabric left {}; {failed} rank(s) failed",
+        "{} ranks on {} node(s): bring-up {:?} on rank 0, which took {bring_up_messages} of its bootstrap messages (after {join_messages} to join); job {:?}; fabric left {}; {failed} rank(s) failed",
         job.size,
         job.nodes,
         s.bring_up,

@@ -210,7 +210,7 @@ pub fn rank(
                 Allocation::<FabricShareable>::import_fabric(ctx, &bytes, BYTES)?.map(&[dev])?;
             let bytes = me.read(peer.device_ptr(), text.len())?;
             format!(
-                "POSIX fd refused across nodes ({e}); fabric handle: {:?}",
+                "across nodes a POSIX fd cannot be imported, as expected ({e}); through the fabric handle instead: {:?}",
                 String::from_utf8_lossy(&bytes)
             )
         }
