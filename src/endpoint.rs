@@ -291,6 +291,25 @@ impl<S: State, K: Kind> Endpoint<S, K> {
         drop(slot);
     }
 
+    /// This rank stops copying through the endpoint (a close, R13.7): what
+    /// its peers bound may be unbound from now on, so every copy through it
+    /// is refused before the driver until the next agreement says what they
+    /// bound again ([`Error::CopyPeerNotBound`], whichever bound form of
+    /// the bring-up names the endpoint).
+    pub(crate) fn peers_stop(&self) {
+        let mut slot = self.slot();
+        let stopped = slot
+            .peers()
+            .map(|p| crate::error::PeerBound {
+                covered: Vec::new(),
+                ..p.clone()
+            })
+            .collect();
+        slot.set_peers(stopped);
+        self.range.bindings_changed();
+        drop(slot);
+    }
+
     /// For an imported endpoint of a team bring-up: the ranks agreed it was
     /// created with `COUNTED_OPS`, so each device this process enrolls is
     /// checked for attribute 155 before the driver (R2.4), as on the creator.

@@ -18,7 +18,10 @@
 //!   holds of their ranges (`ledger::holds::pin_for_graph`), and the unbind answers
 //!   [`Error::UnbindUnderGraph`] before the driver, the memory still bound
 //!   (from a `Binding`'s `Drop`, the error is kept on the context and the
-//!   endpoint keeps the memory until it is destroyed). A launch's
+//!   endpoint keeps the memory until it is destroyed). Peers' bindings
+//!   are not pinned: a launch after a close or a new agreement on a
+//!   bring-up's endpoint checks the graph's ops on it against what the
+//!   peers bound then ([`Error::CopyPeerNotBound`], R13.5). A launch's
 //!   [`InFlight`] token borrows the graph mutably, so a second launch or a
 //!   look at the host buffers waits for the first. Dropping the graph
 //!   synchronizes its stream first, then destroys the executable graph and
@@ -38,8 +41,8 @@
 
 use std::marker::PhantomData;
 
-use crate::copy::{CopyBatch, FabricList, HostBufs, InFlight, fabric_copy_error};
-use crate::driver::Call;
+use crate::copy::{CopyBatch, FabricList, HostBufs, InFlight, fabric_copy_error, outside_peers};
+use crate::driver::{Call, CopyOp, Operand};
 use crate::error::{Error, Feature, Result};
 use crate::ledger::holds::Keep;
 use crate::stream::Stream;
@@ -61,7 +64,39 @@ pub struct CopyGraph<'a> {
     /// The stream record of the last launch: until the stream passed it,
     /// the launch may still write the received buffers.
     last: Option<u64>,
+    /// The endpoints whose peers' bindings an agreement recorded
+    /// ([`Watched`]): checked again at a launch after that record changed.
+    watched: Vec<Watched>,
     _borrow: PhantomData<&'a ()>,
+}
+
+/// An endpoint of the graph that reaches peers (a bring-up's), its ops, and
+/// the generation they were last checked at: a close or a new agreement
+/// since may say the peers bound less (R13.5), which a launch checks before
+/// the driver, as an enqueue does (F8: every id bound for as long as the
+/// graph may run; this process's own bindings are pinned instead).
+struct Watched {
+    /// Its index in the graph's `keep.endpoints`.
+    at: usize,
+    generation: u64,
+    /// `(op, offset, size)` of each op on it.
+    ops: Vec<(usize, u64, u64)>,
+}
+
+/// The ops of `list` on endpoint `id`.
+fn ops_on(list: &[CopyOp], id: u32) -> Vec<(usize, u64, u64)> {
+    list.iter()
+        .enumerate()
+        .filter_map(|(op, o)| match (o.src, o.dst) {
+            (Operand::LogicalEndpoint { id: i, offset }, _)
+            | (_, Operand::LogicalEndpoint { id: i, offset })
+                if i == id =>
+            {
+                Some((op, offset, o.size))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for CopyGraph<'_> {
@@ -115,6 +150,19 @@ impl Stream {
             ));
         }
         let FabricList { list, keep, host } = batch.into_list();
+        // Under the gate, with the checks just made: the generation they
+        // were made at.
+        let watched = keep
+            .endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, (range, id))| range.slot(*id).peers().next().is_some())
+            .map(|(at, (range, id))| Watched {
+                at,
+                generation: range.bindings_gen(),
+                ops: ops_on(&list, *id),
+            })
+            .collect();
         let d = ctx.driver();
         // The capture runs on a stream of its own, made here and destroyed
         // below, that no other code can reach: `Stream` is `Sync`, so on
@@ -205,6 +253,7 @@ impl Stream {
             keep,
             host,
             last: None,
+            watched,
             _borrow: PhantomData,
         })
     }
@@ -216,8 +265,12 @@ impl CopyGraph<'_> {
     /// borrows the graph until it is waited or dropped.
     ///
     /// # Errors
-    /// [`Error::Driver`] from the launch; nothing was enqueued then.
+    /// [`Error::CopyPeerNotBound`] for an op into a peer outside what the
+    /// ranks' last agreement said it bound (a close or a new agreement
+    /// since the capture, R13.5), before the driver; [`Error::Driver`] from
+    /// the launch; nothing was enqueued then.
     pub fn launch(&mut self) -> Result<InFlight<'_>> {
+        self.check_peers()?;
         let (stream, keep, last) = (self.stream, &self.keep, &mut self.last);
         let ctx = &stream.inner.ctx;
         // A panic inside the launch (a `tracing` layer) comes after the
@@ -234,6 +287,35 @@ impl CopyGraph<'_> {
         let seq = self.stream.inner.record(self.keep.clone());
         self.last = Some(seq);
         Ok(InFlight::new(self.stream, None, seq))
+    }
+
+    /// The graph's ops on endpoints that reach peers, checked again where
+    /// what the peers bound was recorded anew since (a close, another
+    /// agreement): [`Error::CopyPeerNotBound`] for an op outside it (R13.5).
+    fn check_peers(&mut self) -> Result<()> {
+        for w in &mut self.watched {
+            let Some((range, id)) = self.keep.endpoints.get(w.at) else {
+                continue;
+            };
+            let now = range.bindings_gen();
+            if now == w.generation {
+                continue;
+            }
+            let slot = range.slot(*id);
+            for &(op, offset, size) in &w.ops {
+                if let Some(p) = outside_peers(&slot, offset, size) {
+                    return Err(Error::CopyPeerNotBound {
+                        op,
+                        id: *id,
+                        offset,
+                        size,
+                        peer: Box::new(p.clone()),
+                    });
+                }
+            }
+            w.generation = now;
+        }
+        Ok(())
     }
 
     /// The host buffers given to [`CopyBatch::put_host`], in order.

@@ -441,14 +441,14 @@ impl BatchInner {
         let imported = imported::<K>();
         let devices = ep.devices();
         let bound_here = !imported && !devices.is_empty();
-        let mut bindings_gen = None;
         let slot = ep.slot();
+        // Read under the lock with what it stands for (this process's
+        // bindings, a heap's agreed top, what peers bound): a later change
+        // moves it, and enqueue reads them again (F9, R13.5).
+        let bindings_gen = ep.range().bindings_gen();
         let agreed = slot.agreed();
         let by_handle = if bound_here { slot.by_handle() } else { 0 };
         let covered = if bound_here {
-            // Read under the lock with the bindings: a later bind or unbind
-            // moves it, and enqueue reads them again (F9).
-            bindings_gen = Some(ep.range().bindings_gen());
             if let ([d], [b]) = (devices, &slot.bindings[..]) {
                 // The usual endpoint: one device, one binding (or none
                 // there: nothing covered), without the general merge.
@@ -462,7 +462,8 @@ impl BatchInner {
                 covered_on(&slot, devices)
             }
         } else {
-            // Nothing bound here to check: the endpoint's range alone.
+            // Nothing bound here to check: the endpoint's range alone (cut
+            // below to what its peers bound).
             smallvec::smallvec![(0, ep.size())]
         };
         let covered = cut_to_peers(covered, &slot);
@@ -575,10 +576,7 @@ impl BatchInner {
                 }
             }
         }
-        // Not inside what a peer device bound, as the ranks last agreed
-        // (R13.5: a copy outside the bound range is undefined behaviour).
-        let inside = |c: &[(u64, u64)]| c.iter().any(|&(s, e)| s <= offset && end <= e);
-        if let Some(p) = slot.peers().find(|p| !inside(&p.covered)) {
+        if let Some(p) = outside_peers(&slot, offset, size) {
             return Err(Error::CopyPeerNotBound {
                 op,
                 id: ep.id,
@@ -618,9 +616,7 @@ impl BatchInner {
                 });
             }
             // Stale: a bind or unbind since the builder read it (F9).
-            if f.bindings_gen
-                .is_some_and(|seen| range.bindings_gen() != seen)
-            {
+            if range.bindings_gen() != f.bindings_gen {
                 usual = false;
             }
             if f.bound_here {
@@ -702,18 +698,19 @@ impl BatchInner {
             else {
                 continue;
             };
-            let Some(seen) = facts.bindings_gen else {
-                continue;
-            };
-            if range.bindings_gen() == seen {
+            if range.bindings_gen() == facts.bindings_gen {
                 continue;
             }
             let slot = range.slot(*id);
             let now = range.bindings_gen();
             let by_handle = slot.by_handle();
             let agreed = slot.agreed();
-            // SAFETY: as in `ep_check`: the batch borrows the endpoint.
-            let every = cut_to_peers(covered_on(&slot, unsafe { devices_of(range, *id) }), &slot);
+            let here = match facts.bound_here {
+                // SAFETY: as in `ep_check`: the batch borrows the endpoint.
+                true => covered_on(&slot, unsafe { devices_of(range, *id) }),
+                false => smallvec::smallvec![(0, facts.ep_size)],
+            };
+            let every = cut_to_peers(here, &slot);
             drop(slot);
             let id = *id;
             if index == 0 {
@@ -722,7 +719,7 @@ impl BatchInner {
             }
             if let Some(f) = self.eps.get_mut(index) {
                 f.covered = every;
-                f.bindings_gen = Some(now);
+                f.bindings_gen = now;
                 f.by_handle = by_handle;
                 f.agreed = agreed;
             }
@@ -758,6 +755,23 @@ unsafe fn devices_of(range: &crate::ledger::RangeInner, id: u32) -> &[Device] {
 
 /// The `[start, end)` intervals bound on every one of `devices` in `slot`
 /// (sorted, disjoint; none when `devices` is empty).
+/// The first peer device whose bytes, as the ranks last agreed, miss an op
+/// of `size` bytes at `offset` of the slot's id (R13.5: a copy outside the
+/// bound range is undefined behaviour); a 0-byte op names bytes of a device
+/// that bound something (F5), as `ep_check` asks of this process's devices.
+pub(crate) fn outside_peers<'s>(
+    slot: &'s crate::ledger::SlotGuard<'_>,
+    offset: u64,
+    size: u64,
+) -> Option<&'s crate::error::PeerBound> {
+    let end = offset.saturating_add(size);
+    let inside = |c: &[(u64, u64)]| match size {
+        0 => !c.is_empty(),
+        _ => c.iter().any(|&(s, e)| s <= offset && end <= e),
+    };
+    slot.peers().find(|p| !inside(&p.covered))
+}
+
 /// `covered` cut to what each peer device bound on the id, as the last
 /// every-rank-bound agreement said (`team::agree_bound`: F9, R13.5); as it
 /// is before any.

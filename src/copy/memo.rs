@@ -52,11 +52,16 @@ pub(crate) struct Memo {
 }
 
 impl Memo {
-    /// The memo of `facts`, just read of `ep`; `None` for facts read
-    /// without the bindings (nothing bound here to check: read again, at
-    /// no lock for the bindings).
+    /// The memo of `facts`, just read of `ep`; `None` for an endpoint
+    /// with nothing bound here (read again each batch).
     pub(super) fn of<S: State, K: Kind>(ep: &Endpoint<S, K>, facts: &EpFacts) -> Option<Memo> {
-        let generation = facts.bindings_gen?;
+        // An endpoint bound here only: the one-put lane's (an imported
+        // one's facts carry a generation too, for enqueue's check, but its
+        // puts take the general path or a route).
+        if !facts.bound_here {
+            return None;
+        }
+        let generation = facts.bindings_gen;
         Some(Memo {
             serial: ep.range().serial,
             generation,
@@ -171,7 +176,7 @@ mod tests {
             ep_size,
             bound_here: true,
             covered: first.into_iter().collect(),
-            bindings_gen: Some(0),
+            bindings_gen: 0,
             agreed,
             by_handle: 0,
             align: 1,

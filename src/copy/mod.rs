@@ -114,7 +114,7 @@ mod portable;
 mod route;
 pub(crate) mod spare;
 mod strided;
-pub(crate) use check::merged;
+pub(crate) use check::{merged, outside_peers};
 pub(crate) use enqueue::FabricList;
 pub use in_flight::{Completed, InFlight};
 pub(crate) use one::fabric_copy_error;
@@ -445,9 +445,10 @@ pub(crate) struct EpFacts {
     /// checked): an op inside one passes F9 at one comparison; any other op
     /// is walked device by device, which names the device.
     covered: Intervals,
-    /// The range's bindings generation `covered` was read at (`None`:
-    /// imported, not checked): a bind or unbind since makes it stale.
-    bindings_gen: Option<u64>,
+    /// The range's bindings generation `covered` and `agreed` were read
+    /// at: a bind or unbind here, a heap's new top or an agreement on what
+    /// peers bound since makes them stale.
+    bindings_gen: u64,
     /// A heap's top ([`crate::team::OwnedPeers::top`]): the bytes every
     /// rank bound and agreed on; past it a copy is refused (R13.3).
     agreed: Option<u64>,

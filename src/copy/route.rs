@@ -195,21 +195,19 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
     /// The endpoint's facts, where a put between the route's memory and
     /// endpoint on its stream is the usual one: the memory of the stream's
     /// context and on its device, its end not wrapping, the endpoint of
-    /// that context (F2, as `one.rs`'s `lane`). An endpoint bound here has
-    /// its generation read with its bindings, under the lock; an imported
-    /// one, whose facts change only with a heap's agreed top, has it read
-    /// before them, so that a change between the two reads makes them
-    /// stale, never current. (Unlike the lane, which keeps only a bound
-    /// endpoint's facts from one batch to the next, a route takes an
-    /// imported endpoint's too: the usual put into a peer.)
+    /// that context (F2, as `one.rs`'s `lane`). The generation is read with
+    /// the facts, under the range's lock (`BatchInner::facts`: the bindings
+    /// here, a heap's agreed top, what peers bound), so a later change
+    /// makes them stale, never current. (Unlike the lane, which keeps only
+    /// a bound endpoint's facts from one batch to the next, a route takes
+    /// an imported endpoint's too: the usual put into a peer.)
     fn read_facts(&mut self) {
         let (src, ep) = (self.src, self.ep);
         let (ctx, dev) = (&self.stream.inner.ctx, self.stream.inner.dev);
         let usual = super::one::on_stream(src, ep, ctx, dev)
             && self.mem.0.checked_add(self.mem.1).is_some();
-        let before = ep.range().bindings_gen();
         let facts = BatchInner::facts(ep);
-        let generation = facts.bindings_gen.unwrap_or(before);
+        let generation = facts.bindings_gen;
         self.facts = usual.then_some((facts, generation));
     }
 }

@@ -296,8 +296,9 @@ pub enum Error {
     /// An op of a copy batch reaches endpoint bytes outside what a peer
     /// bound on its device, as the ranks' last every-rank-bound agreement
     /// said ([`crate::team::SharedTeam::agree_bound`],
-    /// [`crate::team::Peers::agree_bound`]): a copy outside the bound range
-    /// is undefined behaviour (R13.5, F9).
+    /// [`crate::team::Peers::agree_bound`]; none after a close, until the
+    /// next agreement): a copy outside the bound range is undefined
+    /// behaviour (R13.5, F9).
     #[error(
         "copy op {op}: endpoint {id} bytes {offset}..{end} are outside what rank {rank} bound on its {device} when the ranks last agreed (F9, R13.5: a copy outside the bound range is undefined behaviour); {}",
         peer_not_bound_fix(peer),

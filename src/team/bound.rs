@@ -40,7 +40,12 @@
 //! before the driver ([`Error::CopyPeerNotBound`](crate::Error::CopyPeerNotBound);
 //! R13.5, F9), as one outside this process's own bindings is. Binding more
 //! later (R13.5) needs another agreement before peers copy into it: what a
-//! peer bound since is not known here.
+//! peer bound since is not known here. A copy made before an agreement (a
+//! batch built, a route, a captured graph) is checked against the record
+//! when it goes; a close on this rank (`BoundTeam::close`,
+//! `BoundPeers::close`, `OwnedTeam::close`) empties the record's bytes
+//! first, so no copy goes through another bound form of the bring-up
+//! until the ranks agree again (R13.7: peers may unbind after it).
 
 use std::mem::ManuallyDrop;
 use std::time::Duration;
@@ -431,6 +436,7 @@ impl<M: BindSource> OwnedTeam<M> {
     /// `timeout`; then each keeps its memory, as a drop does.
     pub fn close(mut self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError> {
         let deadline = Deadline::after(timeout);
+        self.inner.endpoint().peers_stop();
         let settled = agree::settle(self.inner.endpoint());
         let agreed = agree::close(boot, self.tag, settled, deadline);
         self.closed = agreed.is_ok();
@@ -516,6 +522,9 @@ impl<'t> BoundTeam<'t> {
     /// that never joins): keep the bindings then; a peer may still write.
     pub fn close(self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError> {
         let deadline = Deadline::after(timeout);
+        // No copy through the team's endpoint from here on, through this
+        // or another `BoundTeam` of it, before the next agreement.
+        self.endpoint().peers_stop();
         let settled = agree::settle(self.endpoint());
         agree::close(boot, self.team.tag(), settled, deadline)
     }
@@ -621,6 +630,13 @@ impl<'p> BoundPeers<'p> {
     pub fn close(self, boot: &dyn Bootstrap, timeout: Duration) -> Result<(), TeamError> {
         let deadline = Deadline::after(timeout);
         let peers = self.peers;
+        // As `BoundTeam::close`: no copy into a peer before the next
+        // agreement, through any `BoundPeers` of these peers.
+        for r in 0..peers.ranks() {
+            if let Some(ep) = peers.ready_peer(r) {
+                ep.peers_stop();
+            }
+        }
         let settled = agree::settle(peers.ready_own()).and_then(|()| {
             (0..peers.ranks())
                 .filter_map(|r| peers.ready_peer(r))

@@ -16,5 +16,6 @@ mod watchdog;
 mod bringup_retry;
 mod classic_team;
 mod communicator;
+mod peers_bound;
 mod portable_bring_up;
 mod team;
