@@ -124,6 +124,46 @@ fn a_copy_past_a_peers_windows_names_the_peer_and_at_most_eight_spans() {
 }
 
 #[test]
+fn a_copy_past_what_a_peer_bound_names_the_peer_its_bytes_and_the_fix_or_the_close() {
+    let peer = |covered: Vec<(u64, u64)>| {
+        Box::new(PeerBound {
+            rank: 2,
+            device: Device(1),
+            covered,
+        })
+    };
+    let e = Error::CopyPeerNotBound {
+        op: 3,
+        id: 5,
+        offset: 4096,
+        size: 64,
+        peer: peer((0..20u64).map(|i| (i * 8192, i * 8192 + 1024)).collect()),
+    };
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("copy op 3: endpoint 5 bytes 4096..4160 are outside what rank 2 bound on its device 1 when the ranks last agreed (F9, R13.5")
+            && msg.contains("it bound bytes 0..1024, 8192..9216")
+            && msg.contains("and 12 more there: copy inside those bytes, or have rank 2 bind more there and agree again"),
+        "{msg}"
+    );
+    assert!(msg.len() < 600, "{} bytes: {msg}", msg.len());
+    assert_eq!(e.rule(), Some(Rule::F9));
+    // After a close, until the next agreement.
+    let e = Error::CopyPeerNotBound {
+        op: 0,
+        id: 5,
+        offset: 0,
+        size: 64,
+        peer: peer(Vec::new()),
+    };
+    let msg = e.to_string();
+    assert!(
+        msg.contains("the ranks closed since (every rank stopped copying, so rank 2 may unbind): agree again on every rank (`agree_bound`)"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn predicates_read_the_13_5_codes() {
     let d = |raw| Error::driver(Call::BindMem, Code::from_raw(raw).unwrap());
     assert!(d(802).is_retryable() && d(919).is_retryable());

@@ -188,6 +188,14 @@ fn spans_of(p: &super::PeerBound) -> String {
 
 /// What to do about [`Error::CopyPeerNotBound`](super::Error::CopyPeerNotBound).
 pub(super) fn peer_not_bound_fix(p: &super::PeerBound) -> String {
+    // An agreement refuses a rank that bound nothing on a device: nothing
+    // known is what a close left (R13.7).
+    if p.covered.is_empty() {
+        return format!(
+            "the ranks closed since (every rank stopped copying, so rank {} may unbind): agree again on every rank (`agree_bound`) before copying through it",
+            p.rank
+        );
+    }
     format!(
         "it bound {} there: copy inside those bytes, or have rank {} bind more there and agree again on every rank (`agree_bound`) before copying into them",
         spans_of(p),
