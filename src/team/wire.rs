@@ -24,8 +24,9 @@ use super::error::{Cause, Mismatch, PeerFailure, Step};
 /// messages are `serde` types and the header names the tag and the sender;
 /// 3: a heap's grow report carries the new chunk's shares (portable path);
 /// 4: the bind report travels in pieces (`limits::agree_large`) and the
-/// import agreement names a share refused as aliased memory (`windows`).
-pub(crate) const VERSION: u8 = 4;
+/// import agreement names a share refused as aliased memory (`windows`);
+/// 5: the bind report names each binding's extent (`bound::report`).
+pub(crate) const VERSION: u8 = 5;
 const STATUS_MAGIC: [u8; 4] = *b"CETS";
 /// "CETH" was the hello before it carried each device's place, "CET2" the
 /// hand-encoded one: an older peer's hello is refused as "not a bring-up
