@@ -272,7 +272,9 @@ pub(crate) fn connect(
                             }
                         })?;
                 }
-                Some(Role::Listener) => accept_into(listener, &mut pending, deadline, traffic),
+                Some(Role::Listener) => {
+                    accept_into(listener, me.job, &mut pending, deadline, traffic)
+                }
                 Some(&Role::Pending(j)) => {
                     if prev_link.is_some() {
                         continue;
@@ -451,10 +453,12 @@ fn step_in(me: &Member<'_>, p: &mut Incoming, traffic: &mut Traffic) -> Result<b
 /// [`evict_index`]).
 fn accept_into(
     listener: &TcpListener,
+    job: u64,
     pending: &mut Vec<Option<Incoming>>,
     deadline: &Deadline,
     traffic: &mut Traffic,
 ) {
+    let hello = wire::hello_prefix(job);
     for _ in 0..PENDING_MAX {
         match listener.accept() {
             Ok((stream, _)) => {
@@ -462,7 +466,8 @@ fn accept_into(
                     continue;
                 }
                 while pending.iter().flatten().count() >= PENDING_MAX {
-                    match evict_index(pending, |p| p.nonces.is_none(), |p| p.link.stream.as_fd()) {
+                    match evict_index(pending, |p| p.nonces.is_none(), |p| &p.link, hello.as_ref())
+                    {
                         Some(i) => {
                             pending[i] = None;
                             traffic.refused_connections =
@@ -487,7 +492,7 @@ fn accept_into(
             // make room rather than spin on the listener.
             Err(_) => {
                 if let Some(i) =
-                    evict_index(pending, |p| p.nonces.is_none(), |p| p.link.stream.as_fd())
+                    evict_index(pending, |p| p.nonces.is_none(), |p| &p.link, hello.as_ref())
                 {
                     pending[i] = None;
                     traffic.refused_connections = traffic.refused_connections.saturating_add(1);

@@ -1602,11 +1602,12 @@ impl TcpRoot {
         deadline: &Deadline,
         traffic: &mut Traffic,
     ) {
+        let hello = wire::hello_prefix(self.id.job);
         let drop_oldest = |pending: &mut Vec<Option<Pending>>, traffic: &mut Traffic| {
             // Emptied in place: the caller's poll indices stay valid. The
             // oldest that proved least goes first (`evict_index`).
             let early = |p: &Pending| matches!(p.phase, Phase::Hello);
-            match evict_index(pending, early, |p| p.link.stream.as_fd()) {
+            match evict_index(pending, early, |p| &p.link, hello.as_ref()) {
                 Some(i) => {
                     pending[i] = None;
                     traffic.refused_connections = traffic.refused_connections.saturating_add(1);
@@ -1705,15 +1706,20 @@ impl TcpRoot {
 }
 
 /// Which pending connection to drop to make room for a new one: the oldest
-/// that has not got past its hello (`early`) and has nothing to read, else
-/// the oldest that has not got past its hello, else the oldest. A hello
-/// carries the job id, which only holders of the unique id know, so a flood
-/// of connections that connect and hold, from anyone who knows only the
-/// port, pushes out one another and never a rank whose hello arrived.
+/// that has not got past its hello (`early`) and sent nothing; else the
+/// oldest such that sent something that is not (yet) a hello of this job
+/// (fewer bytes than its header's job id, or others than `hello`'s, the
+/// first bytes of a hello of the job, [`wire::hello_prefix`]); else the
+/// oldest that has not got past its hello; else the oldest. A hello
+/// carries the job id, which only holders of the unique id know, so a
+/// flood of connections that connect and hold, or send a few bytes, from
+/// anyone who knows only the port, pushes out one another and never a
+/// rank whose hello arrived, read or still waiting in the socket.
 pub(crate) fn evict_index<T>(
     pending: &[Option<T>],
     early: impl Fn(&T) -> bool,
-    fd: impl Fn(&T) -> std::os::fd::BorrowedFd<'_>,
+    link: impl Fn(&T) -> &Link,
+    hello: Option<&[u8; wire::JOB_PREFIX]>,
 ) -> Option<usize> {
     let live = || {
         pending
@@ -1721,21 +1727,34 @@ pub(crate) fn evict_index<T>(
             .enumerate()
             .filter_map(|(i, p)| Some((i, p.as_ref()?)))
     };
-    let silent = |t: &T| {
-        let mut byte = [0u8; 1];
-        // Peeked without blocking: data waiting means a hello on its way;
-        // nothing, an end of file or an error mean nothing to wait for.
-        !matches!(
-            rustix::net::recv(
-                fd(t),
-                &mut byte[..],
+    // What a connection sent so far: 0 nothing, 1 not (yet) a hello of
+    // this job, 2 a hello of this job (its first bytes, up to the job id).
+    let heard = |t: &T| {
+        let l = link(t);
+        let mut first = [0u8; wire::JOB_PREFIX];
+        let have = l.reader.buffered();
+        let mut n = have.len().min(wire::JOB_PREFIX);
+        first[..n].copy_from_slice(&have[..n]);
+        if n < wire::JOB_PREFIX {
+            // Peeked without blocking, after what the reader holds; an end
+            // of file or an error add nothing.
+            if let Ok((k, _)) = rustix::net::recv(
+                l.stream.as_fd(),
+                &mut first[n..],
                 rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
-            ),
-            Ok((n, _)) if n > 0
-        )
+            ) {
+                n = n.saturating_add(k).min(wire::JOB_PREFIX);
+            }
+        }
+        match n {
+            0 => 0,
+            wire::JOB_PREFIX if hello.is_some_and(|h| *h == first) => 2,
+            _ => 1,
+        }
     };
     live()
-        .find(|(_, t)| early(t) && silent(t))
+        .find(|(_, t)| early(t) && heard(t) == 0)
+        .or_else(|| live().find(|(_, t)| early(t) && heard(t) == 1))
         .or_else(|| live().find(|(_, t)| early(t)))
         .or_else(|| live().next())
         .map(|(i, _)| i)
@@ -1910,42 +1929,73 @@ pub(crate) fn refused(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
 
     /// Issue 21 (sustained accept-queue flood): when rank 0 or a ring
     /// listener must drop a pending connection to make room, one that
-    /// connected and sent nothing goes before one whose hello arrived,
-    /// however much older that one is; one past its hello goes last.
-    /// Real sockets on loopback; every read bounded.
+    /// connected and sent nothing goes first, then one that sent bytes that
+    /// are not (yet) a hello of this job (a few bytes, the magic alone,
+    /// another job's hello), and only then one whose hello arrived, however
+    /// much older, waiting in its socket or read; one past its hello goes
+    /// last. Real sockets on loopback; every read bounded.
     #[test]
-    fn a_connection_that_sends_nothing_is_dropped_before_one_whose_hello_arrived() {
+    fn a_connection_that_sends_nothing_or_no_hello_of_the_job_is_dropped_before_one_whose_hello_arrived()
+     {
+        const JOB: u64 = 0x0005_eed0_f10b;
+        let hello = wire::hello_prefix(JOB).expect("a header encodes");
+        let other = wire::hello_prefix(JOB + 1).expect("a header encodes");
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
-        // Oldest first: a hello, then two that hold and say nothing.
-        let mut clients: Vec<TcpStream> = (0..3)
-            .map(|_| TcpStream::connect(addr).expect("connect"))
+        // Oldest first: a hello of the job, then one of another job, the
+        // magic alone, and two that hold and say nothing.
+        let sent: [&[u8]; 5] = [&hello, &other, b"CEbs", b"", b""];
+        let clients: Vec<TcpStream> = sent
+            .iter()
+            .map(|bytes| {
+                let mut c = TcpStream::connect(addr).expect("connect");
+                c.write_all(bytes).expect("write");
+                c
+            })
             .collect();
-        let accepted: Vec<TcpStream> = (0..3)
-            .map(|_| listener.accept().expect("accept").0)
+        let mut pending: Vec<Option<(Link, bool)>> = sent
+            .iter()
+            .map(|bytes| {
+                let stream = listener.accept().expect("accept").0;
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(10)))
+                    .expect("timeout");
+                let mut probe = [0u8; wire::JOB_PREFIX];
+                if !bytes.is_empty() {
+                    // It is there (peeked, so it stays for the reader).
+                    while stream.peek(&mut probe).expect("bytes arrive") < bytes.len() {}
+                }
+                let reader = FrameReader::default();
+                // `(link, past its hello)`.
+                Some((Link { stream, reader }, false))
+            })
             .collect();
-        clients[0].write_all(b"hello").expect("write");
-        let mut probe = [0u8; 5];
-        accepted[0]
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        // The hello is there (peeked, so it stays for the pending's reader).
-        assert_eq!(accepted[0].peek(&mut probe).expect("hello arrives"), 5);
-        // `(stream, past its hello)`.
-        let mut pending: Vec<Option<(TcpStream, bool)>> =
-            accepted.into_iter().map(|s| Some((s, false))).collect();
-        let pick =
-            |pending: &[Option<(TcpStream, bool)>]| evict_index(pending, |p| !p.1, |p| p.0.as_fd());
-        assert_eq!(pick(&pending), Some(1), "the oldest silent one goes first");
+        let pick = |pending: &[Option<(Link, bool)>]| {
+            evict_index(pending, |p| !p.1, |p| &p.0, Some(&hello))
+        };
+        assert_eq!(pick(&pending), Some(3), "the oldest silent one goes first");
+        pending[3] = None;
+        assert_eq!(pick(&pending), Some(4));
+        pending[4] = None;
+        assert_eq!(pick(&pending), Some(1), "then another job's hello");
         pending[1] = None;
-        assert_eq!(pick(&pending), Some(2));
+        assert_eq!(pick(&pending), Some(2), "then the magic alone");
         pending[2] = None;
-        // Only the one whose hello arrived is left: it goes when nothing else can.
-        assert_eq!(pick(&pending), Some(0));
+        // The hello, read into its reader, counts the same as waiting.
+        if let Some((l, _)) = pending[0].as_mut() {
+            assert_eq!(
+                l.reader.fill(&mut l.stream).expect("read"),
+                wire::JOB_PREFIX
+            );
+        }
+        assert_eq!(
+            pick(&pending),
+            Some(0),
+            "the hello goes when nothing else can"
+        );
         // One past its hello goes after every one that is not, even one
         // with bytes waiting.
         let late = TcpStream::connect(addr).expect("connect");
@@ -1959,17 +2009,19 @@ mod tests {
         if let Some(p) = pending[0].as_mut() {
             p.1 = true;
         }
-        pending.push(Some((late_in, false)));
-        assert_eq!(pick(&pending), Some(3));
-        pending[3] = None;
+        let late_link = Link {
+            stream: late_in,
+            reader: FrameReader::default(),
+        };
+        pending.push(Some((late_link, false)));
+        assert_eq!(pick(&pending), Some(5));
+        pending[5] = None;
         assert_eq!(pick(&pending), Some(0));
-        assert_eq!(pick(&[None::<(TcpStream, bool)>]), None);
-        // The peek consumed nothing.
-        let mut got = [0u8; 5];
-        if let Some((s, _)) = pending[0].as_mut() {
-            s.read_exact(&mut got).expect("the hello is still there");
+        assert_eq!(pick(&[None::<(Link, bool)>]), None);
+        // The peeks consumed nothing.
+        if let Some((l, _)) = pending[0].as_ref() {
+            assert_eq!(l.reader.buffered(), &hello[..]);
         }
-        assert_eq!(&got, b"hello");
-        drop(clients.drain(..));
+        drop(clients);
     }
 }

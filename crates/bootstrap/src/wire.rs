@@ -101,6 +101,26 @@ struct RawHeader {
     len: u32,
 }
 
+/// How many of a header's first bytes name its job: magic, version, kind,
+/// reserved byte and job id.
+pub(crate) const JOB_PREFIX: usize = 16;
+
+/// The first [`JOB_PREFIX`] bytes of a hello of job `job`: what a
+/// connection of that job sends first (`None` only if the header does not
+/// encode).
+pub(crate) fn hello_prefix(job: u64) -> Option<[u8; JOB_PREFIX]> {
+    let h = Header {
+        kind: Kind::Hello as u8,
+        job,
+        seq: 0,
+        from: 0,
+        size: 0,
+        len: 0,
+    }
+    .encode()?;
+    h.get(..JOB_PREFIX)?.try_into().ok()
+}
+
 /// The header of one frame or envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
@@ -334,6 +354,11 @@ pub(crate) struct FrameReader {
 }
 
 impl FrameReader {
+    /// The bytes read and not yet taken as a frame.
+    pub(crate) fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// Reads once (whatever is available after `poll` said readable).
     /// `Ok(0)` is end of stream.
     pub(crate) fn fill(&mut self, r: &mut impl Read) -> std::io::Result<usize> {
