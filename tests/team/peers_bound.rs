@@ -15,8 +15,10 @@ use std::time::Duration;
 use cuda_endpoints::bootstrap::{Bootstrap, Threads};
 use cuda_endpoints::driver::Call;
 use cuda_endpoints::model::Model;
-use cuda_endpoints::team::{self, PeerSpec, TeamSpec};
-use cuda_endpoints::{CopyBatch, CopyPath, Error, FabricShareable, Stream};
+use cuda_endpoints::team::{self, PeerSpec, Peers, SharedTeam, TeamSpec};
+use cuda_endpoints::{
+    Binding, Context, CopyBatch, CopyPath, Error, FabricShareable, Mapped, Stream,
+};
 
 use common::{node_processes, on_every_rank};
 
@@ -30,100 +32,122 @@ fn copy_calls(me: &Model) -> u64 {
         + me.calls(Call::FabricCpyBatchAsync)
 }
 
+/// `n` ranks of one node (a 13.5 driver) on copy path `path`.
+fn ranks_on(path: CopyPath, n: usize) -> (Vec<(Context, Model)>, Model) {
+    let (ranks, model) = node_processes(n);
+    for (ctx, _) in &ranks {
+        ctx.set_copy_path(path);
+    }
+    (ranks, model)
+}
+
+/// Rank `r`'s unicast peers on its device, a `2 BYTES` endpoint whose two
+/// halves it binds (the high half's binding lent to `f`, which may drop
+/// it), a stream and a source of `BYTES`; torn down after `f`, keeping no
+/// teardown error.
+fn with_halves<R>(
+    r: usize,
+    ctx: &Context,
+    boot: &dyn Bootstrap,
+    f: impl FnOnce(&Peers, &Stream, &Mapped<FabricShareable>, &mut Option<Binding<'_>>) -> R,
+) -> R {
+    let dev = r as i32;
+    let peers = team::unicast_peers(ctx, boot, &PeerSpec::new(dev, 2 * BYTES).timeout(T)).unwrap();
+    let low = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+    let high = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+    let b_low = peers.own().bind(dev, 0, &low).unwrap();
+    let mut b_high = Some(peers.own().bind(dev, BYTES, &high).unwrap());
+    let stream = Stream::new(ctx, dev).unwrap();
+    let src = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+    let out = f(&peers, &stream, &src, &mut b_high);
+    drop(b_high);
+    drop(b_low);
+    drop((stream, src, low, high, peers));
+    assert!(ctx.take_teardown_errors().is_empty());
+    out
+}
+
 /// Unicast peers: every rank binds [0,B) and [B,2B) of its own 2B
 /// endpoint; agreement 1. Rank 0 makes a copy into rank 1's [B+4096, +64)
 /// and does not enqueue it yet. Rank 1 unbinds [B,2B) (rank 0 has nothing
 /// in flight there); agreement 2 says rank 1 bound only [0,B). Rank 0's
-/// copy then goes: refused before the driver (`CopyPeerNotBound`). `mode` picks how the op
-/// is made: 0 batch put, 1 put_host, 2 graph captured after agreement 1 and
-/// launched after agreement 2, 3 route made after agreement 1, 4 get_host.
+/// copy then goes: refused before the driver (`CopyPeerNotBound`). `mode`
+/// picks how the op is made: 0 batch put, 1 put_host, 2 graph captured
+/// after agreement 1 and launched after agreement 2, 3 route made after
+/// agreement 1, 4 get_host.
 fn stale_unicast(mode: u32) {
     stale_unicast_on(mode, CopyPath::Fabric);
 }
 
 fn stale_unicast_on(mode: u32, path: CopyPath) {
-    let (ranks, model) = node_processes(2);
-    for (ctx, _) in &ranks {
-        ctx.set_copy_path(path);
-    }
+    let (ranks, model) = ranks_on(path, 2);
     on_every_rank(&ranks, Threads::new(2), |r, ctx, me, boot| {
-        let dev = r as i32;
-        let peers =
-            team::unicast_peers(ctx, boot, &PeerSpec::new(dev, 2 * BYTES).timeout(T)).unwrap();
-        let low = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let high = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let b_low = peers.own().bind(dev, 0, &low).unwrap();
-        let mut b_high = Some(peers.own().bind(dev, BYTES, &high).unwrap());
-        let stream = Stream::new(ctx, dev).unwrap();
-        let src = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let bound1 = peers.agree_bound(boot, T).unwrap();
-        let peer = bound1.peer(1 - r).unwrap();
-        // Made after agreement 1, used after agreement 2.
-        let mut batch = None;
-        let mut graph = None;
-        let mut route = None;
-        if r == 0 {
-            match mode {
-                0 => batch = Some(CopyBatch::new().put(&src, 0, peer, BYTES + 4096, 64)),
-                1 => batch = Some(CopyBatch::new().put_host(vec![7; 64], peer, BYTES + 4096)),
-                2 => {
-                    let mut g = stream
-                        .capture(CopyBatch::new().put(&src, 0, peer, BYTES + 4096, 64))
-                        .unwrap();
-                    g.launch().unwrap().wait().unwrap();
-                    graph = Some(g);
+        with_halves(r, ctx, boot, |peers, stream, src, b_high| {
+            let bound1 = peers.agree_bound(boot, T).unwrap();
+            let peer = bound1.peer(1 - r).unwrap();
+            // Made after agreement 1, used after agreement 2.
+            let mut batch = None;
+            let mut graph = None;
+            let mut route = None;
+            if r == 0 {
+                match mode {
+                    0 => batch = Some(CopyBatch::new().put(src, 0, peer, BYTES + 4096, 64)),
+                    1 => batch = Some(CopyBatch::new().put_host(vec![7; 64], peer, BYTES + 4096)),
+                    2 => {
+                        let mut g = stream
+                            .capture(CopyBatch::new().put(src, 0, peer, BYTES + 4096, 64))
+                            .unwrap();
+                        g.launch().unwrap().wait().unwrap();
+                        graph = Some(g);
+                    }
+                    3 => {
+                        let mut rt = stream.route(&src, peer);
+                        rt.put(0, BYTES + 4096, 64).unwrap().wait().unwrap();
+                        route = Some(rt);
+                    }
+                    4 => batch = Some(CopyBatch::new().get_host(peer, BYTES + 4096, 64)),
+                    _ => unreachable!(),
                 }
-                3 => {
-                    let mut rt = stream.route(&src, peer);
-                    rt.put(0, BYTES + 4096, 64).unwrap().wait().unwrap();
-                    route = Some(rt);
-                }
-                4 => batch = Some(CopyBatch::new().get_host(peer, BYTES + 4096, 64)),
-                _ => unreachable!(),
+                stream.synchronize().unwrap();
             }
-            stream.synchronize().unwrap();
-        }
-        boot.barrier(T).unwrap();
-        if r == 1 {
-            drop(b_high.take()); // rank 1 shrinks what it bound
-        }
-        let bound2 = peers.agree_bound(boot, T).unwrap();
-        if r == 0 {
-            let calls = copy_calls(me);
-            let res: Result<(), Error> = match mode {
-                2 => graph
-                    .as_mut()
-                    .unwrap()
-                    .launch()
-                    .and_then(|f| f.wait().map(|_| ())),
-                3 => route
-                    .as_mut()
-                    .unwrap()
-                    .put(0, BYTES + 4096, 64)
-                    .and_then(|f| f.wait().map(|_| ())),
-                _ => stream
-                    .enqueue(batch.take().unwrap())
-                    .and_then(|f| f.wait().map(|_| ())),
-            };
-            let _ = stream.synchronize();
-            assert!(
-                matches!(&res, Err(Error::CopyPeerNotBound { peer, .. }) if peer.covered == [(0, BYTES)]),
-                "mode {mode} on {path:?}: {res:?}"
-            );
-            assert_eq!(
-                copy_calls(me),
-                calls,
-                "mode {mode}: nothing reached the driver"
-            );
-        }
-        drop(graph);
-        drop(route);
-        boot.barrier(T).unwrap();
-        bound2.close(boot, T).unwrap();
-        drop(b_high);
-        drop(b_low);
-        drop((stream, src, low, high, peers));
-        assert!(ctx.take_teardown_errors().is_empty());
+            boot.barrier(T).unwrap();
+            if r == 1 {
+                drop(b_high.take()); // rank 1 shrinks what it bound
+            }
+            let bound2 = peers.agree_bound(boot, T).unwrap();
+            if r == 0 {
+                let calls = copy_calls(me);
+                let res: Result<(), Error> = match mode {
+                    2 => graph
+                        .as_mut()
+                        .unwrap()
+                        .launch()
+                        .and_then(|f| f.wait().map(|_| ())),
+                    3 => route
+                        .as_mut()
+                        .unwrap()
+                        .put(0, BYTES + 4096, 64)
+                        .and_then(|f| f.wait().map(|_| ())),
+                    _ => stream
+                        .enqueue(batch.take().unwrap())
+                        .and_then(|f| f.wait().map(|_| ())),
+                };
+                let _ = stream.synchronize();
+                assert!(
+                    matches!(&res, Err(Error::CopyPeerNotBound { peer, .. }) if peer.covered == [(0, BYTES)]),
+                    "mode {mode} on {path:?}: {res:?}"
+                );
+                assert_eq!(
+                    copy_calls(me),
+                    calls,
+                    "mode {mode}: nothing reached the driver"
+                );
+            }
+            drop(graph);
+            drop(route);
+            boot.barrier(T).unwrap();
+            bound2.close(boot, T).unwrap();
+        });
     });
     common::clean(&ranks[0].0, &model);
 }
@@ -138,6 +162,29 @@ fn r13_5_f9_a_copy_made_before_an_agreement_that_says_a_peer_bound_less_is_refus
     stale_unicast_on(0, CopyPath::Portable);
 }
 
+/// As [`with_halves`], for a multicast team of one device per rank.
+fn with_team_halves<R>(
+    r: usize,
+    ctx: &Context,
+    boot: &dyn Bootstrap,
+    f: impl FnOnce(&SharedTeam, &Stream, &Mapped<FabricShareable>, &mut Option<Binding<'_>>) -> R,
+) -> R {
+    let dev = r as i32;
+    let team = team::multicast(ctx, boot, &TeamSpec::new([dev], 2 * BYTES).timeout(T)).unwrap();
+    let low = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+    let high = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+    let b_low = team.endpoint().bind(dev, 0, &low).unwrap();
+    let mut b_high = Some(team.endpoint().bind(dev, BYTES, &high).unwrap());
+    let stream = Stream::new(ctx, dev).unwrap();
+    let src = common::mapped::<FabricShareable>(ctx, dev, BYTES);
+    let out = f(&team, &stream, &src, &mut b_high);
+    drop(b_high);
+    drop(b_low);
+    drop((stream, src, low, high, team));
+    assert!(ctx.take_teardown_errors().is_empty());
+    out
+}
+
 /// Multicast on the fabric path: both ranks bind [0,B) and [B,2B) of a 2B
 /// team; agreement 1; rank 0 warms the memo with one put, then builds a
 /// batch (mode 0: one deferred put; 1: 64 puts through the cursor) into
@@ -145,56 +192,46 @@ fn r13_5_f9_a_copy_made_before_an_agreement_that_says_a_peer_bound_less_is_refus
 fn stale_multicast(mode: u32) {
     let (ranks, model) = node_processes(2);
     on_every_rank(&ranks, Threads::new(2), |r, ctx, me, boot| {
-        let dev = r as i32;
-        let team = team::multicast(ctx, boot, &TeamSpec::new([dev], 2 * BYTES).timeout(T)).unwrap();
-        let low = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let high = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let b_low = team.endpoint().bind(dev, 0, &low).unwrap();
-        let mut b_high = Some(team.endpoint().bind(dev, BYTES, &high).unwrap());
-        let stream = Stream::new(ctx, dev).unwrap();
-        let src = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let bound1 = team.agree_bound(boot, T).unwrap();
-        let ep = bound1.endpoint();
-        let mut batch = None;
-        if r == 0 {
-            stream
-                .enqueue(CopyBatch::new().put(&src, 0, ep, 0, 64))
-                .unwrap()
-                .wait()
-                .unwrap();
-            let mut b = CopyBatch::new();
-            let n = if mode == 0 { 1 } else { 64 };
-            for i in 0..n {
-                b = b.put(&src, i * 64, ep, BYTES + i * 64, 64);
+        with_team_halves(r, ctx, boot, |team, stream, src, b_high| {
+            let bound1 = team.agree_bound(boot, T).unwrap();
+            let ep = bound1.endpoint();
+            let mut batch = None;
+            if r == 0 {
+                stream
+                    .enqueue(CopyBatch::new().put(src, 0, ep, 0, 64))
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                let mut b = CopyBatch::new();
+                let n = if mode == 0 { 1 } else { 64 };
+                for i in 0..n {
+                    b = b.put(src, i * 64, ep, BYTES + i * 64, 64);
+                }
+                batch = Some(b);
             }
-            batch = Some(b);
-        }
-        boot.barrier(T).unwrap();
-        if r == 1 {
-            drop(b_high.take());
-        }
-        let bound2 = team.agree_bound(boot, T).unwrap();
-        if r == 0 {
-            let calls = copy_calls(me);
-            let res = stream
-                .enqueue(batch.take().unwrap())
-                .and_then(|f| f.wait().map(|_| ()));
-            assert!(
-                matches!(&res, Err(Error::CopyPeerNotBound { op: 0, peer, .. }) if peer.rank == 1 && peer.covered == [(0, BYTES)]),
-                "mode {mode}: {res:?}"
-            );
-            assert_eq!(
-                copy_calls(me),
-                calls,
-                "mode {mode}: nothing reached the driver"
-            );
-        }
-        boot.barrier(T).unwrap();
-        bound2.close(boot, T).unwrap();
-        drop(b_high);
-        drop(b_low);
-        drop((stream, src, low, high, team));
-        assert!(ctx.take_teardown_errors().is_empty());
+            boot.barrier(T).unwrap();
+            if r == 1 {
+                drop(b_high.take());
+            }
+            let bound2 = team.agree_bound(boot, T).unwrap();
+            if r == 0 {
+                let calls = copy_calls(me);
+                let res = stream
+                    .enqueue(batch.take().unwrap())
+                    .and_then(|f| f.wait().map(|_| ()));
+                assert!(
+                    matches!(&res, Err(Error::CopyPeerNotBound { op: 0, peer, .. }) if peer.rank == 1 && peer.covered == [(0, BYTES)]),
+                    "mode {mode}: {res:?}"
+                );
+                assert_eq!(
+                    copy_calls(me),
+                    calls,
+                    "mode {mode}: nothing reached the driver"
+                );
+            }
+            boot.barrier(T).unwrap();
+            bound2.close(boot, T).unwrap();
+        });
     });
     common::clean(&ranks[0].0, &model);
 }
@@ -215,58 +252,44 @@ fn r13_5_f9_a_multicast_batch_built_before_an_agreement_that_says_a_member_bound
 /// [0,B)) before rank 0's copy. `stale`: rank 0's batch was built before
 /// the close; else it is built fresh after it.
 fn closed_then_copied(stale: bool, again: bool, path: CopyPath) {
-    let (ranks, model) = node_processes(2);
-    for (ctx, _) in &ranks {
-        ctx.set_copy_path(path);
-    }
+    let (ranks, model) = ranks_on(path, 2);
     on_every_rank(&ranks, Threads::new(2), |r, ctx, me, boot| {
-        let dev = r as i32;
-        let peers =
-            team::unicast_peers(ctx, boot, &PeerSpec::new(dev, 2 * BYTES).timeout(T)).unwrap();
-        let low = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let high = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let b_low = peers.own().bind(dev, 0, &low).unwrap();
-        let mut b_high = Some(peers.own().bind(dev, BYTES, &high).unwrap());
-        let stream = Stream::new(ctx, dev).unwrap();
-        let src = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let first = peers.agree_bound(boot, T).unwrap();
-        let mut batch = (r == 0 && stale)
-            .then(|| CopyBatch::new().put(&src, 0, first.peer(1).unwrap(), BYTES + 4096, 64));
-        let second = peers.agree_bound(boot, T).unwrap();
-        // Every rank closes (R13.7) before rank 1 unbinds.
-        second.close(boot, T).unwrap();
-        if r == 1 {
-            drop(b_high.take());
-        }
-        let third = if again {
-            Some(peers.agree_bound(boot, T).unwrap())
-        } else {
+        with_halves(r, ctx, boot, |peers, stream, src, b_high| {
+            let first = peers.agree_bound(boot, T).unwrap();
+            let mut batch = (r == 0 && stale)
+                .then(|| CopyBatch::new().put(src, 0, first.peer(1).unwrap(), BYTES + 4096, 64));
+            let second = peers.agree_bound(boot, T).unwrap();
+            // Every rank closes (R13.7) before rank 1 unbinds.
+            second.close(boot, T).unwrap();
+            if r == 1 {
+                drop(b_high.take());
+            }
+            let third = if again {
+                Some(peers.agree_bound(boot, T).unwrap())
+            } else {
+                boot.barrier(T).unwrap();
+                None
+            };
+            if r == 0 {
+                let calls = copy_calls(me);
+                let b = batch.take().unwrap_or_else(|| {
+                    CopyBatch::new().put(src, 0, first.peer(1).unwrap(), BYTES + 4096, 64)
+                });
+                let res = stream.enqueue(b).and_then(|f| f.wait().map(|_| ()));
+                // After the close alone nothing is known to be bound; after a
+                // new agreement, what it said.
+                let known: &[(u64, u64)] = if again { &[(0, BYTES)] } else { &[] };
+                assert!(
+                    matches!(&res, Err(Error::CopyPeerNotBound { peer, .. }) if peer.covered == known),
+                    "stale {stale}, again {again}, {path:?}: {res:?}"
+                );
+                assert_eq!(copy_calls(me), calls, "nothing reached the driver");
+            }
             boot.barrier(T).unwrap();
-            None
-        };
-        if r == 0 {
-            let calls = copy_calls(me);
-            let b = batch.take().unwrap_or_else(|| {
-                CopyBatch::new().put(&src, 0, first.peer(1).unwrap(), BYTES + 4096, 64)
-            });
-            let res = stream.enqueue(b).and_then(|f| f.wait().map(|_| ()));
-            // After the close alone nothing is known to be bound; after a
-            // new agreement, what it said.
-            let known: &[(u64, u64)] = if again { &[(0, BYTES)] } else { &[] };
-            assert!(
-                matches!(&res, Err(Error::CopyPeerNotBound { peer, .. }) if peer.covered == known),
-                "stale {stale}, again {again}, {path:?}: {res:?}"
-            );
-            assert_eq!(copy_calls(me), calls, "nothing reached the driver");
-        }
-        boot.barrier(T).unwrap();
-        if let Some(t) = third {
-            t.close(boot, T).unwrap();
-        }
-        drop(b_high);
-        drop(b_low);
-        drop((stream, src, low, high, peers));
-        assert!(ctx.take_teardown_errors().is_empty());
+            if let Some(t) = third {
+                t.close(boot, T).unwrap();
+            }
+        });
     });
     common::clean(&ranks[0].0, &model);
 }
@@ -290,10 +313,7 @@ fn r13_7_after_a_close_no_copy_goes_through_another_bound_form_until_the_ranks_a
 /// end, a route across a join), and an owned heap made after that
 /// agreement, grown, shrunk and grown again.
 fn unicast_inside_what_peers_bound(path: CopyPath) {
-    let (ranks, model) = node_processes(3);
-    for (ctx, _) in &ranks {
-        ctx.set_copy_path(path);
-    }
+    let (ranks, model) = ranks_on(path, 3);
     let outs = on_every_rank(&ranks, Threads::new(3), |r, ctx, me, boot| {
         let dev = r as i32;
         let peers =
@@ -389,10 +409,7 @@ fn r13_5_copies_inside_what_every_peer_bound_go_on_both_paths() {
 /// binds a different but overlapping range of a 4B team: puts inside what
 /// every member bound go, one across either edge is refused.
 fn multicast_inside_what_members_bound(path: CopyPath) {
-    let (all, model) = node_processes(3);
-    for (ctx, _) in &all {
-        ctx.set_copy_path(path);
-    }
+    let (all, model) = ranks_on(path, 3);
     // Rank 0 and rank 1 (three devices); the third process joins nothing.
     let ranks = &all[..2];
     let outs = on_every_rank(ranks, Threads::new(2), |r, ctx, me, boot| {
@@ -564,36 +581,27 @@ fn f5_a_zero_byte_op_past_what_a_peer_bound_goes_as_past_what_this_process_bound
 fn r13_7_after_a_close_no_multicast_put_goes_through_another_bound_team() {
     let (ranks, model) = node_processes(2);
     on_every_rank(&ranks, Threads::new(2), |r, ctx, me, boot| {
-        let dev = r as i32;
-        let team = team::multicast(ctx, boot, &TeamSpec::new([dev], 2 * BYTES).timeout(T)).unwrap();
-        let low = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let high = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let b_low = team.endpoint().bind(dev, 0, &low).unwrap();
-        let mut b_high = Some(team.endpoint().bind(dev, BYTES, &high).unwrap());
-        let stream = Stream::new(ctx, dev).unwrap();
-        let src = common::mapped::<FabricShareable>(ctx, dev, BYTES);
-        let first = team.agree_bound(boot, T).unwrap();
-        let second = team.agree_bound(boot, T).unwrap();
-        second.close(boot, T).unwrap();
-        if r == 1 {
-            drop(b_high.take());
-        }
-        boot.barrier(T).unwrap();
-        if r == 0 {
-            let calls = copy_calls(me);
-            let res = stream
-                .enqueue(CopyBatch::new().put(&src, 0, first.endpoint(), BYTES + 4096, 64))
-                .and_then(|f| f.wait().map(|_| ()));
-            assert!(
-                matches!(&res, Err(Error::CopyPeerNotBound { peer, .. }) if peer.covered.is_empty()),
-                "{res:?}"
-            );
-            assert_eq!(copy_calls(me), calls, "nothing reached the driver");
-        }
-        boot.barrier(T).unwrap();
-        drop(b_high);
-        drop(b_low);
-        drop((stream, src, low, high, team));
+        with_team_halves(r, ctx, boot, |team, stream, src, b_high| {
+            let first = team.agree_bound(boot, T).unwrap();
+            let second = team.agree_bound(boot, T).unwrap();
+            second.close(boot, T).unwrap();
+            if r == 1 {
+                drop(b_high.take());
+            }
+            boot.barrier(T).unwrap();
+            if r == 0 {
+                let calls = copy_calls(me);
+                let res = stream
+                    .enqueue(CopyBatch::new().put(src, 0, first.endpoint(), BYTES + 4096, 64))
+                    .and_then(|f| f.wait().map(|_| ()));
+                assert!(
+                    matches!(&res, Err(Error::CopyPeerNotBound { peer, .. }) if peer.covered.is_empty()),
+                    "{res:?}"
+                );
+                assert_eq!(copy_calls(me), calls, "nothing reached the driver");
+            }
+            boot.barrier(T).unwrap();
+        });
     });
     common::clean(&ranks[0].0, &model);
 }
@@ -613,10 +621,7 @@ fn bound_by(r: usize) -> cuda_endpoints::error::PeerBound {
 /// (R13.5: a copy outside the bound range is undefined behaviour), on
 /// `path`; inside, they move every byte.
 fn copy_past_what_a_peer_bound(path: CopyPath) {
-    let (ranks, model) = node_processes(2);
-    for (ctx, _) in &ranks {
-        ctx.set_copy_path(path);
-    }
+    let (ranks, model) = ranks_on(path, 2);
     on_every_rank(&ranks, Threads::new(2), |r, ctx, me, boot| {
         let dev = r as i32;
         let spec = PeerSpec::new(dev, 2 * BYTES).timeout(T);
@@ -693,8 +698,8 @@ fn r13_5_f9_a_copy_past_what_a_peer_bound_is_refused_naming_the_peer_on_the_port
     copy_past_what_a_peer_bound(CopyPath::Portable);
 }
 
-/// The helper's report of round 27: on the fabric path (13.5) such a put
-/// reached the driver (the model logged F9).
+/// Found by a new user's run in round 27: on the fabric path (13.5) such a
+/// put reached the driver (the model logged F9).
 #[test]
 fn r13_5_f9_a_copy_past_what_a_peer_bound_is_refused_before_the_driver_on_the_fabric_path() {
     copy_past_what_a_peer_bound(CopyPath::Fabric);
