@@ -351,8 +351,9 @@ impl RangeInner {
         slot.bindings.is_empty() && !self.attached.load(Ordering::Relaxed)
     }
 
-    /// A binding list or an agreed top of the range changed (called with
-    /// the range's lock held, a [`SlotGuard`] alive), or an endpoint was
+    /// A binding list, an agreed top or a record of what peers bound of the
+    /// range changed (called with the range's lock held, a [`SlotGuard`]
+    /// alive), or an endpoint was
     /// made on one of its ids (by its owner): counted one at a time.
     #[inline]
     pub fn bindings_changed(&self) {
@@ -366,9 +367,9 @@ impl RangeInner {
         *g = g.wrapping_add(1);
     }
 
-    /// The count of changes to the range's binding lists, agreed tops and
-    /// endpoints so far: facts read under the lock along with it are
-    /// current while it stays.
+    /// The count of changes to the range's binding lists, agreed tops,
+    /// records of what peers bound and endpoints so far: facts read under
+    /// the lock along with it are current while it stays.
     #[inline]
     pub fn bindings_gen(&self) -> u64 {
         self.bindings_gen.load(Ordering::Acquire)
