@@ -1752,12 +1752,20 @@ pub(crate) fn evict_index<T>(
             _ => 1,
         }
     };
-    live()
-        .find(|(_, t)| early(t) && heard(t) == 0)
-        .or_else(|| live().find(|(_, t)| early(t) && heard(t) == 1))
-        .or_else(|| live().find(|(_, t)| early(t)))
-        .or_else(|| live().next())
-        .map(|(i, _)| i)
+    // One pass, at most one peek a connection (a flood fills the queue
+    // with silent ones: the first ends the pass); the oldest of the lowest
+    // tier, past the hello last.
+    let mut best: Option<(u8, usize)> = None;
+    for (i, t) in live() {
+        let tier = if early(t) { heard(t) } else { 3 };
+        if tier == 0 {
+            return Some(i);
+        }
+        if best.is_none_or(|(b, _)| tier < b) {
+            best = Some((tier, i));
+        }
+    }
+    best.map(|(_, i)| i)
 }
 
 /// Whether a presented secret is the job's, in time that does not depend on
