@@ -284,11 +284,7 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// agreement said (`team::agree_bound`): copies outside it are refused
     /// before the driver (F9, R13.5).
     pub(crate) fn set_peers(&self, peers: Vec<crate::error::PeerBound>) {
-        let mut slot = self.slot();
-        slot.set_peers(peers);
-        // Under the lock, as `set_agreed`.
-        self.range.bindings_changed();
-        drop(slot);
+        self.change_peers(|_| peers);
     }
 
     /// This rank stops copying through the endpoint (a close, R13.7): what
@@ -297,15 +293,23 @@ impl<S: State, K: Kind> Endpoint<S, K> {
     /// bound again ([`Error::CopyPeerNotBound`], whichever bound form of
     /// the bring-up names the endpoint).
     pub(crate) fn peers_stop(&self) {
+        self.change_peers(|slot| {
+            slot.peers()
+                .map(|p| crate::error::PeerBound {
+                    covered: Vec::new(),
+                    ..p.clone()
+                })
+                .collect()
+        });
+    }
+
+    /// Replaces the record of what peers bound with `f` of the slot, and
+    /// moves the range's generation under the lock, as `set_agreed` does,
+    /// so that a copy's facts read before know they are stale.
+    fn change_peers(&self, f: impl FnOnce(&SlotGuard<'_>) -> Vec<crate::error::PeerBound>) {
         let mut slot = self.slot();
-        let stopped = slot
-            .peers()
-            .map(|p| crate::error::PeerBound {
-                covered: Vec::new(),
-                ..p.clone()
-            })
-            .collect();
-        slot.set_peers(stopped);
+        let peers = f(&slot);
+        slot.set_peers(peers);
         self.range.bindings_changed();
         drop(slot);
     }

@@ -448,25 +448,7 @@ impl BatchInner {
         let bindings_gen = ep.range().bindings_gen();
         let agreed = slot.agreed();
         let by_handle = if bound_here { slot.by_handle() } else { 0 };
-        let covered = if bound_here {
-            if let ([d], [b]) = (devices, &slot.bindings[..]) {
-                // The usual endpoint: one device, one binding (or none
-                // there: nothing covered), without the general merge.
-                let mut one = Intervals::new();
-                let end = b.offset.saturating_add(b.size);
-                if b.dev == *d && b.offset < end && b.covers() {
-                    one.push((b.offset, end));
-                }
-                one
-            } else {
-                covered_on(&slot, devices)
-            }
-        } else {
-            // Nothing bound here to check: the endpoint's range alone (cut
-            // below to what its peers bound).
-            smallvec::smallvec![(0, ep.size())]
-        };
-        let covered = cut_to_peers(covered, &slot);
+        let covered = covered_of(&slot, bound_here.then_some(devices), ep.size());
         drop(slot);
         EpFacts {
             id: ep.id(),
@@ -705,12 +687,9 @@ impl BatchInner {
             let now = range.bindings_gen();
             let by_handle = slot.by_handle();
             let agreed = slot.agreed();
-            let here = match facts.bound_here {
-                // SAFETY: as in `ep_check`: the batch borrows the endpoint.
-                true => covered_on(&slot, unsafe { devices_of(range, *id) }),
-                false => smallvec::smallvec![(0, facts.ep_size)],
-            };
-            let every = cut_to_peers(here, &slot);
+            // SAFETY: as in `ep_check`: the batch borrows the endpoint.
+            let here = facts.bound_here.then(|| unsafe { devices_of(range, *id) });
+            let every = covered_of(&slot, here, facts.ep_size);
             drop(slot);
             let id = *id;
             if index == 0 {
@@ -753,8 +732,6 @@ unsafe fn devices_of(range: &crate::ledger::RangeInner, id: u32) -> &[Device] {
     unsafe { &range.facts(id).devices }
 }
 
-/// The `[start, end)` intervals bound on every one of `devices` in `slot`
-/// (sorted, disjoint; none when `devices` is empty).
 /// The first peer device whose bytes, as the ranks last agreed, miss an op
 /// of `size` bytes at `offset` of the slot's id (R13.5: a copy outside the
 /// bound range is undefined behaviour); a 0-byte op names bytes of a device
@@ -772,6 +749,32 @@ pub(crate) fn outside_peers<'s>(
     slot.peers().find(|p| !inside(&p.covered))
 }
 
+/// What a copy may reach of the slot's id: the bytes bound on every one of
+/// `devices` here (`None`: nothing bound here to check, the endpoint's
+/// `size` alone), cut to what its peers bound (F9, R13.5).
+#[inline]
+fn covered_of(
+    slot: &crate::ledger::SlotGuard<'_>,
+    devices: Option<&[Device]>,
+    size: u64,
+) -> Intervals {
+    let here = match (devices, &slot.bindings[..]) {
+        // The usual endpoint: one device, one binding (or none there:
+        // nothing covered), without the general merge.
+        (Some([d]), [b]) => {
+            let mut one = Intervals::new();
+            let end = b.offset.saturating_add(b.size);
+            if b.dev == *d && b.offset < end && b.covers() {
+                one.push((b.offset, end));
+            }
+            one
+        }
+        (Some(devices), _) => covered_on(slot, devices),
+        (None, _) => smallvec::smallvec![(0, size)],
+    };
+    cut_to_peers(here, slot)
+}
+
 /// `covered` cut to what each peer device bound on the id, as the last
 /// every-rank-bound agreement said (`team::agree_bound`: F9, R13.5); as it
 /// is before any.
@@ -779,6 +782,8 @@ fn cut_to_peers(covered: Intervals, slot: &crate::ledger::SlotGuard<'_>) -> Inte
     slot.peers().fold(covered, |c, p| intersect(&c, &p.covered))
 }
 
+/// The `[start, end)` intervals bound on every one of `devices` in `slot`
+/// (sorted, disjoint; none when `devices` is empty).
 fn covered_on(slot: &crate::ledger::Slot, devices: &[Device]) -> Intervals {
     let mut every: Option<Intervals> = None;
     for &d in devices {

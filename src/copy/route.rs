@@ -64,11 +64,11 @@ pub struct Route<'a, H: MemShare, S: State, K: Kind> {
     stream: &'a Stream,
     src: &'a Mapped<H>,
     ep: &'a Endpoint<S, K>,
-    /// The endpoint's facts, as a batch's first put reads them, and the
+    /// The endpoint's facts, as a batch's first put reads them, with the
     /// range's bindings generation they are current at (`None` while the
     /// memory or the endpoint is not the usual one: every put then goes
     /// as a batch).
-    facts: Option<(EpFacts, u64)>,
+    facts: Option<EpFacts>,
     /// The memory's address and size (its end does not wrap).
     mem: (u64, u64),
     /// [`as_batch`] at the route's types, made where they are known to be
@@ -154,7 +154,7 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
     /// `None` (nothing enqueued, nothing held) for any other.
     #[inline(always)]
     fn put_usual(&self, at: u64, offset: u64, size: u64) -> super::one::Lane {
-        let (facts, generation) = self.facts.as_ref()?;
+        let facts = self.facts.as_ref()?;
         let (ptr, len) = self.mem;
         // `BatchInner::defer`'s memory check (its end's wrap checked when
         // the facts were read).
@@ -165,7 +165,7 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
         // No wrap: `at < len` and `ptr + len` does not.
         let usual = super::one::Usual {
             from: ptr.wrapping_add(at),
-            generation: *generation,
+            generation: facts.bindings_gen,
         };
         // SAFETY: the route borrows its memory and endpoint for 'a; the put
         // lies inside the memory and the facts' first interval; F2 and the
@@ -185,7 +185,7 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
         let stale = self
             .facts
             .as_ref()
-            .is_none_or(|(_, g)| *g != self.ep.range().bindings_gen());
+            .is_none_or(|f| f.bindings_gen != self.ep.range().bindings_gen());
         if stale {
             self.read_facts();
         }
@@ -206,8 +206,6 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
         let (ctx, dev) = (&self.stream.inner.ctx, self.stream.inner.dev);
         let usual = super::one::on_stream(src, ep, ctx, dev)
             && self.mem.0.checked_add(self.mem.1).is_some();
-        let facts = BatchInner::facts(ep);
-        let generation = facts.bindings_gen;
-        self.facts = usual.then_some((facts, generation));
+        self.facts = usual.then(|| BatchInner::facts(ep));
     }
 }
