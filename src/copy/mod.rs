@@ -84,7 +84,8 @@
 //! keeps the windows' memory alive too.
 //!
 //! **The files.** This one: [`CopyBatch`], its public ops and its state
-//! (`Hot`, `BatchInner`, the cursor, `EpFacts`), and [`CanGet`]; `check.rs`: the
+//! (`BatchInner`, the cursor, `EpFacts`), and [`CanGet`]; `hot.rs`: the
+//! state's part a loop of builder calls keeps in registers; `check.rs`: the
 //! checks as each op comes and at enqueue (ranges, F9, R13.3, F2);
 //! `independence.rs`: F3; `enqueue.rs`: `Stream::enqueue` and the fabric
 //! call; `one.rs`: the one-put lane; `in_flight.rs`: [`InFlight`] and
@@ -103,9 +104,11 @@ use crate::kind::{ImportedUnicast, Kind, Unicast};
 use crate::ledger::holds::Keep;
 use crate::memory::{CopyMemory, Locality};
 use crate::state::{Agreed, IsReady, Sealed, State};
+use hot::Hot;
 
 mod check;
 mod enqueue;
+mod hot;
 mod in_flight;
 mod independence;
 mod memo;
@@ -191,119 +194,6 @@ pub struct CopyBatch<'a> {
     /// frees it: a `Drop` here kept the builder's `put` from inlining.)
     pub(crate) inner: Box<BatchInner>,
     _borrow: PhantomData<&'a ()>,
-}
-
-/// What the fast paths write, out of [`BatchInner`] while the batch is
-/// built: where `inner.list`'s next op goes (the `Vec`'s own length is set
-/// when parked: its ops are plain values, so a stale length leaks nothing)
-/// and the end of its capacity, and the cursor's `put_from`, with its
-/// `mem_ptr` beside, and the memory and endpoint it names (the rest of the
-/// cursor, which only the slow paths write, is read where it is: a compare
-/// reads memory at the cost of a register, and fewer values carried around
-/// a loop of puts spill none).
-#[derive(Clone, Copy)]
-struct Hot {
-    at: *mut CopyOp,
-    stop: *mut CopyOp,
-    mem_ptr: u64,
-    put_from: u64,
-    /// The addresses of the memory and the endpoint an op must name to be
-    /// taken here: the cursor's, or, after a builder call that left the
-    /// cursor naming others, that call's with `stop` at `at` (no room: the
-    /// next op goes cold). So every builder call on them leaves these two
-    /// the same, and in a loop of puts on one memory and endpoint the
-    /// compiler peels the first and drops their compares from the rest:
-    /// 1,024 puts 29,838 -> 24,733 instructions on `Null`
-    /// (`benches/copy_batch.rs`, with the fast path's failure marked cold).
-    mem: usize,
-    ep_at: usize,
-}
-
-// SAFETY: `at` and `stop` point into the batch's own op list buffer (owned
-// by `inner.list`, of `Send + Sync` plain values), written only through
-// the batch.
-unsafe impl Send for Hot {}
-// SAFETY: as `Send`; `&Hot` reads no op.
-unsafe impl Sync for Hot {}
-
-impl Hot {
-    /// `inner`'s list end and cursor.
-    #[inline(always)]
-    fn of(inner: &mut BatchInner) -> Hot {
-        // Raw, not through a slice: it writes past the `Vec`'s length.
-        let base = inner.list.as_mut_ptr();
-        Hot {
-            at: base.wrapping_add(inner.list.len()),
-            stop: base.wrapping_add(inner.list.capacity()),
-            mem_ptr: inner.cursor.mem_ptr,
-            put_from: inner.cursor.put_from,
-            mem: inner.cursor.mem,
-            ep_at: inner.cursor.ep_at,
-        }
-    }
-
-    /// After a cold builder call on the memory at `mem` and the endpoint at
-    /// `ep_at`: the fast paths name them, as the cursor does, or, when the
-    /// cursor names others, have no room until the next cold call.
-    #[inline(always)]
-    fn named(&mut self, mem: usize, ep_at: usize) {
-        if self.mem != mem || self.ep_at != ep_at {
-            self.stop = self.at;
-        }
-        self.mem = mem;
-        self.ep_at = ep_at;
-    }
-
-    /// How many ops the list of `inner` holds with these written.
-    #[inline(always)]
-    fn len(&self, inner: &BatchInner) -> usize {
-        (self.at.addr() - inner.list.as_ptr().addr()) / std::mem::size_of::<CopyOp>()
-    }
-
-    /// Back into `inner`: the list's length and the cursor.
-    #[inline(always)]
-    fn park(self, inner: &mut BatchInner) {
-        let len = self.len(inner);
-        debug_assert!(len <= inner.list.capacity());
-        // Its capacity's end, or `at` (`Hot::named`).
-        debug_assert!(
-            self.stop == inner.list.as_mut_ptr().wrapping_add(inner.list.capacity())
-                || self.stop == self.at
-        );
-        // SAFETY: `inner.list` is the list `self` was taken from (`of`),
-        // unchanged since (every change to it goes through `park` and `of`:
-        // `CopyBatch::cold`): ops `..len` were written by `push`, plain
-        // values, within its capacity.
-        unsafe { inner.list.set_len(len) };
-        // `mem_ptr` is written by the slow paths alone.
-        inner.cursor.put_from = self.put_from;
-    }
-
-    /// Appends `op`, if the list has room.
-    #[inline(always)]
-    fn push(&mut self, op: CopyOp) -> bool {
-        if self.at < self.stop {
-            self.write(op);
-            return true;
-        }
-        false
-    }
-
-    /// Appends `op` where the caller saw room (`at < stop`).
-    #[inline(always)]
-    fn write(&mut self, op: CopyOp) {
-        debug_assert!(self.at < self.stop);
-        // SAFETY: `at` is inside the buffer of `inner.list` (`at < stop`,
-        // its capacity's end, `of`: checked by the callers, `push` and
-        // `extend`), which no `Vec` call moved since (see `park`); the `Vec`
-        // reads it only after `park` set its length over it. The gain, on
-        // `benches/copy_batch.rs` (1,024 typed puts, `Null`): 38,987 →
-        // 32,371 instructions (37.6 → 30.1 per op), with the op list's end
-        // held here by value, which needs it (a `Vec` here would be a drop
-        // on every unwind edge, which keeps the batch in memory).
-        unsafe { self.at.write(op) };
-        self.at = self.at.wrapping_add(1);
-    }
 }
 
 /// The most ops of room the spare's op list keeps (56 bytes each).
