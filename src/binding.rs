@@ -719,11 +719,14 @@ impl<S: State, K: Kind> Endpoint<S, K> {
             } else {
                 slot.bindings.push(bound);
             }
-            self.range().bindings_changed();
             // The portable path reaches memory bound by address at its
             // address (`crate::copy::portable`); by handle it has none here.
+            // Either moves the bindings generation once (a window's push
+            // does): one locked add, not two.
             if let Some((_, a, _)) = addr {
                 slot.push_window(crate::window::Window::local(dev, offset, size, a));
+            } else {
+                self.range().bindings_changed();
             }
         }
         let d = ctx.driver();

@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 
 use super::independence::dependent;
 use super::memo::{Memo, imported};
+use super::portable::LocalWindow;
 use super::{BatchInner, Cursor, EpFacts, Hot, Intervals};
 use crate::driver::{Device, Location, Operand, Pointer};
 use crate::endpoint::Endpoint;
@@ -456,6 +457,12 @@ impl BatchInner {
         let agreed = slot.agreed();
         let by_handle = if bound_here { slot.by_handle() } else { 0 };
         let covered = covered_of(&slot, bound_here.then_some(devices), ep.size());
+        let first = covered.first().map(|&(start, _)| start);
+        let local = if bound_here {
+            LocalWindow::of(&slot, devices, ep.facts().team_size, first)
+        } else {
+            None
+        };
         drop(slot);
         EpFacts {
             id: ep.id(),
@@ -466,6 +473,7 @@ impl BatchInner {
             agreed,
             by_handle,
             align: ep.facts().align,
+            local,
         }
     }
 

@@ -104,8 +104,17 @@ impl Stream {
         debug_assert!(inner.list.is_empty());
         let lane = match &inner.pending {
             // SAFETY: the deferred put of a batch of that put alone, which
-            // borrows what it names for 'a.
-            Some(d) => unsafe { d.lane(self) },
+            // borrows what it names for 'a. The memo is the one it was
+            // checked against (`defer`): no builder call came between.
+            Some(d) => {
+                debug_assert!(
+                    inner
+                        .memo
+                        .as_ref()
+                        .is_some_and(|m| m.generation == d.generation)
+                );
+                unsafe { d.lane(self, inner.memo.as_ref().and_then(|m| m.local.as_ref())) }
+            }
             None => None,
         };
         if let Some(made) = lane {

@@ -3,6 +3,7 @@
 //! few of them a batch's first put reads.
 
 use super::EpFacts;
+use super::portable::LocalWindow;
 use crate::endpoint::Endpoint;
 use crate::kind::{ImportedMulticast, ImportedUnicast, Kind};
 use crate::state::State;
@@ -49,6 +50,9 @@ pub(crate) struct Memo {
     /// `benches/report.sh`'s runs at `c843b04` and `801abf2`).
     window: Option<(u64, u64)>,
     agreed: Option<u64>,
+    /// `eps[0]`'s window where a put inside `window` lands on the portable
+    /// path (`portable/local.rs`).
+    pub(super) local: Option<LocalWindow>,
 }
 
 impl Memo {
@@ -69,6 +73,7 @@ impl Memo {
             imported: imported::<K>(),
             window: window(facts),
             agreed: facts.agreed,
+            local: facts.local,
         })
     }
 
@@ -180,6 +185,7 @@ mod tests {
             agreed,
             by_handle: 0,
             align: 1,
+            local: None,
         }
     }
 
@@ -192,6 +198,7 @@ mod tests {
             imported: false,
             window: window(facts),
             agreed: facts.agreed,
+            local: None,
         }
     }
 

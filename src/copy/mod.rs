@@ -375,6 +375,9 @@ pub(crate) struct EpFacts {
     by_handle: usize,
     /// Its bind alignment, the unit of [`crate::ledger::Bound::handle_at`].
     align: u64,
+    /// Where a put inside its first covered interval lands on the portable
+    /// path, read with `covered` (`portable/local.rs`).
+    local: Option<portable::LocalWindow>,
 }
 
 impl BatchInner {

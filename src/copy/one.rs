@@ -35,6 +35,7 @@ use std::ptr::NonNull;
 
 use smallvec::SmallVec;
 
+use super::portable::LocalWindow;
 use super::{BatchInner, Cursor, InFlight};
 use crate::CopyPath;
 use crate::context::Context;
@@ -61,11 +62,11 @@ pub(crate) struct Deferred {
     offset: u64,
     size: u64,
     /// The bindings generation of the endpoint's facts it passed against.
-    generation: u64,
+    pub(super) generation: u64,
     /// [`make`] at the put's types.
     make: unsafe fn(&mut BatchInner, &Deferred),
     /// [`lane`] at the put's types.
-    lane: unsafe fn(&Deferred, &Stream) -> Lane,
+    lane: unsafe fn(&Deferred, &Stream, Option<&LocalWindow>) -> Lane,
 }
 
 // SAFETY: a `Deferred` stands for the shared borrows `&Mapped<H>` and
@@ -115,9 +116,9 @@ impl Deferred {
     /// borrows what the put names for as long as the token made of the
     /// answer ([`answer`], at the borrow of `stream`) may live.
     #[inline(always)]
-    pub(super) unsafe fn lane(&self, stream: &Stream) -> Lane {
+    pub(super) unsafe fn lane(&self, stream: &Stream, local: Option<&LocalWindow>) -> Lane {
         // SAFETY: the caller's contract.
-        unsafe { (self.lane)(self, stream) }
+        unsafe { (self.lane)(self, stream, local) }
     }
 }
 
@@ -153,11 +154,14 @@ fn lane_error(ctx: &Context, call: Call, code: crate::Code) -> Error {
 }
 
 /// What the lane's checks at the put's types found: the put's source
-/// address and the bindings generation its facts were read at.
+/// address, the bindings generation its facts were read at, and their
+/// window on the portable path (`portable/local.rs`; `None`: where the put
+/// lands is found under the lock at the put, `one_piece`).
 #[derive(Clone, Copy)]
-pub(super) struct Usual {
+pub(super) struct Usual<'l> {
     pub(super) from: u64,
     pub(super) generation: u64,
+    pub(super) local: Option<&'l LocalWindow>,
 }
 
 /// [`BatchInner::materialize`] at the put's types: the put made as
@@ -220,7 +224,11 @@ unsafe fn make<H: MemShare, S: State, K: Kind>(inner: &mut BatchInner, d: &Defer
 ///
 /// # Safety
 /// [`Deferred::parts`]'s, for as long as `stream`.
-unsafe fn lane<H: MemShare, S: State, K: Kind>(d: &Deferred, stream: &Stream) -> Lane {
+unsafe fn lane<H: MemShare, S: State, K: Kind>(
+    d: &Deferred,
+    stream: &Stream,
+    local: Option<&LocalWindow>,
+) -> Lane {
     // SAFETY: the caller's contract.
     let (mem, ep) = unsafe { d.parts::<H, S, K>() };
     let s = &stream.inner;
@@ -231,6 +239,7 @@ unsafe fn lane<H: MemShare, S: State, K: Kind>(d: &Deferred, stream: &Stream) ->
     let usual = Usual {
         from: mem.device_ptr().wrapping_add(d.at),
         generation: d.generation,
+        local,
     };
     // SAFETY: `defer` made every check of the builder against the facts
     // read at `d.generation`, F2 and the contexts just above; the batch
@@ -291,7 +300,7 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
     stream: &Stream,
     mem: &Mapped<H>,
     ep: &Endpoint<S, K>,
-    usual: Usual,
+    usual: Usual<'_>,
     offset: u64,
     size: u64,
 ) -> Lane {
@@ -337,8 +346,17 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
         }
     } else {
         let mut keep = keep_of(mem, ep);
-        // SAFETY: the endpoint on `id` is borrowed for as long as `stream`.
-        let c = unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?;
+        let c = match usual.local.and_then(|w| w.to(offset, size)) {
+            // The window of the facts, read with them at `usual.generation`
+            // (compared above, inside the gate: every change to the
+            // windows moves it): no lock, no walk of the windows.
+            Some(to) => super::portable::one_copy(usual.from, to, size)?,
+            // SAFETY: the endpoint on `id` is borrowed for as long as
+            // `stream`.
+            None => {
+                unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?
+            }
+        };
         let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
             inner.record(std::mem::take(k));
         });

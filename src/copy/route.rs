@@ -166,6 +166,7 @@ impl<'a, H: MemShare, S: State, K: Kind> Route<'a, H, S, K> {
         let usual = super::one::Usual {
             from: ptr.wrapping_add(at),
             generation: facts.bindings_gen,
+            local: facts.local.as_ref(),
         };
         // SAFETY: the route borrows its memory and endpoint for 'a; the put
         // lies inside the memory and the facts' first interval; F2 and the

@@ -50,7 +50,7 @@ impl SlotGuard<'_> {
     /// Records the fabric handle of this id's attachment; returns the one it
     /// replaces.
     pub fn set_fabric(&mut self, handle: [u8; 64]) -> Option<[u8; 64]> {
-        self.attached.store(true, Ordering::Relaxed);
+        self.range.attached.store(true, Ordering::Relaxed);
         let id = self.id;
         match self.shared.fabric.iter_mut().find(|(i, _)| *i == id) {
             Some((_, f)) => Some(std::mem::replace(f, handle)),
@@ -108,9 +108,12 @@ impl SlotGuard<'_> {
         of_id(&self.shared.windows, self.id)
     }
 
-    /// Adds a window to this id.
+    /// Adds a window to this id. Moves the range's bindings generation, as
+    /// every change to the windows does: a copy's facts that say where a put
+    /// lands (`crate::copy::EpFacts`'s `local`) are read at one.
     pub fn push_window(&mut self, w: crate::window::Window) {
-        self.attached.store(true, Ordering::Relaxed);
+        self.range.attached.store(true, Ordering::Relaxed);
+        self.range.bindings_changed();
         let id = self.id;
         self.shared.windows.push((id, w));
     }
@@ -139,6 +142,10 @@ impl SlotGuard<'_> {
             .into_iter()
             .partition(|(i, w)| *i == id && remove(w));
         self.shared.windows = keep;
+        if !out.is_empty() {
+            // As `push_window`.
+            self.range.bindings_changed();
+        }
         out.into_iter().map(|(_, w)| w).collect()
     }
 }

@@ -82,9 +82,10 @@ pub(crate) struct Facts {
 /// thread would wait for ever.
 pub(crate) struct SlotGuard<'a> {
     shared: MutexGuard<'a, Attachments>,
-    /// The range's [`RangeInner::attached`], set before an attachment is
-    /// recorded.
-    attached: &'a AtomicBool,
+    /// The range: its [`RangeInner::attached`], set before an attachment is
+    /// recorded, and its bindings generation, moved by a change to the
+    /// windows (`attach.rs`), which copies' facts read too.
+    range: &'a RangeInner,
     id: u32,
     /// Into the id's record; valid, and only reached through this guard,
     /// while `shared` holds the lock.
@@ -154,7 +155,7 @@ impl<'a> RecordRef<'a> {
         let slot = NonNull::from(&self.rec.slot.0).cast::<Slot>();
         SlotGuard {
             shared,
-            attached: &self.range.attached,
+            range: self.range,
             id: self.id,
             slot,
         }
@@ -228,8 +229,8 @@ pub(crate) struct RangeInner {
     pub(crate) released: bool,
     /// The context's spare: released, `ctx` already let go.
     pub(crate) spare: bool,
-    /// Moves on every change to a binding list or an agreed top of the
-    /// range (under the lock, or through `&mut`), and on every endpoint
+    /// Moves on every change to a binding list, a window list or an agreed
+    /// top of the range (under the lock, or through `&mut`), and on every endpoint
     /// made, imported or enrolled on one of its ids (by its owner, who
     /// holds it by value), so that facts read from them earlier (a copy
     /// batch's, F9, R13.3) are known stale without a lock
@@ -367,8 +368,8 @@ impl RangeInner {
         *g = g.wrapping_add(1);
     }
 
-    /// The count of changes to the range's binding lists, agreed tops,
-    /// records of what peers bound and endpoints so far: facts read under
+    /// The count of changes to the range's binding lists, windows, agreed
+    /// tops, records of what peers bound and endpoints so far: facts read under
     /// the lock along with it are current while it stays.
     #[inline]
     pub fn bindings_gen(&self) -> u64 {

@@ -413,6 +413,76 @@ fn a_peer_window_on_a_unicast_endpoint_this_process_owns_is_refused_naming_the_f
     clean(&ctx, &model);
 }
 
+/// Issue 30: the usual put (a batch of one put, a route's put) lands where
+/// the endpoint's windows say at the put, not where they said when its
+/// facts were read: the window the facts keep (`copy/portable/local.rs`)
+/// is the first bound interval's, a put past it goes through the next
+/// window, and after an unbind and a bind of other memory at the same
+/// offsets the same route and the next batch land in the new memory, the
+/// old left as it was. One `cuMemcpyAsync` a put, as a raw program's.
+#[test]
+fn issue_30_the_usual_put_lands_where_the_windows_say_at_the_put() {
+    let (ctx, model) = node(13030);
+    let ep = common::ready_unicast(&ctx, 0, 2 * ALIGN, T);
+    let (a, b, c) = (mapped(&ctx, 0), mapped(&ctx, 0), mapped(&ctx, 0));
+    let src = mapped(&ctx, 0);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let ba = ep.bind(0, 0, &a).unwrap();
+    // Adjacent: one interval bound, two windows.
+    let bb = ep.bind(0, ALIGN, &b).unwrap();
+    let mut route = stream.route(&src, &ep);
+    let before = copies(&model);
+    // The first batch reads the facts; the next ones take them from the
+    // memo, as the route does from the start.
+    for (round, seed) in (1..=3u8).enumerate() {
+        let bytes = pattern(seed, 256);
+        model.write(src.device_ptr(), &bytes).unwrap();
+        for offset in [64, ALIGN + 64] {
+            stream
+                .enqueue(CopyBatch::new().put(&src, 0, &ep, offset, 256))
+                .unwrap()
+                .wait()
+                .unwrap();
+            route.put(0, offset + 512, 256).unwrap().wait().unwrap();
+        }
+        for (mem, at) in [(&a, 64), (&a, 576), (&b, 64), (&b, 576)] {
+            assert_eq!(
+                model.read(mem.device_ptr() + at, 256).unwrap(),
+                bytes,
+                "round {round}, {at} bytes into {:#x}",
+                mem.device_ptr()
+            );
+        }
+    }
+    // Other memory at the first window's offsets.
+    ba.unbind().unwrap();
+    let bc = ep.bind(0, 0, &c).unwrap();
+    let old = model.read(a.device_ptr(), 1024).unwrap();
+    for seed in 4..=5u8 {
+        let bytes = pattern(seed, 256);
+        model.write(src.device_ptr(), &bytes).unwrap();
+        stream
+            .enqueue(CopyBatch::new().put(&src, 0, &ep, 64, 256))
+            .unwrap()
+            .wait()
+            .unwrap();
+        route.put(0, 576, 256).unwrap().wait().unwrap();
+        assert_eq!(model.read(c.device_ptr() + 64, 256).unwrap(), bytes);
+        assert_eq!(model.read(c.device_ptr() + 576, 256).unwrap(), bytes);
+        assert_eq!(
+            model.read(a.device_ptr(), 1024).unwrap(),
+            old,
+            "the old memory"
+        );
+    }
+    portable_in_trace(&model, before, 16, 0);
+    drop(route);
+    drop(stream);
+    drop((bb, bc));
+    drop((a, b, c, src, ep));
+    clean(&ctx, &model);
+}
+
 /// Issue 30, item 5: on a driver with `cuMemcpyBatchAsync` (12.8+; here
 /// 13.3), a batch of several puts, or of several gets, between device
 /// memory and an endpoint's windows reaches the driver as one

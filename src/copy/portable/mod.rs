@@ -57,7 +57,8 @@
 //! first; and the mapping of each peer window a copy goes through, once
 //! (a window can be replaced or removed without a settle).
 //!
-//! The files: this one (an endpoint's windows, the enqueue), `view.rs`
+//! The files: this one (an endpoint's windows, the enqueue), `local.rs`
+//! (the usual put's window, read with an endpoint's facts), `view.rs`
 //! ([`View`], resolving the ops, `one_piece`, [`Holds`]) and `call.rs`
 //! (which call carries the pieces).
 
@@ -250,8 +251,10 @@ impl<S: State + IsReady, K: Kind> Endpoint<S, K> {
 }
 
 mod call;
+mod local;
 mod view;
 use call::*;
+pub(crate) use local::{LocalWindow, one_copy};
 use view::*;
 
 /// [`view::one_piece`] of the batch of `op` alone on `endpoints`: the
