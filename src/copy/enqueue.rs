@@ -103,17 +103,19 @@ impl Stream {
         // builder call made it first (`CopyBatch::cold`).
         debug_assert!(inner.list.is_empty());
         let lane = match &inner.pending {
-            // SAFETY: the deferred put of a batch of that put alone, which
-            // borrows what it names for 'a. The memo is the one it was
-            // checked against (`defer`): no builder call came between.
             Some(d) => {
+                // The memo is the one it was checked against (`defer`): no
+                // builder call came between.
                 debug_assert!(
                     inner
                         .memo
                         .as_ref()
                         .is_some_and(|m| m.generation == d.generation)
                 );
-                unsafe { d.lane(self, inner.memo.as_ref().and_then(|m| m.local.as_ref())) }
+                let local = inner.memo.as_ref().and_then(|m| m.local.as_ref());
+                // SAFETY: the deferred put of a batch of that put alone,
+                // which borrows what it names for 'a.
+                unsafe { d.lane(self, local) }
             }
             None => None,
         };

@@ -351,9 +351,9 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
             // (compared above, inside the gate: every change to the
             // windows moves it): no lock, no walk of the windows.
             Some(to) => super::portable::one_copy(usual.from, to, size)?,
-            // SAFETY: the endpoint on `id` is borrowed for as long as
-            // `stream`.
             None => {
+                // SAFETY: the endpoint on `id` is borrowed for as long as
+                // `stream`.
                 unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?
             }
         };
