@@ -569,6 +569,7 @@ impl BatchInner {
                         device: dev,
                         offset,
                         size,
+                        bound: merged(ranges).into_iter().collect(),
                     });
                 }
             }

@@ -95,7 +95,7 @@ pub enum Error {
     /// A size, offset or address that must be a multiple of the bind
     /// alignment (SPEC R2.3, R5.3, R6.3) or of the allocation granularity.
     #[error(
-        "{what} = {value} bytes is not a multiple of the {alignment_kind} ({alignment} bytes) ({rule}); use {what} = {suggested} bytes, the nearest valid multiple"
+        "{what} = {value} bytes is not a multiple of the {alignment_kind} ({alignment} bytes) ({rule}); use {what} = {suggested} bytes, the next valid multiple up (or down, where up does not fit)"
     )]
     Misaligned {
         /// Which argument.
@@ -106,7 +106,8 @@ pub enum Error {
         alignment: u64,
         /// Which alignment that is.
         alignment_kind: Alignment,
-        /// The nearest valid value (rounded up where that is valid), in bytes.
+        /// A valid value: the next multiple up where that fits, else the
+        /// one below, in bytes.
         suggested: u64,
         /// The SPEC rule.
         rule: Rule,
@@ -277,7 +278,8 @@ pub enum Error {
     /// An op of a copy batch reaches endpoint bytes that this process knows
     /// are not bound on a device of the endpoint (F9, R13.3).
     #[error(
-        "copy op {op}: endpoint {id} bytes {offset}..{end} are not bound on {device} (F9, R13.3); bind memory there first (and, across processes, wait until every rank bound)",
+        "copy op {op}: endpoint {id} bytes {offset}..{end} are not all bound on {device} (F9, R13.3); {}",
+        not_bound_fix(bound),
         end = offset.saturating_add(*size)
     )]
     CopyNotBound {
@@ -291,6 +293,9 @@ pub enum Error {
         offset: u64,
         /// Size, in bytes.
         size: u64,
+        /// What this process bound on that device: `[start, end)` of the
+        /// endpoint, merged, in order.
+        bound: Box<[(u64, u64)]>,
     },
 
     /// An op of a copy batch reaches endpoint bytes outside what a peer

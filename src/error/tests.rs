@@ -82,17 +82,21 @@ fn a_wrong_device_and_a_misaligned_value_read_as_words_with_the_value_to_use() {
         rule: Rule::R5_2,
     };
     assert!(e.to_string().ends_with("bind on one of: device 0"), "{e}");
+    // As `bind` makes it: 4096 rounded up, the endpoint being large enough.
     let e = Error::Misaligned {
         what: Arg::BindOffset,
         value: 4096,
         alignment: 2 << 20,
         alignment_kind: Alignment::BindAlignment,
-        suggested: 0,
+        suggested: 2 << 20,
         rule: Rule::R5_3,
     };
     let msg = e.to_string();
     assert!(
-        msg.contains("(R5.3); use ") && msg.ends_with(" = 0 bytes, the nearest valid multiple"),
+        msg.contains("(R5.3); use ")
+            && msg.ends_with(
+                " = 2097152 bytes, the next valid multiple up (or down, where up does not fit)"
+            ),
         "{msg}"
     );
     assert!(!msg.contains("Device("), "{msg}");

@@ -170,20 +170,40 @@ pub(super) fn timeout_fix(multicast: bool) -> &'static str {
 /// A peer's bound bytes, the first few: a message stays short whatever
 /// it bound.
 fn spans_of(p: &super::PeerBound) -> String {
+    spans(&p.covered)
+}
+
+/// `[start, end)` spans as words: "bytes a..b, c..d" (the first few), or
+/// "no bytes".
+fn spans(covered: &[(u64, u64)]) -> String {
     const SHOWN: usize = 8;
-    let mut spans: Vec<String> = p
-        .covered
+    let mut spans: Vec<String> = covered
         .iter()
         .take(SHOWN)
         .map(|(a, b)| format!("{a}..{b}"))
         .collect();
-    if p.covered.len() > SHOWN {
-        spans.push(format!("and {} more", p.covered.len() - SHOWN));
+    if covered.len() > SHOWN {
+        spans.push(format!("and {} more", covered.len() - SHOWN));
     }
     if spans.is_empty() {
         return "no bytes".to_owned();
     }
     format!("bytes {}", spans.join(", "))
+}
+
+/// What to do about [`Error::CopyNotBound`](super::Error::CopyNotBound),
+/// with what this process bound on that device.
+pub(super) fn not_bound_fix(bound: &[(u64, u64)]) -> String {
+    let across = "; across processes, copy only after every rank bound and agreed (`agree_bound`)";
+    if bound.is_empty() {
+        return format!(
+            "nothing is bound there in this process: bind memory there first and keep its `Binding` (one dropped unbinds, as `let _ = ep.bind(..)` does at once){across}"
+        );
+    }
+    format!(
+        "this process bound {} there: copy inside those bytes, or bind memory over the rest (a dropped `Binding` unbinds){across}",
+        spans(bound)
+    )
 }
 
 /// What to do about [`Error::CopyPeerNotBound`](super::Error::CopyPeerNotBound).

@@ -504,6 +504,54 @@ fn f9_an_endpoint_range_only_partly_bound_is_refused() {
     drop(b);
 }
 
+/// A typed copy partly past this process's bound bytes is refused before
+/// the driver naming what this process bound on the device and the fix;
+/// with nothing bound there, it says so and that a dropped `Binding`
+/// unbinds (a new user's `let _ = ep.bind(..)`).
+#[test]
+fn f9_a_copy_partly_past_the_bound_bytes_names_what_this_process_bound_and_the_fix() {
+    let (ctx, model) = node();
+    let src = mapped(&ctx, 0);
+    let owner = mapped(&ctx, 0);
+    let ep = unicast(&ctx, 0, 2 * ALIGN);
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let put = |at: u64| {
+        stream
+            .enqueue(CopyBatch::new().put(&src, 0, &ep, at, 4096))
+            .map(|_| ())
+            .unwrap_err()
+    };
+    let e = put(0);
+    let msg = e.to_string();
+    assert!(
+        matches!(&e, Error::CopyNotBound { op: 0, offset: 0, size: 4096, bound, .. } if bound.is_empty()),
+        "{e:?}"
+    );
+    assert!(
+        msg.contains("nothing is bound there in this process")
+            && msg.contains("one dropped unbinds")
+            && msg.contains("`agree_bound`"),
+        "{msg}"
+    );
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let e = put(ALIGN - 1024);
+    let msg = e.to_string();
+    assert!(
+        matches!(&e, Error::CopyNotBound { device: Device(0), bound, .. } if **bound == [(0, ALIGN)]),
+        "{e:?}"
+    );
+    assert!(
+        msg.contains(&format!(
+            "bytes {}..{} are not all bound on device 0",
+            ALIGN - 1024,
+            ALIGN + 3072
+        )) && msg.contains(&format!("this process bound bytes 0..{ALIGN} there")),
+        "{msg}"
+    );
+    common::no_violations(&model.violations());
+    drop(b);
+}
+
 #[test]
 fn r13_3_a_copy_the_stream_reaches_before_the_owner_bound_is_caught() {
     let (ctx, model) = node();

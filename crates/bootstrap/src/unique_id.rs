@@ -83,12 +83,14 @@ impl FromStr for UniqueId {
             .ok_or_else(|| syntax("address"))?;
         let job = parts
             .next()
-            .filter(|j| j.len() == 16)
+            // Hex digits only: `from_str_radix` takes a leading `+`, and one
+            // id has one spelling.
+            .filter(|j| j.len() == 16 && j.bytes().all(|c| c.is_ascii_hexdigit()))
             .and_then(|j| u64::from_str_radix(j, 16).ok())
             .ok_or_else(|| syntax("job"))?;
         let hex = parts
             .next()
-            .filter(|h| h.len() == 32 && h.is_ascii())
+            .filter(|h| h.len() == 32 && h.bytes().all(|c| c.is_ascii_hexdigit()))
             .ok_or_else(|| syntax("secret"))?;
         let mut secret = [0u8; 16];
         for (i, b) in secret.iter_mut().enumerate() {
@@ -326,6 +328,9 @@ mod tests {
             "cebs1",
             "cebs2/127.0.0.1:1/0000000000000000/00000000000000000000000000000000",
             "cebs1/x/0/0",
+            // One spelling an id: no sign before a field's hex digits.
+            "cebs1/127.0.0.1:1/+000000000000007/00000000000000000000000000000000",
+            "cebs1/127.0.0.1:1/0000000000000007/+0000000000000000000000000000000",
         ] {
             assert!(bad.parse::<UniqueId>().is_err(), "{bad}");
         }
