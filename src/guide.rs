@@ -82,7 +82,7 @@ pub mod reading_the_compiler {
     //!
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
-    //! | `id.bind(dev, 0, &mem)` on a `Reserved` id | the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `Reserved` | `id.create(spec)?.wait(timeout)?`, then bind on what `wait` returns | R3.1, R5.1 | `state_bind_on_reserved` |
+    //! | `id.bind(dev, 0, &mem)` on a `Reserved` id | the endpoint is not ready: binding memory, copies and `kernel_ref` need a `Ready` endpoint, but this endpoint is `Reserved` | `id.create(spec)?.wait(timeout)?`, then bind on what `wait` returns | R3.1, R5.1 | `state_bind_on_reserved` |
     //! | `ep.bind(..)` right after `create` | ... but this endpoint is `cuda_endpoints::Pending` | `let ep = ep.wait(timeout)?;` (or loop on `.poll()`), then bind | R3.1, R5.1 | `state_bind_on_pending` |
     //! | `ep.kernel_ref()` right after `create` | ... but this endpoint is `cuda_endpoints::Pending` | wait first: a kernel must never see an endpoint under construction | R3.4 | `state_kernel_ref_on_pending` |
     //! | `id.export()` on a reserved id | `export` needs a created endpoint, but this id is `Reserved` | create from an `.exportable()` spec first; a pending endpoint may be exported (spread teams are exported before they are complete) | R8 | `state_export_on_reserved` |
@@ -110,7 +110,7 @@ pub mod reading_the_compiler {
     //! | `.poll()` on a team with devices missing | the same | the same | R3.2, R4.4 | `team_poll_incomplete` |
     //! | [`wait_all`](crate::wait_all) over teams with devices missing | the same, at the `wait_all` argument | the same, for every team in the list | R3.2, R3.5 | `team_wait_all_incomplete` |
     //! | a third `add_device` on `Spec::team(U2::new(), ..)` | this multicast team is already complete: it has no room for another device | drop the call, or create a larger team | R4.2 | `team_one_device_too_many` |
-    //! | `bind` on `Spec::team(U2::new(), ..)` with one device enrolled | the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `cuda_endpoints::Pending` (the note: a `Spec::team(..)` team needs every device of the team enrolled before it can be waited for) | `add_device` every device of the team, `wait`, then bind on what `wait` returns | R3.1, R3.2, R4.4 | `team_bind_incomplete` |
+    //! | `bind` on `Spec::team(U2::new(), ..)` with one device enrolled | the endpoint is not ready: binding memory, copies and `kernel_ref` need a `Ready` endpoint, but this endpoint is `cuda_endpoints::Pending` (the note: a `Spec::team(..)` team needs every device of the team enrolled before it can be waited for) | `add_device` every device of the team, `wait`, then bind on what `wait` returns | R3.1, R3.2, R4.4 | `team_bind_incomplete` |
     //! | `bind_part` on a team with devices missing | the same | the same | R3.1, R3.2, R4.4 | `team_bind_part_incomplete` |
     //! | `kernel_ref()` on a team with devices missing | the same | the same: a kernel must never see a team under construction | R3.2, R3.4 | `team_kernel_ref_incomplete` |
     //! | `export()` on a `Spec::team(..)` team created without `.exportable()` | `export` needs an endpoint created with fabric handles (`.exportable()`), but this endpoint is `Local` | create from `Spec::team(size, bytes).exportable()`; a pending team may be exported, so the other ranks can import it | R8.1 | `team_export_incomplete_not_exportable` |
@@ -128,7 +128,7 @@ pub mod reading_the_compiler {
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
     //! | `bind` on an imported unicast endpoint | an imported unicast endpoint accepts no memory: binding on it is not allowed | bind in the exporting process; here, pass `kernel_ref()` to kernels | R5.7 | `memory_bind_on_imported_unicast` |
-    //! | `bind` on an imported team by hand, before the wait (and so before every rank enrolled) | the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `Pending` | use `team::multicast`, whose agreement steps order enrollment, wait and bind across ranks; by hand, `.wait(timeout)` first | R3.1, R3.2, R4.4 | `team_bind_before_agreement` |
+    //! | `bind` on an imported team by hand, before the wait (and so before every rank enrolled) | the endpoint is not ready: binding memory, copies and `kernel_ref` need a `Ready` endpoint, but this endpoint is `Pending` | use `team::multicast`, whose agreement steps order enrollment, wait and bind across ranks; by hand, `.wait(timeout)` first | R3.1, R3.2, R4.4 | `team_bind_before_agreement` |
     //! | a copy (`put`, `get`, `put_host`, `get_host`) through `team.endpoint()` or `peers.peer(r)` before the ranks agreed that every rank bound | no copy through a team's endpoint before its ranks agreed that every rank bound its memory (R13.3): this endpoint is `TeamReady` | bind, then `team.agree_bound(&boot, timeout)?` on every rank, and copy through the endpoints of what it returns | R13.3 | `team_copy_before_agree_bound` |
     //! | `stream.route(&src, team.endpoint())` before the ranks agreed that every rank bound | the same message, once, at the route (its `put` adds none) | as above: route into `bound.endpoint()` or `bound.peer(rank)` | R13.3 | `team_route_before_agree_bound` |
     //! | a copy through `team.into_endpoint()`, the team's endpoint owned before any agreement | the same message: the owned endpoint is still `TeamReady` | `team.into_bound([(dev, offset, mem)], &boot, timeout)?` on every rank: it binds, agrees, and hands back an `OwnedTeam` that copies | R13.3 | `team_copy_through_owned_endpoint_before_agreement` |
@@ -216,6 +216,7 @@ pub mod reading_the_compiler {
     //!
     //! | you wrote | the compiler says | the fix | rule | case |
     //! | --- | --- | --- | --- | --- |
+    //! | `put(.., &ep, ..)` (or any copy, a `route`) through an endpoint not yet waited for (`Pending`) | the endpoint is not ready: binding memory, copies and `kernel_ref` need a `Ready` endpoint, but this endpoint is `cuda_endpoints::Pending` | `.wait(timeout)?` first and copy through the `Endpoint<Ready, _>` it returns (a bring-up's endpoint: after `agree_bound`, above) | R3.1, F9 | `copy_put_on_pending` |
     //! | `put(&alloc, ..)` (or `get`, a strided op, `route`) with an [`Allocation`](crate::Allocation) not mapped | a copy's memory argument is a `&Mapped` (memory mapped in this process), and `&Allocation` is not one (F1) | `let mapped = alloc.map(&[dev])?;`, then pass `&mapped`: a copy works on addresses, which an allocation has only once mapped (`bind` takes both) | F1 | `copy_put_from_unmapped_allocation` |
     //! | `put(&bytes, ..)` with host bytes (a `Vec<u8>`, a slice) | the same, `&Vec<u8>` is not one (F1) | `put_host(bytes, &ep, offset)`, and `get_host(&ep, offset, size)` to read into a new host buffer: the batch owns the buffer until the copy is waited | F1 | `copy_put_from_host_bytes` |
     //! | `get(&dst, 0, &ep, 0, n)`: a get in `put`'s order | the same, `&Endpoint<..>` is not one (F1), and `E0308` expected `&Endpoint<_, _>`, found `&Mapped` | the endpoint first in a get, as the copy reads: `get(&ep, offset, &dst, dst_offset, size)`; the memory first in a put | F1 | `copy_get_arguments_swapped` |
@@ -423,6 +424,7 @@ pub mod misuse_cases {
         copy_graph_unbind_while_graph_lives: E0505,
         copy_put_from_host_bytes: E0277,
         copy_put_from_unmapped_allocation: E0277,
+        copy_put_on_pending: E0277,
         copy_route_drop_mapped_while_in_flight: E0505,
         copy_unbind_while_in_flight: E0505,
         lint_binding_discarded: lint,

@@ -107,11 +107,11 @@ impl CanEnroll for Pending {}
 pub trait CanQuery: Sealed {}
 impl CanQuery for Pending {}
 
-/// Binding, kernel references and export need a [`Ready`] endpoint (R3.1, R5.1).
+/// Binding, copies, kernel references and export need a [`Ready`] endpoint (R3.1, R5.1).
 #[diagnostic::on_unimplemented(
-    message = "the endpoint is not ready: binding memory and `kernel_ref` need a `Ready` endpoint, but this endpoint is `{Self}`",
+    message = "the endpoint is not ready: binding memory, copies and `kernel_ref` need a `Ready` endpoint, but this endpoint is `{Self}`",
     label = "state `{Self}`, not `Ready`",
-    note = "call `.wait(timeout)` (or `.poll()`) first and use the `Endpoint<Ready, _>` it returns; a `Reserved` id needs `.create(spec)` before that, and a `Spec::team(..)` team needs every device of the team enrolled with `.add_device(dev)` before it can be waited for (R3.2). Using an endpoint before a query reported it constructed is undefined behaviour in the driver (R3.1, R3.4, R5.1)"
+    note = "call `.wait(timeout)` (or `.poll()`) first and use the `Endpoint<Ready, _>` it returns; a `Reserved` id needs `.create(spec)` before that, and a `Spec::team(..)` team needs every device of the team enrolled with `.add_device(dev)` before it can be waited for (R3.2). A copy through a bring-up's endpoint (`TeamReady`) needs the ranks' `agree_bound` too (R13.3). Using an endpoint before a query reported it constructed is undefined behaviour in the driver (R3.1, R3.4, R5.1)"
 )]
 pub trait IsReady: Sealed {}
 impl IsReady for Ready {}
