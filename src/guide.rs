@@ -6,6 +6,9 @@
 //! - [`reading_the_compiler`]: every misuse the types refuse, the message
 //!   rustc prints for it, the fix and the rule of the driver contract behind
 //!   it; how to read the plain borrow and move errors in this API's terms.
+//! - [`copies`]: moving data: copy batches, routes and graphs, what each
+//!   op is checked for before the driver (the errors, their rules and
+//!   fixes), and the two paths a copy takes.
 //! - [`threads`]: which types may cross threads, and how to bind from several
 //!   threads at once.
 //! - [`sharing`]: endpoints shared across processes and nodes: the team
@@ -355,6 +358,9 @@ pub mod threads {
     //! spawned thread, move it there: it is `Send`, and its id, range and
     //! context go with it.
 }
+
+#[doc = include_str!("guide/copies.md")]
+pub mod copies {}
 
 #[doc = include_str!("guide/sharing.md")]
 pub mod sharing {}

@@ -25,7 +25,9 @@
 //!   on the same memory and endpoint costs seven comparisons (two of them
 //!   overflow checks, one the list's room) beside the op it writes, with
 //!   the list's end and the cursor's `put_from` in registers (the batch's
-//!   `Hot` part, by value); the end of such a run of puts is checked
+//!   `Hot` part, by value; in a loop of puts on one memory and endpoint
+//!   the compiler drops the two compares of their identity after the
+//!   first put, `hot.rs`); the end of such a run of puts is checked
 //!   against the endpoint's bound interval once, when the cursor leaves it
 //!   (destination ends only grow), and a run past it is checked op by op
 //!   then, naming the first op outside (issue 30). The errors are reported
