@@ -321,58 +321,55 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
     let op = super::put_op(usual.from, id, offset, size);
     let inner = &stream.inner;
     let ctx = &inner.ctx;
+    // The one call, recorded inline (`record_one`): the fabric copy, or on
+    // the portable path the copy to where the facts' window says the put
+    // lands (read with them at `usual.generation`, compared above inside
+    // the gate: every change to the windows moves it). Any other portable
+    // put finds its window under the lock (`portable_put`).
     let made = if ctx.copy_path() == CopyPath::Fabric {
-        // A panic inside the call (a `tracing` layer, a user backend) may
-        // come after the driver took the op: what it uses stays in flight,
-        // kept by the stream until it is synchronized (F4).
-        let mut nothing = ();
-        let guard = OnUnwindWith::new(&mut nothing, |(): &mut ()| unwound(stream, mem, ep));
-        // SAFETY: the id is a ready endpoint borrowed for as long as
-        // `stream` (R13.1) and the op inside its bound interval (F9, the
-        // facts current, compared inside the gate); one op is independent
-        // (F3) and its memory local (F2); flags 0 (F5), this stream (F6).
-        // Nothing is freed before the stream passed the op (F4): the
-        // record made below keeps the memory and the endpoint, as the guard
-        // does if the call unwinds.
-        let r = unsafe {
-            ctx.driver()
-                .fabric_copy_batch(inner.handle, one_list(op), 0)
-        };
-        guard.disarm();
-        match r {
-            // The keep made where it is recorded (`record_one`).
-            Ok(()) => Ok(inner.record_one(range, id, SmallVec::from_buf([mem.keep_alive()]))),
-            Err(code) => Err((Call::FabricCpyBatchAsync, code)),
-        }
-    } else {
-        let mut keep = keep_of(mem, ep);
-        let c = match usual.local.and_then(|w| w.to(offset, size)) {
-            // The window of the facts, read with them at `usual.generation`
-            // (compared above, inside the gate: every change to the
-            // windows moves it): no lock, no walk of the windows.
-            Some(to) => super::portable::one_copy(usual.from, to, size)?,
-            None => {
-                // SAFETY: the endpoint on `id` is borrowed for as long as
-                // `stream`.
-                unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?
+        call_recorded!(
+            stream,
+            mem,
+            ep,
+            range,
+            id,
+            Call::FabricCpyBatchAsync,
+            // SAFETY: the id is a ready endpoint borrowed for as long as
+            // `stream` (R13.1) and the op inside its bound interval (F9,
+            // the facts current, compared inside the gate); one op is
+            // independent (F3) and its memory local (F2); flags 0 (F5),
+            // this stream (F6). Nothing is freed before the stream passed
+            // the op (F4): the record made after keeps the memory and the
+            // endpoint, as the guard does if the call unwinds.
+            unsafe {
+                ctx.driver()
+                    .fabric_copy_batch(inner.handle, one_list(op), 0)
             }
-        };
-        let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
-            inner.record(std::mem::take(k));
-        });
-        // SAFETY: as `Stream::memcpy_one`'s: local memory borrowed for as
-        // long as `stream` and a window's memory mapped here, checked to
-        // cover the bytes (F9) and apart (`one_piece`); the record made
-        // below keeps both until the stream passed the copy (F4).
-        let r = unsafe {
-            ctx.driver()
-                .memcpy_async(c.dst, c.src, c.size, inner.handle)
-        };
-        guard.disarm();
-        match r {
-            Ok(()) => Ok(recorded(stream, range, keep)),
-            Err(code) => Err((Call::MemcpyAsync, code)),
-        }
+        )
+    } else if let Some(to) = usual.local.and_then(|w| w.to(offset, size)) {
+        let c = super::portable::one_copy(usual.from, to, size)?;
+        call_recorded!(
+            stream,
+            mem,
+            ep,
+            range,
+            id,
+            Call::MemcpyAsync,
+            // SAFETY: as `Stream::memcpy_one`'s: local memory borrowed for
+            // as long as `stream`, and the endpoint's bound memory mapped
+            // here at the window's address (this process's bind by
+            // address, kept by its binding until an unbind, which settles
+            // the copy first), checked to cover the bytes (F9) and apart
+            // (`one_copy`); the record made after keeps the memory and the
+            // endpoint until the stream passed the copy (F4).
+            unsafe {
+                ctx.driver()
+                    .memcpy_async(c.dst, c.src, c.size, inner.handle)
+            }
+        )
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { portable_put(stream, mem, ep, op) }?
     };
     if made.is_ok() {
         // Past the record: an unbind that enters now settles the put
@@ -380,6 +377,75 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
         gate.end();
     }
     Some(made)
+}
+
+/// [`usual_put`]'s driver call `$call` (`$which`), a put from `$mem` into
+/// `$ep` on `$stream`, and its record: what it uses in flight with the
+/// stream, recorded inline, made where it is recorded (`record_one`); if
+/// the call unwinds, recorded all the same (the driver may have taken the
+/// op, F4). A macro: one shape for the fabric copy and the portable one,
+/// pasted at each (through a function taking a closure, the closure's
+/// call and the gate's drop went out of line on the portable path: a
+/// one-put batch there 416 instructions against 393, `Null`,
+/// `benches/copy_portable.rs`).
+macro_rules! call_recorded {
+    ($stream:expr, $mem:expr, $ep:expr, $range:expr, $id:expr, $which:expr, $call:expr) => {{
+        // A panic inside the call (a `tracing` layer, a user backend) may
+        // come after the driver took the op: what it uses stays in
+        // flight, kept by the stream until it is synchronized (F4).
+        let mut nothing = ();
+        let guard = OnUnwindWith::new(&mut nothing, |(): &mut ()| unwound($stream, $mem, $ep));
+        let r = $call;
+        guard.disarm();
+        match r {
+            Ok(()) => {
+                Ok($stream
+                    .inner
+                    .record_one($range, $id, SmallVec::from_buf([$mem.keep_alive()])))
+            }
+            Err(code) => Err(($which, code)),
+        }
+    }};
+}
+use call_recorded;
+
+/// [`usual_put`]'s portable put that the facts' window does not hold: its
+/// window found under the range's lock (`one_piece`: a peer's, holding
+/// its mapping too), the copy, its record (out of line); `None` (nothing
+/// enqueued, nothing held) where no one window holds it. Inside the gate
+/// the caller entered.
+///
+/// # Safety
+/// [`usual_put`]'s.
+#[inline(never)]
+unsafe fn portable_put<H: MemShare, S: State, K: Kind>(
+    stream: &Stream,
+    mem: &Mapped<H>,
+    ep: &Endpoint<S, K>,
+    op: CopyOp,
+) -> Lane {
+    let inner = &stream.inner;
+    let mut keep = keep_of(mem, ep);
+    // SAFETY: the endpoint on `op`'s id is borrowed for as long as `stream`.
+    let c = unsafe { super::portable::one_piece_of(op, &keep.endpoints, &mut keep.memory) }?;
+    let guard = OnUnwindWith::new(&mut keep, |k: &mut Keep| {
+        inner.record(std::mem::take(k));
+    });
+    // SAFETY: as `Stream::memcpy_one`'s: local memory borrowed for as long
+    // as `stream` and a window's memory mapped here, checked to cover the
+    // bytes (F9) and apart (`one_piece`); the record made below keeps both
+    // until the stream passed the copy (F4).
+    let r = unsafe {
+        inner
+            .ctx
+            .driver()
+            .memcpy_async(c.dst, c.src, c.size, inner.handle)
+    };
+    guard.disarm();
+    Some(match r {
+        Ok(()) => Ok(inner.record_on(ep.range(), keep)),
+        Err(code) => Err((Call::MemcpyAsync, code)),
+    })
 }
 
 /// The record of a put from `mem` into `ep` on `stream` whose driver call
@@ -390,14 +456,6 @@ pub(super) unsafe fn usual_put<H: MemShare, S: State, K: Kind>(
 #[inline(never)]
 fn unwound<H: MemShare, S: State, K: Kind>(stream: &Stream, mem: &Mapped<H>, ep: &Endpoint<S, K>) {
     stream.inner.record(keep_of(mem, ep));
-}
-
-/// The record of the portable path's put, `keep` (its windows' memory
-/// too), on `range`. Out of line, as [`unwound`], so that the lane's usual record
-/// (`record_one`) is its one record inline (see there).
-#[inline(never)]
-fn recorded(stream: &Stream, range: &crate::ledger::RangeInner, keep: Keep) -> u64 {
-    stream.inner.record_on(range, keep)
 }
 
 /// The driver's list of the one op `op`, made where the call takes it.
