@@ -1,4 +1,10 @@
 #![doc = include_str!("../README.md")]
+//!
+//! ## The guide's chapters, linked
+//!
+//! [`guide::lifecycle`], [`guide::copies`], [`guide::threads`],
+//! [`guide::reading_the_compiler`], [`guide::sharing`], [`guide::backends`],
+//! [`guide::security`], [`guide::guarantees`], [`guide::contract`].
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![deny(
