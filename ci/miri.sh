@@ -170,6 +170,11 @@ COPY_EDGES=(
     f3_two_puts_that_write_one_allocation_through_two_endpoints_are_dependent
 )
 
+# The portable path's one put through the window its facts keep (round 28).
+PORTABLE=(
+    issue_30_the_usual_put_lands_where_the_windows_say_at_the_put
+)
+
 # The curated tests NAMES of the test binary TARGET, by exact name, each
 # behind PREFIX (a module path, `""` where the file is its own binary); a
 # name no test has any more (renamed, moved) fails the step, so the list
@@ -205,5 +210,7 @@ for model in stacked tree; do
     curated api rules:: "${RULES[@]}"
     echo "miri ($model borrows): tests/copy/copy_edges.rs, ${#COPY_EDGES[@]} tests"
     curated copy copy_edges:: "${COPY_EDGES[@]}"
+    echo "miri ($model borrows): tests/copy/portable_copy.rs, ${#PORTABLE[@]} tests"
+    curated copy portable_copy:: "${PORTABLE[@]}"
 done
 echo "miri: no report"
