@@ -167,14 +167,9 @@ pub(super) fn timeout_fix(multicast: bool) -> &'static str {
     }
 }
 
-/// A peer's bound bytes, the first few: a message stays short whatever
-/// it bound.
-fn spans_of(p: &super::PeerBound) -> String {
-    spans(&p.covered)
-}
-
-/// `[start, end)` spans as words: "bytes a..b, c..d" (the first few), or
-/// "no bytes".
+/// `[start, end)` spans as words (a peer's bound bytes, this process's):
+/// "bytes a..b, c..d", the first few, so that a message stays short
+/// whatever was bound; or "no bytes".
 fn spans(covered: &[(u64, u64)]) -> String {
     const SHOWN: usize = 8;
     let mut spans: Vec<String> = covered
@@ -218,7 +213,7 @@ pub(super) fn peer_not_bound_fix(p: &super::PeerBound) -> String {
     }
     format!(
         "it bound {} there: copy inside those bytes, or have rank {} bind more there and agree again on every rank (`agree_bound`) before copying into them",
-        spans_of(p),
+        spans(&p.covered),
         p.rank
     )
 }
@@ -232,7 +227,7 @@ pub(super) fn no_window_fix(peer: Option<&super::PeerBound>) -> String {
             "rank {}'s memory on this endpoint (its {}) is reachable here only at {}: put inside those bytes, or have rank {} bind more there before an agreement that registers it here (`agree_bound`, `OwnedPeers::grow`)",
             p.rank,
             p.device,
-            spans_of(p),
+            spans(&p.covered),
             p.rank
         );
     }
