@@ -677,7 +677,7 @@ impl<'a> CopyBatch<'a> {
             .get_next(&self.inner.cursor, ep, offset, dst, dst_offset, size);
         let pushed = fast.is_some_and(|to| {
             self.hot
-                .push(get_op(ep.id(), offset, Pointer::device(to), size))
+                .push(get_op(self.hot.id, offset, Pointer::device(to), size))
         });
         match fast {
             Some(to) if pushed => {
