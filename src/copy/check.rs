@@ -66,7 +66,7 @@ impl Hot {
             && let Some(end) = offset.checked_add(size)
             // A get's cursor: `put_from` is `u64::MAX` (no put ends there).
             && end != u64::MAX
-            && self.push(super::put_op(from, self.id, offset, size))
+            && self.push_put(from, offset, size)
         {
             self.put_from = end;
             // As they were (the compares above): said, so that the

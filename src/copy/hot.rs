@@ -4,7 +4,7 @@
 //! is taken from the state and parked back in it.
 
 use super::BatchInner;
-use crate::driver::CopyOp;
+use crate::driver::{CopyOp, Operand};
 
 /// What the fast paths write, out of [`BatchInner`] while the batch is
 /// built: where `inner.list`'s next op goes (the `Vec`'s own length is set
@@ -19,16 +19,20 @@ pub(super) struct Hot {
     pub(super) at: *mut CopyOp,
     pub(super) stop: *mut CopyOp,
     pub(super) mem_ptr: u64,
+    /// Where the next put through the cursor may start (F3's order): the
+    /// cursor's `put_from`, kept up by the fast paths; `park` reads the
+    /// cursor's back from the list, not from here.
     pub(super) put_from: u64,
-    /// The id of the cursor's endpoint, the one an op written here names
-    /// (the fast paths write only while `mem` and `ep_at` are the
+    /// The first word of an op's operand naming the cursor's endpoint (its
+    /// tag and id, `op_words::endpoint_word`), which a put written here
+    /// names (the fast paths write only while `mem` and `ep_at` are the
     /// cursor's: `Hot::named`); any value while the cursor names none.
-    /// Read from the cursor after every cold call, as `mem_ptr`, so that a
-    /// loop of puts holds it in a register the cold call may clobber
-    /// rather than spilling `ep.id()` to the stack across that call: 1,024
-    /// puts 24,733 -> 23,710 instructions on `Null`
-    /// (`benches/copy_batch.rs`).
-    pub(super) id: u32,
+    /// Made from the cursor after every cold call, as `mem_ptr` is read,
+    /// so that a loop of puts holds it in a register the cold call may
+    /// clobber rather than spilling `ep.id()` to the stack across that
+    /// call (1,024 puts 24,733 -> 23,710 instructions on `Null`,
+    /// `benches/copy_batch.rs`), and writes it as one word.
+    pub(super) endpoint: u64,
     /// The addresses of the memory and the endpoint an op must name to be
     /// taken here: the cursor's, or, after a builder call that left the
     /// cursor naming others, that call's with `stop` at `at` (no room: the
@@ -60,7 +64,7 @@ impl Hot {
             mem_ptr: inner.cursor.mem_ptr,
             put_from: inner.cursor.put_from,
             // Truncated only when it names none (`u64::MAX`): never read.
-            id: inner.cursor.ep as u32,
+            endpoint: super::op_words::endpoint_word(inner.cursor.ep as u32),
             mem: inner.cursor.mem,
             ep_at: inner.cursor.ep_at,
         }
@@ -94,13 +98,23 @@ impl Hot {
             self.stop == inner.list.as_mut_ptr().wrapping_add(inner.list.capacity())
                 || self.stop == self.at
         );
+        let before = inner.list.len();
         // SAFETY: `inner.list` is the list `self` was taken from (`of`),
         // unchanged since (every change to it goes through `park` and `of`:
-        // `CopyBatch::cold`): ops `..len` were written by `push`, plain
-        // values, within its capacity.
+        // `CopyBatch::cold`): ops `..len` were written by `write` or
+        // `push_put`, plain values, within its capacity.
         unsafe { inner.list.set_len(len) };
-        // `mem_ptr` is written by the slow paths alone.
-        inner.cursor.put_from = self.put_from;
+        // The cursor's `put_from` is the end of the last put written since
+        // `of` (every put a fast path writes goes through the cursor, in
+        // F3's order: `Hot::put`, `Hot::extend`), read back from the list
+        // rather than from `self.put_from`: a loop of puts then keeps one
+        // register for the last put's end, not that and the one before
+        // for this exit (1,024 puts 23,710 -> 22,743 instructions on
+        // `Null`, `benches/copy_batch.rs`).
+        // (`mem_ptr` is written by the slow paths alone.)
+        if len > before && inner.cursor.putting {
+            inner.put_from_written(before);
+        }
     }
 
     /// Appends `op`, if the list has room.
@@ -108,6 +122,21 @@ impl Hot {
     pub(super) fn push(&mut self, op: CopyOp) -> bool {
         if self.at < self.stop {
             self.write(op);
+            return true;
+        }
+        false
+    }
+
+    /// Appends the op of a put of `size` bytes from the device address
+    /// `from` into the cursor's endpoint at `offset`, if the list has room.
+    #[inline(always)]
+    pub(super) fn push_put(&mut self, from: u64, offset: u64, size: u64) -> bool {
+        if self.at < self.stop {
+            // SAFETY: `at` is inside the buffer of `inner.list`, as in
+            // `write`; a `CopyOp`'s alignment (the buffer's, `at` a whole
+            // number of ops into it).
+            unsafe { super::op_words::write_put(self.at, from, self.endpoint, offset, size) };
+            self.at = self.at.wrapping_add(1);
             return true;
         }
         false
@@ -127,5 +156,22 @@ impl Hot {
         // on every unwind edge, which keeps the batch in memory).
         unsafe { self.at.write(op) };
         self.at = self.at.wrapping_add(1);
+    }
+}
+
+impl BatchInner {
+    /// The cursor's `put_from` after the fast paths wrote ops `from..`: the
+    /// end of the last put among them (the last op, but for gets written
+    /// after it on the same endpoint), if any.
+    #[inline(never)]
+    fn put_from_written(&mut self, from: usize) {
+        let written = self.list.get(from..).unwrap_or_default();
+        if let Some(end) = written.iter().rev().find_map(|o| match o.dst {
+            // No wrap: every put's end was checked when it was written.
+            Operand::LogicalEndpoint { offset, .. } => Some(offset.wrapping_add(o.size)),
+            Operand::Pointer(_) => None,
+        }) {
+            self.cursor.put_from = end;
+        }
     }
 }

@@ -115,6 +115,7 @@ mod in_flight;
 mod independence;
 mod memo;
 mod one;
+mod op_words;
 mod portable;
 mod route;
 pub(crate) mod spare;
@@ -677,7 +678,7 @@ impl<'a> CopyBatch<'a> {
             .get_next(&self.inner.cursor, ep, offset, dst, dst_offset, size);
         let pushed = fast.is_some_and(|to| {
             self.hot
-                .push(get_op(self.hot.id, offset, Pointer::device(to), size))
+                .push(get_op(ep.id(), offset, Pointer::device(to), size))
         });
         match fast {
             Some(to) if pushed => {

@@ -826,6 +826,48 @@ fn f3_typed_dependent_ops_are_refused_naming_both() {
     clean(&ctx, &model);
 }
 
+/// F3 across the builder's fast path: puts laid end to end (the third
+/// written by the fast path), then a put to that endpoint from another
+/// memory (a cold call on the same endpoint, which reads the last put's
+/// end back from the op list: `copy/hot.rs`, `Hot::park`; with a get on
+/// that endpoint between, past it) over the third put's bytes: dependent,
+/// naming both.
+#[test]
+fn f3_a_put_from_other_memory_over_the_last_fast_put_is_dependent() {
+    let (ctx, model) = node();
+    let (m, other) = (mapped(&ctx, 0), mapped(&ctx, 0));
+    let owner = mapped(&ctx, 0);
+    let ep = unicast(&ctx, 0, ALIGN);
+    let b = ep.bind(Device(0), 0, &owner).unwrap();
+    let stream = Stream::new(&ctx, 0).unwrap();
+    let batch = |last: u64, get: bool| {
+        let mut batch = CopyBatch::new()
+            .put(&m, 0, &ep, 0, 64)
+            .put(&m, 64, &ep, 64, 64)
+            .put(&m, 128, &ep, 128, 64);
+        if get {
+            batch = batch.get(&ep, 512, &m, 1024, 64);
+        }
+        batch.put(&other, 0, &ep, last, 16)
+    };
+    for get in [false, true] {
+        let r = stream.enqueue(batch(160, get));
+        let last = 3 + usize::from(get);
+        refused(&model, r, |e| {
+            matches!(e, Error::CopyDependent { op, other }
+                if (*op, *other) == (2, last) || (*op, *other) == (last, 2))
+        });
+    }
+    // At the third put's end: independent.
+    for get in [false, true] {
+        stream.enqueue(batch(192, get)).unwrap().wait().unwrap();
+    }
+    drop(stream);
+    drop(b);
+    drop((m, other, owner, ep));
+    clean(&ctx, &model);
+}
+
 #[test]
 fn f9_typed_ranges_outside_the_endpoint_or_the_bound_memory_are_refused() {
     let (ctx, model) = node();

@@ -24,11 +24,15 @@
 /// [`MemHint::Host`] (and then the model reads or writes it through the
 /// address, as the driver would); any other unmapped pointer is refused
 /// (F2), never dereferenced.
+///
+/// Laid out as `#[repr(u32)]` (its tag first, `None` = 0), as [`CopyOp`]
+/// says why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[repr(u32)]
 pub enum MemHint {
     /// No hint (`CU_MEM_LOCATION_TYPE_INVALID`).
-    None,
+    None = 0,
     /// Device memory of this device (`CU_MEM_LOCATION_TYPE_DEVICE`).
     Device(super::Device),
     /// Host memory of the calling process (`CU_MEM_LOCATION_TYPE_HOST`).
@@ -38,8 +42,10 @@ pub enum MemHint {
 }
 
 /// A pointer operand: a device (or host) address and where it lives.
+/// `#[repr(C)]`, as [`CopyOp`] says why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[repr(C)]
 pub struct Pointer {
     /// The address (`CUdeviceptr`; for host memory the host address).
     pub ptr: u64,
@@ -66,11 +72,14 @@ impl Pointer {
 }
 
 /// One operand of a fabric copy (`CUfabricCpyOperand`, SPEC F1).
+/// `#[repr(u32)]` (`Pointer` = 0, `LogicalEndpoint` = 1), as [`CopyOp`]
+/// says why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[repr(u32)]
 pub enum Operand {
     /// `CU_FABRIC_COPY_OPERAND_TYPE_POINTER`.
-    Pointer(Pointer),
+    Pointer(Pointer) = 0,
     /// `CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT`: `offset` bytes into
     /// the endpoint on `id`.
     LogicalEndpoint {
@@ -78,7 +87,7 @@ pub enum Operand {
         id: u32,
         /// Byte offset into the endpoint range.
         offset: u64,
-    },
+    } = 1,
 }
 
 impl Operand {
@@ -91,8 +100,16 @@ impl Operand {
 /// One copy of a fabric copy batch (`CUDA_FABRIC_COPY_BATCH_OP`): `size`
 /// bytes from `src` to `dst`. The per-op `flags` member is always 0 (F5):
 /// it is not a field here, so it cannot be set to anything else.
+///
+/// Its layout is fixed (`#[repr(C)]`, of the `#[repr(C)]` [`Pointer`] and
+/// the `#[repr(u32)]` [`Operand`] and [`MemHint`], whose layouts the Rust
+/// reference defines): 56 bytes, `src` at 0, `dst` at 24, `size` at 48.
+/// The data path writes a put's op into its list as words
+/// (`cuda_endpoints`' `copy/hot.rs`), which needs to know where each
+/// field is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[repr(C)]
 pub struct CopyOp {
     /// Where the bytes come from.
     pub src: Operand,
