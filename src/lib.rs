@@ -40,7 +40,8 @@ pub mod error {
     //! The details the crate's errors carry, so that callers match on
     //! values, not strings: the [`Rule`] of the driver contract behind a
     //! refusal, the [`Role`] a device lacked, the [`Arg`] that was wrong, the
-    //! [`Alignment`] or [`Extent`] it broke, the [`Answer`] a driver gave that
+    //! [`Alignment`] or [`Extent`] it broke, the [`CopyBytes`] two copies
+    //! meet in, the [`Answer`] a driver gave that
     //! made no sense, the [`Feature`] a driver or backend does not have, and
     //! the [`Failure`] a failed transition boxes. The error type itself,
     //! [`Error`], [`Failed`] and [`Result`], are at the crate root.
@@ -53,7 +54,8 @@ pub mod error {
     //! answer what callers decide on.
 
     pub use crate::errors::{
-        Alignment, Answer, Arg, ContextPair, Extent, Failure, Feature, PeerBound, Role, Rule,
+        Alignment, Answer, Arg, ContextPair, CopyBytes, Extent, Failure, Feature, PeerBound, Role,
+        Rule,
     };
     // In the crate, every error item is `crate::error::*`; publicly, these
     // three are at the root only.

@@ -130,9 +130,10 @@ impl BatchInner {
 
 /// The first pair of ops of `ops` that depend on each other (F3): one's
 /// destination overlaps the other's source or destination, in the same
-/// endpoint or address space. `(the op whose destination, the other)`; of two
-/// destinations, the lower op first. One sort and one sweep: O(n log n).
-pub(super) fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usize)> {
+/// endpoint or address space. `(the op whose destination, the other,
+/// whether it is the other's destination)`; of two destinations, the lower
+/// op first. One sort and one sweep: O(n log n).
+pub(super) fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usize, bool)> {
     if aliases.is_empty() && disjoint_in_order(ops) {
         return None;
     }
@@ -191,14 +192,15 @@ pub(super) fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usi
 }
 
 /// The first dependent pair of ops among `spans` (sorted by space, then
-/// start; `(space, start, end, op, destination)`), if any.
+/// start; `(space, start, end, op, destination)`), if any, as [`dependent`]
+/// names it.
 fn sweep<K: PartialEq + Copy>(
     spans: impl Iterator<Item = (K, u64, u64, usize, bool)>,
-) -> Option<(usize, usize)> {
+) -> Option<(usize, usize, bool)> {
     let pair = |a: (usize, bool), b: (usize, bool)| match (a.1, b.1) {
-        (true, true) => (a.0.min(b.0), a.0.max(b.0)),
-        (true, false) => (a.0, b.0),
-        _ => (b.0, a.0),
+        (true, true) => (a.0.min(b.0), a.0.max(b.0), true),
+        (true, false) => (a.0, b.0, false),
+        _ => (b.0, a.0, a.1),
     };
     // Per space, the two spans reaching furthest among those started so far
     // that belong to different ops (all, and destinations only): an
@@ -389,7 +391,7 @@ mod tests {
             let typed: Vec<CopyOp> = ops.iter().map(op).collect();
             let found = dependent(&typed, &[]);
             proptest::prop_assert_eq!(found.is_some(), dependent_pairwise(&ops).is_some());
-            if let Some((a, b)) = found {
+            if let Some((a, b, _)) = found {
                 // The pair named is a dependent pair.
                 let two = [ops[a], ops[b]];
                 proptest::prop_assert!(a != b && dependent_pairwise(&two).is_some());

@@ -176,6 +176,12 @@ pub(crate) type Intervals = SmallVec<[(u64, u64); 2]>;
 ///     .get_host(&ep, 8192, 64);
 /// let done = stream.enqueue(batch)?.wait()?; // the token borrowed `src` and `ep`
 /// assert_eq!(done.received[0].len(), 64);
+/// // Built in a loop: each builder call takes the batch and hands it back.
+/// let mut batch = CopyBatch::new();
+/// for i in 0..256 {
+///     batch = batch.put(&src, i * 64, &ep, 16384 + i * 64, 64);
+/// }
+/// stream.enqueue(batch)?.wait()?;
 /// drop(bound);
 /// # Ok(())
 /// # }

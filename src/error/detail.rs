@@ -279,6 +279,61 @@ pub struct PeerBound {
     pub covered: Vec<(u64, u64)>,
 }
 
+/// The bytes one op of a copy batch names on one side, as it names them
+/// ([`Error::CopyDependent`](super::Error::CopyDependent)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CopyBytes {
+    /// Bytes `[start, end)` of the endpoint on `id`.
+    Endpoint {
+        /// The endpoint id.
+        id: u32,
+        /// The first byte.
+        start: u64,
+        /// Past the last byte.
+        end: u64,
+    },
+    /// Device (or mapped host) addresses `[start, end)`.
+    Address {
+        /// The first address.
+        start: u64,
+        /// Past the last one.
+        end: u64,
+    },
+}
+
+impl CopyBytes {
+    /// Whether the two name some byte in common as they are named (both of
+    /// one endpoint, or both addresses); two that meet only through memory
+    /// bound to an endpoint do not.
+    pub fn meets(&self, other: &CopyBytes) -> bool {
+        match (*self, *other) {
+            (
+                CopyBytes::Endpoint { id, start, end },
+                CopyBytes::Endpoint {
+                    id: i,
+                    start: s,
+                    end: e,
+                },
+            ) => id == i && start < e && s < end,
+            (CopyBytes::Address { start, end }, CopyBytes::Address { start: s, end: e }) => {
+                start < e && s < end
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for CopyBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CopyBytes::Endpoint { id, start, end } => {
+                write!(f, "endpoint {id} bytes {start}..{end}")
+            }
+            CopyBytes::Address { start, end } => write!(f, "addresses {start:#x}..{end:#x}"),
+        }
+    }
+}
+
 /// What a range error overflowed (R5.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

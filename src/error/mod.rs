@@ -18,7 +18,9 @@ mod failed;
 mod tests;
 mod words;
 
-pub use detail::{Alignment, Answer, Arg, ContextPair, Extent, Feature, PeerBound, Role, Rule};
+pub use detail::{
+    Alignment, Answer, Arg, ContextPair, CopyBytes, Extent, Feature, PeerBound, Role, Rule,
+};
 pub use failed::{Failed, Failure};
 use words::*;
 
@@ -434,13 +436,21 @@ pub enum Error {
     /// the portable path ops end to end may run as one copy. Copy through
     /// one mapping of an allocation per batch.
     #[error(
-        "copy ops {op} and {other} of one batch overlap: op {op} writes bytes that op {other} reads or writes, and the copies of a batch run in no order (F3); put them in two batches, one after the other"
+        "copy ops {op} and {other} of one batch overlap: op {op} writes {writes} and op {other} {} {bytes}{}, and the copies of a batch run in no order (F3); if they are meant to be apart, check their offsets against their sizes (a stride below the size overlaps), else put them in two batches, one after the other",
+        if *other_writes { "writes" } else { "reads" },
+        if writes.meets(bytes) { "" } else { " (the same memory, through an endpoint bound to it)" }
     )]
     CopyDependent {
         /// The op that writes.
         op: usize,
         /// The op it overlaps.
         other: usize,
+        /// The bytes `op` writes (its destination), as it names them.
+        writes: crate::error::CopyBytes,
+        /// The bytes of `other` that `op`'s meet, as `other` names them.
+        bytes: crate::error::CopyBytes,
+        /// Whether they are `other`'s destination (else its source).
+        other_writes: bool,
     },
 
     /// On the portable path ([`crate::CopyPath::Portable`]): an op whose

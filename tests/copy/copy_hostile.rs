@@ -1235,7 +1235,7 @@ fn f3_two_puts_into_one_allocation_bound_twice_are_refused_after_both_bindings_a
         drop((ep, src));
         common::clean(&ctx, &model);
         assert!(
-            refused.contains("CopyDependent { op: 0, other: 1 }"),
+            refused.contains("CopyDependent { op: 0, other: 1,"),
             "{path:?}: two puts into one allocation's bytes: {refused}"
         );
         assert_eq!(

@@ -319,7 +319,7 @@ fn f3_a_strided_put_whose_blocks_overlap_is_refused_naming_two_of_its_blocks() {
     let r =
         stream.enqueue(CopyBatch::new().put_strided(&src, 0, &ep, 0, Strided::new(3, 64, 64, 32)));
     match &r {
-        Err(e @ Error::CopyDependent { op, other })
+        Err(e @ Error::CopyDependent { op, other, .. })
             if *op < 3 && *other < 3 && op.abs_diff(*other) == 1 =>
         {
             assert!(e.to_string().contains("F3"), "{e}");

@@ -807,7 +807,7 @@ fn f2_host_memory_is_an_operand_only_on_streams_of_devices_it_is_mapped_for() {
 }
 
 #[test]
-fn f3_typed_dependent_ops_are_refused_naming_both() {
+fn f3_typed_dependent_ops_are_refused_naming_both_and_the_bytes_they_meet_in() {
     let (ctx, model) = node();
     let u = Unicast1::new(&ctx);
     let b = u.bind();
@@ -817,8 +817,17 @@ fn f3_typed_dependent_ops_are_refused_naming_both() {
         &u.ep,
         32,
     ));
+    let id = u.ep.id();
     refused(&model, r, |e| {
-        matches!(e, Error::CopyDependent { op: 0, other: 1 }) && e.to_string().contains("F3")
+        let bytes = |start, end| cuda_endpoints::error::CopyBytes::Endpoint { id, start, end };
+        let m = e.to_string();
+        matches!(e, Error::CopyDependent { op: 0, other: 1, writes, bytes: b, other_writes: true }
+            if *writes == bytes(0, 64) && *b == bytes(32, 96))
+            && m.contains(&format!(
+                "op 0 writes endpoint {id} bytes 0..64 and op 1 writes endpoint {id} bytes 32..96"
+            ))
+            && m.contains("F3")
+            && m.contains("a stride below the size overlaps")
     });
     drop(stream);
     drop(b);
@@ -854,7 +863,7 @@ fn f3_a_put_from_other_memory_over_the_last_fast_put_is_dependent() {
         let r = stream.enqueue(batch(160, get));
         let last = 3 + usize::from(get);
         refused(&model, r, |e| {
-            matches!(e, Error::CopyDependent { op, other }
+            matches!(e, Error::CopyDependent { op, other, .. }
                 if (*op, *other) == (2, last) || (*op, *other) == (last, 2))
         });
     }
@@ -2215,7 +2224,7 @@ fn f3_f9_typed_checks_made_as_the_batch_is_built_agree_with_the_rules_op_by_op()
                 op,
             )),
             Err(Error::CopyNotBound { op, .. }) => Some(("F9", op)),
-            Err(Error::CopyDependent { op, other }) => {
+            Err(Error::CopyDependent { op, other, .. }) => {
                 // Any dependent pair may be named; it must be one.
                 let pair = [ops[op], ops[other]];
                 assert!(
@@ -2488,14 +2497,43 @@ fn f3_ops_that_meet_in_an_endpoints_own_bound_memory_are_dependent() {
         .put(&mem, 0, &ep, 4096, 4096)
         .put(&mem, 4096, &ep, 8192, 4096);
     let e = stream.enqueue(puts).map(|_| ()).unwrap_err();
-    assert!(matches!(e, Error::CopyDependent { op: 0, other: 1 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::CopyDependent {
+                op: 0,
+                other: 1,
+                other_writes: false,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Each op's bytes as it names them, and where they meet.
+    let (m, id) = (e.to_string(), ep.id());
+    assert!(
+        m.contains(&format!(
+            "op 0 writes endpoint {id} bytes 4096..8192 and op 1 reads addresses"
+        )) && m.contains("(the same memory, through an endpoint bound to it)"),
+        "{m}"
+    );
     // Gets: op 0 writes mem[4K..8K) = ep[4K..8K), which op 1 reads
     // through the endpoint.
     let gets = CopyBatch::new()
         .get(&ep, 0, &mem, 4096, 4096)
         .get(&ep, 4096, &mem, 8192, 4096);
     let e = stream.enqueue(gets).map(|_| ()).unwrap_err();
-    assert!(matches!(e, Error::CopyDependent { op: 0, other: 1 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::CopyDependent {
+                op: 0,
+                other: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
     // Apart in the memory too: independent.
     let apart = CopyBatch::new()
         .put(&mem, 0, &ep, 65536, 4096)
@@ -2539,7 +2577,14 @@ fn f3_ops_that_meet_in_one_allocation_bound_by_handle_twice_are_dependent() {
                 .get(&a, ALIGN + 64, &dst, 0, 64),
         );
     assert!(
-        matches!(r, Err(Error::CopyDependent { op: 0, other: 1 })),
+        matches!(
+            r,
+            Err(Error::CopyDependent {
+                op: 0,
+                other: 1,
+                ..
+            })
+        ),
         "{r:?}"
     );
     drop(r);
