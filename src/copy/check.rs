@@ -678,20 +678,9 @@ impl BatchInner {
         // source can meet one (puts alone, or gets alone).
         let aliases = self.aliases();
         if (self.unordered || (self.puts && self.gets) || !aliases.is_empty())
-            && let Some((op, other, other_writes)) = dependent(&self.list, &aliases)
+            && let Some(e) = dependent(&self.list, &aliases)
         {
-            let side = |i: usize, dst: bool| {
-                let o = self.list.get(i);
-                let named = o.map(|o| if dst { &o.dst } else { &o.src });
-                copy_bytes(named, o.map_or(0, |o| o.size))
-            };
-            return Err(Error::CopyDependent {
-                op,
-                other,
-                writes: side(op, true),
-                bytes: side(other, other_writes),
-                other_writes,
-            });
+            return Err(e);
         }
         Ok(())
     }
@@ -895,23 +884,5 @@ mod tests {
                 proptest::prop_assert_eq!(fast, every, "offset {}", p);
             }
         }
-    }
-}
-
-/// The bytes `side` of an op of `size` bytes names (a host buffer's by
-/// its address; no op: none).
-fn copy_bytes(side: Option<&Operand>, size: u64) -> crate::error::CopyBytes {
-    use crate::error::CopyBytes;
-    match side {
-        Some(&Operand::LogicalEndpoint { id, offset }) => CopyBytes::Endpoint {
-            id,
-            start: offset,
-            end: offset.saturating_add(size),
-        },
-        Some(&Operand::Pointer(Pointer { ptr, .. })) => CopyBytes::Address {
-            start: ptr,
-            end: ptr.saturating_add(size),
-        },
-        None => CopyBytes::Address { start: 0, end: 0 },
     }
 }

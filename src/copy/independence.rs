@@ -3,7 +3,8 @@
 //!
 //! What this file owns: [`dependent`], the first pair of ops one of whose
 //! destination overlaps the other's source or destination (a one-pass
-//! proof for ops laid out in order, else one sort and one sweep), and the
+//! proof for ops laid out in order, else one sort and one sweep) as the
+//! error that names them and their bytes, and the
 //! aliases it needs ([`BatchInner::aliases`]): the bytes a local endpoint's
 //! bindings reach, when some memory is reached two ways (by address and
 //! through an endpoint, or one allocation bound twice).
@@ -12,6 +13,7 @@ use smallvec::SmallVec;
 
 use super::BatchInner;
 use crate::driver::{CopyOp, MemHint, Operand, Pointer};
+use crate::error::{CopyBytes, Error};
 
 /// A local endpoint's bound memory, in the space of its bytes:
 /// `(id, endpoint offset, size, space, start)` — space 0 for memory bound
@@ -130,10 +132,45 @@ impl BatchInner {
 
 /// The first pair of ops of `ops` that depend on each other (F3): one's
 /// destination overlaps the other's source or destination, in the same
-/// endpoint or address space. `(the op whose destination, the other,
-/// whether it is the other's destination)`; of two destinations, the lower
-/// op first. One sort and one sweep: O(n log n).
-pub(super) fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usize, bool)> {
+/// endpoint or address space: [`Error::CopyDependent`], naming the two and
+/// the bytes each names where they meet. One sort and one sweep: O(n log
+/// n).
+pub(super) fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<Error> {
+    let (op, other, other_writes) = dependent_pair(ops, aliases)?;
+    let side = |i: usize, dst: bool| {
+        let o = ops.get(i);
+        let named = o.map(|o| if dst { &o.dst } else { &o.src });
+        copy_bytes(named, o.map_or(0, |o| o.size))
+    };
+    Some(Error::CopyDependent {
+        op,
+        other,
+        writes: side(op, true),
+        bytes: side(other, other_writes),
+        other_writes,
+    })
+}
+
+/// The bytes `side` of an op of `size` bytes names (a host buffer's by
+/// its address; no op: none).
+fn copy_bytes(side: Option<&Operand>, size: u64) -> CopyBytes {
+    match side {
+        Some(&Operand::LogicalEndpoint { id, offset }) => CopyBytes::Endpoint {
+            id,
+            start: offset,
+            end: offset.saturating_add(size),
+        },
+        Some(&Operand::Pointer(Pointer { ptr, .. })) => CopyBytes::Address {
+            start: ptr,
+            end: ptr.saturating_add(size),
+        },
+        None => CopyBytes::Address { start: 0, end: 0 },
+    }
+}
+
+/// [`dependent`]'s pair: `(the op whose destination, the other, whether it
+/// is the other's destination)`; of two destinations, the lower op first.
+fn dependent_pair(ops: &[CopyOp], aliases: &[Alias]) -> Option<(usize, usize, bool)> {
     if aliases.is_empty() && disjoint_in_order(ops) {
         return None;
     }
@@ -314,7 +351,7 @@ fn space_of(side: &Operand) -> Option<(Option<u32>, u64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::dependent;
+    use super::dependent_pair;
     use crate::driver::{CopyOp, Operand, Pointer};
 
     /// One side of an op, as the tests lay them out.
@@ -389,7 +426,7 @@ mod tests {
                 .map(|&(sk, sa, dk, da, n)| (side(sk, sa), side(dk, da), n))
                 .collect();
             let typed: Vec<CopyOp> = ops.iter().map(op).collect();
-            let found = dependent(&typed, &[]);
+            let found = dependent_pair(&typed, &[]);
             proptest::prop_assert_eq!(found.is_some(), dependent_pairwise(&ops).is_some());
             if let Some((a, b, _)) = found {
                 // The pair named is a dependent pair.
@@ -416,7 +453,7 @@ mod tests {
                 .collect();
             let typed: Vec<CopyOp> = ops.iter().map(op).collect();
             proptest::prop_assert_eq!(
-                dependent(&typed, &[]).is_some(),
+                dependent_pair(&typed, &[]).is_some(),
                 dependent_pairwise(&ops).is_some()
             );
         }
