@@ -154,17 +154,15 @@ pub(super) fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<Error> {
 /// The bytes `side` of an op of `size` bytes names (a host buffer's by
 /// its address; no op: none).
 fn copy_bytes(side: Option<&Operand>, size: u64) -> CopyBytes {
-    match side {
-        Some(&Operand::LogicalEndpoint { id, offset }) => CopyBytes::Endpoint {
-            id,
-            start: offset,
-            end: offset.saturating_add(size),
-        },
-        Some(&Operand::Pointer(Pointer { ptr, .. })) => CopyBytes::Address {
-            start: ptr,
-            end: ptr.saturating_add(size),
-        },
-        None => CopyBytes::Address { start: 0, end: 0 },
+    let (endpoint, start) = match side {
+        Some(&Operand::LogicalEndpoint { id, offset }) => (Some(id), offset),
+        Some(&Operand::Pointer(Pointer { ptr, .. })) => (None, ptr),
+        None => (None, 0),
+    };
+    CopyBytes {
+        endpoint,
+        start,
+        end: start.saturating_add(size),
     }
 }
 

@@ -280,25 +280,16 @@ pub struct PeerBound {
 }
 
 /// The bytes one op of a copy batch names on one side, as it names them
-/// ([`Error::CopyDependent`](super::Error::CopyDependent)).
+/// ([`Error::CopyDependent`](super::Error::CopyDependent)): `[start, end)`
+/// of an endpoint, or of device (or mapped host) addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CopyBytes {
-    /// Bytes `[start, end)` of the endpoint on `id`.
-    Endpoint {
-        /// The endpoint id.
-        id: u32,
-        /// The first byte.
-        start: u64,
-        /// Past the last byte.
-        end: u64,
-    },
-    /// Device (or mapped host) addresses `[start, end)`.
-    Address {
-        /// The first address.
-        start: u64,
-        /// Past the last one.
-        end: u64,
-    },
+pub struct CopyBytes {
+    /// The endpoint id whose bytes these are; `None`: addresses.
+    pub endpoint: Option<u32>,
+    /// The first byte.
+    pub start: u64,
+    /// Past the last byte.
+    pub end: u64,
 }
 
 impl CopyBytes {
@@ -306,30 +297,15 @@ impl CopyBytes {
     /// one endpoint, or both addresses); two that meet only through memory
     /// bound to an endpoint do not.
     pub fn meets(&self, other: &CopyBytes) -> bool {
-        match (*self, *other) {
-            (
-                CopyBytes::Endpoint { id, start, end },
-                CopyBytes::Endpoint {
-                    id: i,
-                    start: s,
-                    end: e,
-                },
-            ) => id == i && start < e && s < end,
-            (CopyBytes::Address { start, end }, CopyBytes::Address { start: s, end: e }) => {
-                start < e && s < end
-            }
-            _ => false,
-        }
+        self.endpoint == other.endpoint && self.start < other.end && other.start < self.end
     }
 }
 
 impl fmt::Display for CopyBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CopyBytes::Endpoint { id, start, end } => {
-                write!(f, "endpoint {id} bytes {start}..{end}")
-            }
-            CopyBytes::Address { start, end } => write!(f, "addresses {start:#x}..{end:#x}"),
+        match self.endpoint {
+            Some(id) => write!(f, "endpoint {id} bytes {}..{}", self.start, self.end),
+            None => write!(f, "addresses {:#x}..{:#x}", self.start, self.end),
         }
     }
 }

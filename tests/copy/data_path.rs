@@ -819,7 +819,11 @@ fn f3_typed_dependent_ops_are_refused_naming_both_and_the_bytes_they_meet_in() {
     ));
     let id = u.ep.id();
     refused(&model, r, |e| {
-        let bytes = |start, end| cuda_endpoints::error::CopyBytes::Endpoint { id, start, end };
+        let bytes = |start, end| cuda_endpoints::error::CopyBytes {
+            endpoint: Some(id),
+            start,
+            end,
+        };
         let m = e.to_string();
         matches!(e, Error::CopyDependent { op: 0, other: 1, writes, bytes: b, other_writes: true }
             if *writes == bytes(0, 64) && *b == bytes(32, 96))
