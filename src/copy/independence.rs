@@ -152,7 +152,7 @@ pub(super) fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<Error> {
 }
 
 /// The bytes `side` of an op of `size` bytes names (a host buffer's by
-/// its address; no op: none).
+/// its address; no such op, which `dependent_pair` never names: 0..0).
 fn copy_bytes(side: Option<&Operand>, size: u64) -> CopyBytes {
     let (endpoint, start) = match side {
         Some(&Operand::LogicalEndpoint { id, offset }) => (Some(id), offset),
