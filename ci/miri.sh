@@ -87,7 +87,8 @@ DATA_PATH=(
     f3_dependent_copies_in_one_batch_are_refused
     f3_ops_that_meet_in_an_endpoints_own_bound_memory_are_dependent
     f3_ops_that_meet_in_one_allocation_bound_by_handle_twice_are_dependent
-    f3_typed_dependent_ops_are_refused_naming_both
+    f3_typed_dependent_ops_are_refused_naming_both_and_the_bytes_they_meet_in
+    f3_a_put_from_other_memory_over_the_last_fast_put_is_dependent
     f4_a_forgotten_token_frees_nothing_in_flight
     f4_an_event_recorded_after_a_copy_completes_it_and_only_it
     f4_typed_copy_completes_through_its_event

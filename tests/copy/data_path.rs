@@ -2112,7 +2112,12 @@ type Gen = (u8, usize, usize, u64, u64, u64);
 /// `ALIGN` long at `bases`.
 fn expected(ops: &[Gen], ids: [u32; 2], bases: [u64; 2]) -> Option<(&'static str, usize)> {
     let local = |&(k, ..): &Gen| k < 2;
-    if let Some(i) = ops.iter().position(|op| local(op) && op.3 + op.5 > ALIGN) {
+    // Inside the memory: its bytes, and a 0-byte op's address not one past
+    // its end (F5).
+    if let Some(i) = ops
+        .iter()
+        .position(|op| local(op) && (op.3 + op.5 > ALIGN || op.3 >= ALIGN))
+    {
         return Some(("memory range", i));
     }
     for (i, &(_, _, _, _, off, size)) in ops.iter().enumerate() {
@@ -2189,22 +2194,31 @@ fn f3_f9_typed_checks_made_as_the_batch_is_built_agree_with_the_rules_op_by_op()
     };
     let mut seen = std::collections::BTreeMap::new();
     for _ in 0..600 {
-        let n = 1 + next(8);
-        let ops: Vec<Gen> = (0..n)
-            .map(|_| {
-                // Mostly laid out in order (the fast path), now and then not.
-                let k = next(4) as u8;
-                let at = [0, 8, 16, 24, ALIGN - 8][next(5)];
-                (
-                    k,
+        // Up to 24 ops: runs long enough for the builder's fast path,
+        // which takes a run's puts from its third on.
+        let n = 1 + next(24);
+        let mut ops: Vec<Gen> = Vec::with_capacity(n);
+        for _ in 0..n {
+            // Half the time a put right after a put, on its memory and
+            // endpoint, end to end on both sides (the builder's fast path,
+            // from a run's third put on, with a 0-byte or shorter step now
+            // and then); else any op.
+            let op = match ops.last() {
+                Some(&(0, m, e, at, off, size)) if next(2) == 0 => {
+                    let step = [size, size, size, 0, 8][next(5)];
+                    (0, m, e, at + step, off + step, [0, 8, 16, 24][next(4)])
+                }
+                _ => (
+                    next(4) as u8,
                     next(2),
                     next(2),
-                    at,
+                    [0, 8, 16, 24, ALIGN - 8][next(5)],
                     offsets[next(offsets.len())],
                     [0, 8, 16, 24][next(4)],
-                )
-            })
-            .collect();
+                ),
+            };
+            ops.push(op);
+        }
         let mut batch = CopyBatch::new();
         for &(k, m, e, at, off, size) in &ops {
             batch = match k {

@@ -105,8 +105,10 @@ impl Operand {
 /// the `#[repr(u32)]` [`Operand`] and [`MemHint`], whose layouts the Rust
 /// reference defines): 56 bytes, `src` at 0, `dst` at 24, `size` at 48.
 /// The data path writes a put's op into its list as words
-/// (`cuda_endpoints`' `copy/hot.rs`), which needs to know where each
-/// field is.
+/// (`cuda_endpoints`' `copy/op_words.rs`), which needs to know where each
+/// field is; it leaves padding as padding (bytes 40..48, past a
+/// `LogicalEndpoint` destination's offset, unwritten), so a `CopyOp` is
+/// read field by field, never as raw bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[repr(C)]
