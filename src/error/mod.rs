@@ -262,7 +262,8 @@ pub enum Error {
     /// An op of a copy batch reaches past the endpoint, or past the local
     /// memory or host buffer it reads or writes (F9).
     #[error(
-        "copy op {op}: {what}: offset {offset} + size {size} bytes exceeds {limit} bytes (F9); shrink the copy or move it inside"
+        "copy op {op}: {what}: offset {offset} + size {size} bytes exceeds {limit} bytes (F9); {}",
+        out_of_range_fix(*offset, *size, *limit)
     )]
     CopyOutOfRange {
         /// The op's index in the batch.

@@ -103,6 +103,34 @@ fn a_wrong_device_and_a_misaligned_value_read_as_words_with_the_value_to_use() {
 }
 
 #[test]
+fn f9_a_copy_out_of_range_names_the_offset_or_the_size_that_fits() {
+    let e = |offset, size| {
+        Error::CopyOutOfRange {
+            op: 3,
+            what: Extent::EndpointRange,
+            offset,
+            size,
+            limit: 4096,
+        }
+        .to_string()
+    };
+    let m = e(4090, 64);
+    assert!(
+        m.starts_with(
+            "copy op 3: endpoint range: offset 4090 + size 64 bytes exceeds 4096 bytes (F9); "
+        ) && m.ends_with("this size fits at an offset of at most 4032"),
+        "{m}"
+    );
+    let m = e(u64::MAX, 64);
+    assert!(
+        m.ends_with("at most 4032 (the offset is past the end)"),
+        "{m}"
+    );
+    let m = e(0, 8192);
+    assert!(m.ends_with("a copy there is at most 4096 bytes"), "{m}");
+}
+
+#[test]
 fn a_copy_past_a_peers_windows_names_the_peer_and_at_most_eight_spans() {
     let e = Error::CopyNoWindow {
         op: 0,

@@ -186,6 +186,22 @@ fn spans(covered: &[(u64, u64)]) -> String {
     format!("bytes {}", spans.join(", "))
 }
 
+/// What to do about [`Error::CopyOutOfRange`](super::Error::CopyOutOfRange):
+/// the size or the offset that fits.
+pub(super) fn out_of_range_fix(offset: u64, size: u64, limit: u64) -> String {
+    match limit.checked_sub(size) {
+        None => format!("a copy there is at most {limit} bytes"),
+        Some(last) => format!(
+            "this size fits at an offset of at most {last}{}",
+            if offset > limit {
+                " (the offset is past the end)"
+            } else {
+                ""
+            }
+        ),
+    }
+}
+
 /// What to do about [`Error::CopyNotBound`](super::Error::CopyNotBound),
 /// with what this process bound on that device.
 pub(super) fn not_bound_fix(bound: &[(u64, u64)]) -> String {
