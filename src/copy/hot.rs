@@ -134,7 +134,8 @@ impl Hot {
         if self.at < self.stop {
             // SAFETY: `at` is inside the buffer of `inner.list`, as in
             // `write`; a `CopyOp`'s alignment (the buffer's, `at` a whole
-            // number of ops into it).
+            // number of ops into it). Unsafe for speed: 1,024 puts 22,741
+            // -> 21,725 instructions on `Null` (`op_words`).
             unsafe { super::op_words::write_put(self.at, from, self.endpoint, offset, size) };
             self.at = self.at.wrapping_add(1);
             return true;

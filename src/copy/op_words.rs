@@ -7,7 +7,7 @@
 //! `#[repr(u32)]` `Operand` and `MemHint`, with their discriminants), the
 //! compile-time checks of it, and the word that names an endpoint
 //! ([`endpoint_word`]). The gain, on `benches/copy_batch.rs` (1,024 typed
-//! puts, `Null`): 22,741 -> 21,727 instructions (the endpoint operand's
+//! puts, `Null`): 22,741 -> 21,725 instructions (the endpoint operand's
 //! tag and id one store of a word made once per run of puts, the source
 //! operand's tag and hint one zeroed pair).
 
