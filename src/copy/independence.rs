@@ -137,10 +137,16 @@ impl BatchInner {
 /// n).
 pub(super) fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<Error> {
     let (op, other, other_writes) = dependent_pair(ops, aliases)?;
+    // (No such op, which `dependent_pair` never names: no bytes.)
     let side = |i: usize, dst: bool| {
-        let o = ops.get(i);
-        let named = o.map(|o| if dst { &o.dst } else { &o.src });
-        copy_bytes(named, o.map_or(0, |o| o.size))
+        ops.get(i).map_or(
+            CopyBytes {
+                endpoint: None,
+                start: 0,
+                end: 0,
+            },
+            |o| copy_bytes(if dst { &o.dst } else { &o.src }, o.size),
+        )
     };
     Some(Error::CopyDependent {
         op,
@@ -152,12 +158,11 @@ pub(super) fn dependent(ops: &[CopyOp], aliases: &[Alias]) -> Option<Error> {
 }
 
 /// The bytes `side` of an op of `size` bytes names (a host buffer's by
-/// its address; no such op, which `dependent_pair` never names: 0..0).
-fn copy_bytes(side: Option<&Operand>, size: u64) -> CopyBytes {
-    let (endpoint, start) = match side {
-        Some(&Operand::LogicalEndpoint { id, offset }) => (Some(id), offset),
-        Some(&Operand::Pointer(Pointer { ptr, .. })) => (None, ptr),
-        None => (None, 0),
+/// its address).
+fn copy_bytes(side: &Operand, size: u64) -> CopyBytes {
+    let (endpoint, start) = match *side {
+        Operand::LogicalEndpoint { id, offset } => (Some(id), offset),
+        Operand::Pointer(Pointer { ptr, .. }) => (None, ptr),
     };
     CopyBytes {
         endpoint,

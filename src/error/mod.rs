@@ -447,9 +447,9 @@ pub enum Error {
         /// The op it overlaps.
         other: usize,
         /// The bytes `op` writes (its destination), as it names them.
-        writes: crate::error::CopyBytes,
+        writes: CopyBytes,
         /// The bytes of `other` that `op`'s meet, as `other` names them.
-        bytes: crate::error::CopyBytes,
+        bytes: CopyBytes,
         /// Whether they are `other`'s destination (else its source).
         other_writes: bool,
     },
